@@ -1,0 +1,426 @@
+"""The inferd wire protocol: the one definition that the client and the daemon both import.
+
+Transport: ZeroMQ. The daemon binds a ROUTER socket; each client connects a DEALER socket (a
+REQ socket would also work for one request at a time). A message is a multipart ZeroMQ message::
+
+    [header, tensor_0, tensor_1, ...]          (the ROUTER side sees [identity, header, ...])
+
+``header`` is a msgpack map (never pickle). A request header::
+
+    {"v": 1,                      # PROTOCOL_VERSION; another version is refused with INVALID_ARG
+     "id": 17,                    # request id chosen by the client (int or str <= 128 chars), echoed back
+     "op": "infer",               # one of OPS
+     "model": "tiny",             # model name (infer, load, unload)
+     "timeout_ms": 250.0,         # optional deadline, RELATIVE milliseconds counted from the moment the
+                                  # daemon receives the message (immune to wall-clock jumps; transport
+                                  # time before receipt, microseconds over ipc, is not counted).
+                                  # A request still queued when it expires is answered DEADLINE_EXCEEDED
+                                  # and never run.
+     "priority": 0,               # optional int; higher runs first within the model's queue
+     "args": {...},               # optional op arguments (load: {"reload": bool}; set_budget: {"bytes": int};
+                                  # infer: {"outputs": [names]} to return only some outputs)
+     "tensors": [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]}, ...]}
+
+Each tensor entry describes the raw frame at the same position after the header: C-order,
+little-endian (native on every platform inferd targets), ``len(frame) == prod(shape) * itemsize``.
+For ``infer`` a single tensor named ``""`` means "the model's only input".
+
+A reply header::
+
+    {"v": 1, "id": 17, "ok": true, "result": {...}, "tensors": [...]}        + tensor frames
+    {"v": 1, "id": 17, "ok": false, "error": {"code": "INVALID_ARG", "message": "..."}}
+
+Error codes: ERROR_CODES. A message whose header cannot be read at all is answered with
+``"id": null``. Everything coming off the socket is validated before use (see :func:`decode_request`);
+claimed sizes are checked against the real frame lengths, never used to allocate.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+OPS: tuple[str, ...] = ("infer", "load", "unload", "models", "status", "set_budget", "health")
+OPS_WITH_MODEL: frozenset[str] = frozenset({"infer", "load", "unload"})
+
+INVALID_ARG = "INVALID_ARG"
+NOT_FOUND = "NOT_FOUND"
+UNAVAILABLE = "UNAVAILABLE"
+DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+INTERNAL = "INTERNAL"
+ERROR_CODES: tuple[str, ...] = (INVALID_ARG, NOT_FOUND, UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL)
+
+ALLOWED_DTYPES: frozenset[str] = frozenset(
+    {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+     "float16", "float32", "float64"}
+)
+
+# Below this size pyzmq copies anyway (zmq.COPY_THRESHOLD), so zero-copy bookkeeping would only cost.
+ZERO_COPY_MIN_BYTES = 64 * 1024
+
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+TENSOR_NAME_MAX = 256
+REQUEST_ID_STR_MAX = 128
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
+SOCKET_NAME = "inferd.sock"
+SYSTEM_SOCKET = "/run/inferd/" + SOCKET_NAME
+
+Frame = Any  # zmq.Frame, bytes, memoryview or a contiguous ndarray
+RequestId = Union[int, str, None]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the receiving side accepts. The daemon takes these from its config."""
+
+    max_message_bytes: int = 128 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    max_tensors: int = 64
+    max_dims: int = 8
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class WireError(Exception):
+    """A message that breaks the protocol; carries the structured error to answer with."""
+
+    def __init__(self, code: str, message: str, request_id: RequestId = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass
+class Request:
+    id: RequestId
+    op: str
+    model: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    timeout_ms: float | None = None
+    priority: int = 0
+
+
+@dataclass
+class Reply:
+    id: RequestId
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error_code: str | None = None
+    error_message: str | None = None
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- endpoint helpers
+
+
+def default_endpoint(environ: Mapping[str, str] | None = None) -> str:
+    """The endpoint used when none is given; the daemon's config uses this same function.
+
+    Order: ``$INFERD_ENDPOINT``; ``ipc://$RUNTIME_DIRECTORY/inferd.sock`` (systemd sets it for the
+    service); the system service's socket ``/run/inferd/inferd.sock`` if it exists (so an app
+    started outside the service finds it); ``ipc://$XDG_RUNTIME_DIR/inferd.sock``; else
+    ``ipc://<tempdir>/inferd-<uid>/inferd.sock``.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get("INFERD_ENDPOINT", "").strip()
+    if explicit:
+        return explicit
+    runtime = env.get("RUNTIME_DIRECTORY", "").strip()
+    if runtime:
+        # systemd joins several RuntimeDirectory= entries with ':'; ours is the first.
+        return "ipc://" + os.path.join(runtime.split(":")[0], SOCKET_NAME)
+    if os.path.exists(SYSTEM_SOCKET):
+        return "ipc://" + SYSTEM_SOCKET
+    xdg = env.get("XDG_RUNTIME_DIR", "").strip()
+    if xdg:
+        return "ipc://" + os.path.join(xdg, SOCKET_NAME)
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return "ipc://" + os.path.join(tempfile.gettempdir(), f"inferd-{uid}", SOCKET_NAME)
+
+
+def ipc_path(endpoint: str) -> str | None:
+    """The filesystem path of an ``ipc://`` endpoint, None for other transports or abstract sockets."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    path = endpoint[len("ipc://"):]
+    if path.startswith("@") or not path:
+        return None
+    return path
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgtKMGT]?)(i?[bB])?\s*$")
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from ``1048576``, ``"512M"``, ``"1.5GiB"``, ``"2G"`` (binary units: K=1024)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size must be >= 0, got {value}")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"expected a size like 1048576, 512M or 2GiB, got {value!r}")
+    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def _frame_view(frame: Frame) -> memoryview:
+    buf = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
+    if buf is not None:
+        return buf
+    return memoryview(frame)
+
+
+def _frame_len(frame: Frame) -> int:
+    return _frame_view(frame).nbytes
+
+
+def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+    """(descriptor, frame) for one array; the frame is a flat uint8 view, no copy when contiguous."""
+    a = np.asarray(arr)
+    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not _LITTLE):
+        a = a.astype(a.dtype.newbyteorder("<"))
+    name = a.dtype.name
+    if name not in ALLOWED_DTYPES:
+        raise ValueError(f"dtype {a.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
+    a = np.ascontiguousarray(a)
+    desc = {"dtype": name, "shape": list(a.shape)}
+    return desc, a.reshape(-1).view(np.uint8)
+
+
+_LITTLE = np.little_endian
+
+
+def encode_tensors(tensors: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    descs: list[dict[str, Any]] = []
+    frames: list[np.ndarray] = []
+    for name, arr in tensors.items():
+        desc, frame = tensor_to_wire(arr)
+        desc["name"] = name
+        descs.append(desc)
+        frames.append(frame)
+    return descs, frames
+
+
+def decode_tensors(
+    descs: Any, frames: Sequence[Frame], limits: Limits, request_id: RequestId = None
+) -> dict[str, np.ndarray]:
+    """Arrays viewing the received frames (no copy). Raises WireError(INVALID_ARG) on any mismatch."""
+
+    def bad(msg: str) -> WireError:
+        return WireError(INVALID_ARG, msg, request_id)
+
+    if descs is None:
+        descs = []
+    if not isinstance(descs, list):
+        raise bad(f"header 'tensors' must be a list, got {type(descs).__name__}")
+    if len(descs) > limits.max_tensors:
+        raise bad(f"too many tensors: {len(descs)} (limit {limits.max_tensors})")
+    if len(descs) != len(frames):
+        raise bad(f"header describes {len(descs)} tensors but the message carries {len(frames)} tensor frames")
+    out: dict[str, np.ndarray] = {}
+    for i, (desc, frame) in enumerate(zip(descs, frames)):
+        if not isinstance(desc, dict):
+            raise bad(f"tensor {i}: descriptor must be a map, got {type(desc).__name__}")
+        name = desc.get("name")
+        dtype = desc.get("dtype")
+        shape = desc.get("shape")
+        if not isinstance(name, str) or len(name) > TENSOR_NAME_MAX:
+            raise bad(f"tensor {i}: 'name' must be a string of at most {TENSOR_NAME_MAX} chars, got {_short(name)}")
+        if name in out:
+            raise bad(f"tensor {name!r} appears twice")
+        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+            raise bad(f"tensor {name!r}: dtype {_short(dtype)} not allowed; expected one of {sorted(ALLOWED_DTYPES)}")
+        if not isinstance(shape, list) or len(shape) > limits.max_dims:
+            raise bad(f"tensor {name!r}: shape must be a list of at most {limits.max_dims} dims, got {_short(shape)}")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise bad(f"tensor {name!r}: shape dims must be non-negative ints, got {_short(shape)}")
+        itemsize = np.dtype(dtype).itemsize
+        # Python ints: a huge claimed shape cannot overflow, and is only compared, never allocated.
+        expected = math.prod(shape) * itemsize
+        got = _frame_len(frame)
+        if expected != got:
+            raise bad(
+                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {got} bytes"
+            )
+        arr = np.frombuffer(_frame_view(frame), dtype=np.dtype(dtype).newbyteorder("<"))
+        out[name] = arr.reshape(shape)
+    return out
+
+
+def _short(v: Any, n: int = 80) -> str:
+    s = repr(v)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack_header(frame: Frame, limits: Limits) -> Any:
+    view = _frame_view(frame)
+    if view.nbytes > limits.max_header_bytes:
+        raise WireError(INVALID_ARG, f"header of {view.nbytes} bytes exceeds the limit of {limits.max_header_bytes}")
+    try:
+        # strict_map_key: only str/bytes keys; the unpacker bounds lengths by the buffer size.
+        return msgpack.unpackb(view, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise WireError(INVALID_ARG, f"header is not valid msgpack: {type(exc).__name__}: {_short(str(exc))}") from None
+
+
+def _check_id(v: Any) -> RequestId:
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64:
+        return v
+    if isinstance(v, str) and len(v) <= REQUEST_ID_STR_MAX:
+        return v
+    return None
+
+
+def encode_request(
+    request_id: RequestId,
+    op: str,
+    model: str | None = None,
+    *,
+    args: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, np.ndarray] | None = None,
+    timeout_ms: float | None = None,
+    priority: int = 0,
+) -> list[Any]:
+    """Frames of one request (without the identity frame, which ZeroMQ adds)."""
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
+    if model is not None:
+        header["model"] = model
+    if timeout_ms is not None:
+        header["timeout_ms"] = float(timeout_ms)
+    if priority:
+        header["priority"] = int(priority)
+    if args:
+        header["args"] = dict(args)
+    frames: list[Any] = []
+    if tensors:
+        descs, frames = encode_tensors(tensors)
+        header["tensors"] = descs
+    return [_pack(header), *frames]
+
+
+def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Request:
+    """Validate and decode a request (frames after the identity). Raises WireError."""
+    if not frames:
+        raise WireError(INVALID_ARG, "empty message: expected a msgpack header frame")
+    total = sum(_frame_len(f) for f in frames)
+    if total > limits.max_message_bytes:
+        raise WireError(INVALID_ARG, f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
+    header = _unpack_header(frames[0], limits)
+    if not isinstance(header, dict):
+        raise WireError(INVALID_ARG, f"header must be a msgpack map, got {type(header).__name__}")
+    rid = _check_id(header.get("id"))
+    if header.get("id") is not None and rid is None:
+        raise WireError(INVALID_ARG, f"'id' must be an int or a string of at most {REQUEST_ID_STR_MAX} chars, got {_short(header.get('id'))}")
+
+    def bad(msg: str, code: str = INVALID_ARG) -> WireError:
+        return WireError(code, msg, rid)
+
+    v = header.get("v")
+    if v != PROTOCOL_VERSION or isinstance(v, bool):
+        raise bad(f"protocol version {_short(v)} not supported; this daemon speaks version {PROTOCOL_VERSION}")
+    op = header.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise bad(f"unknown op {_short(op)}; expected one of {list(OPS)}")
+    model = header.get("model")
+    if op in OPS_WITH_MODEL:
+        if not isinstance(model, str) or not MODEL_NAME_RE.match(model):
+            raise bad(f"op {op!r} needs 'model': a name matching {MODEL_NAME_RE.pattern}, got {_short(model)}")
+    elif model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {_short(model)}")
+    timeout_ms = header.get("timeout_ms")
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not math.isfinite(timeout_ms) or timeout_ms < 0:
+            raise bad(f"'timeout_ms' must be a finite number >= 0 (relative milliseconds), got {_short(timeout_ms)}")
+        timeout_ms = float(timeout_ms)
+    priority = header.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise bad(f"'priority' must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {_short(priority)}")
+    args = header.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise bad(f"'args' must be a map, got {type(args).__name__}")
+    tensors = decode_tensors(header.get("tensors"), frames[1:], limits, rid)
+    if tensors and op != "infer":
+        raise bad(f"op {op!r} takes no tensors, got {len(tensors)}")
+    return Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority)
+
+
+def peek_request_id(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> RequestId:
+    """Best-effort id of a message that failed validation, so the error reply can name it."""
+    try:
+        header = _unpack_header(frame, limits)
+    except WireError:
+        return None
+    return _check_id(header.get("id")) if isinstance(header, dict) else None
+
+
+def encode_reply(
+    request_id: RequestId,
+    result: Mapping[str, Any] | None = None,
+    tensors: Mapping[str, np.ndarray] | None = None,
+) -> list[Any]:
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": dict(result or {})}
+    frames: list[Any] = []
+    if tensors:
+        descs, frames = encode_tensors(tensors)
+        header["tensors"] = descs
+    return [_pack(header), *frames]
+
+
+def encode_error(request_id: RequestId, code: str, message: str) -> list[bytes]:
+    if code not in ERROR_CODES:
+        code = INTERNAL
+    header = {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
+    return [_pack(header)]
+
+
+def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply:
+    """Decode a reply (client side). Raises WireError on a malformed reply."""
+    lim = limits or Limits(max_message_bytes=2**62, max_header_bytes=16 * 1024 * 1024, max_tensors=4096, max_dims=64)
+    if not frames:
+        raise WireError(INTERNAL, "empty reply")
+    header = _unpack_header(frames[0], lim)
+    if not isinstance(header, dict):
+        raise WireError(INTERNAL, f"reply header must be a map, got {type(header).__name__}")
+    if header.get("v") != PROTOCOL_VERSION:
+        raise WireError(INTERNAL, f"reply speaks protocol version {_short(header.get('v'))}, this client speaks {PROTOCOL_VERSION}")
+    rid = _check_id(header.get("id"))
+    if not header.get("ok"):
+        err = header.get("error")
+        if not isinstance(err, dict):
+            err = {}
+        return Reply(id=rid, ok=False, error_code=str(err.get("code", INTERNAL)), error_message=str(err.get("message", "")))
+    result = header.get("result") or {}
+    if not isinstance(result, dict):
+        raise WireError(INTERNAL, "reply 'result' must be a map", rid)
+    tensors = decode_tensors(header.get("tensors"), frames[1:], lim, rid)
+    return Reply(id=rid, ok=True, result=result, tensors=tensors)

@@ -1,0 +1,143 @@
+"""The ``inferd`` command: run, compile, zoo, bench, serve."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _kv(items: list[str] | None, what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for it in items or []:
+        if "=" not in it:
+            raise SystemExit(f"inferd: {what} must be NAME=VALUE, got {it!r}")
+        k, v = it.split("=", 1)
+        out[k] = v
+    return out
+
+
+def _random_feeds(model: "object", seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in model.inputs:  # type: ignore[attr-defined]
+        if np.issubdtype(t.dtype, np.floating):
+            feeds[t.name] = rng.standard_normal(t.shape).astype(t.dtype)
+        else:
+            feeds[t.name] = np.zeros(t.shape, t.dtype)
+    return feeds
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import inferd
+
+    kernels = _kv(args.kernel, "--kernel") or None
+    t0 = time.perf_counter()
+    model = inferd.load(args.model, device=args.device, batch=args.batch, kernels=kernels)
+    load_s = time.perf_counter() - t0
+    if args.input:
+        feeds = {k: np.load(v) for k, v in _kv(args.input, "--input").items()}
+    else:
+        feeds = _random_feeds(model, args.seed)
+        print(f"no --input given: using seeded random inputs (seed {args.seed})", file=sys.stderr)
+    times = []
+    out = {}
+    for _ in range(max(1, args.repeat)):
+        t1 = time.perf_counter()
+        out = model.run(feeds)
+        times.append(time.perf_counter() - t1)
+    print(f"model {model.name} on {model.device}: load {load_s * 1e3:.1f} ms, first run {times[0] * 1e3:.2f} ms"
+          + (f", warm median {np.median(times[1:]) * 1e3:.2f} ms over {len(times) - 1}" if len(times) > 1 else ""))
+    for name, a in out.items():
+        flat = a.reshape(-1)
+        print(f"  {name}: shape {list(a.shape)} {a.dtype.name} mean {float(flat.mean()):.6g} "
+              f"min {float(flat.min()):.6g} max {float(flat.max()):.6g} first {np.array2string(flat[:5], precision=4)}")
+    if args.output:
+        np.savez(args.output, **out)
+        print(f"wrote {args.output}")
+    model.close()
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from .package import compile_model
+
+    t0 = time.perf_counter()
+    out = compile_model(args.model, args.out, device=args.device, batch=args.batch,
+                        kernels=_kv(args.kernel, "--kernel") or None, transformed=not args.raw_only)
+    print(f"compiled {args.model} -> {out} in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import inferd
+
+    model = inferd.load(args.model, device=args.device, batch=args.batch)
+    info = {"name": model.name, "device": model.device,
+            "inputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.inputs],
+            "outputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.outputs],
+            "nodes": len(model.graph.nodes), "memory_bytes": model.memory_bytes, "kernels": model.kernels}
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # subcommands owned by other modules parse their own arguments
+    if argv and argv[0] == "zoo":
+        from .zoo import main as zoo_main
+        return zoo_main(argv[1:])
+    if argv and argv[0] == "serve":
+        from .server import serve_main
+        return serve_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+        return bench_main(argv[1:])
+    if argv and argv[0] == "demo":
+        from .demo import main as demo_main
+        return demo_main(argv[1:])
+
+    p = argparse.ArgumentParser(prog="inferd", description="inferd: inference daemon and engine")
+    p.add_argument("--log-level", default="WARNING")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("zoo", "serve", "bench", "demo"):
+        sub.add_parser(name, help=f"see 'inferd {name} --help'", add_help=False)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("model", help="ONNX file or compiled package directory")
+        sp.add_argument("--device", default="cpu", choices=["cpu", "vulkan", "auto"])
+        sp.add_argument("--batch", type=int, default=1, help="value for a dynamic batch dimension")
+
+    r = sub.add_parser("run", help="run a model once (or --repeat N times) and print outputs and timings")
+    common(r)
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy")
+    r.add_argument("--output", metavar="OUT.npz")
+    r.add_argument("--kernel", action="append", metavar="OP_OR_NODE=KERNEL", help="force a kernel")
+    r.add_argument("--repeat", type=int, default=1)
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(fn=cmd_run)
+    c = sub.add_parser("compile", help="compile an ONNX model into a package (plan + weights store)")
+    common(c)
+    c.add_argument("--out", required=True)
+    c.add_argument("--kernel", action="append", metavar="OP_OR_NODE=KERNEL")
+    c.add_argument("--raw-only", action="store_true", help="store raw weights only (transform at load)")
+    c.set_defaults(fn=cmd_compile)
+    i = sub.add_parser("info", help="print a model's inputs, outputs, kernels and memory")
+    common(i)
+    i.set_defaults(fn=cmd_info)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))
+    from .errors import InferdError
+    try:
+        return int(args.fn(args))
+    except InferdError as e:
+        print(f"inferd: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

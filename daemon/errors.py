@@ -1,0 +1,43 @@
+"""The exception hierarchy of the engine. Every error names what was expected and what came."""
+from __future__ import annotations
+
+
+class InferdError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+class ModelFormatError(InferdError):
+    """The model file is not a readable ONNX model (truncated, random bytes, bad graph)."""
+
+
+class UnsupportedOpError(InferdError):
+    """An operator (or an attribute value of one) that the engine does not implement."""
+
+    def __init__(self, op_type: str, node: str, opset: int | None = None, detail: str = "") -> None:
+        self.op_type, self.node, self.opset = op_type, node, opset
+        msg = f"unsupported operator {op_type!r} at node {node!r}"
+        if opset is not None:
+            msg += f" (opset {opset})"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class ShapeError(InferdError):
+    """Shapes that do not fit together in the graph (found during static shape inference)."""
+
+
+class InputError(InferdError, ValueError):
+    """A caller passed an input of the wrong name, shape or dtype."""
+
+
+class WeightsStoreError(InferdError):
+    """A weights store or compiled package is truncated, corrupted, stale or of another version."""
+
+
+class KernelError(InferdError):
+    """A forced kernel does not apply to the node it was forced on, or names no kernel."""
+
+
+class BackendError(InferdError):
+    """The compute backend (Vulkan device, driver) failed or is unavailable."""

@@ -1,0 +1,13 @@
+"""Operator families. Importing this package registers every op and CPU kernel (explicit list)."""
+from . import base  # noqa: F401
+from . import activation  # noqa: F401
+from . import elementwise  # noqa: F401
+from . import tensor  # noqa: F401
+from . import reduce  # noqa: F401
+from . import conv  # noqa: F401
+from . import gemm  # noqa: F401
+from . import pool  # noqa: F401
+from . import norm  # noqa: F401
+from . import resize  # noqa: F401
+from .base import (Kernel, Layer, OpSpec, applicable_kernels, choose_kernel, kernels_for, op_spec,  # noqa: F401
+                   raw_key, registered_ops, run_layer, single_node_layer)

@@ -1,0 +1,141 @@
+"""Activations: standalone unary ops, and the fused form that Conv/Gemm/MatMul/binary kernels apply.
+
+A fused activation is stored on the producer as ``attrs["act"] = (name, params)``; ``apply_act``
+is the single CPU implementation of all of them, so fused and unfused paths cannot drift.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from ..ir import Node, TensorInfo
+from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+
+try:  # scipy is optional; erf falls back to a vectorised math.erf
+    from scipy.special import erf as _erf  # type: ignore
+except Exception:  # pragma: no cover
+    _erf = np.vectorize(math.erf, otypes=[np.float32])
+
+Act = tuple[str, tuple[float, ...]]
+
+#: Activations a producer kernel can take as a fused epilogue (the Vulkan shaders implement the same set).
+FUSABLE = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "SiLU", "Gelu", "Softplus")
+
+
+def apply_act(x: np.ndarray, act: Act | None) -> np.ndarray:
+    """Apply ``act`` to ``x`` in place (x must be writable float) and return it."""
+    if act is None:
+        return x
+    name, p = act
+    if name == "Relu":
+        np.maximum(x, 0, out=x)
+    elif name == "LeakyRelu":
+        np.multiply(x, np.where(x < 0, np.float32(p[0]), np.float32(1)).astype(x.dtype), out=x)
+    elif name == "Clip":
+        np.clip(x, p[0], p[1], out=x)
+    elif name == "Sigmoid":
+        _sigmoid(x, out=x)
+    elif name == "HardSigmoid":
+        np.multiply(x, p[0], out=x)
+        np.add(x, p[1], out=x)
+        np.clip(x, 0, 1, out=x)
+    elif name == "HardSwish":
+        t = np.clip(x * np.float32(1 / 6) + np.float32(0.5), 0, 1)
+        np.multiply(x, t, out=x)
+    elif name == "Tanh":
+        np.tanh(x, out=x)
+    elif name == "SiLU":
+        np.multiply(x, _sigmoid(x.copy()), out=x)
+    elif name == "Gelu":
+        if p and p[0] == 1.0:  # tanh approximation
+            t = np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x))
+            np.multiply(x, np.float32(0.5) * (1 + t), out=x)
+        else:
+            t = _erf(x * np.float32(1 / math.sqrt(2))).astype(x.dtype)
+            np.multiply(x, np.float32(0.5) * (1 + t), out=x)
+    elif name == "Softplus":
+        # log(1+exp(x)) computed stably
+        y = np.logaddexp(np.float32(0), x)
+        x[...] = y
+    else:
+        raise ValueError(f"unknown fused activation {name!r}")
+    return x
+
+
+def _sigmoid(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    # 1/(1+exp(-x)) overflows harmlessly to 0 for very negative x; silence the warning only
+    with np.errstate(over="ignore"):
+        np.negative(x, out=out)
+        np.exp(out, out=out)
+        np.add(out, 1, out=out)
+        np.reciprocal(out, out=out)
+    return out
+
+
+def act_from_node(node: Node) -> Act | None:
+    """The fused-activation form of a standalone activation node (None if it cannot be fused)."""
+    op = node.op
+    if op == "Relu":
+        return ("Relu", ())
+    if op == "LeakyRelu":
+        return ("LeakyRelu", (float(node.attr("alpha", 0.01)),))
+    if op == "Clip":
+        lo, hi = node.attr("min", -np.inf), node.attr("max", np.inf)
+        return ("Clip", (float(lo), float(hi)))
+    if op == "HardSigmoid":
+        return ("HardSigmoid", (float(node.attr("alpha", 0.2)), float(node.attr("beta", 0.5))))
+    if op == "Gelu":
+        return ("Gelu", (1.0 if node.attr("approximate", "none") == "tanh" else 0.0,))
+    if op in ("Sigmoid", "HardSwish", "Tanh", "Softplus", "SiLU"):
+        return (op, ())
+    return None
+
+
+def _same(node: Node, ins: list[TensorInfo | None], consts: dict) -> list:
+    return [(ins[0].shape, ins[0].dtype)]
+
+
+def _ref_unary(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x = np.array(inputs[0], dtype=inputs[0].dtype, copy=True)
+    if node.op == "PRelu":
+        slope = inputs[1]
+        return [np.where(x < 0, x * slope, x).astype(x.dtype)]
+    if node.op == "Clip" and len(inputs) > 1:
+        # opset >= 11 passes min/max as inputs; import folds constant ones into attrs
+        lo = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+        hi = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+        return [np.clip(x, lo if lo is not None else -np.inf, hi if hi is not None else np.inf).astype(x.dtype)]
+    act = act_from_node(node)
+    assert act is not None
+    if not np.issubdtype(x.dtype, np.floating):
+        if node.op in ("Relu", "Clip"):
+            return [apply_act(x, act)]
+        x = x.astype(np.float32)
+    return [apply_act(x, act)]
+
+
+for _op in ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Softplus", "PRelu", "SiLU"):
+    register_op(OpSpec(_op, _same, _ref_unary, min_opset=20 if _op == "Gelu" else 1))
+
+
+@register_kernel
+class ActivationKernel(Kernel):
+    name = "eltwise"
+    ops = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Softplus", "PRelu", "SiLU")
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        out = outputs[0]
+        if layer.op == "PRelu":
+            np.copyto(out, np.where(ins[0] < 0, ins[0] * ins[1], ins[0]))
+            return
+        np.copyto(out, ins[0])
+        if layer.op == "Clip" and len(ins) > 1:
+            lo = ins[1] if ins[1] is not None else -np.inf
+            hi = ins[2] if len(ins) > 2 and ins[2] is not None else np.inf
+            np.clip(out, lo, hi, out=out)
+        else:
+            apply_act(out, act_from_node(layer.node))

@@ -1,0 +1,209 @@
+"""The operator and kernel contract shared by the CPU and Vulkan backends and the planners.
+
+An ``OpSpec`` says what an operator computes (static shape inference and a numpy reference).
+A ``Kernel`` is one way to compute it on one backend. Every kernel declares:
+  * ``applies(layer)``: whether it can run this node;
+  * ``transform(layer, raw)``: a *pure* function from raw constant inputs to the arrays it
+    runs with (e.g. Winograd-domain weights), so the planners can decide to transform at load
+    or to read post-transformed weights from the store;
+  * ``transformed_nbytes`` and ``workspace_nbytes``: memory it needs, known before running;
+  * ``run(layer, inputs, params, outputs)``: writes into preallocated ``outputs`` (arena views).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from ..errors import KernelError
+from ..ir import Graph, Node, TensorInfo
+
+
+def raw_key(i: int) -> str:
+    """Name of the raw constant at input position ``i`` in a layer's param dict."""
+    return f"in{i}"
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A node together with its static tensor information: all a kernel needs to plan or run."""
+
+    node: Node
+    inputs: tuple[TensorInfo | None, ...]
+    outputs: tuple[TensorInfo, ...]
+    const_inputs: tuple[int, ...]  # positions of inputs that are constants (weights, shapes)
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def op(self) -> str:
+        return self.node.op
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return self.node.attrs
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.node.attrs.get(key, default)
+
+    def in_shape(self, i: int) -> tuple[int, ...]:
+        info = self.inputs[i]
+        assert info is not None, f"{self.name}: input {i} is absent"
+        return info.shape
+
+    def out_shape(self, i: int = 0) -> tuple[int, ...]:
+        return self.outputs[i].shape
+
+    def has_input(self, i: int) -> bool:
+        return i < len(self.node.inputs) and bool(self.node.inputs[i])
+
+    @staticmethod
+    def of(node: Node, graph: Graph) -> "Layer":
+        ins = tuple(graph.infos.get(i) if i else None for i in node.inputs)
+        outs = tuple(graph.infos[o] for o in node.outputs if o)
+        consts = tuple(k for k, i in enumerate(node.inputs) if i and i in graph.constants)
+        return Layer(node, ins, outs, consts)
+
+
+def full_inputs(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> list[np.ndarray | None]:
+    """Dynamic inputs with the raw constants put back at their positions (for untransformed kernels)."""
+    return [params.get(raw_key(k)) if x is None else x for k, x in enumerate(inputs)]
+
+
+class Kernel:
+    """One implementation of one or more ops on one backend. Stateless; one instance per class."""
+
+    name: ClassVar[str] = "reference"
+    ops: ClassVar[tuple[str, ...]] = ()
+    backend: ClassVar[str] = "cpu"
+    #: Lower is faster when several kernels apply (the default pick is the fastest warm kernel).
+    priority: ClassVar[int] = 100
+
+    def applies(self, layer: Layer) -> bool:
+        return True
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Raw constants (keyed by ``raw_key``) to the arrays ``run`` expects. Must be pure."""
+        return dict(raw)
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return sum(layer.inputs[k].nbytes for k in layer.const_inputs if layer.inputs[k] is not None)
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        return 0
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.backend} kernel {self.name} for {','.join(self.ops)}>"
+
+
+@dataclass
+class OpSpec:
+    """What an operator computes, independent of how.
+
+    ``infer(layer_node, in_infos, consts) -> list[(shape, dtype)]`` does static shape inference;
+    ``reference(node, inputs: list[ndarray|None]) -> list[ndarray]`` is the numpy oracle used for
+    constant folding and as the ground truth in tests. ``alias`` ops (Reshape, Flatten, ...)
+    produce a view of their first input, so the memory planner gives them no buffer of their own.
+    """
+
+    op: str
+    infer: Callable[[Node, list[TensorInfo | None], dict[str, np.ndarray]], list[tuple[tuple[int, ...], Any]]]
+    reference: Callable[[Node, list[np.ndarray | None]], list[np.ndarray]]
+    alias: bool = False
+    min_opset: int = 1
+    # Validates attribute values at import time; raises UnsupportedOpError for what is not handled.
+    check: Callable[[Node, int], None] | None = None
+
+
+_OPS: dict[str, OpSpec] = {}
+_KERNELS: dict[str, list[Kernel]] = {}
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    if spec.op in _OPS:
+        raise RuntimeError(f"op {spec.op} registered twice")
+    _OPS[spec.op] = spec
+    return spec
+
+
+def register_kernel(cls: type[Kernel]) -> type[Kernel]:
+    inst = cls()
+    for op in cls.ops:
+        lst = _KERNELS.setdefault(op, [])
+        if any(k.name == inst.name and k.backend == inst.backend for k in lst):
+            raise RuntimeError(f"kernel {inst.name} ({inst.backend}) registered twice for {op}")
+        lst.append(inst)
+        lst.sort(key=lambda k: k.priority)
+    return cls
+
+
+def op_spec(op: str) -> OpSpec | None:
+    return _OPS.get(op)
+
+
+def kernels_for(op: str, backend: str = "cpu") -> list[Kernel]:
+    return [k for k in _KERNELS.get(op, []) if k.backend == backend]
+
+
+def applicable_kernels(layer: Layer, backend: str = "cpu") -> list[Kernel]:
+    return [k for k in kernels_for(layer.op, backend) if k.applies(layer)]
+
+
+def choose_kernel(layer: Layer, backend: str = "cpu", forced: str | None = None) -> Kernel:
+    """The kernel to run ``layer`` with: ``forced`` by name if given, else the fastest that applies."""
+    cands = kernels_for(layer.op, backend)
+    if forced is not None:
+        for k in cands:
+            if k.name == forced:
+                if not k.applies(layer):
+                    raise KernelError(f"kernel {forced!r} does not apply to node {layer.name!r} ({layer.op}, "
+                                      f"input shapes {[i.shape if i else None for i in layer.inputs]}, attrs {layer.attrs})")
+                return k
+        raise KernelError(f"no {backend} kernel named {forced!r} for op {layer.op} (node {layer.name!r}); "
+                          f"known: {[k.name for k in cands]}")
+    for k in cands:
+        if k.applies(layer):
+            return k
+    raise KernelError(f"no {backend} kernel applies to node {layer.name!r} ({layer.op})")
+
+
+def registered_ops() -> dict[str, OpSpec]:
+    return dict(_OPS)
+
+
+def single_node_layer(op: str, inputs: Sequence[np.ndarray | None], attrs: dict[str, Any] | None = None,
+                      const: Sequence[bool] | None = None, n_outputs: int = 1, name: str = "n0") -> Layer:
+    """Build a ``Layer`` for one node from example arrays (tests and microbenchmarks use this).
+
+    ``const[i]`` marks input ``i`` as a constant (a weight); by default every input after the
+    first that is given as an array counts as constant, as weights do in exported models.
+    """
+    spec = op_spec(op)
+    if spec is None:
+        raise KeyError(f"op {op} is not registered")
+    names = [f"x{i}" if a is not None else "" for i, a in enumerate(inputs)]
+    node = Node(name, op, names, [f"y{i}" for i in range(n_outputs)], dict(attrs or {}))
+    if const is None:
+        const = [i > 0 for i in range(len(inputs))]
+    infos = [TensorInfo(n, tuple(a.shape), np.dtype(a.dtype)) if a is not None else None for n, a in zip(names, inputs)]
+    consts = {n: a for n, a, c in zip(names, inputs, const) if a is not None and c}
+    outs = spec.infer(node, infos, consts)
+    out_infos = tuple(TensorInfo(o, tuple(int(d) for d in s), np.dtype(dt)) for o, (s, dt) in zip(node.outputs, outs))
+    return Layer(node, tuple(infos), out_infos, tuple(i for i, c in enumerate(const) if c and inputs[i] is not None))
+
+
+def run_layer(kernel: Kernel, layer: Layer, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Transform the layer's constants with ``kernel`` and run it once on fresh output buffers."""
+    raw = {raw_key(k): np.asarray(inputs[k]) for k in layer.const_inputs}
+    params = kernel.transform(layer, raw)
+    dyn = [None if k in layer.const_inputs else x for k, x in enumerate(inputs)]
+    outs = [np.empty(o.shape, o.dtype) for o in layer.outputs]
+    kernel.run(layer, dyn, params, outs)
+    return outs

@@ -1,0 +1,219 @@
+"""Elementwise ops: broadcasting binaries (with fused activations), variadic reductions over inputs
+(Sum/Mean/Min/Max), unary math, comparisons and Where.
+
+Every op has one numpy implementation (``_compute``) shared by the reference and the CPU kernel, so
+the oracle used for constant folding and the kernel cannot drift; the kernel only differs in writing
+into its preallocated output with ``out=``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir import Node, TensorInfo
+from .activation import apply_act
+from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+
+try:  # scipy is optional; erf falls back to a vectorised math.erf
+    from scipy.special import erf as _scipy_erf  # type: ignore
+except Exception:  # pragma: no cover
+    _scipy_erf = None
+
+BINARY = ("Add", "Sub", "Mul", "Div", "Pow")
+VARIADIC = ("Sum", "Mean", "Min", "Max")  # Min/Max with two inputs are the common binary case
+COMPARE = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
+UNARY = ("Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Erf", "Floor", "Ceil")
+
+_UFUNC: dict[str, np.ufunc] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Sum": np.add, "Mean": np.add,
+    "Min": np.minimum, "Max": np.maximum,
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater,
+    "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+    "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative, "Abs": np.absolute,
+    "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil,
+}
+
+
+def _is_int(dt: np.dtype) -> bool:
+    return np.issubdtype(dt, np.integer)
+
+
+def broadcast_shape(node: Node, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """Numpy (= ONNX multidirectional) broadcast of ``shapes``; ShapeError naming the node if they clash."""
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ShapeError(f"node {node.name!r} ({node.op}): input shapes {list(shapes)} do not broadcast") from None
+
+
+def _present(ins: Sequence[Any]) -> list[Any]:
+    return [x for x in ins if x is not None]
+
+
+# ----------------------------------------------------------------------------------------------- infer
+
+def _infer_broadcast(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    infos = _present(ins)
+    if not infos:
+        raise ShapeError(f"node {node.name!r} ({node.op}): no inputs")
+    shape = broadcast_shape(node, [i.shape for i in infos])
+    dtype = np.dtype(np.bool_) if node.op in COMPARE else np.dtype(infos[0].dtype)
+    return [(shape, dtype)]
+
+
+def _infer_where(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    if len(ins) != 3 or any(i is None for i in ins):
+        raise ShapeError(f"node {node.name!r} (Where): needs 3 inputs, got {node.inputs}")
+    return [(broadcast_shape(node, [i.shape for i in ins]), np.dtype(ins[1].dtype))]
+
+
+def _infer_same(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    return [(ins[0].shape, np.dtype(ins[0].dtype))]
+
+
+# ----------------------------------------------------------------------------------------------- compute
+
+def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """Integer division truncating toward zero (C / onnxruntime), not numpy's floor division."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a - fmod(a, b) is an exact multiple of b, so the floor division below is exact
+        num = np.subtract(a, np.fmod(a, b))
+        return np.floor_divide(num, b, out=out)
+
+
+def _copy_into(out: np.ndarray | None, x: np.ndarray) -> np.ndarray:
+    if out is None:
+        return np.array(x, copy=True)
+    np.copyto(out, x)
+    return out
+
+
+def _pow(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """ONNX Pow: the result has the base's type; the exponent may be of another type."""
+    b = np.asarray(b)
+    if b.size == 1 and np.issubdtype(a.dtype, np.floating):
+        e = float(b.reshape(-1)[0])
+        # common exponents in exported models (x^2 in LayerNorm variance, x^3 in Gelu-tanh): cheap paths
+        if e == 2.0 and b.ndim <= a.ndim:
+            return np.multiply(a, a, out=out) if out is not None else np.multiply(a, a)
+        if e == 1.0 and b.ndim <= a.ndim:
+            return _copy_into(out, a)
+        if e == 0.5 and b.ndim <= a.ndim:
+            return np.sqrt(a, out=out) if out is not None else np.sqrt(a)
+    if _is_int(a.dtype):
+        if _is_int(b.dtype) and not (b < 0).any():
+            r = np.power(a, b.astype(a.dtype))
+        else:
+            r = np.power(a.astype(np.float64), b.astype(np.float64))
+            r = np.trunc(r)
+        if out is None:
+            return r.astype(a.dtype)
+        np.copyto(out, r, casting="unsafe")
+        return out
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if out is None:
+            return np.power(a, b.astype(a.dtype))
+        return np.power(a, b.astype(a.dtype), out=out)
+
+
+def _erf(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if _scipy_erf is not None:
+        return _scipy_erf(x, out=out) if out is not None else _scipy_erf(x).astype(x.dtype, copy=False)
+    r = np.vectorize(math.erf, otypes=[x.dtype])(x)
+    if out is None:
+        return r
+    np.copyto(out, r)
+    return out
+
+
+def _binary(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if op == "Div":
+        if _is_int(a.dtype) and _is_int(b.dtype):
+            return _int_div(a, b, out)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(a, b, out=out) if out is not None else np.divide(a, b)
+    if op == "Pow":
+        return _pow(a, b, out)
+    f = _UFUNC[op]
+    return f(a, b, out=out) if out is not None else f(a, b)
+
+
+def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | None) -> np.ndarray:
+    """Result of ``node`` on ``ins``; written into ``out`` when given (which must have the output shape)."""
+    op = node.op
+    xs = _present(ins)
+    if op in BINARY:
+        return _binary(op, xs[0], xs[1], out)
+    if op in COMPARE:
+        f = _UFUNC[op]
+        return f(xs[0], xs[1], out=out) if out is not None else f(xs[0], xs[1])
+    if op in VARIADIC:
+        f = _UFUNC[op]
+        if len(xs) == 1:
+            res = _copy_into(out, xs[0])
+        else:
+            res = f(xs[0], xs[1], out=out) if out is not None else f(xs[0], xs[1])
+            for x in xs[2:]:
+                if res.shape == broadcast_shape(node, [res.shape, x.shape]):
+                    f(res, x, out=res)
+                else:  # only without ``out``: a later input widens the shape
+                    res = f(res, x)
+        if op == "Mean":
+            np.divide(res, res.dtype.type(len(xs)), out=res, casting="unsafe")
+        return res
+    if op == "Where":
+        if out is None:
+            return np.where(ins[0], ins[1], ins[2])
+        np.copyto(out, ins[2])
+        np.copyto(out, ins[1], where=np.broadcast_to(ins[0], out.shape))
+        return out
+    if op == "Erf":
+        return _erf(xs[0], out)
+    f = _UFUNC[op]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return f(xs[0], out=out) if out is not None else f(xs[0])
+
+
+def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    ins = [None if x is None else np.asarray(x) for x in inputs]
+    r = np.asarray(_compute(node, ins, None))
+    if node.op not in COMPARE and node.op != "Where":
+        dt = _present(ins)[0].dtype
+        if r.dtype != dt:
+            r = r.astype(dt)
+    act = node.attr("act")
+    if act is not None and node.op in BINARY:
+        r = apply_act(np.array(r, copy=True), act)
+    return [r]
+
+
+_MIN_OPSET = {"Erf": 9, "Where": 9, "Less": 1, "Greater": 1, "LessOrEqual": 12, "GreaterOrEqual": 12,
+              "Mean": 1, "Sum": 1}
+
+for _op in BINARY + VARIADIC + COMPARE:
+    register_op(OpSpec(_op, _infer_broadcast, _reference, min_opset=_MIN_OPSET.get(_op, 1)))
+for _op in UNARY:
+    register_op(OpSpec(_op, _infer_same, _reference, min_opset=_MIN_OPSET.get(_op, 1)))
+register_op(OpSpec("Where", _infer_where, _reference, min_opset=9))
+
+
+@register_kernel
+class ElementwiseKernel(Kernel):
+    """numpy ufuncs writing straight into the arena; binaries take a fused activation as epilogue."""
+
+    name = "numpy"
+    ops = BINARY + VARIADIC + COMPARE + UNARY + ("Where",)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        out = outputs[0]
+        _compute(layer.node, ins, out)
+        act = layer.attr("act")
+        # residual is meaningless for a binary (it already is the add); only the activation applies
+        if act is not None and layer.op in BINARY:
+            apply_act(out, act)
+

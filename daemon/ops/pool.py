@@ -1,0 +1,263 @@
+"""MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool over any number of spatial axes (1-D/2-D/3-D).
+
+Output sizes follow onnxruntime exactly (``pool_geometry``): explicit pads, ``auto_pad`` (SAME_* pads
+computed from the *undilated* kernel, as onnxruntime does), and ``ceil_mode`` with the rule that the
+last window must start inside the input or the left padding (onnx/onnx#5741).
+
+AveragePool divides by the number of window taps inside the input (``count_include_pad=0``) or
+inside input + explicit pads (``count_include_pad=1``); taps that only exist because of
+``ceil_mode`` never count -- which is what onnxruntime (and PyTorch) compute.
+
+The ``pool`` CPU kernel is separable: along each spatial axis it combines the ``k`` strided views of
+the (padded) input with ``np.maximum``/``np.add``, so a 2-D k x k window costs 2k passes, not k*k.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedOpError
+from ..ir import Node, TensorInfo
+from .activation import apply_act
+from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+
+__all__ = ["PoolGeometry", "pool_geometry", "pool_reference"]
+
+_LOCAL = ("MaxPool", "AveragePool")
+_GLOBAL = ("GlobalAveragePool", "GlobalMaxPool")
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """Per spatial axis: window size, stride, dilation, head/tail pads and output size."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_head: tuple[int, ...]
+    pads_tail: tuple[int, ...]
+    out: tuple[int, ...]
+
+
+def _trunc_div(a: int, b: int) -> int:
+    """C++ integer division (rounds toward zero), which onnxruntime's size arithmetic uses."""
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b > 0) else -q
+
+
+def _out_size(n: int, k: int, s: int, d: int, head: int, tail: int, ceil_mode: bool) -> int:
+    num = n + head + tail - d * (k - 1) - 1
+    if not ceil_mode:
+        return _trunc_div(num, s) + 1
+    o = math.ceil(num / s) + 1
+    if (o - 1) * s >= n + head:  # the last window would start in the right padding: drop it
+        o -= 1
+    return o
+
+
+def pool_geometry(node: Node, in_shape: Sequence[int]) -> PoolGeometry:
+    """The window geometry of a (Max|Average)Pool ``node`` on an input of shape ``in_shape`` (N, C, *spatial)."""
+    spatial = tuple(int(d) for d in in_shape[2:])
+    nsp = len(spatial)
+    if node.op in _GLOBAL:
+        return PoolGeometry(spatial, (1,) * nsp, (1,) * nsp, (0,) * nsp, (0,) * nsp, (1,) * nsp)
+    ks = node.attr("kernel_shape")
+    if ks is None:
+        raise ShapeError(f"{node.op} {node.name!r}: kernel_shape is required")
+    ks = tuple(int(k) for k in ks)
+    if len(ks) != nsp:
+        raise ShapeError(f"{node.op} {node.name!r}: kernel_shape {ks} does not match the {nsp} spatial axes "
+                         f"of input shape {tuple(in_shape)}")
+    strides = tuple(int(s) for s in (node.attr("strides") or (1,) * nsp))
+    dil = tuple(int(d) for d in (node.attr("dilations") or (1,) * nsp))
+    pads = tuple(int(p) for p in (node.attr("pads") or (0,) * (2 * nsp)))
+    if len(strides) != nsp or len(dil) != nsp or len(pads) != 2 * nsp:
+        raise ShapeError(f"{node.op} {node.name!r}: strides/dilations/pads lengths do not match kernel_shape {ks}")
+    if any(k < 1 for k in ks) or any(s < 1 for s in strides) or any(d < 1 for d in dil):
+        raise ShapeError(f"{node.op} {node.name!r}: kernel_shape, strides and dilations must be positive")
+    ceil_mode = bool(node.attr("ceil_mode", 0))
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    head, tail, out = [], [], []
+    for n, k, s, d, ph, pt in zip(spatial, ks, strides, dil, pads[:nsp], pads[nsp:]):
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            need = (_trunc_div(n + s - 1, s) - 1) * s + k - n  # onnxruntime uses the undilated kernel here
+            ph = _trunc_div(need + 1, 2) if auto_pad == "SAME_LOWER" else _trunc_div(need, 2)
+            pt = need - ph
+        elif auto_pad == "VALID":
+            ph = pt = 0
+        o = _out_size(n, k, s, d, ph, pt, ceil_mode)
+        if o < 1:
+            raise ShapeError(f"{node.op} {node.name!r}: window {k} (dilation {d}) does not fit input size {n} "
+                             f"with pads ({ph}, {pt})")
+        head.append(ph)
+        tail.append(pt)
+        out.append(o)
+    return PoolGeometry(ks, strides, dil, tuple(head), tuple(tail), tuple(out))
+
+
+def _check(node: Node, opset: int) -> None:
+    if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
+        raise UnsupportedOpError(node.op, node.name, opset, "the Indices output is not supported")
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise UnsupportedOpError(node.op, node.name, opset, f"auto_pad={auto_pad!r}")
+
+
+def _infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None or len(x.shape) < 3:
+        raise ShapeError(f"{node.op} {node.name!r}: input must be (N, C, spatial...), got "
+                         f"{None if x is None else x.shape}")
+    g = pool_geometry(node, x.shape)
+    return [(tuple(x.shape[:2]) + g.out, x.dtype)]
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+def _tap_counts(n: int, o: int, k: int, s: int, d: int, head: int, limit: int) -> np.ndarray:
+    """Per output position along one axis: taps whose input coordinate lies in [0, limit)."""
+    pos = np.arange(o)[:, None] * s - head + np.arange(k)[None, :] * d
+    return ((pos >= 0) & (pos < limit)).sum(axis=1)
+
+
+def _counts(g: PoolGeometry, spatial: Sequence[int], include_pad: bool) -> np.ndarray:
+    """Divisor of every output position (shape g.out): a product of per-axis tap counts (the window is a box)."""
+    c = np.ones((), dtype=np.int64)
+    for n, o, k, s, d, ph, pt in zip(spatial, g.out, g.kernel, g.strides, g.dilations, g.pads_head, g.pads_tail):
+        per = _tap_counts(n, o, k, s, d, ph, n + pt if include_pad else n)
+        c = np.multiply.outer(c, per)
+    return c
+
+
+def _padded(x: np.ndarray, g: PoolGeometry, fill: Any) -> np.ndarray:
+    """x padded at the head and at the tail far enough for every window (cropped where windows stop early)."""
+    nsp = len(g.kernel)
+    spatial = x.shape[2:]
+    need = [(o - 1) * s + (k - 1) * d + 1 for o, k, s, d in zip(g.out, g.kernel, g.strides, g.dilations)]
+    tails = [m - n - h for m, n, h in zip(need, spatial, g.pads_head)]
+    if all(h == 0 for h in g.pads_head) and all(t <= 0 for t in tails):
+        return x[(slice(None), slice(None)) + tuple(slice(0, m) for m in need)]
+    xp = np.full(x.shape[:2] + tuple(need), fill, dtype=x.dtype)
+    dst = tuple(slice(h, h + min(n, m - h)) for h, n, m in zip(g.pads_head, spatial, need))
+    src = tuple(slice(0, min(n, m - h)) for h, n, m in zip(g.pads_head, spatial, need))
+    xp[(slice(None), slice(None)) + dst] = x[(slice(None), slice(None)) + src]
+    assert len(dst) == nsp
+    return xp
+
+
+def pool_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    """Independent oracle: all windows at once with sliding_window_view over a NaN-padded float64 copy."""
+    x = np.asarray(inputs[0])
+    nsp = x.ndim - 2
+    g = pool_geometry(node, x.shape)
+    xf = x.astype(np.float64)
+    xp = _padded(xf, g, np.nan)
+    ext = tuple((k - 1) * d + 1 for k, d in zip(g.kernel, g.dilations))
+    axes = tuple(range(2, 2 + nsp))
+    win = np.lib.stride_tricks.sliding_window_view(xp, ext, axis=axes)
+    win = win[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in g.strides)
+              + tuple(slice(None, None, d) for d in g.dilations)]
+    red = tuple(range(2 + nsp, 2 + 2 * nsp))
+    if node.op in ("MaxPool", "GlobalMaxPool"):
+        y = np.nanmax(win, axis=red)
+    else:
+        total = np.nansum(win, axis=red)
+        if node.op == "GlobalAveragePool":
+            y = total / float(np.prod(x.shape[2:]))
+        else:
+            y = total / _counts(g, x.shape[2:], bool(node.attr("count_include_pad", 0)))
+    y = np.array(y, dtype=x.dtype, copy=True) if np.issubdtype(x.dtype, np.floating) else \
+        np.rint(y).astype(x.dtype)
+    if node.attr("act") is not None:
+        apply_act(y, node.attr("act"))
+    return [y]
+
+
+for _op in _LOCAL + _GLOBAL:
+    register_op(OpSpec(_op, _infer, pool_reference, check=_check))
+
+
+# --------------------------------------------------------------------------- kernels
+
+def _lowest(dt: np.dtype) -> Any:
+    return -np.inf if np.issubdtype(dt, np.floating) else np.iinfo(dt).min
+
+
+@register_kernel
+class PoolKernel(Kernel):
+    """Separable strided-view pooling: per spatial axis, k passes of np.maximum / np.add over views."""
+
+    name = "pool"
+    ops = _LOCAL + _GLOBAL
+    priority = 10
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        if layer.op in _GLOBAL:
+            return 0
+        x = layer.inputs[0]
+        g = pool_geometry(layer.node, x.shape)
+        itemsize = max(np.dtype(x.dtype).itemsize, 4)
+        need = [(o - 1) * s + (k - 1) * d + 1 for o, k, s, d in zip(g.out, g.kernel, g.strides, g.dilations)]
+        # padded copy plus the largest per-axis intermediate
+        return int(itemsize * x.shape[0] * x.shape[1] * (np.prod(need) * 2))
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        x = full_inputs(layer, inputs, params)[0]
+        y = outputs[0]
+        is_max = layer.op in ("MaxPool", "GlobalMaxPool")
+        nsp = x.ndim - 2
+        if layer.op in _GLOBAL:
+            axes = tuple(range(2, 2 + nsp))
+            if is_max:
+                np.max(x, axis=axes, keepdims=True, out=y)
+            else:
+                np.mean(x, axis=axes, keepdims=True, out=y, dtype=np.float32 if x.dtype == np.float16 else None)
+        else:
+            g = pool_geometry(layer.node, x.shape)
+            # float16 sums lose too much; accumulate in float32 and cast once at the end
+            acc_dt = np.float32 if (not is_max and x.dtype == np.float16) else x.dtype
+            cur = _padded(x.astype(acc_dt, copy=False), g, _lowest(np.dtype(acc_dt)) if is_max else 0)
+            combine = np.maximum if is_max else np.add
+            # W first, H last: the last pass (written into y) then combines whole contiguous rows
+            order = list(range(nsp - 1, -1, -1))
+            for i, ax in enumerate(order):
+                k, s, d, o = g.kernel[ax], g.strides[ax], g.dilations[ax], g.out[ax]
+                pre = (slice(None),) * (2 + ax)
+                last = i == len(order) - 1
+                if last and acc_dt == y.dtype:
+                    dst = y
+                else:
+                    dst = np.empty(cur.shape[:2 + ax] + (o,) + cur.shape[3 + ax:], dtype=acc_dt)
+                np.copyto(dst, cur[pre + (slice(0, (o - 1) * s + 1, s),)])
+                for t in range(1, k):
+                    combine(dst, cur[pre + (slice(t * d, t * d + (o - 1) * s + 1, s),)], out=dst)
+                cur = dst
+            if not is_max:
+                cnt = _counts(g, x.shape[2:], bool(layer.attr("count_include_pad", 0)))
+                np.divide(cur, cnt.astype(acc_dt), out=cur)
+            if cur is not y:
+                np.copyto(y, cur, casting="unsafe")
+        act = layer.attr("act")
+        if act is not None:
+            apply_act(y, act)
+
+
+@register_kernel
+class PoolReferenceKernel(Kernel):
+    """The OpSpec's numpy reference (slow, float64): the oracle the ``pool`` kernel is tested against."""
+
+    name = "reference"
+    ops = _LOCAL + _GLOBAL
+    priority = 100
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        np.copyto(outputs[0], pool_reference(layer.node, full_inputs(layer, inputs, params))[0])

@@ -1,0 +1,224 @@
+"""Reductions (Reduce*, ArgMax/ArgMin) and Softmax/LogSoftmax.
+
+Reduce axes come from the ``axes`` input when there is one (ReduceSum from opset 13, every Reduce*
+from opset 18) and otherwise from the ``axes`` attribute, so one code path serves every opset.
+Softmax semantics do change with the opset: before 13 the input is coerced to 2-D at ``axis``
+(default 1) and normalised over the flattened tail; from 13 it is normalised along ``axis`` (default -1).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir import Node, TensorInfo
+from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+
+REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
+SOFTMAX_OPS = ("Softmax", "LogSoftmax")
+ARG_OPS = ("ArgMax", "ArgMin")
+
+
+def _opset(node: Node) -> int:
+    return int(node.attr("_opset", 17))
+
+
+def _norm_axis(node: Node, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"node {node.name!r} ({node.op}): axis {axis} out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _axes_value(node: Node, axes_in: np.ndarray | None) -> list[int] | None:
+    if axes_in is not None:
+        return [int(a) for a in np.asarray(axes_in).reshape(-1)]
+    a = node.attr("axes")
+    return None if a is None else [int(v) for v in np.asarray(a).reshape(-1)]
+
+
+def reduce_axes(node: Node, rank: int, axes_in: np.ndarray | None) -> tuple[int, ...] | None:
+    """Normalised, sorted axes to reduce; None means "no reduction" (noop_with_empty_axes on empty axes)."""
+    axes = _axes_value(node, axes_in)
+    if not axes:
+        if int(node.attr("noop_with_empty_axes", 0)):
+            return None
+        return tuple(range(rank))
+    norm = sorted(_norm_axis(node, a, rank) for a in axes)
+    if len(set(norm)) != len(norm):
+        raise ShapeError(f"node {node.name!r} ({node.op}): repeated axes {axes}")
+    return tuple(norm)
+
+
+def _axes_const(node: Node, consts: dict[str, np.ndarray]) -> np.ndarray | None:
+    if len(node.inputs) > 1 and node.inputs[1]:
+        name = node.inputs[1]
+        if name not in consts:
+            raise ShapeError(f"node {node.name!r} ({node.op}): axes input {name!r} must be a constant "
+                             f"(dynamic shapes are not supported)")
+        return np.asarray(consts[name])
+    return None
+
+
+def _reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...] | None, keepdims: bool) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(shape)
+    if keepdims:
+        return tuple(1 if k in axes else d for k, d in enumerate(shape))
+    return tuple(d for k, d in enumerate(shape) if k not in axes)
+
+
+# ------------------------------------------------------------------------------------------ infer
+
+def _infer_reduce(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    axes = reduce_axes(node, len(x.shape), _axes_const(node, consts))
+    return [(_reduced_shape(tuple(x.shape), axes, bool(node.attr("keepdims", 1))), np.dtype(x.dtype))]
+
+
+def _infer_softmax(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    _softmax_axis(node, len(x.shape))
+    return [(tuple(x.shape), np.dtype(x.dtype))]
+
+
+def _infer_arg(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    axis = _norm_axis(node, int(node.attr("axis", 0)), len(x.shape))
+    return [(_reduced_shape(tuple(x.shape), (axis,), bool(node.attr("keepdims", 1))), np.dtype(np.int64))]
+
+
+# ------------------------------------------------------------------------------------------ compute
+
+def _reduce(node: Node, x: np.ndarray, axes_in: np.ndarray | None, out: np.ndarray | None) -> np.ndarray:
+    op = node.op
+    keep = bool(node.attr("keepdims", 1))
+    axes = reduce_axes(node, x.ndim, axes_in)
+    if axes is None:
+        if out is None:
+            return np.array(x, copy=True)
+        np.copyto(out, x)
+        return out
+    kw = dict(axis=axes, keepdims=keep)
+    if op == "ReduceMean":
+        r = np.mean(x, **kw, out=out) if np.issubdtype(x.dtype, np.floating) else np.mean(x, **kw)
+    elif op == "ReduceSum":
+        r = np.sum(x, **kw, out=out)
+    elif op == "ReduceMax":
+        r = np.max(x, **kw, out=out)
+    elif op == "ReduceMin":
+        r = np.min(x, **kw, out=out)
+    elif op == "ReduceProd":
+        r = np.prod(x, **kw, out=out)
+    elif op == "ReduceL1":
+        r = np.sum(np.abs(x), **kw, out=out)
+    elif op == "ReduceSumSquare":
+        r = np.sum(np.square(x), **kw, out=out)
+    elif op == "ReduceL2":
+        r = np.sum(np.square(x), **kw, out=out)
+        r = np.sqrt(r, out=out) if out is not None else np.sqrt(r)
+    elif op == "ReduceLogSum":
+        r = np.sum(x, **kw, out=out)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.log(r, out=out) if out is not None else np.log(r)
+    elif op == "ReduceLogSumExp":
+        m = np.max(x, axis=axes, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0).astype(x.dtype)  # all -inf rows: avoid inf - inf
+        r = np.sum(np.exp(x - m), **kw, out=out)
+        r = np.log(r, out=out) if out is not None else np.log(r)
+        np.add(r, m if keep else m.reshape(r.shape), out=r)
+    else:  # pragma: no cover - the op tuple and this chain are kept in step
+        raise AssertionError(op)
+    if out is not None:
+        if r is not out:
+            np.copyto(out, r, casting="unsafe")
+        return out
+    return np.asarray(r).astype(x.dtype, copy=False)
+
+
+def _softmax_axis(node: Node, rank: int) -> int:
+    default = 1 if _opset(node) < 13 else -1
+    return _norm_axis(node, int(node.attr("axis", default)), rank)
+
+
+def _softmax(node: Node, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    axis = _softmax_axis(node, x.ndim)
+    if out is None:
+        out = np.empty(x.shape, x.dtype)
+    if _opset(node) < 13:
+        # the old definition normalises over everything from axis on: one 2-D row per prefix index
+        rows = int(np.prod(x.shape[:axis], dtype=np.int64))
+        x2 = x.reshape(rows, -1)
+        o2 = out.reshape(rows, -1)
+        if not np.shares_memory(o2, out):  # out not contiguous: compute aside, then copy
+            tmp = np.empty(x2.shape, x.dtype)
+            _softmax_along(node.op, x2, tmp, 1)
+            np.copyto(out, tmp.reshape(out.shape))
+            return out
+        _softmax_along(node.op, x2, o2, 1)
+        return out
+    _softmax_along(node.op, x, out, axis)
+    return out
+
+
+def _softmax_along(op: str, x: np.ndarray, out: np.ndarray, axis: int) -> None:
+    m = np.max(x, axis=axis, keepdims=True)
+    np.subtract(x, m, out=out)
+    if op == "Softmax":
+        np.exp(out, out=out)
+        s = np.sum(out, axis=axis, keepdims=True)
+        np.divide(out, s, out=out)
+    else:
+        s = np.sum(np.exp(out), axis=axis, keepdims=True)
+        np.subtract(out, np.log(s), out=out)
+
+
+def _arg(node: Node, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    axis = _norm_axis(node, int(node.attr("axis", 0)), x.ndim)
+    keep = bool(node.attr("keepdims", 1))
+    f = np.argmax if node.op == "ArgMax" else np.argmin
+    if int(node.attr("select_last_index", 0)):
+        # first match on the reversed axis is the last match on the original
+        r = x.shape[axis] - 1 - f(np.flip(x, axis), axis=axis, keepdims=keep)
+    else:
+        r = f(x, axis=axis, keepdims=keep)
+    r = np.asarray(r, dtype=np.int64)
+    if out is None:
+        return r
+    np.copyto(out, r)
+    return out
+
+
+def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | None) -> np.ndarray:
+    x = np.asarray(ins[0])
+    if node.op in REDUCE_OPS:
+        axes_in = ins[1] if len(ins) > 1 else None
+        return _reduce(node, x, axes_in, out)
+    if node.op in SOFTMAX_OPS:
+        return _softmax(node, x, out)
+    return _arg(node, x, out)
+
+
+def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    return [np.asarray(_compute(node, inputs, None))]
+
+
+for _op in REDUCE_OPS:
+    register_op(OpSpec(_op, _infer_reduce, _reference))
+for _op in SOFTMAX_OPS:
+    register_op(OpSpec(_op, _infer_softmax, _reference))
+for _op in ARG_OPS:
+    register_op(OpSpec(_op, _infer_arg, _reference))
+
+
+@register_kernel
+class ReduceKernel(Kernel):
+    """numpy reductions writing into the arena output."""
+
+    name = "numpy"
+    ops = REDUCE_OPS + SOFTMAX_OPS + ARG_OPS
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        _compute(layer.node, full_inputs(layer, inputs, params), outputs[0])

@@ -1,0 +1,143 @@
+"""Executor v0 for the CPU: sequential, every activation a view into one preallocated arena.
+
+All views, kernels and transformed weights are prepared at load, so a warm run is a loop of
+kernel calls with no allocation beyond what numpy does inside a kernel.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from ..ir import Graph, TensorInfo
+from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_key
+from ..planner.memory import MemoryPlan, plan_graph_memory
+
+
+@dataclass
+class Step:
+    layer: Layer
+    kernel: Kernel
+    inputs: list[np.ndarray | None]
+    outputs: list[np.ndarray]
+    params: dict[str, np.ndarray]
+    alias: bool
+
+
+def forced_for(layer: Layer, kernels: dict[str, str] | None) -> str | None:
+    """A forced kernel by node name (exact) or op type; node names win."""
+    if not kernels:
+        return None
+    return kernels.get(layer.name, kernels.get(layer.op))
+
+
+def select_kernels(graph: Graph, backend: str = "cpu", kernels: dict[str, str] | None = None) -> list[tuple[Layer, Kernel]]:
+    """Kernel per node. A kernel forced by node name must apply (``KernelError`` otherwise); one forced
+    by op type is used wherever it applies and the default elsewhere (a 3x3 kernel forced on "Conv"
+    leaves the 1x1 convs alone). An unknown kernel name is always an error."""
+    out = []
+    for node in graph.nodes:
+        layer = Layer.of(node, graph)
+        forced = forced_for(layer, kernels)
+        k = choose_kernel(layer, backend, forced) if forced is None or layer.name in (kernels or {}) else None
+        if k is None:
+            named = [c for c in kernels_for(layer.op, backend) if c.name == forced]
+            if not named:
+                choose_kernel(layer, backend, forced)  # raises: names the op and the known kernels
+            k = named[0] if named[0].applies(layer) else choose_kernel(layer, backend)
+        out.append((layer, k))
+    return out
+
+
+@dataclass
+class LoadStats:
+    transform_s: float = 0.0
+    plan_s: float = 0.0
+    kernels: dict[str, int] = field(default_factory=dict)
+
+
+class CpuExecutor:
+    def __init__(self, graph: Graph, kernels: dict[str, str] | None = None,
+                 params: dict[str, dict[str, np.ndarray]] | None = None) -> None:
+        """``params`` may carry already transformed weights per layer (from a weights store)."""
+        self.graph = graph
+        self.stats = LoadStats()
+        t0 = time.perf_counter()
+        self.plan: MemoryPlan = plan_graph_memory(graph)
+        self.arena = np.empty(max(self.plan.total, 1), dtype=np.uint8)
+        self.stats.plan_s = time.perf_counter() - t0
+        self.views: dict[str, np.ndarray] = {}
+        for name, info in graph.infos.items():
+            if name in graph.constants:
+                continue
+            root = self.plan.aliases.get(name, name)
+            if root not in self.plan.offsets:
+                continue
+            off = self.plan.offsets[root]
+            self.views[name] = self.arena[off:off + info.nbytes].view(info.dtype).reshape(info.shape)
+        self.steps: list[Step] = []
+        t0 = time.perf_counter()
+        self.choice = select_kernels(graph, "cpu", kernels)
+        for layer, k in self.choice:
+            spec = op_spec(layer.op)
+            alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in graph.constants)
+            if params is not None and layer.name in params:
+                p = params[layer.name]
+            else:
+                raw = {raw_key(i): graph.constants[layer.node.inputs[i]] for i in layer.const_inputs}
+                p = k.transform(layer, raw)
+            ins = [None if (not n or n in graph.constants) else self.views[n] for n in layer.node.inputs]
+            outs = [self.views[o] for o in layer.node.outputs if o]
+            self.steps.append(Step(layer, k, ins, outs, p, alias))
+            self.stats.kernels[k.name] = self.stats.kernels.get(k.name, 0) + 1
+        self.stats.transform_s = time.perf_counter() - t0
+        self.inputs: list[TensorInfo] = list(graph.inputs)
+        self.outputs: list[TensorInfo] = list(graph.outputs)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.arena.nbytes + sum(a.nbytes for s in self.steps for a in s.params.values()))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for t in self.inputs:
+            np.copyto(self.views[t.name], feeds[t.name], casting="no")
+        for s in self.steps:
+            if not s.alias:
+                s.kernel.run(s.layer, s.inputs, s.params, s.outputs)
+        res = {}
+        for t in self.outputs:
+            if t.name in self.graph.constants:
+                res[t.name] = np.array(self.graph.constants[t.name])
+            else:
+                res[t.name] = np.array(self.views[t.name])
+        return res
+
+
+def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], model: str = "model") -> dict[str, np.ndarray]:
+    """Validate a feed dict against the model's inputs; ``InputError`` says what was expected and what came."""
+    if not isinstance(feeds, dict):
+        raise InputError(f"{model}: inputs must be a dict of name -> array, got {type(feeds).__name__}")
+    expected = {t.name: t for t in inputs}
+    unknown = [k for k in feeds if k not in expected]
+    if unknown:
+        raise InputError(f"{model}: unknown input name(s) {unknown}; expected {sorted(expected)}")
+    missing = [k for k in expected if k not in feeds]
+    if missing:
+        raise InputError(f"{model}: missing input(s) {missing}; expected {sorted(expected)}")
+    out = {}
+    for name, t in expected.items():
+        a = feeds[name]
+        if not isinstance(a, np.ndarray):
+            try:
+                a = np.asarray(a)
+            except Exception as e:
+                raise InputError(f"{model}: input {name!r} is not array-like ({type(feeds[name]).__name__})") from e
+        if a.dtype != t.dtype:
+            raise InputError(f"{model}: input {name!r} expects dtype {np.dtype(t.dtype).name}, got {a.dtype.name}")
+        if tuple(a.shape) != tuple(t.shape):
+            raise InputError(f"{model}: input {name!r} expects shape {list(t.shape)}, got {list(a.shape)}")
+        out[name] = a
+    return out

@@ -1,0 +1,225 @@
+"""The weights store: the on-disk format of a compiled model's tensors.
+
+Layout::
+
+    [0, 4096)   header block: struct HEADER (magic, format version, index offset/size, index sha256)
+    blobs       each aligned to 4096 bytes, so it can be read straight into arena memory with
+                pread (or O_DIRECT, whose buffers and offsets must be block aligned)
+    index       msgpack: model sha256, engine version, device fingerprint, entries
+
+Each entry: layer ("" for graph-level raw constants), tensor, kernel ("" for raw), variant
+("raw" | "transformed"), dtype, shape, offset, size, crc32. Raw and transformed variants of the
+same layer can live side by side. Any inconsistency raises ``WeightsStoreError``: a bad store is
+never silently read as wrong numbers.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import msgpack
+import numpy as np
+
+from .errors import WeightsStoreError
+
+MAGIC = b"INFDWTS\x00"
+FORMAT_VERSION = 1
+ALIGN = 4096
+_HEADER = struct.Struct("<8sIIQQ32s")  # magic, version, reserved, index offset, index size, index sha256
+
+
+@dataclass(frozen=True)
+class Entry:
+    layer: str
+    tensor: str
+    kernel: str
+    variant: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    size: int
+    crc32: int
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.layer, self.tensor, self.kernel, self.variant)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class StoreWriter:
+    """Streams tensors to ``path`` (written to a temp file, renamed into place on close)."""
+
+    def __init__(self, path: str | os.PathLike, model_sha256: str, engine_version: str,
+                 fingerprint: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        self._tmp = self.path.with_name(self.path.name + f".tmp{os.getpid()}")
+        self._f = open(self._tmp, "wb")
+        self._f.write(b"\0" * ALIGN)
+        self._pos = ALIGN
+        self._entries: list[Entry] = []
+        self._keys: set[tuple[str, str, str, str]] = set()
+        self.meta = {"model_sha256": model_sha256, "engine_version": engine_version,
+                     "fingerprint": fingerprint or {}}
+
+    def add(self, layer: str, tensor: str, array: np.ndarray, kernel: str = "", variant: str = "raw") -> Entry:
+        if variant not in ("raw", "transformed"):
+            raise ValueError(f"variant must be 'raw' or 'transformed', got {variant!r}")
+        key = (layer, tensor, kernel, variant)
+        if key in self._keys:
+            raise ValueError(f"duplicate store entry {key}")
+        a = np.ascontiguousarray(array)
+        data = a.tobytes()
+        e = Entry(layer, tensor, kernel, variant, a.dtype.str, tuple(int(d) for d in a.shape), self._pos,
+                  len(data), zlib.crc32(data))
+        self._f.write(data)
+        pad = _align(len(data)) - len(data)
+        self._f.write(b"\0" * pad)
+        self._pos += len(data) + pad
+        self._entries.append(e)
+        self._keys.add(key)
+        return e
+
+    def close(self) -> Path:
+        index = msgpack.packb({**self.meta, "entries": [
+            [e.layer, e.tensor, e.kernel, e.variant, e.dtype, list(e.shape), e.offset, e.size, e.crc32]
+            for e in self._entries]}, use_bin_type=True)
+        self._f.write(index)
+        self._f.seek(0)
+        self._f.write(_HEADER.pack(MAGIC, FORMAT_VERSION, 0, self._pos, len(index), hashlib.sha256(index).digest()))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._f.close()
+            self._tmp.unlink(missing_ok=True)
+
+
+class WeightsStore:
+    """Read side. Validates header, index checksum and file length at open; each blob's crc32 on read."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise WeightsStoreError(f"cannot open weights store {str(self.path)!r}: {e}") from e
+        try:
+            self._open()
+        except Exception:
+            os.close(self._fd)
+            raise
+
+    def _open(self) -> None:
+        size = os.fstat(self._fd).st_size
+        head = os.pread(self._fd, _HEADER.size, 0)
+        if len(head) < _HEADER.size:
+            raise WeightsStoreError(f"{self.path}: truncated weights store ({size} bytes; expected a "
+                                    f"{_HEADER.size}-byte header at least)")
+        magic, version, _, ioff, isize, isha = _HEADER.unpack(head)
+        if magic != MAGIC:
+            raise WeightsStoreError(f"{self.path}: not an inferd weights store (magic {magic!r}, expected {MAGIC!r})")
+        if version != FORMAT_VERSION:
+            raise WeightsStoreError(f"{self.path}: weights store format version {version}, this engine reads "
+                                    f"version {FORMAT_VERSION}")
+        if ioff + isize > size:
+            raise WeightsStoreError(f"{self.path}: truncated weights store: index at {ioff}+{isize} "
+                                    f"but the file has {size} bytes")
+        index = os.pread(self._fd, isize, ioff)
+        if hashlib.sha256(index).digest() != isha:
+            raise WeightsStoreError(f"{self.path}: weights store index checksum mismatch (corrupted file)")
+        try:
+            meta = msgpack.unpackb(index, raw=False)
+            self.entries: dict[tuple[str, str, str, str], Entry] = {}
+            for r in meta.pop("entries"):
+                e = Entry(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), int(r[6]), int(r[7]), int(r[8]))
+                if e.offset % ALIGN or e.offset + e.size > ioff:
+                    raise WeightsStoreError(f"{self.path}: entry {e.key} lies outside the blob area")
+                self.entries[e.key] = e
+        except WeightsStoreError:
+            raise
+        except Exception as ex:
+            raise WeightsStoreError(f"{self.path}: unreadable weights store index: {ex}") from ex
+        self.meta: dict[str, Any] = meta
+
+    @property
+    def model_sha256(self) -> str:
+        return str(self.meta.get("model_sha256", ""))
+
+    def __contains__(self, key: tuple[str, str, str, str]) -> bool:
+        return key in self.entries
+
+    def find(self, layer: str, kernel: str | None = None, variant: str | None = None) -> Iterator[Entry]:
+        for e in self.entries.values():
+            if e.layer == layer and (kernel is None or e.kernel == kernel) and (variant is None or e.variant == variant):
+                yield e
+
+    def read(self, entry: Entry, out: np.ndarray | None = None) -> np.ndarray:
+        """Read one blob (into ``out`` if given, e.g. an arena view) and verify its checksum."""
+        dt = np.dtype(entry.dtype)
+        n = int(np.prod(entry.shape, dtype=np.int64)) * dt.itemsize
+        if n != entry.size:
+            raise WeightsStoreError(f"{self.path}: entry {entry.key} claims {entry.size} bytes for shape "
+                                    f"{entry.shape} {dt.name} ({n} bytes)")
+        a = np.empty(entry.shape, dt) if out is None else out
+        if a.nbytes != entry.size or not a.flags.c_contiguous:
+            raise WeightsStoreError(f"destination for {entry.key} has {a.nbytes} bytes, entry has {entry.size}")
+        mv = memoryview(a.reshape(-1).view(np.uint8))
+        got = os.preadv(self._fd, [mv], entry.offset) if entry.size else 0
+        if got != entry.size:
+            raise WeightsStoreError(f"{self.path}: truncated weights store: {entry.key} needs {entry.size} bytes "
+                                    f"at {entry.offset}, read {got}")
+        if zlib.crc32(mv) != entry.crc32:
+            raise WeightsStoreError(f"{self.path}: checksum mismatch in {entry.key} (corrupted weights)")
+        return a
+
+    def get(self, layer: str, tensor: str, kernel: str = "", variant: str = "raw") -> np.ndarray:
+        key = (layer, tensor, kernel, variant)
+        if key not in self.entries:
+            raise WeightsStoreError(f"{self.path}: no entry {key}")
+        return self.read(self.entries[key])
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "WeightsStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(chunk), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def entries_of(store: WeightsStore) -> Iterable[Entry]:
+    return sorted(store.entries.values(), key=lambda e: e.offset)

@@ -1,0 +1,19 @@
+"""cffi build script for inferd's native kernels (compiled by the package build; see setup.py)."""
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+
+ffibuilder = FFI()
+ffibuilder.cdef((HERE / "inferd_native.h").read_text())
+ffibuilder.set_source(
+    "inferd._native",
+    '#include "inferd_native.h"',
+    sources=[str(p.relative_to(HERE.parent)) for p in sorted(HERE.glob("*.c"))],
+    include_dirs=[str(HERE.relative_to(HERE.parent))],
+    extra_compile_args=["-O3", "-std=c99", "-fno-math-errno", "-ffp-contract=fast"],
+)
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

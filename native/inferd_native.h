@@ -1,0 +1,34 @@
+/* Native kernels for inferd's CPU backend. Portable C99 that GCC/Clang vectorise on x86-64 and aarch64.
+   This file is parsed by cffi's cdef: plain declarations only (no macros, no includes).
+   Tensors are float32, row-major, one image (C, H, W) at a time unless stated. */
+int inferd_native_abi(void);
+
+/* col[(c*kh + i)*kw + j][oh*OW + ow] = x[c][oh*sh - pt + i*dh][ow*sw - pl + j*dw], 0 outside the image. */
+void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
+                   int pt, int pl, int OH, int OW, float* col);
+
+/* Adjoint of im2col: y[c][oh*sh - pt + i*dh][ow*sw - pl + j*dw] += col[(c*kh + i)*kw + j][oh*OW + ow].
+   y has shape (C, H, W) and is accumulated into (not cleared); (OH, OW) is the spatial size of col. */
+void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
+                   int pt, int pl, int OH, int OW, float* y);
+
+/* Depthwise conv of C input channels with channel multiplier mult: output channel c*mult + k reads input channel c.
+   w: (C*mult, kh, kw); bias: (C*mult) or NULL; y: (C*mult, OH, OW), overwritten. */
+void inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y, int C, int mult,
+                     int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW);
+
+/* Winograd F(m x m, r x r) input transform, alpha = m + r - 1, BT: (alpha, alpha) row-major.
+   Tile (ti, tj) covers input rows ti*m - pt .. + alpha and columns tj*m - pl .. + alpha (0 outside).
+   Writes V[(a*alpha + b)*ldpos + c*ldc + p0 + ti*tW + tj] for channels c in [0, C). Returns 0, or -1 if out of memory. */
+int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, int tH, int tW, int m, int alpha,
+                           const float* BT, float* V, long long ldpos, long long ldc, long long p0);
+
+/* Winograd output transform: y[co][ti*m + i][tj*m + j] = bias[co] + (AT M AT^T)[i][j] for the tile (ti, tj),
+   where M[a][b] = Mw[(a*alpha + b)*ldpos + co*ldc + p0 + ti*tW + tj]; cropped to (OH, OW). bias may be NULL.
+   Returns 0, or -1 if out of memory. */
+int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
+                            const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0);
+
+/* In-place epilogue over y: (C, HW): y = act(y + bias[c] + res). bias/res may be NULL.
+   act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(alpha = p0). */
+void inferd_bias_act(float* y, const float* bias, const float* res, int C, long long HW, int act, float p0, float p1);

@@ -1,0 +1,175 @@
+"""Import: folding, BN folding, fusion, batch fixing, and clear errors for bad models."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import inferd
+from inferd.errors import InputError, ModelFormatError, ShapeError, UnsupportedOpError
+from inferd.frontend import import_model
+from ortutil import run_ort
+
+RNG = np.random.default_rng(7)
+
+
+def _init(name: str, a: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(a), name)
+
+
+def _model(nodes, inputs, outputs, inits, opset=17) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "t", inputs, outputs, initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def conv_bn_relu_add_model(batch="N") -> onnx.ModelProto:
+    c = 8
+    w1 = (RNG.standard_normal((c, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (RNG.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32)
+    wskip = (RNG.standard_normal((c, 3, 1, 1)) * 0.5).astype(np.float32)
+    bn = [RNG.uniform(0.5, 1.5, c), RNG.standard_normal(c) * 0.1, RNG.standard_normal(c) * 0.1, RNG.uniform(0.5, 2, c)]
+    inits = [_init("w1", w1), _init("w2", w2), _init("wskip", wskip)] + [
+        _init(n, np.asarray(v, np.float32)) for n, v in zip(["g", "b", "m", "v"], bn)]
+    inits += [_init("shape_idx", np.array(0, np.int64)), _init("minus1", np.array([-1], np.int64))]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["bn1"], epsilon=1e-5, name="bn1"),
+        helper.make_node("Relu", ["bn1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+        helper.make_node("Conv", ["x", "wskip"], ["skip"], name="convskip"),
+        helper.make_node("Add", ["c2", "skip"], ["sum"], name="add"),
+        helper.make_node("Relu", ["sum"], ["r2"], name="relu2"),
+        # Shape -> Gather -> Unsqueeze -> Concat -> Reshape: folded to a constant shape at import
+        helper.make_node("Shape", ["r2"], ["shp"], name="shape"),
+        helper.make_node("Gather", ["shp", "shape_idx"], ["n"], axis=0, name="gather"),
+        helper.make_node("Unsqueeze", ["n", "zero_axes"], ["n1"], name="unsq"),
+        helper.make_node("Concat", ["n1", "minus1"], ["newshape"], axis=0, name="concat"),
+        helper.make_node("Reshape", ["r2", "newshape"], ["y"], name="reshape"),
+    ]
+    inits.append(_init("zero_axes", np.array([0], np.int64)))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 9, 11])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model(nodes, [x], [y], inits)
+
+
+def test_folding_and_fusion_rewrite_the_graph():
+    g = import_model(conv_bn_relu_add_model())
+    ops = [n.op for n in g.nodes]
+    # BN folded, Relus fused, residual Add fused into conv2, shape chain folded; Reshape stays (a view)
+    assert "BatchNormalization" not in ops and "Relu" not in ops and "Add" not in ops
+    assert "Shape" not in ops and "Gather" not in ops and "Concat" not in ops
+    assert ops.count("Conv") == 3 and ops[-1] == "Reshape"
+    conv2 = next(n for n in g.nodes if n.name == "conv2")
+    assert conv2.attr("residual") is True and conv2.attr("act") == ("Relu", ())
+    assert next(n for n in g.nodes if n.name == "conv1").attr("act") == ("Relu", ())
+    assert g.outputs[0].shape == (1, 8 * 9 * 11)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_model_matches_onnxruntime(batch):
+    m = conv_bn_relu_add_model()
+    x = RNG.standard_normal((batch, 3, 9, 11)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    model = inferd.load(m.SerializeToString(), batch=batch)
+    assert model.inputs[0].shape == (batch, 3, 9, 11)
+    got = model.run({"x": x})["y"]
+    assert got.shape == ref.shape
+    assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-5
+
+
+def test_silu_and_gelu_patterns_are_recognised():
+    w = (RNG.standard_normal((4, 4, 1, 1)) * 0.5).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
+        helper.make_node("Mul", ["c", "s"], ["silu"], name="mul"),
+        helper.make_node("Div", ["silu", "sqrt2"], ["d"], name="div"),
+        helper.make_node("Erf", ["d"], ["e"], name="erf"),
+        helper.make_node("Add", ["e", "one"], ["e1"], name="add1"),
+        helper.make_node("Mul", ["silu", "e1"], ["m1"], name="mulx"),
+        helper.make_node("Mul", ["m1", "half"], ["y"], name="mulhalf"),
+    ]
+    inits = [_init("w", w), _init("sqrt2", np.array(2 ** 0.5, np.float32)), _init("one", np.array(1, np.float32)),
+             _init("half", np.array(0.5, np.float32))]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    g = import_model(m)
+    assert [n.op for n in g.nodes] == ["Conv", "Gelu"]
+    assert g.nodes[0].attr("act") == ("SiLU", ())
+    x = RNG.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    got = inferd.load(m).run({"x": x})["y"]
+    assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-5
+
+
+def test_truncated_and_random_onnx_files_raise_model_format_error(tmp_path):
+    good = conv_bn_relu_add_model().SerializeToString()
+    trunc = tmp_path / "trunc.onnx"
+    trunc.write_bytes(good[: len(good) // 2])
+    rnd = tmp_path / "random.onnx"
+    rnd.write_bytes(np.random.default_rng(1).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    for p in (trunc, rnd, empty):
+        with pytest.raises(ModelFormatError) as ei:
+            inferd.load(p)
+        assert str(p) in str(ei.value) or "ONNX" in str(ei.value)
+    with pytest.raises(ModelFormatError, match="does not exist"):
+        inferd.load(tmp_path / "nope.onnx")
+
+
+def test_unsupported_op_names_op_node_and_opset():
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="ok"),
+             helper.make_node("NonMaxSuppression", ["r", "r"], ["y"], name="the_nms_node")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+               [helper.make_tensor_value_info("y", TensorProto.INT64, None)], [], opset=13)
+    with pytest.raises(UnsupportedOpError) as ei:
+        import_model(m)
+    msg = str(ei.value)
+    assert "NonMaxSuppression" in msg and "the_nms_node" in msg and "13" in msg
+
+
+def test_custom_domain_is_unsupported():
+    node = helper.make_node("Foo", ["x"], ["y"], name="foo", domain="com.example")
+    g = helper.make_graph([node], "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    with pytest.raises(UnsupportedOpError, match="com.example"):
+        import_model(m)
+
+
+def test_dynamic_non_batch_dim_needs_explicit_shape():
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C"])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [])
+    with pytest.raises(ShapeError, match="dynamic dimension 1"):
+        import_model(m)
+    g = import_model(m, shapes={"x": (2, 5)})
+    assert g.outputs[0].shape == (2, 5)
+
+
+def test_wrong_input_name_shape_dtype_raise_input_error():
+    model = inferd.load(conv_bn_relu_add_model())
+    x = np.zeros((1, 3, 9, 11), np.float32)
+    with pytest.raises(InputError, match=r"unknown input name.*'z'.*expected \['x'\]"):
+        model.run({"z": x})
+    with pytest.raises(InputError, match=r"missing input"):
+        model.run({})
+    with pytest.raises(InputError, match=r"expects shape \[1, 3, 9, 11\], got \[1, 3, 9, 12\]"):
+        model.run({"x": np.zeros((1, 3, 9, 12), np.float32)})
+    with pytest.raises(InputError, match=r"expects dtype float32, got float64"):
+        model.run({"x": x.astype(np.float64)})
+    # the model still works after rejected inputs: nothing was lost
+    assert model.run({"x": x})["y"].shape == (1, 792)
+
+
+def test_forcing_an_inapplicable_kernel_by_node_name_fails_clearly():
+    from inferd.errors import KernelError
+
+    with pytest.raises(KernelError, match="convskip"):
+        inferd.load(conv_bn_relu_add_model(), kernels={"convskip": "winograd23"})
+    with pytest.raises(KernelError, match="no cpu kernel named 'nosuch'"):
+        inferd.load(conv_bn_relu_add_model(), kernels={"Conv": "nosuch"})

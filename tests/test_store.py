@@ -1,0 +1,104 @@
+"""Weights store and compiled packages: round trip, and clear errors for damaged files."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import inferd
+from inferd.errors import WeightsStoreError
+from inferd.package import compile_model
+from inferd.store import ALIGN, StoreWriter, WeightsStore
+from test_import import conv_bn_relu_add_model
+
+
+def _write(path):
+    rng = np.random.default_rng(0)
+    arrs = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": np.arange(7, dtype=np.int64),
+            "empty": np.zeros((0, 4), np.float32)}
+    with StoreWriter(path, "f" * 64, "test") as w:
+        for k, v in arrs.items():
+            w.add("", k, v)
+        w.add("conv1", "U", arrs["a"] * 2, kernel="winograd23", variant="transformed")
+    return arrs
+
+
+def test_round_trip_alignment_and_side_by_side_variants(tmp_path):
+    p = tmp_path / "w.store"
+    arrs = _write(p)
+    with WeightsStore(p) as s:
+        assert s.model_sha256 == "f" * 64
+        for k, v in arrs.items():
+            e = s.entries[("", k, "", "raw")]
+            assert e.offset % ALIGN == 0
+            np.testing.assert_array_equal(s.read(e), v)
+        np.testing.assert_array_equal(s.get("conv1", "U", "winograd23", "transformed"), arrs["a"] * 2)
+        out = np.empty((3, 5), np.float32)
+        s.read(s.entries[("", "a", "", "raw")], out=out)
+        np.testing.assert_array_equal(out, arrs["a"])
+
+
+def test_truncated_store_is_rejected(tmp_path):
+    p = tmp_path / "w.store"
+    _write(p)
+    data = p.read_bytes()
+    for n in (10, ALIGN + 3, len(data) - 5):
+        p.write_bytes(data[:n])
+        with pytest.raises(WeightsStoreError, match="truncated|checksum"):
+            WeightsStore(p)
+
+
+def test_corrupted_blob_and_header_are_rejected(tmp_path):
+    p = tmp_path / "w.store"
+    _write(p)
+    data = bytearray(p.read_bytes())
+    data[ALIGN + 1] ^= 0xFF  # inside blob "a"
+    p.write_bytes(bytes(data))
+    with WeightsStore(p) as s:
+        with pytest.raises(WeightsStoreError, match="checksum mismatch"):
+            s.get("", "a")
+        np.testing.assert_array_equal(s.get("", "b"), np.arange(7))  # other blobs still readable
+    data[0:8] = b"NOTASTOR"
+    p.write_bytes(bytes(data))
+    with pytest.raises(WeightsStoreError, match="not an inferd weights store"):
+        WeightsStore(p)
+    p.write_bytes(os.urandom(9000))
+    with pytest.raises(WeightsStoreError):
+        WeightsStore(p)
+
+
+def test_compiled_package_matches_onnx_load_and_uses_transformed_weights(tmp_path):
+    m = conv_bn_relu_add_model(batch=1)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(m.SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg")
+    x = np.random.default_rng(3).standard_normal((1, 3, 9, 11)).astype(np.float32)
+    ref = inferd.load(src).run({"x": x})["y"]
+    got = inferd.load(pkg).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+    with WeightsStore(pkg / "weights.store") as s:
+        kinds = {e.variant for e in s.entries.values()}
+    assert "raw" in kinds
+
+
+def test_corrupted_package_gives_clear_error_not_wrong_output(tmp_path):
+    m = conv_bn_relu_add_model(batch=1)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(m.SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg")
+    store = pkg / "weights.store"
+    data = bytearray(store.read_bytes())
+    data[ALIGN + 8] ^= 0x55
+    store.write_bytes(bytes(data))
+    with pytest.raises(WeightsStoreError, match="checksum mismatch"):
+        inferd.load(pkg)
+    plan = pkg / "plan.bin"
+    pb = bytearray(plan.read_bytes())
+    pb[-3] ^= 0x01
+    plan.write_bytes(bytes(pb))
+    with pytest.raises(WeightsStoreError, match="plan checksum"):
+        inferd.load(pkg)
+    with pytest.raises(WeightsStoreError, match="batch"):
+        compile_model(src, tmp_path / "pkg2")
+        inferd.load(tmp_path / "pkg2", batch=2)
