@@ -165,10 +165,10 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | Non
             np.divide(res, res.dtype.type(len(xs)), out=res, casting="unsafe")
         return res
     if op == "Where":
+        r = np.where(ins[0], ins[1], ins[2])  # faster than a masked copyto into out
         if out is None:
-            return np.where(ins[0], ins[1], ins[2])
-        np.copyto(out, ins[2])
-        np.copyto(out, ins[1], where=np.broadcast_to(ins[0], out.shape))
+            return r
+        np.copyto(out, r)
         return out
     if op == "Erf":
         return _erf(xs[0], out)

@@ -1,1 +1,328 @@
-"""Placeholder: being written."""
+"""BatchNormalization (inference form), InstanceNormalization, LayerNormalization, and BN folding.
+
+Import folds a BatchNormalization that follows a Conv/ConvTranspose/Gemm into that producer with
+``fold_bn_into``; a BN that cannot be folded (after a Concat, at a graph input, ...) runs as a
+per-channel affine map whose scale/shift the ``norm`` kernel precomputes in ``transform``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedOpError
+from ..ir import Node, TensorInfo
+from .activation import apply_act
+from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op
+
+__all__ = ["fold_bn_into", "bn_scale_shift", "batchnorm_reference", "instancenorm_reference", "layernorm_reference"]
+
+
+# --------------------------------------------------------------------------- BN folding
+
+def bn_scale_shift(scale: np.ndarray, B: np.ndarray, mean: np.ndarray, var: np.ndarray,
+                   eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """BN as ``y = x * s + t`` per channel, in float64: ``s = scale / sqrt(var + eps)``, ``t = B - mean * s``."""
+    s = np.asarray(scale, np.float64) / np.sqrt(np.asarray(var, np.float64) + float(eps))
+    t = np.asarray(B, np.float64) - np.asarray(mean, np.float64) * s
+    return s, t
+
+
+def fold_bn_into(weight: np.ndarray, bias: np.ndarray | None, scale: np.ndarray, B: np.ndarray,
+                 mean: np.ndarray, var: np.ndarray, eps: float, axis: int,
+                 groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Fold an inference BatchNormalization that follows a linear layer into that layer's weights.
+
+    The layer computes ``y[..., c, ...] = sum(W * x) + bias[c]`` for output channel ``c``; the BN then
+    computes ``(y - mean) * scale / sqrt(var + eps) + B``. Returns ``(w, b)`` with
+    ``w = W * s`` along the output-channel axis and ``b = (bias - mean) * s + B`` (``bias=None`` = 0),
+    in ``weight``'s dtype (arithmetic in float64). Inputs are not modified.
+
+    ``axis`` is the output-channel axis of ``weight``:
+      * Conv (W: [C_out, C_in/g, k...]): ``axis=0``;
+      * ConvTranspose (W: [C_in, C_out/g, k...]): ``axis=1, groups=g`` -- the BN has C_out = g * W.shape[1]
+        channels, and channel ``gi * W.shape[1] + j`` scales ``W[gi*C_in/g:(gi+1)*C_in/g, j]``;
+      * Gemm (Y = A @ op(B) + C): ``axis=0`` if transB=1 (B: [N, K]) else ``axis=1`` (B: [K, N]); the same
+        for MatMul with a constant 2-D B (``axis=1``, ``bias=None``). Gemm's alpha/beta must already be
+        folded into B and C (``W = alpha * B``, ``bias = beta * C``) before calling.
+    ``bias`` may be any shape that broadcasts against ``(C_out,)`` on its last axis (Gemm's C may be
+    a scalar, (N,), (1, N) or (M, N)); the result has the broadcast shape.
+    """
+    w = np.asarray(weight)
+    s, t = bn_scale_shift(scale, B, mean, var, eps)
+    c_out = s.shape[0]
+    ax = axis % w.ndim
+    if groups < 1:
+        raise ShapeError(f"fold_bn_into: groups must be >= 1, got {groups}")
+    if groups > 1:
+        if ax != 1:
+            raise ShapeError(f"fold_bn_into: groups={groups} only applies to ConvTranspose weights (axis=1), got axis={axis}")
+        cin, per = w.shape[0], w.shape[1]
+        if per * groups != c_out or cin % groups:
+            raise ShapeError(f"fold_bn_into: ConvTranspose weight {w.shape} with groups={groups} does not have "
+                             f"{c_out} output channels")
+        wg = w.astype(np.float64).reshape((groups, cin // groups, per) + w.shape[2:])
+        f = s.reshape((groups, 1, per) + (1,) * (w.ndim - 2))
+        w_new = (wg * f).reshape(w.shape)
+    else:
+        if w.shape[ax] != c_out:
+            raise ShapeError(f"fold_bn_into: weight {w.shape} has {w.shape[ax]} channels on axis {axis}, "
+                             f"BatchNormalization has {c_out}")
+        f = s.reshape((1,) * ax + (c_out,) + (1,) * (w.ndim - ax - 1))
+        w_new = w.astype(np.float64) * f
+    b0 = np.zeros(c_out) if bias is None else np.asarray(bias, np.float64)
+    b_new = (b0 - np.asarray(mean, np.float64)) * s + np.asarray(B, np.float64)
+    return w_new.astype(w.dtype), b_new.astype(w.dtype)
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+def _extra_outputs(node: Node) -> list[str]:
+    return [o for o in node.outputs[1:] if o]
+
+
+def _check_bn(node: Node, opset: int) -> None:
+    if node.attr("training_mode", 0):
+        raise UnsupportedOpError(node.op, node.name, opset, "training_mode=1 (only inference is supported)")
+    if _extra_outputs(node):
+        raise UnsupportedOpError(node.op, node.name, opset,
+                                 "running/saved mean and variance outputs (training) are not supported")
+    if opset < 7 and node.attr("is_test", 0) == 0 and node.attr("is_test") is not None:
+        raise UnsupportedOpError(node.op, node.name, opset, "is_test=0 (training) is not supported")
+
+
+def _check_ln(node: Node, opset: int) -> None:
+    if _extra_outputs(node):
+        raise UnsupportedOpError(node.op, node.name, opset, "the Mean/InvStdDev outputs are not supported")
+
+
+def _check_in(node: Node, opset: int) -> None:
+    if _extra_outputs(node):
+        raise UnsupportedOpError(node.op, node.name, opset, "only one output is defined")
+
+
+def _channel_shape(x_ndim: int, p: np.ndarray) -> tuple[int, ...]:
+    """How a per-channel parameter broadcasts against (N, C, *spatial)."""
+    if p.ndim > 1:  # BN spatial=0 (opset < 9): parameters shaped like x.shape[1:]
+        return p.shape
+    return (p.shape[0],) + (1,) * (x_ndim - 2)
+
+
+def _same(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None:
+        raise ShapeError(f"{node.op} {node.name!r}: input X is required")
+    return [(x.shape, x.dtype)]
+
+
+def _infer_bn(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None or len(x.shape) < 2:
+        raise ShapeError(f"BatchNormalization {node.name!r}: X must be (N, C, ...), got {None if x is None else x.shape}")
+    for i in range(1, 5):
+        p = ins[i] if i < len(ins) else None
+        if p is None:
+            raise ShapeError(f"BatchNormalization {node.name!r}: input {i} is required")
+        if len(p.shape) == 1 and p.shape[0] != x.shape[1]:
+            raise ShapeError(f"BatchNormalization {node.name!r}: parameter {i} has {p.shape[0]} channels, X has {x.shape[1]}")
+    return [(x.shape, x.dtype)]
+
+
+def _infer_in(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None or len(x.shape) < 3:
+        raise ShapeError(f"InstanceNormalization {node.name!r}: X must be (N, C, spatial...), got "
+                         f"{None if x is None else x.shape}")
+    for i in (1, 2):
+        if ins[i] is None or tuple(ins[i].shape) != (x.shape[1],):
+            raise ShapeError(f"InstanceNormalization {node.name!r}: input {i} must have shape ({x.shape[1]},)")
+    return [(x.shape, x.dtype)]
+
+
+def _ln_axis(node: Node, ndim: int) -> int:
+    a = int(node.attr("axis", -1))
+    if not -ndim <= a < ndim:
+        raise ShapeError(f"LayerNormalization {node.name!r}: axis {a} out of range for rank {ndim}")
+    return a % ndim
+
+
+def _infer_ln(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None or len(x.shape) < 1:
+        raise ShapeError(f"LayerNormalization {node.name!r}: X is required and must not be a scalar")
+    ax = _ln_axis(node, len(x.shape))
+    norm = tuple(x.shape[ax:])
+    for i in (1, 2):
+        p = ins[i] if i < len(ins) else None
+        if p is None:
+            if i == 1:
+                raise ShapeError(f"LayerNormalization {node.name!r}: Scale is required")
+            continue
+        ps = tuple(p.shape)
+        if len(ps) > len(norm) or any(a not in (1, b) for a, b in zip(reversed(ps), reversed(norm))):
+            raise ShapeError(f"LayerNormalization {node.name!r}: input {i} of shape {ps} does not broadcast to "
+                             f"the normalized shape {norm}")
+    return [(x.shape, x.dtype)]
+
+
+def _finish(node: Node, y: np.ndarray) -> np.ndarray:
+    act = node.attr("act")
+    if act is not None:
+        apply_act(y, act)
+    return y
+
+
+# --------------------------------------------------------------------------- references (float64)
+
+def batchnorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    scale, b, mean, var = (np.asarray(inputs[i], np.float64) for i in range(1, 5))
+    sh = _channel_shape(x.ndim, scale)
+    eps = float(node.attr("epsilon", 1e-5))
+    y = (x.astype(np.float64) - mean.reshape(sh)) / np.sqrt(var.reshape(sh) + eps) * scale.reshape(sh) + b.reshape(sh)
+    return [_finish(node, y.astype(x.dtype))]
+
+
+def instancenorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    xf = x.astype(np.float64)
+    axes = tuple(range(2, x.ndim))
+    mean = xf.mean(axis=axes, keepdims=True)
+    var = ((xf - mean) ** 2).mean(axis=axes, keepdims=True)
+    sh = (x.shape[1],) + (1,) * (x.ndim - 2)
+    scale, b = np.asarray(inputs[1], np.float64).reshape(sh), np.asarray(inputs[2], np.float64).reshape(sh)
+    y = (xf - mean) / np.sqrt(var + float(node.attr("epsilon", 1e-5))) * scale + b
+    return [_finish(node, y.astype(x.dtype))]
+
+
+def layernorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    ax = _ln_axis(node, x.ndim)
+    xf = x.astype(np.float64)
+    axes = tuple(range(ax, x.ndim))
+    mean = xf.mean(axis=axes, keepdims=True)
+    var = ((xf - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (xf - mean) / np.sqrt(var + float(node.attr("epsilon", 1e-5))) * np.asarray(inputs[1], np.float64)
+    if len(inputs) > 2 and inputs[2] is not None:
+        y = y + np.asarray(inputs[2], np.float64)
+    return [_finish(node, y.astype(x.dtype))]
+
+
+register_op(OpSpec("BatchNormalization", _infer_bn, batchnorm_reference, check=_check_bn))
+register_op(OpSpec("InstanceNormalization", _infer_in, instancenorm_reference, check=_check_in))
+register_op(OpSpec("LayerNormalization", _infer_ln, layernorm_reference, min_opset=17, check=_check_ln))
+
+
+# --------------------------------------------------------------------------- kernels
+
+def _acc_dtype(dt: np.dtype) -> np.dtype:
+    """Statistics in at least float32 (LayerNormalization's default stash_type=1 asks for that)."""
+    return np.dtype(np.float64) if dt == np.float64 else np.dtype(np.float32)
+
+
+@register_kernel
+class NormKernel(Kernel):
+    """Vectorised numpy: BN as a precomputed per-channel affine map; IN/LN with a two-pass variance.
+
+    BN params: ``scale``/``shift`` already shaped to broadcast against X (when all four BN
+    parameters are constant; otherwise the raw ones and the map is built per run).
+    """
+
+    name = "norm"
+    ops = ("BatchNormalization", "InstanceNormalization", "LayerNormalization")
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        return layer.inputs[0] is not None and np.issubdtype(np.dtype(layer.inputs[0].dtype), np.floating)
+
+    def _bn_all_const(self, layer: Layer) -> bool:
+        return all(k in layer.const_inputs for k in range(1, 5))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        dt = np.dtype(layer.outputs[0].dtype)
+        if layer.op == "BatchNormalization" and self._bn_all_const(layer):
+            p = [raw[raw_key(k)] for k in range(1, 5)]
+            s, t = bn_scale_shift(*p, float(layer.attr("epsilon", 1e-5)))
+            sh = _channel_shape(len(layer.in_shape(0)), np.asarray(p[0]))
+            return {"scale": s.reshape(sh).astype(dt), "shift": t.reshape(sh).astype(dt)}
+        return dict(raw)
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        if layer.op == "BatchNormalization" and self._bn_all_const(layer):
+            return 2 * layer.inputs[1].nbytes
+        return super().transformed_nbytes(layer)
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        if layer.op == "BatchNormalization":
+            return 0
+        shape = layer.in_shape(0)
+        ax = _ln_axis(layer.node, len(shape)) if layer.op == "LayerNormalization" else 2
+        rows = int(np.prod(shape[:ax], dtype=np.int64))
+        nb = _acc_dtype(np.dtype(layer.inputs[0].dtype)).itemsize
+        extra = layer.inputs[0].size * nb if np.dtype(layer.inputs[0].dtype) == np.float16 else 0
+        return int(rows * 2 * nb + extra)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        y = outputs[0]
+        if layer.op == "BatchNormalization":
+            x = inputs[0]
+            if "scale" in params:
+                s, t = params["scale"], params["shift"]
+            else:
+                ins = full_inputs(layer, inputs, params)
+                s64, t64 = bn_scale_shift(*ins[1:5], float(layer.attr("epsilon", 1e-5)))
+                sh = _channel_shape(x.ndim, np.asarray(ins[1]))
+                s, t = s64.reshape(sh).astype(y.dtype), t64.reshape(sh).astype(y.dtype)
+            np.multiply(x, s, out=y)
+            np.add(y, t, out=y)
+        else:
+            ins = full_inputs(layer, inputs, params)
+            x = ins[0]
+            if layer.op == "InstanceNormalization":
+                ax = 2
+                c = x.shape[1]
+                scale = np.asarray(ins[1]).reshape((1, c) + (1,) * (x.ndim - 2))
+                bias = np.asarray(ins[2]).reshape((1, c) + (1,) * (x.ndim - 2))
+            else:
+                ax = _ln_axis(layer.node, x.ndim)
+                scale = ins[1]
+                bias = ins[2] if len(ins) > 2 else None
+            eps = float(layer.attr("epsilon", 1e-5))
+            acc = _acc_dtype(x.dtype)
+            rows = int(np.prod(x.shape[:ax], dtype=np.int64))
+            d = int(np.prod(x.shape[ax:], dtype=np.int64))
+            # the normalised values are built in y itself when y can hold the statistics' precision
+            work = y if y.dtype == acc and y.flags.c_contiguous else np.empty(x.shape, acc)
+            x2 = x.reshape(rows, d)
+            w2 = work.reshape(rows, d)
+            mean = np.mean(x2, axis=1, dtype=acc, keepdims=True)
+            np.subtract(x2, mean, out=w2, casting="unsafe")
+            var = np.einsum("rd,rd->r", w2, w2) / np.asarray(d, acc)
+            inv = 1.0 / np.sqrt(var + np.asarray(eps, acc))
+            np.multiply(w2, inv[:, None].astype(acc), out=w2)
+            np.multiply(work, scale, out=work, casting="unsafe")
+            if bias is not None:
+                np.add(work, bias, out=work, casting="unsafe")
+            if work is not y:
+                np.copyto(y, work, casting="unsafe")
+        act = layer.attr("act")
+        if act is not None:
+            apply_act(y, act)
+
+
+@register_kernel
+class NormReferenceKernel(Kernel):
+    """The OpSpecs' float64 numpy references (the oracle the ``norm`` kernel is tested against)."""
+
+    name = "reference"
+    ops = ("BatchNormalization", "InstanceNormalization", "LayerNormalization")
+    priority = 100
+
+    _REF: dict[str, Any] = {"BatchNormalization": batchnorm_reference,
+                            "InstanceNormalization": instancenorm_reference,
+                            "LayerNormalization": layernorm_reference}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        np.copyto(outputs[0], self._REF[layer.op](layer.node, full_inputs(layer, inputs, params))[0])

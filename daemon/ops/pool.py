@@ -121,17 +121,17 @@ def _infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarra
 
 # --------------------------------------------------------------------------- numpy reference
 
-def _tap_counts(n: int, o: int, k: int, s: int, d: int, head: int, limit: int) -> np.ndarray:
-    """Per output position along one axis: taps whose input coordinate lies in [0, limit)."""
+def _tap_counts(o: int, k: int, s: int, d: int, head: int, lo: int, hi: int) -> np.ndarray:
+    """Per output position along one axis: the taps whose input coordinate lies in [lo, hi)."""
     pos = np.arange(o)[:, None] * s - head + np.arange(k)[None, :] * d
-    return ((pos >= 0) & (pos < limit)).sum(axis=1)
+    return ((pos >= lo) & (pos < hi)).sum(axis=1)
 
 
 def _counts(g: PoolGeometry, spatial: Sequence[int], include_pad: bool) -> np.ndarray:
     """Divisor of every output position (shape g.out): a product of per-axis tap counts (the window is a box)."""
     c = np.ones((), dtype=np.int64)
     for n, o, k, s, d, ph, pt in zip(spatial, g.out, g.kernel, g.strides, g.dilations, g.pads_head, g.pads_tail):
-        per = _tap_counts(n, o, k, s, d, ph, n + pt if include_pad else n)
+        per = _tap_counts(o, k, s, d, ph, -ph, n + pt) if include_pad else _tap_counts(o, k, s, d, ph, 0, n)
         c = np.multiply.outer(c, per)
     return c
 

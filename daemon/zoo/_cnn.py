@@ -34,6 +34,9 @@ def mlp_small(g: GraphBuilder, x: str) -> str:
 # residual stream doubles with every block (torchvision's zero_init_residual idea, softened
 # so the branch still contributes).
 _RES_GAMMA = (0.2, 0.6)
+# The shortcut projection sees the whole residual stream (branch + identity, with a large
+# positive mean after ReLU); unit gain stops the stream growing at every stage.
+_SHORTCUT_GAIN = 1.0
 
 
 def _basic_block(g: GraphBuilder, x: str, name: str, cin: int, cout: int, stride: int) -> str:
@@ -42,7 +45,7 @@ def _basic_block(g: GraphBuilder, x: str, name: str, cin: int, cout: int, stride
     y = g.conv(y, f"{name}.conv2", cout, cout, 3, 1, 1)
     y = g.bn(y, f"{name}.bn2", cout, gamma=_RES_GAMMA)
     if stride != 1 or cin != cout:
-        x = g.conv(x, f"{name}.downsample.0", cin, cout, 1, stride)
+        x = g.conv(x, f"{name}.downsample.0", cin, cout, 1, stride, gain=_SHORTCUT_GAIN)
         x = g.bn(x, f"{name}.downsample.1", cout)
     return g.relu(g.op("Add", [y, x], name), f"{name}.relu_1")
 
@@ -57,7 +60,7 @@ def _bottleneck(g: GraphBuilder, x: str, name: str, cin: int, width: int, stride
     y = g.conv(y, f"{name}.conv3", width, cout, 1)
     y = g.bn(y, f"{name}.bn3", cout, gamma=_RES_GAMMA)
     if stride != 1 or cin != cout:
-        x = g.conv(x, f"{name}.downsample.0", cin, cout, 1, stride)
+        x = g.conv(x, f"{name}.downsample.0", cin, cout, 1, stride, gain=_SHORTCUT_GAIN)
         x = g.bn(x, f"{name}.downsample.1", cout)
     return g.relu(g.op("Add", [y, x], name), f"{name}.relu_2")
 
@@ -268,8 +271,8 @@ def efficientnet_b0(g: GraphBuilder, x: str) -> str:
             p = g.op("Sigmoid", [p], f"{se}.scale_activation")
             h = g.op("Mul", [p, h], se)
             j += 1
-            # The SE gate halves the signal on average, hence the extra gain on the projection.
-            h = g.conv(h, f"{name}.{j}.0", hidden, cout, 1, gain=2.0 * _SILU_GAIN)
+            # The SE gate sits near 0.5 (a quarter of the second moment), hence the extra gain.
+            h = g.conv(h, f"{name}.{j}.0", hidden, cout, 1, gain=4.0 * _SILU_GAIN)
             res = stride == 1 and cin == cout
             h = g.bn(h, f"{name}.{j}.1", cout, gamma=_RES_GAMMA if res else (0.5, 1.5))
             # StochasticDepth is the identity at inference, so it leaves no trace in the export.

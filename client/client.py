@@ -1,0 +1,316 @@
+"""The inferd client: a few lines from robot code to a model served by the daemon.
+
+    from inferd_client import Client
+    with Client() as c:                       # default endpoint: the same one the daemon uses
+        out = c.infer("yolo", {"images": frame})   # {output name: ndarray}
+
+Needs only pyzmq, msgpack and numpy. Thread-safe: every thread gets its own DEALER socket
+(created on first use), so threads run requests concurrently without a pool. Not fork-safe, like
+every ZeroMQ object: a forked child that uses an inherited Client gets fresh sockets (the
+inherited ones are abandoned, never touched).
+
+Reconnection: after a transport error the thread's socket is thrown away and the next call builds
+a new one, so a Client outlives daemon restarts; requests that timed out are never delivered late.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from . import errors
+from .protocol import (
+    WireError,
+    decode_reply,
+    default_endpoint,
+    encode_request,
+    ipc_path,
+    parse_size,
+)
+
+_MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+
+
+class _Conn:
+    """One thread's DEALER socket, its monitor (to notice a vanished daemon) and a poller."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 0)
+        # The monitor must exist before connect() or the first CONNECTED event is missed.
+        self.mon = self.sock.get_monitor_socket(_MONITOR_EVENTS)
+        self.sock.connect(endpoint)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.mon, zmq.POLLIN)
+        self.connected = False
+
+    def drain_monitor(self) -> bool:
+        """Consume pending monitor events; True if a disconnect was among them."""
+        lost = False
+        while True:
+            try:
+                ev = recv_monitor_message(self.mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return lost
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                self.connected = True
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                self.connected = False
+                lost = True
+
+    def close(self) -> None:
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.mon.close(0)
+        self.sock.close(0)
+
+
+class Client:
+    """A connection to one inferd daemon.
+
+    ``timeout`` (seconds) bounds every call; for ``infer`` it is also sent to the daemon as the
+    request's deadline, so a request the caller no longer waits for is never run. The client waits
+    ``timeout + grace`` for the reply so that the daemon's DEADLINE_EXCEEDED answer arrives before
+    the local TimeoutError would fire.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        timeout: float = 30.0,
+        *,
+        grace: float = 1.0,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if timeout is None or timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.endpoint = endpoint or default_endpoint()
+        self.timeout = float(timeout)
+        self.grace = float(grace)
+        self._own_ctx = context is None
+        self._ctx = context if context is not None else zmq.Context()
+        self._pid = os.getpid()
+        self._local = threading.local()
+        self._conns: list[_Conn] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count(random.getrandbits(40))
+        self._closed = False
+        self.stale_replies = 0  # replies whose id matched no waiting request (e.g. after a timeout)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed and os.getpid() == self._pid:
+                self.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Close every thread's socket. Call it when no request is in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._pid:
+            return  # inherited through fork: the sockets belong to the parent
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
+        if self._own_ctx:
+            self._ctx.term()
+
+    def _conn(self) -> _Conn:
+        if self._closed:
+            raise errors.InferdClientError("client is closed")
+        if os.getpid() != self._pid:
+            # After fork the parent's context and sockets must not be touched; start afresh.
+            self._pid = os.getpid()
+            self._ctx = zmq.Context()
+            self._own_ctx = True
+            self._local = threading.local()
+            self._conns = []
+            self._lock = threading.Lock()
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = _Conn(self._ctx, self.endpoint)
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def _drop_conn(self, conn: _Conn) -> None:
+        self._local.conn = None
+        with self._lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        conn.close()
+
+    # ------------------------------------------------------------------ core
+
+    def _call(
+        self,
+        op: str,
+        model: str | None = None,
+        *,
+        args: Mapping[str, Any] | None = None,
+        tensors: Mapping[str, np.ndarray] | None = None,
+        timeout: float | None = None,
+        deadline: bool = False,
+        priority: int = 0,
+    ) -> Any:
+        t = self.timeout if timeout is None else float(timeout)
+        if t <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        conn = self._conn()
+        rid = next(self._ids)
+        try:
+            frames = encode_request(
+                rid, op, model, args=args, tensors=tensors,
+                timeout_ms=t * 1000.0 if deadline else None, priority=priority,
+            )
+        except ValueError as exc:
+            raise errors.InvalidArgument(str(exc)) from None
+        wait = t + (self.grace if deadline else 0.0)
+        end = time.monotonic() + wait
+        conn.drain_monitor()  # forget disconnects that happened before this request
+        try:
+            while True:
+                try:
+                    conn.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                    break
+                except zmq.Again:
+                    if time.monotonic() >= end or not conn.sock.poll(max(1, int((end - time.monotonic()) * 1000)), zmq.POLLOUT):
+                        raise self._timeout(op, wait) from None
+            while True:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout(op, wait)
+                ready = dict(conn.poller.poll(max(1, int(remaining * 1000 + 0.999))))
+                if conn.sock in ready:
+                    raw = conn.sock.recv_multipart(copy=False)
+                    try:
+                        reply = decode_reply(raw)
+                    except WireError as exc:
+                        raise errors.ProtocolError(f"undecodable reply from {self.endpoint}: {exc.message}") from None
+                    if reply.id != rid:
+                        self.stale_replies += 1
+                        continue
+                    if not reply.ok:
+                        raise errors.error_from_wire(reply.error_code, reply.error_message)
+                    return reply
+                if conn.mon in ready and conn.drain_monitor():
+                    raise errors.ConnectionError(
+                        f"connection to inferd at {self.endpoint} broke during {op!r} (daemon stopped or crashed); safe to retry"
+                    )
+        except errors.ServerError:
+            raise
+        except BaseException:
+            # Transport error or interrupted wait: a fresh socket next time, so nothing queued
+            # for a dead peer is delivered late and no stray reply is read as ours.
+            self._drop_conn(conn)
+            raise
+
+    def _timeout(self, op: str, wait: float) -> errors.TimeoutError:
+        hint = ""
+        path = ipc_path(self.endpoint)
+        if path is not None and not os.path.exists(path):
+            hint = f" (no socket at {path}: is inferd running?)"
+        return errors.TimeoutError(f"no reply to {op!r} from inferd at {self.endpoint} within {wait:.3g} s{hint}")
+
+    # ------------------------------------------------------------------ operations
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, Any] | np.ndarray,
+        timeout: float | None = None,
+        priority: int = 0,
+        outputs: list[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run ``model`` on ``inputs`` ({input name: array}, or one array for a single-input model).
+
+        Returns {output name: ndarray} (zero-copy views on the received message, writable).
+        ``timeout`` is the request's deadline (seconds, default the client's); ``priority``: higher
+        runs earlier among requests queued for the same model.
+        """
+        return self.infer_with_info(model, inputs, timeout=timeout, priority=priority, outputs=outputs)[0]
+
+    def infer_with_info(
+        self,
+        model: str,
+        inputs: Mapping[str, Any] | np.ndarray,
+        timeout: float | None = None,
+        priority: int = 0,
+        outputs: list[str] | None = None,
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Like :meth:`infer`, plus the daemon's info: queue_us, compute_us, device."""
+        if isinstance(inputs, Mapping):
+            feeds = {str(k): np.asarray(v) for k, v in inputs.items()}
+        else:
+            feeds = {"": np.asarray(inputs)}
+        args = {"outputs": list(outputs)} if outputs else None
+        reply = self._call("infer", model, args=args, tensors=feeds, timeout=timeout, deadline=True, priority=priority)
+        return reply.tensors, reply.result
+
+    def load(self, model: str, reload: bool = False, timeout: float | None = None) -> dict[str, Any]:
+        """Load ``model`` (or reload it from disk); returns its entry as in :meth:`models`."""
+        return self._call("load", model, args={"reload": bool(reload)}, timeout=timeout).result
+
+    def unload(self, model: str, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("unload", model, timeout=timeout).result
+
+    def models(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Every model of the repository with its state (UNLOADED, LOADING, READY, UNAVAILABLE)."""
+        return list(self._call("models", timeout=timeout).result.get("models", []))
+
+    def status(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("status", timeout=timeout).result
+
+    def set_budget(self, size: int | str | None, timeout: float | None = None) -> dict[str, Any]:
+        """Store the memory budget (bytes, or "512M"/"2G"; None or 0 = no budget)."""
+        nbytes = 0 if size is None else parse_size(size)
+        return self._call("set_budget", args={"bytes": nbytes}, timeout=timeout).result
+
+    def health(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("health", timeout=timeout).result
+
+    def is_live(self, timeout: float = 1.0) -> bool:
+        """True if the daemon answers within ``timeout``."""
+        try:
+            return bool(self.health(timeout=timeout).get("live", False))
+        except errors.InferdClientError:
+            return False
+
+    def is_ready(self, timeout: float = 1.0) -> bool:
+        """True once the daemon has settled its preloaded models and is not stopping."""
+        try:
+            return bool(self.health(timeout=timeout).get("ready", False))
+        except errors.InferdClientError:
+            return False
+
+    def is_model_ready(self, model: str, timeout: float = 1.0) -> bool:
+        try:
+            entries = self.models(timeout=timeout)
+        except errors.InferdClientError:
+            return False
+        return any(m.get("name") == model and m.get("state") == "READY" for m in entries)

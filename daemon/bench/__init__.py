@@ -1,0 +1,21 @@
+"""``inferd bench``: measurements against peers in the same run, written to bench/results/.
+
+    inferd bench [--device cpu] [--models a,b] [--repeat N] [--out DIR]   engine vs onnxruntime
+    inferd bench daemon [--out DIR]                                        daemon round trip vs in-process
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "daemon":
+        from .daemon_bench import main as daemon_main
+        return daemon_main(argv[1:])
+    if argv and argv[0] == "vulkan":
+        from .vulkan_bench import main as vk_main
+        return vk_main(argv[1:])
+    from .engine_bench import main as engine_main
+    return engine_main(argv)

@@ -1,0 +1,78 @@
+"""Shared helpers for benchmarks: machine description, timing, result files."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import psutil
+        mem = psutil.virtual_memory().total
+    except Exception:
+        mem = 0
+    try:
+        import numpy as np
+        npv = np.__version__
+    except Exception:
+        npv = "?"
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
+            "machine": platform.machine(), "python": platform.python_version(), "numpy": npv,
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def median_ms(xs: list[float]) -> float:
+    return statistics.median(xs) * 1e3
+
+
+def drop_page_cache(path: str | os.PathLike | None = None) -> bool:
+    """Evict ``path`` (or everything, as root) from the page cache, for honest cold reads."""
+    ok = False
+    if path is not None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                ok = True
+            finally:
+                os.close(fd)
+        except (OSError, AttributeError):
+            pass
+    return ok
+
+
+def write_results(out_dir: str | os.PathLike, stem: str, data: dict[str, Any], table_md: str) -> tuple[Path, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    day = data.get("machine", {}).get("date", "")[:10] or _dt.date.today().isoformat()
+    base = f"{day}_{stem}"
+    jp, mp = out / f"{base}.json", out / f"{base}.md"
+    jp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    mp.write_text(table_md)
+    return jp, mp

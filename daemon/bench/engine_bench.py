@@ -1,0 +1,125 @@
+"""Engine vs onnxruntime on the zoo, same thread count, in one run: warm and cold latency."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import drop_page_cache, machine_info, median_ms, time_calls, write_results
+
+DEFAULT_MODELS = ["resnet50", "mobilenetv2", "resnet18", "squeezenet1_1", "shufflenetv2_x1_0", "efficientnet_b0",
+                  "googlenet", "unet_small", "vit_tiny", "vgg16"]
+
+# Cold = fresh process with libraries imported, page cache of the model file dropped, then load + first run.
+_COLD = r"""
+import sys, time, numpy as np
+which, path, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if which == "ort":
+    import onnxruntime as ort
+else:
+    import inferd
+    from inferd.frontend import import_model  # import cost is not part of cold
+t0 = time.perf_counter()
+if which == "ort":
+    so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32) for i in s.get_inputs()}
+    s.run(None, feeds)
+else:
+    m = inferd.load(path, device=sys.argv[4])
+    m.run({t.name: np.zeros(t.shape, t.dtype) for t in m.inputs})
+print(time.perf_counter() - t0)
+"""
+
+
+def _cold(which: str, path: Path, threads: int, device: str) -> float:
+    drop_page_cache(path)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, "-c", _COLD, which, str(path), str(threads), device],
+                       capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"cold run of {which} on {path.name} failed: {r.stderr[-2000:]}")
+    return float(r.stdout.strip().splitlines()[-1])
+
+
+def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    import inferd
+
+    model = inferd.load(path, device=device)
+    rng = np.random.default_rng(0)
+    feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    ref = sess.run(None, feeds)
+    got = model.run(feeds)
+    err = max(float(np.abs(got[n] - r).max() / max(np.abs(r).max(), 1e-30)) for n, r in zip(model.output_names, ref))
+    ours = median_ms(time_calls(lambda: model.run(feeds), repeat))
+    theirs = median_ms(time_calls(lambda: sess.run(None, feeds), repeat))
+    res: dict[str, Any] = {"warm_ms": ours, "ort_warm_ms": theirs, "warm_ratio": ours / theirs, "max_rel_err": err,
+                           "kernels": _kernel_counts(model), "memory_bytes": model.memory_bytes}
+    if cold:
+        res["cold_ms"] = _cold("inferd", path, threads, device) * 1e3
+        res["ort_cold_ms"] = _cold("ort", path, threads, device) * 1e3
+        res["cold_ratio"] = res["cold_ms"] / res["ort_cold_ms"]
+    model.close()
+    return res
+
+
+def _kernel_counts(model: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in model.kernels.values():
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="inferd bench", description="engine vs onnxruntime on the zoo")
+    p.add_argument("--device", default="cpu", choices=["cpu", "vulkan"])
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--no-cold", action="store_true")
+    p.add_argument("--zoo-dir", default=None)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    from ..zoo import write_zoo
+
+    zoo = Path(args.zoo_dir or Path(tempfile.gettempdir()) / "inferd-bench-zoo")
+    names = [n for n in args.models.split(",") if n]
+    paths = write_zoo(zoo, names)
+    results: dict[str, Any] = {}
+    for n in names:
+        t = time.perf_counter()
+        results[n] = bench_model(Path(paths[n]), args.device, args.threads, args.repeat, not args.no_cold)
+        r = results[n]
+        print(f"{n:20s} warm {r['warm_ms']:8.2f} ms  ort {r['ort_warm_ms']:8.2f} ms  ratio {r['warm_ratio']:5.2f}"
+              + (f"  cold {r['cold_ms']:8.1f} ms  ort {r['ort_cold_ms']:8.1f} ms" if "cold_ms" in r else "")
+              + f"  err {r['max_rel_err']:.1e}  ({time.perf_counter() - t:.0f} s)", flush=True)
+    import onnxruntime as ort
+    data = {"machine": machine_info(), "device": args.device, "threads": args.threads, "repeat": args.repeat,
+            "onnxruntime": ort.__version__, "models": results}
+    lines = [f"# inferd vs onnxruntime, {args.device}, {args.threads} threads",
+             "", f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores; date {data['machine']['date']};"
+             f" onnxruntime {ort.__version__}; warm = median of {args.repeat} runs; cold = fresh process, model file"
+             " evicted from the page cache, load + first inference (libraries already imported).", "",
+             "| model | inferd warm ms | ort warm ms | warm ratio | inferd cold ms | ort cold ms | cold ratio | max rel err |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, r in results.items():
+        lines.append(f"| {n} | {r['warm_ms']:.2f} | {r['ort_warm_ms']:.2f} | {r['warm_ratio']:.2f} | "
+                     f"{r.get('cold_ms', float('nan')):.1f} | {r.get('ort_cold_ms', float('nan')):.1f} | "
+                     f"{r.get('cold_ratio', float('nan')):.2f} | {r['max_rel_err']:.1e} |")
+    jp, mp = write_results(args.out, f"engine_{args.device}", data, "\n".join(lines) + "\n")
+    print(f"wrote {jp} and {mp}")
+    return 0

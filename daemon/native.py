@@ -1,0 +1,370 @@
+"""Typed access to the native (cffi) kernels in ``inferd._native``, with numpy fallbacks.
+
+Every helper takes numpy arrays, checks what the C side assumes (float32, C-contiguous where the C
+code walks memory linearly) and either calls C or, when the extension is missing or stale (its
+ABI number differs from :data:`ABI`), a numpy implementation with the same contract. The
+``numpy_*`` functions are public so tests can compare the two paths.
+
+cffi releases the GIL around C calls, so :func:`parallel_for` can split a C call over channel
+ranges on a small thread pool (OpenBLAS already uses the cores for the GEMMs in between).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
+ABI = 2
+
+ffi: Any = None
+lib: Any = None
+AVAILABLE = False
+try:
+    from . import _native  # type: ignore[attr-defined]
+
+    if _native.lib.inferd_native_abi() != ABI:
+        raise ImportError(f"inferd._native has ABI {_native.lib.inferd_native_abi()}, expected {ABI} "
+                          f"(rebuild with `pip install -e . --no-build-isolation`)")
+    ffi, lib = _native.ffi, _native.lib
+    AVAILABLE = True
+except Exception as exc:  # ImportError, or a broken build
+    log.warning("native kernels unavailable, using numpy fallbacks (slower): %s", exc)
+
+F32 = np.float32
+
+# --------------------------------------------------------------------------- threads
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_threads = max(1, min(int(os.environ.get("INFERD_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1), 8))
+
+
+def num_threads() -> int:
+    """Threads that :func:`parallel_for` spreads work over (env ``INFERD_NUM_THREADS``, default: the cores, max 8)."""
+    return _threads
+
+
+def set_num_threads(n: int) -> None:
+    global _threads, _pool
+    with _pool_lock:
+        _threads = max(1, int(n))
+        if _pool is not None:
+            _pool.shutdown(wait=True)
+            _pool = None
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(1, _threads - 1), thread_name_prefix="inferd-native")
+        return _pool
+
+
+def parallel_for(n: int, fn: Callable[[int, int], None], min_chunk: int = 1, work: float = 0.0) -> None:
+    """Run ``fn(lo, hi)`` over a split of ``range(n)``: on the caller's thread plus the pool.
+
+    ``work`` is a rough element count for the whole job; below ~64k elements the pool's hand-off
+    (tens of microseconds) costs more than it saves, so the call stays on one thread.
+    """
+    parts = min(_threads, n // max(1, min_chunk))
+    if parts <= 1 or (work and work < 65536):
+        fn(0, n)
+        return
+    bounds = [n * k // parts for k in range(parts + 1)]
+    pool = _get_pool()
+    futs = [pool.submit(fn, bounds[k], bounds[k + 1]) for k in range(1, parts)]
+    fn(bounds[0], bounds[1])
+    for f in futs:
+        f.result()
+
+
+# --------------------------------------------------------------------------- pointers
+
+
+def _check(a: np.ndarray, name: str, contiguous: bool = True) -> None:
+    if a.dtype != F32:
+        raise TypeError(f"{name}: expected float32, got {a.dtype}")
+    if contiguous and not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array")
+
+
+def _ptr(a: np.ndarray) -> Any:
+    """float* to a contiguous array (read-only arrays too: the C side does not write through const args)."""
+    return ffi.cast("float *", ffi.from_buffer(a, require_writable=False))
+
+
+def _rawptr(a: np.ndarray) -> Any:
+    """float* to the first element of any (strided) array view."""
+    return ffi.cast("float *", a.__array_interface__["data"][0])
+
+
+def _opt(a: np.ndarray | None) -> Any:
+    return ffi.NULL if a is None else _ptr(a)
+
+
+# --------------------------------------------------------------------------- im2col / col2im
+
+
+def numpy_im2col(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, pt: int, pl: int,
+                 oh: int, ow: int, out: np.ndarray) -> np.ndarray:
+    c, h, w = x.shape
+    pb = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - pt)
+    pr = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pl)
+    xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr)))
+    o = out.reshape(c, kh, kw, oh, ow)
+    for i in range(kh):
+        for j in range(kw):
+            o[:, i, j] = xp[:, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw]
+    return out
+
+
+def im2col(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, pt: int, pl: int,
+           oh: int, ow: int, out: np.ndarray) -> np.ndarray:
+    """Columns of one image ``x`` (C, H, W) into ``out`` (C*kh*kw, oh*ow), zeros where the taps fall in padding."""
+    c, h, w = x.shape
+    if out.shape != (c * kh * kw, oh * ow):
+        raise ValueError(f"im2col: out shape {out.shape}, expected {(c * kh * kw, oh * ow)}")
+    if not AVAILABLE:
+        return numpy_im2col(x, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, out)
+    _check(x, "x")
+    _check(out, "out")
+    rows = kh * kw * oh * ow
+
+    def part(lo: int, hi: int) -> None:
+        lib.inferd_im2col(_ptr(x[lo:hi]), hi - lo, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
+                          _ptr(out[lo * kh * kw: hi * kh * kw]))
+
+    parallel_for(c, part, work=c * rows)
+    return out
+
+
+def numpy_col2im(col: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, pt: int, pl: int,
+                 oh: int, ow: int, out: np.ndarray) -> np.ndarray:
+    c, h, w = out.shape
+    hp = max(h + pt, (oh - 1) * sh + (kh - 1) * dh + 1)
+    wp = max(w + pl, (ow - 1) * sw + (kw - 1) * dw + 1)
+    acc = np.zeros((c, hp, wp), F32)
+    cv = col.reshape(c, kh, kw, oh, ow)
+    for i in range(kh):
+        for j in range(kw):
+            acc[:, i * dh: i * dh + (oh - 1) * sh + 1: sh, j * dw: j * dw + (ow - 1) * sw + 1: sw] += cv[:, i, j]
+    out += acc[:, pt: pt + h, pl: pl + w]
+    return out
+
+
+def col2im(col: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, pt: int, pl: int,
+           oh: int, ow: int, out: np.ndarray) -> np.ndarray:
+    """Scatter-add ``col`` (C*kh*kw, oh*ow) into ``out`` (C, H, W): the adjoint of :func:`im2col`.
+
+    ``out`` is accumulated into (initialise it with zeros or the bias)."""
+    c, h, w = out.shape
+    if col.shape != (c * kh * kw, oh * ow):
+        raise ValueError(f"col2im: col shape {col.shape}, expected {(c * kh * kw, oh * ow)}")
+    if not AVAILABLE:
+        return numpy_col2im(col, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, out)
+    _check(col, "col")
+    _check(out, "out")
+
+    def part(lo: int, hi: int) -> None:
+        lib.inferd_col2im(_ptr(col[lo * kh * kw: hi * kh * kw]), hi - lo, h, w, kh, kw, sh, sw, dh, dw, pt, pl,
+                          oh, ow, _ptr(out[lo:hi]))
+
+    parallel_for(c, part, work=col.size)
+    return out
+
+
+# --------------------------------------------------------------------------- depthwise
+
+
+def numpy_dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray, sh: int, sw: int,
+                   dh: int, dw: int, pt: int, pl: int) -> np.ndarray:
+    c, h, wd = x.shape
+    cm, kh, kw = w.shape
+    mult = cm // c
+    _, oh, ow = out.shape
+    pb = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - pt)
+    pr = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - wd - pl)
+    xp = np.repeat(np.pad(x, ((0, 0), (pt, pb), (pl, pr))), mult, axis=0)
+    out[...] = 0 if bias is None else bias.reshape(-1, 1, 1)
+    for i in range(kh):
+        for j in range(kw):
+            out += w[:, i, j, None, None] * xp[:, i * dh: i * dh + (oh - 1) * sh + 1: sh,
+                                               j * dw: j * dw + (ow - 1) * sw + 1: sw]
+    return out
+
+
+def dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray, sh: int, sw: int,
+             dh: int, dw: int, pt: int, pl: int) -> np.ndarray:
+    """Depthwise conv of one image: ``x`` (C, H, W), ``w`` (C*mult, kh, kw), ``out`` (C*mult, OH, OW) overwritten.
+
+    Output channel ``c*mult + k`` reads input channel ``c``; ``bias`` (C*mult) is added if given."""
+    c, h, wd = x.shape
+    cm, kh, kw = w.shape
+    if cm % c or out.shape[0] != cm:
+        raise ValueError(f"dwconv2d: {c} input channels, weights {w.shape}, out {out.shape}")
+    if not AVAILABLE:
+        return numpy_dwconv2d(x, w, bias, out, sh, sw, dh, dw, pt, pl)
+    for a, n in ((x, "x"), (w, "w"), (out, "out")):
+        _check(a, n)
+    if bias is not None:
+        _check(bias, "bias")
+    mult = cm // c
+    _, oh, ow = out.shape
+
+    def part(lo: int, hi: int) -> None:
+        lib.inferd_dwconv2d(_ptr(x[lo:hi]), _ptr(w[lo * mult: hi * mult]),
+                            ffi.NULL if bias is None else _ptr(bias[lo * mult: hi * mult]),
+                            _ptr(out[lo * mult: hi * mult]), hi - lo, mult, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
+                            oh, ow)
+
+    parallel_for(c, part, work=out.size * kh * kw)
+    return out
+
+
+# --------------------------------------------------------------------------- winograd
+
+
+def numpy_winograd_input(x: np.ndarray, pt: int, pl: int, th: int, tw: int, m: int, bt: np.ndarray,
+                         v: np.ndarray, p0: int) -> np.ndarray:
+    c, h, w = x.shape
+    alpha = bt.shape[0]
+    hp, wp = th * m + alpha - m, tw * m + alpha - m
+    xp = np.zeros((c, hp, wp), F32)
+    src = x[:, max(0, -pt): max(0, min(h, hp - pt)), max(0, -pl): max(0, min(w, wp - pl))]
+    xp[:, max(0, pt): max(0, pt) + src.shape[1], max(0, pl): max(0, pl) + src.shape[2]] = src
+    s = xp.strides
+    tiles = np.lib.stride_tricks.as_strided(xp, (c, th, tw, alpha, alpha), (s[0], m * s[1], m * s[2], s[1], s[2]))
+    vt = np.einsum("ar,ctwrq,bq->abctw", bt, tiles, bt, optimize=True).astype(F32)
+    v.reshape(alpha, alpha, c, -1)[:, :, :, p0: p0 + th * tw] = vt.reshape(alpha, alpha, c, th * tw)
+    return v
+
+
+def winograd_input(x: np.ndarray, pt: int, pl: int, th: int, tw: int, m: int, bt: np.ndarray, v: np.ndarray,
+                   p0: int = 0) -> np.ndarray:
+    """Winograd input transform of one image ``x`` (C, H, W) into ``v`` (alpha*alpha, C, P) at tiles p0..p0+th*tw.
+
+    ``v`` may be a strided view as long as its last axis is contiguous (rows of tiles are written at once)."""
+    c, h, w = x.shape
+    alpha = bt.shape[0]
+    if v.shape[:2] != (alpha * alpha, c) or v.shape[2] < p0 + th * tw:
+        raise ValueError(f"winograd_input: v shape {v.shape} for alpha {alpha}, {c} channels, {th * tw} tiles")
+    if not AVAILABLE:
+        return numpy_winograd_input(x, pt, pl, th, tw, m, bt, v, p0)
+    _check(x, "x")
+    _check(bt, "bt")
+    _check(v, "v", contiguous=False)
+    if v.strides[2] != 4:
+        raise ValueError("winograd_input: v's last axis must be contiguous")
+    ldpos, ldc = v.strides[0] // 4, v.strides[1] // 4
+
+    def part(lo: int, hi: int) -> None:
+        if lib.inferd_winograd_input(_ptr(x[lo:hi]), hi - lo, h, w, pt, pl, th, tw, m, alpha, _ptr(bt),
+                                     _rawptr(v[:, lo:hi]), ldpos, ldc, p0) != 0:
+            raise MemoryError("winograd_input: out of memory")
+
+    parallel_for(c, part, work=c * th * tw * alpha * alpha)
+    return v
+
+
+def numpy_winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bias: np.ndarray | None,
+                          out: np.ndarray, p0: int) -> np.ndarray:
+    cout, oh, ow = out.shape
+    alpha = at.shape[1]
+    mt = mw[:, :, p0: p0 + th * tw].reshape(alpha, alpha, cout, th, tw)
+    y = np.einsum("ia,abctw,jb->ctiwj", at, mt, at, optimize=True).reshape(cout, th * m, tw * m)
+    out[...] = y[:, :oh, :ow]
+    if bias is not None:
+        out += bias.reshape(-1, 1, 1)
+    return out
+
+
+def winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bias: np.ndarray | None,
+                    out: np.ndarray, p0: int = 0) -> np.ndarray:
+    """Winograd output transform of ``mw`` (alpha*alpha, Cout, P) at tiles p0.. into ``out`` (Cout, OH, OW) + bias."""
+    cout, oh, ow = out.shape
+    alpha = at.shape[1]
+    if mw.shape[:2] != (alpha * alpha, cout) or mw.shape[2] < p0 + th * tw:
+        raise ValueError(f"winograd_output: m shape {mw.shape} for alpha {alpha}, {cout} channels, {th * tw} tiles")
+    if not AVAILABLE:
+        return numpy_winograd_output(mw, th, tw, m, at, bias, out, p0)
+    _check(mw, "m", contiguous=False)
+    _check(at, "at")
+    _check(out, "out")
+    if bias is not None:
+        _check(bias, "bias")
+    if mw.strides[2] != 4:
+        raise ValueError("winograd_output: m's last axis must be contiguous")
+    ldpos, ldc = mw.strides[0] // 4, mw.strides[1] // 4
+
+    def part(lo: int, hi: int) -> None:
+        if lib.inferd_winograd_output(_rawptr(mw[:, lo:hi]), hi - lo, oh, ow, th, tw, m, alpha, _ptr(at),
+                                      ffi.NULL if bias is None else _ptr(bias[lo:hi]), _ptr(out[lo:hi]),
+                                      ldpos, ldc, p0) != 0:
+            raise MemoryError("winograd_output: out of memory")
+
+    parallel_for(cout, part, work=out.size * alpha)
+    return out
+
+
+# --------------------------------------------------------------------------- epilogue
+
+#: Fused activations :func:`bias_act` does natively, by name -> C code.
+NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3}
+
+
+def numpy_bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
+                   act: tuple[str, tuple[float, ...]] | None) -> np.ndarray:
+    c = y.shape[0]
+    y2 = y.reshape(c, -1)
+    if bias is not None:
+        y2 += bias.reshape(c, 1)
+    if res is not None:
+        y2 += res.reshape(c, -1)
+    if act is not None:
+        name, p = act
+        if name == "Relu":
+            np.maximum(y2, 0, out=y2)
+        elif name == "Clip":
+            np.clip(y2, F32(p[0]), F32(p[1]), out=y2)
+        elif name == "LeakyRelu":
+            np.multiply(y2, np.where(y2 < 0, F32(p[0]), F32(1)), out=y2)
+        else:
+            raise ValueError(f"bias_act: activation {name} is not native")
+    return y
+
+
+def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
+             act: tuple[str, tuple[float, ...]] | None) -> np.ndarray:
+    """In place: ``y = act(y + bias[c] + res)`` for ``y`` (C, ...) contiguous; ``act`` one of :data:`NATIVE_ACTS` or None."""
+    if act is not None and act[0] not in NATIVE_ACTS:
+        raise ValueError(f"bias_act: activation {act[0]} is not native")
+    if not AVAILABLE:
+        return numpy_bias_act(y, bias, res, act)
+    _check(y, "y")
+    c = y.shape[0]
+    hw = y.size // max(c, 1)
+    if bias is not None:
+        _check(bias, "bias")
+    if res is not None:
+        _check(res, "res")
+        if res.size != y.size:
+            raise ValueError(f"bias_act: residual size {res.size} != {y.size}")
+    code = 0 if act is None else NATIVE_ACTS[act[0]]
+    p = tuple(act[1]) if act is not None else ()
+    p0 = float(p[0]) if len(p) > 0 else 0.0
+    p1 = float(p[1]) if len(p) > 1 else 0.0
+
+    def part(lo: int, hi: int) -> None:
+        lib.inferd_bias_act(_ptr(y[lo:hi]), ffi.NULL if bias is None else _ptr(bias[lo:hi]),
+                            ffi.NULL if res is None else _ptr(res.reshape(c, -1)[lo:hi]), hi - lo, hw, code, p0, p1)
+
+    parallel_for(c, part, work=y.size / 4)
+    return y
