@@ -58,7 +58,7 @@ class _Conn:
     def drain_monitor(self) -> bool:
         """Consume pending monitor events; True if a disconnect was among them."""
         lost = False
-        while True:
+        while self.mon.get(zmq.EVENTS) & zmq.POLLIN:
             try:
                 ev = recv_monitor_message(self.mon, zmq.NOBLOCK)
             except zmq.Again:
@@ -68,6 +68,7 @@ class _Conn:
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 self.connected = False
                 lost = True
+        return lost
 
     def close(self) -> None:
         try:

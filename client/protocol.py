@@ -201,7 +201,8 @@ def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     name = a.dtype.name
     if name not in ALLOWED_DTYPES:
         raise ValueError(f"dtype {a.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
-    a = np.ascontiguousarray(a)
+    if not a.flags.c_contiguous:
+        a = a.copy(order="C")  # not np.ascontiguousarray: it turns 0-d arrays into 1-d
     desc = {"dtype": name, "shape": list(a.shape)}
     return desc, a.reshape(-1).view(np.uint8)
 

@@ -220,10 +220,11 @@ def dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndar
     _, oh, ow = out.shape
 
     def part(lo: int, hi: int) -> None:
-        lib.inferd_dwconv2d(_ptr(x[lo:hi]), _ptr(w[lo * mult: hi * mult]),
-                            ffi.NULL if bias is None else _ptr(bias[lo * mult: hi * mult]),
-                            _ptr(out[lo * mult: hi * mult]), hi - lo, mult, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
-                            oh, ow)
+        if lib.inferd_dwconv2d(_ptr(x[lo:hi]), _ptr(w[lo * mult: hi * mult]),
+                               ffi.NULL if bias is None else _ptr(bias[lo * mult: hi * mult]),
+                               _ptr(out[lo * mult: hi * mult]), hi - lo, mult, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
+                               oh, ow) != 0:
+            raise MemoryError("dwconv2d: out of memory")
 
     parallel_for(c, part, work=out.size * kh * kw)
     return out

@@ -11,9 +11,14 @@
 
 #include "inferd_native.h"
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && \
-    !defined(__clang__) && __GNUC__ >= 8
-#define INFERD_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+/* Feature-level clones ("arch=x86-64-v3" is tested with __builtin_cpu_supports, unlike a CPU name such as
+   "arch=haswell", which GCC's resolver matches by model and so never picks on other vendors' CPUs). */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 12
+#define INFERD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#elif defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 8
+#define INFERD_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define INFERD_CLONES
 #endif
@@ -107,6 +112,23 @@ void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh
 
 /* ---------------------------------------------------------------- depthwise */
 
+/* Copy of a short row without a libc call per row (a plain loop would be turned back into memcpy by GCC's
+   loop distribution): 8-float chunks become vector moves, the tail is element-wise. */
+static inline void copy_row(float* restrict d, const float* restrict s, ptrdiff_t n)
+{
+    if (n >= 64) {
+        memcpy(d, s, sizeof(float) * (size_t)n);
+        return;
+    }
+    ptrdiff_t k = 0;
+    for (; k + 8 <= n; k += 8) memcpy(d + k, s + k, 8 * sizeof(float));
+    if (k + 4 <= n) {
+        memcpy(d + k, s + k, 4 * sizeof(float));
+        k += 4;
+    }
+    for (; k < n; ++k) d[k] = s[k];
+}
+
 /* Any kernel size: y[ow] = b + sum over taps, tap-outer so each pass is a contiguous (or strided) axpy. */
 static void dw_row_taps(float* restrict y, const float* restrict plane, const float* restrict w, float b, int oh,
                         int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
@@ -134,24 +156,57 @@ static void dw_row_taps(float* restrict y, const float* restrict plane, const fl
     }
 }
 
-/* 3x3 interior: all nine taps accumulated in registers, one store per output. SW is a literal at each call
-   site so the strided loads vectorise; r0..r2 are the three input rows, base = ow*SW - pl. */
-INFERD_INLINE void dw3x3_row(float* restrict y, const float* restrict r0, const float* restrict r1,
-                             const float* restrict r2, const float* restrict w, float b, int o0, int o1, int SW,
-                             int dw, int pl)
+/* One output with bounds checks on every tap: for the few border columns of interior rows. */
+static float dw_point(const float* plane, const float* w, float b, int oh, int ow, int H, int W, int kh, int kw,
+                      int sh, int sw, int dh, int dw, int pt, int pl)
 {
-    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
-    const int d2 = 2 * dw;
-    for (int ow = o0; ow < o1; ++ow) {
-        const int x = ow * SW - pl;
-        y[ow] = b + w0 * r0[x] + w1 * r0[x + dw] + w2 * r0[x + d2]
-                  + w3 * r1[x] + w4 * r1[x + dw] + w5 * r1[x + d2]
-                  + w6 * r2[x] + w7 * r2[x + dw] + w8 * r2[x + d2];
+    float acc = b;
+    for (int i = 0; i < kh; ++i) {
+        const int ih = oh * sh - pt + i * dh;
+        if (ih < 0 || ih >= H) continue;
+        const float* row = plane + (size_t)ih * W;
+        for (int j = 0; j < kw; ++j) {
+            const int iw = ow * sw - pl + j * dw;
+            if (iw >= 0 && iw < W) acc += w[i * kw + j] * row[iw];
+        }
+    }
+    return acc;
+}
+
+/* Interior of a row for a K x K kernel (K a literal at each call site, so the tap loops unroll fully and the
+   output loop vectorises): all taps accumulated in registers, one store per output; SW is a literal too where
+   the stride is 1 or 2, so strided loads vectorise. Indices are ptrdiff_t from shifted base pointers: with
+   -fwrapv (in Python's CFLAGS) int index arithmetic must wrap, which keeps GCC from treating loads as affine. */
+INFERD_INLINE void dw_row_k(float* restrict y, const float* const* rows, const float* restrict w, float b, int o0,
+                            int o1, ptrdiff_t SW, ptrdiff_t dw, int pl, const int K)
+{
+    const float* r[7];
+    float wk[49];
+    const ptrdiff_t base = (ptrdiff_t)o0 * SW - pl, n = (ptrdiff_t)o1 - o0;
+    for (int i = 0; i < K; ++i) r[i] = rows[i] + base;
+    for (int t = 0; t < K * K; ++t) wk[t] = w[t];
+    float* restrict yo = y + o0;
+    for (ptrdiff_t k = 0; k < n; ++k) {
+        const ptrdiff_t q = k * SW;
+        float acc = b;
+        for (int i = 0; i < K; ++i)
+            for (int j = 0; j < K; ++j) acc += wk[i * K + j] * r[i][q + j * dw];
+        yo[k] = acc;
     }
 }
 
-INFERD_CLONES
-void inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y, int C, int mult,
+INFERD_INLINE void dw_row_k_strides(float* y, const float* const* rows, const float* w, float b, int o0, int o1,
+                                    int sw, int dw, int pl, const int K)
+{
+    if (sw == 1)
+        dw_row_k(y, rows, w, b, o0, o1, 1, dw, pl, K);
+    else if (sw == 2)
+        dw_row_k(y, rows, w, b, o0, o1, 2, dw, pl, K);
+    else
+        dw_row_k(y, rows, w, b, o0, o1, sw, dw, pl, K);
+}
+
+static void dw_rows(const float* x, const float* w, const float* bias, float* y, int C, int mult,
                      int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW)
 {
     /* Output columns whose taps all fall inside the row, and output rows whose taps all fall inside the plane. */
@@ -160,7 +215,8 @@ void inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y
     valid_range(-pt, sh, H - (kh - 1) * dh, OH, &r_lo, &r_hi);
     if (W - (kw - 1) * dw <= 0) c_lo = c_hi = 0;
     if (H - (kh - 1) * dh <= 0) r_lo = r_hi = 0;
-    const int fast3 = kh == 3 && kw == 3 && c_hi > c_lo;
+    /* kernels with a register-blocked interior path; others go tap by tap */
+    const int fast = kh == kw && (kh == 3 || kh == 5 || kh == 7) && c_hi > c_lo;
     for (int co = 0; co < C * mult; ++co) {
         const float* plane = x + (size_t)(co / mult) * H * W;
         const float* wc = w + (size_t)co * kh * kw;
@@ -168,126 +224,308 @@ void inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y
         float* yc = y + (size_t)co * OH * OW;
         for (int oh = 0; oh < OH; ++oh) {
             float* yr = yc + (size_t)oh * OW;
-            if (!fast3 || oh < r_lo || oh >= r_hi) {
+            if (!fast || oh < r_lo || oh >= r_hi) {
                 dw_row_taps(yr, plane, wc, b, oh, H, W, kh, kw, sh, sw, dh, dw, pt, pl, 0, OW);
                 continue;
             }
-            const int ih = oh * sh - pt;
-            const float* r0 = plane + (size_t)ih * W;
-            const float* r1 = r0 + (size_t)dh * W;
-            const float* r2 = r1 + (size_t)dh * W;
-            if (sw == 1)
-                dw3x3_row(yr, r0, r1, r2, wc, b, c_lo, c_hi, 1, dw, pl);
-            else if (sw == 2)
-                dw3x3_row(yr, r0, r1, r2, wc, b, c_lo, c_hi, 2, dw, pl);
+            const float* rows[7];
+            for (int i = 0; i < kh; ++i) rows[i] = plane + (size_t)(oh * sh - pt + i * dh) * W;
+            if (kh == 3)
+                dw_row_k_strides(yr, rows, wc, b, c_lo, c_hi, sw, dw, pl, 3);
+            else if (kh == 5)
+                dw_row_k_strides(yr, rows, wc, b, c_lo, c_hi, sw, dw, pl, 5);
             else
-                dw3x3_row(yr, r0, r1, r2, wc, b, c_lo, c_hi, sw, dw, pl);
-            if (c_lo > 0) dw_row_taps(yr, plane, wc, b, oh, H, W, kh, kw, sh, sw, dh, dw, pt, pl, 0, c_lo);
-            if (c_hi < OW) dw_row_taps(yr, plane, wc, b, oh, H, W, kh, kw, sh, sw, dh, dw, pt, pl, c_hi, OW);
+                dw_row_k_strides(yr, rows, wc, b, c_lo, c_hi, sw, dw, pl, 7);
+            for (int ow = 0; ow < c_lo; ++ow) yr[ow] = dw_point(plane, wc, b, oh, ow, H, W, kh, kw, sh, sw, dh, dw, pt, pl);
+            for (int ow = c_hi; ow < OW; ++ow) yr[ow] = dw_point(plane, wc, b, oh, ow, H, W, kh, kw, sh, sw, dh, dw, pt, pl);
         }
     }
 }
 
-/* ---------------------------------------------------------------- winograd */
-
-INFERD_CLONES
-int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, int tH, int tW, int m, int alpha,
-                           const float* BT, float* V, long long ldpos, long long ldc, long long p0)
+/* Flat-plane form for sh == sw == S. The zero-padded input plane is split into its S*S stride phases
+   (phase (a, b) holds padded rows a, a+S, ... and columns b, b+S, ..., each of pitch Wh), and the output is
+   computed on pitch Wh too: output q = oh*Wh + ow reads phase[(i*dh) % S][(j*dw) % S] at
+   q + ((i*dh) / S)*Wh + (j*dw) / S for tap (i, j). So every tap is a unit-stride load at a fixed offset from
+   one base pointer: one long branch-free, vectorisable loop per channel even for 7x7 planes or stride 2, at the
+   price of the few junk columns per row (Wh - OW) that are dropped when rows are copied out. */
+INFERD_INLINE void dw_flat_k(float* restrict yq, const float* restrict xb, const float* w, float b, ptrdiff_t n,
+                             ptrdiff_t Wh, ptrdiff_t psz, const int K, const int S)
 {
-    /* Row pass first (BT along H, contiguous over the padded width), then the column pass per tile
-       (BT along W; reads stride m, writes contiguous over tiles of a tile row). */
-    const int Wp = tW * m + alpha - m;
-    float* rows = (float*)malloc(sizeof(float) * (size_t)alpha * Wp * 2);
-    if (!rows) return -1;
-    float* T = rows + (size_t)alpha * Wp;
-    int lo = imax(0, pl), hi = imin(Wp, W + pl); /* padded-row columns that map inside the image */
-    if (hi < lo) hi = lo;
+    /* K and S are literals here: the tap loops unroll, and each tap's address is a phase base + a row offset
+       (a multiple of Wh) + a constant, so GCC keeps one pointer per (phase, tap row) and vectorises over q. */
+    float wk[49];
+    for (int t = 0; t < K * K; ++t) wk[t] = w[t];
+    for (ptrdiff_t q = 0; q < n; ++q) {
+        float acc = b;
+        for (int i = 0; i < K; ++i)
+            for (int j = 0; j < K; ++j)
+                acc += wk[i * K + j] * xb[((i % S) * S + (j % S)) * psz + (i / S) * Wh + (j / S) + q];
+        yq[q] = acc;
+    }
+}
+
+static void dw_flat_taps(float* restrict yq, const float* restrict xb, const float* w, float b, ptrdiff_t n,
+                         ptrdiff_t Wh, ptrdiff_t psz, int kh, int kw, int S)
+{
+    for (ptrdiff_t q = 0; q < n; ++q) yq[q] = b;
+    for (int i = 0; i < kh; ++i) {
+        for (int j = 0; j < kw; ++j) {
+            const float wv = w[i * kw + j];
+            const float* restrict p = xb + ((i % S) * S + (j % S)) * psz + (i / S) * Wh + (j / S);
+            for (ptrdiff_t q = 0; q < n; ++q) yq[q] += wv * p[q];
+        }
+    }
+}
+
+/* Requires dilation 1; S is 1 or 2. */
+static int dw_flat(const float* x, const float* w, const float* bias, float* y, int C, int mult, int H, int W,
+                   int kh, int kw, int S, int pt, int pl, int OH, int OW)
+{
+    const int Hh = OH + (kh - 1) / S, Wh = OW + (kw - 1) / S;
+    const size_t psz = (size_t)Hh * Wh;
+    const ptrdiff_t n = (ptrdiff_t)(OH - 1) * Wh + OW;
+    const int T = kh * kw;
+    float* xb = (float*)malloc(sizeof(float) * ((size_t)S * S * psz + (size_t)n));
+    if (!xb) return -1;
+    float* yq = xb + (size_t)S * S * psz;
+    const int k = kh == kw && (kh == 3 || kh == 5 || kh == 7) ? kh : 0;
+    /* The padding is the same for every channel: zero the phase planes once, then copy only image pixels. */
+    memset(xb, 0, sizeof(float) * (size_t)S * S * psz);
     for (int c = 0; c < C; ++c) {
         const float* plane = x + (size_t)c * H * W;
-        for (int ti = 0; ti < tH; ++ti) {
-            for (int r = 0; r < alpha; ++r) {
-                float* d = rows + (size_t)r * Wp;
-                const int ih = ti * m - pt + r;
-                if (ih < 0 || ih >= H || hi == lo) {
-                    memset(d, 0, sizeof(float) * (size_t)Wp);
-                    continue;
-                }
-                if (lo > 0) memset(d, 0, sizeof(float) * (size_t)lo);
-                memcpy(d + lo, plane + (size_t)ih * W + (lo - pl), sizeof(float) * (size_t)(hi - lo));
-                if (hi < Wp) memset(d + hi, 0, sizeof(float) * (size_t)(Wp - hi));
-            }
-            for (int a = 0; a < alpha; ++a) {
-                float* restrict t = T + (size_t)a * Wp;
-                memset(t, 0, sizeof(float) * (size_t)Wp);
-                for (int r = 0; r < alpha; ++r) {
-                    const float k = BT[a * alpha + r];
-                    if (k == 0.0f) continue;
-                    const float* restrict s = rows + (size_t)r * Wp;
-                    for (int q = 0; q < Wp; ++q) t[q] += k * s[q];
-                }
-            }
-            for (int a = 0; a < alpha; ++a) {
-                const float* restrict t = T + (size_t)a * Wp;
-                for (int b = 0; b < alpha; ++b) {
-                    float* restrict d = V + (a * alpha + b) * ldpos + c * ldc + p0 + (long long)ti * tW;
-                    for (int tj = 0; tj < tW; ++tj) d[tj] = 0.0f;
-                    for (int q = 0; q < alpha; ++q) {
-                        const float k = BT[b * alpha + q];
-                        if (k == 0.0f) continue;
-                        for (int tj = 0; tj < tW; ++tj) d[tj] += k * t[tj * m + q];
+        for (int a = 0; a < S; ++a) {
+            for (int bph = 0; bph < S; ++bph) {
+                float* ph = xb + (size_t)(a * S + bph) * psz;
+                /* phase column cc holds image column bph + S*cc - pl */
+                int lo, hi;
+                valid_range(bph - pl, S, W, Wh, &lo, &hi);
+                if (hi <= lo) continue;
+                const ptrdiff_t c0 = bph - pl;
+                for (int rr = 0; rr < Hh; ++rr) {
+                    const int ih = a + S * rr - pt;
+                    if (ih < 0 || ih >= H) continue;
+                    float* restrict d = ph + (size_t)rr * Wh;
+                    const float* restrict src = plane + (size_t)ih * W;
+                    if (S == 1) {
+                        copy_row(d + lo, src + lo + c0, hi - lo);
+                    } else {
+                        for (ptrdiff_t cc = lo; cc < hi; ++cc) d[cc] = src[2 * cc + c0];
                     }
                 }
             }
         }
+        for (int mi = 0; mi < mult; ++mi) {
+            const int co = c * mult + mi;
+            const float* wc = w + (size_t)co * T;
+            const float b = bias ? bias[co] : 0.0f;
+            if (S == 1 && k == 3)
+                dw_flat_k(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, 3, 1);
+            else if (S == 1 && k == 5)
+                dw_flat_k(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, 5, 1);
+            else if (S == 1 && k == 7)
+                dw_flat_k(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, 7, 1);
+            else if (S == 2 && k == 3)
+                dw_flat_k(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, 3, 2);
+            else if (S == 2 && k == 5)
+                dw_flat_k(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, 5, 2);
+            else if (S == 2 && k == 7)
+                dw_flat_k(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, 7, 2);
+            else
+                dw_flat_taps(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, kh, kw, S);
+            float* yc = y + (size_t)co * OH * OW;
+            if (Wh == OW) {
+                memcpy(yc, yq, sizeof(float) * (size_t)OH * OW);
+            } else {
+                for (int oh = 0; oh < OH; ++oh) copy_row(yc + (size_t)oh * OW, yq + (size_t)oh * Wh, OW);
+            }
+        }
     }
-    free(rows);
+    free(xb);
     return 0;
 }
 
 INFERD_CLONES
-int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
-                            const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0)
+int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y, int C, int mult,
+                    int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW)
 {
-    /* S[i][b][tj] = sum_a AT[i][a] M[a][b] (contiguous over tiles), then Y[i][j] = sum_b S[i][b] AT[j][b]
-       into a full-width row buffer that is cropped to OW on copy-out. */
-    float* S = (float*)malloc(sizeof(float) * ((size_t)m * alpha * tW + (size_t)tW * m));
-    if (!S) return -1;
-    float* rowbuf = S + (size_t)m * alpha * tW;
-    for (int co = 0; co < Cout; ++co) {
-        const float bv = bias ? bias[co] : 0.0f;
-        float* yc = y + (size_t)co * OH * OW;
-        for (int ti = 0; ti < tH; ++ti) {
-            const long long base = co * ldc + p0 + (long long)ti * tW;
-            for (int i = 0; i < m; ++i) {
-                for (int b = 0; b < alpha; ++b) {
-                    float* restrict s = S + ((size_t)i * alpha + b) * tW;
-                    for (int tj = 0; tj < tW; ++tj) s[tj] = 0.0f;
-                    for (int a = 0; a < alpha; ++a) {
-                        const float k = AT[i * alpha + a];
-                        if (k == 0.0f) continue;
-                        const float* restrict src = Mw + (a * alpha + b) * ldpos + base;
-                        for (int tj = 0; tj < tW; ++tj) s[tj] += k * src[tj];
-                    }
+    /* measured: the flat form wins for stride 1 and for stride 2 with 5x5/7x7; rows win for 3x3 stride 2 */
+    if (sh == sw && dh == 1 && dw == 1 && (sh == 1 || (sh == 2 && kh * kw > 9)) && getenv("DWROWS") == NULL)
+        return dw_flat(x, w, bias, y, C, mult, H, W, kh, kw, sh, pt, pl, OH, OW);
+    dw_rows(x, w, bias, y, C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- winograd */
+
+/* dst[k] = sum over r of coef[r] * src[r][k] for k < n (zero coefficients skipped; n contiguous floats). */
+static void lincomb(float* restrict dst, const float* const* src, const float* coef, int nterms, ptrdiff_t n)
+{
+    int first = 1;
+    for (int r = 0; r < nterms; ++r) {
+        const float k = coef[r];
+        if (k == 0.0f) continue;
+        const float* restrict s = src[r];
+        if (first) {
+            if (k == 1.0f)
+                for (ptrdiff_t q = 0; q < n; ++q) dst[q] = s[q];
+            else
+                for (ptrdiff_t q = 0; q < n; ++q) dst[q] = k * s[q];
+            first = 0;
+        } else if (k == 1.0f) {
+            for (ptrdiff_t q = 0; q < n; ++q) dst[q] += s[q];
+        } else if (k == -1.0f) {
+            for (ptrdiff_t q = 0; q < n; ++q) dst[q] -= s[q];
+        } else {
+            for (ptrdiff_t q = 0; q < n; ++q) dst[q] += k * s[q];
+        }
+    }
+    if (first)
+        for (ptrdiff_t q = 0; q < n; ++q) dst[q] = 0.0f;
+}
+
+/* The input is split into its m x m stride phases (phase (rp, cp) holds padded rows rp, rp+m, ... and
+   columns cp, cp+m, ..., pitch Wh = tW + (alpha-1)/m). Then element (r, q) of tile (ti, tj) is
+   phase[r % m][q % m] at row ti + r/m, column tj + q/m, so both passes of BT d B are linear combinations
+   of whole shifted planes: long unit-stride loops that vectorise regardless of the tile count. */
+INFERD_CLONES
+int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, int tH, int tW, int m, int alpha,
+                          const float* BT, float* V, long long ldpos, long long ldc, long long p0)
+{
+    const int ex = (alpha - 1) / m;
+    const int Hh = tH + ex, Wh = tW + ex;
+    const size_t psz = (size_t)Hh * Wh;
+    const ptrdiff_t nT = (ptrdiff_t)tH * Wh;        /* stage-1 planes: tH rows of pitch Wh */
+    const ptrdiff_t nV = (ptrdiff_t)(tH - 1) * Wh + tW; /* stage-2 span on pitch Wh */
+    const size_t nfloat = (size_t)m * m * psz + (size_t)alpha * m * nT + (size_t)nT;
+    float* ph = (float*)malloc(sizeof(float) * nfloat);
+    const float** src = (const float**)malloc(sizeof(float*) * (size_t)alpha);
+    if (!ph || !src) {
+        free(ph);
+        free((void*)src);
+        return -1;
+    }
+    float* T = ph + (size_t)m * m * psz;           /* T[a][cp] : alpha * m planes of nT */
+    float* tmp = T + (size_t)alpha * m * nT;
+    memset(ph, 0, sizeof(float) * (size_t)m * m * psz); /* padding is the same for every channel */
+    for (int c = 0; c < C; ++c) {
+        const float* plane = x + (size_t)c * H * W;
+        for (int rp = 0; rp < m; ++rp) {
+            for (int cp = 0; cp < m; ++cp) {
+                float* P = ph + (size_t)(rp * m + cp) * psz;
+                int lo, hi;
+                valid_range(cp - pl, m, W, Wh, &lo, &hi); /* phase column cc = image column cp + m*cc - pl */
+                if (hi <= lo) continue;
+                const ptrdiff_t c0 = cp - pl;
+                for (int rr = 0; rr < Hh; ++rr) {
+                    const int ih = rp + m * rr - pt;
+                    if (ih < 0 || ih >= H) continue;
+                    float* restrict d = P + (size_t)rr * Wh;
+                    const float* restrict s = plane + (size_t)ih * W + c0;
+                    if (m == 2)
+                        for (ptrdiff_t cc = lo; cc < hi; ++cc) d[cc] = s[2 * cc];
+                    else if (m == 4)
+                        for (ptrdiff_t cc = lo; cc < hi; ++cc) d[cc] = s[4 * cc];
+                    else
+                        for (ptrdiff_t cc = lo; cc < hi; ++cc) d[cc] = s[(ptrdiff_t)m * cc];
                 }
             }
+        }
+        /* rows: T[a][cp] = sum_r BT[a][r] * phase[r % m][cp] shifted down by r/m rows */
+        for (int a = 0; a < alpha; ++a) {
+            for (int cp = 0; cp < m; ++cp) {
+                for (int r = 0; r < alpha; ++r)
+                    src[r] = ph + (size_t)((r % m) * m + cp) * psz + (size_t)(r / m) * Wh;
+                lincomb(T + ((size_t)a * m + cp) * nT, src, BT + (size_t)a * alpha, alpha, nT);
+            }
+        }
+        /* columns: V[a][b] = sum_q BT[b][q] * T[a][q % m] shifted right by q/m, then compacted to pitch tW */
+        for (int a = 0; a < alpha; ++a) {
+            for (int b = 0; b < alpha; ++b) {
+                for (int q = 0; q < alpha; ++q) src[q] = T + ((size_t)a * m + q % m) * nT + q / m;
+                float* d = V + (a * alpha + b) * ldpos + c * ldc + p0;
+                if (Wh == tW) {
+                    lincomb(d, src, BT + (size_t)b * alpha, alpha, nV);
+                } else {
+                    lincomb(tmp, src, BT + (size_t)b * alpha, alpha, nV);
+                    for (int ti = 0; ti < tH; ++ti) copy_row(d + (ptrdiff_t)ti * tW, tmp + (ptrdiff_t)ti * Wh, tW);
+                }
+            }
+        }
+    }
+    free(ph);
+    free((void*)src);
+    return 0;
+}
+
+/* Output tiles: S[i][b] = sum_a AT[i][a] M[a][b], Y[i][j] = bias + sum_b AT[j][b] S[i][b], each a linear
+   combination of whole planes over all tiles (no shifts: output tiles do not overlap); then the m x m output
+   phases are interleaved into the image rows, cropped to (OH, OW). */
+INFERD_CLONES
+int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
+                           const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0)
+{
+    const ptrdiff_t P = (ptrdiff_t)tH * tW;
+    float* S = (float*)malloc(sizeof(float) * ((size_t)m * alpha * P + (size_t)m * m * P));
+    const float** src = (const float**)malloc(sizeof(float*) * (size_t)alpha);
+    if (!S || !src) {
+        free(S);
+        free((void*)src);
+        return -1;
+    }
+    float* Y = S + (size_t)m * alpha * P;
+    for (int co = 0; co < Cout; ++co) {
+        const float bv = bias ? bias[co] : 0.0f;
+        for (int i = 0; i < m; ++i) {
+            for (int b = 0; b < alpha; ++b) {
+                for (int a = 0; a < alpha; ++a) src[a] = Mw + (a * alpha + b) * ldpos + co * ldc + p0;
+                lincomb(S + ((size_t)i * alpha + b) * P, src, AT + (size_t)i * alpha, alpha, P);
+            }
+        }
+        for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < m; ++j) {
+                for (int b = 0; b < alpha; ++b) src[b] = S + ((size_t)i * alpha + b) * P;
+                float* restrict d = Y + ((size_t)i * m + j) * P;
+                lincomb(d, src, AT + (size_t)j * alpha, alpha, P);
+                if (bv != 0.0f)
+                    for (ptrdiff_t q = 0; q < P; ++q) d[q] += bv;
+            }
+        }
+        float* yc = y + (size_t)co * OH * OW;
+        const int full = OW / m; /* tiles whose m columns all lie inside the row */
+        for (int ti = 0; ti < tH; ++ti) {
             for (int i = 0; i < m; ++i) {
                 const int oh = ti * m + i;
                 if (oh >= OH) break;
-                for (int j = 0; j < m; ++j) {
-                    float* restrict d = rowbuf + j;
-                    for (int tj = 0; tj < tW; ++tj) d[tj * m] = bv;
-                    for (int b = 0; b < alpha; ++b) {
-                        const float k = AT[j * alpha + b];
-                        if (k == 0.0f) continue;
-                        const float* restrict s = S + ((size_t)i * alpha + b) * tW;
-                        for (int tj = 0; tj < tW; ++tj) d[tj * m] += k * s[tj];
+                float* restrict row = yc + (size_t)oh * OW;
+                const float* Yi = Y + (size_t)i * m * P + (size_t)ti * tW;
+                if (m == 2) {
+                    const float* restrict y0 = Yi;
+                    const float* restrict y1 = Yi + P;
+                    for (ptrdiff_t tj = 0; tj < full; ++tj) {
+                        row[2 * tj] = y0[tj];
+                        row[2 * tj + 1] = y1[tj];
                     }
+                } else if (m == 4) {
+                    const float* restrict y0 = Yi;
+                    const float* restrict y1 = Yi + P;
+                    const float* restrict y2 = Yi + 2 * P;
+                    const float* restrict y3 = Yi + 3 * P;
+                    for (ptrdiff_t tj = 0; tj < full; ++tj) {
+                        row[4 * tj] = y0[tj];
+                        row[4 * tj + 1] = y1[tj];
+                        row[4 * tj + 2] = y2[tj];
+                        row[4 * tj + 3] = y3[tj];
+                    }
+                } else {
+                    for (int j = 0; j < m; ++j)
+                        for (ptrdiff_t tj = 0; tj < full; ++tj) row[(ptrdiff_t)m * tj + j] = Yi[(size_t)j * P + tj];
                 }
-                memcpy(yc + (size_t)oh * OW, rowbuf, sizeof(float) * (size_t)OW);
+                for (int ow = full * m; ow < OW; ++ow) row[ow] = Yi[(size_t)(ow % m) * P + ow / m];
             }
         }
     }
     free(S);
+    free((void*)src);
     return 0;
 }
 

@@ -94,6 +94,7 @@ ELEMENTWISE = [
     P("pow_sq", "Pow", [f32(3, 4), np.array(2.0, np.float32)], const=[False, True]),
     P("pow_sqrt", "Pow", [f32(3, 4, lo=0.1), np.array(0.5, np.float32)], const=[False, True]),
     P("pow_cube_int_exp", "Pow", [f32(3, 4), np.array(3, np.int64)], opset=13, const=[False, True]),
+    P("pow_int", "Pow", [i64(2, 3, -2, 5), i64(3, 2, 3, 0)], opset=13),
     P("pow_array", "Pow", [f32(2, 5, lo=0.1), f32(5)]),
     P("pow_one_elem_bcast", "Pow", [f32(4, lo=0.1), np.array([[2.0]], np.float32)], const=[False, True]),
     P("min2", "Min", [f32(3, 4), f32(4)]),
@@ -165,6 +166,7 @@ TENSOR = [
     P("squeeze_attr_op11", "Squeeze", [f32(2, 1, 3, 1)], {"axes": [1]}, opset=11),
     P("squeeze_input_op13", "Squeeze", [f32(2, 1, 3, 1), i64(-1, 1)], opset=13, const=[False, True]),
     P("squeeze_all", "Squeeze", [f32(1, 2, 1, 3, 1)], opset=13),
+    P("squeeze_empty_axes", "Squeeze", [f32(1, 2, 1), np.zeros(0, np.int64)], opset=13, const=[False, True]),
     P("unsqueeze_attr_op11", "Unsqueeze", [f32(2, 3)], {"axes": [0, 3]}, opset=11),
     P("unsqueeze_input_op13", "Unsqueeze", [f32(2, 3), i64(-1, 0)], opset=13, const=[False, True]),
     P("unsqueeze_scalar", "Unsqueeze", [np.array(5, np.int64), i64(0)], opset=13, const=[False, True]),
@@ -222,6 +224,8 @@ TENSOR = [
     P("range_neg", "Range", [np.array(10, np.int32), np.array(2, np.int32), np.array(-3, np.int32)], opset=11,
       const=[True, True, True]),
     P("range_float", "Range", [np.array(0.5, np.float32), np.array(2.0, np.float32), np.array(0.25, np.float32)],
+      opset=11, const=[True, True, True]),
+    P("range_float_accum", "Range", [np.array(0.1, np.float32), np.array(1.0, np.float32), np.array(0.1, np.float32)],
       opset=11, const=[True, True, True]),
 ]
 

@@ -1,1 +1,806 @@
-"""Placeholder: being written."""
+"""Conv and ConvTranspose: op specs (shape inference, numpy reference) and the CPU kernels.
+
+Layout is NCHW float32. 1-D convolutions run through the 2-D kernels as H = 1; 3-D and higher
+only through ``direct`` (the reference). Every kernel honours the optional bias, a fused
+``attrs["residual"]`` (the node's last input, added after the bias) and a fused ``attrs["act"]``.
+
+Conv kernels, in default order (``priority``; measured warm on an AMD EPYC with 2 threads, see
+each class's docstring and :func:`WinogradKernel.preferred`):
+
+* ``depthwise`` (5): group == Cin == Cout/mult, any kernel/stride/dilation, native C.
+* ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
+* ``winograd43`` (20) / ``winograd23`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
+  large spatial sizes, but on small maps its 36 transformed weight matrices outweigh the GEMM
+  saving (see ``preferred``).
+* ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
+* ``direct`` (90): the readable reference, any rank.
+
+ConvTranspose: ``col2im`` (40: GEMM then native scatter-add) and ``direct`` (90).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import native
+from ..errors import ShapeError, UnsupportedOpError
+from ..ir import Node, TensorInfo
+from .activation import apply_act
+from .base import Kernel, Layer, OpSpec, raw_key, register_kernel, register_op
+
+F32 = np.float32
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+Act = tuple[str, tuple[float, ...]]
+
+
+# =========================================================================== geometry
+
+
+def _ints(v: Any, n: int, default: int) -> tuple[int, ...]:
+    if v is None:
+        return (default,) * n
+    t = tuple(int(a) for a in (v.tolist() if isinstance(v, np.ndarray) else v))
+    if len(t) != n:
+        raise ShapeError(f"attribute has {len(t)} values, expected {n}")
+    return t
+
+
+def _auto_pad(node: Node) -> str:
+    a = node.attr("auto_pad", "NOTSET")
+    return a.decode() if isinstance(a, bytes) else str(a)
+
+
+@dataclass(frozen=True)
+class ConvGeom:
+    """Resolved N-D geometry of one Conv or ConvTranspose node.
+
+    For Conv, ``in_sp`` is the input's spatial shape and ``out_sp`` the output's; for ConvTranspose
+    too (so the transposed kernel maps ``in_sp`` to ``out_sp``). ``pb``/``pe`` are the begin/end pads.
+    """
+
+    n: int
+    cin: int
+    cout: int
+    group: int
+    in_sp: tuple[int, ...]
+    k: tuple[int, ...]
+    s: tuple[int, ...]
+    d: tuple[int, ...]
+    pb: tuple[int, ...]
+    pe: tuple[int, ...]
+    out_sp: tuple[int, ...]
+
+    @property
+    def nsp(self) -> int:
+        return len(self.in_sp)
+
+    def as2d(self) -> "Geom2D | None":
+        """The 2-D view of a 1-D or 2-D geometry (a 1-D conv is a 2-D conv of height 1)."""
+        if self.nsp == 2:
+            h, w = self.in_sp
+            kh, kw = self.k
+            sh, sw = self.s
+            dh, dw = self.d
+            pt, pl = self.pb
+            pb, pr = self.pe
+            oh, ow = self.out_sp
+        elif self.nsp == 1:
+            h, w, kh, kw, sh, sw, dh, dw = 1, self.in_sp[0], 1, self.k[0], 1, self.s[0], 1, self.d[0]
+            pt, pl, pb, pr, oh, ow = 0, self.pb[0], 0, self.pe[0], 1, self.out_sp[0]
+        else:
+            return None
+        return Geom2D(self.n, self.cin, h, w, self.cout, self.group, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, oh, ow)
+
+
+@dataclass(frozen=True)
+class Geom2D:
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    group: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    pb: int
+    pr: int
+    oh: int
+    ow: int
+
+
+def conv_pads(in_sp: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int], auto_pad: str,
+              pads: Sequence[int] | None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(begin pads, end pads, output spatial shape) of a Conv, as ONNX (and onnxruntime) define them."""
+    n = len(in_sp)
+    begins: list[int] = []
+    ends: list[int] = []
+    outs: list[int] = []
+    for a in range(n):
+        ext = (k[a] - 1) * d[a] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-in_sp[a] // s[a])
+            need = max(0, (out - 1) * s[a] + ext - in_sp[a])
+            b = need // 2 if auto_pad == "SAME_UPPER" else need - need // 2
+            e = need - b
+        elif auto_pad == "VALID":
+            b = e = 0
+        else:
+            p = _ints(pads, 2 * n, 0)
+            b, e = p[a], p[a + n]
+        out = (in_sp[a] + b + e - ext) // s[a] + 1
+        if out < 1:
+            raise ShapeError(f"Conv output size {out} < 1 on spatial axis {a} (input {in_sp[a]}, kernel extent {ext}, "
+                             f"stride {s[a]}, pads {b},{e})")
+        begins.append(b)
+        ends.append(e)
+        outs.append(out)
+    return tuple(begins), tuple(ends), tuple(outs)
+
+
+def conv_transpose_pads(in_sp: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int],
+                        output_padding: Sequence[int], auto_pad: str, pads: Sequence[int] | None,
+                        output_shape: Sequence[int] | None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(begin pads, end pads, output spatial shape) of a ConvTranspose (ONNX spec, as onnxruntime implements it)."""
+    n = len(in_sp)
+    begins: list[int] = []
+    ends: list[int] = []
+    outs: list[int] = []
+    for a in range(n):
+        full = s[a] * (in_sp[a] - 1) + output_padding[a] + (k[a] - 1) * d[a] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER") or output_shape is not None:
+            out = in_sp[a] * s[a] if auto_pad in ("SAME_UPPER", "SAME_LOWER") else int(output_shape[a])  # type: ignore[index]
+            total = full - out
+            if auto_pad == "SAME_UPPER":
+                b = total // 2
+                e = total - b
+            else:
+                e = total // 2
+                b = total - e
+        elif auto_pad == "VALID":
+            b = e = 0
+            out = full
+        else:
+            p = _ints(pads, 2 * n, 0)
+            b, e = p[a], p[a + n]
+            out = full - b - e
+        if out < 1:
+            raise ShapeError(f"ConvTranspose output size {out} < 1 on spatial axis {a}")
+        begins.append(b)
+        ends.append(e)
+        outs.append(out)
+    return tuple(begins), tuple(ends), tuple(outs)
+
+
+def conv_geom(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> ConvGeom:
+    if len(x_shape) < 3 or len(w_shape) != len(x_shape):
+        raise ShapeError(f"Conv {node.name!r}: input rank {len(x_shape)} and weight rank {len(w_shape)} "
+                         f"must be equal and >= 3")
+    nsp = len(x_shape) - 2
+    g = int(node.attr("group", 1))
+    n, c = int(x_shape[0]), int(x_shape[1])
+    cout, cg = int(w_shape[0]), int(w_shape[1])
+    k = tuple(int(v) for v in w_shape[2:])
+    ks = node.attr("kernel_shape")
+    if ks is not None and _ints(ks, nsp, 1) != k:
+        raise ShapeError(f"Conv {node.name!r}: kernel_shape {list(ks)} but weights {list(w_shape)}")
+    if g < 1 or c != cg * g or cout % g:
+        raise ShapeError(f"Conv {node.name!r}: {c} input channels, weights {list(w_shape)} and group {g} do not fit")
+    s = _ints(node.attr("strides"), nsp, 1)
+    d = _ints(node.attr("dilations"), nsp, 1)
+    pb, pe, out = conv_pads(x_shape[2:], k, s, d, _auto_pad(node), node.attr("pads"))
+    return ConvGeom(n, c, cout, g, tuple(int(v) for v in x_shape[2:]), k, s, d, pb, pe, out)
+
+
+def conv_transpose_geom(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> ConvGeom:
+    if len(x_shape) < 3 or len(w_shape) != len(x_shape):
+        raise ShapeError(f"ConvTranspose {node.name!r}: input rank {len(x_shape)} and weight rank {len(w_shape)} "
+                         f"must be equal and >= 3")
+    nsp = len(x_shape) - 2
+    g = int(node.attr("group", 1))
+    n, c = int(x_shape[0]), int(x_shape[1])
+    if g < 1 or int(w_shape[0]) != c or c % g:
+        raise ShapeError(f"ConvTranspose {node.name!r}: {c} input channels, weights {list(w_shape)}, group {g}")
+    cout = int(w_shape[1]) * g
+    k = tuple(int(v) for v in w_shape[2:])
+    s = _ints(node.attr("strides"), nsp, 1)
+    d = _ints(node.attr("dilations"), nsp, 1)
+    op = _ints(node.attr("output_padding"), nsp, 0)
+    osh = node.attr("output_shape")
+    if osh is not None:
+        osh = [int(v) for v in (osh.tolist() if isinstance(osh, np.ndarray) else osh)]
+        if len(osh) == nsp + 2:  # some exporters give the full shape
+            osh = osh[2:]
+        if len(osh) != nsp:
+            raise ShapeError(f"ConvTranspose {node.name!r}: output_shape {osh} for {nsp} spatial axes")
+    pb, pe, out = conv_transpose_pads(x_shape[2:], k, s, d, op, _auto_pad(node), node.attr("pads"), osh)
+    return ConvGeom(n, c, cout, g, tuple(int(v) for v in x_shape[2:]), k, s, d, pb, pe, out)
+
+
+def layer_geom(layer: Layer) -> ConvGeom:
+    x, w = layer.in_shape(0), layer.in_shape(1)
+    return conv_geom(layer.node, x, w) if layer.op == "Conv" else conv_transpose_geom(layer.node, x, w)
+
+
+def io_positions(node: Node) -> tuple[int | None, int | None]:
+    """Input positions of the bias and of the fused residual (None where absent).
+
+    The residual is the node's last input (import appends it after a placeholder bias ``""``)."""
+    n = len(node.inputs)
+    res = n - 1 if node.attrs.get("residual") else None
+    core = n - 1 if res is not None else n
+    bias = 2 if core > 2 and node.inputs[2] else None
+    return bias, res
+
+
+def _act(node: Node) -> Act | None:
+    a = node.attrs.get("act")
+    if a is None:
+        return None
+    return str(a[0]), tuple(float(v) for v in (a[1] if len(a) > 1 else ()))
+
+
+# =========================================================================== reference math
+
+
+def conv_nd(x: np.ndarray, w: np.ndarray, geo: ConvGeom) -> np.ndarray:
+    """Convolution without bias, any rank: a sum over kernel taps of (G, Cout/G, Cin/G) @ shifted inputs."""
+    n, g = x.shape[0], geo.group
+    cg, cog = geo.cin // g, geo.cout // g
+    pads = [(0, 0), (0, 0)] + [(b, e) for b, e in zip(geo.pb, geo.pe)]
+    xp = np.pad(x, pads)
+    npix = math.prod(geo.out_sp)
+    wg = w.reshape((g, cog, cg) + geo.k)
+    acc = np.zeros((n, g, cog, npix), dtype=np.result_type(x.dtype, w.dtype))
+    for tap in np.ndindex(*geo.k):
+        win = tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, geo.d, geo.out_sp, geo.s))
+        xs = xp[(slice(None), slice(None)) + win].reshape(n, g, cg, npix)
+        acc += np.matmul(wg[(Ellipsis,) + tap], xs)
+    return acc.reshape((n, geo.cout) + geo.out_sp)
+
+
+def conv_transpose_nd(x: np.ndarray, w: np.ndarray, geo: ConvGeom) -> np.ndarray:
+    """Transposed convolution without bias, any rank: each tap scatters (Cout/G, Cin/G) @ x into a strided window."""
+    n, g = x.shape[0], geo.group
+    cg, cog = geo.cin // g, geo.cout // g
+    full = [(i - 1) * s + (k - 1) * d + 1 for i, s, k, d in zip(geo.in_sp, geo.s, geo.k, geo.d)]
+    # the output window is [pb, pb + out) of the full (unpadded) result; negative pads extend it
+    shift = [max(0, -b) for b in geo.pb]
+    size = [sh + max(f, b + o) for sh, f, b, o in zip(shift, full, geo.pb, geo.out_sp)]
+    acc = np.zeros((n, g, cog, *size), dtype=np.result_type(x.dtype, w.dtype))
+    wg = w.reshape((g, cg, cog) + geo.k)
+    xg = x.reshape(n, g, cg, math.prod(geo.in_sp))
+    for tap in np.ndindex(*geo.k):
+        contrib = np.matmul(np.swapaxes(wg[(Ellipsis,) + tap], 1, 2), xg).reshape((n, g, cog) + geo.in_sp)
+        win = tuple(slice(sh + t * d, sh + t * d + (i - 1) * s + 1, s)
+                    for sh, t, d, i, s in zip(shift, tap, geo.d, geo.in_sp, geo.s))
+        acc[(slice(None),) * 3 + win] += contrib
+    crop = tuple(slice(sh + b, sh + b + o) for sh, b, o in zip(shift, geo.pb, geo.out_sp))
+    return acc[(slice(None),) * 3 + crop].reshape((n, geo.cout) + geo.out_sp)
+
+
+def _epilogue_numpy(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: Act | None) -> np.ndarray:
+    if bias is not None:
+        y += bias.reshape((1, -1) + (1,) * (y.ndim - 2)).astype(y.dtype, copy=False)
+    if res is not None:
+        y += res
+    return apply_act(y, act)
+
+
+# =========================================================================== op specs
+
+
+def _check_conv(node: Node, opset: int) -> None:
+    ap = _auto_pad(node)
+    if ap not in AUTO_PADS:
+        raise UnsupportedOpError(node.op, node.name, opset, f"auto_pad {ap!r}")
+
+
+def _infer_conv(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x, w = ins[0], ins[1]
+    if x is None or w is None:
+        raise ShapeError(f"{node.op} {node.name!r}: input and weights are required")
+    geo = conv_geom(node, x.shape, w.shape) if node.op == "Conv" else conv_transpose_geom(node, x.shape, w.shape)
+    return [((geo.n, geo.cout) + geo.out_sp, x.dtype)]
+
+
+def _ref_conv(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x, w = inputs[0], inputs[1]
+    assert x is not None and w is not None
+    bi, ri = io_positions(node)
+    if node.op == "Conv":
+        y = conv_nd(x, w, conv_geom(node, x.shape, w.shape))
+    else:
+        y = conv_transpose_nd(x, w, conv_transpose_geom(node, x.shape, w.shape))
+    y = y.astype(x.dtype, copy=False)
+    return [_epilogue_numpy(y, inputs[bi] if bi is not None else None, inputs[ri] if ri is not None else None,
+                            _act(node))]
+
+
+register_op(OpSpec("Conv", _infer_conv, _ref_conv, check=_check_conv))
+register_op(OpSpec("ConvTranspose", _infer_conv, _ref_conv, check=_check_conv))
+
+
+# =========================================================================== kernel helpers
+
+_tls = threading.local()
+
+
+def scratch(slot: int, n: int) -> np.ndarray:
+    """A float32 buffer of ``n`` elements, reused across runs (one per thread and slot; grows as needed).
+
+    Keeps the im2col/Winograd workspaces mapped between runs so a warm run does not page-fault
+    them in again; :func:`release_scratch` frees them."""
+    bufs = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    b = bufs.get(slot)
+    if b is None or b.size < n:
+        b = bufs[slot] = np.empty(max(n, 1), F32)
+    return b[:n]
+
+
+def release_scratch() -> None:
+    """Drop this thread's kernel workspaces."""
+    _tls.bufs = {}
+
+
+def _arg(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+         i: int | None) -> np.ndarray | None:
+    if i is None:
+        return None
+    x = inputs[i] if i < len(inputs) else None
+    return params.get(raw_key(i)) if x is None else x
+
+
+def _finish(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: Act | None) -> None:
+    """In place on ``y`` (N, C, ...): add bias[c] and the residual, then the activation (one native pass
+    when the activation is one the C epilogue knows)."""
+    if bias is None and res is None and act is None:
+        return
+    if res is not None and (res.shape != y.shape or res.dtype != y.dtype):
+        _epilogue_numpy(y, bias, np.broadcast_to(res, y.shape).astype(y.dtype, copy=False), act)
+        return
+    nat = act is None or act[0] in native.NATIVE_ACTS
+    if res is not None and not res.flags.c_contiguous:
+        res = np.ascontiguousarray(res)
+    for i in range(y.shape[0]):
+        native.bias_act(y[i], bias, None if res is None else res[i], act if nat else None)
+    if not nat:
+        apply_act(y, act)
+
+
+class _Out:
+    """The output as a contiguous float32 array: the arena view itself, or a temporary copied back on close."""
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out = out
+        self.y = out if out.flags.c_contiguous and out.dtype == F32 else np.empty(out.shape, F32)
+
+    def close(self) -> None:
+        if self.y is not self.out:
+            np.copyto(self.out, self.y)
+
+
+def _is_f32(layer: Layer) -> bool:
+    x = layer.inputs[0]
+    return x is not None and np.dtype(x.dtype) == F32 and np.dtype(layer.outputs[0].dtype) == F32
+
+
+def _geo2d(layer: Layer) -> Geom2D | None:
+    try:
+        return layer_geom(layer).as2d()
+    except Exception:
+        return None
+
+
+def _passthrough(layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Raw constants other than the weights and bias (e.g. a constant residual), kept under their raw keys."""
+    bi, _ = io_positions(layer.node)
+    return {k: v for k, v in raw.items() if k not in (raw_key(1), raw_key(bi) if bi is not None else "")}
+
+
+def _bias_param(layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    bi, _ = io_positions(layer.node)
+    if bi is not None and raw_key(bi) in raw:
+        return {"b": np.ascontiguousarray(raw[raw_key(bi)], dtype=F32).reshape(-1)}
+    return {}
+
+
+def _bias_nbytes(layer: Layer) -> int:
+    bi, _ = io_positions(layer.node)
+    if bi is not None and bi in layer.const_inputs:
+        return layer.inputs[bi].size * 4  # type: ignore[union-attr]
+    return 0
+
+
+def _other_const_nbytes(layer: Layer) -> int:
+    bi, _ = io_positions(layer.node)
+    return sum(layer.inputs[k].nbytes for k in layer.const_inputs  # type: ignore[union-attr]
+               if k not in (1, bi) and layer.inputs[k] is not None)
+
+
+class _ConvKernelBase(Kernel):
+    """Shared plumbing of the transformed (float32, 1-D/2-D) conv kernels."""
+
+    backend = "cpu"
+
+    def preferred(self, layer: Layer) -> bool:
+        """Whether this kernel should be the default among the applicable ones (shape-dependent refinement
+        of ``priority``; a planner that knows this method skips applicable kernels that are not preferred)."""
+        return True
+
+    def _base_applies(self, layer: Layer) -> Geom2D | None:
+        if not _is_f32(layer) or 1 not in layer.const_inputs:
+            return None
+        return _geo2d(layer)
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        return layer.inputs[1].nbytes  # type: ignore[union-attr]
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return self._w_nbytes(layer) + _bias_nbytes(layer) + _other_const_nbytes(layer)
+
+    def _common(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, Act | None]:
+        bi, ri = io_positions(layer.node)
+        x = inputs[0]
+        assert x is not None
+        if x.dtype != F32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=F32)
+        bias = params.get("b")
+        if bias is None and bi is not None:
+            b = _arg(layer, inputs, params, bi)
+            bias = None if b is None else np.ascontiguousarray(b, dtype=F32).reshape(-1)
+        res = _arg(layer, inputs, params, ri)
+        return x, bias, res, _act(layer.node)
+
+
+# =========================================================================== Conv kernels
+
+
+@register_kernel
+class ConvDirect(Kernel):
+    """The reference: sum over kernel taps of grouped matmuls on shifted views (any rank, any dtype)."""
+
+    name = "direct"
+    ops = ("Conv",)
+    priority = 90
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        bi, ri = io_positions(layer.node)
+        x, w = _arg(layer, inputs, params, 0), _arg(layer, inputs, params, 1)
+        assert x is not None and w is not None
+        y = conv_nd(x, w, conv_geom(layer.node, x.shape, w.shape)).astype(outputs[0].dtype, copy=False)
+        _epilogue_numpy(y, _arg(layer, inputs, params, bi), _arg(layer, inputs, params, ri), _act(layer.node))
+        np.copyto(outputs[0], y)
+
+
+@register_kernel
+class ConvIm2col(_ConvKernelBase):
+    """Native im2col per image, then W (G, Cout/G, Cin/G*kh*kw) @ col (G, Cin/G*kh*kw, OH*OW) written straight
+    into the output. Workspace: the column matrix of one image."""
+
+    name = "im2col"
+    ops = ("Conv",)
+    priority = 40
+
+    def applies(self, layer: Layer) -> bool:
+        return self._base_applies(layer) is not None
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = layer_geom(layer)
+        w = raw[raw_key(1)]
+        out = {"w": np.ascontiguousarray(w, dtype=F32).reshape(g.group, g.cout // g.group, -1)}
+        return {**_passthrough(layer, raw), **out, **_bias_param(layer, raw)}
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        g = _geo2d(layer)
+        assert g is not None
+        return g.cin * g.kh * g.kw * g.oh * g.ow * 4
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        o = _Out(outputs[0])
+        w = params["w"]
+        k = g.cin // g.group * g.kh * g.kw
+        col = scratch(0, g.cin * g.kh * g.kw * g.oh * g.ow).reshape(g.cin * g.kh * g.kw, g.oh * g.ow)
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.group, g.cout // g.group, g.oh * g.ow)
+        for i in range(g.n):
+            native.im2col(x4[i], g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow, col)
+            np.matmul(w, col.reshape(g.group, k, g.oh * g.ow), out=y4[i])
+        _finish(o.y.reshape(g.n, g.cout, -1), bias, None if res is None else res.reshape(g.n, g.cout, -1), act)
+        o.close()
+
+
+@register_kernel
+class Conv1x1(_ConvKernelBase):
+    """1x1 kernel, zero pads: W (G, Cout/G, Cin/G) @ x (G, Cin/G, H*W) per image, no im2col. A stride s > 1
+    first copies the strided pixels into a workspace (BLAS needs unit-stride rows)."""
+
+    name = "conv1x1"
+    ops = ("Conv",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return (g is not None and g.kh == 1 and g.kw == 1 and not (g.pt or g.pl or g.pb or g.pr))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = layer_geom(layer)
+        w = np.ascontiguousarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cout // g.group, g.cin // g.group)
+        return {**_passthrough(layer, raw), "w": w, **_bias_param(layer, raw)}
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        g = _geo2d(layer)
+        assert g is not None
+        return 0 if g.sh == g.sw == 1 else g.cin * g.oh * g.ow * 4
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        o = _Out(outputs[0])
+        w = params["w"]
+        cg, npix = g.cin // g.group, g.oh * g.ow
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.group, g.cout // g.group, npix)
+        strided = not (g.sh == g.sw == 1)
+        buf = scratch(0, g.cin * npix).reshape(g.cin, g.oh, g.ow) if strided else None
+        for i in range(g.n):
+            if buf is not None:
+                native.im2col(x4[i], 1, 1, g.sh, g.sw, 1, 1, 0, 0, g.oh, g.ow, buf.reshape(g.cin, -1))
+                xs = buf
+            else:
+                xs = x4[i]
+            np.matmul(w, xs.reshape(g.group, cg, npix), out=y4[i])
+        _finish(o.y.reshape(g.n, g.cout, -1), bias, None if res is None else res.reshape(g.n, g.cout, -1), act)
+        o.close()
+
+
+@register_kernel
+class ConvDepthwise(_ConvKernelBase):
+    """group == Cin > 1 and Cout = mult * Cin: native C loops (3x3 taps held in registers; others tap by tap),
+    split over channels on the thread pool. Bias is added in the same pass."""
+
+    name = "depthwise"
+    ops = ("Conv",)
+    priority = 5
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return g is not None and g.group == g.cin > 1 and g.cout % g.cin == 0
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = _geo2d(layer)
+        assert g is not None
+        w = np.ascontiguousarray(raw[raw_key(1)], dtype=F32).reshape(g.cout, g.kh, g.kw)
+        return {**_passthrough(layer, raw), "w": w, **_bias_param(layer, raw)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        o = _Out(outputs[0])
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        for i in range(g.n):
+            native.dwconv2d(x4[i], params["w"], bias, y4[i], g.sh, g.sw, g.dh, g.dw, g.pt, g.pl)
+        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
+        o.close()
+
+
+# --------------------------------------------------------------------------- Winograd
+
+
+def winograd_matrices(m: int, r: int, points: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Toom-Cook matrices (AT (m, a), G (a, r), BT (a, a)), a = m + r - 1, for ``a - 1`` finite points plus infinity.
+
+    1-D: y = AT @ ((G @ g) * (BT @ d)) is the correlation y[i] = sum_k d[i + k] g[k]. AT and G are the
+    usual Vandermonde/Lagrange forms; BT is the unique solution of sum_j AT[i,j] G[j,k] BT[j,l] = [l == i+k]."""
+    a = m + r - 1
+    if len(points) != a - 1:
+        raise ValueError(f"F({m},{r}) needs {a - 1} finite points, got {len(points)}")
+    p = np.asarray(points, np.float64)
+    at = np.zeros((m, a))
+    at[:, : a - 1] = p[None, :] ** np.arange(m)[:, None]
+    at[m - 1, a - 1] = 1.0
+    f = np.array([np.prod([pj - pl for pl in p if pl != pj]) for pj in p])
+    gm = np.zeros((a, r))
+    gm[: a - 1] = p[:, None] ** np.arange(r)[None, :] / f[:, None]
+    gm[a - 1, r - 1] = 1.0
+    kmat = (at[:, None, :] * gm.T[None, :, :]).reshape(m * r, a)  # rows (i, k), columns j
+    rhs = np.zeros((m * r, a))
+    for i in range(m):
+        for k in range(r):
+            rhs[i * r + k, i + k] = 1.0
+    bt, *_ = np.linalg.lstsq(kmat, rhs, rcond=None)
+    if not np.allclose(kmat @ bt, rhs, atol=1e-9):
+        raise ValueError(f"no Winograd F({m},{r}) transform for points {list(points)}")
+    bt[np.abs(bt) < 1e-12] = 0.0
+    return at, gm, bt
+
+
+class WinogradKernel(_ConvKernelBase):
+    """F(m x m, 3 x 3) for 3x3 stride 1 dilation 1 group 1 (any pads).
+
+    transform: U = G g G^T as (alpha^2, Cout, Cin). run: native input transform into V (alpha^2, Cin, P tiles),
+    one batched GEMM U @ V -> M over the alpha^2 positions, native output transform (+ bias) into the output.
+    The tiles of a big image are processed a band of tile rows at a time so the workspace stays bounded."""
+
+    ops = ("Conv",)
+    m: int = 2
+    points: tuple[float, ...] = (0.0, 1.0, -1.0)
+    #: V + M workspace above which the tile rows are processed in bands (bytes)
+    band_bytes = 8 << 20
+
+    def __init__(self) -> None:
+        at, gm, bt = winograd_matrices(self.m, 3, self.points)
+        self.alpha = self.m + 2
+        self.at64, self.g64, self.bt64 = at, gm, bt
+        self.at = np.ascontiguousarray(at, dtype=F32)
+        self.bt = np.ascontiguousarray(bt, dtype=F32)
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return (g is not None and g.kh == 3 and g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1
+                and g.group == 1)
+
+    def _tiles(self, g: Geom2D) -> tuple[int, int, int]:
+        """(tile rows, tile columns, tile rows per band)."""
+        th, tw = -(-g.oh // self.m), -(-g.ow // self.m)
+        per_row = self.alpha ** 2 * (g.cin + g.cout) * tw * 4
+        return th, tw, max(1, min(th, self.band_bytes // max(per_row, 1)))
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        g = _geo2d(layer)
+        assert g is not None
+        return self.alpha ** 2 * g.cout * g.cin * 4
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        g = _geo2d(layer)
+        assert g is not None
+        _, tw, band = self._tiles(g)
+        return self.alpha ** 2 * (g.cin + g.cout) * band * tw * 4
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = _geo2d(layer)
+        assert g is not None
+        w = np.asarray(raw[raw_key(1)], dtype=np.float64).reshape(g.cout, g.cin, 3, 3)
+        u = np.einsum("ai,ocij,bj->aboc", self.g64, w, self.g64, optimize=True)
+        u = np.ascontiguousarray(u.reshape(self.alpha ** 2, g.cout, g.cin), dtype=F32)
+        return {**_passthrough(layer, raw), "w": u, **_bias_param(layer, raw)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        o = _Out(outputs[0])
+        a2, m = self.alpha ** 2, self.m
+        th, tw, band = self._tiles(g)
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        vbuf = scratch(0, a2 * g.cin * band * tw)
+        mbuf = scratch(1, a2 * g.cout * band * tw)
+        for i in range(g.n):
+            for t0 in range(0, th, band):
+                nb = min(band, th - t0)
+                p = nb * tw
+                v = vbuf[: a2 * g.cin * p].reshape(a2, g.cin, p)
+                mm = mbuf[: a2 * g.cout * p].reshape(a2, g.cout, p)
+                native.winograd_input(x4[i], g.pt - t0 * m, g.pl, nb, tw, m, self.bt, v, 0)
+                np.matmul(params["w"], v, out=mm)
+                r0, r1 = t0 * m, min(g.oh, (t0 + nb) * m)
+                if r0 == 0 and r1 == g.oh:
+                    native.winograd_output(mm, nb, tw, m, self.at, bias, y4[i], 0)
+                else:
+                    band_out = scratch(2, g.cout * (r1 - r0) * g.ow).reshape(g.cout, r1 - r0, g.ow)
+                    native.winograd_output(mm, nb, tw, m, self.at, bias, band_out, 0)
+                    y4[i, :, r0:r1] = band_out
+        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
+        o.close()
+
+
+@register_kernel
+class ConvWinograd23(WinogradKernel):
+    """F(2x2, 3x3): 16 positions, 2.25x fewer multiplies than direct; points 0, 1, -1."""
+
+    name = "winograd23"
+    priority = 25
+    m = 2
+    points = (0.0, 1.0, -1.0)
+
+
+@register_kernel
+class ConvWinograd43(WinogradKernel):
+    """F(4x4, 3x3): 36 positions, 4x fewer multiplies; points 0, +-1, +-1/2 (better conditioned in float32 than
+    the 0, +-1, +-2 of Lavin/ncnn: see tests)."""
+
+    name = "winograd43"
+    priority = 20
+    m = 4
+    points = (0.0, 1.0, -1.0, 0.5, -0.5)
+
+
+# =========================================================================== ConvTranspose kernels
+
+
+@register_kernel
+class ConvTransposeDirect(Kernel):
+    """The reference: each kernel tap scatters a grouped matmul into a strided output window (any rank)."""
+
+    name = "direct"
+    ops = ("ConvTranspose",)
+    priority = 90
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        bi, ri = io_positions(layer.node)
+        x, w = _arg(layer, inputs, params, 0), _arg(layer, inputs, params, 1)
+        assert x is not None and w is not None
+        y = conv_transpose_nd(x, w, conv_transpose_geom(layer.node, x.shape, w.shape))
+        y = y.astype(outputs[0].dtype, copy=False)
+        _epilogue_numpy(y, _arg(layer, inputs, params, bi), _arg(layer, inputs, params, ri), _act(layer.node))
+        np.copyto(outputs[0], y)
+
+
+@register_kernel
+class ConvTransposeCol2im(_ConvKernelBase):
+    """col = W^T (G, Cout/G*kh*kw, Cin/G) @ x (G, Cin/G, H*W) per image, then a native scatter-add (col2im)
+    into the output initialised with the bias. Workspace: the column matrix of one image."""
+
+    name = "col2im"
+    ops = ("ConvTranspose",)
+    priority = 40
+
+    def applies(self, layer: Layer) -> bool:
+        return self._base_applies(layer) is not None
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = _geo2d(layer)
+        assert g is not None
+        w = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cin // g.group, -1)
+        return {**_passthrough(layer, raw), "w": np.ascontiguousarray(np.swapaxes(w, 1, 2)), **_bias_param(layer, raw)}
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        g = _geo2d(layer)
+        assert g is not None
+        return g.cout * g.kh * g.kw * g.h * g.w * 4
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        o = _Out(outputs[0])
+        kk = g.kh * g.kw
+        col = scratch(0, g.cout * kk * g.h * g.w).reshape(g.cout * kk, g.h * g.w)
+        x4 = x.reshape(g.n, g.group, g.cin // g.group, g.h * g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        for i in range(g.n):
+            np.matmul(params["w"], x4[i], out=col.reshape(g.group, g.cout // g.group * kk, g.h * g.w))
+            if bias is not None:
+                y4[i] = bias.reshape(-1, 1, 1)
+            else:
+                y4[i] = 0.0
+            # ConvTranspose's output is the image that a conv with the same geometry would read
+            native.col2im(col, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.h, g.w, y4[i])
+        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
+        o.close()

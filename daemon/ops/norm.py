@@ -56,7 +56,8 @@ def fold_bn_into(weight: np.ndarray, bias: np.ndarray | None, scale: np.ndarray,
         raise ShapeError(f"fold_bn_into: groups must be >= 1, got {groups}")
     if groups > 1:
         if ax != 1:
-            raise ShapeError(f"fold_bn_into: groups={groups} only applies to ConvTranspose weights (axis=1), got axis={axis}")
+            raise ShapeError(f"fold_bn_into: groups={groups} only applies to ConvTranspose weights (axis=1), "
+                             f"got axis={axis}")
         cin, per = w.shape[0], w.shape[1]
         if per * groups != c_out or cin % groups:
             raise ShapeError(f"fold_bn_into: ConvTranspose weight {w.shape} with groups={groups} does not have "
@@ -87,8 +88,6 @@ def _check_bn(node: Node, opset: int) -> None:
     if _extra_outputs(node):
         raise UnsupportedOpError(node.op, node.name, opset,
                                  "running/saved mean and variance outputs (training) are not supported")
-    if opset < 7 and node.attr("is_test", 0) == 0 and node.attr("is_test") is not None:
-        raise UnsupportedOpError(node.op, node.name, opset, "is_test=0 (training) is not supported")
 
 
 def _check_ln(node: Node, opset: int) -> None:
@@ -108,23 +107,18 @@ def _channel_shape(x_ndim: int, p: np.ndarray) -> tuple[int, ...]:
     return (p.shape[0],) + (1,) * (x_ndim - 2)
 
 
-def _same(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
-    x = ins[0]
-    if x is None:
-        raise ShapeError(f"{node.op} {node.name!r}: input X is required")
-    return [(x.shape, x.dtype)]
-
-
 def _infer_bn(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
     x = ins[0]
     if x is None or len(x.shape) < 2:
-        raise ShapeError(f"BatchNormalization {node.name!r}: X must be (N, C, ...), got {None if x is None else x.shape}")
+        raise ShapeError(f"BatchNormalization {node.name!r}: X must be (N, C, ...), "
+                         f"got {None if x is None else x.shape}")
     for i in range(1, 5):
         p = ins[i] if i < len(ins) else None
         if p is None:
             raise ShapeError(f"BatchNormalization {node.name!r}: input {i} is required")
         if len(p.shape) == 1 and p.shape[0] != x.shape[1]:
-            raise ShapeError(f"BatchNormalization {node.name!r}: parameter {i} has {p.shape[0]} channels, X has {x.shape[1]}")
+            raise ShapeError(f"BatchNormalization {node.name!r}: parameter {i} has {p.shape[0]} channels, "
+                             f"X has {x.shape[1]}")
     return [(x.shape, x.dtype)]
 
 

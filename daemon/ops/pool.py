@@ -204,9 +204,12 @@ class PoolKernel(Kernel):
         x = layer.inputs[0]
         g = pool_geometry(layer.node, x.shape)
         itemsize = max(np.dtype(x.dtype).itemsize, 4)
-        need = [(o - 1) * s + (k - 1) * d + 1 for o, k, s, d in zip(g.out, g.kernel, g.strides, g.dilations)]
-        # padded copy plus the largest per-axis intermediate
-        return int(itemsize * x.shape[0] * x.shape[1] * (np.prod(need) * 2))
+        # the intermediates after each axis pass; the largest two can be alive at once
+        sizes, shape = [], list(x.shape)
+        for ax, o in enumerate(g.out):
+            shape[2 + ax] = o
+            sizes.append(int(np.prod(shape)))
+        return int(itemsize * sum(sorted(sizes)[-2:]))
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -223,22 +226,22 @@ class PoolKernel(Kernel):
         else:
             g = pool_geometry(layer.node, x.shape)
             # float16 sums lose too much; accumulate in float32 and cast once at the end
-            acc_dt = np.float32 if (not is_max and x.dtype == np.float16) else x.dtype
-            cur = _padded(x.astype(acc_dt, copy=False), g, _lowest(np.dtype(acc_dt)) if is_max else 0)
+            acc_dt = np.dtype(np.float32) if (not is_max and x.dtype == np.float16) else x.dtype
+            cur = x.astype(acc_dt, copy=False)
             combine = np.maximum if is_max else np.add
-            # W first, H last: the last pass (written into y) then combines whole contiguous rows
-            order = list(range(nsp - 1, -1, -1))
-            for i, ax in enumerate(order):
-                k, s, d, o = g.kernel[ax], g.strides[ax], g.dilations[ax], g.out[ax]
-                pre = (slice(None),) * (2 + ax)
-                last = i == len(order) - 1
-                if last and acc_dt == y.dtype:
-                    dst = y
-                else:
-                    dst = np.empty(cur.shape[:2 + ax] + (o,) + cur.shape[3 + ax:], dtype=acc_dt)
-                np.copyto(dst, cur[pre + (slice(0, (o - 1) * s + 1, s),)])
-                for t in range(1, k):
-                    combine(dst, cur[pre + (slice(t * d, t * d + (o - 1) * s + 1, s),)], out=dst)
+            fill = _lowest(acc_dt) if is_max else 0
+            # First spatial axis first: its views keep whole contiguous rows, so the larger pass is
+            # the vectorised one; the last pass writes into y. Padding of the outer axes is never
+            # materialised (taps are clipped); the innermost axis is padded on the already reduced
+            # intermediate, since clipped slices of short rows are slower than that copy.
+            for ax in range(nsp):
+                shape = cur.shape[:2 + ax] + (g.out[ax],) + cur.shape[3 + ax:]
+                dst = y if ax == nsp - 1 and acc_dt == y.dtype else np.empty(shape, acc_dt)
+                head = g.pads_head[ax]
+                if ax == nsp - 1:
+                    need = (g.out[ax] - 1) * g.strides[ax] + (g.kernel[ax] - 1) * g.dilations[ax] + 1
+                    cur, head = _pad_last(cur, head, need, fill), 0
+                _axis_pass(cur, dst, 2 + ax, g.kernel[ax], g.strides[ax], g.dilations[ax], head, combine, fill)
                 cur = dst
             if not is_max:
                 cnt = _counts(g, x.shape[2:], bool(layer.attr("count_include_pad", 0)))
@@ -248,6 +251,50 @@ class PoolKernel(Kernel):
         act = layer.attr("act")
         if act is not None:
             apply_act(y, act)
+
+
+def _pad_last(x: np.ndarray, head: int, need: int, fill: Any) -> np.ndarray:
+    """``x`` with ``head`` fill values before its last axis and fill/cropping after, to length ``need``."""
+    n = x.shape[-1]
+    if head == 0 and need <= n:
+        return x
+    m = min(n, need - head)
+    out = np.empty(x.shape[:-1] + (need,), x.dtype)
+    out[..., :head] = fill
+    out[..., head:head + m] = x[..., :m]
+    out[..., head + m:] = fill
+    return out
+
+
+def _axis_pass(src: np.ndarray, dst: np.ndarray, axis: int, k: int, s: int, d: int, head: int,
+               combine: Any, fill: Any) -> None:
+    """Pool ``src`` along ``axis`` into ``dst`` without materialising any padding.
+
+    Tap ``t`` of output ``j`` reads input ``j*s - head + t*d``; each tap touches only the outputs
+    whose input lies inside ``src`` (padding is the identity of ``combine``), so every pass is a
+    strided view combined into a slice of ``dst``.
+    """
+    n, o = src.shape[axis], dst.shape[axis]
+    pre = (slice(None),) * axis
+    spans = []
+    for t in range(k):
+        off = t * d - head
+        lo = max(0, (-off + s - 1) // s)  # first output whose tap lands at or after input 0
+        hi = min(o, (n - 1 - off) // s + 1) if n - 1 - off >= 0 else 0
+        if lo < hi:
+            spans.append((lo, hi, off))
+    # start from a tap that covers every output (plain copy) if there is one, else from the identity
+    full = next((sp for sp in spans if sp[0] == 0 and sp[1] == o), None)
+    if full is None:
+        dst.fill(fill)
+    else:
+        np.copyto(dst, src[pre + (slice(full[2], (o - 1) * s + full[2] + 1, s),)])
+    for sp in spans:
+        if sp is full:
+            continue
+        lo, hi, off = sp
+        part = dst[pre + (slice(lo, hi),)]
+        combine(part, src[pre + (slice(lo * s + off, (hi - 1) * s + off + 1, s),)], out=part)
 
 
 @register_kernel

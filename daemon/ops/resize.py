@@ -1,1 +1,386 @@
-"""Placeholder: being written."""
+"""Resize (opsets 10-19) and Upsample (opsets 7/9), nearest and (multi)linear, matching onnxruntime.
+
+Which semantics a node has is read off the node (infer/reference do not get the opset): the
+importer's ``attrs["_opset"]`` when present, else the input count.
+  * ``Upsample`` and Resize-10 (opset < 11, or exactly two inputs X, scales) use the legacy rules:
+    coordinate transformation ``asymmetric`` and onnxruntime's pre-11 nearest rounding (truncate
+    when upsampling an axis, ceil when downsampling it);
+  * Resize-11+ (X, roi, scales[, sizes]) uses the opset-11+ attributes.
+
+As in onnxruntime, sizes are computed in float32 (``out = trunc(float32(scale) * in)``), the
+coordinate transform uses the *given* scale (not out/in) when scales are given, and the per-axis
+``x_original`` arithmetic is float32, so nearest-neighbour ties round the same way. Linear
+interpolation is separable: any set of axes (bilinear on NCHW/NHWC, 1-D, trilinear...). An axis
+with scale 1 is copied as it is in every mode (as onnxruntime does, even where the coordinate
+transform would shift it, e.g. tf_half_pixel_for_nn with nearest_mode=ceil).
+
+Known difference: with ``half_pixel_symmetric`` + nearest, a coordinate that is an exact .5 tie in
+exact arithmetic but not in float32 (e.g. 7 -> 4 with scale 0.6) can round to the other
+neighbour than onnxruntime picks (which seems to get the exact tie); no other mode showed this.
+
+Integer tensors interpolate in float32 and truncate, as onnxruntime does for uint8.
+
+Unsupported (``check`` raises UnsupportedOpError at import): cubic, antialias=1,
+tf_crop_and_resize (the only mode that reads roi), keep_aspect_ratio_policy other than stretch
+when sizes are given.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedOpError
+from ..ir import Node, TensorInfo
+from .activation import apply_act
+from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+
+__all__ = ["ResizePlan", "resize_plan", "resize_reference", "axis_table"]
+
+_F32 = np.float32
+_CTMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+         "tf_half_pixel_for_nn")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _legacy(node: Node) -> bool:
+    """Upsample, or Resize-10: asymmetric coordinates and the pre-11 nearest rounding.
+
+    The importer records the model's opset as ``attrs["_opset"]``; without it, a Resize with
+    exactly two inputs (X, scales) is Resize-10 (opset 11+ has X, roi, scales[, sizes]).
+    """
+    if node.op == "Upsample":
+        return True
+    opset = node.attr("_opset")
+    return int(opset) < 11 if opset is not None else len(node.inputs) == 2
+
+
+def _mode(node: Node) -> str:
+    m = _s(node.attr("mode", "nearest")).lower()
+    return "linear" if m == "bilinear" else m  # Upsample-1 spelled it "bilinear"
+
+
+def _input_positions(node: Node) -> tuple[int | None, int | None]:
+    """Positions of the scales and sizes inputs (None where the node has no such input)."""
+    def present(i: int) -> int | None:
+        return i if i < len(node.inputs) and node.inputs[i] else None
+    if _legacy(node):
+        return present(1), None
+    return present(2), present(3)
+
+
+def _check(node: Node, opset: int) -> None:
+    def bad(detail: str) -> UnsupportedOpError:
+        return UnsupportedOpError(node.op, node.name, opset, detail)
+    mode = _mode(node)
+    if mode == "cubic":
+        raise bad("mode='cubic' is not supported (nearest and linear are)")
+    if mode not in ("nearest", "linear"):
+        raise bad(f"mode={mode!r}")
+    if _legacy(node):
+        return
+    ctm = _s(node.attr("coordinate_transformation_mode", "half_pixel"))
+    if ctm == "tf_crop_and_resize":
+        raise bad("coordinate_transformation_mode='tf_crop_and_resize' (roi) is not supported")
+    if ctm not in _CTMS:
+        raise bad(f"coordinate_transformation_mode={ctm!r}")
+    if mode == "nearest" and _s(node.attr("nearest_mode", "round_prefer_floor")) not in _NEAREST_MODES:
+        raise bad(f"nearest_mode={_s(node.attr('nearest_mode'))!r}")
+    if node.attr("antialias", 0):
+        raise bad("antialias=1 is not supported")
+    _, sizes = _input_positions(node)
+    policy = _s(node.attr("keep_aspect_ratio_policy", "stretch"))
+    if sizes is not None and policy != "stretch":
+        raise bad(f"keep_aspect_ratio_policy={policy!r} (only 'stretch' is supported)")
+
+
+# --------------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class ResizePlan:
+    """Everything the kernels need: output shape and, per axis, the float32 scale onnxruntime uses."""
+
+    mode: str            # "nearest" | "linear"
+    ctm: str             # coordinate transformation mode
+    nearest_mode: str    # "" = the legacy (pre-11) rounding
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    scales: tuple[float, ...]  # float32 values, stored as Python floats
+
+
+def _vector(node: Node, what: str, v: np.ndarray | None) -> np.ndarray | None:
+    if v is None:
+        return None
+    v = np.asarray(v).reshape(-1)
+    return v if v.size else None  # an empty tensor stands for "not given" (opset 11/12 placeholders)
+
+
+def resize_plan(node: Node, in_shape: Sequence[int], scales: np.ndarray | None,
+                sizes: np.ndarray | None) -> ResizePlan:
+    """Output shape and per-axis scales of ``node`` for input shape ``in_shape`` and the constant
+    ``scales``/``sizes`` values (None when absent; Upsample-7 reads its ``scales`` attribute)."""
+    rank = len(in_shape)
+    in_shape = tuple(int(d) for d in in_shape)
+    if node.op == "Upsample" and scales is None and node.attr("scales") is not None:
+        scales = np.asarray(node.attr("scales"), np.float32)
+    scales, sizes = _vector(node, "scales", scales), _vector(node, "sizes", sizes)
+    if (scales is None) == (sizes is None):
+        raise ShapeError(f"{node.op} {node.name!r}: exactly one of scales and sizes must be given "
+                         f"(scales={scales}, sizes={sizes})")
+    axes = node.attr("axes") if not _legacy(node) else None
+    axes = [int(a) % rank for a in axes] if axes is not None else list(range(rank))
+    given = scales if scales is not None else sizes
+    if len(given) != len(axes):
+        raise ShapeError(f"{node.op} {node.name!r}: {'scales' if sizes is None else 'sizes'} has {len(given)} "
+                         f"values for {len(axes)} axes (input shape {in_shape})")
+    sc = [_F32(1.0)] * rank
+    out = list(in_shape)
+    for a, v in zip(axes, given):
+        if sizes is not None:
+            out[a] = int(v)
+            sc[a] = _F32(out[a]) / _F32(in_shape[a]) if in_shape[a] else _F32(1.0)
+        else:
+            sc[a] = _F32(v)
+            if not sc[a] > 0:
+                raise ShapeError(f"{node.op} {node.name!r}: scale {float(v)} on axis {a} must be positive")
+            out[a] = int(np.floor(sc[a] * _F32(in_shape[a])))  # float32 product, as onnxruntime computes it
+        if out[a] < 1 and in_shape[a] > 0:
+            raise ShapeError(f"{node.op} {node.name!r}: axis {a} of size {in_shape[a]} resizes to {out[a]}")
+    mode = _mode(node)
+    if _legacy(node):
+        ctm, nm = "asymmetric", ""
+    else:
+        ctm = _s(node.attr("coordinate_transformation_mode", "half_pixel"))
+        nm = _s(node.attr("nearest_mode", "round_prefer_floor"))
+    return ResizePlan(mode, ctm, nm, in_shape, tuple(out), tuple(float(s) for s in sc))
+
+
+def _const(node: Node, i: int | None, consts: dict[str, np.ndarray]) -> np.ndarray | None:
+    if i is None:
+        return None
+    name = node.inputs[i]
+    if name not in consts:
+        raise ShapeError(f"{node.op} {node.name!r}: input {name!r} ({'scales' if i in (1, 2) else 'sizes'}) is "
+                         f"computed at run time; only constant scales/sizes are supported (static shapes)")
+    return consts[name]
+
+
+def _infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None:
+        raise ShapeError(f"{node.op} {node.name!r}: input X is required")
+    si, zi = _input_positions(node)
+    p = resize_plan(node, x.shape, _const(node, si, consts), _const(node, zi, consts))
+    return [(p.out_shape, x.dtype)]
+
+
+# --------------------------------------------------------------------------- per-axis tables
+
+def _original(ctm: str, n_out: int, n_in: int, scale: float) -> np.ndarray:
+    """x_original for every output coordinate, in onnxruntime's float32 operation order."""
+    x = np.arange(n_out, dtype=_F32)
+    s = _F32(scale)
+    h = _F32(0.5)
+    if ctm == "asymmetric":
+        return x / s
+    if ctm == "half_pixel":
+        return (x + h) / s - h
+    if ctm == "pytorch_half_pixel":
+        return (x + h) / s - h if n_out > 1 else np.zeros(n_out, _F32)
+    if ctm == "tf_half_pixel_for_nn":
+        return (x + h) / s
+    if ctm == "align_corners":
+        return x * _F32(n_in - 1) / _F32(n_out - 1) if n_out > 1 else np.zeros(n_out, _F32)
+    if ctm == "half_pixel_symmetric":
+        adjustment = _F32(n_out) / (s * _F32(n_in))
+        offset = (_F32(n_in) / _F32(2)) * (_F32(1) - adjustment)
+        # onnxruntime mixes in double literals here: the tail is evaluated in double
+        return (np.float64(offset) + (x.astype(np.float64) + 0.5) / np.float64(s) - 0.5).astype(_F32)
+    raise ValueError(f"unknown coordinate_transformation_mode {ctm!r}")
+
+
+def _nearest(orig: np.ndarray, nearest_mode: str, downsample: bool) -> np.ndarray:
+    if nearest_mode == "":
+        i = np.ceil(orig) if downsample else np.trunc(orig)
+    elif nearest_mode == "floor":
+        i = np.floor(orig)
+    elif nearest_mode == "ceil":
+        i = np.ceil(orig)
+    else:
+        fl = np.floor(orig)
+        frac = orig - fl  # exact in float32 for the magnitudes of pixel coordinates
+        # std::round (half away from zero); ties go down for round_prefer_floor. Negative
+        # coordinates are clamped to 0 below, so their tie direction does not matter.
+        up = frac > 0.5 if nearest_mode == "round_prefer_floor" else frac >= 0.5
+        i = fl + up
+    return i.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=512)
+def axis_table(mode: str, ctm: str, nearest_mode: str, n_in: int, n_out: int,
+               scale: float) -> tuple[np.ndarray, ...]:
+    """Per-axis gather tables (read-only, cached): (idx,) for nearest, (lo, hi, w_lo, w_hi) for linear."""
+    if np.float32(scale) == 1:  # onnxruntime leaves scale-1 axes alone in every mode
+        t: tuple[np.ndarray, ...] = (np.arange(n_out), np.arange(n_out), np.ones(n_out, _F32), np.zeros(n_out, _F32))
+    else:
+        orig = _original(ctm, n_out, n_in, scale)
+        if mode == "nearest":
+            t = (np.clip(_nearest(orig, nearest_mode, scale < 1), 0, n_in - 1),)
+        else:
+            xc = np.clip(orig, _F32(0), _F32(n_in - 1))
+            lo = np.minimum(xc.astype(np.int64), n_in - 1)
+            hi = np.minimum(lo + 1, n_in - 1)
+            w_hi = np.abs(xc - lo.astype(_F32))  # onnxruntime's dx1
+            w_lo = np.abs(xc - hi.astype(_F32))  # onnxruntime's dx2
+            same = lo == hi
+            w_lo[same] = _F32(0.5)
+            w_hi[same] = _F32(0.5)
+            t = (lo, hi, w_lo, w_hi)
+    for a in t:
+        a.setflags(write=False)
+    return t
+
+
+def _tables(p: ResizePlan) -> list[tuple[np.ndarray, ...] | None]:
+    """Per axis: its table, or None when the axis is left as it is."""
+    out: list[tuple[np.ndarray, ...] | None] = []
+    for n_in, n_out, s in zip(p.in_shape, p.out_shape, p.scales):
+        t = axis_table(p.mode, p.ctm, p.nearest_mode, n_in, n_out, s)
+        if n_in == n_out and np.array_equal(t[0], np.arange(n_out)) and (p.mode == "nearest" or not t[3].any()):
+            out.append(None)
+        else:
+            out.append(t)
+    return out
+
+
+def _plan_from_inputs(node: Node, x: np.ndarray, inputs: Sequence[np.ndarray | None]) -> ResizePlan:
+    si, zi = _input_positions(node)
+    return resize_plan(node, x.shape, inputs[si] if si is not None else None, inputs[zi] if zi is not None else None)
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+def resize_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    """Direct N-D gather: nearest via one fancy index, linear as the sum over all 2^k corners (float64)."""
+    x = np.asarray(inputs[0])
+    p = _plan_from_inputs(node, x, inputs)
+    tabs = [axis_table(p.mode, p.ctm, p.nearest_mode, a, b, s) for a, b, s in zip(p.in_shape, p.out_shape, p.scales)]
+    if p.mode == "nearest":
+        y = x[np.ix_(*[t[0] for t in tabs])]
+    else:
+        xf = x.astype(np.float64)
+        acc = np.zeros(p.out_shape, np.float64)
+        for corner in itertools.product((0, 1), repeat=x.ndim):
+            idx = [t[c] for t, c in zip(tabs, corner)]
+            w = functools.reduce(np.multiply.outer, [t[2 + c].astype(np.float64) for t, c in zip(tabs, corner)])
+            acc += xf[np.ix_(*idx)] * w
+        # integer tensors: the weighted sum is truncated, as onnxruntime's cast does
+        y = acc if np.issubdtype(x.dtype, np.floating) else np.trunc(acc)
+    y = np.array(y, dtype=x.dtype, copy=True)
+    if node.attr("act") is not None:
+        apply_act(y, node.attr("act"))
+    return [y]
+
+
+register_op(OpSpec("Resize", _infer, resize_reference, min_opset=10, check=_check))
+register_op(OpSpec("Upsample", _infer, resize_reference, check=_check))
+
+
+# --------------------------------------------------------------------------- kernels
+
+def _repeat_factor(t: tuple[np.ndarray, ...], n_in: int, n_out: int) -> int:
+    """f when the nearest table is exactly i // f (integer upsampling by f), else 0."""
+    if n_out % n_in:
+        return 0
+    f = n_out // n_in
+    return f if np.array_equal(t[0], np.arange(n_out) // f) else 0
+
+
+@register_kernel
+class ResizeKernel(Kernel):
+    """Per-axis gathers with cached index/weight tables; integer-factor nearest upsampling is one
+    broadcast copy into the output (the YOLO/FPN 2x case)."""
+
+    name = "resize"
+    ops = ("Resize", "Upsample")
+    priority = 10
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        x, y = ins[0], outputs[0]
+        p = _plan_from_inputs(layer.node, x, ins)
+        tabs = _tables(p)
+        axes = [a for a, t in enumerate(tabs) if t is not None]
+        if not axes:
+            np.copyto(y, x)
+        elif p.mode == "nearest":
+            self._nearest(x, y, p, tabs, axes)
+        else:
+            self._linear(x, y, tabs, axes)
+        act = layer.attr("act")
+        if act is not None:
+            apply_act(y, act)
+
+    @staticmethod
+    def _nearest(x: np.ndarray, y: np.ndarray, p: ResizePlan, tabs: list, axes: list[int]) -> None:
+        factors = {a: _repeat_factor(tabs[a], p.in_shape[a], p.out_shape[a]) for a in axes}
+        if y.flags.c_contiguous and all(factors.values()):
+            # y viewed as (..., n, f, ...): one strided assignment of x per offset combination.
+            # A single broadcast copy would run numpy's inner loop over f (=2) elements only.
+            ysplit: list[int] = []
+            for a, n in enumerate(p.in_shape):
+                ysplit += [n, factors[a]] if a in factors else [n]
+            yv = y.reshape(ysplit)
+            for offs in itertools.product(*[range(factors[a]) for a in axes]):
+                idx: list[Any] = []
+                it = iter(offs)
+                for a in range(len(p.in_shape)):
+                    idx += [slice(None), next(it)] if a in factors else [slice(None)]
+                yv[tuple(idx)] = x
+            return
+        cur = x
+        for i, a in enumerate(axes):
+            if i == len(axes) - 1:
+                np.take(cur, tabs[a][0], axis=a, out=y)
+            else:
+                cur = np.take(cur, tabs[a][0], axis=a)
+
+    @staticmethod
+    def _linear(x: np.ndarray, y: np.ndarray, tabs: list, axes: list[int]) -> None:
+        work_dt = y.dtype if np.issubdtype(y.dtype, np.floating) else np.dtype(np.float32)
+        cur = x.astype(work_dt, copy=False)
+        for i, a in enumerate(axes):
+            lo, hi, wlo, whi = tabs[a]
+            bshape = (-1,) + (1,) * (x.ndim - a - 1)
+            last = i == len(axes) - 1
+            dst = y if last and y.dtype == work_dt else None
+            t = np.take(cur, lo, axis=a)
+            t = np.multiply(t, wlo.reshape(bshape).astype(work_dt, copy=False), out=t)
+            u = np.take(cur, hi, axis=a)
+            np.multiply(u, whi.reshape(bshape).astype(work_dt, copy=False), out=u)
+            cur = np.add(t, u, out=dst if dst is not None else t)
+        if cur is not y:
+            if np.issubdtype(y.dtype, np.integer):
+                cur = np.trunc(cur)
+            np.copyto(y, cur, casting="unsafe")
+
+
+@register_kernel
+class ResizeReferenceKernel(Kernel):
+    """The OpSpec's numpy reference (the oracle the ``resize`` kernel is tested against)."""
+
+    name = "reference"
+    ops = ("Resize", "Upsample")
+    priority = 100
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        np.copyto(outputs[0], resize_reference(layer.node, full_inputs(layer, inputs, params))[0])

@@ -225,7 +225,7 @@ def _perm(node: Node, rank: int) -> list[int]:
 
 def _squeeze_shape(node: Node, shape: Shape, get: Getter) -> Shape:
     axes = _axes_input_or_attr(node, get, 1)
-    if axes is None:
+    if not axes:  # absent or empty (onnxruntime treats an empty axes input as absent)
         return tuple(d for d in shape if d != 1)
     ax = _axes(node, axes, len(shape))
     for a in ax:
@@ -330,7 +330,8 @@ def _range_params(node: Node, get: Getter) -> tuple[np.ndarray, np.ndarray, np.n
     start, limit, delta = (np.asarray(v).reshape(()) for v in (start, limit, delta))
     if delta == 0:
         raise ShapeError(f"node {node.name!r} (Range): delta is 0")
-    n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
+    # as onnxruntime: the difference in the input type, the division in double
+    n = max(int(math.ceil(float(np.subtract(limit, start)) / float(delta))), 0)
     return start, limit, delta, n
 
 
@@ -500,8 +501,11 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], outs: Sequence[np.nda
         dt = start.dtype
         if np.issubdtype(dt, np.integer):
             r = (start + np.arange(n, dtype=np.int64) * delta).astype(dt)
-        else:
-            r = (start.astype(np.float64) + np.arange(n, dtype=np.float64) * delta.astype(np.float64)).astype(dt)
+        else:  # repeated addition in the input type, as onnxruntime does, so rounding matches
+            steps = np.full(n, delta, dtype=dt)
+            if n:
+                steps[0] = start
+            r = np.cumsum(steps, dtype=dt)
         return _fill([r], outs)
     raise AssertionError(op)
 

@@ -99,6 +99,23 @@ class GraphBuilder:
         w *= np.float32(std)
         return w
 
+    def fan_in_weight(self, shape: Sequence[int], fan_axes: tuple[int, ...], gain: float, fan_in: float) -> np.ndarray:
+        """Gaussian weight whose every output unit has exactly the He/LeCun squared norm
+        ``gain * (elements summed) / fan_in``: sampling noise in the gain would otherwise
+        compound with depth."""
+        w = self.rng.standard_normal(tuple(shape), dtype=np.float32)
+        n = math.prod(shape[a] for a in fan_axes)
+        # einsum row dot products avoid a weight-sized temporary (vgg16's fc6 is 400 MB).
+        if fan_axes == tuple(range(1, w.ndim)):
+            rows = w.reshape(w.shape[0], -1)
+            norm2 = np.einsum("ij,ij->i", rows, rows).reshape((-1,) + (1,) * (w.ndim - 1))
+        elif w.ndim == 2 and fan_axes == (0,):
+            norm2 = np.einsum("ij,ij->j", w, w)[None, :]
+        else:
+            norm2 = np.sum(np.square(w), axis=fan_axes, keepdims=True)
+        w *= np.sqrt(gain * n / fan_in / norm2.astype(np.float64)).astype(np.float32)
+        return w
+
     def uniform(self, shape: Sequence[int], lo: float, hi: float) -> np.ndarray:
         return self.rng.uniform(lo, hi, size=tuple(shape)).astype(np.float32)
 
@@ -120,7 +137,7 @@ class GraphBuilder:
         through ReLU, 1 for roughly zero-mean inputs), so activations keep O(1) magnitude."""
         kh, kw = (k, k) if isinstance(k, int) else k
         fan_in = cin // groups * kh * kw
-        w = self.add_init(f"{name}.weight", self.normal((cout, cin // groups, kh, kw), math.sqrt(gain / fan_in)))
+        w = self.add_init(f"{name}.weight", self.fan_in_weight((cout, cin // groups, kh, kw), (1, 2, 3), gain, fan_in))
         inputs = [x, w]
         if bias:
             inputs.append(self.add_init(f"{name}.bias", self.normal((cout,), 0.05)))
@@ -150,7 +167,7 @@ class GraphBuilder:
     ) -> str:
         # Each output pixel sees about cin*k*k/stride^2 inputs.
         fan_in = max(1.0, cin * k * k / (stride * stride))
-        w = self.add_init(f"{name}.weight", self.normal((cin, cout, k, k), math.sqrt(gain / fan_in)))
+        w = self.add_init(f"{name}.weight", self.fan_in_weight((cin, cout, k, k), (0, 2, 3), gain, fan_in))
         inputs = [x, w]
         if bias:
             inputs.append(self.add_init(f"{name}.bias", self.normal((cout,), 0.05)))
@@ -164,10 +181,16 @@ class GraphBuilder:
     def bn(self, x: str, name: str, c: int, eps: float = 1e-5, gamma: tuple[float, float] = (0.5, 1.5)) -> str:
         # Running stats deliberately do not match the true activation statistics, so
         # BN folding in the importer is exercised with non-trivial mean/var.
-        scale = self.add_init(f"{name}.weight", self.uniform((c,), *gamma))
+        gam = self.uniform((c,), *gamma)
+        var_ = self.uniform((c,), 0.5, 2.0)
+        # Pin the layer's average gain E[gamma^2/var] to that of the gamma range's midpoint so
+        # per-layer sampling noise does not compound over 50+ layers into blow-up or decay.
+        mid = (gamma[0] + gamma[1]) / 2
+        gam *= np.float32(mid / np.sqrt(np.mean(gam.astype(np.float64) ** 2 / var_)))
+        scale = self.add_init(f"{name}.weight", gam)
         b = self.add_init(f"{name}.bias", self.normal((c,), 0.1))
         mean = self.add_init(f"{name}.running_mean", self.normal((c,), 0.1))
-        var = self.add_init(f"{name}.running_var", self.uniform((c,), 0.5, 2.0))
+        var = self.add_init(f"{name}.running_var", var_)
         return self.op("BatchNormalization", [x, scale, b, mean, var], name, epsilon=eps, momentum=0.9)
 
     def relu(self, x: str, scope: str = "") -> str:
@@ -202,13 +225,13 @@ class GraphBuilder:
 
     def gemm(self, x: str, name: str, fin: int, fout: int, gain: float = 2.0) -> str:
         """nn.Linear on a 2-D input: Gemm with transB=1 and a (out, in) weight."""
-        w = self.add_init(f"{name}.weight", self.normal((fout, fin), math.sqrt(gain / fin)))
+        w = self.add_init(f"{name}.weight", self.fan_in_weight((fout, fin), (1,), gain, fin))
         b = self.add_init(f"{name}.bias", self.normal((fout,), 0.05))
         return self.op("Gemm", [x, w, b], name, alpha=1.0, beta=1.0, transB=1)
 
     def linear_matmul(self, x: str, name: str, fin: int, fout: int, gain: float = 1.0) -> str:
         """nn.Linear on a 3-D input: MatMul with a pre-transposed (in, out) weight, then Add."""
-        w = self.add_init(f"{name}.weight", self.normal((fin, fout), math.sqrt(gain / fin)))
+        w = self.add_init(f"{name}.weight", self.fan_in_weight((fin, fout), (0,), gain, fin))
         b = self.add_init(f"{name}.bias", self.normal((fout,), 0.05))
         y = self.op("MatMul", [x, w], name)
         return self.op("Add", [b, y], name)

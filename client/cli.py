@@ -1,0 +1,228 @@
+"""``inferctl``: talk to the inferd daemon from a shell.
+
+    inferctl status                         # daemon and per-model state, stats, memory
+    inferctl models
+    inferctl load NAME [--reload] | unload NAME
+    inferctl infer NAME --input x=in.npy [--input y=b.npy | --input all.npz] [--output out.npz]
+    inferctl budget 2G                      # store the memory budget (0 = none)
+    inferctl health
+
+Human-readable by default, ``--json`` for scripts. Exit status: 0 ok, 1 the daemon answered
+with an error, 2 bad usage, 3 the daemon could not be reached (transport error).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import errors
+from .client import Client
+from .protocol import default_endpoint, parse_size
+
+
+def _mib(n: int | float | None) -> str:
+    if not n:
+        return "0"
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _sig(ts: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{t['name']}:{t['dtype']}{t['shape']}" for t in ts) or "-"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
+
+
+def format_status(st: dict[str, Any]) -> str:
+    mem = st.get("memory", {})
+    budget = mem.get("budget_bytes") or 0
+    state = "ready" if st.get("ready") else ("stopping" if st.get("draining") else "starting")
+    lines = [
+        f"inferd {st.get('version', '')} on {st.get('endpoint')}  pid {st.get('pid')}  up {_duration(st.get('uptime_s', 0))}  {state}",
+        f"device {st.get('device')} (in use: {', '.join(st.get('devices_in_use') or []) or 'none'})  "
+        f"memory: RSS {_mib(mem.get('rss_bytes'))}, models {_mib(mem.get('models_bytes'))}, "
+        f"budget {_mib(budget) if budget else 'none'}",
+    ]
+    models = st.get("models", {})
+    if not models:
+        lines.append(f"no models in {st.get('models_dir')}")
+        return "\n".join(lines)
+    rows = [["MODEL", "STATE", "DEVICE", "QUEUED", "REQUESTS", "OK", "FAILURES", "QUEUE ms p50/p99", "COMPUTE ms p50/p99"]]
+    for name, m in models.items():
+        q, c = m.get("queue_ms", {}), m.get("compute_ms", {})
+        rows.append([
+            name, m.get("state", "?"), str(m.get("device") or "-"), str(m.get("queued", 0)), str(m.get("requests", 0)),
+            str(m.get("ok", 0)), str(m.get("failures", 0)),
+            f"{q.get('p50', 0):.3g}/{q.get('p99', 0):.3g}", f"{c.get('p50', 0):.3g}/{c.get('p99', 0):.3g}",
+        ])
+    lines.append(_table(rows))
+    for name, m in models.items():
+        if m.get("reason") and m.get("state") != "READY" or "failed" in (m.get("reason") or ""):
+            lines.append(f"  {name}: {m['reason']}")
+    return "\n".join(lines)
+
+
+def format_models(models: list[dict[str, Any]]) -> str:
+    if not models:
+        return "no models"
+    rows = [["NAME", "STATE", "DEVICE", "INPUTS", "OUTPUTS", "MEMORY", "REASON"]]
+    for m in models:
+        rows.append([m["name"], m["state"], str(m.get("device") or "-"), _sig(m.get("inputs", [])),
+                     _sig(m.get("outputs", [])), _mib(m.get("memory_bytes")), m.get("reason") or ""])
+    return _table(rows)
+
+
+def _load_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        if "=" in spec:
+            name, path = spec.split("=", 1)
+            arr = np.load(path, allow_pickle=False)
+            if isinstance(arr, np.lib.npyio.NpzFile):
+                raise ValueError(f"{path}: NAME=FILE takes a .npy file; pass an .npz without NAME=")
+            feeds[name] = arr
+        else:
+            with np.load(spec, allow_pickle=False) as npz:
+                if not isinstance(npz, np.lib.npyio.NpzFile):
+                    raise ValueError(f"{spec}: expected NAME=FILE.npy or FILE.npz")
+                feeds.update({k: npz[k] for k in npz.files})
+    if not feeds:
+        raise ValueError("infer needs at least one --input NAME=FILE.npy (or --input FILE.npz)")
+    return feeds
+
+
+def _summary(a: np.ndarray) -> str:
+    flat = a.reshape(-1)
+    head = np.array2string(flat[:6], precision=5, separator=", ")
+    stats = ""
+    if a.size and np.issubdtype(a.dtype, np.number):
+        stats = f"  min {flat.min():.6g} max {flat.max():.6g} mean {flat.astype(np.float64).mean():.6g}"
+        if a.ndim >= 1 and a.shape[-1] > 1:
+            stats += f"  argmax(last axis) {np.argmax(a, axis=-1).reshape(-1)[:8].tolist()}"
+    return f"{a.dtype.name}{list(a.shape)}{stats}\n    {head}{' ...' if a.size > 6 else ''}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--endpoint", default=argparse.SUPPRESS,
+                        help=f"daemon endpoint (default: {default_endpoint()})")
+    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait (default 10)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    p = argparse.ArgumentParser(prog="inferctl", description="Control and query the inferd daemon.", parents=[common])
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub.add_parser("status", parents=[common], help="daemon status, memory and per-model stats")
+    sub.add_parser("models", parents=[common], help="models of the repository and their state")
+    sub.add_parser("health", parents=[common], help="live/ready check (exit 0 only when ready)")
+    sp = sub.add_parser("load", parents=[common], help="load a model (or reload it from disk)")
+    sp.add_argument("name")
+    sp.add_argument("--reload", action="store_true", help="reload from disk even if loaded")
+    sp = sub.add_parser("unload", parents=[common], help="unload a model")
+    sp.add_argument("name")
+    sp = sub.add_parser("infer", parents=[common], help="run a model on .npy/.npz inputs")
+    sp.add_argument("name")
+    sp.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy|FILE.npz")
+    sp.add_argument("--output", "-o", metavar="OUT.npz", help="save the outputs to an .npz file")
+    sp.add_argument("--priority", type=int, default=0)
+    sp = sub.add_parser("budget", parents=[common], help="set the memory budget, e.g. 2G (0 = none)")
+    sp.add_argument("size")
+    return p
+
+
+def _to_json(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, (np.generic,)):
+        return obj.item()
+    if isinstance(obj, bytes):
+        return obj.hex()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    as_json = getattr(args, "json", False)
+    endpoint = getattr(args, "endpoint", None)
+    timeout = getattr(args, "timeout", 10.0)
+
+    def emit(obj: Any, human: str) -> None:
+        print(json.dumps(obj, default=_to_json, indent=2, sort_keys=True) if as_json else human)
+
+    try:
+        with Client(endpoint, timeout=timeout) as c:
+            if args.cmd == "status":
+                st = c.status()
+                emit(st, format_status(st))
+            elif args.cmd == "models":
+                ms = c.models()
+                emit(ms, format_models(ms))
+            elif args.cmd == "health":
+                h = c.health()
+                emit(h, f"live: {h.get('live')}  ready: {h.get('ready')}" + ("  (stopping)" if h.get("draining") else ""))
+                return 0 if h.get("ready") else 1
+            elif args.cmd == "load":
+                info = c.load(args.name, reload=args.reload)
+                emit(info, f"{info['name']}: {info['state']} on {info.get('device')}  "
+                           f"inputs {_sig(info.get('inputs', []))}  outputs {_sig(info.get('outputs', []))}")
+            elif args.cmd == "unload":
+                info = c.unload(args.name)
+                emit(info, f"{info['name']}: {info['state']}")
+            elif args.cmd == "budget":
+                try:
+                    size = parse_size(args.size)
+                except ValueError as exc:
+                    parser.error(str(exc))
+                info = c.set_budget(size)
+                emit(info, f"memory budget: {_mib(info['budget_bytes']) if info['budget_bytes'] else 'none'}")
+            elif args.cmd == "infer":
+                try:
+                    feeds = _load_inputs(args.input)
+                except (OSError, ValueError) as exc:
+                    print(f"inferctl: {exc}", file=sys.stderr)
+                    return 2
+                outs, info = c.infer_with_info(args.name, feeds, priority=args.priority)
+                if args.output:
+                    np.savez(args.output, **outs)
+                if as_json:
+                    obj: dict[str, Any] = {"model": args.name, "info": info}
+                    if args.output:
+                        obj["output_file"] = args.output
+                        obj["outputs"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape)} for k, v in outs.items()}
+                    else:
+                        obj["outputs"] = {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()}
+                                          for k, v in outs.items()}
+                    emit(obj, "")
+                else:
+                    lines = [f"{args.name}: queue {info.get('queue_us', 0):.0f} us, compute {info.get('compute_us', 0):.0f} us"
+                             f" on {info.get('device')}"]
+                    lines += [f"  {k}: {_summary(v)}" for k, v in outs.items()]
+                    if args.output:
+                        lines.append(f"saved to {args.output}")
+                    print("\n".join(lines))
+    except errors.TransportError as exc:
+        print(f"inferctl: {exc}", file=sys.stderr)
+        return 3
+    except errors.ServerError as exc:
+        if as_json:
+            print(json.dumps({"error": {"code": exc.code, "message": exc.message}}))
+        print(f"inferctl: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

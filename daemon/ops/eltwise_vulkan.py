@@ -1,0 +1,153 @@
+"""Vulkan kernels for element-wise ops: activations, unary math, broadcasting binary ops, n-ary Sum/Mean/Min/Max.
+
+Shaders: ``unary.comp`` (op selected by the UOP define, activation by ACT) and ``binary.comp``
+(BOP define; numpy broadcasting through per-input strides over at most 6 collapsed dims; optional
+fused residual). Fused activations (attrs["act"]) and the residual (attrs["residual"]) of Add/Sub/
+Mul/Div are honoured.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..vulkan.kernel import (Caps, Dispatch, In, Out, Param, VulkanKernel, act_of, act_supported, broadcast_strides,
+                             collapse, contiguous_strides, grid)
+from .activation import act_from_node
+from .base import Layer, register_kernel
+
+#: Unary op -> UOP id in unary.comp (0 = identity: standalone activations use ACT instead).
+UOPS = {"Erf": 1, "Sqrt": 2, "Exp": 3, "Log": 4, "Neg": 5, "Abs": 6, "Reciprocal": 7, "Floor": 8, "Ceil": 9,
+        "Sin": 10, "Cos": 11, "Sign": 12, "Round": 13, "Elu": 14, "Selu": 15, "Mish": 16, "Softsign": 17,
+        "ThresholdedRelu": 18, "Tan": 19, "Atan": 20, "Celu": 21, "Sinh": 22, "Cosh": 23, "Asin": 24, "Acos": 25}
+ACT_OPS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu", "Softplus", "SiLU")
+#: Binary op -> BOP id in binary.comp.
+BOPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Min": 5, "Max": 6, "PRelu": 7}
+NARY = {"Sum": 0, "Mean": 0, "Min": 5, "Max": 6}
+MAX_RANK = 6
+LOCAL = 256
+
+
+def _unary_params(layer: Layer) -> tuple[float, float]:
+    op = layer.op
+    if op == "Elu":
+        return float(layer.attr("alpha", 1.0)), 0.0
+    if op == "Selu":
+        return float(layer.attr("alpha", 1.67326319217681884765625)), float(layer.attr("gamma", 1.05070102214813232421875))
+    if op == "ThresholdedRelu":
+        return float(layer.attr("alpha", 1.0)), 0.0
+    if op == "Celu":
+        return float(layer.attr("alpha", 1.0)), 0.0
+    return 0.0, 0.0
+
+
+def unary_dispatch(layer: Layer, x_ref, y_ref, n: int, caps: Caps, uop: int = 0, act: tuple[int, float, float] = (0, 0.0, 0.0),
+                   alpha: float = 0.0, beta: float = 0.0) -> Dispatch:
+    return Dispatch("unary", (x_ref, y_ref), grid(n, LOCAL, caps), defines={"UOP": uop, "ACT": act[0]},
+                    push={"n": n, "alpha": alpha, "beta": beta, "act_a": act[1], "act_b": act[2]})
+
+
+@register_kernel
+class VkUnary(VulkanKernel):
+    name = "vk_unary"
+    ops = ACT_OPS + tuple(UOPS)
+
+    def applies(self, layer: Layer) -> bool:
+        if layer.op == "Clip" and len(layer.node.inputs) > 1:
+            # min/max given as inputs must be constants (they become push constants)
+            return all(k in layer.const_inputs for k in range(1, len(layer.node.inputs)) if layer.has_input(k))
+        return layer.op != "Gelu" or act_from_node(layer.node) is not None
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if layer.op == "Clip" and raw:
+            lo = raw.get("in1")
+            hi = raw.get("in2")
+            return {"clip": np.array([-np.inf if lo is None else float(lo), np.inf if hi is None else float(hi)], np.float32)}
+        return {}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 8 if layer.op == "Clip" and layer.const_inputs else 0
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        n = layer.outputs[0].size
+        if layer.op in ACT_OPS:
+            node = layer.node
+            a = act_from_node(node)
+            if layer.op == "Clip" and "clip" in params:
+                a = ("Clip", (float(params["clip"][0]), float(params["clip"][1])))
+            tmp = Layer(node.__class__(node.name, node.op, node.inputs, node.outputs, {"act": a}), layer.inputs,
+                        layer.outputs, layer.const_inputs)
+            return [unary_dispatch(layer, In(0), Out(0), n, caps, 0, act_of(tmp))]
+        alpha, beta = _unary_params(layer)
+        return [unary_dispatch(layer, In(0), Out(0), n, caps, UOPS[layer.op], act_of(layer), alpha, beta)]
+
+
+def binary_dispatch(a_shape, b_shape, out_shape, a_ref, b_ref, y_ref, caps: Caps, bop: int,
+                    act: tuple[int, float, float] = (0, 0.0, 0.0), r_ref=None) -> Dispatch:
+    sa = broadcast_strides(a_shape, out_shape)
+    sb = broadcast_strides(b_shape, out_shape)
+    dims, (sa, sb, _) = collapse(out_shape, sa, sb, contiguous_strides(out_shape))
+    assert len(dims) <= MAX_RANK
+    n = int(np.prod(out_shape, dtype=np.int64)) if len(out_shape) else 1
+    binds = (a_ref, b_ref) + ((r_ref,) if r_ref is not None else ()) + (y_ref,)
+    return Dispatch("binary", binds, grid(n, LOCAL, caps),
+                    defines={"BOP": bop, "ACT": act[0], "RESIDUAL": int(r_ref is not None)},
+                    push={"n": n, "rank": len(dims), "dims": dims, "sa": sa, "sb": sb, "act_a": act[1], "act_b": act[2]})
+
+
+def _rank_ok(shapes, out_shape) -> bool:
+    sts = [broadcast_strides(s, out_shape) for s in shapes]
+    dims, _ = collapse(out_shape, *sts, contiguous_strides(out_shape))
+    return len(dims) <= MAX_RANK
+
+
+@register_kernel
+class VkBinary(VulkanKernel):
+    name = "vk_binary"
+    ops = tuple(BOPS)
+
+    def applies(self, layer: Layer) -> bool:
+        if layer.op in ("Min", "Max") and len(layer.node.inputs) != 2:
+            return False
+        if not act_supported(layer):
+            return False
+        out = layer.out_shape()
+        if layer.attr("residual"):
+            if len(layer.node.inputs) != 3 or layer.in_shape(2) != out:
+                return False
+        return _rank_ok([layer.in_shape(0), layer.in_shape(1)], out)
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        r = In(2) if layer.attr("residual") else None
+        return [binary_dispatch(layer.in_shape(0), layer.in_shape(1), layer.out_shape(), In(0), In(1), Out(0), caps,
+                                BOPS[layer.op], act_of(layer), r)]
+
+
+@register_kernel
+class VkNary(VulkanKernel):
+    """Sum/Mean/Min/Max over n inputs: a chain of binary dispatches accumulating in the output."""
+
+    name = "vk_nary"
+    ops = tuple(NARY)
+    priority = 110  # the 2-input Min/Max binary kernel is preferred where it applies
+
+    def applies(self, layer: Layer) -> bool:
+        ins = [layer.in_shape(k) for k in range(len(layer.node.inputs)) if layer.has_input(k)]
+        return len(ins) >= 1 and _rank_ok(ins, layer.out_shape())
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        out = layer.out_shape()
+        ks = [k for k in range(len(layer.node.inputs)) if layer.has_input(k)]
+        n = layer.outputs[0].size
+        bop = NARY[layer.op]
+        if len(ks) == 1:
+            d = [unary_dispatch(layer, In(ks[0]), Out(0), n, caps) if layer.in_shape(ks[0]) == out else
+                 binary_dispatch(layer.in_shape(ks[0]), layer.in_shape(ks[0]), out, In(ks[0]), In(ks[0]), Out(0), caps, 5)]
+        else:
+            d = [binary_dispatch(layer.in_shape(ks[0]), layer.in_shape(ks[1]), out, In(ks[0]), In(ks[1]), Out(0), caps, bop)]
+            for k in ks[2:]:
+                # out = out (op) in_k, element-wise in place (each invocation reads then writes its own element)
+                d.append(binary_dispatch(out, layer.in_shape(k), out, Out(0), In(k), Out(0), caps, bop))
+        if layer.op == "Mean" and len(ks) > 1:
+            d.append(unary_dispatch(layer, Out(0), Out(0), n, caps, 26, alpha=1.0 / len(ks)))
+        return d

@@ -1,0 +1,194 @@
+"""Vulkan kernels for Gemm and MatMul (batched, broadcast), with bias, fused residual and activation.
+
+``vk_matmul`` (priority 10): ``matmul.comp`` (64x64 shared-memory tiles, operands read through
+strides so transposes cost nothing), or ``gemv.comp`` when there are at most 4 rows and no batch
+(fully connected layers at batch 1: one invocation per output column, B read row-contiguously).
+
+Constant B (the weights) is stored (K, N) row-major. Weights larger than MAX_BINDING_BYTES (2^27,
+the smallest maxStorageBufferRange a device may have; vgg16's fc6 is 411 MB) are stored in column
+chunks, (chunks, K, Nc), and each chunk is its own dispatch writing its slice of the output.
+Gemm's constant C becomes a bias times beta: per column, per row or a full matrix.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, act_of,
+                             act_supported, collapse, contiguous_strides, grid)
+from .base import Layer, raw_key, register_kernel
+from .gemm import _gemm_c_index, _residual_index
+
+F32 = np.float32
+GEMV_MAX_ROWS = 4
+
+
+def _chunk_cols(k: int, n: int) -> int:
+    """Columns per weight chunk: all of them if they fit one binding, else the largest multiple of 64 that does."""
+    if k * n * 4 <= MAX_BINDING_BYTES:
+        return n
+    return max(64, (MAX_BINDING_BYTES // (4 * k)) // 64 * 64)
+
+
+class _Plan:
+    """Resolved GEMM geometry of a Gemm/MatMul layer."""
+
+    def __init__(self, layer: Layer) -> None:
+        node = layer.node
+        self.gemm = gemm = layer.op == "Gemm"
+        a_shape, b_shape = tuple(layer.in_shape(0)), tuple(layer.in_shape(1))
+        self.b_const = 1 in layer.const_inputs
+        self.a_const = 0 in layer.const_inputs
+        if gemm:
+            ta, tb = int(node.attr("transA", 0)), int(node.attr("transB", 0))
+            self.M, self.K = (a_shape[1], a_shape[0]) if ta else a_shape
+            self.N = b_shape[0] if tb else b_shape[1]
+            self.sa_m, self.sa_k = (1, a_shape[1]) if ta else (a_shape[1], 1)
+            self.sb_k, self.sb_n = (1, b_shape[1]) if tb else (b_shape[1], 1)
+            self.batch: list[int] = [1]
+            self.sa_b: list[int] = [0]
+            self.sb_b: list[int] = [0]
+            self.alpha = float(node.attr("alpha", 1.0))
+        else:
+            a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+            b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+            self.M, self.K = a2[-2], a2[-1]
+            self.N = b2[-1]
+            self.sa_m, self.sa_k = self.K, 1
+            self.sb_k, self.sb_n = self.N, 1
+            self.alpha = 1.0
+            ab, bb = a2[:-2], b2[:-2]
+            r = max(len(ab), len(bb))
+            ab, bb = (1,) * (r - len(ab)) + ab, (1,) * (r - len(bb)) + bb
+            ob = tuple(max(x, y) for x, y in zip(ab, bb))
+            if len(bb) == 0 or all(d == 1 for d in bb):
+                # B has no batch: fold A's (contiguous) batch into the rows, one big GEMM
+                self.M *= int(np.prod(ob, dtype=np.int64)) if ob else 1
+                ob = ()
+            sa = contiguous_strides(ab)
+            sb = contiguous_strides(bb)
+            a_bs = [0 if ab[d] == 1 else sa[d] * self.M * self.K for d in range(len(ob))]
+            b_bs = [0 if bb[d] == 1 else sb[d] * self.K * self.N for d in range(len(ob))]
+            o_bs = contiguous_strides(ob)
+            dims, (a_bs, b_bs, _) = collapse(ob, a_bs, b_bs, o_bs) if ob else ([1], [[0], [0], [1]])
+            self.batch, self.sa_b, self.sb_b = dims, a_bs, b_bs
+        self.nbatch = int(np.prod(self.batch, dtype=np.int64))
+        self.nc = _chunk_cols(self.K, self.N) if self.b_const and self.nbatch == 1 else self.N
+        self.chunks = -(-self.N // self.nc)
+        self.c_index = _gemm_c_index(node) if gemm else None
+        self.r_index = _residual_index(node)
+        self.gemv = self.nbatch == 1 and self.M <= GEMV_MAX_ROWS
+
+
+@register_kernel
+class VkMatMul(VulkanKernel):
+    name = "vk_matmul"
+    ops = ("Gemm", "MatMul")
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        if not act_supported(layer):
+            return False
+        try:
+            p = _Plan(layer)
+        except Exception:
+            return False
+        if len(p.batch) > 3:
+            return False
+        if p.r_index is not None and tuple(layer.in_shape(p.r_index)) != tuple(layer.out_shape()):
+            return False
+        if p.c_index is not None and p.c_index not in layer.const_inputs:
+            if tuple(layer.in_shape(p.c_index)) != (p.M, p.N):
+                return False
+        return True
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        p = _Plan(layer)
+        n = sum(4 * layer.inputs[k].size for k in layer.const_inputs if layer.inputs[k] is not None)  # type: ignore[union-attr]
+        if p.c_index is not None and p.c_index in layer.const_inputs:
+            n += 4 * p.M * p.N  # at most a full bias matrix
+        return n
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        p = _Plan(layer)
+        node = layer.node
+        out: dict[str, np.ndarray] = {}
+        for key, arr in raw.items():
+            k = int(key[2:])
+            if k == 1:
+                b = np.asarray(arr, dtype=F32)
+                if p.gemm and node.attr("transB", 0):
+                    b = b.T
+                if p.nbatch == 1:
+                    b = b.reshape(p.K, p.N)
+                    if p.chunks > 1:
+                        parts = [b[:, c * p.nc:(c + 1) * p.nc].reshape(-1) for c in range(p.chunks)]
+                        out["B"] = np.ascontiguousarray(np.concatenate(parts))
+                        continue
+                out["B"] = np.ascontiguousarray(b)
+            elif k == p.c_index:
+                beta = float(node.attr("beta", 1.0))
+                c = np.asarray(arr, dtype=np.float64) * beta
+                out["bias"] = self._bias_array(c, p)
+            else:
+                out[key] = np.ascontiguousarray(arr, dtype=F32)
+        return out
+
+    @staticmethod
+    def _bias_mode(shape: tuple[int, ...], p: _Plan) -> int:
+        s = (1,) * (2 - len(shape)) + tuple(shape)
+        if s[0] == 1:
+            return 1          # per column (or scalar, broadcast to a row)
+        if s[1] == 1:
+            return 2          # per row
+        return 3              # full (M, N)
+
+    def _bias_array(self, c: np.ndarray, p: _Plan) -> np.ndarray:
+        mode = self._bias_mode(c.shape, p)
+        s = c.reshape((1,) * (2 - c.ndim) + c.shape)
+        if mode == 1:
+            return np.ascontiguousarray(np.broadcast_to(s, (1, p.N)).reshape(p.N), dtype=F32)
+        if mode == 2:
+            return np.ascontiguousarray(np.broadcast_to(s, (p.M, 1)).reshape(p.M), dtype=F32)
+        return np.ascontiguousarray(np.broadcast_to(s, (p.M, p.N)), dtype=F32)
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        p = _Plan(layer)
+        act = act_of(layer)
+        if p.c_index is None:
+            bias_mode, bias_ref = 0, None
+        elif "bias" in params:
+            bias_mode, bias_ref = self._bias_mode(tuple(layer.in_shape(p.c_index)), p), Param("bias")
+            if p.gemm and float(layer.attr("beta", 1.0)) == 0.0:
+                bias_mode, bias_ref = 0, None
+        else:
+            bias_mode, bias_ref = 3, In(p.c_index)
+            if float(layer.attr("beta", 1.0)) != 1.0:
+                raise ValueError("a dynamic Gemm C needs beta == 1")
+        res = (In(p.r_index),) if p.r_index is not None else ()
+        defs = {"BIAS_MODE": bias_mode, "RESIDUAL": int(bool(res)), "ACT": act[0]}
+        a_ref: Ref = In(0)
+        out = []
+        for c in range(p.chunks):
+            n0 = c * p.nc
+            nc = min(p.nc, p.N - n0)
+            if p.b_const:
+                b_ref: Ref = Param("B", offset=4 * p.K * n0, size=4 * p.K * nc) if p.chunks > 1 else Param("B")
+                sb_k, sb_n = (nc, 1) if p.nbatch == 1 else (p.sb_k, p.sb_n)
+            else:
+                b_ref, sb_k, sb_n = In(1), p.sb_k, p.sb_n
+            binds = (a_ref, b_ref) + ((bias_ref,) if bias_ref is not None else ()) + res + (Out(0),)
+            push = {"M": p.M, "N": nc, "K": p.K, "sa_m": p.sa_m, "sa_k": p.sa_k, "sb_k": sb_k, "sb_n": sb_n,
+                    "ldc": p.N, "c_off": n0, "alpha": p.alpha, "act_a": act[1], "act_b": act[2]}
+            if p.gemv:
+                out.append(Dispatch("gemv", binds, grid(nc, 64, caps), dict(defs, MAXM=GEMV_MAX_ROWS), push=push,
+                                    independent=True))
+            else:
+                bd = [1] * (3 - len(p.batch)) + list(p.batch)
+                sa = [0] * (3 - len(p.sa_b)) + list(p.sa_b)
+                sb = [0] * (3 - len(p.sb_b)) + list(p.sb_b)
+                push.update(bd1=bd[1], bd2=bd[2], sa0=sa[0], sa1=sa[1], sa2=sa[2], sb0=sb[0], sb1=sb[1], sb2=sb[2])
+                out.append(Dispatch("matmul", binds, (-(-nc // 64), -(-p.M // 64), p.nbatch), defs, push=push,
+                                    independent=True))
+        return out

@@ -1,0 +1,103 @@
+"""Vulkan kernels for Reduce* (axes that are contiguous once size-1 dims are ignored) and Softmax/LogSoftmax.
+
+Both view the input as [outer, R, inner]; with inner == 1 each output row gets a 256-invocation
+workgroup and a shared-memory tree (``ROWS=1``), otherwise one invocation walks each column.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..vulkan.kernel import Caps, Dispatch, In, Out, VulkanKernel, act_of, act_supported, grid
+from .base import Layer, register_kernel
+from .reduce import REDUCE_OPS, _softmax_axis, reduce_axes
+
+OPS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "ReduceProd": 4, "ReduceL1": 5,
+       "ReduceL2": 6, "ReduceSumSquare": 7, "ReduceLogSum": 8, "ReduceLogSumExp": 9}
+
+
+def _three(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, int, int] | None:
+    """(outer, R, inner) if the reduced axes are contiguous after dropping size-1 dims, else None."""
+    keep = [d for d in range(len(shape)) if shape[d] != 1 or d in axes]
+    red = [k for k, d in enumerate(keep) if d in axes and shape[d] != 1]
+    if not red:
+        return int(np.prod(shape, dtype=np.int64)), 1, 1
+    if red != list(range(red[0], red[-1] + 1)):
+        return None
+    dims = [shape[d] for d in keep]
+    outer = int(np.prod(dims[:red[0]], dtype=np.int64))
+    r = int(np.prod(dims[red[0]:red[-1] + 1], dtype=np.int64))
+    inner = int(np.prod(dims[red[-1] + 1:], dtype=np.int64))
+    return outer, r, inner
+
+
+def _axes(layer: Layer, params: Mapping[str, np.ndarray] | None) -> tuple[int, ...] | None:
+    axes_in = None
+    if len(layer.node.inputs) > 1 and layer.node.inputs[1]:
+        if params is None or "axes" not in params:
+            raise ValueError("the axes input must be a constant")
+        axes_in = params["axes"]
+    return reduce_axes(layer.node, len(layer.in_shape(0)), axes_in)
+
+
+@register_kernel
+class VkReduce(VulkanKernel):
+    name = "vk_reduce"
+    ops = REDUCE_OPS
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        if not act_supported(layer):
+            return False
+        if len(layer.node.inputs) > 1 and layer.node.inputs[1] and 1 not in layer.const_inputs:
+            return False
+        return True  # non-contiguous axes are checked in dispatches (they need the axes values)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        if "in1" in raw:
+            out["axes"] = np.asarray(raw["in1"], dtype=np.int64).reshape(-1)
+        return out
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 8 * layer.inputs[1].size if 1 in layer.const_inputs else 0  # type: ignore[union-attr]
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        shape = tuple(layer.in_shape(0))
+        axes = _axes(layer, params)
+        a = act_of(layer)
+        if axes is None:  # noop_with_empty_axes: a copy
+            n = layer.outputs[0].size
+            return [Dispatch("unary", (In(0), Out(0)), grid(n, 256, caps), {"UOP": 0, "ACT": a[0]},
+                             push={"n": n, "alpha": 0.0, "beta": 0.0, "act_a": a[1], "act_b": a[2]})]
+        three = _three(shape, axes)
+        if three is None:
+            raise ValueError(f"{layer.op} {layer.name!r}: reduced axes {axes} of shape {shape} are not contiguous")
+        outer, r, inner = three
+        rows = inner == 1
+        return [Dispatch("reduce", (In(0), Out(0)), grid(outer, 1, caps) if rows else grid(outer * inner, 256, caps),
+                         {"OP": OPS[layer.op], "ROWS": int(rows), "ACT": a[0]},
+                         push={"outer": outer, "R": r, "inner": inner, "act_a": a[1], "act_b": a[2]})]
+
+
+@register_kernel
+class VkSoftmax(VulkanKernel):
+    name = "vk_softmax"
+    ops = ("Softmax", "LogSoftmax")
+    priority = 10
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        shape = tuple(layer.in_shape(0))
+        node = layer.node
+        axis = _softmax_axis(node, len(shape))
+        opset = int(node.attr("_opset", 17))
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        if opset < 13:  # normalised over the flattened tail
+            length, inner = int(np.prod(shape[axis:], dtype=np.int64)), 1
+        else:
+            length, inner = shape[axis], int(np.prod(shape[axis + 1:], dtype=np.int64))
+        rows = inner == 1
+        return [Dispatch("softmax", (In(0), Out(0)), grid(outer, 1, caps) if rows else grid(outer * inner, 256, caps),
+                         {"LOG": int(layer.op == "LogSoftmax"), "ROWS": int(rows)},
+                         push={"outer": outer, "L": length, "inner": inner})]

@@ -1,0 +1,652 @@
+"""The inferd daemon: a ROUTER socket, the model slots, signals, systemd notifications.
+
+Threads: the main thread owns every ZeroMQ socket that faces clients (ZeroMQ sockets are not
+thread-safe). It decodes and validates requests, answers the cheap ops itself and hands
+inference and load/unload to the model slots. Worker threads send their replies through their
+own inproc PUSH socket to a PULL socket that the main thread forwards to the ROUTER, without
+copying the tensor frames.
+
+Exit codes of :func:`serve_main`: 0 clean stop (SIGTERM/SIGINT), 1 could not start (endpoint
+taken, bind failed), 2 bad configuration.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+import zmq
+
+from inferd_client import protocol as P
+
+from ..config import Config, ConfigError, load_config, parse_argv
+from .repository import scan
+from .scheduler import LOADING, READY, UNAVAILABLE, DeviceLock, Job, ModelSlot
+from .sdnotify import Notifier, setup_logging
+
+log = logging.getLogger("inferd.server")
+
+STATUS_PERIOD_S = 10.0
+MAX_BATCH = 256  # messages handled per socket per loop turn, so neither socket starves the other
+IPC_PATH_MAX = 107  # sun_path
+
+
+class EndpointBusy(RuntimeError):
+    """Another process already serves the endpoint."""
+
+
+def default_loader(path: str, device: str = "auto", batch: int = 1) -> Any:
+    # Looked up at call time so that tests and embedders can substitute ``inferd.load``.
+    import inferd
+
+    return inferd.load(path, device=device, batch=batch)
+
+
+def process_rss() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            return 0
+
+
+def apply_threads(n: int) -> None:
+    """Bound the compute libraries' thread pools (best effort; env vars only reach libraries loaded later)."""
+    if n <= 0:
+        return
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+        os.environ.setdefault(var, str(n))
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
+
+        threadpool_limits(n)
+    except Exception:
+        pass
+
+
+class _RateLimited:
+    """At most ``n`` log lines per ``window`` seconds; then one line counting the suppressed ones."""
+
+    def __init__(self, n: int = 10, window: float = 10.0) -> None:
+        self.n, self.window = n, window
+        self.t0, self.count, self.suppressed = 0.0, 0, 0
+
+    def __call__(self, level: int, msg: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.t0 > self.window:
+            if self.suppressed:
+                log.warning("... %d similar messages suppressed", self.suppressed)
+            self.t0, self.count, self.suppressed = now, 0, 0
+        if self.count < self.n:
+            self.count += 1
+            log.log(level, msg, *args)
+        else:
+            self.suppressed += 1
+
+
+class ReplySender:
+    """A worker thread's way back to the main thread (one PUSH socket per thread)."""
+
+    def __init__(self, ctx: zmq.Context, addr: str) -> None:
+        self.sock = ctx.socket(zmq.PUSH)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.LINGER, 2000)
+        self.sock.connect(addr)
+
+    def send(self, ident: bytes, frames: list[Any]) -> None:
+        self.sock.send_multipart([ident, *frames], copy=False)
+
+    def event(self, kind: str, name: str) -> None:
+        self.sock.send_multipart([b"", kind.encode(), name.encode()])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _MainSender:
+    """ReplySender's interface for jobs the main thread runs itself: straight to the ROUTER."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def send(self, ident: bytes, frames: list[Any]) -> None:
+        self.server._send(ident, frames)
+
+    def event(self, kind: str, name: str) -> None:
+        self.server._on_event(kind, name)
+
+    def close(self) -> None:
+        pass
+
+
+def claim_ipc_path(path: str) -> Any:
+    """Make sure no live process serves ``path``; returns the held lock file.
+
+    A second ZeroMQ bind on an ipc path silently takes it over from a live daemon, so probe first.
+    The flock on ``path.lock`` closes the race between two daemons starting at once; the connect
+    probe also catches a non-inferd listener. A socket file nobody listens on is stale: removed.
+    """
+    if len(path.encode()) > IPC_PATH_MAX:
+        raise EndpointBusy(f"ipc path {path!r} is longer than {IPC_PATH_MAX} bytes (unix socket limit)")
+    parent = os.path.dirname(path) or "."
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    lock = open(path + ".lock", "a+")  # noqa: SIM115 - held for the daemon's lifetime
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise EndpointBusy(f"another inferd holds {path}.lock: it already serves ipc://{path}") from None
+    if os.path.lexists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            log.info("removing stale socket %s (nobody listens on it)", path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        except OSError as exc:
+            lock.close()
+            raise EndpointBusy(f"cannot probe {path}: {exc}") from None
+        else:
+            lock.close()
+            raise EndpointBusy(f"a live process already listens on {path}; not taking it over "
+                               "(pass --endpoint to serve elsewhere)")
+        finally:
+            probe.close()
+    return lock
+
+
+class Server:
+    def __init__(
+        self,
+        config: Config,
+        cli: Mapping[str, Any] | None = None,
+        config_path: str | None = None,
+        loader: Callable[..., Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self._cli = dict(cli or {})
+        self._config_path = config_path
+        self.loader = loader or default_loader
+        self.notifier = Notifier(environ)
+        self.ctx = zmq.Context()
+        self.device_lock = DeviceLock()
+        self.slots: dict[str, ModelSlot] = {}
+        self._retired: list[ModelSlot] = []
+        self.budget = config.memory_budget
+        self.limits = self._limits(config)
+        self.reply_addr = f"inproc://inferd-replies-{id(self):x}"
+        self.router: zmq.Socket | None = None
+        self.pull: zmq.Socket | None = None
+        self._lockfile: Any = None
+        self._seq = itertools.count()
+        self._t_start = time.monotonic()
+        self._pending_preload: set[str] = set()
+        self.ready = False
+        self._ready_sent = False
+        self.draining = False
+        self._drain_deadline = 0.0
+        self._stop_requests = 0
+        self._reload_requested = False
+        self._last_status = 0.0
+        self._stalled_logged = False
+        self._rl = _RateLimited()
+        self._inline_sender = _MainSender(self)
+
+    @staticmethod
+    def _limits(c: Config) -> P.Limits:
+        return P.Limits(max_message_bytes=c.max_message_bytes, max_header_bytes=c.max_header_bytes,
+                        max_tensors=c.max_tensors, max_dims=c.max_dims)
+
+    # ------------------------------------------------------------------ setup
+
+    def reply_sender(self) -> ReplySender:
+        return ReplySender(self.ctx, self.reply_addr)
+
+    def bind(self) -> None:
+        endpoint = self.config.endpoint
+        path = P.ipc_path(endpoint)
+        if path is not None:
+            self._lockfile = claim_ipc_path(path)
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peers raise EHOSTUNREACH, not silence
+        router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)  # per frame, checked before buffering
+        router.setsockopt(zmq.LINGER, 2000)
+        router.setsockopt(zmq.SNDHWM, 10000)
+        router.setsockopt(zmq.RCVHWM, 10000)
+        try:
+            router.bind(endpoint)
+        except zmq.ZMQError as exc:
+            router.close(0)
+            self._release_lock()
+            raise EndpointBusy(f"cannot bind {endpoint}: {exc}") from None
+        if path is not None and self.config.socket_mode:
+            os.chmod(path, int(self.config.socket_mode, 8))
+        pull = self.ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, 0)
+        pull.bind(self.reply_addr)
+        self.router, self.pull = router, pull
+        log.info("listening on %s", endpoint)
+
+    def _release_lock(self) -> None:
+        if self._lockfile is not None:
+            self._lockfile.close()
+            self._lockfile = None
+
+    # ------------------------------------------------------------------ repository
+
+    def rescan(self) -> None:
+        entries = scan(self.config.models_dir)
+        for name in [n for n in self.slots if n not in entries]:
+            slot = self.slots.pop(name)
+            log.info("model %s: removed from the repository; unloading", name)
+            slot.retire()
+            self._retired.append(slot)
+            self._pending_preload.discard(name)
+        for name, entry in entries.items():
+            slot = self.slots.get(name)
+            if slot is None:
+                slot = ModelSlot(entry, self)
+                self.slots[name] = slot
+                log.info("model %s: found %s", name, entry.path)
+                if slot.preload:
+                    self._pending_preload.add(name)
+                    slot.request_load(None)
+            elif entry != slot.entry:
+                slot.entry = entry
+                log.info("model %s: changed on disk", name)
+                if slot.state in (READY, LOADING) or (slot.state == UNAVAILABLE and slot.preload):
+                    self._pending_preload.add(name)
+                    slot.request_load(None, reload=True)
+        self._retired = [s for s in self._retired if s._thread.is_alive()]
+
+    def _check_ready(self) -> None:
+        self._pending_preload = {n for n in self._pending_preload if n in self.slots and not self.slots[n].settled()}
+        if not self._pending_preload and not self.ready:
+            self.ready = True
+            if not self.draining:
+                self.notifier.ready(self._status_line())
+                self._ready_sent = True
+                log.info("ready: %s", self._status_line())
+
+    def _status_line(self) -> str:
+        n_ready = sum(1 for s in self.slots.values() if s.state == READY)
+        failed = [n for n, s in self.slots.items() if s.state == UNAVAILABLE]
+        mem = process_rss() / (1 << 20)
+        line = f"{n_ready}/{len(self.slots)} models ready, RSS {mem:.0f} MiB"
+        if failed:
+            line += f", unavailable: {', '.join(sorted(failed))}"
+        if self.draining:
+            line = "stopping: " + line
+        return line
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, ident: bytes, frames: list[Any]) -> None:
+        assert self.router is not None
+        try:
+            self.router.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                log.debug("client %s went away; reply dropped", ident.hex())
+            elif exc.errno == errno.EAGAIN:
+                self._rl(logging.WARNING, "client %s does not read its replies; reply dropped", ident.hex())
+            else:
+                self._rl(logging.ERROR, "sending a reply failed: %s", exc)
+
+    def _error(self, ident: bytes, rid: P.RequestId, code: str, message: str) -> None:
+        self._send(ident, P.encode_error(rid, code, message))
+
+    def _forward_replies(self) -> None:
+        assert self.pull is not None
+        for _ in range(MAX_BATCH * 4):
+            try:
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            ident = frames[0].bytes
+            if not ident:
+                self._on_event(frames[1].bytes.decode(), frames[2].bytes.decode())
+            else:
+                self._send(ident, frames[1:])
+
+    def _on_event(self, kind: str, name: str) -> None:
+        if kind == "state":
+            self._check_ready()
+            self.notifier.status(self._status_line())
+
+    # ------------------------------------------------------------------ requests
+
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        ident = frames[0].bytes
+        body = frames[1:]
+        t_recv = time.monotonic()
+        try:
+            req = P.decode_request(body, self.limits)
+        except P.WireError as exc:
+            rid = exc.request_id
+            if rid is None and body:
+                rid = P.peek_request_id(body[0], self.limits)
+            self._rl(logging.WARNING, "bad request from %s: %s", ident.hex(), exc.message)
+            self._error(ident, rid, exc.code, exc.message)
+            return
+        try:
+            handler = getattr(self, "_op_" + req.op)
+            handler(ident, req, t_recv)
+        except Exception as exc:
+            log.exception("op %s failed", req.op)
+            self._error(ident, req.id, P.INTERNAL, f"{req.op}: {type(exc).__name__}: {exc}")
+
+    def _slot(self, ident: bytes, req: P.Request) -> ModelSlot | None:
+        slot = self.slots.get(req.model or "")
+        if slot is None:
+            known = sorted(self.slots)
+            self._error(ident, req.id, P.NOT_FOUND,
+                        f"model {req.model!r} is not in the repository {self.config.models_dir}; available: {known}")
+        return slot
+
+    def _op_infer(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        if self.draining:
+            self._error(ident, req.id, P.UNAVAILABLE, "the daemon is stopping; retry after it restarts")
+            return
+        slot = self._slot(ident, req)
+        if slot is None:
+            return
+        outputs = req.args.get("outputs")
+        if outputs is not None and (not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs)):
+            self._error(ident, req.id, P.INVALID_ARG, f"'outputs' must be a list of output names, got {outputs!r}")
+            return
+        if not req.tensors:
+            self._error(ident, req.id, P.INVALID_ARG, f"infer on model {req.model!r} carries no input tensors")
+            return
+        deadline = None if req.timeout_ms is None else t_recv + req.timeout_ms / 1e3
+        job = Job(ident, req.id, req.tensors, req.priority, deadline, t_recv, next(self._seq), outputs or None)
+        err = slot.submit(job, inline=self._inline_sender)
+        if err is not None:
+            self._error(ident, req.id, *err)
+
+    def _op_load(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        if self.draining:
+            self._error(ident, req.id, P.UNAVAILABLE, "the daemon is stopping")
+            return
+        if req.model not in self.slots:
+            self.rescan()  # a model copied into the repository can be loaded without SIGHUP
+        slot = self._slot(ident, req)
+        if slot is None:
+            return
+        info = slot.request_load((ident, req.id), reload=bool(req.args.get("reload", False)))
+        if info is not None:
+            self._send(ident, P.encode_reply(req.id, info))
+
+    def _op_unload(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        slot = self._slot(ident, req)
+        if slot is None:
+            return
+        info = slot.request_unload((ident, req.id))
+        if info is not None:
+            self._send(ident, P.encode_reply(req.id, info))
+
+    def _op_models(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        self._send(ident, P.encode_reply(req.id, {"models": [self.slots[n].info() for n in sorted(self.slots)]}))
+
+    def _op_health(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        self._send(ident, P.encode_reply(req.id, {"live": True, "ready": self.ready and not self.draining,
+                                                   "draining": self.draining}))
+
+    def _op_set_budget(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        nbytes = req.args.get("bytes")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            self._error(ident, req.id, P.INVALID_ARG, f"set_budget needs args.bytes: an int >= 0 (0 = no budget), got {nbytes!r}")
+            return
+        self.budget = nbytes
+        log.info("memory budget set to %d bytes", nbytes)
+        self._send(ident, P.encode_reply(req.id, {"budget_bytes": self.budget}))
+
+    def _op_status(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        self._send(ident, P.encode_reply(req.id, self.status()))
+
+    def status(self) -> dict[str, Any]:
+        try:
+            import inferd
+
+            version = getattr(inferd, "__version__", "")
+        except Exception:
+            version = ""
+        models: dict[str, Any] = {}
+        models_bytes = 0
+        for name in sorted(self.slots):
+            s = self.slots[name]
+            mem = s.memory_bytes()
+            models_bytes += mem
+            models[name] = {"state": s.state, "reason": s.reason, "device": s.device, "queued": s.queued,
+                            "memory_bytes": mem, "pinned": s.entry.config.pinned, **s.stats.snapshot()}
+        rss = process_rss()
+        return {
+            "live": True, "ready": self.ready and not self.draining, "draining": self.draining,
+            "version": version, "protocol": P.PROTOCOL_VERSION, "pid": os.getpid(),
+            "uptime_s": round(time.monotonic() - self._t_start, 3), "endpoint": self.config.endpoint,
+            "models_dir": self.config.models_dir, "device": self.config.device,
+            "devices_in_use": sorted({s.device for s in self.slots.values() if s.device}),
+            "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget},
+            "budget_bytes": self.budget,
+            "models": models,
+            "totals": {k: sum(m[k] for m in models.values()) for k in ("requests", "ok", "failures")},
+        }
+
+    # ------------------------------------------------------------------ signals, reload, drain
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            self._reload_requested = True
+        else:
+            self._stop_requests += 1
+
+    def reload(self) -> None:
+        self._reload_requested = False
+        log.info("SIGHUP: reloading configuration and rescanning %s", self.config.models_dir)
+        self.notifier.reloading()
+        try:
+            new = load_config(self._cli, self._config_path)
+        except ConfigError as exc:
+            log.error("configuration reload failed, keeping the old one: %s", exc)
+            new = self.config
+        for key in ("endpoint", "socket_mode"):
+            if getattr(new, key) != getattr(self.config, key):
+                log.warning("option %s changed to %r: takes effect after a restart", key, getattr(new, key))
+                new = new.replace(**{key: getattr(self.config, key)})
+        if new.memory_budget != self.config.memory_budget:
+            self.budget = new.memory_budget
+        if new.log_level != self.config.log_level:
+            logging.getLogger("inferd").setLevel(new.log_level.upper())
+        self.config = new
+        self.limits = self._limits(new)
+        self.ready = False
+        self.rescan()
+        self._check_ready()
+
+    def _begin_drain(self, now: float) -> None:
+        self.draining = True
+        self._drain_deadline = now + self.config.drain_timeout
+        queued = sum(s.queued for s in self.slots.values())
+        log.info("stopping: draining %d queued requests (up to %.1f s)", queued, self.config.drain_timeout)
+        self.notifier.stopping(self._status_line())
+
+    def _drained(self, now: float) -> bool:
+        if all(s.idle() for s in self.slots.values()):
+            return True
+        if now >= self._drain_deadline or self._stop_requests > 1:
+            for s in self.slots.values():
+                for job in s.cancel_queued():
+                    self._error(job.ident, job.req_id, P.UNAVAILABLE, "the daemon stopped before running this request")
+            busy = [n for n, s in self.slots.items() if not s.idle()]
+            if busy:
+                log.warning("drain timeout: still busy: %s", busy)
+            return not any(s.busy for s in self.slots.values()) or now >= self._drain_deadline + 5.0
+        return False
+
+    # ------------------------------------------------------------------ main loop
+
+    def _sweep_deadlines(self, now: float) -> float | None:
+        nearest: float | None = None
+        for slot in self.slots.values():
+            for job in slot.expire(now):
+                self._error(job.ident, job.req_id, P.DEADLINE_EXCEEDED,
+                            f"model {slot.name!r}: deadline passed after {1e3 * (now - job.t_recv):.1f} ms "
+                            "in the queue; not run")
+            d = slot.next_deadline()
+            if d is not None and (nearest is None or d < nearest):
+                nearest = d
+        return nearest
+
+    def _stalled(self, now: float) -> bool:
+        limit = self.config.stall_timeout
+        if limit <= 0:
+            return False
+        for s in self.slots.values():
+            since = s.running_since
+            if since is not None and now - since > limit:
+                if not self._stalled_logged:
+                    log.error("model %s has been running for %.1f s (> stall_timeout): stopping the watchdog",
+                              s.name, now - since)
+                    self._stalled_logged = True
+                return True
+        return False
+
+    def run(self) -> int:
+        """Serve until SIGTERM/SIGINT (``bind`` first). Returns the exit code."""
+        assert self.router is not None and self.pull is not None
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        old_wakeup: int | None = None
+        old_handlers: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.pull, zmq.POLLIN)
+        poller.register(wake_r.fileno(), zmq.POLLIN)
+        try:
+            self.rescan()
+            self._check_ready()
+            if not self.ready:
+                self.notifier.status(f"loading {len(self._pending_preload)} models: {self._status_line()}")
+            while True:
+                now = time.monotonic()
+                nearest = self._sweep_deadlines(now)
+                if self._stop_requests and not self.draining:
+                    self._begin_drain(now)
+                if self._reload_requested and not self.draining:
+                    self.reload()
+                if self.draining and self._drained(now):
+                    break
+                if self.notifier.watchdog_due(now) and not self._stalled(now):
+                    self.notifier.watchdog(now)
+                if now - self._last_status >= STATUS_PERIOD_S:
+                    self._last_status = now
+                    self.notifier.status(self._status_line())
+                timeout = STATUS_PERIOD_S
+                if self.notifier.watchdog_interval is not None:
+                    timeout = min(timeout, self.notifier.watchdog_interval / 2)
+                if nearest is not None:
+                    timeout = min(timeout, max(0.0, nearest - now) + 0.0005)
+                if self.draining:
+                    timeout = min(timeout, 0.02)
+                events = dict(poller.poll(int(timeout * 1000) + 1))
+                if wake_r.fileno() in events:
+                    try:
+                        while wake_r.recv(512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                if self.router in events:
+                    for _ in range(MAX_BATCH):
+                        try:
+                            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
+                if self.pull in events:
+                    self._forward_replies()
+            self._forward_replies()
+            log.info("drained; shutting down")
+            return 0
+        finally:
+            self._shutdown()
+            if old_handlers:
+                for sig, h in old_handlers.items():
+                    signal.signal(sig, h)
+                signal.set_wakeup_fd(old_wakeup if old_wakeup is not None else -1)
+            wake_r.close()
+            wake_w.close()
+
+    def _shutdown(self) -> None:
+        slots = list(self.slots.values()) + self._retired
+        for s in self.slots.values():
+            s.retire()
+        deadline = time.monotonic() + 10.0
+        while any(s._thread.is_alive() for s in slots) and time.monotonic() < deadline:
+            if self.pull is not None and self.pull.poll(20):
+                self._forward_replies()
+        if self.pull is not None:
+            self._forward_replies()
+            self.pull.close(0)
+        if self.router is not None:
+            self.router.close(2000)  # let the last replies reach their clients
+        if any(s._thread.is_alive() for s in slots):
+            # A run that never returns still holds its reply socket; term() would wait for it forever.
+            log.error("exiting with model threads still running: %s",
+                      [s.name for s in slots if s._thread.is_alive()])
+        else:
+            self.ctx.term()
+        path = P.ipc_path(self.config.endpoint)
+        if path is not None and self._lockfile is not None:
+            # We hold the lock, so the file is ours; a leftover would only look stale to the next start.
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._release_lock()
+        if self.notifier.enabled and not self.draining:
+            self.notifier.stopping()
+
+
+def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] | None = None) -> int:
+    """``inferd serve``: parse the command line, bind, serve until stopped. Returns the exit code."""
+    try:
+        config, cli, config_path = parse_argv(argv)
+    except ConfigError as exc:
+        print(f"inferd serve: {exc}", file=sys.stderr)
+        return 2
+    kind = setup_logging(config.log_level)
+    log.debug("logging to %s", kind)
+    apply_threads(config.threads)
+    server = Server(config, cli, config_path, loader=loader)
+    try:
+        server.bind()
+    except EndpointBusy as exc:
+        log.error("%s", exc)
+        server.notifier.status(f"failed to start: {exc}")
+        server.ctx.term()
+        return 1
+    return server.run()

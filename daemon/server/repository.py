@@ -1,0 +1,129 @@
+"""The model repository: a directory the daemon scans at start and on SIGHUP.
+
+Layout::
+
+    DIR/NAME.onnx                     model NAME, default settings
+    DIR/NAME/model.onnx               model NAME ...
+    DIR/NAME/config.toml              ... with optional settings:
+        preload = true                # load at start (default: the daemon's `preload` option)
+        priority = 0                  # importance: orders waiters for the shared GPU; kept for budget planning
+        max_queue = 64                # queue cap (default: the daemon's `max_queue`)
+        pinned = false                # never unloaded by the daemon on its own (memory budget)
+        device = "auto"               # override the daemon's device for this model
+        batch = 1                     # batch size fixed at load for a dynamic batch dimension
+
+A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd_client.protocol import MODEL_NAME_RE
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+log = logging.getLogger("inferd.server")
+
+MODEL_FILE = "model.onnx"
+CONFIG_FILE = "config.toml"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preload: bool | None = None
+    priority: int = 0
+    max_queue: int | None = None
+    pinned: bool = False
+    device: str | None = None
+    batch: int = 1
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    path: str
+    config: ModelConfig = field(default_factory=ModelConfig)
+    fingerprint: tuple[Any, ...] = ()
+    error: str | None = None
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
+}
+
+
+def parse_model_config(path: str) -> ModelConfig:
+    """Read a model's config.toml; raises ValueError naming the bad key and what was expected."""
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _TYPES:
+            raise ValueError(f"{path}: unknown key {key!r}; known: {sorted(_TYPES)}")
+        types = _TYPES[key]
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise ValueError(f"{path}: {key!r} must be {types[0].__name__}, got {value!r}")
+        values[key] = value
+    if "device" in values and values["device"] not in ("auto", "vulkan", "cpu"):
+        raise ValueError(f"{path}: 'device' must be auto, vulkan or cpu, got {values['device']!r}")
+    if values.get("max_queue", 1) < 1 or values.get("batch", 1) < 1:
+        raise ValueError(f"{path}: 'max_queue' and 'batch' must be >= 1")
+    return ModelConfig(**values)
+
+
+def _stat_key(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def scan(models_dir: str) -> dict[str, ModelEntry]:
+    """The models under ``models_dir``; a missing directory is an empty repository (logged)."""
+    try:
+        names = sorted(os.listdir(models_dir))
+    except FileNotFoundError:
+        log.warning("model repository %s does not exist; serving no models", models_dir)
+        return {}
+    except OSError as exc:
+        log.error("cannot read model repository %s: %s", models_dir, exc)
+        return {}
+    out: dict[str, ModelEntry] = {}
+    for fname in names:
+        full = os.path.join(models_dir, fname)
+        if fname.endswith(".onnx") and os.path.isfile(full):
+            name, kind = fname[: -len(".onnx")], "file"
+        elif os.path.isdir(full) and os.path.isfile(os.path.join(full, MODEL_FILE)):
+            name, kind = fname, "dir"
+        else:
+            continue
+        if not MODEL_NAME_RE.match(name):
+            log.warning("skipping %s: model names must match %s", full, MODEL_NAME_RE.pattern)
+            continue
+        if name in out:
+            out[name] = ModelEntry(name, out[name].path, error=f"both {name}.onnx and {name}/{MODEL_FILE} exist; "
+                                                              "remove one")
+            continue
+        if kind == "file":
+            out[name] = ModelEntry(name, full, ModelConfig(), _stat_key(full))
+            continue
+        model_path = os.path.join(full, MODEL_FILE)
+        cfg_path = os.path.join(full, CONFIG_FILE)
+        fp = _stat_key(model_path) + _stat_key(cfg_path)
+        cfg, error = ModelConfig(), None
+        if os.path.exists(cfg_path):
+            try:
+                cfg = parse_model_config(cfg_path)
+            except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+                error = f"bad {CONFIG_FILE}: {exc}"
+                log.error("model %s: %s", name, error)
+        out[name] = ModelEntry(name, model_path, cfg, fp, error)
+    return out

@@ -1,0 +1,562 @@
+"""Per-model serving: state machine, priority queue with cap and deadlines, one worker thread.
+
+Threads: the main (ZeroMQ) thread submits jobs and control tasks and sweeps expired deadlines;
+each model's worker thread loads, runs and unloads that model, so a model's ``run`` is never
+re-entered while different models run concurrently. Models on the shared Vulkan device take the
+global :class:`DeviceLock` around every device use. Lock order: never hold a slot's condition
+while waiting for the device lock.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+
+from inferd_client import protocol as P
+
+from .repository import ModelEntry
+
+if TYPE_CHECKING:
+    from .daemon import ReplySender
+
+log = logging.getLogger("inferd.server")
+
+UNLOADED = "UNLOADED"
+LOADING = "LOADING"
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+
+QUEUED, TAKEN, DONE = 0, 1, 2
+
+Loader = Callable[..., Any]
+
+
+class DeviceLock:
+    """The lock for the one shared Vulkan device. Waiters go by (model priority, request priority),
+    then arrival, so an urgent request does not wait behind a queue of background work."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._held = False
+        self._waiters: list[tuple[int, int, int]] = []
+        self._seq = itertools.count()
+
+    @contextmanager
+    def hold(self, model_priority: int = 0, priority: int = 0) -> Iterator[None]:
+        with self._cond:
+            if not self._held and not self._waiters:
+                self._held = True
+            else:
+                me = (-model_priority, -priority, next(self._seq))
+                heapq.heappush(self._waiters, me)
+                while self._held or self._waiters[0] != me:
+                    self._cond.wait()
+                heapq.heappop(self._waiters)
+                self._held = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held = False
+                self._cond.notify_all()
+
+
+@dataclass(eq=False)
+class Job:
+    ident: bytes
+    req_id: P.RequestId
+    feeds: dict[str, np.ndarray] | None
+    priority: int
+    deadline: float | None  # time.monotonic() value
+    t_recv: float
+    seq: int
+    outputs: list[str] | None = None
+    state: int = QUEUED
+    sig: Any = None  # the signature (slot.inputs list) the feeds were checked against at submit
+
+
+def _pct(samples: deque[float]) -> dict[str, float]:
+    if not samples:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    a = np.fromiter(samples, dtype=np.float64, count=len(samples)) * 1e3
+    p50, p99 = np.percentile(a, [50, 99])
+    return {"mean": round(float(a.mean()), 4), "p50": round(float(p50), 4), "p99": round(float(p99), 4)}
+
+
+@dataclass
+class Stats:
+    """Counters of one model. ``requests`` = accepted into the queue; every accepted request ends in
+    exactly one of ok / failed / expired / cancelled."""
+
+    requests: int = 0
+    ok: int = 0
+    failed: int = 0
+    expired: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    loads: int = 0
+    load_failures: int = 0
+    last_load_s: float = 0.0
+    queue_s: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+    compute_s: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            q, c = list(self.queue_s), list(self.compute_s)
+            d = {k: getattr(self, k) for k in ("requests", "ok", "failed", "expired", "cancelled", "rejected",
+                                                "loads", "load_failures")}
+            d["last_load_s"] = round(self.last_load_s, 4)
+        d["failures"] = d["failed"] + d["expired"] + d["cancelled"] + d["rejected"]
+        d["queue_ms"] = _pct(deque(q))
+        d["compute_ms"] = _pct(deque(c))
+        return d
+
+
+def tensor_sig(infos: Any) -> list[dict[str, Any]]:
+    return [{"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": [int(d) for d in t.shape]} for t in infos]
+
+
+class ModelSlot:
+    """One repository model: state, queue, worker thread, stats."""
+
+    def __init__(self, entry: ModelEntry, server: Any) -> None:
+        self.name = entry.name
+        self.entry = entry
+        self.server = server
+        self.state = UNLOADED
+        self.reason = "not loaded yet"
+        self.model: Any = None
+        self.device: str | None = None
+        self.inputs: list[dict[str, Any]] = []
+        self.outputs: list[dict[str, Any]] = []
+        self.on_demand = True  # cleared by an explicit unload, set again by an explicit load
+        self.cond = threading.Condition()
+        self._heap: list[tuple[int, int, Job]] = []
+        self._dl_heap: list[tuple[float, int, Job]] = []
+        self.queued = 0
+        self.busy = False
+        self.running_since: float | None = None
+        self._compute_ema: float | None = None  # seconds; decides whether runs may go inline
+        self._control: deque[tuple[str, Any]] = deque()
+        self._load_waiters: list[tuple[bytes, P.RequestId]] = []
+        self._unload_waiters: list[tuple[bytes, P.RequestId]] = []
+        self.stats = Stats()
+        self._thread = threading.Thread(target=self._worker, name=f"inferd-model-{self.name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ info
+
+    @property
+    def max_queue(self) -> int:
+        return self.entry.config.max_queue or self.server.config.max_queue
+
+    @property
+    def preload(self) -> bool:
+        p = self.entry.config.preload
+        return self.server.config.preload if p is None else p
+
+    def memory_bytes(self) -> int:
+        m = self.model
+        if m is None:
+            return 0
+        try:
+            return int(m.memory_bytes)
+        except Exception:
+            return 0
+
+    def info(self) -> dict[str, Any]:
+        cfg = self.entry.config
+        return {
+            "name": self.name, "state": self.state, "reason": self.reason, "path": self.entry.path,
+            "device": self.device, "inputs": self.inputs, "outputs": self.outputs,
+            "preload": self.preload, "pinned": cfg.pinned, "priority": cfg.priority, "max_queue": self.max_queue,
+            "queued": self.queued, "memory_bytes": self.memory_bytes(),
+        }
+
+    def settled(self) -> bool:
+        return self.state != LOADING and not self._control
+
+    def idle(self) -> bool:
+        with self.cond:
+            return self.queued == 0 and not self.busy and not self._control
+
+    # ------------------------------------------------------------------ main-thread API
+
+    def request_load(self, waiter: tuple[bytes, P.RequestId] | None, reload: bool = False) -> dict[str, Any] | None:
+        """Queue a load; returns the model info if nothing needs doing (already READY)."""
+        with self.cond:
+            self.on_demand = True
+            if self.state == READY and not reload and not self._control:
+                return self.info()
+            if waiter is not None:
+                self._load_waiters.append(waiter)
+            if self.state == LOADING and not reload and any(t[0] == "load" for t in self._control):
+                return None
+            if self.state != READY:
+                self.state, self.reason = LOADING, "loading"
+            self._control.append(("load", reload))
+            self.cond.notify()
+        return None
+
+    def request_unload(self, waiter: tuple[bytes, P.RequestId] | None) -> dict[str, Any] | None:
+        with self.cond:
+            self.on_demand = False
+            if self.state in (UNLOADED, UNAVAILABLE) and not self._control:
+                self.state, self.reason = UNLOADED, "unloaded by request"
+                return {"name": self.name, "state": self.state}
+            if waiter is not None:
+                self._unload_waiters.append(waiter)
+            self._control.append(("unload", None))
+            self.cond.notify()
+        return None
+
+    def retire(self) -> None:
+        """Removed from the repository: unload, then end the worker thread."""
+        with self.cond:
+            self._control.append(("exit", None))
+            self.cond.notify()
+
+    def check_feeds(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str | None]:
+        """Map ``""`` to the single input and compare with the signature; (feeds, error message)."""
+        sig = self.inputs
+        if not sig:
+            return feeds, None  # unknown until the first load; the model itself checks
+        if list(feeds) == [""]:
+            if len(sig) != 1:
+                return feeds, (f"model {self.name!r} has {len(sig)} inputs {[s['name'] for s in sig]}; "
+                               f"an unnamed tensor needs a single-input model")
+            feeds = {sig[0]["name"]: feeds[""]}
+        expected = {s["name"]: s for s in sig}
+        unknown = sorted(set(feeds) - set(expected))
+        missing = sorted(set(expected) - set(feeds))
+        if unknown or missing:
+            return feeds, (f"model {self.name!r}: inputs {sorted(feeds)} do not match the expected "
+                           f"{sorted(expected)} (unknown {unknown}, missing {missing})")
+        for name, s in expected.items():
+            a = feeds[name]
+            if a.dtype.name != s["dtype"] or list(a.shape) != s["shape"]:
+                return feeds, (f"model {self.name!r}: input {name!r} expects {s['dtype']}{s['shape']}, "
+                               f"got {a.dtype.name}{list(a.shape)}")
+        return feeds, None
+
+    def submit(self, job: Job, inline: ReplySender | None = None) -> tuple[str, str] | None:
+        """Queue a job; returns (code, message) instead when it cannot be accepted.
+
+        With ``inline`` (the main thread's sender), a job for an idle CPU model whose runs are known
+        to be short (``inline_max_us``) runs right here: it saves two thread hand-offs, which are
+        most of the daemon's overhead for small models, and cannot delay other models by more
+        than that bound.
+        """
+        with self.cond:
+            if self.state == UNAVAILABLE:
+                self.stats.add(rejected=1)
+                return P.UNAVAILABLE, f"model {self.name!r} is unavailable: {self.reason}"
+            if self.state == UNLOADED and not self.on_demand:
+                self.stats.add(rejected=1)
+                return P.UNAVAILABLE, f"model {self.name!r} was unloaded by request; load it again first"
+            if self.queued >= self.max_queue:
+                self.stats.add(rejected=1)
+                return P.UNAVAILABLE, f"queue of model {self.name!r} is full ({self.max_queue} requests waiting)"
+            if job.feeds is not None and self.inputs:
+                job.feeds, err = self.check_feeds(job.feeds)
+                if err:
+                    self.stats.add(rejected=1)
+                    return P.INVALID_ARG, err
+                job.sig = self.inputs
+            if job.outputs and self.outputs:
+                known = {o["name"] for o in self.outputs}
+                bad = [o for o in job.outputs if o not in known]
+                if bad:
+                    self.stats.add(rejected=1)
+                    return P.INVALID_ARG, f"model {self.name!r} has no output(s) {bad}; outputs are {sorted(known)}"
+            self.stats.add(requests=1)
+            limit = self.server.config.inline_max_us * 1e-6
+            run_here = (inline is not None and self.state == READY and not self.queued and not self.busy
+                        and not self._control and self.device == "cpu" and self._compute_ema is not None
+                        and self._compute_ema <= limit)
+            if run_here:
+                self.busy = True
+                job.state = TAKEN
+            else:
+                if self.state == UNLOADED:
+                    self.state, self.reason = LOADING, "loading on demand"
+                    self._control.append(("load", False))
+                heapq.heappush(self._heap, (-job.priority, job.seq, job))
+                if job.deadline is not None:
+                    heapq.heappush(self._dl_heap, (job.deadline, job.seq, job))
+                self.queued += 1
+                if len(self._heap) > 2 * self.queued + 64 or len(self._dl_heap) > 2 * self.queued + 64:
+                    self._compact()
+                self.cond.notify()
+        if run_here:
+            assert inline is not None
+            try:
+                self._run_job(job, inline)
+            finally:
+                with self.cond:
+                    self.busy = False
+                    self.running_since = None
+                    self.cond.notify()
+        return None
+
+    def _compact(self) -> None:
+        self._heap = [e for e in self._heap if e[2].state == QUEUED]
+        heapq.heapify(self._heap)
+        self._dl_heap = [e for e in self._dl_heap if e[2].state == QUEUED]
+        heapq.heapify(self._dl_heap)
+
+    def next_deadline(self) -> float | None:
+        with self.cond:
+            while self._dl_heap and self._dl_heap[0][2].state != QUEUED:
+                heapq.heappop(self._dl_heap)
+            return self._dl_heap[0][0] if self._dl_heap else None
+
+    def expire(self, now: float) -> list[Job]:
+        """Take the queued jobs whose deadline has passed (answered DEADLINE_EXCEEDED, never run)."""
+        out: list[Job] = []
+        with self.cond:
+            while self._dl_heap and (self._dl_heap[0][0] <= now or self._dl_heap[0][2].state != QUEUED):
+                job = heapq.heappop(self._dl_heap)[2]
+                if job.state == QUEUED:
+                    job.state = DONE
+                    job.feeds = None
+                    self.queued -= 1
+                    out.append(job)
+        if out:
+            self.stats.add(expired=len(out))
+        return out
+
+    def cancel_queued(self) -> list[Job]:
+        with self.cond:
+            return self._cancel_queued_locked()
+
+    def _cancel_queued_locked(self) -> list[Job]:
+        out = [e[2] for e in self._heap if e[2].state == QUEUED]
+        for job in out:
+            job.state = DONE
+            job.feeds = None
+        self._heap.clear()
+        self._dl_heap.clear()
+        self.queued = 0
+        if out:
+            self.stats.add(cancelled=len(out))
+        return out
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _worker(self) -> None:
+        sender = self.server.reply_sender()
+        try:
+            while True:
+                task: tuple[str, Any] | None = None
+                job: Job | None = None
+                with self.cond:
+                    while not self._control and not (self.state == READY and self.queued):
+                        self.cond.wait()
+                    if self._control:
+                        task = self._control[0]
+                    else:
+                        job = self._pop_locked()
+                        if job is not None:
+                            self.busy = True
+                if task is not None:
+                    try:
+                        if task[0] == "load":
+                            self._do_load(sender, reload=bool(task[1]))
+                        else:
+                            self._do_unload(sender, final=task[0] == "exit")
+                    except Exception:  # never let the worker die: the slot would hang forever
+                        log.exception("model %s: %s failed", self.name, task[0])
+                    finally:
+                        with self.cond:
+                            self._control.popleft()
+                        sender.event("state", self.name)
+                    if task[0] == "exit":
+                        return
+                elif job is not None:
+                    try:
+                        self._run_job(job, sender)
+                    finally:
+                        with self.cond:
+                            self.busy = False
+                            self.running_since = None
+        finally:
+            sender.close()
+
+    def _pop_locked(self) -> Job | None:
+        while self._heap:
+            job = heapq.heappop(self._heap)[2]
+            if job.state == QUEUED:
+                job.state = TAKEN
+                self.queued -= 1
+                return job
+        return None
+
+    def _device_ctx(self, device: str | None, priority: int = 0) -> Any:
+        if device in ("vulkan", "auto"):
+            return self.server.device_lock.hold(self.entry.config.priority, priority)
+        return nullcontext()
+
+    def _run_job(self, job: Job, sender: ReplySender) -> None:
+        now = time.monotonic()
+        if job.deadline is not None and now > job.deadline:
+            self.stats.add(expired=1)
+            job.feeds = None
+            sender.send(job.ident, P.encode_error(job.req_id, P.DEADLINE_EXCEEDED,
+                        f"model {self.name!r}: deadline passed after {1e3 * (now - job.t_recv):.1f} ms in the queue; not run"))
+            return
+        feeds = job.feeds or {}
+        job.feeds = None  # the deadline heap may keep the job a while: do not keep its tensors
+        model = self.model
+        try:
+            if job.sig is not self.inputs:  # not checked yet, or the model was reloaded since
+                feeds, err = self.check_feeds(feeds)
+                if err:
+                    raise _Invalid(err)
+            t_start = time.monotonic()
+            queue_s = t_start - job.t_recv
+            with self.cond:
+                self.running_since = t_start
+            t0 = time.perf_counter()
+            with self._device_ctx(self.device, job.priority):
+                out = model.run(feeds)
+            compute = time.perf_counter() - t0
+            if job.outputs:
+                missing = [o for o in job.outputs if o not in out]
+                if missing:
+                    raise _Invalid(f"model {self.name!r} has no output(s) {missing}; outputs are {sorted(out)}")
+                out = {k: out[k] for k in job.outputs}
+            frames = P.encode_reply(job.req_id, {"model": self.name, "device": self.device,
+                                                 "queue_us": round(queue_s * 1e6, 1),
+                                                 "compute_us": round(compute * 1e6, 1)}, out)
+        except _Invalid as exc:
+            self.stats.add(failed=1)
+            sender.send(job.ident, P.encode_error(job.req_id, P.INVALID_ARG, str(exc)))
+            return
+        except Exception as exc:
+            self.stats.add(failed=1)
+            code, msg = _classify(self.name, exc)
+            if code == P.INTERNAL:
+                log.exception("model %s: run failed", self.name)
+            sender.send(job.ident, P.encode_error(job.req_id, code, msg))
+            return
+        self._compute_ema = compute if self._compute_ema is None else 0.8 * self._compute_ema + 0.2 * compute
+        with self.stats.lock:
+            self.stats.ok += 1
+            self.stats.queue_s.append(queue_s)
+            self.stats.compute_s.append(compute)
+        sender.send(job.ident, frames)
+
+    def _do_load(self, sender: ReplySender, reload: bool) -> None:
+        with self.cond:
+            if self.state == READY and not reload:
+                waiters, self._load_waiters = self._load_waiters, []
+                info = self.info()
+            else:
+                waiters, info = [], None
+        if info is not None:
+            for ident, rid in waiters:
+                sender.send(ident, P.encode_reply(rid, info))
+            return
+        entry = self.entry
+        device = entry.config.device or self.server.config.device
+        t0 = time.perf_counter()
+        log.info("model %s: loading %s on %s", self.name, entry.path, device)
+        try:
+            if entry.error:
+                raise RuntimeError(entry.error)
+            with self._device_ctx(device):
+                model = self.server.loader(entry.path, device=device, batch=entry.config.batch)
+        except Exception as exc:
+            dt = time.perf_counter() - t0
+            reason = f"load failed: {type(exc).__name__}: {exc}"
+            log.error("model %s: %s", self.name, reason)
+            self.stats.add(load_failures=1)
+            with self.cond:
+                waiters, self._load_waiters = self._load_waiters, []
+                if self.state == READY or (self.model is not None):
+                    # A failed reload keeps serving the previous version.
+                    self.state = READY
+                    self.reason = f"reload failed, serving the previous version: {reason}"
+                    cancelled: list[Job] = []
+                else:
+                    self.state, self.reason = UNAVAILABLE, reason
+                    cancelled = self._cancel_queued_locked()
+            for job in cancelled:
+                sender.send(job.ident, P.encode_error(job.req_id, P.UNAVAILABLE, f"model {self.name!r}: {reason}"))
+            for ident, rid in waiters:
+                sender.send(ident, P.encode_error(rid, P.UNAVAILABLE, f"model {self.name!r}: {reason}"))
+            return
+        dt = time.perf_counter() - t0
+        old = self.model
+        with self.cond:
+            self.model = model
+            self.device = str(getattr(model, "device", device))
+            self.inputs = tensor_sig(model.inputs)
+            self.outputs = tensor_sig(model.outputs)
+            self.state, self.reason = READY, ""
+            self._compute_ema = None
+            self.stats.last_load_s = dt
+            waiters, self._load_waiters = self._load_waiters, []
+            info = self.info()
+            self.cond.notify_all()
+        self.stats.add(loads=1)
+        log.info("model %s: ready on %s in %.3f s (%d bytes)", self.name, self.device, dt, self.memory_bytes())
+        if old is not None:
+            self._close(old)
+        for ident, rid in waiters:
+            sender.send(ident, P.encode_reply(rid, info))
+
+    def _close(self, model: Any) -> None:
+        try:
+            with self._device_ctx(getattr(model, "device", None)):
+                model.close()
+        except Exception:
+            log.exception("model %s: close failed", self.name)
+
+    def _do_unload(self, sender: ReplySender, final: bool) -> None:
+        with self.cond:
+            model, self.model = self.model, None
+            self.state = UNLOADED
+            self.reason = "removed from the repository" if final else "unloaded by request"
+            self.device = None
+            cancelled = self._cancel_queued_locked()
+            waiters, self._unload_waiters = self._unload_waiters, []
+            load_waiters, self._load_waiters = (self._load_waiters, []) if final else ([], self._load_waiters)
+        for job in cancelled:
+            sender.send(job.ident, P.encode_error(job.req_id, P.UNAVAILABLE, f"model {self.name!r} was {self.reason}"))
+        if model is not None:
+            self._close(model)
+            log.info("model %s: %s", self.name, self.reason)
+        for ident, rid in waiters:
+            sender.send(ident, P.encode_reply(rid, {"name": self.name, "state": UNLOADED}))
+        for ident, rid in load_waiters:
+            sender.send(ident, P.encode_error(rid, P.NOT_FOUND, f"model {self.name!r} was removed from the repository"))
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _classify(name: str, exc: Exception) -> tuple[str, str]:
+    try:
+        from inferd.errors import InputError  # noqa: PLC0415 - engine import kept lazy
+    except Exception:  # pragma: no cover
+        InputError = ValueError  # type: ignore[misc,assignment]  # noqa: N806
+    if isinstance(exc, InputError):
+        return P.INVALID_ARG, str(exc)
+    return P.INTERNAL, f"model {name!r}: {type(exc).__name__}: {exc}"

@@ -1,0 +1,41 @@
+"""The Vulkan backend: device, static arena, SPIR-V and pipeline caches, recorded command buffers.
+
+``available()`` says whether a Vulkan device can be used; ``get_device()`` returns the process-wide
+device; ``VulkanModel(graph, device)`` loads a graph on it. Importing this package does not load
+the Vulkan loader (``inferd.vulkan.kernel`` and the ``*_vulkan`` host bindings never do).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .device import VulkanDevice
+    from .executor import VulkanModel
+
+__all__ = ["available", "get_device", "VulkanModel", "VulkanDevice"]
+
+
+def available() -> bool:
+    """True when the Vulkan loader, a device with a compute queue and the shader sources are present."""
+    try:
+        from .device import available as _dev_available
+        from .shaders import shader_dir
+        shader_dir()
+    except Exception:
+        return False
+    return _dev_available()
+
+
+def get_device(config: Any = None) -> "VulkanDevice":
+    from .device import get_device as _get
+    return _get(config)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "VulkanModel":
+        from .executor import VulkanModel
+        return VulkanModel
+    if name == "VulkanDevice":
+        from .device import VulkanDevice
+        return VulkanDevice
+    raise AttributeError(name)

@@ -1,0 +1,727 @@
+"""The Vulkan device: instance, physical-device choice, compute queue, memory regions, pipelines.
+
+One process owns one device for its whole life (``get_device``); models share it. Choice order:
+discrete > integrated > virtual > CPU (Mesa lavapipe), unless configured by index or name
+(``VulkanConfig.device`` or ``$INFERD_VK_DEVICE``). Debug mode (``debug=True`` or
+``$INFERD_VK_DEBUG=1``) enables ``VK_LAYER_KHRONOS_validation`` and a debug messenger that
+records every message; ``validation_errors`` lists the errors.
+
+Memory policy: a region (one ``VkBuffer`` on one ``VkDeviceMemory``) is allocated DEVICE_LOCAL |
+HOST_VISIBLE when such a type exists with a heap large enough (Jetson's unified memory, desktop
+GPUs with resizable BAR, lavapipe) and is then persistently mapped, so weights and inputs are
+written in place; otherwise it is DEVICE_LOCAL only and filled through a reusable staging buffer.
+
+Teardown is explicit: ``close()`` (also run at interpreter exit) closes the models still open,
+saves the pipeline cache, and destroys every Vulkan object before the instance.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BackendError
+from .shaders import Manifest, ShaderCache, ShaderModule, default_cache_dir
+
+log = logging.getLogger("inferd.vulkan")
+
+try:  # the loader may be missing entirely (no libvulkan.so.1): the backend is then unavailable
+    import vulkan as vk
+    _IMPORT_ERROR: Exception | None = None
+except Exception as e:  # pragma: no cover - depends on the machine
+    vk = None  # type: ignore[assignment]
+    _IMPORT_ERROR = e
+
+VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+_TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}  # discrete, integrated, virtual, cpu, other
+_TYPE_NAME = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
+
+
+@dataclass(frozen=True)
+class VulkanConfig:
+    #: physical device by index (in enumeration order) or by a case-insensitive name substring
+    device: int | str | None = None
+    #: validation layers + debug messenger
+    debug: bool = False
+    #: root of the SPIR-V and pipeline caches; None = default (~/.cache/inferd), "" = no disk caches
+    cache_dir: str | None = None
+    #: never use host-visible device memory (tests the staging path on unified-memory devices)
+    force_staging: bool = False
+    #: apiVersion requested from the instance
+    api_version: tuple[int, int] = (1, 1)
+
+    @staticmethod
+    def from_env(base: "VulkanConfig | Mapping[str, Any] | None" = None) -> "VulkanConfig":
+        if isinstance(base, VulkanConfig):
+            cfg = base
+        else:
+            cfg = VulkanConfig(**dict(base or {}))
+        dev = os.environ.get("INFERD_VK_DEVICE")
+        if cfg.device is None and dev:
+            cfg = replace(cfg, device=int(dev) if dev.isdigit() else dev)
+        if not cfg.debug and os.environ.get("INFERD_VK_DEBUG", "") not in ("", "0"):
+            cfg = replace(cfg, debug=True)
+        return cfg
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    """What kernels may look at when they plan dispatches (no Vulkan objects)."""
+
+    name: str
+    vendor_id: int
+    device_type: str
+    subgroup_size: int
+    max_shared_bytes: int
+    max_workgroup_invocations: int
+    max_workgroup_count: tuple[int, int, int]
+    max_storage_range: int
+    min_storage_align: int
+    max_push_bytes: int
+
+
+@dataclass
+class Region:
+    """One buffer on its own memory allocation; ``mapped`` is a uint8 view when host-visible."""
+
+    buffer: Any
+    memory: Any
+    size: int
+    host_visible: bool
+    coherent: bool
+    mapped: np.ndarray | None
+    label: str
+    _raw_map: Any = field(default=None, repr=False)
+
+    def view(self, offset: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        assert self.mapped is not None, f"region {self.label} is not host-visible"
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return self.mapped[offset:offset + n].view(dtype).reshape(shape)
+
+
+@dataclass
+class Pipeline:
+    handle: Any
+    layout: Any
+    set_layout: Any
+    module: ShaderModule
+    spec: tuple[tuple[str, Any], ...]
+    cache_hit: bool | None  # from VK_EXT_pipeline_creation_feedback when the driver reports it
+
+
+_devices: "weakref.WeakSet[VulkanDevice]" = weakref.WeakSet()
+_shared: "VulkanDevice | None" = None
+_shared_lock = threading.Lock()
+_available: bool | None = None
+
+
+def _check_loader() -> None:
+    if vk is None:
+        raise BackendError(f"Vulkan loader not available: {_IMPORT_ERROR}")
+
+
+def available() -> bool:
+    """True when a Vulkan instance can be created and has at least one device with a compute queue."""
+    global _available
+    if _available is not None:
+        return _available
+    if vk is None:
+        _available = False
+        return False
+    try:
+        app = vk.VkApplicationInfo(pApplicationName="inferd-probe", apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+        inst = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+        try:
+            ok = any(any(q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT for q in vk.vkGetPhysicalDeviceQueueFamilyProperties(pd))
+                     for pd in vk.vkEnumeratePhysicalDevices(inst))
+        finally:
+            vk.vkDestroyInstance(inst, None)
+        _available = bool(ok)
+    except Exception as e:  # any loader/driver failure means "no Vulkan here"
+        log.info("Vulkan unavailable: %s", e)
+        _available = False
+    return _available
+
+
+def get_device(config: "VulkanConfig | Mapping[str, Any] | None" = None) -> "VulkanDevice":
+    """The process-wide shared device, created on first call (thread-safe).
+
+    A later call with a different config gets the existing device (one device per process) and a
+    log line; close it first (``close_shared_device``) to change the configuration.
+    """
+    global _shared
+    with _shared_lock:
+        cfg = VulkanConfig.from_env(config)
+        if _shared is not None and not _shared.closed:
+            if config is not None and cfg != _shared.config:
+                log.info("get_device: keeping the existing device (%s); requested config %s differs", _shared.config, cfg)
+            return _shared
+        _shared = VulkanDevice(cfg)
+        return _shared
+
+
+def close_shared_device() -> None:
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.close()
+            _shared = None
+
+
+@atexit.register
+def _close_all() -> None:
+    for d in list(_devices):
+        try:
+            d.close()
+        except Exception as e:  # pragma: no cover - best effort at exit
+            log.warning("closing Vulkan device at exit: %s", e)
+
+
+class VulkanDevice:
+    """A logical device with one compute queue, plus the caches and pools models share."""
+
+    def __init__(self, config: "VulkanConfig | Mapping[str, Any] | None" = None) -> None:
+        _check_loader()
+        self.config = VulkanConfig.from_env(config)
+        self.closed = False
+        self.messages: list[tuple[int, str]] = []
+        self.queue_lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._models: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._shader_modules: dict[str, Any] = {}
+        self._set_layouts: dict[int, Any] = {}
+        self._pipe_layouts: dict[tuple[int, int], Any] = {}
+        self._pipelines: dict[tuple[str, tuple[tuple[str, Any], ...]], Pipeline] = {}
+        self._staging: Region | None = None
+        self._messenger = None
+        self._callback = None
+        self.stats = {"pipelines_created": 0, "pipeline_cache_hits": 0, "pipelines_reused": 0}
+        t0 = time.perf_counter()
+        self._create_instance()
+        try:
+            self._pick_physical()
+            self._create_device()
+            cache_dir = self.config.cache_dir
+            self.cache_dir: Path | None = None if cache_dir == "" else Path(cache_dir) if cache_dir else default_cache_dir()
+            self.shader_cache = ShaderCache(self.cache_dir)
+            from .pipeline_cache import PipelineCache  # local: it imports this module's types
+            self.pipeline_cache = PipelineCache(self, self.cache_dir)
+        except BaseException:
+            self._destroy()
+            raise
+        self.create_s = time.perf_counter() - t0
+        _devices.add(self)
+
+    # ---------------------------------------------------------------- creation
+    def _create_instance(self) -> None:
+        layers: list[str] = []
+        exts: list[str] = []
+        if self.config.debug:
+            have_layers = {lp.layerName for lp in vk.vkEnumerateInstanceLayerProperties()}
+            have_exts = {e.extensionName for e in vk.vkEnumerateInstanceExtensionProperties(None)}
+            if VALIDATION_LAYER in have_layers:
+                layers.append(VALIDATION_LAYER)
+            else:
+                log.warning("debug mode: %s is not installed; running without validation", VALIDATION_LAYER)
+            if "VK_EXT_debug_utils" in have_exts:
+                exts.append("VK_EXT_debug_utils")
+        major, minor = self.config.api_version
+        app = vk.VkApplicationInfo(pApplicationName="inferd", applicationVersion=1, pEngineName="inferd",
+                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(major, minor, 0))
+        info = vk.VkInstanceCreateInfo(pApplicationInfo=app, enabledLayerCount=len(layers), ppEnabledLayerNames=layers or None,
+                                       enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
+        try:
+            self.instance = vk.vkCreateInstance(info, None)
+        except Exception as e:
+            raise BackendError(f"vkCreateInstance failed: {e!r}") from e
+        self.validation = bool(layers)
+        if "VK_EXT_debug_utils" in exts:
+            self._install_messenger()
+
+    def _install_messenger(self) -> None:
+        ffi = vk.ffi
+        me = weakref.ref(self)
+
+        @ffi.callback("VkBool32(VkDebugUtilsMessageSeverityFlagBitsEXT, VkDebugUtilsMessageTypeFlagsEXT, "
+                      "const VkDebugUtilsMessengerCallbackDataEXT*, void*)")
+        def callback(severity: int, types: int, data: Any, user: Any) -> int:
+            try:
+                msg = ffi.string(data.pMessage).decode("utf-8", "replace") if data.pMessage else ""
+                d = me()
+                if d is not None:
+                    d.messages.append((int(severity), msg))
+                if severity >= vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT:
+                    log.error("Vulkan validation: %s", msg)
+                elif severity >= vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT:
+                    log.warning("Vulkan validation: %s", msg)
+            except Exception:  # never raise into the driver
+                pass
+            return 0
+
+        info = ffi.new("VkDebugUtilsMessengerCreateInfoEXT*")
+        info.sType = vk.VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT
+        info.messageSeverity = (vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT
+                                | vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT)
+        info.messageType = (vk.VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT
+                            | vk.VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT)
+        info.pfnUserCallback = callback
+        create = vk.vkGetInstanceProcAddr(self.instance, "vkCreateDebugUtilsMessengerEXT")
+        self._messenger = create(self.instance, info, None)
+        self._callback = callback  # keep the cffi callback alive as long as the messenger
+
+    @property
+    def validation_errors(self) -> list[str]:
+        return [m for s, m in self.messages if s >= vk.VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT]
+
+    def _pick_physical(self) -> None:
+        pds = list(vk.vkEnumeratePhysicalDevices(self.instance))
+        cands = []
+        for idx, pd in enumerate(pds):
+            props = vk.vkGetPhysicalDeviceProperties(pd)
+            qfs = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
+            qf = next((i for i, q in enumerate(qfs) if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None)
+            if qf is None:
+                continue
+            cands.append((idx, pd, props, qf))
+        if not cands:
+            raise BackendError("no Vulkan device with a compute queue")
+        want = self.config.device
+        if isinstance(want, int):
+            chosen = [c for c in cands if c[0] == want]
+            if not chosen:
+                raise BackendError(f"Vulkan device index {want} not found; devices: "
+                                   f"{[(c[0], c[2].deviceName) for c in cands]}")
+        elif isinstance(want, str) and want:
+            chosen = [c for c in cands if want.lower() in str(c[2].deviceName).lower()]
+            if not chosen:
+                raise BackendError(f"no Vulkan device name contains {want!r}; devices: {[c[2].deviceName for c in cands]}")
+        else:
+            chosen = sorted(cands, key=lambda c: (_TYPE_RANK.get(c[2].deviceType, 9), c[0]))
+        idx, pd, props, qf = chosen[0]
+        self.physical = pd
+        self.queue_family = qf
+        self.index = idx
+        self.name = str(props.deviceName)
+        self.vendor_id = int(props.vendorID)
+        self.device_id = int(props.deviceID)
+        self.driver_version = int(props.driverVersion)
+        self.api_version = int(props.apiVersion)
+        self.device_type = _TYPE_NAME.get(props.deviceType, "other")
+        self.pipeline_cache_uuid = bytes(vk.ffi.buffer(props.pipelineCacheUUID))
+        lim = props.limits
+        sg = vk.VkPhysicalDeviceSubgroupProperties()
+        m3 = vk.VkPhysicalDeviceMaintenance3Properties(pNext=sg)
+        p2 = vk.VkPhysicalDeviceProperties2(pNext=m3)
+        try:
+            vk.vkGetPhysicalDeviceProperties2(self.physical, p2)
+            subgroup, max_alloc = int(sg.subgroupSize) or 32, int(m3.maxMemoryAllocationSize) or (1 << 30)
+        except Exception:  # a 1.0-only driver
+            subgroup, max_alloc = 32, 1 << 30
+        self.max_allocation = max_alloc
+        self.non_coherent_atom = int(lim.nonCoherentAtomSize)
+        self.caps = DeviceCaps(
+            name=self.name, vendor_id=self.vendor_id, device_type=self.device_type, subgroup_size=subgroup,
+            max_shared_bytes=int(lim.maxComputeSharedMemorySize),
+            max_workgroup_invocations=int(lim.maxComputeWorkGroupInvocations),
+            max_workgroup_count=tuple(int(x) for x in lim.maxComputeWorkGroupCount),  # type: ignore[arg-type]
+            max_storage_range=int(lim.maxStorageBufferRange),
+            min_storage_align=int(lim.minStorageBufferOffsetAlignment),
+            max_push_bytes=int(lim.maxPushConstantsSize))
+        mp = vk.vkGetPhysicalDeviceMemoryProperties(pd)
+        self._mem_types = [(int(mp.memoryTypes[i].propertyFlags), int(mp.memoryTypes[i].heapIndex))
+                           for i in range(mp.memoryTypeCount)]
+        self._heaps = [int(mp.memoryHeaps[i].size) for i in range(mp.memoryHeapCount)]
+        exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
+        self._feedback = "VK_EXT_pipeline_creation_feedback" in exts
+        log.info("Vulkan device %d: %s (%s, vendor 0x%04x, subgroup %d)", idx, self.name, self.device_type,
+                 self.vendor_id, subgroup)
+
+    def _create_device(self) -> None:
+        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
+        exts = ["VK_EXT_pipeline_creation_feedback"] if self._feedback else []
+        info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+                                     enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
+        try:
+            self.device = vk.vkCreateDevice(self.physical, info, None)
+        except Exception as e:
+            raise BackendError(f"vkCreateDevice failed on {self.name}: {e!r}") from e
+        self.queue = vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        self._cmd_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
+        self._upload_fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+
+    # ---------------------------------------------------------------- memory
+    def _find_type(self, bits: int, want: int, avoid: int = 0, min_heap: int = 0) -> int | None:
+        for i, (flags, heap) in enumerate(self._mem_types):
+            if bits & (1 << i) and flags & want == want and not flags & avoid and self._heaps[heap] >= min_heap:
+                return i
+        return None
+
+    @property
+    def unified_memory(self) -> bool:
+        """Whether DEVICE_LOCAL|HOST_VISIBLE memory exists (and is allowed): regions are written in place."""
+        want = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+        return not self.config.force_staging and any(f & want == want for f, _ in self._mem_types)
+
+    def allocate_region(self, size: int, label: str, host: bool = False) -> Region:
+        """A buffer with its own memory. ``host=True``: a host-visible staging/IO region.
+
+        Device regions are DEVICE_LOCAL|HOST_VISIBLE (mapped) when possible, else DEVICE_LOCAL only.
+        """
+        size = max(int(size), 16)
+        if size > self.max_allocation:
+            raise BackendError(f"{label}: a {size}-byte allocation exceeds the device's maxMemoryAllocationSize "
+                               f"{self.max_allocation}")
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=size, usage=usage,
+                                                                    sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = vk.vkGetBufferMemoryRequirements(self.device, buf)
+        HV, HC, DL, CA = (vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT, vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                          vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+        # headroom: a heap is shared with everything else on the device
+        need = int(req.size * 1.1)
+        if host:
+            order = [(HV | HC | CA, 0), (HV | HC, 0), (HV, 0)]
+        elif self.config.force_staging:
+            order = [(DL, HV), (DL, 0)]
+        else:
+            order = [(DL | HV | HC, 0), (DL | HV, 0), (DL, 0)]
+        type_idx = None
+        for want, avoid in order:
+            type_idx = self._find_type(req.memoryTypeBits, want, avoid, need)
+            if type_idx is not None:
+                break
+        if type_idx is None:
+            vk.vkDestroyBuffer(self.device, buf, None)
+            raise BackendError(f"{label}: no memory type for a {size}-byte buffer (heaps {self._heaps})")
+        try:
+            mem = vk.vkAllocateMemory(self.device, vk.VkMemoryAllocateInfo(allocationSize=req.size,
+                                                                          memoryTypeIndex=type_idx), None)
+        except Exception as e:
+            vk.vkDestroyBuffer(self.device, buf, None)
+            raise BackendError(f"{label}: vkAllocateMemory of {req.size} bytes failed: {e!r}") from e
+        vk.vkBindBufferMemory(self.device, buf, mem, 0)
+        flags = self._mem_types[type_idx][0]
+        hv = bool(flags & HV)
+        mapped = raw = None
+        if hv:
+            raw = vk.vkMapMemory(self.device, mem, 0, req.size, 0)
+            mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
+        return Region(buf, mem, size, hv, bool(flags & HC), mapped, label, raw)
+
+    def free_region(self, r: Region | None) -> None:
+        if r is None or self.closed:
+            return
+        if r.host_visible:
+            r.mapped = None
+            r._raw_map = None
+            vk.vkUnmapMemory(self.device, r.memory)
+        vk.vkDestroyBuffer(self.device, r.buffer, None)
+        vk.vkFreeMemory(self.device, r.memory, None)
+
+    def flush(self, r: Region, offset: int = 0, size: int | None = None) -> None:
+        """Make host writes visible to the device (a no-op on coherent memory)."""
+        if r.coherent or not r.host_visible:
+            return
+        vk.vkFlushMappedMemoryRanges(self.device, 1, [self._range(r, offset, size)])
+
+    def invalidate(self, r: Region, offset: int = 0, size: int | None = None) -> None:
+        if r.coherent or not r.host_visible:
+            return
+        vk.vkInvalidateMappedMemoryRanges(self.device, 1, [self._range(r, offset, size)])
+
+    def _range(self, r: Region, offset: int, size: int | None) -> Any:
+        # flush/invalidate ranges must be multiples of nonCoherentAtomSize (or reach the end)
+        a = self.non_coherent_atom
+        lo = offset // a * a
+        sz = vk.VK_WHOLE_SIZE
+        if size is not None:
+            hi = -(-(offset + size) // a) * a
+            if hi < r.size:
+                sz = hi - lo
+        return vk.VkMappedMemoryRange(memory=r.memory, offset=lo, size=sz)
+
+    def upload(self, items: Sequence[tuple[Region, int, np.ndarray]], chunk: int = 64 << 20) -> None:
+        """Write arrays into device regions: in place when mapped, else through the staging buffer."""
+        staged: list[tuple[Region, int, np.ndarray]] = []
+        for r, off, arr in items:
+            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            if r.mapped is not None:
+                r.mapped[off:off + data.size] = data
+                self.flush(r, off, data.size)
+            else:
+                staged.append((r, off, data))
+        if not staged:
+            return
+        with self._lock:
+            total = sum(d.size for _, _, d in staged)
+            st = self._staging_region(min(max(total, 1 << 20), chunk))
+            pending: list[tuple[Region, int, int, int]] = []  # (dst, dst_off, src_off, n)
+            used = 0
+            for r, off, data in staged:
+                pos = 0
+                while pos < data.size:
+                    n = min(data.size - pos, st.size - used)
+                    if n == 0:
+                        self._flush_copies(st, pending)
+                        pending, used = [], 0
+                        continue
+                    assert st.mapped is not None
+                    st.mapped[used:used + n] = data[pos:pos + n]
+                    pending.append((r, off + pos, used, n))
+                    used += n
+                    pos += n
+            self._flush_copies(st, pending)
+
+    def download(self, r: Region, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes of a device region (through staging if not mapped); used by tests and debugging."""
+        if r.mapped is not None:
+            self.invalidate(r, offset, nbytes)
+            return r.mapped[offset:offset + nbytes].copy()
+        with self._lock:
+            st = self._staging_region(nbytes)
+            self.one_time(lambda cb: vk.vkCmdCopyBuffer(cb, r.buffer, st.buffer, 1,
+                                                        [vk.VkBufferCopy(srcOffset=offset, dstOffset=0, size=nbytes)]),
+                          host_read=True)
+            self.invalidate(st, 0, nbytes)
+            assert st.mapped is not None
+            return st.mapped[:nbytes].copy()
+
+    def _staging_region(self, size: int) -> Region:
+        if self._staging is None or self._staging.size < size:
+            self.free_region(self._staging)
+            self._staging = None
+            self._staging = self.allocate_region(size, "staging", host=True)
+        return self._staging
+
+    def _flush_copies(self, st: Region, pending: list[tuple[Region, int, int, int]]) -> None:
+        if not pending:
+            return
+        self.flush(st)
+
+        def rec(cb: Any) -> None:
+            by_dst: dict[int, tuple[Region, list[Any]]] = {}
+            for dst, doff, soff, n in pending:
+                by_dst.setdefault(id(dst), (dst, []))[1].append(vk.VkBufferCopy(srcOffset=soff, dstOffset=doff, size=n))
+            for dst, copies in by_dst.values():
+                vk.vkCmdCopyBuffer(cb, st.buffer, dst.buffer, len(copies), copies)
+        self.one_time(rec)
+
+    def one_time(self, record: Callable[[Any], None], host_read: bool = False) -> None:
+        """Record, submit and wait for a throw-away command buffer (load-time uploads only)."""
+        with self._lock:
+            cb = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+                commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            try:
+                vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+                record(cb)
+                bar = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                         dstAccessMask=(vk.VK_ACCESS_HOST_READ_BIT if host_read else
+                                                        vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT))
+                vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                        vk.VK_PIPELINE_STAGE_HOST_BIT if host_read else vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                        0, 1, [bar], 0, None, 0, None)
+                vk.vkEndCommandBuffer(cb)
+                self.submit_and_wait(cb, self._upload_fence)
+            finally:
+                vk.vkFreeCommandBuffers(self.device, self._cmd_pool, 1, [cb])
+
+    def submit_and_wait(self, cb: Any, fence: Any, timeout_ns: int = 120 * 10**9) -> None:
+        vk.vkResetFences(self.device, 1, [fence])
+        info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])
+        with self.queue_lock:
+            vk.vkQueueSubmit(self.queue, 1, [info], fence)
+        self.wait_fence(fence, timeout_ns)
+
+    def wait_fence(self, fence: Any, timeout_ns: int = 120 * 10**9) -> None:
+        try:
+            r = vk.vkWaitForFences(self.device, 1, [fence], vk.VK_TRUE, timeout_ns)
+        except vk.VkTimeout:
+            raise BackendError(f"Vulkan queue did not finish within {timeout_ns / 1e9:.0f} s") from None
+        except Exception as e:
+            raise BackendError(f"vkWaitForFences failed: {e!r}") from e
+        if r not in (None, vk.VK_SUCCESS):
+            raise BackendError(f"vkWaitForFences returned {r}")
+
+    # ---------------------------------------------------------------- pipelines
+    def _set_layout(self, n: int) -> Any:
+        lay = self._set_layouts.get(n)
+        if lay is None:
+            binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                     descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                     for i in range(n)]
+            lay = vk.vkCreateDescriptorSetLayout(self.device, vk.VkDescriptorSetLayoutCreateInfo(
+                bindingCount=n, pBindings=binds or None), None)
+            self._set_layouts[n] = lay
+        return lay
+
+    def _pipe_layout(self, n: int, push: int) -> Any:
+        key = (n, push)
+        lay = self._pipe_layouts.get(key)
+        if lay is None:
+            rng = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push)] if push else None
+            lay = vk.vkCreatePipelineLayout(self.device, vk.VkPipelineLayoutCreateInfo(
+                setLayoutCount=1, pSetLayouts=[self._set_layout(n)], pushConstantRangeCount=1 if push else 0,
+                pPushConstantRanges=rng), None)
+            self._pipe_layouts[key] = lay
+        return lay
+
+    def _shader_module(self, mod: ShaderModule) -> Any:
+        h = self._shader_modules.get(mod.key)
+        if h is None:
+            h = vk.vkCreateShaderModule(self.device, vk.VkShaderModuleCreateInfo(codeSize=len(mod.spirv), pCode=mod.spirv), None)
+            self._shader_modules[mod.key] = h
+        return h
+
+    def pipelines(self, requests: Sequence[tuple[ShaderModule, Mapping[str, Any]]]) -> list[Pipeline]:
+        """Compute pipelines for (module, spec constants) pairs, created in one batch through the pipeline cache."""
+        ffi = vk.ffi
+        with self._lock:
+            keys = [(m.key, tuple(sorted(spec.items()))) for m, spec in requests]
+            todo: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[ShaderModule, Mapping[str, Any]]] = {}
+            for k, req in zip(keys, requests):
+                if k in self._pipelines:
+                    self.stats["pipelines_reused"] += 1
+                elif k not in todo:
+                    todo[k] = req
+            if todo:
+                infos = []
+                keep: list[Any] = []
+                feedbacks = []
+                for (mkey, spec_items), (mod, spec) in todo.items():
+                    man = mod.manifest
+                    entries, data = man.pack_spec(spec, f"shader {mod.name}")
+                    sinfo = None
+                    if entries:
+                        ents = ffi.new("VkSpecializationMapEntry[]", len(entries))
+                        for i, (cid, off) in enumerate(entries):
+                            ents[i].constantID, ents[i].offset, ents[i].size = cid, off, 4
+                        dbuf = ffi.new("char[]", data)
+                        sinfo = ffi.new("VkSpecializationInfo*")
+                        sinfo.mapEntryCount, sinfo.pMapEntries, sinfo.dataSize, sinfo.pData = len(entries), ents, len(data), dbuf
+                        keep += [ents, dbuf, sinfo]
+                    stage = ffi.new("VkPipelineShaderStageCreateInfo*")
+                    stage.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO
+                    stage.stage = vk.VK_SHADER_STAGE_COMPUTE_BIT
+                    stage.module = self._shader_module(mod)
+                    name = ffi.new("char[]", b"main")
+                    stage.pName = name
+                    stage.pSpecializationInfo = sinfo if sinfo is not None else ffi.NULL
+                    keep += [stage, name]
+                    info = ffi.new("VkComputePipelineCreateInfo*")
+                    info.sType = vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO
+                    info.stage = stage[0]
+                    info.layout = self._pipe_layout(len(man.bindings), man.push_size)
+                    info.basePipelineIndex = -1
+                    if self._feedback:
+                        fb = ffi.new("VkPipelineCreationFeedback*")
+                        fbs = ffi.new("VkPipelineCreationFeedback[1]")
+                        fci = ffi.new("VkPipelineCreationFeedbackCreateInfo*")
+                        fci.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_CREATION_FEEDBACK_CREATE_INFO
+                        fci.pPipelineCreationFeedback = fb
+                        fci.pipelineStageCreationFeedbackCount = 1
+                        fci.pPipelineStageCreationFeedbacks = fbs
+                        info.pNext = fci
+                        keep += [fb, fbs, fci]
+                        feedbacks.append(fb)
+                    else:
+                        feedbacks.append(None)
+                    keep.append(info)
+                    infos.append(info)
+                arr = ffi.new("VkComputePipelineCreateInfo[]", len(infos))
+                for i, inf in enumerate(infos):
+                    arr[i] = inf[0]
+                out = ffi.new("VkPipeline[]", len(infos))
+                res = vk.lib.vkCreateComputePipelines(self.device, self.pipeline_cache.handle, len(infos), arr, ffi.NULL, out)
+                if res != vk.VK_SUCCESS:
+                    raise BackendError(f"vkCreateComputePipelines failed ({res}) for "
+                                       f"{[m.name for m, _ in todo.values()]}")
+                hit_bit = vk.VK_PIPELINE_CREATION_FEEDBACK_APPLICATION_PIPELINE_CACHE_HIT_BIT
+                valid_bit = vk.VK_PIPELINE_CREATION_FEEDBACK_VALID_BIT
+                for i, (k, (mod, spec)) in enumerate(todo.items()):
+                    fb = feedbacks[i]
+                    hit = None
+                    if fb is not None and fb.flags & valid_bit:
+                        hit = bool(fb.flags & hit_bit)
+                        self.stats["pipeline_cache_hits"] += int(hit)
+                    man = mod.manifest
+                    self._pipelines[k] = Pipeline(out[i], self._pipe_layout(len(man.bindings), man.push_size),
+                                                  self._set_layout(len(man.bindings)), mod, k[1], hit)
+                self.stats["pipelines_created"] += len(todo)
+                self.pipeline_cache.dirty = True
+            return [self._pipelines[k] for k in keys]
+
+    # ---------------------------------------------------------------- lifetime
+    def register_model(self, model: Any) -> None:
+        self._models.add(model)
+
+    def wait_idle(self) -> None:
+        with self.queue_lock:
+            vk.vkQueueWaitIdle(self.queue)
+
+    def close(self) -> None:
+        """Close open models, save the pipeline cache, destroy every Vulkan object (idempotent)."""
+        with self._lock:
+            if self.closed:
+                return
+            for m in list(self._models):
+                try:
+                    m.close()
+                except Exception as e:  # pragma: no cover
+                    log.warning("closing model at device teardown: %s", e)
+            try:
+                vk.vkDeviceWaitIdle(self.device)
+            except Exception:
+                pass
+            try:
+                self.pipeline_cache.save()
+            except Exception as e:  # pragma: no cover
+                log.warning("saving the pipeline cache failed: %s", e)
+            self._destroy()
+
+    def _destroy(self) -> None:
+        dev = getattr(self, "device", None)
+        if dev is not None:
+            for p in self._pipelines.values():
+                vk.vkDestroyPipeline(dev, p.handle, None)
+            for lay in self._pipe_layouts.values():
+                vk.vkDestroyPipelineLayout(dev, lay, None)
+            for lay in self._set_layouts.values():
+                vk.vkDestroyDescriptorSetLayout(dev, lay, None)
+            for sm in self._shader_modules.values():
+                vk.vkDestroyShaderModule(dev, sm, None)
+            self._pipelines.clear()
+            self._pipe_layouts.clear()
+            self._set_layouts.clear()
+            self._shader_modules.clear()
+            if self._staging is not None:
+                self.free_region(self._staging)
+                self._staging = None
+            pc = getattr(self, "pipeline_cache", None)
+            if pc is not None:
+                pc.destroy()
+            vk.vkDestroyFence(dev, self._upload_fence, None)
+            vk.vkDestroyCommandPool(dev, self._cmd_pool, None)
+            vk.vkDestroyDevice(dev, None)
+            self.device = None
+        self.closed = True
+        if self._messenger is not None:
+            destroy = vk.vkGetInstanceProcAddr(self.instance, "vkDestroyDebugUtilsMessengerEXT")
+            destroy(self.instance, self._messenger, None)
+            self._messenger = None
+        inst = getattr(self, "instance", None)
+        if inst is not None:
+            vk.vkDestroyInstance(inst, None)
+            self.instance = None
+
+    def __repr__(self) -> str:
+        return f"<VulkanDevice {getattr(self, 'name', '?')} ({getattr(self, 'device_type', '?')})>"

@@ -1,0 +1,201 @@
+"""The Vulkan kernel contract: a ``Kernel`` whose work is a list of compute dispatches.
+
+Like CPU kernels, a ``VulkanKernel`` declares ``applies``, a pure host-side ``transform`` of the
+raw constants (e.g. Winograd-domain or transposed weights; done once at load), its
+``transformed_nbytes`` and its ``workspace_nbytes``, so the planners treat CPU and GPU kernels
+alike. Instead of ``run`` it describes ``dispatches(layer, params, caps)``: for each dispatch the shader
+(``shaders/<name>.comp``), its ``#define``s (fused activation, op selector, tile sizes),
+specialization constants (structural plan-time values such as kernel size and stride: each distinct
+set is a distinct pipeline, so tensor sizes go in push constants instead, keeping the number of
+pipelines per model, and so the cold compile cost, small), push constants by name, the descriptor
+bindings in binding order, and the workgroup counts. The executor records these once.
+
+This module imports no Vulkan: planners may use Vulkan kernels on machines without a GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from ..ops.base import Kernel, Layer
+
+#: Sub-allocation alignment of workspace parts and parameter arrays: the largest
+#: minStorageBufferOffsetAlignment the spec allows, so layouts do not depend on the device.
+ALIGN = 256
+#: The smallest maxStorageBufferRange the spec allows (2^27): weights larger than this are split so
+#: that every binding fits on every conformant device (lavapipe's limit is exactly this).
+MAX_BINDING_BYTES = 1 << 27
+
+#: Fused-activation ids, as in shaders/act.glsl.
+ACT_IDS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
+           "Tanh": 7, "SiLU": 8, "Gelu": 9, "GeluTanh": 10, "Softplus": 11}
+
+
+def align_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class Ref:
+    """What a descriptor binding points at.
+
+    kind: "in" (node input ``key``; a constant input binds its raw array), "out" (node output ``key``),
+    "param" (array ``key`` of the kernel's transform), "ws" (workspace part ``key``).
+    ``offset``/``size`` (bytes) select a sub-range (``size=None``: to the end).
+    """
+
+    kind: str
+    key: int | str
+    offset: int = 0
+    size: int | None = None
+
+
+def In(i: int, offset: int = 0, size: int | None = None) -> Ref:
+    return Ref("in", i, offset, size)
+
+
+def Out(i: int = 0, offset: int = 0, size: int | None = None) -> Ref:
+    return Ref("out", i, offset, size)
+
+
+def Param(key: str, offset: int = 0, size: int | None = None) -> Ref:
+    return Ref("param", key, offset, size)
+
+
+def Ws(key: str, offset: int = 0, size: int | None = None) -> Ref:
+    return Ref("ws", key, offset, size)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    shader: str
+    bindings: tuple[Ref, ...]
+    groups: tuple[int, int, int]
+    defines: Mapping[str, Any] = field(default_factory=dict)
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    push: Mapping[str, Any] = field(default_factory=dict)
+    #: True when this dispatch writes only elements that no earlier dispatch of the same layer wrote or
+    #: read, and reads nothing they wrote (e.g. the parts of a Concat): no barrier between them.
+    independent: bool = False
+
+
+@dataclass(frozen=True)
+class Caps:
+    """Device facts a kernel may plan with (a subset of ``device.DeviceCaps``; defaults fit any GPU)."""
+
+    subgroup_size: int = 32
+    max_shared_bytes: int = 16384
+    max_workgroup_invocations: int = 128
+    max_workgroup_count: tuple[int, int, int] = (65535, 65535, 65535)
+    vendor_id: int = 0
+
+
+class VulkanKernel(Kernel):
+    backend: ClassVar[str] = "vulkan"
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v, dtype=np.float32) if np.issubdtype(v.dtype, np.floating) else
+                np.ascontiguousarray(v, dtype=np.int32) for k, v in raw.items()}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        # default transform: every constant becomes a 4-byte float32/int32 array
+        return sum(4 * layer.inputs[k].size for k in layer.const_inputs if layer.inputs[k] is not None)
+
+    def workspace_parts(self, layer: Layer) -> dict[str, int]:
+        """Named scratch buffers (bytes) live only during this layer's dispatches."""
+        return {}
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(align_up(n) for n in self.workspace_parts(layer).values())
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        """The compute work for this layer; ``params`` is what ``transform`` returned (values may set push constants)."""
+        raise NotImplementedError
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        raise NotImplementedError(f"{self!r} runs on a Vulkan device: build an inferd.vulkan.executor.VulkanModel")
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers shared by the host bindings
+# ------------------------------------------------------------------------------------------------
+
+def act_of(layer: Layer) -> tuple[int, float, float]:
+    """(ACT define id, act_a, act_b) for the layer's fused activation attrs["act"]."""
+    act = layer.attr("act")
+    if act is None:
+        return 0, 0.0, 0.0
+    name, p = act[0], tuple(act[1]) if len(act) > 1 and act[1] is not None else ()
+    if name == "Gelu" and p and float(p[0]) == 1.0:
+        name = "GeluTanh"
+    if name not in ACT_IDS:
+        raise ValueError(f"unknown fused activation {name!r}")
+    a = float(p[0]) if len(p) > 0 else 0.0
+    b = float(p[1]) if len(p) > 1 else 0.0
+    if name == "LeakyRelu" and not p:
+        a = 0.01
+    if name == "HardSigmoid" and not p:
+        a, b = 0.2, 0.5
+    if name == "Clip":
+        a = -math.inf if not p or p[0] is None else float(p[0])
+        b = math.inf if len(p) < 2 or p[1] is None else float(p[1])
+    return ACT_IDS[name], a, b
+
+
+def act_supported(layer: Layer) -> bool:
+    act = layer.attr("act")
+    return act is None or act[0] in ACT_IDS or act[0] == "Gelu"
+
+
+def grid(n: int, local: int, caps: Caps) -> tuple[int, int, int]:
+    """Workgroup counts covering ``n`` invocations of ``local`` threads, 2-D when x would exceed the limit.
+
+    Shaders recover the linear id with ``gid()`` from common.glsl.
+    """
+    groups = max(1, -(-n // local))
+    maxx = caps.max_workgroup_count[0]
+    if groups <= maxx:
+        return (groups, 1, 1)
+    return (maxx, -(-groups // maxx), 1)
+
+
+def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:
+    """Merge adjacent dims that are contiguous in every stride set (fewer dims for the index math).
+
+    Dims of size 1 are dropped. Returns (dims, [strides per set]), outermost first.
+    """
+    dims: list[int] = []
+    sts: list[list[int]] = [[] for _ in strides]
+    for d in range(len(shape)):
+        if shape[d] == 1:
+            continue
+        if dims and all(sts[k][-1] == strides[k][d] * shape[d] for k in range(len(strides))):
+            dims[-1] *= shape[d]
+            for k in range(len(strides)):
+                sts[k][-1] = strides[k][d]
+            continue
+        dims.append(int(shape[d]))
+        for k in range(len(strides)):
+            sts[k].append(int(strides[k][d]))
+    if not dims:
+        dims = [1]
+        sts = [[1] for _ in strides]
+    return dims, sts
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    st = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        st[d] = st[d + 1] * int(shape[d + 1])
+    return st
+
+
+def broadcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> list[int]:
+    """Element strides of a contiguous ``shape`` read at ``out_shape`` positions (0 on broadcast dims)."""
+    shape = [1] * (len(out_shape) - len(shape)) + list(shape)
+    st = contiguous_strides(shape)
+    return [0 if s == 1 and o != 1 else st[d] for d, (s, o) in enumerate(zip(shape, out_shape))]

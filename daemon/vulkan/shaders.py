@@ -1,0 +1,537 @@
+"""GLSL compute shaders -> SPIR-V, with an on-disk cache and a reflected manifest.
+
+Sources live in ``shaders/`` (ncnn layout: ``<family>[_variant].comp``, shared snippets in ``*.glsl``
+pulled in with ``#include "x.glsl"``). A *variant* is a source plus a set of ``#define`` values
+(fused activation, op selector, tile sizes). Its SPIR-V is cached under
+``<cache_dir>/spirv/<key>.spv`` with a JSON manifest beside it, where ``key`` is the sha256 of the
+include-expanded source, the sorted defines, the target environment and the compiler version.
+
+The manifest is reflected from the SPIR-V itself (not parsed from GLSL), so it is exact under
+``#if``: descriptor bindings with their read/write access (used by the executor to place barriers),
+push-constant members with offsets (used to pack push data by name), specialization constants
+by name and id, and the workgroup size.
+
+Nothing here touches Vulkan; it only needs ``glslangValidator`` on a cache miss.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import BackendError
+
+log = logging.getLogger("inferd.vulkan.shaders")
+
+#: Target environment of the generated SPIR-V (Vulkan 1.1: SPIR-V 1.3, supported on Jetson and lavapipe).
+TARGET_ENV = "vulkan1.1"
+#: Bump when the manifest format or the way variants are built changes (invalidates the disk cache).
+CACHE_FORMAT = 2
+
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+Defines = tuple[tuple[str, str], ...]
+
+
+def shader_dir() -> Path:
+    """Directory holding the ``.comp`` sources: $INFERD_SHADER_DIR, the installed copy, or the repo's."""
+    env = os.environ.get("INFERD_SHADER_DIR")
+    if env:
+        return Path(env)
+    pkg = Path(__file__).resolve().parent.parent
+    for cand in (pkg / "_shaders", pkg.parent / "shaders"):
+        if cand.is_dir() and any(cand.glob("*.comp")):
+            return cand
+    raise BackendError(f"no shader directory found (looked in {pkg / '_shaders'} and {pkg.parent / 'shaders'}; "
+                       f"set INFERD_SHADER_DIR)")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("INFERD_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "inferd"
+
+
+def norm_defines(defines: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> Defines:
+    """Canonical, hashable form of a define set (sorted, values as strings; bools as 0/1)."""
+    if not defines:
+        return ()
+    items = defines.items() if isinstance(defines, Mapping) else defines
+    out = []
+    for k, v in items:
+        if isinstance(v, bool):
+            v = int(v)
+        out.append((str(k), str(v)))
+    return tuple(sorted(out))
+
+
+# --------------------------------------------------------------------------------------------
+# SPIR-V reflection
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BindingInfo:
+    binding: int
+    name: str
+    readonly: bool
+    writeonly: bool
+
+    @property
+    def reads(self) -> bool:
+        return not self.writeonly
+
+    @property
+    def writes(self) -> bool:
+        return not self.readonly
+
+
+@dataclass(frozen=True)
+class PushMember:
+    name: str
+    offset: int
+    kind: str   # struct code: "i" int32, "I" uint32, "f" float32
+    count: int  # >1 for arrays (std430 stride 4)
+
+
+@dataclass(frozen=True)
+class SpecConst:
+    id: int
+    name: str
+    kind: str   # "i", "I", "f", "?" (bool, packed as uint32)
+    default: Any
+
+
+@dataclass(frozen=True)
+class Manifest:
+    bindings: tuple[BindingInfo, ...]
+    push: tuple[PushMember, ...]
+    push_size: int
+    spec: tuple[SpecConst, ...]
+    local_size: tuple[int, int, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bindings": [_asdict(b) for b in self.bindings],
+            "push": [_asdict(p) for p in self.push],
+            "push_size": self.push_size,
+            "spec": [_asdict(s) for s in self.spec],
+            "local_size": list(self.local_size),
+        }
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> "Manifest":
+        return Manifest(tuple(BindingInfo(**b) for b in d["bindings"]), tuple(PushMember(**p) for p in d["push"]),
+                        int(d["push_size"]), tuple(SpecConst(**s) for s in d["spec"]),
+                        tuple(d["local_size"]))  # type: ignore[arg-type]
+
+    def pack_push(self, values: Mapping[str, Any], where: str = "") -> bytes:
+        """Push-constant bytes from member values by name (arrays as sequences); unknown or missing names raise."""
+        if not self.push:
+            if values:
+                raise BackendError(f"{where}: shader has no push constants but got {sorted(values)}")
+            return b""
+        buf = bytearray(self.push_size)
+        names = {p.name for p in self.push}
+        extra = set(values) - names
+        if extra:
+            raise BackendError(f"{where}: unknown push constants {sorted(extra)}; shader declares {sorted(names)}")
+        for p in self.push:
+            if p.name not in values:
+                raise BackendError(f"{where}: push constant {p.name!r} not given")
+            v = values[p.name]
+            if p.count > 1:
+                vals = list(v)
+                if len(vals) > p.count:
+                    raise BackendError(f"{where}: push array {p.name} holds {p.count}, got {len(vals)}")
+                vals = vals + [0] * (p.count - len(vals))
+                struct.pack_into(f"<{p.count}{p.kind}", buf, p.offset, *[_conv(x, p.kind) for x in vals])
+            else:
+                struct.pack_into(f"<{p.kind}", buf, p.offset, _conv(v, p.kind))
+        return bytes(buf)
+
+    def pack_spec(self, values: Mapping[str, Any], where: str = "") -> tuple[tuple[tuple[int, int], ...], bytes]:
+        """(map entries (constantID, offset), data) for the given spec constants by name (others keep defaults)."""
+        by_name = {s.name: s for s in self.spec}
+        extra = set(values) - set(by_name)
+        if extra:
+            raise BackendError(f"{where}: unknown specialization constants {sorted(extra)}; shader declares {sorted(by_name)}")
+        entries = []
+        data = bytearray()
+        for name in sorted(values, key=lambda n: by_name[n].id):
+            s = by_name[name]
+            kind = "I" if s.kind == "?" else s.kind
+            entries.append((s.id, len(data)))
+            data += struct.pack(f"<{kind}", _conv(values[name], kind))
+        return tuple(entries), bytes(data)
+
+
+def _conv(v: Any, kind: str) -> Any:
+    if kind == "f":
+        return float(v)
+    iv = int(v)
+    if kind == "I" and iv < 0:
+        raise BackendError(f"negative value {iv} for a uint constant")
+    return iv
+
+
+def _asdict(o: Any) -> dict[str, Any]:
+    return {k: getattr(o, k) for k in o.__dataclass_fields__}
+
+
+def _spv_string(words: Sequence[int]) -> str:
+    raw = b"".join(struct.pack("<I", w) for w in words)
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def reflect(spv: bytes) -> Manifest:
+    """Reflect bindings, push constants, spec constants and local size from a SPIR-V module."""
+    if len(spv) < 20 or len(spv) % 4:
+        raise BackendError("SPIR-V module is truncated")
+    words = struct.unpack(f"<{len(spv) // 4}I", spv)
+    if words[0] != 0x07230203:
+        raise BackendError("not a SPIR-V module (bad magic)")
+    names: dict[int, str] = {}
+    member_names: dict[tuple[int, int], str] = {}
+    decos: dict[int, dict[int, list[int]]] = {}
+    member_decos: dict[tuple[int, int], dict[int, list[int]]] = {}
+    types: dict[int, tuple] = {}
+    consts: dict[int, int] = {}
+    spec_defs: dict[int, tuple[int, Any]] = {}  # result id -> (type id, default)
+    variables: list[tuple[int, int, int]] = []   # (pointer type, id, storage class)
+    local_size = (1, 1, 1)
+    i = 5
+    n = len(words)
+    while i < n:
+        wc, op = words[i] >> 16, words[i] & 0xFFFF
+        if wc == 0:
+            raise BackendError("corrupt SPIR-V (zero word count)")
+        a = words[i + 1:i + wc]
+        if op == 5:
+            names[a[0]] = _spv_string(a[1:])
+        elif op == 6:
+            member_names[(a[0], a[1])] = _spv_string(a[2:])
+        elif op == 16 and a[1] == 17:
+            local_size = (a[2], a[3], a[4])
+        elif op == 71:
+            decos.setdefault(a[0], {})[a[1]] = list(a[2:])
+        elif op == 72:
+            member_decos.setdefault((a[0], a[1]), {})[a[2]] = list(a[3:])
+        elif op == 20:
+            types[a[0]] = ("bool",)
+        elif op == 21:
+            types[a[0]] = ("int", a[1], a[2])
+        elif op == 22:
+            types[a[0]] = ("float", a[1])
+        elif op == 23:
+            types[a[0]] = ("vec", a[1], a[2])
+        elif op == 28:
+            types[a[0]] = ("array", a[1], a[2])
+        elif op == 29:
+            types[a[0]] = ("rtarray", a[1])
+        elif op == 30:
+            types[a[0]] = ("struct", tuple(a[1:]))
+        elif op == 32:
+            types[a[0]] = ("ptr", a[1], a[2])
+        elif op == 43:
+            consts[a[1]] = a[2]
+        elif op in (48, 49):
+            spec_defs[a[1]] = (a[0], op == 48)
+        elif op == 50:
+            spec_defs[a[1]] = (a[0], a[2])
+        elif op == 59:
+            variables.append((a[0], a[1], a[2]))
+        i += wc
+
+    def scalar_kind(tid: int) -> str:
+        t = types[tid]
+        if t[0] == "int":
+            return "i" if t[2] else "I"
+        if t[0] == "float":
+            return "f"
+        if t[0] == "bool":
+            return "?"
+        raise BackendError(f"unsupported push/spec constant type {t}")
+
+    bindings = []
+    push: list[PushMember] = []
+    push_size = 0
+    for ptype, vid, sc in variables:
+        pointee = types[ptype][2]
+        if sc in (2, 12) and 33 in decos.get(vid, {}):
+            st = types[pointee]
+            members = st[1] if st[0] == "struct" else ()
+            var_d = decos.get(vid, {})
+            nw = 24 in var_d or (bool(members) and all(24 in member_decos.get((pointee, m), {}) for m in range(len(members))))
+            nr = 25 in var_d or (bool(members) and all(25 in member_decos.get((pointee, m), {}) for m in range(len(members))))
+            bname = names.get(vid) or names.get(pointee, f"b{decos[vid][33][0]}")
+            bindings.append(BindingInfo(decos[vid][33][0], bname, nw, nr))
+        elif sc == 9:
+            st = types[pointee]
+            for m, mt in enumerate(st[1]):
+                off = member_decos[(pointee, m)][35][0]
+                t = types[mt]
+                if t[0] == "array":
+                    kind, count = scalar_kind(t[1]), consts[t[2]]
+                else:
+                    kind, count = scalar_kind(mt), 1
+                push.append(PushMember(member_names.get((pointee, m), f"m{m}"), off, kind, count))
+                push_size = max(push_size, off + 4 * count)
+    spec = []
+    for sid, (tid, default) in spec_defs.items():
+        if 1 not in decos.get(sid, {}):
+            continue
+        kind = scalar_kind(tid)
+        if kind == "f":
+            default = struct.unpack("<f", struct.pack("<I", default))[0]
+        elif kind == "i" and default >= 2**31:
+            default -= 2**32
+        spec.append(SpecConst(decos[sid][1][0], names.get(sid, f"s{sid}"), kind, default))
+    bindings.sort(key=lambda b: b.binding)
+    if [b.binding for b in bindings] != list(range(len(bindings))):
+        raise BackendError(f"shader bindings must be dense from 0, got {[b.binding for b in bindings]}")
+    return Manifest(tuple(bindings), tuple(sorted(push, key=lambda p: p.offset)), push_size,
+                    tuple(sorted(spec, key=lambda s: s.id)), tuple(local_size))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# compilation and cache
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShaderModule:
+    """A compiled variant: SPIR-V bytes plus its manifest; ``key`` identifies it everywhere."""
+
+    name: str
+    defines: Defines
+    key: str
+    spirv: bytes = field(repr=False)
+    manifest: Manifest = field(repr=False)
+
+
+def expand_source(name: str, sdir: Path | None = None) -> str:
+    """``shaders/<name>.comp`` with ``#include "x.glsl"`` expanded (each file at most once)."""
+    sdir = sdir or shader_dir()
+    path = sdir / f"{name}.comp"
+    if not path.is_file():
+        raise BackendError(f"shader source {path} not found")
+    seen: set[str] = set()
+
+    def expand(text: str, origin: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            inc = m.group(1)
+            if inc in seen:
+                return ""
+            seen.add(inc)
+            p = sdir / inc
+            if not p.is_file():
+                raise BackendError(f"{origin}: included file {p} not found")
+            return expand(p.read_text(), inc)
+        return _INCLUDE_RE.sub(sub, text)
+
+    return expand(path.read_text(), path.name)
+
+
+_compiler_lock = threading.Lock()
+_compiler_info: tuple[str, str] | None = None  # (path, version)
+
+
+def compiler() -> tuple[str, str] | None:
+    """(path, version string) of glslangValidator, or None if not installed."""
+    global _compiler_info
+    with _compiler_lock:
+        if _compiler_info is None:
+            exe = os.environ.get("INFERD_GLSLANG") or shutil.which("glslangValidator")
+            if not exe:
+                _compiler_info = ("", "")
+            else:
+                try:
+                    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+                    ver = " ".join(line.strip() for line in out.splitlines()[:1])
+                except (OSError, subprocess.SubprocessError):
+                    ver = ""
+                _compiler_info = (exe, ver) if ver else ("", "")
+        return _compiler_info if _compiler_info[0] else None
+
+
+def shader_set_hash(sdir: Path | None = None) -> str:
+    """sha256 over every shader source file and the compiler version: the pipeline cache's shader-set key."""
+    sdir = sdir or shader_dir()
+    h = hashlib.sha256()
+    h.update(f"{CACHE_FORMAT}|{TARGET_ENV}|".encode())
+    comp = compiler()
+    h.update((comp[1] if comp else "prebuilt").encode())
+    for p in sorted(list(sdir.glob("*.comp")) + list(sdir.glob("*.glsl"))):
+        h.update(p.name.encode())
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+class ShaderCache:
+    """Compiles variants on demand and keeps their SPIR-V on disk (and in memory for the process).
+
+    ``cache_dir=None`` disables the disk cache (cold benchmarks of the compile step).
+    Thread-safe; misses are compiled in parallel, one glslang process each.
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str] | None, sdir: Path | None = None) -> None:
+        self.sdir = sdir or shader_dir()
+        self.dir = Path(cache_dir) / "spirv" if cache_dir is not None else None
+        self._mem: dict[tuple[str, Defines], ShaderModule] = {}
+        self._lock = threading.Lock()
+        self._src: dict[str, str] = {}
+        self.compiled = 0
+        self.disk_hits = 0
+        self.memory_hits = 0
+
+    def _source(self, name: str) -> str:
+        src = self._src.get(name)
+        if src is None:
+            src = self._src[name] = expand_source(name, self.sdir)
+        return src
+
+    def _key(self, name: str, defines: Defines, comp_version: str) -> str:
+        h = hashlib.sha256()
+        h.update(f"{CACHE_FORMAT}|{TARGET_ENV}|{comp_version}|{name}|".encode())
+        h.update(repr(defines).encode())
+        h.update(self._source(name).encode())
+        return h.hexdigest()
+
+    def get(self, name: str, defines: Mapping[str, Any] | Defines | None = None) -> ShaderModule:
+        return self.get_many([(name, norm_defines(defines))])[0]
+
+    def get_many(self, variants: Sequence[tuple[str, Defines]]) -> list[ShaderModule]:
+        """Modules for ``variants`` (name, normalised defines), compiling the missing ones in parallel."""
+        comp = compiler()
+        version = comp[1] if comp else "prebuilt"
+        results: dict[tuple[str, Defines], ShaderModule] = {}
+        missing: list[tuple[str, Defines, str]] = []
+        with self._lock:
+            for name, defs in dict.fromkeys(variants):
+                mod = self._mem.get((name, defs))
+                if mod is not None:
+                    self.memory_hits += 1
+                    results[(name, defs)] = mod
+                    continue
+                key = self._key(name, defs, version)
+                mod = self._load(name, defs, key) if comp else self._load_prebuilt(name, defs)
+                if mod is not None:
+                    self.disk_hits += 1
+                    self._mem[(name, defs)] = results[(name, defs)] = mod
+                else:
+                    missing.append((name, defs, key))
+        if missing:
+            if comp is None:
+                raise BackendError(f"glslangValidator is not installed and no precompiled SPIR-V exists for "
+                                   f"{[(n, dict(d)) for n, d, _ in missing]}")
+            workers = max(1, min(len(missing), os.cpu_count() or 1))
+            with ThreadPoolExecutor(workers) as pool:
+                mods = list(pool.map(lambda m: self._compile(comp[0], *m), missing))
+            with self._lock:
+                for mod in mods:
+                    self.compiled += 1
+                    self._mem[(mod.name, mod.defines)] = results[(mod.name, mod.defines)] = mod
+                    self._store(mod, version)
+        return [results[v] for v in variants]
+
+    def _compile(self, exe: str, name: str, defines: Defines, key: str) -> ShaderModule:
+        src = self._source(name)
+        with tempfile.TemporaryDirectory(prefix="inferd-glsl-") as td:
+            sp = Path(td) / f"{name}.comp"
+            sp.write_text(src)
+            out = Path(td) / "out.spv"
+            cmd = [exe, "-V", "--target-env", TARGET_ENV, "-S", "comp", "-o", str(out)]
+            cmd += [f"-D{k}={v}" for k, v in defines]
+            cmd.append(str(sp))
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0 or not out.is_file():
+                msg = (r.stdout + r.stderr).strip()
+                raise BackendError(f"glslang failed on shader {name} with defines {dict(defines)}:\n{msg}")
+            spv = out.read_bytes()
+        return ShaderModule(name, defines, key, spv, reflect(spv))
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        assert self.dir is not None
+        return self.dir / f"{key}.spv", self.dir / f"{key}.json"
+
+    def _load(self, name: str, defines: Defines, key: str) -> ShaderModule | None:
+        if self.dir is None:
+            return None
+        spv_p, man_p = self._paths(key)
+        try:
+            spv = spv_p.read_bytes()
+            meta = json.loads(man_p.read_text())
+            if meta.get("spirv_sha256") != hashlib.sha256(spv).hexdigest():
+                log.warning("SPIR-V cache entry %s is corrupt; recompiling", spv_p)
+                return None
+            return ShaderModule(name, defines, key, spv, Manifest.from_json(meta["manifest"]))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("SPIR-V cache entry %s unreadable (%s); recompiling", spv_p, e)
+            return None
+
+    def _load_prebuilt(self, name: str, defines: Defines) -> ShaderModule | None:
+        # Without a compiler, trust the newest entry for this source+defines whatever glslang built it.
+        if self.dir is None:
+            return None
+        alias = self.dir / f"src-{self._key(name, defines, '*')}.txt"
+        try:
+            key = alias.read_text().strip()
+        except OSError:
+            return None
+        return self._load(name, defines, key)
+
+    def _store(self, mod: ShaderModule, version: str) -> None:
+        if self.dir is None:
+            return
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            spv_p, man_p = self._paths(mod.key)
+            meta = {"name": mod.name, "defines": dict(mod.defines), "compiler": version, "target_env": TARGET_ENV,
+                    "spirv_sha256": hashlib.sha256(mod.spirv).hexdigest(), "manifest": mod.manifest.to_json()}
+            _atomic_write(spv_p, mod.spirv)
+            _atomic_write(man_p, json.dumps(meta, indent=1).encode())
+            _atomic_write(self.dir / f"src-{self._key(mod.name, mod.defines, '*')}.txt", mod.key.encode())
+        except OSError as e:
+            log.warning("cannot write SPIR-V cache under %s: %s", self.dir, e)
+
+    def manifest_index(self) -> dict[str, Any]:
+        """Every variant this cache knows in memory: {key: {name, defines, manifest}} (for tools and tests)."""
+        with self._lock:
+            return {m.key: {"name": m.name, "defines": dict(m.defines), "manifest": m.manifest.to_json()}
+                    for m in self._mem.values()}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def precompile(variants: Sequence[tuple[str, Mapping[str, Any] | None]], cache_dir: str | os.PathLike[str] | None = None) -> int:
+    """Compile ``variants`` into the disk cache (the install step's hook); returns how many were built."""
+    cache = ShaderCache(cache_dir if cache_dir is not None else default_cache_dir())
+    before = cache.compiled
+    cache.get_many([(n, norm_defines(d)) for n, d in variants])
+    return cache.compiled - before

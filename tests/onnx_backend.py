@@ -1,0 +1,216 @@
+"""An ``onnx.backend.base.Backend`` over inferd's CPU engine, for the official ONNX backend tests.
+
+``InferdBackend.prepare(model)`` imports the model with inferd's importer and builds a
+``CpuExecutor``; ``rep.run(inputs)`` feeds the graph inputs (initializers excluded) in graph order
+and returns the outputs in graph-output order.
+
+Three adaptations, all about the *test models* rather than the engine's semantics:
+  * Shapes. inferd fixes every shape at load. When a model's graph inputs are fully static the
+    engine is built in ``prepare``; otherwise it is built at the first ``run`` with the shapes of
+    the arrays actually fed (and rebuilt if a later run feeds other shapes).
+  * Shape-defining inputs. inferd requires the inputs that decide an output's shape (Reshape's
+    shape, Slice's starts/ends/axes/steps, Pad's pads, a Reduce's axes, Resize's scales/sizes, ...,
+    see ``SHAPE_INPUTS``) to be constants, as they are in exported models; the node tests feed
+    them as graph inputs. A graph input that reaches such a position (directly or through other
+    nodes, not through Shape/Size) is frozen into an initializer holding the value fed at ``run``
+    and the model is imported then. Data inputs are never frozen, so the kernels still run on
+    them; a test whose inputs are *all* shape-defining (Range, ConstantOfShape) is computed by
+    the import-time constant folding, i.e. by the op's numpy reference.
+  * Opsets. The ONNX node tests stamp each model with the opset in which its op last changed,
+    up to the newest opset onnx knows. inferd's importer accepts opsets up to
+    ``inferd.frontend.onnx_import.MAX_OPSET``; a newer model is converted down with onnx's own
+    ``version_converter``, which refuses conversions that change semantics or use types
+    the older opset lacks. Such a refusal is reported as ``UnsupportedOpError``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx import version_converter
+from onnx.backend.base import Backend, BackendRep
+
+from inferd.errors import UnsupportedOpError
+from inferd.frontend import import_model
+from inferd.frontend.onnx_import import MAX_OPSET
+from inferd.ir import Graph
+from inferd.runtime.cpu import CpuExecutor, check_feeds
+
+
+#: op -> input positions that must be constants for inferd (they define shapes, or a mode flag)
+SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
+    "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
+    "Resize": (1, 2, 3), "Upsample": (1,), "Dropout": (1, 2),
+    **{op: (1,) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                           "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
+}
+#: ops whose output depends on their input's shape only, where the backward walk stops
+_SHAPE_ONLY = {"Shape", "Size"}
+
+
+def shape_defining_inputs(model: onnx.ModelProto) -> set[str]:
+    """Graph inputs whose *values* reach a position of ``SHAPE_INPUTS``."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    graph_inputs = {vi.name for vi in _graph_inputs(model)}
+    todo = [n.input[i] for n in model.graph.node for i in SHAPE_INPUTS.get(n.op_type, ())
+            if i < len(n.input) and n.input[i]]
+    seen: set[str] = set()
+    found: set[str] = set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in graph_inputs:
+            found.add(t)
+        p = producer.get(t)
+        if p is not None and p.op_type not in _SHAPE_ONLY:
+            todo.extend(i for i in p.input if i)
+    return found
+
+
+def freeze_inputs(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs in ``values`` are initializers holding those values."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = [vi for vi in m.graph.input if vi.name not in values]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    m.graph.initializer.extend(onnx.numpy_helper.from_array(np.asarray(v), name) for name, v in values.items())
+    return m
+
+
+def _default_opset(model: onnx.ModelProto) -> int | None:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return int(o.version)
+    return None
+
+
+def to_supported_opset(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself when inferd's importer accepts its opset, else a version-converted copy."""
+    opset = _default_opset(model)
+    if opset is None or opset <= MAX_OPSET:
+        return model
+    if any(o.domain not in ("", "ai.onnx") for o in model.opset_import):
+        # the converter only knows the default domain; the importer rejects other domains anyway
+        return model
+    try:
+        return version_converter.convert_version(model, MAX_OPSET)
+    except Exception as e:  # the converter raises RuntimeError/ConvertError with an assertion text
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsupportedOpError("(model)", model.graph.name or "graph", opset,
+                                 f"opset {opset} > {MAX_OPSET} and onnx.version_converter cannot convert it "
+                                 f"down: {first}") from e
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {i.name for i in model.graph.initializer} | {i.name for i in model.graph.sparse_initializer}
+    return [vi for vi in model.graph.input if vi.name not in inits]
+
+
+def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    """The input's shape when every dimension is a fixed value, else None."""
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims = []
+    for d in vi.type.tensor_type.shape.dim:
+        if not d.HasField("dim_value"):
+            return None
+        dims.append(int(d.dim_value))
+    return tuple(dims)
+
+
+class InferdBackendRep(BackendRep):
+    """A prepared model: one ``CpuExecutor`` for the input shapes (and frozen values) last fed."""
+
+    def __init__(self, model: onnx.ModelProto, kernels: dict[str, str] | None = None) -> None:
+        self.model = model
+        self.kernels = kernels
+        self.input_names = [vi.name for vi in _graph_inputs(model)]
+        self.output_names = [o.name for o in model.graph.output]
+        self.frozen = shape_defining_inputs(model)
+        self._static = [_static_shape(vi) for vi in _graph_inputs(model)]
+        self._key: tuple[Any, ...] | None = None
+        self.graph: Graph | None = None
+        self._exec: CpuExecutor | None = None
+        if not self.frozen and all(s is not None for s in self._static):
+            self._build({n: s for n, s in zip(self.input_names, self._static) if s is not None}, {})
+
+    def _build(self, shapes: dict[str, tuple[int, ...]], frozen: dict[str, np.ndarray]) -> None:
+        model = freeze_inputs(self.model, frozen) if frozen else self.model
+        graph = import_model(model, shapes={n: s for n, s in shapes.items() if n not in frozen})
+        self._exec = CpuExecutor(graph, kernels=self.kernels)
+        self.graph = graph
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        if isinstance(inputs, dict):
+            arrays = [np.asarray(inputs[n]) for n in self.input_names]
+        else:
+            if isinstance(inputs, np.ndarray):
+                inputs = [inputs]
+            arrays = [np.asarray(a) for a in inputs]
+        if len(arrays) != len(self.input_names):
+            raise ValueError(f"model takes {len(self.input_names)} input(s) {self.input_names}, got {len(arrays)}")
+        fed = dict(zip(self.input_names, arrays))
+        frozen = {n: a for n, a in fed.items() if n in self.frozen}
+        # a statically shaped input keeps its declared shape, so a wrong feed gets the engine's InputError
+        shapes = {n: (s if s is not None else tuple(fed[n].shape)) for n, s in zip(self.input_names, self._static)}
+        key = (tuple(sorted(shapes.items())),
+               tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in sorted(frozen.items())))
+        if self._exec is None or (self._key is not None and key != self._key):
+            self._build(shapes, frozen)
+        self._key = key
+        assert self._exec is not None and self.graph is not None
+        feeds = check_feeds(self.graph.inputs, {n: a for n, a in fed.items() if n not in frozen}, self.graph.name)
+        res = self._exec.run(feeds)
+        return tuple(res[n] for n in self.output_names)
+
+
+class InferdBackend(Backend):
+    """inferd's CPU engine as an ONNX backend (device "CPU" only)."""
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> InferdBackendRep:
+        if not cls.supports_device(device):
+            raise ValueError(f"inferd's ONNX backend runs on CPU only, got device {device!r}")
+        if isinstance(model, (bytes, bytearray)):
+            model = onnx.load_from_string(bytes(model))
+        return InferdBackendRep(to_supported_opset(model), kernels=kwargs.get("kernels"))
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU",
+                 outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
+                 **kwargs: Any) -> tuple[Any, ...]:
+        """Wrap one node into a model (inputs/outputs typed from the arrays and ``outputs_info``)."""
+        arrays = [np.asarray(a) for a in inputs]
+        ins = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+               for n, a in zip(node.input, arrays)]
+        outs = []
+        for k, n in enumerate(node.output):
+            if outputs_info is not None and k < len(outputs_info):
+                dt, shape = outputs_info[k]
+                outs.append(onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dt)),
+                                                               shape))
+            else:
+                outs.append(onnx.helper.make_empty_tensor_value_info(n))
+        opset = int(kwargs.pop("opset_version", onnx.defs.onnx_opset_version()))
+        model = onnx.helper.make_model(onnx.helper.make_graph([node], "run_node", ins, outs),
+                                       opset_imports=[onnx.helper.make_opsetid("", opset)])
+        return cls.run_model(model, arrays, device, **kwargs)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device.upper() == "CPU"
+
+
+prepare = InferdBackend.prepare
+run_model = InferdBackend.run_model
+run_node = InferdBackend.run_node
+supports_device = InferdBackend.supports_device

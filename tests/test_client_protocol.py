@@ -1,0 +1,165 @@
+"""The wire protocol module on its own: round trips, every validation rule, endpoint defaults."""
+from __future__ import annotations
+
+import math
+
+import msgpack
+import numpy as np
+import pytest
+
+from inferd_client import errors, protocol as P
+
+
+def _bytes(frames: list) -> list[bytes]:
+    return [bytes(memoryview(f)) for f in frames]
+
+
+def test_request_round_trip_all_dtypes() -> None:
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for i, dt in enumerate(sorted(P.ALLOWED_DTYPES)):
+        shape = (2, 3) if i % 2 else (4,)
+        tensors[f"t_{dt}"] = (rng.standard_normal(shape) * 10).astype(dt)
+    tensors["scalar"] = np.array(3.5, np.float32)
+    tensors["empty"] = np.zeros((0, 5), np.float32)
+    tensors["noncontig"] = np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2]
+    tensors["bigendian"] = np.arange(5, dtype=">f4")
+    frames = _bytes(P.encode_request(42, "infer", "m", tensors=tensors, timeout_ms=250, priority=-3))
+    req = P.decode_request(frames)
+    assert (req.id, req.op, req.model, req.timeout_ms, req.priority) == (42, "infer", "m", 250.0, -3)
+    assert list(req.tensors) == list(tensors)
+    for k, v in tensors.items():
+        got = req.tensors[k]
+        assert got.shape == v.shape and got.dtype == v.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(got, v)
+
+
+def test_reply_round_trip_and_error() -> None:
+    out = {"y": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    rep = P.decode_reply(_bytes(P.encode_reply("abc", {"k": 1}, out)))
+    assert rep.ok and rep.id == "abc" and rep.result == {"k": 1}
+    np.testing.assert_array_equal(rep.tensors["y"], out["y"])
+    err = P.decode_reply(_bytes(P.encode_error(7, P.NOT_FOUND, "model 'x' not found")))
+    assert not err.ok and err.id == 7 and err.error_code == "NOT_FOUND" and "model 'x'" in err.error_message
+    # an unknown code never goes on the wire
+    assert P.decode_reply(_bytes(P.encode_error(7, "WHATEVER", "m"))).error_code == "INTERNAL"
+
+
+def _header(**kw: object) -> bytes:
+    h = {"v": 1, "id": 5, "op": "infer", "model": "m"}
+    h.update(kw)
+    return msgpack.packb({k: v for k, v in h.items() if v is not _DROP}, use_bin_type=True)
+
+
+_DROP = object()
+
+
+@pytest.mark.parametrize(
+    "frames, needle",
+    [
+        ([], "empty message"),
+        ([b"\xc1garbage"], "not valid msgpack"),
+        ([msgpack.packb([1, 2, 3])], "must be a msgpack map"),
+        ([_header(v=2)], "protocol version 2"),
+        ([_header(v=True)], "protocol version"),
+        ([_header(op="explode")], "unknown op"),
+        ([_header(op=5)], "unknown op"),
+        ([_header(model=_DROP)], "needs 'model'"),
+        ([_header(model="../etc/passwd")], "needs 'model'"),
+        ([_header(model=["x"])], "needs 'model'"),
+        ([_header(id=[1])], "'id' must be"),
+        ([_header(id="x" * 500)], "'id' must be"),
+        ([_header(timeout_ms=-1)], "'timeout_ms'"),
+        ([_header(timeout_ms=float("nan"))], "'timeout_ms'"),
+        ([_header(timeout_ms="5")], "'timeout_ms'"),
+        ([_header(priority=1.5)], "'priority'"),
+        ([_header(priority=2**40)], "'priority'"),
+        ([_header(args=[1])], "'args' must be a map"),
+        ([_header(tensors={"a": 1})], "'tensors' must be a list"),
+        ([_header(tensors=[{"name": "x", "dtype": "float32", "shape": [2]}])], "carries 0 tensor frames"),
+        ([_header(tensors=[]), b"\0" * 8], "carries 1 tensor frames"),
+        ([_header(tensors=[{"name": "x", "dtype": "object", "shape": [1]}]), b"\0" * 8], "not allowed"),
+        ([_header(tensors=[{"name": "x", "dtype": ">f4", "shape": [1]}]), b"\0" * 4], "not allowed"),
+        ([_header(tensors=[{"name": "x", "dtype": "float32", "shape": [2**40, 2**40]}]), b"\0" * 4], "needs"),
+        ([_header(tensors=[{"name": "x", "dtype": "float32", "shape": [3]}]), b"\0" * 8], "needs 12 bytes"),
+        ([_header(tensors=[{"name": "x", "dtype": "float32", "shape": [-1]}]), b"\0" * 4], "non-negative"),
+        ([_header(tensors=[{"name": "x", "dtype": "float32", "shape": [1.0]}]), b"\0" * 4], "non-negative"),
+        ([_header(tensors=[{"name": "x", "dtype": "float32", "shape": [1] * 9}]), b"\0" * 4], "at most 8 dims"),
+        ([_header(tensors=[{"name": 3, "dtype": "float32", "shape": [1]}]), b"\0" * 4], "'name'"),
+        ([_header(tensors=["x"]), b"\0" * 4], "descriptor must be a map"),
+        ([_header(tensors=[{"name": "x", "dtype": "uint8", "shape": [1]}] * 2), b"\0", b"\0"], "appears twice"),
+        ([_header(op="status", tensors=[{"name": "x", "dtype": "uint8", "shape": [1]}]), b"\0"], "takes no tensors"),
+        ([msgpack.packb({1: 2})], "not valid msgpack"),  # non-str keys refused by strict_map_key
+    ],
+)
+def test_decode_request_rejects(frames: list[bytes], needle: str) -> None:
+    with pytest.raises(P.WireError) as ei:
+        P.decode_request(frames)
+    assert ei.value.code == P.INVALID_ARG
+    assert needle in ei.value.message, ei.value.message
+
+
+def test_limits_enforced() -> None:
+    lim = P.Limits(max_message_bytes=1000, max_header_bytes=300, max_tensors=2, max_dims=2)
+    big = P.encode_request(1, "infer", "m", tensors={"x": np.zeros(300, np.float32)})
+    with pytest.raises(P.WireError, match="exceeds the limit of 1000"):
+        P.decode_request(_bytes(big), lim)
+    with pytest.raises(P.WireError, match="header of"):
+        P.decode_request([msgpack.packb({"v": 1, "pad": "x" * 400})], lim)
+    three = P.encode_request(1, "infer", "m", tensors={k: np.zeros(1, np.uint8) for k in "abc"})
+    with pytest.raises(P.WireError, match="too many tensors"):
+        P.decode_request(_bytes(three), lim)
+    # the request id survives into the error so the client can match it
+    with pytest.raises(P.WireError) as ei:
+        P.decode_request(_bytes(P.encode_request(99, "infer", "m", tensors={"x": np.zeros((1, 1, 1), np.uint8)})), lim)
+    assert ei.value.request_id == 99
+
+
+def test_decoded_tensors_are_views_not_copies() -> None:
+    frames = P.encode_request(1, "infer", "m", tensors={"x": np.arange(100_000, dtype=np.float32)})
+    payload = bytearray(bytes(memoryview(frames[1])))
+    req = P.decode_request([bytes(memoryview(frames[0])), payload])
+    payload[0:4] = np.float32(123.0).tobytes()
+    assert req.tensors["x"][0] == 123.0  # shares memory with the frame
+
+
+def test_unserialisable_dtype_refused_on_encode() -> None:
+    with pytest.raises(ValueError, match="cannot go on the wire"):
+        P.encode_request(1, "infer", "m", tensors={"x": np.array(["a"], dtype=object)})
+
+
+def test_default_endpoint_order(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(P, "SYSTEM_SOCKET", str(tmp_path / "nonexistent.sock"))
+    assert P.default_endpoint({"INFERD_ENDPOINT": "tcp://127.0.0.1:5555", "RUNTIME_DIRECTORY": "/r"}) == "tcp://127.0.0.1:5555"
+    assert P.default_endpoint({"RUNTIME_DIRECTORY": "/run/inferd:/run/other", "XDG_RUNTIME_DIR": "/x"}) == "ipc:///run/inferd/inferd.sock"
+    assert P.default_endpoint({"XDG_RUNTIME_DIR": "/run/user/7"}) == "ipc:///run/user/7/inferd.sock"
+    tmp_default = P.default_endpoint({})
+    assert tmp_default.startswith("ipc://") and tmp_default.endswith("/inferd.sock") and "inferd-" in tmp_default
+    # the system service's socket wins over the per-user runtime dir when it exists
+    sys_sock = tmp_path / "sys.sock"
+    sys_sock.touch()
+    monkeypatch.setattr(P, "SYSTEM_SOCKET", str(sys_sock))
+    assert P.default_endpoint({"XDG_RUNTIME_DIR": "/run/user/7"}) == f"ipc://{sys_sock}"
+
+
+def test_ipc_path_and_parse_size() -> None:
+    assert P.ipc_path("ipc:///a/b.sock") == "/a/b.sock"
+    assert P.ipc_path("ipc://@abstract") is None and P.ipc_path("tcp://1.2.3.4:5") is None
+    assert P.parse_size("512M") == 512 << 20
+    assert P.parse_size("1.5GiB") == int(1.5 * (1 << 30))
+    assert P.parse_size(" 2g ") == 2 << 30
+    assert P.parse_size(1234) == 1234 and P.parse_size("0") == 0
+    for bad in ("-1", "lots", "2X", True, -5):
+        with pytest.raises(ValueError):
+            P.parse_size(bad)  # type: ignore[arg-type]
+
+
+def test_error_classes() -> None:
+    e = errors.error_from_wire("DEADLINE_EXCEEDED", "late")
+    assert isinstance(e, errors.DeadlineExceeded) and isinstance(e, errors.ServerError) and e.message == "late"
+    assert isinstance(errors.error_from_wire("NEW_CODE", "x"), errors.ServerError)
+    assert errors.error_from_wire("NEW_CODE", "x").code == "NEW_CODE"
+    # transport errors are catchable as the builtins too, and never as server errors
+    assert issubclass(errors.TimeoutError, TimeoutError) and issubclass(errors.ConnectionError, ConnectionError)
+    assert not issubclass(errors.TimeoutError, errors.ServerError)
+    assert math.isfinite(P.PRIORITY_MAX)

@@ -1,0 +1,543 @@
+"""Conv / ConvTranspose: every CPU kernel against onnxruntime one-node models and against ``direct``;
+kernel applicability, transform purity and sizes, fused bias/residual/activation, native helpers vs
+their numpy fallbacks."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from inferd import native  # noqa: E402
+from inferd.errors import ShapeError, UnsupportedOpError  # noqa: E402
+from inferd.ir import Node  # noqa: E402
+from inferd.ops import applicable_kernels, choose_kernel, kernels_for, op_spec, run_layer, single_node_layer  # noqa: E402
+from inferd.ops.activation import apply_act  # noqa: E402
+from inferd.ops.base import raw_key  # noqa: E402
+from inferd.ops.conv import (ConvWinograd23, ConvWinograd43, conv_nd, layer_geom,  # noqa: E402
+                             winograd_matrices)
+
+F32 = np.float32
+TOL = 1e-4
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    assert a.shape == ref.shape, (a.shape, ref.shape)
+    return float(np.abs(a.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def ort_run(op: str, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict[str, Any]) -> np.ndarray:
+    """Run one Conv/ConvTranspose node in onnxruntime (weights and bias as initializers)."""
+    inits = [numpy_helper.from_array(w, "W")]
+    ins = ["X", "W"]
+    if b is not None:
+        inits.append(numpy_helper.from_array(b, "B"))
+        ins.append("B")
+    node = helper.make_node(op, ins, ["Y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"X": x})[0]
+
+
+def make_inputs(seed: int, xshape: tuple[int, ...], wshape: tuple[int, ...], bias: bool
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xshape, dtype=F32)
+    w = (rng.standard_normal(wshape) / math.sqrt(max(1, math.prod(wshape[1:])))).astype(F32)
+    b = rng.standard_normal(wshape[0] if len(wshape) else 1).astype(F32) if bias else None
+    return x, w, b
+
+
+def kernel(op: str, name: str):
+    return next(k for k in kernels_for(op) if k.name == name)
+
+
+# --------------------------------------------------------------------------- Conv vs onnxruntime
+
+# id, input shape, Cout, kernel shape, attrs, bias
+CONV_CASES: list[tuple[str, tuple[int, ...], int, tuple[int, ...], dict[str, Any], bool]] = [
+    ("3x3_p1_odd", (1, 8, 7, 9), 16, (3, 3), dict(pads=[1, 1, 1, 1]), True),
+    ("3x3_asym_pads_b2", (2, 5, 7, 9), 6, (3, 3), dict(pads=[0, 1, 2, 0]), True),
+    ("3x3_nopad_nobias", (1, 4, 9, 7), 8, (3, 3), {}, False),
+    ("3x3_big_pad", (1, 3, 6, 5), 4, (3, 3), dict(pads=[3, 2, 4, 1]), True),
+    ("3x3_s2", (1, 6, 9, 7), 8, (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1]), True),
+    ("3x3_s21_d21", (1, 3, 11, 10), 4, (3, 3), dict(strides=[2, 1], dilations=[2, 1], pads=[2, 1, 1, 2]), True),
+    ("5x3_d12", (2, 3, 12, 11), 5, (5, 3), dict(dilations=[1, 2], pads=[2, 2, 2, 2]), True),
+    ("3x3_d2", (1, 4, 12, 13), 4, (3, 3), dict(dilations=[2, 2], pads=[2, 2, 2, 2]), False),
+    ("7x7_s2", (1, 3, 17, 15), 8, (7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3]), True),
+    ("wino_tiles", (1, 16, 20, 23), 24, (3, 3), dict(pads=[1, 1, 1, 1]), True),
+    ("wino_b2_asym", (2, 6, 10, 13), 5, (3, 3), dict(pads=[2, 0, 1, 1]), True),
+    ("1x1", (2, 16, 7, 9), 8, (1, 1), {}, True),
+    ("1x1_s2", (1, 16, 7, 9), 8, (1, 1), dict(strides=[2, 2]), False),
+    ("1x1_s3_b2", (2, 6, 10, 8), 4, (1, 1), dict(strides=[3, 2]), True),
+    ("1x1_pad", (1, 4, 5, 5), 4, (1, 1), dict(pads=[1, 0, 0, 1]), True),
+    ("1x1_group2", (1, 8, 5, 6), 6, (1, 1), dict(group=2), True),
+    ("group2", (1, 8, 7, 9), 12, (3, 3), dict(group=2, pads=[1, 1, 1, 1]), True),
+    ("group4_s2_b2", (2, 8, 9, 9), 8, (3, 3), dict(group=4, strides=[2, 2]), True),
+    ("dw3x3", (1, 8, 7, 9), 8, (3, 3), dict(group=8, pads=[1, 1, 1, 1]), True),
+    ("dw3x3_s2_b2", (2, 6, 9, 8), 6, (3, 3), dict(group=6, strides=[2, 2], pads=[1, 1, 1, 1]), True),
+    ("dw3x3_s2_asym", (1, 5, 10, 7), 5, (3, 3), dict(group=5, strides=[2, 2], pads=[0, 1, 1, 0]), True),
+    ("dw5x5_s2", (1, 4, 11, 12), 4, (5, 5), dict(group=4, strides=[2, 2], pads=[2, 2, 2, 2]), False),
+    ("dw5x5_s1", (1, 3, 6, 9), 3, (5, 5), dict(group=3, pads=[2, 2, 2, 2]), True),
+    ("dw7x7", (1, 3, 13, 14), 3, (7, 7), dict(group=3, pads=[3, 3, 3, 3]), True),
+    ("dw3x5_s3", (1, 4, 13, 11), 4, (3, 5), dict(group=4, strides=[3, 3], pads=[1, 2, 0, 1]), True),
+    ("dw_s12", (1, 4, 9, 10), 4, (3, 3), dict(group=4, strides=[1, 2], pads=[1, 1, 1, 1]), True),
+    ("dw_mult2", (1, 4, 8, 7), 8, (3, 3), dict(group=4, pads=[1, 1, 1, 1]), True),
+    ("dw_dil2", (1, 4, 10, 10), 4, (3, 3), dict(group=4, dilations=[2, 2], pads=[2, 2, 2, 2]), True),
+    ("dw_tiny_plane", (1, 6, 2, 3), 6, (3, 3), dict(group=6, pads=[1, 1, 1, 1]), True),
+    ("same_upper_s2", (1, 3, 7, 9), 4, (3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2]), True),
+    ("same_lower_k4", (1, 3, 8, 9), 4, (4, 4), dict(auto_pad="SAME_LOWER", strides=[2, 2]), True),
+    ("same_upper_k2", (1, 3, 8, 9), 4, (2, 2), dict(auto_pad="SAME_UPPER"), False),
+    ("same_upper_s1_wino", (1, 4, 9, 10), 4, (3, 3), dict(auto_pad="SAME_UPPER"), True),
+    ("same_lower_dil", (1, 3, 9, 8), 2, (2, 2), dict(auto_pad="SAME_LOWER", dilations=[3, 3]), True),
+    ("valid", (1, 3, 7, 9), 4, (3, 3), dict(auto_pad="VALID", strides=[2, 1]), True),
+    ("1d", (2, 4, 19), 6, (3,), dict(pads=[1, 2], strides=[2]), True),
+    ("1d_dw", (1, 4, 15), 4, (5,), dict(group=4, pads=[2, 2]), True),
+    ("1d_1x1", (1, 4, 15), 6, (1,), {}, True),
+    ("1d_same_dil", (1, 3, 16), 4, (2,), dict(auto_pad="SAME_UPPER", dilations=[3]), False),
+    ("3d", (1, 2, 5, 6, 7), 3, (3, 3, 3), dict(pads=[1, 0, 1, 1, 1, 0], strides=[1, 2, 1]), True),
+]
+
+# onnxruntime refuses dilation with SAME_*: it gets the explicit pads the ONNX spec gives (odd totals, so the
+# extra pad goes to the begin for SAME_LOWER and to the end for SAME_UPPER)
+ORT_ATTRS = {
+    "same_lower_dil": dict(dilations=[3, 3], pads=[2, 2, 1, 1]),
+    "1d_same_dil": dict(dilations=[3], pads=[1, 2]),
+}
+
+
+def expected_conv_kernels(xshape: tuple[int, ...], cout: int, k: tuple[int, ...], attrs: dict[str, Any]) -> set[str]:
+    """Which kernels should apply, written from the kernels' documented conditions."""
+    nsp = len(k)
+    cin, g = xshape[1], attrs.get("group", 1)
+    s = attrs.get("strides", [1] * nsp)
+    d = attrs.get("dilations", [1] * nsp)
+    pads = attrs.get("pads", [0] * 2 * nsp)
+    out = {"direct"}
+    if nsp > 2:
+        return out
+    out.add("im2col")
+    if all(v == 1 for v in k) and not any(pads) and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
+        out.add("conv1x1")
+    if nsp == 2 and k == (3, 3) and list(s) == [1, 1] and list(d) == [1, 1] and g == 1:
+        out |= {"winograd23", "winograd43"}
+    if g == cin > 1 and cout % cin == 0:
+        out.add("depthwise")
+    return out
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv_kernels_vs_onnxruntime(case) -> None:
+    cid, xshape, cout, k, attrs, bias = case
+    g = attrs.get("group", 1)
+    x, w, b = make_inputs(len(cid), xshape, (cout, xshape[1] // g) + k, bias)
+    ref = ort_run("Conv", x, w, b, ORT_ATTRS.get(cid, attrs))
+    ins = [x, w] + ([b] if b is not None else [])
+    layer = single_node_layer("Conv", ins, attrs)
+    assert layer.out_shape() == ref.shape  # static shape inference agrees with onnxruntime
+    names = {kk.name for kk in applicable_kernels(layer)}
+    assert names == expected_conv_kernels(xshape, cout, k, attrs)
+    direct = run_layer(kernel("Conv", "direct"), layer, ins)[0]
+    assert rel_err(direct, ref) <= TOL
+    for kern in applicable_kernels(layer):
+        y = run_layer(kern, layer, ins)[0]
+        assert y.dtype == F32
+        assert rel_err(y, ref) <= TOL, f"{kern.name} vs onnxruntime"
+        assert rel_err(y, direct) <= TOL, f"{kern.name} vs direct"
+
+
+def test_default_kernel_choice() -> None:
+    def pick(xshape, cout, k, attrs):
+        g = attrs.get("group", 1)
+        x, w, b = make_inputs(0, xshape, (cout, xshape[1] // g) + k, True)
+        return choose_kernel(single_node_layer("Conv", [x, w, b], attrs)).name
+
+    assert pick((1, 8, 14, 14), 8, (3, 3), dict(group=8, pads=[1, 1, 1, 1])) == "depthwise"
+    assert pick((1, 8, 14, 14), 16, (1, 1), {}) == "conv1x1"
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])).startswith("winograd")
+
+
+# --------------------------------------------------------------------------- fused epilogue
+
+ACTS = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)), ("HardSwish", ()), ("Sigmoid", ())]
+
+# (input shape, Cout, kernel, attrs) chosen so that together they cover every conv kernel
+FUSE_SHAPES = [
+    ((2, 6, 7, 9), 8, (3, 3), dict(pads=[1, 1, 1, 1])),
+    ((1, 6, 7, 9), 8, (1, 1), dict(strides=[2, 2])),
+    ((2, 6, 7, 9), 6, (3, 3), dict(group=6, pads=[1, 1, 1, 1], strides=[2, 2])),
+    ((1, 4, 11), 6, (3,), dict(pads=[1, 1])),
+]
+
+
+@pytest.mark.parametrize("act", ACTS, ids=[a[0] if a else "none" for a in ACTS])
+@pytest.mark.parametrize("mode", ["bias+res", "nobias+res", "placeholder+res", "bias"])
+def test_conv_fused_epilogue(act, mode: str) -> None:
+    for si, (xshape, cout, k, attrs) in enumerate(FUSE_SHAPES):
+        g = attrs.get("group", 1)
+        x, w, b = make_inputs(si, xshape, (cout, xshape[1] // g) + k, True)
+        geo_layer = single_node_layer("Conv", [x, w], attrs)
+        res = np.random.default_rng(si + 7).standard_normal(geo_layer.out_shape(), dtype=F32)
+        fused = dict(attrs)
+        if act is not None:
+            fused["act"] = act
+        if mode == "bias+res":
+            ins, const = [x, w, b, res], [False, True, True, False]
+        elif mode == "nobias+res":
+            ins, const = [x, w, res], [False, True, False]
+        elif mode == "placeholder+res":  # what import writes: an empty bias slot before the residual
+            ins, const = [x, w, None, res], [False, True, False, False]
+        else:
+            ins, const = [x, w, b], [False, True, True]
+        if "res" in mode:
+            fused["residual"] = True
+        layer = single_node_layer("Conv", ins, fused, const=const)
+        expect = conv_nd(x, w, layer_geom(layer)).astype(F32)
+        if mode in ("bias+res", "bias"):
+            expect += b.reshape((1, -1) + (1,) * len(k))
+        if "res" in mode:
+            expect += res
+        apply_act(expect, act)
+        assert rel_err(op_spec("Conv").reference(layer.node, list(ins))[0], expect) <= TOL
+        for kern in applicable_kernels(layer):
+            y = run_layer(kern, layer, ins)[0]
+            assert rel_err(y, expect) <= TOL, f"{kern.name} {xshape} {mode} {act}"
+
+
+def test_conv_fused_residual_against_onnxruntime_composition() -> None:
+    """A Conv + Add + Relu graph in onnxruntime equals our fused node for every kernel."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 8, 10, 11), dtype=F32)
+    w = (rng.standard_normal((8, 8, 3, 3)) / 8).astype(F32)
+    b = rng.standard_normal(8).astype(F32)
+    r = rng.standard_normal((1, 8, 10, 11), dtype=F32)
+    nodes = [helper.make_node("Conv", ["X", "W", "B"], ["C"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["C", "R"], ["A"]), helper.make_node("Relu", ["A"], ["Y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x.shape)),
+                                           helper.make_tensor_value_info("R", TensorProto.FLOAT, list(r.shape))],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"X": x, "R": r})[0]
+    layer = single_node_layer("Conv", [x, w, b, r], dict(pads=[1, 1, 1, 1], residual=True, act=("Relu", ())),
+                              const=[False, True, True, False])
+    kinds = applicable_kernels(layer)
+    assert {k.name for k in kinds} >= {"im2col", "winograd23", "winograd43", "direct"}
+    for kern in kinds:
+        assert rel_err(run_layer(kern, layer, [x, w, b, r])[0], ref) <= TOL, kern.name
+
+
+# --------------------------------------------------------------------------- applies / transform contract
+
+
+def _layer(xshape, cout, k, attrs, dtype=F32, const=None):
+    g = attrs.get("group", 1)
+    x, w, b = make_inputs(1, xshape, (cout, xshape[1] // g) + k, True)
+    x = x.astype(dtype)
+    w = w.astype(dtype)
+    b = b.astype(dtype)
+    return single_node_layer("Conv", [x, w, b], attrs, const=const), [x, w, b]
+
+
+def test_applies_refusals() -> None:
+    names = lambda layer: {k.name for k in applicable_kernels(layer)}  # noqa: E731
+    wino = {"winograd23", "winograd43"}
+    assert not names(_layer((1, 4, 8, 8), 4, (3, 3), dict(strides=[2, 2]))[0]) & wino
+    assert not names(_layer((1, 4, 8, 8), 4, (3, 3), dict(strides=[1, 2]))[0]) & wino
+    assert not names(_layer((1, 4, 8, 8), 4, (3, 3), dict(dilations=[2, 2]))[0]) & wino
+    assert not names(_layer((1, 4, 8, 8), 4, (3, 3), dict(group=2))[0]) & wino
+    assert not names(_layer((1, 4, 8, 8), 4, (5, 5), {})[0]) & wino
+    assert not names(_layer((1, 4, 8), 4, (3,), {})[0]) & wino
+    assert "conv1x1" not in names(_layer((1, 4, 8, 8), 4, (3, 3), {})[0])
+    assert "conv1x1" not in names(_layer((1, 4, 8, 8), 4, (1, 1), dict(pads=[0, 1, 0, 0]))[0])
+    assert "depthwise" not in names(_layer((1, 4, 8, 8), 4, (3, 3), dict(group=2))[0])
+    assert "depthwise" not in names(_layer((1, 1, 8, 8), 4, (3, 3), {})[0])
+    assert "depthwise" not in names(_layer((1, 4, 8, 8), 6, (3, 3), dict(group=2))[0])
+    # not float32, or weights not constant: only the reference
+    assert names(_layer((1, 4, 8, 8), 4, (3, 3), {}, dtype=np.float64)[0]) == {"direct"}
+    assert names(_layer((1, 4, 8, 8), 4, (1, 1), {}, const=[False, False, True])[0]) == {"direct"}
+    assert names(_layer((1, 4, 4, 4, 4), 4, (1, 1, 1), {})[0]) == {"direct"}
+
+
+def test_direct_handles_float64_and_dynamic_weights() -> None:
+    layer, ins = _layer((1, 4, 8, 8), 4, (3, 3), dict(pads=[1, 1, 1, 1]), dtype=np.float64)
+    y = run_layer(kernel("Conv", "direct"), layer, ins)[0]
+    assert y.dtype == np.float64
+    ref = ort_run("Conv", ins[0].astype(F32), ins[1].astype(F32), ins[2].astype(F32), dict(pads=[1, 1, 1, 1]))
+    assert rel_err(y, ref) <= TOL
+    layer, ins = _layer((1, 4, 8, 8), 4, (3, 3), {}, const=[False, False, False])
+    k = kernel("Conv", "direct")
+    out = [np.empty(layer.out_shape(), F32)]
+    k.run(layer, ins, k.transform(layer, {}), out)
+    assert rel_err(out[0], ort_run("Conv", *ins, {})) <= TOL
+
+
+TRANSFORM_SHAPES = [
+    ((1, 8, 9, 7), 6, (3, 3), dict(pads=[1, 1, 1, 1])),
+    ((1, 8, 9, 7), 6, (1, 1), dict(strides=[2, 2])),
+    ((1, 8, 9, 7), 8, (3, 3), dict(group=8)),
+    ((1, 8, 9, 7), 6, (3, 3), dict(group=2, strides=[2, 1])),
+    ((1, 8, 15), 6, (3,), {}),
+]
+
+
+@pytest.mark.parametrize("shape", TRANSFORM_SHAPES, ids=[str(i) for i in range(len(TRANSFORM_SHAPES))])
+def test_transform_pure_and_sizes(shape) -> None:
+    layer, ins = _layer(*shape)
+    for kern in applicable_kernels(layer):
+        raw = {raw_key(i): ins[i] for i in layer.const_inputs}
+        before = {k: v.copy() for k, v in raw.items()}
+        for v in raw.values():
+            v.flags.writeable = False  # a transform that writes into its input fails loudly
+        params = kern.transform(layer, raw)
+        for v in raw.values():
+            v.flags.writeable = True
+        for key, v in raw.items():
+            assert np.array_equal(v, before[key]), f"{kern.name} mutated {key}"
+        assert set(raw) == set(before)
+        assert kern.transformed_nbytes(layer) == sum(a.nbytes for a in params.values()), kern.name
+        assert isinstance(kern.workspace_nbytes(layer), int) and kern.workspace_nbytes(layer) >= 0
+        # the params alone are enough to run (no reference back to the raw dict)
+        out = [np.empty(layer.out_shape(), F32)]
+        kern.run(layer, [ins[0], None, None], params, out)
+        assert rel_err(out[0], run_layer(kernel("Conv", "direct"), layer, ins)[0]) <= TOL
+
+
+def test_workspace_sizes() -> None:
+    layer, _ = _layer((1, 8, 9, 7), 6, (3, 3), dict(pads=[1, 1, 1, 1]))
+    assert kernel("Conv", "im2col").workspace_nbytes(layer) == 8 * 9 * 9 * 7 * 4
+    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 6 * 8 * 4 + 6 * 4
+    assert kernel("Conv", "winograd43").transformed_nbytes(layer) == 36 * 6 * 8 * 4 + 6 * 4
+    layer, _ = _layer((1, 8, 9, 7), 6, (1, 1), {})
+    assert kernel("Conv", "conv1x1").workspace_nbytes(layer) == 0
+
+
+def test_output_into_strided_arena_view_and_batches() -> None:
+    layer, ins = _layer((2, 6, 9, 8), 6, (3, 3), dict(pads=[1, 1, 1, 1]))
+    ref = run_layer(kernel("Conv", "direct"), layer, ins)[0]
+    for kern in applicable_kernels(layer):
+        params = kern.transform(layer, {raw_key(i): ins[i] for i in layer.const_inputs})
+        big = np.full((2, 12, 9, 8), np.nan, F32)
+        view = big[:, ::2]  # not contiguous: the kernel must still fill it in place
+        kern.run(layer, [ins[0], None, None], params, [view])
+        assert rel_err(view, ref) <= TOL, kern.name
+        assert np.isnan(big[:, 1::2]).all()
+
+
+def test_winograd_banded_equals_whole() -> None:
+    layer, ins = _layer((1, 8, 23, 19), 8, (3, 3), dict(pads=[1, 1, 1, 1]))
+    for cls in (ConvWinograd23, ConvWinograd43):
+        whole = run_layer(cls(), layer, ins)[0]
+        k = cls()
+        k.band_bytes = 1  # one tile row at a time
+        assert k.workspace_nbytes(layer) < cls().workspace_nbytes(layer)
+        assert np.allclose(run_layer(k, layer, ins)[0], whole, rtol=0, atol=1e-5)
+
+
+def test_winograd_matrices_and_accuracy() -> None:
+    rng = np.random.default_rng(0)
+    for m, pts in ((2, (0, 1, -1)), (4, (0, 1, -1, 2, -2)), (4, ConvWinograd43.points)):
+        at, g, bt = winograd_matrices(m, 3, pts)
+        d, w = rng.standard_normal(m + 2), rng.standard_normal(3)
+        assert np.allclose(at @ ((g @ w) * (bt @ d)), np.correlate(d, w, "valid"), atol=1e-12)
+    # the Lavin/ncnn F(4,3) input transform is reproduced for points 0, +-1, +-2
+    _, _, bt = winograd_matrices(4, 3, (0, 1, -1, 2, -2))
+    assert np.allclose(bt[0], [4, 0, -5, 0, 1, 0]) and np.allclose(bt[5], [0, 4, 0, -5, 0, 1])
+    # float32 F(4,3) on a realistic layer (ReLU inputs, 128 channels) against a float64 reference
+    x = np.maximum(rng.standard_normal((1, 128, 20, 20)), 0).astype(F32)
+    w = (rng.standard_normal((64, 128, 3, 3)) / math.sqrt(9 * 128)).astype(F32)
+    layer = single_node_layer("Conv", [x, w], dict(pads=[1, 1, 1, 1]))
+    ref = conv_nd(x.astype(np.float64), w.astype(np.float64), layer_geom(layer))
+    assert rel_err(run_layer(ConvWinograd43(), layer, [x, w])[0], ref) <= 1e-5
+    assert rel_err(run_layer(ConvWinograd23(), layer, [x, w])[0], ref) <= 2e-6
+
+
+def test_shape_errors_and_check() -> None:
+    spec = op_spec("Conv")
+    x, w, _ = make_inputs(0, (1, 6, 8, 8), (4, 4, 3, 3), False)  # 6 channels vs 4 in the weights
+    with pytest.raises(ShapeError):
+        single_node_layer("Conv", [x, w], {})
+    _, w5, _ = make_inputs(0, (1, 6, 8, 8), (5, 3, 3, 3), False)
+    with pytest.raises(ShapeError):
+        single_node_layer("Conv", [x, w5], dict(group=2))  # 5 output channels do not split into 2 groups
+    x, w, _ = make_inputs(0, (1, 4, 2, 2), (4, 4, 3, 3), False)
+    with pytest.raises(ShapeError):
+        single_node_layer("Conv", [x, w], {})  # output would be empty
+    with pytest.raises(UnsupportedOpError):
+        assert spec.check is not None
+        spec.check(Node("n", "Conv", ["x", "w"], ["y"], {"auto_pad": "SAME_MIDDLE"}), 17)
+    spec.check(Node("n", "Conv", ["x", "w"], ["y"], {"auto_pad": "SAME_LOWER"}), 17)
+
+
+# --------------------------------------------------------------------------- ConvTranspose
+
+# id, input shape, Cout, kernel shape, attrs, bias
+CT_CASES: list[tuple[str, tuple[int, ...], int, tuple[int, ...], dict[str, Any], bool]] = [
+    ("k3s1", (1, 4, 5, 6), 6, (3, 3), {}, True),
+    ("k3s2p1op1_b2", (2, 4, 5, 6), 3, (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]), True),
+    ("k2s2", (1, 8, 4, 5), 4, (2, 2), dict(strides=[2, 2]), False),
+    ("k4s2p1", (1, 3, 5, 5), 2, (4, 4), dict(strides=[2, 2], pads=[1, 1, 1, 1]), True),
+    ("asym", (1, 3, 5, 6), 4, (3, 3), dict(strides=[2, 3], pads=[0, 1, 2, 0]), True),
+    ("dilated", (1, 3, 5, 6), 2, (3, 3), dict(dilations=[2, 2], strides=[2, 1], pads=[1, 0, 0, 1]), True),
+    ("group2", (1, 4, 5, 6), 6, (3, 3), dict(group=2, strides=[2, 2]), True),
+    ("dw", (1, 4, 5, 6), 4, (3, 3), dict(group=4, strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]), True),
+    ("output_shape", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], output_shape=[10, 12]), True),
+    ("output_shape_odd", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], output_shape=[11, 12]), True),
+    ("same_upper", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="SAME_UPPER"), True),
+    ("same_lower", (1, 3, 5, 6), 2, (4, 4), dict(strides=[2, 2], auto_pad="SAME_LOWER"), True),
+    ("same_upper_odd", (1, 3, 5, 6), 2, (4, 4), dict(strides=[2, 2], auto_pad="SAME_UPPER"), True),
+    ("valid", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="VALID"), True),
+    ("1d", (1, 3, 7), 2, (3,), dict(strides=[2], pads=[1, 0], output_padding=[1]), True),
+    ("3d", (1, 2, 3, 4, 3), 2, (2, 2, 2), dict(strides=[2, 2, 1]), True),
+]
+
+
+@pytest.mark.parametrize("case", CT_CASES, ids=[c[0] for c in CT_CASES])
+def test_conv_transpose_vs_onnxruntime(case) -> None:
+    cid, xshape, cout, k, attrs, bias = case
+    g = attrs.get("group", 1)
+    x, w, _ = make_inputs(len(cid), xshape, (xshape[1], cout // g) + k, False)
+    b = np.random.default_rng(1).standard_normal(cout).astype(F32) if bias else None
+    ref = ort_run("ConvTranspose", x, w, b, attrs)
+    ins = [x, w] + ([b] if b is not None else [])
+    layer = single_node_layer("ConvTranspose", ins, attrs)
+    assert layer.out_shape() == ref.shape
+    names = {kk.name for kk in applicable_kernels(layer)}
+    assert names == ({"direct"} if len(k) > 2 else {"direct", "col2im"})
+    for kern in applicable_kernels(layer):
+        assert rel_err(run_layer(kern, layer, ins)[0], ref) <= TOL, kern.name
+    assert rel_err(op_spec("ConvTranspose").reference(layer.node, list(ins))[0], ref) <= TOL
+
+
+@pytest.mark.parametrize("act", [("Relu", ()), ("Sigmoid", ())], ids=["relu", "sigmoid"])
+def test_conv_transpose_fused(act) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 4, 5, 6), dtype=F32)
+    w = (rng.standard_normal((4, 3, 3, 3)) / 6).astype(F32)
+    b = rng.standard_normal(3).astype(F32)
+    attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+    ref = ort_run("ConvTranspose", x, w, b, attrs)
+    res = rng.standard_normal(ref.shape, dtype=F32)
+    layer = single_node_layer("ConvTranspose", [x, w, b, res], {**attrs, "act": act, "residual": True},
+                              const=[False, True, True, False])
+    expect = apply_act(ref + res, act)
+    for kern in applicable_kernels(layer):
+        assert rel_err(run_layer(kern, layer, [x, w, b, res])[0], expect) <= TOL, kern.name
+    # transform contract for col2im too
+    k = kernel("ConvTranspose", "col2im")
+    params = k.transform(layer, {raw_key(1): w, raw_key(2): b})
+    assert k.transformed_nbytes(layer) == sum(a.nbytes for a in params.values())
+    assert k.workspace_nbytes(layer) == 3 * 9 * 5 * 6 * 4
+
+
+# --------------------------------------------------------------------------- native helpers vs numpy
+
+needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="inferd._native not built")
+
+GEOMS = [  # C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr
+    (3, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),
+    (4, 10, 11, 3, 2, 2, 3, 2, 1, 0, 2, 1, 0),
+    (2, 5, 5, 5, 5, 1, 1, 1, 1, 2, 2, 2, 2),
+    (2, 6, 8, 1, 1, 2, 2, 1, 1, 0, 0, 0, 0),
+    (5, 9, 4, 3, 3, 2, 1, 1, 2, 3, 0, 0, 2),
+    (40, 30, 31, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1),  # big enough to be split over threads
+]
+
+
+def _out(h: int, w: int, g) -> tuple[int, int]:
+    _, _, _, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr = g
+    return (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1, (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("geom", GEOMS, ids=[str(i) for i in range(len(GEOMS))])
+def test_native_im2col_col2im_dw(geom, threads: int) -> None:
+    c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, _, _ = geom
+    oh, ow = _out(h, w, geom)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((c, h, w), dtype=F32)
+    old = native.num_threads()
+    native.set_num_threads(threads)
+    try:
+        a = np.full((c * kh * kw, oh * ow), np.nan, F32)
+        native.im2col(x, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, a)
+        assert np.array_equal(a, native.numpy_im2col(x, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, np.empty_like(a)))
+        col = rng.standard_normal(a.shape, dtype=F32)
+        y1 = np.ones((c, h, w), F32)  # accumulates into what is there
+        native.col2im(col, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, y1)
+        y2 = native.numpy_col2im(col, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, np.ones((c, h, w), F32))
+        assert np.allclose(y1, y2, atol=1e-5)
+        # adjoint identity <im2col(x), col> == <x, col2im(col)>
+        y0 = native.col2im(col, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, np.zeros((c, h, w), F32))
+        assert np.isclose(np.vdot(a.astype(np.float64), col), np.vdot(x.astype(np.float64), y0), rtol=1e-5)
+        for mult in (1, 2):
+            wt = rng.standard_normal((c * mult, kh, kw), dtype=F32)
+            bias = rng.standard_normal(c * mult).astype(F32)
+            o1 = np.full((c * mult, oh, ow), np.nan, F32)
+            native.dwconv2d(x, wt, bias, o1, sh, sw, dh, dw, pt, pl)
+            o2 = native.numpy_dwconv2d(x, wt, bias, np.empty_like(o1), sh, sw, dh, dw, pt, pl)
+            assert rel_err(o1, o2) <= 1e-5
+            native.dwconv2d(x, wt, None, o1, sh, sw, dh, dw, pt, pl)
+            assert rel_err(o1, native.numpy_dwconv2d(x, wt, None, o2, sh, sw, dh, dw, pt, pl)) <= 1e-5
+    finally:
+        native.set_num_threads(old)
+
+
+@needs_native
+@pytest.mark.parametrize("cls", [ConvWinograd23, ConvWinograd43], ids=["f23", "f43"])
+def test_native_winograd_transforms(cls) -> None:
+    k = cls()
+    rng = np.random.default_rng(2)
+    a2 = k.alpha ** 2
+    for c, h, w, pt, pl, th, tw in ((3, 7, 9, 1, 1, 3, 3), (2, 8, 8, 0, 0, 2, 2), (2, 5, 11, 2, -1, 3, 4),
+                                    (1, 4, 4, 1, 2, 2, 2), (33, 30, 29, 1, 1, 8, 8)):
+        x = rng.standard_normal((c, h, w), dtype=F32)
+        p = th * tw + 3
+        v1 = np.full((a2, c, p), 7.0, F32)
+        v2 = v1.copy()
+        native.winograd_input(x, pt, pl, th, tw, k.m, k.bt, v1, 2)
+        native.numpy_winograd_input(x, pt, pl, th, tw, k.m, k.bt, v2, 2)
+        assert np.allclose(v1, v2, atol=1e-5)
+        assert (v1[:, :, :2] == 7.0).all() and (v1[:, :, 2 + th * tw:] == 7.0).all()  # only its tiles written
+        mw = rng.standard_normal((a2, c, p), dtype=F32)
+        bias = rng.standard_normal(c).astype(F32)
+        oh, ow = th * k.m - 1, tw * k.m - 2
+        y1 = np.full((c, oh, ow), np.nan, F32)
+        native.winograd_output(mw, th, tw, k.m, k.at, bias, y1, 1)
+        y2 = native.numpy_winograd_output(mw, th, tw, k.m, k.at, bias, np.empty_like(y1), 1)
+        assert np.allclose(y1, y2, atol=1e-4)
+
+
+@needs_native
+def test_native_bias_act() -> None:
+    rng = np.random.default_rng(4)
+    for act in (None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-np.inf, 1.0)), ("LeakyRelu", (0.2,))):
+        for with_bias in (True, False):
+            for with_res in (True, False):
+                y = rng.standard_normal((70, 33, 31), dtype=F32)
+                bias = rng.standard_normal(70).astype(F32) if with_bias else None
+                res = rng.standard_normal(y.shape, dtype=F32) if with_res else None
+                ref = native.numpy_bias_act(y.copy(), bias, res, act)
+                assert np.allclose(native.bias_act(y, bias, res, act), ref, atol=1e-6)
+    with pytest.raises(ValueError):
+        native.bias_act(np.zeros((2, 3), F32), None, None, ("Tanh", ()))
+
+
+def test_native_abi_and_fallback_flag() -> None:
+    assert native.ABI == 2
+    if native.AVAILABLE:
+        assert native.lib.inferd_native_abi() == native.ABI

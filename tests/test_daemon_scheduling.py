@@ -1,0 +1,190 @@
+"""Serving policy with fake sleeping models (deterministic timing): priorities jump the queue,
+expired requests are answered DEADLINE_EXCEEDED without running, full queues answer UNAVAILABLE,
+different models run concurrently, models on the shared Vulkan device do not, load failures
+are reported with their reason."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferd.server.testing import DaemonProcess, write_fake_model
+from inferd_client import Client, DeadlineExceeded, Unavailable
+
+SPEC = {"inputs": [{"name": "x", "shape": [2], "dtype": "float32"}], "sleep_from_input": True}
+
+
+@pytest.fixture(scope="module")
+def env():
+    d = Path(tempfile.mkdtemp(prefix="ifds", dir="/tmp"))
+    models = d / "m"
+    models.mkdir()
+    logs = {}
+    for name in ("slow", "other"):
+        logs[name] = d / f"{name}.runs"
+        write_fake_model(models / f"{name}.onnx", **SPEC, log=str(logs[name]))
+    (models / "capped").mkdir()
+    logs["capped"] = d / "capped.runs"
+    write_fake_model(models / "capped" / "model.onnx", **SPEC, log=str(logs["capped"]))
+    (models / "capped" / "config.toml").write_text("max_queue = 2\n")
+    for name in ("gpu_a", "gpu_b"):
+        write_fake_model(models / f"{name}.onnx", **SPEC, device="vulkan")
+    write_fake_model(models / "broken.onnx", fail_load="weights are corrupted (test)")
+    daemon = DaemonProcess(f"ipc://{d}/s.sock", models, log_path=d / "d.log")
+    with daemon:
+        yield daemon, logs
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _x(sleep_s: float, marker: float) -> np.ndarray:
+    return np.array([sleep_s, marker], np.float32)
+
+
+def _runs(path: Path) -> list[float]:
+    return [float(v) for v in path.read_text().split()] if path.exists() else []
+
+
+class _Async:
+    """A request on its own thread (the Client gives each thread its own socket)."""
+
+    def __init__(self, c: Client, model: str, x: np.ndarray, **kw: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.t_done = 0.0
+        self.thread = threading.Thread(target=self._run, args=(c, model, x, kw))
+        self.thread.start()
+
+    def _run(self, c: Client, model: str, x: np.ndarray, kw: dict) -> None:
+        try:
+            self.result = c.infer(model, {"x": x}, **kw)
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            self.error = exc
+        self.t_done = time.monotonic()
+
+    def join(self, timeout: float = 30) -> _Async:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive()
+        return self
+
+
+def _wait_queued(c: Client, model: str, n: int, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if c.status()["models"][model]["queued"] == n:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{model}: queue never reached {n}")
+
+
+def _wait_running(c: Client, model: str, requests: int) -> None:
+    """Until ``requests`` were accepted and none is queued, i.e. the last one is running."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        m = c.status()["models"][model]
+        if m["requests"] >= requests and m["queued"] == 0:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"{model}: request never started")
+
+
+def test_higher_priority_jumps_the_queue(env) -> None:
+    daemon, logs = env
+    with Client(daemon.endpoint, timeout=20) as c:
+        base = c.status()["models"]["slow"]["requests"]
+        blocker = _Async(c, "slow", _x(0.6, -1))
+        _wait_running(c, "slow", base + 1)
+        lows = []
+        for i in range(1, 5):
+            lows.append(_Async(c, "slow", _x(0.01, i), priority=0))
+            _wait_queued(c, "slow", i)
+        high = _Async(c, "slow", _x(0.01, 100), priority=10)
+        _wait_queued(c, "slow", 5)
+        for a in [blocker, *lows, high]:
+            a.join()
+            assert a.error is None, a.error
+        order = _runs(logs["slow"])[-6:]
+        assert order == [-1.0, 100.0, 1.0, 2.0, 3.0, 4.0], order  # high first, equal priorities FIFO
+        assert high.t_done < min(a.t_done for a in lows)
+        np.testing.assert_array_equal(high.result["y"], _x(0.01, 100) * 2 + 1)
+
+
+def test_deadline_expired_in_queue_is_not_run(env) -> None:
+    daemon, logs = env
+    with Client(daemon.endpoint, timeout=20) as c:
+        before = c.status()["models"]["slow"]
+        blocker = _Async(c, "slow", _x(0.8, -2))
+        _wait_running(c, "slow", before["requests"] + 1)
+        t0 = time.monotonic()
+        late = _Async(c, "slow", _x(0.01, 555), timeout=0.15)
+        fine = _Async(c, "slow", _x(0.01, 556), timeout=10)
+        late.join()
+        waited = late.t_done - t0
+        assert isinstance(late.error, DeadlineExceeded), late.error
+        assert "not run" in str(late.error)
+        # answered when the deadline passed, not when the blocker finished
+        assert 0.1 <= waited < 0.6, waited
+        blocker.join()
+        fine.join()
+        assert fine.error is None
+        runs = _runs(logs["slow"])
+        assert 555.0 not in runs and 556.0 in runs
+        after = c.status()["models"]["slow"]
+        assert after["expired"] - before["expired"] == 1
+
+
+def test_queue_cap_answers_unavailable(env) -> None:
+    daemon, logs = env
+    with Client(daemon.endpoint, timeout=20) as c:
+        before = c.status()["models"]["capped"]
+        blocker = _Async(c, "capped", _x(0.5, -3))
+        _wait_running(c, "capped", before["requests"] + 1)
+        queued = [_Async(c, "capped", _x(0.0, 10 + i)) for i in range(2)]
+        _wait_queued(c, "capped", 2)
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="queue of model 'capped' is full \\(2"):
+            c.infer("capped", {"x": _x(0.0, 99)})
+        assert time.monotonic() - t0 < 0.3  # refused at once, not after waiting
+        for a in [blocker, *queued]:
+            a.join()
+            assert a.error is None
+        assert 99.0 not in _runs(logs["capped"])
+        assert c.status()["models"]["capped"]["rejected"] - before["rejected"] == 1
+
+
+def test_models_run_concurrently_but_share_the_vulkan_device_safely(env) -> None:
+    daemon, _ = env
+    with Client(daemon.endpoint, timeout=20) as c:
+        t0 = time.monotonic()
+        pair = [_Async(c, "slow", _x(0.5, 1)), _Async(c, "other", _x(0.5, 2))]
+        for a in pair:
+            a.join()
+            assert a.error is None
+        cpu_wall = time.monotonic() - t0
+        t0 = time.monotonic()
+        pair = [_Async(c, "gpu_a", _x(0.4, 1)), _Async(c, "gpu_b", _x(0.4, 2))]
+        for a in pair:
+            a.join()
+            assert a.error is None
+        gpu_wall = time.monotonic() - t0
+    assert cpu_wall < 0.9, cpu_wall  # two CPU models overlap (serial would be >= 1.0 s)
+    assert gpu_wall >= 0.8, gpu_wall  # one device lock: the Vulkan runs do not overlap
+
+
+def test_failed_load_is_reported_and_daemon_still_ready(env) -> None:
+    daemon, _ = env
+    with Client(daemon.endpoint, timeout=20) as c:
+        assert c.is_ready()
+        m = {x["name"]: x for x in c.models()}["broken"]
+        assert m["state"] == "UNAVAILABLE" and "weights are corrupted" in m["reason"]
+        with pytest.raises(Unavailable, match="weights are corrupted"):
+            c.infer("broken", {"x": _x(0, 0)})
+        with pytest.raises(Unavailable, match="load failed"):
+            c.load("broken")
+        st = c.status()["models"]["broken"]
+        assert st["load_failures"] >= 2

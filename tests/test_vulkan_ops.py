@@ -1,0 +1,241 @@
+"""Every Vulkan kernel against the numpy reference (OpSpec.reference), one-node graphs on lavapipe.
+
+Shapes include odd sizes, padding, groups, strides and dilation; each case forces one Vulkan kernel
+and checks that it is the one that ran. The whole module runs with the validation layers on and
+fails if they report any error. Tolerance: max|vk - ref| / max|ref| <= 1e-3 (fp32 storage).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+import inferd.ops  # noqa: F401  (registers ops and CPU kernels)
+import inferd.vulkan
+
+pytestmark = [pytest.mark.vulkan,
+              pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
+
+TOL = 1e-3
+RNG = np.random.default_rng(1234)
+
+
+def r(*shape: int, lo: float | None = None) -> np.ndarray:
+    a = RNG.standard_normal(shape).astype(np.float32)
+    if lo is not None:
+        a = np.abs(a) + np.float32(lo)
+    return a
+
+
+def conv(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int, bias: bool = True, **attrs: Any) -> tuple:
+    g = attrs.get("group", 1)
+    ins = [r(n, c, h, w), r(k, c // g, kh, kw)] + ([r(k)] if bias else [])
+    return ins, attrs
+
+
+def deconv(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int, **attrs: Any) -> tuple:
+    g = attrs.get("group", 1)
+    return [r(n, c, h, w), r(c, k // g, kh, kw), r(k)], attrs
+
+
+# (id, op, inputs, attrs, const mask or None, forced kernel or None)
+CASES: list[tuple] = []
+
+
+_N_OUT: dict[str, int] = {}
+
+
+def case(cid: str, op: str, ins: list, attrs: dict | None = None, const: list | None = None,
+         kernel: str | None = None, n_out: int = 1) -> None:
+    CASES.append((cid, op, ins, attrs or {}, const, kernel))
+    _N_OUT[cid] = n_out
+
+
+# --- Conv: every kernel over odd sizes, pads, groups, strides, dilation, fused residual/activation
+_conv_general = {
+    "pad": conv(1, 3, 9, 11, 5, 3, 3, pads=[1, 1, 1, 1]),
+    "stride_dil_group": conv(2, 4, 10, 7, 6, 3, 2, strides=[2, 1], dilations=[1, 2], pads=[0, 1, 2, 0], group=2),
+    "1x1_nobias": conv(1, 70, 5, 13, 67, 1, 1, bias=False),
+    "7x7s2": conv(1, 3, 15, 13, 8, 7, 7, strides=[2, 2], pads=[3, 3, 3, 3]),
+    "samepad": conv(1, 5, 8, 9, 4, 3, 3, auto_pad="SAME_UPPER", strides=[2, 2]),
+    "conv1d": ([r(1, 4, 17), r(6, 4, 3), r(6)], {"pads": [1, 1], "strides": [2]}),
+}
+for name, (ins, attrs) in _conv_general.items():
+    for kern in ("vk_direct", "vk_gemm"):
+        case(f"conv_{name}_{kern}", "Conv", ins, attrs, kernel=kern)
+case("conv_1x1_vk_conv1x1", "Conv", *_conv_general["1x1_nobias"], kernel="vk_conv1x1")
+case("conv_1x1_batch2", "Conv", *conv(2, 5, 3, 5, 3, 1, 1), kernel="vk_conv1x1")
+case("conv_dw3x3", "Conv", *conv(1, 8, 9, 11, 8, 3, 3, pads=[1, 1, 1, 1], group=8), kernel="vk_depthwise")
+case("conv_dw5x5s2_mult2", "Conv", *conv(2, 4, 9, 11, 8, 5, 5, pads=[2, 2, 2, 2], strides=[2, 2], group=4),
+     kernel="vk_depthwise")
+case("conv_dw_dil", "Conv", *conv(1, 6, 10, 9, 6, 3, 3, pads=[2, 2, 2, 2], dilations=[2, 2], group=6),
+     kernel="vk_depthwise")
+for kern in ("vk_winograd23", "vk_winograd43"):
+    case(f"conv_wino_pad_{kern}", "Conv", *conv(1, 3, 9, 11, 5, 3, 3, pads=[1, 1, 1, 1]), kernel=kern)
+    case(f"conv_wino_odd_{kern}", "Conv", *conv(2, 17, 7, 6, 9, 3, 3, pads=[0, 1, 1, 0]), kernel=kern)
+# fused residual + activation through every conv kernel family
+_x, _w, _b = r(1, 8, 7, 9), r(8, 8, 3, 3), r(8)
+_res = r(1, 8, 7, 9)
+for kern in ("vk_direct", "vk_gemm", "vk_winograd23", "vk_winograd43"):
+    case(f"conv_residual_relu_{kern}", "Conv", [_x, _w, _b, _res],
+         {"pads": [1, 1, 1, 1], "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel=kern)
+case("conv_residual_dw_clip", "Conv", [_x, r(8, 1, 3, 3), _b, _res],
+     {"pads": [1, 1, 1, 1], "group": 8, "residual": True, "act": ("Clip", (0.0, 6.0))},
+     const=[False, True, True, False], kernel="vk_depthwise")
+case("conv_1x1_residual_noBias_hswish", "Conv", [_x, r(8, 8, 1, 1), None, _res],
+     {"residual": True, "act": ("HardSwish", ())}, const=[False, True, False, False], kernel="vk_conv1x1")
+# ConvTranspose
+case("deconv_s2", "ConvTranspose", *deconv(1, 4, 5, 6, 3, 3, 3, strides=[2, 2], pads=[1, 1, 1, 1],
+                                             output_padding=[1, 1]), kernel="vk_direct")
+case("deconv_group_dil", "ConvTranspose", *deconv(2, 4, 4, 5, 6, 2, 3, strides=[2, 1], dilations=[1, 2], group=2),
+     kernel="vk_direct")
+case("deconv_k2s2_relu", "ConvTranspose", *deconv(1, 6, 5, 5, 4, 2, 2, strides=[2, 2], act=("Relu", ())),
+     kernel="vk_direct")
+
+# --- Gemm / MatMul
+case("gemm_bias_vec", "Gemm", [r(3, 70), r(70, 33), r(33)], kernel="vk_matmul")
+case("gemm_trans_alpha_beta", "Gemm", [r(70, 3), r(33, 70), r(33)], {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0})
+case("gemm_tiled_relu", "Gemm", [r(67, 70), r(70, 65), r(67, 65)], {"act": ("Relu", ())})
+case("gemm_bias_col", "Gemm", [r(67, 70), r(70, 65), r(67, 1)])
+case("gemm_residual_gelu", "Gemm", [r(2, 20), r(30, 20), r(30), r(2, 30)],
+     {"transB": 1, "residual": True, "act": ("Gelu", (1.0,))}, const=[False, True, True, False])
+case("matmul_batch_fold", "MatMul", [r(2, 3, 37, 19), r(19, 23)])
+case("matmul_batched_dyn", "MatMul", [r(2, 3, 37, 19), r(3, 19, 23)], const=[False, False])
+case("matmul_broadcast", "MatMul", [r(2, 1, 37, 19), r(1, 3, 19, 23)], const=[False, False])
+case("matmul_vec_a", "MatMul", [r(19), r(19, 23)])
+case("matmul_vec_b", "MatMul", [r(4, 19), r(19)])
+case("matmul_residual", "MatMul", [r(1, 19), r(19, 23), r(1, 23)], {"residual": True, "act": ("Tanh", ())},
+     const=[False, True, False])
+
+# --- element-wise
+_ACTS = [("Relu", {}), ("LeakyRelu", {"alpha": 0.2}), ("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+         ("HardSwish", {}), ("Tanh", {}), ("Softplus", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}),
+         ("Clip", {"min": -0.5, "max": 0.7})]
+for op, attrs in _ACTS:
+    case(f"act_{op}_{len(attrs)}", op, [r(3, 5, 7) * 4], attrs, kernel="vk_unary")
+case("act_clip_inputs", "Clip", [r(3, 5, 7), np.float32(-0.25), np.float32(0.5)], kernel="vk_unary")
+case("prelu", "PRelu", [r(2, 5, 3, 4), r(5, 1, 1)], kernel="vk_binary")
+for op in ("Sqrt", "Log", "Reciprocal"):
+    case(f"unary_{op}", op, [r(4, 9, lo=0.1)], kernel="vk_unary")
+for op in ("Exp", "Neg", "Abs", "Floor", "Ceil", "Erf"):
+    case(f"unary_{op}", op, [r(4, 9) * 2], kernel="vk_unary")
+for op in ("Add", "Sub", "Mul", "Div"):
+    case(f"binary_{op}_bcast", op, [r(2, 3, 5, 7), r(3, 1, 7, lo=0.5)], const=[False, False], kernel="vk_binary")
+case("binary_add_const_scalar_act", "Add", [r(5, 7), np.float32(0.3)], {"act": ("Sigmoid", ())}, kernel="vk_binary")
+case("binary_mul_both_bcast", "Mul", [r(4, 1, 6), r(1, 5, 1)], const=[False, False], kernel="vk_binary")
+case("binary_pow_int", "Pow", [r(3, 8), np.float32(2.0)], kernel="vk_binary")
+case("binary_pow_frac", "Pow", [r(3, 8, lo=0.1), np.float32(0.7)], kernel="vk_binary")
+case("binary_max2", "Max", [r(3, 8), r(8)], const=[False, False], kernel="vk_binary")
+case("nary_sum3", "Sum", [r(3, 8), r(8), r(3, 1)], const=[False, False, False], kernel="vk_nary")
+case("nary_mean3", "Mean", [r(3, 8), r(3, 8), r(8)], const=[False, False, True], kernel="vk_nary")
+case("nary_min3", "Min", [r(3, 8), r(3, 8), r(3, 8)], const=[False, False, False], kernel="vk_nary")
+
+# --- normalisation, pooling, reductions, softmax
+case("bn", "BatchNormalization", [r(2, 5, 3, 4), r(5), r(5), r(5), r(5, lo=0.1)], {"epsilon": 1e-3}, kernel="vk_affine")
+case("layernorm", "LayerNormalization", [r(2, 7, 33), r(33), r(33)], {"axis": -1, "epsilon": 1e-5}, kernel="vk_norm")
+case("layernorm_axis1_nobias", "LayerNormalization", [r(3, 4, 5), r(4, 5)], {"axis": 1}, kernel="vk_norm")
+case("instancenorm", "InstanceNormalization", [r(2, 3, 5, 7), r(3), r(3)], kernel="vk_norm")
+case("maxpool_ceil", "MaxPool", [r(1, 3, 11, 10)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+     kernel="vk_pool")
+case("maxpool_pad_dil", "MaxPool", [r(2, 2, 9, 8)], {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "dilations": [2, 1]},
+     kernel="vk_pool")
+case("avgpool_pad_excl", "AveragePool", [r(1, 3, 7, 8)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]},
+     kernel="vk_pool")
+case("avgpool_pad_incl_ceil", "AveragePool", [r(1, 3, 7, 8)],
+     {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "count_include_pad": 1, "ceil_mode": 1},
+     kernel="vk_pool")
+case("avgpool_1d", "AveragePool", [r(2, 3, 13)], {"kernel_shape": [4], "strides": [3]}, kernel="vk_pool")
+case("gap", "GlobalAveragePool", [r(2, 5, 13, 11)], kernel="vk_global_pool")
+case("gmp", "GlobalMaxPool", [r(1, 3, 30, 31)], kernel="vk_global_pool")
+for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare"):
+    case(f"{op}_last", op, [r(3, 4, 300)], {"axes": [-1], "keepdims": 1, "_opset": 13}, kernel="vk_reduce")
+case("ReduceMean_middle", "ReduceMean", [r(3, 4, 5, 6)], {"axes": [1, 2], "keepdims": 0, "_opset": 13}, kernel="vk_reduce")
+case("ReduceProd_first", "ReduceProd", [r(3, 4, 5) * 0.5 + 1], {"axes": [0], "_opset": 13}, kernel="vk_reduce")
+case("ReduceSum_axes_input", "ReduceSum", [r(3, 4, 5), np.array([1], np.int64)], {"_opset": 13}, kernel="vk_reduce")
+case("softmax_last", "Softmax", [r(2, 3, 197) * 3], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
+case("softmax_mid", "Softmax", [r(2, 5, 7) * 3], {"axis": 1, "_opset": 13}, kernel="vk_softmax")
+case("softmax_opset11", "Softmax", [r(2, 5, 7)], {"axis": 1, "_opset": 11}, kernel="vk_softmax")
+case("logsoftmax", "LogSoftmax", [r(4, 9)], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
+
+# --- data movement
+case("concat_axis1", "Concat", [r(2, 3, 5), r(2, 4, 5), r(2, 1, 5)], {"axis": 1}, const=[False, False, False],
+     kernel="vk_concat")
+case("concat_const_part", "Concat", [r(1, 3, 4), r(1, 2, 4)], {"axis": 1}, const=[False, True], kernel="vk_concat")
+case("split_uneven", "Split", [r(2, 7, 3), np.array([2, 5], np.int64)], {"axis": 1, "_opset": 13}, kernel="vk_split",
+     n_out=2)
+case("slice_steps", "Slice", [r(5, 9, 7), np.array([1, -1], np.int64), np.array([4, 0], np.int64),
+                              np.array([0, 1], np.int64), np.array([2, -2], np.int64)], {"_opset": 13}, kernel="vk_slice")
+case("transpose_4d", "Transpose", [r(2, 3, 4, 5)], {"perm": [0, 2, 3, 1]}, kernel="vk_transpose")
+case("transpose_default", "Transpose", [r(3, 4, 5)], kernel="vk_transpose")
+case("expand", "Expand", [r(3, 1, 5), np.array([2, 3, 4, 5], np.int64)], kernel="vk_expand")
+case("tile", "Tile", [r(2, 3, 4), np.array([2, 1, 3], np.int64)], kernel="vk_tile")
+case("gather_axis1_neg", "Gather", [r(3, 7, 4), np.array([[0, -1], [3, 2]], np.int64)], {"axis": 1}, kernel="vk_gather")
+case("gather_scalar", "Gather", [r(1, 5, 8), np.array(0, np.int64)], {"axis": 1}, kernel="vk_gather")
+for mode in ("constant", "reflect", "edge", "wrap"):
+    case(f"pad_{mode}", "Pad", [r(1, 2, 5, 6), np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64), np.float32(0.5)],
+         {"mode": mode, "_opset": 13}, kernel="vk_pad")
+case("pad_negative", "Pad", [r(2, 3, 5, 6), np.array([0, 1, -1, 2, 0, -1, 2, -2], np.int64)],
+     {"mode": "constant", "_opset": 13}, kernel="vk_pad")
+case("identity_alias", "Identity", [r(3, 4)])  # an alias: no buffer, no dispatch
+case("reshape_alias", "Reshape", [r(3, 4), np.array([2, -1], np.int64)])
+case("cast_copy", "Cast", [r(3, 4)], {"to": 1}, kernel="vk_copy")
+case("resize_nearest_x2", "Resize", [r(1, 2, 5, 6), np.zeros(0, np.float32), np.array([1, 1, 2, 2], np.float32)],
+     {"mode": "nearest", "_opset": 13}, kernel="vk_resize")
+case("resize_linear_halfpixel", "Resize", [r(1, 2, 5, 6), np.zeros(0, np.float32), np.array([1, 1, 1.6, 0.7], np.float32)],
+     {"mode": "linear", "coordinate_transformation_mode": "half_pixel", "_opset": 13}, kernel="vk_resize")
+case("resize_linear_align_sizes", "Resize", [r(2, 3, 4, 5), np.zeros(0, np.float32), np.zeros(0, np.float32),
+                                              np.array([2, 3, 7, 9], np.int64)],
+     {"mode": "linear", "coordinate_transformation_mode": "align_corners", "_opset": 13}, kernel="vk_resize")
+case("upsample_nearest", "Upsample", [r(1, 2, 3, 4), np.array([1, 1, 2, 3], np.float32)], {"mode": "nearest"},
+     kernel="vk_resize")
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory: pytest.TempPathFactory):
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    tmp = tmp_path_factory.mktemp("vk")
+    os.environ["MESA_SHADER_CACHE_DIR"] = str(tmp / "mesa")
+    dev = VulkanDevice(VulkanConfig(debug=True, cache_dir=str(tmp / "cache")))
+    _precompile(dev)
+    yield dev
+    errors = dev.validation_errors
+    dev.close()
+    assert not errors, f"validation layer errors: {errors[:5]}"
+
+
+def _precompile(dev: Any) -> None:
+    """Compile every shader variant the cases need in one parallel batch (the install step does the same)."""
+    from inferd.ops.base import choose_kernel, raw_key, single_node_layer
+    from inferd.vulkan.executor import _import_kernels
+    from inferd.vulkan.kernel import Caps
+    from inferd.vulkan.shaders import norm_defines
+    _import_kernels()
+    variants = []
+    for cid, op, ins, attrs, const, kernel in CASES:
+        try:
+            layer = single_node_layer(op, ins, dict(attrs), const, _N_OUT.get(cid, 1))
+            k = choose_kernel(layer, "vulkan", kernel)
+            raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+            params = k.transform(layer, raw)
+            variants += [(d.shader, norm_defines(d.defines)) for d in k.dispatches(layer, params, Caps())]
+        except Exception:
+            pass  # the test itself reports it
+    dev.shader_cache.get_many(list(dict.fromkeys(variants)))
+
+
+@pytest.mark.parametrize("cid,op,ins,attrs,const,kernel", CASES, ids=[c[0] for c in CASES])
+def test_kernel_matches_reference(device: Any, cid: str, op: str, ins: list, attrs: dict, const: list | None,
+                                  kernel: str | None) -> None:
+    from inferd.vulkan.testing import rel_err, run_single
+    got, ref, stats = run_single(device, op, ins, attrs, const, kernel, n_outputs=_N_OUT.get(cid, 1))
+    if kernel is not None:
+        assert stats["kernels"] == {"n0": kernel}
+    elif op in ("Identity", "Reshape"):
+        assert stats["kernels"] == {"n0": "alias"} and stats["dispatches"] == 0
+    assert len(got) == len(ref)
+    for g, rf in zip(got, ref):
+        assert g.shape == rf.shape
+        err = rel_err(g, rf)
+        assert err <= TOL, f"{cid}: relative error {err:.3g} > {TOL}"

@@ -1,0 +1,73 @@
+"""Shared model-zoo files for tests.
+
+``zoo_dir()`` writes the zoo (seed 0) once per machine into a cache folder and returns it, so
+every test file can load ``zoo_dir() / "<name>.onnx"`` without regenerating models. The
+cache folder is ``$INFERD_ZOO_DIR`` or ``~/.cache/inferd-test-zoo``. Up-to-date files are
+detected from their sidecar metadata without rebuilding (see ``inferd.zoo.write_zoo``), and
+a file lock serialises concurrent pytest processes.
+
+Usage from a test file (the tests folder is on sys.path under pytest's default import mode)::
+
+    from zoo_fixture import zoo_dir
+
+    @pytest.fixture(scope="session")
+    def zoo() -> Path:
+        return zoo_dir()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from inferd import zoo as _zoo
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - non-POSIX
+    fcntl = None  # type: ignore[assignment]
+
+ENV_VAR = "INFERD_ZOO_DIR"
+
+_done: set[tuple[Path, str]] = set()
+_mutex = threading.Lock()
+
+
+def cache_root() -> Path:
+    env = os.environ.get(ENV_VAR)
+    return Path(env) if env else Path.home() / ".cache" / "inferd-test-zoo"
+
+
+@contextlib.contextmanager
+def _file_lock(root: Path) -> Iterator[None]:
+    with open(root / ".lock", "a+b") as f:
+        if fcntl is not None:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def zoo_dir(names: Sequence[str] | None = None) -> Path:
+    """Directory holding ``<name>.onnx`` for ``names`` (default: every model in
+    ``inferd.zoo.MODELS``), generating whatever is missing or stale."""
+    root = cache_root().resolve()
+    wanted = list(_zoo.MODELS) if names is None else list(names)
+    with _mutex:
+        todo = [n for n in wanted if (root, n) not in _done]
+        if todo:
+            root.mkdir(parents=True, exist_ok=True)
+            with _file_lock(root):
+                _zoo.write_zoo(root, todo, seed=0)
+            _done.update((root, n) for n in todo)
+    return root
+
+
+def zoo_path(name: str) -> Path:
+    """Path of one model in the shared zoo, generating only that model if needed."""
+    return zoo_dir([name]) / f"{name}.onnx"
