@@ -21,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 2
+ABI = 3
 
 ffi: Any = None
 lib: Any = None
@@ -38,6 +38,19 @@ except Exception as exc:  # ImportError, or a broken build
     log.warning("native kernels unavailable, using numpy fallbacks (slower): %s", exc)
 
 F32 = np.float32
+Act = tuple[str, tuple[float, ...]]
+
+#: Fused activations the C kernels apply themselves, by name -> C code (see native/inferd_native.h).
+NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3}
+
+
+def _act_code(act: Act | None) -> tuple[int, float, float]:
+    if act is None:
+        return 0, 0.0, 0.0
+    if act[0] not in NATIVE_ACTS:
+        raise ValueError(f"activation {act[0]} is not native (native: {sorted(NATIVE_ACTS)})")
+    p = tuple(act[1])
+    return NATIVE_ACTS[act[0]], float(p[0]) if len(p) > 0 else 0.0, float(p[1]) if len(p) > 1 else 0.0
 
 # --------------------------------------------------------------------------- threads
 
@@ -185,7 +198,7 @@ def col2im(col: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
 
 
 def numpy_dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray, sh: int, sw: int,
-                   dh: int, dw: int, pt: int, pl: int) -> np.ndarray:
+                   dh: int, dw: int, pt: int, pl: int, act: Act | None = None) -> np.ndarray:
     c, h, wd = x.shape
     cm, kh, kw = w.shape
     mult = cm // c
@@ -198,20 +211,24 @@ def numpy_dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: n
         for j in range(kw):
             out += w[:, i, j, None, None] * xp[:, i * dh: i * dh + (oh - 1) * sh + 1: sh,
                                                j * dw: j * dw + (ow - 1) * sw + 1: sw]
+    if act is not None:
+        numpy_bias_act(out, None, None, act)
     return out
 
 
 def dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray, sh: int, sw: int,
-             dh: int, dw: int, pt: int, pl: int) -> np.ndarray:
+             dh: int, dw: int, pt: int, pl: int, act: Act | None = None) -> np.ndarray:
     """Depthwise conv of one image: ``x`` (C, H, W), ``w`` (C*mult, kh, kw), ``out`` (C*mult, OH, OW) overwritten.
 
-    Output channel ``c*mult + k`` reads input channel ``c``; ``bias`` (C*mult) is added if given."""
+    Output channel ``c*mult + k`` reads input channel ``c``; ``bias`` (C*mult) is added if given, then ``act``
+    (one of :data:`NATIVE_ACTS`, or None) in the same pass."""
+    code, p0, p1 = _act_code(act)
     c, h, wd = x.shape
     cm, kh, kw = w.shape
     if cm % c or out.shape[0] != cm:
         raise ValueError(f"dwconv2d: {c} input channels, weights {w.shape}, out {out.shape}")
     if not AVAILABLE:
-        return numpy_dwconv2d(x, w, bias, out, sh, sw, dh, dw, pt, pl)
+        return numpy_dwconv2d(x, w, bias, out, sh, sw, dh, dw, pt, pl, act)
     for a, n in ((x, "x"), (w, "w"), (out, "out")):
         _check(a, n)
     if bias is not None:
@@ -223,7 +240,7 @@ def dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndar
         if lib.inferd_dwconv2d(_ptr(x[lo:hi]), _ptr(w[lo * mult: hi * mult]),
                                ffi.NULL if bias is None else _ptr(bias[lo * mult: hi * mult]),
                                _ptr(out[lo * mult: hi * mult]), hi - lo, mult, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
-                               oh, ow) != 0:
+                               oh, ow, code, p0, p1) != 0:
             raise MemoryError("dwconv2d: out of memory")
 
     parallel_for(c, part, work=out.size * kh * kw)
@@ -317,12 +334,7 @@ def winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bi
 
 # --------------------------------------------------------------------------- epilogue
 
-#: Fused activations :func:`bias_act` does natively, by name -> C code.
-NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3}
-
-
-def numpy_bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
-                   act: tuple[str, tuple[float, ...]] | None) -> np.ndarray:
+def numpy_bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: Act | None) -> np.ndarray:
     c = y.shape[0]
     y2 = y.reshape(c, -1)
     if bias is not None:
@@ -342,11 +354,9 @@ def numpy_bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | Non
     return y
 
 
-def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
-             act: tuple[str, tuple[float, ...]] | None) -> np.ndarray:
+def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: Act | None) -> np.ndarray:
     """In place: ``y = act(y + bias[c] + res)`` for ``y`` (C, ...) contiguous; ``act`` one of :data:`NATIVE_ACTS` or None."""
-    if act is not None and act[0] not in NATIVE_ACTS:
-        raise ValueError(f"bias_act: activation {act[0]} is not native")
+    code, p0, p1 = _act_code(act)
     if not AVAILABLE:
         return numpy_bias_act(y, bias, res, act)
     _check(y, "y")
@@ -358,10 +368,6 @@ def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
         _check(res, "res")
         if res.size != y.size:
             raise ValueError(f"bias_act: residual size {res.size} != {y.size}")
-    code = 0 if act is None else NATIVE_ACTS[act[0]]
-    p = tuple(act[1]) if act is not None else ()
-    p0 = float(p[0]) if len(p) > 0 else 0.0
-    p1 = float(p[1]) if len(p) > 1 else 0.0
 
     def part(lo: int, hi: int) -> None:
         lib.inferd_bias_act(_ptr(y[lo:hi]), ffi.NULL if bias is None else _ptr(bias[lo:hi]),

@@ -47,6 +47,7 @@ static void valid_range(int off, int s, int limit, int n, int* lo, int* hi)
     *hi = b;
 }
 
+INFERD_CLONES
 void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
                    int pt, int pl, int OH, int OW, float* col)
 {
@@ -70,8 +71,12 @@ void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, 
                     if (lo > 0) memset(d, 0, sizeof(float) * (size_t)lo);
                     if (sw == 1) {
                         memcpy(d + lo, row + lo + off, sizeof(float) * (size_t)(hi - lo));
+                    } else if (sw == 2) {
+                        const float* restrict r2 = row + off;
+                        for (ptrdiff_t ow = lo; ow < hi; ++ow) d[ow] = r2[2 * ow];
                     } else {
-                        for (int ow = lo; ow < hi; ++ow) d[ow] = row[ow * sw + off];
+                        const float* restrict rs = row + off;
+                        for (ptrdiff_t ow = lo; ow < hi; ++ow) d[ow] = rs[ow * sw];
                     }
                     if (hi < OW) memset(d + hi, 0, sizeof(float) * (size_t)(OW - hi));
                 }
@@ -111,6 +116,24 @@ void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh
 }
 
 /* ---------------------------------------------------------------- depthwise */
+
+/* In-place activation codes shared with inferd_bias_act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(p0). */
+static void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0, float p1)
+{
+    switch (act) {
+    case 1: /* v < 0 ? 0 : v keeps NaN, like np.maximum */
+        for (ptrdiff_t k = 0; k < n; ++k) d[k] = d[k] < 0.0f ? 0.0f : d[k];
+        break;
+    case 2:
+        for (ptrdiff_t k = 0; k < n; ++k) d[k] = d[k] < p0 ? p0 : (d[k] > p1 ? p1 : d[k]);
+        break;
+    case 3:
+        for (ptrdiff_t k = 0; k < n; ++k) d[k] = d[k] < 0.0f ? d[k] * p0 : d[k];
+        break;
+    default:
+        break;
+    }
+}
 
 /* Copy of a short row without a libc call per row (a plain loop would be turned back into memcpy by GCC's
    loop distribution): 8-float chunks become vector moves, the tail is element-wise. */
@@ -207,7 +230,8 @@ INFERD_INLINE void dw_row_k_strides(float* y, const float* const* rows, const fl
 }
 
 static void dw_rows(const float* x, const float* w, const float* bias, float* y, int C, int mult,
-                     int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW)
+                    int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
+                    int act, float p0, float p1)
 {
     /* Output columns whose taps all fall inside the row, and output rows whose taps all fall inside the plane. */
     int c_lo, c_hi, r_lo, r_hi;
@@ -226,6 +250,7 @@ static void dw_rows(const float* x, const float* w, const float* bias, float* y,
             float* yr = yc + (size_t)oh * OW;
             if (!fast || oh < r_lo || oh >= r_hi) {
                 dw_row_taps(yr, plane, wc, b, oh, H, W, kh, kw, sh, sw, dh, dw, pt, pl, 0, OW);
+                act_inplace(yr, OW, act, p0, p1);
                 continue;
             }
             const float* rows[7];
@@ -238,6 +263,7 @@ static void dw_rows(const float* x, const float* w, const float* bias, float* y,
                 dw_row_k_strides(yr, rows, wc, b, c_lo, c_hi, sw, dw, pl, 7);
             for (int ow = 0; ow < c_lo; ++ow) yr[ow] = dw_point(plane, wc, b, oh, ow, H, W, kh, kw, sh, sw, dh, dw, pt, pl);
             for (int ow = c_hi; ow < OW; ++ow) yr[ow] = dw_point(plane, wc, b, oh, ow, H, W, kh, kw, sh, sw, dh, dw, pt, pl);
+            act_inplace(yr, OW, act, p0, p1);
         }
     }
 }
@@ -279,7 +305,7 @@ static void dw_flat_taps(float* restrict yq, const float* restrict xb, const flo
 
 /* Requires dilation 1; S is 1 or 2. */
 static int dw_flat(const float* x, const float* w, const float* bias, float* y, int C, int mult, int H, int W,
-                   int kh, int kw, int S, int pt, int pl, int OH, int OW)
+                   int kh, int kw, int S, int pt, int pl, int OH, int OW, int act, float p0, float p1)
 {
     const int Hh = OH + (kh - 1) / S, Wh = OW + (kw - 1) / S;
     const size_t psz = (size_t)Hh * Wh;
@@ -332,6 +358,7 @@ static int dw_flat(const float* x, const float* w, const float* bias, float* y, 
                 dw_flat_k(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, 7, 2);
             else
                 dw_flat_taps(yq, xb, wc, b, n, Wh, (ptrdiff_t)psz, kh, kw, S);
+            act_inplace(yq, n, act, p0, p1);
             float* yc = y + (size_t)co * OH * OW;
             if (Wh == OW) {
                 memcpy(yc, yq, sizeof(float) * (size_t)OH * OW);
@@ -346,12 +373,13 @@ static int dw_flat(const float* x, const float* w, const float* bias, float* y, 
 
 INFERD_CLONES
 int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y, int C, int mult,
-                    int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW)
+                    int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
+                    int act, float p0, float p1)
 {
     /* measured: the flat form wins for stride 1 and for stride 2 with 5x5/7x7; rows win for 3x3 stride 2 */
-    if (sh == sw && dh == 1 && dw == 1 && (sh == 1 || (sh == 2 && kh * kw > 9)) && getenv("DWROWS") == NULL)
-        return dw_flat(x, w, bias, y, C, mult, H, W, kh, kw, sh, pt, pl, OH, OW);
-    dw_rows(x, w, bias, y, C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW);
+    if (sh == sw && dh == 1 && dw == 1 && (sh == 1 || (sh == 2 && kh * kw > 9)))
+        return dw_flat(x, w, bias, y, C, mult, H, W, kh, kw, sh, pt, pl, OH, OW, act, p0, p1);
+    dw_rows(x, w, bias, y, C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, act, p0, p1);
     return 0;
 }
 

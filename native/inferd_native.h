@@ -13,9 +13,11 @@ void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh
                    int pt, int pl, int OH, int OW, float* y);
 
 /* Depthwise conv of C input channels with channel multiplier mult: output channel c*mult + k reads input channel c.
-   w: (C*mult, kh, kw); bias: (C*mult) or NULL; y: (C*mult, OH, OW), overwritten. Returns 0, or -1 if out of memory. */
+   w: (C*mult, kh, kw); bias: (C*mult) or NULL; y: (C*mult, OH, OW), overwritten with act(conv + bias)
+   (act codes as in inferd_bias_act). Returns 0, or -1 if out of memory. */
 int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y, int C, int mult,
-                    int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW);
+                    int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
+                    int act, float p0, float p1);
 
 /* Winograd F(m x m, r x r) input transform, alpha = m + r - 1, BT: (alpha, alpha) row-major.
    Tile (ti, tj) covers input rows ti*m - pt .. + alpha and columns tj*m - pl .. + alpha (0 outside).

@@ -168,6 +168,24 @@ def test_default_kernel_choice() -> None:
     assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])).startswith("winograd")
 
 
+def test_preferred_3x3_kernel() -> None:
+    """Exactly one of im2col / winograd23 / winograd43 is preferred for a 3x3 stride-1 layer, by map size."""
+    def prefs(c, hw):
+        x, w, b = make_inputs(0, (1, c, hw, hw), (c, c, 3, 3), True)
+        layer = single_node_layer("Conv", [x, w, b], dict(pads=[1, 1, 1, 1]))
+        k23, k43 = kernel("Conv", "winograd23"), kernel("Conv", "winograd43")
+        return {k.name for k in (k23, k43) if k.preferred(layer)}
+
+    assert prefs(64, 56) == {"winograd43"}
+    assert prefs(64, 28) == {"winograd23"}
+    assert prefs(64, 14) == {"winograd23"}
+    assert prefs(64, 7) == set()  # im2col
+    assert prefs(8, 56) == set()  # too few channels for the transforms to pay off
+    x, w, b = make_inputs(0, (1, 64, 56, 56), (64, 64, 3, 3), True)
+    layer = single_node_layer("Conv", [x, w, b], dict(strides=[2, 2]))
+    assert not kernel("Conv", "winograd43").preferred(layer)  # not applicable -> not preferred
+
+
 # --------------------------------------------------------------------------- fused epilogue
 
 ACTS = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)), ("HardSwish", ()), ("Sigmoid", ())]
@@ -396,9 +414,10 @@ CT_CASES: list[tuple[str, tuple[int, ...], int, tuple[int, ...], dict[str, Any],
     ("dw", (1, 4, 5, 6), 4, (3, 3), dict(group=4, strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]), True),
     ("output_shape", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], output_shape=[10, 12]), True),
     ("output_shape_odd", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], output_shape=[11, 12]), True),
-    ("same_upper", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="SAME_UPPER"), True),
-    ("same_lower", (1, 3, 5, 6), 2, (4, 4), dict(strides=[2, 2], auto_pad="SAME_LOWER"), True),
-    ("same_upper_odd", (1, 3, 5, 6), 2, (4, 4), dict(strides=[2, 2], auto_pad="SAME_UPPER"), True),
+    # total padding 1 (odd): the extra pad goes to the end for SAME_UPPER, to the begin for SAME_LOWER
+    ("same_upper_odd", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="SAME_UPPER"), True),
+    ("same_lower_odd", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="SAME_LOWER"), True),
+    ("same_lower_even", (1, 3, 5, 6), 2, (4, 4), dict(strides=[2, 2], auto_pad="SAME_LOWER"), True),
     ("valid", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="VALID"), True),
     ("1d", (1, 3, 7), 2, (3,), dict(strides=[2], pads=[1, 0], output_padding=[1]), True),
     ("3d", (1, 2, 3, 4, 3), 2, (2, 2, 2), dict(strides=[2, 2, 1]), True),
@@ -493,6 +512,11 @@ def test_native_im2col_col2im_dw(geom, threads: int) -> None:
             assert rel_err(o1, o2) <= 1e-5
             native.dwconv2d(x, wt, None, o1, sh, sw, dh, dw, pt, pl)
             assert rel_err(o1, native.numpy_dwconv2d(x, wt, None, o2, sh, sw, dh, dw, pt, pl)) <= 1e-5
+            for act in (("Relu", ()), ("Clip", (-0.5, 1.0)), ("LeakyRelu", (0.3,))):
+                native.dwconv2d(x, wt, bias, o1, sh, sw, dh, dw, pt, pl, act)
+                o2 = native.numpy_dwconv2d(x, wt, bias, o2, sh, sw, dh, dw, pt, pl)
+                apply_act(o2, act)
+                assert rel_err(o1, o2) <= 1e-5
     finally:
         native.set_num_threads(old)
 
@@ -538,6 +562,6 @@ def test_native_bias_act() -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 2
+    assert native.ABI == 3
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI

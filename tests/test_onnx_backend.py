@@ -50,9 +50,70 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
 })
 
 # --- exclusions: {regex searched in the test name: reason}, grouped by reason -------------------------
-R_F16 = "float16/bfloat16 tensors: not supported (float32 engine)"
+R_LOWBIT = ("Cast to float8/float4/int4/bfloat16: element types the engine rejects by design "
+            "(UnsupportedOpError); casts *from* them work through ml_dtypes and run")
+R_INT2 = ("INT2/UINT2/FLOAT8E8M0 (opset 25+ types): they do not exist in opset 23, so onnx.version_converter "
+          "refuses to lower the model to the importer's range; the engine has no such types either")
+R_F16_RANGE = ("Range on float16/bfloat16 at opset 27: onnx.version_converter refuses to lower it; "
+               "16-bit float Range is not supported")
+R_TRAIN_BN = "training-mode BatchNormalization (running-stat outputs): inference only, by design"
+R_TRAIN_DROPOUT = "training-mode Dropout (random mask): inference only, by design"
+R_LN_STATS = ("LayerNormalization Mean/InvStdDev outputs (training-only): unsupported by design "
+              "(UnsupportedOpError); every official LayerNormalization node test asks for them")
+R_ARGMAX = "MaxPool Indices output: unsupported by design (UnsupportedOpError)"
+R_NOT_TENSOR = "optional/sequence-typed graph inputs: only tensors are supported"
+R_STRING = "string tensors: not supported (numeric engine)"
+R_RESIZE_CUBIC = "Resize mode='cubic': unsupported by design (nearest and linear only)"
+R_RESIZE_AA = "Resize antialias=1: unsupported by design"
+R_RESIZE_ASPECT = "Resize keep_aspect_ratio_policy not_larger/not_smaller: unsupported by design (stretch only)"
+R_RESIZE_CROP = "Resize coordinate_transformation_mode='tf_crop_and_resize' (roi): unsupported by design"
+R_ORT_DIFFERS = ("ONNX reference and onnxruntime disagree (align_corners with a non-integer output length from "
+                 "scales: the reference uses scale*length, onnxruntime the floored length); inferd matches "
+                 "onnxruntime ([1, 4]), which is the project's numerical reference")
+R_F16_ROUNDING = ("float16 model through Conv+SiLU: inferd computes in float32 and rounds once, the reference rounds "
+                  "every float16 step; differences reach 1.6e-3 relative, above the test's rtol 1e-3")
+BUG_CASTLIKE_F8 = ("BUG: CastLike to a float8 type ignores saturate=1 (out-of-range values become NaN instead of "
+                   "+-max finite) although Cast rejects float8 targets; CastLike should reject them too, or saturate")
+BUG_CLIP_INT = ("BUG: Clip on int8 with absent or runtime min/max crashes: np.clip with float +-inf bounds "
+                "cannot cast float64 back into the int8 output")
+BUG_DROPOUT_MASK = ("BUG: inference Dropout's mask output is never written (the executor skips alias ops, but only "
+                    "output 0 aliases the input), so the mask holds arena garbage instead of all True")
+BUG_EMPTY_REDUCE = ("BUG: ReduceMax/ReduceMin/ReduceLogSumExp over an empty axis crash (numpy max/min without "
+                    "initial=) instead of giving the identity (-inf / +inf / -inf; False for bool max)")
 
 EXCLUDE: dict[str, str] = {
+    # types
+    r"^test_cast_(no_saturate_)?FLOAT(16)?_to_(FLOAT8|FLOAT4E2M1|U?INT4|BFLOAT16)": R_LOWBIT,
+    r"^test_castlike_(no_saturate_)?FLOAT(16)?_to_(FLOAT8\w*|FLOAT4E2M1|U?INT4|BFLOAT16)_expanded": R_LOWBIT,
+    r"^test_cast(like)?_(FLOAT(16)?_to_U?INT2|U?INT2_to_)": R_INT2,
+    r"^test_cast_e8m0_": R_INT2,
+    r"^test_range_b?float16_type_positive_delta_cpu": R_F16_RANGE,
+    r"^test_equal_string": R_STRING,
+    r"^test_identity_(opt|sequence)_": R_NOT_TENSOR,
+    # training-only behaviour and outputs
+    r"^test_batchnorm_.*_training_mode_": R_TRAIN_BN,
+    r"^test_training_dropout": R_TRAIN_DROPOUT,
+    r"^test_layer_normalization_\w+(?<!_expanded)(?<!_expanded_ver18)_cpu$": R_LN_STATS,
+    r"^test_maxpool_with_argmax_": R_ARGMAX,
+    # Resize variants outside the supported set
+    r"^test_resize_\w*_cubic": R_RESIZE_CUBIC,
+    r"^test_resize_downsample_(scales|sizes)_linear_antialias": R_RESIZE_AA,
+    r"^test_resize_\w+_not_(larger|smaller)_": R_RESIZE_ASPECT,
+    r"^test_resize_tf_crop_and_resize": R_RESIZE_CROP,
+    r"^test_resize_downsample_scales_linear_align_corners_": R_ORT_DIFFERS,
+    r"^test_causal_conv_with_state_silu_fp16_expanded_": R_F16_ROUNDING,
+    # real defects (strict xfail until fixed)
+    r"^test_castlike_FLOAT(16)?_to_FLOAT8E[45]M[23](FNUZ|FN)?_cpu$": BUG_CASTLIKE_F8,
+    r"^test_clip_default_int8_(inbounds|max|min)_cpu$": BUG_CLIP_INT,
+    r"^test_dropout_default_mask(_ratio)?_cpu$": BUG_DROPOUT_MASK,
+    r"^test_reduce_(max|min|log_sum_exp)_empty_set(_bool)?_cpu$": BUG_EMPTY_REDUCE,
+}
+
+#: supported ops with no running official node test, and why that is acceptable
+NO_RUNNING_NODE_TEST: dict[str, str] = {
+    "LayerNormalization": "all 19 official node tests request the Mean/InvStdDev outputs (R_LN_STATS) and the "
+                          "_expanded variants need Size, which is not registered; covered by the unit tests and "
+                          "the vit_tiny zoo model",
 }
 
 # -----------------------------------------------------------------------------------------------------
@@ -106,13 +167,16 @@ def test_supported_ops_are_registered() -> None:
 
 
 def test_every_supported_op_runs_somewhere() -> None:
-    """No supported op may have all of its node tests excluded (that would be a silent pass)."""
+    """Each supported op has a running, non-expanded node test of its own: excluding all of an op's
+    variants would otherwise pass silently. Known gaps are listed, with their reason, in
+    ``NO_RUNNING_NODE_TEST`` (and an entry there must still be a gap)."""
     running: Counter[str] = Counter()
     for name, ops in SELECTED.items():
-        if _exclusion(name) is None:
+        if _exclusion(name) is None and "_expanded" not in name:
             running.update(ops)
-    idle = sorted(op for op in SUPPORTED_OPS if running[op] == 0)
-    assert not idle, f"supported ops with no running node test: {idle}"
+    idle = {op for op in SUPPORTED_OPS if running[op] == 0}
+    assert sorted(idle - set(NO_RUNNING_NODE_TEST)) == [], "supported ops with no running node test"
+    assert sorted(set(NO_RUNNING_NODE_TEST) - idle) == [], "NO_RUNNING_NODE_TEST lists ops that do run now"
 
 
 def test_exclusions_are_live_and_reasoned() -> None:

@@ -47,7 +47,8 @@ def apply_act(x: np.ndarray, act: Act | None) -> np.ndarray:
     elif name == "Tanh":
         np.tanh(x, out=x)
     elif name == "SiLU":
-        np.multiply(x, _sigmoid(x.copy()), out=x)
+        t = x.copy()
+        np.multiply(x, _sigmoid(t, out=t), out=x)
     elif name == "Gelu":
         if p and p[0] == 1.0:  # tanh approximation
             t = np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x))

@@ -9,9 +9,9 @@ each class's docstring and :func:`WinogradKernel.preferred`):
 
 * ``depthwise`` (5): group == Cin == Cout/mult, any kernel/stride/dilation, native C.
 * ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
-* ``winograd43`` (20) / ``winograd23`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
-  large spatial sizes, but on small maps its 36 transformed weight matrices outweigh the GEMM
-  saving (see ``preferred``).
+* ``winograd23`` (20) / ``winograd43`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
+  large maps, F(2x2,3x3) on middle ones, im2col on 7x7 maps: :func:`preferred_3x3_kernel` says which,
+  and each kernel's ``preferred(layer)`` exposes it for the planner (static priorities cannot).
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
 * ``direct`` (90): the readable reference, any rank.
 
@@ -600,9 +600,12 @@ class ConvDepthwise(_ConvKernelBase):
         o = _Out(outputs[0])
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
         y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        # the activation goes into the C pass unless a residual must be added before it
+        inner = act if res is None and act is not None and act[0] in native.NATIVE_ACTS else None
         for i in range(g.n):
-            native.dwconv2d(x4[i], params["w"], bias, y4[i], g.sh, g.sw, g.dh, g.dw, g.pt, g.pl)
-        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
+            native.dwconv2d(x4[i], params["w"], bias, y4[i], g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, inner)
+        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1),
+                None if inner is not None else act)
         o.close()
 
 
@@ -718,25 +721,57 @@ class WinogradKernel(_ConvKernelBase):
         o.close()
 
 
+def preferred_3x3_kernel(g: Geom2D) -> str:
+    """The measured-fastest kernel for a 3x3 stride-1 group-1 conv: "winograd43", "winograd23" or "im2col".
+
+    Warm times, one thread, AMD EPYC (Zen 4), OpenBLAS; ``P`` = tiles per image:
+      * F(4,3) wins from 56x56 up with >= 48 channels (64@56: 2.5 ms vs F(2,3) 3.4, im2col 4.0;
+        256@56: 21 vs 30 vs 43); at 28x28 F(2,3) and F(4,3) tie, so F(2,3) (fewer weight bytes);
+      * F(2,3) wins down to 14x14 (256@14: 2.6 vs im2col 3.0; 128@14: 0.43 vs 0.70);
+      * at 7x7 (P23 = 16) and with < 16 input channels the transforms and the alpha^2 weight matrices cost
+        more than the GEMM saves: im2col (512@7: 3.8 vs F(2,3) 4.5 vs F(4,3) 7.9; 3->16@112: 0.23 vs 0.37).
+    """
+    p43 = -(-g.oh // 4) * -(-g.ow // 4)
+    p23 = -(-g.oh // 2) * -(-g.ow // 2)
+    if g.cin < 16:
+        return "im2col"
+    if p43 >= 100 and min(g.cin, g.cout) >= 48:
+        return "winograd43"
+    if p23 >= 36:
+        return "winograd23"
+    return "im2col"
+
+
 @register_kernel
 class ConvWinograd23(WinogradKernel):
-    """F(2x2, 3x3): 16 positions, 2.25x fewer multiplies than direct; points 0, 1, -1."""
+    """F(2x2, 3x3): 16 positions, 2.25x fewer multiplies than direct; points 0, 1, -1.
+
+    Static priority puts it before F(4,3): as the default for every 3x3 stride-1 conv it is never far off
+    (<= 1.3x the best), whereas F(4,3) is 2x slower than im2col on 7x7 maps. ``preferred`` refines it."""
 
     name = "winograd23"
-    priority = 25
+    priority = 20
     m = 2
     points = (0.0, 1.0, -1.0)
+
+    def preferred(self, layer: Layer) -> bool:
+        g = _geo2d(layer)
+        return g is not None and self.applies(layer) and preferred_3x3_kernel(g) == self.name
 
 
 @register_kernel
 class ConvWinograd43(WinogradKernel):
-    """F(4x4, 3x3): 36 positions, 4x fewer multiplies; points 0, +-1, +-1/2 (better conditioned in float32 than
-    the 0, +-1, +-2 of Lavin/ncnn: see tests)."""
+    """F(4x4, 3x3): 36 positions, 4x fewer multiplies; points 0, 1, -1, 1/2, -2 (better conditioned in float32
+    than the 0, +-1, +-2 of Lavin/ncnn: max relative error 3e-6 vs 1e-5 on 256-channel layers; see tests)."""
 
     name = "winograd43"
-    priority = 20
+    priority = 25
     m = 4
-    points = (0.0, 1.0, -1.0, 0.5, -0.5)
+    points = (0.0, 1.0, -1.0, 0.5, -2.0)
+
+    def preferred(self, layer: Layer) -> bool:
+        g = _geo2d(layer)
+        return g is not None and self.applies(layer) and preferred_3x3_kernel(g) == self.name
 
 
 # =========================================================================== ConvTranspose kernels

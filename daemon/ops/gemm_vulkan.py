@@ -86,6 +86,8 @@ class VkMatMul(VulkanKernel):
     name = "vk_matmul"
     ops = ("Gemm", "MatMul")
     priority = 10
+    shader = "matmul"
+    registers = False
 
     def applies(self, layer: Layer) -> bool:
         if not act_supported(layer):
@@ -189,6 +191,23 @@ class VkMatMul(VulkanKernel):
                 sa = [0] * (3 - len(p.sa_b)) + list(p.sa_b)
                 sb = [0] * (3 - len(p.sb_b)) + list(p.sb_b)
                 push.update(bd1=bd[1], bd2=bd[2], sa0=sa[0], sa1=sa[1], sa2=sa[2], sb0=sb[0], sb1=sb[1], sb2=sb[2])
-                out.append(Dispatch("matmul", binds, (-(-nc // 64), -(-p.M // 64), p.nbatch), defs, push=push,
-                                    independent=True))
+                if self.registers:
+                    groups = (-(-nc // 256), -(-p.M // 4), p.nbatch)
+                else:
+                    groups = (-(-nc // 64), -(-p.M // 64), p.nbatch)
+                out.append(Dispatch(self.shader, binds, groups, defs, push=push, independent=True))
         return out
+
+
+@register_kernel
+class VkMatMulReg(VkMatMul):
+    """``vk_matmul`` with 4x4 register blocks instead of shared-memory tiles: the default on CPU-type
+    devices (lavapipe), where workgroup barriers are coroutine switches."""
+
+    name = "vk_matmul_reg"
+    priority = 15
+    shader = "matmul_reg"
+    registers = True
+
+    def device_priority(self, caps: Caps) -> int:
+        return 5 if caps.device_type == "cpu" else self.priority

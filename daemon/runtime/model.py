@@ -6,9 +6,12 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 from ..errors import BackendError, InputError
 from ..ir import Graph, TensorInfo
@@ -93,7 +96,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def load(path: str | os.PathLike | bytes, device: str = "cpu", batch: int = 1,
+def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu", batch: int = 1,
          kernels: dict[str, str] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
          name: str | None = None, **options: Any) -> Model:
     """Load an ONNX model (or a compiled package directory) for ``device`` ('cpu', 'vulkan', 'auto').
@@ -103,7 +106,8 @@ def load(path: str | os.PathLike | bytes, device: str = "cpu", batch: int = 1,
     t0 = time.perf_counter()
     dev = resolve_device(device)
     params = None
-    if not isinstance(path, (bytes, bytearray)) and Path(path).is_dir():
+    in_memory = not isinstance(path, (str, os.PathLike))
+    if not in_memory and Path(path).is_dir():
         from ..package import load_package
 
         graph, params = load_package(Path(path), device=dev, batch=batch, kernels=kernels)
@@ -112,7 +116,7 @@ def load(path: str | os.PathLike | bytes, device: str = "cpu", batch: int = 1,
         from ..frontend import import_model
 
         graph = import_model(path, batch=batch, shapes=shapes)
-        mname = name or (Path(path).stem if not isinstance(path, (bytes, bytearray)) else graph.name)
+        mname = name or (graph.name if in_memory else Path(path).stem)
     if dev == "cpu":
         ex = CpuExecutor(graph, kernels=kernels, params=params)
     else:

@@ -96,7 +96,7 @@ class VulkanModel:
             self.shader_cache = ShaderCache(cache)
         caps = dev.caps
         self.caps = Caps(caps.subgroup_size, caps.max_shared_bytes, caps.max_workgroup_invocations,
-                         caps.max_workgroup_count, caps.vendor_id)
+                         caps.max_workgroup_count, caps.vendor_id, caps.device_type)
         try:
             self._load(kernels or {})
         except BaseException:
@@ -155,7 +155,7 @@ class VulkanModel:
                 steps.append(None)
                 continue
             try:
-                kern = choose_kernel(layer, "vulkan", want)
+                kern = choose_kernel(layer, "vulkan", want) if want is not None else self._default_kernel(layer)
             except KernelError:
                 if want is not None:
                     raise
@@ -281,6 +281,13 @@ class VulkanModel:
         st["pipeline_cache_save_s"] = T() - t
         st["total_load_s"] = T() - t_all
         self.memory_bytes = sum(r.size for r in self._regions)
+
+    def _default_kernel(self, layer: Layer) -> VulkanKernel:
+        """The applicable kernel with the lowest priority on this kind of device."""
+        cands = [k for k in kernels_for(layer.op, "vulkan") if isinstance(k, VulkanKernel) and k.applies(layer)]
+        if not cands:
+            raise KernelError(f"no vulkan kernel applies to node {layer.name!r} ({layer.op})")
+        return min(cands, key=lambda k: k.device_priority(self.caps))
 
     def _resolve(self, i: int, s: _Step, ref: Ref, where: str,
                  wplace: Mapping[tuple[int, str], tuple[int, int]]) -> tuple[Region, int, int]:

@@ -91,6 +91,8 @@ class Caps:
     max_workgroup_invocations: int = 128
     max_workgroup_count: tuple[int, int, int] = (65535, 65535, 65535)
     vendor_id: int = 0
+    #: "discrete", "integrated", "virtual", "cpu" (lavapipe) or "other"
+    device_type: str = "discrete"
 
 
 class VulkanKernel(Kernel):
@@ -103,6 +105,10 @@ class VulkanKernel(Kernel):
     def transformed_nbytes(self, layer: Layer) -> int:
         # default transform: every constant becomes a 4-byte float32/int32 array
         return sum(4 * layer.inputs[k].size for k in layer.const_inputs if layer.inputs[k] is not None)
+
+    def device_priority(self, caps: Caps) -> int:
+        """``priority`` on this kind of device (the executor's default pick is the lowest that applies)."""
+        return self.priority
 
     def workspace_parts(self, layer: Layer) -> dict[str, int]:
         """Named scratch buffers (bytes) live only during this layer's dispatches."""
