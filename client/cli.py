@@ -91,14 +91,21 @@ def _load_inputs(specs: Sequence[str]) -> dict[str, np.ndarray]:
     for spec in specs:
         if "=" in spec:
             name, path = spec.split("=", 1)
-            arr = np.load(path, allow_pickle=False)
+            try:
+                arr = np.load(path, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as exc:
+                raise ValueError(f"cannot read {path}: {exc}") from None
             if isinstance(arr, np.lib.npyio.NpzFile):
                 raise ValueError(f"{path}: NAME=FILE takes a .npy file; pass an .npz without NAME=")
             feeds[name] = arr
         else:
-            with np.load(spec, allow_pickle=False) as npz:
-                if not isinstance(npz, np.lib.npyio.NpzFile):
-                    raise ValueError(f"{spec}: expected NAME=FILE.npy or FILE.npz")
+            try:
+                npz = np.load(spec, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as exc:
+                raise ValueError(f"cannot read {spec}: {exc}") from None
+            if not isinstance(npz, np.lib.npyio.NpzFile):
+                raise ValueError(f"{spec}: expected NAME=FILE.npy or FILE.npz")
+            with npz:
                 feeds.update({k: npz[k] for k in npz.files})
     if not feeds:
         raise ValueError("infer needs at least one --input NAME=FILE.npy (or --input FILE.npz)")

@@ -105,7 +105,7 @@ class Client:
         self._ctx = context if context is not None else zmq.Context()
         self._pid = os.getpid()
         self._local = threading.local()
-        self._conns: list[_Conn] = []
+        self._conns: dict[int, tuple[threading.Thread, _Conn]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(random.getrandbits(40))
         self._closed = False
@@ -134,8 +134,8 @@ class Client:
         if os.getpid() != self._pid:
             return  # inherited through fork: the sockets belong to the parent
         with self._lock:
-            conns, self._conns = self._conns, []
-        for c in conns:
+            conns, self._conns = list(self._conns.values()), {}
+        for _, c in conns:
             c.close()
         if self._own_ctx:
             self._ctx.term()
@@ -149,21 +149,27 @@ class Client:
             self._ctx = zmq.Context()
             self._own_ctx = True
             self._local = threading.local()
-            self._conns = []
+            self._conns = {}
             self._lock = threading.Lock()
         conn: _Conn | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = _Conn(self._ctx, self.endpoint)
             self._local.conn = conn
+            me = threading.current_thread()
             with self._lock:
-                self._conns.append(conn)
+                # Threads come and go (thread pools, per-request threads): close the sockets of
+                # finished ones so a long-lived Client does not collect them.
+                dead = [k for k, (t, _) in self._conns.items() if not t.is_alive()]
+                gone = [self._conns.pop(k)[1] for k in dead]
+                self._conns[id(conn)] = (me, conn)
+            for c in gone:
+                c.close()
         return conn
 
     def _drop_conn(self, conn: _Conn) -> None:
         self._local.conn = None
         with self._lock:
-            if conn in self._conns:
-                self._conns.remove(conn)
+            self._conns.pop(id(conn), None)
         conn.close()
 
     # ------------------------------------------------------------------ core

@@ -1,7 +1,9 @@
 """The inferd wire protocol: the one definition that the client and the daemon both import.
 
-Transport: ZeroMQ. The daemon binds a ROUTER socket; each client connects a DEALER socket (a
-REQ socket would also work for one request at a time). A message is a multipart ZeroMQ message::
+Transport: ZeroMQ. The daemon binds a ROUTER socket; each client connects a DEALER socket and
+sends no empty delimiter frame (so REQ sockets are not supported). Several requests may be in
+flight on one DEALER; replies carry the request id and may come back in any order. A message is
+a multipart ZeroMQ message::
 
     [header, tensor_0, tensor_1, ...]          (the ROUTER side sees [identity, header, ...])
 
@@ -64,6 +66,10 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
      "float16", "float32", "float64"}
 )
 
+# numpy's dtype.name is computed in Python on every access; this lookup is a dict hit.
+_DTYPE_NAME: dict[np.dtype, str] = {np.dtype(n): n for n in ALLOWED_DTYPES}
+_WIRE_DTYPE: dict[str, np.dtype] = {n: np.dtype(n).newbyteorder("<") for n in ALLOWED_DTYPES}
+
 # Below this size pyzmq copies anyway (zmq.COPY_THRESHOLD), so zero-copy bookkeeping would only cost.
 ZERO_COPY_MIN_BYTES = 64 * 1024
 
@@ -90,6 +96,8 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+# Replies come from the daemon the client chose to trust; the checks still run, the caps are loose.
+_REPLY_LIMITS = Limits(max_message_bytes=2**62, max_header_bytes=16 * 1024 * 1024, max_tensors=4096, max_dims=64)
 
 
 class WireError(Exception):
@@ -196,11 +204,13 @@ def _frame_len(frame: Frame) -> int:
 def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """(descriptor, frame) for one array; the frame is a flat uint8 view, no copy when contiguous."""
     a = np.asarray(arr)
-    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not _LITTLE):
-        a = a.astype(a.dtype.newbyteorder("<"))
-    name = a.dtype.name
-    if name not in ALLOWED_DTYPES:
-        raise ValueError(f"dtype {a.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
+    name = _DTYPE_NAME.get(a.dtype)
+    if name is None:
+        if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not _LITTLE):
+            a = a.astype(a.dtype.newbyteorder("<"))
+            name = _DTYPE_NAME.get(a.dtype)
+        if name is None:
+            raise ValueError(f"dtype {a.dtype} cannot go on the wire; allowed: {sorted(ALLOWED_DTYPES)}")
     if not a.flags.c_contiguous:
         a = a.copy(order="C")  # not np.ascontiguousarray: it turns 0-d arrays into 1-d
     desc = {"dtype": name, "shape": list(a.shape)}
@@ -248,22 +258,23 @@ def decode_tensors(
             raise bad(f"tensor {i}: 'name' must be a string of at most {TENSOR_NAME_MAX} chars, got {_short(name)}")
         if name in out:
             raise bad(f"tensor {name!r} appears twice")
-        if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:
+        wire_dtype = _WIRE_DTYPE.get(dtype) if isinstance(dtype, str) else None
+        if wire_dtype is None:
             raise bad(f"tensor {name!r}: dtype {_short(dtype)} not allowed; expected one of {sorted(ALLOWED_DTYPES)}")
         if not isinstance(shape, list) or len(shape) > limits.max_dims:
             raise bad(f"tensor {name!r}: shape must be a list of at most {limits.max_dims} dims, got {_short(shape)}")
-        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-            raise bad(f"tensor {name!r}: shape dims must be non-negative ints, got {_short(shape)}")
-        itemsize = np.dtype(dtype).itemsize
         # Python ints: a huge claimed shape cannot overflow, and is only compared, never allocated.
-        expected = math.prod(shape) * itemsize
-        got = _frame_len(frame)
-        if expected != got:
+        expected = wire_dtype.itemsize
+        for d in shape:
+            if type(d) is not int or d < 0:  # noqa: E721 - exactly int: bool is refused too
+                raise bad(f"tensor {name!r}: shape dims must be non-negative ints, got {_short(shape)}")
+            expected *= d
+        view = _frame_view(frame)
+        if expected != view.nbytes:
             raise bad(
-                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {got} bytes"
+                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {view.nbytes} bytes"
             )
-        arr = np.frombuffer(_frame_view(frame), dtype=np.dtype(dtype).newbyteorder("<"))
-        out[name] = arr.reshape(shape)
+        out[name] = np.frombuffer(view, dtype=wire_dtype).reshape(shape)
     return out
 
 
@@ -331,7 +342,9 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
     """Validate and decode a request (frames after the identity). Raises WireError."""
     if not frames:
         raise WireError(INVALID_ARG, "empty message: expected a msgpack header frame")
-    total = sum(_frame_len(f) for f in frames)
+    total = 0
+    for f in frames:
+        total += _frame_len(f)
     if total > limits.max_message_bytes:
         raise WireError(INVALID_ARG, f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
     header = _unpack_header(frames[0], limits)
@@ -406,7 +419,7 @@ def encode_error(request_id: RequestId, code: str, message: str) -> list[bytes]:
 
 def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply:
     """Decode a reply (client side). Raises WireError on a malformed reply."""
-    lim = limits or Limits(max_message_bytes=2**62, max_header_bytes=16 * 1024 * 1024, max_tensors=4096, max_dims=64)
+    lim = limits or _REPLY_LIMITS
     if not frames:
         raise WireError(INTERNAL, "empty reply")
     header = _unpack_header(frames[0], lim)

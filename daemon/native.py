@@ -21,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 3
+ABI = 5
 
 ffi: Any = None
 lib: Any = None
@@ -52,15 +52,24 @@ def _act_code(act: Act | None) -> tuple[int, float, float]:
     p = tuple(act[1])
     return NATIVE_ACTS[act[0]], float(p[0]) if len(p) > 0 else 0.0, float(p[1]) if len(p) > 1 else 0.0
 
+
 # --------------------------------------------------------------------------- threads
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # the cores this process may run on (taskset, cgroups)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-_threads = max(1, min(int(os.environ.get("INFERD_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1), 8))
+_threads = max(1, min(int(os.environ.get("INFERD_NUM_THREADS", "0") or 0) or _usable_cores(), 8))
 
 
 def num_threads() -> int:
-    """Threads that :func:`parallel_for` spreads work over (env ``INFERD_NUM_THREADS``, default: the cores, max 8)."""
+    """Threads that :func:`parallel_for` spreads work over (env ``INFERD_NUM_THREADS``, default: the usable
+    cores, at most 8)."""
     return _threads
 
 
@@ -94,7 +103,11 @@ def parallel_for(n: int, fn: Callable[[int, int], None], min_chunk: int = 1, wor
     bounds = [n * k // parts for k in range(parts + 1)]
     pool = _get_pool()
     futs = [pool.submit(fn, bounds[k], bounds[k + 1]) for k in range(1, parts)]
-    fn(bounds[0], bounds[1])
+    try:
+        fn(bounds[0], bounds[1])
+    finally:  # never return while a worker may still write into the caller's arrays
+        for f in futs:
+            f.exception()
     for f in futs:
         f.result()
 
@@ -354,24 +367,45 @@ def numpy_bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | Non
     return y
 
 
+def _rows(a: np.ndarray, name: str) -> np.ndarray:
+    """``a`` as (C, n) rows without copying: contiguous arrays of any rank, or 2-D views with unit-stride rows."""
+    if a.ndim == 2:
+        a2 = a
+    elif a.flags.c_contiguous:
+        a2 = a.reshape(a.shape[0], -1)
+    else:
+        raise ValueError(f"{name}: needs a contiguous array or a 2-D view (got shape {a.shape}, strides {a.strides})")
+    if a2.shape[1] > 1 and a2.strides[1] != 4:
+        raise ValueError(f"{name}: rows must be contiguous (strides {a2.strides})")
+    return a2
+
+
 def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act: Act | None) -> np.ndarray:
-    """In place: ``y = act(y + bias[c] + res)`` for ``y`` (C, ...) contiguous; ``act`` one of :data:`NATIVE_ACTS` or None."""
+    """In place: ``y = act(y + bias[c] + res)`` with ``c`` the first axis of ``y``.
+
+    ``y`` (and ``res``, same shape) is contiguous, or a 2-D (C, n) view whose rows are contiguous (a column block
+    of a bigger matrix); ``act`` is one of :data:`NATIVE_ACTS` or None."""
     code, p0, p1 = _act_code(act)
     if not AVAILABLE:
         return numpy_bias_act(y, bias, res, act)
-    _check(y, "y")
-    c = y.shape[0]
-    hw = y.size // max(c, 1)
+    if y.dtype != F32:
+        raise TypeError(f"y: expected float32, got {y.dtype}")
+    y2 = _rows(y, "y")
+    c, hw = y2.shape
+    r2 = None
+    if res is not None:
+        _check(res, "res", contiguous=False)
+        if res.shape != y.shape:
+            raise ValueError(f"bias_act: residual shape {res.shape} != {y.shape}")
+        r2 = _rows(res, "res")
     if bias is not None:
         _check(bias, "bias")
-    if res is not None:
-        _check(res, "res")
-        if res.size != y.size:
-            raise ValueError(f"bias_act: residual size {res.size} != {y.size}")
+    ldy = y2.strides[0] // 4
+    ldr = 0 if r2 is None else r2.strides[0] // 4
 
     def part(lo: int, hi: int) -> None:
-        lib.inferd_bias_act(_ptr(y[lo:hi]), ffi.NULL if bias is None else _ptr(bias[lo:hi]),
-                            ffi.NULL if res is None else _ptr(res.reshape(c, -1)[lo:hi]), hi - lo, hw, code, p0, p1)
+        lib.inferd_bias_act(_rawptr(y2[lo:hi]), ldy, ffi.NULL if bias is None else _ptr(bias[lo:hi]),
+                            ffi.NULL if r2 is None else _rawptr(r2[lo:hi]), ldr, hi - lo, hw, code, p0, p1)
 
     parallel_for(c, part, work=y.size / 4)
     return y

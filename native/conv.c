@@ -13,7 +13,9 @@
 
 /* Feature-level clones ("arch=x86-64-v3" is tested with __builtin_cpu_supports, unlike a CPU name such as
    "arch=haswell", which GCC's resolver matches by model and so never picks on other vendors' CPUs). */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
+#if defined(INFERD_NO_CLONES)
+#define INFERD_CLONES
+#elif defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
     __GNUC__ >= 12
 #define INFERD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #elif defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
@@ -570,11 +572,12 @@ int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, in
     } while (0)
 
 INFERD_CLONES
-void inferd_bias_act(float* y, const float* bias, const float* res, int C, long long HW, int act, float p0, float p1)
+void inferd_bias_act(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
+                     int act, float p0, float p1)
 {
     for (int c = 0; c < C; ++c) {
-        float* restrict d = y + (size_t)c * HW;
-        const float* restrict r = res ? res + (size_t)c * HW : NULL;
+        float* restrict d = y + (ptrdiff_t)c * ldy;
+        const float* restrict r = res ? res + (ptrdiff_t)c * ldr : NULL;
         const float b = bias ? bias[c] : 0.0f;
         switch (act) {
         case 1: /* v < 0 ? 0 : v keeps NaN as NaN, like np.maximum */

@@ -31,6 +31,7 @@ int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, i
 int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
                             const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0);
 
-/* In-place epilogue over y: (C, HW): y = act(y + bias[c] + res). bias/res may be NULL.
-   act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(alpha = p0). */
-void inferd_bias_act(float* y, const float* bias, const float* res, int C, long long HW, int act, float p0, float p1);
+/* In-place epilogue over C rows of HW floats: y[c*ldy + k] = act(y[c*ldy + k] + bias[c] + res[c*ldr + k]).
+   bias/res may be NULL. act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(alpha = p0). */
+void inferd_bias_act(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
+                     int act, float p0, float p1);

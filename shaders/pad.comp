@@ -25,18 +25,18 @@ void main() {
 #if MODE == 0
             inside = false;
 #elif MODE == 1
+            // GLSL leaves % with a negative operand undefined (NVIDIA and lavapipe differ): reflection is
+            // symmetric about 0, so fold q to |q| first
             if (c == 1) q = 0;
             else {
                 int per = 2 * (c - 1);
-                int m = q % per;
-                if (m < 0) m += per;
+                int m = abs(q) % per;
                 q = m >= c ? per - m : m;
             }
 #elif MODE == 2
             q = clamp(q, 0, c - 1);
 #else
-            q = q % c;
-            if (q < 0) q += c;
+            q = q >= 0 ? q % c : c - 1 - (-q - 1) % c;
 #endif
         }
         si += q * p.st[d];

@@ -46,15 +46,23 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     **{op: (1,) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
 }
+#: op -> weight-like input positions: initializers in exported models, graph inputs in the node tests.
+#: ``prepare(..., freeze_weights=True)`` freezes them too, so the kernels that need constant weights
+#: (with a weight transform: im2col, Winograd, packed GEMM, ...) get to run on the node tests.
+WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {
+    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "PRelu": (1,),
+    "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2), "LayerNormalization": (1, 2),
+}
 #: ops whose output depends on their input's shape only, where the backward walk stops
 _SHAPE_ONLY = {"Shape", "Size"}
 
 
-def shape_defining_inputs(model: onnx.ModelProto) -> set[str]:
-    """Graph inputs whose *values* reach a position of ``SHAPE_INPUTS``."""
+def shape_defining_inputs(model: onnx.ModelProto,
+                          positions: dict[str, tuple[int, ...]] = SHAPE_INPUTS) -> set[str]:
+    """Graph inputs whose *values* reach one of ``positions`` (op -> input indices)."""
     producer = {o: n for n in model.graph.node for o in n.output if o}
     graph_inputs = {vi.name for vi in _graph_inputs(model)}
-    todo = [n.input[i] for n in model.graph.node for i in SHAPE_INPUTS.get(n.op_type, ())
+    todo = [n.input[i] for n in model.graph.node for i in positions.get(n.op_type, ())
             if i < len(n.input) and n.input[i]]
     seen: set[str] = set()
     found: set[str] = set()
@@ -134,12 +142,15 @@ def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 class InferdBackendRep(BackendRep):
     """A prepared model: one ``CpuExecutor`` for the input shapes (and frozen values) last fed."""
 
-    def __init__(self, model: onnx.ModelProto, kernels: dict[str, str] | None = None) -> None:
+    def __init__(self, model: onnx.ModelProto, kernels: dict[str, str] | None = None,
+                 freeze_weights: bool = False) -> None:
         self.model = model
         self.kernels = kernels
         self.input_names = [vi.name for vi in _graph_inputs(model)]
         self.output_names = [o.name for o in model.graph.output]
         self.frozen = shape_defining_inputs(model)
+        if freeze_weights:
+            self.frozen |= shape_defining_inputs(model, WEIGHT_INPUTS)
         self._static = [_static_shape(vi) for vi in _graph_inputs(model)]
         self._key: tuple[Any, ...] | None = None
         self.graph: Graph | None = None
@@ -182,11 +193,13 @@ class InferdBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> InferdBackendRep:
+        """``kernels`` forces kernels ({op or node name: kernel}); ``freeze_weights`` see ``WEIGHT_INPUTS``."""
         if not cls.supports_device(device):
             raise ValueError(f"inferd's ONNX backend runs on CPU only, got device {device!r}")
         if isinstance(model, (bytes, bytearray)):
             model = onnx.load_from_string(bytes(model))
-        return InferdBackendRep(to_supported_opset(model), kernels=kwargs.get("kernels"))
+        return InferdBackendRep(to_supported_opset(model), kernels=kwargs.get("kernels"),
+                                freeze_weights=bool(kwargs.get("freeze_weights", False)))
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:

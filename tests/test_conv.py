@@ -4,6 +4,10 @@ their numpy fallbacks."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -334,6 +338,17 @@ def test_transform_pure_and_sizes(shape) -> None:
         assert rel_err(out[0], run_layer(kernel("Conv", "direct"), layer, ins)[0]) <= TOL
 
 
+def test_float16_weights_are_cast_by_transform() -> None:
+    x, w, b = make_inputs(3, (1, 4, 6, 7), (6, 4, 3, 3), True)
+    w16, b16 = w.astype(np.float16), b.astype(np.float16)
+    layer = single_node_layer("Conv", [x, w16, b16], dict(pads=[1, 1, 1, 1]))
+    ref = ort_run("Conv", x, w16.astype(F32), b16.astype(F32), dict(pads=[1, 1, 1, 1]))
+    for kern in applicable_kernels(layer):
+        params = kern.transform(layer, {raw_key(1): w16, raw_key(2): b16})
+        assert kern.transformed_nbytes(layer) == sum(a.nbytes for a in params.values()), kern.name
+        assert rel_err(run_layer(kern, layer, [x, w16, b16])[0], ref) <= TOL, kern.name
+
+
 def test_workspace_sizes() -> None:
     layer, _ = _layer((1, 8, 9, 7), 6, (3, 3), dict(pads=[1, 1, 1, 1]))
     assert kernel("Conv", "im2col").workspace_nbytes(layer) == 8 * 9 * 9 * 7 * 4
@@ -562,6 +577,123 @@ def test_native_bias_act() -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 3
+    assert native.ABI == 5
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
+
+
+# --------------------------------------------------------------------------- native C on other ISAs
+
+# A C harness that checks every native function against naive loops on random geometries. The extension
+# itself runs the clone for this CPU (AVX-512 here); these builds cover the baseline x86-64 path and,
+# where a cross compiler and qemu-aarch64 are installed, aarch64 (NEON).
+C_HARNESS = r"""
+/* Cross-architecture check of native/conv.c against naive reference loops. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "inferd_native.h"
+static unsigned long long rs = 88172645463325252ULL;
+static float rnd(void){ rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (float)((rs >> 11) % 2000000) / 1000000.0f - 1.0f; }
+static int irand(int a, int b){ rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return a + (int)((rs >> 11) % (unsigned)(b - a + 1)); }
+static float* buf(size_t n){ float* p = malloc(sizeof(float) * (n ? n : 1)); for (size_t i = 0; i < n; ++i) p[i] = rnd(); return p; }
+static double maxdiff(const float* a, const float* b, size_t n){ double m = 0; for (size_t i = 0; i < n; ++i){ double d = fabs((double)a[i] - b[i]); if (d > m || d != d) m = d != d ? 1e30 : d; } return m; }
+static int fails = 0;
+static void check(const char* what, double d, double tol, int it){ if (!(d <= tol)) { printf("FAIL %s iter %d diff %g\n", what, it, d); fails++; } }
+static float actf(float v, int act, float p0, float p1){ if (act == 1) return v < 0 ? 0 : v; if (act == 2) return v < p0 ? p0 : (v > p1 ? p1 : v); if (act == 3) return v < 0 ? v * p0 : v; return v; }
+int main(void){
+  for (int it = 0; it < 400; ++it) {
+    int C = irand(1, 5), H = irand(1, 17), W = irand(1, 19), kh = irand(1, 7), kw = irand(1, 7);
+    int sh = irand(1, 3), sw = irand(1, 3), dh = irand(1, 2), dw = irand(1, 2);
+    if (it % 3 == 0) { kh = kw = (it % 2) ? 3 : 5; sh = sw = irand(1, 2); dh = dw = 1; }
+    int pt = irand(0, 3), pl = irand(0, 3), pb = irand(0, 3), pr = irand(0, 3);
+    int OH = (H + pt + pb - ((kh - 1) * dh + 1)) / sh + 1, OW = (W + pl + pr - ((kw - 1) * dw + 1)) / sw + 1;
+    if (H + pt + pb < (kh - 1) * dh + 1 || W + pl + pr < (kw - 1) * dw + 1 || OH < 1 || OW < 1) continue;
+    size_t K = (size_t)C * kh * kw, P = (size_t)OH * OW;
+    float* x = buf((size_t)C * H * W);
+    float* col = buf(K * P); float* ref = buf(K * P);
+    inferd_im2col(x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, col);
+    for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
+      int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
+      ref[((size_t)(c * kh + i) * kw + j) * P + oh * OW + ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((size_t)c * H + ih) * W + iw] : 0.0f; }
+    check("im2col", maxdiff(col, ref, K * P), 0, it);
+    float* y = buf((size_t)C * H * W); float* yr = malloc(sizeof(float) * C * H * W); memcpy(yr, y, sizeof(float) * C * H * W);
+    inferd_col2im(col, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, y);
+    for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
+      int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
+      if (ih >= 0 && ih < H && iw >= 0 && iw < W) yr[((size_t)c * H + ih) * W + iw] += col[((size_t)(c * kh + i) * kw + j) * P + oh * OW + ow]; }
+    check("col2im", maxdiff(y, yr, (size_t)C * H * W), 1e-5, it);
+    int mult = irand(1, 2), act = irand(0, 3); float p0 = act == 3 ? 0.1f : -0.3f, p1 = 0.4f;
+    float* w = buf((size_t)C * mult * kh * kw); float* b = buf((size_t)C * mult);
+    float* o = buf((size_t)C * mult * P); float* orf = buf((size_t)C * mult * P);
+    if (inferd_dwconv2d(x, w, it % 2 ? b : NULL, o, C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, act, p0, p1)) { printf("oom\n"); return 1; }
+    for (int co = 0; co < C * mult; ++co) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
+      float acc = it % 2 ? b[co] : 0.0f;
+      for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) { int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
+        if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += w[(size_t)co * kh * kw + i * kw + j] * x[((size_t)(co / mult) * H + ih) * W + iw]; }
+      orf[(size_t)co * P + oh * OW + ow] = actf(acc, act, p0, p1); }
+    check("dwconv2d", maxdiff(o, orf, (size_t)C * mult * P), 1e-4, it);
+    /* winograd: transform then inverse-free check via the direct definition of BT d B^T per tile */
+    for (int mm = 2; mm <= 4; mm += 2) {
+      int alpha = mm + 2; const float* BT = mm == 2 ? BT2 : BT4; const float* AT = mm == 2 ? AT2 : AT4;
+      int tH = irand(1, 4), tW = irand(1, 5), wpt = irand(-2, 2), wpl = irand(-1, 2); size_t PT = (size_t)tH * tW + 2;
+      float* V = buf((size_t)alpha * alpha * C * PT); float* Vr = malloc(sizeof(float) * alpha * alpha * C * PT); memcpy(Vr, V, sizeof(float) * alpha * alpha * C * PT);
+      inferd_winograd_input(x, C, H, W, wpt, wpl, tH, tW, mm, alpha, BT, V, (long long)C * PT, (long long)PT, 1);
+      for (int c = 0; c < C; ++c) for (int ti = 0; ti < tH; ++ti) for (int tj = 0; tj < tW; ++tj) for (int a = 0; a < alpha; ++a) for (int bb = 0; bb < alpha; ++bb) {
+        double s = 0; for (int r = 0; r < alpha; ++r) for (int q = 0; q < alpha; ++q) { int ih = ti * mm - wpt + r, iw = tj * mm - wpl + q;
+          float v = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((size_t)c * H + ih) * W + iw] : 0.0f; s += (double)BT[a * alpha + r] * v * BT[bb * alpha + q]; }
+        Vr[((size_t)(a * alpha + bb) * C + c) * PT + 1 + ti * tW + tj] = (float)s; }
+      check("winograd_input", maxdiff(V, Vr, (size_t)alpha * alpha * C * PT), 1e-4, it);
+      int OH2 = tH * mm - irand(0, mm - 1), OW2 = tW * mm - irand(0, mm - 1);
+      float* yo = buf((size_t)C * OH2 * OW2); float* yor = buf((size_t)C * OH2 * OW2);
+      inferd_winograd_output(V, C, OH2, OW2, tH, tW, mm, alpha, AT, it % 2 ? b : NULL, yo, (long long)C * PT, (long long)PT, 1);
+      for (int c = 0; c < C; ++c) for (int ti = 0; ti < tH; ++ti) for (int tj = 0; tj < tW; ++tj) for (int i = 0; i < mm; ++i) for (int j = 0; j < mm; ++j) {
+        int oh = ti * mm + i, ow = tj * mm + j; if (oh >= OH2 || ow >= OW2) continue;
+        double s = it % 2 ? b[c] : 0; for (int a = 0; a < alpha; ++a) for (int bb = 0; bb < alpha; ++bb) s += (double)AT[i * alpha + a] * V[((size_t)(a * alpha + bb) * C + c) * PT + 1 + ti * tW + tj] * AT[j * alpha + bb];
+        yor[((size_t)c * OH2 + oh) * OW2 + ow] = (float)s; }
+      check("winograd_output", maxdiff(yo, yor, (size_t)C * OH2 * OW2), 1e-3, it);
+      free(V); free(Vr); free(yo); free(yor);
+    }
+    float* e = buf((size_t)C * P); float* er = malloc(sizeof(float) * C * P); float* res = buf((size_t)C * P); memcpy(er, e, sizeof(float) * C * P);
+    inferd_bias_act(e, (long long)P, b, it % 2 ? res : NULL, (long long)P, C, (long long)P, act, p0, p1);
+    for (int c = 0; c < C; ++c) for (size_t k = 0; k < P; ++k) er[c * P + k] = actf(er[c * P + k] + b[c] + (it % 2 ? res[c * P + k] : 0), act, p0, p1);
+    check("bias_act", maxdiff(e, er, (size_t)C * P), 1e-6, it);
+    free(x); free(col); free(ref); free(y); free(yr); free(w); free(b); free(o); free(orf); free(e); free(er); free(res);
+  }
+  printf("abi %d: %s (%d failures)\n", inferd_native_abi(), fails ? "FAILED" : "ok", fails);
+  return fails != 0;
+}
+"""
+
+NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+
+
+def _harness_source(tmp: Path) -> Path:
+    lines = []
+    for k in (ConvWinograd23(), ConvWinograd43()):
+        for name, mat in (("BT", k.bt), ("AT", k.at)):
+            lines.append(f"static const float {name}{k.m}[] = {{{', '.join(repr(float(v)) + 'f' for v in mat.ravel())}}};")
+    src = tmp / "ctest.c"
+    src.write_text(C_HARNESS.replace("#include \"inferd_native.h\"\n", "#include \"inferd_native.h\"\n" + "\n".join(lines) + "\n"))
+    return src
+
+
+def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
+    exe = tmp / ("ct_" + os.path.basename(cc))
+    srcs = [str(_harness_source(tmp)), str(NATIVE_DIR / "conv.c"), str(NATIVE_DIR / "version.c")]
+    subprocess.run([cc, "-O3", "-fwrapv", "-std=gnu99", "-fno-math-errno", "-ffp-contract=fast", "-DINFERD_NO_CLONES",
+                    f"-I{NATIVE_DIR}", *flags, *srcs, "-o", str(exe), "-lm"], check=True, capture_output=True, timeout=120)
+    out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or os.uname().machine != "x86_64", reason="needs cc on x86-64")
+def test_native_c_baseline_x86_64(tmp_path: Path) -> None:
+    _build_and_run("cc", ["-march=x86-64"], tmp_path, [])
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+def test_native_c_aarch64(tmp_path: Path) -> None:
+    _build_and_run("aarch64-linux-gnu-gcc", ["-static"], tmp_path, ["qemu-aarch64"])

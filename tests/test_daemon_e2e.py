@@ -297,3 +297,41 @@ def test_default_endpoint_is_shared(workdir: Path, monkeypatch) -> None:
         assert not (rt / "inferd.sock").exists()  # removed on clean exit
     finally:
         shutil.rmtree(rt, ignore_errors=True)
+
+
+def _vulkan_available() -> bool:
+    try:
+        from inferd.vulkan import available
+
+        return bool(available())
+    except Exception:
+        return False
+
+
+@pytest.mark.vulkan
+@pytest.mark.skipif(not _vulkan_available(), reason="no Vulkan device")
+def test_two_models_share_the_vulkan_device(workdir: Path, local_models) -> None:
+    """Both models on the one Vulkan device, hammered from two threads at once: answers match the CPU."""
+    d = DaemonProcess(f"ipc://{workdir}/vk.sock", workdir / "models", device="vulkan", log_path=workdir / "vk.log")
+    with d, Client(d.endpoint, timeout=120) as c:
+        st = c.status()
+        assert all(m["device"] == "vulkan" for m in st["models"].values()), st["models"]
+        problems: list[str] = []
+
+        def work(name: str, seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            for _ in range(15):
+                feeds = _feeds(local_models[name], rng)
+                got = c.infer(name, feeds)
+                for k, want in local_models[name].run(feeds).items():
+                    err = np.abs(got[k] - want).max() / max(np.abs(want).max(), 1e-30)
+                    if err > 1e-4:
+                        problems.append(f"{name}.{k}: {err}")
+
+        threads = [threading.Thread(target=work, args=(n, i)) for i, n in enumerate(("tiny", "mlp_small", "two_io"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not problems, problems
+        assert c.status()["devices_in_use"] == ["vulkan"]

@@ -345,3 +345,39 @@ def test_systemd_analyze_verify_unit(tmp: Path) -> None:
                                      .replace("WatchdogSec=", "WatchdgSec="))
     r = subprocess.run([exe, "verify", str(tmp / "bad.service")], capture_output=True, text=True, timeout=60)
     assert "WatchdgSec" in r.stdout + r.stderr
+
+
+def test_watchdog_stops_while_a_run_hangs(tmp: Path) -> None:
+    """With stall_timeout, a run stuck longer than that stops WATCHDOG=1 (so systemd would restart
+    the daemon); pings resume once it returns."""
+    models = tmp / "m"
+    write_fake_model(models / "slow.onnx", **SPEC)
+    path = str(tmp / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.1)
+    env = {k: v for k, v in os.environ.items() if k not in ("INVOCATION_ID", "JOURNAL_STREAM", "WATCHDOG_PID")}
+    env.update(NOTIFY_SOCKET=path, WATCHDOG_USEC="200000")
+    d = DaemonProcess(f"ipc://{tmp}/s.sock", models, "--stall-timeout", "0.3", env=env, log_path=tmp / "d.log")
+    try:
+        d.start()
+        with Client(d.endpoint, timeout=10) as c:
+            th = threading.Thread(target=lambda: c.infer("slow", {"x": _x(1.5, 0)}))
+            t_run = time.monotonic()
+            th.start()
+            dogs: list[float] = []
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end:
+                try:
+                    if sock.recv(4096) == b"WATCHDOG=1":
+                        dogs.append(time.monotonic() - t_run)
+                except TimeoutError:
+                    pass
+            th.join(10)
+        during = [t for t in dogs if 0.45 < t < 1.45]
+        assert not during, dogs  # silent while the run hangs past stall_timeout
+        assert any(t < 0.35 for t in dogs) and any(t > 1.6 for t in dogs), dogs  # before and after
+        assert "stopping the watchdog" in d.log_text()
+    finally:
+        d.kill()
+        sock.close()

@@ -188,3 +188,29 @@ def test_failed_load_is_reported_and_daemon_still_ready(env) -> None:
             c.load("broken")
         st = c.status()["models"]["broken"]
         assert st["load_failures"] >= 2
+
+
+def test_reply_to_a_vanished_client_is_dropped(env) -> None:
+    """ROUTER_MANDATORY: the reply to a client that went away raises EHOSTUNREACH inside the daemon,
+    which drops it and carries on."""
+    import zmq
+
+    from inferd_client import protocol as P
+
+    daemon, logs = env
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(daemon.endpoint)
+    with Client(daemon.endpoint, timeout=20) as c:
+        before = c.status()["models"]["slow"]["requests"]
+        s.send_multipart(P.encode_request(1, "infer", "slow", tensors={"x": _x(0.3, 777)}))
+        _wait_running(c, "slow", before + 1)
+        s.close()
+        ctx.term()
+        end = time.monotonic() + 10
+        while 777.0 not in _runs(logs["slow"]) and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        assert daemon.proc.poll() is None
+        np.testing.assert_array_equal(c.infer("slow", {"x": _x(0.0, 1)})["y"], _x(0.0, 1) * 2 + 1)

@@ -19,8 +19,10 @@ import unittest
 import warnings
 from collections import Counter
 
+import numpy as np
 import onnx
 import pytest
+from onnx.backend.test.runner import Runner
 
 with warnings.catch_warnings():
     # generating the node test cases runs numpy reference code that divides by zero on purpose
@@ -33,6 +35,7 @@ with warnings.catch_warnings():
 from onnx_backend import InferdBackend
 
 import inferd.ops
+from inferd.ops.base import kernels_for
 
 SUPPORTED_OPS: frozenset[str] = frozenset({
     # issue 2, item 3
@@ -129,6 +132,9 @@ SELECTED: dict[str, frozenset[str]] = {
 }
 
 
+_CASE_BY_NAME = {f"{c.name}_cpu": c for c in _NODE_CASES}
+
+
 def _exclusion(name: str) -> tuple[str, str] | None:
     for pattern, reason in EXCLUDE.items():
         if re.search(pattern, name):
@@ -184,3 +190,37 @@ def test_exclusions_are_live_and_reasoned() -> None:
     for pattern, reason in EXCLUDE.items():
         assert reason.strip(), f"exclusion {pattern!r} has no reason"
         assert any(re.search(pattern, n) for n in SELECTED), f"exclusion {pattern!r} matches no selected node test"
+
+
+#: (op, kernel) for every op with a choice of CPU kernels: the node tests are re-run with each one forced
+_FORCED = [(op, k.name) for op in sorted(SUPPORTED_OPS & set(inferd.ops.registered_ops()))
+           for k in kernels_for(op, "cpu") if len(kernels_for(op, "cpu")) > 1]
+
+
+def _array(t: np.ndarray | onnx.TensorProto) -> np.ndarray:
+    return onnx.numpy_helper.to_array(t) if isinstance(t, onnx.TensorProto) else t
+
+
+@pytest.mark.parametrize("op,kernel", _FORCED, ids=[f"{o}-{k}" for o, k in _FORCED])
+def test_node_tests_with_forced_kernel(op: str, kernel: str) -> None:
+    """The default run above exercises only the kernel chosen for weights fed at run time; with the
+    weights frozen into initializers (as exported models have them) every kernel of the op must pass
+    the same non-excluded node tests wherever it applies."""
+    used = 0
+    for name, ops in sorted(SELECTED.items()):
+        if op not in ops or _exclusion(name) is not None:
+            continue
+        case = _CASE_BY_NAME[name]
+        rep = InferdBackend.prepare(case.model, "CPU", kernels={op: kernel}, freeze_weights=True)
+        for inputs, expected in case.data_sets:
+            got = rep.run([_array(a) for a in inputs])
+            chosen = {k.name for layer, k in rep._exec.choice if layer.op == op}  # type: ignore[union-attr]
+            if kernel not in chosen:
+                break  # the kernel does not apply to this test's node
+            used += 1
+            try:
+                Runner.assert_similar_outputs([_array(e) for e in expected], got, rtol=case.rtol, atol=case.atol)
+            except AssertionError as e:
+                raise AssertionError(f"{name} with {op} kernel {kernel!r} forced: {e}") from None
+    if used == 0:
+        pytest.skip(f"no official {op} node test fits kernel {kernel!r}")

@@ -134,6 +134,15 @@ def test_gemm_const_and_dynamic_operands(const: tuple[bool, ...]) -> None:
     check_vs_ort("Gemm", [a, b.T.copy(), c], {}, opset=13, const=list(const))
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("transA", [0, 1])
+def test_gemm_few_rows(m: int, transA: int) -> None:
+    """1-3 rows take the matrix-vector path of the gemm kernel, more rows one sgemm."""
+    a = rnd(40, m) if transA else rnd(m, 40)
+    check_vs_ort("Gemm", [a, rnd(30, 40), rnd(30)], dict(transA=transA, transB=1, alpha=1.5), opset=13)
+    check_vs_ort("MatMul", [rnd(1, m, 40), rnd(40, 30)], opset=13)
+
+
 def test_gemm_fc_layer_transB_like_pytorch() -> None:
     check_vs_ort("Gemm", [rnd(2, 2048), rnd(1000, 2048) * 0.02, rnd(1000)], dict(transB=1), opset=13)
 

@@ -86,8 +86,12 @@ def _echo_floor(tmp: Path, in_bytes: int, out_bytes: int, n: int) -> dict[str, f
         once()
         return _pcts(_time(once, n))
     finally:
-        d.send_multipart([b"", b"quit"])
-        srv.wait(10)
+        d.send(b"quit")
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait(10)
         d.close()
         ctx.term()
 

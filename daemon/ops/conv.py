@@ -4,10 +4,10 @@ Layout is NCHW float32. 1-D convolutions run through the 2-D kernels as H = 1; 3
 only through ``direct`` (the reference). Every kernel honours the optional bias, a fused
 ``attrs["residual"]`` (the node's last input, added after the bias) and a fused ``attrs["act"]``.
 
-Conv kernels, in default order (``priority``; measured warm on an AMD EPYC with 2 threads, see
-each class's docstring and :func:`WinogradKernel.preferred`):
+Conv kernels, in default order (``priority``; measured warm on an AMD EPYC (Zen 4), see each class's
+docstring and :func:`preferred_3x3_kernel`):
 
-* ``depthwise`` (5): group == Cin == Cout/mult, any kernel/stride/dilation, native C.
+* ``depthwise`` (5): group == Cin > 1, Cout = mult * Cin, any kernel/stride/dilation, native C.
 * ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
 * ``winograd23`` (20) / ``winograd43`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
   large maps, F(2x2,3x3) on middle ones, im2col on 7x7 maps: :func:`preferred_3x3_kernel` says which,
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -396,11 +397,23 @@ def _is_f32(layer: Layer) -> bool:
     return x is not None and np.dtype(x.dtype) == F32 and np.dtype(layer.outputs[0].dtype) == F32
 
 
+_GEO_CACHE: dict[int, tuple[weakref.ref, Geom2D | None]] = {}
+
+
 def _geo2d(layer: Layer) -> Geom2D | None:
+    """The layer's 2-D geometry (None for 3-D+ or malformed), cached per Layer object: parsing the attributes
+    costs ~10 us, which adds up over the dozens of convs of a small model's warm run."""
+    hit = _GEO_CACHE.get(id(layer))
+    if hit is not None and hit[0]() is layer:
+        return hit[1]
     try:
-        return layer_geom(layer).as2d()
+        g = layer_geom(layer).as2d()
     except Exception:
-        return None
+        g = None
+    if len(_GEO_CACHE) > 4096:
+        _GEO_CACHE.clear()
+    _GEO_CACHE[id(layer)] = (weakref.ref(layer), g)
+    return g
 
 
 def _passthrough(layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -445,7 +458,7 @@ class _ConvKernelBase(Kernel):
         return _geo2d(layer)
 
     def _w_nbytes(self, layer: Layer) -> int:
-        return layer.inputs[1].nbytes  # type: ignore[union-attr]
+        return layer.inputs[1].size * 4  # type: ignore[union-attr]  # transform casts to float32
 
     def transformed_nbytes(self, layer: Layer) -> int:
         return self._w_nbytes(layer) + _bias_nbytes(layer) + _other_const_nbytes(layer)
@@ -453,7 +466,7 @@ class _ConvKernelBase(Kernel):
     def _common(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]
                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, Act | None]:
         bi, ri = io_positions(layer.node)
-        x = inputs[0]
+        x = _arg(layer, inputs, params, 0)
         assert x is not None
         if x.dtype != F32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=F32)

@@ -211,3 +211,40 @@ class VkMatMulReg(VkMatMul):
 
     def device_priority(self, caps: Caps) -> int:
         return 5 if caps.device_type == "cpu" else self.priority
+
+
+@register_kernel
+class VkGemvNK(VkMatMul):
+    """Fully connected layers with at most 4 rows whose weights come as [N, K] (Gemm transB=1, as
+    PyTorch exports Linear): ``gemv_nk.comp``, one workgroup per output column reading its weight row
+    contiguously. The weights are used as stored (row chunks are plain sub-ranges), so the load-time
+    transform is a no-op instead of a 400 MB transpose on vgg16."""
+
+    name = "vk_gemv_nk"
+    priority = 5
+
+    def applies(self, layer: Layer) -> bool:
+        if layer.op != "Gemm" or not int(layer.attr("transB", 0)) or 1 not in layer.const_inputs:
+            return False
+        if not super().applies(layer):
+            return False
+        p = _Plan(layer)
+        return p.gemv
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().transform(layer, {k: v for k, v in raw.items() if k != "in1"})
+        out["B"] = np.ascontiguousarray(raw["in1"], dtype=F32)  # [N, K] as given
+        return out
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        p = _Plan(layer)
+        base = super().dispatches(layer, params, caps)  # bias/residual bindings and defines
+        out = []
+        for c, d in enumerate(base):
+            n0 = c * p.nc
+            nc = min(p.nc, p.N - n0)
+            b_ref = Param("B", offset=4 * p.K * n0, size=4 * p.K * nc) if p.chunks > 1 else Param("B")
+            binds = (d.bindings[0], b_ref) + d.bindings[2:]
+            push = dict(d.push, sb_k=1, sb_n=p.K)
+            out.append(Dispatch("gemv_nk", binds, grid(nc, 1, caps), d.defines, push=push, independent=True))
+        return out

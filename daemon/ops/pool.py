@@ -204,12 +204,14 @@ class PoolKernel(Kernel):
         x = layer.inputs[0]
         g = pool_geometry(layer.node, x.shape)
         itemsize = max(np.dtype(x.dtype).itemsize, 4)
-        # the intermediates after each axis pass; the largest two can be alive at once
-        sizes, shape = [], list(x.shape)
-        for ax, o in enumerate(g.out):
+        # upper bound: every intermediate after an axis pass, plus the padded copy fed to the last pass
+        total, shape = 0, list(x.shape)
+        for ax, o in enumerate(g.out[:-1]):
             shape[2 + ax] = o
-            sizes.append(int(np.prod(shape)))
-        return int(itemsize * sum(sorted(sizes)[-2:]))
+            total += int(np.prod(shape))
+        need = (g.out[-1] - 1) * g.strides[-1] + (g.kernel[-1] - 1) * g.dilations[-1] + 1
+        total += int(np.prod(shape[:-1])) * need
+        return int(itemsize * total)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

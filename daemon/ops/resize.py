@@ -305,8 +305,9 @@ def _repeat_factor(t: tuple[np.ndarray, ...], n_in: int, n_out: int) -> int:
 
 @register_kernel
 class ResizeKernel(Kernel):
-    """Per-axis gathers with cached index/weight tables; integer-factor nearest upsampling is one
-    broadcast copy into the output (the YOLO/FPN 2x case)."""
+    """Per-axis gathers with index/weight tables cached per (mode, sizes, scale) in ``axis_table``
+    (the kernel itself stays stateless); integer-factor nearest upsampling (the YOLO/FPN 2x case)
+    is f_h * f_w strided assignments of the input into the output, no gather."""
 
     name = "resize"
     ops = ("Resize", "Upsample")
@@ -355,7 +356,8 @@ class ResizeKernel(Kernel):
 
     @staticmethod
     def _linear(x: np.ndarray, y: np.ndarray, tabs: list, axes: list[int]) -> None:
-        work_dt = y.dtype if np.issubdtype(y.dtype, np.floating) else np.dtype(np.float32)
+        # float16 and integer tensors interpolate in float32 and are cast once at the end
+        work_dt = y.dtype if y.dtype in (np.float32, np.float64) else np.dtype(np.float32)
         cur = x.astype(work_dt, copy=False)
         for i, a in enumerate(axes):
             lo, hi, wlo, whi = tabs[a]

@@ -78,6 +78,18 @@ def apply_threads(n: int) -> None:
         pass
 
 
+def prepare_cache_dir(path: str) -> None:
+    """Create the cache directory and point the GPU drivers' shader caches into it (unless the
+    environment already does), so compiled shaders survive restarts under the service's own dir."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        log.warning("cache directory %s unusable: %s", path, exc)
+        return
+    os.environ.setdefault("MESA_SHADER_CACHE_DIR", os.path.join(path, "mesa"))
+    os.environ.setdefault("__GL_SHADER_DISK_CACHE_PATH", os.path.join(path, "nvidia"))
+
+
 class _RateLimited:
     """At most ``n`` log lines per ``window`` seconds; then one line counting the suppressed ones."""
 
@@ -200,8 +212,8 @@ class Server:
         self._seq = itertools.count()
         self._t_start = time.monotonic()
         self._pending_preload: set[str] = set()
-        self.ready = False
-        self._ready_sent = False
+        self.ready = False  # health's "ready": stays true through a SIGHUP reload
+        self._reloading = False
         self.draining = False
         self._drain_deadline = 0.0
         self._stop_requests = 0
@@ -209,6 +221,7 @@ class Server:
         self._last_status = 0.0
         self._stalled_logged = False
         self._rl = _RateLimited()
+        self._next_sweep = float("inf")  # earliest queued deadline (may be early, never late)
         self._inline_sender = _MainSender(self)
 
     @staticmethod
@@ -279,13 +292,15 @@ class Server:
         self._retired = [s for s in self._retired if s._thread.is_alive()]
 
     def _check_ready(self) -> None:
+        """READY=1 once the preloaded models have settled (loaded or failed), at start and after a reload."""
         self._pending_preload = {n for n in self._pending_preload if n in self.slots and not self.slots[n].settled()}
-        if not self._pending_preload and not self.ready:
+        if self._pending_preload or self.draining:
+            return
+        if not self.ready or self._reloading:
             self.ready = True
-            if not self.draining:
-                self.notifier.ready(self._status_line())
-                self._ready_sent = True
-                log.info("ready: %s", self._status_line())
+            self._reloading = False
+            self.notifier.ready(self._status_line())
+            log.info("ready: %s", self._status_line())
 
     def _status_line(self) -> str:
         n_ready = sum(1 for s in self.slots.values() if s.state == READY)
@@ -378,6 +393,8 @@ class Server:
             self._error(ident, req.id, P.INVALID_ARG, f"infer on model {req.model!r} carries no input tensors")
             return
         deadline = None if req.timeout_ms is None else t_recv + req.timeout_ms / 1e3
+        if deadline is not None and deadline < self._next_sweep:
+            self._next_sweep = deadline
         job = Job(ident, req.id, req.tensors, req.priority, deadline, t_recv, next(self._seq), outputs or None)
         err = slot.submit(job, inline=self._inline_sender)
         if err is not None:
@@ -478,7 +495,7 @@ class Server:
             logging.getLogger("inferd").setLevel(new.log_level.upper())
         self.config = new
         self.limits = self._limits(new)
-        self.ready = False
+        self._reloading = True
         self.rescan()
         self._check_ready()
 
@@ -505,6 +522,9 @@ class Server:
     # ------------------------------------------------------------------ main loop
 
     def _sweep_deadlines(self, now: float) -> float | None:
+        """Answer expired queued requests; returns the next deadline. Cheap when none is due."""
+        if now < self._next_sweep:
+            return None if self._next_sweep == float("inf") else self._next_sweep
         nearest: float | None = None
         for slot in self.slots.values():
             for job in slot.expire(now):
@@ -514,6 +534,7 @@ class Server:
             d = slot.next_deadline()
             if d is not None and (nearest is None or d < nearest):
                 nearest = d
+        self._next_sweep = float("inf") if nearest is None else nearest
         return nearest
 
     def _stalled(self, now: float) -> bool:
@@ -603,7 +624,7 @@ class Server:
     def _shutdown(self) -> None:
         slots = list(self.slots.values()) + self._retired
         for s in self.slots.values():
-            s.retire()
+            s.retire("unloaded: the daemon is stopping")
         deadline = time.monotonic() + 10.0
         while any(s._thread.is_alive() for s in slots) and time.monotonic() < deadline:
             if self.pull is not None and self.pull.poll(20):
@@ -641,6 +662,7 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     kind = setup_logging(config.log_level)
     log.debug("logging to %s", kind)
     apply_threads(config.threads)
+    prepare_cache_dir(config.cache_dir)
     server = Server(config, cli, config_path, loader=loader)
     try:
         server.bind()

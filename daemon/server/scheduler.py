@@ -142,6 +142,7 @@ class ModelSlot:
         self.model: Any = None
         self.device: str | None = None
         self.inputs: list[dict[str, Any]] = []
+        self._expected: dict[str, dict[str, Any]] = {}
         self.outputs: list[dict[str, Any]] = []
         self.on_demand = True  # cleared by an explicit unload, set again by an explicit load
         self.cond = threading.Condition()
@@ -224,10 +225,10 @@ class ModelSlot:
             self.cond.notify()
         return None
 
-    def retire(self) -> None:
-        """Removed from the repository: unload, then end the worker thread."""
+    def retire(self, reason: str = "removed from the repository") -> None:
+        """Unload, then end the worker thread (model removed from the repository, or daemon stopping)."""
         with self.cond:
-            self._control.append(("exit", None))
+            self._control.append(("exit", reason))
             self.cond.notify()
 
     def check_feeds(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str | None]:
@@ -240,7 +241,7 @@ class ModelSlot:
                 return feeds, (f"model {self.name!r} has {len(sig)} inputs {[s['name'] for s in sig]}; "
                                f"an unnamed tensor needs a single-input model")
             feeds = {sig[0]["name"]: feeds[""]}
-        expected = {s["name"]: s for s in sig}
+        expected = self._expected
         unknown = sorted(set(feeds) - set(expected))
         missing = sorted(set(expected) - set(feeds))
         if unknown or missing:
@@ -248,7 +249,7 @@ class ModelSlot:
                            f"{sorted(expected)} (unknown {unknown}, missing {missing})")
         for name, s in expected.items():
             a = feeds[name]
-            if a.dtype.name != s["dtype"] or list(a.shape) != s["shape"]:
+            if a.dtype != s["np_dtype"] or a.shape != s["tshape"]:
                 return feeds, (f"model {self.name!r}: input {name!r} expects {s['dtype']}{s['shape']}, "
                                f"got {a.dtype.name}{list(a.shape)}")
         return feeds, None
@@ -307,10 +308,11 @@ class ModelSlot:
             try:
                 self._run_job(job, inline)
             finally:
+                # No notify: only the main thread (running this) queues work, so the worker has
+                # nothing new to see; waking it would cost a context switch per request.
                 with self.cond:
                     self.busy = False
                     self.running_since = None
-                    self.cond.notify()
         return None
 
     def _compact(self) -> None:
@@ -378,7 +380,7 @@ class ModelSlot:
                         if task[0] == "load":
                             self._do_load(sender, reload=bool(task[1]))
                         else:
-                            self._do_unload(sender, final=task[0] == "exit")
+                            self._do_unload(sender, final=task[0] == "exit", reason=task[1])
                     except Exception:  # never let the worker die: the slot would hang forever
                         log.exception("model %s: %s failed", self.name, task[0])
                     finally:
@@ -507,6 +509,8 @@ class ModelSlot:
             self.model = model
             self.device = str(getattr(model, "device", device))
             self.inputs = tensor_sig(model.inputs)
+            self._expected = {s["name"]: {**s, "np_dtype": np.dtype(s["dtype"]), "tshape": tuple(s["shape"])}
+                              for s in self.inputs}
             self.outputs = tensor_sig(model.outputs)
             self.state, self.reason = READY, ""
             self._compute_ema = None
@@ -528,11 +532,11 @@ class ModelSlot:
         except Exception:
             log.exception("model %s: close failed", self.name)
 
-    def _do_unload(self, sender: ReplySender, final: bool) -> None:
+    def _do_unload(self, sender: ReplySender, final: bool, reason: str | None = None) -> None:
         with self.cond:
             model, self.model = self.model, None
             self.state = UNLOADED
-            self.reason = "removed from the repository" if final else "unloaded by request"
+            self.reason = (reason or "removed from the repository") if final else "unloaded by request"
             self.device = None
             cancelled = self._cancel_queued_locked()
             waiters, self._unload_waiters = self._unload_waiters, []
@@ -545,7 +549,7 @@ class ModelSlot:
         for ident, rid in waiters:
             sender.send(ident, P.encode_reply(rid, {"name": self.name, "state": UNLOADED}))
         for ident, rid in load_waiters:
-            sender.send(ident, P.encode_error(rid, P.NOT_FOUND, f"model {self.name!r} was removed from the repository"))
+            sender.send(ident, P.encode_error(rid, P.UNAVAILABLE, f"model {self.name!r}: {self.reason}"))
 
 
 class _Invalid(Exception):

@@ -203,7 +203,12 @@ class VulkanDevice:
         self._staging: Region | None = None
         self._messenger = None
         self._callback = None
-        self.stats = {"pipelines_created": 0, "pipeline_cache_hits": 0, "pipelines_reused": 0}
+        #: pipelines_created: new VkPipelines; pipelines_from_loaded_cache: of those, created through a
+        #: pipeline cache initialised from the disk file; pipeline_cache_hits: creations the driver
+        #: reported (VK_EXT_pipeline_creation_feedback) as served from the cache; pipelines_reused:
+        #: requests served by a pipeline this device already had.
+        self.stats = {"pipelines_created": 0, "pipelines_from_loaded_cache": 0, "pipeline_cache_hits": 0,
+                      "pipeline_feedback": 0, "pipelines_reused": 0}
         t0 = time.perf_counter()
         self._create_instance()
         try:
@@ -411,7 +416,8 @@ class VulkanDevice:
             raise BackendError(f"{label}: vkAllocateMemory of {req.size} bytes failed: {e!r}") from e
         vk.vkBindBufferMemory(self.device, buf, mem, 0)
         flags = self._mem_types[type_idx][0]
-        hv = bool(flags & HV)
+        # force_staging: leave device regions unmapped even where the only memory is host-visible (lavapipe)
+        hv = bool(flags & HV) and (host or not self.config.force_staging)
         mapped = raw = None
         if hv:
             raw = vk.vkMapMemory(self.device, mem, 0, req.size, 0)
@@ -653,10 +659,13 @@ class VulkanDevice:
                     if fb is not None and fb.flags & valid_bit:
                         hit = bool(fb.flags & hit_bit)
                         self.stats["pipeline_cache_hits"] += int(hit)
+                        self.stats["pipeline_feedback"] += 1
                     man = mod.manifest
                     self._pipelines[k] = Pipeline(out[i], self._pipe_layout(len(man.bindings), man.push_size),
                                                   self._set_layout(len(man.bindings)), mod, k[1], hit)
                 self.stats["pipelines_created"] += len(todo)
+                if self.pipeline_cache.status == "loaded":
+                    self.stats["pipelines_from_loaded_cache"] += len(todo)
                 self.pipeline_cache.dirty = True
             return [self._pipelines[k] for k in keys]
 

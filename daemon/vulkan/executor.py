@@ -68,6 +68,99 @@ class _Bound:
     push: bytes
 
 
+def plan_graph(g: Graph, caps: Caps, forced: Mapping[str, str], st: dict[str, Any]
+               ) -> tuple[dict[str, np.ndarray], Graph, list[_Step | None]]:
+    """Fold, select kernels, transform weights and describe dispatches: everything that needs no device."""
+    _import_kernels()
+    T = time.perf_counter
+    t = T()
+    consts: dict[str, np.ndarray] = dict(g.constants)
+    kept: list[Node] = []
+    for node in g.nodes:
+        spec = op_spec(node.op)
+        if spec is None:
+            raise UnsupportedOpError(node.op, node.name, g.opset, "not registered")
+        dyn = [i for i in node.inputs if i and i not in consts]
+        if not dyn or node.op in _SHAPE_OPS:
+            ins = [consts[i] if i in consts else np.zeros(g.infos[i].shape, g.infos[i].dtype) if i else None
+                   for i in node.inputs]
+            outs = spec.reference(node, ins)
+            for o, a in zip(node.outputs, outs):
+                if o:
+                    consts[o] = np.asarray(a)
+            continue
+        kept.append(node)
+    pg = Graph(g.name, kept, g.inputs, g.outputs, consts, g.infos, g.opset)
+    st["fold_s"] = T() - t
+
+    # -- kernel selection
+    t = T()
+    steps: list[_Step | None] = []
+    missing: list[Node] = []
+    consumed = set(pg.consumers()) | {t.name for t in g.outputs}
+    for node in kept:
+        spec = op_spec(node.op)
+        layer = Layer.of(node, pg)
+        src = node.inputs[0] if node.inputs else ""
+        if spec is not None and spec.alias and src and src not in consts:
+            extra = [o for o in node.outputs[1:] if o and o in consumed]
+            if extra:
+                raise BackendError(f"node {node.name} ({node.op}): secondary outputs {extra} of an alias op are not supported")
+            if g.infos[node.outputs[0]].nbytes != g.infos[src].nbytes:
+                raise BackendError(f"alias node {node.name} ({node.op}) changes the byte size "
+                                   f"({g.infos[src].nbytes} -> {g.infos[node.outputs[0]].nbytes})")
+            steps.append(None)
+            continue
+        want = forced.get(node.name, forced.get(node.op))
+        if not kernels_for(node.op, "vulkan"):
+            missing.append(node)
+            steps.append(None)
+            continue
+        try:
+            kern = choose_kernel(layer, "vulkan", want) if want is not None else default_kernel(layer, caps)
+        except KernelError:
+            if want is not None:
+                raise
+            raise UnsupportedOpError(node.op, node.name, g.opset,
+                                     "no Vulkan kernel applies to these attributes/shapes "
+                                     f"(inputs {[i.shape if i else None for i in layer.inputs]}, attrs "
+                                     f"{ {k: v for k, v in node.attrs.items() if not isinstance(v, np.ndarray)} })") from None
+        assert isinstance(kern, VulkanKernel)
+        steps.append(_Step(layer, kern, [], {}))
+    if missing:
+        names = ", ".join(f"{n.op} (node {n.name!r})" for n in missing[:10])
+        raise UnsupportedOpError(missing[0].op, missing[0].name, g.opset,
+                                 f"the Vulkan backend has no kernel for: {names}"
+                                 + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
+    for node, s in zip(kept, steps):
+        if s is None:
+            continue
+        for tname in list(node.inputs) + list(node.outputs):
+            if tname and tname not in consts and np.dtype(g.infos[tname].dtype) != np.float32:
+                raise BackendError(f"node {node.name} ({node.op}): tensor {tname!r} has dtype "
+                                   f"{np.dtype(g.infos[tname].dtype)}; the Vulkan backend stores float32 tensors only")
+    st["select_s"] = T() - t
+
+    # -- weight transforms
+    t = T()
+    for s in steps:
+        if s is None:
+            continue
+        raw = {raw_key(k): consts[s.layer.node.inputs[k]] for k in s.layer.const_inputs}
+        s.params = s.kernel.transform(s.layer, raw)
+        s.dispatches = s.kernel.dispatches(s.layer, s.params, caps)
+    st["transform_s"] = T() - t
+    return consts, pg, steps
+
+
+def default_kernel(layer: Layer, caps: Caps) -> VulkanKernel:
+    """The applicable Vulkan kernel with the lowest priority on this kind of device."""
+    cands = [k for k in kernels_for(layer.op, "vulkan") if isinstance(k, VulkanKernel) and k.applies(layer)]
+    if not cands:
+        raise KernelError(f"no vulkan kernel applies to node {layer.name!r} ({layer.op})")
+    return min(cands, key=lambda k: k.device_priority(caps))
+
+
 class VulkanModel:
     """A graph loaded on a Vulkan device. ``run(feeds) -> outputs``; ``close()`` frees it."""
 
@@ -108,87 +201,9 @@ class VulkanModel:
     def _load(self, forced: Mapping[str, str]) -> None:
         st = self.load_stats
         T = time.perf_counter
-        t_all = t = T()
+        t_all = T()
+        self._consts, self._pg, self._steps = consts, pg, steps = plan_graph(self.graph, self.caps, forced, st)
         g = self.graph
-        consts: dict[str, np.ndarray] = dict(g.constants)
-        kept: list[Node] = []
-        for node in g.nodes:
-            spec = op_spec(node.op)
-            if spec is None:
-                raise UnsupportedOpError(node.op, node.name, g.opset, "not registered")
-            dyn = [i for i in node.inputs if i and i not in consts]
-            if not dyn or node.op in _SHAPE_OPS:
-                ins = [consts[i] if i in consts else np.zeros(g.infos[i].shape, g.infos[i].dtype) if i else None
-                       for i in node.inputs]
-                outs = spec.reference(node, ins)
-                for o, a in zip(node.outputs, outs):
-                    if o:
-                        consts[o] = np.asarray(a)
-                continue
-            kept.append(node)
-        self._consts = consts
-        pg = Graph(g.name, kept, g.inputs, g.outputs, consts, g.infos, g.opset)
-        self._pg = pg
-        st["fold_s"] = T() - t
-
-        # -- kernel selection
-        t = T()
-        steps: list[_Step | None] = []
-        missing: list[Node] = []
-        consumed = set(pg.consumers()) | {t.name for t in g.outputs}
-        for node in kept:
-            spec = op_spec(node.op)
-            layer = Layer.of(node, pg)
-            src = node.inputs[0] if node.inputs else ""
-            if spec is not None and spec.alias and src and src not in consts:
-                extra = [o for o in node.outputs[1:] if o and o in consumed]
-                if extra:
-                    raise BackendError(f"node {node.name} ({node.op}): secondary outputs {extra} of an alias op are not supported")
-                if g.infos[node.outputs[0]].nbytes != g.infos[src].nbytes:
-                    raise BackendError(f"alias node {node.name} ({node.op}) changes the byte size "
-                                       f"({g.infos[src].nbytes} -> {g.infos[node.outputs[0]].nbytes})")
-                steps.append(None)
-                continue
-            want = forced.get(node.name, forced.get(node.op))
-            if not kernels_for(node.op, "vulkan"):
-                missing.append(node)
-                steps.append(None)
-                continue
-            try:
-                kern = choose_kernel(layer, "vulkan", want) if want is not None else self._default_kernel(layer)
-            except KernelError:
-                if want is not None:
-                    raise
-                raise UnsupportedOpError(node.op, node.name, g.opset,
-                                         "no Vulkan kernel applies to these attributes/shapes "
-                                         f"(inputs {[i.shape if i else None for i in layer.inputs]}, attrs "
-                                         f"{ {k: v for k, v in node.attrs.items() if not isinstance(v, np.ndarray)} })") from None
-            assert isinstance(kern, VulkanKernel)
-            steps.append(_Step(layer, kern, [], {}))
-        if missing:
-            names = ", ".join(f"{n.op} (node {n.name!r})" for n in missing[:10])
-            raise UnsupportedOpError(missing[0].op, missing[0].name, g.opset,
-                                     f"the Vulkan backend has no kernel for: {names}"
-                                     + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
-        for node, s in zip(kept, steps):
-            if s is None:
-                continue
-            for tname in list(node.inputs) + list(node.outputs):
-                if tname and tname not in consts and np.dtype(g.infos[tname].dtype) != np.float32:
-                    raise BackendError(f"node {node.name} ({node.op}): tensor {tname!r} has dtype "
-                                       f"{np.dtype(g.infos[tname].dtype)}; the Vulkan backend stores float32 tensors only")
-        self._steps = steps
-        st["select_s"] = T() - t
-
-        # -- weight transforms
-        t = T()
-        for s in steps:
-            if s is None:
-                continue
-            raw = {raw_key(k): consts[s.layer.node.inputs[k]] for k in s.layer.const_inputs}
-            s.params = s.kernel.transform(s.layer, raw)
-            s.dispatches = s.kernel.dispatches(s.layer, s.params, self.caps)
-        st["transform_s"] = T() - t
 
         # -- SPIR-V
         t = T()
@@ -282,13 +297,6 @@ class VulkanModel:
         st["total_load_s"] = T() - t_all
         self.memory_bytes = sum(r.size for r in self._regions)
 
-    def _default_kernel(self, layer: Layer) -> VulkanKernel:
-        """The applicable kernel with the lowest priority on this kind of device."""
-        cands = [k for k in kernels_for(layer.op, "vulkan") if isinstance(k, VulkanKernel) and k.applies(layer)]
-        if not cands:
-            raise KernelError(f"no vulkan kernel applies to node {layer.name!r} ({layer.op})")
-        return min(cands, key=lambda k: k.device_priority(self.caps))
-
     def _resolve(self, i: int, s: _Step, ref: Ref, where: str,
                  wplace: Mapping[tuple[int, str], tuple[int, int]]) -> tuple[Region, int, int]:
         node = s.layer.node
@@ -380,7 +388,8 @@ class VulkanModel:
         COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
         SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
         self._cmd_pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=dev.queue_family), None)
-        self._fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        # created signalled: close() waits on it, also when the model never ran
+        self._fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
         cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
             commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
         self._cb = cb
@@ -587,3 +596,10 @@ def _merge(ranges: Sequence[tuple[Region, int, int]]) -> list[tuple[Region, int,
                 lo, hi = a, b
         out.append((regs[rid], lo, hi - lo))
     return out
+
+
+def shader_variants(graph: Graph, caps: Caps | None = None, kernels: Mapping[str, str] | None = None
+                    ) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """Every (shader, defines) variant ``graph`` needs on a device like ``caps`` (to precompile SPIR-V)."""
+    _, _, steps = plan_graph(graph, caps or Caps(), kernels or {}, {})
+    return list(dict.fromkeys((d.shader, norm_defines(d.defines)) for s in steps if s for d in s.dispatches))

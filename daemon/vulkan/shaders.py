@@ -366,6 +366,18 @@ def compiler() -> tuple[str, str] | None:
         return _compiler_info if _compiler_info[0] else None
 
 
+def prebuilt_dirs() -> list[Path]:
+    """Read-only SPIR-V directories: the package's ``_spirv`` (install-time precompile) and $INFERD_SPIRV_PATH."""
+    out = []
+    pkg = Path(__file__).resolve().parent.parent / "_spirv" / "spirv"
+    if pkg.is_dir():
+        out.append(pkg)
+    for p in os.environ.get("INFERD_SPIRV_PATH", "").split(os.pathsep):
+        if p:
+            out.append(Path(p) / "spirv")
+    return out
+
+
 def shader_set_hash(sdir: Path | None = None) -> str:
     """sha256 over every shader source file and the compiler version: the pipeline cache's shader-set key."""
     sdir = sdir or shader_dir()
@@ -389,6 +401,12 @@ class ShaderCache:
     def __init__(self, cache_dir: str | os.PathLike[str] | None, sdir: Path | None = None) -> None:
         self.sdir = sdir or shader_dir()
         self.dir = Path(cache_dir) / "spirv" if cache_dir is not None else None
+        # read-only SPIR-V shipped with the package or precompiled by the install step, consulted on a
+        # miss before compiling (also how a machine without glslang runs): <pkg>/_spirv, $INFERD_SPIRV_PATH
+        self.prebuilt = prebuilt_dirs()
+        # $INFERD_SPIRV_EXPORT: also write every newly compiled variant there (to build a prebuilt set)
+        exp = os.environ.get("INFERD_SPIRV_EXPORT")
+        self.export = Path(exp) / "spirv" if exp else None
         self._mem: dict[tuple[str, Defines], ShaderModule] = {}
         self._lock = threading.Lock()
         self._src: dict[str, str] = {}
@@ -426,7 +444,12 @@ class ShaderCache:
                     results[(name, defs)] = mod
                     continue
                 key = self._key(name, defs, version)
-                mod = self._load(name, defs, key) if comp else self._load_prebuilt(name, defs)
+                mod = self._load(name, defs, key) if comp else self._load_alias(self.dir, name, defs)
+                if mod is None:
+                    for d in self.prebuilt:
+                        mod = self._load_alias(d, name, defs)
+                        if mod is not None:
+                            break
                 if mod is not None:
                     self.disk_hits += 1
                     self._mem[(name, defs)] = results[(name, defs)] = mod
@@ -462,14 +485,16 @@ class ShaderCache:
             spv = out.read_bytes()
         return ShaderModule(name, defines, key, spv, reflect(spv))
 
-    def _paths(self, key: str) -> tuple[Path, Path]:
-        assert self.dir is not None
-        return self.dir / f"{key}.spv", self.dir / f"{key}.json"
+    def _paths(self, key: str, d: Path | None = None) -> tuple[Path, Path]:
+        d = d or self.dir
+        assert d is not None
+        return d / f"{key}.spv", d / f"{key}.json"
 
-    def _load(self, name: str, defines: Defines, key: str) -> ShaderModule | None:
-        if self.dir is None:
+    def _load(self, name: str, defines: Defines, key: str, d: Path | None = None) -> ShaderModule | None:
+        d = d or self.dir
+        if d is None:
             return None
-        spv_p, man_p = self._paths(key)
+        spv_p, man_p = self._paths(key, d)
         try:
             spv = spv_p.read_bytes()
             meta = json.loads(man_p.read_text())
@@ -483,30 +508,32 @@ class ShaderCache:
             log.warning("SPIR-V cache entry %s unreadable (%s); recompiling", spv_p, e)
             return None
 
-    def _load_prebuilt(self, name: str, defines: Defines) -> ShaderModule | None:
-        # Without a compiler, trust the newest entry for this source+defines whatever glslang built it.
-        if self.dir is None:
+    def _load_alias(self, d: Path | None, name: str, defines: Defines) -> ShaderModule | None:
+        """The entry for this source + defines in ``d`` whatever glslang built it (no compiler here,
+        or a prebuilt set): SPIR-V is SPIR-V; the compiler only keys the cache."""
+        if d is None:
             return None
-        alias = self.dir / f"src-{self._key(name, defines, '*')}.txt"
+        alias = d / f"src-{self._key(name, defines, '*')}.txt"
         try:
             key = alias.read_text().strip()
         except OSError:
             return None
-        return self._load(name, defines, key)
+        return self._load(name, defines, key, d)
 
     def _store(self, mod: ShaderModule, version: str) -> None:
-        if self.dir is None:
-            return
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            spv_p, man_p = self._paths(mod.key)
-            meta = {"name": mod.name, "defines": dict(mod.defines), "compiler": version, "target_env": TARGET_ENV,
-                    "spirv_sha256": hashlib.sha256(mod.spirv).hexdigest(), "manifest": mod.manifest.to_json()}
-            _atomic_write(spv_p, mod.spirv)
-            _atomic_write(man_p, json.dumps(meta, indent=1).encode())
-            _atomic_write(self.dir / f"src-{self._key(mod.name, mod.defines, '*')}.txt", mod.key.encode())
-        except OSError as e:
-            log.warning("cannot write SPIR-V cache under %s: %s", self.dir, e)
+        for d in (self.dir, self.export):
+            if d is None:
+                continue
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                spv_p, man_p = self._paths(mod.key, d)
+                meta = {"name": mod.name, "defines": dict(mod.defines), "compiler": version, "target_env": TARGET_ENV,
+                        "spirv_sha256": hashlib.sha256(mod.spirv).hexdigest(), "manifest": mod.manifest.to_json()}
+                _atomic_write(spv_p, mod.spirv)
+                _atomic_write(man_p, json.dumps(meta, indent=1).encode())
+                _atomic_write(d / f"src-{self._key(mod.name, mod.defines, '*')}.txt", mod.key.encode())
+            except OSError as e:
+                log.warning("cannot write SPIR-V cache under %s: %s", d, e)
 
     def manifest_index(self) -> dict[str, Any]:
         """Every variant this cache knows in memory: {key: {name, defines, manifest}} (for tools and tests)."""

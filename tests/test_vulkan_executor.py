@@ -1,0 +1,312 @@
+"""The Vulkan executor: whole graphs vs onnxruntime, barriers, memory reuse, the warm path, staging,
+errors, validation layers, device lifetime and the SPIR-V cache (lavapipe in CI)."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import inferd.ops  # noqa: F401
+import inferd.vulkan
+from inferd.errors import InputError, KernelError, UnsupportedOpError
+from inferd.ir import Graph, Node, TensorInfo
+
+pytestmark = [pytest.mark.vulkan,
+              pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
+
+F32 = np.float32
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture(scope="module")
+def tmp_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("vkexec")
+    os.environ["MESA_SHADER_CACHE_DIR"] = str(d / "mesa")
+    return d
+
+
+@pytest.fixture(scope="module")
+def device(tmp_cache: Path):
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    dev = VulkanDevice(VulkanConfig(debug=True, cache_dir=str(tmp_cache / "cache")))
+    yield dev
+    errors = dev.validation_errors
+    dev.close()
+    assert not errors, errors[:5]
+
+
+def _w(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) * 0.3).astype(F32)
+
+
+def branchy_model() -> onnx.ModelProto:
+    """conv+relu -> two branches (1x1, 3x3) -> concat -> residual add -> maxpool -> flatten -> gemm -> softmax."""
+    inits = {"w1": _w(8, 3, 3, 3), "b1": _w(8), "wa": _w(4, 8, 1, 1), "ba": _w(4), "wb": _w(4, 8, 3, 3),
+             "bb": _w(4), "wf": _w(10, 8 * 5 * 6), "bf": _w(10)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "wa", "ba"], ["ca"]),
+        helper.make_node("Conv", ["r1", "wb", "bb"], ["cb"], pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["ca", "cb"], ["cat"], axis=1),
+        helper.make_node("Add", ["cat", "r1"], ["res"]),
+        helper.make_node("MaxPool", ["res"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Flatten", ["p"], ["f"], axis=1),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["g"], transB=1),
+        helper.make_node("Softmax", ["g"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(nodes, "branchy", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 10, 12])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 10])],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    from inferd.vulkan.testing import rel_err
+    return rel_err(a, b)
+
+
+def test_graph_matches_onnxruntime_and_warm_runs_repeat(device: Any) -> None:
+    from inferd.frontend import import_model
+    from inferd.vulkan.executor import VulkanModel
+    model = branchy_model()
+    g = import_model(model)
+    x = RNG.standard_normal((1, 3, 10, 12)).astype(F32)
+    ref = _ort(model, {"x": x})[0]
+    with VulkanModel(g, device) as m:
+        y1 = m.run({"x": x})["y"]
+        assert _rel(y1, ref) <= 1e-4
+        # warm runs with new inputs (inputs are rewritten in place, nothing is re-recorded)
+        for _ in range(3):
+            x2 = RNG.standard_normal((1, 3, 10, 12)).astype(F32)
+            assert _rel(m.run({"x": x2})["y"], _ort(model, {"x": x2})[0]) <= 1e-4
+        st = m.load_stats
+        for key in ("fold_s", "select_s", "transform_s", "shader_compile_s", "pipeline_create_s", "alloc_s",
+                    "upload_s", "record_s", "total_load_s", "first_run_s"):
+            assert st[key] >= 0.0, key
+        assert st["dispatches"] >= 7
+        assert "alias" in m.kernel_names.values()  # Flatten: no buffer, no dispatch
+        assert m.memory_bytes > 0
+
+
+def _chain_graph(ops: list[str], shape: tuple[int, ...] = (2, 3, 5)) -> Graph:
+    info = {"x": TensorInfo("x", shape, np.dtype(F32))}
+    nodes = []
+    prev = "x"
+    for k, op in enumerate(ops):
+        out = f"t{k}"
+        nodes.append(Node(f"n{k}", op, [prev], [out], {}))
+        info[out] = TensorInfo(out, shape, np.dtype(F32))
+        prev = out
+    return Graph("chain", nodes, [info["x"]], [info[prev]], {}, info)
+
+
+def _numpy_chain(ops: list[str], x: np.ndarray) -> np.ndarray:
+    from inferd.ops.base import op_spec
+    for k, op in enumerate(ops):
+        x = op_spec(op).reference(Node(f"n{k}", op, ["a"], ["b"], {}), [x])[0]
+    return x
+
+
+def test_barriers_only_where_a_dispatch_reads_an_earlier_write(device: Any) -> None:
+    from inferd.vulkan.executor import VulkanModel
+    # chain: every dispatch reads its predecessor's output -> one barrier between each pair
+    ops = ["Sigmoid", "Tanh", "Neg", "Sigmoid", "Abs"]
+    g = _chain_graph(ops)
+    x = RNG.standard_normal((2, 3, 5)).astype(F32)
+    with VulkanModel(g, device) as m:
+        assert m.load_stats["barriers"] == len(ops) - 1
+        assert _rel(m.run({"x": x})["t4"], _numpy_chain(ops, x)) <= 1e-5
+    # two independent branches reading x, then a join: only the join waits
+    info = {n: TensorInfo(n, (4, 6), np.dtype(F32)) for n in ("x", "a", "b", "y")}
+    nodes = [Node("na", "Sigmoid", ["x"], ["a"]), Node("nb", "Tanh", ["x"], ["b"]), Node("nj", "Add", ["a", "b"], ["y"])]
+    g2 = Graph("par", nodes, [info["x"]], [info["y"]], {}, info)
+    x = RNG.standard_normal((4, 6)).astype(F32)
+    with VulkanModel(g2, device) as m:
+        assert m.load_stats["dispatches"] == 3
+        assert m.load_stats["barriers"] == 1
+        ref = 1 / (1 + np.exp(-x)) + np.tanh(x)
+        assert _rel(m.run({"x": x})["y"], ref) <= 1e-5
+
+
+def test_memory_is_reused_and_results_stay_right(device: Any) -> None:
+    """A long chain needs only two live activation buffers: the planner reuses them (WAR hazards on
+    reused ranges must be ordered by the barriers) and the answer is still exact."""
+    from inferd.vulkan.executor import VulkanModel
+    ops = ["Sigmoid", "Tanh", "Neg", "Abs", "Sigmoid", "Neg", "Tanh", "Abs"]
+    shape = (8, 32, 32)
+    g = _chain_graph(ops, shape)
+    x = RNG.standard_normal(shape).astype(F32)
+    with VulkanModel(g, device) as m:
+        nbytes = 4 * int(np.prod(shape))
+        assert m.load_stats["activation_bytes"] <= 3 * nbytes + 1024  # input + 2 ping-pong buffers, not 9
+        for _ in range(2):
+            assert _rel(m.run({"x": x})[g.outputs[0].name], _numpy_chain(ops, x)) <= 1e-5
+
+
+def test_warm_python_work_does_not_grow_with_layers(device: Any) -> None:
+    from inferd.vulkan.executor import VulkanModel
+
+    def calls(n_layers: int) -> int:
+        ops = ["Sigmoid", "Tanh"] * (n_layers // 2)
+        g = _chain_graph(ops)
+        x = RNG.standard_normal((2, 3, 5)).astype(F32)
+        with VulkanModel(g, device) as m:
+            m.run({"x": x})
+            count = 0
+
+            def prof(frame: Any, event: str, arg: Any) -> None:
+                nonlocal count
+                if event in ("call", "c_call"):
+                    count += 1
+            sys.setprofile(prof)
+            try:
+                m.run({"x": x})
+            finally:
+                sys.setprofile(None)
+            return count
+
+    small, big = calls(2), calls(40)
+    assert big == small, f"Python calls per warm run: {small} for 2 layers, {big} for 40"
+
+
+def test_staging_path_when_memory_is_not_host_visible(tmp_cache: Path) -> None:
+    from inferd.frontend import import_model
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    from inferd.vulkan.executor import VulkanModel
+    dev = VulkanDevice(VulkanConfig(force_staging=True, debug=True, cache_dir=str(tmp_cache / "cache")))
+    try:
+        model = branchy_model()
+        x = RNG.standard_normal((1, 3, 10, 12)).astype(F32)
+        with VulkanModel(import_model(model), dev) as m:
+            assert m.act_region.mapped is None and all(r.mapped is None for r in m.weight_regions)
+            assert m.io_region is not m.act_region and m.io_region.mapped is not None
+            for _ in range(2):
+                assert _rel(m.run({"x": x})["y"], _ort(model, {"x": x})[0]) <= 1e-4
+        assert not dev.validation_errors, dev.validation_errors[:3]
+    finally:
+        dev.close()
+
+
+def test_unsupported_op_fails_at_load_naming_it(device: Any) -> None:
+    from inferd.vulkan.executor import VulkanModel
+    info = {"x": TensorInfo("x", (3, 4), np.dtype(F32)), "y": TensorInfo("y", (3, 1), np.dtype(np.int64))}
+    g = Graph("argmax", [Node("am", "ArgMax", ["x"], ["y"], {"axis": 1})], [info["x"]], [info["y"]], {}, info)
+    with pytest.raises(UnsupportedOpError) as ei:
+        VulkanModel(g, device)
+    assert "ArgMax" in str(ei.value) and "am" in str(ei.value)
+
+
+def test_forced_kernel_that_does_not_apply_is_an_error(device: Any) -> None:
+    from inferd.ops.base import single_node_layer
+    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.testing import graph_of_layer
+    ins = [RNG.standard_normal((1, 3, 8, 8)).astype(F32), _w(4, 3, 5, 5), _w(4)]
+    layer = single_node_layer("Conv", ins, {"pads": [2, 2, 2, 2]})
+    with pytest.raises(KernelError, match="vk_winograd23"):
+        VulkanModel(graph_of_layer(layer, ins), device, kernels={"Conv": "vk_winograd23"})
+
+
+def test_bad_inputs_raise_input_error(device: Any) -> None:
+    from inferd.vulkan.executor import VulkanModel
+    g = _chain_graph(["Sigmoid"])
+    with VulkanModel(g, device) as m:
+        with pytest.raises(InputError, match="expected inputs"):
+            m.run({"nope": np.zeros((2, 3, 5), F32)})
+        with pytest.raises(InputError, match="shape"):
+            m.run({"x": np.zeros((2, 3, 6), F32)})
+        with pytest.raises(InputError, match="float32"):
+            m.run({"x": np.zeros((2, 3, 5), np.float64)})
+    with pytest.raises(inferd.errors.BackendError, match="closed"):
+        m.run({"x": np.zeros((2, 3, 5), F32)})
+
+
+def test_validation_messenger_records_errors(tmp_cache: Path) -> None:
+    """The debug messenger must see real validation errors (so 'no errors' elsewhere means something)."""
+    import vulkan as vk
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    dev = VulkanDevice(VulkanConfig(debug=True, cache_dir=""))
+    try:
+        if not dev.validation:
+            pytest.skip("VK_LAYER_KHRONOS_validation is not installed")
+        assert not dev.validation_errors
+        # a zero-sized buffer is invalid usage (VUID-VkBufferCreateInfo-size-00912)
+        try:
+            buf = vk.vkCreateBuffer(dev.device, vk.VkBufferCreateInfo(size=0, usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                                                                      sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+            vk.vkDestroyBuffer(dev.device, buf, None)
+        except Exception:
+            pass
+        assert any("size" in e for e in dev.validation_errors), dev.messages
+    finally:
+        dev.close()
+
+
+def test_shared_device_is_one_per_process_and_thread_safe(tmp_cache: Path) -> None:
+    from inferd.vulkan import device as vd
+    vd.close_shared_device()
+    got: list[Any] = []
+    ts = [threading.Thread(target=lambda: got.append(vd.get_device({"cache_dir": str(tmp_cache / "cache")})))
+          for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    try:
+        assert len(got) == 4 and all(d is got[0] for d in got)
+        assert inferd.vulkan.get_device() is got[0]
+    finally:
+        vd.close_shared_device()
+    assert got[0].closed
+    got[0].close()  # idempotent
+
+
+def test_device_close_closes_models(tmp_cache: Path) -> None:
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    from inferd.vulkan.executor import VulkanModel
+    dev = VulkanDevice(VulkanConfig(cache_dir=str(tmp_cache / "cache")))
+    m = VulkanModel(_chain_graph(["Tanh"]), dev)
+    dev.close()
+    with pytest.raises(inferd.errors.BackendError):
+        m.run({"x": np.zeros((2, 3, 5), F32)})
+
+
+def test_spirv_cache_on_disk_manifest_and_corruption(tmp_path: Path) -> None:
+    from inferd.vulkan.shaders import ShaderCache
+    c1 = ShaderCache(tmp_path)
+    mod = c1.get("binary", {"BOP": 2, "RESIDUAL": 1})
+    assert c1.compiled == 1
+    man = mod.manifest
+    assert [(b.binding, b.readonly, b.writeonly) for b in man.bindings] == [
+        (0, True, False), (1, True, False), (2, True, False), (3, False, True)]
+    assert [p.name for p in man.push][:2] == ["n", "rank"] and man.push_size == 88
+    c2 = ShaderCache(tmp_path)
+    mod2 = c2.get("binary", {"BOP": 2, "RESIDUAL": 1})
+    assert c2.compiled == 0 and c2.disk_hits == 1 and mod2.spirv == mod.spirv
+    # other defines are another variant (keyed by source + defines + compiler)
+    c2.get("binary", {"BOP": 3, "RESIDUAL": 1})
+    assert c2.compiled == 1
+    spv = tmp_path / "spirv" / f"{mod.key}.spv"
+    spv.write_bytes(spv.read_bytes()[:-8] + b"garbage!")
+    c3 = ShaderCache(tmp_path)
+    assert c3.get("binary", {"BOP": 2, "RESIDUAL": 1}).spirv == mod.spirv
+    assert c3.compiled == 1  # the corrupt entry was detected by its checksum and rebuilt
+    conv = c3.get("conv_dw", {})
+    assert [s.name for s in conv.manifest.spec] == ["KH", "KW", "SH", "SW", "DH", "DW"]
