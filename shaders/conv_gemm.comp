@@ -5,6 +5,9 @@
 // 64x64 output tile per 256-thread workgroup, 4x4 per thread, K step 16.
 // Structural geometry (kernel, stride, dilation) are specialization constants so the index math
 // folds; IS1X1 (1x1, stride 1, no pad) reads the input as the col matrix directly.
+// SPLITK: the K range is split over S workgroups along z (few output tiles, e.g. 7x7 maps with 512
+// channels, would leave most of a big GPU idle); each writes raw partial sums to P[s][out index] and
+// splitk_reduce.comp adds them with the epilogue.
 #include "common.glsl"
 #include "act.glsl"
 #ifndef IS1X1
@@ -12,6 +15,9 @@
 #endif
 #ifndef RESIDUAL
 #define RESIDUAL 0
+#endif
+#ifndef SPLITK
+#define SPLITK 0
 #endif
 #define BM 64
 #define BN 64
@@ -25,8 +31,13 @@ layout(constant_id = 4) const int DH = 1;
 layout(constant_id = 5) const int DW = 1;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Wt { float w[]; };     // [G, K, M]: k-major for coalesced tile loads
+#if SPLITK
+layout(std430, binding = 2) writeonly buffer Part { float part[]; };  // [S, N*G*M*P]
+#else
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // [G*M]
-#if RESIDUAL
+#endif
+#if SPLITK
+#elif RESIDUAL
 layout(std430, binding = 3) readonly buffer R { float r[]; };
 layout(std430, binding = 4) writeonly buffer Y { float y[]; };
 #else
@@ -34,6 +45,7 @@ layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 #endif
 layout(push_constant) uniform P {
     int C; int H; int W; int Cg; int M; int OH; int OW; int PT; int PL; int G; int K; float act_a; float act_b;
+    int S; int Kc; int total;
 } p;
 
 shared float As[BK][BM];
@@ -46,6 +58,13 @@ void main() {
     int n0 = int(gl_WorkGroupID.x) * BN;
     int m0 = int(gl_WorkGroupID.y) * BM;
     int z = int(gl_WorkGroupID.z);
+#if SPLITK
+    int split = z % p.S;
+    z /= p.S;
+    int kbeg = split * p.Kc, kend = min(p.K, kbeg + p.Kc);
+#else
+    int kbeg = 0, kend = p.K;
+#endif
     int g = z % p.G, img = z / p.G;
     int xbase = (img * p.C + g * p.Cg) * p.H * p.W;
     int wbase = g * p.K * p.M;
@@ -53,19 +72,19 @@ void main() {
     for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
 
-    for (int k0 = 0; k0 < p.K; k0 += BK) {
+    for (int k0 = kbeg; k0 < kend; k0 += BK) {
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             int kk = e / BM, mm = e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = (k < p.K && m < p.M) ? w[wbase + k * p.M + m] : 0.0;
+            As[kk][mm] = (k < kend && m < p.M) ? w[wbase + k * p.M + m] : 0.0;
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             int kk = e / BN, nn = e % BN;
             int k = k0 + kk, pix = n0 + nn;
             float v = 0.0;
-            if (k < p.K && pix < P) {
+            if (k < kend && pix < P) {
 #if IS1X1
                 v = x[xbase + k * P + pix];
 #else
@@ -95,6 +114,13 @@ void main() {
         int m = m0 + ty + 16 * i;
         if (m >= p.M) continue;
         int oc = g * p.M + m;
+#if SPLITK
+        for (int j = 0; j < 4; ++j) {
+            int pix = n0 + tx + 16 * j;
+            if (pix >= P) continue;
+            part[split * p.total + (img * cout + oc) * P + pix] = acc[i][j];
+        }
+#else
         float bv = bias[oc];
         for (int j = 0; j < 4; ++j) {
             int pix = n0 + tx + 16 * j;
@@ -106,5 +132,6 @@ void main() {
 #endif
             y[oi] = act(v, p.act_a, p.act_b);
         }
+#endif
     }
 }

@@ -6,6 +6,8 @@
 // Y rows have stride ldc and start at column c_off (column-chunked weights write their slice).
 // BIAS_MODE: 0 none, 1 per column bias[c_off+n], 2 per row bias[m], 3 full bias[m*ldc + c_off + n].
 // 64x64 tile per 256-thread workgroup, 4x4 per thread, K step 16.
+// SPLITK: the K range is split over S workgroups (grid z = batch * S); each writes alpha * its partial
+// sum to P[s][z][m][n] (ldc == N, c_off == 0) and splitk_reduce.comp adds them with the epilogue.
 #include "common.glsl"
 #include "act.glsl"
 #ifndef BIAS_MODE
@@ -14,12 +16,18 @@
 #ifndef RESIDUAL
 #define RESIDUAL 0
 #endif
+#ifndef SPLITK
+#define SPLITK 0
+#endif
 #define BM 64
 #define BN 64
 #define BK 16
 layout(local_size_x = 16, local_size_y = 16) in;
 layout(std430, binding = 0) readonly buffer Am { float a[]; };
 layout(std430, binding = 1) readonly buffer Bm { float b[]; };
+#if SPLITK
+layout(std430, binding = 2) writeonly buffer Part { float part[]; };
+#else
 #if BIAS_MODE > 0
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 #define NEXT 3
@@ -32,10 +40,12 @@ layout(std430, binding = NEXT + 1) writeonly buffer Y { float y[]; };
 #else
 layout(std430, binding = NEXT) writeonly buffer Y { float y[]; };
 #endif
+#endif
 layout(push_constant) uniform P {
     int M; int N; int K; int sa_m; int sa_k; int sb_k; int sb_n; int bd1; int bd2;
     int sa0; int sa1; int sa2; int sb0; int sb1; int sb2; int ldc; int c_off;
     float alpha; float act_a; float act_b;
+    int S; int Kc; int total;
 } p;
 
 shared float As[BK][BM];
@@ -47,6 +57,13 @@ void main() {
     int n0 = int(gl_WorkGroupID.x) * BN;
     int m0 = int(gl_WorkGroupID.y) * BM;
     int z = int(gl_WorkGroupID.z);
+#if SPLITK
+    int split = z % p.S;
+    z /= p.S;
+    int kbeg = split * p.Kc, kend = min(p.K, kbeg + p.Kc);
+#else
+    int kbeg = 0, kend = p.K;
+#endif
     int b2 = z % p.bd2;
     int b1 = (z / p.bd2) % p.bd1;
     int b0 = z / (p.bd1 * p.bd2);
@@ -58,21 +75,21 @@ void main() {
     for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
 
-    for (int k0 = 0; k0 < p.K; k0 += BK) {
+    for (int k0 = kbeg; k0 < kend; k0 += BK) {
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             // consecutive invocations walk the operand's contiguous axis
             int kk = a_rowmajor ? e % BK : e / BM;
             int mm = a_rowmajor ? e / BK : e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = (k < p.K && m < p.M) ? a[abase + m * p.sa_m + k * p.sa_k] : 0.0;
+            As[kk][mm] = (k < kend && m < p.M) ? a[abase + m * p.sa_m + k * p.sa_k] : 0.0;
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             int nn = b_rowmajor ? e % BN : e / BK;
             int kk = b_rowmajor ? e / BN : e % BK;
             int k = k0 + kk, n = n0 + nn;
-            Bs[kk][nn] = (k < p.K && n < p.N) ? b[bbase + k * p.sb_k + n * p.sb_n] : 0.0;
+            Bs[kk][nn] = (k < kend && n < p.N) ? b[bbase + k * p.sb_k + n * p.sb_n] : 0.0;
         }
         barrier();
         for (int kk = 0; kk < BK; ++kk) {
@@ -92,6 +109,9 @@ void main() {
             if (n >= p.N) continue;
             int oi = (z * p.M + m) * p.ldc + p.c_off + n;
             float v = p.alpha * acc[i][j];
+#if SPLITK
+            part[split * p.total + oi] = v;
+#else
 #if BIAS_MODE == 1
             v += bias[p.c_off + n];
 #elif BIAS_MODE == 2
@@ -103,6 +123,7 @@ void main() {
             v += r[oi];
 #endif
             y[oi] = act(v, p.act_a, p.act_b);
+#endif
         }
     }
 }

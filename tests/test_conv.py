@@ -3,9 +3,13 @@ kernel applicability, transform purity and sizes, fused bias/residual/activation
 their numpy fallbacks."""
 from __future__ import annotations
 
+import importlib.util
+import logging
 import math
 import os
 import shutil
+import sys
+import types
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -574,6 +578,36 @@ def test_native_bias_act() -> None:
                 assert np.allclose(native.bias_act(y, bias, res, act), ref, atol=1e-6)
     with pytest.raises(ValueError):
         native.bias_act(np.zeros((2, 3), F32), None, None, ("Tanh", ()))
+
+
+def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
+    """A stale or missing extension: the wrapper logs a warning and every kernel still runs (numpy paths)."""
+    import inferd
+
+    fake = types.SimpleNamespace(lib=types.SimpleNamespace(inferd_native_abi=lambda: -1), ffi=None)
+    monkeypatch.setattr(inferd, "_native", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "inferd._native", fake)
+    spec = importlib.util.spec_from_file_location("inferd._native_probe", native.__file__)
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    with caplog.at_level(logging.WARNING):
+        spec.loader.exec_module(probe)
+    assert probe.AVAILABLE is False
+    assert "numpy fallbacks" in caplog.text and "ABI -1" in caplog.text
+
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    for xshape, cout, k, attrs in FUSE_SHAPES + [((1, 4, 9, 8), 4, (3, 3), dict(pads=[1, 0, 1, 2]))]:
+        g = attrs.get("group", 1)
+        x, w, b = make_inputs(2, xshape, (cout, xshape[1] // g) + k, True)
+        ref = ort_run("Conv", x, w, b, attrs)
+        layer = single_node_layer("Conv", [x, w, b], {**attrs, "act": ("Relu", ())})
+        for kern in applicable_kernels(layer):
+            assert rel_err(run_layer(kern, layer, [x, w, b])[0], np.maximum(ref, 0)) <= TOL, kern.name
+    x, w, _ = make_inputs(4, (1, 4, 5, 6), (4, 3, 3, 3), False)
+    attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+    layer = single_node_layer("ConvTranspose", [x, w], attrs)
+    assert rel_err(run_layer(kernel("ConvTranspose", "col2im"), layer, [x, w])[0],
+                   ort_run("ConvTranspose", x, w, None, attrs)) <= TOL
 
 
 def test_native_abi_and_fallback_flag() -> None:

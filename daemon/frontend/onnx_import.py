@@ -270,8 +270,6 @@ def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
         has_b = len(prod.inputs) > 2 and bool(prod.inputs[2])
         if has_b and prod.inputs[2] not in graph.constants:
             continue
-        if prod.op == "ConvTranspose" and int(prod.attr("group", 1)) != 1:
-            continue
         if prod.op == "Gemm" and (float(prod.attr("alpha", 1.0)) != 1.0 or float(prod.attr("beta", 1.0)) != 1.0
                                   or int(prod.attr("transA", 0))):
             continue
@@ -282,7 +280,8 @@ def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
         scale, bias, mean, var = (graph.constants[i] for i in bn.inputs[1:5])
         eps = float(bn.attr("epsilon", 1e-5))
         axis = {"Conv": 0, "ConvTranspose": 1}.get(prod.op, 0 if int(prod.attr("transB", 0)) else 1)
-        nw, nb = fold_bn_into(w, b, scale, bias, mean, var, eps, axis)
+        groups = int(prod.attr("group", 1)) if prod.op == "ConvTranspose" else 1
+        nw, nb = fold_bn_into(w, b, scale, bias, mean, var, eps, axis, groups=groups)
         wn, bn_name = f"{prod.name}.weight_bnfolded", f"{prod.name}.bias_bnfolded"
         _set_const(wn, np.ascontiguousarray(nw, dtype=w.dtype), graph.infos, graph.constants)
         _set_const(bn_name, np.ascontiguousarray(nb, dtype=w.dtype), graph.infos, graph.constants)

@@ -221,7 +221,7 @@ class VkGemvNK(VkMatMul):
     transform is a no-op instead of a 400 MB transpose on vgg16."""
 
     name = "vk_gemv_nk"
-    priority = 5
+    priority = 4
 
     def applies(self, layer: Layer) -> bool:
         if layer.op != "Gemm" or not int(layer.attr("transB", 0)) or 1 not in layer.const_inputs:

@@ -216,6 +216,7 @@ class Server:
         self._reloading = False
         self.draining = False
         self._drain_deadline = 0.0
+        self._drain_warned = False
         self._stop_requests = 0
         self._reload_requested = False
         self._last_status = 0.0
@@ -514,8 +515,9 @@ class Server:
                 for job in s.cancel_queued():
                     self._error(job.ident, job.req_id, P.UNAVAILABLE, "the daemon stopped before running this request")
             busy = [n for n, s in self.slots.items() if not s.idle()]
-            if busy:
-                log.warning("drain timeout: still busy: %s", busy)
+            if busy and not self._drain_warned:
+                self._drain_warned = True
+                log.warning("drain timeout: queued requests answered UNAVAILABLE; still running: %s", busy)
             return not any(s.busy for s in self.slots.values()) or now >= self._drain_deadline + 5.0
         return False
 

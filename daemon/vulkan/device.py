@@ -332,6 +332,10 @@ class VulkanDevice:
             subgroup, max_alloc = 32, 1 << 30
         self.max_allocation = max_alloc
         self.non_coherent_atom = int(lim.nonCoherentAtomSize)
+        # GPU timestamps (VulkanModel(profile=True)): ns per tick, and whether the compute queue has them
+        self.timestamp_period = float(lim.timestampPeriod)
+        qprops = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)[qf]
+        self.timestamps = int(qprops.timestampValidBits) > 0 and self.timestamp_period > 0
         self.caps = DeviceCaps(
             name=self.name, vendor_id=self.vendor_id, device_type=self.device_type, subgroup_size=subgroup,
             max_shared_bytes=int(lim.maxComputeSharedMemorySize),

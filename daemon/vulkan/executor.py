@@ -165,7 +165,7 @@ class VulkanModel:
     """A graph loaded on a Vulkan device. ``run(feeds) -> outputs``; ``close()`` frees it."""
 
     def __init__(self, graph: Graph, device: VulkanDevice | None = None, kernels: Mapping[str, str] | None = None,
-                 cache: ShaderCache | str | bool | None = None) -> None:
+                 cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
         _import_kernels()
         self.device = dev = device or get_device()
         if dev.closed:
@@ -177,6 +177,8 @@ class VulkanModel:
         self._desc_pool = None
         self._cmd_pool = None
         self._fence = None
+        self._query_pool = None
+        self.profile = bool(profile) and dev.timestamps
         self.load_stats: dict[str, Any] = {}
         self.first_run_done = False
         if cache is None or cache is True:
@@ -417,6 +419,11 @@ class VulkanModel:
 
         vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())
         act = self.act_region
+        qp = None
+        if self.profile:
+            qp = self._query_pool = vk.vkCreateQueryPool(d, vk.VkQueryPoolCreateInfo(
+                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(bound) + 1), None)
+            vk.vkCmdResetQueryPool(cb, qp, 0, len(bound) + 1)
         if io_staging and self._copies_in:
             vk.vkCmdCopyBuffer(cb, self.io_region.buffer, act.buffer, len(self._copies_in), self._copies_in)
             vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, COMPUTE, 0, 1,
@@ -427,6 +434,8 @@ class VulkanModel:
             vk.vkCmdPipelineBarrier(cb, COMPUTE, COMPUTE, 0, 1, [vk.VkMemoryBarrier(srcAccessMask=SW, dstAccessMask=SR | SW)],
                                     0, None, 0, None)
         # ranges written / read since the last barrier, tagged with the step when the dispatch is independent
+        if qp is not None:
+            vk.vkCmdWriteTimestamp(cb, COMPUTE, qp, 0)
         pend_w: list[tuple[Region, int, int, int]] = []
         pend_r: list[tuple[Region, int, int, int]] = []
         nbar = 0
@@ -436,7 +445,7 @@ class VulkanModel:
             r, o, n = a
             return any(r is r2 and o < o2 + n2 and o2 < o + n and tag != skip for r2, o2, n2, tag in lst)
 
-        for s, b in zip(sets, bound):
+        for k, (s, b) in enumerate(zip(sets, bound)):
             man = b.pipeline.module.manifest
             reads = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.reads]
             writes_ = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.writes]
@@ -463,6 +472,8 @@ class VulkanModel:
                 vk.vkCmdPushConstants(cb, b.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(b.push),
                                       vk.ffi.from_buffer(b.push))
             vk.vkCmdDispatch(cb, *b.dispatch.groups)
+            if qp is not None:
+                vk.vkCmdWriteTimestamp(cb, COMPUTE, qp, k + 1)
         outs = [(act, off, t.nbytes) for t, off in self._outputs if t.nbytes]
         if io_staging:
             if outs:
@@ -531,6 +542,23 @@ class VulkanModel:
 
     __call__ = run
 
+    def last_profile(self) -> list[dict[str, Any]]:
+        """GPU time of each dispatch in the last run (``profile=True`` only): time from the previous
+        dispatch's end-of-compute timestamp to this one's, so barrier waits count to the dispatch after them."""
+        if self._query_pool is None or not self.first_run_done:
+            return []
+        n = len(self._bound) + 1
+        buf = vk.ffi.new("uint64_t[]", n)
+        res = vk.lib.vkGetQueryPoolResults(self.device.device, self._query_pool, 0, n, 8 * n, buf, 8,
+                                           vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        if res != vk.VK_SUCCESS:
+            raise BackendError(f"vkGetQueryPoolResults failed ({res})")
+        ts = [int(buf[i]) for i in range(n)]
+        period = self.device.timestamp_period
+        return [{"node": b.step.layer.name, "op": b.step.layer.op, "kernel": b.step.kernel.name,
+                 "shader": b.dispatch.shader, "groups": b.dispatch.groups, "ms": (ts[i + 1] - ts[i]) * period / 1e6}
+                for i, b in enumerate(self._bound)]
+
     # ------------------------------------------------------------------------------------ teardown
     def close(self) -> None:
         with self._lock:
@@ -559,6 +587,9 @@ class VulkanModel:
         if self._fence is not None:
             vk.vkDestroyFence(d, self._fence, None)
             self._fence = None
+        if self._query_pool is not None:
+            vk.vkDestroyQueryPool(d, self._query_pool, None)
+            self._query_pool = None
         for r in self._regions:
             dev.free_region(r)
         self._regions = []
