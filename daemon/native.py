@@ -41,7 +41,7 @@ F32 = np.float32
 Act = tuple[str, tuple[float, ...]]
 
 #: Fused activations the C kernels apply themselves, by name -> C code (see native/inferd_native.h).
-NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3}
+NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "SiLU": 5, "HardSwish": 6, "HardSigmoid": 7}
 
 
 def _act_code(act: Act | None) -> tuple[int, float, float]:
@@ -362,6 +362,14 @@ def numpy_bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | Non
             np.clip(y2, F32(p[0]), F32(p[1]), out=y2)
         elif name == "LeakyRelu":
             np.multiply(y2, np.where(y2 < 0, F32(p[0]), F32(1)), out=y2)
+        elif name in ("Sigmoid", "SiLU"):
+            with np.errstate(over="ignore"):
+                s = 1 / (1 + np.exp(-y2))
+            np.multiply(y2, s, out=y2) if name == "SiLU" else np.copyto(y2, s)
+        elif name == "HardSwish":
+            np.multiply(y2, np.clip(y2 * F32(1 / 6) + F32(0.5), 0, 1), out=y2)
+        elif name == "HardSigmoid":
+            np.clip(y2 * F32(p[0]) + F32(p[1]), 0, 1, out=y2)
         else:
             raise ValueError(f"bias_act: activation {name} is not native")
     return y

@@ -32,6 +32,7 @@ int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, in
                             const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0);
 
 /* In-place epilogue over C rows of HW floats: y[c*ldy + k] = act(y[c*ldy + k] + bias[c] + res[c*ldr + k]).
-   bias/res may be NULL. act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(alpha = p0). */
+   bias/res may be NULL. act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(alpha = p0), 4 Sigmoid, 5 SiLU,
+   6 HardSwish, 7 HardSigmoid(alpha = p0, beta = p1). */
 void inferd_bias_act(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
                      int act, float p0, float p1);

@@ -33,10 +33,11 @@ layout(push_constant) uniform P {
 void main() {
     int P = p.OH * p.OW;
     int pq = (P + 3) / 4;
+    // blocks of 4 channels x 4 pixels, linearised so that small maps still fill every lane
     int id = int(gl_GlobalInvocationID.x);
-    if (id >= pq) return;
-    int p0 = id * 4;
-    int m0 = int(gl_WorkGroupID.y) * 4;
+    if (id >= pq * ((p.M + 3) / 4)) return;
+    int p0 = (id % pq) * 4;
+    int m0 = (id / pq) * 4;
     int z = int(gl_WorkGroupID.z);
     int g = z % p.G, img = z / p.G;
     int xbase = (img * p.C + g * p.Cg) * p.H * p.W;

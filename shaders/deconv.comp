@@ -8,6 +8,14 @@
 #define RESIDUAL 0
 #endif
 layout(local_size_x = 256) in;
+// kernel/stride/dilation as specialization constants: the tap loops unroll and the divisibility
+// tests become multiply-shifts (runtime integer division dominated this kernel)
+layout(constant_id = 0) const int KH = 3;
+layout(constant_id = 1) const int KW = 3;
+layout(constant_id = 2) const int SH = 1;
+layout(constant_id = 3) const int SW = 1;
+layout(constant_id = 4) const int DH = 1;
+layout(constant_id = 5) const int DW = 1;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) readonly buffer Wt { float w[]; };     // [Cin, Cout/G, KH, KW]
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
@@ -18,8 +26,7 @@ layout(std430, binding = 4) writeonly buffer Y { float y[]; };
 layout(std430, binding = 3) writeonly buffer Y { float y[]; };
 #endif
 layout(push_constant) uniform P {
-    uint total; int C; int H; int W; int K; int OH; int OW; int KH; int KW;
-    int SH; int SW; int DH; int DW; int PT; int PL; int G; float act_a; float act_b;
+    uint total; int C; int H; int W; int K; int OH; int OW; int PT; int PL; int G; float act_a; float act_b;
 } p;
 
 void main() {
@@ -33,19 +40,23 @@ void main() {
     int cg = p.C / p.G, kg = p.K / p.G;
     int g = oc / kg, ocg = oc - g * kg;
     float acc = 0.0;
-    for (int kh = 0; kh < p.KH; ++kh) {
-        int th = oh + p.PT - kh * p.DH;
-        if (th < 0 || th % p.SH != 0) continue;
-        int ih = th / p.SH;
+    int HW = p.H * p.W;
+    for (int kh = 0; kh < KH; ++kh) {
+        int th = oh + p.PT - kh * DH;
+        if (th < 0 || th % SH != 0) continue;
+        int ih = th / SH;
         if (ih >= p.H) continue;
-        for (int kw = 0; kw < p.KW; ++kw) {
-            int tw = ow + p.PL - kw * p.DW;
-            if (tw < 0 || tw % p.SW != 0) continue;
-            int iw = tw / p.SW;
+        for (int kw = 0; kw < KW; ++kw) {
+            int tw = ow + p.PL - kw * DW;
+            if (tw < 0 || tw % SW != 0) continue;
+            int iw = tw / SW;
             if (iw >= p.W) continue;
+            int xi = (n * p.C + g * cg) * HW + ih * p.W + iw;
+            int wi = ((g * cg * kg + ocg) * KH + kh) * KW + kw;
             for (int c = 0; c < cg; ++c) {
-                int ci = g * cg + c;
-                acc += x[((n * p.C + ci) * p.H + ih) * p.W + iw] * w[((ci * kg + ocg) * p.KH + kh) * p.KW + kw];
+                acc += x[xi] * w[wi];
+                xi += HW;
+                wi += kg * KH * KW;
             }
         }
     }

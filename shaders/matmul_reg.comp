@@ -32,9 +32,12 @@ layout(push_constant) uniform P {
 } p;
 
 void main() {
-    int n0 = int(gl_GlobalInvocationID.x) * 4;
-    if (n0 >= p.N) return;
-    int m0 = int(gl_WorkGroupID.y) * 4;
+    // blocks of 4 rows x 4 columns, linearised so that skinny products still fill every lane
+    int nq = (p.N + 3) / 4;
+    int id = int(gl_GlobalInvocationID.x);
+    if (id >= nq * ((p.M + 3) / 4)) return;
+    int n0 = (id % nq) * 4;
+    int m0 = (id / nq) * 4;
     int z = int(gl_WorkGroupID.z);
     int b2 = z % p.bd2;
     int b1 = (z / p.bd2) % p.bd1;

@@ -19,8 +19,9 @@ Three adaptations, all about the *test models* rather than the engine's semantic
   * Opsets. The ONNX node tests stamp each model with the opset in which its op last changed,
     up to the newest opset onnx knows. inferd's importer accepts opsets up to
     ``inferd.frontend.onnx_import.MAX_OPSET``; a newer model is converted down with onnx's own
-    ``version_converter``, which refuses conversions that change semantics or use types
-    the older opset lacks. Such a refusal is reported as ``UnsupportedOpError``.
+    ``version_converter``, which refuses where it has no adapter (e.g. a model using element types
+    the older opset lacks). Such a refusal is reported as ``UnsupportedOpError``. (The importer
+    itself rejects opsets above ``MAX_OPSET``; the node tests stamp many models with 24..28.)
 """
 from __future__ import annotations
 

@@ -60,8 +60,8 @@ def test_sigkill_mid_request_then_restart(tmp: Path) -> None:
     d1 = DaemonProcess(ep, models, log_path=tmp / "d1.log").start()
     try:
         busy, idle = Client(ep, timeout=5), Client(ep, timeout=5)
-        np.testing.assert_array_equal(busy.infer("tiny", feeds)["output"], want)
-        np.testing.assert_array_equal(idle.infer("tiny", feeds)["output"], want)
+        np.testing.assert_allclose(busy.infer("tiny", feeds)["output"], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(idle.infer("tiny", feeds)["output"], want, rtol=1e-5, atol=1e-6)
         box: dict[str, Any] = {}
 
         def in_flight() -> None:
@@ -93,8 +93,8 @@ def test_sigkill_mid_request_then_restart(tmp: Path) -> None:
         d2 = DaemonProcess(ep, models, log_path=tmp / "d2.log").start()
         try:
             # ... and the very same client objects work again, from any thread
-            np.testing.assert_array_equal(busy.infer("tiny", feeds)["output"], want)
-            np.testing.assert_array_equal(idle.infer("tiny", feeds)["output"], want)
+            np.testing.assert_allclose(busy.infer("tiny", feeds)["output"], want, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(idle.infer("tiny", feeds)["output"], want, rtol=1e-5, atol=1e-6)
             out: list[np.ndarray] = []
             t = threading.Thread(target=lambda: out.append(busy.infer("tiny", feeds)["output"]))
             t.start()

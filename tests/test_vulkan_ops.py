@@ -81,11 +81,17 @@ _res = r(1, 8, 7, 9)
 for kern in ("vk_direct", "vk_gemm", "vk_winograd23", "vk_winograd43"):
     case(f"conv_residual_relu_{kern}", "Conv", [_x, _w, _b, _res],
          {"pads": [1, 1, 1, 1], "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel=kern)
+case("conv_residual_silu_gemm", "Conv", [_x, _w, _b, _res], {"pads": [1, 1, 1, 1], "residual": True, "act": ("SiLU", ())},
+     const=[False, True, True, False], kernel="vk_gemm_reg")
 case("conv_residual_dw_clip", "Conv", [_x, r(8, 1, 3, 3), _b, _res],
      {"pads": [1, 1, 1, 1], "group": 8, "residual": True, "act": ("Clip", (0.0, 6.0))},
      const=[False, True, True, False], kernel="vk_depthwise")
 case("conv_1x1_residual_noBias_hswish", "Conv", [_x, r(8, 8, 1, 1), None, _res],
      {"residual": True, "act": ("HardSwish", ())}, const=[False, True, False, False], kernel="vk_conv1x1")
+# split-K (few output tiles, long K: the GPU variants split K over workgroups and reduce after)
+case("conv_splitk_res_relu_vk_gemm", "Conv", [r(1, 64, 7, 7), r(32, 64, 3, 3), r(32), r(1, 32, 7, 7)],
+     {"pads": [1, 1, 1, 1], "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel="vk_gemm")
+case("conv_splitk_1x1_vk_conv1x1", "Conv", *conv(2, 300, 3, 3, 20, 1, 1), kernel="vk_conv1x1")
 # ConvTranspose
 case("deconv_s2", "ConvTranspose", *deconv(1, 4, 5, 6, 3, 3, 3, strides=[2, 2], pads=[1, 1, 1, 1],
                                              output_padding=[1, 1]), kernel="vk_direct")
@@ -101,6 +107,12 @@ case("gemm_tiled_relu", "Gemm", [r(67, 70), r(70, 65), r(67, 65)], {"act": ("Rel
 case("gemm_bias_col", "Gemm", [r(67, 70), r(70, 65), r(67, 1)])
 case("gemm_residual_gelu", "Gemm", [r(2, 20), r(30, 20), r(30), r(2, 30)],
      {"transB": 1, "residual": True, "act": ("Gelu", (1.0,))}, const=[False, True, True, False])
+case("gemm_splitk_bias_col", "Gemm", [r(20, 600), r(600, 30), r(20, 1)], {"alpha": 0.5}, kernel="vk_matmul")
+case("gemm_splitk_residual", "Gemm", [r(9, 300), r(40, 300), r(40), r(9, 40)], {"transB": 1, "residual": True,
+     "act": ("Sigmoid", ())}, const=[False, True, True, False], kernel="vk_matmul")
+case("matmul_splitk_batched", "MatMul", [r(2, 5, 300), r(2, 300, 7)], const=[False, False], kernel="vk_matmul")
+case("gemm_gemv_nk_residual", "Gemm", [r(2, 20), r(300, 20), r(300), r(2, 300)],
+     {"transB": 1, "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel="vk_gemv_nk")
 case("matmul_batch_fold", "MatMul", [r(2, 3, 37, 19), r(19, 23)])
 case("matmul_batched_dyn", "MatMul", [r(2, 3, 37, 19), r(3, 19, 23)], const=[False, False])
 case("matmul_broadcast", "MatMul", [r(2, 1, 37, 19), r(1, 3, 19, 23)], const=[False, False])
@@ -112,7 +124,7 @@ case("matmul_residual", "MatMul", [r(1, 19), r(19, 23), r(1, 23)], {"residual": 
 # --- element-wise
 _ACTS = [("Relu", {}), ("LeakyRelu", {"alpha": 0.2}), ("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
          ("HardSwish", {}), ("Tanh", {}), ("Softplus", {}), ("Gelu", {}), ("Gelu", {"approximate": "tanh"}),
-         ("Clip", {"min": -0.5, "max": 0.7})]
+         ("Clip", {"min": -0.5, "max": 0.7}), ("SiLU", {})]
 for op, attrs in _ACTS:
     case(f"act_{op}_{len(attrs)}", op, [r(3, 5, 7) * 4], attrs, kernel="vk_unary")
 case("act_clip_inputs", "Clip", [r(3, 5, 7), np.float32(-0.25), np.float32(0.5)], kernel="vk_unary")

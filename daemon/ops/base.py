@@ -85,6 +85,11 @@ class Kernel:
     def applies(self, layer: Layer) -> bool:
         return True
 
+    def preferred(self, layer: Layer) -> bool:
+        """Shape-dependent refinement of ``priority``: an applicable kernel that is not preferred for
+        this layer yields to the next one that is (measured rules, e.g. Winograd F(4,3) vs F(2,3))."""
+        return True
+
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Raw constants (keyed by ``raw_key``) to the arrays ``run`` expects. Must be pure."""
         return dict(raw)
@@ -168,9 +173,12 @@ def choose_kernel(layer: Layer, backend: str = "cpu", forced: str | None = None)
                 return k
         raise KernelError(f"no {backend} kernel named {forced!r} for op {layer.op} (node {layer.name!r}); "
                           f"known: {[k.name for k in cands]}")
-    for k in cands:
-        if k.applies(layer):
+    ok = [k for k in cands if k.applies(layer)]
+    for k in ok:
+        if k.preferred(layer):
             return k
+    if ok:
+        return ok[0]
     raise KernelError(f"no {backend} kernel applies to node {layer.name!r} ({layer.op})")
 
 

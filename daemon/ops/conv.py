@@ -10,8 +10,9 @@ docstring and :func:`preferred_3x3_kernel`):
 * ``depthwise`` (5): group == Cin > 1, Cout = mult * Cin, any kernel/stride/dilation, native C.
 * ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
 * ``winograd23`` (20) / ``winograd43`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
-  large maps, F(2x2,3x3) on middle ones, im2col on 7x7 maps: :func:`preferred_3x3_kernel` says which,
-  and each kernel's ``preferred(layer)`` exposes it for the planner (static priorities cannot).
+  large maps with many channels, F(2x2,3x3) elsewhere, im2col below 16 input channels:
+  :func:`preferred_3x3_kernel` says which, and each kernel's ``preferred(layer)`` exposes it for the
+  planner (static priorities cannot).
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
 * ``direct`` (90): the readable reference, any rank.
 
@@ -737,22 +738,21 @@ class WinogradKernel(_ConvKernelBase):
 def preferred_3x3_kernel(g: Geom2D) -> str:
     """The measured-fastest kernel for a 3x3 stride-1 group-1 conv: "winograd43", "winograd23" or "im2col".
 
-    Warm times, one thread, AMD EPYC (Zen 4), OpenBLAS; ``P`` = tiles per image:
-      * F(4,3) wins from 56x56 up with >= 48 channels (64@56: 2.5 ms vs F(2,3) 3.4, im2col 4.0;
-        256@56: 21 vs 30 vs 43); at 28x28 F(2,3) and F(4,3) tie, so F(2,3) (fewer weight bytes);
-      * F(2,3) wins down to 14x14 (256@14: 2.6 vs im2col 3.0; 128@14: 0.43 vs 0.70);
-      * at 7x7 (P23 = 16) and with < 16 input channels the transforms and the alpha^2 weight matrices cost
-        more than the GEMM saves: im2col (512@7: 3.8 vs F(2,3) 4.5 vs F(4,3) 7.9; 3->16@112: 0.23 vs 0.37).
+    F(4,3) does 2.25 multiplies per output and input channel against F(2,3)'s 4, but its transforms cost more
+    per pixel and its 36 weight matrices are bigger, so it needs enough channels (cin*cout) and enough tiles per
+    image (p43). Warm times, one thread, AMD EPYC (Zen 4), OpenBLAS, ms (im2col / F(2,3) / F(4,3)):
+      64@56 2.7/1.64/1.32, 48@56 1.64/1.02/0.88, 32@56 0.81/0.50/0.53, 128@28 2.48/1.48/1.24,
+      64@28 0.70/0.45/0.51, 256@14 2.65/1.55/2.16, 192->256@14 1.87/1.23/1.21, 512@7 3.13/3.14/6.64,
+      256@7 0.76/0.63/0.94, 16->32@28 0.123/0.122/0.152, 8->16@56 0.148/0.150/0.177, 3->16@112 0.23/0.30/0.30.
+    With fewer than 16 input channels the transforms cost more than the GEMM saves: im2col.
     """
     p43 = -(-g.oh // 4) * -(-g.ow // 4)
-    p23 = -(-g.oh // 2) * -(-g.ow // 2)
+    cc = g.cin * g.cout
     if g.cin < 16:
         return "im2col"
-    if p43 >= 100 and min(g.cin, g.cout) >= 48:
+    if (p43 >= 196 and cc >= 2048) or (p43 >= 49 and cc >= 8192):
         return "winograd43"
-    if p23 >= 36:
-        return "winograd23"
-    return "im2col"
+    return "winograd23"
 
 
 @register_kernel
@@ -760,7 +760,7 @@ class ConvWinograd23(WinogradKernel):
     """F(2x2, 3x3): 16 positions, 2.25x fewer multiplies than direct; points 0, 1, -1.
 
     Static priority puts it before F(4,3): as the default for every 3x3 stride-1 conv it is never far off
-    (<= 1.3x the best), whereas F(4,3) is 2x slower than im2col on 7x7 maps. ``preferred`` refines it."""
+    (<= 1.25x the best), whereas F(4,3) is 2x slower than the others on 7x7 maps. ``preferred`` refines it."""
 
     name = "winograd23"
     priority = 20

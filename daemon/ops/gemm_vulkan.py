@@ -15,8 +15,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, act_of,
-                             act_supported, collapse, contiguous_strides, grid)
+from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, Ws, act_of,
+                             act_supported, collapse, contiguous_strides, grid, split_k)
 from .base import Layer, raw_key, register_kernel
 from .gemm import _gemm_c_index, _residual_index
 
@@ -105,6 +105,17 @@ class VkMatMul(VulkanKernel):
                 return False
         return True
 
+    def _split(self, layer: Layer) -> tuple[int, int]:
+        """(splits, K per split) for a tiled GEMM with few output tiles (GPU variant, unchunked B)."""
+        p = _Plan(layer)
+        if self.registers or p.gemv or p.chunks > 1:
+            return 1, p.K
+        return split_k(-(-p.N // 64) * -(-p.M // 64) * p.nbatch, p.K)
+
+    def workspace_parts(self, layer: Layer) -> dict[str, int]:
+        s, _ = self._split(layer)
+        return {"part": 4 * s * layer.outputs[0].size} if s > 1 else {}
+
     def transformed_nbytes(self, layer: Layer) -> int:
         p = _Plan(layer)
         n = sum(4 * layer.inputs[k].size for k in layer.const_inputs if layer.inputs[k] is not None)  # type: ignore[union-attr]
@@ -192,10 +203,25 @@ class VkMatMul(VulkanKernel):
                 sb = [0] * (3 - len(p.sb_b)) + list(p.sb_b)
                 push.update(bd1=bd[1], bd2=bd[2], sa0=sa[0], sa1=sa[1], sa2=sa[2], sb0=sb[0], sb1=sb[1], sb2=sb[2])
                 if self.registers:
-                    groups = (-(-nc // 256), -(-p.M // 4), p.nbatch)
-                else:
-                    groups = (-(-nc // 64), -(-p.M // 64), p.nbatch)
-                out.append(Dispatch(self.shader, binds, groups, defs, push=push, independent=True))
+                    groups = (-(-(-(-nc // 4) * -(-p.M // 4)) // 64), 1, p.nbatch)
+                    out.append(Dispatch(self.shader, binds, groups, defs, push=push, independent=True))
+                    continue
+                s, kc = self._split(layer)
+                total = p.nbatch * p.M * p.N
+                push.update(S=s, Kc=kc, total=total)
+                groups = (-(-nc // 64), -(-p.M // 64), p.nbatch * s)
+                if s == 1:
+                    out.append(Dispatch(self.shader, binds, groups, defs, push=push, independent=True))
+                    continue
+                # split-K: partial sums into the workspace, then one reduction with the epilogue
+                out.append(Dispatch(self.shader, (a_ref, b_ref, Ws("part")), groups,
+                                    dict(defs, SPLITK=1, BIAS_MODE=0, RESIDUAL=0, ACT=0), push=push))
+                div, mod = {0: (1, 1), 1: (1, p.N), 2: (p.N, p.M), 3: (1, p.M * p.N)}[bias_mode]
+                out.append(Dispatch("splitk_reduce", (Ws("part"),) + ((bias_ref,) if bias_ref is not None else ())
+                                    + res + (Out(0),), grid(total, 256, caps),
+                                    {"HAS_BIAS": int(bias_ref is not None), "RESIDUAL": int(bool(res)), "ACT": act[0]},
+                                    push={"total": total, "S": s, "DIV": div, "MOD": mod, "act_a": act[1],
+                                          "act_b": act[2]}))
         return out
 
 
@@ -209,7 +235,7 @@ class VkMatMulReg(VkMatMul):
     shader = "matmul_reg"
     registers = True
 
-    def device_priority(self, caps: Caps) -> int:
+    def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
         return 5 if caps.device_type == "cpu" else self.priority
 
 

@@ -136,9 +136,11 @@ def plan_graph(g: Graph, caps: Caps, forced: Mapping[str, str], st: dict[str, An
         if s is None:
             continue
         for tname in list(node.inputs) + list(node.outputs):
-            if tname and tname not in consts and np.dtype(g.infos[tname].dtype) != np.float32:
-                raise BackendError(f"node {node.name} ({node.op}): tensor {tname!r} has dtype "
-                                   f"{np.dtype(g.infos[tname].dtype)}; the Vulkan backend stores float32 tensors only")
+            dt = np.dtype(g.infos[tname].dtype) if tname else None
+            if tname and tname not in consts and dt.name not in s.kernel.io_dtypes:
+                raise BackendError(f"node {node.name} ({node.op}): tensor {tname!r} has dtype {dt}; kernel "
+                                   f"{s.kernel.name} handles {list(s.kernel.io_dtypes)} (the Vulkan backend stores "
+                                   f"float32 tensors, plus int64/bool where a kernel produces or reads them)")
     st["select_s"] = T() - t
 
     # -- weight transforms
@@ -158,7 +160,7 @@ def default_kernel(layer: Layer, caps: Caps) -> VulkanKernel:
     cands = [k for k in kernels_for(layer.op, "vulkan") if isinstance(k, VulkanKernel) and k.applies(layer)]
     if not cands:
         raise KernelError(f"no vulkan kernel applies to node {layer.name!r} ({layer.op})")
-    return min(cands, key=lambda k: k.device_priority(caps))
+    return min(cands, key=lambda k: k.device_priority(caps, layer))
 
 
 class VulkanModel:
@@ -205,7 +207,6 @@ class VulkanModel:
         T = time.perf_counter
         t_all = T()
         self._consts, self._pg, self._steps = consts, pg, steps = plan_graph(self.graph, self.caps, forced, st)
-        g = self.graph
 
         # -- SPIR-V
         t = T()
@@ -241,13 +242,24 @@ class VulkanModel:
                     bufs.append(Buffer(f"{s.layer.name}#ws", ws, i, i))
         offsets, total = pack(bufs, a_align)
         self.plan = MemoryPlan(offsets, {b.name: b.size for b in bufs}, total, a_align, aliases)
-        # weights: bump placement into chunks
+        # weights: bump placement into chunks, only arrays some dispatch binds (kernels also keep
+        # host-side values such as axes or pads in their params)
         wplace: dict[tuple[int, str], tuple[int, int]] = {}  # (step, key) -> (chunk, offset)
         chunk_sizes: list[int] = [0]
         for i, s in enumerate(steps):
             if s is None:
                 continue
+            bound_keys = set()
+            for d in s.dispatches:
+                for ref in d.bindings:
+                    if ref.kind == "param":
+                        bound_keys.add(str(ref.key))
+                    elif ref.kind == "in" and isinstance(ref.key, int) and ref.key < len(s.layer.node.inputs) \
+                            and s.layer.node.inputs[ref.key] in consts:
+                        bound_keys.add(raw_key(ref.key))
             for key, arr in s.params.items():
+                if key not in bound_keys:
+                    continue
                 n = align_up(max(arr.nbytes, 4), ALIGN)
                 if chunk_sizes[-1] and chunk_sizes[-1] + n > _WEIGHT_CHUNK:
                     chunk_sizes.append(0)
@@ -333,7 +345,8 @@ class VulkanModel:
             raise BackendError(f"{where}: unknown binding kind {ref.kind!r}")
         off += ref.offset
         size = (size - ref.offset) if ref.size is None else ref.size
-        size = max(size, 4)
+        # whole 32-bit words: shaders address bool tensors a word at a time (buffers are 64-byte aligned)
+        size = max(align_up(size, 4), 4)
         if off % self.device.caps.min_storage_align:
             raise BackendError(f"{where}: binding {ref} at offset {off} is not aligned to "
                                f"{self.device.caps.min_storage_align}")
@@ -355,12 +368,11 @@ class VulkanModel:
             if t.name in self._consts:
                 self._const_outputs[t.name] = self._consts[t.name]
             else:
-                if np.dtype(t.dtype) != np.float32:
-                    raise BackendError(f"graph output {t.name!r} has dtype {np.dtype(t.dtype)}; only float32 is supported")
                 self._outputs.append((t, self.plan.offset(t.name)))
-        for t, _ in self._inputs:
-            if np.dtype(t.dtype) != np.float32:
-                raise BackendError(f"graph input {t.name!r} has dtype {np.dtype(t.dtype)}; only float32 is supported")
+        for t, _ in self._inputs + self._outputs:
+            if np.dtype(t.dtype).name not in ("float32", "int64", "bool"):
+                raise BackendError(f"graph input/output {t.name!r} has dtype {np.dtype(t.dtype)}; the Vulkan backend "
+                                   f"takes float32 (and int64/bool where a kernel handles them)")
         # where the host reads/writes: the mapped activations, or an IO staging region
         self._copies_in: list[Any] = []
         self._copies_out: list[Any] = []
@@ -373,16 +385,16 @@ class VulkanModel:
             self.io_region = dev.allocate_region(max(pos, 64), "io-staging", host=True)
             self._regions.append(self.io_region)
             nin = len(self._inputs)
-            self._in_views = [(t, self.io_region.view(p, t.shape, np.float32)) for (t, _), p in zip(self._inputs, layout)]
-            self._out_views = [(t, self.io_region.view(p, t.shape, np.float32)) for (t, _), p in zip(self._outputs, layout[nin:])]
+            self._in_views = [(t, self.io_region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self._inputs, layout)]
+            self._out_views = [(t, self.io_region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self._outputs, layout[nin:])]
             self._copies_in = [vk.VkBufferCopy(srcOffset=p, dstOffset=off, size=t.nbytes)
                                for (t, off), p in zip(self._inputs, layout) if t.nbytes]
             self._copies_out = [vk.VkBufferCopy(srcOffset=off, dstOffset=p, size=t.nbytes)
                                 for (t, off), p in zip(self._outputs, layout[nin:]) if t.nbytes]
         else:
             self.io_region = self.act_region
-            self._in_views = [(t, self.act_region.view(off, t.shape, np.float32)) for t, off in self._inputs]
-            self._out_views = [(t, self.act_region.view(off, t.shape, np.float32)) for t, off in self._outputs]
+            self._in_views = [(t, self.act_region.view(off, t.shape, t.dtype)) for t, off in self._inputs]
+            self._out_views = [(t, self.act_region.view(off, t.shape, t.dtype)) for t, off in self._outputs]
 
     def _record(self, bound: Sequence[_Bound], io_staging: bool) -> None:
         dev = self.device
@@ -521,8 +533,8 @@ class VulkanModel:
                 a = np.asarray(feeds[t.name])
                 if tuple(a.shape) != tuple(t.shape):
                     raise InputError(f"input {t.name!r}: expected shape {tuple(t.shape)}, got {tuple(a.shape)}")
-                if a.dtype != np.float32:
-                    raise InputError(f"input {t.name!r}: expected dtype float32, got {a.dtype}")
+                if a.dtype != t.dtype:
+                    raise InputError(f"input {t.name!r}: expected dtype {np.dtype(t.dtype)}, got {a.dtype}")
                 np.copyto(view, a)
             if not self.io_region.coherent:
                 dev.flush(self.io_region)

@@ -97,17 +97,27 @@ class Caps:
 
 class VulkanKernel(Kernel):
     backend: ClassVar[str] = "vulkan"
+    #: dtypes this kernel reads or writes in device buffers (tensors are float32 unless a kernel says
+    #: otherwise: int64 is stored as 8 bytes and written as (low word, 0); bool as one byte)
+    io_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {k: np.ascontiguousarray(v, dtype=np.float32) if np.issubdtype(v.dtype, np.floating) else
-                np.ascontiguousarray(v, dtype=np.int32) for k, v in raw.items()}
+        """Default: float constants as float32, bool as bytes, other integers as int32."""
+        def conv(v: np.ndarray) -> np.ndarray:
+            if np.issubdtype(v.dtype, np.floating):
+                return np.ascontiguousarray(v, dtype=np.float32)
+            if v.dtype == np.bool_:
+                return np.ascontiguousarray(v).view(np.uint8)
+            return np.ascontiguousarray(v, dtype=np.int32)
+        return {k: conv(v) for k, v in raw.items()}
 
     def transformed_nbytes(self, layer: Layer) -> int:
         # default transform: every constant becomes a 4-byte float32/int32 array
         return sum(4 * layer.inputs[k].size for k in layer.const_inputs if layer.inputs[k] is not None)
 
-    def device_priority(self, caps: Caps) -> int:
-        """``priority`` on this kind of device (the executor's default pick is the lowest that applies)."""
+    def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
+        """``priority`` on this kind of device for this layer (the executor's default pick is the lowest
+        that applies)."""
         return self.priority
 
     def workspace_parts(self, layer: Layer) -> dict[str, int]:
@@ -205,3 +215,20 @@ def broadcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> list[in
     shape = [1] * (len(out_shape) - len(shape)) + list(shape)
     st = contiguous_strides(shape)
     return [0 if s == 1 and o != 1 else st[d] for d, (s, o) in enumerate(zip(shape, out_shape))]
+
+
+#: Workgroups a split-K GEMM aims for: enough to fill a large GPU (132 SMs on an H100) twice.
+SPLIT_TARGET = 256
+
+
+def split_k(tiles: int, k: int, min_chunk: int = 128, max_splits: int = 32) -> tuple[int, int]:
+    """(splits, K per split) so that ``tiles`` output tiles times the splits approach SPLIT_TARGET
+    workgroups; (1, k) when the GEMM already has enough tiles or too short a K to split."""
+    if tiles >= SPLIT_TARGET or k < 2 * min_chunk:
+        return 1, k
+    s = min(-(-SPLIT_TARGET // tiles), k // min_chunk, max_splits)
+    if s <= 1:
+        return 1, k
+    kc = -(-k // s)
+    kc = -(-kc // 16) * 16  # whole K tiles per split
+    return -(-k // kc), kc
