@@ -13,9 +13,16 @@ SUDO=""
 APT_PKGS=(python3 python3-venv python3-dev gcc pkg-config libsystemd-dev mesa-vulkan-drivers libvulkan1
           vulkan-tools glslang-tools vulkan-validationlayers systemd)
 
+# The test suite also checks the native C on the other architecture (cross compiler + qemu user mode).
+if [ "$(uname -m)" = "x86_64" ]; then
+  TEST_APT_PKGS=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+else
+  TEST_APT_PKGS=()
+fi
+
 install_system() {
   local missing=()
-  for p in "${APT_PKGS[@]}"; do
+  for p in "${APT_PKGS[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -50,7 +57,7 @@ case "$cmd" in
     exec "$VENV/bin/inferd" demo "$@"
     ;;
   test)
-    install_system; install_python
+    install_system "${TEST_APT_PKGS[@]}"; install_python
     exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
     ;;
   *)

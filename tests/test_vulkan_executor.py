@@ -206,12 +206,20 @@ def test_staging_path_when_memory_is_not_host_visible(tmp_cache: Path) -> None:
 
 
 def test_unsupported_op_fails_at_load_naming_it(device: Any) -> None:
+    from inferd.ops.base import single_node_layer
     from inferd.vulkan.executor import VulkanModel
-    info = {"x": TensorInfo("x", (3, 4), np.dtype(F32)), "y": TensorInfo("y", (3, 1), np.dtype(np.int64))}
-    g = Graph("argmax", [Node("am", "ArgMax", ["x"], ["y"], {"axis": 1})], [info["x"]], [info["y"]], {}, info)
+    from inferd.vulkan.testing import graph_of_layer
+    # a 3-D convolution: the op exists, no Vulkan kernel applies (no silent CPU fallback)
+    ins = [RNG.standard_normal((1, 2, 4, 4, 4)).astype(F32), _w(3, 2, 3, 3, 3)]
+    layer = single_node_layer("Conv", ins, {}, name="conv3d")
     with pytest.raises(UnsupportedOpError) as ei:
+        VulkanModel(graph_of_layer(layer, ins), device)
+    assert "Conv" in str(ei.value) and "conv3d" in str(ei.value)
+    # an operator nobody implements
+    info = {"x": TensorInfo("x", (3, 4), np.dtype(F32)), "y": TensorInfo("y", (3, 4), np.dtype(F32))}
+    g = Graph("foo", [Node("weird", "FooBar", ["x"], ["y"])], [info["x"]], [info["y"]], {}, info)
+    with pytest.raises(UnsupportedOpError, match="FooBar.*weird"):
         VulkanModel(g, device)
-    assert "ArgMax" in str(ei.value) and "am" in str(ei.value)
 
 
 def test_forced_kernel_that_does_not_apply_is_an_error(device: Any) -> None:
@@ -310,3 +318,20 @@ def test_spirv_cache_on_disk_manifest_and_corruption(tmp_path: Path) -> None:
     assert c3.compiled == 1  # the corrupt entry was detected by its checksum and rebuilt
     conv = c3.get("conv_dw", {})
     assert [s.name for s in conv.manifest.spec] == ["KH", "KW", "SH", "SW", "DH", "DW"]
+
+
+def test_bool_and_int64_tensors_flow_through_a_graph(device: Any) -> None:
+    """Greater -> Where (a bool intermediate) and ArgMax (an int64 graph output)."""
+    from inferd.vulkan.executor import VulkanModel
+    f, b, i8 = np.dtype(F32), np.dtype(np.bool_), np.dtype(np.int64)
+    info = {"x": TensorInfo("x", (3, 7), f), "y": TensorInfo("y", (3, 7), f), "c": TensorInfo("c", (3, 7), b),
+            "m": TensorInfo("m", (3, 7), f), "a": TensorInfo("a", (3,), i8)}
+    nodes = [Node("gt", "Greater", ["x", "y"], ["c"]), Node("wh", "Where", ["c", "x", "y"], ["m"]),
+             Node("am", "ArgMax", ["m"], ["a"], {"axis": 1, "keepdims": 0})]
+    g = Graph("mix", nodes, [info["x"], info["y"]], [info["m"], info["a"], info["c"]], {}, info)
+    x, y = RNG.standard_normal((3, 7)).astype(F32), RNG.standard_normal((3, 7)).astype(F32)
+    with VulkanModel(g, device) as m:
+        out = m.run({"x": x, "y": y})
+    assert np.array_equal(out["c"], x > y) and out["c"].dtype == np.bool_
+    assert np.array_equal(out["m"], np.maximum(x, y))
+    assert out["a"].dtype == np.int64 and np.array_equal(out["a"], np.argmax(np.maximum(x, y), axis=1))

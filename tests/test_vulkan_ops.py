@@ -144,6 +144,17 @@ case("nary_sum3", "Sum", [r(3, 8), r(8), r(3, 1)], const=[False, False, False], 
 case("nary_mean3", "Mean", [r(3, 8), r(3, 8), r(8)], const=[False, False, True], kernel="vk_nary")
 case("nary_min3", "Min", [r(3, 8), r(3, 8), r(3, 8)], const=[False, False, False], kernel="vk_nary")
 
+# comparisons (bool outputs), Where (bool condition), ArgMax/ArgMin (int64 outputs)
+_cmp_a = np.round(r(3, 1, 7) * 2) / 2
+_cmp_b = np.round(r(5, 1) * 2) / 2  # ties on purpose (values on a 0.5 grid)
+for op in ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"):
+    case(f"compare_{op}", op, [_cmp_a, _cmp_b], const=[False, False], kernel="vk_compare")
+case("where_dyn_cond", "Where", [r(3, 1, 5) > 0, r(1, 4, 5), r(3, 4, 1)], const=[False, False, False], kernel="vk_where")
+case("where_const_cond", "Where", [r(4, 5) > 0.3, r(4, 5), np.float32(-1.0)], const=[True, False, True], kernel="vk_where")
+case("argmax_axis1", "ArgMax", [r(2, 9, 5)], {"axis": 1, "keepdims": 1}, kernel="vk_argmax")
+case("argmin_last_nokeep", "ArgMin", [np.round(r(3, 8)) ], {"axis": -1, "keepdims": 0, "select_last_index": 1},
+     kernel="vk_argmax")
+
 # --- normalisation, pooling, reductions, softmax
 case("bn", "BatchNormalization", [r(2, 5, 3, 4), r(5), r(5), r(5), r(5, lo=0.1)], {"epsilon": 1e-3}, kernel="vk_affine")
 case("layernorm", "LayerNormalization", [r(2, 7, 33), r(33), r(33)], {"axis": -1, "epsilon": 1e-5}, kernel="vk_norm")
@@ -248,6 +259,9 @@ def test_kernel_matches_reference(device: Any, cid: str, op: str, ins: list, att
         assert stats["kernels"] == {"n0": "alias"} and stats["dispatches"] == 0
     assert len(got) == len(ref)
     for g, rf in zip(got, ref):
-        assert g.shape == rf.shape
+        assert g.shape == rf.shape and g.dtype == rf.dtype, (g.shape, g.dtype, rf.shape, rf.dtype)
+        if rf.dtype != np.float32:  # bool / int64 outputs must be exact
+            assert np.array_equal(g, rf), f"{cid}: {g} != {rf}"
+            continue
         err = rel_err(g, rf)
         assert err <= TOL, f"{cid}: relative error {err:.3g} > {TOL}"

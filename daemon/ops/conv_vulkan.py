@@ -11,10 +11,17 @@ Conv kernels, in default order (``priority``, mirroring the CPU kernels):
   into workspace V, one batched GEMM (``matmul.comp``, A*A batches) into workspace M, output
   transform with bias/residual/activation.
 * ``vk_gemm`` (40): any groups/strides/dilations/pads: implicit GEMM with shared-memory tiles
-  (``conv_gemm.comp``); weights re-laid out as (G, Cin/G*KH*KW, Cout/G).
+  (``conv_gemm.comp``); weights re-laid out as (G, Cin/G*KH*KW, Cout/G). When the output has few
+  64x64 tiles (7x7 maps) the K range is split over workgroups (partial sums in a workspace, then
+  ``splitk_reduce.comp`` with the epilogue) so a large GPU is filled.
+* ``vk_gemm_reg`` (45) / ``vk_conv1x1_reg`` (15): the same GEMMs with 4x4 register blocks and no
+  shared memory; the defaults on CPU-type devices (lavapipe, where barriers are coroutine switches).
 * ``vk_direct`` (90): the reference, one invocation per output (``conv_direct.comp``).
 
-ConvTranspose: ``vk_direct`` (90), a gather formulation (``deconv.comp``).
+On GPUs Winograd yields to ``vk_gemm`` when the map has fewer than 64 tiles (``device_priority``).
+
+ConvTranspose: ``vk_direct`` (90), a gather formulation (``deconv.comp``; kernel/stride/dilation as
+specialization constants).
 
 Every kernel takes the optional bias (a zero bias is bound when absent), the fused residual (the
 node's last input) and the fused activation.

@@ -151,3 +151,53 @@ class VkNary(VulkanKernel):
         if layer.op == "Mean" and len(ks) > 1:
             d.append(unary_dispatch(layer, Out(0), Out(0), n, caps, 26, alpha=1.0 / len(ks)))
         return d
+
+
+CMPS = {"Equal": 0, "Less": 1, "Greater": 2, "LessOrEqual": 3, "GreaterOrEqual": 4}
+
+
+def _floats(layer: Layer, ks: tuple[int, ...]) -> bool:
+    return all(layer.inputs[k] is not None and np.dtype(layer.inputs[k].dtype) == np.float32 for k in ks)  # type: ignore[union-attr]
+
+
+@register_kernel
+class VkCompare(VulkanKernel):
+    """Comparisons of float tensors to a bool tensor (``compare.comp``, four outputs per invocation)."""
+
+    name = "vk_compare"
+    ops = tuple(CMPS)
+    io_dtypes = ("float32", "bool")
+
+    def applies(self, layer: Layer) -> bool:
+        return _floats(layer, (0, 1)) and _rank_ok([layer.in_shape(0), layer.in_shape(1)], layer.out_shape())
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        out = layer.out_shape()
+        sa = broadcast_strides(layer.in_shape(0), out)
+        sb = broadcast_strides(layer.in_shape(1), out)
+        dims, (sa, sb, _) = collapse(out, sa, sb, contiguous_strides(out))
+        n = layer.outputs[0].size
+        return [Dispatch("compare", (In(0), In(1), Out(0)), grid(-(-n // 4), LOCAL, caps), {"CMP": CMPS[layer.op]},
+                         push={"n": n, "rank": len(dims), "dims": dims, "sa": sa, "sb": sb})]
+
+
+@register_kernel
+class VkWhere(VulkanKernel):
+    """Where(cond, a, b) for float a/b with broadcasting; cond a bool tensor (computed or constant)."""
+
+    name = "vk_where"
+    ops = ("Where",)
+    io_dtypes = ("float32", "bool")
+
+    def applies(self, layer: Layer) -> bool:
+        c = layer.inputs[0]
+        return (c is not None and np.dtype(c.dtype) == np.bool_ and _floats(layer, (1, 2))
+                and _rank_ok([layer.in_shape(k) for k in range(3)], layer.out_shape()))
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        out = layer.out_shape()
+        sts = [broadcast_strides(layer.in_shape(k), out) for k in range(3)]
+        dims, (sc, sa, sb, _) = collapse(out, *sts, contiguous_strides(out))
+        n = layer.outputs[0].size
+        return [Dispatch("where", (In(0), In(1), In(2), Out(0)), grid(n, LOCAL, caps),
+                         push={"n": n, "rank": len(dims), "dims": dims, "sc": sc, "sa": sa, "sb": sb})]

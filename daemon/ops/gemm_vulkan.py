@@ -1,8 +1,11 @@
 """Vulkan kernels for Gemm and MatMul (batched, broadcast), with bias, fused residual and activation.
 
 ``vk_matmul`` (priority 10): ``matmul.comp`` (64x64 shared-memory tiles, operands read through
-strides so transposes cost nothing), or ``gemv.comp`` when there are at most 4 rows and no batch
-(fully connected layers at batch 1: one invocation per output column, B read row-contiguously).
+strides so transposes cost nothing; split-K over workgroups plus ``splitk_reduce.comp`` when there
+are few output tiles), or ``gemv.comp`` when there are at most 4 rows and no batch (fully connected
+layers at batch 1: one invocation per output column, B read row-contiguously).
+``vk_matmul_reg`` (15): the same with 4x4 register blocks and no shared memory (default on CPU-type
+devices). ``vk_gemv_nk`` (4): Gemm transB=1 with at most 4 rows, weights used as stored ([N, K]).
 
 Constant B (the weights) is stored (K, N) row-major. Weights larger than MAX_BINDING_BYTES (2^27,
 the smallest maxStorageBufferRange a device may have; vgg16's fc6 is 411 MB) are stored in column

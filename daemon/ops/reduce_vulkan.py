@@ -101,3 +101,26 @@ class VkSoftmax(VulkanKernel):
         return [Dispatch("softmax", (In(0), Out(0)), grid(outer, 1, caps) if rows else grid(outer * inner, 256, caps),
                          {"LOG": int(layer.op == "LogSoftmax"), "ROWS": int(rows)},
                          push={"outer": outer, "L": length, "inner": inner})]
+
+
+@register_kernel
+class VkArgMax(VulkanKernel):
+    """ArgMax/ArgMin of a float tensor along one axis, to int64 (``argmax.comp``)."""
+
+    name = "vk_argmax"
+    ops = ("ArgMax", "ArgMin")
+    priority = 10
+    io_dtypes = ("float32", "int64")
+
+    def applies(self, layer: Layer) -> bool:
+        return layer.inputs[0] is not None and np.dtype(layer.inputs[0].dtype) == np.float32
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        shape = tuple(layer.in_shape(0))
+        axis = int(layer.attr("axis", 0))
+        axis = axis + len(shape) if axis < 0 else axis
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+        return [Dispatch("argmax", (In(0), Out(0)), grid(outer * inner, 256, caps),
+                         {"MINIMUM": int(layer.op == "ArgMin"), "LAST": int(layer.attr("select_last_index", 0))},
+                         push={"outer": outer, "R": shape[axis], "inner": inner})]

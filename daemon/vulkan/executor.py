@@ -32,7 +32,8 @@ import numpy as np
 from ..errors import BackendError, InputError, KernelError, UnsupportedOpError
 from ..ir import Graph, Node, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key
-from ..planner.memory import Buffer, MemoryPlan, align_up, graph_buffers, pack
+from ..planner.memory import align_up
+from .arena import plan_arena, workspace_name
 from .device import Region, VulkanDevice, get_device, vk
 from .kernel import ALIGN, Caps, Dispatch, Ref, VulkanKernel
 from .shaders import ShaderCache, norm_defines
@@ -41,8 +42,6 @@ log = logging.getLogger("inferd.vulkan.executor")
 
 #: Ops whose outputs depend only on static shapes: folded at load even with dynamic inputs.
 _SHAPE_OPS = ("Shape", "Size")
-#: Largest weights allocation (several are made when the weights exceed it).
-_WEIGHT_CHUNK = 1 << 30
 
 
 def _import_kernels() -> None:
@@ -234,21 +233,12 @@ class VulkanModel:
         t = T()
         dev = self.device
         a_align = max(64, dev.caps.min_storage_align)
-        bufs, aliases = graph_buffers(pg)
-        for i, s in enumerate(steps):
-            if s is not None:
-                ws = s.kernel.workspace_nbytes(s.layer)
-                if ws:
-                    bufs.append(Buffer(f"{s.layer.name}#ws", ws, i, i))
-        offsets, total = pack(bufs, a_align)
-        self.plan = MemoryPlan(offsets, {b.name: b.size for b in bufs}, total, a_align, aliases)
-        # weights: bump placement into chunks, only arrays some dispatch binds (kernels also keep
-        # host-side values such as axes or pads in their params)
-        wplace: dict[tuple[int, str], tuple[int, int]] = {}  # (step, key) -> (chunk, offset)
-        chunk_sizes: list[int] = [0]
+        workspaces = [(i, s.layer.name, s.kernel.workspace_nbytes(s.layer)) for i, s in enumerate(steps) if s is not None]
+        params = []
         for i, s in enumerate(steps):
             if s is None:
                 continue
+            # only arrays some dispatch binds (kernels also keep host-side values such as axes in params)
             bound_keys = set()
             for d in s.dispatches:
                 for ref in d.bindings:
@@ -257,17 +247,15 @@ class VulkanModel:
                     elif ref.kind == "in" and isinstance(ref.key, int) and ref.key < len(s.layer.node.inputs) \
                             and s.layer.node.inputs[ref.key] in consts:
                         bound_keys.add(raw_key(ref.key))
-            for key, arr in s.params.items():
-                if key not in bound_keys:
-                    continue
-                n = align_up(max(arr.nbytes, 4), ALIGN)
-                if chunk_sizes[-1] and chunk_sizes[-1] + n > _WEIGHT_CHUNK:
-                    chunk_sizes.append(0)
-                wplace[(i, key)] = (len(chunk_sizes) - 1, chunk_sizes[-1])
-                chunk_sizes[-1] += n
+            params += [(i, key, arr.nbytes) for key, arr in s.params.items() if key in bound_keys]
+        self.arena = plan_arena(pg, workspaces, params, a_align)
+        self.plan = self.arena.activations
+        total = self.plan.total
+        wplace = self.arena.weights
+        chunk_sizes = list(self.arena.weight_chunks)
         self.act_region = dev.allocate_region(max(total, 256), "activations")
         self._regions.append(self.act_region)
-        self.weight_regions = [dev.allocate_region(n, f"weights{k}") for k, n in enumerate(chunk_sizes) if n]
+        self.weight_regions = [dev.allocate_region(n, f"weights{k}") for k, n in enumerate(chunk_sizes)]
         self._regions += self.weight_regions
         io_staging = self.act_region.mapped is None
         st["alloc_s"] = T() - t
@@ -334,7 +322,7 @@ class VulkanModel:
             parts = s.kernel.workspace_parts(s.layer)
             if ref.key not in parts:
                 raise BackendError(f"{where}: binding {ref} names no workspace part (has {sorted(parts)})")
-            off = self.plan.offsets[f"{s.layer.name}#ws"]
+            off = self.plan.offsets[workspace_name(s.layer.name)]
             for name, n in parts.items():
                 if name == ref.key:
                     size = n
