@@ -1,5 +1,21 @@
 """Build glue: package discovery under the fixed layout and the native (cffi) extension."""
+import shutil
+from pathlib import Path
+
 from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class BuildWithShaders(build_py):
+    """Ship the top-level shaders/ inside the package (inferd/_shaders) for non-editable installs."""
+
+    def run(self) -> None:
+        super().run()
+        dst = Path(self.build_lib) / "inferd" / "_shaders"
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in Path("shaders").iterdir():
+            if f.suffix in (".comp", ".glsl"):
+                shutil.copy2(f, dst / f.name)
 
 
 def _packages() -> list[str]:
@@ -17,4 +33,5 @@ def _packages() -> list[str]:
 setup(
     packages=_packages(),
     cffi_modules=["native/build_native.py:ffibuilder"],
+    cmdclass={"build_py": BuildWithShaders},
 )

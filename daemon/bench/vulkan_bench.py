@@ -1,0 +1,225 @@
+"""inferd's Vulkan backend vs ncnn's Vulkan backend on the same device, in one run.
+
+For each model: warm latency, and cold latency = model load + first inference with the Vulkan
+device already created, in a fresh process, the model files evicted from the page cache:
+  * inferd with empty caches (SPIR-V cache, VkPipelineCache, driver shader cache all empty),
+  * inferd with filled caches (a second process after the first filled them),
+  * ncnn with an empty and with a filled driver shader cache (the ``ncnn`` wheel keeps no
+    pipeline cache of its own), fp16 off so both run fp32.
+The driver's own disk cache is pointed into a fresh folder per configuration
+(``__GL_SHADER_DISK_CACHE_PATH`` on NVIDIA, ``MESA_SHADER_CACHE_DIR`` on Mesa).
+ncnn models are converted from the same ONNX files with ``pnnx`` (``$INFERD_PNNX`` or on PATH).
+
+    inferd bench vulkan [--models resnet50,mobilenetv2] [--out bench/results] [--tag NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .common import drop_page_cache, machine_info, write_results
+
+_INFERD_CHILD = r'''
+import json, sys, time, numpy as np
+import inferd.ops
+from inferd.frontend import import_model
+from inferd.vulkan.device import VulkanDevice, VulkanConfig
+from inferd.vulkan.executor import VulkanModel
+path, cache, nwarm, ref = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+dev = VulkanDevice(VulkanConfig(cache_dir=cache))
+x = np.load(ref)["x"]
+t = time.perf_counter()
+g = import_model(path)
+m = VulkanModel(g, dev)
+out = m.run({g.inputs[0].name: x})
+cold = time.perf_counter() - t
+ws = []
+for _ in range(nwarm):
+    t = time.perf_counter(); m.run({g.inputs[0].name: x}); ws.append(time.perf_counter() - t)
+y = list(out.values())[0]
+r = np.load(ref)["y"]
+res = {"cold_ms": cold * 1e3, "warm_ms": 1e3 * float(np.median(ws)) if ws else None,
+       "rel_err": float(np.abs(y - r).max() / np.abs(r).max()), "device": dev.name,
+       "load_stats": {k: v for k, v in m.load_stats.items() if isinstance(v, (int, float, str))},
+       "pipeline_cache": dev.pipeline_cache.status}
+m.close(); dev.close()
+print("RESULT " + json.dumps(res))
+'''
+
+_NCNN_CHILD = r'''
+import json, sys, time, numpy as np
+import ncnn
+param, binf, nwarm, ref = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+ncnn.create_gpu_instance()
+dev_name = ncnn.get_gpu_device(0).info().device_name() if hasattr(ncnn, "get_gpu_device") else "?"
+x = np.load(ref)["x"][0]
+t = time.perf_counter()
+net = ncnn.Net()
+net.opt.use_vulkan_compute = True
+net.opt.use_fp16_packed = False; net.opt.use_fp16_storage = False; net.opt.use_fp16_arithmetic = False
+net.load_param(param); net.load_model(binf)
+def run():
+    ex = net.create_extractor()
+    ex.input("in0", ncnn.Mat(x))
+    _, out = ex.extract("out0")
+    return np.array(out)
+y = run()
+cold = time.perf_counter() - t
+ws = []
+for _ in range(nwarm):
+    t = time.perf_counter(); run(); ws.append(time.perf_counter() - t)
+r = np.load(ref)["y"].reshape(-1)
+res = {"cold_ms": cold * 1e3, "warm_ms": 1e3 * float(np.median(ws)) if ws else None,
+       "rel_err": float(np.abs(y.reshape(-1) - r).max() / np.abs(r).max()), "device": str(dev_name)}
+del net
+ncnn.destroy_gpu_instance()
+print("RESULT " + json.dumps(res))
+'''
+
+
+def _child(code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=900)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        return {"error": (r.stderr or r.stdout)[-3000:]}
+    return json.loads(lines[-1][7:])
+
+
+def _driver_cache_env(folder: Path) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return dict(os.environ, __GL_SHADER_DISK_CACHE="1", __GL_SHADER_DISK_CACHE_PATH=str(folder),
+                __GL_SHADER_DISK_CACHE_SKIP_CLEANUP="1", MESA_SHADER_CACHE_DIR=str(folder))
+
+
+def _pnnx() -> str | None:
+    """The standalone pnnx binary (the wheel's ``pnnx`` script on PATH imports torch; the binary does not)."""
+    exe = os.environ.get("INFERD_PNNX")
+    if exe:
+        return exe
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("pnnx")
+        if spec and spec.origin:
+            cand = Path(spec.origin).parent / "pnnx"
+            if cand.is_file():
+                return str(cand)
+    except Exception:
+        pass
+    return shutil.which("pnnx")
+
+
+def convert_ncnn(onnx_path: Path, shape: tuple[int, ...], work: Path) -> tuple[Path, Path]:
+    exe = _pnnx()
+    if exe is None:
+        raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
+    work.mkdir(parents=True, exist_ok=True)
+    dst = work / onnx_path.name
+    shutil.copy(onnx_path, dst)
+    r = subprocess.run([exe, dst.name, f"inputshape=[{','.join(map(str, shape))}]", "fp16=0"], cwd=work,
+                       capture_output=True, text=True, timeout=900)
+    param, binf = work / (dst.stem + ".ncnn.param"), work / (dst.stem + ".ncnn.bin")
+    if not param.is_file():
+        raise RuntimeError(f"pnnx failed on {onnx_path.name}: {r.stderr[-2000:]}")
+    return param, binf
+
+
+def bench_model(name: str, onnx_path: Path, work: Path, nwarm: int, with_ncnn: bool) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime as ort
+
+    from ..frontend import import_model
+
+    inp = import_model(onnx_path).inputs[0]
+    shape = inp.shape
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    y = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"]).run(None, {inp.name: x})[0]
+    ref = work / f"{name}_ref.npz"
+    np.savez(ref, x=x, y=y)
+    res: dict[str, Any] = {}
+    cache = work / f"{name}_inferd_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    drv = work / f"{name}_drv_inferd"
+    shutil.rmtree(drv, ignore_errors=True)
+    env = _driver_cache_env(drv)
+    drop_page_cache(onnx_path)
+    res["inferd_empty"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), str(nwarm), str(ref)], env)
+    drop_page_cache(onnx_path)
+    res["inferd_filled"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref)], env)
+    if with_ncnn:
+        try:
+            param, binf = convert_ncnn(onnx_path, shape, work / f"{name}_ncnn")
+            drv = work / f"{name}_drv_ncnn"
+            shutil.rmtree(drv, ignore_errors=True)
+            env = _driver_cache_env(drv)
+            for tag, n in (("ncnn_empty", nwarm), ("ncnn_filled", 0)):
+                drop_page_cache(param)
+                drop_page_cache(binf)
+                res[tag] = _child(_NCNN_CHILD, [str(param), str(binf), str(n), str(ref)], env)
+        except Exception as e:  # report, don't hide: the table shows the error
+            res["ncnn_error"] = str(e)
+    return res
+
+
+def _ratio(a: Any, b: Any) -> float:
+    try:
+        return float(a) / float(b)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="inferd bench vulkan", description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="resnet50,mobilenetv2")
+    p.add_argument("--warm", type=int, default=50)
+    p.add_argument("--no-ncnn", action="store_true")
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--tag", default="")
+    p.add_argument("--work", default=None)
+    args = p.parse_args(argv)
+    from ..zoo import write_zoo
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="inferd-vkbench-"))
+    names = [n for n in args.models.split(",") if n]
+    paths = write_zoo(work / "zoo", names)
+    results = {}
+    for n in names:
+        results[n] = r = bench_model(n, Path(paths[n]), work, args.warm, not args.no_ncnn)
+        print(n, json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "load_stats"} if isinstance(v, dict) else v)
+                             for k, v in r.items()}), flush=True)
+    dev = next((v.get("device") for r in results.values() for v in r.values() if isinstance(v, dict) and v.get("device")), "?")
+    data = {"machine": machine_info(), "vulkan_device": dev, "models": results}
+    try:
+        import ncnn
+        data["ncnn"] = getattr(ncnn, "__version__", "?")
+    except Exception:
+        data["ncnn"] = None
+    lines = [f"# inferd Vulkan vs ncnn Vulkan on {dev}", "",
+             f"Date {data['machine']['date']}; host CPU {data['machine']['cpu']}; ncnn {data['ncnn']} (fp16 off). "
+             "Cold = load + first inference, device already created, fresh process, model files evicted from the "
+             "page cache; 'empty'/'filled' = state of the caches (inferd: SPIR-V + VkPipelineCache + driver cache; "
+             "ncnn: driver cache only, the wheel keeps no pipeline cache).", "",
+             "| model | inferd warm ms | ncnn warm ms | warm ratio | inferd cold empty ms | inferd cold filled ms | "
+             "ncnn cold empty ms | ncnn cold filled ms | cold filled / ncnn empty | cold filled / ncnn filled | "
+             "inferd err | ncnn err |", "|---|" + "---:|" * 11]
+    for n, r in results.items():
+        ie, iF = r.get("inferd_empty", {}), r.get("inferd_filled", {})
+        ne, nF = r.get("ncnn_empty", {}), r.get("ncnn_filled", {})
+        f = lambda d, k: (f"{d[k]:.2f}" if isinstance(d.get(k), (int, float)) else "n/a")  # noqa: E731
+        e = lambda d: (f"{d['rel_err']:.1e}" if isinstance(d.get("rel_err"), float) else "n/a")  # noqa: E731
+        lines.append(f"| {n} | {f(ie, 'warm_ms')} | {f(ne, 'warm_ms')} | {_ratio(ie.get('warm_ms'), ne.get('warm_ms')):.2f} | "
+                     f"{f(ie, 'cold_ms')} | {f(iF, 'cold_ms')} | {f(ne, 'cold_ms')} | {f(nF, 'cold_ms')} | "
+                     f"{_ratio(iF.get('cold_ms'), ne.get('cold_ms')):.3f} | {_ratio(iF.get('cold_ms'), nF.get('cold_ms')):.3f} | "
+                     f"{e(ie)} | {e(ne)} |")
+    stem = "vulkan_" + (args.tag or str(dev).lower().replace(" ", "_").replace("/", "_")[:40])
+    jp, mp = write_results(args.out, stem, data, "\n".join(lines) + "\n")
+    print(f"wrote {jp} and {mp}")
+    return 0
