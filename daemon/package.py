@@ -144,3 +144,40 @@ def load_package(pkg: Path, device: str = "cpu", batch: int = 1,
                 if ents:
                     params[layer.name] = {e.tensor: store.read(e) for e in ents}
     return graph, params
+
+
+def package_key(src: Path, batch: int, device: str) -> str:
+    """Cache key of a compiled package: the source file's identity (path, size, mtime) and the options.
+
+    Stat-based like ccache's direct mode, so a cold load does not hash the whole model; the plan
+    still records the model's sha256, and an edited file gets a new mtime, hence a new package.
+    """
+    st = src.stat()
+    ident = f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}|{batch}|{device}|{__version__}|{PLAN_VERSION}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
+                   device: str = "cpu") -> Path:
+    """The compiled package of ``src`` under ``cache_root``, compiled now if missing or unreadable.
+
+    A damaged or stale package is a cache miss with a warning: it is rebuilt, never trusted.
+    """
+    src = Path(src)
+    root = Path(cache_root)
+    pkg = root / f"{src.stem}-{package_key(src, batch, device)}"
+    if (pkg / "plan.bin").is_file():
+        try:
+            read_plan(pkg / "plan.bin")
+            return pkg
+        except WeightsStoreError as e:
+            log.warning("compiled package %s is unusable (%s); recompiling", pkg, e)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{pkg.name}.tmp{os.getpid()}"
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    compile_model(src, tmp, device=device, batch=batch, transformed=(device == "cpu"))
+    shutil.rmtree(pkg, ignore_errors=True)
+    os.replace(tmp, pkg)
+    return pkg

@@ -44,7 +44,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Min", "Max",
     "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
     "Concat", "Split", "Slice", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Gather", "Expand",
-    "Shape", "Cast", "Constant", "ConstantOfShape", "Identity", "Dropout", "Softmax", "LogSoftmax",
+    "Shape", "Size", "Cast", "Constant", "ConstantOfShape", "Identity", "Dropout", "Softmax", "LogSoftmax",
     "ReduceMean", "ReduceSum", "ReduceMax", "Resize", "Upsample", "Pad",
     # registered beyond the issue's list (shape-computation and comparison ops models carry along)
     "ArgMax", "ArgMin", "CastLike", "Ceil", "Floor", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual",
@@ -61,8 +61,6 @@ R_F16_RANGE = ("Range on float16/bfloat16 at opset 27: onnx.version_converter re
                "16-bit float Range is not supported")
 R_TRAIN_BN = "training-mode BatchNormalization (running-stat outputs): inference only, by design"
 R_TRAIN_DROPOUT = "training-mode Dropout (random mask): inference only, by design"
-R_LN_STATS = ("LayerNormalization Mean/InvStdDev outputs (training-only): unsupported by design "
-              "(UnsupportedOpError); every official LayerNormalization node test asks for them")
 R_ARGMAX = "MaxPool Indices output: unsupported by design (UnsupportedOpError)"
 R_NOT_TENSOR = "optional/sequence-typed graph inputs: only tensors are supported"
 R_STRING = "string tensors: not supported (numeric engine)"
@@ -75,19 +73,11 @@ R_ORT_DIFFERS = ("ONNX reference and onnxruntime disagree (align_corners with a 
                  "onnxruntime ([1, 4]), which is the project's numerical reference")
 R_F16_ROUNDING = ("float16 model through Conv+SiLU: inferd computes in float32 and rounds once, the reference rounds "
                   "every float16 step; differences reach 1.6e-3 relative, above the test's rtol 1e-3")
-BUG_CASTLIKE_F8 = ("BUG: CastLike to a float8 type ignores saturate=1 (out-of-range values become NaN instead of "
-                   "+-max finite) although Cast rejects float8 targets; CastLike should reject them too, or saturate")
-BUG_CLIP_INT = ("BUG: Clip on int8 with absent or runtime min/max crashes: np.clip with float +-inf bounds "
-                "cannot cast float64 back into the int8 output")
-BUG_DROPOUT_MASK = ("BUG: inference Dropout's mask output is never written (the executor skips alias ops, but only "
-                    "output 0 aliases the input), so the mask holds arena garbage instead of all True")
-BUG_EMPTY_REDUCE = ("BUG: ReduceMax/ReduceMin/ReduceLogSumExp over an empty axis crash (numpy max/min without "
-                    "initial=) instead of giving the identity (-inf / +inf / -inf; False for bool max)")
 
 EXCLUDE: dict[str, str] = {
     # types
     r"^test_cast_(no_saturate_)?FLOAT(16)?_to_(FLOAT8|FLOAT4E2M1|U?INT4|BFLOAT16)": R_LOWBIT,
-    r"^test_castlike_(no_saturate_)?FLOAT(16)?_to_(FLOAT8\w*|FLOAT4E2M1|U?INT4|BFLOAT16)_expanded": R_LOWBIT,
+    r"^test_castlike_(no_saturate_)?FLOAT(16)?_to_(FLOAT8\w*|FLOAT4E2M1|U?INT4|BFLOAT16)(_expanded)?_cpu$": R_LOWBIT,
     r"^test_cast(like)?_(FLOAT(16)?_to_U?INT2|U?INT2_to_)": R_INT2,
     r"^test_cast_e8m0_": R_INT2,
     r"^test_range_b?float16_type_positive_delta_cpu": R_F16_RANGE,
@@ -96,7 +86,6 @@ EXCLUDE: dict[str, str] = {
     # training-only behaviour and outputs
     r"^test_batchnorm_.*_training_mode_": R_TRAIN_BN,
     r"^test_training_dropout": R_TRAIN_DROPOUT,
-    r"^test_layer_normalization_\w+(?<!_expanded)(?<!_expanded_ver18)_cpu$": R_LN_STATS,
     r"^test_maxpool_with_argmax_": R_ARGMAX,
     # Resize variants outside the supported set
     r"^test_resize_\w*_cubic": R_RESIZE_CUBIC,
@@ -105,19 +94,10 @@ EXCLUDE: dict[str, str] = {
     r"^test_resize_tf_crop_and_resize": R_RESIZE_CROP,
     r"^test_resize_downsample_scales_linear_align_corners_": R_ORT_DIFFERS,
     r"^test_causal_conv_with_state_silu_fp16_expanded_": R_F16_ROUNDING,
-    # real defects (strict xfail until fixed)
-    r"^test_castlike_FLOAT(16)?_to_FLOAT8E[45]M[23](FNUZ|FN)?_cpu$": BUG_CASTLIKE_F8,
-    r"^test_clip_default_int8_(inbounds|max|min)_cpu$": BUG_CLIP_INT,
-    r"^test_dropout_default_mask(_ratio)?_cpu$": BUG_DROPOUT_MASK,
-    r"^test_reduce_(max|min|log_sum_exp)_empty_set(_bool)?_cpu$": BUG_EMPTY_REDUCE,
 }
 
 #: supported ops with no running official node test, and why that is acceptable
-NO_RUNNING_NODE_TEST: dict[str, str] = {
-    "LayerNormalization": "all 19 official node tests request the Mean/InvStdDev outputs (R_LN_STATS) and the "
-                          "_expanded variants need Size, which is not registered; covered by the unit tests and "
-                          "the vit_tiny zoo model",
-}
+NO_RUNNING_NODE_TEST: dict[str, str] = {}
 
 # -----------------------------------------------------------------------------------------------------
 

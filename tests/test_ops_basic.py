@@ -118,6 +118,16 @@ ELEMENTWISE = [
     P("floor", "Floor", [f32(3, 7, lo=-5, hi=5)]),
     P("ceil", "Ceil", [f32(3, 7, lo=-5, hi=5)]),
     P("equal_int", "Equal", [i64(1, 2, 3, 4), i64(1, 0, 3, 0)]),
+    # Clip on integers: absent bounds must not become float +-inf (those do not cast back to int8)
+    P("clip_int8_no_bounds", "Clip", [np.array([-128, -3, 0, 5, 127], np.int8)], opset=13),
+    P("clip_int8_min_dyn", "Clip", [np.array([-128, -3, 0, 5, 127], np.int8), np.array(-2, np.int8)], opset=13),
+    P("clip_int8_max_only_const", "Clip", [np.array([-128, -3, 0, 5, 127], np.int8), None, np.array(4, np.int8)],
+      opset=13, const=[False, False, True]),
+    P("clip_int64_both_dyn", "Clip", [i64(-9, -1, 0, 3, 12), np.array(-1, np.int64), np.array(3, np.int64)],
+      opset=13),
+    P("clip_uint8_min_gt_max", "Clip", [np.array([0, 4, 200, 255], np.uint8), np.array(100, np.uint8),
+                                        np.array(50, np.uint8)], opset=13),
+    P("clip_f32_dyn_max", "Clip", [f32(3, 4), None, np.array(0.25, np.float32)], opset=13),
     P("equal_f_bcast", "Equal", [np.array([[1, 2], [3, 4]], np.float32), np.array([1, 4], np.float32)]),
     P("less", "Less", [f32(3, 4), f32(4)]),
     P("greater", "Greater", [f32(3, 4), f32(3, 1)]),
@@ -180,6 +190,9 @@ TENSOR = [
     P("expand_smaller_rank", "Expand", [f32(2, 3), i64(1)], opset=13, const=[False, True]),
     P("expand_ones", "Expand", [f32(1, 3, 1), i64(2, 1, 5)], opset=13, const=[False, True]),
     P("shape", "Shape", [X4], opset=13),
+    P("size", "Size", [X4], opset=13),
+    P("size_scalar_int", "Size", [np.array(3, np.int32)], opset=13),
+    P("size_empty", "Size", [np.zeros((2, 0, 3), np.float32)], opset=19),
     P("shape_start", "Shape", [X4], {"start": 1}, opset=15),
     P("shape_end_neg", "Shape", [X4], {"end": -1}, opset=15),
     P("shape_start_neg_clamp", "Shape", [X4], {"start": -2, "end": 100}, opset=15),
@@ -253,6 +266,20 @@ REDUCE = [
     P("sumsquare", "ReduceSumSquare", [R4], {"axes": [1, 2]}, opset=13),
     P("logsum", "ReduceLogSum", [f32(3, 4, lo=0.1)], {"axes": [1]}, opset=13),
     P("logsumexp", "ReduceLogSumExp", [f32(3, 40, lo=-50, hi=50)], {"axes": [1]}, opset=13),
+    # reductions over an empty axis give the op's identity (onnxruntime: -inf / +inf / dtype min / max)
+    P("max_empty_f32", "ReduceMax", [np.zeros((2, 0, 4), np.float32), i64(1)], opset=18, const=[False, True]),
+    P("max_empty_all", "ReduceMax", [np.zeros((0, 3), np.float32)], {"keepdims": 0}, opset=18),
+    P("min_empty_f32", "ReduceMin", [np.zeros((2, 0, 4), np.float32), i64(1)], opset=18, const=[False, True]),
+    P("max_empty_int32", "ReduceMax", [np.zeros((0, 3), np.int32), i64(0)], opset=18, const=[False, True]),
+    P("min_empty_int64", "ReduceMin", [np.zeros((0, 3), np.int64), i64(0)], opset=18, const=[False, True]),
+    P("max_empty_int8", "ReduceMax", [np.zeros((3, 0), np.int8), i64(1)], opset=18, const=[False, True]),
+    P("min_empty_uint8", "ReduceMin", [np.zeros((3, 0), np.uint8), i64(1)], opset=18, const=[False, True]),
+    P("max_empty_f16", "ReduceMax", [np.zeros((2, 0), np.float16), i64(1)], opset=18, const=[False, True]),
+    P("logsumexp_empty", "ReduceLogSumExp", [np.zeros((2, 0, 4), np.float32), i64(1)], opset=18,
+      const=[False, True]),
+    P("max_int_neg_values", "ReduceMax", [np.array([[-7, -9], [-8, -100]], np.int32)], {"axes": [1]}, opset=13),
+    P("min_f32_inf_values", "ReduceMin", [np.array([[np.inf, 3.0], [np.inf, np.inf]], np.float32)], {"axes": [1]},
+      opset=13),
     P("softmax_op11_default", "Softmax", [f32(2, 3, 4)], opset=11),
     P("softmax_op11_axis2", "Softmax", [f32(2, 3, 4)], {"axis": 2}, opset=11),
     P("softmax_op11_axis0", "Softmax", [f32(2, 3, 4)], {"axis": 0}, opset=11),
@@ -362,6 +389,72 @@ def test_bad_shapes_raise(op: str, inputs: list, attrs: dict) -> None:
     with pytest.raises(ShapeError, match="n0"):
         base.single_node_layer(op, inputs, {**attrs, "_opset": 13}, const=[False] + [True] * (len(inputs) - 1),
                                n_outputs=n_out)
+
+
+@pytest.mark.parametrize("op,identity", [("ReduceMax", False), ("ReduceMin", True)])
+def test_reduce_empty_set_bool(op: str, identity: bool) -> None:
+    # onnxruntime refuses bool over an empty set; ONNX's node test (and the identity) say False for max
+    x = np.zeros((2, 0, 4), np.bool_)
+    node = Node("n0", op, ["x0", "x1"], ["y0"], {"_opset": 20})
+    want = np.full((2, 1, 4), identity)
+    assert_close(base.op_spec(op).reference(node, [x, i64(1)])[0], want, "reference")
+    layer = base.single_node_layer(op, [x, i64(1)], {"_opset": 20}, const=[False, True])
+    assert_close(base.run_layer(base.choose_kernel(layer), layer, [x, i64(1)])[0], want, "kernel")
+    # non-empty bool rows still reduce normally
+    xb = np.array([[True, False], [False, False]])
+    layer = base.single_node_layer(op, [xb, i64(1)], {"_opset": 20}, const=[False, True])
+    got = base.run_layer(base.choose_kernel(layer), layer, [xb, i64(1)])[0]
+    assert_close(got, np.array([[True], [False]]) if op == "ReduceMax" else np.array([[False], [False]]), "kernel")
+
+
+@pytest.mark.parametrize("act,want", [
+    (("Clip", (-np.inf, np.inf)), [-128, -3, 0, 5, 127]),
+    (("Clip", (-4.0, np.inf)), [-4, -3, 0, 5, 127]),
+    (("Clip", (-np.inf, 4.0)), [-128, -3, 0, 4, 4]),
+    (("Clip", (-1000.0, 1000.0)), [-128, -3, 0, 5, 127]),  # bounds beyond int8's range clamp, not wrap
+])
+def test_apply_act_clip_int8(act: tuple, want: list[int]) -> None:
+    x = np.array([-128, -3, 0, 5, 127], np.int8)
+    out = apply_act(x, act)
+    assert out is x and out.dtype == np.int8
+    np.testing.assert_array_equal(out, np.array(want, np.int8))
+
+
+def test_castlike_lowbit_target_rejected_like_cast() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = f32(2, 3)
+    for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.bfloat16):
+        like = np.zeros(1, dt)
+        with pytest.raises(UnsupportedOpError, match="CastLike"):
+            base.single_node_layer("CastLike", [x, like], {"_opset": 15}, const=[False, True])
+        with pytest.raises(UnsupportedOpError, match="CastLike"):
+            base.op_spec("CastLike").reference(Node("n0", "CastLike", ["x0", "x1"], ["y0"], {}), [x, like])
+
+
+def test_dropout_mask_written_by_executor() -> None:
+    # the step was skipped as an alias op, leaving the mask to whatever the arena held
+    from onnx import TensorProto, helper
+
+    from inferd.frontend import import_model
+    from inferd.runtime.cpu import CpuExecutor
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Dropout", ["r"], ["y", "mask"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4]),
+                           helper.make_tensor_value_info("mask", TensorProto.BOOL, [3, 4])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    ex = CpuExecutor(import_model(model))
+    x = f32(3, 4)
+    ex.arena.fill(0)  # a stale arena: all False
+    res = ex.run({"x": x})
+    np.testing.assert_array_equal(res["mask"], np.ones((3, 4), np.bool_))
+    np.testing.assert_array_equal(res["y"], np.maximum(x, 0))
+    # a Dropout without a mask output stays a pure view (no copy step)
+    nodes[1] = helper.make_node("Dropout", ["r"], ["y"])
+    g = helper.make_graph(nodes, "g", [g.input[0]], [g.output[0]])
+    ex = CpuExecutor(import_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])))
+    assert [s.alias for s in ex.steps] == [False, True]
+    np.testing.assert_array_equal(ex.run({"x": x})["y"], np.maximum(x, 0))
 
 
 def test_checks_reject_unsupported() -> None:

@@ -102,3 +102,37 @@ def test_corrupted_package_gives_clear_error_not_wrong_output(tmp_path):
     with pytest.raises(WeightsStoreError, match="batch"):
         compile_model(src, tmp_path / "pkg2")
         inferd.load(tmp_path / "pkg2", batch=2)
+
+
+def test_package_cache_compiles_once_then_loads_the_package(tmp_path):
+    from inferd.package import cached_package
+
+    m = conv_bn_relu_add_model(batch=1)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(m.SerializeToString())
+    cache = tmp_path / "cache"
+    x = np.random.default_rng(5).standard_normal((1, 3, 9, 11)).astype(np.float32)
+    ref = inferd.load(src).run({"x": x})["y"]
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    pkg = cached_package(src, cache)
+    stamp = (pkg / "plan.bin").stat().st_mtime_ns
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    assert (pkg / "plan.bin").stat().st_mtime_ns == stamp  # reused, not recompiled
+    # a damaged cached plan is a miss with a warning: recompiled, right answers
+    (pkg / "plan.bin").write_bytes(b"garbage")
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    assert (pkg / "plan.bin").read_bytes()[:8] == b"INFDPLAN"
+    # a damaged weights store in the cache also falls back to the ONNX file, never a wrong answer
+    store = pkg / "weights.store"
+    data = bytearray(store.read_bytes())
+    data[4096 + 2] ^= 0x40
+    store.write_bytes(bytes(data))
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    assert not pkg.exists()  # dropped, so the next load recompiles it
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    assert (pkg / "weights.store").is_file()
+    stamp = (pkg / "plan.bin").stat().st_mtime_ns
+    # editing the model makes a new package
+    src.write_bytes(m.SerializeToString() + b"")
+    os.utime(src, ns=(stamp + 10**9, stamp + 10**9))
+    assert cached_package(src, cache) != pkg

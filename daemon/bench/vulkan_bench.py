@@ -32,11 +32,15 @@ import inferd.ops
 from inferd.frontend import import_model
 from inferd.vulkan.device import VulkanDevice, VulkanConfig
 from inferd.vulkan.executor import VulkanModel
-path, cache, nwarm, ref = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+from inferd.package import cached_package, load_package
+path, cache, nwarm, ref, pkgroot = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 dev = VulkanDevice(VulkanConfig(cache_dir=cache))
 x = np.load(ref)["x"]
 t = time.perf_counter()
-g = import_model(path)
+if pkgroot:  # the daemon's path: a compiled package (plan + weights store) instead of the ONNX file
+    g, _ = load_package(cached_package(path, pkgroot, device="vulkan"), device="vulkan")
+else:
+    g = import_model(path)
 m = VulkanModel(g, dev)
 out = m.run({g.inputs[0].name: x})
 cold = time.perf_counter() - t
@@ -150,10 +154,18 @@ def bench_model(name: str, onnx_path: Path, work: Path, nwarm: int, with_ncnn: b
     drv = work / f"{name}_drv_inferd"
     shutil.rmtree(drv, ignore_errors=True)
     env = _driver_cache_env(drv)
+    pkgroot = work / f"{name}_packages"
+    shutil.rmtree(pkgroot, ignore_errors=True)
     drop_page_cache(onnx_path)
-    res["inferd_empty"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), str(nwarm), str(ref)], env)
+    res["inferd_empty"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), str(nwarm), str(ref), ""], env)
     drop_page_cache(onnx_path)
-    res["inferd_filled"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref)], env)
+    res["inferd_filled"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), ""], env)
+    # first load through the package cache compiles the package (the daemon does this once per model)
+    res["inferd_pkg_compile"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), str(pkgroot)], env)
+    for f in pkgroot.rglob("*"):
+        if f.is_file():
+            drop_page_cache(f)
+    res["inferd_pkg_filled"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), str(pkgroot)], env)
     if with_ncnn:
         try:
             param, binf = convert_ncnn(onnx_path, shape, work / f"{name}_ncnn")
@@ -207,18 +219,21 @@ def main(argv: list[str] | None = None) -> int:
              "Cold = load + first inference, device already created, fresh process, model files evicted from the "
              "page cache; 'empty'/'filled' = state of the caches (inferd: SPIR-V + VkPipelineCache + driver cache; "
              "ncnn: driver cache only, the wheel keeps no pipeline cache).", "",
+             "'pkg' = loaded from inferd's compiled package (plan + weights store; what the daemon serves "
+             "from after a model's first load) instead of the ONNX file.", "",
              "| model | inferd warm ms | ncnn warm ms | warm ratio | inferd cold empty ms | inferd cold filled ms | "
-             "ncnn cold empty ms | ncnn cold filled ms | cold filled / ncnn empty | cold filled / ncnn filled | "
-             "inferd err | ncnn err |", "|---|" + "---:|" * 11]
+             "inferd cold filled pkg ms | ncnn cold empty ms | ncnn cold filled ms | pkg filled / ncnn empty | "
+             "pkg filled / ncnn filled | onnx filled / ncnn filled | inferd err | ncnn err |", "|---|" + "---:|" * 13]
     for n, r in results.items():
         ie, iF = r.get("inferd_empty", {}), r.get("inferd_filled", {})
         ne, nF = r.get("ncnn_empty", {}), r.get("ncnn_filled", {})
         f = lambda d, k: (f"{d[k]:.2f}" if isinstance(d.get(k), (int, float)) else "n/a")  # noqa: E731
         e = lambda d: (f"{d['rel_err']:.1e}" if isinstance(d.get("rel_err"), float) else "n/a")  # noqa: E731
+        iP = r.get("inferd_pkg_filled", {})
         lines.append(f"| {n} | {f(ie, 'warm_ms')} | {f(ne, 'warm_ms')} | {_ratio(ie.get('warm_ms'), ne.get('warm_ms')):.2f} | "
-                     f"{f(ie, 'cold_ms')} | {f(iF, 'cold_ms')} | {f(ne, 'cold_ms')} | {f(nF, 'cold_ms')} | "
-                     f"{_ratio(iF.get('cold_ms'), ne.get('cold_ms')):.3f} | {_ratio(iF.get('cold_ms'), nF.get('cold_ms')):.3f} | "
-                     f"{e(ie)} | {e(ne)} |")
+                     f"{f(ie, 'cold_ms')} | {f(iF, 'cold_ms')} | {f(iP, 'cold_ms')} | {f(ne, 'cold_ms')} | {f(nF, 'cold_ms')} | "
+                     f"{_ratio(iP.get('cold_ms'), ne.get('cold_ms')):.3f} | {_ratio(iP.get('cold_ms'), nF.get('cold_ms')):.3f} | "
+                     f"{_ratio(iF.get('cold_ms'), nF.get('cold_ms')):.3f} | {e(ie)} | {e(ne)} |")
     stem = "vulkan_" + (args.tag or str(dev).lower().replace(" ", "_").replace("/", "_")[:40])
     jp, mp = write_results(args.out, stem, data, "\n".join(lines) + "\n")
     print(f"wrote {jp} and {mp}")

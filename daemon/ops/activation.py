@@ -34,7 +34,7 @@ def apply_act(x: np.ndarray, act: Act | None) -> np.ndarray:
     elif name == "LeakyRelu":
         np.multiply(x, np.where(x < 0, np.float32(p[0]), np.float32(1)).astype(x.dtype), out=x)
     elif name == "Clip":
-        np.clip(x, p[0], p[1], out=x)
+        clip_into(x, p[0], p[1])
     elif name == "Sigmoid":
         _sigmoid(x, out=x)
     elif name == "HardSigmoid":
@@ -62,6 +62,27 @@ def apply_act(x: np.ndarray, act: Act | None) -> np.ndarray:
         x[...] = y
     else:
         raise ValueError(f"unknown fused activation {name!r}")
+    return x
+
+
+def clip_into(x: np.ndarray, lo: float | np.ndarray | None, hi: float | np.ndarray | None) -> np.ndarray:
+    """Clip ``x`` in place to the scalar bounds that are present (None or an infinite bound = no bound).
+
+    Integer outputs cannot take np.clip's float +-inf bounds (they do not cast back), so there each
+    finite bound is clamped into the dtype's range, cast to it and applied on its own."""
+    if not np.issubdtype(x.dtype, np.integer):
+        np.clip(x, -np.inf if lo is None else lo, np.inf if hi is None else hi, out=x)
+        return x
+    info = np.iinfo(x.dtype)
+    for bound, f in ((lo, np.maximum), (hi, np.minimum)):
+        if bound is None:
+            continue
+        b = np.asarray(bound).reshape(-1)[0]
+        if b.dtype.kind == "f":
+            if not np.isfinite(b):
+                continue  # +-inf: no bound for integers (NaN bounds are not meaningful either)
+            b = min(max(b, info.min), info.max)
+        f(x, np.asarray(b).astype(x.dtype), out=x)
     return x
 
 
@@ -107,7 +128,7 @@ def _ref_unary(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
         # opset >= 11 passes min/max as inputs; import folds constant ones into attrs
         lo = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
         hi = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
-        return [np.clip(x, lo if lo is not None else -np.inf, hi if hi is not None else np.inf).astype(x.dtype)]
+        return [clip_into(x, lo, hi)]
     act = act_from_node(node)
     assert act is not None
     if not np.issubdtype(x.dtype, np.floating):
@@ -135,8 +156,6 @@ class ActivationKernel(Kernel):
             return
         np.copyto(out, ins[0])
         if layer.op == "Clip" and len(ins) > 1:
-            lo = ins[1] if ins[1] is not None else -np.inf
-            hi = ins[2] if len(ins) > 2 and ins[2] is not None else np.inf
-            np.clip(out, lo, hi, out=out)
+            clip_into(out, ins[1], ins[2] if len(ins) > 2 else None)
         else:
             apply_act(out, act_from_node(layer.node))

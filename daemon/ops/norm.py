@@ -28,6 +28,13 @@ def bn_scale_shift(scale: np.ndarray, B: np.ndarray, mean: np.ndarray, var: np.n
     return s, t
 
 
+def _work_dtype(w: np.ndarray) -> np.dtype:
+    """float32 weights are scaled in float32: the product of two float32 numbers is correctly rounded, so
+    only the per-channel factor's own rounding (6e-8 relative) differs from float64, and this avoids
+    a float64 copy of every weight at import (tens of ms on resnet50, on the cold path)."""
+    return np.dtype(np.float32) if w.dtype == np.float32 else np.dtype(np.float64)
+
+
 def fold_bn_into(weight: np.ndarray, bias: np.ndarray | None, scale: np.ndarray, B: np.ndarray,
                  mean: np.ndarray, var: np.ndarray, eps: float, axis: int,
                  groups: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -36,7 +43,7 @@ def fold_bn_into(weight: np.ndarray, bias: np.ndarray | None, scale: np.ndarray,
     The layer computes ``y[..., c, ...] = sum(W * x) + bias[c]`` for output channel ``c``; the BN then
     computes ``(y - mean) * scale / sqrt(var + eps) + B``. Returns ``(w, b)`` with
     ``w = W * s`` along the output-channel axis and ``b = (bias - mean) * s + B`` (``bias=None`` = 0),
-    in ``weight``'s dtype (arithmetic in float64). Inputs are not modified.
+    in ``weight``'s dtype (per-channel factors in float64; see ``_work_dtype``). Inputs are not modified.
 
     ``axis`` is the output-channel axis of ``weight``:
       * Conv (W: [C_out, C_in/g, k...]): ``axis=0``;
@@ -62,15 +69,15 @@ def fold_bn_into(weight: np.ndarray, bias: np.ndarray | None, scale: np.ndarray,
         if per * groups != c_out or cin % groups:
             raise ShapeError(f"fold_bn_into: ConvTranspose weight {w.shape} with groups={groups} does not have "
                              f"{c_out} output channels")
-        wg = w.astype(np.float64).reshape((groups, cin // groups, per) + w.shape[2:])
-        f = s.reshape((groups, 1, per) + (1,) * (w.ndim - 2))
+        wg = w.reshape((groups, cin // groups, per) + w.shape[2:])
+        f = s.reshape((groups, 1, per) + (1,) * (w.ndim - 2)).astype(_work_dtype(w))
         w_new = (wg * f).reshape(w.shape)
     else:
         if w.shape[ax] != c_out:
             raise ShapeError(f"fold_bn_into: weight {w.shape} has {w.shape[ax]} channels on axis {axis}, "
                              f"BatchNormalization has {c_out}")
-        f = s.reshape((1,) * ax + (c_out,) + (1,) * (w.ndim - ax - 1))
-        w_new = w.astype(np.float64) * f
+        f = s.reshape((1,) * ax + (c_out,) + (1,) * (w.ndim - ax - 1)).astype(_work_dtype(w))
+        w_new = w * f
     b0 = np.zeros(c_out) if bias is None else np.asarray(bias, np.float64)
     b_new = (b0 - np.asarray(mean, np.float64)) * s + np.asarray(B, np.float64)
     return w_new.astype(w.dtype), b_new.astype(w.dtype)
@@ -91,8 +98,9 @@ def _check_bn(node: Node, opset: int) -> None:
 
 
 def _check_ln(node: Node, opset: int) -> None:
-    if _extra_outputs(node):
-        raise UnsupportedOpError(node.op, node.name, opset, "the Mean/InvStdDev outputs are not supported")
+    if _extra_outputs(node) and int(node.attr("stash_type", 1)) != 1:
+        raise UnsupportedOpError(node.op, node.name, opset, f"stash_type={node.attr('stash_type')} for the "
+                                 f"Mean/InvStdDev outputs (only 1, float32, is supported)")
 
 
 def _check_in(node: Node, opset: int) -> None:
@@ -156,7 +164,25 @@ def _infer_ln(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.nda
         if len(ps) > len(norm) or any(a not in (1, b) for a, b in zip(reversed(ps), reversed(norm))):
             raise ShapeError(f"LayerNormalization {node.name!r}: input {i} of shape {ps} does not broadcast to "
                              f"the normalized shape {norm}")
-    return [(x.shape, x.dtype)]
+    stat = (tuple(x.shape[:ax]) + (1,) * len(norm), _LN_STASH)
+    return [(x.shape, x.dtype), stat, stat][:max(len(node.outputs), 1)]
+
+
+#: element type of LayerNormalization's Mean/InvStdDev outputs (stash_type=1, the only one _check_ln lets through)
+_LN_STASH = np.dtype(np.float32)
+
+
+def _write_ln_stats(node: Node, outputs: Sequence[np.ndarray], stats: Sequence[np.ndarray]) -> None:
+    """Fill the Mean/InvStdDev outputs the node asks for. ``outputs`` holds only its non-empty outputs
+    (Y first), as executors pass them; ``stats`` is (mean, inv_std_dev) with one value per normalised
+    row (a shorter sequence is fine when the node declares fewer outputs)."""
+    j = 1
+    for k, name in enumerate(node.outputs[1:3]):
+        if not name:
+            continue
+        o = outputs[j]
+        np.copyto(o, np.asarray(stats[k]).reshape(o.shape), casting="unsafe")
+        j += 1
 
 
 def _finish(node: Node, y: np.ndarray) -> np.ndarray:
@@ -196,10 +222,12 @@ def layernorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.
     axes = tuple(range(ax, x.ndim))
     mean = xf.mean(axis=axes, keepdims=True)
     var = ((xf - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (xf - mean) / np.sqrt(var + float(node.attr("epsilon", 1e-5))) * np.asarray(inputs[1], np.float64)
+    inv = 1.0 / np.sqrt(var + float(node.attr("epsilon", 1e-5)))
+    y = (xf - mean) * inv * np.asarray(inputs[1], np.float64)
     if len(inputs) > 2 and inputs[2] is not None:
         y = y + np.asarray(inputs[2], np.float64)
-    return [_finish(node, y.astype(x.dtype))]
+    # one result per declared output (an empty name included), as constant folding zips them
+    return [_finish(node, y.astype(x.dtype)), mean.astype(_LN_STASH), inv.astype(_LN_STASH)][:max(len(node.outputs), 1)]
 
 
 register_op(OpSpec("BatchNormalization", _infer_bn, batchnorm_reference, check=_check_bn))
@@ -300,6 +328,8 @@ class NormKernel(Kernel):
                 np.add(work, bias, out=work, casting="unsafe")
             if work is not y:
                 np.copyto(y, work, casting="unsafe")
+            if layer.op == "LayerNormalization" and len(outputs) > 1:
+                _write_ln_stats(layer.node, outputs, (mean, inv))
         act = layer.attr("act")
         if act is not None:
             apply_act(y, act)
@@ -319,4 +349,7 @@ class NormReferenceKernel(Kernel):
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
-        np.copyto(outputs[0], self._REF[layer.op](layer.node, full_inputs(layer, inputs, params))[0])
+        res = self._REF[layer.op](layer.node, full_inputs(layer, inputs, params))
+        np.copyto(outputs[0], res[0])
+        if layer.op == "LayerNormalization" and len(outputs) > 1:
+            _write_ln_stats(layer.node, outputs, res[1:])

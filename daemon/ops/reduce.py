@@ -91,6 +91,25 @@ def _infer_arg(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.nd
 
 # ------------------------------------------------------------------------------------------ compute
 
+def _lowest(dt: np.dtype) -> float | int | bool:
+    """Identity of max: what a reduction over an empty set of values yields (the ONNX rule; onnxruntime
+    gives the same for numbers and rejects bool, where False is the only sensible identity)."""
+    if dt == np.bool_:
+        return False
+    if np.issubdtype(dt, np.integer):
+        return int(np.iinfo(dt).min)
+    return -np.inf
+
+
+def _highest(dt: np.dtype) -> float | int | bool:
+    """Identity of min (see ``_lowest``)."""
+    if dt == np.bool_:
+        return True
+    if np.issubdtype(dt, np.integer):
+        return int(np.iinfo(dt).max)
+    return np.inf
+
+
 def _reduce(node: Node, x: np.ndarray, axes_in: np.ndarray | None, out: np.ndarray | None) -> np.ndarray:
     op = node.op
     keep = bool(node.attr("keepdims", 1))
@@ -106,9 +125,9 @@ def _reduce(node: Node, x: np.ndarray, axes_in: np.ndarray | None, out: np.ndarr
     elif op == "ReduceSum":
         r = np.sum(x, **kw, out=out)
     elif op == "ReduceMax":
-        r = np.max(x, **kw, out=out)
+        r = np.max(x, **kw, out=out, initial=_lowest(x.dtype))
     elif op == "ReduceMin":
-        r = np.min(x, **kw, out=out)
+        r = np.min(x, **kw, out=out, initial=_highest(x.dtype))
     elif op == "ReduceProd":
         r = np.prod(x, **kw, out=out)
     elif op == "ReduceL1":
@@ -123,10 +142,11 @@ def _reduce(node: Node, x: np.ndarray, axes_in: np.ndarray | None, out: np.ndarr
         with np.errstate(divide="ignore", invalid="ignore"):
             r = np.log(r, out=out) if out is not None else np.log(r)
     elif op == "ReduceLogSumExp":
-        m = np.max(x, axis=axes, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0).astype(x.dtype)  # all -inf rows: avoid inf - inf
+        m = np.max(x, axis=axes, keepdims=True, initial=_lowest(x.dtype))
+        m = np.where(np.isfinite(m), m, 0).astype(x.dtype)  # all -inf (or empty) rows: avoid inf - inf
         r = np.sum(np.exp(x - m), **kw, out=out)
-        r = np.log(r, out=out) if out is not None else np.log(r)
+        with np.errstate(divide="ignore"):  # an empty set sums to 0: log gives -inf, as onnxruntime does
+            r = np.log(r, out=out) if out is not None else np.log(r)
         np.add(r, m if keep else m.reshape(r.shape), out=r)
     else:  # pragma: no cover - the op tuple and this chain are kept in step
         raise AssertionError(op)

@@ -372,10 +372,12 @@ def _infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarra
     if op == "Shape":
         s, e = _shape_range(node, len(shape))
         return [((e - s,), np.dtype(np.int64))]
+    if op == "Size":
+        return [((), np.dtype(np.int64))]
     if op == "Cast":
         return [(shape, onnx_dtype(node.attr("to"), "Cast", node.name))]
     if op == "CastLike":
-        return [(shape, np.dtype(ins[1].dtype))]
+        return [(shape, _castlike_dtype(node, ins[1].dtype))]
     if op == "Constant":
         v = _constant_value(node)
         return [(tuple(v.shape), v.dtype)]
@@ -469,8 +471,10 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], outs: Sequence[np.nda
     if op == "Shape":
         s, e = _shape_range(node, x.ndim)
         return _fill([np.asarray(x.shape[s:e], dtype=np.int64).reshape(-1)], outs)
+    if op == "Size":
+        return _fill([np.asarray(x.size, dtype=np.int64)], outs)
     if op in ("Cast", "CastLike"):
-        dt = onnx_dtype(node.attr("to"), "Cast", node.name) if op == "Cast" else np.asarray(ins[1]).dtype
+        dt = onnx_dtype(node.attr("to"), "Cast", node.name) if op == "Cast" else _castlike_dtype(node, ins[1].dtype)
         with np.errstate(invalid="ignore", over="ignore"):
             if out0 is not None:
                 np.copyto(out0, x, casting="unsafe")
@@ -551,6 +555,12 @@ def _check_cast(node: Node, opset: int) -> None:
     onnx_dtype(node.attr("to", -1), "Cast", node.name)
 
 
+def _castlike_dtype(node: Node, dtype: Any) -> np.dtype:
+    """CastLike's target type (that of its second input), held to the same element types as Cast's
+    ``to``: a float8/bfloat16/int4 target (an ml_dtypes array) raises UnsupportedOpError as Cast does."""
+    return onnx_dtype(numpy_to_onnx(dtype, "CastLike", node.name), "CastLike", node.name)
+
+
 def _check_constant(node: Node, opset: int) -> None:
     _constant_value(node)
 
@@ -567,7 +577,7 @@ ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"
 _MIN_OPSET = {"Expand": 8, "ConstantOfShape": 9, "Range": 11, "CastLike": 15}
 _CHECKS: dict[str, Callable[[Node, int], None]] = {"Cast": _check_cast, "Constant": _check_constant, "Pad": _check_pad}
 TENSOR_OPS = ("Concat", "Split", "Slice", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Gather",
-              "Expand", "Shape", "Cast", "CastLike", "Constant", "ConstantOfShape", "Identity", "Dropout", "Pad",
+              "Expand", "Shape", "Size", "Cast", "CastLike", "Constant", "ConstantOfShape", "Identity", "Dropout", "Pad",
               "Tile", "Range")
 
 for _op in TENSOR_OPS:

@@ -83,7 +83,9 @@ class CpuExecutor:
         self.choice = select_kernels(graph, "cpu", kernels)
         for layer, k in self.choice:
             spec = op_spec(layer.op)
-            alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in graph.constants)
+            # only output 0 shares the input's memory: a node with more outputs (Dropout's mask) must run
+            alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in graph.constants
+                         and len([o for o in layer.node.outputs if o]) == 1)
             if params is not None and layer.name in params:
                 p = params[layer.name]
             else:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-from ..errors import BackendError, InputError
+from ..errors import BackendError, InputError, WeightsStoreError
 from ..ir import Graph, TensorInfo
 from .cpu import CpuExecutor, check_feeds
 
@@ -98,15 +99,30 @@ def resolve_device(device: str) -> str:
 
 def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu", batch: int = 1,
          kernels: dict[str, str] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
-         name: str | None = None, **options: Any) -> Model:
+         name: str | None = None, cache_dir: str | os.PathLike | None = None, **options: Any) -> Model:
     """Load an ONNX model (or a compiled package directory) for ``device`` ('cpu', 'vulkan', 'auto').
 
-    ``kernels`` forces kernels: {node name or op type: kernel name}.
+    ``kernels`` forces kernels: {node name or op type: kernel name}. With ``cache_dir``, an ONNX file
+    is compiled once into a package there and later loads read the package instead (cold start).
     """
     t0 = time.perf_counter()
     dev = resolve_device(device)
     params = None
     in_memory = not isinstance(path, (str, os.PathLike))
+    if cache_dir is not None and not in_memory and Path(path).is_file():
+        # Serve from a compiled package (plan + weights store): no protobuf parse, no folding, and
+        # CPU weights already transformed. A damaged cache falls back to the ONNX file.
+        from ..package import cached_package, load_package
+
+        pkg = None
+        try:
+            pkg = cached_package(path, Path(cache_dir), batch=batch, device=dev)
+            graph, params = load_package(pkg, device=dev, batch=batch, kernels=kernels)
+            return _make(name or Path(path).stem, graph, params, dev, kernels, t0, options)
+        except WeightsStoreError as e:
+            log.warning("package cache for %s unusable (%s); loading the ONNX file", path, e)
+            if pkg is not None:  # drop it so that the next load recompiles
+                shutil.rmtree(pkg, ignore_errors=True)
     if not in_memory and Path(path).is_dir():
         from ..package import load_package
 
@@ -117,6 +133,11 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
 
         graph = import_model(path, batch=batch, shapes=shapes)
         mname = name or (graph.name if in_memory else Path(path).stem)
+    return _make(mname, graph, params, dev, kernels, t0, options)
+
+
+def _make(mname: str, graph: Graph, params: dict[str, dict[str, np.ndarray]] | None, dev: str,
+          kernels: dict[str, str] | None, t0: float, options: dict[str, Any]) -> Model:
     if dev == "cpu":
         ex = CpuExecutor(graph, kernels=kernels, params=params)
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import itertools
 import logging
 import os
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Callable
 
 import zmq
@@ -44,11 +46,11 @@ class EndpointBusy(RuntimeError):
     """Another process already serves the endpoint."""
 
 
-def default_loader(path: str, device: str = "auto", batch: int = 1) -> Any:
+def default_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None) -> Any:
     # Looked up at call time so that tests and embedders can substitute ``inferd.load``.
     import inferd
 
-    return inferd.load(path, device=device, batch=batch)
+    return inferd.load(path, device=device, batch=batch, cache_dir=cache_dir)
 
 
 def process_rss() -> int:
@@ -197,7 +199,8 @@ class Server:
         self.config = config
         self._cli = dict(cli or {})
         self._config_path = config_path
-        self.loader = loader or default_loader
+        # models are compiled once into packages under the cache dir: later (cold) loads skip ONNX parsing
+        self.loader = loader or functools.partial(default_loader, cache_dir=str(Path(config.cache_dir) / "packages"))
         self.notifier = Notifier(environ)
         self.ctx = zmq.Context()
         self.device_lock = DeviceLock()
