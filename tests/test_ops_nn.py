@@ -390,11 +390,57 @@ def test_layernorm(shape: tuple[int, ...], axis: int, sshape: tuple[int, ...], b
     check_vs_ort("LayerNormalization", ins, dict(axis=axis, epsilon=1e-3), opset=17)
 
 
-def test_layernorm_stats_outputs_rejected() -> None:
-    node = Node("ln_stats", "LayerNormalization", ["x", "s"], ["y", "mean", ""], {})
+@pytest.mark.parametrize("shape,axis,outs,dtype", [
+    ((2, 5, 16), -1, ("y0", "y1", "y2"), np.float32),
+    ((2, 3, 4, 6), 1, ("y0", "y1", "y2"), np.float32),
+    ((7, 12), 0, ("y0", "y1", "y2"), np.float32),
+    ((2, 3, 8), -2, ("y0", "", "y2"), np.float32),  # InvStdDev alone: the outputs list has a gap
+    ((2, 3, 8), 2, ("y0", "y1"), np.float32),
+    ((2, 5, 16), -1, ("y0", "y1", "y2"), np.float16),  # statistics stay float32 (stash_type=1)
+])
+def test_layernorm_stats_outputs(shape: tuple[int, ...], axis: int, outs: tuple[str, ...], dtype: Any) -> None:
+    x = (rnd(*shape) * 2 + 0.5).astype(dtype)
+    sshape = shape[axis % len(shape):]
+    scale, bias = rnd(*sshape).astype(dtype), rnd(*sshape).astype(dtype)
+    node = helper.make_node("LayerNormalization", ["x0", "x1", "x2"], list(outs), name="n0", axis=axis, epsilon=1e-3)
+    present = [o for o in outs if o]
+    m = _model([node], [("x0", x, False), ("x1", scale, True), ("x2", bias, True)], ["y0"], 1, 17)
+    del m.graph.output[:]  # each output with its own element type, left to onnxruntime
+    m.graph.output.extend(onnx.ValueInfoProto(name=o) for o in present)
+    want = _session(m).run(None, {"x0": x})
+    stat_shape = shape[:axis % len(shape)] + (1,) * len(sshape)
+    assert [w.shape for w in want[1:]] == [stat_shape] * (len(present) - 1)
+
+    ours_node = Node("n0", "LayerNormalization", ["x0", "x1", "x2"], list(outs), {"axis": axis, "epsilon": 1e-3})
+    op_spec("LayerNormalization").check(ours_node, 17)
+    ref = op_spec("LayerNormalization").reference(ours_node, [x, scale, bias])
+    assert len(ref) == len(outs)
+    ref_present = [r for r, o in zip(ref, outs) if o]
+    layer = single_node_layer("LayerNormalization", [x, scale, bias], {"axis": axis, "epsilon": 1e-3})
+    layer = type(layer)(ours_node, layer.inputs,
+                        tuple(TensorInfo(o, tuple(r.shape), r.dtype) for o, r in zip(present, ref_present)),
+                        layer.const_inputs)
+    infer = op_spec("LayerNormalization").infer(ours_node, list(layer.inputs), {"x1": scale, "x2": bias})
+    assert [(tuple(s), np.dtype(d)) for (s, d), o in zip(infer, outs) if o] == \
+        [(w.shape, w.dtype) for w in want]
+    tol = 2e-3 if dtype == np.float16 else TOL
+    for k, w in enumerate(want):
+        assert_close(ref_present[k], w, f"reference output {present[k]}", tol)
+    for kern in kernels_for("LayerNormalization"):
+        if not kern.applies(layer):
+            continue
+        got = run_layer(kern, layer, [x, scale, bias])
+        for k, w in enumerate(want):
+            assert_close(got[k], w, f"kernel {kern.name} output {present[k]}", tol)
+
+
+def test_layernorm_stats_outputs_need_float32_stash() -> None:
+    node = Node("ln_stats", "LayerNormalization", ["x", "s"], ["y", "mean", ""], {"stash_type": 11})
     with pytest.raises(UnsupportedOpError, match="ln_stats"):
         op_spec("LayerNormalization").check(node, 17)
-    op_spec("LayerNormalization").check(Node("ln", "LayerNormalization", ["x", "s"], ["y", "", ""], {}), 17)
+    op_spec("LayerNormalization").check(Node("ln", "LayerNormalization", ["x", "s"], ["y", "mean", "inv"], {}), 17)
+    op_spec("LayerNormalization").check(Node("ln", "LayerNormalization", ["x", "s"], ["y", "", ""],
+                                             {"stash_type": 11}), 17)
 
 
 # --------------------------------------------------------------------------- fold_bn_into, checked in onnxruntime

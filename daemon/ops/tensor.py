@@ -577,8 +577,8 @@ ALIAS_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"
 _MIN_OPSET = {"Expand": 8, "ConstantOfShape": 9, "Range": 11, "CastLike": 15}
 _CHECKS: dict[str, Callable[[Node, int], None]] = {"Cast": _check_cast, "Constant": _check_constant, "Pad": _check_pad}
 TENSOR_OPS = ("Concat", "Split", "Slice", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Gather",
-              "Expand", "Shape", "Size", "Cast", "CastLike", "Constant", "ConstantOfShape", "Identity", "Dropout", "Pad",
-              "Tile", "Range")
+              "Expand", "Shape", "Size", "Cast", "CastLike", "Constant", "ConstantOfShape", "Identity", "Dropout",
+              "Pad", "Tile", "Range")
 
 for _op in TENSOR_OPS:
     register_op(OpSpec(_op, _infer, _reference, alias=_op in ALIAS_OPS, min_opset=_MIN_OPSET.get(_op, 1),
