@@ -6,7 +6,6 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from .common import machine_info, time_calls
+
 GOALS_US = {"tiny": 150.0, "img224": 1000.0}
 
 _THROUGHPUT_WORKER = r"""
@@ -117,28 +119,12 @@ def _pcts(samples_s: list[float]) -> dict[str, float]:
 
 
 def _time(fn: Any, n: int, warmup: int = 50) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+    return time_calls(fn, n, warmup)
 
 
 def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "system": f"{platform.system()} {platform.release()}", "load_avg_start": list(os.getloadavg())}
+    return {**machine_info(), "system": f"{platform.system()} {platform.release()}",
+            "load_avg_start": list(os.getloadavg())}
 
 
 def _throughput(endpoint: str, model: str, shape: tuple[int, ...], clients: int, seconds: float, tmp: Path) -> float:

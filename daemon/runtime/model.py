@@ -14,7 +14,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-from ..errors import BackendError, InputError, WeightsStoreError
+from ..errors import BackendError, WeightsStoreError
 from ..ir import Graph, TensorInfo
 from .cpu import CpuExecutor, check_feeds
 
