@@ -7,6 +7,7 @@ import pytest
 
 import inferd
 from inferd.ops.base import kernels_for
+from inferd.runtime.cpu import select_kernels
 from inferd.zoo import ZOO
 from zoo_fixture import zoo_dir
 
@@ -55,8 +56,10 @@ def test_zoo_default_kernels_match_onnxruntime(refs, name):
 @pytest.mark.parametrize("name", ZOO)
 def test_zoo_with_each_conv_kernel_forced(refs, name, kernel):
     path, feeds, ref, default = refs[name]
-    model = inferd.load(path, kernels={"Conv": kernel})
-    used = {k for n, k in model.kernels.items() if model.graph.nodes and n in {x.name for x in model.graph.nodes if x.op == "Conv"}}
+    forced = {"Conv": kernel}
+    used = {k.name for layer, k in select_kernels(default.graph, "cpu", forced) if layer.op == "Conv"}
     if kernel not in used:
         pytest.skip(f"{kernel} applies to no Conv of {name}")
+    model = inferd.load(path, kernels=forced)
+    assert kernel in set(model.kernels.values())
     _check(model.run(feeds), ref, model.output_names, f"{name} with Conv={kernel}")

@@ -123,6 +123,19 @@ _shared_lock = threading.Lock()
 _available: bool | None = None
 
 
+def binding_kinds(man: Any) -> tuple[str, ...]:
+    """The descriptor kinds of a shader manifest's bindings, in binding order (the set layout's key)."""
+    return tuple(b.kind for b in man.bindings)
+
+
+def descriptor_type(kind: str) -> int:
+    if kind == "buffer":
+        return vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+    if kind == "texel":
+        return vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+    raise BackendError(f"unknown descriptor kind {kind!r}")
+
+
 def _check_loader() -> None:
     if vk is None:
         raise BackendError(f"Vulkan loader not available: {_IMPORT_ERROR}")
@@ -197,8 +210,8 @@ class VulkanDevice:
         self._lock = threading.RLock()
         self._models: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._shader_modules: dict[str, Any] = {}
-        self._set_layouts: dict[int, Any] = {}
-        self._pipe_layouts: dict[tuple[int, int], Any] = {}
+        self._set_layouts: dict[tuple[str, ...], Any] = {}
+        self._pipe_layouts: dict[tuple[tuple[str, ...], int], Any] = {}
         self._pipelines: dict[tuple[str, tuple[tuple[str, Any], ...]], Pipeline] = {}
         self._staging: Region | None = None
         self._messenger = None
@@ -336,6 +349,12 @@ class VulkanDevice:
         self.timestamp_period = float(lim.timestampPeriod)
         qprops = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)[qf]
         self.timestamps = int(qprops.timestampValidBits) > 0 and self.timestamp_period > 0
+        # Uniform texel buffers (RGBA32F views) for the CPU-type kernels: on lavapipe a texel fetch is a
+        # straight-line gather while a storage-buffer load is a per-lane loop (several times slower).
+        # Only CPU-type devices get the usage bit, so GPU buffers are created exactly as before.
+        self.texel_buffers = self.device_type == "cpu"
+        self.min_texel_align = int(lim.minTexelBufferOffsetAlignment)
+        self.max_texel_elements = int(lim.maxTexelBufferElements)
         self.caps = DeviceCaps(
             name=self.name, vendor_id=self.vendor_id, device_type=self.device_type, subgroup_size=subgroup,
             max_shared_bytes=int(lim.maxComputeSharedMemorySize),
@@ -391,6 +410,8 @@ class VulkanDevice:
                                f"{self.max_allocation}")
         usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        if self.texel_buffers:
+            usage |= vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
         buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=size, usage=usage,
                                                                     sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
         req = vk.vkGetBufferMemoryRequirements(self.device, buf)
@@ -563,24 +584,24 @@ class VulkanDevice:
             raise BackendError(f"vkWaitForFences returned {r}")
 
     # ---------------------------------------------------------------- pipelines
-    def _set_layout(self, n: int) -> Any:
-        lay = self._set_layouts.get(n)
+    def _set_layout(self, kinds: tuple[str, ...]) -> Any:
+        lay = self._set_layouts.get(kinds)
         if lay is None:
-            binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=descriptor_type(k),
                                                      descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                     for i in range(n)]
+                     for i, k in enumerate(kinds)]
             lay = vk.vkCreateDescriptorSetLayout(self.device, vk.VkDescriptorSetLayoutCreateInfo(
-                bindingCount=n, pBindings=binds or None), None)
-            self._set_layouts[n] = lay
+                bindingCount=len(kinds), pBindings=binds or None), None)
+            self._set_layouts[kinds] = lay
         return lay
 
-    def _pipe_layout(self, n: int, push: int) -> Any:
-        key = (n, push)
+    def _pipe_layout(self, kinds: tuple[str, ...], push: int) -> Any:
+        key = (kinds, push)
         lay = self._pipe_layouts.get(key)
         if lay is None:
             rng = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push)] if push else None
             lay = vk.vkCreatePipelineLayout(self.device, vk.VkPipelineLayoutCreateInfo(
-                setLayoutCount=1, pSetLayouts=[self._set_layout(n)], pushConstantRangeCount=1 if push else 0,
+                setLayoutCount=1, pSetLayouts=[self._set_layout(kinds)], pushConstantRangeCount=1 if push else 0,
                 pPushConstantRanges=rng), None)
             self._pipe_layouts[key] = lay
         return lay
@@ -630,7 +651,10 @@ class VulkanDevice:
                     info = ffi.new("VkComputePipelineCreateInfo*")
                     info.sType = vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO
                     info.stage = stage[0]
-                    info.layout = self._pipe_layout(len(man.bindings), man.push_size)
+                    if any(b.kind == "texel" for b in man.bindings) and not self.texel_buffers:
+                        raise BackendError(f"shader {mod.name} binds texel buffers, which this device's regions do "
+                                           f"not support (CPU-type devices only)")
+                    info.layout = self._pipe_layout(binding_kinds(man), man.push_size)
                     info.basePipelineIndex = -1
                     if self._feedback:
                         fb = ffi.new("VkPipelineCreationFeedback*")
@@ -665,8 +689,8 @@ class VulkanDevice:
                         self.stats["pipeline_cache_hits"] += int(hit)
                         self.stats["pipeline_feedback"] += 1
                     man = mod.manifest
-                    self._pipelines[k] = Pipeline(out[i], self._pipe_layout(len(man.bindings), man.push_size),
-                                                  self._set_layout(len(man.bindings)), mod, k[1], hit)
+                    self._pipelines[k] = Pipeline(out[i], self._pipe_layout(binding_kinds(man), man.push_size),
+                                                  self._set_layout(binding_kinds(man)), mod, k[1], hit)
                 self.stats["pipelines_created"] += len(todo)
                 if self.pipeline_cache.status == "loaded":
                     self.stats["pipelines_from_loaded_cache"] += len(todo)

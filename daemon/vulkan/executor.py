@@ -34,7 +34,7 @@ from ..ir import Graph, Node, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key
 from ..planner.memory import align_up
 from .arena import plan_arena, workspace_name
-from .device import Region, VulkanDevice, get_device, vk
+from .device import Region, VulkanDevice, binding_kinds, descriptor_type, get_device, vk
 from .kernel import ALIGN, Caps, Dispatch, Ref, VulkanKernel
 from .shaders import ShaderCache, norm_defines
 
@@ -179,6 +179,7 @@ class VulkanModel:
         self._cmd_pool = None
         self._fence = None
         self._query_pool = None
+        self._views: list[Any] = []
         self.profile = bool(profile) and dev.timestamps
         self.load_stats: dict[str, Any] = {}
         self.first_run_done = False
@@ -397,23 +398,40 @@ class VulkanModel:
         self._cb = cb
         sets: list[Any] = []
         if bound:
-            nb = sum(len(b.ranges) for b in bound)
+            kinds = [binding_kinds(b.pipeline.module.manifest) for b in bound]
+            counts: dict[str, int] = {}
+            for ks in kinds:
+                for kd in ks:
+                    counts[kd] = counts.get(kd, 0) + 1
+            sizes = [vk.VkDescriptorPoolSize(type=descriptor_type(kd), descriptorCount=n) for kd, n in sorted(counts.items())]
+            if not sizes:
+                sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)]
             self._desc_pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(
-                maxSets=len(bound), poolSizeCount=1,
-                pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(nb, 1))]),
-                None)
+                maxSets=len(bound), poolSizeCount=len(sizes), pPoolSizes=sizes), None)
             arr = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
                 descriptorPool=self._desc_pool, descriptorSetCount=len(bound),
                 pSetLayouts=[b.pipeline.set_layout for b in bound]))
             sets = [arr[i] for i in range(len(bound))]
             writes = []
-            for s, b in zip(sets, bound):
-                if not b.ranges:
-                    continue
-                infos = [vk.VkDescriptorBufferInfo(buffer=r.buffer, offset=off, range=size) for r, off, size in b.ranges]
-                # one write covers consecutive bindings of the same type
-                writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=0, dstArrayElement=0, descriptorCount=len(infos),
-                                                      descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=infos))
+            for s, b, ks in zip(sets, bound, kinds):
+                # one write covers each run of consecutive bindings of the same kind
+                i = 0
+                while i < len(b.ranges):
+                    j = i
+                    while j < len(b.ranges) and ks[j] == ks[i]:
+                        j += 1
+                    if ks[i] == "texel":
+                        views = [self._texel_view(r, off, size) for r, off, size in b.ranges[i:j]]
+                        writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0,
+                                                              descriptorCount=j - i, descriptorType=descriptor_type("texel"),
+                                                              pTexelBufferView=views))
+                    else:
+                        infos = [vk.VkDescriptorBufferInfo(buffer=r.buffer, offset=off, range=size)
+                                 for r, off, size in b.ranges[i:j]]
+                        writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0,
+                                                              descriptorCount=j - i, descriptorType=descriptor_type(ks[i]),
+                                                              pBufferInfo=infos))
+                    i = j
             if writes:
                 vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
 
@@ -493,6 +511,21 @@ class VulkanModel:
         vk.vkEndCommandBuffer(cb)
         self._submit = [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])]
         self.load_stats["barriers"] = nbar
+
+    def _texel_view(self, r: Region, off: int, size: int) -> Any:
+        """An RGBA32F view of a bound range (whole texels: a trailing partial texel is included when the
+        region extends that far, else dropped; kernels never use the bytes past the tensor)."""
+        dev = self.device
+        if off % dev.min_texel_align:
+            raise BackendError(f"texel view at offset {off} is not aligned to {dev.min_texel_align}")
+        n = align_up(size, 16)
+        if off + n > r.size:
+            n = size // 16 * 16
+        n = max(16, min(n, 16 * dev.max_texel_elements))
+        v = vk.vkCreateBufferView(dev.device, vk.VkBufferViewCreateInfo(
+            buffer=r.buffer, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT, offset=off, range=n), None)
+        self._views.append(v)
+        return v
 
     # ------------------------------------------------------------------------------------ run
     @property
@@ -581,6 +614,9 @@ class VulkanModel:
         if self._desc_pool is not None:
             vk.vkDestroyDescriptorPool(d, self._desc_pool, None)
             self._desc_pool = None
+        for v in self._views:
+            vk.vkDestroyBufferView(d, v, None)
+        self._views = []
         if self._cmd_pool is not None:
             vk.vkDestroyCommandPool(d, self._cmd_pool, None)
             self._cmd_pool = None

@@ -88,6 +88,10 @@ class BindingInfo:
     name: str
     readonly: bool
     writeonly: bool
+    #: descriptor kind: "buffer" (storage buffer) or "texel" (uniform texel buffer, ``samplerBuffer``;
+    #: bound as an R32G32B32A32_SFLOAT view: CPU-type devices only, where texel fetches are gathers
+    #: while storage-buffer loads are per-lane loops)
+    kind: str = "buffer"
 
     @property
     def reads(self) -> bool:
@@ -237,6 +241,10 @@ def reflect(spv: bytes) -> Manifest:
             types[a[0]] = ("float", a[1])
         elif op == 23:
             types[a[0]] = ("vec", a[1], a[2])
+        elif op == 25:
+            types[a[0]] = ("image", a[2], a[6])  # (dim, sampled)
+        elif op == 27:
+            types[a[0]] = ("sampledimage", a[1])
         elif op == 28:
             types[a[0]] = ("array", a[1], a[2])
         elif op == 29:
@@ -278,6 +286,11 @@ def reflect(spv: bytes) -> Manifest:
             nr = 25 in var_d or (bool(members) and all(25 in member_decos.get((pointee, m), {}) for m in range(len(members))))
             bname = names.get(vid) or names.get(pointee, f"b{decos[vid][33][0]}")
             bindings.append(BindingInfo(decos[vid][33][0], bname, nw, nr))
+        elif sc == 0 and 33 in decos.get(vid, {}) and types.get(pointee, ("",))[0] == "sampledimage":
+            img = types.get(types[pointee][1], ("",))
+            if img[0] != "image" or img[1] != 5:  # Dim Buffer
+                raise BackendError(f"binding {decos[vid][33][0]}: only samplerBuffer (texel buffer) samplers are supported")
+            bindings.append(BindingInfo(decos[vid][33][0], names.get(vid, f"t{decos[vid][33][0]}"), False, True, "texel"))
         elif sc == 9:
             st = types[pointee]
             for m, mt in enumerate(st[1]):
