@@ -92,6 +92,34 @@ case("conv_1x1_residual_noBias_hswish", "Conv", [_x, r(8, 8, 1, 1), None, _res],
 case("conv_splitk_res_relu_vk_gemm", "Conv", [r(1, 64, 7, 7), r(32, 64, 3, 3), r(32), r(1, 32, 7, 7)],
      {"pads": [1, 1, 1, 1], "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel="vk_gemm")
 case("conv_splitk_1x1_vk_conv1x1", "Conv", *conv(2, 300, 3, 3, 20, 1, 1), kernel="vk_conv1x1")
+# CPU-type device kernels (texel-buffer operands; lavapipe only): GEMM conv through im2col, 1x1 GEMM on
+# the input itself, Winograd F(4x4,3x3): odd sizes, rows past the 16-row blocks, unaligned pixel counts
+for name, (ins, attrs) in _conv_general.items():
+    case(f"conv_{name}_vk_gemm_tex", "Conv", ins, attrs, kernel="vk_gemm_tex")
+case("conv_1x1_tex_batch2_group2", "Conv", *conv(2, 6, 4, 6, 38, 1, 1, group=2), kernel="vk_conv1x1_tex")
+case("conv_1x1_tex_wide", "Conv", *conv(1, 70, 8, 9, 67, 1, 1, bias=False), kernel="vk_conv1x1_tex")
+case("conv_1x1s2_tex_odd", "Conv", *conv(1, 21, 9, 13, 17, 1, 1, strides=[2, 2]), kernel="vk_gemm_tex")
+case("conv_dil_tex", "Conv", *conv(1, 5, 12, 11, 33, 3, 3, dilations=[2, 2], pads=[2, 1, 2, 1]), kernel="vk_gemm_tex")
+case("conv_wino_pad_vk_winograd43_tex", "Conv", *conv(1, 3, 9, 11, 5, 3, 3, pads=[1, 1, 1, 1]),
+     kernel="vk_winograd43_tex")
+case("conv_wino_odd_vk_winograd43_tex", "Conv", *conv(2, 17, 7, 6, 9, 3, 3, pads=[0, 1, 1, 0]), kernel="vk_winograd43_tex")
+case("conv_wino_wide_vk_winograd43_tex", "Conv", *conv(1, 24, 10, 10, 40, 3, 3, pads=[1, 1, 1, 1], bias=False),
+     kernel="vk_winograd43_tex")
+case("conv_wino_vout_residual_vk_winograd43_tex", "Conv", [r(2, 6, 10, 12), r(7, 6, 3, 3), r(7), r(2, 7, 10, 12)],
+     {"pads": [1, 1, 1, 1], "residual": True, "act": ("LeakyRelu", (0.1,))}, const=[False, True, True, False],
+     kernel="vk_winograd43_tex")
+for kern in ("vk_gemm_tex", "vk_winograd43_tex"):
+    case(f"conv_residual_relu_{kern}", "Conv", [_x, _w, _b, _res],
+         {"pads": [1, 1, 1, 1], "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel=kern)
+_x4, _res4 = r(1, 8, 6, 10), r(1, 20, 6, 10)
+case("conv_1x1_tex_residual_hswish", "Conv", [_x4, r(20, 8, 1, 1), None, _res4], {"residual": True, "act": ("HardSwish", ())},
+     const=[False, True, False, False], kernel="vk_conv1x1_tex")
+case("conv_gemm_tex_residual_odd_clip", "Conv", [r(1, 8, 7, 9), r(20, 8, 3, 3), r(20), r(1, 20, 7, 9)],
+     {"pads": [1, 1, 1, 1], "residual": True, "act": ("Clip", (0.0, 6.0))}, const=[False, True, True, False],
+     kernel="vk_gemm_tex")
+for _dc in [c for c in CASES if c[5] == "vk_depthwise"]:
+    case(_dc[0] + "_tex", _dc[1], _dc[2], _dc[3], _dc[4], kernel="vk_depthwise_tex")
+case("conv_dw_tex_row_multiple_of_4", "Conv", *conv(1, 6, 8, 12, 6, 3, 3, pads=[1, 1, 1, 1], group=6), kernel="vk_depthwise_tex")
 # ConvTranspose
 case("deconv_s2", "ConvTranspose", *deconv(1, 4, 5, 6, 3, 3, 3, strides=[2, 2], pads=[1, 1, 1, 1],
                                              output_padding=[1, 1]), kernel="vk_direct")
@@ -113,6 +141,10 @@ case("gemm_splitk_residual", "Gemm", [r(9, 300), r(40, 300), r(40), r(9, 40)], {
 case("matmul_splitk_batched", "MatMul", [r(2, 5, 300), r(2, 300, 7)], const=[False, False], kernel="vk_matmul")
 case("gemm_gemv_nk_residual", "Gemm", [r(2, 20), r(300, 20), r(300), r(2, 300)],
      {"transB": 1, "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel="vk_gemv_nk")
+case("gemm_gemv_nk_tex_residual", "Gemm", [r(2, 20), r(300, 20), r(300), r(2, 300)],
+     {"transB": 1, "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel="vk_gemv_nk_tex")
+case("gemm_gemv_nk_tex_row", "Gemm", [r(1, 36), r(37, 36), r(37)], {"transB": 1, "alpha": 0.5, "beta": 2.0},
+     kernel="vk_gemv_nk_tex")
 case("matmul_batch_fold", "MatMul", [r(2, 3, 37, 19), r(19, 23)])
 case("matmul_batched_dyn", "MatMul", [r(2, 3, 37, 19), r(3, 19, 23)], const=[False, False])
 case("matmul_broadcast", "MatMul", [r(2, 1, 37, 19), r(1, 3, 19, 23)], const=[False, False])
@@ -170,6 +202,12 @@ case("avgpool_pad_incl_ceil", "AveragePool", [r(1, 3, 7, 8)],
      {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "count_include_pad": 1, "ceil_mode": 1},
      kernel="vk_pool")
 case("avgpool_1d", "AveragePool", [r(2, 3, 13)], {"kernel_shape": [4], "strides": [3]}, kernel="vk_pool")
+for _pc in [c for c in CASES if c[5] == "vk_pool"]:
+    case(_pc[0] + "_tex", _pc[1], _pc[2], _pc[3], _pc[4], kernel="vk_pool_tex")
+case("gap_tex", "GlobalAveragePool", [r(2, 5, 13, 11)], kernel="vk_global_pool_tex")
+case("gap_tex_aligned", "GlobalAveragePool", [r(1, 6, 4, 8)], {"act": ("Relu", ())}, kernel="vk_global_pool_tex")
+case("gmp_tex", "GlobalMaxPool", [r(1, 3, 30, 31)], kernel="vk_global_pool_tex")
+case("gmp_tex_short", "GlobalMaxPool", [r(2, 3, 1, 3)], kernel="vk_global_pool_tex")
 case("gap", "GlobalAveragePool", [r(2, 5, 13, 11)], kernel="vk_global_pool")
 case("gmp", "GlobalMaxPool", [r(1, 3, 30, 31)], kernel="vk_global_pool")
 for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare"):
@@ -252,6 +290,8 @@ def _precompile(dev: Any) -> None:
 def test_kernel_matches_reference(device: Any, cid: str, op: str, ins: list, attrs: dict, const: list | None,
                                   kernel: str | None) -> None:
     from inferd.vulkan.testing import rel_err, run_single
+    if kernel is not None and kernel.endswith("_tex") and not device.texel_buffers:
+        pytest.skip("texel-buffer kernels run on CPU-type devices only")
     got, ref, stats = run_single(device, op, ins, attrs, const, kernel, n_outputs=_N_OUT.get(cid, 1))
     if kernel is not None:
         assert stats["kernels"] == {"n0": kernel}

@@ -20,6 +20,18 @@ Conv kernels, in default order (``priority``, mirroring the CPU kernels):
 
 On GPUs Winograd yields to ``vk_gemm`` when the map has fewer than 64 tiles (``device_priority``).
 
+CPU-type devices (lavapipe) get their own kernels, which read every operand through RGBA32F storage
+texel buffer views (``shaders/texel.glsl``): llvmpipe compiles a texel load to a straight-line
+gather, a storage-buffer load to a per-lane loop with a branch per lane (several times slower), and
+a barrier to a coroutine switch. They never apply elsewhere (``device_priority`` 1000 off CPU-type
+devices, class ``priority`` 200 for caps-less picks): ``vk_depthwise_tex`` (2, ``conv_dw_tex.comp``),
+``vk_winograd43_tex`` (3, ``winograd_in_tex`` / ``gemm_tex`` / ``winograd_out_tex``),
+``vk_conv1x1_tex`` (4, ``gemm_tex.comp`` on the input itself when the map holds a multiple of 4
+pixels) and ``vk_gemm_tex`` (6, ``im2col_tex.comp`` into a workspace, then ``gemm_tex.comp``; any
+conv but depthwise). ``gemm_tex.comp`` keeps a 16x16 register block per invocation (16 output
+channels x 16 pixels) over weights packed as (G, ceil(M/16), K, 16). On the 2-core lavapipe host this
+took resnet50 from 1463 to ~190 ms warm.
+
 ConvTranspose: ``vk_direct`` (90), a gather formulation (``deconv.comp``; kernel/stride/dilation as
 specialization constants).
 
@@ -32,7 +44,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import (Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, act_of, act_supported, grid, split_k)
+from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, act_of,
+                             act_supported, grid, split_k)
 from .base import Layer, raw_key, register_kernel
 from .conv import Geom2D, io_positions, layer_geom, winograd_matrices
 
@@ -218,6 +231,149 @@ class VkConv1x1Reg(VkConv1x1):
         return 8 if caps.device_type == "cpu" else self.priority
 
 
+#: Workgroup size of gemm_tex.comp: lavapipe runs a workgroup's 8-lane subgroups one after another on
+#: one thread, so small groups only cost launch overhead while spreading narrow products over threads.
+TEX_LOCAL = 16
+
+
+def tex_rn(texels: int, rn_max: int = 16) -> int:
+    """Columns per invocation of gemm_tex.comp for rows of ``texels`` texels: the widest block (fewest
+    gathers per FMA) that wastes at most a fifth of the row in padding (lavapipe: Winograd's 52-column
+    products at 28x28 run 9.6 ms with 8-column blocks, 11.2 ms with 16)."""
+    rn = rn_max
+    while rn > 4:
+        t = rn // 4
+        if -(-texels // t) * t - texels <= texels / 5:
+            break
+        rn //= 2
+    return rn
+
+
+def tex_defines(rm: int, rn: int, act: int = 0, residual: bool | int = False, vout: bool = False,
+                bias: bool = True) -> dict[str, int]:
+    """gemm_tex.comp's defines: block shape and epilogue."""
+    return {"RM": rm, "RN": rn, "LX": TEX_LOCAL, "ACT": act, "RESIDUAL": int(bool(residual)), "VOUT": int(vout),
+            "BIAS": int(bias)}
+
+
+def tex_groups(texels: int, m: int, z: int, rm: int, rn: int) -> tuple[int, int, int]:
+    """Workgroup counts of gemm_tex.comp for rows of ``texels`` 4-column texels, ``m`` rows, ``z`` batches."""
+    lanes = -(-texels // (rn // 4)) * -(-m // rm)
+    return (-(-lanes // TEX_LOCAL), 1, z)
+
+
+class _ConvTex(VkConvGemm):
+    """GEMM convolution for CPU-type devices (lavapipe) through uniform texel buffers (``gemm_tex.comp``).
+
+    Weights packed as (G, ceil(M/RM), K, RM) so that each k reads RM/4 texels; the B operand is the
+    input itself (``vk_conv1x1_tex``: 1x1 stride-1 convs whose maps hold a multiple of 4 pixels) or an
+    im2col workspace written by ``im2col_tex.comp`` (``vk_gemm_tex``: any other conv). On lavapipe a
+    texel fetch compiles to a straight-line gather and a storage-buffer load to a per-lane loop, which
+    made these 5-10x faster than ``vk_gemm_reg`` there. Only CPU-type devices create texel views
+    (``device_priority`` keeps these off GPUs; the class ``priority`` keeps them off any caps-less pick).
+    """
+
+    priority = 200
+    cpu_priority = 200
+    # 16x16 register blocks: lavapipe, 1 thread, 256->64 1x1 at 56x56: 16x4 7.8 ms, 16x8 5.3-6.4,
+    # 32x8 4.9, 16x16 4.3; past 256 accumulators LLVM spills them and it falls off a cliff (32x16: 52)
+    RM = 16
+    RN = 16
+    direct = False
+
+    def _geo(self, layer: Layer) -> Geom2D | None:
+        g = super()._geo(layer)
+        if g is None or (g.group == g.cin and g.group > 1):  # depthwise: vk_depthwise
+            return None
+        return g
+
+    def applies(self, layer: Layer) -> bool:
+        # every binding must fit the smallest maxStorageBufferRange (the im2col workspace grows with K x N)
+        return self._geo(layer) is not None and max(self.workspace_parts(layer).values(), default=0) <= MAX_BINDING_BYTES
+
+    def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
+        return self.cpu_priority if caps.device_type == "cpu" else 1000
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        g = geo2d(layer)
+        assert g is not None
+        mg = g.cout // g.group
+        mp = -(-mg // self.RM) * self.RM
+        return 4 * g.group * mp * ((g.cin // g.group) * g.kh * g.kw + 1)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = geo2d(layer)
+        assert g is not None
+        mg = g.cout // g.group
+        mb = -(-mg // self.RM)
+        w = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, mg, -1)
+        k = w.shape[2]
+        wp = np.zeros((g.group, mb * self.RM, k), F32)
+        wp[:, :mg] = w
+        wp = wp.reshape(g.group, mb, self.RM, k).transpose(0, 1, 3, 2)
+        b = np.zeros((g.group, mb * self.RM), F32)
+        b[:, :mg] = _bias(layer, raw, g.cout).reshape(g.group, mg)
+        return {"w": np.ascontiguousarray(wp), "b": b.reshape(-1)}
+
+    def _ldb4(self, g: Geom2D) -> int:
+        return -(-(g.oh * g.ow) // 4)
+
+    def workspace_parts(self, layer: Layer) -> dict[str, int]:
+        if self.direct:
+            return {}
+        g = geo2d(layer)
+        assert g is not None
+        k = (g.cin // g.group) * g.kh * g.kw
+        return {"B": 16 * g.n * g.group * k * self._ldb4(g)}
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        g = geo2d(layer)
+        assert g is not None
+        mg, cg = g.cout // g.group, g.cin // g.group
+        n_pix = g.oh * g.ow
+        k = cg * g.kh * g.kw
+        ldb4 = self._ldb4(g)
+        z = g.n * g.group
+        out: list[Dispatch] = []
+        if self.direct:
+            b_ref, b_z4 = In(0), cg * n_pix // 4
+        else:
+            total = z * k * ldb4
+            out.append(Dispatch("im2col_tex", (In(0), Ws("B")), grid(total, 64, caps), {},
+                                {"KH": g.kh, "KW": g.kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw},
+                                {"total": total, "C": g.cin, "H": g.h, "W": g.w, "Cg": cg, "OH": g.oh, "OW": g.ow,
+                                 "PT": g.pt, "PL": g.pl, "G": g.group, "K": k, "ldb4": ldb4}))
+            b_ref, b_z4 = Ws("B"), k * ldb4
+        rn = tex_rn(ldb4, self.RN)
+        a = act_of(layer)
+        res = _res_define(layer)
+        push = {"M": mg, "N": n_pix, "K": k, "G": g.group, "ldb4": ldb4, "b_z4": b_z4, "ldc": n_pix, "c_z": mg * n_pix,
+                "act_a": a[1], "act_b": a[2]}
+        tail = _tail(layer)
+        out.append(Dispatch("gemm_tex", (Param("w"), b_ref, Param("b"), tail[0] if res else Param("b"), tail[-1]),
+                            tex_groups(ldb4, mg, z, self.RM, rn),
+                            tex_defines(self.RM, rn, a[0], res, n_pix % 4 == 0), {}, push))
+        return out
+
+
+@register_kernel
+class VkConv1x1Tex(_ConvTex):
+    name = "vk_conv1x1_tex"
+    cpu_priority = 4
+    direct = True
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._geo(layer)
+        return (g is not None and g.kh == g.kw == 1 and g.sh == g.sw == 1
+                and g.pt == g.pl == g.pb == g.pr == 0 and (g.oh * g.ow) % 4 == 0)
+
+
+@register_kernel
+class VkGemmTex(_ConvTex):
+    name = "vk_gemm_tex"
+    cpu_priority = 6
+
+
 @register_kernel
 class VkConvDepthwise(_ConvBase):
     name = "vk_depthwise"
@@ -237,6 +393,32 @@ class VkConvDepthwise(_ConvBase):
         spec = {"KH": g.kh, "KW": g.kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw}
         return [Dispatch("conv_dw", (In(0), Param("w"), Param("b")) + _tail(layer), grid(total, LOCAL, caps),
                          defs, spec, push)]
+
+
+@register_kernel
+class VkConvDepthwiseTex(VkConvDepthwise):
+    """``vk_depthwise`` for CPU-type devices: ``conv_dw_tex.comp``, 4 outputs of a row per invocation
+    reading each input row segment once through texel views (see ``_ConvTex``)."""
+
+    name = "vk_depthwise_tex"
+    priority = 200
+
+    def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
+        return 2 if caps.device_type == "cpu" else 1000
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        g = geo2d(layer)
+        assert g is not None
+        a = act_of(layer)
+        res = _res_define(layer)
+        ow4 = -(-g.ow // 4)
+        total = g.n * g.cout * g.oh * ow4
+        push = {"total": total, "C": g.cin, "H": g.h, "W": g.w, "K": g.cout, "OH": g.oh, "OW": g.ow, "OW4": ow4,
+                "PT": g.pt, "PL": g.pl, "MULT": g.cout // g.cin, "has_res": res, "act_a": a[1], "act_b": a[2]}
+        spec = {"KH": g.kh, "KW": g.kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw}
+        tail = _tail(layer)
+        return [Dispatch("conv_dw_tex", (In(0), Param("w"), Param("b"), tail[0] if res else Param("w"), tail[-1]),
+                         grid(total, 64, caps), {"ACT": a[0]}, spec, push)]
 
 
 class _VkWinograd(_ConvBase):
@@ -330,6 +512,89 @@ class VkWinograd43(_VkWinograd):
     priority = 20
     m = 4
     points = (0.0, 1.0, -1.0, 0.5, -0.5)
+
+
+def _pack_rows(w: np.ndarray, rm: int) -> np.ndarray:
+    """(B, M, K) -> (B, ceil(M/rm), K, rm), zero rows past M: the A operand layout of gemm_tex.comp."""
+    b, m, k = w.shape
+    mb = -(-m // rm)
+    wp = np.zeros((b, mb * rm, k), F32)
+    wp[:, :m] = w
+    return np.ascontiguousarray(wp.reshape(b, mb, rm, k).transpose(0, 1, 3, 2))
+
+
+@register_kernel
+class VkWinograd43Tex(VkWinograd43):
+    """F(4x4,3x3) for CPU-type devices: ``winograd_in_tex`` / ``gemm_tex`` (the A*A products as one
+    batched dispatch) / ``winograd_out_tex``, every operand read through texel views (see ``_ConvTex``).
+    V and M rows are padded to a multiple of 4 tiles so that the GEMM reads and writes whole texels."""
+
+    name = "vk_winograd43_tex"
+    priority = 200
+    RM = 16
+    RN = 16
+
+    def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
+        # lavapipe (1 thread): 64->64 at 56x56 15 vs 33 ms for vk_gemm_tex, 512->512 at 7x7 7 vs 18 ms
+        return 3 if caps.device_type == "cpu" else 1000
+
+    def applies(self, layer: Layer) -> bool:
+        return super().applies(layer) and max(self.workspace_parts(layer).values()) <= MAX_BINDING_BYTES
+
+    def _tp(self, g: Geom2D) -> int:
+        return -(-self._tiles(g)[2] // 4) * 4
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        g = geo2d(layer)
+        assert g is not None
+        a = self.alpha
+        mp = -(-g.cout // self.RM) * self.RM
+        return 4 * (a * a * mp * g.cin + g.cout + a * a + self.m * a)
+
+    def workspace_parts(self, layer: Layer) -> dict[str, int]:
+        g = geo2d(layer)
+        assert g is not None
+        a2 = self.alpha ** 2
+        tp = self._tp(g)
+        return {"V": 4 * a2 * g.cin * tp, "M": 4 * a2 * g.cout * tp}
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = geo2d(layer)
+        assert g is not None
+        # U = kron(G, G) w in float32 (the float64 product of the GPU variant dominated resnet50's load:
+        # 0.21 s; float32 adds ~1e-7 relative error), written straight into gemm_tex's row blocks
+        mb = -(-g.cout // self.RM)
+        w = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.cout, g.cin, 9)
+        if mb * self.RM != g.cout:
+            w = np.concatenate([w, np.zeros((mb * self.RM - g.cout, g.cin, 9), F32)])
+        w = w.reshape(mb, self.RM, g.cin, 9).transpose(3, 0, 2, 1).reshape(9, -1)  # (9, Mb*Cin*RM)
+        u = np.kron(self.g64, self.g64).astype(F32) @ w
+        return {"u": u.reshape(self.alpha ** 2, mb, g.cin, self.RM), "b": _bias(layer, raw, g.cout),
+                "bt": np.ascontiguousarray(self.bt64, dtype=F32), "at": np.ascontiguousarray(self.at64, dtype=F32)}
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        g = geo2d(layer)
+        assert g is not None
+        th, tw, t = self._tiles(g)
+        tp = self._tp(g)
+        a2 = self.alpha ** 2
+        d_in = Dispatch("winograd_in_tex", (In(0), Param("bt"), Ws("V")), grid(g.cin * tp // 4, LOCAL, caps),
+                        {"MO": self.m}, push={"total": g.cin * tp // 4, "C": g.cin, "H": g.h, "W": g.w, "PT": g.pt, "PL": g.pl, "TH": th,
+                              "TW": tw, "T": t, "TP": tp})
+        rn = tex_rn(tp // 4, self.RN)
+        d_mm = Dispatch("gemm_tex", (Param("u"), Ws("V"), Param("u"), Param("u"), Ws("M")),
+                        tex_groups(tp // 4, g.cout, a2, self.RM, rn), tex_defines(self.RM, rn, vout=True, bias=False),
+                        push={"M": g.cout, "N": tp, "K": g.cin, "G": a2, "ldb4": tp // 4, "b_z4": g.cin * tp // 4,
+                              "ldc": tp, "c_z": g.cout * tp, "act_a": 0.0, "act_b": 0.0})
+        a = act_of(layer)
+        res = _res_define(layer)
+        tail = _tail(layer)
+        push = {"total": g.cout * tp // 4, "K": g.cout, "OH": g.oh, "OW": g.ow, "TH": th, "TW": tw, "T": t, "TP": tp,
+                "has_res": res, "act_a": a[1], "act_b": a[2]}
+        d_out = Dispatch("winograd_out_tex", (Ws("M"), Param("at"), Param("b"), tail[0] if res else Ws("M"), tail[-1]),
+                         grid(g.cout * tp // 4, LOCAL, caps),
+                         {"MO": self.m, "ACT": a[0], "VOUT": int(self.m == 4 and g.ow % 4 == 0)}, push=push)
+        return [d_in, d_mm, d_out]
 
 
 @register_kernel

@@ -277,3 +277,32 @@ class VkGemvNK(VkMatMul):
             push = dict(d.push, sb_k=1, sb_n=p.K)
             out.append(Dispatch("gemv_nk", binds, grid(nc, 1, caps), d.defines, push=push, independent=True))
         return out
+
+
+@register_kernel
+class VkGemvNKTex(VkGemvNK):
+    """``vk_gemv_nk`` for CPU-type devices: ``gemv_tex.comp`` reads the weights and the input rows
+    through RGBA32F texel views (on lavapipe a gather, where a storage-buffer load is a per-lane loop
+    and a barrier a coroutine switch: resnet50's fc 22 -> ~1 ms). K must be a multiple of 4, A
+    contiguous, B in one binding."""
+
+    name = "vk_gemv_nk_tex"
+    priority = 200
+
+    def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
+        return 3 if caps.device_type == "cpu" else 1000
+
+    def applies(self, layer: Layer) -> bool:
+        if not super().applies(layer):
+            return False
+        p = _Plan(layer)
+        return (p.K % 4 == 0 and p.chunks == 1 and p.sa_k == 1 and (p.M == 1 or p.sa_m % 4 == 0)
+                and 0 not in layer.const_inputs)
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        p = _Plan(layer)
+        out = []
+        for d in super().dispatches(layer, params, caps):
+            out.append(Dispatch("gemv_tex", d.bindings, grid(p.N, 16, caps), d.defines, push=d.push,
+                                independent=d.independent))
+        return out

@@ -133,6 +133,8 @@ def descriptor_type(kind: str) -> int:
         return vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
     if kind == "texel":
         return vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+    if kind == "image":
+        return vk.VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER
     raise BackendError(f"unknown descriptor kind {kind!r}")
 
 
@@ -411,7 +413,7 @@ class VulkanDevice:
         usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
         if self.texel_buffers:
-            usage |= vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
+            usage |= vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT | vk.VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT
         buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=size, usage=usage,
                                                                     sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
         req = vk.vkGetBufferMemoryRequirements(self.device, buf)
@@ -651,7 +653,7 @@ class VulkanDevice:
                     info = ffi.new("VkComputePipelineCreateInfo*")
                     info.sType = vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO
                     info.stage = stage[0]
-                    if any(b.kind == "texel" for b in man.bindings) and not self.texel_buffers:
+                    if any(b.kind != "buffer" for b in man.bindings) and not self.texel_buffers:
                         raise BackendError(f"shader {mod.name} binds texel buffers, which this device's regions do "
                                            f"not support (CPU-type devices only)")
                     info.layout = self._pipe_layout(binding_kinds(man), man.push_size)

@@ -420,10 +420,10 @@ class VulkanModel:
                     j = i
                     while j < len(b.ranges) and ks[j] == ks[i]:
                         j += 1
-                    if ks[i] == "texel":
+                    if ks[i] in ("texel", "image"):
                         views = [self._texel_view(r, off, size) for r, off, size in b.ranges[i:j]]
                         writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0,
-                                                              descriptorCount=j - i, descriptorType=descriptor_type("texel"),
+                                                              descriptorCount=j - i, descriptorType=descriptor_type(ks[i]),
                                                               pTexelBufferView=views))
                     else:
                         infos = [vk.VkDescriptorBufferInfo(buffer=r.buffer, offset=off, range=size)

@@ -88,9 +88,10 @@ class BindingInfo:
     name: str
     readonly: bool
     writeonly: bool
-    #: descriptor kind: "buffer" (storage buffer) or "texel" (uniform texel buffer, ``samplerBuffer``;
-    #: bound as an R32G32B32A32_SFLOAT view: CPU-type devices only, where texel fetches are gathers
-    #: while storage-buffer loads are per-lane loops)
+    #: descriptor kind: "buffer" (storage buffer), "texel" (uniform texel buffer, ``samplerBuffer``) or
+    #: "image" (read-only storage texel buffer, ``imageBuffer``); texel kinds are bound as
+    #: R32G32B32A32_SFLOAT views, on CPU-type devices only, where texel reads are gathers while
+    #: storage-buffer loads are per-lane loops
     kind: str = "buffer"
 
     @property
@@ -286,11 +287,15 @@ def reflect(spv: bytes) -> Manifest:
             nr = 25 in var_d or (bool(members) and all(25 in member_decos.get((pointee, m), {}) for m in range(len(members))))
             bname = names.get(vid) or names.get(pointee, f"b{decos[vid][33][0]}")
             bindings.append(BindingInfo(decos[vid][33][0], bname, nw, nr))
-        elif sc == 0 and 33 in decos.get(vid, {}) and types.get(pointee, ("",))[0] == "sampledimage":
-            img = types.get(types[pointee][1], ("",))
+        elif sc == 0 and 33 in decos.get(vid, {}) and types.get(pointee, ("",))[0] in ("sampledimage", "image"):
+            sampled = types[pointee][0] == "sampledimage"
+            img = types.get(types[pointee][1], ("",)) if sampled else types[pointee]
+            b = decos[vid][33][0]
             if img[0] != "image" or img[1] != 5:  # Dim Buffer
-                raise BackendError(f"binding {decos[vid][33][0]}: only samplerBuffer (texel buffer) samplers are supported")
-            bindings.append(BindingInfo(decos[vid][33][0], names.get(vid, f"t{decos[vid][33][0]}"), False, True, "texel"))
+                raise BackendError(f"binding {b}: only texel buffers (samplerBuffer, imageBuffer) are supported")
+            if not sampled and 24 not in decos.get(vid, {}):
+                raise BackendError(f"binding {b}: storage texel buffers must be readonly")
+            bindings.append(BindingInfo(b, names.get(vid, f"t{b}"), False, True, "texel" if sampled else "image"))
         elif sc == 9:
             st = types[pointee]
             for m, mt in enumerate(st[1]):
@@ -312,7 +317,16 @@ def reflect(spv: bytes) -> Manifest:
         elif kind == "i" and default >= 2**31:
             default -= 2**32
         spec.append(SpecConst(decos[sid][1][0], names.get(sid, f"s{sid}"), kind, default))
-    bindings.sort(key=lambda b: b.binding)
+    # blocks aliasing one binding (e.g. float and vec4 views of an output) merge into one
+    merged: dict[int, BindingInfo] = {}
+    for b in bindings:
+        o = merged.get(b.binding)
+        if o is not None:
+            if o.kind != b.kind:
+                raise BackendError(f"binding {b.binding} declared as both {o.kind} and {b.kind}")
+            b = BindingInfo(b.binding, o.name, o.readonly and b.readonly, o.writeonly and b.writeonly, b.kind)
+        merged[b.binding] = b
+    bindings = sorted(merged.values(), key=lambda b: b.binding)
     if [b.binding for b in bindings] != list(range(len(bindings))):
         raise BackendError(f"shader bindings must be dense from 0, got {[b.binding for b in bindings]}")
     return Manifest(tuple(bindings), tuple(sorted(push, key=lambda p: p.offset)), push_size,
