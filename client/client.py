@@ -37,10 +37,17 @@ from .protocol import (
 )
 
 _MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+# Plain ints: pyzmq's constants are IntFlag enums, and every ``|``/``&`` on them runs the enum
+# machinery (about a microsecond each), several times per request.
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
 
 
 class _Conn:
-    """One thread's DEALER socket, its monitor (to notice a vanished daemon) and a poller."""
+    """One thread's DEALER socket, its monitor (to notice a vanished daemon) and their poll list."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
         self.sock = ctx.socket(zmq.DEALER)
@@ -50,15 +57,14 @@ class _Conn:
         # The monitor must exist before connect() or the first CONNECTED event is missed.
         self.mon = self.sock.get_monitor_socket(_MONITOR_EVENTS)
         self.sock.connect(endpoint)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sock, zmq.POLLIN)
-        self.poller.register(self.mon, zmq.POLLIN)
+        # A fixed item list for zmq_poll: zmq.Poller rebuilds one (and the caller a dict) per call.
+        self.poll_items = [(self.sock, _POLLIN), (self.mon, _POLLIN)]
         self.connected = False
 
     def drain_monitor(self) -> bool:
         """Consume pending monitor events; True if a disconnect was among them."""
         lost = False
-        while self.mon.get(zmq.EVENTS) & zmq.POLLIN:
+        while self.mon.get(_EVENTS) & _POLLIN:
             try:
                 ev = recv_monitor_message(self.mon, zmq.NOBLOCK)
             except zmq.Again:
@@ -200,21 +206,35 @@ class Client:
         wait = t + (self.grace if deadline else 0.0)
         end = time.monotonic() + wait
         conn.drain_monitor()  # forget disconnects that happened before this request
+        sock = conn.sock
         try:
             while True:
                 try:
-                    conn.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                    # Per frame rather than send_multipart (whose type-check pass costs more than
+                    # the sends for small requests). DEALER queues a message atomically: only the
+                    # first frame can hit the high-water mark.
+                    sock.send(frames[0], _NOBLOCK_MORE if len(frames) > 1 else _NOBLOCK, copy=False)
                     break
                 except zmq.Again:
-                    if time.monotonic() >= end or not conn.sock.poll(max(1, int((end - time.monotonic()) * 1000)), zmq.POLLOUT):
+                    if time.monotonic() >= end or not sock.poll(max(1, int((end - time.monotonic()) * 1000)), zmq.POLLOUT):
                         raise self._timeout(op, wait) from None
+            if len(frames) > 1:
+                for f in frames[1:-1]:
+                    sock.send(f, _SNDMORE, copy=False)
+                sock.send(frames[-1], 0, copy=False)
             while True:
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     raise self._timeout(op, wait)
-                ready = dict(conn.poller.poll(max(1, int(remaining * 1000 + 0.999))))
-                if conn.sock in ready:
-                    raw = conn.sock.recv_multipart(copy=False)
+                ready = zmq.zmq_poll(conn.poll_items, max(1, int(remaining * 1000 + 0.999)))
+                if ready and ready[0][0] is sock:
+                    # recv_multipart's per-part RCVMORE getsockopt is not needed: a received
+                    # Frame knows whether more parts follow (parts of a message arrive together).
+                    part = sock.recv(0, copy=False)
+                    raw = [part]
+                    while part.more:
+                        part = sock.recv(0, copy=False)
+                        raw.append(part)
                     try:
                         reply = decode_reply(raw)
                     except WireError as exc:
@@ -225,7 +245,7 @@ class Client:
                     if not reply.ok:
                         raise errors.error_from_wire(reply.error_code, reply.error_message)
                     return reply
-                if conn.mon in ready and conn.drain_monitor():
+                if any(r[0] is conn.mon for r in ready) and conn.drain_monitor():
                     raise errors.ConnectionError(
                         f"connection to inferd at {self.endpoint} broke during {op!r} (daemon stopped or crashed); safe to retry"
                     )
@@ -271,8 +291,11 @@ class Client:
         outputs: list[str] | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Like :meth:`infer`, plus the daemon's info: queue_us, compute_us, device."""
-        if isinstance(inputs, Mapping):
-            feeds = {str(k): np.asarray(v) for k, v in inputs.items()}
+        if type(inputs) is np.ndarray:  # exact-type checks first: the Mapping ABC check is slower
+            feeds = {"": inputs}
+        elif type(inputs) is dict or isinstance(inputs, Mapping):
+            feeds = {k if type(k) is str else str(k): v if type(v) is np.ndarray else np.asarray(v)
+                     for k, v in inputs.items()}
         else:
             feeds = {"": np.asarray(inputs)}
         args = {"outputs": list(outputs)} if outputs else None

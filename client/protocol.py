@@ -42,6 +42,7 @@ import math
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -191,19 +192,20 @@ def parse_size(value: int | str) -> int:
 
 
 def _frame_view(frame: Frame) -> memoryview:
+    t = type(frame)
+    if t is memoryview:
+        return frame
+    if t is bytes:
+        return memoryview(frame)
     buf = getattr(frame, "buffer", None)  # zmq.Frame received with copy=False
     if buf is not None:
         return buf
     return memoryview(frame)
 
 
-def _frame_len(frame: Frame) -> int:
-    return _frame_view(frame).nbytes
-
-
 def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """(descriptor, frame) for one array; the frame is a flat uint8 view, no copy when contiguous."""
-    a = np.asarray(arr)
+    a = arr if type(arr) is np.ndarray else np.asarray(arr)
     name = _DTYPE_NAME.get(a.dtype)
     if name is None:
         if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not _LITTLE):
@@ -249,19 +251,19 @@ def decode_tensors(
         raise bad(f"header describes {len(descs)} tensors but the message carries {len(frames)} tensor frames")
     out: dict[str, np.ndarray] = {}
     for i, (desc, frame) in enumerate(zip(descs, frames)):
-        if not isinstance(desc, dict):
+        if type(desc) is not dict:
             raise bad(f"tensor {i}: descriptor must be a map, got {type(desc).__name__}")
         name = desc.get("name")
         dtype = desc.get("dtype")
         shape = desc.get("shape")
-        if not isinstance(name, str) or len(name) > TENSOR_NAME_MAX:
+        if type(name) is not str or len(name) > TENSOR_NAME_MAX:
             raise bad(f"tensor {i}: 'name' must be a string of at most {TENSOR_NAME_MAX} chars, got {_short(name)}")
         if name in out:
             raise bad(f"tensor {name!r} appears twice")
-        wire_dtype = _WIRE_DTYPE.get(dtype) if isinstance(dtype, str) else None
+        wire_dtype = _WIRE_DTYPE.get(dtype) if type(dtype) is str else None
         if wire_dtype is None:
             raise bad(f"tensor {name!r}: dtype {_short(dtype)} not allowed; expected one of {sorted(ALLOWED_DTYPES)}")
-        if not isinstance(shape, list) or len(shape) > limits.max_dims:
+        if type(shape) is not list or len(shape) > limits.max_dims:
             raise bad(f"tensor {name!r}: shape must be a list of at most {limits.max_dims} dims, got {_short(shape)}")
         # Python ints: a huge claimed shape cannot overflow, and is only compared, never allocated.
         expected = wire_dtype.itemsize
@@ -269,12 +271,16 @@ def decode_tensors(
             if type(d) is not int or d < 0:  # noqa: E721 - exactly int: bool is refused too
                 raise bad(f"tensor {name!r}: shape dims must be non-negative ints, got {_short(shape)}")
             expected *= d
-        view = _frame_view(frame)
+        view = frame if type(frame) is memoryview else _frame_view(frame)
         if expected != view.nbytes:
             raise bad(
                 f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {view.nbytes} bytes"
             )
-        out[name] = np.frombuffer(view, dtype=wire_dtype).reshape(shape)
+        try:
+            # One constructor call instead of frombuffer + reshape; the sizes were checked just above.
+            out[name] = np.ndarray(shape, wire_dtype, view)
+        except (ValueError, OverflowError):  # an empty tensor whose other dims numpy cannot index
+            raise bad(f"tensor {name!r}: shape {_short(shape)} is beyond what an array can have") from None
     return out
 
 
@@ -286,8 +292,20 @@ def _short(v: Any, n: int = 80) -> str:
 # --------------------------------------------------------------------------- headers
 
 
+_packers = threading.local()
+
+
 def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    # One Packer per thread: msgpack.packb builds a new one, internal buffer included, per call
+    # (about half the cost of packing a request header); Packers are not thread-safe.
+    pk = getattr(_packers, "pk", None)
+    if pk is None:
+        pk = _packers.pk = msgpack.Packer(use_bin_type=True)
+    try:
+        return pk.pack(obj)
+    except BaseException:
+        _packers.pk = None  # never reuse a packer an error left mid-message
+        raise
 
 
 def _unpack_header(frame: Frame, limits: Limits) -> Any:
@@ -342,50 +360,67 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
     """Validate and decode a request (frames after the identity). Raises WireError."""
     if not frames:
         raise WireError(INVALID_ARG, "empty message: expected a msgpack header frame")
+    views = [_frame_view(f) for f in frames]  # once: the size check and the tensors both need them
     total = 0
-    for f in frames:
-        total += _frame_len(f)
+    for v in views:
+        total += v.nbytes
     if total > limits.max_message_bytes:
         raise WireError(INVALID_ARG, f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
-    header = _unpack_header(frames[0], limits)
-    if not isinstance(header, dict):
+    header = _unpack_header(views[0], limits)
+    if type(header) is not dict:
         raise WireError(INVALID_ARG, f"header must be a msgpack map, got {type(header).__name__}")
-    rid = _check_id(header.get("id"))
-    if header.get("id") is not None and rid is None:
-        raise WireError(INVALID_ARG, f"'id' must be an int or a string of at most {REQUEST_ID_STR_MAX} chars, got {_short(header.get('id'))}")
+    raw_id = header.get("id")
+    rid = raw_id if type(raw_id) is int and -(2**63) <= raw_id < 2**64 else _check_id(raw_id)
+    if raw_id is not None and rid is None:
+        raise WireError(INVALID_ARG, f"'id' must be an int or a string of at most {REQUEST_ID_STR_MAX} chars, got {_short(raw_id)}")
 
     def bad(msg: str, code: str = INVALID_ARG) -> WireError:
         return WireError(code, msg, rid)
 
-    v = header.get("v")
-    if v != PROTOCOL_VERSION or isinstance(v, bool):
+    get = header.get
+    v = get("v")
+    if v != PROTOCOL_VERSION or type(v) is bool:
         raise bad(f"protocol version {_short(v)} not supported; this daemon speaks version {PROTOCOL_VERSION}")
-    op = header.get("op")
-    if not isinstance(op, str) or op not in OPS:
+    op = get("op")
+    if type(op) is not str or op not in OPS:
         raise bad(f"unknown op {_short(op)}; expected one of {list(OPS)}")
-    model = header.get("model")
+    model = get("model")
     if op in OPS_WITH_MODEL:
-        if not isinstance(model, str) or not MODEL_NAME_RE.match(model):
+        # Names already seen valid skip the regex (bounded cache: names are short, the set is small).
+        if type(model) is not str or (model not in _GOOD_MODEL_NAMES and not _good_model_name(model)):
             raise bad(f"op {op!r} needs 'model': a name matching {MODEL_NAME_RE.pattern}, got {_short(model)}")
-    elif model is not None and not isinstance(model, str):
+    elif model is not None and type(model) is not str:
         raise bad(f"'model' must be a string, got {_short(model)}")
-    timeout_ms = header.get("timeout_ms")
+    timeout_ms = get("timeout_ms")
     if timeout_ms is not None:
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not math.isfinite(timeout_ms) or timeout_ms < 0:
+        tt = type(timeout_ms)
+        if (tt is not float and tt is not int) or not math.isfinite(timeout_ms) or timeout_ms < 0:
             raise bad(f"'timeout_ms' must be a finite number >= 0 (relative milliseconds), got {_short(timeout_ms)}")
         timeout_ms = float(timeout_ms)
-    priority = header.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+    priority = get("priority", 0)
+    if type(priority) is not int or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise bad(f"'priority' must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {_short(priority)}")
-    args = header.get("args", {})
+    args = get("args")
     if args is None:
         args = {}
-    if not isinstance(args, dict):
+    elif type(args) is not dict:
         raise bad(f"'args' must be a map, got {type(args).__name__}")
-    tensors = decode_tensors(header.get("tensors"), frames[1:], limits, rid)
+    tensors = decode_tensors(get("tensors"), views[1:], limits, rid)
     if tensors and op != "infer":
         raise bad(f"op {op!r} takes no tensors, got {len(tensors)}")
     return Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority)
+
+
+_GOOD_MODEL_NAMES: set[str] = set()
+_GOOD_MODEL_NAMES_MAX = 4096
+
+
+def _good_model_name(name: str) -> bool:
+    if not MODEL_NAME_RE.match(name):
+        return False
+    if len(_GOOD_MODEL_NAMES) < _GOOD_MODEL_NAMES_MAX:
+        _GOOD_MODEL_NAMES.add(name)
+    return True
 
 
 def peek_request_id(frame: Frame, limits: Limits = DEFAULT_LIMITS) -> RequestId:
@@ -423,11 +458,12 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
     if not frames:
         raise WireError(INTERNAL, "empty reply")
     header = _unpack_header(frames[0], lim)
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise WireError(INTERNAL, f"reply header must be a map, got {type(header).__name__}")
     if header.get("v") != PROTOCOL_VERSION:
         raise WireError(INTERNAL, f"reply speaks protocol version {_short(header.get('v'))}, this client speaks {PROTOCOL_VERSION}")
-    rid = _check_id(header.get("id"))
+    raw_id = header.get("id")
+    rid = raw_id if type(raw_id) is int and -(2**63) <= raw_id < 2**64 else _check_id(raw_id)
     if not header.get("ok"):
         err = header.get("error")
         if not isinstance(err, dict):

@@ -8,7 +8,9 @@ Measures, on the CPU device:
   600 KB input transfer dominates): p50/p99 latency of ``model.run`` in-process and of
   ``Client.infer`` through the daemon; the difference of the p50s is the daemon's overhead
   (goal: <= 150 us tiny, <= 1 ms for the 224x224 input);
-* throughput on the tiny model with 1 and with 8 client processes.
+* throughput on the tiny model with 1 and with 8 client processes;
+* CPU time per request of the client thread and of each daemon thread (less disturbed by a
+  loaded machine than wall time), for both models and for ``health`` (no model).
 
 Writes ``daemon_bench_<date>_<machine>.json`` and ``.md`` into ``out_dir``.
 """
@@ -98,6 +100,58 @@ def _echo_floor(tmp: Path, in_bytes: int, out_bytes: int, n: int) -> dict[str, f
         ctx.term()
 
 
+def _thread_cpu_ns(pid: int) -> dict[str, int]:
+    """CPU time (ns) of each thread of ``pid``, keyed "tid:name" (Linux schedstat; {} elsewhere)."""
+    out: dict[str, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                comm = fh.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                out[f"{tid}:{comm}"] = int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+class _CpuMeter:
+    """CPU per call on both sides, which a loaded machine disturbs far less than wall time: the
+    calling thread (``time.thread_time``) and each daemon thread (its schedstat)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.calls = 0
+        self.client_s = 0.0
+        self.daemon_ns: dict[str, int] = {}
+
+    def timed(self, fn: Any, n: int, warmup: int) -> list[float]:
+        for _ in range(warmup):
+            fn()
+        d0, c0 = _thread_cpu_ns(self.pid), time.thread_time()
+        samples = _time(fn, n, warmup=0)
+        c1, d1 = time.thread_time(), _thread_cpu_ns(self.pid)
+        self.calls += n
+        self.client_s += c1 - c0
+        for k, v in d1.items():
+            self.daemon_ns[k] = self.daemon_ns.get(k, 0) + v - d0.get(k, 0)
+        return samples
+
+    def result(self) -> dict[str, Any]:
+        n = max(1, self.calls)
+        # ZeroMQ names its I/O threads ZMQbg/...; the serving (main) thread carries the process name.
+        io = sum(v for k, v in self.daemon_ns.items() if "ZMQbg" in k)
+        serving = max((v for k, v in self.daemon_ns.items() if "ZMQbg" not in k and k.split(":")[0] == str(self.pid)),
+                      default=0)
+        return {"client_thread_us": round(self.client_s / n * 1e6, 1),
+                "daemon_serving_thread_us": round(serving / n / 1e3, 1),
+                "daemon_zmq_io_us": round(io / n / 1e3, 1),
+                "daemon_total_us": round(sum(self.daemon_ns.values()) / n / 1e3, 1)}
+
+
 def _write_img224(path: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
@@ -168,9 +222,10 @@ def run(out_dir: str | os.PathLike[str] = "bench/results", n: int = 2000, second
                 # interleave blocks so that machine noise hits both sides alike
                 direct: list[float] = []
                 served: list[float] = []
+                cpu = _CpuMeter(daemon.pid)
                 for _ in range(10):
                     direct += _time(lambda: m.run(feeds), n // 10, warmup=10)
-                    served += _time(lambda: c.infer(name, feeds), n // 10, warmup=10)
+                    served += cpu.timed(lambda: c.infer(name, feeds), n // 10, warmup=10)
                 d, s = _pcts(direct), _pcts(served)
                 overhead = round(s["p50_us"] - d["p50_us"], 1)
                 in_bytes = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in m.inputs)
@@ -180,8 +235,12 @@ def run(out_dir: str | os.PathLike[str] = "bench/results", n: int = 2000, second
                     "input_bytes": in_bytes, "direct": d, "daemon": s, "overhead_p50_us": overhead,
                     "zmq_echo_floor": floor, "inferd_above_floor_p50_us": round(overhead - floor["p50_us"], 1),
                     "goal_us": GOALS_US[name], "meets_goal": overhead <= GOALS_US[name],
+                    "cpu_per_request_us": cpu.result(),
                 }
                 m.close()
+            hcpu = _CpuMeter(daemon.pid)
+            health = _pcts(hcpu.timed(lambda: c.health(), n, warmup=50))
+            result["health"] = {"daemon": health, "cpu_per_request_us": hcpu.result()}
             tiny_shape = (1, 3, 8, 8)
             result["throughput_tiny_rps"] = {
                 "1_client": round(_throughput(daemon.endpoint, "tiny", tiny_shape, 1, seconds, tmp), 1),
@@ -222,6 +281,18 @@ def _write(result: dict[str, Any], out: Path) -> None:
     lines += ["", "overhead = daemon p50 - direct p50. The bare pyzmq echo (same message sizes, two processes, "
                   "no work) is the floor any Python ZeroMQ server pays here; on a loaded 2-core machine it is "
                   "dominated by thread wake-ups (client, two ZeroMQ I/O threads, server)."]
+    rows = [(name, r["cpu_per_request_us"]) for name, r in result["models"].items() if "cpu_per_request_us" in r]
+    if "health" in result:
+        rows.append(("health (no model)", result["health"]["cpu_per_request_us"]))
+    if rows:
+        lines += ["", "CPU time per request (us), less disturbed by machine load than wall time; the serving "
+                      "thread's includes the model run (inline for small CPU models):", "",
+                  "| request | client thread | daemon serving thread | daemon ZeroMQ I/O | daemon total |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | {c['client_thread_us']} | {c['daemon_serving_thread_us']} | {c['daemon_zmq_io_us']} "
+                  f"| {c['daemon_total_us']} |" for name, c in rows]
+        if "health" in result:
+            lines += ["", f"health round trip p50 {result['health']['daemon']['p50_us']} us."]
     tp = result["throughput_tiny_rps"]
     lines += ["", f"Throughput, tiny model: {tp['1_client']} req/s with 1 client process, "
                   f"{tp['8_clients']} req/s with 8 client processes.", ""]

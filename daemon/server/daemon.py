@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import functools
+import gc
 import itertools
 import logging
 import os
@@ -36,6 +37,25 @@ from .scheduler import LOADING, READY, UNAVAILABLE, DeviceLock, Job, ModelSlot
 from .sdnotify import Notifier, setup_logging
 
 log = logging.getLogger("inferd.server")
+
+# Plain ints: pyzmq's constants are IntFlag enums, and every ``|``/``&`` on them runs the enum
+# machinery (about a microsecond each), several times per request.
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+
+
+def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
+    """``sock.recv_multipart(flags, copy=False)`` without its per-part RCVMORE getsockopt: a
+    received Frame already knows whether more parts follow (parts of a message arrive together)."""
+    f = sock.recv(flags, copy=False)
+    frames = [f]
+    while f.more:
+        f = sock.recv(flags, copy=False)
+        frames.append(f)
+    return frames
+
 
 STATUS_PERIOD_S = 10.0
 MAX_BATCH = 256  # messages handled per socket per loop turn, so neither socket starves the other
@@ -138,7 +158,7 @@ class _MainSender:
         self.server = server
 
     def send(self, ident: bytes, frames: list[Any]) -> None:
-        self.server._send(ident, frames)
+        self.server._send_frames([ident, *frames])
 
     def event(self, kind: str, name: str) -> None:
         self.server._on_event(kind, name)
@@ -227,6 +247,11 @@ class Server:
         self._rl = _RateLimited()
         self._next_sweep = float("inf")  # earliest queued deadline (may be early, never late)
         self._inline_sender = _MainSender(self)
+        # gc.freeze() once ready: right for the daemon's own process (serve_main sets it), not for
+        # a process that embeds a Server among other work.
+        self.freeze_gc = False
+        self._ops: dict[str, Callable[[bytes, P.Request, float], None]] = {
+            op: getattr(self, "_op_" + op) for op in P.OPS}
 
     @staticmethod
     def _limits(c: Config) -> P.Limits:
@@ -301,6 +326,12 @@ class Server:
         if self._pending_preload or self.draining:
             return
         if not self.ready or self._reloading:
+            if not self.ready and self.freeze_gc:
+                # Everything alive now (modules, loaded models) lives as long as the daemon: move it
+                # out of the collector's view, so the collections that per-request garbage triggers
+                # stay short instead of walking the whole heap.
+                gc.collect()
+                gc.freeze()
             self.ready = True
             self._reloading = False
             self.notifier.ready(self._status_line())
@@ -320,10 +351,20 @@ class Server:
     # ------------------------------------------------------------------ sending
 
     def _send(self, ident: bytes, frames: list[Any]) -> None:
-        assert self.router is not None
+        self._send_frames([ident, *frames])
+
+    def _send_frames(self, frames: list[Any]) -> None:
+        """Send ``[identity, header, tensors...]`` to a client; drops (with a log line) what cannot go."""
+        router = self.router
+        assert router is not None
         try:
-            self.router.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+            # send per frame rather than send_multipart, whose type-check pass costs more than the
+            # sends for small replies; copy=False still copies frames below zmq.COPY_THRESHOLD.
+            for f in frames[:-1]:
+                router.send(f, _NOBLOCK_MORE, copy=False)
+            router.send(frames[-1], _NOBLOCK, copy=False)
         except zmq.ZMQError as exc:
+            ident = frames[0]
             if exc.errno == errno.EHOSTUNREACH:
                 log.debug("client %s went away; reply dropped", ident.hex())
             elif exc.errno == errno.EAGAIN:
@@ -335,17 +376,21 @@ class Server:
         self._send(ident, P.encode_error(rid, code, message))
 
     def _forward_replies(self) -> None:
-        assert self.pull is not None
+        pull = self.pull
+        assert pull is not None
         for _ in range(MAX_BATCH * 4):
+            if not pull.get(_EVENTS) & _POLLIN:
+                return
             try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(pull, _NOBLOCK)
             except zmq.Again:
                 return
             ident = frames[0].bytes
             if not ident:
                 self._on_event(frames[1].bytes.decode(), frames[2].bytes.decode())
             else:
-                self._send(ident, frames[1:])
+                frames[0] = ident
+                self._send_frames(frames)
 
     def _on_event(self, kind: str, name: str) -> None:
         if kind == "state":
@@ -367,9 +412,13 @@ class Server:
             self._rl(logging.WARNING, "bad request from %s: %s", ident.hex(), exc.message)
             self._error(ident, rid, exc.code, exc.message)
             return
+        except Exception as exc:  # a decoding gap must cost one reply, never the serving loop
+            self._rl(logging.ERROR, "undecodable request from %s: %s: %s", ident.hex(), type(exc).__name__, exc)
+            self._error(ident, P.peek_request_id(body[0], self.limits) if body else None, P.INVALID_ARG,
+                        f"request could not be decoded: {type(exc).__name__}: {exc}")
+            return
         try:
-            handler = getattr(self, "_op_" + req.op)
-            handler(ident, req, t_recv)
+            self._ops[req.op](ident, req, t_recv)
         except Exception as exc:
             log.exception("op %s failed", req.op)
             self._error(ident, req.id, P.INTERNAL, f"{req.op}: {type(exc).__name__}: {exc}")
@@ -568,10 +617,11 @@ class Server:
             old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.pull, zmq.POLLIN)
-        poller.register(wake_r.fileno(), zmq.POLLIN)
+        router, pull, wake_fd = self.router, self.pull, wake_r.fileno()
+        # zmq_poll on a fixed item list: zmq.Poller rebuilds the list and a dict on every call.
+        poll_items = [(router, _POLLIN), (pull, _POLLIN), (wake_fd, _POLLIN)]
+        zmq_poll = zmq.zmq_poll
+        handle = self._handle
         try:
             self.rescan()
             self._check_ready()
@@ -598,22 +648,26 @@ class Server:
                     timeout = min(timeout, max(0.0, nearest - now) + 0.0005)
                 if self.draining:
                     timeout = min(timeout, 0.02)
-                events = dict(poller.poll(int(timeout * 1000) + 1))
-                if wake_r.fileno() in events:
-                    try:
-                        while wake_r.recv(512):
-                            pass
-                    except BlockingIOError:
-                        pass
-                if self.router in events:
-                    for _ in range(MAX_BATCH):
+                for sock, _ev in zmq_poll(poll_items, int(timeout * 1000) + 1):
+                    if sock is router:
+                        # Ask the socket whether more is queued rather than recv until zmq.Again:
+                        # building that exception costs more than the getsockopt.
+                        for _ in range(MAX_BATCH):
+                            try:
+                                frames = recv_frames(router, _NOBLOCK)
+                            except zmq.Again:
+                                break
+                            handle(frames)
+                            if not router.get(_EVENTS) & _POLLIN:
+                                break
+                    elif sock is pull:
+                        self._forward_replies()
+                    else:
                         try:
-                            frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self._handle(frames)
-                if self.pull in events:
-                    self._forward_replies()
+                            while wake_r.recv(512):
+                                pass
+                        except BlockingIOError:
+                            pass
             self._forward_replies()
             log.info("drained; shutting down")
             return 0
@@ -669,6 +723,7 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     apply_threads(config.threads)
     prepare_cache_dir(config.cache_dir)
     server = Server(config, cli, config_path, loader=loader)
+    server.freeze_gc = True
     try:
         server.bind()
     except EndpointBusy as exc:

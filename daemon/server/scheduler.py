@@ -36,6 +36,8 @@ UNAVAILABLE = "UNAVAILABLE"
 
 QUEUED, TAKEN, DONE = 0, 1, 2
 
+_SHARED_DEVICES = frozenset({"vulkan", "auto"})  # devices whose use goes through the DeviceLock
+
 Loader = Callable[..., Any]
 
 
@@ -109,6 +111,11 @@ class Stats:
     compute_s: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def incr(self, name: str) -> None:
+        """One counter up by one: the per-request path, without ``add``'s keyword dict."""
+        with self.lock:
+            setattr(self, name, getattr(self, name) + 1)
+
     def add(self, **counts: int) -> None:
         with self.lock:
             for k, v in counts.items():
@@ -145,7 +152,10 @@ class ModelSlot:
         self._expected: dict[str, dict[str, Any]] = {}
         self.outputs: list[dict[str, Any]] = []
         self.on_demand = True  # cleared by an explicit unload, set again by an explicit load
-        self.cond = threading.Condition()
+        # The condition's own lock, for the per-request path: ``with self._mutex`` enters it in C,
+        # ``with self.cond`` goes through Condition's Python-level __enter__/__exit__.
+        self._mutex = threading.RLock()
+        self.cond = threading.Condition(self._mutex)
         self._heap: list[tuple[int, int, Job]] = []
         self._dl_heap: list[tuple[float, int, Job]] = []
         self.queued = 0
@@ -236,6 +246,13 @@ class ModelSlot:
         sig = self.inputs
         if not sig:
             return feeds, None  # unknown until the first load; the model itself checks
+        if len(feeds) == 1 and len(sig) == 1:
+            # The common single-input case without building sets; mismatches take the long path
+            # below for its full message.
+            (name, a), = feeds.items()
+            s0 = self._expected[sig[0]["name"]]
+            if (name == "" or name == s0["name"]) and a.dtype == s0["np_dtype"] and a.shape == s0["tshape"]:
+                return (feeds if name else {s0["name"]: a}), None
         if list(feeds) == [""]:
             if len(sig) != 1:
                 return feeds, (f"model {self.name!r} has {len(sig)} inputs {[s['name'] for s in sig]}; "
@@ -262,29 +279,31 @@ class ModelSlot:
         most of the daemon's overhead for small models, and cannot delay other models by more
         than that bound.
         """
-        with self.cond:
+        with self._mutex:
             if self.state == UNAVAILABLE:
-                self.stats.add(rejected=1)
+                self.stats.incr("rejected")
                 return P.UNAVAILABLE, f"model {self.name!r} is unavailable: {self.reason}"
             if self.state == UNLOADED and not self.on_demand:
-                self.stats.add(rejected=1)
+                self.stats.incr("rejected")
                 return P.UNAVAILABLE, f"model {self.name!r} was unloaded by request; load it again first"
             if self.queued >= self.max_queue:
-                self.stats.add(rejected=1)
+                self.stats.incr("rejected")
                 return P.UNAVAILABLE, f"queue of model {self.name!r} is full ({self.max_queue} requests waiting)"
             if job.feeds is not None and self.inputs:
                 job.feeds, err = self.check_feeds(job.feeds)
                 if err:
-                    self.stats.add(rejected=1)
+                    self.stats.incr("rejected")
                     return P.INVALID_ARG, err
                 job.sig = self.inputs
             if job.outputs and self.outputs:
                 known = {o["name"] for o in self.outputs}
                 bad = [o for o in job.outputs if o not in known]
                 if bad:
-                    self.stats.add(rejected=1)
+                    self.stats.incr("rejected")
                     return P.INVALID_ARG, f"model {self.name!r} has no output(s) {bad}; outputs are {sorted(known)}"
-            self.stats.add(requests=1)
+            stats = self.stats
+            with stats.lock:
+                stats.requests += 1
             limit = self.server.config.inline_max_us * 1e-6
             run_here = (inline is not None and self.state == READY and not self.queued and not self.busy
                         and not self._control and self.device == "cpu" and self._compute_ema is not None
@@ -310,7 +329,7 @@ class ModelSlot:
             finally:
                 # No notify: only the main thread (running this) queues work, so the worker has
                 # nothing new to see; waking it would cost a context switch per request.
-                with self.cond:
+                with self._mutex:
                     self.busy = False
                     self.running_since = None
         return None
@@ -409,14 +428,14 @@ class ModelSlot:
         return None
 
     def _device_ctx(self, device: str | None, priority: int = 0) -> Any:
-        if device in ("vulkan", "auto"):
+        if device in _SHARED_DEVICES:
             return self.server.device_lock.hold(self.entry.config.priority, priority)
         return nullcontext()
 
     def _run_job(self, job: Job, sender: ReplySender) -> None:
         now = time.monotonic()
         if job.deadline is not None and now > job.deadline:
-            self.stats.add(expired=1)
+            self.stats.incr("expired")
             job.feeds = None
             sender.send(job.ident, P.encode_error(job.req_id, P.DEADLINE_EXCEEDED,
                         f"model {self.name!r}: deadline passed after {1e3 * (now - job.t_recv):.1f} ms in the queue; not run"))
@@ -429,14 +448,16 @@ class ModelSlot:
                 feeds, err = self.check_feeds(feeds)
                 if err:
                     raise _Invalid(err)
-            t_start = time.monotonic()
+            t_start = now if job.sig is self.inputs else time.monotonic()
             queue_s = t_start - job.t_recv
-            with self.cond:
-                self.running_since = t_start
-            t0 = time.perf_counter()
-            with self._device_ctx(self.device, job.priority):
+            self.running_since = t_start  # one attribute store: atomic, read by the main thread's stall check
+            device = self.device
+            if device in _SHARED_DEVICES:
+                with self._device_ctx(device, job.priority):
+                    out = model.run(feeds)
+            else:
                 out = model.run(feeds)
-            compute = time.perf_counter() - t0
+            compute = time.monotonic() - t_start
             if job.outputs:
                 missing = [o for o in job.outputs if o not in out]
                 if missing:
