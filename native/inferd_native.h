@@ -36,3 +36,11 @@ int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, in
    6 HardSwish, 7 HardSigmoid(alpha = p0, beta = p1). */
 void inferd_bias_act(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
                      int act, float p0, float p1);
+
+/* y[k] = erf(x[k]) for k < n, max abs error ~1e-7; y may be x (in place) but must not partially overlap it.
+   erf(+-inf) = +-1, NaN propagates. */
+void inferd_erf(const float* x, float* y, long long n);
+
+/* In place GELU over n floats: approx 0 -> 0.5 y (1 + erf(y / sqrt 2)), approx 1 -> the tanh approximation
+   0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))). GELU(-inf) = -0, GELU(inf) = inf, NaN propagates. */
+void inferd_gelu(float* y, long long n, int approx);

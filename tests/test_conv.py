@@ -631,7 +631,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 5
+    assert native.ABI == 6
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
@@ -716,6 +716,27 @@ int main(void){
     for (int c = 0; c < C; ++c) for (size_t k = 0; k < P; ++k) er[c * P + k] = actf(er[c * P + k] + b[c] + (it % 2 ? res[c * P + k] : 0), act, p0, p1);
     check("bias_act", maxdiff(e, er, (size_t)C * P), 2e-6, it);
     free(x); free(col); free(ref); free(y); free(yr); free(w); free(b); free(o); free(orf); free(e); free(er); free(res);
+  }
+  { /* erf and GELU on a dense grid plus specials, against libm in double */
+    enum { NG = 40013 }; float* g = malloc(sizeof(float) * (NG + 8)); float* ge = malloc(sizeof(float) * (NG + 8));
+    for (int i = 0; i < NG; ++i) g[i] = -12.0f + 24.0f * (float)i / (NG - 1);
+    g[NG] = 0.0f; g[NG + 1] = -0.0f; g[NG + 2] = 1e-30f; g[NG + 3] = -1e-38f; g[NG + 4] = INFINITY; g[NG + 5] = -INFINITY; g[NG + 6] = NAN; g[NG + 7] = 3e38f;
+    inferd_erf(g, ge, NG + 8);
+    double de = 0; for (int i = 0; i < NG + 6; ++i) { double d = fabs((double)ge[i] - erf((double)g[i])); if (!(d <= de)) de = d != d ? 1e30 : d; }
+    check("erf", de, 2e-7, 0);
+    check("erf specials", (ge[NG + 6] != ge[NG + 6] && signbit(ge[NG + 1]) && ge[NG + 4] == 1.0f && ge[NG + 5] == -1.0f && ge[NG + 7] == 1.0f) ? 0 : 1, 0, 0);
+    memcpy(ge, g, sizeof(float) * (NG + 8)); inferd_erf(ge, ge, NG + 8); /* in place */
+    double di = 0; for (int i = 0; i < NG + 6; ++i) { double d = fabs((double)ge[i] - erf((double)g[i])); if (!(d <= di)) di = d != d ? 1e30 : d; }
+    check("erf in place", di, 2e-7, 0);
+    for (int ap = 0; ap < 2; ++ap) {
+      memcpy(ge, g, sizeof(float) * (NG + 8)); inferd_gelu(ge, NG + 8, ap);
+      double dg = 0; for (int i = 0; i < NG + 4; ++i) { double x = g[i];
+        double r = ap ? 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) : 0.5 * x * (1.0 + erf(x * 0.7071067811865476));
+        double d = fabs((double)ge[i] - r) / (fabs(r) > 1 ? fabs(r) : 1); if (!(d <= dg)) dg = d != d ? 1e30 : d; }
+      check(ap ? "gelu tanh" : "gelu", dg, 5e-7, ap);
+      check("gelu specials", (ge[NG + 4] == INFINITY && ge[NG + 5] == 0.0f && ge[NG + 6] != ge[NG + 6]) ? 0 : 1, 0, ap);
+    }
+    free(g); free(ge);
   }
   printf("abi %d: %s (%d failures)\n", inferd_native_abi(), fails ? "FAILED" : "ok", fails);
   return fails != 0;

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import native
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
@@ -50,7 +51,10 @@ def apply_act(x: np.ndarray, act: Act | None) -> np.ndarray:
         t = x.copy()
         np.multiply(x, _sigmoid(t, out=t), out=x)
     elif name == "Gelu":
-        if p and p[0] == 1.0:  # tanh approximation
+        if x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable:
+            # one branch-free C pass (threaded) instead of ~6 numpy passes and scipy's erf
+            native.gelu_(x, bool(p and p[0] == 1.0))
+        elif p and p[0] == 1.0:  # tanh approximation
             t = np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x))
             np.multiply(x, np.float32(0.5) * (1 + t), out=x)
         else:
