@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import drop_page_cache, machine_info, median_ms, time_calls, write_results
+from .common import drop_page_cache, machine_info, write_results
 
 DEFAULT_MODELS = ["resnet50", "mobilenetv2", "resnet18", "squeezenet1_1", "shufflenetv2_x1_0", "efficientnet_b0",
                   "googlenet", "unet_small", "vit_tiny", "vgg16"]
@@ -49,30 +50,69 @@ def _cold(which: str, path: Path, threads: int, device: str) -> float:
     return float(r.stdout.strip().splitlines()[-1])
 
 
-def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool) -> dict[str, Any]:
+_WARM = r"""
+import sys, time, json, numpy as np
+which, path, threads, repeat, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+x = np.load(sys.argv[6])
+if which == "ort":
     import onnxruntime as ort
-
+    so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
+    s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feeds = {s.get_inputs()[0].name: x}
+    run = lambda: s.run(None, feeds)[0]
+else:
     import inferd
+    m = inferd.load(path, device=device)
+    feeds = {m.inputs[0].name: x}
+    out0 = m.output_names[0]
+    run = lambda: m.run(feeds)[out0]
+y = run()
+for _ in range(3):
+    run()
+ts = []
+for _ in range(repeat):
+    t = time.perf_counter(); run(); ts.append(time.perf_counter() - t)
+np.save(sys.argv[7], y)
+extra = {}
+if which != "ort":
+    kc = {}
+    for k in m.kernels.values():
+        kc[k] = kc.get(k, 0) + 1
+    extra = {"kernels": kc, "memory_bytes": m.memory_bytes}
+print("RESULT " + json.dumps({"warm_ms": float(np.median(ts)) * 1e3, **extra}))
+"""
 
-    model = inferd.load(path, device=device)
-    rng = np.random.default_rng(0)
-    feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs}
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    ref = sess.run(None, feeds)
-    got = model.run(feeds)
-    err = max(float(np.abs(got[n] - r).max() / max(np.abs(r).max(), 1e-30)) for n, r in zip(model.output_names, ref))
-    ours = median_ms(time_calls(lambda: model.run(feeds), repeat))
-    theirs = median_ms(time_calls(lambda: sess.run(None, feeds), repeat))
-    res: dict[str, Any] = {"warm_ms": ours, "ort_warm_ms": theirs, "warm_ratio": ours / theirs, "max_rel_err": err,
-                           "kernels": _kernel_counts(model), "memory_bytes": model.memory_bytes}
+
+def _warm(which: str, path: Path, threads: int, repeat: int, device: str, x_path: Path, y_path: Path) -> dict[str, Any]:
+    # Each engine in its own process: onnxruntime's spinning pool threads and OpenBLAS' would
+    # otherwise steal the other's cores and distort both numbers.
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, "-c", _WARM, which, str(path), str(threads), str(repeat), device,
+                        str(x_path), str(y_path)], capture_output=True, text=True, env=env, timeout=1200)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"warm run of {which} on {path.name} failed: {r.stderr[-2000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool) -> dict[str, Any]:
+    from ..frontend import import_model
+
+    inp = import_model(path).inputs[0]
+    with tempfile.TemporaryDirectory() as d:
+        xp, yo, yr = Path(d) / "x.npy", Path(d) / "ours.npy", Path(d) / "ref.npy"
+        np.save(xp, np.random.default_rng(0).standard_normal(inp.shape).astype(inp.dtype))
+        ours = _warm("inferd", path, threads, repeat, device, xp, yo)
+        theirs = _warm("ort", path, threads, repeat, device, xp, yr)
+        got, ref = np.load(yo), np.load(yr)
+    err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+    res: dict[str, Any] = {"warm_ms": ours["warm_ms"], "ort_warm_ms": theirs["warm_ms"],
+                           "warm_ratio": ours["warm_ms"] / theirs["warm_ms"], "max_rel_err": err,
+                           "kernels": ours.get("kernels"), "memory_bytes": ours.get("memory_bytes")}
     if cold:
         res["cold_ms"] = _cold("inferd", path, threads, device) * 1e3
         res["ort_cold_ms"] = _cold("ort", path, threads, device) * 1e3
         res["cold_ratio"] = res["cold_ms"] / res["ort_cold_ms"]
-    model.close()
     return res
 
 
@@ -112,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             "onnxruntime": ort.__version__, "models": results}
     lines = [f"# inferd vs onnxruntime, {args.device}, {args.threads} threads",
              "", f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores; date {data['machine']['date']};"
-             f" onnxruntime {ort.__version__}; warm = median of {args.repeat} runs; cold = fresh process, model file"
+             f" onnxruntime {ort.__version__}; warm = median of {args.repeat} runs, each engine in its own process"
+             " (first output of the model compared); cold = fresh process, model file"
              " evicted from the page cache, load + first inference (libraries already imported).", "",
              "| model | inferd warm ms | ort warm ms | warm ratio | inferd cold ms | ort cold ms | cold ratio | max rel err |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
