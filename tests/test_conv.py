@@ -246,6 +246,63 @@ def test_conv_fused_epilogue(act, mode: str) -> None:
             assert rel_err(y, expect) <= TOL, f"{kern.name} {xshape} {mode} {act}"
 
 
+# one image, 1x1 stride 1 and depthwise stride 1/2: the shapes that take the kernels' single-thread fast paths
+FAST_SHAPES = [
+    ((1, 6, 7, 9), 8, (1, 1), {}),
+    ((1, 6, 7, 9), 6, (3, 3), dict(group=6, pads=[1, 1, 1, 1])),
+    ((1, 6, 9, 8), 6, (3, 3), dict(group=6, pads=[1, 1, 1, 1], strides=[2, 2])),
+]
+
+
+@pytest.mark.parametrize("act", ACTS, ids=[a[0] if a else "none" for a in ACTS])
+@pytest.mark.parametrize("mode", ["bias+res", "nobias+res", "placeholder+res", "bias", "dynbias"])
+def test_conv_fast_path_matches_general_path(act, mode: str, monkeypatch) -> None:
+    """conv1x1/depthwise skip the general plumbing for one contiguous image on one native thread: same results as
+    the general path and the numpy oracle, and the fast path is taken exactly when it applies."""
+    calls: list[str] = []
+    for fname in ("bias_act_direct", "dwconv2d_direct"):
+        real = getattr(native, fname)
+        monkeypatch.setattr(native, fname,
+                            lambda *a, _real=real, _name=fname: (calls.append(_name), _real(*a))[1])
+    monkeypatch.setattr(native, "_threads", 1)  # the fast path is for one native thread (the 2-core default)
+    force_slow = [False]
+    real_fast = native.fast_path
+    monkeypatch.setattr(native, "fast_path", lambda: not force_slow[0] and real_fast())
+    for si, (xshape, cout, k, attrs) in enumerate(FAST_SHAPES):
+        x, w, b = make_inputs(si + 20, xshape, (cout, xshape[1] // attrs.get("group", 1)) + k, True)
+        res = np.random.default_rng(si + 30).standard_normal(
+            single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
+        fused = dict(attrs, **({"act": act} if act is not None else {}))
+        if mode == "bias+res":
+            ins, const = [x, w, b, res], [False, True, True, False]
+        elif mode == "nobias+res":
+            ins, const = [x, w, res], [False, True, False]
+        elif mode == "placeholder+res":
+            ins, const = [x, w, None, res], [False, True, False, False]
+        elif mode == "bias":
+            ins, const = [x, w, b], [False, True, True]
+        else:  # a bias computed at run time is not in params: the general path handles it
+            ins, const = [x, w, b], [False, True, False]
+        if "res" in mode:
+            fused["residual"] = True
+        layer = single_node_layer("Conv", ins, fused, const=const)
+        expect = op_spec("Conv").reference(layer.node, list(ins))[0]
+        name = "conv1x1" if k == (1, 1) else "depthwise"
+        kern = kernel("Conv", name)
+        assert kern.applies(layer)
+        force_slow[0] = False
+        calls.clear()
+        fast = run_layer(kern, layer, ins)[0]
+        want_fast = native.AVAILABLE and (act is None or act[0] in native.NATIVE_ACTS) and mode != "dynbias"
+        assert bool(calls) == want_fast, (name, mode, act, calls)
+        assert rel_err(fast, expect) <= TOL, f"{name} {mode} {act}"
+        force_slow[0] = True
+        calls.clear()
+        slow = run_layer(kern, layer, ins)[0]
+        assert not calls
+        np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-6)
+
+
 def test_conv_fused_residual_against_onnxruntime_composition() -> None:
     """A Conv + Add + Relu graph in onnxruntime equals our fused node for every kernel."""
     rng = np.random.default_rng(3)

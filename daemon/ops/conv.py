@@ -417,6 +417,48 @@ def _geo2d(layer: Layer) -> Geom2D | None:
     return g
 
 
+_INFO_CACHE: dict[int, tuple[weakref.ref, tuple]] = {}
+
+
+def _fast_info(layer: Layer) -> tuple:
+    """(bias position, residual position, act code, p0, p1), cached per Layer object; code -1 when the fused
+    activation is not one the C epilogue knows. Saves re-parsing node attributes on every warm run."""
+    hit = _INFO_CACHE.get(id(layer))
+    if hit is not None and hit[0]() is layer:
+        return hit[1]
+    bi, ri = io_positions(layer.node)
+    act = _act(layer.node)
+    code, p0, p1 = native._act_code(act) if act is None or act[0] in native.NATIVE_ACTS else (-1, 0.0, 0.0)
+    info = (bi, ri, code, p0, p1)
+    if len(_INFO_CACHE) > 4096:
+        _INFO_CACHE.clear()
+    _INFO_CACHE[id(layer)] = (weakref.ref(layer), info)
+    return info
+
+
+def _fast_io(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             out: np.ndarray) -> tuple | None:
+    """(x, bias, res, code, p0, p1) when the layer can take a kernel's fast path: one thread of native code,
+    contiguous float32 input/output/residual of the expected shapes, constant bias already transformed,
+    and a native (or no) activation. None otherwise (the general path handles everything)."""
+    if not native.fast_path():
+        return None
+    bi, ri, code, p0, p1 = _fast_info(layer)
+    if code < 0 or (bi is not None and "b" not in params):
+        return None
+    x = inputs[0] if inputs else None
+    if x is None or x.dtype != F32 or not x.flags.c_contiguous:
+        return None
+    if out.dtype != F32 or not out.flags.c_contiguous:
+        return None
+    res = None
+    if ri is not None:
+        res = _arg(layer, inputs, params, ri)
+        if res is None or res.shape != out.shape or res.dtype != F32 or not res.flags.c_contiguous:
+            return None
+    return x, params.get("b"), res, code, p0, p1
+
+
 def _passthrough(layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Raw constants other than the weights and bias (e.g. a constant residual), kept under their raw keys."""
     bi, _ = io_positions(layer.node)
@@ -568,6 +610,15 @@ class Conv1x1(_ConvKernelBase):
             outputs: Sequence[np.ndarray]) -> None:
         g = _geo2d(layer)
         assert g is not None
+        if g.n == 1 and g.group == 1 and g.sh == g.sw == 1:
+            f = _fast_io(layer, inputs, params, outputs[0])
+            if f is not None:
+                x, bias, res, code, p0, p1 = f
+                y2 = outputs[0].reshape(g.cout, g.oh * g.ow)
+                np.matmul(params["w"][0], x.reshape(g.cin, g.oh * g.ow), out=y2)
+                if bias is not None or res is not None or code:
+                    native.bias_act_direct(y2, bias, None if res is None else res.reshape(y2.shape), code, p0, p1)
+                return
         x, bias, res, act = self._common(layer, inputs, params)
         o = _Out(outputs[0])
         w = params["w"]
@@ -610,6 +661,16 @@ class ConvDepthwise(_ConvKernelBase):
             outputs: Sequence[np.ndarray]) -> None:
         g = _geo2d(layer)
         assert g is not None
+        if g.n == 1:
+            f = _fast_io(layer, inputs, params, outputs[0])
+            if f is not None:
+                x, bias, res, code, p0, p1 = f
+                y3 = outputs[0].reshape(g.cout, g.oh, g.ow)
+                native.dwconv2d_direct(x.reshape(g.cin, g.h, g.w), params["w"], bias, y3, g.sh, g.sw, g.dh, g.dw,
+                                       g.pt, g.pl, 0 if res is not None else code, p0, p1)
+                if res is not None:  # the residual is added before the activation
+                    native.bias_act_direct(y3, None, res.reshape(y3.shape), code, p0, p1)
+                return
         x, bias, res, act = self._common(layer, inputs, params)
         o = _Out(outputs[0])
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
