@@ -24,7 +24,7 @@ import math
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -521,6 +521,17 @@ class _ConvKernelBase(Kernel):
         return x, bias, res, _act(layer.node)
 
 
+def _run_reference(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+                   outputs: Sequence[np.ndarray], compute: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+    """The reference kernels' shared body: ``compute(x, w)``, then bias, residual and activation in numpy."""
+    bi, ri = io_positions(layer.node)
+    x, w = _arg(layer, inputs, params, 0), _arg(layer, inputs, params, 1)
+    assert x is not None and w is not None
+    y = compute(x, w).astype(outputs[0].dtype, copy=False)
+    _epilogue_numpy(y, _arg(layer, inputs, params, bi), _arg(layer, inputs, params, ri), _act(layer.node))
+    np.copyto(outputs[0], y)
+
+
 # =========================================================================== Conv kernels
 
 
@@ -534,12 +545,8 @@ class ConvDirect(Kernel):
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
-        bi, ri = io_positions(layer.node)
-        x, w = _arg(layer, inputs, params, 0), _arg(layer, inputs, params, 1)
-        assert x is not None and w is not None
-        y = conv_nd(x, w, conv_geom(layer.node, x.shape, w.shape)).astype(outputs[0].dtype, copy=False)
-        _epilogue_numpy(y, _arg(layer, inputs, params, bi), _arg(layer, inputs, params, ri), _act(layer.node))
-        np.copyto(outputs[0], y)
+        _run_reference(layer, inputs, params, outputs,
+                       lambda x, w: conv_nd(x, w, conv_geom(layer.node, x.shape, w.shape)))
 
 
 @register_kernel
@@ -861,13 +868,8 @@ class ConvTransposeDirect(Kernel):
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
-        bi, ri = io_positions(layer.node)
-        x, w = _arg(layer, inputs, params, 0), _arg(layer, inputs, params, 1)
-        assert x is not None and w is not None
-        y = conv_transpose_nd(x, w, conv_transpose_geom(layer.node, x.shape, w.shape))
-        y = y.astype(outputs[0].dtype, copy=False)
-        _epilogue_numpy(y, _arg(layer, inputs, params, bi), _arg(layer, inputs, params, ri), _act(layer.node))
-        np.copyto(outputs[0], y)
+        _run_reference(layer, inputs, params, outputs,
+                       lambda x, w: conv_transpose_nd(x, w, conv_transpose_geom(layer.node, x.shape, w.shape)))
 
 
 @register_kernel
