@@ -119,6 +119,16 @@ class Geom2D:
     oh: int
     ow: int
 
+    @property
+    def unpadded_1x1(self) -> bool:
+        """A 1x1 kernel with no padding: the input itself is the GEMM operand (any stride)."""
+        return self.kh == 1 and self.kw == 1 and not (self.pt or self.pl or self.pb or self.pr)
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1, stride 1, unpadded: every output pixel is one input pixel."""
+        return self.unpadded_1x1 and self.sh == 1 and self.sw == 1
+
 
 def conv_pads(in_sp: Sequence[int], k: Sequence[int], s: Sequence[int], d: Sequence[int], auto_pad: str,
               pads: Sequence[int] | None) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -601,7 +611,7 @@ class Conv1x1(_ConvKernelBase):
 
     def applies(self, layer: Layer) -> bool:
         g = self._base_applies(layer)
-        return (g is not None and g.kh == 1 and g.kw == 1 and not (g.pt or g.pl or g.pb or g.pr))
+        return g is not None and g.unpadded_1x1
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = layer_geom(layer)

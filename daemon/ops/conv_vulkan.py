@@ -200,8 +200,7 @@ class VkConv1x1(VkConvGemm):
 
     def applies(self, layer: Layer) -> bool:
         g = self._geo(layer)
-        return (g is not None and g.kh == g.kw == 1 and g.sh == g.sw == 1
-                and g.pt == g.pl == g.pb == g.pr == 0)
+        return g is not None and g.pointwise
 
 
 @register_kernel
@@ -364,8 +363,7 @@ class VkConv1x1Tex(_ConvTex):
 
     def applies(self, layer: Layer) -> bool:
         g = self._geo(layer)
-        return (g is not None and g.kh == g.kw == 1 and g.sh == g.sw == 1
-                and g.pt == g.pl == g.pb == g.pr == 0 and (g.oh * g.ow) % 4 == 0)
+        return g is not None and g.pointwise and (g.oh * g.ow) % 4 == 0
 
 
 @register_kernel
