@@ -19,6 +19,7 @@ import numpy as np
 
 from . import __version__
 from .errors import WeightsStoreError
+from .fileio import atomic_write
 from .ir import Graph, Node, TensorInfo
 from .ops.base import raw_key
 from .store import StoreWriter, WeightsStore, file_sha256
@@ -94,9 +95,7 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
         "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes],
         "kernels": {layer.name: k.name for layer, k in choice},
     }, default=_default, use_bin_type=True)
-    tmp = out / f"plan.bin.tmp{os.getpid()}"
-    tmp.write_bytes(_PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
-    os.replace(tmp, out / "plan.bin")
+    atomic_write(out / "plan.bin", _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
     return out
 
 

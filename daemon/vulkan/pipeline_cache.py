@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import struct
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..fileio import atomic_write
 
 from .shaders import shader_set_hash
 
@@ -166,19 +166,7 @@ class PipelineCache:
             blob = make_header(self.dev, self.shader_hash, data) + data
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=str(self.path.parent))
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(blob)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    os.replace(tmp, self.path)
-                except BaseException:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
-                    raise
+                atomic_write(self.path, blob, fsync=True)
             except OSError as e:
                 log.warning("cannot save the pipeline cache to %s: %s", self.path, e)
                 return False

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..errors import BackendError
+from ..fileio import atomic_write
 
 log = logging.getLogger("inferd.vulkan.shaders")
 
@@ -556,9 +557,9 @@ class ShaderCache:
                 spv_p, man_p = self._paths(mod.key, d)
                 meta = {"name": mod.name, "defines": dict(mod.defines), "compiler": version, "target_env": TARGET_ENV,
                         "spirv_sha256": hashlib.sha256(mod.spirv).hexdigest(), "manifest": mod.manifest.to_json()}
-                _atomic_write(spv_p, mod.spirv)
-                _atomic_write(man_p, json.dumps(meta, indent=1).encode())
-                _atomic_write(d / f"src-{self._key(mod.name, mod.defines, '*')}.txt", mod.key.encode())
+                atomic_write(spv_p, mod.spirv)
+                atomic_write(man_p, json.dumps(meta, indent=1).encode())
+                atomic_write(d / f"src-{self._key(mod.name, mod.defines, '*')}.txt", mod.key.encode())
             except OSError as e:
                 log.warning("cannot write SPIR-V cache under %s: %s", d, e)
 
@@ -567,20 +568,6 @@ class ShaderCache:
         with self._lock:
             return {m.key: {"name": m.name, "defines": dict(m.defines), "manifest": m.manifest.to_json()}
                     for m in self._mem.values()}
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def precompile(variants: Sequence[tuple[str, Mapping[str, Any] | None]], cache_dir: str | os.PathLike[str] | None = None) -> int:
