@@ -39,9 +39,6 @@ def tmp():
 
 def _tiny(models: Path) -> Path:
     inferd.zoo.write_zoo(models, ["tiny"])
-    for f in models.iterdir():
-        if f.name.endswith(".json"):
-            f.unlink()
     return models / "tiny.onnx"
 
 

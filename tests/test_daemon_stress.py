@@ -52,9 +52,6 @@ def setup():
     models = d / "m"
     models.mkdir()
     inferd.zoo.write_zoo(models, ["tiny", "mlp_small"])
-    for f in models.iterdir():
-        if f.name.endswith(".json"):
-            f.unlink()
     write_two_io_model(models / "two_io.onnx")
     yield d, models
     shutil.rmtree(d, ignore_errors=True)

@@ -205,9 +205,6 @@ def run(out_dir: str | os.PathLike[str] = "bench/results", n: int = 2000, second
         models = tmp / "m"
         models.mkdir()
         inferd.zoo.write_zoo(models, ["tiny"])
-        for f in models.iterdir():
-            if f.name.endswith(".json"):
-                f.unlink()
         _write_img224(models / "img224.onnx")
         result: dict[str, Any] = {"machine": _machine(), "date": _dt.datetime.now().isoformat(timespec="seconds"),
                                   "device": "cpu", "n": n, "models": {}}
