@@ -5,7 +5,7 @@ returns ``{name: array}``.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .errors import (BackendError, InferdError, InputError, KernelError, ModelFormatError,  # noqa: F401
                      ShapeError, UnsupportedOpError, WeightsStoreError)

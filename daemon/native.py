@@ -5,15 +5,14 @@ code walks memory linearly) and either calls C or, when the extension is missing
 ABI number differs from :data:`ABI`), a numpy implementation with the same contract. The
 ``numpy_*`` functions are public so tests can compare the two paths.
 
-cffi releases the GIL around C calls, so :func:`parallel_for` can split a C call over channel
-ranges on a small thread pool (OpenBLAS already uses the cores for the GEMMs in between).
+cffi releases the GIL around C calls; the C entry points split their work over inferd's native thread
+pool (native/pool.c) themselves.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 6
+ABI = 7
 
 ffi: Any = None
 lib: Any = None
@@ -62,56 +61,57 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-# Default: half the usable cores. OpenBLAS' worker threads busy-wait for a while after every GEMM, so a
-# native pool on all cores fights them: on 2 vCPUs one native thread ran resnet50 in 55 ms, two in 80 ms.
-_threads = max(1, min(int(os.environ.get("INFERD_NUM_THREADS", "0") or 0) or _usable_cores() // 2, 8))
+# inferd owns the cores: the C kernels split their work over one native pool (native/pool.c) whose workers
+# spin briefly between layers. OpenBLAS' workers spin too (for much longer), so two pools on the same cores
+# fight: measured on 2 vCPUs, a 2-thread native GEMM took 1.7x longer while OpenBLAS' idle worker spun.
+# So once an executor runs, numpy's BLAS is held to one thread (the heavy GEMMs are ours; what is left on
+# numpy is small), see claim_cores().
+_threads = max(1, min(int(os.environ.get("INFERD_NUM_THREADS", "0") or 0) or _usable_cores(), 64))
+_blas_limited = False
+_blas_lock = threading.Lock()
 
 
 def num_threads() -> int:
-    """Threads that :func:`parallel_for` spreads work over (env ``INFERD_NUM_THREADS``, default: half the
-    usable cores, at most 8)."""
+    """Threads of the native pool, the calling thread included (env ``INFERD_NUM_THREADS``, default: the
+    usable cores)."""
     return _threads
 
 
 def set_num_threads(n: int) -> None:
-    global _threads, _pool
-    with _pool_lock:
-        _threads = max(1, int(n))
-        if _pool is not None:
-            _pool.shutdown(wait=True)
-            _pool = None
+    """Resize the native pool (the calling thread counts as one)."""
+    global _threads
+    _threads = max(1, min(int(n), 64))
+    if AVAILABLE:
+        lib.inferd_pool_set_threads(_threads)
 
 
-def _get_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, _threads - 1), thread_name_prefix="inferd-native")
-        return _pool
+def claim_cores() -> None:
+    """Hold numpy's BLAS to one thread while the native pool uses several (once per process; best effort,
+    through threadpoolctl). Called when a CPU executor is built, not at import, so merely importing inferd
+    leaves the host application's numpy alone."""
+    global _blas_limited
+    if _blas_limited or _threads <= 1 or not AVAILABLE:
+        return
+    with _blas_lock:
+        if _blas_limited:
+            return
+        _blas_limited = True
+        try:
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(1, user_api="blas")
+        except Exception as exc:  # threadpoolctl missing or a BLAS it does not know
+            log.debug("could not limit BLAS threads: %s", exc)
 
 
 def parallel_for(n: int, fn: Callable[[int, int], None], min_chunk: int = 1, work: float = 0.0) -> None:
-    """Run ``fn(lo, hi)`` over a split of ``range(n)``: on the caller's thread plus the pool.
+    """Run ``fn(0, n)``. The native entry points split their channels over the native pool themselves, so
+    the Python side stays on one thread (kept as the one place to change should that ever differ)."""
+    fn(0, n)
 
-    ``work`` is a rough element count for the whole job; below ~64k elements the pool's hand-off
-    (tens of microseconds) costs more than it saves, so the call stays on one thread.
-    """
-    parts = min(_threads, n // max(1, min_chunk))
-    if parts <= 1 or (work and work < 65536):
-        fn(0, n)
-        return
-    bounds = [n * k // parts for k in range(parts + 1)]
-    pool = _get_pool()
-    futs = [pool.submit(fn, bounds[k], bounds[k + 1]) for k in range(1, parts)]
-    try:
-        fn(bounds[0], bounds[1])
-    finally:  # never return while a worker may still write into the caller's arrays
-        for f in futs:
-            f.exception()
-    for f in futs:
-        f.result()
+
+if AVAILABLE:
+    lib.inferd_pool_set_threads(_threads)
 
 
 # --------------------------------------------------------------------------- pointers
@@ -422,9 +422,9 @@ def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act
 
 
 def fast_path() -> bool:
-    """Whether the ``*_direct`` helpers may be used: native kernels present and one native thread (they skip
-    :func:`parallel_for` and the argument checks, which cost tens of microseconds per small layer)."""
-    return AVAILABLE and _threads == 1
+    """Whether the ``*_direct`` helpers may be used: native kernels present (they skip the argument checks,
+    which cost tens of microseconds per small layer; the C side still uses the native pool)."""
+    return AVAILABLE
 
 
 def bias_act_direct(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, code: int, p0: float,
@@ -528,3 +528,106 @@ def gelu_(x: np.ndarray, approximate: bool = False) -> np.ndarray:
     if n:
         parallel_for(-(-n // _ERF_BLOCK), part, min_chunk=_ERF_MIN_BLOCKS, work=n)
     return x
+
+
+# --------------------------------------------------------------------------- packed GEMM (native/gemm.c)
+
+#: Rows per packed A panel (fixed across ISAs, so packed weights in a compiled package are portable).
+GEMM_MR = 8
+
+
+def gemm_packed_shape(m: int, k: int) -> tuple[int, int, int]:
+    """Shape of a packed A (M x K): (panels, K, 8), rows past M zero."""
+    return (-(-m // GEMM_MR), k, GEMM_MR)
+
+
+def numpy_gemm_pack_a(a: np.ndarray) -> np.ndarray:
+    m, k = a.shape
+    p = np.zeros(gemm_packed_shape(m, k), F32)
+    full = np.zeros((p.shape[0] * GEMM_MR, k), F32)
+    full[:m] = a
+    p[...] = full.reshape(p.shape[0], GEMM_MR, k).transpose(0, 2, 1)
+    return p
+
+
+def gemm_pack_a(a: np.ndarray) -> np.ndarray:
+    """Pack a weight matrix A (M x K, any strides, cast to float32) for :func:`gemm`."""
+    a = np.asarray(a)
+    if a.ndim != 2:
+        raise ValueError(f"gemm_pack_a: expected a 2-D matrix, got shape {a.shape}")
+    if not AVAILABLE:
+        return numpy_gemm_pack_a(a.astype(F32, copy=False))
+    a = np.ascontiguousarray(a, dtype=F32)
+    m, k = a.shape
+    out = np.empty(gemm_packed_shape(m, k), F32)
+    lib.inferd_gemm_pack_a(_ptr(a), k, 1, m, k, _ptr(out))
+    return out
+
+
+def gemm_unpack_a(ap: np.ndarray, m: int) -> np.ndarray:
+    """The M x K matrix a packed A holds (tests, numpy fallback)."""
+    return ap.transpose(0, 2, 1).reshape(ap.shape[0] * ap.shape[2], ap.shape[1])[:m]
+
+
+def _strides_of(a: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def gemm(ap: np.ndarray, m: int, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None = None,
+         res: np.ndarray | None = None, act: Act | None = None, max_threads: int = 0) -> np.ndarray:
+    """``c = act(A @ b + bias[:, None] + res)`` with A packed by :func:`gemm_pack_a` (``m`` rows).
+
+    ``b`` (K x N) and ``c``/``res`` (M x N) are float32 2-D views with any strides (a transposed view stores
+    C^T, which is how linear layers use it); with a leading batch axis, ``ap`` (B, panels, K, 8), ``b``
+    (B, K, N), ``c`` (B, M, N) and ``bias`` (B, M) run one product per batch item."""
+    batched = ap.ndim == 4
+    aps = ap if batched else ap[None]
+    bs, cs = (b, c) if batched else (b[None], c[None])
+    rs = None if res is None else (res if batched else res[None])
+    nb, k, n = bs.shape
+    if aps.shape[1:] != gemm_packed_shape(m, k) or cs.shape != (nb, m, n) or aps.shape[0] != nb:
+        raise ValueError(f"gemm: packed A {ap.shape} (m={m}), b {b.shape}, c {c.shape} do not agree")
+    if rs is not None and rs.shape != cs.shape:
+        raise ValueError(f"gemm: residual shape {res.shape if res is not None else None}, expected {c.shape}")
+    bias2 = None if bias is None else np.ascontiguousarray(bias, F32).reshape(nb, m)
+    if not AVAILABLE or any(x.dtype != F32 for x in (bs, cs)) or (rs is not None and rs.dtype != F32):
+        for q in range(nb):
+            y = gemm_unpack_a(aps[q], m) @ bs[q]
+            if bias2 is not None:
+                y += bias2[q][:, None]
+            if rs is not None:
+                y += rs[q]
+            cs[q] = y
+        if act is not None:
+            numpy_bias_act(cs.reshape(nb * m, n) if cs.flags.c_contiguous else cs, None, None, act)
+        return c
+    _check(aps, "ap")
+    code, p0, p1 = _act_code(act)
+    sb, sc = _strides_of(bs), _strides_of(cs)
+    sr = _strides_of(rs) if rs is not None else sc
+    if rs is not None and sr != sc:
+        r2 = np.empty_like(cs)  # same memory order as C; the C side reads R with C's strides
+        r2[...] = rs
+        rs, sr = r2, _strides_of(r2)
+        if sr != sc:  # C is a view with gaps: compute into a compact buffer, then copy
+            tmp = np.empty_like(r2)
+            gemm(ap, m, b, tmp if batched else tmp[0], bias, r2 if batched else r2[0], act, max_threads)
+            cs[...] = tmp
+            return c
+    rc = lib.inferd_gemm(_ptr(aps), aps.shape[1] * k * GEMM_MR, m, k, n, nb,
+                         _rawptr(bs), sb[1], sb[2], sb[0], _rawptr(cs), sc[1], sc[2], sc[0],
+                         ffi.NULL if bias2 is None else _ptr(bias2), m,
+                         ffi.NULL if rs is None else _rawptr(rs), sr[0], code, p0, p1, max_threads)
+    if rc != 0:
+        raise MemoryError("gemm: out of memory")
+    return c
+
+
+def gemm_isa() -> int:
+    """The GEMM micro-kernel in use: 0 baseline (SSE2/NEON), 1 AVX2+FMA, 2 AVX-512; -1 without native code."""
+    return int(lib.inferd_gemm_isa()) if AVAILABLE else -1
+
+
+def gemm_set_isa(level: int) -> int:
+    """Force a GEMM micro-kernel level (tests); -1 restores the best. Returns the level in use."""
+    return int(lib.inferd_gemm_set_isa(level)) if AVAILABLE else -1

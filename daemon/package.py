@@ -120,8 +120,10 @@ def load_package(pkg: Path, device: str = "cpu", batch: int = 1,
     from .runtime.cpu import select_kernels
 
     plan = read_plan(pkg / "plan.bin")
-    if plan["engine_version"] != __version__:
-        log.warning("%s was compiled by inferd %s, this is %s", pkg, plan["engine_version"], __version__)
+    stale = plan["engine_version"] != __version__
+    if stale:  # transformed layouts may differ between engine versions: use the raw weights only
+        log.warning("%s was compiled by inferd %s, this is %s: transforming its weights at load", pkg,
+                    plan["engine_version"], __version__)
     if int(plan["batch"]) != batch:
         raise WeightsStoreError(f"{pkg}: package compiled for batch {plan['batch']}, asked for batch {batch}; "
                                 f"recompile with --batch {batch}")
@@ -137,7 +139,7 @@ def load_package(pkg: Path, device: str = "cpu", batch: int = 1,
         if missing:
             raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
         params: dict[str, dict[str, np.ndarray]] = {}
-        if device == "cpu":
+        if device == "cpu" and not stale:
             for layer, k in select_kernels(graph, "cpu", kernels):
                 ents = list(store.find(layer.name, kernel=k.name, variant="transformed"))
                 if ents:

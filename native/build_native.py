@@ -12,6 +12,7 @@ ffibuilder.set_source(
     '#include "inferd_native.h"',
     sources=[str(p.relative_to(HERE.parent)) for p in sorted(HERE.glob("*.c"))],
     include_dirs=[str(HERE.relative_to(HERE.parent))],
+    libraries=["pthread"],
     extra_compile_args=["-O3", "-fno-wrapv", "-std=c99", "-fno-math-errno", "-ffp-contract=fast"],
 )
 

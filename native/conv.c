@@ -11,25 +11,7 @@
 
 #include "inferd_native.h"
 
-/* Feature-level clones ("arch=x86-64-v3" is tested with __builtin_cpu_supports, unlike a CPU name such as
-   "arch=haswell", which GCC's resolver matches by model and so never picks on other vendors' CPUs). */
-#if defined(INFERD_NO_CLONES)
-#define INFERD_CLONES
-#elif defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 12
-#define INFERD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#elif defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
-    __GNUC__ >= 8
-#define INFERD_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define INFERD_CLONES
-#endif
-
-#if defined(__GNUC__)
-#define INFERD_INLINE static inline __attribute__((always_inline))
-#else
-#define INFERD_INLINE static inline
-#endif
+#include "inferd_internal.h"
 
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
@@ -50,7 +32,7 @@ static void valid_range(int off, int s, int limit, int n, int* lo, int* hi)
 }
 
 INFERD_CLONES
-void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
+static void im2col_range(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
                    int pt, int pl, int OH, int OW, float* col)
 {
     const size_t ohw = (size_t)OH * OW;
@@ -118,76 +100,6 @@ void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh
 }
 
 /* ---------------------------------------------------------------- depthwise */
-
-/* ---------------------------------------------------------------- activations
-   Codes shared by inferd_bias_act and inferd_dwconv2d: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(p0),
-   4 Sigmoid, 5 SiLU, 6 HardSwish, 7 HardSigmoid(alpha p0, beta p1). Each is a branch-free expression so the
-   loops that apply it vectorise; Sigmoid/SiLU use exp_ps below instead of libm's expf, which does not. */
-
-/* exp(x) for float32 in vectorisable plain C (Cephes expf): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split
-   of ln2), a degree-6 polynomial for e^r, and 2^n built in the exponent bits. Relative error ~2 ulp; inputs
-   are clamped to [-87.3, 88.7], so results stay finite and normal. */
-INFERD_INLINE float exp_core_ps(float x);
-INFERD_INLINE float exp_ps(float x)
-{
-    x = x < -87.33f ? -87.33f : (x > 88.72f ? 88.72f : x);
-    return exp_core_ps(x);
-}
-
-/* exp_ps without the clamp: x must lie in [-87.33, 88.72] (or be NaN, giving NaN). */
-INFERD_INLINE float exp_core_ps(float x)
-{
-    /* round(x / ln2) with the 1.5 * 2^23 trick: no floorf/roundf call (SSE2 has no vector rounding) */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const int e = ((int)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, sizeof scale);
-    return p * scale;
-}
-
-INFERD_INLINE float sigmoid_ps(float v) { return 1.0f / (1.0f + exp_ps(-v)); }
-
-/* v < 0 ? 0 : v (not fmaxf) keeps NaN as NaN, like np.maximum */
-#define INFERD_ACT_RELU(v) ((v) < 0.0f ? 0.0f : (v))
-#define INFERD_ACT_CLIP(v) ((v) < p0 ? p0 : ((v) > p1 ? p1 : (v)))
-#define INFERD_ACT_LEAKY(v) ((v) < 0.0f ? (v) * p0 : (v))
-#define INFERD_ACT_SIGMOID(v) (sigmoid_ps(v))
-#define INFERD_ACT_SILU(v) ((v) * sigmoid_ps(v))
-#define INFERD_ACT_HSWISH(v) ((v) * INFERD_CLAMP01((v) * (1.0f / 6.0f) + 0.5f))
-#define INFERD_ACT_HSIGMOID(v) (INFERD_CLAMP01((v) * p0 + p1))
-#define INFERD_CLAMP01(t) ((t) < 0.0f ? 0.0f : ((t) > 1.0f ? 1.0f : (t)))
-
-/* Expands LOOP(EXPR) once per activation code (the switch stays outside the loops). */
-#define INFERD_ACT_SWITCH(act, LOOP)                \
-    switch (act) {                                  \
-    case 1: LOOP(INFERD_ACT_RELU); break;           \
-    case 2: LOOP(INFERD_ACT_CLIP); break;           \
-    case 3: LOOP(INFERD_ACT_LEAKY); break;          \
-    case 4: LOOP(INFERD_ACT_SIGMOID); break;        \
-    case 5: LOOP(INFERD_ACT_SILU); break;           \
-    case 6: LOOP(INFERD_ACT_HSWISH); break;         \
-    case 7: LOOP(INFERD_ACT_HSIGMOID); break;       \
-    default: break;                                 \
-    }
-
-INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0, float p1)
-{
-#define INFERD_INPLACE_LOOP(F)                                  \
-    for (ptrdiff_t k = 0; k < n; ++k) {                         \
-        const float v = d[k];                                   \
-        d[k] = F(v);                                            \
-    }
-    INFERD_ACT_SWITCH(act, INFERD_INPLACE_LOOP)
-#undef INFERD_INPLACE_LOOP
-}
 
 /* Copy of a short row without a libc call per row (a plain loop would be turned back into memcpy by GCC's
    loop distribution): 8-float chunks become vector moves, the tail is element-wise. */
@@ -426,7 +338,7 @@ INFERD_INLINE int dw_flat(const float* x, const float* w, const float* bias, flo
 }
 
 INFERD_CLONES
-int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y, int C, int mult,
+static int dwconv2d_range(const float* x, const float* w, const float* bias, float* y, int C, int mult,
                     int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
                     int act, float p0, float p1)
 {
@@ -471,7 +383,7 @@ INFERD_INLINE void lincomb(float* restrict dst, const float* const* src, const f
    phase[r % m][q % m] at row ti + r/m, column tj + q/m, so both passes of BT d B are linear combinations
    of whole shifted planes: long unit-stride loops that vectorise regardless of the tile count. */
 INFERD_CLONES
-int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, int tH, int tW, int m, int alpha,
+static int winograd_input_range(const float* x, int C, int H, int W, int pt, int pl, int tH, int tW, int m, int alpha,
                           const float* BT, float* V, long long ldpos, long long ldc, long long p0)
 {
     const int ex = (alpha - 1) / m;
@@ -544,7 +456,7 @@ int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, i
    combination of whole planes over all tiles (no shifts: output tiles do not overlap); then the m x m output
    phases are interleaved into the image rows, cropped to (OH, OW). */
 INFERD_CLONES
-int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
+static int winograd_output_range(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
                            const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0)
 {
     const ptrdiff_t P = (ptrdiff_t)tH * tW;
@@ -630,7 +542,7 @@ int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, in
 #define INFERD_ACT_NONE(v) (v)
 
 INFERD_CLONES
-void inferd_bias_act(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
+static void bias_act_range(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
                      int act, float p0, float p1)
 {
     for (int c = 0; c < C; ++c) {
@@ -761,4 +673,156 @@ void inferd_gelu(float* y, long long n, int approx)
             y[k] = gelu_erf_ps(v);
         }
     }
+}
+
+/* ---------------------------------------------------------------- channel-parallel entry points
+   Each splits its channel axis over inferd's pool (pool.c) into a few chunks per thread; small jobs stay
+   on the calling thread. A chunk reports failure (out of memory) through the shared flag. */
+
+static int chunks_for(long long C, double work)
+{
+    const int t = inferd_pool_threads();
+    if (t <= 1 || work < 32768.0 || C < 2) return 1;
+    return (int)(C < 4LL * t ? C : 4LL * t);
+}
+
+#define CH_LO(C, n, t) ((int)((long long)(C) * (t) / (n)))
+
+typedef struct {
+    const float* x;
+    int C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
+    float* col;
+    int n;
+} im2col_job;
+
+static void im2col_task(void* p, long long t)
+{
+    const im2col_job* j = (const im2col_job*)p;
+    const int lo = CH_LO(j->C, j->n, t), hi = CH_LO(j->C, j->n, t + 1);
+    const size_t P = (size_t)j->OH * j->OW;
+    if (hi > lo)
+        im2col_range(j->x + (size_t)lo * j->H * j->W, hi - lo, j->H, j->W, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw,
+                     j->pt, j->pl, j->OH, j->OW, j->col + (size_t)lo * j->kh * j->kw * P);
+}
+
+void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
+                   int OH, int OW, float* col)
+{
+    im2col_job j = {x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, col, 0};
+    j.n = chunks_for(C, (double)C * kh * kw * OH * OW);
+    inferd_parallel(im2col_task, &j, j.n, 0);
+}
+
+typedef struct {
+    const float *x, *w, *bias;
+    float* y;
+    int C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, act;
+    float p0, p1;
+    int n, failed;
+} dw_job;
+
+static void dw_task(void* p, long long t)
+{
+    dw_job* j = (dw_job*)p;
+    const int lo = CH_LO(j->C, j->n, t), hi = CH_LO(j->C, j->n, t + 1);
+    if (hi <= lo) return;
+    const size_t co = (size_t)lo * j->mult;
+    if (dwconv2d_range(j->x + (size_t)lo * j->H * j->W, j->w + co * j->kh * j->kw, j->bias ? j->bias + co : NULL,
+                       j->y + co * j->OH * j->OW, hi - lo, j->mult, j->H, j->W, j->kh, j->kw, j->sh, j->sw, j->dh,
+                       j->dw, j->pt, j->pl, j->OH, j->OW, j->act, j->p0, j->p1) != 0)
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y, int C, int mult, int H, int W, int kh,
+                    int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW, int act, float p0, float p1)
+{
+    dw_job j = {x, w, bias, y, C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, act, p0, p1, 0, 0};
+    j.n = chunks_for(C, (double)C * mult * OH * OW * kh * kw);
+    inferd_parallel(dw_task, &j, j.n, 0);
+    return j.failed ? -1 : 0;
+}
+
+typedef struct {
+    const float* x;
+    int C, H, W, pt, pl, tH, tW, m, alpha;
+    const float* BT;
+    float* V;
+    long long ldpos, ldc, p0;
+    int n, failed;
+} wi_job;
+
+static void wi_task(void* p, long long t)
+{
+    wi_job* j = (wi_job*)p;
+    const int lo = CH_LO(j->C, j->n, t), hi = CH_LO(j->C, j->n, t + 1);
+    if (hi > lo && winograd_input_range(j->x + (size_t)lo * j->H * j->W, hi - lo, j->H, j->W, j->pt, j->pl, j->tH,
+                                        j->tW, j->m, j->alpha, j->BT, j->V + (ptrdiff_t)lo * j->ldc, j->ldpos, j->ldc,
+                                        j->p0) != 0)
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, int tH, int tW, int m, int alpha,
+                          const float* BT, float* V, long long ldpos, long long ldc, long long p0)
+{
+    wi_job j = {x, C, H, W, pt, pl, tH, tW, m, alpha, BT, V, ldpos, ldc, p0, 0, 0};
+    j.n = chunks_for(C, (double)C * tH * tW * alpha * alpha);
+    inferd_parallel(wi_task, &j, j.n, 0);
+    return j.failed ? -1 : 0;
+}
+
+typedef struct {
+    const float* Mw;
+    int Cout, OH, OW, tH, tW, m, alpha;
+    const float *AT, *bias;
+    float* y;
+    long long ldpos, ldc, p0;
+    int n, failed;
+} wo_job;
+
+static void wo_task(void* p, long long t)
+{
+    wo_job* j = (wo_job*)p;
+    const int lo = CH_LO(j->Cout, j->n, t), hi = CH_LO(j->Cout, j->n, t + 1);
+    if (hi > lo && winograd_output_range(j->Mw + (ptrdiff_t)lo * j->ldc, hi - lo, j->OH, j->OW, j->tH, j->tW, j->m,
+                                         j->alpha, j->AT, j->bias ? j->bias + lo : NULL,
+                                         j->y + (size_t)lo * j->OH * j->OW, j->ldpos, j->ldc, j->p0) != 0)
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+}
+
+int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
+                           const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0)
+{
+    wo_job j = {Mw, Cout, OH, OW, tH, tW, m, alpha, AT, bias, y, ldpos, ldc, p0, 0, 0};
+    j.n = chunks_for(Cout, (double)Cout * OH * OW * alpha);
+    inferd_parallel(wo_task, &j, j.n, 0);
+    return j.failed ? -1 : 0;
+}
+
+typedef struct {
+    float* y;
+    long long ldy;
+    const float *bias, *res;
+    long long ldr;
+    int C;
+    long long HW;
+    int act;
+    float p0, p1;
+    int n;
+} ba_job;
+
+static void ba_task(void* p, long long t)
+{
+    const ba_job* j = (const ba_job*)p;
+    const int lo = CH_LO(j->C, j->n, t), hi = CH_LO(j->C, j->n, t + 1);
+    if (hi > lo)
+        bias_act_range(j->y + (ptrdiff_t)lo * j->ldy, j->ldy, j->bias ? j->bias + lo : NULL,
+                       j->res ? j->res + (ptrdiff_t)lo * j->ldr : NULL, j->ldr, hi - lo, j->HW, j->act, j->p0, j->p1);
+}
+
+void inferd_bias_act(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
+                     int act, float p0, float p1)
+{
+    ba_job j = {y, ldy, bias, res, ldr, C, HW, act, p0, p1, 0};
+    j.n = chunks_for(C, (double)C * HW * (act == 4 || act == 5 ? 8 : 1));
+    inferd_parallel(ba_task, &j, j.n, 0);
 }

@@ -44,3 +44,31 @@ void inferd_erf(const float* x, float* y, long long n);
 /* In place GELU over n floats: approx 0 -> 0.5 y (1 + erf(y / sqrt 2)), approx 1 -> the tanh approximation
    0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))). GELU(-inf) = -0, GELU(inf) = inf, NaN propagates. */
 void inferd_gelu(float* y, long long n, int approx);
+
+/* ---- thread pool (pool.c): the caller works too; tasks are claimed dynamically ---- */
+/* Threads used by inferd_parallel, the caller included (1 = run everything inline). */
+void inferd_pool_set_threads(int n);
+int inferd_pool_threads(void);
+/* How long idle workers spin before they sleep (microseconds). */
+void inferd_pool_set_spin_us(int us);
+/* Run fn(ctx, t) for t in [0, ntasks) on up to max_threads threads (0 = all); returns when all are done.
+   A call made while the pool is busy (another thread, or from inside a task) runs inline. */
+void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long ntasks, int max_threads);
+
+/* ---- packed GEMM (gemm.c) ---- */
+/* Floats of a packed A (M x K): panels of 8 rows, k-major. */
+long long inferd_gemm_packed_size(int M, int K);
+/* Pack A, element (m, k) at a[m*lda_m + k*lda_k], into ap (inferd_gemm_packed_size floats). */
+void inferd_gemm_pack_a(const float* a, long long lda_m, long long lda_k, int M, int K, float* ap);
+/* The micro-kernel in use: 0 baseline (SSE2/NEON), 1 AVX2+FMA, 2 AVX-512. set_isa(-1) picks the best the CPU
+   has; a level the CPU lacks gives the best it has. Returns the level now in use. */
+int inferd_gemm_set_isa(int level);
+int inferd_gemm_isa(void);
+/* For each batch item q < batch: C = act(A B + bias + R), A (M x K) packed at ap + q*ap_bs, B element (k, n) at
+   b[q*b_bs + k*bsk + n*bsn], C element (m, n) at c[q*c_bs + m*csm + n*csn], R (same strides as C, or NULL) at
+   r + q*r_bs, bias (M, or NULL) at bias + q*bias_bs. act codes as in inferd_bias_act. C must not overlap A, B.
+   Runs on up to max_threads pool threads (0 = all). Returns 0, or -1 if out of memory. */
+int inferd_gemm(const float* ap, long long ap_bs, int M, int K, int N, int batch, const float* b, long long bsk,
+                long long bsn, long long b_bs, float* c, long long csm, long long csn, long long c_bs,
+                const float* bias, long long bias_bs, const float* r, long long r_bs, int act, float p0, float p1,
+                int max_threads);

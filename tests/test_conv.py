@@ -293,7 +293,9 @@ def test_conv_fast_path_matches_general_path(act, mode: str, monkeypatch) -> Non
         force_slow[0] = False
         calls.clear()
         fast = run_layer(kern, layer, ins)[0]
-        want_fast = native.AVAILABLE and (act is None or act[0] in native.NATIVE_ACTS) and mode != "dynbias"
+        # conv1x1 has one path (the native GEMM with the epilogue in its store); depthwise has two
+        want_fast = (native.AVAILABLE and (act is None or act[0] in native.NATIVE_ACTS) and mode != "dynbias"
+                     and name == "depthwise")
         assert bool(calls) == want_fast, (name, mode, act, calls)
         assert rel_err(fast, expect) <= TOL, f"{name} {mode} {act}"
         force_slow[0] = True
@@ -418,8 +420,9 @@ def test_float16_weights_are_cast_by_transform() -> None:
 def test_workspace_sizes() -> None:
     layer, _ = _layer((1, 8, 9, 7), 6, (3, 3), dict(pads=[1, 1, 1, 1]))
     assert kernel("Conv", "im2col").workspace_nbytes(layer) == 8 * 9 * 9 * 7 * 4
-    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 6 * 8 * 4 + 6 * 4
-    assert kernel("Conv", "winograd43").transformed_nbytes(layer) == 36 * 6 * 8 * 4 + 6 * 4
+    # packed for the native GEMM: 16 positions x 8 rows (6 output channels padded to a panel) x 8 inputs
+    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 8 * 8 * 4 + 6 * 4
+    assert kernel("Conv", "winograd43").transformed_nbytes(layer) == 36 * 8 * 8 * 4 + 6 * 4
     layer, _ = _layer((1, 8, 9, 7), 6, (1, 1), {})
     assert kernel("Conv", "conv1x1").workspace_nbytes(layer) == 0
 
@@ -688,7 +691,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 6
+    assert native.ABI == 7
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
@@ -699,7 +702,7 @@ def test_native_abi_and_fallback_flag() -> None:
 # itself runs the clone for this CPU (AVX-512 here); these builds cover the baseline x86-64 path and,
 # where a cross compiler and qemu-aarch64 are installed, aarch64 (NEON).
 C_HARNESS = r"""
-/* Cross-architecture check of native/conv.c against naive reference loops. */
+/* Cross-architecture check of native/*.c against naive reference loops. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -774,6 +777,26 @@ int main(void){
     check("bias_act", maxdiff(e, er, (size_t)C * P), 2e-6, it);
     free(x); free(col); free(ref); free(y); free(yr); free(w); free(b); free(o); free(orf); free(e); free(er); free(res);
   }
+  inferd_pool_set_threads(2);
+  for (int it = 0; it < 300; ++it) { /* packed GEMM, both store layouts, every epilogue, against naive loops */
+    int M = irand(1, 40), K = irand(0, 300), N = irand(1, 70), tr = irand(0, 1), act = irand(0, 7), hasb = irand(0, 1), hasr = irand(0, 1);
+    if (it % 5 == 0) N = irand(1, 4); /* the GEMV path */
+    float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
+    float* A = buf((size_t)M * K + 1); float* B = buf((size_t)K * N + 1); float* bias = buf((size_t)M); float* R = buf((size_t)M * N);
+    float* ap = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_size(M, K) + 1));
+    inferd_gemm_pack_a(A, K, 1, M, K, ap);
+    float* Cc = buf((size_t)M * N); float* Cr = malloc(sizeof(float) * (size_t)M * N);
+    /* tr: B is stored N x K and C (and R) N x M (the linear-layer layout) */
+    long long bsk = tr ? 1 : N, bsn = tr ? K : 1, csm = tr ? 1 : N, csn = tr ? M : 1;
+    if (inferd_gemm(ap, 0, M, K, N, 1, B, bsk, bsn, 0, Cc, csm, csn, 0, hasb ? bias : NULL, 0, hasr ? R : NULL, 0, act, p0, p1, 0)) { printf("oom\n"); return 1; }
+    for (int m = 0; m < M; ++m) for (int n = 0; n < N; ++n) { double s = hasb ? bias[m] : 0.0;
+      for (int k = 0; k < K; ++k) s += (double)A[(size_t)m * K + k] * B[(size_t)k * bsk + (size_t)n * bsn];
+      if (hasr) s += R[(size_t)m * csm + (size_t)n * csn];
+      Cr[(size_t)m * csm + (size_t)n * csn] = actf((float)s, act, p0, p1); }
+    check("gemm", maxdiff(Cc, Cr, (size_t)M * N), 1e-3, it);
+    free(A); free(B); free(bias); free(R); free(ap); free(Cc); free(Cr);
+  }
+  inferd_pool_set_threads(1);
   { /* erf and GELU on a dense grid plus specials, against libm in double */
     enum { NG = 40013 }; float* g = malloc(sizeof(float) * (NG + 8)); float* ge = malloc(sizeof(float) * (NG + 8));
     for (int i = 0; i < NG; ++i) g[i] = -12.0f + 24.0f * (float)i / (NG - 1);
@@ -815,9 +838,10 @@ def _harness_source(tmp: Path) -> Path:
 
 def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
     exe = tmp / ("ct_" + os.path.basename(cc))
-    srcs = [str(_harness_source(tmp)), str(NATIVE_DIR / "conv.c"), str(NATIVE_DIR / "version.c")]
+    srcs = [str(_harness_source(tmp))] + [str(p) for p in sorted(NATIVE_DIR.glob("*.c"))]
     subprocess.run([cc, "-O3", "-fwrapv", "-std=gnu99", "-fno-math-errno", "-ffp-contract=fast", "-DINFERD_NO_CLONES",
-                    f"-I{NATIVE_DIR}", *flags, *srcs, "-o", str(exe), "-lm"], check=True, capture_output=True, timeout=120)
+                    f"-I{NATIVE_DIR}", *flags, *srcs, "-o", str(exe), "-lm", "-pthread"], check=True, capture_output=True,
+                   timeout=180)
     out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
 

@@ -542,6 +542,39 @@ def _run_reference(layer: Layer, inputs: Sequence[np.ndarray | None], params: di
     np.copyto(outputs[0], y)
 
 
+def pack_gemm_weights(w3: np.ndarray) -> np.ndarray:
+    """(G, M, K) weights -> (G, panels, K, 8): the packed A of :func:`native.gemm`, one per group."""
+    return np.stack([native.gemm_pack_a(w3[q]) for q in range(w3.shape[0])])
+
+
+def packed_nbytes(groups: int, m: int, k: int) -> int:
+    p, kk, mr = native.gemm_packed_shape(m, k)
+    return groups * p * kk * mr * 4
+
+
+def _gemm_into(wp: np.ndarray, mg: int, xs: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
+               res: np.ndarray | None, act: Act | None) -> None:
+    """y (G, mg, P) = act(W xs + bias + res) per group; xs (G, K, P). The epilogue runs inside the GEMM when the
+    activation is native and the residual has y's shape; otherwise after it, in one more pass."""
+    nat = act is None or act[0] in native.NATIVE_ACTS
+    fused_res = res is not None and res.shape == y.shape and res.dtype == F32
+    b2 = None if bias is None else bias.reshape(y.shape[0], mg)
+    if nat and (res is None or fused_res):
+        native.gemm(wp, mg, xs, y, b2, res, act)
+        return
+    native.gemm(wp, mg, xs, y, b2, res if fused_res else None, None)
+    _epilogue_numpy(y.reshape(-1, y.shape[-1]), None,
+                    None if res is None or fused_res else np.broadcast_to(res, y.shape).reshape(-1, y.shape[-1]), act)
+
+
+def _res_per_image(res: np.ndarray | None, yshape: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray | None:
+    """The residual as ``shape`` (N, G, M, P) when it has the output's full shape (then the GEMM adds it);
+    None when there is none or it broadcasts (then it is added after the GEMM)."""
+    if res is None or tuple(res.shape) != tuple(yshape):
+        return None
+    return np.asarray(res, dtype=F32).reshape(shape)
+
+
 # =========================================================================== Conv kernels
 
 
@@ -573,9 +606,12 @@ class ConvIm2col(_ConvKernelBase):
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = layer_geom(layer)
-        w = raw[raw_key(1)]
-        out = {"w": np.ascontiguousarray(w, dtype=F32).reshape(g.group, g.cout // g.group, -1)}
-        return {**_passthrough(layer, raw), **out, **_bias_param(layer, raw)}
+        w3 = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cout // g.group, -1)
+        return {**_passthrough(layer, raw), "w": pack_gemm_weights(w3), **_bias_param(layer, raw)}
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        g = layer_geom(layer)
+        return packed_nbytes(g.group, g.cout // g.group, layer.inputs[1].size // g.cout)  # type: ignore[union-attr]
 
     def workspace_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
@@ -591,12 +627,16 @@ class ConvIm2col(_ConvKernelBase):
         w = params["w"]
         k = g.cin // g.group * g.kh * g.kw
         col = scratch(0, g.cin * g.kh * g.kw * g.oh * g.ow).reshape(g.cin * g.kh * g.kw, g.oh * g.ow)
+        mg, npix = g.cout // g.group, g.oh * g.ow
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
-        y4 = o.y.reshape(g.n, g.group, g.cout // g.group, g.oh * g.ow)
+        y4 = o.y.reshape(g.n, g.group, mg, npix)
+        r4 = _res_per_image(res, o.y.shape, (g.n, g.group, mg, npix))
         for i in range(g.n):
             native.im2col(x4[i], g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow, col)
-            np.matmul(w, col.reshape(g.group, k, g.oh * g.ow), out=y4[i])
-        _finish(o.y.reshape(g.n, g.cout, -1), bias, None if res is None else res.reshape(g.n, g.cout, -1), act)
+            _gemm_into(w, mg, col.reshape(g.group, k, npix), y4[i], bias, r4[i] if r4 is not None else None,
+                       act if r4 is not None or res is None else None)
+        if res is not None and r4 is None:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, res, act)
         o.close()
 
 
@@ -615,8 +655,12 @@ class Conv1x1(_ConvKernelBase):
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = layer_geom(layer)
-        w = np.ascontiguousarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cout // g.group, g.cin // g.group)
-        return {**_passthrough(layer, raw), "w": w, **_bias_param(layer, raw)}
+        w3 = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cout // g.group, g.cin // g.group)
+        return {**_passthrough(layer, raw), "w": pack_gemm_weights(w3), **_bias_param(layer, raw)}
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        g = layer_geom(layer)
+        return packed_nbytes(g.group, g.cout // g.group, g.cin // g.group)
 
     def workspace_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
@@ -627,21 +671,13 @@ class Conv1x1(_ConvKernelBase):
             outputs: Sequence[np.ndarray]) -> None:
         g = _geo2d(layer)
         assert g is not None
-        if g.n == 1 and g.group == 1 and g.sh == g.sw == 1:
-            f = _fast_io(layer, inputs, params, outputs[0])
-            if f is not None:
-                x, bias, res, code, p0, p1 = f
-                y2 = outputs[0].reshape(g.cout, g.oh * g.ow)
-                np.matmul(params["w"][0], x.reshape(g.cin, g.oh * g.ow), out=y2)
-                if bias is not None or res is not None or code:
-                    native.bias_act_direct(y2, bias, None if res is None else res.reshape(y2.shape), code, p0, p1)
-                return
         x, bias, res, act = self._common(layer, inputs, params)
         o = _Out(outputs[0])
         w = params["w"]
-        cg, npix = g.cin // g.group, g.oh * g.ow
+        cg, mg, npix = g.cin // g.group, g.cout // g.group, g.oh * g.ow
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
-        y4 = o.y.reshape(g.n, g.group, g.cout // g.group, npix)
+        y4 = o.y.reshape(g.n, g.group, mg, npix)
+        r4 = _res_per_image(res, o.y.shape, (g.n, g.group, mg, npix))
         strided = not (g.sh == g.sw == 1)
         buf = scratch(0, g.cin * npix).reshape(g.cin, g.oh, g.ow) if strided else None
         for i in range(g.n):
@@ -650,8 +686,10 @@ class Conv1x1(_ConvKernelBase):
                 xs = buf
             else:
                 xs = x4[i]
-            np.matmul(w, xs.reshape(g.group, cg, npix), out=y4[i])
-        _finish(o.y.reshape(g.n, g.cout, -1), bias, None if res is None else res.reshape(g.n, g.cout, -1), act)
+            _gemm_into(w, mg, xs.reshape(g.group, cg, npix), y4[i], bias, r4[i] if r4 is not None else None,
+                       act if r4 is not None or res is None else None)
+        if res is not None and r4 is None:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, res, act)
         o.close()
 
 
@@ -735,8 +773,8 @@ def winograd_matrices(m: int, r: int, points: Sequence[float]) -> tuple[np.ndarr
 class WinogradKernel(_ConvKernelBase):
     """F(m x m, 3 x 3) for 3x3 stride 1 dilation 1 group 1 (any pads).
 
-    transform: U = G g G^T as (alpha^2, Cout, Cin). run: native input transform into V (alpha^2, Cin, P tiles),
-    one batched GEMM U @ V -> M over the alpha^2 positions, native output transform (+ bias) into the output.
+    transform: U = G g G^T as (alpha^2, Cout, Cin), packed per position for the native GEMM. run: native input
+    transform into V (alpha^2, Cin, P tiles), one batched GEMM U @ V -> M over the alpha^2 positions, native output transform (+ bias) into the output.
     The tiles of a big image are processed a band of tile rows at a time so the workspace stays bounded."""
 
     ops = ("Conv",)
@@ -766,7 +804,7 @@ class WinogradKernel(_ConvKernelBase):
     def _w_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
         assert g is not None
-        return self.alpha ** 2 * g.cout * g.cin * 4
+        return packed_nbytes(self.alpha ** 2, g.cout, g.cin)
 
     def workspace_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
@@ -780,7 +818,7 @@ class WinogradKernel(_ConvKernelBase):
         w = np.asarray(raw[raw_key(1)], dtype=np.float64).reshape(g.cout, g.cin, 3, 3)
         u = np.einsum("ai,ocij,bj->aboc", self.g64, w, self.g64, optimize=True)
         u = np.ascontiguousarray(u.reshape(self.alpha ** 2, g.cout, g.cin), dtype=F32)
-        return {**_passthrough(layer, raw), "w": u, **_bias_param(layer, raw)}
+        return {**_passthrough(layer, raw), "w": pack_gemm_weights(u), **_bias_param(layer, raw)}
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -801,7 +839,7 @@ class WinogradKernel(_ConvKernelBase):
                 v = vbuf[: a2 * g.cin * p].reshape(a2, g.cin, p)
                 mm = mbuf[: a2 * g.cout * p].reshape(a2, g.cout, p)
                 native.winograd_input(x4[i], g.pt - t0 * m, g.pl, nb, tw, m, self.bt, v, 0)
-                np.matmul(params["w"], v, out=mm)
+                native.gemm(params["w"], g.cout, v, mm)
                 r0, r1 = t0 * m, min(g.oh, (t0 + nb) * m)
                 if r0 == 0 and r1 == g.oh:
                     native.winograd_output(mm, nb, tw, m, self.at, bias, y4[i], 0)

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
@@ -309,6 +310,95 @@ class GemmNTKernel(_BlasKernel):
 
     def _weight(self, layer: Layer, b: np.ndarray, alpha: float) -> np.ndarray:
         return b * np.asarray(alpha, dtype=b.dtype) if alpha != 1.0 else b
+
+
+@register_kernel
+class GemmPackedKernel(Kernel):
+    """Float32 with a constant 2-D weight: inferd's native GEMM on weights packed at load.
+
+    Y (rows x N) = X (rows x K) @ W (K x N) is computed as Y^T = W^T X^T, so the packed operand is W^T (output
+    features in panels of 8) and X^T / Y^T are transposed views (no copies). Bias (Gemm's C when it is one row),
+    residual and native activations are applied in the GEMM's store; alpha and beta are folded at load.
+    """
+
+    name = "gemm_packed"
+    ops: ClassVar[tuple[str, ...]] = ("Gemm", "MatMul")
+    priority = 5
+
+    def applies(self, layer: Layer) -> bool:
+        x, w, y = layer.inputs[0], layer.inputs[1] if len(layer.inputs) > 1 else None, layer.outputs[0]
+        if x is None or w is None or 1 not in layer.const_inputs or 0 in layer.const_inputs:
+            return False
+        if any(np.dtype(t.dtype) != np.float32 for t in (x, w, y)) or len(w.shape) != 2 or len(x.shape) < 1:
+            return False
+        if layer.op == "Gemm":
+            if layer.attr("transA", 0):
+                return False
+            c = _gemm_c_index(layer.node)
+            if c is not None:
+                ct = layer.inputs[c]
+                n = w.shape[0] if layer.attr("transB", 0) else w.shape[1]
+                # C must be one value per output column (or a scalar): it becomes the GEMM's bias
+                if ct is None or c not in layer.const_inputs or int(np.prod(ct.shape)) not in (1, n) \
+                        or (len(ct.shape) == 2 and ct.shape[0] != 1):
+                    return False
+        return True
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        node = layer.node
+        gemm = layer.op == "Gemm"
+        alpha = float(node.attr("alpha", 1.0)) if gemm else 1.0
+        beta = float(node.attr("beta", 1.0)) if gemm else 1.0
+        w = np.asarray(raw[raw_key(1)], dtype=np.float32)
+        wt = w if gemm and node.attr("transB", 0) else w.T  # (N, K): output features are the packed rows
+        if alpha != 1.0:
+            wt = wt * np.float32(alpha)
+        out: dict[str, np.ndarray] = {"w": native.gemm_pack_a(wt)}
+        c = _gemm_c_index(node) if gemm else None
+        for key, arr in raw.items():
+            k = int(key[2:])
+            if k == c:
+                out["bias"] = np.ascontiguousarray(
+                    np.broadcast_to(np.asarray(arr, np.float32).reshape(-1) * np.float32(beta), (wt.shape[0],)))
+            elif k != 1:
+                out[key] = arr
+        return out
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        w = layer.inputs[1]
+        assert w is not None
+        n, k = (w.shape[0], w.shape[1]) if layer.op == "Gemm" and layer.attr("transB", 0) else (w.shape[1], w.shape[0])
+        p, kk, mr = native.gemm_packed_shape(n, k)
+        extra = sum(layer.inputs[i].nbytes for i in layer.const_inputs if i != 1 and layer.inputs[i] is not None)
+        return p * kk * mr * 4 + extra
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        node = layer.node
+        y = outputs[0]
+        x = inputs[0]
+        assert x is not None
+        n = y.shape[-1] if y.ndim else 1
+        k = x.shape[-1]
+        x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
+        yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
+        y2 = yc.reshape(-1, n)
+        r = _residual_index(node)
+        res = None
+        if r is not None:
+            res = params[raw_key(r)] if inputs[r] is None else inputs[r]
+        act = node.attr("act")
+        nat = act is None or act[0] in native.NATIVE_ACTS
+        fuse_res = res is not None and tuple(res.shape) == tuple(y.shape) and res.dtype == np.float32
+        native.gemm(params["w"], n, x2.T, y2.T, params.get("bias"),
+                    np.asarray(res).reshape(-1, n).T if fuse_res else None, act if nat and (res is None or fuse_res)
+                    else None)
+        if res is not None and not fuse_res:
+            np.add(yc, res, out=yc)
+        if act is not None and not (nat and (res is None or fuse_res)):
+            apply_act(yc, act)
+        if yc is not y:
+            np.copyto(y, yc)
 
 
 @register_kernel

@@ -221,7 +221,15 @@ class PoolKernel(Kernel):
         nsp = x.ndim - 2
         if layer.op in _GLOBAL:
             axes = tuple(range(2, 2 + nsp))
-            if is_max:
+            if x.dtype == np.float32 and x.flags.c_contiguous and y.flags.c_contiguous:
+                # one reduction along contiguous rows: numpy's over axes (2, 3) of NCHW was ~10x slower
+                x2, y2 = x.reshape(x.shape[0] * x.shape[1], -1), y.reshape(-1)
+                if is_max:
+                    np.max(x2, axis=1, out=y2)
+                else:
+                    np.sum(x2, axis=1, out=y2)
+                    y2 *= np.float32(1.0 / x2.shape[1])
+            elif is_max:
                 np.max(x, axis=axes, keepdims=True, out=y)
             else:
                 np.mean(x, axis=axes, keepdims=True, out=y, dtype=np.float32 if x.dtype == np.float16 else None)

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import InputError
 from ..ir import Graph, TensorInfo
 from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_key
@@ -65,6 +66,7 @@ class CpuExecutor:
         """``params`` may carry already transformed weights per layer (from a weights store)."""
         self.graph = graph
         self.stats = LoadStats()
+        native.claim_cores()
         t0 = time.perf_counter()
         self.plan: MemoryPlan = plan_graph_memory(graph)
         self.arena = np.empty(max(self.plan.total, 1), dtype=np.uint8)

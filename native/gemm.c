@@ -1,0 +1,499 @@
+/* Packed single-precision GEMM for the CPU kernels: C = act(A B + bias + R), A the constant operand (weights),
+ * packed once at load; B the activations, packed per call into the micro-kernel's panels.
+ *
+ * Why our own: OpenBLAS (numpy's) is fast on big square GEMMs but mobile nets are small-K, small-N layers
+ * (1x1 convs on 7x7..112x112 maps), where its per-call packing and threading cost dominates, and its
+ * workers spin on the cores our other kernels need. This one packs the weights at load, fuses bias,
+ * residual and activation into the store, and runs on inferd's own pool (pool.c).
+ *
+ * Layout: A is packed in panels of 8 rows, k-major (ap[(i/8)*K*8 + k*8 + i%8], rows past M zero), the same
+ * for every ISA so a compiled package is portable. The micro-kernels (GNU vector extensions, so the same
+ * source is AVX-512, AVX2, SSE2 or NEON) compute an MRK x NR tile from MRK rows of an A panel and a
+ * k-major B panel of NR columns. B and C take any (row, column) strides, which covers NCHW convolutions
+ * (C = W X) and row-major linear layers (C^T = W^T X^T, stored transposed) with one packed A format.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "inferd_internal.h"
+#include "inferd_native.h"
+
+static inline int imin(int a, int b) { return a < b ? a : b; }
+static inline int imax(int a, int b) { return a > b ? a : b; }
+
+#define MRP 8 /* rows per packed A panel */
+#define NC_MAX 512 /* columns per task block: kc x 512 floats of packed B stay in L2 */
+
+/* Where a full tile goes when the micro-kernel stores it itself (C rows contiguous): bias on the first K block,
+   accumulate on later ones, residual and activation on the last. */
+typedef struct {
+    float* c;
+    long long ldc;
+    const float* bias; /* the tile's first row's bias, or NULL */
+    const float* r;    /* residual at the tile's origin, or NULL (row pitch ldr) */
+    long long ldr;
+    int first, last, act;
+    float p0, p1;
+} epi_t;
+
+/* t != NULL: store the raw tile there (rows x nr); otherwise finish it into e->c. */
+typedef void (*ukernel_fn)(long kc, const float* restrict a, const float* restrict b, float* restrict t,
+                           const epi_t* e);
+
+typedef struct {
+    int level; /* 0 baseline, 1 AVX2+FMA, 2 AVX-512 */
+    int mrk;   /* rows per micro-kernel call (a divisor of MRP) */
+    int nr;    /* columns per B panel */
+    int kc;    /* K block */
+    ukernel_fn uk;
+} isa_t;
+
+/* Activations on a whole vector X of type VT (integer twin VI): comparisons give lane masks, selects are
+   bitwise, so these compile to blends/min/max on every target. NaN compares false and passes through, like
+   the scalar forms in inferd_internal.h. Codes without a vector form here (Sigmoid, SiLU) are applied after
+   the store by act_inplace. */
+#define INFERD_VSEL(VT, VI, M, A, B) ((VT)(((VI)(A) & (M)) | ((VI)(B) & ~(M))))
+#define INFERD_VCLAMP(VT, VI, X, LO, HI)                   \
+    do {                                                   \
+        const VT lo_ = (LO) - (VT){0}, hi_ = (HI) - (VT){0}; \
+        X = INFERD_VSEL(VT, VI, X < lo_, lo_, X);          \
+        X = INFERD_VSEL(VT, VI, X > hi_, hi_, X);          \
+    } while (0)
+#define INFERD_VACT(VT, VI, X, ACT, P0, P1)                                        \
+    do {                                                                           \
+        if ((ACT) == 1) {                                                          \
+            X = INFERD_VSEL(VT, VI, X < (VT){0}, (VT){0}, X);                      \
+        } else if ((ACT) == 2) {                                                   \
+            INFERD_VCLAMP(VT, VI, X, P0, P1);                                      \
+        } else if ((ACT) == 3) {                                                   \
+            X = INFERD_VSEL(VT, VI, X < (VT){0}, X * (P0), X);                     \
+        } else if ((ACT) == 6) {                                                   \
+            VT t_ = X * (1.0f / 6.0f) + 0.5f;                                      \
+            INFERD_VCLAMP(VT, VI, t_, 0.0f, 1.0f);                                 \
+            X = X * t_;                                                            \
+        } else if ((ACT) == 7) {                                                   \
+            VT t_ = X * (P0) + (P1);                                               \
+            INFERD_VCLAMP(VT, VI, t_, 0.0f, 1.0f);                                 \
+            X = t_;                                                                \
+        }                                                                          \
+    } while (0)
+
+/* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. */
+#define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV)                                                       \
+    ATTR static void NAME(long kc, const float* restrict a, const float* restrict b, float* restrict t,      \
+                          const epi_t* e)                                                                    \
+    {                                                                                                        \
+        VT acc[MRK][NV];                                                                                     \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
+                                                                                            ++v)             \
+            acc[i][v] = (VT){0};                                                                             \
+        for (long k = 0; k < kc; ++k) {                                                                      \
+            VT bv[NV];                                                                                       \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) memcpy(&bv[v], b + k * (NV * VL) + v * VL,  \
+                                                                         sizeof(VT));                        \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                            \
+            {                                                                                                \
+                const VT ai = a[k * MRP + i] - (VT){0}; /* x - 0 folds away; 0 + x does not (-0) */          \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];                \
+            }                                                                                                \
+        }                                                                                                    \
+        if (t) {                                                                                             \
+            _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
+                                                                                             v < NV; ++v)    \
+                memcpy(t + i * (NV * VL) + v * VL, &acc[i][v], sizeof(VT));                                  \
+            return;                                                                                          \
+        }                                                                                                    \
+        const int act = e->act, vact = e->last && act != 4 && act != 5 ? act : 0;                            \
+        const float p0 = e->p0, p1 = e->p1;                                                                  \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                                \
+        {                                                                                                    \
+            float* crow = e->c + i * e->ldc;                                                                 \
+            const VT bi = (e->first && e->bias ? e->bias[i] : 0.0f) - (VT){0};                               \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v)                                             \
+            {                                                                                                \
+                VT x = acc[i][v] + bi;                                                                       \
+                if (!e->first) {                                                                             \
+                    VT old;                                                                                  \
+                    memcpy(&old, crow + v * VL, sizeof(VT));                                                 \
+                    x += old;                                                                                \
+                }                                                                                            \
+                if (e->last && e->r) {                                                                       \
+                    VT rv;                                                                                   \
+                    memcpy(&rv, e->r + i * e->ldr + v * VL, sizeof(VT));                                     \
+                    x += rv;                                                                                 \
+                }                                                                                            \
+                INFERD_VACT(VT, VI, x, vact, p0, p1);                                                        \
+                memcpy(crow + v * VL, &x, sizeof(VT));                                                       \
+            }                                                                                                \
+            if (e->last && (act == 4 || act == 5)) act_inplace(crow, NV * VL, act, p0, p1);                  \
+        }                                                                                                    \
+    }
+
+typedef float v4f __attribute__((vector_size(16)));
+typedef int v4i __attribute__((vector_size(16)));
+
+#if defined(__aarch64__)
+/* NEON: 32 q-registers, 24 accumulators */
+INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 8, 3)
+static const isa_t ISA_BASE = {0, 8, 12, 256, uk_base};
+#else
+/* SSE2 (and any other target): 16 registers, 8 accumulators */
+INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 4, 2)
+static const isa_t ISA_BASE = {0, 4, 8, 256, uk_base};
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
+#define INFERD_GEMM_X86 1
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v16f __attribute__((vector_size(64)));
+typedef int v8i __attribute__((vector_size(32)));
+typedef int v16i __attribute__((vector_size(64)));
+/* AVX2: 16 ymm registers, 12 accumulators of 4 rows x 24 columns */
+INFERD_UKERNEL(uk_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 3)
+/* AVX-512: 32 zmm registers, 16 accumulators of 8 rows x 32 columns */
+INFERD_UKERNEL(uk_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2)
+static const isa_t ISA_AVX2 = {1, 4, 24, 256, uk_avx2};
+static const isa_t ISA_AVX512 = {2, 8, 32, 192, uk_avx512};
+#endif
+
+static const isa_t* ISA = NULL;
+
+static const isa_t* best_isa(void)
+{
+#ifdef INFERD_GEMM_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return &ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &ISA_AVX2;
+#endif
+    return &ISA_BASE;
+}
+
+static const isa_t* isa(void)
+{
+    const isa_t* p = __atomic_load_n(&ISA, __ATOMIC_ACQUIRE);
+    if (!p) {
+        p = best_isa();
+        __atomic_store_n(&ISA, p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
+
+int inferd_gemm_set_isa(int level)
+{
+    const isa_t* best = best_isa();
+    const isa_t* p = best;
+#ifdef INFERD_GEMM_X86
+    if (level == 0) p = &ISA_BASE;
+    if (level == 1 && best->level >= 1) p = &ISA_AVX2;
+#else
+    if (level == 0) p = &ISA_BASE;
+#endif
+    __atomic_store_n(&ISA, p, __ATOMIC_RELEASE);
+    return p->level;
+}
+
+int inferd_gemm_isa(void) { return isa()->level; }
+
+long long inferd_gemm_packed_size(int M, int K) { return (long long)((M + MRP - 1) / MRP) * MRP * K; }
+
+void inferd_gemm_pack_a(const float* a, long long lda_m, long long lda_k, int M, int K, float* ap)
+{
+    const int np = (M + MRP - 1) / MRP;
+    for (int p = 0; p < np; ++p) {
+        float* restrict d = ap + (size_t)p * K * MRP;
+        for (int k = 0; k < K; ++k)
+            for (int i = 0; i < MRP; ++i) {
+                const int m = p * MRP + i;
+                d[(size_t)k * MRP + i] = m < M ? a[(ptrdiff_t)m * lda_m + (ptrdiff_t)k * lda_k] : 0.0f;
+            }
+    }
+}
+
+/* ------------------------------------------------------------------ the job */
+
+typedef struct {
+    const float* ap;
+    long long ap_bs;
+    const float* b;
+    long long bsk, bsn, b_bs;
+    float* c;
+    long long csm, csn, c_bs;
+    const float* r;
+    long long r_bs;
+    const float* bias;
+    long long bias_bs;
+    int M, K, N, batch;
+    int act;
+    float p0, p1;
+    int mb, nb; /* rows (multiple of MRP) and columns (multiple of nr) per task */
+    int tm, tn; /* tasks along M and N per batch item */
+    const isa_t* isa;
+    int failed;
+} job_t;
+
+/* Per-thread scratch for packed B: grown on demand, kept for the thread's life (at most kc * NC_MAX floats). */
+static __thread float* tl_buf = NULL;
+static __thread size_t tl_cap = 0;
+
+static float* scratch(size_t n)
+{
+    if (n > tl_cap) {
+        void* p = NULL;
+        if (posix_memalign(&p, 64, n * sizeof(float)) != 0) return NULL;
+        free(tl_buf);
+        tl_buf = (float*)p;
+        tl_cap = n;
+    }
+    return tl_buf;
+}
+
+/* B block (rows k0..k0+kc, columns n0..n1) into panels of nr columns, k-major, zero-padded past n1. */
+static void pack_b(float* restrict dst, const float* restrict b, long long bsk, long long bsn, int k0, int kc, int n0,
+                   int n1, int nr)
+{
+    for (int j0 = n0; j0 < n1; j0 += nr) {
+        const int nv = imin(nr, n1 - j0);
+        float* restrict d = dst;
+        if (bsn == 1) {
+            for (int k = 0; k < kc; ++k) {
+                const float* restrict s = b + (ptrdiff_t)(k0 + k) * bsk + j0;
+                int j = 0;
+                for (; j < nv; ++j) d[(size_t)k * nr + j] = s[j];
+                for (; j < nr; ++j) d[(size_t)k * nr + j] = 0.0f;
+            }
+        } else {
+            for (int j = 0; j < nv; ++j) {
+                const float* restrict s = b + (ptrdiff_t)(j0 + j) * bsn + (ptrdiff_t)k0 * bsk;
+                if (bsk == 1)
+                    for (int k = 0; k < kc; ++k) d[(size_t)k * nr + j] = s[k];
+                else
+                    for (int k = 0; k < kc; ++k) d[(size_t)k * nr + j] = s[(ptrdiff_t)k * bsk];
+            }
+            for (int k = 0; k < kc; ++k)
+                for (int j = nv; j < nr; ++j) d[(size_t)k * nr + j] = 0.0f;
+        }
+        dst += (size_t)kc * nr;
+    }
+}
+
+/* Tile t (rows x nr, only nv columns valid) into C. first: the first K block (store, add bias); last: the last
+   (add the residual, apply the activation); in between: accumulate. */
+static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv, int nr, const float* t, int first,
+                       int last)
+{
+    float* c = J->c + (ptrdiff_t)bi * J->c_bs;
+    const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
+    const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
+    const int act = J->act;
+    const float p0 = J->p0, p1 = J->p1;
+    float row[64];
+    for (int i = 0; i < rows; ++i) {
+        const int m = m0 + i;
+        const float* restrict ti = t + (size_t)i * nr;
+        const float bv = first && bias ? bias[m] : 0.0f;
+        if (J->csn == 1) {
+            float* restrict d = c + (ptrdiff_t)m * J->csm + n0;
+            if (first) {
+                for (int j = 0; j < nv; ++j) d[j] = ti[j] + bv;
+            } else {
+                for (int j = 0; j < nv; ++j) d[j] += ti[j];
+            }
+            if (last) {
+                if (r) {
+                    const float* restrict rr = r + (ptrdiff_t)m * J->csm + n0;
+                    for (int j = 0; j < nv; ++j) d[j] += rr[j];
+                }
+                act_inplace(d, nv, act, p0, p1);
+            }
+        } else {
+            /* strided columns (a transposed store): gather the row, finish it, scatter it */
+            float* d = c + (ptrdiff_t)m * J->csm + (ptrdiff_t)n0 * J->csn;
+            for (int j = 0; j < nv; ++j) row[j] = ti[j] + (first ? bv : d[(ptrdiff_t)j * J->csn]);
+            if (last) {
+                if (r) {
+                    const float* rr = r + (ptrdiff_t)m * J->csm + (ptrdiff_t)n0 * J->csn;
+                    for (int j = 0; j < nv; ++j) row[j] += rr[(ptrdiff_t)j * J->csn];
+                }
+                act_inplace(row, nv, act, p0, p1);
+            }
+            for (int j = 0; j < nv; ++j) d[(ptrdiff_t)j * J->csn] = row[j];
+        }
+    }
+}
+
+static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
+{
+    const isa_t* I = J->isa;
+    const int K = J->K, nr = I->nr, mrk = I->mrk;
+    const int nk = (K + I->kc - 1) / I->kc;
+    const int kcmax = (K + nk - 1) / nk;
+    const int npan = (n1 - n0 + nr - 1) / nr;
+    float* buf = scratch((size_t)kcmax * npan * nr);
+    if (!buf) {
+        __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float tile[MRP * 64] __attribute__((aligned(64)));
+    const float* ap = J->ap + (ptrdiff_t)bi * J->ap_bs;
+    const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
+    float* c = J->c + (ptrdiff_t)bi * J->c_bs;
+    const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
+    const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
+    const int direct = J->csn == 1;
+    epi_t epi;
+    memset(&epi, 0, sizeof epi);
+    epi.ldc = J->csm, epi.ldr = J->csm, epi.act = J->act, epi.p0 = J->p0, epi.p1 = J->p1;
+    for (int kb = 0; kb < nk; ++kb) {
+        const int k0 = (int)((long long)K * kb / nk), k1 = (int)((long long)K * (kb + 1) / nk), kc = k1 - k0;
+        pack_b(buf, b, J->bsk, J->bsn, k0, kc, n0, n1, nr);
+        /* rows outer, column panels inner: each row of C is written front to back (the hardware prefetcher
+           follows; a cold output written tile by tile down the rows was 2-5x slower), the A micro-panel
+           stays in L1 and the packed B block streams from L2 */
+        for (int i0 = m0; i0 < m1; i0 += MRP) {
+            const float* apan = ap + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
+            for (int sub = 0; sub < MRP && i0 + sub < m1; sub += mrk) {
+                const int rows = imin(mrk, m1 - i0 - sub), m = i0 + sub;
+                for (int jp = 0; jp < npan; ++jp) {
+                    const int j0 = n0 + jp * nr, nv = imin(nr, n1 - j0);
+                    const float* bp = buf + (size_t)jp * kc * nr;
+                    if (direct && rows == mrk && nv == nr) {
+                        epi.c = c + (ptrdiff_t)m * J->csm + j0;
+                        epi.bias = bias ? bias + m : NULL;
+                        epi.r = r ? r + (ptrdiff_t)m * J->csm + j0 : NULL;
+                        epi.first = kb == 0, epi.last = kb == nk - 1;
+                        I->uk(kc, apan + sub, bp, NULL, &epi);
+                    } else {
+                        I->uk(kc, apan + sub, bp, tile, NULL);
+                        store_tile(J, bi, m, rows, j0, nv, nr, tile, kb == 0, kb == nk - 1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Few columns (a batch-1 linear layer): stream each A panel once, 8 rows x up to 4 columns. */
+typedef float v8g __attribute__((vector_size(32)));
+
+#define INFERD_GEMV_COLS(NCOLS)                                                                        \
+    for (int i0 = m0; i0 < m1; i0 += MRP) {                                                             \
+        const float* restrict a = ap + (size_t)(i0 / MRP) * K * MRP;                                    \
+        v8g acc[NCOLS];                                                                                 \
+        for (int n = 0; n < NCOLS; ++n) acc[n] = (v8g){0};                                              \
+        for (int k = 0; k < K; ++k) {                                                                   \
+            v8g av;                                                                                     \
+            memcpy(&av, a + (size_t)k * MRP, sizeof av);                                                \
+            for (int n = 0; n < NCOLS; ++n) acc[n] += av * (b[(ptrdiff_t)k * bsk + (ptrdiff_t)n * bsn] - (v8g){0}); \
+        }                                                                                               \
+        for (int i = 0; i < MRP; ++i)                                                                   \
+            for (int n = 0; n < NCOLS; ++n) tile[i * NCOLS + n] = acc[n][i];                            \
+        store_tile(J, bi, i0, imin(MRP, m1 - i0), 0, NCOLS, NCOLS, tile, 1, 1);                          \
+    }
+
+/* One column (batch-1 linear layers): memory-bound, so four independent accumulators over k hide the add
+   latency and the loop streams each A panel once. */
+INFERD_CLONES
+static void gemv1_block(job_t* J, int bi, int m0, int m1)
+{
+    const int K = J->K;
+    const long long bsk = J->bsk;
+    const float* ap = J->ap + (ptrdiff_t)bi * J->ap_bs;
+    const float* restrict b = J->b + (ptrdiff_t)bi * J->b_bs;
+    float tile[MRP];
+    for (int i0 = m0; i0 < m1; i0 += MRP) {
+        const float* restrict a = ap + (size_t)(i0 / MRP) * K * MRP;
+        v8g acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0}, av;
+        int k = 0;
+        for (; k + 4 <= K; k += 4) {
+            memcpy(&av, a + (size_t)k * MRP, sizeof av);
+            acc0 += av * (b[(ptrdiff_t)k * bsk] - (v8g){0});
+            memcpy(&av, a + (size_t)(k + 1) * MRP, sizeof av);
+            acc1 += av * (b[(ptrdiff_t)(k + 1) * bsk] - (v8g){0});
+            memcpy(&av, a + (size_t)(k + 2) * MRP, sizeof av);
+            acc2 += av * (b[(ptrdiff_t)(k + 2) * bsk] - (v8g){0});
+            memcpy(&av, a + (size_t)(k + 3) * MRP, sizeof av);
+            acc3 += av * (b[(ptrdiff_t)(k + 3) * bsk] - (v8g){0});
+        }
+        for (; k < K; ++k) {
+            memcpy(&av, a + (size_t)k * MRP, sizeof av);
+            acc0 += av * (b[(ptrdiff_t)k * bsk] - (v8g){0});
+        }
+        acc0 = (acc0 + acc1) + (acc2 + acc3);
+        memcpy(tile, &acc0, sizeof acc0);
+        store_tile(J, bi, i0, imin(MRP, m1 - i0), 0, 1, 1, tile, 1, 1);
+    }
+}
+
+static void gemv_block(job_t* J, int bi, int m0, int m1)
+{
+    const int K = J->K;
+    const long long bsk = J->bsk, bsn = J->bsn;
+    const float* ap = J->ap + (ptrdiff_t)bi * J->ap_bs;
+    const float* restrict b = J->b + (ptrdiff_t)bi * J->b_bs;
+    float tile[MRP * 4];
+    switch (J->N) {
+    case 1: gemv1_block(J, bi, m0, m1); break;
+    case 2: INFERD_GEMV_COLS(2) break;
+    case 3: INFERD_GEMV_COLS(3) break;
+    default: INFERD_GEMV_COLS(4) break;
+    }
+}
+
+static void gemm_task(void* ctx, long long t)
+{
+    job_t* J = (job_t*)ctx;
+    const int per = J->tm * J->tn;
+    const int bi = (int)(t / per), rem = (int)(t % per), mi = rem / J->tn, ni = rem % J->tn;
+    const int m0 = mi * J->mb, m1 = imin(J->M, m0 + J->mb);
+    const int n0 = ni * J->nb, n1 = imin(J->N, n0 + J->nb);
+    if (m0 >= m1 || n0 >= n1) return;
+    if (J->N <= 4)
+        gemv_block(J, bi, m0, m1);
+    else
+        gemm_block(J, bi, m0, m1, n0, n1);
+}
+
+int inferd_gemm(const float* ap, long long ap_bs, int M, int K, int N, int batch, const float* b, long long bsk,
+                long long bsn, long long b_bs, float* c, long long csm, long long csn, long long c_bs,
+                const float* bias, long long bias_bs, const float* r, long long r_bs, int act, float p0, float p1,
+                int max_threads)
+{
+    if (M <= 0 || N <= 0 || batch <= 0) return 0;
+    job_t J;
+    memset(&J, 0, sizeof J);
+    J.ap = ap, J.ap_bs = ap_bs, J.b = b, J.bsk = bsk, J.bsn = bsn, J.b_bs = b_bs;
+    J.c = c, J.csm = csm, J.csn = csn, J.c_bs = c_bs, J.r = r, J.r_bs = r_bs, J.bias = bias, J.bias_bs = bias_bs;
+    J.M = M, J.K = K, J.N = N, J.batch = batch, J.act = act, J.p0 = p0, J.p1 = p1;
+    J.isa = isa();
+    if (K <= 0) { /* C = act(bias + R): a zero-width product */
+        float zeros[MRP * 64] = {0};
+        for (int bi = 0; bi < batch; ++bi)
+            for (int i0 = 0; i0 < M; i0 += MRP)
+                for (int j0 = 0; j0 < N; j0 += 64)
+                    store_tile(&J, bi, i0, imin(MRP, M - i0), j0, imin(64, N - j0), 64, zeros, 1, 1);
+        return 0;
+    }
+    const int nr = N <= 4 ? N : J.isa->nr;
+    const int threads = inferd_pool_threads();
+    const double work = (double)M * K * N * batch;
+    int want = (max_threads > 0 && max_threads < threads) ? max_threads : threads;
+    if (work < 65536.0) want = 1;
+    const long long target = want > 1 ? 4LL * want : 1; /* a few tasks per thread: idle threads steal */
+    const int mp = (M + MRP - 1) / MRP, np = (N + nr - 1) / nr;
+    int nb_p = N <= 4 ? 1 : imin(np, imax(1, NC_MAX / nr));
+    int tn = (np + nb_p - 1) / nb_p;
+    if ((long long)tn * batch < target && np > tn) {
+        const int want_tn = (int)((target + batch - 1) / batch);
+        nb_p = imax(1, (np + want_tn - 1) / want_tn);
+        tn = (np + nb_p - 1) / nb_p;
+    }
+    int tm = 1;
+    if ((long long)tn * batch < target) tm = imin(mp, (int)((target + (long long)tn * batch - 1) / ((long long)tn * batch)));
+    const int mb_p = (mp + tm - 1) / tm;
+    tm = (mp + mb_p - 1) / mb_p;
+    J.mb = mb_p * MRP, J.nb = nb_p * nr, J.tm = tm, J.tn = tn;
+    inferd_parallel(gemm_task, &J, (long long)batch * tm * tn, want);
+    return J.failed ? -1 : 0;
+}

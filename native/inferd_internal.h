@@ -1,0 +1,98 @@
+/* Internal to native/: the clone/inline macros and the fused activations shared by the kernels
+   (not parsed by cffi; inferd_native.h is the public contract). */
+#ifndef INFERD_INTERNAL_H
+#define INFERD_INTERNAL_H
+#include <stddef.h>
+#include <string.h>
+
+/* Feature-level clones ("arch=x86-64-v3" is tested with __builtin_cpu_supports, unlike a CPU name such as
+   "arch=haswell", which GCC's resolver matches by model and so never picks on other vendors' CPUs). */
+#if defined(INFERD_NO_CLONES)
+#define INFERD_CLONES
+#elif defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 12
+#define INFERD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#elif defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__) && \
+    __GNUC__ >= 8
+#define INFERD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define INFERD_CLONES
+#endif
+
+#if defined(__GNUC__)
+#define INFERD_INLINE static inline __attribute__((always_inline))
+#else
+#define INFERD_INLINE static inline
+#endif
+
+/* ---------------------------------------------------------------- activations
+   Codes shared by inferd_bias_act and inferd_dwconv2d: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(p0),
+   4 Sigmoid, 5 SiLU, 6 HardSwish, 7 HardSigmoid(alpha p0, beta p1). Each is a branch-free expression so the
+   loops that apply it vectorise; Sigmoid/SiLU use exp_ps below instead of libm's expf, which does not. */
+
+/* exp(x) for float32 in vectorisable plain C (Cephes expf): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split
+   of ln2), a degree-6 polynomial for e^r, and 2^n built in the exponent bits. Relative error ~2 ulp; inputs
+   are clamped to [-87.3, 88.7], so results stay finite and normal. */
+INFERD_INLINE float exp_core_ps(float x);
+INFERD_INLINE float exp_ps(float x)
+{
+    x = x < -87.33f ? -87.33f : (x > 88.72f ? 88.72f : x);
+    return exp_core_ps(x);
+}
+
+/* exp_ps without the clamp: x must lie in [-87.33, 88.72] (or be NaN, giving NaN). */
+INFERD_INLINE float exp_core_ps(float x)
+{
+    /* round(x / ln2) with the 1.5 * 2^23 trick: no floorf/roundf call (SSE2 has no vector rounding) */
+    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int e = ((int)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return p * scale;
+}
+
+INFERD_INLINE float sigmoid_ps(float v) { return 1.0f / (1.0f + exp_ps(-v)); }
+
+/* v < 0 ? 0 : v (not fmaxf) keeps NaN as NaN, like np.maximum */
+#define INFERD_ACT_RELU(v) ((v) < 0.0f ? 0.0f : (v))
+#define INFERD_ACT_CLIP(v) ((v) < p0 ? p0 : ((v) > p1 ? p1 : (v)))
+#define INFERD_ACT_LEAKY(v) ((v) < 0.0f ? (v) * p0 : (v))
+#define INFERD_ACT_SIGMOID(v) (sigmoid_ps(v))
+#define INFERD_ACT_SILU(v) ((v) * sigmoid_ps(v))
+#define INFERD_ACT_HSWISH(v) ((v) * INFERD_CLAMP01((v) * (1.0f / 6.0f) + 0.5f))
+#define INFERD_ACT_HSIGMOID(v) (INFERD_CLAMP01((v) * p0 + p1))
+#define INFERD_CLAMP01(t) ((t) < 0.0f ? 0.0f : ((t) > 1.0f ? 1.0f : (t)))
+
+/* Expands LOOP(EXPR) once per activation code (the switch stays outside the loops). */
+#define INFERD_ACT_SWITCH(act, LOOP)                \
+    switch (act) {                                  \
+    case 1: LOOP(INFERD_ACT_RELU); break;           \
+    case 2: LOOP(INFERD_ACT_CLIP); break;           \
+    case 3: LOOP(INFERD_ACT_LEAKY); break;          \
+    case 4: LOOP(INFERD_ACT_SIGMOID); break;        \
+    case 5: LOOP(INFERD_ACT_SILU); break;           \
+    case 6: LOOP(INFERD_ACT_HSWISH); break;         \
+    case 7: LOOP(INFERD_ACT_HSIGMOID); break;       \
+    default: break;                                 \
+    }
+
+INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0, float p1)
+{
+#define INFERD_INPLACE_LOOP(F)                                  \
+    for (ptrdiff_t k = 0; k < n; ++k) {                         \
+        const float v = d[k];                                   \
+        d[k] = F(v);                                            \
+    }
+    INFERD_ACT_SWITCH(act, INFERD_INPLACE_LOOP)
+#undef INFERD_INPLACE_LOOP
+}
+
+#endif

@@ -1,0 +1,211 @@
+/* A small fork-join thread pool for the native kernels (GEMM, depthwise, ...).
+ *
+ * Why not Python threads or OpenBLAS' pool: a Python hand-off costs tens of microseconds, more than many
+ * mobile-net layers take, and OpenBLAS' workers only serve its own GEMMs. Here a job is a task count and a
+ * callback; the calling thread works on it too, workers claim tasks from one atomic counter (so a worker that
+ * is descheduled because the core is busy simply claims fewer tasks: the others steal its share), and
+ * workers spin briefly between jobs so back-to-back layers do not pay a futex wake-up each.
+ *
+ * Correctness of the hand-off rests on one 64-bit state word: bits 63..33 the job generation, bit 32 "open",
+ * bits 31..0 the number of workers inside the job. A worker enters with a CAS that requires the generation it
+ * saw and the open bit; the caller, once every task is claimed, clears the open bit and waits until nobody
+ * is inside. So no worker can touch a job's fields after its caller returned, and the caller never waits
+ * for a worker that did not start (one that is asleep or descheduled).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "inferd_native.h"
+
+#define OPEN_BIT (1ULL << 32)
+#define GEN_SHIFT 33
+#define INSIDE_MASK 0xffffffffULL
+#define MAX_THREADS 64
+
+typedef void (*task_fn)(void* ctx, long long task);
+
+static struct {
+    pthread_mutex_t submit; /* one job at a time; a second caller runs its tasks inline */
+    pthread_mutex_t mu;     /* guards sleeping and thread start/stop */
+    pthread_cond_t cv;
+    uint64_t state;
+    int sleepers;
+    int stop;
+    int nthreads; /* wanted, caller included */
+    int nworkers; /* started */
+    pthread_t tids[MAX_THREADS];
+    long long spin_ns;
+    /* the current job: written by the caller before the generation is published */
+    task_fn fn;
+    void* ctx;
+    long long ntasks;
+    long long next;
+    int job_workers; /* workers (besides the caller) that may take part */
+} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 1, 0, {0},
+       200000, NULL, NULL, 0, 0, 0};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void run_tasks(task_fn fn, void* ctx, long long ntasks)
+{
+    for (;;) {
+        const long long t = __atomic_fetch_add(&P.next, 1, __ATOMIC_RELAXED);
+        if (t >= ntasks) break;
+        fn(ctx, t);
+    }
+}
+
+typedef struct {
+    int index;
+    uint64_t gen; /* the generation before the worker's first job, so it cannot miss that job */
+} worker_arg;
+
+static worker_arg ARGS[MAX_THREADS];
+
+static void* worker_main(void* arg)
+{
+    const int index = ((worker_arg*)arg)->index;
+    uint64_t seen = ((worker_arg*)arg)->gen;
+    for (;;) {
+        /* wait for a new generation: spin for spin_ns, then sleep on the condition variable */
+        uint64_t s = __atomic_load_n(&P.state, __ATOMIC_SEQ_CST);
+        if ((s >> GEN_SHIFT) == seen) {
+            const long long until = now_ns() + P.spin_ns;
+            int k = 0;
+            while ((s = __atomic_load_n(&P.state, __ATOMIC_SEQ_CST)) >> GEN_SHIFT == seen) {
+                cpu_relax();
+                if (__atomic_load_n(&P.stop, __ATOMIC_RELAXED)) return NULL;
+                if ((++k & 255) == 0 && now_ns() > until) {
+                    pthread_mutex_lock(&P.mu);
+                    __atomic_fetch_add(&P.sleepers, 1, __ATOMIC_SEQ_CST);
+                    while (!P.stop && __atomic_load_n(&P.state, __ATOMIC_SEQ_CST) >> GEN_SHIFT == seen)
+                        pthread_cond_wait(&P.cv, &P.mu);
+                    __atomic_fetch_sub(&P.sleepers, 1, __ATOMIC_SEQ_CST);
+                    pthread_mutex_unlock(&P.mu);
+                    k = 0;
+                }
+            }
+        }
+        if (__atomic_load_n(&P.stop, __ATOMIC_RELAXED)) return NULL;
+        seen = s >> GEN_SHIFT;
+        /* enter only the job we saw, and only while it is open */
+        int entered = 0;
+        while ((s & OPEN_BIT) && (s >> GEN_SHIFT) == seen) {
+            if (__atomic_compare_exchange_n(&P.state, &s, s + 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+                entered = 1;
+                break;
+            }
+        }
+        if (!entered) continue;
+        if (index < P.job_workers) run_tasks(P.fn, P.ctx, P.ntasks);
+        __atomic_fetch_sub(&P.state, 1, __ATOMIC_RELEASE);
+    }
+}
+
+/* Called with P.submit held. */
+static void stop_workers(void)
+{
+    pthread_mutex_lock(&P.mu);
+    __atomic_store_n(&P.stop, 1, __ATOMIC_SEQ_CST);
+    pthread_cond_broadcast(&P.cv);
+    pthread_mutex_unlock(&P.mu);
+    for (int i = 0; i < P.nworkers; ++i) pthread_join(P.tids[i], NULL);
+    P.nworkers = 0;
+    __atomic_store_n(&P.stop, 0, __ATOMIC_SEQ_CST);
+}
+
+/* Called with P.submit held. */
+static void start_workers(void)
+{
+    while (P.nworkers < P.nthreads - 1) {
+        ARGS[P.nworkers].index = P.nworkers;
+        ARGS[P.nworkers].gen = __atomic_load_n(&P.state, __ATOMIC_RELAXED) >> GEN_SHIFT;
+        if (pthread_create(&P.tids[P.nworkers], NULL, worker_main, &ARGS[P.nworkers]) != 0) break;
+        P.nworkers++;
+    }
+}
+
+static void atfork_child(void)
+{
+    /* the workers do not exist in the child: forget them and start afresh on the next job */
+    pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t c = PTHREAD_COND_INITIALIZER;
+    P.submit = m;
+    P.mu = m;
+    P.cv = c;
+    P.nworkers = 0;
+    P.sleepers = 0;
+    P.stop = 0;
+    P.state = 0;
+}
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static void init_once(void) { pthread_atfork(NULL, NULL, atfork_child); }
+
+void inferd_pool_set_threads(int n)
+{
+    pthread_once(&once, init_once);
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    pthread_mutex_lock(&P.submit);
+    if (n != P.nthreads) {
+        stop_workers();
+        P.nthreads = n;
+    }
+    pthread_mutex_unlock(&P.submit);
+}
+
+int inferd_pool_threads(void) { return P.nthreads; }
+
+void inferd_pool_set_spin_us(int us) { P.spin_ns = us < 0 ? 0 : (long long)us * 1000; }
+
+void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long ntasks, int max_threads)
+{
+    if (ntasks <= 0) return;
+    int want = P.nthreads;
+    if (max_threads > 0 && max_threads < want) want = max_threads;
+    if (want > ntasks) want = (int)ntasks;
+    if (want <= 1 || pthread_mutex_trylock(&P.submit) != 0) {
+        /* one thread wanted, or the pool is busy (another caller, or a task calling back in): inline */
+        for (long long t = 0; t < ntasks; ++t) fn(ctx, t);
+        return;
+    }
+    pthread_once(&once, init_once);
+    if (P.nworkers < P.nthreads - 1) start_workers();
+    P.fn = fn;
+    P.ctx = ctx;
+    P.ntasks = ntasks;
+    P.job_workers = want - 1;
+    __atomic_store_n(&P.next, 0, __ATOMIC_RELAXED);
+    /* publish: new generation, open, nobody inside */
+    const uint64_t gen = (__atomic_load_n(&P.state, __ATOMIC_RELAXED) >> GEN_SHIFT) + 1;
+    __atomic_store_n(&P.state, (gen << GEN_SHIFT) | OPEN_BIT, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&P.sleepers, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&P.mu);
+        pthread_cond_broadcast(&P.cv);
+        pthread_mutex_unlock(&P.mu);
+    }
+    run_tasks(fn, ctx, ntasks);
+    /* every task is claimed: close the job, then wait for the workers still inside */
+    __atomic_fetch_and(&P.state, ~OPEN_BIT, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&P.state, __ATOMIC_ACQUIRE) & INSIDE_MASK) cpu_relax();
+    pthread_mutex_unlock(&P.submit);
+}

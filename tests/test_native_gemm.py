@@ -1,0 +1,166 @@
+"""The native packed GEMM and thread pool (native/gemm.c, native/pool.c) against numpy.
+
+Every micro-kernel level the CPU has is checked (AVX-512, AVX2, baseline here; the aarch64 build is covered by
+the C harness in test_conv.py under qemu), with both store layouts, batches, residuals and the fused
+activations, on 1-3 pool threads, from several Python threads at once, and after a fork.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from inferd import native
+from inferd.ops.activation import apply_act
+
+needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+F32 = np.float32
+
+ACTS = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)), ("Sigmoid", ()), ("SiLU", ()),
+        ("HardSwish", ()), ("HardSigmoid", (0.2, 0.5))]
+SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40, 1, 3), (33, 129, 65), (7, 0, 9)]
+
+
+def _ref(a: np.ndarray, b: np.ndarray, bias, res, act) -> np.ndarray:
+    y = a.astype(np.float64) @ b.astype(np.float64)
+    if bias is not None:
+        y += bias[:, None]
+    if res is not None:
+        y += res
+    y = y.astype(F32)
+    if act is not None:
+        apply_act(y, act)
+    return y
+
+
+def _levels() -> list[int]:
+    best = native.gemm_isa()
+    return list(range(best + 1)) if best >= 0 else [-1]
+
+
+@pytest.fixture
+def isa_level(request):
+    level = request.param
+    if native.AVAILABLE:
+        native.gemm_set_isa(level)
+    yield level
+    if native.AVAILABLE:
+        native.gemm_set_isa(-1)
+
+
+@pytest.mark.parametrize("isa_level", _levels(), indirect=True)
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+@pytest.mark.parametrize("layout", ["nchw", "linear"])
+def test_gemm_matches_numpy(isa_level: int, shape, layout: str) -> None:
+    m, k, n = shape
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    a = rng.standard_normal((m, k), dtype=F32)
+    b = rng.standard_normal((k, n), dtype=F32)
+    bias = rng.standard_normal(m, dtype=F32)
+    res = rng.standard_normal((m, n), dtype=F32)
+    ap = native.gemm_pack_a(a)
+    assert ap.shape == native.gemm_packed_shape(m, k)
+    assert np.array_equal(native.gemm_unpack_a(ap, m), a)
+    for act in ACTS:
+        for use_bias, use_res in ((False, False), (True, False), (True, True)):
+            if layout == "nchw":
+                bb, c = b, np.full((m, n), np.nan, F32)
+                rr = res if use_res else None
+            else:  # B stored (N, K), C and R (N, M): the transposed views a linear layer passes
+                bb = np.ascontiguousarray(b.T).T
+                c = np.full((n, m), np.nan, F32).T
+                rr = np.ascontiguousarray(res.T).T if use_res else None
+            native.gemm(ap, m, bb, c, bias if use_bias else None, rr, act)
+            want = _ref(a, b, bias if use_bias else None, res if use_res else None, act)
+            tol = 2e-5 * max(1.0, np.sqrt(k))
+            assert np.allclose(c, want, rtol=tol, atol=tol), (shape, layout, act, use_bias, use_res)
+
+
+@needs_native
+def test_gemm_batched_and_strided_residual() -> None:
+    rng = np.random.default_rng(1)
+    q, m, k, n = 3, 20, 37, 45
+    a = rng.standard_normal((q, m, k), dtype=F32)
+    ap = np.stack([native.gemm_pack_a(a[i]) for i in range(q)])
+    b = rng.standard_normal((q, k, n), dtype=F32)
+    bias = rng.standard_normal((q, m), dtype=F32)
+    res = rng.standard_normal((q, n, m), dtype=F32).transpose(0, 2, 1)  # strides differ from C's
+    c = np.empty((q, m, n), F32)
+    native.gemm(ap, m, b, c, bias, res, ("Relu", ()))
+    for i in range(q):
+        assert np.allclose(c[i], _ref(a[i], b[i], bias[i], res[i], ("Relu", ())), rtol=1e-4, atol=1e-4)
+
+
+@needs_native
+def test_gemm_rejects_mismatched_shapes() -> None:
+    ap = native.gemm_pack_a(np.ones((4, 3), F32))
+    with pytest.raises(ValueError, match="do not agree"):
+        native.gemm(ap, 4, np.ones((5, 2), F32), np.empty((4, 2), F32))
+    with pytest.raises(ValueError, match="residual"):
+        native.gemm(ap, 4, np.ones((3, 2), F32), np.empty((4, 2), F32), res=np.ones((4, 3), F32))
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_pool_sizes_give_identical_results(threads: int) -> None:
+    """Each output is computed by one task whatever the split, so results are bitwise equal across pool sizes."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((200, 300), dtype=F32)
+    b = rng.standard_normal((300, 500), dtype=F32)
+    ap = native.gemm_pack_a(a)
+    old = native.num_threads()
+    try:
+        native.set_num_threads(1)
+        one = native.gemm(ap, 200, b, np.empty((200, 500), F32))
+        native.set_num_threads(threads)
+        many = native.gemm(ap, 200, b, np.empty((200, 500), F32))
+    finally:
+        native.set_num_threads(old)
+    assert np.array_equal(one, many)
+
+
+@needs_native
+def test_pool_shared_by_python_threads() -> None:
+    """Callers on several threads at once: one gets the pool, the others run inline; all are right."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 128), dtype=F32)
+    ap = native.gemm_pack_a(a)
+    bs = [rng.standard_normal((128, 300), dtype=F32) for _ in range(6)]
+    want = [a @ b for b in bs]
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        c = np.empty((64, 300), F32)
+        for _ in range(30):
+            native.gemm(ap, 64, bs[i], c)
+            if not np.allclose(c, want[i], rtol=1e-4, atol=1e-4):
+                errors.append(f"thread {i}")
+                return
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+
+
+@needs_native
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_pool_survives_fork() -> None:
+    """The workers do not exist in a forked child: its first job must start new ones, not wait forever."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((64, 64), dtype=F32)
+    b = rng.standard_normal((64, 4000), dtype=F32)
+    ap = native.gemm_pack_a(a)
+    native.gemm(ap, 64, b, np.empty((64, 4000), F32))  # workers started in the parent
+    pid = os.fork()
+    if pid == 0:  # child: exit code says whether the product was right
+        try:
+            ok = np.allclose(native.gemm(ap, 64, b, np.empty((64, 4000), F32)), a @ b, rtol=1e-4, atol=1e-4)
+        finally:
+            os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
