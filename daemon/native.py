@@ -631,3 +631,177 @@ def gemm_isa() -> int:
 def gemm_set_isa(level: int) -> int:
     """Force a GEMM micro-kernel level (tests); -1 restores the best. Returns the level in use."""
     return int(lib.inferd_gemm_set_isa(level)) if AVAILABLE else -1
+
+
+def gemm_bound(ap: np.ndarray, m: int, b: np.ndarray, c: np.ndarray, bias: np.ndarray | None,
+               res: np.ndarray | None, code: int, p0: float, p1: float) -> Callable[[], None] | None:
+    """:func:`gemm` with every argument resolved now: returns a no-argument call (one C call, no checks at run
+    time), or None where the arrays do not fit the C contract (then use :func:`gemm`). The arrays must stay
+    alive and in place (an arena, packed weights); ``act`` is given as its C code."""
+    if not AVAILABLE:
+        return None
+    batched = ap.ndim == 4
+    aps = ap if batched else ap[None]
+    bs, cs = (b, c) if batched else (b[None], c[None])
+    rs = None if res is None else (res if batched else res[None])
+    if any(x.dtype != F32 for x in (aps, bs, cs)) or not aps.flags.c_contiguous:
+        return None
+    nb, k, n = bs.shape
+    if aps.shape[1:] != gemm_packed_shape(m, k) or cs.shape != (nb, m, n) or aps.shape[0] != nb:
+        return None
+    sb, sc = _strides_of(bs), _strides_of(cs)
+    if rs is not None and (rs.dtype != F32 or rs.shape != cs.shape or _strides_of(rs) != sc):
+        return None
+    bias2 = None if bias is None else bias.reshape(nb, m)
+    if bias2 is not None and (bias2.dtype != F32 or not bias2.flags.c_contiguous):
+        return None
+    keep = (aps, bs, cs, rs, bias2)  # the closure keeps the buffers the pointers point into alive
+    args = (_ptr(aps), aps.shape[1] * k * GEMM_MR, m, k, n, nb, _rawptr(bs), sb[1], sb[2], sb[0],
+            _rawptr(cs), sc[1], sc[2], sc[0], ffi.NULL if bias2 is None else _ptr(bias2), m,
+            ffi.NULL if rs is None else _rawptr(rs), sc[0], code, p0, p1, 0)
+    fn = lib.inferd_gemm
+
+    def call(_keep: Any = keep) -> None:
+        if fn(*args) != 0:
+            raise MemoryError("gemm: out of memory")
+
+    return call
+
+
+def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray, sh: int, sw: int,
+                   dh: int, dw: int, pt: int, pl: int, code: int, p0: float, p1: float,
+                   res: np.ndarray | None = None) -> Callable[[], None] | None:
+    """:func:`dwconv2d` (then ``act(y + res)`` when a residual is given) resolved now into a no-argument call,
+    or None where the arrays do not fit (see :func:`gemm_bound`)."""
+    if not AVAILABLE:
+        return None
+    arrs = [x, w, out] + ([bias] if bias is not None else []) + ([res] if res is not None else [])
+    if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrs):
+        return None
+    c, h, wd = x.shape
+    cm, kh, kw = w.shape
+    _, oh, ow = out.shape
+    if res is not None and res.size != out.size:
+        return None
+    conv = lib.inferd_dwconv2d
+    cargs = (_ptr(x), _ptr(w), ffi.NULL if bias is None else _ptr(bias), _ptr(out), c, cm // c, h, wd, kh, kw, sh, sw,
+             dh, dw, pt, pl, oh, ow, 0 if res is not None else code, p0, p1)
+    keep = tuple(arrs)
+    if res is None:
+        def call(_keep: Any = keep) -> None:
+            if conv(*cargs) != 0:
+                raise MemoryError("dwconv2d: out of memory")
+        return call
+    hw = oh * ow
+    ba = lib.inferd_bias_act
+    bargs = (_ptr(out), hw, ffi.NULL, _ptr(res), hw, cm, hw, code, p0, p1)
+
+    def call_res(_keep: Any = keep) -> None:  # the residual is added before the activation
+        if conv(*cargs) != 0:
+            raise MemoryError("dwconv2d: out of memory")
+        ba(*bargs)
+
+    return call_res
+
+
+#: Columns per prepacked B panel (native/gemm.c NBP): a multiple of every micro-kernel's width.
+GEMM_NBP = 96
+
+
+def gemm_packed_b_shape(k: int, n: int) -> tuple[int, int, int]:
+    """Shape of a prepacked B (K x N): (panels, K, 96), columns past N zero."""
+    return (-(-n // GEMM_NBP), k, GEMM_NBP)
+
+
+def gemm_pack_b(b: np.ndarray) -> np.ndarray:
+    """Pack a constant right-hand matrix B (K x N, any strides) for :func:`linear`."""
+    b = np.asarray(b)
+    if b.ndim != 2:
+        raise ValueError(f"gemm_pack_b: expected a 2-D matrix, got shape {b.shape}")
+    k, n = b.shape
+    out = np.zeros(gemm_packed_b_shape(k, n), F32)
+    if not AVAILABLE:
+        full = np.zeros((k, out.shape[0] * GEMM_NBP), F32)
+        full[:, :n] = b
+        out[...] = full.reshape(k, out.shape[0], GEMM_NBP).transpose(1, 0, 2)
+        return out
+    bc = np.ascontiguousarray(b, dtype=F32)
+    lib.inferd_gemm_pack_b(_ptr(bc), n, 1, k, n, _ptr(out))
+    return out
+
+
+def gemm_unpack_b(bp: np.ndarray, n: int) -> np.ndarray:
+    return bp.transpose(1, 0, 2).reshape(bp.shape[1], bp.shape[0] * bp.shape[2])[:, :n]
+
+
+def _linear_args(x: np.ndarray, bp: np.ndarray, n: int, y: np.ndarray, bias: np.ndarray | None,
+                 res: np.ndarray | None, code: int, p0: float, p1: float) -> tuple | None:
+    rows, k = x.shape
+    if (bp.shape != gemm_packed_b_shape(k, n) or y.shape != (rows, n) or x.dtype != F32 or y.dtype != F32
+            or bp.dtype != F32 or not bp.flags.c_contiguous):
+        return None
+    sx, sy = _strides_of(x), _strides_of(y)
+    if res is not None and (res.shape != y.shape or res.dtype != F32 or _strides_of(res) != sy):
+        return None
+    if bias is not None and (bias.dtype != F32 or bias.shape != (n,) or not bias.flags.c_contiguous):
+        return None
+    return (rows, k, n, 1, _rawptr(x), sx[0], sx[1], 0, 0, _ptr(bp), 0, 0, 0, 1, _rawptr(y), sy[0], sy[1], 0,
+            ffi.NULL if bias is None else _ptr(bias), 0, 1, ffi.NULL if res is None else _rawptr(res), 0,
+            code, p0, p1, 0)
+
+
+def linear(x: np.ndarray, bp: np.ndarray, n: int, y: np.ndarray, bias: np.ndarray | None = None,
+           res: np.ndarray | None = None, act: Act | None = None) -> np.ndarray:
+    """``y = act(x @ B + bias + res)`` with B prepacked by :func:`gemm_pack_b` (``n`` columns); ``x`` (rows, K),
+    ``y`` and ``res`` (rows, N) float32 with any strides, ``bias`` (N,)."""
+    code, p0, p1 = _act_code(act)
+    args = _linear_args(x, bp, n, y, bias, res, code, p0, p1) if AVAILABLE else None
+    if args is None:
+        if x.shape[1] != bp.shape[1] or y.shape != (x.shape[0], n):
+            raise ValueError(f"linear: x {x.shape}, packed B {bp.shape} (n={n}), y {y.shape} do not agree")
+        t = x.astype(F32) @ gemm_unpack_b(bp, n)
+        if bias is not None:
+            t += bias
+        if res is not None:
+            t += res
+        if act is not None:
+            numpy_bias_act(t, None, None, act)
+        y[...] = t
+        return y
+    if lib.inferd_gemm_ex(*args) != 0:
+        raise MemoryError("linear: out of memory")
+    return y
+
+
+def linear_bound(x: np.ndarray, bp: np.ndarray, n: int, y: np.ndarray, bias: np.ndarray | None,
+                 res: np.ndarray | None, code: int, p0: float, p1: float) -> Callable[[], None] | None:
+    """:func:`linear` resolved now into a no-argument call (see :func:`gemm_bound`), or None."""
+    if not AVAILABLE:
+        return None
+    args = _linear_args(x, bp, n, y, bias, res, code, p0, p1)
+    if args is None:
+        return None
+    fn, keep = lib.inferd_gemm_ex, (x, bp, y, bias, res)
+
+    def call(_keep: Any = keep) -> None:
+        if fn(*args) != 0:
+            raise MemoryError("linear: out of memory")
+
+    return call
+
+
+def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``c[q] = a[q] @ b[q]`` for float32 (Q, M, K) @ (Q, K, N) -> (Q, M, N) views with any strides (a batch
+    stride 0 broadcasts), both operands packed per call: the product of two activations (attention)."""
+    q, m, k = a.shape
+    if b.shape[0] != q or b.shape[1] != k or c.shape != (q, m, b.shape[2]):
+        raise ValueError(f"matmul: a {a.shape}, b {b.shape}, c {c.shape} do not agree")
+    if not AVAILABLE or any(x.dtype != F32 for x in (a, b, c)):
+        np.matmul(a, b, out=c)
+        return c
+    n = b.shape[2]
+    sa, sb, sc = _strides_of(a), _strides_of(b), _strides_of(c)
+    if lib.inferd_gemm_ex(m, k, n, q, _rawptr(a), sa[1], sa[2], sa[0], 0, _rawptr(b), sb[1], sb[2], sb[0], 0,
+                          _rawptr(c), sc[1], sc[2], sc[0], ffi.NULL, 0, 0, ffi.NULL, 0, 0, 0.0, 0.0, 0) != 0:
+        raise MemoryError("matmul: out of memory")
+    return c

@@ -32,6 +32,7 @@ typedef struct {
     float* c;
     long long ldc;
     const float* bias; /* the tile's first row's bias, or NULL */
+    const float* bias_c; /* or the tile's first column's bias (one per column), or NULL */
     const float* r;    /* residual at the tile's origin, or NULL (row pitch ldr) */
     long long ldr;
     int first, last, act;
@@ -39,7 +40,7 @@ typedef struct {
 } epi_t;
 
 /* t != NULL: store the raw tile there (rows x nr); otherwise finish it into e->c. */
-typedef void (*ukernel_fn)(long kc, const float* restrict a, const float* restrict b, float* restrict t,
+typedef void (*ukernel_fn)(long kc, const float* restrict a, const float* restrict b, long ldb, float* restrict t,
                            const epi_t* e);
 
 typedef struct {
@@ -82,8 +83,8 @@ typedef struct {
 
 /* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. */
 #define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV)                                                       \
-    ATTR static void NAME(long kc, const float* restrict a, const float* restrict b, float* restrict t,      \
-                          const epi_t* e)                                                                    \
+    ATTR static void NAME(long kc, const float* restrict a, const float* restrict b, long ldb,               \
+                          float* restrict t, const epi_t* e)                                                 \
     {                                                                                                        \
         VT acc[MRK][NV];                                                                                     \
         _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
@@ -91,7 +92,7 @@ typedef struct {
             acc[i][v] = (VT){0};                                                                             \
         for (long k = 0; k < kc; ++k) {                                                                      \
             VT bv[NV];                                                                                       \
-            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) memcpy(&bv[v], b + k * (NV * VL) + v * VL,  \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) memcpy(&bv[v], b + k * ldb + v * VL,        \
                                                                          sizeof(VT));                        \
             _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                            \
             {                                                                                                \
@@ -114,6 +115,11 @@ typedef struct {
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v)                                             \
             {                                                                                                \
                 VT x = acc[i][v] + bi;                                                                       \
+                if (e->first && e->bias_c) {                                                                 \
+                    VT bc;                                                                                   \
+                    memcpy(&bc, e->bias_c + v * VL, sizeof(VT));                                             \
+                    x += bc;                                                                                 \
+                }                                                                                            \
                 if (!e->first) {                                                                             \
                     VT old;                                                                                  \
                     memcpy(&old, crow + v * VL, sizeof(VT));                                                 \
@@ -211,6 +217,44 @@ void inferd_gemm_pack_a(const float* a, long long lda_m, long long lda_k, int M,
     }
 }
 
+#define NBP 96 /* columns per prepacked B panel: a multiple of every micro-kernel's nr (32, 24, 12, 8) */
+
+long long inferd_gemm_packed_b_size(int K, int N) { return (long long)((N + NBP - 1) / NBP) * NBP * K; }
+
+void inferd_gemm_pack_b(const float* b, long long bsk, long long bsn, int K, int N, float* bp)
+{
+    const int np = (N + NBP - 1) / NBP;
+    for (int p = 0; p < np; ++p) {
+        float* restrict d = bp + (size_t)p * K * NBP;
+        for (int k = 0; k < K; ++k)
+            for (int j = 0; j < NBP; ++j) {
+                const int n = p * NBP + j;
+                d[(size_t)k * NBP + j] = n < N ? b[(ptrdiff_t)k * bsk + (ptrdiff_t)n * bsn] : 0.0f;
+            }
+    }
+}
+
+/* Rows m0..m1 (m0 a multiple of MRP), columns k0..k0+kc of a strided A into MRP-row panels of pitch kc*MRP. */
+static void pack_a_dyn(float* restrict dst, const float* restrict a, long long asm_, long long ask, int M, int m0,
+                       int m1, int k0, int kc)
+{
+    for (int i0 = m0; i0 < m1; i0 += MRP) {
+        float* restrict d = dst + (size_t)((i0 - m0) / MRP) * kc * MRP;
+        for (int i = 0; i < MRP; ++i) {
+            const int m = i0 + i;
+            if (m >= M) {
+                for (int k = 0; k < kc; ++k) d[(size_t)k * MRP + i] = 0.0f;
+            } else if (ask == 1) {
+                const float* restrict s = a + (ptrdiff_t)m * asm_ + k0;
+                for (int k = 0; k < kc; ++k) d[(size_t)k * MRP + i] = s[k];
+            } else {
+                const float* restrict s = a + (ptrdiff_t)m * asm_ + (ptrdiff_t)k0 * ask;
+                for (int k = 0; k < kc; ++k) d[(size_t)k * MRP + i] = s[(ptrdiff_t)k * ask];
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ the job */
 
 typedef struct {
@@ -224,6 +268,12 @@ typedef struct {
     long long r_bs;
     const float* bias;
     long long bias_bs;
+    int bias_cols; /* bias is per column (N) rather than per row (M) */
+    /* A given as a plain strided matrix (element (m, k) at a[m*asm + k*ask]) instead of packed panels */
+    int a_dyn;
+    long long asm_, ask;
+    /* B prepacked by inferd_gemm_pack_b (96-column panels) instead of a strided matrix */
+    int b_pre;
     int M, K, N, batch;
     int act;
     float p0, p1;
@@ -288,15 +338,18 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
     const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
     const int act = J->act;
     const float p0 = J->p0, p1 = J->p1;
-    float row[64];
+    float row[NBP];
     for (int i = 0; i < rows; ++i) {
         const int m = m0 + i;
         const float* restrict ti = t + (size_t)i * nr;
-        const float bv = first && bias ? bias[m] : 0.0f;
+        const float bv = first && bias && !J->bias_cols ? bias[m] : 0.0f;
+        const float* bcol = first && bias && J->bias_cols ? bias + n0 : NULL;
         if (J->csn == 1) {
             float* restrict d = c + (ptrdiff_t)m * J->csm + n0;
             if (first) {
                 for (int j = 0; j < nv; ++j) d[j] = ti[j] + bv;
+                if (bcol)
+                    for (int j = 0; j < nv; ++j) d[j] += bcol[j];
             } else {
                 for (int j = 0; j < nv; ++j) d[j] += ti[j];
             }
@@ -310,7 +363,7 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
         } else {
             /* strided columns (a transposed store): gather the row, finish it, scatter it */
             float* d = c + (ptrdiff_t)m * J->csm + (ptrdiff_t)n0 * J->csn;
-            for (int j = 0; j < nv; ++j) row[j] = ti[j] + (first ? bv : d[(ptrdiff_t)j * J->csn]);
+            for (int j = 0; j < nv; ++j) row[j] = ti[j] + (first ? bv + (bcol ? bcol[j] : 0.0f) : d[(ptrdiff_t)j * J->csn]);
             if (last) {
                 if (r) {
                     const float* rr = r + (ptrdiff_t)m * J->csm + (ptrdiff_t)n0 * J->csn;
@@ -330,7 +383,10 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     const int nk = (K + I->kc - 1) / I->kc;
     const int kcmax = (K + nk - 1) / nk;
     const int npan = (n1 - n0 + nr - 1) / nr;
-    float* buf = scratch((size_t)kcmax * npan * nr);
+    const size_t bsz = J->b_pre ? 0 : (size_t)kcmax * npan * nr;
+    const size_t asz = J->a_dyn ? (size_t)((m1 - m0 + MRP - 1) / MRP) * MRP * kcmax : 0;
+    float* buf = scratch(bsz + asz + 1);
+    float* abuf = buf + bsz;
     if (!buf) {
         __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
         return;
@@ -347,25 +403,48 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     epi.ldc = J->csm, epi.ldr = J->csm, epi.act = J->act, epi.p0 = J->p0, epi.p1 = J->p1;
     for (int kb = 0; kb < nk; ++kb) {
         const int k0 = (int)((long long)K * kb / nk), k1 = (int)((long long)K * (kb + 1) / nk), kc = k1 - k0;
-        pack_b(buf, b, J->bsk, J->bsn, k0, kc, n0, n1, nr);
+        /* Rows of B that are contiguous along n are read in place, full panels at least (kc rows of nr floats
+           at pitch bsk; a 7x7 map's B was packed once per task, up to 4x over when M is split); panels that
+           are not contiguous, and the ragged last one, are packed (reading past it could leave the array). */
+        const int inplace = J->bsn == 1 && !J->b_pre;
+        if (J->a_dyn) pack_a_dyn(abuf, J->ap + (ptrdiff_t)bi * J->ap_bs, J->asm_, J->ask, J->M, m0, m1, k0, kc);
+        if (J->b_pre) {
+            /* nothing to pack: panels were laid out at load */
+        } else if (inplace) {
+            if ((n1 - n0) % nr)
+                pack_b(buf + (size_t)(npan - 1) * kc * nr, b, J->bsk, 1, k0, kc, n0 + (npan - 1) * nr, n1, nr);
+        } else {
+            pack_b(buf, b, J->bsk, J->bsn, k0, kc, n0, n1, nr);
+        }
         /* rows outer, column panels inner: each row of C is written front to back (the hardware prefetcher
            follows; a cold output written tile by tile down the rows was 2-5x slower), the A micro-panel
            stays in L1 and the packed B block streams from L2 */
         for (int i0 = m0; i0 < m1; i0 += MRP) {
-            const float* apan = ap + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
+            const float* apan = J->a_dyn ? abuf + (size_t)((i0 - m0) / MRP) * kc * MRP
+                                         : ap + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
             for (int sub = 0; sub < MRP && i0 + sub < m1; sub += mrk) {
                 const int rows = imin(mrk, m1 - i0 - sub), m = i0 + sub;
                 for (int jp = 0; jp < npan; ++jp) {
                     const int j0 = n0 + jp * nr, nv = imin(nr, n1 - j0);
-                    const float* bp = buf + (size_t)jp * kc * nr;
+                    const int packed = !J->b_pre && (!inplace || nv < nr);
+                    const float* bp;
+                    long ldb;
+                    if (J->b_pre) {
+                        bp = b + (size_t)(j0 / NBP) * K * NBP + (size_t)k0 * NBP + (j0 % NBP);
+                        ldb = NBP;
+                    } else {
+                        bp = packed ? buf + (size_t)jp * kc * nr : b + (ptrdiff_t)k0 * J->bsk + j0;
+                        ldb = packed ? nr : (long)J->bsk;
+                    }
                     if (direct && rows == mrk && nv == nr) {
                         epi.c = c + (ptrdiff_t)m * J->csm + j0;
-                        epi.bias = bias ? bias + m : NULL;
+                        epi.bias = bias && !J->bias_cols ? bias + m : NULL;
+                        epi.bias_c = bias && J->bias_cols ? bias + j0 : NULL;
                         epi.r = r ? r + (ptrdiff_t)m * J->csm + j0 : NULL;
                         epi.first = kb == 0, epi.last = kb == nk - 1;
-                        I->uk(kc, apan + sub, bp, NULL, &epi);
+                        I->uk(kc, apan + sub, bp, ldb, NULL, &epi);
                     } else {
-                        I->uk(kc, apan + sub, bp, tile, NULL);
+                        I->uk(kc, apan + sub, bp, ldb, tile, NULL);
                         store_tile(J, bi, m, rows, j0, nv, nr, tile, kb == 0, kb == nk - 1);
                     }
                 }
@@ -441,6 +520,35 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
     }
 }
 
+/* Few rows against a prepacked B (a batch-1 linear layer): stream each 96-column panel once, rows x 96 outputs
+   accumulated across k in 8-float vectors. */
+INFERD_CLONES
+static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
+{
+    const int K = J->K, M = J->M;
+    const float* restrict a = J->ap + (ptrdiff_t)bi * J->ap_bs;
+    const float* restrict b = J->b + (ptrdiff_t)bi * J->b_bs;
+    float tile[4 * NBP];
+    for (int j0 = n0; j0 < n1; j0 += NBP) {
+        const float* restrict bp = b + (size_t)(j0 / NBP) * K * NBP;
+        for (int m = 0; m < M; ++m) {
+            v8g acc[NBP / 8];
+            for (int v = 0; v < NBP / 8; ++v) acc[v] = (v8g){0};
+            const float* restrict am = a + (ptrdiff_t)m * J->asm_;
+            for (int k = 0; k < K; ++k) {
+                const v8g x = am[(ptrdiff_t)k * J->ask] - (v8g){0};
+                for (int v = 0; v < NBP / 8; ++v) {
+                    v8g bv;
+                    memcpy(&bv, bp + (size_t)k * NBP + v * 8, sizeof bv);
+                    acc[v] += x * bv;
+                }
+            }
+            memcpy(tile + (size_t)m * NBP, acc, sizeof acc);
+        }
+        store_tile(J, bi, 0, M, j0, imin(NBP, n1 - j0), NBP, tile, 1, 1);
+    }
+}
+
 static void gemm_task(void* ctx, long long t)
 {
     job_t* J = (job_t*)ctx;
@@ -449,22 +557,26 @@ static void gemm_task(void* ctx, long long t)
     const int m0 = mi * J->mb, m1 = imin(J->M, m0 + J->mb);
     const int n0 = ni * J->nb, n1 = imin(J->N, n0 + J->nb);
     if (m0 >= m1 || n0 >= n1) return;
-    if (J->N <= 4)
+    if (J->N <= 4 && !J->a_dyn && !J->b_pre)
         gemv_block(J, bi, m0, m1);
+    else if (J->M <= 4 && J->a_dyn && J->b_pre)
+        gemv_bpre_block(J, bi, n0, n1);
     else
         gemm_block(J, bi, m0, m1, n0, n1);
 }
 
-int inferd_gemm(const float* ap, long long ap_bs, int M, int K, int N, int batch, const float* b, long long bsk,
-                long long bsn, long long b_bs, float* c, long long csm, long long csn, long long c_bs,
-                const float* bias, long long bias_bs, const float* r, long long r_bs, int act, float p0, float p1,
-                int max_threads)
+int inferd_gemm_ex(int M, int K, int N, int batch, const float* a, long long asm_, long long ask, long long a_bs,
+                   int a_packed, const float* b, long long bsk, long long bsn, long long b_bs, int b_packed, float* c,
+                   long long csm, long long csn, long long c_bs, const float* bias, long long bias_bs, int bias_cols,
+                   const float* r, long long r_bs, int act, float p0, float p1, int max_threads)
 {
     if (M <= 0 || N <= 0 || batch <= 0) return 0;
     job_t J;
     memset(&J, 0, sizeof J);
-    J.ap = ap, J.ap_bs = ap_bs, J.b = b, J.bsk = bsk, J.bsn = bsn, J.b_bs = b_bs;
+    J.ap = a, J.ap_bs = a_bs, J.a_dyn = !a_packed, J.asm_ = asm_, J.ask = ask;
+    J.b = b, J.bsk = bsk, J.bsn = bsn, J.b_bs = b_bs, J.b_pre = b_packed;
     J.c = c, J.csm = csm, J.csn = csn, J.c_bs = c_bs, J.r = r, J.r_bs = r_bs, J.bias = bias, J.bias_bs = bias_bs;
+    J.bias_cols = bias_cols;
     J.M = M, J.K = K, J.N = N, J.batch = batch, J.act = act, J.p0 = p0, J.p1 = p1;
     J.isa = isa();
     if (K <= 0) { /* C = act(bias + R): a zero-width product */
@@ -475,25 +587,40 @@ int inferd_gemm(const float* ap, long long ap_bs, int M, int K, int N, int batch
                     store_tile(&J, bi, i0, imin(MRP, M - i0), j0, imin(64, N - j0), 64, zeros, 1, 1);
         return 0;
     }
-    const int nr = N <= 4 ? N : J.isa->nr;
+    const int gemv = N <= 4 && !J.a_dyn && !J.b_pre;
+    const int gemv_b = M <= 4 && J.a_dyn && J.b_pre;
+    const int nr = gemv ? N : (gemv_b ? NBP : J.isa->nr);
     const int threads = inferd_pool_threads();
     const double work = (double)M * K * N * batch;
     int want = (max_threads > 0 && max_threads < threads) ? max_threads : threads;
     if (work < 65536.0) want = 1;
     const long long target = want > 1 ? 4LL * want : 1; /* a few tasks per thread: idle threads steal */
     const int mp = (M + MRP - 1) / MRP, np = (N + nr - 1) / nr;
-    int nb_p = N <= 4 ? 1 : imin(np, imax(1, NC_MAX / nr));
+    int nb_p = gemv ? 1 : imin(np, imax(1, NC_MAX / nr));
     int tn = (np + nb_p - 1) / nb_p;
-    if ((long long)tn * batch < target && np > tn) {
+    /* More tasks than the L2 blocking gives: split the bigger operand's dimension. Splitting N makes every
+       task read all of A (the weights: 1.6 MB for a 1280x320 layer on a 7x7 map, from DRAM); splitting M
+       makes every task read all of B's columns, which is cheap when B is the smaller one. */
+    const int split_n_first = (double)N * batch > (double)M;
+    if (split_n_first && (long long)tn * batch < target && np > tn) {
         const int want_tn = (int)((target + batch - 1) / batch);
         nb_p = imax(1, (np + want_tn - 1) / want_tn);
         tn = (np + nb_p - 1) / nb_p;
     }
     int tm = 1;
-    if ((long long)tn * batch < target) tm = imin(mp, (int)((target + (long long)tn * batch - 1) / ((long long)tn * batch)));
+    if (!gemv_b && (long long)tn * batch < target) tm = imin(mp, (int)((target + (long long)tn * batch - 1) / ((long long)tn * batch)));
     const int mb_p = (mp + tm - 1) / tm;
     tm = (mp + mb_p - 1) / mb_p;
     J.mb = mb_p * MRP, J.nb = nb_p * nr, J.tm = tm, J.tn = tn;
     inferd_parallel(gemm_task, &J, (long long)batch * tm * tn, want);
     return J.failed ? -1 : 0;
+}
+
+int inferd_gemm(const float* ap, long long ap_bs, int M, int K, int N, int batch, const float* b, long long bsk,
+                long long bsn, long long b_bs, float* c, long long csm, long long csn, long long c_bs,
+                const float* bias, long long bias_bs, const float* r, long long r_bs, int act, float p0, float p1,
+                int max_threads)
+{
+    return inferd_gemm_ex(M, K, N, batch, ap, 0, 0, ap_bs, 1, b, bsk, bsn, b_bs, 0, c, csm, csn, c_bs, bias, bias_bs,
+                          0, r, r_bs, act, p0, p1, max_threads);
 }

@@ -72,3 +72,23 @@ int inferd_gemm(const float* ap, long long ap_bs, int M, int K, int N, int batch
                 long long bsn, long long b_bs, float* c, long long csm, long long csn, long long c_bs,
                 const float* bias, long long bias_bs, const float* r, long long r_bs, int act, float p0, float p1,
                 int max_threads);
+/* Output maps up to this many pixels use the channel-blocked depthwise form (tuning and tests). */
+void inferd_dw_blocked_max_pixels(int n);
+/* Floats of a prepacked B (K x N): panels of 96 columns, k-major, columns past N zero. */
+long long inferd_gemm_packed_b_size(int K, int N);
+/* Pack B, element (k, n) at b[k*bsk + n*bsn], into bp (inferd_gemm_packed_b_size floats). */
+void inferd_gemm_pack_b(const float* b, long long bsk, long long bsn, int K, int N, float* bp);
+/* The general form: A either packed (a_packed = 1, inferd_gemm_pack_a; asm/ask unused) or a strided matrix
+   (element (m, k) at a[m*asm + k*ask]); B either strided or prepacked (b_packed = 1, inferd_gemm_pack_b;
+   bsk/bsn unused); bias one per row (bias_cols = 0) or per column (1). Batch strides a_bs and b_bs count
+   floats of whichever form is given. */
+int inferd_gemm_ex(int M, int K, int N, int batch, const float* a, long long asm_, long long ask, long long a_bs,
+                   int a_packed, const float* b, long long bsk, long long bsn, long long b_bs, int b_packed, float* c,
+                   long long csm, long long csn, long long c_bs, const float* bias, long long bias_bs, int bias_cols,
+                   const float* r, long long r_bs, int act, float p0, float p1, int max_threads);
+
+/* ---- row-wise kernels (rows.c), over the last (contiguous) axis of rows x n floats; y may be x ---- */
+/* Softmax (log_ = 0) or LogSoftmax (log_ = 1) of each row. */
+void inferd_softmax(const float* x, float* y, long long rows, long long n, int log_);
+/* (x - mean) / sqrt(var + eps) * g + b per row (population variance); g and b (n floats) may be NULL. */
+void inferd_layernorm(const float* x, float* y, long long rows, long long n, const float* g, const float* b, float eps);

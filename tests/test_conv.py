@@ -567,10 +567,20 @@ def _out(h: int, w: int, g) -> tuple[int, int]:
     return (h + pt + pb - ((kh - 1) * dh + 1)) // sh + 1, (w + pl + pr - ((kw - 1) * dw + 1)) // sw + 1
 
 
+@pytest.fixture(params=["blocked", "per-channel"])
+def dw_form(request):
+    """Both depthwise forms: channel-blocked (small maps by default) and per-channel, on every geometry."""
+    if native.AVAILABLE:
+        native.lib.inferd_dw_blocked_max_pixels(1 << 30 if request.param == "blocked" else 0)
+    yield request.param
+    if native.AVAILABLE:
+        native.lib.inferd_dw_blocked_max_pixels(1024)
+
+
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("geom", GEOMS, ids=[str(i) for i in range(len(GEOMS))])
-def test_native_im2col_col2im_dw(geom, threads: int) -> None:
+def test_native_im2col_col2im_dw(geom, threads: int, dw_form: str) -> None:
     c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, _, _ = geom
     oh, ow = _out(h, w, geom)
     rng = np.random.default_rng(0)
@@ -743,6 +753,7 @@ int main(void){
     int mult = irand(1, 2), act = irand(0, 7); float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
     float* w = buf((size_t)C * mult * kh * kw); float* b = buf((size_t)C * mult);
     float* o = buf((size_t)C * mult * P); float* orf = buf((size_t)C * mult * P);
+    inferd_dw_blocked_max_pixels(it % 4 < 2 ? 1 << 30 : 0); /* the channel-blocked and the per-channel forms */
     if (inferd_dwconv2d(x, w, it % 2 ? b : NULL, o, C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, act, p0, p1)) { printf("oom\n"); return 1; }
     for (int co = 0; co < C * mult; ++co) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
       float acc = it % 2 ? b[co] : 0.0f;
@@ -794,7 +805,36 @@ int main(void){
       if (hasr) s += R[(size_t)m * csm + (size_t)n * csn];
       Cr[(size_t)m * csm + (size_t)n * csn] = actf((float)s, act, p0, p1); }
     check("gemm", maxdiff(Cc, Cr, (size_t)M * N), 1e-3, it);
+    { /* the linear-layer form: A rows packed per call, B prepacked in 96-column panels, bias per column */
+      float* bp = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_b_size(K, N) + 1));
+      inferd_gemm_pack_b(B, N, 1, K, N, bp);
+      float* Cl = buf((size_t)M * N); float* Cl2 = malloc(sizeof(float) * (size_t)M * N); float* bc = buf((size_t)N);
+      if (inferd_gemm_ex(M, K, N, 1, A, K, 1, 0, 0, bp, 0, 0, 0, 1, Cl, N, 1, 0, hasb ? bc : NULL, 0, 1, hasr ? R : NULL, 0, act, p0, p1, 0)) { printf("oom\n"); return 1; }
+      for (int m = 0; m < M; ++m) for (int n = 0; n < N; ++n) { double s = hasb ? bc[n] : 0.0;
+        for (int k = 0; k < K; ++k) s += (double)A[(size_t)m * K + k] * B[(size_t)k * N + n];
+        if (hasr) s += R[(size_t)m * N + n];
+        Cl2[(size_t)m * N + n] = actf((float)s, act, p0, p1); }
+      check("gemm_ex linear", maxdiff(Cl, Cl2, (size_t)M * N), 1e-3, it);
+      free(bp); free(Cl); free(Cl2); free(bc);
+    }
     free(A); free(B); free(bias); free(R); free(ap); free(Cc); free(Cr);
+  }
+  for (int it = 0; it < 50; ++it) { /* row-wise softmax / log-softmax / layer norm */
+    int rows = irand(1, 40), n = irand(1, 300);
+    float* x = buf((size_t)rows * n); float* y = buf((size_t)rows * n); float* g = buf((size_t)n); float* bb = buf((size_t)n);
+    for (int lg = 0; lg < 2; ++lg) {
+      inferd_softmax(x, y, rows, n, lg);
+      double d = 0; for (int r = 0; r < rows; ++r) { double m = -1e30, s = 0; for (int k = 0; k < n; ++k) m = x[r * n + k] > m ? x[r * n + k] : m;
+        for (int k = 0; k < n; ++k) s += exp((double)x[r * n + k] - m);
+        for (int k = 0; k < n; ++k) { double want = lg ? (x[r * n + k] - m) - log(s) : exp((double)x[r * n + k] - m) / s; double e = fabs(want - y[r * n + k]); if (e > d) d = e; } }
+      check(lg ? "log_softmax" : "softmax", d, 1e-5, it);
+    }
+    inferd_layernorm(x, y, rows, n, g, bb, 1e-5f);
+    double d = 0; for (int r = 0; r < rows; ++r) { double m = 0, v = 0; for (int k = 0; k < n; ++k) m += x[r * n + k]; m /= n;
+      for (int k = 0; k < n; ++k) v += (x[r * n + k] - m) * (x[r * n + k] - m); v /= n;
+      for (int k = 0; k < n; ++k) { double want = (x[r * n + k] - m) / sqrt(v + 1e-5) * g[k] + bb[k]; double e = fabs(want - y[r * n + k]); if (e > d) d = e; } }
+    check("layernorm", d, 1e-3, it);
+    free(x); free(y); free(g); free(bb);
   }
   inferd_pool_set_threads(1);
   { /* erf and GELU on a dense grid plus specials, against libm in double */

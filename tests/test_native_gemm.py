@@ -164,3 +164,73 @@ def test_pool_survives_fork() -> None:
             os._exit(0 if ok else 3)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+LINEAR_SHAPES = [(197, 192, 576), (1, 1280, 1000), (3, 64, 97), (8, 5, 200), (50, 300, 7), (4, 0, 9), (9, 33, 96)]
+
+
+@pytest.mark.parametrize("isa_level", _levels(), indirect=True)
+@pytest.mark.parametrize("shape", LINEAR_SHAPES, ids=[str(s) for s in LINEAR_SHAPES])
+def test_linear_prepacked_b_matches_numpy(isa_level: int, shape) -> None:
+    """x @ W with W prepacked in 96-column panels (rows packed per call; <= 4 rows take the streaming path)."""
+    rows, k, n = shape
+    rng = np.random.default_rng(rows + 7 * k + 13 * n)
+    x = rng.standard_normal((rows, k), dtype=F32)
+    w = rng.standard_normal((k, n), dtype=F32)
+    bp = native.gemm_pack_b(w)
+    assert bp.shape == native.gemm_packed_b_shape(k, n)
+    assert np.array_equal(native.gemm_unpack_b(bp, n), w)
+    bias = rng.standard_normal(n, dtype=F32)
+    res = rng.standard_normal((rows, n), dtype=F32)
+    for act in ACTS:
+        y = np.full((rows, n), np.nan, F32)
+        native.linear(x, bp, n, y, bias, res, act)
+        want = _ref(x, w, None, res, None) + bias
+        if act is not None:
+            apply_act(want, act)
+        tol = 2e-5 * max(1.0, np.sqrt(k))
+        assert np.allclose(y, want, rtol=tol, atol=tol), (shape, act)
+    # transposed input view and a strided output: same numbers
+    xt = np.ascontiguousarray(x.T).T
+    yt = np.full((n, rows), np.nan, F32).T
+    native.linear(xt, bp, n, yt)
+    assert np.allclose(yt, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa_level", _levels(), indirect=True)
+def test_matmul_of_two_activations(isa_level: int) -> None:
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((3, 197, 64), dtype=F32)
+    b = rng.standard_normal((3, 197, 64), dtype=F32).transpose(0, 2, 1)  # a K^T view, not contiguous
+    c = np.empty((3, 197, 197), F32)
+    native.matmul(a, b, c)
+    assert np.allclose(c, np.matmul(a.astype(np.float64), b), rtol=1e-4, atol=1e-4)
+    a1 = rng.standard_normal((1, 5, 7), dtype=F32)
+    b1 = rng.standard_normal((1, 7, 3), dtype=F32)
+    assert np.allclose(native.matmul(a1, b1, np.empty((1, 5, 3), F32)), a1 @ b1, atol=1e-5)
+    with pytest.raises(ValueError, match="do not agree"):
+        native.matmul(a, b, np.empty((3, 197, 196), F32))
+
+
+@needs_native
+@pytest.mark.parametrize("rows_n", [(1, 1), (600, 197), (7, 1000), (64, 3)])
+def test_native_softmax_and_layernorm_rows(rows_n) -> None:
+    rows, n = rows_n
+    rng = np.random.default_rng(rows * n)
+    x = (rng.standard_normal((rows, n)) * 5).astype(F32)
+    y = np.empty_like(x)
+    native.lib.inferd_softmax(native._ptr(x), native._ptr(y), rows, n, 0)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    sm = e / e.sum(axis=1, keepdims=True)
+    assert np.allclose(y, sm, rtol=1e-5, atol=1e-7)
+    native.lib.inferd_softmax(native._ptr(x), native._ptr(y), rows, n, 1)
+    assert np.allclose(y, np.log(sm), rtol=1e-5, atol=1e-5)
+    g, b = rng.standard_normal(n, dtype=F32), rng.standard_normal(n, dtype=F32)
+    native.lib.inferd_layernorm(native._ptr(x), native._ptr(y), rows, n, native._ptr(g), native._ptr(b), 1e-5)
+    x64 = x.astype(np.float64)
+    ln = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) * g + b
+    assert np.allclose(y, ln, rtol=1e-4, atol=1e-4)
+    # a row holding +inf or NaN gives what the formula gives (NaN), not a wrong finite number
+    x[0, 0] = np.inf
+    native.lib.inferd_softmax(native._ptr(x), native._ptr(y), rows, n, 0)
+    assert np.isnan(y[0]).any()

@@ -235,6 +235,7 @@ def _rewrite(graph: Graph, outputs: set[str]) -> None:
     _fold_batchnorm(graph, outputs)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)
+    _fuse_matmul_bias(graph, outputs)
     _fuse_residual(graph, outputs)
     _fuse_activations(graph, outputs)
 
@@ -357,6 +358,36 @@ def _recognise_gelu(graph: Graph, outputs: set[str]) -> None:
         for n in (div, erf, add, m1):
             if n in graph.nodes and n is not last:
                 graph.nodes.remove(n)
+
+
+def _fuse_matmul_bias(graph: Graph, outputs: set[str]) -> None:
+    """MatMul followed by Add of a per-column constant (PyTorch's Linear on 3-D tokens exports this pair) -> one
+    MatMul whose third input is the bias (attr ``bias``), added in the GEMM's store like Gemm's C. Then the
+    residual and activation that follow can fuse into it as well."""
+    for add in [n for n in graph.nodes if n.op == "Add"]:
+        if add.attr("act") or len(add.inputs) != 2:
+            continue
+        prods = graph.producers()
+        for k in (0, 1):
+            a, c = add.inputs[k], add.inputs[1 - k]
+            mm = prods.get(a)
+            if (mm is None or mm.op != "MatMul" or len(mm.inputs) != 2 or mm.attr("act") or mm.attr("residual")
+                    or mm.attr("bias") or c not in graph.constants
+                    or _single_consumer(graph, a, outputs) is not add):
+                continue
+            out = graph.infos[a]
+            if not np.issubdtype(out.dtype, np.floating) or len(out.shape) < 1:
+                continue
+            cv = graph.constants[c]
+            n = out.shape[-1]
+            if cv.size != n or (cv.ndim and cv.shape[-1] != n) or graph.infos[add.outputs[0]].shape != out.shape:
+                continue
+            name = f"{mm.name}.bias_fused"
+            _set_const(name, np.ascontiguousarray(cv.reshape(n), dtype=out.dtype), graph.infos, graph.constants)
+            mm.inputs = mm.inputs + [name]
+            mm.attrs["bias"] = True
+            _replace_node_output(graph, mm, add)
+            break
 
 
 def _fuse_residual(graph: Graph, outputs: set[str]) -> None:

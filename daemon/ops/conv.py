@@ -667,6 +667,19 @@ class Conv1x1(_ConvKernelBase):
         assert g is not None
         return 0 if g.sh == g.sw == 1 else g.cin * g.oh * g.ow * 4
 
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        g = _geo2d(layer)
+        if g is None or g.n != 1 or not (g.sh == g.sw == 1):
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, p0, p1 = f
+        cg, mg, npix = g.cin // g.group, g.cout // g.group, g.oh * g.ow
+        return native.gemm_bound(params["w"], mg, x.reshape(g.group, cg, npix), outputs[0].reshape(g.group, mg, npix),
+                                 bias, None if res is None else res.reshape(g.group, mg, npix), code, p0, p1)
+
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         g = _geo2d(layer)
@@ -711,6 +724,19 @@ class ConvDepthwise(_ConvKernelBase):
         assert g is not None
         w = np.ascontiguousarray(raw[raw_key(1)], dtype=F32).reshape(g.cout, g.kh, g.kw)
         return {**_passthrough(layer, raw), "w": w, **_bias_param(layer, raw)}
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        g = _geo2d(layer)
+        if g is None or g.n != 1:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, p0, p1 = f
+        return native.dwconv2d_bound(x.reshape(g.cin, g.h, g.w), params["w"], bias,
+                                     outputs[0].reshape(g.cout, g.oh, g.ow), g.sh, g.sw, g.dh, g.dw, g.pt, g.pl,
+                                     code, p0, p1, res)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

@@ -13,7 +13,7 @@ CPU kernels (all write the product straight into the arena buffer with ``np.matm
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def _residual_index(node: Node) -> int | None:
 
 
 def _gemm_c_index(node: Node) -> int | None:
-    """Position of Gemm's optional C input, or None when absent.
+    """Position of Gemm's optional C input (or of the per-column bias fused into a MatMul at import), or None.
 
     With a fused residual the inputs are [A, B, (C), R], so C exists only if there are 4 inputs
     (or 3 without a residual) and its name is not empty.
@@ -149,6 +149,9 @@ def matmul_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.nda
     """numpy matmul semantics (1-D operands promoted and squeezed, batch dims broadcast), + residual, act."""
     a, b = np.asarray(inputs[0]), np.asarray(inputs[1])
     y = np.array(np.matmul(a, b), dtype=a.dtype, copy=True)
+    c = _gemm_c_index(node)
+    if c is not None:  # a bias fused at import (MatMul + Add of a per-column constant)
+        np.add(y, inputs[c], out=y, casting="unsafe")
     return [_epilogue(node, y, inputs)]
 
 
@@ -212,7 +215,7 @@ class _BlasKernel(Kernel):
         dt = np.dtype(layer.outputs[0].dtype)
         alpha = float(node.attr("alpha", 1.0)) if gemm else 1.0
         beta = float(node.attr("beta", 1.0)) if gemm else 1.0
-        c = _gemm_c_index(node) if gemm else None
+        c = _gemm_c_index(node)
         for key, arr in raw.items():
             k = int(key[2:])
             if k == 1:
@@ -257,13 +260,13 @@ class _BlasKernel(Kernel):
             alpha = node.attr("alpha", 1.0)
             if not alpha_done and alpha != 1.0:
                 np.multiply(y, np.asarray(alpha, dtype=y.dtype), out=y)
-            c = _gemm_c_index(node)
-            if c is not None:
-                if inputs[c] is None:
-                    np.add(y, params["bias"], out=y)
-                else:
-                    beta = node.attr("beta", 1.0)
-                    np.add(y, inputs[c] if beta == 1.0 else inputs[c] * np.asarray(beta, dtype=y.dtype), out=y)
+        c = _gemm_c_index(node)
+        if c is not None:
+            if inputs[c] is None:
+                np.add(y, params["bias"], out=y)
+            else:
+                beta = node.attr("beta", 1.0) if gemm else 1.0
+                np.add(y, inputs[c] if beta == 1.0 else inputs[c] * np.asarray(beta, dtype=y.dtype), out=y)
         r = _residual_index(node)
         if r is not None:
             np.add(y, params[raw_key(r)] if inputs[r] is None else inputs[r], out=y)
@@ -314,11 +317,12 @@ class GemmNTKernel(_BlasKernel):
 
 @register_kernel
 class GemmPackedKernel(Kernel):
-    """Float32 with a constant 2-D weight: inferd's native GEMM on weights packed at load.
+    """Float32 with a constant 2-D weight: inferd's native GEMM with the weight prepacked at load.
 
-    Y (rows x N) = X (rows x K) @ W (K x N) is computed as Y^T = W^T X^T, so the packed operand is W^T (output
-    features in panels of 8) and X^T / Y^T are transposed views (no copies). Bias (Gemm's C when it is one row),
-    residual and native activations are applied in the GEMM's store; alpha and beta are folded at load.
+    Y (rows x N) = X (rows x K) @ W (K x N): W is laid out in the GEMM's 96-column panels once, X's rows are
+    packed per call, Y is stored row by row with the bias (Gemm's C when it is one row, or a MatMul bias fused
+    at import), the residual and native activations applied in the store; alpha and beta are folded at load.
+    A few rows (a batch-1 classifier) stream each weight panel once.
     """
 
     name = "gemm_packed"
@@ -331,18 +335,25 @@ class GemmPackedKernel(Kernel):
             return False
         if any(np.dtype(t.dtype) != np.float32 for t in (x, w, y)) or len(w.shape) != 2 or len(x.shape) < 1:
             return False
-        if layer.op == "Gemm":
-            if layer.attr("transA", 0):
+        if layer.op == "Gemm" and layer.attr("transA", 0):
+            return False
+        c = _gemm_c_index(layer.node)
+        if c is not None:
+            ct = layer.inputs[c]
+            n = w.shape[0] if layer.op == "Gemm" and layer.attr("transB", 0) else w.shape[1]
+            # C must be one value per output column (or a scalar): it becomes the GEMM's bias
+            if ct is None or c not in layer.const_inputs or int(np.prod(ct.shape)) not in (1, n) \
+                    or (len(ct.shape) == 2 and ct.shape[0] != 1):
                 return False
-            c = _gemm_c_index(layer.node)
-            if c is not None:
-                ct = layer.inputs[c]
-                n = w.shape[0] if layer.attr("transB", 0) else w.shape[1]
-                # C must be one value per output column (or a scalar): it becomes the GEMM's bias
-                if ct is None or c not in layer.const_inputs or int(np.prod(ct.shape)) not in (1, n) \
-                        or (len(ct.shape) == 2 and ct.shape[0] != 1):
-                    return False
         return True
+
+    @staticmethod
+    def _kn(layer: Layer) -> tuple[int, int]:
+        w = layer.inputs[1]
+        assert w is not None
+        if layer.op == "Gemm" and layer.attr("transB", 0):
+            return w.shape[1], w.shape[0]
+        return w.shape[0], w.shape[1]
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         node = layer.node
@@ -350,55 +361,115 @@ class GemmPackedKernel(Kernel):
         alpha = float(node.attr("alpha", 1.0)) if gemm else 1.0
         beta = float(node.attr("beta", 1.0)) if gemm else 1.0
         w = np.asarray(raw[raw_key(1)], dtype=np.float32)
-        wt = w if gemm and node.attr("transB", 0) else w.T  # (N, K): output features are the packed rows
+        wkn = w.T if gemm and node.attr("transB", 0) else w  # (K, N): a view, gemm_pack_b reads any strides
         if alpha != 1.0:
-            wt = wt * np.float32(alpha)
-        out: dict[str, np.ndarray] = {"w": native.gemm_pack_a(wt)}
-        c = _gemm_c_index(node) if gemm else None
+            wkn = wkn * np.float32(alpha)
+        out: dict[str, np.ndarray] = {"w": native.gemm_pack_b(wkn)}
+        c = _gemm_c_index(node)
         for key, arr in raw.items():
             k = int(key[2:])
             if k == c:
                 out["bias"] = np.ascontiguousarray(
-                    np.broadcast_to(np.asarray(arr, np.float32).reshape(-1) * np.float32(beta), (wt.shape[0],)))
+                    np.broadcast_to(np.asarray(arr, np.float32).reshape(-1) * np.float32(beta), (wkn.shape[1],)))
             elif k != 1:
                 out[key] = arr
         return out
 
     def transformed_nbytes(self, layer: Layer) -> int:
-        w = layer.inputs[1]
-        assert w is not None
-        n, k = (w.shape[0], w.shape[1]) if layer.op == "Gemm" and layer.attr("transB", 0) else (w.shape[1], w.shape[0])
-        p, kk, mr = native.gemm_packed_shape(n, k)
-        extra = sum(layer.inputs[i].nbytes for i in layer.const_inputs if i != 1 and layer.inputs[i] is not None)
-        return p * kk * mr * 4 + extra
+        k, n = self._kn(layer)
+        p, kk, nbp = native.gemm_packed_b_shape(k, n)
+        c = _gemm_c_index(layer.node)
+        extra = sum(layer.inputs[i].nbytes for i in layer.const_inputs  # type: ignore[union-attr]
+                    if i not in (1, c) and layer.inputs[i] is not None)
+        return p * kk * nbp * 4 + (n * 4 if c is not None else 0) + extra
+
+    @staticmethod
+    def _act_code(act: Any) -> tuple[int, float, float] | None:
+        if act is None:
+            return 0, 0.0, 0.0
+        if act[0] not in native.NATIVE_ACTS:
+            return None
+        return (native.NATIVE_ACTS[act[0]], float(act[1][0]) if len(act[1]) > 0 else 0.0,
+                float(act[1][1]) if len(act[1]) > 1 else 0.0)
+
+    def _res(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]
+             ) -> np.ndarray | None:
+        r = _residual_index(layer.node)
+        if r is None:
+            return None
+        return params[raw_key(r)] if inputs[r] is None else inputs[r]
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x, y = inputs[0], outputs[0]
+        ac = self._act_code(layer.attr("act"))
+        if x is None or ac is None or not x.flags.c_contiguous or not y.flags.c_contiguous or y.ndim == 0:
+            return None
+        k, n = self._kn(layer)
+        res = self._res(layer, inputs, params)
+        if res is not None:
+            if tuple(res.shape) != tuple(y.shape) or res.dtype != np.float32 or not res.flags.c_contiguous:
+                return None
+            res = res.reshape(-1, n)
+        return native.linear_bound(x.reshape(-1, k), params["w"], n, y.reshape(-1, n), params.get("bias"), res, *ac)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
-        node = layer.node
-        y = outputs[0]
-        x = inputs[0]
+        y, x = outputs[0], inputs[0]
         assert x is not None
-        n = y.shape[-1] if y.ndim else 1
-        k = x.shape[-1]
+        k, n = self._kn(layer)
         x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
         yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
         y2 = yc.reshape(-1, n)
-        r = _residual_index(node)
-        res = None
-        if r is not None:
-            res = params[raw_key(r)] if inputs[r] is None else inputs[r]
-        act = node.attr("act")
-        nat = act is None or act[0] in native.NATIVE_ACTS
-        fuse_res = res is not None and tuple(res.shape) == tuple(y.shape) and res.dtype == np.float32
-        native.gemm(params["w"], n, x2.T, y2.T, params.get("bias"),
-                    np.asarray(res).reshape(-1, n).T if fuse_res else None, act if nat and (res is None or fuse_res)
-                    else None)
-        if res is not None and not fuse_res:
-            np.add(yc, res, out=yc)
-        if act is not None and not (nat and (res is None or fuse_res)):
-            apply_act(yc, act)
+        res = self._res(layer, inputs, params)
+        act = layer.attr("act")
+        fused = self._act_code(act) is not None and (
+            res is None or (tuple(res.shape) == tuple(y.shape) and res.dtype == np.float32))
+        native.linear(x2, params["w"], n, y2, params.get("bias"),
+                      np.asarray(res).reshape(-1, n) if fused and res is not None else None, act if fused else None)
+        if not fused:
+            if res is not None:
+                np.add(yc, res, out=yc)
+            if act is not None:
+                apply_act(yc, act)
         if yc is not y:
             np.copyto(y, yc)
+
+
+@register_kernel
+class MatMulNativeKernel(Kernel):
+    """Float32 MatMul of two activations (attention's Q K^T and P V): inferd's GEMM with both operands packed
+    per call, batched over the leading axes when they agree (otherwise numpy's matmul)."""
+
+    name = "matmul_native"
+    ops: ClassVar[tuple[str, ...]] = ("MatMul",)
+    priority = 6
+
+    def applies(self, layer: Layer) -> bool:
+        a, b, y = layer.inputs[0], layer.inputs[1] if len(layer.inputs) > 1 else None, layer.outputs[0]
+        if a is None or b is None or layer.const_inputs:
+            return False
+        if any(np.dtype(t.dtype) != np.float32 for t in (a, b, y)):
+            return False
+        return len(a.shape) >= 2 and len(b.shape) >= 2 and tuple(a.shape[:-2]) == tuple(b.shape[:-2])
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        a, b, y = inputs[0], inputs[1], outputs[0]
+        assert a is not None and b is not None
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        try:  # views when the batch axes collapse without a copy
+            a3, b3 = a.reshape(-1, m, k), b.reshape(-1, k, n)
+            y3 = y.reshape(-1, m, n)
+            ok = np.may_share_memory(y3, y) and np.may_share_memory(a3, a) and np.may_share_memory(b3, b)
+        except Exception:
+            ok = False
+        if ok:
+            native.matmul(a3, b3, y3)
+        else:
+            np.matmul(a, b, out=y)
+        _epilogue(layer.node, y, [*inputs[:2]] + [params.get(raw_key(i)) if inputs[i] is None else inputs[i]
+                                                   for i in range(2, len(inputs))])
 
 
 @register_kernel

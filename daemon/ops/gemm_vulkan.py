@@ -79,7 +79,7 @@ class _Plan:
         self.nbatch = int(np.prod(self.batch, dtype=np.int64))
         self.nc = _chunk_cols(self.K, self.N) if self.b_const and self.nbatch == 1 else self.N
         self.chunks = -(-self.N // self.nc)
-        self.c_index = _gemm_c_index(node) if gemm else None
+        self.c_index = _gemm_c_index(node)  # Gemm's C, or a bias fused into a MatMul at import
         self.r_index = _residual_index(node)
         self.gemv = self.nbatch == 1 and self.M <= GEMV_MAX_ROWS
 

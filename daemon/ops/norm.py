@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
@@ -353,3 +354,74 @@ class NormReferenceKernel(Kernel):
         np.copyto(outputs[0], res[0])
         if layer.op == "LayerNormalization" and len(outputs) > 1:
             _write_ln_stats(layer.node, outputs, res[1:])
+
+
+@register_kernel
+class LayerNormNativeKernel(Kernel):
+    """Float32 LayerNormalization over the trailing axes in native code (mean, variance and the affine map in
+    three passes per row, rows split over the native pool). Scale and bias must be one value per normalised
+    element (the usual (D,) parameters); only the first output (Y) may be used."""
+
+    name = "layernorm_native"
+    ops = ("LayerNormalization",)
+    priority = 5
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if not native.AVAILABLE or x is None or np.dtype(x.dtype) != np.float32:
+            return False
+        if np.dtype(layer.outputs[0].dtype) != np.float32 or any(o for o in layer.node.outputs[1:]):
+            return False
+        shape = tuple(x.shape)
+        if not shape:
+            return False
+        d = int(np.prod(shape[_ln_axis(layer.node, len(shape)):], dtype=np.int64))
+        for i in (1, 2):
+            t = layer.inputs[i] if len(layer.inputs) > i else None
+            if t is not None and (int(np.prod(t.shape, dtype=np.int64)) != d or np.dtype(t.dtype) != np.float32):
+                return False
+        return layer.inputs[1] is not None and d > 0
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v, dtype=np.float32).reshape(-1) for k, v in raw.items()}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        self._call(layer, inputs, params, outputs, bound=False)()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):
+        return self._call(layer, inputs, params, outputs, bound=True)
+
+    def _call(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+              outputs: Sequence[np.ndarray], bound: bool):
+        ins = full_inputs(layer, inputs, params)
+        x, y = ins[0], outputs[0]
+        g = np.ascontiguousarray(ins[1], dtype=np.float32).reshape(-1)
+        b = np.ascontiguousarray(ins[2], dtype=np.float32).reshape(-1) if len(ins) > 2 and ins[2] is not None \
+            else None
+        d = g.size
+        rows = x.size // d
+        eps = float(layer.attr("epsilon", 1e-5))
+        dynamic_params = any(inputs[i] is not None for i in (1, 2) if i < len(inputs))
+        if not bound or dynamic_params or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            # resolved per run: parameters computed at run time, or strided views
+            def once() -> None:
+                ins2 = full_inputs(layer, inputs, params)
+                xc = np.ascontiguousarray(ins2[0], dtype=np.float32)
+                g2 = np.ascontiguousarray(ins2[1], dtype=np.float32).reshape(-1)
+                b2 = None if len(ins2) < 3 or ins2[2] is None else np.ascontiguousarray(ins2[2], np.float32).reshape(-1)
+                yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
+                native.lib.inferd_layernorm(native._ptr(xc), native._ptr(yc), rows, d, native._ptr(g2),
+                                            native.ffi.NULL if b2 is None else native._ptr(b2), eps)
+                if yc is not y:
+                    np.copyto(y, yc)
+            return once
+        fn = native.lib.inferd_layernorm
+        args = (native._ptr(x), native._ptr(y), rows, d, native._ptr(g), native.ffi.NULL if b is None else native._ptr(b),
+                eps)
+        keep = (x, y, g, b)
+
+        def call(_keep=keep) -> None:
+            fn(*args)
+        return call

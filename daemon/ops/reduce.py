@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
@@ -242,3 +243,63 @@ class ReduceKernel(Kernel):
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         _compute(layer.node, full_inputs(layer, inputs, params), outputs[0])
+
+
+def _rows_n(layer: Layer) -> tuple[int, int] | None:
+    """(rows, n) when the softmax runs over contiguous rows of n: the last axis from opset 13, or everything
+    from the axis on before it (the old coerce-to-2-D definition)."""
+    shape = tuple(layer.in_shape(0))
+    if not shape:
+        return None
+    axis = _softmax_axis(layer.node, len(shape))
+    if _opset(layer.node) >= 13 and axis != len(shape) - 1:
+        return None
+    n = int(np.prod(shape[axis:], dtype=np.int64))
+    rows = int(np.prod(shape, dtype=np.int64)) // max(n, 1)
+    return (rows, n) if n > 0 else None
+
+
+@register_kernel
+class SoftmaxNativeKernel(Kernel):
+    """Float32 Softmax/LogSoftmax over contiguous rows in native code (one pass for the max, one for exp and the
+    sum, one to scale), rows split over the native pool."""
+
+    name = "softmax_native"
+    ops = SOFTMAX_OPS
+    priority = 5
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        return (native.AVAILABLE and x is not None and np.dtype(x.dtype) == np.float32
+                and np.dtype(layer.outputs[0].dtype) == np.float32 and _rows_n(layer) is not None)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        self.bind(layer, inputs, params, outputs)()  # type: ignore[misc]
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):
+        x = full_inputs(layer, inputs, params)[0]
+        y = outputs[0]
+        rn = _rows_n(layer)
+        assert rn is not None
+        xc = np.ascontiguousarray(x, dtype=np.float32)
+        if not y.flags.c_contiguous:
+            def general() -> None:
+                tmp = np.empty(y.shape, np.float32)
+                native.lib.inferd_softmax(native._ptr(np.ascontiguousarray(x)), native._ptr(tmp), rn[0], rn[1],
+                                          int(layer.op == "LogSoftmax"))
+                np.copyto(y, tmp)
+            return general
+        fn, args = native.lib.inferd_softmax, (native._ptr(xc), native._ptr(y), rn[0], rn[1],
+                                               int(layer.op == "LogSoftmax"))
+        keep = (xc, y)
+        if xc is not x:  # a non-contiguous input: copy it each run
+            def copying(_keep=keep) -> None:
+                np.copyto(xc, x)
+                fn(*args)
+            return copying
+
+        def call(_keep=keep) -> None:
+            fn(*args)
+        return call

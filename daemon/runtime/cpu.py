@@ -5,9 +5,10 @@ kernel calls with no allocation beyond what numpy does inside a kernel.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -26,6 +27,13 @@ class Step:
     outputs: list[np.ndarray]
     params: dict[str, np.ndarray]
     alias: bool
+    #: the kernel's pre-bound call (Kernel.bind), or None: run() goes through kernel.run
+    bound: Callable[[], None] | None = None
+
+    def call(self) -> Callable[[], None]:
+        if self.bound is not None:
+            return self.bound
+        return functools.partial(self.kernel.run, self.layer, self.inputs, self.params, self.outputs)
 
 
 def forced_for(layer: Layer, kernels: dict[str, str] | None) -> str | None:
@@ -95,9 +103,13 @@ class CpuExecutor:
                 p = k.transform(layer, raw)
             ins = [None if (not n or n in graph.constants) else self.views[n] for n in layer.node.inputs]
             outs = [self.views[o] for o in layer.node.outputs if o]
-            self.steps.append(Step(layer, k, ins, outs, p, alias))
+            step = Step(layer, k, ins, outs, p, alias)
+            if not alias:
+                step.bound = k.bind(layer, ins, p, outs)
+            self.steps.append(step)
             self.stats.kernels[k.name] = self.stats.kernels.get(k.name, 0) + 1
         self.stats.transform_s = time.perf_counter() - t0
+        self._calls = [s.call() for s in self.steps if not s.alias]
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
 
@@ -108,9 +120,8 @@ class CpuExecutor:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for t in self.inputs:
             np.copyto(self.views[t.name], feeds[t.name], casting="no")
-        for s in self.steps:
-            if not s.alias:
-                s.kernel.run(s.layer, s.inputs, s.params, s.outputs)
+        for call in self._calls:
+            call()
         res = {}
         for t in self.outputs:
             if t.name in self.graph.constants:
