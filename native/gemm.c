@@ -406,7 +406,10 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
         /* Rows of B that are contiguous along n are read in place, full panels at least (kc rows of nr floats
            at pitch bsk; a 7x7 map's B was packed once per task, up to 4x over when M is split); panels that
            are not contiguous, and the ragged last one, are packed (reading past it could leave the array). */
-        const int inplace = J->bsn == 1 && !J->b_pre;
+        /* In place pays when few row panels reuse the block (packing is not amortised) or the rows are short
+           (several per page); long rows read in place cost a TLB miss per k (64x147 on a 112x112 map: 3.7 vs
+           2.8 ms packed, while 24x144 on 56x56 was 0.21 vs 0.26 ms in place). */
+        const int inplace = J->bsn == 1 && !J->b_pre && (J->M <= 32 || J->bsk <= 512);
         if (J->a_dyn) pack_a_dyn(abuf, J->ap + (ptrdiff_t)bi * J->ap_bs, J->asm_, J->ask, J->M, m0, m1, k0, kc);
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */

@@ -92,3 +92,11 @@ int inferd_gemm_ex(int M, int K, int N, int batch, const float* a, long long asm
 void inferd_softmax(const float* x, float* y, long long rows, long long n, int log_);
 /* (x - mean) / sqrt(var + eps) * g + b per row (population variance); g and b (n floats) may be NULL. */
 void inferd_layernorm(const float* x, float* y, long long rows, long long n, const float* g, const float* b, float eps);
+
+/* ---- pooling (pooling.c) ---- */
+/* Max (is_max = 1) or average pooling of `planes` (H, W) planes into (OH, OW): output (oh, ow) combines input
+   (oh*sh - pt + i*dh, ow*sw - pl + j*dw) over the taps inside the image; averages are multiplied by
+   inv_count[oh*OW + ow] (the caller's count rule), unused for max. Max propagates NaN. Returns 0, or -1 if
+   out of memory. */
+int inferd_pool2d(const float* x, float* y, int planes, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
+                   int pt, int pl, int OH, int OW, int is_max, const float* inv_count);

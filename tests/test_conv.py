@@ -420,9 +420,12 @@ def test_float16_weights_are_cast_by_transform() -> None:
 def test_workspace_sizes() -> None:
     layer, _ = _layer((1, 8, 9, 7), 6, (3, 3), dict(pads=[1, 1, 1, 1]))
     assert kernel("Conv", "im2col").workspace_nbytes(layer) == 8 * 9 * 9 * 7 * 4
-    # packed for the native GEMM: 16 positions x 8 rows (6 output channels padded to a panel) x 8 inputs
-    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 8 * 8 * 4 + 6 * 4
-    assert kernel("Conv", "winograd43").transformed_nbytes(layer) == 36 * 8 * 8 * 4 + 6 * 4
+    # packed for the native GEMM; few tiles (20 here) take the B form: per position 8 inputs x 96 columns
+    # (6 output channels padded to a panel)
+    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 8 * 96 * 4 + 6 * 4
+    assert kernel("Conv", "winograd43").transformed_nbytes(layer) == 36 * 8 * 96 * 4 + 6 * 4
+    big, _ = _layer((1, 8, 40, 40), 6, (3, 3), dict(pads=[1, 1, 1, 1]))  # 400 tiles: the A form, 8-row panels
+    assert kernel("Conv", "winograd23").transformed_nbytes(big) == 16 * 8 * 8 * 4 + 6 * 4
     layer, _ = _layer((1, 8, 9, 7), 6, (1, 1), {})
     assert kernel("Conv", "conv1x1").workspace_nbytes(layer) == 0
 
@@ -818,6 +821,22 @@ int main(void){
       free(bp); free(Cl); free(Cl2); free(bc);
     }
     free(A); free(B); free(bias); free(R); free(ap); free(Cc); free(Cr);
+  }
+  for (int it = 0; it < 100; ++it) { /* 2-D max / average pooling against a naive window loop */
+    int P = irand(1, 6), H = irand(1, 15), W = irand(1, 15), kh = irand(1, 4), kw = irand(1, 4), sh = irand(1, 3), sw = irand(1, 3);
+    int dh = irand(1, 2), dw = irand(1, 2), pt = irand(0, kh - 1), pl = irand(0, kw - 1), ismax = it % 2;
+    int OH = (H + 2 * pt - ((kh - 1) * dh + 1)) / sh + 1, OW = (W + 2 * pl - ((kw - 1) * dw + 1)) / sw + 1;
+    if (OH < 1 || OW < 1) continue;
+    float* x = buf((size_t)P * H * W); float* y = buf((size_t)P * OH * OW); float* yr = buf((size_t)P * OH * OW); float* inv = buf((size_t)OH * OW);
+    for (int q = 0; q < OH * OW; ++q) inv[q] = 1.0f / (float)(kh * kw);
+    inferd_pool2d(x, y, P, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, ismax, inv);
+    for (int p = 0; p < P; ++p) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
+      float acc = ismax ? -INFINITY : 0.0f;
+      for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) { int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
+        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue; float v = x[((size_t)p * H + ih) * W + iw]; acc = ismax ? (v > acc ? v : acc) : acc + v; }
+      yr[((size_t)p * OH + oh) * OW + ow] = ismax ? acc : acc * inv[oh * OW + ow]; }
+    check(ismax ? "maxpool" : "avgpool", maxdiff(y, yr, (size_t)P * OH * OW), 1e-5, it);
+    free(x); free(y); free(yr); free(inv);
   }
   for (int it = 0; it < 50; ++it) { /* row-wise softmax / log-softmax / layer norm */
     int rows = irand(1, 40), n = irand(1, 300);

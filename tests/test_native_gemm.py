@@ -234,3 +234,31 @@ def test_native_softmax_and_layernorm_rows(rows_n) -> None:
     x[0, 0] = np.inf
     native.lib.inferd_softmax(native._ptr(x), native._ptr(y), rows, n, 0)
     assert np.isnan(y[0]).any()
+
+
+@pytest.mark.parametrize("isa_level", _levels(), indirect=True)
+@pytest.mark.parametrize("shape", [(1, 160, 960, 49), (2, 13, 7, 5), (16, 64, 64, 16), (1, 8, 3, 1), (3, 100, 50, 63)],
+                         ids=str)
+def test_gemm_weights_in_either_form(isa_level: int, shape) -> None:
+    """pack_weights' A form (8-row panels) and B form (W^T in 96-column panels, for few columns) give the same
+    product, through gemm() and through a bound call."""
+    g, m, k, n = shape
+    rng = np.random.default_rng(m + k + n)
+    w = rng.standard_normal((g, m, k), dtype=F32)
+    b = rng.standard_normal((g, k, n), dtype=F32)
+    bias = rng.standard_normal((g, m), dtype=F32)
+    r = rng.standard_normal((g, m, n), dtype=F32)
+    ref = np.maximum(np.matmul(w.astype(np.float64), b) + bias[..., None] + r, 0)
+    forms = {}
+    for ncols in (1, 1 << 30):
+        wp = native.pack_weights(w, ncols)
+        forms[wp.shape[-1]] = wp
+        c = native.gemm(wp, m, b, np.empty((g, m, n), F32), bias, r, ("Relu", ()))
+        assert np.allclose(c, ref, rtol=1e-4, atol=1e-3), (shape, wp.shape)
+        assert wp.nbytes == native.packed_weights_nbytes(g, m, k, ncols)
+        call = native.gemm_bound(wp, m, b, c, bias, r, native.NATIVE_ACTS["Relu"], 0.0, 0.0)
+        if native.AVAILABLE:
+            c[...] = 0
+            call()
+            assert np.allclose(c, ref, rtol=1e-4, atol=1e-3)
+    assert set(forms) == {native.GEMM_MR, native.GEMM_NBP}

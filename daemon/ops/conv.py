@@ -542,14 +542,19 @@ def _run_reference(layer: Layer, inputs: Sequence[np.ndarray | None], params: di
     np.copyto(outputs[0], y)
 
 
-def pack_gemm_weights(w3: np.ndarray) -> np.ndarray:
-    """(G, M, K) weights -> (G, panels, K, 8): the packed A of :func:`native.gemm`, one per group."""
-    return np.stack([native.gemm_pack_a(w3[q]) for q in range(w3.shape[0])])
+def pack_gemm_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
+    """(G, M, K) weights packed for :func:`native.gemm` against ``ncols``-column operands (its A or B form)."""
+    return native.pack_weights(w3, ncols)
 
 
-def packed_nbytes(groups: int, m: int, k: int) -> int:
-    p, kk, mr = native.gemm_packed_shape(m, k)
-    return groups * p * kk * mr * 4
+#: Column count that selects the A form in pack_gemm_weights. The 1x1 and im2col convs always use it: measured on
+#: Zen 4, the B form made mobilenetv2's 7x7 1x1 convs 1.3-1.4x slower (short K, scattered stores) while it made
+#: Winograd on 7x7/14x14 maps (16-49 tiles, long K) up to 1.5x faster.
+A_FORM = 1 << 30
+
+
+def packed_nbytes(groups: int, m: int, k: int, ncols: int) -> int:
+    return native.packed_weights_nbytes(groups, m, k, ncols)
 
 
 def _gemm_into(wp: np.ndarray, mg: int, xs: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
@@ -607,11 +612,12 @@ class ConvIm2col(_ConvKernelBase):
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = layer_geom(layer)
         w3 = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cout // g.group, -1)
-        return {**_passthrough(layer, raw), "w": pack_gemm_weights(w3), **_bias_param(layer, raw)}
+        return {**_passthrough(layer, raw), "w": pack_gemm_weights(w3, A_FORM), **_bias_param(layer, raw)}
 
     def _w_nbytes(self, layer: Layer) -> int:
         g = layer_geom(layer)
-        return packed_nbytes(g.group, g.cout // g.group, layer.inputs[1].size // g.cout)  # type: ignore[union-attr]
+        return packed_nbytes(g.group, g.cout // g.group, layer.inputs[1].size // g.cout,  # type: ignore[union-attr]
+                             A_FORM)
 
     def workspace_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
@@ -656,11 +662,11 @@ class Conv1x1(_ConvKernelBase):
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = layer_geom(layer)
         w3 = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cout // g.group, g.cin // g.group)
-        return {**_passthrough(layer, raw), "w": pack_gemm_weights(w3), **_bias_param(layer, raw)}
+        return {**_passthrough(layer, raw), "w": pack_gemm_weights(w3, A_FORM), **_bias_param(layer, raw)}
 
     def _w_nbytes(self, layer: Layer) -> int:
         g = layer_geom(layer)
-        return packed_nbytes(g.group, g.cout // g.group, g.cin // g.group)
+        return packed_nbytes(g.group, g.cout // g.group, g.cin // g.group, A_FORM)
 
     def workspace_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
@@ -830,7 +836,8 @@ class WinogradKernel(_ConvKernelBase):
     def _w_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
         assert g is not None
-        return packed_nbytes(self.alpha ** 2, g.cout, g.cin)
+        th, tw, band = self._tiles(g)
+        return packed_nbytes(self.alpha ** 2, g.cout, g.cin, band * tw)
 
     def workspace_nbytes(self, layer: Layer) -> int:
         g = _geo2d(layer)
@@ -844,7 +851,8 @@ class WinogradKernel(_ConvKernelBase):
         w = np.asarray(raw[raw_key(1)], dtype=np.float64).reshape(g.cout, g.cin, 3, 3)
         u = np.einsum("ai,ocij,bj->aboc", self.g64, w, self.g64, optimize=True)
         u = np.ascontiguousarray(u.reshape(self.alpha ** 2, g.cout, g.cin), dtype=F32)
-        return {**_passthrough(layer, raw), "w": pack_gemm_weights(u), **_bias_param(layer, raw)}
+        _, tw, band = self._tiles(g)
+        return {**_passthrough(layer, raw), "w": pack_gemm_weights(u, band * tw), **_bias_param(layer, raw)}
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
@@ -318,3 +319,72 @@ class PoolReferenceKernel(Kernel):
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         np.copyto(outputs[0], pool_reference(layer.node, full_inputs(layer, inputs, params))[0])
+
+
+@register_kernel
+class PoolNativeKernel(Kernel):
+    """Float32 2-D MaxPool/AveragePool in native code (rows of taps combined per output row; planes split over
+    the native pool). Averages multiply by a reciprocal count map computed at load (the count rule, with or
+    without the padding, lives in one place: ``_counts``)."""
+
+    name = "pool_native"
+    ops = _LOCAL
+    priority = 5
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if not native.AVAILABLE or x is None or len(x.shape) != 4 or np.dtype(x.dtype) != np.float32:
+            return False
+        return np.dtype(layer.outputs[0].dtype) == np.float32 and len([o for o in layer.node.outputs if o]) == 1
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if layer.op != "AveragePool":
+            return dict(raw)
+        x = layer.inputs[0]
+        g = pool_geometry(layer.node, x.shape)
+        cnt = _counts(g, x.shape[2:], bool(layer.attr("count_include_pad", 0))).astype(np.float64)
+        with np.errstate(divide="ignore"):
+            inv = np.ascontiguousarray((1.0 / cnt).astype(np.float32).reshape(g.out))
+        return {**raw, "inv_count": inv}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return int(np.prod(layer.outputs[0].shape[2:])) * 4 if layer.op == "AveragePool" else 0
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        self.bind(layer, inputs, params, outputs)()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):
+        x, y = full_inputs(layer, inputs, params)[0], outputs[0]
+        g = pool_geometry(layer.node, x.shape)
+        n, c, h, w = x.shape
+        is_max = layer.op == "MaxPool"
+        inv = params.get("inv_count") if not is_max else None
+        if not is_max and inv is None:
+            inv = self.transform(layer, {})["inv_count"]
+        act = layer.attr("act")
+        xc = x if x.flags.c_contiguous else None
+        yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
+        args = [None, native._ptr(yc), n * c, h, w, g.kernel[0], g.kernel[1], g.strides[0], g.strides[1],
+                g.dilations[0], g.dilations[1], g.pads_head[0], g.pads_head[1], g.out[0], g.out[1], int(is_max),
+                native.ffi.NULL if inv is None else native._ptr(inv)]
+        if xc is not None:
+            args[0] = native._ptr(xc)
+        fn = native.lib.inferd_pool2d
+        keep = (x, y, yc, inv)
+
+        def call(_keep=keep) -> None:
+            if xc is None:
+                a = list(args)
+                a[0] = native._ptr(np.ascontiguousarray(x))
+                rc = fn(*a)
+            else:
+                rc = fn(*args)
+            if rc != 0:
+                raise MemoryError("pool2d: out of memory")
+            if yc is not y:
+                np.copyto(y, yc)
+            if act is not None:
+                apply_act(y, act)
+        return call
