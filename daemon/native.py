@@ -599,9 +599,9 @@ def gemm(ap: np.ndarray, m: int, b: np.ndarray, c: np.ndarray, bias: np.ndarray 
                 y += bias2[q][:, None]
             if rs is not None:
                 y += rs[q]
+            if act is not None:
+                numpy_bias_act(y, None, None, act)
             cs[q] = y
-        if act is not None:
-            numpy_bias_act(cs.reshape(nb * m, n) if cs.flags.c_contiguous else cs, None, None, act)
         return c
     _check(aps, "ap")
     code, p0, p1 = _act_code(act)

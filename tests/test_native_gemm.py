@@ -262,3 +262,31 @@ def test_gemm_weights_in_either_form(isa_level: int, shape) -> None:
             call()
             assert np.allclose(c, ref, rtol=1e-4, atol=1e-3)
     assert set(forms) == {native.GEMM_MR, native.GEMM_NBP}
+
+
+def test_numpy_fallbacks_match(monkeypatch) -> None:
+    """Without the extension (a stale or missing build) gemm, linear, matmul and both packings give the same
+    numbers through numpy, strided and batched views included."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((2, 20, 30), dtype=F32)
+    b = rng.standard_normal((2, 30, 9), dtype=F32)
+    bias = rng.standard_normal((2, 20), dtype=F32)
+    r = rng.standard_normal((2, 20, 9), dtype=F32)
+    act = ("HardSwish", ())
+    want = np.matmul(w.astype(np.float64), b) + bias[..., None] + r
+    apply_act(want, act)
+    packed = [native.pack_weights(w, ncols) for ncols in (1, 1 << 30)]
+    x = rng.standard_normal((7, 30), dtype=F32)
+    wl = rng.standard_normal((30, 11), dtype=F32)
+    bl = native.gemm_pack_b(wl)
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    for wp in packed:
+        c = np.full((2, 9, 20), np.nan, F32).transpose(0, 2, 1)  # a transposed output view
+        native.gemm(wp, 20, b, c, bias, r, act)
+        assert np.allclose(c, want, rtol=1e-4, atol=1e-4)
+    assert np.allclose(native.gemm_pack_b(wl), bl) and np.allclose(native.gemm_unpack_b(bl, 11), wl)
+    y = np.empty((11, 7), F32).T
+    native.linear(x, bl, 11, y, None, None, ("Relu", ()))
+    assert np.allclose(y, np.maximum(x @ wl, 0), rtol=1e-5, atol=1e-5)
+    c3 = np.empty((2, 20, 9), F32)
+    assert np.allclose(native.matmul(w, b, c3), np.matmul(w, b), rtol=1e-5, atol=1e-5)
