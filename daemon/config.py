@@ -61,7 +61,7 @@ class Config:
     device: str = _opt("str", "compute device for models", default="auto", choices=DEVICES)
     cache_dir: str = _opt("path", "cache directory (default: $CACHE_DIRECTORY or ~/.cache/inferd)", default="")
     log_level: str = _opt("str", "log level", default="info", choices=LOG_LEVELS)
-    threads: int = _opt("int", "CPU threads for compute libraries (0: library default)", default=0, minimum=0)
+    threads: int = _opt("int", "CPU threads of the native kernels' pool (0: the usable cores)", default=0, minimum=0)
     preload: bool = _opt("bool", "load every repository model at start (a model's config.toml can override)",
                          default=True)
     max_queue: int = _opt("int", "default per-model queue cap; a full queue answers UNAVAILABLE",

@@ -290,3 +290,18 @@ def test_numpy_fallbacks_match(monkeypatch) -> None:
     assert np.allclose(y, np.maximum(x @ wl, 0), rtol=1e-5, atol=1e-5)
     c3 = np.empty((2, 20, 9), F32)
     assert np.allclose(native.matmul(w, b, c3), np.matmul(w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_daemon_threads_setting_sizes_the_native_pool() -> None:
+    from inferd.server.daemon import apply_threads
+
+    old = native.num_threads()
+    try:
+        apply_threads(3)
+        assert native.num_threads() == 3
+        if native.AVAILABLE:
+            assert native.lib.inferd_pool_threads() == 3
+        apply_threads(0)  # 0 keeps what is there
+        assert native.num_threads() == 3
+    finally:
+        native.set_num_threads(old)

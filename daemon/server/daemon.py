@@ -87,17 +87,18 @@ def process_rss() -> int:
 
 
 def apply_threads(n: int) -> None:
-    """Bound the compute libraries' thread pools (best effort; env vars only reach libraries loaded later)."""
+    """Size inferd's native pool (the CPU kernels' threads) to ``n``; 0 keeps its default (the usable cores).
+
+    Other libraries' pools are bounded too (best effort; env vars only reach libraries loaded later): numpy's
+    BLAS is held to one thread anyway once a CPU model loads (see inferd.native.claim_cores)."""
     if n <= 0:
         return
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
-        os.environ.setdefault(var, str(n))
-    try:
-        from threadpoolctl import threadpool_limits  # type: ignore[import-not-found]
+    from .. import native
 
-        threadpool_limits(n)
-    except Exception:
-        pass
+    native.set_num_threads(n)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+        os.environ.setdefault(var, str(n))
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def prepare_cache_dir(path: str) -> None:
