@@ -34,14 +34,17 @@ static void valid_range(int off, int s, int limit, int n, int* lo, int* hi)
 
 INFERD_CLONES
 static void im2col_range(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
-                   int pt, int pl, int OH, int OW, float* col)
+                   int pt, int pl, int OH, int OW, float* col, int r0, int r1)
 {
+    /* rows r0..r1 of the column matrix: row (c*kh + i)*kw + j */
     const size_t ohw = (size_t)OH * OW;
-    for (int c = 0; c < C; ++c) {
+    (void)C;
+    for (int r = r0; r < r1; ++r) {
+        const int c = r / (kh * kw), i = (r / kw) % kh, j = r % kw;
         const float* plane = x + (size_t)c * H * W;
-        for (int i = 0; i < kh; ++i) {
-            for (int j = 0; j < kw; ++j) {
-                float* dst = col + ((size_t)(c * kh + i) * kw + j) * ohw;
+        {
+            {
+                float* dst = col + (size_t)r * ohw;
                 const int off = j * dw - pl;
                 int lo, hi;
                 valid_range(off, sw, W, OW, &lo, &hi);
@@ -880,18 +883,19 @@ typedef struct {
 static void im2col_task(void* p, long long t)
 {
     const im2col_job* j = (const im2col_job*)p;
-    const int lo = CH_LO(j->C, j->n, t), hi = CH_LO(j->C, j->n, t + 1);
-    const size_t P = (size_t)j->OH * j->OW;
+    const int rows = j->C * j->kh * j->kw;
+    const int lo = CH_LO(rows, j->n, t), hi = CH_LO(rows, j->n, t + 1);
     if (hi > lo)
-        im2col_range(j->x + (size_t)lo * j->H * j->W, hi - lo, j->H, j->W, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw,
-                     j->pt, j->pl, j->OH, j->OW, j->col + (size_t)lo * j->kh * j->kw * P);
+        im2col_range(j->x, j->C, j->H, j->W, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw, j->pt, j->pl, j->OH, j->OW,
+                     j->col, lo, hi);
 }
 
 void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,
                    int OH, int OW, float* col)
 {
+    /* split by rows of the column matrix, not by channels: a 3-channel stem has 27 or 147 rows but 3 channels */
     im2col_job j = {x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, col, 0};
-    j.n = chunks_for(C, (double)C * kh * kw * OH * OW);
+    j.n = chunks_for((long long)C * kh * kw, (double)C * kh * kw * OH * OW);
     inferd_parallel(im2col_task, &j, j.n, 0);
 }
 
