@@ -550,17 +550,24 @@ def numpy_gemm_pack_a(a: np.ndarray) -> np.ndarray:
     return p
 
 
-def gemm_pack_a(a: np.ndarray) -> np.ndarray:
-    """Pack a weight matrix A (M x K, any strides, cast to float32) for :func:`gemm`."""
+def gemm_pack_a(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Pack a weight matrix A (M x K, any strides, cast to float32) for :func:`gemm` (into ``out`` if given:
+    a C-contiguous float32 array of :func:`gemm_packed_shape`)."""
     a = np.asarray(a)
     if a.ndim != 2:
         raise ValueError(f"gemm_pack_a: expected a 2-D matrix, got shape {a.shape}")
-    if not AVAILABLE:
-        return numpy_gemm_pack_a(a.astype(F32, copy=False))
-    a = np.ascontiguousarray(a, dtype=F32)
     m, k = a.shape
-    out = np.empty(gemm_packed_shape(m, k), F32)
-    lib.inferd_gemm_pack_a(_ptr(a), k, 1, m, k, _ptr(out))
+    if out is None:
+        out = np.empty(gemm_packed_shape(m, k), F32)
+    if not AVAILABLE:
+        out[...] = numpy_gemm_pack_a(a.astype(F32, copy=False))
+        return out
+    if a.dtype == F32 and a.size:  # any strides: the C side reads element (m, k) at a[m*lda_m + k*lda_k]
+        s = _strides_of(a)
+        lib.inferd_gemm_pack_a(_rawptr(a), s[0], s[1], m, k, _ptr(out))
+    else:
+        ac = np.ascontiguousarray(a, dtype=F32)
+        lib.inferd_gemm_pack_a(_ptr(ac), k, 1, m, k, _ptr(out))
     return out
 
 
@@ -728,20 +735,25 @@ def gemm_packed_b_shape(k: int, n: int) -> tuple[int, int, int]:
     return (-(-n // GEMM_NBP), k, GEMM_NBP)
 
 
-def gemm_pack_b(b: np.ndarray) -> np.ndarray:
-    """Pack a constant right-hand matrix B (K x N, any strides) for :func:`linear`."""
+def gemm_pack_b(b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Pack a constant right-hand matrix B (K x N, any strides) for :func:`linear` (into ``out`` if given)."""
     b = np.asarray(b)
     if b.ndim != 2:
         raise ValueError(f"gemm_pack_b: expected a 2-D matrix, got shape {b.shape}")
     k, n = b.shape
-    out = np.zeros(gemm_packed_b_shape(k, n), F32)
+    if out is None:
+        out = np.empty(gemm_packed_b_shape(k, n), F32)
     if not AVAILABLE:
         full = np.zeros((k, out.shape[0] * GEMM_NBP), F32)
         full[:, :n] = b
         out[...] = full.reshape(k, out.shape[0], GEMM_NBP).transpose(1, 0, 2)
         return out
-    bc = np.ascontiguousarray(b, dtype=F32)
-    lib.inferd_gemm_pack_b(_ptr(bc), n, 1, k, n, _ptr(out))
+    if b.dtype == F32 and b.size:  # any strides: the C side reads element (k, n) at b[k*bsk + n*bsn]
+        s = _strides_of(b)
+        lib.inferd_gemm_pack_b(_rawptr(b), s[0], s[1], k, n, _ptr(out))
+    else:
+        bc = np.ascontiguousarray(b, dtype=F32)
+        lib.inferd_gemm_pack_b(_ptr(bc), n, 1, k, n, _ptr(out))
     return out
 
 
@@ -830,9 +842,16 @@ GEMM_BFORM_MAX_COLS = 64
 def pack_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
     """(G, M, K) constant weights packed for :func:`gemm` against B operands of ``ncols`` columns: the A form
     (G, panels, K, 8), or for few columns the B form (G, panels, K, 96) of W^T. :func:`gemm` tells them apart."""
+    g, m, k = w3.shape
     if ncols < GEMM_BFORM_MAX_COLS:
-        return np.stack([gemm_pack_b(w3[q].T) for q in range(w3.shape[0])])
-    return np.stack([gemm_pack_a(w3[q]) for q in range(w3.shape[0])])
+        out = np.empty((g,) + gemm_packed_b_shape(k, m), F32)
+        for q in range(g):
+            gemm_pack_b(w3[q].T, out[q])
+    else:
+        out = np.empty((g,) + gemm_packed_shape(m, k), F32)
+        for q in range(g):
+            gemm_pack_a(w3[q], out[q])
+    return out
 
 
 def packed_weights_nbytes(groups: int, m: int, k: int, ncols: int) -> int:
