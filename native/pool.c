@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +94,11 @@ static void* worker_main(void* arg)
             while ((s = __atomic_load_n(&P.state, __ATOMIC_SEQ_CST)) >> GEN_SHIFT == seen) {
                 cpu_relax();
                 if (__atomic_load_n(&P.stop, __ATOMIC_RELAXED)) return NULL;
-                if ((++k & 255) == 0 && now_ns() > until) {
+                if ((++k & 255) == 0 && now_ns() <= until) {
+                    /* let a thread that shares this core (the caller, between layers) run: on a loaded or
+                       oversubscribed machine a pure spin steals its time slice */
+                    sched_yield();
+                } else if ((k & 255) == 0) {
                     pthread_mutex_lock(&P.mu);
                     __atomic_fetch_add(&P.sleepers, 1, __ATOMIC_SEQ_CST);
                     while (!P.stop && __atomic_load_n(&P.state, __ATOMIC_SEQ_CST) >> GEN_SHIFT == seen)
@@ -206,6 +211,9 @@ void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long
     run_tasks(fn, ctx, ntasks);
     /* every task is claimed: close the job, then wait for the workers still inside */
     __atomic_fetch_and(&P.state, ~OPEN_BIT, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&P.state, __ATOMIC_ACQUIRE) & INSIDE_MASK) cpu_relax();
+    for (unsigned k = 1; __atomic_load_n(&P.state, __ATOMIC_ACQUIRE) & INSIDE_MASK; ++k) {
+        cpu_relax();
+        if ((k & 1023) == 0) sched_yield(); /* the worker we wait for may be queued on this very core */
+    }
     pthread_mutex_unlock(&P.submit);
 }
