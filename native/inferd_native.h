@@ -100,3 +100,5 @@ void inferd_layernorm(const float* x, float* y, long long rows, long long n, con
    out of memory. */
 int inferd_pool2d(const float* x, float* y, int planes, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
                    int pt, int pl, int OH, int OW, int is_max, const float* inv_count);
+/* y[r] = mean (is_max = 0) or max (is_max = 1, NaN propagates) of row r of rows x n floats: global pooling. */
+void inferd_reduce_rows(const float* x, float* y, long long rows, long long n, int is_max);

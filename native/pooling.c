@@ -37,7 +37,7 @@ static int lo_out(int off, int s) { return off >= 0 ? 0 : (-off + s - 1) / s; } 
 #define POOL_MAX(acc, v)                                \
     do {                                                \
         const float v_ = (v);                           \
-        acc = (v_ > acc || v_ != v_) ? v_ : acc;        \
+        acc = ((v_ > acc) | (v_ != v_)) ? v_ : acc;     \
     } while (0)
 #define POOL_ADD(acc, v) acc += (v)
 

@@ -134,3 +134,47 @@ void inferd_layernorm(const float* x, float* y, long long rows, long long n, con
     rows_job j = {x, y, rows, n, g, b, eps, 1, 0, rows_chunks(rows, n)};
     inferd_parallel(rows_task, &j, j.chunks, 0);
 }
+
+/* ---------------------------------------------------------------- row means / maxima (global pooling) */
+
+INFERD_INLINE float row_max_nan(const float* restrict x, long long n)
+{
+    float m[LANES];
+    for (int l = 0; l < LANES; ++l) m[l] = -INFINITY;
+    long long k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int l = 0; l < LANES; ++l) {
+            const float v = x[k + l];
+            m[l] = ((v > m[l]) | (v != v)) ? v : m[l]; /* NaN sticks, like np.max; | not || so it vectorises */
+        }
+    float r = -INFINITY;
+    for (int l = 0; l < LANES; ++l) r = (m[l] > r || m[l] != m[l]) ? m[l] : r;
+    for (; k < n; ++k) r = (x[k] > r || x[k] != x[k]) ? x[k] : r;
+    return r;
+}
+
+INFERD_CLONES
+static void reduce_rows_range(const float* x, float* y, long long r0, long long r1, long long n, int is_max)
+{
+    for (long long r = r0; r < r1; ++r)
+        y[r] = is_max ? row_max_nan(x + r * n, n) : row_sum(x + r * n, n) / (float)n;
+}
+
+typedef struct {
+    const float* x;
+    float* y;
+    long long rows, n;
+    int is_max, chunks;
+} red_job;
+
+static void red_task(void* p, long long t)
+{
+    const red_job* j = (const red_job*)p;
+    reduce_rows_range(j->x, j->y, j->rows * t / j->chunks, j->rows * (t + 1) / j->chunks, j->n, j->is_max);
+}
+
+void inferd_reduce_rows(const float* x, float* y, long long rows, long long n, int is_max)
+{
+    red_job j = {x, y, rows, n, is_max, rows_chunks(rows, n)};
+    inferd_parallel(red_task, &j, j.chunks, 0);
+}
