@@ -853,6 +853,12 @@ int main(void){
       for (int k = 0; k < n; ++k) v += (x[r * n + k] - m) * (x[r * n + k] - m); v /= n;
       for (int k = 0; k < n; ++k) { double want = (x[r * n + k] - m) / sqrt(v + 1e-5) * g[k] + bb[k]; double e = fabs(want - y[r * n + k]); if (e > d) d = e; } }
     check("layernorm", d, 1e-3, it);
+    for (int mx = 0; mx < 2; ++mx) { /* global pooling: row means and maxima */
+      inferd_reduce_rows(x, y, rows, n, mx);
+      double e = 0; for (int r = 0; r < rows; ++r) { double a = mx ? -1e30 : 0; for (int k = 0; k < n; ++k) a = mx ? (x[r * n + k] > a ? x[r * n + k] : a) : a + x[r * n + k];
+        if (!mx) a /= n; double dd = fabs(a - y[r]); if (dd > e) e = dd; }
+      check(mx ? "reduce max" : "reduce mean", e, 1e-5, it);
+    }
     free(x); free(y); free(g); free(bb);
   }
   inferd_pool_set_threads(1);
