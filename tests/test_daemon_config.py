@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest

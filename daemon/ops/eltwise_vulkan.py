@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import (Caps, Dispatch, In, Out, Param, VulkanKernel, act_of, act_supported, broadcast_strides,
+from ..vulkan.kernel import (Caps, Dispatch, In, Out, VulkanKernel, act_of, act_supported, broadcast_strides,
                              collapse, contiguous_strides, grid)
 from .activation import act_from_node
 from .base import Layer, register_kernel

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, Ws, act_of,
                              act_supported, collapse, contiguous_strides, grid, split_k)
-from .base import Layer, raw_key, register_kernel
+from .base import Layer, register_kernel
 from .gemm import _gemm_c_index, _residual_index
 
 F32 = np.float32

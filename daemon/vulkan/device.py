@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import BackendError
-from .shaders import Manifest, ShaderCache, ShaderModule, default_cache_dir
+from .shaders import ShaderCache, ShaderModule, default_cache_dir
 
 log = logging.getLogger("inferd.vulkan")
 
