@@ -240,6 +240,15 @@ static void pack_a_dyn(float* restrict dst, const float* restrict a, long long a
 {
     for (int i0 = m0; i0 < m1; i0 += MRP) {
         float* restrict d = dst + (size_t)((i0 - m0) / MRP) * kc * MRP;
+        if (asm_ == 1 && i0 + MRP <= M) {
+            /* rows are adjacent elements (a transposed view: Winograd's V^T in the B form): 8 contiguous floats
+               per k, instead of 8 strided walks */
+            for (int k = 0; k < kc; ++k) {
+                const float* restrict s = a + (ptrdiff_t)(k0 + k) * ask + i0;
+                for (int i = 0; i < MRP; ++i) d[(size_t)k * MRP + i] = s[i];
+            }
+            continue;
+        }
         for (int i = 0; i < MRP; ++i) {
             const int m = i0 + i;
             if (m >= M) {
@@ -384,7 +393,9 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     const int kcmax = (K + nk - 1) / nk;
     const int npan = (n1 - n0 + nr - 1) / nr;
     const size_t bsz = J->b_pre ? 0 : (size_t)kcmax * npan * nr;
-    const size_t asz = J->a_dyn ? (size_t)((m1 - m0 + MRP - 1) / MRP) * MRP * kcmax : 0;
+    /* a row operand given as a plain matrix is packed one 8-row panel at a time, just before its sweep over
+       the column panels: the scratch stays kc x (NC_MAX + 8) floats per thread whatever the row count */
+    const size_t asz = J->a_dyn ? (size_t)MRP * kcmax : 0;
     float* buf = scratch(bsz + asz + 1);
     float* abuf = buf + bsz;
     if (!buf) {
@@ -410,7 +421,6 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
            (several per page); long rows read in place cost a TLB miss per k (64x147 on a 112x112 map: 3.7 vs
            2.8 ms packed, while 24x144 on 56x56 was 0.21 vs 0.26 ms in place). */
         const int inplace = J->bsn == 1 && !J->b_pre && (J->M <= 32 || J->bsk <= 512);
-        if (J->a_dyn) pack_a_dyn(abuf, J->ap + (ptrdiff_t)bi * J->ap_bs, J->asm_, J->ask, J->M, m0, m1, k0, kc);
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */
         } else if (inplace) {
@@ -423,7 +433,10 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
            follows; a cold output written tile by tile down the rows was 2-5x slower), the A micro-panel
            stays in L1 and the packed B block streams from L2 */
         for (int i0 = m0; i0 < m1; i0 += MRP) {
-            const float* apan = J->a_dyn ? abuf + (size_t)((i0 - m0) / MRP) * kc * MRP
+            if (J->a_dyn)
+                pack_a_dyn(abuf, J->ap + (ptrdiff_t)bi * J->ap_bs, J->asm_, J->ask, J->M, i0, imin(i0 + MRP, m1), k0,
+                           kc);
+            const float* apan = J->a_dyn ? abuf
                                          : ap + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
             for (int sub = 0; sub < MRP && i0 + sub < m1; sub += mrk) {
                 const int rows = imin(mrk, m1 - i0 - sub), m = i0 + sub;
