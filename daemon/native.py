@@ -857,3 +857,14 @@ def pack_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
 def packed_weights_nbytes(groups: int, m: int, k: int, ncols: int) -> int:
     shape = gemm_packed_b_shape(k, m) if ncols < GEMM_BFORM_MAX_COLS else gemm_packed_shape(m, k)
     return groups * int(np.prod(shape)) * 4
+
+
+#: Upper bound of the native GEMM's per-thread packing scratch (native/gemm.c: kc <= 256 rows of the 512-column
+#: B block plus one 8-row A panel), allocated on a thread's first GEMM and kept for its life. Not part of any
+#: layer's workspace_nbytes: the memory planner counts it once per pool thread.
+GEMM_SCRATCH_BYTES_PER_THREAD = (256 * 512 + 8 * 256 + 1) * 4
+
+
+def native_scratch_bytes() -> int:
+    """Memory the native kernels keep outside the arena: the GEMM scratch of every pool thread."""
+    return GEMM_SCRATCH_BYTES_PER_THREAD * num_threads() if AVAILABLE else 0
