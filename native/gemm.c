@@ -13,6 +13,7 @@
  * (C = W X) and row-major linear layers (C^T = W^T X^T, stored transposed) with one packed A format.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,6 +297,13 @@ typedef struct {
 static __thread float* tl_buf = NULL;
 static __thread size_t tl_cap = 0;
 
+/* The key's destructor frees a thread's buffer when the thread exits (pool workers on a resize, a caller's
+   threads), so nothing leaks; the key only carries the pointer for that. */
+static pthread_key_t tl_key;
+static pthread_once_t tl_once = PTHREAD_ONCE_INIT;
+static void tl_free(void* p) { free(p); }
+static void tl_init(void) { pthread_key_create(&tl_key, tl_free); }
+
 static float* scratch(size_t n)
 {
     if (n > tl_cap) {
@@ -304,6 +312,8 @@ static float* scratch(size_t n)
         free(tl_buf);
         tl_buf = (float*)p;
         tl_cap = n;
+        pthread_once(&tl_once, tl_init);
+        pthread_setspecific(tl_key, p);
     }
     return tl_buf;
 }

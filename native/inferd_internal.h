@@ -53,7 +53,10 @@ INFERD_INLINE float exp_core_ps(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    const int e = ((int)n + 127) << 23;
+    /* NaN in, NaN out through p; its exponent is built from 0 instead, since converting NaN to int is undefined
+       (and a negative int must not be shifted) */
+    const float nn = n == n ? n : 0.0f;
+    const unsigned e = (unsigned)((int)nn + 127) << 23;
     float scale;
     memcpy(&scale, &e, sizeof scale);
     return p * scale;
