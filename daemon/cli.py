@@ -80,6 +80,12 @@ def cmd_info(args: argparse.Namespace) -> int:
             "inputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.inputs],
             "outputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.outputs],
             "nodes": len(model.graph.nodes), "memory_bytes": model.memory_bytes, "kernels": model.kernels}
+    if model.device == "cpu":
+        from . import native
+
+        info["native"] = {"available": native.AVAILABLE, "threads": native.num_threads(),
+                          "gemm_isa": {-1: "none", 0: "baseline", 1: "avx2", 2: "avx512"}.get(native.gemm_isa(), "?"),
+                          "scratch_bytes": native.native_scratch_bytes()}
     print(json.dumps(info, indent=2))
     return 0
 
