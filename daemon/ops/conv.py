@@ -599,8 +599,8 @@ class ConvDirect(Kernel):
 
 @register_kernel
 class ConvIm2col(_ConvKernelBase):
-    """Native im2col per image, then W (G, Cout/G, Cin/G*kh*kw) @ col (G, Cin/G*kh*kw, OH*OW) written straight
-    into the output. Workspace: the column matrix of one image."""
+    """Native im2col per image, then W (G, Cout/G, Cin/G*kh*kw) @ col (G, Cin/G*kh*kw, OH*OW) on the native GEMM,
+    written straight into the output. Workspace: the column matrix of one image."""
 
     name = "im2col"
     ops = ("Conv",)
@@ -648,8 +648,9 @@ class ConvIm2col(_ConvKernelBase):
 
 @register_kernel
 class Conv1x1(_ConvKernelBase):
-    """1x1 kernel, zero pads: W (G, Cout/G, Cin/G) @ x (G, Cin/G, H*W) per image, no im2col. A stride s > 1
-    first copies the strided pixels into a workspace (BLAS needs unit-stride rows)."""
+    """1x1 kernel, zero pads: W (G, Cout/G, Cin/G) @ x (G, Cin/G, H*W) per image on the native GEMM (weights
+    packed at load, bias / residual / activation in its store), no im2col. A stride s > 1 first copies the
+    strided pixels into a workspace."""
 
     name = "conv1x1"
     ops = ("Conv",)
@@ -714,8 +715,9 @@ class Conv1x1(_ConvKernelBase):
 
 @register_kernel
 class ConvDepthwise(_ConvKernelBase):
-    """group == Cin > 1 and Cout = mult * Cin: native C loops (3x3 taps held in registers; others tap by tap),
-    split over channels on the thread pool. Bias is added in the same pass."""
+    """group == Cin > 1 and Cout = mult * Cin: native C, channels split over the native pool. Maps up to 1024
+    output pixels take a 16-channel blocked form (channels in vector lanes), larger ones per-channel loops
+    over a zero-padded plane. Bias and the activation are applied in the same pass."""
 
     name = "depthwise"
     ops = ("Conv",)
@@ -898,7 +900,8 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
 
     F(4,3) does 2.25 multiplies per output and input channel against F(2,3)'s 4, but its transforms cost more
     per pixel and its 36 weight matrices are bigger, so it needs enough channels (cin*cout) and enough tiles per
-    image (p43). Warm times, one thread, AMD EPYC (Zen 4), OpenBLAS, ms (im2col / F(2,3) / F(4,3)):
+    image (p43). Measured with OpenBLAS, one thread, AMD EPYC (Zen 4), ms (im2col / F(2,3) / F(4,3)); re-checked
+    on the native GEMM (two threads), where the same rule still picks the best or one within ~10%:
       64@56 2.7/1.64/1.32, 48@56 1.64/1.02/0.88, 32@56 0.81/0.50/0.53, 128@28 2.48/1.48/1.24,
       64@28 0.70/0.45/0.51, 256@14 2.65/1.55/2.16, 192->256@14 1.87/1.23/1.21, 512@7 3.13/3.14/6.64,
       256@7 0.76/0.63/0.94, 16->32@28 0.123/0.122/0.152, 8->16@56 0.148/0.150/0.177, 3->16@112 0.23/0.30/0.30.

@@ -3,12 +3,15 @@
 Both honour the fusions recorded by import: ``attrs["residual"]`` (the node's LAST input is added
 to the product, after Gemm's bias) and then ``attrs["act"]``.
 
-CPU kernels (all write the product straight into the arena buffer with ``np.matmul(..., out=)``):
-  * ``gemm`` (default, warm-fastest): constant B stored as C-contiguous (K, N) with ``alpha`` folded
-    in; measured with numpy's OpenBLAS, ``x @ W[K,N]`` beats ``x @ W[N,K].T`` by up to 40 % for
-    batched FC layers and by 5-10 % at batch 1;
-  * ``gemm_nt`` (Gemm with transB=1 only, cold-start friendly): B kept as exported, no transpose
-    in ``transform``;
+CPU kernels (all write the product straight into the arena buffer):
+  * ``gemm_packed`` (default for float32 with a constant 2-D weight): inferd's native GEMM, the weight
+    prepacked at load, bias / residual / native activation applied in its store;
+  * ``matmul_native`` (default for float32 MatMul of two activations, e.g. attention): the native GEMM with
+    both operands packed per call;
+  * ``gemm``: numpy's ``matmul(..., out=)`` with constant B stored as C-contiguous (K, N), ``alpha`` folded in
+    (any dtype; the fallback where the native kernels do not apply);
+  * ``gemm_nt`` (Gemm with transB=1 only, cold-start friendly): B kept as exported, no transpose in
+    ``transform``;
   * ``reference``: the OpSpec's numpy reference.
 """
 from __future__ import annotations
