@@ -562,13 +562,20 @@ def gemm_pack_a(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if not AVAILABLE:
         out[...] = numpy_gemm_pack_a(a.astype(F32, copy=False))
         return out
-    if a.dtype == F32 and a.size:  # any strides: the C side reads element (m, k) at a[m*lda_m + k*lda_k]
+    _pack_into(lib.inferd_gemm_pack_a, a, out)
+    return out
+
+
+def _pack_into(pack: Any, a: np.ndarray, out: np.ndarray) -> None:
+    """Call a C packer ``pack(src, stride0, stride1, dim0, dim1, dst)`` on a 2-D ``a``: float32 views are read
+    in place through their strides, anything else through a contiguous float32 copy."""
+    r, c = a.shape
+    if a.dtype == F32 and a.size:
         s = _strides_of(a)
-        lib.inferd_gemm_pack_a(_rawptr(a), s[0], s[1], m, k, _ptr(out))
+        pack(_rawptr(a), s[0], s[1], r, c, _ptr(out))
     else:
         ac = np.ascontiguousarray(a, dtype=F32)
-        lib.inferd_gemm_pack_a(_ptr(ac), k, 1, m, k, _ptr(out))
-    return out
+        pack(_ptr(ac), c, 1, r, c, _ptr(out))
 
 
 def gemm_unpack_a(ap: np.ndarray, m: int) -> np.ndarray:
@@ -748,12 +755,7 @@ def gemm_pack_b(b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         full[:, :n] = b
         out[...] = full.reshape(k, out.shape[0], GEMM_NBP).transpose(1, 0, 2)
         return out
-    if b.dtype == F32 and b.size:  # any strides: the C side reads element (k, n) at b[k*bsk + n*bsn]
-        s = _strides_of(b)
-        lib.inferd_gemm_pack_b(_rawptr(b), s[0], s[1], k, n, _ptr(out))
-    else:
-        bc = np.ascontiguousarray(b, dtype=F32)
-        lib.inferd_gemm_pack_b(_ptr(bc), n, 1, k, n, _ptr(out))
+    _pack_into(lib.inferd_gemm_pack_b, b, out)
     return out
 
 

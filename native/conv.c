@@ -864,13 +864,6 @@ static void gelu_range(float* y, long long n, int approx)
    Each splits its channel axis over inferd's pool (pool.c) into a few chunks per thread; small jobs stay
    on the calling thread. A chunk reports failure (out of memory) through the shared flag. */
 
-static int chunks_for(long long C, double work)
-{
-    const int t = inferd_pool_threads();
-    if (t <= 1 || work < 32768.0 || C < 2) return 1;
-    return (int)(C < 4LL * t ? C : 4LL * t);
-}
-
 #define CH_LO(C, n, t) ((int)((long long)(C) * (t) / (n)))
 
 typedef struct {
@@ -895,7 +888,7 @@ void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, 
 {
     /* split by rows of the column matrix, not by channels: a 3-channel stem has 27 or 147 rows but 3 channels */
     im2col_job j = {x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, col, 0};
-    j.n = chunks_for((long long)C * kh * kw, (double)C * kh * kw * OH * OW);
+    j.n = inferd_pool_chunks((long long)C * kh * kw, (double)C * kh * kw * OH * OW);
     inferd_parallel(im2col_task, &j, j.n, 0);
 }
 
@@ -923,7 +916,7 @@ int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y,
                     int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW, int act, float p0, float p1)
 {
     dw_job j = {x, w, bias, y, C, mult, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, act, p0, p1, 0, 0};
-    j.n = chunks_for(C, (double)C * mult * OH * OW * kh * kw);
+    j.n = inferd_pool_chunks(C, (double)C * mult * OH * OW * kh * kw);
     inferd_parallel(dw_task, &j, j.n, 0);
     return j.failed ? -1 : 0;
 }
@@ -951,7 +944,7 @@ int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, i
                           const float* BT, float* V, long long ldpos, long long ldc, long long p0)
 {
     wi_job j = {x, C, H, W, pt, pl, tH, tW, m, alpha, BT, V, ldpos, ldc, p0, 0, 0};
-    j.n = chunks_for(C, (double)C * tH * tW * alpha * alpha);
+    j.n = inferd_pool_chunks(C, (double)C * tH * tW * alpha * alpha);
     inferd_parallel(wi_task, &j, j.n, 0);
     return j.failed ? -1 : 0;
 }
@@ -979,7 +972,7 @@ int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, in
                            const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0)
 {
     wo_job j = {Mw, Cout, OH, OW, tH, tW, m, alpha, AT, bias, y, ldpos, ldc, p0, 0, 0};
-    j.n = chunks_for(Cout, (double)Cout * OH * OW * alpha);
+    j.n = inferd_pool_chunks(Cout, (double)Cout * OH * OW * alpha);
     inferd_parallel(wo_task, &j, j.n, 0);
     return j.failed ? -1 : 0;
 }
@@ -1009,7 +1002,7 @@ void inferd_bias_act(float* y, long long ldy, const float* bias, const float* re
                      int act, float p0, float p1)
 {
     ba_job j = {y, ldy, bias, res, ldr, C, HW, act, p0, p1, 0};
-    j.n = chunks_for(C, (double)C * HW * (act == 4 || act == 5 ? 8 : 1));
+    j.n = inferd_pool_chunks(C, (double)C * HW * (act == 4 || act == 5 ? 8 : 1));
     inferd_parallel(ba_task, &j, j.n, 0);
 }
 

@@ -98,4 +98,10 @@ INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0
 #undef INFERD_INPLACE_LOOP
 }
 
+/* How many tasks to split `items` independent pieces (channels, rows, planes) into, for about `work` element
+   operations in all: one below ~32k (a hand-off costs more than it saves), else a few per pool thread so idle
+   threads can take over a slow one's share. Defined in pool.c. */
+int inferd_pool_chunks(long long items, double work);
+
+
 #endif

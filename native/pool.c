@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "inferd_internal.h"
 #include "inferd_native.h"
 
 #define OPEN_BIT (1ULL << 32)
@@ -216,4 +217,11 @@ void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long
         if ((k & 1023) == 0) sched_yield(); /* the worker we wait for may be queued on this very core */
     }
     pthread_mutex_unlock(&P.submit);
+}
+
+int inferd_pool_chunks(long long items, double work)
+{
+    const int t = P.nthreads;
+    if (t <= 1 || items < 2 || work < 32768.0) return 1;
+    return (int)(items < 4LL * t ? items : 4LL * t);
 }

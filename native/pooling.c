@@ -99,9 +99,7 @@ int inferd_pool2d(const float* x, float* y, int planes, int H, int W, int kh, in
                   int pt, int pl, int OH, int OW, int is_max, const float* inv_count)
 {
     pool_job j = {x, y, planes, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, is_max, inv_count, 1, 0};
-    const int t = inferd_pool_threads();
-    const double work = (double)planes * OH * OW * kh * kw;
-    if (t > 1 && work >= 65536.0 && planes > 1) j.n = planes < 4 * t ? planes : 4 * t;
+    j.n = inferd_pool_chunks(planes, (double)planes * OH * OW * kh * kw);
     inferd_parallel(pool_task, &j, j.n, 0);
     return j.failed ? -1 : 0;
 }

@@ -116,22 +116,16 @@ static void rows_task(void* p, long long t)
         layernorm_rows(j->x, j->y, r0, r1, j->n, j->g, j->b, j->eps);
 }
 
-static int rows_chunks(long long rows, long long n)
-{
-    const int t = inferd_pool_threads();
-    if (t <= 1 || rows < 2 || rows * n < 16384) return 1;
-    return (int)(rows < 4LL * t ? rows : 4LL * t);
-}
 
 void inferd_softmax(const float* x, float* y, long long rows, long long n, int log_)
 {
-    rows_job j = {x, y, rows, n, NULL, NULL, 0.0f, 0, log_, rows_chunks(rows, n)};
+    rows_job j = {x, y, rows, n, NULL, NULL, 0.0f, 0, log_, inferd_pool_chunks(rows, (double)rows * n)};
     inferd_parallel(rows_task, &j, j.chunks, 0);
 }
 
 void inferd_layernorm(const float* x, float* y, long long rows, long long n, const float* g, const float* b, float eps)
 {
-    rows_job j = {x, y, rows, n, g, b, eps, 1, 0, rows_chunks(rows, n)};
+    rows_job j = {x, y, rows, n, g, b, eps, 1, 0, inferd_pool_chunks(rows, (double)rows * n)};
     inferd_parallel(rows_task, &j, j.chunks, 0);
 }
 
@@ -175,6 +169,6 @@ static void red_task(void* p, long long t)
 
 void inferd_reduce_rows(const float* x, float* y, long long rows, long long n, int is_max)
 {
-    red_job j = {x, y, rows, n, is_max, rows_chunks(rows, n)};
+    red_job j = {x, y, rows, n, is_max, inferd_pool_chunks(rows, (double)rows * n)};
     inferd_parallel(red_task, &j, j.chunks, 0);
 }
