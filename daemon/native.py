@@ -104,12 +104,6 @@ def claim_cores() -> None:
             log.debug("could not limit BLAS threads: %s", exc)
 
 
-def parallel_for(n: int, fn: Callable[[int, int], None], min_chunk: int = 1, work: float = 0.0) -> None:
-    """Run ``fn(0, n)``. The native entry points split their channels over the native pool themselves, so
-    the Python side stays on one thread (kept as the one place to change should that ever differ)."""
-    fn(0, n)
-
-
 if AVAILABLE:
     lib.inferd_pool_set_threads(_threads)
 
@@ -164,13 +158,7 @@ def im2col(x: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, 
         return numpy_im2col(x, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, out)
     _check(x, "x")
     _check(out, "out")
-    rows = kh * kw * oh * ow
-
-    def part(lo: int, hi: int) -> None:
-        lib.inferd_im2col(_ptr(x[lo:hi]), hi - lo, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
-                          _ptr(out[lo * kh * kw: hi * kh * kw]))
-
-    parallel_for(c, part, work=c * rows)
+    lib.inferd_im2col(_ptr(x), c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, _ptr(out))
     return out
 
 
@@ -201,11 +189,8 @@ def col2im(col: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
     _check(col, "col")
     _check(out, "out")
 
-    def part(lo: int, hi: int) -> None:
-        lib.inferd_col2im(_ptr(col[lo * kh * kw: hi * kh * kw]), hi - lo, h, w, kh, kw, sh, sw, dh, dw, pt, pl,
-                          oh, ow, _ptr(out[lo:hi]))
-
-    parallel_for(c, part, work=col.size)
+    lib.inferd_col2im(_ptr(col), c, h, w, kh, kw, sh, sw, dh, dw, pt, pl,
+                      oh, ow, _ptr(out))
     return out
 
 
@@ -251,14 +236,11 @@ def dwconv2d(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndar
     mult = cm // c
     _, oh, ow = out.shape
 
-    def part(lo: int, hi: int) -> None:
-        if lib.inferd_dwconv2d(_ptr(x[lo:hi]), _ptr(w[lo * mult: hi * mult]),
-                               ffi.NULL if bias is None else _ptr(bias[lo * mult: hi * mult]),
-                               _ptr(out[lo * mult: hi * mult]), hi - lo, mult, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
-                               oh, ow, code, p0, p1) != 0:
-            raise MemoryError("dwconv2d: out of memory")
-
-    parallel_for(c, part, work=out.size * kh * kw)
+    if lib.inferd_dwconv2d(_ptr(x), _ptr(w),
+                           ffi.NULL if bias is None else _ptr(bias),
+                           _ptr(out), c, mult, h, wd, kh, kw, sh, sw, dh, dw, pt, pl,
+                           oh, ow, code, p0, p1) != 0:
+        raise MemoryError("dwconv2d: out of memory")
     return out
 
 
@@ -298,12 +280,9 @@ def winograd_input(x: np.ndarray, pt: int, pl: int, th: int, tw: int, m: int, bt
         raise ValueError("winograd_input: v's last axis must be contiguous")
     ldpos, ldc = v.strides[0] // 4, v.strides[1] // 4
 
-    def part(lo: int, hi: int) -> None:
-        if lib.inferd_winograd_input(_ptr(x[lo:hi]), hi - lo, h, w, pt, pl, th, tw, m, alpha, _ptr(bt),
-                                     _rawptr(v[:, lo:hi]), ldpos, ldc, p0) != 0:
-            raise MemoryError("winograd_input: out of memory")
-
-    parallel_for(c, part, work=c * th * tw * alpha * alpha)
+    if lib.inferd_winograd_input(_ptr(x), c, h, w, pt, pl, th, tw, m, alpha, _ptr(bt),
+                                 _rawptr(v), ldpos, ldc, p0) != 0:
+        raise MemoryError("winograd_input: out of memory")
     return v
 
 
@@ -337,13 +316,10 @@ def winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bi
         raise ValueError("winograd_output: m's last axis must be contiguous")
     ldpos, ldc = mw.strides[0] // 4, mw.strides[1] // 4
 
-    def part(lo: int, hi: int) -> None:
-        if lib.inferd_winograd_output(_rawptr(mw[:, lo:hi]), hi - lo, oh, ow, th, tw, m, alpha, _ptr(at),
-                                      ffi.NULL if bias is None else _ptr(bias[lo:hi]), _ptr(out[lo:hi]),
-                                      ldpos, ldc, p0) != 0:
-            raise MemoryError("winograd_output: out of memory")
-
-    parallel_for(cout, part, work=out.size * alpha)
+    if lib.inferd_winograd_output(_rawptr(mw), cout, oh, ow, th, tw, m, alpha, _ptr(at),
+                                  ffi.NULL if bias is None else _ptr(bias), _ptr(out),
+                                  ldpos, ldc, p0) != 0:
+        raise MemoryError("winograd_output: out of memory")
     return out
 
 
@@ -413,11 +389,8 @@ def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act
     ldy = y2.strides[0] // 4
     ldr = 0 if r2 is None else r2.strides[0] // 4
 
-    def part(lo: int, hi: int) -> None:
-        lib.inferd_bias_act(_rawptr(y2[lo:hi]), ldy, ffi.NULL if bias is None else _ptr(bias[lo:hi]),
-                            ffi.NULL if r2 is None else _rawptr(r2[lo:hi]), ldr, hi - lo, hw, code, p0, p1)
-
-    parallel_for(c, part, work=y.size / 4)
+    lib.inferd_bias_act(_rawptr(y2), ldy, ffi.NULL if bias is None else _ptr(bias),
+                        ffi.NULL if r2 is None else _rawptr(r2), ldr, c, hw, code, p0, p1)
     return y
 
 
@@ -449,12 +422,6 @@ def dwconv2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: 
 
 
 # --------------------------------------------------------------------------- erf / GELU
-
-_ERF_BLOCK = 4096  # elements per parallel_for unit: whole cache lines, and few enough units to split evenly
-#: Blocks per thread at least (~128k elements, ~100 us of work): on a 2-core x86 box splitting a 151k-element
-#: GELU (ViT-Tiny) over the pool measured slower (165 us) than one thread (115 us).
-_ERF_MIN_BLOCKS = 32
-
 
 def numpy_erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     try:
@@ -503,12 +470,8 @@ def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     xf, of = x.reshape(-1), out.reshape(-1)
     n = xf.size
 
-    def part(lo: int, hi: int) -> None:
-        a, b = lo * _ERF_BLOCK, min(n, hi * _ERF_BLOCK)
-        lib.inferd_erf(_ptr(xf[a:b]), _rawptr(of[a:b]), b - a)
-
-    if n:
-        parallel_for(-(-n // _ERF_BLOCK), part, min_chunk=_ERF_MIN_BLOCKS, work=n)
+    if n:  # the C side splits it over the native pool
+        lib.inferd_erf(_ptr(xf), _rawptr(of), n)
     return out
 
 
@@ -521,12 +484,8 @@ def gelu_(x: np.ndarray, approximate: bool = False) -> np.ndarray:
     n = xf.size
     flag = 1 if approximate else 0
 
-    def part(lo: int, hi: int) -> None:
-        a, b = lo * _ERF_BLOCK, min(n, hi * _ERF_BLOCK)
-        lib.inferd_gelu(_rawptr(xf[a:b]), b - a, flag)
-
-    if n:
-        parallel_for(-(-n // _ERF_BLOCK), part, min_chunk=_ERF_MIN_BLOCKS, work=n)
+    if n:  # the C side splits it over the native pool
+        lib.inferd_gelu(_rawptr(xf), n, flag)
     return x
 
 
