@@ -43,6 +43,13 @@ Act = tuple[str, tuple[float, ...]]
 NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "SiLU": 5, "HardSwish": 6, "HardSigmoid": 7}
 
 
+def native_act(act: Act | None) -> tuple[int, float, float] | None:
+    """(C code, p0, p1) of a fused activation (0 for none), or None when the C kernels do not implement it."""
+    if act is not None and act[0] not in NATIVE_ACTS:
+        return None
+    return _act_code(act)
+
+
 def _act_code(act: Act | None) -> tuple[int, float, float]:
     if act is None:
         return 0, 0.0, 0.0

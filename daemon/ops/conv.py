@@ -438,7 +438,7 @@ def _fast_info(layer: Layer) -> tuple:
         return hit[1]
     bi, ri = io_positions(layer.node)
     act = _act(layer.node)
-    code, p0, p1 = native._act_code(act) if act is None or act[0] in native.NATIVE_ACTS else (-1, 0.0, 0.0)
+    code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
     info = (bi, ri, code, p0, p1)
     if len(_INFO_CACHE) > 4096:
         _INFO_CACHE.clear()

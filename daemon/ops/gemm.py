@@ -386,15 +386,6 @@ class GemmPackedKernel(Kernel):
                     if i not in (1, c) and layer.inputs[i] is not None)
         return p * kk * nbp * 4 + (n * 4 if c is not None else 0) + extra
 
-    @staticmethod
-    def _act_code(act: Any) -> tuple[int, float, float] | None:
-        if act is None:
-            return 0, 0.0, 0.0
-        if act[0] not in native.NATIVE_ACTS:
-            return None
-        return (native.NATIVE_ACTS[act[0]], float(act[1][0]) if len(act[1]) > 0 else 0.0,
-                float(act[1][1]) if len(act[1]) > 1 else 0.0)
-
     def _res(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]
              ) -> np.ndarray | None:
         r = _residual_index(layer.node)
@@ -405,7 +396,7 @@ class GemmPackedKernel(Kernel):
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         x, y = inputs[0], outputs[0]
-        ac = self._act_code(layer.attr("act"))
+        ac = native.native_act(layer.attr("act"))
         if x is None or ac is None or not x.flags.c_contiguous or not y.flags.c_contiguous or y.ndim == 0:
             return None
         k, n = self._kn(layer)
@@ -426,7 +417,7 @@ class GemmPackedKernel(Kernel):
         y2 = yc.reshape(-1, n)
         res = self._res(layer, inputs, params)
         act = layer.attr("act")
-        fused = self._act_code(act) is not None and (
+        fused = native.native_act(act) is not None and (
             res is None or (tuple(res.shape) == tuple(y.shape) and res.dtype == np.float32))
         native.linear(x2, params["w"], n, y2, params.get("bias"),
                       np.asarray(res).reshape(-1, n) if fused and res is not None else None, act if fused else None)
