@@ -407,27 +407,6 @@ def fast_path() -> bool:
     return AVAILABLE
 
 
-def bias_act_direct(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, code: int, p0: float,
-                    p1: float) -> None:
-    """:func:`bias_act` on one thread without checks: ``y`` and ``res`` C-contiguous float32 of the same shape
-    with channels first, ``bias`` contiguous float32 (C,) or None, ``code`` an activation code (0 = none)."""
-    c = y.shape[0]
-    hw = y.size // c if c else 0
-    lib.inferd_bias_act(_ptr(y), hw, ffi.NULL if bias is None else _ptr(bias),
-                        ffi.NULL if res is None else _ptr(res), hw, c, hw, code, p0, p1)
-
-
-def dwconv2d_direct(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray, sh: int, sw: int,
-                    dh: int, dw: int, pt: int, pl: int, code: int, p0: float, p1: float) -> None:
-    """:func:`dwconv2d` on one thread without checks (all arrays C-contiguous float32 with valid shapes)."""
-    c, h, wd = x.shape
-    cm, kh, kw = w.shape
-    _, oh, ow = out.shape
-    if lib.inferd_dwconv2d(_ptr(x), _ptr(w), ffi.NULL if bias is None else _ptr(bias), _ptr(out), c, cm // c,
-                           h, wd, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, code, p0, p1) != 0:
-        raise MemoryError("dwconv2d: out of memory")
-
-
 # --------------------------------------------------------------------------- erf / GELU
 
 def numpy_erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

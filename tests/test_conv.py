@@ -257,14 +257,13 @@ FAST_SHAPES = [
 @pytest.mark.parametrize("act", ACTS, ids=[a[0] if a else "none" for a in ACTS])
 @pytest.mark.parametrize("mode", ["bias+res", "nobias+res", "placeholder+res", "bias", "dynbias"])
 def test_conv_fast_path_matches_general_path(act, mode: str, monkeypatch) -> None:
-    """conv1x1/depthwise skip the general plumbing for one contiguous image on one native thread: same results as
-    the general path and the numpy oracle, and the fast path is taken exactly when it applies."""
+    """conv1x1/depthwise bind one contiguous image to a single native call: same results as the general path and
+    the numpy oracle, and depthwise takes that call exactly when it applies."""
     calls: list[str] = []
-    for fname in ("bias_act_direct", "dwconv2d_direct"):
+    for fname in ("dwconv2d_bound",):
         real = getattr(native, fname)
         monkeypatch.setattr(native, fname,
                             lambda *a, _real=real, _name=fname: (calls.append(_name), _real(*a))[1])
-    monkeypatch.setattr(native, "_threads", 1)  # the fast path is for one native thread (the 2-core default)
     force_slow = [False]
     real_fast = native.fast_path
     monkeypatch.setattr(native, "fast_path", lambda: not force_slow[0] and real_fast())

@@ -750,16 +750,10 @@ class ConvDepthwise(_ConvKernelBase):
             outputs: Sequence[np.ndarray]) -> None:
         g = _geo2d(layer)
         assert g is not None
-        if g.n == 1:
-            f = _fast_io(layer, inputs, params, outputs[0])
-            if f is not None:
-                x, bias, res, code, p0, p1 = f
-                y3 = outputs[0].reshape(g.cout, g.oh, g.ow)
-                native.dwconv2d_direct(x.reshape(g.cin, g.h, g.w), params["w"], bias, y3, g.sh, g.sw, g.dh, g.dw,
-                                       g.pt, g.pl, 0 if res is not None else code, p0, p1)
-                if res is not None:  # the residual is added before the activation
-                    native.bias_act_direct(y3, None, res.reshape(y3.shape), code, p0, p1)
-                return
+        call = self.bind(layer, inputs, params, outputs)  # one image in the C contract: the bound call
+        if call is not None:
+            call()
+            return
         x, bias, res, act = self._common(layer, inputs, params)
         o = _Out(outputs[0])
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
