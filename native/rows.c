@@ -15,16 +15,19 @@
 
 #define LANES 16
 
-INFERD_INLINE float row_max(const float* restrict x, long long n)
+INFERD_INLINE float row_max_nan(const float* restrict x, long long n)
 {
     float m[LANES];
     for (int l = 0; l < LANES; ++l) m[l] = -INFINITY;
     long long k = 0;
     for (; k + LANES <= n; k += LANES)
-        for (int l = 0; l < LANES; ++l) m[l] = x[k + l] > m[l] ? x[k + l] : m[l];
+        for (int l = 0; l < LANES; ++l) {
+            const float v = x[k + l];
+            m[l] = ((v > m[l]) | (v != v)) ? v : m[l]; /* NaN sticks, like np.max; | not || so it vectorises */
+        }
     float r = -INFINITY;
-    for (int l = 0; l < LANES; ++l) r = m[l] > r ? m[l] : r;
-    for (; k < n; ++k) r = x[k] > r ? x[k] : r;
+    for (int l = 0; l < LANES; ++l) r = (m[l] > r || m[l] != m[l]) ? m[l] : r;
+    for (; k < n; ++k) r = (x[k] > r || x[k] != x[k]) ? x[k] : r;
     return r;
 }
 
@@ -61,7 +64,7 @@ static void softmax_rows(const float* x, float* y, long long r0, long long r1, l
     for (long long r = r0; r < r1; ++r) {
         const float* restrict xr = x + r * n;
         float* restrict yr = y + r * n;
-        const float m = row_max(xr, n);
+        const float m = row_max_nan(xr, n);
         if (m == INFINITY || m != m) { /* +inf or NaN in the row: the plain formula, as numpy gives it */
             for (long long k = 0; k < n; ++k) yr[k] = expf(xr[k] - m);
         } else {
@@ -131,21 +134,6 @@ void inferd_layernorm(const float* x, float* y, long long rows, long long n, con
 
 /* ---------------------------------------------------------------- row means / maxima (global pooling) */
 
-INFERD_INLINE float row_max_nan(const float* restrict x, long long n)
-{
-    float m[LANES];
-    for (int l = 0; l < LANES; ++l) m[l] = -INFINITY;
-    long long k = 0;
-    for (; k + LANES <= n; k += LANES)
-        for (int l = 0; l < LANES; ++l) {
-            const float v = x[k + l];
-            m[l] = ((v > m[l]) | (v != v)) ? v : m[l]; /* NaN sticks, like np.max; | not || so it vectorises */
-        }
-    float r = -INFINITY;
-    for (int l = 0; l < LANES; ++l) r = (m[l] > r || m[l] != m[l]) ? m[l] : r;
-    for (; k < n; ++k) r = (x[k] > r || x[k] != x[k]) ? x[k] : r;
-    return r;
-}
 
 INFERD_CLONES
 static void reduce_rows_range(const float* x, float* y, long long r0, long long r1, long long n, int is_max)
