@@ -98,6 +98,9 @@ INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0
 #undef INFERD_INPLACE_LOOP
 }
 
+/* max(acc, v) where a NaN on either side wins, like np.maximum; | rather than || so loops using it vectorise. */
+INFERD_INLINE float max_nan(float acc, float v) { return ((v > acc) | (v != v)) ? v : acc; }
+
 /* How many tasks to split `items` independent pieces (channels, rows, planes) into, for about `work` element
    operations in all: one below ~32k (a hand-off costs more than it saves), else a few per pool thread so idle
    threads can take over a slow one's share. Defined in pool.c. */

@@ -33,12 +33,7 @@ static int lo_out(int off, int s) { return off >= 0 ? 0 : (-off + s - 1) / s; } 
         }                                                                              \
     }
 
-/* NaN propagates, like np.maximum */
-#define POOL_MAX(acc, v)                                \
-    do {                                                \
-        const float v_ = (v);                           \
-        acc = ((v_ > acc) | (v_ != v_)) ? v_ : acc;     \
-    } while (0)
+#define POOL_MAX(acc, v) acc = max_nan(acc, (v))
 #define POOL_ADD(acc, v) acc += (v)
 
 /* The window is a box, so each output row is separable: first the kh input rows are combined element-wise

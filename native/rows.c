@@ -23,11 +23,11 @@ INFERD_INLINE float row_max_nan(const float* restrict x, long long n)
     for (; k + LANES <= n; k += LANES)
         for (int l = 0; l < LANES; ++l) {
             const float v = x[k + l];
-            m[l] = ((v > m[l]) | (v != v)) ? v : m[l]; /* NaN sticks, like np.max; | not || so it vectorises */
+            m[l] = max_nan(m[l], v);
         }
     float r = -INFINITY;
-    for (int l = 0; l < LANES; ++l) r = (m[l] > r || m[l] != m[l]) ? m[l] : r;
-    for (; k < n; ++k) r = (x[k] > r || x[k] != x[k]) ? x[k] : r;
+    for (int l = 0; l < LANES; ++l) r = max_nan(r, m[l]);
+    for (; k < n; ++k) r = max_nan(r, x[k]);
     return r;
 }
 
