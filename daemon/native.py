@@ -195,9 +195,7 @@ def col2im(col: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
         return numpy_col2im(col, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, out)
     _check(col, "col")
     _check(out, "out")
-
-    lib.inferd_col2im(_ptr(col), c, h, w, kh, kw, sh, sw, dh, dw, pt, pl,
-                      oh, ow, _ptr(out))
+    lib.inferd_col2im(_ptr(col), c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, _ptr(out))
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import onnx
@@ -360,63 +360,68 @@ def _recognise_gelu(graph: Graph, outputs: set[str]) -> None:
                 graph.nodes.remove(n)
 
 
+def _fuse_adds(graph: Graph, outputs: set[str], fuse: Callable[[Node, str, str, Node], bool]) -> None:
+    """The scan the Add fusions share: for every two-input Add without a fused activation, each operand ``a``
+    whose producer feeds only this Add is offered as ``fuse(add, a, other, producer)``; after a fusion that
+    returns True the Add is gone and its other orientation is not tried."""
+    for add in [n for n in graph.nodes if n.op == "Add"]:
+        if add.attr("act") or len(add.inputs) != 2:
+            continue
+        prods = graph.producers()
+        for k in (0, 1):
+            a, other = add.inputs[k], add.inputs[1 - k]
+            p = prods.get(a)
+            if p is None or _single_consumer(graph, a, outputs) is not add:
+                continue
+            if fuse(add, a, other, p):
+                break
+
+
 def _fuse_matmul_bias(graph: Graph, outputs: set[str]) -> None:
     """MatMul followed by Add of a per-column constant (PyTorch's Linear on 3-D tokens exports this pair) -> one
     MatMul whose third input is the bias (attr ``bias``), added in the GEMM's store like Gemm's C. Then the
     residual and activation that follow can fuse into it as well."""
-    for add in [n for n in graph.nodes if n.op == "Add"]:
-        if add.attr("act") or len(add.inputs) != 2:
-            continue
-        prods = graph.producers()
-        for k in (0, 1):
-            a, c = add.inputs[k], add.inputs[1 - k]
-            mm = prods.get(a)
-            if (mm is None or mm.op != "MatMul" or len(mm.inputs) != 2 or mm.attr("act") or mm.attr("residual")
-                    or mm.attr("bias") or c not in graph.constants
-                    or _single_consumer(graph, a, outputs) is not add):
-                continue
-            out = graph.infos[a]
-            if not np.issubdtype(out.dtype, np.floating) or len(out.shape) < 1:
-                continue
-            cv = graph.constants[c]
-            n = out.shape[-1]
-            if cv.size != n or (cv.ndim and cv.shape[-1] != n) or graph.infos[add.outputs[0]].shape != out.shape:
-                continue
-            name = f"{mm.name}.bias_fused"
-            _set_const(name, np.ascontiguousarray(cv.reshape(n), dtype=out.dtype), graph.infos, graph.constants)
-            mm.inputs = mm.inputs + [name]
-            mm.attrs["bias"] = True
-            _replace_node_output(graph, mm, add)
-            break
+
+    def fuse(add: Node, a: str, c: str, mm: Node) -> bool:
+        if (mm.op != "MatMul" or len(mm.inputs) != 2 or mm.attr("act") or mm.attr("residual") or mm.attr("bias")
+                or c not in graph.constants):
+            return False
+        out = graph.infos[a]
+        if not np.issubdtype(out.dtype, np.floating) or len(out.shape) < 1:
+            return False
+        cv = graph.constants[c]
+        n = out.shape[-1]
+        if cv.size != n or (cv.ndim and cv.shape[-1] != n) or graph.infos[add.outputs[0]].shape != out.shape:
+            return False
+        name = f"{mm.name}.bias_fused"
+        _set_const(name, np.ascontiguousarray(cv.reshape(n), dtype=out.dtype), graph.infos, graph.constants)
+        mm.inputs = mm.inputs + [name]
+        mm.attrs["bias"] = True
+        _replace_node_output(graph, mm, add)
+        return True
+
+    _fuse_adds(graph, outputs, fuse)
 
 
 def _fuse_residual(graph: Graph, outputs: set[str]) -> None:
     """Conv/Gemm/MatMul followed by Add of a same-shaped tensor: the add happens in the kernel's epilogue."""
-    for add in [n for n in graph.nodes if n.op == "Add"]:
-        if add.attr("act") or len(add.inputs) != 2:
-            continue
-        prods = graph.producers()
-        for k in (0, 1):
-            a, b = add.inputs[k], add.inputs[1 - k]
-            p = prods.get(a)
-            if (p is None or p.op not in _FUSE_RESIDUAL_INTO or p.attr("act") or p.attr("residual")
-                    or b in graph.constants or a == b):
-                continue
-            if _single_consumer(graph, a, outputs) is not add:
-                continue
-            if graph.infos[b].shape != graph.infos[add.outputs[0]].shape or graph.infos[a].shape != graph.infos[b].shape:
-                continue
-            if p.op == "Gemm" and len(p.inputs) < 3:
-                p.inputs = p.inputs + [""]  # keep the residual in a position no optional input claims
-            if p.op == "Conv" and len(p.inputs) < 3:
-                p.inputs = p.inputs + [""]
-            p.inputs.append(b)
-            p.attrs["residual"] = True
-            # the add's position is after both operands exist; run the fused node there
-            graph.nodes.remove(p)
-            graph.nodes[graph.nodes.index(add)] = p
-            p.outputs[0] = add.outputs[0]
-            break
+
+    def fuse(add: Node, a: str, b: str, p: Node) -> bool:
+        if p.op not in _FUSE_RESIDUAL_INTO or p.attr("act") or p.attr("residual") or b in graph.constants or a == b:
+            return False
+        if graph.infos[b].shape != graph.infos[add.outputs[0]].shape or graph.infos[a].shape != graph.infos[b].shape:
+            return False
+        if p.op in ("Gemm", "Conv") and len(p.inputs) < 3:
+            p.inputs = p.inputs + [""]  # keep the residual in a position no optional input claims
+        p.inputs.append(b)
+        p.attrs["residual"] = True
+        # the add's position is after both operands exist; run the fused node there
+        graph.nodes.remove(p)
+        graph.nodes[graph.nodes.index(add)] = p
+        p.outputs[0] = add.outputs[0]
+        return True
+
+    _fuse_adds(graph, outputs, fuse)
 
 
 def _fuse_activations(graph: Graph, outputs: set[str]) -> None:
