@@ -35,6 +35,15 @@ class WeightsStoreError(InferdError):
     """A weights store or compiled package is truncated, corrupted, stale or of another version."""
 
 
+class StalePackageError(WeightsStoreError):
+    """A compiled package made for another device, engine version or kernel choice: rebuild it."""
+
+
+class PackageOptionsError(WeightsStoreError):
+    """A sound package compiled with other options (batch, forced kernels) than the load asks for:
+    the caller's choice to make, so it is reported, not rebuilt behind their back."""
+
+
 class KernelError(InferdError):
     """A forced kernel does not apply to the node it was forced on, or names no kernel."""
 

@@ -1,12 +1,21 @@
-"""Compiled model package: a directory holding ``plan.bin`` (graph IR + kernel choices) and
-``weights.store`` (raw constants, and post-transformed weights of the chosen kernels).
+"""Compiled model package: a directory holding ``plan.bin`` and ``weights.store``.
 
-``inferd compile`` writes it; ``inferd.load(dir)`` reads it, taking transformed weights from the
-store instead of transforming at load (the cold-start planner decides per layer later on).
+``plan.bin`` (magic, version, sha256): the graph IR, the small constants inline, the device
+fingerprint, the profile measured on that device and the cold-start plan, which is authoritative:
+the cold runtime reads and prepares exactly what it says. ``weights.store``: every large raw
+constant, plus the transformed weights the plan reads (cold and warm kernels), written in the order
+the loaders need them.
+
+``inferd compile`` writes it; ``inferd.load(dir)`` and the daemon's package cache read it. A package
+that is damaged, or was made for another device, engine version, batch or kernel choice, is a cache
+miss: rebuilt from its source, never used.
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
+import threading
 import logging
 import os
 import platform
@@ -18,16 +27,22 @@ import msgpack
 import numpy as np
 
 from . import __version__
-from .errors import WeightsStoreError
+from dataclasses import dataclass
+
+from .backends.base import LazyConstants, transformed_key
+from .errors import PackageOptionsError, StalePackageError, WeightsStoreError
 from .fileio import atomic_write
 from .ir import Graph, Node, TensorInfo
-from .ops.base import raw_key
+from .ops.base import Layer, choose_kernel, raw_key
+from .planner.cold import cold_layers, plan_cold
+from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
+from .planner.plan import ColdPlan, PlanOptions
 from .store import StoreWriter, WeightsStore, file_sha256
 
 log = logging.getLogger(__name__)
 
 PLAN_MAGIC = b"INFDPLAN"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 _PLAN_HEAD = struct.Struct("<8sI32s")
 _EXT_NDARRAY, _EXT_TUPLE = 1, 2
 
@@ -60,43 +75,160 @@ def _uninfo(r: list[Any]) -> TensorInfo:
 
 
 def fingerprint(device: str) -> dict[str, str]:
-    return {"device": device, "machine": platform.machine(), "engine": __version__}
+    """The device a package's plan, profile and transformed weights were made for."""
+    if device == "cpu":
+        from .runtime.profiler import cpu_fingerprint
+
+        return cpu_fingerprint()
+    try:
+        from .vulkan.device import get_device
+
+        return get_device().fingerprint()
+    except Exception as e:  # no Vulkan here: the package cannot be valid for it
+        return {"backend": device, "engine": __version__, "error": f"{type(e).__name__}: {e}"}
+
+
+#: constants up to this size travel inside plan.bin (one read at open); larger ones are the loader's
+INLINE_MAX = 16 << 10
 
 
 def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: str = "cpu", batch: int = 1,
-                  kernels: dict[str, str] | None = None, transformed: bool = True) -> Path:
-    """Import ``src`` and write a package to ``out_dir``. Returns the directory."""
+                  kernels: dict[str, str] | None = None, transformed: bool = True,
+                  options: PlanOptions | None = None, loaders: int | None = None,
+                  profile: bool = True, shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+    """Import ``src``, profile it on this device, plan its cold start and write the package to ``out_dir``.
+
+    ``transformed`` False (or ``options.cache`` False) plans every layer to read raw weights. The
+    store holds every raw constant (any plan can be served from it) and the transformed weights the
+    plan reads, cold and warm kernels both, laid out in the order the loaders read them."""
     from .frontend import import_model
-    from .runtime.cpu import select_kernels
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    graph = import_model(src, batch=batch)
+    graph = import_model(src, batch=batch, shapes=shapes)
+    opt = options or PlanOptions()
+    if not transformed:
+        opt = PlanOptions(**{**opt.to_dict(), "cache": False})
+    backend = make_backend(graph, device, kernels)
+    fp = backend_fingerprint(backend, device)
+    entries = backend.candidates()
+    prof = None
+    if profile:
+        from .runtime.profiler import measure_rates
+
+        rates = measure_rates(src)
+        prof = backend_profile(backend, device, entries, graph.constants, rates, fp)
+    plan = make_plan(backend, entries, prof, opt, loaders)
     sha = file_sha256(src)
-    choice = select_kernels(graph, "cpu", kernels)
-    with StoreWriter(out / "weights.store", sha, __version__, fingerprint(device)) as w:
-        for name, arr in graph.constants.items():
-            w.add("", name, arr)
-        if transformed:
-            for layer, k in choice:
-                if not layer.const_inputs:
-                    continue
-                raw = {raw_key(i): graph.constants[layer.node.inputs[i]] for i in layer.const_inputs}
-                params = k.transform(layer, raw)
-                if all(params.get(key) is raw.get(key) for key in set(params) | set(raw)):
-                    continue  # the kernel runs on raw weights: nothing to cache
-                for key, arr in params.items():
-                    w.add(layer.name, key, np.asarray(arr), kernel=k.name, variant="transformed")
+    _write_package(out, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device, kernels)
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+    return out
+
+
+def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = None, **options: Any) -> Any:
+    """The cold backend of ``device`` for ``graph``, with nothing prepared yet."""
+    if device == "cpu":
+        from .runtime.cpu import CpuExecutor
+
+        return CpuExecutor(graph, kernels=kernels, lazy=True)
+    from .vulkan.cold import VulkanColdBackend
+
+    return VulkanColdBackend(graph, kernels=kernels, **options)
+
+
+def backend_fingerprint(backend: Any, device: str) -> dict[str, str]:
+    fp = getattr(backend, "fingerprint", None)
+    return dict(fp()) if callable(fp) else fingerprint(device)
+
+
+def backend_profile(backend: Any, device: str, entries: list[Any], constants: Any, rates: Any,
+                    fp: dict[str, str]) -> Profile:
+    prof = getattr(backend, "profile", None)
+    if callable(prof):
+        return prof(entries, rates)
+    from .runtime.profiler import profile_layers
+
+    return profile_layers(entries, constants, rates, fp, backend=device)
+
+
+def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: PlanOptions,
+              loaders: int | None = None) -> ColdPlan:
+    """The cold plan from measured costs where there are some, the roofline elsewhere. Pure but for
+    reading ``backend``'s facts."""
+    from .runtime.scheduler import default_loaders
+
+    gpu = bool(getattr(backend, "gpu", False))
+    rates = prof.rates if prof is not None else DeviceRates()
+    fallback = RooflineCost(rates, gpu=gpu)
+    cost = ProfiledCost(prof, fallback) if prof is not None else fallback
+    n = default_loaders() if loaders is None else int(loaders)
+    if not gpu:
+        n = max(0, n - 1)  # the executor thread prepares too and runs the pool's first share
+    filled = bool(getattr(backend, "pipeline_cache_filled", lambda: True)()) if gpu else True
+    layers = cold_layers(entries, cost, gpu=gpu, pipeline_cache_filled=filled, cache=options.cache)
+    return plan_cold(layers, n, backend.name, options, gpu=gpu)
+
+
+def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None, fp: dict[str, str],
+                   entries: list[Any], sha: str, src: str, batch: int, device: str,
+                   kernels: dict[str, str] | None) -> None:
+    inline = {n: a for n, a in graph.constants.items() if a.nbytes <= INLINE_MAX}
+    written: set[str] = set()
+    layers = {lp.name: (layer, k) for lp, (layer, k, _d) in zip(plan.layers, entries)}
+    by_name = {layer.name: (layer, ks) for layer, ks, _d in entries}
+
+    def transformed_params(layer: Layer, kname: str) -> dict[str, np.ndarray]:
+        k = next((k for k in by_name[layer.name][1] if k.name == kname), None) or choose_kernel(layer, device, kname)
+        raw = {raw_key(i): graph.constants[layer.node.inputs[i]] for i in layer.const_inputs}
+        return k.transform(layer, raw)
+
+    with StoreWriter(out / "weights.store", sha, __version__, fp) as w:
+        def put_raw(layer: Layer) -> None:
+            for i in layer.const_inputs:
+                n = layer.node.inputs[i]
+                if n not in inline and n not in written:
+                    w.add("", n, graph.constants[n])
+                    written.add(n)
+
+        def put_transformed(layer: Layer, kname: str) -> None:
+            tk = transformed_key(device, kname)
+            params = transformed_params(layer, kname)
+            for key, arr in params.items():
+                if isinstance(arr, np.ndarray):
+                    w.add(layer.name, key, arr, kernel=tk, variant="transformed")
+
+        # 1. what the cold run reads, in the order it needs it
+        for lp in sorted(plan.layers, key=lambda lp: (lp.ready_s, lp.index)):
+            layer = layers[lp.name][0]
+            if lp.source == "transformed":
+                put_transformed(layer, lp.kernel)
+            elif lp.source == "raw":
+                put_raw(layer)
+        # 2. every other raw constant (other plans, forced kernels), 3. the warm switch's weights
+        for n, a in graph.constants.items():
+            if n not in inline and n not in written:
+                w.add("", n, a)
+                written.add(n)
+        for lp in plan.layers:
+            if lp.warm_kernel and layers[lp.name][0].const_inputs:
+                layer = layers[lp.name][0]
+                k = choose_kernel(layer, device, lp.warm_kernel)
+                if kernel_transforms(k):
+                    put_transformed(layer, lp.warm_kernel)
     body = msgpack.packb({
-        "engine_version": __version__, "model_sha256": sha, "batch": batch, "device": device,
-        "name": graph.name, "opset": graph.opset,
+        "engine_version": __version__, "model_sha256": sha, "source": src, "batch": batch, "device": device,
+        "name": graph.name, "opset": graph.opset, "kernels": dict(kernels or {}),
         "inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
         "infos": [_info(t) for t in graph.infos.values()],
         "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes],
-        "kernels": {layer.name: k.name for layer, k in choice},
+        "inline": inline,
+        "fingerprint": fp,
+        "plan": plan.to_dict(),
+        "profile": prof.to_dict() if prof is not None else None,
     }, default=_default, use_bin_type=True)
     atomic_write(out / "plan.bin", _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
-    return out
 
 
 def read_plan(path: Path) -> dict[str, Any]:
@@ -111,74 +243,153 @@ def read_plan(path: Path) -> dict[str, Any]:
     body = data[_PLAN_HEAD.size:]
     if hashlib.sha256(body).digest() != sha:
         raise WeightsStoreError(f"{path}: plan checksum mismatch (corrupted file)")
-    return msgpack.unpackb(body, raw=False, ext_hook=_ext_hook, strict_map_key=False)
+    try:
+        d = msgpack.unpackb(body, raw=False, ext_hook=_ext_hook, strict_map_key=False)
+        ColdPlan.from_dict(d["plan"])
+        if d.get("profile") is not None:
+            Profile.from_dict(d["profile"])
+    except WeightsStoreError:
+        raise
+    except Exception as e:
+        raise WeightsStoreError(f"{path}: unreadable plan: {type(e).__name__}: {e}") from e
+    return d
+
+
+def check_fingerprint(pkg: Path, plan: dict[str, Any], current: dict[str, str]) -> None:
+    """``WeightsStoreError`` when the package was made for another device or engine version."""
+    made = plan.get("fingerprint") or {}
+    diff = sorted(k for k in set(made) | set(current) if made.get(k) != current.get(k))
+    if plan.get("engine_version") != __version__:
+        diff = ["engine"] + [d for d in diff if d != "engine"]
+    if diff:
+        what = ", ".join(f"{k}: {made.get(k)!r}, here {current.get(k)!r}" for k in diff[:4])
+        raise StalePackageError(f"{pkg}: made for another device or engine ({what})")
+
+
+@dataclass
+class OpenPackage:
+    """A package opened for a cold load: the graph (large constants still on disk), its plan and
+    profile, and the open weights store (closed by the loader when the load is done)."""
+
+    path: Path
+    graph: Graph
+    plan: ColdPlan
+    profile: Profile | None
+    store: WeightsStore
+    meta: dict[str, Any]
+
+
+def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[str, str] | None = None,
+                 current: dict[str, str] | None = None) -> OpenPackage:
+    """Validate ``pkg`` for this device and open it; ``WeightsStoreError`` (or its subclass
+    ``StalePackageError``) when it is damaged, for another model, device, engine, batch or kernels."""
+    d = read_plan(pkg / "plan.bin")
+    if int(d["batch"]) != batch:
+        raise PackageOptionsError(f"{pkg}: package compiled for batch {d['batch']}, asked for batch {batch}; "
+                                f"recompile with --batch {batch}")
+    if d.get("device") != device:
+        raise StalePackageError(f"{pkg}: package compiled for device {d.get('device')!r}, asked for {device!r}")
+    if kernels and dict(kernels) != dict(d.get("kernels") or {}):
+        raise PackageOptionsError(f"{pkg}: package planned with kernels {d.get('kernels')}, asked for {kernels}; "
+                                  f"recompile it with those --kernel options")
+    if current is not None:
+        check_fingerprint(pkg, d, current)
+    store = WeightsStore(pkg / "weights.store")
+    try:
+        if store.model_sha256 != d["model_sha256"]:
+            raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "
+                                    f"plan to {d['model_sha256'][:12]}")
+        inline: dict[str, np.ndarray] = dict(d["inline"])
+        big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}
+        nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]]
+        infos = {r[0]: _uninfo(r) for r in d["infos"]}
+        consts = LazyConstants(inline, store, big)
+        graph = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],
+                      consts, infos, int(d["opset"]))  # type: ignore[arg-type]
+        missing = [n for n in (i for nd in nodes for i in nd.inputs) if n and n not in infos]
+        if missing:
+            raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
+        plan = ColdPlan.from_dict(d["plan"])
+        if len(plan.layers) != len(nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, nodes)):
+            raise WeightsStoreError(f"{pkg}: the cold plan does not match the graph's nodes")
+        for lp in plan.layers:
+            if lp.source == "transformed" and not any(True for _ in store.find(
+                    lp.name, kernel=transformed_key(device, lp.kernel), variant="transformed")):
+                raise WeightsStoreError(f"{pkg}: the plan reads transformed weights of {lp.name!r} "
+                                        f"({lp.kernel}) that the store does not hold")
+        for n in consts:
+            if n not in inline and n not in big:
+                raise WeightsStoreError(f"{pkg}: constant {n!r} is in neither the plan nor the store")
+        prof = Profile.from_dict(d["profile"]) if d.get("profile") is not None else None
+    except BaseException:
+        store.close()
+        raise
+    return OpenPackage(pkg, graph, plan, prof, store, d)
 
 
 def load_package(pkg: Path, device: str = "cpu", batch: int = 1,
                  kernels: dict[str, str] | None = None) -> tuple[Graph, dict[str, dict[str, np.ndarray]]]:
-    """Graph and per-layer transformed params (for the layers whose stored kernel is the one chosen)."""
-    from .runtime.cpu import select_kernels
-
-    plan = read_plan(pkg / "plan.bin")
-    stale = plan["engine_version"] != __version__
-    if stale:  # transformed layouts may differ between engine versions: use the raw weights only
-        log.warning("%s was compiled by inferd %s, this is %s: transforming its weights at load", pkg,
-                    plan["engine_version"], __version__)
-    if int(plan["batch"]) != batch:
-        raise WeightsStoreError(f"{pkg}: package compiled for batch {plan['batch']}, asked for batch {batch}; "
-                                f"recompile with --batch {batch}")
-    with WeightsStore(pkg / "weights.store") as store:
-        if store.model_sha256 != plan["model_sha256"]:
-            raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "
-                                    f"plan to {plan['model_sha256'][:12]}")
-        constants = {e.tensor: store.read(e) for e in store.find("", kernel="", variant="raw")}
-        nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in plan["nodes"]]
-        graph = Graph(plan["name"], nodes, [_uninfo(r) for r in plan["inputs"]], [_uninfo(r) for r in plan["outputs"]],
-                      constants, {r[0]: _uninfo(r) for r in plan["infos"]}, int(plan["opset"]))
-        missing = [n for n in (i for nd in nodes for i in nd.inputs) if n and n not in graph.infos]
-        if missing:
-            raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
-        params: dict[str, dict[str, np.ndarray]] = {}
-        if device == "cpu" and not stale:
-            for layer, k in select_kernels(graph, "cpu", kernels):
-                ents = list(store.find(layer.name, kernel=k.name, variant="transformed"))
-                if ents:
-                    params[layer.name] = {e.tensor: store.read(e) for e in ents}
-    return graph, params
+    """Graph with every constant in memory, and no transformed params (tools that want the whole graph)."""
+    op = open_package(pkg, device=device, batch=batch, kernels=None)
+    try:
+        consts = {n: np.asarray(op.graph.constants[n]) for n in op.graph.constants}
+    finally:
+        op.store.close()
+    g = op.graph
+    return Graph(g.name, g.nodes, g.inputs, g.outputs, consts, g.infos, g.opset), {}
 
 
-def package_key(src: Path, batch: int, device: str) -> str:
+def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:
     """Cache key of a compiled package: the source file's identity (path, size, mtime) and the options.
 
     Stat-based like ccache's direct mode, so a cold load does not hash the whole model; the plan
     still records the model's sha256, and an edited file gets a new mtime, hence a new package.
     """
     st = src.stat()
-    ident = f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}|{batch}|{device}|{__version__}|{PLAN_VERSION}"
+    ident = f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}|{batch}|{device}|{__version__}|{PLAN_VERSION}|{extra}"
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
 def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
-                   device: str = "cpu") -> Path:
-    """The compiled package of ``src`` under ``cache_root``, compiled now if missing or unreadable.
-
-    A damaged or stale package is a cache miss with a warning: it is rebuilt, never trusted.
-    """
+                   device: str = "cpu", kernels: dict[str, str] | None = None,
+                   shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False) -> Path:
+    """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
+    ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt."""
     src = Path(src)
     root = Path(cache_root)
-    pkg = root / f"{src.stem}-{package_key(src, batch, device)}"
-    if (pkg / "plan.bin").is_file():
+    extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
+    pkg = root / f"{src.stem}-{package_key(src, batch, device, extra)}"
+    if (pkg / "plan.bin").is_file() and not rebuild:
         try:
             read_plan(pkg / "plan.bin")
             return pkg
         except WeightsStoreError as e:
             log.warning("compiled package %s is unusable (%s); recompiling", pkg, e)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{pkg.name}.tmp{os.getpid()}"
-    import shutil
+    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes)
 
+
+def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:
+    """Compile into a temp directory beside ``pkg`` and rename it into place."""
+    tmp = pkg.parent / f".{pkg.name}.tmp{os.getpid()}.{threading.get_ident()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    compile_model(src, tmp, device=device, batch=batch, transformed=(device == "cpu"))
-    shutil.rmtree(pkg, ignore_errors=True)
-    os.replace(tmp, pkg)
+    try:
+        compile_model(src, tmp, **kw)
+        shutil.rmtree(pkg, ignore_errors=True)
+        os.replace(tmp, pkg)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return pkg
+
+
+def rebuild_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[str, str] | None = None) -> Path:
+    """Recompile ``pkg`` in place from the ONNX file it records, if that file is still the same model."""
+    try:
+        d = read_plan(pkg / "plan.bin")
+    except WeightsStoreError as e:
+        raise WeightsStoreError(f"{pkg}: damaged and its source is unknown ({e}); compile it again") from e
+    src = Path(str(d.get("source", "")))
+    if not src.is_file() or file_sha256(src) != d.get("model_sha256"):
+        raise StalePackageError(f"{pkg}: stale or damaged, and its source {str(src)!r} is gone or changed; "
+                                f"compile it again with 'inferd compile'")
+    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels or d.get("kernels") or None)

@@ -48,7 +48,7 @@ x = np.load(x_path)
 with Client(ep, timeout=20) as c:
     assert c.is_ready()
     out = c.infer("tiny", {"input": x})
-    np.testing.assert_array_equal(out["output"], np.load(want_path))
+    np.testing.assert_allclose(out["output"], np.load(want_path), rtol=1e-5, atol=1e-6)
     try:
         c.infer("nope", x)
     except NotFound:

@@ -79,13 +79,13 @@ def test_infer_on_models_matches_local_run_and_onnxruntime(daemon: DaemonProcess
                 ref = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
                 for k in want:
                     assert got[k].dtype == want[k].dtype and got[k].shape == want[k].shape
-                    np.testing.assert_array_equal(got[k], want[k])
+                    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
                     err = np.abs(got[k] - ref[k]).max() / max(np.abs(ref[k]).max(), 1e-30)
                     assert err <= 1e-4, (name, k, err)
         # a single unnamed array goes to a single-input model; outputs are writable arrays
         x = _feeds(local_models["tiny"], rng)
         out = c.infer("tiny", next(iter(x.values())))
-        np.testing.assert_array_equal(out["output"], local_models["tiny"].run(x)["output"])
+        np.testing.assert_allclose(out["output"], local_models["tiny"].run(x)["output"], rtol=1e-5, atol=1e-6)
         out["output"][...] = 0
         # output selection
         two = _feeds(local_models["two_io"], rng)
@@ -146,9 +146,9 @@ def test_load_unload_reload_while_another_model_serves(daemon: DaemonProcess, lo
             info = c.load("mlp_small")
             assert info["state"] == "READY" and info["inputs"][0]["shape"] == [1, 64]
             feeds = _feeds(local_models["mlp_small"], rng)
-            np.testing.assert_array_equal(c.infer("mlp_small", feeds)["output"], local_models["mlp_small"].run(feeds)["output"])
+            np.testing.assert_allclose(c.infer("mlp_small", feeds)["output"], local_models["mlp_small"].run(feeds)["output"], rtol=1e-5, atol=1e-6)
             assert c.load("mlp_small", reload=True)["state"] == "READY"
-            np.testing.assert_array_equal(c.infer("mlp_small", feeds)["output"], local_models["mlp_small"].run(feeds)["output"])
+            np.testing.assert_allclose(c.infer("mlp_small", feeds)["output"], local_models["mlp_small"].run(feeds)["output"], rtol=1e-5, atol=1e-6)
             st = c.status()["models"]["mlp_small"]
             assert st["loads"] >= 3
             time.sleep(0.2)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -61,6 +61,28 @@ def select_kernels(graph: Graph, backend: str = "cpu", kernels: dict[str, str] |
     return out
 
 
+def candidate_kernels(layer: Layer, backend: str, forced: str | None, by_name: bool) -> tuple[list[Kernel], Kernel]:
+    """The kernels a planner may choose for ``layer`` and its warm default. A kernel forced by node name
+    is the only candidate; one forced by op type is where it applies. Reference-speed kernels
+    (priority >= 90) are candidates only where nothing faster applies."""
+    if forced is not None and by_name:
+        k = choose_kernel(layer, backend, forced)
+        return [k], k
+    if forced is not None:
+        named = [c for c in kernels_for(layer.op, backend) if c.name == forced]
+        if not named:
+            choose_kernel(layer, backend, forced)  # raises: names the op and the known kernels
+        if named[0].applies(layer):
+            return [named[0]], named[0]
+    default = choose_kernel(layer, backend)
+    ok = [k for k in kernels_for(layer.op, backend) if k.applies(layer)]
+    fast = [k for k in ok if k.priority < 90]
+    cands = fast if fast else ok
+    if default not in cands:
+        cands = [default] + cands
+    return cands, default
+
+
 @dataclass
 class LoadStats:
     transform_s: float = 0.0
@@ -69,11 +91,23 @@ class LoadStats:
 
 
 class CpuExecutor:
+    """The CPU backend: one arena for the activations, one bound native call per layer.
+
+    Built whole (``lazy=False``: every layer transformed and bound now) or layer by layer by the cold
+    runtime (``prepare`` from loader threads, ``execute`` in order), which is the ``ColdBackend`` contract.
+    """
+
+    name = "cpu"
+    gpu = False
+
     def __init__(self, graph: Graph, kernels: dict[str, str] | None = None,
-                 params: dict[str, dict[str, np.ndarray]] | None = None) -> None:
-        """``params`` may carry already transformed weights per layer (from a weights store)."""
+                 params: dict[str, dict[str, np.ndarray]] | None = None, *,
+                 choice: Sequence[tuple[Layer, Kernel]] | None = None, lazy: bool = False) -> None:
+        """``params`` may carry already transformed weights per layer (from a weights store); ``choice``
+        fixes the kernel per node (a cold plan's); ``lazy`` leaves the layers for ``prepare``."""
         self.graph = graph
         self.stats = LoadStats()
+        self._forced = kernels
         native.claim_cores()
         t0 = time.perf_counter()
         self.plan: MemoryPlan = plan_graph_memory(graph)
@@ -88,40 +122,72 @@ class CpuExecutor:
                 continue
             off = self.plan.offsets[root]
             self.views[name] = self.arena[off:off + info.nbytes].view(info.dtype).reshape(info.shape)
-        self.steps: list[Step] = []
-        t0 = time.perf_counter()
-        self.choice = select_kernels(graph, "cpu", kernels)
-        for layer, k in self.choice:
-            spec = op_spec(layer.op)
-            # only output 0 shares the input's memory: a node with more outputs (Dropout's mask) must run
-            alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in graph.constants
-                         and len([o for o in layer.node.outputs if o]) == 1)
-            if params is not None and layer.name in params:
-                p = params[layer.name]
-            else:
-                raw = {raw_key(i): graph.constants[layer.node.inputs[i]] for i in layer.const_inputs}
-                p = k.transform(layer, raw)
-            ins = [None if (not n or n in graph.constants) else self.views[n] for n in layer.node.inputs]
-            outs = [self.views[o] for o in layer.node.outputs if o]
-            step = Step(layer, k, ins, outs, p, alias)
-            if not alias:
-                step.bound = k.bind(layer, ins, p, outs)
-            self.steps.append(step)
-            self.stats.kernels[k.name] = self.stats.kernels.get(k.name, 0) + 1
-        self.stats.transform_s = time.perf_counter() - t0
-        self._calls = [s.call() for s in self.steps if not s.alias]
+        self.choice: list[tuple[Layer, Kernel]] = list(choice) if choice is not None else select_kernels(graph, "cpu", kernels)
+        self.steps: list[Step | None] = [None] * len(self.choice)
+        self._calls: list[Callable[[], None]] = []
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
+        if not lazy:
+            t0 = time.perf_counter()
+            for pos, (layer, _k) in enumerate(self.choice):
+                p = params.get(layer.name) if params is not None else None
+                self._build(pos, self.choice[pos][1], None if p is not None else self._raw(layer), p)
+            self.stats.transform_s = time.perf_counter() - t0
+            self.finalize()
 
-    @property
-    def memory_bytes(self) -> int:
-        return int(self.arena.nbytes + sum(a.nbytes for s in self.steps for a in s.params.values()))
+    # ------------------------------------------------------------------ the ColdBackend contract
+    def candidates(self) -> list[tuple[Layer, list[Kernel], Kernel]]:
+        out = []
+        for node in self.graph.nodes:
+            layer = Layer.of(node, self.graph)
+            forced = forced_for(layer, self._forced)
+            cands, default = candidate_kernels(layer, "cpu", forced, layer.name in (self._forced or {}))
+            out.append((layer, cands, default))
+        return out
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _raw(self, layer: Layer) -> dict[str, np.ndarray]:
+        return {raw_key(i): self.graph.constants[layer.node.inputs[i]] for i in layer.const_inputs}
+
+    def _build(self, pos: int, k: Kernel, raw: dict[str, np.ndarray] | None,
+               params: dict[str, np.ndarray] | None) -> Step:
+        layer = self.choice[pos][0]
+        graph = self.graph
+        spec = op_spec(layer.op)
+        # only output 0 shares the input's memory: a node with more outputs (Dropout's mask) must run
+        alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in graph.constants
+                     and len([o for o in layer.node.outputs if o]) == 1)
+        p = params if params is not None else k.transform(layer, raw if raw is not None else self._raw(layer))
+        ins = [None if (not n or n in graph.constants) else self.views[n] for n in layer.node.inputs]
+        outs = [self.views[o] for o in layer.node.outputs if o]
+        step = Step(layer, k, ins, outs, p, alias)
+        if not alias:
+            step.bound = k.bind(layer, ins, p, outs)
+        self.choice[pos] = (layer, k)
+        self.steps[pos] = step
+        self.stats.kernels[k.name] = self.stats.kernels.get(k.name, 0) + 1
+        return step
+
+    def prepare(self, pos: int, lp: Any, arrays: dict[str, np.ndarray]) -> dict[str, float]:
+        layer = self.choice[pos][0]
+        k = kernel_named(layer, "cpu", lp.kernel)
+        t0 = time.perf_counter()
+        if lp.source == "transformed":
+            self._build(pos, k, None, arrays)
+        else:
+            self._build(pos, k, arrays, None)
+        return {"transform_s": time.perf_counter() - t0}
+
+    def begin(self, feeds: dict[str, np.ndarray]) -> None:
         for t in self.inputs:
             np.copyto(self.views[t.name], feeds[t.name], casting="no")
-        for call in self._calls:
-            call()
+
+    def execute(self, pos: int, flush: bool = False) -> None:
+        step = self.steps[pos]
+        assert step is not None, f"layer {pos} executed before it was prepared"
+        if not step.alias:
+            step.call()()
+
+    def end(self) -> dict[str, np.ndarray]:
         res = {}
         for t in self.outputs:
             if t.name in self.graph.constants:
@@ -129,6 +195,36 @@ class CpuExecutor:
             else:
                 res[t.name] = np.array(self.views[t.name])
         return res
+
+    def finalize(self) -> None:
+        missing = [self.choice[i][0].name for i, s in enumerate(self.steps) if s is None]
+        if missing:
+            raise RuntimeError(f"layers not prepared: {missing[:5]}")
+        self._calls = [s.call() for s in self.steps if s is not None and not s.alias]
+
+    def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:
+        """Replace layer ``pos``'s kernel (the warm switch); the caller holds the model's run lock."""
+        old = self.steps[pos]
+        self._build(pos, kernel, None, params)
+        if old is not None:
+            self.stats.kernels[old.kernel.name] = self.stats.kernels.get(old.kernel.name, 1) - 1
+        self.finalize()
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.arena.nbytes + sum(a.nbytes for s in self.steps if s is not None for a in s.params.values()
+                                           if isinstance(a, np.ndarray)))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.begin(feeds)
+        for call in self._calls:
+            call()
+        return self.end()
+
+
+def kernel_named(layer: Layer, backend: str, name: str) -> Kernel:
+    """The kernel called ``name`` for ``layer``; ``KernelError`` if there is none or it does not apply."""
+    return choose_kernel(layer, backend, name)
 
 
 def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], model: str = "model") -> dict[str, np.ndarray]:

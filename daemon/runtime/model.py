@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -14,23 +13,43 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
-from ..errors import BackendError, WeightsStoreError
+from ..errors import BackendError, PackageOptionsError, WeightsStoreError
 from ..ir import Graph, TensorInfo
-from .cpu import CpuExecutor, check_feeds
+from ..planner.plan import ColdPlan, PlanOptions
+from .cpu import check_feeds
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from .cold import ColdLoad
 
 log = logging.getLogger(__name__)
 
 
 class Model:
-    """A loaded model. ``run`` is not re-entrant (one arena); the daemon serialises runs per model."""
+    """A loaded model. ``run`` is not re-entrant (one arena); the daemon serialises runs per model.
 
-    def __init__(self, name: str, graph: Graph, executor: Any, device: str, load_s: float) -> None:
+    A model loaded by a cold plan returns from ``load`` while its layers are still being prepared:
+    the first ``run`` executes each layer as soon as it is ready (``cold_stats`` then holds the
+    breakdown), and the warm switch, if the plan has one, follows in the background."""
+
+    def __init__(self, name: str, graph: Graph, executor: Any, device: str, load_s: float,
+                 cold: "ColdLoad | None" = None, on_close: Any = None,
+                 recover: "Callable[[], Model] | None" = None) -> None:
         self.name = name
         self.graph = graph
         self._exec = executor
         self.device = device
         self.load_s = load_s
         self._lock = threading.Lock()
+        self._cold = cold
+        self._on_close = on_close
+        self.plan = cold.plan if cold is not None else None
+        self.cold_stats: dict[str, Any] = {}
+        self.warm_thread: threading.Thread | None = None
+        #: rebuilds the model from a fresh package when its store turns out damaged mid-load
+        self._recover = recover
+        self._broken: BaseException | None = None
 
     @property
     def inputs(self) -> list[TensorInfo]:
@@ -55,17 +74,89 @@ class Model:
     @property
     def kernels(self) -> dict[str, str]:
         """node name -> kernel name chosen for it."""
+        names = getattr(self._exec, "kernel_names", None)
+        if isinstance(names, dict):
+            return dict(names)
         return {layer.name: k.name for layer, k in getattr(self._exec, "choice", [])}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = check_feeds(self.graph.inputs, feeds, self.name)
         with self._lock:
-            return self._exec.run(feeds)
+            if self._broken is not None:
+                raise BackendError(f"{self.name}: the model failed to load ({self._broken}); load it again")
+            cold = self._cold
+            if cold is None or cold.done:
+                return self._exec.run(feeds)
+            try:
+                out = cold.first_run(feeds)
+            except WeightsStoreError as e:
+                cold.cancel()
+                if self._recover is None:
+                    self._broken = e
+                    raise
+                log.warning("%s: %s; rebuilding its package and loading again", self.name, e)
+                self._adopt(self._recover())
+                cold = self._cold
+                assert cold is not None
+                try:
+                    out = cold.first_run(feeds)
+                except WeightsStoreError as e2:  # damaged right after a rebuild: the disk is failing
+                    cold.cancel()
+                    self._broken = e2
+                    raise
+            self._after_cold(cold)
+            return out
 
-    def close(self) -> None:
+    def _adopt(self, other: "Model") -> None:
+        """Take over ``other``'s executor and cold load (a rebuilt package), releasing ours."""
         close = getattr(self._exec, "close", None)
         if close is not None:
             close()
+        if self._on_close is not None:
+            self._on_close()
+        self.graph, self._exec, self._cold, self._on_close = other.graph, other._exec, other._cold, other._on_close
+        self.plan = other.plan
+        self._recover = None  # once: a package that is damaged again right after its rebuild is an error
+        other._on_close = None
+        other._cold = None
+
+    def wait_loaded(self) -> "Model":
+        """Finish a cold load without running (the first run then runs warm)."""
+        with self._lock:
+            cold = self._cold
+            if cold is not None and not cold.done:
+                cold.wait_loaded()
+                self._after_cold(cold)
+        return self
+
+    def _after_cold(self, cold: "ColdLoad") -> None:
+        self.cold_stats = dict(cold.stats)
+        log.info("model %s: cold %.1f ms (predicted %.1f ms)", self.name, cold.stats.get("cold_s", 0) * 1e3,
+                 cold.plan.predicted_s * 1e3)
+        from .cold import start_warm_switch
+
+        self.warm_thread = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update)
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Block until the warm switch (if any) is done; returns whether it is."""
+        th = self.warm_thread
+        if th is not None:
+            th.join(timeout)
+            return not th.is_alive()
+        return True
+
+    def close(self) -> None:
+        cold = self._cold
+        if cold is not None and not cold.done:
+            cold.cancel()
+        self.wait_warm(30)
+        with self._lock:
+            close = getattr(self._exec, "close", None)
+            if close is not None:
+                close()
+            if self._on_close is not None:
+                self._on_close()
+                self._on_close = None
 
     def __enter__(self) -> "Model":
         return self
@@ -99,52 +190,152 @@ def resolve_device(device: str) -> str:
 
 def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu", batch: int = 1,
          kernels: dict[str, str] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
-         name: str | None = None, cache_dir: str | os.PathLike | None = None, **options: Any) -> Model:
+         name: str | None = None, cache_dir: str | os.PathLike | None = None,
+         cold: PlanOptions | None = None, loaders: int | None = None, **options: Any) -> Model:
     """Load an ONNX model (or a compiled package directory) for ``device`` ('cpu', 'vulkan', 'auto').
 
     ``kernels`` forces kernels: {node name or op type: kernel name}. With ``cache_dir``, an ONNX file
-    is compiled once into a package there and later loads read the package instead (cold start).
-    """
+    is compiled once (profiled and planned on this device) into a package there and later loads read
+    the package. Every load follows a cold plan: the call returns while layers are still being
+    prepared and the first ``run`` overlaps with that preparation; ``Model.wait_loaded()`` finishes
+    the load without running. ``cold`` switches cold-start techniques off (ablations)."""
+    from ..package import cached_package
+
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    params = None
     in_memory = not isinstance(path, (str, os.PathLike))
-    if cache_dir is not None and not in_memory and Path(path).is_file():
-        # Serve from a compiled package (plan + weights store): no protobuf parse, no folding, and
-        # CPU weights already transformed. A damaged cache falls back to the ONNX file.
-        from ..package import cached_package, load_package
+    opt = cold or PlanOptions()
+    if not in_memory and Path(path).is_dir():
+        return _from_package(Path(path), dev, batch, kernels, name or Path(path).name, opt, loaders, options, t0)
+    if cache_dir is not None and not in_memory and Path(path).is_file() and _planned(dev):
+        src = Path(path)
 
-        pkg = None
+        def rebuild() -> Path:
+            return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=shapes,
+                                  rebuild=True)
         try:
-            pkg = cached_package(path, Path(cache_dir), batch=batch, device=dev)
-            graph, params = load_package(pkg, device=dev, batch=batch, kernels=kernels)
-            return _make(name or Path(path).stem, graph, params, dev, kernels, t0, options)
+            pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=shapes)
+            return _from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0, rebuild)
         except WeightsStoreError as e:
             log.warning("package cache for %s unusable (%s); loading the ONNX file", path, e)
-            if pkg is not None:  # drop it so that the next load recompiles
-                shutil.rmtree(pkg, ignore_errors=True)
-    if not in_memory and Path(path).is_dir():
+    from ..frontend import import_model
+
+    graph = import_model(path, batch=batch, shapes=shapes)
+    mname = name or (graph.name if in_memory else Path(path).stem)
+    if not _planned(dev):
+        return _legacy_vulkan(mname, graph, kernels, t0, options)
+    return _planned_model(mname, graph, dev, kernels, opt, loaders, options, t0, None, None)
+
+
+def _planned(dev: str) -> bool:
+    """Whether ``dev`` has a cold backend (the Vulkan one may be absent from this build)."""
+    if dev == "cpu":
+        return True
+    try:
+        from ..vulkan import cold as _vcold  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _legacy_vulkan(mname: str, graph: Graph, kernels: dict[str, str] | None, t0: float,
+                   options: dict[str, Any]) -> Model:
+    try:
+        from ..vulkan.device import get_device
+        from ..vulkan.executor import VulkanModel
+    except ImportError as e:
+        raise BackendError(f"the Vulkan backend is not available: {e}") from e
+    ex = VulkanModel(graph, get_device(), kernels=kernels, **options)
+    return Model(mname, graph, ex, "vulkan", time.perf_counter() - t0)
+
+
+def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | None, mname: str, opt: PlanOptions,
+                  loaders: int | None, options: dict[str, Any], t0: float,
+                  rebuild: "Callable[[], Path] | None" = None) -> Model:
+    """A model from a compiled package, following its stored plan; a damaged or stale package is rebuilt
+    (from its source) once, never used."""
+    from ..package import fingerprint, open_package, rebuild_package
+
+    if not _planned(dev):
         from ..package import load_package
 
-        graph, params = load_package(Path(path), device=dev, batch=batch, kernels=kernels)
-        mname = name or Path(path).name
-    else:
-        from ..frontend import import_model
+        graph, _ = load_package(pkg, device=dev, batch=batch)
+        return _legacy_vulkan(mname, graph, kernels, t0, options)
+    current = fingerprint(dev)
+    try:
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current)
+    except PackageOptionsError:
+        raise
+    except WeightsStoreError as e:
+        log.warning("compiled package %s is unusable (%s); rebuilding it", pkg, e)
+        pkg = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current)
+    plan = op.plan
+    if opt != plan.options:
+        plan = _replan(op, dev, kernels, opt, loaders, options)
+    model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op)
 
-        graph = import_model(path, batch=batch, shapes=shapes)
-        mname = name or (graph.name if in_memory else Path(path).stem)
-    return _make(mname, graph, params, dev, kernels, t0, options)
+    def recover() -> Model:
+        fresh = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
+        return _from_package(fresh, dev, batch, kernels, mname, opt, loaders, options, time.perf_counter())
+    if rebuild is not None or _has_source(pkg):
+        model._recover = recover
+    return model
 
 
-def _make(mname: str, graph: Graph, params: dict[str, dict[str, np.ndarray]] | None, dev: str,
-          kernels: dict[str, str] | None, t0: float, options: dict[str, Any]) -> Model:
-    if dev == "cpu":
-        ex = CpuExecutor(graph, kernels=kernels, params=params)
-    else:
-        try:
-            from ..vulkan.device import get_device
-            from ..vulkan.executor import VulkanModel
-        except ImportError as e:
-            raise BackendError(f"the Vulkan backend is not available: {e}") from e
-        ex = VulkanModel(graph, get_device(), kernels=kernels, **options)
-    return Model(mname, graph, ex, dev, time.perf_counter() - t0)
+def _has_source(pkg: Path) -> bool:
+    """Whether ``pkg`` records an ONNX file that still exists (so a damaged store can be rebuilt)."""
+    from ..package import read_plan
+
+    try:
+        return Path(str(read_plan(pkg / "plan.bin").get("source", ""))).is_file()
+    except WeightsStoreError:
+        return False
+
+
+def _replan(op: Any, dev: str, kernels: dict[str, str] | None, opt: PlanOptions, loaders: int | None,
+            options: dict[str, Any]) -> "ColdPlan":
+    """A plan for other options from the package's profile, limited to what its store holds."""
+    from ..backends.base import WeightSource
+    from ..package import make_backend, make_plan
+
+    backend = make_backend(op.graph, dev, kernels, **options)
+    try:
+        entries = backend.candidates()
+        plan = make_plan(backend, entries, op.profile, opt, loaders)
+        ws = WeightSource(op.graph.constants, op.store, dev)
+        if any(lp.source == "transformed" and not ws.has_transformed(lp.name, lp.kernel) for lp in plan.layers):
+            # the store holds another plan's transformed weights: read raw where it has none
+            plan = make_plan(backend, entries, op.profile, PlanOptions(**{**opt.to_dict(), "cache": False}), loaders)
+            plan = plan.with_options(**{"cache": opt.cache})
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    return plan
+
+
+def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] | None, opt: PlanOptions,
+                   loaders: int | None, options: dict[str, Any], t0: float, plan: "ColdPlan | None",
+                   op: Any) -> Model:
+    from ..backends.base import WeightSource
+    from ..package import make_backend, make_plan
+    from .cold import ColdLoad
+
+    backend = make_backend(graph, dev, kernels, **options)
+    try:
+        entries = backend.candidates()
+        if plan is None:
+            # from memory there is no store of transformed weights: every layer transforms at load
+            plan = make_plan(backend, entries, None, PlanOptions(**{**opt.to_dict(), "cache": False}), loaders)
+        ws = WeightSource(graph.constants, op.store if op is not None else None, dev)
+        cold = ColdLoad(backend, plan, ws, mname, [e[0] for e in entries])
+    except BaseException:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+        if op is not None:
+            op.store.close()
+        raise
+    on_close = op.store.close if op is not None else None
+    return Model(mname, graph, backend, dev, time.perf_counter() - t0, cold=cold, on_close=on_close)

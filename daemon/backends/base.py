@@ -1,0 +1,168 @@
+"""The backend contract of the cold runtime, and where a layer's weights come from.
+
+The planners and the scheduler know nothing of numpy kernels or Vulkan: they see a
+:class:`ColdBackend`, which for every layer (a position in graph order) can
+
+* list its candidate kernels and the warm default (what the planner chooses among),
+* ``prepare`` it from the arrays the loader read (transform if the plan reads raw weights, place
+  them, create its GPU pipeline): called from loader threads, concurrently for different layers,
+* ``execute`` it in order during the first run (``flush``: the next layer is not prepared yet, so a
+  GPU should submit what it has recorded),
+
+plus ``begin``/``end`` around the first run and ``finalize`` once everything is prepared (the warm
+path). ``swap`` replaces one layer's kernel between runs (the warm switch).
+
+A :class:`WeightSource` reads the bytes a layer's plan entry says: raw constants or the kernel's
+transformed weights, from a compiled package's store or from an in-memory graph.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from ..errors import WeightsStoreError
+from ..ops.base import Kernel, Layer, raw_key
+
+if TYPE_CHECKING:
+    from ..planner.plan import LayerPlan
+    from ..store import Entry, WeightsStore
+
+
+class ColdBackend(Protocol):
+    name: str
+    gpu: bool
+
+    def candidates(self) -> list[tuple[Layer, list[Kernel], Kernel]]:
+        """Per graph node: its layer, the kernels the planner may choose, the warm default."""
+        ...
+
+    def prepare(self, pos: int, lp: "LayerPlan", arrays: dict[str, np.ndarray]) -> dict[str, float]:
+        """Bring layer ``pos`` up with kernel ``lp.kernel`` from ``arrays`` (raw constants by ``raw_key``
+        when ``lp.source`` is 'raw', the kernel's params when 'transformed'). Returns phase seconds
+        (``transform_s``, ``pipeline_s``)."""
+        ...
+
+    def begin(self, feeds: Mapping[str, np.ndarray]) -> None: ...
+
+    def execute(self, pos: int, flush: bool) -> None: ...
+
+    def end(self) -> dict[str, np.ndarray]: ...
+
+    def finalize(self) -> None: ...
+
+    def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None: ...
+
+
+def transformed_key(backend: str, kernel: str) -> str:
+    """The store's ``kernel`` field of a transformed entry: kernels of different backends may share a name."""
+    return f"{backend}/{kernel}"
+
+
+class LazyConstants(Mapping[str, np.ndarray]):
+    """A graph's constants whose large values stay in the weights store until someone asks.
+
+    Small constants (shapes, biases) come inline with the plan; a large one is read on first access
+    (thread-safe: one read per name) and kept until ``drop``. The cold loader reads what its plan says
+    through the store directly, so the whole weight set never sits here twice."""
+
+    def __init__(self, inline: dict[str, np.ndarray], store: "WeightsStore | None",
+                 entries: Mapping[str, "Entry"]) -> None:
+        self._inline = inline
+        self._store = store
+        self._entries = dict(entries)
+        self._cache: dict[str, np.ndarray] = {}
+        self._locks: dict[str, threading.Lock] = {n: threading.Lock() for n in self._entries}
+        self.read_bytes = 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        a = self._inline.get(name)
+        if a is not None:
+            return a
+        a = self._cache.get(name)
+        if a is not None:
+            return a
+        if name not in self._entries:
+            raise KeyError(name)
+        with self._locks[name]:
+            a = self._cache.get(name)
+            if a is None:
+                if self._store is None:
+                    raise WeightsStoreError(f"constant {name!r} is not in memory and no weights store is open")
+                a = self._store.read(self._entries[name])
+                self.read_bytes += a.nbytes
+                self._cache[name] = a
+        return a
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._inline or name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._inline
+        yield from (n for n in self._entries if n not in self._inline)
+
+    def __len__(self) -> int:
+        return len(self._inline) + sum(1 for n in self._entries if n not in self._inline)
+
+    def is_inline(self, name: str) -> bool:
+        return name in self._inline
+
+    def drop(self, name: str) -> None:
+        self._cache.pop(name, None)
+
+    def info_nbytes(self, name: str) -> int:
+        if name in self._inline:
+            return int(self._inline[name].nbytes)
+        return int(self._entries[name].size)
+
+
+class WeightSource:
+    """Reads a layer's planned representation. ``store`` None: everything comes from ``constants``."""
+
+    def __init__(self, constants: Mapping[str, np.ndarray], store: "WeightsStore | None" = None,
+                 backend: str = "cpu") -> None:
+        self.constants = constants
+        self.store = store
+        self.backend = backend
+
+    def has_transformed(self, layer: str, kernel: str) -> bool:
+        if self.store is None:
+            return False
+        return any(True for _ in self.store.find(layer, kernel=transformed_key(self.backend, kernel), variant="transformed"))
+
+    def raw(self, layer: Layer) -> dict[str, np.ndarray]:
+        return {raw_key(i): self.constants[layer.node.inputs[i]] for i in layer.const_inputs}
+
+    def transformed(self, layer: Layer, kernel: str) -> dict[str, np.ndarray]:
+        if self.store is None:
+            raise WeightsStoreError(f"layer {layer.name!r}: transformed weights planned but no weights store is open")
+        ents = list(self.store.find(layer.name, kernel=transformed_key(self.backend, kernel), variant="transformed"))
+        if not ents:
+            raise WeightsStoreError(f"{self.store.path}: no transformed weights of layer {layer.name!r} for kernel "
+                                    f"{self.backend}/{kernel}")
+        return {e.tensor: self.store.read(e) for e in ents}
+
+    def read(self, layer: Layer, lp: "LayerPlan") -> tuple[dict[str, np.ndarray], float]:
+        """The arrays ``lp`` says to read, and the seconds the read took."""
+        t0 = time.perf_counter()
+        if lp.source == "transformed":
+            arrays = self.transformed(layer, lp.kernel)
+        else:
+            arrays = self.raw(layer)
+        return arrays, time.perf_counter() - t0
+
+    def release_raw(self, layer: Layer, still_needed: Sequence[str] = ()) -> None:
+        """Forget raw values read lazily for ``layer`` (they were transformed; memory counts)."""
+        drop = getattr(self.constants, "drop", None)
+        if drop is None:
+            return
+        for i in layer.const_inputs:
+            n = layer.node.inputs[i]
+            if n not in still_needed:
+                drop(n)
+
+
+def describe(obj: Any) -> str:
+    return type(obj).__name__

@@ -1,0 +1,178 @@
+"""Costs of a layer's cold-start and warm phases, per (layer, kernel), behind one interface.
+
+The planners ask a :class:`CostModel` for the seconds one phase of one layer takes with one kernel
+on this device. Three sources stand behind it, in order of trust:
+
+* ``profiled``: measured on this device by :mod:`inferd.runtime.profiler` (at ``inferd compile`` and
+  at a model's first registration in the daemon), stored in the compiled package;
+* ``predicted``: a latency predictor (the predictor work plugs in here through the same protocol);
+* ``roofline``: FLOPs and bytes at the device's rates: never zero, always flagged, so a model with no
+  profile still gets a plan.
+
+Everything here is data and arithmetic: no I/O, no timing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from ..ops.base import Kernel, Layer
+
+#: The phases the cold-start planner schedules. ``read_raw``/``read_transformed``: bytes from the
+#: weights store into memory (checksum included); ``transform``: raw -> the kernel's layout;
+#: ``pipeline_empty``/``pipeline_filled``: GPU pipeline creation with an empty / a filled
+#: ``VkPipelineCache``; ``exec``: one warm execution; ``exec_first``: the first one (page faults,
+#: first dispatch).
+PHASES = ("read_raw", "read_transformed", "transform", "pipeline_empty", "pipeline_filled", "exec", "exec_first")
+SOURCES = ("profiled", "predicted", "roofline")
+
+
+@dataclass(frozen=True)
+class Cost:
+    seconds: float
+    source: str  # one of SOURCES
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """Rates the roofline estimate uses; defaults are deliberately modest (a small ARM board), the
+    profiler replaces them with measured ones."""
+
+    flops: float = 20e9           # sustained FLOP/s of the whole executor (all its threads)
+    mem_bw: float = 4e9           # bytes/s for memory-bound layers and weight transforms
+    disk_bw: float = 200e6        # bytes/s reading a file that is not in the page cache
+    crc_bw: float = 2e9           # bytes/s of the store's checksum
+    per_read_s: float = 50e-6     # fixed cost of one read request
+    per_step_s: float = 5e-6      # fixed cost of one layer (dispatch, Python)
+    pipeline_empty_s: float = 5e-3   # one GPU pipeline from an empty cache
+    pipeline_filled_s: float = 2e-4  # ... from a filled one
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(getattr(self, k)) for k in self.__dataclass_fields__}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, float]) -> "DeviceRates":
+        known = DeviceRates.__dataclass_fields__
+        return DeviceRates(**{k: float(v) for k, v in d.items() if k in known})
+
+
+def kernel_transforms(k: Kernel) -> bool:
+    """Whether ``k`` changes its weights' layout (else raw and transformed are the same bytes)."""
+    return type(k).transform is not Kernel.transform
+
+
+def raw_nbytes(layer: Layer) -> int:
+    return int(sum(layer.inputs[i].nbytes for i in layer.const_inputs if layer.inputs[i] is not None))
+
+
+def layer_flops(layer: Layer) -> float:
+    """Multiply-adds x 2 for the layers that compute; output elements for the rest."""
+    out = layer.outputs[0] if layer.outputs else None
+    n_out = float(np.prod(out.shape)) if out is not None and out.shape else 1.0
+    if layer.op in ("Conv", "ConvTranspose") and 1 in layer.const_inputs and layer.inputs[1] is not None:
+        w = layer.inputs[1].shape
+        per = float(np.prod(w[1:])) if len(w) > 1 else 1.0
+        if layer.op == "ConvTranspose":
+            x = layer.inputs[0].shape if layer.inputs[0] is not None else (1,)
+            return 2.0 * float(np.prod(x)) * float(np.prod(w[1:]))
+        return 2.0 * n_out * per
+    if layer.op in ("Gemm", "MatMul") and len(layer.inputs) > 1 and layer.inputs[0] is not None \
+            and layer.inputs[1] is not None:
+        a, b = layer.inputs[0].shape, layer.inputs[1].shape
+        k = a[-1] if layer.op == "MatMul" or not layer.attr("transA", 0) else a[0]
+        return 2.0 * n_out * float(k if b else 1)
+    return n_out
+
+
+def io_nbytes(layer: Layer) -> int:
+    n = sum(i.nbytes for k, i in enumerate(layer.inputs) if i is not None and k not in layer.const_inputs)
+    return int(n + sum(o.nbytes for o in layer.outputs))
+
+
+class CostModel(Protocol):
+    """Seconds of ``phase`` for ``layer`` run by ``kernel``; never zero for work that exists."""
+
+    def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost: ...
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """FLOPs and bytes at the device's rates: the estimate every other source falls back to."""
+
+    rates: DeviceRates = field(default_factory=DeviceRates)
+    gpu: bool = False
+
+    def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
+        r = self.rates
+        if phase == "read_raw":
+            n = raw_nbytes(layer)
+            s = n / r.disk_bw + n / r.crc_bw + r.per_read_s * len(layer.const_inputs) if n else 0.0
+        elif phase == "read_transformed":
+            n = kernel.transformed_nbytes(layer)
+            s = n / r.disk_bw + n / r.crc_bw + r.per_read_s * max(1, len(layer.const_inputs)) if n else 0.0
+        elif phase == "transform":
+            # a layout change reads the raw bytes and writes the transformed ones, several passes for Winograd
+            n = raw_nbytes(layer) + kernel.transformed_nbytes(layer)
+            passes = 4.0 if "winograd" in kernel.name else 1.0
+            s = passes * n / r.mem_bw + r.per_step_s if kernel_transforms(kernel) and n else 0.0
+        elif phase == "pipeline_empty":
+            s = r.pipeline_empty_s if self.gpu else 0.0
+        elif phase == "pipeline_filled":
+            s = r.pipeline_filled_s if self.gpu else 0.0
+        elif phase in ("exec", "exec_first"):
+            s = max(layer_flops(layer) / r.flops, (io_nbytes(layer) + kernel.workspace_nbytes(layer)) / r.mem_bw)
+            s += r.per_step_s
+            if phase == "exec_first":
+                s *= 1.5  # first touch of outputs and workspaces
+        else:
+            raise KeyError(f"unknown cost phase {phase!r}; known: {PHASES}")
+        return Cost(float(s), "roofline")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured costs of one model on one device: ``(layer, kernel, phase) -> seconds``.
+
+    Stored in the compiled package beside the plan with the device fingerprint it was measured on;
+    a profile whose fingerprint is not this device's is stale and never used."""
+
+    backend: str
+    fingerprint: Mapping[str, str]
+    rates: DeviceRates
+    times: Mapping[tuple[str, str, str], float]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"backend": self.backend, "fingerprint": dict(self.fingerprint), "rates": self.rates.to_dict(),
+                "times": [[a, b, c, float(v)] for (a, b, c), v in sorted(self.times.items())]}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, object]) -> "Profile":
+        times = {(str(r[0]), str(r[1]), str(r[2])): float(r[3]) for r in d["times"]}  # type: ignore[union-attr]
+        return Profile(str(d["backend"]), dict(d["fingerprint"]), DeviceRates.from_dict(d["rates"]),  # type: ignore[arg-type]
+                       times)
+
+    def merged(self, observed: Mapping[tuple[str, str, str], float], weight: float = 0.5) -> "Profile":
+        """A profile refined by what a cold run observed (exponential average per entry)."""
+        t = dict(self.times)
+        for k, v in observed.items():
+            t[k] = v if k not in t else (1 - weight) * t[k] + weight * v
+        return Profile(self.backend, self.fingerprint, self.rates, t)
+
+
+@dataclass(frozen=True)
+class ProfiledCost:
+    """Measured costs where the profile has them; ``fallback`` (predictor or roofline) elsewhere.
+
+    Read phases are derived from bytes at the measured disk rate unless measured directly, since a
+    profile measured with a warm page cache would otherwise plan for a disk that never exists."""
+
+    profile: Profile
+    fallback: CostModel
+
+    def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
+        v = self.profile.times.get((layer.name, kernel.name, phase))
+        if v is not None:
+            return Cost(max(float(v), 1e-7), "profiled")
+        return self.fallback.cost(layer, kernel, phase)

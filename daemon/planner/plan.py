@@ -1,0 +1,122 @@
+"""The cold-start plan: frozen, serialisable, the one thing the cold runtime obeys.
+
+Per layer: the kernel the first run uses, what the loader reads for it (raw weights and transform
+at load, or the kernel's transformed weights from the store), which loader thread prepares it and
+in what order, the kernel a warm switch moves it to, and the predicted times behind the choice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+#: What a loader reads for a layer: raw constants (transformed at load when the kernel needs it),
+#: the kernel's transformed weights, or nothing (the layer has no weights).
+READ_SOURCES = ("raw", "transformed", "none")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Switches of the cold-start techniques (each can be turned off for an ablation)."""
+
+    #: choose kernels for cold latency (off: the warm default kernel everywhere)
+    select: bool = True
+    #: allow reading post-transformed weights from the store (off: transform every layer at load)
+    cache: bool = True
+    #: overlap preparation with execution (off: every layer prepared before the first executes)
+    pipeline: bool = True
+    #: idle loader threads take queued preparation from busy ones at run time
+    steal: bool = True
+    #: the executor thread prepares a layer itself when it would otherwise wait for it (CPU)
+    executor_prepares: bool = True
+
+    def to_dict(self) -> dict[str, bool]:
+        return {k: bool(getattr(self, k)) for k in self.__dataclass_fields__}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "PlanOptions":
+        return PlanOptions(**{k: bool(v) for k, v in d.items() if k in PlanOptions.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    index: int          # position among the graph's nodes
+    name: str
+    op: str
+    kernel: str         # kernel of the cold (first) run
+    source: str         # one of READ_SOURCES
+    loader: int         # preparing thread: 0..loaders-1, or ``loaders`` for the executor thread
+    order: int          # position in that thread's queue
+    warm_kernel: str    # kernel after the warm switch ("" = keep ``kernel``)
+    read_s: float = 0.0
+    transform_s: float = 0.0
+    pipeline_s: float = 0.0
+    exec_s: float = 0.0
+    ready_s: float = 0.0       # predicted end of preparation
+    exec_end_s: float = 0.0    # predicted end of execution
+    cost_source: str = "roofline"
+
+    @property
+    def prep_s(self) -> float:
+        return self.read_s + self.transform_s + self.pipeline_s
+
+
+@dataclass(frozen=True)
+class ColdPlan:
+    backend: str
+    loaders: int
+    layers: tuple[LayerPlan, ...]
+    predicted_s: float          # predicted cold latency (last execution's end)
+    warm_s: float               # predicted warm latency with the warm kernels
+    read_s: float               # predicted time to read what the plan reads
+    options: PlanOptions = field(default_factory=PlanOptions)
+
+    @property
+    def executor(self) -> int:
+        """Queue index of the executor thread."""
+        return self.loaders
+
+    def queues(self) -> list[list[int]]:
+        """Per preparing thread (loaders, then the executor), the plan positions of its layers in order."""
+        qs: list[list[tuple[int, int]]] = [[] for _ in range(self.loaders + 1)]
+        for pos, lp in enumerate(self.layers):
+            qs[lp.loader].append((lp.order, pos))
+        return [[p for _, p in sorted(q)] for q in qs]
+
+    def by_name(self) -> dict[str, LayerPlan]:
+        return {lp.name: lp for lp in self.layers}
+
+    def with_options(self, **kw: bool) -> "ColdPlan":
+        return replace(self, options=replace(self.options, **kw))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "loaders": self.loaders, "predicted_s": self.predicted_s,
+                "warm_s": self.warm_s, "read_s": self.read_s, "options": self.options.to_dict(),
+                "layers": [[lp.index, lp.name, lp.op, lp.kernel, lp.source, lp.loader, lp.order, lp.warm_kernel,
+                            lp.read_s, lp.transform_s, lp.pipeline_s, lp.exec_s, lp.ready_s, lp.exec_end_s,
+                            lp.cost_source] for lp in self.layers]}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "ColdPlan":
+        layers = tuple(LayerPlan(int(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5]), int(r[6]),
+                                 str(r[7]), *(float(x) for x in r[8:14]), str(r[14])) for r in d["layers"])
+        for lp in layers:
+            if lp.source not in READ_SOURCES:
+                raise ValueError(f"layer {lp.name}: unknown read source {lp.source!r}")
+            if not 0 <= lp.loader <= int(d["loaders"]):
+                raise ValueError(f"layer {lp.name}: loader {lp.loader} outside 0..{d['loaders']}")
+        return ColdPlan(str(d["backend"]), int(d["loaders"]), layers, float(d["predicted_s"]), float(d["warm_s"]),
+                        float(d["read_s"]), PlanOptions.from_dict(d.get("options", {})))
+
+    def summary(self) -> str:
+        """One line per layer, for ``inferd info``."""
+        lines = [f"cold plan ({self.backend}, {self.loaders} loader thread(s) + executor): predicted cold "
+                 f"{self.predicted_s * 1e3:.1f} ms, warm {self.warm_s * 1e3:.1f} ms, reads {self.read_s * 1e3:.1f} ms; "
+                 f"options {self.options.to_dict()}",
+                 f"{'#':>4} {'layer':<28} {'op':<14} {'kernel':<12} {'reads':<11} {'thread':>6} "
+                 f"{'read':>7} {'xform':>7} {'pipe':>7} {'exec':>7} {'ready':>8}  warm"]
+        for lp in self.layers:
+            who = "exec" if lp.loader == self.loaders else f"L{lp.loader}"
+            lines.append(f"{lp.index:>4} {lp.name[:28]:<28} {lp.op[:14]:<14} {lp.kernel[:12]:<12} {lp.source:<11} "
+                         f"{who:>6} {lp.read_s * 1e3:7.2f} {lp.transform_s * 1e3:7.2f} {lp.pipeline_s * 1e3:7.2f} "
+                         f"{lp.exec_s * 1e3:7.2f} {lp.ready_s * 1e3:8.2f}  {lp.warm_kernel or '='}")
+        return "\n".join(lines)

@@ -1,0 +1,139 @@
+"""The cold runtime: carries out a :class:`~inferd.planner.plan.ColdPlan` on any :class:`ColdBackend`.
+
+Loading starts the plan's preparation tasks on the process's loader pool and returns at once. The
+first run executes layer i as soon as layer i's own preparation is done (the executor prepares a
+layer itself rather than wait for it when nobody has started it). After the first answer the model
+is on the warm path; where the plan's cold kernel is not the warm one, the warm switch prepares the
+warm kernels in the background and swaps them in between requests.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..backends.base import ColdBackend, WeightSource
+from ..ops.base import Kernel, Layer, choose_kernel
+from ..planner.cost import kernel_transforms
+from ..planner.plan import ColdPlan
+from .scheduler import ColdRun, loader_pool
+
+log = logging.getLogger("inferd.runtime.cold")
+
+
+class ColdLoad:
+    """One model brought up by its plan. ``first_run`` answers the first request; ``wait_loaded`` just
+    finishes the load (for callers that want a fully loaded model before any input exists)."""
+
+    def __init__(self, backend: ColdBackend, plan: ColdPlan, weights: WeightSource, name: str = "model",
+                 layers: list[Layer] | None = None) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.weights = weights
+        self.name = name
+        self.layers = layers if layers is not None else [e[0] for e in backend.candidates()]
+        if len(self.layers) != len(plan.layers):
+            raise ValueError(f"{name}: plan has {len(plan.layers)} layers, the graph {len(self.layers)}")
+        self.t0 = time.perf_counter()
+        self.run = ColdRun(plan, self._prepare, name)
+        self.done = False
+        self.stats: dict[str, Any] = {}
+        self._finalized = False
+        loader_pool().submit(self.run)
+
+    def _prepare(self, pos: int) -> Mapping[str, float]:
+        lp = self.plan.layers[pos]
+        layer = self.layers[pos]
+        arrays, read_s = self.weights.read(layer, lp) if lp.source != "none" else ({}, 0.0)
+        phases = dict(self.backend.prepare(pos, lp, arrays))
+        if lp.source == "raw":
+            self.weights.release_raw(layer)
+        phases["read_s"] = read_s
+        return phases
+
+    def _finalize(self) -> None:
+        if not self._finalized:
+            self.backend.finalize()
+            self._finalized = True
+
+    def first_run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Execute the first request as the layers become ready."""
+        run = self.run
+        t_first = time.perf_counter()
+        if not self.plan.options.pipeline:
+            run.wait_all()
+        self.backend.begin(feeds)
+        n = len(self.plan.layers)
+        for pos in range(n):
+            run.wait_ready(pos)
+            flush = pos + 1 < n and not run.ready(pos + 1)
+            t0 = time.perf_counter()
+            self.backend.execute(pos, flush)
+            run.record("execute", pos, t0, time.perf_counter())
+        out = self.backend.end()
+        self._finalize()
+        t_end = time.perf_counter()
+        self.done = True
+        self.stats = {"cold_s": round(t_end - self.t0, 6), "first_run_s": round(t_end - t_first, 6),
+                      "predicted_s": round(self.plan.predicted_s, 6), **run.breakdown()}
+        return out
+
+    def wait_loaded(self) -> None:
+        self.run.wait_all()
+        self._finalize()
+        self.done = True
+        if not self.stats:
+            self.stats = {"cold_s": round(time.perf_counter() - self.t0, 6), "predicted_s": round(self.plan.predicted_s, 6),
+                          **self.run.breakdown()}
+
+    def cancel(self) -> None:
+        self.run.cancel()
+
+    # ------------------------------------------------------------------ the warm switch
+    def warm_switches(self) -> list[tuple[int, str]]:
+        return [(pos, lp.warm_kernel) for pos, lp in enumerate(self.plan.layers) if lp.warm_kernel]
+
+    def prepare_warm(self, backend_name: str) -> list[tuple[int, Kernel, dict[str, np.ndarray]]]:
+        """The warm kernels' params of every layer whose cold kernel is not its warm one (background work)."""
+        out = []
+        for pos, kname in self.warm_switches():
+            layer = self.layers[pos]
+            k = choose_kernel(layer, backend_name, kname)
+            if self.weights.has_transformed(layer.name, kname):
+                params = self.weights.transformed(layer, kname)
+            else:
+                raw = self.weights.raw(layer)
+                params = k.transform(layer, raw) if kernel_transforms(k) else dict(raw)
+                self.weights.release_raw(layer)
+            out.append((pos, k, params))
+        return out
+
+
+def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
+                      on_done: Callable[[dict[str, Any]], None] | None = None) -> threading.Thread | None:
+    """Prepare the warm kernels on a background thread and swap them in under ``lock`` (between runs)."""
+    if not cold.warm_switches():
+        return None
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        try:
+            ready = cold.prepare_warm(backend_name)
+            t1 = time.perf_counter()
+            with lock:
+                for pos, k, params in ready:
+                    cold.backend.swap(pos, k, params)
+            info = {"warm_switch_layers": len(ready), "warm_prepare_s": round(t1 - t0, 6),
+                    "warm_swap_s": round(time.perf_counter() - t1, 6)}
+        except Exception as e:  # the cold kernels keep serving: slower, still correct
+            log.warning("%s: warm switch failed, keeping the cold kernels: %s: %s", cold.name, type(e).__name__, e)
+            info = {"warm_switch_error": f"{type(e).__name__}: {e}"}
+        if on_done is not None:
+            on_done(info)
+
+    th = threading.Thread(target=work, name=f"inferd-warm-{cold.name}", daemon=True)
+    th.start()
+    return th

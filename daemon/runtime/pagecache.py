@@ -1,0 +1,104 @@
+"""The OS page cache, for cold measurements: drop a file's cached pages, and ask how much of it is resident.
+
+``drop_caches`` (root) empties the whole cache; otherwise ``posix_fadvise(DONTNEED)`` evicts one
+file's clean pages. ``mincore`` on a mapping says which pages are resident, so a benchmark can check
+that a "cold" run really found nothing cached.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+from pathlib import Path
+from typing import Iterable
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+_libc.mincore.restype = ctypes.c_int
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.mmap.restype = ctypes.c_void_p
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.munmap.restype = ctypes.c_int
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def drop_file(path: str | os.PathLike) -> None:
+    """Evict ``path``'s clean cached pages (dirty ones are written first)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        try:
+            os.fdatasync(fd)
+        except OSError:
+            pass
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def drop_all() -> bool:
+    """Empty the whole page cache (root only). Returns whether it worked."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def drop(paths: Iterable[str | os.PathLike]) -> str:
+    """Drop ``paths`` from the cache the strongest way allowed; returns the method used."""
+    files = [p for p in _walk(paths)]
+    if drop_all():
+        return "drop_caches"
+    for f in files:
+        drop_file(f)
+    return "fadvise"
+
+
+def _walk(paths: Iterable[str | os.PathLike]) -> Iterable[Path]:
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            yield from (f for f in p.rglob("*") if f.is_file())
+        elif p.is_file():
+            yield p
+
+
+def resident_bytes(path: str | os.PathLike) -> tuple[int, int]:
+    """(resident bytes, file bytes) of ``path`` by ``mincore``."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size == 0:
+        return 0, 0
+    page = mmap.PAGESIZE
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            return 0, size
+        try:
+            n = (size + page - 1) // page
+            vec = (ctypes.c_ubyte * n)()
+            if _libc.mincore(addr, size, vec) != 0:
+                return 0, size
+            resident = sum(1 for b in vec if b & 1)
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return min(resident * page, size), size
+
+
+def resident_fraction(path: str | os.PathLike) -> float:
+    r, s = resident_bytes(path)
+    return r / s if s else 0.0
+
+
+def resident_in(paths: Iterable[str | os.PathLike]) -> int:
+    """Resident bytes over every file of ``paths`` (directories walked)."""
+    return sum(resident_bytes(f)[0] for f in _walk(paths))

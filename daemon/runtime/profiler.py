@@ -1,0 +1,158 @@
+"""Measures the cost model's entries on this device: per layer and candidate kernel, the transform
+and the warm and first execution; for the device, the rates of the disk, the checksum and memory.
+
+Runs at ``inferd compile`` and when the daemon first registers a model; what it measures is stored
+in the package as a :class:`~inferd.planner.cost.Profile` with this device's fingerprint.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..ops.base import Kernel, Layer, raw_key
+from ..planner.cost import DeviceRates, Profile, kernel_transforms
+
+log = logging.getLogger("inferd.runtime.profiler")
+
+
+def cpu_fingerprint() -> dict[str, str]:
+    """What makes CPU measurements and CPU-transformed layouts valid elsewhere: the same engine, the
+    same architecture, the same CPU model, core count and GEMM instruction set."""
+    from .. import native
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "cpu part", "hardware")):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"backend": "cpu", "engine": __version__, "machine": platform.machine(), "cpu": model,
+            "threads": str(native.num_threads()), "gemm_isa": str(native.gemm_isa())}
+
+
+def _median_time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    """(first call, median of the next ``reps``) in seconds."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return first, float(np.median(ts)) if ts else first
+
+
+def measure_rates(sample_file: str | os.PathLike | None = None) -> DeviceRates:
+    """The device's disk read rate (on ``sample_file`` with its pages dropped first), checksum and
+    memory rates, and an achieved GEMM rate for the roofline fallback."""
+    base = DeviceRates()
+    buf = np.ones(8 << 20, np.uint8)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        zlib.crc32(memoryview(buf))
+    crc_bw = 3 * buf.nbytes / max(time.perf_counter() - t0, 1e-9)
+    dst = np.empty_like(buf)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        np.copyto(dst, buf)
+    mem_bw = 3 * buf.nbytes / max(time.perf_counter() - t0, 1e-9)
+    a = np.ones((256, 256), np.float32)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        a @ a
+    flops = 4 * 2 * 256 ** 3 / max(time.perf_counter() - t0, 1e-9)
+    disk_bw = base.disk_bw
+    if sample_file is not None:
+        got = disk_read_rate(sample_file)
+        if got is not None:
+            disk_bw = got
+    return DeviceRates(flops=flops, mem_bw=mem_bw, disk_bw=disk_bw, crc_bw=crc_bw)
+
+
+def disk_read_rate(path: str | os.PathLike, limit: int = 64 << 20) -> float | None:
+    """Bytes/s reading ``path`` from disk (its cached pages dropped first); None if the file is too
+    small to say or its pages could not be dropped (then the measurement would be the page cache's)."""
+    from .pagecache import drop_file, resident_fraction
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return None
+    if size < (4 << 20):
+        return None
+    drop_file(p)
+    if resident_fraction(p) > 0.05:
+        return None
+    n = min(size, limit)
+    buf = bytearray(1 << 20)
+    mv = memoryview(buf)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        off = 0
+        while off < n:
+            got = os.preadv(fd, [mv], off)
+            if got <= 0:
+                break
+            off += got
+        dt = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    drop_file(p)
+    return off / dt if dt > 0 and off else None
+
+
+def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], constants: object,
+                   rates: DeviceRates, fingerprint: dict[str, str], backend: str = "cpu",
+                   reps: int = 3, budget_s: float = 30.0) -> Profile:
+    """Transform and execute every candidate kernel of every layer that has a choice or weights.
+
+    Layers are run alone on random inputs of their shapes. Stops measuring (leaving the rest to the
+    roofline) after ``budget_s`` so that a huge model does not hold compilation for minutes."""
+    rng = np.random.default_rng(0)
+    times: dict[tuple[str, str, str], float] = {}
+    t_start = time.perf_counter()
+    for layer, kernels, _default in entries:
+        if not layer.const_inputs and len(kernels) < 2:
+            continue  # nothing to choose and nothing to prepare: the roofline does
+        if time.perf_counter() - t_start > budget_s:
+            log.info("profiling stopped after %.1f s; remaining layers use the roofline", budget_s)
+            break
+        raw = {raw_key(i): constants[layer.node.inputs[i]] for i in layer.const_inputs}  # type: ignore[index]
+        ins: list[np.ndarray | None] = []
+        for k, info in enumerate(layer.inputs):
+            if info is None or k in layer.const_inputs:
+                ins.append(None)
+            elif np.issubdtype(info.dtype, np.floating):
+                ins.append(rng.standard_normal(info.shape).astype(info.dtype))
+            else:
+                ins.append(np.zeros(info.shape, info.dtype))
+        outs = [np.empty(o.shape, o.dtype) for o in layer.outputs]
+        for k in kernels:
+            try:
+                t0 = time.perf_counter()
+                params = k.transform(layer, raw)
+                tt = time.perf_counter() - t0
+                if kernel_transforms(k):
+                    times[(layer.name, k.name, "transform")] = tt
+                bound = k.bind(layer, ins, params, outs)
+                fn = bound if bound is not None else (lambda k=k, p=params: k.run(layer, ins, p, outs))
+                first, warm = _median_time(fn, reps)
+                times[(layer.name, k.name, "exec_first")] = first
+                times[(layer.name, k.name, "exec")] = warm
+            except Exception as e:  # a kernel that fails here is not a candidate the planner should trust
+                log.warning("profiling %s with %s failed: %s", layer.name, k.name, e)
+    return Profile(backend, fingerprint, rates, times)

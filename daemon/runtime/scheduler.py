@@ -1,0 +1,302 @@
+"""The cold runtime's scheduler: preparation tasks on loader threads, executions in order, stealing.
+
+One :class:`LoaderPool` per process (the daemon's loader threads) serves every cold load under way:
+each :class:`ColdRun` brings the plan's queues (one per planned loader, plus the executor's), and the
+pool's workers take tasks from the runs round-robin, so several cold loads share the threads fairly.
+A worker owns the queues whose index is congruent to its own; with stealing on, a worker whose
+queues are empty takes the *head* of the queue with the most predicted work left (the task the
+executor needs soonest from the thread most behind), as NNV12 describes, and the executor thread
+itself takes a task it is about to wait for if nobody has started it.
+
+Work that overlaps here releases the GIL: ``preadv``, ``zlib.crc32`` on large buffers, numpy's
+tensordot/copies and the native (cffi) packing and kernels.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..errors import InferdError
+from ..planner.plan import ColdPlan
+
+log = logging.getLogger("inferd.runtime.scheduler")
+
+PENDING, RUNNING, DONE, FAILED, CANCELLED = range(5)
+
+
+class ColdLoadError(InferdError):
+    """Preparing a layer failed during a cold load."""
+
+
+@dataclass
+class Task:
+    pos: int                    # position in the plan
+    queue: int                  # planned thread (queue index)
+    predicted_s: float
+    state: int = PENDING
+    thread: str = ""
+    t0: float = 0.0
+    t1: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    error: BaseException | None = None
+    stolen: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    """One bar of the cold timeline: ``kind`` is 'prepare', 'execute' or 'wait'."""
+
+    thread: str
+    kind: str
+    layer: str
+    t0: float
+    t1: float
+
+
+PrepareFn = Callable[[int], Mapping[str, float]]
+
+
+class ColdRun:
+    """One cold load: the plan's preparation tasks, their state, and the timeline."""
+
+    def __init__(self, plan: ColdPlan, prepare: PrepareFn, name: str = "model") -> None:
+        self.plan = plan
+        self.name = name
+        self._prepare = prepare
+        self.steal = plan.options.steal
+        self.tasks = [Task(pos, lp.loader, lp.prep_s) for pos, lp in enumerate(plan.layers)]
+        self.queues: list[list[int]] = plan.queues()
+        self._heads = [0] * len(self.queues)
+        self.cond = threading.Condition()
+        self.t_start = time.perf_counter()
+        self.events: list[Event] = []
+        self.cancelled = False
+        self._left = len(self.tasks)
+
+    # ---------------------------------------------------------------- task selection (under cond)
+    def _next_in(self, q: int) -> int | None:
+        qq = self.queues[q]
+        h = self._heads[q]
+        while h < len(qq) and self.tasks[qq[h]].state != PENDING:
+            h += 1
+        self._heads[q] = h
+        return qq[h] if h < len(qq) else None
+
+    def _left_in(self, q: int) -> float:
+        return sum(self.tasks[p].predicted_s for p in self.queues[q][self._heads[q]:] if self.tasks[p].state == PENDING)
+
+    def claim(self, worker: int, n_workers: int) -> Task | None:
+        """A pending task for pool worker ``worker``: its own queues first, then (stealing) the head of the
+        queue with the most work left, the executor's included."""
+        if self.cancelled:
+            return None
+        own = [q for q in range(self.plan.loaders) if q % max(n_workers, 1) == worker % max(n_workers, 1)]
+        for q in own:
+            p = self._next_in(q)
+            if p is not None:
+                return self._take(p, stolen=False)
+        if not self.steal:
+            return None
+        best, best_left = None, 0.0
+        for q in range(len(self.queues)):
+            p = self._next_in(q)
+            if p is None:
+                continue
+            left = self._left_in(q) + 1e-9
+            if best is None or left > best_left:
+                best, best_left = p, left
+        return self._take(best, stolen=True) if best is not None else None
+
+    def _take(self, pos: int, stolen: bool) -> Task:
+        t = self.tasks[pos]
+        t.state = RUNNING
+        t.stolen = stolen
+        return t
+
+    def has_work(self) -> bool:
+        return not self.cancelled and self._left > 0 and any(self._next_in(q) is not None for q in range(len(self.queues)))
+
+    # ---------------------------------------------------------------- doing a task
+    def run_task(self, t: Task) -> None:
+        t.thread = threading.current_thread().name
+        t.t0 = time.perf_counter()
+        try:
+            t.phases = dict(self._prepare(t.pos))
+            state = DONE
+        except BaseException as e:  # reported to the executor when it reaches this layer
+            t.error = e
+            state = FAILED
+            log.warning("%s: preparing layer %s failed: %s: %s", self.name, self.plan.layers[t.pos].name,
+                        type(e).__name__, e)
+        t.t1 = time.perf_counter()
+        with self.cond:
+            t.state = state
+            self._left -= 1
+            self.events.append(Event(t.thread, "prepare", self.plan.layers[t.pos].name, t.t0, t.t1))
+            self.cond.notify_all()
+
+    def cancel(self) -> None:
+        with self.cond:
+            self.cancelled = True
+            for t in self.tasks:
+                if t.state == PENDING:
+                    t.state = CANCELLED
+                    self._left -= 1
+            self.cond.notify_all()
+
+    # ---------------------------------------------------------------- the executor's side
+    def wait_ready(self, pos: int) -> float:
+        """Block until layer ``pos`` is prepared, preparing it on this thread if nobody has started it.
+        Returns the seconds spent waiting (not preparing)."""
+        t = self.tasks[pos]
+        with self.cond:
+            if t.state == PENDING and (self.steal or self.plan.options.executor_prepares or t.queue == self.plan.loaders):
+                self._take(pos, stolen=t.queue != self.plan.loaders)
+                mine = True
+            else:
+                mine = False
+        if mine:
+            self.run_task(t)
+        waited = 0.0
+        with self.cond:
+            if t.state in (PENDING, RUNNING):
+                w0 = time.perf_counter()
+                while t.state in (PENDING, RUNNING):
+                    self.cond.wait(0.5)
+                w1 = time.perf_counter()
+                waited = w1 - w0
+                self.events.append(Event(threading.current_thread().name, "wait", self.plan.layers[pos].name, w0, w1))
+        if t.state == FAILED:
+            lp = self.plan.layers[pos]
+            if isinstance(t.error, InferdError):  # already says what and where (a damaged store, a bad kernel)
+                raise t.error
+            raise ColdLoadError(f"{self.name}: preparing layer {lp.name!r} ({lp.op}, kernel {lp.kernel}, "
+                                f"reads {lp.source}) failed: {type(t.error).__name__}: {t.error}") from t.error
+        if t.state == CANCELLED:
+            raise ColdLoadError(f"{self.name}: the cold load was cancelled")
+        return waited
+
+    def ready(self, pos: int) -> bool:
+        return self.tasks[pos].state == DONE
+
+    def wait_all(self) -> None:
+        """Every task prepared (the executor helps with what nobody has started)."""
+        for pos in range(len(self.tasks)):
+            self.wait_ready(pos)
+
+    def record(self, kind: str, pos: int, t0: float, t1: float) -> None:
+        with self.cond:
+            self.events.append(Event(threading.current_thread().name, kind, self.plan.layers[pos].name, t0, t1))
+
+    def breakdown(self) -> dict[str, Any]:
+        """Seconds per phase summed over tasks, waiting and executing on the executor, and per-thread work."""
+        with self.cond:
+            ev = list(self.events)
+            tasks = list(self.tasks)
+        out: dict[str, Any] = {"read_s": 0.0, "transform_s": 0.0, "pipeline_s": 0.0, "execute_s": 0.0, "waiting_s": 0.0}
+        for t in tasks:
+            for k in ("read_s", "transform_s", "pipeline_s"):
+                out[k] += float(t.phases.get(k, 0.0))
+        for e in ev:
+            if e.kind == "execute":
+                out["execute_s"] += e.t1 - e.t0
+            elif e.kind == "wait":
+                out["waiting_s"] += e.t1 - e.t0
+        out["stolen"] = sum(1 for t in tasks if t.stolen)
+        out["tasks"] = len(tasks)
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+
+    def timeline(self) -> list[dict[str, Any]]:
+        with self.cond:
+            ev = list(self.events)
+        return [{"thread": e.thread, "kind": e.kind, "layer": e.layer, "t0": round(e.t0 - self.t_start, 6),
+                 "t1": round(e.t1 - self.t_start, 6)} for e in sorted(ev, key=lambda e: e.t0)]
+
+
+class LoaderPool:
+    """The process's preparing threads. Started lazily; the daemon sizes it with ``set_size``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = max(1, int(n))
+        self._runs: list[ColdRun] = []
+        self._rr = 0
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._stop = False
+
+    def _ensure(self) -> None:
+        while len(self._threads) < self.n:
+            w = len(self._threads)
+            th = threading.Thread(target=self._worker, args=(w,), name=f"inferd-loader-{w}", daemon=True)
+            self._threads.append(th)
+            th.start()
+
+    def submit(self, run: ColdRun) -> None:
+        with self._cond:
+            self._ensure()
+            self._runs.append(run)
+            self._cond.notify_all()
+
+    def _pick(self, w: int) -> tuple[ColdRun, Task] | None:
+        runs = [r for r in self._runs if not r.cancelled and r._left > 0]
+        self._runs = runs
+        if not runs:
+            return None
+        k = len(runs)
+        for j in range(k):
+            r = runs[(self._rr + j) % k]
+            with r.cond:
+                t = r.claim(w, self.n)
+            if t is not None:
+                self._rr = (self._rr + j + 1) % k
+                return r, t
+        return None
+
+    def _worker(self, w: int) -> None:
+        while True:
+            with self._cond:
+                got = None
+                while not self._stop:
+                    got = self._pick(w)
+                    if got is not None:
+                        break
+                    self._cond.wait(0.2)
+                if self._stop:
+                    return
+            assert got is not None
+            run, task = got
+            run.run_task(task)
+
+    def set_size(self, n: int) -> None:
+        with self._cond:
+            self.n = max(1, int(n))
+            self._ensure()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+
+
+_pool: LoaderPool | None = None
+_pool_lock = threading.Lock()
+
+
+def default_loaders() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, int(os.environ.get("INFERD_LOADERS", "0") or 0) or cores)
+
+
+def loader_pool() -> LoaderPool:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = LoaderPool(default_loaders())
+        return _pool
