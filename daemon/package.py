@@ -164,8 +164,8 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
     fallback = RooflineCost(rates, gpu=gpu)
     cost = ProfiledCost(prof, fallback) if prof is not None else fallback
     n = default_loaders() if loaders is None else int(loaders)
-    if not gpu:
-        n = max(0, n - 1)  # the executor thread prepares too and runs the pool's first share
+    # on the CPU the executor thread is one of the preparing threads (it prepares when it would idle)
+    n = max(0, n - 1) if not gpu else max(1, n)
     filled = bool(getattr(backend, "pipeline_cache_filled", lambda: True)()) if gpu else True
     layers = cold_layers(entries, cost, gpu=gpu, pipeline_cache_filled=filled, cache=options.cache)
     return plan_cold(layers, n, backend.name, options, gpu=gpu)
@@ -294,7 +294,7 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
                                   f"recompile it with those --kernel options")
     if current is not None:
         check_fingerprint(pkg, d, current)
-    store = WeightsStore(pkg / "weights.store")
+    store = WeightsStore(pkg / "weights.store", direct=None)
     try:
         if store.model_sha256 != d["model_sha256"]:
             raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "

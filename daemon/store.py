@@ -8,27 +8,31 @@ Layout::
     index       msgpack: model sha256, engine version, device fingerprint, entries
 
 Each entry: layer ("" for graph-level raw constants), tensor, kernel ("" for raw), variant
-("raw" | "transformed"), dtype, shape, offset, size, crc32. Raw and transformed variants of the
-same layer can live side by side. Any inconsistency raises ``WeightsStoreError``: a bad store is
-never silently read as wrong numbers.
+("raw" | "transformed"), dtype, shape, offset, size, checksum (XXH3-64 of the blob: ~25 GB/s and
+GIL-free, where zlib's CRC32 ran at ~4 GB/s and took a core from the first run while loaders read).
+Raw and transformed variants of the same layer can live side by side. Any inconsistency raises
+``WeightsStoreError``: a bad store is never silently read as wrong numbers.
+
+Reads can bypass the page cache (``O_DIRECT``: the disk's DMA lands in the destination, no copy
+through the cache, a fraction of the CPU time); blobs are block aligned for it.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import msgpack
 import numpy as np
+import xxhash
 
 from .errors import WeightsStoreError
 
 MAGIC = b"INFDWTS\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ALIGN = 4096
 _HEADER = struct.Struct("<8sIIQQ32s")  # magic, version, reserved, index offset, index size, index sha256
 
@@ -43,7 +47,7 @@ class Entry:
     shape: tuple[int, ...]
     offset: int
     size: int
-    crc32: int
+    checksum: int
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -52,6 +56,18 @@ class Entry:
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def checksum(data: Any) -> int:
+    return int(xxhash.xxh3_64_intdigest(data))
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` rounded up to ALIGN whose data starts on an ALIGN boundary (O_DIRECT)."""
+    n = _align(max(nbytes, 1))
+    raw = np.empty(n + ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % ALIGN
+    return raw[off:off + n]
 
 
 class StoreWriter:
@@ -78,7 +94,7 @@ class StoreWriter:
         a = np.ascontiguousarray(array)
         data = a.tobytes()
         e = Entry(layer, tensor, kernel, variant, a.dtype.str, tuple(int(d) for d in a.shape), self._pos,
-                  len(data), zlib.crc32(data))
+                  len(data), checksum(data))
         self._f.write(data)
         pad = _align(len(data)) - len(data)
         self._f.write(b"\0" * pad)
@@ -89,7 +105,7 @@ class StoreWriter:
 
     def close(self) -> Path:
         index = msgpack.packb({**self.meta, "entries": [
-            [e.layer, e.tensor, e.kernel, e.variant, e.dtype, list(e.shape), e.offset, e.size, e.crc32]
+            [e.layer, e.tensor, e.kernel, e.variant, e.dtype, list(e.shape), e.offset, e.size, e.checksum]
             for e in self._entries]}, use_bin_type=True)
         self._f.write(index)
         self._f.seek(0)
@@ -112,10 +128,14 @@ class StoreWriter:
 
 
 class WeightsStore:
-    """Read side. Validates header, index checksum and file length at open; each blob's crc32 on read."""
+    """Read side. Validates header, index checksum and file length at open; each blob's checksum on read.
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    ``direct``: read blobs with ``O_DIRECT`` (True), through the page cache (False), or decide by
+    whether the file is resident (None: direct when less than half of it is cached)."""
+
+    def __init__(self, path: str | os.PathLike, direct: bool | None = False) -> None:
         self.path = Path(path)
+        self._dfd = -1
         try:
             self._fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -125,6 +145,19 @@ class WeightsStore:
         except Exception:
             os.close(self._fd)
             raise
+        if direct is None:
+            from .runtime.pagecache import resident_fraction
+
+            direct = resident_fraction(self.path) < 0.5
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self._dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:  # tmpfs and some FUSE file systems refuse it: buffered reads then
+                self._dfd = -1
+
+    @property
+    def direct(self) -> bool:
+        return self._dfd >= 0
 
     def _open(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -177,15 +210,25 @@ class WeightsStore:
         if n != entry.size:
             raise WeightsStoreError(f"{self.path}: entry {entry.key} claims {entry.size} bytes for shape "
                                     f"{entry.shape} {dt.name} ({n} bytes)")
-        a = np.empty(entry.shape, dt) if out is None else out
-        if a.nbytes != entry.size or not a.flags.c_contiguous:
-            raise WeightsStoreError(f"destination for {entry.key} has {a.nbytes} bytes, entry has {entry.size}")
-        mv = memoryview(a.reshape(-1).view(np.uint8))
-        got = os.preadv(self._fd, [mv], entry.offset) if entry.size else 0
+        if out is None and self._dfd >= 0 and entry.size:
+            buf = aligned_empty(entry.size)
+            try:
+                got = os.preadv(self._dfd, [memoryview(buf)], entry.offset)
+            except OSError:  # e.g. a device with a larger logical block: fall back to the page cache
+                got = os.preadv(self._fd, [memoryview(buf[:entry.size])], entry.offset)
+            got = min(got, entry.size)
+            mv = memoryview(buf[:entry.size])
+            a = buf[:entry.size].view(dt).reshape(entry.shape)
+        else:
+            a = np.empty(entry.shape, dt) if out is None else out
+            if a.nbytes != entry.size or not a.flags.c_contiguous:
+                raise WeightsStoreError(f"destination for {entry.key} has {a.nbytes} bytes, entry has {entry.size}")
+            mv = memoryview(a.reshape(-1).view(np.uint8))
+            got = os.preadv(self._fd, [mv], entry.offset) if entry.size else 0
         if got != entry.size:
             raise WeightsStoreError(f"{self.path}: truncated weights store: {entry.key} needs {entry.size} bytes "
                                     f"at {entry.offset}, read {got}")
-        if zlib.crc32(mv) != entry.crc32:
+        if checksum(mv) != entry.checksum:
             raise WeightsStoreError(f"{self.path}: checksum mismatch in {entry.key} (corrupted weights)")
         return a
 
@@ -199,6 +242,9 @@ class WeightsStore:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._dfd >= 0:
+            os.close(self._dfd)
+            self._dfd = -1
 
     def __enter__(self) -> "WeightsStore":
         return self

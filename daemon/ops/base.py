@@ -100,6 +100,11 @@ class Kernel:
     def workspace_nbytes(self, layer: Layer) -> int:
         return 0
 
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
+        """Per-thread scratch slots ``run`` uses (slot -> float32 elements), so a loader can fault them in
+        before the first run instead of the first run paying for it."""
+        return {}
+
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         raise NotImplementedError

@@ -366,6 +366,29 @@ def release_scratch() -> None:
     _tls.bufs = {}
 
 
+def prefault_scratch(sizes: dict[int, int]) -> dict[int, np.ndarray]:
+    """Workspaces of ``sizes`` (slot -> elements) with their pages faulted in, made on any thread for
+    :func:`adopt_scratch` on the thread that will run the kernels (a VM page fault costs microseconds:
+    an 8 MB im2col buffer first touched inside the first run costs it milliseconds)."""
+    out = {}
+    for slot, n in sizes.items():
+        b = np.empty(max(int(n), 1), F32)
+        b.fill(0.0)
+        out[slot] = b
+    return out
+
+
+def adopt_scratch(bufs: dict[int, np.ndarray]) -> None:
+    """Make ``bufs`` this thread's workspaces where they are larger than what it has."""
+    mine = getattr(_tls, "bufs", None)
+    if mine is None:
+        mine = _tls.bufs = {}
+    for slot, b in bufs.items():
+        cur = mine.get(slot)
+        if cur is None or cur.size < b.size:
+            mine[slot] = b
+
+
 def _arg(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
          i: int | None) -> np.ndarray | None:
     if i is None:
@@ -620,9 +643,12 @@ class ConvIm2col(_ConvKernelBase):
                              A_FORM)
 
     def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
         g = _geo2d(layer)
         assert g is not None
-        return g.cin * g.kh * g.kw * g.oh * g.ow * 4
+        return {0: g.cin * g.kh * g.kw * g.oh * g.ow}
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -670,9 +696,12 @@ class Conv1x1(_ConvKernelBase):
         return packed_nbytes(g.group, g.cout // g.group, g.cin // g.group, A_FORM)
 
     def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
         g = _geo2d(layer)
         assert g is not None
-        return 0 if g.sh == g.sw == 1 else g.cin * g.oh * g.ow * 4
+        return {} if g.sh == g.sw == 1 else {0: g.cin * g.oh * g.ow}
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -841,6 +870,15 @@ class WinogradKernel(_ConvKernelBase):
         _, tw, band = self._tiles(g)
         return self.alpha ** 2 * (g.cin + g.cout) * band * tw * 4
 
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
+        g = _geo2d(layer)
+        assert g is not None
+        th, tw, band = self._tiles(g)
+        out = {0: self.alpha ** 2 * g.cin * band * tw, 1: self.alpha ** 2 * g.cout * band * tw}
+        if band < th:
+            out[2] = g.cout * min(g.oh, band * self.m) * g.ow
+        return out
+
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = _geo2d(layer)
         assert g is not None
@@ -978,9 +1016,12 @@ class ConvTransposeCol2im(_ConvKernelBase):
         return {**_passthrough(layer, raw), "w": np.ascontiguousarray(np.swapaxes(w, 1, 2)), **_bias_param(layer, raw)}
 
     def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
         g = _geo2d(layer)
         assert g is not None
-        return g.cout * g.kh * g.kw * g.h * g.w * 4
+        return {0: g.cout * g.kh * g.kw * g.h * g.w}
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

@@ -127,10 +127,24 @@ class Schedule:
 
 
 def _step(st: _State, c: Candidate, loaders: int, exec_blocks: bool, exec_prepares: bool,
-          pipeline: bool) -> tuple[int, float]:
-    """Place one layer's preparation and execution; returns (thread, end of preparation). Mutates ``st``."""
+          pipeline: bool, forced: int | None = None) -> tuple[int, float]:
+    """Place one layer's preparation and execution; returns (thread, end of preparation). Mutates ``st``.
+    ``forced``: the thread to prepare on (a given assignment) instead of the earliest to finish."""
     if c.prep_s <= 0.0:
         who, ready = loaders, st.t
+    elif forced is not None:
+        if forced >= loaders:  # the executor thread
+            es = max(st.t, st.disk)
+            ready = es + c.prep_s
+            st.disk = es + c.read_s
+            if exec_blocks:
+                st.t = ready
+        else:
+            rs = max(st.free[forced], st.disk)
+            ready = rs + c.prep_s
+            st.disk = rs + c.read_s
+            st.free[forced] = ready
+        who = forced
     else:
         j = min(range(loaders), key=st.free.__getitem__) if loaders else -1
         end_j = float("inf")
@@ -156,16 +170,18 @@ def _step(st: _State, c: Candidate, loaders: int, exec_blocks: bool, exec_prepar
 
 
 def simulate(layers: Sequence[ColdLayer], choice: Sequence[int], loaders: int, *, exec_blocks: bool = True,
-             exec_prepares: bool = True, pipeline: bool = True) -> Schedule:
+             exec_prepares: bool = True, pipeline: bool = True, assign: Sequence[int] | None = None) -> Schedule:
     """Predicted schedule of ``choice`` (candidate index per layer). ``exec_blocks``: the executor is a
-    CPU thread that cannot prepare while it executes (False on a GPU, whose host thread stays free)."""
+    CPU thread that cannot prepare while it executes (False on a GPU, whose host thread stays free).
+    ``assign``: a fixed preparing thread per layer (each thread works through its layers in order)."""
     st = _State([0.0] * loaders, 0.0, 0.0)
     who: list[int] = []
     ready: list[float] = []
     ends: list[float] = []
-    for layer, ci in zip(layers, choice):
+    for i, (layer, ci) in enumerate(zip(layers, choice)):
         c = layer.candidates[ci]
-        w, r = _step(st, c, loaders, exec_blocks, exec_prepares and exec_blocks, pipeline)
+        w, r = _step(st, c, loaders, exec_blocks, exec_prepares and exec_blocks, pipeline,
+                     None if assign is None else assign[i])
         who.append(w)
         ready.append(r)
         ends.append(st.t)
@@ -237,7 +253,7 @@ def _warm_choice(layers: Sequence[ColdLayer]) -> list[int]:
 
 
 def plan_nnv12(layers: Sequence[ColdLayer], loaders: int, *, exec_blocks: bool = True) -> list[int]:
-    """NNV12's choice (Algorithm 1, simplified): per layer the non-dominated candidate minimising
+    """NNV12's kernel choice (Algorithm 1, simplified): per layer the non-dominated candidate minimising
     its own preparation shared over the loaders plus its execution. Returns candidate indices."""
     out = []
     for L in layers:
@@ -245,6 +261,44 @@ def plan_nnv12(layers: Sequence[ColdLayer], loaders: int, *, exec_blocks: bool =
         best = min(nd, key=lambda c: c.prep_s / max(loaders, 1) + c.exec_s)
         out.append(L.candidates.index(best))
     return out
+
+
+def assign_nnv12(layers: Sequence[ColdLayer], choice: Sequence[int], loaders: int) -> list[int]:
+    """NNV12's placement: layer 0's preparation on the executor's core, the others spread over the
+    loaders by load (greedy least-loaded, then moves from the most to the least loaded thread while
+    that lowers the maximum), each thread working through its layers in order."""
+    n = len(layers)
+    if loaders <= 0:
+        return [0] * n  # only the executor: callers pass ``loaders`` = 0 as the executor's index
+    prep = [layers[i].candidates[choice[i]].prep_s for i in range(n)]
+    assign = [loaders] * n
+    load = [0.0] * loaders
+    for i in range(1, n):
+        j = min(range(loaders), key=load.__getitem__)
+        assign[i] = j
+        load[j] += prep[i]
+    for _ in range(4 * n):
+        hi = max(range(loaders), key=load.__getitem__)
+        lo = min(range(loaders), key=load.__getitem__)
+        best = None
+        for i in range(1, n):
+            if assign[i] == hi and load[lo] + prep[i] < load[hi]:
+                if best is None or prep[i] < prep[best]:
+                    best = i
+        if best is None:
+            break
+        assign[best] = lo
+        load[hi] -= prep[best]
+        load[lo] += prep[best]
+    return assign
+
+
+def nnv12_makespan(layers: Sequence[ColdLayer], loaders: int, *, gpu: bool = False) -> float:
+    """NNV12's plan (choice and placement) under this module's time model: the baseline to beat."""
+    nd = [ColdLayer(L.index, L.name, L.op, non_dominated(L.candidates), L.warm_kernel) for L in layers]
+    choice = plan_nnv12(nd, loaders, exec_blocks=not gpu)
+    return simulate(nd, choice, loaders, exec_blocks=not gpu, exec_prepares=False,
+                    assign=assign_nnv12(nd, choice, loaders)).makespan
 
 
 def plan_cold(layers: Sequence[ColdLayer], loaders: int, backend: str = "cpu",
@@ -261,6 +315,8 @@ def plan_cold(layers: Sequence[ColdLayer], loaders: int, backend: str = "cpu",
             cands = tuple(c for c in cands if c.source != "transformed") or cands
         if not opt.select:
             cands = tuple(c for c in cands if c.kernel == L.warm_kernel) or cands
+        if opt.force_source:
+            cands = tuple(c for c in cands if c.source in (opt.force_source, "none")) or cands
         return ColdLayer(L.index, L.name, L.op, non_dominated(cands), L.warm_kernel)
 
     use = [allowed(L) for L in layers]
@@ -278,7 +334,18 @@ def plan_cold(layers: Sequence[ColdLayer], loaders: int, backend: str = "cpu",
         # without overlap the best a layer can do is the least preparation + execution on its own
         choice = [min(range(len(L.candidates)), key=lambda i, L=L: L.candidates[i].prep_s / max(loaders, 1)
                       + L.candidates[i].exec_s) for L in use]
-    sched = simulate(use, choice, loaders, exec_blocks=exec_blocks, exec_prepares=ep, pipeline=opt.pipeline)
+    assign = None
+    if opt.pipeline and not gpu:
+        # the baseline's own placement wins now and then (it is the search's seed, not its bound)
+        base_choice = plan_nnv12(use, loaders, exec_blocks=exec_blocks)
+        base_assign = assign_nnv12(use, base_choice, loaders)
+        ours = simulate(use, choice, loaders, exec_blocks=exec_blocks, exec_prepares=ep).makespan
+        theirs = simulate(use, base_choice, loaders, exec_blocks=exec_blocks, exec_prepares=False,
+                          assign=base_assign).makespan
+        if theirs < ours:
+            choice, assign = base_choice, base_assign
+    sched = simulate(use, choice, loaders, exec_blocks=exec_blocks, exec_prepares=ep and assign is None,
+                     pipeline=opt.pipeline, assign=assign)
     counters = [0] * (loaders + 1)
     plans = []
     for i, (L, ci) in enumerate(zip(use, choice)):

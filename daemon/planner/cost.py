@@ -43,7 +43,7 @@ class DeviceRates:
     flops: float = 20e9           # sustained FLOP/s of the whole executor (all its threads)
     mem_bw: float = 4e9           # bytes/s for memory-bound layers and weight transforms
     disk_bw: float = 200e6        # bytes/s reading a file that is not in the page cache
-    crc_bw: float = 2e9           # bytes/s of the store's checksum
+    crc_bw: float = 8e9           # bytes/s of the store's checksum
     per_read_s: float = 50e-6     # fixed cost of one read request
     per_step_s: float = 5e-6      # fixed cost of one layer (dispatch, Python)
     pipeline_empty_s: float = 5e-3   # one GPU pipeline from an empty cache

@@ -28,13 +28,19 @@ class PlanOptions:
     steal: bool = True
     #: the executor thread prepares a layer itself when it would otherwise wait for it (CPU)
     executor_prepares: bool = True
+    #: after the first answer, move layers whose cold kernel is not the warm one to the warm kernel
+    warm_switch: bool = True
+    #: "" lets the planner choose each layer's read source; "raw" or "transformed" forces it wherever
+    #: the layer has that choice (tests and ablations)
+    force_source: str = ""
 
-    def to_dict(self) -> dict[str, bool]:
-        return {k: bool(getattr(self, k)) for k in self.__dataclass_fields__}
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "PlanOptions":
-        return PlanOptions(**{k: bool(v) for k, v in d.items() if k in PlanOptions.__dataclass_fields__})
+        known = PlanOptions.__dataclass_fields__
+        return PlanOptions(**{k: (str(v) if k == "force_source" else bool(v)) for k, v in d.items() if k in known})
 
 
 @dataclass(frozen=True)

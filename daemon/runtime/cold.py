@@ -9,6 +9,7 @@ warm kernels in the background and swaps them in between requests.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -42,7 +43,21 @@ class ColdLoad:
         self.done = False
         self.stats: dict[str, Any] = {}
         self._finalized = False
+        self._prefault: threading.Thread | None = None
         loader_pool().submit(self.run)
+        prefault = getattr(backend, "prefault", None)
+        if prefault is not None:
+            # its own thread: page faults of the arena and workspaces overlap the reads
+            kernels = [lp.kernel for lp in plan.layers]
+            self._prefault = threading.Thread(target=self._guard, args=(prefault, kernels),
+                                              name=f"inferd-prefault-{name}", daemon=True)
+            self._prefault.start()
+
+    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # only a speed-up: the first run faults them in itself
+            log.debug("%s: prefault failed: %s", self.name, e)
 
     def _prepare(self, pos: int) -> Mapping[str, float]:
         lp = self.plan.layers[pos]
@@ -65,6 +80,8 @@ class ColdLoad:
         t_first = time.perf_counter()
         if not self.plan.options.pipeline:
             run.wait_all()
+        if self._prefault is not None:
+            self._prefault.join()
         self.backend.begin(feeds)
         n = len(self.plan.layers)
         for pos in range(n):
@@ -83,6 +100,8 @@ class ColdLoad:
 
     def wait_loaded(self) -> None:
         self.run.wait_all()
+        if self._prefault is not None:
+            self._prefault.join()
         self._finalize()
         self.done = True
         if not self.stats:
@@ -115,10 +134,14 @@ class ColdLoad:
 def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
                       on_done: Callable[[dict[str, Any]], None] | None = None) -> threading.Thread | None:
     """Prepare the warm kernels on a background thread and swap them in under ``lock`` (between runs)."""
-    if not cold.warm_switches():
+    if not cold.warm_switches() or not cold.plan.options.warm_switch:
         return None
 
     def work() -> None:
+        try:  # idle time: requests on other threads come first (Linux: a thread's own nice value)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
         t0 = time.perf_counter()
         try:
             ready = cold.prepare_warm(backend_name)

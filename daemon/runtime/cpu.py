@@ -177,7 +177,29 @@ class CpuExecutor:
             self._build(pos, k, arrays, None)
         return {"transform_s": time.perf_counter() - t0}
 
+    def prefault(self, kernels: Sequence[str]) -> None:
+        """Fault in the arena and the first run's kernel workspaces (``kernels``: per layer, the cold
+        run's kernel) on the calling thread, off the executor's critical path; ``begin`` adopts them."""
+        from ..ops.conv import prefault_scratch
+
+        self.arena.fill(0)
+        sizes: dict[int, int] = {}
+        for (layer, _k), name in zip(self.choice, kernels):
+            try:
+                k = kernel_named(layer, "cpu", name)
+            except Exception:
+                continue  # prepare will report it
+            for slot, n in k.scratch_floats(layer).items():
+                sizes[slot] = max(sizes.get(slot, 0), n)
+        self._scratch = prefault_scratch(sizes)
+
     def begin(self, feeds: dict[str, np.ndarray]) -> None:
+        scratch = getattr(self, "_scratch", None)
+        if scratch:
+            from ..ops.conv import adopt_scratch
+
+            adopt_scratch(scratch)
+            self._scratch = None
         for t in self.inputs:
             np.copyto(self.views[t.name], feeds[t.name], casting="no")
 

@@ -1,6 +1,7 @@
 """The user-facing model object: ``inferd.load(path, device=...)``."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -271,8 +272,12 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         pkg = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
         op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current)
     plan = op.plan
-    if opt != plan.options:
+    planning = ("select", "cache", "pipeline", "executor_prepares", "force_source")
+    if any(getattr(opt, f) != getattr(plan.options, f) for f in planning) or (loaders is not None and _loaders_for(
+            dev, loaders) != plan.loaders):
         plan = _replan(op, dev, kernels, opt, loaders, options)
+    elif opt != plan.options:  # run-time switches only (stealing, warm switch)
+        plan = dataclasses.replace(plan, options=opt)
     model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op)
 
     def recover() -> Model:
@@ -281,6 +286,11 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     if rebuild is not None or _has_source(pkg):
         model._recover = recover
     return model
+
+
+def _loaders_for(dev: str, loaders: int) -> int:
+    """Loader threads a plan gets for ``loaders`` threads in all (on the CPU the executor is one of them)."""
+    return max(0, int(loaders) - 1) if dev == "cpu" else max(1, int(loaders))
 
 
 def _has_source(pkg: Path) -> bool:

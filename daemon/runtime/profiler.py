@@ -10,7 +10,6 @@ import logging
 import os
 import platform
 import time
-import zlib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,6 +18,7 @@ import numpy as np
 from .. import __version__
 from ..ops.base import Kernel, Layer, raw_key
 from ..planner.cost import DeviceRates, Profile, kernel_transforms
+from ..store import checksum
 
 log = logging.getLogger("inferd.runtime.profiler")
 
@@ -61,7 +61,7 @@ def measure_rates(sample_file: str | os.PathLike | None = None) -> DeviceRates:
     buf = np.ones(8 << 20, np.uint8)
     t0 = time.perf_counter()
     for _ in range(3):
-        zlib.crc32(memoryview(buf))
+        checksum(memoryview(buf))
     crc_bw = 3 * buf.nbytes / max(time.perf_counter() - t0, 1e-9)
     dst = np.empty_like(buf)
     t0 = time.perf_counter()

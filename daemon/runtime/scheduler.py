@@ -8,7 +8,7 @@ queues are empty takes the *head* of the queue with the most predicted work left
 executor needs soonest from the thread most behind), as NNV12 describes, and the executor thread
 itself takes a task it is about to wait for if nobody has started it.
 
-Work that overlaps here releases the GIL: ``preadv``, ``zlib.crc32`` on large buffers, numpy's
+Work that overlaps here releases the GIL: ``preadv``, the store's XXH3 checksum, numpy's
 tensordot/copies and the native (cffi) packing and kernels.
 """
 from __future__ import annotations

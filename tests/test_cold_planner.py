@@ -1,0 +1,254 @@
+"""The cold-start planner and the scheduler that carries out its plans, without any model or device.
+
+Property tests over random layer lists and costs: every plan is well formed, its predicted
+schedule respects every dependency, it is never worse than NNV12's choice or the warm default under
+the same time model, the ablation switches do what they say; and the scheduler, driving a fake
+backend with random delays, never executes a layer before its preparation is done, whatever the
+plan, the thread count or the stealing.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from inferd.planner.cold import Candidate, ColdLayer, nnv12_makespan, plan_cold
+from inferd.planner.plan import ColdPlan, LayerPlan, PlanOptions
+from inferd.runtime.scheduler import ColdRun, LoaderPool
+
+
+def random_layers(rng: random.Random, n: int) -> list[ColdLayer]:
+    layers = []
+    for i in range(n):
+        cands = []
+        if rng.random() < 0.25:  # no weights: one candidate, nothing to prepare
+            cands.append(Candidate("eltwise", "none", 0.0, 0.0, 0.0, rng.uniform(1e-5, 1e-3)))
+        else:
+            for k in range(rng.randint(1, 3)):
+                read_raw = rng.uniform(1e-5, 5e-3)
+                xform = rng.choice([0.0, rng.uniform(1e-5, 8e-3)])
+                ex = rng.uniform(1e-5, 4e-3)
+                cands.append(Candidate(f"k{k}", "raw", read_raw, xform, 0.0, ex))
+                if xform:
+                    cands.append(Candidate(f"k{k}", "transformed", read_raw * rng.uniform(0.8, 2.5), 0.0, 0.0, ex))
+        warm = min(cands, key=lambda c: c.exec_s).kernel
+        layers.append(ColdLayer(i, f"n{i}", "Conv", tuple(cands), warm))
+    return layers
+
+
+def check_schedule(plan: ColdPlan, layers: list[ColdLayer], gpu: bool = False) -> None:
+    """The predicted schedule of ``plan``: executions in order, each after its own preparation; one
+    thread prepares one layer at a time; each layer exactly once."""
+    assert [lp.index for lp in plan.layers] == list(range(len(layers)))
+    prev_end = 0.0
+    for lp in plan.layers:
+        start = lp.exec_end_s - lp.exec_s
+        assert start >= lp.ready_s - 1e-12, (lp.name, start, lp.ready_s)
+        assert start >= prev_end - 1e-12
+        prev_end = lp.exec_end_s
+        cand = [c for c in layers[lp.index].candidates if c.kernel == lp.kernel and c.source == lp.source]
+        assert cand, f"{lp.name}: planned ({lp.kernel}, {lp.source}) is not one of its candidates"
+    queues = plan.queues()
+    assert sorted(p for q in queues for p in q) == list(range(len(layers)))
+    for q, members in enumerate(queues[:plan.loaders]):
+        spans = sorted((plan.layers[p].ready_s - plan.layers[p].prep_s, plan.layers[p].ready_s) for p in members)
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 - 1e-9, f"loader {q} prepares two layers at once"
+    assert plan.predicted_s == pytest.approx(plan.layers[-1].exec_end_s if plan.layers else 0.0)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_plans_are_valid_and_never_worse_than_nnv12(seed: int) -> None:
+    rng = random.Random(seed)
+    layers = random_layers(rng, rng.randint(1, 60))
+    loaders = rng.randint(0, 4)
+    gpu = rng.random() < 0.3
+    plan = plan_cold(layers, loaders, "cpu", gpu=gpu)
+    check_schedule(plan, layers, gpu)
+    assert plan.predicted_s <= nnv12_makespan(layers, plan.loaders, gpu=gpu) * (1 + 1e-9)
+    assert ColdPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_executor_preparing_beats_nnv12_on_a_transform_bound_model() -> None:
+    # transforms dominate and there is one loader: NNV12 picks per layer in isolation and leaves the
+    # executor idle while the loader works through nine transforms; planning the whole schedule runs
+    # the first layers with the kernel that needs no transform and hides the others' transforms
+    layers = [ColdLayer(i, f"n{i}", "Conv", (Candidate("a", "raw", 5e-4, 4e-3, 0.0, 1e-3),
+                                             Candidate("b", "raw", 5e-4, 0.0, 0.0, 6e-3)), "a")
+              for i in range(10)]
+    plan = plan_cold(layers, 1)
+    assert plan.predicted_s < 0.75 * nnv12_makespan(layers, 1)
+    assert {lp.kernel for lp in plan.layers} == {"a", "b"}
+
+
+def test_reads_share_one_disk() -> None:
+    # reads dominate: however many loaders, no plan beats the time to read what it reads
+    layers = [ColdLayer(i, f"n{i}", "Conv", (Candidate("a", "raw", 4e-3, 1e-3, 0.0, 1e-3),
+                                             Candidate("a", "transformed", 6e-3, 0.0, 0.0, 1e-3)), "a")
+              for i in range(10)]
+    for loaders in (1, 2, 4):
+        plan = plan_cold(layers, loaders)
+        assert plan.predicted_s >= sum(lp.read_s for lp in plan.layers) - 1e-12
+        assert all(lp.source == "raw" for lp in plan.layers)  # smaller reads win when the disk is the limit
+
+
+def test_ablation_switches() -> None:
+    rng = random.Random(7)
+    layers = random_layers(rng, 40)
+    raw_only = plan_cold(layers, 2, options=PlanOptions(cache=False))
+    assert all(lp.source != "transformed" for lp in raw_only.layers)
+    warm_kernels = plan_cold(layers, 2, options=PlanOptions(select=False))
+    assert all(lp.kernel == layers[lp.index].warm_kernel for lp in warm_kernels.layers)
+    assert all(not lp.warm_kernel for lp in warm_kernels.layers)  # nothing to switch to
+    serial = plan_cold(layers, 2, options=PlanOptions(pipeline=False))
+    assert serial.predicted_s == pytest.approx(max(lp.ready_s for lp in serial.layers)
+                                               + sum(lp.exec_s for lp in serial.layers))
+    forced = plan_cold(layers, 2, options=PlanOptions(force_source="transformed"))
+    for lp in forced.layers:
+        if any(c.source == "transformed" for c in layers[lp.index].candidates):
+            assert lp.source == "transformed"
+    full = plan_cold(layers, 2)
+    assert full.predicted_s <= min(raw_only.predicted_s, warm_kernels.predicted_s, serial.predicted_s) + 1e-12
+
+
+def test_planner_is_fast_on_a_large_model() -> None:
+    layers = random_layers(random.Random(1), 400)
+    t0 = time.perf_counter()
+    plan_cold(layers, 3)
+    assert time.perf_counter() - t0 < 1.0
+
+
+# ------------------------------------------------------------------------------------ the scheduler
+
+class FakeBackend:
+    """Records when each layer's preparation finished and when it executed."""
+
+    def __init__(self, n: int, rng: random.Random, fail: int | None = None) -> None:
+        self.prepared: dict[int, float] = {}
+        self.executed: list[tuple[int, float]] = []
+        self.delays = [rng.uniform(0, 0.004) for _ in range(n)]
+        self.fail = fail
+        self.threads: dict[int, str] = {}
+        self.lock = threading.Lock()
+
+    def prepare(self, pos: int) -> dict[str, float]:
+        time.sleep(self.delays[pos])
+        if pos == self.fail:
+            raise ValueError("boom")
+        with self.lock:
+            self.prepared[pos] = time.perf_counter()
+            self.threads[pos] = threading.current_thread().name
+        return {"read_s": self.delays[pos]}
+
+
+def random_plan(rng: random.Random, n: int, loaders: int, **opts: bool) -> ColdPlan:
+    layers = []
+    counters = [0] * (loaders + 1)
+    for i in range(n):
+        who = rng.randint(0, loaders)
+        layers.append(LayerPlan(i, f"n{i}", "Conv", "k", "raw", who, counters[who], "", read_s=rng.uniform(0, 4e-3)))
+        counters[who] += 1
+    return ColdPlan("cpu", loaders, tuple(layers), 0.0, 0.0, 0.0, PlanOptions(**opts))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_scheduler_never_executes_before_preparation(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    n = rng.randint(1, 40)
+    loaders = rng.randint(0, 3)
+    opts = {"steal": rng.random() < 0.6, "executor_prepares": rng.random() < 0.7}
+    plan = random_plan(rng, n, loaders, **opts)
+    fb = FakeBackend(n, rng)
+    pool = LoaderPool(rng.randint(1, 3))
+    run = ColdRun(plan, fb.prepare, f"m{seed}")
+    pool.submit(run)
+    try:
+        for pos in range(n):
+            run.wait_ready(pos)
+            fb.executed.append((pos, time.perf_counter()))
+    finally:
+        pool.stop()
+    assert [p for p, _ in fb.executed] == list(range(n))
+    for pos, t in fb.executed:
+        assert fb.prepared[pos] <= t
+    assert sorted(fb.prepared) == list(range(n))  # each prepared exactly once (a dict would hide twice: count)
+    assert run.breakdown()["tasks"] == n
+    if not opts["steal"]:
+        for pos, th in fb.threads.items():  # without stealing a loader only takes its own queues' tasks
+            if th.startswith("inferd-loader-"):
+                w = int(th.rsplit("-", 1)[1])
+                assert plan.layers[pos].loader < plan.loaders and plan.layers[pos].loader % pool.n == w % pool.n
+
+
+def test_idle_loader_steals_from_a_busy_one() -> None:
+    # every task planned on loader 0, whose first task is slow; loader 1 is idle: it steals
+    n = 8
+    layers = tuple(LayerPlan(i, f"n{i}", "Conv", "k", "raw", 0, i, "", read_s=1e-3) for i in range(n))
+    plan = ColdPlan("cpu", 2, layers, 0.0, 0.0, 0.0, PlanOptions(executor_prepares=False))
+    slow = threading.Event()
+
+    def prepare(pos: int) -> dict[str, float]:
+        if pos == 0:
+            slow.wait(0.5)
+        else:
+            time.sleep(0.002)
+        return {}
+
+    pool = LoaderPool(2)
+    run = ColdRun(plan, prepare, "steal")
+    pool.submit(run)
+    try:
+        for pos in range(1, n):
+            run.wait_ready(pos)
+        slow.set()
+        run.wait_ready(0)
+    finally:
+        pool.stop()
+    assert run.breakdown()["stolen"] >= n - 2
+
+
+def test_failed_preparation_is_reported_at_its_layer() -> None:
+    plan = random_plan(random.Random(3), 10, 2)
+    fb = FakeBackend(10, random.Random(4), fail=6)
+    pool = LoaderPool(2)
+    run = ColdRun(plan, fb.prepare, "bad")
+    pool.submit(run)
+    try:
+        for pos in range(6):
+            run.wait_ready(pos)
+        with pytest.raises(Exception, match="boom"):
+            run.wait_ready(6)
+    finally:
+        pool.stop()
+
+
+def test_cold_runs_share_the_pool_fairly() -> None:
+    # two runs, everything on loader 0 and no executor help: the single worker alternates between them
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def prep(tag: str):
+        def f(pos: int) -> dict[str, float]:
+            with lock:
+                order.append(tag)
+            time.sleep(0.001)
+            return {}
+        return f
+
+    mk = lambda: ColdPlan("cpu", 1, tuple(LayerPlan(i, f"n{i}", "Conv", "k", "raw", 0, i, "", read_s=1e-3)
+                                          for i in range(10)), 0.0, 0.0, 0.0, PlanOptions(steal=False,
+                                                                                            executor_prepares=False))
+    pool = LoaderPool(1)
+    a, b = ColdRun(mk(), prep("a"), "a"), ColdRun(mk(), prep("b"), "b")
+    pool.submit(a)
+    pool.submit(b)
+    try:
+        a.wait_ready(9)
+        b.wait_ready(9)
+    finally:
+        pool.stop()
+    # once both are queued, neither waits for the other to finish: runs interleave
+    first_b = order.index("b")
+    assert "a" in order[first_b:], order
