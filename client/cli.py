@@ -70,6 +70,13 @@ def format_status(st: dict[str, Any]) -> str:
             f"{q.get('p50', 0):.3g}/{q.get('p99', 0):.3g}", f"{c.get('p50', 0):.3g}/{c.get('p99', 0):.3g}",
         ])
     lines.append(_table(rows))
+    cold = [[name, f"{c['cold_s'] * 1e3:.1f}", f"{c.get('predicted_s', 0) * 1e3:.1f}", f"{c.get('read_s', 0) * 1e3:.1f}",
+             f"{c.get('transform_s', 0) * 1e3:.1f}", f"{c.get('pipeline_s', 0) * 1e3:.1f}",
+             f"{c.get('execute_s', 0) * 1e3:.1f}", f"{c.get('waiting_s', 0) * 1e3:.1f}"]
+            for name, m in models.items() for c in [m.get("cold") or {}] if "cold_s" in c]
+    if cold:
+        lines.append("last cold load (ms; read/transform/pipeline are summed over the loader threads):")
+        lines.append(_table([["MODEL", "COLD", "PREDICTED", "READ", "TRANSFORM", "PIPELINE", "EXECUTE", "WAITING"]] + cold))
     for name, m in models.items():
         if m.get("reason") and m.get("state") != "READY" or "failed" in (m.get("reason") or ""):
             lines.append(f"  {name}: {m['reason']}")

@@ -93,7 +93,7 @@ def _corrupt_first_blob(pkg):
     store.write_bytes(bytes(data))
 
 
-def test_corrupted_package_is_rebuilt_from_its_source_or_gives_a_clear_error(tmp_path, caplog):
+def test_corrupted_package_is_rebuilt_from_its_source_or_gives_a_clear_error(tmp_path):
     m = conv_bn_relu_add_model(batch=1)
     src = tmp_path / "m.onnx"
     src.write_bytes(m.SerializeToString())
@@ -101,10 +101,10 @@ def test_corrupted_package_is_rebuilt_from_its_source_or_gives_a_clear_error(tmp
     ref = inferd.load(src).run({"x": x})["y"]
     pkg = compile_model(src, tmp_path / "pkg")
     _corrupt_first_blob(pkg)
+    before = (pkg / "weights.store").stat().st_mtime_ns
     # its source is still there: the damaged blob is found during the first run, the package rebuilt
-    with caplog.at_level("WARNING"):
-        np.testing.assert_allclose(inferd.load(pkg).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
-    assert "checksum mismatch" in caplog.text and "rebuilding" in caplog.text
+    np.testing.assert_allclose(inferd.load(pkg).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    assert (pkg / "weights.store").stat().st_mtime_ns != before
     with WeightsStore(pkg / "weights.store") as s:
         for e in s.entries.values():
             s.read(e)  # every blob verifies again

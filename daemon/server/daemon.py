@@ -94,8 +94,10 @@ def apply_threads(n: int) -> None:
     if n <= 0:
         return
     from .. import native
+    from ..runtime.scheduler import loader_pool
 
     native.set_num_threads(n)
+    loader_pool().set_size(n)  # cold loads prepare layers on as many threads as the kernels compute on
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
         os.environ.setdefault(var, str(n))
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -221,7 +223,8 @@ class Server:
         self._cli = dict(cli or {})
         self._config_path = config_path
         # models are compiled once into packages under the cache dir: later (cold) loads skip ONNX parsing
-        self.loader = loader or functools.partial(default_loader, cache_dir=str(Path(config.cache_dir) / "packages"))
+        # compiled packages (plan, profile, weights store) live in the cache; every loader is given it
+        self.loader = functools.partial(loader or default_loader, cache_dir=str(Path(config.cache_dir) / "packages"))
         self.notifier = Notifier(environ)
         self.ctx = zmq.Context()
         self.device_lock = DeviceLock()
@@ -508,7 +511,8 @@ class Server:
             mem = s.memory_bytes()
             models_bytes += mem
             models[name] = {"state": s.state, "reason": s.reason, "device": s.device, "queued": s.queued,
-                            "memory_bytes": mem, "pinned": s.entry.config.pinned, **s.stats.snapshot()}
+                            "memory_bytes": mem, "pinned": s.entry.config.pinned, **s.stats.snapshot(),
+                            "cold": s.cold_stats()}
         rss = process_rss()
         return {
             "live": True, "ready": self.ready and not self.draining, "draining": self.draining,

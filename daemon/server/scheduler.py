@@ -189,6 +189,12 @@ class ModelSlot:
         except Exception:
             return 0
 
+    def cold_stats(self) -> dict[str, Any]:
+        """The last cold load's breakdown (read, transform, pipeline, execute, waiting), once it answered."""
+        m = self.model
+        st = getattr(m, "cold_stats", None) if m is not None else None
+        return dict(st) if isinstance(st, dict) else {}
+
     def info(self) -> dict[str, Any]:
         cfg = self.entry.config
         return {

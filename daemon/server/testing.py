@@ -97,7 +97,7 @@ def write_two_io_model(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
-def testing_loader(path: str, device: str = "auto", batch: int = 1) -> Any:
+def testing_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None) -> Any:
     with open(path, "rb") as fh:
         head = fh.read(len(FAKE_MAGIC))
         if head == FAKE_MAGIC:
@@ -105,7 +105,7 @@ def testing_loader(path: str, device: str = "auto", batch: int = 1) -> Any:
             return FakeModel(json.loads(fh.read().decode()), name)
     from .daemon import default_loader
 
-    return default_loader(path, device=device, batch=batch)
+    return default_loader(path, device=device, batch=batch, cache_dir=cache_dir)
 
 
 def _child_main(argv: Sequence[str]) -> int:

@@ -1,0 +1,198 @@
+"""Cold loads on the CPU follow their plan and answer like onnxruntime, whatever the plan.
+
+Every zoo model: from a package whose plan reads every layer's transformed weights, and from the
+ONNX file with every layer transformed at load on the executor thread alone; first run and warm runs
+after the warm switch. Odd plans (many loader threads, no pipelining, no stealing, no executor help,
+no kernel selection) on the small models. Damaged, truncated and stale packages are rebuilt, never used.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+import inferd
+from inferd.package import PLAN_MAGIC, PLAN_VERSION, _PLAN_HEAD, compile_model, read_plan
+from inferd.ops.base import kernels_for
+from inferd.planner.cost import kernel_transforms
+from inferd.planner.plan import PlanOptions
+from inferd.zoo import ZOO
+from zoo_fixture import zoo_dir
+
+TOL = 1e-4
+SMALL = ["squeezenet1_1", "mobilenetv2", "shufflenetv2_x1_0"]
+
+
+def _ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+_refs: dict[str, tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]] = {}
+
+
+def ref(name: str) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]:
+    if name not in _refs:
+        import onnx
+
+        path = zoo_dir([name]) / f"{name}.onnx"
+        m = onnx.load(str(path), load_external_data=False)
+        init = {i.name for i in m.graph.initializer}
+        rng = np.random.default_rng(11)
+        feeds = {}
+        for i in m.graph.input:
+            if i.name in init:
+                continue
+            shape = [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+        _refs[name] = (path, feeds, _ort(path, feeds), [o.name for o in m.graph.output])
+    return _refs[name]
+
+
+def check(model: inferd.Model, name: str, what: str) -> None:
+    path, feeds, want, names = ref(name)
+    got = model.run(feeds)
+    for n, r in zip(names, want):
+        err = float(np.abs(got[n] - r).max() / max(np.abs(r).max(), 1e-30))
+        assert err <= TOL, f"{name} {what}: output {n} relative error {err:.3g}"
+
+
+def cold_then_warm(model: inferd.Model, name: str, what: str) -> None:
+    check(model, name, what + ", first (cold) run")
+    assert model.cold_stats["tasks"] == len(model.plan.layers)
+    assert model.wait_warm(60)
+    assert "warm_switch_error" not in model.cold_stats
+    check(model, name, what + ", warm run")
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_cold_from_a_package_reading_transformed_weights(name: str, tmp_path: Path) -> None:
+    path = ref(name)[0]
+    opt = PlanOptions(force_source="transformed")
+    pkg = compile_model(path, tmp_path / "pkg", options=opt, profile=False)
+    with inferd.load(pkg, cold=opt) as model:
+        assert any(lp.source == "transformed" for lp in model.plan.layers)
+        for lp in model.plan.layers:  # raw only where the kernel runs on raw weights
+            k = next(k for k in kernels_for(lp.op, "cpu") if k.name == lp.kernel)
+            assert lp.source != "raw" or not kernel_transforms(k), lp
+        cold_then_warm(model, name, "package, every layer read transformed")
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_cold_from_onnx_transforming_on_the_executor_alone(name: str) -> None:
+    with inferd.load(ref(name)[0], loaders=1) as model:
+        assert model.plan.loaders == 0
+        assert all(lp.source in ("raw", "none") for lp in model.plan.layers)
+        cold_then_warm(model, name, "ONNX, one thread")
+
+
+ODD = {
+    "many loaders": ({}, 6),
+    "no pipelining": ({"pipeline": False}, None),
+    "no stealing, no executor help": ({"steal": False, "executor_prepares": False}, 3),
+    "no kernel selection": ({"select": False}, None),
+    "raw reads": ({"force_source": "raw"}, 2),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ODD))
+@pytest.mark.parametrize("name", SMALL)
+def test_odd_plans(name: str, variant: str, tmp_path: Path) -> None:
+    opts, loaders = ODD[variant]
+    opt = PlanOptions(**opts)
+    pkg = compile_model(ref(name)[0], tmp_path / "pkg", profile=False)
+    with inferd.load(pkg, cold=opt, loaders=loaders) as model:
+        assert model.plan.options == opt
+        if loaders is not None:
+            assert model.plan.loaders == loaders - 1
+        cold_then_warm(model, name, variant)
+
+
+def test_profiled_plan_is_stored_and_obeyed(tmp_path: Path) -> None:
+    name = "squeezenet1_1"
+    pkg = compile_model(ref(name)[0], tmp_path / "pkg")
+    d = read_plan(pkg / "plan.bin")
+    assert d["profile"]["times"], "the profile holds measurements"
+    assert d["fingerprint"]["backend"] == "cpu" and d["fingerprint"]["engine"] == inferd.__version__
+    with inferd.load(pkg) as model:
+        planned = {lp.name: lp.kernel for lp in model.plan.layers}
+        assert model.plan == inferd.package.ColdPlan.from_dict(d["plan"])  # the stored plan, not a new one
+        check(model, name, "profiled plan")
+        cold_kernels = model.kernels
+        assert cold_kernels == planned  # the runtime ran what the plan says
+        assert model.cold_stats["read_s"] > 0
+
+
+def _rewrite_plan(pkg: Path, **changes: object) -> None:
+    d = read_plan(pkg / "plan.bin")
+    d.update(changes)
+    from inferd.package import _default
+
+    body = msgpack.packb(d, default=_default, use_bin_type=True)
+    (pkg / "plan.bin").write_bytes(_PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+
+
+@pytest.mark.parametrize("change", ["device", "engine"])
+def test_package_for_another_device_or_engine_is_rebuilt(change: str, tmp_path: Path) -> None:
+    name = "squeezenet1_1"
+    src = tmp_path / "m.onnx"
+    shutil.copy(ref(name)[0], src)
+    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    if change == "device":
+        fp = dict(read_plan(pkg / "plan.bin")["fingerprint"], cpu="some other CPU", gemm_isa="99")
+        _rewrite_plan(pkg, fingerprint=fp)
+    else:
+        _rewrite_plan(pkg, engine_version="0.0.1")
+    with inferd.load(pkg) as model:
+        check(model, name, f"after a {change} mismatch")
+    d = read_plan(pkg / "plan.bin")
+    assert d["engine_version"] == inferd.__version__ and d["fingerprint"] == inferd.package.fingerprint("cpu")
+
+
+def test_truncated_store_is_rebuilt_and_damage_without_source_is_an_error(tmp_path: Path) -> None:
+    name = "squeezenet1_1"
+    src = tmp_path / "m.onnx"
+    shutil.copy(ref(name)[0], src)
+    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    store = pkg / "weights.store"
+    with open(store, "r+b") as f:
+        f.truncate(store.stat().st_size // 2)
+    with inferd.load(pkg) as model:  # the truncated index is found at open: rebuilt before any layer
+        check(model, name, "rebuilt after truncation")
+    src.unlink()
+    with open(store, "r+b") as f:
+        f.truncate(store.stat().st_size // 2)
+    with pytest.raises(inferd.WeightsStoreError, match="truncated|gone"):
+        inferd.load(pkg)
+
+
+def test_a_failing_layer_fails_the_load_clearly_and_the_process_goes_on(tmp_path: Path, monkeypatch) -> None:
+    from inferd.ops import conv
+
+    name = "squeezenet1_1"
+    real = conv.Conv1x1.transform
+    calls = {"n": 0}
+
+    def broken(self, layer, raw):  # the third 1x1 conv's transform fails, as a bad weight layout would
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ValueError("injected transform failure")
+        return real(self, layer, raw)
+
+    monkeypatch.setattr(conv.Conv1x1, "transform", broken)
+    model = inferd.load(ref(name)[0], loaders=2)
+    path, feeds, _, _ = ref(name)
+    with pytest.raises(Exception, match="injected transform failure"):
+        model.run(feeds)
+    model.close()
+    monkeypatch.setattr(conv.Conv1x1, "transform", real)
+    with inferd.load(ref(name)[0]) as ok:  # the loader pool and the process are fine
+        check(ok, name, "after a failed load")
