@@ -63,12 +63,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from .package import compile_model
+    from .package import compile_model, read_plan
+    from .planner.plan import ColdPlan
 
     t0 = time.perf_counter()
     out = compile_model(args.model, args.out, device=args.device, batch=args.batch,
-                        kernels=_kv(args.kernel, "--kernel") or None, transformed=not args.raw_only)
-    print(f"compiled {args.model} -> {out} in {time.perf_counter() - t0:.2f} s")
+                        kernels=_kv(args.kernel, "--kernel") or None, transformed=not args.raw_only,
+                        loaders=args.loaders, profile=not args.no_profile)
+    d = read_plan(out / "plan.bin")
+    plan = ColdPlan.from_dict(d["plan"])
+    prof = d.get("profile") or {}
+    print(f"compiled {args.model} -> {out} in {time.perf_counter() - t0:.2f} s: {len(prof.get('times', []))} "
+          f"profiled costs, predicted cold {plan.predicted_s * 1e3:.1f} ms (warm {plan.warm_s * 1e3:.1f} ms); "
+          f"'inferd info {out}' prints the plan")
     return 0
 
 
@@ -76,17 +83,28 @@ def cmd_info(args: argparse.Namespace) -> int:
     import inferd
 
     model = inferd.load(args.model, device=args.device, batch=args.batch)
+    model.wait_loaded()
     info = {"name": model.name, "device": model.device,
             "inputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.inputs],
             "outputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.outputs],
             "nodes": len(model.graph.nodes), "memory_bytes": model.memory_bytes, "kernels": model.kernels}
+    if model.plan is not None:
+        info["plan"] = model.plan.to_dict()
     if model.device == "cpu":
         from . import native
 
         info["native"] = {"available": native.AVAILABLE, "threads": native.num_threads(),
                           "gemm_isa": {-1: "none", 0: "baseline", 1: "avx2", 2: "avx512"}.get(native.gemm_isa(), "?"),
                           "scratch_bytes": native.native_scratch_bytes()}
-    print(json.dumps(info, indent=2))
+    if args.json or model.plan is None:
+        print(json.dumps(info, indent=2))
+    else:
+        print(f"{info['name']} on {info['device']}: inputs {info['inputs']}, outputs {info['outputs']}, "
+              f"{info['nodes']} nodes, {info['memory_bytes'] / 2**20:.1f} MiB")
+        if "native" in info:
+            print(f"native: {info['native']}")
+        print(model.plan.summary())
+    model.close()
     return 0
 
 
@@ -129,10 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     common(c)
     c.add_argument("--out", required=True)
     c.add_argument("--kernel", action="append", metavar="OP_OR_NODE=KERNEL")
-    c.add_argument("--raw-only", action="store_true", help="store raw weights only (transform at load)")
+    c.add_argument("--raw-only", action="store_true", help="plan every layer to read raw weights (transform at load)")
+    c.add_argument("--loaders", type=int, default=None, help="threads preparing layers at a cold load (default: cores)")
+    c.add_argument("--no-profile", action="store_true", help="plan from roofline estimates, without measuring")
     c.set_defaults(fn=cmd_compile)
-    i = sub.add_parser("info", help="print a model's inputs, outputs, kernels and memory")
+    i = sub.add_parser("info", help="print a model's inputs, outputs, memory and its cold-start plan")
     common(i)
+    i.add_argument("--json", action="store_true", help="one JSON object (kernels, plan, ...)")
     i.set_defaults(fn=cmd_info)
     args = p.parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))

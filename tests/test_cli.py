@@ -64,12 +64,27 @@ def test_compile_then_run_the_package(tiny: Path, tmp_path: Path) -> None:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
 
 
-def test_info_reports_kernels_and_the_native_pool(tiny: Path, capsys) -> None:
-    assert cli.main(["info", str(tiny)]) == 0
+def test_info_reports_kernels_the_native_pool_and_the_plan(tiny: Path, capsys) -> None:
+    assert cli.main(["info", str(tiny), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["device"] == "cpu" and info["kernels"] and info["memory_bytes"] > 0
     assert set(info["native"]) == {"available", "threads", "gemm_isa", "scratch_bytes"}
     assert info["native"]["threads"] >= 1
+    plan = info["plan"]
+    assert [r[1] for r in plan["layers"]] == list(info["kernels"])  # one plan row per node, in graph order
+    assert {r[1]: r[3] for r in plan["layers"]} == info["kernels"]  # the kernels run are the planned ones
+    assert cli.main(["info", str(tiny)]) == 0
+    text = capsys.readouterr().out
+    assert "cold plan (cpu" in text and "predicted cold" in text
+
+
+def test_compile_writes_plan_and_profile(tiny: Path, tmp_path: Path, capsys) -> None:
+    from inferd.package import read_plan
+
+    assert cli.main(["compile", str(tiny), "--out", str(tmp_path / "pkg"), "--loaders", "3"]) == 0
+    assert "predicted cold" in capsys.readouterr().out
+    d = read_plan(tmp_path / "pkg" / "plan.bin")
+    assert d["plan"]["loaders"] == 2 and d["profile"]["times"]
 
 
 def test_bad_input_gives_exit_code_2_and_says_what_was_expected(tiny: Path, tmp_path: Path, capsys) -> None:
