@@ -35,6 +35,10 @@ class ColdBackend(Protocol):
     name: str
     gpu: bool
 
+    def layers(self) -> list[Layer]:
+        """Per graph node, its layer (what a stored plan needs: the kernels are the plan's)."""
+        ...
+
     def candidates(self) -> list[tuple[Layer, list[Kernel], Kernel]]:
         """Per graph node: its layer, the kernels the planner may choose, the warm default."""
         ...

@@ -35,7 +35,7 @@ class ColdLoad:
         self.plan = plan
         self.weights = weights
         self.name = name
-        self.layers = layers if layers is not None else [e[0] for e in backend.candidates()]
+        self.layers = layers if layers is not None else backend.layers()
         if len(self.layers) != len(plan.layers):
             raise ValueError(f"{name}: plan has {len(plan.layers)} layers, the graph {len(self.layers)}")
         self.t0 = time.perf_counter()

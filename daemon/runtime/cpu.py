@@ -108,7 +108,8 @@ class CpuExecutor:
         self.graph = graph
         self.stats = LoadStats()
         self._forced = kernels
-        native.claim_cores()
+        if not lazy:
+            native.claim_cores()  # lazily built executors do it off the critical path (prefault)
         t0 = time.perf_counter()
         self.plan: MemoryPlan = plan_graph_memory(graph)
         self.arena = np.empty(max(self.plan.total, 1), dtype=np.uint8)
@@ -122,24 +123,32 @@ class CpuExecutor:
                 continue
             off = self.plan.offsets[root]
             self.views[name] = self.arena[off:off + info.nbytes].view(info.dtype).reshape(info.shape)
-        self.choice: list[tuple[Layer, Kernel]] = list(choice) if choice is not None else select_kernels(graph, "cpu", kernels)
+        if choice is not None:
+            self.choice: list[tuple[Layer, Kernel | None]] = list(choice)
+        elif lazy:  # the cold plan names each layer's kernel; prepare() looks it up
+            self.choice = [(Layer.of(n, graph), None) for n in graph.nodes]
+        else:
+            self.choice = list(select_kernels(graph, "cpu", kernels))
         self.steps: list[Step | None] = [None] * len(self.choice)
         self._calls: list[Callable[[], None]] = []
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
         if not lazy:
             t0 = time.perf_counter()
-            for pos, (layer, _k) in enumerate(self.choice):
+            for pos, (layer, k) in enumerate(self.choice):
+                assert k is not None
                 p = params.get(layer.name) if params is not None else None
-                self._build(pos, self.choice[pos][1], None if p is not None else self._raw(layer), p)
+                self._build(pos, k, None if p is not None else self._raw(layer), p)
             self.stats.transform_s = time.perf_counter() - t0
             self.finalize()
 
     # ------------------------------------------------------------------ the ColdBackend contract
+    def layers(self) -> list[Layer]:
+        return [layer for layer, _k in self.choice]
+
     def candidates(self) -> list[tuple[Layer, list[Kernel], Kernel]]:
         out = []
-        for node in self.graph.nodes:
-            layer = Layer.of(node, self.graph)
+        for layer in self.layers():
             forced = forced_for(layer, self._forced)
             cands, default = candidate_kernels(layer, "cpu", forced, layer.name in (self._forced or {}))
             out.append((layer, cands, default))
@@ -182,6 +191,7 @@ class CpuExecutor:
         run's kernel) on the calling thread, off the executor's critical path; ``begin`` adopts them."""
         from ..ops.conv import prefault_scratch
 
+        native.claim_cores()
         self.arena.fill(0)
         sizes: dict[int, int] = {}
         for (layer, _k), name in zip(self.choice, kernels):

@@ -78,7 +78,10 @@ class Model:
         names = getattr(self._exec, "kernel_names", None)
         if isinstance(names, dict):
             return dict(names)
-        return {layer.name: k.name for layer, k in getattr(self._exec, "choice", [])}
+        planned = {lp.name: lp.kernel for lp in self.plan.layers} if self.plan is not None else {}
+        # a layer not prepared yet runs the planned kernel; a prepared one what it was built with
+        return {layer.name: (k.name if k is not None else planned[layer.name])
+                for layer, k in getattr(self._exec, "choice", [])}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = check_feeds(self.graph.inputs, feeds, self.name)
@@ -334,12 +337,12 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
 
     backend = make_backend(graph, dev, kernels, **options)
     try:
-        entries = backend.candidates()
         if plan is None:
             # from memory there is no store of transformed weights: every layer transforms at load
-            plan = make_plan(backend, entries, None, PlanOptions(**{**opt.to_dict(), "cache": False}), loaders)
+            plan = make_plan(backend, backend.candidates(), None, PlanOptions(**{**opt.to_dict(), "cache": False}),
+                             loaders)
         ws = WeightSource(graph.constants, op.store if op is not None else None, dev)
-        cold = ColdLoad(backend, plan, ws, mname, [e[0] for e in entries])
+        cold = ColdLoad(backend, plan, ws, mname, backend.layers())
     except BaseException:
         close = getattr(backend, "close", None)
         if close is not None:
