@@ -44,6 +44,7 @@ class Task:
     phases: dict[str, float] = field(default_factory=dict)
     error: BaseException | None = None
     stolen: bool = False
+    by_worker: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ class ColdRun:
         self.events: list[Event] = []
         self.cancelled = False
         self._left = len(self.tasks)
+        #: pool workers preparing for this run right now, at most the plan's loader count: more would
+        #: take cores from the executor, which the plan gave them to
+        self.active = 0
+        self.max_active = plan.loaders
 
     # ---------------------------------------------------------------- task selection (under cond)
     def _next_in(self, q: int) -> int | None:
@@ -92,7 +97,7 @@ class ColdRun:
     def claim(self, worker: int, n_workers: int) -> Task | None:
         """A pending task for pool worker ``worker``: its own queues first, then (stealing) the head of the
         queue with the most work left, the executor's included."""
-        if self.cancelled:
+        if self.cancelled or self.active >= self.max_active:
             return None
         own = [q for q in range(self.plan.loaders) if q % max(n_workers, 1) == worker % max(n_workers, 1)]
         for q in own:
@@ -111,10 +116,13 @@ class ColdRun:
                 best, best_left = p, left
         return self._take(best, stolen=True) if best is not None else None
 
-    def _take(self, pos: int, stolen: bool) -> Task:
+    def _take(self, pos: int, stolen: bool, worker: bool = True) -> Task:
         t = self.tasks[pos]
         t.state = RUNNING
         t.stolen = stolen
+        t.by_worker = worker
+        if worker:
+            self.active += 1
         return t
 
     def has_work(self) -> bool:
@@ -136,6 +144,8 @@ class ColdRun:
         with self.cond:
             t.state = state
             self._left -= 1
+            if t.by_worker:
+                self.active -= 1
             self.events.append(Event(t.thread, "prepare", self.plan.layers[t.pos].name, t.t0, t.t1))
             self.cond.notify_all()
 
@@ -155,7 +165,7 @@ class ColdRun:
         t = self.tasks[pos]
         with self.cond:
             if t.state == PENDING and (self.steal or self.plan.options.executor_prepares or t.queue == self.plan.loaders):
-                self._take(pos, stolen=t.queue != self.plan.loaders)
+                self._take(pos, stolen=t.queue != self.plan.loaders, worker=False)
                 mine = True
             else:
                 mine = False
