@@ -21,7 +21,7 @@ import os
 import platform
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 import numpy as np
@@ -154,7 +154,7 @@ def backend_profile(backend: Any, device: str, entries: list[Any], constants: An
 
 
 def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: PlanOptions,
-              loaders: int | None = None) -> ColdPlan:
+              loaders: int | None = None, stored: Callable[[str, str], bool] | None = None) -> ColdPlan:
     """The cold plan from measured costs where there are some, the roofline elsewhere. Pure but for
     reading ``backend``'s facts."""
     from .runtime.scheduler import default_loaders
@@ -167,7 +167,7 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
     # on the CPU the executor thread is one of the preparing threads (it prepares when it would idle)
     n = max(0, n - 1) if not gpu else max(1, n)
     filled = bool(getattr(backend, "pipeline_cache_filled", lambda: True)()) if gpu else True
-    layers = cold_layers(entries, cost, gpu=gpu, pipeline_cache_filled=filled, cache=options.cache)
+    layers = cold_layers(entries, cost, gpu=gpu, pipeline_cache_filled=filled, cache=options.cache, stored=stored)
     return plan_cold(layers, n, backend.name, options, gpu=gpu)
 
 
@@ -325,6 +325,48 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
         store.close()
         raise
     return OpenPackage(pkg, graph, plan, prof, store, d)
+
+
+def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile | None,
+                   observed: dict[tuple[str, str, str], float], stored: Callable[[str, str], bool],
+                   min_gain: float = 0.03) -> ColdPlan | None:
+    """Fold what a cold run observed into ``pkg``'s profile and re-plan over the representations its
+    store holds; rewrite ``plan.bin`` (atomically) when the new plan is predicted faster by more than
+    ``min_gain`` under the refined costs. Returns the new plan, or None when the stored one stays."""
+    if profile is None or not observed:
+        return None
+    merged = profile.merged(observed)
+    entries = backend.candidates()
+    new = make_plan(backend, entries, merged, current.options, current.loaders + (0 if backend.gpu else 1),
+                    stored=stored)
+    old = _repredict(current, entries, merged, backend)
+    if new.predicted_s >= old * (1 - min_gain):
+        return None
+    d = read_plan(pkg / "plan.bin")
+    d["plan"] = new.to_dict()
+    d["profile"] = merged.to_dict()
+    body = msgpack.packb(d, default=_default, use_bin_type=True)
+    atomic_write(pkg / "plan.bin", _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+    log.info("%s: plan refined from an observed cold run: predicted %.1f -> %.1f ms", pkg, old * 1e3,
+             new.predicted_s * 1e3)
+    return new
+
+
+def _repredict(plan: ColdPlan, entries: list[Any], prof: Profile, backend: Any) -> float:
+    """``plan``'s predicted cold latency under ``prof``'s costs (its own choices, same time model)."""
+    from .planner.cold import simulate
+
+    cost = ProfiledCost(prof, RooflineCost(prof.rates, gpu=bool(backend.gpu)))
+    layers = cold_layers(entries, cost, gpu=bool(backend.gpu), cache=True)
+    choice = []
+    for lp, L in zip(plan.layers, layers):
+        idx = [i for i, c in enumerate(L.candidates) if c.kernel == lp.kernel and c.source == lp.source]
+        if not idx:
+            return float("inf")
+        choice.append(idx[0])
+    return simulate(layers, choice, plan.loaders, exec_blocks=not backend.gpu,
+                    exec_prepares=plan.options.executor_prepares and not backend.gpu,
+                    assign=[lp.loader for lp in plan.layers]).makespan
 
 
 def load_package(pkg: Path, device: str = "cpu", batch: int = 1,

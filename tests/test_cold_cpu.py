@@ -196,3 +196,31 @@ def test_a_failing_layer_fails_the_load_clearly_and_the_process_goes_on(tmp_path
     monkeypatch.setattr(conv.Conv1x1, "transform", real)
     with inferd.load(ref(name)[0]) as ok:  # the loader pool and the process are fine
         check(ok, name, "after a failed load")
+
+
+def test_cold_runs_refine_the_stored_plan(tmp_path: Path) -> None:
+    from inferd.package import open_package, refine_package
+    from inferd.runtime.cpu import CpuExecutor
+
+    name = "squeezenet1_1"
+    pkg = compile_model(ref(name)[0], tmp_path / "pkg")
+    op = open_package(pkg)
+    try:
+        backend = CpuExecutor(op.graph, lazy=True)
+        stored = lambda layer, kernel: any(True for _ in op.store.find(layer, kernel=f"cpu/{kernel}"))  # noqa: E731
+        plan = op.plan
+        # nothing new observed: the stored plan stays
+        assert refine_package(pkg, backend, plan, op.profile, {}, stored) is None
+        # a layer whose planned kernel turned out very slow inside cold loads moves to another kernel
+        entries = backend.candidates()
+        lp = next(lp for lp, (_l, ks, _d) in zip(plan.layers, entries) if len({k.name for k in ks}) > 1)
+        observed = {(lp.name, lp.kernel, "exec_cold"): 1.0}
+        new = refine_package(pkg, backend, plan, op.profile, observed, stored)
+        assert new is not None and new.by_name()[lp.name].kernel != lp.kernel
+    finally:
+        op.store.close()
+    d = read_plan(pkg / "plan.bin")
+    assert d["plan"] == new.to_dict() and ["%s" % lp.name, lp.kernel, "exec_cold", 1.0] in d["profile"]["times"]
+    with inferd.load(pkg) as model:  # the refined plan is what the next cold load follows
+        assert model.plan.by_name()[lp.name].kernel == new.by_name()[lp.name].kernel
+        check(model, name, "refined plan")

@@ -18,7 +18,7 @@ the simulated makespan, seeded with NNV12's own choice so it never ends worse th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..ops.base import Kernel, Layer
 from .cost import CostModel, kernel_transforms, raw_nbytes
@@ -37,6 +37,12 @@ class Candidate:
     exec_s: float
     read_bytes: int = 0
     cost_source: str = "roofline"
+    #: warm execution (``exec_s`` is the first run's, which cold runs refine)
+    warm_s: float = -1.0
+
+    @property
+    def warm(self) -> float:
+        return self.exec_s if self.warm_s < 0 else self.warm_s
 
     @property
     def prep_s(self) -> float:
@@ -54,39 +60,45 @@ class ColdLayer:
 
 
 def layer_candidates(layer: Layer, kernels: Sequence[Kernel], cost: CostModel, gpu: bool = False,
-                     pipeline_cache_filled: bool = True, cache: bool = True) -> tuple[Candidate, ...]:
-    """Every (kernel, read source) pair for ``layer`` with its costs. ``kernels`` are the applicable ones."""
+                     pipeline_cache_filled: bool = True, cache: bool = True,
+                     stored: Callable[[str, str], bool] | None = None) -> tuple[Candidate, ...]:
+    """Every (kernel, read source) pair for ``layer`` with its costs. ``kernels`` are the applicable ones;
+    ``stored(layer, kernel)``, when given, says which transformed weights a store already holds."""
     out: list[Candidate] = []
     pipe_phase = "pipeline_filled" if pipeline_cache_filled else "pipeline_empty"
     has_weights = raw_nbytes(layer) > 0
     for k in kernels:
-        ex = cost.cost(layer, k, "exec")
+        warm = cost.cost(layer, k, "exec")
+        ex = cost.cost(layer, k, "exec_cold")
+        if ex.source == "roofline" and warm.source != "roofline":
+            ex = warm  # no cold run observed yet: the measured warm time is the better guess
         pipe = cost.cost(layer, k, pipe_phase).seconds if gpu else 0.0
         if not has_weights:
-            out.append(Candidate(k.name, "none", 0.0, 0.0, pipe, ex.seconds, 0, ex.source))
+            out.append(Candidate(k.name, "none", 0.0, 0.0, pipe, ex.seconds, 0, ex.source, warm.seconds))
             continue
         rr = cost.cost(layer, k, "read_raw")
         tr = cost.cost(layer, k, "transform") if kernel_transforms(k) else None
         out.append(Candidate(k.name, "raw", rr.seconds, tr.seconds if tr else 0.0, pipe, ex.seconds,
-                             raw_nbytes(layer), ex.source))
-        if cache and tr is not None:
+                             raw_nbytes(layer), ex.source, warm.seconds))
+        if cache and tr is not None and (stored is None or stored(layer.name, k.name)):
             rt = cost.cost(layer, k, "read_transformed")
             out.append(Candidate(k.name, "transformed", rt.seconds, 0.0, pipe, ex.seconds,
-                                 k.transformed_nbytes(layer), ex.source))
+                                 k.transformed_nbytes(layer), ex.source, warm.seconds))
     return tuple(out)
 
 
 def cold_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], cost: CostModel, gpu: bool = False,
-                pipeline_cache_filled: bool = True, cache: bool = True) -> list[ColdLayer]:
+                pipeline_cache_filled: bool = True, cache: bool = True,
+                stored: Callable[[str, str], bool] | None = None) -> list[ColdLayer]:
     """The planner's view of a model: per node (graph order) its candidates with costs. The warm
     kernel is the one with the least execution time where it was measured, the default elsewhere."""
     out = []
     for idx, (layer, kernels, default) in enumerate(entries):
-        cands = layer_candidates(layer, kernels, cost, gpu, pipeline_cache_filled, cache)
+        cands = layer_candidates(layer, kernels, cost, gpu, pipeline_cache_filled, cache, stored)
         warm = default.name
         measured = [c for c in cands if c.cost_source != "roofline"]
         if len({c.kernel for c in measured}) > 1:
-            warm = min(measured, key=lambda c: c.exec_s).kernel
+            warm = min(measured, key=lambda c: c.warm).kernel
         out.append(ColdLayer(idx, layer.name, layer.op, cands, warm))
     return out
 
@@ -358,7 +370,7 @@ def plan_cold(layers: Sequence[ColdLayer], loaders: int, backend: str = "cpu",
         counters[who] += 1
     warm = 0.0
     for L in use:
-        ws = [c.exec_s for c in L.candidates if c.kernel == L.warm_kernel]
-        warm += min(ws) if ws else min(c.exec_s for c in L.candidates)
+        ws = [c.warm for c in L.candidates if c.kernel == L.warm_kernel]
+        warm += min(ws) if ws else min(c.warm for c in L.candidates)
     read = sum(L.candidates[ci].read_s for L, ci in zip(use, choice))
     return ColdPlan(backend, loaders, tuple(plans), sched.makespan, warm, read, opt)

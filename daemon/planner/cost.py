@@ -24,8 +24,10 @@ from ..ops.base import Kernel, Layer
 #: weights store into memory (checksum included); ``transform``: raw -> the kernel's layout;
 #: ``pipeline_empty``/``pipeline_filled``: GPU pipeline creation with an empty / a filled
 #: ``VkPipelineCache``; ``exec``: one warm execution; ``exec_first``: the first one (page faults,
-#: first dispatch).
-PHASES = ("read_raw", "read_transformed", "transform", "pipeline_empty", "pipeline_filled", "exec", "exec_first")
+#: first dispatch); ``exec_cold``: one execution inside a cold load, beside the loaders (what
+#: cold runs observe and refine).
+PHASES = ("read_raw", "read_transformed", "transform", "pipeline_empty", "pipeline_filled", "exec", "exec_first",
+          "exec_cold")
 SOURCES = ("profiled", "predicted", "roofline")
 
 
@@ -121,10 +123,10 @@ class RooflineCost:
             s = r.pipeline_empty_s if self.gpu else 0.0
         elif phase == "pipeline_filled":
             s = r.pipeline_filled_s if self.gpu else 0.0
-        elif phase in ("exec", "exec_first"):
+        elif phase in ("exec", "exec_first", "exec_cold"):
             s = max(layer_flops(layer) / r.flops, (io_nbytes(layer) + kernel.workspace_nbytes(layer)) / r.mem_bw)
             s += r.per_step_s
-            if phase == "exec_first":
+            if phase != "exec":
                 s *= 1.5  # first touch of outputs and workspaces
         else:
             raise KeyError(f"unknown cost phase {phase!r}; known: {PHASES}")

@@ -98,6 +98,21 @@ class ColdLoad:
                       "predicted_s": round(self.plan.predicted_s, 6), **run.breakdown()}
         return out
 
+    def observed(self) -> dict[tuple[str, str, str], float]:
+        """Costs this cold run measured, keyed as a profile's: transforms at load, first executions."""
+        out: dict[tuple[str, str, str], float] = {}
+        for t in self.run.tasks:
+            lp = self.plan.layers[t.pos]
+            tr = float(t.phases.get("transform_s", 0.0))
+            if lp.source == "raw" and tr > 0:
+                out[(lp.name, lp.kernel, "transform")] = tr
+        names = {lp.name: lp for lp in self.plan.layers}
+        for e in self.run.timeline():
+            if e["kind"] == "execute" and e["layer"] in names:
+                lp = names[e["layer"]]
+                out[(lp.name, lp.kernel, "exec_cold")] = e["t1"] - e["t0"]
+        return out
+
     def wait_loaded(self) -> None:
         self.run.wait_all()
         if self._prefault is not None:
@@ -131,6 +146,27 @@ class ColdLoad:
         return out
 
 
+def idle_thread(fn: Callable[[], Any], name: str) -> threading.Thread:
+    """Run ``fn`` on a daemon thread at the lowest priority (requests on other threads come first)."""
+    def work() -> None:
+        _idle_priority()
+        try:
+            fn()
+        except Exception as e:  # background refinement only: serving goes on without it
+            log.warning("%s failed: %s: %s", name, type(e).__name__, e)
+
+    th = threading.Thread(target=work, name=name, daemon=True)
+    th.start()
+    return th
+
+
+def _idle_priority() -> None:
+    try:  # Linux: a thread's own nice value
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
+
+
 def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
                       on_done: Callable[[dict[str, Any]], None] | None = None) -> threading.Thread | None:
     """Prepare the warm kernels on a background thread and swap them in under ``lock`` (between runs)."""
@@ -138,10 +174,7 @@ def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
         return None
 
     def work() -> None:
-        try:  # idle time: requests on other threads come first (Linux: a thread's own nice value)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (OSError, AttributeError):
-            pass
+        _idle_priority()  # idle time: requests on other threads come first
         t0 = time.perf_counter()
         try:
             ready = cold.prepare_warm(backend_name)

@@ -48,8 +48,11 @@ class Model:
         self.plan = cold.plan if cold is not None else None
         self.cold_stats: dict[str, Any] = {}
         self.warm_thread: threading.Thread | None = None
+        self.refine_thread: threading.Thread | None = None
         #: rebuilds the model from a fresh package when its store turns out damaged mid-load
         self._recover = recover
+        #: folds a cold run's observations into the package's profile (and plan) in idle time
+        self._refine: "Callable[[dict[tuple[str, str, str], float]], Any] | None" = None
         self._broken: BaseException | None = None
 
     @property
@@ -137,9 +140,13 @@ class Model:
         self.cold_stats = dict(cold.stats)
         log.info("model %s: cold %.1f ms (predicted %.1f ms)", self.name, cold.stats.get("cold_s", 0) * 1e3,
                  cold.plan.predicted_s * 1e3)
-        from .cold import start_warm_switch
+        from .cold import idle_thread, start_warm_switch
 
         self.warm_thread = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update)
+        if self._refine is not None:
+            refine, observed = self._refine, cold.observed()
+            self._refine = None
+            self.refine_thread = idle_thread(lambda: refine(observed), f"inferd-refine-{self.name}")
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until the warm switch (if any) is done; returns whether it is."""
@@ -282,6 +289,12 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     elif opt != plan.options:  # run-time switches only (stealing, warm switch)
         plan = dataclasses.replace(plan, options=opt)
     model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op)
+    if op.profile is not None:
+        from ..package import refine_package
+
+        backend = model._exec
+        stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
+        model._refine = lambda observed: refine_package(op.path, backend, plan, op.profile, observed, stored)
 
     def recover() -> Model:
         fresh = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
