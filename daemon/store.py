@@ -21,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -232,6 +234,18 @@ class WeightsStore:
             raise WeightsStoreError(f"{self.path}: checksum mismatch in {entry.key} (corrupted weights)")
         return a
 
+    def _read_span(self, offset: int, size: int) -> np.ndarray:
+        """``size`` bytes at ``offset`` (block aligned, as every blob is) into an aligned buffer."""
+        buf = aligned_empty(size)
+        fd = self._dfd if self._dfd >= 0 else self._fd
+        try:
+            got = os.preadv(fd, [memoryview(buf)], offset)
+        except OSError:
+            got = os.preadv(self._fd, [memoryview(buf[:size])], offset)
+        if got < size:
+            raise WeightsStoreError(f"{self.path}: truncated weights store: {size} bytes at {offset}, read {got}")
+        return buf[:size]
+
     def get(self, layer: str, tensor: str, kernel: str = "", variant: str = "raw") -> np.ndarray:
         key = (layer, tensor, kernel, variant)
         if key not in self.entries:
@@ -257,6 +271,82 @@ class WeightsStore:
             self.close()
         except Exception:
             pass
+
+
+class StoreStream:
+    """Reads a set of blobs in file order, in large chunks, on one I/O thread; ``get`` hands out
+    checksummed views into the chunk that holds a blob as soon as that chunk has arrived.
+
+    Per-blob reads pay the disk's latency once per tensor (with ``O_DIRECT`` there is no readahead
+    to hide it: mobilenetv2's 55 reads took 4x the time of one sequential pass); a cold load's
+    blobs sit in the store in the order it needs them, so one sequential pass delivers them in time.
+    The views are the weights' final place: a chunk lives as long as a view into it does."""
+
+    def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 4 << 20, gap: int = 256 << 10) -> None:
+        self.store = store
+        ents = sorted({e.key: e for e in entries if e.size}.values(), key=lambda e: e.offset)
+        # chunks: runs of blobs whose holes are small, up to ``chunk`` bytes (a larger blob is one chunk)
+        self.chunks: list[tuple[int, int, list[Entry]]] = []
+        for e in ents:
+            if self.chunks:
+                start, end, members = self.chunks[-1]
+                if e.offset - end <= gap and e.offset + e.size - start <= chunk:
+                    self.chunks[-1] = (start, e.offset + e.size, members + [e])
+                    continue
+            self.chunks.append((e.offset, e.offset + e.size, [e]))
+        self._where = {e.key: i for i, (_, _, m) in enumerate(self.chunks) for e in m}
+        self._bufs: dict[int, np.ndarray] = {}
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._next = 0
+        self.read_s = 0.0
+        self.bytes = sum(end - start for start, end, _ in self.chunks)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="inferd-store-stream", daemon=True)
+        self._thread.start()
+
+    def __contains__(self, entry: Entry) -> bool:
+        return entry.key in self._where
+
+    def _run(self) -> None:
+        st = self.store
+        t0 = time.perf_counter()
+        try:
+            for i, (start, end, _m) in enumerate(self.chunks):
+                if self._stop:
+                    return
+                buf = st._read_span(start, end - start)
+                with self._cond:
+                    self._bufs[i] = buf
+                    self._next = i + 1
+                    self._cond.notify_all()
+        except BaseException as e:  # reported to whoever waits for a blob
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+        finally:
+            self.read_s = time.perf_counter() - t0
+
+    def get(self, entry: Entry) -> np.ndarray:
+        i = self._where[entry.key]
+        with self._cond:
+            while i not in self._bufs and self._error is None and not self._stop:
+                self._cond.wait(0.5)
+            if i not in self._bufs:
+                raise WeightsStoreError(f"{self.store.path}: streaming read failed: {self._error}") from self._error
+            buf = self._bufs[i]
+        start = self.chunks[i][0]
+        mv = buf[entry.offset - start: entry.offset - start + entry.size]
+        if checksum(memoryview(mv)) != entry.checksum:
+            raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {entry.key} (corrupted weights)")
+        return mv.view(np.dtype(entry.dtype)).reshape(entry.shape)
+
+    def release(self) -> None:
+        """Forget the chunks (the views handed out keep theirs alive)."""
+        with self._cond:
+            self._stop = True
+            self._bufs.clear()
+            self._cond.notify_all()
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:

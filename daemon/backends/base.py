@@ -28,7 +28,7 @@ from ..ops.base import Kernel, Layer, raw_key
 
 if TYPE_CHECKING:
     from ..planner.plan import LayerPlan
-    from ..store import Entry, WeightsStore
+    from ..store import Entry, StoreStream, WeightsStore
 
 
 class ColdBackend(Protocol):
@@ -130,6 +130,36 @@ class WeightSource:
         self.constants = constants
         self.store = store
         self.backend = backend
+        self.stream: "StoreStream | None" = None
+
+    def planned_entries(self, layers: Sequence[Layer], plan: Any) -> list["Entry"]:
+        """The store entries ``plan`` reads, in the order it needs them."""
+        if self.store is None:
+            return []
+        out: list[Entry] = []
+        big = getattr(self.constants, "_entries", {})
+        for lp in sorted(plan.layers, key=lambda lp: (lp.ready_s, lp.index)):
+            layer = layers[lp.index]
+            if lp.source == "transformed":
+                out += list(self.store.find(layer.name, kernel=transformed_key(self.backend, lp.kernel),
+                                            variant="transformed"))
+            elif lp.source == "raw":
+                out += [big[layer.node.inputs[i]] for i in layer.const_inputs if layer.node.inputs[i] in big]
+        return out
+
+    def start_stream(self, layers: Sequence[Layer], plan: Any) -> None:
+        """Stream what ``plan`` reads in file order (one I/O thread, large reads) from now on."""
+        from ..store import StoreStream
+
+        if self.store is not None:
+            self.stream = StoreStream(self.store, self.planned_entries(layers, plan))
+
+    def _entry(self, e: "Entry") -> np.ndarray:
+        st = self.stream
+        if st is not None and e in st:
+            return st.get(e)
+        assert self.store is not None
+        return self.store.read(e)
 
     def has_transformed(self, layer: str, kernel: str) -> bool:
         if self.store is None:
@@ -137,7 +167,13 @@ class WeightSource:
         return any(True for _ in self.store.find(layer, kernel=transformed_key(self.backend, kernel), variant="transformed"))
 
     def raw(self, layer: Layer) -> dict[str, np.ndarray]:
-        return {raw_key(i): self.constants[layer.node.inputs[i]] for i in layer.const_inputs}
+        big = getattr(self.constants, "_entries", {})
+        out = {}
+        for i in layer.const_inputs:
+            n = layer.node.inputs[i]
+            st = self.stream
+            out[raw_key(i)] = self._entry(big[n]) if st is not None and n in big and big[n] in st else self.constants[n]
+        return out
 
     def transformed(self, layer: Layer, kernel: str) -> dict[str, np.ndarray]:
         if self.store is None:
@@ -146,7 +182,7 @@ class WeightSource:
         if not ents:
             raise WeightsStoreError(f"{self.store.path}: no transformed weights of layer {layer.name!r} for kernel "
                                     f"{self.backend}/{kernel}")
-        return {e.tensor: self.store.read(e) for e in ents}
+        return {e.tensor: self._entry(e) for e in ents}
 
     def read(self, layer: Layer, lp: "LayerPlan") -> tuple[dict[str, np.ndarray], float]:
         """The arrays ``lp`` says to read, and the seconds the read took."""

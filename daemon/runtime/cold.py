@@ -44,6 +44,7 @@ class ColdLoad:
         self.stats: dict[str, Any] = {}
         self._finalized = False
         self._prefault: threading.Thread | None = None
+        weights.start_stream(self.layers, plan)
         loader_pool().submit(self.run)
         prefault = getattr(backend, "prefault", None)
         if prefault is not None:
@@ -92,10 +93,12 @@ class ColdLoad:
             run.record("execute", pos, t0, time.perf_counter())
         out = self.backend.end()
         self._finalize()
+        self._end_stream()
         t_end = time.perf_counter()
         self.done = True
         self.stats = {"cold_s": round(t_end - self.t0, 6), "first_run_s": round(t_end - t_first, 6),
-                      "predicted_s": round(self.plan.predicted_s, 6), **run.breakdown()}
+                      "predicted_s": round(self.plan.predicted_s, 6), **run.breakdown(),
+                      **getattr(self, "stats_stream", {})}
         return out
 
     def observed(self) -> dict[tuple[str, str, str], float]:
@@ -113,8 +116,17 @@ class ColdLoad:
                 out[(lp.name, lp.kernel, "exec_cold")] = e["t1"] - e["t0"]
         return out
 
+    def _end_stream(self) -> None:
+        st = self.weights.stream
+        if st is not None:
+            self.stats_stream = {"stream_read_s": round(st.read_s, 6), "stream_bytes": st.bytes,
+                                 "stream_chunks": len(st.chunks)}
+            st.release()
+            self.weights.stream = None
+
     def wait_loaded(self) -> None:
         self.run.wait_all()
+        self._end_stream()
         if self._prefault is not None:
             self._prefault.join()
         self._finalize()
@@ -125,6 +137,9 @@ class ColdLoad:
 
     def cancel(self) -> None:
         self.run.cancel()
+        st = self.weights.stream
+        if st is not None:
+            st.release()
 
     # ------------------------------------------------------------------ the warm switch
     def warm_switches(self) -> list[tuple[int, str]]:

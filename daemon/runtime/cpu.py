@@ -109,7 +109,7 @@ class CpuExecutor:
         self.stats = LoadStats()
         self._forced = kernels
         if not lazy:
-            native.claim_cores()  # lazily built executors do it off the critical path (prefault)
+            native.claim_cores()  # a cold load does it after its first answer (finalize): it holds the GIL
         t0 = time.perf_counter()
         self.plan: MemoryPlan = plan_graph_memory(graph)
         self.arena = np.empty(max(self.plan.total, 1), dtype=np.uint8)
@@ -191,7 +191,6 @@ class CpuExecutor:
         run's kernel) on the calling thread, off the executor's critical path; ``begin`` adopts them."""
         from ..ops.conv import prefault_scratch
 
-        native.claim_cores()
         self.arena.fill(0)
         sizes: dict[int, int] = {}
         for (layer, _k), name in zip(self.choice, kernels):
@@ -229,6 +228,7 @@ class CpuExecutor:
         return res
 
     def finalize(self) -> None:
+        native.claim_cores()
         missing = [self.choice[i][0].name for i, s in enumerate(self.steps) if s is None]
         if missing:
             raise RuntimeError(f"layers not prepared: {missing[:5]}")
