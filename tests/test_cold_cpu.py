@@ -122,9 +122,10 @@ def test_profiled_plan_is_stored_and_obeyed(tmp_path: Path) -> None:
     d = read_plan(pkg / "plan.bin")
     assert d["profile"]["times"], "the profile holds measurements"
     assert d["fingerprint"]["backend"] == "cpu" and d["fingerprint"]["engine"] == inferd.__version__
-    with inferd.load(pkg) as model:
+    # the warm switch off: it would swap kernels after the first answer, while this test looks at them
+    with inferd.load(pkg, cold=PlanOptions(warm_switch=False)) as model:
         planned = {lp.name: lp.kernel for lp in model.plan.layers}
-        assert model.plan == inferd.package.ColdPlan.from_dict(d["plan"])  # the stored plan, not a new one
+        assert model.plan.layers == inferd.package.ColdPlan.from_dict(d["plan"]).layers  # the stored plan
         check(model, name, "profiled plan")
         cold_kernels = model.kernels
         assert cold_kernels == planned  # the runtime ran what the plan says
