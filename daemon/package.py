@@ -30,7 +30,7 @@ from . import __version__
 from dataclasses import dataclass
 
 from .backends.base import LazyConstants, transformed_key
-from .errors import PackageOptionsError, StalePackageError, WeightsStoreError
+from .errors import BackendError, PackageOptionsError, StalePackageError, WeightsStoreError
 from .fileio import atomic_write
 from .ir import Graph, Node, TensorInfo
 from .ops.base import Layer, choose_kernel, raw_key
@@ -133,8 +133,10 @@ def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = Non
         from .runtime.cpu import CpuExecutor
 
         return CpuExecutor(graph, kernels=kernels, lazy=True)
-    from .vulkan.cold import VulkanColdBackend
-
+    try:
+        from .vulkan.cold import VulkanColdBackend
+    except ImportError as e:
+        raise BackendError(f"the Vulkan backend is not available: {e}") from e
     return VulkanColdBackend(graph, kernels=kernels, **options)
 
 
@@ -168,7 +170,7 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
     n = max(0, n - 1) if not gpu else max(1, n)
     filled = bool(getattr(backend, "pipeline_cache_filled", lambda: True)()) if gpu else True
     layers = cold_layers(entries, cost, gpu=gpu, pipeline_cache_filled=filled, cache=options.cache, stored=stored)
-    return plan_cold(layers, n, backend.name, options, gpu=gpu)
+    return plan_cold(layers, n, backend.name, options, gpu=gpu, host_cores=bool(getattr(backend, "host_cores", False)))
 
 
 def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None, fp: dict[str, str],
@@ -327,13 +329,22 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
     return OpenPackage(pkg, graph, plan, prof, store, d)
 
 
+#: a package's plan is re-made from observed cold runs at most this often: one noisy run on a busy
+#: board must not set off a chain of re-plans
+MAX_REFINEMENTS = 2
+
+
 def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile | None,
                    observed: dict[tuple[str, str, str], float], stored: Callable[[str, str], bool],
-                   min_gain: float = 0.03) -> ColdPlan | None:
+                   min_gain: float = 0.10) -> ColdPlan | None:
     """Fold what a cold run observed into ``pkg``'s profile and re-plan over the representations its
     store holds; rewrite ``plan.bin`` (atomically) when the new plan is predicted faster by more than
-    ``min_gain`` under the refined costs. Returns the new plan, or None when the stored one stays."""
+    ``min_gain`` under the refined costs, at most ``MAX_REFINEMENTS`` times per package. Returns the new
+    plan, or None when the stored one stays."""
     if profile is None or not observed:
+        return None
+    d = read_plan(pkg / "plan.bin")
+    if int(d.get("refinements", 0)) >= MAX_REFINEMENTS:
         return None
     merged = profile.merged(observed)
     entries = backend.candidates()
@@ -342,7 +353,7 @@ def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile 
     old = _repredict(current, entries, merged, backend)
     if new.predicted_s >= old * (1 - min_gain):
         return None
-    d = read_plan(pkg / "plan.bin")
+    d["refinements"] = int(d.get("refinements", 0)) + 1
     d["plan"] = new.to_dict()
     d["profile"] = merged.to_dict()
     body = msgpack.packb(d, default=_default, use_bin_type=True)

@@ -242,7 +242,7 @@ class WeightsStore:
             got = os.preadv(fd, [memoryview(buf)], offset)
         except OSError:
             got = os.preadv(self._fd, [memoryview(buf[:size])], offset)
-        if got < size:
+        if got < size and offset + got < os.fstat(self._fd).st_size:
             raise WeightsStoreError(f"{self.path}: truncated weights store: {size} bytes at {offset}, read {got}")
         return buf[:size]
 
@@ -280,17 +280,26 @@ class StoreStream:
     Per-blob reads pay the disk's latency once per tensor (with ``O_DIRECT`` there is no readahead
     to hide it: mobilenetv2's 55 reads took 4x the time of one sequential pass); a cold load's
     blobs sit in the store in the order it needs them, so one sequential pass delivers them in time.
-    The views are the weights' final place: a chunk lives as long as a view into it does."""
+    The views are the weights' final place: a chunk lives as long as a view into it does.
 
-    def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 4 << 20, gap: int = 256 << 10) -> None:
+    ``entries`` come in the order they are needed; chunks are read in that order, each a run of blobs
+    that follow one another in the file (the store is written in a plan's order, so a run is long;
+    a plan refined later may need another order, which costs more, smaller reads, never a wait for
+    blobs needed later)."""
+
+    def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 4 << 20, gap: int = 64 << 10) -> None:
         self.store = store
-        ents = sorted({e.key: e for e in entries if e.size}.values(), key=lambda e: e.offset)
-        # chunks: runs of blobs whose holes are small, up to ``chunk`` bytes (a larger blob is one chunk)
+        seen: set[tuple[str, str, str, str]] = set()
+        ents = []
+        for e in entries:
+            if e.size and e.key not in seen:
+                seen.add(e.key)
+                ents.append(e)
         self.chunks: list[tuple[int, int, list[Entry]]] = []
         for e in ents:
             if self.chunks:
                 start, end, members = self.chunks[-1]
-                if e.offset - end <= gap and e.offset + e.size - start <= chunk:
+                if 0 <= e.offset - end <= gap and e.offset + e.size - start <= chunk:
                     self.chunks[-1] = (start, e.offset + e.size, members + [e])
                     continue
             self.chunks.append((e.offset, e.offset + e.size, [e]))
@@ -315,7 +324,7 @@ class StoreStream:
             for i, (start, end, _m) in enumerate(self.chunks):
                 if self._stop:
                     return
-                buf = st._read_span(start, end - start)
+                buf = st._read_span(start, _align(end) - start)
                 with self._cond:
                     self._bufs[i] = buf
                     self._next = i + 1

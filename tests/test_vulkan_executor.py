@@ -317,7 +317,7 @@ def test_spirv_cache_on_disk_manifest_and_corruption(tmp_path: Path) -> None:
     assert c3.get("binary", {"BOP": 2, "RESIDUAL": 1}).spirv == mod.spirv
     assert c3.compiled == 1  # the corrupt entry was detected by its checksum and rebuilt
     conv = c3.get("conv_dw", {})
-    assert [s.name for s in conv.manifest.spec] == ["KH", "KW", "SH", "SW", "DH", "DW"]
+    assert [s.name for s in conv.manifest.spec] == ["KH", "KW", "SH", "SW", "DH", "DW", "GID_BASE"]
 
 
 def test_bool_and_int64_tensors_flow_through_a_graph(device: Any) -> None:

@@ -76,3 +76,21 @@ def write_results(out_dir: str | os.PathLike, stem: str, data: dict[str, Any], t
     jp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     mp.write_text(table_md)
     return jp, mp
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    """``a / b``, or None when either is missing or ``b`` is not positive (tables print 'n/a', not NaN)."""
+    try:
+        fa, fb = float(a), float(b)
+    except (TypeError, ValueError):
+        return None
+    if fb <= 0 or fa != fa or fb != fb:
+        return None
+    return fa / fb
+
+
+def fmt(x: Any, spec: str = ".1f", missing: str = "n/a") -> str:
+    """A number for a markdown cell; ``missing`` for None/NaN/non-numbers."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x:
+        return missing
+    return format(x, spec)

@@ -314,11 +314,15 @@ def nnv12_makespan(layers: Sequence[ColdLayer], loaders: int, *, gpu: bool = Fal
 
 
 def plan_cold(layers: Sequence[ColdLayer], loaders: int, backend: str = "cpu",
-              options: PlanOptions | None = None, *, gpu: bool = False) -> ColdPlan:
-    """The cold-start plan for ``layers`` (graph order) with ``loaders`` preparing threads besides the executor."""
+              options: PlanOptions | None = None, *, gpu: bool = False, host_cores: bool = False) -> ColdPlan:
+    """The cold-start plan for ``layers`` (graph order) with ``loaders`` preparing threads besides the executor.
+
+    ``gpu``: executions run on a device queue, so the host thread that submits them stays free to
+    prepare; ``host_cores``: that device computes on the host's own cores (lavapipe), so its executions
+    take the cores from the loaders as a CPU executor's do."""
     opt = options or PlanOptions()
     loaders = max(int(loaders), 0 if (opt.executor_prepares and not gpu) else 1)
-    exec_blocks = not gpu
+    exec_blocks = not gpu or host_cores
     ep = opt.executor_prepares and not gpu
 
     def allowed(L: ColdLayer) -> ColdLayer:
@@ -347,7 +351,7 @@ def plan_cold(layers: Sequence[ColdLayer], loaders: int, backend: str = "cpu",
         choice = [min(range(len(L.candidates)), key=lambda i, L=L: L.candidates[i].prep_s / max(loaders, 1)
                       + L.candidates[i].exec_s) for L in use]
     assign = None
-    if opt.pipeline and not gpu:
+    if opt.pipeline and exec_blocks:
         # the baseline's own placement wins now and then (it is the search's seed, not its bound)
         base_choice = plan_nnv12(use, loaders, exec_blocks=exec_blocks)
         base_assign = assign_nnv12(use, base_choice, loaders)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -44,6 +45,7 @@ class ColdLoad:
         self.stats: dict[str, Any] = {}
         self._finalized = False
         self._prefault: threading.Thread | None = None
+        idle_worker()  # started now, not on the first answer's path
         weights.start_stream(self.layers, plan)
         loader_pool().submit(self.run)
         prefault = getattr(backend, "prefault", None)
@@ -110,6 +112,8 @@ class ColdLoad:
             if lp.source == "raw" and tr > 0:
                 out[(lp.name, lp.kernel, "transform")] = tr
         names = {lp.name: lp for lp in self.plan.layers}
+        if getattr(self.backend, "gpu", False):
+            return out  # a GPU layer's execute() only records commands: its time is not the layer's
         for e in self.run.timeline():
             if e["kind"] == "execute" and e["layer"] in names:
                 lp = names[e["layer"]]
@@ -161,18 +165,43 @@ class ColdLoad:
         return out
 
 
-def idle_thread(fn: Callable[[], Any], name: str) -> threading.Thread:
-    """Run ``fn`` on a daemon thread at the lowest priority (requests on other threads come first)."""
-    def work() -> None:
-        _idle_priority()
-        try:
-            fn()
-        except Exception as e:  # background refinement only: serving goes on without it
-            log.warning("%s failed: %s: %s", name, type(e).__name__, e)
+class IdleWorker:
+    """One thread at the lowest priority for the work that follows a first answer (the warm switch,
+    refining the profile, probing BLAS): started with the first cold load, so that the answer path
+    starts no thread (a thread start waits for the GIL, milliseconds beside a running executor)."""
 
-    th = threading.Thread(target=work, name=name, daemon=True)
-    th.start()
-    return th
+    def __init__(self) -> None:
+        self._jobs: "queue.SimpleQueue[tuple[str, Callable[[], Any], threading.Event]]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="inferd-idle", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        _idle_priority()
+        while True:
+            name, fn, done = self._jobs.get()
+            try:
+                fn()
+            except Exception as e:  # background work only: serving goes on without it
+                log.warning("%s failed: %s: %s", name, type(e).__name__, e)
+            finally:
+                done.set()
+
+    def submit(self, name: str, fn: Callable[[], Any]) -> threading.Event:
+        done = threading.Event()
+        self._jobs.put((name, fn, done))
+        return done
+
+
+_idle: IdleWorker | None = None
+_idle_lock = threading.Lock()
+
+
+def idle_worker() -> IdleWorker:
+    global _idle
+    with _idle_lock:
+        if _idle is None:
+            _idle = IdleWorker()
+        return _idle
 
 
 def _idle_priority() -> None:
@@ -183,13 +212,12 @@ def _idle_priority() -> None:
 
 
 def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
-                      on_done: Callable[[dict[str, Any]], None] | None = None) -> threading.Thread | None:
-    """Prepare the warm kernels on a background thread and swap them in under ``lock`` (between runs)."""
+                      on_done: Callable[[dict[str, Any]], None] | None = None) -> threading.Event | None:
+    """Prepare the warm kernels in idle time and swap them in under ``lock`` (between runs)."""
     if not cold.warm_switches() or not cold.plan.options.warm_switch:
         return None
 
     def work() -> None:
-        _idle_priority()  # idle time: requests on other threads come first
         t0 = time.perf_counter()
         try:
             ready = cold.prepare_warm(backend_name)
@@ -205,6 +233,4 @@ def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
         if on_done is not None:
             on_done(info)
 
-    th = threading.Thread(target=work, name=f"inferd-warm-{cold.name}", daemon=True)
-    th.start()
-    return th
+    return idle_worker().submit(f"warm switch of {cold.name}", work)

@@ -227,8 +227,12 @@ class CpuExecutor:
                 res[t.name] = np.array(self.views[t.name])
         return res
 
-    def finalize(self) -> None:
+    def after_first_run(self) -> None:
+        """Idle-time work once a cold load has answered: hold numpy's BLAS to one thread (threadpoolctl
+        scans every loaded library: 7-18 ms with the GIL held, too long for the answer path)."""
         native.claim_cores()
+
+    def finalize(self) -> None:
         missing = [self.choice[i][0].name for i, s in enumerate(self.steps) if s is None]
         if missing:
             raise RuntimeError(f"layers not prepared: {missing[:5]}")

@@ -47,8 +47,9 @@ class Model:
         self._on_close = on_close
         self.plan = cold.plan if cold is not None else None
         self.cold_stats: dict[str, Any] = {}
-        self.warm_thread: threading.Thread | None = None
-        self.refine_thread: threading.Thread | None = None
+        #: set when the warm switch (if any) is done; likewise the refinement of the package's plan
+        self.warm_done: threading.Event | None = None
+        self.refine_done: threading.Event | None = None
         #: rebuilds the model from a fresh package when its store turns out damaged mid-load
         self._recover = recover
         #: folds a cold run's observations into the package's profile (and plan) in idle time
@@ -140,21 +141,21 @@ class Model:
         self.cold_stats = dict(cold.stats)
         log.info("model %s: cold %.1f ms (predicted %.1f ms)", self.name, cold.stats.get("cold_s", 0) * 1e3,
                  cold.plan.predicted_s * 1e3)
-        from .cold import idle_thread, start_warm_switch
+        from .cold import idle_worker, start_warm_switch
 
-        self.warm_thread = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update)
+        after = getattr(self._exec, "after_first_run", None)
+        if after is not None:
+            idle_worker().submit(f"{self.name}: after the first run", after)
+        self.warm_done = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update)
         if self._refine is not None:
             refine, observed = self._refine, cold.observed()
             self._refine = None
-            self.refine_thread = idle_thread(lambda: refine(observed), f"inferd-refine-{self.name}")
+            self.refine_done = idle_worker().submit(f"{self.name}: refining its plan", lambda: refine(observed))
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until the warm switch (if any) is done; returns whether it is."""
-        th = self.warm_thread
-        if th is not None:
-            th.join(timeout)
-            return not th.is_alive()
-        return True
+        ev = self.warm_done
+        return ev.wait(timeout) if ev is not None else True
 
     def close(self) -> None:
         cold = self._cold
@@ -218,7 +219,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
     opt = cold or PlanOptions()
     if not in_memory and Path(path).is_dir():
         return _from_package(Path(path), dev, batch, kernels, name or Path(path).name, opt, loaders, options, t0)
-    if cache_dir is not None and not in_memory and Path(path).is_file() and _planned(dev):
+    if cache_dir is not None and not in_memory and Path(path).is_file():
         src = Path(path)
 
         def rebuild() -> Path:
@@ -233,31 +234,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
 
     graph = import_model(path, batch=batch, shapes=shapes)
     mname = name or (graph.name if in_memory else Path(path).stem)
-    if not _planned(dev):
-        return _legacy_vulkan(mname, graph, kernels, t0, options)
     return _planned_model(mname, graph, dev, kernels, opt, loaders, options, t0, None, None)
-
-
-def _planned(dev: str) -> bool:
-    """Whether ``dev`` has a cold backend (the Vulkan one may be absent from this build)."""
-    if dev == "cpu":
-        return True
-    try:
-        from ..vulkan import cold as _vcold  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _legacy_vulkan(mname: str, graph: Graph, kernels: dict[str, str] | None, t0: float,
-                   options: dict[str, Any]) -> Model:
-    try:
-        from ..vulkan.device import get_device
-        from ..vulkan.executor import VulkanModel
-    except ImportError as e:
-        raise BackendError(f"the Vulkan backend is not available: {e}") from e
-    ex = VulkanModel(graph, get_device(), kernels=kernels, **options)
-    return Model(mname, graph, ex, "vulkan", time.perf_counter() - t0)
 
 
 def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | None, mname: str, opt: PlanOptions,
@@ -267,11 +244,6 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     (from its source) once, never used."""
     from ..package import fingerprint, open_package, rebuild_package
 
-    if not _planned(dev):
-        from ..package import load_package
-
-        graph, _ = load_package(pkg, device=dev, batch=batch)
-        return _legacy_vulkan(mname, graph, kernels, t0, options)
     current = fingerprint(dev)
     try:
         op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current)

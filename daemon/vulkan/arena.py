@@ -1,65 +1,47 @@
-"""Layout of a model's static device arena (pure: no Vulkan), from the same lifetime planner as the CPU.
+"""Layout of a model's device memory (pure: no Vulkan), from the same lifetime planner as the CPU.
 
 Two kinds of region:
   * activations: one allocation holding every activation tensor and every per-layer workspace,
     placed by ``inferd.planner.memory`` (greedy-by-size packing of lifetimes; a workspace is a buffer
     live for its layer's one step; alias ops share their source's buffer) at offsets aligned to the
-    device's minStorageBufferOffsetAlignment (at least 64);
-  * weights: the kernels' transformed constants, bump-placed at 256-byte offsets into as few
-    allocations as fit ``chunk`` bytes each (weights are live for the model's whole life).
+    device's minStorageBufferOffsetAlignment (at least 64). Laid out before any layer is prepared,
+    so a layer's workspace is the largest any of its candidate kernels needs;
+  * weights: one allocation per layer, its transformed constants bump-placed at 256-byte offsets.
+    Per layer because layers are prepared concurrently, in any order, with a kernel chosen only
+    then, and a warm kernel switch frees the old kernel's weights.
 
-Nothing is allocated on the inference path: the executor allocates these regions once at load.
-The memory-budget planner can replace ``plan_arena`` as long as it returns the same ``ArenaPlan``.
+Nothing is allocated on the inference path: the executor allocates these regions while loading.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from ..ir import Graph
 from ..planner.memory import Buffer, MemoryPlan, align_up, graph_buffers, pack
 from .kernel import ALIGN
-
-#: Largest single weights allocation (Vulkan guarantees maxMemoryAllocationSize >= 1 GiB).
-WEIGHT_CHUNK = 1 << 30
 
 
 def workspace_name(layer_name: str) -> str:
     return f"{layer_name}#ws"
 
 
-@dataclass(frozen=True)
-class ArenaPlan:
-    activations: MemoryPlan
-    #: (step index, param key) -> (weights chunk, byte offset)
-    weights: Mapping[tuple[int, str], tuple[int, int]]
-    #: bytes of each weights allocation
-    weight_chunks: tuple[int, ...]
+def plan_activations(graph: Graph, workspaces: Sequence[tuple[int, str, int]], alignment: int) -> MemoryPlan:
+    """Activation layout of ``graph`` (constants already folded in, nodes in execution order).
 
-    @property
-    def total(self) -> int:
-        return self.activations.total + sum(self.weight_chunks)
-
-
-def plan_arena(graph: Graph, workspaces: Sequence[tuple[int, str, int]], params: Sequence[tuple[int, str, int]],
-               alignment: int, chunk: int = WEIGHT_CHUNK) -> ArenaPlan:
-    """Arena layout of ``graph`` (constants already folded in, nodes in execution order).
-
-    ``workspaces``: (step, layer name, bytes) per layer needing scratch; ``params``: (step, key,
-    bytes) per transformed constant that a dispatch binds.
-    """
+    ``workspaces``: (step, layer name, bytes) per layer needing scratch."""
     bufs, aliases = graph_buffers(graph)
     for step, name, nbytes in workspaces:
         if nbytes:
             bufs.append(Buffer(workspace_name(name), nbytes, step, step))
     offsets, total = pack(bufs, alignment)
-    act = MemoryPlan(offsets, {b.name: b.size for b in bufs}, total, alignment, aliases)
-    place: dict[tuple[int, str], tuple[int, int]] = {}
-    sizes: list[int] = [0]
-    for step, key, nbytes in params:
-        n = align_up(max(nbytes, 4), ALIGN)
-        if sizes[-1] and sizes[-1] + n > chunk:
-            sizes.append(0)
-        place[(step, key)] = (len(sizes) - 1, sizes[-1])
-        sizes[-1] += n
-    return ArenaPlan(act, place, tuple(s for s in sizes if s))
+    return MemoryPlan(offsets, {b.name: b.size for b in bufs}, total, alignment, aliases)
+
+
+def place_weights(params: Sequence[tuple[str, int]]) -> tuple[dict[str, int], int]:
+    """Byte offset of each (key, bytes) array in one layer's weights allocation, and its size."""
+    place: dict[str, int] = {}
+    end = 0
+    for key, nbytes in params:
+        place[key] = end
+        end += align_up(max(nbytes, 4), ALIGN)
+    return place, end

@@ -215,6 +215,8 @@ class VulkanDevice:
         self._set_layouts: dict[tuple[str, ...], Any] = {}
         self._pipe_layouts: dict[tuple[tuple[str, ...], int], Any] = {}
         self._pipelines: dict[tuple[str, tuple[tuple[str, Any], ...]], Pipeline] = {}
+        #: pipelines being created by some thread right now (others wait on the event instead of compiling twice)
+        self._inflight: dict[tuple[str, tuple[tuple[str, Any], ...]], threading.Event] = {}
         self._staging: Region | None = None
         self._messenger = None
         self._callback = None
@@ -615,89 +617,190 @@ class VulkanDevice:
             self._shader_modules[mod.key] = h
         return h
 
-    def pipelines(self, requests: Sequence[tuple[ShaderModule, Mapping[str, Any]]]) -> list[Pipeline]:
-        """Compute pipelines for (module, spec constants) pairs, created in one batch through the pipeline cache."""
-        ffi = vk.ffi
+    @staticmethod
+    def pipeline_key(mod: ShaderModule, spec: Mapping[str, Any]) -> tuple[str, tuple[tuple[str, Any], ...]]:
+        return mod.key, tuple(sorted(spec.items()))
+
+    def pipelines(self, requests: Sequence[tuple[ShaderModule, Mapping[str, Any]]],
+                  counts: dict[str, int] | None = None) -> list[Pipeline]:
+        """Compute pipelines for (module, spec constants) pairs, created in one batch through the pipeline cache.
+
+        Safe to call from several threads: the driver compiles outside the device lock (the
+        ``VkPipelineCache`` is internally synchronised), so loader threads compile in parallel, and a
+        pipeline another thread is already creating is waited for rather than created twice.
+        ``counts`` (if given) gets this call's ``created``, ``reused`` and ``cache_hits`` added."""
+        keys = [self.pipeline_key(m, spec) for m, spec in requests]
+        todo: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[ShaderModule, Mapping[str, Any]]] = {}
+        others: list[threading.Event] = []
+        reused = 0
         with self._lock:
-            keys = [(m.key, tuple(sorted(spec.items()))) for m, spec in requests]
-            todo: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[ShaderModule, Mapping[str, Any]]] = {}
+            if self.closed:  # a loader thread of a load the device's close() cut short
+                raise BackendError("the Vulkan device is closed")
             for k, req in zip(keys, requests):
                 if k in self._pipelines:
-                    self.stats["pipelines_reused"] += 1
-                elif k not in todo:
+                    reused += 1
+                elif k in todo:
+                    continue
+                elif k in self._inflight:
+                    reused += 1
+                    others.append(self._inflight[k])
+                else:
                     todo[k] = req
-            if todo:
-                infos = []
-                keep: list[Any] = []
-                feedbacks = []
-                for (mkey, spec_items), (mod, spec) in todo.items():
+            self.stats["pipelines_reused"] += reused
+            mine = {k: threading.Event() for k in todo}
+            self._inflight.update(mine)
+            try:
+                batch = self._create_infos(list(todo.values())) if todo else None
+            except BaseException:
+                self._settle(mine)
+                raise
+        hits = 0
+        if batch is not None:
+            try:
+                handles, fb = self._create_batch(batch)
+            except BaseException:
+                with self._lock:
+                    self._settle(mine)
+                raise
+            with self._lock:
+                for k, (mod, _spec), h, hit in zip(todo, todo.values(), handles, fb):
                     man = mod.manifest
-                    entries, data = man.pack_spec(spec, f"shader {mod.name}")
-                    sinfo = None
-                    if entries:
-                        ents = ffi.new("VkSpecializationMapEntry[]", len(entries))
-                        for i, (cid, off) in enumerate(entries):
-                            ents[i].constantID, ents[i].offset, ents[i].size = cid, off, 4
-                        dbuf = ffi.new("char[]", data)
-                        sinfo = ffi.new("VkSpecializationInfo*")
-                        sinfo.mapEntryCount, sinfo.pMapEntries, sinfo.dataSize, sinfo.pData = len(entries), ents, len(data), dbuf
-                        keep += [ents, dbuf, sinfo]
-                    stage = ffi.new("VkPipelineShaderStageCreateInfo*")
-                    stage.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO
-                    stage.stage = vk.VK_SHADER_STAGE_COMPUTE_BIT
-                    stage.module = self._shader_module(mod)
-                    name = ffi.new("char[]", b"main")
-                    stage.pName = name
-                    stage.pSpecializationInfo = sinfo if sinfo is not None else ffi.NULL
-                    keep += [stage, name]
-                    info = ffi.new("VkComputePipelineCreateInfo*")
-                    info.sType = vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO
-                    info.stage = stage[0]
-                    if any(b.kind != "buffer" for b in man.bindings) and not self.texel_buffers:
-                        raise BackendError(f"shader {mod.name} binds texel buffers, which this device's regions do "
-                                           f"not support (CPU-type devices only)")
-                    info.layout = self._pipe_layout(binding_kinds(man), man.push_size)
-                    info.basePipelineIndex = -1
-                    if self._feedback:
-                        fb = ffi.new("VkPipelineCreationFeedback*")
-                        fbs = ffi.new("VkPipelineCreationFeedback[1]")
-                        fci = ffi.new("VkPipelineCreationFeedbackCreateInfo*")
-                        fci.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_CREATION_FEEDBACK_CREATE_INFO
-                        fci.pPipelineCreationFeedback = fb
-                        fci.pipelineStageCreationFeedbackCount = 1
-                        fci.pPipelineStageCreationFeedbacks = fbs
-                        info.pNext = fci
-                        keep += [fb, fbs, fci]
-                        feedbacks.append(fb)
-                    else:
-                        feedbacks.append(None)
-                    keep.append(info)
-                    infos.append(info)
-                arr = ffi.new("VkComputePipelineCreateInfo[]", len(infos))
-                for i, inf in enumerate(infos):
-                    arr[i] = inf[0]
-                out = ffi.new("VkPipeline[]", len(infos))
-                res = vk.lib.vkCreateComputePipelines(self.device, self.pipeline_cache.handle, len(infos), arr, ffi.NULL, out)
-                if res != vk.VK_SUCCESS:
-                    raise BackendError(f"vkCreateComputePipelines failed ({res}) for "
-                                       f"{[m.name for m, _ in todo.values()]}")
-                hit_bit = vk.VK_PIPELINE_CREATION_FEEDBACK_APPLICATION_PIPELINE_CACHE_HIT_BIT
-                valid_bit = vk.VK_PIPELINE_CREATION_FEEDBACK_VALID_BIT
-                for i, (k, (mod, spec)) in enumerate(todo.items()):
-                    fb = feedbacks[i]
-                    hit = None
-                    if fb is not None and fb.flags & valid_bit:
-                        hit = bool(fb.flags & hit_bit)
-                        self.stats["pipeline_cache_hits"] += int(hit)
-                        self.stats["pipeline_feedback"] += 1
-                    man = mod.manifest
-                    self._pipelines[k] = Pipeline(out[i], self._pipe_layout(binding_kinds(man), man.push_size),
+                    self._pipelines[k] = Pipeline(h, self._pipe_layout(binding_kinds(man), man.push_size),
                                                   self._set_layout(binding_kinds(man)), mod, k[1], hit)
+                    hits += int(bool(hit))
+                self.stats["pipeline_cache_hits"] += hits
+                self.stats["pipeline_feedback"] += sum(1 for h in fb if h is not None)
                 self.stats["pipelines_created"] += len(todo)
                 if self.pipeline_cache.status == "loaded":
                     self.stats["pipelines_from_loaded_cache"] += len(todo)
                 self.pipeline_cache.dirty = True
+                self._settle(mine)
+        for ev in others:
+            ev.wait()
+        with self._lock:
+            lost = [k for k in keys if k not in self._pipelines]
+            if lost:
+                raise BackendError(f"pipeline creation failed on another thread for shaders "
+                                   f"{sorted({m.name for m, _ in requests})}")
+            if counts is not None:
+                counts["created"] = counts.get("created", 0) + len(todo)
+                counts["reused"] = counts.get("reused", 0) + reused
+                counts["cache_hits"] = counts.get("cache_hits", 0) + hits
             return [self._pipelines[k] for k in keys]
+
+    def _settle(self, events: Mapping[Any, threading.Event]) -> None:
+        """End in-flight creations (done or failed): waiters then find the pipeline or report its loss."""
+        for k, ev in events.items():
+            self._inflight.pop(k, None)
+            ev.set()
+
+    def time_pipelines(self, requests: Sequence[tuple[ShaderModule, Mapping[str, Any]]], empty: bool) -> float:
+        """Seconds to create these pipelines afresh (then destroyed), through an empty ``VkPipelineCache``
+        or through the device's (filled) one: the profiler's two pipeline phases."""
+        uniq = list({self.pipeline_key(m, s): (m, s) for m, s in requests}.values())
+        if not uniq:
+            return 0.0
+        with self._lock:
+            batch = self._create_infos(uniq)
+        cache = None
+        if empty:
+            out = vk.ffi.new("VkPipelineCache*")
+            info = vk.ffi.new("VkPipelineCacheCreateInfo*")
+            info.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO
+            res = vk.lib.vkCreatePipelineCache(self.device, info, vk.ffi.NULL, out)
+            if res != vk.VK_SUCCESS:
+                raise BackendError(f"vkCreatePipelineCache failed ({res})")
+            cache = out[0]
+        try:
+            t0 = time.perf_counter()
+            handles, _ = self._create_batch(batch, cache)
+            dt = time.perf_counter() - t0
+        finally:
+            if cache is not None:
+                vk.vkDestroyPipelineCache(self.device, cache, None)
+        for h in handles:
+            vk.vkDestroyPipeline(self.device, h, None)
+        return dt
+
+    def _create_infos(self, reqs: Sequence[tuple[ShaderModule, Mapping[str, Any]]]) -> tuple[Any, list[Any], list[Any], list[str]]:
+        """The create-info array for ``reqs`` (under the device lock: modules and layouts are shared), with
+        the cffi objects it points into and the creation-feedback structs."""
+        ffi = vk.ffi
+        infos = []
+        keep: list[Any] = []
+        feedbacks: list[Any] = []
+        for mod, spec in reqs:
+            man = mod.manifest
+            entries, data = man.pack_spec(spec, f"shader {mod.name}")
+            sinfo = None
+            if entries:
+                ents = ffi.new("VkSpecializationMapEntry[]", len(entries))
+                for i, (cid, off) in enumerate(entries):
+                    ents[i].constantID, ents[i].offset, ents[i].size = cid, off, 4
+                dbuf = ffi.new("char[]", data)
+                sinfo = ffi.new("VkSpecializationInfo*")
+                sinfo.mapEntryCount, sinfo.pMapEntries, sinfo.dataSize, sinfo.pData = len(entries), ents, len(data), dbuf
+                keep += [ents, dbuf, sinfo]
+            stage = ffi.new("VkPipelineShaderStageCreateInfo*")
+            stage.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO
+            stage.stage = vk.VK_SHADER_STAGE_COMPUTE_BIT
+            stage.module = self._shader_module(mod)
+            name = ffi.new("char[]", b"main")
+            stage.pName = name
+            stage.pSpecializationInfo = sinfo if sinfo is not None else ffi.NULL
+            keep += [stage, name]
+            info = ffi.new("VkComputePipelineCreateInfo*")
+            info.sType = vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO
+            info.stage = stage[0]
+            if any(b.kind != "buffer" for b in man.bindings) and not self.texel_buffers:
+                raise BackendError(f"shader {mod.name} binds texel buffers, which this device's regions do "
+                                   f"not support (CPU-type devices only)")
+            info.layout = self._pipe_layout(binding_kinds(man), man.push_size)
+            info.basePipelineIndex = -1
+            if self._feedback:
+                fb = ffi.new("VkPipelineCreationFeedback*")
+                fbs = ffi.new("VkPipelineCreationFeedback[1]")
+                fci = ffi.new("VkPipelineCreationFeedbackCreateInfo*")
+                fci.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_CREATION_FEEDBACK_CREATE_INFO
+                fci.pPipelineCreationFeedback = fb
+                fci.pipelineStageCreationFeedbackCount = 1
+                fci.pPipelineStageCreationFeedbacks = fbs
+                info.pNext = fci
+                keep += [fb, fbs, fci]
+                feedbacks.append(fb)
+            else:
+                feedbacks.append(None)
+            keep.append(info)
+            infos.append(info)
+        arr = ffi.new("VkComputePipelineCreateInfo[]", len(infos))
+        for i, inf in enumerate(infos):
+            arr[i] = inf[0]
+        return arr, keep, feedbacks, [m.name for m, _ in reqs]
+
+    def _create_batch(self, batch: tuple[Any, list[Any], list[Any], list[str]], cache: Any = None
+                      ) -> tuple[list[Any], list[bool | None]]:
+        """vkCreateComputePipelines on a prepared batch (no device lock held); per pipeline its handle and
+        whether the driver reported a pipeline-cache hit (None: not reported)."""
+        ffi = vk.ffi
+        arr, _keep, feedbacks, names = batch
+        n = len(feedbacks)
+        out = ffi.new("VkPipeline[]", n)
+        handle = cache if cache is not None else self.pipeline_cache.handle
+        res = vk.lib.vkCreateComputePipelines(self.device, handle, n, arr, ffi.NULL, out)
+        if res != vk.VK_SUCCESS:
+            raise BackendError(f"vkCreateComputePipelines failed ({res}) for {names}")
+        hit_bit = vk.VK_PIPELINE_CREATION_FEEDBACK_APPLICATION_PIPELINE_CACHE_HIT_BIT
+        valid_bit = vk.VK_PIPELINE_CREATION_FEEDBACK_VALID_BIT
+        hits = [bool(fb.flags & hit_bit) if fb is not None and fb.flags & valid_bit else None for fb in feedbacks]
+        return [out[i] for i in range(n)], hits
+
+    def fingerprint(self) -> dict[str, str]:
+        """What makes plans, profiles and pipeline caches made on this device valid elsewhere: the same
+        engine, device and driver (the pipeline-cache UUID changes with the driver build)."""
+        from .. import __version__
+        return {"backend": "vulkan", "engine": __version__, "vendor_id": f"0x{self.vendor_id:04x}",
+                "device_id": f"0x{self.device_id:04x}", "driver_version": str(self.driver_version),
+                "device_name": self.name, "pipeline_cache_uuid": self.pipeline_cache_uuid.hex()}
 
     # ---------------------------------------------------------------- lifetime
     def register_model(self, model: Any) -> None:

@@ -1,47 +1,51 @@
-"""Run a graph on a Vulkan device: everything prepared at load, one submit per inference.
+"""Run a graph on a Vulkan device: the pieces every load path shares, and ``VulkanModel``.
 
-Load (each phase timed separately in ``load_stats`` for cold-start measurements):
-  fold      constant subgraphs (and Shape/Size of static shapes) evaluated on the host;
-  select    one Vulkan kernel per node (forced per node name or op type through ``kernels``);
-            a node without a Vulkan kernel fails here with an error naming it (no CPU fallback);
-  transform each kernel's pure weight transform, once, on the host;
-  compile   GLSL -> SPIR-V for every (shader, defines) variant (disk cache, parallel glslang);
-  pipelines one vkCreateComputePipelines batch through the device's persistent pipeline cache;
-  alloc     the static arena: a weights region (own allocations, bump-placed at 256-byte alignment)
-            and an activations region laid out by ``inferd.planner.memory`` (lifetime reuse; alias
-            ops such as Reshape get no buffer and no dispatch; per-layer workspaces are buffers
-            live for their one step), offsets aligned to minStorageBufferOffsetAlignment;
-  upload    weights written in place (host-visible device memory) or through staging;
-  record    descriptor sets (one pool, one allocation, one update call) and ONE command buffer
-            holding every dispatch, with a compute->compute barrier only before a dispatch that
-            reads or overwrites a range written (or overwritten while read) since the last barrier.
+A load (``inferd.vulkan.cold.VulkanColdBackend``; each phase timed in ``load_stats``):
+  fold      constant subgraphs (and Shape/Size of static shapes) evaluated on the host, touching
+            only the constants a folded node reads (``fold_constants``);
+  select    per node its candidate Vulkan kernels and the default (forced per node name or op type
+            through ``kernels``); a node without a Vulkan kernel fails here with an error naming it
+            (no CPU fallback) (``select_nodes``);
+  alloc     the activations region laid out by ``inferd.planner.memory`` (lifetime reuse; alias ops
+            such as Reshape get no buffer and no dispatch; per-layer workspaces are buffers live for
+            their one step), offsets aligned to minStorageBufferOffsetAlignment;
+then per layer, concurrently for different layers: the kernel's pure weight transform on the host,
+its dispatches, SPIR-V (disk cache, parallel glslang), its pipelines through the device's persistent
+pipeline cache, its weights region written in place (host-visible device memory) or through staging,
+and its descriptor sets (``resolve_binding``, ``bind_descriptors``). Recording (``Recorder``) puts a
+compute->compute barrier only before a dispatch that reads or overwrites a range written (or
+overwritten while read) since the last barrier.
 
-Warm ``run``: copy inputs into mapped memory, one vkQueueSubmit, one fence wait, copy outputs.
-The Python work does not depend on the number of layers.
+``VulkanModel`` prepares every layer at load in batched stages (one SPIR-V pass, one pipeline
+batch) and records ONE command buffer. Warm ``run``: copy inputs into mapped memory, one
+vkQueueSubmit, one fence wait, copy outputs; the Python work does not depend on the number of layers.
 """
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from collections import ChainMap
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import BackendError, InputError, KernelError, UnsupportedOpError
 from ..ir import Graph, Node, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key
-from ..planner.memory import align_up
-from .arena import plan_arena, workspace_name
-from .device import Region, VulkanDevice, binding_kinds, descriptor_type, get_device, vk
-from .kernel import ALIGN, Caps, Dispatch, Ref, VulkanKernel
+from ..planner.memory import MemoryPlan, align_up
+from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
+from .kernel import ALIGN, Caps, Dispatch, Ref, VulkanKernel, split_rows
 from .shaders import ShaderCache, norm_defines
 
 log = logging.getLogger("inferd.vulkan.executor")
 
 #: Ops whose outputs depend only on static shapes: folded at load even with dynamic inputs.
 _SHAPE_OPS = ("Shape", "Size")
+#: ``device_priority`` at or above which a kernel is not usable on the device (texel kernels off CPU-type devices).
+UNUSABLE_PRIORITY = 1000
+#: ``device_priority`` from which a kernel is reference speed: a candidate only where nothing faster applies.
+REFERENCE_PRIORITY = 90
 
 
 def _import_kernels() -> None:
@@ -50,31 +54,19 @@ def _import_kernels() -> None:
     from ..ops import reduce_vulkan, resize_vulkan, tensor_vulkan  # noqa: F401
 
 
-@dataclass
-class _Step:
-    layer: Layer
-    kernel: VulkanKernel
-    dispatches: list[Dispatch]
-    params: dict[str, np.ndarray]
+# ------------------------------------------------------------------------------------ fold, select
 
+def fold_constants(g: Graph) -> tuple[dict[str, np.ndarray], Mapping[str, np.ndarray], list[Node], list[bool]]:
+    """Evaluate constant subgraphs (and Shape/Size of static shapes) on the host.
 
-@dataclass
-class _Bound:
-    step: _Step
-    dispatch: Dispatch
-    pipeline: Any
-    ranges: list[tuple[Region, int, int]]  # (region, offset, size) per binding
-    push: bytes
-
-
-def plan_graph(g: Graph, caps: Caps, forced: Mapping[str, str], st: dict[str, Any]
-               ) -> tuple[dict[str, np.ndarray], Graph, list[_Step | None]]:
-    """Fold, select kernels, transform weights and describe dispatches: everything that needs no device."""
+    Returns the folded values, the graph's constants with them (a view that reads a constant only
+    when a folded node needs it, so a lazily read weights store stays on disk), the nodes left to
+    run, and per graph node whether it folded."""
     _import_kernels()
-    T = time.perf_counter
-    t = T()
-    consts: dict[str, np.ndarray] = dict(g.constants)
+    folded: dict[str, np.ndarray] = {}
+    consts: ChainMap[str, np.ndarray] = ChainMap(folded, g.constants)  # type: ignore[arg-type]
     kept: list[Node] = []
+    is_folded: list[bool] = []
     for node in g.nodes:
         spec = op_spec(node.op)
         if spec is None:
@@ -83,21 +75,67 @@ def plan_graph(g: Graph, caps: Caps, forced: Mapping[str, str], st: dict[str, An
         if not dyn or node.op in _SHAPE_OPS:
             ins = [consts[i] if i in consts else np.zeros(g.infos[i].shape, g.infos[i].dtype) if i else None
                    for i in node.inputs]
-            outs = spec.reference(node, ins)
-            for o, a in zip(node.outputs, outs):
+            for o, a in zip(node.outputs, spec.reference(node, ins)):
                 if o:
-                    consts[o] = np.asarray(a)
+                    folded[o] = np.asarray(a)
+            is_folded.append(True)
             continue
         kept.append(node)
-    pg = Graph(g.name, kept, g.inputs, g.outputs, consts, g.infos, g.opset)
-    st["fold_s"] = T() - t
+        is_folded.append(False)
+    return folded, consts, kept, is_folded
 
-    # -- kernel selection
-    t = T()
-    steps: list[_Step | None] = []
-    missing: list[Node] = []
+
+def _applicable(layer: Layer, caps: Caps) -> dict[VulkanKernel, int]:
+    """The Vulkan kernels that apply to ``layer``, with their priority on this kind of device."""
+    return {k: k.device_priority(caps, layer) for k in kernels_for(layer.op, "vulkan")
+            if isinstance(k, VulkanKernel) and k.applies(layer)}
+
+
+def default_kernel(layer: Layer, caps: Caps, applicable: Mapping[VulkanKernel, int] | None = None) -> VulkanKernel:
+    """The applicable Vulkan kernel with the lowest priority on this kind of device (``applicable``: the
+    kernels that apply with their priorities, when the caller has them already)."""
+    prio = _applicable(layer, caps) if applicable is None else applicable
+    if not prio:
+        raise KernelError(f"no vulkan kernel applies to node {layer.name!r} ({layer.op})")
+    return min(prio, key=prio.__getitem__)
+
+
+@dataclass(frozen=True)
+class NodeChoice:
+    """A node left to run: its layer, the kernels a planner may choose, the default (None: an alias op,
+    a view of its input with no buffer and no dispatch)."""
+
+    layer: Layer
+    kernels: tuple[VulkanKernel, ...]
+    default: VulkanKernel | None
+
+
+def _misfit(node: Node, kernel: VulkanKernel, infos: Mapping[str, TensorInfo], consts: Mapping[str, Any]) -> str | None:
+    """The first device tensor of ``node`` whose dtype ``kernel`` does not handle, or None."""
+    for tname in list(node.inputs) + list(node.outputs):
+        if tname and tname not in consts and np.dtype(infos[tname].dtype).name not in kernel.io_dtypes:
+            return tname
+    return None
+
+
+def _check_dtypes(node: Node, kernel: VulkanKernel, infos: Mapping[str, TensorInfo], consts: Mapping[str, Any]) -> None:
+    bad = _misfit(node, kernel, infos, consts)
+    if bad is not None:
+        raise BackendError(f"node {node.name} ({node.op}): tensor {bad!r} has dtype {np.dtype(infos[bad].dtype)}; "
+                           f"kernel {kernel.name} handles {list(kernel.io_dtypes)} (the Vulkan backend stores float32 "
+                           f"tensors, plus int64/bool where a kernel produces or reads them)")
+
+
+def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str]) -> list[NodeChoice]:
+    """Per node of the folded graph ``pg``: alias, or its candidate kernels and default. A kernel forced by
+    node name or op type must apply to every node it names (``KernelError``); unforced nodes get every
+    applicable kernel usable on this device, reference-speed ones only where nothing faster applies."""
+    _import_kernels()
+    consts = pg.constants
     consumed = set(pg.consumers()) | {t.name for t in g.outputs}
-    for node in kept:
+    out: list[NodeChoice] = []
+    missing: list[Node] = []
+    for node in pg.nodes:
         spec = op_spec(node.op)
         layer = Layer.of(node, pg)
         src = node.inputs[0] if node.inputs else ""
@@ -108,543 +146,242 @@ def plan_graph(g: Graph, caps: Caps, forced: Mapping[str, str], st: dict[str, An
             if g.infos[node.outputs[0]].nbytes != g.infos[src].nbytes:
                 raise BackendError(f"alias node {node.name} ({node.op}) changes the byte size "
                                    f"({g.infos[src].nbytes} -> {g.infos[node.outputs[0]].nbytes})")
-            steps.append(None)
+            out.append(NodeChoice(layer, (), None))
             continue
-        want = forced.get(node.name, forced.get(node.op))
         if not kernels_for(node.op, "vulkan"):
             missing.append(node)
-            steps.append(None)
+            out.append(NodeChoice(layer, (), None))
             continue
+        want = forced.get(node.name, forced.get(node.op))
+        if want is not None:
+            k = choose_kernel(layer, "vulkan", want)
+            assert isinstance(k, VulkanKernel)
+            _check_dtypes(node, k, g.infos, consts)
+            out.append(NodeChoice(layer, (k,), k))
+            continue
+        prio = _applicable(layer, caps)
         try:
-            kern = choose_kernel(layer, "vulkan", want) if want is not None else default_kernel(layer, caps)
+            default = default_kernel(layer, caps, prio)
         except KernelError:
-            if want is not None:
-                raise
             raise UnsupportedOpError(node.op, node.name, g.opset,
                                      "no Vulkan kernel applies to these attributes/shapes "
                                      f"(inputs {[i.shape if i else None for i in layer.inputs]}, attrs "
                                      f"{ {k: v for k, v in node.attrs.items() if not isinstance(v, np.ndarray)} })") from None
-        assert isinstance(kern, VulkanKernel)
-        steps.append(_Step(layer, kern, [], {}))
+        _check_dtypes(node, default, g.infos, consts)
+        ok = [k for k, p in prio.items() if p < UNUSABLE_PRIORITY and _misfit(node, k, g.infos, consts) is None]
+        fast = [k for k in ok if prio[k] < REFERENCE_PRIORITY]
+        cands = sorted(fast or ok, key=prio.__getitem__)
+        if default not in cands:
+            cands = [default] + cands
+        out.append(NodeChoice(layer, tuple(cands), default))
     if missing:
         names = ", ".join(f"{n.op} (node {n.name!r})" for n in missing[:10])
         raise UnsupportedOpError(missing[0].op, missing[0].name, g.opset,
                                  f"the Vulkan backend has no kernel for: {names}"
                                  + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
-    for node, s in zip(kept, steps):
-        if s is None:
-            continue
-        for tname in list(node.inputs) + list(node.outputs):
-            dt = np.dtype(g.infos[tname].dtype) if tname else None
-            if tname and tname not in consts and dt.name not in s.kernel.io_dtypes:
-                raise BackendError(f"node {node.name} ({node.op}): tensor {tname!r} has dtype {dt}; kernel "
-                                   f"{s.kernel.name} handles {list(s.kernel.io_dtypes)} (the Vulkan backend stores "
-                                   f"float32 tensors, plus int64/bool where a kernel produces or reads them)")
-    st["select_s"] = T() - t
-
-    # -- weight transforms
-    t = T()
-    for s in steps:
-        if s is None:
-            continue
-        raw = {raw_key(k): consts[s.layer.node.inputs[k]] for k in s.layer.const_inputs}
-        s.params = s.kernel.transform(s.layer, raw)
-        s.dispatches = s.kernel.dispatches(s.layer, s.params, caps)
-    st["transform_s"] = T() - t
-    return consts, pg, steps
+    return out
 
 
-def default_kernel(layer: Layer, caps: Caps) -> VulkanKernel:
-    """The applicable Vulkan kernel with the lowest priority on this kind of device."""
-    cands = [k for k in kernels_for(layer.op, "vulkan") if isinstance(k, VulkanKernel) and k.applies(layer)]
-    if not cands:
-        raise KernelError(f"no vulkan kernel applies to node {layer.name!r} ({layer.op})")
-    return min(cands, key=lambda k: k.device_priority(caps, layer))
+# ------------------------------------------------------------------------------------ binding
+
+@dataclass
+class Bound:
+    """One dispatch ready to record: its pipeline, the (region, offset, size) of every binding, the packed
+    push constants and (once ``bind_descriptors`` ran) its descriptor set."""
+
+    pos: int
+    layer: Layer
+    kernel: VulkanKernel
+    dispatch: Dispatch
+    pipeline: Pipeline
+    ranges: list[tuple[Region, int, int]]
+    push: bytes
+    dset: Any = None
 
 
-class VulkanModel:
-    """A graph loaded on a Vulkan device. ``run(feeds) -> outputs``; ``close()`` frees it."""
+#: Where an activation tensor lives: name -> (region, byte offset, bytes).
+Locate = Callable[[str], tuple[Region, int, int]]
 
-    def __init__(self, graph: Graph, device: VulkanDevice | None = None, kernels: Mapping[str, str] | None = None,
-                 cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
-        _import_kernels()
-        self.device = dev = device or get_device()
-        if dev.closed:
-            raise BackendError("the Vulkan device is closed")
-        self.graph = graph
-        self._lock = threading.Lock()
-        self._closed = False
-        self._regions: list[Region] = []
-        self._desc_pool = None
-        self._cmd_pool = None
-        self._fence = None
-        self._query_pool = None
-        self._views: list[Any] = []
-        self.profile = bool(profile) and dev.timestamps
-        self.load_stats: dict[str, Any] = {}
-        self.first_run_done = False
-        if cache is None or cache is True:
-            self.shader_cache = dev.shader_cache
-        elif cache is False:
-            self.shader_cache = ShaderCache(None)
-        elif isinstance(cache, ShaderCache):
-            self.shader_cache = cache
+
+def resolve_binding(dev: VulkanDevice, layer: Layer, kernel: VulkanKernel, ref: Ref, where: str,
+                    consts: Mapping[str, Any], locate: Locate, ws: tuple[Region, int] | None,
+                    params: Mapping[str, np.ndarray], weights: Mapping[str, tuple[Region, int]]
+                    ) -> tuple[Region, int, int]:
+    """(region, offset, size) of one binding: an activation, a weights array, or a workspace part."""
+    node = layer.node
+    if ref.kind in ("in", "out"):
+        names = node.inputs if ref.kind == "in" else node.outputs
+        assert isinstance(ref.key, int)
+        if ref.key >= len(names) or not names[ref.key]:
+            raise BackendError(f"{where}: binding {ref} names an absent tensor")
+        tname = names[ref.key]
+        if tname in consts:
+            ref = Ref("param", raw_key(ref.key), ref.offset, ref.size)
         else:
-            self.shader_cache = ShaderCache(cache)
-        caps = dev.caps
-        self.caps = Caps(caps.subgroup_size, caps.max_shared_bytes, caps.max_workgroup_invocations,
-                         caps.max_workgroup_count, caps.vendor_id, caps.device_type)
-        try:
-            self._load(kernels or {})
-        except BaseException:
-            self._free()
-            raise
-        dev.register_model(self)
+            region, off, size = locate(tname)
+    if ref.kind == "param":
+        key = str(ref.key)
+        if key not in weights:
+            raise BackendError(f"{where}: binding {ref} names no array of the kernel's transform (has {sorted(params)})")
+        region, off = weights[key]
+        size = params[key].nbytes
+    elif ref.kind == "ws":
+        parts = kernel.workspace_parts(layer)
+        if ref.key not in parts or ws is None:
+            raise BackendError(f"{where}: binding {ref} names no workspace part (has {sorted(parts)})")
+        region, off = ws
+        for name, n in parts.items():
+            if name == ref.key:
+                size = n
+                break
+            off += align_up(n, ALIGN)
+    elif ref.kind not in ("in", "out"):
+        raise BackendError(f"{where}: unknown binding kind {ref.kind!r}")
+    off += ref.offset
+    size = (size - ref.offset) if ref.size is None else ref.size
+    # whole 32-bit words: shaders address bool tensors a word at a time (buffers are 64-byte aligned)
+    size = max(align_up(size, 4), 4)
+    caps = dev.caps
+    if off % caps.min_storage_align:
+        raise BackendError(f"{where}: binding {ref} at offset {off} is not aligned to {caps.min_storage_align}")
+    if size > caps.max_storage_range:
+        raise BackendError(f"{where}: binding {ref} spans {size} bytes, more than the device's "
+                           f"maxStorageBufferRange {caps.max_storage_range}")
+    if off + size > region.size:
+        raise BackendError(f"{where}: binding {ref} ({off}+{size}) overruns region {region.label} ({region.size})")
+    return region, off, size
 
-    # ------------------------------------------------------------------------------------ load
-    def _load(self, forced: Mapping[str, str]) -> None:
-        st = self.load_stats
-        T = time.perf_counter
-        t_all = T()
-        self._consts, self._pg, self._steps = consts, pg, steps = plan_graph(self.graph, self.caps, forced, st)
 
-        # -- SPIR-V
-        t = T()
-        sc = self.shader_cache
-        before = (sc.compiled, sc.disk_hits)
-        variants = [(d.shader, norm_defines(d.defines)) for s in steps if s for d in s.dispatches]
-        mods = dict(zip(variants, sc.get_many(variants))) if variants else {}
-        st["shader_compile_s"] = T() - t
-        st["shaders_compiled"] = sc.compiled - before[0]
-        st["shaders_from_disk"] = sc.disk_hits - before[1]
-        st["shader_variants"] = len(set(variants))
+def texel_view(dev: VulkanDevice, r: Region, off: int, size: int) -> Any:
+    """An RGBA32F view of a bound range (whole texels: a trailing partial texel is included when the
+    region extends that far, else dropped; kernels never use the bytes past the tensor)."""
+    if off % dev.min_texel_align:
+        raise BackendError(f"texel view at offset {off} is not aligned to {dev.min_texel_align}")
+    n = align_up(size, 16)
+    if off + n > r.size:
+        n = size // 16 * 16
+    n = max(16, min(n, 16 * dev.max_texel_elements))
+    return vk.vkCreateBufferView(dev.device, vk.VkBufferViewCreateInfo(
+        buffer=r.buffer, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT, offset=off, range=n), None)
 
-        # -- pipelines
-        t = T()
-        reqs = [(mods[(d.shader, norm_defines(d.defines))], dict(d.spec)) for s in steps if s for d in s.dispatches]
-        created0 = self.device.stats["pipelines_created"]
-        hits0 = self.device.stats["pipeline_cache_hits"]
-        pipes = self.device.pipelines(reqs) if reqs else []
-        st["pipeline_create_s"] = T() - t
-        st["pipelines_created"] = self.device.stats["pipelines_created"] - created0
-        st["pipeline_cache_hits"] = self.device.stats["pipeline_cache_hits"] - hits0
-        st["pipelines"] = len({id(p) for p in pipes})
 
-        # -- arena
-        t = T()
-        dev = self.device
-        a_align = max(64, dev.caps.min_storage_align)
-        workspaces = [(i, s.layer.name, s.kernel.workspace_nbytes(s.layer)) for i, s in enumerate(steps) if s is not None]
-        params = []
-        for i, s in enumerate(steps):
-            if s is None:
-                continue
-            # only arrays some dispatch binds (kernels also keep host-side values such as axes in params)
-            bound_keys = set()
-            for d in s.dispatches:
-                for ref in d.bindings:
-                    if ref.kind == "param":
-                        bound_keys.add(str(ref.key))
-                    elif ref.kind == "in" and isinstance(ref.key, int) and ref.key < len(s.layer.node.inputs) \
-                            and s.layer.node.inputs[ref.key] in consts:
-                        bound_keys.add(raw_key(ref.key))
-            params += [(i, key, arr.nbytes) for key, arr in s.params.items() if key in bound_keys]
-        self.arena = plan_arena(pg, workspaces, params, a_align)
-        self.plan = self.arena.activations
-        total = self.plan.total
-        wplace = self.arena.weights
-        chunk_sizes = list(self.arena.weight_chunks)
-        self.act_region = dev.allocate_region(max(total, 256), "activations")
-        self._regions.append(self.act_region)
-        self.weight_regions = [dev.allocate_region(n, f"weights{k}") for k, n in enumerate(chunk_sizes)]
-        self._regions += self.weight_regions
-        io_staging = self.act_region.mapped is None
-        st["alloc_s"] = T() - t
-
-        # -- upload
-        t = T()
-        items = [(self.weight_regions[c], off, steps[i].params[key]) for (i, key), (c, off) in wplace.items()]  # type: ignore[union-attr]
-        dev.upload(items)
-        st["upload_s"] = T() - t
-        st["weights_bytes"] = sum(chunk_sizes)
-        st["activation_bytes"] = total
-
-        # -- bind, record
-        t = T()
-        bound: list[_Bound] = []
-        k = 0
-        for i, s in enumerate(steps):
-            if s is None:
-                continue
-            for d in s.dispatches:
-                pipe = pipes[k]
-                k += 1
-                man = pipe.module.manifest
-                where = f"node {s.layer.name} ({s.layer.op}, kernel {s.kernel.name}, shader {d.shader})"
-                if len(d.bindings) != len(man.bindings):
-                    raise BackendError(f"{where}: {len(d.bindings)} bindings given, shader declares {len(man.bindings)}")
-                ranges = [self._resolve(i, s, ref, where, wplace) for ref in d.bindings]
-                for gcount, lim in zip(d.groups, dev.caps.max_workgroup_count):
-                    if not 1 <= gcount <= lim:
-                        raise BackendError(f"{where}: workgroup count {d.groups} outside 1..{dev.caps.max_workgroup_count}")
-                bound.append(_Bound(s, d, pipe, ranges, man.pack_push(d.push, where)))
-        self._bound = bound
-        self._setup_io(io_staging)
-        self._record(bound, io_staging)
-        st["record_s"] = T() - t
-        st["dispatches"] = len(bound)
-
-        t = T()
-        dev.pipeline_cache.save()
-        st["pipeline_cache_save_s"] = T() - t
-        st["total_load_s"] = T() - t_all
-        self.memory_bytes = sum(r.size for r in self._regions)
-
-    def _resolve(self, i: int, s: _Step, ref: Ref, where: str,
-                 wplace: Mapping[tuple[int, str], tuple[int, int]]) -> tuple[Region, int, int]:
-        node = s.layer.node
-        if ref.kind in ("in", "out"):
-            names = node.inputs if ref.kind == "in" else node.outputs
-            assert isinstance(ref.key, int)
-            if ref.key >= len(names) or not names[ref.key]:
-                raise BackendError(f"{where}: binding {ref} names an absent tensor")
-            tname = names[ref.key]
-            if tname in self._consts:
-                ref = Ref("param", raw_key(ref.key), ref.offset, ref.size)
+def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]) -> Any:
+    """One descriptor pool with a set per dispatch of ``bound``, written in one update call (texel views
+    it creates are appended to ``views``). Returns the pool, None when ``bound`` is empty."""
+    if not bound:
+        return None
+    d = dev.device
+    kinds = [binding_kinds(b.pipeline.module.manifest) for b in bound]
+    counts: dict[str, int] = {}
+    for ks in kinds:
+        for kd in ks:
+            counts[kd] = counts.get(kd, 0) + 1
+    sizes = [vk.VkDescriptorPoolSize(type=descriptor_type(kd), descriptorCount=n) for kd, n in sorted(counts.items())]
+    if not sizes:
+        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)]
+    pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(
+        maxSets=len(bound), poolSizeCount=len(sizes), pPoolSizes=sizes), None)
+    arr = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
+        descriptorPool=pool, descriptorSetCount=len(bound), pSetLayouts=[b.pipeline.set_layout for b in bound]))
+    writes = []
+    for k, (b, ks) in enumerate(zip(bound, kinds)):
+        b.dset = s = arr[k]
+        # one write covers each run of consecutive bindings of the same kind
+        i = 0
+        while i < len(b.ranges):
+            j = i
+            while j < len(b.ranges) and ks[j] == ks[i]:
+                j += 1
+            if ks[i] in ("texel", "image"):
+                vs = [texel_view(dev, r, off, size) for r, off, size in b.ranges[i:j]]
+                views += vs
+                writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0, descriptorCount=j - i,
+                                                      descriptorType=descriptor_type(ks[i]), pTexelBufferView=vs))
             else:
-                region, off, size = self.act_region, self.plan.offset(tname), self.graph.infos[tname].nbytes
-        if ref.kind == "param":
-            if (i, ref.key) not in wplace:
-                raise BackendError(f"{where}: binding {ref} names no array of the kernel's transform "
-                                   f"(has {sorted(s.params)})")
-            c, off = wplace[(i, str(ref.key))]
-            region, size = self.weight_regions[c], s.params[str(ref.key)].nbytes
-        elif ref.kind == "ws":
-            parts = s.kernel.workspace_parts(s.layer)
-            if ref.key not in parts:
-                raise BackendError(f"{where}: binding {ref} names no workspace part (has {sorted(parts)})")
-            off = self.plan.offsets[workspace_name(s.layer.name)]
-            for name, n in parts.items():
-                if name == ref.key:
-                    size = n
-                    break
-                off += align_up(n, ALIGN)
-            region = self.act_region
-        elif ref.kind not in ("in", "out"):
-            raise BackendError(f"{where}: unknown binding kind {ref.kind!r}")
-        off += ref.offset
-        size = (size - ref.offset) if ref.size is None else ref.size
-        # whole 32-bit words: shaders address bool tensors a word at a time (buffers are 64-byte aligned)
-        size = max(align_up(size, 4), 4)
-        if off % self.device.caps.min_storage_align:
-            raise BackendError(f"{where}: binding {ref} at offset {off} is not aligned to "
-                               f"{self.device.caps.min_storage_align}")
-        if size > self.device.caps.max_storage_range:
-            raise BackendError(f"{where}: binding {ref} spans {size} bytes, more than the device's "
-                               f"maxStorageBufferRange {self.device.caps.max_storage_range}")
-        if off + size > region.size:
-            raise BackendError(f"{where}: binding {ref} ({off}+{size}) overruns region {region.label} ({region.size})")
-        return region, off, size
+                infos = [vk.VkDescriptorBufferInfo(buffer=r.buffer, offset=off, range=size) for r, off, size in b.ranges[i:j]]
+                writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0, descriptorCount=j - i,
+                                                      descriptorType=descriptor_type(ks[i]), pBufferInfo=infos))
+            i = j
+    if writes:
+        vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
+    return pool
 
-    def _setup_io(self, io_staging: bool) -> None:
-        g = self.graph
-        dev = self.device
-        self._inputs: list[tuple[TensorInfo, int]] = [(t, self.plan.offset(t.name)) for t in g.inputs
-                                                      if t.name not in self._consts]
-        self._outputs: list[tuple[TensorInfo, int]] = []
-        self._const_outputs: dict[str, np.ndarray] = {}
-        for t in g.outputs:
-            if t.name in self._consts:
-                self._const_outputs[t.name] = self._consts[t.name]
-            else:
-                self._outputs.append((t, self.plan.offset(t.name)))
-        for t, _ in self._inputs + self._outputs:
-            if np.dtype(t.dtype).name not in ("float32", "int64", "bool"):
-                raise BackendError(f"graph input/output {t.name!r} has dtype {np.dtype(t.dtype)}; the Vulkan backend "
-                                   f"takes float32 (and int64/bool where a kernel handles them)")
-        # where the host reads/writes: the mapped activations, or an IO staging region
-        self._copies_in: list[Any] = []
-        self._copies_out: list[Any] = []
-        if io_staging:
-            pos = 0
-            layout = []
-            for t, off in self._inputs + self._outputs:
-                layout.append(pos)
-                pos += align_up(t.nbytes, 64)
-            self.io_region = dev.allocate_region(max(pos, 64), "io-staging", host=True)
-            self._regions.append(self.io_region)
-            nin = len(self._inputs)
-            self._in_views = [(t, self.io_region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self._inputs, layout)]
-            self._out_views = [(t, self.io_region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self._outputs, layout[nin:])]
-            self._copies_in = [vk.VkBufferCopy(srcOffset=p, dstOffset=off, size=t.nbytes)
-                               for (t, off), p in zip(self._inputs, layout) if t.nbytes]
-            self._copies_out = [vk.VkBufferCopy(srcOffset=off, dstOffset=p, size=t.nbytes)
-                                for (t, off), p in zip(self._outputs, layout[nin:]) if t.nbytes]
-        else:
-            self.io_region = self.act_region
-            self._in_views = [(t, self.act_region.view(off, t.shape, t.dtype)) for t, off in self._inputs]
-            self._out_views = [(t, self.act_region.view(off, t.shape, t.dtype)) for t, off in self._outputs]
 
-    def _record(self, bound: Sequence[_Bound], io_staging: bool) -> None:
-        dev = self.device
-        d = dev.device
-        COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        SR, SW = vk.VK_ACCESS_SHADER_READ_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
-        self._cmd_pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=dev.queue_family), None)
-        # created signalled: close() waits on it, also when the model never ran
-        self._fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
-        cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
-            commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
-        self._cb = cb
-        sets: list[Any] = []
-        if bound:
-            kinds = [binding_kinds(b.pipeline.module.manifest) for b in bound]
-            counts: dict[str, int] = {}
-            for ks in kinds:
-                for kd in ks:
-                    counts[kd] = counts.get(kd, 0) + 1
-            sizes = [vk.VkDescriptorPoolSize(type=descriptor_type(kd), descriptorCount=n) for kd, n in sorted(counts.items())]
-            if not sizes:
-                sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)]
-            self._desc_pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(
-                maxSets=len(bound), poolSizeCount=len(sizes), pPoolSizes=sizes), None)
-            arr = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
-                descriptorPool=self._desc_pool, descriptorSetCount=len(bound),
-                pSetLayouts=[b.pipeline.set_layout for b in bound]))
-            sets = [arr[i] for i in range(len(bound))]
-            writes = []
-            for s, b, ks in zip(sets, bound, kinds):
-                # one write covers each run of consecutive bindings of the same kind
-                i = 0
-                while i < len(b.ranges):
-                    j = i
-                    while j < len(b.ranges) and ks[j] == ks[i]:
-                        j += 1
-                    if ks[i] in ("texel", "image"):
-                        views = [self._texel_view(r, off, size) for r, off, size in b.ranges[i:j]]
-                        writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0,
-                                                              descriptorCount=j - i, descriptorType=descriptor_type(ks[i]),
-                                                              pTexelBufferView=views))
-                    else:
-                        infos = [vk.VkDescriptorBufferInfo(buffer=r.buffer, offset=off, range=size)
-                                 for r, off, size in b.ranges[i:j]]
-                        writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0,
-                                                              descriptorCount=j - i, descriptorType=descriptor_type(ks[i]),
-                                                              pBufferInfo=infos))
-                    i = j
-            if writes:
-                vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
+# ------------------------------------------------------------------------------------ recording
 
-        vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())
-        act = self.act_region
-        qp = None
-        if self.profile:
-            qp = self._query_pool = vk.vkCreateQueryPool(d, vk.VkQueryPoolCreateInfo(
-                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(bound) + 1), None)
-            vk.vkCmdResetQueryPool(cb, qp, 0, len(bound) + 1)
-        if io_staging and self._copies_in:
-            vk.vkCmdCopyBuffer(cb, self.io_region.buffer, act.buffer, len(self._copies_in), self._copies_in)
-            vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, COMPUTE, 0, 1,
-                                    [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT, dstAccessMask=SR | SW)],
-                                    0, None, 0, None)
-        else:
-            # orders this submission after the previous one's shader writes (WAW/WAR on reused buffers)
-            vk.vkCmdPipelineBarrier(cb, COMPUTE, COMPUTE, 0, 1, [vk.VkMemoryBarrier(srcAccessMask=SW, dstAccessMask=SR | SW)],
-                                    0, None, 0, None)
-        # ranges written / read since the last barrier, tagged with the step when the dispatch is independent
-        if qp is not None:
-            vk.vkCmdWriteTimestamp(cb, COMPUTE, qp, 0)
-        pend_w: list[tuple[Region, int, int, int]] = []
-        pend_r: list[tuple[Region, int, int, int]] = []
-        nbar = 0
-        cur_pipe = None
+class Recorder:
+    """Records dispatches into one command buffer, with a barrier only where a dispatch reads or
+    overwrites a range written (or overwritten while read) since the last barrier. ``query_pool``:
+    a GPU timestamp after every dispatch when ``per_dispatch``, else where ``timestamp`` is called."""
 
-        def overlaps(a: tuple[Region, int, int], lst: list[tuple[Region, int, int, int]], skip: int) -> bool:
-            r, o, n = a
-            return any(r is r2 and o < o2 + n2 and o2 < o + n and tag != skip for r2, o2, n2, tag in lst)
+    def __init__(self, cb: Any, query_pool: Any = None, per_dispatch: bool = False) -> None:
+        self.cb = cb
+        self.qp = query_pool
+        self.per_dispatch = per_dispatch
+        self.query = 0
+        self.barriers = 0
+        self.count = 0
+        # ranges written / read since the last barrier, tagged with the layer when the dispatch is independent
+        self._pend_w: list[tuple[Region, int, int, int]] = []
+        self._pend_r: list[tuple[Region, int, int, int]] = []
+        self._pipe: Pipeline | None = None
 
-        for k, (s, b) in enumerate(zip(sets, bound)):
-            man = b.pipeline.module.manifest
-            reads = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.reads]
-            writes_ = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.writes]
-            skip = id(b.step) if b.dispatch.independent else -1  # entries tagged 0 are never skipped
-            tag = id(b.step) if b.dispatch.independent else 0
-            if (any(overlaps(r, pend_w, skip) for r in reads)
-                    or any(overlaps(w, pend_w, skip) or overlaps(w, pend_r, skip) for w in writes_)):
-                bars = [vk.VkBufferMemoryBarrier(srcAccessMask=SW, dstAccessMask=SR | SW,
-                                                 srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
-                                                 dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
-                                                 buffer=r.buffer, offset=o, size=n)
-                        for r, o, n in _merge([w[:3] for w in pend_w])]
-                # a pure write-after-read needs only the execution dependency the stage masks give
-                vk.vkCmdPipelineBarrier(cb, COMPUTE, COMPUTE, 0, 0, None, len(bars), bars or None, 0, None)
-                nbar += 1
-                pend_w, pend_r = [], []
-            pend_r += [(*r, tag) for r in reads]
-            pend_w += [(*w, tag) for w in writes_]
-            if b.pipeline is not cur_pipe:
-                vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, b.pipeline.handle)
-                cur_pipe = b.pipeline
-            vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, b.pipeline.layout, 0, 1, [s], 0, None)
-            if b.push:
-                vk.vkCmdPushConstants(cb, b.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(b.push),
-                                      vk.ffi.from_buffer(b.push))
-            vk.vkCmdDispatch(cb, *b.dispatch.groups)
-            if qp is not None:
-                vk.vkCmdWriteTimestamp(cb, COMPUTE, qp, k + 1)
-        outs = [(act, off, t.nbytes) for t, off in self._outputs if t.nbytes]
-        if io_staging:
-            if outs:
-                vk.vkCmdPipelineBarrier(cb, COMPUTE, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1,
-                                        [vk.VkMemoryBarrier(srcAccessMask=SW, dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT)],
-                                        0, None, 0, None)
-                vk.vkCmdCopyBuffer(cb, act.buffer, self.io_region.buffer, len(self._copies_out), self._copies_out)
-                vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                                        [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                                                            dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)], 0, None, 0, None)
-        elif outs:
-            bars = [vk.VkBufferMemoryBarrier(srcAccessMask=SW, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT,
+    def full_barrier(self) -> None:
+        """Orders what follows after every shader write before it, also those of earlier submissions
+        (WAW/WAR on reused buffers across runs and across the cold run's segments)."""
+        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        sw, sr = vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT
+        vk.vkCmdPipelineBarrier(self.cb, compute, compute, 0, 1, [vk.VkMemoryBarrier(srcAccessMask=sw, dstAccessMask=sr | sw)],
+                                0, None, 0, None)
+        self._pend_w, self._pend_r = [], []
+
+    def timestamp(self) -> None:
+        vk.vkCmdWriteTimestamp(self.cb, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, self.qp, self.query)
+        self.query += 1
+
+    @staticmethod
+    def _overlaps(a: tuple[Region, int, int], lst: list[tuple[Region, int, int, int]], skip: int) -> bool:
+        r, o, n = a
+        return any(r is r2 and o < o2 + n2 and o2 < o + n and tag != skip for r2, o2, n2, tag in lst)
+
+    def dispatch(self, b: Bound) -> None:
+        cb = self.cb
+        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        sw, sr = vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT
+        man = b.pipeline.module.manifest
+        reads = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.reads]
+        writes = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.writes]
+        # entries tagged 0 are never skipped; an independent dispatch ignores its own layer's ranges
+        skip = b.pos + 1 if b.dispatch.independent else -1
+        tag = b.pos + 1 if b.dispatch.independent else 0
+        ov = self._overlaps
+        if (any(ov(r, self._pend_w, skip) for r in reads)
+                or any(ov(w, self._pend_w, skip) or ov(w, self._pend_r, skip) for w in writes)):
+            bars = [vk.VkBufferMemoryBarrier(srcAccessMask=sw, dstAccessMask=sr | sw,
                                              srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
                                              dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
-                                             buffer=r.buffer, offset=o, size=n) for r, o, n in _merge(outs)]
-            vk.vkCmdPipelineBarrier(cb, COMPUTE, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 0, None, len(bars), bars, 0, None)
-        vk.vkEndCommandBuffer(cb)
-        self._submit = [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])]
-        self.load_stats["barriers"] = nbar
-
-    def _texel_view(self, r: Region, off: int, size: int) -> Any:
-        """An RGBA32F view of a bound range (whole texels: a trailing partial texel is included when the
-        region extends that far, else dropped; kernels never use the bytes past the tensor)."""
-        dev = self.device
-        if off % dev.min_texel_align:
-            raise BackendError(f"texel view at offset {off} is not aligned to {dev.min_texel_align}")
-        n = align_up(size, 16)
-        if off + n > r.size:
-            n = size // 16 * 16
-        n = max(16, min(n, 16 * dev.max_texel_elements))
-        v = vk.vkCreateBufferView(dev.device, vk.VkBufferViewCreateInfo(
-            buffer=r.buffer, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT, offset=off, range=n), None)
-        self._views.append(v)
-        return v
-
-    # ------------------------------------------------------------------------------------ run
-    @property
-    def input_infos(self) -> list[TensorInfo]:
-        return [t for t, _ in self._inputs]
-
-    @property
-    def output_infos(self) -> list[TensorInfo]:
-        return list(self.graph.outputs)
-
-    @property
-    def kernel_names(self) -> dict[str, str]:
-        """Node name -> Vulkan kernel chosen ("alias" for ops that are views)."""
-        return {n.name: (s.kernel.name if s else "alias") for n, s in zip(self._pg.nodes, self._steps)}
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._lock:
-            if self._closed:
-                raise BackendError("this VulkanModel is closed")
-            t0 = time.perf_counter()
-            names = {t.name for t, _ in self._in_views}
-            if set(feeds) != names:
-                raise InputError(f"expected inputs {sorted(names)}, got {sorted(feeds)}")
-            dev = self.device
-            for t, view in self._in_views:
-                a = np.asarray(feeds[t.name])
-                if tuple(a.shape) != tuple(t.shape):
-                    raise InputError(f"input {t.name!r}: expected shape {tuple(t.shape)}, got {tuple(a.shape)}")
-                if a.dtype != t.dtype:
-                    raise InputError(f"input {t.name!r}: expected dtype {np.dtype(t.dtype)}, got {a.dtype}")
-                np.copyto(view, a)
-            if not self.io_region.coherent:
-                dev.flush(self.io_region)
-            vk.vkResetFences(dev.device, 1, [self._fence])
-            with dev.queue_lock:
-                vk.vkQueueSubmit(dev.queue, 1, self._submit, self._fence)
-            dev.wait_fence(self._fence)
-            if not self.io_region.coherent:
-                dev.invalidate(self.io_region)
-            out = {t.name: view.copy() for t, view in self._out_views}
-            for name, a in self._const_outputs.items():
-                out[name] = a.copy()
-            if not self.first_run_done:
-                self.first_run_done = True
-                self.load_stats["first_run_s"] = time.perf_counter() - t0
-            return {t.name: out[t.name] for t in self.graph.outputs}
-
-    __call__ = run
-
-    def last_profile(self) -> list[dict[str, Any]]:
-        """GPU time of each dispatch in the last run (``profile=True`` only): time from the previous
-        dispatch's end-of-compute timestamp to this one's, so barrier waits count to the dispatch after them."""
-        if self._query_pool is None or not self.first_run_done:
-            return []
-        n = len(self._bound) + 1
-        buf = vk.ffi.new("uint64_t[]", n)
-        res = vk.lib.vkGetQueryPoolResults(self.device.device, self._query_pool, 0, n, 8 * n, buf, 8,
-                                           vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
-        if res != vk.VK_SUCCESS:
-            raise BackendError(f"vkGetQueryPoolResults failed ({res})")
-        ts = [int(buf[i]) for i in range(n)]
-        period = self.device.timestamp_period
-        return [{"node": b.step.layer.name, "op": b.step.layer.op, "kernel": b.step.kernel.name,
-                 "shader": b.dispatch.shader, "groups": b.dispatch.groups, "ms": (ts[i + 1] - ts[i]) * period / 1e6}
-                for i, b in enumerate(self._bound)]
-
-    # ------------------------------------------------------------------------------------ teardown
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._free()
-
-    def _free(self) -> None:
-        dev = self.device
-        if dev.closed or dev.device is None:
-            return
-        d = dev.device
-        if self._fence is not None:
-            try:
-                vk.vkWaitForFences(d, 1, [self._fence], vk.VK_TRUE, 10 * 10**9)
-            except Exception:
-                pass
-        self._in_views = self._out_views = []  # type: ignore[assignment]
-        if self._desc_pool is not None:
-            vk.vkDestroyDescriptorPool(d, self._desc_pool, None)
-            self._desc_pool = None
-        for v in self._views:
-            vk.vkDestroyBufferView(d, v, None)
-        self._views = []
-        if self._cmd_pool is not None:
-            vk.vkDestroyCommandPool(d, self._cmd_pool, None)
-            self._cmd_pool = None
-        if self._fence is not None:
-            vk.vkDestroyFence(d, self._fence, None)
-            self._fence = None
-        if self._query_pool is not None:
-            vk.vkDestroyQueryPool(d, self._query_pool, None)
-            self._query_pool = None
-        for r in self._regions:
-            dev.free_region(r)
-        self._regions = []
-
-    def __enter__(self) -> "VulkanModel":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort; close() is the contract
-        try:
-            if not self._closed and not self.device.closed:
-                self.close()
-        except Exception:
-            pass
+                                             buffer=r.buffer, offset=o, size=n)
+                    for r, o, n in merge_ranges([w[:3] for w in self._pend_w])]
+            # a pure write-after-read needs only the execution dependency the stage masks give
+            vk.vkCmdPipelineBarrier(cb, compute, compute, 0, 0, None, len(bars), bars or None, 0, None)
+            self.barriers += 1
+            self._pend_w, self._pend_r = [], []
+        self._pend_r += [(*r, tag) for r in reads]
+        self._pend_w += [(*w, tag) for w in writes]
+        if b.pipeline is not self._pipe:
+            vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, b.pipeline.handle)
+            self._pipe = b.pipeline
+        vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, b.pipeline.layout, 0, 1, [b.dset], 0, None)
+        if b.push:
+            vk.vkCmdPushConstants(cb, b.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(b.push),
+                                  vk.ffi.from_buffer(b.push))
+        vk.vkCmdDispatch(cb, *b.dispatch.groups)
+        self.count += 1
+        if self.qp is not None and self.per_dispatch:
+            self.timestamp()
 
 
-def _merge(ranges: Sequence[tuple[Region, int, int]]) -> list[tuple[Region, int, int]]:
+def merge_ranges(ranges: Sequence[tuple[Region, int, int]]) -> list[tuple[Region, int, int]]:
     """Coalesce overlapping/adjacent byte ranges per region (fewer barrier structs)."""
     out: list[tuple[Region, int, int]] = []
     by: dict[int, list[tuple[int, int]]] = {}
@@ -665,8 +402,201 @@ def _merge(ranges: Sequence[tuple[Region, int, int]]) -> list[tuple[Region, int,
     return out
 
 
+class HostIO:
+    """Where the host writes inputs and reads outputs: views into the mapped activations, or an IO
+    staging region that the command buffer copies in (``prologue``) and out (``epilogue``)."""
+
+    def __init__(self, dev: VulkanDevice, graph: Graph, consts: Mapping[str, np.ndarray], plan: MemoryPlan,
+                 act: Region) -> None:
+        self.dev = dev
+        self.graph = graph
+        self.act = act
+        self.inputs: list[tuple[TensorInfo, int]] = [(t, plan.offset(t.name)) for t in graph.inputs if t.name not in consts]
+        self.outputs: list[tuple[TensorInfo, int]] = []
+        self.const_outputs: dict[str, np.ndarray] = {}
+        for t in graph.outputs:
+            if t.name in consts:
+                self.const_outputs[t.name] = np.asarray(consts[t.name])
+            else:
+                self.outputs.append((t, plan.offset(t.name)))
+        for t, _ in self.inputs + self.outputs:
+            if np.dtype(t.dtype).name not in ("float32", "int64", "bool"):
+                raise BackendError(f"graph input/output {t.name!r} has dtype {np.dtype(t.dtype)}; the Vulkan backend "
+                                   f"takes float32 (and int64/bool where a kernel handles them)")
+        self.staging = act.mapped is None
+        self.own: Region | None = None
+        self._copies_in: list[Any] = []
+        self._copies_out: list[Any] = []
+        if self.staging:
+            pos = 0
+            layout = []
+            for t, _off in self.inputs + self.outputs:
+                layout.append(pos)
+                pos += align_up(t.nbytes, 64)
+            self.own = self.region = dev.allocate_region(max(pos, 64), "io-staging", host=True)
+            nin = len(self.inputs)
+            self.in_views = [(t, self.region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self.inputs, layout)]
+            self.out_views = [(t, self.region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self.outputs, layout[nin:])]
+            self._copies_in = [vk.VkBufferCopy(srcOffset=p, dstOffset=off, size=t.nbytes)
+                               for (t, off), p in zip(self.inputs, layout) if t.nbytes]
+            self._copies_out = [vk.VkBufferCopy(srcOffset=off, dstOffset=p, size=t.nbytes)
+                                for (t, off), p in zip(self.outputs, layout[nin:]) if t.nbytes]
+        else:
+            self.region = act
+            self.in_views = [(t, act.view(off, t.shape, t.dtype)) for t, off in self.inputs]
+            self.out_views = [(t, act.view(off, t.shape, t.dtype)) for t, off in self.outputs]
+        self._names = {t.name for t, _ in self.in_views}
+
+    def prologue(self, rec: Recorder) -> None:
+        """Inputs into place (staging), else order this submission after the previous one's shader writes."""
+        if self.staging and self._copies_in:
+            cb = rec.cb
+            vk.vkCmdCopyBuffer(cb, self.region.buffer, self.act.buffer, len(self._copies_in), self._copies_in)
+            vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                    [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                                        dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)],
+                                    0, None, 0, None)
+        else:
+            rec.full_barrier()
+
+    def epilogue(self, rec: Recorder) -> None:
+        """Make the outputs visible to the host (through the staging copy-out when there is one)."""
+        cb = rec.cb
+        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        sw = vk.VK_ACCESS_SHADER_WRITE_BIT
+        outs = [(self.act, off, t.nbytes) for t, off in self.outputs if t.nbytes]
+        if not outs:
+            return
+        if self.staging:
+            vk.vkCmdPipelineBarrier(cb, compute, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1,
+                                    [vk.VkMemoryBarrier(srcAccessMask=sw, dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT)],
+                                    0, None, 0, None)
+            vk.vkCmdCopyBuffer(cb, self.act.buffer, self.region.buffer, len(self._copies_out), self._copies_out)
+            vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
+                                    [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                                        dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)], 0, None, 0, None)
+        else:
+            bars = [vk.VkBufferMemoryBarrier(srcAccessMask=sw, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT,
+                                             srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
+                                             dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
+                                             buffer=r.buffer, offset=o, size=n) for r, o, n in merge_ranges(outs)]
+            vk.vkCmdPipelineBarrier(cb, compute, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 0, None, len(bars), bars, 0, None)
+
+    def free(self) -> None:
+        """Drop the host views (they point into mapped memory about to be freed) and the staging region."""
+        self.in_views, self.out_views = [], []
+        if self.own is not None:
+            self.dev.free_region(self.own)
+            self.own = None
+
+    def write(self, feeds: Mapping[str, np.ndarray]) -> None:
+        if set(feeds) != self._names:
+            raise InputError(f"expected inputs {sorted(self._names)}, got {sorted(feeds)}")
+        for t, view in self.in_views:
+            a = np.asarray(feeds[t.name])
+            if tuple(a.shape) != tuple(t.shape):
+                raise InputError(f"input {t.name!r}: expected shape {tuple(t.shape)}, got {tuple(a.shape)}")
+            if a.dtype != t.dtype:
+                raise InputError(f"input {t.name!r}: expected dtype {np.dtype(t.dtype)}, got {a.dtype}")
+            np.copyto(view, a)
+        if not self.region.coherent:
+            self.dev.flush(self.region)
+
+    def read(self) -> dict[str, np.ndarray]:
+        if not self.region.coherent:
+            self.dev.invalidate(self.region)
+        out = {t.name: view.copy() for t, view in self.out_views}
+        for name, a in self.const_outputs.items():
+            out[name] = a.copy()
+        return {t.name: out[t.name] for t in self.graph.outputs}
+
+
+# ------------------------------------------------------------------------------------ VulkanModel
+
+class VulkanModel:
+    """A graph loaded whole on a Vulkan device before its first run: the cold backend with every layer
+    prepared in batched stages and one command buffer recorded. ``run(feeds) -> outputs``; ``close()``
+    frees it."""
+
+    def __init__(self, graph: Graph, device: VulkanDevice | None = None, kernels: Mapping[str, str] | None = None,
+                 cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
+        from .cold import VulkanColdBackend
+
+        t0 = time.perf_counter()
+        self._b = b = VulkanColdBackend(graph, kernels=kernels, device=device, cache=cache, profile=profile)
+        try:
+            b.prepare_all()
+            b.finalize()
+        except BaseException:
+            b.close()
+            raise
+        b.load_stats["total_load_s"] = time.perf_counter() - t0
+        self.graph = graph
+        self.device = b.device
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._b.run(feeds)
+
+    __call__ = run
+
+    @property
+    def load_stats(self) -> dict[str, Any]:
+        return self._b.load_stats
+
+    @property
+    def kernel_names(self) -> dict[str, str]:
+        """Node name -> Vulkan kernel chosen ("alias" for ops that are views)."""
+        return self._b.kernel_names
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._b.memory_bytes
+
+    @property
+    def act_region(self) -> Region:
+        return self._b.act_region
+
+    @property
+    def io_region(self) -> Region:
+        return self._b.io.region
+
+    @property
+    def weight_regions(self) -> list[Region]:
+        return self._b.weight_regions
+
+    @property
+    def input_infos(self) -> list[TensorInfo]:
+        return [t for t, _ in self._b.io.inputs]
+
+    @property
+    def output_infos(self) -> list[TensorInfo]:
+        return list(self.graph.outputs)
+
+    def last_profile(self) -> list[dict[str, Any]]:
+        return self._b.last_profile()
+
+    def close(self) -> None:
+        self._b.close()
+
+    def __enter__(self) -> "VulkanModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def shader_variants(graph: Graph, caps: Caps | None = None, kernels: Mapping[str, str] | None = None
                     ) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
-    """Every (shader, defines) variant ``graph`` needs on a device like ``caps`` (to precompile SPIR-V)."""
-    _, _, steps = plan_graph(graph, caps or Caps(), kernels or {}, {})
-    return list(dict.fromkeys((d.shader, norm_defines(d.defines)) for s in steps if s for d in s.dispatches))
+    """Every (shader, defines) variant ``graph``'s default kernels need on a device like ``caps`` (to
+    precompile SPIR-V)."""
+    caps = caps or Caps()
+    _, consts, kept, _ = fold_constants(graph)
+    pg = Graph(graph.name, kept, graph.inputs, graph.outputs, consts, graph.infos, graph.opset)  # type: ignore[arg-type]
+    out: list[tuple[str, tuple[tuple[str, str], ...]]] = []
+    for c in select_nodes(graph, pg, caps, kernels or {}):
+        if c.default is None:
+            continue
+        raw = {raw_key(k): consts[c.layer.node.inputs[k]] for k in c.layer.const_inputs}
+        ds = split_rows(c.default.dispatches(c.layer, c.default.transform(c.layer, raw), caps), caps)
+        out += [(d.shader, norm_defines(d.defines)) for d in ds]
+    return list(dict.fromkeys(out))

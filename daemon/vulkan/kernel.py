@@ -14,8 +14,10 @@ This module imports no Vulkan: planners may use Vulkan kernels on machines witho
 """
 from __future__ import annotations
 
+import re
+
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -177,6 +179,40 @@ def grid(n: int, local: int, caps: Caps) -> tuple[int, int, int]:
     if groups <= maxx:
         return (groups, 1, 1)
     return (maxx, -(-groups // maxx), 1)
+
+
+_LOCAL_X = re.compile(r"layout\s*\(\s*local_size_x\s*=\s*(\d+)")
+_local_x: dict[str, int | None] = {}
+
+
+def _shader_local_x(shader: str) -> int | None:
+    """The literal ``local_size_x`` of a shader that uses ``gid()`` (None: not splittable)."""
+    if shader not in _local_x:
+        from .shaders import shader_dir
+
+        try:
+            src = (shader_dir() / f"{shader}.comp").read_text()
+        except OSError:
+            src = ""
+        m = _LOCAL_X.search(src)
+        _local_x[shader] = int(m.group(1)) if m and "gid()" in src else None
+    return _local_x[shader]
+
+
+def split_rows(ds: Sequence[Dispatch], caps: Caps) -> list[Dispatch]:
+    """Every 2-D grid made by :func:`grid` as 1-D dispatches of at most ``maxComputeWorkGroupCount[0]``
+    groups, each starting at its ``GID_BASE`` (see common.glsl: lavapipe runs rows y >= 1 only in part)."""
+    maxx = caps.max_workgroup_count[0]
+    out: list[Dispatch] = []
+    for d in ds:
+        gx, gy, gz = d.groups
+        local = _shader_local_x(d.shader) if gy > 1 and gz == 1 and gx == maxx else None
+        if local is None:
+            out.append(d)
+            continue
+        for row in range(gy):
+            out.append(replace(d, groups=(maxx, 1, 1), spec={**d.spec, "GID_BASE": row * maxx * local}))
+    return out
 
 
 def collapse(shape: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], list[list[int]]]:

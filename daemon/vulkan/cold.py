@@ -1,0 +1,771 @@
+"""The Vulkan cold backend: the ``ColdBackend`` contract (``inferd.backends.base``) on a Vulkan device.
+
+Construction does only what every layer needs and nothing that needs weights: fold constant
+subgraphs, select each node's candidate kernels, lay out and allocate the activations (a layer's
+workspace is the largest any of its candidates needs), the IO views, the command pool and the fence.
+
+``prepare(pos)`` brings one layer up from the arrays its plan entry reads, on a loader thread,
+concurrently with other layers: the kernel's transform when the plan reads raw weights, its
+dispatches, SPIR-V through the shader cache, its pipelines through the device's ``VkPipelineCache``
+(created outside the device lock, so loaders compile in parallel), the layer's own weights
+allocation (uploaded in place or through staging) and its descriptor sets.
+
+The first run records each layer's dispatches into the current *segment* command buffer as soon as
+the layer may execute, and submits the segment whenever the next layer is not prepared yet, so the
+GPU runs the prepared prefix while the loaders still work on the rest; every segment but the first
+starts with a barrier on the previous segments' writes. ``finalize`` records the whole-model command
+buffer of the warm path (one submit per run); ``swap`` replaces one layer's kernel and re-records it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import BackendError, KernelError
+from ..ir import Graph, Node
+from ..ops.base import Kernel, Layer, choose_kernel, raw_key
+from ..planner.cost import DeviceRates, Profile
+from ..planner.memory import align_up
+from ..planner.plan import LayerPlan
+from .arena import place_weights, plan_activations, workspace_name
+from .device import Pipeline, Region, get_device, vk
+from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_descriptors, fold_constants,
+                       resolve_binding, select_nodes)
+from .kernel import Caps, Dispatch, VulkanKernel, split_rows
+from .shaders import ShaderCache, ShaderModule, norm_defines
+
+log = logging.getLogger("inferd.vulkan.cold")
+
+
+class _Placeholder(Kernel):
+    """The planner's view of a node with no dispatch: nothing to read, transform or create."""
+
+    backend = "vulkan"
+
+
+class FoldKernel(_Placeholder):
+    """A node evaluated on the host at construction: its outputs are constants."""
+
+    name = "fold"
+
+
+class AliasKernel(_Placeholder):
+    """An alias op (Reshape, Flatten, ...): a view of its input, no buffer and no dispatch."""
+
+    name = "alias"
+
+
+FOLD, ALIAS = FoldKernel(), AliasKernel()
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One graph node. ``layer`` is what the planner sees: a folded or alias node has no constant inputs
+    (so no weights are read for it), a kernel node the layer its kernels run with."""
+
+    pos: int
+    node: Node
+    kind: str  # "fold" | "alias" | "kernel"
+    layer: Layer
+    kernels: tuple[VulkanKernel, ...]
+    default: Kernel
+    #: offset of the layer's workspace in the activations region (None: no candidate needs one)
+    ws: int | None
+
+
+@dataclass
+class _Prepared:
+    """What ``prepare`` made for one layer (released on a swap and at close)."""
+
+    kernel: VulkanKernel
+    bound: list[Bound] = field(default_factory=list)
+    weights: Region | None = None
+    pool: Any = None
+    views: list[Any] = field(default_factory=list)
+
+
+class VulkanColdBackend:
+    """A graph on a Vulkan device, brought up layer by layer by the cold runtime (or all at once by
+    ``VulkanModel``). Options are ``VulkanModel``'s: ``device`` (default: the process's shared one),
+    ``cache`` (a ``ShaderCache``, a directory, False for none), ``profile`` (GPU timestamps per
+    dispatch of the warm path, read with ``last_profile``)."""
+
+    name = "vulkan"
+    gpu = True
+
+    @property
+    def host_cores(self) -> bool:
+        """A CPU-type device (lavapipe) computes on the host's cores: the planner must not count its
+        executions as free time for the loaders."""
+        return self.caps.device_type == "cpu"
+
+    def __init__(self, graph: Graph, kernels: Mapping[str, str] | None = None, device: Any = None,
+                 cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
+        _import_kernels()
+        self.device = dev = device or get_device()
+        if dev.closed:
+            raise BackendError("the Vulkan device is closed")
+        self.graph = graph
+        self.load_stats: dict[str, Any] = {}
+        self.timestamps = bool(profile) and dev.timestamps
+        self.first_run_done = False
+        self._lock = threading.RLock()  # runs, first-run recording, finalize, swaps, close
+        self._stats_lock = threading.Lock()
+        self._idle = threading.Condition()  # prepares under way: close waits for them
+        self._active = 0
+        self._closed = False
+        self._slots: list[_Slot] = []
+        self._prepared: list[_Prepared | None] = []
+        self._regions: list[Region] = []
+        self._cmd_pool: Any = None
+        self._fence: Any = None
+        self._query_pool: Any = None
+        self._warm_cb: Any = None
+        self._warm_submit: list[Any] | None = None
+        self._warm_ran = False
+        self._stale = False  # a swap changed a layer since the warm path was recorded
+        self._bound: list[Bound] = []
+        self._seg: Recorder | None = None
+        self._seg_cbs: list[Any] = []
+        if cache is None or cache is True:
+            self.shader_cache = dev.shader_cache
+        elif cache is False:
+            self.shader_cache = ShaderCache(None)
+        elif isinstance(cache, ShaderCache):
+            self.shader_cache = cache
+        else:
+            self.shader_cache = ShaderCache(cache)
+        c = dev.caps
+        self.caps = Caps(c.subgroup_size, c.max_shared_bytes, c.max_workgroup_invocations, c.max_workgroup_count,
+                         c.vendor_id, c.device_type)
+        try:
+            self._setup(dict(kernels or {}))
+        except BaseException:
+            self._free()
+            raise
+        dev.register_model(self)
+
+    def _setup(self, forced: Mapping[str, str]) -> None:
+        T = time.perf_counter
+        st = self.load_stats
+        g = self.graph
+        t = T()
+        _, consts, kept, is_folded = fold_constants(g)
+        self._consts = consts
+        pg = Graph(g.name, kept, g.inputs, g.outputs, consts, g.infos, g.opset)  # type: ignore[arg-type]
+        st["fold_s"] = T() - t
+        t = T()
+        choices = select_nodes(g, pg, self.caps, forced)
+        st["select_s"] = T() - t
+        t = T()
+        dev = self.device
+        self._align = max(64, dev.caps.min_storage_align)
+        ws = [(step, c.layer.name, max(k.workspace_nbytes(c.layer) for k in c.kernels))
+              for step, c in enumerate(choices) if c.kernels]
+        self.plan = plan_activations(pg, ws, self._align)
+        self.act_region = dev.allocate_region(max(self.plan.total, 256), "activations")
+        self._regions.append(self.act_region)
+        self.io = HostIO(dev, g, consts, self.plan, self.act_region)
+        step = 0
+        for pos, (node, folded) in enumerate(zip(g.nodes, is_folded)):
+            if folded:
+                layer = replace(Layer.of(node, pg), const_inputs=())
+                self._slots.append(_Slot(pos, node, "fold", layer, (), FOLD, None))
+                continue
+            c = choices[step]
+            step += 1
+            if c.default is None:
+                self._slots.append(_Slot(pos, node, "alias", replace(c.layer, const_inputs=()), (), ALIAS, None))
+            else:
+                self._slots.append(_Slot(pos, node, "kernel", c.layer, c.kernels, c.default,
+                                         self.plan.offsets.get(workspace_name(c.layer.name))))
+        self._prepared = [None] * len(self._slots)
+        d = dev.device
+        self._cmd_pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=dev.queue_family), None)
+        # created signalled: close() and begin() wait on it, also when the model never ran
+        self._fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
+        st["alloc_s"] = T() - t
+        st["activation_bytes"] = self.plan.total
+
+    # ------------------------------------------------------------------ the ColdBackend contract
+    def layers(self) -> list[Layer]:
+        return [s.layer for s in self._slots]
+
+    def candidates(self) -> list[tuple[Layer, list[Kernel], Kernel]]:
+        return [(s.layer, list(s.kernels) if s.kind == "kernel" else [s.default], s.default) for s in self._slots]
+
+    def prepare(self, pos: int, lp: LayerPlan, arrays: dict[str, np.ndarray]) -> dict[str, float]:
+        slot = self._slots[pos]
+        if slot.kind != "kernel":
+            return {"transform_s": 0.0, "pipeline_s": 0.0}
+        kernel = self._kernel(slot, lp.kernel)
+        T = time.perf_counter
+        with self._working():
+            t0 = T()
+            params = dict(arrays) if lp.source == "transformed" else kernel.transform(slot.layer, self._raw(slot, arrays))
+            transform_s = T() - t0
+            dispatches = split_rows(kernel.dispatches(slot.layer, params, self.caps), self.caps)
+            t0 = T()
+            pipes = self._pipelines(dispatches)
+            pipeline_s = T() - t0
+            self._prepared[pos] = self._place(slot, kernel, params, dispatches, pipes)
+        self._add(transform_s=transform_s)
+        return {"transform_s": transform_s, "pipeline_s": pipeline_s}
+
+    def begin(self, feeds: Mapping[str, np.ndarray]) -> None:
+        with self._lock:
+            self._check_open()
+            self._drop_segments(wait=True)
+            self.device.wait_fence(self._fence)
+            self.io.write(feeds)
+
+    def execute(self, pos: int, flush: bool = False) -> None:
+        slot = self._slots[pos]
+        if slot.kind == "kernel":
+            prep = self._prepared[pos]
+            if prep is None:
+                raise RuntimeError(f"layer {slot.node.name!r} executed before it was prepared")
+            if prep.bound:
+                rec = self._segment()
+                for b in prep.bound:
+                    rec.dispatch(b)
+        if flush and self._seg is not None and self._seg.count:
+            self._submit_segment(None)
+
+    def end(self) -> dict[str, np.ndarray]:
+        with self._lock:
+            rec = self._segment()
+            self.io.epilogue(rec)
+            vk.vkResetFences(self.device.device, 1, [self._fence])
+            self._submit_segment(self._fence)
+            self.device.wait_fence(self._fence)
+            out = self.io.read()
+            self._drop_segments(wait=False)
+            self.first_run_done = True
+            return out
+
+    def finalize(self) -> None:
+        """Record the warm path's command buffer (every layer, in order) and save the pipeline cache."""
+        with self._lock:
+            self._check_open()
+            missing = [s.node.name for s in self._slots if s.kind == "kernel" and self._prepared[s.pos] is None]
+            if missing:
+                raise RuntimeError(f"layers not prepared: {missing[:5]}")
+            self._record_warm()
+
+    def _record_warm(self) -> None:
+        T = time.perf_counter
+        t = T()
+        dev = self.device
+        d = dev.device
+        bound = [b for p in self._prepared if p is not None for b in p.bound]
+        dev.wait_fence(self._fence)
+        if self._warm_cb is not None:
+            vk.vkFreeCommandBuffers(d, self._cmd_pool, 1, [self._warm_cb])
+            self._warm_cb = self._warm_submit = None
+        if self._query_pool is not None:
+            vk.vkDestroyQueryPool(d, self._query_pool, None)
+            self._query_pool = None
+        cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
+            commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        self._warm_cb = cb
+        vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())
+        if self.timestamps:
+            self._query_pool = vk.vkCreateQueryPool(d, vk.VkQueryPoolCreateInfo(
+                queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=len(bound) + 1), None)
+            vk.vkCmdResetQueryPool(cb, self._query_pool, 0, len(bound) + 1)
+        rec = Recorder(cb, self._query_pool, per_dispatch=True)
+        self.io.prologue(rec)
+        if self._query_pool is not None:
+            rec.timestamp()
+        for b in bound:
+            rec.dispatch(b)
+        self.io.epilogue(rec)
+        vk.vkEndCommandBuffer(cb)
+        self._warm_submit = [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])]
+        self._bound = bound
+        self._warm_ran = False
+        self._stale = False
+        st = self.load_stats
+        st["record_s"] = T() - t
+        st["dispatches"] = len(bound)
+        st["barriers"] = rec.barriers
+        st["pipelines"] = len({id(b.pipeline) for b in bound})
+        st["weights_bytes"] = sum(r.size for r in self.weight_regions)
+        t = T()
+        dev.pipeline_cache.save()
+        st["pipeline_cache_save_s"] = T() - t
+
+    def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:
+        """Replace layer ``pos``'s kernel (the warm switch; the caller holds the model's run lock). The warm
+        command buffer is re-recorded once, at the next run, however many layers a switch swaps."""
+        slot = self._slots[pos]
+        if slot.kind != "kernel" or not isinstance(kernel, VulkanKernel):
+            raise KernelError(f"layer {slot.node.name!r}: cannot switch to {kernel!r}")
+        with self._lock:
+            self._check_open()
+            dispatches = split_rows(kernel.dispatches(slot.layer, params, self.caps), self.caps)
+            new = self._place(slot, kernel, dict(params), dispatches, self._pipelines(dispatches))
+            self.device.wait_fence(self._fence)
+            old, self._prepared[pos] = self._prepared[pos], new
+            # the recorded warm path still names the old kernel's sets and weights: never submitted again
+            self._stale = True
+            if old is not None:
+                self._release(old)
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._lock:
+            self._check_open()
+            if self._stale:
+                self._record_warm()
+            if self._warm_submit is None:
+                raise BackendError("the model is not loaded yet (finalize has not run)")
+            t0 = time.perf_counter()
+            dev = self.device
+            self.io.write(feeds)
+            vk.vkResetFences(dev.device, 1, [self._fence])
+            with dev.queue_lock:
+                vk.vkQueueSubmit(dev.queue, 1, self._warm_submit, self._fence)
+            dev.wait_fence(self._fence)
+            out = self.io.read()
+            self._warm_ran = True
+            if not self.first_run_done:
+                self.first_run_done = True
+                self.load_stats["first_run_s"] = time.perf_counter() - t0
+            return out
+
+    __call__ = run
+
+    # ------------------------------------------------------------------ facts for the planner
+    def fingerprint(self) -> dict[str, str]:
+        return self.device.fingerprint()
+
+    def pipeline_cache_filled(self) -> bool:
+        """Whether pipelines will come from a filled ``VkPipelineCache``: loaded from disk, or filled by
+        pipelines this process already created."""
+        return self.device.pipeline_cache.initial_bytes > 0 or self.device.stats["pipelines_created"] > 0
+
+    def profile(self, entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], rates: DeviceRates,
+                budget_s: float = 25.0, reps: int = 2) -> Profile:
+        """Measure, per layer that has weights or a choice and per candidate kernel: the transform, the
+        creation of its pipelines through an empty and through the filled cache, and the layer's execution
+        alone on random inputs (the first one by wall clock: it includes lazy shader compilation and first
+        touch; warm ones by GPU timestamps where the queue has them).
+
+        Every layer's default kernel is measured first, the other candidates while ``budget_s`` lasts
+        (the rest keep the roofline). A pipeline is created once per model, so a layer is charged only
+        for the pipelines no earlier layer running the same kernel needs; the pipeline rates of the
+        roofline become the measured means per layer."""
+        T = time.perf_counter
+        times: dict[tuple[str, str, str], float] = {}
+        #: (position, kernel) -> (pipeline keys, seconds per pipeline through an empty / the filled cache)
+        pipes_of: dict[tuple[int, str], tuple[set[Any], float, float]] = {}
+        dev = self.device
+        work = [(s, k) for s, (layer, kernels, default) in zip(self._slots, entries)
+                if s.kind == "kernel" and (layer.const_inputs or len(kernels) > 1) for k in kernels]
+        work.sort(key=lambda sk: sk[1] is not sk[0].default)  # stable: defaults first, each pass in graph order
+        t_start = T()
+        for slot, k in work:
+            if T() - t_start > budget_s:
+                log.info("profiling stopped after %.1f s; the remaining candidates use the roofline", budget_s)
+                break
+            layer = slot.layer
+            try:
+                assert isinstance(k, VulkanKernel)
+                raw = self._raw(slot, {})
+                t0 = T()
+                params = k.transform(layer, raw)
+                times[(layer.name, k.name, "transform")] = T() - t0
+                dispatches = split_rows(k.dispatches(layer, params, self.caps), self.caps)
+                pipes = self._pipelines(dispatches)
+                reqs = [(p.module, dict(d.spec)) for d, p in zip(dispatches, pipes)]
+                keys = {dev.pipeline_key(m, s) for m, s in reqs}
+                n = max(len(keys), 1)
+                pipes_of[(slot.pos, k.name)] = (keys, dev.time_pipelines(reqs, empty=True) / n,
+                                                dev.time_pipelines(reqs, empty=False) / n)
+                first, warm = self._time_layer(slot, k, params, dispatches, pipes, reps)
+                times[(layer.name, k.name, "exec_first")] = first
+                times[(layer.name, k.name, "exec")] = warm
+            except Exception as ex:  # a kernel that fails here is not a candidate the planner should trust
+                log.warning("profiling %s with %s failed: %s: %s", layer.name, k.name, type(ex).__name__, ex)
+        seen: dict[str, set[Any]] = {}
+        per_layer: list[tuple[float, float]] = []
+        for (pos, kname), (keys, e, f) in sorted(pipes_of.items()):
+            new = len(keys - seen.setdefault(kname, set()))
+            seen[kname] |= keys
+            name = self._slots[pos].layer.name
+            times[(name, kname, "pipeline_empty")] = new * e
+            times[(name, kname, "pipeline_filled")] = new * f
+            per_layer.append((new * e, new * f))
+        if per_layer:
+            rates = replace(rates, pipeline_empty_s=float(np.mean([e for e, _ in per_layer])),
+                            pipeline_filled_s=float(np.mean([f for _, f in per_layer])))
+        return Profile("vulkan", self.fingerprint(), rates, times)
+
+    # ------------------------------------------------------------------ what VulkanModel and tools read
+    def prepare_all(self) -> None:
+        """Prepare every layer with its default (or forced) kernel in batched stages: all transforms, one
+        SPIR-V pass (parallel glslang on misses), one pipeline batch, then weights and descriptor sets."""
+        T = time.perf_counter
+        st = self.load_stats
+        t = T()
+        todo: list[tuple[_Slot, VulkanKernel, dict[str, np.ndarray], list[Dispatch]]] = []
+        for s in self._slots:
+            if s.kind == "kernel":
+                assert isinstance(s.default, VulkanKernel)
+                params = s.default.transform(s.layer, self._raw(s, {}))
+                ds = split_rows(s.default.dispatches(s.layer, params, self.caps), self.caps)
+                todo.append((s, s.default, params, ds))
+        st["transform_s"] = T() - t
+        t = T()
+        sc = self.shader_cache
+        before = (sc.compiled, sc.disk_hits)
+        variants = [(d.shader, norm_defines(d.defines)) for *_, ds in todo for d in ds]
+        mods = dict(zip(variants, sc.get_many(variants))) if variants else {}
+        st["shader_compile_s"] = T() - t
+        st["shaders_compiled"] = sc.compiled - before[0]
+        st["shaders_from_disk"] = sc.disk_hits - before[1]
+        st["shader_variants"] = len(set(variants))
+        t = T()
+        reqs = [(mods[(d.shader, norm_defines(d.defines))], dict(d.spec)) for *_, ds in todo for d in ds]
+        counts: dict[str, int] = {}
+        pipes = self.device.pipelines(reqs, counts) if reqs else []
+        st["pipeline_create_s"] = T() - t
+        st["pipelines_created"] = counts.get("created", 0)
+        st["pipeline_cache_hits"] = counts.get("cache_hits", 0)
+        k = 0
+        for s, kern, params, ds in todo:
+            self._prepared[s.pos] = self._place(s, kern, params, ds, pipes[k:k + len(ds)])
+            k += len(ds)
+
+    @property
+    def kernel_names(self) -> dict[str, str]:
+        """Node name -> Vulkan kernel ("alias" for ops that are views; folded nodes are not run)."""
+        out = {}
+        for s in self._slots:
+            if s.kind == "alias":
+                out[s.node.name] = "alias"
+            elif s.kind == "kernel":
+                p = self._prepared[s.pos]
+                out[s.node.name] = (p.kernel if p is not None else s.default).name
+        return out
+
+    @property
+    def weight_regions(self) -> list[Region]:
+        return [p.weights for p in self._prepared if p is not None and p.weights is not None]
+
+    @property
+    def memory_bytes(self) -> int:
+        io = getattr(self, "io", None)
+        own = io.own.size if io is not None and io.own is not None else 0
+        return int(sum(r.size for r in self._regions) + own + sum(r.size for r in self.weight_regions))
+
+    def last_profile(self) -> list[dict[str, Any]]:
+        """GPU time of each dispatch in the last warm run (``profile=True`` only): time from the previous
+        dispatch's end-of-compute timestamp to this one's, so barrier waits count to the dispatch after them."""
+        if self._query_pool is None or not self._warm_ran:
+            return []
+        n = len(self._bound) + 1
+        ts = self._timestamps(self._query_pool, n)
+        period = self.device.timestamp_period
+        return [{"node": b.layer.name, "op": b.layer.op, "kernel": b.kernel.name, "shader": b.dispatch.shader,
+                 "groups": b.dispatch.groups, "ms": (ts[i + 1] - ts[i]) * period / 1e6} for i, b in enumerate(self._bound)]
+
+    # ------------------------------------------------------------------ one layer
+    def _kernel(self, slot: _Slot, name: str) -> VulkanKernel:
+        for k in slot.kernels:
+            if k.name == name:
+                return k
+        found = choose_kernel(slot.layer, "vulkan", name)  # raises KernelError naming the layer and kernel
+        if not isinstance(found, VulkanKernel):
+            raise KernelError(f"{name!r} is not a Vulkan kernel (layer {slot.node.name!r})")
+        return found
+
+    def _raw(self, slot: _Slot, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The layer's raw constants: what the loader read, else the graph's (folded ones live only here)."""
+        out = {}
+        for i in slot.layer.const_inputs:
+            key = raw_key(i)
+            out[key] = arrays[key] if key in arrays else self._consts[slot.node.inputs[i]]
+        return out
+
+    def _pipelines(self, dispatches: Sequence[Dispatch]) -> list[Pipeline]:
+        t = time.perf_counter()
+        mods: list[ShaderModule] = self.shader_cache.get_many(
+            [(d.shader, norm_defines(d.defines)) for d in dispatches]) if dispatches else []
+        t1 = time.perf_counter()
+        counts: dict[str, int] = {}
+        pipes = self.device.pipelines([(m, dict(d.spec)) for d, m in zip(dispatches, mods)], counts) if mods else []
+        self._add(shader_compile_s=t1 - t, pipeline_create_s=time.perf_counter() - t1,
+                  pipelines_created=counts.get("created", 0), pipeline_cache_hits=counts.get("cache_hits", 0))
+        return pipes
+
+    def _place(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray], dispatches: Sequence[Dispatch],
+               pipes: Sequence[Pipeline], locate: Locate | None = None, ws: tuple[Region, int] | None = None) -> _Prepared:
+        """Weights into their own allocation, every binding resolved, descriptor sets written. Activations
+        live in the arena unless ``locate``/``ws`` say otherwise (the profiler's scratch)."""
+        dev = self.device
+        layer = slot.layer
+        node = layer.node
+        consts = self._consts
+        # only arrays some dispatch binds (kernels also keep host-side values such as axes in params)
+        keys: set[str] = set()
+        for d in dispatches:
+            for ref in d.bindings:
+                if ref.kind == "param":
+                    keys.add(str(ref.key))
+                elif ref.kind == "in" and isinstance(ref.key, int) and ref.key < len(node.inputs) \
+                        and node.inputs[ref.key] in consts:
+                    keys.add(raw_key(ref.key))
+        arrays = [(k, a) for k, a in params.items() if k in keys]
+        place, total = place_weights([(k, a.nbytes) for k, a in arrays])
+        if locate is None:
+            act, plan, infos = self.act_region, self.plan, self.graph.infos
+
+            def locate(t: str) -> tuple[Region, int, int]:
+                return act, plan.offset(t), infos[t].nbytes
+            ws = (act, slot.ws) if slot.ws is not None else None
+        prep = _Prepared(kernel)
+        try:
+            t = time.perf_counter()
+            if total:
+                prep.weights = region = dev.allocate_region(total, f"weights:{layer.name}")
+                dev.upload([(region, place[k], a) for k, a in arrays])
+            self._add(upload_s=time.perf_counter() - t)
+            weights = {k: (prep.weights, off) for k, off in place.items() if prep.weights is not None}
+            for d, pipe in zip(dispatches, pipes):
+                man = pipe.module.manifest
+                where = f"node {layer.name} ({layer.op}, kernel {kernel.name}, shader {d.shader})"
+                if len(d.bindings) != len(man.bindings):
+                    raise BackendError(f"{where}: {len(d.bindings)} bindings given, shader declares {len(man.bindings)}")
+                ranges = [resolve_binding(dev, layer, kernel, ref, where, consts, locate, ws, params, weights)
+                          for ref in d.bindings]
+                for gcount, lim in zip(d.groups, dev.caps.max_workgroup_count):
+                    if not 1 <= gcount <= lim:
+                        raise BackendError(f"{where}: workgroup count {d.groups} outside 1..{dev.caps.max_workgroup_count}")
+                prep.bound.append(Bound(slot.pos, layer, kernel, d, pipe, ranges, man.pack_push(d.push, where)))
+            prep.pool = bind_descriptors(dev, prep.bound, prep.views)
+        except BaseException:
+            self._release(prep)
+            raise
+        return prep
+
+    def _release(self, prep: _Prepared) -> None:
+        dev = self.device
+        if dev.closed or dev.device is None:
+            return
+        if prep.pool is not None:
+            vk.vkDestroyDescriptorPool(dev.device, prep.pool, None)
+            prep.pool = None
+        for v in prep.views:
+            vk.vkDestroyBufferView(dev.device, v, None)
+        prep.views = []
+        dev.free_region(prep.weights)
+        prep.weights = None
+
+    def _time_layer(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray],
+                    dispatches: Sequence[Dispatch], pipes: Sequence[Pipeline], reps: int) -> tuple[float, float]:
+        """(first execution by wall clock, median warm execution) of one layer alone, on random inputs in
+        a scratch region of its own."""
+        dev = self.device
+        layer = slot.layer
+        infos = self.graph.infos
+        names = list(dict.fromkeys(n for n in list(layer.node.inputs) + list(layer.node.outputs)
+                                   if n and n not in self._consts))
+        offs: dict[str, int] = {}
+        end = 0
+        for n in names:
+            offs[n] = end
+            end += align_up(max(infos[n].nbytes, 4), self._align)
+        ws_off = end
+        end += kernel.workspace_nbytes(layer)
+        scratch = dev.allocate_region(max(end, 256), f"profile:{layer.name}")
+        prep: _Prepared | None = None
+        try:
+            rng = np.random.default_rng(0)
+            feeds = []
+            for n in layer.node.inputs:
+                if n in offs:
+                    info = infos[n]
+                    a = (rng.standard_normal(info.shape).astype(info.dtype) if np.issubdtype(info.dtype, np.floating)
+                         else np.zeros(info.shape, info.dtype))
+                    feeds.append((scratch, offs[n], a))
+            dev.upload(feeds)
+            prep = self._place(slot, kernel, params, dispatches, pipes,
+                               lambda t: (scratch, offs[t], infos[t].nbytes), (scratch, ws_off))
+            first = self._timed_submit(prep.bound, 1, False)[0]
+            warm = float(np.median(self._timed_submit(prep.bound, reps, dev.timestamps)))
+            return first, warm
+        finally:
+            if prep is not None:
+                self._release(prep)
+            dev.free_region(scratch)
+
+    def _timed_submit(self, bound: Sequence[Bound], reps: int, timestamps: bool) -> list[float]:
+        """Seconds of each of ``reps`` back-to-back executions of ``bound``: GPU timestamps, else the wall
+        clock of the whole submission shared out."""
+        dev = self.device
+        d = dev.device
+        cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
+            commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        qp = None
+        try:
+            vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            if timestamps:
+                qp = vk.vkCreateQueryPool(d, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
+                                                                      queryCount=reps + 1), None)
+                vk.vkCmdResetQueryPool(cb, qp, 0, reps + 1)
+            rec = Recorder(cb, qp)
+            rec.full_barrier()
+            for _ in range(reps):
+                if qp is not None:
+                    rec.timestamp()
+                for b in bound:
+                    rec.dispatch(b)
+                rec.full_barrier()
+            if qp is not None:
+                rec.timestamp()
+            vk.vkEndCommandBuffer(cb)
+            t0 = time.perf_counter()
+            dev.submit_and_wait(cb, self._fence)
+            wall = time.perf_counter() - t0
+            if qp is None:
+                return [wall / reps] * reps
+            ts = self._timestamps(qp, reps + 1)
+            return [(ts[i + 1] - ts[i]) * dev.timestamp_period / 1e9 for i in range(reps)]
+        finally:
+            if qp is not None:
+                vk.vkDestroyQueryPool(d, qp, None)
+            vk.vkFreeCommandBuffers(d, self._cmd_pool, 1, [cb])
+
+    def _timestamps(self, qp: Any, n: int) -> list[int]:
+        buf = vk.ffi.new("uint64_t[]", n)
+        res = vk.lib.vkGetQueryPoolResults(self.device.device, qp, 0, n, 8 * n, buf, 8,
+                                           vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        if res != vk.VK_SUCCESS:
+            raise BackendError(f"vkGetQueryPoolResults failed ({res})")
+        return [int(buf[i]) for i in range(n)]
+
+    # ------------------------------------------------------------------ segments of the first run
+    def _segment(self) -> Recorder:
+        """The segment being recorded, started now if there is none (the first with the inputs' prologue,
+        later ones behind a barrier on everything submitted before)."""
+        if self._seg is None:
+            d = self.device.device
+            cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
+                commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            self._seg_cbs.append(cb)
+            vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            self._seg = rec = Recorder(cb)
+            if len(self._seg_cbs) == 1:
+                self.io.prologue(rec)
+            else:
+                rec.full_barrier()
+        return self._seg
+
+    def _submit_segment(self, fence: Any) -> None:
+        """Submit the segment being recorded; only the last carries the fence (it signals once every
+        earlier submission on the queue has completed too)."""
+        assert self._seg is not None
+        cb = self._seg.cb
+        self._seg = None
+        vk.vkEndCommandBuffer(cb)
+        dev = self.device
+        with dev.queue_lock:
+            vk.vkQueueSubmit(dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])],
+                             fence if fence is not None else vk.VK_NULL_HANDLE)
+
+    def _drop_segments(self, wait: bool) -> None:
+        """Free the first run's segment command buffers; ``wait``: some may still execute (a run that
+        failed half way), so wait for the queue first."""
+        if not self._seg_cbs:
+            return
+        if wait:
+            self.device.wait_idle()
+        vk.vkFreeCommandBuffers(self.device.device, self._cmd_pool, len(self._seg_cbs), self._seg_cbs)
+        self._seg_cbs = []
+        self._seg = None
+
+    # ------------------------------------------------------------------ bookkeeping, teardown
+    def _add(self, **kw: float) -> None:
+        with self._stats_lock:
+            for k, v in kw.items():
+                self.load_stats[k] = self.load_stats.get(k, 0) + v
+
+    @contextmanager
+    def _working(self) -> Iterator[None]:
+        with self._idle:
+            self._check_open()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed or self.device.closed:
+            raise BackendError("this Vulkan model is closed")
+
+    def close(self) -> None:
+        with self._idle:
+            if self._closed:
+                return
+            self._closed = True
+            # a loader thread may still be preparing a layer of a cancelled load: let it finish first
+            self._idle.wait_for(lambda: self._active == 0, timeout=10)
+        with self._lock:
+            self._free()
+
+    def _free(self) -> None:
+        dev = self.device
+        if dev.closed or dev.device is None:
+            return
+        d = dev.device
+        if self._fence is not None:
+            try:
+                vk.vkWaitForFences(d, 1, [self._fence], vk.VK_TRUE, 10 * 10**9)
+            except Exception:
+                pass
+        if self._seg_cbs:
+            dev.wait_idle()  # segments of an interrupted first run may still execute
+        for i, p in enumerate(self._prepared):
+            if p is not None:
+                self._release(p)
+                self._prepared[i] = None
+        if self._cmd_pool is not None:
+            vk.vkDestroyCommandPool(d, self._cmd_pool, None)  # frees every command buffer from it
+            self._cmd_pool = None
+            self._seg_cbs, self._seg, self._warm_cb, self._warm_submit = [], None, None, None
+        if self._fence is not None:
+            vk.vkDestroyFence(d, self._fence, None)
+            self._fence = None
+        if self._query_pool is not None:
+            vk.vkDestroyQueryPool(d, self._query_pool, None)
+            self._query_pool = None
+        io = getattr(self, "io", None)
+        if io is not None:
+            io.free()
+        for r in self._regions:
+            dev.free_region(r)
+        self._regions = []
+
+    def __enter__(self) -> "VulkanColdBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort; close() is the contract
+        try:
+            if not self._closed and not self.device.closed:
+                self.close()
+        except Exception:
+            pass

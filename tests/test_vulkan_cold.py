@@ -1,0 +1,322 @@
+"""Cold loads on a Vulkan device follow their plan and answer like onnxruntime (max |vk - ort| / max |ort|
+<= 1e-3, as in test_vulkan_zoo.py), first (cold) run and warm runs, whatever the plan: every layer read
+raw and transformed at load (from the ONNX file), every layer read transformed (from a compiled
+package), one loader thread, many, no pipelining; a warm switch to other kernels; a package made for
+another device is rebuilt; the staging path; a layer that fails half way; the profile; pipelines
+requested by several threads at once. Validation layers on, and no validation error."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgpack
+import numpy as np
+import pytest
+
+import inferd
+import inferd.vulkan
+from inferd.package import PLAN_MAGIC, PLAN_VERSION, _PLAN_HEAD, _default, compile_model, read_plan
+from inferd.planner.plan import PlanOptions
+from zoo_fixture import zoo_dir
+
+pytestmark = [pytest.mark.vulkan,
+              pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
+
+TOL = 1e-3
+SMALL = ["squeezenet1_1", "mobilenetv2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The process's shared device (what ``inferd.load`` uses), with validation and this module's own caches."""
+    from inferd.vulkan import device as vd
+
+    tmp = tmp_path_factory.mktemp("vkcold")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MESA_SHADER_CACHE_DIR", str(tmp / "mesa"))
+        vd.close_shared_device()
+        dev = vd.get_device({"debug": True, "cache_dir": str(tmp / "cache")})
+        yield dev
+        errors = dev.validation_errors
+        vd.close_shared_device()
+    assert not errors, errors[:5]
+
+
+_refs: dict[str, tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]] = {}
+
+
+def ref(name: str) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]:
+    """(model path, feeds, onnxruntime's outputs, output names)."""
+    if name not in _refs:
+        import onnx
+        import onnxruntime as ort
+
+        path = zoo_dir([name]) / f"{name}.onnx"
+        m = onnx.load(str(path), load_external_data=False)
+        init = {i.name for i in m.graph.initializer}
+        rng = np.random.default_rng(11)
+        feeds = {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+                 for i in m.graph.input if i.name not in init}
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 2
+        so.log_severity_level = 3
+        want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+        _refs[name] = (path, feeds, want, [o.name for o in m.graph.output])
+    return _refs[name]
+
+
+def check(model: inferd.Model, name: str, what: str) -> None:
+    from inferd.vulkan.testing import rel_err
+
+    _, feeds, want, names = ref(name)
+    got = model.run(feeds)
+    for n, r in zip(names, want):
+        err = rel_err(got[n], r)
+        assert err <= TOL, f"{name} {what}: output {n} relative error {err:.3g} > {TOL}"
+
+
+def ran_the_plan(model: inferd.Model) -> None:
+    """The backend runs each layer with the kernel the plan names (folded nodes run nothing); a layer with
+    a warm kernel may already have been switched to it (the warm switch runs in the background)."""
+    assert model.plan is not None
+    got = model.kernels
+    assert set(got) == {lp.name for lp in model.plan.layers if lp.kernel != "fold"}
+    for lp in model.plan.layers:
+        if lp.kernel != "fold":
+            assert got[lp.name] in (lp.kernel, lp.warm_kernel or lp.kernel), (lp.name, got[lp.name], lp)
+
+
+def cold_then_warm(model: inferd.Model, name: str, what: str) -> None:
+    check(model, name, what + ", first (cold) run")
+    assert model.cold_stats["tasks"] == len(model.plan.layers)
+    ran_the_plan(model)
+    assert model.wait_warm(120)
+    assert "warm_switch_error" not in model.cold_stats
+    check(model, name, what + ", warm run")
+    check(model, name, what + ", second warm run")
+
+
+def weighted(model: inferd.Model) -> list[Any]:
+    """Plan entries of the layers that read weights."""
+    return [lp for lp in model.plan.layers if lp.source != "none"]
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_cold_from_onnx_every_layer_read_raw_and_transformed_at_load(name: str) -> None:
+    with inferd.load(ref(name)[0], device="vulkan") as model:
+        assert model.device == "vulkan" and model.plan.backend == "vulkan"
+        assert weighted(model) and all(lp.source == "raw" for lp in weighted(model))
+        cold_then_warm(model, name, "ONNX")
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Per small model, a package whose plan reads every layer's transformed weights (no profile: fast)."""
+    root = tmp_path_factory.mktemp("vkpkg")
+    opt = PlanOptions(force_source="transformed")
+    return {n: compile_model(ref(n)[0], root / n, device="vulkan", options=opt, profile=False) for n in SMALL}
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_cold_from_a_package_every_layer_read_transformed(name: str, packages: dict[str, Path]) -> None:
+    opt = PlanOptions(force_source="transformed")
+    with inferd.load(packages[name], device="vulkan", cold=opt) as model:
+        assert weighted(model) and all(lp.source == "transformed" for lp in weighted(model))
+        cold_then_warm(model, name, "package, transformed weights")
+
+
+ODD: dict[str, tuple[dict[str, Any], int | None]] = {
+    "one loader": ({}, 1),
+    "many loaders": ({}, 4),
+    "no pipelining": ({"pipeline": False}, None),
+    "raw reads, no stealing": ({"force_source": "raw", "steal": False}, 2),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ODD))
+def test_odd_plans(variant: str, packages: dict[str, Path]) -> None:
+    name = "squeezenet1_1"
+    opts, loaders = ODD[variant]
+    opt = PlanOptions(**{"force_source": "transformed", **opts})
+    with inferd.load(packages[name], device="vulkan", cold=opt, loaders=loaders) as model:
+        assert model.plan.options == opt
+        if loaders is not None:
+            assert model.plan.loaders == loaders
+        cold_then_warm(model, name, variant)
+
+
+def _rewrite_plan(pkg: Path, **changes: object) -> None:
+    d = read_plan(pkg / "plan.bin")
+    d.update(changes)
+    body = msgpack.packb(d, default=_default, use_bin_type=True)
+    (pkg / "plan.bin").write_bytes(_PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+
+
+def test_warm_switch_moves_to_the_warm_kernels_and_keeps_the_answers(packages: dict[str, Path], tmp_path: Path) -> None:
+    """Every conv runs its first run on the register-blocked implicit GEMM, read raw, then switches back."""
+    name = "squeezenet1_1"
+    pkg = tmp_path / "pkg"
+    shutil.copytree(packages[name], pkg)
+    d = read_plan(pkg / "plan.bin")
+    rows = d["plan"]["layers"]
+    switched = 0
+    for r in rows:  # [index, name, op, kernel, source, loader, order, warm_kernel, ...]
+        if r[2] == "Conv" and r[3] != "vk_gemm_reg":
+            r[7], r[3], r[4] = r[3], "vk_gemm_reg", "raw"
+            switched += 1
+    assert switched
+    _rewrite_plan(pkg, plan=d["plan"])
+    with inferd.load(pkg, device="vulkan", cold=PlanOptions(force_source="transformed")) as model:
+        assert [lp.kernel for lp in model.plan.layers] == [r[3] for r in rows]  # the stored plan, not a new one
+        check(model, name, "first run on the cold kernels")
+        ran_the_plan(model)
+        assert model.wait_warm(120)
+        assert model.cold_stats["warm_switch_layers"] == switched
+        assert "warm_switch_error" not in model.cold_stats
+        warm = {lp.name: lp.warm_kernel or lp.kernel for lp in model.plan.layers if lp.kernel != "fold"}
+        assert model.kernels == warm
+        check(model, name, "after the warm switch")
+        check(model, name, "after the warm switch, again")
+
+
+def test_profiled_package_and_a_package_for_another_device(tmp_path: Path) -> None:
+    """``compile`` profiles on this device (candidates, pipelines, GPU execution) and records its fingerprint; a
+    package whose fingerprint is another device's is refused and rebuilt from its source, never used."""
+    from inferd.errors import StalePackageError
+    from inferd.package import fingerprint, open_package
+    from inferd.planner.cost import PHASES
+
+    name = "tiny"
+    src = tmp_path / "m.onnx"
+    shutil.copy(ref(name)[0], src)
+    pkg = compile_model(src, tmp_path / "pkg", device="vulkan")
+    d = read_plan(pkg / "plan.bin")
+    fp = d["fingerprint"]
+    assert fp == fingerprint("vulkan")
+    assert {"backend", "engine", "vendor_id", "device_id", "driver_version", "device_name",
+            "pipeline_cache_uuid"} <= set(fp) and fp["backend"] == "vulkan" and fp["engine"] == inferd.__version__
+    times = {(r[0], r[1], r[2]): r[3] for r in d["profile"]["times"]}
+    assert {p for _, _, p in times} <= set(PHASES)
+    conv = next(r[0] for r in d["nodes"] if r[1] == "Conv")
+    for phase in ("transform", "pipeline_empty", "pipeline_filled", "exec", "exec_first"):
+        assert any(layer == conv and p == phase for layer, _, p in times), phase
+    assert len({k for layer, k, p in times if layer == conv and p == "exec"}) > 1  # every candidate measured
+    assert all(v >= 0 for v in times.values())
+
+    other = dict(fp, driver_version="0", pipeline_cache_uuid="00" * 16)
+    _rewrite_plan(pkg, fingerprint=other)
+    with pytest.raises(StalePackageError, match="another device"):
+        open_package(pkg, device="vulkan", current=fingerprint("vulkan"))
+    with inferd.load(pkg, device="vulkan") as model:
+        check(model, name, "after a device mismatch")
+    assert read_plan(pkg / "plan.bin")["fingerprint"] == fingerprint("vulkan")
+
+
+def test_staging_path_cold_load(tmp_path: Path) -> None:
+    """Device memory the host cannot map: weights through staging, inputs and outputs through the IO region,
+    in every segment of the first run as in the warm command buffer."""
+    from inferd.backends.base import WeightSource
+    from inferd.frontend import import_model
+    from inferd.package import make_plan
+    from inferd.runtime.cold import ColdLoad
+    from inferd.vulkan.cold import VulkanColdBackend
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    from inferd.vulkan.testing import rel_err
+
+    name = "squeezenet1_1"
+    path, feeds, want, names = ref(name)
+    dev = VulkanDevice(VulkanConfig(force_staging=True, debug=True, cache_dir=str(tmp_path / "cache")))
+    try:
+        graph = import_model(path)
+        backend = VulkanColdBackend(graph, device=dev)
+        plan = make_plan(backend, backend.candidates(), None, PlanOptions(cache=False), 2)
+        cold = ColdLoad(backend, plan, WeightSource(graph.constants), name, backend.layers())
+        first = cold.first_run(feeds)
+        assert backend.act_region.mapped is None and backend.weight_regions
+        assert all(r.mapped is None for r in backend.weight_regions)
+        assert backend.io.region is not backend.act_region
+        for out in (first, backend.run(feeds)):
+            for n, r in zip(names, want):
+                assert rel_err(out[n], r) <= TOL
+        backend.close()
+        assert not dev.validation_errors, dev.validation_errors[:3]
+    finally:
+        dev.close()
+
+
+def test_a_layer_that_fails_fails_the_first_run_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layers before it may already run on the device when it fails: closing waits for them."""
+    from inferd.vulkan.cold import VulkanColdBackend
+
+    name = "squeezenet1_1"
+    real = VulkanColdBackend.prepare
+
+    def broken(self: VulkanColdBackend, pos: int, lp: Any, arrays: dict[str, np.ndarray]) -> dict[str, float]:
+        if pos == len(self.layers()) // 2:
+            raise ValueError("injected prepare failure")
+        return real(self, pos, lp, arrays)
+
+    monkeypatch.setattr(VulkanColdBackend, "prepare", broken)
+    model = inferd.load(ref(name)[0], device="vulkan")
+    with pytest.raises(Exception, match="injected prepare failure"):
+        model.run(ref(name)[1])
+    model.close()
+    monkeypatch.setattr(VulkanColdBackend, "prepare", real)
+    with inferd.load(ref(name)[0], device="vulkan") as ok:
+        check(ok, name, "after a failed load")
+
+
+def test_pipelines_requested_by_several_threads_are_created_once(device: Any) -> None:
+    reqs: list[tuple[Any, dict[str, Any]]] = [(device.shader_cache.get("unary", {"UOP": u, "ACT": 0}), {})
+                                              for u in (1, 2, 3)]
+    before = device.stats["pipelines_created"]
+    got: list[list[Any]] = []
+    go = threading.Barrier(4)
+
+    def work() -> None:
+        go.wait()
+        got.append(device.pipelines(list(reqs)))
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(got) == 4 and all([p.handle for p in g] == [p.handle for p in got[0]] for g in got)
+    assert device.stats["pipelines_created"] - before <= len(reqs)
+    assert device.time_pipelines(reqs, empty=True) > 0 and device.time_pipelines(reqs, empty=False) > 0
+
+
+@pytest.mark.parametrize("op", ["Relu", "Conv"])
+def test_grids_larger_than_one_row_of_workgroups(op: str) -> None:
+    """A dispatch of more than maxComputeWorkGroupCount[0] groups (65,535 on lavapipe): split into 1-D
+    dispatches, since lavapipe ran workgroup rows y >= 1 only in part (wrong answers, not an error)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from inferd.vulkan.device import get_device
+
+    maxx = get_device().caps.max_workgroup_count[0]
+    rng = np.random.default_rng(0)
+    if op == "Relu":
+        h = -(-maxx * 256 // (64 * 256)) + 8  # past maxx groups of 256 invocations
+        x = rng.standard_normal((1, 64, h, 256)).astype(np.float32)
+        node, inits, out = helper.make_node("Relu", ["x"], ["y"], name="n"), [], x.shape
+        kernels = None
+    else:
+        x = rng.standard_normal((1, 64, 200, 200)).astype(np.float32)  # im2col: 576 x 10,000 columns / 64
+        w = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)
+        node, inits, out = (helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="n"),
+                            [numpy_helper.from_array(w, "w")], x.shape)
+        kernels = {"n": "vk_gemm_tex"} if maxx < 2**20 else None
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    want = inferd.load(m, device="cpu").run({"x": x})["y"]
+    with inferd.load(m, device="vulkan", kernels=kernels) as vm:
+        for run in ("cold", "warm"):
+            got = vm.run({"x": x})["y"]
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            assert err <= TOL, (op, run, err)
