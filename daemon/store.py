@@ -287,7 +287,8 @@ class StoreStream:
     a plan refined later may need another order, which costs more, smaller reads, never a wait for
     blobs needed later)."""
 
-    def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 4 << 20, gap: int = 64 << 10) -> None:
+    def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 4 << 20, gap: int = 64 << 10,
+                 io: Any = None) -> None:
         self.store = store
         seen: set[tuple[str, str, str, str]] = set()
         ents = []
@@ -311,8 +312,10 @@ class StoreStream:
         self.read_s = 0.0
         self.bytes = sum(end - start for start, end, _ in self.chunks)
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="inferd-store-stream", daemon=True)
-        self._thread.start()
+        if io is not None:
+            io.submit(self._run)
+        else:
+            threading.Thread(target=self._run, name="inferd-store-stream", daemon=True).start()
 
     def __contains__(self, entry: Entry) -> bool:
         return entry.key in self._where

@@ -299,6 +299,8 @@ def test_grids_larger_than_one_row_of_workgroups(op: str) -> None:
     from inferd.vulkan.device import get_device
 
     maxx = get_device().caps.max_workgroup_count[0]
+    if maxx * 256 > 64 << 20:  # NVIDIA: 2**31 - 1 groups; no test-sized tensor needs two rows there
+        pytest.skip(f"the device's grid holds {maxx} groups in a row")
     rng = np.random.default_rng(0)
     if op == "Relu":
         h = -(-maxx * 256 // (64 * 256)) + 8  # past maxx groups of 256 invocations

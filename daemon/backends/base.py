@@ -147,12 +147,13 @@ class WeightSource:
                 out += [big[layer.node.inputs[i]] for i in layer.const_inputs if layer.node.inputs[i] in big]
         return out
 
-    def start_stream(self, layers: Sequence[Layer], plan: Any) -> None:
-        """Stream what ``plan`` reads in file order (one I/O thread, large reads) from now on."""
+    def start_stream(self, layers: Sequence[Layer], plan: Any, io: Any = None) -> None:
+        """Stream what ``plan`` reads in the order it needs it (large reads on ``io``, a worker with a
+        ``submit``, or a thread of its own) from now on."""
         from ..store import StoreStream
 
         if self.store is not None:
-            self.stream = StoreStream(self.store, self.planned_entries(layers, plan))
+            self.stream = StoreStream(self.store, self.planned_entries(layers, plan), io=io)
 
     def _entry(self, e: "Entry") -> np.ndarray:
         st = self.stream

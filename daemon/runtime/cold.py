@@ -9,8 +9,6 @@ warm kernels in the background and swaps them in between requests.
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -21,7 +19,7 @@ from ..backends.base import ColdBackend, WeightSource
 from ..ops.base import Kernel, Layer, choose_kernel
 from ..planner.cost import kernel_transforms
 from ..planner.plan import ColdPlan
-from .scheduler import ColdRun, loader_pool
+from .scheduler import ColdRun, Worker, loader_pool, worker
 
 log = logging.getLogger("inferd.runtime.cold")
 
@@ -44,17 +42,15 @@ class ColdLoad:
         self.done = False
         self.stats: dict[str, Any] = {}
         self._finalized = False
-        self._prefault: threading.Thread | None = None
-        idle_worker()  # started now, not on the first answer's path
-        weights.start_stream(self.layers, plan)
-        loader_pool().submit(self.run)
+        self._prefault: threading.Event | None = None
+        pool = loader_pool()  # with its io, aux and idle workers: this load starts no thread
+        weights.start_stream(self.layers, plan, worker("io"))
+        pool.submit(self.run)
         prefault = getattr(backend, "prefault", None)
         if prefault is not None:
-            # its own thread: page faults of the arena and workspaces overlap the reads
+            # beside the reads: page faults of the arena and workspaces are CPU work the disk waits out
             kernels = [lp.kernel for lp in plan.layers]
-            self._prefault = threading.Thread(target=self._guard, args=(prefault, kernels),
-                                              name=f"inferd-prefault-{name}", daemon=True)
-            self._prefault.start()
+            self._prefault = worker("aux").submit(lambda: self._guard(prefault, kernels))
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
         try:
@@ -84,7 +80,7 @@ class ColdLoad:
         if not self.plan.options.pipeline:
             run.wait_all()
         if self._prefault is not None:
-            self._prefault.join()
+            self._prefault.wait()
         self.backend.begin(feeds)
         n = len(self.plan.layers)
         for pos in range(n):
@@ -132,7 +128,7 @@ class ColdLoad:
         self.run.wait_all()
         self._end_stream()
         if self._prefault is not None:
-            self._prefault.join()
+            self._prefault.wait()
         self._finalize()
         self.done = True
         if not self.stats:
@@ -165,50 +161,9 @@ class ColdLoad:
         return out
 
 
-class IdleWorker:
-    """One thread at the lowest priority for the work that follows a first answer (the warm switch,
-    refining the profile, probing BLAS): started with the first cold load, so that the answer path
-    starts no thread (a thread start waits for the GIL, milliseconds beside a running executor)."""
-
-    def __init__(self) -> None:
-        self._jobs: "queue.SimpleQueue[tuple[str, Callable[[], Any], threading.Event]]" = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="inferd-idle", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        _idle_priority()
-        while True:
-            name, fn, done = self._jobs.get()
-            try:
-                fn()
-            except Exception as e:  # background work only: serving goes on without it
-                log.warning("%s failed: %s: %s", name, type(e).__name__, e)
-            finally:
-                done.set()
-
-    def submit(self, name: str, fn: Callable[[], Any]) -> threading.Event:
-        done = threading.Event()
-        self._jobs.put((name, fn, done))
-        return done
-
-
-_idle: IdleWorker | None = None
-_idle_lock = threading.Lock()
-
-
-def idle_worker() -> IdleWorker:
-    global _idle
-    with _idle_lock:
-        if _idle is None:
-            _idle = IdleWorker()
-        return _idle
-
-
-def _idle_priority() -> None:
-    try:  # Linux: a thread's own nice value
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (OSError, AttributeError):
-        pass
+def idle_worker() -> Worker:
+    """The process's lowest-priority worker (requests on other threads come first)."""
+    return worker("idle")
 
 
 def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
@@ -233,4 +188,4 @@ def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
         if on_done is not None:
             on_done(info)
 
-    return idle_worker().submit(f"warm switch of {cold.name}", work)
+    return idle_worker().submit(work)

@@ -145,12 +145,12 @@ class Model:
 
         after = getattr(self._exec, "after_first_run", None)
         if after is not None:
-            idle_worker().submit(f"{self.name}: after the first run", after)
+            idle_worker().submit(after)
         self.warm_done = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update)
         if self._refine is not None:
             refine, observed = self._refine, cold.observed()
             self._refine = None
-            self.refine_done = idle_worker().submit(f"{self.name}: refining its plan", lambda: refine(observed))
+            self.refine_done = idle_worker().submit(lambda: refine(observed))
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until the warm switch (if any) is done; returns whether it is."""
