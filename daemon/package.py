@@ -18,7 +18,6 @@ import shutil
 import threading
 import logging
 import os
-import platform
 import struct
 from pathlib import Path
 from typing import Any, Callable

@@ -21,40 +21,15 @@ from inferd.ops.base import kernels_for
 from inferd.planner.cost import kernel_transforms
 from inferd.planner.plan import PlanOptions
 from inferd.zoo import ZOO
-from zoo_fixture import zoo_dir
+from zoo_fixture import zoo_reference
 
 TOL = 1e-4
 SMALL = ["squeezenet1_1", "mobilenetv2", "shufflenetv2_x1_0"]
 
 
-def _ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
-_refs: dict[str, tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]] = {}
-
-
 def ref(name: str) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]:
-    if name not in _refs:
-        import onnx
-
-        path = zoo_dir([name]) / f"{name}.onnx"
-        m = onnx.load(str(path), load_external_data=False)
-        init = {i.name for i in m.graph.initializer}
-        rng = np.random.default_rng(11)
-        feeds = {}
-        for i in m.graph.input:
-            if i.name in init:
-                continue
-            shape = [d.dim_value or 1 for d in i.type.tensor_type.shape.dim]
-            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
-        _refs[name] = (path, feeds, _ort(path, feeds), [o.name for o in m.graph.output])
-    return _refs[name]
+    """(model path, feeds, onnxruntime's outputs, output names)."""
+    return zoo_reference(name)
 
 
 def check(model: inferd.Model, name: str, what: str) -> None:

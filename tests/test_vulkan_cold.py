@@ -20,7 +20,7 @@ import inferd
 import inferd.vulkan
 from inferd.package import PLAN_MAGIC, PLAN_VERSION, _PLAN_HEAD, _default, compile_model, read_plan
 from inferd.planner.plan import PlanOptions
-from zoo_fixture import zoo_dir
+from zoo_fixture import zoo_reference
 
 pytestmark = [pytest.mark.vulkan,
               pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
@@ -45,27 +45,9 @@ def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     assert not errors, errors[:5]
 
 
-_refs: dict[str, tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]] = {}
-
-
 def ref(name: str) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]:
     """(model path, feeds, onnxruntime's outputs, output names)."""
-    if name not in _refs:
-        import onnx
-        import onnxruntime as ort
-
-        path = zoo_dir([name]) / f"{name}.onnx"
-        m = onnx.load(str(path), load_external_data=False)
-        init = {i.name for i in m.graph.initializer}
-        rng = np.random.default_rng(11)
-        feeds = {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-                 for i in m.graph.input if i.name not in init}
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 2
-        so.log_severity_level = 3
-        want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-        _refs[name] = (path, feeds, want, [o.name for o in m.graph.output])
-    return _refs[name]
+    return zoo_reference(name)
 
 
 def check(model: inferd.Model, name: str, what: str) -> None:

@@ -71,3 +71,33 @@ def zoo_dir(names: Sequence[str] | None = None) -> Path:
 def zoo_path(name: str) -> Path:
     """Path of one model in the shared zoo, generating only that model if needed."""
     return zoo_dir([name]) / f"{name}.onnx"
+
+
+_refs: dict[str, tuple[Path, dict, list, list[str]]] = {}
+
+
+def zoo_reference(name: str) -> tuple[Path, dict, list, list[str]]:
+    """(model path, seeded random feeds, onnxruntime's outputs for them, output names) of one zoo model,
+    computed once per process."""
+    with _mutex:
+        cached = _refs.get(name)
+    if cached is not None:
+        return cached
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    path = zoo_path(name)
+    m = onnx.load(str(path), load_external_data=False)
+    init = {i.name for i in m.graph.initializer}
+    rng = np.random.default_rng(11)
+    feeds = {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in m.graph.input if i.name not in init}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.log_severity_level = 3
+    want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    out = (path, feeds, want, [o.name for o in m.graph.output])
+    with _mutex:
+        _refs[name] = out
+    return out
