@@ -85,7 +85,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_graph_matches_onnxruntime_and_warm_runs_repeat(device: Any) -> None:
     from inferd.frontend import import_model
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     model = branchy_model()
     g = import_model(model)
     x = RNG.standard_normal((1, 3, 10, 12)).astype(F32)
@@ -126,7 +126,7 @@ def _numpy_chain(ops: list[str], x: np.ndarray) -> np.ndarray:
 
 
 def test_barriers_only_where_a_dispatch_reads_an_earlier_write(device: Any) -> None:
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     # chain: every dispatch reads its predecessor's output -> one barrier between each pair
     ops = ["Sigmoid", "Tanh", "Neg", "Sigmoid", "Abs"]
     g = _chain_graph(ops)
@@ -149,7 +149,7 @@ def test_barriers_only_where_a_dispatch_reads_an_earlier_write(device: Any) -> N
 def test_memory_is_reused_and_results_stay_right(device: Any) -> None:
     """A long chain needs only two live activation buffers: the planner reuses them (WAR hazards on
     reused ranges must be ordered by the barriers) and the answer is still exact."""
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     ops = ["Sigmoid", "Tanh", "Neg", "Abs", "Sigmoid", "Neg", "Tanh", "Abs"]
     shape = (8, 32, 32)
     g = _chain_graph(ops, shape)
@@ -162,7 +162,7 @@ def test_memory_is_reused_and_results_stay_right(device: Any) -> None:
 
 
 def test_warm_python_work_does_not_grow_with_layers(device: Any) -> None:
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
 
     def calls(n_layers: int) -> int:
         ops = ["Sigmoid", "Tanh"] * (n_layers // 2)
@@ -190,7 +190,7 @@ def test_warm_python_work_does_not_grow_with_layers(device: Any) -> None:
 def test_staging_path_when_memory_is_not_host_visible(tmp_cache: Path) -> None:
     from inferd.frontend import import_model
     from inferd.vulkan.device import VulkanConfig, VulkanDevice
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     dev = VulkanDevice(VulkanConfig(force_staging=True, debug=True, cache_dir=str(tmp_cache / "cache")))
     try:
         model = branchy_model()
@@ -207,7 +207,7 @@ def test_staging_path_when_memory_is_not_host_visible(tmp_cache: Path) -> None:
 
 def test_unsupported_op_fails_at_load_naming_it(device: Any) -> None:
     from inferd.ops.base import single_node_layer
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     from inferd.vulkan.testing import graph_of_layer
     # a 3-D convolution: the op exists, no Vulkan kernel applies (no silent CPU fallback)
     ins = [RNG.standard_normal((1, 2, 4, 4, 4)).astype(F32), _w(3, 2, 3, 3, 3)]
@@ -224,7 +224,7 @@ def test_unsupported_op_fails_at_load_naming_it(device: Any) -> None:
 
 def test_forced_kernel_that_does_not_apply_is_an_error(device: Any) -> None:
     from inferd.ops.base import single_node_layer
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     from inferd.vulkan.testing import graph_of_layer
     ins = [RNG.standard_normal((1, 3, 8, 8)).astype(F32), _w(4, 3, 5, 5), _w(4)]
     layer = single_node_layer("Conv", ins, {"pads": [2, 2, 2, 2]})
@@ -233,7 +233,7 @@ def test_forced_kernel_that_does_not_apply_is_an_error(device: Any) -> None:
 
 
 def test_bad_inputs_raise_input_error(device: Any) -> None:
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     g = _chain_graph(["Sigmoid"])
     with VulkanModel(g, device) as m:
         with pytest.raises(InputError, match="expected inputs"):
@@ -288,7 +288,7 @@ def test_shared_device_is_one_per_process_and_thread_safe(tmp_cache: Path) -> No
 
 def test_device_close_closes_models(tmp_cache: Path) -> None:
     from inferd.vulkan.device import VulkanConfig, VulkanDevice
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     dev = VulkanDevice(VulkanConfig(cache_dir=str(tmp_cache / "cache")))
     m = VulkanModel(_chain_graph(["Tanh"]), dev)
     dev.close()
@@ -322,7 +322,7 @@ def test_spirv_cache_on_disk_manifest_and_corruption(tmp_path: Path) -> None:
 
 def test_bool_and_int64_tensors_flow_through_a_graph(device: Any) -> None:
     """Greater -> Where (a bool intermediate) and ArgMax (an int64 graph output)."""
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     f, b, i8 = np.dtype(F32), np.dtype(np.bool_), np.dtype(np.int64)
     info = {"x": TensorInfo("x", (3, 7), f), "y": TensorInfo("y", (3, 7), f), "c": TensorInfo("c", (3, 7), b),
             "m": TensorInfo("m", (3, 7), f), "a": TensorInfo("a", (3,), i8)}

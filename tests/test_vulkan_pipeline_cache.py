@@ -26,7 +26,7 @@ import json, sys, numpy as np
 import inferd.ops
 from inferd.ir import Graph, Node, TensorInfo
 from inferd.vulkan.device import VulkanConfig, VulkanDevice
-from inferd.vulkan.executor import VulkanModel
+from inferd.vulkan.model import VulkanModel
 
 def model_graph():
     f = np.dtype(np.float32)
@@ -148,7 +148,7 @@ def _child_in_process(dev: Any) -> float:
     ns: dict[str, Any] = {}
     src = _CHILD.split("dev = VulkanDevice")[0]
     exec(compile(src, "<child>", "exec"), ns)
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     x = np.linspace(-2, 2, 21, dtype=np.float32).reshape(3, 7)
     with VulkanModel(ns["model_graph"](), dev) as m:
         y = m.run({"x": x})["y"]

@@ -43,7 +43,7 @@ def _ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 def _check(name: str, device: Any, kernels: dict[str, str] | None = None) -> dict[str, str]:
     from inferd.frontend import import_model
-    from inferd.vulkan.executor import VulkanModel
+    from inferd.vulkan.model import VulkanModel
     from inferd.vulkan.testing import rel_err
     path = zoo_dir([name]) / f"{name}.onnx"
     g = import_model(path)

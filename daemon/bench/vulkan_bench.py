@@ -31,7 +31,7 @@ import json, sys, time, numpy as np
 import inferd.ops
 from inferd.frontend import import_model
 from inferd.vulkan.device import VulkanDevice, VulkanConfig
-from inferd.vulkan.executor import VulkanModel
+from inferd.vulkan.model import VulkanModel
 from inferd.package import cached_package, load_package
 path, cache, nwarm, ref, pkgroot = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 dev = VulkanDevice(VulkanConfig(cache_dir=cache))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .device import VulkanDevice
-    from .executor import VulkanModel
+    from .model import VulkanModel
 
 __all__ = ["available", "get_device", "VulkanModel", "VulkanDevice"]
 
@@ -33,7 +33,7 @@ def get_device(config: Any = None) -> "VulkanDevice":
 
 def __getattr__(name: str) -> Any:
     if name == "VulkanModel":
-        from .executor import VulkanModel
+        from .model import VulkanModel
         return VulkanModel
     if name == "VulkanDevice":
         from .device import VulkanDevice

@@ -23,7 +23,6 @@ vkQueueSubmit, one fence wait, copy outputs; the Python work does not depend on 
 from __future__ import annotations
 
 import logging
-import time
 from collections import ChainMap
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -36,7 +35,7 @@ from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key
 from ..planner.memory import MemoryPlan, align_up
 from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
 from .kernel import ALIGN, Caps, Dispatch, Ref, VulkanKernel, split_rows
-from .shaders import ShaderCache, norm_defines
+from .shaders import norm_defines
 
 log = logging.getLogger("inferd.vulkan.executor")
 
@@ -512,78 +511,6 @@ class HostIO:
 
 
 # ------------------------------------------------------------------------------------ VulkanModel
-
-class VulkanModel:
-    """A graph loaded whole on a Vulkan device before its first run: the cold backend with every layer
-    prepared in batched stages and one command buffer recorded. ``run(feeds) -> outputs``; ``close()``
-    frees it."""
-
-    def __init__(self, graph: Graph, device: VulkanDevice | None = None, kernels: Mapping[str, str] | None = None,
-                 cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
-        from .cold import VulkanColdBackend
-
-        t0 = time.perf_counter()
-        self._b = b = VulkanColdBackend(graph, kernels=kernels, device=device, cache=cache, profile=profile)
-        try:
-            b.prepare_all()
-            b.finalize()
-        except BaseException:
-            b.close()
-            raise
-        b.load_stats["total_load_s"] = time.perf_counter() - t0
-        self.graph = graph
-        self.device = b.device
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._b.run(feeds)
-
-    __call__ = run
-
-    @property
-    def load_stats(self) -> dict[str, Any]:
-        return self._b.load_stats
-
-    @property
-    def kernel_names(self) -> dict[str, str]:
-        """Node name -> Vulkan kernel chosen ("alias" for ops that are views)."""
-        return self._b.kernel_names
-
-    @property
-    def memory_bytes(self) -> int:
-        return self._b.memory_bytes
-
-    @property
-    def act_region(self) -> Region:
-        return self._b.act_region
-
-    @property
-    def io_region(self) -> Region:
-        return self._b.io.region
-
-    @property
-    def weight_regions(self) -> list[Region]:
-        return self._b.weight_regions
-
-    @property
-    def input_infos(self) -> list[TensorInfo]:
-        return [t for t, _ in self._b.io.inputs]
-
-    @property
-    def output_infos(self) -> list[TensorInfo]:
-        return list(self.graph.outputs)
-
-    def last_profile(self) -> list[dict[str, Any]]:
-        return self._b.last_profile()
-
-    def close(self) -> None:
-        self._b.close()
-
-    def __enter__(self) -> "VulkanModel":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 def shader_variants(graph: Graph, caps: Caps | None = None, kernels: Mapping[str, str] | None = None
                     ) -> list[tuple[str, tuple[tuple[str, str], ...]]]:

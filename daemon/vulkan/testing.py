@@ -35,7 +35,7 @@ def run_single(device: Any, op: str, inputs: Sequence[np.ndarray | None], attrs:
                const: Sequence[bool] | None = None, kernel: str | None = None, n_outputs: int = 1,
                cache: Any = None) -> tuple[list[np.ndarray], list[np.ndarray], Any]:
     """Run one op on ``device`` (forcing ``kernel`` if given); returns (vulkan outputs, reference outputs, model stats)."""
-    from .executor import VulkanModel
+    from .model import VulkanModel
     layer = single_node_layer(op, inputs, dict(attrs or {}), const, n_outputs)
     g = graph_of_layer(layer, inputs)
     forced = {layer.node.name: kernel} if kernel else None
