@@ -33,6 +33,7 @@ from inferd_client import protocol as P
 
 from ..config import Config, ConfigError, load_config, parse_argv
 from .repository import scan
+from .replies import ReplySender
 from .scheduler import LOADING, READY, UNAVAILABLE, DeviceLock, Job, ModelSlot
 from .sdnotify import Notifier, setup_logging
 
@@ -133,25 +134,6 @@ class _RateLimited:
             log.log(level, msg, *args)
         else:
             self.suppressed += 1
-
-
-class ReplySender:
-    """A worker thread's way back to the main thread (one PUSH socket per thread)."""
-
-    def __init__(self, ctx: zmq.Context, addr: str) -> None:
-        self.sock = ctx.socket(zmq.PUSH)
-        self.sock.setsockopt(zmq.SNDHWM, 0)
-        self.sock.setsockopt(zmq.LINGER, 2000)
-        self.sock.connect(addr)
-
-    def send(self, ident: bytes, frames: list[Any]) -> None:
-        self.sock.send_multipart([ident, *frames], copy=False)
-
-    def event(self, kind: str, name: str) -> None:
-        self.sock.send_multipart([b"", kind.encode(), name.encode()])
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 class _MainSender:

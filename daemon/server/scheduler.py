@@ -25,7 +25,7 @@ from inferd_client import protocol as P
 from .repository import ModelEntry
 
 if TYPE_CHECKING:
-    from .daemon import ReplySender
+    from .replies import ReplySender
 
 log = logging.getLogger("inferd.server")
 

@@ -28,14 +28,20 @@ import struct
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..fileio import atomic_write
 
 from .shaders import shader_set_hash
 
-if TYPE_CHECKING:
-    from .device import VulkanDevice
+class VulkanDevice(Protocol):
+    """What the cache needs of a device (typed here, not imported: the device owns the cache)."""
+
+    vendor_id: int
+    device_id: int
+    driver_version: int
+    pipeline_cache_uuid: bytes
+    device: Any
 
 log = logging.getLogger("inferd.vulkan.pipeline_cache")
 
@@ -48,16 +54,16 @@ class PipelineCacheWarning(UserWarning):
     """The on-disk pipeline cache was ignored (stale, foreign, truncated or corrupt)."""
 
 
-def cache_path(dev: "VulkanDevice", cache_dir: Path) -> Path:
+def cache_path(dev: VulkanDevice, cache_dir: Path) -> Path:
     return cache_dir / "vulkan" / f"pipelines-{dev.vendor_id:04x}-{dev.device_id:04x}.bin"
 
 
-def make_header(dev: "VulkanDevice", shader_hash: bytes, data: bytes) -> bytes:
+def make_header(dev: VulkanDevice, shader_hash: bytes, data: bytes) -> bytes:
     return HEADER.pack(MAGIC, FORMAT_VERSION, HEADER.size, dev.vendor_id, dev.device_id, dev.driver_version,
                        dev.pipeline_cache_uuid, shader_hash, len(data), hashlib.sha256(data).digest())
 
 
-def check_file(dev: "VulkanDevice", shader_hash: bytes, blob: bytes) -> tuple[bytes | None, str]:
+def check_file(dev: VulkanDevice, shader_hash: bytes, blob: bytes) -> tuple[bytes | None, str]:
     """(driver data, "ok") if ``blob`` is a valid cache file for this device, else (None, reason)."""
     if len(blob) < HEADER.size:
         return None, f"truncated header ({len(blob)} of {HEADER.size} bytes)"
@@ -83,7 +89,7 @@ def check_file(dev: "VulkanDevice", shader_hash: bytes, blob: bytes) -> tuple[by
 class PipelineCache:
     """Owns the device's ``VkPipelineCache``. ``status``: "loaded", "missing", "disabled" or "rejected: <why>"."""
 
-    def __init__(self, dev: "VulkanDevice", cache_dir: Path | None) -> None:
+    def __init__(self, dev: VulkanDevice, cache_dir: Path | None) -> None:
         import vulkan as vk
         self._vk = vk
         self.dev = dev
