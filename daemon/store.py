@@ -345,6 +345,8 @@ class StoreStream:
             while i not in self._bufs and self._error is None and not self._stop:
                 self._cond.wait(0.5)
             if i not in self._bufs:
+                if self._error is None:
+                    raise WeightsStoreError(f"{self.store.path}: the streaming read was stopped (the load was cancelled)")
                 raise WeightsStoreError(f"{self.store.path}: streaming read failed: {self._error}") from self._error
             buf = self._bufs[i]
         start = self.chunks[i][0]

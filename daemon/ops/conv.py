@@ -239,8 +239,15 @@ def conv_transpose_geom(node: Node, x_shape: Sequence[int], w_shape: Sequence[in
 
 
 def layer_geom(layer: Layer) -> ConvGeom:
+    """The layer's geometry, computed once per Layer object: kernel selection asks every candidate's
+    ``applies``/``priority``, ~18 times per conv (resnet50 on Vulkan: 992 calls, 29 ms of a 69 ms set-up)."""
+    cached = layer.__dict__.get("_geom")
+    if cached is not None:
+        return cached
     x, w = layer.in_shape(0), layer.in_shape(1)
-    return conv_geom(layer.node, x, w) if layer.op == "Conv" else conv_transpose_geom(layer.node, x, w)
+    g = conv_geom(layer.node, x, w) if layer.op == "Conv" else conv_transpose_geom(layer.node, x, w)
+    object.__setattr__(layer, "_geom", g)  # Layer is frozen; the geometry is a pure function of it
+    return g
 
 
 def io_positions(node: Node) -> tuple[int | None, int | None]:

@@ -139,8 +139,9 @@ class ColdRun:
         except BaseException as e:  # reported to the executor when it reaches this layer
             t.error = e
             state = FAILED
-            log.warning("%s: preparing layer %s failed: %s: %s", self.name, self.plan.layers[t.pos].name,
-                        type(e).__name__, e)
+            # a load cancelled under a task (the model closed) fails it on purpose: not worth a warning
+            log.log(logging.DEBUG if self.cancelled else logging.WARNING, "%s: preparing layer %s failed: %s: %s",
+                    self.name, self.plan.layers[t.pos].name, type(e).__name__, e)
         t.t1 = time.perf_counter()
         with self.cond:
             t.state = state
