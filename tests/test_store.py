@@ -77,7 +77,7 @@ def test_compiled_package_matches_onnx_load_and_uses_transformed_weights(tmp_pat
     ref = inferd.load(src).run({"x": x})["y"]
     model = inferd.load(pkg)
     got = model.run({"x": x})["y"]
-    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     planned = {(lp.name, lp.kernel) for lp in model.plan.layers if lp.source == "transformed"}
     assert planned, "the plan reads some transformed weights"
     with WeightsStore(pkg / "weights.store") as s:
@@ -103,7 +103,7 @@ def test_corrupted_package_is_rebuilt_from_its_source_or_gives_a_clear_error(tmp
     _corrupt_first_blob(pkg)
     before = (pkg / "weights.store").stat().st_mtime_ns
     # its source is still there: the damaged blob is found during the first run, the package rebuilt
-    np.testing.assert_allclose(inferd.load(pkg).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(inferd.load(pkg).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     assert (pkg / "weights.store").stat().st_mtime_ns != before
     with WeightsStore(pkg / "weights.store") as s:
         for e in s.entries.values():
@@ -137,14 +137,14 @@ def test_package_cache_compiles_once_then_loads_the_package(tmp_path):
     cache = tmp_path / "cache"
     x = np.random.default_rng(5).standard_normal((1, 3, 9, 11)).astype(np.float32)
     ref = inferd.load(src).run({"x": x})["y"]
-    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     pkg = cached_package(src, cache)
     stamp = (pkg / "plan.bin").stat().st_mtime_ns
-    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     assert (pkg / "plan.bin").stat().st_mtime_ns == stamp  # reused, not recompiled
     # a damaged cached plan is a miss with a warning: recompiled, right answers
     (pkg / "plan.bin").write_bytes(b"garbage")
-    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     assert (pkg / "plan.bin").read_bytes()[:8] == b"INFDPLAN"
     # a damaged weights store in the cache is found by the loader and rebuilt: never a wrong answer
     stamp = (pkg / "plan.bin").stat().st_mtime_ns
@@ -152,9 +152,9 @@ def test_package_cache_compiles_once_then_loads_the_package(tmp_path):
     data = bytearray(store.read_bytes())
     data[4096 + 2] ^= 0x40
     store.write_bytes(bytes(data))
-    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     assert (pkg / "plan.bin").stat().st_mtime_ns != stamp  # recompiled
-    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     stamp = (pkg / "plan.bin").stat().st_mtime_ns
     # editing the model makes a new package
     src.write_bytes(m.SerializeToString() + b"")
