@@ -32,7 +32,7 @@ from .backends.base import LazyConstants, transformed_key
 from .errors import BackendError, PackageOptionsError, StalePackageError, WeightsStoreError
 from .fileio import atomic_write
 from .ir import Graph, Node, TensorInfo
-from .ops.base import Layer, choose_kernel, raw_key
+from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
 from .planner.plan import ColdPlan, PlanOptions
@@ -177,12 +177,11 @@ def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None
                    kernels: dict[str, str] | None) -> None:
     inline = {n: a for n, a in graph.constants.items() if a.nbytes <= INLINE_MAX}
     written: set[str] = set()
-    layers = {lp.name: (layer, k) for lp, (layer, k, _d) in zip(plan.layers, entries)}
     by_name = {layer.name: (layer, ks) for layer, ks, _d in entries}
 
     def transformed_params(layer: Layer, kname: str) -> dict[str, np.ndarray]:
         k = next((k for k in by_name[layer.name][1] if k.name == kname), None) or choose_kernel(layer, device, kname)
-        raw = {raw_key(i): graph.constants[layer.node.inputs[i]] for i in layer.const_inputs}
+        raw = raw_params(layer, graph.constants)
         return k.transform(layer, raw)
 
     with StoreWriter(out / "weights.store", sha, __version__, fp) as w:
@@ -201,8 +200,8 @@ def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None
                     w.add(layer.name, key, arr, kernel=tk, variant="transformed")
 
         # 1. what the cold run reads, in the order it needs it
-        for lp in sorted(plan.layers, key=lambda lp: (lp.ready_s, lp.index)):
-            layer = layers[lp.name][0]
+        for lp in plan.read_order():
+            layer = by_name[lp.name][0]
             if lp.source == "transformed":
                 put_transformed(layer, lp.kernel)
             elif lp.source == "raw":
@@ -213,12 +212,12 @@ def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None
                 w.add("", n, a)
                 written.add(n)
         for lp in plan.layers:
-            if lp.warm_kernel and layers[lp.name][0].const_inputs:
-                layer = layers[lp.name][0]
+            if lp.warm_kernel and by_name[lp.name][0].const_inputs:
+                layer = by_name[lp.name][0]
                 k = choose_kernel(layer, device, lp.warm_kernel)
                 if kernel_transforms(k):
                     put_transformed(layer, lp.warm_kernel)
-    body = msgpack.packb({
+    write_plan(out / "plan.bin", {
         "engine_version": __version__, "model_sha256": sha, "source": src, "batch": batch, "device": device,
         "name": graph.name, "opset": graph.opset, "kernels": dict(kernels or {}),
         "inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
@@ -228,8 +227,13 @@ def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None
         "fingerprint": fp,
         "plan": plan.to_dict(),
         "profile": prof.to_dict() if prof is not None else None,
-    }, default=_default, use_bin_type=True)
-    atomic_write(out / "plan.bin", _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+    })
+
+
+def write_plan(path: Path, d: dict[str, Any]) -> None:
+    """``plan.bin``: magic, version and sha256 of the msgpack body, written atomically."""
+    body = msgpack.packb(d, default=_default, use_bin_type=True)
+    atomic_write(path, _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
 
 
 def read_plan(path: Path) -> dict[str, Any]:
@@ -355,8 +359,7 @@ def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile 
     d["refinements"] = int(d.get("refinements", 0)) + 1
     d["plan"] = new.to_dict()
     d["profile"] = merged.to_dict()
-    body = msgpack.packb(d, default=_default, use_bin_type=True)
-    atomic_write(pkg / "plan.bin", _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+    write_plan(pkg / "plan.bin", d)
     log.info("%s: plan refined from an observed cold run: predicted %.1f -> %.1f ms", pkg, old * 1e3,
              new.predicted_s * 1e3)
     return new

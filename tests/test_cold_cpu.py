@@ -7,16 +7,14 @@ no kernel selection) on the small models. Damaged, truncated and stale packages 
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
-import msgpack
 import numpy as np
 import pytest
 
 import inferd
-from inferd.package import PLAN_MAGIC, PLAN_VERSION, _PLAN_HEAD, compile_model, read_plan
+from inferd.package import compile_model, read_plan, write_plan
 from inferd.ops.base import kernels_for
 from inferd.planner.cost import kernel_transforms
 from inferd.planner.plan import PlanOptions
@@ -110,10 +108,7 @@ def test_profiled_plan_is_stored_and_obeyed(tmp_path: Path) -> None:
 def _rewrite_plan(pkg: Path, **changes: object) -> None:
     d = read_plan(pkg / "plan.bin")
     d.update(changes)
-    from inferd.package import _default
-
-    body = msgpack.packb(d, default=_default, use_bin_type=True)
-    (pkg / "plan.bin").write_bytes(_PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+    write_plan(pkg / "plan.bin", d)
 
 
 @pytest.mark.parametrize("change", ["device", "engine"])

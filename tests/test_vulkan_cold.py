@@ -6,19 +6,17 @@ another device is rebuilt; the staging path; a layer that fails half way; the pr
 requested by several threads at once. Validation layers on, and no validation error."""
 from __future__ import annotations
 
-import hashlib
 import shutil
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-import msgpack
 import numpy as np
 import pytest
 
 import inferd
 import inferd.vulkan
-from inferd.package import PLAN_MAGIC, PLAN_VERSION, _PLAN_HEAD, _default, compile_model, read_plan
+from inferd.package import compile_model, read_plan, write_plan
 from inferd.planner.plan import PlanOptions
 from zoo_fixture import zoo_reference
 
@@ -133,8 +131,7 @@ def test_odd_plans(variant: str, packages: dict[str, Path]) -> None:
 def _rewrite_plan(pkg: Path, **changes: object) -> None:
     d = read_plan(pkg / "plan.bin")
     d.update(changes)
-    body = msgpack.packb(d, default=_default, use_bin_type=True)
-    (pkg / "plan.bin").write_bytes(_PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+    write_plan(pkg / "plan.bin", d)
 
 
 def test_warm_switch_moves_to_the_warm_kernels_and_keeps_the_answers(packages: dict[str, Path], tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ class WeightSource:
             return []
         out: list[Entry] = []
         big = getattr(self.constants, "_entries", {})
-        for lp in sorted(plan.layers, key=lambda lp: (lp.ready_s, lp.index)):
+        for lp in plan.read_order():
             layer = layers[lp.index]
             if lp.source == "transformed":
                 out += list(self.store.find(layer.name, kernel=transformed_key(self.backend, lp.kernel),

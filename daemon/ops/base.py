@@ -12,7 +12,7 @@ A ``Kernel`` is one way to compute it on one backend. Every kernel declares:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -23,6 +23,11 @@ from ..ir import Graph, Node, TensorInfo
 def raw_key(i: int) -> str:
     """Name of the raw constant at input position ``i`` in a layer's param dict."""
     return f"in{i}"
+
+
+def raw_params(layer: "Layer", constants: Mapping[str, Any]) -> dict[str, Any]:
+    """The layer's raw constant inputs from ``constants``, keyed by ``raw_key`` (what ``transform`` takes)."""
+    return {raw_key(i): constants[layer.node.inputs[i]] for i in layer.const_inputs}
 
 
 @dataclass(frozen=True)

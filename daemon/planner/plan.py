@@ -88,6 +88,11 @@ class ColdPlan:
             qs[lp.loader].append((lp.order, pos))
         return [[p for _, p in sorted(q)] for q in qs]
 
+    def read_order(self) -> list[LayerPlan]:
+        """Layers in the order their preparations are predicted to finish: the order the store is
+        written in and streamed in."""
+        return sorted(self.layers, key=lambda lp: (lp.ready_s, lp.index))
+
     def by_name(self) -> dict[str, LayerPlan]:
         return {lp.name: lp for lp in self.layers}
 

@@ -15,7 +15,7 @@ import numpy as np
 from .. import native
 from ..errors import InputError
 from ..ir import Graph, TensorInfo
-from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_key
+from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_params
 from ..planner.memory import MemoryPlan, plan_graph_memory
 
 
@@ -155,7 +155,7 @@ class CpuExecutor:
         return out
 
     def _raw(self, layer: Layer) -> dict[str, np.ndarray]:
-        return {raw_key(i): self.graph.constants[layer.node.inputs[i]] for i in layer.const_inputs}
+        return raw_params(layer, self.graph.constants)
 
     def _build(self, pos: int, k: Kernel, raw: dict[str, np.ndarray] | None,
                params: dict[str, np.ndarray] | None) -> Step:

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import __version__
-from ..ops.base import Kernel, Layer, raw_key
+from ..ops.base import Kernel, Layer, raw_params
 from ..planner.cost import DeviceRates, Profile, kernel_transforms
 from ..store import checksum
 
@@ -131,7 +131,7 @@ def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], co
         if time.perf_counter() - t_start > budget_s:
             log.info("profiling stopped after %.1f s; remaining layers use the roofline", budget_s)
             break
-        raw = {raw_key(i): constants[layer.node.inputs[i]] for i in layer.const_inputs}  # type: ignore[index]
+        raw = raw_params(layer, constants)  # type: ignore[arg-type]
         ins: list[np.ndarray | None] = []
         for k, info in enumerate(layer.inputs):
             if info is None or k in layer.const_inputs:

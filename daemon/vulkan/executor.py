@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import BackendError, InputError, KernelError, UnsupportedOpError
 from ..ir import Graph, Node, TensorInfo
-from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key
+from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key, raw_params
 from ..planner.memory import MemoryPlan, align_up
 from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
 from .kernel import ALIGN, Caps, Dispatch, Ref, VulkanKernel, split_rows
@@ -523,7 +523,7 @@ def shader_variants(graph: Graph, caps: Caps | None = None, kernels: Mapping[str
     for c in select_nodes(graph, pg, caps, kernels or {}):
         if c.default is None:
             continue
-        raw = {raw_key(k): consts[c.layer.node.inputs[k]] for k in c.layer.const_inputs}
+        raw = raw_params(c.layer, consts)
         ds = split_rows(c.default.dispatches(c.layer, c.default.transform(c.layer, raw), caps), caps)
         out += [(d.shader, norm_defines(d.defines)) for d in ds]
     return list(dict.fromkeys(out))
