@@ -19,7 +19,7 @@ from inferd.ops.base import kernels_for
 from inferd.planner.cost import kernel_transforms
 from inferd.planner.plan import PlanOptions
 from inferd.zoo import ZOO
-from zoo_fixture import zoo_reference
+from zoo_fixture import check_against_reference, zoo_reference
 
 TOL = 1e-4
 SMALL = ["squeezenet1_1", "mobilenetv2", "shufflenetv2_x1_0"]
@@ -31,11 +31,7 @@ def ref(name: str) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[
 
 
 def check(model: inferd.Model, name: str, what: str) -> None:
-    path, feeds, want, names = ref(name)
-    got = model.run(feeds)
-    for n, r in zip(names, want):
-        err = float(np.abs(got[n] - r).max() / max(np.abs(r).max(), 1e-30))
-        assert err <= TOL, f"{name} {what}: output {n} relative error {err:.3g}"
+    check_against_reference(model, name, what, TOL)
 
 
 def cold_then_warm(model: inferd.Model, name: str, what: str) -> None:

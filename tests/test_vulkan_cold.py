@@ -18,7 +18,7 @@ import inferd
 import inferd.vulkan
 from inferd.package import compile_model, read_plan, write_plan
 from inferd.planner.plan import PlanOptions
-from zoo_fixture import zoo_reference
+from zoo_fixture import check_against_reference, zoo_reference
 
 pytestmark = [pytest.mark.vulkan,
               pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
@@ -49,13 +49,7 @@ def ref(name: str) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[
 
 
 def check(model: inferd.Model, name: str, what: str) -> None:
-    from inferd.vulkan.testing import rel_err
-
-    _, feeds, want, names = ref(name)
-    got = model.run(feeds)
-    for n, r in zip(names, want):
-        err = rel_err(got[n], r)
-        assert err <= TOL, f"{name} {what}: output {n} relative error {err:.3g} > {TOL}"
+    check_against_reference(model, name, what, TOL)
 
 
 def ran_the_plan(model: inferd.Model) -> None:

@@ -101,3 +101,15 @@ def zoo_reference(name: str) -> tuple[Path, dict, list, list[str]]:
     with _mutex:
         _refs[name] = out
     return out
+
+
+def check_against_reference(model, name: str, what: str, tol: float) -> None:
+    """``model``'s outputs on ``zoo_reference(name)``'s feeds within ``tol`` of onnxruntime's
+    (max |ours - ref| / max |ref|, per output)."""
+    from inferd.vulkan.testing import rel_err  # needs no Vulkan device: numpy only
+
+    _, feeds, want, names = zoo_reference(name)
+    got = model.run(feeds)
+    for n, r in zip(names, want):
+        err = rel_err(got[n], r)
+        assert err <= tol, f"{name} {what}: output {n} relative error {err:.3g} > {tol}"
