@@ -257,7 +257,7 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     planning = ("select", "cache", "pipeline", "executor_prepares", "force_source")
     if any(getattr(opt, f) != getattr(plan.options, f) for f in planning) or (loaders is not None and _loaders_for(
             dev, loaders) != plan.loaders):
-        plan = _replan(op, dev, kernels, opt, loaders, options)
+        plan = None  # re-planned from the package's profile by _planned_model
     elif opt != plan.options:  # run-time switches only (stealing, warm switch)
         plan = dataclasses.replace(plan, options=opt)
     model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op)
@@ -266,12 +266,14 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
 
         backend = model._exec
         stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
-        model._refine = lambda observed: refine_package(op.path, backend, plan, op.profile, observed, stored)
+        used = model.plan
+        model._refine = lambda observed: refine_package(op.path, backend, used, op.profile, observed, stored)
 
     def recover() -> Model:
         fresh = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
         return _from_package(fresh, dev, batch, kernels, mname, opt, loaders, options, time.perf_counter())
-    if rebuild is not None or _has_source(pkg):
+    # a damaged store can be rebuilt where the package records an ONNX file that still exists
+    if rebuild is not None or Path(str(op.meta.get("source", ""))).is_file():
         model._recover = recover
     return model
 
@@ -279,38 +281,6 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
 def _loaders_for(dev: str, loaders: int) -> int:
     """Loader threads a plan gets for ``loaders`` threads in all (on the CPU the executor is one of them)."""
     return max(0, int(loaders) - 1) if dev == "cpu" else max(1, int(loaders))
-
-
-def _has_source(pkg: Path) -> bool:
-    """Whether ``pkg`` records an ONNX file that still exists (so a damaged store can be rebuilt)."""
-    from ..package import read_plan
-
-    try:
-        return Path(str(read_plan(pkg / "plan.bin").get("source", ""))).is_file()
-    except WeightsStoreError:
-        return False
-
-
-def _replan(op: Any, dev: str, kernels: dict[str, str] | None, opt: PlanOptions, loaders: int | None,
-            options: dict[str, Any]) -> "ColdPlan":
-    """A plan for other options from the package's profile, limited to what its store holds."""
-    from ..backends.base import WeightSource
-    from ..package import make_backend, make_plan
-
-    backend = make_backend(op.graph, dev, kernels, **options)
-    try:
-        entries = backend.candidates()
-        plan = make_plan(backend, entries, op.profile, opt, loaders)
-        ws = WeightSource(op.graph.constants, op.store, dev)
-        if any(lp.source == "transformed" and not ws.has_transformed(lp.name, lp.kernel) for lp in plan.layers):
-            # the store holds another plan's transformed weights: read raw where it has none
-            plan = make_plan(backend, entries, op.profile, PlanOptions(**{**opt.to_dict(), "cache": False}), loaders)
-            plan = plan.with_options(**{"cache": opt.cache})
-    finally:
-        close = getattr(backend, "close", None)
-        if close is not None:
-            close()
-    return plan
 
 
 def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] | None, opt: PlanOptions,
@@ -322,11 +292,12 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
 
     backend = make_backend(graph, dev, kernels, **options)
     try:
-        if plan is None:
-            # from memory there is no store of transformed weights: every layer transforms at load
-            plan = make_plan(backend, backend.candidates(), None, PlanOptions(**{**opt.to_dict(), "cache": False}),
-                             loaders)
         ws = WeightSource(graph.constants, op.store if op is not None else None, dev)
+        if plan is None:
+            # planned here: from the package's profile (other options than its stored plan's) or from the
+            # roofline (an in-memory model), over the transformed weights the store holds (none in memory)
+            plan = make_plan(backend, backend.candidates(), op.profile if op is not None else None, opt, loaders,
+                             stored=ws.has_transformed)
         cold = ColdLoad(backend, plan, ws, mname, backend.layers())
     except BaseException:
         close = getattr(backend, "close", None)
