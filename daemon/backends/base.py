@@ -110,16 +110,12 @@ class LazyConstants(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return len(self._inline) + sum(1 for n in self._entries if n not in self._inline)
 
-    def is_inline(self, name: str) -> bool:
-        return name in self._inline
-
     def drop(self, name: str) -> None:
         self._cache.pop(name, None)
 
-    def info_nbytes(self, name: str) -> int:
-        if name in self._inline:
-            return int(self._inline[name].nbytes)
-        return int(self._entries[name].size)
+    def entry(self, name: str) -> "Entry | None":
+        """The store entry holding constant ``name`` (None when it came inline with the plan)."""
+        return self._entries.get(name)
 
 
 class WeightSource:
@@ -137,15 +133,23 @@ class WeightSource:
         if self.store is None:
             return []
         out: list[Entry] = []
-        big = getattr(self.constants, "_entries", {})
         for lp in plan.read_order():
             layer = layers[lp.index]
             if lp.source == "transformed":
-                out += list(self.store.find(layer.name, kernel=transformed_key(self.backend, lp.kernel),
-                                            variant="transformed"))
+                out += self._transformed_entries(layer.name, lp.kernel)
             elif lp.source == "raw":
-                out += [big[layer.node.inputs[i]] for i in layer.const_inputs if layer.node.inputs[i] in big]
+                out += [e for e in (self._stored(layer.node.inputs[i]) for i in layer.const_inputs) if e is not None]
         return out
+
+    def _stored(self, name: str) -> "Entry | None":
+        """The store entry of raw constant ``name``, when the constants are a package's (LazyConstants)."""
+        entry = getattr(self.constants, "entry", None)
+        return entry(name) if entry is not None else None
+
+    def _transformed_entries(self, layer: str, kernel: str) -> list["Entry"]:
+        if self.store is None:
+            return []
+        return list(self.store.find(layer, kernel=transformed_key(self.backend, kernel), variant="transformed"))
 
     def start_stream(self, layers: Sequence[Layer], plan: Any, io: Any = None) -> None:
         """Stream what ``plan`` reads in the order it needs it (large reads on ``io``, a worker with a
@@ -163,23 +167,21 @@ class WeightSource:
         return self.store.read(e)
 
     def has_transformed(self, layer: str, kernel: str) -> bool:
-        if self.store is None:
-            return False
-        return any(True for _ in self.store.find(layer, kernel=transformed_key(self.backend, kernel), variant="transformed"))
+        return bool(self._transformed_entries(layer, kernel))
 
     def raw(self, layer: Layer) -> dict[str, np.ndarray]:
-        big = getattr(self.constants, "_entries", {})
         out = {}
         for i in layer.const_inputs:
             n = layer.node.inputs[i]
+            e = self._stored(n)
             st = self.stream
-            out[raw_key(i)] = self._entry(big[n]) if st is not None and n in big and big[n] in st else self.constants[n]
+            out[raw_key(i)] = self._entry(e) if e is not None and st is not None and e in st else self.constants[n]
         return out
 
     def transformed(self, layer: Layer, kernel: str) -> dict[str, np.ndarray]:
         if self.store is None:
             raise WeightsStoreError(f"layer {layer.name!r}: transformed weights planned but no weights store is open")
-        ents = list(self.store.find(layer.name, kernel=transformed_key(self.backend, kernel), variant="transformed"))
+        ents = self._transformed_entries(layer.name, kernel)
         if not ents:
             raise WeightsStoreError(f"{self.store.path}: no transformed weights of layer {layer.name!r} for kernel "
                                     f"{self.backend}/{kernel}")
@@ -194,16 +196,10 @@ class WeightSource:
             arrays = self.raw(layer)
         return arrays, time.perf_counter() - t0
 
-    def release_raw(self, layer: Layer, still_needed: Sequence[str] = ()) -> None:
+    def release_raw(self, layer: Layer) -> None:
         """Forget raw values read lazily for ``layer`` (they were transformed; memory counts)."""
         drop = getattr(self.constants, "drop", None)
         if drop is None:
             return
         for i in layer.const_inputs:
-            n = layer.node.inputs[i]
-            if n not in still_needed:
-                drop(n)
-
-
-def describe(obj: Any) -> str:
-    return type(obj).__name__
+            drop(layer.node.inputs[i])
