@@ -352,14 +352,15 @@ class VulkanColdBackend:
         return self.device.pipeline_cache.initial_bytes > 0 or self.device.stats["pipelines_created"] > 0
 
     def profile(self, entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], rates: DeviceRates,
-                budget_s: float = 25.0, reps: int = 2) -> Profile:
+                budget_s: float = 5.0, reps: int = 2) -> Profile:
         """Measure, per layer that has weights or a choice and per candidate kernel: the transform, the
         creation of its pipelines through an empty and through the filled cache, and the layer's execution
         alone on random inputs (the first one by wall clock: it includes lazy shader compilation and first
         touch; warm ones by GPU timestamps where the queue has them).
 
         Every layer's default kernel is measured first, the other candidates while ``budget_s`` lasts
-        (the rest keep the roofline). A pipeline is created once per model, so a layer is charged only
+        (the rest keep the roofline): the daemon profiles at a model's first registration, and on
+        lavapipe a 25 s budget held the demo's start for ~50 s. A pipeline is created once per model, so a layer is charged only
         for the pipelines no earlier layer running the same kernel needs; the pipeline rates of the
         roofline become the measured means per layer."""
         T = time.perf_counter
