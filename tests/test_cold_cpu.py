@@ -191,3 +191,16 @@ def test_cold_runs_refine_the_stored_plan(tmp_path: Path) -> None:
     with inferd.load(pkg) as model:  # the refined plan is what the next cold load follows
         assert model.plan.by_name()[lp.name].kernel == new.by_name()[lp.name].kernel
         check(model, name, "refined plan")
+
+
+def test_cold_latency_leaves_out_time_the_prepared_model_waited_for_a_request() -> None:
+    # the daemon preloads models at start: a request an hour later found it prepared, not cold
+    import time
+
+    name = "squeezenet1_1"
+    with inferd.load(ref(name)[0]) as model:
+        time.sleep(1.0)
+        check(model, name, "first run after an idle second")
+        st = model.cold_stats
+        assert st["idle_before_request_s"] > 0.5
+        assert st["cold_s"] < 1.0 and st["cold_s"] >= st["first_run_s"]
