@@ -382,16 +382,15 @@ def _repredict(plan: ColdPlan, entries: list[Any], prof: Profile, backend: Any) 
                     assign=[lp.loader for lp in plan.layers]).makespan
 
 
-def load_package(pkg: Path, device: str = "cpu", batch: int = 1,
-                 kernels: dict[str, str] | None = None) -> tuple[Graph, dict[str, dict[str, np.ndarray]]]:
-    """Graph with every constant in memory, and no transformed params (tools that want the whole graph)."""
-    op = open_package(pkg, device=device, batch=batch, kernels=None)
+def load_package(pkg: Path, device: str = "cpu", batch: int = 1) -> Graph:
+    """The package's graph with every constant in memory (tools that want the whole graph at once)."""
+    op = open_package(pkg, device=device, batch=batch)
     try:
         consts = {n: np.asarray(op.graph.constants[n]) for n in op.graph.constants}
     finally:
         op.store.close()
     g = op.graph
-    return Graph(g.name, g.nodes, g.inputs, g.outputs, consts, g.infos, g.opset), {}
+    return Graph(g.name, g.nodes, g.inputs, g.outputs, consts, g.infos, g.opset)
 
 
 def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:

@@ -38,7 +38,7 @@ dev = VulkanDevice(VulkanConfig(cache_dir=cache))
 x = np.load(ref)["x"]
 t = time.perf_counter()
 if pkgroot:  # the daemon's path: a compiled package (plan + weights store) instead of the ONNX file
-    g, _ = load_package(cached_package(path, pkgroot, device="vulkan"), device="vulkan")
+    g = load_package(cached_package(path, pkgroot, device="vulkan"), device="vulkan")
 else:
     g = import_model(path)
 m = VulkanModel(g, dev)
