@@ -1,7 +1,10 @@
 """Graph IR: what import produces and every later stage (planners, runtime, backends) consumes.
 
-Shapes are static: a dynamic batch dimension is fixed when the model is loaded, so every tensor
-has a concrete shape and the planners can size memory exactly.
+Every tensor has a concrete shape, so the planners can size memory exactly. A model with dynamic
+input dimensions is imported as a *template*: its tensors are shaped at a probe shape, ``dims`` names
+the dynamic dimensions, and the nodes that compute shapes from them (Shape, Gather, Concat on int64,
+...) stay in the graph. ``inferd.frontend.specialize`` turns the template into the static graph of one
+concrete shape (those nodes folded); every specialisation shares the template's constants.
 """
 from __future__ import annotations
 
@@ -54,6 +57,13 @@ class Graph:
     constants: dict[str, np.ndarray]
     infos: dict[str, TensorInfo]
     opset: int = 17
+    #: input name -> its declared dimensions, a str naming each dynamic one (empty: every input is static)
+    dims: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether some input dimension is dynamic (the graph is a template, shaped at its probe)."""
+        return any(isinstance(d, str) for ds in self.dims.values() for d in ds)
 
     def producers(self) -> dict[str, Node]:
         return {o: n for n in self.nodes for o in n.outputs if o}

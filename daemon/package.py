@@ -29,7 +29,8 @@ from . import __version__
 from dataclasses import dataclass
 
 from .backends.base import LazyConstants, transformed_key
-from .errors import BackendError, PackageOptionsError, StalePackageError, WeightsStoreError
+from .errors import BackendError, InferdError, PackageOptionsError, StalePackageError, WeightsStoreError
+from .frontend.shapes import specialize
 from .fileio import atomic_write
 from .ir import Graph, Node, TensorInfo
 from .ops.base import Layer, choose_kernel, raw_params
@@ -41,7 +42,7 @@ from .store import StoreWriter, WeightsStore, file_sha256
 log = logging.getLogger(__name__)
 
 PLAN_MAGIC = b"INFDPLAN"
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 _PLAN_HEAD = struct.Struct("<8sI32s")
 _EXT_NDARRAY, _EXT_TUPLE = 1, 2
 
@@ -100,11 +101,12 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     ``transformed`` False (or ``options.cache`` False) plans every layer to read raw weights. The
     store holds every raw constant (any plan can be served from it) and the transformed weights the
     plan reads, cold and warm kernels both, laid out in the order the loaders read them."""
-    from .frontend import import_model
+    from .frontend import import_template, specialize
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    graph = import_model(src, batch=batch, shapes=shapes)
+    template = import_template(src, batch=batch, shapes=shapes)
+    graph = specialize(template)  # the plan's shape: a dynamic model's other shapes share its weights
     opt = options or PlanOptions()
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})
@@ -119,7 +121,8 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
         prof = backend_profile(backend, device, entries, graph.constants, rates, fp)
     plan = make_plan(backend, entries, prof, opt, loaders)
     sha = file_sha256(src)
-    _write_package(out, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device, kernels)
+    _write_package(out, template, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device,
+                   kernels)
     close = getattr(backend, "close", None)
     if close is not None:
         close()
@@ -172,10 +175,13 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
     return plan_cold(layers, n, backend.name, options, gpu=gpu, host_cores=bool(getattr(backend, "host_cores", False)))
 
 
-def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None, fp: dict[str, str],
-                   entries: list[Any], sha: str, src: str, batch: int, device: str,
+def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, prof: Profile | None,
+                   fp: dict[str, str], entries: list[Any], sha: str, src: str, batch: int, device: str,
                    kernels: dict[str, str] | None) -> None:
-    inline = {n: a for n, a in graph.constants.items() if a.nbytes <= INLINE_MAX}
+    """``template``: what plan.bin records (a dynamic model's shape computations stay nodes); ``graph``: the
+    template at the plan's shape, whose layers the plan and the transformed weights are made for."""
+    tconsts = template.constants
+    inline = {n: a for n, a in tconsts.items() if a.nbytes <= INLINE_MAX}
     written: set[str] = set()
     by_name = {layer.name: (layer, ks) for layer, ks, _d in entries}
 
@@ -188,8 +194,8 @@ def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None
         def put_raw(layer: Layer) -> None:
             for i in layer.const_inputs:
                 n = layer.node.inputs[i]
-                if n not in inline and n not in written:
-                    w.add("", n, graph.constants[n])
+                if n in tconsts and n not in inline and n not in written:  # others are folded per shape
+                    w.add("", n, tconsts[n])
                     written.add(n)
 
         def put_transformed(layer: Layer, kname: str) -> None:
@@ -207,7 +213,7 @@ def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None
             elif lp.source == "raw":
                 put_raw(layer)
         # 2. every other raw constant (other plans, forced kernels), 3. the warm switch's weights
-        for n, a in graph.constants.items():
+        for n, a in tconsts.items():
             if n not in inline and n not in written:
                 w.add("", n, a)
                 written.add(n)
@@ -219,10 +225,11 @@ def _write_package(out: Path, graph: Graph, plan: ColdPlan, prof: Profile | None
                     put_transformed(layer, lp.warm_kernel)
     write_plan(out / "plan.bin", {
         "engine_version": __version__, "model_sha256": sha, "source": src, "batch": batch, "device": device,
-        "name": graph.name, "opset": graph.opset, "kernels": dict(kernels or {}),
-        "inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
-        "infos": [_info(t) for t in graph.infos.values()],
-        "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes],
+        "name": template.name, "opset": template.opset, "kernels": dict(kernels or {}),
+        "inputs": [_info(t) for t in template.inputs], "outputs": [_info(t) for t in template.outputs],
+        "dims": {k: list(v) for k, v in template.dims.items()},
+        "infos": [_info(t) for t in template.infos.values()],
+        "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in template.nodes],
         "inline": inline,
         "fingerprint": fp,
         "plan": plan.to_dict(),
@@ -277,7 +284,8 @@ class OpenPackage:
     profile, and the open weights store (closed by the loader when the load is done)."""
 
     path: Path
-    graph: Graph
+    graph: Graph  # at the plan's shape
+    template: Graph  # what a dynamic model's other shapes are specialised from (``graph`` for a static one)
     plan: ColdPlan
     profile: Profile | None
     store: WeightsStore
@@ -309,13 +317,18 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
         nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]]
         infos = {r[0]: _uninfo(r) for r in d["infos"]}
         consts = LazyConstants(inline, store, big)
-        graph = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],
-                      consts, infos, int(d["opset"]))  # type: ignore[arg-type]
+        template = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],
+                         consts, infos, int(d["opset"]),  # type: ignore[arg-type]
+                         {k: tuple(v) for k, v in (d.get("dims") or {}).items()})
         missing = [n for n in (i for nd in nodes for i in nd.inputs) if n and n not in infos]
         if missing:
             raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
+        try:
+            graph = specialize(template)
+        except InferdError as e:
+            raise WeightsStoreError(f"{pkg}: the recorded graph does not take its own shape: {e}") from e
         plan = ColdPlan.from_dict(d["plan"])
-        if len(plan.layers) != len(nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, nodes)):
+        if len(plan.layers) != len(graph.nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, graph.nodes)):
             raise WeightsStoreError(f"{pkg}: the cold plan does not match the graph's nodes")
         for lp in plan.layers:
             if lp.source == "transformed" and not any(True for _ in store.find(
@@ -329,7 +342,7 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
     except BaseException:
         store.close()
         raise
-    return OpenPackage(pkg, graph, plan, prof, store, d)
+    return OpenPackage(pkg, graph, template, plan, prof, store, d)
 
 
 #: a package's plan is re-made from observed cold runs at most this often: one noisy run on a busy

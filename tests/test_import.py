@@ -7,8 +7,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import inferd
+import inferd.runtime.cpu
 from inferd.errors import InputError, ModelFormatError, ShapeError, UnsupportedOpError
-from inferd.frontend import import_model
+from inferd.frontend import import_model, import_template, specialize
 from ortutil import run_ort
 
 RNG = np.random.default_rng(7)
@@ -141,14 +142,52 @@ def test_custom_domain_is_unsupported():
         import_model(m)
 
 
-def test_dynamic_non_batch_dim_needs_explicit_shape():
+def test_dynamic_dims_are_kept_and_specialised_per_shape():
     nodes = [helper.make_node("Relu", ["x"], ["y"])]
     m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C"])],
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [])
-    with pytest.raises(ShapeError, match="dynamic dimension 1"):
-        import_model(m)
+    t = import_template(m)
+    assert t.dynamic and t.dims == {"x": ("N", "C")}
+    assert t.inputs[0].shape == (1, 224)  # batch at ``batch``, the other dimension at the probe
     g = import_model(m, shapes={"x": (2, 5)})
-    assert g.outputs[0].shape == (2, 5)
+    assert g.outputs[0].shape == (2, 5) and g.dims == {"x": ("N", "C")}
+    assert specialize(t, {"x": (3, 7)}).outputs[0].shape == (3, 7)
+    with pytest.raises(ShapeError, match=r"expects shape \[N, C\], got \[3\]: rank 1"):
+        specialize(t, {"x": (3,)})
+    with pytest.raises(ShapeError, match="dimension 1 is 0"):
+        specialize(t, {"x": (3, 0)})
+    with pytest.raises(ShapeError, match="has rank 1"):
+        import_model(m, shapes={"x": (2,)})
+
+
+def test_shape_computations_stay_nodes_in_the_template_and_fold_per_shape():
+    """torch's ``x.reshape(x.shape[0], -1)``: Shape -> Gather -> Concat -> Reshape. At each shape the chain
+    folds to that shape's constant; the template keeps it as nodes, never a constant of the probe."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "i0"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "ax"], ["n1"]),
+             helper.make_node("Concat", ["n1", "m1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "i0"), numpy_helper.from_array(np.array([0], np.int64), "ax"),
+             numpy_helper.from_array(np.array([-1], np.int64), "m1")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    t = import_template(m)
+    assert [n.op for n in t.nodes] == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"]
+    assert "shape" not in t.constants
+    for shape in [(1, 3, 4, 5), (2, 3, 8, 1)]:
+        g = specialize(t, {"x": shape})
+        assert [n.op for n in g.nodes] == ["Reshape"]
+        assert g.outputs[0].shape == (shape[0], 3 * shape[2] * shape[3])
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        y = inferd.runtime.cpu.CpuExecutor(g).run({"x": x})["y"]
+        np.testing.assert_array_equal(y, x.reshape(shape[0], -1))
+    # a model without dynamic dimensions folds the chain at import and is its own specialisation
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    for k in (2, 3):
+        m.graph.input[0].type.tensor_type.shape.dim[k].dim_value = 4
+    st = import_template(m)
+    assert not st.dynamic and [n.op for n in st.nodes] == ["Reshape"] and specialize(st) is st
 
 
 def test_wrong_input_name_shape_dtype_raise_input_error():
@@ -158,7 +197,7 @@ def test_wrong_input_name_shape_dtype_raise_input_error():
         model.run({"z": x})
     with pytest.raises(InputError, match=r"missing input"):
         model.run({})
-    with pytest.raises(InputError, match=r"expects shape \[1, 3, 9, 11\], got \[1, 3, 9, 12\]"):
+    with pytest.raises(InputError, match=r"expects shape \[N, 3, 9, 11\], got \[1, 3, 9, 12\]: dimension 3 must be 11"):
         model.run({"x": np.zeros((1, 3, 9, 12), np.float32)})
     with pytest.raises(InputError, match=r"expects dtype float32, got float64"):
         model.run({"x": x.astype(np.float64)})

@@ -33,11 +33,11 @@ REFERENCE_PARAMS = {
 }
 ZOO_PROPER = [
     "resnet18", "resnet50", "mobilenetv2", "squeezenet1_1", "shufflenetv2_x1_0", "vgg16",
-    "efficientnet_b0", "googlenet", "unet_small", "vit_tiny",
+    "efficientnet_b0", "googlenet", "unet_small", "vit_tiny", "detnet_dyn", "recnet_dyn",
 ]
 ALL = list(zoo.MODELS)
 BN_MODELS = {"resnet18", "resnet50", "mobilenetv2", "shufflenetv2_x1_0", "efficientnet_b0", "googlenet",
-             "unet_small"}
+             "unet_small", "detnet_dyn", "recnet_dyn"}
 
 
 @pytest.fixture(scope="session")
@@ -115,8 +115,8 @@ def test_onnxruntime_output_well_scaled(name: str, zoo_files: dict[str, Path]) -
     info = zoo.MODELS[name]
     sess = _session(zoo_files[name])
     (y,) = sess.run(None, {info.input_name: _random_input(info)})
-    expected_shape = tuple(1 if isinstance(d, str) else d for d in info.output_shape)
-    assert y.shape == expected_shape
+    assert y.ndim == len(info.output_shape) and y.shape[0] == 1
+    assert all(s == d for s, d in zip(y.shape, info.output_shape) if isinstance(d, int)), (y.shape, info.output_shape)
     assert y.dtype == np.float32
     assert np.isfinite(y).all()
     assert y.std() > 1e-3, "output (nearly) constant: weights scaled into oblivion"
@@ -156,6 +156,10 @@ EXPECTED_OPS: dict[str, dict[str, int]] = {
     "googlenet": {"Conv": 57, "BatchNormalization": 57, "Relu": 57, "Concat": 9, "MaxPool": 13},
     "unet_small": {"Resize": 1, "ConvTranspose": 2, "Concat": 3, "MaxPool": 3, "BatchNormalization": 14},
     "vit_tiny": {"LayerNormalization": 25, "Softmax": 12, "Erf": 12, "MatMul": 72, "Conv": 1, "Gemm": 1},
+    # sizes that follow the input come from Shape chains, as torch exports them
+    "detnet_dyn": {"Conv": 10, "BatchNormalization": 8, "Add": 3, "Shape": 3, "Concat": 2, "Resize": 1, "Reshape": 1},
+    "recnet_dyn": {"Conv": 4, "BatchNormalization": 4, "MaxPool": 3, "MatMul": 6, "Softmax": 2, "Shape": 1,
+                   "Reshape": 2},
 }
 
 

@@ -198,8 +198,15 @@ class WeightSource:
 
     def release_raw(self, layer: Layer) -> None:
         """Forget raw values read lazily for ``layer`` (they were transformed; memory counts)."""
-        drop = getattr(self.constants, "drop", None)
-        if drop is None:
-            return
-        for i in layer.const_inputs:
-            drop(layer.node.inputs[i])
+        forget_raw(self.constants, layer)
+
+
+def forget_raw(constants: Any, layer: Layer) -> None:
+    """Drop the raw constants of ``layer`` that a package's lazily read constants keep after a read (the
+    layer holds its transformed weights now); ``constants`` may be a specialised graph's ChainMap over them."""
+    for m in getattr(constants, "maps", [constants]):
+        drop = getattr(m, "drop", None)
+        if drop is not None:
+            for i in layer.const_inputs:
+                drop(layer.node.inputs[i])
+

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -23,12 +23,11 @@ from ..errors import InferdError, ModelFormatError, ShapeError, UnsupportedOpErr
 from ..ir import Graph, Node, TensorInfo
 from ..ops.activation import FUSABLE, act_from_node
 from ..ops.base import op_spec
+from .shapes import copy_node, dims_str, infer_and_fold, set_const, specialize
 
 log = logging.getLogger(__name__)
 
 MIN_OPSET, MAX_OPSET = 7, 23
-#: Folding an op that creates a huge tensor from a tiny one would bloat the weights; keep these at run time.
-_NO_FOLD_ABOVE = 1 << 26
 _FUSE_ACT_INTO = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div"}
 _FUSE_RESIDUAL_INTO = {"Conv", "Gemm", "MatMul"}
 
@@ -83,35 +82,70 @@ def _elem_dtype(t: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(t))
 
 
-def _input_infos(model: onnx.ModelProto, batch: int, shapes: dict[str, tuple[int, ...]] | None,
-                 init_names: set[str]) -> list[TensorInfo]:
-    out = []
+#: A dynamic dimension with no size given is shaped at PROBE in the template, and checked at PROBE_ALT so
+#: that a rewrite which holds at one size only (two shapes that happen to be equal) is not made. Multiples
+#: of 32: sizes that conv nets with several stride-2 stages and sequence models both accept. The batch
+#: dimension (0) is probed at ``batch`` and ``batch + 1``.
+PROBE, PROBE_ALT = 224, 160
+
+
+def _input_infos(model: onnx.ModelProto, batch: int, shapes: Mapping[str, Sequence[int]] | None,
+                 init_names: set[str]) -> tuple[list[TensorInfo], dict[str, tuple[int | str, ...]], dict[str, tuple[int, ...]]]:
+    """Graph inputs at the probe shape, their declared dimensions (a name for each dynamic one) and the
+    alternative probe shapes. ``shapes`` sets the probe of the inputs it names; it must agree with every
+    fixed dimension."""
+    declared: list[tuple[onnx.ValueInfoProto, tuple[int | str, ...]]] = []
     for vi in model.graph.input:
         if vi.name in init_names:
             continue
-        tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             raise ModelFormatError(f"graph input {vi.name!r} is not a tensor (sequence/map inputs are not supported)")
-        if shapes and vi.name in shapes:
-            shape = tuple(int(d) for d in shapes[vi.name])
-        else:
-            dims: list[int] = []
-            for k, d in enumerate(tt.shape.dim):
-                if d.HasField("dim_value") and d.dim_value > 0:
-                    dims.append(int(d.dim_value))
-                elif k == 0:
-                    dims.append(batch)  # a dynamic batch dimension is fixed at load
-                else:
-                    raise ShapeError(f"graph input {vi.name!r} has dynamic dimension {k} "
-                                     f"({d.dim_param or '?'}); pass its shape explicitly (shapes={{'{vi.name}': ...}})")
-            shape = tuple(dims)
-        out.append(TensorInfo(vi.name, shape, _elem_dtype(tt.elem_type)))
-    return out
+        dims = tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or f"{vi.name}:{k}")
+                     for k, d in enumerate(vi.type.tensor_type.shape.dim))
+        declared.append((vi, dims))
+    # a symbol shared by several inputs takes one size: the first given one
+    sym: dict[str, int] = {}
+    for vi, dims in declared:
+        given = (shapes or {}).get(vi.name)
+        if given is None:
+            continue
+        given = tuple(int(x) for x in given)
+        if len(given) != len(dims):
+            raise ShapeError(f"shapes[{vi.name!r}] = {list(given)} has rank {len(given)}; the model declares "
+                             f"{dims_str(dims)} (rank {len(dims)})")
+        for k, (d, x) in enumerate(zip(dims, given)):
+            if x <= 0:
+                raise ShapeError(f"shapes[{vi.name!r}] = {list(given)}: dimension {k} must be positive")
+            if isinstance(d, int) and d != x:
+                raise ShapeError(f"shapes[{vi.name!r}] = {list(given)}: dimension {k} is fixed at {d} by the model "
+                                 f"({dims_str(dims)})")
+            if isinstance(d, str):
+                sym.setdefault(d, x)
+    out, alt, all_dims = [], {}, {}
+    for vi, dims in declared:
+        dt = _elem_dtype(vi.type.tensor_type.elem_type)
+        probe = tuple(d if isinstance(d, int) else sym.get(d, batch if k == 0 else PROBE) for k, d in enumerate(dims))
+        given = (shapes or {}).get(vi.name)
+        if given is not None:
+            probe = tuple(int(x) for x in given)
+        alt[vi.name] = tuple(d if isinstance(d, int) else (batch + 1 if k == 0 else PROBE_ALT) for k, d in enumerate(dims))
+        all_dims[vi.name] = dims
+        out.append(TensorInfo(vi.name, probe, dt))
+    return out, all_dims, alt
 
 
 def import_model(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int = 1,
-                 shapes: dict[str, tuple[int, ...]] | None = None, optimize: bool = True) -> Graph:
-    """Import an ONNX model into a static-shaped, folded and fused ``Graph``."""
+                 shapes: Mapping[str, Sequence[int]] | None = None, optimize: bool = True) -> Graph:
+    """Import an ONNX model into a static-shaped, folded and fused ``Graph``: the model at ``shapes``
+    (dynamic dimensions not given there at the probe sizes). ``graph.dims`` names the dynamic ones."""
+    return specialize(import_template(src, batch, shapes, optimize))
+
+
+def import_template(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int = 1,
+                    shapes: Mapping[str, Sequence[int]] | None = None, optimize: bool = True) -> Graph:
+    """Import an ONNX model as a template: folded and fused for every input shape the model accepts,
+    shaped at the probe (``shapes`` where given). A model without dynamic dimensions is static as it is;
+    ``specialize`` gives the graph of one concrete shape."""
     model = load_onnx(src)
     opset = _opset(model)
     if not (MIN_OPSET <= opset <= MAX_OPSET):
@@ -124,7 +158,8 @@ def import_model(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int = 
             constants[init.name] = numpy_helper.to_array(init)
     except Exception as e:
         raise ModelFormatError(f"cannot read initializer: {type(e).__name__}: {e}") from e
-    inputs = _input_infos(model, batch, shapes, set(constants))
+    inputs, dims, alt_shapes = _input_infos(model, batch, shapes, set(constants))
+    dynamic = {t.name for t in inputs if any(isinstance(d, str) for d in dims[t.name])}
     nodes: list[Node] = []
     seen_names: set[str] = set()
     for idx, n in enumerate(g.node):
@@ -147,10 +182,27 @@ def import_model(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int = 
     for k, v in constants.items():
         infos[k] = TensorInfo(k, tuple(v.shape), v.dtype)
     out_names = [o.name for o in g.output]
-    nodes = _infer_and_fold(nodes, infos, constants, set(out_names), opset)
-    graph = Graph(g.name or "model", nodes, inputs, [], constants, infos, opset)
+    try:
+        nodes = infer_and_fold(nodes, infos, constants, set(out_names), opset, dynamic)
+    except ShapeError as e:
+        if not dynamic:
+            raise
+        probe = ", ".join(f"{t.name}{list(t.shape)}" for t in inputs if t.name in dynamic)
+        raise ShapeError(f"{e} (the model's dynamic dimensions were probed at {probe}; give sizes it accepts with "
+                         f"shapes={{...}})") from e
+    alt: dict[str, TensorInfo] | None = None
+    if dynamic:
+        # the same nodes at a second probe: what the rewrites take for equal must be equal at both
+        alt = {k: v for k, v in infos.items() if k in constants}
+        alt.update({t.name: TensorInfo(t.name, alt_shapes[t.name], t.dtype) for t in inputs})
+        try:
+            infer_and_fold([copy_node(n) for n in nodes], alt, dict(constants), set(out_names), opset, dynamic)
+        except InferdError:
+            alt = {}  # the model does not take the second probe: no rewrite may rest on a shape
+    graph = Graph(g.name or "model", nodes, inputs, [], constants, infos, opset,
+                  {t.name: dims[t.name] for t in inputs} if dynamic else {})
     if optimize:
-        _rewrite(graph, set(out_names))
+        _rewrite(graph, set(out_names), alt)
     _dce(graph, out_names)
     missing = [o for o in out_names if o not in graph.infos]
     if missing:
@@ -159,85 +211,27 @@ def import_model(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int = 
     return graph
 
 
-def _infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: dict[str, np.ndarray],
-                    keep: set[str], opset: int) -> list[Node]:
-    kept: list[Node] = []
-    for node in nodes:
-        spec = op_spec(node.op)
-        assert spec is not None
-        for i in node.inputs:
-            if i and i not in infos:
-                raise ModelFormatError(f"node {node.name!r} ({node.op}) reads {i!r}, which no earlier node produces "
-                                       f"and which is no graph input or initializer")
-        if node.op == "Constant":
-            val = spec.reference(node, [])[0]
-            _set_const(node.outputs[0], np.asarray(val), infos, constants)
-            continue
-        if node.op == "Shape" or node.op == "Size":
-            # the input's shape is static, so the result is a constant even when its values are not
-            x = infos[node.inputs[0]]
-            dummy = np.broadcast_to(np.zeros((), x.dtype), x.shape)
-            _set_const(node.outputs[0], spec.reference(node, [dummy])[0], infos, constants)
-            continue
-        if node.op == "Clip" and len(node.inputs) > 1:
-            _clip_inputs_to_attrs(node, constants)
-        in_infos = [infos[i] if i else None for i in node.inputs]
-        if all((not i) or i in constants for i in node.inputs) and node.inputs and any(node.inputs):
-            try:
-                vals = spec.reference(node, [constants[i] if i else None for i in node.inputs])
-            except InferdError:
-                raise
-            except Exception as e:
-                raise ShapeError(f"constant folding failed at node {node.name!r} ({node.op}): {type(e).__name__}: {e}") from e
-            if sum(np.asarray(v).nbytes for v in vals) <= _NO_FOLD_ABOVE:
-                for o, v in zip(node.outputs, vals):
-                    if o:
-                        _set_const(o, np.asarray(v), infos, constants)
-                continue
-        try:
-            outs = spec.infer(node, in_infos, {i: constants[i] for i in node.inputs if i in constants})
-        except InferdError:
-            raise
-        except Exception as e:
-            shapes = [(i.name, i.shape) if i else None for i in in_infos]
-            raise ShapeError(f"shape inference failed at node {node.name!r} ({node.op}) with inputs {shapes}: "
-                             f"{type(e).__name__}: {e}") from e
-        for o, (shape, dt) in zip(node.outputs, outs):
-            if o:
-                if any(int(d) < 0 for d in shape):
-                    raise ShapeError(f"node {node.name!r} ({node.op}) gives negative output shape {tuple(shape)}")
-                infos[o] = TensorInfo(o, tuple(int(d) for d in shape), np.dtype(dt))
-        kept.append(node)
-    return kept
-
-
-def _set_const(name: str, val: np.ndarray, infos: dict[str, TensorInfo], constants: dict[str, np.ndarray]) -> None:
-    constants[name] = val
-    infos[name] = TensorInfo(name, tuple(val.shape), val.dtype)
-
-
-def _clip_inputs_to_attrs(node: Node, constants: dict[str, np.ndarray]) -> None:
-    """Opset >= 11 Clip takes min/max as inputs; constant ones become attributes so Clip can be fused."""
-    extra = node.inputs[1:]
-    if all((not i) or i in constants for i in extra):
-        if len(extra) > 0 and extra[0]:
-            node.attrs["min"] = float(constants[extra[0]])
-        if len(extra) > 1 and extra[1]:
-            node.attrs["max"] = float(constants[extra[1]])
-        node.inputs = node.inputs[:1]
-
-
 # ----------------------------------------------------------------------------------------------
 # rewrites
 
 
-def _rewrite(graph: Graph, outputs: set[str]) -> None:
+def _rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
+    """``alt``: a dynamic model's tensors at its second probe; a rewrite that needs two shapes equal needs
+    them equal there too ({}: the second probe failed, so no such rewrite is made)."""
     _fold_batchnorm(graph, outputs)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)
-    _fuse_matmul_bias(graph, outputs)
-    _fuse_residual(graph, outputs)
+    _fuse_matmul_bias(graph, outputs, alt)
+    _fuse_residual(graph, outputs, alt)
     _fuse_activations(graph, outputs)
+
+
+def _same_shapes(graph: Graph, alt: dict[str, TensorInfo] | None, *names: str) -> bool:
+    """Whether the tensors ``names`` have one shape, at every probe of a dynamic model."""
+    for infos in (graph.infos, alt) if alt is not None else (graph.infos,):
+        if any(n not in infos for n in names) or len({infos[n].shape for n in names}) != 1:
+            return False
+    return True
 
 
 def _single_consumer(graph: Graph, tensor: str, outputs: set[str]) -> Node | None:
@@ -284,8 +278,8 @@ def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
         groups = int(prod.attr("group", 1)) if prod.op == "ConvTranspose" else 1
         nw, nb = fold_bn_into(w, b, scale, bias, mean, var, eps, axis, groups=groups)
         wn, bn_name = f"{prod.name}.weight_bnfolded", f"{prod.name}.bias_bnfolded"
-        _set_const(wn, np.ascontiguousarray(nw, dtype=w.dtype), graph.infos, graph.constants)
-        _set_const(bn_name, np.ascontiguousarray(nb, dtype=w.dtype), graph.infos, graph.constants)
+        set_const(wn, np.ascontiguousarray(nw, dtype=w.dtype), graph.infos, graph.constants)
+        set_const(bn_name, np.ascontiguousarray(nb, dtype=w.dtype), graph.infos, graph.constants)
         prod.inputs[1] = wn
         if has_b:
             prod.inputs[2] = bn_name
@@ -377,7 +371,7 @@ def _fuse_adds(graph: Graph, outputs: set[str], fuse: Callable[[Node, str, str, 
                 break
 
 
-def _fuse_matmul_bias(graph: Graph, outputs: set[str]) -> None:
+def _fuse_matmul_bias(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
     """MatMul followed by Add of a per-column constant (PyTorch's Linear on 3-D tokens exports this pair) -> one
     MatMul whose third input is the bias (attr ``bias``), added in the GEMM's store like Gemm's C. Then the
     residual and activation that follow can fuse into it as well."""
@@ -391,10 +385,10 @@ def _fuse_matmul_bias(graph: Graph, outputs: set[str]) -> None:
             return False
         cv = graph.constants[c]
         n = out.shape[-1]
-        if cv.size != n or (cv.ndim and cv.shape[-1] != n) or graph.infos[add.outputs[0]].shape != out.shape:
+        if cv.size != n or (cv.ndim and cv.shape[-1] != n) or not _same_shapes(graph, alt, add.outputs[0], a):
             return False
         name = f"{mm.name}.bias_fused"
-        _set_const(name, np.ascontiguousarray(cv.reshape(n), dtype=out.dtype), graph.infos, graph.constants)
+        set_const(name, np.ascontiguousarray(cv.reshape(n), dtype=out.dtype), graph.infos, graph.constants)
         mm.inputs = mm.inputs + [name]
         mm.attrs["bias"] = True
         _replace_node_output(graph, mm, add)
@@ -403,13 +397,13 @@ def _fuse_matmul_bias(graph: Graph, outputs: set[str]) -> None:
     _fuse_adds(graph, outputs, fuse)
 
 
-def _fuse_residual(graph: Graph, outputs: set[str]) -> None:
+def _fuse_residual(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
     """Conv/Gemm/MatMul followed by Add of a same-shaped tensor: the add happens in the kernel's epilogue."""
 
     def fuse(add: Node, a: str, b: str, p: Node) -> bool:
         if p.op not in _FUSE_RESIDUAL_INTO or p.attr("act") or p.attr("residual") or b in graph.constants or a == b:
             return False
-        if graph.infos[b].shape != graph.infos[add.outputs[0]].shape or graph.infos[a].shape != graph.infos[b].shape:
+        if not _same_shapes(graph, alt, a, b, add.outputs[0]):
             return False
         if p.op in ("Gemm", "Conv") and len(p.inputs) < 3:
             p.inputs = p.inputs + [""]  # keep the residual in a position no optional input claims

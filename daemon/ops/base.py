@@ -73,6 +73,12 @@ class Layer:
         return Layer(node, ins, outs, consts)
 
 
+def weights_key(layer: Layer) -> tuple[Any, ...]:
+    """``Kernel.transform_key`` of a kernel whose transform reads only the layer's constants (and attributes)."""
+    return tuple((k, layer.inputs[k].shape) for k in layer.const_inputs if layer.inputs[k] is not None) + (
+        str(layer.outputs[0].dtype) if layer.outputs else "",)
+
+
 def full_inputs(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> list[np.ndarray | None]:
     """Dynamic inputs with the raw constants put back at their positions (for untransformed kernels)."""
     return [params.get(raw_key(k)) if x is None else x for k, x in enumerate(inputs)]
@@ -101,6 +107,13 @@ class Kernel:
 
     def transformed_nbytes(self, layer: Layer) -> int:
         return sum(layer.inputs[k].nbytes for k in layer.const_inputs if layer.inputs[k] is not None)
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        """What ``transform`` reads of the layer besides its constants' values and attributes. The same layer
+        of two input shapes of a dynamic model shares one transformed copy of its weights when the keys are
+        equal. By default every shape the layer sees: kernels whose transform reads only their constants
+        say so with ``weights_key``."""
+        return (tuple(t.shape if t is not None else None for t in layer.inputs), tuple(t.shape for t in layer.outputs))
 
     def workspace_nbytes(self, layer: Layer) -> int:
         return 0

@@ -32,7 +32,7 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import Kernel, Layer, OpSpec, raw_key, register_kernel, register_op
+from .base import Kernel, Layer, OpSpec, raw_key, register_kernel, register_op, weights_key
 
 F32 = np.float32
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -529,6 +529,9 @@ class _ConvKernelBase(Kernel):
     """Shared plumbing of the transformed (float32, 1-D/2-D) conv kernels."""
 
     backend = "cpu"
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)  # packs, Winograd transforms and tiles the filters only
 
     def preferred(self, layer: Layer) -> bool:
         """Whether this kernel should be the default among the applicable ones (shape-dependent refinement

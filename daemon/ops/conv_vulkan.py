@@ -40,13 +40,13 @@ node's last input) and the fused activation.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, act_of,
                              act_supported, grid, split_k)
-from .base import Layer, raw_key, register_kernel
+from .base import Layer, raw_key, register_kernel, weights_key
 from .conv import Geom2D, io_positions, layer_geom, winograd_matrices
 
 F32 = np.float32
@@ -95,6 +95,9 @@ class _ConvBase(VulkanKernel):
 
     def applies(self, layer: Layer) -> bool:
         return self._geo(layer) is not None
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)  # filters laid out by output/input channel and taps, never by spatial size
 
     def transformed_nbytes(self, layer: Layer) -> int:
         g = geo2d(layer)

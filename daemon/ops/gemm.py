@@ -24,7 +24,7 @@ from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op
+from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
 
 __all__ = ["gemm_reference", "matmul_reference", "matmul_shape", "transpose_blocked"]
 
@@ -204,6 +204,9 @@ class _BlasKernel(Kernel):
     def applies(self, layer: Layer) -> bool:
         return _is_float(layer)
 
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)
+
     def _weight(self, layer: Layer, b: np.ndarray, alpha: float) -> np.ndarray:
         """The stored form of constant B, alpha folded in: (K, N), or (N, K) when ``_keeps_nk``."""
         raise NotImplementedError
@@ -331,6 +334,9 @@ class GemmPackedKernel(Kernel):
     name = "gemm_packed"
     ops: ClassVar[tuple[str, ...]] = ("Gemm", "MatMul")
     priority = 5
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)  # the panels depend on (K, N) only, never on the rows
 
     def applies(self, layer: Layer) -> bool:
         x, w, y = layer.inputs[0], layer.inputs[1] if len(layer.inputs) > 1 else None, layer.outputs[0]

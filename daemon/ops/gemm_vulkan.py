@@ -14,13 +14,13 @@ Gemm's constant C becomes a bias times beta: per column, per row or a full matri
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, Ws, act_of,
                              act_supported, collapse, contiguous_strides, grid, split_k)
-from .base import Layer, register_kernel
+from .base import Layer, register_kernel, weights_key
 from .gemm import _gemm_c_index, _residual_index
 
 F32 = np.float32
@@ -118,6 +118,13 @@ class VkMatMul(VulkanKernel):
     def workspace_parts(self, layer: Layer) -> dict[str, int]:
         s, _ = self._split(layer)
         return {"part": 4 * s * layer.outputs[0].size} if s > 1 else {}
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        # B's chunking and a bias broadcast to whole rows depend on more than the weights
+        p = _Plan(layer)
+        rows = p.M if p.c_index is not None and p.c_index in layer.const_inputs and \
+            self._bias_mode(tuple(layer.in_shape(p.c_index)), p) != 1 else None
+        return weights_key(layer) + (p.nbatch, p.nc, p.chunks, rows)
 
     def transformed_nbytes(self, layer: Layer) -> int:
         p = _Plan(layer)

@@ -8,14 +8,16 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .. import native
-from ..errors import InputError
+from ..errors import InputError, ShapeError
+from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_params
+from ..backends.base import forget_raw
 from ..planner.memory import MemoryPlan, plan_graph_memory
 
 
@@ -130,6 +132,7 @@ class CpuExecutor:
         else:
             self.choice = list(select_kernels(graph, "cpu", kernels))
         self.steps: list[Step | None] = [None] * len(self.choice)
+        self._shared: set[int] = set()  # layers whose weights another shape of the model owns (adopt)
         self._calls: list[Callable[[], None]] = []
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
@@ -185,6 +188,30 @@ class CpuExecutor:
         else:
             self._build(pos, k, arrays, None)
         return {"transform_s": time.perf_counter() - t0}
+
+    def adopt(self, donor: "CpuExecutor") -> dict[str, int]:
+        """Prepare every layer from ``donor``, the same model at another input shape: its kernel and its
+        transformed weights (the very arrays: one copy for every shape) where that kernel applies here and
+        its transform reads nothing that changed; the other layers get their default kernel, transformed
+        from the raw constants. Then ``finalize``. Returns how many layers shared and how many did not."""
+        theirs = {s.layer.name: s for s in donor.steps if s is not None}
+        shared = own = 0
+        for pos, (layer, _k) in enumerate(self.choice):
+            s = theirs.get(layer.name)
+            if s is not None and layer.const_inputs and s.kernel.applies(layer) and \
+                    s.kernel.transform_key(s.layer) == s.kernel.transform_key(layer):
+                self._build(pos, s.kernel, None, s.params)
+                self._shared.add(pos)
+                shared += 1
+                continue
+            forced = forced_for(layer, self._forced)
+            _c, k = candidate_kernels(layer, "cpu", forced, layer.name in (self._forced or {}))
+            self._build(pos, k, None, None)
+            if layer.const_inputs:
+                forget_raw(self.graph.constants, layer)
+                own += 1
+        self.finalize()
+        return {"shared": shared, "own": own}
 
     def prefault(self, kernels: Sequence[str]) -> None:
         """Fault in the arena and the first run's kernel workspaces (``kernels``: per layer, the cold
@@ -242,14 +269,17 @@ class CpuExecutor:
         """Replace layer ``pos``'s kernel (the warm switch); the caller holds the model's run lock."""
         old = self.steps[pos]
         self._build(pos, kernel, None, params)
+        self._shared.discard(pos)
         if old is not None:
             self.stats.kernels[old.kernel.name] = self.stats.kernels.get(old.kernel.name, 1) - 1
         self.finalize()
 
     @property
     def memory_bytes(self) -> int:
-        return int(self.arena.nbytes + sum(a.nbytes for s in self.steps if s is not None for a in s.params.values()
-                                           if isinstance(a, np.ndarray)))
+        """The arena and the weights this executor owns (not those it shares with another shape's)."""
+        return int(self.arena.nbytes + sum(a.nbytes for pos, s in enumerate(self.steps)
+                                           if s is not None and pos not in self._shared
+                                           for a in s.params.values() if isinstance(a, np.ndarray)))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.begin(feeds)
@@ -263,8 +293,11 @@ def kernel_named(layer: Layer, backend: str, name: str) -> Kernel:
     return choose_kernel(layer, backend, name)
 
 
-def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], model: str = "model") -> dict[str, np.ndarray]:
-    """Validate a feed dict against the model's inputs; ``InputError`` says what was expected and what came."""
+def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], model: str = "model",
+                dims: "Mapping[str, Sequence[int | str]] | None" = None,
+                bounds: "Mapping[str, Sequence[int]] | None" = None) -> dict[str, np.ndarray]:
+    """Validate a feed dict against the model's inputs; ``InputError`` says what was expected and what came.
+    ``dims``: a dynamic model's declared dimensions (a name where any size goes), ``bounds`` their limits."""
     if not isinstance(feeds, dict):
         raise InputError(f"{model}: inputs must be a dict of name -> array, got {type(feeds).__name__}")
     expected = {t.name: t for t in inputs}
@@ -284,7 +317,12 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], mode
                 raise InputError(f"{model}: input {name!r} is not array-like ({type(feeds[name]).__name__})") from e
         if a.dtype != t.dtype:
             raise InputError(f"{model}: input {name!r} expects dtype {np.dtype(t.dtype).name}, got {a.dtype.name}")
-        if tuple(a.shape) != tuple(t.shape):
+        if dims is not None and name in dims:
+            try:
+                check_dims(name, dims[name], a.shape, (bounds or {}).get(name))
+            except ShapeError as e:
+                raise InputError(f"{model}: {e}") from None
+        elif tuple(a.shape) != tuple(t.shape):
             raise InputError(f"{model}: input {name!r} expects shape {list(t.shape)}, got {list(a.shape)}")
         out[name] = a
     return out

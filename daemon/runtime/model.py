@@ -6,8 +6,10 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -27,18 +29,51 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Variant:
+    """A dynamic model prepared at one more input shape: its own graph, arena (and on a GPU its recorded
+    commands) over the weights of the model's first shape."""
+
+    shapes: dict[str, tuple[int, ...]]
+    graph: Graph
+    backend: Any
+    prepare_s: float
+    shared: int  # layers whose weights it binds from the first shape
+    own: int
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.backend.memory_bytes)
+
+
+#: shape variants a dynamic model keeps besides its first shape, by default (least recently used dropped)
+DEFAULT_MAX_VARIANTS = 4
+
+
 class Model:
-    """A loaded model. ``run`` is not re-entrant (one arena); the daemon serialises runs per model.
+    """A loaded model. ``run`` is not re-entrant (one arena per shape); the daemon serialises runs per model.
 
     A model loaded by a cold plan returns from ``load`` while its layers are still being prepared:
     the first ``run`` executes each layer as soon as it is ready (``cold_stats`` then holds the
-    breakdown), and the warm switch, if the plan has one, follows in the background."""
+    breakdown), and the warm switch, if the plan has one, follows in the background.
+
+    A model with dynamic input dimensions (``dims``) is loaded at its first shape (the plan's); a run at
+    another shape prepares a ``Variant`` for it once (the shape planned, the weights shared) and keeps at
+    most ``max_variants`` of them."""
 
     def __init__(self, name: str, graph: Graph, executor: Any, device: str, load_s: float,
                  cold: "ColdLoad | None" = None, on_close: Any = None,
-                 recover: "Callable[[], Model] | None" = None) -> None:
+                 recover: "Callable[[], Model] | None" = None, template: Graph | None = None,
+                 make_backend: "Callable[[Graph], Any] | None" = None) -> None:
         self.name = name
         self.graph = graph
+        #: the graph every input shape is specialised from (None: a static model)
+        self.template = template if template is not None and template.dynamic else None
+        self._make_backend = make_backend
+        self._variants: "OrderedDict[tuple[tuple[int, ...], ...], Variant]" = OrderedDict()
+        self.max_variants = DEFAULT_MAX_VARIANTS
+        #: per input, the largest size each dimension may take (None: unbounded)
+        self.bounds: dict[str, tuple[int, ...]] | None = None
         self._exec = executor
         self.device = device
         self.load_s = load_s
@@ -58,7 +93,20 @@ class Model:
 
     @property
     def inputs(self) -> list[TensorInfo]:
+        """The inputs at the model's first shape (``dims`` has the dynamic dimensions)."""
         return list(self.graph.inputs)
+
+    @property
+    def dims(self) -> dict[str, tuple[int | str, ...]]:
+        """Per input, its dimensions: a name where the dimension is dynamic."""
+        t = self.template
+        return {i.name: tuple(t.dims.get(i.name, i.shape)) if t is not None else tuple(i.shape) for i in self.inputs}
+
+    @property
+    def variants(self) -> list[Variant]:
+        """The shapes prepared besides the first, least recently used first."""
+        with self._lock:
+            return list(self._variants.values())
 
     @property
     def outputs(self) -> list[TensorInfo]:
@@ -74,7 +122,8 @@ class Model:
 
     @property
     def memory_bytes(self) -> int:
-        return int(self._exec.memory_bytes)
+        """The first shape's weights and arena, plus each variant's arena (and any weights it could not share)."""
+        return int(self._exec.memory_bytes) + sum(v.memory_bytes for v in list(self._variants.values()))
 
     @property
     def kernels(self) -> dict[str, str]:
@@ -88,7 +137,15 @@ class Model:
                 for layer, k in getattr(self._exec, "choice", [])}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        feeds = check_feeds(self.graph.inputs, feeds, self.name)
+        t = self.template
+        if t is not None:
+            feeds = check_feeds(t.inputs, feeds, self.name, t.dims, self.bounds)
+            key = tuple(tuple(feeds[i.name].shape) for i in t.inputs)
+            if key != tuple(tuple(i.shape) for i in self.graph.inputs):
+                with self._lock:
+                    return self._variant(key).backend.run(feeds)
+        else:
+            feeds = check_feeds(self.graph.inputs, feeds, self.name)
         with self._lock:
             if self._broken is not None:
                 raise BackendError(f"{self.name}: the model failed to load ({self._broken}); load it again")
@@ -115,8 +172,71 @@ class Model:
             self._after_cold(cold)
             return out
 
+    def prepare(self, shapes: "Sequence[Mapping[str, Sequence[int]]]") -> list[Variant]:
+        """Prepare the model at each of ``shapes`` (input name -> shape) now rather than at the first run
+        that brings it; ``InputError`` for a shape the model does not take."""
+        t = self.template
+        out = []
+        for s in shapes:
+            if t is None:
+                check_feeds(self.graph.inputs, {i.name: _shaped(i, s.get(i.name, i.shape)) for i in self.graph.inputs},
+                            self.name)
+                continue
+            feeds = {i.name: _shaped(i, s.get(i.name, i.shape)) for i in t.inputs}
+            check_feeds(t.inputs, feeds, self.name, t.dims, self.bounds)
+            key = tuple(tuple(int(x) for x in feeds[i.name].shape) for i in t.inputs)
+            if key != tuple(tuple(i.shape) for i in self.graph.inputs):
+                with self._lock:
+                    out.append(self._variant(key))
+        return out
+
+    def _variant(self, key: tuple[tuple[int, ...], ...]) -> Variant:
+        """The variant of input shapes ``key``, prepared now if it is not kept (caller holds the lock)."""
+        v = self._variants.get(key)
+        if v is not None:
+            self._variants.move_to_end(key)
+            return v
+        if self._broken is not None:
+            raise BackendError(f"{self.name}: the model failed to load ({self._broken}); load it again")
+        cold = self._cold
+        if cold is not None and not cold.done:  # its weights are what every other shape shares
+            cold.wait_loaded()
+            self._after_cold(cold)
+        assert self.template is not None and self._make_backend is not None
+        from ..errors import InputError, ShapeError
+        from ..frontend import specialize
+
+        t0 = time.perf_counter()
+        shapes = {i.name: s for i, s in zip(self.template.inputs, key)}
+        try:
+            g = specialize(self.template, shapes)
+        except ShapeError as e:
+            raise InputError(f"{self.name}: {e}") from e
+        backend = self._make_backend(g)
+        try:
+            counts = backend.adopt(self._exec)
+        except BaseException:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+            raise
+        v = Variant(shapes, g, backend, time.perf_counter() - t0, counts["shared"], counts["own"])
+        self._variants[key] = v
+        while len(self._variants) > max(0, self.max_variants):
+            _k, old = self._variants.popitem(last=False)
+            _close(old.backend)
+        log.info("model %s: prepared shape %s in %.1f ms (%d layers share the weights, %d own)", self.name,
+                 shapes, v.prepare_s * 1e3, v.shared, v.own)
+        return v
+
+    def _drop_variants(self) -> None:
+        while self._variants:
+            _k, v = self._variants.popitem()
+            _close(v.backend)
+
     def _adopt(self, other: "Model") -> None:
         """Take over ``other``'s executor and cold load (a rebuilt package), releasing ours."""
+        self._drop_variants()
         close = getattr(self._exec, "close", None)
         if close is not None:
             close()
@@ -163,6 +283,7 @@ class Model:
             cold.cancel()
         self.wait_warm(30)
         with self._lock:
+            self._drop_variants()
             close = getattr(self._exec, "close", None)
             if close is not None:
                 close()
@@ -179,6 +300,17 @@ class Model:
     def __repr__(self) -> str:
         ins = ", ".join(f"{t.name}{list(t.shape)}:{np.dtype(t.dtype).name}" for t in self.inputs)
         return f"<inferd.Model {self.name} on {self.device} ({ins})>"
+
+
+def _close(backend: Any) -> None:
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+
+
+def _shaped(info: TensorInfo, shape: Sequence[int]) -> np.ndarray:
+    """A stand-in feed of ``shape`` (no memory) for validating shapes alone."""
+    return np.broadcast_to(np.zeros((), info.dtype), tuple(int(x) for x in shape))
 
 
 def _vulkan_available() -> bool:
@@ -201,40 +333,64 @@ def resolve_device(device: str) -> str:
 
 
 def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu", batch: int = 1,
-         kernels: dict[str, str] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
+         kernels: dict[str, str] | None = None,
+         shapes: "Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]] | None" = None,
          name: str | None = None, cache_dir: str | os.PathLike | None = None,
-         cold: PlanOptions | None = None, loaders: int | None = None, **options: Any) -> Model:
+         cold: PlanOptions | None = None, loaders: int | None = None, max_variants: int | None = None,
+         max_shape: Mapping[str, Sequence[int]] | None = None, **options: Any) -> Model:
     """Load an ONNX model (or a compiled package directory) for ``device`` ('cpu', 'vulkan', 'auto').
 
     ``kernels`` forces kernels: {node name or op type: kernel name}. With ``cache_dir``, an ONNX file
     is compiled once (profiled and planned on this device) into a package there and later loads read
     the package. Every load follows a cold plan: the call returns while layers are still being
     prepared and the first ``run`` overlaps with that preparation; ``Model.wait_loaded()`` finishes
-    the load without running. ``cold`` switches cold-start techniques off (ablations)."""
+    the load without running. ``cold`` switches cold-start techniques off (ablations).
+
+    A model with dynamic input dimensions runs at any shape it accepts. ``shapes`` (input name -> shape,
+    or a list of them) are the shapes to prepare: the first is the one the model is planned and loaded
+    at (unset: the batch at ``batch``, other dynamic dimensions at 224), the others are prepared after
+    the load; any other shape is prepared at its first run. ``max_variants`` bounds the shapes kept besides
+    the first; ``max_shape`` bounds each input's dimensions (a run beyond them is refused)."""
     from ..package import cached_package
 
     t0 = time.perf_counter()
     dev = resolve_device(device)
     in_memory = not isinstance(path, (str, os.PathLike))
     opt = cold or PlanOptions()
+    todo = [dict(shapes)] if isinstance(shapes, Mapping) else [dict(s) for s in (shapes or [])]
+    first = {k: tuple(int(x) for x in v) for k, v in todo[0].items()} if todo else None
+
+    def finish(m: Model) -> Model:
+        if max_variants is not None:
+            m.max_variants = max(0, int(max_variants))
+        if max_shape:
+            m.bounds = {k: tuple(int(x) for x in v) for k, v in max_shape.items()}
+            m.prepare([{i.name: i.shape for i in m.inputs}])  # the first shape must be within them too
+        if len(todo) > 1:
+            m.prepare(todo[1:])
+        return m
+
     if not in_memory and Path(path).is_dir():
-        return _from_package(Path(path), dev, batch, kernels, name or Path(path).name, opt, loaders, options, t0)
+        return finish(_from_package(Path(path), dev, batch, kernels, name or Path(path).name, opt, loaders, options,
+                                    t0))
     if cache_dir is not None and not in_memory and Path(path).is_file():
         src = Path(path)
 
         def rebuild() -> Path:
-            return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=shapes,
+            return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
                                   rebuild=True)
         try:
-            pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=shapes)
-            return _from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0, rebuild)
+            pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first)
+            return finish(_from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0,
+                                        rebuild))
         except WeightsStoreError as e:
             log.warning("package cache for %s unusable (%s); loading the ONNX file", path, e)
-    from ..frontend import import_model
+    from ..frontend import import_template, specialize
 
-    graph = import_model(path, batch=batch, shapes=shapes)
-    mname = name or (graph.name if in_memory else Path(path).stem)
-    return _planned_model(mname, graph, dev, kernels, opt, loaders, options, t0, None, None)
+    template = import_template(path, batch=batch, shapes=first)
+    mname = name or (template.name if in_memory else Path(path).stem)
+    return finish(_planned_model(mname, specialize(template), dev, kernels, opt, loaders, options, t0, None, None,
+                                 template))
 
 
 def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | None, mname: str, opt: PlanOptions,
@@ -260,7 +416,7 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         plan = None  # re-planned from the package's profile by _planned_model
     elif opt != plan.options:  # run-time switches only (stealing, warm switch)
         plan = dataclasses.replace(plan, options=opt)
-    model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op)
+    model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op, op.template)
     if op.profile is not None:
         from ..package import refine_package
 
@@ -285,7 +441,7 @@ def _loaders_for(dev: str, loaders: int) -> int:
 
 def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] | None, opt: PlanOptions,
                    loaders: int | None, options: dict[str, Any], t0: float, plan: "ColdPlan | None",
-                   op: Any) -> Model:
+                   op: Any, template: Graph | None = None) -> Model:
     from ..backends.base import WeightSource
     from ..package import make_backend, make_plan
     from .cold import ColdLoad
@@ -307,4 +463,5 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
             op.store.close()
         raise
     on_close = op.store.close if op is not None else None
-    return Model(mname, graph, backend, dev, time.perf_counter() - t0, cold=cold, on_close=on_close)
+    return Model(mname, graph, backend, dev, time.perf_counter() - t0, cold=cold, on_close=on_close,
+                 template=template, make_backend=lambda g: make_backend(g, dev, kernels, **options))

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..backends.base import forget_raw
 from ..errors import BackendError, KernelError
 from ..ir import Graph, Node
 from ..ops.base import Kernel, Layer, choose_kernel, raw_key
@@ -79,6 +80,10 @@ class _Slot:
     ws: int | None
 
 
+#: params up to this size are kept on the host beside the device copy (dispatches read values such as axes)
+_META_MAX = 4096
+
+
 @dataclass
 class _Prepared:
     """What ``prepare`` made for one layer (released on a swap and at close)."""
@@ -88,6 +93,14 @@ class _Prepared:
     weights: Region | None = None
     pool: Any = None
     views: list[Any] = field(default_factory=list)
+    #: where each param array sits in ``weights``
+    place: dict[str, int] = field(default_factory=dict)
+    #: the params ``dispatches`` read, large arrays as zero-copy stand-ins of their shape (another input
+    #: shape of the model computes its dispatches from them and binds ``weights`` without a transform)
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: the layer of another shape whose ``weights`` this one binds; ``users`` counts the holders of ours
+    origin: "_Prepared | None" = None
+    users: int = 1
 
 
 class VulkanColdBackend:
@@ -413,37 +426,64 @@ class VulkanColdBackend:
     def prepare_all(self) -> None:
         """Prepare every layer with its default (or forced) kernel in batched stages: all transforms, one
         SPIR-V pass (parallel glslang on misses), one pipeline batch, then weights and descriptor sets."""
+        self._prepare_staged(None)
+
+    def adopt(self, donor: "VulkanColdBackend") -> dict[str, int]:
+        """Prepare every layer from ``donor``, the same model at another input shape: its kernel and its
+        weights on the device (bound, not copied: one copy for every shape) where that kernel applies here
+        and its transform reads nothing that changed; the other layers get their default kernel, transformed
+        from the raw constants. Then ``finalize``. Returns how many layers shared and how many did not."""
+        counts = self._prepare_staged(donor)
+        self.finalize()
+        return counts
+
+    def _prepare_staged(self, donor: "VulkanColdBackend | None") -> dict[str, int]:
         T = time.perf_counter
         st = self.load_stats
         t = T()
-        todo: list[tuple[_Slot, VulkanKernel, dict[str, np.ndarray], list[Dispatch]]] = []
+        theirs = {s.node.name: (s.layer, p) for s, p in zip(donor._slots, donor._prepared)
+                  if p is not None and s.kind == "kernel"} if donor is not None else {}
+        todo: list[tuple[_Slot, VulkanKernel, Mapping[str, np.ndarray], list[Dispatch], _Prepared | None]] = []
+        shared = 0
         for s in self._slots:
-            if s.kind == "kernel":
-                assert isinstance(s.default, VulkanKernel)
-                params = s.default.transform(s.layer, self._raw(s, {}))
-                ds = split_rows(s.default.dispatches(s.layer, params, self.caps), self.caps)
-                todo.append((s, s.default, params, ds))
+            if s.kind != "kernel":
+                continue
+            donor_layer, p = theirs.get(s.node.name, (None, None))
+            if p is not None and s.layer.const_inputs and any(k.name == p.kernel.name for k in s.kernels):
+                pk = p.kernel
+                if pk.transform_key(donor_layer) == pk.transform_key(s.layer):
+                    kern = self._kernel(s, pk.name)
+                    ds = split_rows(kern.dispatches(s.layer, p.meta, self.caps), self.caps)
+                    todo.append((s, kern, p.meta, ds, p.origin or p))
+                    shared += 1
+                    continue
+            assert isinstance(s.default, VulkanKernel)
+            params = s.default.transform(s.layer, self._raw(s, {}))
+            forget_raw(self._consts, s.layer)
+            ds = split_rows(s.default.dispatches(s.layer, params, self.caps), self.caps)
+            todo.append((s, s.default, params, ds, None))
         st["transform_s"] = T() - t
         t = T()
         sc = self.shader_cache
         before = (sc.compiled, sc.disk_hits)
-        variants = [(d.shader, norm_defines(d.defines)) for *_, ds in todo for d in ds]
+        variants = [(d.shader, norm_defines(d.defines)) for _s, _k, _p, ds, _o in todo for d in ds]
         mods = dict(zip(variants, sc.get_many(variants))) if variants else {}
         st["shader_compile_s"] = T() - t
         st["shaders_compiled"] = sc.compiled - before[0]
         st["shaders_from_disk"] = sc.disk_hits - before[1]
         st["shader_variants"] = len(set(variants))
         t = T()
-        reqs = [(mods[(d.shader, norm_defines(d.defines))], dict(d.spec)) for *_, ds in todo for d in ds]
+        reqs = [(mods[(d.shader, norm_defines(d.defines))], dict(d.spec)) for _s, _k, _p, ds, _o in todo for d in ds]
         counts: dict[str, int] = {}
         pipes = self.device.pipelines(reqs, counts) if reqs else []
         st["pipeline_create_s"] = T() - t
         st["pipelines_created"] = counts.get("created", 0)
         st["pipeline_cache_hits"] = counts.get("cache_hits", 0)
         k = 0
-        for s, kern, params, ds in todo:
-            self._prepared[s.pos] = self._place(s, kern, params, ds, pipes[k:k + len(ds)])
+        for s, kern, params, ds, origin in todo:
+            self._prepared[s.pos] = self._place(s, kern, params, ds, pipes[k:k + len(ds)], origin=origin)
             k += len(ds)
+        return {"shared": shared, "own": sum(1 for s, *_r, o in todo if o is None and s.layer.const_inputs)}
 
     @property
     def kernel_names(self) -> dict[str, str]:
@@ -459,7 +499,8 @@ class VulkanColdBackend:
 
     @property
     def weight_regions(self) -> list[Region]:
-        return [p.weights for p in self._prepared if p is not None and p.weights is not None]
+        """The weight allocations this backend owns (not those it binds from another shape's)."""
+        return [p.weights for p in self._prepared if p is not None and p.weights is not None and p.origin is None]
 
     @property
     def memory_bytes(self) -> int:
@@ -508,9 +549,11 @@ class VulkanColdBackend:
         return pipes
 
     def _place(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray], dispatches: Sequence[Dispatch],
-               pipes: Sequence[Pipeline], locate: Locate | None = None, ws: tuple[Region, int] | None = None) -> _Prepared:
-        """Weights into their own allocation, every binding resolved, descriptor sets written. Activations
-        live in the arena unless ``locate``/``ws`` say otherwise (the profiler's scratch)."""
+               pipes: Sequence[Pipeline], locate: Locate | None = None, ws: tuple[Region, int] | None = None,
+               origin: _Prepared | None = None) -> _Prepared:
+        """Weights into their own allocation (or ``origin``'s, the same layer of another input shape),
+        every binding resolved, descriptor sets written. Activations live in the arena unless
+        ``locate``/``ws`` say otherwise (the profiler's scratch)."""
         dev = self.device
         layer = slot.layer
         node = layer.node
@@ -526,16 +569,24 @@ class VulkanColdBackend:
                     keys.add(raw_key(ref.key))
         arrays = [(k, a) for k, a in params.items() if k in keys]
         place, total = place_weights([(k, a.nbytes) for k, a in arrays])
+        if origin is not None and (place != origin.place or (origin.weights is None) != (total == 0)):
+            raise BackendError(f"node {layer.name}: kernel {kernel.name} lays its weights out differently at this "
+                               f"shape; they cannot be shared")
         if locate is None:
             act, plan, infos = self.act_region, self.plan, self.graph.infos
 
             def locate(t: str) -> tuple[Region, int, int]:
                 return act, plan.offset(t), infos[t].nbytes
             ws = (act, slot.ws) if slot.ws is not None else None
-        prep = _Prepared(kernel)
+        prep = _Prepared(kernel, place=place,
+                         meta={k: (np.broadcast_to(np.zeros((), a.dtype), a.shape) if isinstance(a, np.ndarray)
+                                   and a.nbytes > _META_MAX else a) for k, a in params.items()})
         try:
             t = time.perf_counter()
-            if total:
+            if origin is not None:
+                origin.users += 1
+                prep.origin, prep.weights = origin, origin.weights
+            elif total:
                 prep.weights = region = dev.allocate_region(total, f"weights:{layer.name}")
                 dev.upload([(region, place[k], a) for k, a in arrays])
             self._add(upload_s=time.perf_counter() - t)
@@ -567,8 +618,14 @@ class VulkanColdBackend:
         for v in prep.views:
             vk.vkDestroyBufferView(dev.device, v, None)
         prep.views = []
-        dev.free_region(prep.weights)
-        prep.weights = None
+        # weights are freed by their last holder: the layer of another shape may still bind them
+        owner = prep.origin or prep
+        if prep.weights is not None or prep.origin is not None:
+            owner.users -= 1
+            if owner.users <= 0:
+                dev.free_region(owner.weights)
+                owner.weights = None
+        prep.weights, prep.origin = None, None
 
     def _time_layer(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray],
                     dispatches: Sequence[Dispatch], pipes: Sequence[Pipeline], reps: int) -> tuple[float, float]:

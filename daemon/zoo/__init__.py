@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import _cnn, _vit
+from . import _cnn, _dynamic, _vit
 from ._graph import OPSET, Dim, GraphBuilder, count_params, is_trainable
 
 __all__ = [
@@ -80,9 +80,15 @@ class ModelInfo:
     def dynamic_batch(self) -> bool:
         return isinstance(self.input_shape[0], str)
 
-    def concrete_input_shape(self, batch: int = 1) -> tuple[int, ...]:
-        """The first input's shape with a symbolic batch dim replaced by ``batch``."""
-        return tuple(batch if isinstance(d, str) else d for d in self.input_shape)
+    @property
+    def dynamic(self) -> bool:
+        """Whether a dimension other than the batch is dynamic."""
+        return any(isinstance(d, str) for d in self.input_shape[1:])
+
+    def concrete_input_shape(self, batch: int = 1, size: int = 224) -> tuple[int, ...]:
+        """The first input's shape with a symbolic batch dimension at ``batch`` and any other dynamic one at
+        ``size`` (224 by default: where inferd's import probes dynamic dimensions)."""
+        return tuple((batch if k == 0 else size) if isinstance(d, str) else d for k, d in enumerate(self.input_shape))
 
 
 _IMG: Shape = (1, 3, 224, 224)
@@ -120,6 +126,12 @@ MODELS: dict[str, ModelInfo] = {
               "ConvTranspose decoder, skip Concat"),
         _info("vit_tiny", _IMG, (1, 1000), 5717416,
               "timm vit_tiny_patch16_224 (LayerNormalization, attention MatMuls, erf GELU)"),
+        ModelInfo("detnet_dyn", (("input", ("N", 3, "H", "W")),), (("output", ("N", 3, "cells", 6)),),
+                  "fully convolutional detector, batch/height/width dynamic: residual stages, FPN Resize sized "
+                  "from the skip's Shape, head reshaped by a Shape-derived size", 128194),
+        ModelInfo("recnet_dyn", (("input", ("N", 3, 32, "W")),), (("output", ("N", "T", 37)),),
+                  "text-line recogniser, batch/width dynamic: conv stem pooling the height to 1, self-attention "
+                  "over the width (MatMul, Softmax), per-step classifier, Shape-derived reshapes", 152869),
     ]
 }
 
@@ -139,6 +151,8 @@ _BUILDERS: dict[str, Callable[[GraphBuilder, str], str]] = {
     "googlenet": _cnn.googlenet,
     "unet_small": _cnn.unet_small,
     "vit_tiny": _vit.vit_tiny,
+    "detnet_dyn": _dynamic.detnet_dyn,
+    "recnet_dyn": _dynamic.recnet_dyn,
 }
 assert _BUILDERS.keys() == MODELS.keys()
 
