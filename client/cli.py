@@ -32,7 +32,24 @@ def _mib(n: int | float | None) -> str:
 
 
 def _sig(ts: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{t['name']}:{t['dtype']}{t['shape']}" for t in ts) or "-"
+    """name:dtype[dims] per tensor; a dynamic dimension by its name (``dims``), else the fixed shape."""
+    return ", ".join(f"{t['name']}:{t['dtype']}[{', '.join(str(d) for d in t.get('dims') or t['shape'])}]"
+                     for t in ts) or "-"
+
+
+def _variants(m: dict[str, Any]) -> str:
+    """The shapes a dynamic model has prepared: its first (the inputs' ``shape``) and each variant."""
+    ins = m.get("inputs") or []
+    if not any("dims" in t for t in ins):
+        return "-"
+    first = "x".join(str(d) for t in ins for d in t["shape"]) if len(ins) == 1 else \
+        ";".join(f"{t['name']}={'x'.join(str(d) for d in t['shape'])}" for t in ins)
+    out = [first]
+    for v in m.get("variants") or []:
+        sh = v.get("shapes", {})
+        out.append("x".join(str(d) for s in sh.values() for d in s) if len(sh) == 1 else
+                   ";".join(f"{k}={'x'.join(str(d) for d in s)}" for k, s in sh.items()))
+    return ", ".join(out)
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -86,10 +103,11 @@ def format_status(st: dict[str, Any]) -> str:
 def format_models(models: list[dict[str, Any]]) -> str:
     if not models:
         return "no models"
-    rows = [["NAME", "STATE", "DEVICE", "INPUTS", "OUTPUTS", "MEMORY", "REASON"]]
+    rows = [["NAME", "STATE", "DEVICE", "INPUTS", "OUTPUTS", "SHAPES", "MEMORY", "REASON"]]
     for m in models:
         rows.append([m["name"], m["state"], str(m.get("device") or "-"), _sig(m.get("inputs", [])),
-                     _sig(m.get("outputs", [])), _mib(m.get("memory_bytes")), m.get("reason") or ""])
+                     _sig(m.get("outputs", [])), _variants(m) if m.get("state") == "READY" else "-",
+                     _mib(m.get("memory_bytes")), m.get("reason") or ""])
     return _table(rows)
 
 

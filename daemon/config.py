@@ -74,6 +74,8 @@ class Config:
     inline_max_us: float = _opt("float", "run a request on the serving thread itself when its model is idle, "
                                 "on the CPU and its runs take at most this long (saves two thread hand-offs; "
                                 "0: never)", default=300.0, minimum=0)
+    max_variants: int = _opt("int", "input shapes a model with dynamic dimensions keeps prepared besides its first "
+                             "(least recently used dropped; a model's config.toml can override)", default=4, minimum=0)
     drain_timeout: float = _opt("float", "seconds SIGTERM waits for queued and running requests",
                                 default=30.0, minimum=0)
     memory_budget: int = _opt("size", "memory budget (0: none); stored and reported, set_budget changes it",

@@ -114,8 +114,8 @@ def _input_infos(model: onnx.ModelProto, batch: int, shapes: Mapping[str, Sequen
             raise ShapeError(f"shapes[{vi.name!r}] = {list(given)} has rank {len(given)}; the model declares "
                              f"{dims_str(dims)} (rank {len(dims)})")
         for k, (d, x) in enumerate(zip(dims, given)):
-            if x <= 0:
-                raise ShapeError(f"shapes[{vi.name!r}] = {list(given)}: dimension {k} must be positive")
+            if x < 0:
+                raise ShapeError(f"shapes[{vi.name!r}] = {list(given)}: dimension {k} is negative")
             if isinstance(d, int) and d != x:
                 raise ShapeError(f"shapes[{vi.name!r}] = {list(given)}: dimension {k} is fixed at {d} by the model "
                                  f"({dims_str(dims)})")

@@ -35,7 +35,7 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
     inputs = []
     for t in template.inputs:
         shape = tuple(int(x) for x in shapes.get(t.name, t.shape))
-        check_dims(t.name, template.dims.get(t.name, t.shape), shape)
+        check_dims(t.name, template.dims.get(t.name, t.shape), shape, empty=True)
         inputs.append(TensorInfo(t.name, shape, t.dtype))
     consts = template.constants
     extra: dict[str, np.ndarray] = {}
@@ -69,9 +69,11 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
 
 
 def check_dims(name: str, dims: Sequence[int | str], shape: Sequence[int],
-               bounds: Sequence[int] | None = None) -> None:
+               bounds: Sequence[int] | None = None, empty: bool = False) -> None:
     """``ShapeError`` unless ``shape`` fits the declared ``dims`` (same rank, fixed dimensions equal, every
-    dimension positive and within ``bounds`` where given); the message names expected and got."""
+    dynamic dimension positive, or zero with ``empty``, and within ``bounds`` where given); the message names
+    expected and got. A request is refused an empty dynamic dimension (a tensor of nothing is an app's bug);
+    the engine itself runs empty tensors where a caller asks for them."""
     head = f"input {name!r} expects shape {dims_str(dims)}"
     if bounds is not None:
         head += f" (at most {list(bounds)})"
@@ -79,7 +81,7 @@ def check_dims(name: str, dims: Sequence[int | str], shape: Sequence[int],
     if len(shape) != len(dims):
         raise ShapeError(f"{head}: rank {len(shape)}, the model's is {len(dims)}")
     for k, (d, x) in enumerate(zip(dims, shape)):
-        if int(x) <= 0:
+        if int(x) < 0 or (int(x) == 0 and not empty and isinstance(d, str)):
             raise ShapeError(f"{head}: dimension {k} is {x}")
         if isinstance(d, int) and int(x) != d:
             raise ShapeError(f"{head}: dimension {k} must be {d}")

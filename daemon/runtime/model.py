@@ -104,9 +104,9 @@ class Model:
 
     @property
     def variants(self) -> list[Variant]:
-        """The shapes prepared besides the first, least recently used first."""
-        with self._lock:
-            return list(self._variants.values())
+        """The shapes prepared besides the first, least recently used first. Read without the run lock (one
+        C-level copy), so that a status request never waits for a long run."""
+        return list(tuple(self._variants.values()))
 
     @property
     def outputs(self) -> list[TensorInfo]:
@@ -123,7 +123,7 @@ class Model:
     @property
     def memory_bytes(self) -> int:
         """The first shape's weights and arena, plus each variant's arena (and any weights it could not share)."""
-        return int(self._exec.memory_bytes) + sum(v.memory_bytes for v in list(self._variants.values()))
+        return int(self._exec.memory_bytes) + sum(v.memory_bytes for v in self.variants)
 
     @property
     def kernels(self) -> dict[str, str]:

@@ -67,11 +67,14 @@ class EndpointBusy(RuntimeError):
     """Another process already serves the endpoint."""
 
 
-def default_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None) -> Any:
+def default_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None,
+                   **dynamic: Any) -> Any:
+    """``dynamic``: a model's ``shapes``, ``max_shape`` and ``max_variants``, passed only where its config sets
+    them (so that a loader that knows no dynamic dimensions still serves the other models)."""
     # Looked up at call time so that tests and embedders can substitute ``inferd.load``.
     import inferd
 
-    return inferd.load(path, device=device, batch=batch, cache_dir=cache_dir)
+    return inferd.load(path, device=device, batch=batch, cache_dir=cache_dir, **dynamic)
 
 
 def process_rss() -> int:

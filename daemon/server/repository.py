@@ -10,7 +10,13 @@ Layout::
         max_queue = 64                # queue cap (default: the daemon's `max_queue`)
         pinned = false                # never unloaded by the daemon on its own (memory budget)
         device = "auto"               # override the daemon's device for this model
-        batch = 1                     # batch size fixed at load for a dynamic batch dimension
+        batch = 1                     # batch size of the first shape when the batch dimension is dynamic
+        # a model with dynamic input dimensions runs at any shape it takes; a new shape is prepared at its
+        # first request (the weights shared), these are prepared at load (the first one is the shape the
+        # model is planned and loaded at):
+        shapes = [{ x = [1, 3, 32, 128] }, { x = [1, 3, 32, 256] }]
+        max_shape = { x = [8, 3, 32, 1024] }   # larger requests get INVALID_ARG
+        max_variants = 4              # shapes kept besides the first (default: the daemon's `max_variants`)
 
 A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
 """
@@ -43,6 +49,9 @@ class ModelConfig:
     pinned: bool = False
     device: str | None = None
     batch: int = 1
+    shapes: tuple[dict[str, tuple[int, ...]], ...] = ()
+    max_shape: dict[str, tuple[int, ...]] | None = None
+    max_variants: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,21 @@ class ModelEntry:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
+    "shapes": (list,), "max_shape": (dict,), "max_variants": (int,),
 }
+
+
+def _shape_table(path: str, key: str, table: Any) -> dict[str, tuple[int, ...]]:
+    """``{input = [d, ...], ...}`` with positive integer dimensions, or ValueError naming what is wrong."""
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"{path}: {key!r} must be a table of input name = [dimensions], got {table!r}")
+    out = {}
+    for name, dims in table.items():
+        if not isinstance(dims, list) or not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                            for d in dims):
+            raise ValueError(f"{path}: {key!r}: input {name!r} must be a list of positive integers, got {dims!r}")
+        out[name] = tuple(dims)
+    return out
 
 
 def parse_model_config(path: str) -> ModelConfig:
@@ -75,6 +98,12 @@ def parse_model_config(path: str) -> ModelConfig:
         raise ValueError(f"{path}: 'device' must be auto, vulkan or cpu, got {values['device']!r}")
     if values.get("max_queue", 1) < 1 or values.get("batch", 1) < 1:
         raise ValueError(f"{path}: 'max_queue' and 'batch' must be >= 1")
+    if values.get("max_variants", 0) < 0:
+        raise ValueError(f"{path}: 'max_variants' must be >= 0")
+    if "shapes" in values:
+        values["shapes"] = tuple(_shape_table(path, f"shapes[{k}]", t) for k, t in enumerate(values["shapes"]))
+    if "max_shape" in values:
+        values["max_shape"] = _shape_table(path, "max_shape", values["max_shape"])
     return ModelConfig(**values)
 
 

@@ -133,8 +133,26 @@ class Stats:
         return d
 
 
-def tensor_sig(infos: Any) -> list[dict[str, Any]]:
-    return [{"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": [int(d) for d in t.shape]} for t in infos]
+def tensor_sig(infos: Any, dims: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Name, dtype and shape of each tensor; with ``dims`` (a model's declared input dimensions), the inputs
+    with a dynamic dimension also carry ``dims``: their dimensions with a name for each dynamic one (``shape``
+    is then the shape the model was loaded at)."""
+    out = []
+    for t in infos:
+        s: dict[str, Any] = {"name": t.name, "dtype": np.dtype(t.dtype).name, "shape": [int(d) for d in t.shape]}
+        d = (dims or {}).get(t.name)
+        if d is not None and any(isinstance(x, str) for x in d):
+            s["dims"] = [x if isinstance(x, str) else int(x) for x in d]
+        out.append(s)
+    return out
+
+
+def _fits(a: np.ndarray, s: dict[str, Any]) -> bool:
+    """Whether ``a``'s shape is one the input described by ``s`` takes (bounds are the model's to check)."""
+    dims = s.get("dims")
+    if dims is None:
+        return a.shape == s["tshape"]
+    return a.ndim == len(dims) and all((isinstance(d, str) and x > 0) or x == d for d, x in zip(dims, a.shape))
 
 
 class ModelSlot:
@@ -201,8 +219,19 @@ class ModelSlot:
             "name": self.name, "state": self.state, "reason": self.reason, "path": self.entry.path,
             "device": self.device, "inputs": self.inputs, "outputs": self.outputs,
             "preload": self.preload, "pinned": cfg.pinned, "priority": cfg.priority, "max_queue": self.max_queue,
-            "queued": self.queued, "memory_bytes": self.memory_bytes(),
+            "queued": self.queued, "memory_bytes": self.memory_bytes(), "variants": self.variants(),
         }
+
+    def variants(self) -> list[dict[str, Any]]:
+        """The input shapes a dynamic model has prepared besides its first (least recently used first)."""
+        m = self.model
+        try:
+            vs = getattr(m, "variants", ()) if m is not None else ()
+            return [{"shapes": {k: list(v) for k, v in x.shapes.items()}, "memory_bytes": int(x.memory_bytes),
+                     "prepare_ms": round(x.prepare_s * 1e3, 2), "shared_layers": x.shared, "own_layers": x.own}
+                    for x in vs]
+        except Exception:
+            return []
 
     def settled(self) -> bool:
         return self.state != LOADING and not self._control
@@ -257,7 +286,7 @@ class ModelSlot:
             # below for its full message.
             (name, a), = feeds.items()
             s0 = self._expected[sig[0]["name"]]
-            if (name == "" or name == s0["name"]) and a.dtype == s0["np_dtype"] and a.shape == s0["tshape"]:
+            if (name == "" or name == s0["name"]) and a.dtype == s0["np_dtype"] and _fits(a, s0):
                 return (feeds if name else {s0["name"]: a}), None
         if list(feeds) == [""]:
             if len(sig) != 1:
@@ -272,8 +301,17 @@ class ModelSlot:
                            f"{sorted(expected)} (unknown {unknown}, missing {missing})")
         for name, s in expected.items():
             a = feeds[name]
-            if a.dtype != s["np_dtype"] or a.shape != s["tshape"]:
-                return feeds, (f"model {self.name!r}: input {name!r} expects {s['dtype']}{s['shape']}, "
+            if a.dtype != s["np_dtype"] or not _fits(a, s):
+                if a.dtype == s["np_dtype"] and "dims" in s:  # say which dimension is wrong
+                    from inferd.errors import ShapeError
+                    from inferd.frontend.shapes import check_dims
+
+                    try:
+                        check_dims(name, s["dims"], a.shape)
+                    except ShapeError as e:
+                        return feeds, f"model {self.name!r}: {e}"
+                want = "[" + ", ".join(str(d) for d in s["dims"]) + "]" if "dims" in s else str(s["shape"])
+                return feeds, (f"model {self.name!r}: input {name!r} expects {s['dtype']}{want}, "
                                f"got {a.dtype.name}{list(a.shape)}")
         return feeds, None
 
@@ -508,8 +546,17 @@ class ModelSlot:
         try:
             if entry.error:
                 raise RuntimeError(entry.error)
+            cfg = entry.config
+            dynamic: dict[str, Any] = {}
+            if cfg.shapes:
+                dynamic["shapes"] = [dict(s) for s in cfg.shapes]
+            if cfg.max_shape:
+                dynamic["max_shape"] = dict(cfg.max_shape)
             with self._device_ctx(device):
-                model = self.server.loader(entry.path, device=device, batch=entry.config.batch)
+                model = self.server.loader(entry.path, device=device, batch=cfg.batch, **dynamic)
+            if hasattr(model, "max_variants"):
+                model.max_variants = cfg.max_variants if cfg.max_variants is not None else \
+                    self.server.config.max_variants
         except Exception as exc:
             dt = time.perf_counter() - t0
             reason = f"load failed: {type(exc).__name__}: {exc}"
@@ -535,7 +582,7 @@ class ModelSlot:
         with self.cond:
             self.model = model
             self.device = str(getattr(model, "device", device))
-            self.inputs = tensor_sig(model.inputs)
+            self.inputs = tensor_sig(model.inputs, getattr(model, "dims", None))
             self._expected = {s["name"]: {**s, "np_dtype": np.dtype(s["dtype"]), "tshape": tuple(s["shape"])}
                               for s in self.inputs}
             self.outputs = tensor_sig(model.outputs)

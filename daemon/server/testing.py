@@ -97,7 +97,8 @@ def write_two_io_model(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
-def testing_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None) -> Any:
+def testing_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None,
+                   **dynamic: Any) -> Any:
     with open(path, "rb") as fh:
         head = fh.read(len(FAKE_MAGIC))
         if head == FAKE_MAGIC:
@@ -105,7 +106,7 @@ def testing_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: s
             return FakeModel(json.loads(fh.read().decode()), name)
     from .daemon import default_loader
 
-    return default_loader(path, device=device, batch=batch, cache_dir=cache_dir)
+    return default_loader(path, device=device, batch=batch, cache_dir=cache_dir, **dynamic)
 
 
 def _child_main(argv: Sequence[str]) -> int:

@@ -1,0 +1,237 @@
+"""Models with dynamic input dimensions: one copy of the weights for every shape, in the library (CPU and
+Vulkan, from ONNX and from a compiled package) and in a real daemon with several client processes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import inferd
+from inferd.errors import InputError
+from inferd.server.testing import DaemonProcess
+from inferd_client import Client
+from inferd_client.errors import InvalidArgument
+from zoo_fixture import zoo_dir
+
+DYNAMIC = ["detnet_dyn", "recnet_dyn"]
+TOL = 1e-4
+#: four shapes per model (batch, height and width change), one of them repeated later
+SHAPES = {
+    "detnet_dyn": [(1, 3, 64, 64), (2, 3, 100, 76), (1, 3, 96, 200), (1, 3, 33, 47)],
+    "recnet_dyn": [(1, 3, 32, 100), (3, 3, 32, 64), (1, 3, 32, 7), (2, 3, 32, 257)],
+}
+
+
+def _vulkan() -> bool:
+    try:
+        from inferd.vulkan import available
+
+        return bool(available())
+    except Exception:
+        return False
+
+
+DEVICES = ["cpu", pytest.param("vulkan", marks=[pytest.mark.vulkan, pytest.mark.skipif(not _vulkan(),
+                                                                                       reason="no Vulkan device")])]
+
+
+def _ort_session(path: Path):  # noqa: ANN202
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _x(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng([seed, *shape]).standard_normal(shape).astype(np.float32)
+
+
+def _rel(y: np.ndarray, ref: np.ndarray) -> float:
+    assert y.shape == ref.shape, (y.shape, ref.shape)
+    return float(np.abs(y - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def _weights_bytes(path: Path) -> int:
+    import onnx
+
+    return sum(int(np.prod(t.dims)) * 4 for t in onnx.load(str(path)).graph.initializer)
+
+
+@pytest.fixture(scope="module")
+def models() -> Path:
+    return zoo_dir(DYNAMIC)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", DYNAMIC)
+@pytest.mark.parametrize("packaged", [False, True], ids=["onnx", "package"])
+def test_every_shape_matches_onnxruntime_and_shares_the_weights(models: Path, name: str, device: str,
+                                                                 packaged: bool, tmp_path: Path) -> None:
+    path = models / f"{name}.onnx"
+    sess = _ort_session(path)
+    m = inferd.load(path, device=device, cache_dir=tmp_path / "cache" if packaged else None)
+    try:
+        assert m.dims["input"][0] == "N" and any(isinstance(d, str) for d in m.dims["input"][2:])
+        m.wait_loaded()
+        base = m.memory_bytes
+        for k, shape in enumerate(SHAPES[name] + [SHAPES[name][0]]):
+            x = _x(shape, k)
+            y = m.run({"input": x})["output"]
+            assert _rel(y, sess.run(None, {"input": x})[0]) <= TOL, (shape, _rel(y, sess.run(None, {"input": x})[0]))
+        assert len(m.variants) == len(SHAPES[name])  # the repeat reused its variant
+        wb = _weights_bytes(path)
+        for v in m.variants:
+            # every layer with weights binds the first shape's copy: a variant adds activations (and the tiny
+            # per-shape constants of reshapes), never the weights again
+            big = [s for s in v.graph.nodes if any(v.graph.infos[i].nbytes > 4096 for i in s.inputs
+                                                   if i and i in v.graph.constants)]
+            assert v.shared >= len(big) > 0, (v.shapes, v.shared, len(big))
+            assert v.own <= 4
+        if device == "cpu":  # on the GPU, allocations are rounded and pooled: memory is checked on the CPU
+            for v in m.variants:
+                assert v.memory_bytes < wb / 2 + v.backend.arena.nbytes, (v.shapes, v.memory_bytes)
+        assert m.memory_bytes > base
+    finally:
+        m.close()
+
+
+def test_bad_shapes_are_refused_naming_expected_and_got(models: Path) -> None:
+    m = inferd.load(models / "recnet_dyn.onnx", max_shape={"input": (4, 3, 32, 512)})
+    try:
+        cases = {
+            (1, 3, 32): r"expects shape \[N, 3, 32, W\].*got \[1, 3, 32\]: rank 3",
+            (1, 3, 31, 64): r"got \[1, 3, 31, 64\]: dimension 2 must be 32",
+            (1, 3, 32, 0): r"dimension 3 is 0",
+            (1, 3, 32, 600): r"at most \[4, 3, 32, 512\].*dimension 3 exceeds 512",
+            (5, 3, 32, 64): r"dimension 0 exceeds 4",
+        }
+        for shape, msg in cases.items():
+            with pytest.raises(InputError, match=msg):
+                m.run({"input": np.zeros(shape, np.float32)})
+        with pytest.raises(InputError, match="dtype float32"):
+            m.run({"input": np.zeros((1, 3, 32, 64), np.float64)})
+        assert not m.variants  # nothing was prepared for a refused request
+        y = m.run({"input": _x((1, 3, 32, 64))})["output"]  # and it still serves
+        assert y.shape == (1, 16, 37)
+    finally:
+        m.close()
+
+
+def test_variants_beyond_the_bound_are_replanned_and_memory_stays_bounded(models: Path) -> None:
+    path = models / "detnet_dyn.onnx"
+    sess = _ort_session(path)
+    m = inferd.load(path, max_variants=2)
+    try:
+        shapes = [(1, 3, 32 + 8 * k, 40) for k in range(6)]
+        peak = 0
+        for rnd in range(2):
+            for k, shape in enumerate(shapes):
+                x = _x(shape, rnd)
+                assert _rel(m.run({"input": x})["output"], sess.run(None, {"input": x})[0]) <= TOL
+                assert len(m.variants) <= 2
+                peak = max(peak, m.memory_bytes)
+        assert [v.shapes["input"] for v in m.variants] == shapes[-2:]  # least recently used dropped
+        small = inferd.load(path, max_variants=2)
+        try:
+            small.run({"input": _x(shapes[-2])})
+            small.run({"input": _x(shapes[-1])})
+            assert peak <= small.memory_bytes * 1.05  # no leak from the 10 evicted variants
+        finally:
+            small.close()
+    finally:
+        m.close()
+
+
+def test_shapes_prepared_at_load_and_a_damaged_dynamic_package_is_rebuilt(models: Path, tmp_path: Path) -> None:
+    src = tmp_path / "recnet_dyn.onnx"
+    shutil.copy(models / "recnet_dyn.onnx", src)
+    want = [{"input": (1, 3, 32, 128)}, {"input": (2, 3, 32, 64)}]
+    m = inferd.load(src, cache_dir=tmp_path / "c", shapes=want)
+    try:
+        assert m.inputs[0].shape == (1, 3, 32, 128)  # the first shape is the one planned
+        assert [v.shapes["input"] for v in m.variants] == [(2, 3, 32, 64)]
+    finally:
+        m.close()
+    (pkg,) = (tmp_path / "c").iterdir()
+    store = pkg / "weights.store"
+    data = bytearray(store.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte inside some blob: caught by its checksum, then rebuilt
+    store.write_bytes(bytes(data))
+    sess = _ort_session(src)
+    m = inferd.load(src, cache_dir=tmp_path / "c", shapes=want[:1])
+    try:
+        for shape in [(1, 3, 32, 128), (1, 3, 32, 300), (4, 3, 32, 16)]:
+            x = _x(shape)
+            assert _rel(m.run({"input": x})["output"], sess.run(None, {"input": x})[0]) <= TOL
+    finally:
+        m.close()
+
+
+_CLIENT = r"""
+import json, sys
+import numpy as np
+from inferd_client import Client
+endpoint, name, shapes, seed, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+res = {}
+with Client(endpoint, timeout=300) as c:
+    for rnd in range(2):
+        for k, shape in enumerate(shapes):
+            x = np.random.default_rng([seed, rnd, k]).standard_normal(shape).astype(np.float32)
+            res[f"x{rnd}_{k}"] = x
+            res[f"y{rnd}_{k}"] = c.infer(name, {"input": x})["output"]
+np.savez(out, **res)
+"""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_daemon_serves_every_shape_to_several_client_processes(models: Path, device: str) -> None:
+    d = Path(tempfile.mkdtemp(prefix="ifdd", dir="/tmp"))
+    try:
+        (d / "models" / "rec").mkdir(parents=True)
+        shutil.copy(models / "detnet_dyn.onnx", d / "models" / "det.onnx")
+        shutil.copy(models / "recnet_dyn.onnx", d / "models" / "rec" / "model.onnx")
+        (d / "models" / "rec" / "config.toml").write_text(
+            'shapes = [{ input = [1, 3, 32, 128] }, { input = [1, 3, 32, 64] }]\n'
+            'max_shape = { input = [4, 3, 32, 512] }\nmax_variants = 3\n')
+        with DaemonProcess(f"ipc://{d}/s.sock", d / "models", "--cache-dir", str(d / "cache"),
+                           log_path=d / "daemon.log", device=device) as dp:
+            jobs = [("det", SHAPES["detnet_dyn"]), ("rec", SHAPES["recnet_dyn"][:3]), ("det", SHAPES["detnet_dyn"][::-1])]
+            procs = [subprocess.Popen([sys.executable, "-c", _CLIENT, dp.endpoint, n, json.dumps(s), str(k),
+                                       str(d / f"out{k}.npz")], env=os.environ.copy())
+                     for k, (n, s) in enumerate(jobs)]
+            for p in procs:
+                assert p.wait(600) == 0
+            sess = {"det": _ort_session(models / "detnet_dyn.onnx"), "rec": _ort_session(models / "recnet_dyn.onnx")}
+            for k, (n, s) in enumerate(jobs):
+                got = np.load(d / f"out{k}.npz")
+                for key in [f for f in got.files if f.startswith("x")]:
+                    ref = sess[n].run(None, {"input": got[key]})[0]
+                    assert _rel(got["y" + key[1:]], ref) <= TOL, (n, key)
+            with Client(dp.endpoint, timeout=60) as c:
+                ms = {m["name"]: m for m in c.models()}
+                rec = ms["rec"]
+                assert rec["inputs"][0]["dims"] == ["N", 3, 32, "W"] and rec["inputs"][0]["shape"] == [1, 3, 32, 128]
+                assert len(rec["variants"]) <= 3 and all(v["shared_layers"] > 0 for v in rec["variants"])
+                assert ms["det"]["inputs"][0]["dims"] == ["N", 3, "H", "W"]
+                assert len(ms["det"]["variants"]) == 4  # the daemon's default bound
+                for bad, msg in [((1, 3, 32), "rank"), ((1, 3, 30, 64), "must be 32"), ((1, 3, 32, 0), "is 0"),
+                                 ((1, 3, 32, 999), "exceeds 512")]:
+                    with pytest.raises(InvalidArgument, match=msg):
+                        c.infer("rec", {"input": np.zeros(bad, np.float32)})
+                y = c.infer("rec", {"input": _x((1, 3, 32, 64))})["output"]  # still serving
+                assert y.shape == (1, 16, 37)
+            out = subprocess.run([sys.executable, "-m", "inferd_client.cli", "--endpoint", dp.endpoint, "models"],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            assert "input:float32[N, 3, 32, W]" in out.stdout and "1x3x32x128" in out.stdout, out.stdout
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
