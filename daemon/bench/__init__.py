@@ -5,6 +5,8 @@
     inferd bench vulkan [--models a,b] [--out DIR]                         Vulkan vs ncnn Vulkan
     inferd bench cold [--device cpu|vulkan] [--models a,b] [--repeat N] [--out DIR] [--no-ncnn]
                       [--ablation] [--background]                          cold inference vs peers and floor
+    inferd bench shapes [--device cpu|vulkan] [--models a,b] [--out DIR]   dynamic dims: new shape vs cold load,
+                                                                           warm at 3 shapes vs onnxruntime
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "cold":
         from .cold_bench import main as cold_main
         return cold_main(argv[1:])
+    if argv and argv[0] == "shapes":
+        from .shapes_bench import main as shapes_main
+        return shapes_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])
