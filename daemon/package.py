@@ -406,9 +406,11 @@ def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:
 
 def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
                    device: str = "cpu", kernels: dict[str, str] | None = None,
-                   shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False) -> Path:
+                   shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
+                   write: bool = True) -> Path | None:
     """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
-    ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt."""
+    ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt. With
+    ``write`` False (the cache cannot be written now), None instead of compiling."""
     src = Path(src)
     root = Path(cache_root)
     extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
@@ -419,6 +421,8 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
             return pkg
         except WeightsStoreError as e:
             log.warning("compiled package %s is unusable (%s); recompiling", pkg, e)
+    if not write:
+        return None
     root.mkdir(parents=True, exist_ok=True)
     return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes)
 

@@ -11,6 +11,7 @@ Layout::
         pinned = false                # never unloaded by the daemon on its own (memory budget)
         device = "auto"               # override the daemon's device for this model
         batch = 1                     # batch size fixed at load for a dynamic batch dimension
+        fallback = "cpu"              # serve on the CPU while the GPU recovers (default: the daemon's `fallback`)
 
 A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
 """
@@ -43,6 +44,7 @@ class ModelConfig:
     pinned: bool = False
     device: str | None = None
     batch: int = 1
+    fallback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class ModelEntry:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
+    "fallback": (str,),
 }
 
 
@@ -73,6 +76,8 @@ def parse_model_config(path: str) -> ModelConfig:
         values[key] = value
     if "device" in values and values["device"] not in ("auto", "vulkan", "cpu"):
         raise ValueError(f"{path}: 'device' must be auto, vulkan or cpu, got {values['device']!r}")
+    if "fallback" in values and values["fallback"] not in ("none", "cpu"):
+        raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
     if values.get("max_queue", 1) < 1 or values.get("batch", 1) < 1:
         raise ValueError(f"{path}: 'max_queue' and 'batch' must be >= 1")
     return ModelConfig(**values)
