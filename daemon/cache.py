@@ -122,13 +122,19 @@ def cache_dir(root: str | os.PathLike[str]) -> CacheDir:
         return cd
 
 
-def report(path: str | os.PathLike[str], exc: BaseException, what: str = "") -> None:
-    """Report a failed cache access under ``path`` to the known cache directory that holds it (or
-    to ``path``'s parent directory when none does)."""
+def holder(path: str | os.PathLike[str], default: str | os.PathLike[str] | None = None) -> CacheDir:
+    """The known cache directory that holds ``path`` (the daemon registers its root), else the
+    record of ``default`` (``path`` itself when None)."""
     p = os.path.abspath(os.fspath(path))
     with _dirs_lock:
         best = max((k for k in _dirs if p == k or p.startswith(k + os.sep)), key=len, default=None)
-    cache_dir(best or os.path.dirname(p)).report(exc, what)
+    return cache_dir(best or (p if default is None else default))
+
+
+def report(path: str | os.PathLike[str], exc: BaseException, what: str = "") -> None:
+    """Report a failed cache access under ``path`` to the cache directory that holds it."""
+    p = os.path.abspath(os.fspath(path))
+    holder(p, os.path.dirname(p)).report(exc, what)
 
 
 # ---------------------------------------------------------------- leftovers, usage, eviction

@@ -226,7 +226,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
         return _from_package(Path(path), dev, batch, kernels, name or Path(path).name, opt, loaders, options, t0)
     if cache_dir is not None and not in_memory and Path(path).is_file():
         src = Path(path)
-        cdir = cache.cache_dir(cache_dir)
+        cdir = cache.holder(cache_dir)
 
         def in_memory_model() -> Model:
             return _from_source(src, dev, batch, kernels, shapes, name, opt, loaders, options, time.perf_counter())

@@ -620,7 +620,14 @@ class VulkanDevice:
         if timeout_ns is None:
             timeout_ns = int(fence_timeout_s * 1e9)
         try:
-            faults.check("vulkan.fence")
+            if faults.enabled:
+                try:
+                    faults.check("vulkan.fence")
+                except DeviceFault:
+                    # an injected fault leaves the queue as a real one would after the wait: the work
+                    # is over (a test process must not free command buffers the device still runs)
+                    vk.vkWaitForFences(self.device, 1, [fence], vk.VK_TRUE, timeout_ns)
+                    raise
             r = vk.vkWaitForFences(self.device, 1, [fence], vk.VK_TRUE, timeout_ns)
         except vk.VkTimeout:
             raise DeviceTimeoutError(f"the Vulkan queue did not finish within {timeout_ns / 1e9:.3g} s "
