@@ -5,6 +5,7 @@
     inferd bench vulkan [--models a,b] [--out DIR]                         Vulkan vs ncnn Vulkan
     inferd bench cold [--device cpu|vulkan] [--models a,b] [--repeat N] [--out DIR] [--no-ncnn]
                       [--ablation] [--background]                          cold inference vs peers and floor
+    inferd bench faults [--device vulkan|cpu] [--models a,b] [--repeat N]  device-loss recovery, warm restart
 """
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "cold":
         from .cold_bench import main as cold_main
         return cold_main(argv[1:])
+    if argv and argv[0] == "faults":
+        from .fault_bench import main as faults_main
+        return faults_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])
