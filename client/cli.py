@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -74,6 +75,22 @@ def format_status(st: dict[str, Any]) -> str:
         f"memory: RSS {_mib(mem.get('rss_bytes'))}, models {_mib(mem.get('models_bytes'))}, "
         f"budget {_mib(budget) if budget else 'none'}",
     ]
+    ca = st.get("cache")
+    if isinstance(ca, dict):
+        line = (f"cache {ca.get('dir')}: {ca.get('state')}, {_mib(ca.get('bytes_used'))} used"
+                f" (limit {_mib(ca.get('max_bytes'))})")
+        if ca.get("state") != "ok" and ca.get("error"):
+            line += f": {ca['error']} (models are compiled in memory)"
+        lines.append(line)
+    fa = st.get("faults")
+    if isinstance(fa, dict) and (fa.get("counts") or fa.get("recovering")):
+        counts = ", ".join(f"{k} {v}" for k, v in sorted((fa.get("counts") or {}).items()))
+        line = f"faults: {counts or 'none'}"
+        if fa.get("last_recovery_s") is not None:
+            line += f"; last recovery {fa['last_recovery_s']:.3f} s"
+        if fa.get("recovering"):
+            line += f"; recovering now: {', '.join(fa['recovering'])}"
+        lines.append(line)
     models = st.get("models", {})
     if not models:
         lines.append(f"no models in {st.get('models_dir')}")
@@ -185,6 +202,25 @@ def _to_json(obj: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``inferctl``; a reader that went away (``| head``) ends it quietly, Ctrl-C with status 130,
+    neither with a traceback."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a closed pipe shows here for output still buffered
+        return code
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit: point it at /dev/null so that flush cannot fail
+        # too (the fix the Python docs give for SIGPIPE)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a tool killed by the signal reports
+    except KeyboardInterrupt:
+        print("inferctl: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     as_json = getattr(args, "json", False)

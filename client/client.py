@@ -243,7 +243,7 @@ class Client:
                         self.stale_replies += 1
                         continue
                     if not reply.ok:
-                        raise errors.error_from_wire(reply.error_code, reply.error_message)
+                        raise errors.error_from_wire(reply.error_code, reply.error_message, reply.retry_after_ms)
                     return reply
                 if any(r[0] is conn.mon for r in ready) and conn.drain_monitor():
                     raise errors.ConnectionError(

@@ -39,6 +39,8 @@ class ServerError(InferdClientError):
     """The daemon answered with an error. ``code`` is the wire code, ``message`` its text."""
 
     code: str = "INTERNAL"
+    #: seconds after which the daemon expects a retry to succeed (e.g. while it recovers a GPU), or None
+    retry_after: float | None = None
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
@@ -85,11 +87,12 @@ ERROR_CLASSES: dict[str, type[ServerError]] = {
 }
 
 
-def error_from_wire(code: object, message: object) -> ServerError:
-    """The exception for a wire error; unknown codes (newer daemon) become a plain ServerError."""
+def error_from_wire(code: object, message: object, retry_after_ms: int | None = None) -> ServerError:
+    """The exception for a wire error; unknown codes (newer daemon) become a plain ServerError.
+    ``retry_after`` (seconds or None) carries the daemon's hint that a retry after that long may succeed."""
     code_s = code if isinstance(code, str) else "INTERNAL"
     msg_s = message if isinstance(message, str) else repr(message)
     cls = ERROR_CLASSES.get(code_s)
-    if cls is None:
-        return ServerError(msg_s, code=code_s)
-    return cls(msg_s)
+    exc = ServerError(msg_s, code=code_s) if cls is None else cls(msg_s)
+    exc.retry_after = None if retry_after_ms is None else retry_after_ms / 1e3
+    return exc

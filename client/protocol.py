@@ -130,6 +130,7 @@ class Reply:
     error_code: str | None = None
     error_message: str | None = None
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    retry_after_ms: int | None = None  # an error's hint: a retry after this long may succeed
 
 
 # --------------------------------------------------------------------------- endpoint helpers
@@ -445,10 +446,14 @@ def encode_reply(
     return [_pack(header), *frames]
 
 
-def encode_error(request_id: RequestId, code: str, message: str) -> list[bytes]:
+def encode_error(request_id: RequestId, code: str, message: str, retry_after_ms: int | None = None) -> list[bytes]:
+    """An error reply; ``retry_after_ms``: when a retry may succeed (an UNAVAILABLE during a recovery)."""
     if code not in ERROR_CODES:
         code = INTERNAL
-    header = {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
+    err: dict[str, Any] = {"code": code, "message": message}
+    if retry_after_ms is not None:
+        err["retry_after_ms"] = int(retry_after_ms)
+    header = {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": err}
     return [_pack(header)]
 
 
@@ -468,7 +473,9 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
         err = header.get("error")
         if not isinstance(err, dict):
             err = {}
-        return Reply(id=rid, ok=False, error_code=str(err.get("code", INTERNAL)), error_message=str(err.get("message", "")))
+        ra = err.get("retry_after_ms")
+        return Reply(id=rid, ok=False, error_code=str(err.get("code", INTERNAL)), error_message=str(err.get("message", "")),
+                     retry_after_ms=ra if type(ra) is int and 0 <= ra < 2**31 else None)
     result = header.get("result") or {}
     if not isinstance(result, dict):
         raise WireError(INTERNAL, "reply 'result' must be a map", rid)

@@ -27,6 +27,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 DEVICES = ("auto", "vulkan", "cpu")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+FALLBACKS = ("none", "cpu")
 
 
 class ConfigError(ValueError):
@@ -84,6 +85,14 @@ class Config:
                             default="")
     stall_timeout: float = _opt("float", "stop the systemd watchdog when one run lasts longer than this many "
                                 "seconds, so systemd restarts a hung daemon (0: off)", default=0.0, minimum=0)
+    cache_max_bytes: int = _opt("size", "largest size of the compiled packages in the cache; the least recently "
+                                "used go first (0: half of what the cache could grow to at start, at most 8 GiB)",
+                                default=0, minimum=0)
+    fallback: str = _opt("str", "where a GPU model is served while its device recovers from a fault, or when "
+                         "it does not fit in device memory ('cpu', or 'none': requests wait or get UNAVAILABLE); "
+                         "a model's config.toml can override", default="none", choices=FALLBACKS)
+    gpu_timeout: float = _opt("float", "seconds a GPU dispatch may take before it counts as hung: the request is "
+                              "retried and the device recreated", default=60.0, minimum=0.1)
     config_file: str = field(default="", metadata={"kind": "internal", "help": "the TOML file read, if any"})
 
     def replace(self, **changes: Any) -> Config:

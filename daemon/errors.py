@@ -50,3 +50,24 @@ class KernelError(InferdError):
 
 class BackendError(InferdError):
     """The compute backend (Vulkan device, driver) failed or is unavailable."""
+
+
+class DeviceFault(BackendError):
+    """The device failed under a request or a load in a way the daemon recovers from by recreating
+    the device and reloading its models (the request itself can be run again: inference is idempotent)."""
+
+
+class DeviceLostError(DeviceFault):
+    """``VK_ERROR_DEVICE_LOST``: a driver reset or GPU watchdog took the device away."""
+
+
+class DeviceTimeoutError(DeviceFault):
+    """A submitted dispatch did not finish (its fence did not signal) within the timeout."""
+
+
+class DeviceOutOfMemoryError(DeviceFault):
+    """Out of device memory; ``asked`` and ``free`` (bytes; -1 when unknown) say how far off it was."""
+
+    def __init__(self, message: str, asked: int = -1, free: int = -1) -> None:
+        self.asked, self.free = int(asked), int(free)
+        super().__init__(message)

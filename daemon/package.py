@@ -419,9 +419,11 @@ def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:
 
 def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
                    device: str = "cpu", kernels: dict[str, str] | None = None,
-                   shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False) -> Path:
+                   shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
+                   write: bool = True) -> Path | None:
     """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
-    ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt."""
+    ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt. With
+    ``write`` False (the cache cannot be written now), None instead of compiling."""
     src = Path(src)
     root = Path(cache_root)
     extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
@@ -432,6 +434,8 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
             return pkg
         except WeightsStoreError as e:
             log.warning("compiled package %s is unusable (%s); recompiling", pkg, e)
+    if not write:
+        return None
     root.mkdir(parents=True, exist_ok=True)
     return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes)
 
@@ -459,4 +463,7 @@ def rebuild_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dic
     if not src.is_file() or file_sha256(src) != d.get("model_sha256"):
         raise StalePackageError(f"{pkg}: stale or damaged, and its source {str(src)!r} is gone or changed; "
                                 f"compile it again with 'inferd compile'")
-    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels or d.get("kernels") or None)
+    # a dynamic model is planned again at the shape it was planned at
+    shapes = {r[0]: tuple(r[1]) for r in d.get("inputs") or []} if d.get("dims") else None
+    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels or d.get("kernels") or None,
+                         shapes=shapes)

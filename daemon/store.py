@@ -31,6 +31,7 @@ import msgpack
 import numpy as np
 import xxhash
 
+from . import faults
 from .errors import WeightsStoreError
 
 MAGIC = b"INFDWTS\x00"
@@ -90,6 +91,7 @@ class StoreWriter:
     def add(self, layer: str, tensor: str, array: np.ndarray, kernel: str = "", variant: str = "raw") -> Entry:
         if variant not in ("raw", "transformed"):
             raise ValueError(f"variant must be 'raw' or 'transformed', got {variant!r}")
+        faults.check("cache.write")
         key = (layer, tensor, kernel, variant)
         if key in self._keys:
             raise ValueError(f"duplicate store entry {key}")
@@ -106,6 +108,7 @@ class StoreWriter:
         return e
 
     def close(self) -> Path:
+        faults.check("cache.write")
         index = msgpack.packb({**self.meta, "entries": [
             [e.layer, e.tensor, e.kernel, e.variant, e.dtype, list(e.shape), e.offset, e.size, e.checksum]
             for e in self._entries]}, use_bin_type=True)
@@ -207,6 +210,7 @@ class WeightsStore:
 
     def read(self, entry: Entry, out: np.ndarray | None = None) -> np.ndarray:
         """Read one blob (into ``out`` if given, e.g. an arena view) and verify its checksum."""
+        faults.check("cache.read")
         dt = np.dtype(entry.dtype)
         n = int(np.prod(entry.shape, dtype=np.int64)) * dt.itemsize
         if n != entry.size:
@@ -236,6 +240,7 @@ class WeightsStore:
 
     def _read_span(self, offset: int, size: int) -> np.ndarray:
         """``size`` bytes at ``offset`` (block aligned, as every blob is) into an aligned buffer."""
+        faults.check("cache.read")
         buf = aligned_empty(size)
         fd = self._dfd if self._dfd >= 0 else self._fd
         try:

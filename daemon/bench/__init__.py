@@ -7,6 +7,7 @@
                       [--ablation] [--background]                          cold inference vs peers and floor
     inferd bench shapes [--device cpu|vulkan] [--models a,b] [--out DIR]   dynamic dims: new shape vs cold load,
                                                                            warm at 3 shapes vs onnxruntime
+    inferd bench faults [--device vulkan|cpu] [--models a,b] [--repeat N]  device-loss recovery, warm restart
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "shapes":
         from .shapes_bench import main as shapes_main
         return shapes_main(argv[1:])
+    if argv and argv[0] == "faults":
+        from .fault_bench import main as faults_main
+        return faults_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])

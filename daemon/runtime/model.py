@@ -16,6 +16,7 @@ import numpy as np
 if TYPE_CHECKING:
     import onnx
 
+from .. import cache, faults
 from ..errors import BackendError, PackageOptionsError, WeightsStoreError
 from ..ir import Graph, TensorInfo
 from ..planner.plan import ColdPlan, PlanOptions
@@ -90,6 +91,9 @@ class Model:
         #: folds a cold run's observations into the package's profile (and plan) in idle time
         self._refine: "Callable[[dict[tuple[str, str, str], float]], Any] | None" = None
         self._broken: BaseException | None = None
+        #: the compiled package the model was loaded from (None: compiled in memory); the cache
+        #: never evicts it while the model is loaded
+        self.package: Path | None = None
 
     @property
     def inputs(self) -> list[TensorInfo]:
@@ -149,12 +153,13 @@ class Model:
         with self._lock:
             if self._broken is not None:
                 raise BackendError(f"{self.name}: the model failed to load ({self._broken}); load it again")
+            faults.check("backend.run")
             cold = self._cold
             if cold is None or cold.done:
                 return self._exec.run(feeds)
             try:
                 out = cold.first_run(feeds)
-            except WeightsStoreError as e:
+            except (WeightsStoreError, OSError) as e:  # a damaged store, or a disk failing under the read
                 cold.cancel()
                 if self._recover is None:
                     self._broken = e
@@ -165,7 +170,7 @@ class Model:
                 assert cold is not None
                 try:
                     out = cold.first_run(feeds)
-                except WeightsStoreError as e2:  # damaged right after a rebuild: the disk is failing
+                except (WeightsStoreError, OSError) as e2:  # damaged right after a rebuild: the disk is failing
                     cold.cancel()
                     self._broken = e2
                     raise
@@ -243,7 +248,7 @@ class Model:
         if self._on_close is not None:
             self._on_close()
         self.graph, self._exec, self._cold, self._on_close = other.graph, other._exec, other._cold, other._on_close
-        self.plan = other.plan
+        self.plan, self.package = other.plan, other.package
         self._recover = None  # once: a package that is damaged again right after its rebuild is an error
         other._on_close = None
         other._cold = None
@@ -375,27 +380,55 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
                                     t0))
     if cache_dir is not None and not in_memory and Path(path).is_file():
         src = Path(path)
+        cdir = cache.holder(cache_dir)
+
+        def in_memory_model() -> Model:
+            return _from_source(src, dev, batch, kernels, first, name, opt, loaders, options, time.perf_counter())
 
         def rebuild() -> Path:
-            return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                  rebuild=True)
+            if not cdir.writable():
+                raise WeightsStoreError(f"the cache {cdir.root} is {cdir.state}: not rebuilding there")
+            try:
+                return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
+                                      rebuild=True)
+            except OSError as e:
+                cdir.report(e, f"rebuilding the package of {src.name}")
+                raise WeightsStoreError(f"rebuilding the package of {src} failed: {e}") from e
         try:
-            pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first)
-            return finish(_from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0,
-                                        rebuild))
+            # a cache that failed lately is not written (each try would compile twice); reading a
+            # package already there still works on a read-only one
+            pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
+                                 write=cdir.writable())
+            if pkg is not None:
+                cache.touch(pkg)
+                return finish(_from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0,
+                                            rebuild, in_memory_model))
+        except PackageOptionsError:
+            raise
         except WeightsStoreError as e:
             log.warning("package cache for %s unusable (%s); loading the ONNX file", path, e)
+        except OSError as e:
+            if not src.is_file():
+                raise
+            cdir.report(e, f"compiling {src.name} into the cache")
+    return finish(_from_source(path, dev, batch, kernels, first, name, opt, loaders, options, t0, in_memory))
+
+
+def _from_source(path: Any, dev: str, batch: int, kernels: dict[str, str] | None,
+                 shapes: Mapping[str, Sequence[int]] | None, name: str | None, opt: PlanOptions,
+                 loaders: int | None, options: dict[str, Any], t0: float, in_memory: bool = False) -> Model:
+    """The model compiled in memory from its ONNX source (no cache involved), planned at ``shapes``."""
     from ..frontend import import_template, specialize
 
-    template = import_template(path, batch=batch, shapes=first)
+    template = import_template(path, batch=batch, shapes=shapes)
     mname = name or (template.name if in_memory else Path(path).stem)
-    return finish(_planned_model(mname, specialize(template), dev, kernels, opt, loaders, options, t0, None, None,
-                                 template))
+    return _planned_model(mname, specialize(template), dev, kernels, opt, loaders, options, t0, None, None, template)
 
 
 def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | None, mname: str, opt: PlanOptions,
                   loaders: int | None, options: dict[str, Any], t0: float,
-                  rebuild: "Callable[[], Path] | None" = None) -> Model:
+                  rebuild: "Callable[[], Path] | None" = None,
+                  in_memory: "Callable[[], Model] | None" = None) -> Model:
     """A model from a compiled package, following its stored plan; a damaged or stale package is rebuilt
     (from its source) once, never used."""
     from ..package import fingerprint, open_package, rebuild_package
@@ -417,6 +450,7 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     elif opt != plan.options:  # run-time switches only (stealing, warm switch)
         plan = dataclasses.replace(plan, options=opt)
     model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op, op.template)
+    model.package = op.path
     if op.profile is not None:
         from ..package import refine_package
 
@@ -426,8 +460,15 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         model._refine = lambda observed: refine_package(op.path, backend, used, op.profile, observed, stored)
 
     def recover() -> Model:
-        fresh = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
-        return _from_package(fresh, dev, batch, kernels, mname, opt, loaders, options, time.perf_counter())
+        try:
+            fresh = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
+            return _from_package(fresh, dev, batch, kernels, mname, opt, loaders, options, time.perf_counter())
+        except (WeightsStoreError, OSError) as e:
+            if in_memory is None:
+                raise
+            # the cache cannot give a sound package now (a failing or full disk): the source can
+            log.warning("%s: %s; compiling it in memory", mname, e)
+            return in_memory()
     # a damaged store can be rebuilt where the package records an ONNX file that still exists
     if rebuild is not None or Path(str(op.meta.get("source", ""))).is_file():
         model._recover = recover
@@ -446,6 +487,7 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     from ..package import make_backend, make_plan
     from .cold import ColdLoad
 
+    faults.check("backend.load")
     backend = make_backend(graph, dev, kernels, **options)
     try:
         ws = WeightSource(graph.constants, op.store if op is not None else None, dev)

@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +35,8 @@ from inferd_client import protocol as P
 from ..config import Config, ConfigError, load_config, parse_argv
 from .repository import scan
 from .replies import ReplySender
-from .scheduler import LOADING, READY, UNAVAILABLE, DeviceLock, Job, ModelSlot
+from .. import cache, faults
+from .scheduler import _SHARED_DEVICES, LOADING, READY, RECOVERING, UNAVAILABLE, DeviceLock, Job, ModelSlot
 from .sdnotify import Notifier, setup_logging
 
 log = logging.getLogger("inferd.server")
@@ -108,15 +110,16 @@ def apply_threads(n: int) -> None:
 
 
 def prepare_cache_dir(path: str) -> None:
-    """Create the cache directory and point the GPU drivers' shader caches into it (unless the
-    environment already does), so compiled shaders survive restarts under the service's own dir."""
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        log.warning("cache directory %s unusable: %s", path, exc)
-        return
+    """Point the GPU drivers' shader caches and inferd's SPIR-V and pipeline caches into the cache
+    directory (unless the environment already does), so compiled shaders survive restarts under the
+    service's own dir. An unusable directory is only a slower start: the Server reports it."""
     os.environ.setdefault("MESA_SHADER_CACHE_DIR", os.path.join(path, "mesa"))
     os.environ.setdefault("__GL_SHADER_DISK_CACHE_PATH", os.path.join(path, "nvidia"))
+    os.environ.setdefault("INFERD_CACHE_DIR", path)
+
+
+#: recent fault and recovery events kept for ``status`` (the journal has them all)
+MAX_EVENTS = 32
 
 
 class _RateLimited:
@@ -209,7 +212,20 @@ class Server:
         self._config_path = config_path
         # models are compiled once into packages under the cache dir: later (cold) loads skip ONNX parsing
         # compiled packages (plan, profile, weights store) live in the cache; every loader is given it
-        self.loader = functools.partial(loader or default_loader, cache_dir=str(Path(config.cache_dir) / "packages"))
+        self.packages_dir = str(Path(config.cache_dir) / "packages")
+        self.loader = functools.partial(loader or default_loader, cache_dir=self.packages_dir)
+        self.cache = cache.cache_dir(config.cache_dir)
+        if self.cache.probe() == cache.OK:
+            cache.clean_leftovers(config.cache_dir)
+        self.cache_max_bytes = config.cache_max_bytes or cache.default_max_bytes(config.cache_dir)
+        self._cache_bytes: tuple[float, int] = (-1e9, 0)
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self.event_counts: dict[str, int] = {}
+        self._events_lock = threading.Lock()
+        self._recovery_lock = threading.Lock()
+        self._recover_queue: list[tuple[ModelSlot, bool]] = []
+        self._recovery_thread: threading.Thread | None = None
+        self.last_recovery_s: float | None = None
         self.notifier = Notifier(environ)
         self.ctx = zmq.Context()
         self.device_lock = DeviceLock()
@@ -329,10 +345,15 @@ class Server:
     def _status_line(self) -> str:
         n_ready = sum(1 for s in self.slots.values() if s.state == READY)
         failed = [n for n, s in self.slots.items() if s.state == UNAVAILABLE]
+        recovering = [n for n, s in self.slots.items() if s.state == RECOVERING]
         mem = process_rss() / (1 << 20)
         line = f"{n_ready}/{len(self.slots)} models ready, RSS {mem:.0f} MiB"
         if failed:
             line += f", unavailable: {', '.join(sorted(failed))}"
+        if recovering:
+            line += f", recovering: {', '.join(sorted(recovering))}"
+        if self.cache.state != cache.OK:
+            line += f", cache {self.cache.state}"
         if self.draining:
             line = "stopping: " + line
         return line
@@ -509,7 +530,148 @@ class Server:
             "budget_bytes": self.budget,
             "models": models,
             "totals": {k: sum(m[k] for m in models.values()) for k in ("requests", "ok", "failures")},
+            "cache": {**self.cache.snapshot(), "bytes_used": self.cache_bytes(), "max_bytes": self.cache_max_bytes},
+            "faults": self.fault_status(),
         }
+
+    def cache_bytes(self) -> int:
+        """Bytes the cache directory holds (walked at most every 2 s: status may be polled)."""
+        t, n = self._cache_bytes
+        now = time.monotonic()
+        if now - t > 2.0:
+            n = cache.tree_bytes(self.config.cache_dir)
+            self._cache_bytes = (now, n)
+        return n
+
+    def fault_status(self) -> dict[str, Any]:
+        with self._events_lock:
+            out: dict[str, Any] = {"counts": dict(self.event_counts), "recent": list(self.events),
+                                   "recovering": sorted(n for n, s in self.slots.items() if s.state == RECOVERING),
+                                   "last_recovery_s": self.last_recovery_s}
+        if faults.enabled:
+            out["injected"] = faults.fired()
+        return out
+
+    # ------------------------------------------------------------------ loads, faults, recovery
+
+    def load(self, slot: ModelSlot, path: str, device: str, batch: int, **dynamic: Any) -> Any:
+        """Load one model through the loader (the package cache's health is the loader's business),
+        then keep the packages under ``cache_max_bytes``. Any thread. ``dynamic``: the model's shapes to
+        prepare and bounds, where its config sets them."""
+        if device != "cpu":
+            try:
+                from ..vulkan.device import set_fence_timeout
+
+                set_fence_timeout(self.config.gpu_timeout)
+            except Exception:  # no Vulkan module here: nothing waits on fences
+                pass
+        model = self.loader(path, device=device, batch=batch, **dynamic)
+        if hasattr(model, "max_variants"):
+            mv = slot.entry.config.max_variants
+            model.max_variants = mv if mv is not None else self.config.max_variants
+        if self.cache.state == cache.OK:
+            keep = {str(p) for s in list(self.slots.values()) for m in (s.model, s.fallback_model, model)
+                    if (p := getattr(m, "package", None)) is not None}
+            cache.evict(self.packages_dir, self.cache_max_bytes, keep)
+        return model
+
+    def record_event(self, model: str, kind: str, detail: str) -> None:
+        """A fault or recovery: counted, kept for status, and logged (the journal under systemd)."""
+        ev = {"time": round(time.time(), 3), "model": model, "event": kind, "detail": detail[:500]}
+        with self._events_lock:
+            self.events.append(ev)
+            self.event_counts[kind] = self.event_counts.get(kind, 0) + 1
+        level = logging.INFO if kind in ("recovered",) else logging.WARNING
+        self._rl(level, "model %s: %s: %s", model, kind, detail)
+
+    def retry_after_ms(self) -> int:
+        """The hint sent with an UNAVAILABLE during a recovery: about one recovery's time."""
+        last = self.last_recovery_s
+        return int(1000 * min(30.0, max(0.2, last if last is not None else 1.0)))
+
+    def note_deadline(self, deadline: float | None) -> None:
+        """A requeued job's deadline (a benign race from worker threads: the sweep may run early, never late)."""
+        if deadline is not None and deadline < self._next_sweep:
+            self._next_sweep = deadline
+
+    def on_fault(self, slot: ModelSlot, model: Any, exc: BaseException, kind: str | None) -> None:
+        """A run hit a device or cache fault: record it and start the recovery (once per fault: a
+        fault of a model already being recovered only counts)."""
+        self.record_event(slot.name, f"{kind}_fault", f"{type(exc).__name__}: {exc}")
+        with self._recovery_lock:
+            if model is not slot.model or slot.state != READY:
+                return  # the fallback's fault, or a recovery already took this model away
+            vulkan = kind == "device" and slot.device in _SHARED_DEVICES
+            if not slot.begin_recovery(f"{type(exc).__name__}: {exc}"):
+                return
+            self._recover_queue.append((slot, vulkan))
+            if self._recovery_thread is None:
+                self._recovery_thread = threading.Thread(target=self._recovery_loop, name="inferd-recovery",
+                                                         daemon=True)
+                self._recovery_thread.start()
+
+    def _recovery_loop(self) -> None:
+        sender = self.reply_sender()
+        try:
+            while True:
+                with self._recovery_lock:
+                    items, self._recover_queue = self._recover_queue, []
+                    if not items:
+                        self._recovery_thread = None
+                        return
+                slots = list(dict.fromkeys(s for s, _ in items))
+                try:
+                    self._recover(slots, any(v for _, v in items), sender)
+                except Exception:  # never leave slots RECOVERING because of a bug here
+                    log.exception("recovery failed")
+                    for s in slots:
+                        s.finish_recovery(sender)
+        finally:
+            sender.close()
+
+    def _recover(self, slots: list[ModelSlot], vulkan: bool, sender: Any) -> None:
+        """Serve on the CPU fallbacks, drop the failed models (and the Vulkan device: every model on it
+        goes with it), then load them again on a fresh device."""
+        t0 = time.monotonic()
+
+        def join_device_models() -> None:
+            for s in list(self.slots.values()):
+                if s not in slots and s.device in _SHARED_DEVICES and s.begin_recovery("the Vulkan device is recreated"):
+                    slots.append(s)
+        if vulkan:
+            join_device_models()
+        sender.event("state", "")
+        for s in slots:
+            s.load_fallback()
+        # ahead of every waiter: runs on the failed device have no use any more
+        with self.device_lock.hold(1 << 30, 1 << 30):
+            if vulkan:
+                join_device_models()
+            for s in slots:
+                m = s.take_model()
+                if m is not None:
+                    try:
+                        m.close()
+                    except Exception as exc:  # a lost device may refuse even that
+                        log.debug("model %s: close after a fault: %s", s.name, exc)
+            if vulkan:
+                try:
+                    from ..vulkan.device import close_shared_device
+
+                    close_shared_device()
+                except Exception as exc:
+                    log.warning("closing the failed Vulkan device: %s: %s", type(exc).__name__, exc)
+        t_reload = time.monotonic()
+        results = [(s.name, *s.finish_recovery(sender)) for s in slots]
+        dt = time.monotonic() - t0
+        self.last_recovery_s = dt
+        ok = [n for n, good, _ in results if good]
+        bad = [f"{n}: {why}" for n, good, why in results if not good]
+        what = "device recreated, " if vulkan else ""
+        self.record_event(",".join(n for n, *_ in results), "recovered" if not bad else "recovery_failed",
+                          f"{what}{len(ok)}/{len(results)} models back in {dt:.3f} s (reload {time.monotonic() - t_reload:.3f} s)"
+                          + (f"; failed: {'; '.join(bad)}" if bad else ""))
+        sender.event("state", "")
 
     # ------------------------------------------------------------------ signals, reload, drain
 

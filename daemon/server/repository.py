@@ -17,6 +17,7 @@ Layout::
         shapes = [{ x = [1, 3, 32, 128] }, { x = [1, 3, 32, 256] }]
         max_shape = { x = [8, 3, 32, 1024] }   # larger requests get INVALID_ARG
         max_variants = 4              # shapes kept besides the first (default: the daemon's `max_variants`)
+        fallback = "cpu"              # serve on the CPU while the GPU recovers (default: the daemon's `fallback`)
 
 A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
 """
@@ -52,6 +53,7 @@ class ModelConfig:
     shapes: tuple[dict[str, tuple[int, ...]], ...] = ()
     max_shape: dict[str, tuple[int, ...]] | None = None
     max_variants: int | None = None
+    fallback: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class ModelEntry:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
-    "shapes": (list,), "max_shape": (dict,), "max_variants": (int,),
+    "shapes": (list,), "max_shape": (dict,), "max_variants": (int,), "fallback": (str,),
 }
 
 
@@ -96,6 +98,8 @@ def parse_model_config(path: str) -> ModelConfig:
         values[key] = value
     if "device" in values and values["device"] not in ("auto", "vulkan", "cpu"):
         raise ValueError(f"{path}: 'device' must be auto, vulkan or cpu, got {values['device']!r}")
+    if "fallback" in values and values["fallback"] not in ("none", "cpu"):
+        raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
     if values.get("max_queue", 1) < 1 or values.get("batch", 1) < 1:
         raise ValueError(f"{path}: 'max_queue' and 'batch' must be >= 1")
     if values.get("max_variants", 0) < 0:

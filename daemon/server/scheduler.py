@@ -33,6 +33,8 @@ UNLOADED = "UNLOADED"
 LOADING = "LOADING"
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
+#: a fault took the model's device (or its store) away; its requests wait, or run on the CPU fallback
+RECOVERING = "RECOVERING"
 
 QUEUED, TAKEN, DONE = 0, 1, 2
 
@@ -83,6 +85,7 @@ class Job:
     outputs: list[str] | None = None
     state: int = QUEUED
     sig: Any = None  # the signature (slot.inputs list) the feeds were checked against at submit
+    retried: bool = False  # run once more after a device fault (inference is idempotent); never twice
 
 
 def _pct(samples: deque[float]) -> dict[str, float]:
@@ -106,6 +109,10 @@ class Stats:
     rejected: int = 0
     loads: int = 0
     load_failures: int = 0
+    faults: int = 0
+    retried: int = 0
+    recoveries: int = 0
+    on_fallback: int = 0
     last_load_s: float = 0.0
     queue_s: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
     compute_s: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
@@ -125,7 +132,8 @@ class Stats:
         with self.lock:
             q, c = list(self.queue_s), list(self.compute_s)
             d = {k: getattr(self, k) for k in ("requests", "ok", "failed", "expired", "cancelled", "rejected",
-                                                "loads", "load_failures")}
+                                                "loads", "load_failures", "faults", "retried", "recoveries",
+                                                "on_fallback")}
             d["last_load_s"] = round(self.last_load_s, 4)
         d["failures"] = d["failed"] + d["expired"] + d["cancelled"] + d["rejected"]
         d["queue_ms"] = _pct(deque(q))
@@ -166,6 +174,10 @@ class ModelSlot:
         self.reason = "not loaded yet"
         self.model: Any = None
         self.device: str | None = None
+        #: the CPU model that serves while the primary recovers (``fallback = "cpu"``)
+        self.fallback_model: Any = None
+        #: held around every change of ``model``: the worker's loads and the server's recoveries
+        self.load_lock = threading.Lock()
         self.inputs: list[dict[str, Any]] = []
         self._expected: dict[str, dict[str, Any]] = {}
         self.outputs: list[dict[str, Any]] = []
@@ -192,6 +204,11 @@ class ModelSlot:
     @property
     def max_queue(self) -> int:
         return self.entry.config.max_queue or self.server.config.max_queue
+
+    @property
+    def fallback(self) -> str:
+        f = self.entry.config.fallback
+        return self.server.config.fallback if f is None else f
 
     @property
     def preload(self) -> bool:
@@ -430,7 +447,7 @@ class ModelSlot:
                 task: tuple[str, Any] | None = None
                 job: Job | None = None
                 with self.cond:
-                    while not self._control and not (self.state == READY and self.queued):
+                    while not self._control and not (self._serving() and self.queued):
                         self.cond.wait()
                     if self._control:
                         task = self._control[0]
@@ -462,6 +479,20 @@ class ModelSlot:
         finally:
             sender.close()
 
+    def _serving(self) -> bool:
+        return self.state == READY or (self.state == RECOVERING and self.fallback_model is not None)
+
+    def _requeue(self, job: Job) -> None:
+        """Put a job that hit a fault back at the head of its priority (its seq keeps its place)."""
+        with self.cond:
+            job.state = QUEUED
+            heapq.heappush(self._heap, (-job.priority, job.seq, job))
+            if job.deadline is not None:
+                heapq.heappush(self._dl_heap, (job.deadline, job.seq, job))
+            self.queued += 1
+            self.cond.notify()
+        self.server.note_deadline(job.deadline)
+
     def _pop_locked(self) -> Job | None:
         while self._heap:
             job = heapq.heappop(self._heap)[2]
@@ -486,7 +517,10 @@ class ModelSlot:
             return
         feeds = job.feeds or {}
         job.feeds = None  # the deadline heap may keep the job a while: do not keep its tensors
-        model = self.model
+        with self._mutex:
+            on_fallback = self.state == RECOVERING and self.fallback_model is not None
+            model = self.fallback_model if on_fallback else self.model
+            device = "cpu" if on_fallback else self.device
         try:
             if job.sig is not self.inputs:  # not checked yet, or the model was reloaded since
                 feeds, err = self.check_feeds(feeds)
@@ -495,7 +529,8 @@ class ModelSlot:
             t_start = now if job.sig is self.inputs else time.monotonic()
             queue_s = t_start - job.t_recv
             self.running_since = t_start  # one attribute store: atomic, read by the main thread's stall check
-            device = self.device
+            if model is None:
+                raise _Gone()
             if device in _SHARED_DEVICES:
                 with self._device_ctx(device, job.priority):
                     out = model.run(feeds)
@@ -507,7 +542,7 @@ class ModelSlot:
                 if missing:
                     raise _Invalid(f"model {self.name!r} has no output(s) {missing}; outputs are {sorted(out)}")
                 out = {k: out[k] for k in job.outputs}
-            frames = P.encode_reply(job.req_id, {"model": self.name, "device": self.device,
+            frames = P.encode_reply(job.req_id, {"model": self.name, "device": device,
                                                  "queue_us": round(queue_s * 1e6, 1),
                                                  "compute_us": round(compute * 1e6, 1)}, out)
         except _Invalid as exc:
@@ -515,15 +550,35 @@ class ModelSlot:
             sender.send(job.ident, P.encode_error(job.req_id, P.INVALID_ARG, str(exc)))
             return
         except Exception as exc:
+            kind = fault_kind(exc)
+            # a run on a model that a recovery took away meanwhile failed for that reason alone
+            gone = isinstance(exc, _Gone) or (model is not self.model and model is not self.fallback_model)
+            if kind is not None or gone:
+                if not gone:
+                    self.stats.incr("faults")
+                    self.server.on_fault(self, model, exc, kind)
+                if not job.retried:
+                    job.retried = True
+                    job.feeds = feeds
+                    self.stats.incr("retried")
+                    self._requeue(job)
+                    return
+                self.stats.add(failed=1)
+                sender.send(job.ident, P.encode_error(
+                    job.req_id, P.UNAVAILABLE, f"model {self.name!r}: {type(exc).__name__}: {exc} (hit twice; the "
+                    "daemon is recovering the device: retry later)", retry_after_ms=self.server.retry_after_ms()))
+                return
             self.stats.add(failed=1)
             code, msg = _classify(self.name, exc)
             if code == P.INTERNAL:
                 log.exception("model %s: run failed", self.name)
             sender.send(job.ident, P.encode_error(job.req_id, code, msg))
             return
-        self._compute_ema = compute if self._compute_ema is None else 0.8 * self._compute_ema + 0.2 * compute
+        if not on_fallback:
+            self._compute_ema = compute if self._compute_ema is None else 0.8 * self._compute_ema + 0.2 * compute
         with self.stats.lock:
             self.stats.ok += 1
+            self.stats.on_fallback += on_fallback
             self.stats.queue_s.append(queue_s)
             self.stats.compute_s.append(compute)
         sender.send(job.ident, frames)
@@ -539,13 +594,18 @@ class ModelSlot:
             for ident, rid in waiters:
                 sender.send(ident, P.encode_reply(rid, info))
             return
+        with self.load_lock:
+            self._do_load_locked(sender)
+
+    def load_model(self) -> tuple[Any, str]:
+        """Load the model on its device: (model, reason). A device fault at load (out of device memory,
+        device lost) with ``fallback = "cpu"`` loads it on the CPU instead, the reason saying why."""
         entry = self.entry
         device = entry.config.device or self.server.config.device
-        t0 = time.perf_counter()
         log.info("model %s: loading %s on %s", self.name, entry.path, device)
+        if entry.error:
+            raise RuntimeError(entry.error)
         try:
-            if entry.error:
-                raise RuntimeError(entry.error)
             cfg = entry.config
             dynamic: dict[str, Any] = {}
             if cfg.shapes:
@@ -553,10 +613,19 @@ class ModelSlot:
             if cfg.max_shape:
                 dynamic["max_shape"] = dict(cfg.max_shape)
             with self._device_ctx(device):
-                model = self.server.loader(entry.path, device=device, batch=cfg.batch, **dynamic)
-            if hasattr(model, "max_variants"):
-                model.max_variants = cfg.max_variants if cfg.max_variants is not None else \
-                    self.server.config.max_variants
+                return self.server.load(self, entry.path, device, cfg.batch, **dynamic), ""
+        except Exception as exc:
+            if fault_kind(exc) != "device" or self.fallback != "cpu" or device == "cpu":
+                raise
+            reason = f"on the CPU (fallback): loading on {device} failed: {type(exc).__name__}: {exc}"
+            log.warning("model %s: %s", self.name, reason)
+            self.server.record_event(self.name, "load_fallback", str(exc))
+            return self.server.load(self, entry.path, "cpu", cfg.batch, **dynamic), reason
+
+    def _do_load_locked(self, sender: ReplySender) -> None:
+        t0 = time.perf_counter()
+        try:
+            model, note = self.load_model()
         except Exception as exc:
             dt = time.perf_counter() - t0
             reason = f"load failed: {type(exc).__name__}: {exc}"
@@ -581,12 +650,12 @@ class ModelSlot:
         old = self.model
         with self.cond:
             self.model = model
-            self.device = str(getattr(model, "device", device))
+            self.device = str(getattr(model, "device", "?"))
             self.inputs = tensor_sig(model.inputs, getattr(model, "dims", None))
             self._expected = {s["name"]: {**s, "np_dtype": np.dtype(s["dtype"]), "tshape": tuple(s["shape"])}
                               for s in self.inputs}
             self.outputs = tensor_sig(model.outputs)
-            self.state, self.reason = READY, ""
+            self.state, self.reason = READY, note
             self._compute_ema = None
             self.stats.last_load_s = dt
             waiters, self._load_waiters = self._load_waiters, []
@@ -596,6 +665,7 @@ class ModelSlot:
         log.info("model %s: ready on %s in %.3f s (%d bytes)", self.name, self.device, dt, self.memory_bytes())
         if old is not None:
             self._close(old)
+        self._drop_fallback()
         for ident, rid in waiters:
             sender.send(ident, P.encode_reply(rid, info))
 
@@ -607,6 +677,11 @@ class ModelSlot:
             log.exception("model %s: close failed", self.name)
 
     def _do_unload(self, sender: ReplySender, final: bool, reason: str | None = None) -> None:
+        with self.load_lock:
+            self._do_unload_locked(sender, final, reason)
+        self._drop_fallback()
+
+    def _do_unload_locked(self, sender: ReplySender, final: bool, reason: str | None = None) -> None:
         with self.cond:
             model, self.model = self.model, None
             self.state = UNLOADED
@@ -626,8 +701,109 @@ class ModelSlot:
             sender.send(ident, P.encode_error(rid, P.UNAVAILABLE, f"model {self.name!r}: {self.reason}"))
 
 
+    # ------------------------------------------------------------------ recovery (the server's thread)
+
+    def begin_recovery(self, why: str) -> bool:
+        """Stop using the model (its device failed); requests wait, or run on the fallback. False when
+        the slot has nothing to recover (not loaded)."""
+        with self.cond:
+            if self.model is None or self.state not in (READY, RECOVERING):
+                return False
+            self.state, self.reason = RECOVERING, f"recovering: {why}"
+            self.cond.notify_all()
+        return True
+
+    def load_fallback(self) -> None:
+        """Bring up the CPU model that serves while the device recovers (when configured)."""
+        if self.fallback != "cpu" or self.device == "cpu" or self.fallback_model is not None:
+            return
+        try:
+            model = self.server.load(self, self.entry.path, "cpu", self.entry.config.batch)
+        except Exception as exc:
+            log.error("model %s: the CPU fallback failed to load: %s: %s", self.name, type(exc).__name__, exc)
+            return
+        with self.cond:
+            if self.state != RECOVERING:  # the recovery ended meanwhile
+                late = model
+            else:
+                late, self.fallback_model = None, model
+                self.reason += "; serving on the CPU meanwhile"
+                self.cond.notify_all()
+        if late is not None:
+            self._close(late)
+        else:
+            log.warning("model %s: serving on the CPU while the device recovers", self.name)
+
+    def take_model(self) -> Any:
+        """Detach the failed model (closed by the caller, with the device lock held)."""
+        with self.cond:
+            model, self.model = self.model, None
+        return model
+
+    def finish_recovery(self, sender: ReplySender) -> tuple[bool, str]:
+        """Load the model again after its device was recreated; (ok, what happened)."""
+        with self.load_lock:
+            with self.cond:
+                if self.state != RECOVERING:  # unloaded or retired meanwhile
+                    return False, f"not recovered: {self.state}"
+            try:
+                model, note = self.load_model()
+            except Exception as exc:
+                reason = f"recovery failed: {type(exc).__name__}: {exc}"
+                log.error("model %s: %s", self.name, reason)
+                with self.cond:
+                    fb, self.fallback_model = self.fallback_model, None
+                    if fb is not None:
+                        # the CPU model serves on as the model itself until a reload works
+                        self.model, self.device = fb, "cpu"
+                        self.state, self.reason = READY, f"on the CPU (fallback): {reason}"
+                        cancelled: list[Job] = []
+                    else:
+                        self.state, self.reason = UNAVAILABLE, reason
+                        cancelled = self._cancel_queued_locked()
+                    self.cond.notify_all()
+                for job in cancelled:
+                    sender.send(job.ident, P.encode_error(job.req_id, P.UNAVAILABLE, f"model {self.name!r}: {reason}",
+                                                          retry_after_ms=self.server.retry_after_ms()))
+                return fb is not None, reason
+            with self.cond:
+                self.model = model
+                self.device = str(getattr(model, "device", "?"))
+                self.state, self.reason = READY, note
+                self._compute_ema = None
+                self.cond.notify_all()
+        self.stats.incr("recoveries")
+        self._drop_fallback()
+        return True, note or "ok"
+
+    def _drop_fallback(self) -> None:
+        with self.cond:
+            fb, self.fallback_model = (self.fallback_model, None) if self.state != RECOVERING else (None, None)
+        if fb is not None:
+            # a run on it may still be under way in this slot's worker: Model.close waits for it
+            self._close(fb)
+
+
 class _Invalid(Exception):
     pass
+
+
+class _Gone(Exception):
+    """The slot's model was taken away (a recovery) between picking the job and running it."""
+
+
+def fault_kind(exc: BaseException) -> str | None:
+    """'device' for a device fault (lost, out of memory, hung), 'cache' for a failing disk under a
+    package, None for everything else (the model's own errors, bad input)."""
+    try:
+        from inferd.errors import DeviceFault, WeightsStoreError  # noqa: PLC0415 - engine import kept lazy
+    except Exception:  # pragma: no cover
+        return None
+    if isinstance(exc, DeviceFault):
+        return "device"
+    if isinstance(exc, (OSError, WeightsStoreError)):
+        return "cache"
+    return None
 
 
 def _classify(name: str, exc: Exception) -> tuple[str, str]:

@@ -343,8 +343,7 @@ class VulkanColdBackend:
             dev = self.device
             self.io.write(feeds)
             vk.vkResetFences(dev.device, 1, [self._fence])
-            with dev.queue_lock:
-                vk.vkQueueSubmit(dev.queue, 1, self._warm_submit, self._fence)
+            dev.queue_submit(self._warm_submit, self._fence)
             dev.wait_fence(self._fence)
             out = self.io.read()
             self._warm_ran = True
@@ -735,9 +734,8 @@ class VulkanColdBackend:
         self._seg = None
         vk.vkEndCommandBuffer(cb)
         dev = self.device
-        with dev.queue_lock:
-            vk.vkQueueSubmit(dev.queue, 1, [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])],
-                             fence if fence is not None else vk.VK_NULL_HANDLE)
+        dev.queue_submit([vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])],
+                         fence if fence is not None else vk.VK_NULL_HANDLE)
 
     def _drop_segments(self, wait: bool) -> None:
         """Free the first run's segment command buffers; ``wait``: some may still execute (a run that

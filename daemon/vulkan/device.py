@@ -28,7 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import BackendError
+from .. import faults
+from ..errors import (BackendError, DeviceFault, DeviceLostError, DeviceOutOfMemoryError,
+                      DeviceTimeoutError)
 from .shaders import ShaderCache, ShaderModule, default_cache_dir
 
 log = logging.getLogger("inferd.vulkan")
@@ -100,6 +102,8 @@ class Region:
     mapped: np.ndarray | None
     label: str
     _raw_map: Any = field(default=None, repr=False)
+    heap: int = -1  # memory heap and allocation size, for the bytes-free figure of an OOM error
+    alloc_size: int = 0
 
     def view(self, offset: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
         assert self.mapped is not None, f"region {self.label} is not host-visible"
@@ -119,6 +123,14 @@ class Pipeline:
 
 _devices: "weakref.WeakSet[VulkanDevice]" = weakref.WeakSet()
 _shared: "VulkanDevice | None" = None
+#: how long a fence wait lasts before the dispatch counts as hung (DeviceTimeoutError); the daemon
+#: sets it from its ``gpu_timeout`` option
+fence_timeout_s: float = 120.0
+
+
+def set_fence_timeout(seconds: float) -> None:
+    global fence_timeout_s
+    fence_timeout_s = float(seconds)
 _shared_lock = threading.Lock()
 _available: bool | None = None
 
@@ -371,6 +383,7 @@ class VulkanDevice:
         self._mem_types = [(int(mp.memoryTypes[i].propertyFlags), int(mp.memoryTypes[i].heapIndex))
                            for i in range(mp.memoryTypeCount)]
         self._heaps = [int(mp.memoryHeaps[i].size) for i in range(mp.memoryHeapCount)]
+        self._heap_used = [0] * len(self._heaps)
         exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
         self._feedback = "VK_EXT_pipeline_creation_feedback" in exts
         log.info("Vulkan device %d: %s (%s, vendor 0x%04x, subgroup %d)", idx, self.name, self.device_type,
@@ -437,12 +450,26 @@ class VulkanDevice:
         if type_idx is None:
             vk.vkDestroyBuffer(self.device, buf, None)
             raise BackendError(f"{label}: no memory type for a {size}-byte buffer (heaps {self._heaps})")
+        heap = self._mem_types[type_idx][1]
         try:
+            faults.check("vulkan.alloc")
             mem = vk.vkAllocateMemory(self.device, vk.VkMemoryAllocateInfo(allocationSize=req.size,
                                                                           memoryTypeIndex=type_idx), None)
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory, DeviceOutOfMemoryError) as e:
+            vk.vkDestroyBuffer(self.device, buf, None)
+            free = max(0, self._heaps[heap] - self._heap_used[heap])
+            raise DeviceOutOfMemoryError(
+                f"{label}: out of device memory: asked {req.size} bytes, about {free} free of heap {heap}'s "
+                f"{self._heaps[heap]} ({self._heap_used[heap]} held by inferd) ({type(e).__name__})",
+                asked=int(req.size), free=free) from e
+        except vk.VkErrorDeviceLost as e:
+            vk.vkDestroyBuffer(self.device, buf, None)
+            raise DeviceLostError(f"{label}: the Vulkan device was lost (VK_ERROR_DEVICE_LOST)") from e
         except Exception as e:
             vk.vkDestroyBuffer(self.device, buf, None)
             raise BackendError(f"{label}: vkAllocateMemory of {req.size} bytes failed: {e!r}") from e
+        with self._lock:
+            self._heap_used[heap] += int(req.size)
         vk.vkBindBufferMemory(self.device, buf, mem, 0)
         flags = self._mem_types[type_idx][0]
         # force_staging: leave device regions unmapped even where the only memory is host-visible (lavapipe)
@@ -451,7 +478,7 @@ class VulkanDevice:
         if hv:
             raw = vk.vkMapMemory(self.device, mem, 0, req.size, 0)
             mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
-        return Region(buf, mem, size, hv, bool(flags & HC), mapped, label, raw)
+        return Region(buf, mem, size, hv, bool(flags & HC), mapped, label, raw, heap, int(req.size))
 
     def free_region(self, r: Region | None) -> None:
         if r is None or self.closed:
@@ -462,6 +489,9 @@ class VulkanDevice:
             vk.vkUnmapMemory(self.device, r.memory)
         vk.vkDestroyBuffer(self.device, r.buffer, None)
         vk.vkFreeMemory(self.device, r.memory, None)
+        if r.heap >= 0:
+            with self._lock:
+                self._heap_used[r.heap] -= r.alloc_size
 
     def flush(self, r: Region, offset: int = 0, size: int | None = None) -> None:
         """Make host writes visible to the device (a no-op on coherent memory)."""
@@ -570,18 +600,44 @@ class VulkanDevice:
             finally:
                 vk.vkFreeCommandBuffers(self.device, self._cmd_pool, 1, [cb])
 
-    def submit_and_wait(self, cb: Any, fence: Any, timeout_ns: int = 120 * 10**9) -> None:
+    def submit_and_wait(self, cb: Any, fence: Any, timeout_ns: int | None = None) -> None:
         vk.vkResetFences(self.device, 1, [fence])
         info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])
-        with self.queue_lock:
-            vk.vkQueueSubmit(self.queue, 1, [info], fence)
+        self.queue_submit([info], fence)
         self.wait_fence(fence, timeout_ns)
 
-    def wait_fence(self, fence: Any, timeout_ns: int = 120 * 10**9) -> None:
+    def queue_submit(self, infos: Sequence[Any], fence: Any) -> None:
+        """``vkQueueSubmit`` under the queue lock; the device faults a submit can report as DeviceFault."""
         try:
+            with self.queue_lock:
+                vk.vkQueueSubmit(self.queue, len(infos), infos, fence)
+        except vk.VkErrorDeviceLost as e:
+            raise DeviceLostError("the Vulkan device was lost (VK_ERROR_DEVICE_LOST) at vkQueueSubmit") from e
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as e:
+            raise DeviceOutOfMemoryError(f"out of memory at vkQueueSubmit ({type(e).__name__})") from e
+
+    def wait_fence(self, fence: Any, timeout_ns: int | None = None) -> None:
+        if timeout_ns is None:
+            timeout_ns = int(fence_timeout_s * 1e9)
+        try:
+            if faults.enabled:
+                try:
+                    faults.check("vulkan.fence")
+                except DeviceFault:
+                    # an injected fault leaves the queue as a real one would after the wait: the work
+                    # is over (a test process must not free command buffers the device still runs)
+                    vk.vkWaitForFences(self.device, 1, [fence], vk.VK_TRUE, timeout_ns)
+                    raise
             r = vk.vkWaitForFences(self.device, 1, [fence], vk.VK_TRUE, timeout_ns)
         except vk.VkTimeout:
-            raise BackendError(f"Vulkan queue did not finish within {timeout_ns / 1e9:.0f} s") from None
+            raise DeviceTimeoutError(f"the Vulkan queue did not finish within {timeout_ns / 1e9:.3g} s "
+                                     "(a hung dispatch: the device is recreated)") from None
+        except vk.VkErrorDeviceLost as e:
+            raise DeviceLostError("the Vulkan device was lost (VK_ERROR_DEVICE_LOST) while waiting for a fence") from e
+        except vk.VkErrorOutOfDeviceMemory as e:
+            raise DeviceOutOfMemoryError("out of device memory while running (VK_ERROR_OUT_OF_DEVICE_MEMORY)") from e
+        except DeviceFault:
+            raise
         except Exception as e:
             raise BackendError(f"vkWaitForFences failed: {e!r}") from e
         if r not in (None, vk.VK_SUCCESS):

@@ -174,7 +174,9 @@ class PipelineCache:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(self.path, blob, fsync=True)
             except OSError as e:
-                log.warning("cannot save the pipeline cache to %s: %s", self.path, e)
+                from .. import cache
+
+                cache.report(self.path, e, "saving the Vulkan pipeline cache")
                 return False
             self.dirty = False
             log.debug("saved pipeline cache %s (%d bytes of driver data)", self.path, len(data))

@@ -561,7 +561,9 @@ class ShaderCache:
                 atomic_write(man_p, json.dumps(meta, indent=1).encode())
                 atomic_write(d / f"src-{self._key(mod.name, mod.defines, '*')}.txt", mod.key.encode())
             except OSError as e:
-                log.warning("cannot write SPIR-V cache under %s: %s", d, e)
+                from .. import cache
+
+                cache.report(d, e, "writing the SPIR-V cache")
 
     def manifest_index(self) -> dict[str, Any]:
         """Every variant this cache knows in memory: {key: {name, defines, manifest}} (for tools and tests)."""
