@@ -123,7 +123,8 @@ def bench_model(name: str, device: str, work: Path, repeat: int, cold_repeat: in
 
 def table(data: dict[str, Any]) -> str:
     mi = data["machine"]
-    lines = [f"# inferd with dynamic input dimensions, {data['device']}", "",
+    gpu = f" ({data['gpu']})" if data.get("gpu") else ""
+    lines = [f"# inferd with dynamic input dimensions, {data['device']}{gpu}", "",
              f"Date {mi['date']}; {mi['cpu']}, {mi['cores']} cores; onnxruntime {data.get('onnxruntime')}; "
              f"{data['threads']} threads for both engines; inferd at {data.get('commit', '?')}.", "",
              "Cold = a fresh process (libraries imported, the package's page cache dropped) loads the compiled package "
@@ -170,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
                                 timeout=10).stdout.strip() or "?"
     except OSError:
         commit = "?"
-    data: dict[str, Any] = {"machine": machine_info(), "device": args.device, "threads": args.threads,
+    gpu = ""
+    if args.device == "vulkan":
+        from inferd.vulkan.device import get_device
+
+        gpu = str(get_device().fingerprint().get("device_name", ""))
+    data: dict[str, Any] = {"machine": machine_info(), "device": args.device, "gpu": gpu, "threads": args.threads,
                             "repeat": args.repeat, "cold_repeat": args.cold_repeat,
                             "onnxruntime": onnxruntime.__version__, "commit": commit, "results": []}
     with tempfile.TemporaryDirectory(prefix="inferd-shapes-") as td:
@@ -181,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'x'.join(map(str, row['shape']))}: prepare {fmt(row.get('prepare_ms'), '.2f')} ms, warm "
                 f"{row['inferd_warm_ms']:.2f} vs ort {row['ort_warm_ms']:.2f} ms" for row in r["rows"]), flush=True)
     md = table(data)
-    jp, mp = write_results(args.out, f"shapes_{args.device}", data, md)
+    tag = f"_{gpu.split()[0].lower()}" if gpu else ""
+    jp, mp = write_results(args.out, f"shapes_{args.device}{tag}", data, md)
     print(md)
     print(f"wrote {jp} and {mp}")
     return 0
