@@ -31,9 +31,13 @@ def machine_info() -> dict[str, Any]:
         npv = np.__version__
     except Exception:
         npv = "?"
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]  # other work on the machine while it was measured
+    except OSError:
+        load = []
     return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
             "machine": platform.machine(), "python": platform.python_version(), "numpy": npv,
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "loadavg": load}
 
 
 def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:

@@ -75,29 +75,54 @@ def _ort(path: Path, threads: int) -> Any:
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def bench_model(name: str, device: str, work: Path, repeat: int, cold_repeat: int, threads: int) -> dict[str, Any]:
+def base_shape(pkg: Path) -> tuple[int, ...]:
+    """The shape a package's model is planned at (its first input's, as recorded)."""
+    from inferd.package import read_plan
+
+    return tuple(read_plan(pkg / "plan.bin")["inputs"][0][1])
+
+
+def bench_model(name: str, device: str, work: Path, repeat: int, cold_repeat: int, threads: int,
+                prepare_repeat: int = 5) -> dict[str, Any]:
     import inferd
     from inferd.package import cached_package
     from inferd.zoo import write_zoo
 
     src = write_zoo(work / "zoo", [name])[name]
     pkg = cached_package(src, work / "cache", device=device)
-    m = inferd.load(pkg, device=device)
-    base = tuple(m.inputs[0].shape)
+    cold = _cold_ms(pkg, device, base_shape(pkg), cold_repeat)
     rng = np.random.default_rng(1)
-    feeds0 = {"input": rng.standard_normal(base).astype(np.float32)}
-    m.run(feeds0)
-    m.wait_warm(60)
-    cold = _cold_ms(pkg, device, base, cold_repeat)
+
+    def resident() -> Any:
+        """The model loaded from its package, answered once, idle-time work (warm switch, plan
+        refinement) finished: what a daemon holds when a request at a new shape comes."""
+        m = inferd.load(pkg, device=device)
+        m.run({"input": rng.standard_normal(m.inputs[0].shape).astype(np.float32)})
+        m.wait_warm(60)
+        if m.refine_done is not None:
+            m.refine_done.wait(60)
+        return m
+
+    # the time to prepare a shape, median over fresh resident models (one prepare each per shape)
+    prep: dict[tuple[int, ...], list[float]] = {s: [] for s in SHAPES[name]}
+    for _ in range(prepare_repeat):
+        m = resident()
+        for shape in SHAPES[name]:
+            t = time.perf_counter()
+            m.prepare([{"input": shape}])
+            prep[shape].append((time.perf_counter() - t) * 1e3)
+        m.close()
+    m = resident()
+    base = tuple(m.inputs[0].shape)
     sess = _ort(src, threads)
     rows = []
     for shape in [base] + SHAPES[name]:
         x = {"input": rng.standard_normal(shape).astype(np.float32)}
         row: dict[str, Any] = {"shape": list(shape)}
         if shape != base:
-            t = time.perf_counter()
             (v,) = m.prepare([{"input": shape}])
-            row["prepare_ms"] = (time.perf_counter() - t) * 1e3
+            row["prepare_ms"] = statistics.median(prep[shape])
+            row["prepare_runs_ms"] = [round(x, 3) for x in prep[shape]]
             t = time.perf_counter()
             y = m.run(x)["output"]
             row["first_run_ms"] = (time.perf_counter() - t) * 1e3
@@ -126,12 +151,15 @@ def table(data: dict[str, Any]) -> str:
     gpu = f" ({data['gpu']})" if data.get("gpu") else ""
     lines = [f"# inferd with dynamic input dimensions, {data['device']}{gpu}", "",
              f"Date {mi['date']}; {mi['cpu']}, {mi['cores']} cores; onnxruntime {data.get('onnxruntime')}; "
-             f"{data['threads']} threads for both engines; inferd at {data.get('commit', '?')}.", "",
+             f"{data['threads']} threads for both engines; inferd at {data.get('commit', '?')}; load average at "
+             f"the start {mi.get('loadavg', '?')} (other work on the machine), at the end {data.get('loadavg_end', '?')}.",
+             "",
              "Cold = a fresh process (libraries imported, the package's page cache dropped) loads the compiled package "
              "and answers one request at the first shape (median of "
              f"{data['cold_repeat']}). New shape = `Model.prepare` on the resident model (the graph specialised, "
              "kernels chosen, the arena planned, on a GPU the commands recorded; the weights are the resident "
-             "shape's), then the first request at it. Warm = median of "
+             "shape's; median over 5 freshly loaded, answered and idle models), then the first request at it "
+             "(first touch of the new arena). Warm = median of "
              f"{data['repeat']} runs, inferd and onnxruntime alternating in 3 rounds.", "",
              "| model | shape | prepare ms | / cold | first run ms | layers sharing weights (own) | variant MiB | "
              "inferd warm ms | onnxruntime warm ms | inferd / ort | max rel err |",
@@ -186,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: cold {r['cold_ms']:.1f} ms; " + "; ".join(
                 f"{'x'.join(map(str, row['shape']))}: prepare {fmt(row.get('prepare_ms'), '.2f')} ms, warm "
                 f"{row['inferd_warm_ms']:.2f} vs ort {row['ort_warm_ms']:.2f} ms" for row in r["rows"]), flush=True)
+    data["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     md = table(data)
     tag = f"_{gpu.split()[0].lower()}" if gpu else ""
     jp, mp = write_results(args.out, f"shapes_{args.device}{tag}", data, md)
