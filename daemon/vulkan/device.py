@@ -104,6 +104,9 @@ class Region:
     _raw_map: Any = field(default=None, repr=False)
     heap: int = -1  # memory heap and allocation size, for the bytes-free figure of an OOM error
     alloc_size: int = 0
+    #: HOST_CACHED: host reads are fast. Device-local memory the host can map without it (a discrete GPU's
+    #: BAR) takes writes at full speed but reads at PCIe-uncached speed (~100 MB/s)
+    cached: bool = False
 
     def view(self, offset: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
         assert self.mapped is not None, f"region {self.label} is not host-visible"
@@ -478,7 +481,7 @@ class VulkanDevice:
         if hv:
             raw = vk.vkMapMemory(self.device, mem, 0, req.size, 0)
             mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
-        return Region(buf, mem, size, hv, bool(flags & HC), mapped, label, raw, heap, int(req.size))
+        return Region(buf, mem, size, hv, bool(flags & HC), mapped, label, raw, heap, int(req.size), bool(flags & CA))
 
     def free_region(self, r: Region | None) -> None:
         if r is None or self.closed:
