@@ -88,6 +88,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             "inputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.inputs],
             "outputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.outputs],
             "nodes": len(model.graph.nodes), "memory_bytes": model.memory_bytes, "kernels": model.kernels}
+    if model.template is not None:  # dynamic dimensions: the plan is for the shapes above, any other is planned when met
+        info["dims"] = {k: list(v) for k, v in model.dims.items()}
     if model.plan is not None:
         info["plan"] = model.plan.to_dict()
     if model.device == "cpu":
@@ -101,6 +103,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     else:
         print(f"{info['name']} on {info['device']}: inputs {info['inputs']}, outputs {info['outputs']}, "
               f"{info['nodes']} nodes, {info['memory_bytes'] / 2**20:.1f} MiB")
+        if "dims" in info:
+            print(f"dynamic dimensions {info['dims']}: planned at the shapes above, other shapes when they come")
         if "native" in info:
             print(f"native: {info['native']}")
         print(model.plan.summary())
