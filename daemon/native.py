@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -20,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 7
+ABI = 8
 
 ffi: Any = None
 lib: Any = None
@@ -593,6 +594,24 @@ def _gemm_args(aps: np.ndarray, m: int, k: int, n: int, nb: int, bs: np.ndarray,
                 _rawptr(cs), sc[2], sc[1], sc[0], bias, m, 1, r, r_bs, code, p0, p1, max_threads)
     return (m, k, n, nb, _ptr(aps), 0, 0, aps.shape[1] * k * GEMM_MR, 1, _rawptr(bs), sb[1], sb[2], sb[0], 0,
             _rawptr(cs), sc[1], sc[2], sc[0], bias, m, 0, r, r_bs, code, p0, p1, max_threads)
+
+
+def fma_peak(threads: int | None = None, seconds: float = 0.2) -> float:
+    """FLOP/s the cores reach on independent FMA chains in their widest vectors (``threads`` pool threads,
+    default all): the measured peak a roofline divides by. 0.0 without native code."""
+    if not AVAILABLE:
+        return 0.0
+    n = num_threads() if threads is None else max(1, int(threads))
+    lib.inferd_fma_peak(1000, n)  # wake the pool's threads
+    iters = 1 << 16
+    while True:  # grow the run until it is long enough to time
+        t = time.perf_counter()
+        rate = float(lib.inferd_fma_peak(iters, n))
+        if time.perf_counter() - t >= seconds / 4 or iters >= 1 << 30:
+            break
+        iters *= 4
+    # the best of three: a core taken away for a moment lowers a run, nothing raises one
+    return max([rate] + [float(lib.inferd_fma_peak(iters, n)) for _ in range(2)])
 
 
 def gemm_isa() -> int:

@@ -102,3 +102,6 @@ int inferd_pool2d(const float* x, float* y, int planes, int H, int W, int kh, in
                    int pt, int pl, int OH, int OW, int is_max, const float* inv_count);
 /* y[r] = mean (is_max = 0) or max (is_max = 1, NaN propagates) of row r of rows x n floats: global pooling. */
 void inferd_reduce_rows(const float* x, float* y, long long rows, long long n, int is_max);
+/* FLOP/s of `threads` pool threads running independent FMA chains for `iters` iterations each, in the widest
+   vectors the CPU has: the measured peak that roofline tables divide by. */
+double inferd_fma_peak(long long iters, int threads);

@@ -703,7 +703,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 7
+    assert native.ABI == 8
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
@@ -882,6 +882,7 @@ int main(void){
     }
     free(g); free(ge);
   }
+  { double pk = inferd_fma_peak(20000, 2); check("fma peak", (pk > 1e8 && pk < 1e14) ? 0 : 1, 0, 0); }
   printf("abi %d: %s (%d failures)\n", inferd_native_abi(), fails ? "FAILED" : "ok", fails);
   return fails != 0;
 }

@@ -305,3 +305,33 @@ def test_daemon_threads_setting_sizes_the_native_pool() -> None:
         assert native.num_threads() == 3
     finally:
         native.set_num_threads(old)
+
+
+@needs_native
+def test_fma_peak_bounds_the_gemm() -> None:
+    """The measured FMA peak is the roofline's ceiling: the packed GEMM at its best shape must not beat it
+    (a peak measured too low, or a chain the compiler folded away, would show here)."""
+    import time
+
+    # the best of several: another process on the core lowers a measurement, nothing raises one
+    peak = max(native.fma_peak(1) for _ in range(3))
+    assert 1e8 < peak < 1e13
+    n = 384
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    ap = native.gemm_pack_a(a)
+    c = np.empty((n, n), np.float32)
+    old = native.num_threads()
+    try:
+        native.set_num_threads(1)
+        native.gemm(ap, n, b, c)
+        best = min(_timed(lambda: native.gemm(ap, n, b, c), time) for _ in range(5))
+    finally:
+        native.set_num_threads(old)
+    assert 2.0 * n ** 3 / best <= 1.25 * peak, (2.0 * n ** 3 / best / 1e9, peak / 1e9)
+
+
+def _timed(fn, time) -> float:  # noqa: ANN001
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
