@@ -79,7 +79,8 @@ if which != "ort":
     for k in m.kernels.values():
         kc[k] = kc.get(k, 0) + 1
     extra = {"kernels": kc, "memory_bytes": m.memory_bytes}
-print("RESULT " + json.dumps({"warm_ms": float(np.median(ts)) * 1e3, **extra}))
+print("RESULT " + json.dumps({"warm_ms": float(np.median(ts)) * 1e3, "p95_ms": float(np.percentile(ts, 95)) * 1e3,
+                              **extra}))
 """
 
 
@@ -118,6 +119,8 @@ def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, 
                            "warm_ratio": float(np.median(ratios)), "warm_ratio_min": min(ratios),
                            "warm_ratio_max": max(ratios), "rounds": [{"inferd_ms": o["warm_ms"], "ort_ms": t["warm_ms"]}
                                                                      for o, t in zip(ours_r, theirs_r)],
+                           "warm_p95_ms": float(np.median([o["p95_ms"] for o in ours_r])),
+                           "ort_warm_p95_ms": float(np.median([t["p95_ms"] for t in theirs_r])),
                            "max_rel_err": err, "kernels": ours_r[-1].get("kernels"),
                            "memory_bytes": ours_r[-1].get("memory_bytes")}
     if cold:
@@ -144,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cold", action="store_true")
     p.add_argument("--zoo-dir", default=None)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--layers", action="store_true",
+                   help="per layer: inferd beside onnxruntime's profiler and the roofline (measured FMA peak and "
+                        "memory bandwidth); the table names the layers where the gap is")
+    p.add_argument("--background", type=int, default=0, metavar="N",
+                   help="a busy loop pinned to each of N cores during the warm runs of both engines (p50 and p95)")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from ..zoo import write_zoo
@@ -151,6 +159,48 @@ def main(argv: list[str] | None = None) -> int:
     zoo = Path(args.zoo_dir or Path(tempfile.gettempdir()) / "inferd-bench-zoo")
     names = [n for n in args.models.split(",") if n]
     paths = write_zoo(zoo, names)
+    if args.layers:
+        return _layers_main(args, {n: Path(paths[n]) for n in names})
+    busy = _busy_loops(args.background)
+    try:
+        results = _warm_and_cold(args, names, paths)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    return _report(args, results)
+
+
+def _busy_loops(n: int) -> list[subprocess.Popen]:
+    """``n`` processes spinning, each pinned to one core (the first ``n`` the benchmark may use)."""
+    cores = sorted(os.sched_getaffinity(0))
+    out = []
+    for c in cores[:max(0, n)]:
+        out.append(subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{c}}})\n"
+                                     "while True: pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(0.2 if out else 0)
+    return out
+
+
+def _layers_main(args: argparse.Namespace, paths: dict[str, Path]) -> int:
+    from .layers_bench import run, table
+
+    results = run(paths, args.threads, args.repeat)
+    data = {"machine": machine_info(), "device": "cpu", "threads": args.threads, "repeat": args.repeat,
+            "models": results}
+    mi = data["machine"]
+    head = (f"# Per layer: inferd vs onnxruntime vs roofline, cpu, {args.threads} threads\n\n"
+            f"Machine: {mi['cpu']}, {mi['cores']} cores; date {mi['date']}; load average {mi.get('loadavg')}. "
+            f"inferd: median per layer of {args.repeat} timed runs; onnxruntime: its profiler, median per node; "
+            "roofline: max(FLOPs / measured FMA peak of the threads, bytes / measured copy bandwidth); "
+            "'% of FMA peak' counts the layer's direct FLOPs (a Winograd layer can exceed 100%).\n\n")
+    jp, mp = write_results(args.out, "engine_cpu_layers", data, head + table(results))
+    print(table(results))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+def _warm_and_cold(args: argparse.Namespace, names: list[str], paths: dict[str, Any]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for n in names:
         t = time.perf_counter()
@@ -161,24 +211,32 @@ def main(argv: list[str] | None = None) -> int:
               f" ({r['warm_ratio_min']:.2f}-{r['warm_ratio_max']:.2f})"
               + (f"  cold {r['cold_ms']:8.1f} ms  ort {r['ort_cold_ms']:8.1f} ms" if "cold_ms" in r else "")
               + f"  err {r['max_rel_err']:.1e}  ({time.perf_counter() - t:.0f} s)", flush=True)
+    return results
+
+
+def _report(args: argparse.Namespace, results: dict[str, Any]) -> int:
     import onnxruntime as ort
     data = {"machine": machine_info(), "device": args.device, "threads": args.threads, "repeat": args.repeat,
-            "rounds": args.rounds,
+            "rounds": args.rounds, "background": args.background,
             "onnxruntime": ort.__version__, "models": results}
+    bg = (f" A busy loop ran pinned to each of {args.background} core(s) during the warm runs of both engines."
+          if args.background else "")
     lines = [f"# inferd vs onnxruntime, {args.device}, {args.threads} threads",
              "", f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores; date {data['machine']['date']};"
              f" onnxruntime {ort.__version__}; warm = median of {args.repeat} runs, each engine in its own process,"
              f" {args.rounds} alternating rounds (times: median over rounds; ratio: median of the rounds' ratios,"
              " with their range); first output of the model compared; cold = fresh process, model file"
-             " evicted from the page cache, load + first inference (libraries already imported), one round.", "",
-             "| model | inferd warm ms | ort warm ms | warm ratio | ratio range | inferd cold ms | ort cold ms |"
-             " cold ratio | max rel err |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             " evicted from the page cache, load + first inference (libraries already imported), one round." + bg, "",
+             "| model | inferd warm ms | ort warm ms | warm ratio | ratio range | inferd p95 ms | ort p95 ms | p95 ratio |"
+             " inferd cold ms | ort cold ms | cold ratio | max rel err |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, r in results.items():
         lines.append(f"| {n} | {r['warm_ms']:.2f} | {r['ort_warm_ms']:.2f} | {r['warm_ratio']:.2f} | "
-                     f"{r['warm_ratio_min']:.2f}-{r['warm_ratio_max']:.2f} | "
+                     f"{r['warm_ratio_min']:.2f}-{r['warm_ratio_max']:.2f} | {r['warm_p95_ms']:.2f} | "
+                     f"{r['ort_warm_p95_ms']:.2f} | {r['warm_p95_ms'] / r['ort_warm_p95_ms']:.2f} | "
                      f"{r.get('cold_ms', float('nan')):.1f} | {r.get('ort_cold_ms', float('nan')):.1f} | "
                      f"{r.get('cold_ratio', float('nan')):.2f} | {r['max_rel_err']:.1e} |")
-    jp, mp = write_results(args.out, f"engine_{args.device}", data, "\n".join(lines) + "\n")
+    stem = f"engine_{args.device}" + (f"_background{args.background}" if args.background else "")
+    jp, mp = write_results(args.out, stem, data, "\n".join(lines) + "\n")
     print(f"wrote {jp} and {mp}")
     return 0

@@ -1,0 +1,186 @@
+"""``inferd bench --device cpu --layers``: where each layer loses against onnxruntime and against the roofline.
+
+Per model, each engine in its own process with the same thread count:
+
+* inferd: the warm executor run layer by layer with a timer around each (``CpuExecutor.run_timed``),
+  median per layer over ``--repeat`` runs;
+* onnxruntime: its own profiler (``enable_profiling``), per node, median over the same number of runs
+  after a warm-up; its nodes are matched to inferd's layers by the tensor they produce (onnxruntime names
+  a fused node after its last output, NCHWc ones with ``_nchwc``); its layout conversions (ReorderInput /
+  ReorderOutput) and nodes inferd folded away are listed apart;
+* the roofline of each layer: max(FLOPs / the measured FMA peak of the threads, bytes moved / the measured
+  memory bandwidth), bytes being inputs, outputs, weights and workspace once each.
+
+The table names, for the slowest models, the layers with the largest gap to onnxruntime.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .common import fmt, ratio
+
+_INFERD = r"""
+import json, sys, time
+import numpy as np
+import inferd
+from inferd import native
+from inferd.planner.cost import io_nbytes, layer_flops
+path, repeat, x_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+x = np.load(x_path)
+m = inferd.load(path, device="cpu")
+m.run({m.inputs[0].name: x}); m.wait_warm(60)
+ex = m._exec
+feeds = {m.inputs[0].name: x}
+for _ in range(3):
+    ex.run_timed(feeds)
+per = [ex.run_timed(feeds)[1] for _ in range(repeat)]
+whole = []
+for _ in range(repeat):
+    t = time.perf_counter(); ex.run(feeds); whole.append(time.perf_counter() - t)
+med = np.median(np.array(per), axis=0)
+layers = []
+for (layer, k), s in zip(ex.choice, med):
+    consts = sum(layer.inputs[i].nbytes for i in layer.const_inputs if layer.inputs[i] is not None)
+    layers.append({"name": layer.name, "op": layer.op, "kernel": k.name, "out": layer.node.outputs[0],
+                   "ms": float(s) * 1e3, "flops": float(layer_flops(layer)),
+                   "bytes": int(io_nbytes(layer) + consts + k.workspace_nbytes(layer))})
+big = np.ones(16 << 20, np.float32); dst = np.empty_like(big)
+np.copyto(dst, big)
+bw = max(2 * big.nbytes / (lambda t: (np.copyto(dst, big), time.perf_counter() - t)[1])(time.perf_counter())
+         for _ in range(5))
+print("RESULT " + json.dumps({"layers": layers, "whole_ms": float(np.median(whole)) * 1e3,
+                              "peak_flops": native.fma_peak(native.num_threads()), "mem_bw": bw,
+                              "threads": native.num_threads()}))
+"""
+
+_ORT = r"""
+import json, os, re, sys, time
+import numpy as np
+import onnxruntime as ort
+path, repeat, x_path, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+x = np.load(x_path)
+so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
+so.enable_profiling = True
+s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+feeds = {s.get_inputs()[0].name: x}
+for _ in range(3):
+    s.run(None, feeds)
+t0 = time.perf_counter_ns() // 1000
+whole = []
+for _ in range(repeat):
+    t = time.perf_counter(); s.run(None, feeds); whole.append(time.perf_counter() - t)
+f = s.end_profiling()
+events = json.load(open(f))
+os.remove(f)
+# runs are 'model_run' events; nodes belong to the runs after the warm-up (the last ``repeat`` of them)
+runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")[-repeat:]
+per: dict = {}
+for e in events:
+    if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time") or not runs or e["ts"] < runs[0]:
+        continue
+    name = e["name"][: -len("_kernel_time")]
+    per.setdefault(name, {"op": e.get("args", {}).get("op_name", "?"), "us": []})["us"].append(e["dur"])
+nodes = [{"name": k, "op": v["op"], "ms": float(np.median(v["us"])) / 1e3 * len(v["us"]) / max(1, len(runs))}
+         for k, v in per.items()]
+print("RESULT " + json.dumps({"nodes": nodes, "whole_ms": float(np.median(whole)) * 1e3}))
+"""
+
+
+def _child(code: str, args: list[str], threads: int) -> dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               INFERD_NUM_THREADS=str(threads))
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=1200)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"per-layer child failed: {r.stderr[-2000:]}")
+    return json.loads(lines[-1][7:])
+
+
+_SUFFIX = re.compile(r"(_nchwc|_token_\d+|_fused)+$")
+
+
+def match(layers: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """onnxruntime's time per inferd layer (by produced tensor or node name) and its unmatched nodes."""
+    by: dict[str, str] = {}
+    for ly in layers:
+        by[ly["out"]] = ly["name"]
+        by[ly["name"]] = ly["name"]
+    got: dict[str, float] = {}
+    rest = []
+    for n in nodes:
+        key = next((k for k in (n["name"], _SUFFIX.sub("", n["name"])) if k in by), None)
+        if key is None:
+            rest.append(n)
+        else:
+            got[by[key]] = got.get(by[key], 0.0) + n["ms"]
+    return got, rest
+
+
+def bench_layers(path: Path, threads: int, repeat: int, work: Path) -> dict[str, Any]:
+    import numpy as np
+
+    from ..frontend import import_model
+
+    inp = import_model(path).inputs[0]
+    xp = work / f"{path.stem}_x.npy"
+    np.save(xp, np.random.default_rng(0).standard_normal(inp.shape).astype(inp.dtype))
+    ours = _child(_INFERD, [str(path), str(repeat), str(xp)], threads)
+    theirs = _child(_ORT, [str(path), str(repeat), str(xp), str(threads)], threads)
+    got, rest = match(ours["layers"], theirs["nodes"])
+    peak, bw = ours["peak_flops"], ours["mem_bw"]
+    rows = []
+    for ly in ours["layers"]:
+        roof = max(ly["flops"] / peak if peak else 0.0, ly["bytes"] / bw if bw else 0.0) * 1e3
+        rows.append({**ly, "ort_ms": got.get(ly["name"]), "roofline_ms": roof,
+                     "peak_share": (ly["flops"] / (ly["ms"] / 1e3) / peak) if peak and ly["ms"] > 0 else None})
+    return {"model": path.stem, "inferd_ms": ours["whole_ms"], "ort_ms": theirs["whole_ms"],
+            "inferd_layer_sum_ms": sum(r["ms"] for r in rows), "ort_node_sum_ms": sum(n["ms"] for n in theirs["nodes"]),
+            "ort_unmatched": sorted(rest, key=lambda n: -n["ms"]), "peak_flops": peak, "mem_bw": bw,
+            "threads": ours["threads"], "layers": rows}
+
+
+def table(results: list[dict[str, Any]], top: int = 12, slowest: int = 3) -> str:
+    """Per model the totals; for the ``slowest`` models (by inferd / onnxruntime) the ``top`` layers by gap."""
+    lines = ["| model | inferd ms | ort ms | inferd / ort | sum of inferd layers ms | sum of ort nodes ms | "
+             "ort layout conversions ms | FMA peak GFLOP/s | memory GB/s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        reorder = sum(n["ms"] for n in r["ort_unmatched"] if n["op"].startswith("Reorder"))
+        lines.append(f"| {r['model']} | {r['inferd_ms']:.2f} | {r['ort_ms']:.2f} | {fmt(ratio(r['inferd_ms'], r['ort_ms']), '.2f')} | "
+                     f"{r['inferd_layer_sum_ms']:.2f} | {r['ort_node_sum_ms']:.2f} | {reorder:.2f} | "
+                     f"{r['peak_flops'] / 1e9:.0f} | {r['mem_bw'] / 1e9:.1f} |")
+    worst = sorted(results, key=lambda r: -(ratio(r["inferd_ms"], r["ort_ms"]) or 0))[:slowest]
+    for r in worst:
+        lines += ["", f"### {r['model']}: the {top} layers with the largest gap (inferd - onnxruntime)", "",
+                  "| layer | op | kernel | inferd ms | ort ms | gap ms | roofline ms | inferd / roofline | % of FMA peak |",
+                  "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        rows = sorted(r["layers"], key=lambda x: -(x["ms"] - (x["ort_ms"] if x["ort_ms"] is not None else 0.0)))[:top]
+        for x in rows:
+            gap = x["ms"] - x["ort_ms"] if x["ort_ms"] is not None else None
+            share = x["peak_share"] * 100 if x["peak_share"] is not None else None
+            lines.append(f"| {x['name']} | {x['op']} | {x['kernel']} | {x['ms']:.3f} | {fmt(x['ort_ms'], '.3f')} | "
+                         f"{fmt(gap, '.3f')} | {x['roofline_ms']:.3f} | {fmt(ratio(x['ms'], x['roofline_ms']), '.1f')} | "
+                         f"{fmt(share, '.0f')} |")
+        un = [n for n in r["ort_unmatched"] if not n["op"].startswith("Reorder")][:5]
+        if un:
+            lines.append("")
+            lines.append("onnxruntime nodes with no inferd layer of that name (folded or fused differently): " +
+                         ", ".join(f"{n['name']} ({n['op']}, {n['ms']:.3f} ms)" for n in un))
+    return "\n".join(lines) + "\n"
+
+
+def run(paths: dict[str, Path], threads: int, repeat: int) -> list[dict[str, Any]]:
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        for name, p in paths.items():
+            r = bench_layers(Path(p), threads, repeat, Path(d))
+            out.append(r)
+            print(f"{name:20s} layers: inferd {r['inferd_ms']:.2f} ms (sum {r['inferd_layer_sum_ms']:.2f}), "
+                  f"ort {r['ort_ms']:.2f} ms (sum {r['ort_node_sum_ms']:.2f})", flush=True)
+    return out

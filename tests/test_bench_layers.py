@@ -1,0 +1,29 @@
+"""`inferd bench --layers`: onnxruntime's profiled nodes matched to inferd's layers, a real run on a tiny model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferd.bench.layers_bench import bench_layers, match, table
+from zoo_fixture import zoo_dir
+
+
+def test_nodes_match_layers_by_the_tensor_they_produce() -> None:
+    layers = [{"name": "/conv1/Conv", "out": "/relu1/Relu_output_0"}, {"name": "/fc/Gemm", "out": "logits"}]
+    nodes = [{"name": "/relu1/Relu_output_0_nchwc", "op": "Conv", "ms": 1.0},   # NCHWc: named after its output
+             {"name": "/fc/Gemm", "op": "Gemm", "ms": 0.5},                      # by node name
+             {"name": "logits_token_7", "op": "Add", "ms": 0.25},               # a fused leftover, same tensor
+             {"name": "ReorderOutput_token_1", "op": "ReorderOutput", "ms": 0.1}]
+    got, rest = match(layers, nodes)
+    assert got == {"/conv1/Conv": 1.0, "/fc/Gemm": 0.75}
+    assert [n["op"] for n in rest] == ["ReorderOutput"]
+
+
+def test_a_real_run_times_every_layer_and_the_roofline(tmp_path: Path) -> None:
+    r = bench_layers(zoo_dir(["tiny"]) / "tiny.onnx", 1, 3, tmp_path)
+    conv = next(x for x in r["layers"] if x["op"] == "Conv")
+    assert conv["ms"] > 0 and conv["roofline_ms"] > 0 and conv["flops"] == 2 * 8 * 8 * 8 * 27
+    assert conv["ort_ms"] is not None and conv["ort_ms"] > 0  # onnxruntime's conv node found
+    assert r["peak_flops"] > 1e8 and r["mem_bw"] > 1e8
+    assert abs(sum(x["ms"] for x in r["layers"]) - r["inferd_layer_sum_ms"]) < 1e-9
+    md = table([r], top=3, slowest=1)
+    assert "| tiny |" in md and "/conv/Conv" in md
