@@ -752,7 +752,7 @@ class Server:
                     if sock is router:
                         # Ask the socket whether more is queued rather than recv until zmq.Again:
                         # building that exception costs more than the getsockopt.
-                        for _ in range(MAX_BATCH):
+                        for i in range(MAX_BATCH):
                             try:
                                 frames = recv_frames(router, _NOBLOCK)
                             except zmq.Again:
@@ -760,6 +760,10 @@ class Server:
                             handle(frames)
                             if not router.get(_EVENTS) & _POLLIN:
                                 break
+                            # Finished work first: under a flood of new requests a reply would
+                            # otherwise wait for the whole batch (most of them refusals).
+                            if i & 7 == 7 and pull.get(_EVENTS) & _POLLIN:
+                                self._forward_replies()
                     elif sock is pull:
                         self._forward_replies()
                     else:

@@ -100,6 +100,7 @@ class ClientShares:
         self.cap = cap
         self._lock = threading.Lock()
         self._n: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}  # monotonic time up to which retries are already booked
 
     def acquire(self, client: str) -> bool:
         if not client:
@@ -111,6 +112,16 @@ class ClientShares:
             self._n[client] = n + 1
             return True
 
+    def retry_after(self, client: str, interval_s: float) -> float:
+        """The retry hint (ms) for a refused request: one service interval after the retries already
+        booked for this client. A burst's refusals get 1, 2, 3 ... intervals, so a client that follows
+        the hints comes back at the pace it is served instead of all at once."""
+        now = time.monotonic()
+        with self._lock:
+            at = max(now, self._retry_at.get(client, 0.0)) + interval_s
+            self._retry_at[client] = at
+        return (at - now) * 1e3
+
     def release(self, client: str) -> None:
         if not client:
             return
@@ -120,6 +131,8 @@ class ClientShares:
                 self._n[client] = n
             else:
                 self._n.pop(client, None)  # idle clients leave no entry behind
+                if self._retry_at.get(client, 0.0) <= time.monotonic():
+                    self._retry_at.pop(client, None)
 
     def inflight(self, client: str) -> int:
         with self._lock:
@@ -131,8 +144,8 @@ class ClientShares:
 
 
 class FairQueue:
-    """Queued jobs: higher priority first; within a priority, clients in turn (round-robin), each
-    client's jobs in arrival order. Jobs that left early (expired, cancelled) stay until they are
+    """Queued jobs: higher priority first; within a priority, clients in turn (round-robin, newly
+    active clients first), each client's jobs in arrival order. Jobs that left early (expired, cancelled) stay until they are
     met or :meth:`compact` drops them."""
 
     def __init__(self) -> None:
@@ -147,7 +160,11 @@ class FairQueue:
             heapq.heappush(self._prios, -job.priority)
         q = level.get(job.client)
         if q is None:
+            # A client with nothing queued goes first, before those with a backlog (fq_codel's "new
+            # flows"): a client sending one request at a time waits for the run in progress only,
+            # not for one more turn of a flooding client.
             q = level[job.client] = deque()
+            level.move_to_end(job.client, last=False)
         q.append(job)
         self.entries += 1
 
@@ -426,7 +443,8 @@ class ModelSlot:
             shares: ClientShares = self.server.shares
             if not shares.acquire(job.client):
                 self.stats.incr("rejected")
-                retry = self._retry_after_ms(1 + self._queue.active_clients())
+                # This client gets a run about once per round of the clients queued here.
+                retry = max(1.0, shares.retry_after(job.client, self._retry_after_ms(1 + self._queue.active_clients()) / 1e3))
                 return (P.UNAVAILABLE, f"this client ({job.client}) already has {shares.cap} requests in flight "
                         f"(max_inflight_per_client); retry in about {retry:.0f} ms", retry)
             if self.queued >= self.max_queue:
