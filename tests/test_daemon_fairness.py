@@ -4,19 +4,16 @@ sends 1,000 requests at once and keeps that many wanted (retrying refused ones w
 says), and another client's p99 stays within 3x its p99 alone."""
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from inferd.server.scheduler import TAKEN, ClientShares, FairQueue, Job
-from inferd.server.testing import DaemonProcess, write_fake_model
+from inferd.server.testing import DaemonProcess, flood_run, write_fake_model
 from inferd_client import Client, Unavailable
 
 
@@ -77,74 +74,6 @@ CAP = 16
 FLOOD = 1000
 N_QUIET = 120
 
-QUIET = r"""
-import json, sys, time
-import numpy as np
-from inferd_client import Client
-ep, n = sys.argv[1], int(sys.argv[2])
-x = np.zeros(4, np.float32)
-lat = []
-with Client(ep, timeout=30) as c:
-    for _ in range(10):
-        c.infer("work", x)
-    for _ in range(n):
-        t = time.perf_counter()
-        c.infer("work", x)
-        lat.append(time.perf_counter() - t)
-        time.sleep(0.002)
-print(json.dumps(lat))
-"""
-
-# 1,000 requests at once on one socket; then, like a client with that much work, a new request for
-# each one served and each refused one again once its retry hint has passed, until the stop file exists.
-FLOODER = r"""
-import heapq, json, os, sys, time
-import numpy as np
-import zmq
-from inferd_client import protocol as P
-ep, n, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-ctx = zmq.Context()
-s = ctx.socket(zmq.DEALER)
-s.setsockopt(zmq.LINGER, 0)
-s.setsockopt(zmq.SNDHWM, 0)
-s.setsockopt(zmq.RCVHWM, 0)
-s.connect(ep)
-x = np.zeros(4, np.float32)
-stats = {"ok": 0, "unavailable": 0, "other": 0, "sent": 0, "retry_ms": [], "message": ""}
-rid = 0
-def send():
-    global rid
-    rid += 1
-    stats["sent"] += 1
-    s.send_multipart(P.encode_request(rid, "infer", "work", tensors={"x": x}, timeout_ms=60000))
-for _ in range(n):
-    send()
-print("flooding", flush=True)
-later = []
-while not os.path.exists(stop):
-    now = time.monotonic()
-    while later and later[0] <= now:
-        heapq.heappop(later)
-        send()
-    wait = 50 if not later else max(0, min(50, int((later[0] - now) * 1000)))
-    if not s.poll(wait):
-        continue
-    r = P.decode_reply(s.recv_multipart())
-    if r.ok:
-        stats["ok"] += 1
-        send()
-    elif r.error_code == P.UNAVAILABLE and r.retry_after_ms is not None:
-        stats["unavailable"] += 1
-        stats["message"] = r.error_message
-        if len(stats["retry_ms"]) < 5000:
-            stats["retry_ms"].append(r.retry_after_ms)
-        heapq.heappush(later, time.monotonic() + r.retry_after_ms / 1e3)
-    else:
-        stats["other"] += 1
-        stats["message"] = r.error_code + ": " + r.error_message
-print(json.dumps(stats))
-"""
-
 
 def _pcts(lat: list[float]) -> str:
     a = np.asarray(lat) * 1e3
@@ -167,43 +96,15 @@ def flood_daemon():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _quiet(ep: str) -> list[float]:
-    r = subprocess.run([sys.executable, "-c", QUIET, ep, str(N_QUIET)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def _flood_once(daemon: DaemonProcess, d: Path) -> tuple[float, float, dict]:
-    """(quiet p99 alone, quiet p99 during the flood, the flooder's stats)."""
-    alone = _quiet(daemon.endpoint)
-    stop = d / "stop"
-    stop.unlink(missing_ok=True)
-    flooder = subprocess.Popen([sys.executable, "-c", FLOODER, daemon.endpoint, str(FLOOD), str(stop)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert flooder.stdout is not None
-        assert flooder.stdout.readline().strip() == "flooding", flooder.stderr.read() if flooder.stderr else ""
-        with Client(daemon.endpoint) as c:  # the flood really is queued before the quiet client starts
-            end = time.monotonic() + 10
-            while c.status()["models"]["work"]["queued"] == 0:
-                assert time.monotonic() < end, "the flood never reached the queue"
-                time.sleep(0.001)
-        flooded = _quiet(daemon.endpoint)
-    finally:
-        stop.touch()
-        out, err = flooder.communicate(timeout=120)
-    assert flooder.returncode == 0, err
-    print("alone", _pcts(alone), "| flooded", _pcts(flooded))
-    return _p99(alone), _p99(flooded), json.loads(out.strip().splitlines()[-1])
-
-
 def test_a_flooding_client_cannot_push_another_clients_p99_past_3x(flood_daemon) -> None:
     daemon, d = flood_daemon
     tries = []
     # Other work on a shared 2-core machine can spike either measurement; a real loss of fairness
     # fails every try (FIFO would put ~CAP runs of the flood, 160 ms, before each quiet request).
     for _ in range(3):
-        p99_alone, p99_flooded, stats = _flood_once(daemon, d)
+        r = flood_run(daemon.endpoint, "work", [4], d, flood=FLOOD, n_quiet=N_QUIET, mode="hints")
+        print("alone", _pcts(r["alone"]), "| flooded", _pcts(r["flooded"]))
+        p99_alone, p99_flooded, stats = _p99(r["alone"]), _p99(r["flooded"]), r["flood"]
         info = (f"quiet client p99 alone {p99_alone:.1f} ms, during the flood {p99_flooded:.1f} ms; flood: "
                 f"{stats['sent']} requests sent, {stats['ok']} served, {stats['unavailable']} refused")
         print(info)
@@ -223,8 +124,6 @@ def test_a_flooding_client_cannot_push_another_clients_p99_past_3x(flood_daemon)
 
 def test_client_library_gets_retry_hint(flood_daemon) -> None:
     daemon, _ = flood_daemon
-    import threading
-
     with Client(daemon.endpoint, timeout=10) as c:
         errors: list[BaseException] = []
         barrier = threading.Barrier(CAP + 4)
