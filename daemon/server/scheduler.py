@@ -91,6 +91,9 @@ class Job:
     client: str = ""  # fair-share key (see ClientShares); "" counts against no cap
 
 
+MAX_RETRY_HINT_S = 10.0
+
+
 class ClientShares:
     """Requests in flight (queued or running) per client, against one cap for every client.
 
@@ -118,7 +121,8 @@ class ClientShares:
         the hints comes back at the pace it is served instead of all at once."""
         now = time.monotonic()
         with self._lock:
-            at = max(now, self._retry_at.get(client, 0.0)) + interval_s
+            # Bounded: a client that ignores the hints would otherwise book itself ever further out.
+            at = min(max(now, self._retry_at.get(client, 0.0)) + interval_s, now + MAX_RETRY_HINT_S)
             self._retry_at[client] = at
         return (at - now) * 1e3
 
