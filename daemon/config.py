@@ -246,9 +246,6 @@ def load_config(
         values["cache_dir"] = default_cache_dir(env)
     if not values.get("keys_dir"):
         values["keys_dir"] = default_keys_dir(env)
-    for opt in ("socket_group", "admin_group"):
-        if values.get(opt):
-            _check_group(opt, values[opt])
     remote = values.get("remote_endpoint", "")
     if remote and not remote.startswith("tcp://"):
         raise ConfigError(f"option 'remote_endpoint': expected tcp://ADDRESS:PORT, got {remote!r}")
@@ -260,16 +257,6 @@ def load_config(
         if not 0 <= mode <= 0o777:
             raise ConfigError(f"option 'socket_mode': out of range: {values['socket_mode']!r}")
     return Config(**values, config_file=path)
-
-
-def _check_group(opt: str, name: str) -> None:
-    import grp
-
-    try:
-        grp.getgrgid(int(name)) if name.isdigit() else grp.getgrnam(name)
-    except (KeyError, OverflowError):
-        raise ConfigError(f"option {opt!r}: no group {name!r} on this system "
-                          f"(create it: sudo groupadd {name})") from None
 
 
 def parse_argv(argv: Sequence[str] | None, prog: str = "inferd serve",

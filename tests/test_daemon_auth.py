@@ -347,3 +347,38 @@ def test_keys_command_refuses_bad_input(tmp_path: Path) -> None:
     # adding a secret key file authorises only its public half
     dest = K.add(kd, secret, "admin", "cam2")
     assert "secret" not in dest.read_text()
+
+
+def test_inferd_keys_command(tmp_path: Path, capsys) -> None:
+    from inferd.cli import main
+
+    kd = str(tmp_path / "k")
+    assert main(["keys", "init", "--keys-dir", kd]) == 0
+    assert main(["keys", "client", "arm", "--role", "infer", "--keys-dir", kd, "--out", str(tmp_path)]) == 0
+    assert "--key arm.key_secret" in capsys.readouterr().out
+    assert main(["keys", "list", "--keys-dir", kd]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("server: ") and "infer  arm  " in out
+    assert main(["keys", "init", "--keys-dir", kd]) == 2  # an existing server key is kept
+    assert "--force" in capsys.readouterr().err
+    assert main(["keys", "remove", "arm", "--keys-dir", kd]) == 0
+    assert main(["keys", "remove", "arm", "--keys-dir", kd]) == 2
+
+
+def test_protected_mode_tells_loopback_from_the_network() -> None:
+    from inferd.config import ConfigError, load_config
+    from inferd.server import auth
+
+    assert auth.tcp_host("tcp://[::1]:5599") == "::1" and auth.tcp_host("ipc:///x") is None
+    for host in ("127.0.0.1", "127.3.2.1", "::1", "localhost", "lo"):
+        assert auth.is_loopback(host), host
+    for host in ("0.0.0.0", "*", "::", "10.1.2.3", "192.168.1.20", "eth0"):
+        assert not auth.is_loopback(host), host
+    cfg = load_config({"endpoint": "tcp://[::1]:5599"}, environ={})
+    assert "every user of this machine" in auth.check_endpoints(cfg)[0]
+    with pytest.raises(auth.ProtectedModeError, match="allow_insecure_remote"):
+        auth.check_endpoints(load_config({"endpoint": "ipc:///tmp/x.sock", "remote_endpoint": "tcp://10.0.0.1:1"},
+                                         environ={}))
+    assert auth.check_endpoints(load_config({"endpoint": "tcp://0.0.0.0:1", "curve": True}, environ={})) == []
+    with pytest.raises(ConfigError, match="no group 'no-such-group-ifd'.*groupadd"):
+        auth.Policy.from_config(load_config({"admin_group": "no-such-group-ifd"}, environ={}))

@@ -22,6 +22,7 @@ policy, so a reload that changes the groups or the keys applies to open connecti
 from __future__ import annotations
 
 import grp
+import inspect
 import ipaddress
 import logging
 import os
@@ -39,7 +40,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from inferd_client import protocol as P
 
-from ..config import Config
+from ..config import Config, ConfigError
 
 log = logging.getLogger("inferd.auth")
 
@@ -108,10 +109,16 @@ def ipc_user_id(address: str) -> str | None:
     return f"ipc {uid} {gid} {pid} {groups}"
 
 
-def _group_id(name: str) -> int | None:
+def _group_id(option: str, name: str) -> int | None:
+    """The gid of a group option; a group this system lacks is a configuration error (checked when
+    the daemon starts or reloads, not when a config file is parsed elsewhere)."""
     if not name:
         return None
-    return int(name) if name.isdigit() else grp.getgrnam(name).gr_gid
+    try:
+        return int(name) if name.isdigit() else grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(f"option {option!r}: no group {name!r} on this system (create it: sudo groupadd "
+                          f"--system {name})") from None
 
 
 def _group_name(gid: int) -> str:
@@ -189,12 +196,13 @@ class Policy:
 
     @classmethod
     def from_config(cls, config: Config) -> Policy:
+        """Raises ConfigError for a group that does not exist."""
         keys = load_authorized_keys(config.keys_dir) if config.curve else {}
-        socket_gid = _group_id(config.socket_group)
+        socket_gid = _group_id("socket_group", config.socket_group)
         return cls(daemon_uid=os.geteuid(),
                    # Without socket_group the socket file has the daemon's group, as before roles existed.
                    socket_gid=os.getegid() if socket_gid is None else socket_gid,
-                   admin_gid=_group_id(config.admin_group), tcp_role=config.tcp_role,
+                   admin_gid=_group_id("admin_group", config.admin_group), tcp_role=config.tcp_role,
                    socket_group=config.socket_group or _group_name(os.getegid()),
                    admin_group=config.admin_group, keys=keys)
 
@@ -256,10 +264,10 @@ class Authenticator(ThreadAuthenticator):
     def curve_user_id(self, client_public_key: bytes) -> str:
         return "curve " + super().curve_user_id(client_public_key)
 
-    async def handle_zap_message(self, msg: list[bytes]) -> None:
+    def _handle_null(self, msg: list[bytes]) -> bool:
+        """Answer a NULL-mechanism ZAP request (ipc, or TCP without CURVE); False for the others."""
         if len(msg) < 6 or msg[5] != b"NULL":
-            await super().handle_zap_message(msg)  # CURVE: pyzmq checks the key through callback()
-            return
+            return False
         request_id, domain, address = msg[1], msg[2].decode("utf-8", "replace"), msg[3].decode("utf-8", "replace")
         try:
             if domain == ZAP_DOMAIN_IPC:
@@ -267,20 +275,32 @@ class Authenticator(ThreadAuthenticator):
                 if user_id is None:
                     self._send_zap_reply(request_id, b"400", b"no peer credentials")
                     log.warning("refused an ipc connection without peer credentials (%s)", address)
-                    return
+                    return True
             else:
                 user_id = f"tcp {address or '?'}"
             peer = self._policy().resolve(user_id)
         except Exception as exc:  # a bug here must refuse the connection, never admit it
             log.exception("ZAP request from %s failed", address)
             self._send_zap_reply(request_id, b"500", f"internal error: {type(exc).__name__}".encode())
-            return
+            return True
         if peer.role is None:
             log.warning("refused connection from %s: %s", peer.desc, peer.reason)
             self._send_zap_reply(request_id, b"400", peer.reason.encode()[:255])
         else:
             log.debug("connection from %s: role %s", peer.desc, peer.role)
             self._send_zap_reply(request_id, b"200", b"OK", user_id)
+        return True
+
+    # pyzmq >= 25 awaits the handler; older versions call it. CURVE goes to pyzmq's own handling,
+    # which checks the key through callback().
+    if inspect.iscoroutinefunction(ThreadAuthenticator.handle_zap_message):
+        async def handle_zap_message(self, msg: list[bytes]) -> None:
+            if not self._handle_null(msg):
+                await super().handle_zap_message(msg)
+    else:  # pragma: no cover - older pyzmq
+        def handle_zap_message(self, msg: list[bytes]) -> None:  # type: ignore[misc]
+            if not self._handle_null(msg):
+                super().handle_zap_message(msg)
 
 
 # --------------------------------------------------------------------------- protected mode
@@ -385,6 +405,13 @@ def socket_group_setup(path: str, policy: Policy, config: Config) -> None:
             ) from None
     if mode_s:
         os.chmod(path, int(mode_s, 8))
+    if config.socket_group and policy.socket_gid is not None:
+        parent = os.path.dirname(path) or "."
+        st = os.stat(parent)
+        if not (st.st_mode & stat.S_IXOTH or (st.st_gid == policy.socket_gid and st.st_mode & stat.S_IXGRP)):
+            log.warning("members of socket_group %r cannot enter %s (mode %04o), so they cannot reach the socket; "
+                        "give that directory the group and g+x, or choose another endpoint",
+                        config.socket_group, parent, stat.S_IMODE(st.st_mode))
 
 
 def describe(config: Config, policy: Policy) -> dict[str, Any]:

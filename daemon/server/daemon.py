@@ -630,21 +630,27 @@ class Server:
             new = load_config(self._cli, self._config_path)
         except ConfigError as exc:
             error = f"configuration reload failed, keeping the old one: {exc}"
-            log.error("%s", error)
             new = self.config
         for key in ("endpoint", "socket_mode", "socket_group", "remote_endpoint", "curve", "keys_dir",
                     "allow_insecure_remote"):
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("option %s changed to %r: takes effect after a restart", key, getattr(new, key))
                 new = new.replace(**{key: getattr(self.config, key)})
+        try:
+            # Open connections are judged by the new groups and keys from their next message on.
+            policy = Policy.from_config(new)
+        except ConfigError as exc:
+            error = f"configuration reload failed, keeping the old one: {exc}"
+            new, policy = self.config, self.policy
+        if error:
+            log.error("%s", error)
         if new.memory_budget != self.config.memory_budget:
             self.budget = new.memory_budget
         if new.log_level != self.config.log_level:
             logging.getLogger("inferd").setLevel(new.log_level.upper())
         self.config = new
         self.limits = self._limits(new)
-        # Open connections are judged by the new groups and keys from their next message on.
-        self.policy = Policy.from_config(new)
+        self.policy = policy
         self._peers.clear()
         self.shares.cap = new.max_inflight_per_client
         self._reloading = True
@@ -829,7 +835,11 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     log.debug("logging to %s", kind)
     apply_threads(config.threads)
     prepare_cache_dir(config.cache_dir)
-    server = Server(config, cli, config_path, loader=loader)
+    try:
+        server = Server(config, cli, config_path, loader=loader)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
     server.freeze_gc = True
     try:
         server.bind()
