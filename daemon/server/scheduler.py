@@ -149,8 +149,8 @@ class ClientShares:
 
 class FairQueue:
     """Queued jobs: higher priority first; within a priority, clients in turn (round-robin, newly
-    active clients first), each client's jobs in arrival order. Jobs that left early (expired, cancelled) stay until they are
-    met or :meth:`compact` drops them."""
+    active clients first), each client's jobs in arrival order. Jobs that left early (expired,
+    cancelled) stay until they are met or :meth:`compact` drops them."""
 
     def __init__(self) -> None:
         self._levels: dict[int, OrderedDict[str, deque[Job]]] = {}
@@ -448,7 +448,8 @@ class ModelSlot:
             if not shares.acquire(job.client):
                 self.stats.incr("rejected")
                 # This client gets a run about once per round of the clients queued here.
-                retry = max(1.0, shares.retry_after(job.client, self._retry_after_ms(1 + self._queue.active_clients()) / 1e3))
+                interval_s = self._retry_after_ms(1 + self._queue.active_clients()) / 1e3
+                retry = max(1.0, shares.retry_after(job.client, interval_s))
                 return (P.UNAVAILABLE, f"this client ({job.client}) already has {shares.cap} requests in flight "
                         f"(max_inflight_per_client); retry in about {retry:.0f} ms", retry)
             if self.queued >= self.max_queue:
