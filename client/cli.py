@@ -5,10 +5,13 @@
     inferctl load NAME [--reload] | unload NAME
     inferctl infer NAME --input x=in.npy [--input y=b.npy | --input all.npz] [--output out.npz]
     inferctl budget 2G                      # store the memory budget (0 = none)
+    inferctl reload                         # re-read config, groups, keys; rescan models
     inferctl health
+    inferctl --endpoint tcp://HOST:5599 --key me.key_secret --server-key server.key status   # CURVE
 
-Human-readable by default, ``--json`` for scripts. Exit status: 0 ok, 1 the daemon answered
-with an error, 2 bad usage, 3 the daemon could not be reached (transport error).
+load, unload, budget and reload need the admin role. Human-readable by default, ``--json`` for
+scripts. Exit status: 0 ok, 1 the daemon answered with an error, 2 bad usage, 3 the daemon could
+not be reached (transport error), 4 permission denied (role too low, or connection refused).
 """
 from __future__ import annotations
 
@@ -91,6 +94,12 @@ def format_status(st: dict[str, Any]) -> str:
         if fa.get("recovering"):
             line += f"; recovering now: {', '.join(fa['recovering'])}"
         lines.append(line)
+    you, sec = st.get("you"), st.get("security")
+    if you and sec:
+        lines.append(f"you: {you.get('role')} ({you.get('who')}, {you.get('inflight', 0)} in flight of "
+                     f"{sec.get('max_inflight_per_client')})  socket_group {sec.get('socket_group')}, admin_group "
+                     f"{sec.get('admin_group') or '-'}, CURVE {'on' if sec.get('curve') else 'off'}"
+                     + (f" ({sec.get('authorized_keys')} keys)" if sec.get("curve") else ""))
     models = st.get("models", {})
     if not models:
         lines.append(f"no models in {st.get('models_dir')}")
@@ -171,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"daemon endpoint (default: {default_endpoint()})")
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait (default 10)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    common.add_argument("--key", default=argparse.SUPPRESS, metavar="NAME.key_secret",
+                        help="this client's CURVE key file, for a tcp:// endpoint with CURVE (default: $INFERD_KEY)")
+    common.add_argument("--server-key", default=argparse.SUPPRESS, metavar="server.key",
+                        help="the daemon's CURVE public key file or key (default: $INFERD_SERVER_KEY)")
     p = argparse.ArgumentParser(prog="inferctl", description="Control and query the inferd daemon.", parents=[common])
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     sub.add_parser("status", parents=[common], help="daemon status, memory and per-model stats")
@@ -188,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--priority", type=int, default=0)
     sp = sub.add_parser("budget", parents=[common], help="set the memory budget, e.g. 2G (0 = none)")
     sp.add_argument("size")
+    sub.add_parser("reload", parents=[common], help="re-read config, groups and authorised keys; rescan models")
     return p
 
 
@@ -231,7 +245,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(obj, default=_to_json, indent=2, sort_keys=True) if as_json else human)
 
     try:
-        with Client(endpoint, timeout=timeout) as c:
+        client = Client(endpoint, timeout=timeout, key=getattr(args, "key", None),
+                        server_key=getattr(args, "server_key", None))
+    except ValueError as exc:
+        print(f"inferctl: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with client as c:
             if args.cmd == "status":
                 st = c.status()
                 emit(st, format_status(st))
@@ -256,6 +276,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
                     parser.error(str(exc))
                 info = c.set_budget(size)
                 emit(info, f"memory budget: {_mib(info['budget_bytes']) if info['budget_bytes'] else 'none'}")
+            elif args.cmd == "reload":
+                info = c.reload()
+                emit(info, f"reloaded {info.get('config_file') or '(no config file)'}: {len(info.get('models', []))} "
+                           f"models, {info.get('authorized_keys', 0)} authorised CURVE keys")
             elif args.cmd == "infer":
                 try:
                     feeds = _load_inputs(args.input)
@@ -288,7 +312,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         if as_json:
             print(json.dumps({"error": {"code": exc.code, "message": exc.message}}))
         print(f"inferctl: {exc}", file=sys.stderr)
-        return 1
+        return 4 if isinstance(exc, errors.PermissionDenied) else 1
     return 0
 
 

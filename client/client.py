@@ -11,6 +11,12 @@ inherited ones are abandoned, never touched).
 
 Reconnection: after a transport error the thread's socket is thrown away and the next call builds
 a new one, so a Client outlives daemon restarts; requests that timed out are never delivered late.
+
+Authentication: on the ipc socket the daemon knows the calling process's user and groups from the
+kernel; nothing to pass. A TCP endpoint with CURVE needs this client's key file (``key=``, made by
+``inferd keys client NAME``) and the server's public key (``server_key=``: its ``server.key`` file
+or the key itself); ``$INFERD_KEY`` and ``$INFERD_SERVER_KEY`` are the defaults. A refused
+connection raises :class:`~inferd_client.errors.PermissionDenied` instead of timing out.
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import zmq
+import zmq.auth
+from zmq.utils import z85
 from zmq.utils.monitor import recv_monitor_message
 
 from . import errors
@@ -36,7 +44,11 @@ from .protocol import (
     parse_size,
 )
 
-_MONITOR_EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+_HANDSHAKE_FAILED_AUTH = int(getattr(zmq, "EVENT_HANDSHAKE_FAILED_AUTH", 0))
+_HANDSHAKE_FAILED_PROTOCOL = int(getattr(zmq, "EVENT_HANDSHAKE_FAILED_PROTOCOL", 0))
+_HANDSHAKE_SUCCEEDED = int(getattr(zmq, "EVENT_HANDSHAKE_SUCCEEDED", 0))
+_MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | _HANDSHAKE_FAILED_AUTH
+                   | _HANDSHAKE_FAILED_PROTOCOL | _HANDSHAKE_SUCCEEDED)
 # Plain ints: pyzmq's constants are IntFlag enums, and every ``|``/``&`` on them runs the enum
 # machinery (about a microsecond each), several times per request.
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -49,20 +61,26 @@ _EVENTS = int(zmq.EVENTS)
 class _Conn:
     """One thread's DEALER socket, its monitor (to notice a vanished daemon) and their poll list."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, curve: tuple[bytes, bytes, bytes] | None = None) -> None:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 0)
+        if curve is not None:
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, curve[0])
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, curve[1])
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, curve[2])
         # The monitor must exist before connect() or the first CONNECTED event is missed.
         self.mon = self.sock.get_monitor_socket(_MONITOR_EVENTS)
         self.sock.connect(endpoint)
         # A fixed item list for zmq_poll: zmq.Poller rebuilds one (and the caller a dict) per call.
         self.poll_items = [(self.sock, _POLLIN), (self.mon, _POLLIN)]
         self.connected = False
+        self.handshaken = False
+        self.refused: int | None = None  # the handshake-failure event, once the daemon refused us
 
     def drain_monitor(self) -> bool:
-        """Consume pending monitor events; True if a disconnect was among them."""
+        """Consume pending monitor events; True if a disconnect or a refusal was among them."""
         lost = False
         while self.mon.get(_EVENTS) & _POLLIN:
             try:
@@ -71,8 +89,18 @@ class _Conn:
                 return lost
             if ev["event"] == zmq.EVENT_CONNECTED:
                 self.connected = True
+            elif ev["event"] == _HANDSHAKE_SUCCEEDED:
+                self.handshaken = True
             elif ev["event"] == zmq.EVENT_DISCONNECTED:
                 self.connected = False
+                # A connection dropped before its handshake completed was refused (the failure
+                # event may come after the disconnect) or never served: the socket retries, and
+                # the refusal or the timeout answers.
+                if self.handshaken or not _HANDSHAKE_SUCCEEDED:
+                    lost = True
+                self.handshaken = False
+            elif ev["event"] in (_HANDSHAKE_FAILED_AUTH, _HANDSHAKE_FAILED_PROTOCOL):
+                self.refused = ev["event"]
                 lost = True
         return lost
 
@@ -101,10 +129,15 @@ class Client:
         *,
         grace: float = 1.0,
         context: zmq.Context | None = None,
+        key: str | os.PathLike[str] | None = None,
+        server_key: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``key``: this client's CURVE secret key file; ``server_key``: the daemon's public key
+        file (``server.key``) or the 40-character key itself. Both only for tcp:// endpoints."""
         if timeout is None or timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.endpoint = endpoint or default_endpoint()
+        self._curve = _curve_keys(self.endpoint, key, server_key)
         self.timeout = float(timeout)
         self.grace = float(grace)
         self._own_ctx = context is None
@@ -159,7 +192,10 @@ class Client:
             self._lock = threading.Lock()
         conn: _Conn | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = _Conn(self._ctx, self.endpoint)
+            path = ipc_path(self.endpoint)
+            if path is not None:
+                _check_ipc_access(path)
+            conn = _Conn(self._ctx, self.endpoint, self._curve)
             self._local.conn = conn
             me = threading.current_thread()
             with self._lock:
@@ -206,6 +242,9 @@ class Client:
         wait = t + (self.grace if deadline else 0.0)
         end = time.monotonic() + wait
         conn.drain_monitor()  # forget disconnects that happened before this request
+        if conn.refused is not None:
+            self._drop_conn(conn)
+            raise self._refused(conn.refused)
         sock = conn.sock
         try:
             while True:
@@ -246,6 +285,8 @@ class Client:
                         raise errors.error_from_wire(reply.error_code, reply.error_message, reply.retry_after_ms)
                     return reply
                 if any(r[0] is conn.mon for r in ready) and conn.drain_monitor():
+                    if conn.refused is not None:
+                        raise self._refused(conn.refused)
                     raise errors.ConnectionError(
                         f"connection to inferd at {self.endpoint} broke during {op!r} (daemon stopped or crashed); safe to retry"
                     )
@@ -262,7 +303,21 @@ class Client:
         path = ipc_path(self.endpoint)
         if path is not None and not os.path.exists(path):
             hint = f" (no socket at {path}: is inferd running?)"
+        elif self._curve is not None:
+            hint = " (with CURVE, a server_key that is not the daemon's makes the handshake fail silently)"
         return errors.TimeoutError(f"no reply to {op!r} from inferd at {self.endpoint} within {wait:.3g} s{hint}")
+
+    def _refused(self, event: int) -> errors.PermissionDenied:
+        if event == _HANDSHAKE_FAILED_AUTH:
+            why = ("its CURVE key is not authorised (inferd keys client NAME / inferd keys add on the daemon's machine)"
+                   if self._curve is not None else
+                   "this process's user is in neither the socket_group nor the admin_group of the daemon")
+        elif self._curve is None:
+            why = ("the endpoint requires CURVE: pass key= and server_key= (inferctl --key NAME.key_secret "
+                   "--server-key server.key, or $INFERD_KEY and $INFERD_SERVER_KEY)")
+        else:
+            why = "the endpoint does not speak CURVE (or the handshake failed); drop the key for this endpoint"
+        return errors.PermissionDenied(f"permission denied: inferd at {self.endpoint} refused the connection: {why}")
 
     # ------------------------------------------------------------------ operations
 
@@ -324,6 +379,10 @@ class Client:
     def health(self, timeout: float | None = None) -> dict[str, Any]:
         return self._call("health", timeout=timeout).result
 
+    def reload(self, timeout: float | None = None) -> dict[str, Any]:
+        """Make the daemon re-read its config, groups and authorised keys and rescan its models (admin)."""
+        return self._call("reload", timeout=timeout).result
+
     def is_live(self, timeout: float = 1.0) -> bool:
         """True if the daemon answers within ``timeout``."""
         try:
@@ -344,3 +403,65 @@ class Client:
         except errors.InferdClientError:
             return False
         return any(m.get("name") == model and m.get("state") == "READY" for m in entries)
+
+
+def _read_key(value: str | os.PathLike[str], what: str, secret: bool) -> tuple[bytes, bytes | None]:
+    """(public, secret) from a zmq.auth key file, or from a bare z85 public key."""
+    text = os.fspath(value)
+    if not secret and len(text) == 40 and not os.path.exists(text):
+        try:
+            z85.decode(text)
+        except ValueError:
+            pass
+        else:
+            return text.encode("ascii"), None
+    try:
+        public, secret_key = zmq.auth.load_certificate(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{what} {text!r}: not a readable CURVE key file ({exc})") from None
+    if secret and not secret_key:
+        raise ValueError(f"{what} {text!r} holds no secret key: pass the NAME.key_secret file")
+    return public, secret_key
+
+
+def _curve_keys(endpoint: str, key: str | os.PathLike[str] | None,
+                server_key: str | os.PathLike[str] | None) -> tuple[bytes, bytes, bytes] | None:
+    from_env = key is None and server_key is None
+    if from_env:
+        key = os.environ.get("INFERD_KEY") or None
+        server_key = os.environ.get("INFERD_SERVER_KEY") or None
+    if key is None and server_key is None:
+        return None
+    if not endpoint.startswith("tcp://"):
+        if from_env:
+            return None  # the environment's keys are for TCP endpoints; ipc identifies us by our user
+        raise ValueError(f"CURVE keys apply to tcp:// endpoints; {endpoint} identifies clients by their user and groups")
+    if key is None or server_key is None:
+        raise ValueError("CURVE needs both key (this client's NAME.key_secret file) and server_key "
+                         "(the daemon's server.key file or its public key)")
+    public, secret = _read_key(key, "key", secret=True)
+    server_public, _ = _read_key(server_key, "server_key", secret=False)
+    assert secret is not None
+    return public, secret, server_public
+
+
+def _check_ipc_access(path: str) -> None:
+    """Refuse at once, with the reason, when the file system keeps this user from the socket (its
+    connect would fail with EACCES, which ZeroMQ retries quietly until the timeout)."""
+    if os.path.exists(path):
+        if not os.access(path, os.R_OK | os.W_OK):
+            try:
+                st = os.stat(path)
+                import grp
+
+                group = grp.getgrgid(st.st_gid).gr_name
+            except (OSError, KeyError):
+                group = "?"
+            raise errors.PermissionDenied(
+                f"permission denied: this user may not open the daemon's socket {path} (group {group!r}); "
+                f"an operator can add it to that group: sudo usermod -aG {group} $USER (then log in again)")
+        return
+    parent = os.path.dirname(path) or "."
+    if os.path.isdir(parent) and not os.access(parent, os.X_OK):
+        raise errors.PermissionDenied(f"permission denied: this user may not enter {parent}, where the daemon's socket "
+                                      "lives; an operator can add it to the daemon's socket group")

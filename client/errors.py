@@ -7,8 +7,9 @@ Two families that callers treat differently:
   effects) and usually right, e.g. while systemd restarts the daemon.
 * server errors (:class:`ServerError` and its subclasses): the daemon answered with a
   structured error ``{code, message}``; retrying the same request gives the same answer,
-  except :class:`Unavailable` (queue full, model loading, daemon stopping) and
-  :class:`DeadlineExceeded`, which may succeed later.
+  except :class:`Unavailable` (queue full, model loading, daemon stopping; ``retry_after`` says
+  when) and :class:`DeadlineExceeded`, which may succeed later. :class:`PermissionDenied` never
+  goes away by retrying.
 """
 from __future__ import annotations
 
@@ -65,9 +66,23 @@ class NotFound(ServerError):
 
 
 class Unavailable(ServerError):
-    """The model cannot serve now: queue full, failed to load, unloaded, or daemon stopping."""
+    """The model cannot serve now: queue full, too many requests of this client in flight, failed
+    to load, unloaded, or daemon stopping. ``retry_after`` (seconds, or None) is the daemon's
+    estimate of when a retry can be accepted."""
 
     code = "UNAVAILABLE"
+
+    def __init__(self, message: str, code: str | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, code)
+        self.retry_after = retry_after
+
+
+class PermissionDenied(ServerError):
+    """This client may not do that: the op needs the admin role, or the daemon refused the
+    connection (not in the socket's group, CURVE key not authorised, no key where one is needed).
+    Retrying does not help; the message says what would."""
+
+    code = "PERMISSION_DENIED"
 
 
 class DeadlineExceeded(ServerError):
@@ -83,11 +98,11 @@ class InternalError(ServerError):
 
 
 ERROR_CLASSES: dict[str, type[ServerError]] = {
-    cls.code: cls for cls in (InvalidArgument, NotFound, Unavailable, DeadlineExceeded, InternalError)
+    cls.code: cls for cls in (InvalidArgument, NotFound, Unavailable, DeadlineExceeded, InternalError, PermissionDenied)
 }
 
 
-def error_from_wire(code: object, message: object, retry_after_ms: int | None = None) -> ServerError:
+def error_from_wire(code: object, message: object, retry_after_ms: float | None = None) -> ServerError:
     """The exception for a wire error; unknown codes (newer daemon) become a plain ServerError.
     ``retry_after`` (seconds or None) carries the daemon's hint that a retry after that long may succeed."""
     code_s = code if isinstance(code, str) else "INTERNAL"

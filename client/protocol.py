@@ -20,7 +20,7 @@ a multipart ZeroMQ message::
                                   # and never run.
      "priority": 0,               # optional int; higher runs first within the model's queue
      "args": {...},               # optional op arguments (load: {"reload": bool}; set_budget: {"bytes": int};
-                                  # infer: {"outputs": [names]} to return only some outputs)
+                                  # infer: {"outputs": [names]} to return only some outputs; reload: none)
      "tensors": [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]}, ...]}
 
 Each tensor entry describes the raw frame at the same position after the header: C-order,
@@ -31,8 +31,15 @@ A reply header::
 
     {"v": 1, "id": 17, "ok": true, "result": {...}, "tensors": [...]}        + tensor frames
     {"v": 1, "id": 17, "ok": false, "error": {"code": "INVALID_ARG", "message": "..."}}
+    {"v": 1, "id": 17, "ok": false, "error": {"code": "UNAVAILABLE", "message": "...", "retry_after_ms": 12.5}}
 
-Error codes: ERROR_CODES. A message whose header cannot be read at all is answered with
+Error codes: ERROR_CODES. ``retry_after_ms`` (optional, UNAVAILABLE only) is the daemon's estimate of
+when a retry can be accepted.
+
+Roles: every op needs a role (:func:`required_role`). ``infer`` may run INFER_ROLE_OPS (infer,
+models, status, health); every other op, present and future, changes the daemon's state and
+needs ``admin``. A connection's role comes from who it is (the kernel's peer credentials on ipc,
+the client's key on CURVE); a forbidden op is answered PERMISSION_DENIED. A message whose header cannot be read at all is answered with
 ``"id": null``. Everything coming off the socket is validated before use (see :func:`decode_request`);
 claimed sizes are checked against the real frame lengths, never used to allocate.
 """
@@ -52,15 +59,31 @@ import numpy as np
 
 PROTOCOL_VERSION = 1
 
-OPS: tuple[str, ...] = ("infer", "load", "unload", "models", "status", "set_budget", "health")
+OPS: tuple[str, ...] = ("infer", "load", "unload", "models", "status", "set_budget", "health", "reload")
 OPS_WITH_MODEL: frozenset[str] = frozenset({"infer", "load", "unload"})
+
+ROLE_INFER = "infer"
+ROLE_ADMIN = "admin"
+ROLES: tuple[str, ...] = (ROLE_INFER, ROLE_ADMIN)
+# Listed positively: an op added later needs admin unless it is added here on purpose.
+INFER_ROLE_OPS: frozenset[str] = frozenset({"infer", "models", "status", "health"})
+
+
+def required_role(op: str) -> str:
+    """The least role that may run ``op``."""
+    return ROLE_INFER if op in INFER_ROLE_OPS else ROLE_ADMIN
+
+
+def role_allows(role: str | None, op: str) -> bool:
+    return role == ROLE_ADMIN or (role == ROLE_INFER and op in INFER_ROLE_OPS)
 
 INVALID_ARG = "INVALID_ARG"
 NOT_FOUND = "NOT_FOUND"
 UNAVAILABLE = "UNAVAILABLE"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 INTERNAL = "INTERNAL"
-ERROR_CODES: tuple[str, ...] = (INVALID_ARG, NOT_FOUND, UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL)
+PERMISSION_DENIED = "PERMISSION_DENIED"
+ERROR_CODES: tuple[str, ...] = (INVALID_ARG, NOT_FOUND, UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, PERMISSION_DENIED)
 
 ALLOWED_DTYPES: frozenset[str] = frozenset(
     {"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
@@ -129,8 +152,8 @@ class Reply:
     result: dict[str, Any] = field(default_factory=dict)
     error_code: str | None = None
     error_message: str | None = None
+    retry_after_ms: float | None = None  # an error's hint: a retry after this long may succeed
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
-    retry_after_ms: int | None = None  # an error's hint: a retry after this long may succeed
 
 
 # --------------------------------------------------------------------------- endpoint helpers
@@ -446,13 +469,13 @@ def encode_reply(
     return [_pack(header), *frames]
 
 
-def encode_error(request_id: RequestId, code: str, message: str, retry_after_ms: int | None = None) -> list[bytes]:
-    """An error reply; ``retry_after_ms``: when a retry may succeed (an UNAVAILABLE during a recovery)."""
+def encode_error(request_id: RequestId, code: str, message: str, retry_after_ms: float | None = None) -> list[bytes]:
+    """An error reply; ``retry_after_ms``: when a retry may succeed (a full share, a GPU recovery)."""
     if code not in ERROR_CODES:
         code = INTERNAL
     err: dict[str, Any] = {"code": code, "message": message}
     if retry_after_ms is not None:
-        err["retry_after_ms"] = int(retry_after_ms)
+        err["retry_after_ms"] = round(float(retry_after_ms), 3)
     header = {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": err}
     return [_pack(header)]
 
@@ -473,9 +496,11 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
         err = header.get("error")
         if not isinstance(err, dict):
             err = {}
-        ra = err.get("retry_after_ms")
+        retry = err.get("retry_after_ms")
+        if type(retry) not in (int, float) or not math.isfinite(retry) or retry < 0:
+            retry = None
         return Reply(id=rid, ok=False, error_code=str(err.get("code", INTERNAL)), error_message=str(err.get("message", "")),
-                     retry_after_ms=ra if type(ra) is int and 0 <= ra < 2**31 else None)
+                     retry_after_ms=None if retry is None else float(retry))
     result = header.get("result") or {}
     if not isinstance(result, dict):
         raise WireError(INTERNAL, "reply 'result' must be a map", rid)

@@ -1,4 +1,4 @@
-"""The ``inferd`` command: run, compile, zoo, bench, serve."""
+"""The ``inferd`` command: run, compile, info, zoo, bench, serve, keys, demo."""
 from __future__ import annotations
 
 import argparse
@@ -124,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "bench":
         from .bench import main as bench_main
         return bench_main(argv[1:])
+    if argv and argv[0] == "keys":
+        from .server.keys import main as keys_main
+        return keys_main(argv[1:])
     if argv and argv[0] == "demo":
         from .demo import main as demo_main
         return demo_main(argv[1:])
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inferd", description="inferd: inference daemon and engine")
     p.add_argument("--log-level", default="WARNING")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("zoo", "serve", "bench", "demo"):
+    for name in ("zoo", "serve", "bench", "demo", "keys"):
         sub.add_parser(name, help=f"see 'inferd {name} --help'", add_help=False)
 
     def common(sp: argparse.ArgumentParser) -> None:

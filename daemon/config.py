@@ -48,6 +48,13 @@ def default_cache_dir(environ: Mapping[str, str]) -> str:
     return os.path.expanduser("~/.cache/inferd")
 
 
+def default_keys_dir(environ: Mapping[str, str]) -> str:
+    state = environ.get("STATE_DIRECTORY", "").strip()
+    if state:
+        return os.path.join(state.split(":")[0], "keys")
+    return os.path.expanduser("~/.local/share/inferd/keys")
+
+
 def _opt(kind: str, help: str, *, default: Any = None, choices: Sequence[str] | None = None,
          minimum: float | None = None) -> Any:
     return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "min": minimum})
@@ -81,8 +88,26 @@ class Config:
                                 default=30.0, minimum=0)
     memory_budget: int = _opt("size", "memory budget (0: none); stored and reported, set_budget changes it",
                               default=0, minimum=0)
-    socket_mode: str = _opt("str", "octal permission bits for the ipc socket file, e.g. 0660 (empty: umask)",
-                            default="")
+    socket_mode: str = _opt("str", "octal permission bits for the ipc socket file, e.g. 0660 (empty: 0660 "
+                            "when socket_group is set, else the umask's)", default="")
+    socket_group: str = _opt("str", "group of the ipc socket: its members may connect and infer (empty: the "
+                             "daemon's own group)", default="")
+    admin_group: str = _opt("str", "members of this group may also load, unload, set the budget and reload "
+                            "(root and the daemon's own user always may; empty: nobody else)", default="")
+    remote_endpoint: str = _opt("str", "a second endpoint to bind beside 'endpoint', for other machines, e.g. "
+                                "tcp://0.0.0.0:5599 (needs curve = true or allow_insecure_remote)", default="")
+    curve: bool = _opt("bool", "require CURVE (encryption + client keys) on every TCP endpoint; the keys come "
+                       "from keys_dir ('inferd keys init')", default=False)
+    keys_dir: str = _opt("path", "CURVE keys: server.key, server.key_secret, clients/admin/*.key, "
+                         "clients/infer/*.key (default: $STATE_DIRECTORY/keys or ~/.local/share/inferd/keys)",
+                         default="")
+    allow_insecure_remote: bool = _opt("bool", "serve a non-loopback TCP endpoint without CURVE: anyone on the "
+                                       "network can connect, unencrypted", default=False)
+    tcp_role: str = _opt("str", "role of TCP clients without CURVE (loopback, or remote with "
+                         "allow_insecure_remote)", default="infer", choices=("infer", "admin"))
+    max_inflight_per_client: int = _opt("int", "requests one client (a process on ipc, a key on CURVE, a "
+                                        "connection on plain TCP) may have queued or running; more are "
+                                        "answered UNAVAILABLE with a retry hint", default=32, minimum=1)
     stall_timeout: float = _opt("float", "stop the systemd watchdog when one run lasts longer than this many "
                                 "seconds, so systemd restarts a hung daemon (0: off)", default=0.0, minimum=0)
     cache_max_bytes: int = _opt("size", "largest size of the compiled packages in the cache; the least recently "
@@ -230,6 +255,11 @@ def load_config(
         values["models_dir"] = default_models_dir(env)
     if not values.get("cache_dir"):
         values["cache_dir"] = default_cache_dir(env)
+    if not values.get("keys_dir"):
+        values["keys_dir"] = default_keys_dir(env)
+    remote = values.get("remote_endpoint", "")
+    if remote and not remote.startswith("tcp://"):
+        raise ConfigError(f"option 'remote_endpoint': expected tcp://ADDRESS:PORT, got {remote!r}")
     if values.get("socket_mode"):
         try:
             mode = int(values["socket_mode"], 8)

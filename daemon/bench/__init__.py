@@ -2,6 +2,7 @@
 
     inferd bench [--device cpu] [--models a,b] [--repeat N] [--out DIR]   engine vs onnxruntime
     inferd bench daemon [--out DIR]                                        daemon round trip vs in-process
+    inferd bench auth [--out DIR] [--n N]                                  ipc vs TCP vs CURVE; quiet client under a flood
     inferd bench vulkan [--models a,b] [--out DIR]                         Vulkan vs ncnn Vulkan
     inferd bench cold [--device cpu|vulkan] [--models a,b] [--repeat N] [--out DIR] [--no-ncnn]
                       [--ablation] [--background]                          cold inference vs peers and floor
@@ -19,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "daemon":
         from .daemon_bench import main as daemon_main
         return daemon_main(argv[1:])
+    if argv and argv[0] == "auth":
+        from .auth_bench import main as auth_main
+        return auth_main(argv[1:])
     if argv and argv[0] == "cold":
         from .cold_bench import main as cold_main
         return cold_main(argv[1:])

@@ -6,8 +6,12 @@ inference and load/unload to the model slots. Worker threads send their replies 
 own inproc PUSH socket to a PULL socket that the main thread forwards to the ROUTER, without
 copying the tensor frames.
 
+Who may do what is decided in :mod:`.auth` (ZAP, on its own thread): every message carries its
+connection's verdict (ZeroMQ's User-Id), which the main thread maps to a role and a fair-share
+client before running the op.
+
 Exit codes of :func:`serve_main`: 0 clean stop (SIGTERM/SIGINT), 1 could not start (endpoint
-taken, bind failed), 2 bad configuration.
+taken, bind failed), 2 bad configuration (including protected mode's refusals and missing keys).
 """
 from __future__ import annotations
 
@@ -33,10 +37,12 @@ import zmq
 from inferd_client import protocol as P
 
 from ..config import Config, ConfigError, load_config, parse_argv
+from . import auth
+from .auth import Peer, Policy
 from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
-from .scheduler import _SHARED_DEVICES, LOADING, READY, RECOVERING, UNAVAILABLE, DeviceLock, Job, ModelSlot
+from .scheduler import _SHARED_DEVICES, LOADING, READY, RECOVERING, UNAVAILABLE, ClientShares, DeviceLock, Job, ModelSlot
 from .sdnotify import Notifier, setup_logging
 
 log = logging.getLogger("inferd.server")
@@ -61,6 +67,7 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
 
 
 STATUS_PERIOD_S = 10.0
+PEER_CACHE_MAX = 4096  # distinct connections' verdicts remembered (one per client process on ipc)
 MAX_BATCH = 256  # messages handled per socket per loop turn, so neither socket starves the other
 IPC_PATH_MAX = 107  # sun_path
 
@@ -233,6 +240,11 @@ class Server:
         self._retired: list[ModelSlot] = []
         self.budget = config.memory_budget
         self.limits = self._limits(config)
+        self.policy = Policy.from_config(config)
+        self.shares = ClientShares(config.max_inflight_per_client)
+        self._peers: dict[str, Peer] = {}
+        self._peer: Peer = auth.UNAUTHENTICATED  # the peer of the request being handled (main thread)
+        self.authenticator: auth.Authenticator | None = None
         self.reply_addr = f"inproc://inferd-replies-{id(self):x}"
         self.router: zmq.Socket | None = None
         self.pull: zmq.Socket | None = None
@@ -269,29 +281,65 @@ class Server:
         return ReplySender(self.ctx, self.reply_addr)
 
     def bind(self) -> None:
-        endpoint = self.config.endpoint
+        """Bind ``endpoint`` (and ``remote_endpoint``) on one ROUTER. Raises ProtectedModeError or
+        KeysError for a configuration that must not serve, EndpointBusy when the address is taken."""
+        config = self.config
+        for warning in auth.check_endpoints(config):
+            log.warning("%s", warning)
+        keys = auth.load_server_keys(config.keys_dir) if config.curve else None
+        if config.curve:
+            log.info("CURVE on TCP endpoints: %d authorised client keys in %s", len(self.policy.keys),
+                     os.path.join(config.keys_dir, auth.CLIENTS_DIR))
+        endpoint = config.endpoint
         path = P.ipc_path(endpoint)
         if path is not None:
             self._lockfile = claim_ipc_path(path)
+        # ZAP first: a connection accepted before its handler runs would carry no verdict.
+        self.authenticator = auth.Authenticator(self.ctx, lambda: self.policy)
+        self.authenticator.start()
         router = self.ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peers raise EHOSTUNREACH, not silence
-        router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)  # per frame, checked before buffering
+        router.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)  # per frame, checked before buffering
         router.setsockopt(zmq.LINGER, 2000)
         router.setsockopt(zmq.SNDHWM, 10000)
         router.setsockopt(zmq.RCVHWM, 10000)
         try:
-            router.bind(endpoint)
+            for ep in [endpoint, config.remote_endpoint]:
+                if not ep:
+                    continue
+                # Security options are copied into each listener at bind(): the ipc socket keeps
+                # NULL + peer credentials while a TCP bind on the same ROUTER speaks CURVE.
+                is_ipc = ep.startswith("ipc://")
+                router.setsockopt(zmq.ZAP_DOMAIN, (auth.ZAP_DOMAIN_IPC if is_ipc else auth.ZAP_DOMAIN_TCP).encode())
+                curve = keys is not None and not is_ipc
+                router.setsockopt(zmq.CURVE_SERVER, int(curve))
+                if curve:
+                    assert keys is not None
+                    router.setsockopt(zmq.CURVE_PUBLICKEY, keys[0])
+                    router.setsockopt(zmq.CURVE_SECRETKEY, keys[1])
+                router.bind(ep)
         except zmq.ZMQError as exc:
             router.close(0)
             self._release_lock()
-            raise EndpointBusy(f"cannot bind {endpoint}: {exc}") from None
-        if path is not None and self.config.socket_mode:
-            os.chmod(path, int(self.config.socket_mode, 8))
+            raise EndpointBusy(f"cannot bind {ep}: {exc}") from None
+        if path is not None:
+            try:
+                auth.socket_group_setup(path, self.policy, config)
+            except auth.ProtectedModeError:
+                router.close(0)
+                self._release_lock()
+                raise
+        for user in auth.admin_members_outside_socket_group(self.policy):
+            log.warning("user %s is in admin_group %r but not in socket_group %r: it cannot open %s "
+                        "(sudo usermod -aG %s %s)", user, config.admin_group, self.policy.socket_group,
+                        path or endpoint, self.policy.socket_group, user)
         pull = self.ctx.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, 0)
         pull.bind(self.reply_addr)
         self.router, self.pull = router, pull
-        log.info("listening on %s", endpoint)
+        log.info("listening on %s%s (socket_group %r, admin_group %r)", endpoint,
+                 f" and {config.remote_endpoint}" + (" with CURVE" if keys else "") if config.remote_endpoint else "",
+                 self.policy.socket_group, config.admin_group or None)
 
     def _release_lock(self) -> None:
         if self._lockfile is not None:
@@ -382,8 +430,9 @@ class Server:
             else:
                 self._rl(logging.ERROR, "sending a reply failed: %s", exc)
 
-    def _error(self, ident: bytes, rid: P.RequestId, code: str, message: str) -> None:
-        self._send(ident, P.encode_error(rid, code, message))
+    def _error(self, ident: bytes, rid: P.RequestId, code: str, message: str,
+               retry_after_ms: float | None = None) -> None:
+        self._send(ident, P.encode_error(rid, code, message, retry_after_ms))
 
     def _forward_replies(self) -> None:
         pull = self.pull
@@ -409,8 +458,40 @@ class Server:
 
     # ------------------------------------------------------------------ requests
 
+    def _peer_of(self, frame: zmq.Frame) -> Peer:
+        """Who sent this message: the ZAP verdict its connection carries, through the current policy."""
+        try:
+            user_id = frame.get("User-Id")
+        except zmq.ZMQError:
+            return auth.UNAUTHENTICATED  # no verdict: refuse rather than guess
+        peer = self._peers.get(user_id)
+        if peer is None:
+            try:
+                peer = self.policy.resolve(user_id)
+            except ValueError:
+                peer = auth.UNAUTHENTICATED
+            if len(self._peers) >= PEER_CACHE_MAX:
+                self._peers.clear()
+            self._peers[user_id] = peer
+        return peer
+
+    def _deny(self, ident: bytes, req: P.Request, peer: Peer) -> None:
+        needed = P.required_role(req.op)
+        if peer.role is None:
+            msg = f"permission denied: {peer.reason}"
+        else:
+            how = ("a member of admin_group " + repr(self.config.admin_group) if self.config.admin_group
+                   else "root or the daemon's own user (admin_group is not set)")
+            msg = (f"permission denied: {req.op!r} needs the {needed} role and this client ({peer.desc}) has the "
+                   f"{peer.role} role. On the ipc socket, admins are {how}; a CURVE client's key must be "
+                   f"authorised under clients/admin (inferd keys client NAME --role admin)")
+        self._rl(logging.WARNING, "permission denied: %s asked for %r%s (needs %s, has %s)", peer.desc, req.op,
+                 f" on model {req.model!r}" if req.model else "", needed, peer.role or "no role")
+        self._error(ident, req.id, P.PERMISSION_DENIED, msg)
+
     def _handle(self, frames: list[zmq.Frame]) -> None:
         ident = frames[0].bytes
+        peer = self._peer_of(frames[0])
         body = frames[1:]
         t_recv = time.monotonic()
         try:
@@ -427,6 +508,10 @@ class Server:
             self._error(ident, P.peek_request_id(body[0], self.limits) if body else None, P.INVALID_ARG,
                         f"request could not be decoded: {type(exc).__name__}: {exc}")
             return
+        if not P.role_allows(peer.role, req.op):
+            self._deny(ident, req, peer)
+            return
+        self._peer = peer
         try:
             self._ops[req.op](ident, req, t_recv)
         except Exception as exc:
@@ -458,7 +543,9 @@ class Server:
         deadline = None if req.timeout_ms is None else t_recv + req.timeout_ms / 1e3
         if deadline is not None and deadline < self._next_sweep:
             self._next_sweep = deadline
-        job = Job(ident, req.id, req.tensors, req.priority, deadline, t_recv, next(self._seq), outputs or None)
+        peer = self._peer
+        job = Job(ident, req.id, req.tensors, req.priority, deadline, t_recv, next(self._seq), outputs or None,
+                  client=peer.client or "conn " + ident.hex())
         err = slot.submit(job, inline=self._inline_sender)
         if err is not None:
             self._error(ident, req.id, *err)
@@ -501,7 +588,20 @@ class Server:
         self._send(ident, P.encode_reply(req.id, {"budget_bytes": self.budget}))
 
     def _op_status(self, ident: bytes, req: P.Request, t_recv: float) -> None:
-        self._send(ident, P.encode_reply(req.id, self.status()))
+        peer = self._peer
+        client = peer.client or "conn " + ident.hex()
+        st = self.status()
+        st["you"] = {"role": peer.role, "who": peer.desc, "client": client, "inflight": self.shares.inflight(client)}
+        self._send(ident, P.encode_reply(req.id, st))
+
+    def _op_reload(self, ident: bytes, req: P.Request, t_recv: float) -> None:
+        err = self.reload()
+        if err:
+            self._error(ident, req.id, P.INVALID_ARG, err)
+        else:
+            self._send(ident, P.encode_reply(req.id, {"config_file": self._config_path or "",
+                                                       "models": sorted(self.slots),
+                                                       "authorized_keys": len(self.policy.keys)}))
 
     def status(self) -> dict[str, Any]:
         try:
@@ -526,6 +626,9 @@ class Server:
             "uptime_s": round(time.monotonic() - self._t_start, 3), "endpoint": self.config.endpoint,
             "models_dir": self.config.models_dir, "device": self.config.device,
             "devices_in_use": sorted({s.device for s in self.slots.values() if s.device}),
+            "remote_endpoint": self.config.remote_endpoint or None,
+            "security": auth.describe(self.config, self.policy),
+            "clients_inflight": len(self.shares.snapshot()),
             "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget},
             "budget_bytes": self.budget,
             "models": models,
@@ -681,28 +784,44 @@ class Server:
         else:
             self._stop_requests += 1
 
-    def reload(self) -> None:
+    def reload(self) -> str | None:
+        """SIGHUP or the reload op: re-read the config, the groups and the authorised keys, rescan the
+        repository. Returns the error that kept the old configuration, if any."""
         self._reload_requested = False
-        log.info("SIGHUP: reloading configuration and rescanning %s", self.config.models_dir)
+        log.info("reloading configuration and rescanning %s", self.config.models_dir)
         self.notifier.reloading()
+        error = None
         try:
             new = load_config(self._cli, self._config_path)
         except ConfigError as exc:
-            log.error("configuration reload failed, keeping the old one: %s", exc)
+            error = f"configuration reload failed, keeping the old one: {exc}"
             new = self.config
-        for key in ("endpoint", "socket_mode"):
+        for key in ("endpoint", "socket_mode", "socket_group", "remote_endpoint", "curve", "keys_dir",
+                    "allow_insecure_remote"):
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("option %s changed to %r: takes effect after a restart", key, getattr(new, key))
                 new = new.replace(**{key: getattr(self.config, key)})
+        try:
+            # Open connections are judged by the new groups and keys from their next message on.
+            policy = Policy.from_config(new)
+        except ConfigError as exc:
+            error = f"configuration reload failed, keeping the old one: {exc}"
+            new, policy = self.config, self.policy
+        if error:
+            log.error("%s", error)
         if new.memory_budget != self.config.memory_budget:
             self.budget = new.memory_budget
         if new.log_level != self.config.log_level:
             logging.getLogger("inferd").setLevel(new.log_level.upper())
         self.config = new
         self.limits = self._limits(new)
+        self.policy = policy
+        self._peers.clear()
+        self.shares.cap = new.max_inflight_per_client
         self._reloading = True
         self.rescan()
         self._check_ready()
+        return error
 
     def _begin_drain(self, now: float) -> None:
         self.draining = True
@@ -804,7 +923,7 @@ class Server:
                     if sock is router:
                         # Ask the socket whether more is queued rather than recv until zmq.Again:
                         # building that exception costs more than the getsockopt.
-                        for _ in range(MAX_BATCH):
+                        for i in range(MAX_BATCH):
                             try:
                                 frames = recv_frames(router, _NOBLOCK)
                             except zmq.Again:
@@ -812,6 +931,10 @@ class Server:
                             handle(frames)
                             if not router.get(_EVENTS) & _POLLIN:
                                 break
+                            # Finished work first: under a flood of new requests a reply would
+                            # otherwise wait for the whole batch (most of them refusals).
+                            if i & 7 == 7 and pull.get(_EVENTS) & _POLLIN:
+                                self._forward_replies()
                     elif sock is pull:
                         self._forward_replies()
                     else:
@@ -845,6 +968,9 @@ class Server:
             self.pull.close(0)
         if self.router is not None:
             self.router.close(2000)  # let the last replies reach their clients
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
         if any(s._thread.is_alive() for s in slots):
             # A run that never returns still holds its reply socket; term() would wait for it forever.
             log.error("exiting with model threads still running: %s",
@@ -874,13 +1000,19 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     log.debug("logging to %s", kind)
     apply_threads(config.threads)
     prepare_cache_dir(config.cache_dir)
-    server = Server(config, cli, config_path, loader=loader)
+    try:
+        server = Server(config, cli, config_path, loader=loader)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
     server.freeze_gc = True
     try:
         server.bind()
-    except EndpointBusy as exc:
+    except (EndpointBusy, auth.ProtectedModeError, auth.KeysError) as exc:
         log.error("%s", exc)
-        server.notifier.status(f"failed to start: {exc}")
+        server.notifier.status(f"failed to start: {str(exc).splitlines()[0]}")
+        if server.authenticator is not None:
+            server.authenticator.stop()
         server.ctx.term()
-        return 1
+        return 1 if isinstance(exc, EndpointBusy) else 2
     return server.run()

@@ -1,4 +1,8 @@
-"""Per-model serving: state machine, priority queue with cap and deadlines, one worker thread.
+"""Per-model serving: state machine, fair priority queue with cap and deadlines, one worker thread.
+
+Fair share: within a priority, a model's queue serves its clients round-robin (FIFO within one
+client), and :class:`ClientShares` caps the requests one client has queued or running across all
+models, so one client flooding a model cannot push the others' requests back.
 
 Threads: the main (ZeroMQ) thread submits jobs and control tasks and sweeps expired deadlines;
 each model's worker thread loads, runs and unloads that model, so a model's ``run`` is never
@@ -13,10 +17,11 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -85,7 +90,156 @@ class Job:
     outputs: list[str] | None = None
     state: int = QUEUED
     sig: Any = None  # the signature (slot.inputs list) the feeds were checked against at submit
+    client: str = ""  # fair-share key (see ClientShares); "" counts against no cap
     retried: bool = False  # run once more after a device fault (inference is idempotent); never twice
+
+
+MAX_RETRY_HINT_S = 10.0
+
+
+class ClientShares:
+    """Requests in flight (queued or running) per client, against one cap for every client.
+
+    The serving thread acquires, whichever thread ends the request releases; hence the lock."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._lock = threading.Lock()
+        self._n: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}  # monotonic time up to which retries are already booked
+
+    def acquire(self, client: str) -> bool:
+        if not client:
+            return True
+        with self._lock:
+            n = self._n.get(client, 0)
+            if n >= self.cap:
+                return False
+            self._n[client] = n + 1
+            return True
+
+    def retry_after(self, client: str, interval_s: float) -> float:
+        """The retry hint (ms) for a refused request: one service interval after the retries already
+        booked for this client. A burst's refusals get 1, 2, 3 ... intervals, so a client that follows
+        the hints comes back at the pace it is served instead of all at once."""
+        now = time.monotonic()
+        with self._lock:
+            # Bounded: a client that ignores the hints would otherwise book itself ever further out.
+            at = min(max(now, self._retry_at.get(client, 0.0)) + interval_s, now + MAX_RETRY_HINT_S)
+            self._retry_at[client] = at
+        return (at - now) * 1e3
+
+    def release(self, client: str) -> None:
+        if not client:
+            return
+        with self._lock:
+            n = self._n.get(client, 0) - 1
+            if n > 0:
+                self._n[client] = n
+            else:
+                self._n.pop(client, None)  # idle clients leave no entry behind
+                if self._retry_at.get(client, 0.0) <= time.monotonic():
+                    self._retry_at.pop(client, None)
+
+    def inflight(self, client: str) -> int:
+        with self._lock:
+            return self._n.get(client, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._n)
+
+
+class FairQueue:
+    """Queued jobs: higher priority first; within a priority, clients in turn (round-robin, newly
+    active clients first), each client's jobs in arrival order. Jobs that left early (expired,
+    cancelled) stay until they are met or :meth:`compact` drops them."""
+
+    def __init__(self) -> None:
+        self._levels: dict[int, OrderedDict[str, deque[Job]]] = {}
+        self._prios: list[int] = []  # heap of -priority, one per non-empty level
+        self.entries = 0  # jobs held, left ones included
+
+    def push(self, job: Job) -> None:
+        level = self._levels.get(job.priority)
+        if level is None:
+            level = self._levels[job.priority] = OrderedDict()
+            heapq.heappush(self._prios, -job.priority)
+        q = level.get(job.client)
+        if q is None:
+            # A client with nothing queued goes first, before those with a backlog (fq_codel's "new
+            # flows"): a client sending one request at a time waits for the run in progress only,
+            # not for one more turn of a flooding client.
+            q = level[job.client] = deque()
+            level.move_to_end(job.client, last=False)
+        q.append(job)
+        self.entries += 1
+
+    def push_front(self, job: Job) -> None:
+        """Put ``job`` back first in line within its priority (a run that hit a device fault goes again
+        before anything that came after it)."""
+        level = self._levels.get(job.priority)
+        if level is None:
+            level = self._levels[job.priority] = OrderedDict()
+            heapq.heappush(self._prios, -job.priority)
+        q = level.get(job.client)
+        if q is None:
+            q = level[job.client] = deque()
+        q.appendleft(job)
+        level.move_to_end(job.client, last=False)
+        self.entries += 1
+
+    def pop(self) -> Job | None:
+        """The next job to run (marked TAKEN), or None."""
+        prios, levels = self._prios, self._levels
+        while prios:
+            prio = -prios[0]
+            level = levels[prio]
+            while level:
+                client = next(iter(level))
+                q = level[client]
+                while q:
+                    job = q.popleft()
+                    self.entries -= 1
+                    if job.state == QUEUED:
+                        if q:
+                            level.move_to_end(client)  # its next job waits for every other client's turn
+                        else:
+                            del level[client]
+                        job.state = TAKEN
+                        return job
+                del level[client]
+            del levels[prio]
+            heapq.heappop(prios)
+        return None
+
+    def jobs(self) -> Iterator[Job]:
+        for level in self._levels.values():
+            for q in level.values():
+                yield from q
+
+    def active_clients(self) -> int:
+        return sum(len(level) for level in self._levels.values())
+
+    def clear(self) -> None:
+        self._levels.clear()
+        self._prios.clear()
+        self.entries = 0
+
+    def compact(self) -> None:
+        for prio in list(self._levels):
+            level = self._levels[prio]
+            for client in list(level):
+                q = deque(j for j in level[client] if j.state == QUEUED)
+                if q:
+                    level[client] = q
+                else:
+                    del level[client]
+            if not level:
+                del self._levels[prio]
+        self._prios = [-p for p in self._levels]
+        heapq.heapify(self._prios)
+        self.entries = sum(len(q) for level in self._levels.values() for q in level.values())
 
 
 def _pct(samples: deque[float]) -> dict[str, float]:
@@ -186,7 +340,7 @@ class ModelSlot:
         # ``with self.cond`` goes through Condition's Python-level __enter__/__exit__.
         self._mutex = threading.RLock()
         self.cond = threading.Condition(self._mutex)
-        self._heap: list[tuple[int, int, Job]] = []
+        self._queue = FairQueue()
         self._dl_heap: list[tuple[float, int, Job]] = []
         self.queued = 0
         self.busy = False
@@ -332,8 +486,8 @@ class ModelSlot:
                                f"got {a.dtype.name}{list(a.shape)}")
         return feeds, None
 
-    def submit(self, job: Job, inline: ReplySender | None = None) -> tuple[str, str] | None:
-        """Queue a job; returns (code, message) instead when it cannot be accepted.
+    def submit(self, job: Job, inline: ReplySender | None = None) -> tuple[Any, ...] | None:
+        """Queue a job; returns (code, message[, retry_after_ms]) instead when it cannot be accepted.
 
         With ``inline`` (the main thread's sender), a job for an idle CPU model whose runs are known
         to be short (``inline_max_us``) runs right here: it saves two thread hand-offs, which are
@@ -347,9 +501,6 @@ class ModelSlot:
             if self.state == UNLOADED and not self.on_demand:
                 self.stats.incr("rejected")
                 return P.UNAVAILABLE, f"model {self.name!r} was unloaded by request; load it again first"
-            if self.queued >= self.max_queue:
-                self.stats.incr("rejected")
-                return P.UNAVAILABLE, f"queue of model {self.name!r} is full ({self.max_queue} requests waiting)"
             if job.feeds is not None and self.inputs:
                 job.feeds, err = self.check_feeds(job.feeds)
                 if err:
@@ -362,6 +513,20 @@ class ModelSlot:
                 if bad:
                     self.stats.incr("rejected")
                     return P.INVALID_ARG, f"model {self.name!r} has no output(s) {bad}; outputs are {sorted(known)}"
+            shares: ClientShares = self.server.shares
+            if not shares.acquire(job.client):
+                self.stats.incr("rejected")
+                # This client gets a run about once per round of the clients queued here.
+                interval_s = self._retry_after_ms(1 + self._queue.active_clients()) / 1e3
+                retry = max(1.0, shares.retry_after(job.client, interval_s))
+                return (P.UNAVAILABLE, f"this client ({job.client}) already has {shares.cap} requests in flight "
+                        f"(max_inflight_per_client); retry in about {retry:.0f} ms", retry)
+            if self.queued >= self.max_queue:
+                shares.release(job.client)
+                self.stats.incr("rejected")
+                retry = self._retry_after_ms(self.queued)
+                return (P.UNAVAILABLE, f"queue of model {self.name!r} is full ({self.max_queue} requests waiting); "
+                        f"retry in about {retry:.0f} ms", retry)
             stats = self.stats
             with stats.lock:
                 stats.requests += 1
@@ -376,11 +541,11 @@ class ModelSlot:
                 if self.state == UNLOADED:
                     self.state, self.reason = LOADING, "loading on demand"
                     self._control.append(("load", False))
-                heapq.heappush(self._heap, (-job.priority, job.seq, job))
+                self._queue.push(job)
                 if job.deadline is not None:
                     heapq.heappush(self._dl_heap, (job.deadline, job.seq, job))
                 self.queued += 1
-                if len(self._heap) > 2 * self.queued + 64 or len(self._dl_heap) > 2 * self.queued + 64:
+                if self._queue.entries > 2 * self.queued + 64 or len(self._dl_heap) > 2 * self.queued + 64:
                     self._compact()
                 self.cond.notify()
         if run_here:
@@ -395,9 +560,13 @@ class ModelSlot:
                     self.running_since = None
         return None
 
+    def _retry_after_ms(self, runs_ahead: int) -> float:
+        """When a slot should free up: about ``runs_ahead`` runs of this model (5 ms each until measured)."""
+        ema = self._compute_ema if self._compute_ema is not None else 0.005
+        return max(1.0, ema * 1e3 * max(1, runs_ahead))
+
     def _compact(self) -> None:
-        self._heap = [e for e in self._heap if e[2].state == QUEUED]
-        heapq.heapify(self._heap)
+        self._queue.compact()
         self._dl_heap = [e for e in self._dl_heap if e[2].state == QUEUED]
         heapq.heapify(self._dl_heap)
 
@@ -420,6 +589,8 @@ class ModelSlot:
                     out.append(job)
         if out:
             self.stats.add(expired=len(out))
+            for job in out:
+                self.server.shares.release(job.client)
         return out
 
     def cancel_queued(self) -> list[Job]:
@@ -427,11 +598,13 @@ class ModelSlot:
             return self._cancel_queued_locked()
 
     def _cancel_queued_locked(self) -> list[Job]:
-        out = [e[2] for e in self._heap if e[2].state == QUEUED]
+        out = [j for j in self._queue.jobs() if j.state == QUEUED]
+        shares = self.server.shares
         for job in out:
             job.state = DONE
             job.feeds = None
-        self._heap.clear()
+            shares.release(job.client)
+        self._queue.clear()
         self._dl_heap.clear()
         self.queued = 0
         if out:
@@ -486,7 +659,7 @@ class ModelSlot:
         """Put a job that hit a fault back at the head of its priority (its seq keeps its place)."""
         with self.cond:
             job.state = QUEUED
-            heapq.heappush(self._heap, (-job.priority, job.seq, job))
+            self._queue.push_front(job)
             if job.deadline is not None:
                 heapq.heappush(self._dl_heap, (job.deadline, job.seq, job))
             self.queued += 1
@@ -494,13 +667,10 @@ class ModelSlot:
         self.server.note_deadline(job.deadline)
 
     def _pop_locked(self) -> Job | None:
-        while self._heap:
-            job = heapq.heappop(self._heap)[2]
-            if job.state == QUEUED:
-                job.state = TAKEN
-                self.queued -= 1
-                return job
-        return None
+        job = self._queue.pop()
+        if job is not None:
+            self.queued -= 1
+        return job
 
     def _device_ctx(self, device: str | None, priority: int = 0) -> Any:
         if device in _SHARED_DEVICES:
@@ -508,6 +678,13 @@ class ModelSlot:
         return nullcontext()
 
     def _run_job(self, job: Job, sender: ReplySender) -> None:
+        try:
+            self._run_job_inner(job, sender)
+        finally:
+            if job.state != QUEUED:  # a job put back after a device fault is still in flight
+                self.server.shares.release(job.client)
+
+    def _run_job_inner(self, job: Job, sender: ReplySender) -> None:
         now = time.monotonic()
         if job.deadline is not None and now > job.deadline:
             self.stats.incr("expired")

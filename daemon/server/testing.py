@@ -4,7 +4,9 @@
 manager), waits until it answers ``health`` with ready, and reads its RSS. The child serves with
 :func:`testing_loader`: a file whose bytes start with ``FAKE_MAGIC`` is a :class:`FakeModel`
 described by the JSON after the magic; every other file goes to the real ``inferd.load``.
-Robot-code projects can use the same helper to test against a real daemon.
+Robot-code projects can use the same helper to test against a real daemon. :func:`flood_run`
+measures one client's latency while another client process floods the daemon (the fair-share test
+and ``inferd bench auth``).
 """
 from __future__ import annotations
 
@@ -223,3 +225,130 @@ class DaemonProcess:
             self.stop(timeout=15.0)
         finally:
             self.kill()
+
+
+# --------------------------------------------------------------------------- fair share under a flood
+# Shared by the flood test and ``inferd bench auth``: a quiet client's latency alone and while
+# another client process floods the same model.
+
+_QUIET_CLIENT = r"""
+import json, sys, time
+import numpy as np
+from inferd_client import Client
+ep, model, shape, n = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+x = np.zeros(shape, np.float32)
+lat = []
+with Client(ep, timeout=60) as c:
+    for _ in range(10):
+        c.infer(model, x)
+    for _ in range(n):
+        t = time.perf_counter()
+        c.infer(model, x)
+        lat.append(time.perf_counter() - t)
+        time.sleep(0.002)
+print(json.dumps(lat))
+"""
+
+# ``n`` requests at once on one socket. mode "hints": then, like a client with that much work, a
+# new request for each one served and each refused one again once its retry hint has passed.
+# mode "burst": ignores the hints, sends the next n as soon as all n are answered. Until ``stop`` exists.
+_FLOOD_CLIENT = r"""
+import heapq, json, os, sys, time
+import numpy as np
+import zmq
+from inferd_client import protocol as P
+ep, model, shape, n, stop, mode = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.setsockopt(zmq.LINGER, 0)
+s.setsockopt(zmq.SNDHWM, 0)
+s.setsockopt(zmq.RCVHWM, 0)
+s.connect(ep)
+x = np.zeros(shape, np.float32)
+stats = {"ok": 0, "unavailable": 0, "other": 0, "sent": 0, "retry_ms": [], "message": "", "mode": mode}
+rid = 0
+def send():
+    global rid
+    rid += 1
+    stats["sent"] += 1
+    s.send_multipart(P.encode_request(rid, "infer", model, tensors={"x": x}, timeout_ms=60000))
+def receive(wait_ms):
+    if not s.poll(wait_ms):
+        return None
+    r = P.decode_reply(s.recv_multipart())
+    if r.ok:
+        stats["ok"] += 1
+    elif r.error_code == P.UNAVAILABLE and r.retry_after_ms is not None:
+        stats["unavailable"] += 1
+        stats["message"] = r.error_message
+        if len(stats["retry_ms"]) < 5000:
+            stats["retry_ms"].append(r.retry_after_ms)
+    else:
+        stats["other"] += 1
+        stats["message"] = r.error_code + ": " + r.error_message
+    return r
+for _ in range(n):
+    send()
+print("flooding", flush=True)
+later = []
+outstanding = n
+while not os.path.exists(stop):
+    if mode == "burst":
+        if receive(50) is not None:
+            outstanding -= 1
+        if outstanding == 0:
+            for _ in range(n):
+                send()
+            outstanding = n
+        continue
+    now = time.monotonic()
+    while later and later[0] <= now:
+        heapq.heappop(later)
+        send()
+    r = receive(50 if not later else max(0, min(50, int((later[0] - now) * 1000))))
+    if r is None:
+        continue
+    if r.ok:
+        send()
+    elif r.retry_after_ms is not None:
+        heapq.heappush(later, time.monotonic() + r.retry_after_ms / 1e3)
+print(json.dumps(stats))
+"""
+
+
+def quiet_latencies(endpoint: str, model: str, shape: Sequence[int], n: int) -> list[float]:
+    """Round trips (s) of one client process sending one request at a time (2 ms apart)."""
+    r = subprocess.run([sys.executable, "-c", _QUIET_CLIENT, endpoint, model, json.dumps(list(shape)), str(n)],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"quiet client failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def flood_run(endpoint: str, model: str, shape: Sequence[int], stop_dir: str | os.PathLike[str], *,
+              flood: int = 1000, n_quiet: int = 120, mode: str = "hints") -> dict[str, Any]:
+    """The quiet client's latencies alone, then while another process floods ``model`` with ``flood``
+    requests at once (``mode`` "hints" or "burst", see above): {"alone", "flooded", "flood": stats}."""
+    alone = quiet_latencies(endpoint, model, shape, n_quiet)
+    stop = Path(stop_dir) / f"stop-flood-{os.getpid()}"
+    stop.unlink(missing_ok=True)
+    flooder = subprocess.Popen([sys.executable, "-c", _FLOOD_CLIENT, endpoint, model, json.dumps(list(shape)),
+                                str(flood), str(stop), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert flooder.stdout is not None
+        if flooder.stdout.readline().strip() != "flooding":
+            raise RuntimeError(f"flooder failed: {flooder.stderr.read() if flooder.stderr else ''}")
+        with Client(endpoint) as c:  # the flood really is queued before the quiet client starts
+            end = time.monotonic() + 10
+            while c.status()["models"][model]["queued"] == 0:
+                if time.monotonic() > end:
+                    raise RuntimeError("the flood never reached the queue")
+                time.sleep(0.001)
+        flooded = quiet_latencies(endpoint, model, shape, n_quiet)
+    finally:
+        stop.touch()
+        out, err = flooder.communicate(timeout=120)
+        stop.unlink(missing_ok=True)
+    if flooder.returncode != 0:
+        raise RuntimeError(f"flooder failed: {err[-2000:]}")
+    return {"alone": alone, "flooded": flooded, "flood": json.loads(out.strip().splitlines()[-1])}
