@@ -86,7 +86,8 @@ class Config:
                              "(least recently used dropped; a model's config.toml can override)", default=4, minimum=0)
     drain_timeout: float = _opt("float", "seconds SIGTERM waits for queued and running requests",
                                 default=30.0, minimum=0)
-    memory_budget: int = _opt("size", "memory budget (0: none); stored and reported, set_budget changes it",
+    memory_budget: int = _opt("size", "memory budget for the models (0: none): least recently used models are "
+                              "unloaded to keep it, pinned and busy ones stay; set_budget changes it",
                               default=0, minimum=0)
     socket_mode: str = _opt("str", "octal permission bits for the ipc socket file, e.g. 0660 (empty: 0660 "
                             "when socket_group is set, else the umask's)", default="")

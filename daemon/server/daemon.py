@@ -39,6 +39,7 @@ from inferd_client import protocol as P
 from ..config import Config, ConfigError, load_config, parse_argv
 from . import auth
 from .auth import Peer, Policy
+from . import budget
 from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
@@ -454,7 +455,42 @@ class Server:
     def _on_event(self, kind: str, name: str) -> None:
         if kind == "state":
             self._check_ready()
+            self.enforce_budget()
             self.notifier.status(self._status_line())
+
+    # ------------------------------------------------------------------ memory budget (main thread)
+
+    def _residents(self) -> list[budget.Resident]:
+        return [budget.Resident(s.name, s.resident_bytes(), s.last_used, s.entry.config.pinned, not s.idle())
+                for s in self.slots.values() if s.model is not None]
+
+    def enforce_budget(self) -> None:
+        """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
+        if self.budget <= 0:
+            return
+        v = budget.plan(self._residents(), self.budget)
+        for name in v.evict:
+            if self.slots[name].evict(f"evicted to keep the memory budget ({self.budget} bytes); loads again on "
+                                      f"its next request"):
+                log.info("model %s: evicted to keep the memory budget of %d bytes", name, self.budget)
+        if not v.fits:
+            self._rl(logging.WARNING, "models that must stay (pinned or busy) exceed the memory budget of %d bytes "
+                     "by %d bytes", self.budget, v.short_by)
+
+    def admit(self, slot: ModelSlot) -> str | None:
+        """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
+        last load; unknown the first time), or the reason it cannot fit at all."""
+        if self.budget <= 0 or slot.known_bytes <= 0:
+            return None
+        res = [r for r in self._residents() if r.name != slot.name]
+        v = budget.plan(res, self.budget, need=slot.known_bytes, keep=slot.name)
+        if not v.fits:
+            held = sum(r.nbytes for r in res if r.pinned or r.busy)
+            return budget.describe_shortfall(slot.name, slot.known_bytes, self.budget, held)
+        for name in v.evict:
+            self.slots[name].evict(f"evicted to make room for {slot.name!r} within the memory budget "
+                                   f"({self.budget} bytes)")
+        return None
 
     # ------------------------------------------------------------------ requests
 
@@ -559,6 +595,10 @@ class Server:
         slot = self._slot(ident, req)
         if slot is None:
             return
+        short = self.admit(slot) if slot.model is None else None
+        if short:
+            self._error(ident, req.id, P.UNAVAILABLE, short)
+            return
         info = slot.request_load((ident, req.id), reload=bool(req.args.get("reload", False)))
         if info is not None:
             self._send(ident, P.encode_reply(req.id, info))
@@ -585,6 +625,7 @@ class Server:
             return
         self.budget = nbytes
         log.info("memory budget set to %d bytes", nbytes)
+        self.enforce_budget()
         self._send(ident, P.encode_reply(req.id, {"budget_bytes": self.budget}))
 
     def _op_status(self, ident: bytes, req: P.Request, t_recv: float) -> None:
@@ -618,7 +659,8 @@ class Server:
             models_bytes += mem
             models[name] = {"state": s.state, "reason": s.reason, "device": s.device, "queued": s.queued,
                             "memory_bytes": mem, "pinned": s.entry.config.pinned, **s.stats.snapshot(),
-                            "cold": s.cold_stats()}
+                            "cold": s.cold_stats(), "known_bytes": s.known_bytes, "evictions": s.evictions,
+                            "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None}
         rss = process_rss()
         return {
             "live": True, "ready": self.ready and not self.draining, "draining": self.draining,
@@ -811,6 +853,7 @@ class Server:
             log.error("%s", error)
         if new.memory_budget != self.config.memory_budget:
             self.budget = new.memory_budget
+            self.enforce_budget()
         if new.log_level != self.config.log_level:
             logging.getLogger("inferd").setLevel(new.log_level.upper())
         self.config = new
@@ -911,6 +954,7 @@ class Server:
                     self.notifier.watchdog(now)
                 if now - self._last_status >= STATUS_PERIOD_S:
                     self._last_status = now
+                    self.enforce_budget()  # models that were busy at the last change may be idle now
                     self.notifier.status(self._status_line())
                 timeout = STATUS_PERIOD_S
                 if self.notifier.watchdog_interval is not None:

@@ -336,6 +336,12 @@ class ModelSlot:
         self._expected: dict[str, dict[str, Any]] = {}
         self.outputs: list[dict[str, Any]] = []
         self.on_demand = True  # cleared by an explicit unload, set again by an explicit load
+        #: the memory budget's view: when it last served (monotonic s), what it weighed when fully prepared
+        self.last_used = 0.0
+        self.known_bytes = 0
+        self.evictions = 0
+        self._evict_reason: str | None = None
+        self._measured = False  # the first answer after a load updates known_bytes (a cold load grows until then)
         # The condition's own lock, for the per-request path: ``with self._mutex`` enters it in C,
         # ``with self.cond`` goes through Condition's Python-level __enter__/__exit__.
         self._mutex = threading.RLock()
@@ -429,6 +435,24 @@ class ModelSlot:
             self.cond.notify()
         return None
 
+    def resident_bytes(self) -> int:
+        """What this model holds, or will once its cold load is complete (the budget plans with that)."""
+        mem = self.memory_bytes()
+        if self.model is not None and self._measured:
+            self.known_bytes = mem
+        return max(mem, self.known_bytes) if self.model is not None else 0
+
+    def evict(self, reason: str) -> bool:
+        """Unload to keep the memory budget, if nothing is queued or running here; the next request loads it
+        again. Returns whether the unload was queued."""
+        with self.cond:
+            if self.state != READY or self.queued or self.busy or self._control:
+                return False
+            self._evict_reason = reason
+            self._control.append(("unload", None))
+            self.cond.notify()
+        return True
+
     def request_unload(self, waiter: tuple[bytes, P.RequestId] | None) -> dict[str, Any] | None:
         with self.cond:
             self.on_demand = False
@@ -494,6 +518,7 @@ class ModelSlot:
         most of the daemon's overhead for small models, and cannot delay other models by more
         than that bound.
         """
+        self.last_used = time.monotonic()
         with self._mutex:
             if self.state == UNAVAILABLE:
                 self.stats.incr("rejected")
@@ -501,6 +526,11 @@ class ModelSlot:
             if self.state == UNLOADED and not self.on_demand:
                 self.stats.incr("rejected")
                 return P.UNAVAILABLE, f"model {self.name!r} was unloaded by request; load it again first"
+            if self.state == UNLOADED:
+                short = self.server.admit(self)  # room for it within the memory budget, others evicted
+                if short:
+                    self.stats.incr("rejected")
+                    return P.UNAVAILABLE, short
             if job.feeds is not None and self.inputs:
                 job.feeds, err = self.check_feeds(job.feeds)
                 if err:
@@ -759,6 +789,10 @@ class ModelSlot:
             self.stats.queue_s.append(queue_s)
             self.stats.compute_s.append(compute)
         sender.send(job.ident, frames)
+        if not self._measured:  # its first answer: a cold load is complete, its weight now known
+            self._measured = True
+            self.known_bytes = self.memory_bytes()
+            sender.event("state", self.name)
 
     def _do_load(self, sender: ReplySender, reload: bool) -> None:
         with self.cond:
@@ -833,6 +867,7 @@ class ModelSlot:
                               for s in self.inputs}
             self.outputs = tensor_sig(model.outputs)
             self.state, self.reason = READY, note
+            self._measured, self.last_used = False, time.monotonic()
             self._compute_ema = None
             self.stats.last_load_s = dt
             waiters, self._load_waiters = self._load_waiters, []
@@ -860,9 +895,18 @@ class ModelSlot:
 
     def _do_unload_locked(self, sender: ReplySender, final: bool, reason: str | None = None) -> None:
         with self.cond:
+            evicting, self._evict_reason = self._evict_reason, None
+            if evicting and (final or self._unload_waiters or not self.on_demand):
+                evicting = None  # an explicit unload or a retirement came too: that is what this is
+            if evicting and self.queued:
+                return  # a request came after the eviction was decided: keep serving (the budget looks again)
             model, self.model = self.model, None
             self.state = UNLOADED
-            self.reason = (reason or "removed from the repository") if final else "unloaded by request"
+            if evicting and not final:
+                self.evictions += 1
+                self.reason = evicting
+            else:
+                self.reason = (reason or "removed from the repository") if final else "unloaded by request"
             self.device = None
             cancelled = self._cancel_queued_locked()
             waiters, self._unload_waiters = self._unload_waiters, []

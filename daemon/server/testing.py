@@ -34,7 +34,7 @@ class FakeModel:
     Spec keys: ``inputs`` [{name, shape, dtype}], ``delay_s`` (fixed sleep), ``sleep_from_input``
     (sleep ``x.flat[0]`` seconds instead), ``log`` (a file that gets ``x.flat[-1]`` appended per
     run, to check the order runs happened in), ``load_delay_s``, ``fail_load`` (message),
-    ``device``.
+    ``device``, ``memory_bytes`` (what it reports holding; 1024 by default).
     """
 
     def __init__(self, spec: Mapping[str, Any], name: str) -> None:
@@ -52,7 +52,7 @@ class FakeModel:
         self.delay = float(spec.get("delay_s", 0.0))
         self.sleep_from_input = bool(spec.get("sleep_from_input", False))
         self.log = spec.get("log")
-        self.memory_bytes = 1024
+        self.memory_bytes = int(spec.get("memory_bytes", 1024))
         self.runs = 0
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,101 @@
+"""One memory budget across the daemon's models: least recently used models unloaded to keep it, pinned and
+busy ones kept, a model that cannot fit refused with the size it needs, no request lost."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferd.server.budget import Resident, plan
+from inferd.server.testing import DaemonProcess, write_fake_model
+from inferd_client import Client
+from inferd_client.errors import Unavailable
+
+MB = 1_000_000
+
+
+def test_plan_evicts_least_recently_used_and_never_pinned_busy_or_kept() -> None:
+    res = [Resident("old", 10, 1.0), Resident("pinned", 10, 0.5, pinned=True), Resident("busy", 10, 0.7, busy=True),
+           Resident("mid", 10, 2.0), Resident("new", 10, 3.0)]
+    assert plan(res, 0).evict == ()                    # no budget
+    assert plan(res, 50).evict == () and plan(res, 50).fits
+    assert plan(res, 35).evict == ("old", "mid")       # oldest first, stops once it fits
+    v = plan(res, 15)
+    assert v.evict == ("old", "mid", "new") and v.short_by == 5 and not v.fits  # pinned + busy alone are 20
+    assert plan(res, 55, need=10, keep="old").evict == ("mid",)  # the model being admitted is not evicted
+    assert plan([Resident("a", 10, 1.0)], 5, need=1, keep="a").short_by == 6
+
+
+def _x() -> np.ndarray:
+    return np.ones((1, 4), np.float32)
+
+
+def _models(d: Path, delay: float = 0.0) -> None:
+    for n in ("a", "b", "c"):
+        write_fake_model(d / f"{n}.onnx", memory_bytes=10 * MB, delay_s=delay if n == "b" else 0.0)
+    (d / "p").mkdir()
+    write_fake_model(d / "p" / "model.onnx", memory_bytes=10 * MB)
+    (d / "p" / "config.toml").write_text("pinned = true\n")
+
+
+def _state(c: Client) -> dict[str, tuple[str, str]]:
+    return {n: (m["state"], m["reason"]) for n, m in c.status()["models"].items()}
+
+
+def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def test_daemon_keeps_its_models_within_the_budget() -> None:
+    d = Path(tempfile.mkdtemp(prefix="ifdb", dir="/tmp"))
+    try:
+        (d / "m").mkdir()
+        _models(d / "m", delay=1.0)
+        with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--no-preload", "--memory-budget", str(35 * MB),
+                           log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=30) as c:
+            for n in ("p", "a", "c"):
+                np.testing.assert_array_equal(c.infer(n, {"x": _x()})["y"], _x() * 2 + 1)
+            assert {n for n, (s, _) in _state(c).items() if s == "READY"} == {"p", "a", "c"}
+            c.infer("b", {"x": _x()})  # 40 MB asked: the least recently used unpinned model (a) goes
+            _until(lambda: _state(c)["a"][0] == "UNLOADED")
+            st = c.status()["models"]
+            assert "memory budget" in st["a"]["reason"] and st["a"]["evictions"] == 1
+            assert {n for n, m in st.items() if m["state"] == "READY"} == {"p", "b", "c"}
+            # a comes back on its next request (no request lost): room is made by evicting the oldest again (c)
+            np.testing.assert_array_equal(c.infer("a", {"x": _x()})["y"], _x() * 2 + 1)
+            _until(lambda: _state(c)["c"][0] == "UNLOADED")
+            assert c.status()["memory"]["models_bytes"] <= 35 * MB
+
+            # a busy model is not evicted under its request; once idle it is
+            box: dict = {}
+            th = threading.Thread(target=lambda: box.setdefault("y", c.infer("b", {"x": _x()})))
+            th.start()
+            time.sleep(0.3)
+            c.set_budget(15 * MB)  # p is pinned: only it may stay
+            st = _state(c)
+            assert st["b"][0] == "READY" and st["p"][0] == "READY", st
+            th.join(10)
+            np.testing.assert_array_equal(box["y"]["y"], _x() * 2 + 1)
+            c.set_budget(15 * MB)  # the change is looked at again (the daemon also does, every few seconds)
+            _until(lambda: {n for n, (s, _) in _state(c).items() if s == "READY"} == {"p"})
+
+            # below what the pinned model alone holds: another model cannot fit, and says what it needs
+            c.set_budget(5 * MB)
+            with pytest.raises(Unavailable, match=r"needs 10000000 bytes.*raise the budget to at least 20000000"):
+                c.infer("a", {"x": _x()})
+            assert _state(c)["p"][0] == "READY"
+            np.testing.assert_array_equal(c.infer("p", {"x": _x()})["y"], _x() * 2 + 1)  # still serving
+            c.set_budget(0)  # no budget: everything loads again
+            np.testing.assert_array_equal(c.infer("a", {"x": _x()})["y"], _x() * 2 + 1)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
