@@ -99,3 +99,30 @@ def test_daemon_keeps_its_models_within_the_budget() -> None:
             np.testing.assert_array_equal(c.infer("a", {"x": _x()})["y"], _x() * 2 + 1)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_cgroup_limits_are_read_from_v2_and_v1(tmp_path: Path) -> None:
+    from inferd.server.budget import cgroup_memory_limit, effective_budget
+
+    proc = tmp_path / "cgroup"
+    root = tmp_path / "fs"
+    (root / "system.slice" / "inferd.service").mkdir(parents=True)
+    proc.write_text("0::/system.slice/inferd.service\n")
+    d = root / "system.slice" / "inferd.service"
+    (d / "memory.max").write_text("max\n")
+    (d / "memory.high").write_text("max\n")
+    assert cgroup_memory_limit(str(proc), str(root)) is None
+    (d / "memory.max").write_text("800000000\n")
+    (d / "memory.high").write_text("600000000\n")
+    assert cgroup_memory_limit(str(proc), str(root)) == 600_000_000  # reclaim starts at memory.high
+    proc.write_text("4:memory:/docker/abc\n0::/\n")
+    v1 = root / "memory" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(str((1 << 63) - 4096) + "\n")
+    assert cgroup_memory_limit(str(proc), str(root)) is None  # v1's "no limit"
+    (v1 / "memory.limit_in_bytes").write_text("500000000\n")
+    assert cgroup_memory_limit(str(proc), str(root)) == 500_000_000
+    assert cgroup_memory_limit(str(tmp_path / "missing"), str(root)) is None
+    assert effective_budget(0, None, 10) == 0
+    assert effective_budget(0, 500, 100) == 400 and effective_budget(300, 500, 100) == 300
+    assert effective_budget(450, 500, 100) == 400

@@ -66,3 +66,49 @@ def describe_shortfall(name: str, need: int, budget: int, held: int) -> str:
             f"budget of {budget} bytes ({budget / 2**20:.1f} MiB) leaves {max(0, budget - held)} once the pinned and "
             f"busy models ({held} bytes) are counted; raise the budget to at least {held + need} bytes "
             f"(`inferctl budget {held + need}`) or unload others")
+
+
+#: cgroup v1 reports "no limit" as a page-rounded 2**63 - 1
+_V1_UNLIMITED = 1 << 62
+
+
+def cgroup_memory_limit(proc: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """The memory limit of this process's cgroup: the tighter of v2's ``memory.max`` and ``memory.high``
+    (the point where the kernel starts reclaiming), else v1's ``memory.limit_in_bytes``; None when there
+    is none or it cannot be read. Read again at every look: systemd and container runtimes change it live."""
+    try:
+        with open(proc) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    v2 = next((ln.split("::", 1)[1] for ln in lines if ln.startswith("0::")), None)
+    v1 = next((ln.split(":", 2)[2] for ln in lines if ln.split(":", 2)[1:2] == ["memory"]), None)
+    found: list[int] = []
+    if v2 is not None:
+        for base in (root, root + "/unified"):
+            for name in ("memory.max", "memory.high"):
+                try:
+                    with open(f"{base}{v2.rstrip('/')}/{name}") as fh:
+                        v = fh.read().strip()
+                except OSError:
+                    continue
+                if v and v != "max" and v.isdigit():
+                    found.append(int(v))
+    if not found and v1 is not None:
+        try:
+            with open(f"{root}/memory{v1.rstrip('/')}/memory.limit_in_bytes") as fh:
+                v = int(fh.read().strip())
+            if v < _V1_UNLIMITED:
+                found.append(v)
+        except (OSError, ValueError):
+            pass
+    return min(found) if found else None
+
+
+def effective_budget(configured: int, cgroup_limit: int | None, overhead: int) -> int:
+    """The budget the models get: the configured one (0: none), tightened to what the cgroup leaves once the
+    process's own memory beyond its models (interpreter, libraries, driver: ``overhead``) is counted."""
+    if cgroup_limit is None:
+        return configured
+    room = max(1, cgroup_limit - max(0, overhead))
+    return room if configured <= 0 else min(configured, room)

@@ -240,6 +240,7 @@ class Server:
         self.slots: dict[str, ModelSlot] = {}
         self._retired: list[ModelSlot] = []
         self.budget = config.memory_budget
+        self.cgroup_limit: int | None = None  # the process's cgroup memory limit, as last read
         self.limits = self._limits(config)
         self.policy = Policy.from_config(config)
         self.shares = ClientShares(config.max_inflight_per_client)
@@ -464,32 +465,43 @@ class Server:
         return [budget.Resident(s.name, s.resident_bytes(), s.last_used, s.entry.config.pinned, not s.idle())
                 for s in self.slots.values() if s.model is not None]
 
+    def budget_now(self) -> int:
+        """The models' budget now: the configured one tightened to what the process's cgroup limit leaves
+        (read again each time: systemd and container runtimes change it while the board runs)."""
+        self.cgroup_limit = budget.cgroup_memory_limit()
+        if self.cgroup_limit is None:
+            return self.budget
+        models = sum(s.memory_bytes() for s in self.slots.values())
+        return budget.effective_budget(self.budget, self.cgroup_limit, process_rss() - models)
+
     def enforce_budget(self) -> None:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
-        if self.budget <= 0:
+        limit = self.budget_now()
+        if limit <= 0:
             return
-        v = budget.plan(self._residents(), self.budget)
+        v = budget.plan(self._residents(), limit)
         for name in v.evict:
-            if self.slots[name].evict(f"evicted to keep the memory budget ({self.budget} bytes); loads again on "
+            if self.slots[name].evict(f"evicted to keep the memory budget ({limit} bytes); loads again on "
                                       f"its next request"):
-                log.info("model %s: evicted to keep the memory budget of %d bytes", name, self.budget)
+                log.info("model %s: evicted to keep the memory budget of %d bytes", name, limit)
         if not v.fits:
             self._rl(logging.WARNING, "models that must stay (pinned or busy) exceed the memory budget of %d bytes "
-                     "by %d bytes", self.budget, v.short_by)
+                     "by %d bytes", limit, v.short_by)
 
     def admit(self, slot: ModelSlot) -> str | None:
         """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
         last load; unknown the first time), or the reason it cannot fit at all."""
-        if self.budget <= 0 or slot.known_bytes <= 0:
+        limit = self.budget_now()
+        if limit <= 0 or slot.known_bytes <= 0:
             return None
         res = [r for r in self._residents() if r.name != slot.name]
-        v = budget.plan(res, self.budget, need=slot.known_bytes, keep=slot.name)
+        v = budget.plan(res, limit, need=slot.known_bytes, keep=slot.name)
         if not v.fits:
             held = sum(r.nbytes for r in res if r.pinned or r.busy)
-            return budget.describe_shortfall(slot.name, slot.known_bytes, self.budget, held)
+            return budget.describe_shortfall(slot.name, slot.known_bytes, limit, held)
         for name in v.evict:
             self.slots[name].evict(f"evicted to make room for {slot.name!r} within the memory budget "
-                                   f"({self.budget} bytes)")
+                                   f"({limit} bytes)")
         return None
 
     # ------------------------------------------------------------------ requests
@@ -671,7 +683,8 @@ class Server:
             "remote_endpoint": self.config.remote_endpoint or None,
             "security": auth.describe(self.config, self.policy),
             "clients_inflight": len(self.shares.snapshot()),
-            "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget},
+            "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget,
+                       "effective_budget_bytes": self.budget_now(), "cgroup_limit_bytes": self.cgroup_limit},
             "budget_bytes": self.budget,
             "models": models,
             "totals": {k: sum(m[k] for m in models.values()) for k in ("requests", "ok", "failures")},
