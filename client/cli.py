@@ -4,7 +4,7 @@
     inferctl models
     inferctl load NAME [--reload] | unload NAME
     inferctl infer NAME --input x=in.npy [--input y=b.npy | --input all.npz] [--output out.npz]
-    inferctl budget 2G                      # store the memory budget (0 = none)
+    inferctl budget 2G                      # the models' memory budget (0 = none): LRU models unloaded to keep it
     inferctl reload                         # re-read config, groups, keys; rescan models
     inferctl health
     inferctl --endpoint tcp://HOST:5599 --key me.key_secret --server-key server.key status   # CURVE
@@ -75,8 +75,11 @@ def format_status(st: dict[str, Any]) -> str:
     lines = [
         f"inferd {st.get('version', '')} on {st.get('endpoint')}  pid {st.get('pid')}  up {_duration(st.get('uptime_s', 0))}  {state}",
         f"device {st.get('device')} (in use: {', '.join(st.get('devices_in_use') or []) or 'none'})  "
-        f"memory: RSS {_mib(mem.get('rss_bytes'))}, models {_mib(mem.get('models_bytes'))}, "
-        f"budget {_mib(budget) if budget else 'none'}",
+        f"memory: RSS {_mib(mem.get('rss_bytes'))}, models {_mib(mem.get('models_bytes'))} (the rest, "
+        f"{_mib(mem.get('overhead_bytes'))}, is interpreter, libraries and drivers), page cache of packages "
+        f"{_mib(mem.get('page_cache_bytes'))}, budget {_mib(budget) if budget else 'none'}"
+        + (f" (cgroup limit {_mib(mem['cgroup_limit_bytes'])}, effective {_mib(mem.get('effective_budget_bytes'))})"
+           if mem.get("cgroup_limit_bytes") else ""),
     ]
     ca = st.get("cache")
     if isinstance(ca, dict):

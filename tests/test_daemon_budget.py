@@ -126,3 +126,24 @@ def test_cgroup_limits_are_read_from_v2_and_v1(tmp_path: Path) -> None:
     assert effective_budget(0, None, 10) == 0
     assert effective_budget(0, 500, 100) == 400 and effective_budget(300, 500, 100) == 300
     assert effective_budget(450, 500, 100) == 400
+
+
+def test_status_accounts_arenas_weights_and_the_rest(tmp_path: Path) -> None:
+    from zoo_fixture import zoo_dir
+
+    d = Path(tempfile.mkdtemp(prefix="ifdm", dir="/tmp"))
+    try:
+        (d / "m").mkdir()
+        shutil.copy(zoo_dir(["squeezenet1_1"]) / "squeezenet1_1.onnx", d / "m" / "sq.onnx")
+        with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--cache-dir", str(d / "c"), log_path=d / "d.log") as dp, \
+                Client(dp.endpoint, timeout=120) as c:
+            c.infer("sq", {"input": np.zeros((1, 3, 224, 224), np.float32)})
+            st = c.status()
+            m, mem = st["models"]["sq"], st["memory"]
+            # the weights (1.2 M parameters, some Winograd-transformed: larger) and an arena for the activations
+            assert 4.5e6 < m["weights_bytes"] < 30e6 and 1e5 < m["arena_bytes"] < 30e6, m
+            assert m["memory_bytes"] == m["arena_bytes"] + m["weights_bytes"]
+            assert mem["overhead_bytes"] == mem["rss_bytes"] - mem["models_bytes"] > 0
+            assert mem["page_cache_bytes"] >= 0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -275,6 +275,12 @@ class CpuExecutor:
         self.finalize()
 
     @property
+    def memory_breakdown(self) -> dict[str, int]:
+        """``arena_bytes`` (activations) and ``weights_bytes`` (transformed weights this executor owns)."""
+        arena = int(self.arena.nbytes)
+        return {"arena_bytes": arena, "weights_bytes": self.memory_bytes - arena}
+
+    @property
     def memory_bytes(self) -> int:
         """The arena and the weights this executor owns (not those it shares with another shape's)."""
         return int(self.arena.nbytes + sum(a.nbytes for pos, s in enumerate(self.steps)

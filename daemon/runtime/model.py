@@ -130,6 +130,17 @@ class Model:
         return int(self._exec.memory_bytes) + sum(v.memory_bytes for v in self.variants)
 
     @property
+    def memory_breakdown(self) -> dict[str, int]:
+        """``arena_bytes`` and ``weights_bytes`` over the first shape and every variant (whose weights are
+        mostly the first shape's, bound not copied)."""
+        out = {"arena_bytes": 0, "weights_bytes": 0}
+        for b in [self._exec] + [v.backend for v in self.variants]:
+            part = getattr(b, "memory_breakdown", None)
+            for k, v in (part or {"arena_bytes": int(getattr(b, "memory_bytes", 0))}).items():
+                out[k] = out.get(k, 0) + int(v)
+        return out
+
+    @property
     def kernels(self) -> dict[str, str]:
         """node name -> kernel name chosen for it."""
         names = getattr(self._exec, "kernel_names", None)

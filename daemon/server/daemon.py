@@ -671,6 +671,7 @@ class Server:
             models_bytes += mem
             models[name] = {"state": s.state, "reason": s.reason, "device": s.device, "queued": s.queued,
                             "memory_bytes": mem, "pinned": s.entry.config.pinned, **s.stats.snapshot(),
+                            **s.memory_breakdown(),
                             "cold": s.cold_stats(), "known_bytes": s.known_bytes, "evictions": s.evictions,
                             "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None}
         rss = process_rss()
@@ -684,13 +685,29 @@ class Server:
             "security": auth.describe(self.config, self.policy),
             "clients_inflight": len(self.shares.snapshot()),
             "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget,
-                       "effective_budget_bytes": self.budget_now(), "cgroup_limit_bytes": self.cgroup_limit},
+                       "effective_budget_bytes": self.budget_now(), "cgroup_limit_bytes": self.cgroup_limit,
+                       # what RSS holds beyond the models' arenas and weights: interpreter, libraries, driver
+                       "overhead_bytes": max(0, rss - models_bytes),
+                       # clean pages of the loaded models' packages in the page cache: memory too, and the
+                       # kernel's to drop (the weights store bypasses it with O_DIRECT when not resident)
+                       "page_cache_bytes": self.package_cache_bytes()},
             "budget_bytes": self.budget,
             "models": models,
             "totals": {k: sum(m[k] for m in models.values()) for k in ("requests", "ok", "failures")},
             "cache": {**self.cache.snapshot(), "bytes_used": self.cache_bytes(), "max_bytes": self.cache_max_bytes},
             "faults": self.fault_status(),
         }
+
+    def package_cache_bytes(self) -> int:
+        """Page-cache bytes of the loaded models' package files (mincore)."""
+        from ..runtime.pagecache import resident_in
+
+        pkgs = {str(p) for s in list(self.slots.values()) for m in (s.model, getattr(s, "fallback_model", None))
+                if (p := getattr(m, "package", None)) is not None}
+        try:
+            return resident_in(sorted(pkgs))
+        except OSError:
+            return 0
 
     def cache_bytes(self) -> int:
         """Bytes the cache directory holds (walked at most every 2 s: status may be polled)."""

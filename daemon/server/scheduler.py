@@ -435,6 +435,14 @@ class ModelSlot:
             self.cond.notify()
         return None
 
+    def memory_breakdown(self) -> dict[str, int]:
+        """Arena and weight bytes of the loaded model (empty when unloaded or it does not say)."""
+        m = self.model
+        try:
+            return dict(getattr(m, "memory_breakdown", {}) or {}) if m is not None else {}
+        except Exception:
+            return {}
+
     def resident_bytes(self) -> int:
         """What this model holds, or will once its cold load is complete (the budget plans with that)."""
         mem = self.memory_bytes()

@@ -502,6 +502,13 @@ class VulkanColdBackend:
         return [p.weights for p in self._prepared if p is not None and p.weights is not None and p.origin is None]
 
     @property
+    def memory_breakdown(self) -> dict[str, int]:
+        """``arena_bytes`` (activations, workspaces, IO staging) and ``weights_bytes`` (the weight
+        allocations this backend owns), device memory both."""
+        weights = int(sum(r.size for r in self.weight_regions))
+        return {"arena_bytes": self.memory_bytes - weights, "weights_bytes": weights}
+
+    @property
     def memory_bytes(self) -> int:
         io = getattr(self, "io", None)
         own = io.own.size if io is not None and io.own is not None else 0
