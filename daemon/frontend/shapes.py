@@ -16,6 +16,24 @@ from ..ops.base import op_spec
 _NO_FOLD_ABOVE = 1 << 26
 
 
+class _Values(Mapping[str, np.ndarray]):
+    """The constant inputs of one node, each read from ``known`` only when asked for."""
+
+    def __init__(self, known: Mapping[str, np.ndarray], names: Sequence[str]) -> None:
+        self._known, self._names = known, list(dict.fromkeys(names))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._known[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def dims_str(dims: Sequence[int | str]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
@@ -145,7 +163,9 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
                     kept.append(node)
                 continue
         try:
-            outs = spec.infer(node, in_infos, {i: known[i] for i in node.inputs if i and i in known})
+            # the values on demand: shape inference reads a Reshape's shape, never a Conv's weights, and a
+            # package's weights must stay in the store until the loader streams them
+            outs = spec.infer(node, in_infos, _Values(known, [i for i in node.inputs if i and i in known]))
         except InferdError:
             raise
         except Exception as e:
