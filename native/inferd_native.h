@@ -102,3 +102,17 @@ int inferd_pool2d(const float* x, float* y, int planes, int H, int W, int kh, in
                    int pt, int pl, int OH, int OW, int is_max, const float* inv_count);
 /* y[r] = mean (is_max = 0) or max (is_max = 1, NaN propagates) of row r of rows x n floats: global pooling. */
 void inferd_reduce_rows(const float* x, float* y, long long rows, long long n, int is_max);
+
+/* ---- recurrent steps (rnn.c) ---- */
+/* One direction of an RNN (kind 0, 1 gate), GRU (1: z, r, h) or LSTM (2: i, o, f, c) over `seq` steps.
+   xw: the input projections, G*H floats for step t of item b at xw + t*xw_ts + b*xw_bs (W's bias and R's bias
+   of every gate but GRU's h gate included). rt: R^T (H x G*H, row-major). rb: G*H floats of which only GRU's
+   h gate part is read. peep: LSTM peepholes (i, o, f; 3H) or NULL. lens: per item steps (NULL: all seq);
+   reverse walks each item from its own last step. h, c: (batch, H) initial states in, final out (c: LSTM).
+   y: step t of item b written at y + t*y_ts + b*y_bs (H floats), or NULL; positions past an item's length are
+   not written. acts/alphas/betas: up to 3 activations (f, g, h) with their parameters. clip <= 0: none.
+   ws: (G + 2) * H floats. Returns 0. */
+int inferd_rnn_dir(int kind, int seq, int batch, int H, const float* xw, long long xw_ts, long long xw_bs,
+                   const float* rt, const float* rb, const float* peep, const int* lens, int reverse, float* h,
+                   float* c, float* y, long long y_ts, long long y_bs, const int* acts, const float* alphas,
+                   const float* betas, float clip, int input_forget, int lbr, float* ws);
