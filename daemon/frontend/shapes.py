@@ -29,7 +29,7 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
     template's probe shape): the shape computations folded, every tensor shaped. The result shares the
     template's constants (a lazily read store stays on disk); a static template is returned as it is.
     ``ShapeError`` when the model does not take these shapes."""
-    if not template.dynamic:
+    if not template.dynamic and not _unshaped_bodies(template):
         return template
     shapes = shapes or {}
     inputs = []
@@ -69,6 +69,13 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
               template.opset, dict(template.dims))
     g.runtime_shaped = runtime & set(infos)
     return g
+
+
+def _unshaped_bodies(g: Graph) -> bool:
+    """Whether a control-flow node of ``g`` has no shaped bodies (a graph read back from a package)."""
+    from ..ops.control import CONTROL_OPS
+
+    return any(n.op in CONTROL_OPS and not n.bodies for n in g.nodes)
 
 
 def check_dims(name: str, dims: Sequence[int | str], shape: Sequence[int],
