@@ -165,3 +165,49 @@ def test_native_steps_match_numpy(kind: int) -> None:
         outs.append((hs, cs, y))
     for a, b in zip(outs[0], outs[1]):
         assert np.abs(a - b).max() < 1e-5
+
+
+# ----------------------------------------------------------------------------------------------- Vulkan (lavapipe)
+
+@pytest.fixture(scope="module")
+def vk_device(tmp_path_factory: pytest.TempPathFactory):
+    import inferd.vulkan
+
+    if not inferd.vulkan.available():
+        pytest.skip("no Vulkan device")
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+
+    tmp = tmp_path_factory.mktemp("vkrnn")
+    dev = VulkanDevice(VulkanConfig(debug=True, cache_dir=str(tmp / "cache")))
+    yield dev
+    errors = dev.validation_errors
+    dev.close()
+    assert not errors, errors[:5]
+
+
+VK_CASES = [CASES[k] for k in (1, 2, 3, 4, 6, 7, 8, 10, 11)]
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("op,direction,extra,opts", VK_CASES)
+def test_recurrent_vulkan_vs_onnxruntime(vk_device: Any, op: str, direction: str, extra: dict, opts: dict,
+                                         layout: int) -> None:
+    """The one-shader Vulkan kernel over the same attribute space, against onnxruntime (lengths as constants:
+    the kernel lays them out at load, as exporters write them when they write them at all)."""
+    from inferd.vulkan.testing import rel_err, run_single
+
+    dirs = 2 if direction == "bidirectional" else 1
+    h = 5
+    ins = _problem(op, 6, 3, 4, h, dirs, seed=len(op) * 11 + dirs + layout, **opts)
+    attrs = {"hidden_size": h, "direction": direction, **extra}
+    const = [k in (1, 2, 3, 4, 7) for k in range(len(ins))]
+    model = make_single_node_model(op, ins, attrs, opset=14, const_mask=const, n_outputs=NOUT[op])
+    want = run_ort(model, {f"x{k}": a for k, a in enumerate(ins) if a is not None and not const[k]})
+    if layout == 1:
+        ins, want = _to_layout1(ins), _ort_layout1(want)
+    got, _ref, stats = run_single(vk_device, op, ins, {**attrs, "layout": layout, "_opset": 14}, const=const,
+                                  n_outputs=NOUT[op])
+    assert "vk_rnn" in stats["kernels"].values()
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert rel_err(g, w) < 1e-4, f"output {i}"
