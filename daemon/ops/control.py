@@ -232,6 +232,9 @@ def loop_trips(node: Node, body: Graph, known: Mapping[str, np.ndarray]) -> int 
         return None if cond not in known else 0
     c_out = body.outputs[0].name
     cin = body.inputs[1].name
+    prods = body.producers()
+    while c_out in prods and prods[c_out].op == "Identity":  # torch writes cond_out = Identity(cond_in)
+        c_out = prods[c_out].inputs[0]
     if c_out == cin or (c_out in body.constants and bool(np.asarray(body.constants[c_out]).reshape(-1)[0])):
         return max(int(np.asarray(known[m]).reshape(-1)[0]), 0)
     return None
@@ -423,3 +426,27 @@ class ControlFlowKernel(Kernel):
         call = self.bind(layer, inputs, params, outputs)
         assert call is not None
         call()
+
+
+def describe(graph: Graph) -> str:
+    """What ``inferd info`` says about control flow: every If/Loop/Scan left in ``graph`` (decided by values at
+    run time; those decided by shapes or constants were inlined when the shape was planned), its bodies and,
+    once it ran, which bodies it took and what deciding cost."""
+    lines = []
+    for n in graph.nodes:
+        if n.op not in CONTROL_OPS:
+            continue
+        bodies = ", ".join(f"{k} ({len(g.nodes)} nodes)" for k, g in n.bodies.items())
+        cond = formal_inputs(n)[0] if n.op == "If" else ", ".join(i for i in formal_inputs(n)[:2] if i) or "-"
+        backend = n.notes.get("backend", "cpu")
+        how = ("waits for the device and reads its inputs back from the activations (a readback), then submits "
+               "the body's recorded command buffer") if backend == "vulkan" else "reads its inputs on the host"
+        lines.append(f"{n.op} {n.name}: stays dynamic (decided by {cond} at run time); bodies: {bodies}; "
+                     f"deciding {how}")
+        st = n.notes.get("stats")
+        if st is not None and st.runs:
+            d = st.to_dict()
+            lines.append(f"  ran {d['runs']} times, took {d['taken']}, deciding {d['decide_us']} us per run")
+    if graph.runtime_shaped:
+        lines.append(f"tensors shaped at run time (CPU oracle): {sorted(graph.runtime_shaped)}")
+    return "\n".join(lines) if lines else "no control flow left at run time"

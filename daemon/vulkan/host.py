@@ -4,8 +4,9 @@
   waited for, the node reads its condition (and inputs) from the mapped activations (the readback deciding
   costs), and runs the body it takes as a nested Vulkan model, planned once at load with its own arena,
   kernels and recorded command buffer, then writes its outputs back into the activations.
-* The integer and bool plumbing around such decisions (an int64 sample rate compared with a constant, shape
-  arithmetic left by a value): a few scalars, computed by the op's numpy oracle; a float tensor never runs here.
+* The integer and bool plumbing around such decisions (an int64 sample rate compared with a constant, a loop's
+  iteration counter cast to float) that no Vulkan kernel handles: at most 4096 elements per tensor, computed by
+  the op's numpy oracle.
 
 Both need host-visible activations (lavapipe, and a discrete GPU's resizable BAR); other devices refuse such a
 model at load naming the node.
@@ -34,10 +35,11 @@ def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
     names = [n for n in list(node.inputs) + list(node.outputs) if n and n not in consts]
     if not names:
         return False
-    for n in names:
-        t = graph.infos[n]
-        if np.dtype(t.dtype).kind not in "iub" or t.size > HOST_PLUMBING_MAX:
-            return False
+    # small tensors only, at least one of them integer or bool (an iteration counter cast to float qualifies)
+    if any(graph.infos[n].size > HOST_PLUMBING_MAX for n in names):
+        return False
+    if not any(np.dtype(graph.infos[n].dtype).kind in "iub" for n in names):
+        return False
     from ..vulkan.kernel import VulkanKernel
 
     # a Vulkan kernel that reads and writes these dtypes keeps the node on the device
