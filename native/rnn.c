@@ -19,7 +19,7 @@ INFERD_INLINE float tanh_ps(float v)
 
 /* Activation codes (daemon/ops/recurrent.py ACTS): 0 Sigmoid, 1 Tanh, 2 Relu, 3 Affine, 4 LeakyRelu,
    5 ThresholdedRelu, 6 ScaledTanh, 7 HardSigmoid, 8 Elu, 9 Softsign, 10 Softplus. */
-static void rnn_act(float* restrict v, int n, int code, float a, float b)
+INFERD_INLINE void rnn_act(float* restrict v, int n, int code, float a, float b)
 {
     int k;
     switch (code) {
@@ -43,7 +43,7 @@ static void rnn_act(float* restrict v, int n, int code, float a, float b)
     }
 }
 
-static void clip_into(float* restrict v, int n, float clip)
+INFERD_INLINE void clip_into(float* restrict v, int n, float clip)
 {
     if (clip <= 0.0f)
         return;
@@ -52,8 +52,7 @@ static void clip_into(float* restrict v, int n, float clip)
 }
 
 /* acc[j] += sum_k h[k] * rt[k*ldr + j] for j < n: the k-outer form streams R^T rows and vectorises over j. */
-INFERD_CLONES
-static void matvec_acc(const float* restrict h, const float* restrict rt, long long ldr, int hk, int n,
+INFERD_INLINE void matvec_acc(const float* restrict h, const float* restrict rt, long long ldr, int hk, int n,
                        float* restrict acc)
 {
     for (int k = 0; k < hk; ++k) {
@@ -64,6 +63,8 @@ static void matvec_acc(const float* restrict h, const float* restrict rt, long l
     }
 }
 
+/* cloned whole (AVX2 / AVX-512 / baseline): the helpers above inline into each clone, gate maths included */
+INFERD_CLONES
 int inferd_rnn_dir(int kind, int seq, int batch, int H, const float* xw, long long xw_ts, long long xw_bs,
                    const float* rt, const float* rb, const float* peep, const int* lens, int reverse, float* h,
                    float* c, float* y, long long y_ts, long long y_bs, const int* acts, const float* alphas,

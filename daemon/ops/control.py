@@ -103,7 +103,23 @@ def shape_body(sub: Subgraph, formal: Sequence[TensorInfo], node: Node, infos: M
               {k: v for k, v in local.items() if k in used}, {k: v for k, v in b_infos.items() if k in used
                                                                or any(k in n.outputs for n in nodes)}, opset)
     g.runtime_shaped = runtime
+    if not runtime:
+        _optimize(g)
     return g
+
+
+def _optimize(g: Graph) -> None:
+    """The import's rewrites (BN folding, activation and residual fusion) on a shaped body: a body runs as
+    often as the graph around it. They live with the ONNX importer; a package loaded without onnx installed
+    runs its bodies unfused (same results)."""
+    try:
+        from ..frontend.onnx_import import _dce, _rewrite
+    except ImportError:
+        return
+    outs = {t.name for t in g.outputs}
+    _rewrite(g, outs, None)
+    _dce(g, [t.name for t in g.outputs])
+    g.outputs = [g.infos[t.name] if t.name in g.infos else t for t in g.outputs]
 
 
 def _inline_branch(node: Node, sub: Subgraph) -> tuple[list[Node], dict[str, np.ndarray]]:
