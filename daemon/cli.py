@@ -92,6 +92,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         info["dims"] = {k: list(v) for k, v in model.dims.items()}
     if model.plan is not None:
         info["plan"] = model.plan.to_dict()
+    from .ops.control import CONTROL_OPS, describe
+
+    if any(n.op in CONTROL_OPS for n in model.graph.nodes):
+        # what deciding costs is measured: one run on zeros (a value-dependent condition takes one of its bodies)
+        model.run({t.name: np.zeros(t.shape, t.dtype) for t in model.inputs})
+        info["control_flow"] = describe(model.graph).splitlines()
     if model.device == "cpu":
         from . import native
 
@@ -107,6 +113,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"dynamic dimensions {info['dims']}: planned at the shapes above, other shapes when they come")
         if "native" in info:
             print(f"native: {info['native']}")
+        for line in info.get("control_flow", []):
+            print(f"control flow: {line}")
         print(model.plan.summary())
     model.close()
     return 0

@@ -43,9 +43,30 @@ class Node:
     outputs: list[str]
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
+    #: control flow (If/Loop/Scan): each body attribute's ``Subgraph`` shaped at this node's input shapes, made
+    #: by shape inference (``inferd.ops.control``) every time the node is shaped, never copied or stored
+    bodies: dict[str, "Graph"] = field(default_factory=dict, repr=False, compare=False)
+    #: what a backend learns running the node (control flow: bodies taken, deciding cost); never serialised
+    notes: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
+
+
+@dataclass
+class Subgraph:
+    """A control-flow body as imported (an If branch, a Loop or Scan body): its nodes are not shaped, since a
+    body takes its shapes from where it is used, and may read ``outer`` names of enclosing scopes (the node
+    that owns it lists them as extra inputs after its formal ones, so planners see those reads)."""
+
+    name: str
+    nodes: list[Node]
+    #: formal inputs in order: (name, dtype, declared dims; None where the file declares none)
+    inputs: list[tuple[str, np.dtype, tuple[int, ...] | None]]
+    outputs: list[str]
+    constants: dict[str, np.ndarray]
+    #: names read from enclosing scopes (nested bodies' reads included)
+    outer: list[str]
 
 
 @dataclass
@@ -59,6 +80,9 @@ class Graph:
     opset: int = 17
     #: input name -> its declared dimensions, a str naming each dynamic one (empty: every input is static)
     dims: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
+    #: tensors whose shape is known only at run time (a value-dependent If whose branches differ in shape, a
+    #: Loop's scan outputs under a value-dependent trip count): their ``infos`` shape is a placeholder
+    runtime_shaped: set[str] = field(default_factory=set)
 
     @property
     def dynamic(self) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 8
+ABI = 9
 
 ffi: Any = None
 lib: Any = None
@@ -832,3 +832,95 @@ GEMM_SCRATCH_BYTES_PER_THREAD = (256 * 512 + 8 * 256 + 1) * 4
 def native_scratch_bytes() -> int:
     """Memory the native kernels keep outside the arena: the GEMM scratch of every pool thread."""
     return GEMM_SCRATCH_BYTES_PER_THREAD * num_threads() if AVAILABLE else 0
+
+
+def _elem_strides(a: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def numpy_rnn_dir(kind: int, seq: int, batch: int, h: int, xw: np.ndarray, rt: np.ndarray, rb: np.ndarray,
+                  peep: np.ndarray | None, lens: np.ndarray, reverse: int, hs: np.ndarray, cs: np.ndarray,
+                  y: np.ndarray | None, acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float,
+                  input_forget: int, lbr: int) -> None:
+    """:func:`rnn_dir` in numpy (the same contract): the fallback and the C code's test oracle."""
+    from .ops.recurrent import ACTS, apply_act
+
+    names = {v[0]: k for k, v in ACTS.items()}
+
+    def act(v: np.ndarray, i: int) -> np.ndarray:
+        return apply_act(v, (names[int(acts[i])], float(alphas[i]), float(betas[i])))
+
+    def cl(v: np.ndarray) -> np.ndarray:
+        return np.clip(v, -clip, clip) if clip > 0 else v
+
+    for t in range(seq):
+        for b in range(batch):
+            n = int(lens[b])
+            if t >= n:
+                continue
+            tt = n - 1 - t if reverse else t
+            xr, hb = xw[tt, b], hs[b]
+            if kind == 0:
+                hb[...] = act(cl(xr + hb @ rt), 0)
+            elif kind == 1:
+                zr = act(cl(xr[:2 * h] + hb @ rt[:, :2 * h]), 0)
+                z, r = zr[:h], zr[h:]
+                if lbr:
+                    pre = xr[2 * h:] + r * (hb @ rt[:, 2 * h:] + rb[2 * h:])
+                else:
+                    pre = xr[2 * h:] + (r * hb) @ rt[:, 2 * h:] + rb[2 * h:]
+                hc = act(cl(pre), 1)
+                hb[...] = (1 - z) * hc + z * hb
+            else:
+                cb = cs[b]
+                g = xr + hb @ rt
+                p = peep if peep is not None else np.zeros(3 * h, F32)
+                i = act(cl(g[:h] + p[:h] * cb), 0)
+                f = 1 - i if input_forget else act(cl(g[2 * h:3 * h] + p[2 * h:] * cb), 0)
+                c_ = act(cl(g[3 * h:]), 1)
+                cb[...] = f * cb + i * c_
+                o = act(cl(g[h:2 * h] + p[h:2 * h] * cb), 0)
+                hb[...] = o * act(cb.copy(), 2)
+            if y is not None:
+                y[tt, b] = hb
+
+
+def rnn_dir_bound(kind: int, seq: int, batch: int, h: int, xw: np.ndarray, rt: np.ndarray, rb: np.ndarray,
+                  peep: np.ndarray | None, lens: np.ndarray, reverse: int, hs: np.ndarray, cs: np.ndarray,
+                  y: np.ndarray | None, acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float,
+                  input_forget: int, lbr: int, ws: np.ndarray) -> Callable[[], None]:
+    """:func:`rnn_dir` on these very arrays resolved into a no-argument call (the C arguments built once)."""
+    g = {0: 1, 1: 3, 2: 4}[kind]
+    ok = (AVAILABLE and xw.dtype == F32 and xw.strides[2] == 4 and rt.flags.c_contiguous and rt.shape == (h, g * h)
+          and hs.flags.c_contiguous and cs.flags.c_contiguous and lens.dtype == np.int32 and lens.flags.c_contiguous
+          and rb.flags.c_contiguous and (peep is None or peep.flags.c_contiguous)
+          and (y is None or y.strides[2] == 4) and ws.size >= (g + 2) * h and ws.flags.c_contiguous)
+    if not ok:
+        return lambda: numpy_rnn_dir(kind, seq, batch, h, xw, rt, rb, peep, lens, reverse, hs, cs, y, acts, alphas,
+                                     betas, clip, input_forget, lbr)
+    acts = np.ascontiguousarray(acts, np.int32)
+    alphas, betas = np.ascontiguousarray(alphas, F32), np.ascontiguousarray(betas, F32)
+    sx = _elem_strides(xw)
+    sy = _elem_strides(y) if y is not None else (0, 0, 0)
+    args = (kind, seq, batch, h, _rawptr(xw), sx[0], sx[1], _ptr(rt), _ptr(rb), _opt(peep),
+            ffi.cast("const int*", ffi.from_buffer(lens)), reverse, _ptr(hs), _ptr(cs),
+            ffi.NULL if y is None else _rawptr(y), sy[0], sy[1], ffi.cast("const int*", ffi.from_buffer(acts)),
+            _ptr(alphas), _ptr(betas), float(clip), int(input_forget), int(lbr), _ptr(ws))
+    fn, keep = lib.inferd_rnn_dir, (xw, rt, rb, peep, lens, hs, cs, y, acts, alphas, betas, ws)
+
+    def call(_keep: Any = keep) -> None:
+        fn(*args)
+
+    return call
+
+
+def rnn_dir(kind: int, seq: int, batch: int, h: int, xw: np.ndarray, rt: np.ndarray, rb: np.ndarray,
+            peep: np.ndarray | None, lens: np.ndarray, reverse: int, hs: np.ndarray, cs: np.ndarray,
+            y: np.ndarray | None, acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float,
+            input_forget: int, lbr: int, ws: np.ndarray) -> None:
+    """One direction of an RNN (``kind`` 0), GRU (1) or LSTM (2) over ``seq`` steps (native/rnn.c): ``xw``
+    (seq, batch, G*H) projections (any strides, last axis contiguous), ``rt`` (H, G*H) contiguous, ``rb``
+    (G*H,), ``peep`` (3H,) or None, ``lens`` (batch,) int32, ``hs``/``cs`` (batch, H) contiguous states updated
+    in place, ``y`` (seq, batch, H) view (last axis contiguous) or None, ``ws`` (G + 2) * H floats."""
+    rnn_dir_bound(kind, seq, batch, h, xw, rt, rb, peep, lens, reverse, hs, cs, y, acts, alphas, betas, clip,
+                  input_forget, lbr, ws)()

@@ -32,7 +32,7 @@ from .backends.base import LazyConstants, transformed_key
 from .errors import BackendError, InferdError, PackageOptionsError, StalePackageError, WeightsStoreError
 from .frontend.shapes import specialize
 from .fileio import atomic_write
-from .ir import Graph, Node, TensorInfo
+from .ir import Graph, Node, Subgraph, TensorInfo
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 PLAN_MAGIC = b"INFDPLAN"
 PLAN_VERSION = 3
 _PLAN_HEAD = struct.Struct("<8sI32s")
-_EXT_NDARRAY, _EXT_TUPLE = 1, 2
+_EXT_NDARRAY, _EXT_TUPLE, _EXT_SUBGRAPH = 1, 2, 3
 
 
 def _default(o: Any) -> Any:
@@ -54,6 +54,11 @@ def _default(o: Any) -> Any:
         return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(list(o), default=_default, use_bin_type=True))
     if isinstance(o, np.generic):
         return o.item()
+    if isinstance(o, Subgraph):  # a control-flow body, nested bodies in its nodes' attributes
+        return msgpack.ExtType(_EXT_SUBGRAPH, msgpack.packb(
+            [o.name, [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in o.nodes],
+             [[name, np.dtype(dt).str, None if dims is None else list(dims)] for name, dt, dims in o.inputs],
+             o.outputs, o.constants, o.outer], default=_default, use_bin_type=True))
     raise TypeError(f"cannot serialise {type(o).__name__}")
 
 
@@ -63,6 +68,12 @@ def _ext_hook(code: int, data: bytes) -> Any:
         return np.frombuffer(buf, dtype=np.dtype(dt)).reshape(shape).copy()
     if code == _EXT_TUPLE:
         return tuple(msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=False))
+    if code == _EXT_SUBGRAPH:
+        name, nodes, ins, outs, consts, outer = msgpack.unpackb(data, raw=False, ext_hook=_ext_hook,
+                                                                strict_map_key=False)
+        return Subgraph(name, [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in nodes],
+                        [(r[0], np.dtype(r[1]), None if r[2] is None else tuple(r[2])) for r in ins], list(outs),
+                        dict(consts), list(outer))
     return msgpack.ExtType(code, data)
 
 

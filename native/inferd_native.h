@@ -105,3 +105,17 @@ void inferd_reduce_rows(const float* x, float* y, long long rows, long long n, i
 /* FLOP/s of `threads` pool threads running independent FMA chains for `iters` iterations each, in the widest
    vectors the CPU has: the measured peak that roofline tables divide by. */
 double inferd_fma_peak(long long iters, int threads);
+
+/* ---- recurrent steps (rnn.c) ---- */
+/* One direction of an RNN (kind 0, 1 gate), GRU (1: z, r, h) or LSTM (2: i, o, f, c) over `seq` steps.
+   xw: the input projections, G*H floats for step t of item b at xw + t*xw_ts + b*xw_bs (W's bias and R's bias
+   of every gate but GRU's h gate included). rt: R^T (H x G*H, row-major). rb: G*H floats of which only GRU's
+   h gate part is read. peep: LSTM peepholes (i, o, f; 3H) or NULL. lens: per item steps (NULL: all seq);
+   reverse walks each item from its own last step. h, c: (batch, H) initial states in, final out (c: LSTM).
+   y: step t of item b written at y + t*y_ts + b*y_bs (H floats), or NULL; positions past an item's length are
+   not written. acts/alphas/betas: up to 3 activations (f, g, h) with their parameters. clip <= 0: none.
+   ws: (G + 2) * H floats. Returns 0. */
+int inferd_rnn_dir(int kind, int seq, int batch, int H, const float* xw, long long xw_ts, long long xw_bs,
+                   const float* rt, const float* rb, const float* peep, const int* lens, int reverse, float* h,
+                   float* c, float* y, long long y_ts, long long y_bs, const int* acts, const float* alphas,
+                   const float* betas, float clip, int input_forget, int lbr, float* ws);

@@ -30,14 +30,45 @@ REFERENCE_PARAMS = {
     # No external reference: counted by hand from the layer lists.
     "tiny": 3 * 9 * 8 + 8 + 8 * 10 + 10,
     "mlp_small": 64 * 128 + 128 + 128 * 10 + 10,
+    # recurrent models: ONNX's W + R + B of an LSTM/GRU direction are torch's weight_ih, weight_hh, bias_ih + bias_hh
+    "vad_lstm": (129 * 64 * 3 + 64) + (65 * 64 * 3 + 64) + 4 * (64 * 64 * 3 + 64)   # two STFT front ends' encoders
+                + (4 * 64 * 64 + 4 * 64 * 64 + 8 * 64) + (64 + 1),                     # shared LSTM decoder, output conv
+    "crnn_lstm": (9 * 32 + 9 * 32 * 64 + 9 * 64 * 128 + 4 * 128 * 128) + 2 * (32 + 64 + 128 + 128)  # convs, BN
+                 + 2 * (4 * 96 * 128 + 4 * 96 * 96 + 8 * 96) + (192 * 37 + 37),            # biLSTM, classifier
+    "kws_gru": (3 * 64 * 40 + 3 * 64 * 64 + 6 * 64) + (64 * 12 + 12),
 }
 ZOO_PROPER = [
     "resnet18", "resnet50", "mobilenetv2", "squeezenet1_1", "shufflenetv2_x1_0", "vgg16",
     "efficientnet_b0", "googlenet", "unet_small", "vit_tiny", "detnet_dyn", "recnet_dyn",
+    "vad_lstm", "crnn_lstm", "kws_gru",
 ]
 ALL = list(zoo.MODELS)
 BN_MODELS = {"resnet18", "resnet50", "mobilenetv2", "shufflenetv2_x1_0", "efficientnet_b0", "googlenet",
-             "unet_small", "detnet_dyn", "recnet_dyn"}
+             "unet_small", "detnet_dyn", "recnet_dyn", "crnn_lstm"}
+
+
+def _all_nodes(g: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of ``g`` and of every control-flow body nested in it."""
+    out = []
+    for n in g.node:
+        out.append(n)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                out += _all_nodes(a.g)
+    return out
+
+
+def _feeds(info: zoo.ModelInfo, seed: int = 123) -> dict[str, np.ndarray]:
+    """Every input of a zoo model: random float data, the sample rate 16000 for int64 scalars."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in info.inputs:
+        if info.dtype(name) == "int64":
+            out[name] = np.array(16000, np.int64)
+        else:
+            dims = tuple((1 if k == 0 else 224) if isinstance(d, str) else d for k, d in enumerate(shape))
+            out[name] = (rng.standard_normal(dims) * (0.5 if info.state else 1.0)).astype(np.float32)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +135,7 @@ def test_checker_and_params(name: str, zoo_files: dict[str, Path]) -> None:
     assert all(i.data_type == onnx.TensorProto.FLOAT or i.name.startswith("onnx::")
                for i in model.graph.initializer)
     # Every initializer is used, and names are unique.
-    used = {x for n in model.graph.node for x in n.input}
+    used = {x for n in _all_nodes(model.graph) for x in n.input}
     names = [i.name for i in model.graph.initializer]
     assert len(names) == len(set(names))
     assert set(names) <= used
@@ -114,12 +145,14 @@ def test_checker_and_params(name: str, zoo_files: dict[str, Path]) -> None:
 def test_onnxruntime_output_well_scaled(name: str, zoo_files: dict[str, Path]) -> None:
     info = zoo.MODELS[name]
     sess = _session(zoo_files[name])
-    (y,) = sess.run(None, {info.input_name: _random_input(info)})
-    assert y.ndim == len(info.output_shape) and y.shape[0] == 1
+    outs = sess.run(None, _feeds(info))
+    y = outs[0]
+    assert y.ndim == len(info.output_shape) and (y.shape[0] == 1 or name == "crnn_lstm")
     assert all(s == d for s, d in zip(y.shape, info.output_shape) if isinstance(d, int)), (y.shape, info.output_shape)
     assert y.dtype == np.float32
     assert np.isfinite(y).all()
-    assert y.std() > 1e-3, "output (nearly) constant: weights scaled into oblivion"
+    for o in outs:  # a single probability (the VAD's) has no spread: its state does
+        assert o.size == 1 or o.std() > 1e-3, "output (nearly) constant: weights scaled into oblivion"
     assert np.abs(y).max() < 1e4, "activations blow up with depth"
     if name == "mlp_small":
         np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
@@ -160,6 +193,11 @@ EXPECTED_OPS: dict[str, dict[str, int]] = {
     "detnet_dyn": {"Conv": 10, "BatchNormalization": 8, "Add": 3, "Shape": 3, "Concat": 2, "Resize": 1, "Reshape": 1},
     "recnet_dyn": {"Conv": 4, "BatchNormalization": 4, "MaxPool": 3, "MatMul": 6, "Softmax": 2, "Shape": 1,
                    "Reshape": 2},
+    # the VAD's graph is two Ifs (shape-dependent unsqueeze, sample-rate branch) around everything else
+    "vad_lstm": {"If": 2, "Equal": 2, "Shape": 1, "Size": 1, "LSTM": 0, "Conv": 0},
+    "crnn_lstm": {"Conv": 4, "BatchNormalization": 4, "MaxPool": 3, "LSTM": 1, "Shape": 1, "Reshape": 1,
+                  "LogSoftmax": 1},
+    "kws_gru": {"GRU": 1, "Gemm": 1, "Softmax": 1, "Transpose": 1},
 }
 
 
@@ -208,6 +246,18 @@ def test_structure(name: str, zoo_files: dict[str, Path]) -> None:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in resize.attribute}
         assert attrs["mode"] == b"nearest" and resize.input[1] == ""
         np.testing.assert_array_equal(numpy_helper.to_array(inits[resize.input[2]]), [1, 1, 2, 2])
+    if name == "vad_lstm":
+        every = collections.Counter(n.op_type for n in _all_nodes(g))
+        # per sample-rate branch: a nested crop If, the Conv1d STFT, three encoder convs, the decoder's LSTM
+        assert every["If"] == 4 and every["LSTM"] == 2 and every["Conv"] == 2 * (1 + 3 + 1)
+        (sr_if,) = (n for n in g.node if n.op_type == "If" and "sr" in producers[n.input[0]].input)
+        assert {a.name for a in sr_if.attribute} == {"then_branch", "else_branch"}
+        assert [i.type.tensor_type.elem_type for i in g.input] == [1, 7, 1]  # float input, int64 sr, float state
+    if name in ("crnn_lstm", "kws_gru"):
+        rnn = next(n for n in g.node if n.op_type in ("LSTM", "GRU"))
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in rnn.attribute}
+        assert attrs.get("direction", b"forward") == (b"bidirectional" if name == "crnn_lstm" else b"forward")
+        assert attrs.get("linear_before_reset", 0) == (1 if name == "kws_gru" else 0)
     if name == "vit_tiny":
         for ln in (n for n in g.node if n.op_type == "LayerNormalization"):
             assert any(a.name == "epsilon" and abs(a.f - 1e-6) < 1e-9 for a in ln.attribute)

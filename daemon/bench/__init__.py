@@ -9,6 +9,8 @@
     inferd bench shapes [--device cpu|vulkan] [--models a,b] [--out DIR]   dynamic dims: new shape vs cold load,
                                                                            warm at 3 shapes vs onnxruntime
     inferd bench faults [--device vulkan|cpu] [--models a,b] [--repeat N]  device-loss recovery, warm restart
+    inferd bench recurrent [--models a,b] [--repeat N] [--out DIR]          recurrent zoo vs onnxruntime, VAD chunk
+                                                                           through the daemon vs a pyzmq echo
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "faults":
         from .fault_bench import main as faults_main
         return faults_main(argv[1:])
+    if argv and argv[0] == "recurrent":
+        from .recurrent_bench import main as rec_main
+        return rec_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])

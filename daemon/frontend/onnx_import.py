@@ -20,7 +20,7 @@ from onnx import helper, numpy_helper
 
 from .. import ops  # noqa: F401  (registers all ops)
 from ..errors import InferdError, ModelFormatError, ShapeError, UnsupportedOpError
-from ..ir import Graph, Node, TensorInfo
+from ..ir import Graph, Node, Subgraph, TensorInfo
 from ..ops.activation import FUSABLE, act_from_node
 from ..ops.base import op_spec
 from .shapes import copy_node, dims_str, infer_and_fold, set_const, specialize
@@ -65,7 +65,7 @@ def _opset(model: onnx.ModelProto) -> int:
     raise ModelFormatError("model has no default-domain opset_import entry")
 
 
-def _attr_value(a: onnx.AttributeProto) -> Any:
+def _attr_value(a: onnx.AttributeProto, opset: int = MAX_OPSET, where: str = "") -> Any:
     v = helper.get_attribute_value(a)
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
@@ -74,8 +74,71 @@ def _attr_value(a: onnx.AttributeProto) -> Any:
     if isinstance(v, list):
         return [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in v]
     if isinstance(v, onnx.GraphProto):
-        raise UnsupportedOpError("(subgraph attribute)", a.name, detail="control flow with subgraphs is not supported")
+        return _convert_subgraph(v, opset, f"{where}.{a.name}" if where else a.name)
+    if isinstance(v, list) and v and isinstance(v[0], onnx.GraphProto):
+        raise UnsupportedOpError("(graphs attribute)", a.name, detail="lists of subgraphs are not supported")
     return v
+
+
+def _convert_nodes(protos: Iterable[onnx.NodeProto], opset: int, prefix: str = "") -> list[Node]:
+    """ONNX nodes to ``Node``s, every op checked against the registry (unsupported ones fail here naming the op
+    and the node, also inside control-flow bodies); a control-flow node's bodies are converted recursively and
+    the names they read from enclosing scopes appended to its inputs (``attrs['_formal']`` counts the formal
+    ones), so that folding, fusion, lifetimes and dead-code elimination see those reads."""
+    nodes: list[Node] = []
+    seen_names: set[str] = set()
+    for idx, n in enumerate(protos):
+        name = n.name or f"{n.op_type}_{idx}"
+        if name in seen_names:
+            name = f"{name}_{idx}"
+        seen_names.add(name)
+        where = f"{prefix}/{name}" if prefix else name
+        if n.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError(n.op_type, where, opset, f"custom domain {n.domain!r} is not supported")
+        spec = op_spec(n.op_type)
+        if spec is None:
+            raise UnsupportedOpError(n.op_type, where, opset)
+        attrs = {a.name: _attr_value(a, opset, where) for a in n.attribute}
+        attrs["_opset"] = opset
+        node = Node(name, n.op_type, list(n.input), list(n.output), attrs)
+        outer: list[str] = []
+        for key in sorted(k for k, v in attrs.items() if isinstance(v, Subgraph)):
+            outer += [o for o in attrs[key].outer if o not in outer]
+        if outer:
+            node.attrs["_formal"] = len(node.inputs)
+            node.attrs["_outer"] = list(outer)
+            node.inputs = node.inputs + outer
+        if spec.check is not None:
+            spec.check(node, opset)
+        nodes.append(node)
+    return nodes
+
+
+def _convert_subgraph(g: onnx.GraphProto, opset: int, where: str) -> Subgraph:
+    try:
+        consts = {init.name: numpy_helper.to_array(init) for init in g.initializer}
+    except Exception as e:
+        raise ModelFormatError(f"cannot read an initializer of subgraph {where}: {type(e).__name__}: {e}") from e
+    inputs: list[tuple[str, np.dtype, tuple[int, ...] | None]] = []
+    for vi in g.input:
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedOpError("(subgraph)", where, opset, f"input {vi.name!r} is not a tensor "
+                                                                   "(sequence/optional bodies are not supported)")
+        tt = vi.type.tensor_type
+        dims = (tuple(int(d.dim_value) if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+                if tt.HasField("shape") else None)
+        inputs.append((vi.name, _elem_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32), dims))
+    nodes = _convert_nodes(g.node, opset, where)
+    defined = {i[0] for i in inputs} | set(consts) | {o for n in nodes for o in n.outputs if o}
+    outer: list[str] = []
+    for n in nodes:
+        for i in n.inputs:
+            if i and i not in defined and i not in outer:
+                outer.append(i)
+    for o in g.output:
+        if o.name not in defined and o.name not in outer:
+            outer.append(o.name)
+    return Subgraph(g.name or where, nodes, inputs, [o.name for o in g.output], consts, outer)
 
 
 def _elem_dtype(t: int) -> np.dtype:
@@ -160,30 +223,14 @@ def import_template(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int
         raise ModelFormatError(f"cannot read initializer: {type(e).__name__}: {e}") from e
     inputs, dims, alt_shapes = _input_infos(model, batch, shapes, set(constants))
     dynamic = {t.name for t in inputs if any(isinstance(d, str) for d in dims[t.name])}
-    nodes: list[Node] = []
-    seen_names: set[str] = set()
-    for idx, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{idx}"
-        if name in seen_names:
-            name = f"{name}_{idx}"
-        seen_names.add(name)
-        if n.domain not in ("", "ai.onnx"):
-            raise UnsupportedOpError(n.op_type, name, opset, f"custom domain {n.domain!r} is not supported")
-        spec = op_spec(n.op_type)
-        if spec is None:
-            raise UnsupportedOpError(n.op_type, name, opset)
-        attrs = {a.name: _attr_value(a) for a in n.attribute}
-        attrs["_opset"] = opset
-        node = Node(name, n.op_type, list(n.input), list(n.output), attrs)
-        if spec.check is not None:
-            spec.check(node, opset)
-        nodes.append(node)
+    nodes = _convert_nodes(g.node, opset)
     infos: dict[str, TensorInfo] = {t.name: t for t in inputs}
     for k, v in constants.items():
         infos[k] = TensorInfo(k, tuple(v.shape), v.dtype)
     out_names = [o.name for o in g.output]
+    runtime: set[str] = set()
     try:
-        nodes = infer_and_fold(nodes, infos, constants, set(out_names), opset, dynamic)
+        nodes = infer_and_fold(nodes, infos, constants, set(out_names), opset, dynamic, runtime=runtime)
     except ShapeError as e:
         if not dynamic:
             raise
@@ -201,6 +248,7 @@ def import_template(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int
             alt = {}  # the model does not take the second probe: no rewrite may rest on a shape
     graph = Graph(g.name or "model", nodes, inputs, [], constants, infos, opset,
                   {t.name: dims[t.name] for t in inputs} if dynamic else {})
+    graph.runtime_shaped = runtime
     if optimize:
         _rewrite(graph, set(out_names), alt)
     _dce(graph, out_names)
@@ -208,7 +256,25 @@ def import_template(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int
     if missing:
         raise ModelFormatError(f"graph outputs {missing} are produced by no node")
     graph.outputs = [graph.infos[o] for o in out_names]
+    _warn_declared_outputs(g, graph)
     return graph
+
+
+def _warn_declared_outputs(g: onnx.GraphProto, graph: Graph) -> None:
+    """Output shapes come from inference; a file whose declarations say otherwise (exporters write stale or
+    placeholder output shapes) gets a warning naming both, and the inferred shape is what the model serves."""
+    for vi, t in zip(g.output, graph.outputs):
+        if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        declared = [int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        if t.name in graph.runtime_shaped:
+            continue
+        bad = len(declared) != len(t.shape) or any(
+            isinstance(d, int) and int(d) != int(x) for d, x in zip(declared, t.shape))
+        if bad:
+            log.warning("model %s: output %r is declared %s but inference gives %s; using the inferred shape",
+                        graph.name, t.name, dims_str(declared), dims_str(t.shape))
 
 
 # ----------------------------------------------------------------------------------------------

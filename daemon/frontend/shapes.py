@@ -47,7 +47,7 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
     template's probe shape): the shape computations folded, every tensor shaped. The result shares the
     template's constants (a lazily read store stays on disk); a static template is returned as it is.
     ``ShapeError`` when the model does not take these shapes."""
-    if not template.dynamic:
+    if not template.dynamic and not _unshaped_bodies(template):
         return template
     shapes = shapes or {}
     inputs = []
@@ -61,9 +61,10 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
     infos = {k: v for k, v in template.infos.items() if k in consts}
     infos.update({t.name: t for t in inputs})
     out_names = [o.name for o in template.outputs]
+    runtime: set[str] = set()
     try:
         nodes = infer_and_fold([copy_node(n) for n in template.nodes], infos, view, set(out_names),
-                                template.opset, set())
+                                template.opset, set(), runtime=runtime)
     except ShapeError as e:
         got = ", ".join(f"{t.name}{list(t.shape)}" for t in inputs)
         raise ShapeError(f"model {template.name!r} does not take inputs {got}: {e}") from e
@@ -82,8 +83,17 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
     missing = [o for o in out_names if o not in infos]
     if missing:
         raise ModelFormatError(f"graph outputs {missing} are produced by no node")
-    return Graph(template.name, nodes, inputs, [infos[o] for o in out_names], view, infos,  # type: ignore[arg-type]
-                 template.opset, dict(template.dims))
+    g = Graph(template.name, nodes, inputs, [infos[o] for o in out_names], view, infos,  # type: ignore[arg-type]
+              template.opset, dict(template.dims))
+    g.runtime_shaped = runtime & set(infos)
+    return g
+
+
+def _unshaped_bodies(g: Graph) -> bool:
+    """Whether a control-flow node of ``g`` has no shaped bodies (a graph read back from a package)."""
+    from ..ops.control import CONTROL_OPS
+
+    return any(n.op in CONTROL_OPS and not n.bodies for n in g.nodes)
 
 
 def check_dims(name: str, dims: Sequence[int | str], shape: Sequence[int],
@@ -108,16 +118,30 @@ def check_dims(name: str, dims: Sequence[int | str], shape: Sequence[int],
 
 
 def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: MutableMapping[str, np.ndarray],
-                    keep: set[str], opset: int, dynamic: set[str] | frozenset[str] = frozenset()) -> list[Node]:
+                    keep: set[str], opset: int, dynamic: set[str] | frozenset[str] = frozenset(),
+                    runtime: set[str] | None = None, lenient: bool = False) -> list[Node]:
     """Shape every tensor and fold what is constant. ``dynamic``: inputs with a dynamic dimension. What
     depends on their sizes (Shape of a tensor downstream of them, and what is computed from it) is
     evaluated at the probe for shape inference but stays a node, so that ``specialize`` folds it anew
-    for every shape; everything else constant is folded once, shared by every shape."""
+    for every shape; everything else constant is folded once, shared by every shape.
+
+    Control flow (``inferd.ops.control``): an If decided by constants, or by shapes once they are concrete,
+    is replaced by its branch's nodes (shaped in turn); other control-flow nodes get their bodies shaped.
+    ``runtime`` collects the tensors whose shape only a run can tell (and everything computed from them);
+    ``lenient`` (a control-flow body) lets a shape that depends on a run-time value (a Slice at the iteration
+    number) be one of them instead of an error."""
+    from ..ops.control import CONTROL_OPS, shape_control
+
     sized: set[str] = set(dynamic)  # tensors whose shape depends on a dynamic dimension
     probed: dict[str, np.ndarray] = {}  # values that do: known at the probe only
     known: Mapping[str, np.ndarray] = ChainMap(probed, constants) if dynamic else constants  # type: ignore[arg-type]
+    ragged: set[str] = runtime if runtime is not None else set()
     kept: list[Node] = []
-    for node in nodes:
+    work = list(nodes)
+    pos = 0
+    while pos < len(work):
+        node = work[pos]
+        pos += 1
         spec = op_spec(node.op)
         assert spec is not None
         for i in node.inputs:
@@ -139,6 +163,38 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
                 kept.append(node)
             else:
                 set_const(node.outputs[0], val, infos, constants)
+            continue
+        if node.op in CONTROL_OPS:
+            res = shape_control(node, infos, known, opset, lambda name: name not in probed)
+            if isinstance(res[1], dict):  # an If decided here: its branch's nodes take its place
+                inlined, consts = res
+                for k, v in consts.items():
+                    set_const(k, np.asarray(v), infos, constants)
+                work[pos:pos] = inlined
+                continue
+            outs, rag = res
+            depends = any(i in sized or i in probed for i in node.inputs if i)
+            for o, (shape, dt), r in zip(node.outputs, outs, rag):
+                if o:
+                    infos[o] = TensorInfo(o, tuple(int(d) for d in shape), np.dtype(dt))
+                    if depends:
+                        sized.add(o)
+                    if r or any(i in ragged for i in node.inputs if i):
+                        ragged.add(o)
+            kept.append(node)
+            continue
+        if any(i in ragged for i in node.inputs if i):
+            # downstream of a tensor shaped at run time: shaped at the placeholder where that works, run by the oracle
+            try:
+                outs = spec.infer(node, [infos[i] if i else None for i in node.inputs],
+                                  {i: known[i] for i in node.inputs if i and i in known})
+            except Exception:
+                outs = [((), infos[node.inputs[0]].dtype)] * len(node.outputs)
+            for o, (shape, dt) in zip(node.outputs, outs):
+                if o:
+                    infos[o] = TensorInfo(o, tuple(int(d) for d in shape), np.dtype(dt))
+                    ragged.add(o)
+            kept.append(node)
             continue
         if node.op == "Clip" and len(node.inputs) > 1:
             _clip_inputs_to_attrs(node, constants)
@@ -166,6 +222,15 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
             # the values on demand: shape inference reads a Reshape's shape, never a Conv's weights, and a
             # package's weights must stay in the store until the loader streams them
             outs = spec.infer(node, in_infos, _Values(known, [i for i in node.inputs if i and i in known]))
+        except ShapeError:
+            if not (lenient and any(i and i not in known for i in node.inputs[1:])):
+                raise
+            for o in node.outputs:
+                if o:
+                    infos[o] = TensorInfo(o, (), infos[node.inputs[0]].dtype)
+                    ragged.add(o)
+            kept.append(node)
+            continue
         except InferdError:
             raise
         except Exception as e:

@@ -26,6 +26,8 @@ BINARY = ("Add", "Sub", "Mul", "Div", "Pow")
 VARIADIC = ("Sum", "Mean", "Min", "Max")  # Min/Max with two inputs are the common binary case
 COMPARE = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
 UNARY = ("Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Erf", "Floor", "Ceil")
+#: bool tensors (masks) in, bool out; Not is unary
+LOGICAL = ("And", "Or", "Xor")
 
 _UFUNC: dict[str, np.ufunc] = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Sum": np.add, "Mean": np.add,
@@ -34,6 +36,7 @@ _UFUNC: dict[str, np.ufunc] = {
     "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
     "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative, "Abs": np.absolute,
     "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil,
+    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not,
 }
 
 
@@ -60,7 +63,7 @@ def _infer_broadcast(node: Node, ins: list[TensorInfo | None], consts: dict[str,
     if not infos:
         raise ShapeError(f"node {node.name!r} ({node.op}): no inputs")
     shape = broadcast_shape(node, [i.shape for i in infos])
-    dtype = np.dtype(np.bool_) if node.op in COMPARE else np.dtype(infos[0].dtype)
+    dtype = np.dtype(np.bool_) if node.op in COMPARE + LOGICAL else np.dtype(infos[0].dtype)
     return [(shape, dtype)]
 
 
@@ -152,7 +155,7 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | Non
     xs = _present(ins)
     if op in BINARY:
         return _binary(op, xs[0], xs[1], out)
-    if op in COMPARE:
+    if op in COMPARE or op in LOGICAL:
         f = _UFUNC[op]
         return f(xs[0], xs[1], out=out) if out is not None else f(xs[0], xs[1])
     if op in VARIADIC:
@@ -185,7 +188,7 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | Non
 def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     ins = [None if x is None else np.asarray(x) for x in inputs]
     r = np.asarray(_compute(node, ins, None))
-    if node.op not in COMPARE and node.op != "Where":
+    if node.op not in COMPARE + LOGICAL and node.op != "Where":
         dt = _present(ins)[0].dtype
         if r.dtype != dt:
             r = r.astype(dt)
@@ -198,9 +201,9 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 _MIN_OPSET = {"Erf": 9, "Where": 9, "Less": 1, "Greater": 1, "LessOrEqual": 12, "GreaterOrEqual": 12,
               "Mean": 1, "Sum": 1}
 
-for _op in BINARY + VARIADIC + COMPARE:
+for _op in BINARY + VARIADIC + COMPARE + LOGICAL:
     register_op(OpSpec(_op, _infer_broadcast, _reference, min_opset=_MIN_OPSET.get(_op, 1)))
-for _op in UNARY:
+for _op in UNARY + ("Not",):
     register_op(OpSpec(_op, _infer_same, _reference, min_opset=_MIN_OPSET.get(_op, 1)))
 register_op(OpSpec("Where", _infer_where, _reference, min_opset=9))
 
@@ -210,7 +213,7 @@ class ElementwiseKernel(Kernel):
     """numpy ufuncs writing straight into the arena; binaries take a fused activation as epilogue."""
 
     name = "numpy"
-    ops = BINARY + VARIADIC + COMPARE + UNARY + ("Where",)
+    ops = BINARY + VARIADIC + COMPARE + UNARY + LOGICAL + ("Not", "Where")
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

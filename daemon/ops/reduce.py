@@ -303,3 +303,50 @@ class SoftmaxNativeKernel(Kernel):
         def call(_keep=keep) -> None:
             fn(*args)
         return call
+
+
+# ------------------------------------------------------------------------------------------------ CumSum
+
+def _cumsum_axis(node: Node, axis: np.ndarray | None, rank: int) -> int:
+    if axis is None:
+        raise ShapeError(f"node {node.name!r} (CumSum): no axis input")
+    a = int(np.asarray(axis).reshape(-1)[0])
+    if not -rank <= a < max(rank, 1):
+        raise ShapeError(f"node {node.name!r} (CumSum): axis {a} out of range for rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def _infer_cumsum(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    return [(ins[0].shape, np.dtype(ins[0].dtype))]  # type: ignore[union-attr]
+
+
+def cumsum(node: Node, x: np.ndarray, axis: np.ndarray | None) -> np.ndarray:
+    """ONNX CumSum: ``exclusive`` shifts by one (starting from 0), ``reverse`` sums from the end; in the input's type."""
+    a = _cumsum_axis(node, axis, x.ndim)
+    if x.ndim == 0:
+        return np.array(x, copy=True)
+    v = np.flip(x, a) if node.attr("reverse", 0) else x
+    r = np.cumsum(v, axis=a, dtype=x.dtype)
+    if node.attr("exclusive", 0):
+        r = np.concatenate([np.zeros_like(np.take(r, [0], axis=a)), np.take(r, range(r.shape[a] - 1), axis=a)], axis=a)
+    return np.flip(r, a) if node.attr("reverse", 0) else r
+
+
+def _reference_cumsum(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    return [np.ascontiguousarray(cumsum(node, np.asarray(inputs[0]), inputs[1]))]
+
+
+register_op(OpSpec("CumSum", _infer_cumsum, _reference_cumsum, min_opset=11))
+
+
+@register_kernel
+class CumSumKernel(Kernel):
+    """numpy's cumsum along the axis (any dtype: masks summed into positions, lengths)."""
+
+    name = "numpy"
+    ops = ("CumSum",)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        np.copyto(outputs[0], cumsum(layer.node, np.asarray(ins[0]), ins[1]))

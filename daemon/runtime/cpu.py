@@ -117,6 +117,8 @@ class CpuExecutor:
         self.arena = np.empty(max(self.plan.total, 1), dtype=np.uint8)
         self.stats.plan_s = time.perf_counter() - t0
         self.views: dict[str, np.ndarray] = {}
+        #: values of the tensors shaped at run time (``graph.runtime_shaped``), this run's
+        self._dyn: dict[str, np.ndarray] = {}
         for name, info in graph.infos.items():
             if name in graph.constants:
                 continue
@@ -172,12 +174,38 @@ class CpuExecutor:
         ins = [None if (not n or n in graph.constants) else self.views[n] for n in layer.node.inputs]
         outs = [self.views[o] for o in layer.node.outputs if o]
         step = Step(layer, k, ins, outs, p, alias)
-        if not alias:
+        rs = graph.runtime_shaped
+        if rs and any(n in rs for n in list(layer.node.inputs) + list(layer.node.outputs) if n):
+            step.alias = False
+            step.bound = self._runtime_shaped_call(layer)
+        elif not alias:
             step.bound = k.bind(layer, ins, p, outs)
         self.choice[pos] = (layer, k)
         self.steps[pos] = step
         self.stats.kernels[k.name] = self.stats.kernels.get(k.name, 0) + 1
         return step
+
+    def _runtime_shaped_call(self, layer: Layer) -> Callable[[], None]:
+        """A node reading or writing tensors whose shape only the run tells: the numpy oracle on the values
+        (those tensors live in ``self._dyn``, not in the arena); its other outputs go to their arena views."""
+        node, graph = layer.node, self.graph
+        rs = graph.runtime_shaped
+        spec = op_spec(node.op)
+        assert spec is not None
+        dyn = self._dyn
+
+        def call() -> None:
+            vals = [None if not n else dyn[n] if n in rs else graph.constants[n] if n in graph.constants
+                    else self.views[n] for n in node.inputs]
+            for o, r in zip(node.outputs, spec.reference(node, vals)):
+                if not o:
+                    continue
+                if o in rs:
+                    dyn[o] = np.asarray(r)
+                else:
+                    np.copyto(self.views[o], r)
+
+        return call
 
     def prepare(self, pos: int, lp: Any, arrays: dict[str, np.ndarray]) -> dict[str, float]:
         layer = self.choice[pos][0]
@@ -248,7 +276,9 @@ class CpuExecutor:
     def end(self) -> dict[str, np.ndarray]:
         res = {}
         for t in self.outputs:
-            if t.name in self.graph.constants:
+            if t.name in self._dyn:
+                res[t.name] = np.array(self._dyn[t.name])
+            elif t.name in self.graph.constants:
                 res[t.name] = np.array(self.graph.constants[t.name])
             else:
                 res[t.name] = np.array(self.views[t.name])

@@ -62,7 +62,13 @@ class AliasKernel(_Placeholder):
     name = "alias"
 
 
-FOLD, ALIAS = FoldKernel(), AliasKernel()
+class HostKernel(_Placeholder):
+    """A node run on the host between command-buffer segments (``inferd.vulkan.host``)."""
+
+    name = "host"
+
+
+FOLD, ALIAS, HOST = FoldKernel(), AliasKernel(), HostKernel()
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class _Slot:
 
     pos: int
     node: Node
-    kind: str  # "fold" | "alias" | "kernel"
+    kind: str  # "fold" | "alias" | "kernel" | "host"
     layer: Layer
     kernels: tuple[VulkanKernel, ...]
     default: Kernel
@@ -146,6 +152,9 @@ class VulkanColdBackend:
         self._bound: list[Bound] = []
         self._seg: Recorder | None = None
         self._seg_cbs: list[Any] = []
+        self._hosts: dict[int, Any] = {}  # slot position -> HostStep
+        #: the warm path with host steps: per segment its command buffer's submit info, then the host step after it
+        self._warm_segments: list[tuple[list[Any], Any]] = []
         if cache is None or cache is True:
             self.shader_cache = dev.shader_cache
         elif cache is False:
@@ -173,27 +182,46 @@ class VulkanColdBackend:
         self._consts = consts
         pg = Graph(g.name, kept, g.inputs, g.outputs, consts, g.infos, g.opset)  # type: ignore[arg-type]
         st["fold_s"] = T() - t
+        if g.runtime_shaped:
+            raise BackendError(f"model {g.name}: tensors {sorted(g.runtime_shaped)[:3]} are shaped at run time "
+                               f"(control flow whose output shapes depend on values); the Vulkan backend plans static "
+                               f"shapes: run this model on the CPU")
+        from .host import HostStep, is_host_node
+
+        host_names = {n.name for n in kept if is_host_node(n, g, consts)}
+        dg = Graph(g.name, [n for n in kept if n.name not in host_names], g.inputs, g.outputs, consts, g.infos,
+                   g.opset)  # type: ignore[arg-type]
         t = T()
-        choices = select_nodes(g, pg, self.caps, forced)
+        choices = iter(select_nodes(g, dg, self.caps, forced))
         st["select_s"] = T() - t
         t = T()
         dev = self.device
         self._align = max(64, dev.caps.min_storage_align)
+        listed = []
+        for n in kept:
+            listed.append(None if n.name in host_names else next(choices))
         ws = [(step, c.layer.name, max(k.workspace_nbytes(c.layer) for k in c.kernels))
-              for step, c in enumerate(choices) if c.kernels]
+              for step, c in enumerate(listed) if c is not None and c.kernels]
         self.plan = plan_activations(pg, ws, self._align)
         self.act_region = dev.allocate_region(max(self.plan.total, 256), "activations")
         self._regions.append(self.act_region)
         self.io = HostIO(dev, g, consts, self.plan, self.act_region)
+        if host_names and self.act_region.mapped is None:
+            raise BackendError(f"nodes {sorted(host_names)[:3]} run on the host (control flow, integer plumbing) and "
+                               f"need host-visible activations, which this device does not offer")
         step = 0
         for pos, (node, folded) in enumerate(zip(g.nodes, is_folded)):
             if folded:
                 layer = replace(Layer.of(node, pg), const_inputs=())
                 self._slots.append(_Slot(pos, node, "fold", layer, (), FOLD, None))
                 continue
-            c = choices[step]
+            c = listed[step]
             step += 1
-            if c.default is None:
+            if c is None:
+                layer = replace(Layer.of(node, pg), const_inputs=())
+                self._slots.append(_Slot(pos, node, "host", layer, (), HOST, None))
+                self._hosts[pos] = HostStep(node, g, consts, dev, self.shader_cache)
+            elif c.default is None:
                 self._slots.append(_Slot(pos, node, "alias", replace(c.layer, const_inputs=()), (), ALIAS, None))
             else:
                 self._slots.append(_Slot(pos, node, "kernel", c.layer, c.kernels, c.default,
@@ -238,8 +266,37 @@ class VulkanColdBackend:
             self.device.wait_fence(self._fence)
             self.io.write(feeds)
 
+    def _host_step(self, pos: int) -> None:
+        """Run host step ``pos`` on the activations (everything before it has completed)."""
+        act, plan, infos = self.act_region, self.plan, self.graph.infos
+        if not act.coherent:
+            self.device.invalidate(act)
+
+        def read(name: str) -> np.ndarray:
+            t = infos[name]
+            return np.array(act.view(plan.offset(name), t.shape, t.dtype))
+
+        def write(name: str, a: np.ndarray) -> None:
+            t = infos[name]
+            if tuple(a.shape) != tuple(t.shape):
+                raise BackendError(f"host step {self._slots[pos].node.name}: output {name!r} of shape "
+                                   f"{list(a.shape)} where the plan has {list(t.shape)}")
+            np.copyto(act.view(plan.offset(name), t.shape, t.dtype), a, casting="unsafe")
+
+        self._hosts[pos].run(read, write)
+        if not act.coherent:
+            self.device.flush(act)
+
     def execute(self, pos: int, flush: bool = False) -> None:
         slot = self._slots[pos]
+        if slot.kind == "host":
+            # what comes before must have run: submit the segment so far and wait, then decide on the host
+            self._segment()
+            vk.vkResetFences(self.device.device, 1, [self._fence])
+            self._submit_segment(self._fence)
+            self.device.wait_fence(self._fence)
+            self._host_step(pos)
+            return
         if slot.kind == "kernel":
             prep = self._prepared[pos]
             if prep is None:
@@ -282,6 +339,9 @@ class VulkanColdBackend:
         if self._warm_cb is not None:
             vk.vkFreeCommandBuffers(d, self._cmd_pool, 1, [self._warm_cb])
             self._warm_cb = self._warm_submit = None
+        for submit, _pos in self._warm_segments:
+            vk.vkFreeCommandBuffers(d, self._cmd_pool, 1, submit[0].pCommandBuffers)
+        self._warm_segments = []
         if self._query_pool is not None:
             vk.vkDestroyQueryPool(d, self._query_pool, None)
             self._query_pool = None
@@ -297,8 +357,23 @@ class VulkanColdBackend:
         self.io.prologue(rec)
         if self._query_pool is not None:
             rec.timestamp()
-        for b in bound:
-            rec.dispatch(b)
+        self._warm_segments = []
+        for slot, p in zip(self._slots, self._prepared):
+            if slot.kind == "host":
+                # the segment so far ends here; the host step runs once it completed; the next one follows it
+                vk.vkEndCommandBuffer(cb)
+                self._warm_segments.append(([vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])], slot.pos))
+                cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
+                    commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+                vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())
+                barriers, query = rec.barriers, rec.query
+                rec = Recorder(cb, self._query_pool, per_dispatch=True)
+                rec.barriers, rec.query = barriers, query
+                rec.full_barrier()
+                continue
+            if p is not None:
+                for b in p.bound:
+                    rec.dispatch(b)
         self.io.epilogue(rec)
         vk.vkEndCommandBuffer(cb)
         self._warm_submit = [vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])]
@@ -342,6 +417,11 @@ class VulkanColdBackend:
             t0 = time.perf_counter()
             dev = self.device
             self.io.write(feeds)
+            for submit, pos in self._warm_segments:  # host steps: run each segment, then decide on the host
+                vk.vkResetFences(dev.device, 1, [self._fence])
+                dev.queue_submit(submit, self._fence)
+                dev.wait_fence(self._fence)
+                self._host_step(pos)
             vk.vkResetFences(dev.device, 1, [self._fence])
             dev.queue_submit(self._warm_submit, self._fence)
             dev.wait_fence(self._fence)
@@ -489,8 +569,8 @@ class VulkanColdBackend:
         """Node name -> Vulkan kernel ("alias" for ops that are views; folded nodes are not run)."""
         out = {}
         for s in self._slots:
-            if s.kind == "alias":
-                out[s.node.name] = "alias"
+            if s.kind in ("alias", "host"):
+                out[s.node.name] = s.kind
             elif s.kind == "kernel":
                 p = self._prepared[s.pos]
                 out[s.node.name] = (p.kernel if p is not None else s.default).name
@@ -803,6 +883,9 @@ class VulkanColdBackend:
             if p is not None:
                 self._release(p)
                 self._prepared[i] = None
+        for h in self._hosts.values():
+            h.close()
+        self._hosts = {}
         if self._cmd_pool is not None:
             vk.vkDestroyCommandPool(d, self._cmd_pool, None)  # frees every command buffer from it
             self._cmd_pool = None

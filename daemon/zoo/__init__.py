@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import _cnn, _dynamic, _vit
+from . import _cnn, _dynamic, _recurrent, _vit
 from ._graph import OPSET, Dim, GraphBuilder, count_params, is_trainable
 
 __all__ = [
@@ -63,6 +63,13 @@ class ModelInfo:
     description: str
     params: int
     zoo: bool = True  # False for the tiny test models that are not part of the zoo proper
+    #: inputs/outputs that are not float32, by name -> numpy dtype name (an int64 sample rate)
+    dtypes: tuple[tuple[str, str], ...] = ()
+    #: the recurrent models: state inputs -> the output that carries the state on (streamed by the client)
+    state: tuple[tuple[str, str], ...] = ()
+
+    def dtype(self, name: str) -> str:
+        return dict(self.dtypes).get(name, "float32")
 
     @property
     def input_shape(self) -> Shape:
@@ -132,6 +139,18 @@ MODELS: dict[str, ModelInfo] = {
         ModelInfo("recnet_dyn", (("input", ("N", 3, 32, "W")),), (("output", ("N", "T", 37)),),
                   "text-line recogniser, batch/width dynamic: conv stem pooling the height to 1, self-attention "
                   "over the width (MatMul, Softmax), per-step classifier, Shape-derived reshapes", 152869),
+        ModelInfo("vad_lstm", (("input", (1, 512)), ("sr", ()), ("state", (2, 1, 64))),
+                  (("output", (1, 1)), ("stateN", (2, 1, 64))),
+                  "voice-activity detector: shape- and value-dependent If (sample rate, int64 scalar), Conv1d STFT, "
+                  "conv encoder, LSTM decoder with its state in and out", 120129,
+                  dtypes=(("sr", "int64"),), state=(("state", "stateN"),)),
+        ModelInfo("crnn_lstm", (("input", (1, 1, 32, "W")),), (("output", ("T", 1, 37)),),
+                  "CRNN text recogniser, width dynamic: conv stem, bidirectional LSTM over the columns, "
+                  "CTC-style LogSoftmax (time-major)", 339397),
+        ModelInfo("kws_gru", (("input", (1, 49, 40)), ("state", (1, 1, 64))),
+                  (("output", (1, 12)), ("stateN", (1, 1, 64))),
+                  "keyword spotter: GRU (linear_before_reset) over 49 feature frames with its state in and out, "
+                  "classifier on the last step", 21132, state=(("state", "stateN"),)),
     ]
 }
 
@@ -153,7 +172,12 @@ _BUILDERS: dict[str, Callable[[GraphBuilder, str], str]] = {
     "vit_tiny": _vit.vit_tiny,
     "detnet_dyn": _dynamic.detnet_dyn,
     "recnet_dyn": _dynamic.recnet_dyn,
+    "vad_lstm": _recurrent.vad_lstm,
+    "crnn_lstm": _recurrent.crnn_lstm,
+    "kws_gru": _recurrent.kws_gru,
 }
+#: builders that take every input name and return every output (several inputs or outputs)
+_MULTI = {"vad_lstm", "crnn_lstm", "kws_gru"}
 assert _BUILDERS.keys() == MODELS.keys()
 
 
@@ -170,14 +194,19 @@ def build(name: str, seed: int = 0) -> onnx.ModelProto:
     # Seeding per model keeps each model's weights independent of which others get built.
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     g = GraphBuilder(rng)
-    out = _BUILDERS[name](g, info.input_name)
+    if name in _MULTI:
+        outs = _BUILDERS[name](g, [n for n, _ in info.inputs])  # type: ignore[arg-type]
+    else:
+        outs = [_BUILDERS[name](g, info.input_name)]
+    elem = {"int64": onnx.TensorProto.INT64, "float32": onnx.TensorProto.FLOAT}
     return g.finish(
         name,
         info.inputs,
         info.outputs,
-        [out],
+        outs,
         info.description,
         {"inferd.zoo.name": name, "inferd.zoo.seed": str(seed)},
+        {n: elem[d] for n, d in info.dtypes},
     )
 
 

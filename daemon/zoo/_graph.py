@@ -245,7 +245,9 @@ class GraphBuilder:
         out_tensors: Sequence[str],
         doc: str,
         metadata: dict[str, str],
+        dtypes: dict[str, int] | None = None,
     ) -> onnx.ModelProto:
+        """``dtypes``: ONNX element type of the inputs/outputs that are not float (an int64 sample rate)."""
         # Rename the final tensors to the declared output names (torch names outputs too).
         renames = dict(zip(out_tensors, (name for name, _ in outputs)))
         for node in self.nodes:
@@ -256,8 +258,9 @@ class GraphBuilder:
         graph = model.graph
         graph.name = graph_name
         graph.node.extend(self.nodes)
-        graph.input.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs)
-        graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in outputs)
+        dt = dtypes or {}
+        graph.input.extend(helper.make_tensor_value_info(n, dt.get(n, TensorProto.FLOAT), list(s)) for n, s in inputs)
+        graph.output.extend(helper.make_tensor_value_info(n, dt.get(n, TensorProto.FLOAT), list(s)) for n, s in outputs)
         model.ir_version = IR_VERSION
         model.opset_import.append(helper.make_opsetid("", OPSET))
         model.producer_name = "inferd.zoo"

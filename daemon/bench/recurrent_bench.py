@@ -1,0 +1,183 @@
+"""``inferd bench recurrent``: the recurrent zoo models against onnxruntime, and streaming through the daemon.
+
+* warm latency of ``vad_lstm`` (one 32 ms chunk at 16 kHz), ``crnn_lstm`` (a 32 x 128 text line) and ``kws_gru``
+  (49 frames), inferd CPU (and Vulkan where a device is there) vs onnxruntime CPU, both with their default
+  threads and both with one thread; ncnn is reported when its Python package is importable (it needs the model
+  converted with pnnx, whose pip package needs torch: not measured otherwise, and the result says so);
+* the daemon round trip of one VAD chunk (state and int64 sample rate in, probability and state out) against a
+  bare pyzmq echo of the same bytes between two processes, and against that echo plus the in-process warm time;
+* how many 32 ms streams one core sustains: 32 ms over the per-chunk time on one thread, in process and through
+  the daemon (the daemon's serving CPU time per chunk, client excluded).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import fmt, machine_info, median_ms, ratio, time_calls, write_results
+from .daemon_bench import _echo_floor, _pcts
+
+MODELS = ["vad_lstm", "crnn_lstm", "kws_gru"]
+CHUNK_S = 0.032  # 512 samples at 16 kHz
+
+
+def _feeds(name: str) -> dict[str, np.ndarray]:
+    from .. import zoo
+
+    info = zoo.MODELS[name]
+    rng = np.random.default_rng(0)
+    out = {}
+    for n, shape in info.inputs:
+        if info.dtype(n) == "int64":
+            out[n] = np.array(16000, np.int64)
+        else:
+            dims = tuple(128 if isinstance(d, str) else d for d in shape)
+            out[n] = (rng.standard_normal(dims) * 0.3).astype(np.float32)
+    return out
+
+
+def _ort(path: Path, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def _ncnn_status() -> str:
+    try:
+        import ncnn  # noqa: F401
+    except Exception:
+        return ("not measured: the ncnn Python package is not installed here, and converting these models needs "
+                "pnnx, whose pip package needs torch")
+    return "ncnn importable but no pnnx conversion of the zoo models in this run: not measured"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import inferd
+    from .. import native, zoo
+
+    ap = argparse.ArgumentParser(prog="inferd bench recurrent")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--repeat", type=int, default=300)
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--no-vulkan", action="store_true")
+    ap.add_argument("--no-daemon", action="store_true")
+    args = ap.parse_args(argv)
+    names = [m for m in args.models.split(",") if m]
+    tmp = Path(tempfile.mkdtemp(prefix="ifrb", dir="/tmp"))
+    paths = zoo.write_zoo(tmp / "m", names)
+    import inferd.vulkan
+
+    vulkan = inferd.vulkan.available() and not args.no_vulkan
+    res: dict[str, Any] = {"machine": {**machine_info(), "load_avg_start": list(os.getloadavg())},
+                           "repeat": args.repeat, "ncnn": _ncnn_status(), "models": {}}
+    default_threads = native.num_threads()
+    for name in names:
+        feeds = _feeds(name)
+        r: dict[str, Any] = {"inputs": {k: list(v.shape) for k, v in feeds.items()}}
+        m = inferd.load(str(paths[name]), device="cpu", shapes={k: v.shape for k, v in feeds.items()})
+        m.wait_warm(60)
+        for threads, tag in ((default_threads, "default"), (1, "1thread")):
+            native.set_num_threads(threads)
+            r[f"inferd_cpu_{tag}_ms"] = round(median_ms(time_calls(lambda: m.run(feeds), args.repeat, 20)), 4)
+            s = _ort(paths[name], 0 if tag == "default" else 1)
+            r[f"ort_cpu_{tag}_ms"] = round(median_ms(time_calls(lambda: s.run(None, feeds), args.repeat, 20)), 4)
+            r[f"ratio_{tag}"] = ratio(r[f"inferd_cpu_{tag}_ms"], r[f"ort_cpu_{tag}_ms"])
+        native.set_num_threads(default_threads)
+        m.close()
+        if vulkan:
+            mv = inferd.load(str(paths[name]), device="vulkan", shapes={k: v.shape for k, v in feeds.items()})
+            mv.wait_warm(60)
+            r["inferd_vulkan_ms"] = round(median_ms(time_calls(lambda: mv.run(feeds), max(args.repeat // 3, 20), 10)), 4)
+            mv.close()
+        res["models"][name] = r
+        print(name, r, flush=True)
+    if "vad_lstm" in names:
+        feeds = _feeds("vad_lstm")
+        native.set_num_threads(1)
+        m = inferd.load(str(paths["vad_lstm"]), device="cpu")
+        m.wait_warm(60)
+        one = median_ms(time_calls(lambda: m.run(feeds), args.repeat, 20)) / 1e3
+        m.close()
+        native.set_num_threads(default_threads)
+        st: dict[str, Any] = {"in_process_1thread_us": round(one * 1e6, 1),
+                              "streams_per_core_in_process": int(CHUNK_S / one)}
+        if not args.no_daemon:
+            st.update(_daemon(tmp, paths["vad_lstm"].parent, feeds, args.repeat, one))
+        res["streaming"] = st
+        print("streaming", st, flush=True)
+    jp, mp = write_results(args.out, "recurrent_cpu" + ("_lavapipe" if vulkan else ""), res, _table(res))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, inproc_s: float) -> dict[str, Any]:
+    from inferd_client import Client
+
+    from ..server.testing import DaemonProcess
+
+    out: dict[str, Any] = {}
+    with DaemonProcess(f"ipc://{tmp}/d.sock", models, log_path=tmp / "d.log", device="cpu") as d, \
+            Client(d.endpoint, timeout=30) as c:
+        c.infer("vad_lstm", feeds)
+        rt = time_calls(lambda: c.infer("vad_lstm", feeds), n, 50)
+        out["daemon_round_trip"] = _pcts(rt)
+        # serving CPU per chunk: the daemon process's CPU time over a burst, per request
+        import psutil
+
+        proc = psutil.Process(d.pid) if hasattr(d, "pid") else None
+        if proc is not None:
+            t0 = sum(proc.cpu_times()[:2])
+            k = 500
+            for _ in range(k):
+                c.infer("vad_lstm", feeds)
+            per = (sum(proc.cpu_times()[:2]) - t0) / k
+            out["daemon_cpu_per_chunk_us"] = round(per * 1e6, 1)
+            out["streams_per_core_daemon"] = int(CHUNK_S / per) if per > 0 else None
+    in_bytes = sum(a.nbytes for a in feeds.values()) + 64
+    out_bytes = 4 + 2 * 64 * 4 + 64
+    echo = _echo_floor(tmp, in_bytes, out_bytes, n)
+    out["zmq_echo"] = echo
+    out["in_process_warm_us"] = round(inproc_s * 1e6, 1)
+    budget = 1.5 * (echo["p50_us"] + inproc_s * 1e6)
+    out["goal_us (1.5 x (echo + in-process))"] = round(budget, 1)
+    out["ratio_to_echo_plus_inprocess"] = ratio(out["daemon_round_trip"]["p50_us"], echo["p50_us"] + inproc_s * 1e6)
+    return out
+
+
+def _table(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    lines = [f"# inferd bench recurrent ({m['date'][:10]})", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; host {m['host']}.",
+             f"Median of {res['repeat']} warm runs after 20 warm-ups. ncnn: {res['ncnn']}.", "",
+             "| model | inputs | inferd CPU (ms) | onnxruntime (ms) | ratio | inferd 1 thread | ort 1 thread | ratio 1t "
+             "| inferd Vulkan lavapipe (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in res["models"].items():
+        lines.append(f"| {name} | {r['inputs']} | {fmt(r['inferd_cpu_default_ms'], '.3f')} | "
+                     f"{fmt(r['ort_cpu_default_ms'], '.3f')} | {fmt(r['ratio_default'], '.2f')} | "
+                     f"{fmt(r['inferd_cpu_1thread_ms'], '.3f')} | {fmt(r['ort_cpu_1thread_ms'], '.3f')} | "
+                     f"{fmt(r['ratio_1thread'], '.2f')} | {fmt(r.get('inferd_vulkan_ms'), '.3f')} |")
+    st = res.get("streaming")
+    if st:
+        lines += ["", "## Streaming one VAD chunk (512 samples, int64 sr, (2, 1, 64) state in and out)", ""]
+        lines.append(f"- in process, one thread: {st['in_process_1thread_us']} us per chunk -> "
+                     f"{st['streams_per_core_in_process']} concurrent 32 ms streams per core")
+        if "daemon_round_trip" in st:
+            rt, echo = st["daemon_round_trip"], st["zmq_echo"]
+            lines.append(f"- daemon round trip over ipc: p50 {rt['p50_us']} us, p99 {rt['p99_us']} us; bare pyzmq echo "
+                         f"of the same bytes p50 {echo['p50_us']} us; goal 1.5 x (echo + in-process) = "
+                         f"{st['goal_us (1.5 x (echo + in-process))']} us; measured / (echo + in-process) = "
+                         f"{fmt(st['ratio_to_echo_plus_inprocess'], '.2f')}")
+            if st.get("daemon_cpu_per_chunk_us"):
+                lines.append(f"- daemon CPU per chunk {st['daemon_cpu_per_chunk_us']} us -> "
+                             f"{st['streams_per_core_daemon']} streams per core through the daemon")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,458 @@
+"""Recurrent ops: LSTM, GRU and RNN with ONNX's full semantics.
+
+Every attribute and optional input: ``direction`` forward / reverse / bidirectional, ``layout`` 0
+(time-major: X (seq, batch, in), Y (seq, dirs, batch, H), states (dirs, batch, H)) and 1 (batch-major:
+X (batch, seq, in), Y (batch, seq, dirs, H), states (batch, dirs, H)), ``sequence_lens`` (steps past a
+batch item's length leave its state alone and write zeros to Y; a reverse direction walks each item from
+its own last valid step), initial states, LSTM peepholes ``P`` and ``input_forget`` (f = 1 - i),
+GRU ``linear_before_reset``, ``clip`` (of every gate's pre-activation) and the activation lists with
+their alpha/beta lists, consumed in order as onnxruntime does.
+
+Gate orders are ONNX's: LSTM i, o, f, c (peepholes i, o, f); GRU z, r, h; RNN one gate.
+
+``reference`` is the numpy oracle (a step loop vectorised over the batch). The CPU kernel splits the work
+the way the cost does: the input projection of every time step and both directions is ONE packed GEMM
+(``X (seq*batch, in) @ [W_fwd; W_rev]^T`` with W's bias and, where it is constant per gate, R's bias folded
+into the GEMM's bias; weights packed at load by ``transform``), then the recurrence walks the steps in native
+C (``inferd_rnn_dir``: per step ``h @ R^T`` plus the gate maths; ``R^T`` laid out at load too).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from .. import native
+from ..errors import ShapeError, UnsupportedOpError
+from ..ir import Node, TensorInfo
+from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
+
+RNN_OPS = ("LSTM", "GRU", "RNN")
+#: gates per op
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+#: activations per direction, and their defaults
+N_ACTS = {"LSTM": 3, "GRU": 2, "RNN": 1}
+DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
+#: inputs after X, W, R, B, sequence_lens, initial_h
+MAX_INPUTS = {"LSTM": 8, "GRU": 6, "RNN": 6}
+
+#: activation name (lower case) -> (C code in native/rnn.c, uses alpha, uses beta, default alpha, default beta)
+ACTS: dict[str, tuple[int, bool, bool, float, float]] = {
+    "sigmoid": (0, False, False, 0.0, 0.0), "tanh": (1, False, False, 0.0, 0.0), "relu": (2, False, False, 0.0, 0.0),
+    "affine": (3, True, True, 1.0, 0.0), "leakyrelu": (4, True, False, 0.01, 0.0),
+    "thresholdedrelu": (5, True, False, 1.0, 0.0), "scaledtanh": (6, True, True, 1.0, 1.0),
+    "hardsigmoid": (7, True, True, 0.2, 0.5), "elu": (8, True, False, 1.0, 0.0), "softsign": (9, False, False, 0.0, 0.0),
+    "softplus": (10, False, False, 0.0, 0.0),
+}
+
+Act = tuple[str, float, float]
+
+
+def _str(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def num_dirs(node: Node) -> int:
+    return 2 if _str(node.attr("direction", "forward")) == "bidirectional" else 1
+
+
+def activations(node: Node) -> list[list[Act]]:
+    """Per direction, the op's activations as (lower-case name, alpha, beta). A bidirectional op given only one
+    direction's list uses it for both (onnxruntime requires both; exporters always write both)."""
+    n, dirs = N_ACTS[node.op], num_dirs(node)
+    names = [_str(a) for a in (node.attr("activations") or [])]
+    if not names:
+        names = DEFAULT_ACTS[node.op] * dirs
+    elif len(names) == n and dirs == 2:
+        names = names * 2
+    if len(names) != n * dirs:
+        raise UnsupportedOpError(node.op, node.name, detail=f"{len(names)} activations for {dirs} direction(s); "
+                                                            f"expected {n * dirs}")
+    alphas = [float(a) for a in (node.attr("activation_alpha") or [])]
+    betas = [float(b) for b in (node.attr("activation_beta") or [])]
+    ai = bi = 0
+    out: list[Act] = []
+    for name in names:
+        key = name.lower()
+        if key not in ACTS:
+            raise UnsupportedOpError(node.op, node.name, detail=f"activation {name!r} is not supported "
+                                                                f"(supported: {sorted(ACTS)})")
+        _code, ua, ub, da, db = ACTS[key]
+        a, b = da, db
+        if ua:
+            if ai < len(alphas):
+                a = alphas[ai]
+            ai += 1
+        if ub:
+            if bi < len(betas):
+                b = betas[bi]
+            bi += 1
+        out.append((key, a, b))
+    return [out[d * n:(d + 1) * n] for d in range(dirs)]
+
+
+def apply_act(x: np.ndarray, act: Act) -> np.ndarray:
+    name, a, b = act
+    with np.errstate(over="ignore"):
+        if name == "sigmoid":
+            return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
+        if name == "tanh":
+            return np.tanh(x)
+        if name == "relu":
+            return np.maximum(x, 0)
+        if name == "affine":
+            return (a * x + b).astype(x.dtype)
+        if name == "leakyrelu":
+            return np.where(x >= 0, x, a * x).astype(x.dtype)
+        if name == "thresholdedrelu":
+            return np.where(x > a, x, 0).astype(x.dtype)
+        if name == "scaledtanh":
+            return (a * np.tanh(b * x)).astype(x.dtype)
+        if name == "hardsigmoid":
+            return np.clip(a * x + b, 0, 1).astype(x.dtype)
+        if name == "elu":
+            return np.where(x >= 0, x, a * (np.exp(x) - 1)).astype(x.dtype)
+        if name == "softsign":
+            return (x / (1 + np.abs(x))).astype(x.dtype)
+        if name == "softplus":
+            return np.log1p(np.exp(x)).astype(x.dtype)
+    raise AssertionError(name)
+
+
+def _check(node: Node, opset: int) -> None:
+    if node.attr("hidden_size") is None:
+        raise UnsupportedOpError(node.op, node.name, opset, "attribute hidden_size is required")
+    d = _str(node.attr("direction", "forward"))
+    if d not in ("forward", "reverse", "bidirectional"):
+        raise UnsupportedOpError(node.op, node.name, opset, f"direction {d!r}")
+    if int(node.attr("layout", 0)) not in (0, 1):
+        raise UnsupportedOpError(node.op, node.name, opset, f"layout {node.attr('layout')}")
+    if len(node.inputs) > MAX_INPUTS[node.op]:
+        raise UnsupportedOpError(node.op, node.name, opset, f"{len(node.inputs)} inputs")
+    activations(node)
+
+
+def dims(node: Node, x_shape: Sequence[int]) -> tuple[int, int, int, int, int]:
+    """(seq, batch, input size, hidden, directions) of ``node`` on an X of ``x_shape``."""
+    if len(x_shape) != 3:
+        raise ShapeError(f"node {node.name!r} ({node.op}): X must have rank 3, has shape {list(x_shape)}")
+    layout = int(node.attr("layout", 0))
+    seq, batch = (x_shape[0], x_shape[1]) if layout == 0 else (x_shape[1], x_shape[0])
+    return int(seq), int(batch), int(x_shape[2]), int(node.attr("hidden_size")), num_dirs(node)
+
+
+def _infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None or len(ins) < 3 or ins[1] is None or ins[2] is None:
+        raise ShapeError(f"node {node.name!r} ({node.op}): needs X, W and R")
+    seq, batch, isz, h, dirs = dims(node, x.shape)
+    g = GATES[node.op]
+    w, r = ins[1], ins[2]
+    if tuple(w.shape) != (dirs, g * h, isz) or tuple(r.shape) != (dirs, g * h, h):
+        raise ShapeError(f"node {node.name!r} ({node.op}): W {list(w.shape)} / R {list(r.shape)} do not fit "
+                         f"{dirs} direction(s), hidden {h}, input {isz} (expected {[dirs, g * h, isz]} / {[dirs, g * h, h]})")
+    if len(ins) > 3 and ins[3] is not None and tuple(ins[3].shape) != (dirs, 2 * g * h):
+        raise ShapeError(f"node {node.name!r} ({node.op}): B {list(ins[3].shape)}, expected {[dirs, 2 * g * h]}")
+    layout = int(node.attr("layout", 0))
+    state = (dirs, batch, h) if layout == 0 else (batch, dirs, h)
+    for k in (5, 6):
+        if len(ins) > k and ins[k] is not None and tuple(ins[k].shape) != state:
+            raise ShapeError(f"node {node.name!r} ({node.op}): initial state {list(ins[k].shape)}, expected {list(state)}")
+    if len(ins) > 7 and ins[7] is not None and tuple(ins[7].shape) != (dirs, 3 * h):
+        raise ShapeError(f"node {node.name!r} (LSTM): P {list(ins[7].shape)}, expected {[dirs, 3 * h]}")
+    if len(ins) > 4 and ins[4] is not None and tuple(ins[4].shape) != (batch,):
+        raise ShapeError(f"node {node.name!r} ({node.op}): sequence_lens {list(ins[4].shape)}, expected [{batch}]")
+    dt = np.dtype(x.dtype)
+    y = (seq, dirs, batch, h) if layout == 0 else (batch, seq, dirs, h)
+    outs = [(y, dt), (state, dt)]
+    if node.op == "LSTM":
+        outs.append((state, dt))
+    return outs[:len(node.outputs)]
+
+
+# ----------------------------------------------------------------------------------------------- the oracle
+
+def _state(a: np.ndarray | None, layout: int, dirs: int, batch: int, h: int, dt: np.dtype) -> np.ndarray:
+    """(dirs, batch, H) copy of an initial state in either layout (zeros when absent)."""
+    if a is None:
+        return np.zeros((dirs, batch, h), dt)
+    a = np.asarray(a, dt)
+    return np.array(a if layout == 0 else a.transpose(1, 0, 2))
+
+
+def seq_lens(node: Node, lens: np.ndarray | None, seq: int, batch: int) -> np.ndarray:
+    if lens is None:
+        return np.full(batch, seq, np.int64)
+    lens = np.asarray(lens).astype(np.int64).reshape(-1)
+    if lens.size != batch or (lens < 0).any() or (lens > seq).any():
+        raise ShapeError(f"node {node.name!r} ({node.op}): sequence_lens {lens.tolist()} do not fit "
+                         f"{batch} items of at most {seq} steps")
+    return lens
+
+
+def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    op = node.op
+    get = lambda i: inputs[i] if i < len(inputs) else None  # noqa: E731
+    x = np.asarray(inputs[0])
+    dt = x.dtype
+    seq, batch, _isz, h, dirs = dims(node, x.shape)
+    layout = int(node.attr("layout", 0))
+    xs = x if layout == 0 else x.transpose(1, 0, 2)  # (seq, batch, in)
+    g = GATES[op]
+    w, r = np.asarray(get(1), dt), np.asarray(get(2), dt)
+    b = np.asarray(get(3), dt) if get(3) is not None else np.zeros((dirs, 2 * g * h), dt)
+    lens = seq_lens(node, get(4), seq, batch)
+    hs = _state(get(5), layout, dirs, batch, h, dt)
+    cs = _state(get(6) if op == "LSTM" else None, layout, dirs, batch, h, dt)
+    p = np.asarray(get(7), dt) if op == "LSTM" and get(7) is not None else np.zeros((dirs, 3 * h), dt)
+    clip = node.attr("clip")
+    clip = None if clip is None else float(clip)
+    input_forget = bool(node.attr("input_forget", 0))
+    lbr = bool(node.attr("linear_before_reset", 0))
+    acts = activations(node)
+    direction = _str(node.attr("direction", "forward"))
+    y = np.zeros((seq, dirs, batch, h), dt)
+    ar = np.arange(batch)
+
+    def cl(v: np.ndarray) -> np.ndarray:
+        return np.clip(v, -clip, clip) if clip is not None else v
+
+    for d in range(dirs):
+        reverse = direction == "reverse" or d == 1
+        wd, rd = w[d], r[d]
+        wb, rb = b[d, :g * h], b[d, g * h:]
+        xw = xs @ wd.T + wb  # (seq, batch, G*H)
+        hh, cc = hs[d], cs[d]
+        f, gg, hf = (acts[d] + [None, None])[:3]
+        for t in range(seq):
+            valid = t < lens
+            tt = np.where(valid, lens - 1 - t if reverse else t, 0)
+            xt = xw[tt, ar]  # (batch, G*H): each item at its own time index
+            if op == "RNN":
+                hn = apply_act(cl(xt + hh @ rd.T + rb), f)
+                cn = cc
+            elif op == "GRU":
+                hr = hh @ rd.T  # (batch, 3H)
+                z = apply_act(cl(xt[:, :h] + hr[:, :h] + rb[:h]), f)
+                rr = apply_act(cl(xt[:, h:2 * h] + hr[:, h:2 * h] + rb[h:2 * h]), f)
+                if lbr:
+                    pre = xt[:, 2 * h:] + rr * (hr[:, 2 * h:] + rb[2 * h:])
+                else:
+                    pre = xt[:, 2 * h:] + (rr * hh) @ rd[2 * h:].T + rb[2 * h:]
+                hc = apply_act(cl(pre), gg)
+                hn = (1 - z) * hc + z * hh
+                cn = cc
+            else:
+                pre = xt + hh @ rd.T + rb  # i, o, f, c
+                i = apply_act(cl(pre[:, :h] + p[d, :h] * cc), f)
+                if input_forget:
+                    fo = 1 - i
+                else:
+                    fo = apply_act(cl(pre[:, 2 * h:3 * h] + p[d, 2 * h:] * cc), f)
+                c_ = apply_act(cl(pre[:, 3 * h:]), gg)
+                cn = fo * cc + i * c_
+                o = apply_act(cl(pre[:, h:2 * h] + p[d, h:2 * h] * cn), f)
+                hn = o * apply_act(cn, hf)
+            m = valid[:, None]
+            hh = np.where(m, hn, hh).astype(dt)
+            cc = np.where(m, cn, cc).astype(dt)
+            y[tt[valid], d, ar[valid]] = hh[valid]
+        hs[d], cs[d] = hh, cc
+    if layout == 0:
+        outs = [y, hs, cs]
+    else:
+        outs = [y.transpose(2, 0, 1, 3), hs.transpose(1, 0, 2), cs.transpose(1, 0, 2)]
+    outs = [np.ascontiguousarray(o) for o in outs]
+    return [o for o, name in zip(outs, node.outputs)]
+
+
+for _op in RNN_OPS:
+    register_op(OpSpec(_op, _infer, _reference, min_opset=7, check=_check))
+
+
+# ----------------------------------------------------------------------------------------------- the CPU kernels
+
+def _const(layer: Layer, i: int) -> bool:
+    return i in layer.const_inputs
+
+
+class _RecurrentBase(Kernel):
+    ops: ClassVar[tuple[str, ...]] = RNN_OPS
+
+    @staticmethod
+    def shape(layer: Layer) -> tuple[int, int, int, int, int, int]:
+        seq, batch, isz, h, dirs = dims(layer.node, layer.in_shape(0))
+        return seq, batch, isz, h, dirs, GATES[layer.op]
+
+
+@register_kernel
+class RecurrentReferenceKernel(_RecurrentBase):
+    """The numpy oracle as a kernel (any dtype, weights at run time): what the fast kernels are tested against."""
+
+    name = "reference"
+    priority = 100
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        res = _reference(layer.node, full_inputs(layer, inputs, params))
+        present = [r for r, name in zip(res, layer.node.outputs) if name]
+        for o, r in zip(outputs, present):
+            np.copyto(o, r)
+
+
+@register_kernel
+class RecurrentPackedKernel(_RecurrentBase):
+    """Float32 with constant W, R (and B, P): one packed GEMM for the input projection of every step of every
+    direction, then the steps in C.
+
+    ``transform``: ``w`` the packed ``[W_0; W_1]^T`` (in, dirs*G*H) with its bias (W's bias plus R's where it
+    adds straight to a gate: all but GRU's h gate with linear_before_reset), ``rt`` per direction R^T (H, G*H)
+    row-major, ``rb`` R's bias left for the step (GRU's h gate), ``p`` peepholes.
+    Workspace: the projections (seq*batch, dirs*G*H), per-step gate scratch, and the states in (dirs, batch, H)."""
+
+    name = "rnn_packed"
+    priority = 5
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if x is None or np.dtype(x.dtype) != np.float32 or 0 in layer.const_inputs:
+            return False
+        # the weights must be constants to be packed at load; sequence_lens and states may be either
+        return all(_const(layer, i) for i in (1, 2)) and all(
+            _const(layer, i) for i in (3, 7) if layer.has_input(i))
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)  # packed from the weights alone: any sequence length shares them
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        w = np.asarray(raw[raw_key(1)], np.float32)
+        r = np.asarray(raw[raw_key(2)], np.float32)
+        dirs, gh, isz = w.shape
+        h = gh // GATES[layer.op]
+        b = np.asarray(raw[raw_key(3)], np.float32) if raw_key(3) in raw else np.zeros((dirs, 2 * gh), np.float32)
+        wb, rb = b[:, :gh].copy(), b[:, gh:].copy()
+        step_rb = np.zeros_like(rb)
+        if layer.op == "GRU":
+            # R's h-gate bias sits inside r * (...) (linear_before_reset) or after (r * h) @ R_h^T: the step adds it
+            step_rb[:, 2 * h:] = rb[:, 2 * h:]
+            rb[:, 2 * h:] = 0
+        bias = (wb + rb).reshape(-1)
+        out = {"w": native.gemm_pack_b(w.reshape(dirs * gh, isz).T), "bias": np.ascontiguousarray(bias),
+               "rt": np.ascontiguousarray(r.transpose(0, 2, 1)),  # (dirs, H, G*H)
+               "rb": np.ascontiguousarray(step_rb)}
+        if layer.op == "LSTM" and raw_key(7) in raw:
+            out["p"] = np.ascontiguousarray(np.asarray(raw[raw_key(7)], np.float32))
+        for k in (4, 5, 6):  # constant lengths / initial states stay raw
+            if raw_key(k) in raw:
+                out[raw_key(k)] = np.asarray(raw[raw_key(k)])
+        return out
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        seq, batch, isz, h, dirs, g = self.shape(layer)
+        p, kk, nbp = native.gemm_packed_b_shape(isz, dirs * g * h)
+        n = p * kk * nbp + dirs * g * h + dirs * h * g * h + dirs * g * h
+        if layer.op == "LSTM" and layer.has_input(7):
+            n += dirs * 3 * h
+        extra = sum(layer.inputs[k].nbytes for k in (4, 5, 6)  # type: ignore[union-attr]
+                    if k in layer.const_inputs and layer.inputs[k] is not None)
+        return 4 * n + extra
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        seq, batch, isz, h, dirs, g = self.shape(layer)
+        return 4 * (seq * batch * dirs * g * h + (g + 2) * h + 2 * dirs * batch * h)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        self._prepare(layer, inputs, params, outputs)()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        return self._prepare(layer, inputs, params, outputs)
+
+    def _prepare(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+                 outputs: Sequence[np.ndarray]) -> Callable[[], None]:
+        """The run as one closure over these arrays: the workspace is allocated here, once per binding."""
+        node = layer.node
+        seq, batch, isz, h, dirs, g = self.shape(layer)
+        layout = int(node.attr("layout", 0))
+        gh = g * h
+        x = inputs[0]
+        assert x is not None
+        xw = np.empty((seq, batch, dirs * gh), np.float32)  # time-major projections, both directions
+        hs = np.empty((dirs, batch, h), np.float32)
+        cs = np.empty((dirs, batch, h), np.float32)
+        ws = np.empty((g + 2) * h, np.float32)
+        acts = activations(node)
+        codes = [np.array([ACTS[a[0]][0] for a in ad] + [0] * (3 - len(ad)), np.int32) for ad in acts]
+        alphas = [np.array([a[1] for a in ad] + [0.0] * (3 - len(ad)), np.float32) for ad in acts]
+        betas = [np.array([a[2] for a in ad] + [0.0] * (3 - len(ad)), np.float32) for ad in acts]
+        clip = node.attr("clip")
+        clip_v = float(clip) if clip is not None else 0.0
+        input_forget = int(node.attr("input_forget", 0))
+        lbr = int(node.attr("linear_before_reset", 0))
+        direction = _str(node.attr("direction", "forward"))
+        kind = {"RNN": 0, "GRU": 1, "LSTM": 2}[layer.op]
+        wpack, bias, rt, rb = params["w"], params["bias"], params["rt"], params["rb"]
+        peep = params.get("p")
+        # ``outputs`` holds the present outputs only; an absent one ("") has no array
+        outs = dict(zip([o for o in node.outputs if o], outputs))
+        named = list(node.outputs) + ["", "", ""]
+        y, yh, yc = (outs.get(named[k]) if named[k] else None for k in range(3))
+
+        def getin(i: int) -> np.ndarray | None:
+            if not layer.has_input(i):
+                return None
+            return params[raw_key(i)] if inputs[i] is None else inputs[i]
+
+        lens_src, h0_src, c0_src = getin(4), getin(5), getin(6) if layer.op == "LSTM" else None
+        lens = np.empty(batch, np.int32)
+        x2 = None
+        if layout == 0 and x.flags.c_contiguous:
+            x2 = x.reshape(seq * batch, isz)
+        xt = np.empty((seq, batch, isz), np.float32) if x2 is None else None
+        linear = native.linear_bound(x2 if x2 is not None else xt.reshape(seq * batch, isz), wpack, dirs * gh,
+                                     xw.reshape(seq * batch, dirs * gh), bias, None, 0, 0.0, 0.0)
+        # Y in time-major (seq, dirs, batch, H); for layout 1 the rows are strided views of (batch, seq, dirs, H)
+        yv = None if y is None else (y if layout == 0 else y.transpose(1, 2, 0, 3))  # (seq, dirs, batch, H) view
+        dir_calls = []
+        for d in range(dirs):
+            reverse = int(direction == "reverse" or d == 1)
+            dir_calls.append(native.rnn_dir_bound(
+                kind, seq, batch, h, xw[:, :, d * gh:(d + 1) * gh], rt[d], rb[d], None if peep is None else peep[d],
+                lens, reverse, hs[d], cs[d], None if y is None else yv[:, d], codes[d], alphas[d], betas[d], clip_v,
+                input_forget, lbr, ws))
+
+        def call() -> None:
+            if xt is not None:
+                np.copyto(xt, x if layout == 0 else x.transpose(1, 0, 2))
+            if linear is not None:
+                linear()
+            else:
+                native.linear((x2 if x2 is not None else xt.reshape(seq * batch, isz)), wpack, dirs * gh,
+                              xw.reshape(seq * batch, dirs * gh), bias)
+            if lens_src is None:
+                lens.fill(seq)
+            else:
+                lv = np.asarray(lens_src).reshape(-1)
+                if lv.size != batch or (lv < 0).any() or (lv > seq).any():
+                    raise ShapeError(f"node {node.name!r} ({node.op}): sequence_lens {lv.tolist()} do not fit "
+                                     f"{batch} items of at most {seq} steps")
+                np.copyto(lens, lv, casting="unsafe")
+            if h0_src is None:
+                hs.fill(0)
+            else:
+                np.copyto(hs, h0_src if layout == 0 else np.asarray(h0_src).transpose(1, 0, 2))
+            if c0_src is None:
+                cs.fill(0)
+            else:
+                np.copyto(cs, c0_src if layout == 0 else np.asarray(c0_src).transpose(1, 0, 2))
+            if y is not None:
+                y.fill(0)
+            for dc in dir_calls:
+                dc()
+            if yh is not None:
+                np.copyto(yh, hs if layout == 0 else hs.transpose(1, 0, 2))
+            if yc is not None:
+                np.copyto(yc, cs if layout == 0 else cs.transpose(1, 0, 2))
+
+        return call

@@ -1,0 +1,102 @@
+"""Host steps of a Vulkan model: the nodes it runs on the host between recorded command-buffer segments.
+
+* Control flow (If, Loop, Scan) whose decision depends on values: the segment before it is submitted and
+  waited for, the node reads its condition (and inputs) from the mapped activations (the readback deciding
+  costs), and runs the body it takes as a nested Vulkan model, planned once at load with its own arena,
+  kernels and recorded command buffer, then writes its outputs back into the activations.
+* The integer and bool plumbing around such decisions (an int64 sample rate compared with a constant, a loop's
+  iteration counter cast to float) that no Vulkan kernel handles: at most 4096 elements per tensor, computed by
+  the op's numpy oracle.
+
+Both need host-visible activations (lavapipe, and a discrete GPU's resizable BAR); other devices refuse such a
+model at load naming the node.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import BackendError
+from ..ir import Graph, Node
+from ..ops.base import kernels_for, op_spec
+from ..ops.control import CONTROL_OPS, DecideStats, run_control
+
+#: at most this many elements in any tensor of an integer/bool host node (plumbing, not data)
+HOST_PLUMBING_MAX = 4096
+
+
+def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
+    """Whether the Vulkan backend runs ``node`` on the host: control flow, or integer/bool plumbing that no
+    Vulkan kernel handles (every tensor it reads or writes at run time integer or bool, and small)."""
+    if node.op in CONTROL_OPS:
+        return True
+    names = [n for n in list(node.inputs) + list(node.outputs) if n and n not in consts]
+    if not names:
+        return False
+    # small tensors only, at least one of them integer or bool (an iteration counter cast to float qualifies)
+    if any(graph.infos[n].size > HOST_PLUMBING_MAX for n in names):
+        return False
+    if not any(np.dtype(graph.infos[n].dtype).kind in "iub" for n in names):
+        return False
+    from ..vulkan.kernel import VulkanKernel
+
+    # a Vulkan kernel that reads and writes these dtypes keeps the node on the device
+    return not any(isinstance(k, VulkanKernel) and all(np.dtype(graph.infos[n].dtype).name in k.io_dtypes
+                                                        for n in names) for k in kernels_for(node.op, "vulkan"))
+
+
+class HostStep:
+    """One host node of a Vulkan model: control flow with its bodies as nested models, or numpy plumbing."""
+
+    def __init__(self, node: Node, graph: Graph, consts: Mapping[str, Any], device: Any, cache: Any) -> None:
+        self.node = node
+        self.graph = graph
+        self.consts = consts
+        self.models: dict[str, Any] = {}
+        self.stats = DecideStats()
+        node.notes["stats"] = self.stats
+        node.notes["backend"] = "vulkan"
+        if node.op in CONTROL_OPS:
+            from .model import VulkanModel
+
+            for key, body in node.bodies.items():
+                if body.runtime_shaped:
+                    raise BackendError(f"node {node.name} ({node.op}): body {key!r} has tensors shaped at run time "
+                                       f"({sorted(body.runtime_shaped)[:3]}); the Vulkan backend plans static shapes")
+                try:
+                    self.models[key] = VulkanModel(body, device, cache=cache)
+                except BaseException:
+                    self.close()
+                    raise
+
+    def run(self, read: Any, write: Any) -> None:
+        """``read(name) -> array`` (an activation or constant), ``write(name, array)``."""
+        t0 = time.perf_counter()
+        node = self.node
+        ins = [None if not n else (np.asarray(self.consts[n]) if n in self.consts else read(n)) for n in node.inputs]
+        t1 = time.perf_counter()
+        if node.op in CONTROL_OPS:
+            def run_body(key: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+                self.stats.taken[key] = self.stats.taken.get(key, 0) + 1
+                m = self.models[key]
+                out = m.run({t.name: feeds[t.name] for t in m.input_infos})
+                return [out[t.name] for t in m.graph.outputs]
+
+            res = run_control(node, ins, run_body)
+        else:
+            spec = op_spec(node.op)
+            assert spec is not None
+            res = spec.reference(node, ins)
+        for o, r in zip(node.outputs, res):
+            if o:
+                write(o, np.asarray(r))
+        self.stats.runs += 1
+        self.stats.decide_s += t1 - t0  # reading the inputs back: what deciding costs beyond the bodies
+        self.stats.body_s = getattr(self.stats, "body_s", 0.0) + time.perf_counter() - t1
+
+    def close(self) -> None:
+        for m in self.models.values():
+            m.close()
+        self.models = {}

@@ -1,0 +1,244 @@
+"""If, Loop and Scan as exporters write them, against onnxruntime, through ``inferd.load`` on the CPU and on
+Vulkan (lavapipe): value-dependent conditions taking both branches across requests, nested Ifs reading outer
+names, conditions on shapes folded per shape variant, Loops with a trip count and with a condition, Scan,
+branches whose outputs differ in shape; plus the plumbing ops (Not/And/Or/Xor, CumSum) and 0-d inputs."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import inferd
+import inferd.vulkan
+from inferd.errors import InferdError
+
+F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+
+
+def _model(nodes: Sequence[onnx.NodeProto], inputs: Sequence[tuple[str, int, Sequence[Any]]],
+           outputs: Sequence[tuple[str, int, Sequence[Any] | None]], inits: dict[str, np.ndarray] | None = None,
+           opset: int = 17) -> onnx.ModelProto:
+    g = helper.make_graph(list(nodes), "cf", [helper.make_tensor_value_info(n, t, list(s)) for n, t, s in inputs],
+                          [helper.make_tensor_value_info(n, t, None if s is None else list(s)) for n, t, s in outputs],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in (inits or {}).items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _body(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str], inputs: Sequence[tuple[str, int, Any]] = (),
+          name: str = "body") -> onnx.GraphProto:
+    return helper.make_graph(list(nodes), name, [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                             [helper.make_tensor_value_info(o, F, None) for o in outputs])
+
+
+def _ort(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _devices() -> list[str]:
+    out = ["cpu"]
+    if inferd.vulkan.available():
+        out.append("vulkan")
+    return out
+
+
+def _same(model: Any, m: onnx.ModelProto, feeds: dict[str, np.ndarray], tol: float = 1e-5) -> None:
+    got = model.run(feeds)
+    want = _ort(m, feeds)
+    for o, w in zip(m.graph.output, want):
+        assert got[o.name].shape == w.shape, (o.name, got[o.name].shape, w.shape)
+        assert got[o.name].dtype == w.dtype, (o.name, got[o.name].dtype, w.dtype)
+        assert np.abs(got[o.name].astype(np.float64) - w).max() <= tol * max(1.0, np.abs(w).max()), o.name
+
+
+def _nested_if_model() -> onnx.ModelProto:
+    """y = x * w1 + 1 if sum(x) > 0 else (x * w2 if max(x) > 1 else x - w1): an If nested in the else branch;
+    both bodies read the outer input x and the outer weights w1, w2."""
+    inner_then = _body([helper.make_node("Mul", ["x", "w2"], ["it"])], ["it"], name="inner_then")
+    inner_else = _body([helper.make_node("Sub", ["x", "w1"], ["ie"])], ["ie"], name="inner_else")
+    then = _body([helper.make_node("Mul", ["x", "w1"], ["t0"]), helper.make_node("Add", ["t0", "one"], ["t1"])], ["t1"],
+                 name="then")
+    other = _body([helper.make_node("ReduceMax", ["x"], ["mx"], keepdims=0),
+                   helper.make_node("Greater", ["mx", "one"], ["c2"]),
+                   helper.make_node("If", ["c2"], ["e0"], then_branch=inner_then, else_branch=inner_else)], ["e0"],
+                  name="else")
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    inits = {"w1": np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3), "w2": np.full((2, 3), 3.0, np.float32),
+             "one": np.array(1.0, np.float32), "zero": np.array(0.0, np.float32)}
+    return _model(nodes, [("x", F, (2, 3))], [("y", F, (2, 3))], inits)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_value_dependent_nested_if_takes_every_branch(device: str) -> None:
+    m = _nested_if_model()
+    model = inferd.load(m, device=device)
+    g = model.graph
+    assert [n.op for n in g.nodes if n.op == "If"] == ["If"]  # decided by values: stays in the graph
+    cases = [np.ones((2, 3), np.float32), -np.ones((2, 3), np.float32) * np.array([1, 1, 1], np.float32),
+             np.array([[-5, 2, 0], [0, 0, -1]], np.float32)]
+    for x in cases * 2:  # every branch, twice, in turn: nothing is re-planned between requests
+        _same(model, m, {"x": x})
+    stats = next(n for n in g.nodes if n.op == "If").notes["stats"].to_dict()
+    assert stats["runs"] == 6 and stats["taken"] == {"then_branch": 2, "else_branch": 4}
+    model.close()
+
+
+def test_shape_dependent_if_folds_per_shape() -> None:
+    """if x.shape[1] > 4: y = x[:, :4] * 2 else: y = x + 1 (torch's TorchScript export): a dynamic model whose
+    every shape variant has the If decided and inlined, no If left at run time; the branches' outputs differ in
+    shape from each other."""
+    then = _body([helper.make_node("Slice", ["x", "s0", "s4", "ax1"], ["sl"]),
+                  helper.make_node("Mul", ["sl", "two"], ["t"])], ["t"], name="then")
+    other = _body([helper.make_node("Add", ["x", "onef"], ["e"])], ["e"], name="else")
+    nodes = [helper.make_node("Shape", ["x"], ["shp"]),
+             helper.make_node("Gather", ["shp", "one"], ["w"], axis=0),
+             helper.make_node("Greater", ["w", "four"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    inits = {"one": np.array(1, np.int64), "four": np.array(4, np.int64), "s0": np.array([0], np.int64),
+             "s4": np.array([4], np.int64), "ax1": np.array([1], np.int64), "two": np.array(2.0, np.float32),
+             "onef": np.array(1.0, np.float32)}
+    m = _model(nodes, [("x", F, (1, "W"))], [("y", F, (1, "Wout"))], inits)
+    model = inferd.load(m, device="cpu", shapes={"x": (1, 7)})
+    assert not any(n.op == "If" for n in model.graph.nodes)
+    for w in (7, 3, 4, 9):
+        x = np.arange(w, dtype=np.float32)[None]
+        _same(model, m, {"x": x})
+    assert len(model.variants) >= 3
+    model.close()
+
+
+def test_value_dependent_if_with_branches_of_different_shapes() -> None:
+    """The branch taken decides the output's shape: the CPU runs it with the output shaped at run time."""
+    then = _body([helper.make_node("Concat", ["x", "x"], ["t"], axis=1)], ["t"], name="then")
+    other = _body([helper.make_node("Neg", ["x"], ["e"])], ["e"], name="else")
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["z"], then_branch=then, else_branch=other),
+             helper.make_node("Relu", ["z"], ["y"])]
+    m = _model(nodes, [("x", F, (1, 3))], [("y", F, ("a", "b"))], {"zero": np.array(0.0, np.float32)})
+    model = inferd.load(m, device="cpu")
+    assert "y" in model.graph.runtime_shaped
+    for x in (np.ones((1, 3), np.float32), -np.ones((1, 3), np.float32), np.ones((1, 3), np.float32)):
+        _same(model, m, {"x": x})
+    if inferd.vulkan.available():
+        with pytest.raises(InferdError, match="shaped at run time"):
+            inferd.load(m, device="vulkan")
+    model.close()
+
+
+def _loop_model(with_cond: bool) -> onnx.ModelProto:
+    """acc = 0; for i in range(M) [while acc < limit]: acc = acc + x * i; scan out acc (with a trip count) ..."""
+    body_nodes = [helper.make_node("Cast", ["i"], ["fi"], to=F),
+                  helper.make_node("Mul", ["x", "fi"], ["xi"]),
+                  helper.make_node("Add", ["acc_in", "xi"], ["acc_out"])]
+    if with_cond:
+        body_nodes += [helper.make_node("ReduceSum", ["acc_out"], ["tot"], keepdims=0),
+                       helper.make_node("Less", ["tot", "limit"], ["c_out"])]
+        outs = ["c_out", "acc_out"]
+    else:
+        body_nodes += [helper.make_node("Identity", ["c_in"], ["c_out"]),
+                       helper.make_node("Identity", ["acc_out"], ["scan"])]
+        outs = ["c_out", "acc_out", "scan"]
+    body = helper.make_graph(body_nodes, "loop_body",
+                             [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("c_in", B, []),
+                              helper.make_tensor_value_info("acc_in", F, [2])],
+                             [helper.make_tensor_value_info("c_out", B, []), helper.make_tensor_value_info("acc_out", F, [2])]
+                             + ([] if with_cond else [helper.make_tensor_value_info("scan", F, [2])]))
+    loop_outs = ["acc"] if with_cond else ["acc", "scans"]
+    nodes = [helper.make_node("Loop", ["M", "cond", "acc0"], loop_outs, body=body)]
+    inits = {"M": np.array(100 if with_cond else 5, np.int64), "cond": np.array(True),
+             "acc0": np.zeros(2, np.float32), "limit": np.array(50.0, np.float32)}
+    outs = [("acc", F, (2,))] + ([] if with_cond else [("scans", F, (5, 2))])
+    return _model(nodes, [("x", F, (2,))], outs, inits)
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("with_cond", [False, True])
+def test_loop(device: str, with_cond: bool) -> None:
+    m = _loop_model(with_cond)
+    model = inferd.load(m, device=device)
+    for x in (np.array([1.0, 2.0], np.float32), np.array([0.5, -0.25], np.float32), np.array([3.0, 4.0], np.float32)):
+        _same(model, m, {"x": x})
+    model.close()
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_scan_cumulative_with_outer_weight(device: str) -> None:
+    """Scan over axis 1 in reverse: state = state * w + x_t (w read from outside), scan out the state."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["s_in", "w"], ["sw"]), helper.make_node("Add", ["sw", "xt"], ["s_out"]),
+         helper.make_node("Tanh", ["s_out"], ["o"])], "scan_body",
+        [helper.make_tensor_value_info("s_in", F, [3]), helper.make_tensor_value_info("xt", F, [3])],
+        [helper.make_tensor_value_info("s_out", F, [3]), helper.make_tensor_value_info("o", F, [3])])
+    nodes = [helper.make_node("Scan", ["s0", "x"], ["s", "ys"], body=body, num_scan_inputs=1, scan_input_axes=[1],
+                              scan_input_directions=[1], scan_output_axes=[1])]
+    m = _model(nodes, [("s0", F, (3,)), ("x", F, (3, 6))], [("s", F, (3,)), ("ys", F, (3, 6))],
+               {"w": np.array([0.5, -0.5, 0.9], np.float32)})
+    model = inferd.load(m, device=device)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        _same(model, m, {"s0": rng.standard_normal(3).astype(np.float32), "x": rng.standard_normal((3, 6)).astype(np.float32)})
+    model.close()
+
+
+def test_plumbing_ops_at_run_time() -> None:
+    """int64 and bool tensors computed at run time (not folded): comparisons, Not/And/Or/Xor, Where, Cast between
+    float/int/bool, CumSum, Range/Expand/Tile/ConstantOfShape from shapes; a 0-d input and a 0-d output."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["pos"]),
+             helper.make_node("Not", ["pos"], ["neg"]),
+             helper.make_node("Less", ["x", "two"], ["small"]),
+             helper.make_node("And", ["pos", "small"], ["mid"]),
+             helper.make_node("Or", ["neg", "mid"], ["keep"]),
+             helper.make_node("Xor", ["keep", "pos"], ["flip"]),
+             helper.make_node("Cast", ["flip"], ["flip_i"], to=I64),
+             helper.make_node("CumSum", ["flip_i", "ax"], ["pos_idx"]),
+             helper.make_node("Cast", ["pos_idx"], ["pos_f"], to=F),
+             helper.make_node("Where", ["keep", "x", "pos_f"], ["w"]),
+             helper.make_node("Shape", ["x"], ["shp"]),
+             helper.make_node("ConstantOfShape", ["shp"], ["ones"], value=numpy_helper.from_array(np.array([1.0], np.float32))),
+             helper.make_node("Add", ["w", "ones"], ["w1"]),
+             helper.make_node("Cast", ["n"], ["nf"], to=F),
+             helper.make_node("Mul", ["w1", "nf"], ["y"]),
+             helper.make_node("ReduceSum", ["y"], ["total"], keepdims=0),
+             helper.make_node("Add", ["n", "n"], ["n2"])]
+    inits = {"zero": np.array(0.0, np.float32), "two": np.array(2.0, np.float32), "ax": np.array(1, np.int64)}
+    m = _model(nodes, [("x", F, (2, 5)), ("n", I64, ())],
+               [("y", F, (2, 5)), ("total", F, ()), ("n2", I64, ()), ("pos_idx", I64, (2, 5))], inits)
+    model = inferd.load(m, device="cpu")
+    rng = np.random.default_rng(0)
+    for k in range(3):
+        _same(model, m, {"x": (rng.standard_normal((2, 5)) * 2).astype(np.float32), "n": np.array(k + 2, np.int64)})
+    assert model.outputs[1].shape == () and model.inputs[1].shape == ()
+    model.close()
+
+
+def test_vad_both_sample_rates_on_vulkan_and_info() -> None:
+    """The zoo VAD: its sample-rate If stays a host step on Vulkan (a readback), both rates right; ``describe``
+    (what ``inferd info`` prints) names the dynamic branches and what deciding costs."""
+    from inferd import zoo
+    from inferd.ops.control import describe
+
+    if not inferd.vulkan.available():
+        pytest.skip("no Vulkan device")
+    m = zoo.build("vad_lstm")
+    model = inferd.load(m, device="vulkan")
+    rng = np.random.default_rng(1)
+    state = np.zeros((2, 1, 64), np.float32)
+    for sr in (16000, 8000, 16000):
+        feeds = {"input": (rng.standard_normal((1, 512)) * 0.3).astype(np.float32), "sr": np.array(sr, np.int64),
+                 "state": state}
+        _same(model, m, feeds, tol=1e-4)
+        state = model.run(feeds)["stateN"]
+    text = describe(model.graph)
+    assert "If" in text and "then_branch" in text and "readback" in text, text
+    model.close()
