@@ -191,7 +191,7 @@ def test_idle_loader_steals_from_a_busy_one() -> None:
 
     def prepare(pos: int) -> dict[str, float]:
         if pos == 0:
-            slow.wait(0.5)
+            slow.wait(30)  # held until every other layer is ready: on a loaded machine a short wait ended first
         else:
             time.sleep(0.002)
         return {}

@@ -22,7 +22,7 @@ import zmq
 import inferd
 import inferd.zoo
 from inferd.server.testing import DaemonProcess, write_fake_model
-from inferd_client import Client, ConnectionError as IConnectionError, TimeoutError as ITimeoutError, TransportError, Unavailable
+from inferd_client import Client, ConnectionError as IConnectionError, TransportError, Unavailable
 from inferd_client import protocol as P
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,12 +79,12 @@ def test_sigkill_mid_request_then_restart(tmp: Path) -> None:
         assert box["elapsed"] < 5 + busy.grace  # within the client's timeout...
         assert isinstance(box["error"], IConnectionError) and box["elapsed"] < 2.0  # ...in fact at once
         # while it is down: a transport error within the timeout, no hang (ConnectionError when the
-        # idle socket's disconnect is noticed during this call, else TimeoutError)
+        # socket's disconnect or a refused reconnect is noticed during the call, else TimeoutError: which
+        # one depends on when libzmq retries the connection, so either is right)
         t0 = time.monotonic()
-        with pytest.raises(TransportError):
-            idle.infer("tiny", feeds, timeout=0.5)
-        with pytest.raises(ITimeoutError):
-            idle.infer("tiny", feeds, timeout=0.5)
+        for _ in range(2):
+            with pytest.raises(TransportError):
+                idle.infer("tiny", feeds, timeout=0.5)
         assert time.monotonic() - t0 < 2 * (0.5 + idle.grace) + 1.0
         # restart on the same endpoint (the dead daemon's socket file is stale) ...
         d2 = DaemonProcess(ep, models, log_path=tmp / "d2.log").start()
