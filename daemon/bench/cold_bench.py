@@ -298,7 +298,8 @@ elif eng == "ncnn":
     net = ncnn.Net()
     net.opt.use_vulkan_compute = device == "vulkan"
     net.opt.num_threads = threads
-    net.opt.use_fp16_packed = False; net.opt.use_fp16_storage = False; net.opt.use_fp16_arithmetic = False
+    if not spec.get("fp16"):  # the default is fp16 storage and arithmetic (the Vulkan goals' anchor)
+        net.opt.use_fp16_packed = False; net.opt.use_fp16_storage = False; net.opt.use_fp16_arithmetic = False
     net.load_param(spec["param"]); net.load_model(spec["bin"])
     ex = net.create_extractor()
     ex.input("in0", mat)
@@ -440,6 +441,19 @@ def run_child(cfg: Config, drop_mode: str = "auto", timeout: float = 240.0,
               quiet_wait: float = QUIET_WAIT_S) -> dict[str, Any]:
     """One cold measurement of ``cfg`` in a fresh process (protocol in the module docstring)."""
     env = dict(cfg.env or os.environ)
+    fresh = tempfile.mkdtemp(prefix="inferd-first-") if cfg.spec.get("fresh_caches") else None
+    if fresh is not None:
+        # a first start: inferd's SPIR-V and pipeline caches and the driver's shader cache all empty
+        env.update(INFERD_CACHE_DIR=os.path.join(fresh, "inferd"), __GL_SHADER_DISK_CACHE_PATH=os.path.join(fresh, "nv"),
+                   MESA_SHADER_CACHE_DIR=os.path.join(fresh, "mesa"))
+    try:
+        return _run_child(cfg, env, drop_mode, timeout, quiet_wait)
+    finally:
+        if fresh is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+
+
+def _run_child(cfg: Config, env: dict[str, str], drop_mode: str, timeout: float, quiet_wait: float) -> dict[str, Any]:
     with tempfile.TemporaryFile("w+") as errf:
         p = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg.spec)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=errf, text=True, env=env)
@@ -681,6 +695,7 @@ class BenchOptions:
     device: str = "cpu"
     repeat: int = 3
     ncnn: bool = True
+    first_start: bool = False  # Vulkan: also inferd and ncnn with every cache empty
     ablation: bool = False
     background: bool = False
     warm_runs: int = 30
@@ -837,6 +852,11 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
                     # pnnx can write graphs ncnn cannot run (it then crashes): try once, unmeasured
                     run_child(cfg, "fadvise", quiet_wait=0)
                 configs.append(cfg)
+                if dev == "vulkan":  # its default options (fp16 storage and arithmetic), primed and first start
+                    fp16 = {**cfg.spec, "fp16": True}
+                    configs.append(Config("ncnn_fp16", fp16, cfg.files, env=env))
+                    if opts.first_start:
+                        configs.append(Config("ncnn_fp16_first", {**fp16, "fresh_caches": True}, cfg.files, env=env))
             except Exception as e:
                 errors["ncnn"] = f"{type(e).__name__}: {e}"[:1500]
             res["prepare_s"]["ncnn_convert"] = round(time.perf_counter() - t, 3)
@@ -844,8 +864,11 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     # Vulkan: fill the shader/pipeline caches first (the daemon's state after a model's first load);
     # cold here means model files evicted, caches filled
     if dev == "vulkan":
+        if opts.first_start and "inferd" in {c.key for c in configs}:
+            c0 = next(c for c in configs if c.key == "inferd")
+            configs.append(Config("inferd_first", {**c0.spec, "fresh_caches": True}, c0.files, env=c0.env))
         for c in configs:
-            if c.spec["engine"] in ("inferd", "ncnn") and not c.background:
+            if c.spec["engine"] in ("inferd", "ncnn") and not c.background and not c.spec.get("fresh_caches"):
                 try:
                     run_child(Config(c.key, {**c.spec, "warm_runs": 0}, c.files, env=c.env), opts.drop_mode,
                               quiet_wait=opts.quiet_wait)
@@ -1034,6 +1057,29 @@ def plot_bars(plt: Any, models: dict[str, dict[str, Any]], title: str, path: Pat
 
 # --------------------------------------------------------------------------------------------- report
 
+def vulkan_goals(data: dict[str, Any]) -> list[str]:
+    """The Vulkan goals' table: against ncnn with its default options (fp16), caches filled and empty."""
+    lines = ["", "Vulkan goals: with caches filled, cold <= 0.15x ncnn's default options (fp16, driver cache primed) and "
+             "<= 1.5x (warm + read floor); first start (inferd's SPIR-V and pipeline caches and the driver's shader "
+             "cache empty; inferd compiles its GLSL then: no SPIR-V is shipped yet) <= 0.25x ncnn's first start.", "",
+             "| model | inferd cold ms | ncnn fp16 primed ms | ratio | goal 0.15 | warm + floor ms | ratio | goal 1.5 | "
+             "inferd first start ms | ncnn fp16 first start ms | ratio | goal 0.25 |",
+             "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---|"]
+    for n, r in data["models"].items():
+        s, i = r.get("summary", {}), r.get("inferd", {})
+        cold, warm, floor = i.get("cold_ms"), i.get("warm_ms"), (r.get("floor") or {}).get("ms")
+        nf = s.get("ncnn_fp16", {}).get("cold_ms")
+        wf = warm + floor if warm and floor else None
+        fi, fn = s.get("inferd_first", {}).get("cold_ms"), s.get("ncnn_fp16_first", {}).get("cold_ms")
+
+        def met(x: float | None, goal: float) -> str:
+            return "n/a" if x is None else ("met" if x <= goal else "missed")
+        r1, r2, r3 = ratio(cold, nf), ratio(cold, wf), ratio(fi, fn)
+        lines.append(f"| {n} | {fmt(cold)} | {fmt(nf)} | {fmt(r1, '.3f')} | {met(r1, 0.15)} | {fmt(wf)} | "
+                     f"{fmt(r2, '.2f')} | {met(r2, 1.5)} | {fmt(fi)} | {fmt(fn)} | {fmt(r3, '.3f')} | {met(r3, 0.25)} |")
+    return lines
+
+
 def markdown(data: dict[str, Any]) -> str:
     m = data["machine"]
     dev = data["device"]
@@ -1107,6 +1153,8 @@ def markdown(data: dict[str, Any]) -> str:
             b = r.get("background") or {}
             lines.append(f"| {n} | {fmt(r.get('inferd', {}).get('cold_ms'))} | {fmt(b.get('cold_ms'))} | "
                          f"{_pct(b.get('loss'))} | {_mark(b.get('goal_met'))} |")
+    if dev == "vulkan":
+        lines += vulkan_goals(data)
     notes = list(data.get("notes", []))
     commits = {n: (r.get("tree") or {}).get("commit") for n, r in data["models"].items()}
     if len(set(commits.values())) > 1:
@@ -1190,6 +1238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ablation", action="store_true", help="also inferd with each cold technique off")
     p.add_argument("--background", action="store_true", help="also inferd with one core busy")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--first-start", action="store_true",
+                   help="Vulkan: also inferd and ncnn (default options) with their SPIR-V, pipeline and driver caches empty")
     p.add_argument("--no-refined", action="store_true", help="skip measuring the package after refinement")
     p.add_argument("--warm-runs", type=int, default=30)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -1206,6 +1256,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or Path(tempfile.gettempdir()) / "inferd-coldbench")
     names = [n for n in args.models.split(",") if n]
     opts = BenchOptions(device=args.device, repeat=args.repeat, ncnn=not args.no_ncnn, ablation=args.ablation,
+                        first_start=args.first_start,
                         background=args.background, warm_runs=args.warm_runs, threads=args.threads,
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
                         refined=not args.no_refined)
