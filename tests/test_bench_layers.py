@@ -27,3 +27,18 @@ def test_a_real_run_times_every_layer_and_the_roofline(tmp_path: Path) -> None:
     assert abs(sum(x["ms"] for x in r["layers"]) - r["inferd_layer_sum_ms"]) < 1e-9
     md = table([r], top=3, slowest=1)
     assert "| tiny |" in md and "/conv/Conv" in md
+
+
+def test_fused_tensors_match_the_layer_that_absorbed_them() -> None:
+    """onnxruntime names a fused Conv+BN after the BN's output; inferd's layer (Conv+BN+Add+Relu) produces
+    the Relu's: the import records the tensors a layer absorbed, and the match uses them."""
+    from inferd.frontend import import_model
+    from test_import import conv_bn_relu_add_model  # a model with BN, activation and residual fusions
+
+    g = import_model(conv_bn_relu_add_model())
+    fused = [n for n in g.nodes if n.attrs.get("_absorbed")]
+    assert fused, [n.op for n in g.nodes]
+    layers = [{"name": n.name, "out": n.outputs[0], "absorbed": n.attrs["_absorbed"]} for n in fused]
+    nodes = [{"name": layers[0]["absorbed"][0] + "_nchwc", "op": "Conv", "ms": 0.5}]
+    got, rest = match(layers, nodes)
+    assert got == {layers[0]["name"]: 0.5} and not rest

@@ -49,6 +49,7 @@ layers = []
 for (layer, k), s in zip(ex.choice, med):
     consts = sum(layer.inputs[i].nbytes for i in layer.const_inputs if layer.inputs[i] is not None)
     layers.append({"name": layer.name, "op": layer.op, "kernel": k.name, "out": layer.node.outputs[0],
+                   "absorbed": list(layer.node.attrs.get("_absorbed", [])),
                    "ms": float(s) * 1e3, "flops": float(layer_flops(layer)),
                    "bytes": int(io_nbytes(layer) + consts + k.workspace_nbytes(layer))})
 big = np.ones(16 << 20, np.float32); dst = np.empty_like(big)
@@ -110,6 +111,8 @@ def match(layers: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> tuple[di
     """onnxruntime's time per inferd layer (by produced tensor or node name) and its unmatched nodes."""
     by: dict[str, str] = {}
     for ly in layers:
+        for t in ly.get("absorbed", []):  # tensors of the BN/activation/add fused into it
+            by[t] = ly["name"]
         by[ly["out"]] = ly["name"]
         by[ly["name"]] = ly["name"]
     got: dict[str, float] = {}

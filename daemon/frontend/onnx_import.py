@@ -307,8 +307,15 @@ def _single_consumer(graph: Graph, tensor: str, outputs: set[str]) -> Node | Non
     return cons[0] if len(cons) == 1 and cons[0].inputs.count(tensor) == 1 else None
 
 
+def _absorb(node: Node, tensor: str) -> None:
+    """Record that ``node`` now also computes what ``tensor`` held (a fused BN, activation or add): per-layer
+    tools match other engines' nodes, named after such tensors, to the layer that absorbed them."""
+    node.attrs["_absorbed"] = [*node.attrs.get("_absorbed", []), tensor]
+
+
 def _replace_node_output(graph: Graph, producer: Node, old: Node) -> None:
     """``producer`` takes over ``old``'s output name; ``old`` is removed."""
+    _absorb(producer, producer.outputs[0])
     producer.outputs[0] = old.outputs[0]
     graph.nodes.remove(old)
 
@@ -478,6 +485,7 @@ def _fuse_residual(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] |
         # the add's position is after both operands exist; run the fused node there
         graph.nodes.remove(p)
         graph.nodes[graph.nodes.index(add)] = p
+        _absorb(p, p.outputs[0])
         p.outputs[0] = add.outputs[0]
         return True
 
