@@ -18,7 +18,7 @@ C (``inferd_rnn_dir``: per step ``h @ R^T`` plus the gate maths; ``R^T`` laid ou
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -130,6 +130,24 @@ def _check(node: Node, opset: int) -> None:
     if len(node.inputs) > MAX_INPUTS[node.op]:
         raise UnsupportedOpError(node.op, node.name, opset, f"{len(node.inputs)} inputs")
     activations(node)
+
+
+def split_weights(layer: Layer, raw: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """W (dirs, G*H, in), R (dirs, G*H, H) as float32, the bias the input projection adds (W's and R's,
+    (dirs, G*H)) and the R bias the recurrent step must add itself (GRU's h gate only, else zeros), for the
+    CPU and the Vulkan kernels alike."""
+    w = np.asarray(raw[raw_key(1)], np.float32)
+    r = np.asarray(raw[raw_key(2)], np.float32)
+    dirs, gh, _ = w.shape
+    h = gh // GATES[layer.op]
+    b = np.asarray(raw[raw_key(3)], np.float32) if raw_key(3) in raw else np.zeros((dirs, 2 * gh), np.float32)
+    wb, rb = b[:, :gh].copy(), b[:, gh:].copy()
+    step_rb = np.zeros_like(rb)
+    if layer.op == "GRU":
+        # R's h-gate bias sits inside r * (...) (linear_before_reset) or after (r * h) @ R_h^T: the step adds it
+        step_rb[:, 2 * h:] = rb[:, 2 * h:]
+        rb[:, 2 * h:] = 0
+    return w, r, wb + rb, step_rb
 
 
 def dims(node: Node, x_shape: Sequence[int]) -> tuple[int, int, int, int, int]:
@@ -325,18 +343,9 @@ class RecurrentPackedKernel(_RecurrentBase):
         return weights_key(layer)  # packed from the weights alone: any sequence length shares them
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        w = np.asarray(raw[raw_key(1)], np.float32)
-        r = np.asarray(raw[raw_key(2)], np.float32)
+        w, r, bias, step_rb = split_weights(layer, raw)
         dirs, gh, isz = w.shape
-        h = gh // GATES[layer.op]
-        b = np.asarray(raw[raw_key(3)], np.float32) if raw_key(3) in raw else np.zeros((dirs, 2 * gh), np.float32)
-        wb, rb = b[:, :gh].copy(), b[:, gh:].copy()
-        step_rb = np.zeros_like(rb)
-        if layer.op == "GRU":
-            # R's h-gate bias sits inside r * (...) (linear_before_reset) or after (r * h) @ R_h^T: the step adds it
-            step_rb[:, 2 * h:] = rb[:, 2 * h:]
-            rb[:, 2 * h:] = 0
-        bias = (wb + rb).reshape(-1)
+        bias = bias.reshape(-1)
         out = {"w": native.gemm_pack_b(w.reshape(dirs * gh, isz).T), "bias": np.ascontiguousarray(bias),
                "rt": np.ascontiguousarray(r.transpose(0, 2, 1)),  # (dirs, H, G*H)
                "rb": np.ascontiguousarray(step_rb)}

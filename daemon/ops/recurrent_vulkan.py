@@ -15,7 +15,7 @@ import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, grid
 from .base import Layer, raw_key, register_kernel, weights_key
-from .recurrent import ACTS, GATES, RNN_OPS, _str, activations, dims
+from .recurrent import ACTS, GATES, RNN_OPS, _str, activations, dims, split_weights
 
 
 @register_kernel
@@ -44,17 +44,9 @@ class VkRecurrent(VulkanKernel):
         return weights_key(layer) + tuple(layer.in_shape(k) for k in (4, 5, 6) if layer.has_input(k))
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        w = np.asarray(raw[raw_key(1)], np.float32)
-        r = np.asarray(raw[raw_key(2)], np.float32)
+        w, r, bias, step_rb = split_weights(layer, raw)
         dirs, gh, isz = w.shape
-        h = gh // GATES[layer.op]
-        b = np.asarray(raw[raw_key(3)], np.float32) if raw_key(3) in raw else np.zeros((dirs, 2 * gh), np.float32)
-        wb, rb = b[:, :gh].copy(), b[:, gh:].copy()
-        step_rb = np.zeros_like(rb)
-        if layer.op == "GRU":  # the h gate's R bias sits inside the step (see recurrent.py)
-            step_rb[:, 2 * h:] = rb[:, 2 * h:]
-            rb[:, 2 * h:] = 0
-        out = {"wt": np.ascontiguousarray(w.reshape(dirs * gh, isz).T), "bias": np.ascontiguousarray((wb + rb).reshape(-1)),
+        out = {"wt": np.ascontiguousarray(w.reshape(dirs * gh, isz).T), "bias": np.ascontiguousarray(bias.reshape(-1)),
                "rt": np.ascontiguousarray(r.transpose(0, 2, 1)), "rb": np.ascontiguousarray(step_rb.reshape(-1)),
                "peep": np.ascontiguousarray(np.asarray(raw[raw_key(7)], np.float32).reshape(-1)) if raw_key(7) in raw
                else np.zeros(1, np.float32),

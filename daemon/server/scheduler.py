@@ -160,17 +160,24 @@ class FairQueue:
         self._prios: list[int] = []  # heap of -priority, one per non-empty level
         self.entries = 0  # jobs held, left ones included
 
-    def push(self, job: Job) -> None:
+    def _queue_of(self, job: Job) -> tuple["OrderedDict[str, deque[Job]]", deque[Job], bool]:
+        """The level of ``job``'s priority, its client's queue there, and whether that queue is new."""
         level = self._levels.get(job.priority)
         if level is None:
             level = self._levels[job.priority] = OrderedDict()
             heapq.heappush(self._prios, -job.priority)
         q = level.get(job.client)
         if q is None:
+            q = level[job.client] = deque()
+            return level, q, True
+        return level, q, False
+
+    def push(self, job: Job) -> None:
+        level, q, new = self._queue_of(job)
+        if new:
             # A client with nothing queued goes first, before those with a backlog (fq_codel's "new
             # flows"): a client sending one request at a time waits for the run in progress only,
             # not for one more turn of a flooding client.
-            q = level[job.client] = deque()
             level.move_to_end(job.client, last=False)
         q.append(job)
         self.entries += 1
@@ -178,13 +185,7 @@ class FairQueue:
     def push_front(self, job: Job) -> None:
         """Put ``job`` back first in line within its priority (a run that hit a device fault goes again
         before anything that came after it)."""
-        level = self._levels.get(job.priority)
-        if level is None:
-            level = self._levels[job.priority] = OrderedDict()
-            heapq.heappush(self._prios, -job.priority)
-        q = level.get(job.client)
-        if q is None:
-            q = level[job.client] = deque()
+        level, q, _new = self._queue_of(job)
         q.appendleft(job)
         level.move_to_end(job.client, last=False)
         self.entries += 1
