@@ -8,6 +8,7 @@
     inferd bench shapes [--device cpu|vulkan] [--models a,b] [--out DIR]   dynamic dims: new shape vs cold load,
                                                                            warm at 3 shapes vs onnxruntime
     inferd bench faults [--device vulkan|cpu] [--models a,b] [--repeat N]  device-loss recovery, warm restart
+    inferd bench predictor [--device cpu|vulkan] [--predictor FILE] [--out DIR]  latency predictor vs measured
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "faults":
         from .fault_bench import main as faults_main
         return faults_main(argv[1:])
+    if argv and argv[0] == "predictor":
+        from .predictor_bench import main as predictor_main
+        return predictor_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])
