@@ -290,3 +290,47 @@ def test_info_predict_json(trained: tuple[Predictor, Trainer], tmp_path, monkeyp
     r = json.loads(capsys.readouterr().out)
     assert r["predictor"].startswith("no valid predictor") and r["roofline_layers"] == len(
         [d for d in r["layers"] if d["source"] == "roofline"]) > 0 and r["warm_ms"] > 0
+
+
+@pytest.mark.vulkan
+def test_vulkan_units_are_measured_featurised_and_predicted() -> None:
+    """On the Vulkan device (lavapipe here): a model's layers are timed by GPU timestamps inside it, with their
+    transform and pipeline creation (empty and filled cache); a predictor fitted on them predicts every
+    layer from its dispatch features (workgroup counts, local size), the same features at training and
+    at planning time."""
+    import inferd.vulkan
+
+    if not inferd.vulkan.available():
+        pytest.skip("no Vulkan device")
+    tr = Trainer("vulkan")
+    spec = VariantSpec("squeezenet", 0.25, 48, 0.5, 3)
+    assert tr.measure((spec, 1), alternative=False) is not None
+    w, sigs, steps = tr.models[tr.name((spec, 1))]
+    assert w > 0 and steps == len(sigs) > 5
+    phases = {ph for s in sigs for d in tr.samples[s] for ph in d}
+    assert {"exec", "pipeline_empty", "pipeline_filled"} <= phases
+    from inferd.predictor.features import INDEX
+
+    for s in sigs:
+        f = tr.feats[s]
+        assert f[INDEX["n_disp"]] >= 1 and f[INDEX["wg_total"]] >= 1 and f[INDEX["local"]] >= 1
+    models = tr.fit(n_trees=10)
+    pred = tr.predictor(models, fingerprint_for("vulkan"), {}, {"per_read_s": 1e-4, "disk_bw": 5e8}, {})
+    g = tr.graph(spec)
+    from inferd.package import make_backend, make_plan
+    from inferd.planner.plan import PlanOptions
+
+    be = make_backend(g, "vulkan")
+    try:
+        cost = PredictedCost(pred, threads=1, constants=g.constants)
+        for layer, kernels, _d in be.candidates():
+            for k in kernels:
+                c = cost.cost(layer, k, "exec")
+                assert c.seconds > 0 and c.source in ("predicted", "roofline")
+                if k.name not in ("fold", "alias") and (f"{layer.op}/{k.name}", "exec") in pred.models:
+                    assert c.source == "predicted"
+                    assert cost.cost(layer, k, "pipeline_empty").seconds > 0
+        plan = make_plan(be, be.candidates(), None, PlanOptions(), 2, predictor=pred, constants=g.constants)
+        assert plan.predicted_s > 0 and len(plan.layers) == len(g.nodes)
+    finally:
+        be.close()

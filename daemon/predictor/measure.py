@@ -181,12 +181,13 @@ def read_once(fd: int, path: str, n: int, off: int) -> float:
 
 
 def measure_reads(directory: str | os.PathLike | None = None, sizes: Sequence[int] = (),
-                  repeats: int = 3) -> ReadModel:
+                  repeats: int = 5) -> ReadModel:
     """Fit ``seconds = per_read + bytes / bw`` (relative least squares, both positive) for reading a
     tensor of ``bytes`` cold from the disk that holds ``directory``."""
     from scipy.optimize import nnls
 
-    sizes = list(sizes) or [4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20, 24 << 20]
+    # most weights are 10 KB - 4 MB: sample that range densely
+    sizes = list(sizes) or [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
     d = tempfile.mkdtemp(prefix="inferd-reads.", dir=str(directory) if directory else None)
     path = os.path.join(d, "sample.bin")
     samples: list[tuple[int, float]] = []
