@@ -155,6 +155,9 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any,
     """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values)."""
     from ..vulkan.kernel import split_rows
 
+    key = (_dispatch_key(layer, kernel, constants), caps)
+    if key in _DISPATCHES:
+        return _DISPATCHES[key]
     raw: dict[str, np.ndarray] = {}
     for i in layer.const_inputs:
         info = layer.inputs[i]
@@ -165,9 +168,29 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any,
         raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
     try:
         params = kernel.transform(layer, raw)
-        return split_rows(kernel.dispatches(layer, params, caps), caps)
+        out: list[Any] | None = split_rows(kernel.dispatches(layer, params, caps), caps)
     except Exception:
-        return None
+        out = None
+    if len(_DISPATCHES) >= _DISPATCH_CACHE:
+        _DISPATCHES.clear()
+    _DISPATCHES[key] = out
+    return out
+
+
+#: dispatches per (kernel, layer shapes, small constants, caps): deriving them runs the kernel's transform on
+#: stand-in weights (milliseconds for a large Winograd layer), and planners meet the same shapes again and again
+_DISPATCHES: dict[Any, list[Any] | None] = {}
+_DISPATCH_CACHE = 8192
+
+
+def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None) -> Any:
+    small = []
+    for i in layer.const_inputs:
+        info = layer.inputs[i]
+        v = constants.get(layer.node.inputs[i]) if constants is not None and info is not None \
+            and info.nbytes <= _SMALL else None
+        small.append(None if v is None else np.asarray(v).tobytes())
+    return (kernel.name, signature(layer, kernel), tuple(small))
 
 
 def features(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> np.ndarray:
