@@ -406,7 +406,7 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
     own, so the loaded model keeps serving), store the profile and re-plan from it over the representations the
     store holds. Returns the new plan (None when the package already has a profile or changed meanwhile)."""
     d = read_plan(pkg / "plan.bin")
-    if d.get("profile") is not None:
+    if d.get("profile") is not None or d.get("costs") != "predicted":
         return None
     op = open_package(pkg, device=device, batch=int(d["batch"]), kernels=d.get("kernels") or None)
     try:

@@ -458,7 +458,7 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
         used = model.plan
         model._refine = lambda observed: refine_package(op.path, backend, used, op.profile, observed, stored)
-    elif op.meta.get("costs") in ("predicted", "roofline"):
+    elif op.meta.get("costs") == "predicted":  # ("roofline": compiled with --no-profile, measuring not wanted)
         from ..package import profile_package
 
         stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
