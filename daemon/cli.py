@@ -80,6 +80,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.predict:
+        from .predictor.report import format_report, predict_report
+
+        r = predict_report(args.model, args.device, args.threads, args.batch, args.predictor)
+        print(json.dumps(r, indent=1) if args.json else format_report(r))
+        return 0
     import inferd
 
     model = inferd.load(args.model, device=args.device, batch=args.batch)
@@ -135,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "keys":
         from .server.keys import main as keys_main
         return keys_main(argv[1:])
+    if argv and argv[0] == "predictor":
+        from .predictor.train import main as predictor_main
+        return predictor_main(argv[1:])
     if argv and argv[0] == "demo":
         from .demo import main as demo_main
         return demo_main(argv[1:])
@@ -142,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inferd", description="inferd: inference daemon and engine")
     p.add_argument("--log-level", default="WARNING")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("zoo", "serve", "bench", "demo", "keys"):
+    for name in ("zoo", "serve", "bench", "demo", "keys", "predictor"):
         sub.add_parser(name, help=f"see 'inferd {name} --help'", add_help=False)
 
     def common(sp: argparse.ArgumentParser) -> None:
@@ -164,11 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--kernel", action="append", metavar="OP_OR_NODE=KERNEL")
     c.add_argument("--raw-only", action="store_true", help="plan every layer to read raw weights (transform at load)")
     c.add_argument("--loaders", type=int, default=None, help="threads preparing layers at a cold load (default: cores)")
-    c.add_argument("--no-profile", action="store_true", help="plan from roofline estimates, without measuring")
+    c.add_argument("--no-profile", action="store_true", help="plan without measuring: from the latency predictor's costs where "
+                   "this device has one ('inferd predictor train'), the roofline elsewhere")
     c.set_defaults(fn=cmd_compile)
     i = sub.add_parser("info", help="print a model's inputs, outputs, memory and its cold-start plan")
     common(i)
     i.add_argument("--json", action="store_true", help="one JSON object (kernels, plan, ...)")
+    i.add_argument("--predict", action="store_true",
+                   help="predicted per-layer costs (warm and cold phases) and totals, without running the model")
+    i.add_argument("--threads", type=int, default=None, help="CPU threads to predict for (--predict)")
+    i.add_argument("--predictor", default=None, help="predictor file (--predict; default: this device's)")
     i.set_defaults(fn=cmd_info)
     args = p.parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))

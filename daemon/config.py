@@ -55,6 +55,14 @@ def default_keys_dir(environ: Mapping[str, str]) -> str:
     return os.path.expanduser("~/.local/share/inferd/keys")
 
 
+def predictor_path(device: str, environ: Mapping[str, str] | None = None) -> str:
+    """Where ``inferd predictor train`` writes, and the planners look for, the latency predictor of ``device``:
+    ``$INFERD_PREDICTOR_DIR`` or the cache directory's ``predictor/``, one file per device."""
+    env = os.environ if environ is None else environ
+    d = env.get("INFERD_PREDICTOR_DIR", "").strip() or os.path.join(default_cache_dir(env), "predictor")
+    return os.path.join(d, f"{device}.ipred")
+
+
 def _opt(kind: str, help: str, *, default: Any = None, choices: Sequence[str] | None = None,
          minimum: float | None = None) -> Any:
     return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "min": minimum})

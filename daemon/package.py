@@ -106,8 +106,12 @@ INLINE_MAX = 16 << 10
 def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: str = "cpu", batch: int = 1,
                   kernels: dict[str, str] | None = None, transformed: bool = True,
                   options: PlanOptions | None = None, loaders: int | None = None,
-                  profile: bool = True, shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+                  profile: bool | str = True, shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
     """Import ``src``, profile it on this device, plan its cold start and write the package to ``out_dir``.
+
+    ``profile="auto"``: when this device has a valid trained latency predictor, plan from its predictions
+    at once and leave the profiling to idle time (the package records ``costs: "predicted"``; the model
+    loaded from it profiles and re-plans after its first run); otherwise profile now.
 
     ``transformed`` False (or ``options.cache`` False) plans every layer to read raw weights. The
     store holds every raw constant (any plan can be served from it) and the transformed weights the
@@ -125,15 +129,18 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     fp = backend_fingerprint(backend, device)
     entries = backend.candidates()
     prof = None
-    if profile:
+    pred = device_predictor(device, fp) if profile in ("auto", False) else None
+    if profile == "auto" and pred is None:
+        profile = True
+    if profile is True:
         from .runtime.profiler import measure_rates
 
         rates = measure_rates(src)
         prof = backend_profile(backend, device, entries, graph.constants, rates, fp)
-    plan = make_plan(backend, entries, prof, opt, loaders)
+    plan = make_plan(backend, entries, prof, opt, loaders, predictor=pred, constants=graph.constants)
     sha = file_sha256(src)
     _write_package(out, template, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device,
-                   kernels)
+                   kernels, costs="profiled" if prof is not None else ("predicted" if pred is not None else "roofline"))
     close = getattr(backend, "close", None)
     if close is not None:
         close()
@@ -168,15 +175,29 @@ def backend_profile(backend: Any, device: str, entries: list[Any], constants: An
     return profile_layers(entries, constants, rates, fp, backend=device)
 
 
+def device_predictor(device: str, fp: dict[str, str]) -> Any:
+    """This device's trained latency predictor (None: none, or damaged or stale, which the log reports)."""
+    from .predictor import load_for
+
+    return load_for(device, fp)
+
+
 def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: PlanOptions,
-              loaders: int | None = None, stored: Callable[[str, str], bool] | None = None) -> ColdPlan:
-    """The cold plan from measured costs where there are some, the roofline elsewhere. Pure but for
-    reading ``backend``'s facts."""
+              loaders: int | None = None, stored: Callable[[str, str], bool] | None = None,
+              predictor: Any = None, constants: Any = None) -> ColdPlan:
+    """The cold plan from measured costs where there are some, the latency predictor's elsewhere (when
+    ``predictor`` is given), the roofline where neither knows. Pure but for reading ``backend``'s facts."""
     from .runtime.scheduler import default_loaders
 
     gpu = bool(getattr(backend, "gpu", False))
     rates = prof.rates if prof is not None else DeviceRates()
-    fallback = RooflineCost(rates, gpu=gpu)
+    fallback: Any = RooflineCost(rates, gpu=gpu)
+    if predictor is not None:
+        from . import native
+        from .predictor.cost import PredictedCost
+
+        fallback = PredictedCost(predictor, threads=1 if gpu else native.num_threads(), constants=constants,
+                                 rates=prof.rates if prof is not None else None)
     cost = ProfiledCost(prof, fallback) if prof is not None else fallback
     n = default_loaders() if loaders is None else int(loaders)
     # on the CPU the executor thread is one of the preparing threads (it prepares when it would idle)
@@ -188,7 +209,7 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
 
 def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, prof: Profile | None,
                    fp: dict[str, str], entries: list[Any], sha: str, src: str, batch: int, device: str,
-                   kernels: dict[str, str] | None) -> None:
+                   kernels: dict[str, str] | None, costs: str = "profiled") -> None:
     """``template``: what plan.bin records (a dynamic model's shape computations stay nodes); ``graph``: the
     template at the plan's shape, whose layers the plan and the transformed weights are made for."""
     tconsts = template.constants
@@ -245,6 +266,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "fingerprint": fp,
         "plan": plan.to_dict(),
         "profile": prof.to_dict() if prof is not None else None,
+        # where the plan's costs came from: "profiled", or "predicted"/"roofline" (profiled later, in idle time)
+        "costs": costs,
     })
 
 
@@ -389,6 +412,43 @@ def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile 
     return new
 
 
+def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[[str, str], bool]) -> ColdPlan | None:
+    """Idle-time work for a package planned from predictions: profile its model on this device (a backend of its
+    own, so the loaded model keeps serving), store the profile and re-plan from it over the representations the
+    store holds. Returns the new plan (None when the package already has a profile or changed meanwhile)."""
+    d = read_plan(pkg / "plan.bin")
+    if d.get("profile") is not None or d.get("costs") != "predicted":
+        return None
+    op = open_package(pkg, device=device, batch=int(d["batch"]), kernels=d.get("kernels") or None)
+    try:
+        from .runtime.profiler import measure_rates
+
+        backend = make_backend(op.graph, device, d.get("kernels") or None)
+        try:
+            fp = backend_fingerprint(backend, device)
+            entries = backend.candidates()
+            prof = backend_profile(backend, device, entries, op.graph.constants, measure_rates(), fp)
+            new = make_plan(backend, entries, prof, current.options,
+                            current.loaders + (0 if backend.gpu else 1), stored=stored,
+                            predictor=device_predictor(device, fp), constants=op.graph.constants)
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+    finally:
+        op.store.close()
+    d2 = read_plan(pkg / "plan.bin")
+    if d2.get("model_sha256") != d.get("model_sha256") or d2.get("profile") is not None:
+        return None
+    d2["profile"] = prof.to_dict()
+    d2["plan"] = new.to_dict()
+    d2["costs"] = "profiled"
+    write_plan(pkg / "plan.bin", d2)
+    log.info("%s: profiled in idle time; plan predicted %.1f ms -> %.1f ms from measured costs", pkg,
+             current.predicted_s * 1e3, new.predicted_s * 1e3)
+    return new
+
+
 def _repredict(plan: ColdPlan, entries: list[Any], prof: Profile, backend: Any) -> float:
     """``plan``'s predicted cold latency under ``prof``'s costs (its own choices, same time model)."""
     from .planner.cold import simulate
@@ -448,7 +508,9 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     if not write:
         return None
     root.mkdir(parents=True, exist_ok=True)
-    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes)
+    # a model met for the first time is planned from predictions when this device has a predictor: no
+    # profiling on the registration path; the loaded model profiles in idle time (profile_package)
+    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes, profile="auto")
 
 
 def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:

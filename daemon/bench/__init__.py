@@ -11,6 +11,7 @@
     inferd bench faults [--device vulkan|cpu] [--models a,b] [--repeat N]  device-loss recovery, warm restart
     inferd bench recurrent [--models a,b] [--repeat N] [--out DIR]          recurrent zoo vs onnxruntime, VAD chunk
                                                                            through the daemon vs a pyzmq echo
+    inferd bench predictor [--device cpu|vulkan] [--predictor FILE] [--out DIR]  latency predictor vs measured
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "recurrent":
         from .recurrent_bench import main as rec_main
         return rec_main(argv[1:])
+    if argv and argv[0] == "predictor":
+        from .predictor_bench import main as predictor_main
+        return predictor_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])

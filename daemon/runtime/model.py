@@ -469,6 +469,13 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
         used = model.plan
         model._refine = lambda observed: refine_package(op.path, backend, used, op.profile, observed, stored)
+    elif op.meta.get("costs") == "predicted":  # ("roofline": compiled with --no-profile, measuring not wanted)
+        from ..package import profile_package
+
+        stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
+        used = model.plan
+        # planned without measuring (at registration): measure in idle time, after the first run answered
+        model._refine = lambda _observed: profile_package(op.path, dev, used, stored)
 
     def recover() -> Model:
         try:
@@ -505,8 +512,14 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
         if plan is None:
             # planned here: from the package's profile (other options than its stored plan's) or from the
             # roofline (an in-memory model), over the transformed weights the store holds (none in memory)
-            plan = make_plan(backend, backend.candidates(), op.profile if op is not None else None, opt, loaders,
-                             stored=ws.has_transformed)
+            prof = op.profile if op is not None else None
+            pred = None
+            if prof is None:  # no measurements: the latency predictor's costs where this device has one
+                from ..package import backend_fingerprint, device_predictor
+
+                pred = device_predictor(dev, backend_fingerprint(backend, dev))
+            plan = make_plan(backend, backend.candidates(), prof, opt, loaders, stored=ws.has_transformed,
+                             predictor=pred, constants=graph.constants)
         cold = ColdLoad(backend, plan, ws, mname, backend.layers())
     except BaseException:
         close = getattr(backend, "close", None)

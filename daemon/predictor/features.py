@@ -1,0 +1,211 @@
+"""What the predictor knows about a unit: a layer after import (fusions applied) run by one kernel.
+
+nn-Meter has to find out black-box which ops a backend fuses; inferd knows: a fused layer (Conv +
+BN + activation + residual is one node) run by its chosen kernel is one unit. Its features are the
+op and kernel (the model key), its shapes (non-square too), FLOPs, bytes of weights (raw and in the
+kernel's layout), inputs, outputs and workspace, the threads; on Vulkan also the dispatches (count,
+workgroup counts and local size), which the co-execution paper found necessary to catch the spikes
+of GPU kernels. Everything here is arithmetic on shapes: cheap enough for a whole model in a few ms.
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..ops.base import Kernel, Layer, raw_key
+from ..planner.cost import io_nbytes, layer_flops, raw_nbytes
+
+#: the feature vector, in this order (the predictor file records the names, so a file written with
+#: another list is refused rather than misread)
+FEATURES = ("flops", "in_bytes", "out_bytes", "w_bytes", "tw_bytes", "ws_bytes", "out_elems",
+            "n", "cin", "cout", "h", "w", "oh", "ow", "kh", "kw", "sh", "sw", "groups",
+            "act", "residual", "n_inputs", "threads", "op_id",
+            "n_disp", "wg_total", "wg_max", "local", "invocations")
+INDEX = {f: i for i, f in enumerate(FEATURES)}
+
+#: fused activations by id (0: none); an unknown one gets a stable id from its name
+_ACTS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
+         "Tanh": 7, "SiLU": 8, "Gelu": 9, "GeluTanh": 10, "Softplus": 11}
+
+
+def stable_id(s: str) -> float:
+    """A small number that names ``s`` the same way on every machine and run (not Python's ``hash``)."""
+    return float(zlib.crc32(s.encode()) % 997)
+
+
+def _nchw(shape: Sequence[int]) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of a tensor of any rank: 4-D as is, 2-D (N, C), 3-D (N, T, C) as T rows of C, 1-D as C."""
+    s = tuple(int(d) for d in shape)
+    if len(s) >= 4:
+        return s[0], s[1], s[2], int(np.prod(s[3:]))
+    if len(s) == 3:
+        return s[0], s[2], s[1], 1
+    if len(s) == 2:
+        return s[0], s[1], 1, 1
+    if len(s) == 1:
+        return 1, s[0], 1, 1
+    return 1, 1, 1, 1
+
+
+def unit_key(layer: Layer, kernel: Kernel) -> str:
+    return f"{layer.op}/{kernel.name}"
+
+
+def kernel_key(kernel: Kernel) -> str:
+    """The coarser model a unit falls back to when its (op, kernel) pair has none of its own."""
+    return f"*/{kernel.name}"
+
+
+def base_features(layer: Layer, kernel: Kernel, threads: int) -> np.ndarray:
+    """Every feature but the dispatch ones (those are -1 here; :func:`dispatch_features` fills them)."""
+    f = np.full(len(FEATURES), -1.0)
+    ins = layer.inputs
+    x = ins[0] if ins and ins[0] is not None else None
+    out = layer.outputs[0] if layer.outputs else None
+    n, c, h, w = _nchw(x.shape) if x is not None else (1, 1, 1, 1)
+    on, oc, oh, ow = _nchw(out.shape) if out is not None else (1, 1, 1, 1)
+    kh = kw = 1
+    cout = oc
+    cin = c
+    if layer.op in ("Conv", "ConvTranspose") and len(ins) > 1 and ins[1] is not None:
+        ws = ins[1].shape
+        if len(ws) >= 4:
+            kh, kw = int(ws[2]), int(np.prod(ws[3:]))
+        elif len(ws) == 3:
+            kh = int(ws[2])
+    elif layer.op in ("Gemm", "MatMul") and len(ins) > 1 and ins[1] is not None and x is not None:
+        b = ins[1].shape
+        trans_b = layer.op == "Gemm" and bool(layer.attr("transB", 0))
+        if len(b) >= 2:
+            cin = int(b[-1] if trans_b else b[-2])
+            cout = int(b[-2] if trans_b else b[-1])
+    else:
+        ks = layer.attr("kernel_shape")
+        if ks:
+            kh, kw = int(ks[0]), int(np.prod(ks[1:])) if len(ks) > 1 else 1
+    st = layer.attr("strides") or [1, 1]
+    act = layer.attr("act")
+    aname = act[0] if act else None
+    f[INDEX["flops"]] = layer_flops(layer)
+    f[INDEX["in_bytes"]] = float(io_nbytes(layer) - sum(o.nbytes for o in layer.outputs))
+    f[INDEX["out_bytes"]] = float(sum(o.nbytes for o in layer.outputs))
+    f[INDEX["w_bytes"]] = float(raw_nbytes(layer))
+    f[INDEX["tw_bytes"]] = float(kernel.transformed_nbytes(layer)) if layer.const_inputs else 0.0
+    f[INDEX["ws_bytes"]] = float(kernel.workspace_nbytes(layer))
+    f[INDEX["out_elems"]] = float(out.size) if out is not None else 0.0
+    f[INDEX["n"]], f[INDEX["cin"]], f[INDEX["cout"]] = n, cin, cout
+    f[INDEX["h"]], f[INDEX["w"]], f[INDEX["oh"]], f[INDEX["ow"]] = h, w, oh, ow
+    f[INDEX["kh"]], f[INDEX["kw"]] = kh, kw
+    f[INDEX["sh"]] = int(st[0])
+    f[INDEX["sw"]] = int(st[1]) if len(st) > 1 else int(st[0])
+    f[INDEX["groups"]] = int(layer.attr("group", 1) or 1)
+    f[INDEX["act"]] = _ACTS.get(aname, 20 + stable_id(str(aname)) % 50)
+    f[INDEX["residual"]] = 1.0 if layer.attr("residual") else 0.0
+    f[INDEX["n_inputs"]] = float(sum(1 for i in ins if i is not None))
+    f[INDEX["threads"]] = float(threads)
+    f[INDEX["op_id"]] = stable_id(layer.op)
+    return f
+
+
+_LOCAL = re.compile(r"layout\s*\(([^)]*local_size[^)]*)\)\s*in")
+
+
+@lru_cache(maxsize=None)
+def shader_local_size(shader: str) -> int:
+    """Invocations per workgroup of ``shader`` (local_size_x * y * z as written in its source; 1 if unknown)."""
+    try:
+        from ..vulkan.shaders import shader_dir
+
+        src = (shader_dir() / f"{shader}.comp").read_text()
+    except Exception:
+        return 1
+    m = _LOCAL.search(src)
+    if not m:
+        return 1
+    n = 1
+    for part in m.group(1).split(","):
+        k, _, v = part.partition("=")
+        if k.strip().startswith("local_size_") and v.strip().isdigit():
+            n *= int(v.strip())
+    return n
+
+
+def dispatch_summary(dispatches: Sequence[Any]) -> tuple[float, float, float, float, float]:
+    """(dispatches, workgroups in all, the largest dispatch's workgroups, its local size, invocations in all)."""
+    if not dispatches:
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    groups = [float(np.prod(d.groups)) for d in dispatches]
+    locals_ = [float(shader_local_size(d.shader)) for d in dispatches]
+    big = int(np.argmax(groups))
+    return (float(len(dispatches)), float(sum(groups)), groups[big], locals_[big],
+            float(sum(g * lo for g, lo in zip(groups, locals_))))
+
+
+#: constants up to this size are passed to ``dispatches`` by value when they are known (axes, pads);
+#: larger ones (weights) as zero stand-ins of their shape, which every kernel's geometry accepts
+_SMALL = 1 << 16
+
+
+def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any,
+                      constants: Mapping[str, Any] | None = None) -> list[Any] | None:
+    """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values)."""
+    from ..vulkan.kernel import split_rows
+
+    key = (_dispatch_key(layer, kernel, constants), caps)
+    if key in _DISPATCHES:
+        return _DISPATCHES[key]
+    raw: dict[str, np.ndarray] = {}
+    for i in layer.const_inputs:
+        info = layer.inputs[i]
+        if info is None:
+            continue
+        name = layer.node.inputs[i]
+        val = constants.get(name) if constants is not None and info.nbytes <= _SMALL else None
+        raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
+    try:
+        params = kernel.transform(layer, raw)
+        out: list[Any] | None = split_rows(kernel.dispatches(layer, params, caps), caps)
+    except Exception:
+        out = None
+    if len(_DISPATCHES) >= _DISPATCH_CACHE:
+        _DISPATCHES.clear()
+    _DISPATCHES[key] = out
+    return out
+
+
+#: dispatches per (kernel, layer shapes, small constants, caps): deriving them runs the kernel's transform on
+#: stand-in weights (milliseconds for a large Winograd layer), and planners meet the same shapes again and again
+_DISPATCHES: dict[Any, list[Any] | None] = {}
+_DISPATCH_CACHE = 8192
+
+
+def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None) -> Any:
+    small = []
+    for i in layer.const_inputs:
+        info = layer.inputs[i]
+        v = constants.get(layer.node.inputs[i]) if constants is not None and info is not None \
+            and info.nbytes <= _SMALL else None
+        small.append(None if v is None else np.asarray(v).tobytes())
+    return (kernel.name, signature(layer, kernel), tuple(small))
+
+
+def features(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> np.ndarray:
+    f = base_features(layer, kernel, threads)
+    if dispatches is not None:
+        nd, tot, mx, loc, inv = dispatch_summary(dispatches)
+        f[INDEX["n_disp"]], f[INDEX["wg_total"]], f[INDEX["wg_max"]] = nd, tot, mx
+        f[INDEX["local"]], f[INDEX["invocations"]] = loc, inv
+    return f
+
+
+def signature(layer: Layer, kernel: Kernel) -> str:
+    """A string that is equal for two units exactly when they have the same op, kernel, shapes and attributes
+    (the cache key of derived features and the identity of a training sample)."""
+    shapes = [tuple(i.shape) if i is not None else None for i in layer.inputs]
+    consts = tuple(layer.const_inputs)
+    attrs = sorted((k, repr(v)) for k, v in layer.attrs.items())
+    return repr((layer.op, kernel.name, shapes, [tuple(o.shape) for o in layer.outputs], consts, attrs))

@@ -1,0 +1,337 @@
+"""The predictor's regressors and its file: numpy only at run time, no pickle on disk.
+
+Model form, per (unit key, phase): a non-negative linear *base* on a few physical terms (a constant,
+FLOPs per thread and in all, bytes moved, weight bytes; fitted to minimise the relative error), times
+a boosted-tree *correction* exp(f(log features)) for what is not linear (tile sizes, cache
+boundaries, workgroup heuristics, the spikes the co-execution paper saw on GPUs). The base extrapolates
+sensibly to shapes outside the training range; the trees fit the shape inside it. Trees are trained
+by scikit-learn (the optional ``[train]`` extra) and exported as complete binary trees in flat arrays
+(feature, threshold, leaf values), so prediction is a few vectorised numpy steps per model.
+
+File layout (little-endian): ``b"INFDPRED"``, u32 format version, u32 header length, 32-byte sha256
+of everything after it, the header (JSON: engine version, device fingerprint, feature names, rates,
+per-model metadata with array offsets), then the arrays' bytes. Damage, truncation, another format
+version or feature list: :class:`PredictorFileError`; another device or engine: :class:`StalePredictorError`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InferdError
+from ..fileio import atomic_write
+from .features import FEATURES, INDEX
+
+MAGIC = b"INFDPRED"
+FORMAT_VERSION = 1
+_HEAD = struct.Struct("<8sII32s")
+
+#: the phases a unit model predicts (reads are a per-device model of bytes, not per unit)
+UNIT_PHASES = ("exec", "exec_first", "transform", "pipeline_empty", "pipeline_filled")
+
+
+class PredictorFileError(InferdError):
+    """A predictor file that is damaged, truncated or of another format: never used."""
+
+
+class StalePredictorError(PredictorFileError):
+    """A predictor trained on another device or engine version: never used."""
+
+
+def log_features(X: np.ndarray) -> np.ndarray:
+    """The trees' view of the features: log2(1 + x), -1 where a feature does not apply (x < 0).
+
+    Cast through float32 because scikit-learn's trees compare float32 inputs: the exported thresholds
+    then split exactly where they did in training."""
+    X = np.asarray(X, dtype=np.float64)
+    out = np.where(X >= 0, np.log2(np.maximum(X, 0) + 1.0), -1.0)
+    return out.astype(np.float32).astype(np.float64)
+
+
+def basis(X: np.ndarray, phase: str) -> np.ndarray:
+    """The base's physical terms per phase (columns), all >= 0, in units that keep them O(1)."""
+    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+    col = lambda f: np.maximum(X[:, INDEX[f]], 0.0)  # noqa: E731
+    one = np.ones(len(X))
+    thr = np.maximum(col("threads"), 1.0)
+    io = col("in_bytes") + col("out_bytes")
+    if phase in ("exec", "exec_first"):
+        terms = [one, col("flops") / thr / 1e9, col("flops") / 1e9, io / 1e9, col("tw_bytes") / 1e9,
+                 col("ws_bytes") / 1e9 / thr, col("invocations").clip(0) / 1e9, col("n_disp").clip(0) / 1e3]
+        if phase == "exec_first":
+            terms += [col("ws_bytes") / 1e9, col("out_bytes") / 1e9]
+    elif phase == "transform":
+        terms = [one, col("w_bytes") / 1e9, col("tw_bytes") / 1e9, col("cout") * col("cin") / 1e9]
+    elif phase in ("pipeline_empty", "pipeline_filled"):
+        terms = [one, col("n_disp").clip(0)]
+    else:
+        raise KeyError(f"no basis for phase {phase!r}")
+    return np.stack(terms, axis=1)
+
+
+@dataclass
+class Trees:
+    """Complete binary trees of one depth: node i's children are 2i+1 (x <= threshold) and 2i+2."""
+
+    depth: int
+    feature: np.ndarray    # (T, 2^D - 1) int32
+    threshold: np.ndarray  # (T, 2^D - 1) float64
+    leaves: np.ndarray     # (T, 2^D) float64, learning rate folded in
+    init: float = 0.0
+
+    def predict(self, L: np.ndarray) -> np.ndarray:
+        """Sum of the trees' leaves for each row of ``L`` (log features)."""
+        n, t = L.shape[0], self.feature.shape[0]
+        if t == 0:
+            return np.full(n, self.init)
+        idx = np.zeros((n, t), dtype=np.int64)
+        tt = np.arange(t)[None, :]
+        rows = np.arange(n)[:, None]
+        for _ in range(self.depth):
+            f = self.feature[tt, idx]
+            idx = 2 * idx + 1 + (L[rows, f] > self.threshold[tt, idx])
+        return self.init + self.leaves[tt, idx - (2 ** self.depth - 1)].sum(axis=1)
+
+    @staticmethod
+    def from_sklearn(estimators: Sequence[Any], learning_rate: float, init: float, depth: int) -> "Trees":
+        """Flatten scikit-learn regression trees (of at most ``depth`` levels) into complete trees: a leaf above the
+        last level becomes a node that always goes left (threshold +inf) with the leaf's value below it."""
+        t = len(estimators)
+        inner = 2 ** depth - 1
+        feat = np.zeros((t, inner), np.int32)
+        thr = np.full((t, inner), np.inf)
+        leaves = np.zeros((t, 2 ** depth))
+        for k, est in enumerate(estimators):
+            tree = est.tree_
+
+            def fill(node: int, pos: int, level: int) -> None:
+                if level == depth or tree.children_left[node] == -1:
+                    v = float(tree.value[node].reshape(-1)[0]) * learning_rate
+                    # every leaf of the complete subtree under pos gets v
+                    first, count = pos, 1
+                    for _ in range(depth - level):
+                        first, count = 2 * first + 1, count * 2
+                    leaves[k, first - inner:first - inner + count] = v
+                    return
+                feat[k, pos] = int(tree.feature[node])
+                thr[k, pos] = float(tree.threshold[node])
+                fill(int(tree.children_left[node]), 2 * pos + 1, level + 1)
+                fill(int(tree.children_right[node]), 2 * pos + 2, level + 1)
+
+            fill(0, 0, 0)
+        return Trees(depth, feat, thr, leaves, float(init))
+
+
+@dataclass
+class UnitModel:
+    """Seconds of one phase of the units of one key: base(x) * exp(trees(log x))."""
+
+    key: str
+    phase: str
+    coef: np.ndarray
+    trees: Trees | None
+    n: int = 0
+    #: median relative error on held-out samples at training (nan when there were too few)
+    val_mape: float = float("nan")
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        X = np.atleast_2d(X)
+        base = basis(X, self.phase) @ self.coef
+        base = np.maximum(base, 1e-7)
+        if self.trees is not None:
+            base = base * np.exp(np.clip(self.trees.predict(log_features(X)), -3.0, 3.0))
+        return base
+
+
+@dataclass
+class Predictor:
+    """Every unit model of one device, with what the whole-model sum and the read phases need."""
+
+    device: str
+    fingerprint: dict[str, str]
+    engine: str
+    models: dict[tuple[str, str], UnitModel] = field(default_factory=dict)
+    #: whole-model warm latency = scale * sum(units) + per_step_s * steps + per_run_s (fitted on measured models)
+    overhead: dict[str, float] = field(default_factory=lambda: {"scale": 1.0, "per_step_s": 0.0, "per_run_s": 0.0})
+    #: reads: per_read_s + bytes / disk_bw (checksum included), measured on this device's disk
+    reads: dict[str, float] = field(default_factory=lambda: {"per_read_s": 5e-5, "disk_bw": 2e8})
+    rates: dict[str, float] = field(default_factory=dict)
+    caps: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    features: tuple[str, ...] = FEATURES
+
+    def get(self, key: str, phase: str) -> UnitModel | None:
+        return self.models.get((key, phase))
+
+    # ------------------------------------------------------------------ the file
+    def to_bytes(self) -> bytes:
+        blob = bytearray()
+
+        def put(a: np.ndarray, dtype: str) -> list[Any]:
+            arr = np.ascontiguousarray(a, dtype=np.dtype(dtype))
+            off = len(blob)
+            blob.extend(arr.tobytes())
+            return [off, list(arr.shape), dtype]
+
+        models = []
+        for (key, phase), m in sorted(self.models.items()):
+            d: dict[str, Any] = {"key": key, "phase": phase, "coef": [float(c) for c in m.coef], "n": int(m.n),
+                                 "val_mape": None if not np.isfinite(m.val_mape) else float(m.val_mape)}
+            if m.trees is not None:
+                t = m.trees
+                d["trees"] = {"depth": t.depth, "init": float(t.init), "feature": put(t.feature, "<i4"),
+                              "threshold": put(t.threshold, "<f8"), "leaves": put(t.leaves, "<f8")}
+            models.append(d)
+        header = {"format": FORMAT_VERSION, "device": self.device, "fingerprint": self.fingerprint,
+                  "engine": self.engine, "features": list(self.features), "overhead": self.overhead,
+                  "reads": self.reads, "rates": self.rates, "caps": self.caps, "info": self.info, "models": models}
+        hb = json.dumps(header, sort_keys=True, allow_nan=False).encode()
+        body = hb + bytes(blob)
+        return _HEAD.pack(MAGIC, FORMAT_VERSION, len(hb), hashlib.sha256(body).digest()) + body
+
+    def save(self, path: str | os.PathLike) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(p, self.to_bytes())
+        return p
+
+    @staticmethod
+    def from_bytes(data: bytes, where: str = "predictor") -> "Predictor":
+        if len(data) < _HEAD.size:
+            raise PredictorFileError(f"{where}: truncated predictor file ({len(data)} bytes)")
+        magic, version, hlen, sha = _HEAD.unpack_from(data)
+        if magic != MAGIC:
+            raise PredictorFileError(f"{where}: not an inferd predictor (magic {magic!r})")
+        if version != FORMAT_VERSION:
+            raise PredictorFileError(f"{where}: predictor format version {version}, this engine reads {FORMAT_VERSION}")
+        body = data[_HEAD.size:]
+        if len(body) < hlen:
+            raise PredictorFileError(f"{where}: truncated predictor file (header of {hlen} bytes, {len(body)} left)")
+        if hashlib.sha256(body).digest() != sha:
+            raise PredictorFileError(f"{where}: checksum mismatch (damaged or truncated predictor file)")
+        try:
+            h = json.loads(body[:hlen].decode())
+            blob = memoryview(body)[hlen:]
+
+            def get(ref: list[Any]) -> np.ndarray:
+                off, shape, dtype = int(ref[0]), tuple(int(s) for s in ref[1]), np.dtype(str(ref[2]))
+                n = int(np.prod(shape)) * dtype.itemsize
+                if off < 0 or off + n > len(blob):
+                    raise ValueError(f"array at {off}+{n} outside the {len(blob)}-byte blob")
+                return np.frombuffer(blob[off:off + n], dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+
+            if tuple(h["features"]) != FEATURES:
+                raise PredictorFileError(f"{where}: written with another feature list; train it again")
+            models: dict[tuple[str, str], UnitModel] = {}
+            for d in h["models"]:
+                trees = None
+                if "trees" in d:
+                    t = d["trees"]
+                    trees = Trees(int(t["depth"]), get(t["feature"]).astype(np.int64), get(t["threshold"]),
+                                  get(t["leaves"]), float(t["init"]))
+                    if trees.feature.size and (trees.feature.min() < 0 or trees.feature.max() >= len(FEATURES)):
+                        raise ValueError("tree feature index out of range")
+                vm = d.get("val_mape")
+                models[(str(d["key"]), str(d["phase"]))] = UnitModel(
+                    str(d["key"]), str(d["phase"]), np.asarray(d["coef"], dtype=np.float64), trees, int(d["n"]),
+                    float("nan") if vm is None else float(vm))
+            return Predictor(str(h["device"]), {str(k): str(v) for k, v in h["fingerprint"].items()}, str(h["engine"]),
+                             models, {k: float(v) for k, v in h["overhead"].items()},
+                             {k: float(v) for k, v in h["reads"].items()}, dict(h.get("rates") or {}),
+                             dict(h.get("caps") or {}), dict(h.get("info") or {}))
+        except PredictorFileError:
+            raise
+        except Exception as e:
+            raise PredictorFileError(f"{where}: unreadable predictor: {type(e).__name__}: {e}") from e
+
+    @staticmethod
+    def load(path: str | os.PathLike, current: Mapping[str, str] | None = None) -> "Predictor":
+        """Read and verify ``path``; with ``current`` (this device's fingerprint) also refuse a stale one."""
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise PredictorFileError(f"{p}: cannot read predictor: {e}") from e
+        pred = Predictor.from_bytes(data, str(p))
+        if current is not None:
+            check_current(pred, current, str(p))
+        return pred
+
+
+#: fingerprint keys that do not make a predictor stale: the thread count is one of its features
+_NOT_IDENTITY = ("threads",)
+
+
+def check_current(pred: Predictor, current: Mapping[str, str], where: str = "predictor") -> None:
+    """``StalePredictorError`` when ``pred`` was trained for another device or engine version."""
+    from .. import __version__
+
+    made = {k: v for k, v in pred.fingerprint.items() if k not in _NOT_IDENTITY}
+    here = {k: str(v) for k, v in current.items() if k not in _NOT_IDENTITY}
+    diff = sorted(k for k in set(made) | set(here) if made.get(k) != here.get(k))
+    if pred.engine != __version__:
+        diff = ["engine"] + [d for d in diff if d != "engine"]
+    if diff:
+        what = ", ".join(f"{k}: {made.get(k, pred.engine if k == 'engine' else None)!r}, "
+                         f"here {here.get(k, __version__ if k == 'engine' else None)!r}" for k in diff[:4])
+        raise StalePredictorError(f"{where}: trained for another device or engine ({what}); train it again with "
+                                  f"'inferd predictor train --device {pred.device}'")
+
+
+# ---------------------------------------------------------------------------------- training (sklearn)
+
+#: below this many samples a key gets the base alone (trees would memorise noise)
+MIN_TREE_SAMPLES = 16
+
+
+def fit_base(B: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising the relative error of B @ c against y (then once more without
+    the worst 5% of points, so one disturbed measurement does not bend the line)."""
+    from scipy.optimize import nnls
+
+    A = B / y[:, None]
+    scale = np.maximum(A.max(axis=0), 1e-30)
+    c, _ = nnls(A / scale, np.ones(len(y)), maxiter=50 * B.shape[1])
+    c = c / scale
+    if len(y) >= 20:
+        r = np.abs(B @ c / y - 1.0)
+        keep = r <= np.quantile(r, 0.95)
+        c2, _ = nnls(A[keep] / scale, np.ones(int(keep.sum())), maxiter=50 * B.shape[1])
+        c = c2 / scale
+    if not np.any(c > 0):
+        c = np.zeros(B.shape[1])
+        c[0] = float(np.median(y))
+    return c
+
+
+def fit_unit(key: str, phase: str, X: np.ndarray, y: np.ndarray, n_trees: int = 100, depth: int = 4,
+             learning_rate: float = 0.08, seed: int = 0) -> UnitModel:
+    """Fit one unit model on measured seconds ``y`` (> 0) of feature rows ``X``."""
+    X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+    y = np.maximum(np.asarray(y, dtype=np.float64), 1e-8)
+    B = basis(X, phase)
+    coef = fit_base(B, y)
+    trees = None
+    if len(y) >= MIN_TREE_SAMPLES:
+        from sklearn.ensemble import GradientBoostingRegressor
+
+        resid = np.log(y) - np.log(np.maximum(B @ coef, 1e-7))
+        L = log_features(X)
+        # squared error, not Huber: a slow path taken by a few shapes (the depthwise kernel's per-channel form
+        # on large 7x7 maps runs 5-8x slower) is exactly what the trees are for, and Huber treated those samples
+        # as outliers; disturbed timings are already medians over runs and over the variants sharing a shape
+        gb = GradientBoostingRegressor(loss="squared_error", n_estimators=n_trees, max_depth=depth,
+                                       learning_rate=learning_rate, subsample=0.8,
+                                       min_samples_leaf=max(3, len(y) // 50), random_state=seed)
+        gb.fit(L.astype(np.float32), resid)
+        init = float(np.asarray(gb.init_.predict(L[:1].astype(np.float32))).reshape(-1)[0]) \
+            if hasattr(gb.init_, "predict") else 0.0
+        trees = Trees.from_sklearn([e[0] for e in gb.estimators_], gb.learning_rate, init, depth)
+    return UnitModel(key, phase, coef, trees, len(y))

@@ -1,0 +1,387 @@
+"""``inferd predictor train``: adaptive sampling of this machine's units, then the predictor file.
+
+Steps (each bounded by a share of ``--minutes``): collect the units of the training variants (held-out
+variants never enter), measure the read rate of the disk, run :func:`~inferd.predictor.sampling.adaptive_sample`
+on warm execution (the other phases are measured alongside each sample), fit every unit model on all
+samples, then measure a few training variants whole to fit the per-step / per-run overhead.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Sequence, Tuple
+
+import numpy as np
+
+from .. import __version__
+from ..ops.base import choose_kernel
+from .cost import runs_nothing
+from .features import features, signature, vulkan_dispatches
+from .model import UNIT_PHASES, Predictor, UnitModel, fit_unit
+from .sampling import adaptive_sample
+
+log = logging.getLogger("inferd.predictor.train")
+
+
+class Progress:
+    """A one-line progress bar on a terminal; a line every few seconds otherwise (logs, CI)."""
+
+    def __init__(self, total_s: float, stream: Any = None, quiet: bool = False) -> None:
+        self.t0 = time.monotonic()
+        self.total = max(total_s, 1e-9)
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.quiet = quiet
+        self._last = 0.0
+        self.samples = 0
+
+    def __call__(self, what: str, got: int, want: int) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        if not self.tty and now - self._last < 5.0:
+            return
+        self._last = now
+        frac = min(1.0, (now - self.t0) / self.total)
+        bar = "#" * int(frac * 30)
+        line = (f"[{bar:<30}] {frac * 100:5.1f}% {now - self.t0:6.0f}s  {what}: {got}/{want}  "
+                f"samples {self.samples}")
+        self.stream.write(("\r" + line[:120]) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and not self.quiet:
+            self.stream.write("\n")
+
+
+def fingerprint_for(device: str) -> dict[str, str]:
+    from ..package import fingerprint
+
+    return fingerprint(device)
+
+
+#: a model configuration the sampler draws: a variant at a thread count
+Config = Tuple[Any, int]
+
+
+class Trainer:
+    """Measures models and fits unit models for one device (``cpu`` or ``vulkan``).
+
+    Samples are kept per unit signature (the same layer shape recurs across variants: its timings are
+    pooled and their median used); whole-model timings per configuration for the overhead fit."""
+
+    def __init__(self, device: str, threads: Sequence[int] | None = None, seed: int = 0) -> None:
+        self.device = device
+        self.gpu = device != "cpu"
+        self.seed = seed
+        self.rng = np.random.default_rng([seed, 7])
+        self.samples: dict[str, list[dict[str, float]]] = defaultdict(list)
+        self.units: dict[str, tuple[Any, Any, int]] = {}
+        self.feats: dict[str, np.ndarray] = {}
+        #: config name -> (measured warm s, unit signatures it ran, executed steps)
+        self.models: dict[str, tuple[float, list[str], int]] = {}
+        self.runs = 0
+        if self.gpu:
+            from ..vulkan.device import get_device
+
+            c = get_device().caps
+            self.caps = {"subgroup_size": c.subgroup_size, "max_shared_bytes": c.max_shared_bytes,
+                         "max_workgroup_invocations": c.max_workgroup_invocations,
+                         "max_workgroup_count": list(c.max_workgroup_count), "vendor_id": c.vendor_id,
+                         "device_type": c.device_type}
+            self.threads = [1]
+        else:
+            from .. import native
+
+            self.caps = {}
+            self.threads = list(threads or sorted({native.num_threads(), 1}, reverse=True))
+
+    @staticmethod
+    def name(cfg: Config) -> str:
+        return f"{cfg[0].name}@t{cfg[1]}"
+
+    def graph(self, spec: Any) -> Any:
+        from ..frontend import import_template, specialize
+        from ..zoo._variants import build_variant
+
+        return specialize(import_template(build_variant(spec)))
+
+    def alternatives(self, graph: Any) -> dict[str, str]:
+        """Per op type, one candidate kernel other than the default, drawn at random (so every candidate gets
+        in-context samples: a kernel forced by op type runs where it applies, the default elsewhere)."""
+        from ..runtime.cpu import candidate_kernels
+        from ..ops.base import Layer
+
+        alts: dict[str, set[str]] = defaultdict(set)
+        backend = "vulkan" if self.gpu else "cpu"
+        for node in graph.nodes:
+            layer = Layer.of(node, graph)
+            try:
+                cands, default = candidate_kernels(layer, backend, None, False)
+            except Exception:
+                continue
+            alts[layer.op] |= {k.name for k in cands if k.name != default.name}
+        return {op: str(self.rng.choice(sorted(ks))) for op, ks in alts.items() if ks}
+
+    def measure(self, cfg: Config, alternative: bool = True) -> float | None:
+        """Measure ``cfg`` with its default kernels (its whole-model time is returned and kept) and, with
+        ``alternative``, once more with other candidate kernels (their units only)."""
+        from .measure import measure_model_cpu, measure_model_vulkan
+
+        spec, threads = cfg
+        try:
+            g = self.graph(spec)
+            runs = [None] + ([self.alternatives(g)] if alternative else [])
+            warm = None
+            for forced in runs:
+                if forced == {}:
+                    continue
+                ms = measure_model_vulkan(g, forced) if self.gpu else measure_model_cpu(g, threads, forced)
+                self.runs += 1
+                sigs = [self.record(ls, threads, g) for ls in ms.layers]
+                if forced is None:
+                    warm = ms.warm_s
+                    self.models[self.name(cfg)] = (ms.warm_s, sigs, len(sigs))
+            return warm
+        except Exception as e:  # a configuration that cannot run here teaches nothing; say so and go on
+            log.warning("measuring %s failed: %s: %s", self.name(cfg), type(e).__name__, e)
+            return None
+
+    def record(self, ls: Any, threads: int, graph: Any) -> str:
+        sig = f"{threads}|{signature(ls.layer, ls.kernel)}"
+        self.samples[sig].append(ls.phases)
+        if sig not in self.feats:
+            ds = ls.dispatches
+            if self.gpu and ds is None:
+                from .cost import _caps
+
+                ds = vulkan_dispatches(ls.layer, ls.kernel, _caps(self.caps), graph.constants)
+            self.feats[sig] = features(ls.layer, ls.kernel, threads, ds)
+            self.units[sig] = (ls.layer.op, ls.kernel.name, threads)
+        return sig
+
+    def value(self, sig: str, phase: str) -> float | None:
+        vs = [s[phase] for s in self.samples.get(sig, ()) if phase in s and s[phase] > 0]
+        return float(np.median(vs)) if vs else None
+
+    def fit(self, phases: Sequence[str] = UNIT_PHASES, n_trees: int = 150, only: set[str] | None = None
+            ) -> dict[tuple[str, str], UnitModel]:
+        """Per (op/kernel) and per kernel (the fallback), every phase with samples; ``only``: these signatures."""
+        rows: dict[tuple[str, str], list[tuple[np.ndarray, float]]] = defaultdict(list)
+        for sig, (op, kname, _t) in self.units.items():
+            if only is not None and sig not in only:
+                continue
+            for ph in phases:
+                v = self.value(sig, ph)
+                if v is None:
+                    continue
+                rows[(f"{op}/{kname}", ph)].append((self.feats[sig], v))
+                rows[(f"*/{kname}", ph)].append((self.feats[sig], v))
+        models: dict[tuple[str, str], UnitModel] = {}
+        for (key, ph), r in rows.items():
+            X = np.stack([a for a, _ in r])
+            y = np.array([b for _, b in r])
+            models[(key, ph)] = fit_unit(key, ph, X, y, n_trees=n_trees, seed=self.seed)
+        return models
+
+    def unit_sum(self, models: dict[tuple[str, str], UnitModel], sigs: Sequence[str]) -> float:
+        """Predicted sum of warm times of ``sigs``, vectorised per unit model."""
+        groups: dict[int, tuple[UnitModel, list[np.ndarray]]] = {}
+        total = 0.0
+        for sig in sigs:
+            op, kname, _t = self.units[sig]
+            m = models.get((f"{op}/{kname}", "exec")) or models.get((f"*/{kname}", "exec"))
+            if m is None:
+                total += self.value(sig, "exec") or 0.0
+                continue
+            groups.setdefault(id(m), (m, []))[1].append(self.feats[sig])
+        for m, rows in groups.values():
+            total += float(np.sum(m.predict(np.stack(rows))))
+        return total
+
+    def predictor(self, models: dict[tuple[str, str], UnitModel], fp: dict[str, str], rates: dict[str, float],
+                  reads: dict[str, float], info: dict[str, Any]) -> Predictor:
+        return Predictor(self.device, fp, __version__, models, reads=reads, rates=rates, caps=self.caps, info=info)
+
+
+def fit_overhead(measured: Sequence[tuple[float, float, int]]) -> dict[str, float]:
+    """``measured = scale * units + per_step * steps + per_run`` from (measured s, sum of units s, steps)
+    of whole models, least squares on relative error, once more without the worst point in ten."""
+    if len(measured) < 3:
+        return {"scale": 1.0, "per_step_s": 0.0, "per_run_s": 0.0}
+    y = np.array([m[0] for m in measured])
+    A = np.array([[m[1], m[2], 1.0] for m in measured])
+    w = 1.0 / y
+    keep = np.ones(len(y), bool)
+    c = np.array([1.0, 0.0, 0.0])
+    for _ in range(2):
+        c, *_ = np.linalg.lstsq(A[keep] * w[keep, None], np.ones(int(keep.sum())), rcond=None)
+        r = np.abs(A @ c / y - 1)
+        if keep.sum() >= 10:
+            keep = r <= np.quantile(r, 0.9)
+    return {"scale": float(c[0]), "per_step_s": float(c[1]), "per_run_s": float(c[2])}
+
+
+def executed_layers(graph: Any, kernels: dict[str, str], device: str) -> list[tuple[Any, Any]]:
+    """(layer, kernel) of every node a model runs with ``kernels`` (node -> kernel name)."""
+    from ..ops.base import Layer
+
+    gpu = device != "cpu"
+    out = []
+    for node in graph.nodes:
+        kname = kernels.get(node.name)
+        if kname is None:
+            continue
+        layer = Layer.of(node, graph)
+        try:
+            k = choose_kernel(layer, device, kname)
+        except Exception:
+            continue
+        if not runs_nothing(layer, k, gpu):
+            out.append((layer, k))
+    return out
+
+
+def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int = 240, seed: int = 0,
+          quiet: bool = False) -> tuple[Predictor, dict[str, Any]]:
+    from ..runtime.profiler import measure_rates
+    from ..zoo._variants import neighbour, variant_specs
+    from .measure import measure_reads
+
+    t_start = time.monotonic()
+    budget = max(minutes * 60.0, 10.0)
+    prog = Progress(budget, quiet=quiet)
+    rng = np.random.default_rng(seed)
+    trainer = Trainer(device, seed=seed)
+    fp = fingerprint_for(device)
+    if "error" in fp:
+        raise RuntimeError(f"no {device} device here: {fp['error']}")
+    specs = [s for s in variant_specs(n_variants, seed) if not s.held_out]
+    # the configurations: every training variant, at the default thread count or (one in five) at one thread
+    pool: list[Config] = [(s, trainer.threads[0] if (len(trainer.threads) == 1 or rng.random() < 0.8)
+                           else trainer.threads[-1]) for s in specs]
+    out_dir = Path(out).parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rates = measure_rates().to_dict()
+    rm = measure_reads(out_dir)
+    reads = {"per_read_s": rm.per_read_s, "disk_bw": rm.disk_bw}
+    fitted: dict[str, Any] = {}
+
+    def measure(cfg: Config) -> float | None:
+        v = trainer.measure(cfg, alternative=True)
+        prog.samples = len(trainer.units)
+        return v
+
+    def fit(cfgs: list[Config], _ys: list[float]) -> Callable[[list[Config]], np.ndarray]:
+        models = trainer.fit(("exec",), n_trees=60)
+        meas = [(trainer.models[trainer.name(c)][0], trainer.unit_sum(models, trainer.models[trainer.name(c)][1]),
+                 trainer.models[trainer.name(c)][2]) for c in cfgs if trainer.name(c) in trainer.models]
+        oh = fit_overhead(meas)
+        fitted["overhead"] = oh
+
+        def predict(cs: list[Config]) -> np.ndarray:
+            outp = []
+            for c in cs:
+                _w, sigs, steps = trainer.models[trainer.name(c)]
+                s = trainer.unit_sum(models, sigs)
+                outp.append(max(oh["scale"] * s + oh["per_step_s"] * steps + oh["per_run_s"], 0.5 * s))
+            return np.asarray(outp)
+        return predict
+
+    def perturb(cfg: Config, r: np.random.Generator) -> Config | None:
+        s = neighbour(cfg[0], r)
+        return None if s is None else (s, cfg[1])
+
+    res = adaptive_sample(pool, measure, fit, perturb, initial=min(60, len(pool) - 24), val=24, per_round=16,
+                          neighbours=3, explore=0.25, max_rounds=40, patience=3, deadline=t_start + 0.85 * budget,
+                          seed=seed, progress=prog)
+    # every phase on every sample; the validation configurations' units scored by models fitted without them
+    train_sigs = {s for c in res.train if trainer.name(c) in trainer.models for s in trainer.models[trainer.name(c)][1]}
+    val_models = trainer.fit(("exec",), n_trees=100, only=train_sigs)
+    val_err: dict[str, list[float]] = defaultdict(list)
+    for c in res.val:
+        for sig in trainer.models.get(trainer.name(c), (0, [], 0))[1]:
+            if sig in train_sigs:
+                continue
+            op, kname, _t = trainer.units[sig]
+            m = val_models.get((f"{op}/{kname}", "exec")) or val_models.get((f"*/{kname}", "exec"))
+            y = trainer.value(sig, "exec")
+            if m is not None and y:
+                val_err[f"{op}/{kname}"].append(abs(float(m.predict(trainer.feats[sig][None, :])[0]) / y - 1))
+    models = trainer.fit(UNIT_PHASES, n_trees=100)
+    for (key, ph), m in models.items():
+        if ph == "exec" and val_err.get(key):
+            m.val_mape = float(np.median(val_err[key]))
+    meas = [(w, trainer.unit_sum(models, sigs), steps) for w, sigs, steps in trainer.models.values()]
+    info: dict[str, Any] = {
+        "trained": _dt.datetime.now().isoformat(timespec="seconds"), "units": len(trainer.units),
+        "unit_timings": sum(len(v) for v in trainer.samples.values()), "model_runs": trainer.runs,
+        "configurations": len(trainer.models), "stopped": res.stopped,
+        "rounds": [{"round": r.index, "train": r.train, "val_error": r.val_error, "within10": r.within10}
+                   for r in res.rounds],
+        "refined": len(res.refined), "threads": trainer.threads, "loadavg_end": list(os.getloadavg()),
+        "seconds": time.monotonic() - t_start,
+    }
+    pred = trainer.predictor(models, fp, rates, reads, info)
+    pred.overhead = fit_overhead(meas)
+    pred.save(out)
+    prog.done()
+    return pred, info
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+def default_path(device: str) -> Path:
+    from ..config import predictor_path
+
+    return Path(predictor_path(device))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="inferd predictor", description="the kernel-level latency predictor")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="measure this machine's units by adaptive sampling and write a predictor file")
+    t.add_argument("--device", default="cpu", choices=["cpu", "vulkan"])
+    t.add_argument("--minutes", type=float, default=15.0, help="time budget (default 15)")
+    t.add_argument("--out", default=None, help="predictor file (default: the per-user cache's)")
+    t.add_argument("--variants", type=int, default=240, help="variants drawn (about 70%% train)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--quiet", action="store_true")
+    s = sub.add_parser("show", help="print a predictor file's header (and whether it is valid here)")
+    s.add_argument("file")
+    s.add_argument("--device", default=None, choices=["cpu", "vulkan"])
+    args = p.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.WARNING)
+    if args.cmd == "train":
+        out = Path(args.out) if args.out else default_path(args.device)
+        pred, info = train(args.device, args.minutes, out, args.variants, args.seed, args.quiet)
+        keys = sorted({k for k, ph in pred.models if ph == "exec" and not k.startswith("*/")})
+        print(f"wrote {out}: {len(pred.models)} unit models ({len(keys)} op/kernel pairs), {info['units']} units, "
+              f"{info['seconds']:.0f} s ({info['stopped']}); overhead {json.dumps(pred.overhead)}")
+        return 0
+    from .model import PredictorFileError
+
+    try:
+        pred = Predictor.from_bytes(Path(args.file).read_bytes(), args.file)
+    except (OSError, PredictorFileError) as e:
+        print(f"inferd predictor: {e}", file=sys.stderr)
+        return 2
+    status = "ok"
+    if args.device or pred.device:
+        from .model import check_current
+
+        try:
+            check_current(pred, fingerprint_for(args.device or pred.device), args.file)
+        except PredictorFileError as e:
+            status = f"stale: {e}"
+    print(json.dumps({"device": pred.device, "engine": pred.engine, "fingerprint": pred.fingerprint,
+                      "models": len(pred.models), "overhead": pred.overhead, "reads": pred.reads,
+                      "info": pred.info, "status": status}, indent=1))
+    return 0

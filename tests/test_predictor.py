@@ -1,0 +1,342 @@
+"""The latency predictor: its file (round trip, damage, staleness), coverage of every op (trained or flagged
+roofline, never zero), adaptive sampling on a cost function with a known spike, and the cold planner
+working from predictions alone (a model with no profile gets a valid plan, loads by it and runs right).
+
+A small real predictor is trained once per module from two tiny variants measured on this machine (a few
+seconds); nothing here checks accuracy, which is the benchmark's business (``inferd bench predictor``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import struct
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+from inferd import __version__  # noqa: E402
+from inferd.ops.base import applicable_kernels, registered_ops, single_node_layer  # noqa: E402
+from inferd.predictor import load_for  # noqa: E402
+from inferd.predictor.cost import PredictedCost, predict_layers, whole_model_warm  # noqa: E402
+from inferd.predictor.model import (Predictor, PredictorFileError, StalePredictorError, Trees,  # noqa: E402
+                                    check_current, fit_unit)
+from inferd.predictor.sampling import adaptive_sample  # noqa: E402
+from inferd.predictor.train import Trainer, executed_layers, fingerprint_for, fit_overhead  # noqa: E402
+from inferd.zoo._variants import VariantSpec, build_variant, variant_specs  # noqa: E402
+
+TINY = [VariantSpec("resnet", 0.25, 64, 0.5, 3), VariantSpec("mobilenetv2", 0.25, 64, 0.5, 5),
+        VariantSpec("squeezenet", 0.25, 64, 0.5, 3)]
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[Predictor, Trainer]:
+    tr = Trainer("cpu", threads=[1])
+    for s in TINY:
+        assert tr.measure((s, 1), alternative=True) is not None
+    models = tr.fit(n_trees=20)
+    pred = tr.predictor(models, fingerprint_for("cpu"), {}, {"per_read_s": 1e-4, "disk_bw": 5e8}, {"test": True})
+    pred.overhead = fit_overhead([(w, tr.unit_sum(models, sigs), n) for w, sigs, n in tr.models.values()])
+    return pred, tr
+
+
+# ------------------------------------------------------------------------------------------ the file
+
+def test_round_trip_gives_identical_predictions(trained: tuple[Predictor, Trainer], tmp_path) -> None:
+    pred, tr = trained
+    path = pred.save(tmp_path / "cpu.ipred")
+    back = Predictor.load(path, current=fingerprint_for("cpu"))
+    assert set(back.models) == set(pred.models)
+    assert any(m.trees is not None for m in back.models.values())  # the trees travel, not just the base
+    X = np.stack(list(tr.feats.values()))
+    for key, m in pred.models.items():
+        assert np.array_equal(m.predict(X), back.models[key].predict(X)), key
+    assert back.overhead == pred.overhead and back.reads == pred.reads
+    assert back.to_bytes() == pred.to_bytes()  # deterministic: same predictor, same bytes
+
+
+def test_exported_trees_equal_sklearn() -> None:
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 10, (300, 5)).astype(np.float32)
+    y = np.sin(X[:, 0]) + (X[:, 1] > 5) * 2.0 + 0.1 * X[:, 2]
+    gb = GradientBoostingRegressor(n_estimators=30, max_depth=3, random_state=0).fit(X, y)
+    init = float(gb.init_.predict(X[:1]).reshape(-1)[0])
+    t = Trees.from_sklearn([e[0] for e in gb.estimators_], gb.learning_rate, init, 3)
+    assert np.allclose(t.predict(X.astype(np.float64)), gb.predict(X), rtol=0, atol=1e-9)
+
+
+def test_damaged_truncated_and_foreign_files_are_refused(trained: tuple[Predictor, Trainer], tmp_path) -> None:
+    pred, _ = trained
+    data = pred.to_bytes()
+    cases = {
+        "flipped": data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0x40]) + data[len(data) // 2 + 1:],
+        "truncated": data[:len(data) - 17],
+        "header only": data[:20],
+        "empty": b"",
+        "magic": b"NOTAPRED" + data[8:],
+        "version": data[:8] + struct.pack("<I", 99) + data[12:],
+    }
+    for what, bad in cases.items():
+        with pytest.raises(PredictorFileError):
+            Predictor.from_bytes(bad, what)
+        p = tmp_path / f"{what.replace(' ', '_')}.ipred"
+        p.write_bytes(bad)
+        assert load_for("cpu", fingerprint_for("cpu"), p) is None, what  # reported and never used
+
+
+def test_stale_predictor_is_reported_not_used(trained: tuple[Predictor, Trainer], tmp_path) -> None:
+    pred, _ = trained
+    fp = fingerprint_for("cpu")
+    check_current(pred, fp)  # valid here
+    other_cpu = Predictor(pred.device, {**pred.fingerprint, "cpu": "Some Other CPU"}, pred.engine, pred.models)
+    other_engine = Predictor(pred.device, pred.fingerprint, "0.0.1", pred.models)
+    for stale in (other_cpu, other_engine):
+        with pytest.raises(StalePredictorError):
+            check_current(stale, fp)
+        p = stale.save(tmp_path / "stale.ipred")
+        seen: list[str] = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = lambda rec: seen.append(rec.getMessage())  # type: ignore[method-assign]
+        lg = logging.getLogger("inferd.predictor")
+        lg.addHandler(handler)  # the suite's other tests configure logging: listen on the logger itself
+        try:
+            assert load_for("cpu", fp, p) is None
+        finally:
+            lg.removeHandler(handler)
+        assert any("trained for another device or engine" in m for m in seen), seen
+    # another thread count is not another device: threads is a feature
+    assert load_for("cpu", {**fp, "threads": "7"}, pred.save(tmp_path / "ok.ipred")) is not None
+    assert __version__ == pred.engine
+
+
+# ------------------------------------------------------------------------------------------ coverage
+
+def _op_layers() -> list:
+    """A layer of every registered op that can be built from small float tensors (most can), plus the layers of
+    the tiny variants."""
+    out = []
+    x = np.random.default_rng(0).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    for op in sorted(registered_ops()):
+        for ins, attrs in (([x], {}), ([x, x], {}), ([x, x, x], {})):
+            try:
+                layer = single_node_layer(op, ins, attrs, const=[False] * len(ins))
+            except Exception:
+                continue
+            if applicable_kernels(layer, "cpu"):
+                out.append(layer)
+                break
+    return out
+
+
+def test_every_op_gets_a_nonzero_flagged_prediction(trained: tuple[Predictor, Trainer]) -> None:
+    pred, _ = trained
+    from inferd.frontend import import_template, specialize
+    from inferd.runtime.cpu import candidate_kernels
+
+    cost = PredictedCost(pred, threads=1)
+    layers = _op_layers()
+    assert len({layer.op for layer in layers}) >= 40  # most of the engine's ops are covered by this construction
+    for s in TINY:
+        g = specialize(import_template(build_variant(s)))
+        from inferd.ops.base import Layer
+
+        layers += [Layer.of(n, g) for n in g.nodes]
+    sources = set()
+    for layer in layers:
+        for k in candidate_kernels(layer, "cpu", None, False)[0]:
+            for phase in ("exec", "exec_first", "exec_cold"):
+                c = cost.cost(layer, k, phase)
+                assert c.seconds > 0, (layer.op, k.name, phase)
+                assert c.source in ("predicted", "roofline")
+                sources.add(c.source)
+            for phase in ("read_raw", "read_transformed", "transform", "pipeline_empty", "pipeline_filled"):
+                c = cost.cost(layer, k, phase)
+                assert c.seconds >= 0 and np.isfinite(c.seconds)
+                if phase == "read_raw" and layer.const_inputs:
+                    assert c.seconds > 0
+    assert sources == {"predicted", "roofline"}  # trained units answer from their models, the rest say so
+    # a unit with no model at all: the roofline at measured rates, flagged
+    empty = PredictedCost(Predictor("cpu", {}, __version__, {}), threads=1)
+    conv = next(layer for layer in layers if layer.op == "Conv")
+    k = candidate_kernels(conv, "cpu", None, False)[1]
+    c = empty.cost(conv, k, "exec")
+    assert c.source == "roofline" and c.seconds > 0
+
+
+def test_whole_model_prediction_is_sum_of_units_through_overhead(trained: tuple[Predictor, Trainer]) -> None:
+    pred, tr = trained
+    from inferd.frontend import import_template, specialize
+    from inferd.predictor.measure import measure_model_cpu
+
+    g = specialize(import_template(build_variant(TINY[0])))
+    ms = measure_model_cpu(g, 1, transforms=False)
+    layers = executed_layers(g, ms.kernels, "cpu")
+    lp = predict_layers(layers, PredictedCost(pred, threads=1, constants=g.constants))
+    assert len(lp) == len(layers) and all(x.phases["exec"] > 0 for x in lp)
+    s = sum(x.phases["exec"] for x in lp)
+    o = pred.overhead
+    assert whole_model_warm(pred, lp, len(layers)) == pytest.approx(
+        max(o["scale"] * s + o["per_step_s"] * len(layers) + o["per_run_s"], 0.5 * s))
+
+
+# ------------------------------------------------------------------------------------------ sampling
+
+def test_adaptive_sampling_adds_points_where_the_error_is_largest() -> None:
+    spike_at, width = 0.7, 0.02
+
+    def cost(x: float) -> float:  # flat, with one narrow spike a coarse sample misses
+        return 1.0 + 20.0 * np.exp(-((x - spike_at) / width) ** 2)
+
+    def fit(xs: list[float], ys: list[float]):
+        order = np.argsort(xs)
+        xa, ya = np.asarray(xs)[order], np.asarray(ys)[order]
+        return lambda q: np.interp(np.asarray(q, dtype=float), xa, ya)
+
+    def perturb(x: float, rng: np.random.Generator) -> float:
+        return float(np.clip(x + rng.normal(0, 0.02), 0, 1))
+
+    pool = list(np.random.default_rng(3).uniform(0, 1, 400))
+    res = adaptive_sample(pool, cost, fit, perturb, initial=12, val=60, per_round=20, neighbours=4, explore=0.2,
+                          max_rounds=8, patience=8, seed=1)
+    refined = np.array([x for _r, x in res.refined])
+    assert len(refined) >= 40
+    near = np.abs(refined - spike_at) <= 0.1
+    # a uniform draw puts 20% of its points within +-0.1 of the spike; refinement must put most there
+    assert near.mean() >= 0.6, near.mean()
+    assert res.rounds[-1].val_error < 0.5 * res.rounds[0].val_error
+    # and the first round's worst validation points were the ones at the spike
+    worst = [res.val[i] for i in res.rounds[0].added_near]
+    assert np.all(np.abs(np.asarray(worst) - spike_at) <= 0.1)
+
+
+def test_variants_are_many_and_split_stably() -> None:
+    specs = variant_specs(240)
+    assert len(specs) == 240 and len({s.name for s in specs}) == 240
+    assert len({s.family for s in specs}) >= 5
+    held = [s for s in specs if s.held_out]
+    assert 0.2 * len(specs) <= len(held) <= 0.4 * len(specs)
+    assert {s.name for s in variant_specs(120) if s.held_out} <= {s.name for s in held}  # a name decides
+    m = build_variant(specs[3])
+    assert m.graph.input[0].type.tensor_type.shape.dim[2].dim_value == specs[3].resolution
+
+
+# ------------------------------------------------------------------------------------------ planners
+
+def test_cold_planner_plans_from_predictions_alone(trained: tuple[Predictor, Trainer], tmp_path,
+                                                   monkeypatch) -> None:
+    """A model with no profile gets a valid cold plan from the predictor, loads by it and runs correctly."""
+    pred, _ = trained
+    from inferd.frontend import import_template, specialize
+    from inferd.package import compile_model, make_backend, make_plan, read_plan
+    from inferd.planner.plan import PlanOptions
+    from inferd.runtime.cpu import CpuExecutor
+
+    import inferd
+
+    spec = VariantSpec("mobilenetv2", 0.35, 64, 0.5, 3)
+    g = specialize(import_template(build_variant(spec)))
+    backend = make_backend(g, "cpu")
+    entries = backend.candidates()
+    plan = make_plan(backend, entries, None, PlanOptions(), 2, predictor=pred, constants=g.constants)
+    assert [lp.name for lp in plan.layers] == [n.name for n in g.nodes]
+    for (layer, kernels, _d), lp in zip(entries, plan.layers):
+        assert lp.kernel in {k.name for k in kernels}
+        assert lp.source in ("raw", "transformed", "none")
+        assert lp.exec_s > 0
+        assert lp.exec_end_s - lp.exec_s >= lp.ready_s - 1e-12  # executes after its preparation
+    assert plan.predicted_s > 0 and plan.warm_s > 0
+    roof = make_plan(backend, entries, None, PlanOptions(), 2)
+    assert plan.predicted_s != roof.predicted_s  # the predictor's costs, not the roofline's
+    # through the package path: compiled without profiling, the plan records predicted costs
+    monkeypatch.setenv("INFERD_PREDICTOR_DIR", str(tmp_path / "pred"))
+    pred.save(tmp_path / "pred" / "cpu.ipred")
+    src = tmp_path / "m.onnx"
+    src.write_bytes(build_variant(spec).SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg", profile="auto")
+    d = read_plan(pkg / "plan.bin")
+    assert d["costs"] == "predicted" and d["profile"] is None
+    x = {"input": np.random.default_rng(0).standard_normal(spec.input_shape).astype(np.float32)}
+    want = CpuExecutor(g).run(x)["output"]
+    m = inferd.load(pkg)
+    try:
+        got = m.run(x)["output"]
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+        # idle time: the model profiles itself and the package gets measured costs and a new plan
+        assert m.refine_done is not None and m.refine_done.wait(120)
+    finally:
+        m.close()
+    d = read_plan(pkg / "plan.bin")
+    assert d["costs"] == "profiled" and d["profile"] is not None
+
+
+def test_info_predict_json(trained: tuple[Predictor, Trainer], tmp_path, monkeypatch, capsys) -> None:
+    pred, _ = trained
+    from inferd.cli import main
+
+    monkeypatch.setenv("INFERD_PREDICTOR_DIR", str(tmp_path))
+    pred.save(tmp_path / "cpu.ipred")
+    src = tmp_path / "m.onnx"
+    src.write_bytes(build_variant(TINY[1]).SerializeToString())
+    assert main(["info", str(src), "--predict", "--json", "--threads", "1"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["predictor"] == "ok" and r["warm_ms"] > 0 and r["cold_ms"] > 0
+    assert r["cold_ms"] > r["warm_ms"]
+    for d in r["layers"]:
+        assert {"name", "op", "kernel", "warm_ms", "read_raw_ms", "transform_ms", "pipeline_empty_ms",
+                "pipeline_filled_ms"} <= set(d)
+        assert d["warm_ms"] > 0
+    assert main(["info", str(src), "--predict"]) == 0
+    assert "predicted warm" in capsys.readouterr().out
+    # no predictor: the flagged fallback, still a full answer
+    monkeypatch.setenv("INFERD_PREDICTOR_DIR", str(tmp_path / "none"))
+    assert main(["info", str(src), "--predict", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["predictor"].startswith("no valid predictor") and r["roofline_layers"] == len(
+        [d for d in r["layers"] if d["source"] == "roofline"]) > 0 and r["warm_ms"] > 0
+
+
+@pytest.mark.vulkan
+def test_vulkan_units_are_measured_featurised_and_predicted() -> None:
+    """On the Vulkan device (lavapipe here): a model's layers are timed by GPU timestamps inside it, with their
+    transform and pipeline creation (empty and filled cache); a predictor fitted on them predicts every
+    layer from its dispatch features (workgroup counts, local size), the same features at training and
+    at planning time."""
+    import inferd.vulkan
+
+    if not inferd.vulkan.available():
+        pytest.skip("no Vulkan device")
+    tr = Trainer("vulkan")
+    spec = VariantSpec("squeezenet", 0.25, 48, 0.5, 3)
+    assert tr.measure((spec, 1), alternative=False) is not None
+    w, sigs, steps = tr.models[tr.name((spec, 1))]
+    assert w > 0 and steps == len(sigs) > 5
+    phases = {ph for s in sigs for d in tr.samples[s] for ph in d}
+    assert {"exec", "pipeline_empty", "pipeline_filled"} <= phases
+    from inferd.predictor.features import INDEX
+
+    for s in sigs:
+        f = tr.feats[s]
+        assert f[INDEX["n_disp"]] >= 1 and f[INDEX["wg_total"]] >= 1 and f[INDEX["local"]] >= 1
+    models = tr.fit(n_trees=10)
+    pred = tr.predictor(models, fingerprint_for("vulkan"), {}, {"per_read_s": 1e-4, "disk_bw": 5e8}, {})
+    g = tr.graph(spec)
+    from inferd.package import make_backend, make_plan
+    from inferd.planner.plan import PlanOptions
+
+    be = make_backend(g, "vulkan")
+    try:
+        cost = PredictedCost(pred, threads=1, constants=g.constants)
+        for layer, kernels, _d in be.candidates():
+            for k in kernels:
+                c = cost.cost(layer, k, "exec")
+                assert c.seconds > 0 and c.source in ("predicted", "roofline")
+                if k.name not in ("fold", "alias") and (f"{layer.op}/{k.name}", "exec") in pred.models:
+                    assert c.source == "predicted"
+                    assert cost.cost(layer, k, "pipeline_empty").seconds > 0
+        plan = make_plan(be, be.candidates(), None, PlanOptions(), 2, predictor=pred, constants=g.constants)
+        assert plan.predicted_s > 0 and len(plan.layers) == len(g.nodes)
+    finally:
+        be.close()
