@@ -183,30 +183,38 @@ def test_scheduler_never_executes_before_preparation(seed: int) -> None:
 
 
 def test_idle_loader_steals_from_a_busy_one() -> None:
-    # every task planned on loader 0, whose first task is slow; loader 1 is idle: it steals
+    # every task planned on loader 0, which is held on its first (slow) task before a second loader exists;
+    # the second loader, once started, steals every other task (the caller only polls, so it takes none)
     n = 8
     layers = tuple(LayerPlan(i, f"n{i}", "Conv", "k", "raw", 0, i, "", read_s=1e-3) for i in range(n))
     plan = ColdPlan("cpu", 2, layers, 0.0, 0.0, 0.0, PlanOptions(executor_prepares=False))
-    slow = threading.Event()
+    slow, started = threading.Event(), threading.Event()
 
     def prepare(pos: int) -> dict[str, float]:
         if pos == 0:
-            slow.wait(30)  # held until every other layer is ready: on a loaded machine a short wait ended first
+            started.set()
+            slow.wait(30)
         else:
             time.sleep(0.002)
         return {}
 
-    pool = LoaderPool(2)
+    pool = LoaderPool(1)
     run = ColdRun(plan, prepare, "steal")
     pool.submit(run)
     try:
-        for pos in range(1, n):
-            run.wait_ready(pos)
+        assert started.wait(30)
+        pool.set_size(2)
+        end = time.monotonic() + 30
+        while not all(run.ready(p) for p in range(1, n)) and time.monotonic() < end:
+            time.sleep(0.005)
+        assert all(run.ready(p) for p in range(1, n)), "the idle loader did not take the busy one's tasks"
+        assert not run.ready(0)
         slow.set()
         run.wait_ready(0)
     finally:
+        slow.set()
         pool.stop()
-    assert run.breakdown()["stolen"] >= n - 2
+    assert run.breakdown()["stolen"] == n - 1
 
 
 def test_failed_preparation_is_reported_at_its_layer() -> None:
