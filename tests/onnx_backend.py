@@ -43,7 +43,7 @@ from inferd.runtime.cpu import CpuExecutor, check_feeds
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Resize": (1, 2, 3), "Upsample": (1,), "Dropout": (1, 2),
+    "Resize": (1, 2, 3), "Upsample": (1,), "Dropout": (1, 2), "OneHot": (1,), "TopK": (1,),
     **{op: (1,) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
 }
