@@ -58,6 +58,7 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     "Elu", "Selu", "Celu", "Mish", "Softsign", "ThresholdedRelu", "Shrink",
     "GatherElements", "GatherND", "ScatterElements", "ScatterND", "OneHot", "ReverseSequence", "TopK",
     "DepthToSpace", "SpaceToDepth", "Trilu", "EyeLike",
+    "LpNormalization", "LRN", "MeanVarianceNormalization", "GroupNormalization",
 })
 
 # --- exclusions: {regex searched in the test name: reason}, grouped by reason -------------------------
