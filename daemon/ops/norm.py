@@ -441,7 +441,8 @@ def lp_normalization(node: Node, x: np.ndarray) -> np.ndarray:
     xf = _calc(x)
     n = np.sum(np.abs(xf), axis=a, keepdims=True) if p == 1 else np.sqrt(np.sum(xf * xf, axis=a, keepdims=True))
     with np.errstate(divide="ignore", invalid="ignore"):
-        return (xf / n).astype(x.dtype)
+        # a zero norm gives 0, not 0/0 (the spec's test data and onnxruntime agree)
+        return np.where(n == 0, 0, xf / n).astype(x.dtype)
 
 
 def lrn(node: Node, x: np.ndarray) -> np.ndarray:
