@@ -564,7 +564,8 @@ def einsum_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.nda
     return [np.ascontiguousarray(np.asarray(r).astype(xs[0].dtype, copy=False))]
 
 
-register_op(OpSpec("Einsum", _infer_einsum, einsum_reference, min_opset=12))
+register_op(OpSpec("Einsum", _infer_einsum, einsum_reference, min_opset=12,
+                   notes="numpy.einsum on the CPU (not lowered to the packed GEMM yet)"))
 
 
 @register_kernel

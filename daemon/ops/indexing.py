@@ -256,9 +256,16 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     return [np.ascontiguousarray(r) for r in _COMPUTE[node.op](node, inputs)]
 
 
+_NOTES = {
+    "TopK": "k must be a constant (a run-time k, a data-dependent output shape, is refused at import)",
+    "OneHot": "depth must be a constant",
+    "ScatterElements": "duplicate indices without a reduction: the last update wins (onnxruntime's behaviour)",
+    "ScatterND": "duplicate indices without a reduction: the last update wins (onnxruntime's behaviour)",
+}
 for _op in INDEXING_OPS:
     register_op(OpSpec(_op, _INFER[_op], _reference, min_opset=_MIN_OPSET[_op],
-                       check=_check_reduction if _op in ("ScatterElements", "ScatterND") else None))
+                       check=_check_reduction if _op in ("ScatterElements", "ScatterND") else None,
+                       notes=_NOTES.get(_op, "")))
 
 
 @register_kernel

@@ -231,7 +231,8 @@ def layernorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.
     return [_finish(node, y.astype(x.dtype)), mean.astype(_LN_STASH), inv.astype(_LN_STASH)][:max(len(node.outputs), 1)]
 
 
-register_op(OpSpec("BatchNormalization", _infer_bn, batchnorm_reference, check=_check_bn))
+register_op(OpSpec("BatchNormalization", _infer_bn, batchnorm_reference, check=_check_bn,
+                   notes="inference mode only (training_mode and running-statistics outputs refused)"))
 register_op(OpSpec("InstanceNormalization", _infer_in, instancenorm_reference, check=_check_in))
 register_op(OpSpec("LayerNormalization", _infer_ln, layernorm_reference, min_opset=17, check=_check_ln))
 
@@ -528,7 +529,8 @@ MORE_NORMS = ("LpNormalization", "LRN", "MeanVarianceNormalization", "GroupNorma
 register_op(OpSpec("LpNormalization", _infer_same_norm, _ref_more, min_opset=1, check=_check_lp))
 register_op(OpSpec("LRN", _infer_same_norm, _ref_more, min_opset=1, check=_check_lrn))
 register_op(OpSpec("MeanVarianceNormalization", _infer_same_norm, _ref_more, min_opset=9))
-register_op(OpSpec("GroupNormalization", _infer_same_norm, _ref_more, min_opset=18))
+register_op(OpSpec("GroupNormalization", _infer_same_norm, _ref_more, min_opset=18,
+                   notes="scale/bias per group (opset 18) or per channel (opset 21); computed in float32"))
 
 
 @register_kernel
