@@ -211,7 +211,7 @@ def unfused_act(node: Node, x: np.ndarray) -> np.ndarray:
 
 
 def _ref_unfused(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-    return [np.ascontiguousarray(unfused_act(node, np.asarray(inputs[0])))]
+    return [np.array(unfused_act(node, np.asarray(inputs[0])), order="C", copy=True)]
 
 
 for _op, _since in UNFUSED.items():

@@ -561,7 +561,8 @@ def _infer_einsum(node: Node, ins: list[TensorInfo | None], consts: dict[str, np
 def einsum_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     xs = [np.asarray(x) for x in inputs if x is not None]
     r = np.einsum(_einsum_equation(node), *xs, optimize=len(xs) > 2)
-    return [np.ascontiguousarray(np.asarray(r).astype(xs[0].dtype, copy=False))]
+    # asarray keeps a 0-d result (a trace, a full contraction) 0-d, which ascontiguousarray would not
+    return [np.asarray(np.asarray(r).astype(xs[0].dtype, copy=False), order="C")]
 
 
 register_op(OpSpec("Einsum", _infer_einsum, einsum_reference, min_opset=12,

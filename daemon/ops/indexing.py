@@ -120,7 +120,7 @@ def gather_nd(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     ix = _norm_indices(node, ix, dims)
     sel = (np.arange(nb)[:, None],) + tuple(ix[..., j] for j in range(m))
     r = d[sel]  # (nb, tuples per batch, *data.shape[b+m:])
-    return [np.ascontiguousarray(r.reshape(tuple(idx.shape[:-1]) + tuple(data.shape[b + m:])))]
+    return [r.reshape(tuple(idx.shape[:-1]) + tuple(data.shape[b + m:]))]
 
 
 def scatter_nd(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -253,7 +253,9 @@ INDEXING_OPS = tuple(_COMPUTE)
 
 
 def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-    return [np.ascontiguousarray(r) for r in _COMPUTE[node.op](node, inputs)]
+    # fresh C-ordered copies of the input's rank (ascontiguousarray would make a 0-d result 1-d): folded
+    # constants must not be views of other constants
+    return [np.array(r, order="C", copy=True) for r in _COMPUTE[node.op](node, inputs)]
 
 
 _NOTES = {

@@ -125,7 +125,8 @@ LAYOUT_OPS = tuple(_COMPUTE)
 
 
 def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-    return [np.ascontiguousarray(r) for r in _COMPUTE[node.op](node, inputs)]
+    # fresh C-ordered copies (folded constants must not be views of other constants)
+    return [np.array(r, order="C", copy=True) for r in _COMPUTE[node.op](node, inputs)]
 
 
 register_op(OpSpec("DepthToSpace", _infer_d2s, _reference, min_opset=1, check=_check_d2s))
