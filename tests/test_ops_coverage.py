@@ -194,3 +194,20 @@ def test_unfused_activations_keep_float16_and_integer_shrink() -> None:
         assert y.dtype == np.float16
     (s,) = _run("Shrink", [np.array([-5, -1, 0, 1, 5], np.int32)], {"lambd": 1.5, "bias": 1.0})
     assert s.dtype == np.int32 and s.tolist() == [-4, 0, 0, 0, 4]
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_topk_selection_path_keeps_the_tie_rule(largest: bool, dtype: type) -> None:
+    """Rows long enough for the partition-then-sort path, with many ties at the k-th value: the same indices
+    as sorting the whole row by (value, index)."""
+    from inferd.ops.indexing import _TOPK_SELECT_MIN, topk_rows
+
+    rng = np.random.default_rng(3)
+    n, k = _TOPK_SELECT_MIN + 5, 97
+    x2 = rng.integers(-20, 20, (4, n)).astype(dtype)  # ~100 copies of each value
+    x2[1] = 7  # one row of a single value: every candidate ties
+    got = topk_rows(x2, k, largest)
+    for row, g in zip(x2, got):
+        want = sorted(range(n), key=lambda j: (-row[j] if largest else row[j], j))[:k]
+        assert g.tolist() == want
