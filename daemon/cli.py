@@ -1,4 +1,4 @@
-"""The ``inferd`` command: run, compile, info, zoo, bench, serve, keys, demo."""
+"""The ``inferd`` command: run, compile, info, ops, zoo, bench, serve, keys, demo."""
 from __future__ import annotations
 
 import argparse
@@ -126,6 +126,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ops(args: argparse.Namespace) -> int:
+    from .ops.coverage import coverage, format_table
+
+    cov = coverage()
+    print(json.dumps(cov, indent=2) if args.json else format_table(cov))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # subcommands owned by other modules parse their own arguments
@@ -184,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--threads", type=int, default=None, help="CPU threads to predict for (--predict)")
     i.add_argument("--predictor", default=None, help="predictor file (--predict; default: this device's)")
     i.set_defaults(fn=cmd_info)
+    o = sub.add_parser("ops", help="print the operator coverage table (opsets, CPU and Vulkan kernels, notes)")
+    o.add_argument("--json", action="store_true", help="one JSON object: max_opset, ops [{op, opsets, cpu, vulkan, notes}]")
+    o.set_defaults(fn=cmd_ops)
     args = p.parse_args(argv)
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING))
     from .errors import InferdError

@@ -43,7 +43,7 @@ from inferd.runtime.cpu import CpuExecutor, check_feeds
 SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
-    "Resize": (1, 2, 3), "Upsample": (1,), "Dropout": (1, 2),
+    "Resize": (1, 2, 3), "Upsample": (1,), "Dropout": (1, 2), "OneHot": (1,), "TopK": (1,),
     **{op: (1,) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
 }
@@ -53,7 +53,7 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
 WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {
     "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "PRelu": (1,),
     "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2), "LayerNormalization": (1, 2),
-    "LSTM": (1, 2, 3, 7), "GRU": (1, 2, 3), "RNN": (1, 2, 3),
+    "LSTM": (1, 2, 3, 7), "GRU": (1, 2, 3), "RNN": (1, 2, 3), "GroupNormalization": (1, 2),
 }
 #: ops whose output depends on their input's shape only, where the backward walk stops
 _SHAPE_ONLY = {"Shape", "Size"}

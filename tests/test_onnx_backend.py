@@ -52,6 +52,13 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare",
     # issue 13: recurrent ops, control flow and the plumbing exporters emit around them
     "LSTM", "GRU", "RNN", "If", "Loop", "Scan", "Not", "And", "Or", "Xor", "CumSum",
+    # issue 18: operator coverage
+    "Round", "Sign", "IsNaN", "IsInf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
+    "Atanh", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "Mod",
+    "Elu", "Selu", "Celu", "Mish", "Softsign", "ThresholdedRelu", "Shrink",
+    "GatherElements", "GatherND", "ScatterElements", "ScatterND", "OneHot", "ReverseSequence", "TopK",
+    "DepthToSpace", "SpaceToDepth", "Trilu", "EyeLike",
+    "LpNormalization", "LRN", "MeanVarianceNormalization", "GroupNormalization", "Hardmax", "Einsum",
 })
 
 # --- exclusions: {regex searched in the test name: reason}, grouped by reason -------------------------
@@ -76,6 +83,14 @@ R_ORT_DIFFERS = ("ONNX reference and onnxruntime disagree (align_corners with a 
 R_F16_ROUNDING = ("float16 model through Conv+SiLU: inferd computes in float32 and rounds once, the reference rounds "
                   "every float16 step; differences reach 1.6e-3 relative, above the test's rtol 1e-3")
 
+R_OPSET28 = ("opset-28 additions (signed-integer BitShift, bfloat16 or float16 on Celu/OneHot/ReverseSequence/Einsum, Mod with "
+             "fmod=0 on floats, SpaceToDepth's mode): "
+             "onnx.version_converter refuses to lower them to the importer's range (7..23), where ONNX does not "
+             "allow them")
+R_BF16_BODY = "expanded function body casts to bfloat16: an element type the engine rejects by design (R_LOWBIT)"
+R_RUNTIME_SHAPE = ("AffineGrid's function body computes its output shape from the `size` input inside an If branch: "
+                   "a run-time shape, which needs the data-dependent shapes of issue 18 item 2 (AffineGrid itself is "
+                   "not registered yet)")
 R_OPSET1 = "opset 1 models (Not's node tests): below the importer's supported range (7..23), by design"
 R_SCAN8 = "Scan at opset 8 (batch axis and sequence_lens inputs, replaced in opset 9): not supported by design"
 
@@ -90,6 +105,14 @@ EXCLUDE: dict[str, str] = {
     r"^test_range_b?float16_type_positive_delta_cpu": R_F16_RANGE,
     r"^test_range_bfloat16_type_positive_delta_expanded_cpu$": R_LOWBIT,
     r"^test_equal_string": R_STRING,
+    r"^test_bitshift_(left|right)_int(8|16|32|64)": R_OPSET28,
+    r"^test_celu_b?float16_": R_OPSET28,
+    r"^test_(onehot_with_bfloat16_values|reversesequence_bfloat16)_cpu$": R_OPSET28,
+    r"^test_spacetodepth_crd_mode_example_cpu$": R_OPSET28,
+    r"^test_einsum_\w+_bfloat16_cpu$": R_OPSET28,
+    r"^test_affine_grid_\w+_expanded_cpu$": R_RUNTIME_SHAPE,
+    r"^test_mod_(float(16|32|64)_mixed_sign|float_edge_cases)_fmod_0": R_OPSET28,
+    r"^test_attention_\w+_bf16_expanded_cpu$": R_BF16_BODY,
     r"^test_identity_(opt|sequence)_": R_NOT_TENSOR,
     # training-only behaviour and outputs
     r"^test_batchnorm_.*_training_mode_": R_TRAIN_BN,

@@ -165,6 +165,16 @@ for op in ("Sqrt", "Log", "Reciprocal"):
     case(f"unary_{op}", op, [r(4, 9, lo=0.1)], kernel="vk_unary")
 for op in ("Exp", "Neg", "Abs", "Floor", "Ceil", "Erf"):
     case(f"unary_{op}", op, [r(4, 9) * 2], kernel="vk_unary")
+# unary ops the shader had before the registry did (issue 18 registered them): now Vulkan models use them
+_halves = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.0, 3.5, -3.5], np.float32)  # Round: halves to even
+for op in ("Sin", "Cos", "Atan", "Sinh", "Cosh", "Sign", "Mish", "Softsign"):
+    case(f"unary_{op}", op, [r(4, 9) * 2], kernel="vk_unary")
+for op in ("Tan", "Asin", "Acos"):
+    case(f"unary_{op}", op, [np.tanh(r(4, 9)) * np.float32(0.95)], kernel="vk_unary")  # inside (-1, 1)
+case("unary_Round", "Round", [np.concatenate([_halves, r(27) * 4]).reshape(4, 9)], kernel="vk_unary")
+for op, attrs in [("Elu", {"alpha": 0.7}), ("Selu", {}), ("Selu", {"alpha": 2.0, "gamma": 3.0}),
+                  ("Celu", {"alpha": 2.0}), ("ThresholdedRelu", {"alpha": 0.5})]:
+    case(f"unary_{op}_{len(attrs)}", op, [r(3, 5, 7) * 4], attrs, kernel="vk_unary")
 for op in ("Add", "Sub", "Mul", "Div"):
     case(f"binary_{op}_bcast", op, [r(2, 3, 5, 7), r(3, 1, 7, lo=0.5)], const=[False, False], kernel="vk_binary")
 case("binary_add_const_scalar_act", "Add", [r(5, 7), np.float32(0.3)], {"act": ("Sigmoid", ())}, kernel="vk_binary")

@@ -163,3 +163,68 @@ class ActivationKernel(Kernel):
             clip_into(out, ins[1], ins[2] if len(ins) > 2 else None)
         else:
             apply_act(out, act_from_node(layer.node))
+
+
+# ---------------------------------------------------------------------------------- unfused activations
+# Activations exported models carry less often (ELU family, Mish, Softsign, ThresholdedRelu, Shrink): one
+# numpy implementation shared by the oracle and the CPU kernel; no producer fuses them (not in FUSABLE).
+
+#: op -> the opset that introduced it (the coverage table's lower bound)
+UNFUSED = {"Elu": 1, "Selu": 1, "Celu": 12, "Mish": 18, "Softsign": 1, "ThresholdedRelu": 10, "Shrink": 9}
+
+_SELU_ALPHA = 1.67326319217681884765625  # ONNX's defaults, written as the float32 values the spec gives
+_SELU_GAMMA = 1.05070102214813232421875
+
+
+def unfused_act(node: Node, x: np.ndarray) -> np.ndarray:
+    """``node``'s activation of ``x`` (a new array of x's dtype). Floats compute in at least float32, so that
+    float16 inputs round once, as onnxruntime does."""
+    op = node.op
+    if op == "Shrink":
+        # the one op of the set defined on integers too: compare and shift in the input's own type
+        lambd, bias = float(node.attr("lambd", 0.5)), float(node.attr("bias", 0.0))
+        xf = x.astype(np.float64) if not np.issubdtype(x.dtype, np.floating) else x
+        y = np.where(xf < -lambd, xf + bias, np.where(xf > lambd, xf - bias, 0))
+        return y.astype(x.dtype)
+    xf = x.astype(np.float32) if x.dtype == np.float16 else x
+    with np.errstate(over="ignore"):
+        if op == "Elu":
+            alpha = xf.dtype.type(node.attr("alpha", 1.0))
+            y = np.where(xf < 0, alpha * np.expm1(np.minimum(xf, 0)), xf)
+        elif op == "Selu":
+            alpha = xf.dtype.type(node.attr("alpha", _SELU_ALPHA))
+            gamma = xf.dtype.type(node.attr("gamma", _SELU_GAMMA))
+            y = gamma * np.where(xf > 0, xf, alpha * np.expm1(np.minimum(xf, 0)))
+        elif op == "Celu":
+            alpha = xf.dtype.type(node.attr("alpha", 1.0))
+            y = np.maximum(xf, 0) + np.minimum(0, alpha * np.expm1(np.minimum(xf, 0) / alpha))
+        elif op == "Mish":
+            y = xf * np.tanh(np.logaddexp(xf.dtype.type(0), xf))
+        elif op == "Softsign":
+            y = xf / (1 + np.abs(xf))
+        elif op == "ThresholdedRelu":
+            alpha = xf.dtype.type(node.attr("alpha", 1.0))
+            y = np.where(xf > alpha, xf, xf.dtype.type(0))
+        else:
+            raise ValueError(f"unknown activation {op!r}")
+    return np.asarray(y).astype(x.dtype, copy=False)
+
+
+def _ref_unfused(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    return [np.array(unfused_act(node, np.asarray(inputs[0])), order="C", copy=True)]
+
+
+for _op, _since in UNFUSED.items():
+    register_op(OpSpec(_op, _same, _ref_unfused, min_opset=_since))
+
+
+@register_kernel
+class UnfusedActivationKernel(Kernel):
+    """numpy, one pass per step of the formula: these ops are rare enough not to need a native loop."""
+
+    name = "numpy"
+    ops = tuple(UNFUSED)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        np.copyto(outputs[0], unfused_act(layer.node, np.asarray(full_inputs(layer, inputs, params)[0])))

@@ -157,6 +157,8 @@ class OpSpec:
     min_opset: int = 1
     # Validates attribute values at import time; raises UnsupportedOpError for what is not handled.
     check: Callable[[Node, int], None] | None = None
+    #: What the implementation does not cover (or covers in its own way), for ``inferd ops``' coverage table.
+    notes: str = ""
 
 
 _OPS: dict[str, OpSpec] = {}

@@ -1,5 +1,6 @@
 """Elementwise ops: broadcasting binaries (with fused activations), variadic reductions over inputs
-(Sum/Mean/Min/Max), unary math, comparisons and Where.
+(Sum/Mean/Min/Max), unary math (trigonometric and hyperbolic included), comparisons, the integer bitwise
+family, Mod, the IsNaN/IsInf tests and Where.
 
 Every op has one numpy implementation (``_compute``) shared by the reference and the CPU kernel, so
 the oracle used for constant folding and the kernel cannot drift; the kernel only differs in writing
@@ -12,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
@@ -26,6 +27,13 @@ BINARY = ("Add", "Sub", "Mul", "Div", "Pow")
 VARIADIC = ("Sum", "Mean", "Min", "Max")  # Min/Max with two inputs are the common binary case
 COMPARE = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
 UNARY = ("Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal", "Erf", "Floor", "Ceil")
+#: unary math added for coverage (issue 18): same type in, same type out
+UNARY_MATH = ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
+              "Round", "Sign", "BitwiseNot")
+#: numeric in, bool out
+UNARY_BOOL = ("IsNaN", "IsInf")
+#: broadcasting integer binaries (BitShift and the bitwise family) and Mod: the result has the inputs' type
+BINARY_INT = ("BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Mod")
 #: bool tensors (masks) in, bool out; Not is unary
 LOGICAL = ("And", "Or", "Xor")
 
@@ -37,7 +45,14 @@ _UFUNC: dict[str, np.ufunc] = {
     "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative, "Abs": np.absolute,
     "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil,
     "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "Not": np.logical_not,
+    "Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan,
+    "Sinh": np.sinh, "Cosh": np.cosh, "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh,
+    # ONNX Round rounds halves to even, as rint does (np.round is not a ufunc)
+    "Round": np.rint, "Sign": np.sign, "BitwiseNot": np.invert, "IsNaN": np.isnan,
+    "BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor,
 }
+#: ops whose output is bool whatever their input type
+BOOL_OUT = COMPARE + LOGICAL + UNARY_BOOL + ("Not",)
 
 
 def _is_int(dt: np.dtype) -> bool:
@@ -63,7 +78,7 @@ def _infer_broadcast(node: Node, ins: list[TensorInfo | None], consts: dict[str,
     if not infos:
         raise ShapeError(f"node {node.name!r} ({node.op}): no inputs")
     shape = broadcast_shape(node, [i.shape for i in infos])
-    dtype = np.dtype(np.bool_) if node.op in COMPARE + LOGICAL else np.dtype(infos[0].dtype)
+    dtype = np.dtype(np.bool_) if node.op in BOOL_OUT else np.dtype(infos[0].dtype)
     return [(shape, dtype)]
 
 
@@ -74,7 +89,7 @@ def _infer_where(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.
 
 
 def _infer_same(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
-    return [(ins[0].shape, np.dtype(ins[0].dtype))]
+    return [(ins[0].shape, np.dtype(np.bool_) if node.op in UNARY_BOOL else np.dtype(ins[0].dtype))]
 
 
 # ----------------------------------------------------------------------------------------------- compute
@@ -149,6 +164,46 @@ def _binary(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np
     return f(a, b, out=out) if out is not None else f(a, b)
 
 
+def _binary_int(node: Node, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    op = node.op
+    if op == "BitShift":
+        direction = node.attr("direction", "")
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        f = np.left_shift if direction == "LEFT" else np.right_shift
+    elif op == "Mod":
+        # fmod=1: C fmod, sign of the dividend; fmod=0: integer modulo with the sign of the divisor (numpy's
+        # mod). Integer division by zero gives 0 in numpy; ONNX leaves it undefined, so only silence the warning.
+        f = np.fmod if node.attr("fmod", 0) else np.mod
+    else:
+        f = _UFUNC[op]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if out is None:
+            return np.asarray(f(a, b.astype(a.dtype, copy=False)))
+        return f(a, b.astype(a.dtype, copy=False), out=out, casting="unsafe")
+
+
+def _isinf(node: Node, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    pos, neg = bool(node.attr("detect_positive", 1)), bool(node.attr("detect_negative", 1))
+    if not np.issubdtype(x.dtype, np.floating):
+        r = np.zeros(x.shape, np.bool_)
+    elif pos and neg:
+        r = np.isinf(x)
+    elif pos:
+        r = np.isposinf(x)
+    elif neg:
+        r = np.isneginf(x)
+    else:
+        r = np.zeros(x.shape, np.bool_)
+    return _copy_into(out, r) if out is not None else r
+
+
+def _check_bitshift(node: Node, opset: int) -> None:
+    d = node.attr("direction", "")
+    d = d.decode() if isinstance(d, bytes) else d
+    if d not in ("LEFT", "RIGHT"):
+        raise UnsupportedOpError("BitShift", node.name, opset, f"direction {d!r} (must be LEFT or RIGHT)")
+
+
 def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | None) -> np.ndarray:
     """Result of ``node`` on ``ins``; written into ``out`` when given (which must have the output shape)."""
     op = node.op
@@ -180,6 +235,10 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | Non
         return out
     if op == "Erf":
         return _erf(xs[0], out)
+    if op in BINARY_INT:
+        return _binary_int(node, xs[0], xs[1], out)
+    if op == "IsInf":
+        return _isinf(node, xs[0], out)
     f = _UFUNC[op]
     with np.errstate(divide="ignore", invalid="ignore"):
         return f(xs[0], out=out) if out is not None else f(xs[0])
@@ -188,7 +247,7 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | Non
 def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     ins = [None if x is None else np.asarray(x) for x in inputs]
     r = np.asarray(_compute(node, ins, None))
-    if node.op not in COMPARE + LOGICAL and node.op != "Where":
+    if node.op not in BOOL_OUT and node.op != "Where":
         dt = _present(ins)[0].dtype
         if r.dtype != dt:
             r = r.astype(dt)
@@ -199,11 +258,15 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 
 
 _MIN_OPSET = {"Erf": 9, "Where": 9, "Less": 1, "Greater": 1, "LessOrEqual": 12, "GreaterOrEqual": 12,
-              "Mean": 1, "Sum": 1}
+              "Mean": 1, "Sum": 1, "Sin": 7, "Cos": 7, "Tan": 7, "Asin": 7, "Acos": 7, "Atan": 7,
+              "Sinh": 9, "Cosh": 9, "Asinh": 9, "Acosh": 9, "Atanh": 9, "Round": 11, "Sign": 9, "IsNaN": 9,
+              "IsInf": 10, "BitShift": 11, "Mod": 10, "BitwiseNot": 18, "BitwiseAnd": 18, "BitwiseOr": 18,
+              "BitwiseXor": 18}
 
-for _op in BINARY + VARIADIC + COMPARE + LOGICAL:
-    register_op(OpSpec(_op, _infer_broadcast, _reference, min_opset=_MIN_OPSET.get(_op, 1)))
-for _op in UNARY + ("Not",):
+for _op in BINARY + VARIADIC + COMPARE + LOGICAL + BINARY_INT:
+    register_op(OpSpec(_op, _infer_broadcast, _reference, min_opset=_MIN_OPSET.get(_op, 1),
+                       check=_check_bitshift if _op == "BitShift" else None))
+for _op in UNARY + ("Not",) + UNARY_MATH + UNARY_BOOL:
     register_op(OpSpec(_op, _infer_same, _reference, min_opset=_MIN_OPSET.get(_op, 1)))
 register_op(OpSpec("Where", _infer_where, _reference, min_opset=9))
 
@@ -213,7 +276,7 @@ class ElementwiseKernel(Kernel):
     """numpy ufuncs writing straight into the arena; binaries take a fused activation as epilogue."""
 
     name = "numpy"
-    ops = BINARY + VARIADIC + COMPARE + UNARY + LOGICAL + ("Not", "Where")
+    ops = BINARY + VARIADIC + COMPARE + UNARY + LOGICAL + ("Not", "Where") + UNARY_MATH + UNARY_BOOL + BINARY_INT
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

@@ -484,3 +484,98 @@ class GemmReferenceKernel(Kernel):
             outputs: Sequence[np.ndarray]) -> None:
         ref = gemm_reference if layer.op == "Gemm" else matmul_reference
         np.copyto(outputs[0], ref(layer.node, full_inputs(layer, inputs, params))[0])
+
+
+# --------------------------------------------------------------------------- Einsum
+# numpy.einsum is the oracle and the CPU kernel (``optimize=True`` contracts through BLAS where it can);
+# lowering the common equations to the packed GEMM is future work of issue 18.
+
+def _einsum_equation(node: Node) -> str:
+    eq = node.attr("equation", "")
+    eq = eq.decode() if isinstance(eq, bytes) else str(eq)
+    return eq.replace(" ", "")
+
+
+def einsum_shape(node: Node, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The output shape of ``node``'s equation over inputs of ``shapes`` (numpy's rules: labels must agree,
+    ellipsis dimensions broadcast; an implicit output is the ellipsis then the labels used once, sorted)."""
+    eq = _einsum_equation(node)
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+
+    def bad(why: str) -> ShapeError:
+        return ShapeError(f"node {node.name!r} (Einsum): equation {eq!r} on inputs {[list(s) for s in shapes]}: {why}")
+
+    if len(terms) != len(shapes):
+        raise bad(f"{len(terms)} operands in the equation")
+    dims: dict[str, int] = {}
+    ell: tuple[int, ...] = ()
+    count: dict[str, int] = {}
+    for t, s in zip(terms, shapes):
+        if "..." in t:
+            pre, post = t.split("...", 1)
+            n_ell = len(s) - len(pre) - len(post)
+            if n_ell < 0:
+                raise bad(f"term {t!r} has more labels than dimensions")
+            try:
+                ell = tuple(int(d) for d in np.broadcast_shapes(ell, tuple(s[len(pre):len(pre) + n_ell])))
+            except ValueError:
+                raise bad("ellipsis dimensions do not broadcast") from None
+            labelled = list(zip(pre, s[:len(pre)])) + list(zip(post, s[len(s) - len(post):]))
+        else:
+            if len(t) != len(s):
+                raise bad(f"term {t!r} has {len(t)} labels for {len(s)} dimensions")
+            labelled = list(zip(t, s))
+        for ch, d in labelled:
+            if not ch.isalpha():
+                raise bad(f"label {ch!r} is not a letter")
+            count[ch] = count.get(ch, 0) + 1
+            if ch in dims and dims[ch] != d:
+                # numpy broadcasts a label of size 1 against another size
+                if 1 not in (dims[ch], d):
+                    raise bad(f"label {ch!r} is {dims[ch]} and {d}")
+                d = max(d, dims[ch])
+            dims[ch] = int(d)
+    if not arrow:
+        rhs = ("..." if any("..." in t for t in terms) else "") + "".join(sorted(c for c, n in count.items() if n == 1))
+    out: list[int] = []
+    pre, sep, post = rhs.partition("...")
+    for ch in pre:
+        if ch not in dims:
+            raise bad(f"output label {ch!r} is not an input label")
+        out.append(dims[ch])
+    if sep:
+        out.extend(ell)
+        for ch in post:
+            if ch not in dims:
+                raise bad(f"output label {ch!r} is not an input label")
+            out.append(dims[ch])
+    return tuple(out)
+
+
+def _infer_einsum(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    present = [i for i in ins if i is not None]
+    return [(einsum_shape(node, [tuple(i.shape) for i in present]), np.dtype(present[0].dtype))]
+
+
+def einsum_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    xs = [np.asarray(x) for x in inputs if x is not None]
+    r = np.einsum(_einsum_equation(node), *xs, optimize=len(xs) > 2)
+    # asarray keeps a 0-d result (a trace, a full contraction) 0-d, which ascontiguousarray would not
+    return [np.asarray(np.asarray(r).astype(xs[0].dtype, copy=False), order="C")]
+
+
+register_op(OpSpec("Einsum", _infer_einsum, einsum_reference, min_opset=12,
+                   notes="numpy.einsum on the CPU (not lowered to the packed GEMM yet)"))
+
+
+@register_kernel
+class EinsumKernel(Kernel):
+    """numpy.einsum into the arena output."""
+
+    name = "numpy"
+    ops = ("Einsum",)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        np.copyto(outputs[0], einsum_reference(layer.node, full_inputs(layer, inputs, params))[0])

@@ -231,7 +231,8 @@ def layernorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.
     return [_finish(node, y.astype(x.dtype)), mean.astype(_LN_STASH), inv.astype(_LN_STASH)][:max(len(node.outputs), 1)]
 
 
-register_op(OpSpec("BatchNormalization", _infer_bn, batchnorm_reference, check=_check_bn))
+register_op(OpSpec("BatchNormalization", _infer_bn, batchnorm_reference, check=_check_bn,
+                   notes="inference mode only (training_mode and running-statistics outputs refused)"))
 register_op(OpSpec("InstanceNormalization", _infer_in, instancenorm_reference, check=_check_in))
 register_op(OpSpec("LayerNormalization", _infer_ln, layernorm_reference, min_opset=17, check=_check_ln))
 
@@ -425,3 +426,121 @@ class LayerNormNativeKernel(Kernel):
         def call(_keep=keep) -> None:
             fn(*args)
         return call
+
+
+# --------------------------------------------------------------------------- LpNormalization, LRN, MVN, GroupNorm
+# Normalizations models carry less often than BN/LN: one numpy function each, computed in float32 (float64 for
+# float64 inputs) whatever the input type, shared by the oracle and the CPU kernel.
+
+def _calc(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64 if x.dtype == np.float64 else np.float32, copy=False)
+
+
+def lp_normalization(node: Node, x: np.ndarray) -> np.ndarray:
+    p = int(node.attr("p", 2))
+    a = int(node.attr("axis", -1))
+    xf = _calc(x)
+    n = np.sum(np.abs(xf), axis=a, keepdims=True) if p == 1 else np.sqrt(np.sum(xf * xf, axis=a, keepdims=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a zero norm gives 0, not 0/0 (the spec's test data and onnxruntime agree)
+        return np.where(n == 0, 0, xf / n).astype(x.dtype)
+
+
+def lrn(node: Node, x: np.ndarray) -> np.ndarray:
+    """Across-channel LRN: x / (bias + alpha/size * sum of squares over the channel window)^beta."""
+    size = int(node.attr("size", 0))
+    alpha, beta, bias = float(node.attr("alpha", 1e-4)), float(node.attr("beta", 0.75)), float(node.attr("bias", 1.0))
+    xf = _calc(x)
+    sq = xf * xf
+    c = x.shape[1]
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2  # the window [ch - lo, ch + hi], clipped to the channels
+    acc = np.zeros_like(sq)
+    for off in range(-lo, hi + 1):  # size is small (3..5 in every model that uses LRN)
+        src = slice(max(0, off), c + min(0, off))
+        dst = slice(max(0, -off), c - max(0, off))
+        acc[:, dst] += sq[:, src]
+    return (xf / (bias + (alpha / size) * acc) ** beta).astype(x.dtype)
+
+
+def mean_variance_normalization(node: Node, x: np.ndarray) -> np.ndarray:
+    axes = tuple(int(a) for a in node.attr("axes", [0, 2, 3]))
+    xf = _calc(x)
+    mean = np.mean(xf, axis=axes, keepdims=True)
+    # ONNX's function body: (x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9); np.var is the same variance, never < 0
+    std = np.sqrt(np.var(xf, axis=axes, keepdims=True))
+    return ((xf - mean) / (std + xf.dtype.type(1e-9))).astype(x.dtype)
+
+
+def group_normalization(node: Node, x: np.ndarray, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    g = int(node.attr("num_groups", 0))
+    eps = float(node.attr("epsilon", 1e-5))
+    n, c = x.shape[0], x.shape[1]
+    xf = _calc(x).reshape(n, g, -1)
+    mean = xf.mean(axis=2, keepdims=True)
+    var = xf.var(axis=2, keepdims=True)
+    y = ((xf - mean) / np.sqrt(var + eps)).reshape(x.shape)
+    s, b = _calc(np.asarray(scale)).reshape(-1), _calc(np.asarray(bias)).reshape(-1)
+    if s.size == g and g != c:  # opset 18: one scale and bias per group (opset 21 made them per channel)
+        s, b = np.repeat(s, c // g), np.repeat(b, c // g)
+    cs = (c,) + (1,) * (x.ndim - 2)
+    return (y * s.reshape(cs) + b.reshape(cs)).astype(x.dtype)
+
+
+def _check_lrn(node: Node, opset: int) -> None:
+    if int(node.attr("size", 0)) < 1:
+        raise UnsupportedOpError("LRN", node.name, opset, "size must be >= 1")
+
+
+def _check_lp(node: Node, opset: int) -> None:
+    if int(node.attr("p", 2)) not in (1, 2):
+        raise UnsupportedOpError("LpNormalization", node.name, opset, f"p={node.attr('p')} (ONNX allows 1 and 2)")
+
+
+def _infer_same_norm(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    assert x is not None
+    if node.op == "LRN" and len(x.shape) < 3:
+        raise ShapeError(f"node {node.name!r} (LRN): input rank {len(x.shape)} < 3 (N, C, spatial...)")
+    if node.op == "GroupNormalization":
+        g = int(node.attr("num_groups", 0))
+        c = x.shape[1] if len(x.shape) > 1 else 0
+        if g < 1 or c % g:
+            raise ShapeError(f"node {node.name!r} (GroupNormalization): {c} channels do not split into {g} groups")
+        for i in (1, 2):
+            p = ins[i]
+            if p is None or int(np.prod(p.shape)) not in (c, g):
+                raise ShapeError(f"node {node.name!r} (GroupNormalization): input {i} must have {c} (or, before "
+                                 f"opset 21, {g}) elements")
+    return [(x.shape, np.dtype(x.dtype))]
+
+
+def _ref_more(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    if node.op == "LpNormalization":
+        return [lp_normalization(node, x)]
+    if node.op == "LRN":
+        return [lrn(node, x)]
+    if node.op == "MeanVarianceNormalization":
+        return [mean_variance_normalization(node, x)]
+    return [group_normalization(node, x, np.asarray(inputs[1]), np.asarray(inputs[2]))]
+
+
+MORE_NORMS = ("LpNormalization", "LRN", "MeanVarianceNormalization", "GroupNormalization")
+register_op(OpSpec("LpNormalization", _infer_same_norm, _ref_more, min_opset=1, check=_check_lp))
+register_op(OpSpec("LRN", _infer_same_norm, _ref_more, min_opset=1, check=_check_lrn))
+register_op(OpSpec("MeanVarianceNormalization", _infer_same_norm, _ref_more, min_opset=9))
+register_op(OpSpec("GroupNormalization", _infer_same_norm, _ref_more, min_opset=18,
+                   notes="scale/bias per group (opset 18) or per channel (opset 21); computed in float32"))
+
+
+@register_kernel
+class MoreNormKernel(Kernel):
+    """numpy in float32 (float64 inputs in float64): these normalizations are off the hot path of the models
+    inferd serves (GroupNormalization's native kernel is future work of issue 18)."""
+
+    name = "numpy"
+    ops = MORE_NORMS
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        np.copyto(outputs[0], _ref_more(layer.node, full_inputs(layer, inputs, params))[0])

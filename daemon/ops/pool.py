@@ -182,7 +182,8 @@ def pool_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarr
 
 
 for _op in _LOCAL + _GLOBAL:
-    register_op(OpSpec(_op, _infer, pool_reference, check=_check))
+    register_op(OpSpec(_op, _infer, pool_reference, check=_check,
+                       notes="no Indices output (refused at import)" if _op == "MaxPool" else ""))
 
 
 # --------------------------------------------------------------------------- kernels

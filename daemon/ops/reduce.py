@@ -184,6 +184,12 @@ def _softmax(node: Node, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 
 def _softmax_along(op: str, x: np.ndarray, out: np.ndarray, axis: int) -> None:
+    if op == "Hardmax":
+        # 1 at the first maximum along the axis (argmax's tie rule, as ONNX specifies), 0 elsewhere
+        out[...] = 0
+        if x.shape[axis] > 0:
+            np.put_along_axis(out, np.argmax(x, axis=axis, keepdims=True), 1, axis=axis)
+        return
     m = np.max(x, axis=axis, keepdims=True)
     np.subtract(x, m, out=out)
     if op == "Softmax":
@@ -216,7 +222,7 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], out: np.ndarray | Non
     if node.op in REDUCE_OPS:
         axes_in = ins[1] if len(ins) > 1 else None
         return _reduce(node, x, axes_in, out)
-    if node.op in SOFTMAX_OPS:
+    if node.op in SOFTMAX_OPS or node.op == "Hardmax":
         return _softmax(node, x, out)
     return _arg(node, x, out)
 
@@ -231,6 +237,8 @@ for _op in SOFTMAX_OPS:
     register_op(OpSpec(_op, _infer_softmax, _reference))
 for _op in ARG_OPS:
     register_op(OpSpec(_op, _infer_arg, _reference))
+# Softmax's axis semantics (2-D coercion before opset 13) with a one-hot of the first maximum
+register_op(OpSpec("Hardmax", _infer_softmax, _reference))
 
 
 @register_kernel
@@ -238,7 +246,7 @@ class ReduceKernel(Kernel):
     """numpy reductions writing into the arena output."""
 
     name = "numpy"
-    ops = REDUCE_OPS + SOFTMAX_OPS + ARG_OPS
+    ops = REDUCE_OPS + SOFTMAX_OPS + ARG_OPS + ("Hardmax",)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

@@ -289,7 +289,9 @@ def resize_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.nda
     return [y]
 
 
-register_op(OpSpec("Resize", _infer, resize_reference, min_opset=10, check=_check))
+register_op(OpSpec("Resize", _infer, resize_reference, min_opset=10, check=_check,
+                   notes="nearest and linear; cubic, antialias, tf_crop_and_resize and keep_aspect_ratio_policy "
+                         "not_larger/not_smaller are refused at import"))
 register_op(OpSpec("Upsample", _infer, resize_reference, check=_check))
 
 
