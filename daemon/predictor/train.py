@@ -115,11 +115,13 @@ class Trainer:
 
     def alternatives(self, graph: Any) -> dict[str, str]:
         """Per op type, one candidate kernel other than the default, drawn at random (so every candidate gets
-        in-context samples: a kernel forced by op type runs where it applies, the default elsewhere)."""
+        in-context samples), forced by node name on the nodes it applies to (the default runs elsewhere: the
+        Vulkan backend refuses a kernel forced by op type on a node it does not apply to)."""
         from ..runtime.cpu import candidate_kernels
         from ..ops.base import Layer
 
         alts: dict[str, set[str]] = defaultdict(set)
+        fits: dict[str, set[str]] = {}
         backend = "vulkan" if self.gpu else "cpu"
         for node in graph.nodes:
             layer = Layer.of(node, graph)
@@ -127,8 +129,12 @@ class Trainer:
                 cands, default = candidate_kernels(layer, backend, None, False)
             except Exception:
                 continue
-            alts[layer.op] |= {k.name for k in cands if k.name != default.name}
-        return {op: str(self.rng.choice(sorted(ks))) for op, ks in alts.items() if ks}
+            names = {k.name for k in cands if k.name != default.name}
+            alts[layer.op] |= names
+            fits[node.name] = names
+        pick = {op: str(self.rng.choice(sorted(ks))) for op, ks in alts.items() if ks}
+        return {node.name: pick[node.op] for node in graph.nodes
+                if node.op in pick and pick[node.op] in fits.get(node.name, ())}
 
     def measure(self, cfg: Config, alternative: bool = True) -> float | None:
         """Measure ``cfg`` with its default kernels (its whole-model time is returned and kept) and, with
