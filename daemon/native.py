@@ -838,13 +838,52 @@ def _elem_strides(a: np.ndarray) -> tuple[int, ...]:
     return tuple(s // a.itemsize for s in a.strides)
 
 
+#: activation name (lower case) -> (C code in native/rnn.c, uses alpha, uses beta, default alpha, default beta)
+ACTS: dict[str, tuple[int, bool, bool, float, float]] = {
+    "sigmoid": (0, False, False, 0.0, 0.0), "tanh": (1, False, False, 0.0, 0.0), "relu": (2, False, False, 0.0, 0.0),
+    "affine": (3, True, True, 1.0, 0.0), "leakyrelu": (4, True, False, 0.01, 0.0),
+    "thresholdedrelu": (5, True, False, 1.0, 0.0), "scaledtanh": (6, True, True, 1.0, 1.0),
+    "hardsigmoid": (7, True, True, 0.2, 0.5), "elu": (8, True, False, 1.0, 0.0), "softsign": (9, False, False, 0.0, 0.0),
+    "softplus": (10, False, False, 0.0, 0.0),
+}
+
+#: an activation of a recurrent layer: (name in lower case, alpha, beta)
+Act = tuple[str, float, float]
+
+
+def apply_act(x: np.ndarray, act: Act) -> np.ndarray:
+    name, a, b = act
+    with np.errstate(over="ignore"):
+        if name == "sigmoid":
+            return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
+        if name == "tanh":
+            return np.tanh(x)
+        if name == "relu":
+            return np.maximum(x, 0)
+        if name == "affine":
+            return (a * x + b).astype(x.dtype)
+        if name == "leakyrelu":
+            return np.where(x >= 0, x, a * x).astype(x.dtype)
+        if name == "thresholdedrelu":
+            return np.where(x > a, x, 0).astype(x.dtype)
+        if name == "scaledtanh":
+            return (a * np.tanh(b * x)).astype(x.dtype)
+        if name == "hardsigmoid":
+            return np.clip(a * x + b, 0, 1).astype(x.dtype)
+        if name == "elu":
+            return np.where(x >= 0, x, a * (np.exp(x) - 1)).astype(x.dtype)
+        if name == "softsign":
+            return (x / (1 + np.abs(x))).astype(x.dtype)
+        if name == "softplus":
+            return np.log1p(np.exp(x)).astype(x.dtype)
+    raise AssertionError(name)
+
+
 def numpy_rnn_dir(kind: int, seq: int, batch: int, h: int, xw: np.ndarray, rt: np.ndarray, rb: np.ndarray,
                   peep: np.ndarray | None, lens: np.ndarray, reverse: int, hs: np.ndarray, cs: np.ndarray,
                   y: np.ndarray | None, acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float,
                   input_forget: int, lbr: int) -> None:
     """:func:`rnn_dir` in numpy (the same contract): the fallback and the C code's test oracle."""
-    from .ops.recurrent import ACTS, apply_act
-
     names = {v[0]: k for k, v in ACTS.items()}
 
     def act(v: np.ndarray, i: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from .. import native
+from ..native import ACTS, Act, apply_act  # the activation codes the native step understands
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
@@ -36,16 +37,6 @@ DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"],
 #: inputs after X, W, R, B, sequence_lens, initial_h
 MAX_INPUTS = {"LSTM": 8, "GRU": 6, "RNN": 6}
 
-#: activation name (lower case) -> (C code in native/rnn.c, uses alpha, uses beta, default alpha, default beta)
-ACTS: dict[str, tuple[int, bool, bool, float, float]] = {
-    "sigmoid": (0, False, False, 0.0, 0.0), "tanh": (1, False, False, 0.0, 0.0), "relu": (2, False, False, 0.0, 0.0),
-    "affine": (3, True, True, 1.0, 0.0), "leakyrelu": (4, True, False, 0.01, 0.0),
-    "thresholdedrelu": (5, True, False, 1.0, 0.0), "scaledtanh": (6, True, True, 1.0, 1.0),
-    "hardsigmoid": (7, True, True, 0.2, 0.5), "elu": (8, True, False, 1.0, 0.0), "softsign": (9, False, False, 0.0, 0.0),
-    "softplus": (10, False, False, 0.0, 0.0),
-}
-
-Act = tuple[str, float, float]
 
 
 def _str(v: Any) -> str:
@@ -89,34 +80,6 @@ def activations(node: Node) -> list[list[Act]]:
             bi += 1
         out.append((key, a, b))
     return [out[d * n:(d + 1) * n] for d in range(dirs)]
-
-
-def apply_act(x: np.ndarray, act: Act) -> np.ndarray:
-    name, a, b = act
-    with np.errstate(over="ignore"):
-        if name == "sigmoid":
-            return (1.0 / (1.0 + np.exp(-x))).astype(x.dtype)
-        if name == "tanh":
-            return np.tanh(x)
-        if name == "relu":
-            return np.maximum(x, 0)
-        if name == "affine":
-            return (a * x + b).astype(x.dtype)
-        if name == "leakyrelu":
-            return np.where(x >= 0, x, a * x).astype(x.dtype)
-        if name == "thresholdedrelu":
-            return np.where(x > a, x, 0).astype(x.dtype)
-        if name == "scaledtanh":
-            return (a * np.tanh(b * x)).astype(x.dtype)
-        if name == "hardsigmoid":
-            return np.clip(a * x + b, 0, 1).astype(x.dtype)
-        if name == "elu":
-            return np.where(x >= 0, x, a * (np.exp(x) - 1)).astype(x.dtype)
-        if name == "softsign":
-            return (x / (1 + np.abs(x))).astype(x.dtype)
-        if name == "softplus":
-            return np.log1p(np.exp(x)).astype(x.dtype)
-    raise AssertionError(name)
 
 
 def _check(node: Node, opset: int) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..backends.base import forget_raw
 from ..errors import BackendError, KernelError
-from ..ir import Graph, Node
+from ..ir import Graph, Node, TensorInfo
 from ..ops.base import Kernel, Layer, choose_kernel, raw_key
 from ..planner.cost import DeviceRates, Profile
 from ..planner.memory import align_up
@@ -220,7 +220,7 @@ class VulkanColdBackend:
             if c is None:
                 layer = replace(Layer.of(node, pg), const_inputs=())
                 self._slots.append(_Slot(pos, node, "host", layer, (), HOST, None))
-                self._hosts[pos] = HostStep(node, g, consts, dev, self.shader_cache)
+                self._hosts[pos] = HostStep(node, g, consts, self._body_backend)
             elif c.default is None:
                 self._slots.append(_Slot(pos, node, "alias", replace(c.layer, const_inputs=()), (), ALIAS, None))
             else:
@@ -233,6 +233,17 @@ class VulkanColdBackend:
         self._fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
         st["alloc_s"] = T() - t
         st["activation_bytes"] = self.plan.total
+
+    def _body_backend(self, body: Graph) -> "VulkanColdBackend":
+        """A control-flow body brought up whole on this device (planned once at load, run when taken)."""
+        b = VulkanColdBackend(body, device=self.device, cache=self.shader_cache)
+        try:
+            b.prepare_all()
+            b.finalize()
+        except BaseException:
+            b.close()
+            raise
+        return b
 
     # ------------------------------------------------------------------ the ColdBackend contract
     def layers(self) -> list[Layer]:
@@ -575,6 +586,11 @@ class VulkanColdBackend:
                 p = self._prepared[s.pos]
                 out[s.node.name] = (p.kernel if p is not None else s.default).name
         return out
+
+    @property
+    def input_infos(self) -> list[TensorInfo]:
+        """The inputs the host writes (an input folded into a constant is not among them)."""
+        return [t for t, _ in self.io.inputs]
 
     @property
     def weight_regions(self) -> list[Region]:

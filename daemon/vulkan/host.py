@@ -14,7 +14,7 @@ model at load naming the node.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -50,7 +50,9 @@ def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
 class HostStep:
     """One host node of a Vulkan model: control flow with its bodies as nested models, or numpy plumbing."""
 
-    def __init__(self, node: Node, graph: Graph, consts: Mapping[str, Any], device: Any, cache: Any) -> None:
+    def __init__(self, node: Node, graph: Graph, consts: Mapping[str, Any], make_body: Callable[[Graph], Any]) -> None:
+        """``make_body(graph)``: a body brought up whole on the device (with ``run`` and ``close``); the
+        backend that owns this step passes it, so that this module needs none of its own."""
         self.node = node
         self.graph = graph
         self.consts = consts
@@ -59,14 +61,12 @@ class HostStep:
         node.notes["stats"] = self.stats
         node.notes["backend"] = "vulkan"
         if node.op in CONTROL_OPS:
-            from .model import VulkanModel
-
             for key, body in node.bodies.items():
                 if body.runtime_shaped:
                     raise BackendError(f"node {node.name} ({node.op}): body {key!r} has tensors shaped at run time "
                                        f"({sorted(body.runtime_shaped)[:3]}); the Vulkan backend plans static shapes")
                 try:
-                    self.models[key] = VulkanModel(body, device, cache=cache)
+                    self.models[key] = make_body(body)
                 except BaseException:
                     self.close()
                     raise

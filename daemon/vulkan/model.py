@@ -65,7 +65,7 @@ class VulkanModel:
 
     @property
     def input_infos(self) -> list[TensorInfo]:
-        return [t for t, _ in self._b.io.inputs]
+        return self._b.input_infos
 
     @property
     def output_infos(self) -> list[TensorInfo]:
