@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .common import fmt, machine_info, ratio, write_results
+from .common import busy_loop, fmt, machine_info, ratio, write_results
 
 DEFAULT_MODELS = ["resnet50", "resnet18", "mobilenetv2", "squeezenet1_1", "shufflenetv2_x1_0", "efficientnet_b0",
                   "vit_tiny"]
@@ -375,9 +375,6 @@ def _busy_core() -> int:
         return (os.cpu_count() or 1) - 1
 
 
-_BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-
-
 def _busy_ticks() -> tuple[int, int]:
     """(busy, total) clock ticks of the whole machine so far, from /proc/stat."""
     with open("/proc/stat") as f:
@@ -480,7 +477,7 @@ def _run_child(cfg: Config, env: dict[str, str], drop_mode: str, timeout: float,
                 p.kill()
                 raise
             if cfg.background:
-                busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(_busy_core())])
+                busy = busy_loop(_busy_core())
                 time.sleep(0.2)  # let it start spinning before the request arrives
             p.stdin.write("GO\n")
             p.stdin.flush()

@@ -7,6 +7,8 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -49,6 +51,15 @@ def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[floa
         fn()
         out.append(time.perf_counter() - t)
     return out
+
+
+_BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+def busy_loop(core: int) -> "subprocess.Popen[bytes]":
+    """A process spinning on ``core`` (the background load the benchmarks run beside): kill it when done."""
+    return subprocess.Popen([sys.executable, "-c", _BUSY, str(core)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
 
 
 def median_ms(xs: list[float]) -> float:

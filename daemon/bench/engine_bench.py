@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import drop_page_cache, machine_info, write_results
+from .common import busy_loop, drop_page_cache, machine_info, write_results
 
 DEFAULT_MODELS = ["resnet50", "mobilenetv2", "resnet18", "squeezenet1_1", "shufflenetv2_x1_0", "efficientnet_b0",
                   "googlenet", "unet_small", "vit_tiny", "vgg16"]
@@ -173,11 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _busy_loops(n: int) -> list[subprocess.Popen]:
     """``n`` processes spinning, each pinned to one core (the first ``n`` the benchmark may use)."""
-    cores = sorted(os.sched_getaffinity(0))
-    out = []
-    for c in cores[:max(0, n)]:
-        out.append(subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{c}}})\n"
-                                     "while True: pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    out = [busy_loop(c) for c in sorted(os.sched_getaffinity(0))[:max(0, n)]]
     time.sleep(0.2 if out else 0)
     return out
 
