@@ -234,9 +234,10 @@ class VulkanColdBackend:
         st["alloc_s"] = T() - t
         st["activation_bytes"] = self.plan.total
 
-    def _body_backend(self, body: Graph) -> "VulkanColdBackend":
-        """A control-flow body brought up whole on this device (planned once at load, run when taken)."""
-        b = VulkanColdBackend(body, device=self.device, cache=self.shader_cache)
+    @classmethod
+    def loaded(cls, graph: Graph, **options: Any) -> "VulkanColdBackend":
+        """``graph`` brought up whole (every layer prepared, the warm path recorded), freed again if that fails."""
+        b = cls(graph, **options)
         try:
             b.prepare_all()
             b.finalize()
@@ -244,6 +245,10 @@ class VulkanColdBackend:
             b.close()
             raise
         return b
+
+    def _body_backend(self, body: Graph) -> "VulkanColdBackend":
+        """A control-flow body brought up whole on this device (planned once at load, run when taken)."""
+        return VulkanColdBackend.loaded(body, device=self.device, cache=self.shader_cache)
 
     # ------------------------------------------------------------------ the ColdBackend contract
     def layers(self) -> list[Layer]:

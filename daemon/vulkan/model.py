@@ -22,13 +22,7 @@ class VulkanModel:
     def __init__(self, graph: Graph, device: VulkanDevice | None = None, kernels: Mapping[str, str] | None = None,
                  cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
         t0 = time.perf_counter()
-        self._b = b = VulkanColdBackend(graph, kernels=kernels, device=device, cache=cache, profile=profile)
-        try:
-            b.prepare_all()
-            b.finalize()
-        except BaseException:
-            b.close()
-            raise
+        self._b = b = VulkanColdBackend.loaded(graph, kernels=kernels, device=device, cache=cache, profile=profile)
         b.load_stats["total_load_s"] = time.perf_counter() - t0
         self.graph = graph
         self.device = b.device
