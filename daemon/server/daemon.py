@@ -465,14 +465,17 @@ class Server:
         return [budget.Resident(s.name, s.resident_bytes(), s.last_used, s.entry.config.pinned, not s.idle())
                 for s in self.slots.values() if s.model is not None]
 
-    def budget_now(self) -> int:
+    def budget_now(self, rss: int | None = None, models: int | None = None) -> int:
         """The models' budget now: the configured one tightened to what the process's cgroup limit leaves
-        (read again each time: systemd and container runtimes change it while the board runs)."""
+        (read again each time: systemd and container runtimes change it while the board runs). ``rss`` and
+        ``models`` (the process's RSS, its models' bytes) when the caller has them already."""
         self.cgroup_limit = budget.cgroup_memory_limit()
         if self.cgroup_limit is None:
             return self.budget
-        models = sum(s.memory_bytes() for s in self.slots.values())
-        return budget.effective_budget(self.budget, self.cgroup_limit, process_rss() - models)
+        if models is None:
+            models = sum(s.memory_bytes() for s in self.slots.values())
+        return budget.effective_budget(self.budget, self.cgroup_limit,
+                                       (process_rss() if rss is None else rss) - models)
 
     def enforce_budget(self) -> None:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
@@ -685,7 +688,8 @@ class Server:
             "security": auth.describe(self.config, self.policy),
             "clients_inflight": len(self.shares.snapshot()),
             "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget,
-                       "effective_budget_bytes": self.budget_now(), "cgroup_limit_bytes": self.cgroup_limit,
+                       "effective_budget_bytes": self.budget_now(rss, models_bytes),
+                       "cgroup_limit_bytes": self.cgroup_limit,
                        # what RSS holds beyond the models' arenas and weights: interpreter, libraries, driver
                        "overhead_bytes": max(0, rss - models_bytes),
                        # clean pages of the loaded models' packages in the page cache: memory too, and the
