@@ -193,7 +193,7 @@ if eng == "inferd":
     if device == "vulkan":  # the device exists before the request, as in the daemon
         import pkgutil
         import inferd.ops
-        mods = ["inferd.vulkan.executor", "inferd.vulkan.cold"] + [
+        mods = ["inferd.vulkan.executor", "inferd.vulkan.cold", "inferd.vulkan.host"] + [
             "inferd.ops." + mi.name for mi in pkgutil.iter_modules(inferd.ops.__path__) if mi.name.endswith("_vulkan")]
         for mod in mods:
             try:

@@ -42,6 +42,7 @@ class ColdLoad:
         self.done = False
         self.stats: dict[str, Any] = {}
         self._finalized = False
+        self._finalize_lock = threading.Lock()
         self._prefault: threading.Event | None = None
         pool = loader_pool()  # with its io, aux and idle workers: this load starts no thread
         weights.start_stream(self.layers, plan, worker("io"))
@@ -69,9 +70,16 @@ class ColdLoad:
         return phases
 
     def _finalize(self) -> None:
-        if not self._finalized:
-            self.backend.finalize()
-            self._finalized = True
+        with self._finalize_lock:
+            if not self._finalized:
+                self.backend.finalize()
+                self._finalized = True
+
+    def _finalize_quietly(self) -> None:
+        try:
+            self._finalize()
+        except Exception as e:  # the backend's next run finalizes itself and reports what is wrong then
+            log.debug("%s: deferred finalize failed: %s", self.name, e)
 
     def first_run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Execute the first request as the layers become ready."""
@@ -93,7 +101,12 @@ class ColdLoad:
             self.backend.execute(pos, flush)
             run.record("execute", pos, t0, time.perf_counter())
         out = self.backend.end()
-        self._finalize()
+        if getattr(self.backend, "defer_finalize", False):
+            # recording the warm path (and saving the pipeline cache) is not on the way to this answer:
+            # the idle worker does it, or the next run does if it comes first (the backend's run checks)
+            idle_worker().submit(self._finalize_quietly)
+        else:
+            self._finalize()
         self._end_stream()
         t_end = time.perf_counter()
         self.done = True

@@ -6,9 +6,9 @@ Two kinds of region:
     live for its layer's one step; alias ops share their source's buffer) at offsets aligned to the
     device's minStorageBufferOffsetAlignment (at least 64). Laid out before any layer is prepared,
     so a layer's workspace is the largest any of its candidate kernels needs;
-  * weights: one allocation per layer, its transformed constants bump-placed at 256-byte offsets.
-    Per layer because layers are prepared concurrently, in any order, with a kernel chosen only
-    then, and a warm kernel switch frees the old kernel's weights.
+  * weights: per layer one range, its transformed constants bump-placed at 256-byte offsets, taken
+    from a few large slabs (``slabs.WeightSlabs``) as layers are prepared, concurrently and in any
+    order, with a kernel chosen only then; a warm kernel switch gives the old kernel's range back.
 
 Nothing is allocated on the inference path: the executor allocates these regions while loading.
 """

@@ -40,6 +40,7 @@ from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_de
                        resolve_binding, select_nodes)
 from .kernel import Caps, Dispatch, VulkanKernel, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
+from .slabs import WeightSlabs
 
 log = logging.getLogger("inferd.vulkan.cold")
 
@@ -97,6 +98,10 @@ class _Prepared:
     kernel: VulkanKernel
     bound: list[Bound] = field(default_factory=list)
     weights: Region | None = None
+    #: where this layer's range starts in ``weights`` (a slab shared with other layers), and the slabs
+    #: that take it back
+    base: int = 0
+    slabs: "WeightSlabs | None" = None
     pool: Any = None
     views: list[Any] = field(default_factory=list)
     #: where each param array sits in ``weights``
@@ -227,6 +232,14 @@ class VulkanColdBackend:
                 self._slots.append(_Slot(pos, node, "kernel", c.layer, c.kernels, c.default,
                                          self.plan.offsets.get(workspace_name(c.layer.name))))
         self._prepared = [None] * len(self._slots)
+        expected = 0
+        for sl in self._slots:
+            if sl.kind == "kernel":
+                try:
+                    expected += int(sl.default.transformed_nbytes(sl.layer))
+                except Exception:  # an estimate only: slabs then start small and grow
+                    pass
+        self._slabs = WeightSlabs(dev, expected)
         d = dev.device
         self._cmd_pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=dev.queue_family), None)
         # created signalled: close() and begin() wait on it, also when the model never ran
@@ -336,14 +349,20 @@ class VulkanColdBackend:
             self.first_run_done = True
             return out
 
+    #: the cold runtime may finalize after the first answer, off its path (``run`` records if it has not)
+    defer_finalize = True
+
     def finalize(self) -> None:
         """Record the warm path's command buffer (every layer, in order) and save the pipeline cache."""
         with self._lock:
             self._check_open()
-            missing = [s.node.name for s in self._slots if s.kind == "kernel" and self._prepared[s.pos] is None]
-            if missing:
-                raise RuntimeError(f"layers not prepared: {missing[:5]}")
-            self._record_warm()
+            self._finalize_locked()
+
+    def _finalize_locked(self) -> None:
+        missing = [s.node.name for s in self._slots if s.kind == "kernel" and self._prepared[s.pos] is None]
+        if missing:
+            raise RuntimeError(f"layers not prepared: {missing[:5]}")
+        self._record_warm()
 
     def _record_warm(self) -> None:
         T = time.perf_counter
@@ -429,7 +448,9 @@ class VulkanColdBackend:
             if self._stale:
                 self._record_warm()
             if self._warm_submit is None:
-                raise BackendError("the model is not loaded yet (finalize has not run)")
+                if not self.first_run_done:
+                    raise BackendError("the model is not loaded yet (finalize has not run)")
+                self._finalize_locked()  # the deferred finalize has not come round yet: do it now
             t0 = time.perf_counter()
             dev = self.device
             self.io.write(feeds)
@@ -599,8 +620,9 @@ class VulkanColdBackend:
 
     @property
     def weight_regions(self) -> list[Region]:
-        """The weight allocations this backend owns (not those it binds from another shape's)."""
-        return [p.weights for p in self._prepared if p is not None and p.weights is not None and p.origin is None]
+        """The weight allocations this backend owns (not those it binds from another shape's), each once."""
+        slabs = getattr(self, "_slabs", None)
+        return slabs.regions if slabs is not None else []
 
     @property
     def memory_breakdown(self) -> dict[str, int]:
@@ -657,7 +679,7 @@ class VulkanColdBackend:
 
     def _place(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray], dispatches: Sequence[Dispatch],
                pipes: Sequence[Pipeline], locate: Locate | None = None, ws: tuple[Region, int] | None = None,
-               origin: _Prepared | None = None) -> _Prepared:
+               origin: _Prepared | None = None, slabs: WeightSlabs | None = None) -> _Prepared:
         """Weights into their own allocation (or ``origin``'s, the same layer of another input shape),
         every binding resolved, descriptor sets written. Activations live in the arena unless
         ``locate``/``ws`` say otherwise (the profiler's scratch)."""
@@ -692,12 +714,14 @@ class VulkanColdBackend:
             t = time.perf_counter()
             if origin is not None:
                 origin.users += 1
-                prep.origin, prep.weights = origin, origin.weights
+                prep.origin, prep.weights, prep.base = origin, origin.weights, origin.base
             elif total:
-                prep.weights = region = dev.allocate_region(total, f"weights:{layer.name}")
-                dev.upload([(region, place[k], a) for k, a in arrays])
+                slabs = slabs or self._slabs
+                region, prep.base = slabs.take(total, layer.name)
+                prep.weights, prep.slabs = region, slabs
+                dev.upload([(region, prep.base + place[k], a) for k, a in arrays])
             self._add(upload_s=time.perf_counter() - t)
-            weights = {k: (prep.weights, off) for k, off in place.items() if prep.weights is not None}
+            weights = {k: (prep.weights, prep.base + off) for k, off in place.items() if prep.weights is not None}
             for d, pipe in zip(dispatches, pipes):
                 man = pipe.module.manifest
                 where = f"node {layer.name} ({layer.op}, kernel {kernel.name}, shader {d.shader})"
@@ -730,7 +754,8 @@ class VulkanColdBackend:
         if prep.weights is not None or prep.origin is not None:
             owner.users -= 1
             if owner.users <= 0:
-                dev.free_region(owner.weights)
+                if owner.weights is not None and owner.slabs is not None:
+                    owner.slabs.give(owner.weights)
                 owner.weights = None
         prep.weights, prep.origin = None, None
 
@@ -751,6 +776,8 @@ class VulkanColdBackend:
         ws_off = end
         end += kernel.workspace_nbytes(layer)
         scratch = dev.allocate_region(max(end, 256), f"profile:{layer.name}")
+        # the candidates' weights in allocations of their own, gone with the timing: not in the model's slabs
+        tmp = WeightSlabs(dev, 0, "profile")
         prep: _Prepared | None = None
         try:
             rng = np.random.default_rng(0)
@@ -763,13 +790,14 @@ class VulkanColdBackend:
                     feeds.append((scratch, offs[n], a))
             dev.upload(feeds)
             prep = self._place(slot, kernel, params, dispatches, pipes,
-                               lambda t: (scratch, offs[t], infos[t].nbytes), (scratch, ws_off))
+                               lambda t: (scratch, offs[t], infos[t].nbytes), (scratch, ws_off), slabs=tmp)
             first = self._timed_submit(prep.bound, 1, False)[0]
             warm = float(np.median(self._timed_submit(prep.bound, reps, dev.timestamps)))
             return first, warm
         finally:
             if prep is not None:
                 self._release(prep)
+            tmp.close()
             dev.free_region(scratch)
 
     def _timed_submit(self, bound: Sequence[Bound], reps: int, timestamps: bool) -> list[float]:
@@ -904,6 +932,9 @@ class VulkanColdBackend:
             if p is not None:
                 self._release(p)
                 self._prepared[i] = None
+        slabs = getattr(self, "_slabs", None)
+        if slabs is not None:
+            slabs.close()
         for h in self._hosts.values():
             h.close()
         self._hosts = {}

@@ -59,6 +59,9 @@ class VulkanConfig:
     force_staging: bool = False
     #: apiVersion requested from the instance
     api_version: tuple[int, int] = (1, 1)
+    #: create (and drop) one tiny pipeline at device creation so that the driver's shader compiler is
+    #: loaded then, not inside the first model's cold load (env INFERD_VK_WARM=0 turns it off)
+    warm_driver: bool = True
 
     @staticmethod
     def from_env(base: "VulkanConfig | Mapping[str, Any] | None" = None) -> "VulkanConfig":
@@ -71,6 +74,8 @@ class VulkanConfig:
             cfg = replace(cfg, device=int(dev) if dev.isdigit() else dev)
         if not cfg.debug and os.environ.get("INFERD_VK_DEBUG", "") not in ("", "0"):
             cfg = replace(cfg, debug=True)
+        if cfg.warm_driver and os.environ.get("INFERD_VK_WARM", "") == "0":
+            cfg = replace(cfg, warm_driver=False)
         return cfg
 
 
@@ -249,15 +254,36 @@ class VulkanDevice:
             cache_dir = self.config.cache_dir
             self.cache_dir: Path | None = None if cache_dir == "" else Path(cache_dir) if cache_dir else default_cache_dir()
             self.shader_cache = ShaderCache(self.cache_dir)
+            self.shader_cache.preload_sources()
             from .pipeline_cache import PipelineCache  # local: it imports this module's types
             self.pipeline_cache = PipelineCache(self, self.cache_dir)
         except BaseException:
             self._destroy()
             raise
+        self.warm_s = self._warm_driver() if self.config.warm_driver else 0.0
         self.create_s = time.perf_counter() - t0
         _devices.add(self)
 
     # ---------------------------------------------------------------- creation
+    def _warm_driver(self) -> float:
+        """Create and destroy one small pipeline, outside the pipeline cache and the device's books.
+
+        Why: drivers load their shader compiler at the first pipeline (NVIDIA's libnvidia-gpucomp is
+        ~70 MB, mapped lazily); on the H100 with the page cache dropped that first creation cost a
+        model's cold load 50-80 ms. A daemon owns its device for hours, so that cost belongs to device
+        bring-up. Nothing is cached or counted: models see the same pipelines and statistics either way."""
+        t0 = time.perf_counter()
+        try:
+            mod = self.shader_cache.get("copy")
+            with self._lock:
+                batch = self._create_infos([(mod, {})])
+            handles, _ = self._create_batch(batch, cache=vk.ffi.NULL)
+            for h in handles:
+                vk.vkDestroyPipeline(self.device, h, None)
+        except Exception as e:  # a missing compiler or shader only loses the head start
+            log.debug("driver warm-up skipped: %s", e)
+        return time.perf_counter() - t0
+
     def _create_instance(self) -> None:
         layers: list[str] = []
         exts: list[str] = []
@@ -732,7 +758,10 @@ class VulkanDevice:
                 self.stats["pipelines_created"] += len(todo)
                 if self.pipeline_cache.status == "loaded":
                     self.stats["pipelines_from_loaded_cache"] += len(todo)
-                self.pipeline_cache.dirty = True
+                # the file is rewritten (with an fsync) only when the driver compiled something: a load
+                # whose pipelines all came from the cache (as reported) leaves it as it is
+                if not all(h is True for h in fb):
+                    self.pipeline_cache.dirty = True
                 self._settle(mine)
         for ev in others:
             ev.wait()

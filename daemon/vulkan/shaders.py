@@ -448,6 +448,15 @@ class ShaderCache:
             src = self._src[name] = expand_source(name, self.sdir)
         return src
 
+    def preload_sources(self) -> None:
+        """Expand every shader source now (the device does it at creation): a cache key needs the
+        source, and a first cold load should not wait on the disk for dozens of small GLSL files."""
+        for p in sorted(self.sdir.glob("*.comp")):
+            try:
+                self._source(p.stem)
+            except BackendError as e:  # a broken include fails the variants that use it, later, with this message
+                log.debug("shader source %s: %s", p.name, e)
+
     def _key(self, name: str, defines: Defines, comp_version: str) -> str:
         h = hashlib.sha256()
         h.update(f"{CACHE_FORMAT}|{TARGET_ENV}|{comp_version}|{name}|".encode())
@@ -464,25 +473,35 @@ class ShaderCache:
         version = comp[1] if comp else "prebuilt"
         results: dict[tuple[str, Defines], ShaderModule] = {}
         missing: list[tuple[str, Defines, str]] = []
+        todo: list[tuple[str, Defines]] = []
         with self._lock:
-            for name, defs in dict.fromkeys(variants):
-                mod = self._mem.get((name, defs))
+            for v in dict.fromkeys(variants):
+                mod = self._mem.get(v)
                 if mod is not None:
                     self.memory_hits += 1
-                    results[(name, defs)] = mod
-                    continue
-                key = self._key(name, defs, version)
-                mod = self._load(name, defs, key) if comp else self._load_alias(self.dir, name, defs)
-                if mod is None:
-                    for d in self.prebuilt:
-                        mod = self._load_alias(d, name, defs)
-                        if mod is not None:
-                            break
-                if mod is not None:
-                    self.disk_hits += 1
-                    self._mem[(name, defs)] = results[(name, defs)] = mod
+                    results[v] = mod
                 else:
-                    missing.append((name, defs, key))
+                    todo.append(v)
+        # the disk is read outside the lock: on a cold page cache each entry is a disk read, and a
+        # cold load's loader threads all come here at once (on the H100 they queued behind one another)
+        found: list[ShaderModule] = []
+        for name, defs in todo:
+            key = self._key(name, defs, version)
+            mod = self._load(name, defs, key) if comp else self._load_alias(self.dir, name, defs)
+            if mod is None:
+                for d in self.prebuilt:
+                    mod = self._load_alias(d, name, defs)
+                    if mod is not None:
+                        break
+            if mod is not None:
+                found.append(mod)
+            else:
+                missing.append((name, defs, key))
+        if found:
+            with self._lock:
+                for mod in found:  # another thread may have read the same entry meanwhile: keep the first
+                    self.disk_hits += 1
+                    results[(mod.name, mod.defines)] = self._mem.setdefault((mod.name, mod.defines), mod)
         if missing:
             if comp is None:
                 raise BackendError(f"glslangValidator is not installed and no precompiled SPIR-V exists for "
