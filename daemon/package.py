@@ -34,7 +34,7 @@ from .frontend.shapes import specialize
 from .fileio import atomic_write
 from .ir import Graph, Node, Subgraph, TensorInfo
 from .ops.base import Layer, choose_kernel, raw_params
-from .planner.cold import cold_layers, plan_cold
+from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
 from .planner.plan import ColdPlan, PlanOptions
 from .store import StoreWriter, WeightsStore, file_sha256
@@ -199,7 +199,7 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
         fallback = PredictedCost(predictor, threads=1 if gpu else native.num_threads(), constants=constants,
                                  rates=prof.rates if prof is not None else None)
     cost = ProfiledCost(prof, fallback) if prof is not None else fallback
-    n = default_loaders() if loaders is None else int(loaders)
+    n = (min(default_loaders(), GPU_LOADERS) if gpu else default_loaders()) if loaders is None else int(loaders)
     # on the CPU the executor thread is one of the preparing threads (it prepares when it would idle)
     n = max(0, n - 1) if not gpu else max(1, n)
     filled = bool(getattr(backend, "pipeline_cache_filled", lambda: True)()) if gpu else True

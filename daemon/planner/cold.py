@@ -24,6 +24,13 @@ from ..ops.base import Kernel, Layer
 from .cost import CostModel, kernel_transforms, raw_nbytes
 from .plan import ColdPlan, LayerPlan, PlanOptions
 
+#: preparing threads a GPU plan gets by default. A GPU layer's preparation is mostly Python driving the
+#: Vulkan binding (pipelines, descriptors, uploads), which holds the GIL: past a few threads they only
+#: take turns, every layer then finishes late and the executor cannot start early. Measured on the H100
+#: (2026-11-24, caches filled, page cache dropped): squeezenet1_1 cold 68 ms with 16 loaders, 70 with 4,
+#: 52 with 2; mobilenetv2 94 / 99 / 86; resnet50, whose reads are larger, 156 with 16 and 142 with 4.
+GPU_LOADERS = 4
+
 
 @dataclass(frozen=True)
 class Candidate:
