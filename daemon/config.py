@@ -89,7 +89,7 @@ class Config:
     max_dims: int = _opt("int", "most dimensions of one tensor", default=8, minimum=1)
     inline_max_us: float = _opt("float", "run a request on the serving thread itself when its model is idle, "
                                 "on the CPU and its runs take at most this long (saves two thread hand-offs; "
-                                "0: never)", default=300.0, minimum=0)
+                                "0: never)", default=1000.0, minimum=0)
     max_variants: int = _opt("int", "input shapes a model with dynamic dimensions keeps prepared besides its first "
                              "(least recently used dropped; a model's config.toml can override)", default=4, minimum=0)
     drain_timeout: float = _opt("float", "seconds SIGTERM waits for queued and running requests",

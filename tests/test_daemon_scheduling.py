@@ -214,3 +214,20 @@ def test_reply_to_a_vanished_client_is_dropped(env) -> None:
         time.sleep(0.1)
         assert daemon.proc.poll() is None
         np.testing.assert_array_equal(c.infer("slow", {"x": _x(0.0, 1)})["y"], _x(0.0, 1) * 2 + 1)
+
+
+@pytest.mark.parametrize("limit_us", ["0", "5000"])
+def test_short_cpu_runs_are_served_by_the_serving_thread_only_when_allowed(tmp_path: Path, limit_us: str) -> None:
+    """``inline_max_us``: once a CPU model's runs are known to be short, an idle model's request runs on the
+    serving thread (the reply says so); 0 turns it off. The first run is never inline (its time is unknown)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    write_fake_model(models / "tiny.onnx", inputs=[{"name": "x", "shape": [2], "dtype": "float32"}])
+    with DaemonProcess(f"ipc://{tmp_path}/s.sock", models, "--inline-max-us", limit_us, log_path=tmp_path / "d.log") as d, \
+            Client(d.endpoint, timeout=30) as c:
+        x = np.array([0.0, 1.0], np.float32)
+        infos = [c.infer_with_info("tiny", {"x": x})[1] for _ in range(4)]
+        y = c.infer("tiny", {"x": x})
+    np.testing.assert_array_equal(y["y"], 2 * x + 1)
+    assert infos[0]["inline"] is False
+    assert all(i["inline"] is (limit_us != "0") for i in infos[1:]), infos

@@ -92,6 +92,7 @@ class Job:
     sig: Any = None  # the signature (slot.inputs list) the feeds were checked against at submit
     client: str = ""  # fair-share key (see ClientShares); "" counts against no cap
     retried: bool = False  # run once more after a device fault (inference is idempotent); never twice
+    inline: bool = False  # run by the serving thread itself (``inline_max_us``), not the model's worker
 
 
 MAX_RETRY_HINT_S = 10.0
@@ -576,6 +577,7 @@ class ModelSlot:
             if run_here:
                 self.busy = True
                 job.state = TAKEN
+                job.inline = True
             else:
                 if self.state == UNLOADED:
                     self.state, self.reason = LOADING, "loading on demand"
@@ -760,7 +762,7 @@ class ModelSlot:
                 out = {k: out[k] for k in job.outputs}
             frames = P.encode_reply(job.req_id, {"model": self.name, "device": device,
                                                  "queue_us": round(queue_s * 1e6, 1),
-                                                 "compute_us": round(compute * 1e6, 1)}, out)
+                                                 "compute_us": round(compute * 1e6, 1), "inline": job.inline}, out)
         except _Invalid as exc:
             self.stats.add(failed=1)
             sender.send(job.ident, P.encode_error(job.req_id, P.INVALID_ARG, str(exc)))
