@@ -8,6 +8,8 @@ concrete shape (those nodes folded); every specialisation shares the template's 
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,8 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        # math.prod, not np.prod: ~50x cheaper on a short tuple, and planners ask for it per tensor per layer
+        return int(math.prod(self.shape))
 
     @property
     def nbytes(self) -> int:
