@@ -105,3 +105,8 @@ class Graph:
 
     def is_const(self, name: str) -> bool:
         return name in self.constants
+
+    def set_const(self, name: str, val: np.ndarray) -> None:
+        """Add (or replace) constant ``name`` and its info."""
+        self.constants[name] = val
+        self.infos[name] = TensorInfo(name, tuple(val.shape), val.dtype)

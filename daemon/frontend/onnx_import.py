@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,15 +22,14 @@ from onnx import helper, numpy_helper
 from .. import ops  # noqa: F401  (registers all ops)
 from ..errors import InferdError, ModelFormatError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Subgraph, TensorInfo
-from ..ops.activation import FUSABLE, act_from_node
 from ..ops.base import op_spec
-from .shapes import copy_node, dims_str, infer_and_fold, set_const, specialize
+from .rewrite import dce as _dce
+from .rewrite import rewrite as _rewrite
+from .shapes import copy_node, dims_str, infer_and_fold, specialize
 
 log = logging.getLogger(__name__)
 
 MIN_OPSET, MAX_OPSET = 7, 23
-_FUSE_ACT_INTO = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div"}
-_FUSE_RESIDUAL_INTO = {"Conv", "Gemm", "MatMul"}
 
 
 def load_onnx(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -279,245 +279,3 @@ def _warn_declared_outputs(g: onnx.GraphProto, graph: Graph) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # rewrites
-
-
-def _rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
-    """``alt``: a dynamic model's tensors at its second probe; a rewrite that needs two shapes equal needs
-    them equal there too ({}: the second probe failed, so no such rewrite is made)."""
-    _fold_batchnorm(graph, outputs)
-    _recognise_silu(graph, outputs)
-    _recognise_gelu(graph, outputs)
-    _fuse_matmul_bias(graph, outputs, alt)
-    _fuse_residual(graph, outputs, alt)
-    _fuse_activations(graph, outputs)
-
-
-def _same_shapes(graph: Graph, alt: dict[str, TensorInfo] | None, *names: str) -> bool:
-    """Whether the tensors ``names`` have one shape, at every probe of a dynamic model."""
-    for infos in (graph.infos, alt) if alt is not None else (graph.infos,):
-        if any(n not in infos for n in names) or len({infos[n].shape for n in names}) != 1:
-            return False
-    return True
-
-
-def _single_consumer(graph: Graph, tensor: str, outputs: set[str]) -> Node | None:
-    if tensor in outputs:
-        return None
-    cons = graph.consumers().get(tensor, [])
-    return cons[0] if len(cons) == 1 and cons[0].inputs.count(tensor) == 1 else None
-
-
-def _absorb(node: Node, tensor: str) -> None:
-    """Record that ``node`` now also computes what ``tensor`` held (a fused BN, activation or add): per-layer
-    tools match other engines' nodes, named after such tensors, to the layer that absorbed them."""
-    node.attrs["_absorbed"] = [*node.attrs.get("_absorbed", []), tensor]
-
-
-def _replace_node_output(graph: Graph, producer: Node, old: Node) -> None:
-    """``producer`` takes over ``old``'s output name; ``old`` is removed."""
-    _absorb(producer, producer.outputs[0])
-    producer.outputs[0] = old.outputs[0]
-    graph.nodes.remove(old)
-
-
-def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
-    from ..ops.norm import fold_bn_into
-
-    for bn in [n for n in graph.nodes if n.op == "BatchNormalization"]:
-        x = bn.inputs[0]
-        prod = graph.producers().get(x)
-        if prod is None or prod.op not in ("Conv", "ConvTranspose", "Gemm") or prod.attr("act") or prod.attr("residual"):
-            continue
-        if _single_consumer(graph, x, outputs) is not bn or not all(i in graph.constants for i in bn.inputs[1:5]):
-            continue
-        if len([o for o in bn.outputs if o]) != 1:
-            continue
-        w_name = prod.inputs[1]
-        if w_name not in graph.constants:
-            continue
-        has_b = len(prod.inputs) > 2 and bool(prod.inputs[2])
-        if has_b and prod.inputs[2] not in graph.constants:
-            continue
-        if prod.op == "Gemm" and (float(prod.attr("alpha", 1.0)) != 1.0 or float(prod.attr("beta", 1.0)) != 1.0
-                                  or int(prod.attr("transA", 0))):
-            continue
-        w = graph.constants[w_name]
-        b = graph.constants[prod.inputs[2]] if has_b else None
-        if prod.op == "Gemm" and b is not None and b.ndim != 1:
-            continue
-        scale, bias, mean, var = (graph.constants[i] for i in bn.inputs[1:5])
-        eps = float(bn.attr("epsilon", 1e-5))
-        axis = {"Conv": 0, "ConvTranspose": 1}.get(prod.op, 0 if int(prod.attr("transB", 0)) else 1)
-        groups = int(prod.attr("group", 1)) if prod.op == "ConvTranspose" else 1
-        nw, nb = fold_bn_into(w, b, scale, bias, mean, var, eps, axis, groups=groups)
-        wn, bn_name = f"{prod.name}.weight_bnfolded", f"{prod.name}.bias_bnfolded"
-        set_const(wn, np.ascontiguousarray(nw, dtype=w.dtype), graph.infos, graph.constants)
-        set_const(bn_name, np.ascontiguousarray(nb, dtype=w.dtype), graph.infos, graph.constants)
-        prod.inputs[1] = wn
-        if has_b:
-            prod.inputs[2] = bn_name
-        else:
-            prod.inputs = prod.inputs[:2] + [bn_name]
-        _replace_node_output(graph, prod, bn)
-
-
-def _recognise_silu(graph: Graph, outputs: set[str]) -> None:
-    """x * Sigmoid(x) (as exported for SiLU/Swish) -> one SiLU node that can fuse into its producer."""
-    for sig in [n for n in graph.nodes if n.op == "Sigmoid"]:
-        mul = _single_consumer(graph, sig.outputs[0], outputs)
-        if mul is None or mul.op != "Mul" or mul.attr("act"):
-            continue
-        other = mul.inputs[1] if mul.inputs[0] == sig.outputs[0] else mul.inputs[0]
-        if other != sig.inputs[0]:
-            continue
-        sig.op = "SiLU"
-        _replace_node_output(graph, sig, mul)
-
-
-def _const_scalar(graph: Graph, name: str) -> float | None:
-    v = graph.constants.get(name)
-    return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
-
-
-def _recognise_gelu(graph: Graph, outputs: set[str]) -> None:
-    """0.5 * x * (1 + erf(x / sqrt(2))) as PyTorch exports it (in either Mul order) -> Gelu."""
-    for erf in [n for n in graph.nodes if n.op == "Erf"]:
-        prods = graph.producers()
-        div = prods.get(erf.inputs[0])
-        if div is None or div.op not in ("Div", "Mul"):
-            continue
-        c = _const_scalar(graph, div.inputs[1])
-        if c is None or not (abs(c - 2 ** 0.5) < 1e-3 if div.op == "Div" else abs(c - 2 ** -0.5) < 1e-3):
-            continue
-        x = div.inputs[0]
-        add = _single_consumer(graph, erf.outputs[0], outputs)
-        if add is None or add.op != "Add":
-            continue
-        one = add.inputs[1] if add.inputs[0] == erf.outputs[0] else add.inputs[0]
-        if _const_scalar(graph, one) != 1.0:
-            continue
-        m1 = _single_consumer(graph, add.outputs[0], outputs)
-        if m1 is None or m1.op != "Mul":
-            continue
-        o1 = m1.inputs[1] if m1.inputs[0] == add.outputs[0] else m1.inputs[0]
-        if o1 == x:  # (x * (1+erf)) * 0.5
-            m2 = _single_consumer(graph, m1.outputs[0], outputs)
-            if m2 is None or m2.op != "Mul":
-                continue
-            half = m2.inputs[1] if m2.inputs[0] == m1.outputs[0] else m2.inputs[0]
-            if _const_scalar(graph, half) != 0.5:
-                continue
-            last = m2
-        else:  # (0.5 * x) * (1+erf)
-            half_mul = prods.get(o1)
-            if half_mul is None or half_mul.op != "Mul" or x not in half_mul.inputs:
-                continue
-            h = half_mul.inputs[1] if half_mul.inputs[0] == x else half_mul.inputs[0]
-            if _const_scalar(graph, h) != 0.5 or _single_consumer(graph, o1, outputs) is not m1:
-                continue
-            graph.nodes.remove(half_mul)
-            last = m1
-        if _single_consumer(graph, div.outputs[0], outputs) is not erf:
-            continue
-        gelu = Node(erf.name + "_gelu", "Gelu", [x], [last.outputs[0]], {"_opset": graph.opset})
-        idx = graph.nodes.index(last)
-        graph.nodes[idx] = gelu
-        for n in (div, erf, add, m1):
-            if n in graph.nodes and n is not last:
-                graph.nodes.remove(n)
-
-
-def _fuse_adds(graph: Graph, outputs: set[str], fuse: Callable[[Node, str, str, Node], bool]) -> None:
-    """The scan the Add fusions share: for every two-input Add without a fused activation, each operand ``a``
-    whose producer feeds only this Add is offered as ``fuse(add, a, other, producer)``; after a fusion that
-    returns True the Add is gone and its other orientation is not tried."""
-    for add in [n for n in graph.nodes if n.op == "Add"]:
-        if add.attr("act") or len(add.inputs) != 2:
-            continue
-        prods = graph.producers()
-        for k in (0, 1):
-            a, other = add.inputs[k], add.inputs[1 - k]
-            p = prods.get(a)
-            if p is None or _single_consumer(graph, a, outputs) is not add:
-                continue
-            if fuse(add, a, other, p):
-                break
-
-
-def _fuse_matmul_bias(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
-    """MatMul followed by Add of a per-column constant (PyTorch's Linear on 3-D tokens exports this pair) -> one
-    MatMul whose third input is the bias (attr ``bias``), added in the GEMM's store like Gemm's C. Then the
-    residual and activation that follow can fuse into it as well."""
-
-    def fuse(add: Node, a: str, c: str, mm: Node) -> bool:
-        if (mm.op != "MatMul" or len(mm.inputs) != 2 or mm.attr("act") or mm.attr("residual") or mm.attr("bias")
-                or c not in graph.constants):
-            return False
-        out = graph.infos[a]
-        if not np.issubdtype(out.dtype, np.floating) or len(out.shape) < 1:
-            return False
-        cv = graph.constants[c]
-        n = out.shape[-1]
-        if cv.size != n or (cv.ndim and cv.shape[-1] != n) or not _same_shapes(graph, alt, add.outputs[0], a):
-            return False
-        name = f"{mm.name}.bias_fused"
-        set_const(name, np.ascontiguousarray(cv.reshape(n), dtype=out.dtype), graph.infos, graph.constants)
-        mm.inputs = mm.inputs + [name]
-        mm.attrs["bias"] = True
-        _replace_node_output(graph, mm, add)
-        return True
-
-    _fuse_adds(graph, outputs, fuse)
-
-
-def _fuse_residual(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
-    """Conv/Gemm/MatMul followed by Add of a same-shaped tensor: the add happens in the kernel's epilogue."""
-
-    def fuse(add: Node, a: str, b: str, p: Node) -> bool:
-        if p.op not in _FUSE_RESIDUAL_INTO or p.attr("act") or p.attr("residual") or b in graph.constants or a == b:
-            return False
-        if not _same_shapes(graph, alt, a, b, add.outputs[0]):
-            return False
-        if p.op in ("Gemm", "Conv") and len(p.inputs) < 3:
-            p.inputs = p.inputs + [""]  # keep the residual in a position no optional input claims
-        p.inputs.append(b)
-        p.attrs["residual"] = True
-        # the add's position is after both operands exist; run the fused node there
-        graph.nodes.remove(p)
-        graph.nodes[graph.nodes.index(add)] = p
-        _absorb(p, p.outputs[0])
-        p.outputs[0] = add.outputs[0]
-        return True
-
-    _fuse_adds(graph, outputs, fuse)
-
-
-def _fuse_activations(graph: Graph, outputs: set[str]) -> None:
-    for node in list(graph.nodes):
-        if node not in graph.nodes or node.op not in _FUSE_ACT_INTO or node.attr("act"):
-            continue
-        if len([o for o in node.outputs if o]) != 1:
-            continue
-        nxt = _single_consumer(graph, node.outputs[0], outputs)
-        if nxt is None or nxt.op not in FUSABLE or len(nxt.inputs) != 1:
-            continue
-        if not np.issubdtype(graph.infos[node.outputs[0]].dtype, np.floating):
-            continue
-        act = act_from_node(nxt)
-        if act is None:
-            continue
-        node.attrs["act"] = act
-        _replace_node_output(graph, node, nxt)
-
-
-def _dce(graph: Graph, out_names: Iterable[str]) -> None:
-    needed = set(out_names)
-    live: list[Node] = []
-    for node in reversed(graph.nodes):
-        if any(o in needed for o in node.outputs if o):
-            live.append(node)
-            needed.update(i for i in node.inputs if i)
-    graph.nodes = list(reversed(live))
-    graph.constants = {k: v for k, v in graph.constants.items() if k in needed}
-    used = needed | {o for n in graph.nodes for o in n.outputs if o} | {t.name for t in graph.inputs}
-    graph.infos = {k: v for k, v in graph.infos.items() if k in used}

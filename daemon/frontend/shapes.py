@@ -4,13 +4,15 @@ compiled package is specialised at load without it."""
 from __future__ import annotations
 
 from collections import ChainMap
-from typing import Mapping, MutableMapping, Sequence
+from typing import Callable, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
 from ..errors import InferdError, ModelFormatError, ShapeError
-from ..ir import Graph, Node, TensorInfo
+from ..ir import Graph, Node, Subgraph, TensorInfo
 from ..ops.base import op_spec
+from ..ops.control import CONTROL_OPS, axis_index, formal_inputs, outer_map, scan_counts
+from .rewrite import dce, rewrite
 
 #: Folding an op that creates a huge tensor from a tiny one would bloat the weights; keep these at run time.
 _NO_FOLD_ABOVE = 1 << 26
@@ -91,7 +93,6 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
 
 def _unshaped_bodies(g: Graph) -> bool:
     """Whether a control-flow node of ``g`` has no shaped bodies (a graph read back from a package)."""
-    from ..ops.control import CONTROL_OPS
 
     return any(n.op in CONTROL_OPS and not n.bodies for n in g.nodes)
 
@@ -130,7 +131,6 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
     ``runtime`` collects the tensors whose shape only a run can tell (and everything computed from them);
     ``lenient`` (a control-flow body) lets a shape that depends on a run-time value (a Slice at the iteration
     number) be one of them instead of an error."""
-    from ..ops.control import CONTROL_OPS, shape_control
 
     sized: set[str] = set(dynamic)  # tensors whose shape depends on a dynamic dimension
     probed: dict[str, np.ndarray] = {}  # values that do: known at the probe only
@@ -263,3 +263,194 @@ def _clip_inputs_to_attrs(node: Node, constants: Mapping[str, np.ndarray]) -> No
         if len(extra) > 1 and extra[1]:
             node.attrs["max"] = float(constants[extra[1]])
         node.inputs = node.inputs[:1]
+
+
+# ------------------------------------------------------------------------------------------------ control flow
+
+def shape_body(sub: Subgraph, formal: Sequence[TensorInfo], node: Node, infos: Mapping[str, TensorInfo],
+               known: Mapping[str, np.ndarray], opset: int) -> Graph:
+    """``sub`` shaped at these formal input infos: a static Graph whose inputs are the formal ones and the
+    outer names that are not constants here (constants and shape values known here fold into the body)."""
+    outer = outer_map(node)
+    b_infos: dict[str, TensorInfo] = {}
+    local: dict[str, np.ndarray] = {}
+    inputs: list[TensorInfo] = []
+    for (name, _dt, _dims), t in zip(sub.inputs, formal):
+        b_infos[name] = TensorInfo(name, tuple(t.shape), np.dtype(t.dtype))
+        inputs.append(b_infos[name])
+    for o in sub.outer:
+        src = outer.get(o, o)
+        if src in known:
+            set_const(o, np.asarray(known[src]), b_infos, local)
+        elif src in infos:
+            t = infos[src]
+            b_infos[o] = TensorInfo(o, tuple(t.shape), np.dtype(t.dtype))
+            inputs.append(b_infos[o])
+        else:
+            raise ShapeError(f"node {node.name!r} ({node.op}): body {sub.name!r} reads {o!r}, which no enclosing "
+                             f"scope defines")
+    for k, v in sub.constants.items():
+        set_const(k, v, b_infos, local)
+    runtime: set[str] = set()
+    nodes = infer_and_fold([copy_node(n) for n in sub.nodes], b_infos, local, set(sub.outputs), opset,
+                           runtime=runtime, lenient=True)
+    # dead code: a folded condition leaves nodes nothing reads
+    needed = set(sub.outputs)
+    live: list[Node] = []
+    for n in reversed(nodes):
+        if any(o in needed for o in n.outputs if o):
+            live.append(n)
+            needed.update(i for i in n.inputs if i)
+    nodes = list(reversed(live))
+    for o in sub.outputs:
+        if o not in b_infos:
+            raise ShapeError(f"node {node.name!r} ({node.op}): body {sub.name!r} output {o!r} is produced by no node")
+    used = needed | {t.name for t in inputs}
+    g = Graph(sub.name, nodes, inputs, [b_infos[o] for o in sub.outputs],
+              {k: v for k, v in local.items() if k in used}, {k: v for k, v in b_infos.items() if k in used
+                                                               or any(k in n.outputs for n in nodes)}, opset)
+    g.runtime_shaped = runtime
+    if not runtime:
+        _optimize(g)
+    return g
+
+
+def _optimize(g: Graph) -> None:
+    """The import's rewrites (BN folding, activation and residual fusion) on a shaped body: a body runs as
+    often as the graph around it."""
+    outs = {t.name for t in g.outputs}
+    rewrite(g, outs, None)
+    dce(g, [t.name for t in g.outputs])
+    g.outputs = [g.infos[t.name] if t.name in g.infos else t for t in g.outputs]
+
+
+def _inline_branch(node: Node, sub: Subgraph) -> tuple[list[Node], dict[str, np.ndarray]]:
+    """The branch's nodes with every name it defines prefixed by the If's name, plus an Identity per output
+    onto the If's own output names; and its initializers under their new names."""
+    prefix = f"{node.name}/"
+    defined = {o for n in sub.nodes for o in n.outputs if o} | set(sub.constants)
+    outer = outer_map(node)
+
+    def ren(x: str) -> str:
+        if not x:
+            return x
+        if x in defined:
+            return prefix + x
+        return outer.get(x, x)
+
+    nodes = []
+    for n in sub.nodes:
+        c = copy_node(n)
+        c.name = prefix + n.name
+        c.inputs = [ren(i) for i in n.inputs]
+        c.outputs = [ren(o) for o in n.outputs]
+        nodes.append(c)
+    for k, (o, src) in enumerate(zip(node.outputs, sub.outputs)):
+        if o:
+            nodes.append(Node(f"{prefix}output{k}", "Identity", [ren(src)], [o], {"_opset": node.attr("_opset", 17)}))
+    return nodes, {prefix + k: v for k, v in sub.constants.items()}
+
+
+def shape_control(node: Node, infos: Mapping[str, TensorInfo], known: Mapping[str, np.ndarray], opset: int,
+                  foldable: Callable[[str], bool]
+                  ) -> tuple[list[Node], dict[str, np.ndarray]] | tuple[list[tuple[tuple[int, ...], np.dtype]], list[bool]]:
+    """Either (nodes, constants) replacing an If decided here (``foldable(cond)``: its value holds for every
+    use of this graph), or (output shapes/dtypes, per output whether its shape is known only at run time), with
+    ``node.bodies`` shaped."""
+    op = node.op
+    f = formal_inputs(node)
+    node.bodies = {}
+    if op == "If":
+        cond = f[0]
+        if cond in known:
+            take = "then_branch" if bool(np.asarray(known[cond]).reshape(-1)[0]) else "else_branch"
+            if foldable(cond):
+                return _inline_branch(node, node.attrs[take])
+            # a shape-dependent condition in a dynamic template: shaped at the probe, decided per shape later
+            g = shape_body(node.attrs[take], [], node, infos, known, opset)
+            node.bodies = {take: g}
+            return [(t.shape, t.dtype) for t in g.outputs], [t.name in g.runtime_shaped for t in g.outputs]
+        t = shape_body(node.attrs["then_branch"], [], node, infos, known, opset)
+        e = shape_body(node.attrs["else_branch"], [], node, infos, known, opset)
+        node.bodies = {"then_branch": t, "else_branch": e}
+        if len(t.outputs) != len(e.outputs) or len(t.outputs) < len([o for o in node.outputs if o]):
+            raise ShapeError(f"node {node.name!r} (If): branches give {len(t.outputs)} and {len(e.outputs)} outputs "
+                             f"for {len(node.outputs)}")
+        outs, ragged = [], []
+        for a, b in zip(t.outputs, e.outputs):
+            if np.dtype(a.dtype) != np.dtype(b.dtype):
+                raise ShapeError(f"node {node.name!r} (If): branch outputs {a.name!r} ({np.dtype(a.dtype)}) and "
+                                 f"{b.name!r} ({np.dtype(b.dtype)}) differ in type")
+            outs.append((a.shape, np.dtype(a.dtype)))
+            ragged.append(a.shape != b.shape or a.name in t.runtime_shaped or b.name in e.runtime_shaped)
+        return outs, ragged
+    if op == "Loop":
+        m, cond, carried = (f + ["", ""])[0], (f + ["", ""])[1], f[2:]
+        formal = [TensorInfo("iter", (), np.dtype(np.int64)), TensorInfo("cond", (), np.dtype(np.bool_))]
+        formal += [infos[c] for c in carried]
+        sub: Subgraph = node.attrs["body"]
+        if len(sub.inputs) != 2 + len(carried):
+            raise ShapeError(f"node {node.name!r} (Loop): body takes {len(sub.inputs)} inputs for {len(carried)} "
+                             f"carried values")
+        g = shape_body(sub, formal, node, infos, known, opset)
+        node.bodies = {"body": g}
+        nc = len(carried)
+        outs, ragged = [], []
+        changing = False
+        for k, c in enumerate(carried):
+            t = g.outputs[1 + k]
+            if tuple(t.shape) != tuple(infos[c].shape) or t.name in g.runtime_shaped:
+                changing = True  # a value that grows per iteration: its final shape is known at run time
+            outs.append((tuple(infos[c].shape), np.dtype(infos[c].dtype)))
+            ragged.append(tuple(t.shape) != tuple(infos[c].shape) or t.name in g.runtime_shaped)
+        trips = loop_trips(node, g, known)
+        for t in g.outputs[1 + nc:]:
+            outs.append(((trips if trips is not None else 1,) + tuple(t.shape), np.dtype(t.dtype)))
+            ragged.append(trips is None or changing or t.name in g.runtime_shaped)
+        return outs, ragged
+    if op == "Scan":
+        ns, ms = scan_counts(node)
+        states, scans = f[:ns], f[ns:]
+        in_axes = [int(a) for a in (node.attr("scan_input_axes") or [0] * ms)]
+        if not scans:
+            raise ShapeError(f"node {node.name!r} (Scan): no scan inputs")
+        shapes = [infos[s].shape for s in scans]
+        axes = [axis_index(a, len(s)) for a, s in zip(in_axes, shapes)]
+        seq = shapes[0][axes[0]]
+        if any(s[a] != seq for s, a in zip(shapes, axes)):
+            raise ShapeError(f"node {node.name!r} (Scan): scan inputs {shapes} differ in length along {axes}")
+        formal = [infos[s] for s in states]
+        formal += [TensorInfo(s, tuple(d for k, d in enumerate(sh) if k != a), infos[s].dtype)
+                   for s, sh, a in zip(scans, shapes, axes)]
+        g = shape_body(node.attrs["body"], formal, node, infos, known, opset)
+        node.bodies = {"body": g}
+        outs, ragged = [], []
+        for k, s in enumerate(states):
+            outs.append((tuple(infos[s].shape), np.dtype(infos[s].dtype)))
+            ragged.append(tuple(g.outputs[k].shape) != tuple(infos[s].shape))
+        out_axes = [int(a) for a in (node.attr("scan_output_axes") or [0] * (len(g.outputs) - ns))]
+        for t, a in zip(g.outputs[ns:], out_axes):
+            shape = list(t.shape)
+            shape.insert(axis_index(a, len(shape) + 1), seq)
+            outs.append((tuple(shape), np.dtype(t.dtype)))
+            ragged.append(t.name in g.runtime_shaped)
+        return outs, ragged
+    raise AssertionError(op)
+
+
+def loop_trips(node: Node, body: Graph, known: Mapping[str, np.ndarray]) -> int | None:
+    """A Loop's iteration count when shapes and constants decide it, else None (decided by values at run time)."""
+    f = formal_inputs(node) + ["", ""]
+    m, cond = f[0], f[1]
+    if not m or m not in known:
+        return None
+    if cond and (cond not in known or not bool(np.asarray(known[cond]).reshape(-1)[0])):
+        return None if cond not in known else 0
+    c_out = body.outputs[0].name
+    cin = body.inputs[1].name
+    prods = body.producers()
+    while c_out in prods and prods[c_out].op == "Identity":  # torch writes cond_out = Identity(cond_in)
+        c_out = prods[c_out].inputs[0]
+    if c_out == cin or (c_out in body.constants and bool(np.asarray(body.constants[c_out]).reshape(-1)[0])):
+        return max(int(np.asarray(known[m]).reshape(-1)[0]), 0)
+    return None

@@ -16,6 +16,7 @@ from .. import native
 from ..errors import InputError, ShapeError
 from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
+from ..ops import control as _control
 from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_params
 from ..backends.base import forget_raw
 from ..planner.memory import MemoryPlan, plan_graph_memory
@@ -376,3 +377,7 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], mode
             raise InputError(f"{model}: input {name!r} expects shape {list(t.shape)}, got {list(a.shape)}")
         out[name] = a
     return out
+
+
+# control-flow bodies run on this executor (the op module cannot import the runtime that imports it)
+_control.set_body_executor(CpuExecutor)
