@@ -109,10 +109,16 @@ class NodeChoice:
     default: VulkanKernel | None
 
 
+_IO_DTYPES: dict[int, frozenset[np.dtype]] = {}
+
+
 def _misfit(node: Node, kernel: VulkanKernel, infos: Mapping[str, TensorInfo], consts: Mapping[str, Any]) -> str | None:
     """The first device tensor of ``node`` whose dtype ``kernel`` does not handle, or None."""
-    for tname in list(node.inputs) + list(node.outputs):
-        if tname and tname not in consts and np.dtype(infos[tname].dtype).name not in kernel.io_dtypes:
+    ok = _IO_DTYPES.get(id(kernel))
+    if ok is None:  # dtype objects, not names: ``dtype.name`` is a Python property, asked per tensor per kernel
+        ok = _IO_DTYPES[id(kernel)] = frozenset(np.dtype(n) for n in kernel.io_dtypes)
+    for tname in (*node.inputs, *node.outputs):
+        if tname and tname not in consts and infos[tname].dtype not in ok:
             return tname
     return None
 
