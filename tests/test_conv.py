@@ -882,7 +882,8 @@ int main(void){
     }
     free(g); free(ge);
   }
-  { double pk = inferd_fma_peak(20000, 2); check("fma peak", (pk > 1e8 && pk < 1e14) ? 0 : 1, 0, 0); }
+  /* a rate, not a speed check: under qemu on a busy machine it can fall below 1e8 FLOP/s */
+  { double pk = inferd_fma_peak(20000, 2); check("fma peak", (pk > 0 && pk < 1e14) ? 0 : 1, 0, 0); }
   printf("abi %d: %s (%d failures)\n", inferd_native_abi(), fails ? "FAILED" : "ok", fails);
   return fails != 0;
 }
