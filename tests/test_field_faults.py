@@ -316,7 +316,7 @@ def test_kill_9_during_loads_20_times_every_restart_serves_right(tmp: Path, ref:
                 # a new mtime: a new package key, so the reload compiles and writes a package
                 os.utime(src, ns=(time.time_ns(), time.time_ns()))
                 for pc in (tmp / "c").glob("vulkan/pipelines-*"):
-                    pc.unlink()  # and the pipeline cache is written again
+                    pc.unlink(missing_ok=True)  # written again (a save may be renaming its temp file right now)
                 box: dict[str, Any] = {}
                 t = threading.Thread(target=lambda: box.setdefault("r", _try(lambda: c.load("tiny", reload=True))))
                 t.start()
@@ -328,8 +328,10 @@ def test_kill_9_during_loads_20_times_every_restart_serves_right(tmp: Path, ref:
         with Client(d.endpoint, timeout=30) as c:
             np.testing.assert_allclose(c.infer("tiny", ref["feeds"])["output"], ref["want"], rtol=1e-4, atol=1e-5)
             assert c.status()["cache"]["state"] == "ok"
-        left = [p for p in (tmp / "c").rglob("*") if ".tmp" in p.name]
-        assert not left, left  # the last start removed what the kills left behind
+        # the last start removed what the kills left behind (the live daemon may be saving its pipeline
+        # cache after that answer: its own temp file, named with its pid, is not a leftover)
+        left = [p for p in (tmp / "c").rglob("*") if ".tmp" in p.name and f".{d.pid}." not in p.name]
+        assert not left, left
     finally:
         d.stop()
 

@@ -313,9 +313,6 @@ def test_fma_peak_bounds_the_gemm() -> None:
     (a peak measured too low, or a chain the compiler folded away, would show here)."""
     import time
 
-    # the best of several: another process on the core lowers a measurement, nothing raises one
-    peak = max(native.fma_peak(1) for _ in range(3))
-    assert 1e8 < peak < 1e13
     n = 384
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
@@ -325,9 +322,15 @@ def test_fma_peak_bounds_the_gemm() -> None:
     try:
         native.set_num_threads(1)
         native.gemm(ap, n, b, c)
-        best = min(_timed(lambda: native.gemm(ap, n, b, c), time) for _ in range(5))
+        # the best of several, taken in turns: another process on the core lowers a measurement, nothing
+        # raises one, and alternating gives both the same chances of a quiet moment on a shared machine
+        peak, best = 0.0, float("inf")
+        for _ in range(7):
+            peak = max(peak, native.fma_peak(1))
+            best = min(best, _timed(lambda: native.gemm(ap, n, b, c), time))
     finally:
         native.set_num_threads(old)
+    assert 1e8 < peak < 1e13
     assert 2.0 * n ** 3 / best <= 1.25 * peak, (2.0 * n ** 3 / best / 1e9, peak / 1e9)
 
 
