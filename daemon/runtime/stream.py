@@ -439,3 +439,60 @@ class StreamingExecutor:
 
     def close(self) -> None:
         self.store.close()
+
+
+def expand_kernels(graph: Graph, kernels: dict[str, str]) -> dict[str, str]:
+    """Kernel overrides by node name, carried to the slices of a sliced node where the kernel applies."""
+    from ..planner.slicing import SLICE_SEP
+
+    out: dict[str, str] = {}
+    for node in graph.nodes:
+        k = kernels.get(node.name.split(SLICE_SEP)[0])
+        if k is None:
+            continue
+        layer = Layer.of(node, graph)
+        if any(c.name == k and c.applies(layer) for c in kernels_for(node.op, "cpu")):
+            out[node.name] = k
+    return out
+
+
+def small_bytes(graph: Graph) -> int:
+    """Bytes of the parameters the streaming runtime keeps in process memory (raw size: an estimate)."""
+    seen: set[str] = set()
+    n = 0
+    for node in graph.nodes:
+        for i in node.inputs:
+            if i and i in graph.constants and i not in seen:
+                seen.add(i)
+                b = int(graph.constants[i].nbytes)
+                n += b if b <= SMALL else 0
+    return n
+
+
+def stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, config: Any = None,
+                      **kw: Any) -> StreamingExecutor:
+    """A streaming executor for ``graph`` inside ``budget`` bytes, slicing and falling back to smaller kernels
+    as the budget requires (``planner.slicing.fit_config``; ``config`` to impose one), its store written
+    under ``work`` once per configuration (outside the budget)."""
+    from ..planner.slicing import MemConfig, fit_config, slice_graph
+
+    reserve = small_bytes(graph)
+    last: BudgetTooSmall | None = None
+    for _ in range(3):
+        cfg = config if config is not None else fit_config(graph, max(1, budget - reserve))
+        assert isinstance(cfg, MemConfig)
+        g = slice_graph(graph, cfg.slices)
+        kernels = expand_kernels(g, dict(cfg.kernels))
+        tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
+        store = prepare_stream_store(g, Path(work) / f"{graph.name}-{tag}.store", kernels or None)
+        try:
+            ex = StreamingExecutor(g, store, budget, kernels=kernels or None, **kw)
+            ex.config = cfg
+            return ex
+        except BudgetTooSmall as e:  # the small parameters took more than estimated: fit into less
+            last = e
+            if config is not None:
+                raise
+            reserve += max(e.short_by, 4096)
+    assert last is not None
+    raise last
