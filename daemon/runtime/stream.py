@@ -197,26 +197,13 @@ class StreamingExecutor:
                                    self._scratch_bytes(layer, k))
                           for pos, (layer, k) in enumerate(self.choice)]
         # more than every box side by side is never needed: a larger budget plans (and allocates) no more
-        ample = sum(lm.weights for lm in self.layer_mem) + max((lm.workspace for lm in self.layer_mem), default=0) \
+        self._ample = sum(lm.weights for lm in self.layer_mem) + max((lm.workspace for lm in self.layer_mem),
+                                                                     default=0) \
             + sum(align_up(b.size, ALIGN) for b in acts) + ALIGN
-        self.arena_budget = min(self.budget - self.small_bytes, ample)
-        if self.arena_budget <= 0:
-            raise BudgetTooSmall(f"{graph.name}: the memory budget {self.budget} bytes does not even hold the "
-                                 f"{self.small_bytes} bytes of small parameters", self.budget,
-                                 self.small_bytes + self.min_arena())
-        try:
-            if mode == "ondemand":
-                self.plan = plan_flex(self.layer_mem, acts, self.arena_budget, preload=False, alignment=ALIGN)
-            else:
-                self.plan = plan_budget(self.layer_mem, acts, self.arena_budget, preload=True,
-                                        keep_resident=keep_resident, read_bw=read_bw, max_preload=max_preload,
-                                        alignment=ALIGN)
-        except BudgetTooSmall as e:
-            need = self.small_bytes + (e.need or self.min_arena())
-            raise BudgetTooSmall(f"{graph.name}: memory budget {self.budget} bytes ({self.budget / 2**20:.2f} MiB) "
-                                 f"is too small: the model needs at least {need} bytes ({need / 2**20:.2f} MiB), "
-                                 f"short by {need - self.budget} bytes", self.budget, need) from None
+        self._plan_opts = dict(keep_resident=keep_resident, read_bw=read_bw, max_preload=max_preload)
+        self.plan = self._make_plan(self.budget)
         self.plan_s = time.perf_counter() - t0
+        self.arena_budget = self.plan.budget
         self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
         self.track = track
         self.tracker: ArenaTracker | None = None
@@ -224,6 +211,45 @@ class StreamingExecutor:
         self._resident_loaded = False
         self.outside_scratch = 0
         self.stats: dict[str, float] = {}
+        #: held by a run and by a budget change: the arena is swapped only between runs
+        self.lock = threading.Lock()
+
+    def _make_plan(self, budget: int) -> FlexPlan:
+        """The memory plan for ``budget`` over this executor's layers (their slicing and kernels kept)."""
+        arena_budget = min(budget - self.small_bytes, self._ample)
+        if arena_budget <= 0:
+            raise BudgetTooSmall(f"{self.graph.name}: the memory budget {budget} bytes does not even hold the "
+                                 f"{self.small_bytes} bytes of small parameters", budget,
+                                 self.small_bytes + self.min_arena())
+        try:
+            if self.mode == "ondemand":
+                return plan_flex(self.layer_mem, self.activations, arena_budget, preload=False, alignment=ALIGN)
+            return plan_budget(self.layer_mem, self.activations, arena_budget, preload=True, alignment=ALIGN,
+                               **self._plan_opts)
+        except BudgetTooSmall as e:
+            need = self.small_bytes + (e.need or self.min_arena())
+            raise BudgetTooSmall(f"{self.graph.name}: memory budget {budget} bytes ({budget / 2**20:.2f} MiB) "
+                                 f"is too small: the model needs at least {need} bytes ({need / 2**20:.2f} MiB), "
+                                 f"short by {need - budget} bytes", budget, need) from None
+
+    def set_budget(self, budget: int) -> dict[str, float]:
+        """Re-plan memory only (slicing and kernels kept) for ``budget`` and swap the arena between runs.
+        ``BudgetTooSmall`` (the executor unchanged) when this configuration does not fit: re-slice then
+        (``stream_for_budget``). Returns the seconds spent planning, waiting for a run to end, and swapping."""
+        t0 = time.perf_counter()
+        plan = self._make_plan(int(budget))  # pure: no lock, the current run goes on
+        t1 = time.perf_counter()
+        with self.lock:
+            t2 = time.perf_counter()
+            self.budget = int(budget)
+            self.plan = plan
+            self.arena_budget = plan.budget
+            self.arena = None  # type: ignore[assignment]  # the old arena goes before the new one is touched
+            self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
+            self._bind()
+            self._resident_loaded = False  # resident weights are read again into their new places
+            t3 = time.perf_counter()
+        return {"plan_s": t1 - t0, "wait_s": t2 - t1, "swap_s": t3 - t2, "total_s": t3 - t0}
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -315,6 +341,10 @@ class StreamingExecutor:
 
     # ------------------------------------------------------------------ running
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.lock:
+            return self._run(feeds)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tr = self.tracker = ArenaTracker(self.arena.nbytes) if self.track else self.tracker
         if self.track and self._resident_loaded:
             for pos, r in enumerate(self.plan.resident):  # still there from the runs before
