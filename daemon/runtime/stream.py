@@ -213,6 +213,9 @@ class StreamingExecutor:
         self.stats: dict[str, float] = {}
         #: held by a run and by a budget change: the arena is swapped only between runs
         self.lock = threading.Lock()
+        self._pending: tuple[FlexPlan, int, float] | None = None
+        self._pending_lock = threading.Lock()
+        self.adapt_s: list[float] = []
 
     def _make_plan(self, budget: int) -> FlexPlan:
         """The memory plan for ``budget`` over this executor's layers (their slicing and kernels kept)."""
@@ -232,24 +235,52 @@ class StreamingExecutor:
                                  f"is too small: the model needs at least {need} bytes ({need / 2**20:.2f} MiB), "
                                  f"short by {need - budget} bytes", budget, need) from None
 
-    def set_budget(self, budget: int) -> dict[str, float]:
+    def set_budget(self, budget: int, wait: bool = True) -> dict[str, float]:
         """Re-plan memory only (slicing and kernels kept) for ``budget`` and swap the arena between runs.
         ``BudgetTooSmall`` (the executor unchanged) when this configuration does not fit: re-slice then
-        (``stream_for_budget``). Returns the seconds spent planning, waiting for a run to end, and swapping."""
+        (``stream_for_budget``). ``wait`` False: when a run holds the arena, hand the new plan to it (it
+        swaps as it ends) and return at once, with ``pending`` set. Returns the seconds spent planning,
+        waiting for a run to end, and swapping (``adapt_s`` keeps each change's total)."""
         t0 = time.perf_counter()
         plan = self._make_plan(int(budget))  # pure: no lock, the current run goes on
         t1 = time.perf_counter()
-        with self.lock:
+        if not self.lock.acquire(blocking=wait):
+            with self._pending_lock:
+                self._pending = (plan, int(budget), t0)
+            if self.lock.acquire(blocking=False):  # the run ended meanwhile: apply it here
+                try:
+                    self._apply_pending()
+                finally:
+                    self.lock.release()
+            return {"plan_s": t1 - t0, "pending": 1.0}
+        try:
             t2 = time.perf_counter()
-            self.budget = int(budget)
-            self.plan = plan
-            self.arena_budget = plan.budget
-            self.arena = None  # type: ignore[assignment]  # the old arena goes before the new one is touched
-            self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
-            self._bind()
-            self._resident_loaded = False  # resident weights are read again into their new places
+            with self._pending_lock:
+                self._pending = None
+            self._swap(plan, int(budget), t0)
             t3 = time.perf_counter()
+        finally:
+            self.lock.release()
         return {"plan_s": t1 - t0, "wait_s": t2 - t1, "swap_s": t3 - t2, "total_s": t3 - t0}
+
+    def _swap(self, plan: FlexPlan, budget: int, t0: float) -> None:
+        """Under the run lock: the new plan's arena in place of the old one."""
+        self.budget = budget
+        self.plan = plan
+        self.arena_budget = plan.budget
+        self.arena = None  # type: ignore[assignment]  # the old arena goes before the new one is touched
+        self.views = {}
+        self.steps = []
+        self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
+        self._bind()
+        self._resident_loaded = False  # resident weights are read again into their new places
+        self.adapt_s.append(time.perf_counter() - t0)
+
+    def _apply_pending(self) -> None:
+        with self._pending_lock:
+            p, self._pending = self._pending, None
+        if p is not None:
+            self._swap(*p)
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -342,7 +373,13 @@ class StreamingExecutor:
     # ------------------------------------------------------------------ running
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self.lock:
-            return self._run(feeds)
+            if self._pending is not None:
+                self._apply_pending()
+            try:
+                return self._run(feeds)
+            finally:
+                if self._pending is not None:  # a budget change arrived during the run: swap before the next
+                    self._apply_pending()
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tr = self.tracker = ArenaTracker(self.arena.nbytes) if self.track else self.tracker
@@ -499,6 +536,24 @@ def small_bytes(graph: Graph) -> int:
     return n
 
 
+def strip_constants(graph: Graph) -> Graph:
+    """``graph`` with every constant above ``SMALL`` bytes replaced by a zero-strided stub of its shape and
+    dtype (no memory): what an executor needs once the store holds the weights."""
+    from numpy.lib.stride_tricks import as_strided
+
+    consts: dict[str, np.ndarray] = {}
+    for n, a in graph.constants.items():
+        a = np.asarray(a)
+        if a.nbytes <= SMALL:
+            consts[n] = a
+        else:
+            consts[n] = as_strided(np.zeros(1, a.dtype), shape=a.shape, strides=(0,) * a.ndim, writeable=False)
+    g = Graph(graph.name, list(graph.nodes), list(graph.inputs), list(graph.outputs), consts, dict(graph.infos),
+              graph.opset, dict(graph.dims))
+    g.runtime_shaped = set(graph.runtime_shaped)
+    return g
+
+
 def stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, config: Any = None,
                       **kw: Any) -> StreamingExecutor:
     """A streaming executor for ``graph`` inside ``budget`` bytes, slicing and falling back to smaller kernels
@@ -516,7 +571,7 @@ def stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, con
         tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
         store = prepare_stream_store(g, Path(work) / f"{graph.name}-{tag}.store", kernels or None)
         try:
-            ex = StreamingExecutor(g, store, budget, kernels=kernels or None, **kw)
+            ex = StreamingExecutor(strip_constants(g), store, budget, kernels=kernels or None, **kw)
             ex.config = cfg
             return ex
         except BudgetTooSmall as e:  # the small parameters took more than estimated: fit into less

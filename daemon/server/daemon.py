@@ -39,7 +39,7 @@ from inferd_client import protocol as P
 from ..config import Config, ConfigError, load_config, parse_argv
 from . import auth
 from .auth import Peer, Policy
-from . import budget
+from . import budget, streamed
 from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
@@ -480,6 +480,7 @@ class Server:
     def enforce_budget(self) -> None:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
         limit = self.budget_now()
+        streamed.rebudget(self.slots.values(), limit)  # streamed models re-plan into their new shares first
         if limit <= 0:
             return
         v = budget.plan(self._residents(), limit)
@@ -744,7 +745,10 @@ class Server:
                 set_fence_timeout(self.config.gpu_timeout)
             except Exception:  # no Vulkan module here: nothing waits on fences
                 pass
-        model = self.loader(path, device=device, batch=batch, **dynamic)
+        if slot.entry.config.memory == "stream":  # inside its share of the budget, weights streamed
+            model = streamed.load_for_slot(self, slot, path, batch)
+        else:
+            model = self.loader(path, device=device, batch=batch, **dynamic)
         if hasattr(model, "max_variants"):
             mv = slot.entry.config.max_variants
             model.max_variants = mv if mv is not None else self.config.max_variants

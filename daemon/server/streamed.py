@@ -1,0 +1,117 @@
+"""Models served inside a share of the daemon's memory budget by the streaming runtime (``memory = "stream"``
+in a model's config.toml).
+
+Such a model holds one arena of its share and re-reads the weights that do not fit from its streaming
+store on every request (``runtime.stream``). When the budget changes (``set_budget``, the cgroup's
+``memory.max``/``memory.high`` read again at every look, a config reload) the daemon gives each streamed
+model its new share: the memory plan is made again (slicing kept), and the arena swapped between requests
+(never under one). Importing the ONNX file and writing the store is the one step outside the budget; the
+log says so.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..planner.flex import BudgetTooSmall
+from ..runtime.model import Model
+from ..runtime.stream import StreamingExecutor, stream_for_budget
+
+log = logging.getLogger("inferd.server")
+
+#: the share given to a streamed model when the daemon has no budget: nothing streamed
+UNLIMITED = 1 << 50
+
+
+class StreamedModel(Model):
+    """A ``Model`` over a ``StreamingExecutor``: ``set_budget`` re-plans it for a new share."""
+
+    streamed = True
+
+    @property
+    def executor(self) -> StreamingExecutor:
+        return self._exec
+
+    def set_budget(self, nbytes: int) -> dict[str, float]:
+        return self._exec.set_budget(nbytes, wait=False)
+
+    @property
+    def budget(self) -> int:
+        return int(self._exec.budget)
+
+    def min_budget(self) -> int:
+        """The smallest share this model's slicing runs in (computed once: the slicing does not change)."""
+        if getattr(self, "_min", None) is None:
+            self._min = int(self._exec.min_budget())
+        return int(self._min)
+
+    @property
+    def memory_breakdown(self) -> dict[str, int]:
+        return dict(self._exec.memory_breakdown)
+
+
+def load_streamed(path: str | os.PathLike, budget: int, work: str | os.PathLike, name: str | None = None,
+                  batch: int = 1, **kw: Any) -> StreamedModel:
+    """Import ``path`` (outside the budget: the whole model), write its streaming store under ``work`` and
+    return it running inside ``budget`` bytes (0: no budget). ``BudgetTooSmall`` names the size it needs."""
+    from ..frontend import import_model
+
+    t0 = time.perf_counter()
+    mname = name or Path(path).stem
+    log.info("model %s: importing %s and writing its streaming store outside the memory budget", mname, path)
+    graph = import_model(path, batch=batch)
+    Path(work).mkdir(parents=True, exist_ok=True)
+    ex = stream_for_budget(graph, budget if budget > 0 else UNLIMITED, work, **kw)
+    del graph  # the executor keeps only shapes and the small parameters
+    m = StreamedModel(mname, ex.graph, ex, "cpu", time.perf_counter() - t0)
+    log.info("model %s: streamed within %d bytes (arena %d, %d bytes read per request, configuration %s)",
+             mname, ex.budget, ex.arena.nbytes, ex.streamed_bytes, getattr(ex, "config", None))
+    return m
+
+
+def shares(streamed: Iterable[tuple[str, int]], room: int) -> dict[str, int]:
+    """Split ``room`` bytes among streamed models (name, minimum budget): each its minimum, the rest in
+    proportion to the minimums. ``room`` <= 0: no budget (each unlimited)."""
+    items = list(streamed)
+    if room <= 0:
+        return {n: UNLIMITED for n, _ in items}
+    total = sum(m for _, m in items) or 1
+    spare = max(0, room - total)
+    return {n: m + spare * m // total for n, m in items}
+
+
+def rebudget(slots: Iterable[Any], limit: int) -> None:
+    """Give every loaded streamed model its share of ``limit`` (0: none) beside the other models' bytes."""
+    slots = list(slots)
+    stream = [s for s in slots if getattr(s.model, "streamed", False)]
+    if not stream:
+        return
+    others = sum(s.resident_bytes() for s in slots if s.model is not None and s not in stream)
+    room = limit - others if limit > 0 else 0
+    mins = {s.name: s.model.min_budget() for s in stream}
+    want = shares(mins.items(), room)
+    if 0 < room < sum(mins.values()):  # each shrinks to its minimum; the eviction decides the rest
+        log.warning("the memory budget leaves %d bytes for the streamed models, which need at least %d bytes "
+                    "(%s)", room, sum(mins.values()), ", ".join(f"{n} needs at least {m}" for n, m in mins.items()))
+    for s in stream:
+        share = want[s.name]
+        if share == s.model.budget or (room <= 0 and s.model.budget >= UNLIMITED):
+            continue
+        try:
+            s.model.set_budget(share)
+            log.info("model %s: memory re-planned for a share of %d bytes", s.name, share)
+        except BudgetTooSmall as e:  # this slicing does not fit: the least-recently-used eviction decides
+            log.warning("model %s: %s", s.name, e)
+
+
+def load_for_slot(server: Any, slot: Any, path: str, batch: int) -> StreamedModel:
+    """The daemon's load of a streamed model: its share of what the budget leaves beside the others."""
+    limit = server.budget_now()
+    others = sum(s.resident_bytes() for s in server.slots.values() if s is not slot and s.model is not None)
+    room = limit - others if limit > 0 else 0
+    # beside the package cache, not in it (its eviction would take the stores)
+    work = Path(server.config.cache_dir) / "stream"
+    return load_streamed(path, room, work, name=slot.name, batch=batch)
