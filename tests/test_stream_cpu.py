@@ -182,3 +182,28 @@ def test_budget_changes_while_threads_send(work):
     assert not errors, errors[:5]
     assert all(a > 0 for a in answered)
     ex.close()
+
+
+def test_compiled_skeleton_runs_without_the_model_and_refuses_damage(tmp_path):
+    from inferd.errors import WeightsStoreError
+    from inferd.runtime.stream_compile import compile_streamed, open_streamed, read_skeleton
+
+    src = zoo_dir(["squeezenet1_1"]) / "squeezenet1_1.onnx"
+    graph = inferd.frontend.import_model(str(src))
+    feeds = {t.name: np.random.default_rng(1).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    ref = CpuExecutor(graph).run(feeds)
+    skel = compile_streamed(src, 8 << 20, tmp_path, in_child=False)
+    g, meta = read_skeleton(skel)
+    big = [a for a in g.constants.values() if a.nbytes > 16 << 10]
+    assert big and all(a.strides == (0,) * a.ndim for a in big)  # stubs: no weight held
+    ex = open_streamed(skel, 8 << 20, track=True)
+    got = ex.run(feeds)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-5, atol=1e-5 * float(np.abs(ref[k]).max()))
+    assert not ex.tracker.violations and ex.memory_bytes <= 8 << 20
+    ex.close()
+    data = bytearray(skel.read_bytes())
+    data[-5] ^= 0xFF
+    skel.write_bytes(bytes(data))
+    with pytest.raises(WeightsStoreError, match="skeleton"):
+        read_skeleton(skel)

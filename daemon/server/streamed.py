@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from ..planner.flex import BudgetTooSmall
 from ..runtime.model import Model
-from ..runtime.stream import StreamingExecutor, stream_for_budget
+from ..runtime.stream import StreamingExecutor
 
 log = logging.getLogger("inferd.server")
 
@@ -55,17 +55,15 @@ class StreamedModel(Model):
 
 def load_streamed(path: str | os.PathLike, budget: int, work: str | os.PathLike, name: str | None = None,
                   batch: int = 1, **kw: Any) -> StreamedModel:
-    """Import ``path`` (outside the budget: the whole model), write its streaming store under ``work`` and
-    return it running inside ``budget`` bytes (0: no budget). ``BudgetTooSmall`` names the size it needs."""
-    from ..frontend import import_model
+    """``path`` compiled for the streaming runtime in a child process (outside the budget: the whole model),
+    then run here inside ``budget`` bytes (0: no budget). ``BudgetTooSmall`` names the size it needs."""
+    from ..runtime.stream_compile import compile_streamed, open_streamed
 
     t0 = time.perf_counter()
     mname = name or Path(path).stem
-    log.info("model %s: importing %s and writing its streaming store outside the memory budget", mname, path)
-    graph = import_model(path, batch=batch)
-    Path(work).mkdir(parents=True, exist_ok=True)
-    ex = stream_for_budget(graph, budget if budget > 0 else UNLIMITED, work, **kw)
-    del graph  # the executor keeps only shapes and the small parameters
+    log.info("model %s: compiling %s for streaming in a child process, outside the memory budget", mname, path)
+    skel = compile_streamed(path, budget, work, batch=batch)
+    ex = open_streamed(skel, budget, **kw)
     m = StreamedModel(mname, ex.graph, ex, "cpu", time.perf_counter() - t0)
     log.info("model %s: streamed within %d bytes (arena %d, %d bytes read per request, configuration %s)",
              mname, ex.budget, ex.arena.nbytes, ex.streamed_bytes, getattr(ex, "config", None))
