@@ -115,39 +115,44 @@ class _Arena:
     def _busy(self, first: int, last: int) -> list[tuple[int, int]]:
         return sorted((b.offset, b.end) for b in self.boxes if not (b.last < first or last < b.first))
 
-    def find(self, size: int, first: int, last: int, top: bool = False) -> int | None:
-        """The lowest (``top``: highest) aligned offset where ``size`` bytes are free for [first, last]."""
-        size = align_up(max(size, 1), self.alignment)
+    def find(self, size: int, first: int, last: int, top: bool = False, align: int = 0) -> int | None:
+        """The lowest (``top``: highest) offset aligned to ``align`` (default: the arena's) where ``size``
+        bytes are free for [first, last]."""
+        al = align or self.alignment
+        size = align_up(max(size, 1), al)
         busy = self._busy(first, last)
         if not top:
             cur = 0
             for o, e in busy:
                 if o - cur >= size:
                     return cur
-                cur = max(cur, align_up(e, self.alignment))
+                cur = max(cur, align_up(e, al))
             return cur if cur + size <= self.budget else None
         hi = self.budget
         for o, e in sorted(busy, key=lambda p: -p[1]):
             if e <= hi:
-                cand = (hi - size) // self.alignment * self.alignment
+                cand = (hi - size) // al * al
                 if cand >= e:
                     return cand
             hi = min(hi, o)
-        cand = (hi - size) // self.alignment * self.alignment
+        cand = (hi - size) // al * al
         return cand if cand >= 0 else None
 
-    def put(self, name: str, kind: str, size: int, first: int, last: int, offset: int) -> Box:
-        b = Box(name, kind, offset, align_up(max(size, 1), self.alignment), first, last)
+    def put(self, name: str, kind: str, size: int, first: int, last: int, offset: int, align: int = 0) -> Box:
+        b = Box(name, kind, offset, align_up(max(size, 1), align or self.alignment), first, last)
         self.boxes.append(b)
         return b
 
 
 def plan_flex(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, *, preload: bool = True,
-              resident: Sequence[int] = (), max_preload: int | None = None, alignment: int = 64) -> FlexPlan:
+              resident: Sequence[int] = (), max_preload: int | None = None, alignment: int = 64,
+              weight_alignment: int = 0) -> FlexPlan:
     """Place ``activations`` (lifetimes in step indices; -1 = before the first step, ``len(layers)`` = after
     the last) and each layer's weights and workspace inside ``budget`` bytes. ``resident``: steps whose
     weights stay in the arena across runs. ``max_preload``: how many steps ahead a load may start (None:
-    any). Raises ``BudgetTooSmall`` when something does not fit."""
+    any). ``weight_alignment``: of the weight boxes (e.g. 4096, for ``O_DIRECT`` reads straight into them;
+    default ``alignment``). Raises ``BudgetTooSmall`` when something does not fit."""
+    wal = max(weight_alignment, alignment)
     if budget <= 0:
         raise BudgetTooSmall(f"memory budget must be positive, got {budget}", budget, 1)
     L = len(layers)
@@ -164,10 +169,10 @@ def plan_flex(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget:
     for i in sorted(res):
         if layers[i].weights <= 0:
             continue
-        o = ar.find(layers[i].weights, -1, L)
+        o = ar.find(layers[i].weights, -1, L, align=wal)
         if o is None:
             raise short("resident weights", i)
-        ar.put(layers[i].name, "resident", layers[i].weights, -1, L, o)
+        ar.put(layers[i].name, "resident", layers[i].weights, -1, L, o, align=wal)
         w_off[i] = o
         after[i] = -1
     # activations: longest-lived and largest first, each at whichever end leaves it closer to its edge
@@ -197,15 +202,15 @@ def plan_flex(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget:
                 if pre:
                     lo = max(prev_start, 0 if max_preload is None else i - max_preload)
                     for s in range(min(lo, i), i + 1):
-                        o = ar.find(lm.weights, s, i)
+                        o = ar.find(lm.weights, s, i, align=wal)
                         if o is not None:
                             start = s
                             break
                 else:
-                    o = ar.find(lm.weights, i, i)
+                    o = ar.find(lm.weights, i, i, align=wal)
                 if o is None:
                     continue
-                ar.put(lm.name, "weights", lm.weights, start, i, o)
+                ar.put(lm.name, "weights", lm.weights, start, i, o, align=wal)
                 w_off[i] = o
                 after[i] = start - 1
             if lm.workspace > 0:
@@ -240,14 +245,15 @@ def lower_bound(layers: Sequence[LayerMem], activations: Sequence[Buffer], align
 
 
 def min_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], *, preload: bool = False,
-               alignment: int = 64, tol: float = 0.005) -> int:
+               alignment: int = 64, tol: float = 0.005, weight_alignment: int = 0) -> int:
     """The smallest budget (within ``tol`` relative) for which ``plan_flex`` succeeds with nothing resident."""
     lo = lower_bound(layers, activations, alignment)
     hi = lo
 
     def ok(b: int) -> bool:
         try:
-            plan_flex(layers, activations, b, preload=preload, alignment=alignment)
+            plan_flex(layers, activations, b, preload=preload, alignment=alignment,
+                      weight_alignment=weight_alignment)
             return True
         except BudgetTooSmall:
             return False
@@ -284,13 +290,14 @@ def resident_order(layers: Sequence[LayerMem], read_bw: float = 0.0) -> list[int
 
 def plan_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, *, preload: bool = True,
                 keep_resident: bool = True, read_bw: float = 0.0, max_preload: int | None = None,
-                alignment: int = 64) -> FlexPlan:
+                alignment: int = 64, weight_alignment: int = 0) -> FlexPlan:
     """The plan the runtime uses: ``plan_flex`` with as many of the best resident candidates as still fit.
     Raises ``BudgetTooSmall`` with the smallest feasible budget when even nothing resident does not fit."""
     try:
-        base = plan_flex(layers, activations, budget, preload=preload, max_preload=max_preload, alignment=alignment)
+        base = plan_flex(layers, activations, budget, preload=preload, max_preload=max_preload, alignment=alignment,
+                         weight_alignment=weight_alignment)
     except BudgetTooSmall as e:
-        need = min_budget(layers, activations, alignment=alignment)
+        need = min_budget(layers, activations, alignment=alignment, weight_alignment=weight_alignment)
         raise BudgetTooSmall(f"{e}; the smallest budget that fits is {need} bytes ({need / 2**20:.2f} MiB), "
                              f"short by {need - budget} bytes ({(need - budget) / 2**20:.2f} MiB)",
                              budget, need) from None
@@ -303,7 +310,7 @@ def plan_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], budge
     def attempt(k: int) -> FlexPlan | None:
         try:
             return plan_flex(layers, activations, budget, preload=preload, resident=order[:k],
-                             max_preload=max_preload, alignment=alignment)
+                             max_preload=max_preload, alignment=alignment, weight_alignment=weight_alignment)
         except BudgetTooSmall:
             return None
 

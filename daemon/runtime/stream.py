@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 SMALL = 16 << 10
 ALIGN = 64
+#: weight boxes and each blob in them start on a block boundary: ``O_DIRECT`` reads land in place
+WALIGN = 4096
 MODES = ("preload", "ondemand")
 READS = ("cache", "bypass")
 
@@ -152,8 +154,10 @@ class StreamingExecutor:
         self.mode = mode
         self.read = read
         self.budget = int(budget)
-        self.store = WeightsStore(store_path, direct=False)
-        if read == "bypass":  # no readahead: it would cache the next blobs behind the DONTNEED of this one
+        # bypass: O_DIRECT straight into the arena where the file system allows it, else buffered reads
+        # dropped after each blob (without readahead, which would cache the next blobs behind the drop)
+        self.store = WeightsStore(store_path, direct=read == "bypass")
+        if read == "bypass" and not self.store.direct:
             os.posix_fadvise(self.store._fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.inputs = list(graph.inputs)
         self.outputs = list(graph.outputs)
@@ -193,13 +197,14 @@ class StreamingExecutor:
         self._big = big
         acts, self.aliases = graph_buffers(graph)
         self.activations = acts
-        self.layer_mem = [LayerMem(layer.name, sum(align_up(e.size, ALIGN) for e in big.get(pos, [])),
+        self.layer_mem = [LayerMem(layer.name, sum(align_up(e.size, WALIGN) for e in big.get(pos, [])),
                                    self._scratch_bytes(layer, k))
                           for pos, (layer, k) in enumerate(self.choice)]
         # more than every box side by side is never needed: a larger budget plans (and allocates) no more
         self._ample = sum(lm.weights for lm in self.layer_mem) + max((lm.workspace for lm in self.layer_mem),
                                                                      default=0) \
-            + sum(align_up(b.size, ALIGN) for b in acts) + ALIGN
+            + sum(align_up(b.size, ALIGN) for b in acts) + ALIGN \
+            + WALIGN * (1 + sum(1 for lm in self.layer_mem if lm.weights))  # gaps before block-aligned weights
         self._plan_opts = dict(keep_resident=keep_resident, read_bw=read_bw, max_preload=max_preload)
         self.plan = self._make_plan(self.budget)
         self.plan_s = time.perf_counter() - t0
@@ -226,9 +231,10 @@ class StreamingExecutor:
                                  self.small_bytes + self.min_arena())
         try:
             if self.mode == "ondemand":
-                return plan_flex(self.layer_mem, self.activations, arena_budget, preload=False, alignment=ALIGN)
+                return plan_flex(self.layer_mem, self.activations, arena_budget, preload=False, alignment=ALIGN,
+                                 weight_alignment=WALIGN)
             return plan_budget(self.layer_mem, self.activations, arena_budget, preload=True, alignment=ALIGN,
-                               **self._plan_opts)
+                               weight_alignment=WALIGN, **self._plan_opts)
         except BudgetTooSmall as e:
             need = self.small_bytes + (e.need or self.min_arena())
             raise BudgetTooSmall(f"{self.graph.name}: memory budget {budget} bytes ({budget / 2**20:.2f} MiB) "
@@ -288,7 +294,7 @@ class StreamingExecutor:
         return sum(align_up(4 * int(n), ALIGN) for n in k.scratch_floats(layer).values())
 
     def min_arena(self) -> int:
-        return min_budget(self.layer_mem, self.activations, alignment=ALIGN)
+        return min_budget(self.layer_mem, self.activations, alignment=ALIGN, weight_alignment=WALIGN)
 
     def min_budget(self) -> int:
         """The smallest budget this model runs in (small parameters + the smallest feasible arena)."""
@@ -319,7 +325,7 @@ class StreamingExecutor:
                 v = self._view(off, e.shape, e.dtype)
                 params[e.tensor] = v
                 blobs.append((e, v))
-                off += align_up(e.size, ALIGN)
+                off += align_up(e.size, WALIGN)
             scratch = {}
             woff = plan.workspace_offset(pos)
             for slot, n in sorted(k.scratch_floats(layer).items()):
@@ -352,10 +358,32 @@ class StreamingExecutor:
         t0 = time.perf_counter()
         st = self.store
         for e, v in step.blobs:
+            if self.read == "bypass" and st.direct:
+                self._read_direct(e, v)
+                continue
             st.read(e, out=v)
             if self.read == "bypass":
                 os.posix_fadvise(st._fd, e.offset, e.size, os.POSIX_FADV_DONTNEED)
         return time.perf_counter() - t0
+
+    def _read_direct(self, e: Entry, v: np.ndarray) -> None:
+        """One blob by ``O_DIRECT`` into its arena place (block aligned; the read's tail lands in the padding
+        the plan left up to the next block), its checksum verified."""
+        from ..store import checksum
+
+        start = v.ctypes.data - self.arena.ctypes.data
+        n = align_up(e.size, WALIGN)
+        span = self.arena[start:start + n]
+        try:
+            got = os.preadv(self.store._dfd, [memoryview(span)], e.offset)
+        except OSError:  # a device with larger blocks: buffered, then dropped
+            got = os.preadv(self.store._fd, [memoryview(span[:e.size])], e.offset)
+            os.posix_fadvise(self.store._fd, e.offset, e.size, os.POSIX_FADV_DONTNEED)
+        if got < e.size:
+            raise WeightsStoreError(f"{self.store.path}: truncated weights store: {e.key} needs {e.size} bytes "
+                                    f"at {e.offset}, read {got}")
+        if checksum(memoryview(span[:e.size])) != e.checksum:
+            raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {e.key} (corrupted weights)")
 
     def _box(self, pos: int) -> tuple[tuple[str, str], int, int]:
         b = next(b for b in self.plan.boxes if b.kind in ("weights", "resident") and b.name == self.choice[pos][0].name

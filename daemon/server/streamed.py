@@ -106,10 +106,24 @@ def rebudget(slots: Iterable[Any], limit: int) -> None:
 
 
 def load_for_slot(server: Any, slot: Any, path: str, batch: int) -> StreamedModel:
-    """The daemon's load of a streamed model: its share of what the budget leaves beside the others."""
+    """The daemon's load of a streamed model: the other streamed models shrink to their minimum, this one
+    gets what the budget leaves beside them and the whole models; the next budget look re-splits the room."""
     limit = server.budget_now()
-    others = sum(s.resident_bytes() for s in server.slots.values() if s is not slot and s.model is not None)
-    room = limit - others if limit > 0 else 0
+    others = [s for s in server.slots.values() if s is not slot and s.model is not None]
+    room = 0
+    if limit > 0:
+        held = 0
+        for s in others:
+            if getattr(s.model, "streamed", False):
+                m = s.model.min_budget()
+                try:
+                    s.model.set_budget(m)
+                except BudgetTooSmall:
+                    m = s.model.budget
+                held += m
+            else:
+                held += s.resident_bytes()
+        room = max(1, limit - held)
     # beside the package cache, not in it (its eviction would take the stores)
     work = Path(server.config.cache_dir) / "stream"
     return load_streamed(path, room, work, name=slot.name, batch=batch)
