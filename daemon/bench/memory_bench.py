@@ -296,11 +296,14 @@ def adaptation(onnx: Path, work: Path, n_changes: int = 24, clients: int = 4) ->
         for t in th:
             t.join()
     adapt = list(ex.adapt_s)
+    swaps = list(ex.swap_s)
     ex.close()
     q = lambda xs, p: float(np.percentile(xs, p) * 1e3) if xs else None  # noqa: E731
     return {"clients": clients, "changes": n_changes, "swaps": len(adapt), "requests": sum(done), "errors": errors[:5],
             "budgets": budgets, "adapt_p50_ms": q(adapt, 50), "adapt_p90_ms": q(adapt, 90),
-            "plan_p50_ms": q(plans, 50), "call_p50_ms": q(replies, 50), "loadavg": list(os.getloadavg())}
+            "plan_p50_ms": q(plans, 50), "swap_p50_ms": q(swaps, 50),
+            "replan_p50_ms": q([p + s for p, s in zip(plans, swaps)], 50),
+            "call_p50_ms": q(replies, 50), "loadavg": list(os.getloadavg())}
 
 
 def outside_view(zoo: Path, work: Path, budget: int = 40_000_000) -> dict[str, Any]:
@@ -411,8 +414,9 @@ def _table(data: dict[str, Any]) -> str:
         lines += ["## Adaptation (resnet50, no re-slicing)", "",
                   f"{a['clients']} client threads, {a['changes']} changes, {a['swaps']} swaps, {a['requests']} "
                   f"requests, errors {a['errors']}: adaptation (plan + wait for the running request + swap) p50 "
-                  f"{fmt(a['adapt_p50_ms'])} ms, p90 {fmt(a['adapt_p90_ms'])} ms; re-plan alone p50 "
-                  f"{fmt(a['plan_p50_ms'])} ms (goal p50 <= 50 ms); load {a['loadavg']}", ""]
+                  f"{fmt(a['adapt_p50_ms'])} ms, p90 {fmt(a['adapt_p90_ms'])} ms; re-plan + swap (without the wait) p50 "
+                  f"{fmt(a['replan_p50_ms'])} ms (plan {fmt(a['plan_p50_ms'])}, swap {fmt(a['swap_p50_ms'])}; goal "
+                  f"p50 <= 50 ms); load {a['loadavg']}", ""]
     o = data.get("outside")
     if o:
         lines += ["## Outside view (daemon, resnet50 + mobilenetv2 streamed, --memory-budget 40M)", "",

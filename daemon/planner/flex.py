@@ -111,9 +111,14 @@ class _Arena:
         self.budget = budget
         self.alignment = alignment
         self.boxes: list[Box] = []
+        self._t: list[tuple[int, int, int, int]] = []  # (offset, end, first, last) of each box: fast to scan
 
     def _busy(self, first: int, last: int) -> list[tuple[int, int]]:
-        return sorted((b.offset, b.end) for b in self.boxes if not (b.last < first or last < b.first))
+        return sorted([(o, e) for o, e, f, l in self._t if l >= first and f <= last])
+
+    def truncate(self, n: int) -> None:
+        del self.boxes[n:]
+        del self._t[n:]
 
     def find(self, size: int, first: int, last: int, top: bool = False, align: int = 0) -> int | None:
         """The lowest (``top``: highest) offset aligned to ``align`` (default: the arena's) where ``size``
@@ -126,7 +131,8 @@ class _Arena:
             for o, e in busy:
                 if o - cur >= size:
                     return cur
-                cur = max(cur, align_up(e, al))
+                if e > cur:
+                    cur = -(-e // al) * al
             return cur if cur + size <= self.budget else None
         hi = self.budget
         for o, e in sorted(busy, key=lambda p: -p[1]):
@@ -141,6 +147,7 @@ class _Arena:
     def put(self, name: str, kind: str, size: int, first: int, last: int, offset: int, align: int = 0) -> Box:
         b = Box(name, kind, offset, align_up(max(size, 1), align or self.alignment), first, last)
         self.boxes.append(b)
+        self._t.append((b.offset, b.end, first, last))
         return b
 
 
@@ -195,17 +202,24 @@ def plan_flex(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget:
         tries = [True, False] if preload else [False]
         placed = False
         for pre in tries:
-            del ar.boxes[mark:]
+            ar.truncate(mark)
             start = i
             if lm.weights > 0 and i not in res:
                 o = None
                 if pre:
-                    lo = max(prev_start, 0 if max_preload is None else i - max_preload)
-                    for s in range(min(lo, i), i + 1):
-                        o = ar.find(lm.weights, s, i, align=wal)
-                        if o is not None:
-                            start = s
-                            break
+                    # the earliest start that fits: a later start frees a superset of addresses, so
+                    # fitting is monotone in it and a binary search finds the earliest
+                    lo = min(max(prev_start, 0 if max_preload is None else i - max_preload), i)
+                    o = ar.find(lm.weights, i, i, align=wal)
+                    if o is not None:
+                        start, hi_s = i, i
+                        while lo < hi_s:
+                            mid = (lo + hi_s) // 2
+                            om = ar.find(lm.weights, mid, i, align=wal)
+                            if om is not None:
+                                hi_s, start, o = mid, mid, om
+                            else:
+                                lo = mid + 1
                 else:
                     o = ar.find(lm.weights, i, i, align=wal)
                 if o is None:

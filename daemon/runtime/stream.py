@@ -220,7 +220,8 @@ class StreamingExecutor:
         self.lock = threading.Lock()
         self._pending: tuple[FlexPlan, int, float] | None = None
         self._pending_lock = threading.Lock()
-        self.adapt_s: list[float] = []
+        self.adapt_s: list[float] = []  # per change: from the request to the new arena in place
+        self.swap_s: list[float] = []  # per change: the swap itself (under the run lock)
 
     def _make_plan(self, budget: int) -> FlexPlan:
         """The memory plan for ``budget`` over this executor's layers (their slicing and kernels kept)."""
@@ -271,6 +272,7 @@ class StreamingExecutor:
 
     def _swap(self, plan: FlexPlan, budget: int, t0: float) -> None:
         """Under the run lock: the new plan's arena in place of the old one."""
+        ts = time.perf_counter()
         self.budget = budget
         self.plan = plan
         self.arena_budget = plan.budget
@@ -280,7 +282,9 @@ class StreamingExecutor:
         self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
         self._bind()
         self._resident_loaded = False  # resident weights are read again into their new places
-        self.adapt_s.append(time.perf_counter() - t0)
+        now = time.perf_counter()
+        self.adapt_s.append(now - t0)
+        self.swap_s.append(now - ts)
 
     def _apply_pending(self) -> None:
         with self._pending_lock:
