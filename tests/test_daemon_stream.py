@@ -94,3 +94,18 @@ def test_streamed_model_follows_budget_changes_under_load() -> None:
             if p.poll() is None:
                 p.kill()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_shares_and_config(tmp_path: Path) -> None:
+    from inferd.server.repository import parse_model_config
+    from inferd.server.streamed import UNLIMITED, shares
+
+    assert shares([("a", 10), ("b", 30)], 0) == {"a": UNLIMITED, "b": UNLIMITED}  # no budget
+    s = shares([("a", 10), ("b", 30)], 80)
+    assert s["a"] >= 10 and s["b"] >= 30 and s["a"] + s["b"] <= 80 and s["b"] == 3 * s["a"]
+    assert shares([("a", 10), ("b", 30)], 20) == {"a": 10, "b": 30}  # each its minimum; eviction decides
+    (tmp_path / "c.toml").write_text('memory = "stream"\n')
+    assert parse_model_config(str(tmp_path / "c.toml")).memory == "stream"
+    (tmp_path / "c.toml").write_text('memory = "sliced"\n')
+    with pytest.raises(ValueError, match="'memory' must be whole or stream"):
+        parse_model_config(str(tmp_path / "c.toml"))
