@@ -109,3 +109,14 @@ def test_shares_and_config(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text('memory = "sliced"\n')
     with pytest.raises(ValueError, match="'memory' must be whole or stream"):
         parse_model_config(str(tmp_path / "c.toml"))
+
+
+def test_two_models_named_model_onnx_get_their_own_stores(tmp_path: Path) -> None:
+    from inferd.runtime.stream_compile import compile_streamed, read_skeleton
+
+    for m in ("squeezenet1_1", "mobilenetv2"):
+        (tmp_path / m).mkdir()
+        shutil.copy(zoo_dir([m]) / f"{m}.onnx", tmp_path / m / "model.onnx")
+    a = compile_streamed(tmp_path / "squeezenet1_1" / "model.onnx", 0, tmp_path / "w", in_child=False)
+    b = compile_streamed(tmp_path / "mobilenetv2" / "model.onnx", 0, tmp_path / "w", in_child=False)
+    assert read_skeleton(a)[1]["store"] != read_skeleton(b)[1]["store"]

@@ -160,8 +160,7 @@ def _budgets(lo: int, hi: int, n: int) -> list[int]:
     if hi <= lo:
         return [lo]
     r = (hi / lo) ** (1 / max(1, n - 1))
-    out = sorted({int(lo * r ** i) for i in range(n)} | {hi})
-    return out
+    return sorted({int(lo * r ** i) for i in range(n - 1)} | {hi})
 
 
 def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, with_ncnn: bool) -> dict[str, Any]:

@@ -119,7 +119,9 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     g = slice_graph(graph, cfg.slices)
     kernels = expand_kernels(g, dict(cfg.kernels))
     tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
-    store = prepare_stream_store(g, work / f"{src.stem}-{tag}.store", kernels or None)
+    # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
+    # share, nor race for, one store
+    store = prepare_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.store", kernels or None)
     write_skeleton(strip_constants(g), skel, {"store": str(store), "kernels": kernels,
                                               "config": {"kernels": dict(cfg.kernels), "slices": dict(cfg.slices)}})
     return skel
