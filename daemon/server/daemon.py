@@ -462,7 +462,7 @@ class Server:
     # ------------------------------------------------------------------ memory budget (main thread)
 
     def _residents(self) -> list[budget.Resident]:
-        return [budget.Resident(s.name, s.resident_bytes(), s.last_used, s.entry.config.pinned, not s.idle())
+        return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned, not s.idle())
                 for s in self.slots.values() if s.model is not None]
 
     def budget_now(self, rss: int | None = None, models: int | None = None) -> int:
@@ -496,13 +496,14 @@ class Server:
         """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
         last load; unknown the first time), or the reason it cannot fit at all."""
         limit = self.budget_now()
-        if limit <= 0 or slot.known_bytes <= 0:
+        need = streamed.admit_need(slot)
+        if limit <= 0 or need <= 0:
             return None
         res = [r for r in self._residents() if r.name != slot.name]
-        v = budget.plan(res, limit, need=slot.known_bytes, keep=slot.name)
+        v = budget.plan(res, limit, need=need, keep=slot.name)
         if not v.fits:
             held = sum(r.nbytes for r in res if r.pinned or r.busy)
-            return budget.describe_shortfall(slot.name, slot.known_bytes, limit, held)
+            return budget.describe_shortfall(slot.name, need, limit, held)
         for name in v.evict:
             self.slots[name].evict(f"evicted to make room for {slot.name!r} within the memory budget "
                                    f"({limit} bytes)")

@@ -127,3 +127,21 @@ def load_for_slot(server: Any, slot: Any, path: str, batch: int) -> StreamedMode
     # beside the package cache, not in it (its eviction would take the stores)
     work = Path(server.config.cache_dir) / "stream"
     return load_streamed(path, room, work, name=slot.name, batch=batch)
+
+
+def need_bytes(slot: Any) -> int:
+    """What the budget must leave ``slot``: a streamed model shrinks to its minimum, a whole one holds
+    what it measured (0: not loaded)."""
+    m = slot.model
+    if m is not None and getattr(m, "streamed", False):
+        slot.stream_min = m.min_budget()
+        return int(slot.stream_min)
+    return int(slot.resident_bytes())
+
+
+def admit_need(slot: Any) -> int:
+    """The bytes an on-demand load of ``slot`` needs: a streamed model's minimum as at its last load
+    (unknown the first time: 0), else its measured size."""
+    if slot.entry.config.memory == "stream":
+        return int(getattr(slot, "stream_min", 0) or 0)
+    return int(slot.known_bytes)
