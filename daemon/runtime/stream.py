@@ -143,7 +143,7 @@ class StreamingExecutor:
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
                  read: str = "cache", keep_resident: bool = True, track: bool = False,
                  kernels: dict[str, str] | None = None, read_bw: float = 0.0,
-                 max_preload: int | None = None) -> None:
+                 max_preload: int | None = None, compute_s: Sequence[float] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if read not in READS:
@@ -197,8 +197,9 @@ class StreamingExecutor:
         self._big = big
         acts, self.aliases = graph_buffers(graph)
         self.activations = acts
+        times = list(compute_s) if compute_s is not None and len(compute_s) == len(self.choice) else None
         self.layer_mem = [LayerMem(layer.name, sum(align_up(e.size, WALIGN) for e in big.get(pos, [])),
-                                   self._scratch_bytes(layer, k))
+                                   self._scratch_bytes(layer, k), times[pos] if times else 0.0)
                           for pos, (layer, k) in enumerate(self.choice)]
         # more than every box side by side is never needed: a larger budget plans (and allocates) no more
         self._ample = sum(lm.weights for lm in self.layer_mem) + max((lm.workspace for lm in self.layer_mem),

@@ -122,9 +122,46 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
     # share, nor race for, one store
     store = prepare_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.store", kernels or None)
+    compute_s, read_bw = _measure(g, kernels, store)
     write_skeleton(strip_constants(g), skel, {"store": str(store), "kernels": kernels,
-                                              "config": {"kernels": dict(cfg.kernels), "slices": dict(cfg.slices)}})
+                                              "config": {"kernels": dict(cfg.kernels), "slices": dict(cfg.slices)},
+                                              "compute_s": compute_s, "read_bw": read_bw})
     return skel
+
+
+def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> tuple[list[float], float]:
+    """Per step compute seconds (median of ``runs`` timed runs of the whole model) and the store's read
+    bandwidth (one sequential ``O_DIRECT`` pass, the cache dropped first): what the resident choice weighs."""
+    import time
+
+    from ..runtime.pagecache import drop_file
+    from ..store import aligned_empty
+    from .cpu import CpuExecutor
+
+    ex = CpuExecutor(g, kernels or None)
+    feeds = {t.name: np.zeros(t.shape, t.dtype) for t in g.inputs}
+    ex.run(feeds)
+    per = [ex.run_timed(feeds)[1] for _ in range(runs)]
+    compute = [float(np.median([p[i] for p in per])) for i in range(len(per[0]))]
+    del ex
+    drop_file(store)
+    size = store.stat().st_size
+    buf = aligned_empty(4 << 20)
+    try:
+        fd = os.open(store, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        fd = os.open(store, os.O_RDONLY)
+    t = time.perf_counter()
+    off = 0
+    try:
+        while off < size:
+            n = os.preadv(fd, [memoryview(buf)], off)
+            if n <= 0:
+                break
+            off += n
+    finally:
+        os.close(fd)
+    return compute, off / max(time.perf_counter() - t, 1e-9)
 
 
 def _child_error(line: str, budget: int) -> Exception:
@@ -143,6 +180,8 @@ def open_streamed(skel: str | os.PathLike, budget: int, **kw: Any) -> StreamingE
     from ..planner.slicing import MemConfig
 
     g, meta = read_skeleton(Path(skel))
+    kw.setdefault("compute_s", meta.get("compute_s"))
+    kw.setdefault("read_bw", float(meta.get("read_bw") or 0.0))
     ex = StreamingExecutor(g, meta["store"], budget if budget > 0 else 1 << 50, kernels=meta.get("kernels") or None,
                            **kw)
     c = meta.get("config") or {}
