@@ -59,24 +59,37 @@ job = json.loads(open(sys.argv[1]).read())
 kind, out = job["kind"], []
 x = np.load(job["x"])
 if kind == "inferd":
+    from inferd.frontend import import_model
+    from inferd.runtime.cpu import CpuExecutor
     from inferd.runtime.stream_compile import open_streamed
     from inferd.runtime.pagecache import drop_file
+    # the unconstrained model, run alternately with each configuration: the machine's load drifts, a warm
+    # latency measured minutes apart would not be the reference of this configuration
+    g = import_model(job["onnx"])
+    warm = CpuExecutor(g)
+    wfeeds = {g.inputs[0].name: x}
+    warm.run(wfeeds)
+    del g
     for c in job["configs"]:
         reset(); base = rss()
         ex = open_streamed(c["skel"], c["budget"], mode=c["mode"], read=c["read"])
         feeds = {ex.inputs[0].name: x}
         if c["read"] == "bypass":
             drop_file(ex.store.path)
-        ex.run(feeds)
-        ts, rd, wt = [], [], []
+        for _ in range(2):  # peak RSS from the streamed runs alone
+            ex.run(feeds)
+        peak = hwm()
+        ts, ws, rd, wt = [], [], [], []
         for _ in range(job["repeat"]):
+            t = time.perf_counter(); warm.run(wfeeds); ws.append(time.perf_counter() - t)
             t = time.perf_counter(); ex.run(feeds); ts.append(time.perf_counter() - t)
             rd.append(ex.stats["read_s"]); wt.append(ex.stats["wait_s"])
         out.append({**c, "latency_ms": float(np.median(ts)) * 1e3, "latency_all_ms": [t * 1e3 for t in ts],
+                    "warm_ms": float(np.median(ws)) * 1e3,
                     "read_ms": float(np.median(rd)) * 1e3, "wait_ms": float(np.median(wt)) * 1e3,
                     "arena_bytes": int(ex.arena.nbytes), "memory_bytes": int(ex.memory_bytes),
                     "streamed_bytes": int(ex.streamed_bytes), "resident_layers": int(sum(ex.plan.resident)),
-                    "peak_rss_bytes": hwm(), "base_rss_bytes": base, "peak_rss_delta_bytes": hwm() - base,
+                    "peak_rss_bytes": peak, "base_rss_bytes": base, "peak_rss_delta_bytes": peak - base,
                     "config": {"kernels": dict(ex.config.kernels), "slices": dict(ex.config.slices)},
                     "loadavg": list(os.getloadavg())})
         ex.close(); del ex
@@ -233,7 +246,8 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     del graph
     gc.collect()
     res["disk_bw_bytes_s"] = disk_bandwidth(store)
-    res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf)}, work)
+    res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf), "onnx": str(onnx)},
+                         work)
     try:
         res["ort"] = _child({"kind": "ort", "onnx": str(onnx), "repeat": repeat, "x": str(xf)}, work)[0]
     except Exception as e:
@@ -397,17 +411,27 @@ def _table(data: dict[str, Any]) -> str:
         ncnn_peak = (r.get("ncnn") or {}).get("peak_rss_delta_bytes")
         if ncnn_peak:
             lines.append(f"- min budget / ncnn peak = {r['min_budget'] / ncnn_peak:.3f} (goal <= 0.10 for resnet50, vgg16)")
-        lines += ["", "| budget MiB | mode | read | latency ms | read ms | wait ms | streamed MiB | peak RSS +MiB | "
-                  "bound ms | ratio to bound | vs on-demand |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "bound = max(warm, streamed bytes / disk bandwidth), warm measured alternately with each "
+                  "configuration in the same child (goal: latency <= 1.15 x bound, and below on-demand).", "",
+                  "| budget MiB | mode | read | latency ms | warm ms | read ms | wait ms | streamed MiB | "
+                  "peak RSS +MiB | bound ms | ratio to bound | vs on-demand |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         od = {(c["budget"], c["read"]): c["latency_ms"] for c in r["runs"] if c["mode"] == "ondemand"}
+        met_b = met_o = n_pre = 0
         for c in r["runs"]:
-            bound = max(r["warm_ms"], c["streamed_bytes"] / bw * 1e3)
+            warm = c.get("warm_ms", r["warm_ms"])
+            bound = max(warm, c["streamed_bytes"] / bw * 1e3)
             vs = c["latency_ms"] / od[(c["budget"], c["read"])] if c["mode"] == "preload" else None
-            lines.append(f"| {c['budget'] / MB:.2f} | {c['mode']} | {c['read']} | {c['latency_ms']:.1f} | "
+            if c["mode"] == "preload":
+                n_pre += 1
+                met_b += c["latency_ms"] <= 1.15 * bound
+                met_o += vs is not None and vs < 1.0
+            lines.append(f"| {c['budget'] / MB:.2f} | {c['mode']} | {c['read']} | {c['latency_ms']:.1f} | {warm:.1f} | "
                          f"{c['read_ms']:.1f} | {c['wait_ms']:.1f} | {c['streamed_bytes'] / MB:.1f} | "
                          f"{c['peak_rss_delta_bytes'] / MB:.1f} | {bound:.1f} | {c['latency_ms'] / bound:.2f} | "
                          f"{fmt(vs, '.2f')} |")
-        lines.append("")
+        lines += ["", f"preloading: within 1.15 x bound at {met_b} of {n_pre} (budget, read mode) points; faster "
+                  f"than on-demand at {met_o} of {n_pre}", ""]
     a = data.get("adaptation")
     if a:
         lines += ["## Adaptation (resnet50, no re-slicing)", "",
