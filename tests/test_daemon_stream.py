@@ -65,7 +65,9 @@ def test_streamed_model_follows_budget_changes_under_load() -> None:
                            str(40 * MB), log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=120) as c:
             got = c.infer("mnv2", {"input": x})["output"]
             assert float(np.abs(got - y).max() / np.abs(y).max()) <= 1e-4
-            assert c.status()["models"]["mnv2"]["memory_bytes"] <= 40 * MB
+            st = c.status()["models"]["mnv2"]
+            assert st["memory_bytes"] <= 40 * MB and st["budget_bytes"] <= 40 * MB
+            assert st["arena_bytes"] + st["weights_bytes"] == st["memory_bytes"]
             stop = d / "stop"
             procs = [subprocess.Popen([sys.executable, "-c", _CLIENT, dp.endpoint, str(d / "ref.npz"), str(stop)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]

@@ -529,7 +529,8 @@ class StreamingExecutor:
     @property
     def memory_breakdown(self) -> dict[str, int]:
         return {"arena_bytes": int(self.arena.nbytes), "weights_bytes": int(self.small_bytes),
-                "resident_bytes": int(self.plan.resident_bytes), "streamed_bytes": int(self.plan.streamed_bytes)}
+                "resident_bytes": int(self.plan.resident_bytes), "streamed_bytes": int(self.streamed_bytes),
+                "budget_bytes": int(self.budget)}
 
     @property
     def streamed_bytes(self) -> int:
