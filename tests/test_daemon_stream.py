@@ -105,7 +105,7 @@ def test_shares_and_config(tmp_path: Path) -> None:
     assert shares([("a", 10), ("b", 30)], 0) == {"a": UNLIMITED, "b": UNLIMITED}  # no budget
     s = shares([("a", 10), ("b", 30)], 80)
     assert s["a"] >= 10 and s["b"] >= 30 and s["a"] + s["b"] <= 80 and s["b"] == 3 * s["a"]
-    assert shares([("a", 10), ("b", 30)], 20) == {"a": 10, "b": 30}  # each its minimum; eviction decides
+    assert shares([("a", 10), ("b", 30)], 20) == {"a": 5, "b": 15}  # below the minimums: sliced again
     (tmp_path / "c.toml").write_text('memory = "stream"\n')
     assert parse_model_config(str(tmp_path / "c.toml")).memory == "stream"
     (tmp_path / "c.toml").write_text('memory = "sliced"\n')
@@ -122,3 +122,32 @@ def test_two_models_named_model_onnx_get_their_own_stores(tmp_path: Path) -> Non
     a = compile_streamed(tmp_path / "squeezenet1_1" / "model.onnx", 0, tmp_path / "w", in_child=False)
     b = compile_streamed(tmp_path / "mobilenetv2" / "model.onnx", 0, tmp_path / "w", in_child=False)
     assert read_skeleton(a)[1]["store"] != read_skeleton(b)[1]["store"]
+
+
+@pytest.mark.slow
+def test_streamed_model_is_sliced_again_when_its_slicing_no_longer_fits() -> None:
+    d = Path(tempfile.mkdtemp(prefix="ifdr", dir="/tmp"))
+    try:
+        (d / "m" / "r50").mkdir(parents=True)
+        src = zoo_dir(["resnet50"]) / "resnet50.onnx"
+        shutil.copy(src, d / "m" / "r50" / "model.onnx")
+        (d / "m" / "r50" / "config.toml").write_text('memory = "stream"\n')
+        x = np.random.default_rng(4).standard_normal((1, 3, 224, 224)).astype(np.float32)
+        with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--cache-dir", str(d / "c"), "--memory-budget",
+                           str(40 * MB), log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=300) as c:
+            y = c.infer("r50", {"input": x})["output"]
+            c.set_budget(14 * MB)  # below the unsliced minimum (~20.5 MiB), above the sliced one (~11.6 MiB)
+            end = time.monotonic() + 120
+            while True:
+                st = c.status()["models"]["r50"]
+                if st["state"] == "READY" and 0 < st["memory_bytes"] <= 14 * MB:
+                    break
+                assert time.monotonic() < end, (st, dp.log_text()[-2000:])
+                got = c.infer("r50", {"input": x})["output"]  # serving all along
+                assert float(np.abs(got - y).max() / np.abs(y).max()) <= 1e-4
+                time.sleep(0.2)
+            got = c.infer("r50", {"input": x})["output"]
+            assert float(np.abs(got - y).max() / np.abs(y).max()) <= 1e-4
+            assert "slicing it again" in dp.log_text()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -71,14 +71,16 @@ def load_streamed(path: str | os.PathLike, budget: int, work: str | os.PathLike,
 
 
 def shares(streamed: Iterable[tuple[str, int]], room: int) -> dict[str, int]:
-    """Split ``room`` bytes among streamed models (name, minimum budget): each its minimum, the rest in
-    proportion to the minimums. ``room`` <= 0: no budget (each unlimited)."""
+    """Split ``room`` bytes among streamed models (name, minimum budget of its current slicing): each its
+    minimum and the rest in proportion to the minimums; below their sum, parts in that proportion (the models
+    are sliced again for them). ``room`` <= 0: no budget (each unlimited)."""
     items = list(streamed)
     if room <= 0:
         return {n: UNLIMITED for n, _ in items}
     total = sum(m for _, m in items) or 1
-    spare = max(0, room - total)
-    return {n: m + spare * m // total for n, m in items}
+    if room < total:  # below the current slicings' minimums: each its part, and those parts slice again
+        return {n: room * m // total for n, m in items}
+    return {n: m + (room - total) * m // total for n, m in items}
 
 
 def rebudget(slots: Iterable[Any], limit: int) -> None:
@@ -91,9 +93,10 @@ def rebudget(slots: Iterable[Any], limit: int) -> None:
     room = limit - others if limit > 0 else 0
     mins = {s.name: s.model.min_budget() for s in stream}
     want = shares(mins.items(), room)
-    if 0 < room < sum(mins.values()):  # each shrinks to its minimum; the eviction decides the rest
-        log.warning("the memory budget leaves %d bytes for the streamed models, which need at least %d bytes "
-                    "(%s)", room, sum(mins.values()), ", ".join(f"{n} needs at least {m}" for n, m in mins.items()))
+    if 0 < room < sum(mins.values()):  # below the current slicings: each is sliced again for its part
+        log.warning("the memory budget leaves %d bytes for the streamed models, whose slicings need at least %d "
+                    "bytes (%s)", room, sum(mins.values()),
+                    ", ".join(f"{n} needs at least {m}" for n, m in mins.items()))
     for s in stream:
         share = want[s.name]
         if share == s.model.budget or (room <= 0 and s.model.budget >= UNLIMITED):
@@ -101,8 +104,13 @@ def rebudget(slots: Iterable[Any], limit: int) -> None:
         try:
             s.model.set_budget(share)
             log.info("model %s: memory re-planned for a share of %d bytes", s.name, share)
-        except BudgetTooSmall as e:  # this slicing does not fit: the least-recently-used eviction decides
-            log.warning("model %s: %s", s.name, e)
+        except BudgetTooSmall as e:
+            # this slicing does not fit the share: slice again (a reload compiles for the room there is now;
+            # the model serves on its current plan meanwhile); once per share, not at every budget look
+            if getattr(s, "resliced_for", None) != share:
+                s.resliced_for = share
+                log.warning("model %s: %s; slicing it again for %d bytes", s.name, e, share)
+                s.request_load(None, reload=True)
 
 
 def load_for_slot(server: Any, slot: Any, path: str, batch: int) -> StreamedModel:
