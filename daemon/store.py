@@ -95,7 +95,7 @@ class StoreWriter:
         key = (layer, tensor, kernel, variant)
         if key in self._keys:
             raise ValueError(f"duplicate store entry {key}")
-        a = np.ascontiguousarray(array)
+        a = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a 0-d array 1-d
         data = a.tobytes()
         e = Entry(layer, tensor, kernel, variant, a.dtype.str, tuple(int(d) for d in a.shape), self._pos,
                   len(data), checksum(data))

@@ -39,7 +39,7 @@ from inferd_client import protocol as P
 from ..config import Config, ConfigError, load_config, parse_argv
 from . import auth
 from .auth import Peer, Policy
-from . import budget
+from . import budget, streamed
 from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
@@ -462,7 +462,7 @@ class Server:
     # ------------------------------------------------------------------ memory budget (main thread)
 
     def _residents(self) -> list[budget.Resident]:
-        return [budget.Resident(s.name, s.resident_bytes(), s.last_used, s.entry.config.pinned, not s.idle())
+        return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned, not s.idle())
                 for s in self.slots.values() if s.model is not None]
 
     def budget_now(self, rss: int | None = None, models: int | None = None) -> int:
@@ -480,6 +480,7 @@ class Server:
     def enforce_budget(self) -> None:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
         limit = self.budget_now()
+        streamed.rebudget(self.slots.values(), limit)  # streamed models re-plan into their new shares first
         if limit <= 0:
             return
         v = budget.plan(self._residents(), limit)
@@ -495,13 +496,14 @@ class Server:
         """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
         last load; unknown the first time), or the reason it cannot fit at all."""
         limit = self.budget_now()
-        if limit <= 0 or slot.known_bytes <= 0:
+        need = streamed.admit_need(slot)
+        if limit <= 0 or need <= 0:
             return None
         res = [r for r in self._residents() if r.name != slot.name]
-        v = budget.plan(res, limit, need=slot.known_bytes, keep=slot.name)
+        v = budget.plan(res, limit, need=need, keep=slot.name)
         if not v.fits:
             held = sum(r.nbytes for r in res if r.pinned or r.busy)
-            return budget.describe_shortfall(slot.name, slot.known_bytes, limit, held)
+            return budget.describe_shortfall(slot.name, need, limit, held)
         for name in v.evict:
             self.slots[name].evict(f"evicted to make room for {slot.name!r} within the memory budget "
                                    f"({limit} bytes)")
@@ -744,7 +746,10 @@ class Server:
                 set_fence_timeout(self.config.gpu_timeout)
             except Exception:  # no Vulkan module here: nothing waits on fences
                 pass
-        model = self.loader(path, device=device, batch=batch, **dynamic)
+        if slot.entry.config.memory == "stream":  # inside its share of the budget, weights streamed
+            model = streamed.load_for_slot(self, slot, path, batch)
+        else:
+            model = self.loader(path, device=device, batch=batch, **dynamic)
         if hasattr(model, "max_variants"):
             mv = slot.entry.config.max_variants
             model.max_variants = mv if mv is not None else self.config.max_variants

@@ -18,6 +18,8 @@ Layout::
         max_shape = { x = [8, 3, 32, 1024] }   # larger requests get INVALID_ARG
         max_variants = 4              # shapes kept besides the first (default: the daemon's `max_variants`)
         fallback = "cpu"              # serve on the CPU while the GPU recovers (default: the daemon's `fallback`)
+        memory = "stream"             # run inside its share of the memory budget, weights streamed (CPU;
+                                      # default "whole": everything resident, evicted whole)
 
 A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
 """
@@ -54,6 +56,7 @@ class ModelConfig:
     max_shape: dict[str, tuple[int, ...]] | None = None
     max_variants: int | None = None
     fallback: str | None = None
+    memory: str = "whole"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class ModelEntry:
 _TYPES: dict[str, tuple[type, ...]] = {
     "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
     "shapes": (list,), "max_shape": (dict,), "max_variants": (int,), "fallback": (str,),
+    "memory": (str,),
 }
 
 
@@ -100,6 +104,8 @@ def parse_model_config(path: str) -> ModelConfig:
         raise ValueError(f"{path}: 'device' must be auto, vulkan or cpu, got {values['device']!r}")
     if "fallback" in values and values["fallback"] not in ("none", "cpu"):
         raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
+    if "memory" in values and values["memory"] not in ("whole", "stream"):
+        raise ValueError(f"{path}: 'memory' must be whole or stream, got {values['memory']!r}")
     if values.get("max_queue", 1) < 1 or values.get("batch", 1) < 1:
         raise ValueError(f"{path}: 'max_queue' and 'batch' must be >= 1")
     if values.get("max_variants", 0) < 0:

@@ -1,0 +1,498 @@
+"""``inferd bench memory``: models served inside memory budgets, against ncnn and onnxruntime in the same run.
+
+    inferd bench memory [--models resnet50,vgg16,mobilenetv2,vit_tiny] [--points 8] [--repeat 5]
+                        [--out DIR] [--no-ncnn] [--no-adapt] [--no-daemon]
+
+Per model: the smallest feasible budget (slicing and kernel fallback allowed) and the smallest at which
+every weight stays resident; ``--points`` budgets between them (geometric). At each, in a child process
+whose peak RSS is reset before each configuration (``/proc/self/clear_refs``): latency of the streaming
+runtime with preloading and of the on-demand baseline, through the page cache and bypassing it
+(``posix_fadvise(DONTNEED)``), the arena, the peak RSS above the child's baseline. Peers, each in its own
+child: onnxruntime (its peak RSS and latency), ncnn (pnnx-converted; default options, and with Winograd and
+sgemm off). The disk's bandwidth (O_DIRECT sequential read of the store). Adaptation: resnet50 re-planned
+between budgets while 4 client threads send. Outside view: a daemon serving resnet50 and mobilenetv2
+(``memory = "stream"``) under ``--memory-budget 40M``: its peak RSS against the idle daemon's.
+
+The goals (issue 9) are evaluated in the markdown table. The machine is shared: load averages are recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import fmt, machine_info, write_results
+
+MODELS = ["resnet50", "vgg16", "mobilenetv2", "vit_tiny"]
+MB = 1 << 20
+
+_CHILD = r"""
+import gc, json, os, sys, time
+import numpy as np
+
+def rss():
+    s = open('/proc/self/status').read()
+    return int(s.split('VmRSS:')[1].split()[0]) * 1024
+def hwm():
+    s = open('/proc/self/status').read()
+    return int(s.split('VmHWM:')[1].split()[0]) * 1024
+def reset():
+    gc.collect()
+    try:
+        open('/proc/self/clear_refs', 'w').write('5')
+    except OSError:
+        pass
+
+job = json.loads(open(sys.argv[1]).read())
+kind, out = job["kind"], []
+x = np.load(job["x"])
+if kind == "inferd":
+    from inferd.frontend import import_model
+    from inferd.runtime.cpu import CpuExecutor
+    from inferd.runtime.stream_compile import open_streamed
+    from inferd.runtime.pagecache import drop_file
+    # the unconstrained model, run alternately with each configuration: the machine's load drifts, a warm
+    # latency measured minutes apart would not be the reference of this configuration
+    g = import_model(job["onnx"])
+    warm = CpuExecutor(g)
+    wfeeds = {g.inputs[0].name: x}
+    warm.run(wfeeds)
+    del g
+    for c in job["configs"]:
+        reset(); base = rss()
+        ex = open_streamed(c["skel"], c["budget"], mode=c["mode"], read=c["read"])
+        feeds = {ex.inputs[0].name: x}
+        if c["read"] == "bypass":
+            drop_file(ex.store.path)
+        for _ in range(2):  # peak RSS from the streamed runs alone
+            ex.run(feeds)
+        peak = hwm()
+        ts, ws, rd, wt = [], [], [], []
+        for _ in range(job["repeat"]):
+            t = time.perf_counter(); warm.run(wfeeds); ws.append(time.perf_counter() - t)
+            t = time.perf_counter(); ex.run(feeds); ts.append(time.perf_counter() - t)
+            rd.append(ex.stats["read_s"]); wt.append(ex.stats["wait_s"])
+        out.append({**c, "latency_ms": float(np.median(ts)) * 1e3, "latency_all_ms": [t * 1e3 for t in ts],
+                    "warm_ms": float(np.median(ws)) * 1e3,
+                    "read_ms": float(np.median(rd)) * 1e3, "wait_ms": float(np.median(wt)) * 1e3,
+                    "arena_bytes": int(ex.arena.nbytes), "memory_bytes": int(ex.memory_bytes),
+                    "streamed_bytes": int(ex.streamed_bytes), "resident_layers": int(sum(ex.plan.resident)),
+                    "peak_rss_bytes": peak, "base_rss_bytes": base, "peak_rss_delta_bytes": peak - base,
+                    "config": {"kernels": dict(ex.config.kernels), "slices": dict(ex.config.slices)},
+                    "loadavg": list(os.getloadavg())})
+        ex.close(); del ex
+elif kind == "ort":
+    import onnxruntime as ort
+    reset(); base = rss()
+    so = ort.SessionOptions(); so.intra_op_num_threads = 2; so.log_severity_level = 3
+    s = ort.InferenceSession(job["onnx"], so, providers=["CPUExecutionProvider"])
+    name = s.get_inputs()[0].name
+    s.run(None, {name: x})
+    ts = []
+    for _ in range(job["repeat"]):
+        t = time.perf_counter(); s.run(None, {name: x}); ts.append(time.perf_counter() - t)
+    out.append({"latency_ms": float(np.median(ts)) * 1e3, "peak_rss_bytes": hwm(), "base_rss_bytes": base,
+                "peak_rss_delta_bytes": hwm() - base, "loadavg": list(os.getloadavg())})
+elif kind == "ncnn":
+    import ncnn
+    reset(); base = rss()
+    net = ncnn.Net()
+    net.opt.use_vulkan_compute = False
+    net.opt.num_threads = 2
+    net.opt.use_fp16_packed = False; net.opt.use_fp16_storage = False; net.opt.use_fp16_arithmetic = False
+    if job["plain"]:
+        net.opt.use_winograd_convolution = False
+        net.opt.use_sgemm_convolution = False
+    net.load_param(job["param"]); net.load_model(job["bin"])
+    def once():
+        ex = net.create_extractor()
+        ex.input("in0", ncnn.Mat(x[0]))
+        _r, y = ex.extract("out0")
+        return np.array(y)
+    once()
+    ts = []
+    for _ in range(job["repeat"]):
+        t = time.perf_counter(); once(); ts.append(time.perf_counter() - t)
+    out.append({"latency_ms": float(np.median(ts)) * 1e3, "peak_rss_bytes": hwm(), "base_rss_bytes": base,
+                "peak_rss_delta_bytes": hwm() - base, "loadavg": list(os.getloadavg())})
+print(json.dumps(out))
+"""
+
+
+def _child(job: dict[str, Any], work: Path, timeout: float = 1800) -> list[dict[str, Any]]:
+    jf = work / f"job-{job['kind']}-{os.getpid()}-{time.monotonic_ns()}.json"
+    jf.write_text(json.dumps(job))
+    # a fixed mmap threshold: a freed arena goes back to the system (glibc's dynamic threshold would keep it in
+    # the heap, and the next configuration's peak RSS would not show its own arena)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(jf)], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{job['kind']} child failed: {r.stderr[-1500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def disk_bandwidth(path: Path, chunk: int = 4 << 20) -> float:
+    """Bytes/s of a sequential O_DIRECT read of ``path`` (the page cache dropped first)."""
+    from ..runtime.pagecache import drop_file
+    from ..store import aligned_empty
+
+    drop_file(path)
+    size = path.stat().st_size
+    buf = aligned_empty(chunk)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        fd = os.open(path, os.O_RDONLY)
+    t = time.perf_counter()
+    off = 0
+    try:
+        while off < size:
+            n = os.preadv(fd, [memoryview(buf)], off)
+            if n <= 0:
+                break
+            off += n
+    finally:
+        os.close(fd)
+    return off / max(time.perf_counter() - t, 1e-9)
+
+
+def _budgets(lo: int, hi: int, n: int) -> list[int]:
+    if hi <= lo:
+        return [lo]
+    r = (hi / lo) ** (1 / max(1, n - 1))
+    return sorted({int(lo * r ** i) for i in range(n - 1)} | {hi})
+
+
+def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, with_ncnn: bool) -> dict[str, Any]:
+    from ..frontend import import_model
+    from ..planner.flex import BudgetTooSmall
+    from ..planner.slicing import MemConfig, fit_config, min_fit_budget
+    from ..runtime.cpu import CpuExecutor
+    from ..runtime.stream_compile import compile_streamed, open_streamed
+
+    res: dict[str, Any] = {"model": name}
+    graph = import_model(onnx)
+    x = np.random.default_rng(0).standard_normal(graph.inputs[0].shape).astype(np.float32)
+    xf = work / f"{name}_x.npy"
+    np.save(xf, x)
+    # inferd unconstrained, warm (the reference latency)
+    ex = CpuExecutor(graph)
+    feeds = {graph.inputs[0].name: x}
+    ex.run(feeds)
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        ex.run(feeds)
+        ts.append(time.perf_counter() - t)
+    res["warm_ms"] = statistics.median(ts) * 1e3
+    res["warm_loadavg"] = list(os.getloadavg())
+    del ex
+    gc.collect()
+    # the default configuration (no slicing) and the smallest feasible one
+    t = time.perf_counter()
+    skel0 = compile_streamed(onnx, 0, work, config=MemConfig(), in_child=False)
+    probe = open_streamed(skel0, 0)
+    small = probe.small_bytes
+    default_min = probe.min_budget()
+    lo_full, hi_full = default_min, probe.small_bytes + probe.arena.nbytes
+    while hi_full - lo_full > max(64 << 10, hi_full // 200):  # the smallest budget with nothing streamed
+        mid = (lo_full + hi_full) // 2
+        try:
+            p = probe._make_plan(mid)
+            ok = p.streamed_bytes == 0
+        except BudgetTooSmall:
+            ok = False
+        lo_full, hi_full = (lo_full, mid) if ok else (mid, hi_full)
+    full = hi_full
+    probe.close()
+    arena_min, cfg_min = min_fit_budget(graph, lo=max(1 << 20, default_min // 8))
+    res["plan_search_s"] = time.perf_counter() - t
+    skel_min = compile_streamed(onnx, 0, work, config=cfg_min, in_child=False)
+    p2 = open_streamed(skel_min, 0)
+    true_min = p2.min_budget()
+    p2.close()
+    res.update({"small_bytes": small, "default_min_budget": default_min, "min_budget": true_min,
+                "min_config": {"kernels": dict(cfg_min.kernels), "slices": dict(cfg_min.slices)},
+                "full_budget": full, "weights_bytes": int(sum(a.nbytes for a in graph.constants.values()))})
+    budgets = _budgets(true_min, full, points)
+    res["budgets"] = budgets
+    configs = []
+    for b in budgets:
+        if b >= default_min:
+            skel = skel0
+        else:
+            try:
+                cfg = fit_config(graph, b - small)
+            except BudgetTooSmall:
+                cfg = cfg_min
+            skel = compile_streamed(onnx, 0, work, config=cfg, in_child=False)
+        for mode in ("preload", "ondemand"):
+            for read in ("cache", "bypass"):
+                configs.append({"budget": b, "skel": str(skel), "mode": mode, "read": read})
+    store = Path(open_streamed(skel0, 0).store.path)
+    del graph
+    gc.collect()
+    res["disk_bw_bytes_s"] = disk_bandwidth(store)
+    res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf), "onnx": str(onnx)},
+                         work)
+    try:
+        res["ort"] = _child({"kind": "ort", "onnx": str(onnx), "repeat": repeat, "x": str(xf)}, work)[0]
+    except Exception as e:
+        res["ort_error"] = str(e)[-500:]
+    if with_ncnn:
+        try:
+            from .vulkan_bench import convert_ncnn
+
+            param, binf = convert_ncnn(onnx, tuple(x.shape), work / f"{name}_ncnn")
+            for plain in (False, True):
+                key = "ncnn_plain" if plain else "ncnn"
+                res[key] = _child({"kind": "ncnn", "param": str(param), "bin": str(binf), "plain": plain,
+                                   "repeat": repeat, "x": str(xf)}, work)[0]
+        except Exception as e:
+            res["ncnn_error"] = f"{type(e).__name__}: {e}"[-800:]
+    return res
+
+
+def adaptation(onnx: Path, work: Path, n_changes: int = 24, clients: int = 4) -> dict[str, Any]:
+    """Budget changes without re-slicing while ``clients`` threads send requests to one executor."""
+    from ..planner.slicing import MemConfig
+    from ..runtime.stream_compile import compile_streamed, open_streamed
+
+    skel = compile_streamed(onnx, 0, work, config=MemConfig(), in_child=False)
+    ex = open_streamed(skel, 0)
+    lo, hi = ex.min_budget(), ex.memory_bytes
+    ex.close()
+    budgets = _budgets(lo, hi, 6)
+    ex = open_streamed(skel, budgets[0])
+    x = {ex.inputs[0].name: np.random.default_rng(0).standard_normal(ex.inputs[0].shape).astype(np.float32)}
+    stop = threading.Event()
+    done = [0] * clients
+    errors: list[str] = []
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            try:
+                ex.run(x)
+                done[i] += 1
+            except Exception as e:
+                errors.append(f"{type(e).__name__}: {e}")
+
+    th = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in th:
+        t.start()
+    plans, replies = [], []
+    rng = np.random.default_rng(1)
+    try:
+        time.sleep(1.0)
+        for k in range(n_changes):
+            b = int(budgets[int(rng.integers(len(budgets)))])
+            t = time.perf_counter()
+            st = ex.set_budget(b, wait=False)
+            replies.append(time.perf_counter() - t)
+            plans.append(st["plan_s"])
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        for t in th:
+            t.join()
+    adapt = list(ex.adapt_s)
+    swaps = list(ex.swap_s)
+    ex.close()
+    q = lambda xs, p: float(np.percentile(xs, p) * 1e3) if xs else None  # noqa: E731
+    return {"clients": clients, "changes": n_changes, "swaps": len(adapt), "requests": sum(done), "errors": errors[:5],
+            "budgets": budgets, "adapt_p50_ms": q(adapt, 50), "adapt_p90_ms": q(adapt, 90),
+            "plan_p50_ms": q(plans, 50), "swap_p50_ms": q(swaps, 50),
+            "replan_p50_ms": q([p + s for p, s in zip(plans, swaps)], 50),
+            "call_p50_ms": q(replies, 50), "loadavg": list(os.getloadavg())}
+
+
+def outside_view(zoo: Path, work: Path, budget: int = 40_000_000) -> dict[str, Any]:
+    """A daemon with ``--memory-budget`` serving resnet50 and mobilenetv2 (streamed): idle and peak RSS."""
+    from inferd_client import Client
+
+    from ..server.testing import DaemonProcess
+
+    d = Path(tempfile.mkdtemp(prefix="ifdmb", dir="/tmp"))
+    try:
+        for m in ("resnet50", "mobilenetv2"):
+            (d / "m" / m).mkdir(parents=True)
+            shutil.copy(zoo / f"{m}.onnx", d / "m" / m / "model.onnx")
+            (d / "m" / m / "config.toml").write_text('memory = "stream"\n')
+        with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--no-preload", "--cache-dir", str(d / "c"),
+                           "--memory-budget", str(budget), log_path=d / "d.log") as dp, \
+                Client(dp.endpoint, timeout=600) as c:
+            time.sleep(1.0)
+            st = open(f"/proc/{dp.pid}/status").read()
+            idle = int(st.split("VmRSS:")[1].split()[0]) * 1024
+            x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+            lat: dict[str, list[float]] = {"resnet50": [], "mobilenetv2": []}
+            for _ in range(6):
+                for m in lat:
+                    t = time.perf_counter()
+                    c.infer(m, {"input": x})
+                    lat[m].append(time.perf_counter() - t)
+            st = open(f"/proc/{dp.pid}/status").read()
+            peak = int(st.split("VmHWM:")[1].split()[0]) * 1024
+            status = c.status()
+            mem = {m: status["models"][m]["memory_bytes"] for m in lat}
+        return {"budget_bytes": budget, "idle_rss_bytes": idle, "peak_rss_bytes": peak,
+                "goal_bytes": idle + budget + 40 * MB, "models_bytes": mem,
+                "latency_ms": {m: statistics.median(v[1:]) * 1e3 for m, v in lat.items()},
+                "loadavg": list(os.getloadavg())}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _plot(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for mode, read, style in (("preload", "cache", "-o"), ("preload", "bypass", "-s"),
+                                  ("ondemand", "cache", "--o"), ("ondemand", "bypass", "--s")):
+            pts = sorted((c["budget"] / MB, c["latency_ms"]) for c in r.get("runs", [])
+                         if c["mode"] == mode and c["read"] == read)
+            if pts:
+                ax.plot(*zip(*pts), style, label=f"inferd {mode}/{read}", markersize=4)
+        for key, mark in (("ort", "^"), ("ncnn", "v"), ("ncnn_plain", "<")):
+            p = r.get(key)
+            if p:
+                ax.plot([p["peak_rss_delta_bytes"] / MB], [p["latency_ms"]], mark, markersize=9,
+                        label=f"{key} (peak RSS)")
+        ax.axhline(r["warm_ms"], color="gray", lw=0.8, ls=":", label="inferd warm, unconstrained")
+        ax.set_xscale("log")
+        ax.set_xlabel("memory budget / peak memory (MiB)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(r["model"])
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _table(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    lines = [f"# inferd bench memory ({m['date']}, {m['cpu']}, {m['cores']} cores, load {m['loadavg']}; "
+             f"shared machine)", ""]
+    lines += ["Budgets are what the model may hold (arena + small parameters). Peak RSS: above the child's own "
+              "baseline (interpreter, numpy, libraries). ncnn/ort: peak RSS above their baseline.", ""]
+    for r in data["models"]:
+        if "error" in r:
+            lines += [f"## {r['model']}: error {r['error']}", ""]
+            continue
+        bw = r["disk_bw_bytes_s"]
+        lines += [f"## {r['model']}", "",
+                  f"weights {r['weights_bytes'] / MB:.1f} MiB; min feasible budget {r['min_budget'] / MB:.2f} MiB "
+                  f"(config {r['min_config']}); unsliced min {r['default_min_budget'] / MB:.2f} MiB; everything "
+                  f"resident at {r['full_budget'] / MB:.1f} MiB; warm unconstrained {r['warm_ms']:.1f} ms; disk "
+                  f"{bw / 1e6:.0f} MB/s", ""]
+        for key in ("ort", "ncnn", "ncnn_plain"):
+            p = r.get(key)
+            if p:
+                lines.append(f"- {key}: peak RSS +{p['peak_rss_delta_bytes'] / MB:.1f} MiB, {p['latency_ms']:.1f} ms")
+        if r.get("ncnn_error"):
+            lines.append(f"- ncnn: {r['ncnn_error'][:200]}")
+        ncnn_peak = (r.get("ncnn") or {}).get("peak_rss_delta_bytes")
+        if ncnn_peak:
+            lines.append(f"- min budget / ncnn peak = {r['min_budget'] / ncnn_peak:.3f} (goal <= 0.10 for resnet50, vgg16)")
+        lines += ["", "bound = max(warm, streamed bytes / disk bandwidth), warm measured alternately with each "
+                  "configuration in the same child (goal: latency <= 1.15 x bound, and below on-demand).", "",
+                  "| budget MiB | mode | read | latency ms | warm ms | read ms | wait ms | streamed MiB | "
+                  "peak RSS +MiB | bound ms | ratio to bound | vs on-demand |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        od = {(c["budget"], c["read"]): c["latency_ms"] for c in r["runs"] if c["mode"] == "ondemand"}
+        met_b = met_o = n_pre = 0
+        for c in r["runs"]:
+            warm = c.get("warm_ms", r["warm_ms"])
+            bound = max(warm, c["streamed_bytes"] / bw * 1e3)
+            vs = c["latency_ms"] / od[(c["budget"], c["read"])] if c["mode"] == "preload" else None
+            if c["mode"] == "preload":
+                n_pre += 1
+                met_b += c["latency_ms"] <= 1.15 * bound
+                met_o += vs is not None and vs < 1.0
+            lines.append(f"| {c['budget'] / MB:.2f} | {c['mode']} | {c['read']} | {c['latency_ms']:.1f} | {warm:.1f} | "
+                         f"{c['read_ms']:.1f} | {c['wait_ms']:.1f} | {c['streamed_bytes'] / MB:.1f} | "
+                         f"{c['peak_rss_delta_bytes'] / MB:.1f} | {bound:.1f} | {c['latency_ms'] / bound:.2f} | "
+                         f"{fmt(vs, '.2f')} |")
+        lines += ["", f"preloading: within 1.15 x bound at {met_b} of {n_pre} (budget, read mode) points; faster "
+                  f"than on-demand at {met_o} of {n_pre}", ""]
+    a = data.get("adaptation")
+    if a:
+        lines += ["## Adaptation (resnet50, no re-slicing)", "",
+                  f"{a['clients']} client threads, {a['changes']} changes, {a['swaps']} swaps, {a['requests']} "
+                  f"requests, errors {a['errors']}: adaptation (plan + wait for the running request + swap) p50 "
+                  f"{fmt(a['adapt_p50_ms'])} ms, p90 {fmt(a['adapt_p90_ms'])} ms; re-plan + swap (without the wait) p50 "
+                  f"{fmt(a['replan_p50_ms'])} ms (plan {fmt(a['plan_p50_ms'])}, swap {fmt(a['swap_p50_ms'])}; goal "
+                  f"p50 <= 50 ms); load {a['loadavg']}", ""]
+    o = data.get("outside")
+    if o:
+        lines += ["## Outside view (daemon, resnet50 + mobilenetv2 streamed, --memory-budget 40M)", "",
+                  f"idle RSS {o['idle_rss_bytes'] / MB:.1f} MiB, peak RSS {o['peak_rss_bytes'] / MB:.1f} MiB, goal "
+                  f"<= {o['goal_bytes'] / MB:.1f} MiB (idle + budget + 40 MiB); models {o['models_bytes']}; "
+                  f"latency {o['latency_ms']}", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="inferd bench memory")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--points", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--tag", default="memory_cpu")
+    ap.add_argument("--no-ncnn", action="store_true")
+    ap.add_argument("--no-adapt", action="store_true")
+    ap.add_argument("--no-daemon", action="store_true")
+    ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed)")
+    a = ap.parse_args(argv)
+    from ..zoo import write_zoo
+
+    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="inferd-membench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        names = [m for m in a.models.split(",") if m]
+        zoo = work / "zoo"
+        write_zoo(zoo, names + ["resnet50", "mobilenetv2"])
+        data: dict[str, Any] = {"machine": machine_info(), "models": []}
+        for m in names:
+            t = time.perf_counter()
+            try:
+                r = bench_model(m, zoo / f"{m}.onnx", work, a.points, a.repeat, not a.no_ncnn)
+            except Exception as e:
+                r = {"model": m, "error": f"{type(e).__name__}: {e}"}
+            r["bench_s"] = time.perf_counter() - t
+            data["models"].append(r)
+            print(f"{m}: done in {r['bench_s']:.0f} s", flush=True)
+        if not a.no_adapt:
+            data["adaptation"] = adaptation(zoo / "resnet50.onnx", work)
+        if not a.no_daemon:
+            try:
+                data["outside"] = outside_view(zoo, work)
+            except Exception as e:
+                data["outside_error"] = f"{type(e).__name__}: {e}"
+        data["machine_end"] = machine_info()
+        jp, mp = write_results(a.out, a.tag, data, _table(data))
+        png = jp.with_suffix("").with_name(jp.stem + "_latency.png")
+        _plot([r for r in data["models"] if "runs" in r], png)
+        print(mp.read_text())
+        print(f"wrote {jp}, {mp}, {png}")
+        return 0
+    finally:
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,343 @@
+"""Preload-aware memory planning under a budget (FlexNN's 2-D packing): a pure function.
+
+The arena is a rectangle: x is layer time (compute steps 0..L-1), y is the address in a buffer of
+``budget`` bytes. Every tensor is a box: an activation lives from the step that writes it to the last
+step that reads it; a layer's intermediates (workspaces) live during its step only; a layer's streamed
+weights live from the step their load may begin to the step that computes with them. Moving that start
+earlier is *preloading*: the loader thread reads layer i's weights while earlier layers compute.
+
+Placement (FlexNN, section 4): activations first, alternately at the two ends of the buffer (so the
+middle stays free for weights); then layer by layer its weights as early as they fit (the earliest start
+not before the previous layer's: the loader works in layer order), then its intermediates; a layer whose
+intermediates no longer fit is placed again without preloading; a layer that fails even so means the
+budget is too small, and ``BudgetTooSmall`` says by how many bytes (``min_budget`` finds the smallest).
+
+Two boxes overlap in address only if their time intervals are disjoint, so a load that starts at step s
+overwrites only data whose last reader ran before s: the runtime's dependency ``comp(s - 1) < load(i)``
+(``FlexPlan.load_after``) is all it needs. Weights that stay resident across inferences live the whole
+run; where the budget allows, the planner keeps resident the weights that save the most stall per byte.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from ..errors import InferdError
+from .memory import Buffer, align_up
+
+
+class BudgetTooSmall(InferdError):
+    """The budget cannot hold a layer's working set; ``need`` is the smallest budget that does (when known)."""
+
+    def __init__(self, msg: str, budget: int, need: int) -> None:
+        super().__init__(msg)
+        self.budget = budget
+        self.need = need
+
+    @property
+    def short_by(self) -> int:
+        return max(0, self.need - self.budget)
+
+
+@dataclass(frozen=True)
+class LayerMem:
+    """One compute step as the planner sees it."""
+
+    name: str
+    weights: int = 0      # bytes of streamed weights this step reads (0: none)
+    workspace: int = 0    # bytes of intermediates live during this step only
+    compute_s: float = 0.0  # predicted compute time (for the resident choice; 0: unknown)
+
+
+@dataclass(frozen=True)
+class Box:
+    """A placed tensor: ``size`` bytes at ``offset``, live from step ``first`` to ``last`` inclusive."""
+
+    name: str
+    kind: str  # "activation" | "weights" | "workspace" | "resident"
+    offset: int
+    size: int
+    first: int
+    last: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True)
+class FlexPlan:
+    budget: int
+    alignment: int
+    steps: int
+    boxes: tuple[Box, ...]
+    #: per step: the offset of its streamed or resident weights (-1: none)
+    weight_offset: tuple[int, ...]
+    #: per step: the step whose compute must finish before this step's weights load (-1: the run's start);
+    #: equal to the step itself minus one when the layer was not preloaded
+    load_after: tuple[int, ...]
+    #: per step: whether its weights stay resident across runs
+    resident: tuple[bool, ...]
+    preload: bool
+    #: highest address any box reaches (<= budget)
+    peak: int
+    offsets: Mapping[str, int] = field(default_factory=dict)  # activation name -> offset
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(b.size for b in self.boxes if b.kind == "resident")
+
+    @property
+    def streamed_bytes(self) -> int:
+        return sum(b.size for b in self.boxes if b.kind == "weights")
+
+    @property
+    def preloaded(self) -> int:
+        """How many layers load before the step before their own (overlapped with earlier compute)."""
+        return sum(1 for i, a in enumerate(self.load_after) if not self.resident[i] and self.weight_offset[i] >= 0
+                   and a < i - 1)
+
+    def workspace_offset(self, step: int) -> int:
+        for b in self.boxes:
+            if b.kind == "workspace" and b.first == step:
+                return b.offset
+        return -1
+
+
+class _Arena:
+    """Boxes placed so far, with first-fit search from either end of the budget."""
+
+    def __init__(self, budget: int, alignment: int) -> None:
+        self.budget = budget
+        self.alignment = alignment
+        self.boxes: list[Box] = []
+        self._t: list[tuple[int, int, int, int]] = []  # (offset, end, first, last) of each box: fast to scan
+
+    def _busy(self, first: int, last: int) -> list[tuple[int, int]]:
+        return sorted([(o, e) for o, e, f, l in self._t if l >= first and f <= last])
+
+    def truncate(self, n: int) -> None:
+        del self.boxes[n:]
+        del self._t[n:]
+
+    def find(self, size: int, first: int, last: int, top: bool = False, align: int = 0) -> int | None:
+        """The lowest (``top``: highest) offset aligned to ``align`` (default: the arena's) where ``size``
+        bytes are free for [first, last]."""
+        al = align or self.alignment
+        size = align_up(max(size, 1), al)
+        busy = self._busy(first, last)
+        if not top:
+            cur = 0
+            for o, e in busy:
+                if o - cur >= size:
+                    return cur
+                if e > cur:
+                    cur = -(-e // al) * al
+            return cur if cur + size <= self.budget else None
+        hi = self.budget
+        for o, e in sorted(busy, key=lambda p: -p[1]):
+            if e <= hi:
+                cand = (hi - size) // al * al
+                if cand >= e:
+                    return cand
+            hi = min(hi, o)
+        cand = (hi - size) // al * al
+        return cand if cand >= 0 else None
+
+    def put(self, name: str, kind: str, size: int, first: int, last: int, offset: int, align: int = 0) -> Box:
+        b = Box(name, kind, offset, align_up(max(size, 1), align or self.alignment), first, last)
+        self.boxes.append(b)
+        self._t.append((b.offset, b.end, first, last))
+        return b
+
+
+def plan_flex(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, *, preload: bool = True,
+              resident: Sequence[int] = (), max_preload: int | None = None, alignment: int = 64,
+              weight_alignment: int = 0) -> FlexPlan:
+    """Place ``activations`` (lifetimes in step indices; -1 = before the first step, ``len(layers)`` = after
+    the last) and each layer's weights and workspace inside ``budget`` bytes. ``resident``: steps whose
+    weights stay in the arena across runs. ``max_preload``: how many steps ahead a load may start (None:
+    any). ``weight_alignment``: of the weight boxes (e.g. 4096, for ``O_DIRECT`` reads straight into them;
+    default ``alignment``). Raises ``BudgetTooSmall`` when something does not fit."""
+    wal = max(weight_alignment, alignment)
+    if budget <= 0:
+        raise BudgetTooSmall(f"memory budget must be positive, got {budget}", budget, 1)
+    L = len(layers)
+    ar = _Arena(budget, alignment)
+    res = set(resident)
+    w_off = [-1] * L
+    after = [i - 1 for i in range(L)]
+
+    def short(what: str, i: int) -> BudgetTooSmall:
+        return BudgetTooSmall(f"memory budget {budget} bytes ({budget / 2**20:.2f} MiB) is too small: {what} of "
+                              f"step {i} ({layers[i].name if 0 <= i < L else '-'}) does not fit", budget, 0)
+
+    # resident weights live across runs: the bottom of the buffer, before anything else
+    for i in sorted(res):
+        if layers[i].weights <= 0:
+            continue
+        o = ar.find(layers[i].weights, -1, L, align=wal)
+        if o is None:
+            raise short("resident weights", i)
+        ar.put(layers[i].name, "resident", layers[i].weights, -1, L, o, align=wal)
+        w_off[i] = o
+        after[i] = -1
+    # activations: longest-lived and largest first, each at whichever end leaves it closer to its edge
+    acts: dict[str, int] = {}
+    for b in sorted(activations, key=lambda b: (-(b.last - b.first), -b.size, b.name)):
+        lo = ar.find(b.size, b.first, b.last, top=False)
+        hi = ar.find(b.size, b.first, b.last, top=True)
+        if lo is None and hi is None:
+            raise short(f"activation {b.name!r} ({b.size} bytes)", b.first)
+        if hi is None or (lo is not None and lo + b.size <= budget - hi):
+            o = lo
+        else:
+            o = hi
+        assert o is not None
+        ar.put(b.name, "activation", b.size, b.first, b.last, o)
+        acts[b.name] = o
+    prev_start = 0
+    for i, lm in enumerate(layers):
+        mark = len(ar.boxes)
+        tries = [True, False] if preload else [False]
+        placed = False
+        for pre in tries:
+            ar.truncate(mark)
+            start = i
+            if lm.weights > 0 and i not in res:
+                o = None
+                if pre:
+                    # the earliest start that fits: a later start frees a superset of addresses, so
+                    # fitting is monotone in it and a binary search finds the earliest
+                    lo = min(max(prev_start, 0 if max_preload is None else i - max_preload), i)
+                    o = ar.find(lm.weights, i, i, align=wal)
+                    if o is not None:
+                        start, hi_s = i, i
+                        while lo < hi_s:
+                            mid = (lo + hi_s) // 2
+                            om = ar.find(lm.weights, mid, i, align=wal)
+                            if om is not None:
+                                hi_s, start, o = mid, mid, om
+                            else:
+                                lo = mid + 1
+                else:
+                    o = ar.find(lm.weights, i, i, align=wal)
+                if o is None:
+                    continue
+                ar.put(lm.name, "weights", lm.weights, start, i, o, align=wal)
+                w_off[i] = o
+                after[i] = start - 1
+            if lm.workspace > 0:
+                o = ar.find(lm.workspace, i, i)
+                if o is None:
+                    continue
+                ar.put(lm.name, "workspace", lm.workspace, i, i, o)
+            placed = True
+            break
+        if not placed:
+            raise short(f"weights ({lm.weights} bytes) and workspace ({lm.workspace} bytes)", i)
+        if lm.weights > 0 and i not in res:
+            prev_start = after[i] + 1
+    peak = max((b.end for b in ar.boxes), default=0)
+    return FlexPlan(budget, alignment, L, tuple(ar.boxes), tuple(w_off), tuple(after),
+                    tuple(i in res for i in range(L)), preload, peak, acts)
+
+
+def lower_bound(layers: Sequence[LayerMem], activations: Sequence[Buffer], alignment: int = 64) -> int:
+    """No plan fits below this: the most bytes live at one step (activations, that step's weights and
+    workspace), each rounded to the alignment."""
+    L = len(layers)
+    best = 0
+    for t in range(-1, L + 1):
+        live = sum(align_up(max(b.size, 1), alignment) for b in activations if b.first <= t <= b.last)
+        if 0 <= t < L:
+            lm = layers[t]
+            live += (align_up(lm.weights, alignment) if lm.weights else 0) + \
+                (align_up(lm.workspace, alignment) if lm.workspace else 0)
+        best = max(best, live)
+    return best
+
+
+def min_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], *, preload: bool = False,
+               alignment: int = 64, tol: float = 0.005, weight_alignment: int = 0) -> int:
+    """The smallest budget (within ``tol`` relative) for which ``plan_flex`` succeeds with nothing resident."""
+    lo = lower_bound(layers, activations, alignment)
+    hi = lo
+
+    def ok(b: int) -> bool:
+        try:
+            plan_flex(layers, activations, b, preload=preload, alignment=alignment,
+                      weight_alignment=weight_alignment)
+            return True
+        except BudgetTooSmall:
+            return False
+
+    while not ok(hi):
+        lo = hi
+        hi = int(hi * 1.25) + alignment
+    if hi == lower_bound(layers, activations, alignment):
+        return hi
+    while hi - lo > max(alignment, int(hi * tol)):
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return align_up(hi, alignment)
+
+
+def resident_order(layers: Sequence[LayerMem], read_bw: float = 0.0) -> list[int]:
+    """Steps with weights, best candidates for residency first: the most read time saved per byte kept.
+
+    Keeping a layer's weights resident saves reading them every run; with a known disk bandwidth and
+    compute times, a load that hides behind the previous step's compute costs nothing, so the saving is
+    the stall it would cause (read time beyond the preceding compute), per byte. Without times every
+    byte saves the same read: smaller layers first (more layers off the loader's queue per byte)."""
+    cand = [i for i, lm in enumerate(layers) if lm.weights > 0]
+    if read_bw > 0 and any(lm.compute_s > 0 for lm in layers):
+        def gain(i: int) -> float:
+            hide = layers[i - 1].compute_s if i > 0 else 0.0
+            return max(0.0, layers[i].weights / read_bw - hide) / layers[i].weights
+        return sorted(cand, key=lambda i: (-gain(i), layers[i].weights, i))
+    return sorted(cand, key=lambda i: (layers[i].weights, i))
+
+
+def plan_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, *, preload: bool = True,
+                keep_resident: bool = True, read_bw: float = 0.0, max_preload: int | None = None,
+                alignment: int = 64, weight_alignment: int = 0) -> FlexPlan:
+    """The plan the runtime uses: ``plan_flex`` with as many of the best resident candidates as still fit.
+    Raises ``BudgetTooSmall`` with the smallest feasible budget when even nothing resident does not fit."""
+    try:
+        base = plan_flex(layers, activations, budget, preload=preload, max_preload=max_preload, alignment=alignment,
+                         weight_alignment=weight_alignment)
+    except BudgetTooSmall as e:
+        need = min_budget(layers, activations, alignment=alignment, weight_alignment=weight_alignment)
+        raise BudgetTooSmall(f"{e}; the smallest budget that fits is {need} bytes ({need / 2**20:.2f} MiB), "
+                             f"short by {need - budget} bytes ({(need - budget) / 2**20:.2f} MiB)",
+                             budget, need) from None
+    if not keep_resident:
+        return base
+    order = resident_order(layers, read_bw)
+    if not order:
+        return base
+
+    def attempt(k: int) -> FlexPlan | None:
+        try:
+            return plan_flex(layers, activations, budget, preload=preload, resident=order[:k],
+                             max_preload=max_preload, alignment=alignment, weight_alignment=weight_alignment)
+        except BudgetTooSmall:
+            return None
+
+    full = attempt(len(order))
+    if full is not None:
+        return full
+    # the prefix length that fits is (nearly) monotone: bisect it
+    lo, hi, best = 0, len(order), base
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        p = attempt(mid)
+        if p is not None:
+            lo, best = mid, p
+        else:
+            hi = mid
+    return best

@@ -1,0 +1,231 @@
+"""Bottleneck-aware slicing and kernel fallback (FlexNN, section 3): pure functions over a graph.
+
+A few layers set a model's peak memory: fully connected layers and Winograd convs by their weights,
+im2col convs by their column buffer. Under a budget they cannot meet:
+
+* a conv falls back to a kernel that needs less (Winograd F(4,3) -> F(2,3) -> im2col: the transformed
+  weights shrink from 4x to 1.8x to 1x the raw ones, at the price of a column buffer);
+* a weight-dominated layer (Gemm, MatMul with constant weights, group-1 Conv) is sliced by output
+  channel into sub-layers, as few as fit, each reading its slice of the weights; a Concat joins their
+  outputs (small next to the weights they stand for).
+
+``slice_graph`` rewrites the graph (weight slices are views: nothing is copied until a store is written);
+``fit_config`` searches the fallbacks and slice counts for a budget; ``step_memory`` sizes a graph's
+steps for ``planner.flex``. The same fused attributes (bias, activation) carry over to every slice;
+a node with a fused residual is left whole.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..ir import Graph, Node, TensorInfo
+from ..ops.base import Kernel, Layer, choose_kernel
+from .flex import BudgetTooSmall, LayerMem, lower_bound, plan_flex
+from .memory import Buffer, align_up, graph_buffers
+
+#: what a conv falls back to when its memory sets the peak (each needs less weight memory than the last)
+FALLBACK = {"winograd43": "winograd23", "winograd23": "im2col"}
+SLICE_SEP = "#slice"
+
+
+@dataclass(frozen=True)
+class MemConfig:
+    """Kernel overrides (node name -> kernel) and slice counts (node name -> slices) for a budget."""
+
+    kernels: Mapping[str, str] = field(default_factory=dict)
+    slices: Mapping[str, int] = field(default_factory=dict)
+
+    def key(self) -> str:
+        return ";".join([f"k:{n}={k}" for n, k in sorted(self.kernels.items())] +
+                        [f"s:{n}={s}" for n, s in sorted(self.slices.items())])
+
+
+def sliceable(graph: Graph, node: Node) -> int:
+    """How many output channels ``node`` can be split over (0: it cannot be sliced)."""
+    if node.attrs.get("residual") or len(node.inputs) < 2 or node.inputs[1] not in graph.constants:
+        return 0
+    w = graph.constants[node.inputs[1]]
+    if node.op == "Conv" and int(node.attrs.get("group", 1)) == 1 and w.ndim >= 3:
+        return int(w.shape[0])
+    if node.op == "Gemm" and not node.attrs.get("transA", 0) and w.ndim == 2:
+        return int(w.shape[0] if node.attrs.get("transB", 0) else w.shape[1])
+    if node.op == "MatMul" and w.ndim == 2 and len(node.inputs) == 2:
+        return int(w.shape[1])
+    return 0
+
+
+def _bounds(n: int, s: int, quantum: int = 8) -> list[tuple[int, int]]:
+    """``s`` ranges covering [0, n), multiples of ``quantum`` wide where possible (SIMD-friendly)."""
+    step = max(quantum, align_up(-(-n // s), quantum)) if n >= quantum * s else -(-n // s)
+    out, a = [], 0
+    while a < n:
+        out.append((a, min(n, a + step)))
+        a += step
+    return out
+
+
+def slice_graph(graph: Graph, slices: Mapping[str, int]) -> Graph:
+    """``graph`` with each node of ``slices`` (count > 1) split by output channel into sub-nodes named
+    ``<node>#slice<j>`` joined by a Concat named ``<node>#concat`` that writes the node's own output."""
+    if not any(s > 1 for s in slices.values()):
+        return graph
+    consts = dict(graph.constants)
+    infos = dict(graph.infos)
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        s = int(slices.get(node.name, 1))
+        n_out = sliceable(graph, node) if s > 1 else 0
+        if n_out == 0:
+            nodes.append(node)
+            continue
+        w = graph.constants[node.inputs[1]]
+        out = node.outputs[0]
+        oinfo = graph.infos[out]
+        axis = 1 if node.op in ("Conv", "Gemm") else len(oinfo.shape) - 1
+        trans_b = bool(node.attrs.get("transB", 0))
+        attrs = {k: v for k, v in node.attrs.items() if k != "_absorbed"}
+        parts = []
+        for j, (a, b) in enumerate(_bounds(n_out, s)):
+            if node.op == "Conv" or (node.op == "Gemm" and trans_b):
+                wj = w[a:b]
+            else:
+                wj = w[:, a:b]
+            wn = f"{node.inputs[1]}{SLICE_SEP}{j}"
+            consts[wn] = wj
+            infos[wn] = TensorInfo(wn, tuple(wj.shape), wj.dtype)
+            ins = [node.inputs[0], wn]
+            for extra in node.inputs[2:3]:
+                if not extra:
+                    ins.append("")
+                    continue
+                c = graph.constants.get(extra)
+                if c is not None and c.size == n_out:
+                    cj = c.reshape(-1)[a:b].reshape(c.shape[:-1] + (b - a,)) if c.ndim else c
+                    cn = f"{extra}{SLICE_SEP}{j}"
+                    consts[cn] = cj
+                    infos[cn] = TensorInfo(cn, tuple(cj.shape), cj.dtype)
+                    ins.append(cn)
+                else:
+                    ins.append(extra)
+            on = f"{out}{SLICE_SEP}{j}"
+            shape = list(oinfo.shape)
+            shape[axis] = b - a
+            infos[on] = TensorInfo(on, tuple(shape), oinfo.dtype)
+            nodes.append(Node(f"{node.name}{SLICE_SEP}{j}", node.op, ins, [on], dict(attrs)))
+            parts.append(on)
+        nodes.append(Node(f"{node.name}#concat", "Concat", parts, [out], {"axis": axis, "_opset": graph.opset}))
+    g = Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), consts, infos, graph.opset,
+              dict(graph.dims))
+    g.runtime_shaped = set(graph.runtime_shaped)
+    return g
+
+
+def _kernel(layer: Layer, kernels: Mapping[str, str]) -> Kernel:
+    base = layer.name.split(SLICE_SEP)[0]
+    forced = kernels.get(base)
+    if forced is not None:
+        try:
+            return choose_kernel(layer, "cpu", forced)
+        except Exception:
+            pass  # a slice the forced kernel does not apply to keeps the default
+    return choose_kernel(layer, "cpu")
+
+
+def step_memory(graph: Graph, kernels: Mapping[str, str] | None = None,
+                small: int = 16 << 10, alignment: int = 64) -> tuple[list[LayerMem], list[Buffer], list[Kernel]]:
+    """Per step: the weights a kernel reads (transformed size; parameters above ``small`` bytes, which is
+    what the streaming runtime streams) and its workspace; the activation buffers; the kernels."""
+    layers, ks = [], []
+    for node in graph.nodes:
+        layer = Layer.of(node, graph)
+        k = _kernel(layer, kernels or {})
+        w = k.transformed_nbytes(layer) if layer.const_inputs else 0
+        if w and w <= small:
+            w = 0
+        ws = sum(align_up(4 * int(n), alignment) for n in k.scratch_floats(layer).values())
+        layers.append(LayerMem(node.name, align_up(w, alignment) if w else 0, ws))
+        ks.append(k)
+    acts, _aliases = graph_buffers(graph)
+    return layers, acts, ks
+
+
+def _live_at(layers: Sequence[LayerMem], acts: Sequence[Buffer], t: int) -> tuple[int, int]:
+    a = sum(b.size for b in acts if b.first <= t <= b.last)
+    return a, layers[t].weights + layers[t].workspace
+
+
+def fit_config(graph: Graph, budget: int, *, base: MemConfig | None = None, max_rounds: int = 200,
+               alignment: int = 64) -> MemConfig:
+    """The least change to ``base`` (default: none) that lets the graph plan into ``budget`` bytes: repeatedly
+    take the step that sets the peak and, if its own weights and workspace dominate, fall its conv back to a
+    smaller kernel or slice its weights (doubling the count: as few slices as fit). ``BudgetTooSmall`` when
+    the peak step is dominated by activations or cannot be cut further."""
+    cfg = base or MemConfig()
+    kernels = dict(cfg.kernels)
+    slices = dict(cfg.slices)
+    by_name = {n.name: n for n in graph.nodes}
+    for _ in range(max_rounds):
+        g = slice_graph(graph, slices)
+        layers, acts, ks = step_memory(g, kernels, alignment=alignment)
+        try:
+            plan_flex(layers, acts, budget, preload=False, alignment=alignment)
+            return MemConfig(dict(kernels), dict(slices))
+        except BudgetTooSmall:
+            pass
+        # the step with the most live bytes whose own part can still shrink
+        order = sorted(range(len(layers)), key=lambda t: -sum(_live_at(layers, acts, t)))
+        changed = False
+        for t in order:
+            act, own = _live_at(layers, acts, t)
+            if own == 0 or own < act // 4:
+                continue
+            name = layers[t].name.split(SLICE_SEP)[0]
+            node = by_name.get(name)
+            if node is None:
+                continue
+            k = ks[t].name
+            if node.op == "Conv" and k in FALLBACK:
+                kernels[name] = FALLBACK[k]
+                changed = True
+                break
+            n_out = sliceable(graph, node)
+            s = slices.get(name, 1)
+            if n_out and s * 2 <= max(1, n_out // 8) and layers[t].weights >= layers[t].workspace:
+                slices[name] = s * 2
+                changed = True
+                break
+        if not changed:
+            lb = lower_bound(layers, acts, alignment)
+            raise BudgetTooSmall(f"{graph.name}: memory budget {budget} bytes ({budget / 2**20:.2f} MiB) is too small "
+                                 f"even with slicing and kernel fallback: the peak step needs at least {lb} bytes "
+                                 f"({lb / 2**20:.2f} MiB)", budget, lb)
+    raise BudgetTooSmall(f"{graph.name}: no slicing found for {budget} bytes in {max_rounds} rounds", budget, 0)
+
+
+def min_fit_budget(graph: Graph, lo: int = 1 << 20, hi: int | None = None, tol: float = 0.02) -> tuple[int, MemConfig]:
+    """The smallest budget (within ``tol``) ``fit_config`` finds a configuration for, and that configuration."""
+    def ok(b: int) -> MemConfig | None:
+        try:
+            return fit_config(graph, b)
+        except BudgetTooSmall:
+            return None
+
+    if hi is None:
+        hi = lo
+        while ok(hi) is None:
+            lo = hi
+            hi *= 2
+    best = ok(hi)
+    assert best is not None
+    while hi - lo > max(4096, int(hi * tol)):
+        mid = (lo + hi) // 2
+        c = ok(mid)
+        if c is not None:
+            hi, best = mid, c
+        else:
+            lo = mid
+    return hi, best

@@ -1,0 +1,617 @@
+"""Streaming CPU runtime: a model run inside a memory budget, its weights re-read from the weights store.
+
+One static arena of the budget's size holds everything the plan (``planner.flex``) places: activations,
+each layer's kernel workspace (the im2col / Winograd buffers, handed to the kernels as their scratch),
+the streamed weights and the resident ones. A loader thread reads each layer's already transformed
+weights from the store into their planned offsets; the compute thread runs the layers. Dependencies
+come from the plan: ``load(i)`` after ``comp(load_after[i])`` (the last step that used those addresses),
+``comp(i)`` after ``load(i)``. Every kernel is bound once to its arena views, so a run is the same native
+calls as the unconstrained executor's, fed by the loader.
+
+Read modes: ``cache`` (through the page cache) and ``bypass`` (``posix_fadvise(DONTNEED)`` on every blob
+after it is read, so the cache does not keep what the budget left out). ``ondemand`` is the baseline:
+no loader thread, no preloading, no resident weights; each layer reads its weights just before it runs.
+
+Parameters of at most ``SMALL`` bytes (biases, shapes, scales) stay in process memory, counted in
+``small_bytes`` and taken off the budget before the arena is sized.
+
+``prepare_stream_store`` writes the store (each layer's transformed weights in run order): a one-off step
+that needs the whole model, outside the budget, as compiling a package is.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..backends.base import transformed_key
+from ..errors import InferdError, WeightsStoreError
+from ..ir import Graph
+from ..ops import conv as _conv
+from ..ops.base import Kernel, Layer, kernels_for, op_spec, raw_params
+from ..planner.flex import BudgetTooSmall, FlexPlan, LayerMem, min_budget, plan_budget, plan_flex
+from ..planner.memory import align_up, graph_buffers
+from ..store import Entry, StoreWriter, WeightsStore, aligned_empty
+from .cpu import select_kernels
+
+log = logging.getLogger(__name__)
+
+SMALL = 16 << 10
+ALIGN = 64
+#: weight boxes and each blob in them start on a block boundary: ``O_DIRECT`` reads land in place
+WALIGN = 4096
+MODES = ("preload", "ondemand")
+READS = ("cache", "bypass")
+
+
+class StreamError(InferdError):
+    pass
+
+
+def choice_digest(graph: Graph, choice: Sequence[tuple[Layer, Kernel]]) -> str:
+    h = hashlib.sha256(graph.name.encode())
+    for layer, k in choice:
+        h.update(f"{layer.name}:{k.name};".encode())
+    return h.hexdigest()
+
+
+def prepare_stream_store(graph: Graph, path: str | os.PathLike, kernels: dict[str, str] | None = None) -> Path:
+    """Write (or keep, if it matches) ``path``: every layer's transformed parameters in run order, for the
+    kernels ``select_kernels`` picks. Needs the graph's constants: run it outside the budget."""
+    path = Path(path)
+    choice = select_kernels(graph, "cpu", kernels)
+    digest = choice_digest(graph, choice)
+    if path.exists():
+        try:
+            with WeightsStore(path) as st:
+                if st.model_sha256 == digest and st.meta.get("engine_version") == __version__:
+                    return path
+        except WeightsStoreError as e:
+            log.warning("stream store %s unusable (%s): rewriting", path, e)
+    log.info("writing the streaming weights store %s (outside the memory budget: needs the whole model)", path)
+    with StoreWriter(path, digest, __version__, {"backend": "cpu"}) as w:
+        for layer, k in choice:
+            if not layer.const_inputs:
+                continue
+            params = k.transform(layer, raw_params(layer, graph.constants))
+            for key, a in params.items():
+                if not isinstance(a, np.ndarray):
+                    raise StreamError(f"{layer.name}: kernel {k.name} keeps a non-array parameter {key!r}; "
+                                      f"it cannot be streamed")
+                w.add(layer.name, key, a, kernel=transformed_key("cpu", k.name), variant="transformed")
+    return path
+
+
+@dataclass
+class _Step:
+    pos: int
+    layer: Layer
+    kernel: Kernel
+    call: Callable[[], None] | None  # None: an alias (a view, nothing to run)
+    #: (entry, arena view) of the streamed parameters
+    blobs: list[tuple[Entry, np.ndarray]] = field(default_factory=list)
+    scratch: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class ArenaTracker:
+    """The instrumented allocator: every box is claimed when it starts being live (a load begins, a step
+    writes its outputs) and released when its last reader has run. Claiming bytes another live box holds,
+    or outside the arena, is a violation; ``high_water`` is the highest address ever claimed."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.live: dict[tuple[str, str], tuple[int, int]] = {}
+        self.high_water = 0
+        self.violations: list[str] = []
+        self.claims = 0
+        self._lock = threading.Lock()
+
+    def claim(self, key: tuple[str, str], off: int, size: int) -> None:
+        with self._lock:
+            end = off + size
+            self.claims += 1
+            if off < 0 or end > self.size:
+                self.violations.append(f"{key} [{off}, {end}) outside the arena of {self.size} bytes")
+            for k, (o, e) in self.live.items():
+                if k != key and o < end and off < e:
+                    self.violations.append(f"{key} [{off}, {end}) overwrites live {k} [{o}, {e})")
+            self.live[key] = (off, end)
+            self.high_water = max(self.high_water, end)
+
+    def release(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self.live.pop(key, None)
+
+
+class StreamingExecutor:
+    """Run ``graph`` inside ``budget`` bytes with its weights streamed from ``store_path``.
+
+    ``mode``: "preload" (the FlexNN plan, loader thread, resident weights where the budget allows) or
+    "ondemand" (the baseline). ``read``: "cache" or "bypass". ``track``: check every run with an
+    ``ArenaTracker`` (slower: for tests). ``plan``: a plan made earlier for the same layers (re-use)."""
+
+    name = "cpu-stream"
+
+    def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
+                 read: str = "cache", keep_resident: bool = True, track: bool = False,
+                 kernels: dict[str, str] | None = None, read_bw: float = 0.0,
+                 max_preload: int | None = None, compute_s: Sequence[float] | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if read not in READS:
+            raise ValueError(f"read must be one of {READS}, got {read!r}")
+        if graph.runtime_shaped:
+            raise StreamError(f"{graph.name}: tensors shaped at run time cannot be planned into a static arena")
+        self.graph = graph
+        self.mode = mode
+        self.read = read
+        self.budget = int(budget)
+        # bypass: O_DIRECT straight into the arena where the file system allows it, else buffered reads
+        # dropped after each blob (without readahead, which would cache the next blobs behind the drop)
+        self.store = WeightsStore(store_path, direct=read == "bypass")
+        if read == "bypass" and not self.store.direct:
+            os.posix_fadvise(self.store._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self.inputs = list(graph.inputs)
+        self.outputs = list(graph.outputs)
+        t0 = time.perf_counter()
+        # kernels: what the store holds per layer (its transformed weights), else the default
+        by_layer: dict[str, list[Entry]] = {}
+        for e in sorted(self.store.entries.values(), key=lambda e: e.offset):
+            by_layer.setdefault(e.layer, []).append(e)
+        self.choice: list[tuple[Layer, Kernel]] = []
+        for layer, k in select_kernels(graph, "cpu", kernels):
+            ents = by_layer.get(layer.name)
+            if layer.const_inputs:
+                if not ents:
+                    raise StreamError(f"{self.store.path}: no weights for layer {layer.name!r}; "
+                                      f"rewrite it with prepare_stream_store")
+                kname = ents[0].kernel.split("/", 1)[-1]
+                if kname != k.name:
+                    named = [c for c in kernels_for(layer.op, "cpu") if c.name == kname]
+                    if not named or not named[0].applies(layer):
+                        raise StreamError(f"{self.store.path}: layer {layer.name!r} stored for kernel {kname!r}, "
+                                          f"which does not apply here")
+                    k = named[0]
+            for o in layer.node.outputs:
+                if o and o in graph.constants and o in {t.name for t in graph.outputs}:
+                    raise StreamError(f"{graph.name}: a graph output that is a constant is not supported")
+            self.choice.append((layer, k))
+        self.small: dict[str, dict[str, np.ndarray]] = {}
+        self.small_bytes = 0
+        big: dict[int, list[Entry]] = {}
+        for pos, (layer, k) in enumerate(self.choice):
+            for e in by_layer.get(layer.name, []) if layer.const_inputs else []:
+                if e.size <= SMALL:
+                    self.small.setdefault(layer.name, {})[e.tensor] = self.store.read(e)
+                    self.small_bytes += e.size
+                else:
+                    big.setdefault(pos, []).append(e)
+        self._big = big
+        acts, self.aliases = graph_buffers(graph)
+        self.activations = acts
+        times = list(compute_s) if compute_s is not None and len(compute_s) == len(self.choice) else None
+        self.layer_mem = [LayerMem(layer.name, sum(align_up(e.size, WALIGN) for e in big.get(pos, [])),
+                                   self._scratch_bytes(layer, k), times[pos] if times else 0.0)
+                          for pos, (layer, k) in enumerate(self.choice)]
+        # more than every box side by side is never needed: a larger budget plans (and allocates) no more
+        self._ample = sum(lm.weights for lm in self.layer_mem) + max((lm.workspace for lm in self.layer_mem),
+                                                                     default=0) \
+            + sum(align_up(b.size, ALIGN) for b in acts) + ALIGN \
+            + WALIGN * (1 + sum(1 for lm in self.layer_mem if lm.weights))  # gaps before block-aligned weights
+        self._plan_opts = dict(keep_resident=keep_resident, read_bw=read_bw, max_preload=max_preload)
+        self.plan = self._make_plan(self.budget)
+        self.plan_s = time.perf_counter() - t0
+        self.arena_budget = self.plan.budget
+        self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
+        self.track = track
+        self.tracker: ArenaTracker | None = None
+        self._bind()
+        self._resident_loaded = False
+        self.outside_scratch = 0
+        self.stats: dict[str, float] = {}
+        #: held by a run and by a budget change: the arena is swapped only between runs
+        self.lock = threading.Lock()
+        self._pending: tuple[FlexPlan, int, float] | None = None
+        self._pending_lock = threading.Lock()
+        self.adapt_s: list[float] = []  # per change: from the request to the new arena in place
+        self.swap_s: list[float] = []  # per change: the swap itself (under the run lock)
+
+    def _make_plan(self, budget: int) -> FlexPlan:
+        """The memory plan for ``budget`` over this executor's layers (their slicing and kernels kept)."""
+        arena_budget = min(budget - self.small_bytes, self._ample)
+        if arena_budget <= 0:
+            raise BudgetTooSmall(f"{self.graph.name}: the memory budget {budget} bytes does not even hold the "
+                                 f"{self.small_bytes} bytes of small parameters", budget,
+                                 self.small_bytes + self.min_arena())
+        try:
+            if self.mode == "ondemand":
+                return plan_flex(self.layer_mem, self.activations, arena_budget, preload=False, alignment=ALIGN,
+                                 weight_alignment=WALIGN)
+            return plan_budget(self.layer_mem, self.activations, arena_budget, preload=True, alignment=ALIGN,
+                               weight_alignment=WALIGN, **self._plan_opts)
+        except BudgetTooSmall as e:
+            need = self.small_bytes + (e.need or self.min_arena())
+            raise BudgetTooSmall(f"{self.graph.name}: memory budget {budget} bytes ({budget / 2**20:.2f} MiB) "
+                                 f"is too small: the model needs at least {need} bytes ({need / 2**20:.2f} MiB), "
+                                 f"short by {need - budget} bytes", budget, need) from None
+
+    def set_budget(self, budget: int, wait: bool = True) -> dict[str, float]:
+        """Re-plan memory only (slicing and kernels kept) for ``budget`` and swap the arena between runs.
+        ``BudgetTooSmall`` (the executor unchanged) when this configuration does not fit: re-slice then
+        (``stream_for_budget``). ``wait`` False: when a run holds the arena, hand the new plan to it (it
+        swaps as it ends) and return at once, with ``pending`` set. Returns the seconds spent planning,
+        waiting for a run to end, and swapping (``adapt_s`` keeps each change's total)."""
+        t0 = time.perf_counter()
+        plan = self._make_plan(int(budget))  # pure: no lock, the current run goes on
+        t1 = time.perf_counter()
+        if not self.lock.acquire(blocking=wait):
+            with self._pending_lock:
+                self._pending = (plan, int(budget), t0)
+            if self.lock.acquire(blocking=False):  # the run ended meanwhile: apply it here
+                try:
+                    self._apply_pending()
+                finally:
+                    self.lock.release()
+            return {"plan_s": t1 - t0, "pending": 1.0}
+        try:
+            t2 = time.perf_counter()
+            with self._pending_lock:
+                self._pending = None
+            self._swap(plan, int(budget), t0)
+            t3 = time.perf_counter()
+        finally:
+            self.lock.release()
+        return {"plan_s": t1 - t0, "wait_s": t2 - t1, "swap_s": t3 - t2, "total_s": t3 - t0}
+
+    def _swap(self, plan: FlexPlan, budget: int, t0: float) -> None:
+        """Under the run lock: the new plan's arena in place of the old one."""
+        ts = time.perf_counter()
+        self.budget = budget
+        self.plan = plan
+        self.arena_budget = plan.budget
+        self.arena = None  # type: ignore[assignment]  # the old arena goes before the new one is touched
+        self.views = {}
+        self.steps = []
+        self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
+        self._bind()
+        self._resident_loaded = False  # resident weights are read again into their new places
+        now = time.perf_counter()
+        self.adapt_s.append(now - t0)
+        self.swap_s.append(now - ts)
+
+    def _apply_pending(self) -> None:
+        with self._pending_lock:
+            p, self._pending = self._pending, None
+        if p is not None:
+            self._swap(*p)
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _scratch_bytes(layer: Layer, k: Kernel) -> int:
+        return sum(align_up(4 * int(n), ALIGN) for n in k.scratch_floats(layer).values())
+
+    def min_arena(self) -> int:
+        return min_budget(self.layer_mem, self.activations, alignment=ALIGN, weight_alignment=WALIGN)
+
+    def min_budget(self) -> int:
+        """The smallest budget this model runs in (small parameters + the smallest feasible arena)."""
+        return self.small_bytes + self.min_arena()
+
+    def _view(self, off: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if off < 0 or off + n > self.arena.nbytes:
+            raise StreamError(f"planned view [{off}, {off + n}) outside the arena of {self.arena.nbytes} bytes")
+        return self.arena[off:off + n].view(dt).reshape(tuple(shape))
+
+    def _bind(self) -> None:
+        g, plan = self.graph, self.plan
+        self.views: dict[str, np.ndarray] = {}
+        for name, info in g.infos.items():
+            if name in g.constants:
+                continue
+            root = self.aliases.get(name, name)
+            if root in plan.offsets:
+                self.views[name] = self._view(plan.offsets[root], info.shape, info.dtype)
+        self.steps: list[_Step] = []
+        for pos, (layer, k) in enumerate(self.choice):
+            params: dict[str, np.ndarray] = dict(self.small.get(layer.name, {}))
+            blobs = []
+            off = plan.weight_offset[pos]
+            for e in self._big.get(pos, []):
+                v = self._view(off, e.shape, e.dtype)
+                params[e.tensor] = v
+                blobs.append((e, v))
+                off += align_up(e.size, WALIGN)
+            scratch = {}
+            woff = plan.workspace_offset(pos)
+            for slot, n in sorted(k.scratch_floats(layer).items()):
+                scratch[slot] = self._view(woff, (int(n),), np.float32)
+                woff += align_up(4 * int(n), ALIGN)
+            spec = op_spec(layer.op)
+            alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in g.constants
+                         and len([o for o in layer.node.outputs if o]) == 1)
+            call = None
+            if not alias:
+                ins = [None if (not n or n in g.constants) else self.views[n] for n in layer.node.inputs]
+                outs = [self.views[o] for o in layer.node.outputs if o]
+                call = k.bind(layer, ins, params, outs)
+                if call is None:
+                    call = (lambda k=k, layer=layer, ins=ins, params=params, outs=outs:
+                            k.run(layer, ins, params, outs))
+            self.steps.append(_Step(pos, layer, k, call, blobs, scratch))
+        # tracker bookkeeping: which boxes start and end at each step
+        self._starts: dict[int, list[tuple[tuple[str, str], int, int]]] = {}
+        self._ends: dict[int, list[tuple[str, str]]] = {}
+        for b in plan.boxes:
+            key = (b.kind, b.name)
+            if b.kind in ("activation", "workspace"):
+                self._starts.setdefault(b.first, []).append((key, b.offset, b.size))
+            if b.kind != "resident":
+                self._ends.setdefault(b.last, []).append(key)
+
+    # ------------------------------------------------------------------ reading
+    def _load(self, step: _Step) -> float:
+        t0 = time.perf_counter()
+        st = self.store
+        for e, v in step.blobs:
+            if self.read == "bypass" and st.direct:
+                self._read_direct(e, v)
+                continue
+            st.read(e, out=v)
+            if self.read == "bypass":
+                os.posix_fadvise(st._fd, e.offset, e.size, os.POSIX_FADV_DONTNEED)
+        return time.perf_counter() - t0
+
+    def _read_direct(self, e: Entry, v: np.ndarray) -> None:
+        """One blob by ``O_DIRECT`` into its arena place (block aligned; the read's tail lands in the padding
+        the plan left up to the next block), its checksum verified."""
+        from ..store import checksum
+
+        start = v.ctypes.data - self.arena.ctypes.data
+        n = align_up(e.size, WALIGN)
+        span = self.arena[start:start + n]
+        try:
+            got = os.preadv(self.store._dfd, [memoryview(span)], e.offset)
+        except OSError:  # a device with larger blocks: buffered, then dropped
+            got = os.preadv(self.store._fd, [memoryview(span[:e.size])], e.offset)
+            os.posix_fadvise(self.store._fd, e.offset, e.size, os.POSIX_FADV_DONTNEED)
+        if got < e.size:
+            raise WeightsStoreError(f"{self.store.path}: truncated weights store: {e.key} needs {e.size} bytes "
+                                    f"at {e.offset}, read {got}")
+        if checksum(memoryview(span[:e.size])) != e.checksum:
+            raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {e.key} (corrupted weights)")
+
+    def _box(self, pos: int) -> tuple[tuple[str, str], int, int]:
+        b = next(b for b in self.plan.boxes if b.kind in ("weights", "resident") and b.name == self.choice[pos][0].name
+                 and (b.last == pos or b.kind == "resident"))
+        return (b.kind, b.name), b.offset, b.size
+
+    def _load_resident(self) -> None:
+        for pos, r in enumerate(self.plan.resident):
+            if r and self.steps[pos].blobs:
+                if self.tracker is not None:
+                    self.tracker.claim(*self._box(pos))
+                self._load(self.steps[pos])
+        self._resident_loaded = True
+
+    # ------------------------------------------------------------------ running
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.lock:
+            if self._pending is not None:
+                self._apply_pending()
+            try:
+                return self._run(feeds)
+            finally:
+                if self._pending is not None:  # a budget change arrived during the run: swap before the next
+                    self._apply_pending()
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tr = self.tracker = ArenaTracker(self.arena.nbytes) if self.track else self.tracker
+        if self.track and self._resident_loaded:
+            for pos, r in enumerate(self.plan.resident):  # still there from the runs before
+                if r and self.steps[pos].blobs:
+                    assert tr is not None
+                    tr.claim(*self._box(pos))
+        if not self._resident_loaded:
+            self._load_resident()
+        if tr is not None:
+            for key, off, size in self._starts.get(-1, []):
+                tr.claim(key, off, size)
+        for t in self.inputs:
+            np.copyto(self.views[t.name], feeds[t.name], casting="no")
+        t0 = time.perf_counter()
+        read_s = 0.0
+        wait_s = 0.0
+        steps = self.steps
+        if self.mode == "ondemand":
+            for s in steps:
+                if s.blobs:
+                    if tr is not None:
+                        tr.claim(*self._box(s.pos))
+                    read_s += self._load(s)
+                self._compute(s, tr)
+        else:
+            read_s, wait_s = self._run_streamed(tr)
+        res = {t.name: np.array(self.views[t.name]) for t in self.outputs}
+        if tr is not None:
+            for key in self._ends.get(len(steps), []):
+                tr.release(key)
+        self.stats = {"run_s": time.perf_counter() - t0, "read_s": read_s, "wait_s": wait_s}
+        return res
+
+    def _run_streamed(self, tr: ArenaTracker | None) -> tuple[float, float]:
+        """The loader thread and this (compute) thread, one event per dependency: the compute thread sets
+        ``comp[j]`` only for the steps some load waits for, the loader sets ``ready[i]`` per streamed layer."""
+        steps, plan = self.steps, self.plan
+        stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
+        after = plan.load_after
+        comp = {after[s.pos]: threading.Event() for s in stream if after[s.pos] >= 0}
+        ready = {s.pos: threading.Event() for s in stream}
+        err: list[BaseException] = []
+        rs = [0.0]
+
+        def loader() -> None:
+            try:
+                for s in stream:
+                    a = after[s.pos]
+                    if a >= 0:
+                        comp[a].wait()
+                    if err:
+                        return
+                    if tr is not None:
+                        tr.claim(*self._box(s.pos))
+                    rs[0] += self._load(s)
+                    ready[s.pos].set()
+            except BaseException as e:  # the compute thread re-raises it
+                err.append(e)
+            finally:
+                for ev in ready.values():  # never leave the compute thread waiting
+                    ev.set()
+
+        th = threading.Thread(target=loader, name="inferd-stream-loader", daemon=True)
+        th.start()
+        wait_s = 0.0
+        clock = time.perf_counter
+        try:
+            for s in steps:
+                ev = ready.get(s.pos)
+                if ev is not None and not ev.is_set():
+                    w0 = clock()
+                    ev.wait()
+                    wait_s += clock() - w0
+                if err:
+                    raise err[0]
+                self._compute(s, tr)
+                c = comp.get(s.pos)
+                if c is not None:
+                    c.set()
+        except BaseException as e:
+            if not err:
+                err.append(e)
+            for c in comp.values():
+                c.set()
+            th.join()
+            raise
+        th.join()
+        if err:
+            raise err[0]
+        return rs[0], wait_s
+
+    def _compute(self, s: _Step, tr: ArenaTracker | None) -> None:
+        if tr is not None:
+            for key, off, size in self._starts.get(s.pos, []):
+                tr.claim(key, off, size)
+        if s.call is not None:
+            mine = _conv._tls.bufs = dict(s.scratch)
+            s.call()
+            if any(b is not mine.get(k) for k, b in _conv._tls.bufs.items()):
+                # a kernel asked for scratch the plan did not give it: memory outside the arena
+                self.outside_scratch += 1
+            _conv._tls.bufs = {}
+        if tr is not None:
+            for key in self._ends.get(s.pos, []):
+                tr.release(key)
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.arena.nbytes + self.small_bytes)
+
+    @property
+    def memory_breakdown(self) -> dict[str, int]:
+        return {"arena_bytes": int(self.arena.nbytes), "weights_bytes": int(self.small_bytes),
+                "resident_bytes": int(self.plan.resident_bytes), "streamed_bytes": int(self.streamed_bytes),
+                "budget_bytes": int(self.budget)}
+
+    @property
+    def streamed_bytes(self) -> int:
+        """Bytes read from the store per run."""
+        return sum(e.size for s in self.steps if s.blobs and not self.plan.resident[s.pos] for e, _ in s.blobs) \
+            if self.mode != "ondemand" else sum(e.size for s in self.steps for e, _ in s.blobs)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def expand_kernels(graph: Graph, kernels: dict[str, str]) -> dict[str, str]:
+    """Kernel overrides by node name, carried to the slices of a sliced node where the kernel applies."""
+    from ..planner.slicing import SLICE_SEP
+
+    out: dict[str, str] = {}
+    for node in graph.nodes:
+        k = kernels.get(node.name.split(SLICE_SEP)[0])
+        if k is None:
+            continue
+        layer = Layer.of(node, graph)
+        if any(c.name == k and c.applies(layer) for c in kernels_for(node.op, "cpu")):
+            out[node.name] = k
+    return out
+
+
+def small_bytes(graph: Graph) -> int:
+    """Bytes of the parameters the streaming runtime keeps in process memory (raw size: an estimate)."""
+    seen: set[str] = set()
+    n = 0
+    for node in graph.nodes:
+        for i in node.inputs:
+            if i and i in graph.constants and i not in seen:
+                seen.add(i)
+                b = int(graph.constants[i].nbytes)
+                n += b if b <= SMALL else 0
+    return n
+
+
+def strip_constants(graph: Graph) -> Graph:
+    """``graph`` with every constant above ``SMALL`` bytes replaced by a zero-strided stub of its shape and
+    dtype (no memory): what an executor needs once the store holds the weights."""
+    from numpy.lib.stride_tricks import as_strided
+
+    consts: dict[str, np.ndarray] = {}
+    for n, a in graph.constants.items():
+        a = np.asarray(a)
+        if a.nbytes <= SMALL:
+            consts[n] = a
+        else:
+            consts[n] = as_strided(np.zeros(1, a.dtype), shape=a.shape, strides=(0,) * a.ndim, writeable=False)
+    g = Graph(graph.name, list(graph.nodes), list(graph.inputs), list(graph.outputs), consts, dict(graph.infos),
+              graph.opset, dict(graph.dims))
+    g.runtime_shaped = set(graph.runtime_shaped)
+    return g
+
+
+def stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, config: Any = None,
+                      **kw: Any) -> StreamingExecutor:
+    """A streaming executor for ``graph`` inside ``budget`` bytes, slicing and falling back to smaller kernels
+    as the budget requires (``planner.slicing.fit_config``; ``config`` to impose one), its store written
+    under ``work`` once per configuration (outside the budget)."""
+    from ..planner.slicing import MemConfig, fit_config, slice_graph
+
+    reserve = small_bytes(graph)
+    last: BudgetTooSmall | None = None
+    for _ in range(3):
+        cfg = config if config is not None else fit_config(graph, max(1, budget - reserve))
+        assert isinstance(cfg, MemConfig)
+        g = slice_graph(graph, cfg.slices)
+        kernels = expand_kernels(g, dict(cfg.kernels))
+        tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
+        store = prepare_stream_store(g, Path(work) / f"{graph.name}-{tag}.store", kernels or None)
+        try:
+            ex = StreamingExecutor(strip_constants(g), store, budget, kernels=kernels or None, **kw)
+            ex.config = cfg
+            return ex
+        except BudgetTooSmall as e:  # the small parameters took more than estimated: fit into less
+            last = e
+            if config is not None:
+                raise
+            reserve += max(e.short_by, 4096)
+    assert last is not None
+    raise last

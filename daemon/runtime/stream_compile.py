@@ -1,0 +1,189 @@
+"""Compiling a model for the streaming runtime, outside the budget (in a child process), and opening it inside.
+
+Importing an ONNX file, slicing it for a budget and transforming its weights needs the whole model in
+memory at once: ``compile_streamed`` does it in a child process (``in_child=True``), so that the serving
+process never holds more than its budget. It leaves two files under ``work``: the streaming store (the
+transformed weights in run order) and the skeleton (``.graph``: magic, version, sha256, then the graph's
+nodes, shapes and small constants; each large constant only as its shape and dtype). ``open_streamed``
+reads the skeleton and runs it inside a budget; the weights come from the store on every request.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from .. import __version__
+from ..errors import WeightsStoreError
+from ..fileio import atomic_write
+from ..ir import Graph, Node, TensorInfo
+from .stream import SMALL, StreamingExecutor, expand_kernels, prepare_stream_store, small_bytes, strip_constants
+
+SKEL_MAGIC = b"INFDSKEL"
+SKEL_VERSION = 1
+_HEAD = struct.Struct("<8sI32s")
+
+
+def write_skeleton(graph: Graph, path: Path, meta: dict[str, Any]) -> None:
+    from ..package import _default, _info
+
+    stubs = {n: [list(np.shape(a)), np.dtype(a.dtype).str] for n, a in graph.constants.items()
+             if np.asarray(a).nbytes > SMALL}
+    small = {n: np.ascontiguousarray(a).reshape(np.shape(a)) for n, a in graph.constants.items() if n not in stubs}
+    d = {"engine_version": __version__, "name": graph.name, "opset": graph.opset,
+         "inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
+         "infos": [_info(t) for t in graph.infos.values()],
+         "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes],
+         "small": small, "stubs": stubs, "meta": meta}
+    body = msgpack.packb(d, default=_default, use_bin_type=True)
+    atomic_write(path, _HEAD.pack(SKEL_MAGIC, SKEL_VERSION, hashlib.sha256(body).digest()) + body)
+
+
+def read_skeleton(path: Path) -> tuple[Graph, dict[str, Any]]:
+    """The graph (large constants as zero-strided stubs) and the meta it was written with."""
+    from numpy.lib.stride_tricks import as_strided
+
+    from ..package import _ext_hook, _uninfo
+
+    data = path.read_bytes() if path.is_file() else b""
+    if len(data) < _HEAD.size:
+        raise WeightsStoreError(f"{path}: missing or truncated skeleton")
+    magic, version, sha = _HEAD.unpack_from(data)
+    body = data[_HEAD.size:]
+    if magic != SKEL_MAGIC or version != SKEL_VERSION or hashlib.sha256(body).digest() != sha:
+        raise WeightsStoreError(f"{path}: not a valid skeleton of this engine (magic, version or checksum)")
+    d = msgpack.unpackb(body, raw=False, ext_hook=_ext_hook, strict_map_key=False)
+    if d.get("engine_version") != __version__:
+        raise WeightsStoreError(f"{path}: skeleton of engine {d.get('engine_version')}, this is {__version__}")
+    consts: dict[str, np.ndarray] = dict(d["small"])
+    for n, (shape, dt) in d["stubs"].items():
+        consts[n] = as_strided(np.zeros(1, np.dtype(dt)), shape=tuple(shape), strides=(0,) * len(shape),
+                               writeable=False)
+    g = Graph(d["name"], [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]],
+              [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]], consts,
+              {r[0]: _uninfo(r) for r in d["infos"]}, int(d["opset"]))
+    return g, dict(d["meta"])
+
+
+def _key(src: Path, budget: int, batch: int) -> str:
+    st = src.stat()
+    return hashlib.sha256(f"{src.resolve()}:{st.st_size}:{st.st_mtime_ns}:{budget}:{batch}:{__version__}".encode()
+                          ).hexdigest()[:16]
+
+
+def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLike, batch: int = 1,
+                     in_child: bool = True, config: Any = None) -> Path:
+    """Slice ``src`` for ``budget`` (0: none), write its store and skeleton under ``work``; returns the
+    skeleton's path. ``in_child``: in a child process (the whole model never enters this one).
+    ``config``: a ``MemConfig`` to impose (else ``fit_config`` finds one)."""
+    src, work = Path(src), Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_json = json.dumps({"kernels": dict(config.kernels), "slices": dict(config.slices)}) if config else ""
+    skel = work / f"{src.stem}-{_key(src, budget, batch)}{hashlib.sha256(cfg_json.encode()).hexdigest()[:6]}.graph"
+    if skel.is_file():
+        try:
+            _g, meta = read_skeleton(skel)
+            if Path(meta["store"]).is_file():
+                return skel
+        except (WeightsStoreError, KeyError):
+            pass
+    if in_child:
+        code = ("import sys, json\nfrom inferd.runtime.stream_compile import compile_streamed\n"
+                "from inferd.planner.slicing import MemConfig\n"
+                "c = json.loads(sys.argv[5]) if sys.argv[5] else None\n"
+                "compile_streamed(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), in_child=False, "
+                "config=MemConfig(c['kernels'], c['slices']) if c else None)\n")
+        r = subprocess.run([sys.executable, "-c", code, str(src), str(budget), str(work), str(batch), cfg_json],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            tail = (r.stderr or r.stdout).strip().splitlines()
+            raise _child_error(tail[-1] if tail else f"exit code {r.returncode}", budget)
+        return skel
+    from ..frontend import import_model
+    from ..planner.slicing import MemConfig, fit_config, slice_graph
+
+    graph = import_model(src, batch=batch)
+    big = 1 << 50
+    if config is None:
+        cfg = fit_config(graph, max(1, (budget if budget > 0 else big) - small_bytes(graph)))
+    else:
+        cfg = config
+    g = slice_graph(graph, cfg.slices)
+    kernels = expand_kernels(g, dict(cfg.kernels))
+    tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
+    # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
+    # share, nor race for, one store
+    store = prepare_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.store", kernels or None)
+    compute_s, read_bw = _measure(g, kernels, store)
+    write_skeleton(strip_constants(g), skel, {"store": str(store), "kernels": kernels,
+                                              "config": {"kernels": dict(cfg.kernels), "slices": dict(cfg.slices)},
+                                              "compute_s": compute_s, "read_bw": read_bw})
+    return skel
+
+
+def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> tuple[list[float], float]:
+    """Per step compute seconds (median of ``runs`` timed runs of the whole model) and the store's read
+    bandwidth (one sequential ``O_DIRECT`` pass, the cache dropped first): what the resident choice weighs."""
+    import time
+
+    from ..runtime.pagecache import drop_file
+    from ..store import aligned_empty
+    from .cpu import CpuExecutor
+
+    ex = CpuExecutor(g, kernels or None)
+    feeds = {t.name: np.zeros(t.shape, t.dtype) for t in g.inputs}
+    ex.run(feeds)
+    per = [ex.run_timed(feeds)[1] for _ in range(runs)]
+    compute = [float(np.median([p[i] for p in per])) for i in range(len(per[0]))]
+    del ex
+    drop_file(store)
+    size = store.stat().st_size
+    buf = aligned_empty(4 << 20)
+    try:
+        fd = os.open(store, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        fd = os.open(store, os.O_RDONLY)
+    t = time.perf_counter()
+    off = 0
+    try:
+        while off < size:
+            n = os.preadv(fd, [memoryview(buf)], off)
+            if n <= 0:
+                break
+            off += n
+    finally:
+        os.close(fd)
+    return compute, off / max(time.perf_counter() - t, 1e-9)
+
+
+def _child_error(line: str, budget: int) -> Exception:
+    from ..planner.flex import BudgetTooSmall
+
+    if "BudgetTooSmall" in line:
+        import re
+
+        m = re.search(r"at least (\d+) bytes", line)
+        return BudgetTooSmall(line.split(": ", 1)[-1], budget, int(m.group(1)) if m else 0)
+    return RuntimeError(f"compiling for the streaming runtime failed: {line}")
+
+
+def open_streamed(skel: str | os.PathLike, budget: int, **kw: Any) -> StreamingExecutor:
+    """The compiled model running inside ``budget`` bytes (0: none)."""
+    from ..planner.slicing import MemConfig
+
+    g, meta = read_skeleton(Path(skel))
+    kw.setdefault("compute_s", meta.get("compute_s"))
+    kw.setdefault("read_bw", float(meta.get("read_bw") or 0.0))
+    ex = StreamingExecutor(g, meta["store"], budget if budget > 0 else 1 << 50, kernels=meta.get("kernels") or None,
+                           **kw)
+    c = meta.get("config") or {}
+    ex.config = MemConfig(dict(c.get("kernels", {})), dict(c.get("slices", {})))
+    return ex

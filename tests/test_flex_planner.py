@@ -1,0 +1,124 @@
+"""The preload-aware memory planner (planner/flex.py): property tests over random lifetimes and sizes."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from inferd.planner.flex import (BudgetTooSmall, LayerMem, lower_bound, min_budget, plan_budget, plan_flex,
+                                 resident_order)
+from inferd.planner.memory import Buffer
+
+
+@st.composite
+def problems(draw):
+    n = draw(st.integers(1, 14))
+    layers = [LayerMem(f"l{i}", draw(st.sampled_from([0, 0, 64, 500, 3000, 20000])),
+                       draw(st.sampled_from([0, 0, 128, 4000])), draw(st.floats(0, 1e-3)))
+              for i in range(n)]
+    acts = []
+    for k in range(draw(st.integers(0, 12))):
+        a = draw(st.integers(-1, n))
+        b = draw(st.integers(a, n))
+        acts.append(Buffer(f"t{k}", draw(st.integers(1, 9000)), a, b))
+    slack = draw(st.floats(1.0, 4.0))
+    return layers, acts, slack
+
+
+def check(plan, layers, acts):
+    """The invariants a runtime relies on."""
+    boxes = plan.boxes
+    for b in boxes:  # every tensor fits in the budget
+        assert 0 <= b.offset and b.end <= plan.budget, b
+        assert b.offset % plan.alignment == 0
+    for i, x in enumerate(boxes):  # no two live tensors overlap in address
+        for y in boxes[i + 1:]:
+            if not (x.last < y.first or y.last < x.first):
+                assert x.end <= y.offset or y.end <= x.offset, (x, y)
+    byname = {b.name: b for b in boxes if b.kind == "activation"}
+    for a in acts:  # every activation placed with its whole lifetime
+        assert byname[a.name].first == a.first and byname[a.name].last == a.last and byname[a.name].size >= a.size
+    for i, lm in enumerate(layers):
+        if lm.weights <= 0:
+            assert plan.weight_offset[i] == -1
+            continue
+        w = next(b for b in boxes if b.name == lm.name and b.kind in ("weights", "resident"))
+        assert w.size >= lm.weights and w.last >= i
+        # a preloaded weight never overwrites data still needed: whatever else uses its addresses after
+        # the load begins (step load_after + 1) is dead by then
+        start = plan.load_after[i] + 1
+        for o in boxes:
+            if o is w or o.end <= w.offset or w.end <= o.offset:
+                continue
+            assert o.last < start or o.first > i, (w, o)
+        assert plan.load_after[i] < i
+        # the loader works in layer order: starts never go backwards
+    starts = [plan.load_after[i] for i, lm in enumerate(layers) if lm.weights > 0 and not plan.resident[i]]
+    assert starts == sorted(starts)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_random_plans_hold_invariants(prob):
+    layers, acts, slack = prob
+    lb = lower_bound(layers, acts)
+    budget = int(lb * slack) + 64
+    for preload in (True, False):
+        try:
+            plan = plan_flex(layers, acts, budget, preload=preload)
+        except BudgetTooSmall:
+            continue
+        check(plan, layers, acts)
+    try:
+        plan = plan_budget(layers, acts, budget)
+    except BudgetTooSmall as e:
+        assert e.need > budget and str(e.need) in str(e)
+        return
+    check(plan, layers, acts)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_min_budget_is_feasible_and_tight(prob):
+    layers, acts, _ = prob
+    need = min_budget(layers, acts)
+    assert need >= lower_bound(layers, acts)
+    check(plan_flex(layers, acts, need, preload=False), layers, acts)
+    with pytest.raises(BudgetTooSmall):
+        plan_flex(layers, acts, lower_bound(layers, acts) - 64, preload=False)
+
+
+def test_preloading_overlaps_loads_with_compute():
+    layers = [LayerMem(f"l{i}", 1000, 0) for i in range(6)]
+    acts = [Buffer(f"a{i}", 512, i - 1, i) for i in range(6)]
+    roomy = plan_flex(layers, acts, 100_000, preload=True)
+    assert roomy.preloaded >= 4  # every load may start at the run's start
+    assert all(a == -1 for a in roomy.load_after)
+    tight = plan_flex(layers, acts, min_budget(layers, acts), preload=True)
+    ondemand = plan_flex(layers, acts, 100_000, preload=False)
+    assert ondemand.load_after == tuple(i - 1 for i in range(6))
+    assert tight.peak <= tight.budget
+
+
+def test_shortfall_message_names_needed_bytes():
+    layers = [LayerMem("fc", 50_000, 0)]
+    acts = [Buffer("x", 4000, -1, 1), Buffer("y", 4000, 0, 1)]
+    with pytest.raises(BudgetTooSmall) as ei:
+        plan_budget(layers, acts, 20_000)
+    e = ei.value
+    assert e.need >= 58_000 and e.short_by == e.need - 20_000
+    assert f"short by {e.short_by} bytes" in str(e)
+    with pytest.raises(BudgetTooSmall):
+        plan_flex(layers, acts, 0)
+
+
+def test_resident_weights_chosen_when_budget_allows():
+    layers = [LayerMem("a", 1000, 0, 1e-6), LayerMem("b", 8000, 0, 1e-2), LayerMem("c", 2000, 0, 1e-6)]
+    acts = [Buffer("x", 100, -1, 3)]
+    everything = plan_budget(layers, acts, 1 << 20)
+    assert all(everything.resident) and everything.streamed_bytes == 0
+    # room for little beyond the minimum: some stay streamed, and the order follows stall saved per byte
+    order = resident_order(layers, read_bw=1e6)
+    assert order == [0, 1, 2]  # c's read hides behind b's 10 ms of compute: keeping it saves no stall
+    part = plan_budget(layers, acts, min_budget(layers, acts) + 1100, read_bw=1e6)
+    check(part, layers, acts)
+    assert 0 < sum(part.resident) < 3
