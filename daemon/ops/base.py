@@ -136,6 +136,11 @@ class Kernel:
         assert spec is not None
         return write_bounded(layer, outputs, spec.reference(layer.node, full_inputs(layer, inputs, params)))
 
+    def bind_bounded(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+                     outputs: Sequence[np.ndarray]) -> Callable[[], list[tuple[int, ...]]] | None:
+        """``run_bounded`` on these very arrays, pre-bound (as ``bind`` is for ``run``), or None."""
+        return None
+
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         """A call that does what ``run`` does with these very arrays, or None.

@@ -25,6 +25,12 @@ def _opset(node: Node) -> int:
     return int(node.attr("_opset", 17))
 
 
+def _topk_k_of(node: Node, k_in: np.ndarray | None) -> int:
+    from .indexing import _topk_k
+
+    return _topk_k(node, k_in)
+
+
 def _has_native(fn: str) -> bool:
     # an extension built before detect.c existed lacks the symbol: the numpy oracle serves instead
     return native.AVAILABLE and hasattr(native.lib, fn)
@@ -293,13 +299,40 @@ class NmsNative(Kernel):
                                   scores.shape[0], scores.shape[1], scores.shape[2],
                                   int(layer.attr("center_point_box", 0)), max_out, iou, 0.0 if st is None else st,
                                   0 if st is None else 1, ffi.cast("long long*", out.ctypes.data), cap)
-        if n == -1:
-            raise KernelError(f"node {layer.name!r} (NonMaxSuppression): more than {cap} boxes selected this run, "
-                              f"past the planned bound {list(out.shape)}; the request fails rather than write past "
-                              f"its buffer")
         if n < 0:
-            raise MemoryError("inferd_nms: out of memory")
+            self._fail(layer, n, out)
         return [(int(n), 3)]
+
+    def bind_bounded(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+                     outputs: Sequence[np.ndarray]):  # type: ignore[no-untyped-def]
+        ins = full_inputs(layer, inputs, params)
+        if any(a is None or not a.flags.c_contiguous or a.dtype != np.float32 for a in ins[:2]):
+            return None
+        ffi, lib = native.ffi, native.lib
+        boxes, scores, out = ins[0], ins[1], outputs[0]
+        pb, ps = ffi.cast("const float*", boxes.ctypes.data), ffi.cast("const float*", scores.ctypes.data)
+        po, cap = ffi.cast("long long*", out.ctypes.data), out.shape[0]
+        b, c, n = scores.shape
+        center = int(layer.attr("center_point_box", 0))
+        node = layer.node
+
+        def call() -> list[tuple[int, ...]]:
+            max_out, iou, st = _nms_args(node, ins)  # the scalars may be computed at run time: read each run
+            got = lib.inferd_nms(pb, ps, b, c, n, center, max_out, iou, 0.0 if st is None else st,
+                                 0 if st is None else 1, po, cap)
+            if got < 0:
+                self._fail(layer, got, out)
+            return [(int(got), 3)]
+
+        return call
+
+    @staticmethod
+    def _fail(layer: Layer, got: int, out: np.ndarray) -> None:
+        if got == -1:
+            raise KernelError(f"node {layer.name!r} (NonMaxSuppression): more than {out.shape[0]} boxes selected this "
+                              f"run, past the planned bound {list(out.shape)}; the request fails rather than write "
+                              f"past its buffer")
+        raise MemoryError("inferd_nms: out of memory")
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -395,6 +428,37 @@ class TopKNative(Kernel):
         self._go(layer, x, k, *self._pair(layer, outputs, int(np.prod(shape))))
         return [shape] * len(outputs)
 
+    def _bound(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+               outputs: Sequence[np.ndarray], runtime_k: bool):  # type: ignore[no-untyped-def]
+        ins = full_inputs(layer, inputs, params)
+        x = ins[0]
+        if x is None or not x.flags.c_contiguous or any(not o.flags.c_contiguous for o in outputs):
+            return None
+        n = x.shape[-1]
+        rows = x.size // max(n, 1)
+        vals, idx = self._pair(layer, outputs, outputs[0].size)
+        ffi, lib = native.ffi, native.lib
+        px, pv, pi = (ffi.cast("const float*", x.ctypes.data), ffi.cast("float*", vals.ctypes.data),
+                      ffi.cast("long long*", idx.ctypes.data))
+        largest = int(layer.attr("largest", 1))
+        node, kin = layer.node, ins[1] if len(ins) > 1 else None
+        lead = tuple(x.shape[:-1])
+        nout = len(outputs)
+        static_k = layer.outputs[0].shape[-1]
+
+        def call() -> list[tuple[int, ...]]:
+            k = _topk_k_of(node, kin) if runtime_k else static_k
+            if not 0 <= k <= n:
+                raise KernelError(f"node {layer.name!r} (TopK): k {k} outside 0..{n} (last axis of {list(x.shape)})")
+            lib.inferd_topk(px, rows, n, k, largest, pv, pi)
+            return [lead + (k,)] * nout
+
+        return call
+
+    def bind_bounded(self, layer, inputs, params, outputs):  # type: ignore[no-untyped-def]
+        return self._bound(layer, inputs, params, outputs, True)
+
     def bind(self, layer, inputs, params, outputs):  # type: ignore[no-untyped-def]
-        return None
+        f = self._bound(layer, inputs, params, outputs, False)
+        return None if f is None else (lambda: f() and None)
 

@@ -91,8 +91,11 @@ def bounded_call(step: Step, dyn: dict[str, np.ndarray]) -> Callable[[], None]:
     layer, k, ins, p, outs = step.layer, step.kernel, step.inputs, step.params, step.outputs
     names = [o for o in layer.node.outputs if o]
 
+    bound = k.bind_bounded(layer, ins, p, outs)
+    run = bound if bound is not None else functools.partial(k.run_bounded, layer, ins, p, outs)
+
     def call() -> None:
-        for name, buf, shape in zip(names, outs, k.run_bounded(layer, ins, p, outs)):
+        for name, buf, shape in zip(names, outs, run()):
             dyn[name] = bounded_view(buf, shape)
 
     return call
