@@ -61,6 +61,8 @@ SUPPORTED_OPS: frozenset[str] = frozenset({
     "LpNormalization", "LRN", "MeanVarianceNormalization", "GroupNormalization", "Hardmax", "Einsum",
     # issue 18: data-dependent shapes and detection post-processing
     "NonZero", "Compress", "Unique", "NonMaxSuppression", "RoiAlign", "MaxRoiPool",
+    "DFT", "STFT", "HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix",
+    "GridSample", "AffineGrid", "DeformConv", "Col2Im", "CenterCropPad",
 })
 
 # --- exclusions: {regex searched in the test name: reason}, grouped by reason -------------------------
@@ -91,13 +93,19 @@ R_OPSET28 = ("opset-28 additions (signed-integer BitShift, bfloat16 or float16 o
              "onnx.version_converter refuses to lower them to the importer's range (7..23), where ONNX does not "
              "allow them")
 R_BF16_BODY = "expanded function body casts to bfloat16: an element type the engine rejects by design (R_LOWBIT)"
-R_RUNTIME_SHAPE = ("AffineGrid's function body computes its output shape from the `size` input inside an If branch: "
-                   "a run-time shape, which needs the data-dependent shapes of issue 18 item 2 (AffineGrid itself is "
-                   "not registered yet)")
+R_RUNTIME_SHAPE = ("AffineGrid's expanded function body builds its output shape (Expand, ConstantOfShape) from the "
+                   "`size` graph input through an If: a shape computed from a run-time value, which inferd does not "
+                   "plan (shapes come from constants and input shapes; data-dependent ops have bounds, an Expand "
+                   "has none); the AffineGrid node itself runs its node tests")
 R_OPSET1 = "opset 1 models (Not's node tests): below the importer's supported range (7..23), by design"
 R_SCAN8 = "Scan at opset 8 (batch axis and sequence_lens inputs, replaced in opset 9): not supported by design"
 
+R_DFT_TOL = ("DFT inverse: the expected values carry float32 round-off (1.9e-7 where the exact answer is 0), above "
+             "the test's atol 1e-7; inferd computes the FFT in float64 and is within 1e-15 there (onnxruntime is "
+             "off by 1.9e-5)")
+
 EXCLUDE: dict[str, str] = {
+    r"^test_dft_inverse(_opset19)?_cpu$": R_DFT_TOL,
     r"^test_not_\dd_cpu$": R_OPSET1,
     r"^test_scan_sum_cpu$": R_SCAN8,
     # types
@@ -114,8 +122,8 @@ EXCLUDE: dict[str, str] = {
     r"^test_spacetodepth_crd_mode_example_cpu$": R_OPSET28,
     r"^test_einsum_\w+_bfloat16_cpu$": R_OPSET28,
     r"^test_(compress|unique)_bfloat16\w*_cpu$": R_OPSET28,
-    r"^test_affine_grid_\w+_expanded_cpu$": R_RUNTIME_SHAPE,
     r"^test_mod_(float(16|32|64)_mixed_sign|float_edge_cases)_fmod_0": R_OPSET28,
+    r"^test_affine_grid_\w+_expanded_cpu$": R_RUNTIME_SHAPE,
     r"^test_attention_\w+_bf16_expanded_cpu$": R_BF16_BODY,
     r"^test_identity_(opt|sequence)_": R_NOT_TENSOR,
     # training-only behaviour and outputs
