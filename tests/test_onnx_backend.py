@@ -74,7 +74,6 @@ R_F16_RANGE = ("Range on float16/bfloat16 at opset 27: onnx.version_converter re
                "16-bit float Range is not supported")
 R_TRAIN_BN = "training-mode BatchNormalization (running-stat outputs): inference only, by design"
 R_TRAIN_DROPOUT = "training-mode Dropout (random mask): inference only, by design"
-R_ARGMAX = "MaxPool Indices output: unsupported by design (UnsupportedOpError)"
 R_NOT_TENSOR = "optional/sequence-typed graph inputs: only tensors are supported"
 R_STRING = "string tensors: not supported (numeric engine)"
 R_RESIZE_CUBIC = "Resize mode='cubic': unsupported by design (nearest and linear only)"
@@ -129,7 +128,6 @@ EXCLUDE: dict[str, str] = {
     # training-only behaviour and outputs
     r"^test_batchnorm_.*_training_mode_": R_TRAIN_BN,
     r"^test_training_dropout": R_TRAIN_DROPOUT,
-    r"^test_maxpool_with_argmax_": R_ARGMAX,
     # Resize variants outside the supported set
     r"^test_resize_\w*_cubic": R_RESIZE_CUBIC,
     r"^test_resize_downsample_(scales|sizes)_linear_antialias": R_RESIZE_AA,
