@@ -88,7 +88,7 @@ def sample(x: np.ndarray, coords: Sequence[np.ndarray], mode: str, pad: str, ali
         if mode == "nearest":
             c = np.rint(c)
         out = (c < lo[i]) | (c > hi[i])
-        if pad == "border":
+        if pad == "border" and mode != "cubic":  # onnxruntime clamps bicubic's taps, not its coordinate
             c = np.where(out, np.clip(c, 0, dims[i] - 1), c)
         elif pad == "reflection":
             c = np.where(out, _reflect(c, lo[i], hi[i]), c)
