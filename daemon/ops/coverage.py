@@ -67,6 +67,8 @@ def format_table(cov: dict[str, Any]) -> str:
 
     out = [line(head), line(tuple("-" * w for w in widths) + ("-----",))]
     out += [line(c) for c in cells]
+    other = [r for r in rows if "." in r["op"]]  # another domain's ops: "<domain>.<op>"
+    rows = [r for r in rows if "." not in r["op"]]
     n_cpu = sum(1 for r in rows if r["cpu"])
     if cov["vulkan_error"]:
         vk_line = f"Vulkan kernels unknown ({cov['vulkan_error']})"
@@ -74,4 +76,6 @@ def format_table(cov: dict[str, Any]) -> str:
         vk_line = f"{sum(1 for r in rows if r['vulkan'])} with a Vulkan kernel"
     out.append(f"{len(rows)} operators of the default domain registered (importer opsets up to "
                f"{cov['max_opset']}): {n_cpu} with a CPU kernel, {vk_line}")
+    if other:
+        out.append(f"{len(other)} operators of other domains: {', '.join(r['op'] for r in other)}")
     return "\n".join(out)
