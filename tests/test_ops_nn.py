@@ -616,10 +616,10 @@ def test_resize_infer_needs_constant_scales() -> None:
         spec.infer(node_sz, [x, None, None, TensorInfo("sizes", (4,), np.dtype(np.int64))], {})
 
 
-@pytest.mark.parametrize("attrs,needle", [
-    (dict(mode="cubic"), "cubic"),
-    (dict(mode="linear", antialias=1), "antialias"),
-    (dict(mode="nearest", coordinate_transformation_mode="tf_crop_and_resize"), "tf_crop_and_resize"),
+@pytest.mark.parametrize("attrs,needle", [  # cubic, antialias and tf_crop_and_resize run (ops/resize_ext.py)
+    (dict(mode="lanczos"), "lanczos"),
+    (dict(mode="linear", coordinate_transformation_mode="nonsense"), "nonsense"),
+    (dict(mode="nearest", keep_aspect_ratio_policy="fill"), "fill"),
 ])
 def test_resize_check_rejects(attrs: dict[str, Any], needle: str) -> None:
     node = Node("my_resize_7", "Resize", ["x", "roi", "scales"], ["y"], attrs)
