@@ -632,8 +632,7 @@ def test_resize_check_accepts_supported() -> None:
     spec = op_spec("Resize")
     for ctm in _CTMS:
         spec.check(Node("r", "Resize", ["x", "", "s"], ["y"], dict(mode="linear", coordinate_transformation_mode=ctm)), 19)
-    spec.check(Node("r", "Resize", ["x", "", "", "sz"], ["y"], dict(keep_aspect_ratio_policy="stretch")), 18)
-    with pytest.raises(UnsupportedOpError, match="keep_aspect_ratio_policy"):
-        spec.check(Node("r", "Resize", ["x", "", "", "sz"], ["y"], dict(keep_aspect_ratio_policy="not_larger")), 18)
+    for policy in ("stretch", "not_larger", "not_smaller"):
+        spec.check(Node("r", "Resize", ["x", "", "", "sz"], ["y"], dict(keep_aspect_ratio_policy=policy)), 18)
     with pytest.raises(UnsupportedOpError, match="cubic"):
         op_spec("Upsample").check(Node("u", "Upsample", ["x", "s"], ["y"], dict(mode="cubic")), 9)
