@@ -3,7 +3,7 @@
 One row per registered operator: the opsets the importer reads it at (from the op's ``min_opset`` to the
 importer's ``MAX_OPSET``), its CPU and Vulkan kernels by name, and notes: the ``OpSpec``'s own (limits of the
 implementation) plus what follows from the registry (alias ops are views; an op with no Vulkan kernel makes a
-Vulkan model refuse to load unless the node folds to a constant or is small integer plumbing the host runs).
+Vulkan model run the node on the CPU between GPU segments unless it folds to a constant).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from . import registered_ops
 from .base import kernels_for
 from .control import CONTROL_OPS
 
-NO_VULKAN = ("no Vulkan kernel: a Vulkan model refuses to load with it (naming the node) unless the node folds "
-             "to a constant or is small integer/bool plumbing that runs on the host")
+NO_VULKAN = ("no Vulkan kernel: in a Vulkan model it runs on the CPU between GPU segments (mixed placement) "
+             "unless it folds to a constant")
 HOST_VULKAN = "Vulkan: a host step between GPU segments (bodies run as nested Vulkan models)"
 
 

@@ -585,7 +585,9 @@ class VulkanColdBackend:
         """Node name -> Vulkan kernel ("alias" for ops that are views; folded nodes are not run)."""
         out = {}
         for s in self._slots:
-            if s.kind in ("alias", "host"):
+            if s.kind == "host":
+                out[s.node.name] = self._hosts[s.pos].placement if s.pos in self._hosts else "host"
+            elif s.kind == "alias":
                 out[s.node.name] = s.kind
             elif s.kind == "kernel":
                 p = self._prepared[s.pos]
