@@ -334,3 +334,19 @@ def test_detection_post_processing_through_a_package(tmp_path: Path) -> None:
             assert got[name].shape == w.shape and w.size > 0, name
             np.testing.assert_array_equal(got[name], w, err_msg=name)
         model.close()
+
+
+def test_max_roi_pool_matches_onnxruntime() -> None:
+    from ortutil import feeds_for, make_single_node_model
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
+    rois = np.concatenate([rng.integers(0, 2, (6, 1)), rng.random((6, 4)) * 10], 1).astype(np.float32)
+    rois[:, 3:] += rois[:, 1:3]  # x2 >= x1, y2 >= y1
+    rois[0] = [1, 20, 20, 30, 30]  # outside the image: empty bins give 0
+    attrs = {"pooled_shape": [2, 3], "spatial_scale": 0.8}
+    want = ort.InferenceSession(make_single_node_model("MaxRoiPool", [x, rois], attrs).SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds_for([x, rois]))[0]
+    layer = single_node_layer("MaxRoiPool", [x, rois], attrs, const=[False, False])
+    for k in kernels_for("MaxRoiPool"):
+        np.testing.assert_array_equal(run_layer(k, layer, [x, rois])[0], want)

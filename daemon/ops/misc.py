@@ -163,13 +163,29 @@ def random_op(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     return [np.asarray(v).astype(dt).reshape(shape)]
 
 
+# ------------------------------------------------------------------------------------- Scatter (deprecated)
+
+def scatter(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Scatter (opsets 9-10, deprecated in 11): ScatterElements without a reduction."""
+    from .indexing import scatter_elements
+
+    return scatter_elements(node, ins)
+
+
+def _infer_scatter(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    x = ins[0]
+    assert x is not None
+    return [(tuple(x.shape), np.dtype(x.dtype))]
+
+
 # ------------------------------------------------------------------------------------- registration
 
 _COMPUTE = {"LpPool": lppool, "GlobalLpPool": lppool, "MaxUnpool": maxunpool, "Det": det,
             "RandomNormal": random_op, "RandomNormalLike": random_op, "RandomUniform": random_op,
-            "RandomUniformLike": random_op, "Bernoulli": random_op, "Multinomial": random_op}
-_INFER = {"LpPool": _infer_lppool, "GlobalLpPool": _infer_lppool, "MaxUnpool": _infer_maxunpool, "Det": _infer_det}
-_MIN = {"LpPool": 1, "GlobalLpPool": 1, "MaxUnpool": 9, "Det": 11, "Bernoulli": 15, "Multinomial": 7}
+            "RandomUniformLike": random_op, "Bernoulli": random_op, "Multinomial": random_op, "Scatter": scatter}
+_INFER = {"LpPool": _infer_lppool, "GlobalLpPool": _infer_lppool, "MaxUnpool": _infer_maxunpool, "Det": _infer_det,
+          "Scatter": _infer_scatter}
+_MIN = {"LpPool": 1, "GlobalLpPool": 1, "MaxUnpool": 9, "Det": 11, "Bernoulli": 15, "Multinomial": 7, "Scatter": 9}
 RANDOM_OPS = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")
 MISC_OPS = tuple(_COMPUTE)
 
