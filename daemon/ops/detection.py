@@ -316,10 +316,15 @@ class NmsNative(Kernel):
         center = int(layer.attr("center_point_box", 0))
         node = layer.node
 
+        # the scalars may be computed at run time: read each run, through flat views bound once
+        flat = [ins[i].reshape(-1) if len(ins) > i and ins[i] is not None and ins[i].size else None for i in (2, 3, 4)]
+        mo_v, iou_v, st_v = flat
+
         def call() -> list[tuple[int, ...]]:
-            max_out, iou, st = _nms_args(node, ins)  # the scalars may be computed at run time: read each run
-            got = lib.inferd_nms(pb, ps, b, c, n, center, max_out, iou, 0.0 if st is None else st,
-                                 0 if st is None else 1, po, cap)
+            max_out = max(0, int(mo_v[0])) if mo_v is not None else 0
+            iou = float(iou_v[0]) if iou_v is not None else 0.0
+            st = float(st_v[0]) if st_v is not None else 0.0
+            got = lib.inferd_nms(pb, ps, b, c, n, center, max_out, iou, st, 0 if st_v is None else 1, po, cap)
             if got < 0:
                 self._fail(layer, got, out)
             return [(int(got), 3)]
@@ -446,8 +451,10 @@ class TopKNative(Kernel):
         nout = len(outputs)
         static_k = layer.outputs[0].shape[-1]
 
+        k_at = kin.reshape(-1) if runtime_k and kin is not None and kin.size == 1 else None
+
         def call() -> list[tuple[int, ...]]:
-            k = _topk_k_of(node, kin) if runtime_k else static_k
+            k = (int(k_at[0]) if k_at is not None else _topk_k_of(node, kin)) if runtime_k else static_k
             if not 0 <= k <= n:
                 raise KernelError(f"node {layer.name!r} (TopK): k {k} outside 0..{n} (last axis of {list(x.shape)})")
             lib.inferd_topk(px, rows, n, k, largest, pv, pi)
