@@ -332,11 +332,14 @@ def test_maxpool_int8(dtype: Any) -> None:
     check_vs_ort("MaxPool", [x], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1), opset=12)
 
 
-def test_maxpool_indices_output_rejected() -> None:
-    node = Node("pool_with_idx", "MaxPool", ["x"], ["y", "idx"], {"kernel_shape": [2, 2]})
-    with pytest.raises(UnsupportedOpError, match="pool_with_idx"):
-        op_spec("MaxPool").check(node, 12)
-    op_spec("MaxPool").check(Node("p", "MaxPool", ["x"], ["y", ""], {"kernel_shape": [2, 2]}), 12)
+def test_maxpool_indices_output_runs_on_the_reference_kernel() -> None:
+    """The Indices output is supported (the onnx node tests and tests/test_ops_misc.py check its values against
+    onnxruntime); only the reference kernel computes it, the fast ones keep single-output nodes."""
+    x = rnd(1, 2, 6, 6)
+    layer = single_node_layer("MaxPool", [x], {"kernel_shape": [2, 2], "strides": [2, 2]}, n_outputs=2)
+    assert [k.name for k in kernels_for("MaxPool") if k.applies(layer)] == ["reference"]
+    y, idx = run_layer(kernels_for("MaxPool")[-1], layer, [x])
+    np.testing.assert_array_equal(x.reshape(-1)[idx.reshape(-1)], y.reshape(-1))
 
 
 # =========================================================================== normalisation

@@ -207,7 +207,7 @@ class VulkanColdBackend:
         self._regions.append(self.act_region)
         self.io = HostIO(dev, g, consts, self.plan, self.act_region)
         if host_names and self.act_region.mapped is None:
-            raise BackendError(f"nodes {sorted(host_names)[:3]} run on the host (control flow, integer plumbing) and "
+            raise BackendError(f"nodes {sorted(host_names)[:3]} run on the host (control flow, integer plumbing, nodes no Vulkan kernel runs) and "
                                f"need host-visible activations, which this device does not offer")
         step = 0
         for pos, (node, folded) in enumerate(zip(g.nodes, is_folded)):
