@@ -350,3 +350,22 @@ def test_max_roi_pool_matches_onnxruntime() -> None:
     layer = single_node_layer("MaxRoiPool", [x, rois], attrs, const=[False, False])
     for k in kernels_for("MaxRoiPool"):
         np.testing.assert_array_equal(run_layer(k, layer, [x, rois])[0], want)
+
+
+def test_past_bound_request_fails_and_the_model_keeps_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the loaded Model (what the daemon serves): the request whose output passes its bound gets a
+    KernelError naming the node; the next request is answered."""
+    from inferd.runtime.model import load
+
+    monkeypatch.setenv("INFERD_MAX_BOUND_ELEMS", "12")
+    m = _model([h.make_node("NonZero", ["x"], ["nz"], name="nz_node")], [("x", T.FLOAT, [3, 8])], ["nz"])
+    onnx.save(m, tmp_path / "m.onnx")
+    model = load(str(tmp_path / "m.onnx"))
+    try:
+        with pytest.raises(KernelError, match="nz_node.*planned bound"):
+            model.run({"x": np.ones((3, 8), np.float32)})
+        x = np.zeros((3, 8), np.float32)
+        x[2, 5] = 1
+        np.testing.assert_array_equal(model.run({"x": x})["nz"], [[2], [5]])
+    finally:
+        model.close()
