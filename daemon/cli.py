@@ -104,6 +104,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         # what deciding costs is measured: one run on zeros (a value-dependent condition takes one of its bodies)
         model.run({t.name: np.zeros(t.shape, t.dtype) for t in model.inputs})
         info["control_flow"] = describe(model.graph).splitlines()
+    if model.device != "cpu":  # mixed placement: the nodes no Vulkan kernel runs go to the CPU between segments
+        kn = model.kernels
+        order = [n.name for n in model.graph.nodes if n.name in kn]
+        info["placement"] = {"cpu": [n for n in order if kn[n].startswith("cpu:")],
+                             "gpu": [n for n in order if not kn[n].startswith(("cpu:", "host"))]}
     if model.device == "cpu":
         from . import native
 
@@ -121,6 +126,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"native: {info['native']}")
         for line in info.get("control_flow", []):
             print(f"control flow: {line}")
+        if info.get("placement", {}).get("cpu"):
+            print(f"placed on the CPU between GPU segments: {', '.join(info['placement']['cpu'])}")
         print(model.plan.summary())
     model.close()
     return 0

@@ -261,6 +261,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "inputs": [_info(t) for t in template.inputs], "outputs": [_info(t) for t in template.outputs],
         "dims": {k: list(v) for k, v in template.dims.items()},
         "infos": [_info(t) for t in template.infos.values()],
+        # tensors shaped at run time (data-dependent ops and what reads them): a static template is not shaped anew
+        "runtime_shaped": sorted(template.runtime_shaped),
         "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in template.nodes],
         "inline": inline,
         "fingerprint": fp,
@@ -354,6 +356,7 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
         template = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],
                          consts, infos, int(d["opset"]),  # type: ignore[arg-type]
                          {k: tuple(v) for k, v in (d.get("dims") or {}).items()})
+        template.runtime_shaped = set(d.get("runtime_shaped") or ()) & set(infos)
         missing = [n for n in (i for nd in nodes for i in nd.inputs) if n and n not in infos]
         if missing:
             raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")

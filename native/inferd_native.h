@@ -119,3 +119,23 @@ int inferd_rnn_dir(int kind, int seq, int batch, int H, const float* xw, long lo
                    const float* rt, const float* rb, const float* peep, const int* lens, int reverse, float* h,
                    float* c, float* y, long long y_ts, long long y_bs, const int* acts, const float* alphas,
                    const float* betas, float clip, int input_forget, int lbr, float* ws);
+
+/* ---- detection post-processing (detect.c) ---- */
+/* Greedy non-maximum suppression with onnxruntime's rules. boxes: (B, N, 4), [y1, x1, y2, x2] (corners in any
+   order) or, with center, [xc, yc, w, h]; scores: (B, C, N). Per batch and class, boxes with score > score_thr
+   (every box when !has_score_thr) in descending score order (ties: lower index first) are kept unless their IoU
+   with a box already kept exceeds iou_thr, at most max_out per class. Writes (b, c, box) triples to out in batch,
+   class, selection order. Returns how many, -1 when more than cap would be written (nothing past cap is), -2 if
+   out of memory. */
+long long inferd_nms(const float* boxes, const float* scores, int B, int C, int N, int center, long long max_out,
+                     float iou_thr, float score_thr, int has_score_thr, long long* out, long long cap);
+/* RoiAlign as onnxruntime computes it: x (N, C, H, W); rois (R, 4) [x1, y1, x2, y2]; batch (R) indices into N
+   (checked by the caller); y (R, C, OH, OW). sampling 0: ceil(roi size / output size) samples per bin; half_pixel
+   shifts by -0.5 (opset 16's default) and lets a roi be smaller than one pixel; mode_max takes the max of the
+   weighted corner values. Returns 0, or -1 if out of memory. */
+int inferd_roi_align(const float* x, int N, int C, int H, int W, const float* rois, const long long* batch, int R,
+                     int OH, int OW, int sampling, float scale, int half_pixel, int mode_max, float* y);
+/* The top k of each of `rows` rows of n floats (k <= n): values and int64 column indices, descending
+   (largest) or ascending, ties to the lower index, NaN ranks above every number for largest (below, else).
+   Returns 0, or -1 if out of memory. */
+int inferd_topk(const float* x, long long rows, long long n, long long k, int largest, float* vals, long long* idx);

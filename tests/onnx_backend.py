@@ -44,6 +44,9 @@ SHAPE_INPUTS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3),
     "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2),
     "Resize": (1, 2, 3), "Upsample": (1,), "Dropout": (1, 2), "OneHot": (1,), "TopK": (1,),
+    "DFT": (1, 2), "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
+    "MelWeightMatrix": (0, 1), "CenterCropPad": (1, 2), "Col2Im": (1, 2, 3), "AffineGrid": (1,), "MaxUnpool": (2,),
+    "RandomNormalLike": (), "RandomUniformLike": (), "Bernoulli": (), "Multinomial": (),
     **{op: (1,) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")},
 }

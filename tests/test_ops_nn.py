@@ -332,11 +332,14 @@ def test_maxpool_int8(dtype: Any) -> None:
     check_vs_ort("MaxPool", [x], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1), opset=12)
 
 
-def test_maxpool_indices_output_rejected() -> None:
-    node = Node("pool_with_idx", "MaxPool", ["x"], ["y", "idx"], {"kernel_shape": [2, 2]})
-    with pytest.raises(UnsupportedOpError, match="pool_with_idx"):
-        op_spec("MaxPool").check(node, 12)
-    op_spec("MaxPool").check(Node("p", "MaxPool", ["x"], ["y", ""], {"kernel_shape": [2, 2]}), 12)
+def test_maxpool_indices_output_runs_on_the_reference_kernel() -> None:
+    """The Indices output is supported (the onnx node tests and tests/test_ops_misc.py check its values against
+    onnxruntime); only the reference kernel computes it, the fast ones keep single-output nodes."""
+    x = rnd(1, 2, 6, 6)
+    layer = single_node_layer("MaxPool", [x], {"kernel_shape": [2, 2], "strides": [2, 2]}, n_outputs=2)
+    assert [k.name for k in kernels_for("MaxPool") if k.applies(layer)] == ["reference"]
+    y, idx = run_layer(kernels_for("MaxPool")[-1], layer, [x])
+    np.testing.assert_array_equal(x.reshape(-1)[idx.reshape(-1)], y.reshape(-1))
 
 
 # =========================================================================== normalisation
@@ -616,10 +619,10 @@ def test_resize_infer_needs_constant_scales() -> None:
         spec.infer(node_sz, [x, None, None, TensorInfo("sizes", (4,), np.dtype(np.int64))], {})
 
 
-@pytest.mark.parametrize("attrs,needle", [
-    (dict(mode="cubic"), "cubic"),
-    (dict(mode="linear", antialias=1), "antialias"),
-    (dict(mode="nearest", coordinate_transformation_mode="tf_crop_and_resize"), "tf_crop_and_resize"),
+@pytest.mark.parametrize("attrs,needle", [  # cubic, antialias and tf_crop_and_resize run (ops/resize_ext.py)
+    (dict(mode="lanczos"), "lanczos"),
+    (dict(mode="linear", coordinate_transformation_mode="nonsense"), "nonsense"),
+    (dict(mode="nearest", keep_aspect_ratio_policy="fill"), "fill"),
 ])
 def test_resize_check_rejects(attrs: dict[str, Any], needle: str) -> None:
     node = Node("my_resize_7", "Resize", ["x", "roi", "scales"], ["y"], attrs)
@@ -632,8 +635,7 @@ def test_resize_check_accepts_supported() -> None:
     spec = op_spec("Resize")
     for ctm in _CTMS:
         spec.check(Node("r", "Resize", ["x", "", "s"], ["y"], dict(mode="linear", coordinate_transformation_mode=ctm)), 19)
-    spec.check(Node("r", "Resize", ["x", "", "", "sz"], ["y"], dict(keep_aspect_ratio_policy="stretch")), 18)
-    with pytest.raises(UnsupportedOpError, match="keep_aspect_ratio_policy"):
-        spec.check(Node("r", "Resize", ["x", "", "", "sz"], ["y"], dict(keep_aspect_ratio_policy="not_larger")), 18)
+    for policy in ("stretch", "not_larger", "not_smaller"):
+        spec.check(Node("r", "Resize", ["x", "", "", "sz"], ["y"], dict(keep_aspect_ratio_policy=policy)), 18)
     with pytest.raises(UnsupportedOpError, match="cubic"):
         op_spec("Upsample").check(Node("u", "Upsample", ["x", "s"], ["y"], dict(mode="cubic")), 9)

@@ -14,40 +14,26 @@
     inferd bench predictor [--device cpu|vulkan] [--predictor FILE] [--out DIR]  latency predictor vs measured
     inferd bench memory [--models a,b] [--points N] [--repeat N] [--out DIR] [--no-ncnn]  models inside memory
                                                                            budgets vs ncnn/onnxruntime peak memory
+    inferd bench ops [--repeat N] [--out DIR]                              TopK, NMS, RoiAlign nodes vs onnxruntime
 """
 from __future__ import annotations
 
 import sys
 
 
+#: subcommand -> module (in this package) whose ``main(argv)`` runs it; no subcommand: the engine bench
+BENCHES = {
+    "daemon": "daemon_bench", "auth": "auth_bench", "cold": "cold_bench", "shapes": "shapes_bench",
+    "faults": "fault_bench", "recurrent": "recurrent_bench", "predictor": "predictor_bench",
+    "memory": "memory_bench", "ops": "ops_bench", "vulkan": "vulkan_bench",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    import importlib
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "daemon":
-        from .daemon_bench import main as daemon_main
-        return daemon_main(argv[1:])
-    if argv and argv[0] == "auth":
-        from .auth_bench import main as auth_main
-        return auth_main(argv[1:])
-    if argv and argv[0] == "cold":
-        from .cold_bench import main as cold_main
-        return cold_main(argv[1:])
-    if argv and argv[0] == "shapes":
-        from .shapes_bench import main as shapes_main
-        return shapes_main(argv[1:])
-    if argv and argv[0] == "faults":
-        from .fault_bench import main as faults_main
-        return faults_main(argv[1:])
-    if argv and argv[0] == "recurrent":
-        from .recurrent_bench import main as rec_main
-        return rec_main(argv[1:])
-    if argv and argv[0] == "predictor":
-        from .predictor_bench import main as predictor_main
-        return predictor_main(argv[1:])
-    if argv and argv[0] == "memory":
-        from .memory_bench import main as memory_main
-        return memory_main(argv[1:])
-    if argv and argv[0] == "vulkan":
-        from .vulkan_bench import main as vk_main
-        return vk_main(argv[1:])
+    if argv and argv[0] in BENCHES:
+        return int(importlib.import_module(f".{BENCHES[argv[0]]}", __name__).main(argv[1:]))
     from .engine_bench import main as engine_main
     return engine_main(argv)

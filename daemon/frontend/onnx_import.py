@@ -93,14 +93,16 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], opset: int, prefix: str = "
             name = f"{name}_{idx}"
         seen_names.add(name)
         where = f"{prefix}/{name}" if prefix else name
-        if n.domain not in ("", "ai.onnx"):
-            raise UnsupportedOpError(n.op_type, where, opset, f"custom domain {n.domain!r} is not supported")
-        spec = op_spec(n.op_type)
+        # another domain's op is registered as "<domain>.<op>" (inferd.ops.attention: com.microsoft's)
+        op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        spec = op_spec(op)
         if spec is None:
+            if n.domain not in ("", "ai.onnx"):
+                raise UnsupportedOpError(n.op_type, where, opset, f"custom domain {n.domain!r} is not supported")
             raise UnsupportedOpError(n.op_type, where, opset)
         attrs = {a.name: _attr_value(a, opset, where) for a in n.attribute}
         attrs["_opset"] = opset
-        node = Node(name, n.op_type, list(n.input), list(n.output), attrs)
+        node = Node(name, op, list(n.input), list(n.output), attrs)
         outer: list[str] = []
         for key in sorted(k for k, v in attrs.items() if isinstance(v, Subgraph)):
             outer += [o for o in attrs[key].outer if o not in outer]

@@ -152,7 +152,7 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
             val = spec.reference(node, [])[0]
             set_const(node.outputs[0], np.asarray(val), infos, constants)
             continue
-        if node.op == "Shape" or node.op == "Size":
+        if (node.op == "Shape" or node.op == "Size") and node.inputs[0] not in ragged:
             # the input's shape is known, so the result is a constant even when its values are not
             x = infos[node.inputs[0]]
             dummy = np.broadcast_to(np.zeros((), x.dtype), x.shape)
@@ -238,6 +238,9 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
             raise ShapeError(f"shape inference failed at node {node.name!r} ({node.op}) with inputs {shapes}: "
                              f"{type(e).__name__}: {e}") from e
         depends = from_probe or any(i in sized for i in node.inputs if i)
+        # a data-dependent op: its outputs are shaped by the run, within the bounds ``infer`` gave
+        bounded = spec.bounded is not None and spec.bounded(node, _Values(known, [i for i in node.inputs
+                                                                                  if i and i in known]))
         for o, (shape, dt) in zip(node.outputs, outs):
             if o:
                 if any(int(d) < 0 for d in shape):
@@ -245,6 +248,8 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
                 infos[o] = TensorInfo(o, tuple(int(d) for d in shape), np.dtype(dt))
                 if depends:
                     sized.add(o)
+                if bounded:
+                    ragged.add(o)
         kept.append(node)
     return kept
 

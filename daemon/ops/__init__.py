@@ -13,5 +13,12 @@ from . import recurrent  # noqa: F401
 from . import control  # noqa: F401
 from . import indexing  # noqa: F401
 from . import layout  # noqa: F401
+from . import datadep  # noqa: F401
+from . import detection  # noqa: F401
+from . import signal  # noqa: F401
+from . import sampling  # noqa: F401
+from . import misc  # noqa: F401
+from . import attention  # noqa: F401
+from . import resize_ext  # noqa: F401
 from .base import (Kernel, Layer, OpSpec, applicable_kernels, choose_kernel, kernels_for, op_spec,  # noqa: F401
                    raw_key, registered_ops, run_layer, single_node_layer)

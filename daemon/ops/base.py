@@ -11,6 +11,7 @@ A ``Kernel`` is one way to compute it on one backend. Every kernel declares:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
@@ -127,6 +128,20 @@ class Kernel:
             outputs: Sequence[np.ndarray]) -> None:
         raise NotImplementedError
 
+    def run_bounded(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+                    outputs: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+        """A data-dependent op (``OpSpec.bounded``): write each output C-ordered at the start of its buffer
+        (sized at the planned bound) and return the shapes this run gave. This default runs the op's oracle;
+        ``write_bounded`` refuses what does not fit before writing anything."""
+        spec = op_spec(layer.op)
+        assert spec is not None
+        return write_bounded(layer, outputs, spec.reference(layer.node, full_inputs(layer, inputs, params)))
+
+    def bind_bounded(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+                     outputs: Sequence[np.ndarray]) -> Callable[[], list[tuple[int, ...]]] | None:
+        """``run_bounded`` on these very arrays, pre-bound (as ``bind`` is for ``run``), or None."""
+        return None
+
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         """A call that does what ``run`` does with these very arrays, or None.
@@ -138,6 +153,29 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<{self.backend} kernel {self.name} for {','.join(self.ops)}>"
+
+
+def write_bounded(layer: Layer, outputs: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+    """Copy ``results`` into the first elements of their ``outputs`` buffers (C order); their shapes. KernelError,
+    with nothing written, when one holds more elements than its buffer was planned for."""
+    for o, r, name in zip(outputs, results, layer.node.outputs):
+        if np.size(r) > o.size:
+            raise KernelError(f"node {layer.name!r} ({layer.op}): output {name!r} has {np.size(r)} elements this run "
+                              f"(shape {list(np.shape(r))}), more than the {o.size} its planned bound "
+                              f"{list(o.shape)} holds; the request fails rather than write past its buffer")
+    shapes = []
+    for o, r in zip(outputs, results):
+        r = np.asarray(r)
+        if r.size:
+            o.reshape(-1)[:r.size] = r.reshape(-1)
+        shapes.append(tuple(int(d) for d in r.shape))
+    return shapes
+
+
+def bounded_view(buf: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """The run's value of a data-dependent output: the first ``prod(shape)`` elements of its bound buffer."""
+    n = math.prod(shape)  # np.prod costs microseconds per call, more than the small ops it serves
+    return buf.reshape(-1)[:n].reshape(tuple(shape))
 
 
 @dataclass
@@ -159,6 +197,11 @@ class OpSpec:
     check: Callable[[Node, int], None] | None = None
     #: What the implementation does not cover (or covers in its own way), for ``inferd ops``' coverage table.
     notes: str = ""
+    #: A data-dependent op (NonZero, NonMaxSuppression, ...): ``bounded(node, consts)`` says whether this node's
+    #: outputs are sized at run time (given its constant inputs). ``infer`` then gives each output's *upper bound*,
+    #: which the memory plan reserves; a run writes the values C-ordered at the start of that buffer
+    #: (``Kernel.run_bounded``) and fails, naming the node, where they would not fit.
+    bounded: Callable[[Node, Mapping[str, np.ndarray]], bool] | None = None
 
 
 _OPS: dict[str, OpSpec] = {}

@@ -3,7 +3,7 @@
 One row per registered operator: the opsets the importer reads it at (from the op's ``min_opset`` to the
 importer's ``MAX_OPSET``), its CPU and Vulkan kernels by name, and notes: the ``OpSpec``'s own (limits of the
 implementation) plus what follows from the registry (alias ops are views; an op with no Vulkan kernel makes a
-Vulkan model refuse to load unless the node folds to a constant or is small integer plumbing the host runs).
+Vulkan model run the node on the CPU between GPU segments unless it folds to a constant).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from . import registered_ops
 from .base import kernels_for
 from .control import CONTROL_OPS
 
-NO_VULKAN = ("no Vulkan kernel: a Vulkan model refuses to load with it (naming the node) unless the node folds "
-             "to a constant or is small integer/bool plumbing that runs on the host")
+NO_VULKAN = ("no Vulkan kernel: in a Vulkan model it runs on the CPU between GPU segments (mixed placement) "
+             "unless it folds to a constant")
 HOST_VULKAN = "Vulkan: a host step between GPU segments (bodies run as nested Vulkan models)"
 
 
@@ -67,6 +67,8 @@ def format_table(cov: dict[str, Any]) -> str:
 
     out = [line(head), line(tuple("-" * w for w in widths) + ("-----",))]
     out += [line(c) for c in cells]
+    other = [r for r in rows if "." in r["op"]]  # another domain's ops: "<domain>.<op>"
+    rows = [r for r in rows if "." not in r["op"]]
     n_cpu = sum(1 for r in rows if r["cpu"])
     if cov["vulkan_error"]:
         vk_line = f"Vulkan kernels unknown ({cov['vulkan_error']})"
@@ -74,4 +76,6 @@ def format_table(cov: dict[str, Any]) -> str:
         vk_line = f"{sum(1 for r in rows if r['vulkan'])} with a Vulkan kernel"
     out.append(f"{len(rows)} operators of the default domain registered (importer opsets up to "
                f"{cov['max_opset']}): {n_cpu} with a CPU kernel, {vk_line}")
+    if other:
+        out.append(f"{len(other)} operators of other domains: {', '.join(r['op'] for r in other)}")
     return "\n".join(out)

@@ -5,11 +5,11 @@ Each op has one numpy function computing its outputs from full input arrays, sha
 folding, tests) and the CPU kernel, which copies the result into its arena buffers. Indices follow ONNX:
 negative values count from the end of their axis; an index outside ``[-dim, dim)`` is an error naming the node
 (numpy would wrap or raise an anonymous IndexError), except in OneHot, whose spec gives such indices an all-off
-row. Output shapes are static: OneHot's depth and TopK's k must be constants.
+row. OneHot's depth must be a constant; TopK with a run-time k is data-dependent (``OpSpec.bounded``).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -204,14 +204,21 @@ def _topk_k(node: Node, k_in: np.ndarray | None) -> int:
     return int(np.asarray(k_in).reshape(-1)[0])
 
 
+def _topk_runtime_k(node: Node, consts: Mapping[str, np.ndarray]) -> bool:
+    return _opset(node) >= 10 and len(node.inputs) > 1 and bool(node.inputs[1]) and node.inputs[1] not in consts
+
+
 def _infer_topk(node: Node, ins: Infos, consts: dict[str, np.ndarray]) -> list:
     x = ins[0]
     assert x is not None
+    a = _axis(node, int(node.attr("axis", -1)), len(x.shape))
+    if _topk_runtime_k(node, consts):  # a data-dependent shape: the bound is the whole axis
+        shape = tuple(x.shape[:a]) + (x.shape[a],) + tuple(x.shape[a + 1:])
+        return [(shape, np.dtype(x.dtype)), (shape, np.dtype(np.int64))]
     k_in = None
     if _opset(node) >= 10:
-        k_in = const_getter(node, consts, {1: "K (run-time k gives a data-dependent output shape)"})(1)
+        k_in = const_getter(node, consts, {1: "K"})(1)
     k = _topk_k(node, k_in)
-    a = _axis(node, int(node.attr("axis", -1)), len(x.shape))
     if not 0 <= k <= x.shape[a]:
         raise ShapeError(f"node {node.name!r} (TopK): k {k} outside 0..{x.shape[a]} (axis {a} of {list(x.shape)})")
     shape = tuple(x.shape[:a]) + (k,) + tuple(x.shape[a + 1:])
@@ -264,6 +271,8 @@ def topk(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     x = np.asarray(ins[0])
     k = _topk_k(node, ins[1] if len(ins) > 1 else None)
     a = _axis(node, int(node.attr("axis", -1)), x.ndim)
+    if not 0 <= k <= x.shape[a]:
+        raise KernelError(f"node {node.name!r} (TopK): k {k} outside 0..{x.shape[a]} (axis {a} of {list(x.shape)})")
     # rows along the axis; sorted=0 leaves the order unspecified, so the sorted order is a valid answer
     xm = np.moveaxis(x, a, -1)
     idx = topk_rows(np.ascontiguousarray(xm).reshape(-1, x.shape[a]), k, bool(node.attr("largest", 1)))
@@ -295,7 +304,7 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 
 
 _NOTES = {
-    "TopK": "k must be a constant (a run-time k, a data-dependent output shape, is refused at import)",
+    "TopK": "a run-time k: outputs sized at run time within the whole axis (the planned bound)",
     "OneHot": "depth must be a constant",
     "ScatterElements": "duplicate indices without a reduction: the last update wins (onnxruntime's behaviour)",
     "ScatterND": "duplicate indices without a reduction: the last update wins (onnxruntime's behaviour)",
@@ -303,7 +312,7 @@ _NOTES = {
 for _op in INDEXING_OPS:
     register_op(OpSpec(_op, _INFER[_op], _reference, min_opset=_MIN_OPSET[_op],
                        check=_check_reduction if _op in ("ScatterElements", "ScatterND") else None,
-                       notes=_NOTES.get(_op, "")))
+                       notes=_NOTES.get(_op, ""), bounded=_topk_runtime_k if _op == "TopK" else None))
 
 
 @register_kernel

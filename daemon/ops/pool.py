@@ -102,8 +102,6 @@ def pool_geometry(node: Node, in_shape: Sequence[int]) -> PoolGeometry:
 
 
 def _check(node: Node, opset: int) -> None:
-    if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
-        raise UnsupportedOpError(node.op, node.name, opset, "the Indices output is not supported")
     auto_pad = node.attr("auto_pad", "NOTSET")
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()
@@ -117,7 +115,10 @@ def _infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarra
         raise ShapeError(f"{node.op} {node.name!r}: input must be (N, C, spatial...), got "
                          f"{None if x is None else x.shape}")
     g = pool_geometry(node, x.shape)
-    return [(tuple(x.shape[:2]) + g.out, x.dtype)]
+    out = [(tuple(x.shape[:2]) + g.out, x.dtype)]
+    if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
+        out.append((out[0][0], np.dtype(np.int64)))  # Indices: flat positions in X
+    return out
 
 
 # --------------------------------------------------------------------------- numpy reference
@@ -166,6 +167,8 @@ def pool_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarr
     win = win[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in g.strides)
               + tuple(slice(None, None, d) for d in g.dilations)]
     red = tuple(range(2 + nsp, 2 + 2 * nsp))
+    if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1]:
+        return _max_with_indices(node, x, g, win)
     if node.op in ("MaxPool", "GlobalMaxPool"):
         y = np.nanmax(win, axis=red)
     else:
@@ -181,9 +184,36 @@ def pool_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarr
     return [y]
 
 
+def _max_with_indices(node: Node, x: np.ndarray, g: PoolGeometry, win: np.ndarray) -> list[np.ndarray]:
+    """MaxPool with its Indices output: the flat position in X (storage_order 1: each plane column-major) of the
+    first maximum of each window in row-major window order, as onnxruntime picks it."""
+    nsp = x.ndim - 2
+    pos = np.arange(x.size, dtype=np.int64).reshape(x.shape)
+    if int(node.attr("storage_order", 0)) and nsp >= 2:
+        plane = int(np.prod(x.shape[2:]))
+        local = np.arange(plane, dtype=np.int64).reshape(x.shape[2:][::-1]).T  # column-major numbering
+        pos = (np.arange(x.shape[0] * x.shape[1], dtype=np.int64).reshape(x.shape[:2] + (1,) * nsp) * plane + local)
+    pp = _padded(pos, g, -1)
+    ext = tuple((k - 1) * d + 1 for k, d in zip(g.kernel, g.dilations))
+    axes = tuple(range(2, 2 + nsp))
+    pw = np.lib.stride_tricks.sliding_window_view(pp, ext, axis=axes)
+    pw = pw[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in g.strides)
+            + tuple(slice(None, None, d) for d in g.dilations)]
+    flat = win.reshape(win.shape[:2 + nsp] + (-1,))
+    vals = np.where(np.isnan(flat), -np.inf, flat)  # padding (NaN) never wins
+    arg = np.argmax(vals, axis=-1)[..., None]
+    y = np.take_along_axis(flat, arg, axis=-1)[..., 0]
+    idx = np.take_along_axis(pw.reshape(flat.shape), arg, axis=-1)[..., 0]
+    y = np.array(y, dtype=x.dtype, copy=True) if np.issubdtype(x.dtype, np.floating) else np.rint(y).astype(x.dtype)
+    if node.attr("act") is not None:
+        apply_act(y, node.attr("act"))
+    return [y, np.ascontiguousarray(idx, dtype=np.int64)]
+
+
 for _op in _LOCAL + _GLOBAL:
     register_op(OpSpec(_op, _infer, pool_reference, check=_check,
-                       notes="no Indices output (refused at import)" if _op == "MaxPool" else ""))
+                       notes="the Indices output is computed by the numpy reference kernel" if _op == "MaxPool"
+                       else ""))
 
 
 # --------------------------------------------------------------------------- kernels
@@ -199,6 +229,9 @@ class PoolKernel(Kernel):
     name = "pool"
     ops = _LOCAL + _GLOBAL
     priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        return len(layer.outputs) == 1  # MaxPool's Indices output: the reference kernel
 
     def workspace_nbytes(self, layer: Layer) -> int:
         if layer.op in _GLOBAL:
@@ -324,7 +357,8 @@ class PoolReferenceKernel(Kernel):
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
-        np.copyto(outputs[0], pool_reference(layer.node, full_inputs(layer, inputs, params))[0])
+        for o, r in zip(outputs, pool_reference(layer.node, full_inputs(layer, inputs, params))):
+            np.copyto(o, r)
 
 
 @register_kernel

@@ -80,25 +80,18 @@ def _check(node: Node, opset: int) -> None:
     def bad(detail: str) -> UnsupportedOpError:
         return UnsupportedOpError(node.op, node.name, opset, detail)
     mode = _mode(node)
-    if mode == "cubic":
-        raise bad("mode='cubic' is not supported (nearest and linear are)")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic") or (mode == "cubic" and _legacy(node)):
         raise bad(f"mode={mode!r}")
     if _legacy(node):
         return
     ctm = _s(node.attr("coordinate_transformation_mode", "half_pixel"))
-    if ctm == "tf_crop_and_resize":
-        raise bad("coordinate_transformation_mode='tf_crop_and_resize' (roi) is not supported")
-    if ctm not in _CTMS:
+    if ctm not in _CTMS + ("tf_crop_and_resize",):  # cubic, antialias, tf_crop_and_resize: resize_ext's kernel
         raise bad(f"coordinate_transformation_mode={ctm!r}")
     if mode == "nearest" and _s(node.attr("nearest_mode", "round_prefer_floor")) not in _NEAREST_MODES:
         raise bad(f"nearest_mode={_s(node.attr('nearest_mode'))!r}")
-    if node.attr("antialias", 0):
-        raise bad("antialias=1 is not supported")
-    _, sizes = _input_positions(node)
     policy = _s(node.attr("keep_aspect_ratio_policy", "stretch"))
-    if sizes is not None and policy != "stretch":
-        raise bad(f"keep_aspect_ratio_policy={policy!r} (only 'stretch' is supported)")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise bad(f"keep_aspect_ratio_policy={policy!r}")
 
 
 # --------------------------------------------------------------------------- the plan
@@ -142,6 +135,15 @@ def resize_plan(node: Node, in_shape: Sequence[int], scales: np.ndarray | None,
                          f"values for {len(axes)} axes (input shape {in_shape})")
     sc = [_F32(1.0)] * rank
     out = list(in_shape)
+    policy = _s(node.attr("keep_aspect_ratio_policy", "stretch")) if not _legacy(node) else "stretch"
+    if sizes is not None and policy != "stretch":
+        # one scale for every resized axis (the smallest or the largest of sizes / input), sizes rounded half up
+        ratios = [float(v) / in_shape[a] for a, v in zip(axes, given)]
+        k = min(ratios) if policy == "not_larger" else max(ratios)
+        for a in axes:
+            out[a] = int(k * in_shape[a] + 0.5)
+            sc[a] = _F32(k)
+        given = []  # done
     for a, v in zip(axes, given):
         if sizes is not None:
             out[a] = int(v)
@@ -269,6 +271,10 @@ def _plan_from_inputs(node: Node, x: np.ndarray, inputs: Sequence[np.ndarray | N
 
 def resize_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     """Direct N-D gather: nearest via one fancy index, linear as the sum over all 2^k corners (float64)."""
+    from .resize_ext import extended, resize_ext
+
+    if extended(node):
+        return resize_ext(node, inputs)
     x = np.asarray(inputs[0])
     p = _plan_from_inputs(node, x, inputs)
     tabs = [axis_table(p.mode, p.ctm, p.nearest_mode, a, b, s) for a, b, s in zip(p.in_shape, p.out_shape, p.scales)]
@@ -290,8 +296,8 @@ def resize_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.nda
 
 
 register_op(OpSpec("Resize", _infer, resize_reference, min_opset=10, check=_check,
-                   notes="nearest and linear; cubic, antialias, tf_crop_and_resize and keep_aspect_ratio_policy "
-                         "not_larger/not_smaller are refused at import"))
+                   notes="cubic, antialias and tf_crop_and_resize run on the CPU's resize_general kernel "
+                         "(separable weight matrices)"))
 register_op(OpSpec("Upsample", _infer, resize_reference, check=_check))
 
 
@@ -314,6 +320,11 @@ class ResizeKernel(Kernel):
     name = "resize"
     ops = ("Resize", "Upsample")
     priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        from .resize_ext import extended
+
+        return not extended(layer.node)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -384,6 +395,11 @@ class ResizeReferenceKernel(Kernel):
     name = "reference"
     ops = ("Resize", "Upsample")
     priority = 100
+
+    def applies(self, layer: Layer) -> bool:
+        from .resize_ext import extended
+
+        return not extended(layer.node)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, grid
 from .base import Layer, register_kernel
+from .resize_ext import extended
 from .resize import _input_positions, axis_table, resize_plan
 
 
@@ -31,8 +32,8 @@ class VkResize(VulkanKernel):
     def applies(self, layer: Layer) -> bool:
         shape = tuple(layer.in_shape(0))
         out = tuple(layer.out_shape())
-        if 0 in layer.const_inputs or len(shape) < 2 or layer.attr("act") is not None:
-            return False
+        if 0 in layer.const_inputs or len(shape) < 2 or layer.attr("act") is not None or extended(layer.node):
+            return False  # cubic, antialias, tf_crop_and_resize: the CPU's resize_general only
         si, zi = _input_positions(layer.node)
         if any(k is not None and k not in layer.const_inputs for k in (si, zi)):
             return False

@@ -17,7 +17,7 @@ from ..errors import InputError, ShapeError
 from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops import control as _control
-from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_params
+from ..ops.base import Kernel, Layer, bounded_view, choose_kernel, kernels_for, op_spec, raw_params
 from ..backends.base import forget_raw
 from ..planner.memory import MemoryPlan, plan_graph_memory
 
@@ -84,6 +84,22 @@ def candidate_kernels(layer: Layer, backend: str, forced: str | None, by_name: b
     if default not in cands:
         cands = [default] + cands
     return cands, default
+
+
+def bounded_call(step: Step, dyn: dict[str, np.ndarray]) -> Callable[[], None]:
+    """A data-dependent node's run: its kernel writes into the arena buffers planned at the outputs' bounds and
+    says how much of them this run's values fill; those views are what later nodes and the caller read."""
+    layer, k, ins, p, outs = step.layer, step.kernel, step.inputs, step.params, step.outputs
+    names = [o for o in layer.node.outputs if o]
+
+    bound = k.bind_bounded(layer, ins, p, outs)
+    run = bound if bound is not None else functools.partial(k.run_bounded, layer, ins, p, outs)
+
+    def call() -> None:
+        for name, buf, shape in zip(names, outs, run()):
+            dyn[name] = bounded_view(buf, shape)
+
+    return call
 
 
 @dataclass
@@ -176,7 +192,11 @@ class CpuExecutor:
         outs = [self.views[o] for o in layer.node.outputs if o]
         step = Step(layer, k, ins, outs, p, alias)
         rs = graph.runtime_shaped
-        if rs and any(n in rs for n in list(layer.node.inputs) + list(layer.node.outputs) if n):
+        if rs and spec is not None and spec.bounded is not None and any(o in rs for o in layer.node.outputs if o) \
+                and not any(n in rs for n in layer.node.inputs if n):
+            step.alias = False  # data-dependent outputs: the kernel fills their planned bounds in the arena
+            step.bound = bounded_call(step, self._dyn)
+        elif rs and any(n in rs for n in list(layer.node.inputs) + list(layer.node.outputs) if n):
             step.alias = False
             step.bound = self._runtime_shaped_call(layer)
         elif not alias:

@@ -212,7 +212,7 @@ class VulkanColdBackend:
         self._regions.append(self.act_region)
         self.io = HostIO(dev, g, consts, self.plan, self.act_region)
         if host_names and self.act_region.mapped is None:
-            raise BackendError(f"nodes {sorted(host_names)[:3]} run on the host (control flow, integer plumbing) and "
+            raise BackendError(f"nodes {sorted(host_names)[:3]} run on the host (control flow, integer plumbing, nodes no Vulkan kernel runs) and "
                                f"need host-visible activations, which this device does not offer")
         step = 0
         for pos, (node, folded) in enumerate(zip(g.nodes, is_folded)):
@@ -606,7 +606,9 @@ class VulkanColdBackend:
         """Node name -> Vulkan kernel ("alias" for ops that are views; folded nodes are not run)."""
         out = {}
         for s in self._slots:
-            if s.kind in ("alias", "host"):
+            if s.kind == "host":
+                out[s.node.name] = self._hosts[s.pos].placement if s.pos in self._hosts else "host"
+            elif s.kind == "alias":
                 out[s.node.name] = s.kind
             elif s.kind == "kernel":
                 p = self._prepared[s.pos]

@@ -8,7 +8,12 @@
   iteration counter cast to float) that no Vulkan kernel handles: at most 4096 elements per tensor, computed by
   the op's numpy oracle.
 
-Both need host-visible activations (lavapipe, and a discrete GPU's resizable BAR); other devices refuse such a
+* Mixed placement: a node no Vulkan kernel runs (its op has none, or none applies to its attributes, shapes or
+  dtypes) runs on the CPU between GPU segments, with the CPU backend's kernel for it (native where there is one),
+  its weights transformed once at load; only the tensors it reads and writes cross, through the mapped
+  activations (no copy beyond that on a device whose memory the host shares).
+
+All need host-visible activations (lavapipe, and a discrete GPU's resizable BAR); other devices refuse such a
 model at load naming the node.
 """
 from __future__ import annotations
@@ -20,21 +25,49 @@ import numpy as np
 
 from ..errors import BackendError
 from ..ir import Graph, Node
-from ..ops.base import kernels_for, op_spec
+from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_key
 from ..ops.control import CONTROL_OPS, DecideStats, run_control
 
 #: at most this many elements in any tensor of an integer/bool host node (plumbing, not data)
 HOST_PLUMBING_MAX = 4096
 
 
+def _layer(node: Node, graph: Graph, consts: Mapping[str, Any]) -> Layer:
+    ins = tuple(graph.infos.get(i) if i else None for i in node.inputs)
+    outs = tuple(graph.infos[o] for o in node.outputs if o)
+    return Layer(node, ins, outs, tuple(k for k, i in enumerate(node.inputs) if i and i in consts))
+
+
+def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
+    """Whether ``node`` is placed on the CPU in a Vulkan model: no Vulkan kernel applies to it (none for its op,
+    none for its attributes or shapes, none for its dtypes) while a CPU kernel does."""
+    from ..vulkan.executor import _misfit
+    from ..vulkan.kernel import VulkanKernel
+
+    spec = op_spec(node.op)
+    if spec is None or spec.alias or node.op in CONTROL_OPS or not kernels_for(node.op, "cpu"):
+        return False
+    layer = _layer(node, graph, consts)
+    for k in kernels_for(node.op, "vulkan"):
+        try:
+            if isinstance(k, VulkanKernel) and k.applies(layer) and _misfit(node, k, graph.infos, consts) is None:
+                return False
+        except Exception:  # a kernel that cannot even judge the layer does not run it
+            continue
+    return True
+
+
 def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
-    """Whether the Vulkan backend runs ``node`` on the host: control flow, or integer/bool plumbing that no
-    Vulkan kernel handles (every tensor it reads or writes at run time integer or bool, and small)."""
+    """Whether the Vulkan backend runs ``node`` on the host: control flow, integer/bool plumbing that no
+    Vulkan kernel handles (every tensor it reads or writes at run time integer or bool, and small), or a node
+    no Vulkan kernel runs (``on_cpu``)."""
     if node.op in CONTROL_OPS:
         return True
     names = [n for n in list(node.inputs) + list(node.outputs) if n and n not in consts]
     if not names:
         return False
+    if on_cpu(node, graph, consts):
+        return True
     # small tensors only, at least one of them integer or bool (an iteration counter cast to float qualifies)
     if any(graph.infos[n].size > HOST_PLUMBING_MAX for n in names):
         return False
@@ -60,6 +93,16 @@ class HostStep:
         self.stats = DecideStats()
         node.notes["stats"] = self.stats
         node.notes["backend"] = "vulkan"
+        #: where the node runs, for ``kernel_names`` and ``inferd info``: "host" (control flow, plumbing through
+        #: the oracle) or "cpu:<kernel>" (mixed placement)
+        self.placement = "host"
+        self._cpu: tuple[Layer, Kernel, dict[str, np.ndarray]] | None = None
+        if node.op not in CONTROL_OPS and on_cpu(node, graph, consts):
+            layer = _layer(node, graph, consts)
+            k = choose_kernel(layer, "cpu")
+            self._cpu = (layer, k, k.transform(layer, {raw_key(i): np.asarray(consts[node.inputs[i]])
+                                                       for i in layer.const_inputs}))
+            self.placement = f"cpu:{k.name}"
         if node.op in CONTROL_OPS:
             for key, body in node.bodies.items():
                 if body.runtime_shaped:
@@ -85,12 +128,19 @@ class HostStep:
                 return [out[t.name] for t in m.graph.outputs]
 
             res = run_control(node, ins, run_body)
+        elif self._cpu is not None:
+            layer, k, params = self._cpu
+            dyn = [None if i in layer.const_inputs else x for i, x in enumerate(ins)]
+            outs = [np.empty(o.shape, o.dtype) for o in layer.outputs]
+            k.run(layer, dyn, params, outs)
+            it = iter(outs)
+            res = [next(it) if o else None for o in node.outputs]
         else:
             spec = op_spec(node.op)
             assert spec is not None
             res = spec.reference(node, ins)
         for o, r in zip(node.outputs, res):
-            if o:
+            if o and r is not None:
                 write(o, np.asarray(r))
         self.stats.runs += 1
         self.stats.decide_s += t1 - t0  # reading the inputs back: what deciding costs beyond the bodies

@@ -1,0 +1,409 @@
+"""Attention-family operators: the default domain's Attention, RMSNormalization and RotaryEmbedding (opset 23), and
+the ``com.microsoft`` operators onnxruntime's transformer optimizer writes into shipped models: Attention,
+MultiHeadAttention, SkipLayerNormalization, SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization (which
+onnxruntime registers in the default domain), BiasGelu, FastGelu, QuickGelu, RotaryEmbedding.
+
+A ``com.microsoft`` op is registered as ``com.microsoft.<Op>`` (the importer maps a node of that domain to that
+name). numpy oracles, float64 inside where a reduction or a softmax is, cast back once; the CPU kernel runs them:
+the matrix products go through numpy's BLAS.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir import Node, TensorInfo
+from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+
+Infos = list["TensorInfo | None"]
+MS = "com.microsoft."
+
+
+def _get(ins: Sequence[np.ndarray | None], i: int) -> np.ndarray | None:
+    return ins[i] if len(ins) > i and ins[i] is not None else None
+
+
+def _has(node: Node, i: int) -> bool:
+    return len(node.inputs) > i and bool(node.inputs[i])
+
+
+def _softmax(s: np.ndarray) -> np.ndarray:
+    m = np.max(s, axis=-1, keepdims=True)
+    masked = np.isneginf(m)
+    e = np.exp(s - np.where(masked, 0, m))
+    t = e.sum(axis=-1, keepdims=True)
+    return np.where(masked, 0, e / np.where(t == 0, 1, t))
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    from math import sqrt
+
+    from scipy.special import erf  # type: ignore[import-untyped]
+
+    return 0.5 * x * (1 + erf(x / sqrt(2)))
+
+
+def _erf_gelu(x: np.ndarray) -> np.ndarray:
+    try:
+        return _gelu(x)
+    except ImportError:  # no scipy: the vectorised math.erf
+        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+# ------------------------------------------------------------------------------------- ONNX Attention (23)
+
+def _split_heads(x: np.ndarray, heads: int) -> np.ndarray:
+    b, s, h = x.shape
+    return x.reshape(b, s, heads, h // heads).transpose(0, 2, 1, 3)
+
+
+def _attn_shapes(node: Node, q, k, v, past):  # type: ignore[no-untyped-def]
+    """(Y shape, present shape k, present shape v, qk shape) for Attention-23's Q/K/V infos."""
+    if len(q.shape) == 3:
+        qh, kvh = node.attr("q_num_heads"), node.attr("kv_num_heads")
+        if not qh or not kvh:
+            raise ShapeError(f"node {node.name!r} (Attention): 3-D inputs need q_num_heads and kv_num_heads")
+        b, sq = q.shape[0], q.shape[1]
+        hk, hv = k.shape[2] // int(kvh), v.shape[2] // int(kvh)
+        skv = k.shape[1]
+        qn, kn = int(qh), int(kvh)
+        y = (b, sq, qn * hv)
+    else:
+        b, qn, sq = q.shape[:3]
+        kn, skv, hk = k.shape[1:]
+        hv = v.shape[3]
+        y = (b, qn, sq, hv)
+    total = skv + (past.shape[2] if past is not None else 0)
+    return y, (b, kn, total, hk), (b, kn, total, hv), (b, qn, sq, total)
+
+
+def _infer_attention(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    q, k, v = ins[0], ins[1], ins[2]
+    assert q is not None and k is not None and v is not None
+    y, pk, pv, qk = _attn_shapes(node, q, k, v, ins[4] if len(ins) > 4 else None)
+    dt = np.dtype(q.dtype)
+    return [(y, dt), (pk, dt), (pv, dt), (qk, dt)][:len(node.outputs)]
+
+
+def attention(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    q, k, v = (np.asarray(ins[i]) for i in range(3))
+    mask, pk, pv = _get(ins, 3), _get(ins, 4), _get(ins, 5)
+    dt = q.dtype
+    three = q.ndim == 3
+    if three:
+        q = _split_heads(q, int(node.attr("q_num_heads")))
+        k = _split_heads(k, int(node.attr("kv_num_heads")))
+        v = _split_heads(v, int(node.attr("kv_num_heads")))
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    if pk is not None:
+        k = np.concatenate([np.asarray(pk, np.float64), k], axis=2)
+        v = np.concatenate([np.asarray(pv, np.float64), v], axis=2)
+    present_k, present_v = k, v
+    sq, skv = q.shape[2], k.shape[2]
+    scale = node.attr("scale")
+    scale = 1 / math.sqrt(q.shape[3]) if scale is None else float(scale)
+    bias = np.zeros((sq, skv))
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.shape[-1] < skv:  # a mask shorter than the keys: the rest masked
+            pad = [(0, 0)] * (m.ndim - 1) + [(0, skv - m.shape[-1])]
+            m = np.pad(m, pad, constant_values=False if m.dtype == np.bool_ else -np.inf)
+        bias = bias + (np.where(m, 0.0, -np.inf) if m.dtype == np.bool_ else m.astype(np.float64))
+    if int(node.attr("is_causal", 0)):
+        off = pk.shape[2] if pk is not None else 0
+        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + off
+        bias = bias + np.where(allowed, 0.0, -np.inf)
+    if q.shape[1] != k.shape[1]:  # grouped-query attention: each kv head serves q_heads / kv_heads query heads
+        rep = q.shape[1] // k.shape[1]
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    qk = (q @ k.transpose(0, 1, 3, 2)) * scale
+    softcap = float(node.attr("softcap", 0.0) or 0.0)
+    if softcap > 0:
+        qk = softcap * np.tanh(qk / softcap)
+    mode = int(node.attr("qk_matmul_output_mode", 0))
+    withb = qk + bias
+    p = _softmax(withb)
+    p = np.where(np.isneginf(np.max(np.broadcast_to(bias, withb.shape), axis=-1, keepdims=True)), 0, p)
+    out_qk = {0: qk, 1: qk, 2: withb, 3: p}.get(mode, qk)
+    y = p @ v
+    if three:
+        y = y.transpose(0, 2, 1, 3).reshape(y.shape[0], y.shape[2], -1)
+    res = [y.astype(dt), present_k.astype(dt), present_v.astype(dt), out_qk.astype(dt)]
+    return res[:len(node.outputs)]
+
+
+# ------------------------------------------------------------------------------------- RMSNormalization
+
+def _infer_same(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    x = ins[0]
+    assert x is not None
+    return [(tuple(x.shape), np.dtype(x.dtype))]
+
+
+def rms_norm(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    x, w = np.asarray(ins[0]), np.asarray(ins[1])
+    a = int(node.attr("axis", -1))
+    a = a + x.ndim if a < 0 else a
+    xf = x.astype(np.float64)
+    ms = np.mean(xf * xf, axis=tuple(range(a, x.ndim)), keepdims=True)
+    return [(xf / np.sqrt(ms + float(node.attr("epsilon", 1e-5))) * w.astype(np.float64)).astype(x.dtype)]
+
+
+# ------------------------------------------------------------------------------------- RotaryEmbedding
+
+def _rotate(x4: np.ndarray, cos: np.ndarray, sin: np.ndarray, rdim: int, interleaved: bool) -> np.ndarray:
+    """x4 (B, S, N, H); cos/sin (B or 1, S, rdim/2)."""
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    xr, rest = x4[..., :rdim], x4[..., rdim:]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+    else:
+        x1, x2 = xr[..., : rdim // 2], xr[..., rdim // 2:]
+    re, im = c * x1 - s * x2, s * x1 + c * x2
+    rot = np.stack([re, im], axis=-1).reshape(xr.shape) if interleaved else np.concatenate([re, im], axis=-1)
+    return np.concatenate([rot, rest], axis=-1)
+
+
+def rotary(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    ms = node.op.startswith(MS)
+    if ms:  # com.microsoft: (input, position_ids, cos_cache, sin_cache)
+        x, pos, cos, sin = (np.asarray(ins[i]) for i in range(4))
+    else:  # ONNX: (X, cos_cache, sin_cache, position_ids?)
+        x, cos, sin = (np.asarray(ins[i]) for i in range(3))
+        pos = _get(ins, 3)
+    dt = x.dtype
+    xf = x.astype(np.float64)
+    heads = int(node.attr("num_heads", 0) or 0)
+    if x.ndim == 4:
+        x4 = xf.transpose(0, 2, 1, 3)  # (B, S, N, H)
+    else:
+        if not heads:
+            raise ShapeError(f"node {node.name!r} ({node.op}): a 3-D input needs num_heads")
+        x4 = xf.reshape(x.shape[0], x.shape[1], heads, x.shape[2] // heads)
+    b, s = x4.shape[:2]
+    rdim = int(node.attr("rotary_embedding_dim", 0) or 0) or x4.shape[3]
+    if ms and pos is not None and np.asarray(pos).size == 1:
+        pos = int(np.asarray(pos).reshape(-1)[0]) + np.arange(s)[None, :]  # one offset for every batch
+    if pos is not None:
+        cos, sin = np.asarray(cos)[np.asarray(pos)], np.asarray(sin)[np.asarray(pos)]
+    elif cos.ndim == 2:  # ONNX without position_ids: caches already (B, S, rdim/2) or (S, rdim/2)
+        cos, sin = cos[None, :s], sin[None, :s]
+    y = _rotate(x4, cos.astype(np.float64), sin.astype(np.float64), rdim, bool(node.attr("interleaved", 0)))
+    y = y.transpose(0, 2, 1, 3) if x.ndim == 4 else y.reshape(x.shape)
+    return [y.astype(dt)]
+
+
+# ------------------------------------------------------------------------------------- com.microsoft
+
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, eps: float, simplified: bool
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if simplified:
+        mean = np.zeros(x.shape[:-1] + (1,))
+        var = np.mean(x * x, axis=-1, keepdims=True)
+    else:
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    inv = 1 / np.sqrt(var + eps)
+    y = (x - mean) * inv * gamma
+    if beta is not None:
+        y = y + beta
+    return y, mean, inv
+
+
+def skip_layer_norm(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    simplified = node.op == MS + "SkipSimplifiedLayerNormalization"
+    x, skip, gamma = (np.asarray(ins[i]) for i in range(3))
+    beta = None if simplified else _get(ins, 3)
+    bias = _get(ins, 3 if simplified else 4)
+    s = x.astype(np.float64) + skip.astype(np.float64)
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)
+    y, mean, inv = _layer_norm(s, gamma.astype(np.float64), None if beta is None else np.asarray(beta, np.float64),
+                               float(node.attr("epsilon", 1e-12)), simplified)
+    dt = x.dtype
+    return [y.astype(dt), mean.astype(np.float32), inv.astype(np.float32), s.astype(dt)][:len(node.outputs)]
+
+
+def simplified_ln(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    x, g = np.asarray(ins[0]), np.asarray(ins[1])
+    a = int(node.attr("axis", -1))
+    a = a + x.ndim if a < 0 else a
+    xf = x.astype(np.float64)
+    ms = np.mean(xf * xf, axis=tuple(range(a, x.ndim)), keepdims=True)
+    inv = 1 / np.sqrt(ms + float(node.attr("epsilon", 1e-5)))
+    out = [(xf * inv * g).astype(x.dtype), inv.astype(np.float32)]
+    return out[:len(node.outputs)]
+
+
+def gelus(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    x = np.asarray(ins[0])
+    v = x.astype(np.float64)
+    b = _get(ins, 1)
+    if b is not None:
+        v = v + np.asarray(b, np.float64)
+    op = node.op[len(MS):]
+    if op == "BiasGelu":
+        y = _erf_gelu(v)
+    elif op == "FastGelu":
+        y = 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v ** 3)))
+    else:  # QuickGelu
+        y = v / (1 + np.exp(-float(node.attr("alpha", 1.702)) * v))
+    return [y.astype(x.dtype)]
+
+
+def _mask_bias(mask: np.ndarray | None, b: int, sq: int, skv: int, fill: float) -> np.ndarray:
+    """onnxruntime's mask_index forms as an additive bias broadcastable to (B, N, Sq, Skv)."""
+    if mask is None:
+        return np.zeros((1, 1, 1, 1))
+    m = np.asarray(mask)
+    if m.ndim == 1 and m.shape[0] == b:  # right padding: valid lengths
+        keep = np.arange(skv)[None, :] < m[:, None]
+        return np.where(keep, 0.0, fill)[:, None, None, :]
+    if m.ndim == 2:  # (B, total) raw 1/0
+        return np.where(m > 0, 0.0, fill)[:, None, None, :]
+    if m.ndim == 3:  # (B, Sq, total)
+        return np.where(m > 0, 0.0, fill)[:, None, :, :]
+    raise ShapeError(f"mask_index of shape {list(m.shape)} is not supported")
+
+
+def _mha_core(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, scale: float | None, bias: np.ndarray,
+              causal: bool, past_len: int = 0) -> np.ndarray:
+    """q (B, Sq, D), k (B, Skv, D), v (B, Skv, Dv) float64: (B, Sq, Dv)."""
+    qh, kh, vh = _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads)
+    sc = (1 / math.sqrt(qh.shape[3])) if not scale else scale
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * sc + bias
+    if causal:
+        sq, skv = s.shape[2:]
+        s = np.where(np.arange(skv)[None, :] <= np.arange(sq)[:, None] + past_len, s, -np.inf)
+    p = _softmax(s)
+    y = p @ vh
+    return y.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[1], -1)
+
+
+def ms_attention(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    x, w = np.asarray(ins[0]), np.asarray(ins[1])
+    bias, mask, past, rel = _get(ins, 2), _get(ins, 3), _get(ins, 4), _get(ins, 5)
+    if past is not None:
+        raise ShapeError(f"node {node.name!r} (com.microsoft Attention): the past state input is not supported")
+    heads = int(node.attr("num_heads"))
+    sizes = node.attr("qkv_hidden_sizes")
+    d = w.shape[1] // 3 if not sizes else None
+    dq, dk, dv = (d, d, d) if d is not None else (int(sizes[0]), int(sizes[1]), int(sizes[2]))
+    qkv = x.astype(np.float64) @ w.astype(np.float64)
+    if bias is not None:
+        qkv = qkv + np.asarray(bias, np.float64)
+    q, k, v = qkv[..., :dq], qkv[..., dq:dq + dk], qkv[..., dq + dk:dq + dk + dv]
+    b, s = x.shape[:2]
+    add = _mask_bias(mask, b, s, s, float(node.attr("mask_filter_value", -10000.0)))
+    if rel is not None:
+        add = add + np.asarray(rel, np.float64)
+    y = _mha_core(q, k, v, heads, node.attr("scale"), add, bool(node.attr("unidirectional", 0)))
+    return [y.astype(x.dtype)][:1]
+
+
+def ms_mha(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    q, k, v = (np.asarray(ins[i]) if _get(ins, i) is not None else None for i in range(3))
+    assert q is not None
+    if k is None or v is None or q.ndim != 3 or k.ndim != 3:
+        raise ShapeError(f"node {node.name!r} (com.microsoft MultiHeadAttention): only separate 3-D query, key "
+                         f"and value inputs are supported")
+    bias, kpm, rel = _get(ins, 3), _get(ins, 4), _get(ins, 5)
+    qf, kf, vf = (a.astype(np.float64) for a in (q, k, v))
+    if bias is not None:
+        bb = np.asarray(bias, np.float64)
+        dq, dk = qf.shape[-1], kf.shape[-1]
+        qf, kf, vf = qf + bb[:dq], kf + bb[dq:dq + dk], vf + bb[dq + dk:]
+    add = _mask_bias(kpm, q.shape[0], q.shape[1], k.shape[1], float(node.attr("mask_filter_value", -10000.0)))
+    if rel is not None:
+        add = add + np.asarray(rel, np.float64)
+    y = _mha_core(qf, kf, vf, int(node.attr("num_heads")), node.attr("scale"), add,
+                  bool(node.attr("unidirectional", 0)))
+    return [y.astype(q.dtype)]
+
+
+def _infer_ms_attention(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    x, w = ins[0], ins[1]
+    assert x is not None and w is not None
+    if _has(node, 4):
+        raise ShapeError(f"node {node.name!r} (com.microsoft Attention): the past state input is not supported")
+    sizes = node.attr("qkv_hidden_sizes")
+    dv = w.shape[1] // 3 if not sizes else int(sizes[2])
+    return [((x.shape[0], x.shape[1], dv), np.dtype(x.dtype))]
+
+
+def _infer_mha(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    q, v = ins[0], ins[2] if len(ins) > 2 else None
+    assert q is not None
+    if v is None or len(q.shape) != 3 or len(v.shape) != 3:
+        raise ShapeError(f"node {node.name!r} (com.microsoft MultiHeadAttention): only separate 3-D query, key and "
+                         f"value inputs are supported")
+    return [((q.shape[0], q.shape[1], v.shape[2]), np.dtype(q.dtype))]
+
+
+def _infer_skip_ln(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    x = ins[0]
+    assert x is not None
+    stat = tuple(x.shape[:-1]) + (1,)
+    outs = [(tuple(x.shape), np.dtype(x.dtype)), (stat, np.dtype(np.float32)), (stat, np.dtype(np.float32)),
+            (tuple(x.shape), np.dtype(x.dtype))]
+    return outs[:len(node.outputs)]
+
+
+def _infer_simplified_ln(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    x = ins[0]
+    assert x is not None
+    a = int(node.attr("axis", -1))
+    a = a + len(x.shape) if a < 0 else a
+    return [(tuple(x.shape), np.dtype(x.dtype)), (tuple(x.shape[:a]) + (1,) * (len(x.shape) - a),
+                                                   np.dtype(np.float32))][:len(node.outputs)]
+
+
+# ------------------------------------------------------------------------------------- registration
+
+_COMPUTE = {
+    "Attention": attention, "RMSNormalization": rms_norm, "RotaryEmbedding": rotary,
+    "SimplifiedLayerNormalization": simplified_ln,
+    MS + "Attention": ms_attention, MS + "MultiHeadAttention": ms_mha, MS + "SkipLayerNormalization": skip_layer_norm,
+    MS + "SkipSimplifiedLayerNormalization": skip_layer_norm, MS + "BiasGelu": gelus, MS + "FastGelu": gelus,
+    MS + "QuickGelu": gelus, MS + "RotaryEmbedding": rotary,
+}
+_INFER = {"Attention": _infer_attention, "SimplifiedLayerNormalization": _infer_simplified_ln,
+          MS + "Attention": _infer_ms_attention, MS + "MultiHeadAttention": _infer_mha,
+          MS + "SkipLayerNormalization": _infer_skip_ln, MS + "SkipSimplifiedLayerNormalization": _infer_skip_ln}
+_MIN = {"Attention": 23, "RMSNormalization": 23, "RotaryEmbedding": 23}
+_NOTES = {
+    "Attention": "opset 23 semantics (no sliding window or nonpad_kv_seqlen: opset 24+); numpy, float64 softmax",
+    "SimplifiedLayerNormalization": "onnxruntime's contrib op in the default domain (what its optimizer writes)",
+    MS + "Attention": "com.microsoft: packed QKV weights, mask_index 1-D/2-D/3-D, attention bias, unidirectional; "
+                      "no past state",
+    MS + "MultiHeadAttention": "com.microsoft: separate 3-D query/key/value only (no packed or past forms)",
+}
+ATTENTION_OPS = tuple(_COMPUTE)
+
+
+def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    return [np.array(r, order="C", copy=True) for r in _COMPUTE[node.op](node, inputs)]
+
+
+for _op in ATTENTION_OPS:
+    register_op(OpSpec(_op, _INFER.get(_op, _infer_same), _reference, min_opset=_MIN.get(_op, 1),
+                       notes=_NOTES.get(_op, "")))
+
+
+@register_kernel
+class AttentionKernel(Kernel):
+    """The numpy functions (BLAS matrix products), copied into the arena."""
+
+    name = "numpy"
+    ops = ATTENTION_OPS
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        res = _COMPUTE[layer.op](layer.node, full_inputs(layer, inputs, params))
+        buffers = iter(outputs)  # one per named output; the results follow node.outputs, absent ones included
+        for name, r in zip(layer.node.outputs, res):
+            if name:
+                np.copyto(next(buffers), r)

@@ -1,0 +1,294 @@
+/* Detection post-processing: non-maximum suppression, RoiAlign, TopK rows. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "inferd_internal.h"
+#include "inferd_native.h"
+
+typedef struct { float s; int i; } scored;
+
+/* p ranks before q: the higher score, the lower index on ties */
+static int better(const scored* p, const scored* q) { return p->s > q->s || (p->s == q->s && p->i < q->i); }
+
+static void cand_down(scored* h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && better(h + l, h + w)) w = l;
+        if (r < n && better(h + r, h + w)) w = r;
+        if (w == i) return;
+        scored t = h[i]; h[i] = h[w]; h[w] = t;
+        i = w;
+    }
+}
+
+typedef struct {
+    const float* geo; const float* scores; int B, C, N; long long max_out; float iou_thr, score_thr;
+    int has_score_thr, per; int* sel; int* counts; int failed;
+} nms_job;
+
+/* one (batch, class): candidates in a heap popped lazily (only as many as it takes to keep max_out, as
+   onnxruntime's priority queue does), each checked against the kept boxes, held in SoA for the scan */
+static void nms_task(void* p, long long t)
+{
+    nms_job* j = (nms_job*)p;
+    const int N = j->N, b = (int)(t / j->C);
+    const float* sc = j->scores + (size_t)t * N;
+    const float* geo = j->geo + (size_t)b * N * 5;
+    scored* h = (scored*)malloc(sizeof(scored) * (size_t)N);
+    float* k = (float*)malloc(sizeof(float) * 5 * (size_t)j->per);
+    if (!h || !k) { free(h); free(k); j->failed = 1; j->counts[t] = 0; return; }
+    int m = 0;
+    for (int i = 0; i < N; ++i)
+        if (!j->has_score_thr || sc[i] > j->score_thr) { h[m].s = sc[i]; h[m].i = i; ++m; }
+    for (int i = m / 2; i-- > 0;) cand_down(h, m, i);
+    float *kx0 = k, *ky0 = k + j->per, *kx1 = k + 2 * j->per, *ky1 = k + 3 * j->per, *ka = k + 4 * j->per;
+    int* out = j->sel + (size_t)t * j->per;
+    int nk = 0;
+    const float thr = j->iou_thr;
+    while (m > 0 && nk < j->max_out) {
+        int i = h[0].i;
+        h[0] = h[--m];
+        cand_down(h, m, 0);
+        const float* g = geo + (size_t)i * 5;
+        int suppressed = 0;
+        for (int s = 0; s < nk; ++s) {
+            float ix0 = g[0] > kx0[s] ? g[0] : kx0[s], ix1 = g[2] < kx1[s] ? g[2] : kx1[s];
+            float iy0 = g[1] > ky0[s] ? g[1] : ky0[s], iy1 = g[3] < ky1[s] ? g[3] : ky1[s];
+            if (ix1 <= ix0 || iy1 <= iy0) continue;
+            float inter = (ix1 - ix0) * (iy1 - iy0);
+            float uni = g[4] + ka[s] - inter;
+            if (inter <= 0.0f || g[4] <= 0.0f || ka[s] <= 0.0f || uni <= 0.0f) continue;
+            if (inter / uni > thr) { suppressed = 1; break; }
+        }
+        if (suppressed) continue;
+        kx0[nk] = g[0]; ky0[nk] = g[1]; kx1[nk] = g[2]; ky1[nk] = g[3]; ka[nk] = g[4];
+        out[nk++] = i;
+    }
+    j->counts[t] = nk;
+    free(h); free(k);
+}
+
+long long inferd_nms(const float* boxes, const float* scores, int B, int C, int N, int center, long long max_out,
+                     float iou_thr, float score_thr, int has_score_thr, long long* out, long long cap)
+{
+    if (max_out <= 0 || N <= 0 || B <= 0 || C <= 0) return 0;
+    int per = max_out < N ? (int)max_out : N;
+    long long tasks = (long long)B * C;
+    /* each box as (xmin, ymin, xmax, ymax, area), shared by every class of its batch */
+    float* geo = (float*)malloc(sizeof(float) * 5 * (size_t)B * N);
+    int* sel = (int*)malloc(sizeof(int) * (size_t)tasks * per);
+    int* counts = (int*)malloc(sizeof(int) * (size_t)tasks);
+    if (!geo || !sel || !counts) { free(geo); free(sel); free(counts); return -2; }
+    for (long long q = 0; q < (long long)B * N; ++q) {
+        const float* p = boxes + q * 4;
+        float x0, x1, y0, y1;
+        if (center) {
+            float hw = p[2] / 2, hh = p[3] / 2;
+            x0 = p[0] - hw; x1 = p[0] + hw; y0 = p[1] - hh; y1 = p[1] + hh;
+        } else {
+            y0 = p[0] < p[2] ? p[0] : p[2]; y1 = p[0] < p[2] ? p[2] : p[0];
+            x0 = p[1] < p[3] ? p[1] : p[3]; x1 = p[1] < p[3] ? p[3] : p[1];
+        }
+        float* g = geo + q * 5;
+        g[0] = x0; g[1] = y0; g[2] = x1; g[3] = y1; g[4] = (x1 - x0) * (y1 - y0);
+    }
+    nms_job j = {geo, scores, B, C, N, max_out, iou_thr, score_thr, has_score_thr, per, sel, counts, 0};
+    /* classes are independent: split them over the pool, then write the triples in (batch, class) order */
+    if (tasks > 1 && (double)tasks * N > 20000.0)
+        inferd_parallel(nms_task, &j, tasks, 0);
+    else
+        for (long long t = 0; t < tasks; ++t) nms_task(&j, t);
+    long long n_out = 0;
+    for (long long t = 0; t < tasks; ++t) n_out += counts[t];
+    if (j.failed) n_out = -2;
+    else if (n_out > cap) n_out = -1;
+    else {
+        long long w = 0;
+        for (long long t = 0; t < tasks; ++t)
+            for (int s = 0; s < counts[t]; ++s, ++w) {
+                out[w * 3] = t / C; out[w * 3 + 1] = t % C; out[w * 3 + 2] = sel[(size_t)t * per + s];
+            }
+    }
+    free(geo); free(sel); free(counts);
+    return n_out;
+}
+
+typedef struct { int p1, p2, p3, p4; float w1, w2, w3, w4; } bilin;
+
+typedef struct {
+    const float* x; int N, C, H, W; const float* rois; const long long* batch; int R, OH, OW, sampling;
+    float scale; int half_pixel, mode_max; float* y; int failed;
+} roi_job;
+
+static void roi_task(void* p, long long r)
+{
+    roi_job* j = (roi_job*)p;
+    const float* roi = j->rois + (size_t)r * 4;
+    const int H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+    float off = j->half_pixel ? 0.5f : 0.0f;
+    float sw = roi[0] * j->scale - off, sh = roi[1] * j->scale - off;
+    float ew = roi[2] * j->scale - off, eh = roi[3] * j->scale - off;
+    float rw = ew - sw, rh = eh - sh;
+    if (!j->half_pixel) { rw = rw > 1.0f ? rw : 1.0f; rh = rh > 1.0f ? rh : 1.0f; }
+    float bh = rh / (float)OH, bw = rw / (float)OW;
+    int gh = j->sampling > 0 ? j->sampling : (int)ceilf(rh / (float)OH);
+    int gw = j->sampling > 0 ? j->sampling : (int)ceilf(rw / (float)OW);
+    if (gh < 0) gh = 0;
+    if (gw < 0) gw = 0;
+    int count = gh * gw > 1 ? gh * gw : 1;
+    size_t npc = (size_t)OH * OW * gh * gw;
+    bilin* pc = (bilin*)malloc(sizeof(bilin) * (npc ? npc : 1));
+    if (!pc) { j->failed = 1; return; }
+    size_t q = 0;
+    for (int ph = 0; ph < OH; ++ph) for (int pw = 0; pw < OW; ++pw)
+        for (int iy = 0; iy < gh; ++iy) {
+            float yy = sh + ph * bh + ((float)iy + 0.5f) * bh / (float)gh;
+            for (int ix = 0; ix < gw; ++ix, ++q) {
+                float xx = sw + pw * bw + ((float)ix + 0.5f) * bw / (float)gw;
+                float yv = yy, xv = xx;
+                bilin* b = pc + q;
+                if (yv < -1.0f || yv > (float)H || xv < -1.0f || xv > (float)W) {
+                    memset(b, 0, sizeof(*b));
+                    continue;
+                }
+                if (yv <= 0) yv = 0;
+                if (xv <= 0) xv = 0;
+                int yl = (int)yv, xl = (int)xv, yh, xh;
+                if (yl >= H - 1) { yh = yl = H - 1; yv = (float)yl; } else yh = yl + 1;
+                if (xl >= W - 1) { xh = xl = W - 1; xv = (float)xl; } else xh = xl + 1;
+                float ly = yv - yl, lx = xv - xl, hy = 1.0f - ly, hx = 1.0f - lx;
+                b->p1 = yl * W + xl; b->p2 = yl * W + xh; b->p3 = yh * W + xl; b->p4 = yh * W + xh;
+                b->w1 = hy * hx; b->w2 = hy * lx; b->w3 = ly * hx; b->w4 = ly * lx;
+            }
+        }
+    const int per = gh * gw;
+    for (int c = 0; c < j->C; ++c) {
+        const float* xp = j->x + ((size_t)j->batch[r] * j->C + c) * (size_t)H * W;
+        float* yp = j->y + ((size_t)r * j->C + c) * (size_t)OH * OW;
+        for (int o = 0; o < OH * OW; ++o) {
+            const bilin* b = pc + (size_t)o * per;
+            if (j->mode_max) {
+                float m = 0.0f;
+                for (int s = 0; s < per; ++s) {
+                    float v = b[s].w1 * xp[b[s].p1], v2 = b[s].w2 * xp[b[s].p2];
+                    float v3 = b[s].w3 * xp[b[s].p3], v4 = b[s].w4 * xp[b[s].p4];
+                    v = v > v2 ? v : v2; v = v > v3 ? v : v3; v = v > v4 ? v : v4;
+                    m = (s == 0 || v > m) ? v : m;
+                }
+                yp[o] = m;
+            } else {
+                float acc = 0.0f;
+                for (int s = 0; s < per; ++s)
+                    acc += b[s].w1 * xp[b[s].p1] + b[s].w2 * xp[b[s].p2] + b[s].w3 * xp[b[s].p3] + b[s].w4 * xp[b[s].p4];
+                yp[o] = acc / (float)count;
+            }
+        }
+    }
+    free(pc);
+}
+
+int inferd_roi_align(const float* x, int N, int C, int H, int W, const float* rois, const long long* batch, int R,
+                     int OH, int OW, int sampling, float scale, int half_pixel, int mode_max, float* y)
+{
+    roi_job j = {x, N, C, H, W, rois, batch, R, OH, OW, sampling, scale, half_pixel, mode_max, y, 0};
+    double work = (double)R * C * OH * OW * 4.0 * (sampling > 0 ? sampling * sampling : 4);
+    if (inferd_pool_chunks(R, work) <= 1) {
+        for (long long r = 0; r < R; ++r) roi_task(&j, r);
+    } else {
+        inferd_parallel(roi_task, &j, R, 0);
+    }
+    return j.failed ? -1 : 0;
+}
+
+/* a ranks before b: larger (largest) or smaller value first, NaN first for largest and last otherwise,
+   the lower column on ties */
+static inline int ranks_before(float a, long long ia, float b, long long ib, int largest)
+{
+    int an = a != a, bn = b != b;
+    if (an || bn) {
+        if (an && bn) return ia < ib;
+        return largest ? an : bn;
+    }
+    if (a != b) return largest ? a > b : a < b;
+    return ia < ib;
+}
+
+typedef struct { float v; long long i; } vi;
+
+static inline int vi_before(const vi* a, const vi* b, int largest) { return ranks_before(a->v, a->i, b->v, b->i, largest); }
+
+static inline void vi_swap(vi* a, vi* b) { vi t = *a; *a = *b; *b = t; }
+
+/* Lomuto partition of a[lo..hi] around a median of three; the pivot's final position */
+static inline long long vi_partition(vi* a, long long lo, long long hi, int largest)
+{
+    long long mid = lo + (hi - lo) / 2;
+    if (vi_before(a + mid, a + lo, largest)) vi_swap(a + mid, a + lo);
+    if (vi_before(a + hi, a + lo, largest)) vi_swap(a + hi, a + lo);
+    if (vi_before(a + mid, a + hi, largest)) vi_swap(a + mid, a + hi);
+    vi piv = a[hi];
+    long long st = lo;
+    for (long long q = lo; q < hi; ++q)
+        if (vi_before(a + q, &piv, largest)) { vi_swap(a + q, a + st); ++st; }
+    a[hi] = a[st]; a[st] = piv;
+    return st;
+}
+
+/* reorder a[0..n) so that a[0..k) are the k that rank first (unordered), a[k-1] the last of them */
+static void vi_select(vi* a, long long n, long long k, int largest)
+{
+    long long lo = 0, hi = n - 1, want = k - 1;
+    while (hi > lo) {
+        long long st = vi_partition(a, lo, hi, largest);
+        if (st == want) return;
+        if (st < want) lo = st + 1; else hi = st - 1;
+    }
+}
+
+/* sort a[lo..hi] best first: quicksort down to short runs, insertion sort for those */
+static void vi_sort(vi* a, long long lo, long long hi, int largest)
+{
+    while (hi - lo > 16) {
+        long long st = vi_partition(a, lo, hi, largest);
+        if (st - lo < hi - st) { vi_sort(a, lo, st - 1, largest); lo = st + 1; }
+        else { vi_sort(a, st + 1, hi, largest); hi = st - 1; }
+    }
+    for (long long q = lo + 1; q <= hi; ++q) {
+        vi t = a[q];
+        long long p = q;
+        while (p > lo && vi_before(&t, a + p - 1, largest)) { a[p] = a[p - 1]; --p; }
+        a[p] = t;
+    }
+}
+
+int inferd_topk(const float* x, long long rows, long long n, long long k, int largest, float* vals, long long* idx)
+{
+    if (k <= 0) return 0;
+    long long cap = 2 * k < n ? 2 * k : n;
+    vi* buf = (vi*)malloc(sizeof(vi) * (size_t)(cap + 1));
+    if (!buf) return -1;
+    for (long long r = 0; r < rows; ++r) {
+        const float* xr = x + r * n;
+        /* a buffer of up to 2k candidates: when full, a selection keeps its best k and the k-th becomes the bar a
+           later element must pass (later means a higher index, so only a strictly better value, or NaN over a
+           number for largest, passes); one compare per element once the bar is good */
+        long long m = 0, i = 0;
+        for (; i < n && m < cap; ++i) { buf[m].v = xr[i]; buf[m].i = i; ++m; }
+        float bar = 0.0f;
+        if (i < n) { vi_select(buf, m, k, largest); m = k; bar = buf[k - 1].v; }
+        for (; i < n; ++i) {
+            float v = xr[i];
+            int wins = largest ? (v > bar || (v != v && bar == bar)) : (v < bar || (v == v && bar != bar));
+            if (!wins) continue;
+            buf[m].v = v; buf[m].i = i; ++m;
+            if (m == cap) { vi_select(buf, m, k, largest); m = k; bar = buf[k - 1].v; }
+        }
+        if (m > k) vi_select(buf, m, k, largest);
+        vi_sort(buf, 0, k - 1, largest);
+        for (long long q = 0; q < k; ++q) { vals[r * k + q] = buf[q].v; idx[r * k + q] = buf[q].i; }
+    }
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,371 @@
+"""Data-dependent output shapes (NonZero, NonMaxSuppression, TopK with a run-time k, Unique, Compress) and the
+detection kernels (native NMS, RoiAlign, TopK) against their numpy oracles and onnxruntime; outputs sized at run
+time inside the bound the plan reserved, and a run whose output would pass that bound fails without writing past
+it."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T, helper as h
+
+from inferd import native
+from inferd.errors import KernelError
+from inferd.frontend import import_model
+from inferd.ir import Node
+from inferd.ops import kernels_for, run_layer, single_node_layer
+from inferd.ops.detection import NmsNative, nms, roi_align
+from inferd.runtime.cpu import CpuExecutor
+
+NATIVE = native.AVAILABLE and hasattr(native.lib, "inferd_nms")
+
+
+def _model(nodes, inputs, outputs, opset: int = 17) -> onnx.ModelProto:
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                     [h.make_empty_tensor_value_info(o) for o in outputs])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _both(tmp_path: Path, m: onnx.ModelProto, feeds_list) -> CpuExecutor:  # type: ignore[no-untyped-def]
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    ex = CpuExecutor(import_model(str(p)))
+    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    names = [o.name for o in m.graph.output]
+    for feeds in feeds_list:
+        got = ex.run(feeds)
+        want = sess.run(None, feeds)
+        for n, w in zip(names, want):
+            assert got[n].shape == w.shape, (n, got[n].shape, w.shape)
+            np.testing.assert_allclose(got[n], w, rtol=1e-6, atol=1e-6, err_msg=n)
+    return ex
+
+
+def _boxes(rng: np.random.Generator, b: int, n: int) -> np.ndarray:
+    xy = rng.random((b, n, 2), dtype=np.float32) * 100
+    return np.concatenate([xy, xy + rng.random((b, n, 2), dtype=np.float32) * 30], -1)
+
+
+def test_data_dependent_graph_matches_onnxruntime(tmp_path: Path) -> None:
+    """NonZero -> Transpose -> GatherND, Shape of a data-dependent tensor (computed per run, never folded at the
+    bound), a run-time-k TopK, Unique and Compress, over inputs whose output sizes differ run to run."""
+    m = _model([h.make_node("NonZero", ["x"], ["nz"]), h.make_node("Transpose", ["nz"], ["nzt"]),
+                h.make_node("GatherND", ["x", "nzt"], ["vals"]), h.make_node("Shape", ["nz"], ["nzshape"]),
+                h.make_node("TopK", ["s", "k"], ["tv", "ti"], axis=-1),
+                h.make_node("Unique", ["x"], ["u", "ui", "uinv", "uc"], sorted=0),
+                h.make_node("Compress", ["s", "c"], ["cs"], axis=1)],
+               [("x", T.FLOAT, [3, 5]), ("s", T.FLOAT, [2, 40]), ("k", T.INT64, [1]), ("c", T.BOOL, [40])],
+               ["nz", "vals", "nzshape", "tv", "ti", "u", "ui", "uinv", "uc", "cs"])
+    rng = np.random.default_rng(0)
+    feeds = []
+    for t in range(5):
+        x = (rng.random((3, 5)) < t / 4).astype(np.float32) * rng.integers(1, 4, (3, 5)).astype(np.float32)
+        feeds.append({"x": x, "s": rng.random((2, 40), dtype=np.float32), "k": np.array([t * 9], np.int64),
+                      "c": rng.random(40) < 0.5})
+    ex = _both(tmp_path, m, feeds)
+    # the bounds are in the plan: NonZero's is every element of x, TopK's the whole axis
+    assert ex.graph.infos["nz"].shape == (2, 15)
+    assert ex.graph.infos["tv"].shape == (2, 40)
+
+
+def test_topk_runtime_k_past_the_axis_fails_cleanly(tmp_path: Path) -> None:
+    m = _model([h.make_node("TopK", ["s", "k"], ["tv", "ti"])], [("s", T.FLOAT, [2, 8]), ("k", T.INT64, [1])],
+               ["tv", "ti"])
+    onnx.save(m, tmp_path / "m.onnx")
+    ex = CpuExecutor(import_model(str(tmp_path / "m.onnx")))
+    with pytest.raises(KernelError, match=r"k 9 outside 0\.\.8"):
+        ex.run({"s": np.zeros((2, 8), np.float32), "k": np.array([9], np.int64)})
+
+
+def _canary_run(ex: CpuExecutor, name: str, feeds: dict[str, np.ndarray]) -> None:
+    """Run ``ex`` with every arena byte outside ``name``'s buffer set to a canary, and check they survive."""
+    written = np.zeros(ex.arena.size, bool)  # the bound buffer and the inputs (copied in before the failure)
+    for t in [name] + [i.name for i in ex.graph.inputs]:
+        off = ex.plan.offset(t)
+        written[off:off + ex.graph.infos[t].nbytes] = True
+    assert ex.graph.nodes[0].outputs[0] == name  # it runs first: nothing else may write before it fails
+    ex.arena.fill(0xA5)
+    with pytest.raises(KernelError, match="planned bound") as e:
+        ex.run(feeds)
+    assert np.all(ex.arena[~written] == 0xA5)
+    assert name in str(e.value) or "NonZero" in str(e.value) or "NonMaxSuppression" in str(e.value)
+
+
+def test_output_past_its_bound_fails_the_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bound capped below the worst case (INFERD_MAX_BOUND_ELEMS): a run that fits gives the right answer, one
+    that would not fit fails with a clear error and leaves the arena past the buffer untouched; the executor keeps
+    serving afterwards."""
+    monkeypatch.setenv("INFERD_MAX_BOUND_ELEMS", "20")  # NonZero of a (4, 8) input: at most 10 of 32 positions
+    m = _model([h.make_node("NonZero", ["x"], ["nz"]), h.make_node("Relu", ["x"], ["r"])],
+               [("x", T.FLOAT, [4, 8])], ["nz", "r"])
+    onnx.save(m, tmp_path / "m.onnx")
+    ex = CpuExecutor(import_model(str(tmp_path / "m.onnx")))
+    assert ex.graph.infos["nz"].shape == (2, 10)
+    few = np.zeros((4, 8), np.float32)
+    few[1, 2] = few[3, 7] = 1
+    np.testing.assert_array_equal(ex.run({"x": few})["nz"], np.array(np.nonzero(few)))
+    _canary_run(ex, "nz", {"x": np.ones((4, 8), np.float32)})
+    np.testing.assert_array_equal(ex.run({"x": few})["nz"], np.array(np.nonzero(few)))
+
+
+@pytest.mark.skipif(not NATIVE, reason="native extension without detect.c")
+def test_nms_past_its_bound_fails_the_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERD_MAX_BOUND_ELEMS", str(3 * 7))  # 7 boxes at most
+    m = _model([h.make_node("NonMaxSuppression", ["b", "s", "mo", "iou"], ["sel"])],
+               [("b", T.FLOAT, [1, 50, 4]), ("s", T.FLOAT, [1, 2, 50]), ("mo", T.INT64, [1]), ("iou", T.FLOAT, [1])],
+               ["sel"])
+    onnx.save(m, tmp_path / "m.onnx")
+    ex = CpuExecutor(import_model(str(tmp_path / "m.onnx")))
+    assert [k.name for _l, k in ex.choice] == ["nms_native"]
+    assert ex.graph.infos["sel"].shape == (7, 3)
+    rng = np.random.default_rng(3)
+    feeds = {"b": _boxes(rng, 1, 50), "s": rng.random((1, 2, 50), dtype=np.float32), "mo": np.array([3], np.int64),
+             "iou": np.array([0.5], np.float32)}
+    want = nms(Node("n", "NonMaxSuppression", ["a"] * 4, ["y"]), list(feeds.values()))[0]
+    np.testing.assert_array_equal(ex.run(feeds)["sel"], want)
+    feeds["mo"] = np.array([10], np.int64)
+    _canary_run(ex, "sel", feeds)
+
+
+@pytest.mark.parametrize("center", [0, 1])
+@pytest.mark.parametrize("n", [1, 37, 600])
+def test_nms_native_matches_oracle_and_onnxruntime(tmp_path: Path, center: int, n: int) -> None:
+    rng = np.random.default_rng(n + center)
+    boxes = _boxes(rng, 2, n)
+    if center:
+        boxes[..., 2:] -= boxes[..., :2]
+        boxes[..., :2] += boxes[..., 2:] / 2
+    else:
+        boxes[0] = boxes[0][:, [2, 3, 0, 1]]  # flipped corners
+    scores = rng.random((2, 3, n), dtype=np.float32)
+    scores[1, 2, : min(n, 9)] = 0.75  # ties: lower index first
+    m = _model([h.make_node("NonMaxSuppression", ["b", "s", "mo", "iou", "st"], ["sel"], center_point_box=center)],
+               [("b", T.FLOAT, [2, n, 4]), ("s", T.FLOAT, [2, 3, n]), ("mo", T.INT64, [1]), ("iou", T.FLOAT, [1]),
+                ("st", T.FLOAT, [1])], ["sel"])
+    feeds = [{"b": boxes, "s": scores, "mo": np.array([mo], np.int64), "iou": np.array([iou], np.float32),
+              "st": np.array([st], np.float32)} for mo, iou, st in ((5, 0.5, 0.2), (n, 0.3, 0.0), (0, 0.5, 0.1),
+                                                                   (n, 0.0, 0.9))]
+    ex = _both(tmp_path, m, feeds)
+    want = kernels_for("NonMaxSuppression")[0].name
+    assert [k.name for _l, k in ex.choice] == [want]
+    node = Node("n", "NonMaxSuppression", ["a"] * 5, ["y"], {"center_point_box": center})
+    for f in feeds:
+        ins = list(f.values())
+        ref = nms(node, ins)[0]
+        if NATIVE:
+            layer = single_node_layer("NonMaxSuppression", ins, {"center_point_box": center}, const=[False] * 5)
+            out = np.empty((2 * 3 * n, 3), np.int64)
+            (got_shape,) = NmsNative().run_bounded(layer, ins, {}, [out])
+            np.testing.assert_array_equal(out[:got_shape[0]], ref)
+
+
+@pytest.mark.parametrize("opset,ctm", [(10, None), (16, "half_pixel"), (16, "output_half_pixel")])
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align_kernels_match_onnxruntime(opset: int, ctm: str | None, mode: str) -> None:
+    from ortutil import feeds_for, make_single_node_model
+
+    rng = np.random.default_rng(opset + len(mode))
+    x = rng.random((2, 4, 13, 11), dtype=np.float32)
+    rois = rng.random((7, 4), dtype=np.float32) * 9
+    rois[:, 2:] += rng.random((7, 2), dtype=np.float32) * 6
+    rois[0] = [-3, -2, 20, 30]  # partly outside the image
+    rois[1] = [4, 4, 4.2, 4.3]  # smaller than a pixel
+    bi = rng.integers(0, 2, 7).astype(np.int64)
+    for sr in (0, 2):
+        attrs = {"output_height": 3, "output_width": 4, "sampling_ratio": sr, "spatial_scale": 0.75, "mode": mode}
+        if ctm:
+            attrs["coordinate_transformation_mode"] = ctm
+        ins = [x, rois, bi]
+        model = make_single_node_model("RoiAlign", ins, attrs, opset=opset)
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feeds_for(ins))[0]
+        layer = single_node_layer("RoiAlign", ins, dict(attrs, _opset=opset), const=[False] * 3)
+        for k in kernels_for("RoiAlign"):
+            if k.applies(layer):
+                np.testing.assert_allclose(run_layer(k, layer, ins)[0], want, rtol=1e-5, atol=1e-6, err_msg=k.name)
+        np.testing.assert_allclose(roi_align(layer.node, ins)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_roi_align_refuses_a_bad_batch_index() -> None:
+    x = np.zeros((2, 1, 4, 4), np.float32)
+    ins = [x, np.zeros((1, 4), np.float32), np.array([2], np.int64)]
+    layer = single_node_layer("RoiAlign", ins, {}, const=[False] * 3)
+    for k in kernels_for("RoiAlign"):
+        with pytest.raises(KernelError, match="batch index out of range"):
+            run_layer(k, layer, ins)
+
+
+@pytest.mark.parametrize("largest", [0, 1])
+def test_topk_native_matches_numpy_with_ties_and_nan(largest: int) -> None:
+    rng = np.random.default_rng(largest)
+    x = rng.integers(0, 20, (5, 300)).astype(np.float32)  # many ties
+    x[2, ::7] = np.nan
+    for k in (0, 1, 17, 300):
+        layer = single_node_layer("TopK", [x, np.array([k], np.int64)], {"largest": largest, "_opset": 17},
+                                  n_outputs=2)
+        ks = {kk.name: kk for kk in kernels_for("TopK")}
+        ref = run_layer(ks["numpy"], layer, [x, np.array([k], np.int64)])
+        if "topk_native" in ks and ks["topk_native"].applies(layer):
+            got = run_layer(ks["topk_native"], layer, [x, np.array([k], np.int64)])
+            np.testing.assert_array_equal(got[1], ref[1])
+            np.testing.assert_array_equal(got[0], ref[0])
+
+
+# ------------------------------------------------------------------------------ native C on other ISAs
+
+_HARNESS = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <math.h>
+#include "inferd_native.h"
+static unsigned long long rs = 88172645463325252ULL;
+static float rnd(void){ rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (float)((rs >> 11) % 1000000) / 10000.0f; }
+static int fails = 0;
+int main(void){
+  for (int it = 0; it < 60; ++it) { /* NMS: every kept pair has IoU <= thr, every dropped box overlaps a kept one */
+    int N = 1 + it * 7, C = 1 + it % 3; float thr = 0.1f * (it % 7);
+    float* b = malloc(sizeof(float) * N * 4); float* s = malloc(sizeof(float) * C * N);
+    for (int i = 0; i < N; ++i) { b[i*4] = rnd(); b[i*4+1] = rnd(); b[i*4+2] = b[i*4] + rnd() / 3; b[i*4+3] = b[i*4+1] + rnd() / 3; }
+    for (int i = 0; i < C * N; ++i) s[i] = rnd();
+    long long* out = malloc(sizeof(long long) * 3 * C * N);
+    long long n = inferd_nms(b, s, 1, C, N, 0, N, thr, 0, 0, out, (long long)C * N);
+    if (n < 0 || (it % 7 == 0 && thr == 0.0f && n < C)) { printf("FAIL nms count %lld\n", n); fails++; }
+    for (long long p = 0; p < n; ++p) for (long long q = p + 1; q < n; ++q) {
+      if (out[p*3+1] != out[q*3+1]) continue;
+      const float* u = b + out[p*3+2] * 4; const float* v = b + out[q*3+2] * 4;
+      float ix = fminf(u[3], v[3]) - fmaxf(u[1], v[1]), iy = fminf(u[2], v[2]) - fmaxf(u[0], v[0]);
+      if (ix > 0 && iy > 0) { float in = ix * iy, un = (u[2]-u[0])*(u[3]-u[1]) + (v[2]-v[0])*(v[3]-v[1]) - in;
+        if (in / un > thr + 1e-6f) { printf("FAIL nms overlap it %d\n", it); fails++; } }
+      if (s[out[p*3+1] * N + out[p*3+2]] < s[out[q*3+1] * N + out[q*3+2]]) { printf("FAIL nms order\n"); fails++; }
+    }
+    if (n > 1 && inferd_nms(b, s, 1, C, N, 0, N, thr, 0, 0, out, n - 1) != -1) { printf("FAIL nms cap\n"); fails++; }
+    free(b); free(s); free(out);
+  }
+  for (int it = 0; it < 40; ++it) { /* RoiAlign of a constant image is that constant (avg), a whole-image roi */
+    int C = 1 + it % 3, H = 3 + it % 5, W = 4 + it % 6, OH = 1 + it % 3, OW = 1 + it % 4;
+    float* x = malloc(sizeof(float) * 2 * C * H * W); for (int i = 0; i < 2 * C * H * W; ++i) x[i] = 2.5f;
+    float rois[8] = {0.5f, 0.5f, W - 1.5f, H - 1.5f, 1, 1, 2, 2}; long long bi[2] = {1, 0};
+    float* y = malloc(sizeof(float) * 2 * C * OH * OW);
+    inferd_roi_align(x, 2, C, H, W, rois, bi, 2, OH, OW, it % 3, 1.0f, it % 2, 0, y);
+    for (int i = 0; i < 2 * C * OH * OW; ++i) if (fabsf(y[i] - 2.5f) > 1e-5f) { printf("FAIL roialign %d %g\n", it, y[i]); fails++; break; }
+    free(x); free(y);
+  }
+  for (int it = 0; it < 50; ++it) { /* TopK: sorted, the k best, lower index on ties */
+    int n = 1 + it * 13, k = it % 2 ? n : 1 + (it * 5) % n, lg = it % 2;
+    float* x = malloc(sizeof(float) * n); for (int i = 0; i < n; ++i) x[i] = (float)((int)rnd() % 17);
+    float* v = malloc(sizeof(float) * k); long long* ix = malloc(sizeof(long long) * k);
+    inferd_topk(x, 1, n, k, lg, v, ix);
+    for (int i = 0; i < k; ++i) { if (x[ix[i]] != v[i]) { printf("FAIL topk value\n"); fails++; break; }
+      if (i && (lg ? v[i] > v[i-1] : v[i] < v[i-1])) { printf("FAIL topk order\n"); fails++; break; }
+      if (i && v[i] == v[i-1] && ix[i] < ix[i-1]) { printf("FAIL topk ties\n"); fails++; break; } }
+    int better = 0; for (int i = 0; i < n; ++i) if (lg ? x[i] > v[k-1] : x[i] < v[k-1]) better++;
+    if (better > k - 1) { printf("FAIL topk not best\n"); fails++; }
+    free(x); free(v); free(ix);
+  }
+  printf("detect: %s (%d failures)\n", fails ? "FAILED" : "ok", fails);
+  return fails != 0;
+}
+"""
+_NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+
+
+def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
+    src = tmp / "detect_test.c"
+    src.write_text(_HARNESS)
+    exe = tmp / ("dt_" + os.path.basename(cc))
+    # detect.c and the thread pool it splits RoiAlign over (tests/test_conv.py builds every file)
+    srcs = [str(src)] + [str(_NATIVE_DIR / f) for f in ("detect.c", "pool.c")]
+    subprocess.run([cc, "-O2", "-std=gnu99", "-fno-math-errno", "-DINFERD_NO_CLONES", f"-I{_NATIVE_DIR}", *flags,
+                    *srcs, "-o", str(exe), "-lm", "-pthread"], check=True, capture_output=True, timeout=300)
+    out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+def test_detect_c_aarch64(tmp_path: Path) -> None:
+    _build_and_run("aarch64-linux-gnu-gcc", ["-static"], tmp_path, ["qemu-aarch64"])
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")
+def test_detect_c_host_with_sanitizers(tmp_path: Path) -> None:
+    try:
+        _build_and_run("cc", ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], tmp_path, [])
+    except subprocess.CalledProcessError:
+        _build_and_run("cc", [], tmp_path, [])
+
+
+def test_detection_post_processing_through_a_package(tmp_path: Path) -> None:
+    """SSD-style post-processing (TopK of the scores at a run-time k, NMS, Gather of the kept boxes by the
+    selected indices) through the compiled package and the cold loader, twice (compile, then read the
+    package): outputs equal onnxruntime's and are not empty."""
+    from inferd.runtime.model import load
+
+    n = 800
+    m = _model([h.make_node("ReduceMax", ["s"], ["best"], axes=[1], keepdims=0),
+                h.make_node("TopK", ["best", "k"], ["tv", "ti"]),
+                h.make_node("NonMaxSuppression", ["b", "s", "mo", "iou", "st"], ["sel"]),
+                h.make_node("Gather", ["sel", "two"], ["boxidx"], axis=1),
+                h.make_node("Gather", ["bb", "boxidx"], ["kept"], axis=0)],
+               [("b", T.FLOAT, [1, n, 4]), ("bb", T.FLOAT, [n, 4]), ("s", T.FLOAT, [1, 4, n]), ("k", T.INT64, [1]),
+                ("mo", T.INT64, [1]), ("iou", T.FLOAT, [1]), ("st", T.FLOAT, [1]), ("two", T.INT64, [])],
+               ["tv", "ti", "sel", "kept"])
+    p = tmp_path / "det.onnx"
+    onnx.save(m, p)
+    rng = np.random.default_rng(7)
+    boxes = _boxes(rng, 1, n)
+    feeds = {"b": boxes, "bb": boxes[0], "s": rng.random((1, 4, n), dtype=np.float32), "k": np.array([50], np.int64),
+             "mo": np.array([20], np.int64), "iou": np.array([0.45], np.float32), "st": np.array([0.3], np.float32),
+             "two": np.array(2, np.int64)}
+    want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for _ in range(2):
+        model = load(str(p), cache_dir=tmp_path / "cache")
+        got = model.run(feeds)
+        for name, w in zip(["tv", "ti", "sel", "kept"], want):
+            assert got[name].shape == w.shape and w.size > 0, name
+            np.testing.assert_array_equal(got[name], w, err_msg=name)
+        model.close()
+
+
+def test_max_roi_pool_matches_onnxruntime() -> None:
+    from ortutil import feeds_for, make_single_node_model
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
+    rois = np.concatenate([rng.integers(0, 2, (6, 1)), rng.random((6, 4)) * 10], 1).astype(np.float32)
+    rois[:, 3:] += rois[:, 1:3]  # x2 >= x1, y2 >= y1
+    rois[0] = [1, 20, 20, 30, 30]  # outside the image: empty bins give 0
+    attrs = {"pooled_shape": [2, 3], "spatial_scale": 0.8}
+    want = ort.InferenceSession(make_single_node_model("MaxRoiPool", [x, rois], attrs).SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds_for([x, rois]))[0]
+    layer = single_node_layer("MaxRoiPool", [x, rois], attrs, const=[False, False])
+    for k in kernels_for("MaxRoiPool"):
+        np.testing.assert_array_equal(run_layer(k, layer, [x, rois])[0], want)
+
+
+def test_past_bound_request_fails_and_the_model_keeps_serving(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the loaded Model (what the daemon serves): the request whose output passes its bound gets a
+    KernelError naming the node; the next request is answered."""
+    from inferd.runtime.model import load
+
+    monkeypatch.setenv("INFERD_MAX_BOUND_ELEMS", "12")
+    m = _model([h.make_node("NonZero", ["x"], ["nz"], name="nz_node")], [("x", T.FLOAT, [3, 8])], ["nz"])
+    onnx.save(m, tmp_path / "m.onnx")
+    model = load(str(tmp_path / "m.onnx"))
+    try:
+        with pytest.raises(KernelError, match="nz_node.*planned bound"):
+            model.run({"x": np.ones((3, 8), np.float32)})
+        x = np.zeros((3, 8), np.float32)
+        x[2, 5] = 1
+        np.testing.assert_array_equal(model.run({"x": x})["nz"], [[2], [5]])
+    finally:
+        model.close()

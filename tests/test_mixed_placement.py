@@ -1,0 +1,73 @@
+"""Mixed placement on Vulkan (lavapipe here): a node no Vulkan kernel runs is placed on the CPU between GPU
+segments instead of the model being refused; outputs equal onnxruntime's, and ``kernel_names`` / ``inferd info``
+say where each node runs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T, helper as h, numpy_helper
+
+import inferd
+import inferd.vulkan
+from inferd import cli
+
+pytestmark = pytest.mark.skipif(not inferd.vulkan.available(), reason="needs a Vulkan device (lavapipe)")
+
+
+def _mixed_model() -> onnx.ModelProto:
+    """Conv (GPU) -> GridSample (no Vulkan kernel: CPU) -> Conv (GPU) -> RoiAlign (CPU, native) -> Relu (GPU),
+    plus LpNormalization (CPU) on a side branch that a GPU Add joins."""
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2
+    rois = np.array([[0, 0, 10, 10], [2, 3, 14, 9], [5, 5, 15, 15]], np.float32)
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+             h.make_node("GridSample", ["c1", "grid"], ["gs"], name="warp"),
+             h.make_node("Conv", ["gs", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
+             h.make_node("RoiAlign", ["c2", "rois", "bi"], ["ra"], output_height=4, output_width=4, name="roi"),
+             h.make_node("Relu", ["ra"], ["r"], name="relu"),
+             h.make_node("LpNormalization", ["r"], ["ln"], axis=1, p=2, name="lpn"),
+             h.make_node("Add", ["r", "ln"], ["y"], name="add")]
+    g = h.make_graph(nodes, "mixed", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 16, 16]),
+                                      h.make_tensor_value_info("grid", T.FLOAT, [1, 16, 16, 2])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [3, 8, 4, 4])],
+                     [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+                      numpy_helper.from_array(rois, "rois"), numpy_helper.from_array(np.zeros(3, np.int64), "bi")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def test_mixed_model_on_vulkan_matches_onnxruntime(tmp_path: Path) -> None:
+    m = _mixed_model()
+    p = tmp_path / "mixed.onnx"
+    onnx.save(m, p)
+    rng = np.random.default_rng(1)
+    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    model = inferd.load(str(p), device="vulkan")
+    try:
+        for _ in range(2):
+            feeds = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32),
+                     "grid": (rng.random((1, 16, 16, 2)) * 2 - 1).astype(np.float32)}
+            got = model.run(feeds)["y"]
+            want = sess.run(None, feeds)[0]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        k = model.kernels
+        assert k["warp"].startswith("cpu:") and k["roi"] == "cpu:roialign_native" and k["lpn"].startswith("cpu:")
+        assert not k["conv1"].startswith("cpu") and not k["relu"].startswith("cpu") and k["add"].startswith("vk_")
+    finally:
+        model.close()
+
+
+def test_info_shows_where_nodes_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "mixed.onnx"
+    onnx.save(_mixed_model(), p)
+    assert cli.main(["info", str(p), "--device", "vulkan", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["placement"]["cpu"] == ["warp", "roi", "lpn"]
+    assert "conv1" in info["placement"]["gpu"]
