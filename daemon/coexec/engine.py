@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import faults
-from ..errors import BackendError, DeviceLostError, DeviceTimeoutError
+from ..errors import BackendError, DeviceLostError, DeviceTimeoutError, KernelError
 from ..ir import Graph, TensorInfo
 from ..ops.base import Layer, choose_kernel, raw_params
 from ..planner.plan import LayerPlan
@@ -315,7 +315,12 @@ class CoexecModel:
         consts = self._consts
         base = layer.name.split("#")[0]
         want = forced.get(base, forced.get(layer.op))
-        k = choose_kernel(layer, "cpu", want)
+        try:
+            k = choose_kernel(layer, "cpu", want)
+        except KernelError:
+            if part is None or want is None:
+                raise
+            k = choose_kernel(layer, "cpu")  # a part the forced kernel does not fit (one channel of a depthwise)
         params = k.transform(layer, raw_params(layer, consts))
         ranges: list[Range] = []
         pre: list[tuple[np.ndarray, np.ndarray]] = []
