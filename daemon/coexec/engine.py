@@ -125,7 +125,7 @@ class CoexecModel:
 
     def __init__(self, graph: Graph, sides: Mapping[str, Any] | None = None, device: Any = None,
                  kernels: Mapping[str, str] | None = None, cpu_kernels: Mapping[str, str] | None = None,
-                 sync: str = "fence", spin_timeout_s: float = 30.0) -> None:
+                 sync: str = "fence", spin_timeout_s: float = 30.0, threads: int | None = None) -> None:
         from ..vulkan.cold import VulkanColdBackend
         from ..vulkan.device import get_device
 
@@ -133,6 +133,10 @@ class CoexecModel:
             raise ValueError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
         self.graph = graph
         self.sync = sync
+        #: native pool threads while this model's CPU halves run (None: leave the pool as it is)
+        self.threads = threads
+        self.plan: Any = None
+        self.plan_source = ""
         self.spin_timeout_s = spin_timeout_s
         self._lock = threading.Lock()
         self._closed = False
@@ -451,6 +455,11 @@ class CoexecModel:
                 self._flag_words[:len(self._segments)] = 0
             submitted = 0
             clock = time.perf_counter
+            from .. import native
+
+            prev_threads = native.num_threads()
+            if self.threads and self.threads != prev_threads:
+                native.set_num_threads(self.threads)
             try:
                 for op, arg in self.program:
                     if op == "submit":
@@ -472,6 +481,9 @@ class CoexecModel:
                 if isinstance(e, BackendError):
                     raise
                 raise BackendError(f"co-executed inference failed: {e!r}") from e
+            finally:
+                if native.num_threads() != prev_threads:
+                    native.set_num_threads(prev_threads)
             return b.io.read()
 
     __call__ = run
@@ -483,6 +495,15 @@ class CoexecModel:
     @property
     def input_infos(self) -> list[TensorInfo]:
         return self._b.input_infos
+
+    @property
+    def kernel_names(self) -> dict[str, str]:
+        """Node name -> the kernels running it: 'gpu:<k>', 'cpu:<k>' or 'gpu:<k>+cpu:<k>' (split)."""
+        out = {}
+        for p in self.placements:
+            parts = ([f"gpu:{p.gpu_kernel}"] if p.side != "cpu" else []) + ([f"cpu:{p.cpu_kernel}"] if p.side != "gpu" else [])
+            out[p.name] = "+".join(parts)
+        return out
 
     @property
     def memory_bytes(self) -> int:
