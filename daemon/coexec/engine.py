@@ -271,14 +271,15 @@ class CoexecModel:
             task.split = True
             pl.cpu_kernel = task.name
             cpu_task(task)
-        if seg.dispatches or not pending:
+        if seg.dispatches:
             self._end_segment(seg)
             program.append(("submit", seg.index))
             pending.append(seg)
         else:
-            self._segments.pop()  # the empty segment opened after the last flush
+            self._segments.pop()  # the empty segment opened after the last flush (or a model all on the CPU)
             vk.vkFreeCommandBuffers(d, b._cmd_pool, 1, [seg.rec.cb])
-        program.append(("wait", pending[-1].index))
+        if pending:
+            program.append(("wait", pending[-1].index))
         self.program = program
         self._fences = [vk.vkCreateFence(d, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
                         for _ in self._segments]
@@ -450,7 +451,8 @@ class CoexecModel:
             b = self._b
             dev = self.device
             b.io.write(feeds)
-            vk.vkResetFences(dev.device, len(self._fences), self._fences)
+            if self._fences:
+                vk.vkResetFences(dev.device, len(self._fences), self._fences)
             if self.sync == "flag":
                 self._flag_words[:len(self._segments)] = 0
             submitted = 0
