@@ -453,7 +453,7 @@ class CoexecModel:
             b.io.write(feeds)
             if self._fences:
                 vk.vkResetFences(dev.device, len(self._fences), self._fences)
-            if self.sync == "flag":
+            if self.sync == "flag" and self._flags is not None:
                 self._flag_words[:len(self._segments)] = 0
             submitted = 0
             clock = time.perf_counter
