@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections import ChainMap
@@ -40,7 +41,11 @@ from .split_ops import Part, SplitShape, make_part, split_shape
 
 log = logging.getLogger("inferd.coexec")
 
-SYNC_MODES = ("fence", "flag", "block")
+# lavapipe runs a command buffer inside vkQueueSubmit unless Mesa's submit thread is on: then the CPU half of a
+# split could not start before the GPU half ended. Effective for a device created after this import.
+os.environ.setdefault("MESA_VK_ENABLE_SUBMIT_THREAD", "1")
+
+SYNC_MODES = ("auto", "event", "fence", "flag", "block")
 
 
 class CoexecUnsupported(BackendError):
@@ -125,14 +130,15 @@ class CoexecModel:
 
     def __init__(self, graph: Graph, sides: Mapping[str, Any] | None = None, device: Any = None,
                  kernels: Mapping[str, str] | None = None, cpu_kernels: Mapping[str, str] | None = None,
-                 sync: str = "fence", spin_timeout_s: float = 30.0, threads: int | None = None) -> None:
+                 sync: str = "auto", spin_timeout_s: float = 30.0, threads: int | None = None) -> None:
         from ..vulkan.cold import VulkanColdBackend
         from ..vulkan.device import get_device
 
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
         self.graph = graph
-        self.sync = sync
+        self._events: list[Any] = []
+        self._event_ptrs: Any = None
         #: native pool threads while this model's CPU halves run (None: leave the pool as it is)
         self.threads = threads
         self.plan: Any = None
@@ -147,6 +153,12 @@ class CoexecModel:
         self._flags: Any = None
         self.placements: list[LayerPlacement] = []
         self.device = dev = device or get_device()
+        if sync == "auto":
+            sync = "event" if async_submits(dev) else "fence"
+        elif sync == "event" and not async_submits(dev):
+            raise CoexecUnsupported("sync='event' needs a queue whose vkQueueSubmit returns before the work is done "
+                                    "(lavapipe: MESA_VK_ENABLE_SUBMIT_THREAD=1 before the device is created)")
+        self.sync = sync
         b = VulkanColdBackend(graph, kernels=kernels, device=dev)
         self._b = b
         try:
@@ -281,9 +293,23 @@ class CoexecModel:
         if pending:
             program.append(("wait", pending[-1].index))
         self.program = program
+        nf = 1 if self.sync == "event" else len(self._segments)
         self._fences = [vk.vkCreateFence(d, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
-                        for _ in self._segments]
+                        for _ in range(nf if self._segments else 0)]
+        self._fence_array = vk.ffi.new("VkFence[]", self._fences) if self._fences else None
+        if self.sync == "event":
+            # the events of the segments left after the empty last one was dropped
+            for ev in self._events[len(self._segments):]:
+                vk.vkDestroyEvent(d, ev, None)
+            self._events = self._events[:len(self._segments)]
+            self._event_ptrs = list(self._events)
+            if self._segments:
+                cbs = [sg.rec.cb for sg in self._segments]
+                # the struct owns its command-buffer array: keep it, and pass its address
+                self._submit_info = vk.VkSubmitInfo(commandBufferCount=len(cbs), pCommandBuffers=cbs)
+                self._all_submit = vk.ffi.addressof(self._submit_info)
         self._fence_status = vk.lib.vkGetFenceStatus
+        self._lib = vk.lib
         self.load_stats = dict(b.load_stats, segments=len(self._segments),
                                cpu_tasks=sum(1 for op, _ in program if op == "cpu"),
                                splits=sum(1 for p in self.placements if p.side == "split"))
@@ -378,6 +404,16 @@ class CoexecModel:
             commandPool=b._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
         vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())
         rec = Recorder(cb)
+        if self.sync == "event":
+            # submitted with every other segment at the start of a run: it starts when the host says so (the CPU
+            # work before it in the program is done), and its reads see what the host wrote
+            ev = vk.vkCreateEvent(self.device.device, vk.VkEventCreateInfo(), None)
+            self._events.append(ev)
+            vk.vkCmdWaitEvents(cb, 1, [ev], vk.VK_PIPELINE_STAGE_HOST_BIT,
+                               vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 1,
+                               [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_HOST_WRITE_BIT,
+                                                   dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT
+                                                   | vk.VK_ACCESS_SHADER_WRITE_BIT)], 0, None, 0, None)
         # the inputs (host writes before the submit) and every earlier segment's writes come first
         rec.full_barrier()
         s = _Segment(len(self._segments), rec)
@@ -389,7 +425,7 @@ class CoexecModel:
 
         cb = s.rec.cb
         compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        if self.sync == "flag":
+        if self.sync in ("flag", "event"):
             if self._flags is None:
                 self._flags = self.device.allocate_region(4096, "coexec-flags", host=True)
                 self._regions.append(self._flags)
@@ -411,7 +447,7 @@ class CoexecModel:
         from ..vulkan.device import vk
 
         dev = self.device
-        fence = self._fences[k]
+        fence = self._fences[min(k, len(self._fences) - 1)]
         if faults.enabled:
             faults.check("vulkan.fence")
         if self.sync == "block":
@@ -419,26 +455,29 @@ class CoexecModel:
             return
         deadline = time.perf_counter() + self.spin_timeout_s
         n = 0
-        if self.sync == "flag":
+        if self.sync in ("flag", "event"):
             flag = self._flag_words[k:k + 1]
             while not flag[0]:
                 n += 1
                 if not n & 0xFFFF and time.perf_counter() > deadline:
                     raise DeviceTimeoutError("a co-executed segment did not finish in time")
             return
-        d = dev.device
+        self._spin_fence(fence)
+
+    def _spin_fence(self, fence: Any) -> None:
+        d = self.device.device
         status = self._fence_status
+        deadline = time.perf_counter() + self.spin_timeout_s
+        n = 0
         while True:
             r = status(d, fence)
-            if r == 0:  # VK_SUCCESS
+            if r == 0:
                 return
             if r < 0:
-                if r == vk.VK_ERROR_DEVICE_LOST:
-                    raise DeviceLostError("the Vulkan device was lost during a co-executed inference")
-                raise BackendError(f"vkGetFenceStatus returned {r}")
+                raise _vk_error(r, "vkGetFenceStatus")
             n += 1
             if not n & 0xFFF and time.perf_counter() > deadline:
-                raise DeviceTimeoutError("a co-executed segment did not finish in time")
+                raise DeviceTimeoutError("a co-executed inference did not finish in time")
 
     def run(self, feeds: Mapping[str, np.ndarray], trace: list[tuple[str, Any, float]] | None = None
             ) -> dict[str, np.ndarray]:
@@ -451,10 +490,9 @@ class CoexecModel:
             b = self._b
             dev = self.device
             b.io.write(feeds)
-            if self._fences:
-                vk.vkResetFences(dev.device, len(self._fences), self._fences)
-            if self.sync == "flag" and self._flags is not None:
-                self._flag_words[:len(self._segments)] = 0
+            ev_mode = self.sync == "event"
+            lib = self._lib
+            d = dev.device
             submitted = 0
             clock = time.perf_counter
             from .. import native
@@ -463,21 +501,42 @@ class CoexecModel:
             if self.threads and self.threads != prev_threads:
                 native.set_num_threads(self.threads)
             try:
+                if self._fences:
+                    lib.vkResetFences(d, len(self._fences), self._fence_array)
+                if self._flags is not None:
+                    self._flag_words[:len(self._segments)] = 0
+                if ev_mode and self._segments:
+                    # every segment goes to the queue now, each held by its event until the host sets it
+                    for ev in self._events:
+                        lib.vkResetEvent(d, ev)
+                    with dev.queue_lock:
+                        r = lib.vkQueueSubmit(dev.queue, 1, self._all_submit, self._fences[0])
+                    if r != 0:
+                        raise _vk_error(r, "vkQueueSubmit")
+                    submitted = 1
                 for op, arg in self.program:
                     if op == "submit":
-                        dev.queue_submit(self._segments[arg].submit, self._fences[arg])
-                        submitted = arg + 1
+                        if ev_mode:
+                            lib.vkSetEvent(d, self._events[arg])
+                        else:
+                            dev.queue_submit(self._segments[arg].submit, self._fences[arg])
+                            submitted = arg + 1
                     elif op == "cpu":
                         arg.call()
                     else:
                         self._wait(arg)
                     if trace is not None:
                         trace.append((op, arg if op != "cpu" else arg.tag, clock()))
+                if ev_mode and submitted:
+                    self._spin_fence(self._fences[0])  # the queue is done with the command buffers
             except BaseException as e:
                 # never leave GPU work running over memory the next request reuses; no half answer goes out
+                if ev_mode:
+                    for ev in self._events:
+                        lib.vkSetEvent(d, ev)  # release every segment still held, then let the queue drain
                 if submitted:
                     try:
-                        vk.vkWaitForFences(dev.device, submitted, self._fences[:submitted], vk.VK_TRUE, 10 * 10**9)
+                        vk.vkWaitForFences(d, submitted, self._fences[:submitted], vk.VK_TRUE, 10 * 10**9)
                     except Exception:
                         pass
                 if isinstance(e, BackendError):
@@ -525,6 +584,8 @@ class CoexecModel:
         if dev.closed or dev.device is None:
             return
         d = dev.device
+        for ev in self._events:
+            vk.vkSetEvent(d, ev)  # nothing stays held on the queue
         if self._fences:
             try:
                 vk.vkWaitForFences(d, len(self._fences), self._fences, vk.VK_TRUE, 10 * 10**9)
@@ -533,6 +594,9 @@ class CoexecModel:
             for f in self._fences:
                 vk.vkDestroyFence(d, f, None)
             self._fences = []
+        for ev in self._events:
+            vk.vkDestroyEvent(d, ev, None)
+        self._events = []
         if b is not None:
             for p in self._extra_prepared:
                 b._release(p)
@@ -548,6 +612,61 @@ class CoexecModel:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _vk_error(r: int, call: str) -> BackendError:
+    from ..vulkan.device import vk
+
+    if r == vk.VK_ERROR_DEVICE_LOST:
+        return DeviceLostError(f"the Vulkan device was lost ({call} during a co-executed inference)")
+    return BackendError(f"{call} returned {r} during a co-executed inference")
+
+
+_async: dict[int, bool] = {}
+
+
+def async_submits(dev: Any) -> bool:
+    """Whether ``vkQueueSubmit`` on ``dev`` returns before the work runs (needed for event mode and for any
+    overlap at all). A GPU's queue does; lavapipe's only with Mesa's submit thread
+    (``MESA_VK_ENABLE_SUBMIT_THREAD=1`` when the device was created), else it executes inside the submit. Probed
+    once per device: a command buffer waiting on an unset event is submitted from a helper thread; a submit
+    still inside the call after 200 ms executes synchronously (the host then sets the event to release it)."""
+    from ..vulkan.device import vk
+
+    key = id(dev)
+    if key in _async:
+        return _async[key]
+    if dev.caps.device_type != "cpu":
+        _async[key] = True
+        return True
+    d = dev.device
+    ev = vk.vkCreateEvent(d, vk.VkEventCreateInfo(), None)
+    pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=dev.queue_family), None)
+    fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+    try:
+        cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
+            commandPool=pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo())
+        vk.vkCmdWaitEvents(cb, 1, [ev], vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                           0, None, 0, None, 0, None)
+        vk.vkEndCommandBuffer(cb)
+        t = threading.Thread(target=dev.queue_submit,
+                             args=([vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])], fence), daemon=True)
+        t.start()
+        t.join(0.2)
+        result = not t.is_alive()
+        vk.vkSetEvent(d, ev)
+        t.join()
+        vk.vkWaitForFences(d, 1, [fence], vk.VK_TRUE, 10 * 10**9)
+    finally:
+        vk.vkDestroyFence(d, fence, None)
+        vk.vkDestroyCommandPool(d, pool, None)
+        vk.vkDestroyEvent(d, ev, None)
+    _async[key] = result
+    if not result:
+        log.warning("lavapipe executes command buffers inside vkQueueSubmit here: the CPU and the GPU halves of a "
+                    "split cannot overlap (set MESA_VK_ENABLE_SUBMIT_THREAD=1 before the device is created)")
+    return result
 
 
 def _with_ldc(d: Any, ldc: int) -> Any:
