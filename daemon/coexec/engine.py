@@ -130,7 +130,8 @@ class CoexecModel:
 
     def __init__(self, graph: Graph, sides: Mapping[str, Any] | None = None, device: Any = None,
                  kernels: Mapping[str, str] | None = None, cpu_kernels: Mapping[str, str] | None = None,
-                 sync: str = "auto", spin_timeout_s: float = 30.0, threads: int | None = None) -> None:
+                 sync: str = "auto", spin_timeout_s: float = 30.0, threads: int | None = None,
+                 spin_s: float = 100e-6, nap_s: float = 20e-6) -> None:
         from ..vulkan.cold import VulkanColdBackend
         from ..vulkan.device import get_device
 
@@ -144,6 +145,9 @@ class CoexecModel:
         self.plan: Any = None
         self.plan_source = ""
         self.spin_timeout_s = spin_timeout_s
+        #: how long a wait spins before it polls between naps of ``nap_s``
+        self.spin_s = spin_s
+        self.nap_s = nap_s
         self._lock = threading.Lock()
         self._closed = False
         self._regions: list[Any] = []
@@ -453,31 +457,48 @@ class CoexecModel:
         if self.sync == "block":
             dev.wait_fence(fence)
             return
-        deadline = time.perf_counter() + self.spin_timeout_s
-        n = 0
         if self.sync in ("flag", "event"):
             flag = self._flag_words[k:k + 1]
-            while not flag[0]:
-                n += 1
-                if not n & 0xFFFF and time.perf_counter() > deadline:
-                    raise DeviceTimeoutError("a co-executed segment did not finish in time")
+            self._poll(lambda: bool(flag[0]))
             return
         self._spin_fence(fence)
+
+    def _poll(self, done: Callable[[], bool]) -> None:
+        """Spin on ``done`` for ``spin_s`` (a sync is microseconds), then poll between short sleeps: a long wait
+        must not hold a core the other side (or another process, on a shared machine) needs."""
+        if done():
+            return
+        clock = time.perf_counter
+        t0 = clock()
+        spin_end = t0 + self.spin_s
+        deadline = t0 + self.spin_timeout_s
+        n = 0
+        sleep = time.sleep
+        while not done():
+            n += 1
+            if n & 15:
+                continue
+            now = clock()
+            if now > spin_end:
+                if now > deadline:
+                    raise DeviceTimeoutError("a co-executed segment did not finish in time")
+                # naps grow with the wait (at most 5% of it, 1 ms at most): a long wait costs little latency
+                sleep(min(1e-3, max(self.nap_s, (now - t0) * 0.05)))
 
     def _spin_fence(self, fence: Any) -> None:
         d = self.device.device
         status = self._fence_status
-        deadline = time.perf_counter() + self.spin_timeout_s
-        n = 0
-        while True:
+        err: list[int] = []
+
+        def done() -> bool:
             r = status(d, fence)
-            if r == 0:
-                return
             if r < 0:
-                raise _vk_error(r, "vkGetFenceStatus")
-            n += 1
-            if not n & 0xFFF and time.perf_counter() > deadline:
-                raise DeviceTimeoutError("a co-executed inference did not finish in time")
+                err.append(r)
+                return True
+            return r == 0
+        self._poll(done)
+        if err:
+            raise _vk_error(err[0], "vkGetFenceStatus")
 
     def run(self, feeds: Mapping[str, np.ndarray], trace: list[tuple[str, Any, float]] | None = None
             ) -> dict[str, np.ndarray]:
