@@ -467,6 +467,61 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
             "loadavg": [la0, list(os.getloadavg())]}
 
 
+def coexec_supported() -> str:
+    """'' when this device can co-execute (activations the CPU can share), else why not."""
+    from ..coexec.engine import CoexecModel, CoexecUnsupported
+    from ..ops.base import single_node_layer
+    from ..vulkan.testing import graph_of_layer
+
+    x = np.ones((1, 4, 4, 4), np.float32)
+    w = np.ones((4, 4, 1, 1), np.float32)
+    try:
+        with CoexecModel(graph_of_layer(single_node_layer("Conv", [x, w]), [x, w]), {"n0": 2}) as m:
+            m.run({"x0": x})
+    except CoexecUnsupported as e:
+        return str(e)
+    return ""
+
+
+def bench_fallback(name: str, reps: int, shapes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A device that cannot co-execute: ``inferd.load(device='cpu+vulkan')`` (which falls back to the GPU, warning)
+    against ``device='vulkan'``, interleaved: what 'never slower than GPU only' means there."""
+    import tempfile
+    import warnings
+
+    import onnx
+
+    from .. import load
+    from ..zoo import build
+
+    la0 = list(os.getloadavg())
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, f"{name}.onnx")
+        onnx.save(build(name), path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            co = load(path, device="cpu+vulkan", shapes=shapes)
+        gpu = load(path, device="vulkan", shapes=shapes)
+        try:
+            rng = np.random.default_rng(0)
+            feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in gpu.inputs}
+            runs: dict[str, list[float]] = {"gpu": [], "co": []}
+            for f in (gpu.run, co.run):
+                f(feeds)
+                f(feeds)
+            for _ in range(max(reps, 5)):
+                for k, f in (("gpu", gpu.run), ("co", co.run)):
+                    t = time.perf_counter()
+                    f(feeds)
+                    runs[k].append(time.perf_counter() - t)
+            tg, tc = float(np.median(runs["gpu"])), float(np.median(runs["co"]))
+            return {"model": name, "gpu_only": tg, "cpu_vulkan": tc, "ratio": tc / tg, "device_used": co.device,
+                    "warnings": [str(w.message) for w in caught][:2], "loadavg": [la0, list(os.getloadavg())]}
+        finally:
+            co.close()
+            gpu.close()
+
+
 # ------------------------------------------------------------------------------------------- report
 
 def _plots(res: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
@@ -567,6 +622,18 @@ def report(res: dict[str, Any]) -> str:
             lines.append(f"| {k} | {s['overhead_median_us']:.1f} | {s['overhead_p99_us']:.1f} | "
                          f"{s['fixed_per_inference_us']:.1f} | {s['one_split_layer_median_us']:.1f} |")
         lines.append("")
+    F = res.get("fallback")
+    if F is not None:
+        lines += [f"## No co-execution on this device: {res.get('unsupported')}", "",
+                  "cpu+vulkan falls back to the GPU alone (with a warning); its cost against GPU only:", "",
+                  "| model | GPU only ms | cpu+vulkan ms | ratio | device used |", "|---|---|---|---|---|"]
+        for r in F:
+            if "error" in r:
+                lines.append(f"| {r['model']} | error: {r['error']} | | | |")
+                continue
+            lines.append(f"| {r['model']} | {r['gpu_only'] * 1e3:.3f} | {r['cpu_vulkan'] * 1e3:.3f} | "
+                         f"{r['ratio']:.3f} | {r['device_used']} |")
+        lines.append("")
     if res.get("plots"):
         lines += ["Plots: " + ", ".join(res["plots"]), ""]
     return "\n".join(lines) + "\n"
@@ -597,6 +664,13 @@ def evaluate(res: dict[str, Any]) -> dict[str, Any]:
                                           "result": f"{fmt(r['of_bound'], '.3f')}x bound, "
                                                     f"{r['speedup_vs_best_single']:.3f}x vs better single",
                                           "met": ok}
+    F = [r for r in res.get("fallback") or [] if "error" not in r]
+    if F:
+        worst = max(F, key=lambda r: r["ratio"])
+        goals["b_never_slower"] = {"goal": "testbed (b): never slower than GPU only (<= 1.02x) on any zoo model",
+                                   "result": f"worst {worst['ratio']:.3f}x ({worst['model']}); gains nowhere: "
+                                             f"co-execution is off on this device ({res.get('unsupported', '')[:80]})",
+                                   "met": worst["ratio"] <= 1.02}
     S = res.get("sync")
     if S:
         polls = [k for k in ("event", "fence", "flag") if k in S]
@@ -623,6 +697,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     tb = setup_testbed(args.testbed)
     parts = set(args.parts.split(","))
     res: dict[str, Any] = {"machine": machine_info(), "testbed": tb, "args": vars(args)}
+    why = coexec_supported()
+    if why:
+        # testbed (b) on a discrete GPU whose memory the CPU cannot share cheaply: the planner keeps everything on
+        # the GPU; measure that cpu+vulkan then costs nothing against GPU only
+        res["unsupported"] = why
+        res["fallback"] = []
+        for name in [m for m in args.models.split(",") if m]:
+            shapes = {"input": (1, 3, 128, 128)} if name == "detnet_dyn" else None
+            try:
+                row = bench_fallback(name, args.reps, shapes)
+            except Exception as e:  # noqa: BLE001
+                row = {"model": name, "error": f"{type(e).__name__}: {e}"}
+            res["fallback"].append(row)
+            print(f"fallback {row}", flush=True)
+        parts = set()
     sync_s = 10e-6
     if "sync" in parts:
         res["sync"] = bench_sync()
