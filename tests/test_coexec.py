@@ -313,3 +313,34 @@ def test_bad_split_values_are_refused() -> None:
     relu = single_node_layer("Relu", [_a(1, 4)])
     with pytest.raises(ValueError, match="cannot be split"):
         CoexecModel(graph_of_layer(relu, [_a(1, 4)]), {"n0": 2})
+
+
+ZOO_MODELS = ["tiny", "mlp_small", "mobilenetv2", "squeezenet1_1", "shufflenetv2_x1_0", "resnet18", "vit_tiny",
+              "efficientnet_b0", "googlenet", "unet_small", "resnet50", "vgg16"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZOO_MODELS)
+def test_zoo_model_split_plans_match_onnxruntime(name: str) -> None:
+    """Each zoo model co-executed with the planner's plan, and with a random plan (every splittable layer split at
+    a random fraction, odd channel counts included; the others on a random side), answers like onnxruntime."""
+    from inferd.coexec.engine import CoexecModel, CoexecUnsupported
+    from inferd.coexec.load import plan_for
+    from inferd.frontend import import_model
+    from inferd.vulkan.testing import rel_err
+    from zoo_fixture import zoo_reference
+
+    path, feeds, want, names = zoo_reference(name)
+    g = import_model(path)
+    sides, _plan, _src = plan_for(g, None, None, 1)
+    r = np.random.default_rng(len(name))
+    rand = {n.name: (float(r.random()) if r.random() < 0.8 else str(r.choice(["cpu", "gpu"]))) for n in g.nodes}
+    for plan in (sides, rand):
+        try:
+            m = CoexecModel(g, plan)
+        except CoexecUnsupported as e:
+            pytest.skip(str(e))
+        with m:
+            got = m.run(feeds)
+            for n, w in zip(names, want):
+                assert rel_err(got[n], w) <= 1e-3, (name, n, [p for p in m.placements if p.side == "split"][:3])
