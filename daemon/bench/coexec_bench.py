@@ -365,32 +365,14 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
     graph = specialize(import_template(build(name), shapes=shapes))
     rng = np.random.default_rng(0)
     feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
-    # per layer single-side times, measured inside the model
+    # per layer single-side times, measured inside the model: the CPU alone and the GPU alone interleaved, as the
+    # final measurement runs them (a run right after the other processor's finds colder caches)
     uns, _consts = graph_units(graph)
     units = [u.layer.name for u in uns]
     cpu_sides = {n: "cpu" for n in units}
-    with CoexecModel(graph, cpu_sides) as cm:
-        per_cpu: dict[str, float] = {}
-        for _ in range(3):
-            tr: list[Any] = []
-            t0 = time.perf_counter()
-            cm.run(feeds, trace=tr)
-            prev = t0
-            for op, tag, t in tr:
-                if op == "cpu":
-                    per_cpu.setdefault(tag, []).append(t - prev)  # type: ignore[attr-defined]
-                prev = t
-        cpu_l = {k: float(np.median(v)) for k, v in per_cpu.items()}  # type: ignore[arg-type]
-    with VulkanModel(graph, profile=True) as vm:
-        gpu_l: dict[str, float] = {}
-        for _ in range(3):
-            vm.run(feeds)
-            acc: dict[str, float] = {}
-            for d in vm.last_profile():
-                acc[d["node"]] = acc.get(d["node"], 0.0) + d["ms"] / 1e3
-            for k, v in acc.items():
-                gpu_l.setdefault(k, []).append(v)  # type: ignore[attr-defined]
-        gpu_l = {k: float(np.median(v)) for k, v in gpu_l.items()}  # type: ignore[arg-type]
+    cpu_model = CoexecModel(graph, cpu_sides)
+    gpu_model = VulkanModel(graph, profile=True)
+    cpu_l, gpu_l, _, _ = _interleaved_layers(cpu_model, gpu_model, None, feeds, 3)
     # the planner over profiled costs: per splittable layer its single-side times in the model, and each side's
     # part at about 1/8 of the channels measured alone: a line through the two points per side (a part has fixed
     # costs, such as the input transforms, that a proportional model misses)
@@ -400,7 +382,9 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
     rnd = np.random.default_rng(1)
     for u in uns:
         lay = u.layer
-        tc, tg = cpu_l.get(lay.name, 0.0), gpu_l.get(lay.name, 0.0)
+        # a layer the profile did not see on one side (fused, renamed) must not look free there
+        tc = cpu_l.get(lay.name, gpu_l.get(lay.name, 0.0) * 10 + 1e-3)
+        tg = gpu_l.get(lay.name, tc * 10 + 1e-3)
         sh = split_shape(lay)
         if sh is None or sh.channels < 2:
             from ..coexec.costs import SMALL_OPS
@@ -412,8 +396,14 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
         c1 = max(sh.unit, sh.snap(C // 8)) if C // sh.unit >= 2 else C
         xi = lay.inputs[0]
         layer_feeds = {"x0": rnd.standard_normal(xi.shape).astype(np.float32)}  # timing does not read values
-        tg1 = _part_time(lay, make_part(lay, _consts, 0, g1, "gpu"), layer_feeds, "gpu", 3) if g1 < C else tg
-        tc1 = _part_time(lay, make_part(lay, _consts, C - c1, C, "cpu"), layer_feeds, "cpu", 3) if c1 < C else tc
+        tg1 = tg
+        if g1 < C:  # measured alone beside the whole layer alone; scaled to the layer's time in the model
+            tg1 = _part_time(lay, make_part(lay, _consts, 0, g1, "gpu"), layer_feeds, "gpu", 3)
+            tg1 *= tg / max(_layer_time(lay, _consts, layer_feeds, "gpu"), 1e-9)
+        tc1 = tc
+        if c1 < C:
+            tc1 = _part_time(lay, make_part(lay, _consts, C - c1, C, "cpu"), layer_feeds, "cpu", 3)
+            tc1 *= tc / max(_layer_time(lay, _consts, layer_feeds, "cpu"), 1e-9)
 
         def line(t1: float, n1: int, tfull: float, n: int) -> float:
             if n <= 0:
@@ -425,34 +415,13 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
         lcs.append(LayerCosts(lay.name, lay.op, C, pts, tuple(line(tc1, c1, tc, C - p) for p in pts),
                               tuple(line(tg1, g1, tg, p) for p in pts)))
     plan = plan_split(lcs, sync_s=sync_s)
-    from ..runtime.cpu import CpuExecutor
-
-    cpu_exec = CpuExecutor(graph)
-    with CoexecModel(graph, plan.sides()) as cm, VulkanModel(graph) as vm:
-        # the three interleaved, one run each per round: the shared machine's load falls on all alike
-        runs: dict[str, list[float]] = {"cpu": [], "gpu": [], "co": []}
-        fns = {"cpu": cpu_exec.run, "gpu": vm.run, "co": cm.run}
-        for f in fns.values():
-            f(feeds)
-        t_end = time.perf_counter() + 60
-        for i in range(max(reps, 3)):
-            for k, f in fns.items():
-                t = time.perf_counter()
-                f(feeds)
-                runs[k].append(time.perf_counter() - t)
-            if i >= 2 and time.perf_counter() > t_end:
-                break
-        t_cpu_model, t_gpu_model, t_co = (float(np.median(runs[k])) for k in ("cpu", "gpu", "co"))
-        tr: list[Any] = []
-        t0 = time.perf_counter()
-        cm.run(feeds, trace=tr)
-        steps = []
-        for op, tag, t in tr:
-            steps.append((t - t0, op, tag))
-            t0 = t
-        slowest = sorted(steps, reverse=True)[:5]
+    with CoexecModel(graph, plan.sides()) as cm:
+        cpu_l, gpu_l, totals, slowest = _interleaved_layers(cpu_model, gpu_model, cm, feeds, max(reps, 3))
         splits = cm.load_stats["splits"]
         segs = cm.load_stats["segments"]
+    cpu_model.close()
+    gpu_model.close()
+    t_cpu_model, t_gpu_model, t_co = totals["cpu"], totals["gpu"], totals["co"]
     bound = sum(tc * tg / (tc + tg) for tc, tg in ((cpu_l.get(n, 0.0), gpu_l.get(n, 0.0)) for n in units)
                 if tc + tg > 0)
     best = min(t_cpu_model, t_gpu_model)
@@ -463,8 +432,70 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
             "cpu_layers": sum(1 for lay in plan.layers if lay.side == "cpu"),
             "gpu_layers": sum(1 for lay in plan.layers if lay.side == "gpu"),
             "not_cpu": [dict(lay.__dict__) for lay in plan.layers if lay.side != "cpu"][:20],
-            "slowest_steps": [[round(a * 1e3, 3), b, str(c)] for a, b, c in slowest],
+            "slowest_steps": slowest,
             "loadavg": [la0, list(os.getloadavg())]}
+
+
+def _interleaved_layers(cpu_model: Any, gpu_model: Any, co_model: Any, feeds: Mapping[str, np.ndarray], rounds: int
+                        ) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[Any]]:
+    """Rounds of one run each of the CPU-only model (traced: per layer), the GPU-only one (timestamps: per layer)
+    and the co-executed one (if any); medians per layer and of the totals, and the co-executed run's slowest
+    steps."""
+    fns = {"cpu": cpu_model, "gpu": gpu_model}
+    if co_model is not None:
+        fns["co"] = co_model
+    for m in fns.values():
+        m.run(feeds)
+    per_cpu: dict[str, list[float]] = {}
+    per_gpu: dict[str, list[float]] = {}
+    tot: dict[str, list[float]] = {k: [] for k in fns}
+    slow: list[Any] = []
+    t_end = time.perf_counter() + 90
+    for i in range(rounds):
+        for k, m in fns.items():
+            tr: list[Any] = []
+            t0 = time.perf_counter()
+            if k == "gpu":
+                m.run(feeds)
+            else:
+                m.run(feeds, trace=tr)
+            tot[k].append(time.perf_counter() - t0)
+            if k == "cpu":
+                prev = t0
+                for op, tag, t in tr:
+                    if op == "cpu":
+                        per_cpu.setdefault(tag, []).append(t - prev)
+                    prev = t
+            elif k == "gpu":
+                acc: dict[str, float] = {}
+                for d in m.last_profile():
+                    acc[d["node"]] = acc.get(d["node"], 0.0) + d["ms"] / 1e3
+                for n, v in acc.items():
+                    per_gpu.setdefault(n, []).append(v)
+            elif i == 0:
+                prev = t0
+                steps = []
+                for op, tag, t in tr:
+                    steps.append((round((t - prev) * 1e3, 3), op, str(tag)))
+                    prev = t
+                slow = sorted(steps, reverse=True)[:5]
+        if i >= 2 and time.perf_counter() > t_end:
+            break
+    med = {k: float(np.median(v)) for k, v in tot.items()}
+    return ({k: float(np.median(v)) for k, v in per_cpu.items()}, {k: float(np.median(v)) for k, v in per_gpu.items()},
+            med, slow)
+
+
+def _layer_time(layer: Any, consts: Mapping[str, Any], feeds: Mapping[str, np.ndarray], side: str) -> float:
+    """The whole layer alone on one side (the reference its parts measured alone are scaled by)."""
+    from ..coexec.split_ops import split_shape
+
+    sh = split_shape(layer)
+    assert sh is not None
+    from ..coexec.split_ops import make_part
+
+    # a "part" of every channel is the layer itself over the same tensors
+    return _part_time(layer, make_part(layer, consts, 0, sh.channels, side), feeds, side, 3)
 
 
 def coexec_supported() -> str:
