@@ -130,7 +130,7 @@ class CoexecModel:
 
     def __init__(self, graph: Graph, sides: Mapping[str, Any] | None = None, device: Any = None,
                  kernels: Mapping[str, str] | None = None, cpu_kernels: Mapping[str, str] | None = None,
-                 sync: str = "auto", spin_timeout_s: float = 30.0, threads: int | None = None,
+                 sync: str = "auto", spin_timeout_s: float | None = None, threads: int | None = None,
                  spin_s: float = 100e-6, nap_s: float = 20e-6) -> None:
         from ..vulkan.cold import VulkanColdBackend
         from ..vulkan.device import get_device
@@ -144,7 +144,10 @@ class CoexecModel:
         self.threads = threads
         self.plan: Any = None
         self.plan_source = ""
-        self.spin_timeout_s = spin_timeout_s
+        from ..vulkan import device as vdev
+
+        # a wait longer than the device's fence timeout (the daemon's gpu_timeout) is a hung GPU
+        self.spin_timeout_s = float(spin_timeout_s if spin_timeout_s is not None else vdev.fence_timeout_s)
         #: how long a wait spins before it polls between naps of ``nap_s``
         self.spin_s = spin_s
         self.nap_s = nap_s
