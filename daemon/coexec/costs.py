@@ -149,7 +149,7 @@ def predictor_costs(graph: Graph, consts: Mapping[str, Any], threads: int, cpu_f
 
 def plan_graph(graph: Graph, cpu_cost: CostFn | None = None, gpu_cost: CostFn | None = None, caps: Any = None,
                sync_s: float = 10e-6, threads: int = 1, fingerprints: tuple[Any, Any] = (None, None),
-               max_points: int = 33, min_gain: float = 0.03) -> tuple[SplitPlan, str]:
+               max_points: int = 33, min_gain: float = 0.10) -> tuple[SplitPlan, str]:
     """The co-execution plan of ``graph`` and where its costs came from."""
     units, consts = graph_units(graph, caps)
     src = "given"

@@ -113,15 +113,20 @@ def best_split(lc: LayerCosts, sync_s: float, min_gain: float = 0.0) -> tuple[in
     return best, t_best
 
 
-def plan_split(layers: Sequence[LayerCosts], sync_s: float = 10e-6, min_gain: float = 0.03,
+def plan_split(layers: Sequence[LayerCosts], sync_s: float = 10e-6, min_gain: float = 0.10,
                allow_split: bool = True) -> SplitPlan:
-    """The plan minimising the predicted latency (module docstring)."""
+    """The plan minimising the predicted latency (module docstring). ``min_gain``: a split must beat the better
+    side by this fraction, and a layer placed on the processor that is slower for the whole model is charged
+    this fraction more: deviations from running everything on the faster one must pay beyond the costs' error."""
     inf = float("inf")
+    base_gpu = sum(lc.t_gpu for lc in layers) < sum(lc.t_cpu for lc in layers)
     # state: the side holding the last output: 0 cpu, 1 gpu, 2 both (after a split)
     cost = [0.0, 0.0, inf]
     back: list[list[tuple[int, str, int, float]]] = []
     for lc in layers:
-        opts: list[tuple[str, int, float, int]] = [("cpu", 0, lc.t_cpu, 0), ("gpu", lc.channels, lc.t_gpu, 1)]
+        pen_cpu, pen_gpu = (1.0 + min_gain, 1.0) if base_gpu else (1.0, 1.0 + min_gain)
+        opts: list[tuple[str, int, float, int]] = [("cpu", 0, lc.t_cpu * pen_cpu, 0),
+                                                   ("gpu", lc.channels, lc.t_gpu * pen_gpu, 1)]
         if allow_split and lc.channels and not lc.small:
             g, t = best_split(lc, sync_s, min_gain)
             if g > 0:
@@ -142,7 +147,7 @@ def plan_split(layers: Sequence[LayerCosts], sync_s: float = 10e-6, min_gain: fl
                 c = cost[prev] + t + switch
                 if c < new[state]:
                     new[state] = c
-                    bk[state] = (prev, side, g, t)
+                    bk[state] = (prev, side, g, lc.t_cpu if side == "cpu" else lc.t_gpu if side == "gpu" else t)
         cost = new
         back.append(bk)
     state = min(range(3), key=lambda s: cost[s])
@@ -161,6 +166,14 @@ def plan_split(layers: Sequence[LayerCosts], sync_s: float = 10e-6, min_gain: fl
             tcp, tgp = lc.cpu_s[i], lc.gpu_s[i]
         out.append(LayerSplit(lc.name, lc.op, side, lc.channels, g if side != "cpu" else 0, lc.t_cpu, lc.t_gpu, t,
                               tcp, tgp))
+    # the plan's predicted latency, without the margins: its layers' times and the syncs between sides
+    total = 0.0
+    prev_side = ""
+    for lc, lay in zip(layers, out):
+        total += lay.t_pred
+        if lay.side != "split" and prev_side in ("cpu", "gpu") and prev_side != lay.side:
+            total += sync_s + lc.transfer_s
+        prev_side = lay.side
     cpu_only = sum(lc.t_cpu for lc in layers)
     gpu_only = sum(lc.t_gpu for lc in layers)
     bound = sum(lc.t_cpu * lc.t_gpu / (lc.t_cpu + lc.t_gpu) if lc.t_cpu + lc.t_gpu > 0 else 0.0 for lc in layers)
