@@ -246,7 +246,8 @@ def bench_layer(spec: dict[str, Any], reps: int, grid_points: int, sync_s: float
     return out
 
 
-def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: str, reps: int) -> float:
+def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: str, reps: int,
+               gpu_kernel: str | None = None) -> float:
     """One part of a split measured alone, as a one-node graph on its side (inputs: ``feeds['x0']`` sliced for a
     grouped convolution, random values for a fused residual; timing does not depend on the values)."""
     from ..ir import Graph
@@ -276,7 +277,20 @@ def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: str
         gin.append(info)
         gfeeds[n] = a
     g = Graph(f"part_{side}", [node], gin, [infos[node.outputs[0]]], consts, infos, 17)
-    return measure(g, {node.name: side}, gfeeds, reps)
+    kern = None
+    if side == "gpu" and gpu_kernel:  # the kernel the engine runs the part with: the whole layer's, where it fits
+        from ..coexec.split_ops import split_shape
+        from ..ops.base import Layer, kernels_for
+
+        pl = Layer.of(node, g)
+        sh = split_shape(layer)
+        if sh is not None and sh.rows <= 1 and any(k.name == gpu_kernel and k.applies(pl)
+                                                    for k in kernels_for(node.op, "vulkan")):
+            kern = {node.name: gpu_kernel}
+    from ..coexec.engine import CoexecModel
+
+    with CoexecModel(g, {node.name: side}, kernels=kern) as m:
+        return _time_model(m, gfeeds, reps)
 
 
 def _caps(dev: Any) -> Any:
@@ -373,7 +387,9 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
     feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
     # per layer single-side times, measured inside the model: the CPU alone and the GPU alone interleaved, as the
     # final measurement runs them (a run right after the other processor's finds colder caches)
-    uns, _consts = graph_units(graph)
+    from ..vulkan.device import get_device
+
+    uns, _consts = graph_units(graph, _caps(get_device()))
     units = [u.layer.name for u in uns]
     cpu_sides = {n: "cpu" for n in units}
     cpu_model = CoexecModel(graph, cpu_sides)
@@ -404,7 +420,7 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
         layer_feeds = {"x0": rnd.standard_normal(xi.shape).astype(np.float32)}  # timing does not read values
         tg1 = tg
         if g1 < C:  # measured alone beside the whole layer alone; scaled to the layer's time in the model
-            tg1 = _part_time(lay, make_part(lay, _consts, 0, g1, "gpu"), layer_feeds, "gpu", 3)
+            tg1 = _part_time(lay, make_part(lay, _consts, 0, g1, "gpu"), layer_feeds, "gpu", 3, u.gpu_kernel.name)
             tg1 *= tg / max(_layer_time(lay, _consts, layer_feeds, "gpu"), 1e-9)
         tc1 = tc
         if c1 < C:

@@ -337,7 +337,7 @@ class CoexecModel:
         for k in order:
             if prio[k] >= 1000 or not isinstance(k, VulkanKernel):
                 continue
-            if sh.rows > 1 or sh.op != "Conv":
+            if sh.rows > 1:  # a strided column block: the kernel must write through ldc
                 params = k.transform(layer, raw_params(layer, self._consts))
                 ds = split_rows(k.dispatches(layer, params, b.caps), b.caps)
                 if any(dd.shader not in ("matmul", "matmul_reg", "gemv", "gemv_nk") or dd.defines.get("SPLITK")
