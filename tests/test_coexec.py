@@ -276,11 +276,17 @@ def test_stress_one_side_slowed_at_random(sync: str) -> None:
         tasks = [arg for op, arg in cm.program if op == "cpu"]
         real_calls = [t.call for t in tasks]
         try:
+            timers: list[threading.Timer] = []
+
             def slow_submit(infos: Any, fence: Any) -> None:
-                if r.random() < 0.5:
+                # one gate at a time (the gate's command buffer and event are reused): only once the last opened
+                if r.random() < 0.5 and not (timers and timers[-1].is_alive()):
+                    dev.wait_idle()  # the previous gate's command buffer has left the queue
                     vk.vkResetEvent(dev.device, ev)
+                    t = threading.Timer(float(r.random()) * 0.004, lambda: vk.vkSetEvent(dev.device, ev))
+                    timers.append(t)
+                    t.start()
                     real_submit([vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[gate_cb])], vk.VK_NULL_HANDLE)
-                    threading.Timer(float(r.random()) * 0.004, lambda: vk.vkSetEvent(dev.device, ev)).start()
                 real_submit(infos, fence)
             dev.queue_submit = slow_submit  # type: ignore[method-assign]
             for t, call in zip(tasks, real_calls):
@@ -296,6 +302,8 @@ def test_stress_one_side_slowed_at_random(sync: str) -> None:
                 assert rel_err(got, want) <= TOL, f"inference {i}: incomplete split output"
         finally:
             dev.queue_submit = real_submit  # type: ignore[method-assign]
+            for t in timers:  # no timer may touch the event after it is destroyed
+                t.join()
             vk.vkSetEvent(dev.device, ev)
             dev.wait_idle()
             vk.vkDestroyCommandPool(dev.device, pool, None)
