@@ -246,10 +246,9 @@ def bench_layer(spec: dict[str, Any], reps: int, grid_points: int, sync_s: float
     return out
 
 
-def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: str, reps: int,
-               gpu_kernel: str | None = None) -> float:
-    """One part of a split measured alone, as a one-node graph on its side (inputs: ``feeds['x0']`` sliced for a
-    grouped convolution, random values for a fused residual; timing does not depend on the values)."""
+def _part_graph(layer: Any, part: Any, feeds: Mapping[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray]]:
+    """One part of a split as a one-node graph (inputs: ``feeds['x0']``, sliced for a grouped convolution; random
+    values for a fused residual: timing does not depend on the values)."""
     from ..ir import Graph
 
     infos = {t.name: t for t in layer.inputs if t is not None}
@@ -257,10 +256,6 @@ def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: str
     infos.update(part.infos)
     node = part.node
     consts = dict(part.constants)
-    for i in layer.const_inputs:  # constants the part shares with the whole layer
-        n = layer.node.inputs[i]
-        if n in node.inputs and n not in consts:
-            consts[n] = np.zeros(infos[n].shape, infos[n].dtype) if infos.get(n) is not None else None
     r = np.random.default_rng(2)
     x = feeds["x0"]
     gin, gfeeds = [], {}
@@ -276,9 +271,16 @@ def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: str
             a = r.standard_normal(info.shape).astype(info.dtype)
         gin.append(info)
         gfeeds[n] = a
-    g = Graph(f"part_{side}", [node], gin, [infos[node.outputs[0]]], consts, infos, 17)
+    return Graph(f"part_{part.side}", [node], gin, [infos[node.outputs[0]]], consts, infos, 17), gfeeds
+
+
+def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: Any, reps: int,
+               gpu_kernel: str | None = None) -> float:
+    """A part measured alone on ``side`` ('cpu', 'gpu', or a CPU channel count: the part itself split)."""
+    g, gfeeds = _part_graph(layer, part, feeds)
+    node = part.node
     kern = None
-    if side == "gpu" and gpu_kernel:  # the kernel the engine runs the part with: the whole layer's, where it fits
+    if side != "cpu" and gpu_kernel:  # the kernel the engine runs the part with: the whole layer's, where it fits
         from ..coexec.split_ops import split_shape
         from ..ops.base import Layer, kernels_for
 
@@ -291,7 +293,6 @@ def _part_time(layer: Any, part: Any, feeds: Mapping[str, np.ndarray], side: str
 
     with CoexecModel(g, {node.name: side}, kernels=kern) as m:
         return _time_model(m, gfeeds, reps)
-
 
 def _caps(dev: Any) -> Any:
     from ..vulkan.kernel import Caps
@@ -437,7 +438,25 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
         lcs.append(LayerCosts(lay.name, lay.op, C, pts, tuple(line(tc1, c1, tc, C - p) for p in pts),
                               tuple(line(tg1, g1, tg, p) for p in pts)))
     plan = plan_split(lcs, sync_s=sync_s)
-    with CoexecModel(graph, plan.sides()) as cm:
+    sides = plan.sides()
+    # each split the planner chose, measured co-executed alone against the layer on its better side alone: a
+    # split that does not gain 5% there goes back to that side (the layer sets show single layers measure true)
+    verified = []
+    for lay_p in plan.layers:
+        if lay_p.side != "split":
+            continue
+        u = next(x for x in uns if x.layer.name == lay_p.name)
+        lay = u.layer
+        xf = {"x0": rnd.standard_normal(lay.inputs[0].shape).astype(np.float32)}
+        whole = make_part(lay, _consts, 0, lay_p.channels, "gpu")
+        t_split = _part_time(lay, whole, xf, lay_p.channels - lay_p.gpu_channels, 5, u.gpu_kernel.name)
+        best_side = "cpu" if lay_p.t_cpu <= lay_p.t_gpu else "gpu"
+        t_single = _part_time(lay, whole, xf, best_side, 5, u.gpu_kernel.name)
+        keep = t_split < 0.95 * t_single
+        verified.append({"name": lay.name, "t_split": t_split, "t_single": t_single, "side": best_side, "kept": keep})
+        if not keep:
+            sides[lay.name] = best_side
+    with CoexecModel(graph, sides) as cm:
         cpu_l, gpu_l, totals, slowest = _interleaved_layers(cpu_model, gpu_model, cm, feeds, max(reps, 3))
         splits = cm.load_stats["splits"]
         segs = cm.load_stats["segments"]
@@ -459,6 +478,8 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
             "cpu_layers": sum(1 for lay in plan.layers if lay.side == "cpu"),
             "gpu_layers": sum(1 for lay in plan.layers if lay.side == "gpu"),
             "not_cpu": [dict(lay.__dict__) for lay in plan.layers if lay.side != "cpu"][:20],
+            "verified_splits": verified,
+            "planner_splits": plan.splits,
             "slowest_steps": slowest,
             "loadavg": [la0, list(os.getloadavg())]}
 
