@@ -124,6 +124,11 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append("last cold load (ms; read/transform/pipeline are summed over the loader threads):")
         lines.append(_table([["MODEL", "COLD", "PREDICTED", "READ", "TRANSFORM", "PIPELINE", "EXECUTE", "WAITING"]] + cold))
     for name, m in models.items():
+        co = m.get("coexec")
+        if isinstance(co, dict):  # a cpu+vulkan model: which layers the CPU and the GPU share
+            lines.append(f"  {name}: co-executed, {co.get('split', 0)} layers split by channels, {co.get('cpu', 0)} on "
+                         f"the CPU, {co.get('gpu', 0)} on the GPU ({co.get('cost_source') or '?'} costs)")
+    for name, m in models.items():
         if m.get("reason") and m.get("state") != "READY" or "failed" in (m.get("reason") or ""):
             lines.append(f"  {name}: {m['reason']}")
     return "\n".join(lines)

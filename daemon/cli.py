@@ -36,7 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     kernels = _kv(args.kernel, "--kernel") or None
     t0 = time.perf_counter()
-    model = inferd.load(args.model, device=args.device, batch=args.batch, kernels=kernels)
+    extra = {"split": _splits(args.split)} if args.device == "cpu+vulkan" and args.split else {}
+    model = inferd.load(args.model, device=args.device, batch=args.batch, kernels=kernels, **extra)
     load_s = time.perf_counter() - t0
     if args.input:
         feeds = {k: np.load(v) for k, v in _kv(args.input, "--input").items()}
@@ -79,7 +80,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _splits(items: list[str] | None) -> dict[str, float | str]:
+    """--split NODE_OR_OP=FRACTION (of output channels on the CPU) or =cpu / =gpu."""
+    out: dict[str, float | str] = {}
+    for k, v in _kv(items, "--split").items():
+        try:
+            out[k] = v if v in ("cpu", "gpu") else float(v)
+        except ValueError:
+            raise SystemExit(f"--split {k}={v}: expected a fraction in [0, 1], 'cpu' or 'gpu'") from None
+    return out
+
+
 def cmd_info(args: argparse.Namespace) -> int:
+    if args.device == "cpu+vulkan":
+        from .coexec.load import info_report
+
+        print(info_report(args.model, args.batch, _splits(args.split), args.json, args.threads))
+        return 0
     if args.predict:
         from .predictor.report import format_report, predict_report
 
@@ -171,8 +188,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("model", help="ONNX file or compiled package directory")
-        sp.add_argument("--device", default="cpu", choices=["cpu", "vulkan", "auto"])
+        sp.add_argument("--device", default="cpu", choices=["cpu", "vulkan", "auto", "cpu+vulkan"])
         sp.add_argument("--batch", type=int, default=1, help="value for a dynamic batch dimension")
+        sp.add_argument("--split", action="append", metavar="OP_OR_NODE=FRACTION",
+                        help="cpu+vulkan: fraction of a layer's output channels on the CPU (0: GPU, 1: CPU)")
 
     r = sub.add_parser("run", help="run a model once (or --repeat N times) and print outputs and timings")
     common(r)

@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-DEVICES = ("auto", "vulkan", "cpu")
+DEVICES = ("auto", "vulkan", "cpu", "cpu+vulkan")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 FALLBACKS = ("none", "cpu")
 
@@ -78,6 +78,8 @@ class Config:
     cache_dir: str = _opt("path", "cache directory (default: $CACHE_DIRECTORY or ~/.cache/inferd)", default="")
     log_level: str = _opt("str", "log level", default="info", choices=LOG_LEVELS)
     threads: int = _opt("int", "CPU threads of the native kernels' pool (0: the usable cores)", default=0, minimum=0)
+    coexec_threads: int = _opt("int", "CPU threads a cpu+vulkan (co-executed) model's CPU halves may use, so that "
+                               "other models are not starved (0: half the pool)", default=0, minimum=0)
     preload: bool = _opt("bool", "load every repository model at start (a model's config.toml can override)",
                          default=True)
     max_queue: int = _opt("int", "default per-model queue cap; a full queue answers UNAVAILABLE",

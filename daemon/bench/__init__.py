@@ -15,6 +15,8 @@
     inferd bench memory [--models a,b] [--points N] [--repeat N] [--out DIR] [--no-ncnn]  models inside memory
                                                                            budgets vs ncnn/onnxruntime peak memory
     inferd bench ops [--repeat N] [--out DIR]                              TopK, NMS, RoiAlign nodes vs onnxruntime
+    inferd bench coexec [--testbed a|none] [--parts sync,layers,e2e] [--models a,b] [--out DIR]
+                                                                           CPU-GPU co-execution vs either alone
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import sys
 BENCHES = {
     "daemon": "daemon_bench", "auth": "auth_bench", "cold": "cold_bench", "shapes": "shapes_bench",
     "faults": "fault_bench", "recurrent": "recurrent_bench", "predictor": "predictor_bench",
-    "memory": "memory_bench", "ops": "ops_bench", "vulkan": "vulkan_bench",
+    "memory": "memory_bench", "ops": "ops_bench", "coexec": "coexec_bench", "vulkan": "vulkan_bench",
 }
 
 

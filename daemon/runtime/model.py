@@ -340,6 +340,13 @@ def _vulkan_available() -> bool:
         return False
 
 
+def first_shapes(shapes: Any) -> Any:
+    """The first of ``load``'s ``shapes`` (one mapping, or a list of them), or None."""
+    if not shapes:
+        return None
+    return dict(shapes) if isinstance(shapes, Mapping) else dict(shapes[0])
+
+
 def resolve_device(device: str) -> str:
     if device not in ("cpu", "vulkan", "auto"):
         raise ValueError(f"device must be 'cpu', 'vulkan' or 'auto', got {device!r}")
@@ -369,6 +376,11 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
     the first; ``max_shape`` bounds each input's dimensions (a run beyond them is refused)."""
     from ..package import cached_package
 
+    if device == "cpu+vulkan":  # CPU-GPU co-execution (inferd.coexec): its own load path, no package
+        from ..coexec.load import load as load_coexec
+
+        return load_coexec(path, split=options.pop("split", None), batch=batch, kernels=kernels, name=name,
+                           threads=options.pop("coexec_threads", None), shapes=first_shapes(shapes))
     t0 = time.perf_counter()
     dev = resolve_device(device)
     in_memory = not isinstance(path, (str, os.PathLike))

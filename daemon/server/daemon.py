@@ -678,7 +678,8 @@ class Server:
                             "memory_bytes": mem, "pinned": s.entry.config.pinned, **s.stats.snapshot(),
                             **s.memory_breakdown(),
                             "cold": s.cold_stats(), "known_bytes": s.known_bytes, "evictions": s.evictions,
-                            "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None}
+                            "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None,
+                            **s._coexec_info()}
         rss = process_rss()
         return {
             "live": True, "ready": self.ready and not self.draining, "draining": self.draining,
@@ -1082,6 +1083,8 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     kind = setup_logging(config.log_level)
     log.debug("logging to %s", kind)
     apply_threads(config.threads)
+    if config.coexec_threads:  # read by inferd.coexec.load when a cpu+vulkan model loads
+        os.environ["INFERD_COEXEC_THREADS"] = str(config.coexec_threads)
     prepare_cache_dir(config.cache_dir)
     try:
         server = Server(config, cli, config_path, loader=loader)

@@ -100,8 +100,8 @@ def parse_model_config(path: str) -> ModelConfig:
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise ValueError(f"{path}: {key!r} must be {types[0].__name__}, got {value!r}")
         values[key] = value
-    if "device" in values and values["device"] not in ("auto", "vulkan", "cpu"):
-        raise ValueError(f"{path}: 'device' must be auto, vulkan or cpu, got {values['device']!r}")
+    if "device" in values and values["device"] not in ("auto", "vulkan", "cpu", "cpu+vulkan"):
+        raise ValueError(f"{path}: 'device' must be auto, vulkan, cpu or cpu+vulkan, got {values['device']!r}")
     if "fallback" in values and values["fallback"] not in ("none", "cpu"):
         raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
     if "memory" in values and values["memory"] not in ("whole", "stream"):

@@ -43,7 +43,7 @@ RECOVERING = "RECOVERING"
 
 QUEUED, TAKEN, DONE = 0, 1, 2
 
-_SHARED_DEVICES = frozenset({"vulkan", "auto"})  # devices whose use goes through the DeviceLock
+_SHARED_DEVICES = frozenset({"vulkan", "auto", "cpu+vulkan"})  # devices whose use goes through the DeviceLock
 
 Loader = Callable[..., Any]
 
@@ -399,7 +399,17 @@ class ModelSlot:
             "device": self.device, "inputs": self.inputs, "outputs": self.outputs,
             "preload": self.preload, "pinned": cfg.pinned, "priority": cfg.priority, "max_queue": self.max_queue,
             "queued": self.queued, "memory_bytes": self.memory_bytes(), "variants": self.variants(),
+            **self._coexec_info(),
         }
+
+    def _coexec_info(self) -> dict[str, Any]:
+        """A model co-executed by the CPU and the GPU: its split layers (inferctl status shows them)."""
+        if self.device != "cpu+vulkan" or self.model is None:
+            return {}
+        from ..coexec.load import summary
+
+        s = summary(self.model)
+        return {"coexec": s} if s else {}
 
     def variants(self) -> list[dict[str, Any]]:
         """The input shapes a dynamic model has prepared besides its first (least recently used first)."""
