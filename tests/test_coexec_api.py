@@ -60,10 +60,10 @@ def test_load_cpu_vulkan_planner_choice_and_split_overrides(ref: Any) -> None:
 
 
 def test_no_gpu_loads_cpu_only_with_a_warning(ref: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import inferd.runtime.model as rm
+    import inferd.coexec.load as cl
     from inferd.coexec.load import CoexecWarning
 
-    monkeypatch.setattr(rm, "_vulkan_available", lambda: False)
+    monkeypatch.setattr(cl, "vulkan_available", lambda: False)
     with pytest.warns(CoexecWarning, match="no Vulkan device"):
         m = inferd.load(str(ref["src"]), device="cpu+vulkan")
     try:

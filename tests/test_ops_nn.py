@@ -619,7 +619,7 @@ def test_resize_infer_needs_constant_scales() -> None:
         spec.infer(node_sz, [x, None, None, TensorInfo("sizes", (4,), np.dtype(np.int64))], {})
 
 
-@pytest.mark.parametrize("attrs,needle", [  # cubic, antialias and tf_crop_and_resize run (ops/resize_ext.py)
+@pytest.mark.parametrize("attrs,needle", [  # cubic, antialias and tf_crop_and_resize run (ops/resize.py, resize_general)
     (dict(mode="lanczos"), "lanczos"),
     (dict(mode="linear", coordinate_transformation_mode="nonsense"), "nonsense"),
     (dict(mode="nearest", keep_aspect_ratio_policy="fill"), "fill"),

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -69,22 +67,38 @@ def plan_for(graph: Graph, split: Mapping[str, Any] | None, device: Any, threads
     return sides, plan, src
 
 
-def load(path: Any, split: Mapping[str, Any] | None = None, batch: int = 1, kernels: dict[str, str] | None = None,
-         name: str | None = None, threads: int | None = None, sync: str = "fence",
-         shapes: Mapping[str, Any] | None = None, **_: Any) -> Any:
-    from ..frontend import import_template, specialize
-    from ..runtime.model import Model, _vulkan_available
-    from ..runtime.model import load as load_single
+class CoexecFallback(Exception):
+    """This model cannot co-execute here; ``device`` is the one it should run on alone, ``reason`` why."""
 
-    t0 = time.perf_counter()
-    in_memory = not isinstance(path, (str, os.PathLike))
-    if not _vulkan_available():
-        msg = "device 'cpu+vulkan': no Vulkan device here; the model runs on the CPU only"
-        warnings.warn(msg, CoexecWarning, stacklevel=3)
-        log.warning(msg)
-        return load_single(path, device="cpu", batch=batch, kernels=kernels, name=name, shapes=shapes)
+    def __init__(self, device: str, reason: str) -> None:
+        super().__init__(reason)
+        self.device, self.reason = device, reason
+
+
+def vulkan_available() -> bool:
+    try:
+        from ..vulkan import available
+    except Exception:  # noqa: BLE001 - no binding, no loader: no GPU side
+        return False
+    try:
+        return bool(available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def build(path: Any, split: Mapping[str, Any] | None = None, batch: int = 1, kernels: dict[str, str] | None = None,
+          name: str | None = None, threads: int | None = None, sync: str = "fence",
+          shapes: Mapping[str, Any] | None = None) -> tuple[str, Any, Any]:
+    """(name, graph, CoexecModel) for ``path``; raises :class:`CoexecFallback` when it must run on one side.
+    ``inferd.load(device="cpu+vulkan")`` wraps the engine in its Model (this module does not import the
+    runtime that imports it)."""
+    from ..frontend import import_template, specialize
+
+    if not vulkan_available():
+        raise CoexecFallback("cpu", "no Vulkan device here; the model runs on the CPU only")
     from .engine import CoexecModel, CoexecUnsupported
 
+    in_memory = not isinstance(path, (str, os.PathLike))
     template = import_template(path, batch=batch, shapes=shapes)
     graph = specialize(template)
     mname = name or (template.name if in_memory else Path(path).stem)
@@ -96,15 +110,10 @@ def load(path: Any, split: Mapping[str, Any] | None = None, batch: int = 1, kern
         sides, plan, src = plan_for(graph, split, dev, nthreads)
         cm = CoexecModel(graph, sides, device=dev, kernels=kernels, sync=sync, threads=nthreads)
     except CoexecUnsupported as e:
-        msg = f"device 'cpu+vulkan': {e}; the model runs on the GPU only"
-        warnings.warn(msg, CoexecWarning, stacklevel=3)
-        log.warning(msg)
-        return load_single(path, device="vulkan", batch=batch, kernels=kernels, name=name, shapes=shapes)
+        raise CoexecFallback("vulkan", f"{e}; the model runs on the GPU only") from e
     cm.plan = plan
     cm.plan_source = src
-    m = Model(mname, graph, cm, DEVICE, time.perf_counter() - t0)
-    m.coexec = cm  # type: ignore[attr-defined]
-    return m
+    return mname, graph, cm
 
 
 def summary(model: Any) -> dict[str, Any] | None:
@@ -125,12 +134,11 @@ def info_report(path: Any, batch: int = 1, split: Mapping[str, Any] | None = Non
     import json
 
     from ..frontend import import_template, specialize
-    from ..runtime.model import _vulkan_available
     from .costs import format_plan
 
     graph = specialize(import_template(path, batch=batch))
     dev = None
-    if _vulkan_available():
+    if vulkan_available():
         from ..vulkan.device import get_device
 
         dev = get_device()

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, grid
 from .base import Layer, register_kernel
-from .resize_ext import extended
+from .resize import extended
 from .resize import _input_positions, axis_table, resize_plan
 
 

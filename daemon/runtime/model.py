@@ -329,6 +329,28 @@ def _shaped(info: TensorInfo, shape: Sequence[int]) -> np.ndarray:
     return np.broadcast_to(np.zeros((), info.dtype), tuple(int(x) for x in shape))
 
 
+def _load_coexec(path: Any, batch: int, kernels: dict[str, str] | None, name: str | None, shapes: Any,
+                 options: dict[str, Any]) -> "Model":
+    """``device="cpu+vulkan"``: the co-execution engine in a Model, or the model on the one side it can use
+    (with a warning saying why)."""
+    import warnings
+
+    from ..coexec.load import DEVICE, CoexecFallback, CoexecWarning, build
+
+    t0 = time.perf_counter()
+    try:
+        mname, graph, cm = build(path, split=options.pop("split", None), batch=batch, kernels=kernels, name=name,
+                                 threads=options.pop("coexec_threads", None), shapes=first_shapes(shapes))
+    except CoexecFallback as e:
+        msg = f"device 'cpu+vulkan': {e.reason}"
+        warnings.warn(msg, CoexecWarning, stacklevel=3)
+        log.warning(msg)
+        return load(path, device=e.device, batch=batch, kernels=kernels, name=name, shapes=shapes)
+    m = Model(mname, graph, cm, DEVICE, time.perf_counter() - t0)
+    m.coexec = cm  # type: ignore[attr-defined]
+    return m
+
+
 def _vulkan_available() -> bool:
     try:
         from ..vulkan import available
@@ -377,10 +399,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
     from ..package import cached_package
 
     if device == "cpu+vulkan":  # CPU-GPU co-execution (inferd.coexec): its own load path, no package
-        from ..coexec.load import load as load_coexec
-
-        return load_coexec(path, split=options.pop("split", None), batch=batch, kernels=kernels, name=name,
-                           threads=options.pop("coexec_threads", None), shapes=first_shapes(shapes))
+        return _load_coexec(path, batch, kernels, name, shapes, options)
     t0 = time.perf_counter()
     dev = resolve_device(device)
     in_memory = not isinstance(path, (str, os.PathLike))
