@@ -30,7 +30,7 @@ layout(constant_id = 3) const int SW = 1;
 layout(constant_id = 4) const int DH = 1;
 layout(constant_id = 5) const int DW = 1;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer Wt { float w[]; };     // [G, K, M]: k-major for coalesced tile loads
+WBUF(WFP, 1, Wt, w);     // [G, K, M]: k-major for coalesced tile loads
 #if SPLITK
 layout(std430, binding = 2) writeonly buffer Part { float part[]; };  // [S, N*G*M*P]
 #else
@@ -77,7 +77,7 @@ void main() {
             int e = tid + r * 256;
             int kk = e / BM, mm = e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = (k < kend && m < p.M) ? w[wbase + k * p.M + m] : 0.0;
+            As[kk][mm] = (k < kend && m < p.M) ? WLD(WFP, w, wbase + k * p.M + m) : 0.0;
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;

@@ -23,8 +23,8 @@
 #define BN 64
 #define BK 16
 layout(local_size_x = 16, local_size_y = 16) in;
-layout(std430, binding = 0) readonly buffer Am { float a[]; };
-layout(std430, binding = 1) readonly buffer Bm { float b[]; };
+WBUF(AFP, 0, Am, a);
+WBUF(BFP, 1, Bm, b);
 #if SPLITK
 layout(std430, binding = 2) writeonly buffer Part { float part[]; };
 #else
@@ -82,14 +82,14 @@ void main() {
             int kk = a_rowmajor ? e % BK : e / BM;
             int mm = a_rowmajor ? e / BK : e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = (k < kend && m < p.M) ? a[abase + m * p.sa_m + k * p.sa_k] : 0.0;
+            As[kk][mm] = (k < kend && m < p.M) ? WLD(AFP, a, abase + m * p.sa_m + k * p.sa_k) : 0.0;
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             int nn = b_rowmajor ? e % BN : e / BK;
             int kk = b_rowmajor ? e / BN : e % BK;
             int k = k0 + kk, n = n0 + nn;
-            Bs[kk][nn] = (k < kend && n < p.N) ? b[bbase + k * p.sb_k + n * p.sb_n] : 0.0;
+            Bs[kk][nn] = (k < kend && n < p.N) ? WLD(BFP, b, bbase + k * p.sb_k + n * p.sb_n) : 0.0;
         }
         barrier();
         for (int kk = 0; kk < BK; ++kk) {
