@@ -36,7 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     kernels = _kv(args.kernel, "--kernel") or None
     t0 = time.perf_counter()
-    model = inferd.load(args.model, device=args.device, batch=args.batch, kernels=kernels)
+    model = inferd.load(args.model, device=args.device, batch=args.batch, kernels=kernels,
+                        **({"precision": args.precision} if args.precision else {}))
     load_s = time.perf_counter() - t0
     if args.input:
         feeds = {k: np.load(v) for k, v in _kv(args.input, "--input").items()}
@@ -69,7 +70,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     out = compile_model(args.model, args.out, device=args.device, batch=args.batch,
                         kernels=_kv(args.kernel, "--kernel") or None, transformed=not args.raw_only,
-                        loaders=args.loaders, profile=not args.no_profile)
+                        loaders=args.loaders, profile=not args.no_profile, precision=args.precision or "fp32")
     d = read_plan(out / "plan.bin")
     plan = ColdPlan.from_dict(d["plan"])
     prof = d.get("profile") or {}
@@ -88,7 +89,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     import inferd
 
-    model = inferd.load(args.model, device=args.device, batch=args.batch)
+    model = inferd.load(args.model, device=args.device, batch=args.batch,
+                        **({"precision": args.precision} if args.precision else {}))
     model.wait_loaded()
     info = {"name": model.name, "device": model.device,
             "inputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.inputs],
@@ -166,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("model", help="ONNX file or compiled package directory")
         sp.add_argument("--device", default="cpu", choices=["cpu", "vulkan", "auto"])
         sp.add_argument("--batch", type=int, default=1, help="value for a dynamic batch dimension")
+        sp.add_argument("--precision", default=None, choices=["fp32", "fp16", "auto"],
+                        help="weights' precision (default fp32, or a package's own; auto: fp16 on a GPU with 16-bit "
+                        "storage, fp32 on the CPU)")
 
     r = sub.add_parser("run", help="run a model once (or --repeat N times) and print outputs and timings")
     common(r)

@@ -10,7 +10,8 @@ and in the shaders' weight loads), activations, arithmetic and sums in fp32. Sto
   "packed" two halves per uint, ``unpackHalf2x16`` (core GLSL: any device, the fallback);
 texel-buffer kernels (CPU-type devices) read fp16 through RGBA16F views either way. A layer stays fp32
 when listed in ``fp32_layers`` (the per-layer override, like ncnn's layer feature mask) or, with
-``guard``, when its weights do not fit fp16 (magnitude beyond 65504: they would become inf).
+``guard``, when its weights do not fit fp16 (magnitude beyond 65504: they would become inf; all below
+2^-13: subnormal, fewer significant bits than fp16 has).
 """
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from typing import Any, Mapping, Sequence
 PRECISIONS = ("fp32", "fp16", "auto")
 #: largest finite fp16
 FP16_MAX = 65504.0
+#: weights whose largest magnitude is below this are subnormal in fp16 (normal from 2^-14), keeping fewer than
+#: fp16's 11 significant bits even for the largest of them
+FP16_TINY = 2.0 ** -13
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ def plan_precision(requested: str, backend: str, features: Mapping[str, bool], l
             keep.append((lf.name, "override"))
         elif guard and lf.weight_bytes and lf.absmax > FP16_MAX:
             keep.append((lf.name, f"overflow: weights reach {lf.absmax:.3g} > {FP16_MAX:g}"))
+        elif guard and lf.weight_bytes and 0 < lf.absmax < FP16_TINY:
+            keep.append((lf.name, f"underflow: weights below {lf.absmax:.3g}, subnormal in fp16"))
     unknown = forced - {lf.name for lf in layers}
     if unknown and layers:
         raise ValueError(f"fp32_layers names no layer of the model: {sorted(unknown)[:5]}")

@@ -18,6 +18,8 @@ Layout::
         max_shape = { x = [8, 3, 32, 1024] }   # larger requests get INVALID_ARG
         max_variants = 4              # shapes kept besides the first (default: the daemon's `max_variants`)
         fallback = "cpu"              # serve on the CPU while the GPU recovers (default: the daemon's `fallback`)
+        precision = "auto"            # fp32 (default), fp16 or auto (fp16 where the GPU has 16-bit storage)
+        fp32_layers = ["/fc/Gemm"]    # layers kept fp32 in an fp16 model (their sums or weights overflow fp16)
 
 A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
 """
@@ -54,6 +56,8 @@ class ModelConfig:
     max_shape: dict[str, tuple[int, ...]] | None = None
     max_variants: int | None = None
     fallback: str | None = None
+    precision: str | None = None
+    fp32_layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class ModelEntry:
 _TYPES: dict[str, tuple[type, ...]] = {
     "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
     "shapes": (list,), "max_shape": (dict,), "max_variants": (int,), "fallback": (str,),
+    "precision": (str,), "fp32_layers": (list,),
 }
 
 
@@ -100,6 +105,12 @@ def parse_model_config(path: str) -> ModelConfig:
         raise ValueError(f"{path}: 'device' must be auto, vulkan or cpu, got {values['device']!r}")
     if "fallback" in values and values["fallback"] not in ("none", "cpu"):
         raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
+    if "precision" in values and values["precision"] not in ("fp32", "fp16", "auto"):
+        raise ValueError(f"{path}: 'precision' must be fp32, fp16 or auto, got {values['precision']!r}")
+    if "fp32_layers" in values:
+        if not all(isinstance(n, str) for n in values["fp32_layers"]):
+            raise ValueError(f"{path}: 'fp32_layers' must be a list of layer names")
+        values["fp32_layers"] = tuple(values["fp32_layers"])
     if values.get("max_queue", 1) < 1 or values.get("batch", 1) < 1:
         raise ValueError(f"{path}: 'max_queue' and 'batch' must be >= 1")
     if values.get("max_variants", 0) < 0:
