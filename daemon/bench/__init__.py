@@ -12,6 +12,9 @@
     inferd bench recurrent [--models a,b] [--repeat N] [--out DIR]          recurrent zoo vs onnxruntime, VAD chunk
                                                                            through the daemon vs a pyzmq echo
     inferd bench predictor [--device cpu|vulkan] [--predictor FILE] [--out DIR]  latency predictor vs measured
+    inferd bench precision [--device vulkan|cpu] [--models a,b] [--arms fp32,fp16] [--no-ncnn]
+                                                                           fp32 vs fp16 (warm, cold, bytes, error)
+                                                                           vs ncnn's default fp16
 """
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "predictor":
         from .predictor_bench import main as predictor_main
         return predictor_main(argv[1:])
+    if argv and argv[0] == "precision":
+        from .precision_bench import main as precision_main
+        return precision_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])
