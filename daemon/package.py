@@ -109,7 +109,7 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
                   kernels: dict[str, str] | None = None, transformed: bool = True,
                   options: PlanOptions | None = None, loaders: int | None = None,
                   profile: bool | str = True, shapes: dict[str, tuple[int, ...]] | None = None,
-                  precision: str = "fp32") -> Path:
+                  precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = ()) -> Path:
     """Import ``src``, profile it on this device, plan its cold start and write the package to ``out_dir``.
 
     ``profile="auto"``: when this device has a valid trained latency predictor, plan from its predictions
@@ -132,7 +132,7 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
         opt = PlanOptions(**{**opt.to_dict(), "force_source": "raw"})
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})
-    backend = make_backend(graph, device, kernels, precision=precision)
+    backend = make_backend(graph, device, kernels, precision=precision, fp32_layers=tuple(fp32_layers))
     fp = backend_fingerprint(backend, device)
     entries = backend.candidates()
     prof = None
@@ -148,7 +148,7 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     sha = file_sha256(src)
     _write_package(out, template, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device,
                    kernels, costs="profiled" if prof is not None else ("predicted" if pred is not None else "roofline"),
-                   precision=backend_precision(backend, device, precision, graph, prof))
+                   precision=backend_precision(backend, device, precision, graph, prof, tuple(fp32_layers)))
     close = getattr(backend, "close", None)
     if close is not None:
         close()
@@ -169,7 +169,8 @@ def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = Non
     return VulkanColdBackend(graph, kernels=kernels, **options)
 
 
-def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None) -> PrecisionPlan:
+def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None,
+                      fp32_layers: tuple[str, ...] = ()) -> PrecisionPlan:
     """The precision plan a package records: the Vulkan backend's own; on the CPU, fp16 raw weights for the
     layers where reading half the bytes and widening them beats reading fp32 (``cpu_fp16_wins``)."""
     plan = getattr(backend, "precision", None)
@@ -180,7 +181,7 @@ def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, p
     from .planner.precision import cpu_precision
 
     rates = prof.rates if prof is not None else DeviceRates()
-    return cpu_precision(str(precision), graph_facts(graph), rates)
+    return cpu_precision(str(precision), graph_facts(graph), rates, fp32_layers)
 
 
 def graph_facts(graph: Graph) -> list[LayerFacts]:
@@ -550,7 +551,8 @@ def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:
 def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
                    device: str = "cpu", kernels: dict[str, str] | None = None,
                    shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
-                   write: bool = True, precision: str = "fp32") -> Path | None:
+                   write: bool = True, precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = ()
+                   ) -> Path | None:
     """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
     ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt. With
     ``write`` False (the cache cannot be written now), None instead of compiling."""
@@ -558,7 +560,7 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     root = Path(cache_root)
     extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
     if precision != "fp32":  # fp32 keeps the key it always had
-        extra += f"|precision={precision}"
+        extra += f"|precision={precision}|fp32_layers={sorted(fp32_layers)}"
     pkg = root / f"{src.stem}-{package_key(src, batch, device, extra)}"
     if (pkg / "plan.bin").is_file() and not rebuild:
         try:
@@ -572,7 +574,7 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     # a model met for the first time is planned from predictions when this device has a predictor: no
     # profiling on the registration path; the loaded model profiles in idle time (profile_package)
     return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes, profile="auto",
-                         precision=precision)
+                         precision=precision, fp32_layers=tuple(fp32_layers))
 
 
 def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:
@@ -600,6 +602,7 @@ def rebuild_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dic
                                 f"compile it again with 'inferd compile'")
     # a dynamic model is planned again at the shape it was planned at
     shapes = {r[0]: tuple(r[1]) for r in d.get("inputs") or []} if d.get("dims") else None
-    made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
+    made = PrecisionPlan.from_dict(d["precision"]) if d.get("precision") else None
     return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels or d.get("kernels") or None,
-                         shapes=shapes, precision=made)
+                         shapes=shapes, precision=made.requested if made else "fp32",
+                         fp32_layers=tuple(n for n, why in made.fp32_layers if why == "override") if made else ())

@@ -277,3 +277,28 @@ def test_old_plan_version_is_a_cache_miss_with_a_warning(tmp_path: Path, caplog:
         again = cached_package(src, tmp_path)
     assert again == pkg and any("plan format version" in r.getMessage() for r in caplog.records)
     assert struct.unpack_from("<I", (pkg / "plan.bin").read_bytes(), 8)[0] == PLAN_VERSION
+
+
+# ------------------------------------------------------------------------------------------ config, CLI
+
+def test_model_config_precision_keys(tmp_path: Path) -> None:
+    from inferd.server.repository import parse_model_config
+    p = tmp_path / "config.toml"
+    p.write_text('precision = "fp16"\nfp32_layers = ["/fc/Gemm"]\n')
+    cfg = parse_model_config(str(p))
+    assert cfg.precision == "fp16" and cfg.fp32_layers == ("/fc/Gemm",)
+    p.write_text('precision = "half"\n')
+    with pytest.raises(ValueError, match="'precision' must be fp32, fp16 or auto"):
+        parse_model_config(str(p))
+
+
+def test_cli_precision_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from inferd import cli
+    src = zoo_dir(["mlp_small"]) / "mlp_small.onnx"
+    pkg = tmp_path / "p16"
+    assert cli.main(["compile", str(src), "--out", str(pkg), "--precision", "fp16", "--no-profile"]) == 0
+    assert cli.main(["run", str(pkg)]) == 0  # a package runs at its own precision
+    assert cli.main(["run", str(pkg), "--precision", "fp32"]) == 2  # ... and says so when asked for another
+    assert "compiled for precision 'fp16'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["run", str(src), "--precision", "bf16"])

@@ -379,6 +379,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
     # the device's features, or read from a package's plan
     asked = options.get("precision")
     precision = check_precision(str(asked)) if asked is not None else "fp32"
+    fp32_layers = tuple(options.get("fp32_layers") or ())
     in_memory = not isinstance(path, (str, os.PathLike))
     opt = cold or PlanOptions()
     todo = [dict(shapes)] if isinstance(shapes, Mapping) else [dict(s) for s in (shapes or [])]
@@ -409,7 +410,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
                 raise WeightsStoreError(f"the cache {cdir.root} is {cdir.state}: not rebuilding there")
             try:
                 return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                      rebuild=True, precision=precision)
+                                      rebuild=True, precision=precision, fp32_layers=fp32_layers)
             except OSError as e:
                 cdir.report(e, f"rebuilding the package of {src.name}")
                 raise WeightsStoreError(f"rebuilding the package of {src} failed: {e}") from e
@@ -417,7 +418,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
             # a cache that failed lately is not written (each try would compile twice); reading a
             # package already there still works on a read-only one
             pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                 write=cdir.writable(), precision=precision)
+                                 write=cdir.writable(), precision=precision, fp32_layers=fp32_layers)
             if pkg is not None:
                 cache.touch(pkg)
                 return finish(_from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0,
