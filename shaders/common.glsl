@@ -17,6 +17,17 @@
 #if WFP == 1 || AFP == 1 || BFP == 1
 #extension GL_EXT_shader_16bit_storage : require
 #endif
+// HARITH 1 (shaderFloat16): the shared-memory GEMM tiles hold fp16 and each K tile's products are summed in
+// fp16 (f16vec4 FMAs: two per instruction where the GPU packs them), then added to fp32 accumulators.
+#ifndef HARITH
+#define HARITH 0
+#endif
+#if HARITH
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#define TILE_T float16_t
+#else
+#define TILE_T float
+#endif
 #define WBUF(m, b, B, n) WBUF_(m, b, B, n)
 #define WBUF_(m, b, B, n) WBUF_##m(b, B, n)
 #define WBUF_0(b, B, n) layout(std430, binding = b) readonly buffer B { float n[]; }

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, act_of,
-                             act_supported, grid, split_k)
+                             act_supported, grid, harith, split_k)
 from .base import Layer, raw_key, register_kernel, weights_key
 from .conv import Geom2D, io_positions, layer_geom, winograd_matrices
 
@@ -188,6 +188,7 @@ class VkConvGemm(_ConvBase):
             return [Dispatch("conv_gemm_reg", binds, (-(-blocks // 64), 1, g.n * g.group), defs, spec, push)]
         s, kc, total = self._split(layer)
         push.update(S=s, Kc=kc, total=total)
+        defs.update(harith(layer))
         groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group * s)
         if s == 1:
             return [Dispatch("conv_gemm", binds, groups, defs, spec, push)]
@@ -493,7 +494,7 @@ class _VkWinograd(_ConvBase):
         reg = caps.device_type == "cpu"
         d_mm = Dispatch("matmul_reg" if reg else "matmul", (Param("u"), Ws("V"), Ws("M")),
                         (-(-(-(-t // 4) * -(-g.cout // 4)) // 64), 1, a2) if reg else (-(-t // 64), -(-g.cout // 64), a2),
-                        {"BIAS_MODE": 0, "RESIDUAL": 0, "ACT": 0, **self._afp(layer)},
+                        {"BIAS_MODE": 0, "RESIDUAL": 0, "ACT": 0, **self._afp(layer), **({} if reg else harith(layer))},
                         push={"M": g.cout, "N": t, "K": g.cin, "sa_m": g.cin, "sa_k": 1, "sb_k": t, "sb_n": 1,
                               "bd1": 1, "bd2": 1, "sa0": g.cout * g.cin, "sa1": 0, "sa2": 0, "sb0": g.cin * t,
                               "sb1": 0, "sb2": 0, "ldc": t, "c_off": 0, "alpha": 1.0, "act_a": 0.0, "act_b": 0.0,

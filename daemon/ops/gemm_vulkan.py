@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, Ws, act_of,
-                             act_supported, collapse, contiguous_strides, grid, split_k)
+                             act_supported, collapse, contiguous_strides, grid, harith, split_k)
 from .base import Layer, register_kernel, weights_key
 from .gemm import _gemm_c_index, _residual_index
 
@@ -234,6 +234,7 @@ class VkMatMul(VulkanKernel):
                 s, kc = self._split(layer)
                 total = p.nbatch * p.M * p.N
                 push.update(S=s, Kc=kc, total=total)
+                defs = dict(defs, **harith(layer))
                 groups = (-(-nc // 64), -(-p.M // 64), p.nbatch * s)
                 if s == 1:
                     out.append(Dispatch(self.shader, binds, groups, defs, push=push, independent=True))

@@ -5,7 +5,9 @@ masked) and per-layer weight facts in; a frozen :class:`PrecisionPlan` out. The 
 each fp16 layer from the plan (``inferd.vulkan.kernel.WFP_ATTR``); kernels read that, never a flag.
 
 What fp16 means here: weights stored and read in fp16 (half the bytes in the package, in device memory
-and in the shaders' weight loads), activations, arithmetic and sums in fp32. Storage:
+and in the shaders' weight loads); activations stay fp32 in memory; with ``shaderFloat16`` the
+shared-memory GEMM kernels (the GPU's conv_gemm and matmul) hold their tiles in fp16 and sum each
+16-deep K tile in fp16 into fp32 accumulators, other kernels compute in fp32. Storage:
   "fp16"   16-bit storage buffers (``storageBuffer16BitAccess``): ``float16_t`` loads;
   "packed" two halves per uint, ``unpackHalf2x16`` (core GLSL: any device, the fallback);
 texel-buffer kernels (CPU-type devices) read fp16 through RGBA16F views either way. A layer stays fp32
@@ -42,7 +44,8 @@ class PrecisionPlan:
     precision: str
     #: how fp16 weights are stored on the device: "fp32" (none), "fp16" (16-bit storage) or "packed"
     storage: str
-    #: arithmetic and accumulation (always fp32: activations stay fp32)
+    #: arithmetic: "fp32", or "fp16" (``shaderFloat16``: the shared-memory GEMM kernels sum each K tile in
+    #: fp16 into fp32 accumulators; the other kernels compute in fp32)
     arithmetic: str
     reason: str
     #: layers kept fp32 with why ("override" or "overflow <absmax>")
@@ -54,6 +57,9 @@ class PrecisionPlan:
     def mode(self) -> int:
         """common.glsl's WFP mode of an fp16 layer: 1 (16-bit storage) or 2 (packed); 0 for fp32."""
         return {"fp16": 1, "packed": 2}.get(self.storage, 0) if self.precision == "fp16" else 0
+
+    def layer_harith(self, name: str) -> bool:
+        return self.precision == "fp16" and self.arithmetic == "fp16" and name not in dict(self.fp32_layers)
 
     def layer_mode(self, name: str) -> int:
         if not self.mode or name in dict(self.fp32_layers):
@@ -88,8 +94,9 @@ def check_precision(requested: str) -> str:
 
 
 def plan_precision(requested: str, backend: str, features: Mapping[str, bool], layers: Sequence[LayerFacts] = (),
-                   fp32_layers: Sequence[str] = (), guard: bool = True) -> PrecisionPlan:
-    """The precision of a model on ``backend`` ("cpu" or "vulkan") with the device's ``features``."""
+                   fp32_layers: Sequence[str] = (), guard: bool = True, arithmetic: bool = True) -> PrecisionPlan:
+    """The precision of a model on ``backend`` ("cpu" or "vulkan") with the device's ``features``;
+    ``arithmetic`` False keeps fp32 arithmetic even where the device has ``shaderFloat16``."""
     check_precision(requested)
     feats = tuple(sorted((str(k), bool(v)) for k, v in features.items()))
     storage16 = bool(features.get("storageBuffer16BitAccess"))
@@ -110,9 +117,14 @@ def plan_precision(requested: str, backend: str, features: Mapping[str, bool], l
     else:
         storage, reason = "packed", ("fp16 asked; the device has no storageBuffer16BitAccess: weights packed "
                                      "two per uint (unpackHalf2x16)")
+    arith = "fp32"
     if backend == "vulkan":
-        reason += ("; shaderFloat16 present but unused (activations and sums stay fp32)"
-                   if features.get("shaderFloat16") else "; no shaderFloat16: fp32 arithmetic")
+        if features.get("shaderFloat16") and arithmetic:
+            arith = "fp16"
+            reason += "; shaderFloat16: fp16 tile sums in the shared-memory GEMM kernels, fp32 accumulators"
+        else:
+            reason += ("; fp16 arithmetic not asked" if features.get("shaderFloat16")
+                       else "; no shaderFloat16: fp32 arithmetic")
     keep: list[tuple[str, str]] = []
     forced = set(fp32_layers)
     for lf in layers:
@@ -125,7 +137,7 @@ def plan_precision(requested: str, backend: str, features: Mapping[str, bool], l
     unknown = forced - {lf.name for lf in layers}
     if unknown and layers:
         raise ValueError(f"fp32_layers names no layer of the model: {sorted(unknown)[:5]}")
-    return PrecisionPlan(requested, "fp16", storage, "fp32", reason, tuple(keep), feats)
+    return PrecisionPlan(requested, "fp16", storage, arith, reason, tuple(keep), feats)
 
 
 def cpu_fp16_wins(nbytes: int, disk_bw: float, mem_bw: float) -> bool:

@@ -39,7 +39,7 @@ from .arena import place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_descriptors, fold_constants,
                        resolve_binding, select_nodes)
-from .kernel import WFP_ATTR, Caps, Dispatch, VulkanKernel, split_rows
+from .kernel import HFP_ATTR, WFP_ATTR, Caps, Dispatch, VulkanKernel, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
 
 log = logging.getLogger("inferd.vulkan.cold")
@@ -128,11 +128,11 @@ class VulkanColdBackend:
     def __init__(self, graph: Graph, kernels: Mapping[str, str] | None = None, device: Any = None,
                  cache: ShaderCache | str | bool | None = None, profile: bool = False,
                  precision: "str | PrecisionPlan" = "fp32", fp32_layers: Sequence[str] = (),
-                 precision_guard: bool = True) -> None:
+                 precision_guard: bool = True, fp16_arithmetic: bool = True) -> None:
         _import_kernels()
         #: the precision asked (a name, planned at setup from the device's features) or already planned
         #: (a package's stored plan); ``precision`` is the plan in force after setup
-        self._precision_ask = (precision, tuple(fp32_layers), bool(precision_guard))
+        self._precision_ask = (precision, tuple(fp32_layers), bool(precision_guard), bool(fp16_arithmetic))
         self.precision: PrecisionPlan = FP32
         self.device = dev = device or get_device()
         if dev.closed:
@@ -234,8 +234,9 @@ class VulkanColdBackend:
             else:
                 layer = c.layer
                 mode = self.precision.layer_mode(layer.name) if layer.const_inputs else 0
-                if mode:  # the kernels read the layer's weight representation from it
-                    layer = replace(layer, node=replace(layer.node, attrs={**layer.node.attrs, WFP_ATTR: mode}))
+                if mode:  # the kernels read the layer's weight representation (and arithmetic) from it
+                    extra = {WFP_ATTR: mode, **({HFP_ATTR: 1} if self.precision.layer_harith(layer.name) else {})}
+                    layer = replace(layer, node=replace(layer.node, attrs={**layer.node.attrs, **extra}))
                 self._slots.append(_Slot(pos, node, "kernel", layer, c.kernels, c.default,
                                          self.plan.offsets.get(workspace_name(c.layer.name))))
         self._prepared = [None] * len(self._slots)
@@ -249,7 +250,7 @@ class VulkanColdBackend:
     def _plan_precision(self, listed: Sequence[Any]) -> PrecisionPlan:
         """The precision plan in force: the one given, or planned from the device's features and the
         layers' weights (their magnitude decides which fp16 cannot hold)."""
-        ask, fp32_layers, guard = self._precision_ask
+        ask, fp32_layers, guard, arith = self._precision_ask
         if isinstance(ask, PrecisionPlan):
             plan = ask
         else:
@@ -263,7 +264,7 @@ class VulkanColdBackend:
                     nbytes = sum(a.nbytes for a in arrs)
                     absmax = max((float(np.max(np.abs(a))) for a in arrs), default=0.0)
                     facts.append(LayerFacts(c.layer.name, nbytes, absmax))
-            plan = plan_precision(str(ask), "vulkan", self.device.features, facts, fp32_layers, guard)
+            plan = plan_precision(str(ask), "vulkan", self.device.features, facts, fp32_layers, guard, arith)
         if plan.precision != "fp32" or plan.requested != "fp32":
             log.info("%s on %s: %s", self.graph.name, self.device.name, plan.summary())
         return plan

@@ -103,8 +103,18 @@ class Caps:
 WFP_ATTR = "_wfp"
 
 
+#: Node attribute set (1) on a layer whose plan allows fp16 arithmetic (``shaderFloat16``): the shared-memory
+#: GEMM shaders (conv_gemm, matmul) then build with HARITH (fp16 tiles, fp16 sums per K tile into fp32).
+HFP_ATTR = "_hfp"
+
+
 def layer_wfp(layer: Layer) -> int:
     return int(layer.attr(WFP_ATTR, 0) or 0)
+
+
+def harith(layer: Layer) -> dict[str, int]:
+    """The HARITH define of a shared-memory GEMM dispatch for this layer ({} for fp32 arithmetic)."""
+    return {"HARITH": 1} if layer.attr(HFP_ATTR, 0) else {}
 
 
 class VulkanKernel(Kernel):
