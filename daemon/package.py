@@ -109,7 +109,8 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
                   kernels: dict[str, str] | None = None, transformed: bool = True,
                   options: PlanOptions | None = None, loaders: int | None = None,
                   profile: bool | str = True, shapes: dict[str, tuple[int, ...]] | None = None,
-                  precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = ()) -> Path:
+                  precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
+                  fp16_arithmetic: bool = True) -> Path:
     """Import ``src``, profile it on this device, plan its cold start and write the package to ``out_dir``.
 
     ``profile="auto"``: when this device has a valid trained latency predictor, plan from its predictions
@@ -132,7 +133,8 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
         opt = PlanOptions(**{**opt.to_dict(), "force_source": "raw"})
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})
-    backend = make_backend(graph, device, kernels, precision=precision, fp32_layers=tuple(fp32_layers))
+    backend = make_backend(graph, device, kernels, precision=precision, fp32_layers=tuple(fp32_layers),
+                           fp16_arithmetic=fp16_arithmetic)
     fp = backend_fingerprint(backend, device)
     entries = backend.candidates()
     prof = None
@@ -551,8 +553,8 @@ def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:
 def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
                    device: str = "cpu", kernels: dict[str, str] | None = None,
                    shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
-                   write: bool = True, precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = ()
-                   ) -> Path | None:
+                   write: bool = True, precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
+                   fp16_arithmetic: bool = True) -> Path | None:
     """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
     ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt. With
     ``write`` False (the cache cannot be written now), None instead of compiling."""
@@ -560,7 +562,7 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     root = Path(cache_root)
     extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
     if precision != "fp32":  # fp32 keeps the key it always had
-        extra += f"|precision={precision}|fp32_layers={sorted(fp32_layers)}"
+        extra += f"|precision={precision}|fp32_layers={sorted(fp32_layers)}" + ("" if fp16_arithmetic else "|fp32-arith")
     pkg = root / f"{src.stem}-{package_key(src, batch, device, extra)}"
     if (pkg / "plan.bin").is_file() and not rebuild:
         try:
@@ -574,7 +576,7 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     # a model met for the first time is planned from predictions when this device has a predictor: no
     # profiling on the registration path; the loaded model profiles in idle time (profile_package)
     return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes, profile="auto",
-                         precision=precision, fp32_layers=tuple(fp32_layers))
+                         precision=precision, fp32_layers=tuple(fp32_layers), fp16_arithmetic=fp16_arithmetic)
 
 
 def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:
@@ -605,4 +607,6 @@ def rebuild_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dic
     made = PrecisionPlan.from_dict(d["precision"]) if d.get("precision") else None
     return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels or d.get("kernels") or None,
                          shapes=shapes, precision=made.requested if made else "fp32",
-                         fp32_layers=tuple(n for n, why in made.fp32_layers if why == "override") if made else ())
+                         fp32_layers=tuple(n for n, why in made.fp32_layers if why == "override") if made else (),
+                         fp16_arithmetic=made is None or made.precision != "fp16" or made.arithmetic == "fp16"
+                         or not made.features_dict.get("shaderFloat16", False))

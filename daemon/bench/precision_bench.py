@@ -39,22 +39,26 @@ class Arm:
     name: str
     precision: str
     model_for: Callable[[Path, Path], Path] | None = None
+    #: more ``inferd.load`` options (JSON-able)
+    options: tuple[tuple[str, Any], ...] = ()
 
 
-ARMS: dict[str, Arm] = {"fp32": Arm("fp32", "fp32"), "fp16": Arm("fp16", "fp16")}
+#: fp16: fp16 weights, and fp16 tile sums where the device has shaderFloat16; fp16w: fp16 weights, fp32 arithmetic
+ARMS: dict[str, Arm] = {"fp32": Arm("fp32", "fp32"), "fp16": Arm("fp16", "fp16"),
+                        "fp16w": Arm("fp16w", "fp16", options=(("fp16_arithmetic", False),))}
 
 _INFERD_CHILD = r'''
 import json, os, sys, time, numpy as np
 from pathlib import Path
 import inferd
 from inferd.vulkan.device import get_device
-src, device, prec, pkgroot, nwarm, ref, outp = sys.argv[1:8]
+src, device, prec, pkgroot, nwarm, ref, outp, opts = sys.argv[1:9]
 nwarm = int(nwarm)
 if device == "vulkan":
     get_device()  # the device exists before the clock starts (the daemon's case)
 x = np.load(ref)["x"]
 t = time.perf_counter()
-m = inferd.load(src, device=device, cache_dir=pkgroot, precision=prec)
+m = inferd.load(src, device=device, cache_dir=pkgroot, precision=prec, **json.loads(opts))
 y = m.run({m.inputs[0].name: x})
 cold = time.perf_counter() - t
 res = {"cold_ms": cold * 1e3}
@@ -175,12 +179,14 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
         pkgroot = folder / "packages"
         outp = folder / "out.npy"
         # 1. compile the package, fill every shader cache, measure warm
-        first = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref), str(outp)],
-                       env)
+        opts = json.dumps(dict(arm.options))
+        first = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref), str(outp),
+                                       opts], env)
         # 2. cold from the package, its files evicted
         _evict(pkgroot)
         drop_page_cache(src)
-        cold = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp)], env)
+        cold = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
+                      env)
         r = {k: v for k, v in first.items() if k != "cold_ms"}
         r["compile_ms"] = first.get("cold_ms")
         r["cold_ms"] = cold.get("cold_ms")
@@ -257,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inferd bench precision", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="vulkan", choices=["vulkan", "cpu"])
     p.add_argument("--models", default="squeezenet1_1,mobilenetv2,resnet18")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"precision arms among {list(ARMS)}")
+    p.add_argument("--arms", default="fp32,fp16", help=f"precision arms among {list(ARMS)}")
     p.add_argument("--warm", type=int, default=20)
     p.add_argument("--no-ncnn", action="store_true")
     p.add_argument("--out", default="bench/results")

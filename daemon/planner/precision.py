@@ -58,6 +58,10 @@ class PrecisionPlan:
         """common.glsl's WFP mode of an fp16 layer: 1 (16-bit storage) or 2 (packed); 0 for fp32."""
         return {"fp16": 1, "packed": 2}.get(self.storage, 0) if self.precision == "fp16" else 0
 
+    @property
+    def features_dict(self) -> dict[str, bool]:
+        return dict(self.features)
+
     def layer_harith(self, name: str) -> bool:
         return self.precision == "fp16" and self.arithmetic == "fp16" and name not in dict(self.fp32_layers)
 

@@ -380,6 +380,7 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
     asked = options.get("precision")
     precision = check_precision(str(asked)) if asked is not None else "fp32"
     fp32_layers = tuple(options.get("fp32_layers") or ())
+    fp16_arith = bool(options.get("fp16_arithmetic", True))
     in_memory = not isinstance(path, (str, os.PathLike))
     opt = cold or PlanOptions()
     todo = [dict(shapes)] if isinstance(shapes, Mapping) else [dict(s) for s in (shapes or [])]
@@ -410,7 +411,8 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
                 raise WeightsStoreError(f"the cache {cdir.root} is {cdir.state}: not rebuilding there")
             try:
                 return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                      rebuild=True, precision=precision, fp32_layers=fp32_layers)
+                                      rebuild=True, precision=precision, fp32_layers=fp32_layers,
+                                      fp16_arithmetic=fp16_arith)
             except OSError as e:
                 cdir.report(e, f"rebuilding the package of {src.name}")
                 raise WeightsStoreError(f"rebuilding the package of {src} failed: {e}") from e
@@ -418,7 +420,8 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
             # a cache that failed lately is not written (each try would compile twice); reading a
             # package already there still works on a read-only one
             pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                 write=cdir.writable(), precision=precision, fp32_layers=fp32_layers)
+                                 write=cdir.writable(), precision=precision, fp32_layers=fp32_layers,
+                                 fp16_arithmetic=fp16_arith)
             if pkg is not None:
                 cache.touch(pkg)
                 return finish(_from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0,
@@ -468,7 +471,7 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     stored_precision = PrecisionPlan.from_dict(op.meta["precision"]) if op.meta.get("precision") else None
     if stored_precision is not None and dev != "cpu":
         # the package's plan is authoritative: its precision too (no weights read to re-decide it)
-        options = {k: v for k, v in options.items() if k not in ("fp32_layers", "precision_guard")}
+        options = {k: v for k, v in options.items() if k not in ("fp32_layers", "precision_guard", "fp16_arithmetic")}
         options["precision"] = stored_precision
     plan = op.plan
     planning = ("select", "cache", "pipeline", "executor_prepares", "force_source")
