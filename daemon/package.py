@@ -197,19 +197,25 @@ def graph_facts(graph: Graph) -> list[LayerFacts]:
     return out
 
 
-def fp16_constants(graph: Graph, plan: PrecisionPlan) -> set[str]:
+#: ops whose Vulkan kernels read fp16 weights (others keep fp32 ones on an fp16 layer)
+VULKAN_HALF_OPS = ("Conv", "Gemm", "MatMul")
+
+
+def fp16_constants(graph: Graph, plan: PrecisionPlan, device: str = "cpu") -> set[str]:
     """The raw float32 constants an fp16 package stores in fp16 (widened when read): those read only by fp16
-    layers (a Vulkan fp16 layer's transform rounds them to fp16 anyway)."""
+    layers (on Vulkan only by ops whose kernels read fp16 weights: their transform rounds them anyway)."""
     if plan.precision != "fp16" or graph is None:
         return set()
     keep = {n for n, _ in plan.fp32_layers}
     users: dict[str, set[str]] = {}
+    ops: dict[str, set[str]] = {}
     for n in graph.nodes:
         for i in n.inputs:
             if i and i in graph.constants:
                 users.setdefault(i, set()).add(n.name)
+                ops.setdefault(i, set()).add(n.op)
     return {c for c, us in users.items() if not us & keep and np.dtype(graph.infos[c].dtype) == np.float32
-}
+            and (device == "cpu" or ops[c] <= set(VULKAN_HALF_OPS))}
 
 
 def backend_fingerprint(backend: Any, device: str) -> dict[str, str]:
@@ -270,7 +276,7 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
     written: set[str] = set()
     by_name = {layer.name: (layer, ks) for layer, ks, _d in entries}
     # fp16: the raw constants of fp16 layers stored in fp16 (widened to fp32 when read: LazyConstants)
-    half = fp16_constants(graph, precision)
+    half = fp16_constants(graph, precision, device)
 
     def transformed_params(layer: Layer, kname: str) -> dict[str, np.ndarray]:
         k = next((k for k in by_name[layer.name][1] if k.name == kname), None) or choose_kernel(layer, device, kname)

@@ -328,3 +328,10 @@ def test_cli_precision_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> No
     assert "compiled for precision 'fp16'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["run", str(src), "--precision", "bf16"])
+
+
+def test_a_stored_plan_follows_the_device_it_runs_on() -> None:
+    p = plan_precision("fp16", "vulkan", S16)
+    q = p.on({"storageBuffer16BitAccess": False, "shaderFloat16": False})
+    assert (q.storage, q.mode, q.arithmetic) == ("packed", 2, "fp32") and "unpackHalf2x16" in q.reason
+    assert p.on(S16) is p

@@ -17,7 +17,7 @@ when listed in ``fp32_layers`` (the per-layer override, like ncnn's layer featur
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 PRECISIONS = ("fp32", "fp16", "auto")
@@ -69,6 +69,21 @@ class PrecisionPlan:
         if not self.mode or name in dict(self.fp32_layers):
             return 0
         return self.mode
+
+    def on(self, features: Mapping[str, bool]) -> "PrecisionPlan":
+        """This plan (a package's, made elsewhere or before a feature was masked) on a device with ``features``:
+        16-bit storage falls back to packed fp16 (the same fp16 bytes), fp16 arithmetic to fp32."""
+        storage, arith, why = self.storage, self.arithmetic, []
+        if storage == "fp16" and not features.get("storageBuffer16BitAccess"):
+            storage = "packed"
+            why.append("no storageBuffer16BitAccess here: weights packed two per uint (unpackHalf2x16)")
+        if arith == "fp16" and not features.get("shaderFloat16"):
+            arith = "fp32"
+            why.append("no shaderFloat16 here: fp32 arithmetic")
+        if not why:
+            return self
+        return replace(self, storage=storage, arithmetic=arith, reason=self.reason + "; " + "; ".join(why),
+                       features=tuple(sorted((str(k), bool(v)) for k, v in features.items())))
 
     def summary(self) -> str:
         kept = ", ".join(f"{n} ({why})" for n, why in self.fp32_layers[:5])

@@ -252,7 +252,7 @@ class VulkanColdBackend:
         layers' weights (their magnitude decides which fp16 cannot hold)."""
         ask, fp32_layers, guard, arith = self._precision_ask
         if isinstance(ask, PrecisionPlan):
-            plan = ask
+            plan = ask.on(self.device.features) if ask.precision == "fp16" else ask
         else:
             facts = []
             if ask != "fp32":
