@@ -37,7 +37,7 @@ from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
 from .planner.plan import ColdPlan, PlanOptions
-from .planner.precision import FP32, LayerFacts, PrecisionPlan
+from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
 from .store import StoreWriter, WeightsStore, file_sha256
 
 log = logging.getLogger(__name__)
@@ -195,10 +195,6 @@ def graph_facts(graph: Graph) -> list[LayerFacts]:
         if arrs:
             out.append(LayerFacts(n.name, sum(a.nbytes for a in arrs), max(float(np.max(np.abs(a))) for a in arrs)))
     return out
-
-
-#: ops whose Vulkan kernels read fp16 weights (others keep fp32 ones on an fp16 layer)
-VULKAN_HALF_OPS = ("Conv", "Gemm", "MatMul")
 
 
 def fp16_constants(graph: Graph, plan: PrecisionPlan, device: str = "cpu") -> set[str]:

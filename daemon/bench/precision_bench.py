@@ -157,7 +157,10 @@ def _err(a_path: Path, b_path: Path) -> float | None:
 
 
 def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[Arm], nwarm: int,
-                with_ncnn: bool) -> dict[str, Any]:
+                with_ncnn: bool, rounds: int = 3) -> dict[str, Any]:
+    """Per arm: one process compiles the package (filling every cache); then ``rounds`` rounds, each running
+    every arm once in a fresh process (package evicted: cold, then warm), so that a shared machine's slow
+    phases fall on every arm alike; medians over the rounds, with their range."""
     import numpy as np
     import onnxruntime as ort
 
@@ -171,6 +174,7 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
     ref = work / f"{name}_ref.npz"
     np.savez(ref, x=x, y=y)
     res: dict[str, Any] = {}
+    setup: dict[str, tuple[Path, dict[str, str], Path, Path, str]] = {}
     for arm in arms:
         src = arm.model_for(onnx_path, work) if arm.model_for is not None else onnx_path
         folder = work / f"{name}_{arm.name}"
@@ -178,22 +182,34 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
         env = _env(folder)
         pkgroot = folder / "packages"
         outp = folder / "out.npy"
-        # 1. compile the package, fill every shader cache, measure warm
         opts = json.dumps(dict(arm.options))
-        first = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref), str(outp),
-                                       opts], env)
-        # 2. cold from the package, its files evicted
-        _evict(pkgroot)
-        drop_page_cache(src)
-        cold = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
-                      env)
+        # compile the package and fill every shader cache (its own load is the first-registration case)
+        first = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
+                       env)
         r = {k: v for k, v in first.items() if k != "cold_ms"}
-        r["compile_ms"] = first.get("cold_ms")
-        r["cold_ms"] = cold.get("cold_ms")
-        if "error" in cold:
-            r["cold_error"] = cold["error"]
-        r["out"] = str(outp)
+        r.update(compile_ms=first.get("cold_ms"), out=str(outp), cold_runs=[], warm_runs=[])
         res[arm.name] = r
+        setup[arm.name] = (src, env, pkgroot, outp, opts)
+    for _ in range(max(1, rounds)):
+        for arm in arms:
+            src, env, pkgroot, outp, opts = setup[arm.name]
+            _evict(pkgroot)
+            drop_page_cache(src)
+            one = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref),
+                                         str(outp), opts], env)
+            r = res[arm.name]
+            if "error" in one:
+                r["error"] = one["error"]
+                continue
+            r["cold_runs"].append(one["cold_ms"])
+            r["warm_runs"].append(one.get("warm_ms"))
+            # after the warm switch: the weights the model keeps
+            r.update(resident_weights_bytes=one.get("resident_weights_bytes"), resident_bytes=one.get("resident_bytes"))
+    for r in res.values():
+        for k in ("cold", "warm"):
+            xs = [x for x in r[f"{k}_runs"] if isinstance(x, (int, float))]
+            r[f"{k}_ms"] = float(np.median(xs)) if xs else None
+            r[f"{k}_range_ms"] = [min(xs), max(xs)] if xs else None
     base = res.get("fp32", {}).get("out")
     for a in res.values():
         a["err_fp32"] = _err(Path(a["out"]), Path(base)) if base and "out" in a else None
@@ -215,12 +231,20 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
                 raise RuntimeError(f"pnnx failed on {onnx_path.name}: {cp.stderr[-2000:]}")
             env = _env(work / f"{name}_ncnn_cache")
             outp = nw / "out.npy"
-            first = _child(_NCNN_CHILD, [str(param), str(binf), str(nwarm), str(ref), str(outp)], env)
-            drop_page_cache(param)
-            drop_page_cache(binf)
-            cold = _child(_NCNN_CHILD, [str(param), str(binf), "0", str(ref), str(outp)], env)
+            first = _child(_NCNN_CHILD, [str(param), str(binf), "0", str(ref), str(outp)], env)  # fills the driver cache
             r = {k: v for k, v in first.items() if k != "cold_ms"}
-            r["cold_ms"] = cold.get("cold_ms")
+            colds, warms = [], []
+            for _ in range(max(1, rounds)):
+                drop_page_cache(param)
+                drop_page_cache(binf)
+                one = _child(_NCNN_CHILD, [str(param), str(binf), str(nwarm), str(ref), str(outp)], env)
+                if "error" in one:
+                    r["error"] = one["error"]
+                    continue
+                colds.append(one["cold_ms"])
+                warms.append(one["warm_ms"])
+            r.update(cold_runs=colds, warm_runs=warms, cold_ms=float(np.median(colds)) if colds else None,
+                     warm_ms=float(np.median(warms)) if warms else None)
             r["stored_bytes"] = binf.stat().st_size
             r["err_fp32"] = _err(outp, Path(base)) if base else None
             res["ncnn_fp16"] = r
@@ -265,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="squeezenet1_1,mobilenetv2,resnet18")
     p.add_argument("--arms", default="fp32,fp16", help=f"precision arms among {list(ARMS)}")
     p.add_argument("--warm", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3, help="cold+warm processes per arm, interleaved over the arms")
     p.add_argument("--no-ncnn", action="store_true")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--tag", default="")
@@ -281,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     machine_before = machine_info()
     results = {}
     for n in names:
-        results[n] = r = bench_model(n, Path(paths[n]), work, args.device, arms, args.warm, not args.no_ncnn)
+        results[n] = r = bench_model(n, Path(paths[n]), work, args.device, arms, args.warm, not args.no_ncnn,
+                                     args.rounds)
         print(n, json.dumps({k: ({kk: vv for kk, vv in v.items() if kk not in ("features", "error")}
                                  if isinstance(v, dict) else v) for k, v in r.items()}), flush=True)
     dev = next((v.get("device") for r in results.values() for v in r.values() if isinstance(v, dict) and v.get("device")),
@@ -301,12 +327,14 @@ def main(argv: list[str] | None = None) -> int:
              f"{machine_before.get('loadavg')}, after {m.get('loadavg')}; ncnn {data['ncnn']} with its default fp16 "
              f"options; device features {feats}.", "",
              "inferd fp16 = weights stored and read in fp16 (16-bit storage buffers, or RGBA16F texel views on a "
-             "CPU-type device), activations and sums fp32. Warm = median of "
-             f"{args.warm} runs after the warm switch. Cold = `inferd.load` of the compiled package + first "
-             "inference, package files evicted from the page cache, shader caches filled (the compiling process ran "
-             "first), device created before the clock. ncnn cold likewise (load_param/load_model + first inference, "
-             "files evicted, driver cache filled). Stored = weights.store (ncnn: the .bin); resident = device "
-             "weight allocations. Errors: max |d| / max |ref| of the first output.", ""]
+             "CPU-type device), activations fp32, fp16 tile sums in the shared-memory GEMM kernels where the device "
+             "has shaderFloat16 (fp16w: fp32 arithmetic). Per arm, a first process compiles the package and fills "
+             f"the shader caches; then {args.rounds} rounds each run every arm once in a fresh process: cold = "
+             "`inferd.load` of the package + first inference (package evicted from the page cache, device created "
+             f"before the clock), then warm = median of {args.warm} runs after the warm switch; the table gives the "
+             "medians over the rounds (ranges in the JSON). ncnn likewise (load_param/load_model + first inference, "
+             "files evicted, driver cache filled by a first process). Stored = weights.store (ncnn: the .bin); "
+             "resident = device weight allocations. Errors: max |d| / max |ref| of the first output.", ""]
     lines += _table(results, arms)
     stem = "precision_" + (args.tag or f"{args.device}_" + str(dev).lower().split(" (")[0].replace(" ", "_")[:30])
     jp, mp = write_results(args.out, stem, data, "\n".join(lines) + "\n")

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 PRECISIONS = ("fp32", "fp16", "auto")
+#: ops whose Vulkan kernels can read fp16 weights: the layers an fp16 plan marks (others keep fp32 weights)
+VULKAN_HALF_OPS = ("Conv", "Gemm", "MatMul")
 #: largest finite fp16
 FP16_MAX = 65504.0
 #: weights whose largest magnitude is below this are subnormal in fp16 (normal from 2^-14), keeping fewer than

@@ -34,7 +34,7 @@ from ..ops.base import Kernel, Layer, choose_kernel, raw_key
 from ..planner.cost import DeviceRates, Profile
 from ..planner.memory import align_up
 from ..planner.plan import LayerPlan
-from ..planner.precision import FP32, LayerFacts, PrecisionPlan, plan_precision
+from ..planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan, plan_precision
 from .arena import place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_descriptors, fold_constants,
@@ -233,7 +233,8 @@ class VulkanColdBackend:
                 self._slots.append(_Slot(pos, node, "alias", replace(c.layer, const_inputs=()), (), ALIAS, None))
             else:
                 layer = c.layer
-                mode = self.precision.layer_mode(layer.name) if layer.const_inputs else 0
+                half_op = bool(layer.const_inputs) and layer.op in VULKAN_HALF_OPS
+                mode = self.precision.layer_mode(layer.name) if half_op else 0
                 if mode:  # the kernels read the layer's weight representation (and arithmetic) from it
                     extra = {WFP_ATTR: mode, **({HFP_ATTR: 1} if self.precision.layer_harith(layer.name) else {})}
                     layer = replace(layer, node=replace(layer.node, attrs={**layer.node.attrs, **extra}))

@@ -15,11 +15,12 @@ print(d.name, d.features)
 print(plan_precision("auto", "vulkan", d.features).summary())
 PY
 cat "$OUT/features.txt" | tail -2
-# arms: fp32, fp16 (fp16 weights + fp16 tile sums: shaderFloat16), fp16w (fp16 weights, fp32 arithmetic)
+# arms: fp32, fp16 (fp16 weights + fp16 tile sums: shaderFloat16), fp16w (fp16 weights, fp32 arithmetic; resnet50
+# only, for time)
 # resnet50: ~1 min; vgg16 (550 MB of weights, pnnx conversion included): ~2 min
-timeout 90 python3 -m inferd.cli bench precision --device vulkan --models resnet50 --arms fp32,fp16,fp16w --warm 30 \
+timeout 95 python3 -m inferd.cli bench precision --device vulkan --models resnet50 --arms fp32,fp16,fp16w --warm 30 --rounds 2 \
     --out "$OUT" --tag h100_resnet50 --work "$W/r50" 2>&1 | tail -4
-timeout 140 python3 -m inferd.cli bench precision --device vulkan --models vgg16 --arms fp32,fp16,fp16w --warm 20 \
+timeout 135 python3 -m inferd.cli bench precision --device vulkan --models vgg16 --arms fp32,fp16 --warm 20 --rounds 2 \
     --out "$OUT" --tag h100_vgg16 --work "$W/vgg" 2>&1 | tail -4
 cat "$OUT"/*precision_h100_*.md 2>/dev/null | grep "^|"
 rm -rf "$W"
