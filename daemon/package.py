@@ -127,10 +127,6 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     template = import_template(src, batch=batch, shapes=shapes)
     graph = specialize(template)  # the plan's shape: a dynamic model's other shapes share its weights
     opt = options or PlanOptions()
-    if device == "cpu" and precision == "fp16":
-        # the CPU's fp16 is a storage format: layers read their fp16 raw weights and transform at load
-        # (a transformed copy would be fp32, and twice the bytes)
-        opt = PlanOptions(**{**opt.to_dict(), "force_source": "raw"})
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})
     backend = make_backend(graph, device, kernels, precision=precision, fp32_layers=tuple(fp32_layers),
@@ -290,8 +286,12 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         def put_transformed(layer: Layer, kname: str) -> None:
             tk = transformed_key(device, kname)
             params = transformed_params(layer, kname)
+            # the CPU computes in fp32: an fp16 layer's transformed weights are stored fp16, widened when read
+            narrow = device == "cpu" and bool(precision.layer_mode(layer.name))
             for key, arr in params.items():
                 if isinstance(arr, np.ndarray):
+                    if narrow and arr.dtype == np.float32:
+                        arr = arr.astype(np.float16)
                     w.add(layer.name, key, arr, kernel=tk, variant="transformed")
 
         # 1. what the cold run reads, in the order it needs it

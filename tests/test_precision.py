@@ -252,10 +252,6 @@ def test_masked_16bit_storage_falls_back_to_packed(monkeypatch: pytest.MonkeyPat
 
 # ------------------------------------------------------------------------------------------ packages
 
-def _pkg_bytes(p: Path) -> int:
-    return (p / "weights.store").stat().st_size
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("vulkan", marks=[vulkan, pytest.mark.vulkan])])
 def test_fp16_package_holds_fp16_weights(tmp_path: Path, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import inferd
@@ -266,7 +262,7 @@ def test_fp16_package_holds_fp16_weights(tmp_path: Path, device: str, monkeypatc
     from inferd.errors import PackageOptionsError
     from inferd.package import read_plan
     src = zoo_dir(["squeezenet1_1"]) / "squeezenet1_1.onnx"
-    outs, sizes, pkgs = {}, {}, {}
+    outs, pkgs = {}, {}
     feeds = None
     for prec in ("fp32", "fp16"):
         m = inferd.load(src, device=device, cache_dir=tmp_path, precision=prec)
@@ -278,9 +274,16 @@ def test_fp16_package_holds_fp16_weights(tmp_path: Path, device: str, monkeypatc
         pkgs[prec] = m.package
         assert m.package is not None and m.precision is not None and m.precision.requested == prec
         m.close()
-        sizes[prec] = _pkg_bytes(pkgs[prec])
     assert pkgs["fp16"] != pkgs["fp32"]
-    assert sizes["fp16"] <= 0.65 * sizes["fp32"], sizes
+    # which transformed copies a package holds follows its (profiled) plan, so compare what the bytes are:
+    # the fp16 store's weights are fp16 (biases and Winograd matrices stay fp32), the fp32 store's fp32
+    from inferd.store import WeightsStore, entries_of
+    for prec, want in (("fp16", np.float16), ("fp32", np.float32)):
+        with WeightsStore(pkgs[prec] / "weights.store") as st:
+            by = {}
+            for e in entries_of(st):
+                by[np.dtype(e.dtype)] = by.get(np.dtype(e.dtype), 0) + e.size
+        assert by.get(np.dtype(want), 0) >= 0.9 * sum(by.values()), (prec, by)
     d = read_plan(pkgs["fp16"] / "plan.bin")
     assert d["precision"]["precision"] == "fp16" and d["fp16_raw"]
     for k in outs["fp32"]:

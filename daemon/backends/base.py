@@ -197,7 +197,10 @@ class WeightSource:
         if not ents:
             raise WeightsStoreError(f"{self.store.path}: no transformed weights of layer {layer.name!r} for kernel "
                                     f"{self.backend}/{kernel}")
-        return {e.tensor: self._entry(e) for e in ents}
+        out = {e.tensor: self._entry(e) for e in ents}
+        if self.backend == "cpu":  # CPU kernels compute in fp32: fp16 entries are an fp16 package's narrowed weights
+            out = {k: (a.astype(np.float32) if a.dtype == np.float16 else a) for k, a in out.items()}
+        return out
 
     def read(self, layer: Layer, lp: "LayerPlan") -> tuple[dict[str, np.ndarray], float]:
         """The arrays ``lp`` says to read, and the seconds the read took."""
