@@ -338,3 +338,20 @@ def test_a_stored_plan_follows_the_device_it_runs_on() -> None:
     q = p.on({"storageBuffer16BitAccess": False, "shaderFloat16": False})
     assert (q.storage, q.mode, q.arithmetic) == ("packed", 2, "fp32") and "unpackHalf2x16" in q.reason
     assert p.on(S16) is p
+
+
+@vulkan
+@pytest.mark.vulkan
+def test_fp16_paths_pass_the_validation_layers(tmp_path: Path) -> None:
+    """16-bit storage buffers, RGBA16F texel views and fp16 shared-memory tiles on a device created with the
+    features enabled: no validation error (the layers are skipped where not installed)."""
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    dev = VulkanDevice(VulkanConfig(debug=True, cache_dir=str(tmp_path)))
+    try:
+        g = _conv_graph()
+        for kernels in (None, {"Conv": "vk_gemm", "Gemm": "vk_matmul"}):
+            ref, got, _, _ = _run_both(g, dev, kernels)
+            assert 0 < _rel(got["y"], ref["y"]) <= TOL
+        assert not dev.validation_errors, dev.validation_errors[:3]
+    finally:
+        dev.close()
