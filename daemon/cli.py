@@ -100,6 +100,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         info["dims"] = {k: list(v) for k, v in model.dims.items()}
     if model.plan is not None:
         info["plan"] = model.plan.to_dict()
+    if model.precision is not None:
+        info["precision"] = model.precision.to_dict()
     from .ops.control import CONTROL_OPS, describe
 
     if any(n.op in CONTROL_OPS for n in model.graph.nodes):
@@ -121,6 +123,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"dynamic dimensions {info['dims']}: planned at the shapes above, other shapes when they come")
         if "native" in info:
             print(f"native: {info['native']}")
+        if model.precision is not None:
+            print(model.precision.summary())
         for line in info.get("control_flow", []):
             print(f"control flow: {line}")
         print(model.plan.summary())
