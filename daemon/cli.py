@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     kernels = _kv(args.kernel, "--kernel") or None
     t0 = time.perf_counter()
-    extra = {"split": _splits(args.split)} if args.device == "cpu+vulkan" and args.split else {}
+    extra: dict[str, Any] = {"split": _splits(args.split)} if args.device == "cpu+vulkan" and args.split else {}
+    if args.precision:
+        extra["precision"] = args.precision
     model = inferd.load(args.model, device=args.device, batch=args.batch, kernels=kernels, **extra)
     load_s = time.perf_counter() - t0
     if args.input:
@@ -70,7 +73,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     out = compile_model(args.model, args.out, device=args.device, batch=args.batch,
                         kernels=_kv(args.kernel, "--kernel") or None, transformed=not args.raw_only,
-                        loaders=args.loaders, profile=not args.no_profile)
+                        loaders=args.loaders, profile=not args.no_profile, precision=args.precision or "fp32")
     d = read_plan(out / "plan.bin")
     plan = ColdPlan.from_dict(d["plan"])
     prof = d.get("profile") or {}
@@ -105,7 +108,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         return 0
     import inferd
 
-    model = inferd.load(args.model, device=args.device, batch=args.batch)
+    model = inferd.load(args.model, device=args.device, batch=args.batch,
+                        **({"precision": args.precision} if args.precision else {}))
     model.wait_loaded()
     info = {"name": model.name, "device": model.device,
             "inputs": [[t.name, list(t.shape), np.dtype(t.dtype).name] for t in model.inputs],
@@ -115,6 +119,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         info["dims"] = {k: list(v) for k, v in model.dims.items()}
     if model.plan is not None:
         info["plan"] = model.plan.to_dict()
+    if model.precision is not None:
+        info["precision"] = model.precision.to_dict()
     from .ops.control import CONTROL_OPS, describe
 
     if any(n.op in CONTROL_OPS for n in model.graph.nodes):
@@ -141,6 +147,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"dynamic dimensions {info['dims']}: planned at the shapes above, other shapes when they come")
         if "native" in info:
             print(f"native: {info['native']}")
+        if model.precision is not None:
+            print(model.precision.summary())
         for line in info.get("control_flow", []):
             print(f"control flow: {line}")
         if info.get("placement", {}).get("cpu"):
@@ -192,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--batch", type=int, default=1, help="value for a dynamic batch dimension")
         sp.add_argument("--split", action="append", metavar="OP_OR_NODE=FRACTION",
                         help="cpu+vulkan: fraction of a layer's output channels on the CPU (0: GPU, 1: CPU)")
+        sp.add_argument("--precision", default=None, choices=["fp32", "fp16", "auto"],
+                        help="weights' precision (default fp32, or a package's own; auto: fp16 on a GPU with 16-bit "
+                        "storage, fp32 on the CPU)")
 
     r = sub.add_parser("run", help="run a model once (or --repeat N times) and print outputs and timings")
     common(r)

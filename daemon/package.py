@@ -37,12 +37,14 @@ from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
 from .planner.plan import ColdPlan, PlanOptions
+from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
 from .store import StoreWriter, WeightsStore, file_sha256
 
 log = logging.getLogger(__name__)
 
 PLAN_MAGIC = b"INFDPLAN"
-PLAN_VERSION = 3
+#: 4: plan.bin records the precision plan (and which raw constants the store holds in fp16)
+PLAN_VERSION = 4
 _PLAN_HEAD = struct.Struct("<8sI32s")
 _EXT_NDARRAY, _EXT_TUPLE, _EXT_SUBGRAPH = 1, 2, 3
 
@@ -106,7 +108,9 @@ INLINE_MAX = 16 << 10
 def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: str = "cpu", batch: int = 1,
                   kernels: dict[str, str] | None = None, transformed: bool = True,
                   options: PlanOptions | None = None, loaders: int | None = None,
-                  profile: bool | str = True, shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+                  profile: bool | str = True, shapes: dict[str, tuple[int, ...]] | None = None,
+                  precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
+                  fp16_arithmetic: bool = True) -> Path:
     """Import ``src``, profile it on this device, plan its cold start and write the package to ``out_dir``.
 
     ``profile="auto"``: when this device has a valid trained latency predictor, plan from its predictions
@@ -125,7 +129,8 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     opt = options or PlanOptions()
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})
-    backend = make_backend(graph, device, kernels)
+    backend = make_backend(graph, device, kernels, precision=precision, fp32_layers=tuple(fp32_layers),
+                           fp16_arithmetic=fp16_arithmetic)
     fp = backend_fingerprint(backend, device)
     entries = backend.candidates()
     prof = None
@@ -140,7 +145,8 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     plan = make_plan(backend, entries, prof, opt, loaders, predictor=pred, constants=graph.constants)
     sha = file_sha256(src)
     _write_package(out, template, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device,
-                   kernels, costs="profiled" if prof is not None else ("predicted" if pred is not None else "roofline"))
+                   kernels, costs="profiled" if prof is not None else ("predicted" if pred is not None else "roofline"),
+                   precision=backend_precision(backend, device, precision, graph, prof, tuple(fp32_layers)))
     close = getattr(backend, "close", None)
     if close is not None:
         close()
@@ -148,7 +154,8 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
 
 
 def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = None, **options: Any) -> Any:
-    """The cold backend of ``device`` for ``graph``, with nothing prepared yet."""
+    """The cold backend of ``device`` for ``graph``, with nothing prepared yet. Options are the Vulkan
+    backend's; the CPU computes in fp32 whatever ``precision`` says (fp16 is its package's storage)."""
     if device == "cpu":
         from .runtime.cpu import CpuExecutor
 
@@ -158,6 +165,49 @@ def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = Non
     except ImportError as e:
         raise BackendError(f"the Vulkan backend is not available: {e}") from e
     return VulkanColdBackend(graph, kernels=kernels, **options)
+
+
+def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None,
+                      fp32_layers: tuple[str, ...] = ()) -> PrecisionPlan:
+    """The precision plan a package records: the Vulkan backend's own; on the CPU, fp16 raw weights for the
+    layers where reading half the bytes and widening them beats reading fp32 (``cpu_fp16_wins``)."""
+    plan = getattr(backend, "precision", None)
+    if isinstance(plan, PrecisionPlan):
+        return plan
+    if isinstance(precision, PrecisionPlan):
+        return precision
+    from .planner.precision import cpu_precision
+
+    rates = prof.rates if prof is not None else DeviceRates()
+    return cpu_precision(str(precision), graph_facts(graph), rates, fp32_layers)
+
+
+def graph_facts(graph: Graph) -> list[LayerFacts]:
+    """Per node with float constant inputs: their bytes and largest magnitude (reads every weight)."""
+    out = []
+    for n in graph.nodes:
+        arrs = [np.asarray(graph.constants[i]) for i in n.inputs if i and i in graph.constants]
+        arrs = [a for a in arrs if a.dtype.kind == "f" and a.size]
+        if arrs:
+            out.append(LayerFacts(n.name, sum(a.nbytes for a in arrs), max(float(np.max(np.abs(a))) for a in arrs)))
+    return out
+
+
+def fp16_constants(graph: Graph, plan: PrecisionPlan, device: str = "cpu") -> set[str]:
+    """The raw float32 constants an fp16 package stores in fp16 (widened when read): those read only by fp16
+    layers (on Vulkan only by ops whose kernels read fp16 weights: their transform rounds them anyway)."""
+    if plan.precision != "fp16" or graph is None:
+        return set()
+    keep = {n for n, _ in plan.fp32_layers}
+    users: dict[str, set[str]] = {}
+    ops: dict[str, set[str]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i and i in graph.constants:
+                users.setdefault(i, set()).add(n.name)
+                ops.setdefault(i, set()).add(n.op)
+    return {c for c, us in users.items() if not us & keep and np.dtype(graph.infos[c].dtype) == np.float32
+            and (device == "cpu" or ops[c] <= set(VULKAN_HALF_OPS))}
 
 
 def backend_fingerprint(backend: Any, device: str) -> dict[str, str]:
@@ -209,13 +259,16 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
 
 def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, prof: Profile | None,
                    fp: dict[str, str], entries: list[Any], sha: str, src: str, batch: int, device: str,
-                   kernels: dict[str, str] | None, costs: str = "profiled") -> None:
+                   kernels: dict[str, str] | None, costs: str = "profiled",
+                   precision: PrecisionPlan = FP32) -> None:
     """``template``: what plan.bin records (a dynamic model's shape computations stay nodes); ``graph``: the
     template at the plan's shape, whose layers the plan and the transformed weights are made for."""
     tconsts = template.constants
     inline = {n: a for n, a in tconsts.items() if a.nbytes <= INLINE_MAX}
     written: set[str] = set()
     by_name = {layer.name: (layer, ks) for layer, ks, _d in entries}
+    # fp16: the raw constants of fp16 layers stored in fp16 (widened to fp32 when read: LazyConstants)
+    half = fp16_constants(graph, precision, device)
 
     def transformed_params(layer: Layer, kname: str) -> dict[str, np.ndarray]:
         k = next((k for k in by_name[layer.name][1] if k.name == kname), None) or choose_kernel(layer, device, kname)
@@ -227,14 +280,18 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
             for i in layer.const_inputs:
                 n = layer.node.inputs[i]
                 if n in tconsts and n not in inline and n not in written:  # others are folded per shape
-                    w.add("", n, tconsts[n])
+                    w.add("", n, tconsts[n].astype(np.float16) if n in half else tconsts[n])
                     written.add(n)
 
         def put_transformed(layer: Layer, kname: str) -> None:
             tk = transformed_key(device, kname)
             params = transformed_params(layer, kname)
+            # the CPU computes in fp32: an fp16 layer's transformed weights are stored fp16, widened when read
+            narrow = device == "cpu" and bool(precision.layer_mode(layer.name))
             for key, arr in params.items():
                 if isinstance(arr, np.ndarray):
+                    if narrow and arr.dtype == np.float32:
+                        arr = arr.astype(np.float16)
                     w.add(layer.name, key, arr, kernel=tk, variant="transformed")
 
         # 1. what the cold run reads, in the order it needs it
@@ -247,7 +304,7 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         # 2. every other raw constant (other plans, forced kernels), 3. the warm switch's weights
         for n, a in tconsts.items():
             if n not in inline and n not in written:
-                w.add("", n, a)
+                w.add("", n, a.astype(np.float16) if n in half else a)
                 written.add(n)
         for lp in plan.layers:
             if lp.warm_kernel and by_name[lp.name][0].const_inputs:
@@ -270,6 +327,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "profile": prof.to_dict() if prof is not None else None,
         # where the plan's costs came from: "profiled", or "predicted"/"roofline" (profiled later, in idle time)
         "costs": costs,
+        "precision": precision.to_dict(),
+        "fp16_raw": sorted(n for n in half if n in tconsts and n not in inline),
     })
 
 
@@ -329,10 +388,15 @@ class OpenPackage:
 
 
 def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[str, str] | None = None,
-                 current: dict[str, str] | None = None) -> OpenPackage:
+                 current: dict[str, str] | None = None, precision: str | None = None) -> OpenPackage:
     """Validate ``pkg`` for this device and open it; ``WeightsStoreError`` (or its subclass
-    ``StalePackageError``) when it is damaged, for another model, device, engine, batch or kernels."""
+    ``StalePackageError``) when it is damaged, for another model, device, engine, batch or kernels;
+    ``PackageOptionsError`` when ``precision`` is given and the package was compiled for another."""
     d = read_plan(pkg / "plan.bin")
+    made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
+    if precision is not None and precision != made:
+        raise PackageOptionsError(f"{pkg}: package compiled for precision {made!r}, asked for {precision!r}; "
+                                  f"recompile it with --precision {precision}")
     if int(d["batch"]) != batch:
         raise PackageOptionsError(f"{pkg}: package compiled for batch {d['batch']}, asked for batch {batch}; "
                                 f"recompile with --batch {batch}")
@@ -352,7 +416,7 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
         big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}
         nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]]
         infos = {r[0]: _uninfo(r) for r in d["infos"]}
-        consts = LazyConstants(inline, store, big)
+        consts = LazyConstants(inline, store, big, widen=set(d.get("fp16_raw") or ()))
         template = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],
                          consts, infos, int(d["opset"]),  # type: ignore[arg-type]
                          {k: tuple(v) for k, v in (d.get("dims") or {}).items()})
@@ -494,13 +558,16 @@ def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:
 def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
                    device: str = "cpu", kernels: dict[str, str] | None = None,
                    shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
-                   write: bool = True) -> Path | None:
+                   write: bool = True, precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
+                   fp16_arithmetic: bool = True) -> Path | None:
     """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
     ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt. With
     ``write`` False (the cache cannot be written now), None instead of compiling."""
     src = Path(src)
     root = Path(cache_root)
     extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
+    if precision != "fp32":  # fp32 keeps the key it always had
+        extra += f"|precision={precision}|fp32_layers={sorted(fp32_layers)}" + ("" if fp16_arithmetic else "|fp32-arith")
     pkg = root / f"{src.stem}-{package_key(src, batch, device, extra)}"
     if (pkg / "plan.bin").is_file() and not rebuild:
         try:
@@ -513,7 +580,8 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     root.mkdir(parents=True, exist_ok=True)
     # a model met for the first time is planned from predictions when this device has a predictor: no
     # profiling on the registration path; the loaded model profiles in idle time (profile_package)
-    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes, profile="auto")
+    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes, profile="auto",
+                         precision=precision, fp32_layers=tuple(fp32_layers), fp16_arithmetic=fp16_arithmetic)
 
 
 def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:
@@ -541,5 +609,9 @@ def rebuild_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dic
                                 f"compile it again with 'inferd compile'")
     # a dynamic model is planned again at the shape it was planned at
     shapes = {r[0]: tuple(r[1]) for r in d.get("inputs") or []} if d.get("dims") else None
+    made = PrecisionPlan.from_dict(d["precision"]) if d.get("precision") else None
     return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels or d.get("kernels") or None,
-                         shapes=shapes)
+                         shapes=shapes, precision=made.requested if made else "fp32",
+                         fp32_layers=tuple(n for n, why in made.fp32_layers if why == "override") if made else (),
+                         fp16_arithmetic=made is None or made.precision != "fp16" or made.arithmetic == "fp16"
+                         or not made.features_dict.get("shaderFloat16", False))

@@ -8,7 +8,7 @@
 #endif
 layout(local_size_x = 256) in;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer Wt { float w[]; };     // [Cout, Cin/G, KH, KW]
+WBUF(WFP, 1, Wt, w);     // [Cout, Cin/G, KH, KW]
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };  // [Cout]
 #if RESIDUAL
 layout(std430, binding = 3) readonly buffer R { float r[]; };
@@ -40,7 +40,7 @@ void main() {
             for (int kw = 0; kw < p.KW; ++kw) {
                 int iw = ow * p.SW - p.PL + kw * p.DW;
                 if (iw < 0 || iw >= p.W) continue;
-                acc += x[((n * p.C + ci) * p.H + ih) * p.W + iw] * w[((oc * cg + c) * p.KH + kh) * p.KW + kw];
+                acc += x[((n * p.C + ci) * p.H + ih) * p.W + iw] * WLD(WFP, w, ((oc * cg + c) * p.KH + kh) * p.KW + kw);
             }
         }
     }

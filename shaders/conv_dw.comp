@@ -14,7 +14,7 @@ layout(constant_id = 3) const int SW = 1;
 layout(constant_id = 4) const int DH = 1;
 layout(constant_id = 5) const int DW = 1;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer Wt { float w[]; };     // [Cout, 1, KH, KW]
+WBUF(WFP, 1, Wt, w);     // [Cout, 1, KH, KW]
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 #if RESIDUAL
 layout(std430, binding = 3) readonly buffer R { float r[]; };
@@ -45,7 +45,7 @@ void main() {
         for (int kw = 0; kw < KW; ++kw) {
             int iw = iw0 + kw * DW;
             if (iw < 0 || iw >= p.W) continue;
-            acc += x[xb + ih * p.W + iw] * w[wb + kh * KW + kw];
+            acc += x[xb + ih * p.W + iw] * WLD(WFP, w, wb + kh * KW + kw);
         }
     }
     acc += bias[oc];

@@ -14,7 +14,7 @@ layout(constant_id = 3) const int SW = 1;
 layout(constant_id = 4) const int DH = 1;
 layout(constant_id = 5) const int DW = 1;
 TBUF(0, X);
-TBUF(1, Wt);     // [Cout, KH * KW] flat
+TBUFW(WFP, 1, Wt);     // [Cout, KH * KW] flat
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 TBUF(3, R);   // the residual (bound to anything when has_res is 0)
 layout(std430, binding = 4) writeonly buffer Y { float y[]; };
@@ -42,7 +42,7 @@ void main() {
     int wb = oc * KH * KW;
     for (int k = 0; k < KH * KW; ++k) {
         int wi = wb + k;
-        wk[k] = TFETCH(Wt, wi >> 2)[wi & 3];
+        wk[k] = TFETCHW(WFP, Wt, wi >> 2)[wi & 3];
     }
     vec4 acc = vec4(0.0);
     for (int kh = 0; kh < KH; ++kh) {

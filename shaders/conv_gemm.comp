@@ -30,7 +30,7 @@ layout(constant_id = 3) const int SW = 1;
 layout(constant_id = 4) const int DH = 1;
 layout(constant_id = 5) const int DW = 1;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer Wt { float w[]; };     // [G, K, M]: k-major for coalesced tile loads
+WBUF(WFP, 1, Wt, w);     // [G, K, M]: k-major for coalesced tile loads
 #if SPLITK
 layout(std430, binding = 2) writeonly buffer Part { float part[]; };  // [S, N*G*M*P]
 #else
@@ -48,8 +48,8 @@ layout(push_constant) uniform P {
     int S; int Kc; int total;
 } p;
 
-shared float As[BK][BM];
-shared float Bs[BK][BN];
+shared TILE_T As[BK][BM];
+shared TILE_T Bs[BK][BN];
 
 void main() {
     int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
@@ -77,7 +77,7 @@ void main() {
             int e = tid + r * 256;
             int kk = e / BM, mm = e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = (k < kend && m < p.M) ? w[wbase + k * p.M + m] : 0.0;
+            As[kk][mm] = TILE_T((k < kend && m < p.M) ? WLD(WFP, w, wbase + k * p.M + m) : 0.0);
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
@@ -97,9 +97,19 @@ void main() {
                 if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W) v = x[xbase + (ci * p.H + ih) * p.W + iw];
 #endif
             }
-            Bs[kk][nn] = v;
+            Bs[kk][nn] = TILE_T(v);
         }
         barrier();
+#if HARITH
+        f16vec4 h[4];
+        for (int i = 0; i < 4; ++i) h[i] = f16vec4(0);
+        for (int kk = 0; kk < BK; ++kk) {
+            f16vec4 bq = f16vec4(Bs[kk][tx], Bs[kk][tx + 16], Bs[kk][tx + 32], Bs[kk][tx + 48]);
+            for (int i = 0; i < 4; ++i) h[i] = fma(f16vec4(As[kk][ty + 16 * i]), bq, h[i]);
+        }
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] += float(h[i][j]);
+#else
         for (int kk = 0; kk < BK; ++kk) {
             float a[4], b[4];
             for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
@@ -107,6 +117,7 @@ void main() {
             for (int i = 0; i < 4; ++i)
                 for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
         }
+#endif
         barrier();
     }
     int cout = p.G * p.M;

@@ -18,7 +18,7 @@ layout(constant_id = 3) const int SW = 1;
 layout(constant_id = 4) const int DH = 1;
 layout(constant_id = 5) const int DW = 1;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
-layout(std430, binding = 1) readonly buffer Wt { float w[]; };     // [G, K, M]
+WBUF(WFP, 1, Wt, w);     // [G, K, M]
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 #if RESIDUAL
 layout(std430, binding = 3) readonly buffer R { float r[]; };
@@ -55,7 +55,7 @@ void main() {
     }
     for (int k = 0; k < p.K; ++k) {
         float a[4];
-        for (int i = 0; i < 4; ++i) a[i] = (m0 + i < p.M) ? w[wbase + k * p.M + m0 + i] : 0.0;
+        for (int i = 0; i < 4; ++i) a[i] = (m0 + i < p.M) ? WLD(WFP, w, wbase + k * p.M + m0 + i) : 0.0;
         float b[4];
 #if IS1X1
         for (int j = 0; j < 4; ++j) b[j] = pv[j] ? x[xbase + k * P + p0 + j] : 0.0;

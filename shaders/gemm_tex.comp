@@ -35,7 +35,7 @@
 #define RM4 (RM / 4)
 #define RN4 (RN / 4)
 layout(local_size_x = LX) in;
-TBUF(0, A);
+TBUFW(AFP, 0, A);
 TBUF(1, B);
 TBUF(2, Bias);   // G*M padded to whole RM blocks per group (bound to anything when BIAS is 0)
 TBUF(3, R);      // the residual (bound to anything when RESIDUAL is 0)
@@ -68,7 +68,7 @@ void main() {
         vec4 bv[RN4];
         for (int j = 0; j < RN4; ++j) bv[j] = TFETCH(B, bi + col[j]);
         for (int i4 = 0; i4 < RM4; ++i4) {
-            vec4 av = TFETCH(A, ai + i4);
+            vec4 av = TFETCHW(AFP, A, ai + i4);
             for (int j = 0; j < RN4; ++j) {
                 acc[4 * i4 + 0][j] += av.x * bv[j];
                 acc[4 * i4 + 1][j] += av.y * bv[j];

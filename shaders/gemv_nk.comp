@@ -16,8 +16,8 @@
 #endif
 #define WG 64
 layout(local_size_x = WG) in;
-layout(std430, binding = 0) readonly buffer Am { float a[]; };
-layout(std430, binding = 1) readonly buffer Bm { float b[]; };
+WBUF(AFP, 0, Am, a);
+WBUF(BFP, 1, Bm, b);
 #if BIAS_MODE > 0
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 #define NEXT 3
@@ -45,9 +45,9 @@ void main() {
     for (int m = 0; m < MAXM; ++m) acc[m] = 0.0;
     int bi = n * p.sb_n;
     for (int k = l; k < p.K; k += WG) {
-        float bv = b[bi + k * p.sb_k];
+        float bv = WLD(BFP, b, bi + k * p.sb_k);
         for (int m = 0; m < MAXM; ++m)
-            if (m < p.M) acc[m] += a[m * p.sa_m + k * p.sa_k] * bv;
+            if (m < p.M) acc[m] += WLD(AFP, a, m * p.sa_m + k * p.sa_k) * bv;
     }
     for (int m = 0; m < MAXM; ++m) red[m][l] = acc[m];
     barrier();

@@ -17,7 +17,7 @@
 #endif
 layout(local_size_x = 16) in;
 TBUF(0, Am);
-TBUF(1, Bm);
+TBUFW(BFP, 1, Bm);
 #if BIAS_MODE > 0
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 #define NEXT 3
@@ -43,7 +43,7 @@ void main() {
     int k4 = p.K / 4;
     int bi = n * (p.sb_n / 4);
     for (int k = 0; k < k4; ++k) {
-        vec4 bv = TFETCH(Bm, bi + k);
+        vec4 bv = TFETCHW(BFP, Bm, bi + k);
         for (int m = 0; m < MAXM; ++m)
             if (m < p.M) acc[m] += TFETCH(Am, m * (p.sa_m / 4) + k) * bv;
     }

@@ -23,8 +23,8 @@
 #define BN 64
 #define BK 16
 layout(local_size_x = 16, local_size_y = 16) in;
-layout(std430, binding = 0) readonly buffer Am { float a[]; };
-layout(std430, binding = 1) readonly buffer Bm { float b[]; };
+WBUF(AFP, 0, Am, a);
+WBUF(BFP, 1, Bm, b);
 #if SPLITK
 layout(std430, binding = 2) writeonly buffer Part { float part[]; };
 #else
@@ -48,8 +48,8 @@ layout(push_constant) uniform P {
     int S; int Kc; int total;
 } p;
 
-shared float As[BK][BM];
-shared float Bs[BK][BN];
+shared TILE_T As[BK][BM];
+shared TILE_T Bs[BK][BN];
 
 void main() {
     int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
@@ -82,16 +82,26 @@ void main() {
             int kk = a_rowmajor ? e % BK : e / BM;
             int mm = a_rowmajor ? e / BK : e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = (k < kend && m < p.M) ? a[abase + m * p.sa_m + k * p.sa_k] : 0.0;
+            As[kk][mm] = TILE_T((k < kend && m < p.M) ? WLD(AFP, a, abase + m * p.sa_m + k * p.sa_k) : 0.0);
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             int nn = b_rowmajor ? e % BN : e / BK;
             int kk = b_rowmajor ? e / BN : e % BK;
             int k = k0 + kk, n = n0 + nn;
-            Bs[kk][nn] = (k < kend && n < p.N) ? b[bbase + k * p.sb_k + n * p.sb_n] : 0.0;
+            Bs[kk][nn] = TILE_T((k < kend && n < p.N) ? WLD(BFP, b, bbase + k * p.sb_k + n * p.sb_n) : 0.0);
         }
         barrier();
+#if HARITH
+        f16vec4 h[4];
+        for (int i = 0; i < 4; ++i) h[i] = f16vec4(0);
+        for (int kk = 0; kk < BK; ++kk) {
+            f16vec4 bq = f16vec4(Bs[kk][tx], Bs[kk][tx + 16], Bs[kk][tx + 32], Bs[kk][tx + 48]);
+            for (int i = 0; i < 4; ++i) h[i] = fma(f16vec4(As[kk][ty + 16 * i]), bq, h[i]);
+        }
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] += float(h[i][j]);
+#else
         for (int kk = 0; kk < BK; ++kk) {
             float av[4], bv[4];
             for (int i = 0; i < 4; ++i) av[i] = As[kk][ty + 16 * i];
@@ -99,6 +109,7 @@ void main() {
             for (int i = 0; i < 4; ++i)
                 for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
         }
+#endif
         barrier();
     }
     for (int i = 0; i < 4; ++i) {

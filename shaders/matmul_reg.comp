@@ -11,8 +11,8 @@
 #define RESIDUAL 0
 #endif
 layout(local_size_x = 64) in;
-layout(std430, binding = 0) readonly buffer Am { float a[]; };
-layout(std430, binding = 1) readonly buffer Bm { float b[]; };
+WBUF(AFP, 0, Am, a);
+WBUF(BFP, 1, Bm, b);
 #if BIAS_MODE > 0
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 #define NEXT 3
@@ -50,8 +50,8 @@ void main() {
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
     for (int k = 0; k < p.K; ++k) {
         float av[4], bv[4];
-        for (int i = 0; i < 4; ++i) av[i] = i < mv ? a[abase + (m0 + i) * p.sa_m + k * p.sa_k] : 0.0;
-        for (int j = 0; j < 4; ++j) bv[j] = j < nv ? b[bbase + k * p.sb_k + (n0 + j) * p.sb_n] : 0.0;
+        for (int i = 0; i < 4; ++i) av[i] = i < mv ? WLD(AFP, a, abase + (m0 + i) * p.sa_m + k * p.sa_k) : 0.0;
+        for (int j = 0; j < 4; ++j) bv[j] = j < nv ? WLD(BFP, b, bbase + k * p.sb_k + (n0 + j) * p.sb_n) : 0.0;
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
     }

@@ -73,8 +73,10 @@ class LazyConstants(Mapping[str, np.ndarray]):
     through the store directly, so the whole weight set never sits here twice."""
 
     def __init__(self, inline: dict[str, np.ndarray], store: "WeightsStore | None",
-                 entries: Mapping[str, "Entry"]) -> None:
+                 entries: Mapping[str, "Entry"], widen: "set[str] | None" = None) -> None:
         self._inline = inline
+        #: float32 constants the store holds in fp16 (a CPU package's fp16 precision): widened when read
+        self.widen = set(widen or ())
         self._store = store
         self._entries = dict(entries)
         self._cache: dict[str, np.ndarray] = {}
@@ -97,6 +99,7 @@ class LazyConstants(Mapping[str, np.ndarray]):
                     raise WeightsStoreError(f"constant {name!r} is not in memory and no weights store is open")
                 a = self._store.read(self._entries[name])
                 self.read_bytes += a.nbytes
+                a = self.widened(name, a)
                 self._cache[name] = a
         return a
 
@@ -112,6 +115,10 @@ class LazyConstants(Mapping[str, np.ndarray]):
 
     def drop(self, name: str) -> None:
         self._cache.pop(name, None)
+
+    def widened(self, name: str, a: np.ndarray) -> np.ndarray:
+        """``a`` as the graph's float32 when the store holds constant ``name`` in fp16."""
+        return a.astype(np.float32) if name in self.widen and a.dtype == np.float16 else a
 
     def entry(self, name: str) -> "Entry | None":
         """The store entry holding constant ``name`` (None when it came inline with the plan)."""
@@ -175,7 +182,12 @@ class WeightSource:
             n = layer.node.inputs[i]
             e = self._stored(n)
             st = self.stream
-            out[raw_key(i)] = self._entry(e) if e is not None and st is not None and e in st else self.constants[n]
+            if e is not None and st is not None and e in st:
+                widened = getattr(self.constants, "widened", None)
+                a = self._entry(e)
+                out[raw_key(i)] = widened(n, a) if widened is not None else a
+            else:
+                out[raw_key(i)] = self.constants[n]
         return out
 
     def transformed(self, layer: Layer, kernel: str) -> dict[str, np.ndarray]:
@@ -185,7 +197,10 @@ class WeightSource:
         if not ents:
             raise WeightsStoreError(f"{self.store.path}: no transformed weights of layer {layer.name!r} for kernel "
                                     f"{self.backend}/{kernel}")
-        return {e.tensor: self._entry(e) for e in ents}
+        out = {e.tensor: self._entry(e) for e in ents}
+        if self.backend == "cpu":  # CPU kernels compute in fp32: fp16 entries are an fp16 package's narrowed weights
+            out = {k: (a.astype(np.float32) if a.dtype == np.float16 else a) for k, a in out.items()}
+        return out
 
     def read(self, layer: Layer, lp: "LayerPlan") -> tuple[dict[str, np.ndarray], float]:
         """The arrays ``lp`` says to read, and the seconds the read took."""

@@ -17,6 +17,9 @@
     inferd bench ops [--repeat N] [--out DIR]                              TopK, NMS, RoiAlign nodes vs onnxruntime
     inferd bench coexec [--testbed a|none] [--parts sync,layers,e2e] [--models a,b] [--out DIR]
                                                                            CPU-GPU co-execution vs either alone
+    inferd bench precision [--device vulkan|cpu] [--models a,b] [--arms fp32,fp16] [--no-ncnn]
+                                                                           fp32 vs fp16 (warm, cold, bytes, error)
+                                                                           vs ncnn's default fp16
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ import sys
 BENCHES = {
     "daemon": "daemon_bench", "auth": "auth_bench", "cold": "cold_bench", "shapes": "shapes_bench",
     "faults": "fault_bench", "recurrent": "recurrent_bench", "predictor": "predictor_bench",
-    "memory": "memory_bench", "ops": "ops_bench", "coexec": "coexec_bench", "vulkan": "vulkan_bench",
+    "memory": "memory_bench", "ops": "ops_bench", "coexec": "coexec_bench", "precision": "precision_bench",
+    "vulkan": "vulkan_bench",
 }
 
 

@@ -34,7 +34,8 @@ if which == "ort":
     feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32) for i in s.get_inputs()}
     s.run(None, feeds)
 else:
-    m = inferd.load(path, device=sys.argv[4])
+    import os
+    m = inferd.load(path, device=sys.argv[4], precision=os.environ.get("INFERD_BENCH_PRECISION", "fp32"))
     m.run({t.name: np.zeros(t.shape, t.dtype) for t in m.inputs})
 print(time.perf_counter() - t0)
 """
@@ -61,8 +62,8 @@ if which == "ort":
     feeds = {s.get_inputs()[0].name: x}
     run = lambda: s.run(None, feeds)[0]
 else:
-    import inferd
-    m = inferd.load(path, device=device)
+    import inferd, os
+    m = inferd.load(path, device=device, precision=os.environ.get("INFERD_BENCH_PRECISION", "fp32"))
     feeds = {m.inputs[0].name: x}
     out0 = m.output_names[0]
     run = lambda: m.run(feeds)[out0]
@@ -152,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
                         "memory bandwidth); the table names the layers where the gap is")
     p.add_argument("--background", type=int, default=0, metavar="N",
                    help="a busy loop pinned to each of N cores during the warm runs of both engines (p50 and p95)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "auto"],
+                   help="inferd's precision (the children read $INFERD_BENCH_PRECISION); 'inferd bench precision' "
+                        "compares them")
     args = p.parse_args(argv)
+    os.environ["INFERD_BENCH_PRECISION"] = args.precision
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from ..zoo import write_zoo
 
@@ -212,7 +217,8 @@ def _warm_and_cold(args: argparse.Namespace, names: list[str], paths: dict[str, 
 
 def _report(args: argparse.Namespace, results: dict[str, Any]) -> int:
     import onnxruntime as ort
-    data = {"machine": machine_info(), "device": args.device, "threads": args.threads, "repeat": args.repeat,
+    data = {"machine": machine_info(), "device": args.device, "precision": args.precision, "threads": args.threads,
+            "repeat": args.repeat,
             "rounds": args.rounds, "background": args.background,
             "onnxruntime": ort.__version__, "models": results}
     bg = (f" A busy loop ran pinned to each of {args.background} core(s) during the warm runs of both engines."

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, act_of,
-                             act_supported, grid, split_k)
+                             act_supported, grid, harith, split_k)
 from .base import Layer, raw_key, register_kernel, weights_key
 from .conv import Geom2D, io_positions, layer_geom, winograd_matrices
 
@@ -79,6 +79,7 @@ def _res_define(layer: Layer) -> int:
 
 class _ConvBase(VulkanKernel):
     ops = ("Conv",)
+    half_params = ("w",)
 
     def _geo(self, layer: Layer) -> Geom2D | None:
         if 1 not in layer.const_inputs or not act_supported(layer):
@@ -102,17 +103,23 @@ class _ConvBase(VulkanKernel):
     def transformed_nbytes(self, layer: Layer) -> int:
         g = geo2d(layer)
         assert g is not None
-        return 4 * (layer.inputs[1].size + g.cout)  # type: ignore[union-attr]
+        return self.wbytes(layer) * layer.inputs[1].size + 4 * g.cout  # type: ignore[union-attr]
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = geo2d(layer)
         assert g is not None
-        return {"w": np.ascontiguousarray(raw[raw_key(1)], dtype=F32), "b": _bias(layer, raw, g.cout)}
+        return self.stored(layer, {"w": np.ascontiguousarray(raw[raw_key(1)], dtype=F32), "b": _bias(layer, raw, g.cout)})
 
-    @staticmethod
-    def _act_push(layer: Layer) -> tuple[dict, dict]:
+    def _act_push(self, layer: Layer) -> tuple[dict, dict]:
         a = act_of(layer)
-        return {"ACT": a[0], "RESIDUAL": _res_define(layer)}, {"act_a": a[1], "act_b": a[2]}
+        defs = {"ACT": a[0], "RESIDUAL": _res_define(layer)}
+        if self.wfp(layer):
+            defs["WFP"] = self.wfp(layer)
+        return defs, {"act_a": a[1], "act_b": a[2]}
+
+    def _afp(self, layer: Layer) -> dict[str, int]:
+        """The define of a GEMM shader whose A operand is this layer's (maybe fp16) weights."""
+        return {"AFP": self.wfp(layer)} if self.wfp(layer) else {}
 
 
 @register_kernel
@@ -164,7 +171,7 @@ class VkConvGemm(_ConvBase):
         assert g is not None
         mg = g.cout // g.group
         w = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, mg, -1)
-        return {"w": np.ascontiguousarray(w.transpose(0, 2, 1)), "b": _bias(layer, raw, g.cout)}
+        return self.stored(layer, {"w": np.ascontiguousarray(w.transpose(0, 2, 1)), "b": _bias(layer, raw, g.cout)})
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         g = geo2d(layer)
@@ -181,6 +188,7 @@ class VkConvGemm(_ConvBase):
             return [Dispatch("conv_gemm_reg", binds, (-(-blocks // 64), 1, g.n * g.group), defs, spec, push)]
         s, kc, total = self._split(layer)
         push.update(S=s, Kc=kc, total=total)
+        defs.update(harith(layer))
         groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group * s)
         if s == 1:
             return [Dispatch("conv_gemm", binds, groups, defs, spec, push)]
@@ -301,7 +309,7 @@ class _ConvTex(VkConvGemm):
         assert g is not None
         mg = g.cout // g.group
         mp = -(-mg // self.RM) * self.RM
-        return 4 * g.group * mp * ((g.cin // g.group) * g.kh * g.kw + 1)
+        return g.group * mp * (self.wbytes(layer) * (g.cin // g.group) * g.kh * g.kw + 4)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = geo2d(layer)
@@ -315,7 +323,7 @@ class _ConvTex(VkConvGemm):
         wp = wp.reshape(g.group, mb, self.RM, k).transpose(0, 1, 3, 2)
         b = np.zeros((g.group, mb * self.RM), F32)
         b[:, :mg] = _bias(layer, raw, g.cout).reshape(g.group, mg)
-        return {"w": np.ascontiguousarray(wp), "b": b.reshape(-1)}
+        return self.stored(layer, {"w": np.ascontiguousarray(wp), "b": b.reshape(-1)})
 
     def _ldb4(self, g: Geom2D) -> int:
         return -(-(g.oh * g.ow) // 4)
@@ -354,7 +362,7 @@ class _ConvTex(VkConvGemm):
         tail = _tail(layer)
         out.append(Dispatch("gemm_tex", (Param("w"), b_ref, Param("b"), tail[0] if res else Param("b"), tail[-1]),
                             tex_groups(ldb4, mg, z, self.RM, rn),
-                            tex_defines(self.RM, rn, a[0], res, n_pix % 4 == 0), {}, push))
+                            dict(tex_defines(self.RM, rn, a[0], res, n_pix % 4 == 0), **self._afp(layer)), {}, push))
         return out
 
 
@@ -419,10 +427,12 @@ class VkConvDepthwiseTex(VkConvDepthwise):
         spec = {"KH": g.kh, "KW": g.kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw}
         tail = _tail(layer)
         return [Dispatch("conv_dw_tex", (In(0), Param("w"), Param("b"), tail[0] if res else Param("w"), tail[-1]),
-                         grid(total, 64, caps), {"ACT": a[0]}, spec, push)]
+                         grid(total, 64, caps), {"ACT": a[0], **({"WFP": self.wfp(layer)} if self.wfp(layer) else {})},
+                         spec, push)]
 
 
 class _VkWinograd(_ConvBase):
+    half_params = ("u",)
     m = 2
     points: tuple[float, ...] = (0.0, 1.0, -1.0)
 
@@ -452,7 +462,7 @@ class _VkWinograd(_ConvBase):
         g = geo2d(layer)
         assert g is not None
         a = self.alpha
-        return 4 * (a * a * g.cout * g.cin + g.cout + a * a + self.m * a)
+        return self.wbytes(layer) * a * a * g.cout * g.cin + 4 * (g.cout + a * a + self.m * a)
 
     def workspace_parts(self, layer: Layer) -> dict[str, int]:
         g = geo2d(layer)
@@ -467,9 +477,9 @@ class _VkWinograd(_ConvBase):
         # U[(a,b), o, c] = sum_ij G[a,i] G[b,j] w[o,c,i,j]: one GEMM with kron(G, G) (fast, float64)
         w = np.asarray(raw[raw_key(1)], dtype=np.float64).reshape(g.cout * g.cin, 9)
         u = np.kron(self.g64, self.g64) @ w.T
-        return {"u": np.ascontiguousarray(u.reshape(self.alpha ** 2, g.cout, g.cin), dtype=F32),
-                "b": _bias(layer, raw, g.cout),
-                "bt": np.ascontiguousarray(self.bt64, dtype=F32), "at": np.ascontiguousarray(self.at64, dtype=F32)}
+        return self.stored(layer, {"u": np.ascontiguousarray(u.reshape(self.alpha ** 2, g.cout, g.cin), dtype=F32),
+                                   "b": _bias(layer, raw, g.cout), "bt": np.ascontiguousarray(self.bt64, dtype=F32),
+                                   "at": np.ascontiguousarray(self.at64, dtype=F32)})
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         g = geo2d(layer)
@@ -484,12 +494,13 @@ class _VkWinograd(_ConvBase):
         reg = caps.device_type == "cpu"
         d_mm = Dispatch("matmul_reg" if reg else "matmul", (Param("u"), Ws("V"), Ws("M")),
                         (-(-(-(-t // 4) * -(-g.cout // 4)) // 64), 1, a2) if reg else (-(-t // 64), -(-g.cout // 64), a2),
-                        {"BIAS_MODE": 0, "RESIDUAL": 0, "ACT": 0},
+                        {"BIAS_MODE": 0, "RESIDUAL": 0, "ACT": 0, **self._afp(layer), **({} if reg else harith(layer))},
                         push={"M": g.cout, "N": t, "K": g.cin, "sa_m": g.cin, "sa_k": 1, "sb_k": t, "sb_n": 1,
                               "bd1": 1, "bd2": 1, "sa0": g.cout * g.cin, "sa1": 0, "sa2": 0, "sb0": g.cin * t,
                               "sb1": 0, "sb2": 0, "ldc": t, "c_off": 0, "alpha": 1.0, "act_a": 0.0, "act_b": 0.0,
                               **({} if reg else {"S": 1, "Kc": g.cin, "total": 0})})
         defs, push = self._act_push(layer)
+        defs.pop("WFP", None)  # winograd_out reads no weights
         defs["MO"] = self.m
         push.update(total=g.cout * t, K=g.cout, OH=g.oh, OW=g.ow, TH=th, TW=tw, T=t)
         d_out = Dispatch("winograd_out", (Ws("M"), Param("at"), Param("b")) + _tail(layer),
@@ -550,7 +561,7 @@ class VkWinograd43Tex(VkWinograd43):
         assert g is not None
         a = self.alpha
         mp = -(-g.cout // self.RM) * self.RM
-        return 4 * (a * a * mp * g.cin + g.cout + a * a + self.m * a)
+        return self.wbytes(layer) * a * a * mp * g.cin + 4 * (g.cout + a * a + self.m * a)
 
     def workspace_parts(self, layer: Layer) -> dict[str, int]:
         g = geo2d(layer)
@@ -570,8 +581,9 @@ class VkWinograd43Tex(VkWinograd43):
             w = np.concatenate([w, np.zeros((mb * self.RM - g.cout, g.cin, 9), F32)])
         w = w.reshape(mb, self.RM, g.cin, 9).transpose(3, 0, 2, 1).reshape(9, -1)  # (9, Mb*Cin*RM)
         u = np.kron(self.g64, self.g64).astype(F32) @ w
-        return {"u": u.reshape(self.alpha ** 2, mb, g.cin, self.RM), "b": _bias(layer, raw, g.cout),
-                "bt": np.ascontiguousarray(self.bt64, dtype=F32), "at": np.ascontiguousarray(self.at64, dtype=F32)}
+        return self.stored(layer, {"u": u.reshape(self.alpha ** 2, mb, g.cin, self.RM), "b": _bias(layer, raw, g.cout),
+                                   "bt": np.ascontiguousarray(self.bt64, dtype=F32),
+                                   "at": np.ascontiguousarray(self.at64, dtype=F32)})
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         g = geo2d(layer)
@@ -584,7 +596,7 @@ class VkWinograd43Tex(VkWinograd43):
                               "TW": tw, "T": t, "TP": tp})
         rn = tex_rn(tp // 4, self.RN)
         d_mm = Dispatch("gemm_tex", (Param("u"), Ws("V"), Param("u"), Param("u"), Ws("M")),
-                        tex_groups(tp // 4, g.cout, a2, self.RM, rn), tex_defines(self.RM, rn, vout=True, bias=False),
+                        tex_groups(tp // 4, g.cout, a2, self.RM, rn), dict(tex_defines(self.RM, rn, vout=True, bias=False), **self._afp(layer)),
                         push={"M": g.cout, "N": tp, "K": g.cin, "G": a2, "ldb4": tp // 4, "b_z4": g.cin * tp // 4,
                               "ldc": tp, "c_z": g.cout * tp, "act_a": 0.0, "act_b": 0.0})
         a = act_of(layer)
@@ -602,6 +614,7 @@ class VkWinograd43Tex(VkWinograd43):
 class VkConvTransposeDirect(_ConvBase):
     name = "vk_direct"
     ops = ("ConvTranspose",)
+    half_params = ()  # deconv.comp reads fp32 weights: an fp16 layer keeps them
     priority = 90
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:

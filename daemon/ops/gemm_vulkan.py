@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, Ws, act_of,
-                             act_supported, collapse, contiguous_strides, grid, split_k)
+                             act_supported, collapse, contiguous_strides, grid, harith, split_k)
 from .base import Layer, register_kernel, weights_key
 from .gemm import _gemm_c_index, _residual_index
 
@@ -91,6 +91,17 @@ class VkMatMul(VulkanKernel):
     priority = 10
     shader = "matmul"
     registers = False
+    half_params = ("B",)
+
+    def wfp(self, layer: Layer) -> int:
+        mode = super().wfp(layer)
+        if not mode:
+            return 0
+        p = _Plan(layer)
+        # only constant weights are stored in fp16, and chunk offsets must stay binding-aligned
+        if not p.b_const or (p.chunks > 1 and (2 * p.K * p.nc) % 256):
+            return 0
+        return mode
 
     def applies(self, layer: Layer) -> bool:
         if not act_supported(layer):
@@ -128,7 +139,8 @@ class VkMatMul(VulkanKernel):
 
     def transformed_nbytes(self, layer: Layer) -> int:
         p = _Plan(layer)
-        n = sum(4 * layer.inputs[k].size for k in layer.const_inputs if layer.inputs[k] is not None)  # type: ignore[union-attr]
+        n = sum((self.wbytes(layer) if k == 1 else 4) * layer.inputs[k].size  # type: ignore[union-attr]
+                for k in layer.const_inputs if layer.inputs[k] is not None)
         if p.c_index is not None and p.c_index in layer.const_inputs:
             n += 4 * p.M * p.N  # at most a full bias matrix
         return n
@@ -156,7 +168,7 @@ class VkMatMul(VulkanKernel):
                 out["bias"] = self._bias_array(c, p)
             else:
                 out[key] = np.ascontiguousarray(arr, dtype=F32)
-        return out
+        return self.stored(layer, out)
 
     @staticmethod
     def _bias_mode(shape: tuple[int, ...], p: _Plan) -> int:
@@ -191,13 +203,16 @@ class VkMatMul(VulkanKernel):
                 raise ValueError("a dynamic Gemm C needs beta == 1")
         res = (In(p.r_index),) if p.r_index is not None else ()
         defs = {"BIAS_MODE": bias_mode, "RESIDUAL": int(bool(res)), "ACT": act[0]}
+        esize = self.wbytes(layer)
+        if self.wfp(layer):
+            defs["BFP"] = self.wfp(layer)
         a_ref: Ref = In(0)
         out = []
         for c in range(p.chunks):
             n0 = c * p.nc
             nc = min(p.nc, p.N - n0)
             if p.b_const:
-                b_ref: Ref = Param("B", offset=4 * p.K * n0, size=4 * p.K * nc) if p.chunks > 1 else Param("B")
+                b_ref: Ref = Param("B", offset=esize * p.K * n0, size=esize * p.K * nc) if p.chunks > 1 else Param("B")
                 sb_k, sb_n = (nc, 1) if p.nbatch == 1 else (p.sb_k, p.sb_n)
             else:
                 b_ref, sb_k, sb_n = In(1), p.sb_k, p.sb_n
@@ -219,6 +234,7 @@ class VkMatMul(VulkanKernel):
                 s, kc = self._split(layer)
                 total = p.nbatch * p.M * p.N
                 push.update(S=s, Kc=kc, total=total)
+                defs = dict(defs, **harith(layer))
                 groups = (-(-nc // 64), -(-p.M // 64), p.nbatch * s)
                 if s == 1:
                     out.append(Dispatch(self.shader, binds, groups, defs, push=push, independent=True))
@@ -270,7 +286,7 @@ class VkGemvNK(VkMatMul):
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = super().transform(layer, {k: v for k, v in raw.items() if k != "in1"})
         out["B"] = np.ascontiguousarray(raw["in1"], dtype=F32)  # [N, K] as given
-        return out
+        return self.stored(layer, out)
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         p = _Plan(layer)
@@ -279,7 +295,8 @@ class VkGemvNK(VkMatMul):
         for c, d in enumerate(base):
             n0 = c * p.nc
             nc = min(p.nc, p.N - n0)
-            b_ref = Param("B", offset=4 * p.K * n0, size=4 * p.K * nc) if p.chunks > 1 else Param("B")
+            esize = self.wbytes(layer)
+            b_ref = Param("B", offset=esize * p.K * n0, size=esize * p.K * nc) if p.chunks > 1 else Param("B")
             binds = (d.bindings[0], b_ref) + d.bindings[2:]
             push = dict(d.push, sb_k=1, sb_n=p.K)
             out.append(Dispatch("gemv_nk", binds, grid(nc, 1, caps), d.defines, push=push, independent=True))

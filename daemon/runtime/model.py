@@ -94,6 +94,9 @@ class Model:
         #: the compiled package the model was loaded from (None: compiled in memory); the cache
         #: never evicts it while the model is loaded
         self.package: Path | None = None
+        #: the precision plan in force (inferd.planner.precision.PrecisionPlan): the backend's, or a CPU
+        #: package's recorded one
+        self.precision: Any = getattr(executor, "precision", None)
 
     @property
     def inputs(self) -> list[TensorInfo]:
@@ -397,11 +400,18 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
     the load; any other shape is prepared at its first run. ``max_variants`` bounds the shapes kept besides
     the first; ``max_shape`` bounds each input's dimensions (a run beyond them is refused)."""
     from ..package import cached_package
+    from ..planner.precision import check_precision
 
     if device == "cpu+vulkan":  # CPU-GPU co-execution (inferd.coexec): its own load path, no package
         return _load_coexec(path, batch, kernels, name, shapes, options)
     t0 = time.perf_counter()
     dev = resolve_device(device)
+    # precision ("fp32", "fp16", "auto"; with fp32_layers, precision_guard) is planned by the backend from
+    # the device's features, or read from a package's plan
+    asked = options.get("precision")
+    precision = check_precision(str(asked)) if asked is not None else "fp32"
+    fp32_layers = tuple(options.get("fp32_layers") or ())
+    fp16_arith = bool(options.get("fp16_arithmetic", True))
     in_memory = not isinstance(path, (str, os.PathLike))
     opt = cold or PlanOptions()
     todo = [dict(shapes)] if isinstance(shapes, Mapping) else [dict(s) for s in (shapes or [])]
@@ -432,7 +442,8 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
                 raise WeightsStoreError(f"the cache {cdir.root} is {cdir.state}: not rebuilding there")
             try:
                 return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                      rebuild=True)
+                                      rebuild=True, precision=precision, fp32_layers=fp32_layers,
+                                      fp16_arithmetic=fp16_arith)
             except OSError as e:
                 cdir.report(e, f"rebuilding the package of {src.name}")
                 raise WeightsStoreError(f"rebuilding the package of {src} failed: {e}") from e
@@ -440,7 +451,8 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
             # a cache that failed lately is not written (each try would compile twice); reading a
             # package already there still works on a read-only one
             pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                 write=cdir.writable())
+                                 write=cdir.writable(), precision=precision, fp32_layers=fp32_layers,
+                                 fp16_arithmetic=fp16_arith)
             if pkg is not None:
                 cache.touch(pkg)
                 return finish(_from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0,
@@ -475,15 +487,23 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     (from its source) once, never used."""
     from ..package import fingerprint, open_package, rebuild_package
 
+    from ..planner.precision import PrecisionPlan
+
     current = fingerprint(dev)
+    asked = options.get("precision")
     try:
-        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current)
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked)
     except PackageOptionsError:
         raise
     except WeightsStoreError as e:
         log.warning("compiled package %s is unusable (%s); rebuilding it", pkg, e)
         pkg = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
-        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current)
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked)
+    stored_precision = PrecisionPlan.from_dict(op.meta["precision"]) if op.meta.get("precision") else None
+    if stored_precision is not None and dev != "cpu":
+        # the package's plan is authoritative: its precision too (no weights read to re-decide it)
+        options = {k: v for k, v in options.items() if k not in ("fp32_layers", "precision_guard", "fp16_arithmetic")}
+        options["precision"] = stored_precision
     plan = op.plan
     planning = ("select", "cache", "pipeline", "executor_prepares", "force_source")
     if any(getattr(opt, f) != getattr(plan.options, f) for f in planning) or (loaders is not None and _loaders_for(
@@ -493,6 +513,8 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         plan = dataclasses.replace(plan, options=opt)
     model = _planned_model(mname, op.graph, dev, kernels, opt, loaders, options, t0, plan, op, op.template)
     model.package = op.path
+    if model.precision is None:
+        model.precision = stored_precision
     if op.profile is not None:
         from ..package import refine_package
 

@@ -20,6 +20,8 @@ Layout::
         fallback = "cpu"              # serve on the CPU while the GPU recovers (default: the daemon's `fallback`)
         memory = "stream"             # run inside its share of the memory budget, weights streamed (CPU;
                                       # default "whole": everything resident, evicted whole)
+        precision = "auto"            # fp32 (default), fp16 or auto (fp16 where the GPU has 16-bit storage)
+        fp32_layers = ["/fc/Gemm"]    # layers kept fp32 in an fp16 model (their sums or weights overflow fp16)
 
 A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
 """
@@ -57,6 +59,8 @@ class ModelConfig:
     max_variants: int | None = None
     fallback: str | None = None
     memory: str = "whole"
+    precision: str | None = None
+    fp32_layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
     "shapes": (list,), "max_shape": (dict,), "max_variants": (int,), "fallback": (str,),
     "memory": (str,),
+    "precision": (str,), "fp32_layers": (list,),
 }
 
 
@@ -106,6 +111,12 @@ def parse_model_config(path: str) -> ModelConfig:
         raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
     if "memory" in values and values["memory"] not in ("whole", "stream"):
         raise ValueError(f"{path}: 'memory' must be whole or stream, got {values['memory']!r}")
+    if "precision" in values and values["precision"] not in ("fp32", "fp16", "auto"):
+        raise ValueError(f"{path}: 'precision' must be fp32, fp16 or auto, got {values['precision']!r}")
+    if "fp32_layers" in values:
+        if not all(isinstance(n, str) for n in values["fp32_layers"]):
+            raise ValueError(f"{path}: 'fp32_layers' must be a list of layer names")
+        values["fp32_layers"] = tuple(values["fp32_layers"])
     if values.get("max_queue", 1) < 1 or values.get("batch", 1) < 1:
         raise ValueError(f"{path}: 'max_queue' and 'batch' must be >= 1")
     if values.get("max_variants", 0) < 0:

@@ -844,6 +844,10 @@ class ModelSlot:
                 dynamic["shapes"] = [dict(s) for s in cfg.shapes]
             if cfg.max_shape:
                 dynamic["max_shape"] = dict(cfg.max_shape)
+            if cfg.precision:
+                dynamic["precision"] = cfg.precision
+            if cfg.fp32_layers:
+                dynamic["fp32_layers"] = list(cfg.fp32_layers)
             with self._device_ctx(device):
                 return self.server.load(self, entry.path, device, cfg.batch, **dynamic), ""
         except Exception as exc:

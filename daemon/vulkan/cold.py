@@ -34,11 +34,12 @@ from ..ops.base import Kernel, Layer, choose_kernel, raw_key
 from ..planner.cost import DeviceRates, Profile
 from ..planner.memory import align_up
 from ..planner.plan import LayerPlan
+from ..planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan, plan_precision
 from .arena import place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_descriptors, fold_constants,
                        resolve_binding, select_nodes)
-from .kernel import Caps, Dispatch, VulkanKernel, split_rows
+from .kernel import HFP_ATTR, WFP_ATTR, Caps, Dispatch, VulkanKernel, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
 from .slabs import WeightSlabs
 
@@ -130,8 +131,14 @@ class VulkanColdBackend:
         return self.caps.device_type == "cpu"
 
     def __init__(self, graph: Graph, kernels: Mapping[str, str] | None = None, device: Any = None,
-                 cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
+                 cache: ShaderCache | str | bool | None = None, profile: bool = False,
+                 precision: "str | PrecisionPlan" = "fp32", fp32_layers: Sequence[str] = (),
+                 precision_guard: bool = True, fp16_arithmetic: bool = True) -> None:
         _import_kernels()
+        #: the precision asked (a name, planned at setup from the device's features) or already planned
+        #: (a package's stored plan); ``precision`` is the plan in force after setup
+        self._precision_ask = (precision, tuple(fp32_layers), bool(precision_guard), bool(fp16_arithmetic))
+        self.precision: PrecisionPlan = FP32
         self.device = dev = device or get_device()
         if dev.closed:
             raise BackendError("the Vulkan device is closed")
@@ -214,6 +221,7 @@ class VulkanColdBackend:
         if host_names and self.act_region.mapped is None:
             raise BackendError(f"nodes {sorted(host_names)[:3]} run on the host (control flow, integer plumbing, nodes no Vulkan kernel runs) and "
                                f"need host-visible activations, which this device does not offer")
+        self.precision = self._plan_precision(listed)
         step = 0
         for pos, (node, folded) in enumerate(zip(g.nodes, is_folded)):
             if folded:
@@ -229,7 +237,13 @@ class VulkanColdBackend:
             elif c.default is None:
                 self._slots.append(_Slot(pos, node, "alias", replace(c.layer, const_inputs=()), (), ALIAS, None))
             else:
-                self._slots.append(_Slot(pos, node, "kernel", c.layer, c.kernels, c.default,
+                layer = c.layer
+                half_op = bool(layer.const_inputs) and layer.op in VULKAN_HALF_OPS
+                mode = self.precision.layer_mode(layer.name) if half_op else 0
+                if mode:  # the kernels read the layer's weight representation (and arithmetic) from it
+                    extra = {WFP_ATTR: mode, **({HFP_ATTR: 1} if self.precision.layer_harith(layer.name) else {})}
+                    layer = replace(layer, node=replace(layer.node, attrs={**layer.node.attrs, **extra}))
+                self._slots.append(_Slot(pos, node, "kernel", layer, c.kernels, c.default,
                                          self.plan.offsets.get(workspace_name(c.layer.name))))
         self._prepared = [None] * len(self._slots)
         expected = 0
@@ -247,6 +261,28 @@ class VulkanColdBackend:
         st["alloc_s"] = T() - t
         st["activation_bytes"] = self.plan.total
 
+    def _plan_precision(self, listed: Sequence[Any]) -> PrecisionPlan:
+        """The precision plan in force: the one given, or planned from the device's features and the
+        layers' weights (their magnitude decides which fp16 cannot hold)."""
+        ask, fp32_layers, guard, arith = self._precision_ask
+        if isinstance(ask, PrecisionPlan):
+            plan = ask.on(self.device.features) if ask.precision == "fp16" else ask
+        else:
+            facts = []
+            if ask != "fp32":
+                for c in listed:
+                    if c is None or not c.kernels or not c.layer.const_inputs:
+                        continue
+                    arrs = [np.asarray(self._consts[c.layer.node.inputs[i]]) for i in c.layer.const_inputs]
+                    arrs = [a for a in arrs if a.dtype.kind == "f" and a.size]
+                    nbytes = sum(a.nbytes for a in arrs)
+                    absmax = max((float(np.max(np.abs(a))) for a in arrs), default=0.0)
+                    facts.append(LayerFacts(c.layer.name, nbytes, absmax))
+            plan = plan_precision(str(ask), "vulkan", self.device.features, facts, fp32_layers, guard, arith)
+        if plan.precision != "fp32" or plan.requested != "fp32":
+            log.info("%s on %s: %s", self.graph.name, self.device.name, plan.summary())
+        return plan
+
     @classmethod
     def loaded(cls, graph: Graph, **options: Any) -> "VulkanColdBackend":
         """``graph`` brought up whole (every layer prepared, the warm path recorded), freed again if that fails."""
@@ -261,7 +297,9 @@ class VulkanColdBackend:
 
     def _body_backend(self, body: Graph) -> "VulkanColdBackend":
         """A control-flow body brought up whole on this device (planned once at load, run when taken)."""
-        return VulkanColdBackend.loaded(body, device=self.device, cache=self.shader_cache)
+        return VulkanColdBackend.loaded(body, device=self.device, cache=self.shader_cache,
+                                        precision=self.precision.requested if self.precision.precision == "fp16"
+                                        else "fp32")
 
     # ------------------------------------------------------------------ the ColdBackend contract
     def layers(self) -> list[Layer]:

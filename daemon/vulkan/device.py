@@ -153,7 +153,7 @@ def descriptor_type(kind: str) -> int:
         return vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
     if kind == "texel":
         return vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
-    if kind == "image":
+    if kind in ("image", "image16"):
         return vk.VK_DESCRIPTOR_TYPE_STORAGE_TEXEL_BUFFER
     raise BackendError(f"unknown descriptor kind {kind!r}")
 
@@ -415,13 +415,22 @@ class VulkanDevice:
         self._heap_used = [0] * len(self._heaps)
         exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
         self._feedback = "VK_EXT_pipeline_creation_feedback" in exts
+        from .features import read_features
+
+        #: optional features (16-bit storage, float16/int8 arithmetic) as the driver reports them, less any
+        #: masked by $INFERD_VK_MASK_FEATURES; enabled at device creation; the precision planner reads them
+        self.features = read_features(vk, pd, self.api_version)
         log.info("Vulkan device %d: %s (%s, vendor 0x%04x, subgroup %d)", idx, self.name, self.device_type,
                  self.vendor_id, subgroup)
 
     def _create_device(self) -> None:
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
         exts = ["VK_EXT_pipeline_creation_feedback"] if self._feedback else []
-        info = vk.VkDeviceCreateInfo(queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+        from .features import feature_chain
+
+        chain, fexts = feature_chain(vk, self.features, self.api_version)
+        exts += fexts
+        info = vk.VkDeviceCreateInfo(pNext=chain, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
                                      enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts or None)
         try:
             self.device = vk.vkCreateDevice(self.physical, info, None)

@@ -257,17 +257,20 @@ def resolve_binding(dev: VulkanDevice, layer: Layer, kernel: VulkanKernel, ref: 
     return region, off, size
 
 
-def texel_view(dev: VulkanDevice, r: Region, off: int, size: int) -> Any:
-    """An RGBA32F view of a bound range (whole texels: a trailing partial texel is included when the
-    region extends that far, else dropped; kernels never use the bytes past the tensor)."""
+def texel_view(dev: VulkanDevice, r: Region, off: int, size: int, half: bool = False) -> Any:
+    """An RGBA32F view of a bound range (RGBA16F with ``half``: fp16 weights) in whole texels (a trailing
+    partial texel is included when the region extends that far, else dropped; kernels never use the bytes
+    past the tensor)."""
     if off % dev.min_texel_align:
         raise BackendError(f"texel view at offset {off} is not aligned to {dev.min_texel_align}")
-    n = align_up(size, 16)
+    t = 8 if half else 16
+    n = align_up(size, t)
     if off + n > r.size:
-        n = size // 16 * 16
-    n = max(16, min(n, 16 * dev.max_texel_elements))
+        n = size // t * t
+    n = max(t, min(n, t * dev.max_texel_elements))
+    fmt = vk.VK_FORMAT_R16G16B16A16_SFLOAT if half else vk.VK_FORMAT_R32G32B32A32_SFLOAT
     return vk.vkCreateBufferView(dev.device, vk.VkBufferViewCreateInfo(
-        buffer=r.buffer, format=vk.VK_FORMAT_R32G32B32A32_SFLOAT, offset=off, range=n), None)
+        buffer=r.buffer, format=fmt, offset=off, range=n), None)
 
 
 def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]) -> Any:
@@ -297,8 +300,8 @@ def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]
             j = i
             while j < len(b.ranges) and ks[j] == ks[i]:
                 j += 1
-            if ks[i] in ("texel", "image"):
-                vs = [texel_view(dev, r, off, size) for r, off, size in b.ranges[i:j]]
+            if ks[i] in ("texel", "image", "image16"):
+                vs = [texel_view(dev, r, off, size, ks[i] == "image16") for r, off, size in b.ranges[i:j]]
                 views += vs
                 writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0, descriptorCount=j - i,
                                                       descriptorType=descriptor_type(ks[i]), pTexelBufferView=vs))

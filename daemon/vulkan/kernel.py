@@ -97,11 +97,49 @@ class Caps:
     device_type: str = "discrete"
 
 
+#: Node attribute the Vulkan backend sets on a layer its precision plan runs with fp16 weights: the
+#: storage mode of common.glsl's WBUF (1: float16_t in 16-bit storage buffers, 2: pairs packed in a
+#: uint). Absent or 0: fp32. Kernels read it through ``VulkanKernel.wfp``, never a global switch.
+WFP_ATTR = "_wfp"
+
+
+#: Node attribute set (1) on a layer whose plan allows fp16 arithmetic (``shaderFloat16``): the shared-memory
+#: GEMM shaders (conv_gemm, matmul) then build with HARITH (fp16 tiles, fp16 sums per K tile into fp32).
+HFP_ATTR = "_hfp"
+
+
+def layer_wfp(layer: Layer) -> int:
+    return int(layer.attr(WFP_ATTR, 0) or 0)
+
+
+def harith(layer: Layer) -> dict[str, int]:
+    """The HARITH define of a shared-memory GEMM dispatch for this layer ({} for fp32 arithmetic)."""
+    return {"HARITH": 1} if layer.attr(HFP_ATTR, 0) else {}
+
+
 class VulkanKernel(Kernel):
     backend: ClassVar[str] = "vulkan"
     #: dtypes this kernel reads or writes in device buffers (tensors are float32 unless a kernel says
     #: otherwise: int64 is stored as 8 bytes and written as (low word, 0); bool as one byte)
     io_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: the params this kernel can read as fp16 (its shaders take the WFP/AFP/BFP defines); a kernel
+    #: without any keeps fp32 weights on an fp16 layer
+    half_params: ClassVar[tuple[str, ...]] = ()
+
+    def wfp(self, layer: Layer) -> int:
+        """The weights' storage mode for this layer with this kernel (0: fp32)."""
+        return layer_wfp(layer) if self.half_params else 0
+
+    def wbytes(self, layer: Layer) -> int:
+        """Bytes per stored weight element."""
+        return 2 if self.wfp(layer) else 4
+
+    def stored(self, layer: Layer, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``params`` with the half-able weights in fp16 where the layer runs so (the end of ``transform``)."""
+        if not self.wfp(layer):
+            return params
+        return {k: (np.ascontiguousarray(v, dtype=np.float16) if k in self.half_params and v.dtype == np.float32
+                    else v) for k, v in params.items()}
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Default: float constants as float32, bool as bytes, other integers as int32."""

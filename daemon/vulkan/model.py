@@ -20,9 +20,11 @@ class VulkanModel:
     frees it."""
 
     def __init__(self, graph: Graph, device: VulkanDevice | None = None, kernels: Mapping[str, str] | None = None,
-                 cache: ShaderCache | str | bool | None = None, profile: bool = False) -> None:
+                 cache: ShaderCache | str | bool | None = None, profile: bool = False, **precision: Any) -> None:
         t0 = time.perf_counter()
-        self._b = b = VulkanColdBackend.loaded(graph, kernels=kernels, device=device, cache=cache, profile=profile)
+        # precision options (precision, fp32_layers, precision_guard): as VulkanColdBackend's
+        self._b = b = VulkanColdBackend.loaded(graph, kernels=kernels, device=device, cache=cache, profile=profile,
+                                               **precision)
         b.load_stats["total_load_s"] = time.perf_counter() - t0
         self.graph = graph
         self.device = b.device

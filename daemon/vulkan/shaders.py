@@ -38,7 +38,7 @@ log = logging.getLogger("inferd.vulkan.shaders")
 #: Target environment of the generated SPIR-V (Vulkan 1.1: SPIR-V 1.3, supported on Jetson and lavapipe).
 TARGET_ENV = "vulkan1.1"
 #: Bump when the manifest format or the way variants are built changes (invalidates the disk cache).
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3  # 3: image16 binding kind
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
@@ -91,7 +91,7 @@ class BindingInfo:
     writeonly: bool
     #: descriptor kind: "buffer" (storage buffer), "texel" (uniform texel buffer, ``samplerBuffer``) or
     #: "image" (read-only storage texel buffer, ``imageBuffer``); texel kinds are bound as
-    #: R32G32B32A32_SFLOAT views, on CPU-type devices only, where texel reads are gathers while
+    #: R32G32B32A32_SFLOAT views ("image16": an ``rgba16f`` imageBuffer, bound as R16G16B16A16_SFLOAT), on CPU-type devices only, where texel reads are gathers while
     #: storage-buffer loads are per-lane loops
     kind: str = "buffer"
 
@@ -244,7 +244,7 @@ def reflect(spv: bytes) -> Manifest:
         elif op == 23:
             types[a[0]] = ("vec", a[1], a[2])
         elif op == 25:
-            types[a[0]] = ("image", a[2], a[6])  # (dim, sampled)
+            types[a[0]] = ("image", a[2], a[6], a[7] if len(a) > 7 else 0)  # (dim, sampled, format)
         elif op == 27:
             types[a[0]] = ("sampledimage", a[1])
         elif op == 28:
@@ -296,7 +296,9 @@ def reflect(spv: bytes) -> Manifest:
                 raise BackendError(f"binding {b}: only texel buffers (samplerBuffer, imageBuffer) are supported")
             if not sampled and 24 not in decos.get(vid, {}):
                 raise BackendError(f"binding {b}: storage texel buffers must be readonly")
-            bindings.append(BindingInfo(b, names.get(vid, f"t{b}"), False, True, "texel" if sampled else "image"))
+            # an RGBA16F storage texel buffer (ImageFormat 2) holds fp16 weights: bound through a 16-bit view
+            kind = "texel" if sampled else ("image16" if img[3] == 2 else "image")
+            bindings.append(BindingInfo(b, names.get(vid, f"t{b}"), False, True, kind))
         elif sc == 9:
             st = types[pointee]
             for m, mt in enumerate(st[1]):
