@@ -23,6 +23,8 @@ from ..errors import InferdError, ModelFormatError, ShapeError, UnsupportedOpErr
 from ..ir import Graph, Node, Subgraph, TensorInfo
 from ..ops.activation import FUSABLE, act_from_node
 from ..ops.base import op_spec
+from ..ops.quant import MS_OPS
+from .quantfuse import fuse_quantized
 from .shapes import copy_node, dims_str, infer_and_fold, set_const, specialize
 
 log = logging.getLogger(__name__)
@@ -93,14 +95,14 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], opset: int, prefix: str = "
             name = f"{name}_{idx}"
         seen_names.add(name)
         where = f"{prefix}/{name}" if prefix else name
-        if n.domain not in ("", "ai.onnx"):
+        if n.domain not in ("", "ai.onnx") and not (n.domain == "com.microsoft" and n.op_type in MS_OPS):
             raise UnsupportedOpError(n.op_type, where, opset, f"custom domain {n.domain!r} is not supported")
         spec = op_spec(n.op_type)
         if spec is None:
             raise UnsupportedOpError(n.op_type, where, opset)
         attrs = {a.name: _attr_value(a, opset, where) for a in n.attribute}
         attrs["_opset"] = opset
-        node = Node(name, n.op_type, list(n.input), list(n.output), attrs)
+        node = Node(name, n.op_type, list(n.input), list(n.output), attrs, domain=n.domain)
         outer: list[str] = []
         for key in sorted(k for k, v in attrs.items() if isinstance(v, Subgraph)):
             outer += [o for o in attrs[key].outer if o not in outer]
@@ -284,6 +286,7 @@ def _warn_declared_outputs(g: onnx.GraphProto, graph: Graph) -> None:
 def _rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
     """``alt``: a dynamic model's tensors at its second probe; a rewrite that needs two shapes equal needs
     them equal there too ({}: the second probe failed, so no such rewrite is made)."""
+    fuse_quantized(graph, outputs)
     _fold_batchnorm(graph, outputs)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)
