@@ -292,6 +292,22 @@ def check_quantised(graph: Graph) -> None:
 
 def fuse_quantized(graph: Graph, outputs: set[str]) -> None:
     """Every QDQ rewrite above, repeated until nothing changes (a fusion can expose the next)."""
+    try:
+        _fuse_all(graph, outputs)
+    finally:
+        mark_symmetric(graph)
+
+
+def mark_symmetric(graph: Graph) -> None:
+    """``attrs["w_zp0"]``: the weights of a QLinearConv / QLinearMatMul have constant zero points of 0, which the
+    native int8 kernels need (kernel selection sees shapes, not values)."""
+    for node in graph.nodes:
+        if node.op in ("QLinearConv", "QLinearMatMul"):
+            z = node.inputs[5] if len(node.inputs) > 5 else ""
+            node.attrs["w_zp0"] = (not z) or (z in graph.constants and not np.any(graph.constants[z]))
+
+
+def _fuse_all(graph: Graph, outputs: set[str]) -> None:
     if not any(n.op in ("QuantizeLinear", "DequantizeLinear") for n in graph.nodes):
         return
     check_quantised(graph)
