@@ -57,12 +57,15 @@ def _mult(raw: dict[str, np.ndarray], xs: int, ws: int, ys: int, n: int) -> np.n
     return np.ascontiguousarray(np.broadcast_to(m, (n,)), np.float32)
 
 
-def _pack(w2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _pack(w2: np.ndarray, conv: bool = False) -> tuple[np.ndarray, np.ndarray]:
     n, k = w2.shape
     w2 = np.ascontiguousarray(w2, np.int8)
-    wp = np.empty(int(native.lib.inferd_q8_packed_size(n, k)), np.int8)
+    lib = native.lib
+    size, pack = ((lib.inferd_q8_conv_packed_size, lib.inferd_q8_conv_pack) if conv
+                  else (lib.inferd_q8_packed_size, lib.inferd_q8_pack))
+    wp = np.empty(int(size(n, k)), np.int8)
     wsum = np.empty(n, np.int32)
-    native.lib.inferd_q8_pack(_c("signed char *", w2), n, k, _c("signed char *", wp), _c("int *", wsum))
+    pack(_c("signed char *", w2), n, k, _c("signed char *", wp), _c("int *", wsum))
     return wp, wsum
 
 
@@ -106,7 +109,7 @@ class QConvNative(Kernel):
         w = np.asarray(raw[raw_key(3)])
         out: dict[str, np.ndarray] = {}
         if g.group == 1:
-            out["wp"], out["wsum"] = _pack(w.reshape(g.cout, -1))
+            out["wp"], out["wsum"] = _pack(w.reshape(g.cout, -1), conv=True)
         else:
             out["w"] = np.ascontiguousarray(w.reshape(g.cout, -1), np.int8)
         out["bias"] = (np.ascontiguousarray(np.asarray(raw[raw_key(8)]).reshape(-1), np.int32) if layer.has_input(8)
@@ -118,7 +121,7 @@ class QConvNative(Kernel):
     def transformed_nbytes(self, layer: Layer) -> int:
         g = layer_geom(layer)
         k = (g.cin // g.group) * int(np.prod(g.k))
-        wb = int(-(-g.cout // 16) * 16 * ((k + 3) & ~3)) if g.group == 1 else g.cout * k
+        wb = int(-(-g.cout // 6) * 6 * ((k + 3) & ~3)) if g.group == 1 else g.cout * k
         return wb + 12 * g.cout + 32
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
