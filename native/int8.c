@@ -410,8 +410,16 @@ typedef struct {
     const int32_t* bias_eff;
     const float* mult;
     int N, kp, zy, lo, hi, y_signed;
-    void* y;
-    int pb;             /* pixels per block */
+    /* stride 1: xv is the input padded (with the zero point) and shifted into the kernel's domain, C planes of
+       vplane bytes at pitch Wv; the output is computed at that pitch too (OH x Wv "virtual" pixels, the last
+       Wv - OW columns of each row garbage), so every tap's source for a block of pixels is one contiguous run.
+       NULL: gather tap by tap (q8_tap_row) over the OH x OW real pixels. */
+    const uint8_t* xv;
+    long long vplane;
+    int Wv;
+    long long npix;  /* pixels computed: OH * Wv */
+    uint8_t* yv;     /* output, channel pitch npix */
+    int pb;          /* pixels per block */
     long long pblocks, nchunk; /* tasks: pixel blocks x channel chunks of nchunk channels */
     int failed;
 } q8_conv_ctx;
@@ -435,19 +443,39 @@ INFERD_CLONES static void q8_tap_row(const q8_conv_ctx* c, int ch, int i, int j,
             const uint8_t* src = xc + (size_t)ih * W;
             const int off = j * c->dw - c->pl;
             int t = 0;
-            /* left padding, the in-image run (contiguous for stride 1), right padding */
             for (; t < run && (ow0 + t) * sw + off < 0; ++t) dst[t] = pad;
             int t_end = t;
             while (t_end < run && (ow0 + t_end) * sw + off < W) ++t_end;
-            if (sw == 1) {
-                const uint8_t* s1 = src + ow0 + off;
-                for (int u = t; u < t_end; ++u) dst[u] = (uint8_t)(s1[u] ^ flip);
-            } else {
-                for (int u = t; u < t_end; ++u) dst[u] = (uint8_t)(src[(ow0 + u) * sw + off] ^ flip);
-            }
+            for (int u = t; u < t_end; ++u) dst[u] = (uint8_t)(src[(ow0 + u) * sw + off] ^ flip);
             for (t = t_end; t < run; ++t) dst[t] = pad;
         }
         p += run;
+    }
+}
+
+/* dst[p] = the 4 bytes r0[p], r1[p], r2[p], r3[p] (p < np; zeros up to pb) */
+INFERD_CLONES static void q8_interleave(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2, const uint8_t* r3,
+                                        int np, int pb, uint32_t* dst)
+{
+    for (int p = 0; p < np; ++p)
+        dst[p] = (uint32_t)r0[p] | ((uint32_t)r1[p] << 8) | ((uint32_t)r2[p] << 16) | ((uint32_t)r3[p] << 24);
+    for (int p = np; p < pb; ++p) dst[p] = 0;
+}
+
+INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, const int32_t* bias, const float* mult,
+                                        float flo, float fhi, int zy, uint8_t* y, long long pitch)
+{
+    for (int r = 0; r < nn; ++r) {
+        const int32_t b = bias[r];
+        const float m = mult[r];
+        const int32_t* tr = tile + r * Q8_PX;
+        uint8_t* yo = y + r * pitch;
+        /* an int8 result has the bit pattern of its uint8 cast: one loop serves both types */
+        for (int p = 0; p < cnt; ++p) {
+            float v = (float)(tr[p] + b) * m;
+            v = v < flo ? flo : (v > fhi ? fhi : v);
+            yo[p] = (uint8_t)((int)q8_rint(v) + zy);
+        }
     }
 }
 
@@ -455,60 +483,46 @@ static void q8_conv_task(void* vctx, long long t)
 {
     q8_conv_ctx* c = (q8_conv_ctx*)vctx;
     const long long pb = t % c->pblocks, nc = t / c->pblocks;
-    const long long npix = (long long)c->OH * c->OW;
+    const long long npix = c->npix;
     const int PB = c->pb;
     const long long p0 = pb * PB;
     const int np = (int)(npix - p0 < PB ? npix - p0 : PB);
-    const int kp = c->kp, kq = kp / 4, K = c->C * c->kh * c->kw, taps = c->kh * c->kw;
-    uint8_t* xb = (uint8_t*)malloc((size_t)kp * PB + 4 * PB);
+    const int kp = c->kp, kq = kp / 4, K = c->C * c->kh * c->kw, taps = c->kh * c->kw, kw = c->kw;
+    uint8_t* xb = (uint8_t*)malloc((size_t)kp * PB + 4 * (size_t)PB);
     if (!xb) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
     uint8_t* rows = xb + (size_t)kp * PB; /* 4 rows of PB bytes */
     for (int g = 0; g < kq; ++g) {
+        const uint8_t* src[4];
         for (int tt = 0; tt < 4; ++tt) {
-            uint8_t* row = rows + tt * PB;
             const int k = 4 * g + tt;
-            memset(row, 0, PB);
-            if (k < K) q8_tap_row(c, k / taps, (k % taps) / c->kw, k % c->kw, p0, np, row);
+            uint8_t* row = rows + tt * PB;
+            if (k >= K) {
+                memset(row, 0, (size_t)PB);
+                src[tt] = row;
+            } else if (c->xv) {
+                const int ch = k / taps, i = (k % taps) / kw, j = k % kw;
+                src[tt] = c->xv + ch * c->vplane + (long long)i * c->dh * c->Wv + (long long)j * c->dw + p0;
+            } else {
+                q8_tap_row(c, k / taps, (k % taps) / kw, k % kw, p0, np, row);
+                src[tt] = row;
+            }
         }
-        uint32_t* dst = (uint32_t*)(xb + (size_t)g * PB * 4);
-        for (int p = 0; p < PB; ++p)
-            dst[p] = (uint32_t)rows[p] | ((uint32_t)rows[PB + p] << 8) | ((uint32_t)rows[2 * PB + p] << 16) |
-                     ((uint32_t)rows[3 * PB + p] << 24);
+        q8_interleave(src[0], src[1], src[2], src[3], np, PB, (uint32_t*)(xb + (size_t)g * PB * 4));
     }
     const q8_ukc uk = q8_conv_uk(c->isa);
     int32_t tile[Q8_CR * Q8_PX];
     const float flo = (float)(c->lo - c->zy), fhi = (float)(c->hi - c->zy);
-    const int zy = c->zy, y_signed = c->y_signed;
     const int n_begin = (int)(nc * c->nchunk), n_end = (int)((nc + 1) * c->nchunk < c->N ? (nc + 1) * c->nchunk : c->N);
     for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
         const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
         for (int px = 0; px < np; px += Q8_PX) {
             uk(xb + (size_t)px * 4, kq, 4L * PB, c->wp + (size_t)n0 * kp, kp, tile);
             const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
-            for (int r = 0; r < nn; ++r) {
-                const int32_t b = c->bias_eff[n0 + r];
-                const float m = c->mult[n0 + r];
-                const size_t at = (size_t)(n0 + r) * npix + p0 + px;
-                const int32_t* tr = tile + r * Q8_PX;
-                if (y_signed) {
-                    int8_t* yo = (int8_t*)c->y + at;
-                    for (int p = 0; p < cnt; ++p) {
-                        float v = (float)(tr[p] + b) * m;
-                        v = v < flo ? flo : (v > fhi ? fhi : v);
-                        yo[p] = (int8_t)((int)q8_rint(v) + zy);
-                    }
-                } else {
-                    uint8_t* yo = (uint8_t*)c->y + at;
-                    for (int p = 0; p < cnt; ++p) {
-                        float v = (float)(tr[p] + b) * m;
-                        v = v < flo ? flo : (v > fhi ? fhi : v);
-                        yo[p] = (uint8_t)((int)q8_rint(v) + zy);
-                    }
-                }
-            }
+            q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy,
+                          c->yv + (size_t)n0 * npix + p0 + px, npix);
         }
     }
     free(xb);
@@ -522,23 +536,71 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const q8_isa_t* isa = q8_isa();
     const int dom_signed = isa->level == 1 ? isa->xsigned : 0;
     const int zxd = q8_zx_domain(zx, x_signed, dom_signed);
+    const uint8_t flip = (uint8_t)(x_signed != dom_signed ? 0x80 : 0), pad = (uint8_t)zxd;
     int32_t* be = q8_bias_eff(bias, wsum, N, zxd);
     if (!be) return -1;
     const int K = C * kh * kw;
+    uint8_t* xpad = NULL;
+    uint8_t* ystage = NULL;
+    const uint8_t* xv = NULL;
+    long long vplane = 0;
+    int Wv = OW;
+    if (sh == 1 && sw == 1) {
+        const int Hv = OH + (kh - 1) * dh + 1;
+        Wv = OW + (kw - 1) * dw;
+        vplane = (long long)Hv * Wv;
+        if (kh == 1 && kw == 1 && pt == 0 && pl == 0 && OH == H && OW == W && !flip) {
+            xv = (const uint8_t*)x; /* already what the gather reads: no copy (reads stay inside: rows are OH * W) */
+            vplane = (long long)H * W;
+        } else {
+            xpad = (uint8_t*)malloc((size_t)C * vplane);
+            if (!xpad) {
+                free(be);
+                return -1;
+            }
+            memset(xpad, pad, (size_t)C * vplane);
+            for (int ch = 0; ch < C; ++ch)
+                for (int r = 0; r < Hv; ++r) {
+                    const int ih = r - pt;
+                    if (ih < 0 || ih >= H) continue;
+                    const uint8_t* src = (const uint8_t*)x + ((size_t)ch * H + ih) * W;
+                    uint8_t* d = xpad + ch * vplane + (size_t)r * Wv;
+                    const int c0 = pl > 0 ? pl : 0, iw0 = c0 - pl;
+                    const int n = (W - iw0) < (Wv - c0) ? (W - iw0) : (Wv - c0);
+                    for (int u = 0; u < n; ++u) d[c0 + u] = (uint8_t)(src[iw0 + u] ^ flip);
+                }
+            xv = xpad;
+        }
+        if (Wv != OW) {
+            ystage = (uint8_t*)malloc((size_t)N * OH * Wv);
+            if (!ystage) {
+                free(xpad);
+                free(be);
+                return -1;
+            }
+        }
+    }
+    const long long npix = (long long)OH * Wv;
     int pbs = (int)(262144 / q8_kp(K)) / Q8_PX * Q8_PX;
     pbs = pbs < Q8_PX ? Q8_PX : (pbs > Q8_PB_MAX ? Q8_PB_MAX : pbs);
-    const long long npix = (long long)OH * OW, pblocks = (npix + pbs - 1) / pbs;
+    const long long pblocks = (npix + pbs - 1) / pbs;
     const int threads = inferd_pool_threads();
     /* too few pixel blocks to feed every thread: split the channels too (each chunk gathers its block again) */
     long long chunks = pblocks >= 2LL * threads ? 1 : (2LL * threads + pblocks - 1) / pblocks;
     long long nchunk = ((N + chunks - 1) / chunks + Q8_CR - 1) / Q8_CR * Q8_CR;
     if (nchunk < Q8_CR) nchunk = Q8_CR;
     chunks = (N + nchunk - 1) / nchunk;
-    q8_conv_ctx c = {isa, (const uint8_t*)x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW,
-                     (uint8_t)(x_signed != dom_signed ? 0x80 : 0), (uint8_t)zxd, wp, be, mult, N, q8_kp(K), zy, lo, hi,
-                     y_signed, y, pbs, pblocks, nchunk, 0};
+    q8_conv_ctx c = {isa, (const uint8_t*)x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, flip, pad, wp, be, mult,
+                     N, q8_kp(K), zy, lo, hi, y_signed, xv, vplane, Wv, npix, ystage ? ystage : (uint8_t*)y, pbs,
+                     pblocks, nchunk, 0};
     const long long tasks = pblocks * chunks;
     inferd_parallel(q8_conv_task, &c, tasks, npix * (long long)N * K < 200000 ? 1 : max_threads);
+    if (ystage) {
+        for (long long r = 0; r < (long long)N * OH; ++r)
+            memcpy((uint8_t*)y + r * OW, ystage + r * Wv, (size_t)OW);
+    }
+    free(ystage);
+    free(xpad);
     free(be);
     return c.failed ? -1 : 0;
 }
