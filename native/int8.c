@@ -113,7 +113,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void uk_vnni(const
 
 #if defined(__aarch64__) && defined(__GNUC__)
 #define Q8_HAVE_SDOT 1
-__attribute__((target("+dotprod"))) static void uk_sdot(const uint8_t* xu, int kp, const int8_t* panel, int32_t* out)
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void uk_sdot(const uint8_t* xu, int kp, const int8_t* panel, int32_t* out)
 {
     const int8_t* x = (const int8_t*)xu; /* already shifted to signed by the gather */
     int32x4_t acc[Q8_MR][4];
@@ -363,7 +363,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void ukc_vnni(cons
 #endif
 
 #if defined(Q8_HAVE_SDOT)
-__attribute__((target("+dotprod"))) static void ukc_sdot(const uint8_t* xg, int kq, long gs, const int8_t* w,
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void ukc_sdot(const uint8_t* xg, int kq, long gs, const int8_t* w,
                                                           int kp, int32_t* out)
 {
     for (int half = 0; half < 2; ++half) {
