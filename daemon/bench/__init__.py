@@ -12,6 +12,8 @@
     inferd bench recurrent [--models a,b] [--repeat N] [--out DIR]          recurrent zoo vs onnxruntime, VAD chunk
                                                                            through the daemon vs a pyzmq echo
     inferd bench predictor [--device cpu|vulkan] [--predictor FILE] [--out DIR]  latency predictor vs measured
+    inferd bench quant [--models a,b] [--schemes s,t] [--repeat N] [--out DIR]   int8 vs fp32 vs onnxruntime on
+                                                                           the same quantised model
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "predictor":
         from .predictor_bench import main as predictor_main
         return predictor_main(argv[1:])
+    if argv and argv[0] == "quant":
+        from .quant_bench import main as quant_main
+        return quant_main(argv[1:])
     if argv and argv[0] == "vulkan":
         from .vulkan_bench import main as vk_main
         return vk_main(argv[1:])

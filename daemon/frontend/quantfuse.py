@@ -199,6 +199,27 @@ def _fuse_gemmlike(graph: Graph, outputs: set[str]) -> int:
     return n_fused
 
 
+def _same_qparams(graph: Graph, q: Node, dq: _DQ) -> bool:
+    qs, qz = graph.constants[q.inputs[1]], graph.constants[q.inputs[2]]
+    return (np.asarray(qz).dtype == dq.dtype and float(np.asarray(qs).reshape(-1)[0]) == float(dq.scale.reshape(-1)[0])
+            and int(np.asarray(qz).reshape(-1)[0]) == int(dq.zp.reshape(-1)[0]))
+
+
+def _fuse_split(graph: Graph, node: Node, outputs: set[str], prods: dict[str, Node], cons: dict[str, list[Node]]) -> int:
+    """DQ -> Split -> Q per output, all with the input's scale and zero point: the Split on the integers."""
+    dq = _dq(graph, node.inputs[0], prods)
+    if dq is None or dq.const or not dq.per_tensor or dq.dtype not in INT8_TYPES:
+        return 0
+    qs = [_q_after(graph, o, outputs, cons) if o else None for o in node.outputs]
+    if any(o and (q is None or not _same_qparams(graph, q, dq)) for o, q in zip(node.outputs, qs)):
+        return 0
+    new = Node(node.name, node.op, [dq.q] + node.inputs[1:], [q.outputs[0] if q is not None else "" for q in qs],
+               dict(node.attrs), node.domain)
+    new.attrs["_absorbed"] = [o for o in node.outputs if o]
+    _replace(graph, node, [q for q in qs if q is not None], new)
+    return 1
+
+
 def _fuse_elementwise(graph: Graph, outputs: set[str]) -> int:
     n_fused = 0
     for node in [n for n in graph.nodes if n.op in ("Add", "Mul", "Concat", "GlobalAveragePool", "Sigmoid",
@@ -207,6 +228,9 @@ def _fuse_elementwise(graph: Graph, outputs: set[str]) -> int:
             continue
         prods, cons = graph.producers(), graph.consumers()
         outs = [o for o in node.outputs if o]
+        if len(outs) > 1 and node.op == "Split":
+            n_fused += _fuse_split(graph, node, outputs, prods, cons)
+            continue
         if len(outs) != 1:
             continue
         if node.op in ("Add", "Mul"):
