@@ -642,14 +642,18 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
     int8_t* ys = (int8_t*)c->y + ch * (size_t)OH * OW;
     uint8_t* yu = (uint8_t*)c->y + ch * (size_t)OH * OW;
     const int y_signed = c->y_signed;
-    if (sh == 1 && sw == 1 && kh * kw < 512) {
-        /* the centred input padded to (OH + (kh-1)dh) x Wp, Wp = OW + (kw-1)dw: every tap is then one long loop
-           over the output computed at pitch Wp (the extra columns are dropped at the store). In float: products of
-           8-bit values and their sums over kh*kw < 512 taps stay below 2^24, so every float here is an exact
-           integer, and float FMAs are faster than int32 multiplies (vpmulld) on x86. */
-        const int Hp = OH + (kh - 1) * dh + 1, Wp = OW + (kw - 1) * dw;
-        float* xp = (float*)calloc((size_t)Hp * Wp, sizeof(float));
-        float* ap = (float*)malloc(sizeof(float) * (size_t)OH * Wp);
+    if (kh * kw < 512) {
+        /* The centred input, padded, split into sh x sw phase planes (row r, column c of the padded input goes to
+           phase (r % sh, c % sw) at (r / sh, c / sw)), each Hq x Wq. The output is computed at pitch Wq (the
+           extra columns are dropped at the store): tap (i, j) then reads phase ((i dh) % sh, (j dw) % sw) at a
+           fixed offset, so every tap is one long contiguous loop, strided convolutions included. In float:
+           products of 8-bit values and their sums over kh*kw < 512 taps stay below 2^24, so every float here is
+           an exact integer, and float FMAs are faster than int32 multiplies (vpmulld) on x86. */
+        const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
+        const int Hq = (Hpad + sh - 1) / sh + 1, Wq = (Wpad + sw - 1) / sw;
+        const size_t qplane = (size_t)Hq * Wq;
+        float* xp = (float*)calloc((size_t)sh * sw * qplane, sizeof(float));
+        float* ap = (float*)malloc(sizeof(float) * (size_t)OH * Wq);
         if (!xp || !ap) {
             free(xp);
             free(ap);
@@ -658,35 +662,44 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
             __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
             return;
         }
-        for (int r = 0; r < Hp; ++r) {
+        for (int r = 0; r < Hpad; ++r) {
             const int ih = r - pt;
             if (ih < 0 || ih >= H) continue;
             const uint8_t* src = xc + (size_t)ih * W;
-            float* d = xp + (size_t)r * Wp;
             const int c0 = pl > 0 ? pl : 0, iw0 = c0 - pl;
-            const int n = (W - iw0) < (Wp - c0) ? (W - iw0) : (Wp - c0);
-            if (x_signed)
-                for (int t = 0; t < n; ++t) d[c0 + t] = (float)((int32_t)(int8_t)src[iw0 + t] - zx);
-            else
-                for (int t = 0; t < n; ++t) d[c0 + t] = (float)((int32_t)src[iw0 + t] - zx);
+            const int n = (W - iw0) < (Wpad - c0) ? (W - iw0) : (Wpad - c0);
+            float* row0 = xp + (size_t)(r % sh) * sw * qplane + (size_t)(r / sh) * Wq;
+            if (sw == 1) {
+                if (x_signed)
+                    for (int t = 0; t < n; ++t) row0[c0 + t] = (float)((int32_t)(int8_t)src[iw0 + t] - zx);
+                else
+                    for (int t = 0; t < n; ++t) row0[c0 + t] = (float)((int32_t)src[iw0 + t] - zx);
+            } else {
+                for (int t = 0; t < n; ++t) {
+                    const int col = c0 + t;
+                    const int32_t v = x_signed ? (int32_t)(int8_t)src[iw0 + t] : (int32_t)src[iw0 + t];
+                    row0[(size_t)(col % sw) * qplane + col / sw] = (float)(v - zx);
+                }
+            }
         }
-        const long long total = (long long)OH * Wp;
+        const long long total = (long long)OH * Wq;
         for (long long q = 0; q < total; ++q) ap[q] = 0.0f;
         for (int i = 0; i < kh; ++i)
             for (int j = 0; j < kw; ++j) {
                 const float wv = (float)wc[i * kw + j];
-                const float* xs = xp + (size_t)i * dh * Wp + (size_t)j * dw;
+                const int ri = i * dh, cj = j * dw;
+                const float* xs = xp + ((size_t)(ri % sh) * sw + (size_t)(cj % sw)) * qplane + (size_t)(ri / sh) * Wq + cj / sw;
                 for (long long q = 0; q < total; ++q) ap[q] += xs[q] * wv;
             }
-        /* requantise the whole pitch-Wp plane in one long loop (an int8 result has the bit pattern of its
+        /* requantise the whole pitch-Wq plane in one long loop (an int8 result has the bit pattern of its
            uint8 cast, so one loop serves both), then copy the OW valid bytes of each row */
-        uint8_t* qb = (uint8_t*)xp; /* the padded input is no longer needed; it is larger than OH * Wp bytes */
+        uint8_t* qb = (uint8_t*)xp; /* the phases are no longer needed; they hold more than OH * Wq bytes */
         for (long long q = 0; q < total; ++q) {
             float v = (float)((int32_t)ap[q] + b) * m;
             v = v < flo ? flo : (v > fhi ? fhi : v);
             qb[q] = (uint8_t)((int)q8_rint(v) + zy);
         }
-        for (int oh = 0; oh < OH; ++oh) memcpy(yu + (size_t)oh * OW, qb + (size_t)oh * Wp, (size_t)OW);
+        for (int oh = 0; oh < OH; ++oh) memcpy(yu + (size_t)oh * OW, qb + (size_t)oh * Wq, (size_t)OW);
         (void)ys;
         (void)y_signed;
         free(xp);

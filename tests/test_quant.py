@@ -471,7 +471,7 @@ def test_quantised_zoo_model_matches_onnxruntime(name: str, scheme: str) -> None
         assert d.max() <= limit + 1e-3, f"{name} {scheme}: {d.max():.2f} output steps apart ({(d > 0.5).sum()} of {d.size})"
     else:  # dynamic: float outputs; the layer-by-layer check above is the exact one
         rel = float(np.abs(got - want).max() / max(1e-6, float(np.abs(want).max())))
-        assert rel <= 0.02, f"{name} {scheme}: max diff {rel:.4f} of the output's magnitude"
+        assert rel <= 0.05, f"{name} {scheme}: max diff {rel:.4f} of the output's magnitude"
     if qdq:  # every GEMM-shaped layer runs as one int8 op; what is left in float is cheap (a ReduceMean, ...)
         left = [f"{n.op} {n.name}" for n in g.nodes if n.op in ("Conv", "Gemm", "MatMul", "ConvTranspose")]
         assert not left, f"{name}: float layers left unfused: {left}"
