@@ -619,6 +619,30 @@ typedef struct {
     int failed;
 } q8_dw_ctx;
 
+/* Small loops kept out of line, so the compiler vectorises each as written instead of fusing neighbours
+   (unroll-and-jam of the tap loop gave a scalar loop). */
+INFERD_CLONES __attribute__((noinline)) static void q8_axpy(float* restrict y, const float* restrict x, float a,
+                                                             long long n)
+{
+    for (long long q = 0; q < n; ++q) y[q] += x[q] * a;
+}
+
+INFERD_CLONES __attribute__((noinline)) static void q8_centre(float* restrict d, const uint8_t* restrict s, int step,
+                                                               int n, int x_signed, int zx)
+{
+    if (step == 1) {
+        if (x_signed)
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)(int8_t)s[u] - zx);
+        else
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)s[u] - zx);
+    } else {
+        if (x_signed)
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)(int8_t)s[(long)u * step] - zx);
+        else
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)s[(long)u * step] - zx);
+    }
+}
+
 /* Fields are copied to locals: stores through the int32/int8 buffers could alias the context's ints, which
    would keep the compiler from vectorising the loops. */
 INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
@@ -669,17 +693,15 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
             const int c0 = pl > 0 ? pl : 0, iw0 = c0 - pl;
             const int n = (W - iw0) < (Wpad - c0) ? (W - iw0) : (Wpad - c0);
             float* row0 = xp + (size_t)(r % sh) * sw * qplane + (size_t)(r / sh) * Wq;
-            if (sw == 1) {
-                if (x_signed)
-                    for (int t = 0; t < n; ++t) row0[c0 + t] = (float)((int32_t)(int8_t)src[iw0 + t] - zx);
-                else
-                    for (int t = 0; t < n; ++t) row0[c0 + t] = (float)((int32_t)src[iw0 + t] - zx);
-            } else {
-                for (int t = 0; t < n; ++t) {
-                    const int col = c0 + t;
-                    const int32_t v = x_signed ? (int32_t)(int8_t)src[iw0 + t] : (int32_t)src[iw0 + t];
-                    row0[(size_t)(col % sw) * qplane + col / sw] = (float)(v - zx);
-                }
+            /* phase cp of this row: padded columns cp, cp + sw, ... -> positions 0, 1, ... of its plane row */
+            for (int cp = 0; cp < sw; ++cp) {
+                float* restrict d = row0 + (size_t)cp * qplane;
+                const uint8_t* restrict sp = src;
+                /* padded column col = cp + u*sw holds input column col - pl, inside [iw0, iw0 + n) */
+                int u0 = c0 - cp > 0 ? (c0 - cp + sw - 1) / sw : 0;
+                int u1 = (c0 + n - cp) > 0 ? (c0 + n - cp + sw - 1) / sw : 0;
+                const int off = cp - pl;
+                if (u1 > u0) q8_centre(d + u0, sp + (long)u0 * sw + off, sw, u1 - u0, x_signed, zx);
             }
         }
         const long long total = (long long)OH * Wq;
@@ -688,8 +710,9 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
             for (int j = 0; j < kw; ++j) {
                 const float wv = (float)wc[i * kw + j];
                 const int ri = i * dh, cj = j * dw;
-                const float* xs = xp + ((size_t)(ri % sh) * sw + (size_t)(cj % sw)) * qplane + (size_t)(ri / sh) * Wq + cj / sw;
-                for (long long q = 0; q < total; ++q) ap[q] += xs[q] * wv;
+                const float* restrict xs =
+                    xp + ((size_t)(ri % sh) * sw + (size_t)(cj % sw)) * qplane + (size_t)(ri / sh) * Wq + cj / sw;
+                q8_axpy(ap, xs, wv, total);
             }
         /* requantise the whole pitch-Wq plane in one long loop (an int8 result has the bit pattern of its
            uint8 cast, so one loop serves both), then copy the OW valid bytes of each row */
