@@ -410,10 +410,11 @@ typedef struct {
     const int32_t* bias_eff;
     const float* mult;
     int N, kp, zy, lo, hi, y_signed;
-    /* stride 1: xv is the input padded (with the zero point) and shifted into the kernel's domain, C planes of
+    /* xv: the input padded (with the zero point), shifted into the kernel's domain and split into sh x sw phase
+       planes per channel (padded row r, column c at phase (r % sh, c % sw), position (r / sh, c / sw)), each of
        vplane bytes at pitch Wv; the output is computed at that pitch too (OH x Wv "virtual" pixels, the last
-       Wv - OW columns of each row garbage), so every tap's source for a block of pixels is one contiguous run.
-       NULL: gather tap by tap (q8_tap_row) over the OH x OW real pixels. */
+       Wv - OW columns of each row garbage), so every tap's source for a block of pixels is one contiguous run
+       of one phase plane, whatever the stride. */
     const uint8_t* xv;
     long long vplane;
     int Wv;
@@ -423,35 +424,6 @@ typedef struct {
     long long pblocks, nchunk; /* tasks: pixel blocks x channel chunks of nchunk channels */
     int failed;
 } q8_conv_ctx;
-
-/* row[p] = x'[c][ih][iw] of tap (c, i, j) for the block's pixels p0 .. p0 + np, pad outside the image */
-INFERD_CLONES static void q8_tap_row(const q8_conv_ctx* c, int ch, int i, int j, long long p0, int np, uint8_t* row)
-{
-    const int H = c->H, W = c->W, OW = c->OW, sw = c->sw;
-    const uint8_t flip = c->flip, pad = c->pad;
-    const uint8_t* xc = c->x + (size_t)ch * H * W;
-    int p = 0;
-    while (p < np) {
-        const long long q = p0 + p;
-        const int oh = (int)(q / OW), ow0 = (int)(q % OW);
-        const int run = OW - ow0 < np - p ? OW - ow0 : np - p;
-        const int ih = oh * c->sh - c->pt + i * c->dh;
-        uint8_t* dst = row + p;
-        if (ih < 0 || ih >= H) {
-            memset(dst, pad, (size_t)run);
-        } else {
-            const uint8_t* src = xc + (size_t)ih * W;
-            const int off = j * c->dw - c->pl;
-            int t = 0;
-            for (; t < run && (ow0 + t) * sw + off < 0; ++t) dst[t] = pad;
-            int t_end = t;
-            while (t_end < run && (ow0 + t_end) * sw + off < W) ++t_end;
-            for (int u = t; u < t_end; ++u) dst[u] = (uint8_t)(src[(ow0 + u) * sw + off] ^ flip);
-            for (t = t_end; t < run; ++t) dst[t] = pad;
-        }
-        p += run;
-    }
-}
 
 /* dst[p] = the 4 bytes r0[p], r1[p], r2[p], r3[p] (p < np; zeros up to pb) */
 INFERD_CLONES static void q8_interleave(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2, const uint8_t* r3,
@@ -502,12 +474,10 @@ static void q8_conv_task(void* vctx, long long t)
             if (k >= K) {
                 memset(row, 0, (size_t)PB);
                 src[tt] = row;
-            } else if (c->xv) {
-                const int ch = k / taps, i = (k % taps) / kw, j = k % kw;
-                src[tt] = c->xv + ch * c->vplane + (long long)i * c->dh * c->Wv + (long long)j * c->dw + p0;
             } else {
-                q8_tap_row(c, k / taps, (k % taps) / kw, k % kw, p0, np, row);
-                src[tt] = row;
+                const int ch = k / taps, ri = ((k % taps) / kw) * c->dh, cj = (k % kw) * c->dw;
+                const long long phase = (long long)ch * c->sh * c->sw + (ri % c->sh) * c->sw + cj % c->sw;
+                src[tt] = c->xv + phase * c->vplane + (long long)(ri / c->sh) * c->Wv + cj / c->sw + p0;
             }
         }
         q8_interleave(src[0], src[1], src[2], src[3], np, PB, (uint32_t*)(xb + (size_t)g * PB * 4));
@@ -545,29 +515,36 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const uint8_t* xv = NULL;
     long long vplane = 0;
     int Wv = OW;
-    if (sh == 1 && sw == 1) {
-        const int Hv = OH + (kh - 1) * dh + 1;
-        Wv = OW + (kw - 1) * dw;
-        vplane = (long long)Hv * Wv;
-        if (kh == 1 && kw == 1 && pt == 0 && pl == 0 && OH == H && OW == W && !flip) {
+    {
+        const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
+        const int Hq = (Hpad + sh - 1) / sh + 1;
+        Wv = (Wpad + sw - 1) / sw;
+        vplane = (long long)Hq * Wv;
+        if (kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && OH == H && OW == W && !flip) {
             xv = (const uint8_t*)x; /* already what the gather reads: no copy (reads stay inside: rows are OH * W) */
             vplane = (long long)H * W;
         } else {
-            xpad = (uint8_t*)malloc((size_t)C * vplane);
+            const size_t bytes = (size_t)C * sh * sw * vplane;
+            xpad = (uint8_t*)malloc(bytes);
             if (!xpad) {
                 free(be);
                 return -1;
             }
-            memset(xpad, pad, (size_t)C * vplane);
+            memset(xpad, pad, bytes);
             for (int ch = 0; ch < C; ++ch)
-                for (int r = 0; r < Hv; ++r) {
+                for (int r = 0; r < Hpad; ++r) {
                     const int ih = r - pt;
                     if (ih < 0 || ih >= H) continue;
                     const uint8_t* src = (const uint8_t*)x + ((size_t)ch * H + ih) * W;
-                    uint8_t* d = xpad + ch * vplane + (size_t)r * Wv;
-                    const int c0 = pl > 0 ? pl : 0, iw0 = c0 - pl;
-                    const int n = (W - iw0) < (Wv - c0) ? (W - iw0) : (Wv - c0);
-                    for (int u = 0; u < n; ++u) d[c0 + u] = (uint8_t)(src[iw0 + u] ^ flip);
+                    for (int cp = 0; cp < sw; ++cp) {
+                        uint8_t* d = xpad + (((size_t)ch * sh + r % sh) * sw + cp) * vplane + (size_t)(r / sh) * Wv;
+                        /* padded column cp + u*sw holds input column cp + u*sw - pl, for those inside [0, W) */
+                        const int lo_c = pl - cp > 0 ? pl - cp : 0, hi_c = W + pl - cp;
+                        const int u0 = (lo_c + sw - 1) / sw;
+                        int u1 = hi_c > 0 ? (hi_c + sw - 1) / sw : 0;
+                        if (u1 > Wv) u1 = Wv;
+                        for (int u = u0; u < u1; ++u) d[u] = (uint8_t)(src[u * sw + cp - pl] ^ flip);
+                    }
                 }
             xv = xpad;
         }
