@@ -20,6 +20,7 @@
  * convolutions), 6 rows per micro-kernel call; blocks are the pool's tasks.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,35 @@ void inferd_q8_pack(const int8_t* w, int N, int K, int8_t* wp, int32_t* wsum)
         }
         wsum[n] = s;
     }
+}
+
+/* Per-thread scratch, two slots: 0 for an entry point's own buffers (the padded input, the staged output), 1
+   for a task's (the gathered block; the calling thread runs tasks too while slot 0 is in use). Grown on demand
+   and kept, so a layer's buffers are not mapped and faulted in again at every run; a key's destructor frees them
+   when the thread exits. */
+static __thread uint8_t* q8_tl[2] = {NULL, NULL};
+static __thread size_t q8_tl_cap[2] = {0, 0};
+static pthread_key_t q8_key[2];
+static pthread_once_t q8_once = PTHREAD_ONCE_INIT;
+static void q8_tl_free(void* p) { free(p); }
+static void q8_tl_init(void)
+{
+    pthread_key_create(&q8_key[0], q8_tl_free);
+    pthread_key_create(&q8_key[1], q8_tl_free);
+}
+
+static uint8_t* q8_scratch(int slot, size_t n)
+{
+    if (n > q8_tl_cap[slot]) {
+        void* p = NULL;
+        if (posix_memalign(&p, 64, n + 64) != 0) return NULL;
+        free(q8_tl[slot]);
+        q8_tl[slot] = (uint8_t*)p;
+        q8_tl_cap[slot] = n;
+        pthread_once(&q8_once, q8_tl_init);
+        pthread_setspecific(q8_key[slot], p);
+    }
+    return q8_tl[slot];
 }
 
 /* ---------------------------------------------------------------- micro-kernels: out[r][j] (Q8_MR x 16 int32)
@@ -460,7 +490,7 @@ static void q8_conv_task(void* vctx, long long t)
     const long long p0 = pb * PB;
     const int np = (int)(npix - p0 < PB ? npix - p0 : PB);
     const int kp = c->kp, kq = kp / 4, K = c->C * c->kh * c->kw, taps = c->kh * c->kw, kw = c->kw;
-    uint8_t* xb = (uint8_t*)malloc((size_t)kp * PB + 4 * (size_t)PB);
+    uint8_t* xb = q8_scratch(1, (size_t)kp * PB + 4 * (size_t)PB);
     if (!xb) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
@@ -495,7 +525,6 @@ static void q8_conv_task(void* vctx, long long t)
                           c->yv + (size_t)n0 * npix + p0 + px, npix);
         }
     }
-    free(xb);
 }
 
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const int8_t* wp, const int32_t* wsum,
@@ -525,11 +554,13 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
             vplane = (long long)H * W;
         } else {
             const size_t bytes = (size_t)C * sh * sw * vplane;
-            xpad = (uint8_t*)malloc(bytes);
+            const size_t ybytes = Wv != OW ? (size_t)N * OH * Wv : 0;
+            xpad = q8_scratch(0, bytes + ybytes);
             if (!xpad) {
                 free(be);
                 return -1;
             }
+            if (ybytes) ystage = xpad + bytes;
             memset(xpad, pad, bytes);
             for (int ch = 0; ch < C; ++ch)
                 for (int r = 0; r < Hpad; ++r) {
@@ -548,13 +579,9 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
                 }
             xv = xpad;
         }
-        if (Wv != OW) {
-            ystage = (uint8_t*)malloc((size_t)N * OH * Wv);
-            if (!ystage) {
-                free(xpad);
-                free(be);
-                return -1;
-            }
+        if (Wv != OW && !ystage) { /* the input read in place but the output at another pitch: not reached */
+            free(be);
+            return -1;
         }
     }
     const long long npix = (long long)OH * Wv;
@@ -576,8 +603,6 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
         for (long long r = 0; r < (long long)N * OH; ++r)
             memcpy((uint8_t*)y + r * OW, ystage + r * Wv, (size_t)OW);
     }
-    free(ystage);
-    free(xpad);
     free(be);
     return c.failed ? -1 : 0;
 }
