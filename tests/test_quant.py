@@ -475,3 +475,18 @@ def test_quantised_zoo_model_matches_onnxruntime(name: str, scheme: str) -> None
     if qdq:  # every GEMM-shaped layer runs as one int8 op; what is left in float is cheap (a ReduceMean, ...)
         left = [f"{n.op} {n.name}" for n in g.nodes if n.op in ("Conv", "Gemm", "MatMul", "ConvTranspose")]
         assert not left, f"{name}: float layers left unfused: {left}"
+
+
+def test_quantised_model_through_a_compiled_package(tmp_path: Path) -> None:
+    """The int8 weights, their packing and the fused ops' attributes survive the package store: a second load
+    reads the package and answers as the first did (and as onnxruntime does)."""
+    from zoo_fixture import zoo_path
+
+    path = zquant.quantized(zoo_path("squeezenet1_1"), "qdq_u8s8_pc")
+    feeds = zquant.calibration_feeds(path, n=1, seed=7)[0]
+    first = _inferd(path, feeds, cache_dir=tmp_path)[0]
+    assert any(tmp_path.iterdir()), "no package was written"
+    second = _inferd(path, feeds, cache_dir=tmp_path)[0]
+    np.testing.assert_array_equal(first, second)
+    want = _ort(onnx.load(str(path)), feeds)[0]
+    assert np.abs(second - want).max() <= _output_step(onnx.load(str(path))) + 1e-6
