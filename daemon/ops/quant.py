@@ -465,8 +465,11 @@ def _ref_qconcat(node: Node, ins: list) -> list:
         x, s, z = ins[i], ins[i + 1], ins[i + 2]
         if np.asarray(x).dtype == dt and np.array_equal(_f32(s), _f32(ys)) and np.array_equal(np.asarray(z), np.asarray(yz)):
             parts.append(np.asarray(x))
-        else:
-            parts.append(quantize(dequantize(x, s, z), ys, yz, dt))
+        else:  # a function of the 8-bit value alone: a 256-entry table, as onnxruntime does it
+            xa = np.asarray(x)
+            lo, _ = qrange(xa.dtype)
+            table = quantize(dequantize(np.arange(lo, lo + 256).astype(xa.dtype), s, z), ys, yz, dt)
+            parts.append(table[xa.astype(np.int64) - lo] if lo else table[xa])
     return [np.concatenate(parts, axis=int(node.attr("axis")))]
 
 
