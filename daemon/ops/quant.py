@@ -518,3 +518,54 @@ class QuantNumpyKernel(Kernel):
         res = spec.reference(layer.node, full_inputs(layer, inputs, params))
         for o, r in zip(outputs, res):
             o[...] = r
+
+
+@register_kernel
+class QConcatKernel(Kernel):
+    """QLinearConcat straight into the output's slices: inputs on the output's scale and zero point are copied,
+    the others mapped through their 256-entry requantisation table (built at load from the constant scales)."""
+
+    name = "table"
+    ops = ("QLinearConcat",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        n = len(layer.node.inputs)
+        params = [0, 1] + [k for i in range(2, n, 3) for k in (i + 1, i + 2)]
+        return (all(p in layer.const_inputs for p in params)
+                and all(layer.inputs[i] is not None and np.dtype(layer.inputs[i].dtype) in INT8_TYPES for i in range(2, n, 3)))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .base import raw_key
+
+        ys, yz = raw[raw_key(0)], raw[raw_key(1)]
+        dt = np.asarray(yz).dtype
+        out: dict[str, np.ndarray] = {}
+        for j, i in enumerate(range(2, len(layer.node.inputs), 3)):
+            xdt = np.dtype(layer.inputs[i].dtype)
+            s, z = raw[raw_key(i + 1)], raw[raw_key(i + 2)]
+            if xdt == dt and np.array_equal(_f32(s), _f32(ys)) and np.array_equal(np.asarray(z), np.asarray(yz)):
+                continue
+            lo, _ = qrange(xdt)
+            q = np.arange(lo, lo + 256).astype(xdt)
+            # indexed by the input's bytes read as uint8 (int8 -128 is byte 128)
+            t = quantize(dequantize(q, s, z), ys, yz, dt)
+            out[f"t{j}"] = np.ascontiguousarray(t[(np.arange(256).astype(np.uint8).view(xdt).astype(np.int64) - lo)])
+        return out
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        y = outputs[0]
+        ax = int(layer.attr("axis")) % y.ndim
+        at = 0
+        for j, i in enumerate(range(2, len(layer.node.inputs), 3)):
+            x = inputs[i]
+            assert x is not None
+            n = x.shape[ax]
+            dst = y[(slice(None),) * ax + (slice(at, at + n),)]
+            t = params.get(f"t{j}")
+            if t is None:
+                dst[...] = x
+            else:
+                np.take(t, x.view(np.uint8), out=dst) if dst.flags.c_contiguous else dst.__setitem__(..., t[x.view(np.uint8)])
+            at += n
