@@ -148,3 +148,6 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
 int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* w, int kh, int kw,
                        int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW, const int* bias,
                        const float* mult, int zy, int lo, int hi, void* y, int y_signed, int max_threads);
+/* y = clamp(rint((a - za) ra + (b - zb) rb + zc), lo, hi) over n elements of same-shaped a, b (QLinearAdd). */
+void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b, int b_signed, int zb, float rb, float zc,
+                   int lo, int hi, void* y, long long n, int max_threads);

@@ -826,3 +826,46 @@ int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W,
     inferd_parallel(q8_dw_task, &c, C, (long long)C * OH * OW * kh * kw < 100000 ? 1 : max_threads);
     return c.failed ? -1 : 0;
 }
+
+/* ---------------------------------------------------------------- elementwise add of two quantised tensors
+   y = clamp(rint((a - za) * ra + (b - zb) * rb + zc)), as onnxruntime's QLinearAdd: separate float roundings,
+   no fused multiply-add (an FMA rounds differently and would move values that sit on a rounding boundary). */
+__attribute__((optimize("fp-contract=off"))) INFERD_CLONES static void q8_add_range(
+    const uint8_t* restrict a, int a_signed, int za, float ra, const uint8_t* restrict b, int b_signed, int zb,
+    float rb, float zc, float lo, float hi, uint8_t* restrict y, long long n0, long long n1)
+{
+    for (long long i = n0; i < n1; ++i) {
+        const int32_t av = a_signed ? (int32_t)(int8_t)a[i] : (int32_t)a[i];
+        const int32_t bv = b_signed ? (int32_t)(int8_t)b[i] : (int32_t)b[i];
+        const float p = (float)(av - za) * ra;
+        const float q = (float)(bv - zb) * rb;
+        float v = (p + q) + zc;
+        v = q8_rint(v);
+        v = v < lo ? lo : (v > hi ? hi : v);
+        y[i] = (uint8_t)(int)v;
+    }
+}
+
+typedef struct {
+    const uint8_t *a, *b;
+    int a_signed, za, b_signed, zb;
+    float ra, rb, zc, lo, hi;
+    uint8_t* y;
+    long long n, chunk;
+} q8_add_ctx;
+
+static void q8_add_task(void* vctx, long long t)
+{
+    const q8_add_ctx* c = (const q8_add_ctx*)vctx;
+    const long long n0 = t * c->chunk, n1 = n0 + c->chunk < c->n ? n0 + c->chunk : c->n;
+    q8_add_range(c->a, c->a_signed, c->za, c->ra, c->b, c->b_signed, c->zb, c->rb, c->zc, c->lo, c->hi, c->y, n0, n1);
+}
+
+void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b, int b_signed, int zb, float rb, float zc,
+                   int lo, int hi, void* y, long long n, int max_threads)
+{
+    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    q8_add_ctx c = {(const uint8_t*)a, (const uint8_t*)b, a_signed, za, b_signed, zb, ra, rb, zc, (float)lo, (float)hi,
+                    (uint8_t*)y, n, chunk};
+    inferd_parallel(q8_add_task, &c, tasks, tasks < 2 ? 1 : max_threads);
+}

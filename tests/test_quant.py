@@ -493,3 +493,22 @@ def test_quantised_model_through_a_compiled_package(tmp_path: Path) -> None:
     np.testing.assert_array_equal(first, second)
     want = _ort(onnx.load(str(path)), feeds)[0]
     assert np.abs(second - want).max() <= _output_step(onnx.load(str(path))) + 1e-6
+
+
+@pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.int8, np.uint8, np.int8)])
+def test_native_qadd_matches_oracle(at, bt, yt) -> None:
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    a = U8(2, 5, 7, 9) if at == np.uint8 else S8(2, 5, 7, 9)
+    b = U8(2, 5, 7, 9) if bt == np.uint8 else S8(2, 5, 7, 9)
+    ins = [a, F(0.031), np.asarray(3, at), b, F(0.047), np.asarray(-2 if bt == np.int8 else 120, bt), F(0.05),
+           np.asarray(-5 if yt == np.int8 else 100, yt)]
+    for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
+        attrs = {} if clamp is None else {"qclamp": clamp}
+        layer = single_node_layer("QLinearAdd", ins, attrs, const=[False, True, True, False, True, True, True, True])
+        kern = choose_kernel(layer)
+        assert kern.name == "int8_native"
+        raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+        out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
+        kern.run(layer, [a, None, None, b] + [None] * 4, kern.transform(layer, raw), out)
+        np.testing.assert_array_equal(out[0], op_spec("QLinearAdd").reference(layer.node, ins)[0])

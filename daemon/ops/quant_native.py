@@ -237,3 +237,58 @@ class QMatMulNative(Kernel):
                 raise MemoryError(f"{layer.name}: int8 GEMM out of memory")
 
         return call
+
+
+@register_kernel
+class QAddNative(Kernel):
+    """QLinearAdd of two same-shaped int8/uint8 tensors (residual adds) in C, with the oracle's float arithmetic."""
+
+    name = "int8_native"
+    ops = ("QLinearAdd",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        a, b = layer.inputs[0], layer.inputs[3]
+        if not native.AVAILABLE or a is None or b is None or tuple(a.shape) != tuple(b.shape):
+            return False
+        if 0 in layer.const_inputs or 3 in layer.const_inputs or not _consts(layer, (1, 2, 4, 5, 6, 7)):
+            return False
+        return all(np.dtype(t.dtype) in INT8_TYPES for t in (a, b, layer.outputs[0]))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .quant import _f32
+
+        def z(i: int) -> int:
+            return int(np.asarray(raw[raw_key(i)]).reshape(-1)[0]) if layer.has_input(i) else 0
+
+        sa, sb, sc = (_f32(raw[raw_key(i)]).reshape(-1)[0] for i in (1, 4, 6))
+        lo, hi = qrange(layer.outputs[0].dtype)
+        c = layer.attr("qclamp")
+        if c is not None:
+            lo, hi = max(lo, int(c[0])), min(hi, int(c[1]))
+        return {"f": np.array([sa / sc, sb / sc, np.float32(z(7))], np.float32),
+                "i": np.array([z(2), z(5), lo, hi], np.int64)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        a, b, y = inputs[0], inputs[3], outputs[0]
+        if a is None or b is None or not (a.flags.c_contiguous and b.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        ra, rb, zc = (float(v) for v in params["f"])
+        za, zb, lo, hi = (int(v) for v in params["i"])
+        ap, bp, yp = (native.ffi.cast("void *", v.__array_interface__["data"][0]) for v in (a, b, y))
+        asg, bsg = int(a.dtype == _I8), int(b.dtype == _I8)
+        n, lib, threads = int(y.size), native.lib, native.num_threads()
+        keep = (a, b, y)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_add(ap, asg, za, ra, bp, bsg, zb, rb, zc, lo, hi, yp, n, threads)
+
+        return call
