@@ -139,3 +139,34 @@ int inferd_roi_align(const float* x, int N, int C, int H, int W, const float* ro
    (largest) or ascending, ties to the lower index, NaN ranks above every number for largest (below, else).
    Returns 0, or -1 if out of memory. */
 int inferd_topk(const float* x, long long rows, long long n, long long k, int largest, float* vals, long long* idx);
+/* ---- int8 GEMM and convolution (int8.c): int32 accumulation, requantised in the store ----
+   y = clamp(rint(float(sum_k (x - zx) w + bias[n]) * mult[n]) + zy, lo, hi); w signed 8-bit, zero point 0;
+   x and y int8 (signed = 1) or uint8 (0). */
+/* Bytes of packed weights for N output channels of K taps. */
+long long inferd_q8_packed_size(int N, int K);
+/* Pack w (N x K, row-major) into wp (inferd_q8_packed_size bytes); wsum[n] = sum_k w[n][k]. */
+void inferd_q8_pack(const signed char* w, int N, int K, signed char* wp, int* wsum);
+/* Micro-kernel: 0 portable C, 1 VNNI (x86-64 AVX-512) or sdot (aarch64); set_isa(-1) picks the best the CPU has
+   (a level it lacks gives portable). Returns the level in use. */
+int inferd_q8_set_isa(int level);
+int inferd_q8_isa(void);
+/* Y = X W^T: x (M x K, row pitch ldx bytes); y element (m, n) at y + m*ysm + n*ysn. bias may be NULL.
+   Returns 0, or -1 if out of memory. */
+int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, int K, const signed char* wp,
+                   const int* wsum, int N, const int* bias, const float* mult, int zy, int lo, int hi, void* y,
+                   int y_signed, long long ysm, long long ysn, int max_threads);
+/* Bytes of conv-packed weights, and the packing (rows of K padded to 4, N padded to 6 rows, zeros). */
+long long inferd_q8_conv_packed_size(int N, int K);
+void inferd_q8_conv_pack(const signed char* w, int N, int K, signed char* wp, int* wsum);
+/* Convolution of one image x (C, H, W) with conv-packed w (N x C*kh*kw) into y (N, OH, OW); padding reads zx. */
+int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* wp, const int* wsum,
+                     int N, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
+                     const int* bias, const float* mult, int zy, int lo, int hi, void* y, int y_signed,
+                     int max_threads);
+/* Depthwise convolution (channel multiplier 1) of one image: w (C, kh, kw) unpacked. */
+int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* w, int kh, int kw,
+                       int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW, const int* bias,
+                       const float* mult, int zy, int lo, int hi, void* y, int y_signed, int max_threads);
+/* y = clamp(rint((a - za) ra + (b - zb) rb + zc), lo, hi) over n elements of same-shaped a, b (QLinearAdd). */
+void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b, int b_signed, int zb, float rb, float zc,
+                   int lo, int hi, void* y, long long n, int max_threads);

@@ -20,6 +20,8 @@
     inferd bench precision [--device vulkan|cpu] [--models a,b] [--arms fp32,fp16] [--no-ncnn]
                                                                            fp32 vs fp16 (warm, cold, bytes, error)
                                                                            vs ncnn's default fp16
+    inferd bench quant [--models a,b] [--schemes s,t] [--repeat N] [--out DIR]   int8 vs fp32 vs onnxruntime on
+                                                                           the same quantised model
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ BENCHES = {
     "daemon": "daemon_bench", "auth": "auth_bench", "cold": "cold_bench", "shapes": "shapes_bench",
     "faults": "fault_bench", "recurrent": "recurrent_bench", "predictor": "predictor_bench",
     "memory": "memory_bench", "ops": "ops_bench", "coexec": "coexec_bench", "precision": "precision_bench",
+    "quant": "quant_bench",
     "vulkan": "vulkan_bench",
 }
 

@@ -23,6 +23,7 @@ from .. import ops  # noqa: F401  (registers all ops)
 from ..errors import InferdError, ModelFormatError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Subgraph, TensorInfo
 from ..ops.base import op_spec
+from ..ops.quant import MS_OPS
 from .rewrite import dce as _dce
 from .rewrite import rewrite as _rewrite
 from .shapes import copy_node, dims_str, infer_and_fold, specialize
@@ -93,8 +94,10 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], opset: int, prefix: str = "
             name = f"{name}_{idx}"
         seen_names.add(name)
         where = f"{prefix}/{name}" if prefix else name
-        # another domain's op is registered as "<domain>.<op>" (inferd.ops.attention: com.microsoft's)
-        op = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        # another domain's op is registered as "<domain>.<op>" (inferd.ops.attention: com.microsoft's); the
+        # quantised com.microsoft ops (inferd.ops.quant.MS_OPS) keep their own names, which the default domain lacks
+        own = n.domain in ("", "ai.onnx") or (n.domain == "com.microsoft" and n.op_type in MS_OPS)
+        op = n.op_type if own else f"{n.domain}.{n.op_type}"
         spec = op_spec(op)
         if spec is None:
             if n.domain not in ("", "ai.onnx"):
@@ -102,7 +105,7 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], opset: int, prefix: str = "
             raise UnsupportedOpError(n.op_type, where, opset)
         attrs = {a.name: _attr_value(a, opset, where) for a in n.attribute}
         attrs["_opset"] = opset
-        node = Node(name, op, list(n.input), list(n.output), attrs)
+        node = Node(name, op, list(n.input), list(n.output), attrs, domain=n.domain)
         outer: list[str] = []
         for key in sorted(k for k, v in attrs.items() if isinstance(v, Subgraph)):
             outer += [o for o in attrs[key].outer if o not in outer]
@@ -277,7 +280,3 @@ def _warn_declared_outputs(g: onnx.GraphProto, graph: Graph) -> None:
         if bad:
             log.warning("model %s: output %r is declared %s but inference gives %s; using the inferred shape",
                         graph.name, t.name, dims_str(declared), dims_str(t.shape))
-
-
-# ----------------------------------------------------------------------------------------------
-# rewrites

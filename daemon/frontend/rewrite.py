@@ -12,6 +12,7 @@ import numpy as np
 
 from ..ir import Graph, Node, TensorInfo
 from ..ops.activation import FUSABLE, act_from_node
+from .quantfuse import fuse_quantized
 
 _FUSE_ACT_INTO = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Div"}
 _FUSE_RESIDUAL_INTO = {"Conv", "Gemm", "MatMul"}
@@ -20,6 +21,7 @@ _FUSE_RESIDUAL_INTO = {"Conv", "Gemm", "MatMul"}
 def rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
     """``alt``: a dynamic model's tensors at its second probe; a rewrite that needs two shapes equal needs
     them equal there too ({}: the second probe failed, so no such rewrite is made)."""
+    fuse_quantized(graph, outputs)
     _fold_batchnorm(graph, outputs)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)

@@ -200,7 +200,8 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
             _clip_inputs_to_attrs(node, constants)
         in_infos = [infos[i] if i else None for i in node.inputs]
         from_probe = any(i in probed for i in node.inputs if i)
-        if all((not i) or i in known for i in node.inputs) and node.inputs and any(node.inputs):
+        if (all((not i) or i in known for i in node.inputs) and node.inputs and any(node.inputs)
+                and not _quantised_weight(node, known)):
             try:
                 vals = spec.reference(node, [known[i] if i else None for i in node.inputs])
             except InferdError:
@@ -252,6 +253,12 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
                     ragged.add(o)
         kept.append(node)
     return kept
+
+
+def _quantised_weight(node: Node, known: Mapping[str, np.ndarray]) -> bool:
+    """A DequantizeLinear of constant integers (a quantised model's weights) stays a node: the int8 fusions
+    (``inferd.frontend.quantfuse``) read the integers, and fold what they do not fuse themselves."""
+    return node.op == "DequantizeLinear" and np.issubdtype(np.asarray(known[node.inputs[0]]).dtype, np.integer)
 
 
 def set_const(name: str, val: np.ndarray, infos: dict[str, TensorInfo], constants: MutableMapping[str, np.ndarray]) -> None:

@@ -19,5 +19,7 @@ from . import signal  # noqa: F401
 from . import sampling  # noqa: F401
 from . import misc  # noqa: F401
 from . import attention  # noqa: F401
+from . import quant  # noqa: F401
+from . import quant_native  # noqa: F401
 from .base import (Kernel, Layer, OpSpec, applicable_kernels, choose_kernel, kernels_for, op_spec,  # noqa: F401
                    raw_key, registered_ops, run_layer, single_node_layer)

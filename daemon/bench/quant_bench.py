@@ -1,0 +1,195 @@
+"""``inferd bench quant``: int8 models on the CPU against inferd's own fp32 and onnxruntime on the same QDQ model.
+
+For each zoo model and quantisation scheme (``inferd.zoo.quant``: onnxruntime's ``quantize_static`` with a few
+seeded calibration inputs, after ``quant_pre_process``; the fp32 twin is the pre-processed fp32 model, the same
+graph unquantised), in one process, alternating engines:
+
+* warm latency (median of ``--repeat`` runs): inferd int8, inferd fp32, onnxruntime on the QDQ model (default
+  session, all graph optimisations, which fuse QDQ into its int8 kernels; same thread count), onnxruntime fp32;
+* cold latency: a fresh process loads the ONNX file (page cache of it dropped) and answers one request;
+* stored weight bytes (the ONNX initializers) and resident weight bytes (what the loaded executor holds);
+* error against onnxruntime on the same quantised model, in output quantisation steps.
+
+Goals (issue 20, CPU int8 on the 2-core machine): warm <= 1.0x onnxruntime on the QDQ model and <= 0.5x inferd's
+fp32; int8 weight bytes <= 0.27x fp32. The load average is recorded with every model: the machine is shared.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .common import drop_page_cache, fmt, machine_info, median_ms, ratio, time_calls, write_results
+
+DEFAULT_MODELS = "resnet18,mobilenetv2,squeezenet1_1,googlenet"
+DEFAULT_SCHEMES = "qdq_u8s8_pc,qdq_s8s8"
+
+_COLD_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np, inferd
+path, shape = sys.argv[1], tuple(json.loads(sys.argv[2]))
+x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+m = inferd.load(path)
+m.run({m.input_names[0]: x})
+print(json.dumps({"cold_ms": (time.perf_counter() - t0) * 1e3}))
+"""
+
+
+def _cold_ms(path: Path, shape: tuple[int, ...], repeat: int) -> float | None:
+    out = []
+    for _ in range(repeat):
+        drop_page_cache(path)
+        r = subprocess.run([sys.executable, "-c", _COLD_CHILD, str(path), json.dumps(list(shape))],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            return None
+        out.append(json.loads(r.stdout.strip().splitlines()[-1])["cold_ms"])
+    return float(np.median(out)) if out else None
+
+
+def _stored_bytes(path: Path) -> int:
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(path))
+    return int(sum(numpy_helper.to_array(i).nbytes for i in m.graph.initializer))
+
+
+def _output_step(path: Path) -> float | None:
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load(str(path))
+    inits = {i.name: i for i in m.graph.initializer}
+    out = m.graph.output[0].name
+    for n in m.graph.node:
+        if out in n.output and n.op_type == "DequantizeLinear" and n.input[1] in inits:
+            return float(numpy_helper.to_array(inits[n.input[1]]).reshape(-1)[0])
+    return None
+
+
+def _ort_session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: int) -> dict[str, Any]:
+    import inferd
+    from inferd.zoo import quant as zquant
+
+    from ..zoo import write_zoo
+    from .. import native
+
+    cache = Path(os.environ.get("INFERD_ZOO_DIR") or Path.home() / ".cache" / "inferd-test-zoo")
+    src = write_zoo(cache, [name])[name]
+    qpath = zquant.quantized(src, scheme)
+    fpath = src.with_name(f"{src.stem}.pre.onnx")
+    feeds = zquant.calibration_feeds(qpath, n=1, seed=7)[0]
+    iname = next(iter(feeds))
+    x = feeds[iname]
+    native.set_num_threads(threads)
+    m8 = inferd.load(qpath)
+    m8.wait_loaded()
+    m32 = inferd.load(fpath)
+    m32.wait_loaded()
+    s8, s32 = _ort_session(qpath, threads), _ort_session(fpath, threads)
+    load0 = os.getloadavg()[0]
+    res: dict[str, Any] = {"model": name, "scheme": scheme}
+    # alternate engines so that a change of machine load hits all of them alike
+    t: dict[str, list[float]] = {"inferd_int8": [], "inferd_fp32": [], "ort_int8": [], "ort_fp32": []}
+    calls = {"inferd_int8": lambda: m8.run({iname: x}), "inferd_fp32": lambda: m32.run({iname: x}),
+             "ort_int8": lambda: s8.run(None, {iname: x}), "ort_fp32": lambda: s32.run(None, {iname: x})}
+    for _ in range(max(1, repeat // 5)):
+        for k, fn in calls.items():
+            t[k] += time_calls(fn, 5, warmup=1)
+    for k, v in t.items():
+        res[f"{k}_warm_ms"] = median_ms(v)
+    res["loadavg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    want = s8.run(None, {iname: x})[0]
+    got = m8.run({iname: x})
+    got = np.asarray(list(got.values())[0] if isinstance(got, dict) else got[0])
+    step = _output_step(qpath)
+    d = np.abs(got - want)
+    res["output_step"] = step
+    res["err_max_steps"] = float(d.max() / step) if step else None
+    res["err_frac_differing"] = float((d > (step or 0) * 0.5).mean()) if step else None
+    res["err_max_abs"] = float(d.max())
+    got32 = m32.run({iname: x})
+    got32 = np.asarray(list(got32.values())[0] if isinstance(got32, dict) else got32[0])
+    res["int8_vs_fp32_max_abs"] = float(np.abs(got - got32).max())
+    res["stored_bytes_int8"], res["stored_bytes_fp32"] = _stored_bytes(qpath), _stored_bytes(fpath)
+    res["resident_weights_int8"] = int(m8.memory_breakdown.get("weights_bytes", 0))
+    res["resident_weights_fp32"] = int(m32.memory_breakdown.get("weights_bytes", 0))
+    res["int8_kernels"] = sorted(set(m8.kernels.values()))
+    del m8, m32, s8, s32
+    if cold_repeat > 0:
+        res["inferd_int8_cold_ms"] = _cold_ms(qpath, tuple(x.shape), cold_repeat)
+        res["inferd_fp32_cold_ms"] = _cold_ms(fpath, tuple(x.shape), cold_repeat)
+    res["warm_vs_ort"] = ratio(res["inferd_int8_warm_ms"], res["ort_int8_warm_ms"])
+    res["warm_vs_fp32"] = ratio(res["inferd_int8_warm_ms"], res["inferd_fp32_warm_ms"])
+    res["stored_ratio"] = ratio(res["stored_bytes_int8"], res["stored_bytes_fp32"])
+    res["resident_ratio"] = ratio(res["resident_weights_int8"], res["resident_weights_fp32"])
+    return res
+
+
+def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
+    lines = [f"# inferd bench quant: {machine.get('date')} on {machine.get('host')} ({machine.get('cpu')}, "
+             f"{machine.get('cores')} cores; machine shared, load average per row)\n",
+             "Goals: int8 warm <= 1.0x onnxruntime (same QDQ model) and <= 0.5x inferd fp32; weight bytes <= 0.27x fp32.\n",
+             "| model | scheme | int8 ms | fp32 ms | ort int8 ms | ort fp32 ms | vs ort | vs fp32 | cold int8/fp32 ms | "
+             "stored | resident | err (steps, frac) | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['scheme']} | error: {r['error']} |" + " |" * 11)
+            continue
+        lines.append(
+            f"| {r['model']} | {r['scheme']} | {fmt(r['inferd_int8_warm_ms'], '.2f')} | {fmt(r['inferd_fp32_warm_ms'], '.2f')} | "
+            f"{fmt(r['ort_int8_warm_ms'], '.2f')} | {fmt(r['ort_fp32_warm_ms'], '.2f')} | {fmt(r['warm_vs_ort'], '.2f')}x | "
+            f"{fmt(r['warm_vs_fp32'], '.2f')}x | {fmt(r.get('inferd_int8_cold_ms'), '.0f')} / {fmt(r.get('inferd_fp32_cold_ms'), '.0f')} | "
+            f"{fmt(r['stored_ratio'], '.3f')}x | {fmt(r['resident_ratio'], '.3f')}x | "
+            f"{fmt(r['err_max_steps'], '.2f')}, {fmt(r['err_frac_differing'], '.3f')} | {r['loadavg']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="inferd bench quant", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=DEFAULT_MODELS)
+    p.add_argument("--schemes", default=DEFAULT_SCHEMES)
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--cold-repeat", type=int, default=2)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+    machine = machine_info()
+    rows = []
+    for name in [m for m in args.models.split(",") if m]:
+        for scheme in [s for s in args.schemes.split(",") if s]:
+            try:
+                r = bench_model(name, scheme, args.repeat, args.cold_repeat, args.threads)
+            except Exception as e:  # one model's failure is a row, not the end of the run
+                r = {"model": name, "scheme": scheme, "error": f"{type(e).__name__}: {e}"}
+            rows.append(r)
+            print(json.dumps(r, default=str), flush=True)
+    machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    data = {"machine": machine, "threads": args.threads, "results": rows}
+    jp, mp = write_results(args.out, f"quant_{machine['host']}", data, table(rows, machine))
+    print(table(rows, machine))
+    print(f"wrote {jp} and {mp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,294 @@
+"""Native int8 CPU kernels for QLinearConv and QLinearMatMul (native/int8.c): int32 accumulation, bias and
+requantisation (and a fused Relu/Clip as a clamp) in the store, weights packed once at load.
+
+They apply where the C code's assumptions hold: signed 8-bit weights with zero point 0 (symmetric, per tensor
+or per output channel: what ``quantize_static``/``quantize_dynamic`` write by default), constant quantisation
+parameters, int8 or uint8 activations with one scale and zero point. Anything else runs on the numpy oracle
+(``QuantNumpyKernel``), the ground truth these kernels are tested against.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import native
+from .base import Kernel, Layer, raw_key, register_kernel, weights_key
+from .conv import conv_geom
+from .quant import INT8_TYPES, conv_multiplier, qrange
+
+_I8 = np.dtype(np.int8)
+
+
+def layer_geom(layer: Layer):
+    """The conv geometry of a QLinearConv (x at input 0, w at input 3), cached on the layer like conv's."""
+    g = layer.__dict__.get("_qgeom")
+    if g is None:
+        g = conv_geom(layer.node, layer.in_shape(0), layer.in_shape(3))
+        object.__setattr__(layer, "_qgeom", g)
+    return g
+
+
+def _c(kind: str, a: np.ndarray) -> Any:
+    return native.ffi.cast(kind, native.ffi.from_buffer(a, require_writable=False))
+
+
+def _consts(layer: Layer, pos: Sequence[int]) -> bool:
+    return all(p in layer.const_inputs for p in pos if layer.has_input(p))
+
+
+def _zero(layer: Layer, raw: dict[str, np.ndarray] | None, pos: int) -> bool:
+    return raw is None or not layer.has_input(pos) or not np.any(np.asarray(raw[raw_key(pos)]))
+
+
+def _qparams(layer: Layer, raw: dict[str, np.ndarray], x_zp: int, y_scale: int, y_zp: int) -> np.ndarray:
+    """[zx, zy, lo, hi] (the clamp of a fused activation folded into the output range)."""
+    zx = int(np.asarray(raw[raw_key(x_zp)]).reshape(-1)[0]) if layer.has_input(x_zp) else 0
+    zy = int(np.asarray(raw[raw_key(y_zp)]).reshape(-1)[0]) if layer.has_input(y_zp) else 0
+    lo, hi = qrange(layer.outputs[0].dtype)
+    c = layer.attr("qclamp")
+    if c is not None:
+        lo, hi = max(lo, int(c[0])), min(hi, int(c[1]))
+    return np.array([zx, zy, lo, hi], np.int64)
+
+
+def _mult(raw: dict[str, np.ndarray], xs: int, ws: int, ys: int, n: int) -> np.ndarray:
+    m = conv_multiplier(raw[raw_key(xs)], raw[raw_key(ws)], raw[raw_key(ys)])
+    return np.ascontiguousarray(np.broadcast_to(m, (n,)), np.float32)
+
+
+def _pack(w2: np.ndarray, conv: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    n, k = w2.shape
+    w2 = np.ascontiguousarray(w2, np.int8)
+    lib = native.lib
+    size, pack = ((lib.inferd_q8_conv_packed_size, lib.inferd_q8_conv_pack) if conv
+                  else (lib.inferd_q8_packed_size, lib.inferd_q8_pack))
+    wp = np.empty(int(size(n, k)), np.int8)
+    wsum = np.empty(n, np.int32)
+    pack(_c("signed char *", w2), n, k, _c("signed char *", wp), _c("int *", wsum))
+    return wp, wsum
+
+
+def set_isa(level: int) -> int:
+    """Force the int8 micro-kernel (tests): 0 portable C, 1 VNNI/sdot where the CPU has it, -1 the best."""
+    return int(native.lib.inferd_q8_set_isa(level)) if native.AVAILABLE else -1
+
+
+def isa() -> int:
+    return int(native.lib.inferd_q8_isa()) if native.AVAILABLE else -1
+
+
+@register_kernel
+class QConvNative(Kernel):
+    """QLinearConv, 2-D, group 1 (im2col blocks + int8 GEMM) or depthwise (direct)."""
+
+    name = "int8_native"
+    ops = ("QLinearConv",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x, w = layer.inputs[0], layer.inputs[3]
+        if not native.AVAILABLE or x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4:
+            return False
+        if np.dtype(x.dtype) not in INT8_TYPES or np.dtype(w.dtype) != _I8 or np.dtype(layer.outputs[0].dtype) not in INT8_TYPES:
+            return False
+        if not _consts(layer, range(1, 9)) or (layer.inputs[1].size != 1 or (layer.has_input(2) and layer.inputs[2].size != 1)):
+            return False
+        if not layer.attr("w_zp0"):
+            return False
+        g = layer_geom(layer)
+        return g.group == 1 or (g.group == g.cin == g.cout)
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not _zero(layer, raw, 5):
+            raise ValueError(f"{layer.name}: int8_native needs weight zero points of 0")
+        g = layer_geom(layer)
+        w = np.asarray(raw[raw_key(3)])
+        out: dict[str, np.ndarray] = {}
+        if g.group == 1:
+            out["wp"], out["wsum"] = _pack(w.reshape(g.cout, -1), conv=True)
+        else:
+            out["w"] = np.ascontiguousarray(w.reshape(g.cout, -1), np.int8)
+        out["bias"] = (np.ascontiguousarray(np.asarray(raw[raw_key(8)]).reshape(-1), np.int32) if layer.has_input(8)
+                       else np.zeros(g.cout, np.int32))
+        out["mult"] = _mult(raw, 1, 4, 6, g.cout)
+        out["q"] = _qparams(layer, raw, 2, 6, 7)
+        return out
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        g = layer_geom(layer)
+        k = (g.cin // g.group) * int(np.prod(g.k))
+        wb = int(-(-g.cout // 6) * 6 * ((k + 3) & ~3)) if g.group == 1 else g.cout * k
+        return wb + 12 * g.cout + 32
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x, y = inputs[0], outputs[0]
+        if x is None or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            return None
+        g = layer_geom(layer)
+        zx, zy, lo, hi = (int(v) for v in params["q"])
+        xs, ys = int(x.dtype == _I8), int(y.dtype == _I8)
+        n, c, h, wd = x.shape
+        oh, ow = g.out_sp
+        kh, kw = g.k
+        sh, sw = g.s
+        dh, dw = g.d
+        pt, pl = g.pb
+        lib, threads = native.lib, native.num_threads()
+        bias, mult = _c("int *", params["bias"]), _c("float *", params["mult"])
+        xb = [native.ffi.cast("void *", x[i:i + 1].__array_interface__["data"][0]) for i in range(n)]
+        yb = [native.ffi.cast("void *", y[i:i + 1].__array_interface__["data"][0]) for i in range(n)]
+        keep = (x, y, params)  # the pointers above live as long as these arrays
+        if g.group == 1:
+            wp, wsum = _c("signed char *", params["wp"]), _c("int *", params["wsum"])
+
+            def call() -> None:
+                _ = keep
+                for i in range(n):
+                    if lib.inferd_q8_conv2d(xb[i], xs, zx, c, h, wd, wp, wsum, g.cout, kh, kw, sh, sw, dh, dw, pt, pl,
+                                            oh, ow, bias, mult, zy, lo, hi, yb[i], ys, threads):
+                        raise MemoryError(f"{layer.name}: int8 conv out of memory")
+        else:
+            w = _c("signed char *", params["w"])
+
+            def call() -> None:
+                _ = keep
+                for i in range(n):
+                    if lib.inferd_q8_dwconv2d(xb[i], xs, zx, c, h, wd, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow,
+                                              bias, mult, zy, lo, hi, yb[i], ys, threads):
+                        raise MemoryError(f"{layer.name}: int8 depthwise conv out of memory")
+        return call
+
+
+@register_kernel
+class QMatMulNative(Kernel):
+    """QLinearMatMul with a constant 2-D B (a quantised Linear / Gemm): rows of A times packed B^T."""
+
+    name = "int8_native"
+    ops = ("QLinearMatMul",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        a, b = layer.inputs[0], layer.inputs[3]
+        if not native.AVAILABLE or a is None or b is None or len(b.shape) != 2 or len(a.shape) < 1:
+            return False
+        if np.dtype(a.dtype) not in INT8_TYPES or np.dtype(b.dtype) != _I8 or np.dtype(layer.outputs[0].dtype) not in INT8_TYPES:
+            return False
+        if not _consts(layer, range(1, 9)) or layer.inputs[1].size != 1 or (layer.has_input(2) and layer.inputs[2].size != 1):
+            return False
+        return bool(layer.attr("w_zp0"))
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not _zero(layer, raw, 5):
+            raise ValueError(f"{layer.name}: int8_native needs weight zero points of 0")
+        b = np.asarray(raw[raw_key(3)])
+        k, n = b.shape
+        out: dict[str, np.ndarray] = {}
+        out["wp"], out["wsum"] = _pack(b.T)
+        out["bias"] = (np.ascontiguousarray(np.asarray(raw[raw_key(8)]).reshape(-1), np.int32)
+                       if layer.attr("bias") and layer.has_input(8) else np.zeros(n, np.int32))
+        out["mult"] = _mult(raw, 1, 4, 6, n)
+        out["q"] = _qparams(layer, raw, 2, 6, 7)
+        return out
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        k, n = layer.inputs[3].shape
+        return int(-(-n // 16) * 16 * ((k + 3) & ~3)) + 12 * n + 32
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        a, y = inputs[0], outputs[0]
+        if a is None or not a.flags.c_contiguous or not y.flags.c_contiguous:
+            return None
+        zx, zy, lo, hi = (int(v) for v in params["q"])
+        k = a.shape[-1]
+        n = y.shape[-1]
+        m = a.size // k
+        xs, ys = int(a.dtype == _I8), int(y.dtype == _I8)
+        lib, threads = native.lib, native.num_threads()
+        ap = native.ffi.cast("void *", a.__array_interface__["data"][0])
+        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        wp, wsum = _c("signed char *", params["wp"]), _c("int *", params["wsum"])
+        bias, mult = _c("int *", params["bias"]), _c("float *", params["mult"])
+        keep = (a, y, params)
+
+        def call() -> None:
+            _ = keep
+            if lib.inferd_q8_gemm(ap, xs, zx, k, m, k, wp, wsum, n, bias, mult, zy, lo, hi, yp, ys, n, 1, threads):
+                raise MemoryError(f"{layer.name}: int8 GEMM out of memory")
+
+        return call
+
+
+@register_kernel
+class QAddNative(Kernel):
+    """QLinearAdd of two same-shaped int8/uint8 tensors (residual adds) in C, with the oracle's float arithmetic."""
+
+    name = "int8_native"
+    ops = ("QLinearAdd",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        a, b = layer.inputs[0], layer.inputs[3]
+        if not native.AVAILABLE or a is None or b is None or tuple(a.shape) != tuple(b.shape):
+            return False
+        if 0 in layer.const_inputs or 3 in layer.const_inputs or not _consts(layer, (1, 2, 4, 5, 6, 7)):
+            return False
+        return all(np.dtype(t.dtype) in INT8_TYPES for t in (a, b, layer.outputs[0]))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .quant import _f32
+
+        def z(i: int) -> int:
+            return int(np.asarray(raw[raw_key(i)]).reshape(-1)[0]) if layer.has_input(i) else 0
+
+        sa, sb, sc = (_f32(raw[raw_key(i)]).reshape(-1)[0] for i in (1, 4, 6))
+        lo, hi = qrange(layer.outputs[0].dtype)
+        c = layer.attr("qclamp")
+        if c is not None:
+            lo, hi = max(lo, int(c[0])), min(hi, int(c[1]))
+        return {"f": np.array([sa / sc, sb / sc, np.float32(z(7))], np.float32),
+                "i": np.array([z(2), z(5), lo, hi], np.int64)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        a, b, y = inputs[0], inputs[3], outputs[0]
+        if a is None or b is None or not (a.flags.c_contiguous and b.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        ra, rb, zc = (float(v) for v in params["f"])
+        za, zb, lo, hi = (int(v) for v in params["i"])
+        ap, bp, yp = (native.ffi.cast("void *", v.__array_interface__["data"][0]) for v in (a, b, y))
+        asg, bsg = int(a.dtype == _I8), int(b.dtype == _I8)
+        n, lib, threads = int(y.size), native.lib, native.num_threads()
+        keep = (a, b, y)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_add(ap, asg, za, ra, bp, bsg, zb, rb, zc, lo, hi, yp, n, threads)
+
+        return call

@@ -1,0 +1,871 @@
+/* int8 GEMM and convolution with int32 accumulation and requantisation in the store, for quantised models
+ * (QLinearConv / QLinearMatMul and the QDQ patterns import fuses into them).
+ *
+ * y[m][n] = clamp(rint(float(acc) * mult[n]) + zy, lo, hi), acc = sum_k (x[m][k] - zx) * w[n][k] + bias[n]
+ *
+ * Weights are signed 8-bit with zero point 0 (what quantisers write: symmetric, per tensor or per channel).
+ * They are packed once at load in panels of 16 output channels by groups of 4 k (wp[panel][k/4][16][4], K
+ * padded to a multiple of 4 with zeros) with their row sums, so the zero point of x is one bias term:
+ * sum_k (x - zx) w = sum_k x' w - zx' * wsum, x' being x in the domain the micro-kernel multiplies in.
+ *
+ * Micro-kernels (runtime-dispatched, forced by inferd_q8_set_isa for tests):
+ *   x86-64 AVX-512 VNNI: vpdpbusd multiplies unsigned 8-bit x by signed 8-bit w and adds groups of 4 straight
+ *     into int32: no int16 intermediate, so nothing saturates (AVX2's vpmaddubsw would sum two u8*s8 products
+ *     into int16, which overflows at 255*127*2; we never use it). x is taken as unsigned: int8 x is shifted by
+ *     128 (x ^ 0x80) while the activation block is gathered.
+ *   aarch64 sdot (ARMv8.2 dotprod): signed x signed groups of 4 into int32; uint8 x is shifted by -128.
+ *   portable C: int32 products and sums (auto-vectorised, with the AVX2/AVX-512 clones on x86 where the
+ *     compiler widens to vpmaddwd/vpmulld, which do not saturate).
+ * Rows (output pixels, or matrix rows) are processed in blocks gathered into a per-task buffer (im2col for
+ * convolutions), 6 rows per micro-kernel call; blocks are the pool's tasks.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "inferd_internal.h"
+#include "inferd_native.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define Q8_NP 16 /* output channels per weight panel */
+#define Q8_MR 6  /* rows per micro-kernel call */
+#define Q8_MB 96 /* rows per task block (a multiple of Q8_MR) */
+
+static inline int q8_kp(int k) { return (k + 3) & ~3; }
+
+long long inferd_q8_packed_size(int N, int K) { return (long long)((N + Q8_NP - 1) / Q8_NP) * Q8_NP * q8_kp(K); }
+
+void inferd_q8_pack(const int8_t* w, int N, int K, int8_t* wp, int32_t* wsum)
+{
+    const int kp = q8_kp(K), panels = (N + Q8_NP - 1) / Q8_NP;
+    memset(wp, 0, (size_t)panels * Q8_NP * kp);
+    for (int n = 0; n < N; ++n) {
+        int32_t s = 0;
+        int8_t* dst = wp + (size_t)(n / Q8_NP) * Q8_NP * kp + (n % Q8_NP) * 4;
+        for (int k = 0; k < K; ++k) {
+            dst[(size_t)(k / 4) * Q8_NP * 4 + (k % 4)] = w[(size_t)n * K + k];
+            s += w[(size_t)n * K + k];
+        }
+        wsum[n] = s;
+    }
+}
+
+/* Per-thread scratch, two slots: 0 for an entry point's own buffers (the padded input, the staged output), 1
+   for a task's (the gathered block; the calling thread runs tasks too while slot 0 is in use). Grown on demand
+   and kept, so a layer's buffers are not mapped and faulted in again at every run; a key's destructor frees them
+   when the thread exits. */
+static __thread uint8_t* q8_tl[2] = {NULL, NULL};
+static __thread size_t q8_tl_cap[2] = {0, 0};
+static pthread_key_t q8_key[2];
+static pthread_once_t q8_once = PTHREAD_ONCE_INIT;
+static void q8_tl_free(void* p) { free(p); }
+static void q8_tl_init(void)
+{
+    pthread_key_create(&q8_key[0], q8_tl_free);
+    pthread_key_create(&q8_key[1], q8_tl_free);
+}
+
+static uint8_t* q8_scratch(int slot, size_t n)
+{
+    if (n > q8_tl_cap[slot]) {
+        void* p = NULL;
+        if (posix_memalign(&p, 64, n + 64) != 0) return NULL;
+        free(q8_tl[slot]);
+        q8_tl[slot] = (uint8_t*)p;
+        q8_tl_cap[slot] = n;
+        pthread_once(&q8_once, q8_tl_init);
+        pthread_setspecific(q8_key[slot], p);
+    }
+    return q8_tl[slot];
+}
+
+/* ---------------------------------------------------------------- micro-kernels: out[r][j] (Q8_MR x 16 int32)
+   = sum over kp/4 groups of x[r][4g..4g+3] . panel[g][j][0..3]; x rows Q8_MR, row pitch kp bytes */
+typedef void (*q8_uk)(const uint8_t* x, int kp, const int8_t* panel, int32_t* out);
+
+INFERD_CLONES static void uk_portable(const uint8_t* x, int kp, const int8_t* panel, int32_t* out)
+{
+    int32_t acc[Q8_MR][Q8_NP];
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < kp / 4; ++g) {
+        const int8_t* p = panel + (size_t)g * Q8_NP * 4;
+        for (int r = 0; r < Q8_MR; ++r) {
+            const uint8_t* xr = x + (size_t)r * kp + 4 * g;
+            const int32_t x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+            for (int j = 0; j < Q8_NP; ++j)
+                acc[r][j] += x0 * p[4 * j] + x1 * p[4 * j + 1] + x2 * p[4 * j + 2] + x3 * p[4 * j + 3];
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define Q8_HAVE_VNNI 1
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void uk_vnni(const uint8_t* x, int kp,
+                                                                            const int8_t* panel, int32_t* out)
+{
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    const size_t p0 = 0, p1 = (size_t)kp, p2 = 2 * (size_t)kp, p3 = 3 * (size_t)kp, p4 = 4 * (size_t)kp,
+                 p5 = 5 * (size_t)kp;
+    for (int g = 0; g < kp / 4; ++g) {
+        const __m512i w = _mm512_loadu_si512((const void*)(panel + (size_t)g * 64));
+        int32_t v;
+        const uint8_t* xg = x + 4 * (size_t)g;
+        memcpy(&v, xg + p0, 4); a0 = _mm512_dpbusd_epi32(a0, _mm512_set1_epi32(v), w);
+        memcpy(&v, xg + p1, 4); a1 = _mm512_dpbusd_epi32(a1, _mm512_set1_epi32(v), w);
+        memcpy(&v, xg + p2, 4); a2 = _mm512_dpbusd_epi32(a2, _mm512_set1_epi32(v), w);
+        memcpy(&v, xg + p3, 4); a3 = _mm512_dpbusd_epi32(a3, _mm512_set1_epi32(v), w);
+        memcpy(&v, xg + p4, 4); a4 = _mm512_dpbusd_epi32(a4, _mm512_set1_epi32(v), w);
+        memcpy(&v, xg + p5, 4); a5 = _mm512_dpbusd_epi32(a5, _mm512_set1_epi32(v), w);
+    }
+    _mm512_storeu_si512((void*)(out + 0 * Q8_NP), a0);
+    _mm512_storeu_si512((void*)(out + 1 * Q8_NP), a1);
+    _mm512_storeu_si512((void*)(out + 2 * Q8_NP), a2);
+    _mm512_storeu_si512((void*)(out + 3 * Q8_NP), a3);
+    _mm512_storeu_si512((void*)(out + 4 * Q8_NP), a4);
+    _mm512_storeu_si512((void*)(out + 5 * Q8_NP), a5);
+}
+#endif
+
+#if defined(__aarch64__) && defined(__GNUC__)
+#define Q8_HAVE_SDOT 1
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void uk_sdot(const uint8_t* xu, int kp, const int8_t* panel, int32_t* out)
+{
+    const int8_t* x = (const int8_t*)xu; /* already shifted to signed by the gather */
+    int32x4_t acc[Q8_MR][4];
+    for (int r = 0; r < Q8_MR; ++r)
+        for (int q = 0; q < 4; ++q) acc[r][q] = vdupq_n_s32(0);
+    for (int g = 0; g < kp / 4; ++g) {
+        const int8_t* p = panel + (size_t)g * 64;
+        const int8x16_t w0 = vld1q_s8(p), w1 = vld1q_s8(p + 16), w2 = vld1q_s8(p + 32), w3 = vld1q_s8(p + 48);
+        for (int r = 0; r < Q8_MR; ++r) {
+            int32_t v;
+            memcpy(&v, x + (size_t)r * kp + 4 * (size_t)g, 4);
+            const int8x16_t xb = vreinterpretq_s8_s32(vdupq_n_s32(v));
+            acc[r][0] = vdotq_s32(acc[r][0], w0, xb);
+            acc[r][1] = vdotq_s32(acc[r][1], w1, xb);
+            acc[r][2] = vdotq_s32(acc[r][2], w2, xb);
+            acc[r][3] = vdotq_s32(acc[r][3], w3, xb);
+        }
+    }
+    for (int r = 0; r < Q8_MR; ++r)
+        for (int q = 0; q < 4; ++q) vst1q_s32(out + r * Q8_NP + 4 * q, acc[r][q]);
+}
+#endif
+
+typedef struct {
+    int level;   /* 0 portable, 1 VNNI (x86) or sdot (aarch64) */
+    int xsigned; /* the domain the micro-kernel reads x in: 0 unsigned (x86), 1 signed (sdot) */
+    q8_uk uk;
+} q8_isa_t;
+
+static const q8_isa_t Q8_PORTABLE = {0, 0, uk_portable};
+#if defined(Q8_HAVE_VNNI)
+static const q8_isa_t Q8_VNNI = {1, 0, uk_vnni};
+#endif
+#if defined(Q8_HAVE_SDOT)
+static const q8_isa_t Q8_SDOT = {1, 1, uk_sdot};
+#endif
+
+static const q8_isa_t* q8_best(void)
+{
+#if defined(Q8_HAVE_VNNI)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return &Q8_VNNI;
+#endif
+#if defined(Q8_HAVE_SDOT) && defined(__linux__)
+    if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) return &Q8_SDOT;
+#endif
+    return &Q8_PORTABLE;
+}
+
+static const q8_isa_t* Q8_ISA = NULL;
+
+static const q8_isa_t* q8_isa(void)
+{
+    const q8_isa_t* p = __atomic_load_n(&Q8_ISA, __ATOMIC_ACQUIRE);
+    if (!p) {
+        p = q8_best();
+        __atomic_store_n(&Q8_ISA, p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
+
+int inferd_q8_set_isa(int level)
+{
+    const q8_isa_t* p = q8_best();
+    if (level == 0) p = &Q8_PORTABLE;
+    __atomic_store_n(&Q8_ISA, p, __ATOMIC_RELEASE);
+    return p->level;
+}
+
+int inferd_q8_isa(void) { return q8_isa()->level; }
+
+/* ---------------------------------------------------------------- store */
+
+typedef struct {
+    const int8_t* wp;
+    const int32_t* bias_eff; /* bias - zx' * wsum, per output channel */
+    const float* mult;
+    int N, kp, zy, lo, hi, y_signed;
+    void* y;
+    long long ysm, ysn; /* element (m, n) at y + m*ysm + n*ysn */
+} q8_out_t;
+
+/* Round half to even without a libm call: exact for |v| < 2^22, and v is clamped far inside that first. */
+static inline float q8_rint(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+INFERD_CLONES static void q8_block(const q8_isa_t* isa, const uint8_t* xb, int rows, long long m0, const q8_out_t* o)
+{
+    int32_t tile[Q8_MR * Q8_NP];
+    const float flo = (float)(o->lo - o->zy), fhi = (float)(o->hi - o->zy);
+    for (int n0 = 0; n0 < o->N; n0 += Q8_NP) {
+        const int8_t* panel = o->wp + (size_t)(n0 / Q8_NP) * Q8_NP * o->kp;
+        const int nn = o->N - n0 < Q8_NP ? o->N - n0 : Q8_NP;
+        for (int r0 = 0; r0 < rows; r0 += Q8_MR) {
+            isa->uk(xb + (size_t)r0 * o->kp, o->kp, panel, tile);
+            const int rr = rows - r0 < Q8_MR ? rows - r0 : Q8_MR;
+            for (int r = 0; r < rr; ++r) {
+                const long long m = m0 + r0 + r;
+                for (int j = 0; j < nn; ++j) {
+                    float v = (float)(tile[r * Q8_NP + j] + o->bias_eff[n0 + j]) * o->mult[n0 + j];
+                    v = v < flo ? flo : (v > fhi ? fhi : v);
+                    const int q = (int)q8_rint(v) + o->zy;
+                    const long long at = m * o->ysm + (long long)(n0 + j) * o->ysn;
+                    if (o->y_signed)
+                        ((int8_t*)o->y)[at] = (int8_t)q;
+                    else
+                        ((uint8_t*)o->y)[at] = (uint8_t)q;
+                }
+            }
+        }
+    }
+}
+
+/* x' = x shifted into the micro-kernel's domain (xor 0x80 flips between int8 and uint8 offset by 128) */
+static inline uint8_t q8_shift(uint8_t v, uint8_t flip) { return v ^ flip; }
+
+static int32_t* q8_bias_eff(const int32_t* bias, const int32_t* wsum, int N, int zx_dom)
+{
+    int32_t* b = (int32_t*)malloc(sizeof(int32_t) * (size_t)(N > 0 ? N : 1));
+    if (!b) return NULL;
+    for (int n = 0; n < N; ++n) b[n] = (bias ? bias[n] : 0) - zx_dom * wsum[n];
+    return b;
+}
+
+/* zero point of x in the micro-kernel's domain */
+static int q8_zx_domain(int zx, int x_signed, int dom_signed)
+{
+    if (x_signed == dom_signed) return zx;
+    return dom_signed ? zx - 128 : zx + 128;
+}
+
+/* ---------------------------------------------------------------- GEMM: rows of x (M x K, row pitch ldx) */
+
+typedef struct {
+    const q8_isa_t* isa;
+    const uint8_t* x;
+    long long ldx;
+    int M, K;
+    uint8_t flip;
+    q8_out_t o;
+    int failed;
+} q8_gemm_ctx;
+
+static void q8_gemm_task(void* vctx, long long t)
+{
+    q8_gemm_ctx* c = (q8_gemm_ctx*)vctx;
+    const long long m0 = t * Q8_MB;
+    const int rows = (int)(c->M - m0 < Q8_MB ? c->M - m0 : Q8_MB);
+    const int kp = c->o.kp;
+    const int rows_pad = (rows + Q8_MR - 1) / Q8_MR * Q8_MR;
+    uint8_t* xb = (uint8_t*)malloc((size_t)rows_pad * kp);
+    if (!xb) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    memset(xb, 0, (size_t)rows_pad * kp);
+    for (int r = 0; r < rows; ++r) {
+        const uint8_t* src = c->x + (m0 + r) * c->ldx;
+        uint8_t* dst = xb + (size_t)r * kp;
+        for (int k = 0; k < c->K; ++k) dst[k] = q8_shift(src[k], c->flip);
+    }
+    q8_block(c->isa, xb, rows, m0, &c->o);
+    free(xb);
+}
+
+int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, int K, const int8_t* wp,
+                   const int32_t* wsum, int N, const int32_t* bias, const float* mult, int zy, int lo, int hi, void* y,
+                   int y_signed, long long ysm, long long ysn, int max_threads)
+{
+    const q8_isa_t* isa = q8_isa();
+    int32_t* be = q8_bias_eff(bias, wsum, N, q8_zx_domain(zx, x_signed, isa->xsigned));
+    if (!be) return -1;
+    q8_gemm_ctx c = {isa, (const uint8_t*)x, ldx, M, K, (uint8_t)(x_signed != isa->xsigned ? 0x80 : 0),
+                     {wp, be, mult, N, q8_kp(K), zy, lo, hi, y_signed, y, ysm, ysn}, 0};
+    const long long tasks = (M + Q8_MB - 1) / Q8_MB;
+    inferd_parallel(q8_gemm_task, &c, tasks, tasks * (long long)N * K < 200000 ? 1 : max_threads);
+    free(be);
+    return c.failed ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- conv: one image (C, H, W), output (N, OH, OW)
+   Pixels in the vector lanes: a block of Q8_PB output pixels is gathered as xb[k/4][pixel][4] (im2col rows,
+   interleaved by 4), weights are rows w[co][kp] broadcast 4 bytes at a time, and a micro-kernel computes
+   Q8_CR channels x Q8_PX pixels, so each channel's pixels are stored contiguously into the NCHW output. */
+#define Q8_CR 6
+#define Q8_PX 32
+#define Q8_PB_MAX 256 /* pixels per block: a multiple of Q8_PX, fewer for long K (the block stays in L2) */
+
+long long inferd_q8_conv_packed_size(int N, int K) { return (long long)((N + Q8_CR - 1) / Q8_CR) * Q8_CR * q8_kp(K); }
+
+void inferd_q8_conv_pack(const int8_t* w, int N, int K, int8_t* wp, int32_t* wsum)
+{
+    const int kp = q8_kp(K), rows = (N + Q8_CR - 1) / Q8_CR * Q8_CR;
+    memset(wp, 0, (size_t)rows * kp);
+    for (int n = 0; n < N; ++n) {
+        int32_t s = 0;
+        for (int k = 0; k < K; ++k) {
+            wp[(size_t)n * kp + k] = w[(size_t)n * K + k];
+            s += w[(size_t)n * K + k];
+        }
+        wsum[n] = s;
+    }
+}
+
+/* out[r][p] (Q8_CR x Q8_PX) = sum_g x[g][p][0..3] . w[r][4g..4g+3]; x at xg with gs bytes per group */
+typedef void (*q8_ukc)(const uint8_t* xg, int kq, long gs, const int8_t* w, int kp, int32_t* out);
+
+INFERD_CLONES static void ukc_portable(const uint8_t* xg, int kq, long gs, const int8_t* w, int kp, int32_t* out)
+{
+    int32_t acc[Q8_CR][Q8_PX];
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < kq; ++g) {
+        const uint8_t* xp = xg + (size_t)g * gs;
+        for (int r = 0; r < Q8_CR; ++r) {
+            const int8_t* wr = w + (size_t)r * kp + 4 * g;
+            const int32_t w0 = wr[0], w1 = wr[1], w2 = wr[2], w3 = wr[3];
+            for (int p = 0; p < Q8_PX; ++p)
+                acc[r][p] += xp[4 * p] * w0 + xp[4 * p + 1] * w1 + xp[4 * p + 2] * w2 + xp[4 * p + 3] * w3;
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
+#if defined(Q8_HAVE_VNNI)
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void ukc_vnni(const uint8_t* xg, int kq, long gs,
+                                                                             const int8_t* w, int kp, int32_t* out)
+{
+    __m512i a[Q8_CR][2];
+    for (int r = 0; r < Q8_CR; ++r) a[r][0] = a[r][1] = _mm512_setzero_si512();
+    for (int g = 0; g < kq; ++g) {
+        const uint8_t* xp = xg + (size_t)g * gs;
+        const __m512i x0 = _mm512_loadu_si512((const void*)xp), x1 = _mm512_loadu_si512((const void*)(xp + 64));
+        for (int r = 0; r < Q8_CR; ++r) {
+            int32_t v;
+            memcpy(&v, w + (size_t)r * kp + 4 * g, 4);
+            const __m512i wb = _mm512_set1_epi32(v);
+            a[r][0] = _mm512_dpbusd_epi32(a[r][0], x0, wb);
+            a[r][1] = _mm512_dpbusd_epi32(a[r][1], x1, wb);
+        }
+    }
+    for (int r = 0; r < Q8_CR; ++r) {
+        _mm512_storeu_si512((void*)(out + r * Q8_PX), a[r][0]);
+        _mm512_storeu_si512((void*)(out + r * Q8_PX + 16), a[r][1]);
+    }
+}
+#endif
+
+#if defined(Q8_HAVE_SDOT)
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void ukc_sdot(const uint8_t* xg, int kq, long gs, const int8_t* w,
+                                                          int kp, int32_t* out)
+{
+    for (int half = 0; half < 2; ++half) {
+        int32x4_t a[Q8_CR][4];
+        for (int r = 0; r < Q8_CR; ++r)
+            for (int q = 0; q < 4; ++q) a[r][q] = vdupq_n_s32(0);
+        for (int g = 0; g < kq; ++g) {
+            const int8_t* xp = (const int8_t*)xg + (size_t)g * gs + half * 64;
+            const int8x16_t x0 = vld1q_s8(xp), x1 = vld1q_s8(xp + 16), x2 = vld1q_s8(xp + 32), x3 = vld1q_s8(xp + 48);
+            for (int r = 0; r < Q8_CR; ++r) {
+                int32_t v;
+                memcpy(&v, w + (size_t)r * kp + 4 * g, 4);
+                const int8x16_t wb = vreinterpretq_s8_s32(vdupq_n_s32(v));
+                a[r][0] = vdotq_s32(a[r][0], x0, wb);
+                a[r][1] = vdotq_s32(a[r][1], x1, wb);
+                a[r][2] = vdotq_s32(a[r][2], x2, wb);
+                a[r][3] = vdotq_s32(a[r][3], x3, wb);
+            }
+        }
+        for (int r = 0; r < Q8_CR; ++r)
+            for (int q = 0; q < 4; ++q) vst1q_s32(out + r * Q8_PX + half * 16 + 4 * q, a[r][q]);
+    }
+}
+#endif
+
+static q8_ukc q8_conv_uk(const q8_isa_t* isa)
+{
+#if defined(Q8_HAVE_VNNI)
+    if (isa->level == 1) return ukc_vnni;
+#endif
+#if defined(Q8_HAVE_SDOT)
+    if (isa->level == 1) return ukc_sdot;
+#endif
+    (void)isa;
+    return ukc_portable;
+}
+
+typedef struct {
+    const q8_isa_t* isa;
+    const uint8_t* x;
+    int C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
+    uint8_t flip, pad;
+    const int8_t* wp;
+    const int32_t* bias_eff;
+    const float* mult;
+    int N, kp, zy, lo, hi, y_signed;
+    /* xv: the input padded (with the zero point), shifted into the kernel's domain and split into sh x sw phase
+       planes per channel (padded row r, column c at phase (r % sh, c % sw), position (r / sh, c / sw)), each of
+       vplane bytes at pitch Wv; the output is computed at that pitch too (OH x Wv "virtual" pixels, the last
+       Wv - OW columns of each row garbage), so every tap's source for a block of pixels is one contiguous run
+       of one phase plane, whatever the stride. */
+    const uint8_t* xv;
+    long long vplane;
+    int Wv;
+    long long npix;  /* pixels computed: OH * Wv */
+    uint8_t* yv;     /* output, channel pitch npix */
+    int pb;          /* pixels per block */
+    long long pblocks, nchunk; /* tasks: pixel blocks x channel chunks of nchunk channels */
+    int failed;
+} q8_conv_ctx;
+
+/* dst[p] = the 4 bytes r0[p], r1[p], r2[p], r3[p] (p < np; zeros up to pb) */
+INFERD_CLONES static void q8_interleave(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2, const uint8_t* r3,
+                                        int np, int pb, uint32_t* dst)
+{
+    for (int p = 0; p < np; ++p)
+        dst[p] = (uint32_t)r0[p] | ((uint32_t)r1[p] << 8) | ((uint32_t)r2[p] << 16) | ((uint32_t)r3[p] << 24);
+    for (int p = np; p < pb; ++p) dst[p] = 0;
+}
+
+INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, const int32_t* bias, const float* mult,
+                                        float flo, float fhi, int zy, uint8_t* y, long long pitch)
+{
+    for (int r = 0; r < nn; ++r) {
+        const int32_t b = bias[r];
+        const float m = mult[r];
+        const int32_t* tr = tile + r * Q8_PX;
+        uint8_t* yo = y + r * pitch;
+        /* an int8 result has the bit pattern of its uint8 cast: one loop serves both types */
+        for (int p = 0; p < cnt; ++p) {
+            float v = (float)(tr[p] + b) * m;
+            v = v < flo ? flo : (v > fhi ? fhi : v);
+            yo[p] = (uint8_t)((int)q8_rint(v) + zy);
+        }
+    }
+}
+
+static void q8_conv_task(void* vctx, long long t)
+{
+    q8_conv_ctx* c = (q8_conv_ctx*)vctx;
+    const long long pb = t % c->pblocks, nc = t / c->pblocks;
+    const long long npix = c->npix;
+    const int PB = c->pb;
+    const long long p0 = pb * PB;
+    const int np = (int)(npix - p0 < PB ? npix - p0 : PB);
+    const int kp = c->kp, kq = kp / 4, K = c->C * c->kh * c->kw, taps = c->kh * c->kw, kw = c->kw;
+    uint8_t* xb = q8_scratch(1, (size_t)kp * PB + 4 * (size_t)PB);
+    if (!xb) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    uint8_t* rows = xb + (size_t)kp * PB; /* 4 rows of PB bytes */
+    for (int g = 0; g < kq; ++g) {
+        const uint8_t* src[4];
+        for (int tt = 0; tt < 4; ++tt) {
+            const int k = 4 * g + tt;
+            uint8_t* row = rows + tt * PB;
+            if (k >= K) {
+                memset(row, 0, (size_t)PB);
+                src[tt] = row;
+            } else {
+                const int ch = k / taps, ri = ((k % taps) / kw) * c->dh, cj = (k % kw) * c->dw;
+                const long long phase = (long long)ch * c->sh * c->sw + (ri % c->sh) * c->sw + cj % c->sw;
+                src[tt] = c->xv + phase * c->vplane + (long long)(ri / c->sh) * c->Wv + cj / c->sw + p0;
+            }
+        }
+        q8_interleave(src[0], src[1], src[2], src[3], np, PB, (uint32_t*)(xb + (size_t)g * PB * 4));
+    }
+    const q8_ukc uk = q8_conv_uk(c->isa);
+    int32_t tile[Q8_CR * Q8_PX];
+    const float flo = (float)(c->lo - c->zy), fhi = (float)(c->hi - c->zy);
+    const int n_begin = (int)(nc * c->nchunk), n_end = (int)((nc + 1) * c->nchunk < c->N ? (nc + 1) * c->nchunk : c->N);
+    for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
+        const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
+        for (int px = 0; px < np; px += Q8_PX) {
+            uk(xb + (size_t)px * 4, kq, 4L * PB, c->wp + (size_t)n0 * kp, kp, tile);
+            const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
+            q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy,
+                          c->yv + (size_t)n0 * npix + p0 + px, npix);
+        }
+    }
+}
+
+int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const int8_t* wp, const int32_t* wsum,
+                     int N, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
+                     const int32_t* bias, const float* mult, int zy, int lo, int hi, void* y, int y_signed,
+                     int max_threads)
+{
+    const q8_isa_t* isa = q8_isa();
+    const int dom_signed = isa->level == 1 ? isa->xsigned : 0;
+    const int zxd = q8_zx_domain(zx, x_signed, dom_signed);
+    const uint8_t flip = (uint8_t)(x_signed != dom_signed ? 0x80 : 0), pad = (uint8_t)zxd;
+    int32_t* be = q8_bias_eff(bias, wsum, N, zxd);
+    if (!be) return -1;
+    const int K = C * kh * kw;
+    uint8_t* xpad = NULL;
+    uint8_t* ystage = NULL;
+    const uint8_t* xv = NULL;
+    long long vplane = 0;
+    int Wv = OW;
+    {
+        const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
+        const int Hq = (Hpad + sh - 1) / sh + 1;
+        Wv = (Wpad + sw - 1) / sw;
+        vplane = (long long)Hq * Wv;
+        if (kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && OH == H && OW == W && !flip) {
+            xv = (const uint8_t*)x; /* already what the gather reads: no copy (reads stay inside: rows are OH * W) */
+            vplane = (long long)H * W;
+        } else {
+            const size_t bytes = (size_t)C * sh * sw * vplane;
+            const size_t ybytes = Wv != OW ? (size_t)N * OH * Wv : 0;
+            xpad = q8_scratch(0, bytes + ybytes);
+            if (!xpad) {
+                free(be);
+                return -1;
+            }
+            if (ybytes) ystage = xpad + bytes;
+            memset(xpad, pad, bytes);
+            for (int ch = 0; ch < C; ++ch)
+                for (int r = 0; r < Hpad; ++r) {
+                    const int ih = r - pt;
+                    if (ih < 0 || ih >= H) continue;
+                    const uint8_t* src = (const uint8_t*)x + ((size_t)ch * H + ih) * W;
+                    for (int cp = 0; cp < sw; ++cp) {
+                        uint8_t* d = xpad + (((size_t)ch * sh + r % sh) * sw + cp) * vplane + (size_t)(r / sh) * Wv;
+                        /* padded column cp + u*sw holds input column cp + u*sw - pl, for those inside [0, W) */
+                        const int lo_c = pl - cp > 0 ? pl - cp : 0, hi_c = W + pl - cp;
+                        const int u0 = (lo_c + sw - 1) / sw;
+                        int u1 = hi_c > 0 ? (hi_c + sw - 1) / sw : 0;
+                        if (u1 > Wv) u1 = Wv;
+                        for (int u = u0; u < u1; ++u) d[u] = (uint8_t)(src[u * sw + cp - pl] ^ flip);
+                    }
+                }
+            xv = xpad;
+        }
+        if (Wv != OW && !ystage) { /* the input read in place but the output at another pitch: not reached */
+            free(be);
+            return -1;
+        }
+    }
+    const long long npix = (long long)OH * Wv;
+    int pbs = (int)(262144 / q8_kp(K)) / Q8_PX * Q8_PX;
+    pbs = pbs < Q8_PX ? Q8_PX : (pbs > Q8_PB_MAX ? Q8_PB_MAX : pbs);
+    const long long pblocks = (npix + pbs - 1) / pbs;
+    const int threads = inferd_pool_threads();
+    /* too few pixel blocks to feed every thread: split the channels too (each chunk gathers its block again) */
+    long long chunks = pblocks >= 2LL * threads ? 1 : (2LL * threads + pblocks - 1) / pblocks;
+    long long nchunk = ((N + chunks - 1) / chunks + Q8_CR - 1) / Q8_CR * Q8_CR;
+    if (nchunk < Q8_CR) nchunk = Q8_CR;
+    chunks = (N + nchunk - 1) / nchunk;
+    q8_conv_ctx c = {isa, (const uint8_t*)x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, flip, pad, wp, be, mult,
+                     N, q8_kp(K), zy, lo, hi, y_signed, xv, vplane, Wv, npix, ystage ? ystage : (uint8_t*)y, pbs,
+                     pblocks, nchunk, 0};
+    const long long tasks = pblocks * chunks;
+    inferd_parallel(q8_conv_task, &c, tasks, npix * (long long)N * K < 200000 ? 1 : max_threads);
+    if (ystage) {
+        for (long long r = 0; r < (long long)N * OH; ++r)
+            memcpy((uint8_t*)y + r * OW, ystage + r * Wv, (size_t)OW);
+    }
+    free(be);
+    return c.failed ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- depthwise: channel c of x with w[c] (kh x kw) */
+
+typedef struct {
+    const uint8_t* x;
+    int x_signed, zx;
+    const int8_t* w;
+    int C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
+    const int32_t* bias;
+    const float* mult;
+    int zy, lo, hi, y_signed;
+    void* y;
+    int failed;
+} q8_dw_ctx;
+
+/* Small loops kept out of line, so the compiler vectorises each as written instead of fusing neighbours
+   (unroll-and-jam of the tap loop gave a scalar loop). */
+INFERD_CLONES __attribute__((noinline)) static void q8_axpy(float* restrict y, const float* restrict x, float a,
+                                                             long long n)
+{
+    for (long long q = 0; q < n; ++q) y[q] += x[q] * a;
+}
+
+INFERD_CLONES __attribute__((noinline)) static void q8_centre(float* restrict d, const uint8_t* restrict s, int step,
+                                                               int n, int x_signed, int zx)
+{
+    if (step == 1) {
+        if (x_signed)
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)(int8_t)s[u] - zx);
+        else
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)s[u] - zx);
+    } else {
+        if (x_signed)
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)(int8_t)s[(long)u * step] - zx);
+        else
+            for (int u = 0; u < n; ++u) d[u] = (float)((int32_t)s[(long)u * step] - zx);
+    }
+}
+
+/* 3x3 depthwise in one pass: the nine taps summed in registers, then requantised and stored as bytes (instead
+   of nine passes over a float accumulator and a tenth to requantise). */
+INFERD_CLONES __attribute__((noinline)) static void q8_dw9(const float* restrict p0, const float* restrict p1,
+                                                            const float* restrict p2, const float* restrict p3,
+                                                            const float* restrict p4, const float* restrict p5,
+                                                            const float* restrict p6, const float* restrict p7,
+                                                            const float* restrict p8, const float* w, long long n,
+                                                            int32_t b, float m, float flo, float fhi, int zy,
+                                                            uint8_t* restrict qb)
+{
+    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4], w5 = w[5], w6 = w[6], w7 = w[7], w8 = w[8];
+    for (long long q = 0; q < n; ++q) {
+        const float a = p0[q] * w0 + p1[q] * w1 + p2[q] * w2 + p3[q] * w3 + p4[q] * w4 + p5[q] * w5 + p6[q] * w6 +
+                        p7[q] * w7 + p8[q] * w8;
+        float v = (float)((int32_t)a + b) * m;
+        v = v < flo ? flo : (v > fhi ? fhi : v);
+        qb[q] = (uint8_t)((int)q8_rint(v) + zy);
+    }
+}
+
+/* Fields are copied to locals: stores through the int32/int8 buffers could alias the context's ints, which
+   would keep the compiler from vectorising the loops. */
+INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
+{
+    q8_dw_ctx* c = (q8_dw_ctx*)vctx;
+    const int H = c->H, W = c->W, OH = c->OH, OW = c->OW, kh = c->kh, kw = c->kw, sh = c->sh, sw = c->sw;
+    const int dh = c->dh, dw = c->dw, pt = c->pt, pl = c->pl, zx = c->zx, zy = c->zy, x_signed = c->x_signed;
+    int32_t* acc = (int32_t*)malloc(sizeof(int32_t) * (size_t)OW);
+    int32_t* xr = (int32_t*)malloc(sizeof(int32_t) * (size_t)W);
+    if (!acc || !xr) {
+        free(acc);
+        free(xr);
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    const size_t plane = (size_t)H * W;
+    const int8_t* wc = c->w + (size_t)ch * kh * kw;
+    const float m = c->mult[ch], flo = (float)(c->lo - zy), fhi = (float)(c->hi - zy);
+    const int32_t b = c->bias ? c->bias[ch] : 0;
+    const uint8_t* xc = c->x + ch * plane;
+    int8_t* ys = (int8_t*)c->y + ch * (size_t)OH * OW;
+    uint8_t* yu = (uint8_t*)c->y + ch * (size_t)OH * OW;
+    const int y_signed = c->y_signed;
+    if (kh * kw < 512) {
+        /* The centred input, padded, split into sh x sw phase planes (row r, column c of the padded input goes to
+           phase (r % sh, c % sw) at (r / sh, c / sw)), each Hq x Wq. The output is computed at pitch Wq (the
+           extra columns are dropped at the store): tap (i, j) then reads phase ((i dh) % sh, (j dw) % sw) at a
+           fixed offset, so every tap is one long contiguous loop, strided convolutions included. In float:
+           products of 8-bit values and their sums over kh*kw < 512 taps stay below 2^24, so every float here is
+           an exact integer, and float FMAs are faster than int32 multiplies (vpmulld) on x86. */
+        const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
+        const int Hq = (Hpad + sh - 1) / sh + 1, Wq = (Wpad + sw - 1) / sw;
+        const size_t qplane = (size_t)Hq * Wq;
+        float* xp = (float*)calloc((size_t)sh * sw * qplane, sizeof(float));
+        float* ap = (float*)malloc(sizeof(float) * (size_t)OH * Wq);
+        if (!xp || !ap) {
+            free(xp);
+            free(ap);
+            free(acc);
+            free(xr);
+            __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+        for (int r = 0; r < Hpad; ++r) {
+            const int ih = r - pt;
+            if (ih < 0 || ih >= H) continue;
+            const uint8_t* src = xc + (size_t)ih * W;
+            const int c0 = pl > 0 ? pl : 0, iw0 = c0 - pl;
+            const int n = (W - iw0) < (Wpad - c0) ? (W - iw0) : (Wpad - c0);
+            float* row0 = xp + (size_t)(r % sh) * sw * qplane + (size_t)(r / sh) * Wq;
+            /* phase cp of this row: padded columns cp, cp + sw, ... -> positions 0, 1, ... of its plane row */
+            for (int cp = 0; cp < sw; ++cp) {
+                float* restrict d = row0 + (size_t)cp * qplane;
+                const uint8_t* restrict sp = src;
+                /* padded column col = cp + u*sw holds input column col - pl, inside [iw0, iw0 + n) */
+                int u0 = c0 - cp > 0 ? (c0 - cp + sw - 1) / sw : 0;
+                int u1 = (c0 + n - cp) > 0 ? (c0 + n - cp + sw - 1) / sw : 0;
+                const int off = cp - pl;
+                if (u1 > u0) q8_centre(d + u0, sp + (long)u0 * sw + off, sw, u1 - u0, x_signed, zx);
+            }
+        }
+        const long long total = (long long)OH * Wq;
+        if (kh == 3 && kw == 3) {
+            const float* tp[9];
+            float wf[9];
+            for (int i = 0; i < 3; ++i)
+                for (int j = 0; j < 3; ++j) {
+                    const int ri = i * dh, cj = j * dw;
+                    tp[i * 3 + j] = xp + ((size_t)(ri % sh) * sw + (size_t)(cj % sw)) * qplane + (size_t)(ri / sh) * Wq + cj / sw;
+                    wf[i * 3 + j] = (float)wc[i * 3 + j];
+                }
+            uint8_t* qb = (uint8_t*)ap; /* OH * Wq floats: room for as many bytes */
+            q8_dw9(tp[0], tp[1], tp[2], tp[3], tp[4], tp[5], tp[6], tp[7], tp[8], wf, total, b, m, flo, fhi, zy, qb);
+            for (int oh = 0; oh < OH; ++oh) memcpy(yu + (size_t)oh * OW, qb + (size_t)oh * Wq, (size_t)OW);
+            (void)ys;
+            (void)y_signed;
+            free(xp);
+            free(ap);
+            free(acc);
+            free(xr);
+            return;
+        }
+        for (long long q = 0; q < total; ++q) ap[q] = 0.0f;
+        for (int i = 0; i < kh; ++i)
+            for (int j = 0; j < kw; ++j) {
+                const float wv = (float)wc[i * kw + j];
+                const int ri = i * dh, cj = j * dw;
+                const float* restrict xs =
+                    xp + ((size_t)(ri % sh) * sw + (size_t)(cj % sw)) * qplane + (size_t)(ri / sh) * Wq + cj / sw;
+                q8_axpy(ap, xs, wv, total);
+            }
+        /* requantise the whole pitch-Wq plane in one long loop (an int8 result has the bit pattern of its
+           uint8 cast, so one loop serves both), then copy the OW valid bytes of each row */
+        uint8_t* qb = (uint8_t*)xp; /* the phases are no longer needed; they hold more than OH * Wq bytes */
+        for (long long q = 0; q < total; ++q) {
+            float v = (float)((int32_t)ap[q] + b) * m;
+            v = v < flo ? flo : (v > fhi ? fhi : v);
+            qb[q] = (uint8_t)((int)q8_rint(v) + zy);
+        }
+        for (int oh = 0; oh < OH; ++oh) memcpy(yu + (size_t)oh * OW, qb + (size_t)oh * Wq, (size_t)OW);
+        (void)ys;
+        (void)y_signed;
+        free(xp);
+        free(ap);
+        free(acc);
+        free(xr);
+        return;
+    }
+    for (int oh = 0; oh < OH; ++oh) {
+        for (int ow = 0; ow < OW; ++ow) acc[ow] = b;
+        for (int i = 0; i < kh; ++i) {
+            const int ih = oh * sh - pt + i * dh;
+            if (ih < 0 || ih >= H) continue; /* padding reads the zero point: (zx - zx) * w = 0 */
+            const uint8_t* src = xc + (size_t)ih * W;
+            if (x_signed)
+                for (int iw = 0; iw < W; ++iw) xr[iw] = (int32_t)(int8_t)src[iw] - zx;
+            else
+                for (int iw = 0; iw < W; ++iw) xr[iw] = (int32_t)src[iw] - zx;
+            for (int j = 0; j < kw; ++j) {
+                const int32_t wv = wc[i * kw + j];
+                const int off = j * dw - pl;
+                /* ow range whose input column ow*sw + off lies in [0, W) */
+                const int lo_ow = off >= 0 ? 0 : (-off + sw - 1) / sw;
+                int hi_ow = (W - 1 - off) >= 0 ? (W - 1 - off) / sw + 1 : 0;
+                if (hi_ow > OW) hi_ow = OW;
+                if (sw == 1) {
+                    const int32_t* xs = xr + off;
+                    for (int ow = lo_ow; ow < hi_ow; ++ow) acc[ow] += xs[ow] * wv;
+                } else {
+                    for (int ow = lo_ow; ow < hi_ow; ++ow) acc[ow] += xr[ow * sw + off] * wv;
+                }
+            }
+        }
+        const size_t at = (size_t)oh * OW;
+        if (y_signed) {
+            for (int ow = 0; ow < OW; ++ow) {
+                float v = (float)acc[ow] * m;
+                v = v < flo ? flo : (v > fhi ? fhi : v);
+                ys[at + ow] = (int8_t)((int)q8_rint(v) + zy);
+            }
+        } else {
+            for (int ow = 0; ow < OW; ++ow) {
+                float v = (float)acc[ow] * m;
+                v = v < flo ? flo : (v > fhi ? fhi : v);
+                yu[at + ow] = (uint8_t)((int)q8_rint(v) + zy);
+            }
+        }
+    }
+    free(acc);
+    free(xr);
+}
+
+int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W, const int8_t* w, int kh, int kw,
+                       int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW, const int32_t* bias,
+                       const float* mult, int zy, int lo, int hi, void* y, int y_signed, int max_threads)
+{
+    q8_dw_ctx c = {(const uint8_t*)x, x_signed, zx, w, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW,
+                   bias, mult, zy, lo, hi, y_signed, y, 0};
+    inferd_parallel(q8_dw_task, &c, C, (long long)C * OH * OW * kh * kw < 100000 ? 1 : max_threads);
+    return c.failed ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- elementwise add of two quantised tensors
+   y = clamp(rint((a - za) * ra + (b - zb) * rb + zc)), as onnxruntime's QLinearAdd: separate float roundings,
+   no fused multiply-add (an FMA rounds differently and would move values that sit on a rounding boundary). */
+__attribute__((optimize("fp-contract=off"))) INFERD_CLONES static void q8_add_range(
+    const uint8_t* restrict a, int a_signed, int za, float ra, const uint8_t* restrict b, int b_signed, int zb,
+    float rb, float zc, float lo, float hi, uint8_t* restrict y, long long n0, long long n1)
+{
+    for (long long i = n0; i < n1; ++i) {
+        const int32_t av = a_signed ? (int32_t)(int8_t)a[i] : (int32_t)a[i];
+        const int32_t bv = b_signed ? (int32_t)(int8_t)b[i] : (int32_t)b[i];
+        const float p = (float)(av - za) * ra;
+        const float q = (float)(bv - zb) * rb;
+        float v = (p + q) + zc;
+        v = q8_rint(v);
+        v = v < lo ? lo : (v > hi ? hi : v);
+        y[i] = (uint8_t)(int)v;
+    }
+}
+
+typedef struct {
+    const uint8_t *a, *b;
+    int a_signed, za, b_signed, zb;
+    float ra, rb, zc, lo, hi;
+    uint8_t* y;
+    long long n, chunk;
+} q8_add_ctx;
+
+static void q8_add_task(void* vctx, long long t)
+{
+    const q8_add_ctx* c = (const q8_add_ctx*)vctx;
+    const long long n0 = t * c->chunk, n1 = n0 + c->chunk < c->n ? n0 + c->chunk : c->n;
+    q8_add_range(c->a, c->a_signed, c->za, c->ra, c->b, c->b_signed, c->zb, c->rb, c->zc, c->lo, c->hi, c->y, n0, n1);
+}
+
+void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b, int b_signed, int zb, float rb, float zc,
+                   int lo, int hi, void* y, long long n, int max_threads)
+{
+    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    q8_add_ctx c = {(const uint8_t*)a, (const uint8_t*)b, a_signed, za, b_signed, zb, ra, rb, zc, (float)lo, (float)hi,
+                    (uint8_t*)y, n, chunk};
+    inferd_parallel(q8_add_task, &c, tasks, tasks < 2 ? 1 : max_threads);
+}
