@@ -142,7 +142,21 @@ def test_notify_fallback_path_and_abstract(tmp_path: Path) -> None:
     assert not Notifier({}).enabled and not Notifier({}).ready()
 
 
-def test_logging_to_stderr_outside_systemd() -> None:
+@pytest.fixture
+def inferd_logger():
+    """setup_logging configures the process's "inferd" logger (its own handler, no propagation): put it back,
+    or every later test that reads log records through pytest's caplog sees none."""
+    import logging
+
+    lg = logging.getLogger("inferd")
+    saved = (list(lg.handlers), lg.level, lg.propagate)
+    yield lg
+    lg.handlers[:] = saved[0]
+    lg.setLevel(saved[1])
+    lg.propagate = saved[2]
+
+
+def test_logging_to_stderr_outside_systemd(inferd_logger) -> None:
     assert setup_logging("info", environ={}) == "stderr"
     kind = setup_logging("info", environ={"INVOCATION_ID": "abc"})
     try:
