@@ -110,7 +110,7 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
                   options: PlanOptions | None = None, loaders: int | None = None,
                   profile: bool | str = True, shapes: dict[str, tuple[int, ...]] | None = None,
                   precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
-                  fp16_arithmetic: bool = True) -> Path:
+                  fp16_arithmetic: bool = False) -> Path:
     """Import ``src``, profile it on this device, plan its cold start and write the package to ``out_dir``.
 
     ``profile="auto"``: when this device has a valid trained latency predictor, plan from its predictions
@@ -559,7 +559,7 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
                    device: str = "cpu", kernels: dict[str, str] | None = None,
                    shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
                    write: bool = True, precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
-                   fp16_arithmetic: bool = True) -> Path | None:
+                   fp16_arithmetic: bool = False) -> Path | None:
     """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
     ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt. With
     ``write`` False (the cache cannot be written now), None instead of compiling."""

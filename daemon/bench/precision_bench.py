@@ -43,8 +43,10 @@ class Arm:
     options: tuple[tuple[str, Any], ...] = ()
 
 
-#: fp16: fp16 weights, and fp16 tile sums where the device has shaderFloat16; fp16w: fp16 weights, fp32 arithmetic
-ARMS: dict[str, Arm] = {"fp32": Arm("fp32", "fp32"), "fp16": Arm("fp16", "fp16"),
+#: fp16: fp16 weights, and fp16 tile sums where the device has shaderFloat16 (asked: fp32 arithmetic is the
+#: default); fp16w: fp16 weights, fp32 arithmetic
+ARMS: dict[str, Arm] = {"fp32": Arm("fp32", "fp32"),
+                        "fp16": Arm("fp16", "fp16", options=(("fp16_arithmetic", True),)),
                         "fp16w": Arm("fp16w", "fp16", options=(("fp16_arithmetic", False),))}
 
 _INFERD_CHILD = r'''

@@ -115,7 +115,7 @@ def check_precision(requested: str) -> str:
 
 
 def plan_precision(requested: str, backend: str, features: Mapping[str, bool], layers: Sequence[LayerFacts] = (),
-                   fp32_layers: Sequence[str] = (), guard: bool = True, arithmetic: bool = True) -> PrecisionPlan:
+                   fp32_layers: Sequence[str] = (), guard: bool = True, arithmetic: bool = False) -> PrecisionPlan:
     """The precision of a model on ``backend`` ("cpu" or "vulkan") with the device's ``features``;
     ``arithmetic`` False keeps fp32 arithmetic even where the device has ``shaderFloat16``."""
     check_precision(requested)

@@ -133,7 +133,7 @@ class VulkanColdBackend:
     def __init__(self, graph: Graph, kernels: Mapping[str, str] | None = None, device: Any = None,
                  cache: ShaderCache | str | bool | None = None, profile: bool = False,
                  precision: "str | PrecisionPlan" = "fp32", fp32_layers: Sequence[str] = (),
-                 precision_guard: bool = True, fp16_arithmetic: bool = True) -> None:
+                 precision_guard: bool = True, fp16_arithmetic: bool = False) -> None:
         _import_kernels()
         #: the precision asked (a name, planned at setup from the device's features) or already planned
         #: (a package's stored plan); ``precision`` is the plan in force after setup
