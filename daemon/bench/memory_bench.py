@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.profiler import sequential_read_rate
 from .common import fmt, machine_info, write_results
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "vit_tiny"]
@@ -144,31 +145,6 @@ def _child(job: dict[str, Any], work: Path, timeout: float = 1800) -> list[dict[
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def disk_bandwidth(path: Path, chunk: int = 4 << 20) -> float:
-    """Bytes/s of a sequential O_DIRECT read of ``path`` (the page cache dropped first)."""
-    from ..runtime.pagecache import drop_file
-    from ..store import aligned_empty
-
-    drop_file(path)
-    size = path.stat().st_size
-    buf = aligned_empty(chunk)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-    t = time.perf_counter()
-    off = 0
-    try:
-        while off < size:
-            n = os.preadv(fd, [memoryview(buf)], off)
-            if n <= 0:
-                break
-            off += n
-    finally:
-        os.close(fd)
-    return off / max(time.perf_counter() - t, 1e-9)
-
-
 def _budgets(lo: int, hi: int, n: int) -> list[int]:
     if hi <= lo:
         return [lo]
@@ -245,7 +221,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     store = Path(open_streamed(skel0, 0).store.path)
     del graph
     gc.collect()
-    res["disk_bw_bytes_s"] = disk_bandwidth(store)
+    res["disk_bw_bytes_s"] = sequential_read_rate(store)
     res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf), "onnx": str(onnx)},
                          work)
     try:

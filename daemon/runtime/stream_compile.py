@@ -24,7 +24,7 @@ import numpy as np
 from .. import __version__
 from ..errors import WeightsStoreError
 from ..fileio import atomic_write
-from ..ir import Graph, Node, TensorInfo
+from ..ir import Graph, Node
 from .stream import SMALL, StreamingExecutor, expand_kernels, prepare_stream_store, small_bytes, strip_constants
 
 SKEL_MAGIC = b"INFDSKEL"
@@ -108,7 +108,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
             raise _child_error(tail[-1] if tail else f"exit code {r.returncode}", budget)
         return skel
     from ..frontend import import_model
-    from ..planner.slicing import MemConfig, fit_config, slice_graph
+    from ..planner.slicing import fit_config, slice_graph
 
     graph = import_model(src, batch=batch)
     big = 1 << 50
@@ -132,11 +132,8 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
 def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> tuple[list[float], float]:
     """Per step compute seconds (median of ``runs`` timed runs of the whole model) and the store's read
     bandwidth (one sequential ``O_DIRECT`` pass, the cache dropped first): what the resident choice weighs."""
-    import time
-
-    from ..runtime.pagecache import drop_file
-    from ..store import aligned_empty
     from .cpu import CpuExecutor
+    from .profiler import sequential_read_rate
 
     ex = CpuExecutor(g, kernels or None)
     feeds = {t.name: np.zeros(t.shape, t.dtype) for t in g.inputs}
@@ -144,24 +141,7 @@ def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> t
     per = [ex.run_timed(feeds)[1] for _ in range(runs)]
     compute = [float(np.median([p[i] for p in per])) for i in range(len(per[0]))]
     del ex
-    drop_file(store)
-    size = store.stat().st_size
-    buf = aligned_empty(4 << 20)
-    try:
-        fd = os.open(store, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        fd = os.open(store, os.O_RDONLY)
-    t = time.perf_counter()
-    off = 0
-    try:
-        while off < size:
-            n = os.preadv(fd, [memoryview(buf)], off)
-            if n <= 0:
-                break
-            off += n
-    finally:
-        os.close(fd)
-    return compute, off / max(time.perf_counter() - t, 1e-9)
+    return compute, sequential_read_rate(store)
 
 
 def _child_error(line: str, budget: int) -> Exception:
