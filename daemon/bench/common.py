@@ -109,3 +109,12 @@ def fmt(x: Any, spec: str = ".1f", missing: str = "n/a") -> str:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x:
         return missing
     return format(x, spec)
+
+
+def run_child(code: str, args: list[str], env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter; its last ``RESULT {json}`` line, or ``{"error": tail of its output}``."""
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        return {"error": (r.stderr or r.stdout)[-3000:]}
+    return json.loads(lines[-1][7:])

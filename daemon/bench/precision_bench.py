@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .common import drop_page_cache, fmt, machine_info, ratio, write_results
+from .common import drop_page_cache, fmt, machine_info, ratio, run_child, write_results
 
 
 @dataclass(frozen=True)
@@ -127,14 +127,6 @@ print("RESULT " + json.dumps(res))
 '''
 
 
-def _child(code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=900)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        return {"error": (r.stderr or r.stdout)[-3000:]}
-    return json.loads(lines[-1][7:])
-
-
 def _env(folder: Path) -> dict[str, str]:
     """The driver's shader disk cache in ``folder`` (NVIDIA and Mesa); inferd's caches under it too."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -186,7 +178,7 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
         outp = folder / "out.npy"
         opts = json.dumps(dict(arm.options))
         # compile the package and fill every shader cache (its own load is the first-registration case)
-        first = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
+        first = run_child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
                        env)
         r = {k: v for k, v in first.items() if k != "cold_ms"}
         r.update(compile_ms=first.get("cold_ms"), out=str(outp), cold_runs=[], warm_runs=[])
@@ -197,7 +189,7 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
             src, env, pkgroot, outp, opts = setup[arm.name]
             _evict(pkgroot)
             drop_page_cache(src)
-            one = _child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref),
+            one = run_child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref),
                                          str(outp), opts], env)
             r = res[arm.name]
             if "error" in one:
@@ -217,29 +209,20 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
         a["err_fp32"] = _err(Path(a["out"]), Path(base)) if base and "out" in a else None
     if with_ncnn and device == "vulkan":
         try:
-            from .vulkan_bench import _pnnx
-            exe = _pnnx()
-            if exe is None:
-                raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
+            from .vulkan_bench import convert_ncnn
+
             nw = work / f"{name}_ncnn"
-            nw.mkdir(parents=True, exist_ok=True)
-            dst = nw / onnx_path.name
-            shutil.copy(onnx_path, dst)
             # pnnx's defaults: fp16 weights in the .bin (ncnn's default deployment)
-            cp = subprocess.run([exe, dst.name, f"inputshape=[{','.join(map(str, inp.shape))}]"], cwd=nw,
-                                capture_output=True, text=True, timeout=900)
-            param, binf = nw / (dst.stem + ".ncnn.param"), nw / (dst.stem + ".ncnn.bin")
-            if not param.is_file():
-                raise RuntimeError(f"pnnx failed on {onnx_path.name}: {cp.stderr[-2000:]}")
+            param, binf = convert_ncnn(onnx_path, tuple(inp.shape), nw, fp16=True)
             env = _env(work / f"{name}_ncnn_cache")
             outp = nw / "out.npy"
-            first = _child(_NCNN_CHILD, [str(param), str(binf), "0", str(ref), str(outp)], env)  # fills the driver cache
+            first = run_child(_NCNN_CHILD, [str(param), str(binf), "0", str(ref), str(outp)], env)  # fills the driver cache
             r = {k: v for k, v in first.items() if k != "cold_ms"}
             colds, warms = [], []
             for _ in range(max(1, rounds)):
                 drop_page_cache(param)
                 drop_page_cache(binf)
-                one = _child(_NCNN_CHILD, [str(param), str(binf), str(nwarm), str(ref), str(outp)], env)
+                one = run_child(_NCNN_CHILD, [str(param), str(binf), str(nwarm), str(ref), str(outp)], env)
                 if "error" in one:
                     r["error"] = one["error"]
                     continue

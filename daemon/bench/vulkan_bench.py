@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import drop_page_cache, machine_info, write_results
+from .common import drop_page_cache, machine_info, run_child, write_results
 
 _INFERD_CHILD = r'''
 import json, sys, time, numpy as np
@@ -88,14 +88,6 @@ print("RESULT " + json.dumps(res))
 '''
 
 
-def _child(code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=900)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        return {"error": (r.stderr or r.stdout)[-3000:]}
-    return json.loads(lines[-1][7:])
-
-
 def _driver_cache_env(folder: Path) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     return dict(os.environ, __GL_SHADER_DISK_CACHE="1", __GL_SHADER_DISK_CACHE_PATH=str(folder),
@@ -119,15 +111,16 @@ def _pnnx() -> str | None:
     return shutil.which("pnnx")
 
 
-def convert_ncnn(onnx_path: Path, shape: tuple[int, ...], work: Path) -> tuple[Path, Path]:
+def convert_ncnn(onnx_path: Path, shape: tuple[int, ...], work: Path, fp16: bool = False) -> tuple[Path, Path]:
+    """(param, bin) made by pnnx; ``fp16``: its default fp16 weights (ncnn's default deployment), else fp32."""
     exe = _pnnx()
     if exe is None:
         raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
     work.mkdir(parents=True, exist_ok=True)
     dst = work / onnx_path.name
     shutil.copy(onnx_path, dst)
-    r = subprocess.run([exe, dst.name, f"inputshape=[{','.join(map(str, shape))}]", "fp16=0"], cwd=work,
-                       capture_output=True, text=True, timeout=900)
+    cmd = [exe, dst.name, f"inputshape=[{','.join(map(str, shape))}]"] + ([] if fp16 else ["fp16=0"])
+    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     param, binf = work / (dst.stem + ".ncnn.param"), work / (dst.stem + ".ncnn.bin")
     if not param.is_file():
         raise RuntimeError(f"pnnx failed on {onnx_path.name}: {r.stderr[-2000:]}")
@@ -157,15 +150,15 @@ def bench_model(name: str, onnx_path: Path, work: Path, nwarm: int, with_ncnn: b
     pkgroot = work / f"{name}_packages"
     shutil.rmtree(pkgroot, ignore_errors=True)
     drop_page_cache(onnx_path)
-    res["inferd_empty"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), str(nwarm), str(ref), ""], env)
+    res["inferd_empty"] = run_child(_INFERD_CHILD, [str(onnx_path), str(cache), str(nwarm), str(ref), ""], env)
     drop_page_cache(onnx_path)
-    res["inferd_filled"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), ""], env)
+    res["inferd_filled"] = run_child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), ""], env)
     # first load through the package cache compiles the package (the daemon does this once per model)
-    res["inferd_pkg_compile"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), str(pkgroot)], env)
+    res["inferd_pkg_compile"] = run_child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), str(pkgroot)], env)
     for f in pkgroot.rglob("*"):
         if f.is_file():
             drop_page_cache(f)
-    res["inferd_pkg_filled"] = _child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), str(pkgroot)], env)
+    res["inferd_pkg_filled"] = run_child(_INFERD_CHILD, [str(onnx_path), str(cache), "0", str(ref), str(pkgroot)], env)
     if with_ncnn:
         try:
             param, binf = convert_ncnn(onnx_path, shape, work / f"{name}_ncnn")
@@ -175,7 +168,7 @@ def bench_model(name: str, onnx_path: Path, work: Path, nwarm: int, with_ncnn: b
             for tag, n in (("ncnn_empty", nwarm), ("ncnn_filled", 0)):
                 drop_page_cache(param)
                 drop_page_cache(binf)
-                res[tag] = _child(_NCNN_CHILD, [str(param), str(binf), str(n), str(ref)], env)
+                res[tag] = run_child(_NCNN_CHILD, [str(param), str(binf), str(n), str(ref)], env)
         except Exception as e:  # report, don't hide: the table shows the error
             res["ncnn_error"] = str(e)
     return res
