@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..ir import Graph
+from ..vulkan import available as vulkan_available
 
 log = logging.getLogger("inferd.coexec")
 
@@ -73,17 +74,6 @@ class CoexecFallback(Exception):
     def __init__(self, device: str, reason: str) -> None:
         super().__init__(reason)
         self.device, self.reason = device, reason
-
-
-def vulkan_available() -> bool:
-    try:
-        from ..vulkan import available
-    except Exception:  # noqa: BLE001 - no binding, no loader: no GPU side
-        return False
-    try:
-        return bool(available())
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def build(path: Any, split: Mapping[str, Any] | None = None, batch: int = 1, kernels: dict[str, str] | None = None,

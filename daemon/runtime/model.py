@@ -355,14 +355,9 @@ def _load_coexec(path: Any, batch: int, kernels: dict[str, str] | None, name: st
 
 
 def _vulkan_available() -> bool:
-    try:
-        from ..vulkan import available
-    except Exception:
-        return False
-    try:
-        return bool(available())
-    except Exception:
-        return False
+    from ..vulkan import available
+
+    return available()
 
 
 def first_shapes(shapes: Any) -> Any:
@@ -486,7 +481,6 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     """A model from a compiled package, following its stored plan; a damaged or stale package is rebuilt
     (from its source) once, never used."""
     from ..package import fingerprint, open_package, rebuild_package
-
     from ..planner.precision import PrecisionPlan
 
     current = fingerprint(dev)

@@ -16,14 +16,15 @@ __all__ = ["available", "get_device", "VulkanModel", "VulkanDevice"]
 
 
 def available() -> bool:
-    """True when the Vulkan loader, a device with a compute queue and the shader sources are present."""
+    """True when the Vulkan loader, a device with a compute queue and the shader sources are present
+    (never raises: a missing binding or a failing driver is a False)."""
     try:
         from .device import available as _dev_available
         from .shaders import shader_dir
         shader_dir()
+        return bool(_dev_available())
     except Exception:
         return False
-    return _dev_available()
 
 
 def get_device(config: Any = None) -> "VulkanDevice":
