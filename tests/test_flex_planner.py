@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from inferd.planner.flex import (BudgetTooSmall, LayerMem, lower_bound, min_budget, plan_budget, plan_flex,
                                  resident_order)
@@ -76,8 +76,17 @@ def test_random_plans_hold_invariants(prob):
     check(plan, layers, acts)
 
 
+_NO_WEIGHTS = [LayerMem(f"l{i}") for i in range(7)]
+
+
 @settings(max_examples=60, deadline=None)
 @given(problems())
+# two problems where the minimum, rounded up after the search, was a budget first fit could not place
+@example(prob=(_NO_WEIGHTS, [Buffer("t0", 65, 4, 5), Buffer("t1", 1, 0, 5), Buffer("t2", 321, 0, 3),
+                             Buffer("t3", 1, 2, 5), Buffer("t4", 672, 0, 3), Buffer("t5", 2049, 5, 5)], 1.0))
+@example(prob=(_NO_WEIGHTS[:6] + [LayerMem("l6", 500)], [Buffer("t0", 1, 0, 4), Buffer("t1", 1, 0, 0),
+                                                        Buffer("t2", 65, 1, 6), Buffer("t3", 1, 2, 6),
+                                                        Buffer("t4", 129, 0, 5)], 1.0))
 def test_min_budget_is_feasible_and_tight(prob):
     layers, acts, _ = prob
     need = min_budget(layers, acts)

@@ -272,18 +272,24 @@ def min_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], *, pre
         except BudgetTooSmall:
             return False
 
+    # every budget tried is aligned and the one returned was tried: first fit is not monotone in the budget
+    # (a larger arena can place a tensor where it later blocks another), so an untried neighbour of a
+    # feasible budget may not be feasible
+    hi = align_up(hi, alignment)
     while not ok(hi):
         lo = hi
-        hi = int(hi * 1.25) + alignment
+        hi = align_up(int(hi * 1.25) + alignment, alignment)
     if hi == lower_bound(layers, activations, alignment):
         return hi
     while hi - lo > max(alignment, int(hi * tol)):
-        mid = (lo + hi) // 2
+        mid = align_up((lo + hi) // 2, alignment)
+        if mid >= hi:
+            break
         if ok(mid):
             hi = mid
         else:
             lo = mid
-    return align_up(hi, alignment)
+    return hi
 
 
 def resident_order(layers: Sequence[LayerMem], read_bw: float = 0.0) -> list[int]:
