@@ -3,6 +3,9 @@
 // them): one 64-invocation workgroup per output column n splits K (coalesced reads of B's row n),
 // then a shared-memory sum. The weights are used as exported: no transpose at load.
 // Same push layout/semantics as gemv.comp (sb_k = 1, sb_n = K for [N, K]).
+// VEC4 (K % 4 == 0, A rows contiguous and 16-byte aligned): A and B are read as 4-wide vectors and each
+// invocation keeps UNROLL of them in flight. A lone scalar load per lane per iteration left the H100 at
+// ~200 GB/s on vgg16's fc6 (411 MB): the loop was latency-bound, not bandwidth-bound.
 #include "common.glsl"
 #include "act.glsl"
 #ifndef BIAS_MODE
@@ -16,8 +19,26 @@
 #endif
 #define WG 64
 layout(local_size_x = WG) in;
+#ifndef VEC4
+#define VEC4 0
+#endif
+#define UNROLL 4
+#if VEC4
+layout(std430, binding = 0) readonly buffer Am4 { vec4 a4[]; };
+#if BFP == 0
+layout(std430, binding = 1) readonly buffer Bm4 { vec4 b4[]; };
+#define BLD4(i) (b4[i])
+#elif BFP == 1
+layout(std430, binding = 1) readonly buffer Bm4 { f16vec4 b4[]; };
+#define BLD4(i) vec4(b4[i])
+#else
+layout(std430, binding = 1) readonly buffer Bm4 { uvec2 b4[]; };
+#define BLD4(i) vec4(unpackHalf2x16(b4[i].x), unpackHalf2x16(b4[i].y))
+#endif
+#else
 WBUF(AFP, 0, Am, a);
 WBUF(BFP, 1, Bm, b);
+#endif
 #if BIAS_MODE > 0
 layout(std430, binding = 2) readonly buffer Bias { float bias[]; };
 #define NEXT 3
@@ -43,12 +64,29 @@ void main() {
     int l = int(gl_LocalInvocationID.x);
     float acc[MAXM];
     for (int m = 0; m < MAXM; ++m) acc[m] = 0.0;
+#if VEC4
+    int k4 = p.K >> 2, bi4 = (n * p.sb_n) >> 2, sam4 = p.sa_m >> 2;
+    int k = l;
+    for (; k + (UNROLL - 1) * WG < k4; k += UNROLL * WG) {
+        vec4 bv[UNROLL];
+        for (int u = 0; u < UNROLL; ++u) bv[u] = BLD4(bi4 + k + u * WG);
+        for (int m = 0; m < MAXM; ++m)
+            if (m < p.M)
+                for (int u = 0; u < UNROLL; ++u) acc[m] += dot(a4[m * sam4 + k + u * WG], bv[u]);
+    }
+    for (; k < k4; k += WG) {
+        vec4 bv = BLD4(bi4 + k);
+        for (int m = 0; m < MAXM; ++m)
+            if (m < p.M) acc[m] += dot(a4[m * sam4 + k], bv);
+    }
+#else
     int bi = n * p.sb_n;
     for (int k = l; k < p.K; k += WG) {
         float bv = WLD(BFP, b, bi + k * p.sb_k);
         for (int m = 0; m < MAXM; ++m)
             if (m < p.M) acc[m] += WLD(AFP, a, m * p.sa_m + k * p.sa_k) * bv;
     }
+#endif
     for (int m = 0; m < MAXM; ++m) red[m][l] = acc[m];
     barrier();
     for (int s = WG / 2; s > 0; s >>= 1) {

@@ -141,6 +141,10 @@ case("gemm_splitk_residual", "Gemm", [r(9, 300), r(40, 300), r(40), r(9, 40)], {
 case("matmul_splitk_batched", "MatMul", [r(2, 5, 300), r(2, 300, 7)], const=[False, False], kernel="vk_matmul")
 case("gemm_gemv_nk_residual", "Gemm", [r(2, 20), r(300, 20), r(300), r(2, 300)],
      {"transB": 1, "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel="vk_gemv_nk")
+# vector path: unrolled loop plus its tail (K/4 = 257 > 4 * 64), 3 rows; K % 4 != 0 keeps the scalar loop
+case("gemm_gemv_nk_vec_rows", "Gemm", [r(3, 1028), r(70, 1028), r(70)], {"transB": 1, "act": ("Relu", ())},
+     kernel="vk_gemv_nk")
+case("gemm_gemv_nk_scalar_k", "Gemm", [r(1, 1030), r(66, 1030), r(66)], {"transB": 1}, kernel="vk_gemv_nk")
 case("gemm_gemv_nk_tex_residual", "Gemm", [r(2, 20), r(300, 20), r(300), r(2, 300)],
      {"transB": 1, "residual": True, "act": ("Relu", ())}, const=[False, True, True, False], kernel="vk_gemv_nk_tex")
 case("gemm_gemv_nk_tex_row", "Gemm", [r(1, 36), r(37, 36), r(37)], {"transB": 1, "alpha": 0.5, "beta": 2.0},

@@ -45,7 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, act_of,
-                             act_supported, grid, harith, split_k)
+                             act_supported, grid, harith, split_k, use_coopmat)
 from .base import Layer, raw_key, register_kernel, weights_key
 from .conv import Geom2D, io_positions, layer_geom, winograd_matrices
 
@@ -188,11 +188,14 @@ class VkConvGemm(_ConvBase):
             return [Dispatch("conv_gemm_reg", binds, (-(-blocks // 64), 1, g.n * g.group), defs, spec, push)]
         s, kc, total = self._split(layer)
         push.update(S=s, Kc=kc, total=total)
-        defs.update(harith(layer))
+        # the matrix-unit variant keeps the 64x64 tile, bindings and split-K contract: only the shader changes
+        shader = "conv_gemm_coop" if use_coopmat(layer, caps) else "conv_gemm"
+        if shader == "conv_gemm":
+            defs.update(harith(layer))
         groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group * s)
         if s == 1:
-            return [Dispatch("conv_gemm", binds, groups, defs, spec, push)]
-        d1 = Dispatch("conv_gemm", (In(0), Param("w"), Ws("part")), groups, dict(defs, SPLITK=1, ACT=0, RESIDUAL=0),
+            return [Dispatch(shader, binds, groups, defs, spec, push)]
+        d1 = Dispatch(shader, (In(0), Param("w"), Ws("part")), groups, dict(defs, SPLITK=1, ACT=0, RESIDUAL=0),
                       spec, push)
         a = act_of(layer)
         d2 = Dispatch("splitk_reduce", (Ws("part"), Param("b")) + _tail(layer), grid(total, 256, caps),

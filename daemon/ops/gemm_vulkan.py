@@ -299,7 +299,10 @@ class VkGemvNK(VkMatMul):
             b_ref = Param("B", offset=esize * p.K * n0, size=esize * p.K * nc) if p.chunks > 1 else Param("B")
             binds = (d.bindings[0], b_ref) + d.bindings[2:]
             push = dict(d.push, sb_k=1, sb_n=p.K)
-            out.append(Dispatch("gemv_nk", binds, grid(nc, 1, caps), d.defines, push=push, independent=True))
+            # vector loads need K % 4 == 0 and A's rows starting on 16 bytes (B's chunk offsets then do too)
+            vec = int(p.K % 4 == 0 and p.sa_k == 1 and (p.M == 1 or p.sa_m % 4 == 0))
+            out.append(Dispatch("gemv_nk", binds, grid(nc, 1, caps), dict(d.defines, VEC4=vec), push=push,
+                                independent=True))
         return out
 
 

@@ -177,7 +177,7 @@ class VulkanColdBackend:
             self.shader_cache = ShaderCache(cache)
         c = dev.caps
         self.caps = Caps(c.subgroup_size, c.max_shared_bytes, c.max_workgroup_invocations, c.max_workgroup_count,
-                         c.vendor_id, c.device_type)
+                         c.vendor_id, c.device_type, coopmat=bool(dev.features.get("cooperativeMatrixNV")))
         try:
             self._setup(dict(kernels or {}))
         except BaseException:

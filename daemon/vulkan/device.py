@@ -419,7 +419,7 @@ class VulkanDevice:
 
         #: optional features (16-bit storage, float16/int8 arithmetic) as the driver reports them, less any
         #: masked by $INFERD_VK_MASK_FEATURES; enabled at device creation; the precision planner reads them
-        self.features = read_features(vk, pd, self.api_version)
+        self.features = read_features(vk, pd, self.api_version, self.instance)
         log.info("Vulkan device %d: %s (%s, vendor 0x%04x, subgroup %d)", idx, self.name, self.device_type,
                  self.vendor_id, subgroup)
 

@@ -5,6 +5,10 @@ feature structs chained; ``feature_chain`` builds the pNext chain that enables t
 ``vkCreateDevice`` (a SPIR-V module using ``StorageBuffer16BitAccess`` is invalid on a device
 created without it). ``$INFERD_VK_MASK_FEATURES`` (comma-separated names, or ``all``) hides features
 as if the driver lacked them: the fallback paths are tested that way on a device that has them.
+
+``cooperativeMatrixNV`` stands for what ``conv_gemm_coop.comp`` needs: VK_NV_cooperative_matrix with a
+16x16x16 fp16 x fp16 + fp32 subgroup shape, the Vulkan memory model (the shader's SPIR-V declares it)
+and shaderFloat16. Its shape is checked in the driver's property list when the instance can list it.
 """
 from __future__ import annotations
 
@@ -16,7 +20,10 @@ log = logging.getLogger("inferd.vulkan")
 
 #: the features the precision planner reads (names as in the Vulkan structs)
 FEATURES = ("storageBuffer16BitAccess", "uniformAndStorageBuffer16BitAccess", "storagePushConstant16",
-            "shaderFloat16", "shaderInt8")
+            "shaderFloat16", "shaderInt8", "cooperativeMatrixNV")
+COOP_EXTS = ("VK_NV_cooperative_matrix", "VK_KHR_vulkan_memory_model")
+#: VkComponentTypeNV / VkScopeNV values of the one shape conv_gemm_coop.comp uses
+_FLOAT16, _FLOAT32, _SCOPE_SUBGROUP = 0, 1, 3
 MASK_ENV = "INFERD_VK_MASK_FEATURES"
 
 
@@ -26,21 +33,44 @@ def masked() -> set[str]:
     return set(FEATURES) if "all" in names else names
 
 
-def read_features(vk: Any, physical: Any, api_version: int) -> dict[str, bool]:
+def _coop_shape_listed(vk: Any, instance: Any, physical: Any) -> bool:
+    """Whether the driver lists the 16x16x16 fp16 x fp16 + fp32 -> fp32 subgroup shape."""
+    get = vk.vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+    for c in get(physical):
+        if (int(c.MSize), int(c.NSize), int(c.KSize)) == (16, 16, 16) and int(c.scope) == _SCOPE_SUBGROUP and \
+                (int(c.AType), int(c.BType), int(c.CType), int(c.DType)) == (_FLOAT16, _FLOAT16, _FLOAT32, _FLOAT32):
+            return True
+    return False
+
+
+def read_features(vk: Any, physical: Any, api_version: int, instance: Any = None) -> dict[str, bool]:
     """The optional features of ``physical`` (all False on a driver that cannot report them)."""
     out = {f: False for f in FEATURES}
     try:
+        exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
+        coop = all(e in exts for e in COOP_EXTS)
         f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features()
         s16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=f16)
-        f2 = vk.VkPhysicalDeviceFeatures2(pNext=s16)
+        cm = mm = None
+        head: Any = s16
+        if coop:
+            cm = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=s16)
+            mm = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=cm)
+            head = mm
+        f2 = vk.VkPhysicalDeviceFeatures2(pNext=head)
         vk.vkGetPhysicalDeviceFeatures2(physical, f2)
         for f in FEATURES[:3]:
             out[f] = bool(getattr(s16, f))
-        exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
         # the instance asks for Vulkan 1.1: float16/int8 come through their extension (core only in 1.2)
         if "VK_KHR_shader_float16_int8" in exts:
             out["shaderFloat16"] = bool(f16.shaderFloat16)
             out["shaderInt8"] = bool(f16.shaderInt8)
+        if coop and cm is not None and mm is not None and cm.cooperativeMatrix and mm.vulkanMemoryModel \
+                and out["shaderFloat16"]:
+            try:
+                out["cooperativeMatrixNV"] = instance is not None and _coop_shape_listed(vk, instance, physical)
+            except Exception as e:
+                log.info("Vulkan: cooperative-matrix shapes not readable (%s); not using them", e)
     except Exception as e:  # a 1.0-only driver: no optional features
         log.info("Vulkan: device features not readable (%s); assuming none", e)
     hide = masked()
@@ -63,4 +93,8 @@ def feature_chain(vk: Any, features: dict[str, bool], api_version: int) -> tuple
     exts.append("VK_KHR_shader_float16_int8")  # read_features reports them only where it is present
     f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(shaderFloat16=features.get("shaderFloat16", False),
                                                       shaderInt8=features.get("shaderInt8", False), pNext=s16)
-    return f16, exts
+    if not features.get("cooperativeMatrixNV"):
+        return f16, exts
+    exts += list(COOP_EXTS)
+    cm = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(cooperativeMatrix=True, pNext=f16)
+    return vk.VkPhysicalDeviceVulkanMemoryModelFeatures(vulkanMemoryModel=True, pNext=cm), exts

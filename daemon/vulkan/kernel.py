@@ -95,6 +95,8 @@ class Caps:
     vendor_id: int = 0
     #: "discrete", "integrated", "virtual", "cpu" (lavapipe) or "other"
     device_type: str = "discrete"
+    #: the device runs conv_gemm_coop.comp (features.py's cooperativeMatrixNV)
+    coopmat: bool = False
 
 
 #: Node attribute the Vulkan backend sets on a layer its precision plan runs with fp16 weights: the
@@ -115,6 +117,12 @@ def layer_wfp(layer: Layer) -> int:
 def harith(layer: Layer) -> dict[str, int]:
     """The HARITH define of a shared-memory GEMM dispatch for this layer ({} for fp32 arithmetic)."""
     return {"HARITH": 1} if layer.attr(HFP_ATTR, 0) else {}
+
+
+def use_coopmat(layer: Layer, caps: Caps) -> bool:
+    """Whether this layer's shared-memory GEMM runs on the matrix units: its plan allows fp16 arithmetic
+    and the device has the cooperative-matrix shape with 32-wide subgroups (the shader's layout)."""
+    return bool(layer.attr(HFP_ATTR, 0)) and caps.coopmat and caps.subgroup_size == 32
 
 
 class VulkanKernel(Kernel):
