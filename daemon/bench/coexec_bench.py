@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .common import fmt, machine_info, write_results
+from .common import fmt, machine_info, ramp, write_results
 
 log = logging.getLogger("inferd.bench.coexec")
 
@@ -599,9 +599,12 @@ def bench_fallback(name: str, reps: int, shapes: Mapping[str, Any] | None = None
             rng = np.random.default_rng(0)
             feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in gpu.inputs}
             runs: dict[str, list[float]] = {"gpu": [], "co": []}
-            for f in (gpu.run, co.run):
-                f(feeds)
-                f(feeds)
+            for m in (gpu, co):
+                m.run(feeds)
+                m.wait_loaded()
+                m.run(feeds)
+                m.wait_warm(60)  # both on their warm path before any run counts
+            ramp(lambda: (gpu.run(feeds), co.run(feeds)))
             for _ in range(max(reps, 5)):
                 for k, f in (("gpu", gpu.run), ("co", co.run)):
                     t = time.perf_counter()

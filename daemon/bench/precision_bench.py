@@ -43,8 +43,9 @@ class Arm:
     options: tuple[tuple[str, Any], ...] = ()
 
 
-#: fp16: fp16 weights, and fp16 tile sums where the device has shaderFloat16 (asked: fp32 arithmetic is the
-#: default); fp16w: fp16 weights, fp32 arithmetic
+#: fp16: fp16 weights and fp16 arithmetic (asked: fp32 arithmetic is the default): the shared-memory GEMM
+#: convolutions on the matrix units where the device has cooperative matrices, else fp16 tile sums where it has
+#: shaderFloat16; fp16w: fp16 weights, fp32 arithmetic
 ARMS: dict[str, Arm] = {"fp32": Arm("fp32", "fp32"),
                         "fp16": Arm("fp16", "fp16", options=(("fp16_arithmetic", True),)),
                         "fp16w": Arm("fp16w", "fp16", options=(("fp16_arithmetic", False),))}
@@ -53,6 +54,7 @@ _INFERD_CHILD = r'''
 import json, os, sys, time, numpy as np
 from pathlib import Path
 import inferd
+from inferd.bench.common import ramp
 from inferd.vulkan.device import get_device
 src, device, prec, pkgroot, nwarm, ref, outp, opts = sys.argv[1:9]
 nwarm = int(nwarm)
@@ -69,6 +71,7 @@ if nwarm:
     for _ in range(3):
         m.run({m.inputs[0].name: x})
     m.wait_warm(60)
+    ramp(lambda: m.run({m.inputs[0].name: x}))
     ws = []
     for _ in range(nwarm):
         t = time.perf_counter(); m.run({m.inputs[0].name: x}); ws.append(time.perf_counter() - t)
@@ -312,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
              f"{machine_before.get('loadavg')}, after {m.get('loadavg')}; ncnn {data['ncnn']} with its default fp16 "
              f"options; device features {feats}.", "",
              "inferd fp16 = weights stored and read in fp16 (16-bit storage buffers, or RGBA16F texel views on a "
-             "CPU-type device), activations fp32, fp16 tile sums in the shared-memory GEMM kernels where the device "
-             "has shaderFloat16 (fp16w: fp32 arithmetic). Per arm, a first process compiles the package and fills "
+             "CPU-type device), activations fp32; fp16 arithmetic: the shared-memory GEMM convolutions on the matrix "
+             "units (cooperative matrices, fp32 sums) where the device has them, else fp16 tile sums where it has "
+             "shaderFloat16 (fp16w: fp32 arithmetic). Warm runs follow a 1 s burst that brings a GPU to its running "
+             "clock. Per arm, a first process compiles the package and fills "
              f"the shader caches; then {args.rounds} rounds each run every arm once in a fresh process: cold = "
              "`inferd.load` of the package + first inference (package evicted from the page cache, device created "
              f"before the clock), then warm = median of {args.warm} runs after the warm switch; the table gives the "
