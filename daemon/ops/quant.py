@@ -35,7 +35,7 @@ QTYPES = (np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np
 INT8_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 #: ops of the com.microsoft domain that import accepts
 MS_OPS = ("QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool", "QLinearConcat",
-          "DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+          "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM")
 
 
 def qrange(dt: np.dtype) -> tuple[int, int]:

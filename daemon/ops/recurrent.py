@@ -10,6 +10,11 @@ their alpha/beta lists, consumed in order as onnxruntime does.
 
 Gate orders are ONNX's: LSTM i, o, f, c (peepholes i, o, f); GRU z, r, h; RNN one gate.
 
+com.microsoft's DynamicQuantizeLSTM (what onnxruntime's ``quantize_dynamic`` makes of an LSTM) is the LSTM with
+int8/uint8 W (dirs, in, 4H) and R (dirs, H, 4H) and their scales: each projection quantises its float operand
+to uint8 over the whole operand (all of X once; h at every step), multiplies in integers and scales the int32
+sums back, as onnxruntime's quantised GEMM does; the gates are the LSTM's.
+
 ``reference`` is the numpy oracle (a step loop vectorised over the batch). The CPU kernel splits the work
 the way the cost does: the input projection of every time step and both directions is ONE packed GEMM
 (``X (seq*batch, in) @ [W_fwd; W_rev]^T`` with W's bias and, where it is constant per gate, R's bias folded
@@ -29,13 +34,15 @@ from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
 
 RNN_OPS = ("LSTM", "GRU", "RNN")
+DQ_LSTM = "DynamicQuantizeLSTM"
 #: gates per op
-GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1, DQ_LSTM: 4}
 #: activations per direction, and their defaults
-N_ACTS = {"LSTM": 3, "GRU": 2, "RNN": 1}
-DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
-#: inputs after X, W, R, B, sequence_lens, initial_h
-MAX_INPUTS = {"LSTM": 8, "GRU": 6, "RNN": 6}
+N_ACTS = {"LSTM": 3, "GRU": 2, "RNN": 1, DQ_LSTM: 3}
+DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"],
+                DQ_LSTM: ["Sigmoid", "Tanh", "Tanh"]}
+#: inputs after X, W, R, B, sequence_lens, initial_h (DynamicQuantizeLSTM: ... P, W/R scales and zero points)
+MAX_INPUTS = {"LSTM": 8, "GRU": 6, "RNN": 6, DQ_LSTM: 12}
 
 
 
@@ -140,13 +147,13 @@ def _infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarra
         if len(ins) > k and ins[k] is not None and tuple(ins[k].shape) != state:
             raise ShapeError(f"node {node.name!r} ({node.op}): initial state {list(ins[k].shape)}, expected {list(state)}")
     if len(ins) > 7 and ins[7] is not None and tuple(ins[7].shape) != (dirs, 3 * h):
-        raise ShapeError(f"node {node.name!r} (LSTM): P {list(ins[7].shape)}, expected {[dirs, 3 * h]}")
+        raise ShapeError(f"node {node.name!r} ({node.op}): P {list(ins[7].shape)}, expected {[dirs, 3 * h]}")
     if len(ins) > 4 and ins[4] is not None and tuple(ins[4].shape) != (batch,):
         raise ShapeError(f"node {node.name!r} ({node.op}): sequence_lens {list(ins[4].shape)}, expected [{batch}]")
     dt = np.dtype(x.dtype)
     y = (seq, dirs, batch, h) if layout == 0 else (batch, seq, dirs, h)
     outs = [(y, dt), (state, dt)]
-    if node.op == "LSTM":
+    if node.op in ("LSTM", DQ_LSTM):
         outs.append((state, dt))
     return outs[:len(node.outputs)]
 
@@ -171,8 +178,14 @@ def seq_lens(node: Node, lens: np.ndarray | None, seq: int, batch: int) -> np.nd
     return lens
 
 
-def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
-    op = node.op
+Proj = Callable[[int, np.ndarray], np.ndarray]
+
+
+def _reference(node: Node, inputs: list[np.ndarray | None], xproj: Proj | None = None,
+               hproj: Proj | None = None) -> list[np.ndarray]:
+    """``xproj(d, X)`` / ``hproj(d, h)``: direction d's input and recurrent projections without bias (default
+    the float ``X @ W_d^T`` and ``h @ R_d^T``; DynamicQuantizeLSTM's are quantised)."""
+    op = "LSTM" if node.op == DQ_LSTM else node.op
     get = lambda i: inputs[i] if i < len(inputs) else None  # noqa: E731
     x = np.asarray(inputs[0])
     dt = x.dtype
@@ -180,7 +193,11 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     layout = int(node.attr("layout", 0))
     xs = x if layout == 0 else x.transpose(1, 0, 2)  # (seq, batch, in)
     g = GATES[op]
-    w, r = np.asarray(get(1), dt), np.asarray(get(2), dt)
+    w, r = (None, None) if xproj is not None else (np.asarray(get(1), dt), np.asarray(get(2), dt))
+    if xproj is None:
+        xproj = lambda d, v: v @ w[d].T  # noqa: E731
+        hproj = lambda d, v: v @ r[d].T  # noqa: E731
+    assert hproj is not None
     b = np.asarray(get(3), dt) if get(3) is not None else np.zeros((dirs, 2 * g * h), dt)
     lens = seq_lens(node, get(4), seq, batch)
     hs = _state(get(5), layout, dirs, batch, h, dt)
@@ -200,9 +217,9 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 
     for d in range(dirs):
         reverse = direction == "reverse" or d == 1
-        wd, rd = w[d], r[d]
+        rd = r[d] if r is not None else None
         wb, rb = b[d, :g * h], b[d, g * h:]
-        xw = xs @ wd.T + wb  # (seq, batch, G*H)
+        xw = xproj(d, xs) + wb  # (seq, batch, G*H)
         hh, cc = hs[d], cs[d]
         f, gg, hf = (acts[d] + [None, None])[:3]
         for t in range(seq):
@@ -210,21 +227,22 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
             tt = np.where(valid, lens - 1 - t if reverse else t, 0)
             xt = xw[tt, ar]  # (batch, G*H): each item at its own time index
             if op == "RNN":
-                hn = apply_act(cl(xt + hh @ rd.T + rb), f)
+                hn = apply_act(cl(xt + hproj(d, hh) + rb), f)
                 cn = cc
             elif op == "GRU":
-                hr = hh @ rd.T  # (batch, 3H)
+                hr = hproj(d, hh)  # (batch, 3H)
                 z = apply_act(cl(xt[:, :h] + hr[:, :h] + rb[:h]), f)
                 rr = apply_act(cl(xt[:, h:2 * h] + hr[:, h:2 * h] + rb[h:2 * h]), f)
                 if lbr:
                     pre = xt[:, 2 * h:] + rr * (hr[:, 2 * h:] + rb[2 * h:])
                 else:
+                    assert rd is not None  # GRU has no quantised form
                     pre = xt[:, 2 * h:] + (rr * hh) @ rd[2 * h:].T + rb[2 * h:]
                 hc = apply_act(cl(pre), gg)
                 hn = (1 - z) * hc + z * hh
                 cn = cc
             else:
-                pre = xt + hh @ rd.T + rb  # i, o, f, c
+                pre = xt + hproj(d, hh) + rb  # i, o, f, c
                 i = apply_act(cl(pre[:, :h] + p[d, :h] * cc), f)
                 if input_forget:
                     fo = 1 - i
@@ -249,6 +267,80 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 
 for _op in RNN_OPS:
     register_op(OpSpec(_op, _infer, _reference, min_opset=7, check=_check))
+
+
+# ----------------------------------------------------------------------------------- DynamicQuantizeLSTM
+
+def _dq_params(node: Node, ins: list, d: int, which: str) -> tuple[np.ndarray, np.ndarray]:
+    """Direction d's scales (one, or one per of the 4H columns) and the zero point of W or R."""
+    si, zi = (8, 9) if which == "W" else (10, 11)
+    dirs = num_dirs(node)
+    s = np.asarray(ins[si], np.float32).reshape(dirs, -1)[d]
+    z = ins[zi] if len(ins) > zi and ins[zi] is not None else None
+    zp = np.zeros((), np.int64) if z is None else np.asarray(z).reshape(dirs, -1)[d][0].astype(np.int64)
+    return s, zp
+
+
+def _dq_zero_points_uniform(node: Node, z: np.ndarray | None, name: str) -> None:
+    # onnxruntime's quantised GEMM takes one zero point per matrix: a per-column one would be read as its first
+    if z is not None and np.asarray(z).size and not (np.asarray(z) == np.asarray(z).reshape(-1)[0]).all():
+        raise UnsupportedOpError(DQ_LSTM, node.name, detail=f"{name} differs between columns (one zero point per "
+                                                            f"matrix is supported, as in onnxruntime)")
+
+
+def _dq_infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x, w, r = (ins + [None] * 3)[:3]
+    if x is None or w is None or r is None or len(ins) < 11 or ins[8] is None or ins[10] is None:
+        raise ShapeError(f"node {node.name!r} ({DQ_LSTM}): needs X, W, R, W_scale and R_scale")
+    seq, batch, isz, h, dirs = dims(node, x.shape)
+    for name, t, want in (("W", w, (dirs, isz, 4 * h)), ("R", r, (dirs, h, 4 * h))):
+        if tuple(t.shape) != want:
+            raise ShapeError(f"node {node.name!r} ({DQ_LSTM}): {name} {list(t.shape)}, expected {list(want)}")
+        if np.dtype(t.dtype) not in (np.dtype(np.int8), np.dtype(np.uint8)):
+            raise UnsupportedOpError(DQ_LSTM, node.name, detail=f"{name} of type {np.dtype(t.dtype)} (int8/uint8)")
+    for k, name in ((9, "W_zero_point"), (11, "R_zero_point")):
+        if len(node.inputs) > k and node.inputs[k]:
+            _dq_zero_points_uniform(node, consts.get(node.inputs[k]), name)
+    as_lstm = list(ins[:8]) + [None] * (8 - len(ins[:8]))
+    fake_w = TensorInfo(w.name, (dirs, 4 * h, isz), np.float32)
+    fake_r = TensorInfo(r.name, (dirs, 4 * h, h), np.float32)
+    as_lstm[1], as_lstm[2] = fake_w, fake_r
+    return _infer(node, as_lstm, consts)
+
+
+def _dq_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    from .quant import dynamic_qparams, int_matmul, quantize
+
+    ins = list(inputs) + [None] * (12 - len(inputs))
+    for k, name in ((9, "W_zero_point"), (11, "R_zero_point")):
+        _dq_zero_points_uniform(node, ins[k], name)
+
+    def qgemm(a2: np.ndarray, wq: np.ndarray, s: np.ndarray, zp: np.ndarray) -> np.ndarray:
+        sa, za = dynamic_qparams(a2)
+        acc = int_matmul(quantize(a2, sa, za, np.dtype(np.uint8)), za, wq, zp)
+        return acc.astype(np.float32) * (np.float32(sa) * s)  # float(int32 sum) * (a_scale * w_scale), per column
+
+    def project(which: str, wq: np.ndarray, per_row: bool) -> Proj:
+        def f(d: int, a: np.ndarray) -> np.ndarray:
+            s, zp = _dq_params(node, ins, d, which)
+            a2 = np.asarray(a, np.float32).reshape(-1, a.shape[-1])
+            if per_row:
+                y = np.concatenate([qgemm(a2[i:i + 1], wq[d], s, zp) for i in range(a2.shape[0])])
+            else:
+                y = qgemm(a2, wq[d], s, zp)
+            return y.reshape(a.shape[:-1] + (y.shape[-1],))
+        return f
+
+    # X is quantised once as a whole; h at every step per batch item. onnxruntime quantises h per group of rows
+    # that one of its threads steps (the batch split over its thread count): one row per group is what it does
+    # at batch 1 and with as many threads as items, exact to 1e-7 there, and the finest (most accurate) grouping
+    x = np.asarray(ins[0], np.float32)
+    return _reference(node, [x] + ins[1:8], project("W", np.asarray(ins[1]), False),
+                      project("R", np.asarray(ins[2]), True))
+
+
+register_op(OpSpec(DQ_LSTM, _dq_infer, _dq_reference, check=_check,
+                   notes="com.microsoft (onnxruntime's quantize_dynamic of an LSTM); numpy kernel"))
 
 
 # ----------------------------------------------------------------------------------------------- the CPU kernels
@@ -276,6 +368,23 @@ class RecurrentReferenceKernel(_RecurrentBase):
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         res = _reference(layer.node, full_inputs(layer, inputs, params))
+        present = [r for r, name in zip(res, layer.node.outputs) if name]
+        for o, r in zip(outputs, present):
+            np.copyto(o, r)
+
+
+@register_kernel
+class DynamicQuantizeLSTMKernel(Kernel):
+    """DynamicQuantizeLSTM by its oracle: the uint8 quantisation of h at every step is data-dependent, so the
+    float step loop in C does not apply."""
+
+    name = "reference"
+    ops: ClassVar[tuple[str, ...]] = (DQ_LSTM,)
+    priority = 100
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        res = _dq_reference(layer.node, full_inputs(layer, inputs, params))
         present = [r for r, name in zip(res, layer.node.outputs) if name]
         for o, r in zip(outputs, present):
             np.copyto(o, r)
