@@ -367,27 +367,19 @@ class RecurrentReferenceKernel(_RecurrentBase):
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
-        res = _reference(layer.node, full_inputs(layer, inputs, params))
+        oracle = _dq_reference if layer.op == DQ_LSTM else _reference
+        res = oracle(layer.node, full_inputs(layer, inputs, params))
         present = [r for r, name in zip(res, layer.node.outputs) if name]
         for o, r in zip(outputs, present):
             np.copyto(o, r)
 
 
 @register_kernel
-class DynamicQuantizeLSTMKernel(Kernel):
+class DynamicQuantizeLSTMKernel(RecurrentReferenceKernel):
     """DynamicQuantizeLSTM by its oracle: the uint8 quantisation of h at every step is data-dependent, so the
     float step loop in C does not apply."""
 
-    name = "reference"
     ops: ClassVar[tuple[str, ...]] = (DQ_LSTM,)
-    priority = 100
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        res = _dq_reference(layer.node, full_inputs(layer, inputs, params))
-        present = [r for r, name in zip(res, layer.node.outputs) if name]
-        for o, r in zip(outputs, present):
-            np.copyto(o, r)
 
 
 @register_kernel
