@@ -619,6 +619,7 @@ typedef struct {
     int zy, lo, hi, y_signed;
     void* y;
     int failed;
+    int ntasks;
 } q8_dw_ctx;
 
 /* Small loops kept out of line, so the compiler vectorises each as written instead of fusing neighbours
@@ -667,19 +668,28 @@ INFERD_CLONES __attribute__((noinline)) static void q8_dw9(const float* restrict
 
 /* Fields are copied to locals: stores through the int32/int8 buffers could alias the context's ints, which
    would keep the compiler from vectorising the loops. */
-INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
+/* Scratch of one channel: the phase planes and the pitch-Wq accumulator (kh*kw < 512), or the int32 rows. */
+typedef struct {
+    float* xp;
+    float* ap;
+    size_t xp_floats;
+    int32_t* acc;
+    int32_t* xr;
+} q8_dw_scratch;
+
+static void q8_dw_geom(const q8_dw_ctx* c, int* Hq, int* Wq)
 {
-    q8_dw_ctx* c = (q8_dw_ctx*)vctx;
+    const int Hpad = (c->OH - 1) * c->sh + (c->kh - 1) * c->dh + 1, Wpad = (c->OW - 1) * c->sw + (c->kw - 1) * c->dw + 1;
+    *Hq = (Hpad + c->sh - 1) / c->sh + 1;
+    *Wq = (Wpad + c->sw - 1) / c->sw;
+}
+
+INFERD_CLONES static void q8_dw_channel(const q8_dw_ctx* c, long long ch, const q8_dw_scratch* sc)
+{
     const int H = c->H, W = c->W, OH = c->OH, OW = c->OW, kh = c->kh, kw = c->kw, sh = c->sh, sw = c->sw;
     const int dh = c->dh, dw = c->dw, pt = c->pt, pl = c->pl, zx = c->zx, zy = c->zy, x_signed = c->x_signed;
-    int32_t* acc = (int32_t*)malloc(sizeof(int32_t) * (size_t)OW);
-    int32_t* xr = (int32_t*)malloc(sizeof(int32_t) * (size_t)W);
-    if (!acc || !xr) {
-        free(acc);
-        free(xr);
-        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
+    int32_t* acc = sc->acc;
+    int32_t* xr = sc->xr;
     const size_t plane = (size_t)H * W;
     const int8_t* wc = c->w + (size_t)ch * kh * kw;
     const float m = c->mult[ch], flo = (float)(c->lo - zy), fhi = (float)(c->hi - zy);
@@ -696,18 +706,12 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
            products of 8-bit values and their sums over kh*kw < 512 taps stay below 2^24, so every float here is
            an exact integer, and float FMAs are faster than int32 multiplies (vpmulld) on x86. */
         const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
-        const int Hq = (Hpad + sh - 1) / sh + 1, Wq = (Wpad + sw - 1) / sw;
+        int Hq, Wq;
+        q8_dw_geom(c, &Hq, &Wq);
         const size_t qplane = (size_t)Hq * Wq;
-        float* xp = (float*)calloc((size_t)sh * sw * qplane, sizeof(float));
-        float* ap = (float*)malloc(sizeof(float) * (size_t)OH * Wq);
-        if (!xp || !ap) {
-            free(xp);
-            free(ap);
-            free(acc);
-            free(xr);
-            __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-            return;
-        }
+        float* xp = sc->xp;
+        float* ap = sc->ap;
+        memset(xp, 0, sizeof(float) * sc->xp_floats); /* the pads read zero (the centred zero point) */
         for (int r = 0; r < Hpad; ++r) {
             const int ih = r - pt;
             if (ih < 0 || ih >= H) continue;
@@ -741,10 +745,6 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
             for (int oh = 0; oh < OH; ++oh) memcpy(yu + (size_t)oh * OW, qb + (size_t)oh * Wq, (size_t)OW);
             (void)ys;
             (void)y_signed;
-            free(xp);
-            free(ap);
-            free(acc);
-            free(xr);
             return;
         }
         for (long long q = 0; q < total; ++q) ap[q] = 0.0f;
@@ -767,10 +767,6 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
         for (int oh = 0; oh < OH; ++oh) memcpy(yu + (size_t)oh * OW, qb + (size_t)oh * Wq, (size_t)OW);
         (void)ys;
         (void)y_signed;
-        free(xp);
-        free(ap);
-        free(acc);
-        free(xr);
         return;
     }
     for (int oh = 0; oh < OH; ++oh) {
@@ -813,8 +809,33 @@ INFERD_CLONES static void q8_dw_task(void* vctx, long long ch)
             }
         }
     }
-    free(acc);
-    free(xr);
+}
+
+/* One task per block of channels with its scratch allocated once: small maps with many channels (960 x 7x7)
+   spent most of their time in four allocations per channel and one task per channel. */
+static void q8_dw_task(void* vctx, long long t)
+{
+    q8_dw_ctx* c = (q8_dw_ctx*)vctx;
+    const long long c0 = (long long)c->C * t / c->ntasks, c1 = (long long)c->C * (t + 1) / c->ntasks;
+    if (c1 <= c0) return;
+    q8_dw_scratch sc = {0};
+    int Hq, Wq;
+    q8_dw_geom(c, &Hq, &Wq);
+    sc.xp_floats = (size_t)c->sh * c->sw * Hq * Wq;
+    /* the requantised bytes of a plane are written over the phase planes: they hold more than OH * Wq bytes */
+    sc.xp = (float*)malloc(sizeof(float) * (sc.xp_floats > 0 ? sc.xp_floats : 1));
+    sc.ap = (float*)malloc(sizeof(float) * ((size_t)c->OH * Wq + 1));
+    sc.acc = (int32_t*)malloc(sizeof(int32_t) * ((size_t)c->OW + 1));
+    sc.xr = (int32_t*)malloc(sizeof(int32_t) * ((size_t)c->W + 1));
+    if (!sc.xp || !sc.ap || !sc.acc || !sc.xr) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+    } else {
+        for (long long ch = c0; ch < c1; ++ch) q8_dw_channel(c, ch, &sc);
+    }
+    free(sc.xp);
+    free(sc.ap);
+    free(sc.acc);
+    free(sc.xr);
 }
 
 int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W, const int8_t* w, int kh, int kw,
@@ -822,8 +843,10 @@ int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W,
                        const float* mult, int zy, int lo, int hi, void* y, int y_signed, int max_threads)
 {
     q8_dw_ctx c = {(const uint8_t*)x, x_signed, zx, w, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW,
-                   bias, mult, zy, lo, hi, y_signed, y, 0};
-    inferd_parallel(q8_dw_task, &c, C, (long long)C * OH * OW * kh * kw < 100000 ? 1 : max_threads);
+                   bias, mult, zy, lo, hi, y_signed, y, 0, 1};
+    const double work = (double)C * OH * OW * kh * kw;
+    c.ntasks = work < 100000 ? 1 : inferd_pool_chunks(C, work);
+    inferd_parallel(q8_dw_task, &c, c.ntasks, work < 100000 ? 1 : max_threads);
     return c.failed ? -1 : 0;
 }
 
