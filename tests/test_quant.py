@@ -164,12 +164,13 @@ def q8_isa(request):
 
 
 @pytest.mark.parametrize("geo", [(16, 3, 1, 1, 1), (24, 1, 1, 1, 0), (8, 3, 1, 2, 1), (13, 5, 1, 1, 2), (10, 3, 10, 1, 1),
-                                 (10, 3, 10, 2, 1), (30, 1, 1, 2, 0)],
-                         ids=["3x3", "1x1", "3x3s2", "5x5-odd", "dw3x3", "dw3x3s2", "1x1s2"])
+                                 (10, 3, 10, 2, 1), (30, 1, 1, 2, 0), (150, 3, 150, 1, 1), (150, 5, 150, 2, 2)],
+                         ids=["3x3", "1x1", "3x3s2", "5x5-odd", "dw3x3", "dw3x3s2", "1x1s2", "dw3x3-threads",
+                              "dw5x5s2-threads"])
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)], ids=["u8u8", "s8s8", "s8u8"])
 def test_native_qconv_matches_oracle(q8_isa: int, geo, xt, yt) -> None:
     cout, k, group, stride, pad = geo
-    cin = 10 if group > 1 else 11
+    cin = group if group > 1 else 11  # 150 depthwise channels: enough work for blocks of channels over threads
     x = (U8(2, cin, 13, 12) if xt == np.uint8 else S8(2, cin, 13, 12))
     ins, attrs = _conv_layer(x, cout if group == 1 else cin, k, group, stride, pad, True, (-20, 90) if yt == np.int8 else (100, 200), yt)
     layer = single_node_layer("QLinearConv", ins, attrs, const=[False] + [True] * 8)
