@@ -821,19 +821,27 @@ int main(void){
     }
     free(A); free(B); free(bias); free(R); free(ap); free(Cc); free(Cr);
   }
-  for (int it = 0; it < 100; ++it) { /* 2-D max / average pooling against a naive window loop */
-    int P = irand(1, 6), H = irand(1, 15), W = irand(1, 15), kh = irand(1, 4), kw = irand(1, 4), sh = irand(1, 3), sw = irand(1, 3);
+  for (int it = 0; it < 300; ++it) { /* 2-D max / average pooling against a naive window loop */
+    /* widths up to 70: the row passes' 16-float blocks, their overlap with the next row and the last row */
+    int P = irand(1, 6), H = irand(1, 15), W = it % 3 ? irand(1, 15) : irand(14, 70), kh = irand(1, 4), kw = irand(1, 5), sh = irand(1, 3), sw = irand(1, 3);
     int dh = irand(1, 2), dw = irand(1, 2), pt = irand(0, kh - 1), pl = irand(0, kw - 1), ismax = it % 2;
     int OH = (H + 2 * pt - ((kh - 1) * dh + 1)) / sh + 1, OW = (W + 2 * pl - ((kw - 1) * dw + 1)) / sw + 1;
     if (OH < 1 || OW < 1) continue;
-    float* x = buf((size_t)P * H * W); float* y = buf((size_t)P * OH * OW); float* yr = buf((size_t)P * OH * OW); float* inv = buf((size_t)OH * OW);
+    /* ceil_mode: one more window where it still starts inside the input or the left padding */
+    if (irand(0, 1) && OH * sh < H + pt) ++OH;
+    if (irand(0, 1) && OW * sw < W + pl) ++OW;
+    float* x = buf((size_t)P * H * W);
+    if (ismax && irand(0, 3) == 0) x[irand(0, P * H * W - 1)] = NAN; /* a NaN wins every window it is in */ float* y = buf((size_t)P * OH * OW); float* yr = buf((size_t)P * OH * OW); float* inv = buf((size_t)OH * OW);
     for (int q = 0; q < OH * OW; ++q) inv[q] = 1.0f / (float)(kh * kw);
     inferd_pool2d(x, y, P, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, ismax, inv);
     for (int p = 0; p < P; ++p) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
       float acc = ismax ? -INFINITY : 0.0f;
       for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) { int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
-        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue; float v = x[((size_t)p * H + ih) * W + iw]; acc = ismax ? (v > acc ? v : acc) : acc + v; }
+        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue; float v = x[((size_t)p * H + ih) * W + iw]; acc = ismax ? ((v > acc || v != v || acc != acc) ? (acc != acc ? acc : v) : acc) : acc + v; }
       yr[((size_t)p * OH + oh) * OW + ow] = ismax ? acc : acc * inv[oh * OW + ow]; }
+    { size_t nn = (size_t)P * OH * OW, bad = 0; /* NaN where the naive loop has NaN, and nowhere else */
+      for (size_t q = 0; q < nn; ++q) if ((y[q] != y[q]) != (yr[q] != yr[q])) ++bad; else if (y[q] != y[q] || y[q] == yr[q]) y[q] = yr[q] = 0.0f; /* NaN or the same infinity */
+      check(ismax ? "maxpool nan" : "avgpool nan", (double)bad, 0, it); }
     check(ismax ? "maxpool" : "avgpool", maxdiff(y, yr, (size_t)P * OH * OW), 1e-5, it);
     free(x); free(y); free(yr); free(inv);
   }
