@@ -45,6 +45,17 @@ void inferd_erf(const float* x, float* y, long long n);
    0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))). GELU(-inf) = -0, GELU(inf) = inf, NaN propagates. */
 void inferd_gelu(float* y, long long n, int approx);
 
+/* ---- banded im2col + GEMM convolution (convtile.c), group 1, one image ----
+   y (M, OH, OW) = act(W x + bias + res), W packed by inferd_gemm_pack_a (M x C*kh*kw); res (M, OH, OW) or NULL.
+   Each task builds the columns of `band` output rows (inferd_conv_tiled_band: the rows that fill ~256 KB) in one
+   of `slots` slices of col (inferd_conv_tiled_workspace floats; one slice per pool thread: a task that finds
+   none free allocates its own) and multiplies them on one thread. Returns 0, or -1 if out of memory. */
+int inferd_conv_tiled_band(int C, int kh, int kw, int OH, int OW);
+long long inferd_conv_tiled_workspace(int C, int kh, int kw, int OW, int band, int slots);
+int inferd_conv_tiled(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt,
+                      int pl, int OH, int OW, const float* ap, int M, const float* bias, const float* res, float* y,
+                      int act, float p0, float p1, float* col, int band, int slots);
+
 /* ---- thread pool (pool.c): the caller works too; tasks are claimed dynamically ---- */
 /* Threads used by inferd_parallel, the caller included (1 = run everything inline). */
 void inferd_pool_set_threads(int n);

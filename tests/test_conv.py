@@ -135,6 +135,8 @@ def expected_conv_kernels(xshape: tuple[int, ...], cout: int, k: tuple[int, ...]
     if nsp > 2:
         return out
     out.add("im2col")
+    if g == 1:
+        out.add("im2col_tiled")
     if all(v == 1 for v in k) and not any(pads) and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
         out.add("conv1x1")
     if nsp == 2 and k == (3, 3) and list(s) == [1, 1] and list(d) == [1, 1] and g == 1:
@@ -172,9 +174,13 @@ def test_default_kernel_choice() -> None:
 
     assert pick((1, 8, 14, 14), 8, (3, 3), dict(group=8, pads=[1, 1, 1, 1])) == "depthwise"
     assert pick((1, 8, 14, 14), 16, (1, 1), {}) == "conv1x1"
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
-    # the measured rule (preferred_3x3_kernel): few input channels -> im2col, else Winograd by size
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col"
+    # small C*kh*kw (stems): the banded im2col; from TILED_MAX_K on the plain one
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col_tiled"
+    assert pick((1, 3, 32, 32), 16, (7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3])) == "im2col_tiled"
+    assert pick((1, 64, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2], group=2)) == "im2col"
+    # the measured rule (preferred_3x3_kernel): few input channels -> im2col(_tiled), else Winograd by size
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col_tiled"
     assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
     assert pick((1, 64, 56, 56), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd43"
 
@@ -703,7 +709,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 11
+    assert native.ABI == 12
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
@@ -955,3 +961,49 @@ def test_native_c_under_sanitizers(tmp_path: Path) -> None:
                    timeout=300)
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "ok (0 failures)" in out.stdout, (out.stdout[-2000:], out.stderr[-4000:])
+
+
+# --------------------------------------------------------------------------- banded im2col (native/convtile.c)
+
+TILED_SHAPES = [
+    ((1, 3, 23, 21), 10, (7, 7), dict(strides=[2, 2], pads=[3, 2, 1, 3])),  # pads differ on every side
+    ((1, 3, 37, 35), 17, (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),  # many bands, M not a multiple of 8
+    ((1, 5, 9, 8), 4, (3, 3), dict(dilations=[2, 2], pads=[2, 1, 0, 3])),
+    ((1, 2, 1, 1), 3, (3, 3), dict(pads=[1, 1, 1, 1])),  # a 1x1 map
+    ((1, 4, 11, 13), 6, (2, 3), dict(strides=[3, 1], pads=[0, 1, 1, 0])),
+]
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("Tanh", ())],
+                         ids=["none", "relu", "clip", "tanh"])
+def test_conv_tiled_bound_and_run_match_oracle(act, threads: int) -> None:
+    """im2col_tiled's pre-bound call (its own workspace, one band per pool thread) and its run() (shared scratch)
+    against the numpy oracle, with a residual; threads changed after binding leave fewer slices than threads
+    (a task then takes a private one). A non-native activation (Tanh) takes the general path."""
+    kern = kernel("Conv", "im2col_tiled")
+    old = native.num_threads()
+    try:
+        for si, (xshape, cout, k, attrs) in enumerate(TILED_SHAPES):
+            x, w, b = make_inputs(si + 50, xshape, (cout, xshape[1]) + k, True)
+            res = np.random.default_rng(si + 60).standard_normal(
+                single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
+            fused = dict(attrs, residual=True, **({"act": act} if act is not None else {}))
+            ins, const = [x, w, b, res], [False, True, True, False]
+            layer = single_node_layer("Conv", ins, fused, const=const)
+            expect = op_spec("Conv").reference(layer.node, list(ins))[0]
+            assert kern.applies(layer)
+            native.set_num_threads(threads)
+            assert rel_err(run_layer(kern, layer, ins)[0], expect) <= TOL, (xshape, act)
+            native.set_num_threads(1)
+            params = kern.transform(layer, {raw_key(1): w, raw_key(2): b})
+            out = np.full(expect.shape, np.nan, F32)
+            call = kern.bind(layer, [x, None, None, res], params, [out])
+            assert (call is not None) == (act is None or act[0] in native.NATIVE_ACTS)
+            if call is not None:
+                native.set_num_threads(threads)  # more threads than the workspace has slices for
+                call()
+                assert rel_err(out, expect) <= TOL, (xshape, act, "bound")
+    finally:
+        native.set_num_threads(old)

@@ -682,6 +682,101 @@ class ConvIm2col(_ConvKernelBase):
         o.close()
 
 
+#: Largest C*kh*kw for which ``im2col_tiled`` is preferred over ``im2col``: measured on Zen 4 (one thread),
+#: banding won on the 3-channel stems (K = 27: 0.28 vs 0.31 ms; K = 147: 2.57 vs 3.41 ms), where the column
+#: matrix is large against the GEMM's work, and tied or lost from K = 576 on (resnet's 3x3/2 convs: the GEMM
+#: already dominates and shorter GEMMs per task cost more).
+TILED_MAX_K = 256
+
+
+@register_kernel
+class ConvIm2colTiled(_ConvKernelBase):
+    """Group-1 conv as im2col + GEMM band by band of output rows (native/convtile.c): each pool task builds the
+    columns of the few output rows that fill ~256 KB and multiplies them on one thread, so the column matrix
+    never travels through memory. Same packed weights as ``im2col``. Workspace: one band per pool thread."""
+
+    name = "im2col_tiled"
+    ops = ("Conv",)
+    priority = 38
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return g is not None and g.group == 1 and native.AVAILABLE
+
+    def preferred(self, layer: Layer) -> bool:
+        g = _geo2d(layer)
+        return g is not None and self.applies(layer) and g.cin * g.kh * g.kw <= TILED_MAX_K and not g.unpadded_1x1
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return ConvIm2col().transform(layer, raw)
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        return ConvIm2col()._w_nbytes(layer)
+
+    @staticmethod
+    def _band(g: Geom2D) -> tuple[int, int]:
+        band = int(native.lib.inferd_conv_tiled_band(g.cin, g.kh, g.kw, g.oh, g.ow))
+        return band, native.num_threads()
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
+        g = _geo2d(layer)
+        assert g is not None
+        band, slots = self._band(g)
+        return {0: int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))}
+
+    def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
+              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray, band: int, slots: int) -> Callable[[], None]:
+        ffi = native.ffi
+        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+                native._ptr(w), g.cout, ffi.NULL if bias is None else native._ptr(bias),
+                ffi.NULL if res is None else native._ptr(res), native._ptr(y), code, p0, p1, native._ptr(ws), band,
+                slots)
+        fn = native.lib.inferd_conv_tiled
+
+        def call(_keep: Any = (x, w, bias, res, y, ws)) -> None:
+            if fn(*args) != 0:
+                raise MemoryError("conv_tiled: out of memory")
+        return call
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        g = _geo2d(layer)
+        if g is None or g.n != 1 or g.group != 1:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, p0, p1 = f
+        band, slots = self._band(g)
+        # the layer's own workspace (one band per pool thread): the bound call may run on any thread
+        ws = np.empty(max(1, int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))), F32)
+        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws, band, slots)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
+        o = _Out(outputs[0])
+        full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
+        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
+        inner = code >= 0 and (res is None or full_res)
+        band, slots = self._band(g)
+        ws = scratch(0, max(1, int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))))
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        for i in range(g.n):
+            self._call(g, x4[i], params["w"], bias, r4[i] if r4 is not None else None, y4[i],
+                       code if inner else 0, p0, p1, ws, band, slots)()
+        if not inner:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
+        o.close()
+
+
 @register_kernel
 class Conv1x1(_ConvKernelBase):
     """1x1 kernel, zero pads: W (G, Cout/G, Cin/G) @ x (G, Cin/G, H*W) per image on the native GEMM (weights
