@@ -19,6 +19,14 @@ int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y,
                     int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
                     int act, float p0, float p1);
 
+/* Depthwise conv straight from padded row copies (dwconv.c): channel multiplier 1, k x k kernel (k = 3 or 5),
+   stride s (1 or 2) both ways, dilation 1; w (C, k, k), bias (C) or NULL, y (C, OH, OW) = act(conv + bias).
+   _applies says whether a geometry is one it takes. Returns 0, -1 if out of memory, -2 for a geometry it
+   does not take. */
+int inferd_dwconv2d_direct_applies(int mult, int kh, int kw, int sh, int sw, int dh, int dw);
+int inferd_dwconv2d_direct(const float* x, const float* w, const float* bias, float* y, int C, int H, int W, int k, int s,
+                           int pt, int pl, int OH, int OW, int act, float p0, float p1);
+
 /* Winograd F(m x m, r x r) input transform, alpha = m + r - 1, BT: (alpha, alpha) row-major.
    Tile (ti, tj) covers input rows ti*m - pt .. + alpha and columns tj*m - pl .. + alpha (0 outside).
    Writes V[(a*alpha + b)*ldpos + c*ldc + p0 + ti*tW + tj] for channels c in [0, C). Returns 0, or -1 if out of memory. */

@@ -143,6 +143,9 @@ def expected_conv_kernels(xshape: tuple[int, ...], cout: int, k: tuple[int, ...]
         out |= {"winograd23", "winograd43"}
     if g == cin > 1 and cout % cin == 0:
         out.add("depthwise")
+        if (cout == cin and nsp == 2 and k in ((3, 3), (5, 5)) and s[0] == s[1] and s[0] in (1, 2)
+                and list(d) == [1, 1]):
+            out.add("depthwise_direct")
     return out
 
 
@@ -752,6 +755,22 @@ int main(void){
       int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
       ref[((size_t)(c * kh + i) * kw + j) * P + oh * OW + ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((size_t)c * H + ih) * W + iw] : 0.0f; }
     check("im2col", maxdiff(col, ref, K * P), 0, it);
+    { /* convtile.c: banded im2col + GEMM against the column matrix times W; any band, 0-2 workspace slices */
+      int M = irand(1, 20), act2 = irand(0, 7), band = it % 2 ? inferd_conv_tiled_band(C, kh, kw, OH, OW) : irand(1, OH), slots = irand(0, 2);
+      float q0 = act2 == 3 ? 0.1f : (act2 == 7 ? 0.2f : -0.3f), q1 = 0.4f;
+      float* wt = buf((size_t)M * K); float* bt = buf((size_t)M); float* rt = buf((size_t)M * P);
+      float* apk = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_size(M, (int)K) + 1));
+      inferd_gemm_pack_a(wt, (long long)K, 1, M, (int)K, apk);
+      float* ws = malloc(sizeof(float) * (size_t)(inferd_conv_tiled_workspace(C, kh, kw, OW, band, slots) + 1));
+      float* yt = buf((size_t)M * P); float* ytr = malloc(sizeof(float) * (size_t)M * P);
+      if (inferd_conv_tiled(x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, apk, M, it % 2 ? bt : NULL, it % 3 ? rt : NULL, yt, act2, q0, q1, ws, band, slots)) { printf("oom\n"); return 1; }
+      for (int m = 0; m < M; ++m) for (size_t q = 0; q < P; ++q) { double sacc = it % 2 ? bt[m] : 0.0;
+        for (size_t k = 0; k < K; ++k) sacc += (double)wt[(size_t)m * K + k] * ref[k * P + q];
+        if (it % 3) sacc += rt[(size_t)m * P + q];
+        ytr[(size_t)m * P + q] = actf((float)sacc, act2, q0, q1); }
+      check("conv_tiled", maxdiff(yt, ytr, (size_t)M * P), 1e-3, it);
+      free(wt); free(bt); free(rt); free(apk); free(ws); free(yt); free(ytr);
+    }
     float* y = buf((size_t)C * H * W); float* yr = malloc(sizeof(float) * C * H * W); memcpy(yr, y, sizeof(float) * C * H * W);
     inferd_col2im(col, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, y);
     for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
@@ -769,6 +788,12 @@ int main(void){
         if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += w[(size_t)co * kh * kw + i * kw + j] * x[((size_t)(co / mult) * H + ih) * W + iw]; }
       orf[(size_t)co * P + oh * OW + ow] = actf(acc, act, p0, p1); }
     check("dwconv2d", maxdiff(o, orf, (size_t)C * mult * P), 1e-4, it);
+    if (inferd_dwconv2d_direct_applies(mult, kh, kw, sh, sw, dh, dw)) { /* dwconv.c: the padded-row form */
+      float* od = buf((size_t)C * P);
+      if (inferd_dwconv2d_direct(x, w, it % 2 ? b : NULL, od, C, H, W, kh, sh, pt, pl, OH, OW, act, p0, p1)) { printf("oom\n"); return 1; }
+      check("dwconv2d_direct", maxdiff(od, orf, (size_t)C * P), 1e-4, it);
+      free(od);
+    }
     /* winograd: transform then inverse-free check via the direct definition of BT d B^T per tile */
     for (int mm = 2; mm <= 4; mm += 2) {
       int alpha = mm + 2; const float* BT = mm == 2 ? BT2 : BT4; const float* AT = mm == 2 ? AT2 : AT4;
@@ -1007,3 +1032,70 @@ def test_conv_tiled_bound_and_run_match_oracle(act, threads: int) -> None:
                 assert rel_err(out, expect) <= TOL, (xshape, act, "bound")
     finally:
         native.set_num_threads(old)
+
+
+# --------------------------------------------------------------------------- depthwise from padded rows (native/dwconv.c)
+
+DW_DIRECT_SHAPES = [
+    ((1, 5, 13, 11), (3, 3), dict(strides=[1, 1], pads=[1, 0, 2, 1])),   # pads differ on every side
+    ((1, 7, 12, 17), (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 3, 20, 37), (3, 3), dict(strides=[2, 2], pads=[0, 1, 1, 0])),   # widths past one 16-float vector
+    ((1, 17, 9, 33), (5, 5), dict(strides=[1, 1], pads=[2, 2, 2, 2])),   # channels not a multiple of 16
+    ((1, 4, 11, 10), (5, 5), dict(strides=[2, 2], pads=[2, 1, 0, 2])),
+    ((1, 2, 1, 1), (3, 3), dict(pads=[1, 1, 1, 1])),                     # a 1x1 map
+    ((1, 3, 3, 2), (5, 5), dict(pads=[2, 2, 2, 2])),                     # a plane smaller than the kernel
+]
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("HardSwish", ()), ("Tanh", ())],
+                         ids=["none", "relu", "clip", "hswish", "tanh"])
+def test_depthwise_direct_matches_oracle_and_ort(act, threads: int) -> None:
+    """depthwise_direct, bound and through run() (with a residual: the general path), against the numpy oracle and
+    onnxruntime on odd shapes; it does not apply to a channel multiplier, dilation or other kernel sizes."""
+    kern = kernel("Conv", "depthwise_direct")
+    old = native.num_threads()
+    native.set_num_threads(threads)
+    try:
+        for si, (xshape, k, attrs) in enumerate(DW_DIRECT_SHAPES):
+            c = xshape[1]
+            attrs = dict(attrs, group=c)
+            x, w, b = make_inputs(si + 70, xshape, (c, 1) + k, True)
+            fused = dict(attrs, **({"act": act} if act is not None else {}))
+            layer = single_node_layer("Conv", [x, w, b], fused)
+            expect = op_spec("Conv").reference(layer.node, [x, w, b])[0]
+            if act is None:
+                assert rel_err(expect, ort_run("Conv", x, w, b, attrs)) <= TOL
+            assert kern.applies(layer)
+            assert rel_err(run_layer(kern, layer, [x, w, b])[0], expect) <= TOL, (xshape, act)
+            params = kern.transform(layer, {raw_key(1): w, raw_key(2): b})
+            out = np.full(expect.shape, np.nan, F32)
+            call = kern.bind(layer, [x, None, None], params, [out])
+            assert (call is not None) == (act is None or act[0] in native.NATIVE_ACTS)
+            if call is not None:
+                call()
+                assert rel_err(out, expect) <= TOL, (xshape, act, "bound")
+            res = np.random.default_rng(si).standard_normal(expect.shape, dtype=F32)
+            rl = single_node_layer("Conv", [x, w, b, res], dict(fused, residual=True),
+                                   const=[False, True, True, False])
+            rexp = op_spec("Conv").reference(rl.node, [x, w, b, res])[0]
+            assert rel_err(run_layer(kern, rl, [x, w, b, res])[0], rexp) <= TOL, (xshape, act, "residual")
+    finally:
+        native.set_num_threads(old)
+    for xshape, cout, k, attrs in [((1, 4, 9, 9), 8, (3, 3), dict(group=4)), ((1, 4, 9, 9), 4, (3, 3),
+                                   dict(group=4, dilations=[2, 2])), ((1, 4, 9, 9), 4, (7, 7), dict(group=4)),
+                                   ((1, 4, 9, 9), 4, (3, 3), dict(group=4, strides=[1, 2]))]:
+        x, w, b = make_inputs(0, xshape, (cout, 1) + k, True)
+        assert not kern.applies(single_node_layer("Conv", [x, w, b], attrs))
+
+
+def test_depthwise_direct_is_preferred_on_wide_maps_only() -> None:
+    def pick(c, hw, s):
+        x, w, b = make_inputs(0, (1, c, hw, hw), (c, 1, 3, 3), True)
+        return choose_kernel(single_node_layer("Conv", [x, w, b], dict(group=c, strides=[s, s],
+                                                                        pads=[1, 1, 1, 1]))).name
+    want = "depthwise_direct" if native.AVAILABLE else "depthwise"
+    assert pick(8, 112, 1) == want
+    assert pick(8, 56, 1) == "depthwise"
+    assert pick(8, 112, 2) == "depthwise"
