@@ -7,12 +7,16 @@ only through ``direct`` (the reference). Every kernel honours the optional bias,
 Conv kernels, in default order (``priority``; measured warm on an AMD EPYC (Zen 4), see each class's
 docstring and :func:`preferred_3x3_kernel`):
 
+* ``depthwise_direct`` (4): depthwise 3x3/5x5, stride 1/2, dilation 1, multiplier 1, from zero-padded row copies
+  (native/dwconv.c); preferred only for 3x3 stride 1 on wide maps (``DW_DIRECT_MIN_OW``).
 * ``depthwise`` (5): group == Cin > 1, Cout = mult * Cin, any kernel/stride/dilation, native C.
 * ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
 * ``winograd23`` (20) / ``winograd43`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
   large maps with many channels, F(2x2,3x3) elsewhere, im2col below 16 input channels:
   :func:`preferred_3x3_kernel` says which, and each kernel's ``preferred(layer)`` exposes it for the
   planner (static priorities cannot).
+* ``im2col_tiled`` (38): group 1, im2col + GEMM band by band of output rows (native/convtile.c); preferred up to
+  C*kh*kw = ``TILED_MAX_K`` (the stems), where the column matrix costs more than the GEMM.
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
 * ``direct`` (90): the readable reference, any rank.
 
