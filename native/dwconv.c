@@ -29,14 +29,29 @@
     }
 #define DWD_ID(v) (v)
 
-INFERD_INLINE void dwd_row(float* restrict yr, const float* const* rp, const float* w, float b, ptrdiff_t OW, int act,
-                           float p0, float p1, const int K, const int S)
+/* Stride 2 on deinterleaved rows: padded column 2*ow + j is phase j % 2 at ow + j / 2 (unit-stride loads). */
+#define DWD_ROW_LOOP2(F)                                                 \
+    for (ptrdiff_t ow = 0; ow < OW; ++ow) {                              \
+        float acc = b;                                                   \
+        for (int i = 0; i < K; ++i)                                      \
+            for (int j = 0; j < K; ++j) acc += wk[i * K + j] * r[i][(j & 1) * Wh + ow + (j >> 1)]; \
+        yr[ow] = F(acc);                                                 \
+    }
+
+INFERD_INLINE void dwd_row(float* restrict yr, const float* const* rp, const float* w, float b, ptrdiff_t OW,
+                           ptrdiff_t Wh, int act, float p0, float p1, const int K, const int S)
 {
     const float* r[5];
     float wk[25];
     for (int i = 0; i < K; ++i) r[i] = rp[i];
     for (int t = 0; t < K * K; ++t) wk[t] = w[t];
-    if (act == 0) {
+    if (S == 2) {
+        if (act == 0) {
+            DWD_ROW_LOOP2(DWD_ID)
+        } else {
+            INFERD_ACT_SWITCH(act, DWD_ROW_LOOP2)
+        }
+    } else if (act == 0) {
         DWD_ROW_LOOP(DWD_ID)
     } else {
         INFERD_ACT_SWITCH(act, DWD_ROW_LOOP)
@@ -46,8 +61,9 @@ INFERD_INLINE void dwd_row(float* restrict yr, const float* const* rp, const flo
 typedef struct {
     float* ring;  /* R rows of Wp floats, zero outside [pl, pl + W) */
     int tag[8];   /* the input row each slot holds, INT_MIN for none */
-    int R;
-    ptrdiff_t Wp;
+    int R, S;
+    ptrdiff_t Wp; /* floats per slot */
+    ptrdiff_t Wh; /* stride 2: floats per phase (the odd phase starts Wh after the even one) */
 } dwd_ring;
 
 /* The padded copy of input row ih of plane (a zero row outside the image). */
@@ -57,7 +73,18 @@ INFERD_INLINE const float* dwd_get(dwd_ring* g, const float* plane, const float*
     const int s = ih % g->R;
     float* d = g->ring + (size_t)s * g->Wp;
     if (g->tag[s] != ih) {
-        memcpy(d + pl, plane + (size_t)ih * W, sizeof(float) * (size_t)W);
+        const float* restrict src = plane + (size_t)ih * W;
+        if (g->S == 1) {
+            memcpy(d + pl, src, sizeof(float) * (size_t)W);
+        } else {
+            /* even phase: padded column 2q = image column 2q - pl; odd phase: 2q + 1 - pl (zeros stay outside) */
+            float* restrict e = d;
+            float* restrict o = d + g->Wh;
+            const ptrdiff_t e0 = (pl + 1) / 2, e1 = (W - 1 + pl) / 2 + 1;
+            const ptrdiff_t o0 = pl / 2, o1 = (W + pl - 2 >= 0 ? (W + pl - 2) / 2 + 1 : 0);
+            for (ptrdiff_t q = e0; q < e1; ++q) e[q] = src[2 * q - pl];
+            for (ptrdiff_t q = o0; q < o1; ++q) o[q] = src[2 * q + 1 - pl];
+        }
         g->tag[s] = ih;
     }
     return d;
@@ -72,6 +99,14 @@ static int dwd_range(const float* x, const float* w, const float* bias, float* y
     Wp = (Wp + 15) & ~(ptrdiff_t)15;
     dwd_ring g;
     g.R = K + S; /* the rows of this output row and the next */
+    g.S = S;
+    g.Wh = 0;
+    if (S == 2) {
+        ptrdiff_t wh = (ptrdiff_t)OW + (K - 1) / 2;
+        if (wh < ((ptrdiff_t)pl + W + 1) / 2) wh = ((ptrdiff_t)pl + W + 1) / 2;
+        g.Wh = (wh + 15) & ~(ptrdiff_t)15;
+        Wp = 2 * g.Wh;
+    }
     g.Wp = Wp;
     float* buf = (float*)malloc(sizeof(float) * (size_t)(g.R + 1) * Wp);
     if (!buf) return -1;
@@ -91,13 +126,13 @@ static int dwd_range(const float* x, const float* w, const float* bias, float* y
             for (int i = 0; i < K; ++i) rp[i] = dwd_get(&g, plane, zero, ih0 + i, H, W, pl); /* already there */
             float* yr = yc + (size_t)oh * OW;
             if (K == 3 && S == 1)
-                dwd_row(yr, rp, wc, b, OW, act, p0, p1, 3, 1);
+                dwd_row(yr, rp, wc, b, OW, g.Wh, act, p0, p1, 3, 1);
             else if (K == 3)
-                dwd_row(yr, rp, wc, b, OW, act, p0, p1, 3, 2);
+                dwd_row(yr, rp, wc, b, OW, g.Wh, act, p0, p1, 3, 2);
             else if (S == 1)
-                dwd_row(yr, rp, wc, b, OW, act, p0, p1, 5, 1);
+                dwd_row(yr, rp, wc, b, OW, g.Wh, act, p0, p1, 5, 1);
             else
-                dwd_row(yr, rp, wc, b, OW, act, p0, p1, 5, 2);
+                dwd_row(yr, rp, wc, b, OW, g.Wh, act, p0, p1, 5, 2);
             /* the next output row's new rows, now (see the top) */
             if (oh + 1 < OH)
                 for (int i = K - S; i < K; ++i) dwd_get(&g, plane, zero, ih0 + S + i, H, W, pl);

@@ -1098,4 +1098,5 @@ def test_depthwise_direct_is_preferred_on_wide_maps_only() -> None:
     want = "depthwise_direct" if native.AVAILABLE else "depthwise"
     assert pick(8, 112, 1) == want
     assert pick(8, 56, 1) == "depthwise"
-    assert pick(8, 112, 2) == "depthwise"
+    assert pick(8, 112, 2) == want
+    assert pick(8, 56, 2) == "depthwise"

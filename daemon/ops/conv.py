@@ -905,10 +905,11 @@ class ConvDepthwise(_ConvKernelBase):
         o.close()
 
 
-#: Narrowest output map (columns) for which ``depthwise_direct`` is preferred: measured on Zen 4, one thread,
-#: 3x3 stride 1: 0.17 vs 0.23 ms on 32x112x112 (mobilenetv2's first depthwise), even on 144x56x56, 1.5x slower
-#: on 28x28 and below (where ``depthwise``'s channel-blocked form shines); stride 2 tied at 112 (96 channels).
-DW_DIRECT_MIN_OW = 96
+#: Narrowest output map (columns) for which ``depthwise_direct`` is preferred, by stride: measured on Zen 4, one
+#: thread, 3x3: stride 1 0.17 vs 0.23 ms on 32x112x112 (mobilenetv2's first depthwise), even on 144x56x56, 1.5x
+#: slower on 28x28 and below (where ``depthwise``'s channel-blocked form shines); stride 2 (deinterleaved rows)
+#: 0.31 vs 0.34 ms on 96x112x112 -> 56x56, 1.3x slower on 144x56x56 -> 28x28.
+DW_DIRECT_MIN_OW = {1: 96, 2: 48}
 
 
 @register_kernel
@@ -928,7 +929,7 @@ class ConvDepthwiseDirect(_ConvKernelBase):
 
     def preferred(self, layer: Layer) -> bool:
         g = _geo2d(layer)
-        return g is not None and self.applies(layer) and g.kh == 3 and g.sh == 1 and g.ow >= DW_DIRECT_MIN_OW
+        return g is not None and self.applies(layer) and g.kh == 3 and g.ow >= DW_DIRECT_MIN_OW[g.sh]
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return ConvDepthwise().transform(layer, raw)
