@@ -1100,3 +1100,35 @@ def test_depthwise_direct_is_preferred_on_wide_maps_only() -> None:
     assert pick(8, 56, 1) == "depthwise"
     assert pick(8, 112, 2) == want
     assert pick(8, 56, 2) == "depthwise"
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("HardSwish", ()), ("Tanh", ())], ids=["none", "relu", "hswish", "tanh"])
+def test_im2col_bound_matches_oracle(act) -> None:
+    """im2col's pre-bound call (its column buffer looked up per call, the GEMM re-bound when the scratch grew in
+    between) against the numpy oracle, grouped and not, with a residual; a non-native activation is not bound."""
+    from inferd.ops.conv import release_scratch, scratch
+
+    kern = kernel("Conv", "im2col")
+    shapes = TILED_SHAPES + [((1, 6, 9, 11), 4, (3, 3), dict(group=2, strides=[2, 1], pads=[1, 0, 1, 2]))]
+    for si, (xshape, cout, k, attrs) in enumerate(shapes):
+        g = attrs.get("group", 1)
+        x, w, b = make_inputs(si + 90, xshape, (cout, xshape[1] // g) + k, True)
+        res = np.random.default_rng(si + 91).standard_normal(
+            single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
+        fused = dict(attrs, residual=True, **({"act": act} if act is not None else {}))
+        layer = single_node_layer("Conv", [x, w, b, res], fused, const=[False, True, True, False])
+        expect = op_spec("Conv").reference(layer.node, [x, w, b, res])[0]
+        params = kern.transform(layer, {raw_key(1): w, raw_key(2): b})
+        out = np.full(expect.shape, np.nan, F32)
+        call = kern.bind(layer, [x, None, None, res], params, [out])
+        assert (call is not None) == (act is None or act[0] in native.NATIVE_ACTS)
+        if call is None:
+            continue
+        call()
+        assert rel_err(out, expect) <= TOL, (xshape, act)
+        release_scratch()
+        scratch(0, 1 << 16)  # another buffer: the call must follow it
+        out[...] = np.nan
+        call()
+        assert rel_err(out, expect) <= TOL, (xshape, act, "after the scratch changed")
