@@ -19,6 +19,14 @@ int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y,
                     int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
                     int act, float p0, float p1);
 
+/* Depthwise conv straight from padded row copies (dwconv.c): channel multiplier 1, k x k kernel (k = 3 or 5),
+   stride s (1 or 2) both ways, dilation 1; w (C, k, k), bias (C) or NULL, y (C, OH, OW) = act(conv + bias).
+   _applies says whether a geometry is one it takes. Returns 0, -1 if out of memory, -2 for a geometry it
+   does not take. */
+int inferd_dwconv2d_direct_applies(int mult, int kh, int kw, int sh, int sw, int dh, int dw);
+int inferd_dwconv2d_direct(const float* x, const float* w, const float* bias, float* y, int C, int H, int W, int k, int s,
+                           int pt, int pl, int OH, int OW, int act, float p0, float p1);
+
 /* Winograd F(m x m, r x r) input transform, alpha = m + r - 1, BT: (alpha, alpha) row-major.
    Tile (ti, tj) covers input rows ti*m - pt .. + alpha and columns tj*m - pl .. + alpha (0 outside).
    Writes V[(a*alpha + b)*ldpos + c*ldc + p0 + ti*tW + tj] for channels c in [0, C). Returns 0, or -1 if out of memory. */
@@ -44,6 +52,17 @@ void inferd_erf(const float* x, float* y, long long n);
 /* In place GELU over n floats: approx 0 -> 0.5 y (1 + erf(y / sqrt 2)), approx 1 -> the tanh approximation
    0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))). GELU(-inf) = -0, GELU(inf) = inf, NaN propagates. */
 void inferd_gelu(float* y, long long n, int approx);
+
+/* ---- banded im2col + GEMM convolution (convtile.c), group 1, one image ----
+   y (M, OH, OW) = act(W x + bias + res), W packed by inferd_gemm_pack_a (M x C*kh*kw); res (M, OH, OW) or NULL.
+   Each task builds the columns of `band` output rows (inferd_conv_tiled_band: the rows that fill ~256 KB) in one
+   of `slots` slices of col (inferd_conv_tiled_workspace floats; one slice per pool thread: a task that finds
+   none free allocates its own) and multiplies them on one thread. Returns 0, or -1 if out of memory. */
+int inferd_conv_tiled_band(int C, int kh, int kw, int OH, int OW);
+long long inferd_conv_tiled_workspace(int C, int kh, int kw, int OW, int band, int slots);
+int inferd_conv_tiled(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt,
+                      int pl, int OH, int OW, const float* ap, int M, const float* bias, const float* res, float* y,
+                      int act, float p0, float p1, float* col, int band, int slots);
 
 /* ---- thread pool (pool.c): the caller works too; tasks are claimed dynamically ---- */
 /* Threads used by inferd_parallel, the caller included (1 = run everything inline). */

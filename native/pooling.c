@@ -14,62 +14,192 @@
 #include "inferd_internal.h"
 #include "inferd_native.h"
 
-static int lo_out(int off, int s) { return off >= 0 ? 0 : (-off + s - 1) / s; } /* first ow with ow*s + off >= 0 */
-
-/* Horizontal pass of one output row from the combined input row t (W floats). */
-#define POOL_HPASS(COMBINE)                                                            \
-    for (int j = 0; j < kw; ++j) {                                                     \
-        const int off = j * dw - pl;                                                   \
-        if (W - 1 - off < 0) continue;                                                 \
-        const int lo = lo_out(off, sw);                                                \
-        int hi = (W - 1 - off) / sw + 1;                                               \
-        if (hi > OW) hi = OW;                                                          \
-        if (sw == 1) {                                                                 \
-            for (int ow = lo; ow < hi; ++ow) COMBINE(yr[ow], t[ow + off]);             \
-        } else if (sw == 2) {                                                          \
-            for (int ow = lo; ow < hi; ++ow) COMBINE(yr[ow], t[2 * ow + off]);         \
-        } else {                                                                       \
-            for (int ow = lo; ow < hi; ++ow) COMBINE(yr[ow], t[ow * sw + off]);        \
-        }                                                                              \
-    }
+/* Per output row, two passes over L1-resident data:
+   1. vertical: the (up to kh) input rows of the window are combined element-wise into a row buffer tp, at
+      offset pl, with init values (-inf / 0) in the left and right padding, so that
+   2. horizontal: y[ow] = combine over j of tp[ow*sw + j*dw] needs no bounds checks. For the common windows
+      (3x3/2, 2x2/2, 3x3/1, 5x5/1 ...) K and S are literals, so the taps unroll and the stride-2 loads become
+      vector permutes; other windows go tap by tap.
+   Measured on Zen 4, one thread, squeezenet's 3x3/2 max pool on 64x111x111: 0.71 ms before (a separate pass
+   per tap over the output row with a runtime stride, and the row buffer re-initialised per row) and ~0.1 ms
+   after (see the commit message for the figures). */
 
 #define POOL_MAX(acc, v) acc = max_nan(acc, (v))
 #define POOL_ADD(acc, v) acc += (v)
 
-/* The window is a box, so each output row is separable: first the kh input rows are combined element-wise
-   (contiguous, full-width vectors), then the kw taps along that one row. */
+INFERD_INLINE void hmax_k(float* restrict yr, const float* restrict tp, ptrdiff_t OW, const int K, const int S)
+{
+    for (ptrdiff_t ow = 0; ow < OW; ++ow) {
+        float a = tp[ow * S];
+        for (int j = 1; j < K; ++j) a = max_nan(a, tp[ow * S + j]);
+        yr[ow] = a;
+    }
+}
+
+INFERD_INLINE void hsum_k(float* restrict yr, const float* restrict tp, const float* restrict ic, ptrdiff_t OW,
+                          const int K, const int S)
+{
+    for (ptrdiff_t ow = 0; ow < OW; ++ow) {
+        float a = tp[ow * S];
+        for (int j = 1; j < K; ++j) a += tp[ow * S + j];
+        yr[ow] = a * ic[ow];
+    }
+}
+
+/* Any window along the row: tap by tap (the first tap writes, the others combine). */
+INFERD_INLINE void hpass_any(float* restrict yr, const float* restrict tp, const float* restrict ic, ptrdiff_t OW,
+                             int kw, ptrdiff_t sw, ptrdiff_t dw, int is_max)
+{
+    for (ptrdiff_t ow = 0; ow < OW; ++ow) yr[ow] = tp[ow * sw];
+    for (int j = 1; j < kw; ++j) {
+        const float* restrict t = tp + (ptrdiff_t)j * dw;
+        if (is_max)
+            for (ptrdiff_t ow = 0; ow < OW; ++ow) POOL_MAX(yr[ow], t[ow * sw]);
+        else
+            for (ptrdiff_t ow = 0; ow < OW; ++ow) POOL_ADD(yr[ow], t[ow * sw]);
+    }
+    if (!is_max)
+        for (ptrdiff_t ow = 0; ow < OW; ++ow) yr[ow] *= ic[ow];
+}
+
+/* d[w] = combine of the n rows r[0..n) (n >= 1), in passes of up to three rows. */
+INFERD_INLINE void vpass(float* restrict d, const float* const* r, int n, ptrdiff_t W, int is_max)
+{
+    const float* restrict a = r[0];
+    if (n == 1) {
+        memcpy(d, a, sizeof(float) * (size_t)W);
+        return;
+    }
+    const float* restrict b = r[1];
+    int k = 2;
+    if (n >= 3) {
+        const float* restrict c = r[2];
+        if (is_max)
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] = max_nan(max_nan(a[w], b[w]), c[w]);
+        else
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] = (a[w] + b[w]) + c[w];
+        k = 3;
+    } else if (is_max) {
+        for (ptrdiff_t w = 0; w < W; ++w) d[w] = max_nan(a[w], b[w]);
+    } else {
+        for (ptrdiff_t w = 0; w < W; ++w) d[w] = a[w] + b[w];
+    }
+    for (; k + 2 <= n; k += 2) {
+        const float* restrict p = r[k];
+        const float* restrict q = r[k + 1];
+        if (is_max)
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] = max_nan(max_nan(d[w], p[w]), q[w]);
+        else
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] = (d[w] + p[w]) + q[w];
+    }
+    if (k < n) {
+        const float* restrict p = r[k];
+        if (is_max)
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] = max_nan(d[w], p[w]);
+        else
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] += p[w];
+    }
+}
+
+/* d[w] = combine(d[w], rows r[0..n)): the fold for windows of more than 64 rows (d is none of the rows). */
+static void vacc(float* restrict d, const float* const* r, int n, ptrdiff_t W, int is_max)
+{
+    for (int k = 0; k < n; ++k) {
+        const float* restrict p = r[k];
+        if (is_max)
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] = max_nan(d[w], p[w]);
+        else
+            for (ptrdiff_t w = 0; w < W; ++w) d[w] += p[w];
+    }
+}
+
+#define POOL_HK(K, S)                                                  \
+    do {                                                               \
+        if (is_max)                                                    \
+            hmax_k(yr, tp, OWi, K, S);                                 \
+        else                                                           \
+            hsum_k(yr, tp, inv_count + (size_t)oh * OW, OWi, K, S);    \
+    } while (0)
+
 INFERD_CLONES
-static int pool_planes(const float* x, float* y, int p0, int p1, int H, int W, int kh, int kw, int sh, int sw, int dh,
+static int pool_planes(const float* x, float* y, int planes, int p0, int p1, int H, int W, int kh, int kw, int sh, int sw, int dh,
                        int dw, int pt, int pl, int OH, int OW, int is_max, const float* inv_count)
 {
-    float* t = (float*)malloc(sizeof(float) * (size_t)(W > 0 ? W : 1));
-    if (!t) return -1;
+    /* the padded row: pl init values, the W combined input values, init values up to the last tap's column */
+    const ptrdiff_t need = (ptrdiff_t)(OW - 1) * sw + (ptrdiff_t)(kw - 1) * dw + 1;
+    const ptrdiff_t len = need > (ptrdiff_t)pl + W ? need : (ptrdiff_t)pl + W;
+    const ptrdiff_t Wv = ((ptrdiff_t)W + 15) & ~(ptrdiff_t)15;
+    const float* x_end = x + (size_t)planes * H * W;
+    const ptrdiff_t blen = len + 16; /* the last vertical block may run 15 floats past the row */
+    float stackbuf[2048 + 16] __attribute__((aligned(64)));
+    float* tp = blen <= 2048 + 16 ? stackbuf : (float*)malloc(sizeof(float) * (size_t)blen);
+    if (!tp) return -1;
     const float init = is_max ? -INFINITY : 0.0f;
+    for (ptrdiff_t w = 0; w < blen; ++w) tp[w] = init; /* the padding columns are written only as said below */
+    const int lit = dw == 1 ? (kw * 10 + sw) : 0;     /* a (K, S) with a literal path */
+    /* outputs whose whole window lies left of column pl + W of the row buffer */
+    int OWi = (pl + W - 1 - (kw - 1) * dw) < 0 ? 0 : (pl + W - 1 - (kw - 1) * dw) / sw + 1;
+    if (OWi > OW) OWi = OW;
+    const float* rows[64];
+    const int maxr = kh < 64 ? kh : 64;
     for (int p = p0; p < p1; ++p) {
         const float* plane = x + (size_t)p * H * W;
         for (int oh = 0; oh < OH; ++oh) {
             float* restrict yr = y + ((size_t)p * OH + oh) * OW;
-            for (int w = 0; w < W; ++w) t[w] = init;
+            int n = 0;
             for (int i = 0; i < kh; ++i) {
                 const int ih = oh * sh - pt + i * dh;
                 if (ih < 0 || ih >= H) continue;
-                const float* restrict row = plane + (size_t)ih * W;
-                if (is_max)
-                    for (int w = 0; w < W; ++w) POOL_MAX(t[w], row[w]);
-                else
-                    for (int w = 0; w < W; ++w) t[w] += row[w];
+                if (n == maxr) { /* more than 64 rows in a window: fold what is gathered, keep it as row 0 */
+                    if (rows[0] == tp + pl)
+                        vacc(tp + pl, rows + 1, n - 1, W, is_max);
+                    else
+                        vpass(tp + pl, rows, n, W, is_max);
+                    rows[0] = tp + pl;
+                    n = 1;
+                }
+                rows[n++] = plane + (size_t)ih * W;
             }
-            for (int ow = 0; ow < OW; ++ow) yr[ow] = init;
-            if (is_max) {
-                POOL_HPASS(POOL_MAX)
+            if (n == 0) {
+                for (int w = 0; w < W; ++w) tp[pl + w] = init;
+            } else if (rows[0] == tp + pl) {
+                vacc(tp + pl, rows + 1, n - 1, W, is_max);
             } else {
-                POOL_HPASS(POOL_ADD)
-                const float* restrict ic = inv_count + (size_t)oh * OW;
-                for (int ow = 0; ow < OW; ++ow) yr[ow] *= ic[ow];
+                /* Whole 16-float blocks where the rows may be read that far (all but the tensor's last row or
+                   so): a scalar tail of up to 15 stores per row, read right back by the horizontal pass's
+                   vector loads, stalls store forwarding (W = 110 or 111: 0.40 ms where W = 112 took 0.14 ms
+                   for squeezenet's first max pool). Columns from pl + W on are junk: the
+                   windows that reach them are the last few, done apart below. */
+                ptrdiff_t wv = W;
+                if (rows[n - 1] + Wv <= x_end) wv = Wv;
+                vpass(tp + pl, rows, n, wv, is_max);
+            }
+            switch (lit) {
+            case 32: POOL_HK(3, 2); break;
+            case 22: POOL_HK(2, 2); break;
+            case 31: POOL_HK(3, 1); break;
+            case 21: POOL_HK(2, 1); break;
+            case 51: POOL_HK(5, 1); break;
+            case 33: POOL_HK(3, 3); break;
+            case 11: POOL_HK(1, 1); break;
+            default: hpass_any(yr, tp, is_max ? NULL : inv_count + (size_t)oh * OW, OWi, kw, sw, dw, is_max); break;
+            }
+            /* the windows that reach the right padding: taps there are skipped (the identity of the combine) */
+            for (int ow = OWi; ow < OW; ++ow) {
+                float a = init;
+                for (int j = 0; j < kw; ++j) {
+                    const ptrdiff_t q = (ptrdiff_t)ow * sw + (ptrdiff_t)j * dw;
+                    if (q >= (ptrdiff_t)pl + W) break;
+                    if (is_max)
+                        POOL_MAX(a, tp[q]);
+                    else
+                        POOL_ADD(a, tp[q]);
+                }
+                yr[ow] = is_max ? a : a * inv_count[(size_t)oh * OW + ow];
             }
         }
     }
-    free(t);
+    if (tp != stackbuf) free(tp);
     return 0;
 }
 
@@ -85,7 +215,7 @@ static void pool_task(void* p, long long t)
 {
     pool_job* j = (pool_job*)p;
     const int lo = (int)((long long)j->planes * t / j->n), hi = (int)((long long)j->planes * (t + 1) / j->n);
-    if (hi > lo && pool_planes(j->x, j->y, lo, hi, j->H, j->W, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw, j->pt, j->pl,
+    if (hi > lo && pool_planes(j->x, j->y, j->planes, lo, hi, j->H, j->W, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw, j->pt, j->pl,
                                j->OH, j->OW, j->is_max, j->inv_count) != 0)
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 }

@@ -135,12 +135,17 @@ def expected_conv_kernels(xshape: tuple[int, ...], cout: int, k: tuple[int, ...]
     if nsp > 2:
         return out
     out.add("im2col")
+    if g == 1:
+        out.add("im2col_tiled")
     if all(v == 1 for v in k) and not any(pads) and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
         out.add("conv1x1")
     if nsp == 2 and k == (3, 3) and list(s) == [1, 1] and list(d) == [1, 1] and g == 1:
         out |= {"winograd23", "winograd43"}
     if g == cin > 1 and cout % cin == 0:
         out.add("depthwise")
+        if (cout == cin and nsp == 2 and k in ((3, 3), (5, 5)) and s[0] == s[1] and s[0] in (1, 2)
+                and list(d) == [1, 1]):
+            out.add("depthwise_direct")
     return out
 
 
@@ -172,9 +177,13 @@ def test_default_kernel_choice() -> None:
 
     assert pick((1, 8, 14, 14), 8, (3, 3), dict(group=8, pads=[1, 1, 1, 1])) == "depthwise"
     assert pick((1, 8, 14, 14), 16, (1, 1), {}) == "conv1x1"
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
-    # the measured rule (preferred_3x3_kernel): few input channels -> im2col, else Winograd by size
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col"
+    # small C*kh*kw (stems): the banded im2col; from TILED_MAX_K on the plain one
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col_tiled"
+    assert pick((1, 3, 32, 32), 16, (7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3])) == "im2col_tiled"
+    assert pick((1, 64, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2], group=2)) == "im2col"
+    # the measured rule (preferred_3x3_kernel): few input channels -> im2col(_tiled), else Winograd by size
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col_tiled"
     assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
     assert pick((1, 64, 56, 56), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd43"
 
@@ -703,7 +712,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 11
+    assert native.ABI == 12
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
@@ -746,6 +755,22 @@ int main(void){
       int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
       ref[((size_t)(c * kh + i) * kw + j) * P + oh * OW + ow] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((size_t)c * H + ih) * W + iw] : 0.0f; }
     check("im2col", maxdiff(col, ref, K * P), 0, it);
+    { /* convtile.c: banded im2col + GEMM against the column matrix times W; any band, 0-2 workspace slices */
+      int M = irand(1, 20), act2 = irand(0, 7), band = it % 2 ? inferd_conv_tiled_band(C, kh, kw, OH, OW) : irand(1, OH), slots = irand(0, 2);
+      float q0 = act2 == 3 ? 0.1f : (act2 == 7 ? 0.2f : -0.3f), q1 = 0.4f;
+      float* wt = buf((size_t)M * K); float* bt = buf((size_t)M); float* rt = buf((size_t)M * P);
+      float* apk = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_size(M, (int)K) + 1));
+      inferd_gemm_pack_a(wt, (long long)K, 1, M, (int)K, apk);
+      float* ws = malloc(sizeof(float) * (size_t)(inferd_conv_tiled_workspace(C, kh, kw, OW, band, slots) + 1));
+      float* yt = buf((size_t)M * P); float* ytr = malloc(sizeof(float) * (size_t)M * P);
+      if (inferd_conv_tiled(x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, apk, M, it % 2 ? bt : NULL, it % 3 ? rt : NULL, yt, act2, q0, q1, ws, band, slots)) { printf("oom\n"); return 1; }
+      for (int m = 0; m < M; ++m) for (size_t q = 0; q < P; ++q) { double sacc = it % 2 ? bt[m] : 0.0;
+        for (size_t k = 0; k < K; ++k) sacc += (double)wt[(size_t)m * K + k] * ref[k * P + q];
+        if (it % 3) sacc += rt[(size_t)m * P + q];
+        ytr[(size_t)m * P + q] = actf((float)sacc, act2, q0, q1); }
+      check("conv_tiled", maxdiff(yt, ytr, (size_t)M * P), 1e-3, it);
+      free(wt); free(bt); free(rt); free(apk); free(ws); free(yt); free(ytr);
+    }
     float* y = buf((size_t)C * H * W); float* yr = malloc(sizeof(float) * C * H * W); memcpy(yr, y, sizeof(float) * C * H * W);
     inferd_col2im(col, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, y);
     for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
@@ -763,6 +788,12 @@ int main(void){
         if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += w[(size_t)co * kh * kw + i * kw + j] * x[((size_t)(co / mult) * H + ih) * W + iw]; }
       orf[(size_t)co * P + oh * OW + ow] = actf(acc, act, p0, p1); }
     check("dwconv2d", maxdiff(o, orf, (size_t)C * mult * P), 1e-4, it);
+    if (inferd_dwconv2d_direct_applies(mult, kh, kw, sh, sw, dh, dw)) { /* dwconv.c: the padded-row form */
+      float* od = buf((size_t)C * P);
+      if (inferd_dwconv2d_direct(x, w, it % 2 ? b : NULL, od, C, H, W, kh, sh, pt, pl, OH, OW, act, p0, p1)) { printf("oom\n"); return 1; }
+      check("dwconv2d_direct", maxdiff(od, orf, (size_t)C * P), 1e-4, it);
+      free(od);
+    }
     /* winograd: transform then inverse-free check via the direct definition of BT d B^T per tile */
     for (int mm = 2; mm <= 4; mm += 2) {
       int alpha = mm + 2; const float* BT = mm == 2 ? BT2 : BT4; const float* AT = mm == 2 ? AT2 : AT4;
@@ -821,19 +852,27 @@ int main(void){
     }
     free(A); free(B); free(bias); free(R); free(ap); free(Cc); free(Cr);
   }
-  for (int it = 0; it < 100; ++it) { /* 2-D max / average pooling against a naive window loop */
-    int P = irand(1, 6), H = irand(1, 15), W = irand(1, 15), kh = irand(1, 4), kw = irand(1, 4), sh = irand(1, 3), sw = irand(1, 3);
+  for (int it = 0; it < 300; ++it) { /* 2-D max / average pooling against a naive window loop */
+    /* widths up to 70: the row passes' 16-float blocks, their overlap with the next row and the last row */
+    int P = irand(1, 6), H = irand(1, 15), W = it % 3 ? irand(1, 15) : irand(14, 70), kh = irand(1, 4), kw = irand(1, 5), sh = irand(1, 3), sw = irand(1, 3);
     int dh = irand(1, 2), dw = irand(1, 2), pt = irand(0, kh - 1), pl = irand(0, kw - 1), ismax = it % 2;
     int OH = (H + 2 * pt - ((kh - 1) * dh + 1)) / sh + 1, OW = (W + 2 * pl - ((kw - 1) * dw + 1)) / sw + 1;
     if (OH < 1 || OW < 1) continue;
-    float* x = buf((size_t)P * H * W); float* y = buf((size_t)P * OH * OW); float* yr = buf((size_t)P * OH * OW); float* inv = buf((size_t)OH * OW);
+    /* ceil_mode: one more window where it still starts inside the input or the left padding */
+    if (irand(0, 1) && OH * sh < H + pt) ++OH;
+    if (irand(0, 1) && OW * sw < W + pl) ++OW;
+    float* x = buf((size_t)P * H * W);
+    if (ismax && irand(0, 3) == 0) x[irand(0, P * H * W - 1)] = NAN; /* a NaN wins every window it is in */ float* y = buf((size_t)P * OH * OW); float* yr = buf((size_t)P * OH * OW); float* inv = buf((size_t)OH * OW);
     for (int q = 0; q < OH * OW; ++q) inv[q] = 1.0f / (float)(kh * kw);
     inferd_pool2d(x, y, P, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, ismax, inv);
     for (int p = 0; p < P; ++p) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
       float acc = ismax ? -INFINITY : 0.0f;
       for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) { int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
-        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue; float v = x[((size_t)p * H + ih) * W + iw]; acc = ismax ? (v > acc ? v : acc) : acc + v; }
+        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue; float v = x[((size_t)p * H + ih) * W + iw]; acc = ismax ? ((v > acc || v != v || acc != acc) ? (acc != acc ? acc : v) : acc) : acc + v; }
       yr[((size_t)p * OH + oh) * OW + ow] = ismax ? acc : acc * inv[oh * OW + ow]; }
+    { size_t nn = (size_t)P * OH * OW, bad = 0; /* NaN where the naive loop has NaN, and nowhere else */
+      for (size_t q = 0; q < nn; ++q) if ((y[q] != y[q]) != (yr[q] != yr[q])) ++bad; else if (y[q] != y[q] || y[q] == yr[q]) y[q] = yr[q] = 0.0f; /* NaN or the same infinity */
+      check(ismax ? "maxpool nan" : "avgpool nan", (double)bad, 0, it); }
     check(ismax ? "maxpool" : "avgpool", maxdiff(y, yr, (size_t)P * OH * OW), 1e-5, it);
     free(x); free(y); free(yr); free(inv);
   }
@@ -947,3 +986,149 @@ def test_native_c_under_sanitizers(tmp_path: Path) -> None:
                    timeout=300)
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "ok (0 failures)" in out.stdout, (out.stdout[-2000:], out.stderr[-4000:])
+
+
+# --------------------------------------------------------------------------- banded im2col (native/convtile.c)
+
+TILED_SHAPES = [
+    ((1, 3, 23, 21), 10, (7, 7), dict(strides=[2, 2], pads=[3, 2, 1, 3])),  # pads differ on every side
+    ((1, 3, 37, 35), 17, (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),  # many bands, M not a multiple of 8
+    ((1, 5, 9, 8), 4, (3, 3), dict(dilations=[2, 2], pads=[2, 1, 0, 3])),
+    ((1, 2, 1, 1), 3, (3, 3), dict(pads=[1, 1, 1, 1])),  # a 1x1 map
+    ((1, 4, 11, 13), 6, (2, 3), dict(strides=[3, 1], pads=[0, 1, 1, 0])),
+]
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("Tanh", ())],
+                         ids=["none", "relu", "clip", "tanh"])
+def test_conv_tiled_bound_and_run_match_oracle(act, threads: int) -> None:
+    """im2col_tiled's pre-bound call (its own workspace, one band per pool thread) and its run() (shared scratch)
+    against the numpy oracle, with a residual; threads changed after binding leave fewer slices than threads
+    (a task then takes a private one). A non-native activation (Tanh) takes the general path."""
+    kern = kernel("Conv", "im2col_tiled")
+    old = native.num_threads()
+    try:
+        for si, (xshape, cout, k, attrs) in enumerate(TILED_SHAPES):
+            x, w, b = make_inputs(si + 50, xshape, (cout, xshape[1]) + k, True)
+            res = np.random.default_rng(si + 60).standard_normal(
+                single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
+            fused = dict(attrs, residual=True, **({"act": act} if act is not None else {}))
+            ins, const = [x, w, b, res], [False, True, True, False]
+            layer = single_node_layer("Conv", ins, fused, const=const)
+            expect = op_spec("Conv").reference(layer.node, list(ins))[0]
+            assert kern.applies(layer)
+            native.set_num_threads(threads)
+            assert rel_err(run_layer(kern, layer, ins)[0], expect) <= TOL, (xshape, act)
+            native.set_num_threads(1)
+            params = kern.transform(layer, {raw_key(1): w, raw_key(2): b})
+            out = np.full(expect.shape, np.nan, F32)
+            call = kern.bind(layer, [x, None, None, res], params, [out])
+            assert (call is not None) == (act is None or act[0] in native.NATIVE_ACTS)
+            if call is not None:
+                native.set_num_threads(threads)  # more threads than the workspace has slices for
+                call()
+                assert rel_err(out, expect) <= TOL, (xshape, act, "bound")
+    finally:
+        native.set_num_threads(old)
+
+
+# --------------------------------------------------------------------------- depthwise from padded rows (native/dwconv.c)
+
+DW_DIRECT_SHAPES = [
+    ((1, 5, 13, 11), (3, 3), dict(strides=[1, 1], pads=[1, 0, 2, 1])),   # pads differ on every side
+    ((1, 7, 12, 17), (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((1, 3, 20, 37), (3, 3), dict(strides=[2, 2], pads=[0, 1, 1, 0])),   # widths past one 16-float vector
+    ((1, 17, 9, 33), (5, 5), dict(strides=[1, 1], pads=[2, 2, 2, 2])),   # channels not a multiple of 16
+    ((1, 4, 11, 10), (5, 5), dict(strides=[2, 2], pads=[2, 1, 0, 2])),
+    ((1, 2, 1, 1), (3, 3), dict(pads=[1, 1, 1, 1])),                     # a 1x1 map
+    ((1, 3, 3, 2), (5, 5), dict(pads=[2, 2, 2, 2])),                     # a plane smaller than the kernel
+]
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("HardSwish", ()), ("Tanh", ())],
+                         ids=["none", "relu", "clip", "hswish", "tanh"])
+def test_depthwise_direct_matches_oracle_and_ort(act, threads: int) -> None:
+    """depthwise_direct, bound and through run() (with a residual: the general path), against the numpy oracle and
+    onnxruntime on odd shapes; it does not apply to a channel multiplier, dilation or other kernel sizes."""
+    kern = kernel("Conv", "depthwise_direct")
+    old = native.num_threads()
+    native.set_num_threads(threads)
+    try:
+        for si, (xshape, k, attrs) in enumerate(DW_DIRECT_SHAPES):
+            c = xshape[1]
+            attrs = dict(attrs, group=c)
+            x, w, b = make_inputs(si + 70, xshape, (c, 1) + k, True)
+            fused = dict(attrs, **({"act": act} if act is not None else {}))
+            layer = single_node_layer("Conv", [x, w, b], fused)
+            expect = op_spec("Conv").reference(layer.node, [x, w, b])[0]
+            if act is None:
+                assert rel_err(expect, ort_run("Conv", x, w, b, attrs)) <= TOL
+            assert kern.applies(layer)
+            assert rel_err(run_layer(kern, layer, [x, w, b])[0], expect) <= TOL, (xshape, act)
+            params = kern.transform(layer, {raw_key(1): w, raw_key(2): b})
+            out = np.full(expect.shape, np.nan, F32)
+            call = kern.bind(layer, [x, None, None], params, [out])
+            assert (call is not None) == (act is None or act[0] in native.NATIVE_ACTS)
+            if call is not None:
+                call()
+                assert rel_err(out, expect) <= TOL, (xshape, act, "bound")
+            res = np.random.default_rng(si).standard_normal(expect.shape, dtype=F32)
+            rl = single_node_layer("Conv", [x, w, b, res], dict(fused, residual=True),
+                                   const=[False, True, True, False])
+            rexp = op_spec("Conv").reference(rl.node, [x, w, b, res])[0]
+            assert rel_err(run_layer(kern, rl, [x, w, b, res])[0], rexp) <= TOL, (xshape, act, "residual")
+    finally:
+        native.set_num_threads(old)
+    for xshape, cout, k, attrs in [((1, 4, 9, 9), 8, (3, 3), dict(group=4)), ((1, 4, 9, 9), 4, (3, 3),
+                                   dict(group=4, dilations=[2, 2])), ((1, 4, 9, 9), 4, (7, 7), dict(group=4)),
+                                   ((1, 4, 9, 9), 4, (3, 3), dict(group=4, strides=[1, 2]))]:
+        x, w, b = make_inputs(0, xshape, (cout, 1) + k, True)
+        assert not kern.applies(single_node_layer("Conv", [x, w, b], attrs))
+
+
+def test_depthwise_direct_is_preferred_on_wide_maps_only() -> None:
+    def pick(c, hw, s):
+        x, w, b = make_inputs(0, (1, c, hw, hw), (c, 1, 3, 3), True)
+        return choose_kernel(single_node_layer("Conv", [x, w, b], dict(group=c, strides=[s, s],
+                                                                        pads=[1, 1, 1, 1]))).name
+    want = "depthwise_direct" if native.AVAILABLE else "depthwise"
+    assert pick(8, 112, 1) == want
+    assert pick(8, 56, 1) == "depthwise"
+    assert pick(8, 112, 2) == want
+    assert pick(8, 56, 2) == "depthwise"
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("HardSwish", ()), ("Tanh", ())], ids=["none", "relu", "hswish", "tanh"])
+def test_im2col_bound_matches_oracle(act) -> None:
+    """im2col's pre-bound call (its column buffer looked up per call, the GEMM re-bound when the scratch grew in
+    between) against the numpy oracle, grouped and not, with a residual; a non-native activation is not bound."""
+    from inferd.ops.conv import release_scratch, scratch
+
+    kern = kernel("Conv", "im2col")
+    shapes = TILED_SHAPES + [((1, 6, 9, 11), 4, (3, 3), dict(group=2, strides=[2, 1], pads=[1, 0, 1, 2]))]
+    for si, (xshape, cout, k, attrs) in enumerate(shapes):
+        g = attrs.get("group", 1)
+        x, w, b = make_inputs(si + 90, xshape, (cout, xshape[1] // g) + k, True)
+        res = np.random.default_rng(si + 91).standard_normal(
+            single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
+        fused = dict(attrs, residual=True, **({"act": act} if act is not None else {}))
+        layer = single_node_layer("Conv", [x, w, b, res], fused, const=[False, True, True, False])
+        expect = op_spec("Conv").reference(layer.node, [x, w, b, res])[0]
+        params = kern.transform(layer, {raw_key(1): w, raw_key(2): b})
+        out = np.full(expect.shape, np.nan, F32)
+        call = kern.bind(layer, [x, None, None, res], params, [out])
+        assert (call is not None) == (act is None or act[0] in native.NATIVE_ACTS)
+        if call is None:
+            continue
+        call()
+        assert rel_err(out, expect) <= TOL, (xshape, act)
+        release_scratch()
+        scratch(0, 1 << 16)  # another buffer: the call must follow it
+        out[...] = np.nan
+        call()
+        assert rel_err(out, expect) <= TOL, (xshape, act, "after the scratch changed")

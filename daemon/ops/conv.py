@@ -7,12 +7,16 @@ only through ``direct`` (the reference). Every kernel honours the optional bias,
 Conv kernels, in default order (``priority``; measured warm on an AMD EPYC (Zen 4), see each class's
 docstring and :func:`preferred_3x3_kernel`):
 
+* ``depthwise_direct`` (4): depthwise 3x3/5x5, stride 1/2, dilation 1, multiplier 1, from zero-padded row copies
+  (native/dwconv.c); preferred only for 3x3 stride 1 on wide maps (``DW_DIRECT_MIN_OW``).
 * ``depthwise`` (5): group == Cin > 1, Cout = mult * Cin, any kernel/stride/dilation, native C.
 * ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
 * ``winograd23`` (20) / ``winograd43`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
   large maps with many channels, F(2x2,3x3) elsewhere, im2col below 16 input channels:
   :func:`preferred_3x3_kernel` says which, and each kernel's ``preferred(layer)`` exposes it for the
   planner (static priorities cannot).
+* ``im2col_tiled`` (38): group 1, im2col + GEMM band by band of output rows (native/convtile.c); preferred up to
+  C*kh*kw = ``TILED_MAX_K`` (the stems), where the column matrix costs more than the GEMM.
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
 * ``direct`` (90): the readable reference, any rank.
 
@@ -660,6 +664,39 @@ class ConvIm2col(_ConvKernelBase):
         assert g is not None
         return {0: g.cin * g.kh * g.kw * g.oh * g.ow}
 
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        """One image: the native im2col and the bound GEMM, resolved now (run() spent tens of microseconds of
+        argument plumbing per call). The column buffer is this thread's scratch, looked up per call (it may grow
+        or be another thread's), the GEMM re-bound when it changed."""
+        g = _geo2d(layer)
+        if g is None or g.n != 1 or not native.AVAILABLE:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, p0, p1 = f
+        k, mg, npix = g.cin // g.group * g.kh * g.kw, g.cout // g.group, g.oh * g.ow
+        n = g.cin * g.kh * g.kw * npix
+        y3 = outputs[0].reshape(g.group, mg, npix)
+        r3 = None if res is None else res.reshape(g.group, mg, npix)
+        w = params["w"]
+        im = native.lib.inferd_im2col
+        iargs = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow)
+        probe = native.gemm_bound(w, mg, np.empty((g.group, k, npix), F32), y3, bias, r3, code, p0, p1)
+        if probe is None:
+            return None
+        state: list[Any] = [None, None, None]  # scratch base, its pointer, the GEMM bound to it
+
+        def call(_keep: Any = (x, w, bias, res, outputs[0])) -> None:
+            col = scratch(0, n)
+            if col.base is not state[0] or state[2] is None:
+                state[0], state[1] = col.base, native._ptr(col)
+                state[2] = native.gemm_bound(w, mg, col.reshape(g.group, k, npix), y3, bias, r3, code, p0, p1)
+            im(*iargs, state[1])
+            state[2]()
+        return call
+
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         g = _geo2d(layer)
@@ -679,6 +716,101 @@ class ConvIm2col(_ConvKernelBase):
                        act if r4 is not None or res is None else None)
         if res is not None and r4 is None:
             _finish(o.y.reshape(g.n, g.cout, -1), None, res, act)
+        o.close()
+
+
+#: Largest C*kh*kw for which ``im2col_tiled`` is preferred over ``im2col``: measured on Zen 4 (one thread),
+#: banding won on the 3-channel stems (K = 27: 0.28 vs 0.31 ms; K = 147: 2.57 vs 3.41 ms), where the column
+#: matrix is large against the GEMM's work, and tied or lost from K = 576 on (resnet's 3x3/2 convs: the GEMM
+#: already dominates and shorter GEMMs per task cost more).
+TILED_MAX_K = 256
+
+
+@register_kernel
+class ConvIm2colTiled(_ConvKernelBase):
+    """Group-1 conv as im2col + GEMM band by band of output rows (native/convtile.c): each pool task builds the
+    columns of the few output rows that fill ~256 KB and multiplies them on one thread, so the column matrix
+    never travels through memory. Same packed weights as ``im2col``. Workspace: one band per pool thread."""
+
+    name = "im2col_tiled"
+    ops = ("Conv",)
+    priority = 38
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return g is not None and g.group == 1 and native.AVAILABLE
+
+    def preferred(self, layer: Layer) -> bool:
+        g = _geo2d(layer)
+        return g is not None and self.applies(layer) and g.cin * g.kh * g.kw <= TILED_MAX_K and not g.unpadded_1x1
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return ConvIm2col().transform(layer, raw)
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        return ConvIm2col()._w_nbytes(layer)
+
+    @staticmethod
+    def _band(g: Geom2D) -> tuple[int, int]:
+        band = int(native.lib.inferd_conv_tiled_band(g.cin, g.kh, g.kw, g.oh, g.ow))
+        return band, native.num_threads()
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
+        g = _geo2d(layer)
+        assert g is not None
+        band, slots = self._band(g)
+        return {0: int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))}
+
+    def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
+              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray, band: int, slots: int) -> Callable[[], None]:
+        ffi = native.ffi
+        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+                native._ptr(w), g.cout, ffi.NULL if bias is None else native._ptr(bias),
+                ffi.NULL if res is None else native._ptr(res), native._ptr(y), code, p0, p1, native._ptr(ws), band,
+                slots)
+        fn = native.lib.inferd_conv_tiled
+
+        def call(_keep: Any = (x, w, bias, res, y, ws)) -> None:
+            if fn(*args) != 0:
+                raise MemoryError("conv_tiled: out of memory")
+        return call
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        g = _geo2d(layer)
+        if g is None or g.n != 1 or g.group != 1:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, p0, p1 = f
+        band, slots = self._band(g)
+        # the layer's own workspace (one band per pool thread): the bound call may run on any thread
+        ws = np.empty(max(1, int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))), F32)
+        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws, band, slots)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
+        o = _Out(outputs[0])
+        full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
+        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
+        inner = code >= 0 and (res is None or full_res)
+        band, slots = self._band(g)
+        ws = scratch(0, max(1, int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))))
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        for i in range(g.n):
+            self._call(g, x4[i], params["w"], bias, r4[i] if r4 is not None else None, y4[i],
+                       code if inner else 0, p0, p1, ws, band, slots)()
+        if not inner:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
         o.close()
 
 
@@ -803,6 +935,85 @@ class ConvDepthwise(_ConvKernelBase):
             native.dwconv2d(x4[i], params["w"], bias, y4[i], g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, inner)
         _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1),
                 None if inner is not None else act)
+        o.close()
+
+
+#: Narrowest output map (columns) for which ``depthwise_direct`` is preferred, by stride: measured on Zen 4, one
+#: thread, 3x3: stride 1 0.17 vs 0.23 ms on 32x112x112 (mobilenetv2's first depthwise), even on 144x56x56, 1.5x
+#: slower on 28x28 and below (where ``depthwise``'s channel-blocked form shines); stride 2 (deinterleaved rows)
+#: 0.31 vs 0.34 ms on 96x112x112 -> 56x56, 1.3x slower on 144x56x56 -> 28x28.
+DW_DIRECT_MIN_OW = {1: 96, 2: 48}
+
+
+@register_kernel
+class ConvDepthwiseDirect(_ConvKernelBase):
+    """Depthwise 3x3/5x5, stride 1 or 2, dilation 1, multiplier 1, straight from NCHW (native/dwconv.c): each
+    input row copied once into a ring of zero-padded rows, every output row one branch-free loop with the bias
+    and activation fused. Preferred on wide maps (``DW_DIRECT_MIN_OW``); ``depthwise`` elsewhere."""
+
+    name = "depthwise_direct"
+    ops = ("Conv",)
+    priority = 4
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return (g is not None and native.AVAILABLE and g.group == g.cin > 1 and g.cout == g.cin
+                and bool(native.lib.inferd_dwconv2d_direct_applies(1, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw)))
+
+    def preferred(self, layer: Layer) -> bool:
+        g = _geo2d(layer)
+        return g is not None and self.applies(layer) and g.kh == 3 and g.ow >= DW_DIRECT_MIN_OW[g.sh]
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return ConvDepthwise().transform(layer, raw)
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        g = _geo2d(layer)
+        if g is None or g.n != 1:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None or f[2] is not None:  # a residual: the general path adds it before the activation
+            return None
+        x, bias, _res, code, p0, p1 = f
+        y, w = outputs[0], params["w"]
+        if w.dtype != F32 or not w.flags.c_contiguous:
+            return None
+        ffi = native.ffi
+        args = (native._ptr(x), native._ptr(w), ffi.NULL if bias is None else native._ptr(bias), native._ptr(y),
+                g.cin, g.h, g.w, g.kh, g.sh, g.pt, g.pl, g.oh, g.ow, code, p0, p1)
+        fn = native.lib.inferd_dwconv2d_direct
+
+        def call(_keep: Any = (x, w, bias, y)) -> None:
+            if fn(*args) != 0:
+                raise MemoryError("dwconv2d_direct: out of memory")
+        return call
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        if call is not None:
+            call()
+            return
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        o = _Out(outputs[0])
+        code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
+        inner = res is None and code > 0
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        ffi = native.ffi
+        w = np.ascontiguousarray(params["w"], dtype=F32)
+        for i in range(g.n):
+            xi, yi = np.ascontiguousarray(x4[i]), y4[i]
+            if native.lib.inferd_dwconv2d_direct(native._ptr(xi), native._ptr(w),
+                                                 ffi.NULL if bias is None else native._ptr(bias), native._ptr(yi),
+                                                 g.cin, g.h, g.w, g.kh, g.sh, g.pt, g.pl, g.oh, g.ow,
+                                                 code if inner else 0, p0, p1) != 0:
+                raise MemoryError("dwconv2d_direct: out of memory")
+        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1),
+                None if inner else act)
         o.close()
 
 

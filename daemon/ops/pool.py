@@ -248,6 +248,24 @@ class PoolKernel(Kernel):
         total += int(np.prod(shape[:-1])) * need
         return int(itemsize * total)
 
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):
+        """Global pooling of a contiguous float32 arena tensor: the one native call, pre-bound. run() spent
+        ~0.1 ms of Python on mobilenetv2's 1280x7x7 GlobalAveragePool whose C call takes 0.01 ms."""
+        if layer.op not in _GLOBAL or not native.AVAILABLE or layer.attr("act") is not None:
+            return None
+        x, y = full_inputs(layer, inputs, params)[0], outputs[0]
+        if x is None or x.dtype != np.float32 or y.dtype != np.float32 or not x.size \
+                or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            return None
+        rows = x.shape[0] * x.shape[1]
+        fn = native.lib.inferd_reduce_rows
+        args = (native._ptr(x), native._ptr(y), rows, x.size // max(rows, 1), int(layer.op == "GlobalMaxPool"))
+
+        def call(_keep=(x, y)) -> None:
+            fn(*args)
+        return call
+
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         x = full_inputs(layer, inputs, params)[0]
