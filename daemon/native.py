@@ -823,10 +823,11 @@ def packed_weights_nbytes(groups: int, m: int, k: int, ncols: int) -> int:
     return groups * int(np.prod(shape)) * 4
 
 
-#: Upper bound of the native GEMM's per-thread packing scratch (native/gemm.c: kc <= 256 rows of the 512-column
-#: B block plus one 8-row A panel), allocated on a thread's first GEMM and kept for its life. Not part of any
-#: layer's workspace_nbytes: the memory planner counts it once per pool thread.
-GEMM_SCRATCH_BYTES_PER_THREAD = (256 * 512 + 8 * 256 + 1) * 4
+#: Upper bound of the native GEMM's per-thread packing scratch (native/gemm.c: a B block of at most 256 x 512
+#: floats -- kc up to 1024 only for correspondingly fewer columns -- plus one 8-row A panel of kc <= 1024),
+#: allocated on a thread's first GEMM and kept for its life. Not part of any layer's workspace_nbytes: the memory
+#: planner counts it once per pool thread.
+GEMM_SCRATCH_BYTES_PER_THREAD = (256 * 512 + 8 * 1024 + 1) * 4
 
 
 def native_scratch_bytes() -> int:
