@@ -799,8 +799,11 @@ def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 #: Below this many columns (pixels, Winograd tiles) a layer's weights are packed in the B form (see
-#: :func:`_gemm_args`): measured on Zen 4, 512->512 3x3 on a 7x7 map ran 1.5x faster that way.
-GEMM_BFORM_MAX_COLS = 64
+#: :func:`_gemm_args`). It was 64 while a ragged column panel cost a whole zero-padded 32-column panel (then
+#: 512->512 3x3 on a 7x7 map ran 1.5x faster in the B form); since the GEMM runs the ragged panel as single
+#: vectors plus a column tail, the A form wins from 16 columns on (Zen 4, one thread, Winograd F(2,3): 512->512
+#: on 7x7, 16 tiles, 4.2 -> 2.3 ms; 256->256 on 14x14, 49 tiles, 2.3 -> 1.7 ms; 64->256 on 13x13 0.61 -> 0.48).
+GEMM_BFORM_MAX_COLS = 8
 
 
 def pack_weights(w3: np.ndarray, ncols: int) -> np.ndarray:

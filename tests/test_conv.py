@@ -419,9 +419,10 @@ def test_float16_weights_are_cast_by_transform() -> None:
 def test_workspace_sizes() -> None:
     layer, _ = _layer((1, 8, 9, 7), 6, (3, 3), dict(pads=[1, 1, 1, 1]))
     assert kernel("Conv", "im2col").workspace_nbytes(layer) == 8 * 9 * 9 * 7 * 4
-    # packed for the native GEMM; few tiles (20 here) take the B form: per position 8 inputs x 96 columns
-    # (6 output channels padded to a panel)
-    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 8 * 96 * 4 + 6 * 4
+    # packed for the native GEMM; F(2,3)'s 20 tiles take the A form (6 output channels in one 8-row panel x 8
+    # inputs per position), F(4,3)'s 6 tiles (fewer than GEMM_BFORM_MAX_COLS) the B form: per position 8 inputs x
+    # 96 columns (6 output channels padded to a panel)
+    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 8 * 8 * 4 + 6 * 4
     assert kernel("Conv", "winograd43").transformed_nbytes(layer) == 36 * 8 * 96 * 4 + 6 * 4
     big, _ = _layer((1, 8, 40, 40), 6, (3, 3), dict(pads=[1, 1, 1, 1]))  # 400 tiles: the A form, 8-row panels
     assert kernel("Conv", "winograd23").transformed_nbytes(big) == 16 * 8 * 8 * 4 + 6 * 4

@@ -581,8 +581,8 @@ def pack_gemm_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
 
 
 #: Column count that selects the A form in pack_gemm_weights. The 1x1 and im2col convs always use it: measured on
-#: Zen 4, the B form made mobilenetv2's 7x7 1x1 convs 1.3-1.4x slower (short K, scattered stores) while it made
-#: Winograd on 7x7/14x14 maps (16-49 tiles, long K) up to 1.5x faster.
+#: Zen 4, the B form made mobilenetv2's 7x7 1x1 convs 1.3-1.4x slower (short K, scattered stores); Winograd takes
+#: the B form only below native.GEMM_BFORM_MAX_COLS tiles.
 A_FORM = 1 << 30
 
 
