@@ -21,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 11
+ABI = 12
 
 ffi: Any = None
 lib: Any = None
@@ -594,6 +594,39 @@ def _gemm_args(aps: np.ndarray, m: int, k: int, n: int, nb: int, bs: np.ndarray,
                 _rawptr(cs), sc[2], sc[1], sc[0], bias, m, 1, r, r_bs, code, p0, p1, max_threads)
     return (m, k, n, nb, _ptr(aps), 0, 0, aps.shape[1] * k * GEMM_MR, 1, _rawptr(bs), sb[1], sb[2], sb[0], 0,
             _rawptr(cs), sc[1], sc[2], sc[0], bias, m, 0, r, r_bs, code, p0, p1, max_threads)
+
+
+def numpy_gemm_koff(a: np.ndarray, xflat: np.ndarray, boff: np.ndarray, coff: np.ndarray) -> np.ndarray:
+    """The reference of :func:`gemm_koff` without bias/residual/activation: ``a @ xflat[boff[:, None] + coff]``."""
+    return (a.astype(np.float64) @ xflat[boff[:, None] + coff[None, :]].astype(np.float64)).astype(F32)
+
+
+def gemm_koff(ap: np.ndarray, m: int, xflat: np.ndarray, boff: np.ndarray, coff: np.ndarray, c: np.ndarray,
+              bias: np.ndarray | None = None, res: np.ndarray | None = None, act: Act | None = None,
+              max_threads: int = 0) -> np.ndarray:
+    """``c = act(A @ B + bias[:, None] + res)`` with A packed by :func:`gemm_pack_a` (``m`` rows) and B never stored:
+    ``B[k, n] = xflat[boff[k] + coff[n]]`` (an implicit im2col). ``c``/``res`` (M, N) C-contiguous float32;
+    ``boff``/``coff`` int64 offsets that must lie inside ``xflat`` (checked)."""
+    k, n = boff.size, coff.size
+    if ap.shape != gemm_packed_shape(m, k) or c.shape != (m, n) or (res is not None and res.shape != c.shape):
+        raise ValueError(f"gemm_koff: packed A {ap.shape} (m={m}), {k} row and {n} column offsets, c {c.shape}")
+    if boff.dtype != np.int64 or coff.dtype != np.int64 or not (boff.flags.c_contiguous and coff.flags.c_contiguous):
+        raise ValueError("gemm_koff: offsets must be contiguous int64")
+    if k and n and (int(boff.min()) + int(coff.min()) < 0 or int(boff.max()) + int(coff.max()) >= xflat.size):
+        raise ValueError("gemm_koff: an offset points outside the input")
+    if not AVAILABLE or xflat.dtype != F32 or c.dtype != F32 or not c.flags.c_contiguous or \
+            (res is not None and (res.dtype != F32 or not res.flags.c_contiguous)) or not xflat.flags.c_contiguous:
+        y = numpy_gemm_koff(gemm_unpack_a(ap, m), np.asarray(xflat, F32).ravel(), boff, coff)
+        c[...] = numpy_bias_act(y, bias, res, act) if (bias is not None or res is not None or act is not None) else y
+        return c
+    code, p0, p1 = _act_code(act)
+    b2 = None if bias is None else np.ascontiguousarray(bias, F32).reshape(m)
+    rc = lib.inferd_gemm_koff(_ptr(ap), m, k, n, _ptr(xflat), ffi.cast("const long long*", boff.ctypes.data),
+                              ffi.cast("const long long*", coff.ctypes.data), _ptr(c), n, _opt(b2), _opt(res), code,
+                              p0, p1, max_threads)
+    if rc != 0:
+        raise MemoryError("gemm_koff: out of memory")
+    return c
 
 
 def fma_peak(threads: int | None = None, seconds: float = 0.2) -> float:

@@ -347,6 +347,9 @@ typedef struct {
     long long asm_, ask;
     /* B prepacked by inferd_gemm_pack_b (96-column panels) instead of a strided matrix */
     int b_pre;
+    /* or B's element (k, n) at b + boff[k] + coff[n] (an implicit im2col: row (c, i, j) of a convolution's column
+       matrix is input plane c shifted by the tap, column (oh, ow) the output pixel's window origin) */
+    const long long *boff, *coff;
     int M, K, N, batch;
     int act;
     float p0, p1;
@@ -383,8 +386,27 @@ static float* scratch(size_t n)
 
 /* B block (rows k0..k0+kc, columns n0..n1) into panels of nr columns, k-major, zero-padded past n1. */
 static void pack_b(float* restrict dst, const float* restrict b, long long bsk, long long bsn, int k0, int kc, int n0,
-                   int n1, int nr)
+                   int n1, int nr, const long long* boff, const long long* coff)
 {
+    if (boff) { /* element (k, n) at b + boff[k] + coff[n]: a gather per row (the block is L2-sized) */
+        for (int k = 0; k < kc; ++k) {
+            const float* restrict row = b + boff[k0 + k];
+            float* restrict d = dst + (size_t)k * nr;
+            for (int j0 = n0; j0 < n1; j0 += nr, d += (size_t)kc * nr) {
+                const int nv = imin(nr, n1 - j0);
+                const long long* restrict co = coff + j0;
+                int j = 0;
+                if (co[nv - 1] - co[0] == nv - 1) { /* one output row, stride 1: a plain copy that vectorises */
+                    const float* restrict s = row + co[0];
+                    for (; j < nv; ++j) d[j] = s[j];
+                } else {
+                    for (; j < nv; ++j) d[j] = row[co[j]];
+                }
+                for (; j < nr; ++j) d[j] = 0.0f;
+            }
+        }
+        return;
+    }
     for (int j0 = n0; j0 < n1; j0 += nr) {
         const int nv = imin(nr, n1 - j0);
         float* restrict d = dst;
@@ -498,14 +520,15 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
         /* In place pays when few row panels reuse the block (packing is not amortised) or the rows are short
            (several per page); long rows read in place cost a TLB miss per k (64x147 on a 112x112 map: 3.7 vs
            2.8 ms packed, while 24x144 on 56x56 was 0.21 vs 0.26 ms in place). */
-        const int inplace = J->bsn == 1 && !J->b_pre && (J->M <= 32 || J->bsk <= 512);
+        const int inplace = J->bsn == 1 && !J->b_pre && !J->boff && (J->M <= 32 || J->bsk <= 512);
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */
         } else if (inplace) {
             if ((n1 - n0) % nr)
-                pack_b(buf + (size_t)(npan - 1) * kc * nr, b, J->bsk, 1, k0, kc, n0 + (npan - 1) * nr, n1, nr);
+                pack_b(buf + (size_t)(npan - 1) * kc * nr, b, J->bsk, 1, k0, kc, n0 + (npan - 1) * nr, n1, nr, NULL,
+                       NULL);
         } else {
-            pack_b(buf, b, J->bsk, J->bsn, k0, kc, n0, n1, nr);
+            pack_b(buf, b, J->bsk, J->bsn, k0, kc, n0, n1, nr, J->boff, J->coff);
         }
         /* rows outer, column panels inner: each row of C is written front to back (the hardware prefetcher
            follows; a cold output written tile by tile down the rows was 2-5x slower), the A micro-panel
@@ -674,7 +697,7 @@ static void gemm_task(void* ctx, long long t)
     const int m0 = mi * J->mb, m1 = imin(J->M, m0 + J->mb);
     const int n0 = ni * J->nb, n1 = imin(J->N, n0 + J->nb);
     if (m0 >= m1 || n0 >= n1) return;
-    if (J->N <= 4 && !J->a_dyn && !J->b_pre)
+    if (J->N <= 4 && !J->a_dyn && !J->b_pre && !J->boff)
         gemv_block(J, bi, m0, m1);
     else if (J->M <= 4 && J->a_dyn && J->b_pre)
         gemv_bpre_block(J, bi, n0, n1);
@@ -682,14 +705,40 @@ static void gemm_task(void* ctx, long long t)
         gemm_block(J, bi, m0, m1, n0, n1);
 }
 
+static int gemm_run(int M, int K, int N, int batch, const float* a, long long asm_, long long ask, long long a_bs,
+                    int a_packed, const float* b, long long bsk, long long bsn, long long b_bs, int b_packed,
+                    const long long* boff, const long long* coff, float* c, long long csm, long long csn, long long c_bs, const float* bias,
+                    long long bias_bs, int bias_cols, const float* r, long long r_bs, int act, float p0, float p1,
+                    int max_threads);
+
 int inferd_gemm_ex(int M, int K, int N, int batch, const float* a, long long asm_, long long ask, long long a_bs,
                    int a_packed, const float* b, long long bsk, long long bsn, long long b_bs, int b_packed, float* c,
                    long long csm, long long csn, long long c_bs, const float* bias, long long bias_bs, int bias_cols,
                    const float* r, long long r_bs, int act, float p0, float p1, int max_threads)
 {
+    return gemm_run(M, K, N, batch, a, asm_, ask, a_bs, a_packed, b, bsk, bsn, b_bs, b_packed, NULL, NULL, c, csm, csn, c_bs,
+                    bias, bias_bs, bias_cols, r, r_bs, act, p0, p1, max_threads);
+}
+
+int inferd_gemm_koff(const float* ap, int M, int K, int N, const float* b, const long long* boff,
+                     const long long* coff, float* c, long long csm, const float* bias, const float* r, int act,
+                     float p0, float p1, int max_threads)
+{
+    if (!boff || !coff) return -1;
+    return gemm_run(M, K, N, 1, ap, 0, 0, 0, 1, b, 0, 1, 0, 0, boff, coff, c, csm, 1, 0, bias, 0, 0, r, 0, act, p0,
+                    p1, max_threads);
+}
+
+static int gemm_run(int M, int K, int N, int batch, const float* a, long long asm_, long long ask, long long a_bs,
+                    int a_packed, const float* b, long long bsk, long long bsn, long long b_bs, int b_packed,
+                    const long long* boff, const long long* coff, float* c, long long csm, long long csn, long long c_bs, const float* bias,
+                    long long bias_bs, int bias_cols, const float* r, long long r_bs, int act, float p0, float p1,
+                    int max_threads)
+{
     if (M <= 0 || N <= 0 || batch <= 0) return 0;
     job_t J;
     memset(&J, 0, sizeof J);
+    J.boff = boff, J.coff = coff;
     J.ap = a, J.ap_bs = a_bs, J.a_dyn = !a_packed, J.asm_ = asm_, J.ask = ask;
     J.b = b, J.bsk = bsk, J.bsn = bsn, J.b_bs = b_bs, J.b_pre = b_packed;
     J.c = c, J.csm = csm, J.csn = csn, J.c_bs = c_bs, J.r = r, J.r_bs = r_bs, J.bias = bias, J.bias_bs = bias_bs;
@@ -704,7 +753,7 @@ int inferd_gemm_ex(int M, int K, int N, int batch, const float* a, long long asm
                     store_tile(&J, bi, i0, imin(MRP, M - i0), j0, imin(64, N - j0), 64, zeros, 1, 1);
         return 0;
     }
-    const int gemv = N <= 4 && !J.a_dyn && !J.b_pre;
+    const int gemv = N <= 4 && !J.a_dyn && !J.b_pre && !J.boff;
     const int gemv_b = M <= 4 && J.a_dyn && J.b_pre;
     const int nr = gemv ? N : (gemv_b ? NBP : J.isa->nr);
     const int threads = inferd_pool_threads();

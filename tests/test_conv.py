@@ -114,6 +114,14 @@ CONV_CASES: list[tuple[str, tuple[int, ...], int, tuple[int, ...], dict[str, Any
     ("1d_1x1", (1, 4, 15), 6, (1,), {}, True),
     ("1d_same_dil", (1, 3, 16), 4, (2,), dict(auto_pad="SAME_UPPER", dilations=[3]), False),
     ("3d", (1, 2, 5, 6, 7), 3, (3, 3, 3), dict(pads=[1, 0, 1, 1, 1, 0], strides=[1, 2, 1]), True),
+    # Cin >= 8: the implicit-im2col GEMM applies too (channels off the vector width, odd maps, every pad side)
+    ("impl_s21_d21", (1, 9, 11, 10), 7, (3, 3), dict(strides=[2, 1], dilations=[2, 1], pads=[2, 1, 1, 2]), True),
+    ("impl_5x3_b2", (2, 10, 12, 11), 5, (5, 3), dict(dilations=[1, 2], pads=[2, 0, 1, 2]), True),
+    ("impl_1x1_pad", (1, 12, 5, 5), 17, (1, 1), dict(pads=[1, 0, 0, 1]), True),
+    ("impl_1d", (2, 9, 19), 6, (3,), dict(pads=[1, 2], strides=[2]), True),
+    ("impl_valid_s32", (1, 33, 13, 9), 19, (2, 2), dict(strides=[3, 2]), False),
+    ("impl_same_upper", (1, 8, 7, 9), 40, (3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2]), True),
+    ("impl_1x1_map", (1, 20, 1, 1), 9, (3, 3), dict(pads=[1, 1, 1, 1]), True),
 ]
 
 # onnxruntime refuses dilation with SAME_*: it gets the explicit pads the ONNX spec gives (odd totals, so the
@@ -137,6 +145,8 @@ def expected_conv_kernels(xshape: tuple[int, ...], cout: int, k: tuple[int, ...]
     out.add("im2col")
     if all(v == 1 for v in k) and not any(pads) and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
         out.add("conv1x1")
+    if g == 1 and cin >= 8 and "conv1x1" not in out:
+        out.add("implicit")
     if nsp == 2 and k == (3, 3) and list(s) == [1, 1] and list(d) == [1, 1] and g == 1:
         out |= {"winograd23", "winograd43"}
     if g == cin > 1 and cout % cin == 0:
@@ -172,9 +182,11 @@ def test_default_kernel_choice() -> None:
 
     assert pick((1, 8, 14, 14), 8, (3, 3), dict(group=8, pads=[1, 1, 1, 1])) == "depthwise"
     assert pick((1, 8, 14, 14), 16, (1, 1), {}) == "conv1x1"
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
-    # the measured rule (preferred_3x3_kernel): few input channels -> im2col, else Winograd by size
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col"
+    # the GEMM convs: the implicit im2col from 8 input channels on, im2col below (the stems)
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "implicit"
+    assert pick((1, 3, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
+    # the measured rule (preferred_3x3_kernel): few input channels -> a GEMM conv, else Winograd by size
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "implicit"
     assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
     assert pick((1, 64, 56, 56), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd43"
 
@@ -704,7 +716,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 11
+    assert native.ABI == 12
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
@@ -823,6 +835,27 @@ int main(void){
       free(bp); free(Cl); free(Cl2); free(bc);
     }
     free(A); free(B); free(bias); free(R); free(ap); free(Cc); free(Cr);
+  }
+  for (int it = 0; it < 60; ++it) { /* the implicit-im2col GEMM: B(k, n) = xp[boff[k] + coff[n]] (ragged, K blocks) */
+    int C = 1 + (it * 7) % 40, kh = 1 + it % 3, kw = 1 + (it / 3) % 3, sh = 1 + it % 2, sw = 1 + (it / 2) % 3, dh = 1 + (it / 5) % 2, dw = 1;
+    int OH = 1 + (it * 5) % 9, OW = 1 + (it * 11) % 23, M = 1 + (it * 13) % 37, act = it % 8, hasr = it % 3 == 0;
+    int Hp = (OH - 1) * sh + (kh - 1) * dh + 1 + it % 2, Wp = (OW - 1) * sw + (kw - 1) * dw + 1, K = C * kh * kw, N = OH * OW;
+    float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
+    float* xp = buf((size_t)C * Hp * Wp); float* A = buf((size_t)M * K); float* bias = buf((size_t)M); float* R = buf((size_t)M * N);
+    long long* boff = malloc(sizeof(long long) * (size_t)K); long long* coff = malloc(sizeof(long long) * (size_t)N);
+    for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) boff[(c * kh + i) * kw + j] = (long long)c * Hp * Wp + (long long)i * dh * Wp + j * dw;
+    for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) coff[oh * OW + ow] = (long long)oh * sh * Wp + (long long)ow * sw;
+    float* ap = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_size(M, K) + 1));
+    inferd_gemm_pack_a(A, K, 1, M, K, ap);
+    float* Cc = buf((size_t)M * N); float* Cr = malloc(sizeof(float) * (size_t)M * N);
+    if (inferd_gemm_koff(ap, M, K, N, xp, boff, coff, Cc, N, bias, hasr ? R : NULL, act, p0, p1, 0)) { printf("oom\n"); return 1; }
+    for (int m = 0; m < M; ++m) for (int n = 0; n < N; ++n) { double acc = bias[m];
+      for (int k = 0; k < K; ++k) acc += (double)A[(size_t)m * K + k] * xp[boff[k] + coff[n]];
+      if (hasr) acc += R[(size_t)m * N + n];
+      Cr[(size_t)m * N + n] = actf((float)acc, act, p0, p1); }
+    check("gemm_koff", maxdiff(Cc, Cr, (size_t)M * N), 1e-3, it);
+    check("gemm_koff null", inferd_gemm_koff(ap, M, K, N, xp, NULL, coff, Cc, N, NULL, NULL, 0, 0, 0, 0) == -1 ? 0 : 1, 0, it);
+    free(xp); free(A); free(bias); free(R); free(boff); free(coff); free(ap); free(Cc); free(Cr);
   }
   for (int it = 0; it < 100; ++it) { /* 2-D max / average pooling against a naive window loop */
     int P = irand(1, 6), H = irand(1, 15), W = irand(1, 15), kh = irand(1, 4), kw = irand(1, 4), sh = irand(1, 3), sw = irand(1, 3);
