@@ -182,11 +182,10 @@ def test_default_kernel_choice() -> None:
 
     assert pick((1, 8, 14, 14), 8, (3, 3), dict(group=8, pads=[1, 1, 1, 1])) == "depthwise"
     assert pick((1, 8, 14, 14), 16, (1, 1), {}) == "conv1x1"
-    # the GEMM convs: the implicit im2col from 8 input channels on, im2col below (the stems)
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "implicit"
-    assert pick((1, 3, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
-    # the measured rule (preferred_3x3_kernel): few input channels -> a GEMM conv, else Winograd by size
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "implicit"
+    # im2col stays the default GEMM conv (the implicit one is a measured alternative after it)
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
+    # the measured rule (preferred_3x3_kernel): few input channels -> im2col, else Winograd by size
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col"
     assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
     assert pick((1, 64, 56, 56), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd43"
 

@@ -13,9 +13,10 @@ docstring and :func:`preferred_3x3_kernel`):
   large maps with many channels, F(2x2,3x3) elsewhere, im2col below 16 input channels:
   :func:`preferred_3x3_kernel` says which, and each kernel's ``preferred(layer)`` exposes it for the
   planner (static priorities cannot).
-* ``implicit`` (35, in :mod:`.conv_implicit`): group 1, Cin >= 8, anything 1-D/2-D but an unpadded 1x1: the GEMM
-  gathers its column blocks from the input through offset tables (no column matrix stored).
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
+* ``implicit`` (45, in :mod:`.conv_implicit`): group 1, Cin >= 8, anything 1-D/2-D but an unpadded 1x1: the GEMM
+  gathers its column blocks from the input through offset tables (no column matrix stored); a measured
+  alternative to im2col, not the default.
 * ``direct`` (90): the readable reference, any rank.
 
 ConvTranspose: ``col2im`` (40: GEMM then native scatter-add) and ``direct`` (90).
