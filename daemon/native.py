@@ -293,7 +293,8 @@ def winograd_input(x: np.ndarray, pt: int, pl: int, th: int, tw: int, m: int, bt
 
 
 def numpy_winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bias: np.ndarray | None,
-                          out: np.ndarray, p0: int) -> np.ndarray:
+                          out: np.ndarray, p0: int, res: np.ndarray | None = None,
+                          act: Act | None = None) -> np.ndarray:
     cout, oh, ow = out.shape
     alpha = at.shape[1]
     mt = mw[:, :, p0: p0 + th * tw].reshape(alpha, alpha, cout, th, tw)
@@ -301,18 +302,25 @@ def numpy_winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarr
     out[...] = y[:, :oh, :ow]
     if bias is not None:
         out += bias.reshape(-1, 1, 1)
+    if res is not None or act is not None:
+        numpy_bias_act(out, None, res, act)
     return out
 
 
 def winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bias: np.ndarray | None,
-                    out: np.ndarray, p0: int = 0) -> np.ndarray:
-    """Winograd output transform of ``mw`` (alpha*alpha, Cout, P) at tiles p0.. into ``out`` (Cout, OH, OW) + bias."""
+                    out: np.ndarray, p0: int = 0, res: np.ndarray | None = None,
+                    act: Act | None = None) -> np.ndarray:
+    """Winograd output transform of ``mw`` (alpha*alpha, Cout, P) at tiles p0.. into ``out`` (Cout, OH, OW) + bias,
+    then + ``res`` (out's shape, contiguous) and the native activation ``act``, fused per channel."""
     cout, oh, ow = out.shape
     alpha = at.shape[1]
     if mw.shape[:2] != (alpha * alpha, cout) or mw.shape[2] < p0 + th * tw:
         raise ValueError(f"winograd_output: m shape {mw.shape} for alpha {alpha}, {cout} channels, {th * tw} tiles")
+    if res is not None and res.shape != out.shape:
+        raise ValueError(f"winograd_output: residual shape {res.shape}, expected {out.shape}")
+    code, a0, a1 = _act_code(act)  # raises for an activation the C epilogue does not know
     if not AVAILABLE:
-        return numpy_winograd_output(mw, th, tw, m, at, bias, out, p0)
+        return numpy_winograd_output(mw, th, tw, m, at, bias, out, p0, res, act)
     _check(mw, "m", contiguous=False)
     _check(at, "at")
     _check(out, "out")
@@ -322,9 +330,11 @@ def winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bi
         raise ValueError("winograd_output: m's last axis must be contiguous")
     ldpos, ldc = mw.strides[0] // 4, mw.strides[1] // 4
 
-    if lib.inferd_winograd_output(_rawptr(mw), cout, oh, ow, th, tw, m, alpha, _ptr(at),
-                                  ffi.NULL if bias is None else _ptr(bias), _ptr(out),
-                                  ldpos, ldc, p0) != 0:
+    if res is not None:
+        _check(res, "res")
+    if lib.inferd_winograd_output_ex(_rawptr(mw), cout, oh, ow, th, tw, m, alpha, _ptr(at),
+                                     ffi.NULL if bias is None else _ptr(bias), _ptr(out),
+                                     ldpos, ldc, p0, _opt(res), code, a0, a1) != 0:
         raise MemoryError("winograd_output: out of memory")
     return out
 

@@ -30,6 +30,11 @@ int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, i
    Returns 0, or -1 if out of memory. */
 int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
                             const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0);
+/* The same, then per channel (Cout, OH, OW contiguous) the residual res (same layout, or NULL) and the activation
+   (the codes of inferd_bias_act) while the plane is still in cache. */
+int inferd_winograd_output_ex(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
+                              const float* AT, const float* bias, float* y, long long ldpos, long long ldc,
+                              long long p0, const float* res, int act, float ap0, float ap1);
 
 /* In-place epilogue over C rows of HW floats: y[c*ldy + k] = act(y[c*ldy + k] + bias[c] + res[c*ldr + k]).
    bias/res may be NULL. act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(alpha = p0), 4 Sigmoid, 5 SiLU,

@@ -654,6 +654,19 @@ def test_native_winograd_transforms(cls) -> None:
         native.winograd_output(mw, th, tw, k.m, k.at, bias, y1, 1)
         y2 = native.numpy_winograd_output(mw, th, tw, k.m, k.at, bias, np.empty_like(y1), 1)
         assert np.allclose(y1, y2, atol=1e-4)
+        # the fused epilogue: + residual, then the activation, per channel
+        res = rng.standard_normal(y1.shape, dtype=F32)
+        for act in (("Relu", ()), ("Clip", (-0.5, 0.7)), ("HardSwish", ())):
+            y3 = np.full_like(y1, np.nan)
+            native.winograd_output(mw, th, tw, k.m, k.at, bias, y3, 1, res, act)
+            want = y2 + res
+            apply_act(want, act)
+            assert np.allclose(y3, want, atol=1e-4), act
+            y4 = native.numpy_winograd_output(mw, th, tw, k.m, k.at, bias, np.empty_like(y1), 1, res, act)
+            assert np.allclose(y4, want, atol=1e-4), act
+        y5 = np.full_like(y1, np.nan)
+        native.winograd_output(mw, th, tw, k.m, k.at, None, y5, 1, None, ("Relu", ()))
+        assert np.allclose(y5, np.maximum(y2 - bias[:, None, None], 0), atol=1e-4)
 
 
 @needs_native
@@ -794,6 +807,15 @@ int main(void){
         double s = it % 2 ? b[c] : 0; for (int a = 0; a < alpha; ++a) for (int bb = 0; bb < alpha; ++bb) s += (double)AT[i * alpha + a] * V[((size_t)(a * alpha + bb) * C + c) * PT + 1 + ti * tW + tj] * AT[j * alpha + bb];
         yor[((size_t)c * OH2 + oh) * OW2 + ow] = (float)s; }
       check("winograd_output", maxdiff(yo, yor, (size_t)C * OH2 * OW2), 1e-3, it);
+      { /* the fused form: + residual, then a ReLU */
+        /* filled without rnd(): the later checks keep their inputs */
+        float* rz = malloc(sizeof(float) * ((size_t)C * OH2 * OW2 + 1)); float* yx = malloc(sizeof(float) * ((size_t)C * OH2 * OW2 + 1));
+        for (size_t q = 0; q < (size_t)C * OH2 * OW2; ++q) rz[q] = 0.3f * (float)((int)(q % 7) - 3);
+        inferd_winograd_output_ex(V, C, OH2, OW2, tH, tW, mm, alpha, AT, it % 2 ? b : NULL, yx, (long long)C * PT, (long long)PT, 1, rz, 1, 0.0f, 0.0f);
+        for (size_t q = 0; q < (size_t)C * OH2 * OW2; ++q) { float v = yor[q] + rz[q]; yor[q] = v < 0 ? 0 : v; }
+        check("winograd_output_ex", maxdiff(yx, yor, (size_t)C * OH2 * OW2), 1e-3, it);
+        free(rz); free(yx);
+      }
       free(V); free(Vr); free(yo); free(yor);
     }
     float* e = buf((size_t)C * P); float* er = malloc(sizeof(float) * C * P); float* res = buf((size_t)C * P); memcpy(er, e, sizeof(float) * C * P);

@@ -921,6 +921,11 @@ class WinogradKernel(_ConvKernelBase):
         y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
         vbuf = scratch(0, a2 * g.cin * band * tw)
         mbuf = scratch(1, a2 * g.cout * band * tw)
+        # residual and activation in the output transform (per channel, while the plane is in cache) when the
+        # image is one band, the activation native and the residual of the output's shape; else one pass after
+        fuse = (band >= th and (act is None or act[0] in native.NATIVE_ACTS)
+                and (res is None or (res.shape == o.y.shape and res.dtype == F32)))
+        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if fuse and res is not None else None
         for i in range(g.n):
             for t0 in range(0, th, band):
                 nb = min(band, th - t0)
@@ -931,12 +936,14 @@ class WinogradKernel(_ConvKernelBase):
                 native.gemm(params["w"], g.cout, v, mm)
                 r0, r1 = t0 * m, min(g.oh, (t0 + nb) * m)
                 if r0 == 0 and r1 == g.oh:
-                    native.winograd_output(mm, nb, tw, m, self.at, bias, y4[i], 0)
+                    native.winograd_output(mm, nb, tw, m, self.at, bias, y4[i], 0,
+                                           r4[i] if r4 is not None else None, act if fuse else None)
                 else:
                     band_out = scratch(2, g.cout * (r1 - r0) * g.ow).reshape(g.cout, r1 - r0, g.ow)
                     native.winograd_output(mm, nb, tw, m, self.at, bias, band_out, 0)
                     y4[i, :, r0:r1] = band_out
-        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
+        if not fuse:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
         o.close()
 
 
