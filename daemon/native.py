@@ -21,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 12
+ABI = 13
 
 ffi: Any = None
 lib: Any = None
@@ -293,7 +293,8 @@ def winograd_input(x: np.ndarray, pt: int, pl: int, th: int, tw: int, m: int, bt
 
 
 def numpy_winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bias: np.ndarray | None,
-                          out: np.ndarray, p0: int) -> np.ndarray:
+                          out: np.ndarray, p0: int, res: np.ndarray | None = None,
+                          act: Act | None = None) -> np.ndarray:
     cout, oh, ow = out.shape
     alpha = at.shape[1]
     mt = mw[:, :, p0: p0 + th * tw].reshape(alpha, alpha, cout, th, tw)
@@ -301,18 +302,25 @@ def numpy_winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarr
     out[...] = y[:, :oh, :ow]
     if bias is not None:
         out += bias.reshape(-1, 1, 1)
+    if res is not None or act is not None:
+        numpy_bias_act(out, None, res, act)
     return out
 
 
 def winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bias: np.ndarray | None,
-                    out: np.ndarray, p0: int = 0) -> np.ndarray:
-    """Winograd output transform of ``mw`` (alpha*alpha, Cout, P) at tiles p0.. into ``out`` (Cout, OH, OW) + bias."""
+                    out: np.ndarray, p0: int = 0, res: np.ndarray | None = None,
+                    act: Act | None = None) -> np.ndarray:
+    """Winograd output transform of ``mw`` (alpha*alpha, Cout, P) at tiles p0.. into ``out`` (Cout, OH, OW) + bias,
+    then + ``res`` (out's shape, contiguous) and the native activation ``act``, fused per channel."""
     cout, oh, ow = out.shape
     alpha = at.shape[1]
     if mw.shape[:2] != (alpha * alpha, cout) or mw.shape[2] < p0 + th * tw:
         raise ValueError(f"winograd_output: m shape {mw.shape} for alpha {alpha}, {cout} channels, {th * tw} tiles")
+    if res is not None and res.shape != out.shape:
+        raise ValueError(f"winograd_output: residual shape {res.shape}, expected {out.shape}")
+    code, a0, a1 = _act_code(act)  # raises for an activation the C epilogue does not know
     if not AVAILABLE:
-        return numpy_winograd_output(mw, th, tw, m, at, bias, out, p0)
+        return numpy_winograd_output(mw, th, tw, m, at, bias, out, p0, res, act)
     _check(mw, "m", contiguous=False)
     _check(at, "at")
     _check(out, "out")
@@ -322,9 +330,11 @@ def winograd_output(mw: np.ndarray, th: int, tw: int, m: int, at: np.ndarray, bi
         raise ValueError("winograd_output: m's last axis must be contiguous")
     ldpos, ldc = mw.strides[0] // 4, mw.strides[1] // 4
 
-    if lib.inferd_winograd_output(_rawptr(mw), cout, oh, ow, th, tw, m, alpha, _ptr(at),
-                                  ffi.NULL if bias is None else _ptr(bias), _ptr(out),
-                                  ldpos, ldc, p0) != 0:
+    if res is not None:
+        _check(res, "res")
+    if lib.inferd_winograd_output_ex(_rawptr(mw), cout, oh, ow, th, tw, m, alpha, _ptr(at),
+                                     ffi.NULL if bias is None else _ptr(bias), _ptr(out),
+                                     ldpos, ldc, p0, _opt(res), code, a0, a1) != 0:
         raise MemoryError("winograd_output: out of memory")
     return out
 
@@ -596,6 +606,39 @@ def _gemm_args(aps: np.ndarray, m: int, k: int, n: int, nb: int, bs: np.ndarray,
             _rawptr(cs), sc[1], sc[2], sc[0], bias, m, 0, r, r_bs, code, p0, p1, max_threads)
 
 
+def numpy_gemm_koff(a: np.ndarray, xflat: np.ndarray, boff: np.ndarray, coff: np.ndarray) -> np.ndarray:
+    """The reference of :func:`gemm_koff` without bias/residual/activation: ``a @ xflat[boff[:, None] + coff]``."""
+    return (a.astype(np.float64) @ xflat[boff[:, None] + coff[None, :]].astype(np.float64)).astype(F32)
+
+
+def gemm_koff(ap: np.ndarray, m: int, xflat: np.ndarray, boff: np.ndarray, coff: np.ndarray, c: np.ndarray,
+              bias: np.ndarray | None = None, res: np.ndarray | None = None, act: Act | None = None,
+              max_threads: int = 0) -> np.ndarray:
+    """``c = act(A @ B + bias[:, None] + res)`` with A packed by :func:`gemm_pack_a` (``m`` rows) and B never stored:
+    ``B[k, n] = xflat[boff[k] + coff[n]]`` (an implicit im2col). ``c``/``res`` (M, N) C-contiguous float32;
+    ``boff``/``coff`` int64 offsets that must lie inside ``xflat`` (checked)."""
+    k, n = boff.size, coff.size
+    if ap.shape != gemm_packed_shape(m, k) or c.shape != (m, n) or (res is not None and res.shape != c.shape):
+        raise ValueError(f"gemm_koff: packed A {ap.shape} (m={m}), {k} row and {n} column offsets, c {c.shape}")
+    if boff.dtype != np.int64 or coff.dtype != np.int64 or not (boff.flags.c_contiguous and coff.flags.c_contiguous):
+        raise ValueError("gemm_koff: offsets must be contiguous int64")
+    if k and n and (int(boff.min()) + int(coff.min()) < 0 or int(boff.max()) + int(coff.max()) >= xflat.size):
+        raise ValueError("gemm_koff: an offset points outside the input")
+    if not AVAILABLE or xflat.dtype != F32 or c.dtype != F32 or not c.flags.c_contiguous or \
+            (res is not None and (res.dtype != F32 or not res.flags.c_contiguous)) or not xflat.flags.c_contiguous:
+        y = numpy_gemm_koff(gemm_unpack_a(ap, m), np.asarray(xflat, F32).ravel(), boff, coff)
+        c[...] = numpy_bias_act(y, bias, res, act) if (bias is not None or res is not None or act is not None) else y
+        return c
+    code, p0, p1 = _act_code(act)
+    b2 = None if bias is None else np.ascontiguousarray(bias, F32).reshape(m)
+    rc = lib.inferd_gemm_koff(_ptr(ap), m, k, n, _ptr(xflat), ffi.cast("const long long*", boff.ctypes.data),
+                              ffi.cast("const long long*", coff.ctypes.data), _ptr(c), n, _opt(b2), _opt(res), code,
+                              p0, p1, max_threads)
+    if rc != 0:
+        raise MemoryError("gemm_koff: out of memory")
+    return c
+
+
 def fma_peak(threads: int | None = None, seconds: float = 0.2) -> float:
     """FLOP/s the cores reach on independent FMA chains in their widest vectors (``threads`` pool threads,
     default all): the measured peak a roofline divides by. 0.0 without native code."""
@@ -799,8 +842,11 @@ def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 #: Below this many columns (pixels, Winograd tiles) a layer's weights are packed in the B form (see
-#: :func:`_gemm_args`): measured on Zen 4, 512->512 3x3 on a 7x7 map ran 1.5x faster that way.
-GEMM_BFORM_MAX_COLS = 64
+#: :func:`_gemm_args`). It was 64 while a ragged column panel cost a whole zero-padded 32-column panel (then
+#: 512->512 3x3 on a 7x7 map ran 1.5x faster in the B form); since the GEMM runs the ragged panel as single
+#: vectors plus a column tail, the A form wins from 16 columns on (Zen 4, one thread, Winograd F(2,3): 512->512
+#: on 7x7, 16 tiles, 4.2 -> 2.3 ms; 256->256 on 14x14, 49 tiles, 2.3 -> 1.7 ms; 64->256 on 13x13 0.61 -> 0.48).
+GEMM_BFORM_MAX_COLS = 8
 
 
 def pack_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
@@ -823,10 +869,11 @@ def packed_weights_nbytes(groups: int, m: int, k: int, ncols: int) -> int:
     return groups * int(np.prod(shape)) * 4
 
 
-#: Upper bound of the native GEMM's per-thread packing scratch (native/gemm.c: kc <= 256 rows of the 512-column
-#: B block plus one 8-row A panel), allocated on a thread's first GEMM and kept for its life. Not part of any
-#: layer's workspace_nbytes: the memory planner counts it once per pool thread.
-GEMM_SCRATCH_BYTES_PER_THREAD = (256 * 512 + 8 * 256 + 1) * 4
+#: Upper bound of the native GEMM's per-thread packing scratch (native/gemm.c: a B block of at most 256 x 512
+#: floats -- kc up to 1024 only for correspondingly fewer columns -- plus one 8-row A panel of kc <= 1024),
+#: allocated on a thread's first GEMM and kept for its life. Not part of any layer's workspace_nbytes: the memory
+#: planner counts it once per pool thread.
+GEMM_SCRATCH_BYTES_PER_THREAD = (256 * 512 + 8 * 1024 + 1) * 4
 
 
 def native_scratch_bytes() -> int:

@@ -674,7 +674,8 @@ static int winograd_input_range(const float* x, int C, int H, int W, int pt, int
    phases are interleaved into the image rows, cropped to (OH, OW). */
 INFERD_CLONES
 static int winograd_output_range(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
-                           const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0)
+                           const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0,
+                           const float* res, int act, float ap0, float ap1)
 {
     const ptrdiff_t P = (ptrdiff_t)tH * tW;
     float* S = (float*)malloc(sizeof(float) * ((size_t)m * alpha * P + (size_t)m * m * P));
@@ -734,6 +735,16 @@ static int winograd_output_range(const float* Mw, int Cout, int OH, int OW, int 
                 }
                 for (int ow = full * m; ow < OW; ++ow) row[ow] = Yi[(size_t)(ow % m) * P + ow / m];
             }
+        }
+        /* the fused epilogue while the channel's plane is still in L1/L2 (a separate pass read it back from
+           memory): residual, then the activation */
+        if (res || act) {
+            const size_t n = (size_t)OH * OW;
+            if (res) {
+                const float* restrict rc = res + (size_t)co * n;
+                for (size_t q = 0; q < n; ++q) yc[q] += rc[q];
+            }
+            act_inplace(yc, (ptrdiff_t)n, act, ap0, ap1);
         }
     }
     free(S);
@@ -993,6 +1004,9 @@ typedef struct {
     float* y;
     long long ldpos, ldc, p0;
     int n, failed;
+    const float* res;
+    int act;
+    float ap0, ap1;
 } wo_job;
 
 static void wo_task(void* p, long long t)
@@ -1001,14 +1015,24 @@ static void wo_task(void* p, long long t)
     const int lo = CH_LO(j->Cout, j->n, t), hi = CH_LO(j->Cout, j->n, t + 1);
     if (hi > lo && winograd_output_range(j->Mw + (ptrdiff_t)lo * j->ldc, hi - lo, j->OH, j->OW, j->tH, j->tW, j->m,
                                          j->alpha, j->AT, j->bias ? j->bias + lo : NULL,
-                                         j->y + (size_t)lo * j->OH * j->OW, j->ldpos, j->ldc, j->p0) != 0)
+                                         j->y + (size_t)lo * j->OH * j->OW, j->ldpos, j->ldc, j->p0,
+                                         j->res ? j->res + (size_t)lo * j->OH * j->OW : NULL, j->act, j->ap0,
+                                         j->ap1) != 0)
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
 }
 
 int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
                            const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0)
 {
-    wo_job j = {Mw, Cout, OH, OW, tH, tW, m, alpha, AT, bias, y, ldpos, ldc, p0, 0, 0};
+    return inferd_winograd_output_ex(Mw, Cout, OH, OW, tH, tW, m, alpha, AT, bias, y, ldpos, ldc, p0, NULL, 0, 0.0f,
+                                     0.0f);
+}
+
+int inferd_winograd_output_ex(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
+                              const float* AT, const float* bias, float* y, long long ldpos, long long ldc,
+                              long long p0, const float* res, int act, float ap0, float ap1)
+{
+    wo_job j = {Mw, Cout, OH, OW, tH, tW, m, alpha, AT, bias, y, ldpos, ldc, p0, 0, 0, res, act, ap0, ap1};
     j.n = inferd_pool_chunks(Cout, (double)Cout * OH * OW * alpha);
     inferd_parallel(wo_task, &j, j.n, 0);
     return j.failed ? -1 : 0;

@@ -38,6 +38,11 @@ int inferd_winograd_input(const float* x, int C, int H, int W, int pt, int pl, i
    Returns 0, or -1 if out of memory. */
 int inferd_winograd_output(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
                             const float* AT, const float* bias, float* y, long long ldpos, long long ldc, long long p0);
+/* The same, then per channel (Cout, OH, OW contiguous) the residual res (same layout, or NULL) and the activation
+   (the codes of inferd_bias_act) while the plane is still in cache. */
+int inferd_winograd_output_ex(const float* Mw, int Cout, int OH, int OW, int tH, int tW, int m, int alpha,
+                              const float* AT, const float* bias, float* y, long long ldpos, long long ldc,
+                              long long p0, const float* res, int act, float ap0, float ap1);
 
 /* In-place epilogue over C rows of HW floats: y[c*ldy + k] = act(y[c*ldy + k] + bias[c] + res[c*ldr + k]).
    bias/res may be NULL. act: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(alpha = p0), 4 Sigmoid, 5 SiLU,
@@ -105,6 +110,12 @@ int inferd_gemm_ex(int M, int K, int N, int batch, const float* a, long long asm
                    int a_packed, const float* b, long long bsk, long long bsn, long long b_bs, int b_packed, float* c,
                    long long csm, long long csn, long long c_bs, const float* bias, long long bias_bs, int bias_cols,
                    const float* r, long long r_bs, int act, float p0, float p1, int max_threads);
+/* C = act(A B + bias + R), A packed (inferd_gemm_pack_a), B's element (k, n) at b[boff[k] + coff[n]] (an implicit
+   im2col: a convolution's column matrix read from the input, never stored), bias one per row, C and R rows at
+   pitch csm with contiguous columns. -1 when an offset table is NULL or out of memory. */
+int inferd_gemm_koff(const float* ap, int M, int K, int N, const float* b, const long long* boff,
+                     const long long* coff, float* c, long long csm, const float* bias, const float* r, int act,
+                     float p0, float p1, int max_threads);
 
 /* ---- row-wise kernels (rows.c), over the last (contiguous) axis of rows x n floats; y may be x ---- */
 /* Softmax (log_ = 0) or LogSoftmax (log_ = 1) of each row. */

@@ -114,6 +114,14 @@ CONV_CASES: list[tuple[str, tuple[int, ...], int, tuple[int, ...], dict[str, Any
     ("1d_1x1", (1, 4, 15), 6, (1,), {}, True),
     ("1d_same_dil", (1, 3, 16), 4, (2,), dict(auto_pad="SAME_UPPER", dilations=[3]), False),
     ("3d", (1, 2, 5, 6, 7), 3, (3, 3, 3), dict(pads=[1, 0, 1, 1, 1, 0], strides=[1, 2, 1]), True),
+    # Cin >= 8: the implicit-im2col GEMM applies too (channels off the vector width, odd maps, every pad side)
+    ("impl_s21_d21", (1, 9, 11, 10), 7, (3, 3), dict(strides=[2, 1], dilations=[2, 1], pads=[2, 1, 1, 2]), True),
+    ("impl_5x3_b2", (2, 10, 12, 11), 5, (5, 3), dict(dilations=[1, 2], pads=[2, 0, 1, 2]), True),
+    ("impl_1x1_pad", (1, 12, 5, 5), 17, (1, 1), dict(pads=[1, 0, 0, 1]), True),
+    ("impl_1d", (2, 9, 19), 6, (3,), dict(pads=[1, 2], strides=[2]), True),
+    ("impl_valid_s32", (1, 33, 13, 9), 19, (2, 2), dict(strides=[3, 2]), False),
+    ("impl_same_upper", (1, 8, 7, 9), 40, (3, 3), dict(auto_pad="SAME_UPPER", strides=[2, 2]), True),
+    ("impl_1x1_map", (1, 20, 1, 1), 9, (3, 3), dict(pads=[1, 1, 1, 1]), True),
 ]
 
 # onnxruntime refuses dilation with SAME_*: it gets the explicit pads the ONNX spec gives (odd totals, so the
@@ -139,6 +147,8 @@ def expected_conv_kernels(xshape: tuple[int, ...], cout: int, k: tuple[int, ...]
         out.add("im2col_tiled")
     if all(v == 1 for v in k) and not any(pads) and attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
         out.add("conv1x1")
+    if g == 1 and cin >= 8 and "conv1x1" not in out:
+        out.add("implicit")
     if nsp == 2 and k == (3, 3) and list(s) == [1, 1] and list(d) == [1, 1] and g == 1:
         out |= {"winograd23", "winograd43"}
     if g == cin > 1 and cout % cin == 0:
@@ -182,6 +192,7 @@ def test_default_kernel_choice() -> None:
     assert pick((1, 3, 32, 32), 16, (7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3])) == "im2col_tiled"
     assert pick((1, 64, 14, 14), 16, (3, 3), dict(strides=[2, 2])) == "im2col"
     assert pick((1, 8, 14, 14), 16, (3, 3), dict(strides=[2, 2], group=2)) == "im2col"
+    # im2col stays the default GEMM conv beyond the stems (the implicit one is a measured alternative after it)
     # the measured rule (preferred_3x3_kernel): few input channels -> im2col(_tiled), else Winograd by size
     assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col_tiled"
     assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
@@ -428,9 +439,10 @@ def test_float16_weights_are_cast_by_transform() -> None:
 def test_workspace_sizes() -> None:
     layer, _ = _layer((1, 8, 9, 7), 6, (3, 3), dict(pads=[1, 1, 1, 1]))
     assert kernel("Conv", "im2col").workspace_nbytes(layer) == 8 * 9 * 9 * 7 * 4
-    # packed for the native GEMM; few tiles (20 here) take the B form: per position 8 inputs x 96 columns
-    # (6 output channels padded to a panel)
-    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 8 * 96 * 4 + 6 * 4
+    # packed for the native GEMM; F(2,3)'s 20 tiles take the A form (6 output channels in one 8-row panel x 8
+    # inputs per position), F(4,3)'s 6 tiles (fewer than GEMM_BFORM_MAX_COLS) the B form: per position 8 inputs x
+    # 96 columns (6 output channels padded to a panel)
+    assert kernel("Conv", "winograd23").transformed_nbytes(layer) == 16 * 8 * 8 * 4 + 6 * 4
     assert kernel("Conv", "winograd43").transformed_nbytes(layer) == 36 * 8 * 96 * 4 + 6 * 4
     big, _ = _layer((1, 8, 40, 40), 6, (3, 3), dict(pads=[1, 1, 1, 1]))  # 400 tiles: the A form, 8-row panels
     assert kernel("Conv", "winograd23").transformed_nbytes(big) == 16 * 8 * 8 * 4 + 6 * 4
@@ -651,6 +663,19 @@ def test_native_winograd_transforms(cls) -> None:
         native.winograd_output(mw, th, tw, k.m, k.at, bias, y1, 1)
         y2 = native.numpy_winograd_output(mw, th, tw, k.m, k.at, bias, np.empty_like(y1), 1)
         assert np.allclose(y1, y2, atol=1e-4)
+        # the fused epilogue: + residual, then the activation, per channel
+        res = rng.standard_normal(y1.shape, dtype=F32)
+        for act in (("Relu", ()), ("Clip", (-0.5, 0.7)), ("HardSwish", ())):
+            y3 = np.full_like(y1, np.nan)
+            native.winograd_output(mw, th, tw, k.m, k.at, bias, y3, 1, res, act)
+            want = y2 + res
+            apply_act(want, act)
+            assert np.allclose(y3, want, atol=1e-4), act
+            y4 = native.numpy_winograd_output(mw, th, tw, k.m, k.at, bias, np.empty_like(y1), 1, res, act)
+            assert np.allclose(y4, want, atol=1e-4), act
+        y5 = np.full_like(y1, np.nan)
+        native.winograd_output(mw, th, tw, k.m, k.at, None, y5, 1, None, ("Relu", ()))
+        assert np.allclose(y5, np.maximum(y2 - bias[:, None, None], 0), atol=1e-4)
 
 
 @needs_native
@@ -712,7 +737,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 12
+    assert native.ABI == 13
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
@@ -813,6 +838,15 @@ int main(void){
         double s = it % 2 ? b[c] : 0; for (int a = 0; a < alpha; ++a) for (int bb = 0; bb < alpha; ++bb) s += (double)AT[i * alpha + a] * V[((size_t)(a * alpha + bb) * C + c) * PT + 1 + ti * tW + tj] * AT[j * alpha + bb];
         yor[((size_t)c * OH2 + oh) * OW2 + ow] = (float)s; }
       check("winograd_output", maxdiff(yo, yor, (size_t)C * OH2 * OW2), 1e-3, it);
+      { /* the fused form: + residual, then a ReLU */
+        /* filled without rnd(): the later checks keep their inputs */
+        float* rz = malloc(sizeof(float) * ((size_t)C * OH2 * OW2 + 1)); float* yx = malloc(sizeof(float) * ((size_t)C * OH2 * OW2 + 1));
+        for (size_t q = 0; q < (size_t)C * OH2 * OW2; ++q) rz[q] = 0.3f * (float)((int)(q % 7) - 3);
+        inferd_winograd_output_ex(V, C, OH2, OW2, tH, tW, mm, alpha, AT, it % 2 ? b : NULL, yx, (long long)C * PT, (long long)PT, 1, rz, 1, 0.0f, 0.0f);
+        for (size_t q = 0; q < (size_t)C * OH2 * OW2; ++q) { float v = yor[q] + rz[q]; yor[q] = v < 0 ? 0 : v; }
+        check("winograd_output_ex", maxdiff(yx, yor, (size_t)C * OH2 * OW2), 1e-3, it);
+        free(rz); free(yx);
+      }
       free(V); free(Vr); free(yo); free(yor);
     }
     float* e = buf((size_t)C * P); float* er = malloc(sizeof(float) * C * P); float* res = buf((size_t)C * P); memcpy(er, e, sizeof(float) * C * P);
@@ -825,6 +859,8 @@ int main(void){
   for (int it = 0; it < 300; ++it) { /* packed GEMM, both store layouts, every epilogue, against naive loops */
     int M = irand(1, 40), K = irand(0, 300), N = irand(1, 70), tr = irand(0, 1), act = irand(0, 7), hasb = irand(0, 1), hasr = irand(0, 1);
     if (it % 5 == 0) N = irand(1, 4); /* the GEMV path */
+    /* several K blocks under a ragged last panel (drawn without irand: the later checks keep their inputs) */
+    if (it % 15 == 1) { K = 600 + (it * 37) % 900; N = 130 + (it * 53) % 170; }
     float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
     float* A = buf((size_t)M * K + 1); float* B = buf((size_t)K * N + 1); float* bias = buf((size_t)M); float* R = buf((size_t)M * N);
     float* ap = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_size(M, K) + 1));
@@ -851,6 +887,27 @@ int main(void){
       free(bp); free(Cl); free(Cl2); free(bc);
     }
     free(A); free(B); free(bias); free(R); free(ap); free(Cc); free(Cr);
+  }
+  for (int it = 0; it < 60; ++it) { /* the implicit-im2col GEMM: B(k, n) = xp[boff[k] + coff[n]] (ragged, K blocks) */
+    int C = 1 + (it * 7) % 40, kh = 1 + it % 3, kw = 1 + (it / 3) % 3, sh = 1 + it % 2, sw = 1 + (it / 2) % 3, dh = 1 + (it / 5) % 2, dw = 1;
+    int OH = 1 + (it * 5) % 9, OW = 1 + (it * 11) % 23, M = 1 + (it * 13) % 37, act = it % 8, hasr = it % 3 == 0;
+    int Hp = (OH - 1) * sh + (kh - 1) * dh + 1 + it % 2, Wp = (OW - 1) * sw + (kw - 1) * dw + 1, K = C * kh * kw, N = OH * OW;
+    float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
+    float* xp = buf((size_t)C * Hp * Wp); float* A = buf((size_t)M * K); float* bias = buf((size_t)M); float* R = buf((size_t)M * N);
+    long long* boff = malloc(sizeof(long long) * (size_t)K); long long* coff = malloc(sizeof(long long) * (size_t)N);
+    for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) boff[(c * kh + i) * kw + j] = (long long)c * Hp * Wp + (long long)i * dh * Wp + j * dw;
+    for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) coff[oh * OW + ow] = (long long)oh * sh * Wp + (long long)ow * sw;
+    float* ap = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_size(M, K) + 1));
+    inferd_gemm_pack_a(A, K, 1, M, K, ap);
+    float* Cc = buf((size_t)M * N); float* Cr = malloc(sizeof(float) * (size_t)M * N);
+    if (inferd_gemm_koff(ap, M, K, N, xp, boff, coff, Cc, N, bias, hasr ? R : NULL, act, p0, p1, 0)) { printf("oom\n"); return 1; }
+    for (int m = 0; m < M; ++m) for (int n = 0; n < N; ++n) { double acc = bias[m];
+      for (int k = 0; k < K; ++k) acc += (double)A[(size_t)m * K + k] * xp[boff[k] + coff[n]];
+      if (hasr) acc += R[(size_t)m * N + n];
+      Cr[(size_t)m * N + n] = actf((float)acc, act, p0, p1); }
+    check("gemm_koff", maxdiff(Cc, Cr, (size_t)M * N), 1e-3, it);
+    check("gemm_koff null", inferd_gemm_koff(ap, M, K, N, xp, NULL, coff, Cc, N, NULL, NULL, 0, 0, 0, 0) == -1 ? 0 : 1, 0, it);
+    free(xp); free(A); free(bias); free(R); free(boff); free(coff); free(ap); free(Cc); free(Cr);
   }
   for (int it = 0; it < 300; ++it) { /* 2-D max / average pooling against a naive window loop */
     /* widths up to 70: the row passes' 16-float blocks, their overlap with the next row and the last row */

@@ -20,7 +20,10 @@ F32 = np.float32
 
 ACTS = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)), ("Sigmoid", ()), ("SiLU", ()),
         ("HardSwish", ()), ("HardSigmoid", (0.2, 0.5))]
-SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40, 1, 3), (33, 129, 65), (7, 0, 9)]
+SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40, 1, 3), (33, 129, 65), (7, 0, 9),
+          # ragged last column panels (whole vectors, then 8/4/2/1-column tails), across K blocks, B read in place
+          # (M <= 32) and packed (long rows, M > 32)
+          (16, 600, 49), (9, 300, 47), (72, 20, 601), (40, 530, 31), (17, 5, 15), (24, 700, 530)]
 
 
 def _ref(a: np.ndarray, b: np.ndarray, bias, res, act) -> np.ndarray:
@@ -338,3 +341,53 @@ def _timed(fn, time) -> float:  # noqa: ANN001
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
+
+
+@pytest.mark.parametrize("isa_level", _levels(), indirect=True)
+@pytest.mark.parametrize("shape", [(5, 3, 2, 2, 7, 9, 2, 1), (37, 20, 3, 3, 13, 11, 1, 2), (64, 130, 3, 3, 7, 7, 1, 1),
+                                   (9, 8, 1, 1, 1, 1, 1, 1), (24, 300, 1, 3, 9, 49, 2, 1)], ids=str)
+def test_gemm_koff_matches_numpy(isa_level: int, shape) -> None:
+    """The implicit-im2col GEMM (B gathered through row and column offset tables) against numpy, with bias, residual
+    and activation, on each micro-kernel level (ragged last panels, K blocks, strided columns)."""
+    m, cin, kh, kw, oh, ow, sh, sw = shape
+    hp, wp = (oh - 1) * sh + kh + 1, (ow - 1) * sw + kw
+    rng = np.random.default_rng(m + cin + oh)
+    xp = rng.standard_normal(cin * hp * wp, dtype=F32)
+    a = rng.standard_normal((m, cin * kh * kw), dtype=F32)
+    bias = rng.standard_normal(m, dtype=F32)
+    res = rng.standard_normal((m, oh * ow), dtype=F32)
+    boff = (np.arange(cin)[:, None, None] * hp * wp + np.arange(kh)[None, :, None] * wp
+            + np.arange(kw)[None, None, :]).reshape(-1).astype(np.int64)
+    coff = (np.arange(oh)[:, None] * sh * wp + np.arange(ow)[None, :] * sw).reshape(-1).astype(np.int64)
+    ap = native.gemm_pack_a(a)
+    col = xp[boff[:, None] + coff[None, :]]
+    for act in (None, ("Relu", ()), ("HardSwish", ())):
+        for use_res in (False, True):
+            c = np.full((m, oh * ow), np.nan, F32)
+            native.gemm_koff(ap, m, xp, boff, coff, c, bias, res if use_res else None, act)
+            want = _ref(a, col, bias, res if use_res else None, act)
+            tol = 2e-5 * max(1.0, np.sqrt(cin * kh * kw))
+            assert np.allclose(c, want, rtol=tol, atol=tol), (shape, act, use_res)
+
+
+def test_gemm_koff_rejects_offsets_outside_the_input() -> None:
+    ap = native.gemm_pack_a(np.ones((2, 3), F32))
+    x = np.ones(10, F32)
+    with pytest.raises(ValueError, match="outside"):
+        native.gemm_koff(ap, 2, x, np.array([0, 1, 9], np.int64), np.array([0, 1], np.int64), np.empty((2, 2), F32))
+    with pytest.raises(ValueError, match="int64"):
+        native.gemm_koff(ap, 2, x, np.array([0, 1, 2], np.int32), np.array([0, 1], np.int64), np.empty((2, 2), F32))
+
+
+def test_gemm_koff_numpy_fallback(monkeypatch) -> None:
+    """Without the native library gemm_koff computes the same product (its numpy twin)."""
+    rng = np.random.default_rng(5)
+    a, x = rng.standard_normal((11, 6), dtype=F32), rng.standard_normal(40, dtype=F32)
+    boff, coff = np.array([0, 3, 5, 8, 13, 21], np.int64), np.array([0, 2, 4, 7, 11], np.int64)
+    bias = rng.standard_normal(11, dtype=F32)
+    ap = native.gemm_pack_a(a)
+    fast = native.gemm_koff(ap, 11, x, boff, coff, np.empty((11, 5), F32), bias, None, ("Relu", ()))
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    slow = native.gemm_koff(ap, 11, x, boff, coff, np.empty((11, 5), F32), bias, None, ("Relu", ()))
+    want = np.maximum(a.astype(np.float64) @ x[boff[:, None] + coff[None, :]] + bias[:, None], 0)
+    assert np.allclose(fast, want, atol=1e-5) and np.allclose(slow, want, atol=1e-5)

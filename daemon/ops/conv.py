@@ -18,6 +18,9 @@ docstring and :func:`preferred_3x3_kernel`):
 * ``im2col_tiled`` (38): group 1, im2col + GEMM band by band of output rows (native/convtile.c); preferred up to
   C*kh*kw = ``TILED_MAX_K`` (the stems), where the column matrix costs more than the GEMM.
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
+* ``implicit`` (45, in :mod:`.conv_implicit`): group 1, Cin >= 8, anything 1-D/2-D but an unpadded 1x1: the GEMM
+  gathers its column blocks from the input through offset tables (no column matrix stored); a measured
+  alternative to im2col, not the default.
 * ``direct`` (90): the readable reference, any rank.
 
 ConvTranspose: ``col2im`` (40: GEMM then native scatter-add) and ``direct`` (90).
@@ -585,8 +588,8 @@ def pack_gemm_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
 
 
 #: Column count that selects the A form in pack_gemm_weights. The 1x1 and im2col convs always use it: measured on
-#: Zen 4, the B form made mobilenetv2's 7x7 1x1 convs 1.3-1.4x slower (short K, scattered stores) while it made
-#: Winograd on 7x7/14x14 maps (16-49 tiles, long K) up to 1.5x faster.
+#: Zen 4, the B form made mobilenetv2's 7x7 1x1 convs 1.3-1.4x slower (short K, scattered stores); Winograd takes
+#: the B form only below native.GEMM_BFORM_MAX_COLS tiles.
 A_FORM = 1 << 30
 
 
@@ -1129,6 +1132,11 @@ class WinogradKernel(_ConvKernelBase):
         y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
         vbuf = scratch(0, a2 * g.cin * band * tw)
         mbuf = scratch(1, a2 * g.cout * band * tw)
+        # residual and activation in the output transform (per channel, while the plane is in cache) when the
+        # image is one band, the activation native and the residual of the output's shape; else one pass after
+        fuse = (band >= th and (act is None or act[0] in native.NATIVE_ACTS)
+                and (res is None or (res.shape == o.y.shape and res.dtype == F32)))
+        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if fuse and res is not None else None
         for i in range(g.n):
             for t0 in range(0, th, band):
                 nb = min(band, th - t0)
@@ -1139,12 +1147,14 @@ class WinogradKernel(_ConvKernelBase):
                 native.gemm(params["w"], g.cout, v, mm)
                 r0, r1 = t0 * m, min(g.oh, (t0 + nb) * m)
                 if r0 == 0 and r1 == g.oh:
-                    native.winograd_output(mm, nb, tw, m, self.at, bias, y4[i], 0)
+                    native.winograd_output(mm, nb, tw, m, self.at, bias, y4[i], 0,
+                                           r4[i] if r4 is not None else None, act if fuse else None)
                 else:
                     band_out = scratch(2, g.cout * (r1 - r0) * g.ow).reshape(g.cout, r1 - r0, g.ow)
                     native.winograd_output(mm, nb, tw, m, self.at, bias, band_out, 0)
                     y4[i, :, r0:r1] = band_out
-        _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
+        if not fuse:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
         o.close()
 
 
