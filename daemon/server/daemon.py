@@ -39,7 +39,7 @@ from inferd_client import protocol as P
 from ..config import Config, ConfigError, load_config, parse_argv
 from . import auth
 from .auth import Peer, Policy
-from . import budget, streamed
+from . import budget, pressure, streamed
 from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
@@ -68,6 +68,8 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
 
 
 STATUS_PERIOD_S = 10.0
+#: how often the cgroup's memory.max / memory.high are read again between status periods (cheap: two files)
+CGROUP_PERIOD_S = 2.0
 PEER_CACHE_MAX = 4096  # distinct connections' verdicts remembered (one per client process on ipc)
 MAX_BATCH = 256  # messages handled per socket per loop turn, so neither socket starves the other
 IPC_PATH_MAX = 107  # sun_path
@@ -241,6 +243,14 @@ class Server:
         self._retired: list[ModelSlot] = []
         self.budget = config.memory_budget
         self.cgroup_limit: int | None = None  # the process's cgroup memory limit, as last read
+        self._cgroup_checked = 0.0
+        # memory pressure (PSI): a watcher thread counts trigger events, the main loop acts on them
+        self.pressure_cap = pressure.PressureCap()
+        self.pressure_watcher: pressure.PressureWatcher | None = None
+        self.pressure_source = ""  # the file watched, or why none is
+        self._pressure_hits = 0
+        self._pressure_seen = 0
+        self._wake_w: socket.socket | None = None
         self.limits = self._limits(config)
         self.policy = Policy.from_config(config)
         self.shares = ClientShares(config.max_inflight_per_client)
@@ -470,12 +480,64 @@ class Server:
         (read again each time: systemd and container runtimes change it while the board runs). ``rss`` and
         ``models`` (the process's RSS, its models' bytes) when the caller has them already."""
         self.cgroup_limit = budget.cgroup_memory_limit()
-        if self.cgroup_limit is None:
-            return self.budget
-        if models is None:
-            models = sum(s.memory_bytes() for s in self.slots.values())
-        return budget.effective_budget(self.budget, self.cgroup_limit,
-                                       (process_rss() if rss is None else rss) - models)
+        limit = self.budget
+        if self.cgroup_limit is not None:
+            if models is None:
+                models = sum(s.memory_bytes() for s in self.slots.values())
+            limit = budget.effective_budget(self.budget, self.cgroup_limit,
+                                            (process_rss() if rss is None else rss) - models)
+        # memory pressure caps it further until enough quiet time has passed
+        return pressure.apply_cap(limit, self.pressure_cap.current(time.monotonic(), ceiling=limit))
+
+    # ------------------------------------------------------------------ memory pressure and the cgroup
+
+    def start_pressure_watch(self) -> None:
+        """Watch memory pressure as ``memory_pressure`` says; where PSI is absent or a trigger is refused, say
+        why once and run without it."""
+        how = (self.config.memory_pressure or "auto").strip()
+        if how == "off":
+            self.pressure_source = "off"
+            return
+        w, what = pressure.start(self.on_memory_pressure, None if how == "auto" else how)
+        self.pressure_watcher = w
+        self.pressure_source = what if w is not None else f"not watched: {what}"
+        if w is None:
+            log.info("memory pressure not watched (%s); the cgroup's memory.max/memory.high are still read", what)
+        else:
+            log.info("memory pressure watched through %s", what)
+
+    def stop_pressure_watch(self) -> None:
+        if self.pressure_watcher is not None:
+            self.pressure_watcher.stop()
+            self.pressure_watcher = None
+
+    def on_memory_pressure(self) -> None:
+        """From the watcher thread: count the event and wake the main loop, which acts on it."""
+        self._pressure_hits += 1
+        w = self._wake_w
+        if w is not None:
+            try:
+                w.send(b"p")
+            except OSError:
+                pass
+
+    def check_memory_sources(self, now: float) -> None:
+        """Main loop: act on pressure events since the last look, and on a changed cgroup limit (read every
+        CGROUP_PERIOD_S): both go the way ``set_budget`` goes (re-plan the streamed models, evict LRU)."""
+        if self._pressure_hits != self._pressure_seen:
+            self._pressure_seen = self._pressure_hits
+            held = sum(s.memory_bytes() for s in self.slots.values())
+            cap = self.pressure_cap.event(now, held)
+            self._rl(logging.WARNING, "memory pressure: the models' budget capped at %d bytes (they held %d)", cap,
+                     held)
+            self.enforce_budget()
+            return
+        if now - self._cgroup_checked >= CGROUP_PERIOD_S:
+            self._cgroup_checked = now
+            old = self.cgroup_limit
+            if budget.cgroup_memory_limit() != old:
+                log.info("cgroup memory limit changed from %s to %s bytes", old, budget.cgroup_memory_limit())
+                self.enforce_budget()
 
     def enforce_budget(self) -> None:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
@@ -693,6 +755,8 @@ class Server:
             "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget,
                        "effective_budget_bytes": self.budget_now(rss, models_bytes),
                        "cgroup_limit_bytes": self.cgroup_limit,
+                       "pressure": {"source": self.pressure_source, "events": self.pressure_cap.events,
+                                    "cap_bytes": self.pressure_cap.current(time.monotonic())},
                        # what RSS holds beyond the models' arenas and weights: interpreter, libraries, driver
                        "overhead_bytes": max(0, rss - models_bytes),
                        # clean pages of the loaded models' packages in the page cache: memory too, and the
@@ -972,6 +1036,8 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         router, pull, wake_fd = self.router, self.pull, wake_r.fileno()
+        self._wake_w = wake_w
+        self.start_pressure_watch()
         # zmq_poll on a fixed item list: zmq.Poller rebuilds the list and a dict on every call.
         poll_items = [(router, _POLLIN), (pull, _POLLIN), (wake_fd, _POLLIN)]
         zmq_poll = zmq.zmq_poll
@@ -984,6 +1050,7 @@ class Server:
             while True:
                 now = time.monotonic()
                 nearest = self._sweep_deadlines(now)
+                self.check_memory_sources(now)
                 if self._stop_requests and not self.draining:
                     self._begin_drain(now)
                 if self._reload_requested and not self.draining:
@@ -996,7 +1063,7 @@ class Server:
                     self._last_status = now
                     self.enforce_budget()  # models that were busy at the last change may be idle now
                     self.notifier.status(self._status_line())
-                timeout = STATUS_PERIOD_S
+                timeout = min(STATUS_PERIOD_S, CGROUP_PERIOD_S)
                 if self.notifier.watchdog_interval is not None:
                     timeout = min(timeout, self.notifier.watchdog_interval / 2)
                 if nearest is not None:
@@ -1031,6 +1098,8 @@ class Server:
             log.info("drained; shutting down")
             return 0
         finally:
+            self.stop_pressure_watch()
+            self._wake_w = None
             self._shutdown()
             if old_handlers:
                 for sig, h in old_handlers.items():
