@@ -26,7 +26,7 @@ def test_cap_shrinks_on_events_relaxes_when_quiet_and_is_dropped_above_the_ceili
     assert cap.current(34.0, ceiling=10_000) == 800
     assert cap.current(74.0, ceiling=10_000) is None  # grown past the budget it caps: gone
     assert cap.events == 4
-    assert P.apply_cap(0, None) == 0 and P.apply_cap(0, 300) == 300 and P.apply_cap(200, 300) == 200
+    assert P.apply_cap(0, None) == 0 and P.apply_cap(0, 300) == 0 and P.apply_cap(200, 300) == 200
     with pytest.raises(ValueError):
         P.PressureCap(shrink=1.5)
 

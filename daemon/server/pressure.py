@@ -4,7 +4,7 @@ The kernel's pressure stall information says when tasks wait on memory (reclaim,
 before the cgroup's limit is reached or an OOM kill happens. A PSI *trigger* (``some <stall us> <window us>``
 written to ``memory.pressure``) makes the file poll ``POLLPRI`` whenever tasks stalled that long within
 the window: the daemon watches its own cgroup's file (else the system-wide ``/proc/pressure/memory``) in
-one thread and, on an event, caps the models' budget below what they hold now, through the same path
+one thread and, on an event, caps the models' budget (where one is in force) below what they hold now, through the same path
 as ``set_budget`` (streamed models re-plan into less, LRU models are evicted). While no event comes the
 cap relaxes step by step until it no longer binds. Triggers need a kernel with PSI (4.20+) and, before
 6.4, privileges for a window under 2 s or for the system-wide file; where writing one is refused the
@@ -97,10 +97,11 @@ class PressureCap:
 
 
 def apply_cap(limit: int, cap: int | None) -> int:
-    """``limit`` (0: none) tightened to ``cap``."""
-    if cap is None:
+    """``limit`` tightened to ``cap``. A daemon without any budget (0: none configured, no cgroup limit) keeps
+    none: pressure shrinks a budget that is in force, it does not impose one the operator did not ask for."""
+    if cap is None or limit <= 0:
         return limit
-    return cap if limit <= 0 else min(limit, cap)
+    return min(limit, cap)
 
 
 class PressureWatcher:
