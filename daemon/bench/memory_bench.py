@@ -109,7 +109,7 @@ if kind == "inferd":
                         "arena_bytes": int(ex.arena.nbytes), "memory_bytes": int(ex.memory_bytes),
                         "streamed_bytes": int(ex.streamed_bytes), "resident_layers": int(sum(ex.plan.resident)),
                         "peak_rss_bytes": peak, "base_rss_bytes": base, "peak_rss_delta_bytes": peak - base,
-                        "config": {"kernels": dict(ex.config.kernels), "slices": dict(ex.config.slices)},
+                        "config": ex.config.to_dict(),
                         "loadavg": list(os.getloadavg())})
         for _c, ex, *_r in exs:
             ex.close()
@@ -221,7 +221,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     true_min = p2.min_budget()
     p2.close()
     res.update({"small_bytes": small, "default_min_budget": default_min, "min_budget": true_min,
-                "min_config": {"kernels": dict(cfg_min.kernels), "slices": dict(cfg_min.slices)},
+                "min_config": cfg_min.to_dict(),
                 "full_budget": full, "weights_bytes": int(sum(a.nbytes for a in graph.constants.values()))})
     budgets = _budgets(true_min, full, points)
     res["budgets"] = budgets

@@ -788,7 +788,7 @@ def stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, con
     for _ in range(3):
         cfg = config if config is not None else fit_config(graph, max(1, budget - reserve))
         assert isinstance(cfg, MemConfig)
-        g = slice_graph(graph, cfg.slices)
+        g = slice_graph(graph, cfg.slices, cfg.in_slices)
         kernels = expand_kernels(g, dict(cfg.kernels))
         tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
         store = prepare_stream_store(g, Path(work) / f"{graph.name}-{tag}.store", kernels or None)

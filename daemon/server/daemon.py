@@ -471,9 +471,38 @@ class Server:
 
     # ------------------------------------------------------------------ memory budget (main thread)
 
-    def _residents(self) -> list[budget.Resident]:
+    def _residents(self, device: bool = False) -> list[budget.Resident]:
+        """The loaded models the host budget (``device``: the GPU's) plans with."""
         return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned, not s.idle())
-                for s in self.slots.values() if s.model is not None]
+                for s in self.slots.values() if s.model is not None and budget.on_device(s.device) == device]
+
+    def device_budget_now(self) -> int:
+        """The device memory budget: ``device_memory_budget``, else what the open Vulkan device reports (0:
+        none open, no budget: nothing is placed there)."""
+        from ..vulkan.device import shared_device_if_open
+
+        dev = None
+        if any(budget.on_device(s.device) for s in self.slots.values()):
+            try:
+                dev = shared_device_if_open()
+            except Exception:  # no loader: nothing on the device
+                dev = None
+        avail = dev.memory_report()["available"] if dev is not None else None
+        return budget.device_budget(self.config.device_memory_budget, avail)
+
+    def enforce_device_budget(self) -> None:
+        """Unload least recently used Vulkan models until those on the device fit its budget."""
+        limit = self.device_budget_now()
+        if limit <= 0:
+            return
+        v = budget.plan(self._residents(device=True), limit)
+        for name in v.evict:
+            if self.slots[name].evict(f"evicted to keep the device memory budget ({limit} bytes); loads again "
+                                      f"on its next request"):
+                log.info("model %s: evicted to keep the device memory budget of %d bytes", name, limit)
+        if not v.fits:
+            self._rl(logging.WARNING, "models on the device that must stay (pinned or busy) exceed its memory "
+                     "budget of %d bytes by %d bytes", limit, v.short_by)
 
     def budget_now(self, rss: int | None = None, models: int | None = None) -> int:
         """The models' budget now: the configured one tightened to what the process's cgroup limit leaves
@@ -541,8 +570,9 @@ class Server:
 
     def enforce_budget(self) -> None:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
+        self.enforce_device_budget()
         limit = self.budget_now()
-        streamed.rebudget(self.slots.values(), limit)  # streamed models re-plan into their new shares first
+        streamed.rebudget([s for s in self.slots.values() if not budget.on_device(s.device)], limit)
         if limit <= 0:
             return
         v = budget.plan(self._residents(), limit)
@@ -557,18 +587,19 @@ class Server:
     def admit(self, slot: ModelSlot) -> str | None:
         """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
         last load; unknown the first time), or the reason it cannot fit at all."""
-        limit = self.budget_now()
+        dev = budget.on_device(slot.device or slot.last_device)  # where its last load placed it (first: host)
+        limit = self.device_budget_now() if dev else self.budget_now()
         need = streamed.admit_need(slot)
         if limit <= 0 or need <= 0:
             return None
-        res = [r for r in self._residents() if r.name != slot.name]
+        res = [r for r in self._residents(device=dev) if r.name != slot.name]
         v = budget.plan(res, limit, need=need, keep=slot.name)
         if not v.fits:
             held = sum(r.nbytes for r in res if r.pinned or r.busy)
-            return budget.describe_shortfall(slot.name, need, limit, held)
+            return budget.describe_shortfall(slot.name, need, limit, held, device=dev)
         for name in v.evict:
-            self.slots[name].evict(f"evicted to make room for {slot.name!r} within the memory budget "
-                                   f"({limit} bytes)")
+            self.slots[name].evict(f"evicted to make room for {slot.name!r} within the "
+                                   f"{'device ' if dev else ''}memory budget ({limit} bytes)")
         return None
 
     # ------------------------------------------------------------------ requests
@@ -755,6 +786,10 @@ class Server:
             "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget,
                        "effective_budget_bytes": self.budget_now(rss, models_bytes),
                        "cgroup_limit_bytes": self.cgroup_limit,
+                       "device": {"budget_bytes": self.device_budget_now(),
+                                  "configured_bytes": self.config.device_memory_budget,
+                                  "models_bytes": sum(s.memory_bytes() for s in self.slots.values()
+                                                      if budget.on_device(s.device))},
                        "pressure": {"source": self.pressure_source, "events": self.pressure_cap.events,
                                     "cap_bytes": self.pressure_cap.current(time.monotonic())},
                        # what RSS holds beyond the models' arenas and weights: interpreter, libraries, driver
@@ -960,7 +995,10 @@ class Server:
             self.enforce_budget()
         if new.log_level != self.config.log_level:
             logging.getLogger("inferd").setLevel(new.log_level.upper())
+        device_budget_changed = new.device_memory_budget != self.config.device_memory_budget
         self.config = new
+        if device_budget_changed:
+            self.enforce_device_budget()
         self.limits = self._limits(new)
         self.policy = policy
         self._peers.clear()
