@@ -195,6 +195,10 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
         ts.append(time.perf_counter() - t)
     res["warm_ms"] = statistics.median(ts) * 1e3
     res["warm_loadavg"] = list(os.getloadavg())
+    # a small model's runs are short and its ratios noisier: more repeats where they cost little (about 1.5 s
+    # of warm runs per configuration, at most 25)
+    repeat = max(repeat, min(25, int(1.5e3 / max(res["warm_ms"], 1.0))))
+    res["repeat"] = repeat
     del ex
     gc.collect()
     # the default configuration (no slicing) and the smallest feasible one
