@@ -7,7 +7,8 @@ weights from the store into their planned offsets; the compute thread runs the l
 come from the plan: ``load(i)`` after ``comp(load_after[i])`` (the last step that used those addresses),
 ``comp(i)`` after ``load(i)``. The loader reads a layer's weights in pieces (``PIECE`` bytes at the finest),
 each after the last step that used *its* addresses: where the plan could not preload a whole layer (a
-tight budget), the part of it that lands on memory already free still loads while the step before runs. Every kernel is bound once to its arena views, so a run is the same native
+tight budget), the part of it that lands on memory already free still loads while the step before runs.
+Every kernel is bound once to its arena views, so a run is the same native
 calls as the unconstrained executor's, fed by the loader.
 
 Read modes: ``cache`` (through the page cache) and ``bypass`` (``posix_fadvise(DONTNEED)`` on every blob
