@@ -260,3 +260,37 @@ def test_pieces_load_early_and_compute_thread_reads_what_is_left(work):
     finally:
         ex.close()
     assert S.PIECE > 0
+
+
+def test_cache_mode_loader_runs_at_lower_priority(work):
+    """Through the page cache a read is a copy that competes with compute: the loader thread runs niced
+    (cache_loader_nice); bypassing the cache it keeps the compute threads' priority."""
+    import os
+    import threading
+
+    name = "resnet18"
+    path = zoo_dir([name]) / f"{name}.onnx"
+    graph = inferd.frontend.import_model(str(path))
+    feeds = {t.name: np.ones(t.shape, t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for read, want in (("cache", base + StreamingExecutor.cache_loader_nice), ("bypass", base)):
+        ex = StreamingExecutor(graph, store, need, read=read)
+        seen: list[int] = []
+        orig = ex._read_run
+
+        def spy(pcs, orig=orig, seen=seen):  # noqa: ANN001
+            if threading.current_thread().name == "inferd-stream-loader":
+                seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            orig(pcs)
+
+        ex._read_run = spy
+        try:
+            ex.run(feeds)
+        finally:
+            ex.close()
+        assert seen and set(seen) == {min(want, 19)}, (read, seen)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own is untouched

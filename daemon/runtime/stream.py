@@ -166,6 +166,11 @@ class StreamingExecutor:
     name = "cpu-stream"
     #: the compute thread reads the pieces of a layer it waits for (False: it only waits; for comparison)
     steal = True
+    #: niceness of the loader thread when reading through the page cache: there a read is a copy, CPU work
+    #: that competes with the compute threads for the same cores; at a lower priority the loader copies ahead
+    #: with the time they leave, and the compute thread reads what is still missing when it gets there
+    #: (0: same priority as compute)
+    cache_loader_nice = 10
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
                  read: str = "cache", keep_resident: bool = True, track: bool = False,
@@ -625,6 +630,11 @@ class StreamingExecutor:
         queue = [(s, k, pc) for s in stream for k, pc in enumerate(pieces[s.pos])]
 
         def loader() -> None:
+            if self.read == "cache" and self.cache_loader_nice > 0:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.cache_loader_nice)
+                except (OSError, AttributeError):  # not Linux, or not permitted: same priority
+                    pass
             try:
                 q = 0
                 while q < len(queue):
