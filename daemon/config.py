@@ -99,6 +99,12 @@ class Config:
     memory_budget: int = _opt("size", "memory budget for the models (0: none): least recently used models are "
                               "unloaded to keep it, pinned and busy ones stay; set_budget changes it",
                               default=0, minimum=0)
+    device_memory_budget: int = _opt("size", "device (GPU) memory budget for the models placed on Vulkan (0: what the "
+                                     "device reports: its largest device-local heap); LRU eviction as on the host",
+                                     default=0, minimum=0)
+    memory_pressure: str = _opt("str", "memory pressure (PSI) watched as a budget source: auto (this cgroup's "
+                                "memory.pressure, else /proc/pressure/memory), off, or a path; an event caps a "
+                                "budget in force below what the models hold, relaxed while no event comes", default="auto")
     socket_mode: str = _opt("str", "octal permission bits for the ipc socket file, e.g. 0660 (empty: 0660 "
                             "when socket_group is set, else the umask's)", default="")
     socket_group: str = _opt("str", "group of the ipc socket: its members may connect and infer (empty: the "

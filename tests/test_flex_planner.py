@@ -131,3 +131,46 @@ def test_resident_weights_chosen_when_budget_allows():
     part = plan_budget(layers, acts, min_budget(layers, acts) + 1100, read_bw=1e6)
     check(part, layers, acts)
     assert 0 < sum(part.resident) < 3
+
+
+def test_simulate_serial_without_preloading_and_bounded_below():
+    """Without preloading every load waits for the step before its own: the run is the sum of compute and
+    reading. With it, never below max(compute, reading) and never above the serial sum."""
+    from inferd.planner.flex import simulate
+
+    layers = [LayerMem(f"l{i}", w, 0, c) for i, (w, c) in enumerate([(4000, 2e-3), (0, 1e-3), (8000, 3e-3),
+                                                                     (4000, 1e-3)])]
+    acts = [Buffer("a", 1000, -1, 1), Buffer("b", 1000, 1, 4)]
+    bw = 4e6  # 4000 bytes: 1 ms
+    serial = plan_flex(layers, acts, 1 << 20, preload=False)
+    comp = sum(lm.compute_s for lm in layers)
+    read = sum(lm.weights for lm in layers) / bw
+    assert simulate(serial, layers, bw) == pytest.approx(comp + read)
+    pre = plan_flex(layers, acts, 1 << 20, preload=True)
+    t = simulate(pre, layers, bw)
+    assert max(comp, read) - 1e-12 <= t < comp + read
+    with pytest.raises(ValueError):
+        simulate(pre, layers, 0.0)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_timed_resident_choice_never_slower_than_the_first(prob):
+    """With compute times and a read rate known, plan_budget keeps the faster of two resident choices by the
+    plan's own simulated schedule: never slower than the first choice alone, and still a valid plan."""
+    from inferd.planner.flex import _with_resident, simulate
+
+    layers, acts, slack = prob
+    try:
+        need = min_budget(layers, acts)
+    except BudgetTooSmall:
+        return
+    budget = int(need * slack)
+    bw = 2e7
+    if not any(lm.compute_s > 0 for lm in layers):
+        return
+    p = plan_budget(layers, acts, budget, read_bw=bw)
+    check(p, layers, acts)
+    base = plan_flex(layers, acts, budget)
+    first = _with_resident(layers, acts, budget, base, resident_order(layers, bw))
+    assert simulate(p, layers, bw) <= simulate(first, layers, bw) + 1e-12

@@ -47,7 +47,7 @@ def test_fallback_and_slicing_lower_the_minimum_and_stay_exact(resnet18, tmp_pat
     cfg = fit_config(g, int(plain * 0.8))
     assert cfg.kernels or cfg.slices  # something had to change
     for node, k in cfg.kernels.items():
-        assert k in ("winograd23", "im2col")
+        assert k in ("winograd23", "im2col", "im2col_cs")
     ex = stream_for_budget(g, int(plain * 0.8) + (64 << 10), tmp_path, track=True)
     try:
         assert ex.memory_bytes <= ex.budget
@@ -68,3 +68,55 @@ def test_too_small_even_sliced_names_the_size(resnet18):
     assert ei.value.need > 1 << 20 and "at least" in str(ei.value)
     assert sliceable(g, next(n for n in g.nodes if n.attrs.get("residual"))) == 0
     assert MemConfig().key() == ""
+
+
+def test_input_channel_slicing_shrinks_the_column_buffer_and_stays_exact(resnet18, tmp_path):
+    """An im2col conv sliced by input channel: its workspace shrinks about S-fold (plus one output image for
+    the running sum), and the model's outputs stay the unsliced ones, on the warm executor and streamed
+    inside a budget; the search picks input slicing where a column buffer sets the peak."""
+    from inferd.ops.base import Layer, choose_kernel
+    from inferd.ops.conv import in_slice_bounds
+
+    g, feeds, ref = resnet18
+    convs = [n for n in g.nodes if n.op == "Conv" and int(n.attrs.get("group", 1)) == 1
+             and g.constants[n.inputs[1]].shape[2:] == (3, 3) and not n.attrs.get("residual")]
+    a, b = convs[1], convs[-1]
+    s = slice_graph(g, {}, {a.name: 4, b.name: 3})
+    na = next(n for n in s.nodes if n.name == a.name)
+    assert na.attrs["_in_slices"] == 4 and "_in_slices" not in next(n for n in g.nodes if n.name == a.name).attrs
+    la, la0 = Layer.of(na, s), Layer.of(a, g)
+    ka, k0 = choose_kernel(la, "cpu", "im2col_cs"), choose_kernel(la0, "cpu", "im2col")
+    cin = g.constants[a.inputs[1]].shape[1]
+    assert ka.workspace_nbytes(la) < k0.workspace_nbytes(la0) / 4 + 4 * la.outputs[0].size + 4096  # type: ignore
+    assert in_slice_bounds(cin, 4) == [(i * cin // 4, (i + 1) * cin // 4) for i in range(4)]
+    kernels = {a.name: "im2col_cs", b.name: "im2col_cs"}
+    _close(CpuExecutor(s, kernels).run(feeds), ref, "input-sliced on the warm executor")
+    # the search: one conv whose column buffer is the model's peak (64 channels, 3x3, 56x56: 7 MiB of columns
+    # against 0.8 MiB in and out), inside half what im2col needs: input slicing is the way
+    from inferd.ir import Graph, Node, TensorInfo
+
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05
+    bias = rng.standard_normal(64).astype(np.float32)
+    infos = {"x": TensorInfo("x", (1, 64, 56, 56), np.float32), "w": TensorInfo("w", w.shape, np.float32),
+             "b": TensorInfo("b", bias.shape, np.float32), "y": TensorInfo("y", (1, 64, 56, 56), np.float32)}
+    one = Graph("oneconv", [Node("c", "Conv", ["x", "w", "b"], ["y"], {"kernel_shape": [3, 3], "pads": [1] * 4,
+                                                                      "activation": "Relu"})],
+                [infos["x"]], [infos["y"]], {"w": w, "b": bias}, infos, 17)
+    base = MemConfig({"c": "im2col"})
+    layers, acts, _k = step_memory(one, dict(base.kernels))
+    need = min_budget(layers, acts)
+    assert layers[0].workspace > 4 * layers[0].weights
+    cfg = fit_config(one, need // 2, base=base)
+    assert cfg.in_slices.get("c", 1) >= 2 and cfg.kernels["c"] == "im2col_cs", cfg
+    feeds1 = {"x": rng.standard_normal((1, 64, 56, 56)).astype(np.float32)}
+    ref1 = CpuExecutor(one, {"c": "im2col"}).run(feeds1)
+    ex = stream_for_budget(one, need // 2 + (96 << 10), tmp_path, config=cfg, track=True)
+    try:
+        assert ex.memory_bytes <= need // 2 + (96 << 10) < need
+        got = ex.run(feeds1)
+        _close(got, ref1, f"streamed with {ex.config}")
+        assert not ex.tracker.violations and ex.tracker.high_water <= ex.arena.nbytes <= ex.budget
+        assert ex.outside_scratch == 0
+    finally:
+        ex.close()

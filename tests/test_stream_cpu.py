@@ -207,3 +207,90 @@ def test_compiled_skeleton_runs_without_the_model_and_refuses_damage(tmp_path):
     skel.write_bytes(bytes(data))
     with pytest.raises(WeightsStoreError, match="skeleton"):
         read_skeleton(skel)
+
+
+def test_pieces_load_early_and_compute_thread_reads_what_is_left(work):
+    """At the smallest budget whole layers cannot preload; their pieces on free memory still do (a piece's
+    dependency earlier than its layer's), and whichever thread reads a piece, the tracker sees no live box
+    overwritten and the outputs are the unconstrained executor's bits."""
+    from inferd.runtime import stream as S
+
+    name = "resnet18"
+    path = zoo_dir([name]) / f"{name}.onnx"
+    graph = inferd.frontend.import_model(str(path))
+    feeds = {t.name: np.random.default_rng(5).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    ref = CpuExecutor(graph).run(feeds)
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+    ex = StreamingExecutor(graph, store, need, read="cache", track=True)
+    try:
+        early = [pc for pos, pcs in ex._pieces.items() for pc in pcs if pc.dep < ex.plan.load_after[pos]]
+        assert early, "no piece may load before its layer's own dependency at the smallest budget"
+        for pos, pcs in ex._pieces.items():  # the pieces cover every streamed byte exactly once
+            assert sum(pc.nbytes for pc in pcs) == sum(e.size for e, _ in ex.steps[pos].blobs)
+            assert all(pc.dep <= ex.plan.load_after[pos] for pc in pcs)
+        for steal in (True, False):
+            ex.steal = steal
+            got = ex.run(feeds)
+            for k in ref:
+                np.testing.assert_array_equal(got[k], ref[k])
+            assert not ex.tracker.violations, ex.tracker.violations[:3]
+            assert ex.tracker.high_water <= ex.arena.nbytes <= ex.budget
+    finally:
+        ex.close()
+    # a damaged blob is found whichever thread read its pieces
+    import shutil
+
+    bad = work / "damaged.store"
+    shutil.copy(store, bad)
+    ex = StreamingExecutor(graph, bad, need, read="cache")
+    try:
+        e = max((e for s in ex.steps for e, _ in s.blobs), key=lambda e: e.size)
+        with open(bad, "r+b") as fh:
+            fh.seek(e.offset + e.size // 2)
+            b = fh.read(1)
+            fh.seek(e.offset + e.size // 2)
+            fh.write(bytes([b[0] ^ 0xFF]))
+        from inferd.errors import WeightsStoreError
+
+        with pytest.raises(WeightsStoreError, match="checksum mismatch"):
+            ex.run(feeds)
+    finally:
+        ex.close()
+    assert S.PIECE > 0
+
+
+def test_cache_mode_loader_runs_at_lower_priority(work):
+    """Through the page cache a read is a copy that competes with compute: the loader thread runs niced
+    (cache_loader_nice); bypassing the cache it keeps the compute threads' priority."""
+    import os
+    import threading
+
+    name = "resnet18"
+    path = zoo_dir([name]) / f"{name}.onnx"
+    graph = inferd.frontend.import_model(str(path))
+    feeds = {t.name: np.ones(t.shape, t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for read, want in (("cache", base + StreamingExecutor.cache_loader_nice), ("bypass", base)):
+        ex = StreamingExecutor(graph, store, need, read=read)
+        seen: list[int] = []
+        orig = ex._read_run
+
+        def spy(pcs, orig=orig, seen=seen):  # noqa: ANN001
+            if threading.current_thread().name == "inferd-stream-loader":
+                seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            orig(pcs)
+
+        ex._read_run = spy
+        try:
+            ex.run(feeds)
+        finally:
+            ex.close()
+        assert seen and set(seen) == {min(want, 19)}, (read, seen)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own is untouched

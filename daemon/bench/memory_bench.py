@@ -71,29 +71,49 @@ if kind == "inferd":
     wfeeds = {g.inputs[0].name: x}
     warm.run(wfeeds)
     del g
+    from inferd.planner.flex import simulate
+    # preloading and on-demand at one (budget, read mode) run alternately in one loop, each after a warm run:
+    # every ratio (to the bound, to on-demand) is taken between runs made seconds apart, not minutes
+    groups = {}
     for c in job["configs"]:
-        reset(); base = rss()
-        ex = open_streamed(c["skel"], c["budget"], mode=c["mode"], read=c["read"])
-        feeds = {ex.inputs[0].name: x}
-        if c["read"] == "bypass":
-            drop_file(ex.store.path)
-        for _ in range(2):  # peak RSS from the streamed runs alone
-            ex.run(feeds)
-        peak = hwm()
-        ts, ws, rd, wt = [], [], [], []
+        groups.setdefault((c["budget"], c["read"]), []).append(c)
+    for (budget, read), cs in groups.items():
+        exs = []
+        for c in cs:
+            reset(); base = rss()
+            ex = open_streamed(c["skel"], c["budget"], mode=c["mode"], read=c["read"])
+            feeds = {ex.inputs[0].name: x}
+            if c["read"] == "bypass":
+                drop_file(ex.store.path)
+            for _ in range(2):  # peak RSS from this configuration's runs alone (the one opened before stays)
+                ex.run(feeds)
+            exs.append((c, ex, feeds, base, hwm()))
+        ts = [[] for _ in exs]; ws = [[] for _ in exs]; rd = [[] for _ in exs]; wt = [[] for _ in exs]
         for _ in range(job["repeat"]):
-            t = time.perf_counter(); warm.run(wfeeds); ws.append(time.perf_counter() - t)
-            t = time.perf_counter(); ex.run(feeds); ts.append(time.perf_counter() - t)
-            rd.append(ex.stats["read_s"]); wt.append(ex.stats["wait_s"])
-        out.append({**c, "latency_ms": float(np.median(ts)) * 1e3, "latency_all_ms": [t * 1e3 for t in ts],
-                    "warm_ms": float(np.median(ws)) * 1e3,
-                    "read_ms": float(np.median(rd)) * 1e3, "wait_ms": float(np.median(wt)) * 1e3,
-                    "arena_bytes": int(ex.arena.nbytes), "memory_bytes": int(ex.memory_bytes),
-                    "streamed_bytes": int(ex.streamed_bytes), "resident_layers": int(sum(ex.plan.resident)),
-                    "peak_rss_bytes": peak, "base_rss_bytes": base, "peak_rss_delta_bytes": peak - base,
-                    "config": {"kernels": dict(ex.config.kernels), "slices": dict(ex.config.slices)},
-                    "loadavg": list(os.getloadavg())})
-        ex.close(); del ex
+            for i, (c, ex, feeds, _b, _p) in enumerate(exs):
+                t = time.perf_counter(); warm.run(wfeeds); ws[i].append(time.perf_counter() - t)
+                t = time.perf_counter(); ex.run(feeds); ts[i].append(time.perf_counter() - t)
+                rd[i].append(ex.stats["read_s"]); wt[i].append(ex.stats["wait_s"])
+        for i, (c, ex, feeds, base, peak) in enumerate(exs):
+            floor = None
+            if c["mode"] == "preload" and ex.plan.streamed_bytes and job.get("bw"):
+                # the plan's own best schedule: per-step compute (measured at compile time) scaled to this
+                # configuration's warm runs, whole-layer loads at the disk's rate
+                cs_ = [lm.compute_s for lm in ex.layer_mem]
+                k = float(np.median(ws[i])) / max(sum(cs_), 1e-9)
+                floor = simulate(ex.plan, ex.layer_mem, job["bw"], [v * k for v in cs_]) * 1e3
+            out.append({**c, "latency_ms": float(np.median(ts[i])) * 1e3, "latency_all_ms": [t * 1e3 for t in ts[i]],
+                        "warm_ms": float(np.median(ws[i])) * 1e3, "warm_all_ms": [t * 1e3 for t in ws[i]],
+                        "read_ms": float(np.median(rd[i])) * 1e3, "wait_ms": float(np.median(wt[i])) * 1e3,
+                        "floor_ms": floor,
+                        "arena_bytes": int(ex.arena.nbytes), "memory_bytes": int(ex.memory_bytes),
+                        "streamed_bytes": int(ex.streamed_bytes), "resident_layers": int(sum(ex.plan.resident)),
+                        "peak_rss_bytes": peak, "base_rss_bytes": base, "peak_rss_delta_bytes": peak - base,
+                        "config": ex.config.to_dict(),
+                        "loadavg": list(os.getloadavg())})
+        for _c, ex, *_r in exs:
+            ex.close()
+        del exs, ex
 elif kind == "ort":
     import onnxruntime as ort
     reset(); base = rss()
@@ -175,6 +195,10 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
         ts.append(time.perf_counter() - t)
     res["warm_ms"] = statistics.median(ts) * 1e3
     res["warm_loadavg"] = list(os.getloadavg())
+    # a small model's runs are short and its ratios noisier: more repeats where they cost little (about 1.5 s
+    # of warm runs per configuration, at most 25)
+    repeat = max(repeat, min(25, int(1.5e3 / max(res["warm_ms"], 1.0))))
+    res["repeat"] = repeat
     del ex
     gc.collect()
     # the default configuration (no slicing) and the smallest feasible one
@@ -201,7 +225,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     true_min = p2.min_budget()
     p2.close()
     res.update({"small_bytes": small, "default_min_budget": default_min, "min_budget": true_min,
-                "min_config": {"kernels": dict(cfg_min.kernels), "slices": dict(cfg_min.slices)},
+                "min_config": cfg_min.to_dict(),
                 "full_budget": full, "weights_bytes": int(sum(a.nbytes for a in graph.constants.values()))})
     budgets = _budgets(true_min, full, points)
     res["budgets"] = budgets
@@ -222,8 +246,8 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     del graph
     gc.collect()
     res["disk_bw_bytes_s"] = sequential_read_rate(store)
-    res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf), "onnx": str(onnx)},
-                         work)
+    res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf), "onnx": str(onnx),
+                          "bw": res["disk_bw_bytes_s"]}, work)
     try:
         res["ort"] = _child({"kind": "ort", "onnx": str(onnx), "repeat": repeat, "x": str(xf)}, work)[0]
     except Exception as e:
@@ -387,27 +411,42 @@ def _table(data: dict[str, Any]) -> str:
         ncnn_peak = (r.get("ncnn") or {}).get("peak_rss_delta_bytes")
         if ncnn_peak:
             lines.append(f"- min budget / ncnn peak = {r['min_budget'] / ncnn_peak:.3f} (goal <= 0.10 for resnet50, vgg16)")
-        lines += ["", "bound = max(warm, streamed bytes / disk bandwidth), warm measured alternately with each "
-                  "configuration in the same child (goal: latency <= 1.15 x bound, and below on-demand).", "",
+        lines += ["", "bound = max(warm, streamed bytes / disk bandwidth), warm run before every streamed run in the same "
+                  "child; preload and on-demand at one (budget, read) alternate in one loop. ratio: median over the "
+                  "repeats of each run / its own bound (p25-p75 beside it: the noise); vs on-demand: median of each "
+                  "preload run / the on-demand run of the same round. floor: this memory plan's best schedule "
+                  "(flex.simulate: compute scaled to the warm runs, whole-layer loads at the disk rate), what any "
+                  "runtime could reach inside the budget (goal: ratio <= 1.15, vs on-demand < 1).", "",
                   "| budget MiB | mode | read | latency ms | warm ms | read ms | wait ms | streamed MiB | "
-                  "peak RSS +MiB | bound ms | ratio to bound | vs on-demand |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        od = {(c["budget"], c["read"]): c["latency_ms"] for c in r["runs"] if c["mode"] == "ondemand"}
-        met_b = met_o = n_pre = 0
+                  "peak RSS +MiB | bound ms | floor ms | ratio to bound (p25-p75) | floor / bound | vs on-demand |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        od = {(c["budget"], c["read"]): c for c in r["runs"] if c["mode"] == "ondemand"}
+        met_b = met_o = n_pre = met_f = 0
         for c in r["runs"]:
             warm = c.get("warm_ms", r["warm_ms"])
-            bound = max(warm, c["streamed_bytes"] / bw * 1e3)
-            vs = c["latency_ms"] / od[(c["budget"], c["read"])] if c["mode"] == "preload" else None
+            rb = c["streamed_bytes"] / bw * 1e3
+            bound = max(warm, rb)
+            lat_all = c.get("latency_all_ms") or [c["latency_ms"]]
+            warm_all = c.get("warm_all_ms") or [warm] * len(lat_all)
+            ratios = [t / max(w, rb) for t, w in zip(lat_all, warm_all)]
+            q25, q50, q75 = (float(np.percentile(ratios, q)) for q in (25, 50, 75))
+            vs = None
             if c["mode"] == "preload":
+                o = od[(c["budget"], c["read"])]
+                pairs = list(zip(lat_all, o.get("latency_all_ms") or [o["latency_ms"]]))
+                vs = float(np.median([p / q for p, q in pairs]))
                 n_pre += 1
-                met_b += c["latency_ms"] <= 1.15 * bound
-                met_o += vs is not None and vs < 1.0
+                met_b += q50 <= 1.15
+                met_o += vs < 1.0
+            floor = c.get("floor_ms")
+            if c["mode"] == "preload":
+                met_f += floor is None or floor <= 1.15 * bound
             lines.append(f"| {c['budget'] / MB:.2f} | {c['mode']} | {c['read']} | {c['latency_ms']:.1f} | {warm:.1f} | "
                          f"{c['read_ms']:.1f} | {c['wait_ms']:.1f} | {c['streamed_bytes'] / MB:.1f} | "
-                         f"{c['peak_rss_delta_bytes'] / MB:.1f} | {bound:.1f} | {c['latency_ms'] / bound:.2f} | "
-                         f"{fmt(vs, '.2f')} |")
-        lines += ["", f"preloading: within 1.15 x bound at {met_b} of {n_pre} (budget, read mode) points; faster "
-                  f"than on-demand at {met_o} of {n_pre}", ""]
+                         f"{c['peak_rss_delta_bytes'] / MB:.1f} | {bound:.1f} | {fmt(floor, '.1f')} | {q50:.2f} "
+                         f"({q25:.2f}-{q75:.2f}) | {fmt(floor / bound if floor else None, '.2f')} | {fmt(vs, '.2f')} |")
+        lines += ["", f"preloading: within 1.15 x bound at {met_b} of {n_pre} (budget, read mode) points (the plan's own "
+                  f"floor is within 1.15 x bound at {met_f} of {n_pre}); faster than on-demand at {met_o} of {n_pre}", ""]
     a = data.get("adaptation")
     if a:
         lines += ["## Adaptation (resnet50, no re-slicing)", "",

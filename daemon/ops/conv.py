@@ -817,6 +817,97 @@ class ConvIm2colTiled(_ConvKernelBase):
         o.close()
 
 
+def in_slice_bounds(cin: int, slices: int) -> list[tuple[int, int]]:
+    """The input-channel ranges of a conv sliced ``slices`` ways (as even as possible, none empty)."""
+    s = max(1, min(int(slices), cin))
+    step = -(-cin // s)
+    return [(a, min(cin, a + step)) for a in range(0, cin, step)]
+
+
+@register_kernel
+class ConvIm2colInSliced(_ConvKernelBase):
+    """im2col sliced by input channel (FlexNN's input slicing, for convs whose column buffer sets the peak):
+    the node's ``_in_slices`` attribute S cuts the input channels into S ranges; per image, each range's
+    columns go through the GEMM with that range of the weights and are summed (the first with the bias and
+    any residual, each later one adding the sum so far as the GEMM's residual, the last with the activation).
+    The GEMM cannot add its own output in place, so the sums alternate between the output and a second
+    buffer of its size, arranged so the last lands in the output. Workspace: the columns of one range (about
+    1/S of im2col's) plus one image's output. Never chosen unless the memory planner set ``_in_slices``
+    (group 1 only)."""
+
+    name = "im2col_cs"
+    ops = ("Conv",)
+    priority = 95
+
+    @staticmethod
+    def _slices(layer: Layer) -> int:
+        return int(layer.node.attrs.get("_in_slices", 1))
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return g is not None and g.group == 1 and self._slices(layer) > 1 and g.cin >= self._slices(layer)
+
+    def _ranges(self, layer: Layer) -> list[tuple[int, int]]:
+        g = _geo2d(layer)
+        assert g is not None
+        return in_slice_bounds(g.cin, self._slices(layer))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = layer_geom(layer)
+        taps = layer.inputs[1].size // (g.cout * g.cin)  # type: ignore[union-attr]
+        w2 = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.cout, g.cin * taps)
+        out = {**_passthrough(layer, raw), **_bias_param(layer, raw)}
+        for j, (a, b) in enumerate(self._ranges(layer)):
+            out[f"w{j}"] = pack_gemm_weights(w2[None, :, a * taps:b * taps], A_FORM)
+        return out
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        g = layer_geom(layer)
+        taps = layer.inputs[1].size // (g.cout * g.cin)  # type: ignore[union-attr]
+        return sum(packed_nbytes(1, g.cout, (b - a) * taps, A_FORM) for a, b in self._ranges(layer))
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
+        g = _geo2d(layer)
+        assert g is not None
+        widest = max(b - a for a, b in self._ranges(layer))
+        return {0: widest * g.kh * g.kw * g.oh * g.ow, 1: g.cout * g.oh * g.ow}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        o = _Out(outputs[0])
+        ranges = self._ranges(layer)
+        npix = g.oh * g.ow
+        taps = g.kh * g.kw
+        buf = scratch(0, max(b - a for a, b in ranges) * taps * npix)
+        other = scratch(1, g.cout * npix).reshape(1, g.cout, npix)
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, 1, g.cout, npix)
+        r4 = _res_per_image(res, o.y.shape, (g.n, 1, g.cout, npix))
+        last_act = act if r4 is not None or res is None else None
+        s_n = len(ranges)
+        for i in range(g.n):
+            prev = None
+            for j, (a, b) in enumerate(ranges):
+                k = (b - a) * taps
+                col = buf[:k * npix].reshape(k, npix)
+                native.im2col(x4[i, a:b], g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow, col)
+                first, last = j == 0, j == s_n - 1
+                dst = y4[i] if (s_n - 1 - j) % 2 == 0 else other
+                add = (r4[i] if r4 is not None else None) if first else prev
+                _gemm_into(params[f"w{j}"], g.cout, col.reshape(1, k, npix), dst, bias if first else None, add,
+                           last_act if last else None)
+                prev = dst
+        if res is not None and r4 is None:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, res, act)
+        o.close()
+
+
 @register_kernel
 class Conv1x1(_ConvKernelBase):
     """1x1 kernel, zero pads: W (G, Cout/G, Cin/G) @ x (G, Cin/G, H*W) per image on the native GEMM (weights

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +29,8 @@ from .memory import Buffer, align_up, graph_buffers
 
 #: what a conv falls back to when its memory sets the peak (each needs less weight memory than the last)
 FALLBACK = {"winograd43": "winograd23", "winograd23": "im2col"}
+#: input slicing keeps at least this many channels per range
+IN_SLICE_MIN = 16
 SLICE_SEP = "#slice"
 
 
@@ -38,10 +40,21 @@ class MemConfig:
 
     kernels: Mapping[str, str] = field(default_factory=dict)
     slices: Mapping[str, int] = field(default_factory=dict)
+    #: convs sliced by input channel (node name -> ranges): their kernel is ``im2col_cs``
+    in_slices: Mapping[str, int] = field(default_factory=dict)
 
     def key(self) -> str:
         return ";".join([f"k:{n}={k}" for n, k in sorted(self.kernels.items())] +
-                        [f"s:{n}={s}" for n, s in sorted(self.slices.items())])
+                        [f"s:{n}={s}" for n, s in sorted(self.slices.items())] +
+                        [f"i:{n}={s}" for n, s in sorted(self.in_slices.items())])
+
+    def to_dict(self) -> dict[str, dict]:
+        return {"kernels": dict(self.kernels), "slices": dict(self.slices), "in_slices": dict(self.in_slices)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "MemConfig":
+        d = d or {}
+        return cls(dict(d.get("kernels", {})), dict(d.get("slices", {})), dict(d.get("in_slices", {})))
 
 
 def sliceable(graph: Graph, node: Node) -> int:
@@ -68,9 +81,17 @@ def _bounds(n: int, s: int, quantum: int = 8) -> list[tuple[int, int]]:
     return out
 
 
-def slice_graph(graph: Graph, slices: Mapping[str, int]) -> Graph:
+def slice_graph(graph: Graph, slices: Mapping[str, int], in_slices: Mapping[str, int] | None = None) -> Graph:
     """``graph`` with each node of ``slices`` (count > 1) split by output channel into sub-nodes named
-    ``<node>#slice<j>`` joined by a Concat named ``<node>#concat`` that writes the node's own output."""
+    ``<node>#slice<j>`` joined by a Concat named ``<node>#concat`` that writes the node's own output, and
+    each conv of ``in_slices`` marked (attribute ``_in_slices``) for the input-channel-sliced im2col."""
+    if in_slices and any(v > 1 for v in in_slices.values()):
+        nodes_in = [Node(n.name, n.op, list(n.inputs), list(n.outputs), {**n.attrs, "_in_slices": int(in_slices[n.name])})
+                    if in_slices.get(n.name, 1) > 1 and n.op == "Conv" else n for n in graph.nodes]
+        g0 = Graph(graph.name, nodes_in, list(graph.inputs), list(graph.outputs), dict(graph.constants),
+                   dict(graph.infos), graph.opset, dict(graph.dims))
+        g0.runtime_shaped = set(graph.runtime_shaped)
+        graph = g0
     if not any(s > 1 for s in slices.values()):
         return graph
     consts = dict(graph.constants)
@@ -124,6 +145,15 @@ def slice_graph(graph: Graph, slices: Mapping[str, int]) -> Graph:
     return g
 
 
+def _conv_cin(graph: Graph, node: Node) -> int:
+    """Input channels of a group-1 conv with constant weights (0: anything else)."""
+    if node.op != "Conv" or int(node.attrs.get("group", 1)) != 1 or len(node.inputs) < 2 \
+            or node.inputs[1] not in graph.constants:
+        return 0
+    w = graph.constants[node.inputs[1]]
+    return int(w.shape[1]) if w.ndim >= 3 else 0
+
+
 def _kernel(layer: Layer, kernels: Mapping[str, str]) -> Kernel:
     base = layer.name.split(SLICE_SEP)[0]
     forced = kernels.get(base)
@@ -167,13 +197,14 @@ def fit_config(graph: Graph, budget: int, *, base: MemConfig | None = None, max_
     cfg = base or MemConfig()
     kernels = dict(cfg.kernels)
     slices = dict(cfg.slices)
+    in_slices = dict(cfg.in_slices)
     by_name = {n.name: n for n in graph.nodes}
     for _ in range(max_rounds):
-        g = slice_graph(graph, slices)
+        g = slice_graph(graph, slices, in_slices)
         layers, acts, ks = step_memory(g, kernels, alignment=alignment)
         try:
             plan_flex(layers, acts, budget, preload=False, alignment=alignment)
-            return MemConfig(dict(kernels), dict(slices))
+            return MemConfig(dict(kernels), dict(slices), dict(in_slices))
         except BudgetTooSmall:
             pass
         # the step with the most live bytes whose own part can still shrink
@@ -192,6 +223,17 @@ def fit_config(graph: Graph, budget: int, *, base: MemConfig | None = None, max_
                 kernels[name] = FALLBACK[k]
                 changed = True
                 break
+            # an im2col conv whose column buffer dominates: slice its input channels (doubling, while each
+            # range keeps at least IN_SLICE_MIN channels: narrower GEMMs lose their efficiency)
+            cin = _conv_cin(graph, node)
+            if node.op == "Conv" and k in ("im2col", "im2col_cs") and cin and SLICE_SEP not in layers[t].name \
+                    and layers[t].workspace > layers[t].weights:
+                si = in_slices.get(name, 1) * 2
+                if cin // si >= IN_SLICE_MIN:
+                    in_slices[name] = si
+                    kernels[name] = "im2col_cs"
+                    changed = True
+                    break
             n_out = sliceable(graph, node)
             s = slices.get(name, 1)
             if n_out and s * 2 <= max(1, n_out // 8) and layers[t].weights >= layers[t].workspace:

@@ -5,7 +5,10 @@ each layer's kernel workspace (the im2col / Winograd buffers, handed to the kern
 the streamed weights and the resident ones. A loader thread reads each layer's already transformed
 weights from the store into their planned offsets; the compute thread runs the layers. Dependencies
 come from the plan: ``load(i)`` after ``comp(load_after[i])`` (the last step that used those addresses),
-``comp(i)`` after ``load(i)``. Every kernel is bound once to its arena views, so a run is the same native
+``comp(i)`` after ``load(i)``. The loader reads a layer's weights in pieces (``PIECE`` bytes at the finest),
+each after the last step that used *its* addresses: where the plan could not preload a whole layer (a
+tight budget), the part of it that lands on memory already free still loads while the step before runs.
+Every kernel is bound once to its arena views, so a run is the same native
 calls as the unconstrained executor's, fed by the loader.
 
 Read modes: ``cache`` (through the page cache) and ``bypass`` (``posix_fadvise(DONTNEED)`` on every blob
@@ -31,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, faults
 from ..backends.base import transformed_key
 from ..errors import InferdError, WeightsStoreError
 from ..ir import Graph
@@ -48,6 +51,14 @@ SMALL = 16 << 10
 ALIGN = 64
 #: weight boxes and each blob in them start on a block boundary: ``O_DIRECT`` reads land in place
 WALIGN = 4096
+#: the finest piece the loader reads on its own dependency; neighbouring pieces that wait for the same step
+#: are read together (fewer, larger reads: ``O_DIRECT`` reaches the disk's rate only with large ones)
+PIECE = 256 << 10
+#: the loader joins the pieces next in its queue whose dependencies have run and that follow each other in the
+#: store into one ``preadv`` of up to RUN bytes (a gap of small parameters, up to GAP bytes, read into a
+#: scratch buffer): small layers' blobs otherwise go one request each, at the disk's latency, not its rate
+RUN = 4 << 20
+GAP = 32 << 10
 MODES = ("preload", "ondemand")
 READS = ("cache", "bypass")
 
@@ -101,6 +112,20 @@ class _Step:
     scratch: dict[int, np.ndarray] = field(default_factory=dict)
 
 
+@dataclass
+class _Piece:
+    """Part of one streamed blob: ``span`` (arena bytes, block padded) read from ``file_off`` once step
+    ``dep`` has run (-1: at the run's start)."""
+
+    entry: Entry
+    span: np.ndarray
+    file_off: int
+    nbytes: int  # bytes of data (the span may be longer: the block padding a direct read fills)
+    dep: int
+    key: tuple[str, str]
+    offset: int  # in the arena (for the tracker)
+
+
 class ArenaTracker:
     """The instrumented allocator: every box is claimed when it starts being live (a load begins, a step
     writes its outputs) and released when its last reader has run. Claiming bytes another live box holds,
@@ -139,6 +164,13 @@ class StreamingExecutor:
     ``ArenaTracker`` (slower: for tests). ``plan``: a plan made earlier for the same layers (re-use)."""
 
     name = "cpu-stream"
+    #: the compute thread reads the pieces of a layer it waits for (False: it only waits; for comparison)
+    steal = True
+    #: niceness of the loader thread when reading through the page cache: there a read is a copy, CPU work
+    #: that competes with the compute threads for the same cores; at a lower priority the loader copies ahead
+    #: with the time they leave, and the compute thread reads what is still missing when it gets there
+    #: (0: same priority as compute)
+    cache_loader_nice = 10
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
                  read: str = "cache", keep_resident: bool = True, track: bool = False,
@@ -185,7 +217,8 @@ class StreamingExecutor:
                     raise StreamError(f"{graph.name}: a graph output that is a constant is not supported")
             self.choice.append((layer, k))
         self.small: dict[str, dict[str, np.ndarray]] = {}
-        self.small_bytes = 0
+        self._gap = aligned_empty(GAP)  # where the loader's joined reads drop the bytes between blobs
+        self.small_bytes = GAP
         big: dict[int, list[Entry]] = {}
         for pos, (layer, k) in enumerate(self.choice):
             for e in by_layer.get(layer.name, []) if layer.const_inputs else []:
@@ -357,6 +390,50 @@ class StreamingExecutor:
                 self._starts.setdefault(b.first, []).append((key, b.offset, b.size))
             if b.kind != "resident":
                 self._ends.setdefault(b.last, []).append(key)
+        self._pieces = self._split_pieces()
+        for pos, pcs in self._pieces.items():
+            self._ends.setdefault(pos, []).extend(pc.key for pc in pcs)
+
+    def _split_pieces(self) -> dict[int, list[_Piece]]:
+        """Per streamed step (preload mode): its blobs cut into pieces, each with the last step that used its
+        addresses before this step's box begins (never later than the box's own ``load_after``: the plan
+        guarantees no box overlapping it in address lives during it). Pieces in dependency order."""
+        plan = self.plan
+        if self.mode != "preload":
+            return {}
+        wbox = {b.name: b for b in plan.boxes if b.kind == "weights"}
+        others = [(b.offset, b.end, b.first, b.last, b.name) for b in plan.boxes if b.kind != "resident"]
+        base = self.arena.ctypes.data
+        out: dict[int, list[_Piece]] = {}
+        for s in self.steps:
+            if not s.blobs or plan.resident[s.pos]:
+                continue
+            box = wbox[s.layer.name]
+            near = [(o, e, last) for o, e, f, last, n in others if last < box.first and o < box.end and box.offset < e]
+            pcs: list[_Piece] = []
+            for j, (e, v) in enumerate(s.blobs):
+                start = v.ctypes.data - base
+                padded = align_up(e.size, WALIGN)
+                cuts: list[tuple[int, int, int]] = []  # (offset in blob, length, dep)
+                a = 0
+                while a < padded:
+                    n = min(PIECE, padded - a)
+                    lo, hi = start + a, start + a + n
+                    dep = max((last for o, end, last in near if o < hi and lo < end), default=-1)
+                    if cuts and cuts[-1][2] == dep:
+                        c = cuts[-1]
+                        cuts[-1] = (c[0], c[1] + n, dep)
+                    else:
+                        cuts.append((a, n, dep))
+                    a += n
+                for k, (a, n, dep) in enumerate(cuts):
+                    span = self.arena[start + a:start + a + n]
+                    data = max(0, min(n, e.size - a))
+                    pcs.append(_Piece(e, span, e.offset + a, data, min(dep, plan.load_after[s.pos]),
+                                      ("weights", f"{s.layer.name}@{j}.{k}"), start + a))
+            pcs.sort(key=lambda p: p.dep)  # stable: address order among equal dependencies
+            out[s.pos] = pcs
+        return out
 
     # ------------------------------------------------------------------ reading
     def _load(self, step: _Step) -> float:
@@ -389,6 +466,58 @@ class StreamingExecutor:
                                     f"at {e.offset}, read {got}")
         if checksum(memoryview(span[:e.size])) != e.checksum:
             raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {e.key} (corrupted weights)")
+
+    def _read_run(self, pcs: Sequence[_Piece]) -> None:
+        """Pieces that follow each other in the store (gaps of at most GAP bytes between them) in one ``preadv``."""
+        if len(pcs) == 1:
+            self._read_piece(pcs[0])
+            return
+        st = self.store
+        iov: list[memoryview] = []
+        pos = pcs[0].file_off
+        for pc in pcs:
+            if pc.file_off > pos:
+                iov.append(memoryview(self._gap[:pc.file_off - pos]))
+            iov.append(memoryview(pc.span))
+            pos = pc.file_off + pc.span.nbytes
+        want = pos - pcs[0].file_off - (pcs[-1].span.nbytes - pcs[-1].nbytes)
+        direct = self.read == "bypass" and st.direct
+        try:
+            got = os.preadv(st._dfd if direct else st._fd, iov, pcs[0].file_off)
+        except OSError:
+            if not direct:
+                raise
+            got = os.preadv(st._fd, iov, pcs[0].file_off)
+            direct = False
+        if self.read == "bypass" and not direct:
+            os.posix_fadvise(st._fd, pcs[0].file_off, pos - pcs[0].file_off, os.POSIX_FADV_DONTNEED)
+        if got < want:
+            raise WeightsStoreError(f"{st.path}: truncated weights store: {want} bytes at {pcs[0].file_off} "
+                                    f"({pcs[0].entry.key} on), read {got}")
+
+    def _read_piece(self, pc: _Piece) -> None:
+        st = self.store
+        if self.read == "bypass" and st.direct:
+            try:
+                got = os.preadv(st._dfd, [memoryview(pc.span)], pc.file_off)
+            except OSError:  # a device with larger blocks: buffered, then dropped
+                got = os.preadv(st._fd, [memoryview(pc.span[:pc.nbytes])], pc.file_off)
+                os.posix_fadvise(st._fd, pc.file_off, pc.nbytes, os.POSIX_FADV_DONTNEED)
+        else:
+            got = os.preadv(st._fd, [memoryview(pc.span[:pc.nbytes])], pc.file_off) if pc.nbytes else 0
+            if self.read == "bypass":
+                os.posix_fadvise(st._fd, pc.file_off, pc.nbytes, os.POSIX_FADV_DONTNEED)
+        if got < pc.nbytes:
+            raise WeightsStoreError(f"{st.path}: truncated weights store: {pc.entry.key} needs {pc.nbytes} bytes "
+                                    f"at {pc.file_off}, read {got}")
+
+    def _verify(self, step: _Step) -> None:
+        """Every blob of ``step`` read in pieces: its checksum, once all its pieces are in."""
+        from ..store import checksum
+
+        for e, v in step.blobs:
+            if checksum(memoryview(v.reshape(-1).view(np.uint8))) != e.checksum:
+                raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {e.key} (corrupted weights)")
 
     def _box(self, pos: int) -> tuple[tuple[str, str], int, int]:
         b = next(b for b in self.plan.boxes if b.kind in ("weights", "resident") and b.name == self.choice[pos][0].name
@@ -450,42 +579,111 @@ class StreamingExecutor:
 
     def _run_streamed(self, tr: ArenaTracker | None) -> tuple[float, float]:
         """The loader thread and this (compute) thread, one event per dependency: the compute thread sets
-        ``comp[j]`` only for the steps some load waits for, the loader sets ``ready[i]`` per streamed layer."""
+        ``comp[j]`` only for the steps some piece waits for; a layer's ``ready`` is set by whichever thread
+        reads its last piece. A piece is read by the thread that claims it first: when the compute thread
+        reaches a layer whose weights are not in yet, it reads the pieces the loader has not started itself
+        (their dependencies have all run) instead of waiting for the loader to be woken and scheduled: on a
+        busy machine that hand-off costs milliseconds per layer, and two reads in flight go faster than one."""
         steps, plan = self.steps, self.plan
         stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
-        after = plan.load_after
-        comp = {after[s.pos]: threading.Event() for s in stream if after[s.pos] >= 0}
+        pieces = self._pieces
+        comp = {pc.dep: threading.Event() for s in stream for pc in pieces[s.pos] if pc.dep >= 0}
         ready = {s.pos: threading.Event() for s in stream}
+        taken = {s.pos: [False] * len(pieces[s.pos]) for s in stream}
+        left = {s.pos: len(pieces[s.pos]) for s in stream}
+        mu = threading.Lock()
         err: list[BaseException] = []
         rs = [0.0]
+        clock = time.perf_counter
+
+        def take(s: _Step, k: int) -> bool:
+            with mu:
+                if taken[s.pos][k]:
+                    return False
+                taken[s.pos][k] = True
+                return True
+
+        def done(run: list[tuple[_Step, _Piece]], dt: float) -> None:
+            """Bookkeeping after ``run`` was read: a layer whose last piece is in is verified and ready."""
+            full = []
+            with mu:
+                rs[0] += dt
+                for s, _pc in run:
+                    left[s.pos] -= 1
+                    if left[s.pos] == 0:
+                        full.append(s)
+            for s in full:
+                t0 = clock()
+                faults.check("cache.read")
+                self._verify(s)
+                with mu:
+                    rs[0] += clock() - t0
+                ready[s.pos].set()
+
+        def read(s: _Step, pc: _Piece) -> None:
+            if tr is not None:
+                tr.claim(pc.key, pc.offset, pc.span.nbytes)
+            t0 = clock()
+            self._read_piece(pc)
+            done([(s, pc)], clock() - t0)
+
+        queue = [(s, k, pc) for s in stream for k, pc in enumerate(pieces[s.pos])]
 
         def loader() -> None:
+            if self.read == "cache" and self.cache_loader_nice > 0:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.cache_loader_nice)
+                except (OSError, AttributeError):  # not Linux, or not permitted: same priority
+                    pass
             try:
-                for s in stream:
-                    a = after[s.pos]
-                    if a >= 0:
-                        comp[a].wait()
+                q = 0
+                while q < len(queue):
+                    s, k, pc = queue[q]
+                    if pc.dep >= 0:
+                        comp[pc.dep].wait()
                     if err:
                         return
+                    q += 1
+                    if not take(s, k):
+                        continue
+                    run = [(s, pc)]
+                    size, end = pc.span.nbytes, pc.file_off + pc.span.nbytes
+                    while q < len(queue) and size < RUN:  # the next pieces, when they can go in the same read
+                        s2, k2, p2 = queue[q]
+                        gap = p2.file_off - end
+                        if not (0 <= gap <= GAP) or (p2.dep >= 0 and not comp[p2.dep].is_set()) \
+                                or not take(s2, k2):
+                            break
+                        run.append((s2, p2))
+                        size += gap + p2.span.nbytes
+                        end = p2.file_off + p2.span.nbytes
+                        q += 1
                     if tr is not None:
-                        tr.claim(*self._box(s.pos))
-                    rs[0] += self._load(s)
-                    ready[s.pos].set()
+                        for _s, p in run:
+                            tr.claim(p.key, p.offset, p.span.nbytes)
+                    t0 = clock()
+                    self._read_run([p for _s, p in run])
+                    done(run, clock() - t0)
             except BaseException as e:  # the compute thread re-raises it
                 err.append(e)
             finally:
-                for ev in ready.values():  # never leave the compute thread waiting
-                    ev.set()
+                if err:
+                    for ev in ready.values():  # never leave the compute thread waiting
+                        ev.set()
 
         th = threading.Thread(target=loader, name="inferd-stream-loader", daemon=True)
         th.start()
         wait_s = 0.0
-        clock = time.perf_counter
         try:
             for s in steps:
                 ev = ready.get(s.pos)
                 if ev is not None and not ev.is_set():
                     w0 = clock()
+                    for k, pc in enumerate(pieces[s.pos]):  # every dependency has run: read what is left
+                        if err or not self.steal:
+                            break
+                        if take(s, k):
+                            read(s, pc)
                     ev.wait()
                     wait_s += clock() - w0
                 if err:
@@ -558,9 +756,10 @@ def expand_kernels(graph: Graph, kernels: dict[str, str]) -> dict[str, str]:
 
 
 def small_bytes(graph: Graph) -> int:
-    """Bytes of the parameters the streaming runtime keeps in process memory (raw size: an estimate)."""
+    """Bytes the streaming runtime keeps in process memory beside its arena: the small parameters (raw size:
+    an estimate) and the loader's gap buffer."""
     seen: set[str] = set()
-    n = 0
+    n = GAP
     for node in graph.nodes:
         for i in node.inputs:
             if i and i in graph.constants and i not in seen:
@@ -600,7 +799,7 @@ def stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, con
     for _ in range(3):
         cfg = config if config is not None else fit_config(graph, max(1, budget - reserve))
         assert isinstance(cfg, MemConfig)
-        g = slice_graph(graph, cfg.slices)
+        g = slice_graph(graph, cfg.slices, cfg.in_slices)
         kernels = expand_kernels(g, dict(cfg.kernels))
         tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
         store = prepare_stream_store(g, Path(work) / f"{graph.name}-{tag}.store", kernels or None)

@@ -86,7 +86,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     ``config``: a ``MemConfig`` to impose (else ``fit_config`` finds one)."""
     src, work = Path(src), Path(work)
     work.mkdir(parents=True, exist_ok=True)
-    cfg_json = json.dumps({"kernels": dict(config.kernels), "slices": dict(config.slices)}) if config else ""
+    cfg_json = json.dumps(config.to_dict()) if config else ""
     skel = work / f"{src.stem}-{_key(src, budget, batch)}{hashlib.sha256(cfg_json.encode()).hexdigest()[:6]}.graph"
     if skel.is_file():
         try:
@@ -100,7 +100,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
                 "from inferd.planner.slicing import MemConfig\n"
                 "c = json.loads(sys.argv[5]) if sys.argv[5] else None\n"
                 "compile_streamed(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), in_child=False, "
-                "config=MemConfig(c['kernels'], c['slices']) if c else None)\n")
+                "config=MemConfig.from_dict(c) if c else None)\n")
         r = subprocess.run([sys.executable, "-c", code, str(src), str(budget), str(work), str(batch), cfg_json],
                            capture_output=True, text=True)
         if r.returncode != 0:
@@ -116,7 +116,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
         cfg = fit_config(graph, max(1, (budget if budget > 0 else big) - small_bytes(graph)))
     else:
         cfg = config
-    g = slice_graph(graph, cfg.slices)
+    g = slice_graph(graph, cfg.slices, cfg.in_slices)
     kernels = expand_kernels(g, dict(cfg.kernels))
     tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
     # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
@@ -124,7 +124,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     store = prepare_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.store", kernels or None)
     compute_s, read_bw = _measure(g, kernels, store)
     write_skeleton(strip_constants(g), skel, {"store": str(store), "kernels": kernels,
-                                              "config": {"kernels": dict(cfg.kernels), "slices": dict(cfg.slices)},
+                                              "config": cfg.to_dict(),
                                               "compute_s": compute_s, "read_bw": read_bw})
     return skel
 
@@ -165,5 +165,5 @@ def open_streamed(skel: str | os.PathLike, budget: int, **kw: Any) -> StreamingE
     ex = StreamingExecutor(g, meta["store"], budget if budget > 0 else 1 << 50, kernels=meta.get("kernels") or None,
                            **kw)
     c = meta.get("config") or {}
-    ex.config = MemConfig(dict(c.get("kernels", {})), dict(c.get("slices", {})))
+    ex.config = MemConfig.from_dict(c)
     return ex

@@ -8,6 +8,10 @@ not loaded: its requests are answered UNAVAILABLE with the size it needs. Unload
 their next request. (Slicing a model to run inside less than its size, and streaming its weights, is
 the memory planner's job; this module decides which models stay.)
 
+The GPU has its own budget (``device_memory_budget``, default: the largest device-local heap the device
+reports): models placed on Vulkan are planned against it, the others against the host budget, by the same
+``plan`` (least recently used first, pinned, busy and the model being admitted kept).
+
 ``plan`` is pure: the daemon hands it a snapshot and carries out what it returns.
 """
 from __future__ import annotations
@@ -60,12 +64,33 @@ def plan(resident: Sequence[Resident], budget: int, need: int = 0, keep: str | N
     return Verdict(tuple(out), max(0, total - budget))
 
 
-def describe_shortfall(name: str, need: int, budget: int, held: int) -> str:
-    """Why ``name`` is not loaded: what it needs against what the budget leaves."""
+def describe_shortfall(name: str, need: int, budget: int, held: int, device: bool = False) -> str:
+    """Why ``name`` is not loaded: what it needs against what the budget (``device``: the GPU's) leaves."""
+    if device:
+        return (f"model {name!r} needs {need} bytes ({need / 2**20:.1f} MiB) of device memory, measured at its last "
+                f"load, but the device memory budget of {budget} bytes ({budget / 2**20:.1f} MiB) leaves "
+                f"{max(0, budget - held)} once the pinned and busy models on the device ({held} bytes) are counted; "
+                f"the minimum device budget it needs is {held + need} bytes (set device_memory_budget to at least "
+                f"that) or unload others")
     return (f"model {name!r} needs {need} bytes ({need / 2**20:.1f} MiB, measured at its last load) but the memory "
             f"budget of {budget} bytes ({budget / 2**20:.1f} MiB) leaves {max(0, budget - held)} once the pinned and "
             f"busy models ({held} bytes) are counted; raise the budget to at least {held + need} bytes "
             f"(`inferctl budget {held + need}`) or unload others")
+
+
+def on_device(device: str | None) -> bool:
+    """Whether a model placed on ``device`` holds its memory on the GPU (its own budget there): a Vulkan
+    placement. CPU and co-executed models (``cpu+vulkan``, whose weights live on both sides) count against
+    the host budget."""
+    return device == "vulkan"
+
+
+def device_budget(configured: int, available: int | None) -> int:
+    """The device memory budget: the configured one, else what the device reports available (0: unknown,
+    no budget), never above what it reports."""
+    if available is None or available <= 0:
+        return configured
+    return available if configured <= 0 else min(configured, available)
 
 
 #: cgroup v1 reports "no limit" as a page-rounded 2**63 - 1

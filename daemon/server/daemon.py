@@ -39,7 +39,7 @@ from inferd_client import protocol as P
 from ..config import Config, ConfigError, load_config, parse_argv
 from . import auth
 from .auth import Peer, Policy
-from . import budget, streamed
+from . import budget, pressure, streamed
 from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
@@ -68,6 +68,8 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
 
 
 STATUS_PERIOD_S = 10.0
+#: how often the cgroup's memory.max / memory.high are read again between status periods (cheap: two files)
+CGROUP_PERIOD_S = 2.0
 PEER_CACHE_MAX = 4096  # distinct connections' verdicts remembered (one per client process on ipc)
 MAX_BATCH = 256  # messages handled per socket per loop turn, so neither socket starves the other
 IPC_PATH_MAX = 107  # sun_path
@@ -241,6 +243,14 @@ class Server:
         self._retired: list[ModelSlot] = []
         self.budget = config.memory_budget
         self.cgroup_limit: int | None = None  # the process's cgroup memory limit, as last read
+        self._cgroup_checked = 0.0
+        # memory pressure (PSI): a watcher thread counts trigger events, the main loop acts on them
+        self.pressure_cap = pressure.PressureCap()
+        self.pressure_watcher: pressure.PressureWatcher | None = None
+        self.pressure_source = ""  # the file watched, or why none is
+        self._pressure_hits = 0
+        self._pressure_seen = 0
+        self._wake_w: socket.socket | None = None
         self.limits = self._limits(config)
         self.policy = Policy.from_config(config)
         self.shares = ClientShares(config.max_inflight_per_client)
@@ -461,26 +471,108 @@ class Server:
 
     # ------------------------------------------------------------------ memory budget (main thread)
 
-    def _residents(self) -> list[budget.Resident]:
+    def _residents(self, device: bool = False) -> list[budget.Resident]:
+        """The loaded models the host budget (``device``: the GPU's) plans with."""
         return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned, not s.idle())
-                for s in self.slots.values() if s.model is not None]
+                for s in self.slots.values() if s.model is not None and budget.on_device(s.device) == device]
+
+    def device_budget_now(self) -> int:
+        """The device memory budget: ``device_memory_budget``, else what the open Vulkan device reports (0:
+        none open, no budget: nothing is placed there)."""
+        from ..vulkan.device import shared_device_if_open
+
+        dev = None
+        if any(budget.on_device(s.device) for s in self.slots.values()):
+            try:
+                dev = shared_device_if_open()
+            except Exception:  # no loader: nothing on the device
+                dev = None
+        avail = dev.memory_report()["available"] if dev is not None else None
+        return budget.device_budget(self.config.device_memory_budget, avail)
+
+    def enforce_device_budget(self) -> None:
+        """Unload least recently used Vulkan models until those on the device fit its budget."""
+        limit = self.device_budget_now()
+        if limit <= 0:
+            return
+        v = budget.plan(self._residents(device=True), limit)
+        for name in v.evict:
+            if self.slots[name].evict(f"evicted to keep the device memory budget ({limit} bytes); loads again "
+                                      f"on its next request"):
+                log.info("model %s: evicted to keep the device memory budget of %d bytes", name, limit)
+        if not v.fits:
+            self._rl(logging.WARNING, "models on the device that must stay (pinned or busy) exceed its memory "
+                     "budget of %d bytes by %d bytes", limit, v.short_by)
 
     def budget_now(self, rss: int | None = None, models: int | None = None) -> int:
         """The models' budget now: the configured one tightened to what the process's cgroup limit leaves
         (read again each time: systemd and container runtimes change it while the board runs). ``rss`` and
         ``models`` (the process's RSS, its models' bytes) when the caller has them already."""
         self.cgroup_limit = budget.cgroup_memory_limit()
-        if self.cgroup_limit is None:
-            return self.budget
-        if models is None:
-            models = sum(s.memory_bytes() for s in self.slots.values())
-        return budget.effective_budget(self.budget, self.cgroup_limit,
-                                       (process_rss() if rss is None else rss) - models)
+        limit = self.budget
+        if self.cgroup_limit is not None:
+            if models is None:
+                models = sum(s.memory_bytes() for s in self.slots.values())
+            limit = budget.effective_budget(self.budget, self.cgroup_limit,
+                                            (process_rss() if rss is None else rss) - models)
+        # memory pressure caps it further until enough quiet time has passed
+        return pressure.apply_cap(limit, self.pressure_cap.current(time.monotonic(), ceiling=limit))
+
+    # ------------------------------------------------------------------ memory pressure and the cgroup
+
+    def start_pressure_watch(self) -> None:
+        """Watch memory pressure as ``memory_pressure`` says; where PSI is absent or a trigger is refused, say
+        why once and run without it."""
+        how = (self.config.memory_pressure or "auto").strip()
+        if how == "off":
+            self.pressure_source = "off"
+            return
+        w, what = pressure.start(self.on_memory_pressure, None if how == "auto" else how)
+        self.pressure_watcher = w
+        self.pressure_source = what if w is not None else f"not watched: {what}"
+        if w is None:
+            log.info("memory pressure not watched (%s); the cgroup's memory.max/memory.high are still read", what)
+        else:
+            log.info("memory pressure watched through %s", what)
+
+    def stop_pressure_watch(self) -> None:
+        if self.pressure_watcher is not None:
+            self.pressure_watcher.stop()
+            self.pressure_watcher = None
+
+    def on_memory_pressure(self) -> None:
+        """From the watcher thread: count the event and wake the main loop, which acts on it."""
+        self._pressure_hits += 1
+        w = self._wake_w
+        if w is not None:
+            try:
+                w.send(b"p")
+            except OSError:
+                pass
+
+    def check_memory_sources(self, now: float) -> None:
+        """Main loop: act on pressure events since the last look, and on a changed cgroup limit (read every
+        CGROUP_PERIOD_S): both go the way ``set_budget`` goes (re-plan the streamed models, evict LRU)."""
+        if self._pressure_hits != self._pressure_seen:
+            self._pressure_seen = self._pressure_hits
+            held = sum(s.memory_bytes() for s in self.slots.values())
+            cap = self.pressure_cap.event(now, held)
+            self._rl(logging.WARNING, "memory pressure: the models' budget capped at %d bytes (they held %d)", cap,
+                     held)
+            self.enforce_budget()
+            return
+        if now - self._cgroup_checked >= CGROUP_PERIOD_S:
+            self._cgroup_checked = now
+            old = self.cgroup_limit
+            if budget.cgroup_memory_limit() != old:
+                log.info("cgroup memory limit changed from %s to %s bytes", old, budget.cgroup_memory_limit())
+                self.enforce_budget()
 
     def enforce_budget(self) -> None:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
+        self.enforce_device_budget()
         limit = self.budget_now()
-        streamed.rebudget(self.slots.values(), limit)  # streamed models re-plan into their new shares first
+        streamed.rebudget([s for s in self.slots.values() if not budget.on_device(s.device)], limit)
         if limit <= 0:
             return
         v = budget.plan(self._residents(), limit)
@@ -495,18 +587,19 @@ class Server:
     def admit(self, slot: ModelSlot) -> str | None:
         """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
         last load; unknown the first time), or the reason it cannot fit at all."""
-        limit = self.budget_now()
+        dev = budget.on_device(slot.device or slot.last_device)  # where its last load placed it (first: host)
+        limit = self.device_budget_now() if dev else self.budget_now()
         need = streamed.admit_need(slot)
         if limit <= 0 or need <= 0:
             return None
-        res = [r for r in self._residents() if r.name != slot.name]
+        res = [r for r in self._residents(device=dev) if r.name != slot.name]
         v = budget.plan(res, limit, need=need, keep=slot.name)
         if not v.fits:
             held = sum(r.nbytes for r in res if r.pinned or r.busy)
-            return budget.describe_shortfall(slot.name, need, limit, held)
+            return budget.describe_shortfall(slot.name, need, limit, held, device=dev)
         for name in v.evict:
-            self.slots[name].evict(f"evicted to make room for {slot.name!r} within the memory budget "
-                                   f"({limit} bytes)")
+            self.slots[name].evict(f"evicted to make room for {slot.name!r} within the "
+                                   f"{'device ' if dev else ''}memory budget ({limit} bytes)")
         return None
 
     # ------------------------------------------------------------------ requests
@@ -693,6 +786,12 @@ class Server:
             "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget,
                        "effective_budget_bytes": self.budget_now(rss, models_bytes),
                        "cgroup_limit_bytes": self.cgroup_limit,
+                       "device": {"budget_bytes": self.device_budget_now(),
+                                  "configured_bytes": self.config.device_memory_budget,
+                                  "models_bytes": sum(s.memory_bytes() for s in self.slots.values()
+                                                      if budget.on_device(s.device))},
+                       "pressure": {"source": self.pressure_source, "events": self.pressure_cap.events,
+                                    "cap_bytes": self.pressure_cap.current(time.monotonic())},
                        # what RSS holds beyond the models' arenas and weights: interpreter, libraries, driver
                        "overhead_bytes": max(0, rss - models_bytes),
                        # clean pages of the loaded models' packages in the page cache: memory too, and the
@@ -896,7 +995,10 @@ class Server:
             self.enforce_budget()
         if new.log_level != self.config.log_level:
             logging.getLogger("inferd").setLevel(new.log_level.upper())
+        device_budget_changed = new.device_memory_budget != self.config.device_memory_budget
         self.config = new
+        if device_budget_changed:
+            self.enforce_device_budget()
         self.limits = self._limits(new)
         self.policy = policy
         self._peers.clear()
@@ -972,6 +1074,8 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
         router, pull, wake_fd = self.router, self.pull, wake_r.fileno()
+        self._wake_w = wake_w
+        self.start_pressure_watch()
         # zmq_poll on a fixed item list: zmq.Poller rebuilds the list and a dict on every call.
         poll_items = [(router, _POLLIN), (pull, _POLLIN), (wake_fd, _POLLIN)]
         zmq_poll = zmq.zmq_poll
@@ -984,6 +1088,7 @@ class Server:
             while True:
                 now = time.monotonic()
                 nearest = self._sweep_deadlines(now)
+                self.check_memory_sources(now)
                 if self._stop_requests and not self.draining:
                     self._begin_drain(now)
                 if self._reload_requested and not self.draining:
@@ -996,7 +1101,7 @@ class Server:
                     self._last_status = now
                     self.enforce_budget()  # models that were busy at the last change may be idle now
                     self.notifier.status(self._status_line())
-                timeout = STATUS_PERIOD_S
+                timeout = min(STATUS_PERIOD_S, CGROUP_PERIOD_S)
                 if self.notifier.watchdog_interval is not None:
                     timeout = min(timeout, self.notifier.watchdog_interval / 2)
                 if nearest is not None:
@@ -1031,6 +1136,8 @@ class Server:
             log.info("drained; shutting down")
             return 0
         finally:
+            self.stop_pressure_watch()
+            self._wake_w = None
             self._shutdown()
             if old_handlers:
                 for sig, h in old_handlers.items():

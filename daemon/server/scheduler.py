@@ -330,6 +330,8 @@ class ModelSlot:
         self.reason = "not loaded yet"
         self.model: Any = None
         self.device: str | None = None
+        #: where the last load placed it (kept across unloads: the budget it is admitted against next time)
+        self.last_device: str | None = None
         #: the CPU model that serves while the primary recovers (``fallback = "cpu"``)
         self.fallback_model: Any = None
         #: held around every change of ``model``: the worker's loads and the server's recoveries
@@ -932,6 +934,7 @@ class ModelSlot:
                 self.reason = evicting
             else:
                 self.reason = (reason or "removed from the repository") if final else "unloaded by request"
+            self.last_device = self.device or self.last_device
             self.device = None
             cancelled = self._cancel_queued_locked()
             waiters, self._unload_waiters = self._unload_waiters, []

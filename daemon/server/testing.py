@@ -143,6 +143,8 @@ class DaemonProcess:
             # Inherited systemd variables would make the child talk to the real service manager.
             for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID", "JOURNAL_STREAM"):
                 self.env.pop(var, None)
+            # the machine's own memory pressure would cap the budget of a test's daemon at random moments
+            self.env.setdefault("INFERD_MEMORY_PRESSURE", "off")
         self.endpoint = endpoint or default_endpoint(self.env)
         ep_args = ["--endpoint", endpoint] if endpoint else []
         self.argv = [*ep_args, "--models", str(models_dir), "--device", device, *args]

@@ -203,6 +203,13 @@ def get_device(config: "VulkanConfig | Mapping[str, Any] | None" = None) -> "Vul
         return _shared
 
 
+def shared_device_if_open() -> "VulkanDevice | None":
+    """The process-wide device when one is open (never creates one: a CPU-only daemon must not start a driver
+    just to ask what memory it has)."""
+    d = _shared
+    return d if d is not None and not d.closed else None
+
+
 def close_shared_device() -> None:
     global _shared
     with _shared_lock:
@@ -412,6 +419,8 @@ class VulkanDevice:
         self._mem_types = [(int(mp.memoryTypes[i].propertyFlags), int(mp.memoryTypes[i].heapIndex))
                            for i in range(mp.memoryTypeCount)]
         self._heaps = [int(mp.memoryHeaps[i].size) for i in range(mp.memoryHeapCount)]
+        self._heap_local = [bool(int(mp.memoryHeaps[i].flags) & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+                            for i in range(mp.memoryHeapCount)]
         self._heap_used = [0] * len(self._heaps)
         exts = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
         self._feedback = "VK_EXT_pipeline_creation_feedback" in exts
@@ -906,6 +915,15 @@ class VulkanDevice:
     def wait_idle(self) -> None:
         with self.queue_lock:
             vk.vkQueueWaitIdle(self.queue)
+
+    def memory_report(self) -> dict[str, int]:
+        """What the device reports for the models' memory: ``available`` is the largest device-local heap (any
+        heap where none is marked so: a CPU device such as lavapipe), ``held`` what inferd's allocations on
+        that heap take now. The daemon's default device memory budget is ``available``."""
+        idx = [i for i, loc in enumerate(self._heap_local) if loc] or list(range(len(self._heaps)))
+        best = max(idx, key=lambda i: self._heaps[i]) if idx else -1
+        return {"available": self._heaps[best] if best >= 0 else 0,
+                "held": self._heap_used[best] if best >= 0 else 0, "heap": best}
 
     def close(self) -> None:
         """Close open models, save the pipeline cache, destroy every Vulkan object (idempotent)."""
