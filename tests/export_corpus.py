@@ -31,6 +31,8 @@ from typing import Any, Callable
 import numpy as np
 
 EXPORTERS = ("torchscript", "dynamo")
+#: bumped when how a model is built or exported changes, so cached exports of the old recipe are not reused
+RECIPE = 2
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Arch:
     seg: bool = False  # torchvision segmentation: the output is a dict; 'out' is exported
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps([self.source, self.builder, self.shape, self.kwargs, self.detector,
+        return hashlib.sha256(json.dumps([RECIPE, self.source, self.builder, self.shape, self.kwargs, self.detector,
                                           self.seg], sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -180,19 +182,44 @@ def cache_dir() -> Path:
 
 
 def build(arch: Arch) -> Any:
-    """The model, eval mode, random weights drawn from a fixed seed."""
+    """The model, eval mode, random weights drawn from a fixed seed; batch-norm statistics calibrated."""
     import torch
 
     torch.manual_seed(0)
     if arch.source == "timm":
         import timm
 
-        return timm.create_model(arch.builder, pretrained=False, **arch.kwargs).eval()
-    tv = import_torchvision()
-    fn: Any = tv.models
-    for part in arch.builder.split("."):
-        fn = getattr(fn, part)
-    return fn(weights=None, **arch.kwargs).eval()
+        model = timm.create_model(arch.builder, pretrained=False, **arch.kwargs)
+    else:
+        tv = import_torchvision()
+        fn: Any = tv.models
+        for part in arch.builder.split("."):
+            fn = getattr(fn, part)
+        model = fn(weights=None, **arch.kwargs)
+    if not arch.detector:  # a detector's training forward needs targets; its outputs are well scaled anyway
+        _calibrate_batchnorm(model, arch)
+    return model.eval()
+
+
+def _calibrate_batchnorm(model: Any, arch: Arch) -> None:
+    """Running statistics from a forward pass over random images. With the initial ones (mean 0, variance 1)
+    and random weights, some networks' outputs shrink to 1e-10..1e-14 (MobileNetV3, EfficientNet), where
+    comparing two engines says little; with real statistics every layer's output is O(1), as in a trained
+    model."""
+    import torch
+
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the calibration batches
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(2):
+            model(torch.rand((4,) + tuple(arch.shape[1:]), generator=g))
+    model.eval()
 
 
 class _SegOut:
