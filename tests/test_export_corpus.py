@@ -70,8 +70,9 @@ def _compare(arch: Arch, names: list[str], got: dict[str, np.ndarray], want: lis
             np.testing.assert_array_equal(g, w, err_msg=name)
             continue
         scale = float(np.abs(w).max()) if w.size else 0.0
-        # random weights: errors scale with the output's magnitude (a box in pixels, a logit of a few units)
-        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4 * max(scale, 1e-30), err_msg=name)
+        # errors scale with the output's magnitude (a box in pixels, a logit of a few units); float32 sums in
+        # another order through ResNet-50's 53 convolutions differ from onnxruntime's by up to 1.5e-4 of it
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=5e-4 * max(scale, 1e-30), err_msg=name)
     if arch.detector:
         # boxes, scores and labels: random weights with low thresholds must keep boxes
         assert all(w.shape[0] > 0 for w in want), f"{arch.name}: onnxruntime kept no boxes {[w.shape for w in want]}"
