@@ -9,6 +9,7 @@ Usage: ``.venv/bin/python scripts/ops_corpus.py [--out bench/results] [--devices
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 path, x = corpus.export(arch, exporter)
             except Exception as e:
-                row["export_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                first = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0])  # no terminal colours
+                row["export_error"] = f"{type(e).__name__}: {first[:200]}"
                 continue
             sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             feeds = {sess.get_inputs()[0].name: x}

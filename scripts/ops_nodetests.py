@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
              f"Goal (issue-18 operators >= 98%): {'met' if (f18['percent'] or 0) >= 98 else 'missed'}.", "",
              "Misses among the issue-18 tests:", ""]
     lines += [f"- `{x['test']}` ({x['outcome']}): {x['reason']}" for x in f18["misses"]] or ["- none"]
+    from collections import Counter
+
+    lines += ["", "Misses among all selected node tests, by reason:", ""]
+    lines += [f"- {n}: {r or '(failed)'}" for r, n in Counter(x["reason"] for x in fall["misses"]).most_common()]
     jp, mp = write_results(a.out, "ops_nodetests", data, "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {jp} and {mp}")
