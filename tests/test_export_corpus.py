@@ -93,15 +93,15 @@ def test_cpu_matches_onnxruntime(arch: Arch, exporter: str) -> None:
 def test_vulkan_matches_onnxruntime(arch: Arch, exporter: str) -> None:
     import inferd
     import inferd.vulkan
-    from inferd.errors import BackendError
 
     if not inferd.vulkan.available():
         pytest.skip("needs a Vulkan device (lavapipe)")
     path, feeds, names, want = _exported(arch, exporter)
+    model = inferd.load(path, device="vulkan")
+    _compare(arch, names, model.run(feeds), want)
     if arch.detector:
-        # data-dependent outputs (NMS, TopK with a run-time k, ...) shape what follows them at run time; the
-        # Vulkan backend plans static shapes and refuses such a model by name rather than run it wrong
-        with pytest.raises(BackendError, match="shaped at run time"):
-            inferd.load(path, device="vulkan")
-        return
-    _compare(arch, names, inferd.load(path, device="vulkan").run(feeds), want)
+        # the post-processing is shaped at run time: it runs on the CPU after the Vulkan part, which holds the rest
+        kernels = model.kernels
+        on_cpu = [n for n, k in kernels.items() if k.startswith("cpu:")]
+        assert on_cpu and len(on_cpu) < len(kernels), (len(on_cpu), len(kernels))
+        assert any(k.startswith("vk_") for k in kernels.values())
