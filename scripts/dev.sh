@@ -45,8 +45,27 @@ install_python() {
     echo "[dev] installing inferd and its Python dependencies into $VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel cffi >/dev/null
     "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test]"
+    install_corpus
     echo "$want" > "$stamp"
   fi
+}
+
+# The export corpus (tests/test_export_corpus.py) needs torch; only a CPU build is installed here (a CUDA build
+# brings several GB of CUDA packages): one already in the venv, or one pip resolves torch==2.13.0 to (a local
+# CPU wheel). Otherwise the corpus tests skip. INFERD_TEST_CORPUS=0 leaves it out.
+install_corpus() {
+  [ "${INFERD_TEST_CORPUS:-1}" = 1 ] || return 0
+  local py="$VENV/bin/python"
+  if ! "$py" -c "import sys, torch; sys.exit(torch.version.cuda is not None)" 2>/dev/null; then
+    "$py" -m pip install -q --dry-run --no-deps --report - "torch==2.13.0" 2>/dev/null \
+      | grep -q '"version": "2.13.0+cpu"' || { echo "[dev] no CPU build of torch 2.13.0 found: the export corpus tests will skip (README, Tests)"; return 0; }
+  fi
+  echo "[dev] installing the export corpus's test dependencies (torch CPU, torchvision, timm, onnxscript)"
+  "$py" -m pip install -q "torch==2.13.0"
+  # torchvision's wheel is a CUDA build: --no-deps keeps pip from replacing torch; its model definitions are
+  # pure Python (tests/export_corpus.py registers the few compiled ops the corpus needs when _C cannot load)
+  "$py" -m pip install -q --no-deps "torchvision==0.28.0" "timm>=1.0"
+  "$py" -m pip install -q "onnxscript>=0.5" pillow pyyaml huggingface_hub safetensors
 }
 
 cmd=${1:-}

@@ -81,7 +81,23 @@ def shape_defining_inputs(model: onnx.ModelProto,
         p = producer.get(t)
         if p is not None and p.op_type not in _SHAPE_ONLY:
             todo.extend(i for i in p.input if i)
+            # a branch or body reads outer-scope values without naming them as node inputs (an If
+            # computing a shape from a graph input, as AffineGrid's function body does)
+            todo.extend(_outer_names(p))
     return found
+
+
+def _outer_names(node: onnx.NodeProto) -> set[str]:
+    """Values a node's subgraphs (If branches, Loop/Scan bodies) read from the enclosing scope."""
+    names: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            local = ({vi.name for vi in g.input} | {i.name for i in g.initializer}
+                     | {o for n in g.node for o in n.output})
+            for n in g.node:
+                names.update(i for i in n.input if i and i not in local)
+                names.update(x for x in _outer_names(n) if x not in local)
+    return names
 
 
 def freeze_inputs(model: onnx.ModelProto, values: dict[str, np.ndarray]) -> onnx.ModelProto:

@@ -76,6 +76,32 @@ def test_data_dependent_graph_matches_onnxruntime(tmp_path: Path) -> None:
     assert ex.graph.infos["tv"].shape == (2, 40)
 
 
+def test_branch_reading_a_data_dependent_tensor(tmp_path: Path) -> None:
+    """An If whose branch reads an outer tensor sized at run time (torchvision's batched_nms: offsets from the
+    kept labels, sliced, into NonMaxSuppression): the branch's nodes are run-time shaped too, not shaped at the
+    outer tensor's placeholder (a Slice of it failed), and a node whose inference fails there keeps its op's
+    element type (TopK's indices are int64 in both branches)."""
+    k1 = h.make_tensor("k1", T.INT64, [1], [1])
+    then_b = h.make_graph([h.make_node("Constant", [], ["ti"], value=h.make_tensor("z", T.INT64, [1, 1], [0]))],
+                          "then", [], [h.make_empty_tensor_value_info("ti")])
+    else_b = h.make_graph([h.make_node("Constant", [], ["st"], value=h.make_tensor("st_", T.INT64, [1], [0])),
+                           h.make_node("Constant", [], ["en"], value=h.make_tensor("en_", T.INT64, [1], [2])),
+                           h.make_node("Constant", [], ["ax"], value=h.make_tensor("ax_", T.INT64, [1], [1])),
+                           h.make_node("Constant", [], ["k"], value=k1),
+                           h.make_node("Slice", ["lab", "st", "en", "ax"], ["sl"]),
+                           h.make_node("TopK", ["sl", "k"], ["tv", "ei"], axis=1)],
+                          "else", [], [h.make_empty_tensor_value_info("ei")])
+    # labels as torchvision makes them: full_like(kept scores, label), a ConstantOfShape of a run-time Shape
+    m = _model([h.make_node("NonZero", ["x"], ["nz"]), h.make_node("Shape", ["nz"], ["nzs"]),
+                h.make_node("ConstantOfShape", ["nzs"], ["ones"], value=h.make_tensor("one", T.FLOAT, [1], [1.0])),
+                h.make_node("Concat", ["ones", "ones"], ["lab"], axis=1),
+                h.make_node("If", ["cond"], ["y"], then_branch=then_b, else_branch=else_b)],
+               [("x", T.FLOAT, [6]), ("cond", T.BOOL, [])], ["y"])
+    x = np.array([0, 3, 0, 5, 2, 0], np.float32)
+    _both(tmp_path, m, [{"x": x, "cond": np.array(c)} for c in (False, True)]
+          + [{"x": np.array([1, 0, 2, 0, 0, 4], np.float32), "cond": np.array(False)}])
+
+
 def test_topk_runtime_k_past_the_axis_fails_cleanly(tmp_path: Path) -> None:
     m = _model([h.make_node("TopK", ["s", "k"], ["tv", "ti"])], [("s", T.FLOAT, [2, 8]), ("k", T.INT64, [1])],
                ["tv", "ti"])

@@ -71,3 +71,37 @@ def test_info_shows_where_nodes_run(tmp_path: Path, capsys: pytest.CaptureFixtur
     info = json.loads(capsys.readouterr().out)
     assert info["placement"]["cpu"] == ["warp", "roi", "lpn"]
     assert "conv1" in info["placement"]["gpu"]
+
+
+def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path) -> None:
+    """A Vulkan model whose tail is shaped at run time (NonZero of a conv's activations, then GatherND): the conv
+    runs on Vulkan, the data-dependent tail on the CPU engine; outputs equal onnxruntime's for runs whose output
+    sizes differ."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             h.make_node("Relu", ["c"], ["r"], name="relu"),
+             h.make_node("Greater", ["r", "t"], ["m"], name="gt"),
+             h.make_node("NonZero", ["m"], ["nz"], name="nonzero"),
+             h.make_node("Transpose", ["nz"], ["nzt"], name="tr"),
+             h.make_node("GatherND", ["r", "nzt"], ["y"], name="gather")]
+    g = h.make_graph(nodes, "tail", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("r", T.FLOAT, None)],
+                     [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.5, np.float32), "t")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "tail.onnx"
+    onnx.save(m, p)
+    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    model = inferd.load(str(p), device="vulkan")
+    sizes = set()
+    for scale in (0.5, 1.0, 2.0):
+        feeds = {"x": (rng.standard_normal((1, 3, 8, 8)) * scale).astype(np.float32)}
+        got = model.run(feeds)
+        for name, want in zip(("y", "r"), sess.run(None, feeds)):
+            assert got[name].shape == want.shape
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4)
+        sizes.add(got["y"].shape)
+    assert len(sizes) > 1, "the runs should keep different numbers of elements"
+    k = model.kernels
+    assert k["conv"].startswith("vk_") and k["gather"].startswith("cpu:") and k["nonzero"].startswith("cpu:")

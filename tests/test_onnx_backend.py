@@ -91,16 +91,8 @@ R_OPSET28 = ("opset-28 additions (signed-integer BitShift, bfloat16 or float16 o
              "onnx.version_converter refuses to lower them to the importer's range (7..23), where ONNX does not "
              "allow them")
 R_BF16_BODY = "expanded function body casts to bfloat16: an element type the engine rejects by design (R_LOWBIT)"
-R_RUNTIME_SHAPE = ("AffineGrid's expanded function body builds its output shape (Expand, ConstantOfShape) from the "
-                   "`size` graph input through an If: a shape computed from a run-time value, which inferd does not "
-                   "plan (shapes come from constants and input shapes; data-dependent ops have bounds, an Expand "
-                   "has none); the AffineGrid node itself runs its node tests")
 R_OPSET1 = "opset 1 models (Not's node tests): below the importer's supported range (7..23), by design"
 R_SCAN8 = "Scan at opset 8 (batch axis and sequence_lens inputs, replaced in opset 9): not supported by design"
-
-R_DFT_TOL = ("DFT inverse: the expected values carry float32 round-off (1.9e-7 where the exact answer is 0), above "
-             "the test's atol 1e-7; inferd computes the FFT in float64 and is within 1e-15 there (onnxruntime is "
-             "off by 1.9e-5)")
 
 R_RANDOM = ("Bernoulli draws: the expected values are one generator's samples (onnxruntime's / numpy's legacy "
             "RandomState); inferd draws valid samples from its own (tests/test_ops_misc.py checks the distribution)")
@@ -111,7 +103,6 @@ R_ATTN24 = ("Attention's opset 24/25 inputs and attributes (nonpad_kv_seqlen, le
 EXCLUDE: dict[str, str] = {
     r"^test_attention_\w*(local_window|bidirectional_window|nonpad|padded_kv)\w*(?<!_expanded)_cpu$": R_ATTN24,
     r"^test_bernoulli\w*_cpu$": R_RANDOM,
-    r"^test_dft_inverse(_opset19)?_cpu$": R_DFT_TOL,
     r"^test_not_\dd_cpu$": R_OPSET1,
     r"^test_scan_sum_cpu$": R_SCAN8,
     # types
@@ -129,7 +120,6 @@ EXCLUDE: dict[str, str] = {
     r"^test_einsum_\w+_bfloat16_cpu$": R_OPSET28,
     r"^test_(compress|unique)_bfloat16\w*_cpu$": R_OPSET28,
     r"^test_mod_(float(16|32|64)_mixed_sign|float_edge_cases)_fmod_0": R_OPSET28,
-    r"^test_affine_grid_\w+_expanded_cpu$": R_RUNTIME_SHAPE,
     r"^test_attention_\w+_bf16_expanded_cpu$": R_BF16_BODY,
     r"^test_identity_(opt|sequence)_": R_NOT_TENSOR,
     # training-only behaviour and outputs

@@ -319,3 +319,24 @@ def test_kernel_matches_reference(device: Any, cid: str, op: str, ins: list, att
             continue
         err = rel_err(g, rf)
         assert err <= TOL, f"{cid}: relative error {err:.3g} > {TOL}"
+
+
+def test_winograd_weights_fit_one_binding() -> None:
+    """A Winograd kernel whose transformed weights (one binding) would pass the smallest maxStorageBufferRange
+    does not apply: FCN-ResNet50's 2048->512 3x3 head (151 MB at F(4x4) in float32) failed at recording on
+    lavapipe. A layer of a quarter the channels still gets it. (applies() is pure: no device needed.)"""
+    import inferd.ops.conv_vulkan  # noqa: F401  (registers the Vulkan Conv kernels)
+    from inferd.ops import kernels_for, single_node_layer
+    from inferd.vulkan.kernel import MAX_BINDING_BYTES
+
+    wino = [k for k in kernels_for("Conv", "vulkan") if k.name.startswith("vk_winograd")]
+    assert {k.name for k in wino} >= {"vk_winograd43", "vk_winograd43_tex", "vk_winograd23"}
+    for cin, cout, fits in ((2048, 512, False), (512, 512, True)):
+        layer = single_node_layer("Conv", [np.zeros((1, cin, 8, 8), np.float32), np.zeros((cout, cin, 3, 3), np.float32)],
+                                  {"pads": [1, 1, 1, 1]})
+        for k in wino:
+            if k.name == "vk_winograd23" and fits:
+                continue  # F(2x2)'s 16 points: a smaller transform
+            assert k.applies(layer) == (k.transformed_nbytes(layer) <= MAX_BINDING_BYTES), k.name
+            if "43" in k.name:
+                assert k.applies(layer) == fits, (k.name, cin, cout)

@@ -4,7 +4,7 @@ compiled package is specialised at load without it."""
 from __future__ import annotations
 
 from collections import ChainMap
-from typing import Callable, Mapping, MutableMapping, Sequence
+from typing import Callable, Collection, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from ..errors import InferdError, ModelFormatError, ShapeError
 from ..ir import Graph, Node, Subgraph, TensorInfo
 from ..ops.base import op_spec
 from ..ops.control import CONTROL_OPS, axis_index, formal_inputs, outer_map, scan_counts
+from ..ops.tensor import onnx_dtype
 from .rewrite import dce, rewrite
 
 #: Folding an op that creates a huge tensor from a tiny one would bloat the weights; keep these at run time.
@@ -165,7 +166,7 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
                 set_const(node.outputs[0], val, infos, constants)
             continue
         if node.op in CONTROL_OPS:
-            res = shape_control(node, infos, known, opset, lambda name: name not in probed)
+            res = shape_control(node, infos, known, opset, lambda name: name not in probed, ragged)
             if isinstance(res[1], dict):  # an If decided here: its branch's nodes take its place
                 inlined, consts = res
                 for k, v in consts.items():
@@ -189,7 +190,7 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
                 outs = spec.infer(node, [infos[i] if i else None for i in node.inputs],
                                   {i: known[i] for i in node.inputs if i and i in known})
             except Exception:
-                outs = [((), infos[node.inputs[0]].dtype)] * len(node.outputs)
+                outs = [((), dt) for dt in _fallback_dtypes(node, infos)]
             for o, (shape, dt) in zip(node.outputs, outs):
                 if o:
                     infos[o] = TensorInfo(o, tuple(int(d) for d in shape), np.dtype(dt))
@@ -255,6 +256,35 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
     return kept
 
 
+#: ops whose outputs' element type is not their first input's: (output index -> dtype) for the fallback below
+_INT64_OUTS = {"NonMaxSuppression": (0,), "NonZero": (0,), "Shape": (0,), "Size": (0,), "ArgMax": (0,),
+               "ArgMin": (0,), "TopK": (1,), "Unique": (1, 2, 3)}
+_BOOL_OPS = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
+
+
+def _fallback_dtypes(node: Node, infos: Mapping[str, TensorInfo]) -> list[np.dtype]:
+    """Output element types of a node downstream of a run-time shaped tensor whose shape inference failed at
+    the placeholder shape: the element type still follows from the op (an If's branches must agree on it, and
+    the arena plan sizes by it)."""
+    first = np.dtype(infos[node.inputs[0]].dtype) if node.inputs and node.inputs[0] in infos else np.dtype(np.float32)
+    outs = [first] * len(node.outputs)
+    if node.op in _BOOL_OPS:
+        outs = [np.dtype(np.bool_)] * len(node.outputs)
+    for k in _INT64_OUTS.get(node.op, ()):
+        if k < len(outs):
+            outs[k] = np.dtype(np.int64)
+    if node.op == "Cast":
+        outs = [onnx_dtype(int(node.attr("to", 1)), node.op, node.name)]
+    elif node.op == "CastLike" and len(node.inputs) > 1 and node.inputs[1] in infos:
+        outs = [np.dtype(infos[node.inputs[1]].dtype)]
+    elif node.op == "Where" and len(node.inputs) > 1 and node.inputs[1] in infos:
+        outs = [np.dtype(infos[node.inputs[1]].dtype)]
+    elif node.op == "ConstantOfShape":
+        v = node.attr("value", None)
+        outs = [np.asarray(v).dtype if v is not None else np.dtype(np.float32)]
+    return outs
+
+
 def _quantised_weight(node: Node, known: Mapping[str, np.ndarray]) -> bool:
     """A DequantizeLinear of constant integers (a quantised model's weights) stays a node: the int8 fusions
     (``inferd.frontend.quantfuse``) read the integers, and fold what they do not fuse themselves."""
@@ -280,9 +310,11 @@ def _clip_inputs_to_attrs(node: Node, constants: Mapping[str, np.ndarray]) -> No
 # ------------------------------------------------------------------------------------------------ control flow
 
 def shape_body(sub: Subgraph, formal: Sequence[TensorInfo], node: Node, infos: Mapping[str, TensorInfo],
-               known: Mapping[str, np.ndarray], opset: int) -> Graph:
+               known: Mapping[str, np.ndarray], opset: int, ragged: Collection[str] = ()) -> Graph:
     """``sub`` shaped at these formal input infos: a static Graph whose inputs are the formal ones and the
-    outer names that are not constants here (constants and shape values known here fold into the body)."""
+    outer names that are not constants here (constants and shape values known here fold into the body).
+    ``ragged``: the enclosing scope's tensors shaped only at run time; a body reading one treats it (and what
+    it computes from it) as run-time shaped too, instead of shaping nodes at its placeholder shape."""
     outer = outer_map(node)
     b_infos: dict[str, TensorInfo] = {}
     local: dict[str, np.ndarray] = {}
@@ -290,8 +322,11 @@ def shape_body(sub: Subgraph, formal: Sequence[TensorInfo], node: Node, infos: M
     for (name, _dt, _dims), t in zip(sub.inputs, formal):
         b_infos[name] = TensorInfo(name, tuple(t.shape), np.dtype(t.dtype))
         inputs.append(b_infos[name])
+    runtime: set[str] = set()
     for o in sub.outer:
         src = outer.get(o, o)
+        if src in ragged and src not in known:
+            runtime.add(o)
         if src in known:
             set_const(o, np.asarray(known[src]), b_infos, local)
         elif src in infos:
@@ -303,7 +338,6 @@ def shape_body(sub: Subgraph, formal: Sequence[TensorInfo], node: Node, infos: M
                              f"scope defines")
     for k, v in sub.constants.items():
         set_const(k, v, b_infos, local)
-    runtime: set[str] = set()
     nodes = infer_and_fold([copy_node(n) for n in sub.nodes], b_infos, local, set(sub.outputs), opset,
                            runtime=runtime, lenient=True)
     # dead code: a folded condition leaves nodes nothing reads
@@ -364,11 +398,11 @@ def _inline_branch(node: Node, sub: Subgraph) -> tuple[list[Node], dict[str, np.
 
 
 def shape_control(node: Node, infos: Mapping[str, TensorInfo], known: Mapping[str, np.ndarray], opset: int,
-                  foldable: Callable[[str], bool]
+                  foldable: Callable[[str], bool], ragged: Collection[str] = ()
                   ) -> tuple[list[Node], dict[str, np.ndarray]] | tuple[list[tuple[tuple[int, ...], np.dtype]], list[bool]]:
     """Either (nodes, constants) replacing an If decided here (``foldable(cond)``: its value holds for every
     use of this graph), or (output shapes/dtypes, per output whether its shape is known only at run time), with
-    ``node.bodies`` shaped."""
+    ``node.bodies`` shaped. ``ragged``: see ``shape_body``."""
     op = node.op
     f = formal_inputs(node)
     node.bodies = {}
@@ -379,11 +413,11 @@ def shape_control(node: Node, infos: Mapping[str, TensorInfo], known: Mapping[st
             if foldable(cond):
                 return _inline_branch(node, node.attrs[take])
             # a shape-dependent condition in a dynamic template: shaped at the probe, decided per shape later
-            g = shape_body(node.attrs[take], [], node, infos, known, opset)
+            g = shape_body(node.attrs[take], [], node, infos, known, opset, ragged)
             node.bodies = {take: g}
             return [(t.shape, t.dtype) for t in g.outputs], [t.name in g.runtime_shaped for t in g.outputs]
-        t = shape_body(node.attrs["then_branch"], [], node, infos, known, opset)
-        e = shape_body(node.attrs["else_branch"], [], node, infos, known, opset)
+        t = shape_body(node.attrs["then_branch"], [], node, infos, known, opset, ragged)
+        e = shape_body(node.attrs["else_branch"], [], node, infos, known, opset, ragged)
         node.bodies = {"then_branch": t, "else_branch": e}
         if len(t.outputs) != len(e.outputs) or len(t.outputs) < len([o for o in node.outputs if o]):
             raise ShapeError(f"node {node.name!r} (If): branches give {len(t.outputs)} and {len(e.outputs)} outputs "
@@ -404,7 +438,7 @@ def shape_control(node: Node, infos: Mapping[str, TensorInfo], known: Mapping[st
         if len(sub.inputs) != 2 + len(carried):
             raise ShapeError(f"node {node.name!r} (Loop): body takes {len(sub.inputs)} inputs for {len(carried)} "
                              f"carried values")
-        g = shape_body(sub, formal, node, infos, known, opset)
+        g = shape_body(sub, formal, node, infos, known, opset, ragged)
         node.bodies = {"body": g}
         nc = len(carried)
         outs, ragged = [], []
@@ -434,7 +468,7 @@ def shape_control(node: Node, infos: Mapping[str, TensorInfo], known: Mapping[st
         formal = [infos[s] for s in states]
         formal += [TensorInfo(s, tuple(d for k, d in enumerate(sh) if k != a), infos[s].dtype)
                    for s, sh, a in zip(scans, shapes, axes)]
-        g = shape_body(node.attrs["body"], formal, node, infos, known, opset)
+        g = shape_body(node.attrs["body"], formal, node, infos, known, opset, ragged)
         node.bodies = {"body": g}
         outs, ragged = [], []
         for k, s in enumerate(states):

@@ -1,7 +1,8 @@
 """Attention-family operators: the default domain's Attention, RMSNormalization and RotaryEmbedding (opset 23), and
 the ``com.microsoft`` operators onnxruntime's transformer optimizer writes into shipped models: Attention,
 MultiHeadAttention, SkipLayerNormalization, SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization (which
-onnxruntime registers in the default domain), BiasGelu, FastGelu, QuickGelu, RotaryEmbedding.
+onnxruntime registers in the default domain), BiasGelu, FastGelu, QuickGelu, RotaryEmbedding, and
+GroupQueryAttention (causal attention with shared key/value heads, as in speech and vision decoders too).
 
 A ``com.microsoft`` op is registered as ``com.microsoft.<Op>`` (the importer maps a node of that domain to that
 name). numpy oracles, float64 inside where a reduction or a softmax is, cast back once; the CPU kernel runs them:
@@ -361,6 +362,135 @@ def _infer_simplified_ln(node: Node, ins: Infos, consts: Mapping[str, np.ndarray
                                                    np.dtype(np.float32))][:len(node.outputs)]
 
 
+def _gqa_dims(node: Node, q_shape: Sequence[int], packed: bool) -> tuple[int, int, int]:
+    """(num_heads, kv_num_heads, head_size) of a GroupQueryAttention node."""
+    n, kvn = int(node.attr("num_heads", 0) or 0), int(node.attr("kv_num_heads", 0) or 0)
+    if n <= 0 or kvn <= 0 or n % kvn:
+        raise ShapeError(f"node {node.name!r} (com.microsoft GroupQueryAttention): num_heads {n} must be a positive "
+                         f"multiple of kv_num_heads {kvn}")
+    d = int(q_shape[-1])
+    h = d // (n + 2 * kvn) if packed else d // n
+    return n, kvn, h
+
+
+def _gqa_total(node: Node, total: np.ndarray | None) -> int:
+    if total is None:
+        raise ShapeError(f"node {node.name!r} (com.microsoft GroupQueryAttention): total_sequence_length must be a "
+                         f"constant (it sizes present_key/present_value)")
+    return int(np.asarray(total).reshape(-1)[0])
+
+
+def _infer_gqa(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    q = ins[0]
+    assert q is not None
+    if len(q.shape) != 3:
+        raise ShapeError(f"node {node.name!r} (com.microsoft GroupQueryAttention): query must be 3-D (B, S, D), "
+                         f"got {list(q.shape)}")
+    packed = not _has(node, 1)
+    n, kvn, h = _gqa_dims(node, q.shape, packed)
+    total = _gqa_total(node, consts[node.inputs[6]] if _has(node, 6) and node.inputs[6] in consts else None)
+    past = ins[3] if len(ins) > 3 else None
+    t = max(total, int(past.shape[2]) if past is not None else 0)
+    b, sq = q.shape[0], q.shape[1]
+    outs = [((b, sq, n * h), np.dtype(q.dtype)), ((b, kvn, t, h), np.dtype(q.dtype)),
+            ((b, kvn, t, h), np.dtype(q.dtype))]
+    if len(node.outputs) > 3 and node.outputs[3]:
+        raise ShapeError(f"node {node.name!r} (com.microsoft GroupQueryAttention): the output_qk output is not "
+                         f"supported")
+    return outs[:len(node.outputs)]
+
+
+def gqa(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """onnxruntime's GroupQueryAttention (CPU kernel semantics): causal attention of S new tokens over the
+    past (``past_key``/``past_value``, B x KVN x P x H) and themselves, query heads sharing key/value heads in
+    groups of num_heads / kv_num_heads; per batch, ``seqlens_k`` + 1 tokens are valid. The first prompt
+    (S == total_sequence_length) has no past; later calls append after ``seqlens_k + 1 - S`` past tokens.
+    Optional: rotary embedding of q and k (do_rotary, cos/sin caches, position_ids), a sliding window
+    (local_window_size), softcap, smooth softmax or per-head sinks (head_sink), an additive attention_bias."""
+    q = np.asarray(ins[0])
+    dt = q.dtype
+    packed = _get(ins, 1) is None
+    n, kvn, h = _gqa_dims(node, q.shape, packed)
+    b, s = q.shape[0], q.shape[1]
+    qf = q.astype(np.float64)
+    if packed:
+        k = qf[..., n * h:(n + kvn) * h]
+        v = qf[..., (n + kvn) * h:]
+        qf = qf[..., :n * h]
+    else:
+        k, v = np.asarray(ins[1], np.float64), np.asarray(ins[2], np.float64)
+    past_k, past_v = _get(ins, 3), _get(ins, 4)
+    seqlens = np.asarray(ins[5]).reshape(-1).astype(np.int64)
+    total = _gqa_total(node, _get(ins, 6))
+    cos, sin, pos_ids, bias, sink = (_get(ins, i) for i in range(7, 12))
+    first = s == total
+    t = max(total, past_k.shape[2] if past_k is not None else 0)
+    q4, k4, v4 = qf.reshape(b, s, n, h), k.reshape(b, s, kvn, h), v.reshape(b, s, kvn, h)
+    if bool(node.attr("do_rotary", 0)):
+        if cos is None or sin is None:
+            raise ShapeError(f"node {node.name!r} (com.microsoft GroupQueryAttention): do_rotary needs cos_cache "
+                             f"and sin_cache")
+        if pos_ids is not None:
+            pos = np.asarray(pos_ids, np.int64).reshape(b, s)
+        else:
+            start = np.zeros(b, np.int64) if first else seqlens + 1 - s
+            pos = start[:, None] + np.arange(s)[None, :]
+        c, sn = np.asarray(cos, np.float64)[pos], np.asarray(sin, np.float64)[pos]
+        rdim, inter = 2 * c.shape[-1], bool(node.attr("rotary_interleaved", 0))
+        q4, k4 = _rotate(q4, c, sn, rdim, inter), _rotate(k4, c, sn, rdim, inter)
+    scale = float(node.attr("scale", 0.0) or 0.0) or 1.0 / math.sqrt(h)
+    softcap = float(node.attr("softcap", 0.0) or 0.0)
+    window = int(node.attr("local_window_size", -1))
+    smooth = bool(node.attr("smooth_softmax", 0))
+    present_k = np.zeros((b, kvn, t, h))
+    present_v = np.zeros((b, kvn, t, h))
+    out = np.zeros((b, s, n, h))
+    group = n // kvn
+    for bi in range(b):
+        tot = int(seqlens[bi]) + 1
+        past = 0 if first else tot - s
+        if past < 0 or past + s > t:
+            raise ShapeError(f"node {node.name!r} (com.microsoft GroupQueryAttention): seqlens_k {int(seqlens[bi])} "
+                             f"does not fit {s} new tokens in a present length of {t}")
+        if past:
+            if past_k is None or past_v is None or past_k.shape[2] < past:
+                raise ShapeError(f"node {node.name!r} (com.microsoft GroupQueryAttention): {past} past tokens but "
+                                 f"no past_key/past_value holding them")
+            present_k[bi, :, :past] = np.asarray(past_k[bi, :, :past], np.float64)
+            present_v[bi, :, :past] = np.asarray(past_v[bi, :, :past], np.float64)
+        present_k[bi, :, past:past + s] = k4[bi].transpose(1, 0, 2)
+        present_v[bi, :, past:past + s] = v4[bi].transpose(1, 0, 2)
+        keys = present_k[bi, :, :past + s]  # (KVN, L, H)
+        vals = present_v[bi, :, :past + s]
+        kh = np.repeat(keys, group, axis=0)  # query head j reads kv head j // group
+        vh = np.repeat(vals, group, axis=0)
+        sc = np.einsum("snh,nlh->nsl", q4[bi], kh) * scale  # (N, S, L)
+        if softcap > 0:
+            sc = softcap * np.tanh(sc / softcap)
+        if bias is not None:
+            bb = np.asarray(bias, np.float64)
+            sc = sc + bb[bi if bb.shape[0] > 1 else 0][..., :s, :past + s]
+        qpos = past + np.arange(s)[:, None]
+        kpos = np.arange(past + s)[None, :]
+        allowed = kpos <= qpos
+        if window > 0:
+            allowed &= kpos > qpos - window  # the window holds local_window_size tokens, this one included
+        sc = np.where(allowed[None], sc, -np.inf)
+        m = sc.max(axis=-1, keepdims=True)
+        extra = None
+        if sink is not None:
+            extra = np.asarray(sink, np.float64).reshape(n, 1, 1)
+        elif smooth:
+            extra = np.zeros((n, 1, 1))
+        if extra is not None:
+            m = np.maximum(m, extra)
+        e = np.exp(sc - m)
+        den = e.sum(axis=-1, keepdims=True) + (np.exp(extra - m) if extra is not None else 0.0)
+        p = e / den
+        out[bi] = np.einsum("nsl,nlh->snh", p, vh)
+    return [out.reshape(b, s, n * h).astype(dt), present_k.astype(dt), present_v.astype(dt)]
+
+
 # ------------------------------------------------------------------------------------- registration
 
 _COMPUTE = {
@@ -368,11 +498,12 @@ _COMPUTE = {
     "SimplifiedLayerNormalization": simplified_ln,
     MS + "Attention": ms_attention, MS + "MultiHeadAttention": ms_mha, MS + "SkipLayerNormalization": skip_layer_norm,
     MS + "SkipSimplifiedLayerNormalization": skip_layer_norm, MS + "BiasGelu": gelus, MS + "FastGelu": gelus,
-    MS + "QuickGelu": gelus, MS + "RotaryEmbedding": rotary,
+    MS + "QuickGelu": gelus, MS + "RotaryEmbedding": rotary, MS + "GroupQueryAttention": gqa,
 }
 _INFER = {"Attention": _infer_attention, "SimplifiedLayerNormalization": _infer_simplified_ln,
           MS + "Attention": _infer_ms_attention, MS + "MultiHeadAttention": _infer_mha,
-          MS + "SkipLayerNormalization": _infer_skip_ln, MS + "SkipSimplifiedLayerNormalization": _infer_skip_ln}
+          MS + "SkipLayerNormalization": _infer_skip_ln, MS + "SkipSimplifiedLayerNormalization": _infer_skip_ln,
+          MS + "GroupQueryAttention": _infer_gqa}
 _MIN = {"Attention": 23, "RMSNormalization": 23, "RotaryEmbedding": 23}
 _NOTES = {
     "Attention": "opset 23 semantics (no sliding window or nonpad_kv_seqlen: opset 24+); numpy, float64 softmax",
@@ -380,6 +511,9 @@ _NOTES = {
     MS + "Attention": "com.microsoft: packed QKV weights, mask_index 1-D/2-D/3-D, attention bias, unidirectional; "
                       "no past state",
     MS + "MultiHeadAttention": "com.microsoft: separate 3-D query/key/value only (no packed or past forms)",
+    MS + "GroupQueryAttention": "com.microsoft: onnxruntime's CPU semantics (causal; past KV, packed QKV, rotary, "
+                                "local window, softcap, smooth softmax/head sink, attention_bias); "
+                                "total_sequence_length must be a constant; no output_qk",
 }
 ATTENTION_OPS = tuple(_COMPUTE)
 

@@ -446,8 +446,10 @@ class _VkWinograd(_ConvBase):
 
     def applies(self, layer: Layer) -> bool:
         g = self._geo(layer)
+        # the transformed weights are one binding: FCN-ResNet50's 2048->512 3x3 head at F(4x4) is 151 MB in
+        # float32, past the smallest maxStorageBufferRange (lavapipe's): the warm switch then failed at recording
         return (g is not None and g.kh == g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1
-                and g.group == 1)
+                and g.group == 1 and self.transformed_nbytes(layer) <= MAX_BINDING_BYTES)
 
     def _tiles(self, g: Geom2D) -> tuple[int, int, int]:
         th, tw = -(-g.oh // self.m), -(-g.ow // self.m)

@@ -87,6 +87,10 @@ def layer_flops(layer: Layer) -> float:
     if layer.op in ("Gemm", "MatMul") and len(layer.inputs) > 1 and layer.inputs[0] is not None \
             and layer.inputs[1] is not None:
         a, b = layer.inputs[0].shape, layer.inputs[1].shape
+        if len(a) < (1 if layer.op == "MatMul" else 2):
+            # an input shaped at run time (downstream of a data-dependent op) has a placeholder shape ():
+            # the reduction length still follows from the weights
+            a = (1, b[0] if len(b) == 2 and not layer.attr("transB", 0) else (b[-1] if b else 1))
         k = a[-1] if layer.op == "MatMul" or not layer.attr("transA", 0) else a[0]
         return 2.0 * n_out * float(k if b else 1)
     return n_out

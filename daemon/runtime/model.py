@@ -471,7 +471,34 @@ def _from_source(path: Any, dev: str, batch: int, kernels: dict[str, str] | None
 
     template = import_template(path, batch=batch, shapes=shapes)
     mname = name or (template.name if in_memory else Path(path).stem)
-    return _planned_model(mname, specialize(template), dev, kernels, opt, loaders, options, t0, None, None, template)
+    graph = specialize(template)
+    if dev == "vulkan" and graph.runtime_shaped and not template.dynamic:
+        split = _runtime_split_model(mname, graph, kernels, opt, loaders, options, t0)
+        if split is not None:
+            return split
+    return _planned_model(mname, graph, dev, kernels, opt, loaders, options, t0, None, None, template)
+
+
+def _runtime_split_model(mname: str, graph: Graph, kernels: dict[str, str] | None, opt: PlanOptions,
+                         loaders: int | None, options: dict[str, Any], t0: float) -> Model | None:
+    """A Vulkan model with a run-time shaped tail (``inferd.runtime.split_runtime``): the static head loaded on
+    Vulkan, the tail on the CPU engine; None when the graph does not split (the Vulkan backend then refuses it)."""
+    from .cpu import CpuExecutor
+    from .split_runtime import SplitExecutor, split_at_runtime_shapes
+
+    split = split_at_runtime_shapes(graph)
+    if split is None:
+        return None
+    head = _planned_model(split.head.name, split.head, "vulkan", kernels, opt, loaders, options, t0, None, None)
+    try:
+        # forced kernels name Vulkan kernels or nodes of the head; the tail takes the CPU engine's own choice
+        tail = CpuExecutor(split.tail)
+    except BaseException:
+        head.close()
+        raise
+    log.info("%s: %d nodes shaped at run time run on the CPU after the Vulkan part", mname, len(split.tail.nodes))
+    return Model(mname, graph, SplitExecutor(split, head, tail, [t.name for t in graph.outputs]), "vulkan",
+                 time.perf_counter() - t0)
 
 
 def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | None, mname: str, opt: PlanOptions,

@@ -189,15 +189,16 @@ class VulkanColdBackend:
         T = time.perf_counter
         st = self.load_stats
         g = self.graph
+        # refused before folding: a run-time shaped tensor has a placeholder shape, which folding would evaluate
+        if g.runtime_shaped:
+            raise BackendError(f"model {g.name}: tensors {sorted(g.runtime_shaped)[:3]} are shaped at run time "
+                               f"(control flow whose output shapes depend on values); the Vulkan backend plans static "
+                               f"shapes: run this model on the CPU")
         t = T()
         _, consts, kept, is_folded = fold_constants(g)
         self._consts = consts
         pg = Graph(g.name, kept, g.inputs, g.outputs, consts, g.infos, g.opset)  # type: ignore[arg-type]
         st["fold_s"] = T() - t
-        if g.runtime_shaped:
-            raise BackendError(f"model {g.name}: tensors {sorted(g.runtime_shaped)[:3]} are shaped at run time "
-                               f"(control flow whose output shapes depend on values); the Vulkan backend plans static "
-                               f"shapes: run this model on the CPU")
         from .host import HostStep, is_host_node
 
         host_names = {n.name for n in kept if is_host_node(n, g, consts)}
