@@ -17,8 +17,8 @@ import numpy as np
 
 from ..ops.base import Kernel, Layer, op_spec
 from ..planner.cost import Cost, DeviceRates, RooflineCost, kernel_transforms, raw_nbytes
-from .features import features, kernel_key, signature, unit_key, vulkan_dispatches
-from .model import Predictor
+from .features import feature_matrix, features, kernel_key, signature, unit_key, vulkan_dispatches
+from .model import Predictor, log_features
 
 #: what a unit that runs nothing costs (an alias view, a node folded at load): not zero, never more
 NOTHING_S = 1e-7
@@ -101,7 +101,7 @@ class PredictedCost:
                                                                else 0)
             if not n:
                 return Cost(0.0, "predicted")
-            return Cost(p.reads["per_read_s"] + n / p.reads["disk_bw"], "predicted")
+            return Cost(p.read_seconds(n), "predicted")
         if phase == "transform" and not (kernel_transforms(kernel) and layer.const_inputs):
             return Cost(0.0, "predicted")  # no work exists
         if phase in ("pipeline_empty", "pipeline_filled") and not self.gpu:
@@ -125,37 +125,74 @@ class LayerPrediction:
     phases: dict[str, float]
 
 
-def predict_layers(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost,
-                   phases: Sequence[str] = ("exec",)) -> list[LayerPrediction]:
-    """Every phase of every (layer, kernel), one vectorised call per unit model and phase."""
+def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, phases: Sequence[str] = ("exec",)
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Seconds of every phase of every (layer, kernel), as one array per phase, and which units fell back to
+    the roofline. One vectorised call per unit model and phase; the features of all units built once (CPU: one
+    array from Python lists: no per-layer signature, numpy call or result object)."""
     p = cost.predictor
-    out = [LayerPrediction(layer.name, layer.op, k.name, "predicted", {}) for layer, k in layers]
+    n = len(layers)
+    F: np.ndarray | None = None
+    L: np.ndarray | None = None
+    if not cost.gpu:
+        F = feature_matrix(layers, cost.threads)
+    nothing = [runs_nothing(layer, k, cost.gpu) for layer, k in layers]
+    keys = [(f"{layer.op}/{k.name}", f"*/{k.name}") for layer, k in layers]
+    roof = np.zeros(n, dtype=bool)
+    out: dict[str, np.ndarray] = {}
     for phase in phases:
+        vals = np.zeros(n)
         groups: dict[int, tuple[Any, list[int]]] = {}
+        mphase = "exec_first" if phase == "exec_cold" else phase
         for i, (layer, k) in enumerate(layers):
-            simple = phase in ("read_raw", "read_transformed") or runs_nothing(layer, k, cost.gpu) or \
+            simple = phase in ("read_raw", "read_transformed") or nothing[i] or \
                 (phase == "transform" and not (kernel_transforms(k) and layer.const_inputs)) or \
                 (phase.startswith("pipeline") and not cost.gpu)
-            m = None if simple else cost.model_for(layer, k, "exec_first" if phase == "exec_cold" else phase)
-            if m is None and phase == "exec_cold" and not simple:
-                m = cost.model_for(layer, k, "exec")
+            m = None
+            if not simple:
+                m = p.models.get((keys[i][0], mphase)) or p.models.get((keys[i][1], mphase))
+                if m is None and phase == "exec_cold":
+                    m = p.models.get((keys[i][0], "exec")) or p.models.get((keys[i][1], "exec"))
             if m is None:
                 c = cost.cost(layer, k, phase)
-                out[i].phases[phase] = c.seconds
+                vals[i] = c.seconds
                 if c.source == "roofline" and phase in EXEC_PHASES:
-                    out[i].source = "roofline"
+                    roof[i] = True
                 continue
             groups.setdefault(id(m), (m, []))[1].append(i)
         for m, idx in groups.values():
-            X = np.stack([cost.features(*layers[i]) for i in idx])
-            ys = np.maximum(m.predict(X), NOTHING_S)
-            for i, y in zip(idx, ys):
-                out[i].phases[phase] = float(y)
-    return out
+            if F is not None:
+                if L is None:
+                    L = log_features(F)  # once for every model and phase
+                vals[idx] = np.maximum(m.predict(F[idx], L[idx]), NOTHING_S)
+            else:
+                vals[idx] = np.maximum(m.predict(np.stack([cost.features(*layers[i]) for i in idx])), NOTHING_S)
+        out[phase] = vals
+    return out, roof
+
+
+def predict_layers(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost,
+                   phases: Sequence[str] = ("exec",)) -> list[LayerPrediction]:
+    """Every phase of every (layer, kernel), one :class:`LayerPrediction` per layer (for reports)."""
+    vals, roof = predict_arrays(layers, cost, phases)
+    cols = {ph: v.tolist() for ph, v in vals.items()}
+    return [LayerPrediction(layer.name, layer.op, k.name, "roofline" if roof[i] else "predicted",
+                            {ph: cols[ph][i] for ph in phases}) for i, (layer, k) in enumerate(layers)]
+
+
+def whole_model_warm_s(pred: Predictor, unit_sum_s: float, steps: int) -> float:
+    """Warm latency of a model from its units' summed warm seconds through the fitted overhead model."""
+    o = pred.overhead
+    s = float(unit_sum_s)
+    return max(o.get("scale", 1.0) * s + o.get("per_step_s", 0.0) * steps + o.get("per_run_s", 0.0), s * 0.5)
+
+
+def predict_warm(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost) -> float:
+    """A whole model's warm latency (what the planners and the bench ask for most): no per-layer objects."""
+    vals, _ = predict_arrays(layers, cost, ("exec",))
+    return whole_model_warm_s(cost.predictor, float(vals["exec"].sum()), len(layers))
 
 
 def whole_model_warm(pred: Predictor, layers: Sequence[LayerPrediction], steps: int) -> float:
     """Warm latency of a model: its units' sum through the fitted overhead model."""
-    o = pred.overhead
-    s = sum(lp.phases.get("exec", 0.0) for lp in layers)
-    return max(o.get("scale", 1.0) * s + o.get("per_step_s", 0.0) * steps + o.get("per_run_s", 0.0), s * 0.5)
+    return whole_model_warm_s(pred, sum(lp.phases.get("exec", 0.0) for lp in layers), steps)

@@ -96,15 +96,31 @@ def measure_model_cpu(graph: Any, threads: int, kernels: Mapping[str, str] | Non
         ph = {"exec": float(warm[i]), "exec_first": float(first[i])}
         if transforms and kernel_transforms(s.kernel) and s.layer.const_inputs:
             raw = raw_params(s.layer, graph.constants)
-            n = 3 if sum(getattr(a, "nbytes", 0) for a in raw.values()) < (4 << 20) else 1
-            ts = []
-            for _ in range(n):
-                t0 = pc()
-                s.kernel.transform(s.layer, raw)
-                ts.append(pc() - t0)
-            ph["transform"] = float(np.median(ts))
+            ph["transform"] = time_transform(s.kernel, s.layer, raw)
         out.layers.append(LayerSample(s.layer, s.kernel, ph))
     return out
+
+
+#: a transform is timed repeatedly until this much time is spent (most take 2-200 us: one timing of those is
+#: mostly the timer and the scheduler), between TRANSFORM_REPS[0] and TRANSFORM_REPS[1] times; the median
+TRANSFORM_BUDGET_S = 4e-3
+TRANSFORM_REPS = (3, 15)
+
+
+def time_transform(kernel: Kernel, layer: Layer, raw: Mapping[str, Any]) -> float:
+    """Median seconds of ``kernel.transform(layer, raw)`` over repeated calls (more for short ones)."""
+    pc = time.perf_counter
+    ts: list[float] = []
+    t_end = pc() + TRANSFORM_BUDGET_S
+    while len(ts) < TRANSFORM_REPS[1]:
+        t0 = pc()
+        kernel.transform(layer, dict(raw))
+        ts.append(pc() - t0)
+        if len(ts) >= TRANSFORM_REPS[0] and pc() >= t_end:
+            break
+        if ts[0] > 0.05:  # a large transform: one timing more says little and costs much
+            break
+    return float(np.median(ts))
 
 
 def measure_model_vulkan(graph: Any, kernels: Mapping[str, str] | None = None, reps: int = 9,
@@ -181,13 +197,15 @@ def read_once(fd: int, path: str, n: int, off: int) -> float:
 
 
 def measure_reads(directory: str | os.PathLike | None = None, sizes: Sequence[int] = (),
-                  repeats: int = 5) -> ReadModel:
+                  repeats: int = 7) -> ReadModel:
     """Fit ``seconds = per_read + bytes / bw`` (relative least squares, both positive) for reading a
     tensor of ``bytes`` cold from the disk that holds ``directory``."""
     from scipy.optimize import nnls
 
     # most weights are 10 KB - 4 MB: sample that range densely
-    sizes = list(sizes) or [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+    # the time of a cold read is far from linear in its size between 16 KB and a few MB (readahead): a table
+    # of sizes a factor of two apart, each the median of ``repeats`` reads at different offsets
+    sizes = list(sizes) or [1 << k for k in range(12, 25)]
     d = tempfile.mkdtemp(prefix="inferd-reads.", dir=str(directory) if directory else None)
     path = os.path.join(d, "sample.bin")
     samples: list[tuple[int, float]] = []
@@ -199,9 +217,13 @@ def measure_reads(directory: str | os.PathLike | None = None, sizes: Sequence[in
             os.fsync(f.fileno())
         fd = os.open(path, os.O_RDONLY)
         try:
-            for n in sizes:
-                ts = [read_once(fd, path, n, (r * 4096 * 7) % max(total - n, 1) // 4096 * 4096) for r in range(repeats)]
-                samples.append((n, float(np.median(ts))))
+            # sizes interleaved within each repeat: a disturbance of a few seconds then touches one timing of
+            # many sizes, not all timings of one
+            ts: dict[int, list[float]] = {n: [] for n in sizes}
+            for r in range(repeats):
+                for n in sizes:
+                    ts[n].append(read_once(fd, path, n, (r * 4096 * 97) % max(total - n, 1) // 4096 * 4096))
+            samples = [(n, float(np.median(ts[n]))) for n in sorted(ts)]
         finally:
             os.close(fd)
     finally:

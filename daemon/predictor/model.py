@@ -30,7 +30,8 @@ from ..fileio import atomic_write
 from .features import FEATURES, INDEX
 
 MAGIC = b"INFDPRED"
-FORMAT_VERSION = 1
+#: 2: features out_px, k_area, cin_g, work_bytes; the measured read-time table (``read_table``)
+FORMAT_VERSION = 2
 _HEAD = struct.Struct("<8sII32s")
 
 #: the phases a unit model predicts (reads are a per-device model of bytes, not per unit)
@@ -141,12 +142,13 @@ class UnitModel:
     #: median relative error on held-out samples at training (nan when there were too few)
     val_mape: float = float("nan")
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X: np.ndarray, L: np.ndarray | None = None) -> np.ndarray:
+        """Seconds for feature rows ``X`` (``L``: their :func:`log_features`, when the caller has them)."""
         X = np.atleast_2d(X)
         base = basis(X, self.phase) @ self.coef
         base = np.maximum(base, 1e-7)
         if self.trees is not None:
-            base = base * np.exp(np.clip(self.trees.predict(log_features(X)), -3.0, 3.0))
+            base = base * np.exp(np.clip(self.trees.predict(log_features(X) if L is None else L), -3.0, 3.0))
         return base
 
 
@@ -166,9 +168,30 @@ class Predictor:
     caps: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     features: tuple[str, ...] = FEATURES
+    #: measured (bytes, median seconds) of cold reads at training, ascending: a read is interpolated in it
+    #: (log-log), as readahead makes the time of a cold read far from linear in its size between 16 KB and
+    #: a few MB; beyond its ends the linear model above
+    read_table: list[tuple[int, float]] = field(default_factory=list)
 
     def get(self, key: str, phase: str) -> UnitModel | None:
         return self.models.get((key, phase))
+
+    def read_seconds(self, nbytes: int) -> float:
+        """Seconds to read ``nbytes`` cold from this device's disk, checksum included (never zero for n > 0)."""
+        n = float(nbytes)
+        if n <= 0:
+            return 0.0
+        per, bw = self.reads.get("per_read_s", 5e-5), max(self.reads.get("disk_bw", 2e8), 1.0)
+        t = self.read_table
+        if len(t) < 2:
+            return per + n / bw
+        if n <= t[0][0]:
+            return max(t[0][1] - (t[0][0] - n) / bw, 1e-7)
+        if n >= t[-1][0]:
+            return t[-1][1] + (n - t[-1][0]) / bw
+        xs = np.log([a for a, _ in t])
+        ys = np.log([max(b, 1e-9) for _, b in t])
+        return float(np.exp(np.interp(np.log(n), xs, ys)))
 
     # ------------------------------------------------------------------ the file
     def to_bytes(self) -> bytes:
@@ -191,7 +214,8 @@ class Predictor:
             models.append(d)
         header = {"format": FORMAT_VERSION, "device": self.device, "fingerprint": self.fingerprint,
                   "engine": self.engine, "features": list(self.features), "overhead": self.overhead,
-                  "reads": self.reads, "rates": self.rates, "caps": self.caps, "info": self.info, "models": models}
+                  "reads": self.reads, "read_table": [[int(a), float(b)] for a, b in self.read_table],
+                  "rates": self.rates, "caps": self.caps, "info": self.info, "models": models}
         hb = json.dumps(header, sort_keys=True, allow_nan=False).encode()
         body = hb + bytes(blob)
         return _HEAD.pack(MAGIC, FORMAT_VERSION, len(hb), hashlib.sha256(body).digest()) + body
@@ -245,7 +269,8 @@ class Predictor:
             return Predictor(str(h["device"]), {str(k): str(v) for k, v in h["fingerprint"].items()}, str(h["engine"]),
                              models, {k: float(v) for k, v in h["overhead"].items()},
                              {k: float(v) for k, v in h["reads"].items()}, dict(h.get("rates") or {}),
-                             dict(h.get("caps") or {}), dict(h.get("info") or {}))
+                             dict(h.get("caps") or {}), dict(h.get("info") or {}),
+                             read_table=[(int(a), float(b)) for a, b in h.get("read_table") or []])
         except PredictorFileError:
             raise
         except Exception as e:
