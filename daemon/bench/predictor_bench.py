@@ -30,7 +30,9 @@ from .common import fmt, machine_info, write_results
 #: the measurement's own noise, reported beside the accuracy
 PASSES = 5
 #: cold reads per unit and phase (median), twice: the second median is the read measurement's noise
-READ_REPS = 5
+READ_REPS = 7
+#: whole-model predictions timed per model (each from a fresh cost model; the median is the model's time)
+PREDICT_REPS = 3
 
 
 def _stats(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float]:
@@ -145,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     unit_rows: list[dict[str, Any]] = []
     pred_times: list[float] = []
+    pred_times_all: list[float] = []
     import tempfile
 
     read_dir = ppath.parent if ppath.parent.is_dir() else None
@@ -197,11 +200,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ls.phases["exec"] = float(np.median(vals))
                 exec_passes[j] = vals
             layers = executed_layers(g, ms.kernels, args.device)
-            # one whole-model prediction as a planner makes it: fresh cost model (no cached features)
-            t0 = time.perf_counter()
-            cost = PredictedCost(pred, threads=threads, constants=g.constants)
-            p = predict_warm(layers, cost)
-            pred_times.append(time.perf_counter() - t0)
+            # one whole-model prediction as a planner makes it: fresh cost model (no cached features); three
+            # of them, each from scratch, and their median is the model's time: a single ~2 ms timing on the
+            # shared board is now and then stretched by a preemption, which says nothing about the predictor
+            ts_pred = []
+            for _ in range(PREDICT_REPS):
+                t0 = time.perf_counter()
+                cost = PredictedCost(pred, threads=threads, constants=g.constants)
+                p = predict_warm(layers, cost)
+                ts_pred.append(time.perf_counter() - t0)
+            pred_times.append(float(np.median(ts_pred)))
+            pred_times_all.extend(ts_pred)
             lp = predict_layers(layers, cost)
             meas = ms.warm_s
             rows.append({"model": s.name, "family": s.family, "measured_ms": meas * 1e3, "predicted_ms": p * 1e3,
@@ -283,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cold_phase_pts = [abs(r[ph]["predicted"] / r[ph]["measured"] - 1) <= 0.2 for r in unit_rows for ph in all_phases
                       if ph in r and ph not in ("exec", "exec_first")]
     noise = _noise(rows, unit_rows, all_phases)
+    # for reference only (the goal is against the median): against each model's quietest pass, the time with
+    # the least disturbance from the rest of the shared board
+    quiet = _stats([r["predicted_ms"] / 1e3 for r in rows], [min(r["pass_ms"]) / 1e3 for r in rows])
     goals = {
         "whole_model_within10_share": whole.get("within10"),
         "whole_model_goal_met": bool(whole.get("within10", 0) >= 0.95) if rows else None,
@@ -293,12 +305,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "prediction_ms_median": float(np.median(pred_times) * 1e3) if pred_times else None,
         "prediction_ms_max": float(np.max(pred_times) * 1e3) if pred_times else None,
         "prediction_ms_p95": float(np.quantile(pred_times, 0.95) * 1e3) if pred_times else None,
+        "prediction_ms_single_timings_max": float(np.max(pred_times_all) * 1e3) if pred_times_all else None,
+        "prediction_ms_single_timings_min": float(np.min(pred_times_all) * 1e3) if pred_times_all else None,
         "prediction_goal_met": bool(np.max(pred_times) <= 5e-3) if pred_times else None,
     }
     data = {"machine": info, "device": args.device, "device_fingerprint": pred.fingerprint, "threads": threads,
             "predictor_file": str(ppath), "predictor_info": pred.info, "overhead": pred.overhead, "reads": pred.reads,
             "loadavg_start": load0, "loadavg_end": list(os.getloadavg()), "bench_s": time.monotonic() - t_start,
-            "goals": goals, "noise": noise, "whole_model": whole, "per_family": fam, "models": rows, "per_phase": per_phase,
+            "goals": goals, "noise": noise, "whole_model_vs_quietest_pass": quiet, "whole_model": whole, "per_family": fam, "models": rows, "per_phase": per_phase,
             "per_kernel": per_kernel, "units": unit_rows, "plots": pngs}
     md = [f"# inferd bench predictor: {args.device}{' (' + args.tag + ')' if args.tag else ''}, {day}", "",
           f"Machine: {info['cpu']} ({info['cores']} cores), host {info['host']}; device fingerprint "
@@ -316,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{fmt((goals['cold_units_all_phases_within20_share'] or 0) * 100)}% of {len(cold_ok)} "
           f"(per prediction: {fmt((goals['cold_phase_predictions_within20_share'] or 0) * 100)}%) | {goals['cold_goal_met']} |",
           f"| training <= 20 min | {fmt(pred.info.get('seconds'), '.0f')} s | {goals['training_goal_met']} |",
-          f"| one whole-model prediction <= 5 ms (features included, no cache) | median "
+          f"| one whole-model prediction <= 5 ms (features included, no cache; per model the median of "
+          f"{PREDICT_REPS}, single timings {fmt(goals['prediction_ms_single_timings_min'], '.2f')}-"
+          f"{fmt(goals['prediction_ms_single_timings_max'], '.2f')} ms) | median "
           f"{fmt(goals['prediction_ms_median'], '.2f')} ms, p95 {fmt(goals['prediction_ms_p95'], '.2f')} ms, "
           f"max {fmt(goals['prediction_ms_max'], '.2f')} ms | "
           f"{goals['prediction_goal_met']} |", "",
@@ -325,8 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{PASSES} interleaved passes per model, the measured value is the median of the pass medians; "
           "split-half: the median of passes 1, 3, 5 against that of passes 2, 4 (what a second bench run "
           "could measure). Cold phases: measured twice (transforms in two passes, reads as two medians of "
-          f"{READ_REPS}).", "",
-          "| what | n | repeat within +-10% | repeat within +-20% | median abs deviation |", "|---|---|---|---|---|"]
+          f"{READ_REPS})."]
+    if quiet.get("n"):
+        md += ["", f"For reference, against each model's quietest pass instead of the median of its passes: "
+                   f"{quiet['within10'] * 100:.1f}% within +-10% (mean error {quiet['mean_err'] * 100:+.1f}%)."]
+    md += ["", "| what | n | repeat within +-10% | repeat within +-20% | median abs deviation |", "|---|---|---|---|---|"]
     for k, v in noise.items():
         if v.get("n"):
             pc = lambda x, f=".0f": "n/a" if x is None else f"{x * 100:{f}}%"  # noqa: E731

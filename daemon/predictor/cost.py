@@ -160,6 +160,15 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
                     roof[i] = True
                 continue
             groups.setdefault(id(m), (m, []))[1].append(i)
+        bank = p.bank(mphase) if F is not None and groups else None
+        if bank is not None and all(id(m) in bank.index for m, _ in groups.values()):
+            # every unit model of the phase at once (one numpy pass, not one per model)
+            rows = [i for _m, idx in groups.values() for i in idx]
+            mi = np.array([bank.index[id(m)] for m, idx in groups.values() for _ in idx], dtype=np.intp)
+            if L is None:
+                L = log_features(F)  # type: ignore[arg-type]
+            vals[rows] = np.maximum(bank.predict(F[rows], L[rows], mi), NOTHING_S)  # type: ignore[index]
+            groups = {}
         for m, idx in groups.values():
             if F is not None:
                 if L is None:

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..ops.base import Kernel, Layer, raw_key
-from ..planner.cost import layer_flops, raw_nbytes
+from ..planner.cost import layer_flops
 
 #: the feature vector, in this order (the predictor file records the names, so a file written with
 #: another list is refused rather than misread). ``out_px`` (output pixels per channel), ``k_area`` and
@@ -116,12 +116,21 @@ def base_row(layer: Layer, kernel: Kernel, threads: int) -> list[float]:
     aname = act[0] if act else None
     consts = layer.const_inputs
     out_b = float(sum(_isz(o) for o in outs))
-    in_b = float(sum(_isz(i) for k, i in enumerate(ins) if i is not None and k not in consts))
+    # inputs and raw weights in one pass (raw_nbytes' rule inlined: fp16-stored float32 weights count half)
+    in_b = raw_b = 0.0
+    half = 2 if attrs.get("_wfp", 0) else 1
+    for k, i in enumerate(ins):
+        if i is None:
+            continue
+        if k in consts:
+            raw_b += _isz(i) // (half if i.dtype == np.float32 else 1)
+        else:
+            in_b += _isz(i)
     tw = float(kernel.transformed_nbytes(layer)) if consts else 0.0
     ws_b = float(kernel.workspace_nbytes(layer))
     groups = int(attrs.get("group", 1) or 1)
     a = _ACTS.get(aname)
-    return [layer_flops(layer), in_b, out_b, float(raw_nbytes(layer)), tw, ws_b,
+    return [layer_flops(layer), in_b, out_b, raw_b, tw, ws_b,
             float(out.size) if out is not None else 0.0,
             n, cin, cout, h, w, oh, ow, kh, kw,
             int(st[0]), int(st[1]) if len(st) > 1 else int(st[0]), groups,

@@ -197,7 +197,7 @@ def read_once(fd: int, path: str, n: int, off: int) -> float:
 
 
 def measure_reads(directory: str | os.PathLike | None = None, sizes: Sequence[int] = (),
-                  repeats: int = 7) -> ReadModel:
+                  repeats: int = 11) -> ReadModel:
     """Fit ``seconds = per_read + bytes / bw`` (relative least squares, both positive) for reading a
     tensor of ``bytes`` cold from the disk that holds ``directory``."""
     from scipy.optimize import nnls

@@ -88,17 +88,21 @@ class Trees:
     init: float = 0.0
 
     def predict(self, L: np.ndarray) -> np.ndarray:
-        """Sum of the trees' leaves for each row of ``L`` (log features)."""
+        """Sum of the trees' leaves for each row of ``L`` (log features): all (row, tree) pairs walk down
+        together, gathering only the nodes they visit from the flat arrays."""
         n, t = L.shape[0], self.feature.shape[0]
         if t == 0:
             return np.full(n, self.init)
-        idx = np.zeros((n, t), dtype=np.int64)
-        tt = np.arange(t)[None, :]
-        rows = np.arange(n)[:, None]
+        inner = 2 ** self.depth - 1
+        node0 = np.tile(np.arange(t, dtype=np.intp) * inner, n)
+        row = np.repeat(np.arange(n, dtype=np.intp) * L.shape[1], t)
+        feat, thr, Lf = self.feature.reshape(-1), self.threshold.reshape(-1), np.ascontiguousarray(L).reshape(-1)
+        idx = np.zeros(n * t, dtype=np.intp)
         for _ in range(self.depth):
-            f = self.feature[tt, idx]
-            idx = 2 * idx + 1 + (L[rows, f] > self.threshold[tt, idx])
-        return self.init + self.leaves[tt, idx - (2 ** self.depth - 1)].sum(axis=1)
+            g = node0 + idx
+            idx = 2 * idx + 1 + (Lf[row + feat[g]] > thr[g])
+        leaf = np.tile(np.arange(t, dtype=np.intp) * (inner + 1), n) + (idx - inner)
+        return self.init + self.leaves.reshape(-1)[leaf].reshape(n, t).sum(axis=1)
 
     @staticmethod
     def from_sklearn(estimators: Sequence[Any], learning_rate: float, init: float, depth: int) -> "Trees":
@@ -153,6 +157,74 @@ class UnitModel:
 
 
 @dataclass
+class Bank:
+    """Every unit model of one phase stacked into arrays, so a whole model's rows (of many unit models) are
+    evaluated in one pass: the basis once, each row's coefficients and trees picked by its model index. Per
+    model calls cost a fixed ~0.1-0.2 ms each in numpy overhead, and a model uses 5-10 unit models; this is
+    the "cache per-kernel model evaluation" of the predictor itself (derived from the file, never saved)."""
+
+    phase: str
+    index: dict[int, int]     # id(UnitModel) -> row of the arrays below
+    coef: np.ndarray          # (M, K)
+    depth: int
+    feature: np.ndarray       # (M, T, 2^D - 1)
+    threshold: np.ndarray     # (M, T, 2^D - 1); +inf pads (always left)
+    leaves: np.ndarray        # (M, T, 2^D); 0 pads
+    init: np.ndarray          # (M,)
+    trees: np.ndarray         # (M,) bool: whether the model has trees (else the base alone)
+
+    @staticmethod
+    def build(phase: str, models: Sequence[UnitModel]) -> "Bank | None":
+        """None when the models cannot share arrays (trees of different depths, bases of different sizes)."""
+        if not models:
+            return None
+        depths = {m.trees.depth for m in models if m.trees is not None}
+        ks = {len(m.coef) for m in models}
+        if len(depths) > 1 or len(ks) != 1:
+            return None
+        depth = depths.pop() if depths else 1
+        inner = 2 ** depth - 1
+        t = max([m.trees.feature.shape[0] for m in models if m.trees is not None] or [0])
+        n = len(models)
+        feat = np.zeros((n, t, inner), np.intp)
+        thr = np.full((n, t, inner), np.inf)
+        leaves = np.zeros((n, t, inner + 1))
+        init = np.zeros(n)
+        has = np.zeros(n, bool)
+        for i, m in enumerate(models):
+            if m.trees is None:
+                continue
+            k = m.trees.feature.shape[0]
+            feat[i, :k], thr[i, :k], leaves[i, :k] = m.trees.feature, m.trees.threshold, m.trees.leaves
+            init[i], has[i] = m.trees.init, True
+        return Bank(phase, {id(m): i for i, m in enumerate(models)}, np.stack([m.coef for m in models]), depth,
+                    feat, thr, leaves, init, has)
+
+    def predict(self, X: np.ndarray, L: np.ndarray, mi: np.ndarray) -> np.ndarray:
+        """Seconds of rows ``X`` (``L`` their log features), row r by the model at ``mi[r]``: the same as each
+        model's :meth:`UnitModel.predict` on its rows."""
+        n = X.shape[0]
+        base = np.maximum(np.einsum("ij,ij->i", basis(X, self.phase), self.coef[mi]), 1e-7)
+        t = self.feature.shape[1]
+        if t == 0 or not self.trees[mi].any():
+            return base
+        inner = 2 ** self.depth - 1
+        # walk all (row, tree) pairs down together, gathering only the nodes visited from the flat arrays (a
+        # table of every node's decision for every row was 10x the data, and 100 trees of it left the caches)
+        tree = (mi[:, None] * t + np.arange(t)[None, :]).reshape(-1)
+        node0 = tree * inner
+        row = np.repeat(np.arange(n) * L.shape[1], t)
+        feat, thr, Lf = self.feature.reshape(-1), self.threshold.reshape(-1), L.reshape(-1)
+        idx = np.zeros(n * t, dtype=np.intp)
+        for _ in range(self.depth):
+            g = node0 + idx
+            idx = 2 * idx + 1 + (Lf[row + feat[g]] > thr[g])
+        leaf = tree * (inner + 1) + (idx - inner)
+        s = self.init[mi] + self.leaves.reshape(-1)[leaf].reshape(n, t).sum(axis=1)
+        return np.where(self.trees[mi], base * np.exp(np.clip(s, -3.0, 3.0)), base)
+
+
+@dataclass
 class Predictor:
     """Every unit model of one device, with what the whole-model sum and the read phases need."""
 
@@ -172,6 +244,13 @@ class Predictor:
     #: (log-log), as readahead makes the time of a cold read far from linear in its size between 16 KB and
     #: a few MB; beyond its ends the linear model above
     read_table: list[tuple[int, float]] = field(default_factory=list)
+    _banks: dict[str, Bank | None] = field(default_factory=dict, repr=False, compare=False)
+
+    def bank(self, phase: str) -> Bank | None:
+        """Every unit model of ``phase`` stacked (:class:`Bank`), built on first use."""
+        if phase not in self._banks:
+            self._banks[phase] = Bank.build(phase, [m for (_k, ph), m in sorted(self.models.items()) if ph == phase])
+        return self._banks[phase]
 
     def get(self, key: str, phase: str) -> UnitModel | None:
         return self.models.get((key, phase))
@@ -337,8 +416,11 @@ def fit_base(B: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_unit(key: str, phase: str, X: np.ndarray, y: np.ndarray, n_trees: int = 100, depth: int = 4,
-             learning_rate: float = 0.08, seed: int = 0) -> UnitModel:
-    """Fit one unit model on measured seconds ``y`` (> 0) of feature rows ``X``."""
+             learning_rate: float | None = None, seed: int = 0) -> UnitModel:
+    """Fit one unit model on measured seconds ``y`` (> 0) of feature rows ``X`` (``learning_rate`` by default
+    8 / ``n_trees``, at most 0.2: fewer trees take larger steps to the same fit)."""
+    if learning_rate is None:
+        learning_rate = min(0.2, 8.0 / max(n_trees, 1))
     X = np.atleast_2d(np.asarray(X, dtype=np.float64))
     y = np.maximum(np.asarray(y, dtype=np.float64), 1e-8)
     B = basis(X, phase)
