@@ -128,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..config import predictor_path
     from ..planner.cost import raw_nbytes
     from ..predictor.cost import PredictedCost, predict_layers, predict_warm
+    from ..predictor.features import _DISPATCHES as dispatch_cache
     from ..predictor.measure import measure_model_cpu, measure_model_vulkan, read_once
     from ..predictor.model import Predictor
     from ..predictor.train import Trainer, executed_layers, fingerprint_for
@@ -205,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # shared board is now and then stretched by a preemption, which says nothing about the predictor
             ts_pred = []
             for _ in range(PREDICT_REPS):
+                if trainer.gpu:
+                    dispatch_cache.clear()  # Vulkan: the layers' dispatch geometry derived afresh each time too
                 t0 = time.perf_counter()
                 cost = PredictedCost(pred, threads=threads, constants=g.constants)
                 p = predict_warm(layers, cost)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..ops.base import Kernel, Layer, op_spec
 from ..planner.cost import Cost, DeviceRates, RooflineCost, kernel_transforms, raw_nbytes
-from .features import feature_matrix, features, kernel_key, signature, unit_key, vulkan_dispatches
+from .features import FEATURES, feature_matrix, features, kernel_key, signature, unit_key, vulkan_dispatches
 from .model import Predictor, log_features
 
 #: what a unit that runs nothing costs (an alias view, a node folded at load): not zero, never more
@@ -59,6 +59,7 @@ class PredictedCost:
     rates: DeviceRates | None = None
     _feat: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _memo: dict[tuple[str, str], Cost] = field(default_factory=dict, repr=False)
+    _caps_obj: Any = field(default=None, repr=False)
 
     @property
     def gpu(self) -> bool:
@@ -77,10 +78,15 @@ class PredictedCost:
         if f is None:
             ds = None
             if self.gpu:
-                ds = vulkan_dispatches(layer, kernel, _caps(self.predictor.caps), self.constants)
+                ds = vulkan_dispatches(layer, kernel, self._vk_caps(), self.constants, sig)
             f = features(layer, kernel, self.threads, ds)
             self._feat[sig] = f
         return f
+
+    def _vk_caps(self) -> Any:
+        if self._caps_obj is None:
+            self._caps_obj = _caps(self.predictor.caps)
+        return self._caps_obj
 
     def model_for(self, layer: Layer, kernel: Kernel, phase: str) -> Any:
         p = self.predictor
@@ -132,11 +138,13 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
     array from Python lists: no per-layer signature, numpy call or result object)."""
     p = cost.predictor
     n = len(layers)
-    F: np.ndarray | None = None
     L: np.ndarray | None = None
+    nothing = [runs_nothing(layer, k, cost.gpu) for layer, k in layers]
     if not cost.gpu:
         F = feature_matrix(layers, cost.threads)
-    nothing = [runs_nothing(layer, k, cost.gpu) for layer, k in layers]
+    else:  # with each unit's dispatches (per shape signature, cached in the cost model); none for no-ops
+        F = np.stack([cost.features(layer, k) if not nothing[i] else np.full(len(FEATURES), -1.0)
+                      for i, (layer, k) in enumerate(layers)]) if layers else np.zeros((0, len(FEATURES)))
     keys = [(f"{layer.op}/{k.name}", f"*/{k.name}") for layer, k in layers]
     roof = np.zeros(n, dtype=bool)
     out: dict[str, np.ndarray] = {}
@@ -160,22 +168,19 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
                     roof[i] = True
                 continue
             groups.setdefault(id(m), (m, []))[1].append(i)
-        bank = p.bank(mphase) if F is not None and groups else None
+        bank = p.bank(mphase) if groups else None
         if bank is not None and all(id(m) in bank.index for m, _ in groups.values()):
             # every unit model of the phase at once (one numpy pass, not one per model)
             rows = [i for _m, idx in groups.values() for i in idx]
             mi = np.array([bank.index[id(m)] for m, idx in groups.values() for _ in idx], dtype=np.intp)
             if L is None:
-                L = log_features(F)  # type: ignore[arg-type]
-            vals[rows] = np.maximum(bank.predict(F[rows], L[rows], mi), NOTHING_S)  # type: ignore[index]
+                L = log_features(F)
+            vals[rows] = np.maximum(bank.predict(F[rows], L[rows], mi), NOTHING_S)
             groups = {}
         for m, idx in groups.values():
-            if F is not None:
-                if L is None:
-                    L = log_features(F)  # once for every model and phase
-                vals[idx] = np.maximum(m.predict(F[idx], L[idx]), NOTHING_S)
-            else:
-                vals[idx] = np.maximum(m.predict(np.stack([cost.features(*layers[i]) for i in idx])), NOTHING_S)
+            if L is None:
+                L = log_features(F)  # once for every model and phase
+            vals[idx] = np.maximum(m.predict(F[idx], L[idx]), NOTHING_S)
         out[phase] = vals
     return out, roof
 

@@ -178,9 +178,9 @@ def dispatch_summary(dispatches: Sequence[Any]) -> tuple[float, float, float, fl
     """(dispatches, workgroups in all, the largest dispatch's workgroups, its local size, invocations in all)."""
     if not dispatches:
         return 0.0, 0.0, 0.0, 0.0, 0.0
-    groups = [float(np.prod(d.groups)) for d in dispatches]
+    groups = [float(math.prod(d.groups)) for d in dispatches]
     locals_ = [float(shader_local_size(d.shader)) for d in dispatches]
-    big = int(np.argmax(groups))
+    big = groups.index(max(groups))
     return (float(len(dispatches)), float(sum(groups)), groups[big], locals_[big],
             float(sum(g * lo for g, lo in zip(groups, locals_))))
 
@@ -190,24 +190,29 @@ def dispatch_summary(dispatches: Sequence[Any]) -> tuple[float, float, float, fl
 _SMALL = 1 << 16
 
 
-def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any,
-                      constants: Mapping[str, Any] | None = None) -> list[Any] | None:
-    """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values)."""
+def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any, constants: Mapping[str, Any] | None = None,
+                      sig: str | None = None) -> list[Any] | None:
+    """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values);
+    ``sig``: the unit's :func:`signature` when the caller has it."""
     from ..vulkan.kernel import split_rows
 
-    key = (_dispatch_key(layer, kernel, constants), caps)
+    key = (_dispatch_key(layer, kernel, constants, sig), caps)
     if key in _DISPATCHES:
         return _DISPATCHES[key]
-    raw: dict[str, np.ndarray] = {}
-    for i in layer.const_inputs:
-        info = layer.inputs[i]
-        if info is None:
-            continue
-        name = layer.node.inputs[i]
-        val = constants.get(name) if constants is not None and info.nbytes <= _SMALL else None
-        raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
+
+    def transformed() -> Any:
+        raw: dict[str, np.ndarray] = {}
+        for i in layer.const_inputs:
+            info = layer.inputs[i]
+            if info is None:
+                continue
+            name = layer.node.inputs[i]
+            val = constants.get(name) if constants is not None and info.nbytes <= _SMALL else None
+            raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
+        return kernel.transform(layer, raw)
+
     try:
-        params = kernel.transform(layer, raw)
+        params = _LazyParams(transformed)
         out: list[Any] | None = split_rows(kernel.dispatches(layer, params, caps), caps)
     except Exception:
         out = None
@@ -217,20 +222,44 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any,
     return out
 
 
+class _LazyParams(Mapping[str, Any]):
+    """A kernel's transformed parameters, transformed only when ``dispatches`` looks at one: most kernels' geometry
+    comes from the layer's shapes alone, and transforming stand-in weights (a large Winograd layer: milliseconds)
+    made most of a Vulkan whole-model prediction's time. The dispatches are the same either way."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._params: Mapping[str, Any] | None = None
+
+    def _get(self) -> Mapping[str, Any]:
+        if self._params is None:
+            self._params = self._make()
+        return self._params
+
+    def __getitem__(self, k: str) -> Any:
+        return self._get()[k]
+
+    def __iter__(self) -> Any:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
 #: dispatches per (kernel, layer shapes, small constants, caps): deriving them runs the kernel's transform on
 #: stand-in weights (milliseconds for a large Winograd layer), and planners meet the same shapes again and again
 _DISPATCHES: dict[Any, list[Any] | None] = {}
 _DISPATCH_CACHE = 8192
 
 
-def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None) -> Any:
+def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None, sig: str | None = None) -> Any:
     small = []
     for i in layer.const_inputs:
         info = layer.inputs[i]
         v = constants.get(layer.node.inputs[i]) if constants is not None and info is not None \
             and info.nbytes <= _SMALL else None
         small.append(None if v is None else np.asarray(v).tobytes())
-    return (kernel.name, signature(layer, kernel), tuple(small))
+    return (kernel.name, sig if sig is not None else signature(layer, kernel), tuple(small))
 
 
 def features(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> np.ndarray:
