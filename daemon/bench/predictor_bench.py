@@ -218,7 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             meas = ms.warm_s
             rows.append({"model": s.name, "family": s.family, "measured_ms": meas * 1e3, "predicted_ms": p * 1e3,
                          "err": p / meas - 1, "layers": len(layers), "pass_ms": [w * 1e3 for w in pass_warm],
-                         "roofline_layers": sum(1 for x in lp if x.source == "roofline")})
+                         "roofline_layers": sum(1 for x in lp if x.source == "roofline"),
+                         # where a whole-model error comes from: the units' sum (measured in the model, median
+                         # over passes) against its prediction, and the whole model against its units' sum
+                         "units_measured_ms": float(sum(ls.phases["exec"] for ls in ms.layers)) * 1e3,
+                         "units_predicted_ms": float(sum(x.phases["exec"] for x in lp)) * 1e3})
             print(f"  [{i + 1}/{len(held)}] {s.name}: measured {meas * 1e3:.2f} ms, predicted {p * 1e3:.2f} ms "
                   f"({(p / meas - 1) * 100:+.1f}%)", file=sys.stderr)
             # units: the model's layers measured in it, every phase against the prediction
@@ -360,6 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if st.get("n"):
             md.append(f"| {f} | {st['n']} | {st['within5'] * 100:.0f}% | {st['within10'] * 100:.0f}% | "
                       f"{st['rmse_ms']:.3f} | {st['median_abs_err'] * 100:.1f}% | {st['mean_err'] * 100:+.1f}% |")
+    md += ["", "Where the whole-model error comes from (per family, means over its models): the sum of the "
+           "units' predictions against the sum of their times measured inside the model (unit error), and the "
+           "whole model's measured time against that measured sum (what runs between units: the executor's loop, "
+           "thread-pool wake-ups; predicted by the fitted overhead).", "",
+           "| family | unit-sum error | measured whole / measured units | predicted whole / predicted units |",
+           "|---|---|---|---|"]
+    for f in sorted({r["family"] for r in rows}) + ["all"]:
+        rs = [r for r in rows if (f == "all" or r["family"] == f) and r.get("units_measured_ms")]
+        if rs:
+            md.append(f"| {f} | {np.mean([r['units_predicted_ms'] / r['units_measured_ms'] - 1 for r in rs]) * 100:+.1f}% | "
+                      f"{np.mean([r['measured_ms'] / r['units_measured_ms'] for r in rs]):.3f} | "
+                      f"{np.mean([r['predicted_ms'] / r['units_predicted_ms'] for r in rs]):.3f} |")
     md += ["", "## Units per phase (layers of held-out variants, measured inside them)", "",
            "| phase | n | within 5% | within 10% | within 20% | RMSE ms | median abs err | roofline fallbacks |",
            "|---|---|---|---|---|---|---|---|"]

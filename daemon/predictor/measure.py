@@ -217,13 +217,11 @@ def measure_reads(directory: str | os.PathLike | None = None, sizes: Sequence[in
             os.fsync(f.fileno())
         fd = os.open(path, os.O_RDONLY)
         try:
-            # sizes interleaved within each repeat: a disturbance of a few seconds then touches one timing of
-            # many sizes, not all timings of one
-            ts: dict[int, list[float]] = {n: [] for n in sizes}
-            for r in range(repeats):
-                for n in sizes:
-                    ts[n].append(read_once(fd, path, n, (r * 4096 * 97) % max(total - n, 1) // 4096 * 4096))
-            samples = [(n, float(np.median(ts[n]))) for n in sorted(ts)]
+            # one size's repeats back to back, as the bench and a cold start read (sizes interleaved, a small
+            # read right after a 16 MB one waited 3-4 ms behind its readahead: 50x its time alone)
+            for n in sorted(sizes):
+                ts = [read_once(fd, path, n, (r * 4096 * 7) % max(total - n, 1) // 4096 * 4096) for r in range(repeats)]
+                samples.append((n, float(np.median(ts))))
         finally:
             os.close(fd)
     finally:
