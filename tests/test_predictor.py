@@ -147,6 +147,21 @@ def test_reads_follow_the_measured_table(trained: tuple[Predictor, Trainer]) -> 
     assert bare.read_seconds(1e6) == pytest.approx(1e-4 + 1e-3)
 
 
+def test_read_windows_pooled_ignore_one_disturbed_window() -> None:
+    from inferd.predictor.measure import ReadModel, pool_reads
+
+    def window(scale: float) -> ReadModel:
+        t = {n: [scale * (5e-5 + n / 1e9)] * 11 for n in (4096, 65536, 1 << 20)}
+        return ReadModel(0.0, 0.0, [], t)
+
+    quiet, disturbed = window(1.0), window(40.0)  # another process's reads queued ours in one window
+    r = pool_reads([quiet, disturbed, window(1.0)])
+    assert [n for n, _ in r.samples] == [4096, 65536, 1 << 20]
+    for n, s in r.samples:
+        assert s == pytest.approx(5e-5 + n / 1e9)
+    assert r.disk_bw == pytest.approx(1e9, rel=1e-6) and r.per_read_s == pytest.approx(5e-5, rel=1e-6)
+
+
 def test_overhead_fit_recovers_known_terms_and_stays_non_negative() -> None:
     rng = np.random.default_rng(0)
     units = rng.uniform(1e-3, 3e-2, 40)

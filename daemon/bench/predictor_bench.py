@@ -32,7 +32,7 @@ PASSES = 5
 #: cold reads per unit and phase (median), twice: the second median is the read measurement's noise
 READ_REPS = 7
 #: whole-model predictions timed per model (each from a fresh cost model; the median is the model's time)
-PREDICT_REPS = 3
+PREDICT_REPS = 5
 
 
 def _stats(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float]:
@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ls.phases["exec"] = float(np.median(vals))
                 exec_passes[j] = vals
             layers = executed_layers(g, ms.kernels, args.device)
-            # one whole-model prediction as a planner makes it: fresh cost model (no cached features); three
+            # one whole-model prediction as a planner makes it: fresh cost model (no cached features); five
             # of them, each from scratch, and their median is the model's time: a single ~2 ms timing on the
             # shared board is now and then stretched by a preemption, which says nothing about the predictor
             ts_pred = []

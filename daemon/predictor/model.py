@@ -393,6 +393,12 @@ def check_current(pred: Predictor, current: Mapping[str, str], where: str = "pre
 
 #: below this many samples a key gets the base alone (trees would memorise noise)
 MIN_TREE_SAMPLES = 16
+#: samples per tree leaf. Not a share of the samples (it was 2%, 10+ leaves' worth): a slow path only a few
+#: shapes take -- the depthwise kernel's per-channel form on a 7x7 stride-2 layer with over 1024 outputs per
+#: channel, which held-out MobileNetV2 variants ran 3-7x longer than predicted, met by a handful of ~600
+#: depthwise samples -- must be able to get a leaf of its own; samples are medians already, and held-out units'
+#: split-half noise was a few percent (bench, 2026-11-24)
+MIN_LEAF = 3
 
 
 def fit_base(B: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -436,7 +442,7 @@ def fit_unit(key: str, phase: str, X: np.ndarray, y: np.ndarray, n_trees: int = 
         # as outliers; disturbed timings are already medians over runs and over the variants sharing a shape
         gb = GradientBoostingRegressor(loss="squared_error", n_estimators=n_trees, max_depth=depth,
                                        learning_rate=learning_rate, subsample=0.8,
-                                       min_samples_leaf=max(3, len(y) // 50), random_state=seed)
+                                       min_samples_leaf=MIN_LEAF, random_state=seed)
         gb.fit(L.astype(np.float32), resid)
         init = float(np.asarray(gb.init_.predict(L[:1].astype(np.float32))).reshape(-1)[0]) \
             if hasattr(gb.init_, "predict") else 0.0

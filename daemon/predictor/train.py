@@ -291,7 +291,7 @@ def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int =
           quiet: bool = False) -> tuple[Predictor, dict[str, Any]]:
     from ..runtime.profiler import measure_rates
     from ..zoo._variants import neighbour, variant_specs
-    from .measure import measure_reads
+    from .measure import measure_reads, pool_reads
 
     t_start = time.monotonic()
     budget = max(minutes * 60.0, 10.0)
@@ -308,11 +308,13 @@ def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int =
     out_dir = Path(out).parent
     out_dir.mkdir(parents=True, exist_ok=True)
     rates = measure_rates().to_dict()
-    rm = measure_reads(out_dir)
-    reads = {"per_read_s": rm.per_read_s, "disk_bw": rm.disk_bw}
+    # the read table is measured in three windows (now, half way, at the end) and pooled: see pool_reads
+    read_windows = [measure_reads(out_dir)]
     fitted: dict[str, Any] = {}
 
     def measure(cfg: Config) -> float | None:
+        if len(read_windows) == 1 and time.monotonic() - t_start > 0.4 * budget:
+            read_windows.append(measure_reads(out_dir))
         v = trainer.measure(cfg, alternative=True)
         prog.samples = len(trainer.units)
         return v
@@ -368,6 +370,10 @@ def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int =
         "refined": len(res.refined), "threads": trainer.threads, "loadavg_end": list(os.getloadavg()),
         "seconds": time.monotonic() - t_start,
     }
+    read_windows.append(measure_reads(out_dir))
+    rm = pool_reads(read_windows)
+    reads = {"per_read_s": rm.per_read_s, "disk_bw": rm.disk_bw}
+    info["read_windows"] = len(read_windows)
     pred = trainer.predictor(models, fp, rates, reads, info)
     pred.overhead = fit_overhead(meas)
     pred.read_table = list(rm.samples)
