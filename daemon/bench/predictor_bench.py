@@ -367,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     md += ["", "Where the whole-model error comes from (per family, means over its models): the sum of the "
            "units' predictions against the sum of their times measured inside the model (unit error), and the "
            "whole model's measured time against that measured sum (what runs between units: the executor's loop, "
-           "thread-pool wake-ups; predicted by the fitted overhead).", "",
+           "thread-pool wake-ups; and on a loaded board the preemptions a whole run collects, which each unit's "
+           "own median leaves out; predicted by the overhead fitted at training).", "",
            "| family | unit-sum error | measured whole / measured units | predicted whole / predicted units |",
            "|---|---|---|---|"]
     for f in sorted({r["family"] for r in rows}) + ["all"]:
