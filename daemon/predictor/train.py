@@ -290,7 +290,7 @@ def executed_layers(graph: Any, kernels: dict[str, str], device: str) -> list[tu
 def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int = 240, seed: int = 0,
           quiet: bool = False) -> tuple[Predictor, dict[str, Any]]:
     from ..runtime.profiler import measure_rates
-    from ..zoo._variants import neighbour, variant_specs
+    from ..zoo._variants import corner_specs, neighbour, variant_specs
     from .measure import measure_reads, pool_reads
 
     t_start = time.monotonic()
@@ -339,6 +339,11 @@ def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int =
         s = neighbour(cfg[0], r)
         return None if s is None else (s, cfg[1])
 
+    # the corners of the space first, at the default threads: their units train every model (the sampler's
+    # own sets decide what it validates on and where it refines)
+    for spec in corner_specs():
+        if time.monotonic() - t_start < 0.25 * budget:
+            measure((spec, trainer.threads[0]))
     res = adaptive_sample(pool, measure, fit, perturb, initial=min(60, len(pool) - 24), val=24, per_round=16,
                           neighbours=3, explore=0.25, max_rounds=60, patience=5, deadline=t_start + 0.85 * budget,
                           seed=seed, progress=prog)
