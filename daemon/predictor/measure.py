@@ -231,6 +231,9 @@ def measure_reads(directory: str | os.PathLike | None = None, sizes: Sequence[in
         try:
             # one size's repeats back to back, as the bench and a cold start read (sizes interleaved, a small
             # read right after a 16 MB one waited 3-4 ms behind its readahead: 50x its time alone)
+            # one untimed read first: the first read of a new file paid ~100 us more (its metadata, the
+            # device waking), which the table put on its smallest size as 160 us against a quiet 60 us
+            read_once(fd, path, min(sizes), 0)
             for n in sorted(sizes):
                 timings[n] = [read_once(fd, path, n, (r * 4096 * 7) % max(total - n, 1) // 4096 * 4096)
                               for r in range(repeats)]
