@@ -19,7 +19,8 @@ pytest.importorskip("sklearn")
 from inferd import __version__  # noqa: E402
 from inferd.ops.base import applicable_kernels, registered_ops, single_node_layer  # noqa: E402
 from inferd.predictor import load_for  # noqa: E402
-from inferd.predictor.cost import PredictedCost, predict_layers, whole_model_warm  # noqa: E402
+from inferd.predictor.cost import (PredictedCost, predict_arrays, predict_layers, predict_warm,  # noqa: E402
+                                   whole_model_warm)
 from inferd.predictor.model import (Predictor, PredictorFileError, StalePredictorError, Trees,  # noqa: E402
                                     check_current, fit_unit)
 from inferd.predictor.sampling import adaptive_sample  # noqa: E402
@@ -37,6 +38,7 @@ def trained() -> tuple[Predictor, Trainer]:
         assert tr.measure((s, 1), alternative=True) is not None
     models = tr.fit(n_trees=20)
     pred = tr.predictor(models, fingerprint_for("cpu"), {}, {"per_read_s": 1e-4, "disk_bw": 5e8}, {"test": True})
+    pred.read_table = [(4096, 6e-5), (65536, 1.5e-4), (1 << 20, 1.6e-3)]
     pred.overhead = fit_overhead([(w, tr.unit_sum(models, sigs), n) for w, sigs, n in tr.models.values()])
     return pred, tr
 
@@ -52,7 +54,7 @@ def test_round_trip_gives_identical_predictions(trained: tuple[Predictor, Traine
     X = np.stack(list(tr.feats.values()))
     for key, m in pred.models.items():
         assert np.array_equal(m.predict(X), back.models[key].predict(X)), key
-    assert back.overhead == pred.overhead and back.reads == pred.reads
+    assert back.overhead == pred.overhead and back.reads == pred.reads and back.read_table == pred.read_table
     assert back.to_bytes() == pred.to_bytes()  # deterministic: same predictor, same bytes
 
 
@@ -110,6 +112,87 @@ def test_stale_predictor_is_reported_not_used(trained: tuple[Predictor, Trainer]
     # another thread count is not another device: threads is a feature
     assert load_for("cpu", {**fp, "threads": "7"}, pred.save(tmp_path / "ok.ipred")) is not None
     assert __version__ == pred.engine
+
+
+def test_a_file_of_the_previous_format_version_is_refused(trained: tuple[Predictor, Trainer], tmp_path) -> None:
+    """Version 1 files carried a shorter feature list: read with this engine's, every model would be misread."""
+    from inferd.predictor.model import FORMAT_VERSION
+
+    pred, _ = trained
+    data = pred.to_bytes()
+    old = data[:8] + struct.pack("<I", FORMAT_VERSION - 1) + data[12:]
+    with pytest.raises(PredictorFileError, match="format version"):
+        Predictor.from_bytes(old, "old")
+    p = tmp_path / "old.ipred"
+    p.write_bytes(old)
+    assert load_for("cpu", fingerprint_for("cpu"), p) is None
+
+
+def test_reads_follow_the_measured_table(trained: tuple[Predictor, Trainer]) -> None:
+    pred, _ = trained
+    t = pred.read_table
+    for n, s in t:  # at a measured size: the measurement
+        assert pred.read_seconds(n) == pytest.approx(s, rel=1e-9)
+    # between sizes: between their times (log-log), not the linear model's answer
+    mid = pred.read_seconds(16384)
+    assert t[0][1] < mid < t[1][1]
+    assert mid != pytest.approx(pred.reads["per_read_s"] + 16384 / pred.reads["disk_bw"], rel=1e-3)
+    # beyond the table: its last point plus the bandwidth; below it: never zero, never above the first point
+    big = 8 << 20
+    assert pred.read_seconds(big) == pytest.approx(t[-1][1] + (big - t[-1][0]) / pred.reads["disk_bw"])
+    assert 0 < pred.read_seconds(100) <= t[0][1]
+    assert pred.read_seconds(0) == 0.0
+    # no table (an older predictor's reads): the linear model
+    bare = Predictor("cpu", {}, __version__, {}, reads={"per_read_s": 1e-4, "disk_bw": 1e9})
+    assert bare.read_seconds(1e6) == pytest.approx(1e-4 + 1e-3)
+
+
+def test_read_windows_pooled_ignore_one_disturbed_window() -> None:
+    from inferd.predictor.measure import ReadModel, pool_reads
+
+    def window(scale: float) -> ReadModel:
+        t = {n: [scale * (5e-5 + n / 1e9)] * 11 for n in (4096, 65536, 1 << 20)}
+        return ReadModel(0.0, 0.0, [], t)
+
+    quiet, disturbed = window(1.0), window(40.0)  # another process's reads queued ours in one window
+    r = pool_reads([quiet, disturbed, window(1.0)])
+    assert [n for n, _ in r.samples] == [4096, 65536, 1 << 20]
+    for n, s in r.samples:
+        assert s == pytest.approx(5e-5 + n / 1e9)
+    assert r.disk_bw == pytest.approx(1e9, rel=1e-6) and r.per_read_s == pytest.approx(5e-5, rel=1e-6)
+
+
+def test_overhead_fit_recovers_known_terms_and_stays_non_negative() -> None:
+    rng = np.random.default_rng(0)
+    units = rng.uniform(1e-3, 3e-2, 40)
+    steps = rng.integers(10, 120, 40)
+    meas = [(1.1 * u + 4e-6 * n + 2e-4, u, int(n)) for u, n in zip(units, steps)]
+    o = fit_overhead(meas)
+    assert o["scale"] == pytest.approx(1.1, rel=1e-3)
+    assert o["per_step_s"] == pytest.approx(4e-6, rel=1e-2) and o["per_run_s"] == pytest.approx(2e-4, rel=1e-2)
+    # models that run faster than their units' sum: the fit lowers the scale, it does not invent negative steps
+    o2 = fit_overhead([(0.9 * u, u, int(n)) for u, n in zip(units, steps)])
+    assert o2["per_step_s"] >= 0 and o2["per_run_s"] >= 0 and o2["scale"] == pytest.approx(0.9, rel=1e-3)
+
+
+def test_fast_whole_model_path_equals_the_per_layer_one(trained: tuple[Predictor, Trainer]) -> None:
+    from inferd.frontend import import_template, specialize
+    from inferd.runtime.cpu import CpuExecutor
+
+    pred, _ = trained
+    for spec in TINY:
+        g = specialize(import_template(build_variant(spec)))
+        ex = CpuExecutor(g)
+        kern = {s.layer.name: s.kernel.name for s in ex.steps if s is not None and not s.alias}
+        layers = executed_layers(g, kern, "cpu")
+        cost = PredictedCost(pred, threads=1, constants=g.constants)
+        vals, roof = predict_arrays(layers, cost, ("exec", "transform"))
+        lp = predict_layers(layers, PredictedCost(pred, threads=1, constants=g.constants), ("exec", "transform"))
+        single = [PredictedCost(pred, threads=1).cost(layer, k, "exec").seconds for layer, k in layers]
+        assert np.allclose(vals["exec"], [x.phases["exec"] for x in lp], rtol=1e-12)
+        assert np.allclose(vals["exec"], single, rtol=1e-9)  # the planners' one-unit path agrees
+        assert (vals["exec"] > 0).all() and not roof.any()
+        assert predict_warm(layers, cost) == pytest.approx(whole_model_warm(pred, lp, len(layers)), rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------------ coverage

@@ -13,6 +13,8 @@ Everything here is data and arithmetic: no I/O, no timing.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol
 
@@ -76,13 +78,13 @@ def raw_nbytes(layer: Layer) -> int:
 def layer_flops(layer: Layer) -> float:
     """Multiply-adds x 2 for the layers that compute; output elements for the rest."""
     out = layer.outputs[0] if layer.outputs else None
-    n_out = float(np.prod(out.shape)) if out is not None and out.shape else 1.0
+    n_out = float(math.prod(out.shape)) if out is not None and out.shape else 1.0
     if layer.op in ("Conv", "ConvTranspose") and 1 in layer.const_inputs and layer.inputs[1] is not None:
         w = layer.inputs[1].shape
-        per = float(np.prod(w[1:])) if len(w) > 1 else 1.0
+        per = float(math.prod(w[1:])) if len(w) > 1 else 1.0
         if layer.op == "ConvTranspose":
             x = layer.inputs[0].shape if layer.inputs[0] is not None else (1,)
-            return 2.0 * float(np.prod(x)) * float(np.prod(w[1:]))
+            return 2.0 * float(math.prod(x)) * float(math.prod(w[1:]))
         return 2.0 * n_out * per
     if layer.op in ("Gemm", "MatMul") and len(layer.inputs) > 1 and layer.inputs[0] is not None \
             and layer.inputs[1] is not None:

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..ops.base import Kernel, Layer, op_spec
 from ..planner.cost import Cost, DeviceRates, RooflineCost, kernel_transforms, raw_nbytes
-from .features import features, kernel_key, signature, unit_key, vulkan_dispatches
-from .model import Predictor
+from .features import FEATURES, feature_matrix, features, kernel_key, signature, unit_key, vulkan_dispatches
+from .model import Predictor, log_features
 
 #: what a unit that runs nothing costs (an alias view, a node folded at load): not zero, never more
 NOTHING_S = 1e-7
@@ -59,6 +59,7 @@ class PredictedCost:
     rates: DeviceRates | None = None
     _feat: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _memo: dict[tuple[str, str], Cost] = field(default_factory=dict, repr=False)
+    _caps_obj: Any = field(default=None, repr=False)
 
     @property
     def gpu(self) -> bool:
@@ -77,10 +78,15 @@ class PredictedCost:
         if f is None:
             ds = None
             if self.gpu:
-                ds = vulkan_dispatches(layer, kernel, _caps(self.predictor.caps), self.constants)
+                ds = vulkan_dispatches(layer, kernel, self._vk_caps(), self.constants, sig)
             f = features(layer, kernel, self.threads, ds)
             self._feat[sig] = f
         return f
+
+    def _vk_caps(self) -> Any:
+        if self._caps_obj is None:
+            self._caps_obj = _caps(self.predictor.caps)
+        return self._caps_obj
 
     def model_for(self, layer: Layer, kernel: Kernel, phase: str) -> Any:
         p = self.predictor
@@ -101,7 +107,7 @@ class PredictedCost:
                                                                else 0)
             if not n:
                 return Cost(0.0, "predicted")
-            return Cost(p.reads["per_read_s"] + n / p.reads["disk_bw"], "predicted")
+            return Cost(p.read_seconds(n), "predicted")
         if phase == "transform" and not (kernel_transforms(kernel) and layer.const_inputs):
             return Cost(0.0, "predicted")  # no work exists
         if phase in ("pipeline_empty", "pipeline_filled") and not self.gpu:
@@ -125,37 +131,82 @@ class LayerPrediction:
     phases: dict[str, float]
 
 
-def predict_layers(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost,
-                   phases: Sequence[str] = ("exec",)) -> list[LayerPrediction]:
-    """Every phase of every (layer, kernel), one vectorised call per unit model and phase."""
+def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, phases: Sequence[str] = ("exec",)
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Seconds of every phase of every (layer, kernel), as one array per phase, and which units fell back to
+    the roofline. One vectorised call per unit model and phase; the features of all units built once (CPU: one
+    array from Python lists: no per-layer signature, numpy call or result object)."""
     p = cost.predictor
-    out = [LayerPrediction(layer.name, layer.op, k.name, "predicted", {}) for layer, k in layers]
+    n = len(layers)
+    L: np.ndarray | None = None
+    nothing = [runs_nothing(layer, k, cost.gpu) for layer, k in layers]
+    if not cost.gpu:
+        F = feature_matrix(layers, cost.threads)
+    else:  # with each unit's dispatches (per shape signature, cached in the cost model); none for no-ops
+        F = np.stack([cost.features(layer, k) if not nothing[i] else np.full(len(FEATURES), -1.0)
+                      for i, (layer, k) in enumerate(layers)]) if layers else np.zeros((0, len(FEATURES)))
+    keys = [(f"{layer.op}/{k.name}", f"*/{k.name}") for layer, k in layers]
+    roof = np.zeros(n, dtype=bool)
+    out: dict[str, np.ndarray] = {}
     for phase in phases:
+        vals = np.zeros(n)
         groups: dict[int, tuple[Any, list[int]]] = {}
+        mphase = "exec_first" if phase == "exec_cold" else phase
         for i, (layer, k) in enumerate(layers):
-            simple = phase in ("read_raw", "read_transformed") or runs_nothing(layer, k, cost.gpu) or \
+            simple = phase in ("read_raw", "read_transformed") or nothing[i] or \
                 (phase == "transform" and not (kernel_transforms(k) and layer.const_inputs)) or \
                 (phase.startswith("pipeline") and not cost.gpu)
-            m = None if simple else cost.model_for(layer, k, "exec_first" if phase == "exec_cold" else phase)
-            if m is None and phase == "exec_cold" and not simple:
-                m = cost.model_for(layer, k, "exec")
+            m = None
+            if not simple:
+                m = p.models.get((keys[i][0], mphase)) or p.models.get((keys[i][1], mphase))
+                if m is None and phase == "exec_cold":
+                    m = p.models.get((keys[i][0], "exec")) or p.models.get((keys[i][1], "exec"))
             if m is None:
                 c = cost.cost(layer, k, phase)
-                out[i].phases[phase] = c.seconds
+                vals[i] = c.seconds
                 if c.source == "roofline" and phase in EXEC_PHASES:
-                    out[i].source = "roofline"
+                    roof[i] = True
                 continue
             groups.setdefault(id(m), (m, []))[1].append(i)
+        bank = p.bank(mphase) if groups else None
+        if bank is not None and all(id(m) in bank.index for m, _ in groups.values()):
+            # every unit model of the phase at once (one numpy pass, not one per model)
+            rows = [i for _m, idx in groups.values() for i in idx]
+            mi = np.array([bank.index[id(m)] for m, idx in groups.values() for _ in idx], dtype=np.intp)
+            if L is None:
+                L = log_features(F)
+            vals[rows] = np.maximum(bank.predict(F[rows], L[rows], mi), NOTHING_S)
+            groups = {}
         for m, idx in groups.values():
-            X = np.stack([cost.features(*layers[i]) for i in idx])
-            ys = np.maximum(m.predict(X), NOTHING_S)
-            for i, y in zip(idx, ys):
-                out[i].phases[phase] = float(y)
-    return out
+            if L is None:
+                L = log_features(F)  # once for every model and phase
+            vals[idx] = np.maximum(m.predict(F[idx], L[idx]), NOTHING_S)
+        out[phase] = vals
+    return out, roof
+
+
+def predict_layers(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost,
+                   phases: Sequence[str] = ("exec",)) -> list[LayerPrediction]:
+    """Every phase of every (layer, kernel), one :class:`LayerPrediction` per layer (for reports)."""
+    vals, roof = predict_arrays(layers, cost, phases)
+    cols = {ph: v.tolist() for ph, v in vals.items()}
+    return [LayerPrediction(layer.name, layer.op, k.name, "roofline" if roof[i] else "predicted",
+                            {ph: cols[ph][i] for ph in phases}) for i, (layer, k) in enumerate(layers)]
+
+
+def whole_model_warm_s(pred: Predictor, unit_sum_s: float, steps: int) -> float:
+    """Warm latency of a model from its units' summed warm seconds through the fitted overhead model."""
+    o = pred.overhead
+    s = float(unit_sum_s)
+    return max(o.get("scale", 1.0) * s + o.get("per_step_s", 0.0) * steps + o.get("per_run_s", 0.0), s * 0.5)
+
+
+def predict_warm(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost) -> float:
+    """A whole model's warm latency (what the planners and the bench ask for most): no per-layer objects."""
+    vals, _ = predict_arrays(layers, cost, ("exec",))
+    return whole_model_warm_s(cost.predictor, float(vals["exec"].sum()), len(layers))
 
 
 def whole_model_warm(pred: Predictor, layers: Sequence[LayerPrediction], steps: int) -> float:
     """Warm latency of a model: its units' sum through the fitted overhead model."""
-    o = pred.overhead
-    s = sum(lp.phases.get("exec", 0.0) for lp in layers)
-    return max(o.get("scale", 1.0) * s + o.get("per_step_s", 0.0) * steps + o.get("per_run_s", 0.0), s * 0.5)
+    return whole_model_warm_s(pred, sum(lp.phases.get("exec", 0.0) for lp in layers), steps)

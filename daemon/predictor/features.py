@@ -9,6 +9,7 @@ of GPU kernels. Everything here is arithmetic on shapes: cheap enough for a whol
 """
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from functools import lru_cache
@@ -17,37 +18,45 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..ops.base import Kernel, Layer, raw_key
-from ..planner.cost import io_nbytes, layer_flops, raw_nbytes
+from ..planner.cost import layer_flops
 
 #: the feature vector, in this order (the predictor file records the names, so a file written with
-#: another list is refused rather than misread)
+#: another list is refused rather than misread). ``out_px`` (output pixels per channel), ``k_area`` and
+#: ``cin_g`` (input channels per group) are products the trees would otherwise have to build from several
+#: splits: kernels switch form at a map size (the depthwise kernel's blocked form up to 1024 output pixels)
+#: and the depthwise/grouped cost per output is k_area x cin_g; ``work_bytes`` (inputs, outputs, weights in
+#: the kernel's layout and workspace) is what has to fit in the caches.
 FEATURES = ("flops", "in_bytes", "out_bytes", "w_bytes", "tw_bytes", "ws_bytes", "out_elems",
             "n", "cin", "cout", "h", "w", "oh", "ow", "kh", "kw", "sh", "sw", "groups",
             "act", "residual", "n_inputs", "threads", "op_id",
-            "n_disp", "wg_total", "wg_max", "local", "invocations")
+            "n_disp", "wg_total", "wg_max", "local", "invocations",
+            "out_px", "k_area", "cin_g", "work_bytes")
 INDEX = {f: i for i, f in enumerate(FEATURES)}
+_NF = len(FEATURES)
+_DISP = [INDEX[f] for f in ("n_disp", "wg_total", "wg_max", "local", "invocations")]
 
 #: fused activations by id (0: none); an unknown one gets a stable id from its name
 _ACTS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
          "Tanh": 7, "SiLU": 8, "Gelu": 9, "GeluTanh": 10, "Softplus": 11}
 
 
+@lru_cache(maxsize=None)
 def stable_id(s: str) -> float:
     """A small number that names ``s`` the same way on every machine and run (not Python's ``hash``)."""
     return float(zlib.crc32(s.encode()) % 997)
 
 
-def _nchw(shape: Sequence[int]) -> tuple[int, int, int, int]:
+def _nchw(s: Sequence[int]) -> tuple[int, int, int, int]:
     """(N, C, H, W) of a tensor of any rank: 4-D as is, 2-D (N, C), 3-D (N, T, C) as T rows of C, 1-D as C."""
-    s = tuple(int(d) for d in shape)
-    if len(s) >= 4:
-        return s[0], s[1], s[2], int(np.prod(s[3:]))
-    if len(s) == 3:
-        return s[0], s[2], s[1], 1
-    if len(s) == 2:
-        return s[0], s[1], 1, 1
-    if len(s) == 1:
-        return 1, s[0], 1, 1
+    r = len(s)
+    if r >= 4:
+        return int(s[0]), int(s[1]), int(s[2]), int(math.prod(s[3:]))
+    if r == 3:
+        return int(s[0]), int(s[2]), int(s[1]), 1
+    if r == 2:
+        return int(s[0]), int(s[1]), 1, 1
+    if r == 1:
+        return 1, int(s[0]), 1, 1
     return 1, 1, 1, 1
 
 
@@ -60,55 +69,86 @@ def kernel_key(kernel: Kernel) -> str:
     return f"*/{kernel.name}"
 
 
-def base_features(layer: Layer, kernel: Kernel, threads: int) -> np.ndarray:
-    """Every feature but the dispatch ones (those are -1 here; :func:`dispatch_features` fills them)."""
-    f = np.full(len(FEATURES), -1.0)
+_ITEMSIZE: dict[Any, int] = {}
+
+
+def _isz(info: Any) -> int:
+    dt = info.dtype
+    sz = _ITEMSIZE.get(dt)
+    if sz is None:
+        sz = _ITEMSIZE[dt] = np.dtype(dt).itemsize
+    return math.prod(info.shape) * sz
+
+
+def base_row(layer: Layer, kernel: Kernel, threads: int) -> list[float]:
+    """Every feature but the dispatch ones (those are -1 here; :func:`dispatch_features` fills them), as a
+    list: plain Python arithmetic on shapes (a whole model's rows in well under a millisecond; numpy calls
+    per layer cost more than the arithmetic)."""
     ins = layer.inputs
     x = ins[0] if ins and ins[0] is not None else None
-    out = layer.outputs[0] if layer.outputs else None
+    outs = layer.outputs
+    out = outs[0] if outs else None
     n, c, h, w = _nchw(x.shape) if x is not None else (1, 1, 1, 1)
-    on, oc, oh, ow = _nchw(out.shape) if out is not None else (1, 1, 1, 1)
+    _on, oc, oh, ow = _nchw(out.shape) if out is not None else (1, 1, 1, 1)
+    attrs = layer.node.attrs
+    op = layer.op
     kh = kw = 1
     cout = oc
     cin = c
-    if layer.op in ("Conv", "ConvTranspose") and len(ins) > 1 and ins[1] is not None:
+    if op in ("Conv", "ConvTranspose") and len(ins) > 1 and ins[1] is not None:
         ws = ins[1].shape
         if len(ws) >= 4:
-            kh, kw = int(ws[2]), int(np.prod(ws[3:]))
+            kh, kw = int(ws[2]), int(math.prod(ws[3:]))
         elif len(ws) == 3:
             kh = int(ws[2])
-    elif layer.op in ("Gemm", "MatMul") and len(ins) > 1 and ins[1] is not None and x is not None:
+    elif op in ("Gemm", "MatMul") and len(ins) > 1 and ins[1] is not None and x is not None:
         b = ins[1].shape
-        trans_b = layer.op == "Gemm" and bool(layer.attr("transB", 0))
+        trans_b = op == "Gemm" and bool(attrs.get("transB", 0))
         if len(b) >= 2:
             cin = int(b[-1] if trans_b else b[-2])
             cout = int(b[-2] if trans_b else b[-1])
     else:
-        ks = layer.attr("kernel_shape")
+        ks = attrs.get("kernel_shape")
         if ks:
-            kh, kw = int(ks[0]), int(np.prod(ks[1:])) if len(ks) > 1 else 1
-    st = layer.attr("strides") or [1, 1]
-    act = layer.attr("act")
+            kh, kw = int(ks[0]), int(math.prod(ks[1:])) if len(ks) > 1 else 1
+    st = attrs.get("strides") or [1, 1]
+    act = attrs.get("act")
     aname = act[0] if act else None
-    f[INDEX["flops"]] = layer_flops(layer)
-    f[INDEX["in_bytes"]] = float(io_nbytes(layer) - sum(o.nbytes for o in layer.outputs))
-    f[INDEX["out_bytes"]] = float(sum(o.nbytes for o in layer.outputs))
-    f[INDEX["w_bytes"]] = float(raw_nbytes(layer))
-    f[INDEX["tw_bytes"]] = float(kernel.transformed_nbytes(layer)) if layer.const_inputs else 0.0
-    f[INDEX["ws_bytes"]] = float(kernel.workspace_nbytes(layer))
-    f[INDEX["out_elems"]] = float(out.size) if out is not None else 0.0
-    f[INDEX["n"]], f[INDEX["cin"]], f[INDEX["cout"]] = n, cin, cout
-    f[INDEX["h"]], f[INDEX["w"]], f[INDEX["oh"]], f[INDEX["ow"]] = h, w, oh, ow
-    f[INDEX["kh"]], f[INDEX["kw"]] = kh, kw
-    f[INDEX["sh"]] = int(st[0])
-    f[INDEX["sw"]] = int(st[1]) if len(st) > 1 else int(st[0])
-    f[INDEX["groups"]] = int(layer.attr("group", 1) or 1)
-    f[INDEX["act"]] = _ACTS.get(aname, 20 + stable_id(str(aname)) % 50)
-    f[INDEX["residual"]] = 1.0 if layer.attr("residual") else 0.0
-    f[INDEX["n_inputs"]] = float(sum(1 for i in ins if i is not None))
-    f[INDEX["threads"]] = float(threads)
-    f[INDEX["op_id"]] = stable_id(layer.op)
-    return f
+    consts = layer.const_inputs
+    out_b = float(sum(_isz(o) for o in outs))
+    # inputs and raw weights in one pass (raw_nbytes' rule inlined: fp16-stored float32 weights count half)
+    in_b = raw_b = 0.0
+    half = 2 if attrs.get("_wfp", 0) else 1
+    for k, i in enumerate(ins):
+        if i is None:
+            continue
+        if k in consts:
+            raw_b += _isz(i) // (half if i.dtype == np.float32 else 1)
+        else:
+            in_b += _isz(i)
+    tw = float(kernel.transformed_nbytes(layer)) if consts else 0.0
+    ws_b = float(kernel.workspace_nbytes(layer))
+    groups = int(attrs.get("group", 1) or 1)
+    a = _ACTS.get(aname)
+    return [layer_flops(layer), in_b, out_b, raw_b, tw, ws_b,
+            float(out.size) if out is not None else 0.0,
+            n, cin, cout, h, w, oh, ow, kh, kw,
+            int(st[0]), int(st[1]) if len(st) > 1 else int(st[0]), groups,
+            a if a is not None else 20 + stable_id(str(aname)) % 50,
+            1.0 if attrs.get("residual") else 0.0, float(sum(1 for i in ins if i is not None)), float(threads),
+            stable_id(op), -1.0, -1.0, -1.0, -1.0, -1.0,
+            float(oh * ow), float(kh * kw), float(max(cin // max(groups, 1), 1)), in_b + out_b + tw + ws_b]
+
+
+def base_features(layer: Layer, kernel: Kernel, threads: int) -> np.ndarray:
+    return np.array(base_row(layer, kernel, threads), dtype=np.float64)
+
+
+def feature_matrix(layers: Sequence[tuple[Layer, Kernel]], threads: int) -> np.ndarray:
+    """The CPU feature rows of many units at once (no dispatches), one array built from Python lists."""
+    if not layers:
+        return np.zeros((0, _NF))
+    return np.array([base_row(layer, k, threads) for layer, k in layers], dtype=np.float64)
 
 
 _LOCAL = re.compile(r"layout\s*\(([^)]*local_size[^)]*)\)\s*in")
@@ -138,9 +178,9 @@ def dispatch_summary(dispatches: Sequence[Any]) -> tuple[float, float, float, fl
     """(dispatches, workgroups in all, the largest dispatch's workgroups, its local size, invocations in all)."""
     if not dispatches:
         return 0.0, 0.0, 0.0, 0.0, 0.0
-    groups = [float(np.prod(d.groups)) for d in dispatches]
+    groups = [float(math.prod(d.groups)) for d in dispatches]
     locals_ = [float(shader_local_size(d.shader)) for d in dispatches]
-    big = int(np.argmax(groups))
+    big = groups.index(max(groups))
     return (float(len(dispatches)), float(sum(groups)), groups[big], locals_[big],
             float(sum(g * lo for g, lo in zip(groups, locals_))))
 
@@ -150,24 +190,29 @@ def dispatch_summary(dispatches: Sequence[Any]) -> tuple[float, float, float, fl
 _SMALL = 1 << 16
 
 
-def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any,
-                      constants: Mapping[str, Any] | None = None) -> list[Any] | None:
-    """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values)."""
+def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any, constants: Mapping[str, Any] | None = None,
+                      sig: str | None = None) -> list[Any] | None:
+    """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values);
+    ``sig``: the unit's :func:`signature` when the caller has it."""
     from ..vulkan.kernel import split_rows
 
-    key = (_dispatch_key(layer, kernel, constants), caps)
+    key = (_dispatch_key(layer, kernel, constants, sig), caps)
     if key in _DISPATCHES:
         return _DISPATCHES[key]
-    raw: dict[str, np.ndarray] = {}
-    for i in layer.const_inputs:
-        info = layer.inputs[i]
-        if info is None:
-            continue
-        name = layer.node.inputs[i]
-        val = constants.get(name) if constants is not None and info.nbytes <= _SMALL else None
-        raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
+
+    def transformed() -> Any:
+        raw: dict[str, np.ndarray] = {}
+        for i in layer.const_inputs:
+            info = layer.inputs[i]
+            if info is None:
+                continue
+            name = layer.node.inputs[i]
+            val = constants.get(name) if constants is not None and info.nbytes <= _SMALL else None
+            raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
+        return kernel.transform(layer, raw)
+
     try:
-        params = kernel.transform(layer, raw)
+        params = _LazyParams(transformed)
         out: list[Any] | None = split_rows(kernel.dispatches(layer, params, caps), caps)
     except Exception:
         out = None
@@ -177,28 +222,50 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any,
     return out
 
 
+class _LazyParams(Mapping[str, Any]):
+    """A kernel's transformed parameters, transformed only when ``dispatches`` looks at one: most kernels' geometry
+    comes from the layer's shapes alone, and transforming stand-in weights (a large Winograd layer: milliseconds)
+    made most of a Vulkan whole-model prediction's time. The dispatches are the same either way."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._params: Mapping[str, Any] | None = None
+
+    def _get(self) -> Mapping[str, Any]:
+        if self._params is None:
+            self._params = self._make()
+        return self._params
+
+    def __getitem__(self, k: str) -> Any:
+        return self._get()[k]
+
+    def __iter__(self) -> Any:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
 #: dispatches per (kernel, layer shapes, small constants, caps): deriving them runs the kernel's transform on
 #: stand-in weights (milliseconds for a large Winograd layer), and planners meet the same shapes again and again
 _DISPATCHES: dict[Any, list[Any] | None] = {}
 _DISPATCH_CACHE = 8192
 
 
-def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None) -> Any:
+def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None, sig: str | None = None) -> Any:
     small = []
     for i in layer.const_inputs:
         info = layer.inputs[i]
         v = constants.get(layer.node.inputs[i]) if constants is not None and info is not None \
             and info.nbytes <= _SMALL else None
         small.append(None if v is None else np.asarray(v).tobytes())
-    return (kernel.name, signature(layer, kernel), tuple(small))
+    return (kernel.name, sig if sig is not None else signature(layer, kernel), tuple(small))
 
 
 def features(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> np.ndarray:
     f = base_features(layer, kernel, threads)
     if dispatches is not None:
-        nd, tot, mx, loc, inv = dispatch_summary(dispatches)
-        f[INDEX["n_disp"]], f[INDEX["wg_total"]], f[INDEX["wg_max"]] = nd, tot, mx
-        f[INDEX["local"]], f[INDEX["invocations"]] = loc, inv
+        f[_DISP] = dispatch_summary(dispatches)
     return f
 
 

@@ -30,7 +30,8 @@ from ..fileio import atomic_write
 from .features import FEATURES, INDEX
 
 MAGIC = b"INFDPRED"
-FORMAT_VERSION = 1
+#: 2: features out_px, k_area, cin_g, work_bytes; the measured read-time table (``read_table``)
+FORMAT_VERSION = 2
 _HEAD = struct.Struct("<8sII32s")
 
 #: the phases a unit model predicts (reads are a per-device model of bytes, not per unit)
@@ -87,17 +88,21 @@ class Trees:
     init: float = 0.0
 
     def predict(self, L: np.ndarray) -> np.ndarray:
-        """Sum of the trees' leaves for each row of ``L`` (log features)."""
+        """Sum of the trees' leaves for each row of ``L`` (log features): all (row, tree) pairs walk down
+        together, gathering only the nodes they visit from the flat arrays."""
         n, t = L.shape[0], self.feature.shape[0]
         if t == 0:
             return np.full(n, self.init)
-        idx = np.zeros((n, t), dtype=np.int64)
-        tt = np.arange(t)[None, :]
-        rows = np.arange(n)[:, None]
+        inner = 2 ** self.depth - 1
+        node0 = np.tile(np.arange(t, dtype=np.intp) * inner, n)
+        row = np.repeat(np.arange(n, dtype=np.intp) * L.shape[1], t)
+        feat, thr, Lf = self.feature.reshape(-1), self.threshold.reshape(-1), np.ascontiguousarray(L).reshape(-1)
+        idx = np.zeros(n * t, dtype=np.intp)
         for _ in range(self.depth):
-            f = self.feature[tt, idx]
-            idx = 2 * idx + 1 + (L[rows, f] > self.threshold[tt, idx])
-        return self.init + self.leaves[tt, idx - (2 ** self.depth - 1)].sum(axis=1)
+            g = node0 + idx
+            idx = 2 * idx + 1 + (Lf[row + feat[g]] > thr[g])
+        leaf = np.tile(np.arange(t, dtype=np.intp) * (inner + 1), n) + (idx - inner)
+        return self.init + self.leaves.reshape(-1)[leaf].reshape(n, t).sum(axis=1)
 
     @staticmethod
     def from_sklearn(estimators: Sequence[Any], learning_rate: float, init: float, depth: int) -> "Trees":
@@ -141,13 +146,82 @@ class UnitModel:
     #: median relative error on held-out samples at training (nan when there were too few)
     val_mape: float = float("nan")
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X: np.ndarray, L: np.ndarray | None = None) -> np.ndarray:
+        """Seconds for feature rows ``X`` (``L``: their :func:`log_features`, when the caller has them)."""
         X = np.atleast_2d(X)
         base = basis(X, self.phase) @ self.coef
         base = np.maximum(base, 1e-7)
         if self.trees is not None:
-            base = base * np.exp(np.clip(self.trees.predict(log_features(X)), -3.0, 3.0))
+            base = base * np.exp(np.clip(self.trees.predict(log_features(X) if L is None else L), -3.0, 3.0))
         return base
+
+
+@dataclass
+class Bank:
+    """Every unit model of one phase stacked into arrays, so a whole model's rows (of many unit models) are
+    evaluated in one pass: the basis once, each row's coefficients and trees picked by its model index. Per
+    model calls cost a fixed ~0.1-0.2 ms each in numpy overhead, and a model uses 5-10 unit models; this is
+    the "cache per-kernel model evaluation" of the predictor itself (derived from the file, never saved)."""
+
+    phase: str
+    index: dict[int, int]     # id(UnitModel) -> row of the arrays below
+    coef: np.ndarray          # (M, K)
+    depth: int
+    feature: np.ndarray       # (M, T, 2^D - 1)
+    threshold: np.ndarray     # (M, T, 2^D - 1); +inf pads (always left)
+    leaves: np.ndarray        # (M, T, 2^D); 0 pads
+    init: np.ndarray          # (M,)
+    trees: np.ndarray         # (M,) bool: whether the model has trees (else the base alone)
+
+    @staticmethod
+    def build(phase: str, models: Sequence[UnitModel]) -> "Bank | None":
+        """None when the models cannot share arrays (trees of different depths, bases of different sizes)."""
+        if not models:
+            return None
+        depths = {m.trees.depth for m in models if m.trees is not None}
+        ks = {len(m.coef) for m in models}
+        if len(depths) > 1 or len(ks) != 1:
+            return None
+        depth = depths.pop() if depths else 1
+        inner = 2 ** depth - 1
+        t = max([m.trees.feature.shape[0] for m in models if m.trees is not None] or [0])
+        n = len(models)
+        feat = np.zeros((n, t, inner), np.intp)
+        thr = np.full((n, t, inner), np.inf)
+        leaves = np.zeros((n, t, inner + 1))
+        init = np.zeros(n)
+        has = np.zeros(n, bool)
+        for i, m in enumerate(models):
+            if m.trees is None:
+                continue
+            k = m.trees.feature.shape[0]
+            feat[i, :k], thr[i, :k], leaves[i, :k] = m.trees.feature, m.trees.threshold, m.trees.leaves
+            init[i], has[i] = m.trees.init, True
+        return Bank(phase, {id(m): i for i, m in enumerate(models)}, np.stack([m.coef for m in models]), depth,
+                    feat, thr, leaves, init, has)
+
+    def predict(self, X: np.ndarray, L: np.ndarray, mi: np.ndarray) -> np.ndarray:
+        """Seconds of rows ``X`` (``L`` their log features), row r by the model at ``mi[r]``: the same as each
+        model's :meth:`UnitModel.predict` on its rows."""
+        n = X.shape[0]
+        base = np.maximum(np.einsum("ij,ij->i", basis(X, self.phase), self.coef[mi]), 1e-7)
+        t = self.feature.shape[1]
+        if t == 0 or not self.trees[mi].any():
+            return base
+        inner = 2 ** self.depth - 1
+        # walk all (row, tree) pairs down together, gathering only the nodes visited from the flat arrays (a
+        # table of every node's decision for every row was 10x the data, and 100 trees of it left the caches)
+        tree = (mi[:, None] * t + np.arange(t)[None, :]).reshape(-1)
+        node0 = tree * inner
+        row = np.repeat(np.arange(n) * L.shape[1], t)
+        feat, thr, Lf = self.feature.reshape(-1), self.threshold.reshape(-1), L.reshape(-1)
+        idx = np.zeros(n * t, dtype=np.intp)
+        for _ in range(self.depth):
+            g = node0 + idx
+            idx = 2 * idx + 1 + (Lf[row + feat[g]] > thr[g])
+        leaf = tree * (inner + 1) + (idx - inner)
+        s = self.init[mi] + self.leaves.reshape(-1)[leaf].reshape(n, t).sum(axis=1)
+        return np.where(self.trees[mi], base * np.exp(np.clip(s, -3.0, 3.0)), base)
 
 
 @dataclass
@@ -166,9 +240,37 @@ class Predictor:
     caps: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     features: tuple[str, ...] = FEATURES
+    #: measured (bytes, median seconds) of cold reads at training, ascending: a read is interpolated in it
+    #: (log-log), as readahead makes the time of a cold read far from linear in its size between 16 KB and
+    #: a few MB; beyond its ends the linear model above
+    read_table: list[tuple[int, float]] = field(default_factory=list)
+    _banks: dict[str, Bank | None] = field(default_factory=dict, repr=False, compare=False)
+
+    def bank(self, phase: str) -> Bank | None:
+        """Every unit model of ``phase`` stacked (:class:`Bank`), built on first use."""
+        if phase not in self._banks:
+            self._banks[phase] = Bank.build(phase, [m for (_k, ph), m in sorted(self.models.items()) if ph == phase])
+        return self._banks[phase]
 
     def get(self, key: str, phase: str) -> UnitModel | None:
         return self.models.get((key, phase))
+
+    def read_seconds(self, nbytes: int) -> float:
+        """Seconds to read ``nbytes`` cold from this device's disk, checksum included (never zero for n > 0)."""
+        n = float(nbytes)
+        if n <= 0:
+            return 0.0
+        per, bw = self.reads.get("per_read_s", 5e-5), max(self.reads.get("disk_bw", 2e8), 1.0)
+        t = self.read_table
+        if len(t) < 2:
+            return per + n / bw
+        if n <= t[0][0]:
+            return max(t[0][1] - (t[0][0] - n) / bw, 1e-7)
+        if n >= t[-1][0]:
+            return t[-1][1] + (n - t[-1][0]) / bw
+        xs = np.log([a for a, _ in t])
+        ys = np.log([max(b, 1e-9) for _, b in t])
+        return float(np.exp(np.interp(np.log(n), xs, ys)))
 
     # ------------------------------------------------------------------ the file
     def to_bytes(self) -> bytes:
@@ -191,7 +293,8 @@ class Predictor:
             models.append(d)
         header = {"format": FORMAT_VERSION, "device": self.device, "fingerprint": self.fingerprint,
                   "engine": self.engine, "features": list(self.features), "overhead": self.overhead,
-                  "reads": self.reads, "rates": self.rates, "caps": self.caps, "info": self.info, "models": models}
+                  "reads": self.reads, "read_table": [[int(a), float(b)] for a, b in self.read_table],
+                  "rates": self.rates, "caps": self.caps, "info": self.info, "models": models}
         hb = json.dumps(header, sort_keys=True, allow_nan=False).encode()
         body = hb + bytes(blob)
         return _HEAD.pack(MAGIC, FORMAT_VERSION, len(hb), hashlib.sha256(body).digest()) + body
@@ -245,7 +348,8 @@ class Predictor:
             return Predictor(str(h["device"]), {str(k): str(v) for k, v in h["fingerprint"].items()}, str(h["engine"]),
                              models, {k: float(v) for k, v in h["overhead"].items()},
                              {k: float(v) for k, v in h["reads"].items()}, dict(h.get("rates") or {}),
-                             dict(h.get("caps") or {}), dict(h.get("info") or {}))
+                             dict(h.get("caps") or {}), dict(h.get("info") or {}),
+                             read_table=[(int(a), float(b)) for a, b in h.get("read_table") or []])
         except PredictorFileError:
             raise
         except Exception as e:
@@ -289,6 +393,12 @@ def check_current(pred: Predictor, current: Mapping[str, str], where: str = "pre
 
 #: below this many samples a key gets the base alone (trees would memorise noise)
 MIN_TREE_SAMPLES = 16
+#: samples per tree leaf. Not a share of the samples (it was 2%, 10+ leaves' worth): a slow path only a few
+#: shapes take -- the depthwise kernel's per-channel form on a 7x7 stride-2 layer with over 1024 outputs per
+#: channel, which held-out MobileNetV2 variants ran 3-7x longer than predicted, met by a handful of ~600
+#: depthwise samples -- must be able to get a leaf of its own; samples are medians already, and held-out units'
+#: split-half noise was a few percent (bench, 2026-11-24)
+MIN_LEAF = 3
 
 
 def fit_base(B: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -312,8 +422,11 @@ def fit_base(B: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_unit(key: str, phase: str, X: np.ndarray, y: np.ndarray, n_trees: int = 100, depth: int = 4,
-             learning_rate: float = 0.08, seed: int = 0) -> UnitModel:
-    """Fit one unit model on measured seconds ``y`` (> 0) of feature rows ``X``."""
+             learning_rate: float | None = None, seed: int = 0) -> UnitModel:
+    """Fit one unit model on measured seconds ``y`` (> 0) of feature rows ``X`` (``learning_rate`` by default
+    8 / ``n_trees``, at most 0.2: fewer trees take larger steps to the same fit)."""
+    if learning_rate is None:
+        learning_rate = min(0.2, 8.0 / max(n_trees, 1))
     X = np.atleast_2d(np.asarray(X, dtype=np.float64))
     y = np.maximum(np.asarray(y, dtype=np.float64), 1e-8)
     B = basis(X, phase)
@@ -329,7 +442,7 @@ def fit_unit(key: str, phase: str, X: np.ndarray, y: np.ndarray, n_trees: int = 
         # as outliers; disturbed timings are already medians over runs and over the variants sharing a shape
         gb = GradientBoostingRegressor(loss="squared_error", n_estimators=n_trees, max_depth=depth,
                                        learning_rate=learning_rate, subsample=0.8,
-                                       min_samples_leaf=max(3, len(y) // 50), random_state=seed)
+                                       min_samples_leaf=MIN_LEAF, random_state=seed)
         gb.fit(L.astype(np.float32), resid)
         init = float(np.asarray(gb.init_.predict(L[:1].astype(np.float32))).reshape(-1)[0]) \
             if hasattr(gb.init_, "predict") else 0.0

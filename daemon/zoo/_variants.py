@@ -254,3 +254,23 @@ def neighbour(spec: VariantSpec, rng: np.random.Generator, tries: int = 20) -> V
         if s.name != spec.name and not s.held_out:
             return s
     return None
+
+
+def corner_specs() -> list[VariantSpec]:
+    """Variants at the top of the space, per family and kernel size (full width, resolutions 192-208), never held
+    out: a random draw leaves whole regions to the held-out share by chance (all three MobileNetV2 7x7 variants at
+    192 were held out, so no training model had a 7x7 stride-2 depthwise layer with 48x48 outputs, and its slow
+    per-channel form went unseen). VGG and the bottleneck ResNet at the size :func:`neighbour` allows them."""
+    out = []
+    for fam in FAMILIES:
+        kernels = KERNELS if fam in ("mobilenetv2", "efficientnet") else (3, 5)
+        for k in kernels:
+            for res in (192, 200, 208):
+                width = 1.0
+                if fam in ("bottleneck", "vgg"):
+                    width = round(float(np.sqrt(0.5) * 160 / res) - 0.005, 2)
+                s = VariantSpec(fam, width, res, 1.0, k)
+                if not s.held_out:
+                    out.append(s)
+                    break
+    return out
