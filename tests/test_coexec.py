@@ -13,9 +13,10 @@ import pytest
 
 import inferd.vulkan
 from inferd.ops.base import single_node_layer
-from inferd.vulkan.testing import graph_of_layer, rel_err
+from inferd.vulkan.testing import coexec_skip_reason, graph_of_layer, rel_err
 
-pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
+_SKIP = coexec_skip_reason()
+pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))]
 
 TOL = 2e-4
 

@@ -16,10 +16,14 @@ import pytest
 
 import inferd
 import inferd.vulkan
+from inferd.vulkan.testing import coexec_skip_reason
 import inferd.zoo
 from inferd import faults
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
+_COEXEC_SKIP = coexec_skip_reason() if inferd.vulkan.available() else None
+#: the tests of a real split (a discrete GPU falls back to the GPU alone: the fallback tests run there too)
+needs_coexec = pytest.mark.skipif(_COEXEC_SKIP is not None, reason=str(_COEXEC_SKIP))
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +42,7 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.allclose(a, b, rtol=1e-4, atol=1e-5))
 
 
+@needs_coexec
 def test_load_cpu_vulkan_planner_choice_and_split_overrides(ref: Any) -> None:
     m = inferd.load(str(ref["src"]), device="cpu+vulkan")
     try:
@@ -73,6 +78,7 @@ def test_no_gpu_loads_cpu_only_with_a_warning(ref: Any, monkeypatch: pytest.Monk
         m.close()
 
 
+@needs_coexec
 def test_gpu_fault_during_a_split_inference_fails_that_request_only(ref: Any) -> None:
     from inferd.errors import DeviceLostError
 
@@ -91,6 +97,7 @@ def test_gpu_fault_during_a_split_inference_fails_that_request_only(ref: Any) ->
         m.close()
 
 
+@needs_coexec
 def test_cli_info_and_run_cpu_vulkan(ref: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from inferd.cli import main
 
@@ -106,6 +113,7 @@ def test_cli_info_and_run_cpu_vulkan(ref: Any, capsys: pytest.CaptureFixture[str
     assert "on cpu+vulkan" in capsys.readouterr().out
 
 
+@needs_coexec
 def test_daemon_serves_a_cpu_vulkan_model_through_a_gpu_fault(ref: Any) -> None:
     from inferd.server.testing import DaemonProcess
     from inferd_client import Client
@@ -114,7 +122,8 @@ def test_daemon_serves_a_cpu_vulkan_model_through_a_gpu_fault(ref: Any) -> None:
     try:
         (tmp / "m" / "tiny").mkdir(parents=True)
         shutil.copy(ref["src"], tmp / "m" / "tiny" / "model.onnx")
-        (tmp / "m" / "tiny" / "config.toml").write_text('device = "cpu+vulkan"\n')
+        # a split forced by the model's config: the planner may well keep a model this small on the CPU alone
+        (tmp / "m" / "tiny" / "config.toml").write_text('device = "cpu+vulkan"\nsplit = {Conv = 0.5}\n')
         env = dict(os.environ)
         for var in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID", "JOURNAL_STREAM"):
             env.pop(var, None)
@@ -151,3 +160,17 @@ def test_daemon_serves_a_cpu_vulkan_model_through_a_gpu_fault(ref: Any) -> None:
         assert "co-executed" in format_status({"models": {"tiny": st}})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_model_config_split_key(tmp_path: Path) -> None:
+    from inferd.server.repository import parse_model_config
+
+    p = tmp_path / "config.toml"
+    p.write_text('device = "cpu+vulkan"\nsplit = {Conv = 0.5, "/fc/Gemm" = 1}\n')
+    assert parse_model_config(str(p)).split == (("Conv", 0.5), ("/fc/Gemm", 1.0))
+    p.write_text('device = "cpu+vulkan"\nsplit = {Conv = 1.5}\n')
+    with pytest.raises(ValueError, match="fractions from 0 to 1.*Conv"):
+        parse_model_config(str(p))
+    p.write_text('device = "vulkan"\nsplit = {Conv = 0.5}\n')
+    with pytest.raises(ValueError, match="cpu\\+vulkan"):
+        parse_model_config(str(p))

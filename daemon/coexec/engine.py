@@ -48,6 +48,26 @@ os.environ.setdefault("MESA_VK_ENABLE_SUBMIT_THREAD", "1")
 SYNC_MODES = ("auto", "event", "fence", "flag", "block")
 
 
+NO_SHARED_MEMORY = ("the device offers no host-visible, host-cached, coherent memory for the activations: the CPU "
+                    "cannot share them without copies")
+
+
+def shareable(r: Any) -> bool:
+    """Whether both sides can read and write region ``r`` in place: mapped, coherent and host-cached (a discrete
+    GPU's mapped BAR is coherent but uncached: CPU reads of it crawl, so its models take the staging path)."""
+    return r.mapped is not None and bool(r.coherent) and bool(r.cached)
+
+
+def unsupported_reason(dev: Any) -> str | None:
+    """Why ``dev`` cannot co-execute (None: it can), by the same allocation the engine's activations get: for
+    callers that want to know before loading a model (tests, benchmarks)."""
+    r = dev.allocate_region(256, "coexec probe")
+    try:
+        return None if shareable(r) else NO_SHARED_MEMORY
+    finally:
+        dev.free_region(r)
+
+
 class CoexecUnsupported(BackendError):
     """The device or the model cannot co-execute (no host-visible cached activations, host steps)."""
 
@@ -175,10 +195,8 @@ class CoexecModel:
             if b._hosts:
                 raise CoexecUnsupported(f"model {graph.name}: nodes run on the host between GPU segments (control "
                                         f"flow); co-execution does not handle them")
-            act = b.act_region
-            if act.mapped is None or b.io.staging or not act.coherent:
-                raise CoexecUnsupported("the device offers no host-visible, host-cached, coherent memory for the "
-                                        "activations: the CPU cannot share them without copies")
+            if not shareable(b.act_region):
+                raise CoexecUnsupported(NO_SHARED_MEMORY)
             self._build(dict(sides or {}), dict(cpu_kernels or {}))
         except BaseException:
             self.close()

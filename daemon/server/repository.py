@@ -22,6 +22,8 @@ Layout::
                                       # default "whole": everything resident, evicted whole)
         precision = "auto"            # fp32 (default), fp16 or auto (fp16 where the GPU has 16-bit storage)
         fp32_layers = ["/fc/Gemm"]    # layers kept fp32 in an fp16 model (their sums or weights overflow fp16)
+        split = { Conv = 0.5 }        # device "cpu+vulkan": share of output channels on the CPU per node name or
+                                      # op type (default: the co-execution planner's choice)
 
 A model whose config.toml is broken is listed UNAVAILABLE with the reason, not skipped silently.
 """
@@ -61,6 +63,9 @@ class ModelConfig:
     memory: str = "whole"
     precision: str | None = None
     fp32_layers: tuple[str, ...] = ()
+    #: device "cpu+vulkan": fraction of output channels on the CPU per node name or op type (as inferd.load's
+    #: ``split``); absent: the co-execution planner's choice
+    split: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "preload": (bool,), "priority": (int,), "max_queue": (int,), "pinned": (bool,), "device": (str,), "batch": (int,),
     "shapes": (list,), "max_shape": (dict,), "max_variants": (int,), "fallback": (str,),
     "memory": (str,),
-    "precision": (str,), "fp32_layers": (list,),
+    "precision": (str,), "fp32_layers": (list,), "split": (dict,),
 }
 
 
@@ -113,6 +118,15 @@ def parse_model_config(path: str) -> ModelConfig:
         raise ValueError(f"{path}: 'memory' must be whole or stream, got {values['memory']!r}")
     if "precision" in values and values["precision"] not in ("fp32", "fp16", "auto"):
         raise ValueError(f"{path}: 'precision' must be fp32, fp16 or auto, got {values['precision']!r}")
+    if "split" in values:
+        split = values["split"]
+        if values.get("device") != "cpu+vulkan":
+            raise ValueError(f"{path}: 'split' applies to device = \"cpu+vulkan\" only")
+        bad = [k for k, v in split.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1]
+        if bad:
+            raise ValueError(f"{path}: 'split' values must be fractions from 0 to 1 (of the output channels on the "
+                             f"CPU); bad: {bad}")
+        values["split"] = tuple((str(k), float(v)) for k, v in split.items())
     if "fp32_layers" in values:
         if not all(isinstance(n, str) for n in values["fp32_layers"]):
             raise ValueError(f"{path}: 'fp32_layers' must be a list of layer names")

@@ -850,6 +850,8 @@ class ModelSlot:
                 dynamic["precision"] = cfg.precision
             if cfg.fp32_layers:
                 dynamic["fp32_layers"] = list(cfg.fp32_layers)
+            if cfg.split and device == "cpu+vulkan":
+                dynamic["split"] = dict(cfg.split)
             with self._device_ctx(device):
                 return self.server.load(self, entry.path, device, cfg.batch, **dynamic), ""
         except Exception as exc:

@@ -49,3 +49,17 @@ def run_single(device: Any, op: str, inputs: Sequence[np.ndarray | None], attrs:
     ref = spec.reference(layer.node, [None if a is None else np.asarray(a) for a in inputs])
     names = [o for o in layer.node.outputs]
     return [out[n] for n in names], [np.asarray(r) for r in ref], stats
+
+
+def coexec_skip_reason() -> str | None:
+    """Why CPU-GPU co-execution cannot be tested here (None: it can): no Vulkan device, or one whose memory the
+    CPU cannot share in place (a discrete GPU: cpu+vulkan falls back to the GPU there, tested on its own)."""
+    from . import available
+
+    if not available():
+        return "no Vulkan device"
+    from ..coexec.engine import unsupported_reason
+    from .device import get_device
+
+    why = unsupported_reason(get_device())
+    return f"no co-execution on this device: {why}" if why else None
