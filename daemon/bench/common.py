@@ -53,13 +53,7 @@ def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[floa
     return out
 
 
-def ramp(fn: Callable[[], Any], seconds: float = 1.0) -> None:
-    """Call ``fn`` for ``seconds``: a discrete GPU idles at low clocks and needs a burst of work to reach its
-    running clock (on the H100 the same warm model measured up to 2.2x slower straight after a pause)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        fn()
-
+from ..runtime.profiler import ramp  # noqa: E402,F401 - the benches' name for it
 
 _BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 

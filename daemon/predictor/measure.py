@@ -19,11 +19,14 @@ import numpy as np
 
 from ..ops.base import Kernel, Layer
 from ..planner.cost import kernel_transforms
+from ..runtime.profiler import ramp
 
 #: warm runs of a whole model: at least MIN_REPS, more while they fit in the budget, at most MAX_REPS
 MIN_REPS = 7
 MAX_REPS = 25
 MODEL_BUDGET_S = 0.6
+#: GPU work before a Vulkan model's timed runs (runtime.profiler.ramp)
+RAMP_S = 0.25
 
 
 @dataclass
@@ -137,6 +140,9 @@ def measure_model_vulkan(graph: Any, kernels: Mapping[str, str] | None = None, r
         be.finalize()
         feeds = _feeds(graph)
         be.run(feeds)
+        # at the GPU's running clock, whatever ran before (training measures back to back, the bench between
+        # cold phases and other models: unit times differed by 30% between the two without this)
+        ramp(lambda: be.run(feeds), RAMP_S)
         whole: list[float] = []
         per_layer: dict[str, list[float]] = {}
         for _ in range(reps):

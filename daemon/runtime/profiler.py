@@ -41,6 +41,15 @@ def cpu_fingerprint() -> dict[str, str]:
             "threads": str(native.num_threads()), "gemm_isa": str(native.gemm_isa())}
 
 
+def ramp(fn: Callable[[], object], seconds: float = 1.0) -> None:
+    """Call ``fn`` for ``seconds``: a discrete GPU idles at low clocks and needs a burst of work to reach its
+    running clock (on the H100 the same warm model measured up to 2.2x slower straight after a pause), so a
+    timing taken cold-clocked and one taken after other GPU work do not agree."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+
+
 def _median_time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     """(first call, median of the next ``reps``) in seconds."""
     t0 = time.perf_counter()
