@@ -166,8 +166,8 @@ def test_model_config_split_key(tmp_path: Path) -> None:
     from inferd.server.repository import parse_model_config
 
     p = tmp_path / "config.toml"
-    p.write_text('device = "cpu+vulkan"\nsplit = {Conv = 0.5, "/fc/Gemm" = 1}\n')
-    assert parse_model_config(str(p)).split == (("Conv", 0.5), ("/fc/Gemm", 1.0))
+    p.write_text('device = "cpu+vulkan"\nsplit = {Conv = 0.5, "/fc/Gemm" = 1, "/pool" = "gpu"}\n')
+    assert parse_model_config(str(p)).split == (("Conv", 0.5), ("/fc/Gemm", 1.0), ("/pool", "gpu"))
     p.write_text('device = "cpu+vulkan"\nsplit = {Conv = 1.5}\n')
     with pytest.raises(ValueError, match="fractions from 0 to 1.*Conv"):
         parse_model_config(str(p))

@@ -65,7 +65,7 @@ class ModelConfig:
     fp32_layers: tuple[str, ...] = ()
     #: device "cpu+vulkan": fraction of output channels on the CPU per node name or op type (as inferd.load's
     #: ``split``); absent: the co-execution planner's choice
-    split: tuple[tuple[str, float], ...] = ()
+    split: tuple[tuple[str, float | str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,11 +122,12 @@ def parse_model_config(path: str) -> ModelConfig:
         split = values["split"]
         if values.get("device") != "cpu+vulkan":
             raise ValueError(f"{path}: 'split' applies to device = \"cpu+vulkan\" only")
-        bad = [k for k, v in split.items() if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1]
+        bad = [k for k, v in split.items() if not (v in ("cpu", "gpu") or (isinstance(v, (int, float))
+                                                                        and not isinstance(v, bool) and 0 <= v <= 1))]
         if bad:
             raise ValueError(f"{path}: 'split' values must be fractions from 0 to 1 (of the output channels on the "
-                             f"CPU); bad: {bad}")
-        values["split"] = tuple((str(k), float(v)) for k, v in split.items())
+                             f"CPU), \"cpu\" or \"gpu\"; bad: {bad}")
+        values["split"] = tuple((str(k), v if isinstance(v, str) else float(v)) for k, v in split.items())
     if "fp32_layers" in values:
         if not all(isinstance(n, str) for n in values["fp32_layers"]):
             raise ValueError(f"{path}: 'fp32_layers' must be a list of layer names")
