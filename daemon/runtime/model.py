@@ -21,6 +21,7 @@ from ..errors import BackendError, PackageOptionsError, WeightsStoreError
 from ..ir import Graph, TensorInfo
 from ..planner.plan import ColdPlan, PlanOptions
 from .cpu import check_feeds
+from .scheduler import foreground
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -164,7 +165,7 @@ class Model:
                     return self._variant(key).backend.run(feeds)
         else:
             feeds = check_feeds(self.graph.inputs, feeds, self.name)
-        with self._lock:
+        with self._lock, foreground:
             if self._broken is not None:
                 raise BackendError(f"{self.name}: the model failed to load ({self._broken}); load it again")
             faults.check("backend.run")

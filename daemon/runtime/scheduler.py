@@ -331,6 +331,49 @@ class Worker:
         return done
 
 
+class Foreground:
+    """Whether any model of this process is running a request, and since when none is: idle-time work (the
+    profiling of a package planned from predictions, on the 'idle' worker) measures only in the quiet between
+    requests. Without this it held the native thread pool under the requests, which then ran inline on one
+    thread (mobilenetv2 5.2 -> 10.7 ms for the seconds the profiling took)."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._active = 0
+        self._last_end = 0.0
+
+    def __enter__(self) -> "Foreground":
+        with self._cv:
+            self._active += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._active -= 1
+            self._last_end = time.monotonic()
+            self._cv.notify_all()
+
+    def wait_quiet(self, quiet_s: float = 0.05, timeout: float | None = None) -> bool:
+        """Block until no request runs and none has for ``quiet_s``; False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while True:
+                now = time.monotonic()
+                rest = self._last_end + quiet_s - now
+                if self._active == 0 and rest <= 0:
+                    return True
+                if deadline is not None and now >= deadline:
+                    return False
+                wait = rest if self._active == 0 else 0.05
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - now))
+                self._cv.wait(wait)
+
+
+#: the process's foreground: ``Model.run`` enters it, idle-time work waits for it to be quiet
+foreground = Foreground()
+
+
 _pool: LoaderPool | None = None
 _pool_lock = threading.Lock()
 _workers: dict[str, Worker] = {}
