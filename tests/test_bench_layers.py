@@ -25,7 +25,7 @@ def test_a_real_run_times_every_layer_and_the_roofline(tmp_path: Path) -> None:
     assert conv["ort_ms"] is not None and conv["ort_ms"] > 0  # onnxruntime's conv node found
     assert r["peak_flops"] > 1e8 and r["mem_bw"] > 1e8
     assert abs(sum(x["ms"] for x in r["layers"]) - r["inferd_layer_sum_ms"]) < 1e-9
-    md = table([r], top=3, slowest=1)
+    md = table([r], top=len(r["layers"]), slowest=1)  # every layer: which has the largest gap depends on speed
     assert "| tiny |" in md and "/conv/Conv" in md
 
 
