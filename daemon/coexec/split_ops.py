@@ -132,6 +132,19 @@ def _sub(name: str, side: str) -> str:
     return f"{name}#{side}"
 
 
+def _split_residual(part: Part, layer: Layer, ins: list[str], pos: int, side: str, yshape: tuple[int, ...],
+                    view: View) -> None:
+    """Input ``pos`` (a residual added in the store) read as ``view``: this part's slice of the full residual."""
+    r = ins[pos]
+    info = layer.inputs[pos]
+    assert info is not None
+    if tuple(info.shape) != tuple(layer.outputs[0].shape):
+        raise ValueError(f"node {layer.node.name}: a broadcast residual is not split")
+    part.infos[_sub(r, side)] = TensorInfo(_sub(r, side), yshape, info.dtype)
+    part.views[_sub(r, side)] = view
+    ins[pos] = _sub(r, side)
+
+
 def make_part(layer: Layer, consts: Mapping[str, Any], lo: int, hi: int, side: str) -> Part:
     """The node computing output channels [lo, hi) of ``layer`` (``split_shape`` must accept it)."""
     sh = split_shape(layer)
@@ -172,14 +185,7 @@ def make_part(layer: Layer, consts: Mapping[str, Any], lo: int, hi: int, side: s
             part.constants[bn] = np.ascontiguousarray(np.asarray(consts[ins[bias]])[lo:hi])
             ins[bias] = bn
         if res is not None:
-            r = ins[res]
-            ri = layer.inputs[res]
-            assert ri is not None
-            if tuple(ri.shape) != tuple(yi.shape):
-                raise ValueError(f"node {node.name}: a broadcast residual is not split")
-            part.infos[_sub(r, side)] = TensorInfo(_sub(r, side), yshape, ri.dtype)
-            part.views[_sub(r, side)] = View(r, lo * inner * F)
-            ins[res] = _sub(r, side)
+            _split_residual(part, layer, ins, res, side, yshape, View(ins[res], lo * inner * F))
     else:
         n = sh.channels
         yshape = tuple(yi.shape[:-1]) + (hi - lo,)
@@ -198,14 +204,7 @@ def make_part(layer: Layer, consts: Mapping[str, Any], lo: int, hi: int, side: s
             ins[ci] = cn
         ri = _residual_index(node)
         if ri is not None:
-            r = ins[ri]
-            rinfo = layer.inputs[ri]
-            assert rinfo is not None
-            if tuple(rinfo.shape) != tuple(yi.shape):
-                raise ValueError(f"node {node.name}: a broadcast residual is not split")
-            part.infos[_sub(r, side)] = TensorInfo(_sub(r, side), yshape, rinfo.dtype)
-            part.views[_sub(r, side)] = View(r, lo * F, lo, hi - lo, n)
-            ins[ri] = _sub(r, side)
+            _split_residual(part, layer, ins, ri, side, yshape, View(ins[ri], lo * F, lo, hi - lo, n))
     for cn, ca in part.constants.items():
         part.infos[cn] = TensorInfo(cn, tuple(ca.shape), ca.dtype)
     outs = [_sub(y, side)] + [o for o in node.outputs[1:]]
