@@ -495,14 +495,8 @@ class Server:
         limit = self.device_budget_now()
         if limit <= 0:
             return
-        v = budget.plan(self._residents(device=True), limit)
-        for name in v.evict:
-            if self.slots[name].evict(f"evicted to keep the device memory budget ({limit} bytes); loads again "
-                                      f"on its next request"):
-                log.info("model %s: evicted to keep the device memory budget of %d bytes", name, limit)
-        if not v.fits:
-            self._rl(logging.WARNING, "models on the device that must stay (pinned or busy) exceed its memory "
-                     "budget of %d bytes by %d bytes", limit, v.short_by)
+        self._evict_to(limit, self._residents(device=True), "device memory budget", "models on the device",
+                       "its memory budget")
 
     def budget_now(self, rss: int | None = None, models: int | None = None) -> int:
         """The models' budget now: the configured one tightened to what the process's cgroup limit leaves
@@ -575,14 +569,18 @@ class Server:
         streamed.rebudget([s for s in self.slots.values() if not budget.on_device(s.device)], limit)
         if limit <= 0:
             return
-        v = budget.plan(self._residents(), limit)
+        self._evict_to(limit, self._residents(), "memory budget", "models", "the memory budget")
+
+    def _evict_to(self, limit: int, residents: Any, what: str, who: str, whose: str) -> None:
+        """Evict (LRU; pinned and busy models stay) until ``residents`` fit ``limit``: the host budget and the
+        device budget alike, ``what``/``who``/``whose`` naming which in the messages."""
+        v = budget.plan(residents, limit)
         for name in v.evict:
-            if self.slots[name].evict(f"evicted to keep the memory budget ({limit} bytes); loads again on "
-                                      f"its next request"):
-                log.info("model %s: evicted to keep the memory budget of %d bytes", name, limit)
+            if self.slots[name].evict(f"evicted to keep the {what} ({limit} bytes); loads again on its next request"):
+                log.info("model %s: evicted to keep the %s of %d bytes", name, what, limit)
         if not v.fits:
-            self._rl(logging.WARNING, "models that must stay (pinned or busy) exceed the memory budget of %d bytes "
-                     "by %d bytes", limit, v.short_by)
+            self._rl(logging.WARNING, f"{who} that must stay (pinned or busy) exceed {whose} of %d bytes by %d bytes",
+                     limit, v.short_by)
 
     def admit(self, slot: ModelSlot) -> str | None:
         """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
