@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from inferd.server.budget import Resident, plan
-from inferd.server.testing import DaemonProcess, write_fake_model
+from inferd.server.testing import DaemonProcess, wait_until, write_fake_model
 from inferd_client import Client
 from inferd_client.errors import Unavailable
 
@@ -47,13 +47,6 @@ def _state(c: Client) -> dict[str, tuple[str, str]]:
     return {n: (m["state"], m["reason"]) for n, m in c.status()["models"].items()}
 
 
-def _until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def test_daemon_keeps_its_models_within_the_budget() -> None:
@@ -67,13 +60,13 @@ def test_daemon_keeps_its_models_within_the_budget() -> None:
                 np.testing.assert_array_equal(c.infer(n, {"x": _x()})["y"], _x() * 2 + 1)
             assert {n for n, (s, _) in _state(c).items() if s == "READY"} == {"p", "a", "c"}
             c.infer("b", {"x": _x()})  # 40 MB asked: the least recently used unpinned model (a) goes
-            _until(lambda: _state(c)["a"][0] == "UNLOADED")
+            wait_until(lambda: _state(c)["a"][0] == "UNLOADED")
             st = c.status()["models"]
             assert "memory budget" in st["a"]["reason"] and st["a"]["evictions"] == 1
             assert {n for n, m in st.items() if m["state"] == "READY"} == {"p", "b", "c"}
             # a comes back on its next request (no request lost): room is made by evicting the oldest again (c)
             np.testing.assert_array_equal(c.infer("a", {"x": _x()})["y"], _x() * 2 + 1)
-            _until(lambda: _state(c)["c"][0] == "UNLOADED")
+            wait_until(lambda: _state(c)["c"][0] == "UNLOADED")
             assert c.status()["memory"]["models_bytes"] <= 35 * MB
 
             # a busy model is not evicted under its request; once idle it is
@@ -87,7 +80,7 @@ def test_daemon_keeps_its_models_within_the_budget() -> None:
             th.join(10)
             np.testing.assert_array_equal(box["y"]["y"], _x() * 2 + 1)
             c.set_budget(15 * MB)  # the change is looked at again (the daemon also does, every few seconds)
-            _until(lambda: {n for n, (s, _) in _state(c).items() if s == "READY"} == {"p"})
+            wait_until(lambda: {n for n, (s, _) in _state(c).items() if s == "READY"} == {"p"})
 
             # below what the pinned model alone holds: another model cannot fit, and says what it needs
             c.set_budget(5 * MB)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from inferd.server.budget import Resident, device_budget, on_device, plan
-from inferd.server.testing import DaemonProcess, write_fake_model, write_two_io_model
+from inferd.server.testing import DaemonProcess, wait_until, write_fake_model, write_two_io_model
 from inferd_client import Client
 from inferd_client.errors import Unavailable
 
@@ -41,13 +41,6 @@ def _state(c: Client) -> dict[str, str]:
     return {n: m["state"] for n, m in c.status()["models"].items()}
 
 
-def _until(pred, timeout: float = 15.0) -> None:  # noqa: ANN001
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 def test_vulkan_models_keep_their_own_budget_lru_pinned_and_busy() -> None:
@@ -73,7 +66,7 @@ def test_vulkan_models_keep_their_own_budget_lru_pinned_and_busy() -> None:
             mem = c.status()["memory"]
             assert mem["device"]["budget_bytes"] == 25 * MB and mem["device"]["models_bytes"] == 20 * MB
             c.infer("g2", {"x": _x()})  # 30 MB on the device: the least recently used unpinned one (g1) goes
-            _until(lambda: _state(c)["g1"] == "UNLOADED")
+            wait_until(lambda: _state(c)["g1"] == "UNLOADED", 15.0)
             st = c.status()["models"]
             assert "device memory budget" in st["g1"]["reason"]
             assert st["gp"]["state"] == "READY" and st["h"]["state"] == "READY"
@@ -88,7 +81,7 @@ def test_vulkan_models_keep_their_own_budget_lru_pinned_and_busy() -> None:
             assert _state(c)["g2"] == "READY"
             th.join(10)
             assert "y" in box  # the request under the change was answered
-            _until(lambda: _state(c)["g2"] == "UNLOADED")
+            wait_until(lambda: _state(c)["g2"] == "UNLOADED", 15.0)
             assert _state(c)["gp"] == "READY"  # pinned stays, though it alone fills the budget
             # g1 no longer fits beside the pinned model: UNAVAILABLE naming the device budget it needs
             with pytest.raises(Unavailable, match=r"device memory.*minimum device budget it needs is 20000000"):
@@ -133,7 +126,7 @@ def test_lavapipe_model_is_planned_against_the_reported_device_memory() -> None:
             assert held > 0
             cfg.write_text(f"device_memory_budget = {max(1, held // 2)}\n")  # below what the model needs
             dp.signal(signal.SIGHUP)
-            _until(lambda: c.status()["models"]["two"]["state"] == "UNLOADED")
+            wait_until(lambda: c.status()["models"]["two"]["state"] == "UNLOADED", 15.0)
             with pytest.raises(Unavailable, match="device memory budget"):
                 c.infer("two", {"a": a, "b": a})
     finally:

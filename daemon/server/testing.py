@@ -354,3 +354,13 @@ def flood_run(endpoint: str, model: str, shape: Sequence[int], stop_dir: str | o
     if flooder.returncode != 0:
         raise RuntimeError(f"flooder failed: {err[-2000:]}")
     return {"alone": alone, "flooded": flooded, "flood": json.loads(out.strip().splitlines()[-1])}
+
+
+def wait_until(pred: Any, timeout: float = 10.0) -> None:
+    """Poll ``pred()`` every 20 ms until it holds; AssertionError after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
