@@ -73,3 +73,15 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
     so.inter_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return [np.asarray(r) for r in sess.run(None, feeds)]
+
+
+def run_ort_file(path: Any, feeds: dict[str, np.ndarray], threads: int = 2) -> list[np.ndarray]:
+    """Run the model at ``path`` (or a ModelProto) once on the CPU as it serves (optimisations on, ``threads``
+    intra-op threads): the reference the whole-model tests compare with."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    src = path.SerializeToString() if isinstance(path, onnx.ModelProto) else str(path)
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"]).run(None, feeds)

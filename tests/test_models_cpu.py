@@ -9,20 +9,13 @@ import inferd
 from inferd.ops.base import kernels_for
 from inferd.runtime.cpu import select_kernels
 from inferd.zoo import ZOO
+from ortutil import run_ort_file as _ort
 from zoo_fixture import zoo_dir
 
 TOL = 1e-4
 CONV_KERNELS = [k.name for k in kernels_for("Conv", "cpu")]
 
 
-def _ort(path, feeds):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.log_severity_level = 3
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return s.run(None, feeds)
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,13 @@ from inferd.runtime.cpu import CpuExecutor
 from inferd.runtime.stream import StreamingExecutor, prepare_stream_store
 from inferd.store import WeightsStore
 from inferd.zoo import ZOO
+from ortutil import run_ort_file as _ort
 from zoo_fixture import zoo_dir
 
 TOL = 1e-4
 MODELS = [pytest.param(m, marks=pytest.mark.slow) if m == "vgg16" else m for m in ZOO]
 
 
-def _ort(path, feeds):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.log_severity_level = 3
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    return s.run(None, feeds)
 
 
 @pytest.fixture(scope="module")
