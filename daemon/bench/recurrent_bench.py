@@ -2,8 +2,8 @@
 
 * warm latency of ``vad_lstm`` (one 32 ms chunk at 16 kHz), ``crnn_lstm`` (a 32 x 128 text line) and ``kws_gru``
   (49 frames), inferd CPU (and Vulkan where a device is there) vs onnxruntime CPU, both with their default
-  threads and both with one thread; ncnn is reported when its Python package is importable (it needs the model
-  converted with pnnx, whose pip package needs torch: not measured otherwise, and the result says so);
+  threads and both with one thread, and ncnn (``ncnn_peer``: the models specialised to the benchmark's inputs,
+  converted by pnnx, timed in a child; not measured where ncnn or pnnx is missing, and the result says why);
 * the daemon round trip of one VAD chunk (state and int64 sample rate in, probability and state out) against a
   bare pyzmq echo of the same bytes between two processes, and against that echo plus the in-process warm time;
 * how many 32 ms streams one core sustains: 32 ms over the per-chunk time on one thread, in process and through
@@ -55,13 +55,45 @@ def _ort(path: Path, threads: int):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def _ncnn_status() -> str:
+def _ncnn(name: str, path: Path, feeds: dict[str, np.ndarray], repeat: int, threads: list[int],
+          work: Path) -> dict[str, Any]:
+    """ncnn fp32 on this model (pnnx conversion, ``If``s inlined for these feeds, int64 inputs frozen), per
+    thread count its median ms, checked against onnxruntime; ``{"ncnn_error": why}`` when it cannot run."""
     try:
         import ncnn  # noqa: F401
-    except Exception:
-        return ("not measured: the ncnn Python package is not installed here, and converting these models needs "
-                "pnnx, whose pip package needs torch")
-    return "ncnn importable but no pnnx conversion of the zoo models in this run: not measured"
+        import onnx
+
+        from .ncnn_peer import fold_gru_weights, inline_ifs, time_ncnn, toposort_param
+        from .vulkan_bench import convert_ncnn
+    except Exception as e:
+        return {"ncnn_error": f"not measured: {type(e).__name__}: {e}"}
+    try:
+        frozen = [k for k, v in feeds.items() if v.dtype == np.int64]
+        spec = inline_ifs(onnx.load(str(path)), feeds, freeze=frozen)
+        ins = [i.name for i in spec.graph.input]
+        sp = work / f"{name}_ncnn.onnx"
+        onnx.save(spec, str(sp))
+        ref = _ort(sp, 0).run(None, {k: feeds[k] for k in ins})
+        param, binf = convert_ncnn(sp, [(feeds[k].shape, str(feeds[k].dtype)) for k in ins], work / f"{name}_ncnn")
+        toposort_param(param)
+        fold_gru_weights(param, binf, spec)
+        out: dict[str, Any] = {}
+        for t in threads:
+            r = time_ncnn(param, binf, [feeds[k] for k in ins], ref, t, repeat, WARMUP, work / f"{name}_ncnn")
+            if "error" in r:
+                return {"ncnn_error": r["error"][-300:]}
+            out[f"ncnn_{t}t_ms"] = r["ms"]
+            out["ncnn_max_rel_err"] = r["max_rel_err"]
+        return out
+    except Exception as e:
+        return {"ncnn_error": f"{type(e).__name__}: {str(e)[-300:]}"}
+
+
+#: how the peer was made, for the results' header
+NCNN_HOW = ("pnnx conversion of each model specialised to the benchmark's inputs (ncnn has no control flow: every If "
+            "decided by these feeds replaced by its branch, the int64 sample rate made a constant; pnnx's layer order "
+            "sorted, its dynamic-weight GRU given ncnn's GRU weights), fp32, timed in a child process, outputs checked "
+            "against onnxruntime; the specialised graph has fewer nodes than the one inferd and onnxruntime run")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
 
     vulkan = inferd.vulkan.available() and not args.no_vulkan
     res: dict[str, Any] = {"machine": {**machine_info(), "load_avg_start": list(os.getloadavg())},
-                           "repeat": args.repeat, "ncnn": _ncnn_status(), "models": {}}
+                           "repeat": args.repeat, "ncnn": NCNN_HOW, "models": {}}
     default_threads = native.num_threads()
+    res["threads"] = default_threads
     for name in names:
         feeds = _feeds(name)
         r: dict[str, Any] = {"inputs": {k: list(v.shape) for k, v in feeds.items()}}
@@ -97,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             r[f"ratio_{tag}"] = ratio(r[f"inferd_cpu_{tag}_ms"], r[f"ort_cpu_{tag}_ms"])
         native.set_num_threads(default_threads)
         m.close()
+        r.update(_ncnn(name, paths[name], feeds, args.repeat, [default_threads, 1], tmp))
+        r["ratio_to_ncnn"] = ratio(r["inferd_cpu_default_ms"], r.get(f"ncnn_{default_threads}t_ms"))
         if vulkan:
             mv = inferd.load(str(paths[name]), device="vulkan", shapes={k: v.shape for k, v in feeds.items()})
             mv.wait_warm(60)
@@ -161,14 +196,21 @@ def _table(res: dict[str, Any]) -> str:
     m = res["machine"]
     lines = [f"# inferd bench recurrent ({m['date'][:10]})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; host {m['host']}.",
-             f"Median of {res['repeat']} warm runs after 20 warm-ups. ncnn: {res['ncnn']}.", "",
-             "| model | inputs | inferd CPU (ms) | onnxruntime (ms) | ratio | inferd 1 thread | ort 1 thread | ratio 1t "
-             "| inferd Vulkan lavapipe (ms) |", "|---|---|---|---|---|---|---|---|---|"]
+             f"Median of {res['repeat']} warm runs after {WARMUP} warm-ups. ncnn: {res['ncnn']}.", "",
+             "| model | inputs | inferd CPU (ms) | onnxruntime (ms) | ratio | ncnn (ms) | inferd / ncnn | inferd 1 thread "
+             "| ort 1 thread | ratio 1t | ncnn 1 thread | inferd Vulkan lavapipe (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    threads = res.get("threads", res["machine"]["cores"])
     for name, r in res["models"].items():
         lines.append(f"| {name} | {r['inputs']} | {fmt(r['inferd_cpu_default_ms'], '.3f')} | "
                      f"{fmt(r['ort_cpu_default_ms'], '.3f')} | {fmt(r['ratio_default'], '.2f')} | "
+                     f"{fmt(r.get(f'ncnn_{threads}t_ms'), '.3f')} | {fmt(r.get('ratio_to_ncnn'), '.2f')} | "
                      f"{fmt(r['inferd_cpu_1thread_ms'], '.3f')} | {fmt(r['ort_cpu_1thread_ms'], '.3f')} | "
-                     f"{fmt(r['ratio_1thread'], '.2f')} | {fmt(r.get('inferd_vulkan_ms'), '.3f')} |")
+                     f"{fmt(r['ratio_1thread'], '.2f')} | {fmt(r.get('ncnn_1t_ms'), '.3f')} | "
+                     f"{fmt(r.get('inferd_vulkan_ms'), '.3f')} |")
+    errs = [f"{n}: {r['ncnn_error']}" for n, r in res["models"].items() if r.get("ncnn_error")]
+    if errs:
+        lines += ["", "ncnn not measured: " + "; ".join(errs)]
     st = res.get("streaming")
     if st:
         lines += ["", "## Streaming one VAD chunk (512 samples, int64 sr, (2, 1, 64) state in and out)", ""]

@@ -111,15 +111,20 @@ def _pnnx() -> str | None:
     return shutil.which("pnnx")
 
 
-def convert_ncnn(onnx_path: Path, shape: tuple[int, ...], work: Path, fp16: bool = False) -> tuple[Path, Path]:
-    """(param, bin) made by pnnx; ``fp16``: its default fp16 weights (ncnn's default deployment), else fp32."""
+def convert_ncnn(onnx_path: Path, shape: "tuple[int, ...] | list[tuple[tuple[int, ...], str]]", work: Path,
+                 fp16: bool = False) -> tuple[Path, Path]:
+    """(param, bin) made by pnnx; ``fp16``: its default fp16 weights (ncnn's default deployment), else fp32.
+    ``shape``: the one float input's shape, or per input (shape, numpy dtype name) in the graph's order."""
     exe = _pnnx()
     if exe is None:
         raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
     work.mkdir(parents=True, exist_ok=True)
     dst = work / onnx_path.name
     shutil.copy(onnx_path, dst)
-    cmd = [exe, dst.name, f"inputshape=[{','.join(map(str, shape))}]"] + ([] if fp16 else ["fp16=0"])
+    shapes = [(tuple(shape), "float32")] if all(isinstance(d, int) for d in shape) else list(shape)
+    suffix = {"float32": "", "int64": "i64", "int32": "i32"}
+    spec = ",".join(f"[{','.join(map(str, s))}]{suffix[dt]}" for s, dt in shapes)
+    cmd = [exe, dst.name, f"inputshape={spec}"] + ([] if fp16 else ["fp16=0"])
     r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
     param, binf = work / (dst.stem + ".ncnn.param"), work / (dst.stem + ".ncnn.bin")
     if not param.is_file():
