@@ -60,9 +60,9 @@ def test_gru_model_converts_and_matches_onnxruntime(tmp_path: Path) -> None:
     are checked against onnxruntime inside the bench's own timing call."""
     pytest.importorskip("ncnn")
     from inferd.bench.recurrent_bench import _ncnn
-    from inferd.bench.vulkan_bench import _pnnx
+    from inferd.bench.ncnn_peer import pnnx_exe
 
-    if _pnnx() is None:
+    if pnnx_exe() is None:
         pytest.skip("pnnx not installed")
     path = tmp_path / "kws_gru.onnx"
     onnx.save(zoo.build("kws_gru"), str(path))

@@ -602,7 +602,7 @@ def compile_package(onnx_path: Path, out: Path, device: str, variant: str | None
 
 def _ncnn_available() -> tuple[bool, str]:
     """Whether ncnn and pnnx can be used; installs the wheels with pip if they are missing."""
-    from .vulkan_bench import _pnnx
+    from .ncnn_peer import pnnx_exe
 
     def ok() -> bool:
         try:
@@ -610,7 +610,7 @@ def _ncnn_available() -> tuple[bool, str]:
 
             importlib.invalidate_caches()
             importlib.import_module("ncnn")
-            return _pnnx() is not None
+            return pnnx_exe() is not None
         except Exception:
             return False
     if ok():
@@ -838,7 +838,7 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
         if not ok:
             errors["ncnn"] = why
         else:
-            from .vulkan_bench import convert_ncnn
+            from .ncnn_peer import convert_ncnn
 
             t = time.perf_counter()
             try:

@@ -254,7 +254,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
         res["ort_error"] = str(e)[-500:]
     if with_ncnn:
         try:
-            from .vulkan_bench import convert_ncnn
+            from .ncnn_peer import convert_ncnn
 
             param, binf = convert_ncnn(onnx, tuple(x.shape), work / f"{name}_ncnn")
             for plain in (False, True):

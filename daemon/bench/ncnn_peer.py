@@ -12,12 +12,55 @@ from whatever the parent times next.
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .common import run_child
+
+
+def pnnx_exe() -> str | None:
+    """The standalone pnnx binary (the wheel's ``pnnx`` script on PATH imports torch; the binary does not)."""
+    exe = os.environ.get("INFERD_PNNX")
+    if exe:
+        return exe
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("pnnx")
+        if spec and spec.origin:
+            cand = Path(spec.origin).parent / "pnnx"
+            if cand.is_file():
+                return str(cand)
+    except Exception:
+        pass
+    return shutil.which("pnnx")
+
+
+def convert_ncnn(onnx_path: Path, shape: "tuple[int, ...] | list[tuple[tuple[int, ...], str]]", work: Path,
+                 fp16: bool = False) -> tuple[Path, Path]:
+    """(param, bin) made by pnnx; ``fp16``: its default fp16 weights (ncnn's default deployment), else fp32.
+    ``shape``: the one float input's shape, or per input (shape, numpy dtype name) in the graph's order."""
+    exe = pnnx_exe()
+    if exe is None:
+        raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
+    work.mkdir(parents=True, exist_ok=True)
+    dst = work / onnx_path.name
+    shutil.copy(onnx_path, dst)
+    shapes = [(tuple(shape), "float32")] if all(isinstance(d, int) for d in shape) else list(shape)
+    suffix = {"float32": "", "int64": "i64", "int32": "i32"}
+    spec = ",".join(f"[{','.join(map(str, s))}]{suffix[dt]}" for s, dt in shapes)
+    cmd = [exe, dst.name, f"inputshape={spec}"] + ([] if fp16 else ["fp16=0"])
+    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
+    param, binf = work / (dst.stem + ".ncnn.param"), work / (dst.stem + ".ncnn.bin")
+    if not param.is_file():
+        raise RuntimeError(f"pnnx failed on {onnx_path.name}: {r.stderr[-2000:]}")
+    return param, binf
+
 
 
 def _if_conditions(model: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, bool]:
@@ -186,51 +229,85 @@ _CHILD = r"""
 import json, sys, time
 import numpy as np
 import ncnn
-param, binf, feeds_path, threads, repeat, warmup = sys.argv[1:7]
-threads, repeat, warmup = int(threads), int(repeat), int(warmup)
-z = np.load(feeds_path)
-ins = [z[f"in{i}"] for i in range(len([k for k in z.files if k.startswith("in")]))]
-n_out = int(z["n_out"])
+param, binf, io_path = sys.argv[1:4]
+o = json.loads(sys.argv[4])
+z = np.load(io_path)
+ins = [np.ascontiguousarray(z[f"in{i}"]) for i in range(o["n_in"])]
+dev = "cpu"
+if o["vulkan"]:
+    ncnn.create_gpu_instance()
+    dev = ncnn.get_gpu_device(0).info().device_name() if hasattr(ncnn, "get_gpu_device") else "?"
+t = time.perf_counter()
 net = ncnn.Net()
-net.opt.num_threads = threads
-net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = net.opt.use_fp16_packed = False
+net.opt.use_vulkan_compute = o["vulkan"]
+if o["threads"]:
+    net.opt.num_threads = o["threads"]
+if not o["fp16"]:
+    net.opt.use_fp16_packed = net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = False
 net.load_param(param); net.load_model(binf)
+if o["batch_index"]:  # pnnx's convention for inputs given with their batch dimension
+    mat, arr = (lambda a: ncnn.Mat(a, batch_index=233).clone()), (lambda m: m.numpy(batch_index=233))
+else:
+    mat, arr = ncnn.Mat, (lambda m: m)
 def run():
     ex = net.create_extractor()
     for i, a in enumerate(ins):
-        ex.input(f"in{i}", ncnn.Mat(np.ascontiguousarray(a), batch_index=233).clone())
-    return [np.array(ex.extract(f"out{j}")[1].numpy(batch_index=233)) for j in range(n_out)]
-for _ in range(warmup):
-    outs = run()
-ts = []
-for _ in range(repeat):
-    t = time.perf_counter(); run(); ts.append(time.perf_counter() - t)
-np.savez(feeds_path + ".out.npz", *outs)
-print("RESULT " + json.dumps({"ms": float(np.median(ts) * 1e3)}))
+        ex.input(f"in{i}", mat(a))
+    return [np.array(arr(ex.extract(f"out{j}")[1])) for j in range(o["n_out"])]
+outs = run()
+cold = time.perf_counter() - t
+for _ in range(o["warmup"]):
+    run()
+ws = []
+for _ in range(o["nwarm"]):
+    t = time.perf_counter(); run(); ws.append(time.perf_counter() - t)
+np.savez(io_path + ".out.npz", *outs)
+res = {"cold_ms": cold * 1e3, "warm_ms": 1e3 * float(np.median(ws)) if ws else None, "device": str(dev),
+       "fp16": [bool(net.opt.use_fp16_packed), bool(net.opt.use_fp16_storage), bool(net.opt.use_fp16_arithmetic)]}
+del net
+if o["vulkan"]:
+    ncnn.destroy_gpu_instance()
+print("RESULT " + json.dumps(res))
 """
+
+
+def run_ncnn(param: Path, binf: Path, inputs: Sequence[np.ndarray], n_out: int, work: Path, *, nwarm: int,
+             warmup: int = 0, vulkan: bool = False, fp16: bool = False, threads: int = 0, batch_index: bool = True,
+             env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """ncnn on ``inputs`` (pnnx's ``in0``.. order) in a fresh interpreter: ``cold_ms`` (Net, load, first run),
+    ``warm_ms`` (median of ``nwarm`` runs after ``warmup`` more), the device and its fp16 options (``fp16``:
+    ncnn's defaults, else all off; ``threads`` 0: ncnn's default), and the outputs ``out0``.. of the first run.
+    ``batch_index``: inputs carry their batch dimension (pnnx's convention), else they come without it.
+    On failure the dict is ``{"error": ...}`` and the list empty."""
+    work.mkdir(parents=True, exist_ok=True)
+    io = work / f"ncnn_io_{'vk' if vulkan else 'cpu'}_{threads}.npz"
+    np.savez(io, **{f"in{i}": a for i, a in enumerate(inputs)})
+    opts = {"n_in": len(inputs), "n_out": n_out, "vulkan": vulkan, "fp16": fp16, "threads": threads,
+            "batch_index": batch_index, "nwarm": nwarm, "warmup": warmup}
+    r = run_child(_CHILD, [str(param), str(binf), str(io), json.dumps(opts)], dict(env) if env is not None else None)
+    if "error" in r:
+        return r, []
+    got = np.load(str(io) + ".out.npz")
+    return r, [got[f"arr_{j}"] for j in range(n_out)]
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| over max |want| (flattened), or inf when the sizes differ."""
+    g, w = np.asarray(got, np.float32).reshape(-1), np.asarray(want, np.float32).reshape(-1)
+    if g.size != w.size:
+        return float("inf")
+    return float(np.max(np.abs(g - w)) / max(float(np.max(np.abs(w))), 1e-12)) if w.size else 0.0
 
 
 def time_ncnn(param: Path, binf: Path, inputs: Sequence[np.ndarray], ref: Sequence[np.ndarray], threads: int,
               repeat: int, warmup: int, work: Path, tol: float = 1e-3) -> dict[str, Any]:
-    """Median ms of ncnn (fp32, ``threads``) on ``inputs`` (pnnx's ``in0``.. order), with the largest error of
-    its outputs against ``ref`` (pnnx's ``out0``.. order, relative to each output's largest magnitude); a
-    result whose error exceeds ``tol`` is reported as an error, not a timing."""
-    work.mkdir(parents=True, exist_ok=True)
-    fp = work / f"feeds_{threads}.npz"
-    np.savez(fp, n_out=np.array(len(ref)), **{f"in{i}": a for i, a in enumerate(inputs)})
-    r = run_child(_CHILD, [str(param), str(binf), str(fp), str(threads), str(repeat), str(warmup)])
+    """Warm median ms of ncnn on the CPU (fp32, ``threads``), with the largest error of its outputs against
+    ``ref`` (pnnx's ``out0``.. order); a result whose error exceeds ``tol`` is an error, not a timing."""
+    r, outs = run_ncnn(param, binf, inputs, len(ref), work, nwarm=repeat, warmup=warmup, threads=threads)
     if "error" in r:
         return r
-    got = np.load(str(fp) + ".out.npz")
-    errs = []
-    for j, want in enumerate(ref):
-        have = got[f"arr_{j}"].reshape(-1)
-        want = np.asarray(want, np.float32).reshape(-1)
-        if have.size != want.size:
-            return {"error": f"output {j}: ncnn gave {have.size} values, the reference {want.size}"}
-        errs.append(float(np.max(np.abs(have - want)) / max(float(np.max(np.abs(want))), 1e-12)))
-    err = max(errs) if errs else 0.0
+    err = max((rel_err(o, w) for o, w in zip(outs, ref)), default=0.0)
     if err > tol:
         return {"error": f"ncnn's outputs differ from onnxruntime's (max rel err {err:.2e} > {tol:g})",
-                "ms": r["ms"]}
-    return {"ms": round(r["ms"], 4), "max_rel_err": float(f"{err:.3g}")}
+                "ms": r["warm_ms"]}
+    return {"ms": round(r["warm_ms"], 4), "max_rel_err": float(f"{err:.3g}")}

@@ -21,8 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,38 +95,6 @@ if device == "vulkan":
 m.close()
 print("RESULT " + json.dumps(res))
 '''
-
-_NCNN_CHILD = r'''
-import json, sys, time, numpy as np
-import ncnn
-param, binf, nwarm, ref = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ncnn.create_gpu_instance()
-dev_name = ncnn.get_gpu_device(0).info().device_name() if hasattr(ncnn, "get_gpu_device") else "?"
-x = np.load(ref)["x"][0]
-t = time.perf_counter()
-net = ncnn.Net()
-net.opt.use_vulkan_compute = True  # fp16 packed/storage/arithmetic: ncnn's defaults, left as they are
-net.load_param(param); net.load_model(binf)
-def run():
-    ex = net.create_extractor()
-    ex.input("in0", ncnn.Mat(x))
-    _, out = ex.extract("out0")
-    return np.array(out)
-y = run()
-cold = time.perf_counter() - t
-ws = []
-for _ in range(nwarm):
-    t = time.perf_counter(); run(); ws.append(time.perf_counter() - t)
-r = np.load(ref)["y"].reshape(-1)
-res = {"cold_ms": cold * 1e3, "warm_ms": 1e3 * float(np.median(ws)) if ws else None,
-       "err_ort": float(np.abs(y.reshape(-1) - r).max() / np.abs(r).max()), "device": str(dev_name),
-       "fp16": [bool(net.opt.use_fp16_packed), bool(net.opt.use_fp16_storage), bool(net.opt.use_fp16_arithmetic)]}
-np.save(sys.argv[5], y.reshape(-1))
-del net
-ncnn.destroy_gpu_instance()
-print("RESULT " + json.dumps(res))
-'''
-
 
 def _env(folder: Path) -> dict[str, str]:
     """The driver's shader disk cache in ``folder`` (NVIDIA and Mesa); inferd's caches under it too."""
@@ -212,20 +178,31 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
         a["err_fp32"] = _err(Path(a["out"]), Path(base)) if base and "out" in a else None
     if with_ncnn and device == "vulkan":
         try:
-            from .vulkan_bench import convert_ncnn
+            from .ncnn_peer import convert_ncnn, rel_err, run_ncnn
 
             nw = work / f"{name}_ncnn"
             # pnnx's defaults: fp16 weights in the .bin (ncnn's default deployment)
             param, binf = convert_ncnn(onnx_path, tuple(inp.shape), nw, fp16=True)
             env = _env(work / f"{name}_ncnn_cache")
             outp = nw / "out.npy"
-            first = run_child(_NCNN_CHILD, [str(param), str(binf), "0", str(ref), str(outp)], env)  # fills the driver cache
+            z = np.load(ref)
+
+            def one_run(n: int) -> dict[str, Any]:
+                """ncnn's default fp16 options; its first output saved to ``outp`` and checked against ort's."""
+                one, outs = run_ncnn(param, binf, [z["x"][0]], 1, nw, nwarm=n, vulkan=True, fp16=True,
+                                     batch_index=False, env=env)
+                if outs:
+                    np.save(outp, outs[0].reshape(-1))
+                    one["err_ort"] = rel_err(outs[0], z["y"])
+                return one
+
+            first = one_run(0)  # fills the driver cache
             r = {k: v for k, v in first.items() if k != "cold_ms"}
             colds, warms = [], []
             for _ in range(max(1, rounds)):
                 drop_page_cache(param)
                 drop_page_cache(binf)
-                one = run_child(_NCNN_CHILD, [str(param), str(binf), str(nwarm), str(ref), str(outp)], env)
+                one = one_run(nwarm)
                 if "error" in one:
                     r["error"] = one["error"]
                     continue

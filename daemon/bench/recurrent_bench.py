@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +62,7 @@ def _ncnn(name: str, path: Path, feeds: dict[str, np.ndarray], repeat: int, thre
         import ncnn  # noqa: F401
         import onnx
 
-        from .ncnn_peer import fold_gru_weights, inline_ifs, time_ncnn, toposort_param
-        from .vulkan_bench import convert_ncnn
+        from .ncnn_peer import convert_ncnn, fold_gru_weights, inline_ifs, time_ncnn, toposort_param
     except Exception as e:
         return {"ncnn_error": f"not measured: {type(e).__name__}: {e}"}
     try:

@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from .common import drop_page_cache, machine_info, run_child, write_results
+from .ncnn_peer import convert_ncnn, rel_err, run_ncnn
 
 _INFERD_CHILD = r'''
 import json, sys, time, numpy as np
@@ -57,79 +56,10 @@ m.close(); dev.close()
 print("RESULT " + json.dumps(res))
 '''
 
-_NCNN_CHILD = r'''
-import json, sys, time, numpy as np
-import ncnn
-param, binf, nwarm, ref = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-ncnn.create_gpu_instance()
-dev_name = ncnn.get_gpu_device(0).info().device_name() if hasattr(ncnn, "get_gpu_device") else "?"
-x = np.load(ref)["x"][0]
-t = time.perf_counter()
-net = ncnn.Net()
-net.opt.use_vulkan_compute = True
-net.opt.use_fp16_packed = False; net.opt.use_fp16_storage = False; net.opt.use_fp16_arithmetic = False
-net.load_param(param); net.load_model(binf)
-def run():
-    ex = net.create_extractor()
-    ex.input("in0", ncnn.Mat(x))
-    _, out = ex.extract("out0")
-    return np.array(out)
-y = run()
-cold = time.perf_counter() - t
-ws = []
-for _ in range(nwarm):
-    t = time.perf_counter(); run(); ws.append(time.perf_counter() - t)
-r = np.load(ref)["y"].reshape(-1)
-res = {"cold_ms": cold * 1e3, "warm_ms": 1e3 * float(np.median(ws)) if ws else None,
-       "rel_err": float(np.abs(y.reshape(-1) - r).max() / np.abs(r).max()), "device": str(dev_name)}
-del net
-ncnn.destroy_gpu_instance()
-print("RESULT " + json.dumps(res))
-'''
-
-
 def _driver_cache_env(folder: Path) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     return dict(os.environ, __GL_SHADER_DISK_CACHE="1", __GL_SHADER_DISK_CACHE_PATH=str(folder),
                 __GL_SHADER_DISK_CACHE_SKIP_CLEANUP="1", MESA_SHADER_CACHE_DIR=str(folder))
-
-
-def _pnnx() -> str | None:
-    """The standalone pnnx binary (the wheel's ``pnnx`` script on PATH imports torch; the binary does not)."""
-    exe = os.environ.get("INFERD_PNNX")
-    if exe:
-        return exe
-    try:
-        import importlib.util
-        spec = importlib.util.find_spec("pnnx")
-        if spec and spec.origin:
-            cand = Path(spec.origin).parent / "pnnx"
-            if cand.is_file():
-                return str(cand)
-    except Exception:
-        pass
-    return shutil.which("pnnx")
-
-
-def convert_ncnn(onnx_path: Path, shape: "tuple[int, ...] | list[tuple[tuple[int, ...], str]]", work: Path,
-                 fp16: bool = False) -> tuple[Path, Path]:
-    """(param, bin) made by pnnx; ``fp16``: its default fp16 weights (ncnn's default deployment), else fp32.
-    ``shape``: the one float input's shape, or per input (shape, numpy dtype name) in the graph's order."""
-    exe = _pnnx()
-    if exe is None:
-        raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
-    work.mkdir(parents=True, exist_ok=True)
-    dst = work / onnx_path.name
-    shutil.copy(onnx_path, dst)
-    shapes = [(tuple(shape), "float32")] if all(isinstance(d, int) for d in shape) else list(shape)
-    suffix = {"float32": "", "int64": "i64", "int32": "i32"}
-    spec = ",".join(f"[{','.join(map(str, s))}]{suffix[dt]}" for s, dt in shapes)
-    cmd = [exe, dst.name, f"inputshape={spec}"] + ([] if fp16 else ["fp16=0"])
-    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
-    param, binf = work / (dst.stem + ".ncnn.param"), work / (dst.stem + ".ncnn.bin")
-    if not param.is_file():
-        raise RuntimeError(f"pnnx failed on {onnx_path.name}: {r.stderr[-2000:]}")
-    return param, binf
 
 
 def bench_model(name: str, onnx_path: Path, work: Path, nwarm: int, with_ncnn: bool) -> dict[str, Any]:
@@ -173,7 +103,12 @@ def bench_model(name: str, onnx_path: Path, work: Path, nwarm: int, with_ncnn: b
             for tag, n in (("ncnn_empty", nwarm), ("ncnn_filled", 0)):
                 drop_page_cache(param)
                 drop_page_cache(binf)
-                res[tag] = run_child(_NCNN_CHILD, [str(param), str(binf), str(n), str(ref)], env)
+                z = np.load(ref)
+                one, outs = run_ncnn(param, binf, [z["x"][0]], 1, work / f"{name}_ncnn", nwarm=n, vulkan=True,
+                                     batch_index=False, env=env)
+                if outs:
+                    one["rel_err"] = rel_err(outs[0], z["y"])
+                res[tag] = one
         except Exception as e:  # report, don't hide: the table shows the error
             res["ncnn_error"] = str(e)
     return res
