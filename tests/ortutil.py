@@ -62,26 +62,31 @@ def feeds_for(inputs: Sequence[np.ndarray | None], const_mask: Sequence[bool] | 
     return {f"x{i}": np.asarray(a) for i, (a, c) in enumerate(zip(inputs, const_mask)) if a is not None and not c}
 
 
+def ort_session(src: Any, threads: int | None = None, optimize: bool = True) -> Any:
+    """An onnxruntime CPU session on a path or ModelProto (or serialized bytes), quiet, with ``threads``
+    intra-op threads (None: onnxruntime's default) and graph optimisations on or off."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.inter_op_num_threads = 1
+    if isinstance(src, onnx.ModelProto):
+        src = src.SerializeToString()
+    elif not isinstance(src, bytes):
+        src = str(src)
+    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+
+
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run ``model`` once on the CPU with graph optimisations off (the raw kernels are the reference)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return [np.asarray(r) for r in sess.run(None, feeds)]
+    return [np.asarray(r) for r in ort_session(model, threads=1, optimize=False).run(None, feeds)]
 
 
-def run_ort_file(path: Any, feeds: dict[str, np.ndarray], threads: int = 2) -> list[np.ndarray]:
+def run_ort_file(path: Any, feeds: dict[str, np.ndarray], threads: int | None = 2) -> list[np.ndarray]:
     """Run the model at ``path`` (or a ModelProto) once on the CPU as it serves (optimisations on, ``threads``
     intra-op threads): the reference the whole-model tests compare with."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    src = path.SerializeToString() if isinstance(path, onnx.ModelProto) else str(path)
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return ort_session(path, threads).run(None, feeds)

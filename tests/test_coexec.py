@@ -22,14 +22,10 @@ TOL = 2e-4
 
 
 def _ort(op: str, inputs: list[Any], attrs: dict[str, Any]) -> np.ndarray:
-    import onnxruntime as ort
-    from ortutil import make_single_node_model
+    from ortutil import make_single_node_model, ort_session
 
     m = make_single_node_model(op, inputs, attrs, const_mask=[i > 0 for i in range(len(inputs))])
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(m, threads=1)
     return sess.run(None, {"x0": inputs[0]})[0]
 
 
@@ -205,12 +201,9 @@ def _random_graph(seed: int) -> Any:
 
 
 def _ort_model(m: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime as ort
+    from ortutil import ort_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    return ort_session(m, threads=1).run(None, feeds)
 
 
 def test_property_random_graphs_and_split_plans() -> None:

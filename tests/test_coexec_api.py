@@ -19,6 +19,7 @@ import inferd.vulkan
 from inferd.vulkan.testing import coexec_skip_reason
 import inferd.zoo
 from inferd import faults
+from ortutil import ort_session
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
 _COEXEC_SKIP = coexec_skip_reason() if inferd.vulkan.available() else None
@@ -28,12 +29,10 @@ needs_coexec = pytest.mark.skipif(_COEXEC_SKIP is not None, reason=str(_COEXEC_S
 
 @pytest.fixture(scope="module")
 def ref() -> Any:
-    import onnxruntime as ort
-
     d = Path(tempfile.mkdtemp(prefix="ifcoex", dir="/tmp"))
     inferd.zoo.write_zoo(d, ["tiny"])
     feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
-    sess = ort.InferenceSession(str(d / "tiny.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort_session(d / "tiny.onnx")
     yield {"src": d / "tiny.onnx", "feeds": feeds, "want": sess.run(None, feeds)[0], "dir": d}
     shutil.rmtree(d, ignore_errors=True)
 

@@ -17,6 +17,7 @@ from inferd.server.testing import DaemonProcess
 from inferd.store import WeightsStore
 from inferd_client import Client
 from zoo_fixture import zoo_dir
+from ortutil import ort_session
 
 MODELS = ["squeezenet1_1", "mobilenetv2", "shufflenetv2_x1_0", "resnet18"]
 TOL = 1e-4
@@ -29,12 +30,7 @@ def _input(path: Path) -> str:
 
 
 def _ort(path: Path, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    s = ort_session(path, threads=1)
     return s.run(None, {s.get_inputs()[0].name: x})[0]
 
 

@@ -21,6 +21,7 @@ import inferd
 import inferd.zoo
 from inferd.server.testing import DaemonProcess, write_two_io_model
 from inferd_client import Client, InvalidArgument, NotFound, Unavailable
+from ortutil import ort_session
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +65,11 @@ def _inferctl(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_infer_on_models_matches_local_run_and_onnxruntime(daemon: DaemonProcess, workdir: Path, local_models) -> None:
-    import onnxruntime as ort
-
     rng = np.random.default_rng(1)
     with Client(daemon.endpoint, timeout=20) as c:
         for name in ("tiny", "mlp_small", "two_io"):
             m = local_models[name]
-            sess = ort.InferenceSession(str(workdir / "models" / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+            sess = ort_session(workdir / "models" / f"{name}.onnx")
             for _ in range(3):
                 feeds = _feeds(m, rng)
                 got = c.infer(name, feeds)

@@ -15,6 +15,7 @@ import pytest
 
 from inferd.server.testing import DaemonProcess
 from inferd_client import Client
+from ortutil import ort_session
 from zoo_fixture import zoo_dir
 
 MB = 1 << 20
@@ -47,8 +48,6 @@ print(json.dumps({"ok": ok, "bad": bad, "errors": errors[:5]}))
 
 @pytest.mark.slow
 def test_streamed_model_follows_budget_changes_under_load() -> None:
-    import onnxruntime as ort
-
     d = Path(tempfile.mkdtemp(prefix="ifds", dir="/tmp"))
     procs: list[subprocess.Popen[str]] = []
     try:
@@ -57,9 +56,7 @@ def test_streamed_model_follows_budget_changes_under_load() -> None:
         shutil.copy(src, d / "m" / "mnv2" / "model.onnx")
         (d / "m" / "mnv2" / "config.toml").write_text('memory = "stream"\n')
         x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        y = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+        y = ort_session(src).run(None, {"input": x})[0]
         np.savez(d / "ref.npz", x=x, y=y)
         with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--cache-dir", str(d / "c"), "--memory-budget",
                            str(40 * MB), log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=120) as c:

@@ -22,6 +22,7 @@ from inferd.ir import Node
 from inferd.ops import kernels_for, run_layer, single_node_layer
 from inferd.ops.detection import NmsNative, nms, roi_align
 from inferd.runtime.cpu import CpuExecutor
+from ortutil import ort_session
 
 NATIVE = native.AVAILABLE and hasattr(native.lib, "inferd_nms")
 
@@ -38,7 +39,7 @@ def _both(tmp_path: Path, m: onnx.ModelProto, feeds_list) -> CpuExecutor:  # typ
     p = tmp_path / "m.onnx"
     onnx.save(m, p)
     ex = CpuExecutor(import_model(str(p)))
-    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    sess = ort_session(p)
     names = [o.name for o in m.graph.output]
     for feeds in feeds_list:
         got = ex.run(feeds)
@@ -211,7 +212,7 @@ def test_roi_align_kernels_match_onnxruntime(opset: int, ctm: str | None, mode: 
             attrs["coordinate_transformation_mode"] = ctm
         ins = [x, rois, bi]
         model = make_single_node_model("RoiAlign", ins, attrs, opset=opset)
-        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        want = ort_session(model).run(
             None, feeds_for(ins))[0]
         layer = single_node_layer("RoiAlign", ins, dict(attrs, _opset=opset), const=[False] * 3)
         for k in kernels_for("RoiAlign"):
@@ -352,7 +353,7 @@ def test_detection_post_processing_through_a_package(tmp_path: Path) -> None:
     feeds = {"b": boxes, "bb": boxes[0], "s": rng.random((1, 4, n), dtype=np.float32), "k": np.array([50], np.int64),
              "mo": np.array([20], np.int64), "iou": np.array([0.45], np.float32), "st": np.array([0.3], np.float32),
              "two": np.array(2, np.int64)}
-    want = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)
+    want = ort_session(p).run(None, feeds)
     for _ in range(2):
         model = load(str(p), cache_dir=tmp_path / "cache")
         got = model.run(feeds)

@@ -18,6 +18,7 @@ from inferd.errors import InputError
 from inferd.server.testing import DaemonProcess
 from inferd_client import Client
 from inferd_client.errors import InvalidArgument
+from ortutil import ort_session
 from zoo_fixture import zoo_dir
 
 DYNAMIC = ["detnet_dyn", "recnet_dyn"]
@@ -40,15 +41,6 @@ def _vulkan() -> bool:
 
 DEVICES = ["cpu", pytest.param("vulkan", marks=[pytest.mark.vulkan, pytest.mark.skipif(not _vulkan(),
                                                                                        reason="no Vulkan device")])]
-
-
-def _ort_session(path: Path):  # noqa: ANN202
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def _x(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
@@ -77,7 +69,7 @@ def models() -> Path:
 def test_every_shape_matches_onnxruntime_and_shares_the_weights(models: Path, name: str, device: str,
                                                                  packaged: bool, tmp_path: Path) -> None:
     path = models / f"{name}.onnx"
-    sess = _ort_session(path)
+    sess = ort_session(path, threads=1)
     m = inferd.load(path, device=device, cache_dir=tmp_path / "cache" if packaged else None)
     try:
         assert m.dims["input"][0] == "N" and any(isinstance(d, str) for d in m.dims["input"][2:])
@@ -131,7 +123,7 @@ def test_variants_beyond_the_bound_are_replanned_and_memory_stays_bounded(models
     import tracemalloc
 
     path = models / "detnet_dyn.onnx"
-    sess = _ort_session(path)
+    sess = ort_session(path, threads=1)
     m = inferd.load(path, max_variants=2)
     try:
         shapes = [(1, 3, 96 + 16 * k, 128) for k in range(6)]
@@ -175,7 +167,7 @@ def test_shapes_prepared_at_load_and_a_damaged_dynamic_package_is_rebuilt(models
     data = bytearray(store.read_bytes())
     data[len(data) // 2] ^= 0xFF  # a flipped byte inside some blob: caught by its checksum, then rebuilt
     store.write_bytes(bytes(data))
-    sess = _ort_session(src)
+    sess = ort_session(src, threads=1)
     m = inferd.load(src, cache_dir=tmp_path / "c", shapes=want[:1])
     try:
         for shape in [(1, 3, 32, 128), (1, 3, 32, 300), (4, 3, 32, 16)]:
@@ -219,7 +211,7 @@ def test_daemon_serves_every_shape_to_several_client_processes(models: Path, dev
                      for k, (n, s) in enumerate(jobs)]
             for p in procs:
                 assert p.wait(600) == 0
-            sess = {"det": _ort_session(models / "detnet_dyn.onnx"), "rec": _ort_session(models / "recnet_dyn.onnx")}
+            sess = {k: ort_session(models / f"{k}net_dyn.onnx", threads=1) for k in ("det", "rec")}
             for k, (n, s) in enumerate(jobs):
                 got = np.load(d / f"out{k}.npz")
                 for key in [f for f in got.files if f.startswith("x")]:

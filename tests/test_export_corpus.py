@@ -17,6 +17,7 @@ import pytest
 
 import export_corpus as corpus
 from export_corpus import CORPUS, EXPORTERS, Arch
+from ortutil import ort_session
 
 pytestmark = pytest.mark.skipif(not corpus.torch_available(), reason="torch is not installed (the 'corpus' extra)")
 
@@ -46,7 +47,6 @@ _ORT_CACHE: dict[tuple[str, str], tuple[str, dict[str, np.ndarray], list[str], l
 
 def _exported(arch: Arch, exporter: str) -> tuple[str, dict[str, np.ndarray], list[str], list[np.ndarray]]:
     """(model path, feeds, output names, onnxruntime's outputs), once per session."""
-    import onnxruntime as ort
 
     why = _missing(arch, exporter)
     if why:
@@ -54,7 +54,7 @@ def _exported(arch: Arch, exporter: str) -> tuple[str, dict[str, np.ndarray], li
     key = (arch.name, exporter)
     if key not in _ORT_CACHE:
         path, x = corpus.export(arch, exporter)
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        sess = ort_session(path)
         assert len(sess.get_inputs()) == 1, [i.name for i in sess.get_inputs()]
         names = [o.name for o in sess.get_outputs()]
         feeds = {sess.get_inputs()[0].name: x}

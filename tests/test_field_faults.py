@@ -25,6 +25,7 @@ import inferd.zoo
 from inferd import cache, faults
 from inferd.server.testing import DaemonProcess, write_fake_model
 from inferd_client import Client, Unavailable
+from ortutil import ort_session
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -43,7 +44,7 @@ def ref() -> dict[str, Any]:
     d = Path(tempfile.mkdtemp(prefix="ifffref", dir="/tmp"))
     inferd.zoo.write_zoo(d, ["tiny"])
     feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
-    sess = ort.InferenceSession(str(d / "tiny.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort_session(d / "tiny.onnx")
     want = sess.run(None, feeds)[0]
     yield {"src": d / "tiny.onnx", "feeds": feeds, "want": want}
     shutil.rmtree(d, ignore_errors=True)

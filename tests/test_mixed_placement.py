@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto as T, helper as h, numpy_helper
 
 import inferd
 import inferd.vulkan
 from inferd import cli
+from ortutil import ort_session
 
 pytestmark = pytest.mark.skipif(not inferd.vulkan.available(), reason="needs a Vulkan device (lavapipe)")
 
@@ -48,7 +48,7 @@ def test_mixed_model_on_vulkan_matches_onnxruntime(tmp_path: Path) -> None:
     p = tmp_path / "mixed.onnx"
     onnx.save(m, p)
     rng = np.random.default_rng(1)
-    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    sess = ort_session(p)
     model = inferd.load(str(p), device="vulkan")
     try:
         for _ in range(2):
@@ -92,7 +92,7 @@ def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path) -> N
     m.ir_version = 8
     p = tmp_path / "tail.onnx"
     onnx.save(m, p)
-    sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+    sess = ort_session(p)
     model = inferd.load(str(p), device="vulkan")
     sizes = set()
     for scale in (0.5, 1.0, 2.0):

@@ -12,6 +12,7 @@ from scipy.special import erf as sp_erf
 
 from inferd import native
 from inferd.ops.activation import apply_act
+from ortutil import ort_session
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="native extension not built")
 
@@ -108,8 +109,6 @@ def test_apply_act_gelu(approximate: float) -> None:
 
 
 def test_erf_op_vs_onnxruntime() -> None:
-    import onnxruntime as ort
-
     import inferd
 
     node = helper.make_node("Erf", ["x"], ["y"])
@@ -119,7 +118,7 @@ def test_erf_op_vs_onnxruntime() -> None:
     model.ir_version = 8
     data = onnx._serialize(model) if hasattr(onnx, "_serialize") else model.SerializeToString()
     x = (np.random.default_rng(3).standard_normal((4, 1000)) * 2.5).astype(np.float32)
-    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort_session(data).run(None, {"x": x})[0]
     got = inferd.load(data).run({"x": x})
     got = got["y"] if isinstance(got, dict) else got[0]
     np.testing.assert_allclose(got, want, atol=3e-7)
