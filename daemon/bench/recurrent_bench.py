@@ -151,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             st.update(_daemon(tmp, paths["vad_lstm"].parent, feeds, args.repeat, one))
         res["streaming"] = st
         print("streaming", st, flush=True)
-    jp, mp = write_results(args.out, "recurrent_cpu" + ("_lavapipe" if vulkan else ""), res, _table(res))
+    if vulkan:
+        from ..vulkan.device import get_device
+
+        res["vulkan_device"] = get_device().name
+    tag = "_" + res["vulkan_device"].split(" (")[0].lower().replace(" ", "_")[:24] if vulkan else ""
+    jp, mp = write_results(args.out, "recurrent_cpu" + tag, res, _table(res))
     print(f"wrote {jp} and {mp}")
     return 0
 
@@ -196,7 +201,7 @@ def _table(res: dict[str, Any]) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; host {m['host']}.",
              f"Median of {res['repeat']} warm runs after {WARMUP} warm-ups. ncnn: {res['ncnn']}.", "",
              "| model | inputs | inferd CPU (ms) | onnxruntime (ms) | ratio | ncnn (ms) | inferd / ncnn | inferd 1 thread "
-             "| ort 1 thread | ratio 1t | ncnn 1 thread | inferd Vulkan lavapipe (ms) |",
+             f"| ort 1 thread | ratio 1t | ncnn 1 thread | inferd Vulkan {res.get('vulkan_device', '')} (ms) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     threads = res.get("threads", res["machine"]["cores"])
     for name, r in res["models"].items():
