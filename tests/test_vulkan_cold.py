@@ -52,6 +52,20 @@ def check(model: inferd.Model, name: str, what: str) -> None:
     check_against_reference(model, name, what, TOL)
 
 
+def only_the_plans_kernels(model: inferd.Model) -> None:
+    """A model that follows a stored plan offers each layer only the plan's kernels (its cold one first, then
+    its warm one): the backend did not ask every other kernel whether it applies."""
+    planned = {lp.name: [k for k in (lp.kernel, lp.warm_kernel) if k] for lp in model.plan.layers}
+    seen = 0
+    for layer, kernels, default in model._exec.candidates():
+        if default.name in ("fold", "alias", "host"):
+            continue
+        assert [k.name for k in kernels] == planned[layer.name], layer.name
+        assert default.name == planned[layer.name][0]
+        seen += 1
+    assert seen
+
+
 def ran_the_plan(model: inferd.Model) -> None:
     """The backend runs each layer with the kernel the plan names (folded nodes run nothing); a layer with
     a warm kernel may already have been switched to it (the warm switch runs in the background)."""
@@ -99,6 +113,7 @@ def test_cold_from_a_package_every_layer_read_transformed(name: str, packages: d
     opt = PlanOptions(force_source="transformed")
     with inferd.load(packages[name], device="vulkan", cold=opt) as model:
         assert weighted(model) and all(lp.source == "transformed" for lp in weighted(model))
+        only_the_plans_kernels(model)
         cold_then_warm(model, name, "package, transformed weights")
 
 
@@ -144,6 +159,7 @@ def test_warm_switch_moves_to_the_warm_kernels_and_keeps_the_answers(packages: d
     _rewrite_plan(pkg, plan=d["plan"])
     with inferd.load(pkg, device="vulkan", cold=PlanOptions(force_source="transformed")) as model:
         assert [lp.kernel for lp in model.plan.layers] == [r[3] for r in rows]  # the stored plan, not a new one
+        only_the_plans_kernels(model)
         check(model, name, "first run on the cold kernels")
         ran_the_plan(model)
         assert model.wait_warm(120)

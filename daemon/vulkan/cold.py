@@ -133,8 +133,11 @@ class VulkanColdBackend:
     def __init__(self, graph: Graph, kernels: Mapping[str, str] | None = None, device: Any = None,
                  cache: ShaderCache | str | bool | None = None, profile: bool = False,
                  precision: "str | PrecisionPlan" = "fp32", fp32_layers: Sequence[str] = (),
-                 precision_guard: bool = True, fp16_arithmetic: bool = False) -> None:
+                 precision_guard: bool = True, fp16_arithmetic: bool = False,
+                 planned: Mapping[str, Sequence[str]] | None = None) -> None:
         _import_kernels()
+        #: node name -> the kernels a stored plan runs it with (cold, then warm): its only candidates
+        self._planned = planned
         #: the precision asked (a name, planned at setup from the device's features) or already planned
         #: (a package's stored plan); ``precision`` is the plan in force after setup
         self._precision_ask = (precision, tuple(fp32_layers), bool(precision_guard), bool(fp16_arithmetic))
@@ -205,7 +208,7 @@ class VulkanColdBackend:
         dg = Graph(g.name, [n for n in kept if n.name not in host_names], g.inputs, g.outputs, consts, g.infos,
                    g.opset)  # type: ignore[arg-type]
         t = T()
-        choices = iter(select_nodes(g, dg, self.caps, forced))
+        choices = iter(select_nodes(g, dg, self.caps, forced, self._planned))
         st["select_s"] = T() - t
         t = T()
         dev = self.device
