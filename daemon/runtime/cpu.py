@@ -18,6 +18,7 @@ from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops import control as _control
 from ..ops.base import Kernel, Layer, bounded_view, choose_kernel, kernels_for, op_spec, raw_params
+from ..ops.tensor import copies_call
 from ..backends.base import forget_raw
 from ..planner.memory import MemoryPlan, plan_graph_memory
 
@@ -343,6 +344,36 @@ class CpuExecutor:
         for call in self._calls:
             call()
         return self.end()
+
+    def bind_run(self, sources: Mapping[str, np.ndarray | None],
+                 dests: Mapping[str, np.ndarray]) -> Callable[[], None] | None:
+        """A run over fixed buffers as one call (a control-flow body inside its node's arena): each graph input
+        copied from ``sources[name]``, the kernels, each output ``name`` copied into ``dests[name]``; no feeds dict,
+        no checks and no result arrays per run (``run`` makes those for a caller whose arrays change). None when
+        a buffer does not have the planned shape and type, or a tensor is shaped at run time."""
+        if self.graph.runtime_shaped:
+            return None
+        ins = []
+        for t in self.inputs:
+            src = sources.get(t.name)
+            if src is None or tuple(src.shape) != tuple(t.shape) or src.dtype != t.dtype:
+                return None
+            if t.name in self.views:  # an input no node reads has no buffer
+                ins.append((self.views[t.name], src))
+        outs = []
+        for name, dst in dests.items():
+            src = self.graph.constants[name] if name in self.graph.constants else self.views.get(name)
+            if src is None or src.shape != dst.shape or src.dtype != dst.dtype:
+                return None
+            outs.append((dst, src))
+        copy_in, copy_out = copies_call(ins), copies_call(outs)
+
+        def call() -> None:
+            copy_in()
+            for c in self._calls:
+                c()
+            copy_out()
+        return call
 
     def run_timed(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[float]]:
         """``run`` with a timer around every layer (seconds per graph node; 0 for views): for per-layer
