@@ -93,6 +93,63 @@ def test_value_dependent_nested_if_takes_every_branch(device: str) -> None:
     model.close()
 
 
+def test_value_dependent_if_runs_planned_bodies_over_its_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU an If whose branches are planned at the node's shapes is bound once (``bind_run``): a run reads
+    the condition and runs the taken body straight over the node's buffers, never through ``run_control``'s
+    per-run feeds (made to fail here), for the nested If inside a branch too; both branches still answer."""
+    import inferd.ops.control as control
+
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("run_control called: the If was not bound over its buffers")
+
+    monkeypatch.setattr(control, "run_control", refuse)
+    m = _nested_if_model()
+    model = inferd.load(m, device="cpu")
+    cases = [np.ones((2, 3), np.float32), -np.ones((2, 3), np.float32),
+             np.array([[-5, 2, 0], [0, 0, -1]], np.float32)]
+    for x in cases * 2:
+        _same(model, m, {"x": x})
+    stats = next(n for n in model.graph.nodes if n.op == "If").notes["stats"].to_dict()
+    assert stats["runs"] == 6 and stats["taken"] == {"then_branch": 2, "else_branch": 4}
+    model.close()
+
+
+def test_shape_folded_if_redecided_per_shape_and_value_if_takes_both_branches() -> None:
+    """A dynamic model with a shape-dependent If (x wider than 4: keep its first 4 columns, else pad it to 4 with
+    a copy of itself) feeding a value-dependent one (sum > 0: * 2, else - 1): each shape variant folds the first
+    its own way, and in each the second, bound once, follows the values from run to run."""
+    crop = _body([helper.make_node("Slice", ["x", "s0", "s4", "ax1"], ["sl"])], ["sl"], name="crop")
+    pad = _body([helper.make_node("Concat", ["x", "x"], ["cc"], axis=1),
+                 helper.make_node("Slice", ["cc", "s0", "s4", "ax1"], ["ps"])], ["ps"], name="pad")
+    double = _body([helper.make_node("Mul", ["z", "two"], ["d"])], ["d"], name="double")
+    minus = _body([helper.make_node("Sub", ["z", "onef"], ["e"])], ["e"], name="minus")
+    nodes = [helper.make_node("Shape", ["x"], ["shp"]),
+             helper.make_node("Gather", ["shp", "one"], ["w"], axis=0),
+             helper.make_node("Greater", ["w", "four"], ["c"]),
+             helper.make_node("If", ["c"], ["z"], then_branch=crop, else_branch=pad),
+             helper.make_node("ReduceSum", ["z"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zerof"], ["c2"]),
+             helper.make_node("If", ["c2"], ["y"], then_branch=double, else_branch=minus)]
+    inits = {"one": np.array(1, np.int64), "four": np.array(4, np.int64), "s0": np.array([0], np.int64),
+             "s4": np.array([4], np.int64), "ax1": np.array([1], np.int64), "two": np.array(2.0, np.float32),
+             "onef": np.array(1.0, np.float32), "zerof": np.array(0.0, np.float32)}
+    m = _model(nodes, [("x", F, (1, "W"))], [("y", F, (1, 4))], inits)
+    model = inferd.load(m, device="cpu", shapes={"x": (1, 7)})
+    for w, sign in ((7, 1), (3, 1), (7, -1), (3, -1), (4, 1), (7, 1), (3, -1)):
+        x = sign * (np.arange(w, dtype=np.float32)[None] + 1)
+        _same(model, m, {"x": x})
+    graphs = [model.graph] + [v.graph for v in model.variants]
+    assert len(graphs) == 3
+    for g in graphs:  # the shape If folded away, the value If left, and it took both branches
+        ifs = [n for n in g.nodes if n.op == "If"]
+        assert len(ifs) == 1 and ifs[0].inputs[0] == "c2"
+    taken = [n.notes["stats"].to_dict()["taken"] for g in graphs if g.inputs[0].shape[1] in (7, 3)
+             for n in g.nodes if n.op == "If"]
+    assert len(taken) == 2
+    assert all(set(t) == {"then_branch", "else_branch"} for t in taken), taken
+    model.close()
+
+
 def test_shape_dependent_if_folds_per_shape() -> None:
     """if x.shape[1] > 4: y = x[:, :4] * 2 else: y = x + 1 (torch's TorchScript export): a dynamic model whose
     every shape variant has the If decided and inlined, no If left at run time; the branches' outputs differ in

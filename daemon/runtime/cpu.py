@@ -154,6 +154,9 @@ class CpuExecutor:
         self.steps: list[Step | None] = [None] * len(self.choice)
         self._shared: set[int] = set()  # layers whose weights another shape of the model owns (adopt)
         self._calls: list[Callable[[], None]] = []
+        #: set by finalize(): per input (name, its buffer's item assignment, dtype); per output (name, source)
+        self._feed_sets: list[tuple[str, Callable[..., None], np.dtype]] = []
+        self._out_srcs: list[tuple[str, np.ndarray | None]] = []
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
         if not lazy:
@@ -316,6 +319,12 @@ class CpuExecutor:
         if missing:
             raise RuntimeError(f"layers not prepared: {missing[:5]}")
         self._calls = [s.call() for s in self.steps if s is not None and not s.alias]
+        self._feed_sets = [(t.name, self.views[t.name].__setitem__, np.dtype(t.dtype)) for t in self.inputs
+                           if t.name in self.views]
+        # each output's array (None: shaped at run time, read from this run's values)
+        self._out_srcs = [(t.name, None if t.name in self.graph.runtime_shaped else
+                           self.graph.constants[t.name] if t.name in self.graph.constants else self.views[t.name])
+                          for t in self.outputs]
 
     def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:
         """Replace layer ``pos``'s kernel (the warm switch); the caller holds the model's run lock."""
@@ -340,10 +349,18 @@ class CpuExecutor:
                                            for a in s.params.values() if isinstance(a, np.ndarray)))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.begin(feeds)
+        # begin() and end() less their per-run lookups: item assignment where a feed has the input's type
+        # (copyto(casting="no") raises for the others), the outputs' sources resolved by finalize()
+        for name, put, dt in self._feed_sets:
+            a = feeds[name]
+            if getattr(a, "dtype", None) == dt:
+                put(Ellipsis, a)
+            else:
+                np.copyto(self.views[name], a, casting="no")
         for call in self._calls:
             call()
-        return self.end()
+        dyn = self._dyn
+        return {name: (np.array(dyn[name]) if src is None else src.copy()) for name, src in self._out_srcs}
 
     def bind_run(self, sources: Mapping[str, np.ndarray | None],
                  dests: Mapping[str, np.ndarray]) -> Callable[[], None] | None:
@@ -400,6 +417,14 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], mode
                 bounds: "Mapping[str, Sequence[int]] | None" = None) -> dict[str, np.ndarray]:
     """Validate a feed dict against the model's inputs; ``InputError`` says what was expected and what came.
     ``dims``: a dynamic model's declared dimensions (a name where any size goes), ``bounds`` their limits."""
+    if dims is None and type(feeds) is dict and len(feeds) == len(inputs):
+        # the common case, checked in one pass: every input there as an array of its type and shape
+        for t in inputs:
+            a = feeds.get(t.name)
+            if type(a) is not np.ndarray or a.dtype != t.dtype or a.shape != tuple(t.shape):
+                break
+        else:
+            return dict(feeds)
     if not isinstance(feeds, dict):
         raise InputError(f"{model}: inputs must be a dict of name -> array, got {type(feeds).__name__}")
     expected = {t.name: t for t in inputs}
