@@ -302,3 +302,35 @@ def test_vad_both_sample_rates_on_vulkan_and_info() -> None:
     text = describe(model.graph)
     assert "If" in text and "then_branch" in text and "readback" in text, text
     model.close()
+
+
+def test_body_kernels_are_picked_by_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control-flow body (no cold plan covers it) takes per node the candidate kernel measured fastest, not
+    the default pick: with the measurements saying a non-default candidate is faster, that one runs."""
+    import inferd.runtime.cpu as cpu
+    import inferd.runtime.profiler as profiler
+    from inferd.frontend import import_template, specialize
+    from inferd.ops.base import Layer
+    from inferd.planner.cost import Profile
+    from inferd.zoo import build
+
+    g = specialize(import_template(build("vad_lstm")))
+    body = next(n for n in g.nodes if n.op == "If").bodies["then_branch"]
+    real = profiler.profile_layers
+    flipped: dict[str, str] = {}
+
+    def prefer_last(entries: Any, *a: Any, **k: Any) -> Profile:
+        prof = real(entries, *a, **k)
+        times = dict(prof.times)
+        for layer, cands, default in entries:  # the last candidate that is not the default "measures" fastest
+            other = [c for c in cands if c is not default][-1]
+            times[(layer.name, other.name, "exec")] = 0.0
+            flipped[layer.name] = other.name
+        return Profile(prof.backend, prof.fingerprint, prof.rates, times)
+
+    monkeypatch.setattr(profiler, "profile_layers", prefer_last)
+    picked = cpu.measured_choice(body)
+    choice = {layer.name: k.name for layer, k in picked}
+    assert flipped and all(choice[name] == k for name, k in flipped.items()), (flipped, choice)
+    for layer, k in picked:  # every pick applies to its node
+        assert k.applies(Layer.of(layer.node, body))

@@ -455,5 +455,35 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], mode
     return out
 
 
+def measured_choice(graph: Graph, reps: int = 3, budget_s: float = 0.2) -> list[tuple[Layer, Kernel]]:
+    """Per node of ``graph`` the fastest of its candidate kernels, each measured alone on random inputs of the
+    node's shapes (``profile_layers``); the default kernel where there is no choice or no measurement. For graphs
+    that no cold plan covers, the control-flow bodies: their default picks follow rules measured on larger
+    layers, and on a body's small ones the wrong pick cost most (vad's 129-channel conv: im2col's GEMM split over
+    two threads 28 us, the banded kernel on one 13 us)."""
+    from ..planner.cost import DeviceRates
+    from .profiler import profile_layers
+
+    entries = []
+    for node in graph.nodes:
+        layer = Layer.of(node, graph)
+        cands, default = candidate_kernels(layer, "cpu", None, False)
+        entries.append((layer, cands, default))
+    choosing = [e for e in entries if len(e[1]) > 1]
+    times = profile_layers(choosing, graph.constants, DeviceRates(), {}, reps=reps, budget_s=budget_s).times \
+        if choosing else {}
+    out = []
+    for layer, cands, default in entries:
+        timed = [(times[(layer.name, k.name, "exec")], k.priority, k) for k in cands
+                 if (layer.name, k.name, "exec") in times]
+        out.append((layer, min(timed, key=lambda t: t[:2])[2] if timed else default))
+    return out
+
+
+def body_executor(graph: Graph) -> CpuExecutor:
+    """The executor of a control-flow body: planned once, its kernels picked by measuring (``measured_choice``)."""
+    return CpuExecutor(graph, choice=measured_choice(graph))
+
+
 # control-flow bodies run on this executor (the op module cannot import the runtime that imports it)
-_control.set_body_executor(CpuExecutor)
+_control.set_body_executor(body_executor)
