@@ -47,6 +47,7 @@ CASES: list[tuple[str, list[Any], dict[str, Any], list[bool], bool]] = [
     ("Log", [_f(3, 5)], {}, [False], True),  # negatives: NaN, and no warning (the error state run() sets)
     ("Div", [_f(2, 3), _f(2, 3)], {}, [False, False], False),
     ("ReduceMean", [_f(1, 7, 3), _i64(1, 2)], {"keepdims": 0}, [False, True], True),
+    ("ReduceMean", [_f(256, 37), _i64(1)], {}, [False, True], True),  # many rows, a count of 37: np.mean's bits
     ("ReduceSum", [_f(2, 3, 4), _i64(-1)], {}, [False, True], True),
     ("ReduceMax", [_f(2, 3, 4)], {"axes": [0, 2], "keepdims": 1, "_opset": 13}, [False], True),
     ("Relu", [_f(4, 5)], {}, [False], True),

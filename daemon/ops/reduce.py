@@ -8,6 +8,7 @@ Softmax semantics do change with the opset: before 13 the input is coerced to 2-
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -272,7 +273,7 @@ class ReduceKernel(Kernel):
         f = functools.partial(_UFUNC_REDUCE[op].reduce, x, axis=axes, keepdims=keep, out=out)
         if op != "ReduceMean":
             return f
-        count = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        count = np.intp(math.prod(x.shape[a] for a in axes))  # np.mean divides by an intp: the same rounding
 
         def mean() -> None:
             f()
