@@ -334,3 +334,23 @@ def test_body_kernels_are_picked_by_measurement(monkeypatch: pytest.MonkeyPatch)
     assert flipped and all(choice[name] == k for name, k in flipped.items()), (flipped, choice)
     for layer, k in picked:  # every pick applies to its node
         assert k.applies(Layer.of(layer.node, body))
+
+
+def test_if_body_giving_one_tensor_as_two_outputs() -> None:
+    """A branch may name one tensor as two of its outputs: the bound If fills both of the node's buffers."""
+    then = _body([helper.make_node("Mul", ["x", "two"], ["t"])], ["t", "t"], name="then")
+    other = _body([helper.make_node("Neg", ["x"], ["e"]), helper.make_node("Abs", ["x"], ["a"])], ["a", "e"],
+                  name="else")
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y1", "y2"], then_branch=then, else_branch=other)]
+    m = _model(nodes, [("x", F, (2, 3))], [("y1", F, (2, 3)), ("y2", F, (2, 3))],
+               {"zero": np.array(0.0, np.float32), "two": np.array(2.0, np.float32)})
+    model = inferd.load(m, device="cpu")
+    for sign in (1, -1, 1):  # against numpy: onnxruntime 1.x fills the second of two same-named outputs wrongly
+        x = sign * np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+        got = model.run({"x": x})
+        want = (2 * x, 2 * x) if sign > 0 else (np.abs(x), -x)
+        np.testing.assert_array_equal(got["y1"], want[0])
+        np.testing.assert_array_equal(got["y2"], want[1])
+    model.close()

@@ -287,9 +287,9 @@ def _bind_if(node: Node, ins: Sequence[np.ndarray | None], outputs: Sequence[np.
         if any(t.name not in pos for t in g.inputs):
             return None
         sources = {t.name: ins[nf + pos[t.name]] for t in g.inputs}
-        dests = {t.name: o for t, name, o in zip(g.outputs, names, outputs)} if len(names) == len(node.outputs) \
-            else None
-        run = bind_run(sources, dests) if dests is not None else None
+        # an absent output ("") has no buffer: run_control's general path handles that rare case
+        run = bind_run(sources, [(t.name, o) for t, o in zip(g.outputs, outputs)]) \
+            if len(names) == len(node.outputs) else None
         if run is None:
             return None
         runs[taken] = _counted(run, stats, key)

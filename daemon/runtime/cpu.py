@@ -363,9 +363,10 @@ class CpuExecutor:
         return {name: (np.array(dyn[name]) if src is None else src.copy()) for name, src in self._out_srcs}
 
     def bind_run(self, sources: Mapping[str, np.ndarray | None],
-                 dests: Mapping[str, np.ndarray]) -> Callable[[], None] | None:
+                 dests: Sequence[tuple[str, np.ndarray]]) -> Callable[[], None] | None:
         """A run over fixed buffers as one call (a control-flow body inside its node's arena): each graph input
-        copied from ``sources[name]``, the kernels, each output ``name`` copied into ``dests[name]``; no feeds dict,
+        copied from ``sources[name]``, the kernels, each (output name, buffer) of ``dests`` filled (a list: a body
+        may give one tensor as two outputs); no feeds dict,
         no checks and no result arrays per run (``run`` makes those for a caller whose arrays change). None when
         a buffer does not have the planned shape and type, or a tensor is shaped at run time."""
         if self.graph.runtime_shaped:
@@ -378,7 +379,7 @@ class CpuExecutor:
             if t.name in self.views:  # an input no node reads has no buffer
                 ins.append((self.views[t.name], src))
         outs = []
-        for name, dst in dests.items():
+        for name, dst in dests:
             src = self.graph.constants[name] if name in self.graph.constants else self.views.get(name)
             if src is None or src.shape != dst.shape or src.dtype != dst.dtype:
                 return None
