@@ -22,7 +22,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 13
+ABI = 14
 
 ffi: Any = None
 lib: Any = None
@@ -994,6 +994,42 @@ def rnn_dir_bound(kind: int, seq: int, batch: int, h: int, xw: np.ndarray, rt: n
             ffi.NULL if y is None else _rawptr(y), sy[0], sy[1], ffi.cast("const int*", ffi.from_buffer(acts)),
             _ptr(alphas), _ptr(betas), float(clip), int(input_forget), int(lbr), _ptr(ws))
     fn, keep = lib.inferd_rnn_dir, (xw, rt, rb, peep, lens, hs, cs, y, acts, alphas, betas, ws)
+
+    def call(_keep: Any = keep) -> None:
+        fn(*args)
+
+    return call
+
+
+def rnn_bidir_bound(kind: int, seq: int, batch: int, h: int, xw: np.ndarray, rt: np.ndarray, rb: np.ndarray,
+                    peep: np.ndarray | None, lens: np.ndarray, hs: np.ndarray, cs: np.ndarray, y: np.ndarray | None,
+                    acts: np.ndarray, alphas: np.ndarray, betas: np.ndarray, clip: float, input_forget: int, lbr: int,
+                    ws: np.ndarray) -> Callable[[], None] | None:
+    """Both directions of a bidirectional layer as one call running them on two pool threads (native/rnn.c
+    ``inferd_rnn_bidir``), or None where the arrays do not fit it (then :func:`rnn_dir_bound` per direction).
+    ``xw`` (seq, batch, 2*G*H) (last axis contiguous), ``rt`` (2, H, G*H), ``rb`` (2, G*H), ``peep`` (2, 3H) or
+    None, ``hs``/``cs`` (2, batch, H), ``y`` (seq, 2, batch, H) view (last axis contiguous) or None; ``acts``,
+    ``alphas``, ``betas`` (2, 3); ``ws`` 2 * (G + 2) * H floats."""
+    g = {0: 1, 1: 3, 2: 4}[kind]
+    gh = g * h
+    ok = (AVAILABLE and xw.dtype == F32 and xw.strides[2] == 4 and xw.shape[2] == 2 * gh
+          and rt.flags.c_contiguous and rt.shape == (2, h, gh) and rb.flags.c_contiguous and rb.shape == (2, gh)
+          and hs.flags.c_contiguous and cs.flags.c_contiguous and hs.shape == (2, batch, h) and cs.shape == hs.shape
+          and lens.dtype == np.int32 and lens.flags.c_contiguous
+          and (peep is None or (peep.flags.c_contiguous and peep.shape == (2, 3 * h)))
+          and (y is None or y.strides[3] == 4) and ws.size >= 2 * (g + 2) * h and ws.flags.c_contiguous)
+    if not ok:
+        return None
+    acts = np.ascontiguousarray(acts, np.int32).reshape(2, 3)
+    alphas = np.ascontiguousarray(alphas, F32).reshape(2, 3)
+    betas = np.ascontiguousarray(betas, F32).reshape(2, 3)
+    sx = _elem_strides(xw)
+    sy = _elem_strides(y) if y is not None else (0, 0, 0, 0)
+    args = (kind, seq, batch, h, _rawptr(xw), sx[0], sx[1], gh, _ptr(rt), _ptr(rb), _opt(peep),
+            ffi.cast("const int*", ffi.from_buffer(lens)), _ptr(hs), _ptr(cs), ffi.NULL if y is None else _rawptr(y),
+            sy[0], sy[2], sy[1], ffi.cast("const int*", ffi.from_buffer(acts)), _ptr(alphas), _ptr(betas),
+            float(clip), int(input_forget), int(lbr), _ptr(ws), 0)
+    fn, keep = lib.inferd_rnn_bidir, (xw, rt, rb, peep, lens, hs, cs, y, acts, alphas, betas, ws)
 
     def call(_keep: Any = keep) -> None:
         fn(*args)

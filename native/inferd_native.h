@@ -149,6 +149,15 @@ int inferd_rnn_dir(int kind, int seq, int batch, int H, const float* xw, long lo
                    const float* rt, const float* rb, const float* peep, const int* lens, int reverse, float* h,
                    float* c, float* y, long long y_ts, long long y_bs, const int* acts, const float* alphas,
                    const float* betas, float clip, int input_forget, int lbr, float* ws);
+/* Both directions of a bidirectional layer as one pool job (a task per direction, on up to max_threads threads,
+   0 = all): direction d (1 = reversed) is inferd_rnn_dir on xw + d*xw_ds, rt + d*H*G*H, rb + d*G*H, peep +
+   d*3H (peep may be NULL), h and c + d*batch*H, y + d*y_ds (y may be NULL), acts/alphas/betas + 3d and
+   ws + d*(G+2)*H. Returns 0. */
+int inferd_rnn_bidir(int kind, int seq, int batch, int H, const float* xw, long long xw_ts, long long xw_bs,
+                     long long xw_ds, const float* rt, const float* rb, const float* peep, const int* lens, float* h,
+                     float* c, float* y, long long y_ts, long long y_bs, long long y_ds, const int* acts,
+                     const float* alphas, const float* betas, float clip, int input_forget, int lbr, float* ws,
+                     int max_threads);
 
 /* ---- detection post-processing (detect.c) ---- */
 /* Greedy non-maximum suppression with onnxruntime's rules. boxes: (B, N, 4), [y1, x1, y2, x2] (corners in any

@@ -93,6 +93,63 @@ def test_value_dependent_nested_if_takes_every_branch(device: str) -> None:
     model.close()
 
 
+def test_value_dependent_if_runs_planned_bodies_over_its_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU an If whose branches are planned at the node's shapes is bound once (``bind_run``): a run reads
+    the condition and runs the taken body straight over the node's buffers, never through ``run_control``'s
+    per-run feeds (made to fail here), for the nested If inside a branch too; both branches still answer."""
+    import inferd.ops.control as control
+
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("run_control called: the If was not bound over its buffers")
+
+    monkeypatch.setattr(control, "run_control", refuse)
+    m = _nested_if_model()
+    model = inferd.load(m, device="cpu")
+    cases = [np.ones((2, 3), np.float32), -np.ones((2, 3), np.float32),
+             np.array([[-5, 2, 0], [0, 0, -1]], np.float32)]
+    for x in cases * 2:
+        _same(model, m, {"x": x})
+    stats = next(n for n in model.graph.nodes if n.op == "If").notes["stats"].to_dict()
+    assert stats["runs"] == 6 and stats["taken"] == {"then_branch": 2, "else_branch": 4}
+    model.close()
+
+
+def test_shape_folded_if_redecided_per_shape_and_value_if_takes_both_branches() -> None:
+    """A dynamic model with a shape-dependent If (x wider than 4: keep its first 4 columns, else pad it to 4 with
+    a copy of itself) feeding a value-dependent one (sum > 0: * 2, else - 1): each shape variant folds the first
+    its own way, and in each the second, bound once, follows the values from run to run."""
+    crop = _body([helper.make_node("Slice", ["x", "s0", "s4", "ax1"], ["sl"])], ["sl"], name="crop")
+    pad = _body([helper.make_node("Concat", ["x", "x"], ["cc"], axis=1),
+                 helper.make_node("Slice", ["cc", "s0", "s4", "ax1"], ["ps"])], ["ps"], name="pad")
+    double = _body([helper.make_node("Mul", ["z", "two"], ["d"])], ["d"], name="double")
+    minus = _body([helper.make_node("Sub", ["z", "onef"], ["e"])], ["e"], name="minus")
+    nodes = [helper.make_node("Shape", ["x"], ["shp"]),
+             helper.make_node("Gather", ["shp", "one"], ["w"], axis=0),
+             helper.make_node("Greater", ["w", "four"], ["c"]),
+             helper.make_node("If", ["c"], ["z"], then_branch=crop, else_branch=pad),
+             helper.make_node("ReduceSum", ["z"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zerof"], ["c2"]),
+             helper.make_node("If", ["c2"], ["y"], then_branch=double, else_branch=minus)]
+    inits = {"one": np.array(1, np.int64), "four": np.array(4, np.int64), "s0": np.array([0], np.int64),
+             "s4": np.array([4], np.int64), "ax1": np.array([1], np.int64), "two": np.array(2.0, np.float32),
+             "onef": np.array(1.0, np.float32), "zerof": np.array(0.0, np.float32)}
+    m = _model(nodes, [("x", F, (1, "W"))], [("y", F, (1, 4))], inits)
+    model = inferd.load(m, device="cpu", shapes={"x": (1, 7)})
+    for w, sign in ((7, 1), (3, 1), (7, -1), (3, -1), (4, 1), (7, 1), (3, -1)):
+        x = sign * (np.arange(w, dtype=np.float32)[None] + 1)
+        _same(model, m, {"x": x})
+    graphs = [model.graph] + [v.graph for v in model.variants]
+    assert len(graphs) == 3
+    for g in graphs:  # the shape If folded away, the value If left, and it took both branches
+        ifs = [n for n in g.nodes if n.op == "If"]
+        assert len(ifs) == 1 and ifs[0].inputs[0] == "c2"
+    taken = [n.notes["stats"].to_dict()["taken"] for g in graphs if g.inputs[0].shape[1] in (7, 3)
+             for n in g.nodes if n.op == "If"]
+    assert len(taken) == 2
+    assert all(set(t) == {"then_branch", "else_branch"} for t in taken), taken
+    model.close()
+
+
 def test_shape_dependent_if_folds_per_shape() -> None:
     """if x.shape[1] > 4: y = x[:, :4] * 2 else: y = x + 1 (torch's TorchScript export): a dynamic model whose
     every shape variant has the If decided and inlined, no If left at run time; the branches' outputs differ in
@@ -244,4 +301,56 @@ def test_vad_both_sample_rates_on_vulkan_and_info() -> None:
         state = model.run(feeds)["stateN"]
     text = describe(model.graph)
     assert "If" in text and "then_branch" in text and "readback" in text, text
+    model.close()
+
+
+def test_body_kernels_are_picked_by_measurement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A control-flow body (no cold plan covers it) takes per node the candidate kernel measured fastest, not
+    the default pick: with the measurements saying a non-default candidate is faster, that one runs."""
+    import inferd.runtime.cpu as cpu
+    import inferd.runtime.profiler as profiler
+    from inferd.frontend import import_template, specialize
+    from inferd.ops.base import Layer
+    from inferd.planner.cost import Profile
+    from inferd.zoo import build
+
+    g = specialize(import_template(build("vad_lstm")))
+    body = next(n for n in g.nodes if n.op == "If").bodies["then_branch"]
+    real = profiler.profile_layers
+    flipped: dict[str, str] = {}
+
+    def prefer_last(entries: Any, *a: Any, **k: Any) -> Profile:
+        prof = real(entries, *a, **k)
+        times = dict(prof.times)
+        for layer, cands, default in entries:  # the last candidate that is not the default "measures" fastest
+            other = [c for c in cands if c is not default][-1]
+            times[(layer.name, other.name, "exec")] = 0.0
+            flipped[layer.name] = other.name
+        return Profile(prof.backend, prof.fingerprint, prof.rates, times)
+
+    monkeypatch.setattr(profiler, "profile_layers", prefer_last)
+    picked = cpu.measured_choice(body)
+    choice = {layer.name: k.name for layer, k in picked}
+    assert flipped and all(choice[name] == k for name, k in flipped.items()), (flipped, choice)
+    for layer, k in picked:  # every pick applies to its node
+        assert k.applies(Layer.of(layer.node, body))
+
+
+def test_if_body_giving_one_tensor_as_two_outputs() -> None:
+    """A branch may name one tensor as two of its outputs: the bound If fills both of the node's buffers."""
+    then = _body([helper.make_node("Mul", ["x", "two"], ["t"])], ["t", "t"], name="then")
+    other = _body([helper.make_node("Neg", ["x"], ["e"]), helper.make_node("Abs", ["x"], ["a"])], ["a", "e"],
+                  name="else")
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y1", "y2"], then_branch=then, else_branch=other)]
+    m = _model(nodes, [("x", F, (2, 3))], [("y1", F, (2, 3)), ("y2", F, (2, 3))],
+               {"zero": np.array(0.0, np.float32), "two": np.array(2.0, np.float32)})
+    model = inferd.load(m, device="cpu")
+    for sign in (1, -1, 1):  # against numpy: onnxruntime 1.x fills the second of two same-named outputs wrongly
+        x = sign * np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+        got = model.run({"x": x})
+        want = (2 * x, 2 * x) if sign > 0 else (np.abs(x), -x)
+        np.testing.assert_array_equal(got["y1"], want[0])
+        np.testing.assert_array_equal(got["y2"], want[1])
     model.close()

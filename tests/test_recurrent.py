@@ -136,15 +136,16 @@ def test_absent_outputs_and_only_state() -> None:
     assert isinstance(node, Node)
 
 
+@pytest.mark.parametrize("h", [9, 72])  # 72: the 64-column register blocks, then 8-wide and scalar tails
 @pytest.mark.parametrize("kind", [0, 1, 2])
-def test_native_steps_match_numpy(kind: int) -> None:
+def test_native_steps_match_numpy(kind: int, h: int) -> None:
     from inferd import native
 
     if not native.AVAILABLE:
         pytest.skip("native kernels not built")
     rng = np.random.default_rng(kind)
     g = {0: 1, 1: 3, 2: 4}[kind]
-    seq, batch, h = 7, 3, 9
+    seq, batch = 7, 3
     xw = rng.standard_normal((seq, batch, 2 * g * h)).astype(np.float32)[:, :, g * h:]  # strided, as in the kernel
     rt = rng.standard_normal((h, g * h)).astype(np.float32) * 0.3
     rb = rng.standard_normal(g * h).astype(np.float32)
@@ -165,6 +166,47 @@ def test_native_steps_match_numpy(kind: int) -> None:
         outs.append((hs, cs, y))
     for a, b in zip(outs[0], outs[1]):
         assert np.abs(a - b).max() < 1e-5
+
+
+@pytest.mark.parametrize("kind", [1, 2])
+def test_native_bidir_matches_two_directions(kind: int) -> None:
+    """inferd_rnn_bidir (both directions as one pool job) gives what inferd_rnn_dir gives per direction, Y strided
+    as the kernel's (seq, dirs, batch, H) view of it and item lengths shorter than the sequence."""
+    from inferd import native
+
+    if not native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    rng = np.random.default_rng(10 + kind)
+    g = {1: 3, 2: 4}[kind]
+    seq, batch, h = 6, 2, 20
+    gh = g * h
+    xw = rng.standard_normal((seq, batch, 2 * gh)).astype(np.float32)
+    rt = (rng.standard_normal((2, h, gh)) * 0.3).astype(np.float32)
+    rb = rng.standard_normal((2, gh)).astype(np.float32)
+    peep = rng.standard_normal((2, 3 * h)).astype(np.float32) if kind == 2 else None
+    lens = np.array([6, 4], np.int32)
+    acts = np.array([[0, 1, 1], [7, 6, 9]], np.int32)
+    al = np.array([[0, 0, 0], [0.2, 0.7, 0]], np.float32)
+    be = np.array([[0, 0, 0], [0.5, 1.3, 0]], np.float32)
+    h0 = rng.standard_normal((2, batch, h)).astype(np.float32)
+    res = []
+    for joint in (False, True):
+        hs, cs = h0.copy(), np.full((2, batch, h), 0.5, np.float32)
+        y = np.zeros((seq, 2, batch, h), np.float32)
+        ws = np.empty(2 * (g + 2) * h, np.float32)
+        if joint:
+            call = native.rnn_bidir_bound(kind, seq, batch, h, xw, rt, rb, peep, lens, hs, cs, y, acts, al, be, 0.0, 0,
+                                          1, ws)
+            assert call is not None
+            call()
+        else:
+            for d in range(2):
+                native.rnn_dir(kind, seq, batch, h, xw[:, :, d * gh:(d + 1) * gh], rt[d], rb[d],
+                               None if peep is None else peep[d], lens, d, hs[d], cs[d], y[:, d], acts[d], al[d],
+                               be[d], 0.0, 0, 1, ws[:(g + 2) * h])
+        res.append((hs, cs, y))
+    for a, b in zip(*res):
+        np.testing.assert_array_equal(a, b)
 
 
 # ----------------------------------------------------------------------------------------------- Vulkan (lavapipe)

@@ -19,7 +19,8 @@ sums back, as onnxruntime's quantised GEMM does; the gates are the LSTM's.
 the way the cost does: the input projection of every time step and both directions is ONE packed GEMM
 (``X (seq*batch, in) @ [W_fwd; W_rev]^T`` with W's bias and, where it is constant per gate, R's bias folded
 into the GEMM's bias; weights packed at load by ``transform``), then the recurrence walks the steps in native
-C (``inferd_rnn_dir``: per step ``h @ R^T`` plus the gate maths; ``R^T`` laid out at load too).
+C (``inferd_rnn_dir``: per step ``h @ R^T`` plus the gate maths; ``R^T`` laid out at load too); the two
+directions of a bidirectional layer run at once on two pool threads (``inferd_rnn_bidir``).
 """
 from __future__ import annotations
 
@@ -432,7 +433,7 @@ class RecurrentPackedKernel(_RecurrentBase):
 
     def workspace_nbytes(self, layer: Layer) -> int:
         seq, batch, isz, h, dirs, g = self.shape(layer)
-        return 4 * (seq * batch * dirs * g * h + (g + 2) * h + 2 * dirs * batch * h)
+        return 4 * (seq * batch * dirs * g * h + dirs * (g + 2) * h + 2 * dirs * batch * h)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -452,13 +453,20 @@ class RecurrentPackedKernel(_RecurrentBase):
         x = inputs[0]
         assert x is not None
         xw = np.empty((seq, batch, dirs * gh), np.float32)  # time-major projections, both directions
-        hs = np.empty((dirs, batch, h), np.float32)
-        cs = np.empty((dirs, batch, h), np.float32)
-        ws = np.empty((g + 2) * h, np.float32)
+        # ``outputs`` holds the present outputs only; an absent one ("") has no array
+        outs = dict(zip([o for o in node.outputs if o], outputs))
+        named = list(node.outputs) + ["", "", ""]
+        y, yh, yc = (outs.get(named[k]) if named[k] else None for k in range(3))
+        # the states live in Y_h / Y_c themselves where those are (dirs, batch, H) buffers: no copy out per run
+        own_h = layout == 0 and yh is not None and yh.flags.c_contiguous and yh.shape == (dirs, batch, h)
+        own_c = layout == 0 and yc is not None and yc.flags.c_contiguous and yc.shape == (dirs, batch, h)
+        hs = yh if own_h else np.empty((dirs, batch, h), np.float32)
+        cs = yc if own_c else np.empty((dirs, batch, h), np.float32)
+        ws = np.empty(dirs * (g + 2) * h, np.float32)
         acts = activations(node)
-        codes = [np.array([ACTS[a[0]][0] for a in ad] + [0] * (3 - len(ad)), np.int32) for ad in acts]
-        alphas = [np.array([a[1] for a in ad] + [0.0] * (3 - len(ad)), np.float32) for ad in acts]
-        betas = [np.array([a[2] for a in ad] + [0.0] * (3 - len(ad)), np.float32) for ad in acts]
+        codes = np.array([[ACTS[a[0]][0] for a in ad] + [0] * (3 - len(ad)) for ad in acts], np.int32)
+        alphas = np.array([[a[1] for a in ad] + [0.0] * (3 - len(ad)) for ad in acts], np.float32)
+        betas = np.array([[a[2] for a in ad] + [0.0] * (3 - len(ad)) for ad in acts], np.float32)
         clip = node.attr("clip")
         clip_v = float(clip) if clip is not None else 0.0
         input_forget = int(node.attr("input_forget", 0))
@@ -467,10 +475,6 @@ class RecurrentPackedKernel(_RecurrentBase):
         kind = {"RNN": 0, "GRU": 1, "LSTM": 2}[layer.op]
         wpack, bias, rt, rb = params["w"], params["bias"], params["rt"], params["rb"]
         peep = params.get("p")
-        # ``outputs`` holds the present outputs only; an absent one ("") has no array
-        outs = dict(zip([o for o in node.outputs if o], outputs))
-        named = list(node.outputs) + ["", "", ""]
-        y, yh, yc = (outs.get(named[k]) if named[k] else None for k in range(3))
 
         def getin(i: int) -> np.ndarray | None:
             if not layer.has_input(i):
@@ -478,7 +482,7 @@ class RecurrentPackedKernel(_RecurrentBase):
             return params[raw_key(i)] if inputs[i] is None else inputs[i]
 
         lens_src, h0_src, c0_src = getin(4), getin(5), getin(6) if layer.op == "LSTM" else None
-        lens = np.empty(batch, np.int32)
+        lens = np.full(batch, seq, np.int32)  # every item the whole sequence unless sequence_lens says otherwise
         x2 = None
         if layout == 0 and x.flags.c_contiguous:
             x2 = x.reshape(seq * batch, isz)
@@ -487,13 +491,17 @@ class RecurrentPackedKernel(_RecurrentBase):
                                      xw.reshape(seq * batch, dirs * gh), bias, None, 0, 0.0, 0.0)
         # Y in time-major (seq, dirs, batch, H); for layout 1 the rows are strided views of (batch, seq, dirs, H)
         yv = None if y is None else (y if layout == 0 else y.transpose(1, 2, 0, 3))  # (seq, dirs, batch, H) view
-        dir_calls = []
-        for d in range(dirs):
+        both = native.rnn_bidir_bound(kind, seq, batch, h, xw, rt, rb, peep, lens, hs, cs, yv, codes, alphas, betas,
+                                      clip_v, input_forget, lbr, ws) if dirs == 2 else None
+        dir_calls = [both] if both is not None else []
+        for d in range(dirs if both is None else 0):
             reverse = int(direction == "reverse" or d == 1)
             dir_calls.append(native.rnn_dir_bound(
                 kind, seq, batch, h, xw[:, :, d * gh:(d + 1) * gh], rt[d], rb[d], None if peep is None else peep[d],
                 lens, reverse, hs[d], cs[d], None if y is None else yv[:, d], codes[d], alphas[d], betas[d], clip_v,
-                input_forget, lbr, ws))
+                input_forget, lbr, ws[d * (g + 2) * h:(d + 1) * (g + 2) * h]))
+        h0 = None if h0_src is None else (h0_src if layout == 0 else np.asarray(h0_src).transpose(1, 0, 2))
+        c0 = None if c0_src is None else (c0_src if layout == 0 else np.asarray(c0_src).transpose(1, 0, 2))
 
         def call() -> None:
             if xt is not None:
@@ -503,29 +511,27 @@ class RecurrentPackedKernel(_RecurrentBase):
             else:
                 native.linear((x2 if x2 is not None else xt.reshape(seq * batch, isz)), wpack, dirs * gh,
                               xw.reshape(seq * batch, dirs * gh), bias)
-            if lens_src is None:
-                lens.fill(seq)
-            else:
+            if lens_src is not None:
                 lv = np.asarray(lens_src).reshape(-1)
                 if lv.size != batch or (lv < 0).any() or (lv > seq).any():
                     raise ShapeError(f"node {node.name!r} ({node.op}): sequence_lens {lv.tolist()} do not fit "
                                      f"{batch} items of at most {seq} steps")
                 np.copyto(lens, lv, casting="unsafe")
-            if h0_src is None:
+                if y is not None:
+                    y.fill(0)  # the steps past an item's length are zeros; without lengths every step is written
+            if h0 is None:
                 hs.fill(0)
             else:
-                np.copyto(hs, h0_src if layout == 0 else np.asarray(h0_src).transpose(1, 0, 2))
-            if c0_src is None:
+                hs[...] = h0
+            if c0 is None:
                 cs.fill(0)
             else:
-                np.copyto(cs, c0_src if layout == 0 else np.asarray(c0_src).transpose(1, 0, 2))
-            if y is not None:
-                y.fill(0)
+                cs[...] = c0
             for dc in dir_calls:
                 dc()
-            if yh is not None:
+            if yh is not None and not own_h:
                 np.copyto(yh, hs if layout == 0 else hs.transpose(1, 0, 2))
-            if yc is not None:
+            if yc is not None and not own_c:
                 np.copyto(yc, cs if layout == 0 else cs.transpose(1, 0, 2))
 
         return call

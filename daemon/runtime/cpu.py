@@ -18,6 +18,7 @@ from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops import control as _control
 from ..ops.base import Kernel, Layer, bounded_view, choose_kernel, kernels_for, op_spec, raw_params
+from ..ops.tensor import copies_call
 from ..backends.base import forget_raw
 from ..planner.memory import MemoryPlan, plan_graph_memory
 
@@ -153,6 +154,9 @@ class CpuExecutor:
         self.steps: list[Step | None] = [None] * len(self.choice)
         self._shared: set[int] = set()  # layers whose weights another shape of the model owns (adopt)
         self._calls: list[Callable[[], None]] = []
+        #: set by finalize(): per input (name, its buffer's item assignment, dtype); per output (name, source)
+        self._feed_sets: list[tuple[str, Callable[..., None], np.dtype]] = []
+        self._out_srcs: list[tuple[str, np.ndarray | None]] = []
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
         if not lazy:
@@ -315,6 +319,12 @@ class CpuExecutor:
         if missing:
             raise RuntimeError(f"layers not prepared: {missing[:5]}")
         self._calls = [s.call() for s in self.steps if s is not None and not s.alias]
+        self._feed_sets = [(t.name, self.views[t.name].__setitem__, np.dtype(t.dtype)) for t in self.inputs
+                           if t.name in self.views]
+        # each output's array (None: shaped at run time, read from this run's values)
+        self._out_srcs = [(t.name, None if t.name in self.graph.runtime_shaped else
+                           self.graph.constants[t.name] if t.name in self.graph.constants else self.views[t.name])
+                          for t in self.outputs]
 
     def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:
         """Replace layer ``pos``'s kernel (the warm switch); the caller holds the model's run lock."""
@@ -339,10 +349,49 @@ class CpuExecutor:
                                            for a in s.params.values() if isinstance(a, np.ndarray)))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self.begin(feeds)
+        # begin() and end() less their per-run lookups: item assignment where a feed has the input's type
+        # (copyto(casting="no") raises for the others), the outputs' sources resolved by finalize()
+        for name, put, dt in self._feed_sets:
+            a = feeds[name]
+            if getattr(a, "dtype", None) == dt:
+                put(Ellipsis, a)
+            else:
+                np.copyto(self.views[name], a, casting="no")
         for call in self._calls:
             call()
-        return self.end()
+        dyn = self._dyn
+        return {name: (np.array(dyn[name]) if src is None else src.copy()) for name, src in self._out_srcs}
+
+    def bind_run(self, sources: Mapping[str, np.ndarray | None],
+                 dests: Sequence[tuple[str, np.ndarray]]) -> Callable[[], None] | None:
+        """A run over fixed buffers as one call (a control-flow body inside its node's arena): each graph input
+        copied from ``sources[name]``, the kernels, each (output name, buffer) of ``dests`` filled (a list: a body
+        may give one tensor as two outputs); no feeds dict,
+        no checks and no result arrays per run (``run`` makes those for a caller whose arrays change). None when
+        a buffer does not have the planned shape and type, or a tensor is shaped at run time."""
+        if self.graph.runtime_shaped:
+            return None
+        ins = []
+        for t in self.inputs:
+            src = sources.get(t.name)
+            if src is None or tuple(src.shape) != tuple(t.shape) or src.dtype != t.dtype:
+                return None
+            if t.name in self.views:  # an input no node reads has no buffer
+                ins.append((self.views[t.name], src))
+        outs = []
+        for name, dst in dests:
+            src = self.graph.constants[name] if name in self.graph.constants else self.views.get(name)
+            if src is None or src.shape != dst.shape or src.dtype != dst.dtype:
+                return None
+            outs.append((dst, src))
+        copy_in, copy_out = copies_call(ins), copies_call(outs)
+
+        def call() -> None:
+            copy_in()
+            for c in self._calls:
+                c()
+            copy_out()
+        return call
 
     def run_timed(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[float]]:
         """``run`` with a timer around every layer (seconds per graph node; 0 for views): for per-layer
@@ -369,6 +418,14 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], mode
                 bounds: "Mapping[str, Sequence[int]] | None" = None) -> dict[str, np.ndarray]:
     """Validate a feed dict against the model's inputs; ``InputError`` says what was expected and what came.
     ``dims``: a dynamic model's declared dimensions (a name where any size goes), ``bounds`` their limits."""
+    if dims is None and type(feeds) is dict and len(feeds) == len(inputs):
+        # the common case, checked in one pass: every input there as an array of its type and shape
+        for t in inputs:
+            a = feeds.get(t.name)
+            if type(a) is not np.ndarray or a.dtype != t.dtype or a.shape != tuple(t.shape):
+                break
+        else:
+            return dict(feeds)
     if not isinstance(feeds, dict):
         raise InputError(f"{model}: inputs must be a dict of name -> array, got {type(feeds).__name__}")
     expected = {t.name: t for t in inputs}
@@ -399,5 +456,35 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: dict[str, np.ndarray], mode
     return out
 
 
+def measured_choice(graph: Graph, reps: int = 3, budget_s: float = 0.2) -> list[tuple[Layer, Kernel]]:
+    """Per node of ``graph`` the fastest of its candidate kernels, each measured alone on random inputs of the
+    node's shapes (``profile_layers``); the default kernel where there is no choice or no measurement. For graphs
+    that no cold plan covers, the control-flow bodies: their default picks follow rules measured on larger
+    layers, and on a body's small ones the wrong pick cost most (vad's 129-channel conv: im2col's GEMM split over
+    two threads 28 us, the banded kernel on one 13 us)."""
+    from ..planner.cost import DeviceRates
+    from .profiler import profile_layers
+
+    entries = []
+    for node in graph.nodes:
+        layer = Layer.of(node, graph)
+        cands, default = candidate_kernels(layer, "cpu", None, False)
+        entries.append((layer, cands, default))
+    choosing = [e for e in entries if len(e[1]) > 1]
+    times = profile_layers(choosing, graph.constants, DeviceRates(), {}, reps=reps, budget_s=budget_s).times \
+        if choosing else {}
+    out = []
+    for layer, cands, default in entries:
+        timed = [(times[(layer.name, k.name, "exec")], k.priority, k) for k in cands
+                 if (layer.name, k.name, "exec") in times]
+        out.append((layer, min(timed, key=lambda t: t[:2])[2] if timed else default))
+    return out
+
+
+def body_executor(graph: Graph) -> CpuExecutor:
+    """The executor of a control-flow body: planned once, its kernels picked by measuring (``measured_choice``)."""
+    return CpuExecutor(graph, choice=measured_choice(graph))
+
+
 # control-flow bodies run on this executor (the op module cannot import the runtime that imports it)
-_control.set_body_executor(CpuExecutor)
+_control.set_body_executor(body_executor)
