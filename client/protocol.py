@@ -27,6 +27,14 @@ Each tensor entry describes the raw frame at the same position after the header:
 little-endian (native on every platform inferd targets), ``len(frame) == prod(shape) * itemsize``.
 For ``infer`` a single tensor named ``""`` means "the model's only input".
 
+Small tensors may instead travel inside the header: an entry with ``"data"`` (msgpack bin, same
+layout and size rule) takes no frame, and the frames after the header belong, in order, to the
+entries without ``"data"``. The client does this when a request's tensors total at most
+INLINE_MAX_BYTES (one frame instead of one per tensor: each frame costs a few microseconds on
+both sides, which is most of a small model's round trip); inline data counts against
+``max_header_bytes``. The daemon answers such a request's small outputs inline too, and only
+such a request's, so a client that never inlines never sees an inline reply.
+
 A reply header::
 
     {"v": 1, "id": 17, "ok": true, "result": {...}, "tensors": [...]}        + tensor frames
@@ -94,6 +102,10 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 _DTYPE_NAME: dict[np.dtype, str] = {np.dtype(n): n for n in ALLOWED_DTYPES}
 _WIRE_DTYPE: dict[str, np.dtype] = {n: np.dtype(n).newbyteorder("<") for n in ALLOWED_DTYPES}
 
+#: a message whose tensors total at most this travels in one frame (see the module docstring); well under
+#: the daemon's smallest sensible max_header_bytes
+INLINE_MAX_BYTES = 4096
+
 # Below this size pyzmq copies anyway (zmq.COPY_THRESHOLD), so zero-copy bookkeeping would only cost.
 ZERO_COPY_MIN_BYTES = 64 * 1024
 
@@ -143,6 +155,7 @@ class Request:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     timeout_ms: float | None = None
     priority: int = 0
+    inline: bool = False  # its tensors came inside the header: the client takes small outputs that way too
 
 
 @dataclass
@@ -246,21 +259,32 @@ def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
 _LITTLE = np.little_endian
 
 
-def encode_tensors(tensors: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+def encode_tensors(tensors: Mapping[str, np.ndarray],
+                   inline: bool = False) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Descriptors and frames; with ``inline``, tensors totalling at most INLINE_MAX_BYTES go into
+    their descriptors (``"data"``) and no frame is returned."""
     descs: list[dict[str, Any]] = []
     frames: list[np.ndarray] = []
+    total = 0
     for name, arr in tensors.items():
         desc, frame = tensor_to_wire(arr)
         desc["name"] = name
         descs.append(desc)
         frames.append(frame)
+        total += frame.nbytes
+    if inline and total <= INLINE_MAX_BYTES:
+        for desc, frame in zip(descs, frames):
+            desc["data"] = frame.data  # a memoryview: msgpack writes it as bin without a bytes copy first
+        return descs, []
     return descs, frames
 
 
 def decode_tensors(
-    descs: Any, frames: Sequence[Frame], limits: Limits, request_id: RequestId = None
+    descs: Any, frames: Sequence[Frame], limits: Limits, request_id: RequestId = None, writable: bool = False
 ) -> dict[str, np.ndarray]:
-    """Arrays viewing the received frames (no copy). Raises WireError(INVALID_ARG) on any mismatch."""
+    """Arrays viewing the received frames (no copy). Inline tensors (``"data"``) view the header's bytes,
+    read-only, or with ``writable`` a copy of them (a few KiB at most). Raises WireError(INVALID_ARG) on any
+    mismatch."""
 
     def bad(msg: str) -> WireError:
         return WireError(INVALID_ARG, msg, request_id)
@@ -271,10 +295,16 @@ def decode_tensors(
         raise bad(f"header 'tensors' must be a list, got {type(descs).__name__}")
     if len(descs) > limits.max_tensors:
         raise bad(f"too many tensors: {len(descs)} (limit {limits.max_tensors})")
-    if len(descs) != len(frames):
-        raise bad(f"header describes {len(descs)} tensors but the message carries {len(frames)} tensor frames")
+    n_inline = 0
+    for desc in descs:
+        if type(desc) is dict and "data" in desc:
+            n_inline += 1
+    if len(descs) - n_inline != len(frames):
+        inl = f" ({n_inline} of them inline)" if n_inline else ""
+        raise bad(f"header describes {len(descs)} tensors{inl} but the message carries {len(frames)} tensor frames")
     out: dict[str, np.ndarray] = {}
-    for i, (desc, frame) in enumerate(zip(descs, frames)):
+    k = 0  # the next frame
+    for i, desc in enumerate(descs):
         if type(desc) is not dict:
             raise bad(f"tensor {i}: descriptor must be a map, got {type(desc).__name__}")
         name = desc.get("name")
@@ -295,7 +325,15 @@ def decode_tensors(
             if type(d) is not int or d < 0:  # noqa: E721 - exactly int: bool is refused too
                 raise bad(f"tensor {name!r}: shape dims must be non-negative ints, got {_short(shape)}")
             expected *= d
-        view = frame if type(frame) is memoryview else _frame_view(frame)
+        data = desc.get("data")
+        if data is None:
+            frame = frames[k]
+            k += 1
+            view = frame if type(frame) is memoryview else _frame_view(frame)
+        elif type(data) is bytes:
+            view = memoryview(bytearray(data) if writable else data)
+        else:
+            raise bad(f"tensor {name!r}: inline 'data' must be msgpack bin, got {type(data).__name__}")
         if expected != view.nbytes:
             raise bad(
                 f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {view.nbytes} bytes"
@@ -362,8 +400,10 @@ def encode_request(
     tensors: Mapping[str, np.ndarray] | None = None,
     timeout_ms: float | None = None,
     priority: int = 0,
+    inline: bool = False,
 ) -> list[Any]:
-    """Frames of one request (without the identity frame, which ZeroMQ adds)."""
+    """Frames of one request (without the identity frame, which ZeroMQ adds). ``inline``: small tensors go
+    inside the header (see INLINE_MAX_BYTES), and the daemon answers small outputs the same way."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
     if model is not None:
         header["model"] = model
@@ -375,7 +415,7 @@ def encode_request(
         header["args"] = dict(args)
     frames: list[Any] = []
     if tensors:
-        descs, frames = encode_tensors(tensors)
+        descs, frames = encode_tensors(tensors, inline)
         header["tensors"] = descs
     return [_pack(header), *frames]
 
@@ -429,10 +469,12 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
         args = {}
     elif type(args) is not dict:
         raise bad(f"'args' must be a map, got {type(args).__name__}")
-    tensors = decode_tensors(get("tensors"), views[1:], limits, rid)
+    descs = get("tensors")
+    tensors = decode_tensors(descs, views[1:], limits, rid)
     if tensors and op != "infer":
         raise bad(f"op {op!r} takes no tensors, got {len(tensors)}")
-    return Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority)
+    return Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority,
+                   inline=len(views) == 1 and bool(tensors))
 
 
 _GOOD_MODEL_NAMES: set[str] = set()
@@ -460,11 +502,13 @@ def encode_reply(
     request_id: RequestId,
     result: Mapping[str, Any] | None = None,
     tensors: Mapping[str, np.ndarray] | None = None,
+    inline: bool = False,
 ) -> list[Any]:
+    """``inline``: small outputs inside the header; only for a request that came that way (Request.inline)."""
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": dict(result or {})}
     frames: list[Any] = []
     if tensors:
-        descs, frames = encode_tensors(tensors)
+        descs, frames = encode_tensors(tensors, inline)
         header["tensors"] = descs
     return [_pack(header), *frames]
 
@@ -504,5 +548,5 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
     result = header.get("result") or {}
     if not isinstance(result, dict):
         raise WireError(INTERNAL, "reply 'result' must be a map", rid)
-    tensors = decode_tensors(header.get("tensors"), frames[1:], lim, rid)
+    tensors = decode_tensors(header.get("tensors"), frames[1:], lim, rid, writable=True)
     return Reply(id=rid, ok=True, result=result, tensors=tensors)

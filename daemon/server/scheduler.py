@@ -93,6 +93,7 @@ class Job:
     client: str = ""  # fair-share key (see ClientShares); "" counts against no cap
     retried: bool = False  # run once more after a device fault (inference is idempotent); never twice
     inline: bool = False  # run by the serving thread itself (``inline_max_us``), not the model's worker
+    wire_inline: bool = False  # its tensors came inside the header: small outputs go back that way too
 
 
 MAX_RETRY_HINT_S = 10.0
@@ -774,7 +775,8 @@ class ModelSlot:
                 out = {k: out[k] for k in job.outputs}
             frames = P.encode_reply(job.req_id, {"model": self.name, "device": device,
                                                  "queue_us": round(queue_s * 1e6, 1),
-                                                 "compute_us": round(compute * 1e6, 1), "inline": job.inline}, out)
+                                                 "compute_us": round(compute * 1e6, 1), "inline": job.inline}, out,
+                                   job.wire_inline)
         except _Invalid as exc:
             self.stats.add(failed=1)
             sender.send(job.ident, P.encode_error(job.req_id, P.INVALID_ARG, str(exc)))
