@@ -244,6 +244,8 @@ def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """(descriptor, frame) for one array; the frame is a flat uint8 view, no copy when contiguous."""
     a = arr if type(arr) is np.ndarray else np.asarray(arr)
     name = _DTYPE_NAME.get(a.dtype)
+    if name is not None and a.flags.c_contiguous:  # the common case, without the checks below
+        return {"dtype": name, "shape": list(a.shape)}, a.reshape(-1).view(np.uint8)
     if name is None:
         if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not _LITTLE):
             a = a.astype(a.dtype.newbyteorder("<"))
@@ -295,12 +297,11 @@ def decode_tensors(
         raise bad(f"header 'tensors' must be a list, got {type(descs).__name__}")
     if len(descs) > limits.max_tensors:
         raise bad(f"too many tensors: {len(descs)} (limit {limits.max_tensors})")
-    n_inline = 0
-    for desc in descs:
-        if type(desc) is dict and "data" in desc:
-            n_inline += 1
-    if len(descs) - n_inline != len(frames):
-        inl = f" ({n_inline} of them inline)" if n_inline else ""
+    n_framed = len(descs)
+    if n_framed != len(frames):  # inline tensors take no frame: count them only when the frames fall short
+        n_framed -= sum(1 for d in descs if type(d) is dict and "data" in d)
+    if n_framed != len(frames):
+        inl = f" ({len(descs) - n_framed} of them inline)" if n_framed != len(descs) else ""
         raise bad(f"header describes {len(descs)} tensors{inl} but the message carries {len(frames)} tensor frames")
     out: dict[str, np.ndarray] = {}
     k = 0  # the next frame
@@ -327,16 +328,20 @@ def decode_tensors(
             expected *= d
         data = desc.get("data")
         if data is None:
+            if k == len(frames):  # more framed descriptors than frames (the count above took "data": None)
+                raise bad(f"header describes {len(descs)} tensors but the message carries {len(frames)} tensor frames")
             frame = frames[k]
             k += 1
             view = frame if type(frame) is memoryview else _frame_view(frame)
+            nbytes = view.nbytes
         elif type(data) is bytes:
-            view = memoryview(bytearray(data) if writable else data)
+            view = bytearray(data) if writable else data  # type: ignore[assignment]
+            nbytes = len(data)
         else:
             raise bad(f"tensor {name!r}: inline 'data' must be msgpack bin, got {type(data).__name__}")
-        if expected != view.nbytes:
+        if expected != nbytes:
             raise bad(
-                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {view.nbytes} bytes"
+                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {nbytes} bytes"
             )
         try:
             # One constructor call instead of frombuffer + reshape; the sizes were checked just above.

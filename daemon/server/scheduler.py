@@ -506,6 +506,15 @@ class ModelSlot:
             s0 = self._expected[sig[0]["name"]]
             if (name == "" or name == s0["name"]) and a.dtype == s0["np_dtype"] and _fits(a, s0):
                 return (feeds if name else {s0["name"]: a}), None
+        elif len(feeds) == len(sig):
+            # Every input named and right (a stream's chunk): one pass, no sets; any mismatch takes the
+            # long path below for its full message.
+            for name, s in self._expected.items():
+                a = feeds.get(name)
+                if a is None or a.dtype != s["np_dtype"] or not _fits(a, s):
+                    break
+            else:
+                return feeds, None
         if list(feeds) == [""]:
             if len(sig) != 1:
                 return feeds, (f"model {self.name!r} has {len(sig)} inputs {[s['name'] for s in sig]}; "
