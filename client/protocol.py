@@ -348,6 +348,9 @@ def decode_tensors(
             out[name] = np.ndarray(shape, wire_dtype, view)
         except (ValueError, OverflowError):  # an empty tensor whose other dims numpy cannot index
             raise bad(f"tensor {name!r}: shape {_short(shape)} is beyond what an array can have") from None
+    if k != len(frames):  # as many descriptors as frames, but some of them inline: frames left over
+        raise bad(f"header describes {len(descs)} tensors ({len(descs) - k} of them inline) but the message "
+                  f"carries {len(frames)} tensor frames")
     return out
 
 
