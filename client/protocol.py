@@ -31,9 +31,9 @@ Small tensors may instead travel inside the header: an entry with ``"data"`` (ms
 layout and size rule) takes no frame, and the frames after the header belong, in order, to the
 entries without ``"data"``. The client does this when a request's tensors total at most
 INLINE_MAX_BYTES (one frame instead of one per tensor: each frame costs a few microseconds on
-both sides, which is most of a small model's round trip); inline data counts against
-``max_header_bytes``. The daemon answers such a request's small outputs inline too, and only
-such a request's, so a client that never inlines never sees an inline reply.
+both sides, which is most of a small model's round trip); up to INLINE_MAX_BYTES of inline data
+do not count against ``max_header_bytes``. The daemon answers such a request's small outputs
+inline too, and only such a request's, so a client that never inlines never sees an inline reply.
 
 A reply header::
 
@@ -378,9 +378,11 @@ def _pack(obj: Any) -> bytes:
         raise
 
 
-def _unpack_header(frame: Frame, limits: Limits) -> Any:
+def _unpack_header(frame: Frame, limits: Limits, slack: int = 0) -> Any:
+    """``slack``: bytes of inline tensor data the header may carry beyond ``max_header_bytes`` (the caller
+    checks, once unpacked, that the header without them keeps the limit)."""
     view = _frame_view(frame)
-    if view.nbytes > limits.max_header_bytes:
+    if view.nbytes > limits.max_header_bytes + slack:
         raise WireError(INVALID_ARG, f"header of {view.nbytes} bytes exceeds the limit of {limits.max_header_bytes}")
     try:
         # strict_map_key: only str/bytes keys; the unpacker bounds lengths by the buffer size.
@@ -438,7 +440,7 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
         total += v.nbytes
     if total > limits.max_message_bytes:
         raise WireError(INVALID_ARG, f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
-    header = _unpack_header(views[0], limits)
+    header = _unpack_header(views[0], limits, INLINE_MAX_BYTES)
     if type(header) is not dict:
         raise WireError(INVALID_ARG, f"header must be a msgpack map, got {type(header).__name__}")
     raw_id = header.get("id")
@@ -449,6 +451,15 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
     def bad(msg: str, code: str = INVALID_ARG) -> WireError:
         return WireError(code, msg, rid)
 
+    if views[0].nbytes > limits.max_header_bytes:
+        tdescs = header.get("tensors")
+        # Over the limit only by its inline tensors is fine (they are tensor bytes, not header): a daemon with a
+        # small max_header_bytes still takes what the client inlines.
+        inline = sum(len(d["data"]) for d in tdescs if type(d) is dict and type(d.get("data")) is bytes) \
+            if type(tdescs) is list else 0
+        if views[0].nbytes - inline > limits.max_header_bytes or inline > INLINE_MAX_BYTES:
+            raise bad(f"header of {views[0].nbytes} bytes ({inline} of them inline tensor data, at most "
+                      f"{INLINE_MAX_BYTES}) exceeds the limit of {limits.max_header_bytes}")
     get = header.get
     v = get("v")
     if v != PROTOCOL_VERSION or type(v) is bool:

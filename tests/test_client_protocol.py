@@ -230,3 +230,20 @@ def test_bad_inline_tensors_are_invalid_arg(descs: list, frames: list, needle: s
         P.decode_request([header, *frames])
     assert ei.value.code == P.INVALID_ARG and ei.value.request_id == 8
     assert needle in ei.value.message, ei.value.message
+
+
+def test_inline_tensor_bytes_do_not_count_against_a_small_header_limit() -> None:
+    lim = P.Limits(max_header_bytes=300)
+    feeds = _vad_chunk()  # 2.6 KB inline
+    req = P.decode_request(_bytes(P.encode_request(1, "infer", "vad", tensors=feeds, inline=True)), lim)
+    np.testing.assert_array_equal(req.tensors["state"], feeds["state"])
+    # the header itself still keeps the limit, inline data or not
+    padded = P.encode_request(2, "infer", "vad", args={"pad": "x" * 400}, tensors=feeds, inline=True)
+    with pytest.raises(P.WireError, match="header of .* exceeds the limit of 300") as ei:
+        P.decode_request(_bytes(padded), lim)
+    assert ei.value.request_id == 2
+    # and a header that claims more inline bytes than INLINE_MAX_BYTES is refused before any use
+    big = {"v": 1, "id": 3, "op": "infer", "model": "m", "tensors": [
+        {"name": "x", "dtype": "uint8", "shape": [P.INLINE_MAX_BYTES + 1], "data": b"\0" * (P.INLINE_MAX_BYTES + 1)}]}
+    with pytest.raises(P.WireError, match="exceeds the limit"):
+        P.decode_request([msgpack.packb(big, use_bin_type=True)], P.Limits(max_header_bytes=1024))
