@@ -247,3 +247,36 @@ def test_inline_tensor_bytes_do_not_count_against_a_small_header_limit() -> None
         {"name": "x", "dtype": "uint8", "shape": [P.INLINE_MAX_BYTES + 1], "data": b"\0" * (P.INLINE_MAX_BYTES + 1)}]}
     with pytest.raises(P.WireError, match="exceeds the limit"):
         P.decode_request([msgpack.packb(big, use_bin_type=True)], P.Limits(max_header_bytes=1024))
+
+
+def test_inline_headers_from_templates_equal_the_general_encoding() -> None:
+    """Inline requests and replies are spliced from cached templates: every dtype, 0-d and empty tensors, any id,
+    and new data on each use of the same template decode exactly as the general encoding does."""
+    rng = np.random.default_rng(7)
+    tensors = {f"t_{dt}": (rng.standard_normal((2, 3)) * 10).astype(dt) for dt in sorted(P.ALLOWED_DTYPES)}
+    tensors["scalar"] = np.array(3.5, np.float32)
+    tensors["empty"] = np.zeros((0, 5), np.float32)
+    for rid in (None, 0, 2**64 - 1, "req-é"):
+        for step in range(3):  # the template is built once, then reused with new data and ids
+            t = {k: v + step for k, v in tensors.items()} if step else tensors
+            t = {k: v.astype(tensors[k].dtype) for k, v in t.items()}
+            frames = _bytes(P.encode_request(rid, "infer", "m", tensors=t, inline=True, timeout_ms=250, priority=-3))
+            assert len(frames) == 1
+            got = P.decode_request(frames)
+            want = P.decode_request(_bytes(P.encode_request(rid, "infer", "m", tensors=t, timeout_ms=250, priority=-3)))
+            assert (got.id, got.op, got.model, got.timeout_ms, got.priority) == (want.id, "infer", "m", 250.0, -3)
+            assert list(got.tensors) == list(t)
+            for k, v in t.items():
+                assert got.tensors[k].dtype == v.dtype and got.tensors[k].shape == v.shape
+                np.testing.assert_array_equal(got.tensors[k], v)
+            rep = P.decode_reply(_bytes(P.encode_reply(rid, {"compute_us": 1.5 + step, "inline": True}, t, inline=True)))
+            assert rep.ok and rep.id == rid and rep.result == {"compute_us": 1.5 + step, "inline": True}
+            for k, v in t.items():
+                np.testing.assert_array_equal(rep.tensors[k], v)
+    # what the template cannot take goes the general way, still inline and still right
+    odd = {"noncontig": np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2], "bigendian": np.arange(5, dtype=">f4"),
+           "listed": [1.0, 2.0]}
+    got = P.decode_request(_bytes(P.encode_request(1, "infer", "m", tensors=odd, inline=True)))  # type: ignore[arg-type]
+    assert got.inline
+    for k, v in odd.items():
+        np.testing.assert_array_equal(got.tensors[k], np.asarray(v))
