@@ -437,9 +437,9 @@ def encode_request(
     return [_pack(header), *frames]
 
 
-#: packed headers of inline requests and replies, split around their tensors' data and keyed by everything but the id and
-#: the data: a stream sends the same names, dtypes and shapes every chunk, and splicing the new data into the
-#: cached bytes costs a fraction of building and packing the header's maps again (client CPU per chunk)
+#: packed headers of inline requests and replies, split around their tensors' data and keyed by everything but
+#: the id, a reply's result and the data: a stream sends the same names, dtypes and shapes every chunk, and
+#: splicing the new data into the cached bytes costs a fraction of building and packing the maps again
 _TEMPLATES: dict[tuple[Any, ...], list[bytes]] = {}
 _TEMPLATES_MAX = 256
 _REPLY_FIXED = {"v": PROTOCOL_VERSION, "ok": True}
