@@ -235,7 +235,7 @@ class Client:
         try:
             frames = encode_request(
                 rid, op, model, args=args, tensors=tensors,
-                timeout_ms=t * 1000.0 if deadline else None, priority=priority,
+                timeout_ms=t * 1000.0 if deadline else None, priority=priority, inline=True,
             )
         except ValueError as exc:
             raise errors.InvalidArgument(str(exc)) from None

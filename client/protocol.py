@@ -27,6 +27,14 @@ Each tensor entry describes the raw frame at the same position after the header:
 little-endian (native on every platform inferd targets), ``len(frame) == prod(shape) * itemsize``.
 For ``infer`` a single tensor named ``""`` means "the model's only input".
 
+Small tensors may instead travel inside the header: an entry with ``"data"`` (msgpack bin, same
+layout and size rule) takes no frame, and the frames after the header belong, in order, to the
+entries without ``"data"``. The client does this when a request's tensors total at most
+INLINE_MAX_BYTES (one frame instead of one per tensor: each frame costs a few microseconds on
+both sides, which is most of a small model's round trip); up to INLINE_MAX_BYTES of inline data
+do not count against ``max_header_bytes``. The daemon answers such a request's small outputs
+inline too, and only such a request's, so a client that never inlines never sees an inline reply.
+
 A reply header::
 
     {"v": 1, "id": 17, "ok": true, "result": {...}, "tensors": [...]}        + tensor frames
@@ -94,6 +102,10 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 _DTYPE_NAME: dict[np.dtype, str] = {np.dtype(n): n for n in ALLOWED_DTYPES}
 _WIRE_DTYPE: dict[str, np.dtype] = {n: np.dtype(n).newbyteorder("<") for n in ALLOWED_DTYPES}
 
+#: a message whose tensors total at most this travels in one frame (see the module docstring); well under
+#: the daemon's smallest sensible max_header_bytes
+INLINE_MAX_BYTES = 4096
+
 # Below this size pyzmq copies anyway (zmq.COPY_THRESHOLD), so zero-copy bookkeeping would only cost.
 ZERO_COPY_MIN_BYTES = 64 * 1024
 
@@ -143,6 +155,7 @@ class Request:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     timeout_ms: float | None = None
     priority: int = 0
+    inline: bool = False  # its tensors came inside the header: the client takes small outputs that way too
 
 
 @dataclass
@@ -231,6 +244,8 @@ def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """(descriptor, frame) for one array; the frame is a flat uint8 view, no copy when contiguous."""
     a = arr if type(arr) is np.ndarray else np.asarray(arr)
     name = _DTYPE_NAME.get(a.dtype)
+    if name is not None and a.flags.c_contiguous:  # the common case, without the checks below
+        return {"dtype": name, "shape": list(a.shape)}, a.reshape(-1).view(np.uint8)
     if name is None:
         if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and not _LITTLE):
             a = a.astype(a.dtype.newbyteorder("<"))
@@ -246,21 +261,32 @@ def tensor_to_wire(arr: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
 _LITTLE = np.little_endian
 
 
-def encode_tensors(tensors: Mapping[str, np.ndarray]) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+def encode_tensors(tensors: Mapping[str, np.ndarray],
+                   inline: bool = False) -> tuple[list[dict[str, Any]], list[np.ndarray]]:
+    """Descriptors and frames; with ``inline``, tensors totalling at most INLINE_MAX_BYTES go into
+    their descriptors (``"data"``) and no frame is returned."""
     descs: list[dict[str, Any]] = []
     frames: list[np.ndarray] = []
+    total = 0
     for name, arr in tensors.items():
         desc, frame = tensor_to_wire(arr)
         desc["name"] = name
         descs.append(desc)
         frames.append(frame)
+        total += frame.nbytes
+    if inline and total <= INLINE_MAX_BYTES:
+        for desc, frame in zip(descs, frames):
+            desc["data"] = frame.data  # a memoryview: msgpack writes it as bin without a bytes copy first
+        return descs, []
     return descs, frames
 
 
 def decode_tensors(
-    descs: Any, frames: Sequence[Frame], limits: Limits, request_id: RequestId = None
+    descs: Any, frames: Sequence[Frame], limits: Limits, request_id: RequestId = None, writable: bool = False
 ) -> dict[str, np.ndarray]:
-    """Arrays viewing the received frames (no copy). Raises WireError(INVALID_ARG) on any mismatch."""
+    """Arrays viewing the received frames (no copy). Inline tensors (``"data"``) view the header's bytes,
+    read-only, or with ``writable`` a copy of them (a few KiB at most). Raises WireError(INVALID_ARG) on any
+    mismatch."""
 
     def bad(msg: str) -> WireError:
         return WireError(INVALID_ARG, msg, request_id)
@@ -271,10 +297,15 @@ def decode_tensors(
         raise bad(f"header 'tensors' must be a list, got {type(descs).__name__}")
     if len(descs) > limits.max_tensors:
         raise bad(f"too many tensors: {len(descs)} (limit {limits.max_tensors})")
-    if len(descs) != len(frames):
-        raise bad(f"header describes {len(descs)} tensors but the message carries {len(frames)} tensor frames")
+    n_framed = len(descs)
+    if n_framed != len(frames):  # inline tensors take no frame: count them only when the frames fall short
+        n_framed -= sum(1 for d in descs if type(d) is dict and "data" in d)
+    if n_framed != len(frames):
+        inl = f" ({len(descs) - n_framed} of them inline)" if n_framed != len(descs) else ""
+        raise bad(f"header describes {len(descs)} tensors{inl} but the message carries {len(frames)} tensor frames")
     out: dict[str, np.ndarray] = {}
-    for i, (desc, frame) in enumerate(zip(descs, frames)):
+    k = 0  # the next frame
+    for i, desc in enumerate(descs):
         if type(desc) is not dict:
             raise bad(f"tensor {i}: descriptor must be a map, got {type(desc).__name__}")
         name = desc.get("name")
@@ -295,16 +326,31 @@ def decode_tensors(
             if type(d) is not int or d < 0:  # noqa: E721 - exactly int: bool is refused too
                 raise bad(f"tensor {name!r}: shape dims must be non-negative ints, got {_short(shape)}")
             expected *= d
-        view = frame if type(frame) is memoryview else _frame_view(frame)
-        if expected != view.nbytes:
+        data = desc.get("data")
+        if data is None:
+            if k == len(frames):  # more framed descriptors than frames (the count above took "data": None)
+                raise bad(f"header describes {len(descs)} tensors but the message carries {len(frames)} tensor frames")
+            frame = frames[k]
+            k += 1
+            view = frame if type(frame) is memoryview else _frame_view(frame)
+            nbytes = view.nbytes
+        elif type(data) is bytes:
+            view = bytearray(data) if writable else data  # type: ignore[assignment]
+            nbytes = len(data)
+        else:
+            raise bad(f"tensor {name!r}: inline 'data' must be msgpack bin, got {type(data).__name__}")
+        if expected != nbytes:
             raise bad(
-                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {view.nbytes} bytes"
+                f"tensor {name!r}: {dtype}{shape} needs {expected} bytes but its frame has {nbytes} bytes"
             )
         try:
             # One constructor call instead of frombuffer + reshape; the sizes were checked just above.
             out[name] = np.ndarray(shape, wire_dtype, view)
         except (ValueError, OverflowError):  # an empty tensor whose other dims numpy cannot index
             raise bad(f"tensor {name!r}: shape {_short(shape)} is beyond what an array can have") from None
+    if k != len(frames):  # as many descriptors as frames, but some of them inline: frames left over
+        raise bad(f"header describes {len(descs)} tensors ({len(descs) - k} of them inline) but the message "
+                  f"carries {len(frames)} tensor frames")
     return out
 
 
@@ -332,9 +378,11 @@ def _pack(obj: Any) -> bytes:
         raise
 
 
-def _unpack_header(frame: Frame, limits: Limits) -> Any:
+def _unpack_header(frame: Frame, limits: Limits, slack: int = 0) -> Any:
+    """``slack``: bytes of inline tensor data the header may carry beyond ``max_header_bytes`` (the caller
+    checks, once unpacked, that the header without them keeps the limit)."""
     view = _frame_view(frame)
-    if view.nbytes > limits.max_header_bytes:
+    if view.nbytes > limits.max_header_bytes + slack:
         raise WireError(INVALID_ARG, f"header of {view.nbytes} bytes exceeds the limit of {limits.max_header_bytes}")
     try:
         # strict_map_key: only str/bytes keys; the unpacker bounds lengths by the buffer size.
@@ -362,9 +410,11 @@ def encode_request(
     tensors: Mapping[str, np.ndarray] | None = None,
     timeout_ms: float | None = None,
     priority: int = 0,
+    inline: bool = False,
 ) -> list[Any]:
-    """Frames of one request (without the identity frame, which ZeroMQ adds)."""
-    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "op": op}
+    """Frames of one request (without the identity frame, which ZeroMQ adds). ``inline``: small tensors go
+    inside the header (see INLINE_MAX_BYTES), and the daemon answers small outputs the same way."""
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "op": op}  # "id" last: the rest may come from a template
     if model is not None:
         header["model"] = model
     if timeout_ms is not None:
@@ -375,9 +425,78 @@ def encode_request(
         header["args"] = dict(args)
     frames: list[Any] = []
     if tensors:
-        descs, frames = encode_tensors(tensors)
+        if inline and not args:
+            packed = _pack_inline(header, {"id": request_id}, tensors)
+            if packed is not None:
+                return [packed]
+        header["id"] = request_id
+        descs, frames = encode_tensors(tensors, inline)
         header["tensors"] = descs
+    else:
+        header["id"] = request_id
     return [_pack(header), *frames]
+
+
+#: packed headers of inline requests and replies, split around their tensors' data and keyed by everything but
+#: the id, a reply's result and the data: a stream sends the same names, dtypes and shapes every chunk, and
+#: splicing the new data into the cached bytes costs a fraction of building and packing the maps again
+_TEMPLATES: dict[tuple[Any, ...], list[bytes]] = {}
+_TEMPLATES_MAX = 256
+_REPLY_FIXED = {"v": PROTOCOL_VERSION, "ok": True}
+
+
+def _bin_header(n: int) -> bytes:
+    if n < 1 << 8:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 1 << 16:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+def _pack_inline(fixed: dict[str, Any], tail: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> bytes | None:
+    """One msgpack map of ``fixed``, "tensors" (inline, as encode_tensors writes them) and ``tail`` (packed last,
+    each time: the id, a reply's result), built from a cached template keyed by ``fixed`` and the tensors' names,
+    dtypes and shapes. None when a tensor needs encode_tensors (another byte order, not contiguous, not an
+    ndarray) or they are too big to go inline."""
+    key: list[Any] = [tuple(fixed.items())]
+    arrays = []
+    total = 0
+    for name, a in tensors.items():
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            return None
+        dt = _DTYPE_NAME.get(a.dtype)
+        if dt is None:
+            return None
+        key.append((name, dt, a.shape))
+        arrays.append(a)
+        total += a.nbytes
+    if total > INLINE_MAX_BYTES:
+        return None
+    tkey = tuple(key)
+    segs = _TEMPLATES.get(tkey)
+    if segs is None:
+        pk = msgpack.Packer(use_bin_type=True)
+        head = pk.pack_map_header(len(fixed) + 1 + len(tail))
+        for k, v in fixed.items():
+            head += pk.pack(k) + pk.pack(v)
+        head += pk.pack("tensors") + pk.pack_array_header(len(arrays))
+        segs = []
+        for (name, dt, shape), a in zip(key[1:], arrays):
+            head += (pk.pack_map_header(4) + pk.pack("dtype") + pk.pack(dt) + pk.pack("shape") + pk.pack(list(shape))
+                     + pk.pack("name") + pk.pack(name) + pk.pack("data") + _bin_header(a.nbytes))
+            segs.append(head)
+            head = b""
+        if len(_TEMPLATES) >= _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+        _TEMPLATES[tkey] = segs
+    parts: list[Any] = []
+    for seg, a in zip(segs, arrays):
+        parts.append(seg)
+        parts.append(memoryview(a).cast("B") if a.size else b"")  # memoryview refuses a cast of zero-size shapes
+    parts.append(_pack(tail))
+    # the tail went through as a map of its own: drop that map's header byte (a fixmap: at most 15 entries)
+    parts[-1] = parts[-1][1:]
+    return b"".join(parts)
 
 
 def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Request:
@@ -390,7 +509,7 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
         total += v.nbytes
     if total > limits.max_message_bytes:
         raise WireError(INVALID_ARG, f"message of {total} bytes exceeds the limit of {limits.max_message_bytes}")
-    header = _unpack_header(views[0], limits)
+    header = _unpack_header(views[0], limits, INLINE_MAX_BYTES)
     if type(header) is not dict:
         raise WireError(INVALID_ARG, f"header must be a msgpack map, got {type(header).__name__}")
     raw_id = header.get("id")
@@ -401,6 +520,15 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
     def bad(msg: str, code: str = INVALID_ARG) -> WireError:
         return WireError(code, msg, rid)
 
+    if views[0].nbytes > limits.max_header_bytes:
+        tdescs = header.get("tensors")
+        # Over the limit only by its inline tensors is fine (they are tensor bytes, not header): a daemon with a
+        # small max_header_bytes still takes what the client inlines.
+        inline = sum(len(d["data"]) for d in tdescs if type(d) is dict and type(d.get("data")) is bytes) \
+            if type(tdescs) is list else 0
+        if views[0].nbytes - inline > limits.max_header_bytes or inline > INLINE_MAX_BYTES:
+            raise bad(f"header of {views[0].nbytes} bytes ({inline} of them inline tensor data, at most "
+                      f"{INLINE_MAX_BYTES}) exceeds the limit of {limits.max_header_bytes}")
     get = header.get
     v = get("v")
     if v != PROTOCOL_VERSION or type(v) is bool:
@@ -429,10 +557,12 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
         args = {}
     elif type(args) is not dict:
         raise bad(f"'args' must be a map, got {type(args).__name__}")
-    tensors = decode_tensors(get("tensors"), views[1:], limits, rid)
+    descs = get("tensors")
+    tensors = decode_tensors(descs, views[1:], limits, rid)
     if tensors and op != "infer":
         raise bad(f"op {op!r} takes no tensors, got {len(tensors)}")
-    return Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority)
+    return Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority,
+                   inline=len(views) == 1 and bool(tensors))
 
 
 _GOOD_MODEL_NAMES: set[str] = set()
@@ -460,11 +590,17 @@ def encode_reply(
     request_id: RequestId,
     result: Mapping[str, Any] | None = None,
     tensors: Mapping[str, np.ndarray] | None = None,
+    inline: bool = False,
 ) -> list[Any]:
+    """``inline``: small outputs inside the header; only for a request that came that way (Request.inline)."""
+    if inline and tensors:
+        packed = _pack_inline(_REPLY_FIXED, {"id": request_id, "result": dict(result or {})}, tensors)
+        if packed is not None:
+            return [packed]
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": dict(result or {})}
     frames: list[Any] = []
     if tensors:
-        descs, frames = encode_tensors(tensors)
+        descs, frames = encode_tensors(tensors, inline)
         header["tensors"] = descs
     return [_pack(header), *frames]
 
@@ -504,5 +640,5 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
     result = header.get("result") or {}
     if not isinstance(result, dict):
         raise WireError(INTERNAL, "reply 'result' must be a map", rid)
-    tensors = decode_tensors(header.get("tensors"), frames[1:], lim, rid)
+    tensors = decode_tensors(header.get("tensors"), frames[1:], lim, rid, writable=True)
     return Reply(id=rid, ok=True, result=result, tensors=tensors)

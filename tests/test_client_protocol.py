@@ -166,3 +166,117 @@ def test_error_classes() -> None:
     assert issubclass(errors.TimeoutError, TimeoutError) and issubclass(errors.ConnectionError, ConnectionError)
     assert not issubclass(errors.TimeoutError, errors.ServerError)
     assert math.isfinite(P.PRIORITY_MAX)
+
+
+def _vad_chunk() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {"input": rng.standard_normal((1, 512)).astype(np.float32), "sr": np.array(16000, np.int64),
+            "state": rng.standard_normal((2, 1, 64)).astype(np.float32)}
+
+
+def test_small_tensors_travel_inside_the_header() -> None:
+    feeds = _vad_chunk()
+    frames = _bytes(P.encode_request(3, "infer", "vad", tensors=feeds, inline=True))
+    assert len(frames) == 1  # one frame: no frame per tensor
+    req = P.decode_request(frames)
+    assert req.inline and list(req.tensors) == list(feeds)
+    for k, v in feeds.items():
+        assert req.tensors[k].shape == v.shape and req.tensors[k].dtype == v.dtype
+        np.testing.assert_array_equal(req.tensors[k], v)
+    # past INLINE_MAX_BYTES the tensors take frames again, and such a request is not marked inline
+    big = {"x": np.zeros(P.INLINE_MAX_BYTES // 4 + 1, np.float32), "y": np.ones(3, np.float32)}
+    frames = _bytes(P.encode_request(4, "infer", "m", tensors=big, inline=True))
+    assert len(frames) == 3 and not P.decode_request(frames).inline
+    # without inline= the frames are as they always were (what older clients send)
+    assert len(P.encode_request(5, "infer", "m", tensors=feeds)) == 4
+    assert not P.decode_request(_bytes(P.encode_request(5, "infer", "m", tensors=feeds))).inline
+
+
+def test_inline_reply_is_one_frame_and_writable() -> None:
+    out = {"output": np.array([[0.25]], np.float32), "stateN": np.arange(128, dtype=np.float32).reshape(2, 1, 64)}
+    frames = _bytes(P.encode_reply(9, {"k": 1}, out, inline=True))
+    assert len(frames) == 1
+    rep = P.decode_reply(frames)
+    for k, v in out.items():
+        np.testing.assert_array_equal(rep.tensors[k], v)
+        assert rep.tensors[k].flags.writeable  # as documented for replies: the caller may write the state
+    rep.tensors["stateN"][0, 0, 0] = 7.0
+    assert len(_bytes(P.encode_reply(9, {"k": 1}, out))) == 3  # not asked: one frame per tensor
+
+
+def test_inline_and_framed_tensors_mix_in_order() -> None:
+    a, b, c = np.arange(4, dtype=np.float32), np.arange(6, dtype=np.int64).reshape(2, 3), np.array(True)
+    header = {"v": 1, "id": 1, "op": "infer", "model": "m", "tensors": [
+        {"name": "a", "dtype": "float32", "shape": [4]},
+        {"name": "b", "dtype": "int64", "shape": [2, 3], "data": b.tobytes()},
+        {"name": "c", "dtype": "bool", "shape": [], }]}
+    req = P.decode_request([msgpack.packb(header, use_bin_type=True), a.tobytes(), c.tobytes()])
+    np.testing.assert_array_equal(req.tensors["a"], a)
+    np.testing.assert_array_equal(req.tensors["b"], b)
+    assert req.tensors["c"].shape == () and bool(req.tensors["c"]) and not req.inline
+
+
+@pytest.mark.parametrize("descs, frames, needle", [
+    ([{"name": "x", "dtype": "float32", "shape": [4], "data": b"\0" * 12}], [], "needs 16 bytes but its frame has 12"),
+    ([{"name": "x", "dtype": "float32", "shape": [1], "data": "abcd"}], [], "inline 'data' must be msgpack bin"),
+    ([{"name": "x", "dtype": "float32", "shape": [1], "data": b"\0" * 4}], [b"\0" * 4], "1 of them inline"),
+    ([{"name": "x", "dtype": "float32", "shape": [1], "data": None},
+      {"name": "y", "dtype": "float32", "shape": [1], "data": b"\0" * 4}], [b"\0" * 4, b"\0" * 4], "tensor frames"),
+    ([{"name": "x", "dtype": "float32", "shape": [1], "data": None}], [], "tensor frames"),
+])
+def test_bad_inline_tensors_are_invalid_arg(descs: list, frames: list, needle: str) -> None:
+    header = msgpack.packb({"v": 1, "id": 8, "op": "infer", "model": "m", "tensors": descs}, use_bin_type=True)
+    with pytest.raises(P.WireError) as ei:
+        P.decode_request([header, *frames])
+    assert ei.value.code == P.INVALID_ARG and ei.value.request_id == 8
+    assert needle in ei.value.message, ei.value.message
+
+
+def test_inline_tensor_bytes_do_not_count_against_a_small_header_limit() -> None:
+    lim = P.Limits(max_header_bytes=300)
+    feeds = _vad_chunk()  # 2.6 KB inline
+    req = P.decode_request(_bytes(P.encode_request(1, "infer", "vad", tensors=feeds, inline=True)), lim)
+    np.testing.assert_array_equal(req.tensors["state"], feeds["state"])
+    # the header itself still keeps the limit, inline data or not
+    padded = P.encode_request(2, "infer", "vad", args={"pad": "x" * 400}, tensors=feeds, inline=True)
+    with pytest.raises(P.WireError, match="header of .* exceeds the limit of 300") as ei:
+        P.decode_request(_bytes(padded), lim)
+    assert ei.value.request_id == 2
+    # and a header that claims more inline bytes than INLINE_MAX_BYTES is refused before any use
+    big = {"v": 1, "id": 3, "op": "infer", "model": "m", "tensors": [
+        {"name": "x", "dtype": "uint8", "shape": [P.INLINE_MAX_BYTES + 1], "data": b"\0" * (P.INLINE_MAX_BYTES + 1)}]}
+    with pytest.raises(P.WireError, match="exceeds the limit"):
+        P.decode_request([msgpack.packb(big, use_bin_type=True)], P.Limits(max_header_bytes=1024))
+
+
+def test_inline_headers_from_templates_equal_the_general_encoding() -> None:
+    """Inline requests and replies are spliced from cached templates: every dtype, 0-d and empty tensors, any id,
+    and new data on each use of the same template decode exactly as the general encoding does."""
+    rng = np.random.default_rng(7)
+    tensors = {f"t_{dt}": (rng.standard_normal((2, 3)) * 10).astype(dt) for dt in sorted(P.ALLOWED_DTYPES)}
+    tensors["scalar"] = np.array(3.5, np.float32)
+    tensors["empty"] = np.zeros((0, 5), np.float32)
+    for rid in (None, 0, 2**64 - 1, "req-é"):
+        for step in range(3):  # the template is built once, then reused with new data and ids
+            t = {k: v + step for k, v in tensors.items()} if step else tensors
+            t = {k: v.astype(tensors[k].dtype) for k, v in t.items()}
+            frames = _bytes(P.encode_request(rid, "infer", "m", tensors=t, inline=True, timeout_ms=250, priority=-3))
+            assert len(frames) == 1
+            got = P.decode_request(frames)
+            want = P.decode_request(_bytes(P.encode_request(rid, "infer", "m", tensors=t, timeout_ms=250, priority=-3)))
+            assert (got.id, got.op, got.model, got.timeout_ms, got.priority) == (want.id, "infer", "m", 250.0, -3)
+            assert list(got.tensors) == list(t)
+            for k, v in t.items():
+                assert got.tensors[k].dtype == v.dtype and got.tensors[k].shape == v.shape
+                np.testing.assert_array_equal(got.tensors[k], v)
+            rep = P.decode_reply(_bytes(P.encode_reply(rid, {"compute_us": 1.5 + step, "inline": True}, t, inline=True)))
+            assert rep.ok and rep.id == rid and rep.result == {"compute_us": 1.5 + step, "inline": True}
+            for k, v in t.items():
+                np.testing.assert_array_equal(rep.tensors[k], v)
+    # what the template cannot take goes the general way, still inline and still right
+    odd = {"noncontig": np.arange(24, dtype=np.int32).reshape(4, 6)[:, ::2], "bigendian": np.arange(5, dtype=">f4"),
+           "listed": [1.0, 2.0]}
+    got = P.decode_request(_bytes(P.encode_request(1, "infer", "m", tensors=odd, inline=True)))  # type: ignore[arg-type]
+    assert got.inline
+    for k, v in odd.items():
+        np.testing.assert_array_equal(got.tensors[k], np.asarray(v))

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -95,8 +96,10 @@ def test_vad_stream_of_200_chunks_equals_onnxruntime(models_dir: Path, device: s
             with pytest.raises(InvalidArgument) as e:
                 c.infer("vad_lstm", feeds)
             assert all(w in str(e.value) for w in words), (str(e.value), words)
-            out = c.infer("vad_lstm", good)
+            out, info = c.infer_with_info("vad_lstm", good)
             assert out["stateN"].shape == (2, 1, 64)
+            # on the CPU a warm VAD chunk runs on the serving thread itself: the checks above held there too
+            assert info["inline"] == (device == "cpu"), info
 
 
 CHILD = r"""
@@ -123,3 +126,46 @@ def test_several_client_processes_stream_at_once(models_dir: Path) -> None:
         for seed, p in enumerate(procs):
             out, err = p.communicate(timeout=120)
             assert p.returncode == 0 and f"STREAM-OK {seed}" in out, err[-2000:]
+
+
+def test_raw_wire_one_frame_each_way_and_old_framing_still_served(models_dir: Path) -> None:
+    """A request whose small tensors sit in its header gets its outputs the same way (one frame each way); one
+    that sends a frame per tensor (an older client) gets a frame per output; a bad inline tensor is refused and
+    the daemon serves on."""
+    import zmq
+
+    from inferd_client import protocol as P
+
+    x = _audio(2, 1)[0]
+    feeds = {"input": x, "sr": np.array(16000, np.int64), "state": np.zeros((2, 1, 64), np.float32)}
+    ref = _ort_session(models_dir / "m" / "vad_lstm.onnx").run(None, feeds)
+    with DaemonProcess(f"ipc://{models_dir}/raw.sock", models_dir / "m", log_path=models_dir / "raw.log") as daemon:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(daemon.endpoint)
+
+        def ask(frames: list) -> list[bytes]:
+            sock.send_multipart(frames)
+            assert sock.poll(30000)
+            return sock.recv_multipart()
+
+        try:
+            for rid in range(3):  # the first run goes through the model's worker, later ones inline
+                got = ask(P.encode_request(rid, "infer", "vad_lstm", tensors=feeds, inline=True))
+                assert len(got) == 1
+                rep = P.decode_reply(got)
+                assert rep.ok and rep.id == rid, rep
+                assert np.abs(rep.tensors["output"] - ref[0]).max() < 1e-4
+                assert np.abs(rep.tensors["stateN"] - ref[1]).max() < 1e-4
+            got = ask(P.encode_request(7, "infer", "vad_lstm", tensors=feeds))
+            assert len(got) == 3 and P.decode_reply(got).ok
+            np.testing.assert_allclose(P.decode_reply(got).tensors["stateN"], ref[1], atol=1e-4)
+            header = msgpack.packb({"v": 1, "id": 8, "op": "infer", "model": "vad_lstm", "tensors": [
+                {"name": "input", "dtype": "float32", "shape": [1, 512], "data": b"\0" * 100}]}, use_bin_type=True)
+            rep = P.decode_reply(ask([header]))
+            assert not rep.ok and rep.error_code == "INVALID_ARG" and "needs 2048 bytes" in rep.error_message
+            assert P.decode_reply(ask(P.encode_request(9, "infer", "vad_lstm", tensors=feeds, inline=True))).ok
+        finally:
+            sock.close()
+            ctx.term()

@@ -689,7 +689,7 @@ class Server:
             self._next_sweep = deadline
         peer = self._peer
         job = Job(ident, req.id, req.tensors, req.priority, deadline, t_recv, next(self._seq), outputs or None,
-                  client=peer.client or "conn " + ident.hex())
+                  client=peer.client or "conn " + ident.hex(), wire_inline=req.inline)
         err = slot.submit(job, inline=self._inline_sender)
         if err is not None:
             self._error(ident, req.id, *err)

@@ -93,6 +93,7 @@ class Job:
     client: str = ""  # fair-share key (see ClientShares); "" counts against no cap
     retried: bool = False  # run once more after a device fault (inference is idempotent); never twice
     inline: bool = False  # run by the serving thread itself (``inline_max_us``), not the model's worker
+    wire_inline: bool = False  # its tensors came inside the header: small outputs go back that way too
 
 
 MAX_RETRY_HINT_S = 10.0
@@ -505,6 +506,15 @@ class ModelSlot:
             s0 = self._expected[sig[0]["name"]]
             if (name == "" or name == s0["name"]) and a.dtype == s0["np_dtype"] and _fits(a, s0):
                 return (feeds if name else {s0["name"]: a}), None
+        elif len(feeds) == len(sig):
+            # Every input named and right (a stream's chunk): one pass, no sets; any mismatch takes the
+            # long path below for its full message.
+            for name, s in self._expected.items():
+                a = feeds.get(name)
+                if a is None or a.dtype != s["np_dtype"] or not _fits(a, s):
+                    break
+            else:
+                return feeds, None
         if list(feeds) == [""]:
             if len(sig) != 1:
                 return feeds, (f"model {self.name!r} has {len(sig)} inputs {[s['name'] for s in sig]}; "
@@ -774,7 +784,8 @@ class ModelSlot:
                 out = {k: out[k] for k in job.outputs}
             frames = P.encode_reply(job.req_id, {"model": self.name, "device": device,
                                                  "queue_us": round(queue_s * 1e6, 1),
-                                                 "compute_us": round(compute * 1e6, 1), "inline": job.inline}, out)
+                                                 "compute_us": round(compute * 1e6, 1), "inline": job.inline}, out,
+                                   job.wire_inline)
         except _Invalid as exc:
             self.stats.add(failed=1)
             sender.send(job.ident, P.encode_error(job.req_id, P.INVALID_ARG, str(exc)))
