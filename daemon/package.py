@@ -38,6 +38,7 @@ from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
+from .runtime.window import hold as hold_window
 from .store import StoreWriter, WeightsStore, file_sha256
 
 log = logging.getLogger(__name__)
@@ -392,6 +393,18 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
     """Validate ``pkg`` for this device and open it; ``WeightsStoreError`` (or its subclass
     ``StalePackageError``) when it is damaged, for another model, device, engine, batch or kernels;
     ``PackageOptionsError`` when ``precision`` is given and the package was compiled for another."""
+    # the cold window (no GC pause, a short GIL switch interval) runs from here to the first answer:
+    # the store carries the hold, the cold load releases it (or the store's close does)
+    window = hold_window()
+    try:
+        return _open_package(pkg, device, batch, kernels, current, precision, window)
+    except BaseException:
+        window.release()
+        raise
+
+
+def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
+                  current: dict[str, str] | None, precision: str | None, window: Any) -> OpenPackage:
     d = read_plan(pkg / "plan.bin")
     made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
     if precision is not None and precision != made:
@@ -408,6 +421,7 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
     if current is not None:
         check_fingerprint(pkg, d, current)
     store = WeightsStore(pkg / "weights.store", direct=None)
+    store.window = window
     try:
         if store.model_sha256 != d["model_sha256"]:
             raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "
