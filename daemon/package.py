@@ -403,8 +403,34 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
         raise
 
 
+#: the tail of a weights store that holds its index (the index follows the blobs)
+_INDEX_TAIL = 256 << 10
+
+
+def prefetch_metadata(pkg: Path) -> None:
+    """Ask the kernel for every small read an open makes, at once: ``plan.bin``, the store's header and
+    its index (at the file's end), instead of three disk round trips one after another. Best effort."""
+    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL)):
+        try:
+            fd = os.open(pkg / name, os.O_RDONLY)
+        except OSError:
+            continue  # the open proper reports it
+        try:
+            if tail is None:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            else:
+                size = os.fstat(fd).st_size
+                os.posix_fadvise(fd, 0, 4096, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, max(0, size - tail), tail, os.POSIX_FADV_WILLNEED)
+        except (OSError, AttributeError):
+            pass
+        finally:
+            os.close(fd)
+
+
 def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
                   current: dict[str, str] | None, precision: str | None, window: Any) -> OpenPackage:
+    prefetch_metadata(pkg)
     d = read_plan(pkg / "plan.bin")
     made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
     if precision is not None and precision != made:

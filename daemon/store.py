@@ -246,8 +246,10 @@ class WeightsStore:
             raise WeightsStoreError(f"{self.path}: checksum mismatch in {entry.key} (corrupted weights)")
         return a
 
-    def _read_span(self, offset: int, size: int) -> np.ndarray:
-        """``size`` bytes at ``offset`` (block aligned, as every blob is) into an aligned buffer."""
+    def _read_span(self, offset: int, size: int, need: int | None = None) -> np.ndarray:
+        """``size`` bytes at ``offset`` (block aligned, as every blob is) into an aligned buffer, of which
+        the first ``need`` (default: all) must come from the file; the rest is alignment padding past
+        the last blob, which the file may end before."""
         faults.check("cache.read")
         buf = aligned_empty(size)
         fd = self._dfd if self._dfd >= 0 else self._fd
@@ -255,7 +257,9 @@ class WeightsStore:
             got = os.preadv(fd, [memoryview(buf)], offset)
         except OSError:
             got = os.preadv(self._fd, [memoryview(buf[:size])], offset)
-        if got < size and offset + got < os.fstat(self._fd).st_size:
+        # a short read must end in the padding: the buffer is not zeroed, and bytes it still held from
+        # earlier use could otherwise pass for the blob (a store truncated under its open index)
+        if got < (size if need is None else need):
             raise WeightsStoreError(f"{self.path}: truncated weights store: {size} bytes at {offset}, read {got}")
         return buf[:size]
 
@@ -362,7 +366,7 @@ class StoreStream:
         try:
             while (i := self._claim()) is not None:
                 start, end, _m = self.chunks[i]
-                buf = st._read_span(start, _align(end) - start)
+                buf = st._read_span(start, _align(end) - start, end - start)
                 with self._cond:
                     self._bufs[i] = buf
                     self.read_s = max(self.read_s, time.perf_counter() - self._t0)

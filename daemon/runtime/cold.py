@@ -90,8 +90,8 @@ class ColdLoad:
             idle = max(0.0, t_first - max(done)) if len(done) == len(run.tasks) else 0.0
         if not self.plan.options.pipeline:
             run.wait_all()
-        if self._prefault is not None:
-            self._prefault.wait()
+        if self._prefault is not None and not getattr(self.backend, "prefault_concurrent", lambda: False)():
+            self._prefault.wait()  # it writes into what this run is about to use
         self.backend.begin(feeds)
         n = len(self.plan.layers)
         for pos in range(n):
