@@ -246,12 +246,12 @@ class WeightsStore:
             raise WeightsStoreError(f"{self.path}: checksum mismatch in {entry.key} (corrupted weights)")
         return a
 
-    def _read_span(self, offset: int, size: int, need: int | None = None) -> np.ndarray:
-        """``size`` bytes at ``offset`` (block aligned, as every blob is) into an aligned buffer, of which
-        the first ``need`` (default: all) must come from the file; the rest is alignment padding past
-        the last blob, which the file may end before."""
+    def _read_span(self, offset: int, size: int, need: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """``size`` bytes at ``offset`` (block aligned, as every blob is) into an aligned buffer (``out``
+        if given: ALIGN-aligned, ``size`` bytes), of which the first ``need`` (default: all) must come
+        from the file; the rest is alignment padding past the last blob, which the file may end before."""
         faults.check("cache.read")
-        buf = aligned_empty(size)
+        buf = aligned_empty(size) if out is None else out
         fd = self._dfd if self._dfd >= 0 else self._fd
         try:
             got = os.preadv(fd, [memoryview(buf)], offset)
@@ -310,8 +310,8 @@ class StoreStream:
     a plan refined later may need another order, which costs more, smaller reads, never a wait for
     blobs needed later).
 
-    ``io``: a worker (with a ``submit``) or several; each runs a reader that claims the next chunk not
-    yet claimed, so ``len(io)`` reads are in flight. Why: one ``O_DIRECT`` read at a time leaves the
+    ``io``: a worker (with a ``submit``) or several; each runs a reader that claims the next piece (of
+    at most ``chunk`` bytes) not yet claimed, so ``len(io)`` reads are in flight. Why: one ``O_DIRECT`` read at a time leaves the
     disk idle between requests (45 MB of resnet18's store: 4 MB reads one at a time ~58 ms, 2 MB reads
     two at a time ~42 ms, 2-core VM, medians of 4). The first chunk is small (``first``) so that the
     first layer's weights, which the executor waits for, are not behind megabytes of later layers'."""
@@ -319,6 +319,7 @@ class StoreStream:
     def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 2 << 20, gap: int = 64 << 10,
                  io: Any = None, first: int = 512 << 10) -> None:
         self.store = store
+        chunk = _align(max(chunk, 1))  # pieces stay block aligned (O_DIRECT)
         seen: set[tuple[str, str, str, str]] = set()
         ents = []
         for e in entries:
@@ -338,13 +339,21 @@ class StoreStream:
         self._bufs: dict[int, np.ndarray] = {}
         self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self._claimed = 0  # chunks handed to a reader so far (in order)
+        # each chunk is read in pieces of at most ``chunk`` bytes: a blob larger than that (resnet18's
+        # 9 MB convolutions) is then read by every reader at once instead of by one while the others idle
+        self._pieces = [(i, off, min(chunk, _align(end) - off)) for i, (start, end, _m) in enumerate(self.chunks)
+                        for off in range(start, _align(end), chunk)]
+        self._claimed = 0  # pieces handed to a reader so far (in order)
+        self._left = [0] * len(self.chunks)  # pieces of each chunk not read yet
+        for i, _off, _n in self._pieces:
+            self._left[i] += 1
+        self._partial: dict[int, np.ndarray] = {}  # chunk -> its buffer while its pieces arrive
         self._t0 = time.perf_counter()
         self.read_s = 0.0
         self.bytes = sum(end - start for start, end, _ in self.chunks)
         self._stop = False
         readers = list(io) if isinstance(io, (list, tuple)) else [io]
-        for w in readers[:max(1, len(self.chunks))]:
+        for w in readers[:max(1, len(self._pieces))]:
             if w is not None:
                 w.submit(self._run)
             else:
@@ -353,24 +362,32 @@ class StoreStream:
     def __contains__(self, entry: Entry) -> bool:
         return entry.key in self._where
 
-    def _claim(self) -> int | None:
+    def _claim(self) -> tuple[int, int, int, np.ndarray] | None:
+        """The next piece to read: (chunk, file offset, bytes, the chunk's buffer)."""
         with self._cond:
-            if self._stop or self._error is not None or self._claimed >= len(self.chunks):
+            if self._stop or self._error is not None or self._claimed >= len(self._pieces):
                 return None
-            i = self._claimed
+            i, off, n = self._pieces[self._claimed]
             self._claimed += 1
-            return i
+            buf = self._partial.get(i)
+            if buf is None:
+                start, end, _m = self.chunks[i]
+                buf = self._partial[i] = aligned_empty(_align(end) - start)
+            return i, off, n, buf
 
     def _run(self) -> None:
         st = self.store
         try:
-            while (i := self._claim()) is not None:
+            while (got := self._claim()) is not None:
+                i, off, n, buf = got
                 start, end, _m = self.chunks[i]
-                buf = st._read_span(start, _align(end) - start, end - start)
+                st._read_span(off, n, min(n, end - off), out=buf[off - start:off - start + n])
                 with self._cond:
-                    self._bufs[i] = buf
-                    self.read_s = max(self.read_s, time.perf_counter() - self._t0)
-                    self._cond.notify_all()
+                    self._left[i] -= 1
+                    if self._left[i] == 0:
+                        self._bufs[i] = self._partial.pop(i)[:_align(end) - start]
+                        self.read_s = max(self.read_s, time.perf_counter() - self._t0)
+                        self._cond.notify_all()
         except BaseException as e:  # reported to whoever waits for a blob
             with self._cond:
                 self._error = e

@@ -105,13 +105,14 @@ def test_a_package_that_fails_to_open_leaves_no_window(tmp_path):
 def _many_blobs(path, n=40):
     rng = np.random.default_rng(1)
     arrs = {f"t{i}": rng.standard_normal((int(rng.integers(1, 3000)),)).astype(np.float32) for i in range(n)}
+    arrs["t20"] = rng.standard_normal((40000,)).astype(np.float32)  # larger than a piece: read in several
     with StoreWriter(path, "f" * 64, "test") as w:
         for k, v in arrs.items():
             w.add("", k, v)
     return arrs
 
 
-@pytest.mark.parametrize("readers", [1, 2, 3])
+@pytest.mark.parametrize("readers", [1, 2, 3, 5])
 def test_several_readers_deliver_every_blob_intact_in_any_order(tmp_path, readers):
     p = tmp_path / "w.store"
     arrs = _many_blobs(p)
@@ -121,20 +122,23 @@ def test_several_readers_deliver_every_blob_intact_in_any_order(tmp_path, reader
         # small chunks: many of them, spread over the readers
         st = StoreStream(s, ents, chunk=3 * ALIGN, first=ALIGN, io=io[:readers])
         assert len(st.chunks) > 8
+        assert len(st._pieces) > len(st.chunks)  # the large blob's chunk is read in pieces
         for e in reversed(ents):  # the last chunks first: whichever reader has them
             np.testing.assert_array_equal(st.get(e), arrs[e.tensor])
         assert st.bytes >= sum(a.nbytes for a in arrs.values())
         st.release()
 
 
-def test_a_damaged_blob_read_by_another_reader_is_still_found(tmp_path):
+@pytest.mark.parametrize("where", ["t37", "t20"])
+def test_a_damaged_blob_read_by_another_reader_is_still_found(tmp_path, where):
     p = tmp_path / "w.store"
     arrs = _many_blobs(p)
     with WeightsStore(p) as s:
         ents = list(entries_of(s))
-    bad = ents[-3]  # far into the stream: read by whichever reader claimed its chunk
+    # far into the stream (read by whichever reader claimed it), or in the last piece of the large blob
+    bad = next(e for e in ents if e.tensor == where)
     data = bytearray(p.read_bytes())
-    data[bad.offset + 5] ^= 0xFF
+    data[bad.offset + bad.size - 5] ^= 0xFF
     p.write_bytes(bytes(data))
     with WeightsStore(p) as s:
         st = StoreStream(s, ents, chunk=3 * ALIGN, first=ALIGN, io=[worker(n) for n in IO_WORKERS])
