@@ -527,6 +527,7 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
     if d.get("profile") is not None or d.get("costs") != "predicted":
         return None
     op = open_package(pkg, device=device, batch=int(d["batch"]), kernels=d.get("kernels") or None)
+    op.store.release_window()  # seconds of idle-time profiling: no cold load is waiting on this
     try:
         from .runtime.profiler import measure_rates
 
@@ -576,6 +577,7 @@ def _repredict(plan: ColdPlan, entries: list[Any], prof: Profile, backend: Any) 
 def load_package(pkg: Path, device: str = "cpu", batch: int = 1) -> Graph:
     """The package's graph with every constant in memory (tools that want the whole graph at once)."""
     op = open_package(pkg, device=device, batch=batch)
+    op.store.release_window()  # a tool reading the whole graph, not a cold load
     try:
         consts = {n: np.asarray(op.graph.constants[n]) for n in op.graph.constants}
     finally:

@@ -102,6 +102,14 @@ def test_a_package_that_fails_to_open_leaves_no_window(tmp_path):
     assert not window.active() and gc.isenabled()
 
 
+def test_opening_a_package_for_a_tool_leaves_no_window(tmp_path):
+    from inferd.package import load_package
+
+    _src, pkg, _x = _package(tmp_path)
+    g = load_package(pkg)
+    assert g.constants and not window.active() and gc.isenabled()
+
+
 def _many_blobs(path, n=40):
     rng = np.random.default_rng(1)
     arrs = {f"t{i}": rng.standard_normal((int(rng.integers(1, 3000)),)).astype(np.float32) for i in range(n)}
