@@ -38,6 +38,7 @@ from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
+from .runtime.window import hold as hold_window
 from .store import StoreWriter, WeightsStore, file_sha256
 
 log = logging.getLogger(__name__)
@@ -392,6 +393,44 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
     """Validate ``pkg`` for this device and open it; ``WeightsStoreError`` (or its subclass
     ``StalePackageError``) when it is damaged, for another model, device, engine, batch or kernels;
     ``PackageOptionsError`` when ``precision`` is given and the package was compiled for another."""
+    # the cold window (no GC pause, a short GIL switch interval) runs from here to the first answer:
+    # the store carries the hold, the cold load releases it (or the store's close does)
+    window = hold_window()
+    try:
+        return _open_package(pkg, device, batch, kernels, current, precision, window)
+    except BaseException:
+        window.release()
+        raise
+
+
+#: the tail of a weights store that holds its index (the index follows the blobs)
+_INDEX_TAIL = 256 << 10
+
+
+def prefetch_metadata(pkg: Path) -> None:
+    """Ask the kernel for every small read an open makes, at once: ``plan.bin``, the store's header and
+    its index (at the file's end), instead of three disk round trips one after another. Best effort."""
+    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL)):
+        try:
+            fd = os.open(pkg / name, os.O_RDONLY)
+        except OSError:
+            continue  # the open proper reports it
+        try:
+            if tail is None:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            else:
+                size = os.fstat(fd).st_size
+                os.posix_fadvise(fd, 0, 4096, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(fd, max(0, size - tail), tail, os.POSIX_FADV_WILLNEED)
+        except (OSError, AttributeError):
+            pass
+        finally:
+            os.close(fd)
+
+
+def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
+                  current: dict[str, str] | None, precision: str | None, window: Any) -> OpenPackage:
+    prefetch_metadata(pkg)
     d = read_plan(pkg / "plan.bin")
     made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
     if precision is not None and precision != made:
@@ -408,6 +447,7 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
     if current is not None:
         check_fingerprint(pkg, d, current)
     store = WeightsStore(pkg / "weights.store", direct=None)
+    store.window = window
     try:
         if store.model_sha256 != d["model_sha256"]:
             raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "
@@ -487,6 +527,7 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
     if d.get("profile") is not None or d.get("costs") != "predicted":
         return None
     op = open_package(pkg, device=device, batch=int(d["batch"]), kernels=d.get("kernels") or None)
+    op.store.release_window()  # seconds of idle-time profiling: no cold load is waiting on this
     try:
         from .runtime.profiler import measure_rates
 
@@ -536,6 +577,7 @@ def _repredict(plan: ColdPlan, entries: list[Any], prof: Profile, backend: Any) 
 def load_package(pkg: Path, device: str = "cpu", batch: int = 1) -> Graph:
     """The package's graph with every constant in memory (tools that want the whole graph at once)."""
     op = open_package(pkg, device=device, batch=batch)
+    op.store.release_window()  # a tool reading the whole graph, not a cold load
     try:
         consts = {n: np.asarray(op.graph.constants[n]) for n in op.graph.constants}
     finally:

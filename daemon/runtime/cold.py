@@ -19,7 +19,7 @@ from ..backends.base import ColdBackend, WeightSource
 from ..ops.base import Kernel, Layer, choose_kernel
 from ..planner.cost import kernel_transforms
 from ..planner.plan import ColdPlan
-from .scheduler import ColdRun, Worker, loader_pool, worker
+from .scheduler import IO_WORKERS, ColdRun, Worker, loader_pool, worker
 
 log = logging.getLogger("inferd.runtime.cold")
 
@@ -45,7 +45,7 @@ class ColdLoad:
         self._finalize_lock = threading.Lock()
         self._prefault: threading.Event | None = None
         pool = loader_pool()  # with its io, aux and idle workers: this load starts no thread
-        weights.start_stream(self.layers, plan, worker("io"))
+        weights.start_stream(self.layers, plan, [worker(n) for n in IO_WORKERS])  # reads in flight
         pool.submit(self.run)
         prefault = getattr(backend, "prefault", None)
         if prefault is not None:
@@ -90,8 +90,8 @@ class ColdLoad:
             idle = max(0.0, t_first - max(done)) if len(done) == len(run.tasks) else 0.0
         if not self.plan.options.pipeline:
             run.wait_all()
-        if self._prefault is not None:
-            self._prefault.wait()
+        if self._prefault is not None and not getattr(self.backend, "prefault_concurrent", lambda: False)():
+            self._prefault.wait()  # it writes into what this run is about to use
         self.backend.begin(feeds)
         n = len(self.plan.layers)
         for pos in range(n):
@@ -101,6 +101,9 @@ class ColdLoad:
             self.backend.execute(pos, flush)
             run.record("execute", pos, t0, time.perf_counter())
         out = self.backend.end()
+        # leaving the window re-enables the collector, and the collection it put off would run at the
+        # next allocation, on this answer's way out: let the idle worker leave it, after the answer
+        idle_worker().submit(self._release_window)
         if getattr(self.backend, "defer_finalize", False):
             # recording the warm path (and saving the pipeline cache) is not on the way to this answer:
             # the idle worker does it, or the next run does if it comes first (the backend's run checks)
@@ -141,12 +144,19 @@ class ColdLoad:
             st.release()
             self.weights.stream = None
 
+    def _release_window(self) -> None:
+        """Leave the cold window (``runtime.window``) the package's opening entered: the answer is out."""
+        release = getattr(self.weights.store, "release_window", None)
+        if release is not None:
+            release()
+
     def wait_loaded(self) -> None:
         self.run.wait_all()
         self._end_stream()
         if self._prefault is not None:
             self._prefault.wait()
         self._finalize()
+        self._release_window()
         self.done = True
         if not self.stats:
             self.stats = {"cold_s": round(time.perf_counter() - self.t0, 6), "predicted_s": round(self.plan.predicted_s, 6),
@@ -154,6 +164,7 @@ class ColdLoad:
 
     def cancel(self) -> None:
         self.run.cancel()
+        self._release_window()
         st = self.weights.stream
         if st is not None:
             st.release()

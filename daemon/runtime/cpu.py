@@ -270,8 +270,8 @@ class CpuExecutor:
         """Fault in the arena and the first run's kernel workspaces (``kernels``: per layer, the cold
         run's kernel) on the calling thread, off the executor's critical path; ``begin`` adopts them."""
         from ..ops.conv import prefault_scratch
+        from .pagecache import can_populate, populate
 
-        self.arena.fill(0)
         sizes: dict[int, int] = {}
         for (layer, _k), name in zip(self.choice, kernels):
             try:
@@ -280,7 +280,19 @@ class CpuExecutor:
                 continue  # prepare will report it
             for slot, n in k.scratch_floats(layer).items():
                 sizes[slot] = max(sizes.get(slot, 0), n)
-        self._scratch = prefault_scratch(sizes)
+        self._scratch = prefault_scratch(sizes)  # first: small, and what begin() adopts if it is there
+        # the arena last, faulted in without writing where the kernel can (the executor may be running
+        # in it already: ColdLoad waits for this only where zeros must be written instead)
+        if can_populate():
+            populate(self.arena)
+        else:
+            self.arena.fill(0)
+
+    def prefault_concurrent(self) -> bool:
+        """Whether ``prefault`` may run beside a run: it only faults pages in, writing nothing."""
+        from .pagecache import can_populate
+
+        return can_populate()
 
     def begin(self, feeds: dict[str, np.ndarray]) -> None:
         scratch = getattr(self, "_scratch", None)

@@ -23,6 +23,42 @@ _libc.mmap.restype = ctypes.c_void_p
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.munmap.restype = ctypes.c_int
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+#: Linux 5.14: fault pages in for writing without changing what they hold
+MADV_POPULATE_WRITE = 23
+_populate_ok: bool | None = None
+
+
+def can_populate() -> bool:
+    """Whether :func:`populate` works here (probed once on a scratch page)."""
+    global _populate_ok
+    if _populate_ok is None:
+        probe = mmap.mmap(-1, mmap.PAGESIZE)
+        try:
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(probe))
+            _populate_ok = _libc.madvise(addr, mmap.PAGESIZE, MADV_POPULATE_WRITE) == 0
+        except (OSError, ValueError, TypeError):
+            _populate_ok = False
+        finally:
+            try:
+                probe.close()
+            except BufferError:
+                pass
+    return _populate_ok
+
+
+def populate(a: np.ndarray) -> bool:
+    """Fault in the pages of ``a`` (C-contiguous) for writing, leaving its bytes as they are: unlike
+    writing zeros, safe while another thread already computes in the array, so the first run need not
+    wait for it. GIL released (ctypes). False where the kernel lacks ``MADV_POPULATE_WRITE``."""
+    if a.nbytes == 0 or not can_populate():
+        return a.nbytes == 0
+    page = mmap.PAGESIZE
+    addr = a.__array_interface__["data"][0]
+    start = -(-addr // page) * page  # the whole pages inside the array (the partial ends fault on use)
+    end = (addr + a.nbytes) // page * page
+    return end <= start or _libc.madvise(start, end - start, MADV_POPULATE_WRITE) == 0
 
 
 def drop_file(path: str | os.PathLike) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import InferdError
 from ..planner.plan import ColdPlan
+from . import window
 
 log = logging.getLogger("inferd.runtime.scheduler")
 
@@ -280,7 +281,8 @@ class LoaderPool:
                     got = self._pick(w)
                     if got is not None:
                         break
-                    self._cond.wait(0.2)
+                    if not self._cond.wait(0.2):
+                        window.expire()  # a cold window whose load was never run nor closed lapses
                 if self._stop:
                     return
             assert got is not None
@@ -379,9 +381,13 @@ _pool_lock = threading.Lock()
 _workers: dict[str, Worker] = {}
 
 
+#: the workers a cold load's streaming read runs on: two reads in flight (``store.StoreStream``)
+IO_WORKERS = ("io", "io2")
+
+
 def worker(name: str) -> Worker:
-    """The process's worker ``name``: 'io' (streaming reads), 'aux' (prefaulting) or 'idle' (nice 19:
-    the warm switch, refining plans, after a first answer)."""
+    """The process's worker ``name``: 'io' and 'io2' (streaming reads), 'aux' (prefaulting) or 'idle'
+    (nice 19: the warm switch, refining plans, after a first answer)."""
     with _pool_lock:
         return _worker_locked(name)
 
@@ -407,6 +413,6 @@ def loader_pool() -> LoaderPool:
         if _pool is None:
             _pool = LoaderPool(default_loaders())
             _pool._ensure_locked()
-            for name in ("io", "aux", "idle"):
+            for name in IO_WORKERS + ("aux", "idle"):
                 _worker_locked(name)
         return _pool
