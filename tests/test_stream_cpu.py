@@ -4,6 +4,8 @@ the page cache and bypassing it; an instrumented allocator proves no box is over
 arena's high-water mark stays inside the budget."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -287,3 +289,57 @@ def test_cache_mode_loader_runs_at_lower_priority(work):
             ex.close()
         assert seen and set(seen) == {min(want, 19)}, (read, seen)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own is untouched
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+def test_several_loaders_bypassing_the_cache_give_the_same_bits_and_report_damage(work, tmp_path, readers):
+    """Bypassing the page cache, ``bypass_readers`` loaders have reads in flight at once (large layers in several
+    pieces): at the smallest and a middle budget the outputs are the unconstrained executor's bits, no live box
+    is overwritten, every streamed byte is read; a damaged blob and a store cut short under a running executor
+    are reported whichever loader read them."""
+    import shutil
+
+    from inferd.errors import WeightsStoreError
+    from inferd.runtime import stream as S
+
+    name = "resnet18"
+    path = zoo_dir([name]) / f"{name}.onnx"
+    graph = inferd.frontend.import_model(str(path))
+    feeds = {t.name: np.random.default_rng(9).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    ref = CpuExecutor(graph).run(feeds)
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+    for budget in (need, need * 2):
+        ex = StreamingExecutor(graph, store, budget, read="bypass", track=True)
+        ex.bypass_readers = readers
+        try:
+            assert all(pc.span.nbytes <= max(S.PIECE_MAX, S.WALIGN) for pcs in ex._pieces.values() for pc in pcs)
+            for _ in range(2):
+                got = ex.run(feeds)
+                for k in ref:
+                    np.testing.assert_array_equal(got[k], ref[k])
+                assert not ex.tracker.violations, ex.tracker.violations[:3]
+                assert ex.tracker.high_water <= ex.arena.nbytes <= ex.budget
+                assert ex.stats["reads"] > 0 and ex.stats["bytes"] >= ex.streamed_bytes
+        finally:
+            ex.close()
+    bad = tmp_path / "damaged.store"
+    shutil.copy(store, bad)
+    ex = StreamingExecutor(graph, bad, need, read="bypass", keep_resident=False)
+    ex.bypass_readers = readers
+    try:
+        e = max((e for s in ex.steps for e, _ in s.blobs), key=lambda e: e.size)
+        with open(bad, "r+b") as fh:
+            fh.seek(e.offset + e.size // 3)
+            b = fh.read(1)
+            fh.seek(e.offset + e.size // 3)
+            fh.write(bytes([b[0] ^ 0x55]))
+        with pytest.raises(WeightsStoreError, match="checksum mismatch"):
+            ex.run(feeds)
+        os.truncate(bad, e.offset + e.size // 2)  # cut inside the largest blob: the file ends before its bytes
+        with pytest.raises(WeightsStoreError, match="truncated"):
+            ex.run(feeds)
+    finally:
+        ex.close()

@@ -43,6 +43,7 @@ from ..ops.base import Kernel, Layer, kernels_for, op_spec, raw_params
 from ..planner.flex import BudgetTooSmall, FlexPlan, LayerMem, min_budget, plan_budget, plan_flex
 from ..planner.memory import align_up, graph_buffers
 from ..store import Entry, StoreWriter, WeightsStore, aligned_empty
+from . import blockio
 from .cpu import select_kernels
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ PIECE = 256 << 10
 #: scratch buffer): small layers' blobs otherwise go one request each, at the disk's latency, not its rate
 RUN = 4 << 20
 GAP = 32 << 10
+#: the largest piece: a large layer's weights go in several reads that several loaders (and the compute thread)
+#: can have in flight at once, and one loader joins them back up to RUN bytes when it is alone
+PIECE_MAX = 1 << 20
 MODES = ("preload", "ondemand")
 READS = ("cache", "bypass")
 
@@ -171,6 +175,14 @@ class StreamingExecutor:
     #: with the time they leave, and the compute thread reads what is still missing when it gets there
     #: (0: same priority as compute)
     cache_loader_nice = 10
+    #: loader threads when bypassing the page cache: the reads in flight (a direct read is the disk's time, not
+    #: the CPU's, so more loaders cost no compute; an SSD reaches its rate only with a queue of reads)
+    bypass_readers = 3
+    #: loader threads through the page cache (None: one where a core is left beside the native pool's threads,
+    #: none where the pool uses every core: there the copy only takes time from compute, and a loader thread
+    #: preempted while it holds the interpreter lock stalls the compute thread; the compute thread then reads
+    #: each layer's pieces itself, joined into few large reads)
+    cache_loaders: int | None = None
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
                  read: str = "cache", keep_resident: bool = True, track: bool = False,
@@ -420,7 +432,7 @@ class StreamingExecutor:
                     n = min(PIECE, padded - a)
                     lo, hi = start + a, start + a + n
                     dep = max((last for o, end, last in near if o < hi and lo < end), default=-1)
-                    if cuts and cuts[-1][2] == dep:
+                    if cuts and cuts[-1][2] == dep and cuts[-1][1] + n <= PIECE_MAX:
                         c = cuts[-1]
                         cuts[-1] = (c[0], c[1] + n, dep)
                     else:
@@ -454,62 +466,36 @@ class StreamingExecutor:
         from ..store import checksum
 
         start = v.ctypes.data - self.arena.ctypes.data
-        n = align_up(e.size, WALIGN)
-        span = self.arena[start:start + n]
+        span = self.arena[start:start + align_up(e.size, WALIGN)]
         try:
-            got = os.preadv(self.store._dfd, [memoryview(span)], e.offset)
-        except OSError:  # a device with larger blocks: buffered, then dropped
-            got = os.preadv(self.store._fd, [memoryview(span[:e.size])], e.offset)
-            os.posix_fadvise(self.store._fd, e.offset, e.size, os.POSIX_FADV_DONTNEED)
-        if got < e.size:
-            raise WeightsStoreError(f"{self.store.path}: truncated weights store: {e.key} needs {e.size} bytes "
-                                    f"at {e.offset}, read {got}")
+            blockio.readv(self.store._fd, self.store._dfd, e.offset, [memoryview(span)], need=e.size, drop=True)
+        except blockio.ShortRead as ex:
+            raise WeightsStoreError(f"{self.store.path}: truncated weights store: {e.key}: {ex}") from None
         if checksum(memoryview(span[:e.size])) != e.checksum:
             raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {e.key} (corrupted weights)")
 
     def _read_run(self, pcs: Sequence[_Piece]) -> None:
-        """Pieces that follow each other in the store (gaps of at most GAP bytes between them) in one ``preadv``."""
-        if len(pcs) == 1:
-            self._read_piece(pcs[0])
-            return
+        """Pieces that follow each other in the store (gaps of at most GAP bytes between them) in one ``preadv``
+        (``O_DIRECT`` in bypass mode: every span and gap is block aligned). A piece's span is block padded: the
+        padding is read too (the next bytes of the file) but only its data must come back."""
         st = self.store
         iov: list[memoryview] = []
         pos = pcs[0].file_off
         for pc in pcs:
             if pc.file_off > pos:
+                if pc.file_off - pos > self._gap.nbytes:
+                    raise StreamError(f"a joined read's gap of {pc.file_off - pos} bytes exceeds its buffer")
                 iov.append(memoryview(self._gap[:pc.file_off - pos]))
             iov.append(memoryview(pc.span))
             pos = pc.file_off + pc.span.nbytes
         want = pos - pcs[0].file_off - (pcs[-1].span.nbytes - pcs[-1].nbytes)
-        direct = self.read == "bypass" and st.direct
+        if want <= 0:
+            return
+        bypass = self.read == "bypass"
         try:
-            got = os.preadv(st._dfd if direct else st._fd, iov, pcs[0].file_off)
-        except OSError:
-            if not direct:
-                raise
-            got = os.preadv(st._fd, iov, pcs[0].file_off)
-            direct = False
-        if self.read == "bypass" and not direct:
-            os.posix_fadvise(st._fd, pcs[0].file_off, pos - pcs[0].file_off, os.POSIX_FADV_DONTNEED)
-        if got < want:
-            raise WeightsStoreError(f"{st.path}: truncated weights store: {want} bytes at {pcs[0].file_off} "
-                                    f"({pcs[0].entry.key} on), read {got}")
-
-    def _read_piece(self, pc: _Piece) -> None:
-        st = self.store
-        if self.read == "bypass" and st.direct:
-            try:
-                got = os.preadv(st._dfd, [memoryview(pc.span)], pc.file_off)
-            except OSError:  # a device with larger blocks: buffered, then dropped
-                got = os.preadv(st._fd, [memoryview(pc.span[:pc.nbytes])], pc.file_off)
-                os.posix_fadvise(st._fd, pc.file_off, pc.nbytes, os.POSIX_FADV_DONTNEED)
-        else:
-            got = os.preadv(st._fd, [memoryview(pc.span[:pc.nbytes])], pc.file_off) if pc.nbytes else 0
-            if self.read == "bypass":
-                os.posix_fadvise(st._fd, pc.file_off, pc.nbytes, os.POSIX_FADV_DONTNEED)
-        if got < pc.nbytes:
-            raise WeightsStoreError(f"{st.path}: truncated weights store: {pc.entry.key} needs {pc.nbytes} bytes "
-                                    f"at {pc.file_off}, read {got}")
+            blockio.readv(st._fd, st._dfd if bypass else -1, pcs[0].file_off, iov, need=want, drop=bypass)
+        except blockio.ShortRead as ex:
+            raise WeightsStoreError(f"{st.path}: truncated weights store ({pcs[0].entry.key} on): {ex}") from None
 
     def _verify(self, step: _Step) -> None:
         """Every blob of ``step`` read in pieces: its checksum, once all its pieces are in."""
@@ -561,6 +547,7 @@ class StreamingExecutor:
         read_s = 0.0
         wait_s = 0.0
         steps = self.steps
+        self.io_stats: dict[str, float] = {}
         if self.mode == "ondemand":
             for s in steps:
                 if s.blobs:
@@ -574,16 +561,20 @@ class StreamingExecutor:
         if tr is not None:
             for key in self._ends.get(len(steps), []):
                 tr.release(key)
-        self.stats = {"run_s": time.perf_counter() - t0, "read_s": read_s, "wait_s": wait_s}
+        self.stats = {"run_s": time.perf_counter() - t0, "read_s": read_s, "wait_s": wait_s, **self.io_stats}
         return res
 
     def _run_streamed(self, tr: ArenaTracker | None) -> tuple[float, float]:
-        """The loader thread and this (compute) thread, one event per dependency: the compute thread sets
+        """The loader threads and this (compute) thread, one event per dependency: the compute thread sets
         ``comp[j]`` only for the steps some piece waits for; a layer's ``ready`` is set by whichever thread
-        reads its last piece. A piece is read by the thread that claims it first: when the compute thread
-        reaches a layer whose weights are not in yet, it reads the pieces the loader has not started itself
-        (their dependencies have all run) instead of waiting for the loader to be woken and scheduled: on a
-        busy machine that hand-off costs milliseconds per layer, and two reads in flight go faster than one."""
+        reads its last piece. The loaders (``readers``: one through the page cache, ``bypass_readers`` when
+        bypassing it) take runs off one queue in order: each the next pieces whose dependencies have run and
+        that follow each other in the store, up to ``RUN`` bytes, so that several large reads are in flight (a
+        disk reaches its rate only with a queue of them; one reader waiting for each read leaves it idle between
+        two). A piece is read by the thread that claims it first: when the compute thread reaches a layer whose
+        weights are not in yet, it reads the pieces nobody has started itself (their dependencies have all run)
+        instead of waiting for a loader to be woken and scheduled: on a busy machine that hand-off costs
+        milliseconds per layer."""
         steps, plan = self.steps, self.plan
         stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
         pieces = self._pieces
@@ -593,21 +584,49 @@ class StreamingExecutor:
         left = {s.pos: len(pieces[s.pos]) for s in stream}
         mu = threading.Lock()
         err: list[BaseException] = []
-        rs = [0.0]
         clock = time.perf_counter
+        # reading's wall time (some read in flight), not the sum over threads; reads and bytes for the stats
+        io = {"inflight": 0, "since": 0.0, "read_s": 0.0, "reads": 0, "bytes": 0, "verify_s": 0.0}
+        queue = [(s, k, pc) for s in stream for k, pc in enumerate(pieces[s.pos])]
+        cur = [0]
 
-        def take(s: _Step, k: int) -> bool:
+        def extend(run: list[tuple[_Step, _Piece]], items: Sequence[tuple[_Step, int, _Piece]]) -> int:
+            """Under ``mu``: append to ``run`` the leading ``items`` that can join its read (untaken, their
+            dependency run, next in the store); the number taken."""
+            pc = run[-1][1]
+            size, end, n = sum(p.span.nbytes for _s, p in run), pc.file_off + pc.span.nbytes, 0
+            for s2, k2, p2 in items:
+                gap = p2.file_off - end
+                if size >= RUN or not 0 <= gap <= GAP or taken[s2.pos][k2] \
+                        or (p2.dep >= 0 and not comp[p2.dep].is_set()):
+                    break
+                taken[s2.pos][k2] = True
+                run.append((s2, p2))
+                size += gap + p2.span.nbytes
+                end = p2.file_off + p2.span.nbytes
+                n += 1
+            return n
+
+        def read(run: list[tuple[_Step, _Piece]]) -> None:
+            """Read ``run`` (claimed); a layer whose last piece is in is verified and ready."""
+            if tr is not None:
+                for _s, p in run:
+                    tr.claim(p.key, p.offset, p.span.nbytes)
             with mu:
-                if taken[s.pos][k]:
-                    return False
-                taken[s.pos][k] = True
-                return True
-
-        def done(run: list[tuple[_Step, _Piece]], dt: float) -> None:
-            """Bookkeeping after ``run`` was read: a layer whose last piece is in is verified and ready."""
+                if io["inflight"] == 0:
+                    io["since"] = clock()
+                io["inflight"] += 1
+            try:
+                self._read_run([p for _s, p in run])
+            finally:
+                with mu:
+                    io["inflight"] -= 1
+                    if io["inflight"] == 0:
+                        io["read_s"] += clock() - io["since"]
+                    io["reads"] += 1
+                    io["bytes"] += run[-1][1].file_off + run[-1][1].span.nbytes - run[0][1].file_off
             full = []
             with mu:
-                rs[0] += dt
                 for s, _pc in run:
                     left[s.pos] -= 1
                     if left[s.pos] == 0:
@@ -617,17 +636,27 @@ class StreamingExecutor:
                 faults.check("cache.read")
                 self._verify(s)
                 with mu:
-                    rs[0] += clock() - t0
+                    io["verify_s"] += clock() - t0
                 ready[s.pos].set()
 
-        def read(s: _Step, pc: _Piece) -> None:
-            if tr is not None:
-                tr.claim(pc.key, pc.offset, pc.span.nbytes)
-            t0 = clock()
-            self._read_piece(pc)
-            done([(s, pc)], clock() - t0)
-
-        queue = [(s, k, pc) for s in stream for k, pc in enumerate(pieces[s.pos])]
+        def next_run() -> list[tuple[_Step, _Piece]] | None:
+            """The loaders' next run off the queue, waiting for its first piece's dependency; None: done."""
+            while True:
+                with mu:
+                    q = cur[0]
+                    while q < len(queue) and taken[queue[q][0].pos][queue[q][1]]:
+                        q += 1
+                    cur[0] = q
+                    if q >= len(queue) or err:
+                        return None
+                    s, k, pc = queue[q]
+                    ev = comp[pc.dep] if pc.dep >= 0 else None
+                    if ev is None or ev.is_set():
+                        taken[s.pos][k] = True
+                        run = [(s, pc)]
+                        cur[0] = q + 1 + extend(run, queue[q + 1:q + 65])
+                        return run
+                ev.wait()
 
         def loader() -> None:
             if self.read == "cache" and self.cache_loader_nice > 0:
@@ -636,34 +665,11 @@ class StreamingExecutor:
                 except (OSError, AttributeError):  # not Linux, or not permitted: same priority
                     pass
             try:
-                q = 0
-                while q < len(queue):
-                    s, k, pc = queue[q]
-                    if pc.dep >= 0:
-                        comp[pc.dep].wait()
-                    if err:
+                while True:
+                    run = next_run()
+                    if run is None:
                         return
-                    q += 1
-                    if not take(s, k):
-                        continue
-                    run = [(s, pc)]
-                    size, end = pc.span.nbytes, pc.file_off + pc.span.nbytes
-                    while q < len(queue) and size < RUN:  # the next pieces, when they can go in the same read
-                        s2, k2, p2 = queue[q]
-                        gap = p2.file_off - end
-                        if not (0 <= gap <= GAP) or (p2.dep >= 0 and not comp[p2.dep].is_set()) \
-                                or not take(s2, k2):
-                            break
-                        run.append((s2, p2))
-                        size += gap + p2.span.nbytes
-                        end = p2.file_off + p2.span.nbytes
-                        q += 1
-                    if tr is not None:
-                        for _s, p in run:
-                            tr.claim(p.key, p.offset, p.span.nbytes)
-                    t0 = clock()
-                    self._read_run([p for _s, p in run])
-                    done(run, clock() - t0)
+                    read(run)
             except BaseException as e:  # the compute thread re-raises it
                 err.append(e)
             finally:
@@ -671,19 +677,30 @@ class StreamingExecutor:
                     for ev in ready.values():  # never leave the compute thread waiting
                         ev.set()
 
-        th = threading.Thread(target=loader, name="inferd-stream-loader", daemon=True)
-        th.start()
+        n = (self.bypass_readers if self.read == "bypass" else self._cache_loaders()) if queue else 0
+        if not self.steal:
+            n = max(n, 1)  # someone must read
+        ths = [threading.Thread(target=loader, name="inferd-stream-loader", daemon=True) for _ in range(n)]
+        for th in ths:
+            th.start()
         wait_s = 0.0
         try:
             for s in steps:
                 ev = ready.get(s.pos)
                 if ev is not None and not ev.is_set():
                     w0 = clock()
-                    for k, pc in enumerate(pieces[s.pos]):  # every dependency has run: read what is left
-                        if err or not self.steal:
-                            break
-                        if take(s, k):
-                            read(s, pc)
+                    mine = [(s, k, pc) for k, pc in enumerate(pieces[s.pos])]
+                    i = 0
+                    while self.steal and not err and i < len(mine):  # every dependency has run: read what is left
+                        with mu:
+                            while i < len(mine) and taken[s.pos][mine[i][1]]:
+                                i += 1
+                            if i == len(mine):
+                                break
+                            taken[s.pos][mine[i][1]] = True
+                            run = [(s, mine[i][2])]
+                            i += 1 + extend(run, mine[i + 1:])
+                        read(run)
                     ev.wait()
                     wait_s += clock() - w0
                 if err:
@@ -697,12 +714,27 @@ class StreamingExecutor:
                 err.append(e)
             for c in comp.values():
                 c.set()
-            th.join()
+            for th in ths:  # a loader may be reading into the arena: it is not ours again before they stop
+                th.join()
             raise
-        th.join()
+        # no join: every piece is in (each step waited for its own), so the arena is no longer touched; a loader
+        # that is still finishing its loop finds the queue empty and ends by itself (joining it costs a wake-up and
+        # a time slice of the loader's, milliseconds on a busy machine, for nothing)
         if err:
             raise err[0]
-        return rs[0], wait_s
+        self.io_stats = {k: v for k, v in io.items() if k not in ("inflight", "since")}
+        return io["read_s"], wait_s
+
+    def _cache_loaders(self) -> int:
+        if self.cache_loaders is not None:
+            return self.cache_loaders
+        from .. import native
+
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return 1 if cores > native.num_threads() else 0
 
     def _compute(self, s: _Step, tr: ArenaTracker | None) -> None:
         if tr is not None:
