@@ -178,11 +178,9 @@ class StreamingExecutor:
     #: loader threads when bypassing the page cache: the reads in flight (a direct read is the disk's time, not
     #: the CPU's, so more loaders cost no compute; an SSD reaches its rate only with a queue of reads)
     bypass_readers = 3
-    #: loader threads through the page cache (None: one where a core is left beside the native pool's threads,
-    #: none where the pool uses every core: there the copy only takes time from compute, and a loader thread
-    #: preempted while it holds the interpreter lock stalls the compute thread; the compute thread then reads
-    #: each layer's pieces itself, joined into few large reads)
-    cache_loaders: int | None = None
+    #: loader threads through the page cache (0: the compute thread reads each layer's pieces itself; on the
+    #: 2-core machine, where the native pool takes every core, 0 and 1 measured the same within the noise)
+    cache_loaders = 1
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
                  read: str = "cache", keep_resident: bool = True, track: bool = False,
@@ -565,24 +563,28 @@ class StreamingExecutor:
         return res
 
     def _run_streamed(self, tr: ArenaTracker | None) -> tuple[float, float]:
-        """The loader threads and this (compute) thread, one event per dependency: the compute thread sets
-        ``comp[j]`` only for the steps some piece waits for; a layer's ``ready`` is set by whichever thread
-        reads its last piece. The loaders (``readers``: one through the page cache, ``bypass_readers`` when
-        bypassing it) take runs off one queue in order: each the next pieces whose dependencies have run and
-        that follow each other in the store, up to ``RUN`` bytes, so that several large reads are in flight (a
-        disk reaches its rate only with a queue of them; one reader waiting for each read leaves it idle between
-        two). A piece is read by the thread that claims it first: when the compute thread reaches a layer whose
-        weights are not in yet, it reads the pieces nobody has started itself (their dependencies have all run)
-        instead of waiting for a loader to be woken and scheduled: on a busy machine that hand-off costs
-        milliseconds per layer."""
+        """The loader threads and this (compute) thread, synchronised on one condition: the compute thread
+        publishes the last step it ran (``prog``) and wakes the loaders only when one waits for that step; a
+        layer is ``ok`` once its last piece is in and verified, by whichever thread read it. The loaders
+        (``cache_loaders`` through the page cache, ``bypass_readers`` when bypassing it) take
+        runs off one queue in order: each the next pieces whose dependencies have run and that follow each other
+        in the store, up to ``RUN`` bytes, so that several large reads are in flight (a disk reaches its rate only
+        with a queue of them; one reader waiting for each read leaves it idle between two). A piece is read by
+        the thread that claims it first: when the compute thread reaches a layer whose weights are not in yet,
+        it reads the pieces nobody has started itself (their dependencies have all run) instead of waiting for
+        a loader to be woken and scheduled: on a busy machine that hand-off costs milliseconds per layer."""
         steps, plan = self.steps, self.plan
-        stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
         pieces = self._pieces
-        comp = {pc.dep: threading.Event() for s in stream for pc in pieces[s.pos] if pc.dep >= 0}
-        ready = {s.pos: threading.Event() for s in stream}
+        stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
         taken = {s.pos: [False] * len(pieces[s.pos]) for s in stream}
         left = {s.pos: len(pieces[s.pos]) for s in stream}
+        ok = dict.fromkeys(left, False)
         mu = threading.Lock()
+        cv = threading.Condition(mu)
+        never = len(steps)
+        prog = [-1]  # the last step computed
+        want = [never]  # the earliest step a loader waits for (never: none waits)
+        waiting = [-1]  # the step whose weights the compute thread waits for
         err: list[BaseException] = []
         clock = time.perf_counter
         # reading's wall time (some read in flight), not the sum over threads; reads and bytes for the stats
@@ -597,8 +599,7 @@ class StreamingExecutor:
             size, end, n = sum(p.span.nbytes for _s, p in run), pc.file_off + pc.span.nbytes, 0
             for s2, k2, p2 in items:
                 gap = p2.file_off - end
-                if size >= RUN or not 0 <= gap <= GAP or taken[s2.pos][k2] \
-                        or (p2.dep >= 0 and not comp[p2.dep].is_set()):
+                if size >= RUN or not 0 <= gap <= GAP or taken[s2.pos][k2] or p2.dep > prog[0]:
                     break
                 taken[s2.pos][k2] = True
                 run.append((s2, p2))
@@ -608,7 +609,7 @@ class StreamingExecutor:
             return n
 
         def read(run: list[tuple[_Step, _Piece]]) -> None:
-            """Read ``run`` (claimed); a layer whose last piece is in is verified and ready."""
+            """Read ``run`` (claimed); a layer whose last piece is in is verified and ok."""
             if tr is not None:
                 for _s, p in run:
                     tr.claim(p.key, p.offset, p.span.nbytes)
@@ -635,14 +636,16 @@ class StreamingExecutor:
                 t0 = clock()
                 faults.check("cache.read")
                 self._verify(s)
-                with mu:
+                with cv:
                     io["verify_s"] += clock() - t0
-                ready[s.pos].set()
+                    ok[s.pos] = True
+                    if waiting[0] == s.pos:
+                        cv.notify_all()
 
         def next_run() -> list[tuple[_Step, _Piece]] | None:
             """The loaders' next run off the queue, waiting for its first piece's dependency; None: done."""
-            while True:
-                with mu:
+            with cv:
+                while True:
                     q = cur[0]
                     while q < len(queue) and taken[queue[q][0].pos][queue[q][1]]:
                         q += 1
@@ -650,13 +653,13 @@ class StreamingExecutor:
                     if q >= len(queue) or err:
                         return None
                     s, k, pc = queue[q]
-                    ev = comp[pc.dep] if pc.dep >= 0 else None
-                    if ev is None or ev.is_set():
+                    if pc.dep <= prog[0]:
                         taken[s.pos][k] = True
                         run = [(s, pc)]
                         cur[0] = q + 1 + extend(run, queue[q + 1:q + 65])
                         return run
-                ev.wait()
+                    want[0] = min(want[0], pc.dep)
+                    cv.wait()
 
         def loader() -> None:
             if self.read == "cache" and self.cache_loader_nice > 0:
@@ -671,13 +674,11 @@ class StreamingExecutor:
                         return
                     read(run)
             except BaseException as e:  # the compute thread re-raises it
-                err.append(e)
-            finally:
-                if err:
-                    for ev in ready.values():  # never leave the compute thread waiting
-                        ev.set()
+                with cv:
+                    err.append(e)
+                    cv.notify_all()  # never leave the compute thread (or another loader) waiting
 
-        n = (self.bypass_readers if self.read == "bypass" else self._cache_loaders()) if queue else 0
+        n = (self.bypass_readers if self.read == "bypass" else self.cache_loaders) if queue else 0
         if not self.steal:
             n = max(n, 1)  # someone must read
         ths = [threading.Thread(target=loader, name="inferd-stream-loader", daemon=True) for _ in range(n)]
@@ -686,55 +687,48 @@ class StreamingExecutor:
         wait_s = 0.0
         try:
             for s in steps:
-                ev = ready.get(s.pos)
-                if ev is not None and not ev.is_set():
+                pos = s.pos
+                if ok.get(pos) is False:
                     w0 = clock()
-                    mine = [(s, k, pc) for k, pc in enumerate(pieces[s.pos])]
+                    mine = [(s, k, pc) for k, pc in enumerate(pieces[pos])]
                     i = 0
                     while self.steal and not err and i < len(mine):  # every dependency has run: read what is left
                         with mu:
-                            while i < len(mine) and taken[s.pos][mine[i][1]]:
+                            while i < len(mine) and taken[pos][mine[i][1]]:
                                 i += 1
                             if i == len(mine):
                                 break
-                            taken[s.pos][mine[i][1]] = True
+                            taken[pos][mine[i][1]] = True
                             run = [(s, mine[i][2])]
                             i += 1 + extend(run, mine[i + 1:])
                         read(run)
-                    ev.wait()
+                    with cv:
+                        waiting[0] = pos
+                        while not ok[pos] and not err:
+                            cv.wait()
+                        waiting[0] = -1
                     wait_s += clock() - w0
                 if err:
                     raise err[0]
                 self._compute(s, tr)
-                c = comp.get(s.pos)
-                if c is not None:
-                    c.set()
+                prog[0] = pos
+                if want[0] <= pos:  # a loader waits for this step (set before it checked prog: no lost wake-up)
+                    with cv:
+                        want[0] = never
+                        cv.notify_all()
         except BaseException as e:
-            if not err:
-                err.append(e)
-            for c in comp.values():
-                c.set()
+            with cv:
+                if not err:
+                    err.append(e)
+                cv.notify_all()
             for th in ths:  # a loader may be reading into the arena: it is not ours again before they stop
                 th.join()
             raise
         # no join: every piece is in (each step waited for its own), so the arena is no longer touched; a loader
         # that is still finishing its loop finds the queue empty and ends by itself (joining it costs a wake-up and
         # a time slice of the loader's, milliseconds on a busy machine, for nothing)
-        if err:
-            raise err[0]
         self.io_stats = {k: v for k, v in io.items() if k not in ("inflight", "since")}
         return io["read_s"], wait_s
-
-    def _cache_loaders(self) -> int:
-        if self.cache_loaders is not None:
-            return self.cache_loaders
-        from .. import native
-
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
-        return 1 if cores > native.num_threads() else 0
 
     def _compute(self, s: _Step, tr: ArenaTracker | None) -> None:
         if tr is not None:
