@@ -28,6 +28,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -160,6 +161,79 @@ class ArenaTracker:
             self.live.pop(key, None)
 
 
+class _Loaders:
+    """Loader threads kept across runs. A run hands them its loop (``start``) and goes on at once: starting a
+    thread per run waits for the new thread to be scheduled (``Thread.start`` returns only once it runs), a
+    wake-up on a busy core per loader and per run, milliseconds for a small model on a loaded machine.
+    ``wait_idle`` waits until none runs a loop any more (before the arena may change after a failed run)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cv = threading.Condition()
+        self.job: Callable[[], None] | None = None
+        self.gen = 0
+        self.want = 0
+        self.busy = 0
+        self.closed = False
+        self.threads: list[threading.Thread] = []
+
+    def start(self, job: Callable[[], None], n: int, nice: int) -> None:
+        with self.cv:
+            while len(self.threads) < n:
+                th = threading.Thread(target=self._work, args=(len(self.threads), nice), name=self.name, daemon=True)
+                self.threads.append(th)
+                th.start()
+            self.job, self.want = job, n
+            self.gen += 1
+            self.cv.notify_all()
+
+    def _work(self, i: int, nice: int) -> None:
+        if nice > 0:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (OSError, AttributeError):  # not Linux, or not permitted: same priority
+                pass
+        seen = 0
+        while True:
+            with self.cv:
+                while not self.closed and (self.gen == seen or i >= self.want):
+                    if self.gen != seen:  # a run that wants fewer loaders
+                        seen = self.gen
+                        continue
+                    self.cv.wait()
+                if self.closed:
+                    return
+                seen, job = self.gen, self.job
+                if job is None:  # the run ended before this loader got to it
+                    continue
+                self.busy += 1
+            try:
+                job()
+            finally:
+                job = None
+                with self.cv:
+                    self.busy -= 1
+                    self.cv.notify_all()
+
+    def done(self) -> None:
+        """The run is over: a loader that has not picked its loop up yet skips it, and the pool no longer
+        holds the run (nor, through it, the executor)."""
+        with self.cv:
+            self.job = None
+
+    def wait_idle(self) -> None:
+        with self.cv:
+            self.job = None
+            while self.busy:
+                self.cv.wait()
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.job = None
+            self.cv.notify_all()
+
+
 class StreamingExecutor:
     """Run ``graph`` inside ``budget`` bytes with its weights streamed from ``store_path``.
 
@@ -264,6 +338,8 @@ class StreamingExecutor:
         self.lock = threading.Lock()
         self._pending: tuple[FlexPlan, int, float] | None = None
         self._pending_lock = threading.Lock()
+        #: per read mode (the loaders' priority differs); closed with the executor, or when it is collected
+        self._loaders: dict[str, _Loaders] = {}
         self.adapt_s: list[float] = []  # per change: from the request to the new arena in place
         self.swap_s: list[float] = []  # per change: the swap itself (under the run lock)
 
@@ -662,11 +738,6 @@ class StreamingExecutor:
                     cv.wait()
 
         def loader() -> None:
-            if self.read == "cache" and self.cache_loader_nice > 0:
-                try:
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.cache_loader_nice)
-                except (OSError, AttributeError):  # not Linux, or not permitted: same priority
-                    pass
             try:
                 while True:
                     run = next_run()
@@ -681,9 +752,13 @@ class StreamingExecutor:
         n = (self.bypass_readers if self.read == "bypass" else self.cache_loaders) if queue else 0
         if not self.steal:
             n = max(n, 1)  # someone must read
-        ths = [threading.Thread(target=loader, name="inferd-stream-loader", daemon=True) for _ in range(n)]
-        for th in ths:
-            th.start()
+        lp = None
+        if n:
+            lp = self._loaders.get(self.read)
+            if lp is None:
+                lp = self._loaders[self.read] = _Loaders("inferd-stream-loader")
+                weakref.finalize(self, lp.close)  # the threads hold the pool, not the executor
+            lp.start(loader, n, self.cache_loader_nice if self.read == "cache" else 0)
         wait_s = 0.0
         try:
             for s in steps:
@@ -721,12 +796,14 @@ class StreamingExecutor:
                 if not err:
                     err.append(e)
                 cv.notify_all()
-            for th in ths:  # a loader may be reading into the arena: it is not ours again before they stop
-                th.join()
+            if lp is not None:  # a loader may be reading into the arena: it is not ours again before they stop
+                lp.wait_idle()
             raise
         # no join: every piece is in (each step waited for its own), so the arena is no longer touched; a loader
         # that is still finishing its loop finds the queue empty and ends by itself (joining it costs a wake-up and
         # a time slice of the loader's, milliseconds on a busy machine, for nothing)
+        if lp is not None:
+            lp.done()
         self.io_stats = {k: v for k, v in io.items() if k not in ("inflight", "since")}
         return io["read_s"], wait_s
 
@@ -763,6 +840,8 @@ class StreamingExecutor:
             if self.mode != "ondemand" else sum(e.size for s in self.steps for e, _ in s.blobs)
 
     def close(self) -> None:
+        for lp in self._loaders.values():
+            lp.close()
         self.store.close()
 
 
