@@ -343,3 +343,44 @@ def test_several_loaders_bypassing_the_cache_give_the_same_bits_and_report_damag
             ex.run(feeds)
     finally:
         ex.close()
+
+
+def test_loader_threads_are_kept_across_runs_and_end_with_the_executor(work):
+    """The loaders are started once and reused by every run (no thread start per run); closing the executor,
+    or dropping it without closing, ends them."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    name = "mobilenetv2"
+    graph = inferd.frontend.import_model(str(zoo_dir([name]) / f"{name}.onnx"))
+    feeds = {t.name: np.ones(t.shape, t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+
+    def loaders() -> set[int]:
+        return {t.ident for t in threading.enumerate() if t.name == "inferd-stream-loader"}
+
+    before = loaders()
+    for close in (True, False):
+        ex = StreamingExecutor(graph, store, need, read="bypass")
+        ex.run(feeds)
+        first = loaders() - before
+        assert len(first) == ex.bypass_readers
+        for _ in range(3):
+            ex.run(feeds)
+        assert loaders() - before == first  # the same threads, no new ones
+        if close:
+            ex.close()
+        else:
+            ref = weakref.ref(ex)
+            del ex
+            gc.collect()
+            assert ref() is None  # the loaders do not keep the executor alive
+        deadline = time.monotonic() + 5
+        while loaders() - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not loaders() - before

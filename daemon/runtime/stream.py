@@ -2,17 +2,20 @@
 
 One static arena of the budget's size holds everything the plan (``planner.flex``) places: activations,
 each layer's kernel workspace (the im2col / Winograd buffers, handed to the kernels as their scratch),
-the streamed weights and the resident ones. A loader thread reads each layer's already transformed
+the streamed weights and the resident ones. Loader threads read each layer's already transformed
 weights from the store into their planned offsets; the compute thread runs the layers. Dependencies
 come from the plan: ``load(i)`` after ``comp(load_after[i])`` (the last step that used those addresses),
-``comp(i)`` after ``load(i)``. The loader reads a layer's weights in pieces (``PIECE`` bytes at the finest),
-each after the last step that used *its* addresses: where the plan could not preload a whole layer (a
-tight budget), the part of it that lands on memory already free still loads while the step before runs.
-Every kernel is bound once to its arena views, so a run is the same native
-calls as the unconstrained executor's, fed by the loader.
+``comp(i)`` after ``load(i)``. A layer's weights are read in pieces (``PIECE`` bytes at the finest,
+``PIECE_MAX`` at most), each after the last step that used *its* addresses: where the plan could not
+preload a whole layer (a tight budget), the part of it that lands on memory already free still loads while
+the step before runs. Pieces next to each other in the store whose dependencies have run go in one read of
+up to ``RUN`` bytes. Every kernel is bound once to its arena views, so a run is the same native calls as the
+unconstrained executor's, fed by the loaders.
 
-Read modes: ``cache`` (through the page cache) and ``bypass`` (``posix_fadvise(DONTNEED)`` on every blob
-after it is read, so the cache does not keep what the budget left out). ``ondemand`` is the baseline:
+Read modes: ``cache`` (through the page cache; one loader, niced: there a read is a copy, CPU work) and
+``bypass`` (``O_DIRECT`` straight into the arena, ``bypass_readers`` loaders so that several reads are in
+flight, as a disk needs to reach its rate; ``posix_fadvise(DONTNEED)`` after each read where the file system
+refuses ``O_DIRECT``), so the cache does not keep what the budget left out. ``ondemand`` is the baseline:
 no loader thread, no preloading, no resident weights; each layer reads its weights just before it runs.
 
 Parameters of at most ``SMALL`` bytes (biases, shapes, scales) stay in process memory, counted in
