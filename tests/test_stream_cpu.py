@@ -204,21 +204,37 @@ def test_compiled_skeleton_runs_without_the_model_and_refuses_damage(tmp_path):
         read_skeleton(skel)
 
 
+def _flip_largest_blob(ex: StreamingExecutor, path, part: int):
+    """Damage one byte (at 1/``part`` of it) of the largest blob ``ex`` streams from ``path``; returns its entry."""
+    e = max((e for s in ex.steps for e, _ in s.blobs), key=lambda e: e.size)
+    with open(path, "r+b") as fh:
+        fh.seek(e.offset + e.size // part)
+        b = fh.read(1)
+        fh.seek(e.offset + e.size // part)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    return e
+
+
+def _resnet18_at_min(work, seed: int):
+    """resnet18's graph, random feeds, its stream store, the unconstrained outputs and its smallest budget."""
+    name = "resnet18"
+    graph = inferd.frontend.import_model(str(zoo_dir([name]) / f"{name}.onnx"))
+    feeds = {t.name: np.random.default_rng(seed).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    ref = CpuExecutor(graph).run(feeds)
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+    return graph, feeds, store, ref, need
+
+
 def test_pieces_load_early_and_compute_thread_reads_what_is_left(work):
     """At the smallest budget whole layers cannot preload; their pieces on free memory still do (a piece's
     dependency earlier than its layer's), and whichever thread reads a piece, the tracker sees no live box
     overwritten and the outputs are the unconstrained executor's bits."""
     from inferd.runtime import stream as S
 
-    name = "resnet18"
-    path = zoo_dir([name]) / f"{name}.onnx"
-    graph = inferd.frontend.import_model(str(path))
-    feeds = {t.name: np.random.default_rng(5).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
-    store = prepare_stream_store(graph, work / f"{name}.store")
-    ref = CpuExecutor(graph).run(feeds)
-    probe = StreamingExecutor(graph, store, 1 << 40)
-    need = probe.min_budget()
-    probe.close()
+    graph, feeds, store, ref, need = _resnet18_at_min(work, 5)
     ex = StreamingExecutor(graph, store, need, read="cache", track=True)
     try:
         early = [pc for pos, pcs in ex._pieces.items() for pc in pcs if pc.dep < ex.plan.load_after[pos]]
@@ -242,12 +258,7 @@ def test_pieces_load_early_and_compute_thread_reads_what_is_left(work):
     shutil.copy(store, bad)
     ex = StreamingExecutor(graph, bad, need, read="cache")
     try:
-        e = max((e for s in ex.steps for e, _ in s.blobs), key=lambda e: e.size)
-        with open(bad, "r+b") as fh:
-            fh.seek(e.offset + e.size // 2)
-            b = fh.read(1)
-            fh.seek(e.offset + e.size // 2)
-            fh.write(bytes([b[0] ^ 0xFF]))
+        _flip_largest_blob(ex, bad, 2)
         from inferd.errors import WeightsStoreError
 
         with pytest.raises(WeightsStoreError, match="checksum mismatch"):
@@ -302,15 +313,7 @@ def test_several_loaders_bypassing_the_cache_give_the_same_bits_and_report_damag
     from inferd.errors import WeightsStoreError
     from inferd.runtime import stream as S
 
-    name = "resnet18"
-    path = zoo_dir([name]) / f"{name}.onnx"
-    graph = inferd.frontend.import_model(str(path))
-    feeds = {t.name: np.random.default_rng(9).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
-    store = prepare_stream_store(graph, work / f"{name}.store")
-    ref = CpuExecutor(graph).run(feeds)
-    probe = StreamingExecutor(graph, store, 1 << 40)
-    need = probe.min_budget()
-    probe.close()
+    graph, feeds, store, ref, need = _resnet18_at_min(work, 9)
     for budget in (need, need * 2):
         ex = StreamingExecutor(graph, store, budget, read="bypass", track=True)
         ex.bypass_readers = readers
@@ -330,12 +333,7 @@ def test_several_loaders_bypassing_the_cache_give_the_same_bits_and_report_damag
     ex = StreamingExecutor(graph, bad, need, read="bypass", keep_resident=False)
     ex.bypass_readers = readers
     try:
-        e = max((e for s in ex.steps for e, _ in s.blobs), key=lambda e: e.size)
-        with open(bad, "r+b") as fh:
-            fh.seek(e.offset + e.size // 3)
-            b = fh.read(1)
-            fh.seek(e.offset + e.size // 3)
-            fh.write(bytes([b[0] ^ 0x55]))
+        e = _flip_largest_blob(ex, bad, 3)
         with pytest.raises(WeightsStoreError, match="checksum mismatch"):
             ex.run(feeds)
         os.truncate(bad, e.offset + e.size // 2)  # cut inside the largest blob: the file ends before its bytes
