@@ -4,6 +4,8 @@ the page cache and bypassing it; an instrumented allocator proves no box is over
 arena's high-water mark stays inside the budget."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -202,21 +204,37 @@ def test_compiled_skeleton_runs_without_the_model_and_refuses_damage(tmp_path):
         read_skeleton(skel)
 
 
+def _flip_largest_blob(ex: StreamingExecutor, path, part: int):
+    """Damage one byte (at 1/``part`` of it) of the largest blob ``ex`` streams from ``path``; returns its entry."""
+    e = max((e for s in ex.steps for e, _ in s.blobs), key=lambda e: e.size)
+    with open(path, "r+b") as fh:
+        fh.seek(e.offset + e.size // part)
+        b = fh.read(1)
+        fh.seek(e.offset + e.size // part)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    return e
+
+
+def _resnet18_at_min(work, seed: int):
+    """resnet18's graph, random feeds, its stream store, the unconstrained outputs and its smallest budget."""
+    name = "resnet18"
+    graph = inferd.frontend.import_model(str(zoo_dir([name]) / f"{name}.onnx"))
+    feeds = {t.name: np.random.default_rng(seed).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    ref = CpuExecutor(graph).run(feeds)
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+    return graph, feeds, store, ref, need
+
+
 def test_pieces_load_early_and_compute_thread_reads_what_is_left(work):
     """At the smallest budget whole layers cannot preload; their pieces on free memory still do (a piece's
     dependency earlier than its layer's), and whichever thread reads a piece, the tracker sees no live box
     overwritten and the outputs are the unconstrained executor's bits."""
     from inferd.runtime import stream as S
 
-    name = "resnet18"
-    path = zoo_dir([name]) / f"{name}.onnx"
-    graph = inferd.frontend.import_model(str(path))
-    feeds = {t.name: np.random.default_rng(5).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
-    store = prepare_stream_store(graph, work / f"{name}.store")
-    ref = CpuExecutor(graph).run(feeds)
-    probe = StreamingExecutor(graph, store, 1 << 40)
-    need = probe.min_budget()
-    probe.close()
+    graph, feeds, store, ref, need = _resnet18_at_min(work, 5)
     ex = StreamingExecutor(graph, store, need, read="cache", track=True)
     try:
         early = [pc for pos, pcs in ex._pieces.items() for pc in pcs if pc.dep < ex.plan.load_after[pos]]
@@ -240,12 +258,7 @@ def test_pieces_load_early_and_compute_thread_reads_what_is_left(work):
     shutil.copy(store, bad)
     ex = StreamingExecutor(graph, bad, need, read="cache")
     try:
-        e = max((e for s in ex.steps for e, _ in s.blobs), key=lambda e: e.size)
-        with open(bad, "r+b") as fh:
-            fh.seek(e.offset + e.size // 2)
-            b = fh.read(1)
-            fh.seek(e.offset + e.size // 2)
-            fh.write(bytes([b[0] ^ 0xFF]))
+        _flip_largest_blob(ex, bad, 2)
         from inferd.errors import WeightsStoreError
 
         with pytest.raises(WeightsStoreError, match="checksum mismatch"):
@@ -287,3 +300,85 @@ def test_cache_mode_loader_runs_at_lower_priority(work):
             ex.close()
         assert seen and set(seen) == {min(want, 19)}, (read, seen)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own is untouched
+
+
+@pytest.mark.parametrize("readers", [1, 3])
+def test_several_loaders_bypassing_the_cache_give_the_same_bits_and_report_damage(work, tmp_path, readers):
+    """Bypassing the page cache, ``bypass_readers`` loaders have reads in flight at once (large layers in several
+    pieces): at the smallest and a middle budget the outputs are the unconstrained executor's bits, no live box
+    is overwritten, every streamed byte is read; a damaged blob and a store cut short under a running executor
+    are reported whichever loader read them."""
+    import shutil
+
+    from inferd.errors import WeightsStoreError
+    from inferd.runtime import stream as S
+
+    graph, feeds, store, ref, need = _resnet18_at_min(work, 9)
+    for budget in (need, need * 2):
+        ex = StreamingExecutor(graph, store, budget, read="bypass", track=True)
+        ex.bypass_readers = readers
+        try:
+            assert all(pc.span.nbytes <= max(S.PIECE_MAX, S.WALIGN) for pcs in ex._pieces.values() for pc in pcs)
+            for _ in range(2):
+                got = ex.run(feeds)
+                for k in ref:
+                    np.testing.assert_array_equal(got[k], ref[k])
+                assert not ex.tracker.violations, ex.tracker.violations[:3]
+                assert ex.tracker.high_water <= ex.arena.nbytes <= ex.budget
+                assert ex.stats["reads"] > 0 and ex.stats["bytes"] >= ex.streamed_bytes
+        finally:
+            ex.close()
+    bad = tmp_path / "damaged.store"
+    shutil.copy(store, bad)
+    ex = StreamingExecutor(graph, bad, need, read="bypass", keep_resident=False)
+    ex.bypass_readers = readers
+    try:
+        e = _flip_largest_blob(ex, bad, 3)
+        with pytest.raises(WeightsStoreError, match="checksum mismatch"):
+            ex.run(feeds)
+        os.truncate(bad, e.offset + e.size // 2)  # cut inside the largest blob: the file ends before its bytes
+        with pytest.raises(WeightsStoreError, match="truncated"):
+            ex.run(feeds)
+    finally:
+        ex.close()
+
+
+def test_loader_threads_are_kept_across_runs_and_end_with_the_executor(work):
+    """The loaders are started once and reused by every run (no thread start per run); closing the executor,
+    or dropping it without closing, ends them."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    name = "mobilenetv2"
+    graph = inferd.frontend.import_model(str(zoo_dir([name]) / f"{name}.onnx"))
+    feeds = {t.name: np.ones(t.shape, t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+
+    def loaders() -> set[int]:
+        return {t.ident for t in threading.enumerate() if t.name == "inferd-stream-loader"}
+
+    before = loaders()
+    for close in (True, False):
+        ex = StreamingExecutor(graph, store, need, read="bypass")
+        ex.run(feeds)
+        first = loaders() - before
+        assert len(first) == ex.bypass_readers
+        for _ in range(3):
+            ex.run(feeds)
+        assert loaders() - before == first  # the same threads, no new ones
+        if close:
+            ex.close()
+        else:
+            ref = weakref.ref(ex)
+            del ex
+            gc.collect()
+            assert ref() is None  # the loaders do not keep the executor alive
+        deadline = time.monotonic() + 5
+        while loaders() - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not loaders() - before

@@ -177,6 +177,8 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     from ..planner.flex import BudgetTooSmall
     from ..planner.slicing import MemConfig, fit_config, min_fit_budget
     from ..runtime.cpu import CpuExecutor
+    from ..runtime.blockio import read_rate
+    from ..runtime.stream import RUN, StreamingExecutor
     from ..runtime.stream_compile import compile_streamed, open_streamed
 
     res: dict[str, Any] = {"model": name}
@@ -245,7 +247,11 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     store = Path(open_streamed(skel0, 0).store.path)
     del graph
     gc.collect()
-    res["disk_bw_bytes_s"] = sequential_read_rate(store)
+    # the bound's bandwidth: the faster of one 4 MiB read in flight and the runtime's own loaders' (several in
+    # flight, into a large buffer as into the arena); the runtime is held to the faster
+    res["disk_bw_qd1_bytes_s"] = sequential_read_rate(store)
+    res["disk_bw_bytes_s"] = max(res["disk_bw_qd1_bytes_s"],
+                                 read_rate(store, StreamingExecutor.bypass_readers, RUN))
     res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf), "onnx": str(onnx),
                           "bw": res["disk_bw_bytes_s"]}, work)
     try:
@@ -401,7 +407,9 @@ def _table(data: dict[str, Any]) -> str:
                   f"weights {r['weights_bytes'] / MB:.1f} MiB; min feasible budget {r['min_budget'] / MB:.2f} MiB "
                   f"(config {r['min_config']}); unsliced min {r['default_min_budget'] / MB:.2f} MiB; everything "
                   f"resident at {r['full_budget'] / MB:.1f} MiB; warm unconstrained {r['warm_ms']:.1f} ms; disk "
-                  f"{bw / 1e6:.0f} MB/s", ""]
+                  f"{bw / 1e6:.0f} MB/s (best of one 4 MiB read in flight"
+                  + (f", {r['disk_bw_qd1_bytes_s'] / 1e6:.0f} MB/s" if r.get('disk_bw_qd1_bytes_s') else "")
+                  + ", and the loaders' reads in flight)", ""]
         for key in ("ort", "ncnn", "ncnn_plain"):
             p = r.get(key)
             if p:
@@ -413,7 +421,8 @@ def _table(data: dict[str, Any]) -> str:
             lines.append(f"- min budget / ncnn peak = {r['min_budget'] / ncnn_peak:.3f} (goal <= 0.10 for resnet50, vgg16)")
         lines += ["", "bound = max(warm, streamed bytes / disk bandwidth), warm run before every streamed run in the same "
                   "child; preload and on-demand at one (budget, read) alternate in one loop. ratio: median over the "
-                  "repeats of each run / its own bound (p25-p75 beside it: the noise); vs on-demand: median of each "
+                  "repeats of each run / its own bound (p25-p75 beside it: the noise); read ms: wall time with a read in flight; "
+                  "vs on-demand: median of each "
                   "preload run / the on-demand run of the same round. floor: this memory plan's best schedule "
                   "(flex.simulate: compute scaled to the warm runs, whole-layer loads at the disk rate), what any "
                   "runtime could reach inside the budget (goal: ratio <= 1.15, vs on-demand < 1).", "",

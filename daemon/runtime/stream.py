@@ -2,17 +2,20 @@
 
 One static arena of the budget's size holds everything the plan (``planner.flex``) places: activations,
 each layer's kernel workspace (the im2col / Winograd buffers, handed to the kernels as their scratch),
-the streamed weights and the resident ones. A loader thread reads each layer's already transformed
+the streamed weights and the resident ones. Loader threads read each layer's already transformed
 weights from the store into their planned offsets; the compute thread runs the layers. Dependencies
 come from the plan: ``load(i)`` after ``comp(load_after[i])`` (the last step that used those addresses),
-``comp(i)`` after ``load(i)``. The loader reads a layer's weights in pieces (``PIECE`` bytes at the finest),
-each after the last step that used *its* addresses: where the plan could not preload a whole layer (a
-tight budget), the part of it that lands on memory already free still loads while the step before runs.
-Every kernel is bound once to its arena views, so a run is the same native
-calls as the unconstrained executor's, fed by the loader.
+``comp(i)`` after ``load(i)``. A layer's weights are read in pieces (``PIECE`` bytes at the finest,
+``PIECE_MAX`` at most), each after the last step that used *its* addresses: where the plan could not
+preload a whole layer (a tight budget), the part of it that lands on memory already free still loads while
+the step before runs. Pieces next to each other in the store whose dependencies have run go in one read of
+up to ``RUN`` bytes. Every kernel is bound once to its arena views, so a run is the same native calls as the
+unconstrained executor's, fed by the loaders.
 
-Read modes: ``cache`` (through the page cache) and ``bypass`` (``posix_fadvise(DONTNEED)`` on every blob
-after it is read, so the cache does not keep what the budget left out). ``ondemand`` is the baseline:
+Read modes: ``cache`` (through the page cache; one loader, niced: there a read is a copy, CPU work) and
+``bypass`` (``O_DIRECT`` straight into the arena, ``bypass_readers`` loaders so that several reads are in
+flight, as a disk needs to reach its rate; ``posix_fadvise(DONTNEED)`` after each read where the file system
+refuses ``O_DIRECT``), so the cache does not keep what the budget left out. ``ondemand`` is the baseline:
 no loader thread, no preloading, no resident weights; each layer reads its weights just before it runs.
 
 Parameters of at most ``SMALL`` bytes (biases, shapes, scales) stay in process memory, counted in
@@ -28,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -43,6 +47,7 @@ from ..ops.base import Kernel, Layer, kernels_for, op_spec, raw_params
 from ..planner.flex import BudgetTooSmall, FlexPlan, LayerMem, min_budget, plan_budget, plan_flex
 from ..planner.memory import align_up, graph_buffers
 from ..store import Entry, StoreWriter, WeightsStore, aligned_empty
+from . import blockio
 from .cpu import select_kernels
 
 log = logging.getLogger(__name__)
@@ -59,6 +64,9 @@ PIECE = 256 << 10
 #: scratch buffer): small layers' blobs otherwise go one request each, at the disk's latency, not its rate
 RUN = 4 << 20
 GAP = 32 << 10
+#: the largest piece: a large layer's weights go in several reads that several loaders (and the compute thread)
+#: can have in flight at once, and one loader joins them back up to RUN bytes when it is alone
+PIECE_MAX = 1 << 20
 MODES = ("preload", "ondemand")
 READS = ("cache", "bypass")
 
@@ -156,6 +164,79 @@ class ArenaTracker:
             self.live.pop(key, None)
 
 
+class _Loaders:
+    """Loader threads kept across runs. A run hands them its loop (``start``) and goes on at once: starting a
+    thread per run waits for the new thread to be scheduled (``Thread.start`` returns only once it runs), a
+    wake-up on a busy core per loader and per run, milliseconds for a small model on a loaded machine.
+    ``wait_idle`` waits until none runs a loop any more (before the arena may change after a failed run)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cv = threading.Condition()
+        self.job: Callable[[], None] | None = None
+        self.gen = 0
+        self.want = 0
+        self.busy = 0
+        self.closed = False
+        self.threads: list[threading.Thread] = []
+
+    def start(self, job: Callable[[], None], n: int, nice: int) -> None:
+        with self.cv:
+            while len(self.threads) < n:
+                th = threading.Thread(target=self._work, args=(len(self.threads), nice), name=self.name, daemon=True)
+                self.threads.append(th)
+                th.start()
+            self.job, self.want = job, n
+            self.gen += 1
+            self.cv.notify_all()
+
+    def _work(self, i: int, nice: int) -> None:
+        if nice > 0:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (OSError, AttributeError):  # not Linux, or not permitted: same priority
+                pass
+        seen = 0
+        while True:
+            with self.cv:
+                while not self.closed and (self.gen == seen or i >= self.want):
+                    if self.gen != seen:  # a run that wants fewer loaders
+                        seen = self.gen
+                        continue
+                    self.cv.wait()
+                if self.closed:
+                    return
+                seen, job = self.gen, self.job
+                if job is None:  # the run ended before this loader got to it
+                    continue
+                self.busy += 1
+            try:
+                job()
+            finally:
+                job = None
+                with self.cv:
+                    self.busy -= 1
+                    self.cv.notify_all()
+
+    def done(self) -> None:
+        """The run is over: a loader that has not picked its loop up yet skips it, and the pool no longer
+        holds the run (nor, through it, the executor)."""
+        with self.cv:
+            self.job = None
+
+    def wait_idle(self) -> None:
+        with self.cv:
+            self.job = None
+            while self.busy:
+                self.cv.wait()
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.job = None
+            self.cv.notify_all()
+
+
 class StreamingExecutor:
     """Run ``graph`` inside ``budget`` bytes with its weights streamed from ``store_path``.
 
@@ -171,6 +252,12 @@ class StreamingExecutor:
     #: with the time they leave, and the compute thread reads what is still missing when it gets there
     #: (0: same priority as compute)
     cache_loader_nice = 10
+    #: loader threads when bypassing the page cache: the reads in flight (a direct read is the disk's time, not
+    #: the CPU's, so more loaders cost no compute; an SSD reaches its rate only with a queue of reads)
+    bypass_readers = 3
+    #: loader threads through the page cache (0: the compute thread reads each layer's pieces itself; on the
+    #: 2-core machine, where the native pool takes every core, 0 and 1 measured the same within the noise)
+    cache_loaders = 1
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
                  read: str = "cache", keep_resident: bool = True, track: bool = False,
@@ -254,6 +341,8 @@ class StreamingExecutor:
         self.lock = threading.Lock()
         self._pending: tuple[FlexPlan, int, float] | None = None
         self._pending_lock = threading.Lock()
+        #: per read mode (the loaders' priority differs); closed with the executor, or when it is collected
+        self._loaders: dict[str, _Loaders] = {}
         self.adapt_s: list[float] = []  # per change: from the request to the new arena in place
         self.swap_s: list[float] = []  # per change: the swap itself (under the run lock)
 
@@ -420,7 +509,7 @@ class StreamingExecutor:
                     n = min(PIECE, padded - a)
                     lo, hi = start + a, start + a + n
                     dep = max((last for o, end, last in near if o < hi and lo < end), default=-1)
-                    if cuts and cuts[-1][2] == dep:
+                    if cuts and cuts[-1][2] == dep and cuts[-1][1] + n <= PIECE_MAX:
                         c = cuts[-1]
                         cuts[-1] = (c[0], c[1] + n, dep)
                     else:
@@ -454,62 +543,36 @@ class StreamingExecutor:
         from ..store import checksum
 
         start = v.ctypes.data - self.arena.ctypes.data
-        n = align_up(e.size, WALIGN)
-        span = self.arena[start:start + n]
+        span = self.arena[start:start + align_up(e.size, WALIGN)]
         try:
-            got = os.preadv(self.store._dfd, [memoryview(span)], e.offset)
-        except OSError:  # a device with larger blocks: buffered, then dropped
-            got = os.preadv(self.store._fd, [memoryview(span[:e.size])], e.offset)
-            os.posix_fadvise(self.store._fd, e.offset, e.size, os.POSIX_FADV_DONTNEED)
-        if got < e.size:
-            raise WeightsStoreError(f"{self.store.path}: truncated weights store: {e.key} needs {e.size} bytes "
-                                    f"at {e.offset}, read {got}")
+            blockio.readv(self.store._fd, self.store._dfd, e.offset, [memoryview(span)], need=e.size, drop=True)
+        except blockio.ShortRead as ex:
+            raise WeightsStoreError(f"{self.store.path}: truncated weights store: {e.key}: {ex}") from None
         if checksum(memoryview(span[:e.size])) != e.checksum:
             raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {e.key} (corrupted weights)")
 
     def _read_run(self, pcs: Sequence[_Piece]) -> None:
-        """Pieces that follow each other in the store (gaps of at most GAP bytes between them) in one ``preadv``."""
-        if len(pcs) == 1:
-            self._read_piece(pcs[0])
-            return
+        """Pieces that follow each other in the store (gaps of at most GAP bytes between them) in one ``preadv``
+        (``O_DIRECT`` in bypass mode: every span and gap is block aligned). A piece's span is block padded: the
+        padding is read too (the next bytes of the file) but only its data must come back."""
         st = self.store
         iov: list[memoryview] = []
         pos = pcs[0].file_off
         for pc in pcs:
             if pc.file_off > pos:
+                if pc.file_off - pos > self._gap.nbytes:
+                    raise StreamError(f"a joined read's gap of {pc.file_off - pos} bytes exceeds its buffer")
                 iov.append(memoryview(self._gap[:pc.file_off - pos]))
             iov.append(memoryview(pc.span))
             pos = pc.file_off + pc.span.nbytes
         want = pos - pcs[0].file_off - (pcs[-1].span.nbytes - pcs[-1].nbytes)
-        direct = self.read == "bypass" and st.direct
+        if want <= 0:
+            return
+        bypass = self.read == "bypass"
         try:
-            got = os.preadv(st._dfd if direct else st._fd, iov, pcs[0].file_off)
-        except OSError:
-            if not direct:
-                raise
-            got = os.preadv(st._fd, iov, pcs[0].file_off)
-            direct = False
-        if self.read == "bypass" and not direct:
-            os.posix_fadvise(st._fd, pcs[0].file_off, pos - pcs[0].file_off, os.POSIX_FADV_DONTNEED)
-        if got < want:
-            raise WeightsStoreError(f"{st.path}: truncated weights store: {want} bytes at {pcs[0].file_off} "
-                                    f"({pcs[0].entry.key} on), read {got}")
-
-    def _read_piece(self, pc: _Piece) -> None:
-        st = self.store
-        if self.read == "bypass" and st.direct:
-            try:
-                got = os.preadv(st._dfd, [memoryview(pc.span)], pc.file_off)
-            except OSError:  # a device with larger blocks: buffered, then dropped
-                got = os.preadv(st._fd, [memoryview(pc.span[:pc.nbytes])], pc.file_off)
-                os.posix_fadvise(st._fd, pc.file_off, pc.nbytes, os.POSIX_FADV_DONTNEED)
-        else:
-            got = os.preadv(st._fd, [memoryview(pc.span[:pc.nbytes])], pc.file_off) if pc.nbytes else 0
-            if self.read == "bypass":
-                os.posix_fadvise(st._fd, pc.file_off, pc.nbytes, os.POSIX_FADV_DONTNEED)
-        if got < pc.nbytes:
-            raise WeightsStoreError(f"{st.path}: truncated weights store: {pc.entry.key} needs {pc.nbytes} bytes "
-                                    f"at {pc.file_off}, read {got}")
+            blockio.readv(st._fd, st._dfd if bypass else -1, pcs[0].file_off, iov, need=want, drop=bypass)
+        except blockio.ShortRead as ex:
+            raise WeightsStoreError(f"{st.path}: truncated weights store ({pcs[0].entry.key} on): {ex}") from None
 
     def _verify(self, step: _Step) -> None:
         """Every blob of ``step`` read in pieces: its checksum, once all its pieces are in."""
@@ -561,6 +624,7 @@ class StreamingExecutor:
         read_s = 0.0
         wait_s = 0.0
         steps = self.steps
+        self.io_stats: dict[str, float] = {}
         if self.mode == "ondemand":
             for s in steps:
                 if s.blobs:
@@ -574,40 +638,75 @@ class StreamingExecutor:
         if tr is not None:
             for key in self._ends.get(len(steps), []):
                 tr.release(key)
-        self.stats = {"run_s": time.perf_counter() - t0, "read_s": read_s, "wait_s": wait_s}
+        self.stats = {"run_s": time.perf_counter() - t0, "read_s": read_s, "wait_s": wait_s, **self.io_stats}
         return res
 
     def _run_streamed(self, tr: ArenaTracker | None) -> tuple[float, float]:
-        """The loader thread and this (compute) thread, one event per dependency: the compute thread sets
-        ``comp[j]`` only for the steps some piece waits for; a layer's ``ready`` is set by whichever thread
-        reads its last piece. A piece is read by the thread that claims it first: when the compute thread
-        reaches a layer whose weights are not in yet, it reads the pieces the loader has not started itself
-        (their dependencies have all run) instead of waiting for the loader to be woken and scheduled: on a
-        busy machine that hand-off costs milliseconds per layer, and two reads in flight go faster than one."""
+        """The loader threads and this (compute) thread, synchronised on one condition: the compute thread
+        publishes the last step it ran (``prog``) and wakes the loaders only when one waits for that step; a
+        layer is ``ok`` once its last piece is in and verified, by whichever thread read it. The loaders
+        (``cache_loaders`` through the page cache, ``bypass_readers`` when bypassing it) take
+        runs off one queue in order: each the next pieces whose dependencies have run and that follow each other
+        in the store, up to ``RUN`` bytes, so that several large reads are in flight (a disk reaches its rate only
+        with a queue of them; one reader waiting for each read leaves it idle between two). A piece is read by
+        the thread that claims it first: when the compute thread reaches a layer whose weights are not in yet,
+        it reads the pieces nobody has started itself (their dependencies have all run) instead of waiting for
+        a loader to be woken and scheduled: on a busy machine that hand-off costs milliseconds per layer."""
         steps, plan = self.steps, self.plan
-        stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
         pieces = self._pieces
-        comp = {pc.dep: threading.Event() for s in stream for pc in pieces[s.pos] if pc.dep >= 0}
-        ready = {s.pos: threading.Event() for s in stream}
+        stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
         taken = {s.pos: [False] * len(pieces[s.pos]) for s in stream}
         left = {s.pos: len(pieces[s.pos]) for s in stream}
+        ok = dict.fromkeys(left, False)
         mu = threading.Lock()
+        cv = threading.Condition(mu)
+        never = len(steps)
+        prog = [-1]  # the last step computed
+        want = [never]  # the earliest step a loader waits for (never: none waits)
+        waiting = [-1]  # the step whose weights the compute thread waits for
         err: list[BaseException] = []
-        rs = [0.0]
         clock = time.perf_counter
+        # reading's wall time (some read in flight), not the sum over threads; reads and bytes for the stats
+        io = {"inflight": 0, "since": 0.0, "read_s": 0.0, "reads": 0, "bytes": 0, "verify_s": 0.0}
+        queue = [(s, k, pc) for s in stream for k, pc in enumerate(pieces[s.pos])]
+        cur = [0]
 
-        def take(s: _Step, k: int) -> bool:
+        def extend(run: list[tuple[_Step, _Piece]], items: Sequence[tuple[_Step, int, _Piece]]) -> int:
+            """Under ``mu``: append to ``run`` the leading ``items`` that can join its read (untaken, their
+            dependency run, next in the store); the number taken."""
+            pc = run[-1][1]
+            size, end, n = sum(p.span.nbytes for _s, p in run), pc.file_off + pc.span.nbytes, 0
+            for s2, k2, p2 in items:
+                gap = p2.file_off - end
+                if size >= RUN or not 0 <= gap <= GAP or taken[s2.pos][k2] or p2.dep > prog[0]:
+                    break
+                taken[s2.pos][k2] = True
+                run.append((s2, p2))
+                size += gap + p2.span.nbytes
+                end = p2.file_off + p2.span.nbytes
+                n += 1
+            return n
+
+        def read(run: list[tuple[_Step, _Piece]]) -> None:
+            """Read ``run`` (claimed); a layer whose last piece is in is verified and ok."""
+            if tr is not None:
+                for _s, p in run:
+                    tr.claim(p.key, p.offset, p.span.nbytes)
             with mu:
-                if taken[s.pos][k]:
-                    return False
-                taken[s.pos][k] = True
-                return True
-
-        def done(run: list[tuple[_Step, _Piece]], dt: float) -> None:
-            """Bookkeeping after ``run`` was read: a layer whose last piece is in is verified and ready."""
+                if io["inflight"] == 0:
+                    io["since"] = clock()
+                io["inflight"] += 1
+            try:
+                self._read_run([p for _s, p in run])
+            finally:
+                with mu:
+                    io["inflight"] -= 1
+                    if io["inflight"] == 0:
+                        io["read_s"] += clock() - io["since"]
+                    io["reads"] += 1
+                    io["bytes"] += run[-1][1].file_off + run[-1][1].span.nbytes - run[0][1].file_off
             full = []
             with mu:
-                rs[0] += dt
                 for s, _pc in run:
                     left[s.pos] -= 1
                     if left[s.pos] == 0:
@@ -616,93 +715,100 @@ class StreamingExecutor:
                 t0 = clock()
                 faults.check("cache.read")
                 self._verify(s)
-                with mu:
-                    rs[0] += clock() - t0
-                ready[s.pos].set()
+                with cv:
+                    io["verify_s"] += clock() - t0
+                    ok[s.pos] = True
+                    if waiting[0] == s.pos:
+                        cv.notify_all()
 
-        def read(s: _Step, pc: _Piece) -> None:
-            if tr is not None:
-                tr.claim(pc.key, pc.offset, pc.span.nbytes)
-            t0 = clock()
-            self._read_piece(pc)
-            done([(s, pc)], clock() - t0)
-
-        queue = [(s, k, pc) for s in stream for k, pc in enumerate(pieces[s.pos])]
+        def next_run() -> list[tuple[_Step, _Piece]] | None:
+            """The loaders' next run off the queue, waiting for its first piece's dependency; None: done."""
+            with cv:
+                while True:
+                    q = cur[0]
+                    while q < len(queue) and taken[queue[q][0].pos][queue[q][1]]:
+                        q += 1
+                    cur[0] = q
+                    if q >= len(queue) or err:
+                        return None
+                    s, k, pc = queue[q]
+                    if pc.dep <= prog[0]:
+                        taken[s.pos][k] = True
+                        run = [(s, pc)]
+                        cur[0] = q + 1 + extend(run, queue[q + 1:q + 65])
+                        return run
+                    want[0] = min(want[0], pc.dep)
+                    cv.wait()
 
         def loader() -> None:
-            if self.read == "cache" and self.cache_loader_nice > 0:
-                try:
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.cache_loader_nice)
-                except (OSError, AttributeError):  # not Linux, or not permitted: same priority
-                    pass
             try:
-                q = 0
-                while q < len(queue):
-                    s, k, pc = queue[q]
-                    if pc.dep >= 0:
-                        comp[pc.dep].wait()
-                    if err:
+                while True:
+                    run = next_run()
+                    if run is None:
                         return
-                    q += 1
-                    if not take(s, k):
-                        continue
-                    run = [(s, pc)]
-                    size, end = pc.span.nbytes, pc.file_off + pc.span.nbytes
-                    while q < len(queue) and size < RUN:  # the next pieces, when they can go in the same read
-                        s2, k2, p2 = queue[q]
-                        gap = p2.file_off - end
-                        if not (0 <= gap <= GAP) or (p2.dep >= 0 and not comp[p2.dep].is_set()) \
-                                or not take(s2, k2):
-                            break
-                        run.append((s2, p2))
-                        size += gap + p2.span.nbytes
-                        end = p2.file_off + p2.span.nbytes
-                        q += 1
-                    if tr is not None:
-                        for _s, p in run:
-                            tr.claim(p.key, p.offset, p.span.nbytes)
-                    t0 = clock()
-                    self._read_run([p for _s, p in run])
-                    done(run, clock() - t0)
+                    read(run)
             except BaseException as e:  # the compute thread re-raises it
-                err.append(e)
-            finally:
-                if err:
-                    for ev in ready.values():  # never leave the compute thread waiting
-                        ev.set()
+                with cv:
+                    err.append(e)
+                    cv.notify_all()  # never leave the compute thread (or another loader) waiting
 
-        th = threading.Thread(target=loader, name="inferd-stream-loader", daemon=True)
-        th.start()
+        n = (self.bypass_readers if self.read == "bypass" else self.cache_loaders) if queue else 0
+        if not self.steal:
+            n = max(n, 1)  # someone must read
+        lp = None
+        if n:
+            lp = self._loaders.get(self.read)
+            if lp is None:
+                lp = self._loaders[self.read] = _Loaders("inferd-stream-loader")
+                weakref.finalize(self, lp.close)  # the threads hold the pool, not the executor
+            lp.start(loader, n, self.cache_loader_nice if self.read == "cache" else 0)
         wait_s = 0.0
         try:
             for s in steps:
-                ev = ready.get(s.pos)
-                if ev is not None and not ev.is_set():
+                pos = s.pos
+                if ok.get(pos) is False:
                     w0 = clock()
-                    for k, pc in enumerate(pieces[s.pos]):  # every dependency has run: read what is left
-                        if err or not self.steal:
-                            break
-                        if take(s, k):
-                            read(s, pc)
-                    ev.wait()
+                    mine = [(s, k, pc) for k, pc in enumerate(pieces[pos])]
+                    i = 0
+                    while self.steal and not err and i < len(mine):  # every dependency has run: read what is left
+                        with mu:
+                            while i < len(mine) and taken[pos][mine[i][1]]:
+                                i += 1
+                            if i == len(mine):
+                                break
+                            taken[pos][mine[i][1]] = True
+                            run = [(s, mine[i][2])]
+                            i += 1 + extend(run, mine[i + 1:])
+                        read(run)
+                    with cv:
+                        waiting[0] = pos
+                        while not ok[pos] and not err:
+                            cv.wait()
+                        waiting[0] = -1
                     wait_s += clock() - w0
                 if err:
                     raise err[0]
                 self._compute(s, tr)
-                c = comp.get(s.pos)
-                if c is not None:
-                    c.set()
+                prog[0] = pos
+                if want[0] <= pos:  # a loader waits for this step (set before it checked prog: no lost wake-up)
+                    with cv:
+                        want[0] = never
+                        cv.notify_all()
         except BaseException as e:
-            if not err:
-                err.append(e)
-            for c in comp.values():
-                c.set()
-            th.join()
+            with cv:
+                if not err:
+                    err.append(e)
+                cv.notify_all()
+            if lp is not None:  # a loader may be reading into the arena: it is not ours again before they stop
+                lp.wait_idle()
             raise
-        th.join()
-        if err:
-            raise err[0]
-        return rs[0], wait_s
+        # no join: every piece is in (each step waited for its own), so the arena is no longer touched; a loader
+        # that is still finishing its loop finds the queue empty and ends by itself (joining it costs a wake-up and
+        # a time slice of the loader's, milliseconds on a busy machine, for nothing)
+        if lp is not None:
+            lp.done()
+        self.io_stats = {k: v for k, v in io.items() if k not in ("inflight", "since")}
+        return io["read_s"], wait_s
 
     def _compute(self, s: _Step, tr: ArenaTracker | None) -> None:
         if tr is not None:
@@ -737,6 +843,8 @@ class StreamingExecutor:
             if self.mode != "ondemand" else sum(e.size for s in self.steps for e, _ in s.blobs)
 
     def close(self) -> None:
+        for lp in self._loaders.values():
+            lp.close()
         self.store.close()
 
 

@@ -131,9 +131,11 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
 
 def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> tuple[list[float], float]:
     """Per step compute seconds (median of ``runs`` timed runs of the whole model) and the store's read
-    bandwidth (one sequential ``O_DIRECT`` pass, the cache dropped first): what the resident choice weighs."""
+    bandwidth (``O_DIRECT`` passes, the cache dropped first, as the loaders read): what the resident choice
+    weighs."""
+    from .blockio import disk_rate
     from .cpu import CpuExecutor
-    from .profiler import sequential_read_rate
+    from .stream import RUN
 
     ex = CpuExecutor(g, kernels or None)
     feeds = {t.name: np.zeros(t.shape, t.dtype) for t in g.inputs}
@@ -141,7 +143,7 @@ def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> t
     per = [ex.run_timed(feeds)[1] for _ in range(runs)]
     compute = [float(np.median([p[i] for p in per])) for i in range(len(per[0]))]
     del ex
-    return compute, sequential_read_rate(store)
+    return compute, disk_rate(store, StreamingExecutor.bypass_readers, RUN)
 
 
 def _child_error(line: str, budget: int) -> Exception:
