@@ -595,3 +595,59 @@ class TensorKernel(Kernel):
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         _compute(layer.node, full_inputs(layer, inputs, params), outputs)
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        """Concat, Split and Transpose as their (source view, destination) copies, worked out once; a part the
+        memory plan already put in place (``planner.memory.slice_placements``) is left out, so a Split into
+        views or a Concat whose producers wrote into it costs nothing."""
+        op = layer.op
+        if op not in ("Concat", "Split", "Transpose") or not outputs:
+            return None
+        xs = full_inputs(layer, inputs, params)
+        node = layer.node
+        if op == "Concat":
+            parts = [np.asarray(a) for a in xs if a is not None]
+            _, axis = _concat_shape(node, [a.shape for a in parts])
+            pairs, start = [], 0
+            for a in parts:
+                idx = [slice(None)] * a.ndim
+                idx[axis] = slice(start, start + a.shape[axis])
+                pairs.append((a, outputs[0][tuple(idx)]))
+                start += a.shape[axis]
+        elif op == "Split":
+            x = np.asarray(xs[0])
+            views = _compute(node, xs, None)  # views of x, one per output
+            if len(views) != len(outputs):
+                return None
+            pairs = list(zip(views, outputs))
+        else:
+            x = np.asarray(xs[0])
+            pairs = [(x.transpose(_perm(node, x.ndim)), outputs[0])]
+        todo = [(src, dst) for src, dst in pairs if not _same_memory(src, dst)]
+        if not todo:
+            return _nothing
+        if len(todo) == 1:
+            (src, dst), = todo
+
+            def one(_copy: Callable = np.copyto) -> None:
+                _copy(dst, src)
+
+            return one
+
+        def call(_copy: Callable = np.copyto) -> None:
+            for src, dst in todo:
+                _copy(dst, src)
+
+        return call
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are the very same elements (so copying one onto the other is a no-op)."""
+    return a.shape == b.shape and a.dtype == b.dtype and \
+        (a.strides == b.strides or (a.flags.c_contiguous and b.flags.c_contiguous)) and \
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
+def _nothing() -> None:
+    """A step whose data the memory plan already put where it belongs."""
