@@ -173,6 +173,7 @@ TENSOR = [
     P("flatten_rank", "Flatten", [X4], {"axis": 4}, opset=13),
     P("transpose_default", "Transpose", [X4]),
     P("transpose_nhwc", "Transpose", [f32(1, 3, 224, 224)], {"perm": [0, 2, 3, 1]}),
+    P("transpose_channel_shuffle", "Transpose", [f32(1, 2, 29, 7, 7)], {"perm": [0, 2, 1, 3, 4]}),
     P("squeeze_attr_op11", "Squeeze", [f32(2, 1, 3, 1)], {"axes": [1]}, opset=11),
     P("squeeze_input_op13", "Squeeze", [f32(2, 1, 3, 1), i64(-1, 1)], opset=13, const=[False, True]),
     P("squeeze_all", "Squeeze", [f32(1, 2, 1, 3, 1)], opset=13),
@@ -245,6 +246,10 @@ TENSOR = [
 R4 = f32(2, 3, 5, 7)
 REDUCE = [
     P("mean_hw", "ReduceMean", [f32(1, 3, 224, 224)], {"axes": [2, 3]}, opset=13),
+    P("mean_hw_nokeep_odd", "ReduceMean", [f32(2, 37, 7, 7)], {"axes": [-1, 2], "keepdims": 0}, opset=13),
+    P("mean_1x1_map", "ReduceMean", [f32(1, 19, 1, 1)], {"axes": [2, 3]}, opset=13),
+    P("max_hw", "ReduceMax", [f32(1, 5, 3, 3)], {"axes": [2, 3]}, opset=13),
+    P("max_last_op18", "ReduceMax", [f32(3, 4, 9), i64(-1)], {"keepdims": 0}, opset=18, const=[False, True]),
     P("mean_nokeep_neg", "ReduceMean", [R4], {"axes": [-1, 1], "keepdims": 0}, opset=13),
     P("mean_all", "ReduceMean", [R4], opset=13),
     P("mean_all_nokeep", "ReduceMean", [R4], {"keepdims": 0}, opset=13),
@@ -328,9 +333,10 @@ def test_op_against_ort(case: Case) -> None:
     assert [o.shape for o in layer.outputs] == [e.shape for e in expected]
     assert [np.dtype(o.dtype) for o in layer.outputs] == [e.dtype for e in expected]
     kernel = base.choose_kernel(layer)
-    outs = base.run_layer(kernel, layer, case.inputs)
-    for k, (o, e) in enumerate(zip(outs, expected)):
-        assert_close(o, e, f"{kernel.name} kernel output {k}")
+    for bound in (False, True):  # run() and the call bind() pre-binds, which the CPU executor uses
+        outs = base.run_layer(kernel, layer, case.inputs, bound=bound)
+        for k, (o, e) in enumerate(zip(outs, expected)):
+            assert_close(o, e, f"{kernel.name} kernel output {k} (bound={bound})")
     for a, s in zip(case.inputs, saved):  # kernels and references must not write into their inputs
         if a is not None:
             assert np.array_equal(a, s, equal_nan=a.dtype.kind == "f")

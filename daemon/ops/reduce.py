@@ -252,6 +252,33 @@ class ReduceKernel(Kernel):
             outputs: Sequence[np.ndarray]) -> None:
         _compute(layer.node, full_inputs(layer, inputs, params), outputs[0])
 
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):
+        """ReduceMean/ReduceMax of float32 over trailing axes (a classifier's spatial mean, as shufflenetv2's
+        ReduceMean over H, W): one native call over contiguous rows, pre-bound. numpy's mean over axes (2, 3)
+        took ~0.15 ms for 1024x7x7 where onnxruntime takes ~0.02 ms."""
+        if layer.op not in ("ReduceMean", "ReduceMax") or not native.AVAILABLE:
+            return None
+        ins = full_inputs(layer, inputs, params)
+        x, y = ins[0], outputs[0]
+        axes_in = ins[1] if len(ins) > 1 else None
+        if x is None or x.dtype != np.float32 or y.dtype != np.float32 or not x.size \
+                or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            return None
+        axes = reduce_axes(layer.node, x.ndim, axes_in)
+        if axes is None or axes != tuple(range(x.ndim - len(axes), x.ndim)):
+            return None  # not a trailing run of axes: the rows are not contiguous
+        n = int(np.prod(x.shape[x.ndim - len(axes):]))
+        rows = x.size // n
+        if y.size != rows:
+            return None
+        fn = native.lib.inferd_reduce_rows
+        args = (native._ptr(x), native._ptr(y), rows, n, int(layer.op == "ReduceMax"))
+
+        def call(_keep=(x, y)) -> None:
+            fn(*args)
+        return call
+
 
 def _rows_n(layer: Layer) -> tuple[int, int] | None:
     """(rows, n) when the softmax runs over contiguous rows of n: the last axis from opset 13, or everything
