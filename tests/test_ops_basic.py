@@ -350,8 +350,9 @@ def test_binary_fused_act(op: str, act: tuple) -> None:
     expected = apply_act(expected.copy(), act)
     attrs = {"act": act, "_opset": 13}
     layer = base.single_node_layer(op, [a, b], attrs, const=[False, True])
-    out = base.run_layer(base.choose_kernel(layer), layer, [a, b])[0]
-    assert_close(out, expected, "kernel")
+    for bound in (False, True):
+        out = base.run_layer(base.choose_kernel(layer), layer, [a, b], bound=bound)[0]
+        assert_close(out, expected, f"kernel (bound={bound})")
     node = Node("n0", op, ["x0", "x1"], ["y0"], attrs)
     assert_close(base.op_spec(op).reference(node, [a, b])[0], expected, "reference")
 
