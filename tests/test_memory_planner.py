@@ -120,7 +120,8 @@ def _graph_model(nodes, inputs, outputs, inits=()):
 def test_split_and_concat_in_place_match_onnxruntime():
     """Odd cases for the placements: a split output that is a graph output, a tensor read by the Concat twice,
     a Concat part that is also a graph output, a nested Concat, a Concat on an axis with a leading size > 1
-    (channels > 1: not placed), a Split output feeding a Concat (copied), a Transpose of the result, a constant part."""
+    (channels > 1: not placed), a Split output feeding a Concat (copied), a Transpose of the result, a constant part,
+    a Gather of one constant index (a view) and one that is a graph output (copied)."""
     import inferd
     from onnx import helper
 
@@ -141,18 +142,23 @@ def test_split_and_concat_in_place_match_onnxruntime():
         helper.make_node("Transpose", ["cat2r"], ["t"], perm=[0, 2, 1, 3]),
         helper.make_node("Abs", ["s0"], ["g0"]),
         helper.make_node("Concat", ["g0", "g0"], ["wide"], axis=2),                        # twice, axis 2: copies
+        helper.make_node("Gather", ["cat2r", "gi"], ["g1"], axis=1),                         # a view: (1, 5, 63)
+        helper.make_node("Relu", ["g1"], ["g1r"]),
+        helper.make_node("Gather", ["t", "gj"], ["g2"], axis=0),                            # a graph output: copied
         helper.make_node("Exp", ["r1"], ["out_r1"]),
         helper.make_node("Concat", ["out_r1", "s2"], ["tail"], axis=1),
     ]
     shp = np.array([1, 4, 5, 63], np.int64)
-    model = _graph_model(nodes, [("x", [1, 5, 7, 9])], ["t", "wide", "tail", "s1", "out_r1"],
-                         [("w", w), ("c", c), ("shp", shp), ("sizes", np.array([1, 3, 2], np.int64))])
+    model = _graph_model(nodes, [("x", [1, 5, 7, 9])], ["t", "wide", "tail", "s1", "out_r1", "g1r", "g2"],
+                         [("w", w), ("c", c), ("shp", shp), ("sizes", np.array([1, 3, 2], np.int64)),
+                          ("gi", np.array(-2, np.int64)), ("gj", np.array([0], np.int64))])
     feeds = {"x": rng.standard_normal((1, 5, 7, 9)).astype(np.float32)}
     ref = run_ort(model, feeds)
     m = inferd.load(model)
     g = import_model(model)
     placed = slice_placements(g, graph_buffers(g)[1])
     assert {"s0", "s1", "s2"} & set(placed) == {"s0", "s2"}, placed  # s1 is a graph output: its own buffer
+    assert "g1" in placed and "g2" not in placed, placed
     for _ in range(2):  # twice: a placed part must not be clobbered by the first run's leftovers
         got = m.run(feeds)
         for name, r in zip(m.output_names, ref):

@@ -598,14 +598,26 @@ class TensorKernel(Kernel):
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
-        """Concat, Split and Transpose as their (source view, destination) copies, worked out once; a part the
-        memory plan already put in place (``planner.memory.slice_placements``) is left out, so a Split into
-        views or a Concat whose producers wrote into it costs nothing."""
+        """Concat, Split, Transpose and Gather of one constant index as their (source view, destination) copies,
+        worked out once; a part the memory plan already put in place (``planner.memory.slice_placements``) is
+        left out, so a Split or Gather into views or a Concat whose producers wrote into it costs nothing."""
         op = layer.op
-        if op not in ("Concat", "Split", "Transpose") or not outputs:
+        if op not in ("Concat", "Split", "Transpose", "Gather") or not outputs:
             return None
         xs = full_inputs(layer, inputs, params)
         node = layer.node
+        if op == "Gather":  # only one constant index: a slice of the input, maybe already in place
+            x, idx = np.asarray(xs[0]), xs[1]
+            if len(inputs) < 2 or inputs[1] is not None or idx is None or np.size(idx) != 1 \
+                    or np.asarray(idx).dtype.kind not in "iu":
+                return None  # a run-time index: run()
+            _, axis = _gather_shape(node, x.shape, np.shape(idx))
+            i = int(np.asarray(idx).reshape(-1)[0])
+            if not -x.shape[axis] <= i < x.shape[axis]:
+                return None  # run() raises the bounds error
+            sl = x[(slice(None),) * axis + (i,)]
+            pairs = [(sl.reshape(outputs[0].shape), outputs[0])]
+            return _copies(pairs)
         if op == "Concat":
             parts = [np.asarray(a) for a in xs if a is not None]
             _, axis = _concat_shape(node, [a.shape for a in parts])
@@ -624,22 +636,27 @@ class TensorKernel(Kernel):
         else:
             x = np.asarray(xs[0])
             pairs = [(x.transpose(_perm(node, x.ndim)), outputs[0])]
-        todo = [(src, dst) for src, dst in pairs if not _same_memory(src, dst)]
-        if not todo:
-            return _nothing
-        if len(todo) == 1:
-            (src, dst), = todo
+        return _copies(pairs)
 
-            def one(_copy: Callable = np.copyto) -> None:
-                _copy(dst, src)
 
-            return one
+def _copies(pairs: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[], None]:
+    """One call doing the (source, destination) copies that are not already in place."""
+    todo = [(src, dst) for src, dst in pairs if not _same_memory(src, dst)]
+    if not todo:
+        return _nothing
+    if len(todo) == 1:
+        (src, dst), = todo
 
-        def call(_copy: Callable = np.copyto) -> None:
-            for src, dst in todo:
-                _copy(dst, src)
+        def one(_copy: Callable = np.copyto) -> None:
+            _copy(dst, src)
 
-        return call
+        return one
+
+    def call(_copy: Callable = np.copyto) -> None:
+        for src, dst in todo:
+            _copy(dst, src)
+
+    return call
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..ir import Graph
+from ..ir import Graph, Node
 from ..ops.base import op_spec
 
 
@@ -128,6 +128,7 @@ def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tupl
     squeezenet's fire modules); when the slices are contiguous (every axis before the split/concat axis has
     size 1), a Split's outputs can be views of its input and a Concat's inputs can be written by their
     producers straight into the Concat's output, so both copies go (the kernels skip a part already in place).
+    A Gather of one constant index on such an axis is a view the same way.
 
     A tensor is placed at most once (the first Split or Concat claiming it); graph inputs, outputs, constants
     and view aliases are never placed, and neither is a tensor that two Concats (or one Concat twice) read."""
@@ -160,6 +161,12 @@ def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tupl
                 if free(o) and graph.infos[o].dtype == src.dtype:
                     place[o] = (node.inputs[0], off)
                 off += graph.infos[o].nbytes
+        elif node.op == "Gather" and len(node.inputs) > 1 and node.inputs[0] and node.outputs and \
+                node.inputs[0] not in graph.constants and free(node.outputs[0]):
+            # one constant index on an axis led by size-1 axes: a contiguous slice (vit's q, k, v of one qkv)
+            off = _gather_slice_offset(graph, node)
+            if off is not None:
+                place[node.outputs[0]] = (node.inputs[0], off)
         elif node.op == "Concat" and node.outputs and node.outputs[0] in graph.infos:
             dst = graph.infos[node.outputs[0]]
             axis = _norm_axis(int(node.attr("axis", 0)), len(dst.shape))
@@ -176,6 +183,24 @@ def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tupl
                     place[i] = (node.outputs[0], off)
                 off += info.nbytes
     return place
+
+
+def _gather_slice_offset(graph: Graph, node: Node) -> int | None:
+    """The byte offset of a Gather's output in its input when one constant index picks a contiguous slice."""
+    src, out = graph.infos.get(node.inputs[0]), graph.infos.get(node.outputs[0])
+    idx = graph.constants.get(node.inputs[1])
+    if src is None or out is None or idx is None or idx.size != 1 or idx.dtype.kind not in "iu" \
+            or out.dtype != src.dtype:
+        return None
+    axis = _norm_axis(int(node.attr("axis", 0)), len(src.shape))
+    if axis is None or not _leading_ones(src.shape, axis):
+        return None
+    dim = int(src.shape[axis])
+    i = int(idx.reshape(-1)[0])
+    i = i + dim if i < 0 else i
+    if not 0 <= i < dim:
+        return None  # out of range: the kernel reports it
+    return i * (src.nbytes // dim)
 
 
 def plan_graph_memory(graph: Graph, alignment: int = 64, slices: bool = True) -> MemoryPlan:
