@@ -978,6 +978,26 @@ int main(void){
     }
     free(g); free(ge);
   }
+  /* the channel-blocked depthwise on whole 16-channel blocks (the loop above has C <= 5): every row width, from
+     rows shorter than one 4-column transpose to ragged ones (the last transpose overlaps), padding 0..k/2 */
+  for (int it = 0; it < 40; ++it) {
+    int C = irand(16, 37), H = irand(1, 12), W = irand(1, 23), k = irand(0, 1) ? 3 : 5, s = irand(1, 2);
+    int pt = irand(0, k / 2), pl = irand(0, k / 2), pb = irand(0, k / 2), pr = irand(0, k / 2);
+    int OH = (H + pt + pb - k) / s + 1, OW = (W + pl + pr - k) / s + 1;
+    if (H + pt + pb < k || W + pl + pr < k) continue;
+    float* x = buf((size_t)C * H * W); float* w = buf((size_t)C * k * k); float* b = buf((size_t)C);
+    float* o = buf((size_t)C * OH * OW); float* orf = buf((size_t)C * OH * OW);
+    inferd_dw_blocked_max_pixels(1 << 30);
+    if (inferd_dwconv2d(x, w, b, o, C, 1, H, W, k, k, s, s, 1, 1, pt, pl, OH, OW, 1, 0.0f, 0.0f)) { printf("oom\n"); return 1; }
+    for (int c = 0; c < C; ++c) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
+      float acc = b[c];
+      for (int i = 0; i < k; ++i) for (int j = 0; j < k; ++j) { int ih = oh * s - pt + i, iw = ow * s - pl + j;
+        if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += w[((size_t)c * k + i) * k + j] * x[((size_t)c * H + ih) * W + iw]; }
+      orf[((size_t)c * OH + oh) * OW + ow] = actf(acc, 1, 0.0f, 0.0f); }
+    check("dwconv2d blocked x16", maxdiff(o, orf, (size_t)C * OH * OW), 1e-4, it);
+    free(x); free(w); free(b); free(o); free(orf);
+  }
+  inferd_dw_blocked_max_pixels(1024);
   /* a rate, not a speed check: under qemu on a busy machine it can fall below 1e8 FLOP/s */
   { double pk = inferd_fma_peak(20000, 2); check("fma peak", (pk > 0 && pk < 1e14) ? 0 : 1, 0, 0); }
   printf("abi %d: %s (%d failures)\n", inferd_native_abi(), fails ? "FAILED" : "ok", fails);

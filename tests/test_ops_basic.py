@@ -173,6 +173,7 @@ TENSOR = [
     P("flatten_rank", "Flatten", [X4], {"axis": 4}, opset=13),
     P("transpose_default", "Transpose", [X4]),
     P("transpose_nhwc", "Transpose", [f32(1, 3, 224, 224)], {"perm": [0, 2, 3, 1]}),
+    P("transpose_channel_shuffle", "Transpose", [f32(1, 2, 29, 7, 7)], {"perm": [0, 2, 1, 3, 4]}),
     P("squeeze_attr_op11", "Squeeze", [f32(2, 1, 3, 1)], {"axes": [1]}, opset=11),
     P("squeeze_input_op13", "Squeeze", [f32(2, 1, 3, 1), i64(-1, 1)], opset=13, const=[False, True]),
     P("squeeze_all", "Squeeze", [f32(1, 2, 1, 3, 1)], opset=13),
@@ -185,6 +186,9 @@ TENSOR = [
     P("gather_ax_neg_int32", "Gather", [f32(3, 4), np.array([3, -4], np.int32)], {"axis": -1},
       const=[False, True]),
     P("gather_scalar_idx", "Gather", [i64(2, 3, 224, 224), np.array(1, np.int64)], {"axis": 0}, const=[False, True]),
+    P("gather_scalar_neg_ax2", "Gather", [f32(1, 1, 5, 3, 7), np.array(-2, np.int64)], {"axis": 2},
+      const=[False, True]),
+    P("gather_one_elem_ax1", "Gather", [f32(2, 4, 3), i64(3)], {"axis": 1}, const=[False, True]),
     P("gather_embedding", "Gather", [f32(10, 8), np.array([[1, 9, 0]], np.int64)], const=[True, False]),
     P("expand", "Expand", [f32(3, 1), i64(2, 3, 4)], opset=13, const=[False, True]),
     P("expand_smaller_rank", "Expand", [f32(2, 3), i64(1)], opset=13, const=[False, True]),
@@ -245,6 +249,10 @@ TENSOR = [
 R4 = f32(2, 3, 5, 7)
 REDUCE = [
     P("mean_hw", "ReduceMean", [f32(1, 3, 224, 224)], {"axes": [2, 3]}, opset=13),
+    P("mean_hw_nokeep_odd", "ReduceMean", [f32(2, 37, 7, 7)], {"axes": [-1, 2], "keepdims": 0}, opset=13),
+    P("mean_1x1_map", "ReduceMean", [f32(1, 19, 1, 1)], {"axes": [2, 3]}, opset=13),
+    P("max_hw", "ReduceMax", [f32(1, 5, 3, 3)], {"axes": [2, 3]}, opset=13),
+    P("max_last_op18", "ReduceMax", [f32(3, 4, 9), i64(-1)], {"keepdims": 0}, opset=18, const=[False, True]),
     P("mean_nokeep_neg", "ReduceMean", [R4], {"axes": [-1, 1], "keepdims": 0}, opset=13),
     P("mean_all", "ReduceMean", [R4], opset=13),
     P("mean_all_nokeep", "ReduceMean", [R4], {"keepdims": 0}, opset=13),
@@ -328,9 +336,10 @@ def test_op_against_ort(case: Case) -> None:
     assert [o.shape for o in layer.outputs] == [e.shape for e in expected]
     assert [np.dtype(o.dtype) for o in layer.outputs] == [e.dtype for e in expected]
     kernel = base.choose_kernel(layer)
-    outs = base.run_layer(kernel, layer, case.inputs)
-    for k, (o, e) in enumerate(zip(outs, expected)):
-        assert_close(o, e, f"{kernel.name} kernel output {k}")
+    for bound in (False, True):  # run() and the call bind() pre-binds, which the CPU executor uses
+        outs = base.run_layer(kernel, layer, case.inputs, bound=bound)
+        for k, (o, e) in enumerate(zip(outs, expected)):
+            assert_close(o, e, f"{kernel.name} kernel output {k} (bound={bound})")
     for a, s in zip(case.inputs, saved):  # kernels and references must not write into their inputs
         if a is not None:
             assert np.array_equal(a, s, equal_nan=a.dtype.kind == "f")
@@ -344,8 +353,9 @@ def test_binary_fused_act(op: str, act: tuple) -> None:
     expected = apply_act(expected.copy(), act)
     attrs = {"act": act, "_opset": 13}
     layer = base.single_node_layer(op, [a, b], attrs, const=[False, True])
-    out = base.run_layer(base.choose_kernel(layer), layer, [a, b])[0]
-    assert_close(out, expected, "kernel")
+    for bound in (False, True):
+        out = base.run_layer(base.choose_kernel(layer), layer, [a, b], bound=bound)[0]
+        assert_close(out, expected, f"kernel (bound={bound})")
     node = Node("n0", op, ["x0", "x1"], ["y0"], attrs)
     assert_close(base.op_spec(op).reference(node, [a, b])[0], expected, "reference")
 

@@ -284,11 +284,17 @@ def single_node_layer(op: str, inputs: Sequence[np.ndarray | None], attrs: dict[
     return Layer(node, tuple(infos), out_infos, tuple(i for i, c in enumerate(const) if c and inputs[i] is not None))
 
 
-def run_layer(kernel: Kernel, layer: Layer, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """Transform the layer's constants with ``kernel`` and run it once on fresh output buffers."""
+def run_layer(kernel: Kernel, layer: Layer, inputs: Sequence[np.ndarray | None], bound: bool = False
+              ) -> list[np.ndarray]:
+    """Transform the layer's constants with ``kernel`` and run it once on fresh output buffers; with ``bound``,
+    through the call ``kernel.bind`` returns (as the CPU executor does) where it returns one."""
     raw = {raw_key(k): np.asarray(inputs[k]) for k in layer.const_inputs}
     params = kernel.transform(layer, raw)
     dyn = [None if k in layer.const_inputs else x for k, x in enumerate(inputs)]
     outs = [np.empty(o.shape, o.dtype) for o in layer.outputs]
-    kernel.run(layer, dyn, params, outs)
+    call = kernel.bind(layer, dyn, params, outs) if bound else None
+    if call is not None:
+        call()
+    else:
+        kernel.run(layer, dyn, params, outs)
     return outs

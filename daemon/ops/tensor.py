@@ -639,6 +639,17 @@ class TensorKernel(Kernel):
         return copies_call(list(zip(outputs, res)))
 
 
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` are the very same elements (so copying one onto the other is a no-op)."""
+    return a.shape == b.shape and a.dtype == b.dtype and \
+        (a.strides == b.strides or (a.flags.c_contiguous and b.flags.c_contiguous)) and \
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
+def _nothing() -> None:
+    """A step whose data the memory plan already put where it belongs."""
+
+
 #: ops whose results, given constant parameters, are views of their data input (``TensorKernel.bind``)
 VIEW_OPS = ("Slice", "Transpose", "Split", "Expand", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
             "Dropout")
@@ -646,8 +657,11 @@ VIEW_OPS = ("Slice", "Transpose", "Split", "Expand", "Reshape", "Flatten", "Sque
 
 def copies_call(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Callable[[], None]:
     """One call doing ``dst[...] = src`` for each pair (item assignment: a third of ``np.copyto``'s cost on the
-    small arrays these are)."""
-    sets = [(dst.__setitem__, src) for dst, src in pairs]
+    small arrays these are). A pair the memory plan already put in place (``planner.memory.slice_placements``:
+    a Split into views, a Concat whose producers wrote into it, a Gather of one index) is left out."""
+    sets = [(dst.__setitem__, src) for dst, src in pairs if not _same_memory(src, dst)]
+    if not sets:
+        return _nothing
     if len(sets) == 1:
         f, src = sets[0]
         return lambda: f(Ellipsis, src)  # noqa: E731

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..ir import Graph
+from ..ir import Graph, Node
 from ..ops.base import op_spec
 
 
@@ -111,7 +111,125 @@ def graph_buffers(graph: Graph, keep_inputs_live: bool = True) -> tuple[list[Buf
     return bufs, aliases
 
 
-def plan_graph_memory(graph: Graph, alignment: int = 64) -> MemoryPlan:
+def _leading_ones(shape: Sequence[int], axis: int) -> bool:
+    """Whether every axis before ``axis`` has size 1: then a slice along ``axis`` is one contiguous run."""
+    return all(int(d) == 1 for d in shape[:axis])
+
+
+def _norm_axis(axis: int, rank: int) -> int | None:
+    a = axis + rank if axis < 0 else axis
+    return a if 0 <= a < rank else None
+
+
+def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tuple[str, int]]:
+    """Tensors that can live inside another tensor's buffer, as ``name -> (holder, byte offset in holder)``.
+
+    Why: a channel Split copies every channel and a channel Concat copies them back (shufflenet's blocks,
+    squeezenet's fire modules); when the slices are contiguous (every axis before the split/concat axis has
+    size 1), a Split's outputs can be views of its input and a Concat's inputs can be written by their
+    producers straight into the Concat's output, so both copies go (the kernels skip a part already in place).
+    A Gather of one constant index on such an axis is a view the same way.
+
+    A tensor is placed at most once (the first Split or Concat claiming it); graph inputs, outputs, constants
+    and view aliases are never placed, and neither is a tensor that two Concats (or one Concat twice) read."""
+    if graph.runtime_shaped:
+        return {}
+    outs = {t.name for t in graph.outputs}
+    ins = {t.name for t in graph.inputs}
+    concat_uses: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "Concat":
+            for i in node.inputs:
+                if i:
+                    concat_uses[i] = concat_uses.get(i, 0) + 1
+    place: dict[str, tuple[str, int]] = {}
+
+    def free(t: str) -> bool:
+        return bool(t) and t not in graph.constants and t not in ins and t not in outs and t not in aliases \
+            and t not in place and t in graph.infos
+
+    for node in graph.nodes:
+        if node.op == "Split" and node.inputs and node.inputs[0] and node.inputs[0] not in graph.constants:
+            src = graph.infos.get(node.inputs[0])
+            axis = None if src is None else _norm_axis(int(node.attr("axis", 0)), len(src.shape))
+            if axis is None or not _leading_ones(src.shape, axis):
+                continue
+            off = 0
+            for o in node.outputs:
+                if not o:
+                    break  # an unnamed output: the later offsets are unknown here
+                if free(o) and graph.infos[o].dtype == src.dtype:
+                    place[o] = (node.inputs[0], off)
+                off += graph.infos[o].nbytes
+        elif node.op == "Gather" and len(node.inputs) > 1 and node.inputs[0] and node.outputs and \
+                node.inputs[0] not in graph.constants and free(node.outputs[0]):
+            # one constant index on an axis led by size-1 axes: a contiguous slice (vit's q, k, v of one qkv)
+            off = _gather_slice_offset(graph, node)
+            if off is not None:
+                place[node.outputs[0]] = (node.inputs[0], off)
+        elif node.op == "Concat" and node.outputs and node.outputs[0] in graph.infos:
+            dst = graph.infos[node.outputs[0]]
+            axis = _norm_axis(int(node.attr("axis", 0)), len(dst.shape))
+            if axis is None or not _leading_ones(dst.shape, axis) or node.outputs[0] in outs:
+                continue
+            off = 0
+            for i in node.inputs:
+                if not i:
+                    continue
+                info = graph.infos.get(i)
+                if info is None:
+                    break
+                if free(i) and concat_uses.get(i) == 1 and info.dtype == dst.dtype:
+                    place[i] = (node.outputs[0], off)
+                off += info.nbytes
+    return place
+
+
+def _gather_slice_offset(graph: Graph, node: Node) -> int | None:
+    """The byte offset of a Gather's output in its input when one constant index picks a contiguous slice."""
+    src, out = graph.infos.get(node.inputs[0]), graph.infos.get(node.outputs[0])
+    idx = graph.constants.get(node.inputs[1])
+    if src is None or out is None or idx is None or idx.size != 1 or idx.dtype.kind not in "iu" \
+            or out.dtype != src.dtype:
+        return None
+    axis = _norm_axis(int(node.attr("axis", 0)), len(src.shape))
+    if axis is None or not _leading_ones(src.shape, axis):
+        return None
+    dim = int(src.shape[axis])
+    i = int(idx.reshape(-1)[0])
+    i = i + dim if i < 0 else i
+    if not 0 <= i < dim:
+        return None  # out of range: the kernel reports it
+    return i * (src.nbytes // dim)
+
+
+def plan_graph_memory(graph: Graph, alignment: int = 64, slices: bool = True) -> MemoryPlan:
+    """Arena offsets for ``graph``'s activations. With ``slices``, the tensors ``slice_placements`` finds get no
+    buffer of their own: they sit inside their holder's, whose lifetime grows to cover theirs."""
     bufs, aliases = graph_buffers(graph)
+    place = slice_placements(graph, aliases) if slices else {}
+
+    def home(t: str) -> tuple[str, int]:
+        """The buffer that holds ``t`` and ``t``'s byte offset in it."""
+        if t in aliases:
+            return home(aliases[t])
+        if t in place:
+            holder, off = place[t]
+            b, d = home(holder)
+            return b, d + off
+        return t, 0
+
+    if place:
+        span = {b.name: (b.first, b.last) for b in bufs}
+        for t in place:
+            root, _ = home(t)
+            f, l = span.pop(t)
+            rf, rl = span[root]
+            span[root] = (min(f, rf), max(l, rl))
+        sizes = {b.name: b.size for b in bufs}
+        bufs = [Buffer(n, sizes[n], f, l) for n, (f, l) in span.items()]
     offsets, total = pack(bufs, alignment)
+    for t in place:
+        root, off = home(t)
+        offsets[t] = offsets[root] + off
     return MemoryPlan(offsets, {b.name: b.size for b in bufs}, total, alignment, aliases)
