@@ -684,8 +684,9 @@ def _gather_view(node: Node, x: np.ndarray, idx: np.ndarray) -> np.ndarray | tup
         return None
     flat = np.where(idx < 0, idx + dim, idx).astype(np.int64).reshape(-1)
     lead = (slice(None),) * axis
-    if idx.ndim == 0:
-        return x[lead + (int(flat[0]),)]
+    if idx.ndim == 0:  # a slice squeezed, not x[i]: that is a scalar copy where x is 1-D, a view here always
+        i = int(flat[0])
+        return x[lead + (slice(i, i + 1),)].squeeze(axis=axis)
     if idx.ndim == 1 and flat.size:
         step = int(flat[1] - flat[0]) if flat.size > 1 else 1
         if step > 0 and (np.diff(flat) == step).all():
