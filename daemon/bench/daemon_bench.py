@@ -59,21 +59,25 @@ ctx = zmq.Context()
 r = ctx.socket(zmq.ROUTER)
 r.bind(sys.argv[1])
 reply = b"x" * int(sys.argv[2])
+one = sys.argv[3] == "1"
 while True:
     f = r.recv_multipart(copy=False)
     if f[1].bytes == b"quit":
         break
-    r.send_multipart([f[0], f[1], reply], copy=False)
+    r.send_multipart([f[0], reply] if one else [f[0], f[1], reply], copy=False)
 """
 
 
-def _echo_floor(tmp: Path, in_bytes: int, out_bytes: int, n: int) -> dict[str, float]:
+def _echo_floor(tmp: Path, in_bytes: int, out_bytes: int, n: int, one_frame: bool = False) -> dict[str, float]:
     """The same message shapes through bare pyzmq ROUTER/DEALER between two processes: what any
-    Python ZeroMQ server pays on this machine before doing any work."""
+    Python ZeroMQ server pays on this machine before doing any work. ``one_frame``: each way one frame
+    of the message's bytes, as the client sends tensors small enough to travel inside the header
+    (``protocol.INLINE_MAX_BYTES``); else a header frame and a payload frame."""
     import zmq
 
     ep = f"ipc://{tmp}/echo{in_bytes}.sock"
-    srv = subprocess.Popen([sys.executable, "-c", _ECHO_SERVER, ep, str(out_bytes)])
+    srv = subprocess.Popen([sys.executable, "-c", _ECHO_SERVER, ep, str(out_bytes + 80 * one_frame),
+                            "1" if one_frame else "0"])
     ctx = zmq.Context()
     d = ctx.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
@@ -81,8 +85,10 @@ def _echo_floor(tmp: Path, in_bytes: int, out_bytes: int, n: int) -> dict[str, f
     header = b"h" * 80
     payload = np.zeros(in_bytes, np.uint8)
     try:
+        frames = [header + payload.tobytes()] if one_frame else [header, payload]
+
         def once() -> None:
-            d.send_multipart([header, payload], copy=False)
+            d.send_multipart(frames, copy=False)
             if not d.poll(10000):
                 raise TimeoutError("echo server did not answer")
             d.recv_multipart(copy=False)

@@ -186,7 +186,10 @@ def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, inpro
             out["streams_per_core_daemon"] = int(CHUNK_S / per) if per > 0 else None
     in_bytes = sum(a.nbytes for a in feeds.values()) + 64
     out_bytes = 4 + 2 * 64 * 4 + 64
-    echo = _echo_floor(tmp, in_bytes, out_bytes, n)
+    from inferd_client.protocol import INLINE_MAX_BYTES
+
+    # the client sends this chunk as one frame (its tensors inside the header): the echo sends the same
+    echo = _echo_floor(tmp, in_bytes, out_bytes, n, one_frame=in_bytes <= INLINE_MAX_BYTES)
     out["zmq_echo"] = echo
     out["in_process_warm_us"] = round(inproc_s * 1e6, 1)
     budget = 1.5 * (echo["p50_us"] + inproc_s * 1e6)
