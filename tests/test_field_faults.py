@@ -264,7 +264,7 @@ def test_device_faults_on_lavapipe_with_cpu_fallback(tmp: Path, ref: dict[str, A
     """Device lost and out of memory at run, a fence that times out (through the device's own wait),
     100 each: the Vulkan model keeps answering (on the CPU while the device is recreated)."""
     spec = ("backend.run:device_lost@4/12*100,backend.run:oom@8/12*100,backend.run:timeout@12/12*100,"
-            "vulkan.fence:timeout@40/5*100")
+            "vulkan.fence:timeout@10/5*100")
     with _daemon(tmp, ref, "--fallback", "cpu", spec=spec, device="vulkan") as d:
         ep = d.endpoint
         st = _wait_ready(ep)
