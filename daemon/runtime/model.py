@@ -580,10 +580,6 @@ def _loaders_for(dev: str, loaders: int) -> int:
     return max(0, int(loaders) - 1) if dev == "cpu" else max(1, int(loaders))
 
 
-#: the kernel names a plan gives nodes that run no kernel (folded, views, host steps)
-_PLACEHOLDERS = frozenset({"fold", "alias", "host"})
-
-
 def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] | None, opt: PlanOptions,
                    loaders: int | None, options: dict[str, Any], t0: float, plan: "ColdPlan | None",
                    op: Any, template: Graph | None = None) -> Model:
@@ -595,8 +591,7 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     first = dict(options)
     if plan is not None and dev != "cpu":
         # the stored plan's kernels are the layers' only candidates: no kernel is asked whether it applies
-        first["planned"] = {lp.name: tuple(k for k in (lp.kernel, lp.warm_kernel) if k) for lp in plan.layers
-                            if lp.kernel not in _PLACEHOLDERS}
+        first["planned"] = {lp.name: tuple(k for k in (lp.kernel, lp.warm_kernel) if k) for lp in plan.layers}
     backend = make_backend(graph, dev, kernels, **first)
     try:
         ws = WeightSource(graph.constants, op.store if op is not None else None, dev)

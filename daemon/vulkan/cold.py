@@ -71,6 +71,8 @@ class HostKernel(_Placeholder):
 
 
 FOLD, ALIAS, HOST = FoldKernel(), AliasKernel(), HostKernel()
+#: the kernel names a plan gives the nodes that run no kernel
+PLACEHOLDERS = frozenset(k.name for k in (FOLD, ALIAS, HOST))
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,10 @@ class VulkanColdBackend:
                  precision_guard: bool = True, fp16_arithmetic: bool = False,
                  planned: Mapping[str, Sequence[str]] | None = None) -> None:
         _import_kernels()
-        #: node name -> the kernels a stored plan runs it with (cold, then warm): its only candidates
-        self._planned = planned
+        #: node name -> the kernels a stored plan runs it with (cold, then warm): its only candidates (a node
+        #: the plan folds, views or runs on the host is left to selection, which handles it without asking kernels)
+        self._planned = None if planned is None else {
+            n: ks for n, ks in planned.items() if ks and ks[0] not in PLACEHOLDERS}
         #: the precision asked (a name, planned at setup from the device's features) or already planned
         #: (a package's stored plan); ``precision`` is the plan in force after setup
         self._precision_ask = (precision, tuple(fp32_layers), bool(precision_guard), bool(fp16_arithmetic))
