@@ -185,15 +185,14 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
             param, binf = convert_ncnn(onnx_path, tuple(inp.shape), nw, fp16=True)
             env = _env(work / f"{name}_ncnn_cache")
             outp = nw / "out.npy"
-            z = np.load(ref)
 
             def one_run(n: int) -> dict[str, Any]:
                 """ncnn's default fp16 options; its first output saved to ``outp`` and checked against ort's."""
-                one, outs = run_ncnn(param, binf, [z["x"][0]], 1, nw, nwarm=n, vulkan=True, fp16=True,
+                one, outs = run_ncnn(param, binf, [x[0]], 1, nw, nwarm=n, vulkan=True, fp16=True,
                                      batch_index=False, env=env)
                 if outs:
                     np.save(outp, outs[0].reshape(-1))
-                    one["err_ort"] = rel_err(outs[0], z["y"])
+                    one["err_ort"] = rel_err(outs[0], y)
                 return one
 
             first = one_run(0)  # fills the driver cache

@@ -103,11 +103,10 @@ def bench_model(name: str, onnx_path: Path, work: Path, nwarm: int, with_ncnn: b
             for tag, n in (("ncnn_empty", nwarm), ("ncnn_filled", 0)):
                 drop_page_cache(param)
                 drop_page_cache(binf)
-                z = np.load(ref)
-                one, outs = run_ncnn(param, binf, [z["x"][0]], 1, work / f"{name}_ncnn", nwarm=n, vulkan=True,
+                one, outs = run_ncnn(param, binf, [x[0]], 1, work / f"{name}_ncnn", nwarm=n, vulkan=True,
                                      batch_index=False, env=env)
                 if outs:
-                    one["rel_err"] = rel_err(outs[0], z["y"])
+                    one["rel_err"] = rel_err(outs[0], y)
                 res[tag] = one
         except Exception as e:  # report, don't hide: the table shows the error
             res["ncnn_error"] = str(e)
