@@ -140,7 +140,7 @@ class WeightsStore:
 
     def __init__(self, path: str | os.PathLike, direct: bool | None = False) -> None:
         self.path = Path(path)
-        self._dfd = -1
+        self._fd = self._dfd = -1
         #: the cold window a package's opening entered (``runtime.window``): released by the cold load
         #: at its first answer, or here at close when the load never got that far
         self.window: Any = None
@@ -151,7 +151,9 @@ class WeightsStore:
         try:
             self._open()
         except Exception:
-            os.close(self._fd)
+            # -1 first: __del__ closes self._fd again, and by then the number may belong to another file
+            fd, self._fd = self._fd, -1
+            os.close(fd)
             raise
         if direct is None:
             from .runtime.pagecache import resident_fraction
@@ -271,12 +273,13 @@ class WeightsStore:
 
     def close(self) -> None:
         self.release_window()
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        if self._dfd >= 0:
-            os.close(self._dfd)
-            self._dfd = -1
+        # the field is cleared before the close, so no path can close the same number twice
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+        dfd, self._dfd = self._dfd, -1
+        if dfd >= 0:
+            os.close(dfd)
 
     def release_window(self) -> None:
         w, self.window = getattr(self, "window", None), None

@@ -166,3 +166,23 @@ def test_package_cache_compiles_once_then_loads_the_package(tmp_path):
     src.write_bytes(m.SerializeToString() + b"")
     os.utime(src, ns=(stamp + 10**9, stamp + 10**9))
     assert cached_package(src, cache) != pkg
+
+
+def test_a_store_that_fails_to_open_never_closes_another_files_descriptor(tmp_path) -> None:
+    import gc
+
+    bad = tmp_path / "bad.store"
+    bad.write_bytes(b"xx")
+    kept: list[BaseException] = []
+    try:
+        WeightsStore(bad)
+    except WeightsStoreError as e:
+        kept.append(e)  # its traceback keeps the half-built store alive, as a test's report or a log record does
+    assert kept
+    fd = os.open(bad, os.O_RDONLY)  # takes the number the failed store had
+    try:
+        kept.clear()
+        gc.collect()  # the failed store's __del__ runs now
+        os.fstat(fd)  # EBADF if it closed its old number a second time
+    finally:
+        os.close(fd)
