@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime.profiler import sequential_read_rate
 from .common import fmt, machine_info, write_results
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "vit_tiny"]
@@ -177,7 +176,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     from ..planner.flex import BudgetTooSmall
     from ..planner.slicing import MemConfig, fit_config, min_fit_budget
     from ..runtime.cpu import CpuExecutor
-    from ..runtime.blockio import read_rate
+    from ..runtime.blockio import read_rate, sequential_read_rate
     from ..runtime.stream import RUN, StreamingExecutor
     from ..runtime.stream_compile import compile_streamed, open_streamed
 

@@ -190,6 +190,10 @@ def disk_rate(path: str | os.PathLike, depth: int, chunk: int = 4 << 20) -> floa
     """The disk's rate for reading ``path``, the best of one sequential pass with one ``chunk`` read in flight
     and one with ``depth`` (the streaming runtime's loaders) in flight: a bound computed from it holds the
     runtime to the faster of the two ways it could read."""
-    from .profiler import sequential_read_rate
-
     return max(sequential_read_rate(path, chunk), read_rate(path, depth, chunk))
+
+
+def sequential_read_rate(path: str | os.PathLike, chunk: int = 4 << 20) -> float:
+    """Bytes/s of one sequential pass over ``path`` with one ``chunk`` read in flight into one reused buffer,
+    bypassing the page cache: the disk's queue-depth-1 rate."""
+    return read_rate(path, 1, chunk, window=chunk)

@@ -126,34 +126,6 @@ def disk_read_rate(path: str | os.PathLike, limit: int = 64 << 20) -> float | No
     return off / dt if dt > 0 and off else None
 
 
-def sequential_read_rate(path: str | os.PathLike, chunk: int = 4 << 20) -> float:
-    """Bytes/s of one sequential pass over the whole of ``path`` bypassing the page cache (``O_DIRECT``,
-    buffered where the file system refuses it; the cached pages dropped first): the rate a streamed model's
-    weights come back at. Unlike :func:`disk_read_rate` it never declines to measure."""
-    from ..store import aligned_empty
-    from .pagecache import drop_file
-
-    p = Path(path)
-    drop_file(p)
-    size = p.stat().st_size
-    buf = aligned_empty(chunk)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
-    except OSError:
-        fd = os.open(p, os.O_RDONLY)
-    t = time.perf_counter()
-    off = 0
-    try:
-        while off < size:
-            n = os.preadv(fd, [memoryview(buf)], off)
-            if n <= 0:
-                break
-            off += n
-    finally:
-        os.close(fd)
-    return off / max(time.perf_counter() - t, 1e-9)
-
-
 def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], constants: object,
                    rates: DeviceRates, fingerprint: dict[str, str], backend: str = "cpu",
                    reps: int = 3, budget_s: float = 30.0) -> Profile:
