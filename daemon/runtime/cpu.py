@@ -154,11 +154,16 @@ class CpuExecutor:
         self.steps: list[Step | None] = [None] * len(self.choice)
         self._shared: set[int] = set()  # layers whose weights another shape of the model owns (adopt)
         self._calls: list[Callable[[], None]] = []
-        #: set by finalize(): per input (name, its buffer's item assignment, dtype); per output (name, source)
-        self._feed_sets: list[tuple[str, Callable[..., None], np.dtype]] = []
-        self._out_srcs: list[tuple[str, np.ndarray | None]] = []
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
+        # resolved once, so a run does no lookups: per input (name, its buffer's item assignment, dtype; an
+        # input no node reads has no buffer), per output (name, its array; None: shaped at run time, read from
+        # that run's values)
+        self._feed_sets: list[tuple[str, Callable[..., None], np.dtype]] = [
+            (t.name, self.views[t.name].__setitem__, np.dtype(t.dtype)) for t in self.inputs if t.name in self.views]
+        self._out_srcs: list[tuple[str, np.ndarray | None]] = [
+            (t.name, None if t.name in graph.runtime_shaped else
+             graph.constants[t.name] if t.name in graph.constants else self.views[t.name]) for t in self.outputs]
         if not lazy:
             t0 = time.perf_counter()
             for pos, (layer, k) in enumerate(self.choice):
@@ -301,8 +306,16 @@ class CpuExecutor:
 
             adopt_scratch(scratch)
             self._scratch = None
-        for t in self.inputs:
-            np.copyto(self.views[t.name], feeds[t.name], casting="no")
+        self._put_feeds(feeds)
+
+    def _put_feeds(self, feeds: dict[str, np.ndarray]) -> None:
+        # item assignment where a feed has the input's type (copyto(casting="no") raises for the others)
+        for name, put, dt in self._feed_sets:
+            a = feeds[name]
+            if getattr(a, "dtype", None) == dt:
+                put(Ellipsis, a)
+            else:
+                np.copyto(self.views[name], a, casting="no")
 
     def execute(self, pos: int, flush: bool = False) -> None:
         step = self.steps[pos]
@@ -311,15 +324,8 @@ class CpuExecutor:
             step.call()()
 
     def end(self) -> dict[str, np.ndarray]:
-        res = {}
-        for t in self.outputs:
-            if t.name in self._dyn:
-                res[t.name] = np.array(self._dyn[t.name])
-            elif t.name in self.graph.constants:
-                res[t.name] = np.array(self.graph.constants[t.name])
-            else:
-                res[t.name] = np.array(self.views[t.name])
-        return res
+        dyn = self._dyn
+        return {name: (np.array(dyn[name]) if src is None else src.copy()) for name, src in self._out_srcs}
 
     def after_first_run(self) -> None:
         """Idle-time work once a cold load has answered: hold numpy's BLAS to one thread (threadpoolctl
@@ -331,12 +337,6 @@ class CpuExecutor:
         if missing:
             raise RuntimeError(f"layers not prepared: {missing[:5]}")
         self._calls = [s.call() for s in self.steps if s is not None and not s.alias]
-        self._feed_sets = [(t.name, self.views[t.name].__setitem__, np.dtype(t.dtype)) for t in self.inputs
-                           if t.name in self.views]
-        # each output's array (None: shaped at run time, read from this run's values)
-        self._out_srcs = [(t.name, None if t.name in self.graph.runtime_shaped else
-                           self.graph.constants[t.name] if t.name in self.graph.constants else self.views[t.name])
-                          for t in self.outputs]
 
     def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:
         """Replace layer ``pos``'s kernel (the warm switch); the caller holds the model's run lock."""
@@ -361,18 +361,10 @@ class CpuExecutor:
                                            for a in s.params.values() if isinstance(a, np.ndarray)))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # begin() and end() less their per-run lookups: item assignment where a feed has the input's type
-        # (copyto(casting="no") raises for the others), the outputs' sources resolved by finalize()
-        for name, put, dt in self._feed_sets:
-            a = feeds[name]
-            if getattr(a, "dtype", None) == dt:
-                put(Ellipsis, a)
-            else:
-                np.copyto(self.views[name], a, casting="no")
+        self._put_feeds(feeds)
         for call in self._calls:
             call()
-        dyn = self._dyn
-        return {name: (np.array(dyn[name]) if src is None else src.copy()) for name, src in self._out_srcs}
+        return self.end()
 
     def bind_run(self, sources: Mapping[str, np.ndarray | None],
                  dests: Sequence[tuple[str, np.ndarray]]) -> Callable[[], None] | None:
