@@ -227,23 +227,21 @@ class WeightsStore:
             raise WeightsStoreError(f"{self.path}: entry {entry.key} claims {entry.size} bytes for shape "
                                     f"{entry.shape} {dt.name} ({n} bytes)")
         if out is None and self._dfd >= 0 and entry.size:
-            buf = aligned_empty(entry.size)
-            try:
-                got = os.preadv(self._dfd, [memoryview(buf)], entry.offset)
-            except OSError:  # e.g. a device with a larger logical block: fall back to the page cache
-                got = os.preadv(self._fd, [memoryview(buf[:entry.size])], entry.offset)
-            got = min(got, entry.size)
-            mv = memoryview(buf[:entry.size])
-            a = buf[:entry.size].view(dt).reshape(entry.shape)
+            # the blob's blocks, padding included (blobs start on a block): one direct read, no bounce copy
+            buf = self._span(entry.offset, _align(entry.size), entry.size, None)[:entry.size]
+            mv = memoryview(buf)
+            a = buf.view(dt).reshape(entry.shape)
         else:
+            from .runtime import blockio
+
             a = np.empty(entry.shape, dt) if out is None else out
             if a.nbytes != entry.size or not a.flags.c_contiguous:
                 raise WeightsStoreError(f"destination for {entry.key} has {a.nbytes} bytes, entry has {entry.size}")
             mv = memoryview(a.reshape(-1).view(np.uint8))
-            got = os.preadv(self._fd, [mv], entry.offset) if entry.size else 0
-        if got != entry.size:
-            raise WeightsStoreError(f"{self.path}: truncated weights store: {entry.key} needs {entry.size} bytes "
-                                    f"at {entry.offset}, read {got}")
+            try:
+                blockio.readv(self._fd, -1, entry.offset, [mv])
+            except blockio.ShortRead as ex:
+                raise WeightsStoreError(f"{self.path}: truncated weights store: {entry.key}: {ex}") from None
         if checksum(mv) != entry.checksum:
             raise WeightsStoreError(f"{self.path}: checksum mismatch in {entry.key} (corrupted weights)")
         return a
@@ -253,16 +251,18 @@ class WeightsStore:
         if given: ALIGN-aligned, ``size`` bytes), of which the first ``need`` (default: all) must come
         from the file; the rest is alignment padding past the last blob, which the file may end before."""
         faults.check("cache.read")
+        return self._span(offset, size, size if need is None else need, out)
+
+    def _span(self, offset: int, size: int, need: int, out: np.ndarray | None) -> np.ndarray:
+        from .runtime import blockio
+
         buf = aligned_empty(size) if out is None else out
-        fd = self._dfd if self._dfd >= 0 else self._fd
-        try:
-            got = os.preadv(fd, [memoryview(buf)], offset)
-        except OSError:
-            got = os.preadv(self._fd, [memoryview(buf[:size])], offset)
         # a short read must end in the padding: the buffer is not zeroed, and bytes it still held from
         # earlier use could otherwise pass for the blob (a store truncated under its open index)
-        if got < (size if need is None else need):
-            raise WeightsStoreError(f"{self.path}: truncated weights store: {size} bytes at {offset}, read {got}")
+        try:
+            blockio.readv(self._fd, self._dfd, offset, [memoryview(buf[:size])], need=need)
+        except blockio.ShortRead as ex:
+            raise WeightsStoreError(f"{self.path}: truncated weights store: {size} bytes at {offset}: {ex}") from None
         return buf[:size]
 
     def get(self, layer: str, tensor: str, kernel: str = "", variant: str = "raw") -> np.ndarray:
