@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.vulkan,
               pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
 
 TOL = 1e-3
+MS = "com.microsoft."  # onnxruntime's contrib ops are registered under this prefix
 RNG = np.random.default_rng(1234)
 
 
@@ -190,6 +191,25 @@ case("nary_sum3", "Sum", [r(3, 8), r(8), r(3, 1)], const=[False, False, False], 
 case("nary_mean3", "Mean", [r(3, 8), r(3, 8), r(8)], const=[False, False, True], kernel="vk_nary")
 case("nary_min3", "Min", [r(3, 8), r(3, 8), r(3, 8)], const=[False, False, False], kernel="vk_nary")
 
+# onnxruntime's fused GELUs (bias Add + activation), float Mod (both sign conventions), bool logic, Trilu (issue 18)
+case("ms_biasgelu", MS + "BiasGelu", [r(2, 5, 16) * 2, r(16)], kernel="vk_gelus")
+case("ms_fastgelu_bias", MS + "FastGelu", [r(2, 5, 16) * 2, r(16)], kernel="vk_gelus")
+case("ms_fastgelu_nobias", MS + "FastGelu", [r(3, 17) * 3], kernel="vk_gelus")
+case("ms_quickgelu_alpha", MS + "QuickGelu", [r(3, 17) * 3], {"alpha": 1.5}, kernel="vk_gelus")
+case("ms_quickgelu_default", MS + "QuickGelu", [r(4, 9) * 3], kernel="vk_gelus")
+_mod_b = (np.abs(r(3, 1, 7)) + 0.5) * np.sign(r(3, 1, 7))
+case("mod_fmod1_bcast", "Mod", [r(3, 5, 7) * 5, _mod_b], {"fmod": 1}, const=[False, False], kernel="vk_binary")
+case("mod_fmod0_float", "Mod", [r(3, 5, 7) * 5, _mod_b], {"fmod": 0}, const=[False, False], kernel="vk_binary")
+for op in ("And", "Or", "Xor"):
+    case(f"logic_{op}_bcast", op, [r(3, 1, 7) > 0, r(5, 1) > 0.3], const=[False, False], kernel="vk_logic")
+case("logic_not_odd", "Not", [r(3, 11) > 0], kernel="vk_logic")
+case("logic_and_const", "And", [r(4, 6) > 0, r(6) > 0], kernel="vk_logic")
+for upper in (0, 1):
+    case(f"trilu_upper{upper}", "Trilu", [r(2, 5, 7)], {"upper": upper}, kernel="vk_trilu")
+    case(f"trilu_upper{upper}_k", "Trilu", [r(3, 6, 4), np.array(-1 if upper else 2, np.int64)], {"upper": upper},
+         kernel="vk_trilu")
+case("trilu_square_k_out_of_range", "Trilu", [r(6, 6), np.array(9, np.int64)], kernel="vk_trilu")
+
 # comparisons (bool outputs), Where (bool condition), ArgMax/ArgMin (int64 outputs)
 _cmp_a = np.round(r(3, 1, 7) * 2) / 2
 _cmp_b = np.round(r(5, 1) * 2) / 2  # ties on purpose (values on a 0.5 grid)
@@ -206,6 +226,30 @@ case("bn", "BatchNormalization", [r(2, 5, 3, 4), r(5), r(5), r(5), r(5, lo=0.1)]
 case("layernorm", "LayerNormalization", [r(2, 7, 33), r(33), r(33)], {"axis": -1, "epsilon": 1e-5}, kernel="vk_norm")
 case("layernorm_axis1_nobias", "LayerNormalization", [r(3, 4, 5), r(4, 5)], {"axis": 1}, kernel="vk_norm")
 case("instancenorm", "InstanceNormalization", [r(2, 3, 5, 7), r(3), r(3)], kernel="vk_norm")
+# the other row normalizations through norm.comp's variants (issue 18): GroupNormalization (per-channel and opset-18
+# per-group scales), RMSNormalization, onnxruntime's Simplified/Skip/SkipSimplified LayerNormalization with their
+# statistics and skip-sum outputs, a 2-D skip broadcast over the batch, LayerNormalization's Mean/InvStdDev outputs
+case("groupnorm_per_channel", "GroupNormalization", [r(2, 6, 5, 7), r(6), r(6)], {"num_groups": 3, "epsilon": 1e-3},
+     kernel="vk_norm")
+case("groupnorm_per_group_opset18", "GroupNormalization", [r(2, 8, 3, 3), r(2), r(2)], {"num_groups": 2},
+     kernel="vk_norm")
+case("groupnorm_wide_rows", "GroupNormalization", [r(1, 32, 9, 11) * 3 + 1, r(32), r(32)], {"num_groups": 4},
+     kernel="vk_norm")
+case("groupnorm_dyn_scale", "GroupNormalization", [r(1, 4, 5), r(4), r(4)], {"num_groups": 4}, const=[False] * 3,
+     kernel="vk_norm")
+case("rmsnorm_last", "RMSNormalization", [r(2, 7, 300), r(300)], {"epsilon": 1e-6, "_opset": 23}, kernel="vk_norm")
+case("rmsnorm_axis1_bcast_scale", "RMSNormalization", [r(3, 4, 5), r(1, 5)], {"axis": 1, "_opset": 23},
+     kernel="vk_norm")
+case("simplified_ln_inv_out", "SimplifiedLayerNormalization", [r(2, 5, 33), r(33)], {"epsilon": 1e-5},
+     kernel="vk_norm", n_out=2)
+case("skip_ln_all_outputs", MS + "SkipLayerNormalization", [r(2, 5, 40), r(2, 5, 40), r(40), r(40), r(40)],
+     {"epsilon": 1e-5}, const=[False, False, True, True, True], kernel="vk_norm", n_out=4)
+case("skip_ln_2d_skip_no_beta", MS + "SkipLayerNormalization", [r(3, 4, 20), r(4, 20), r(20)], {},
+     const=[False, False, True], kernel="vk_norm")
+case("skip_simplified_ln_bias_sum", MS + "SkipSimplifiedLayerNormalization", [r(2, 3, 260), r(2, 3, 260), r(260),
+     r(260)], {"epsilon": 1e-6}, const=[False, False, True, True], kernel="vk_norm", n_out=4)
+case("layernorm_stats_outputs", "LayerNormalization", [r(3, 4, 18), r(4, 18), r(18)], {"axis": 1}, kernel="vk_norm",
+     n_out=3)
 case("maxpool_ceil", "MaxPool", [r(1, 3, 11, 10)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
      kernel="vk_pool")
 case("maxpool_pad_dil", "MaxPool", [r(2, 2, 9, 8)], {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "dilations": [2, 1]},
@@ -235,6 +279,10 @@ case("softmax_opset11", "Softmax", [r(2, 5, 7)], {"axis": 1, "_opset": 11}, kern
 case("logsoftmax", "LogSoftmax", [r(4, 9)], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
 
 # --- data movement
+case("depth_to_space_dcr", "DepthToSpace", [r(2, 12, 3, 5)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
+case("depth_to_space_crd", "DepthToSpace", [r(1, 18, 4, 3)], {"blocksize": 3, "mode": "CRD"}, kernel="vk_pixel_shuffle")
+case("space_to_depth", "SpaceToDepth", [r(2, 3, 6, 4)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
+
 case("concat_axis1", "Concat", [r(2, 3, 5), r(2, 4, 5), r(2, 1, 5)], {"axis": 1}, const=[False, False, False],
      kernel="vk_concat")
 case("concat_const_part", "Concat", [r(1, 3, 4), r(1, 2, 4)], {"axis": 1}, const=[False, True], kernel="vk_concat")

@@ -311,3 +311,30 @@ class VkPad(_TensorBase):
         return [Dispatch("pad", (In(0), Out(0)), grid(n, 256, caps), {"MODE": self.MODES[mode]},
                          push={"n": n, "rank": len(od), "od": od, "cd": cd, "st": sts, "pb": pb, "base": base,
                                "value": float(value)})]
+
+
+#: (op, mode) -> (the input's 6-D view: 0 as (N, bs, bs, C', H, W), 1 as (N, C', bs, bs, H, W), 2 as
+#: (N, C, H', bs, W', bs); the permutation of that view that is the output)
+_PIXEL_SHUFFLE = {("DepthToSpace", "DCR"): (0, (0, 3, 4, 1, 5, 2)), ("DepthToSpace", "CRD"): (1, (0, 1, 4, 2, 5, 3)),
+                  ("SpaceToDepth", "DCR"): (2, (0, 3, 5, 1, 2, 4)), ("SpaceToDepth", "CRD"): (2, (0, 1, 3, 5, 2, 4))}
+
+
+@register_kernel
+class VkPixelShuffle(_TensorBase):
+    """DepthToSpace / SpaceToDepth (both modes): the transpose of a 6-D view of the input, one strided copy."""
+
+    name = "vk_pixel_shuffle"
+    ops = ("DepthToSpace", "SpaceToDepth")
+
+    def _build(self, layer: Layer, params=None, caps: Caps = Caps()) -> list[Dispatch] | None:
+        from .layout import _blocksize, _mode
+
+        n, c, h, w = layer.in_shape(0)
+        bs = _blocksize(layer.node)
+        view, perm = _PIXEL_SHUFFLE[(layer.op, _mode(layer.node))]
+        shape6 = ((n, bs, bs, c // (bs * bs), h, w), (n, c // (bs * bs), bs, bs, h, w),
+                  (n, c, h // bs, bs, w // bs, bs))[view]
+        st = contiguous_strides(shape6)
+        out = [shape6[p] for p in perm]
+        d = copy_dispatch(out, [st[p] for p in perm], contiguous_strides(out), 0, 0, In(0), Out(0), caps)
+        return None if d is None else [d]
