@@ -388,3 +388,51 @@ def test_winograd_weights_fit_one_binding() -> None:
             assert k.applies(layer) == (k.transformed_nbytes(layer) <= MAX_BINDING_BYTES), k.name
             if "43" in k.name:
                 assert k.applies(layer) == fits, (k.name, cin, cout)
+
+
+#: the issue-18 kernels are checked against onnxruntime too: case id -> (opset, domain) of the one-node model
+_ORT_CASES: dict[str, tuple[int, str]] = {
+    "groupnorm_per_channel": (21, ""), "groupnorm_per_group_opset18": (18, ""), "groupnorm_wide_rows": (21, ""),
+    "groupnorm_dyn_scale": (21, ""), "rmsnorm_last": (23, ""), "rmsnorm_axis1_bcast_scale": (23, ""),
+    "simplified_ln_inv_out": (17, ""), "layernorm_stats_outputs": (17, ""),
+    **{c: (1, "com.microsoft") for c in ("skip_ln_all_outputs", "skip_ln_2d_skip_no_beta", "skip_simplified_ln_bias_sum",
+                                         "ms_biasgelu", "ms_fastgelu_bias", "ms_fastgelu_nobias", "ms_quickgelu_alpha",
+                                         "ms_quickgelu_default")},
+    "mod_fmod1_bcast": (13, ""), "logic_And_bcast": (7, ""), "logic_Or_bcast": (7, ""), "logic_Xor_bcast": (7, ""),
+    "logic_not_odd": (7, ""), "logic_and_const": (7, ""),
+    **{c: (14, "") for c in ("trilu_upper0", "trilu_upper1", "trilu_upper0_k", "trilu_upper1_k",
+                             "trilu_square_k_out_of_range")},
+    "depth_to_space_dcr": (13, ""), "depth_to_space_crd": (13, ""), "space_to_depth": (13, ""),
+}
+_BY_ID = {c[0]: c for c in CASES}
+
+
+@pytest.mark.parametrize("cid", list(_ORT_CASES))
+def test_kernel_matches_onnxruntime(device: Any, cid: str) -> None:
+    """The same one-node graph through onnxruntime's CPU kernels: the Vulkan kernel must agree with it as with the
+    numpy oracle (same tolerance; bool outputs exactly). float Mod with fmod=0 is left out: ONNX allows it only from
+    opset 28, which onnxruntime does not run."""
+    from onnx import helper
+    from ortutil import feeds_for, make_single_node_model, run_ort
+
+    from inferd.vulkan.testing import rel_err, run_single
+    _, op, ins, attrs, const, kernel = _BY_ID[cid]
+    opset, domain = _ORT_CASES[cid]
+    mask = const if const is not None else [i > 0 for i in range(len(ins))]
+    n_out = _N_OUT.get(cid, 1)
+    model = make_single_node_model(op[len(MS):] if domain else op, ins, attrs, opset, mask, n_out, domain)
+    if domain:
+        model.opset_import.append(helper.make_opsetid("", 17))
+    want = run_ort(model, feeds_for(ins, mask))
+    got, _, stats = run_single(device, op, ins, {**attrs, "_opset": opset if not domain else 17}, const, kernel,
+                               n_outputs=n_out)
+    assert stats["kernels"] == {"n0": kernel}
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        w = np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, (k, g.shape, g.dtype, w.shape, w.dtype)
+        if w.dtype != np.float32:
+            assert np.array_equal(g, w), f"{cid} output {k}"
+            continue
+        err = rel_err(g, w)
+        assert err <= TOL, f"{cid} output {k}: relative error {err:.3g} vs onnxruntime > {TOL}"
