@@ -279,6 +279,17 @@ case("softmax_opset11", "Softmax", [r(2, 5, 7)], {"axis": 1, "_opset": 11}, kern
 case("logsoftmax", "LogSoftmax", [r(4, 9)], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
 
 # --- data movement
+# GridSample (issue 18): both modes, every padding, align_corners either way; the grid reaches past [-1, 1]
+_gs_x = r(2, 3, 5, 7)
+_gs_grid = (RNG.random((2, 4, 6, 2)) * 2.6 - 1.3).astype(np.float32)
+for _mode in ("bilinear", "nearest"):
+    for _pad in ("zeros", "border", "reflection"):
+        for _align in (0, 1):
+            case(f"gridsample_{_mode}_{_pad}_{_align}", "GridSample", [_gs_x, _gs_grid],
+                 {"mode": _mode, "padding_mode": _pad, "align_corners": _align, "_opset": 16}, const=[False, False],
+                 kernel="vk_grid_sample")
+case("gridsample_linear_opset20_1x1", "GridSample", [r(1, 2, 1, 1), _gs_grid[:1]], {"mode": "linear", "_opset": 20},
+     const=[False, False], kernel="vk_grid_sample")
 case("depth_to_space_dcr", "DepthToSpace", [r(2, 12, 3, 5)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
 case("depth_to_space_crd", "DepthToSpace", [r(1, 18, 4, 3)], {"blocksize": 3, "mode": "CRD"}, kernel="vk_pixel_shuffle")
 case("space_to_depth", "SpaceToDepth", [r(2, 3, 6, 4)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
@@ -403,6 +414,7 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
     **{c: (14, "") for c in ("trilu_upper0", "trilu_upper1", "trilu_upper0_k", "trilu_upper1_k",
                              "trilu_square_k_out_of_range")},
     "depth_to_space_dcr": (13, ""), "depth_to_space_crd": (13, ""), "space_to_depth": (13, ""),
+    **{c[0]: (int(c[3]["_opset"]), "") for c in CASES if c[1] == "GridSample"},
 }
 _BY_ID = {c[0]: c for c in CASES}
 
