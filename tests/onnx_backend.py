@@ -57,6 +57,7 @@ WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {
     "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "PRelu": (1,),
     "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2), "LayerNormalization": (1, 2),
     "LSTM": (1, 2, 3, 7), "GRU": (1, 2, 3), "RNN": (1, 2, 3), "GroupNormalization": (1, 2),
+    "CumSum": (1,), "Trilu": (1,),  # the axis / k: initializers in exported models (the Vulkan kernels need them so)
 }
 #: ops whose output depends on their input's shape only, where the backward walk stops
 _SHAPE_ONLY = {"Shape", "Size"}

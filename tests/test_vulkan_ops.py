@@ -273,6 +273,12 @@ for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "Red
 case("ReduceMean_middle", "ReduceMean", [r(3, 4, 5, 6)], {"axes": [1, 2], "keepdims": 0, "_opset": 13}, kernel="vk_reduce")
 case("ReduceProd_first", "ReduceProd", [r(3, 4, 5) * 0.5 + 1], {"axes": [0], "_opset": 13}, kernel="vk_reduce")
 case("ReduceSum_axes_input", "ReduceSum", [r(3, 4, 5), np.array([1], np.int64)], {"_opset": 13}, kernel="vk_reduce")
+for _ex in (0, 1):
+    for _rev in (0, 1):
+        case(f"cumsum_mid_ex{_ex}_rev{_rev}", "CumSum", [r(3, 9, 4), np.array(1, np.int64)],
+             {"exclusive": _ex, "reverse": _rev}, kernel="vk_cumsum")
+case("cumsum_last_neg_axis_long", "CumSum", [r(2, 700), np.array([-1], np.int64)], kernel="vk_cumsum")
+case("cumsum_first_1d", "CumSum", [r(13), np.array(0, np.int32)], {"reverse": 1}, kernel="vk_cumsum")
 case("softmax_last", "Softmax", [r(2, 3, 197) * 3], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
 case("softmax_mid", "Softmax", [r(2, 5, 7) * 3], {"axis": 1, "_opset": 13}, kernel="vk_softmax")
 case("softmax_opset11", "Softmax", [r(2, 5, 7)], {"axis": 1, "_opset": 11}, kernel="vk_softmax")
@@ -415,6 +421,7 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
                              "trilu_square_k_out_of_range")},
     "depth_to_space_dcr": (13, ""), "depth_to_space_crd": (13, ""), "space_to_depth": (13, ""),
     **{c[0]: (int(c[3]["_opset"]), "") for c in CASES if c[1] == "GridSample"},
+    **{c[0]: (14, "") for c in CASES if c[1] == "CumSum"},
 }
 _BY_ID = {c[0]: c for c in CASES}
 
