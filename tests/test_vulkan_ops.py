@@ -284,6 +284,27 @@ case("softmax_mid", "Softmax", [r(2, 5, 7) * 3], {"axis": 1, "_opset": 13}, kern
 case("softmax_opset11", "Softmax", [r(2, 5, 7)], {"axis": 1, "_opset": 11}, kernel="vk_softmax")
 case("logsoftmax", "LogSoftmax", [r(4, 9)], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
 
+# attention lowered to matmul + softmax (issue 18): ONNX Attention 4-D and 3-D (grouped-query), causal, float and
+# bool masks (a fully masked row gives 0s), explicit scale; com.microsoft MultiHeadAttention with attention_bias
+_fullmask = np.ones((1, 1, 5, 9), bool)
+_fullmask[..., 2, :] = False
+_fullmask[..., 3, 4:] = False
+case("attention_4d", "Attention", [r(2, 3, 5, 8), r(2, 3, 9, 8), r(2, 3, 9, 6)], {"_opset": 23},
+     const=[False] * 3, kernel="vk_attention")
+case("attention_4d_gqa_causal_scale", "Attention", [r(1, 4, 7, 8), r(1, 2, 7, 8), r(1, 2, 7, 8)],
+     {"is_causal": 1, "scale": 0.2, "_opset": 23}, const=[False] * 3, kernel="vk_attention")
+case("attention_3d_float_mask", "Attention", [r(2, 5, 12), r(2, 9, 12), r(2, 9, 15), r(2, 1, 5, 9)],
+     {"q_num_heads": 3, "kv_num_heads": 3, "_opset": 23}, const=[False] * 4, kernel="vk_attention")
+case("attention_3d_gqa_bool_mask_fully_masked_row", "Attention", [r(1, 5, 16), r(1, 9, 8), r(1, 9, 8), _fullmask],
+     {"q_num_heads": 4, "kv_num_heads": 2, "_opset": 23}, const=[False, False, False, True], kernel="vk_attention")
+case("attention_4d_causal_float_mask_2d", "Attention", [r(1, 2, 6, 4), r(1, 2, 6, 4), r(1, 2, 6, 4), r(6, 6)],
+     {"is_causal": 1, "_opset": 23}, const=[False, False, False, True], kernel="vk_attention")
+case("ms_mha_bias_unidirectional", MS + "MultiHeadAttention", [r(2, 6, 12), r(2, 6, 12), r(2, 6, 9), None, None,
+     r(1, 3, 6, 6)], {"num_heads": 3, "unidirectional": 1}, const=[False, False, False, False, False, True],
+     kernel="vk_attention")
+case("ms_mha_cross_scale", MS + "MultiHeadAttention", [r(1, 4, 16), r(1, 7, 16), r(1, 7, 16)],
+     {"num_heads": 2, "scale": 0.3}, const=[False] * 3, kernel="vk_attention")
+
 # --- data movement
 # GridSample (issue 18): both modes, every padding, align_corners either way; the grid reaches past [-1, 1]
 _gs_x = r(2, 3, 5, 7)
@@ -422,6 +443,8 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
     "depth_to_space_dcr": (13, ""), "depth_to_space_crd": (13, ""), "space_to_depth": (13, ""),
     **{c[0]: (int(c[3]["_opset"]), "") for c in CASES if c[1] == "GridSample"},
     **{c[0]: (14, "") for c in CASES if c[1] == "CumSum"},
+    **{c[0]: (23, "") for c in CASES if c[1] == "Attention"},
+    "ms_mha_bias_unidirectional": (1, "com.microsoft"), "ms_mha_cross_scale": (1, "com.microsoft"),
 }
 _BY_ID = {c[0]: c for c in CASES}
 

@@ -333,3 +333,25 @@ class VkGemvNKTex(VkGemvNK):
             out.append(Dispatch("gemv_tex", d.bindings, grid(p.N, 16, caps), d.defines, push=d.push,
                                 independent=d.independent))
         return out
+
+
+def batched_gemm_dispatch(a_ref: Ref, b_ref: Ref, y_ref: Ref, m: int, n: int, k: int, sa: tuple[int, int],
+                          sb: tuple[int, int], batch: tuple[int, int, int], sa_b: tuple[int, int, int],
+                          sb_b: tuple[int, int, int], caps: Caps, alpha: float = 1.0, bias_ref: Ref | None = None,
+                          ) -> Dispatch:
+    """One strided batched GEMM y[z] = alpha * a[z] @ b[z] (+ a full (m, n) bias shared by every z) on
+    ``matmul.comp`` (``matmul_reg.comp`` on CPU-type devices, as vk_matmul_reg is their default), for kernels that
+    lower an op to matrix products (attention). ``sa``/``sb``: (row, column) element strides of a and b; ``batch``:
+    up to 3 batch dims with a's and b's element strides per dim (0: broadcast); y is contiguous (z, m, n)."""
+    regs = caps.device_type == "cpu"
+    defs = {"BIAS_MODE": 3 if bias_ref is not None else 0, "RESIDUAL": 0, "ACT": 0}
+    push: dict[str, Any] = {"M": m, "N": n, "K": k, "sa_m": sa[0], "sa_k": sa[1], "sb_k": sb[0], "sb_n": sb[1],
+                            "ldc": n, "c_off": 0, "alpha": alpha, "act_a": 0.0, "act_b": 0.0,
+                            "bd1": batch[1], "bd2": batch[2], "sa0": sa_b[0], "sa1": sa_b[1], "sa2": sa_b[2],
+                            "sb0": sb_b[0], "sb1": sb_b[1], "sb2": sb_b[2]}
+    nbatch = batch[0] * batch[1] * batch[2]
+    binds = (a_ref, b_ref) + ((bias_ref,) if bias_ref is not None else ()) + (y_ref,)
+    if regs:
+        return Dispatch("matmul_reg", binds, (-(-(-(-n // 4) * -(-m // 4)) // 64), 1, nbatch), defs, push=push)
+    push.update(S=1, Kc=k, total=nbatch * m * n)
+    return Dispatch("matmul", binds, (-(-n // 64), -(-m // 64), nbatch), defs, push=push)
