@@ -305,6 +305,15 @@ case("ms_mha_bias_unidirectional", MS + "MultiHeadAttention", [r(2, 6, 12), r(2,
 case("ms_mha_cross_scale", MS + "MultiHeadAttention", [r(1, 4, 16), r(1, 7, 16), r(1, 7, 16)],
      {"num_heads": 2, "scale": 0.3}, const=[False] * 3, kernel="vk_attention")
 
+# Einsum of matmul shape on the GEMM shaders (issue 18): MaxViT's attention, plain and transposed operands, the
+# operands swapping roles (output n before m), a dot product, an outer product, a constant operand
+for _eq, _shapes in (("bhid,bhjd->bhij", [(2, 3, 5, 8), (2, 3, 7, 8)]), ("bhij,bhjd->bhid", [(2, 3, 5, 7), (2, 3, 7, 8)]),
+                     ("ij,kj->ik", [(5, 9), (6, 9)]), ("bid,bjd->bji", [(2, 5, 4), (2, 6, 4)]), ("i,i->", [(11,), (11,)]),
+                     ("i,j->ij", [(4,), (5,)]), ("bnij,bnjk->bnik", [(1, 2, 3, 4), (1, 2, 4, 5)]),
+                     ("ij,jk", [(3, 5), (5, 4)])):  # implicit output: 'ik'
+
+    case(f"einsum_{_eq.replace(',', '_').replace('->', '_to_') or 'dot'}", "Einsum", [r(*s) for s in _shapes],
+         {"equation": _eq}, const=[False, _eq == "ij,kj->ik"], kernel="vk_einsum")
 # --- data movement
 # GridSample (issue 18): both modes, every padding, align_corners either way; the grid reaches past [-1, 1]
 _gs_x = r(2, 3, 5, 7)
@@ -444,6 +453,7 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
     **{c[0]: (int(c[3]["_opset"]), "") for c in CASES if c[1] == "GridSample"},
     **{c[0]: (14, "") for c in CASES if c[1] == "CumSum"},
     **{c[0]: (23, "") for c in CASES if c[1] == "Attention"},
+    **{c[0]: (12, "") for c in CASES if c[1] == "Einsum"},
     "ms_mha_bias_unidirectional": (1, "com.microsoft"), "ms_mha_cross_scale": (1, "com.microsoft"),
 }
 _BY_ID = {c[0]: c for c in CASES}
@@ -478,3 +488,22 @@ def test_kernel_matches_onnxruntime(device: Any, cid: str) -> None:
             continue
         err = rel_err(g, w)
         assert err <= TOL, f"{cid} output {k}: relative error {err:.3g} vs onnxruntime > {TOL}"
+
+
+def test_einsum_gemm_lowering_refuses_other_equations() -> None:
+    """Equations that are not one batched GEMM with contiguous (batch, m, n) output get no Vulkan Einsum kernel (the
+    node runs on the CPU); applies() is pure, no device needed."""
+    import inferd.ops.gemm_vulkan  # noqa: F401  (registers the Vulkan GEMM kernels)
+    from inferd.ops.base import single_node_layer
+    from inferd.ops.gemm_vulkan import einsum_as_gemm
+
+    def lowered(eq: str, *shapes: tuple[int, ...]) -> bool:
+        return einsum_as_gemm(single_node_layer("Einsum", [np.zeros(s, np.float32) for s in shapes],
+                                                {"equation": eq}, [False] * len(shapes))) is not None
+
+    assert lowered("bhid,bhjd->bhij", (1, 2, 3, 4), (1, 2, 5, 4)) and lowered("ij,jk->ik", (2, 3), (3, 4))
+    assert not lowered("bkd,ked->bke", (3, 4, 6), (4, 5, 6))  # the batch label is not leading in the output
+    assert not lowered("ii->i", (3, 3)) and not lowered("ij->ji", (2, 3))  # one operand: diagonal, transpose
+    assert not lowered("ij,jk->i", (2, 3), (3, 4))  # k summed over the second operand alone
+    assert not lowered("...ij,...jk->...ik", (2, 3, 4), (2, 4, 5))  # ellipsis
+    assert not lowered("ijk,kj->i", (2, 3, 4), (4, 3))  # the contracted labels in two orders: no one stride
