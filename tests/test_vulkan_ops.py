@@ -305,6 +305,25 @@ case("ms_mha_bias_unidirectional", MS + "MultiHeadAttention", [r(2, 6, 12), r(2,
 case("ms_mha_cross_scale", MS + "MultiHeadAttention", [r(1, 4, 16), r(1, 7, 16), r(1, 7, 16)],
      {"num_heads": 2, "scale": 0.3}, const=[False] * 3, kernel="vk_attention")
 
+# RotaryEmbedding (issue 18): ONNX 4-D and 3-D, interleaved or halves, partial rotary dim, position ids computed
+# (int64) or constant, caches per (batch, position); com.microsoft with one offset or per-token ids
+_cos, _sin = np.cos(r(10, 4)), np.sin(r(10, 4))
+_ids = np.array([[0, 3, 5, 9, 1, 2], [4, 4, 0, 1, 7, 8]], np.int64)
+for _il in (0, 1):
+    case(f"rotary_4d_ids_il{_il}", "RotaryEmbedding", [r(2, 3, 6, 8), _cos, _sin, _ids], {"interleaved": _il, "_opset": 23},
+         const=[False, True, True, False], kernel="vk_rotary")
+    case(f"rotary_3d_partial_il{_il}", "RotaryEmbedding", [r(2, 6, 24), _cos[:, :2], _sin[:, :2], _ids],
+         {"interleaved": _il, "num_heads": 2, "rotary_embedding_dim": 4, "_opset": 23}, const=[False, True, True, True],
+         kernel="vk_rotary")
+case("rotary_no_ids_batch_caches", "RotaryEmbedding", [r(2, 6, 16), np.cos(r(2, 6, 4)), np.sin(r(2, 6, 4))],
+     {"num_heads": 2, "_opset": 23}, const=[False, False, False], kernel="vk_rotary")
+case("rotary_no_ids_2d_caches", "RotaryEmbedding", [r(1, 2, 6, 8), _cos[:6], _sin[:6]], {"_opset": 23},
+     const=[False, True, True], kernel="vk_rotary")
+case("ms_rotary_offset", MS + "RotaryEmbedding", [r(2, 5, 16), np.array([3], np.int64), _cos, _sin], {"num_heads": 2},
+     const=[False, True, True, True], kernel="vk_rotary")
+case("ms_rotary_ids_interleaved", MS + "RotaryEmbedding", [r(2, 6, 16), _ids, _cos, _sin],
+     {"num_heads": 2, "interleaved": 1}, const=[False, False, True, True], kernel="vk_rotary")
+
 # Einsum of matmul shape on the GEMM shaders (issue 18): MaxViT's attention, plain and transposed operands, the
 # operands swapping roles (output n before m), a dot product, an outer product, a constant operand
 for _eq, _shapes in (("bhid,bhjd->bhij", [(2, 3, 5, 8), (2, 3, 7, 8)]), ("bhij,bhjd->bhid", [(2, 3, 5, 7), (2, 3, 7, 8)]),
@@ -454,6 +473,9 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
     **{c[0]: (14, "") for c in CASES if c[1] == "CumSum"},
     **{c[0]: (23, "") for c in CASES if c[1] == "Attention"},
     **{c[0]: (12, "") for c in CASES if c[1] == "Einsum"},
+    # (2-D caches without position ids are inferd's leniency: onnxruntime, as the spec, wants them 3-D)
+    **{c[0]: (23, "") for c in CASES if c[1] == "RotaryEmbedding" and c[0] != "rotary_no_ids_2d_caches"},
+    "ms_rotary_offset": (1, "com.microsoft"), "ms_rotary_ids_interleaved": (1, "com.microsoft"),
     "ms_mha_bias_unidirectional": (1, "com.microsoft"), "ms_mha_cross_scale": (1, "com.microsoft"),
 }
 _BY_ID = {c[0]: c for c in CASES}

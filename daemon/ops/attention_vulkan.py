@@ -175,3 +175,66 @@ class VkAttention(VulkanKernel):
 
 
 assert MAX_RANK >= 4  # the mask's broadcast add runs on binary.comp over (B, H, Sq, Skv)
+
+
+def _rotary_inputs(layer: Layer) -> tuple[int, int, int | None]:
+    """Input positions of (cos_cache, sin_cache, position_ids or None): ONNX (X, cos, sin, ids?), com.microsoft
+    (input, ids, cos, sin)."""
+    if layer.op.startswith(MS):
+        return 2, 3, 1
+    return 1, 2, 3 if layer.has_input(3) else None
+
+
+@register_kernel
+class VkRotary(VulkanKernel):
+    """RotaryEmbedding (ONNX 23, com.microsoft): ``rotary.comp``, one invocation per element; the caches and the
+    position ids are bound as they are (computed or constant, int64 or int32 ids)."""
+
+    name = "vk_rotary"
+    ops = ("RotaryEmbedding", MS + "RotaryEmbedding")
+    io_dtypes = ("float32", "int64")
+
+    def _geom(self, layer: Layer) -> tuple[int, int, int, int, bool] | None:
+        """(S, N, H, rdim, three) or None where the heads do not split."""
+        x = layer.in_shape(0)
+        if len(x) == 4:
+            return x[2], x[1], x[3], int(layer.attr("rotary_embedding_dim", 0) or 0) or x[3], False
+        heads = int(layer.attr("num_heads", 0) or 0)
+        if len(x) != 3 or heads <= 0 or x[2] % heads:
+            return None
+        h = x[2] // heads
+        return x[1], heads, h, int(layer.attr("rotary_embedding_dim", 0) or 0) or h, True
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._geom(layer)
+        if g is None or layer.outputs[0].size == 0 or g[3] % 2 or g[3] > g[2]:
+            return False
+        c, _, pos = _rotary_inputs(layer)
+        cw = layer.in_shape(c)[-1]
+        if cw < g[3] // 2:
+            return False
+        if pos is None:
+            return len(layer.in_shape(c)) in (2, 3)
+        return layer.inputs[pos] is not None and np.dtype(layer.inputs[pos].dtype) in (np.dtype(np.int64),  # type: ignore[union-attr]
+                                                                                        np.dtype(np.int32))
+
+    # the default transform: constant ids become int32 (one word each: pos_stride 1), constant caches float32
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        g = self._geom(layer)
+        assert g is not None
+        s, nh, h, rdim, three = g
+        c, sn, pos = _rotary_inputs(layer)
+        cshape = layer.in_shape(c)
+        mode, stride = 0, 1
+        if pos is not None:
+            mode = 2 if layer.op.startswith(MS) and layer.inputs[pos].size == 1 else 1  # type: ignore[union-attr]
+            ids64 = pos not in layer.const_inputs and np.dtype(layer.inputs[pos].dtype) == np.int64  # type: ignore[union-attr]
+            stride = 2 if ids64 else 1
+        rows_b = cshape[1] if pos is None and len(cshape) == 3 and cshape[0] > 1 else 0
+        n = layer.outputs[0].size
+        binds = (In(0), In(c), In(sn)) + ((In(pos),) if pos is not None else ()) + (Out(0),)
+        return [Dispatch("rotary", binds, grid(n, 256, caps),
+                         {"INTERLEAVED": int(bool(layer.attr("interleaved", 0))), "POS": mode, "THREE": int(three)},
+                         push={"n": n, "S": s, "N": nh, "H": h, "rdim": rdim, "cw": cshape[-1], "cos_rows_b": rows_b,
+                               "pos_stride": stride})]
