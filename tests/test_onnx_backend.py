@@ -267,7 +267,7 @@ def test_node_tests_with_forced_kernel(op: str, kernel: str) -> None:
 VULKAN_NODE_TEST_OPS: tuple[str, ...] = (
     "GroupNormalization", "RMSNormalization", "LayerNormalization", "InstanceNormalization", "Mod", "And", "Or", "Xor",
     "Trilu", "DepthToSpace", "SpaceToDepth", "GridSample", "CumSum", "Attention", "Einsum",
-    "RotaryEmbedding",
+    "RotaryEmbedding", "GatherElements",
 )  # Not: its only node tests are opset 1 (R_OPSET1); tests/test_vulkan_ops.py checks it against onnxruntime
 #: ops of that list none of whose node tests can reach the Vulkan kernel, and why (they still run, CPU-placed)
 VULKAN_NODE_TEST_ON_CPU: dict[str, str] = {

@@ -345,6 +345,12 @@ for _mode in ("bilinear", "nearest"):
                  kernel="vk_grid_sample")
 case("gridsample_linear_opset20_1x1", "GridSample", [r(1, 2, 1, 1), _gs_grid[:1]], {"mode": "linear", "_opset": 20},
      const=[False, False], kernel="vk_grid_sample")
+case("gather_elements_axis1_dyn_neg", "GatherElements", [r(3, 5, 4), RNG.integers(-5, 5, (3, 7, 4)).astype(np.int64)],
+     {"axis": 1}, const=[False, False], kernel="vk_gather_elements")
+case("gather_elements_axis0_const", "GatherElements", [r(4, 6), RNG.integers(0, 4, (2, 6)).astype(np.int64)],
+     {"axis": 0}, kernel="vk_gather_elements")
+case("gather_elements_last_axis_int32", "GatherElements", [r(2, 3, 9), RNG.integers(-9, 9, (2, 3, 2)).astype(np.int32)],
+     {"axis": -1}, kernel="vk_gather_elements")
 case("depth_to_space_dcr", "DepthToSpace", [r(2, 12, 3, 5)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
 case("depth_to_space_crd", "DepthToSpace", [r(1, 18, 4, 3)], {"blocksize": 3, "mode": "CRD"}, kernel="vk_pixel_shuffle")
 case("space_to_depth", "SpaceToDepth", [r(2, 3, 6, 4)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
@@ -468,6 +474,7 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
     "logic_not_odd": (7, ""), "logic_and_const": (7, ""),
     **{c: (14, "") for c in ("trilu_upper0", "trilu_upper1", "trilu_upper0_k", "trilu_upper1_k",
                              "trilu_square_k_out_of_range")},
+    **{c[0]: (13, "") for c in CASES if c[1] == "GatherElements"},
     "depth_to_space_dcr": (13, ""), "depth_to_space_crd": (13, ""), "space_to_depth": (13, ""),
     **{c[0]: (int(c[3]["_opset"]), "") for c in CASES if c[1] == "GridSample"},
     **{c[0]: (14, "") for c in CASES if c[1] == "CumSum"},
