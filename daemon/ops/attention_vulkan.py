@@ -76,7 +76,7 @@ def _why_not(layer: Layer) -> str | None:
         return "outputs beyond Y (present key/value, qk)"
     if layer.op == MS + "MultiHeadAttention":
         if any(layer.has_input(i) for i in (3, 4, 6, 7, 8)) or len(layer.in_shape(0)) != 3 \
-                or not layer.has_input(1) or len(layer.in_shape(1)) != 3:
+                or not layer.has_input(1) or not layer.has_input(2) or len(layer.in_shape(1)) != 3:
             return "packed, biased, masked-by-padding or past forms"
     else:
         if any(layer.has_input(i) for i in (4, 5, 6)):

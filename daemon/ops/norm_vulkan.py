@@ -111,6 +111,20 @@ def _norm_geom(layer: Layer) -> _NormGeom:
                      inv_out=_out(layer, 1) if op == "SimplifiedLayerNormalization" else None)
 
 
+def _norm_shape(layer: Layer) -> tuple[int, ...]:
+    """The normalized shape a per-element scale/bias broadcasts to (onnxruntime's ops: the last axis)."""
+    shape = layer.in_shape(0)
+    ax = len(shape) - 1 if layer.op.startswith(MS) else _ln_axis(layer.node, len(shape))
+    return tuple(shape[ax:])
+
+
+def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    try:
+        return np.broadcast_shapes(tuple(shape), to) == to
+    except ValueError:
+        return False
+
+
 def _param_len(layer: Layer, g: _NormGeom) -> int:
     """Elements a scale/bias binding holds: one per row element (MODE 0) or per channel."""
     if g.mode == 0:
@@ -152,7 +166,11 @@ class VkNorm(VulkanKernel):
             return False
         n = _param_len(layer, g)
         for k in (g.scale, g.bias, g.skip_bias):
-            if k is None or k in layer.const_inputs:
+            if k is None:
+                continue
+            if k in layer.const_inputs:
+                if (g.mode == 0 or k == g.skip_bias) and not _broadcasts(layer.in_shape(k), _norm_shape(layer)):
+                    return False  # transform broadcasts it to the normalized shape
                 continue
             if int(np.prod(layer.in_shape(k), dtype=np.int64)) != (g.d if k == g.skip_bias else n):
                 return False  # a run-time scale/bias must be bound as it is: one value per element it scales
@@ -171,8 +189,7 @@ class VkNorm(VulkanKernel):
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = _norm_geom(layer)
         shape = layer.in_shape(0)
-        # the normalized shape a per-element scale/bias broadcasts to (onnxruntime's ops: the last axis)
-        ax = len(shape) - 1 if layer.op.startswith(MS) else _ln_axis(layer.node, len(shape))
+        norm = _norm_shape(layer)
         out = {}
         for key, v in raw.items():
             k = int(key[2:])
@@ -182,7 +199,7 @@ class VkNorm(VulkanKernel):
             if k == g.skip:
                 v = v.reshape(-1)
             elif g.mode == 0 or k == g.skip_bias:
-                v = np.broadcast_to(v, tuple(shape[ax:])).reshape(-1)
+                v = np.broadcast_to(v, norm).reshape(-1)
             else:
                 v = v.reshape(-1)
                 if v.size != shape[1]:  # GroupNormalization opset 18: one value per group
