@@ -536,3 +536,65 @@ def test_einsum_gemm_lowering_refuses_other_equations() -> None:
     assert not lowered("ij,jk->i", (2, 3), (3, 4))  # k summed over the second operand alone
     assert not lowered("...ij,...jk->...ik", (2, 3, 4), (2, 4, 5))  # ellipsis
     assert not lowered("ijk,kj->i", (2, 3, 4), (4, 3))  # the contracted labels in two orders: no one stride
+
+
+def _transformer_block() -> Any:
+    """An encoder block as onnxruntime's transformer optimizer leaves it, plus the ONNX-23 forms: SkipLayerNorm (its
+    sum output feeding the residual), Q/K/V MatMuls, MultiHeadAttention, FastGelu with bias, RotaryEmbedding on the
+    query of a second (ONNX) Attention with a causal mask, RMSNormalization, GroupNormalization over the channels."""
+    import onnx
+    from onnx import helper as h, numpy_helper
+
+    rng = np.random.default_rng(7)
+
+    def w(*s: int, k: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(s) * k).astype(np.float32)
+
+    inits = {"skip": w(1, 8, 32, k=1.0), "gamma": w(32, k=1.0), "beta": w(32), "bias": w(32), "wq": w(32, 32),
+             "wk": w(32, 32), "wv": w(32, 32), "gb": w(32), "rms_s": w(32, k=1.0), "gn_s": w(8, k=1.0), "gn_b": w(8),
+             "cos": np.cos(w(8, 4, k=2.0)), "sin": np.sin(w(8, 4, k=2.0)),
+             "pos": np.arange(8, dtype=np.int64).reshape(1, 8)}
+    ms = "com.microsoft"
+    nodes = [h.make_node("SkipLayerNormalization", ["x", "skip", "gamma", "beta", "bias"], ["ln", "", "", "res"],
+                         domain=ms, epsilon=1e-5, name="skipln"),
+             h.make_node("MatMul", ["ln", "wq"], ["q"], name="mq"), h.make_node("MatMul", ["ln", "wk"], ["k"], name="mk"),
+             h.make_node("MatMul", ["ln", "wv"], ["v"], name="mv"),
+             h.make_node("MultiHeadAttention", ["q", "k", "v"], ["a"], domain=ms, num_heads=4, name="mha"),
+             h.make_node("FastGelu", ["a", "gb"], ["g"], domain=ms, name="gelu"),
+             h.make_node("RotaryEmbedding", ["q", "cos", "sin", "pos"], ["qr"], num_heads=4, name="rope"),
+             h.make_node("Attention", ["qr", "k", "v"], ["a2"], q_num_heads=4, kv_num_heads=4, is_causal=1,
+                         name="attn"),
+             h.make_node("Add", ["g", "a2"], ["ga"], name="add1"),
+             h.make_node("RMSNormalization", ["ga", "rms_s"], ["r"], epsilon=1e-6, name="rms"),
+             h.make_node("Add", ["r", "res"], ["y0"], name="add2"),
+             h.make_node("GroupNormalization", ["y0", "gn_s", "gn_b"], ["y"], num_groups=2, name="gn")]
+    g = h.make_graph(nodes, "block", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 32])],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 32])],
+                     [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 23), h.make_opsetid(ms, 1)])
+    m.ir_version = 10
+    return m
+
+
+def test_transformer_block_runs_whole_on_vulkan(tmp_path: Any) -> None:
+    """The issue-18 kernels composed in one graph: every node runs on a Vulkan kernel (none CPU-placed, so the block
+    stays on the GPU between its MatMuls) and the output equals onnxruntime's."""
+    import onnx
+    from ortutil import ort_session
+
+    import inferd
+    m = _transformer_block()
+    p = tmp_path / "block.onnx"
+    onnx.save(m, p)
+    x = RNG.standard_normal((1, 8, 32)).astype(np.float32)
+    want = ort_session(p).run(None, {"x": x})[0]
+    model = inferd.load(str(p), device="vulkan")
+    try:
+        got = model.run({"x": x})["y"]
+        on_cpu = {n: k for n, k in model.kernels.items() if k.startswith("cpu")}
+        assert not on_cpu, f"nodes placed on the CPU: {on_cpu}"
+        assert {"skipln", "mha", "gelu", "rope", "attn", "rms", "gn"} <= set(model.kernels)
+    finally:
+        model.close()
+    from inferd.vulkan.testing import rel_err
+    assert rel_err(got, want) <= TOL, rel_err(got, want)

@@ -6,7 +6,7 @@
 set -u
 OUT=${OUT:-/tmp/issue-18v}; mkdir -p "$OUT"
 K="groupnorm or rmsnorm or simplified or skip_ or layernorm or instancenorm or ms_ or mod_ or logic or trilu"
-K="$K or depth or gridsample or cumsum or attention or mha or einsum or softmax or rotary or gather"
+K="$K or depth or gridsample or cumsum or attention or mha or einsum or softmax or rotary or gather or transformer_block"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 python3 -m pytest -q -p no:cacheprovider tests/test_vulkan_ops.py -k "$K" > "$OUT/vulkan_ops.log" 2>&1
 echo "vulkan_ops rc=$?" | tee -a "$OUT/vulkan_ops.log"; tail -3 "$OUT/vulkan_ops.log"
