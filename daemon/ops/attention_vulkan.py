@@ -23,7 +23,7 @@ import numpy as np
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, broadcast_strides, collapse, \
     contiguous_strides, grid
 from .base import Layer, register_kernel
-from .eltwise_vulkan import MAX_RANK, binary_dispatch
+from .eltwise_vulkan import binary_dispatch
 from .gemm_vulkan import batched_gemm_dispatch
 from .tensor_vulkan import copy_dispatch
 
@@ -173,8 +173,6 @@ class VkAttention(VulkanKernel):
             d.append(cd)
         return d
 
-
-assert MAX_RANK >= 4  # the mask's broadcast add runs on binary.comp over (B, H, Sq, Skv)
 
 
 def _rotary_inputs(layer: Layer) -> tuple[int, int, int | None]:
