@@ -598,3 +598,21 @@ def test_transformer_block_runs_whole_on_vulkan(tmp_path: Any) -> None:
         model.close()
     from inferd.vulkan.testing import rel_err
     assert rel_err(got, want) <= TOL, rel_err(got, want)
+
+
+_TILED = [c[0] for c in CASES if c[5] in ("vk_attention", "vk_einsum")]
+
+
+@pytest.mark.parametrize("cid", _TILED)
+def test_lowered_gemm_on_gpu_path(device: Any, cid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the attention and Einsum lowerings take matmul.comp's shared-memory tiles (a CPU-type device, as
+    lavapipe, gets matmul_reg.comp): the same cases through the tiled shader, the device taken for a discrete GPU."""
+    from dataclasses import replace
+
+    from inferd.vulkan.testing import rel_err, run_single
+    monkeypatch.setattr(device, "caps", replace(device.caps, device_type="discrete"))
+    _, op, ins, attrs, const, kernel = _BY_ID[cid]
+    got, ref, stats = run_single(device, op, ins, attrs, const, kernel)
+    assert stats["kernels"] == {"n0": kernel}
+    for g, rf in zip(got, ref):
+        assert rel_err(g, rf) <= TOL, f"{cid}: relative error {rel_err(g, rf):.3g} > {TOL}"
