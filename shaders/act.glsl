@@ -44,6 +44,8 @@ float act(float x, float a, float b) {
     return 0.5 * x * (1.0 + tanh_f(0.7978845608028654 * (x + 0.044715 * x * x * x)));
 #elif ACT == 11
     return max(x, 0.0) + log(1.0 + exp(-abs(x)));
+#elif ACT == 12  // onnxruntime's QuickGelu: x * sigmoid(alpha * x)
+    return x * sigmoid_f(a * x);
 #else
     return x;
 #endif

@@ -2,9 +2,19 @@
 // Softmax / LogSoftmax (LOG=1) of x viewed as [outer, L, inner] along L.
 // ROWS=1 (inner == 1): one 256-invocation workgroup per row with shared-memory max and sum;
 // ROWS=0: one invocation per (outer, inner) column.
+// MASKED=1 (attention's softmax): a row whose every logit is -inf (fully masked) gives 0s, as ONNX Attention
+// specifies, where plain Softmax gives NaN (0 * 1/0).
 #include "common.glsl"
 #ifndef LOG
 #define LOG 0
+#endif
+#ifndef MASKED
+#define MASKED 0
+#endif
+#if MASKED
+#define INV(s) ((s) > 0.0 ? 1.0 / (s) : 0.0)
+#else
+#define INV(s) (1.0 / (s))
 #endif
 #ifndef ROWS
 #define ROWS 1
@@ -46,7 +56,7 @@ void main() {
     float ls = log(s);
     for (uint k = l; k < p.L; k += WG) y[base + k] = x[base + k] - m - ls;
 #else
-    float inv = 1.0 / s;
+    float inv = INV(s);
     for (uint k = l; k < p.L; k += WG) y[base + k] = exp(x[base + k] - m) * inv;
 #endif
 }
@@ -64,7 +74,7 @@ void main() {
     float ls = log(s);
     for (uint k = 0u; k < p.L; ++k) y[base + k * p.inner] = x[base + k * p.inner] - m - ls;
 #else
-    float inv = 1.0 / s;
+    float inv = INV(s);
     for (uint k = 0u; k < p.L; ++k) y[base + k * p.inner] = exp(x[base + k * p.inner] - m) * inv;
 #endif
 }

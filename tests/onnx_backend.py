@@ -57,6 +57,7 @@ WEIGHT_INPUTS: dict[str, tuple[int, ...]] = {
     "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (1,), "PRelu": (1,),
     "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2), "LayerNormalization": (1, 2),
     "LSTM": (1, 2, 3, 7), "GRU": (1, 2, 3), "RNN": (1, 2, 3), "GroupNormalization": (1, 2),
+    "CumSum": (1,), "Trilu": (1,),  # the axis / k: initializers in exported models (the Vulkan kernels need them so)
 }
 #: ops whose output depends on their input's shape only, where the backward walk stops
 _SHAPE_ONLY = {"Shape", "Size"}
@@ -161,12 +162,15 @@ def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 
 
 class InferdBackendRep(BackendRep):
-    """A prepared model: one ``CpuExecutor`` for the input shapes (and frozen values) last fed."""
+    """A prepared model: one ``CpuExecutor`` (or, given a ``vulkan`` device, one ``VulkanModel`` on it: the node
+    tests on lavapipe) for the input shapes (and frozen values) last fed."""
 
     def __init__(self, model: onnx.ModelProto, kernels: dict[str, str] | None = None,
-                 freeze_weights: bool = False) -> None:
+                 freeze_weights: bool = False, vulkan: Any = None) -> None:
         self.model = model
         self.kernels = kernels
+        self.vulkan = vulkan
+        self._vk_model: Any = None
         self.input_names = [vi.name for vi in _graph_inputs(model)]
         self.output_names = [o.name for o in model.graph.output]
         self.frozen = shape_defining_inputs(model)
@@ -175,15 +179,32 @@ class InferdBackendRep(BackendRep):
         self._static = [_static_shape(vi) for vi in _graph_inputs(model)]
         self._key: tuple[Any, ...] | None = None
         self.graph: Graph | None = None
-        self._exec: CpuExecutor | None = None
+        self._exec: Any = None  # a CpuExecutor, or a VulkanModel
         if not self.frozen and all(s is not None for s in self._static):
             self._build({n: s for n, s in zip(self.input_names, self._static) if s is not None}, {})
 
     def _build(self, shapes: dict[str, tuple[int, ...]], frozen: dict[str, np.ndarray]) -> None:
         model = freeze_inputs(self.model, frozen) if frozen else self.model
         graph = import_model(model, shapes={n: s for n, s in shapes.items() if n not in frozen})
-        self._exec = CpuExecutor(graph, kernels=self.kernels)
+        if self.vulkan is not None:
+            from inferd.vulkan.model import VulkanModel
+
+            self.close()
+            self._vk_model = VulkanModel(graph, self.vulkan, kernels=self.kernels)
+            self._exec = self._vk_model
+        else:
+            self._exec = CpuExecutor(graph, kernels=self.kernels)
         self.graph = graph
+
+    @property
+    def vulkan_kernels(self) -> dict[str, str]:
+        """Node name -> the Vulkan kernel that ran it (a Vulkan rep that has run; nodes placed on the CPU absent)."""
+        return dict(self._vk_model.kernel_names) if self._vk_model is not None else {}
+
+    def close(self) -> None:
+        if self._vk_model is not None:
+            self._vk_model.close()
+            self._vk_model = None
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         if isinstance(inputs, dict):
@@ -214,13 +235,15 @@ class InferdBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> InferdBackendRep:
-        """``kernels`` forces kernels ({op or node name: kernel}); ``freeze_weights`` see ``WEIGHT_INPUTS``."""
+        """``kernels`` forces kernels ({op or node name: kernel}); ``freeze_weights`` see ``WEIGHT_INPUTS``;
+        ``vulkan`` (an ``inferd.vulkan.device.VulkanDevice``) runs the model on that device instead of the CPU
+        engine (mixed placement: nodes no Vulkan kernel takes run on the CPU)."""
         if not cls.supports_device(device):
             raise ValueError(f"inferd's ONNX backend runs on CPU only, got device {device!r}")
         if isinstance(model, (bytes, bytearray)):
             model = onnx.load_from_string(bytes(model))
         return InferdBackendRep(to_supported_opset(model), kernels=kwargs.get("kernels"),
-                                freeze_weights=bool(kwargs.get("freeze_weights", False)))
+                                freeze_weights=bool(kwargs.get("freeze_weights", False)), vulkan=kwargs.get("vulkan"))
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[Any, ...]:

@@ -20,14 +20,14 @@ pytestmark = pytest.mark.skipif(not inferd.vulkan.available(), reason="needs a V
 
 
 def _mixed_model() -> onnx.ModelProto:
-    """Conv (GPU) -> GridSample (no Vulkan kernel: CPU) -> Conv (GPU) -> RoiAlign (CPU, native) -> Relu (GPU),
+    """Conv (GPU) -> bicubic GridSample (no Vulkan kernel: CPU; bilinear/nearest have one) -> Conv (GPU) -> RoiAlign (CPU, native) -> Relu (GPU),
     plus LpNormalization (CPU) on a side branch that a GPU Add joins."""
     rng = np.random.default_rng(0)
     w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
     w2 = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2
     rois = np.array([[0, 0, 10, 10], [2, 3, 14, 9], [5, 5, 15, 15]], np.float32)
     nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
-             h.make_node("GridSample", ["c1", "grid"], ["gs"], name="warp"),
+             h.make_node("GridSample", ["c1", "grid"], ["gs"], mode="bicubic", name="warp"),
              h.make_node("Conv", ["gs", "w2"], ["c2"], pads=[1, 1, 1, 1], name="conv2"),
              h.make_node("RoiAlign", ["c2", "rois", "bi"], ["ra"], output_height=4, output_width=4, name="roi"),
              h.make_node("Relu", ["ra"], ["r"], name="relu"),

@@ -259,3 +259,113 @@ def test_node_tests_with_forced_kernel(op: str, kernel: str) -> None:
                 raise AssertionError(f"{name} with {op} kernel {kernel!r} forced: {e}") from None
     if used == 0:
         pytest.skip(f"no official {op} node test fits kernel {kernel!r}")
+
+
+# --- the node tests on lavapipe (issue 18: "for operators with a Vulkan kernel, on lavapipe") --------------------
+#: ops whose official node tests also run on a Vulkan device (every non-excluded one whose graph holds the op), each
+#: checked against the test's expected outputs and required to run its node on a Vulkan kernel at least once
+VULKAN_NODE_TEST_OPS: tuple[str, ...] = (
+    "GroupNormalization", "RMSNormalization", "LayerNormalization", "InstanceNormalization", "Mod", "And", "Or", "Xor",
+    "Trilu", "DepthToSpace", "SpaceToDepth", "GridSample", "CumSum", "Attention", "Einsum",
+    "RotaryEmbedding", "GatherElements",
+)  # Not: its only node tests are opset 1 (R_OPSET1); tests/test_vulkan_ops.py checks it against onnxruntime
+#: ops of that list none of whose node tests can reach the Vulkan kernel, and why (they still run, CPU-placed)
+VULKAN_NODE_TEST_ON_CPU: dict[str, str] = {
+    "Trilu": "every Trilu node test feeds int64 data (the Vulkan kernel is for float32; tests/test_vulkan_ops.py "
+             "checks it against numpy and onnxruntime)",
+}
+#: graph input/output element types a Vulkan model takes (others are refused at load: float16, int8/16/32, ...)
+_VK_IO = {np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.bool_)}
+
+
+def _vulkan_io(model: onnx.ModelProto) -> bool:
+    """Whether a Vulkan model takes the graph's inputs and outputs (inputs frozen into constants aside)."""
+    from onnx_backend import WEIGHT_INPUTS, shape_defining_inputs
+
+    g = model.graph
+    frozen = shape_defining_inputs(model) | shape_defining_inputs(model, WEIGHT_INPUTS)
+    return all(onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) in _VK_IO
+               for vi in [i for i in g.input if i.name not in frozen] + list(g.output))
+
+
+def _float32_twin(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A float64 node test as float32 (graph inputs, outputs and value infos retyped; None where anything else in
+    the graph names float64: initializers, Cast targets, tensor attributes). A Vulkan model takes no float64 tensor,
+    and CumSum's and float Mod's node tests are all float64: their float32 twin checks the kernels against the
+    test's expected values (cast to float32, at the test's tolerance)."""
+    D, F = onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT
+    g = model.graph
+    if g.initializer or any(a.type in (onnx.AttributeProto.TENSOR, onnx.AttributeProto.INT) and
+                            (a.t.data_type == D if a.type == onnx.AttributeProto.TENSOR else a.name == "to" and a.i == D)
+                            for n in g.node for a in n.attribute):
+        return None
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info):
+        if vi.type.tensor_type.elem_type == D:
+            vi.type.tensor_type.elem_type = F
+    return m if _vulkan_io(m) else None
+
+
+def _as_f32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32) if a.dtype == np.float64 else a
+
+
+@pytest.fixture(scope="module")
+def vk_device():  # type: ignore[no-untyped-def]
+    import os
+    import tempfile
+
+    import inferd.vulkan
+    if not inferd.vulkan.available():
+        pytest.skip("no Vulkan device")
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+    from inferd.vulkan.executor import _import_kernels
+    _import_kernels()  # the Vulkan host bindings register their kernels on import
+    tmp = tempfile.mkdtemp(prefix="inferd-node-vk-")
+    os.environ.setdefault("MESA_SHADER_CACHE_DIR", os.path.join(tmp, "mesa"))
+    dev = VulkanDevice(VulkanConfig(cache_dir=os.path.join(tmp, "cache")))
+    yield dev
+    dev.close()
+
+
+@pytest.mark.vulkan
+@pytest.mark.parametrize("op", VULKAN_NODE_TEST_OPS)
+def test_node_tests_on_vulkan(vk_device, op: str) -> None:  # type: ignore[no-untyped-def]
+    """Every selected, non-excluded node test of ``op`` (its plain variants: an expanded one is a graph of other ops)
+    whose graph inputs and outputs a Vulkan model takes (float32, int64, bool; a float64 test as its float32 twin;
+    an int16 Mod test is refused at load, by design) on the Vulkan device. A node no Vulkan kernel handles (an int64 Mod, a dynamic k of
+    Trilu) runs on the CPU (mixed placement) and must pass all the same; at least one test must run on the op's
+    Vulkan kernel unless ``VULKAN_NODE_TEST_ON_CPU`` says why none can."""
+    vk_names = {k.name for k in kernels_for(op, "vulkan")}
+    assert vk_names, f"{op} has no Vulkan kernel"
+    on_gpu, names = 0, []
+    for name, ops in sorted(SELECTED.items()):
+        if op not in ops or _exclusion(name) is not None or "_expanded" in name:
+            continue
+        case = _CASE_BY_NAME[name]
+        model, conv = case.model, (lambda a: a)
+        if not _vulkan_io(model):
+            model, conv = _float32_twin(model), _as_f32  # type: ignore[assignment]
+            if model is None:
+                continue
+            name += " (float32 twin)"
+        names.append(name)
+        rep = InferdBackend.prepare(model, "CPU", vulkan=vk_device, freeze_weights=True)
+        try:
+            for inputs, expected in case.data_sets:
+                got = rep.run([conv(_array(a)) for a in inputs])
+                try:
+                    Runner.assert_similar_outputs([conv(_array(e)) for e in expected], got, rtol=case.rtol,
+                                                  atol=case.atol)
+                except AssertionError as e:
+                    raise AssertionError(f"{name} on Vulkan ({rep.vulkan_kernels}): {e}") from None
+                on_gpu += any(k in vk_names for k in rep.vulkan_kernels.values())
+        finally:
+            rep.close()
+    assert names, f"no node test of {op} selected"
+    print(f"{op}: {len(names)} node tests on Vulkan, {on_gpu} data sets on its Vulkan kernel")
+    if op in VULKAN_NODE_TEST_ON_CPU:
+        assert not on_gpu, f"{op}'s node tests now reach its Vulkan kernel: drop it from VULKAN_NODE_TEST_ON_CPU"
+        return
+    assert on_gpu, f"none of {op}'s node tests {names} ran on its Vulkan kernels {sorted(vk_names)}"

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.vulkan,
               pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
 
 TOL = 1e-3
+MS = "com.microsoft."  # onnxruntime's contrib ops are registered under this prefix
 RNG = np.random.default_rng(1234)
 
 
@@ -190,6 +191,25 @@ case("nary_sum3", "Sum", [r(3, 8), r(8), r(3, 1)], const=[False, False, False], 
 case("nary_mean3", "Mean", [r(3, 8), r(3, 8), r(8)], const=[False, False, True], kernel="vk_nary")
 case("nary_min3", "Min", [r(3, 8), r(3, 8), r(3, 8)], const=[False, False, False], kernel="vk_nary")
 
+# onnxruntime's fused GELUs (bias Add + activation), float Mod (both sign conventions), bool logic, Trilu (issue 18)
+case("ms_biasgelu", MS + "BiasGelu", [r(2, 5, 16) * 2, r(16)], kernel="vk_gelus")
+case("ms_fastgelu_bias", MS + "FastGelu", [r(2, 5, 16) * 2, r(16)], kernel="vk_gelus")
+case("ms_fastgelu_nobias", MS + "FastGelu", [r(3, 17) * 3], kernel="vk_gelus")
+case("ms_quickgelu_alpha", MS + "QuickGelu", [r(3, 17) * 3], {"alpha": 1.5}, kernel="vk_gelus")
+case("ms_quickgelu_default", MS + "QuickGelu", [r(4, 9) * 3], kernel="vk_gelus")
+_mod_b = (np.abs(r(3, 1, 7)) + 0.5) * np.sign(r(3, 1, 7))
+case("mod_fmod1_bcast", "Mod", [r(3, 5, 7) * 5, _mod_b], {"fmod": 1}, const=[False, False], kernel="vk_binary")
+case("mod_fmod0_float", "Mod", [r(3, 5, 7) * 5, _mod_b], {"fmod": 0}, const=[False, False], kernel="vk_binary")
+for op in ("And", "Or", "Xor"):
+    case(f"logic_{op}_bcast", op, [r(3, 1, 7) > 0, r(5, 1) > 0.3], const=[False, False], kernel="vk_logic")
+case("logic_not_odd", "Not", [r(3, 11) > 0], kernel="vk_logic")
+case("logic_and_const", "And", [r(4, 6) > 0, r(6) > 0], kernel="vk_logic")
+for upper in (0, 1):
+    case(f"trilu_upper{upper}", "Trilu", [r(2, 5, 7)], {"upper": upper}, kernel="vk_trilu")
+    case(f"trilu_upper{upper}_k", "Trilu", [r(3, 6, 4), np.array(-1 if upper else 2, np.int64)], {"upper": upper},
+         kernel="vk_trilu")
+case("trilu_square_k_out_of_range", "Trilu", [r(6, 6), np.array(9, np.int64)], kernel="vk_trilu")
+
 # comparisons (bool outputs), Where (bool condition), ArgMax/ArgMin (int64 outputs)
 _cmp_a = np.round(r(3, 1, 7) * 2) / 2
 _cmp_b = np.round(r(5, 1) * 2) / 2  # ties on purpose (values on a 0.5 grid)
@@ -206,6 +226,30 @@ case("bn", "BatchNormalization", [r(2, 5, 3, 4), r(5), r(5), r(5), r(5, lo=0.1)]
 case("layernorm", "LayerNormalization", [r(2, 7, 33), r(33), r(33)], {"axis": -1, "epsilon": 1e-5}, kernel="vk_norm")
 case("layernorm_axis1_nobias", "LayerNormalization", [r(3, 4, 5), r(4, 5)], {"axis": 1}, kernel="vk_norm")
 case("instancenorm", "InstanceNormalization", [r(2, 3, 5, 7), r(3), r(3)], kernel="vk_norm")
+# the other row normalizations through norm.comp's variants (issue 18): GroupNormalization (per-channel and opset-18
+# per-group scales), RMSNormalization, onnxruntime's Simplified/Skip/SkipSimplified LayerNormalization with their
+# statistics and skip-sum outputs, a 2-D skip broadcast over the batch, LayerNormalization's Mean/InvStdDev outputs
+case("groupnorm_per_channel", "GroupNormalization", [r(2, 6, 5, 7), r(6), r(6)], {"num_groups": 3, "epsilon": 1e-3},
+     kernel="vk_norm")
+case("groupnorm_per_group_opset18", "GroupNormalization", [r(2, 8, 3, 3), r(2), r(2)], {"num_groups": 2},
+     kernel="vk_norm")
+case("groupnorm_wide_rows", "GroupNormalization", [r(1, 32, 9, 11) * 3 + 1, r(32), r(32)], {"num_groups": 4},
+     kernel="vk_norm")
+case("groupnorm_dyn_scale", "GroupNormalization", [r(1, 4, 5), r(4), r(4)], {"num_groups": 4}, const=[False] * 3,
+     kernel="vk_norm")
+case("rmsnorm_last", "RMSNormalization", [r(2, 7, 300), r(300)], {"epsilon": 1e-6, "_opset": 23}, kernel="vk_norm")
+case("rmsnorm_axis1_bcast_scale", "RMSNormalization", [r(3, 4, 5), r(1, 5)], {"axis": 1, "_opset": 23},
+     kernel="vk_norm")
+case("simplified_ln_inv_out", "SimplifiedLayerNormalization", [r(2, 5, 33), r(33)], {"epsilon": 1e-5},
+     kernel="vk_norm", n_out=2)
+case("skip_ln_all_outputs", MS + "SkipLayerNormalization", [r(2, 5, 40), r(2, 5, 40), r(40), r(40), r(40)],
+     {"epsilon": 1e-5}, const=[False, False, True, True, True], kernel="vk_norm", n_out=4)
+case("skip_ln_2d_skip_no_beta", MS + "SkipLayerNormalization", [r(3, 4, 20), r(4, 20), r(20)], {},
+     const=[False, False, True], kernel="vk_norm")
+case("skip_simplified_ln_bias_sum", MS + "SkipSimplifiedLayerNormalization", [r(2, 3, 260), r(2, 3, 260), r(260),
+     r(260)], {"epsilon": 1e-6}, const=[False, False, True, True], kernel="vk_norm", n_out=4)
+case("layernorm_stats_outputs", "LayerNormalization", [r(3, 4, 18), r(4, 18), r(18)], {"axis": 1}, kernel="vk_norm",
+     n_out=3)
 case("maxpool_ceil", "MaxPool", [r(1, 3, 11, 10)], {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
      kernel="vk_pool")
 case("maxpool_pad_dil", "MaxPool", [r(2, 2, 9, 8)], {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "dilations": [2, 1]},
@@ -229,12 +273,88 @@ for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "Red
 case("ReduceMean_middle", "ReduceMean", [r(3, 4, 5, 6)], {"axes": [1, 2], "keepdims": 0, "_opset": 13}, kernel="vk_reduce")
 case("ReduceProd_first", "ReduceProd", [r(3, 4, 5) * 0.5 + 1], {"axes": [0], "_opset": 13}, kernel="vk_reduce")
 case("ReduceSum_axes_input", "ReduceSum", [r(3, 4, 5), np.array([1], np.int64)], {"_opset": 13}, kernel="vk_reduce")
+for _ex in (0, 1):
+    for _rev in (0, 1):
+        case(f"cumsum_mid_ex{_ex}_rev{_rev}", "CumSum", [r(3, 9, 4), np.array(1, np.int64)],
+             {"exclusive": _ex, "reverse": _rev}, kernel="vk_cumsum")
+case("cumsum_last_neg_axis_long", "CumSum", [r(2, 700), np.array([-1], np.int64)], kernel="vk_cumsum")
+case("cumsum_first_1d", "CumSum", [r(13), np.array(0, np.int32)], {"reverse": 1}, kernel="vk_cumsum")
 case("softmax_last", "Softmax", [r(2, 3, 197) * 3], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
 case("softmax_mid", "Softmax", [r(2, 5, 7) * 3], {"axis": 1, "_opset": 13}, kernel="vk_softmax")
 case("softmax_opset11", "Softmax", [r(2, 5, 7)], {"axis": 1, "_opset": 11}, kernel="vk_softmax")
 case("logsoftmax", "LogSoftmax", [r(4, 9)], {"axis": -1, "_opset": 13}, kernel="vk_softmax")
 
+# attention lowered to matmul + softmax (issue 18): ONNX Attention 4-D and 3-D (grouped-query), causal, float and
+# bool masks (a fully masked row gives 0s), explicit scale; com.microsoft MultiHeadAttention with attention_bias
+_fullmask = np.ones((1, 1, 5, 9), bool)
+_fullmask[..., 2, :] = False
+_fullmask[..., 3, 4:] = False
+case("attention_4d", "Attention", [r(2, 3, 5, 8), r(2, 3, 9, 8), r(2, 3, 9, 6)], {"_opset": 23},
+     const=[False] * 3, kernel="vk_attention")
+case("attention_4d_gqa_causal_scale", "Attention", [r(1, 4, 7, 8), r(1, 2, 7, 8), r(1, 2, 7, 8)],
+     {"is_causal": 1, "scale": 0.2, "_opset": 23}, const=[False] * 3, kernel="vk_attention")
+case("attention_3d_float_mask", "Attention", [r(2, 5, 12), r(2, 9, 12), r(2, 9, 15), r(2, 1, 5, 9)],
+     {"q_num_heads": 3, "kv_num_heads": 3, "_opset": 23}, const=[False] * 4, kernel="vk_attention")
+case("attention_3d_gqa_bool_mask_fully_masked_row", "Attention", [r(1, 5, 16), r(1, 9, 8), r(1, 9, 8), _fullmask],
+     {"q_num_heads": 4, "kv_num_heads": 2, "_opset": 23}, const=[False, False, False, True], kernel="vk_attention")
+case("attention_4d_causal_float_mask_2d", "Attention", [r(1, 2, 6, 4), r(1, 2, 6, 4), r(1, 2, 6, 4), r(6, 6)],
+     {"is_causal": 1, "_opset": 23}, const=[False, False, False, True], kernel="vk_attention")
+case("ms_mha_bias_unidirectional", MS + "MultiHeadAttention", [r(2, 6, 12), r(2, 6, 12), r(2, 6, 9), None, None,
+     r(1, 3, 6, 6)], {"num_heads": 3, "unidirectional": 1}, const=[False, False, False, False, False, True],
+     kernel="vk_attention")
+case("ms_mha_cross_scale", MS + "MultiHeadAttention", [r(1, 4, 16), r(1, 7, 16), r(1, 7, 16)],
+     {"num_heads": 2, "scale": 0.3}, const=[False] * 3, kernel="vk_attention")
+
+# RotaryEmbedding (issue 18): ONNX 4-D and 3-D, interleaved or halves, partial rotary dim, position ids computed
+# (int64) or constant, caches per (batch, position); com.microsoft with one offset or per-token ids
+_cos, _sin = np.cos(r(10, 4)), np.sin(r(10, 4))
+_ids = np.array([[0, 3, 5, 9, 1, 2], [4, 4, 0, 1, 7, 8]], np.int64)
+for _il in (0, 1):
+    case(f"rotary_4d_ids_il{_il}", "RotaryEmbedding", [r(2, 3, 6, 8), _cos, _sin, _ids], {"interleaved": _il, "_opset": 23},
+         const=[False, True, True, False], kernel="vk_rotary")
+    case(f"rotary_3d_partial_il{_il}", "RotaryEmbedding", [r(2, 6, 24), _cos[:, :2], _sin[:, :2], _ids],
+         {"interleaved": _il, "num_heads": 2, "rotary_embedding_dim": 4, "_opset": 23}, const=[False, True, True, True],
+         kernel="vk_rotary")
+case("rotary_no_ids_batch_caches", "RotaryEmbedding", [r(2, 6, 16), np.cos(r(2, 6, 4)), np.sin(r(2, 6, 4))],
+     {"num_heads": 2, "_opset": 23}, const=[False, False, False], kernel="vk_rotary")
+case("rotary_no_ids_2d_caches", "RotaryEmbedding", [r(1, 2, 6, 8), _cos[:6], _sin[:6]], {"_opset": 23},
+     const=[False, True, True], kernel="vk_rotary")
+case("ms_rotary_offset", MS + "RotaryEmbedding", [r(2, 5, 16), np.array([3], np.int64), _cos, _sin], {"num_heads": 2},
+     const=[False, True, True, True], kernel="vk_rotary")
+case("ms_rotary_ids_interleaved", MS + "RotaryEmbedding", [r(2, 6, 16), _ids, _cos, _sin],
+     {"num_heads": 2, "interleaved": 1}, const=[False, False, True, True], kernel="vk_rotary")
+
+# Einsum of matmul shape on the GEMM shaders (issue 18): MaxViT's attention, plain and transposed operands, the
+# operands swapping roles (output n before m), a dot product, an outer product, a constant operand
+for _eq, _shapes in (("bhid,bhjd->bhij", [(2, 3, 5, 8), (2, 3, 7, 8)]), ("bhij,bhjd->bhid", [(2, 3, 5, 7), (2, 3, 7, 8)]),
+                     ("ij,kj->ik", [(5, 9), (6, 9)]), ("bid,bjd->bji", [(2, 5, 4), (2, 6, 4)]), ("i,i->", [(11,), (11,)]),
+                     ("i,j->ij", [(4,), (5,)]), ("bnij,bnjk->bnik", [(1, 2, 3, 4), (1, 2, 4, 5)]),
+                     ("ij,jk", [(3, 5), (5, 4)])):  # implicit output: 'ik'
+
+    case(f"einsum_{_eq.replace(',', '_').replace('->', '_to_') or 'dot'}", "Einsum", [r(*s) for s in _shapes],
+         {"equation": _eq}, const=[False, _eq == "ij,kj->ik"], kernel="vk_einsum")
 # --- data movement
+# GridSample (issue 18): both modes, every padding, align_corners either way; the grid reaches past [-1, 1]
+_gs_x = r(2, 3, 5, 7)
+_gs_grid = (RNG.random((2, 4, 6, 2)) * 2.6 - 1.3).astype(np.float32)
+for _mode in ("bilinear", "nearest"):
+    for _pad in ("zeros", "border", "reflection"):
+        for _align in (0, 1):
+            case(f"gridsample_{_mode}_{_pad}_{_align}", "GridSample", [_gs_x, _gs_grid],
+                 {"mode": _mode, "padding_mode": _pad, "align_corners": _align, "_opset": 16}, const=[False, False],
+                 kernel="vk_grid_sample")
+case("gridsample_linear_opset20_1x1", "GridSample", [r(1, 2, 1, 1), _gs_grid[:1]], {"mode": "linear", "_opset": 20},
+     const=[False, False], kernel="vk_grid_sample")
+case("gather_elements_axis1_dyn_neg", "GatherElements", [r(3, 5, 4), RNG.integers(-5, 5, (3, 7, 4)).astype(np.int64)],
+     {"axis": 1}, const=[False, False], kernel="vk_gather_elements")
+case("gather_elements_axis0_const", "GatherElements", [r(4, 6), RNG.integers(0, 4, (2, 6)).astype(np.int64)],
+     {"axis": 0}, kernel="vk_gather_elements")
+case("gather_elements_last_axis_int32", "GatherElements", [r(2, 3, 9), RNG.integers(-9, 9, (2, 3, 2)).astype(np.int32)],
+     {"axis": -1}, kernel="vk_gather_elements")
+case("depth_to_space_dcr", "DepthToSpace", [r(2, 12, 3, 5)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
+case("depth_to_space_crd", "DepthToSpace", [r(1, 18, 4, 3)], {"blocksize": 3, "mode": "CRD"}, kernel="vk_pixel_shuffle")
+case("space_to_depth", "SpaceToDepth", [r(2, 3, 6, 4)], {"blocksize": 2}, kernel="vk_pixel_shuffle")
+
 case("concat_axis1", "Concat", [r(2, 3, 5), r(2, 4, 5), r(2, 1, 5)], {"axis": 1}, const=[False, False, False],
      kernel="vk_concat")
 case("concat_const_part", "Concat", [r(1, 3, 4), r(1, 2, 4)], {"axis": 1}, const=[False, True], kernel="vk_concat")
@@ -340,3 +460,159 @@ def test_winograd_weights_fit_one_binding() -> None:
             assert k.applies(layer) == (k.transformed_nbytes(layer) <= MAX_BINDING_BYTES), k.name
             if "43" in k.name:
                 assert k.applies(layer) == fits, (k.name, cin, cout)
+
+
+#: the issue-18 kernels are checked against onnxruntime too: case id -> (opset, domain) of the one-node model
+_ORT_CASES: dict[str, tuple[int, str]] = {
+    "groupnorm_per_channel": (21, ""), "groupnorm_per_group_opset18": (18, ""), "groupnorm_wide_rows": (21, ""),
+    "groupnorm_dyn_scale": (21, ""), "rmsnorm_last": (23, ""), "rmsnorm_axis1_bcast_scale": (23, ""),
+    "simplified_ln_inv_out": (17, ""), "layernorm_stats_outputs": (17, ""),
+    **{c: (1, "com.microsoft") for c in ("skip_ln_all_outputs", "skip_ln_2d_skip_no_beta", "skip_simplified_ln_bias_sum",
+                                         "ms_biasgelu", "ms_fastgelu_bias", "ms_fastgelu_nobias", "ms_quickgelu_alpha",
+                                         "ms_quickgelu_default")},
+    "mod_fmod1_bcast": (13, ""), "logic_And_bcast": (7, ""), "logic_Or_bcast": (7, ""), "logic_Xor_bcast": (7, ""),
+    "logic_not_odd": (7, ""), "logic_and_const": (7, ""),
+    **{c: (14, "") for c in ("trilu_upper0", "trilu_upper1", "trilu_upper0_k", "trilu_upper1_k",
+                             "trilu_square_k_out_of_range")},
+    **{c[0]: (13, "") for c in CASES if c[1] == "GatherElements"},
+    "depth_to_space_dcr": (13, ""), "depth_to_space_crd": (13, ""), "space_to_depth": (13, ""),
+    **{c[0]: (int(c[3]["_opset"]), "") for c in CASES if c[1] == "GridSample"},
+    **{c[0]: (14, "") for c in CASES if c[1] == "CumSum"},
+    **{c[0]: (23, "") for c in CASES if c[1] == "Attention"},
+    **{c[0]: (12, "") for c in CASES if c[1] == "Einsum"},
+    # (2-D caches without position ids are inferd's leniency: onnxruntime, as the spec, wants them 3-D)
+    **{c[0]: (23, "") for c in CASES if c[1] == "RotaryEmbedding" and c[0] != "rotary_no_ids_2d_caches"},
+    "ms_rotary_offset": (1, "com.microsoft"), "ms_rotary_ids_interleaved": (1, "com.microsoft"),
+    "ms_mha_bias_unidirectional": (1, "com.microsoft"), "ms_mha_cross_scale": (1, "com.microsoft"),
+}
+_BY_ID = {c[0]: c for c in CASES}
+
+
+@pytest.mark.parametrize("cid", list(_ORT_CASES))
+def test_kernel_matches_onnxruntime(device: Any, cid: str) -> None:
+    """The same one-node graph through onnxruntime's CPU kernels: the Vulkan kernel must agree with it as with the
+    numpy oracle (same tolerance; bool outputs exactly). float Mod with fmod=0 is left out: ONNX allows it only from
+    opset 28, which onnxruntime does not run."""
+    from onnx import helper
+    from ortutil import feeds_for, make_single_node_model, run_ort
+
+    from inferd.vulkan.testing import rel_err, run_single
+    _, op, ins, attrs, const, kernel = _BY_ID[cid]
+    opset, domain = _ORT_CASES[cid]
+    mask = const if const is not None else [i > 0 for i in range(len(ins))]
+    n_out = _N_OUT.get(cid, 1)
+    model = make_single_node_model(op[len(MS):] if domain else op, ins, attrs, opset, mask, n_out, domain)
+    if domain:
+        model.opset_import.append(helper.make_opsetid("", 17))
+    want = run_ort(model, feeds_for(ins, mask))
+    got, _, stats = run_single(device, op, ins, {**attrs, "_opset": opset if not domain else 17}, const, kernel,
+                               n_outputs=n_out)
+    assert stats["kernels"] == {"n0": kernel}
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        w = np.asarray(w)
+        assert g.shape == w.shape and g.dtype == w.dtype, (k, g.shape, g.dtype, w.shape, w.dtype)
+        if w.dtype != np.float32:
+            assert np.array_equal(g, w), f"{cid} output {k}"
+            continue
+        err = rel_err(g, w)
+        assert err <= TOL, f"{cid} output {k}: relative error {err:.3g} vs onnxruntime > {TOL}"
+
+
+def test_einsum_gemm_lowering_refuses_other_equations() -> None:
+    """Equations that are not one batched GEMM with contiguous (batch, m, n) output get no Vulkan Einsum kernel (the
+    node runs on the CPU); applies() is pure, no device needed."""
+    import inferd.ops.gemm_vulkan  # noqa: F401  (registers the Vulkan GEMM kernels)
+    from inferd.ops.base import single_node_layer
+    from inferd.ops.gemm_vulkan import einsum_as_gemm
+
+    def lowered(eq: str, *shapes: tuple[int, ...]) -> bool:
+        return einsum_as_gemm(single_node_layer("Einsum", [np.zeros(s, np.float32) for s in shapes],
+                                                {"equation": eq}, [False] * len(shapes))) is not None
+
+    assert lowered("bhid,bhjd->bhij", (1, 2, 3, 4), (1, 2, 5, 4)) and lowered("ij,jk->ik", (2, 3), (3, 4))
+    assert not lowered("bkd,ked->bke", (3, 4, 6), (4, 5, 6))  # the batch label is not leading in the output
+    assert not lowered("ii->i", (3, 3)) and not lowered("ij->ji", (2, 3))  # one operand: diagonal, transpose
+    assert not lowered("ij,jk->i", (2, 3), (3, 4))  # k summed over the second operand alone
+    assert not lowered("...ij,...jk->...ik", (2, 3, 4), (2, 4, 5))  # ellipsis
+    assert not lowered("ijk,kj->i", (2, 3, 4), (4, 3))  # the contracted labels in two orders: no one stride
+
+
+def _transformer_block() -> Any:
+    """An encoder block as onnxruntime's transformer optimizer leaves it, plus the ONNX-23 forms: SkipLayerNorm (its
+    sum output feeding the residual), Q/K/V MatMuls, MultiHeadAttention, FastGelu with bias, RotaryEmbedding on the
+    query of a second (ONNX) Attention with a causal mask, RMSNormalization, GroupNormalization over the channels."""
+    import onnx
+    from onnx import helper as h, numpy_helper
+
+    rng = np.random.default_rng(7)
+
+    def w(*s: int, k: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(s) * k).astype(np.float32)
+
+    inits = {"skip": w(1, 8, 32, k=1.0), "gamma": w(32, k=1.0), "beta": w(32), "bias": w(32), "wq": w(32, 32),
+             "wk": w(32, 32), "wv": w(32, 32), "gb": w(32), "rms_s": w(32, k=1.0), "gn_s": w(8, k=1.0), "gn_b": w(8),
+             "cos": np.cos(w(8, 4, k=2.0)), "sin": np.sin(w(8, 4, k=2.0)),
+             "pos": np.arange(8, dtype=np.int64).reshape(1, 8)}
+    ms = "com.microsoft"
+    nodes = [h.make_node("SkipLayerNormalization", ["x", "skip", "gamma", "beta", "bias"], ["ln", "", "", "res"],
+                         domain=ms, epsilon=1e-5, name="skipln"),
+             h.make_node("MatMul", ["ln", "wq"], ["q"], name="mq"), h.make_node("MatMul", ["ln", "wk"], ["k"], name="mk"),
+             h.make_node("MatMul", ["ln", "wv"], ["v"], name="mv"),
+             h.make_node("MultiHeadAttention", ["q", "k", "v"], ["a"], domain=ms, num_heads=4, name="mha"),
+             h.make_node("FastGelu", ["a", "gb"], ["g"], domain=ms, name="gelu"),
+             h.make_node("RotaryEmbedding", ["q", "cos", "sin", "pos"], ["qr"], num_heads=4, name="rope"),
+             h.make_node("Attention", ["qr", "k", "v"], ["a2"], q_num_heads=4, kv_num_heads=4, is_causal=1,
+                         name="attn"),
+             h.make_node("Add", ["g", "a2"], ["ga"], name="add1"),
+             h.make_node("RMSNormalization", ["ga", "rms_s"], ["r"], epsilon=1e-6, name="rms"),
+             h.make_node("Add", ["r", "res"], ["y0"], name="add2"),
+             h.make_node("GroupNormalization", ["y0", "gn_s", "gn_b"], ["y"], num_groups=2, name="gn")]
+    g = h.make_graph(nodes, "block", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 32])],
+                     [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 32])],
+                     [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 23), h.make_opsetid(ms, 1)])
+    m.ir_version = 10
+    return m
+
+
+def test_transformer_block_runs_whole_on_vulkan(tmp_path: Any) -> None:
+    """The issue-18 kernels composed in one graph: every node runs on a Vulkan kernel (none CPU-placed, so the block
+    stays on the GPU between its MatMuls) and the output equals onnxruntime's."""
+    import onnx
+    from ortutil import ort_session
+
+    import inferd
+    m = _transformer_block()
+    p = tmp_path / "block.onnx"
+    onnx.save(m, p)
+    x = RNG.standard_normal((1, 8, 32)).astype(np.float32)
+    want = ort_session(p).run(None, {"x": x})[0]
+    model = inferd.load(str(p), device="vulkan")
+    try:
+        got = model.run({"x": x})["y"]
+        on_cpu = {n: k for n, k in model.kernels.items() if k.startswith("cpu")}
+        assert not on_cpu, f"nodes placed on the CPU: {on_cpu}"
+        assert {"skipln", "mha", "gelu", "rope", "attn", "rms", "gn"} <= set(model.kernels)
+    finally:
+        model.close()
+    from inferd.vulkan.testing import rel_err
+    assert rel_err(got, want) <= TOL, rel_err(got, want)
+
+
+_TILED = [c[0] for c in CASES if c[5] in ("vk_attention", "vk_einsum")]
+
+
+@pytest.mark.parametrize("cid", _TILED)
+def test_lowered_gemm_on_gpu_path(device: Any, cid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the attention and Einsum lowerings take matmul.comp's shared-memory tiles (a CPU-type device, as
+    lavapipe, gets matmul_reg.comp): the same cases through the tiled shader, the device taken for a discrete GPU."""
+    from dataclasses import replace
+
+    from inferd.vulkan.testing import rel_err, run_single
+    monkeypatch.setattr(device, "caps", replace(device.caps, device_type="discrete"))
+    _, op, ins, attrs, const, kernel = _BY_ID[cid]
+    got, ref, stats = run_single(device, op, ins, attrs, const, kernel)
+    assert stats["kernels"] == {"n0": kernel}
+    for g, rf in zip(got, ref):
+        assert rel_err(g, rf) <= TOL, f"{cid}: relative error {rel_err(g, rf):.3g} > {TOL}"

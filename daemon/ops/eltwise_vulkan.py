@@ -11,8 +11,8 @@ from typing import Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import (Caps, Dispatch, In, Out, VulkanKernel, act_of, act_supported, broadcast_strides,
-                             collapse, contiguous_strides, grid)
+from ..vulkan.kernel import (ACT_IDS, Caps, Dispatch, In, Out, Param, VulkanKernel, act_of, act_supported,
+                             broadcast_strides, collapse, contiguous_strides, grid)
 from .activation import act_from_node
 from .base import Layer, register_kernel
 
@@ -26,6 +26,7 @@ BOPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Min": 5, "Max": 6, "P
 NARY = {"Sum": 0, "Mean": 0, "Min": 5, "Max": 6}
 MAX_RANK = 6
 LOCAL = 256
+MS = "com.microsoft."
 
 
 def _unary_params(layer: Layer) -> tuple[float, float]:
@@ -103,8 +104,11 @@ def _rank_ok(shapes, out_shape) -> bool:
 
 @register_kernel
 class VkBinary(VulkanKernel):
+    """Broadcasting binary ops, Mod of float tensors included (binary.comp's BOP 8: fmod's sign of the dividend,
+    9: the divisor's; integer Mod has no Vulkan kernel, so the node runs on the CPU)."""
+
     name = "vk_binary"
-    ops = tuple(BOPS)
+    ops = tuple(BOPS) + ("Mod",)
 
     def applies(self, layer: Layer) -> bool:
         if layer.op in ("Min", "Max") and len(layer.node.inputs) != 2:
@@ -119,8 +123,9 @@ class VkBinary(VulkanKernel):
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         r = In(2) if layer.attr("residual") else None
+        bop = (8 if int(layer.attr("fmod", 0)) else 9) if layer.op == "Mod" else BOPS[layer.op]
         return [binary_dispatch(layer.in_shape(0), layer.in_shape(1), layer.out_shape(), In(0), In(1), Out(0), caps,
-                                BOPS[layer.op], act_of(layer), r)]
+                                bop, act_of(layer), r)]
 
 
 @register_kernel
@@ -154,6 +159,8 @@ class VkNary(VulkanKernel):
 
 
 CMPS = {"Equal": 0, "Less": 1, "Greater": 2, "LessOrEqual": 3, "GreaterOrEqual": 4}
+#: logical ops of bool tensors -> CMP id in compare.comp (its byte-wise bool variant)
+LOGIC = {"And": 5, "Or": 6, "Xor": 7, "Not": 8}
 
 
 def _floats(layer: Layer, ks: tuple[int, ...]) -> bool:
@@ -172,13 +179,73 @@ class VkCompare(VulkanKernel):
         return _floats(layer, (0, 1)) and _rank_ok([layer.in_shape(0), layer.in_shape(1)], layer.out_shape())
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        return [compare_dispatch(layer, CMPS[layer.op], caps)]
+
+
+def compare_dispatch(layer: Layer, cmp: int, caps: Caps) -> Dispatch:
+    """compare.comp over the layer's inputs 0 and 1 (input 0 twice for a unary op) into its bool output."""
+    b = 1 if len(layer.node.inputs) > 1 else 0
+    out = layer.out_shape()
+    sa = broadcast_strides(layer.in_shape(0), out)
+    sb = broadcast_strides(layer.in_shape(b), out)
+    dims, (sa, sb, _) = collapse(out, sa, sb, contiguous_strides(out))
+    n = layer.outputs[0].size
+    return Dispatch("compare", (In(0), In(b), Out(0)), grid(-(-n // 4), LOCAL, caps), {"CMP": cmp},
+                    push={"n": n, "rank": len(dims), "dims": dims, "sa": sa, "sb": sb})
+
+
+def _bools(layer: Layer) -> bool:
+    return all(t is not None and np.dtype(t.dtype) == np.bool_ for t in (*layer.inputs, *layer.outputs))
+
+
+@register_kernel
+class VkLogic(VulkanKernel):
+    """And / Or / Xor / Not of bool tensors with broadcasting (compare.comp's byte-wise variant: four outputs per
+    invocation, so no two invocations write one word)."""
+
+    name = "vk_logic"
+    ops = tuple(LOGIC)
+    io_dtypes = ("bool",)
+
+    def applies(self, layer: Layer) -> bool:
+        ins = [layer.in_shape(k) for k in range(len(layer.node.inputs))]
+        return _bools(layer) and _rank_ok(ins, layer.out_shape())
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v, np.bool_).view(np.uint8) for k, v in raw.items()}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return sum(layer.inputs[k].size for k in layer.const_inputs)  # type: ignore[union-attr]
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        return [compare_dispatch(layer, LOGIC[layer.op], caps)]
+
+
+#: onnxruntime's fused GELUs -> (fused activation of binary/unary.comp, its parameter's attribute and default)
+GELUS = {MS + "BiasGelu": ("Gelu", None, 0.0), MS + "FastGelu": ("GeluTanh", None, 0.0),
+         MS + "QuickGelu": ("QuickGelu", "alpha", 1.702)}
+
+
+@register_kernel
+class VkGelus(VulkanKernel):
+    """onnxruntime's BiasGelu / FastGelu / QuickGelu: the optional bias Add (binary.comp, broadcasting) or a copy
+    (unary.comp) with the GELU as its fused activation."""
+
+    name = "vk_gelus"
+    ops = tuple(GELUS)
+
+    def applies(self, layer: Layer) -> bool:
+        if layer.attr("act") is not None:
+            return False
+        return not layer.has_input(1) or _rank_ok([layer.in_shape(0), layer.in_shape(1)], layer.out_shape())
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        name, key, default = GELUS[layer.op]
+        act = (ACT_IDS[name], float(layer.attr(key, default)) if key else 0.0, 0.0)
         out = layer.out_shape()
-        sa = broadcast_strides(layer.in_shape(0), out)
-        sb = broadcast_strides(layer.in_shape(1), out)
-        dims, (sa, sb, _) = collapse(out, sa, sb, contiguous_strides(out))
-        n = layer.outputs[0].size
-        return [Dispatch("compare", (In(0), In(1), Out(0)), grid(-(-n // 4), LOCAL, caps), {"CMP": CMPS[layer.op]},
-                         push={"n": n, "rank": len(dims), "dims": dims, "sa": sa, "sb": sb})]
+        if layer.has_input(1):
+            return [binary_dispatch(layer.in_shape(0), layer.in_shape(1), out, In(0), In(1), Out(0), caps, 0, act)]
+        return [unary_dispatch(layer, In(0), Out(0), layer.outputs[0].size, caps, 0, act)]
 
 
 @register_kernel
@@ -200,4 +267,36 @@ class VkWhere(VulkanKernel):
         dims, (sc, sa, sb, _) = collapse(out, *sts, contiguous_strides(out))
         n = layer.outputs[0].size
         return [Dispatch("where", (In(0), In(1), In(2), Out(0)), grid(n, LOCAL, caps),
+                         push={"n": n, "rank": len(dims), "dims": dims, "sc": sc, "sa": sa, "sb": sb})]
+
+
+@register_kernel
+class VkTrilu(VulkanKernel):
+    """Trilu of a float tensor as a Where over a load-time mask (``where.comp``): the kept triangle of the last two
+    dims is a constant of the node (k must be a constant), broadcast over the leading ones; the rest reads 0."""
+
+    name = "vk_trilu"
+    ops = ("Trilu",)
+
+    def applies(self, layer: Layer) -> bool:
+        return 0 not in layer.const_inputs and (not layer.has_input(1) or 1 in layer.const_inputs) \
+            and _rank_ok([layer.in_shape(0)[-2:], layer.in_shape(0), ()], layer.out_shape())
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n, m = layer.in_shape(0)[-2:]
+        k = int(np.asarray(raw["in1"]).reshape(-1)[0]) if "in1" in raw else 0
+        keep = np.triu(np.ones((n, m), np.bool_), k) if int(layer.attr("upper", 1)) else \
+            np.tril(np.ones((n, m), np.bool_), k)
+        return {"mask": np.ascontiguousarray(keep).view(np.uint8), "zero": np.zeros(1, np.float32)}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        n, m = layer.in_shape(0)[-2:]
+        return n * m + 4
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        out = layer.out_shape()
+        sts = [broadcast_strides(out[-2:], out), contiguous_strides(out), [0] * len(out)]
+        dims, (sc, sa, sb, _) = collapse(out, *sts, contiguous_strides(out))
+        n = layer.outputs[0].size
+        return [Dispatch("where", (Param("mask"), In(0), Param("zero"), Out(0)), grid(n, LOCAL, caps),
                          push={"n": n, "rank": len(dims), "dims": dims, "sc": sc, "sa": sa, "sb": sb})]

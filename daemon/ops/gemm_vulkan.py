@@ -333,3 +333,114 @@ class VkGemvNKTex(VkGemvNK):
             out.append(Dispatch("gemv_tex", d.bindings, grid(p.N, 16, caps), d.defines, push=d.push,
                                 independent=d.independent))
         return out
+
+
+def batched_gemm_dispatch(a_ref: Ref, b_ref: Ref, y_ref: Ref, m: int, n: int, k: int, sa: tuple[int, int],
+                          sb: tuple[int, int], batch: tuple[int, int, int], sa_b: tuple[int, int, int],
+                          sb_b: tuple[int, int, int], caps: Caps, alpha: float = 1.0, bias_ref: Ref | None = None,
+                          ) -> Dispatch:
+    """One strided batched GEMM y[z] = alpha * a[z] @ b[z] (+ a full (m, n) bias shared by every z) on
+    ``matmul.comp`` (``matmul_reg.comp`` on CPU-type devices, as vk_matmul_reg is their default), for kernels that
+    lower an op to matrix products (attention). ``sa``/``sb``: (row, column) element strides of a and b; ``batch``:
+    up to 3 batch dims with a's and b's element strides per dim (0: broadcast); y is contiguous (z, m, n)."""
+    regs = caps.device_type == "cpu"
+    defs = {"BIAS_MODE": 3 if bias_ref is not None else 0, "RESIDUAL": 0, "ACT": 0}
+    push: dict[str, Any] = {"M": m, "N": n, "K": k, "sa_m": sa[0], "sa_k": sa[1], "sb_k": sb[0], "sb_n": sb[1],
+                            "ldc": n, "c_off": 0, "alpha": alpha, "act_a": 0.0, "act_b": 0.0,
+                            "bd1": batch[1], "bd2": batch[2], "sa0": sa_b[0], "sa1": sa_b[1], "sa2": sa_b[2],
+                            "sb0": sb_b[0], "sb1": sb_b[1], "sb2": sb_b[2]}
+    nbatch = batch[0] * batch[1] * batch[2]
+    binds = (a_ref, b_ref) + ((bias_ref,) if bias_ref is not None else ()) + (y_ref,)
+    if regs:
+        return Dispatch("matmul_reg", binds, (-(-(-(-n // 4) * -(-m // 4)) // 64), 1, nbatch), defs, push=push)
+    push.update(S=1, Kc=k, total=nbatch * m * n)
+    return Dispatch("matmul", binds, (-(-n // 64), -(-m // 64), nbatch), defs, push=push)
+
+
+def einsum_as_gemm(layer: Layer) -> tuple | None:
+    """An Einsum of two operands that is one strided batched GEMM, as its (first operand, second operand, M, N, K,
+    (first's m, k strides), (second's k, n strides), batch dims, first's and second's batch strides), or None.
+
+    It is one when the output is the batch labels (those of both operands and the output; at most 3) followed by
+    the first operand's free labels then the second's (or the other way round: the operands then swap roles), every
+    other label is contracted, and each group of labels (free ones, contracted ones) sits adjacent and in one order in
+    each operand, so that it reads as one dimension with one stride: MaxViT's 'bhid,bhjd->bhij' and the plain
+    'bij,bjk->bik' are; a trace, a diagonal, a sum over one operand's own label, or an ellipsis are not."""
+    from .gemm import _einsum_equation
+
+    eq = _einsum_equation(layer.node)
+    if "..." in eq or len(layer.node.inputs) != 2:
+        return None
+    lhs, _, rhs = eq.partition("->")
+    if "->" not in eq:  # implicit output: the labels used once, sorted (numpy's rule)
+        rhs = "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        return None
+    shapes = [tuple(layer.in_shape(0)), tuple(layer.in_shape(1))]
+    size: dict[str, int] = {}
+    for t, s in zip(terms, shapes):
+        if len(set(t)) != len(t) or len(t) != len(s):
+            return None
+        for ch, d in zip(t, s):
+            if size.setdefault(ch, d) != d:
+                return None  # a size-1 label broadcast against another size
+    if len(set(rhs)) != len(rhs):
+        return None
+    a, b = terms
+    batch = [c for c in rhs if c in a and c in b]
+    m = [c for c in rhs if c in a and c not in b]
+    n = [c for c in rhs if c in b and c not in a]
+    k = [c for c in a if c in b and c not in rhs]
+    if set(a) | set(b) != set(batch) | set(m) | set(n) | set(k) or len(batch) > 3:
+        return None  # a label summed within one operand
+    nb = len(batch)
+    if rhs[:nb] != "".join(batch):
+        return None
+    rest = rhs[nb:]
+    if rest == "".join(m + n):
+        first, second, mg, ng = 0, 1, m, n
+    elif rest == "".join(n + m):
+        first, second, mg, ng = 1, 0, n, m
+    else:
+        return None
+    st = [dict(zip(terms[i], contiguous_strides(shapes[i]))) for i in (0, 1)]
+
+    def gstride(i: int, group: list[str]) -> int | None:
+        """The stride of ``group`` read as one dimension of operand i (0 for an empty group: size 1)."""
+        if not group:
+            return 0
+        pos = [terms[i].index(c) for c in group]
+        return st[i][group[-1]] if pos == list(range(pos[0], pos[0] + len(pos))) else None
+
+    sm, sk1, sk2, sn = gstride(first, mg), gstride(first, k), gstride(second, k), gstride(second, ng)
+    if None in (sm, sk1, sk2, sn):
+        return None
+
+    def prod(group: list[str]) -> int:
+        return int(np.prod([size[c] for c in group], dtype=np.int64)) if group else 1
+
+    pad = 3 - nb
+    dims = (1,) * pad + tuple(size[c] for c in batch)
+    sa_b = (0,) * pad + tuple(st[first][c] for c in batch)
+    sb_b = (0,) * pad + tuple(st[second][c] for c in batch)
+    return first, second, prod(mg), prod(ng), prod(k), (sm, sk1), (sk2, sn), dims, sa_b, sb_b
+
+
+@register_kernel
+class VkEinsum(VulkanKernel):
+    """Einsum equations that are one batched matrix product (``einsum_as_gemm``: attention written with Einsum, as
+    MaxViT's) on the GEMM shaders, operands read in place through strides; other equations have no Vulkan kernel
+    (a Vulkan model runs them on the CPU)."""
+
+    name = "vk_einsum"
+    ops = ("Einsum",)
+
+    def applies(self, layer: Layer) -> bool:
+        return layer.outputs[0].size > 0 and einsum_as_gemm(layer) is not None
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        g = einsum_as_gemm(layer)
+        assert g is not None
+        first, second, m, n, k, sa, sb, dims, sa_b, sb_b = g
+        return [batched_gemm_dispatch(In(first), In(second), Out(0), m, n, k, sa, sb, dims, sa_b, sb_b, caps)]

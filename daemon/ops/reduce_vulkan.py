@@ -11,7 +11,7 @@ import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, VulkanKernel, act_of, act_supported, grid
 from .base import Layer, register_kernel
-from .reduce import REDUCE_OPS, _softmax_axis, reduce_axes
+from .reduce import REDUCE_OPS, _cumsum_axis, _softmax_axis, reduce_axes
 
 OPS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "ReduceProd": 4, "ReduceL1": 5,
        "ReduceL2": 6, "ReduceSumSquare": 7, "ReduceLogSum": 8, "ReduceLogSumExp": 9}
@@ -124,3 +124,31 @@ class VkArgMax(VulkanKernel):
         return [Dispatch("argmax", (In(0), Out(0)), grid(outer * inner, 256, caps),
                          {"MINIMUM": int(layer.op == "ArgMin"), "LAST": int(layer.attr("select_last_index", 0))},
                          push={"outer": outer, "R": shape[axis], "inner": inner})]
+
+
+@register_kernel
+class VkCumSum(VulkanKernel):
+    """CumSum of a float tensor along a constant axis (``cumsum.comp``: a sequential walk per line, in float32 as
+    the CPU kernel sums a float32 input); integer CumSum has no Vulkan kernel (a Vulkan model runs it on the CPU)."""
+
+    name = "vk_cumsum"
+    ops = ("CumSum",)
+
+    def applies(self, layer: Layer) -> bool:
+        return 1 in layer.const_inputs and len(layer.in_shape(0)) > 0 and layer.outputs[0].size > 0
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"axis": np.asarray(raw["in1"])}  # host-side: it sets push constants, nothing is uploaded
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 0
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        shape = layer.in_shape(0)
+        a = _cumsum_axis(layer.node, params["axis"], len(shape))
+        outer = int(np.prod(shape[:a], dtype=np.int64))
+        inner = int(np.prod(shape[a + 1:], dtype=np.int64))
+        lines = outer * inner
+        return [Dispatch("cumsum", (In(0), Out(0)), grid(lines, 64, caps),
+                         {"EXCLUSIVE": int(bool(layer.attr("exclusive", 0))), "REVERSE": int(bool(layer.attr("reverse", 0)))},
+                         push={"lines": lines, "L": shape[a], "inner": inner})]

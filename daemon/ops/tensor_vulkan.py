@@ -311,3 +311,71 @@ class VkPad(_TensorBase):
         return [Dispatch("pad", (In(0), Out(0)), grid(n, 256, caps), {"MODE": self.MODES[mode]},
                          push={"n": n, "rank": len(od), "od": od, "cd": cd, "st": sts, "pb": pb, "base": base,
                                "value": float(value)})]
+
+
+#: (op, mode) -> (the input's 6-D view: 0 as (N, bs, bs, C', H, W), 1 as (N, C', bs, bs, H, W), 2 as
+#: (N, C, H', bs, W', bs); the permutation of that view that is the output)
+_PIXEL_SHUFFLE = {("DepthToSpace", "DCR"): (0, (0, 3, 4, 1, 5, 2)), ("DepthToSpace", "CRD"): (1, (0, 1, 4, 2, 5, 3)),
+                  ("SpaceToDepth", "DCR"): (2, (0, 3, 5, 1, 2, 4)), ("SpaceToDepth", "CRD"): (2, (0, 1, 3, 5, 2, 4))}
+
+
+@register_kernel
+class VkPixelShuffle(_TensorBase):
+    """DepthToSpace / SpaceToDepth (both modes): the transpose of a 6-D view of the input, one strided copy."""
+
+    name = "vk_pixel_shuffle"
+    ops = ("DepthToSpace", "SpaceToDepth")
+
+    def _build(self, layer: Layer, params=None, caps: Caps = Caps()) -> list[Dispatch] | None:
+        from .layout import _blocksize, _mode
+
+        n, c, h, w = layer.in_shape(0)
+        bs = _blocksize(layer.node)
+        view, perm = _PIXEL_SHUFFLE[(layer.op, _mode(layer.node))]
+        shape6 = ((n, bs, bs, c // (bs * bs), h, w), (n, c // (bs * bs), bs, bs, h, w),
+                  (n, c, h // bs, bs, w // bs, bs))[view]
+        st = contiguous_strides(shape6)
+        out = [shape6[p] for p in perm]
+        d = copy_dispatch(out, [st[p] for p in perm], contiguous_strides(out), 0, 0, In(0), Out(0), caps)
+        return None if d is None else [d]
+
+
+@register_kernel
+class VkGatherElements(VulkanKernel):
+    """GatherElements of a float tensor (``gather.comp``'s ELEMENTS variant): indices computed (int64) or constant,
+    negative ones counted from the end; at most 6 dims. Constant indices are checked at load; a computed index out
+    of range, which the CPU kernel refuses, is clamped to the axis on the device (it reads an edge element)."""
+
+    name = "vk_gather_elements"
+    ops = ("GatherElements",)
+    io_dtypes = ("float32", "int64")
+
+    def applies(self, layer: Layer) -> bool:
+        it = layer.inputs[1]
+        return (0 not in layer.const_inputs and 0 < len(layer.in_shape(0)) <= 6 and layer.outputs[0].size > 0
+                and it is not None and np.dtype(it.dtype) in (np.dtype(np.int64), np.dtype(np.int32))
+                and (1 in layer.const_inputs or np.dtype(it.dtype) == np.int64))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "in1" not in raw:
+            return {}
+        shape = layer.in_shape(0)
+        dim = shape[_axis(layer.node, int(layer.attr("axis", 0)), len(shape))]
+        idx = np.asarray(raw["in1"]).astype(np.int64)
+        if idx.size and (idx.min() < -dim or idx.max() >= dim):
+            raise ValueError(f"GatherElements {layer.name!r}: indices out of range [-{dim}, {dim})")
+        return {"in1": np.ascontiguousarray(idx, np.int32)}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 4 * layer.inputs[1].size if 1 in layer.const_inputs else 0  # type: ignore[union-attr]
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        shape = tuple(layer.in_shape(0))
+        ishape = tuple(layer.in_shape(1))
+        axis = _axis(layer.node, int(layer.attr("axis", 0)), len(shape))
+        n = layer.outputs[0].size
+        pad = 6 - len(shape)
+        return [Dispatch("gather", (In(0), In(1), Out(0)), grid(n, 256, caps), {"ELEMENTS": 1},
+                         push={"n": n, "rank": len(shape), "axis": axis, "L": shape[axis],
+                               "istride": 1 if 1 in layer.const_inputs else 2,
+                               "dims": list(ishape) + [1] * pad, "xs": contiguous_strides(shape) + [0] * pad})]

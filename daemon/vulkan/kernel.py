@@ -33,7 +33,7 @@ MAX_BINDING_BYTES = 1 << 27
 
 #: Fused-activation ids, as in shaders/act.glsl.
 ACT_IDS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
-           "Tanh": 7, "SiLU": 8, "Gelu": 9, "GeluTanh": 10, "Softplus": 11}
+           "Tanh": 7, "SiLU": 8, "Gelu": 9, "GeluTanh": 10, "Softplus": 11, "QuickGelu": 12}
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
