@@ -17,10 +17,14 @@ layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform P { uint outer; uint R; uint inner; float act_a; float act_b; } p;
 
-#if OP == 2 || OP == 9
+// max/min start from -inf/+inf, not the largest finite float: a row that is all -inf (a fully masked
+// attention row) must reduce to -inf, as ONNX and numpy give
+#if OP == 2
+#define INIT uintBitsToFloat(0xff800000u)
+#elif OP == 9
 #define INIT -3.402823466e+38
 #elif OP == 3
-#define INIT 3.402823466e+38
+#define INIT uintBitsToFloat(0x7f800000u)
 #elif OP == 4
 #define INIT 1.0
 #else
