@@ -153,6 +153,14 @@ class VkSlice(_TensorBase):
         return None if d is None else [d]
 
 
+def _permuted_copy(shape: Sequence[int], perm: Sequence[int], caps: Caps) -> list[Dispatch] | None:
+    """Input 0, viewed as ``shape``, written to output 0 with its axes in ``perm``'s order: one strided copy."""
+    st = contiguous_strides(shape)
+    out = [shape[p] for p in perm]
+    d = copy_dispatch(out, [st[p] for p in perm], contiguous_strides(out), 0, 0, In(0), Out(0), caps)
+    return None if d is None else [d]
+
+
 @register_kernel
 class VkTranspose(_TensorBase):
     name = "vk_transpose"
@@ -160,11 +168,7 @@ class VkTranspose(_TensorBase):
 
     def _build(self, layer: Layer, params=None, caps: Caps = Caps()) -> list[Dispatch] | None:
         shape = tuple(layer.in_shape(0))
-        perm = _perm(layer.node, len(shape))
-        st = contiguous_strides(shape)
-        out = [shape[p] for p in perm]
-        d = copy_dispatch(out, [st[p] for p in perm], contiguous_strides(out), 0, 0, In(0), Out(0), caps)
-        return None if d is None else [d]
+        return _permuted_copy(shape, _perm(layer.node, len(shape)), caps)
 
 
 @register_kernel
@@ -334,10 +338,7 @@ class VkPixelShuffle(_TensorBase):
         view, perm = _PIXEL_SHUFFLE[(layer.op, _mode(layer.node))]
         shape6 = ((n, bs, bs, c // (bs * bs), h, w), (n, c // (bs * bs), bs, bs, h, w),
                   (n, c, h // bs, bs, w // bs, bs))[view]
-        st = contiguous_strides(shape6)
-        out = [shape6[p] for p in perm]
-        d = copy_dispatch(out, [st[p] for p in perm], contiguous_strides(out), 0, 0, In(0), Out(0), caps)
-        return None if d is None else [d]
+        return _permuted_copy(shape6, perm, caps)
 
 
 @register_kernel
