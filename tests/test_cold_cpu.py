@@ -85,6 +85,20 @@ def test_odd_plans(name: str, variant: str, tmp_path: Path) -> None:
         cold_then_warm(model, name, variant)
 
 
+def test_wait_warm_before_the_first_run_finishes_the_load_and_the_switch() -> None:
+    # a caller (a benchmark) that waits before running must not time its runs under a warm switch that has not
+    # even started: the switch starts after the cold load, which has not run yet
+    name = "squeezenet1_1"
+    with inferd.load(ref(name)[0]) as model:
+        switches = model._cold.warm_switches()
+        assert switches, "the plan has layers whose warm kernel differs from their cold one"
+        assert model.wait_warm(60)
+        assert model.cold_stats.get("warm_switch_layers") == len(switches)
+        kernels = model.kernels
+        assert all(kernels[model.plan.layers[pos].name] == k for pos, k in switches)
+        check(model, name, "first run after wait_warm, on the warm kernels")
+
+
 def test_profiled_plan_is_stored_and_obeyed(tmp_path: Path) -> None:
     name = "squeezenet1_1"
     pkg = compile_model(ref(name)[0], tmp_path / "pkg")

@@ -294,7 +294,13 @@ class Model:
             self.refine_done = idle_worker().submit(lambda: refine(observed))
 
     def wait_warm(self, timeout: float | None = None) -> bool:
-        """Block until the warm switch (if any) is done; returns whether it is."""
+        """Block until the model runs on its warm path; returns whether it does. A cold load that has not
+        answered yet is finished first (``wait_loaded``): the warm switch starts only after it, so waiting
+        before the first run would otherwise return at once and leave the switch to run under the caller's
+        next runs. ``timeout`` bounds the wait for the switch."""
+        cold = self._cold
+        if cold is not None and not cold.done:
+            self.wait_loaded()
         ev = self.warm_done
         return ev.wait(timeout) if ev is not None else True
 
@@ -302,7 +308,9 @@ class Model:
         cold = self._cold
         if cold is not None and not cold.done:
             cold.cancel()
-        self.wait_warm(30)
+        ev = self.warm_done  # a switch under way finishes first: it swaps kernels in under the lock
+        if ev is not None:
+            ev.wait(30)
         with self._lock:
             self._drop_variants()
             close = getattr(self._exec, "close", None)
