@@ -1,9 +1,15 @@
 """File helpers shared by the on-disk caches and formats."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import WeightsStoreError
 
 
 def atomic_write(path: Path, data: bytes, fsync: bool = False) -> None:
@@ -28,3 +34,118 @@ def atomic_write(path: Path, data: bytes, fsync: bool = False) -> None:
         except OSError:
             pass
         raise
+
+
+# ---------------------------------------------------------------------------- block reads
+# Reading byte ranges of a file into memory the caller owns, bypassing the page cache where the request allows:
+# the weights store and the streaming runtime (runtime/blockio.py) both read through ``readv``.
+
+#: the block ``O_DIRECT`` aligns to (the largest logical block size in common use; 512-byte devices accept it)
+BLOCK = 4096
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` rounded up to BLOCK whose data starts on a BLOCK boundary (O_DIRECT)."""
+    n = (max(nbytes, 1) + BLOCK - 1) // BLOCK * BLOCK
+    raw = np.empty(n + BLOCK, np.uint8)
+    off = (-raw.ctypes.data) % BLOCK
+    return raw[off:off + n]
+
+
+#: the bounce buffer's size for unaligned direct reads (memory held only during the call)
+BOUNCE = 1 << 20
+
+
+class ShortRead(WeightsStoreError):
+    """The file ended before the bytes a read needed."""
+
+
+def _aligned(offset: int, bufs: Sequence[memoryview]) -> bool:
+    if offset % BLOCK:
+        return False
+    for b in bufs:
+        if len(b) % BLOCK or np.frombuffer(b, np.uint8).ctypes.data % BLOCK:
+            return False
+    return True
+
+
+def _rest(bufs: Sequence[memoryview], skip: int) -> list[memoryview]:
+    """``bufs`` without their first ``skip`` bytes."""
+    out: list[memoryview] = []
+    for b in bufs:
+        if skip >= len(b):
+            skip -= len(b)
+            continue
+        out.append(b[skip:] if skip else b)
+        skip = 0
+    return out
+
+
+def _preadv_full(fd: int, bufs: Sequence[memoryview], offset: int) -> int:
+    """``preadv`` until every buffer is full or the file ends; the bytes read."""
+    total = sum(len(b) for b in bufs)
+    got = 0
+    todo = list(bufs)
+    while got < total:
+        n = os.preadv(fd, todo, offset + got)
+        if n <= 0:
+            break
+        got += n
+        todo = _rest(bufs, got)
+    return got
+
+
+def _bounced(dfd: int, bufs: Sequence[memoryview], offset: int) -> int:
+    """Direct reads of the blocks covering the request into an aligned bounce buffer, copied out."""
+    total = sum(len(b) for b in bufs)
+    bounce = aligned_empty(BOUNCE + BLOCK)
+    got = 0
+    todo = list(bufs)
+    while got < total:
+        pos = offset + got
+        start = pos - pos % BLOCK
+        want = min(total - got, BOUNCE)
+        span = (pos + want - start + BLOCK - 1) // BLOCK * BLOCK
+        n = _preadv_full(dfd, [memoryview(bounce[:span])], start)
+        avail = max(0, min(n - (pos - start), want))
+        if avail <= 0:
+            break
+        src = bounce[pos - start:pos - start + avail]
+        k = 0
+        while k < avail:  # copy into the buffers in order
+            b = todo[0]
+            m = min(len(b), avail - k)
+            np.frombuffer(b, np.uint8)[:m] = src[k:k + m]
+            k += m
+            todo = _rest(todo, m)
+        got += avail
+        if avail < want:
+            break
+    return got
+
+
+def readv(fd: int, dfd: int, offset: int, bufs: Sequence[memoryview], need: int | None = None,
+          drop: bool = False) -> int:
+    """Fill ``bufs`` in order from ``offset`` of the file open as ``fd`` (buffered) and ``dfd`` (``O_DIRECT``;
+    -1: none). Returns the bytes read; ``ShortRead`` when fewer than ``need`` (default: all of them) came
+    back. ``drop``: after a buffered read, drop the pages it cached (the bypass mode without ``O_DIRECT``)."""
+    bufs = [memoryview(b).cast("B") for b in bufs]
+    total = sum(len(b) for b in bufs)
+    need = total if need is None else need
+    got = -1
+    if dfd >= 0 and total:
+        try:
+            got = _preadv_full(dfd, bufs, offset) if _aligned(offset, bufs) else _bounced(dfd, bufs, offset)
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: the device wants larger blocks; read buffered below
+                raise
+            got = -1
+    if got < 0:
+        got = _preadv_full(fd, bufs, offset) if total else 0
+        if drop and total:
+            os.posix_fadvise(fd, offset, total, os.POSIX_FADV_DONTNEED)
+    if got < need:
+        raise ShortRead(f"short read: {need} bytes needed at offset {offset}, the file gave {got}")
+    return got
+
+

@@ -32,6 +32,7 @@ import numpy as np
 import xxhash
 
 from . import faults
+from .fileio import ShortRead, aligned_empty, readv
 from .errors import WeightsStoreError
 
 MAGIC = b"INFDWTS\x00"
@@ -65,12 +66,6 @@ def checksum(data: Any) -> int:
     return int(xxhash.xxh3_64_intdigest(data))
 
 
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """A uint8 array of ``nbytes`` rounded up to ALIGN whose data starts on an ALIGN boundary (O_DIRECT)."""
-    n = _align(max(nbytes, 1))
-    raw = np.empty(n + ALIGN, np.uint8)
-    off = (-raw.ctypes.data) % ALIGN
-    return raw[off:off + n]
 
 
 class StoreWriter:
@@ -232,15 +227,13 @@ class WeightsStore:
             mv = memoryview(buf)
             a = buf.view(dt).reshape(entry.shape)
         else:
-            from .runtime import blockio
-
             a = np.empty(entry.shape, dt) if out is None else out
             if a.nbytes != entry.size or not a.flags.c_contiguous:
                 raise WeightsStoreError(f"destination for {entry.key} has {a.nbytes} bytes, entry has {entry.size}")
             mv = memoryview(a.reshape(-1).view(np.uint8))
             try:
-                blockio.readv(self._fd, -1, entry.offset, [mv])
-            except blockio.ShortRead as ex:
+                readv(self._fd, -1, entry.offset, [mv])
+            except ShortRead as ex:
                 raise WeightsStoreError(f"{self.path}: truncated weights store: {entry.key}: {ex}") from None
         if checksum(mv) != entry.checksum:
             raise WeightsStoreError(f"{self.path}: checksum mismatch in {entry.key} (corrupted weights)")
@@ -254,14 +247,12 @@ class WeightsStore:
         return self._span(offset, size, size if need is None else need, out)
 
     def _span(self, offset: int, size: int, need: int, out: np.ndarray | None) -> np.ndarray:
-        from .runtime import blockio
-
         buf = aligned_empty(size) if out is None else out
         # a short read must end in the padding: the buffer is not zeroed, and bytes it still held from
         # earlier use could otherwise pass for the blob (a store truncated under its open index)
         try:
-            blockio.readv(self._fd, self._dfd, offset, [memoryview(buf[:size])], need=need)
-        except blockio.ShortRead as ex:
+            readv(self._fd, self._dfd, offset, [memoryview(buf[:size])], need=need)
+        except ShortRead as ex:
             raise WeightsStoreError(f"{self.path}: truncated weights store: {size} bytes at {offset}: {ex}") from None
         return buf[:size]
 

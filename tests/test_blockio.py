@@ -1,4 +1,4 @@
-"""runtime/blockio.py: byte ranges read into caller memory, through the page cache or with O_DIRECT, give the
+"""fileio.py (and runtime/blockio.py): byte ranges read into caller memory, through the page cache or with O_DIRECT, give the
 file's bytes whatever the offset, length and buffer alignment; a read that the file cannot satisfy or an I/O
 error is reported, never a half-filled buffer; the rate measurement reads the whole file."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ import os
 import numpy as np
 import pytest
 
-from inferd.runtime import blockio
-from inferd.runtime.blockio import BLOCK, BOUNCE, ShortRead, read_rate, readv
+from inferd import fileio
+from inferd.fileio import BLOCK, BOUNCE, ShortRead, readv
+from inferd.runtime.blockio import read_rate
 from inferd.store import aligned_empty
 
 
@@ -55,8 +56,8 @@ def test_aligned_request_reads_in_place_with_o_direct(data_file, monkeypatch):
     if dfd < 0:
         pytest.skip("no O_DIRECT on this file system")
     calls = []
-    orig = blockio._bounced
-    monkeypatch.setattr(blockio, "_bounced", lambda *a: calls.append(a) or orig(*a))
+    orig = fileio._bounced
+    monkeypatch.setattr(fileio, "_bounced", lambda *a: calls.append(a) or orig(*a))
     buf = aligned_empty(2 * BLOCK)
     assert readv(fd, dfd, BLOCK, [memoryview(buf[:BLOCK]), memoryview(buf[BLOCK:])]) == 2 * BLOCK
     assert buf.tobytes() == data[BLOCK:3 * BLOCK]

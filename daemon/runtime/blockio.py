@@ -1,12 +1,8 @@
-"""Reading byte ranges of a file into memory the caller owns, through the page cache or bypassing it.
+"""Measuring how fast a file reads the way the streaming runtime reads it.
 
-``readv`` fills a list of buffers from one file offset: with ``O_DIRECT`` (a second descriptor opened with
-it) when the request allows it, which needs the offset, every buffer's address and every buffer's length on
-a block boundary; otherwise through an aligned bounce buffer read with ``O_DIRECT`` and copied out (odd offsets
-and lengths); a file system or device that refuses ``O_DIRECT`` (``EINVAL``) is read buffered, its pages then
-dropped. A read that returns fewer bytes than asked is continued; one that ends at the end of the file before
-the bytes the caller needs raises ``ShortRead``, and an I/O error propagates: never a buffer silently left
-half filled.
+The reads themselves (``readv``: ``O_DIRECT`` where the request allows it, a bounce buffer for odd offsets and
+lengths, buffered where the file system refuses; short reads continued, ``ShortRead`` when the file ends before
+the bytes a caller needs) live in :mod:`inferd.fileio`, which the weights store reads through too.
 
 ``read_rate`` measures a file's bandwidth the way the streaming runtime reads it (``O_DIRECT``, ``depth``
 reads of ``chunk`` bytes in flight), so that a bound computed from it and the runtime's own reads are
@@ -14,116 +10,12 @@ comparable.
 """
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
 
-import numpy as np
-
-from ..errors import WeightsStoreError
-
-#: the block ``O_DIRECT`` aligns to (the largest logical block size in common use; 512-byte devices accept it)
-BLOCK = 4096
-#: the bounce buffer's size for unaligned direct reads (memory held only during the call)
-BOUNCE = 1 << 20
-
-
-class ShortRead(WeightsStoreError):
-    """The file ended before the bytes a read needed."""
-
-
-def _aligned(offset: int, bufs: Sequence[memoryview]) -> bool:
-    if offset % BLOCK:
-        return False
-    for b in bufs:
-        if len(b) % BLOCK or np.frombuffer(b, np.uint8).ctypes.data % BLOCK:
-            return False
-    return True
-
-
-def _rest(bufs: Sequence[memoryview], skip: int) -> list[memoryview]:
-    """``bufs`` without their first ``skip`` bytes."""
-    out: list[memoryview] = []
-    for b in bufs:
-        if skip >= len(b):
-            skip -= len(b)
-            continue
-        out.append(b[skip:] if skip else b)
-        skip = 0
-    return out
-
-
-def _preadv_full(fd: int, bufs: Sequence[memoryview], offset: int) -> int:
-    """``preadv`` until every buffer is full or the file ends; the bytes read."""
-    total = sum(len(b) for b in bufs)
-    got = 0
-    todo = list(bufs)
-    while got < total:
-        n = os.preadv(fd, todo, offset + got)
-        if n <= 0:
-            break
-        got += n
-        todo = _rest(bufs, got)
-    return got
-
-
-def _bounced(dfd: int, bufs: Sequence[memoryview], offset: int) -> int:
-    """Direct reads of the blocks covering the request into an aligned bounce buffer, copied out."""
-    from ..store import aligned_empty
-
-    total = sum(len(b) for b in bufs)
-    bounce = aligned_empty(BOUNCE + BLOCK)
-    got = 0
-    todo = list(bufs)
-    while got < total:
-        pos = offset + got
-        start = pos - pos % BLOCK
-        want = min(total - got, BOUNCE)
-        span = (pos + want - start + BLOCK - 1) // BLOCK * BLOCK
-        n = _preadv_full(dfd, [memoryview(bounce[:span])], start)
-        avail = max(0, min(n - (pos - start), want))
-        if avail <= 0:
-            break
-        src = bounce[pos - start:pos - start + avail]
-        k = 0
-        while k < avail:  # copy into the buffers in order
-            b = todo[0]
-            m = min(len(b), avail - k)
-            np.frombuffer(b, np.uint8)[:m] = src[k:k + m]
-            k += m
-            todo = _rest(todo, m)
-        got += avail
-        if avail < want:
-            break
-    return got
-
-
-def readv(fd: int, dfd: int, offset: int, bufs: Sequence[memoryview], need: int | None = None,
-          drop: bool = False) -> int:
-    """Fill ``bufs`` in order from ``offset`` of the file open as ``fd`` (buffered) and ``dfd`` (``O_DIRECT``;
-    -1: none). Returns the bytes read; ``ShortRead`` when fewer than ``need`` (default: all of them) came
-    back. ``drop``: after a buffered read, drop the pages it cached (the bypass mode without ``O_DIRECT``)."""
-    bufs = [memoryview(b).cast("B") for b in bufs]
-    total = sum(len(b) for b in bufs)
-    need = total if need is None else need
-    got = -1
-    if dfd >= 0 and total:
-        try:
-            got = _preadv_full(dfd, bufs, offset) if _aligned(offset, bufs) else _bounced(dfd, bufs, offset)
-        except OSError as e:
-            if e.errno != errno.EINVAL:  # EINVAL: the device wants larger blocks; read buffered below
-                raise
-            got = -1
-    if got < 0:
-        got = _preadv_full(fd, bufs, offset) if total else 0
-        if drop and total:
-            os.posix_fadvise(fd, offset, total, os.POSIX_FADV_DONTNEED)
-    if got < need:
-        raise ShortRead(f"short read: {need} bytes needed at offset {offset}, the file gave {got}")
-    return got
+from ..fileio import BLOCK, aligned_empty
 
 
 def read_rate(path: str | os.PathLike, depth: int = 1, chunk: int = 4 << 20, limit: int = 0,
@@ -135,7 +27,6 @@ def read_rate(path: str | os.PathLike, depth: int = 1, chunk: int = 4 << 20, lim
     runtime's land in its arena: the memory's backing changes the rate (numpy backs a large array with huge
     pages where the kernel allows it, and a direct read into physically contiguous memory goes to the device
     in fewer, larger requests than one into scattered 4 KiB pages)."""
-    from ..store import aligned_empty
     from .pagecache import drop_file
 
     p = Path(path)

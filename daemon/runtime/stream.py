@@ -47,7 +47,7 @@ from ..ops.base import Kernel, Layer, kernels_for, op_spec, raw_params
 from ..planner.flex import BudgetTooSmall, FlexPlan, LayerMem, min_budget, plan_budget, plan_flex
 from ..planner.memory import align_up, graph_buffers
 from ..store import Entry, StoreWriter, WeightsStore, aligned_empty
-from . import blockio
+from ..fileio import ShortRead, readv
 from .cpu import select_kernels
 
 log = logging.getLogger(__name__)
@@ -545,8 +545,8 @@ class StreamingExecutor:
         start = v.ctypes.data - self.arena.ctypes.data
         span = self.arena[start:start + align_up(e.size, WALIGN)]
         try:
-            blockio.readv(self.store._fd, self.store._dfd, e.offset, [memoryview(span)], need=e.size, drop=True)
-        except blockio.ShortRead as ex:
+            readv(self.store._fd, self.store._dfd, e.offset, [memoryview(span)], need=e.size, drop=True)
+        except ShortRead as ex:
             raise WeightsStoreError(f"{self.store.path}: truncated weights store: {e.key}: {ex}") from None
         if checksum(memoryview(span[:e.size])) != e.checksum:
             raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {e.key} (corrupted weights)")
@@ -570,8 +570,8 @@ class StreamingExecutor:
             return
         bypass = self.read == "bypass"
         try:
-            blockio.readv(st._fd, st._dfd if bypass else -1, pcs[0].file_off, iov, need=want, drop=bypass)
-        except blockio.ShortRead as ex:
+            readv(st._fd, st._dfd if bypass else -1, pcs[0].file_off, iov, need=want, drop=bypass)
+        except ShortRead as ex:
             raise WeightsStoreError(f"{st.path}: truncated weights store ({pcs[0].entry.key} on): {ex}") from None
 
     def _verify(self, step: _Step) -> None:
