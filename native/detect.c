@@ -119,28 +119,40 @@ typedef struct { int p1, p2, p3, p4; float w1, w2, w3, w4; } bilin;
 
 typedef struct {
     const float* x; int N, C, H, W; const float* rois; const long long* batch; int R, OH, OW, sampling;
-    float scale; int half_pixel, mode_max; float* y; int failed;
+    float scale; int half_pixel, mode_max; float* y; int cblock, nblocks; int failed;
 } roi_job;
 
-static void roi_task(void* p, long long r)
+/* One axis of a roi's sampling grid: sample (o, i) of bin o sits at start + o * bin + (i + 0.5) * bin / g,
+   as onnxruntime computes it. A sample outside [-1, L] contributes nothing (its whole bilinear term is 0 in
+   onnxruntime, and that test splits into one per axis); else it is clamped at 0 and at L - 1 and its two taps
+   are (lo, 1 - frac) and (hi, frac). When want_w, the taps of bin o are summed into w[o * stride + (idx - lo[o])]
+   over [lo[o], lo[o] + n[o]); the spans are written either way (n[o] = 0 for a bin with no valid sample). */
+static void roi_axis(float start, float bin, int g, int O, int L, int* lo, int* n, float* w, int stride, int want_w)
 {
-    roi_job* j = (roi_job*)p;
-    const float* roi = j->rois + (size_t)r * 4;
-    const int H = j->H, W = j->W, OH = j->OH, OW = j->OW;
-    float off = j->half_pixel ? 0.5f : 0.0f;
-    float sw = roi[0] * j->scale - off, sh = roi[1] * j->scale - off;
-    float ew = roi[2] * j->scale - off, eh = roi[3] * j->scale - off;
-    float rw = ew - sw, rh = eh - sh;
-    if (!j->half_pixel) { rw = rw > 1.0f ? rw : 1.0f; rh = rh > 1.0f ? rh : 1.0f; }
-    float bh = rh / (float)OH, bw = rw / (float)OW;
-    int gh = j->sampling > 0 ? j->sampling : (int)ceilf(rh / (float)OH);
-    int gw = j->sampling > 0 ? j->sampling : (int)ceilf(rw / (float)OW);
-    if (gh < 0) gh = 0;
-    if (gw < 0) gw = 0;
-    int count = gh * gw > 1 ? gh * gw : 1;
-    size_t npc = (size_t)OH * OW * gh * gw;
-    bilin* pc = (bilin*)malloc(sizeof(bilin) * (npc ? npc : 1));
-    if (!pc) { j->failed = 1; return; }
+    for (int o = 0; o < O; ++o) {
+        int mn = 1 << 30, mx = -1;
+        for (int i = 0; i < g; ++i) {
+            float v = start + o * bin + ((float)i + 0.5f) * bin / (float)g;
+            if (v < -1.0f || v > (float)L) continue;
+            if (v <= 0) v = 0;
+            int l = (int)v, h;
+            if (l >= L - 1) { h = l = L - 1; v = (float)l; } else h = l + 1;
+            if (want_w) {
+                float f = v - l;
+                w[o * stride + (l - lo[o])] += 1.0f - f;
+                w[o * stride + (h - lo[o])] += f;
+            } else {
+                mn = l < mn ? l : mn;
+                mx = h > mx ? h : mx;
+            }
+        }
+        if (!want_w) { lo[o] = mx < 0 ? 0 : mn; n[o] = mx < 0 ? 0 : mx - mn + 1; }
+    }
+}
+
+/* The per-sample taps of the roi (OH * OW * gh * gw of them), for max mode and for sparse grids. */
+static void roi_taps(bilin* pc, float sh, float sw, float bh, float bw, int gh, int gw, int OH, int OW, int H, int W)
+{
     size_t q = 0;
     for (int ph = 0; ph < OH; ++ph) for (int pw = 0; pw < OW; ++pw)
         for (int iy = 0; iy < gh; ++iy) {
@@ -163,10 +175,106 @@ static void roi_task(void* p, long long r)
                 b->w1 = hy * hx; b->w2 = hy * lx; b->w3 = ly * hx; b->w4 = ly * lx;
             }
         }
+}
+
+/* Separable average: the mean of the bilinear samples of a bin is Ay X Ax^T (Ay: OH x H, the summed row taps
+   of each bin's samples, Ax likewise), so per channel one pass of contiguous row axpys (T = Ay X over the
+   roi's column span, vectorised) and a short dot per output. Same sum as onnxruntime's, in another order
+   (float rounding differs in the last bits). */
+INFERD_CLONES
+static void roi_avg_sep(const float* x, size_t plane, int c0, int c1, int W, int OH, int OW, const int* ylo,
+                        const int* yn, const float* wy, int sy, const int* xlo, const int* xn, const float* wx, int sx,
+                        int X0, int nc, float* t, float* y)
+{
+    for (int c = c0; c < c1; ++c) {
+        const float* xp = x + (size_t)c * plane + X0;
+        float* yp = y + (size_t)c * OH * OW;
+        for (int ph = 0; ph < OH; ++ph) {
+            float* tp = t + (size_t)ph * nc;
+            for (int q = 0; q < nc; ++q) tp[q] = 0.0f;
+            for (int k = 0; k < yn[ph]; ++k) {
+                const float a = wy[ph * sy + k];
+                const float* row = xp + (size_t)(ylo[ph] + k) * W;
+                for (int q = 0; q < nc; ++q) tp[q] += a * row[q];
+            }
+            for (int pw = 0; pw < OW; ++pw) {
+                const float* tq = tp + (xlo[pw] - X0);
+                const float* b = wx + pw * sx;
+                float acc = 0.0f;
+                for (int k = 0; k < xn[pw]; ++k) acc += b[k] * tq[k];
+                yp[ph * OW + pw] = acc;
+            }
+        }
+    }
+}
+
+/* task = (roi, channel block): the roi's geometry is recomputed per block (it is small next to a block) */
+static void roi_task(void* p, long long task)
+{
+    roi_job* j = (roi_job*)p;
+    const long long r = task / j->nblocks;
+    const int c0 = (int)(task % j->nblocks) * j->cblock;
+    const int c1 = c0 + j->cblock < j->C ? c0 + j->cblock : j->C;
+    const float* roi = j->rois + (size_t)r * 4;
+    const int H = j->H, W = j->W, OH = j->OH, OW = j->OW;
+    float off = j->half_pixel ? 0.5f : 0.0f;
+    float sw = roi[0] * j->scale - off, sh = roi[1] * j->scale - off;
+    float ew = roi[2] * j->scale - off, eh = roi[3] * j->scale - off;
+    float rw = ew - sw, rh = eh - sh;
+    if (!j->half_pixel) { rw = rw > 1.0f ? rw : 1.0f; rh = rh > 1.0f ? rh : 1.0f; }
+    float bh = rh / (float)OH, bw = rw / (float)OW;
+    int gh = j->sampling > 0 ? j->sampling : (int)ceilf(rh / (float)OH);
+    int gw = j->sampling > 0 ? j->sampling : (int)ceilf(rw / (float)OW);
+    if (gh < 0) gh = 0;
+    if (gw < 0) gw = 0;
+    int count = gh * gw > 1 ? gh * gw : 1;
+    const size_t plane = (size_t)H * W;
+    const float* xb = j->x + (size_t)j->batch[r] * j->C * plane;
+    float* yr = j->y + (size_t)r * j->C * OH * OW;
+    if (!j->mode_max) {
+        int* sp = (int*)malloc(sizeof(int) * 2 * (size_t)(OH + OW));
+        if (!sp) { j->failed = 1; return; }
+        int *ylo = sp, *yn = sp + OH, *xlo = sp + 2 * OH, *xn = sp + 2 * OH + OW;
+        roi_axis(sh, bh, gh, OH, H, ylo, yn, NULL, 0, 0);
+        roi_axis(sw, bw, gw, OW, W, xlo, xn, NULL, 0, 0);
+        int sy = 1, sx = 1, X0 = 1 << 30, X1 = -1;
+        long long ytaps = 0, xtaps = 0;
+        for (int o = 0; o < OH; ++o) { sy = yn[o] > sy ? yn[o] : sy; ytaps += yn[o]; }
+        for (int o = 0; o < OW; ++o) {
+            sx = xn[o] > sx ? xn[o] : sx; xtaps += xn[o];
+            if (xn[o]) { X0 = xlo[o] < X0 ? xlo[o] : X0; X1 = xlo[o] + xn[o] - 1 > X1 ? xlo[o] + xn[o] - 1 : X1; }
+        }
+        int nc = X1 >= X0 ? X1 - X0 + 1 : 0;
+        /* separable unless the grid is so sparse that the row pass would mostly touch columns no sample reads
+           (a direct tap costs a gather, a row-pass element a vectorised multiply-add) */
+        double sep = (double)ytaps * nc + (double)OH * xtaps, direct = 4.0 * OH * OW * gh * gw;
+        if (nc == 0 || ytaps == 0) {
+            for (int c = c0; c < c1; ++c) memset(yr + (size_t)c * OH * OW, 0, sizeof(float) * OH * OW);
+            free(sp);
+            return;
+        }
+        if (sep <= 3.0 * direct) {
+            float* wb = (float*)calloc((size_t)OH * sy + (size_t)OW * sx + (size_t)OH * nc, sizeof(float));
+            if (!wb) { free(sp); j->failed = 1; return; }
+            float *wy = wb, *wx = wb + (size_t)OH * sy, *t = wx + (size_t)OW * sx;
+            roi_axis(sh, bh, gh, OH, H, ylo, yn, wy, sy, 1);
+            roi_axis(sw, bw, gw, OW, W, xlo, xn, wx, sx, 1);
+            const float inv = 1.0f / (float)count;
+            for (size_t q = 0; q < (size_t)OH * sy; ++q) wy[q] *= inv;
+            roi_avg_sep(xb, plane, c0, c1, W, OH, OW, ylo, yn, wy, sy, xlo, xn, wx, sx, X0, nc, t, yr);
+            free(wb); free(sp);
+            return;
+        }
+        free(sp);
+    }
+    size_t npc = (size_t)OH * OW * gh * gw;
+    bilin* pc = (bilin*)malloc(sizeof(bilin) * (npc ? npc : 1));
+    if (!pc) { j->failed = 1; return; }
+    roi_taps(pc, sh, sw, bh, bw, gh, gw, OH, OW, H, W);
     const int per = gh * gw;
-    for (int c = 0; c < j->C; ++c) {
-        const float* xp = j->x + ((size_t)j->batch[r] * j->C + c) * (size_t)H * W;
-        float* yp = j->y + ((size_t)r * j->C + c) * (size_t)OH * OW;
+    for (int c = c0; c < c1; ++c) {
+        const float* xp = xb + (size_t)c * plane;
+        float* yp = yr + (size_t)c * OH * OW;
         for (int o = 0; o < OH * OW; ++o) {
             const bilin* b = pc + (size_t)o * per;
             if (j->mode_max) {
@@ -192,12 +300,21 @@ static void roi_task(void* p, long long r)
 int inferd_roi_align(const float* x, int N, int C, int H, int W, const float* rois, const long long* batch, int R,
                      int OH, int OW, int sampling, float scale, int half_pixel, int mode_max, float* y)
 {
-    roi_job j = {x, N, C, H, W, rois, batch, R, OH, OW, sampling, scale, half_pixel, mode_max, y, 0};
+    (void)N;
+    if (R <= 0 || C <= 0) return 0;
+    /* channel blocks so that a few rois still give every thread work; many rois keep one block per roi */
+    int threads = inferd_pool_threads();
+    int nblocks = 1;
+    while ((long long)R * nblocks < 4LL * threads && nblocks * 2 <= C && C / (nblocks * 2) >= 8) nblocks *= 2;
+    int cblock = (C + nblocks - 1) / nblocks;
+    nblocks = (C + cblock - 1) / cblock;
+    roi_job j = {x, N, C, H, W, rois, batch, R, OH, OW, sampling, scale, half_pixel, mode_max, y, cblock, nblocks, 0};
+    long long tasks = (long long)R * nblocks;
     double work = (double)R * C * OH * OW * 4.0 * (sampling > 0 ? sampling * sampling : 4);
-    if (inferd_pool_chunks(R, work) <= 1) {
-        for (long long r = 0; r < R; ++r) roi_task(&j, r);
+    if (inferd_pool_chunks(tasks, work) <= 1) {
+        for (long long t = 0; t < tasks; ++t) roi_task(&j, t);
     } else {
-        inferd_parallel(roi_task, &j, R, 0);
+        inferd_parallel(roi_task, &j, tasks, 0);
     }
     return j.failed ? -1 : 0;
 }
