@@ -6,25 +6,136 @@
 #include "inferd_internal.h"
 #include "inferd_native.h"
 
-typedef struct { float s; int i; } scored;
+#define NMS_BLOCK 16
 
-/* p ranks before q: the higher score, the lower index on ties */
-static int better(const scored* p, const scored* q) { return p->s > q->s || (p->s == q->s && p->i < q->i); }
-
-static void cand_down(scored* h, int n, int i)
+/* A candidate as one integer that orders like onnxruntime's queue: score (its bits mapped to an unsigned order,
+   -0 as +0) in the high word, the complement of the box index in the low word, so that the larger key is the
+   higher score and, on a tie, the lower index. */
+static inline unsigned long long cand_key(float s, int i)
 {
+    union { float f; unsigned u; } v;
+    v.f = s == 0.0f ? 0.0f : s;
+    unsigned o = (v.u >> 31) ? ~v.u : v.u | 0x80000000u;
+    return ((unsigned long long)o << 32) | (0xffffffffu - (unsigned)i);
+}
+
+static inline int cand_index(unsigned long long k) { return (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)); }
+
+static inline void key_swap(unsigned long long* a, unsigned long long* b) { unsigned long long t = *a; *a = *b; *b = t; }
+
+/* Hoare-style partition of a[0..n) (n >= 2) around a median of three, larger keys first; returns p with
+   a[0..p) >= pivot >= a[p..n) */
+static long long key_partition(unsigned long long* a, long long n)
+{
+    long long mid = n / 2, hi = n - 1;
+    if (a[mid] > a[0]) key_swap(a + mid, a);
+    if (a[hi] > a[0]) key_swap(a + hi, a);
+    if (a[hi] > a[mid]) key_swap(a + hi, a + mid);
+    const unsigned long long piv = a[mid];
+    long long i = -1, j = n;
     for (;;) {
-        int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && better(h + l, h + w)) w = l;
-        if (r < n && better(h + r, h + w)) w = r;
-        if (w == i) return;
-        scored t = h[i]; h[i] = h[w]; h[w] = t;
-        i = w;
+        do ++i; while (a[i] > piv);
+        do --j; while (a[j] < piv);
+        if (i >= j) return j + 1;
+        key_swap(a + i, a + j);
+    }
+}
+
+/* the k largest keys of a[0..n) moved to a[0..k), in no order */
+static void key_select(unsigned long long* a, long long n, long long k)
+{
+    while (n > 16 && k > 0 && k < n) {
+        long long p = key_partition(a, n);
+        if (p <= k) { a += p; n -= p; k -= p; } else n = p;
+    }
+    if (k > 0 && k < n)  /* a short run: selection by insertion */
+        for (long long q = 1; q < n; ++q) {
+            unsigned long long t = a[q];
+            long long r = q;
+            while (r > 0 && a[r - 1] < t) { a[r] = a[r - 1]; --r; }
+            a[r] = t;
+        }
+}
+
+/* a[0..n) in descending order */
+static void key_sort(unsigned long long* a, long long n)
+{
+    while (n > 16) {
+        long long p = key_partition(a, n);
+        if (p < n - p) { key_sort(a, p); a += p; n -= p; }
+        else { key_sort(a + p, n - p); n = p; }
+    }
+    for (long long q = 1; q < n; ++q) {
+        unsigned long long t = a[q];
+        long long r = q;
+        while (r > 0 && a[r - 1] < t) { a[r] = a[r - 1]; --r; }
+        a[r] = t;
+    }
+}
+
+/* Branch-free comparisons only vectorise when GCC may assume they do not trap; the exact IoU must round as
+   onnxruntime's does, so no fused multiply-add there. (clang neither traps nor contracts by default here.) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NMS_OPT __attribute__((optimize("no-trapping-math", "fp-contract=off")))
+#else
+#define NMS_OPT
+#endif
+
+/* onnxruntime's SuppressByIOU, exactly (its division and its order of tests) */
+NMS_OPT static int nms_iou_above(float gx0, float gy0, float gx1, float gy1, float ga, float kx0, float ky0, float kx1,
+                                 float ky1, float ka, float thr)
+{
+    float ix0 = gx0 < kx0 ? kx0 : gx0, ix1 = kx1 < gx1 ? kx1 : gx1;
+    float iy0 = gy0 < ky0 ? ky0 : gy0, iy1 = ky1 < gy1 ? ky1 : gy1;
+    if (ix1 <= ix0 || iy1 <= iy0) return 0;
+    float inter = (ix1 - ix0) * (iy1 - iy0);
+    if (inter <= 0.0f) return 0;
+    float uni = ga + ka - inter;
+    if (ga <= 0.0f || ka <= 0.0f || uni <= 0.0f) return 0;
+    return inter / uni > thr;
+}
+
+/* Whether any box of a block of kept boxes (SoA) suppresses box g. A vectorised screen without the division
+   (inter >= lo * union, lo a hair under the threshold, so it passes every pair that the exact test passes),
+   then the exact test on the lanes of a block that passed. */
+NMS_OPT INFERD_CLONES static int nms_screen(const float* kx0, const float* ky0, const float* kx1, const float* ky1,
+                                            const float* ka, float gx0, float gy0, float gx1, float gy1, float ga,
+                                            float lo)
+{
+    int f = 0;
+    for (int s = 0; s < NMS_BLOCK; ++s) {
+        float ix0 = gx0 < kx0[s] ? kx0[s] : gx0, ix1 = kx1[s] < gx1 ? kx1[s] : gx1;
+        float iy0 = gy0 < ky0[s] ? ky0[s] : gy0, iy1 = ky1[s] < gy1 ? ky1[s] : gy1;
+        float inter = (ix1 - ix0) * (iy1 - iy0);
+        float uni = ga + ka[s] - inter;
+        f |= (ix1 > ix0) & (iy1 > iy0) & (inter > 0.0f) & (ka[s] > 0.0f) & (uni > 0.0f) & (inter >= lo * uni);
+    }
+    return f;
+}
+
+static int nms_block(const float* kx0, const float* ky0, const float* kx1, const float* ky1, const float* ka,
+                     float gx0, float gy0, float gx1, float gy1, float ga, float thr, float lo)
+{
+    if (!nms_screen(kx0, ky0, kx1, ky1, ka, gx0, gy0, gx1, gy1, ga, lo)) return 0;
+    for (int s = 0; s < NMS_BLOCK; ++s)
+        if (nms_iou_above(gx0, gy0, gx1, gy1, ga, kx0[s], ky0[s], kx1[s], ky1[s], ka[s], thr)) return 1;
+    return 0;
+}
+
+/* a box's corners as onnxruntime reads them (its area is computed from these, as there) */
+static inline void nms_corners(const float* p, int center, float* x0, float* y0, float* x1, float* y1)
+{
+    if (center) {
+        float hw = p[2] / 2, hh = p[3] / 2;
+        *x0 = p[0] - hw; *x1 = p[0] + hw; *y0 = p[1] - hh; *y1 = p[1] + hh;
+    } else {
+        *y0 = p[0] < p[2] ? p[0] : p[2]; *y1 = p[0] < p[2] ? p[2] : p[0];
+        *x0 = p[1] < p[3] ? p[1] : p[3]; *x1 = p[1] < p[3] ? p[3] : p[1];
     }
 }
 
 typedef struct {
-    const float* geo; const float* scores; int B, C, N; long long max_out; float iou_thr, score_thr;
+    const float* boxes; const float* scores; int B, C, N, center; long long max_out; float iou_thr, score_thr;
     int has_score_thr, per; int* sel; int* counts; int failed;
 } nms_job;
 
@@ -35,35 +146,47 @@ static void nms_task(void* p, long long t)
     nms_job* j = (nms_job*)p;
     const int N = j->N, b = (int)(t / j->C);
     const float* sc = j->scores + (size_t)t * N;
-    const float* geo = j->geo + (size_t)b * N * 5;
-    scored* h = (scored*)malloc(sizeof(scored) * (size_t)N);
-    float* k = (float*)malloc(sizeof(float) * 5 * (size_t)j->per);
+    const float* bx = j->boxes + (size_t)b * N * 4;
+    unsigned long long* h = (unsigned long long*)malloc(sizeof(*h) * (size_t)N);
+    /* the kept boxes in SoA, padded to whole blocks with empty boxes (area 0 never suppresses) */
+    const int cap = (j->per + NMS_BLOCK - 1) / NMS_BLOCK * NMS_BLOCK;
+    float* k = (float*)calloc(5 * (size_t)cap, sizeof(float));
     if (!h || !k) { free(h); free(k); j->failed = 1; j->counts[t] = 0; return; }
     int m = 0;
-    for (int i = 0; i < N; ++i)
-        if (!j->has_score_thr || sc[i] > j->score_thr) { h[m].s = sc[i]; h[m].i = i; ++m; }
-    for (int i = m / 2; i-- > 0;) cand_down(h, m, i);
-    float *kx0 = k, *ky0 = k + j->per, *kx1 = k + 2 * j->per, *ky1 = k + 3 * j->per, *ka = k + 4 * j->per;
+    if (j->has_score_thr) {
+        const float st = j->score_thr;
+        for (int i = 0; i < N; ++i) { h[m] = cand_key(sc[i], i); m += sc[i] > st; }
+    } else {
+        for (int i = 0; i < N; ++i) h[m++] = cand_key(sc[i], i);
+    }
+    float *kx0 = k, *ky0 = k + cap, *kx1 = k + 2 * cap, *ky1 = k + 3 * cap, *ka = k + 4 * cap;
     int* out = j->sel + (size_t)t * j->per;
     int nk = 0;
     const float thr = j->iou_thr;
-    while (m > 0 && nk < j->max_out) {
-        int i = h[0].i;
-        h[0] = h[--m];
-        cand_down(h, m, 0);
-        const float* g = geo + (size_t)i * 5;
-        int suppressed = 0;
-        for (int s = 0; s < nk; ++s) {
-            float ix0 = g[0] > kx0[s] ? g[0] : kx0[s], ix1 = g[2] < kx1[s] ? g[2] : kx1[s];
-            float iy0 = g[1] > ky0[s] ? g[1] : ky0[s], iy1 = g[3] < ky1[s] ? g[3] : ky1[s];
-            if (ix1 <= ix0 || iy1 <= iy0) continue;
-            float inter = (ix1 - ix0) * (iy1 - iy0);
-            float uni = g[4] + ka[s] - inter;
-            if (inter <= 0.0f || g[4] <= 0.0f || ka[s] <= 0.0f || uni <= 0.0f) continue;
-            if (inter / uni > thr) { suppressed = 1; break; }
+    /* a negative threshold: every overlapping pair suppresses, the screen passes them all */
+    const float lo = thr > 0.0f ? thr * (1.0f - 1e-6f) : (thr == 0.0f ? 0.0f : -INFINITY);
+    /* candidates in score order, sorted a chunk at a time: the best few (twice the boxes still wanted) are
+       selected from the rest and sorted, so a class that keeps max_out boxes early never sorts the others */
+    int next = 0, sorted = 0;
+    while (nk < j->max_out) {
+        if (next == sorted) {
+            if (sorted == m) break;
+            long long want = 2 * (j->max_out - nk) > 32 ? 2 * (j->max_out - nk) : 32;
+            int take = want < m - sorted ? (int)want : m - sorted;
+            key_select(h + sorted, m - sorted, take);
+            key_sort(h + sorted, take);
+            sorted += take;
         }
+        int i = cand_index(h[next++]);
+        float gx0, gy0, gx1, gy1;
+        nms_corners(bx + (size_t)i * 4, j->center, &gx0, &gy0, &gx1, &gy1);
+        const float ga = (gx1 - gx0) * (gy1 - gy0);
+        int suppressed = 0;
+        if (ga > 0.0f)  /* a box with no area suppresses nothing and is suppressed by nothing */
+            for (int s0 = 0; s0 < nk && !suppressed; s0 += NMS_BLOCK)
+                suppressed = nms_block(kx0 + s0, ky0 + s0, kx1 + s0, ky1 + s0, ka + s0, gx0, gy0, gx1, gy1, ga, thr, lo);
         if (suppressed) continue;
-        kx0[nk] = g[0]; ky0[nk] = g[1]; kx1[nk] = g[2]; ky1[nk] = g[3]; ka[nk] = g[4];
+        kx0[nk] = gx0; ky0[nk] = gy0; kx1[nk] = gx1; ky1[nk] = gy1; ka[nk] = ga;
         out[nk++] = i;
     }
     j->counts[t] = nk;
@@ -76,25 +199,10 @@ long long inferd_nms(const float* boxes, const float* scores, int B, int C, int 
     if (max_out <= 0 || N <= 0 || B <= 0 || C <= 0) return 0;
     int per = max_out < N ? (int)max_out : N;
     long long tasks = (long long)B * C;
-    /* each box as (xmin, ymin, xmax, ymax, area), shared by every class of its batch */
-    float* geo = (float*)malloc(sizeof(float) * 5 * (size_t)B * N);
     int* sel = (int*)malloc(sizeof(int) * (size_t)tasks * per);
     int* counts = (int*)malloc(sizeof(int) * (size_t)tasks);
-    if (!geo || !sel || !counts) { free(geo); free(sel); free(counts); return -2; }
-    for (long long q = 0; q < (long long)B * N; ++q) {
-        const float* p = boxes + q * 4;
-        float x0, x1, y0, y1;
-        if (center) {
-            float hw = p[2] / 2, hh = p[3] / 2;
-            x0 = p[0] - hw; x1 = p[0] + hw; y0 = p[1] - hh; y1 = p[1] + hh;
-        } else {
-            y0 = p[0] < p[2] ? p[0] : p[2]; y1 = p[0] < p[2] ? p[2] : p[0];
-            x0 = p[1] < p[3] ? p[1] : p[3]; x1 = p[1] < p[3] ? p[3] : p[1];
-        }
-        float* g = geo + q * 5;
-        g[0] = x0; g[1] = y0; g[2] = x1; g[3] = y1; g[4] = (x1 - x0) * (y1 - y0);
-    }
-    nms_job j = {geo, scores, B, C, N, max_out, iou_thr, score_thr, has_score_thr, per, sel, counts, 0};
+    if (!sel || !counts) { free(sel); free(counts); return -2; }
+    nms_job j = {boxes, scores, B, C, N, center, max_out, iou_thr, score_thr, has_score_thr, per, sel, counts, 0};
     /* classes are independent: split them over the pool, then write the triples in (batch, class) order */
     if (tasks > 1 && (double)tasks * N > 20000.0)
         inferd_parallel(nms_task, &j, tasks, 0);
@@ -111,7 +219,7 @@ long long inferd_nms(const float* boxes, const float* scores, int B, int C, int 
                 out[w * 3] = t / C; out[w * 3 + 1] = t % C; out[w * 3 + 2] = sel[(size_t)t * per + s];
             }
     }
-    free(geo); free(sel); free(counts);
+    free(sel); free(counts);
     return n_out;
 }
 
