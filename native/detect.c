@@ -488,9 +488,87 @@ static void vi_sort(vi* a, long long lo, long long hi, int largest)
     }
 }
 
+/* A TopK candidate as one integer: its value mapped so that the larger key ranks first (NaN first for largest and
+   last for smallest, -0 as +0), the complement of its column in the low word (the lower column first on ties). */
+static inline unsigned long long topk_key(float v, unsigned i, int largest)
+{
+    union { float f; unsigned u; } c;
+    c.f = v == 0.0f ? 0.0f : v;
+    unsigned o = v != v ? 0xffffffffu : ((c.u >> 31) ? ~c.u : c.u | 0x80000000u);
+    return ((unsigned long long)(largest ? o : ~o) << 32) | (0xffffffffu - i);
+}
+
+#define TOPK_BLOCK 16
+
+/* the value of a key (the canonical NaN for a NaN) */
+static inline float topk_value(unsigned long long key, int largest)
+{
+    unsigned o = (unsigned)(key >> 32);
+    if (!largest) o = ~o;
+    union { float f; unsigned u; } c;
+    c.u = o == 0xffffffffu ? 0x7fc00000u : ((o >> 31) ? o & 0x7fffffffu : ~o);
+    return c.f;
+}
+
+/* whether any of TOPK_BLOCK values could rank before a numeric bar value */
+NMS_OPT static int topk_any(const float* x, float bv, int largest)
+{
+    int f = 0;
+    if (largest)
+        for (int q = 0; q < TOPK_BLOCK; ++q) f |= (x[q] > bv) | (x[q] != x[q]);
+    else
+        for (int q = 0; q < TOPK_BLOCK; ++q) f |= x[q] < bv;
+    return f;
+}
+
+/* rows of fewer than 2^32 columns, as keys: a buffer of up to 2k candidates; when full, a selection keeps its
+   best k, and the k-th becomes the bar a later element must pass (one integer compare per element) */
+static int topk_keys(const float* x, long long rows, long long n, long long k, int largest, float* vals,
+                     long long* idx)
+{
+    long long cap = 2 * k < n ? 2 * k : n;
+    unsigned long long* buf = (unsigned long long*)malloc(sizeof(*buf) * (size_t)(cap + 1));
+    if (!buf) return -1;
+    for (long long r = 0; r < rows; ++r) {
+        const float* xr = x + r * n;
+        long long m = 0, i = 0;
+        for (; i < n && m < cap; ++i) buf[m++] = topk_key(xr[i], (unsigned)i, largest);
+        unsigned long long bar = 0;
+        if (i < n) { key_select(buf, m, k); m = k; bar = buf[0]; for (long long q = 1; q < k; ++q) bar = buf[q] < bar ? buf[q] : bar; }
+        while (i < n) {
+            /* a block none of whose values could pass the bar is skipped after one vectorised test (the bar's
+               value: an equal value comes later, so it does not pass; a NaN bar lets any number pass) */
+            if (i + TOPK_BLOCK <= n) {
+                float bv = topk_value(bar, largest);
+                if (bv == bv && !topk_any(xr + i, bv, largest)) { i += TOPK_BLOCK; continue; }
+            }
+            long long e = i + TOPK_BLOCK < n ? i + TOPK_BLOCK : n;
+            for (; i < e; ++i) {
+                unsigned long long key = topk_key(xr[i], (unsigned)i, largest);
+                if (key <= bar) continue;
+                buf[m++] = key;
+                if (m == cap) {
+                    key_select(buf, m, k); m = k;
+                    bar = buf[0];
+                    for (long long q = 1; q < k; ++q) bar = buf[q] < bar ? buf[q] : bar;
+                }
+            }
+        }
+        if (m > k) key_select(buf, m, k);
+        key_sort(buf, k);
+        for (long long q = 0; q < k; ++q) {
+            long long c = (long long)(0xffffffffu - (unsigned)(buf[q] & 0xffffffffu));
+            vals[r * k + q] = xr[c]; idx[r * k + q] = c;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
 int inferd_topk(const float* x, long long rows, long long n, long long k, int largest, float* vals, long long* idx)
 {
     if (k <= 0) return 0;
+    if (n < 0xffffffffLL) return topk_keys(x, rows, n, k, largest, vals, idx);
     long long cap = 2 * k < n ? 2 * k : n;
     vi* buf = (vi*)malloc(sizeof(vi) * (size_t)(cap + 1));
     if (!buf) return -1;
