@@ -33,7 +33,7 @@ def _topk_k_of(node: Node, k_in: np.ndarray | None) -> int:
 
 def _has_native(fn: str) -> bool:
     # an extension built before detect.c existed lacks the symbol: the numpy oracle serves instead
-    return native.AVAILABLE and hasattr(native.lib, fn)
+    return native.has(fn)
 
 
 # ------------------------------------------------------------------------------------- NonMaxSuppression

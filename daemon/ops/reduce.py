@@ -425,3 +425,33 @@ class CumSumKernel(Kernel):
             outputs: Sequence[np.ndarray]) -> None:
         ins = full_inputs(layer, inputs, params)
         np.copyto(outputs[0], cumsum(layer.node, np.asarray(ins[0]), ins[1]))
+
+
+@register_kernel
+class CumSumNative(Kernel):
+    """native/gather.c: float32 CumSum as (outer, n, inner) with the inner axis contiguous, the running sum
+    vectorised over it and outer slices / column ranges split over the native pool (np.cumsum along a middle
+    axis walks the inner axis one element at a time)."""
+
+    name = "cumsum_native"
+    ops = ("CumSum",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        return native.has("inferd_cumsum") and x is not None and len(x.shape) >= 1 and \
+            np.dtype(x.dtype) == np.float32
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        x = np.ascontiguousarray(ins[0], np.float32)
+        a = _cumsum_axis(layer.node, ins[1], x.ndim)
+        y = outputs[0]
+        # the scan reads rows it already wrote, so the output gets its own memory
+        yc = y if y.flags.c_contiguous and not np.shares_memory(x, y) else np.empty(x.shape, np.float32)
+        outer, inner = math.prod(x.shape[:a]), math.prod(x.shape[a + 1:])
+        native.lib.inferd_cumsum(native._ptr(x), native._ptr(yc), outer, x.shape[a], inner,
+                                 int(layer.attr("exclusive", 0)), int(layer.attr("reverse", 0)))
+        if yc is not y:
+            np.copyto(y, yc)
