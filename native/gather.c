@@ -140,9 +140,28 @@ long long inferd_gather_nd(const void* data, const long long* dims, int q, long 
     return -1;
 }
 
-long long inferd_scatter_nd(float* out, const long long* dims, int q, const long long* idx, long long tuples,
-                            const float* updates, long long slice, int reduction)
+typedef struct { const char* src; char* dst; long long bytes, chunk; } copy_job;
+
+static void copy_task(void* p, long long t)
 {
+    const copy_job* j = (const copy_job*)p;
+    const long long o = t * j->chunk, n = o + j->chunk < j->bytes ? j->chunk : j->bytes - o;
+    memcpy(j->dst + o, j->src + o, (size_t)n);
+}
+
+long long inferd_scatter_nd(float* out, const float* data, long long total, const long long* dims, int q,
+                            const long long* idx, long long tuples, const float* updates, long long slice,
+                            int reduction)
+{
+    if (data && data != out) {
+        /* the copy of the data dominates a scatter of a few rows: split it over the pool in 256 KB pieces */
+        copy_job c = {(const char*)data, (char*)out, total * (long long)sizeof(float), 256 * 1024};
+        const long long pieces = (c.bytes + c.chunk - 1) / c.chunk;
+        if (pieces > 1 && inferd_pool_chunks(pieces, (double)total) > 1)
+            inferd_parallel(copy_task, &c, pieces, 0);
+        else
+            memcpy(out, data, (size_t)c.bytes);
+    }
     for (long long t = 0; t < tuples; ++t) {
         const long long off = nd_offset(idx + t * q, dims, q);
         if (off < 0) return t;

@@ -142,10 +142,12 @@ void inferd_depth_to_space(const void* x, void* y, long long N, long long C, lon
    the flat number of the first tuple out of range (nothing after it is written). */
 long long inferd_gather_nd(const void* data, const long long* dims, int q, long long batch, long long batch_bytes,
                            const long long* idx, long long tuples, long long slice_bytes, void* out);
-/* ScatterND into out (already holding the data): each tuple's slice of `slice` floats replaced (reduction 0)
-   or combined (1 add, 2 mul, 3 max, 4 min) with its update, in order. Returns -1 or the first bad tuple. */
-long long inferd_scatter_nd(float* out, const long long* dims, int q, const long long* idx, long long tuples,
-                            const float* updates, long long slice, int reduction);
+/* ScatterND: out = data (`total` floats, copied over the pool; data NULL or out: out already holds it), then each
+   tuple's slice of `slice` floats replaced (reduction 0) or combined (1 add, 2 mul, 3 max, 4 min) with its
+   update, in order. Returns -1 or the first bad tuple (the slices before it are written). */
+long long inferd_scatter_nd(float* out, const float* data, long long total, const long long* dims, int q,
+                            const long long* idx, long long tuples, const float* updates, long long slice,
+                            int reduction);
 
 /* ---- GridSample (sampling.c) ---- */
 /* 2-D GridSample of x (N, C, H, W) at grid (N, P, 2) (x, y in [-1, 1]) into y (N, C, P): nearest (1) or bilinear,

@@ -379,10 +379,14 @@ class GatherScatterNDNative(Kernel):
                 np.copyto(y, scatter_nd(layer.node, ins)[0])  # the oracle names the mismatch
                 return
             yc = y if y.flags.c_contiguous and not np.shares_memory(y, upd) else np.empty(y.shape, np.float32)
-            if not np.shares_memory(yc, data):
-                np.copyto(yc, data)
+            inplace = yc.ctypes.data == data.ctypes.data
+            if not inplace and np.shares_memory(yc, data):  # a partial overlap: the copy goes through numpy
+                np.copyto(yc, data.copy())
+                inplace = True
             dims = np.asarray(data.shape[:q], np.int64)
-            bad = lib.inferd_scatter_nd(ffi.cast("float*", yc.ctypes.data), ffi.cast("const long long*", dims.ctypes.data),
+            bad = lib.inferd_scatter_nd(ffi.cast("float*", yc.ctypes.data),
+                                        ffi.NULL if inplace else ffi.cast("const float*", data.ctypes.data), data.size,
+                                        ffi.cast("const long long*", dims.ctypes.data),
                                         q, ffi.cast("const long long*", idx.ctypes.data), idx.size // max(q, 1),
                                         ffi.cast("const float*", upd.ctypes.data), math.prod(data.shape[q:]),
                                         _NATIVE_REDUCTIONS[_reduction(layer.node)])
