@@ -306,6 +306,7 @@ static void roi_avg_sep(const float* x, size_t plane, int c0, int c1, int W, int
                 for (int q = 0; q < nc; ++q) tp[q] += a * row[q];
             }
             for (int pw = 0; pw < OW; ++pw) {
+                if (!xn[pw]) { yp[ph * OW + pw] = 0.0f; continue; }
                 const float* tq = tp + (xlo[pw] - X0);
                 const float* b = wx + pw * sx;
                 float acc = 0.0f;

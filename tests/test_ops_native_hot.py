@@ -3,6 +3,10 @@ GatherND/ScatterND, GroupNormalization, RMSNormalization, DepthToSpace): each ag
 onnxruntime over its attribute space, and each stepping aside when the native extension lacks its entry point."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -209,3 +213,172 @@ def test_native_kernels_step_aside_without_their_entry_point(op: str, fn: str, m
     assert not nk.applies(layer)
     # the layer still runs: the numpy kernel is the one left
     assert any(k.applies(layer) for k in kernels_for(op) if k.name == "numpy")
+
+
+# ------------------------------------------------------------------------------ native C on other ISAs
+
+_HARNESS = r"""
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "inferd_native.h"
+static unsigned long long rs = 88172645463325252ULL;
+static float rnd(void){ rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17; return (float)((rs >> 11) % 2000001) / 1000000.0f - 1.0f; }
+static int fails = 0;
+static void close_to(const char* what, const float* a, const double* b, long long n, double tol) {
+  for (long long i = 0; i < n; ++i) if (!(fabs(a[i] - b[i]) <= tol * (1.0 + fabs(b[i])))) {
+    printf("FAIL %s at %lld: %g vs %g\n", what, i, a[i], b[i]); fails++; return; } }
+/* onnxruntime's bilinear GridSample of one pixel, written out directly */
+static float gs_ref_reflect(float x, float lo, float hi) { float r = hi - lo;
+  if (x < lo) { float d = lo - x; int n = (int)(d / r); float m = d - n * r; return n % 2 == 0 ? lo + m : hi - m; }
+  if (x > hi) { float d = x - hi; int n = (int)(d / r); float m = d - n * r; return n % 2 == 0 ? hi - m : lo + m; }
+  return x; }
+static float gs_px(const float* im, long long r, long long c, int H, int W, int pad, float xlo, float xhi, float ylo, float yhi) {
+  if (pad == 0) return (c >= 0 && c < W && r >= 0 && r < H) ? im[r * W + c] : 0.0f;
+  if (pad == 2) { c = (long long)gs_ref_reflect((float)c, xlo, xhi); r = (long long)gs_ref_reflect((float)r, ylo, yhi); }
+  c = c < 0 ? 0 : (c >= W ? W - 1 : c); r = r < 0 ? 0 : (r >= H ? H - 1 : r);
+  return im[r * W + c]; }
+int main(void){
+  inferd_pool_set_threads(2);
+  for (int it = 0; it < 24; ++it) { /* GridSample bilinear, every padding and alignment */
+    int C = 3 + it % 5, H = 4 + it % 7, W = 5 + it % 3, P = 37, pad = it % 3, al = (it / 3) % 2;
+    float* x = malloc(sizeof(float) * C * H * W); float* g = malloc(sizeof(float) * P * 2);
+    float* y = malloc(sizeof(float) * C * P); double* r = malloc(sizeof(double) * C * P);
+    for (int i = 0; i < C * H * W; ++i) x[i] = rnd();
+    for (int i = 0; i < P * 2; ++i) g[i] = rnd() * 1.7f;
+    inferd_grid_sample(x, 1, C, H, W, g, P, y, 0, pad, al);
+    float xlo = al ? 0.0f : -0.5f, xhi = al ? W - 1.0f : W - 0.5f, ylo = al ? 0.0f : -0.5f, yhi = al ? H - 1.0f : H - 0.5f;
+    for (int q = 0; q < P; ++q) {
+      float gx = g[q * 2], gy = g[q * 2 + 1];
+      float fx = al ? (gx + 1) / 2 * (W - 1) : ((gx + 1) * W - 1) / 2, fy = al ? (gy + 1) / 2 * (H - 1) : ((gy + 1) * H - 1) / 2;
+      if (fx < xlo || fx > xhi || fy < ylo || fy > yhi) {
+        if (pad == 1) { fx = fx < 0 ? 0 : (fx > W - 1 ? W - 1 : fx); fy = fy < 0 ? 0 : (fy > H - 1 ? H - 1 : fy); }
+        else if (pad == 2) { fx = gs_ref_reflect(fx, xlo, xhi); fy = gs_ref_reflect(fy, ylo, yhi); } }
+      long long x1 = (long long)floorf(fx), y1 = (long long)floorf(fy);
+      float dx1 = fx - x1, dx2 = x1 + 1 - fx, dy1 = fy - y1, dy2 = y1 + 1 - fy;
+      for (int c = 0; c < C; ++c) { const float* im = x + c * H * W;
+        r[c * P + q] = dy2 * (dx2 * gs_px(im, y1, x1, H, W, pad, xlo, xhi, ylo, yhi) + dx1 * gs_px(im, y1, x1 + 1, H, W, pad, xlo, xhi, ylo, yhi))
+                     + dy1 * (dx2 * gs_px(im, y1 + 1, x1, H, W, pad, xlo, xhi, ylo, yhi) + dx1 * gs_px(im, y1 + 1, x1 + 1, H, W, pad, xlo, xhi, ylo, yhi)); } }
+    close_to("gridsample", y, r, (long long)C * P, 1e-5);
+    free(x); free(g); free(y); free(r);
+  }
+  for (int it = 0; it < 16; ++it) { /* CumSum along the middle axis, exclusive / reverse */
+    int O = 1 + it % 3, N = 3 + it * 5, I = 1 + it * 9, ex = it % 2, rv = (it / 2) % 2;
+    float* x = malloc(sizeof(float) * O * N * I); float* y = malloc(sizeof(float) * O * N * I); double* r = malloc(sizeof(double) * O * N * I);
+    for (int i = 0; i < O * N * I; ++i) x[i] = rnd();
+    inferd_cumsum(x, y, O, N, I, ex, rv);
+    for (int o = 0; o < O; ++o) for (int i = 0; i < I; ++i) { double s = 0;
+      for (int k = 0; k < N; ++k) { int n = rv ? N - 1 - k : k; long long at = ((long long)o * N + n) * I + i;
+        if (ex) { r[at] = s; s += x[at]; } else { s += x[at]; r[at] = s; } } }
+    close_to("cumsum", y, r, (long long)O * N * I, 1e-4);
+    free(x); free(y); free(r);
+  }
+  for (int it = 0; it < 8; ++it) { /* DepthToSpace, DCR and CRD */
+    int N = 1 + it % 2, C = 1 + it % 3, bs = 1 + it % 3, H = 3, W = 4 + it, crd = it % 2;
+    long long n = (long long)N * C * bs * bs * H * W;
+    float* x = malloc(sizeof(float) * n); float* y = malloc(sizeof(float) * n); double* r = malloc(sizeof(double) * n);
+    for (long long i = 0; i < n; ++i) x[i] = (float)i;
+    inferd_depth_to_space(x, y, N, C, H, W, bs, crd, 4);
+    for (int b = 0; b < N; ++b) for (int c = 0; c < C; ++c) for (int h = 0; h < H * bs; ++h) for (int w = 0; w < W * bs; ++w) {
+      int i = h % bs, j = w % bs, ic = crd ? c * bs * bs + i * bs + j : (i * bs + j) * C + c;
+      r[(((long long)b * C + c) * H * bs + h) * W * bs + w] = x[(((long long)b * C * bs * bs + ic) * H + h / bs) * W + w / bs]; }
+    close_to("depth_to_space", y, r, n, 0.0);
+    free(x); free(y); free(r);
+  }
+  { /* GatherND / ScatterND: slices, negative indices, an index out of range */
+    float d[4 * 5 * 3]; for (int i = 0; i < 60; ++i) d[i] = (float)i;
+    long long dims[2] = {4, 5}, idx[6] = {1, 2, -1, -5, 3, 0}; float out[9]; double want[9];
+    long long bad = inferd_gather_nd(d, dims, 2, 1, 0, idx, 3, 3 * sizeof(float), out);
+    int rows[3] = {1 * 5 + 2, 3 * 5 + 0, 3 * 5 + 0};
+    for (int t = 0; t < 3; ++t) for (int k = 0; k < 3; ++k) want[t * 3 + k] = d[rows[t] * 3 + k];
+    if (bad != -1) { printf("FAIL gather_nd bad %lld\n", bad); fails++; }
+    close_to("gather_nd", out, want, 9, 0.0);
+    long long oob[2] = {4, 0};
+    if (inferd_gather_nd(d, dims, 2, 1, 0, oob, 1, 12, out) != 0) { printf("FAIL gather_nd range\n"); fails++; }
+    float o[60]; float u[9] = {100, 101, 102, 200, 201, 202, 300, 301, 302};
+    if (inferd_scatter_nd(o, d, 60, dims, 2, idx, 3, u, 3, 1) != -1) { printf("FAIL scatter_nd\n"); fails++; }
+    double w2[60]; for (int i = 0; i < 60; ++i) w2[i] = d[i];
+    for (int t = 0; t < 3; ++t) for (int k = 0; k < 3; ++k) w2[rows[t] * 3 + k] += u[t * 3 + k];
+    close_to("scatter_nd add", o, w2, 60, 0.0);
+  }
+  for (int it = 0; it < 6; ++it) { /* RMSNormalization and GroupNormalization against double sums */
+    int rows = 3 + it, n = 7 + it * 11, G = 1 + it % 3, Cg = 2, HW = 5 + it * 3, C = G * Cg;
+    float* x = malloc(sizeof(float) * rows * n); float* y = malloc(sizeof(float) * rows * n); double* r = malloc(sizeof(double) * rows * n);
+    float* g = malloc(sizeof(float) * n); for (int i = 0; i < n; ++i) g[i] = rnd();
+    for (int i = 0; i < rows * n; ++i) x[i] = rnd() * 3;
+    inferd_rmsnorm(x, y, rows, n, g, 1e-5f);
+    for (int q = 0; q < rows; ++q) { double s = 0; for (int k = 0; k < n; ++k) s += (double)x[q * n + k] * x[q * n + k];
+      double inv = 1.0 / sqrt(s / n + 1e-5); for (int k = 0; k < n; ++k) r[q * n + k] = x[q * n + k] * inv * g[k]; }
+    close_to("rmsnorm", y, r, (long long)rows * n, 1e-4);
+    free(x); free(y); free(r); free(g);
+    long long m = 2LL * C * HW;
+    x = malloc(sizeof(float) * m); y = malloc(sizeof(float) * m); r = malloc(sizeof(double) * m);
+    float* s = malloc(sizeof(float) * C); float* b = malloc(sizeof(float) * C);
+    for (int i = 0; i < C; ++i) { s[i] = rnd(); b[i] = rnd(); }
+    for (long long i = 0; i < m; ++i) x[i] = rnd() * 2 + 1;
+    inferd_groupnorm(x, y, 2, C, HW, G, s, b, 1e-5f);
+    for (int t = 0; t < 2 * G; ++t) { long long len = (long long)Cg * HW; const float* xg = x + t * len; double mu = 0, v = 0;
+      for (long long k = 0; k < len; ++k) mu += xg[k]; mu /= len; for (long long k = 0; k < len; ++k) v += (xg[k] - mu) * (xg[k] - mu); v /= len;
+      for (long long k = 0; k < len; ++k) { int c = (t % G) * Cg + (int)(k / HW); r[t * len + k] = (xg[k] - mu) / sqrt(v + 1e-5) * s[c] + b[c]; } }
+    close_to("groupnorm", y, r, m, 1e-4);
+    free(x); free(y); free(r); free(s); free(b);
+  }
+  for (int it = 0; it < 12; ++it) { /* RoiAlign avg (separable path) against onnxruntime's per-sample formula */
+    int C = 4 + it, H = 9 + it % 4, W = 11 + it % 5, OH = 2 + it % 4, OW = 3 + it % 3, sr = it % 3, half = it % 2;
+    float* x = malloc(sizeof(float) * C * H * W); for (int i = 0; i < C * H * W; ++i) x[i] = rnd();
+    float rois[12]; long long bi[3] = {0, 0, 0};
+    for (int q = 0; q < 3; ++q) { float a = (rnd() + 1) * W * 0.6f - 1, c = (rnd() + 1) * H * 0.6f - 1;
+      rois[q * 4] = a; rois[q * 4 + 1] = c; rois[q * 4 + 2] = a + (rnd() + 1.2f) * W * 0.5f; rois[q * 4 + 3] = c + (rnd() + 1.2f) * H * 0.5f; }
+    float* y = malloc(sizeof(float) * 3 * C * OH * OW); double* r = malloc(sizeof(double) * 3 * C * OH * OW);
+    inferd_roi_align(x, 1, C, H, W, rois, bi, 3, OH, OW, sr, 1.0f, half, 0, y);
+    for (int q = 0; q < 3; ++q) { float off = half ? 0.5f : 0.0f, sw = rois[q*4] - off, sh = rois[q*4+1] - off;
+      float rw = rois[q*4+2] - off - sw, rh = rois[q*4+3] - off - sh; if (!half) { rw = rw > 1 ? rw : 1; rh = rh > 1 ? rh : 1; }
+      float bh = rh / OH, bw = rw / OW; int gh = sr ? sr : (int)ceilf(rh / OH), gw = sr ? sr : (int)ceilf(rw / OW);
+      int cnt = gh * gw > 1 ? gh * gw : 1;
+      for (int c = 0; c < C; ++c) for (int ph = 0; ph < OH; ++ph) for (int pw = 0; pw < OW; ++pw) { double acc = 0;
+        for (int iy = 0; iy < gh; ++iy) for (int ix = 0; ix < gw; ++ix) {
+          float yy = sh + ph * bh + (iy + 0.5f) * bh / gh, xx = sw + pw * bw + (ix + 0.5f) * bw / gw;
+          if (yy < -1 || yy > H || xx < -1 || xx > W) continue;
+          if (yy <= 0) yy = 0; if (xx <= 0) xx = 0;
+          int yl = (int)yy, xl = (int)xx, yh, xh;
+          if (yl >= H - 1) { yh = yl = H - 1; yy = yl; } else yh = yl + 1;
+          if (xl >= W - 1) { xh = xl = W - 1; xx = xl; } else xh = xl + 1;
+          float ly = yy - yl, lx = xx - xl, hy = 1 - ly, hx = 1 - lx; const float* im = x + c * H * W;
+          acc += hy * hx * im[yl * W + xl] + hy * lx * im[yl * W + xh] + ly * hx * im[yh * W + xl] + ly * lx * im[yh * W + xh]; }
+        r[((q * C + c) * OH + ph) * OW + pw] = acc / cnt; } }
+    close_to("roialign", y, r, 3LL * C * OH * OW, 1e-5);
+    free(x); free(y); free(r);
+  }
+  printf("hot ops: %s (%d failures)\n", fails ? "FAILED" : "ok", fails);
+  return fails != 0;
+}
+"""
+_NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+
+
+def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
+    src = tmp / "hot_test.c"
+    src.write_text(_HARNESS)
+    exe = tmp / ("hot_" + os.path.basename(cc))
+    srcs = [str(src)] + [str(_NATIVE_DIR / f) for f in ("sampling.c", "gather.c", "rows.c", "detect.c", "pool.c")]
+    subprocess.run([cc, "-O2", "-std=gnu99", "-fno-math-errno", "-ffp-contract=fast", "-DINFERD_NO_CLONES",
+                    f"-I{_NATIVE_DIR}", *flags, *srcs, "-o", str(exe), "-lm", "-pthread"], check=True,
+                   capture_output=True, timeout=300)
+    out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+def test_hot_ops_c_aarch64(tmp_path: Path) -> None:
+    _build_and_run("aarch64-linux-gnu-gcc", ["-static"], tmp_path, ["qemu-aarch64"])
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")
+def test_hot_ops_c_host_with_sanitizers(tmp_path: Path) -> None:
+    try:
+        _build_and_run("cc", ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], tmp_path, [])
+    except subprocess.CalledProcessError:  # no sanitizer runtime: the plain build still checks the results
+        _build_and_run("cc", [], tmp_path, [])
