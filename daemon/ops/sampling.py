@@ -329,7 +329,8 @@ _COMPUTE = {"GridSample": grid_sample, "AffineGrid": affine_grid, "DeformConv": 
 _INFER = {"GridSample": _infer_grid_sample, "AffineGrid": _infer_affine_grid, "DeformConv": _infer_deform_conv,
           "Col2Im": _infer_col2im, "CenterCropPad": _infer_ccp}
 _MIN = {"GridSample": 16, "AffineGrid": 20, "DeformConv": 19, "Col2Im": 18, "CenterCropPad": 18}
-_NOTES = {"GridSample": "numpy gather of every tap (float64); N-D; all modes and paddings",
+_NOTES = {"GridSample": "2-D bilinear/nearest native (every padding); bicubic and N-D: numpy gather of every tap "
+                         "(float64)",
           "DeformConv": "2-D only; numpy bilinear taps + einsum (float64)"}
 SAMPLING_OPS = tuple(_COMPUTE)
 
