@@ -10,7 +10,8 @@
 #include "inferd_internal.h"
 #include "inferd_native.h"
 
-typedef struct { int p[4]; float w[4]; } gs_tap;
+/* the taps of P pixels, structure of arrays (p[k][q], w[k][q]) so that the channel loop vectorises (gathers) */
+typedef struct { int* p[4]; float* w[4]; } gs_taps;
 
 /* onnxruntime's GsReflect: fold x into [lo, hi] by reflecting at the nearer border, repeatedly */
 static float gs_reflect(float x, float lo, float hi)
@@ -43,7 +44,7 @@ static inline long long gs_index(long long i, long long L, int pad, float lo, fl
 }
 
 typedef struct {
-    const float* x; const float* grid; float* y; gs_tap* taps;
+    const float* x; const float* grid; float* y; gs_taps taps;
     long long C, H, W, P, cblock, nblocks;
     int nearest, pad, align;
 } gs_job;
@@ -72,17 +73,19 @@ static void gs_taps_task(void* p, long long t)
                 y = gs_reflect(y, ylo, yhi);
             }
         }
-        gs_tap* tp = j->taps + img * j->P + q;
+        const long long at = img * j->P + q;
+        int* const* tpp = j->taps.p;
+        float* const* tpw = j->taps.w;
         if (j->nearest) {
             /* x == x: a NaN coordinate samples nothing */
             long long cx = x == x ? gs_index((long long)x, W, j->pad, xlo, xhi) : -1;
             long long cy = y == y ? gs_index((long long)y, H, j->pad, ylo, yhi) : -1;
             int ok = cx >= 0 && cy >= 0;
-            tp->p[0] = ok ? (int)(cy * W + cx) : 0; tp->w[0] = ok ? 1.0f : 0.0f;
-            for (int k = 1; k < 4; ++k) { tp->p[k] = 0; tp->w[k] = 0.0f; }
+            tpp[0][at] = ok ? (int)(cy * W + cx) : 0; tpw[0][at] = ok ? 1.0f : 0.0f;
+            for (int k = 1; k < 4; ++k) { tpp[k][at] = 0; tpw[k][at] = 0.0f; }
             continue;
         }
-        if (x != x || y != y) { for (int k = 0; k < 4; ++k) { tp->p[k] = 0; tp->w[k] = 0.0f; } continue; }
+        if (x != x || y != y) { for (int k = 0; k < 4; ++k) { tpp[k][at] = 0; tpw[k][at] = 0.0f; } continue; }
         const float fx = floorf(x), fy = floorf(y);
         const long long x1 = (long long)fx, y1 = (long long)fy;
         const float dx1 = x - fx, dx2 = (fx + 1.0f) - x, dy1 = y - fy, dy2 = (fy + 1.0f) - y;
@@ -92,23 +95,23 @@ static void gs_taps_task(void* p, long long t)
         for (int a = 0; a < 2; ++a)
             for (int b = 0; b < 2; ++b) {
                 const int k = a * 2 + b, ok = cy[a] >= 0 && cx[b] >= 0;
-                tp->p[k] = ok ? (int)(cy[a] * W + cx[b]) : 0;
-                tp->w[k] = ok ? wy[a] * wx[b] : 0.0f;
+                tpp[k][at] = ok ? (int)(cy[a] * W + cx[b]) : 0;
+                tpw[k][at] = ok ? wy[a] * wx[b] : 0.0f;
             }
     }
 }
 
 INFERD_CLONES
-static void gs_apply(const float* x, const gs_tap* taps, float* y, long long c0, long long c1, long long plane,
-                     long long P)
+static void gs_apply(const float* x, const int* restrict p0, const int* restrict p1, const int* restrict p2,
+                     const int* restrict p3, const float* restrict w0, const float* restrict w1,
+                     const float* restrict w2, const float* restrict w3, float* y, long long c0, long long c1,
+                     long long plane, long long P)
 {
     for (long long c = c0; c < c1; ++c) {
         const float* restrict xc = x + c * plane;
         float* restrict yc = y + c * P;
-        for (long long q = 0; q < P; ++q) {
-            const gs_tap* t = taps + q;
-            yc[q] = t->w[0] * xc[t->p[0]] + t->w[1] * xc[t->p[1]] + t->w[2] * xc[t->p[2]] + t->w[3] * xc[t->p[3]];
-        }
+        for (long long q = 0; q < P; ++q)
+            yc[q] = w0[q] * xc[p0[q]] + w1[q] * xc[p1[q]] + w2[q] * xc[p2[q]] + w3[q] * xc[p3[q]];
     }
 }
 
@@ -118,8 +121,10 @@ static void gs_apply_task(void* p, long long t)
     const gs_job* j = (const gs_job*)p;
     const long long img = t / j->nblocks, c0 = (t % j->nblocks) * j->cblock;
     const long long c1 = c0 + j->cblock < j->C ? c0 + j->cblock : j->C;
-    gs_apply(j->x + img * j->C * j->H * j->W, j->taps + img * j->P, j->y + img * j->C * j->P, c0, c1, j->H * j->W,
-             j->P);
+    const long long o = img * j->P;
+    gs_apply(j->x + img * j->C * j->H * j->W, j->taps.p[0] + o, j->taps.p[1] + o, j->taps.p[2] + o, j->taps.p[3] + o,
+             j->taps.w[0] + o, j->taps.w[1] + o, j->taps.w[2] + o, j->taps.w[3] + o, j->y + img * j->C * j->P, c0, c1,
+             j->H * j->W, j->P);
 }
 
 int inferd_grid_sample(const float* x, long long N, long long C, long long H, long long W, const float* grid,
@@ -127,8 +132,14 @@ int inferd_grid_sample(const float* x, long long N, long long C, long long H, lo
 {
     if (N <= 0 || C <= 0 || P <= 0) return 0;
     if (H <= 0 || W <= 0 || H * W > 0x7fffffffLL) return -2;
-    gs_tap* taps = (gs_tap*)malloc(sizeof(gs_tap) * (size_t)(N * P));
-    if (!taps) return -1;
+    /* one block: 4 index arrays then 4 weight arrays of N * P */
+    void* block = malloc((sizeof(int) + sizeof(float)) * 4 * (size_t)(N * P));
+    if (!block) return -1;
+    gs_taps taps;
+    for (int k = 0; k < 4; ++k) {
+        taps.p[k] = (int*)block + (size_t)k * N * P;
+        taps.w[k] = (float*)((int*)block + (size_t)4 * N * P) + (size_t)k * N * P;
+    }
     const int threads = inferd_pool_threads();
     long long nblocks = 1;
     while (N * nblocks < 4LL * threads && nblocks * 2 <= C) nblocks *= 2;
@@ -145,6 +156,6 @@ int inferd_grid_sample(const float* x, long long N, long long C, long long H, lo
         for (long long t = 0; t < tasks; ++t) gs_apply_task(&j, t);
     else
         inferd_parallel(gs_apply_task, &j, tasks, 0);
-    free(taps);
+    free(block);
     return 0;
 }
