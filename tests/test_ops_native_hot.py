@@ -382,3 +382,25 @@ def test_hot_ops_c_host_with_sanitizers(tmp_path: Path) -> None:
         _build_and_run("cc", ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], tmp_path, [])
     except subprocess.CalledProcessError:  # no sanitizer runtime: the plain build still checks the results
         _build_and_run("cc", [], tmp_path, [])
+
+
+def test_ops_bench_hot_cases_run_native_and_match_onnxruntime(tmp_path: Path) -> None:
+    """`inferd bench ops --set hot`'s cases at their real sizes, once each: the engine picks the native kernel
+    (where the extension is built) and its outputs equal onnxruntime's."""
+    import onnx
+
+    from inferd.bench.ops_bench import _hot_cases
+    from inferd.frontend import import_model
+    from inferd.runtime.cpu import CpuExecutor
+
+    for name, m, feeds in _hot_cases(np.random.default_rng(0)):
+        p = tmp_path / "m.onnx"
+        onnx.save(m, p)
+        ex = CpuExecutor(import_model(str(p)))
+        op = m.graph.node[0].op_type
+        if native.AVAILABLE:
+            assert [k.name for _l, k in ex.choice] == [NATIVE_NAMES[op]], name
+        got = ex.run(feeds)
+        want = ort_session(p).run(None, feeds)
+        for o, w in zip(m.graph.output, want):
+            np.testing.assert_allclose(got[o.name], w, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -160,15 +160,15 @@ def run(repeat: int = 30, case_set: str = "detection") -> dict[str, Any]:
             so = ort.SessionOptions()
             so.intra_op_num_threads = threads
             sess = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
-            ours, theirs = [], []
-            for _ in range(3):  # alternate, so a burst of load hits both
-                ours += time_calls(lambda: ex.run(feeds), repeat // 3, warmup=3)
-                theirs += time_calls(lambda: sess.run(None, feeds), repeat // 3, warmup=3)
-            # the nodes alone, without run()'s feed and output copies (ORT reads its feeds in place): what the
-            # kernels cost, beside what a caller of CpuExecutor.run pays
+            # the nodes alone besides: run() less its feed and output copies (onnxruntime reads its feeds in
+            # place), what the kernels cost beside what a caller of CpuExecutor.run pays
             ex.run(feeds)
             calls = list(ex._calls)
-            nodes = time_calls(lambda: [c() for c in calls], repeat, warmup=3)
+            ours, theirs, nodes = [], [], []
+            for _ in range(3):  # alternate, so a burst of load hits all three
+                ours += time_calls(lambda: ex.run(feeds), repeat // 3, warmup=3)
+                theirs += time_calls(lambda: sess.run(None, feeds), repeat // 3, warmup=3)
+                nodes += time_calls(lambda: [c() for c in calls], repeat // 3, warmup=3)
             got, want = ex.run(feeds), sess.run(None, feeds)
             same = all(np.array_equal(got[o.name], w) if w.dtype.kind in "iu" else np.allclose(got[o.name], w, atol=1e-5)
                        for o, w in zip(m.graph.output, want))
