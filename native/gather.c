@@ -20,41 +20,49 @@ typedef struct {
     int exclusive, reverse;
 } cumsum_job;
 
-/* task = a range of inner columns of one outer slice: the running sums stay in y's previous row, which the
-   loop reads back contiguously (vectorised over the inner axis) */
+#define CS_W 256
+
+/* the scan of w columns (row stride `in`) of one outer slice: running sums in a local block of at most CS_W
+   columns (registers or L1), the row loop free of branches so that the column loop vectorises */
+INFERD_CLONES
+static void cumsum_cols(const float* x, float* y, long long n, long long in, long long w, int exclusive, int reverse)
+{
+    float acc[CS_W];
+    const long long step = reverse ? -in : in, first = reverse ? (n - 1) * in : 0;
+    for (long long q0 = 0; q0 < w; q0 += CS_W) {
+        const long long ww = w - q0 < CS_W ? w - q0 : CS_W;
+        for (long long q = 0; q < ww; ++q) acc[q] = 0.0f;
+        const float* xr = x + first + q0;
+        float* yr = y + first + q0;
+        if (exclusive)
+            for (long long s = 0; s < n; ++s, xr += step, yr += step)
+                for (long long q = 0; q < ww; ++q) { const float v = xr[q]; yr[q] = acc[q]; acc[q] += v; }
+        else
+            for (long long s = 0; s < n; ++s, xr += step, yr += step)
+                for (long long q = 0; q < ww; ++q) { acc[q] += xr[q]; yr[q] = acc[q]; }
+    }
+}
+
+/* task = a range of inner columns of one outer slice */
 static void cumsum_task(void* p, long long t)
 {
     const cumsum_job* j = (const cumsum_job*)p;
     const long long per = (j->inner + j->chunk - 1) / j->chunk;
     const long long o = t / per, i0 = (t % per) * j->chunk;
-    const long long i1 = i0 + j->chunk < j->inner ? i0 + j->chunk : j->inner, w = i1 - i0;
-    const float* x = j->x + o * j->n * j->inner + i0;
-    float* y = j->y + o * j->n * j->inner + i0;
-    const long long n = j->n, in = j->inner;
-    for (long long s = 0; s < n; ++s) {
-        /* step s of the scan reads row r and writes row r of y; `prev` is the row written before it */
-        const long long r = j->reverse ? n - 1 - s : s;
-        float* restrict yr = y + r * in;
-        if (s == 0) {
-            if (j->exclusive) for (long long q = 0; q < w; ++q) yr[q] = 0.0f;
-            else memcpy(yr, x + r * in, sizeof(float) * (size_t)w);
-            continue;
-        }
-        const long long pr = j->reverse ? r + 1 : r - 1;
-        const float* restrict yp = y + pr * in;
-        const float* restrict xs = x + (j->exclusive ? pr : r) * in;
-        for (long long q = 0; q < w; ++q) yr[q] = yp[q] + xs[q];
-    }
+    const long long w = i0 + j->chunk < j->inner ? j->chunk : j->inner - i0;
+    const long long off = o * j->n * j->inner + i0;
+    cumsum_cols(j->x + off, j->y + off, j->n, j->inner, w, j->exclusive, j->reverse);
 }
 
 void inferd_cumsum(const float* x, float* y, long long outer, long long n, long long inner, int exclusive,
                    int reverse)
 {
     if (outer <= 0 || n <= 0 || inner <= 0) return;
-    /* column ranges of at least 64 floats, enough of them for the pool */
+    /* column ranges of at least 128 floats (narrower ones spend more on the row loop than on the sums), enough
+       of them for the pool */
     long long chunk = inner;
     const int threads = inferd_pool_threads();
-    while (chunk > 64 && outer * ((inner + chunk - 1) / chunk) < 4LL * threads) chunk = (chunk + 1) / 2;
+    while (chunk >= 256 && outer * ((inner + chunk - 1) / chunk) < 4LL * threads) chunk = (chunk + 1) / 2;
     cumsum_job j = {x, y, outer, n, inner, chunk, exclusive, reverse};
     const long long tasks = outer * ((inner + chunk - 1) / chunk);
     if (inferd_pool_chunks(tasks, (double)outer * n * inner) <= 1)

@@ -40,10 +40,11 @@ def _check(op: str, ins: list[Any], attrs: dict[str, Any], opset: int = 17, rtol
         return
     assert nk.applies(layer) == native_applies
     if native_applies:
-        got = run_layer(nk, layer, ins)[0]
-        assert got.shape == want.shape and got.dtype == want.dtype
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"{nk.name} vs onnxruntime")
-        np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol, err_msg=f"{nk.name} vs numpy")
+        for bound in (False, True):  # run, and the call bind makes where the kernel has one
+            got = run_layer(nk, layer, ins, bound=bound)[0]
+            assert got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=f"{nk.name} vs onnxruntime")
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol, err_msg=f"{nk.name} vs numpy")
 
 
 def _grid(rng: np.random.Generator, n: int, oh: int, ow: int, reach: float) -> np.ndarray:
@@ -123,8 +124,9 @@ def test_gather_nd_index_out_of_range_is_an_error() -> None:
     layer = single_node_layer("GatherND", [data, idx], {}, const=[False, False])
     for k in kernels_for("GatherND"):
         if k.applies(layer):
-            with pytest.raises((KernelError, IndexError, ValueError)):
-                run_layer(k, layer, [data, idx])
+            for bound in (False, True):
+                with pytest.raises((KernelError, IndexError, ValueError)):
+                    run_layer(k, layer, [data, idx], bound=bound)
 
 
 @pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
