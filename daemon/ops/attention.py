@@ -565,6 +565,21 @@ class RMSNormNative(Kernel):
         d = math.prod(x.shape[a:])
         return 0 <= a < len(x.shape) and d > 0 and math.prod(s.shape) == d
 
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):  # type: ignore[no-untyped-def]
+        ins = full_inputs(layer, inputs, params)
+        x, s, y = ins[0], ins[1], outputs[0]
+        if x is None or s is None or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, s, y)):
+            return None
+        d = s.size
+        fn, args = native.lib.inferd_rmsnorm, (native._ptr(x), native._ptr(y), x.size // d, d, native._ptr(s),
+                                               float(layer.attr("epsilon", 1e-5)))
+        keep = (x, s, y)
+
+        def call(_keep: object = keep) -> None:
+            fn(*args)
+        return call
+
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         ins = full_inputs(layer, inputs, params)
