@@ -10,7 +10,8 @@
 
 /* A candidate as one integer that orders like onnxruntime's queue: score (its bits mapped to an unsigned order,
    -0 as +0) in the high word, the complement of the box index in the low word, so that the larger key is the
-   higher score and, on a tie, the lower index. */
+   higher score and, on a tie, the lower index. A NaN score (only without a score threshold, which drops it)
+   orders by its bits: a positive NaN before every number; onnxruntime's queue has no defined order for it. */
 static inline unsigned long long cand_key(float s, int i)
 {
     union { float f; unsigned u; } v;
