@@ -22,7 +22,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 14
+ABI = 15
 
 ffi: Any = None
 lib: Any = None
@@ -125,6 +125,11 @@ def _check(a: np.ndarray, name: str, contiguous: bool = True) -> None:
         raise TypeError(f"{name}: expected float32, got {a.dtype}")
     if contiguous and not a.flags.c_contiguous:
         raise ValueError(f"{name}: expected a C-contiguous array")
+
+
+def has(fn: str) -> bool:
+    """Whether the loaded extension has C entry point ``fn`` (a kernel whose symbol is missing falls back)."""
+    return AVAILABLE and hasattr(lib, fn)
 
 
 def _ptr(a: np.ndarray) -> Any:

@@ -123,6 +123,39 @@ void inferd_softmax(const float* x, float* y, long long rows, long long n, int l
 /* (x - mean) / sqrt(var + eps) * g + b per row (population variance); g and b (n floats) may be NULL. */
 void inferd_layernorm(const float* x, float* y, long long rows, long long n, const float* g, const float* b, float eps);
 
+/* x / sqrt(mean(x^2) + eps) * g per row (RMSNormalization); g (n floats) may be NULL. */
+void inferd_rmsnorm(const float* x, float* y, long long rows, long long n, const float* g, float eps);
+/* GroupNormalization of N x C x hw floats (C divisible by G): per (image, group) mean and population variance,
+   then per channel (x - mean) / sqrt(var + eps) * s[c] + b[c]. */
+void inferd_groupnorm(const float* x, float* y, long long N, long long C, long long hw, int G, const float* s,
+                      const float* b, float eps);
+
+/* ---- data movement (gather.c) ---- */
+/* CumSum of outer x n x inner floats along the middle axis (y must not overlap x). */
+void inferd_cumsum(const float* x, float* y, long long outer, long long n, long long inner, int exclusive,
+                   int reverse);
+/* DepthToSpace of N x (C*bs*bs) x H x W elements of elem_size bytes into N x C x H*bs x W*bs (crd: CRD mode). */
+void inferd_depth_to_space(const void* x, void* y, long long N, long long C, long long H, long long W, long long bs,
+                           int crd, long long elem_size);
+/* GatherND: for each of `batch` batches (data advancing batch_bytes) and each of its `tuples` index tuples of q
+   int64 (negative from the end) into dims[0..q), copy the slice of slice_bytes to out, in order. Returns -1, or
+   the flat number of the first tuple out of range (nothing after it is written). */
+long long inferd_gather_nd(const void* data, const long long* dims, int q, long long batch, long long batch_bytes,
+                           const long long* idx, long long tuples, long long slice_bytes, void* out);
+/* ScatterND: out = data (`total` floats, copied over the pool; data NULL or out: out already holds it), then each
+   tuple's slice of `slice` floats replaced (reduction 0) or combined (1 add, 2 mul, 3 max, 4 min) with its
+   update, in order. Returns -1 or the first bad tuple (the slices before it are written). */
+long long inferd_scatter_nd(float* out, const float* data, long long total, const long long* dims, int q,
+                            const long long* idx, long long tuples, const float* updates, long long slice,
+                            int reduction);
+
+/* ---- GridSample (sampling.c) ---- */
+/* 2-D GridSample of x (N, C, H, W) at grid (N, P, 2) (x, y in [-1, 1]) into y (N, C, P): nearest (1) or bilinear,
+   pad 0 zeros, 1 border, 2 reflection, onnxruntime's rules. Returns 0, -1 if out of memory, -2 for an image
+   too large for 32-bit offsets. */
+int inferd_grid_sample(const float* x, long long N, long long C, long long H, long long W, const float* grid,
+                       long long P, float* y, int nearest, int pad, int align);
+
 /* ---- pooling (pooling.c) ---- */
 /* Max (is_max = 1) or average pooling of `planes` (H, W) planes into (OH, OW): output (oh, ow) combines input
    (oh*sh - pt + i*dh, ow*sw - pl + j*dw) over the taps inside the image; averages are multiplied by

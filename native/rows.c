@@ -100,6 +100,32 @@ static void layernorm_rows(const float* x, float* y, long long r0, long long r1,
     }
 }
 
+INFERD_INLINE float row_sumsq(const float* restrict x, long long n)
+{
+    float s[LANES] = {0};
+    long long k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int l = 0; l < LANES; ++l) s[l] += x[k + l] * x[k + l];
+    float r = 0.0f;
+    for (int l = 0; l < LANES; ++l) r += s[l];
+    for (; k < n; ++k) r += x[k] * x[k];
+    return r;
+}
+
+INFERD_CLONES
+static void rmsnorm_rows(const float* x, float* y, long long r0, long long r1, long long n, const float* g, float eps)
+{
+    for (long long r = r0; r < r1; ++r) {
+        const float* restrict xr = x + r * n;
+        float* restrict yr = y + r * n;
+        const float inv = 1.0f / sqrtf(row_sumsq(xr, n) / (float)n + eps);
+        if (g)
+            for (long long k = 0; k < n; ++k) yr[k] = xr[k] * inv * g[k];
+        else
+            for (long long k = 0; k < n; ++k) yr[k] = xr[k] * inv;
+    }
+}
+
 typedef struct {
     const float* x;
     float* y;
@@ -115,6 +141,8 @@ static void rows_task(void* p, long long t)
     const long long r0 = j->rows * t / j->chunks, r1 = j->rows * (t + 1) / j->chunks;
     if (j->kind == 0)
         softmax_rows(j->x, j->y, r0, r1, j->n, j->log_);
+    else if (j->kind == 2)
+        rmsnorm_rows(j->x, j->y, r0, r1, j->n, j->g, j->eps);
     else
         layernorm_rows(j->x, j->y, r0, r1, j->n, j->g, j->b, j->eps);
 }
@@ -130,6 +158,55 @@ void inferd_layernorm(const float* x, float* y, long long rows, long long n, con
 {
     rows_job j = {x, y, rows, n, g, b, eps, 1, 0, inferd_pool_chunks(rows, (double)rows * n)};
     inferd_parallel(rows_task, &j, j.chunks, 0);
+}
+
+void inferd_rmsnorm(const float* x, float* y, long long rows, long long n, const float* g, float eps)
+{
+    rows_job j = {x, y, rows, n, g, NULL, eps, 2, 0, inferd_pool_chunks(rows, (double)rows * n)};
+    inferd_parallel(rows_task, &j, j.chunks, 0);
+}
+
+/* ---------------------------------------------------------------- GroupNormalization */
+
+typedef struct {
+    const float* x;
+    float* y;
+    long long cg, hw; /* channels per group, pixels per channel */
+    int G;
+    const float *s, *b;
+    float eps;
+} gn_job;
+
+/* task = (image, group): its statistics over cg * hw values, then every channel's scale and shift folded in */
+INFERD_CLONES
+static void gn_group(const gn_job* j, long long t)
+{
+    const long long len = j->cg * j->hw;
+    const float* restrict xg = j->x + t * len;
+    float* restrict yg = j->y + t * len;
+    const float mean = row_sum(xg, len) / (float)len;
+    const float var = row_sqdev(xg, len, mean) / (float)len;
+    const float inv = 1.0f / sqrtf(var + j->eps);
+    const long long c0 = (t % j->G) * j->cg;
+    for (long long c = 0; c < j->cg; ++c) {
+        const float a = inv * j->s[c0 + c], sh = j->b[c0 + c] - mean * a;
+        const float* restrict xc = xg + c * j->hw;
+        float* restrict yc = yg + c * j->hw;
+        for (long long k = 0; k < j->hw; ++k) yc[k] = xc[k] * a + sh;
+    }
+}
+
+static void gn_task(void* p, long long t) { gn_group((const gn_job*)p, t); }
+
+void inferd_groupnorm(const float* x, float* y, long long N, long long C, long long hw, int G, const float* s,
+                      const float* b, float eps)
+{
+    gn_job j = {x, y, C / G, hw, G, s, b, eps};
+    const long long tasks = N * G;
+    if (inferd_pool_chunks(tasks, (double)N * C * hw) <= 1)
+        for (long long t = 0; t < tasks; ++t) gn_task(&j, t);
+    else
+        inferd_parallel(gn_task, &j, tasks, 0);
 }
 
 /* ---------------------------------------------------------------- row means / maxima (global pooling) */

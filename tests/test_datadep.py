@@ -221,6 +221,63 @@ def test_roi_align_kernels_match_onnxruntime(opset: int, ctm: str | None, mode: 
         np.testing.assert_allclose(roi_align(layer.node, ins)[0], want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("iou", [0.5, 0.0, 1.0])
+def test_nms_native_chunked_selection_matches_onnxruntime(tmp_path: Path, iou: float) -> None:
+    """Clusters of near-duplicate boxes, so most candidates are suppressed and the native kernel selects and
+    sorts the next chunk of candidates again and again; negative scores, -0.0 against 0.0 and runs of equal
+    scores (the lower box index first)."""
+    rng = np.random.default_rng(int(iou * 10) + 3)
+    n = 900
+    centres = rng.random((30, 2), dtype=np.float32) * 500
+    xy = centres[rng.integers(0, 30, n)] + rng.random((n, 2), dtype=np.float32) * 4
+    boxes = np.concatenate([xy, xy + 40 + rng.random((n, 2), dtype=np.float32) * 3], -1)[None].astype(np.float32)
+    scores = (rng.random((1, 2, n), dtype=np.float32) - 0.5).astype(np.float32)
+    scores[0, 0, :300] = np.round(scores[0, 0, :300] * 8) / 8  # many ties
+    scores[0, 1, :50] = 0.0
+    scores[0, 1, 50:100] = -0.0
+    m = _model([h.make_node("NonMaxSuppression", ["b", "s", "mo", "iou"], ["sel"])],
+               [("b", T.FLOAT, [1, n, 4]), ("s", T.FLOAT, [1, 2, n]), ("mo", T.INT64, [1]), ("iou", T.FLOAT, [1])],
+               ["sel"])
+    feeds = [{"b": boxes, "s": scores, "mo": np.array([mo], np.int64), "iou": np.array([iou], np.float32)}
+             for mo in (25, 200, n)]
+    _both(tmp_path, m, feeds)
+    node = Node("n", "NonMaxSuppression", ["a"] * 4, ["y"], {})
+    for f in feeds:
+        ins = list(f.values())
+        ref = nms(node, ins)[0]
+        if NATIVE:
+            layer = single_node_layer("NonMaxSuppression", ins, {}, const=[False] * 4)
+            out = np.empty((2 * n, 3), np.int64)
+            (got_shape,) = NmsNative().run_bounded(layer, ins, {}, [out])
+            np.testing.assert_array_equal(out[:got_shape[0]], ref)
+
+
+@pytest.mark.parametrize("sr", [0, 1, 2, 5])
+@pytest.mark.parametrize("ctm", ["half_pixel", "output_half_pixel"])
+def test_roi_align_avg_separable_and_sparse_grids_match_onnxruntime(sr: int, ctm: str) -> None:
+    """Detector-sized avg RoiAlign: the native kernel's separable path (dense grids) and its per-sample taps
+    (sparse grids: sampling_ratio 1 over large rois) against onnxruntime and the oracle, rois of every size
+    from sub-pixel to larger than the map, some past its edges, and channel blocks split over the pool."""
+    from ortutil import feeds_for, make_single_node_model
+
+    rng = np.random.default_rng(sr + len(ctm))
+    x = rng.standard_normal((2, 19, 23, 29), dtype=np.float32)
+    r = 48
+    rois = rng.random((r, 4), dtype=np.float32) * 200 - 20
+    rois[:, 2:] = rois[:, :2] + rng.random((r, 2), dtype=np.float32) * np.array([300, 260], np.float32)
+    rois[:4] = [[0, 0, 231, 183], [-40, -30, 300, 260], [50, 50, 50.5, 50.2], [100, 20, 90, 10]]  # whole, past, tiny, inverted
+    bi = rng.integers(0, 2, r).astype(np.int64)
+    attrs = {"output_height": 7, "output_width": 6, "sampling_ratio": sr, "spatial_scale": 0.125,
+             "coordinate_transformation_mode": ctm}
+    ins = [x, rois, bi]
+    want = ort_session(make_single_node_model("RoiAlign", ins, attrs, opset=16)).run(None, feeds_for(ins))[0]
+    layer = single_node_layer("RoiAlign", ins, dict(attrs, _opset=16), const=[False] * 3)
+    np.testing.assert_allclose(roi_align(layer.node, ins)[0], want, rtol=1e-5, atol=1e-5)
+    for k in kernels_for("RoiAlign"):
+        if k.applies(layer):
+            np.testing.assert_allclose(run_layer(k, layer, ins)[0], want, rtol=1e-5, atol=1e-5, err_msg=k.name)
+
+
 def test_roi_align_refuses_a_bad_batch_index() -> None:
     x = np.zeros((2, 1, 4, 4), np.float32)
     ins = [x, np.zeros((1, 4), np.float32), np.array([2], np.int64)]

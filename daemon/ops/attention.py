@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
@@ -541,3 +542,53 @@ class AttentionKernel(Kernel):
         for name, r in zip(layer.node.outputs, res):
             if name:
                 np.copyto(next(buffers), r)
+
+
+@register_kernel
+class RMSNormNative(Kernel):
+    """native/rows.c: float32 RMSNormalization over the trailing axes, one scale per normalised element, rows
+    split over the native pool (the mean of squares in 16 partial lanes, in float32 like onnxruntime's default
+    stash_type)."""
+
+    name = "rmsnorm_native"
+    ops = ("RMSNormalization",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x, s = layer.inputs[0], layer.inputs[1] if len(layer.inputs) > 1 else None
+        if not native.has("inferd_rmsnorm") or x is None or s is None or not x.shape:
+            return False
+        if np.dtype(x.dtype) != np.float32 or np.dtype(s.dtype) != np.float32:
+            return False
+        a = int(layer.attr("axis", -1))
+        a = a + len(x.shape) if a < 0 else a
+        d = math.prod(x.shape[a:])
+        return 0 <= a < len(x.shape) and d > 0 and math.prod(s.shape) == d
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):  # type: ignore[no-untyped-def]
+        ins = full_inputs(layer, inputs, params)
+        x, s, y = ins[0], ins[1], outputs[0]
+        if x is None or s is None or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, s, y)):
+            return None
+        d = s.size
+        fn, args = native.lib.inferd_rmsnorm, (native._ptr(x), native._ptr(y), x.size // d, d, native._ptr(s),
+                                               float(layer.attr("epsilon", 1e-5)))
+        keep = (x, s, y)
+
+        def call(_keep: object = keep) -> None:
+            fn(*args)
+        return call
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        x = np.ascontiguousarray(ins[0], np.float32)
+        s = np.ascontiguousarray(ins[1], np.float32).reshape(-1)
+        y = outputs[0]
+        yc = y if y.flags.c_contiguous else np.empty(x.shape, np.float32)
+        d = s.size
+        native.lib.inferd_rmsnorm(native._ptr(x), native._ptr(yc), x.size // d, d, native._ptr(s),
+                                  float(layer.attr("epsilon", 1e-5)))
+        if yc is not y:
+            np.copyto(y, yc)

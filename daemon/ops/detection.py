@@ -33,7 +33,7 @@ def _topk_k_of(node: Node, k_in: np.ndarray | None) -> int:
 
 def _has_native(fn: str) -> bool:
     # an extension built before detect.c existed lacks the symbol: the numpy oracle serves instead
-    return native.AVAILABLE and hasattr(native.lib, fn)
+    return native.has(fn)
 
 
 # ------------------------------------------------------------------------------------- NonMaxSuppression
@@ -346,8 +346,9 @@ class NmsNative(Kernel):
 
 @register_kernel
 class RoiAlignNative(Kernel):
-    """native/detect.c: per roi, the bilinear taps of every sample precomputed once and applied to all channels;
-    rois split over the native pool."""
+    """native/detect.c: avg mode separable (the bins' summed row and column taps computed once per roi, then per
+    channel contiguous row multiply-adds over the roi's column span and a short dot per output); max mode and
+    sparse grids with per-sample taps; tasks over (roi, channel block) split over the native pool."""
 
     name = "roialign_native"
     ops = ("RoiAlign",)
@@ -378,8 +379,10 @@ class RoiAlignNative(Kernel):
 
 @register_kernel
 class TopKNative(Kernel):
-    """native/detect.c: a k-heap per row (one comparison per element once the heap holds good values), then a
-    heap sort of the k; float32 rows along the last axis. A run-time k is data-dependent (``run_bounded``)."""
+    """native/detect.c: values as integer keys (order, NaN rule and ties in one compare), a buffer of 2k candidates
+    cut back to the best k by selection, blocks of 16 that cannot pass the k-th skipped after one vectorised
+    test, then a sort of the k; float32 rows along the last axis. A run-time k is data-dependent
+    (``run_bounded``)."""
 
     name = "topk_native"
     ops = ("TopK",)

@@ -16,6 +16,8 @@ CPU kernels (all write the product straight into the arena buffer):
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
@@ -487,8 +489,8 @@ class GemmReferenceKernel(Kernel):
 
 
 # --------------------------------------------------------------------------- Einsum
-# numpy.einsum is the oracle and the CPU kernel (``optimize=True`` contracts through BLAS where it can);
-# lowering the common equations to the packed GEMM is future work of issue 18.
+# numpy.einsum is the oracle and the CPU kernel for every equation (``optimize=True`` contracts through BLAS where
+# it can); EinsumGemmKernel lowers the matmul-shaped two-operand equations (attention's) to the packed GEMM.
 
 def _einsum_equation(node: Node) -> str:
     eq = node.attr("equation", "")
@@ -566,7 +568,43 @@ def einsum_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.nda
 
 
 register_op(OpSpec("Einsum", _infer_einsum, einsum_reference, min_opset=12,
-                   notes="numpy.einsum on the CPU (not lowered to the packed GEMM yet)"))
+                   notes="two-operand batched matrix products lowered to the packed GEMM; numpy.einsum otherwise"))
+
+
+@functools.lru_cache(maxsize=256)
+def einsum_plan(eq: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple | None:
+    """How ``eq`` over shapes ``sa``, ``sb`` runs as one batched GEMM: the permutations that bring A to (batch,
+    free-A, contracted) and B to (batch, contracted, free-B), the (Q, M, K, N) sizes, the natural (batch, free-A,
+    free-B) result shape and the permutation from it to the equation's output order. None where it is not one
+    batched matrix product: an ellipsis, a repeated label (diagonal), a label summed within one operand, sizes
+    that broadcast."""
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow or "..." in eq or len(terms) != 2:
+        return None
+    ta, tb = terms
+    if len(ta) != len(sa) or len(tb) != len(sb) or any(len(set(t)) != len(t) for t in (ta, tb, rhs)):
+        return None
+    size = dict(zip(ta, sa))
+    for ch, d in zip(tb, sb):
+        if size.setdefault(ch, d) != d:
+            return None
+    if any(ch not in size for ch in rhs):
+        return None
+    for t, other in ((ta, tb), (tb, ta)):
+        if any(ch not in rhs and ch not in other for ch in t):
+            return None  # summed within one operand
+
+    batch = [c for c in rhs if c in ta and c in tb]
+    contr = [c for c in ta if c in tb and c not in rhs]
+    fa = [c for c in rhs if c in ta and c not in tb]
+    fb = [c for c in rhs if c in tb and c not in ta]
+    pa = tuple(ta.index(c) for c in batch + fa + contr)
+    pb = tuple(tb.index(c) for c in batch + contr + fb)
+    nat = batch + fa + fb
+    prod = lambda ls: math.prod(size[c] for c in ls)  # noqa: E731
+    return (pa, pb, (prod(batch), prod(fa), prod(contr), prod(fb)), tuple(size[c] for c in nat),
+            tuple(nat.index(c) for c in rhs))
 
 
 @register_kernel
@@ -579,3 +617,38 @@ class EinsumKernel(Kernel):
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         np.copyto(outputs[0], einsum_reference(layer.node, full_inputs(layer, inputs, params))[0])
+
+
+@register_kernel
+class EinsumGemmKernel(Kernel):
+    """Float32 two-operand Einsum that is one batched matrix product ("bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd",
+    "bij,bjk->bik", "bnd,dk->bnk" ...): the operands as (Q, M, K) and (Q, K, N) strided views (a copy only where
+    the labels do not merge), inferd's GEMM with both packed per call (:func:`native.matmul`), the result written
+    straight into the output when its labels are in (batch, free-A, free-B) order."""
+
+    name = "einsum_gemm"
+    ops = ("Einsum",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        ts = [t for t in layer.inputs if t is not None]
+        if not native.AVAILABLE or len(ts) != 2 or any(np.dtype(t.dtype) != np.float32 for t in ts):
+            return False
+        return einsum_plan(_einsum_equation(layer.node), tuple(ts[0].shape), tuple(ts[1].shape)) is not None
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        a, b = (np.asarray(x) for x in full_inputs(layer, inputs, params) if x is not None)
+        y = outputs[0]
+        plan = einsum_plan(_einsum_equation(layer.node), a.shape, b.shape)
+        if plan is None or a.dtype != np.float32 or b.dtype != np.float32 or 0 in a.shape or 0 in b.shape:
+            np.copyto(y, einsum_reference(layer.node, [a, b])[0])  # run-time shapes the plan does not cover
+            return
+        pa, pb, (q, m, k, n), nat, out_perm = plan
+        a3 = a.transpose(pa).reshape(q, m, k)
+        b3 = b.transpose(pb).reshape(q, k, n)
+        direct = out_perm == tuple(range(len(out_perm))) and y.flags.c_contiguous
+        y3 = y.reshape(q, m, n) if direct else np.empty((q, m, n), np.float32)
+        native.matmul(a3, b3, y3)
+        if not direct:
+            np.copyto(y, y3.reshape(nat).transpose(out_perm))

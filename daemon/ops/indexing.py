@@ -9,10 +9,12 @@ row. OneHot's depth must be a constant; TopK with a run-time k is data-dependent
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+import math
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import KernelError, ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
@@ -327,3 +329,113 @@ class IndexingKernel(Kernel):
         res = _COMPUTE[layer.op](layer.node, full_inputs(layer, inputs, params))
         for o, r in zip(outputs, res):
             np.copyto(o, r)
+
+
+_NATIVE_REDUCTIONS = {"none": 0, "add": 1, "mul": 2, "max": 3, "min": 4}
+
+
+@register_kernel
+class GatherScatterNDNative(Kernel):
+    """native/gather.c: GatherND (any element size, batch_dims) and float32 ScatterND (every reduction): one C
+    loop over the index tuples, a slice copy or combine each, in order (so duplicates resolve as onnxruntime
+    does: the last update wins); numpy's fancy indexing costs more to set up than these small slices take. An
+    index out of range sends the run to the numpy oracle, which names it."""
+
+    name = "gathernd_native"
+    ops = ("GatherND", "ScatterND")
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        d, i = layer.inputs[0], layer.inputs[1] if len(layer.inputs) > 1 else None
+        if not native.has("inferd_gather_nd") or d is None or i is None or not i.shape or i.shape[-1] < 1:
+            return False
+        if np.dtype(i.dtype) != np.int64:
+            return False
+        if layer.op == "GatherND":
+            return np.dtype(d.dtype).kind in "fiub"
+        return np.dtype(d.dtype) == np.float32 and _reduction(layer.node) in _NATIVE_REDUCTIONS
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):  # type: ignore[no-untyped-def]
+        """The arena's fixed buffers: one C call a run, its arguments built here (a GatherND of a few hundred
+        rows takes about as long as building them per run)."""
+        ins = full_inputs(layer, inputs, params)
+        y = outputs[0]
+        arrs = [a for a in ins if a is not None] + [y]
+        if len(ins) < 2 or any(not a.flags.c_contiguous for a in arrs) or ins[1].dtype != np.int64 or \
+                ins[0].dtype != y.dtype or any(np.shares_memory(y, a) for a in ins[1:] if a is not None):
+            return None
+        data, idx = ins[0], ins[1]
+        ffi, lib, node = native.ffi, native.lib, layer.node
+        q = idx.shape[-1]
+        pd, pi, py = (ffi.cast("const void*", data.ctypes.data), ffi.cast("const long long*", idx.ctypes.data),
+                      ffi.cast("void*", y.ctypes.data))
+        if layer.op == "GatherND":
+            b = int(layer.attr("batch_dims", 0))
+            nb = math.prod(data.shape[:b])
+            dims = np.asarray(data.shape[b:b + q], np.int64)
+            args = (pd, ffi.cast("const long long*", dims.ctypes.data), q, nb, math.prod(data.shape[b:]) * data.itemsize,
+                    pi, idx.size // max(q, 1) // max(nb, 1), math.prod(data.shape[b + q:]) * data.itemsize, py)
+            fn = lib.inferd_gather_nd
+        else:
+            upd = ins[2] if len(ins) > 2 else None
+            if upd is None or upd.dtype != np.float32 or q > data.ndim or \
+                    tuple(upd.shape) != tuple(idx.shape[:-1]) + tuple(data.shape[q:]):
+                return None
+            inplace = y.ctypes.data == data.ctypes.data
+            if not inplace and np.shares_memory(y, data):
+                return None
+            dims = np.asarray(data.shape[:q], np.int64)
+            args = (ffi.cast("float*", y.ctypes.data), ffi.NULL if inplace else ffi.cast("const float*", data.ctypes.data),
+                    data.size, ffi.cast("const long long*", dims.ctypes.data), q, pi, idx.size // max(q, 1),
+                    ffi.cast("const float*", upd.ctypes.data), math.prod(data.shape[q:]),
+                    _NATIVE_REDUCTIONS[_reduction(node)])
+            fn = lib.inferd_scatter_nd
+        keep = (ins, y, dims)
+
+        def call(_keep: Any = keep) -> None:
+            if fn(*args) >= 0:
+                _COMPUTE[node.op](node, list(ins))  # raises the oracle's error for the index out of range
+                raise KernelError(f"node {layer.name!r} ({node.op}): an index tuple is out of range")
+        return call
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        data, idx = np.ascontiguousarray(ins[0]), np.ascontiguousarray(ins[1], np.int64)
+        y = outputs[0]
+        ffi, lib = native.ffi, native.lib
+        q = idx.shape[-1]
+        if layer.op == "GatherND":
+            b = int(layer.attr("batch_dims", 0))
+            nb = math.prod(data.shape[:b])
+            dims = np.asarray(data.shape[b:b + q], np.int64)
+            slice_bytes = math.prod(data.shape[b + q:]) * data.itemsize
+            yc = y if y.flags.c_contiguous and y.dtype == data.dtype else np.empty(y.shape, data.dtype)
+            bad = lib.inferd_gather_nd(ffi.cast("const void*", data.ctypes.data), ffi.cast("const long long*", dims.ctypes.data),
+                                       q, nb, math.prod(data.shape[b:]) * data.itemsize,
+                                       ffi.cast("const long long*", idx.ctypes.data), idx.size // max(q, 1) // max(nb, 1),
+                                       slice_bytes, ffi.cast("void*", yc.ctypes.data))
+        else:
+            upd = np.ascontiguousarray(ins[2], np.float32)
+            want = tuple(idx.shape[:-1]) + tuple(data.shape[q:])
+            if q > data.ndim or tuple(upd.shape) != want:
+                np.copyto(y, scatter_nd(layer.node, ins)[0])  # the oracle names the mismatch
+                return
+            yc = y if y.flags.c_contiguous and not np.shares_memory(y, upd) else np.empty(y.shape, np.float32)
+            inplace = yc.ctypes.data == data.ctypes.data
+            if not inplace and np.shares_memory(yc, data):  # a partial overlap: the copy goes through numpy
+                np.copyto(yc, data.copy())
+                inplace = True
+            dims = np.asarray(data.shape[:q], np.int64)
+            bad = lib.inferd_scatter_nd(ffi.cast("float*", yc.ctypes.data),
+                                        ffi.NULL if inplace else ffi.cast("const float*", data.ctypes.data), data.size,
+                                        ffi.cast("const long long*", dims.ctypes.data),
+                                        q, ffi.cast("const long long*", idx.ctypes.data), idx.size // max(q, 1),
+                                        ffi.cast("const float*", upd.ctypes.data), math.prod(data.shape[q:]),
+                                        _NATIVE_REDUCTIONS[_reduction(layer.node)])
+        if bad >= 0:
+            _COMPUTE[layer.op](layer.node, ins)  # raises the oracle's error for the index out of range
+            raise KernelError(f"node {layer.name!r} ({layer.op}): index tuple {bad} out of range")
+        if yc is not y:
+            np.copyto(y, yc)

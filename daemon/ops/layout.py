@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
@@ -146,3 +147,33 @@ class LayoutKernel(Kernel):
             outputs: Sequence[np.ndarray]) -> None:
         for o, r in zip(outputs, _COMPUTE[layer.op](layer.node, full_inputs(layer, inputs, params))):
             np.copyto(o, r)
+
+
+@register_kernel
+class DepthToSpaceNative(Kernel):
+    """native/gather.c: DepthToSpace (DCR and CRD) of any element size, one pool task per (image, output
+    channel) whose rows interleave blocksize input rows; numpy's reshape-transpose-copy runs on one thread."""
+
+    name = "d2s_native"
+    ops = ("DepthToSpace",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        return native.has("inferd_depth_to_space") and x is not None and len(x.shape) == 4 and \
+            np.dtype(x.dtype).itemsize > 0 and np.dtype(x.dtype).kind in "fiub"
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        x = np.ascontiguousarray(ins[0])
+        y = outputs[0]
+        bs = _blocksize(layer.node)
+        n, c, h, w = x.shape
+        yc = y if y.flags.c_contiguous and y.dtype == x.dtype and not np.shares_memory(x, y) else \
+            np.empty(y.shape, x.dtype)
+        ffi = native.ffi
+        native.lib.inferd_depth_to_space(ffi.cast("const void*", x.ctypes.data), ffi.cast("void*", yc.ctypes.data),
+                                         n, c // (bs * bs), h, w, bs, int(_mode(layer.node) == "CRD"), x.itemsize)
+        if yc is not y:
+            np.copyto(y, yc)

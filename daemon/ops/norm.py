@@ -536,7 +536,7 @@ register_op(OpSpec("GroupNormalization", _infer_same_norm, _ref_more, min_opset=
 @register_kernel
 class MoreNormKernel(Kernel):
     """numpy in float32 (float64 inputs in float64): these normalizations are off the hot path of the models
-    inferd serves (GroupNormalization's native kernel is future work of issue 18)."""
+    inferd serves (GroupNormalization has a native kernel beside this one: GroupNormNative)."""
 
     name = "numpy"
     ops = MORE_NORMS
@@ -544,3 +544,37 @@ class MoreNormKernel(Kernel):
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         np.copyto(outputs[0], _ref_more(layer.node, full_inputs(layer, inputs, params))[0])
+
+
+@register_kernel
+class GroupNormNative(Kernel):
+    """native/rows.c: float32 GroupNormalization, one pool task per (image, group): its mean and variance in
+    16 partial lanes, then each channel's scale and shift folded into one multiply-add. Scale and bias per
+    group (opset 18) are repeated per channel once here."""
+
+    name = "groupnorm_native"
+    ops = ("GroupNormalization",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if not native.has("inferd_groupnorm") or x is None or len(x.shape) < 2 or np.dtype(x.dtype) != np.float32:
+            return False
+        return all(t is not None and np.dtype(t.dtype) == np.float32 for t in layer.inputs[1:3])
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        x = np.ascontiguousarray(ins[0], np.float32)
+        g = int(layer.attr("num_groups", 0))
+        n, c = x.shape[0], x.shape[1]
+        s = np.ascontiguousarray(ins[1], np.float32).reshape(-1)
+        b = np.ascontiguousarray(ins[2], np.float32).reshape(-1)
+        if s.size == g and g != c:  # opset 18: per group
+            s, b = np.repeat(s, c // g), np.repeat(b, c // g)
+        y = outputs[0]
+        yc = y if y.flags.c_contiguous else np.empty(x.shape, np.float32)
+        native.lib.inferd_groupnorm(native._ptr(x), native._ptr(yc), n, c, x.size // max(n * c, 1), g,
+                                    native._ptr(s), native._ptr(b), float(layer.attr("epsilon", 1e-5)))
+        if yc is not y:
+            np.copyto(y, yc)

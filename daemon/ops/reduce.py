@@ -425,3 +425,54 @@ class CumSumKernel(Kernel):
             outputs: Sequence[np.ndarray]) -> None:
         ins = full_inputs(layer, inputs, params)
         np.copyto(outputs[0], cumsum(layer.node, np.asarray(ins[0]), ins[1]))
+
+
+@register_kernel
+class CumSumNative(Kernel):
+    """native/gather.c: float32 CumSum as (outer, n, inner) with the inner axis contiguous, the running sum
+    vectorised over it and outer slices / column ranges split over the native pool (np.cumsum along a middle
+    axis walks the inner axis one element at a time)."""
+
+    name = "cumsum_native"
+    ops = ("CumSum",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        return native.has("inferd_cumsum") and x is not None and len(x.shape) >= 1 and \
+            np.dtype(x.dtype) == np.float32
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]):  # type: ignore[no-untyped-def]
+        ins = full_inputs(layer, inputs, params)
+        x, y = ins[0], outputs[0]
+        if x is None or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in (x, y)) or \
+                np.shares_memory(x, y) or len(ins) < 2 or ins[1] is None or ins[1].size != 1:
+            return None
+        node, ax, fn = layer.node, ins[1].reshape(-1), native.lib.inferd_cumsum
+        px, py = native._ptr(x), native._ptr(y)
+        ex, rv = int(layer.attr("exclusive", 0)), int(layer.attr("reverse", 0))
+        by_axis: dict[int, tuple] = {}  # the axis may be an input computed at run time: its value read per run
+
+        def call(_keep: object = (x, y)) -> None:
+            key = int(ax[0])
+            args = by_axis.get(key)
+            if args is None:
+                a = _cumsum_axis(node, ax, x.ndim)
+                args = by_axis[key] = (px, py, math.prod(x.shape[:a]), x.shape[a], math.prod(x.shape[a + 1:]), ex, rv)
+            fn(*args)
+        return call
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        x = np.ascontiguousarray(ins[0], np.float32)
+        a = _cumsum_axis(layer.node, ins[1], x.ndim)
+        y = outputs[0]
+        # the scan reads rows it already wrote, so the output gets its own memory
+        yc = y if y.flags.c_contiguous and not np.shares_memory(x, y) else np.empty(x.shape, np.float32)
+        outer, inner = math.prod(x.shape[:a]), math.prod(x.shape[a + 1:])
+        native.lib.inferd_cumsum(native._ptr(x), native._ptr(yc), outer, x.shape[a], inner,
+                                 int(layer.attr("exclusive", 0)), int(layer.attr("reverse", 0)))
+        if yc is not y:
+            np.copyto(y, yc)

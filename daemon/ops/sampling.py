@@ -13,7 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ShapeError
+from .. import native
+from ..errors import KernelError, ShapeError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 from .tensor import const_getter
@@ -328,7 +329,8 @@ _COMPUTE = {"GridSample": grid_sample, "AffineGrid": affine_grid, "DeformConv": 
 _INFER = {"GridSample": _infer_grid_sample, "AffineGrid": _infer_affine_grid, "DeformConv": _infer_deform_conv,
           "Col2Im": _infer_col2im, "CenterCropPad": _infer_ccp}
 _MIN = {"GridSample": 16, "AffineGrid": 20, "DeformConv": 19, "Col2Im": 18, "CenterCropPad": 18}
-_NOTES = {"GridSample": "numpy gather of every tap (float64); N-D; all modes and paddings",
+_NOTES = {"GridSample": "2-D bilinear/nearest native (every padding); bicubic and N-D: numpy gather of every tap "
+                         "(float64)",
           "DeformConv": "2-D only; numpy bilinear taps + einsum (float64)"}
 SAMPLING_OPS = tuple(_COMPUTE)
 
@@ -350,3 +352,46 @@ class SamplingKernel(Kernel):
             outputs: Sequence[np.ndarray]) -> None:
         for o, r in zip(outputs, _COMPUTE[layer.op](layer.node, full_inputs(layer, inputs, params))):
             np.copyto(o, r)
+
+
+_PADS = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+@register_kernel
+class GridSampleNative(Kernel):
+    """native/sampling.c: 2-D float32 GridSample, bilinear or nearest, every padding mode, both align_corners:
+    each output pixel's four taps computed once per image and applied to every channel (channel blocks split
+    over the native pool). Bicubic and N-D grids stay on the numpy oracle."""
+
+    name = "gridsample_native"
+    ops = ("GridSample",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x, g = layer.inputs[0], layer.inputs[1] if len(layer.inputs) > 1 else None
+        if not native.has("inferd_grid_sample") or x is None or g is None or len(x.shape) != 4:
+            return False
+        if np.dtype(x.dtype) != np.float32 or np.dtype(g.dtype) != np.float32:
+            return False
+        return _gs_mode(layer.node)[0] in ("linear", "nearest")
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        x = np.ascontiguousarray(ins[0], np.float32)
+        g = np.ascontiguousarray(ins[1], np.float32)
+        y = outputs[0]
+        mode, pad, align = _gs_mode(layer.node)
+        n, c, h, w = x.shape
+        if x.size == 0 or g.size == 0 or h * w >= 2 ** 31:
+            np.copyto(y, grid_sample(layer.node, ins)[0])  # empty, or past 32-bit offsets: the oracle
+            return
+        yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
+        rc = native.lib.inferd_grid_sample(native._ptr(x), n, c, h, w, native._ptr(g), g.shape[1] * g.shape[2],
+                                           native._ptr(yc), int(mode == "nearest"), _PADS[pad], int(align))
+        if rc == -1:
+            raise MemoryError("inferd_grid_sample: out of memory")
+        if rc:
+            raise KernelError(f"node {layer.name!r} (GridSample): native kernel refused X {list(x.shape)} ({rc})")
+        if yc is not y:
+            np.copyto(y, yc)
