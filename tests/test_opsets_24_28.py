@@ -183,3 +183,13 @@ def test_linear_attention_rule_inputs_are_checked() -> None:
     m.graph.node[0].name = "la"
     with pytest.raises(UnsupportedOpError, match=r"LinearAttention.*la.*decay"):
         import_model(m)
+
+
+def test_bitcast_of_a_sub_byte_type_is_refused() -> None:
+    """int4 is packed two to a byte in ONNX and one to a byte in memory here: reading its byte as int8 would be
+    wrong, so the import refuses it."""
+    x = helper.make_tensor("x", TensorProto.INT4, [4], [1, -2, 3, -4])
+    m = _model([helper.make_node("BitCast", ["x"], ["y"], to=TensorProto.INT8, name="bc")], [],
+               [helper.make_empty_tensor_value_info("y")], [x], 26)
+    with pytest.raises(UnsupportedOpError, match=r"BitCast.*bc.*int4.*sub-byte"):
+        import_model(m)

@@ -704,18 +704,37 @@ def _check_bitcast(node: Node, opset: int) -> None:
 def _infer_bitcast(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
     x = ins[0]
     assert x is not None
+    return [(tuple(x.shape), _bitcast_to(node, np.dtype(x.dtype)))]
+
+
+def _bitcast_to(node: Node, src: np.dtype) -> np.dtype:
+    """BitCast's target type for a ``src`` input; UnsupportedOpError / ShapeError where the bits do not map."""
     to = onnx_dtype(node.attr("to", -1), "BitCast", node.name)
-    src = np.dtype(x.dtype)
+    if _bits(src) != 8 * src.itemsize:  # int4/int2/float4/float6: packed in ONNX, a byte each in ml_dtypes
+        raise UnsupportedOpError("BitCast", node.name, _opset(node), f"input element type {src} ({_bits(src)} bits, "
+                                 "sub-byte): not supported")
     if src.itemsize != to.itemsize:
         raise ShapeError(f"node {node.name!r} (BitCast): {src} ({8 * src.itemsize} bits) cannot be reinterpreted as "
                          f"{to} ({8 * to.itemsize} bits); the widths must be equal")
-    return [(tuple(x.shape), to)]
+    return to
+
+
+def _bits(dt: np.dtype) -> int:
+    """Bits of one element: an ml_dtypes type (kind 'V') may hold fewer than its storage byte."""
+    if dt.kind != "V":
+        return 8 * dt.itemsize
+    import ml_dtypes
+
+    try:
+        return int(ml_dtypes.finfo(dt).bits)
+    except ValueError:
+        return int(ml_dtypes.iinfo(dt).bits)
 
 
 def bitcast(node: Node, x: np.ndarray) -> np.ndarray:
     """The bits of ``x`` read as ``to`` (little-endian, as ONNX says: numpy's native order on x86-64 and aarch64)."""
-    to = onnx_dtype(node.attr("to", -1), "BitCast", node.name)
     src = np.ascontiguousarray(x)
+    to = _bitcast_to(node, src.dtype)
     return src.astype(src.dtype.newbyteorder("<"), copy=False).view(to.newbyteorder("<")).astype(to, copy=False)
 
 
