@@ -193,3 +193,17 @@ def test_bitcast_of_a_sub_byte_type_is_refused() -> None:
                [helper.make_empty_tensor_value_info("y")], [x], 26)
     with pytest.raises(UnsupportedOpError, match=r"BitCast.*bc.*int4.*sub-byte"):
         import_model(m)
+
+
+@pytest.mark.parametrize("stash", [1, 11])
+@pytest.mark.parametrize("tt", [TensorProto.FLOAT16, TensorProto.BFLOAT16])
+def test_range_16bit_uses_stash_type(tt: int, stash: int) -> None:
+    """Range 27 on float16/bfloat16 computes start + i * delta in stash_type and rounds once: from 1000 by 1,
+    repeated bfloat16 addition would stall there (x + 1 == x); the ONNX reference gives the same values."""
+    inits = [helper.make_tensor(n, tt, [], [v]) for n, v in (("s", 1000.0), ("l", 1300.0), ("d", 1.0))]
+    m = _model([helper.make_node("Range", ["s", "l", "d"], ["y"], stash_type=stash)], [],
+               [helper.make_empty_tensor_value_info("y")], inits, 27)
+    want = ReferenceEvaluator(m).run(None, {})[0]
+    got = import_model(m).constants["y"]  # constant inputs: the oracle folds it at import
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))

@@ -506,6 +506,12 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], outs: Sequence[np.nda
         dt = start.dtype
         if np.issubdtype(dt, np.integer):
             r = (start + np.arange(n, dtype=np.int64) * delta).astype(dt)
+        elif dt.itemsize == 2:  # float16/bfloat16 (opset 27): start + i * delta in stash_type (FLOAT or DOUBLE)
+            st = int(node.attr("stash_type", 1))
+            if st not in (1, 11):
+                raise UnsupportedOpError("Range", node.name, _opset(node), f"stash_type {st} (1: FLOAT, 11: DOUBLE)")
+            ct = np.float32 if st == 1 else np.float64
+            r = (ct(start) + np.arange(n, dtype=ct) * ct(delta)).astype(dt)
         else:  # repeated addition in the input type, as onnxruntime does, so rounding matches
             steps = np.full(n, delta, dtype=dt)
             if n:
