@@ -99,6 +99,9 @@ def visible_keys(node: Node, sq: int, skv: int, past: int, nonpad: np.ndarray | 
     ``nonpad_kv_seqlen[b]`` are padding."""
     causal = bool(int(node.attr("is_causal", 0)))
     lw, rw = int(node.attr("left_window_size", -1)), int(node.attr("right_window_size", -1))
+    if lw < -1 or rw < -1:
+        raise ShapeError(f"node {node.name!r} (Attention): left_window_size {lw} / right_window_size {rw} must be -1 "
+                         "(unbounded) or a size")
     if not causal and lw < 0 and rw < 0 and nonpad is None:
         return None
     if nonpad is not None and past:
