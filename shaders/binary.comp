@@ -21,6 +21,10 @@ layout(std430, binding = 2) writeonly buffer Y { float y[]; };
 #endif
 layout(push_constant) uniform P { uint n; uint rank; uint dims[6]; uint sa[6]; uint sb[6]; float act_a; float act_b; } p;
 
+float signed_zero(float s) {  // 0.0 carrying the sign bit of s (a -0.0 literal may be folded to 0.0)
+    return uintBitsToFloat(floatBitsToUint(s) & 0x80000000u);
+}
+
 float pow_f(float x, float e) {
     if (e == 2.0) return x * x;
     if (e == 1.0) return x;
@@ -51,8 +55,14 @@ float bop(float u, float v) {
     return u < 0.0 ? u * v : u;
 #elif BOP == 8  // Mod with fmod=1 semantics (sign of the dividend)
     return u - v * trunc(u / v);
-#elif BOP == 9  // Mod with fmod=0 (sign of the divisor)
-    return u - v * floor(u / v);
+#elif BOP == 9  // Mod with fmod=0: Python's float % (ONNX 28 spells out its special cases), sign of the divisor
+    // a finite dividend over an infinite divisor: itself when the signs agree, else the divisor (u - v * q is NaN)
+    if (isinf(v) && !isinf(u) && !isnan(u))
+        return u == 0.0 ? signed_zero(v) : ((u < 0.0) == (v < 0.0) ? u : v);
+    float r = u - v * trunc(u / v);  // fmod's remainder, then moved into the divisor's sign
+    if (r != 0.0 && ((r < 0.0) != (v < 0.0)))
+        r += v;
+    return r == 0.0 ? signed_zero(v) : r;  // a zero result takes the divisor's sign; inf or 0 divisors give NaN
 #else
     return u;
 #endif

@@ -17,11 +17,10 @@ Three adaptations, all about the *test models* rather than the engine's semantic
     them; a test whose inputs are *all* shape-defining (Range, ConstantOfShape) is computed by
     the import-time constant folding, i.e. by the op's numpy reference.
   * Opsets. The ONNX node tests stamp each model with the opset in which its op last changed,
-    up to the newest opset onnx knows. inferd's importer accepts opsets up to
-    ``inferd.frontend.onnx_import.MAX_OPSET``; a newer model is converted down with onnx's own
-    ``version_converter``, which refuses where it has no adapter (e.g. a model using element types
-    the older opset lacks). Such a refusal is reported as ``UnsupportedOpError``. (The importer
-    itself rejects opsets above ``MAX_OPSET``; the node tests stamp many models with 24..28.)
+    up to the newest opset onnx knows (28 in onnx 1.23, which is also the importer's
+    ``inferd.frontend.onnx_import.MAX_OPSET``: the models import as they are). A model of a newer
+    onnx's opset is converted down with onnx's own ``version_converter``, which refuses where it has
+    no adapter; such a refusal is reported as ``UnsupportedOpError``.
 """
 from __future__ import annotations
 

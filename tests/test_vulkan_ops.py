@@ -305,6 +305,12 @@ case("attention_3d_gqa_bool_mask_fully_masked_row", "Attention", [r(1, 5, 16), r
      {"q_num_heads": 4, "kv_num_heads": 2, "_opset": 23}, const=[False, False, False, True], kernel="vk_attention")
 case("attention_4d_causal_float_mask_2d", "Attention", [r(1, 2, 6, 4), r(1, 2, 6, 4), r(1, 2, 6, 4), r(6, 6)],
      {"is_causal": 1, "_opset": 23}, const=[False, False, False, True], kernel="vk_attention")
+# opset 25's sliding window, alone and with is_causal and a mask: the same load-time (Sq, Skv) table as causal
+case("attention_4d_window_opset25", "Attention", [r(1, 2, 6, 4), r(1, 2, 8, 4), r(1, 2, 8, 4)],
+     {"left_window_size": 2, "right_window_size": 1, "_opset": 25}, const=[False] * 3, kernel="vk_attention")
+case("attention_3d_causal_left_window_mask_opset25", "Attention", [r(2, 5, 12), r(2, 5, 12), r(2, 5, 12), r(5, 5)],
+     {"q_num_heads": 3, "kv_num_heads": 3, "is_causal": 1, "left_window_size": 1, "_opset": 25},
+     const=[False, False, False, True], kernel="vk_attention")
 case("ms_mha_bias_unidirectional", MS + "MultiHeadAttention", [r(2, 6, 12), r(2, 6, 12), r(2, 6, 9), None, None,
      r(1, 3, 6, 6)], {"num_heads": 3, "unidirectional": 1}, const=[False, False, False, False, False, True],
      kernel="vk_attention")
@@ -488,7 +494,7 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
     "depth_to_space_dcr": (13, ""), "depth_to_space_crd": (13, ""), "space_to_depth": (13, ""),
     **{c[0]: (int(c[3]["_opset"]), "") for c in CASES if c[1] == "GridSample"},
     **{c[0]: (14, "") for c in CASES if c[1] == "CumSum"},
-    **{c[0]: (23, "") for c in CASES if c[1] == "Attention"},
+    **{c[0]: (int(c[3].get("_opset", 23)), "") for c in CASES if c[1] == "Attention"},
     **{c[0]: (12, "") for c in CASES if c[1] == "Einsum"},
     # (2-D caches without position ids are inferd's leniency: onnxruntime, as the spec, wants them 3-D)
     **{c[0]: (23, "") for c in CASES if c[1] == "RotaryEmbedding" and c[0] != "rotary_no_ids_2d_caches"},

@@ -30,7 +30,7 @@ from .shapes import copy_node, dims_str, infer_and_fold, specialize
 
 log = logging.getLogger(__name__)
 
-MIN_OPSET, MAX_OPSET = 7, 23
+MIN_OPSET, MAX_OPSET = 7, 28
 
 
 def load_onnx(src: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -126,6 +126,11 @@ def _convert_subgraph(g: onnx.GraphProto, opset: int, where: str) -> Subgraph:
         raise ModelFormatError(f"cannot read an initializer of subgraph {where}: {type(e).__name__}: {e}") from e
     inputs: list[tuple[str, np.dtype, tuple[int, ...] | None]] = []
     for vi in g.input:
+        if vi.type.WhichOneof("value") is None:
+            # ONNX lets a body leave an input untyped (function bodies expanded into Loop/Scan do): its type
+            # is that of the value the node feeds it, which shaping takes from there (shapes.shape_body)
+            inputs.append((vi.name, np.dtype(np.float32), None))
+            continue
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedOpError("(subgraph)", where, opset, f"input {vi.name!r} is not a tensor "
                                                                    "(sequence/optional bodies are not supported)")

@@ -100,7 +100,12 @@ def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
 
 
 def _recognise_silu(graph: Graph, outputs: set[str]) -> None:
-    """x * Sigmoid(x) (as exported for SiLU/Swish) -> one SiLU node that can fuse into its producer."""
+    """x * Sigmoid(x) (as exported for SiLU/Swish) and ONNX Swish with alpha 1 (opset 24) -> one SiLU node that can
+    fuse into its producer and has Vulkan kernels."""
+    for sw in graph.nodes:
+        if sw.op == "Swish" and float(sw.attr("alpha", 1.0)) == 1.0:
+            sw.op = "SiLU"
+            sw.attrs.pop("alpha", None)
     for sig in [n for n in graph.nodes if n.op == "Sigmoid"]:
         mul = _single_consumer(graph, sig.outputs[0], outputs)
         if mul is None or mul.op != "Mul" or mul.attr("act"):

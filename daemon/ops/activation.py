@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import native
+from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
@@ -188,7 +189,8 @@ class ActivationKernel(Kernel):
 # numpy implementation shared by the oracle and the CPU kernel; no producer fuses them (not in FUSABLE).
 
 #: op -> the opset that introduced it (the coverage table's lower bound)
-UNFUSED = {"Elu": 1, "Selu": 1, "Celu": 12, "Mish": 18, "Softsign": 1, "ThresholdedRelu": 10, "Shrink": 9}
+UNFUSED = {"Elu": 1, "Selu": 1, "Celu": 12, "Mish": 18, "Softsign": 1, "ThresholdedRelu": 10, "Shrink": 9,
+           "Swish": 24}
 
 _SELU_ALPHA = 1.67326319217681884765625  # ONNX's defaults, written as the float32 values the spec gives
 _SELU_GAMMA = 1.05070102214813232421875
@@ -218,6 +220,8 @@ def unfused_act(node: Node, x: np.ndarray) -> np.ndarray:
             y = np.maximum(xf, 0) + np.minimum(0, alpha * np.expm1(np.minimum(xf, 0) / alpha))
         elif op == "Mish":
             y = xf * np.tanh(np.logaddexp(xf.dtype.type(0), xf))
+        elif op == "Swish":  # x * sigmoid(alpha x); alpha = 1 is SiLU, which the importer rewrites it to
+            y = swish(xf, float(node.attr("alpha", 1.0)))
         elif op == "Softsign":
             y = xf / (1 + np.abs(xf))
         elif op == "ThresholdedRelu":
@@ -228,12 +232,19 @@ def unfused_act(node: Node, x: np.ndarray) -> np.ndarray:
     return np.asarray(y).astype(x.dtype, copy=False)
 
 
+def swish(x: np.ndarray, alpha: float) -> np.ndarray:
+    """x * sigmoid(alpha * x) in x's (float) type; the tanh form does not overflow for large |x|."""
+    half = x.dtype.type(0.5)
+    return x * (half + half * np.tanh(half * x.dtype.type(alpha) * x))
+
+
 def _ref_unfused(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     return [np.array(unfused_act(node, np.asarray(inputs[0])), order="C", copy=True)]
 
 
+_UNFUSED_NOTES = {"Swish": "alpha 1 is imported as SiLU (fused into its producer; Vulkan kernels); other alphas numpy"}
 for _op, _since in UNFUSED.items():
-    register_op(OpSpec(_op, _same, _ref_unfused, min_opset=_since))
+    register_op(OpSpec(_op, _same, _ref_unfused, min_opset=_since, notes=_UNFUSED_NOTES.get(_op, "")))
 
 
 @register_kernel
@@ -246,3 +257,39 @@ class UnfusedActivationKernel(Kernel):
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         np.copyto(outputs[0], unfused_act(layer.node, np.asarray(full_inputs(layer, inputs, params)[0])))
+
+
+# ---------------------------------------------------------------------------------- SwiGLU (opset 28)
+
+def _infer_swiglu(node: Node, ins: list[TensorInfo | None], consts: dict) -> list:
+    a, b = ins[0], ins[1]
+    assert a is not None and b is not None
+    if tuple(a.shape) != tuple(b.shape) or np.dtype(a.dtype) != np.dtype(b.dtype):
+        raise ShapeError(f"node {node.name!r} (SwiGLU): gate A {list(a.shape)} {np.dtype(a.dtype)} and value B "
+                         f"{list(b.shape)} {np.dtype(b.dtype)} must have one shape and type (no broadcasting)")
+    return [(tuple(a.shape), np.dtype(a.dtype))]
+
+
+def swiglu(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Swish_alpha(A) * B, float16 computed in float32 and rounded once."""
+    af = a.astype(np.float32) if a.dtype == np.float16 else a
+    bf = b.astype(af.dtype, copy=False)
+    return np.asarray(swish(af, float(node.attr("alpha", 1.0))) * bf).astype(a.dtype, copy=False)
+
+
+def _ref_swiglu(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    return [np.array(swiglu(node, np.asarray(inputs[0]), np.asarray(inputs[1])), order="C", copy=True)]
+
+
+register_op(OpSpec("SwiGLU", _infer_swiglu, _ref_swiglu, min_opset=28))
+
+
+@register_kernel
+class SwiGLUKernel(Kernel):
+    name = "numpy"
+    ops = ("SwiGLU",)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        ins = full_inputs(layer, inputs, params)
+        np.copyto(outputs[0], swiglu(layer.node, np.asarray(ins[0]), np.asarray(ins[1])))

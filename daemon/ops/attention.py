@@ -1,4 +1,5 @@
-"""Attention-family operators: the default domain's Attention, RMSNormalization and RotaryEmbedding (opset 23), and
+"""Attention-family operators: the default domain's Attention (opsets 23-25), RMSNormalization and RotaryEmbedding
+(opset 23) and LinearAttention (opset 27), and
 the ``com.microsoft`` operators onnxruntime's transformer optimizer writes into shipped models: Attention,
 MultiHeadAttention, SkipLayerNormalization, SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization (which
 onnxruntime registers in the default domain), BiasGelu, FastGelu, QuickGelu, RotaryEmbedding, and
@@ -16,7 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import native
-from ..errors import ShapeError
+from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
@@ -90,6 +91,39 @@ def _infer_attention(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -
     return [(y, dt), (pk, dt), (pv, dt), (qk, dt)][:len(node.outputs)]
 
 
+def visible_keys(node: Node, sq: int, skv: int, past: int, nonpad: np.ndarray | None) -> np.ndarray | None:
+    """Which keys each query of Attention may see by position (None: all): a (Sq, Skv) table, or (B, 1, Sq, Skv)
+    with ``nonpad_kv_seqlen`` (opset 24). Query ``i`` sits at ``offset + i``: the past length with an internal
+    cache, ``nonpad_kv_seqlen[b] - Sq`` with an external one (opset 24; a negative offset masks whole rows, which
+    give zeros), else 0. ``is_causal`` keeps keys at or before it; opset 25's ``left_window_size`` /
+    ``right_window_size`` (-1: unbounded) keep keys within that many positions before / after it; keys at or past
+    ``nonpad_kv_seqlen[b]`` are padding."""
+    causal = bool(int(node.attr("is_causal", 0)))
+    lw, rw = int(node.attr("left_window_size", -1)), int(node.attr("right_window_size", -1))
+    if lw < -1 or rw < -1:
+        raise ShapeError(f"node {node.name!r} (Attention): left_window_size {lw} / right_window_size {rw} must be -1 "
+                         "(unbounded) or a size")
+    if not causal and lw < 0 and rw < 0 and nonpad is None:
+        return None
+    if nonpad is not None and past:
+        raise ShapeError(f"node {node.name!r} (Attention): nonpad_kv_seqlen cannot be combined with past_key/value")
+    kpos = np.arange(skv)[None, :]
+    qpos = np.arange(sq)[:, None] + past
+    if nonpad is not None:
+        lens = np.asarray(nonpad, np.int64).reshape(-1, 1, 1, 1)
+        qpos = qpos + (lens - sq)
+    allowed = np.ones(np.broadcast_shapes(qpos.shape, kpos.shape), np.bool_)
+    if causal:
+        allowed &= kpos <= qpos
+    if lw >= 0:
+        allowed &= qpos - kpos <= lw
+    if rw >= 0:
+        allowed &= kpos - qpos <= rw
+    if nonpad is not None:
+        allowed &= kpos < lens
+    return allowed
+
+
 def attention(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     q, k, v = (np.asarray(ins[i]) for i in range(3))
     mask, pk, pv = _get(ins, 3), _get(ins, 4), _get(ins, 5)
@@ -114,9 +148,8 @@ def attention(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
             pad = [(0, 0)] * (m.ndim - 1) + [(0, skv - m.shape[-1])]
             m = np.pad(m, pad, constant_values=False if m.dtype == np.bool_ else -np.inf)
         bias = bias + (np.where(m, 0.0, -np.inf) if m.dtype == np.bool_ else m.astype(np.float64))
-    if int(node.attr("is_causal", 0)):
-        off = pk.shape[2] if pk is not None else 0
-        allowed = np.arange(skv)[None, :] <= np.arange(sq)[:, None] + off
+    allowed = visible_keys(node, sq, skv, pk.shape[2] if pk is not None else 0, _get(ins, 6))
+    if allowed is not None:
         bias = bias + np.where(allowed, 0.0, -np.inf)
     if q.shape[1] != k.shape[1]:  # grouped-query attention: each kv head serves q_heads / kv_heads query heads
         rep = q.shape[1] // k.shape[1]
@@ -494,20 +527,107 @@ def gqa(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
 
 # ------------------------------------------------------------------------------------- registration
 
+# ------------------------------------------------------------------------------ LinearAttention (opset 27)
+
+_LINEAR_RULES = ("linear", "gated", "delta", "gated_delta")
+
+
+def _linear_dims(node: Node, q: Sequence[int], v: Sequence[int]) -> tuple[int, int, int, int]:
+    """(q heads, kv heads, d_k, d_v) of LinearAttention's packed (B, T, H * D) inputs."""
+    hq, hkv = int(node.attr("q_num_heads", 0) or 0), int(node.attr("kv_num_heads", 0) or 0)
+    if hq <= 0 or hkv <= 0 or hq % hkv or len(q) != 3 or len(v) != 3 or q[2] % hq or v[2] % hkv:
+        raise ShapeError(f"node {node.name!r} (LinearAttention): q_num_heads {hq} must be a positive multiple of "
+                         f"kv_num_heads {hkv}, dividing query {list(q)} and value {list(v)} (B, T, H * D)")
+    return hq, hkv, q[2] // hq, v[2] // hkv
+
+
+def _check_linear(node: Node, opset: int) -> None:
+    rule = node.attr("update_rule", "gated_delta")
+    if rule not in _LINEAR_RULES:
+        raise UnsupportedOpError("LinearAttention", node.name, opset, f"update_rule {rule!r} ({', '.join(_LINEAR_RULES)})")
+    gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    has = [i < len(node.inputs) and bool(node.inputs[i]) for i in range(6)]
+    if has[4] != gated or has[5] != delta:
+        raise UnsupportedOpError("LinearAttention", node.name, opset,
+                                 f"update_rule {rule!r} takes {'a' if gated else 'no'} decay and {'a' if delta else 'no'} "
+                                 "beta input")
+
+
+def _infer_linear(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
+    q, v = ins[0], ins[2]
+    assert q is not None and v is not None
+    hq, hkv, dk, dv = _linear_dims(node, q.shape, v.shape)
+    past = ins[3] if len(ins) > 3 else None
+    b = q.shape[0]
+    if past is not None and tuple(past.shape) != (b, hkv, dk, dv):
+        raise ShapeError(f"node {node.name!r} (LinearAttention): past_state {list(past.shape)} must be "
+                         f"{[b, hkv, dk, dv]}")
+    sdt = np.dtype(past.dtype) if past is not None else np.dtype(q.dtype)
+    return [((b, q.shape[1], hq * dv), np.dtype(q.dtype)), ((b, hkv, dk, dv), sdt)][:len(node.outputs)]
+
+
+def linear_attention(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """The recurrence token by token, in float32 (the state S is (B, Hkv, d_k, d_v)): gated rules decay S by
+    exp(decay) (per head, or per key dimension), delta rules write beta * (v - S^T k) instead of v, then
+    S += k v^T and o = scale * q^T S, each kv head's state read by its group of query heads."""
+    q, k, v = (np.asarray(ins[i]) for i in range(3))
+    past, decay, beta = _get(ins, 3), _get(ins, 4), _get(ins, 5)
+    hq, hkv, dk, dv = _linear_dims(node, q.shape, v.shape)
+    b, t = q.shape[:2]
+    f = np.float32
+
+    def heads(x: np.ndarray, h: int) -> np.ndarray:  # (B, T, H * D) -> (B, H, T, D)
+        return x.reshape(b, t, h, -1).transpose(0, 2, 1, 3).astype(f)
+
+    q4, k4, v4 = heads(q, hq), heads(k, hkv), heads(v, hkv)
+    g4 = None
+    if decay is not None:
+        d = np.asarray(decay)
+        if d.shape[-1] not in (hkv, hkv * dk):
+            raise ShapeError(f"node {node.name!r} (LinearAttention): decay {list(d.shape)} must end in kv_num_heads "
+                             f"{hkv} or kv_num_heads * d_k {hkv * dk}")
+        g4 = np.exp(heads(d, hkv))  # (B, Hkv, T, 1 or d_k)
+    b4 = None
+    if beta is not None:
+        be = np.asarray(beta)
+        if be.shape[-1] not in (hkv, 1):
+            raise ShapeError(f"node {node.name!r} (LinearAttention): beta {list(be.shape)} must end in kv_num_heads "
+                             f"{hkv} or 1")
+        b4 = heads(be, be.shape[-1])  # (B, Hkv or 1, T, 1)
+    state = np.zeros((b, hkv, dk, dv), f) if past is None else np.asarray(past).astype(f)
+    sc = node.attr("scale")
+    scale = 1.0 / math.sqrt(dk) if not sc else float(sc)
+    group = hq // hkv
+    out = np.empty((b, hq, t, dv), f)
+    for i in range(t):
+        kt, vt = k4[:, :, i], v4[:, :, i]
+        if g4 is not None:
+            state = state * g4[:, :, i][..., None]
+        if b4 is not None:
+            vt = b4[:, :, i] * (vt - np.einsum("bhdm,bhd->bhm", state, kt))
+        state = state + kt[..., :, None] * vt[..., None, :]
+        read = state if group == 1 else np.repeat(state, group, axis=1)
+        out[:, :, i] = f(scale) * np.einsum("bhd,bhdm->bhm", q4[:, :, i], read)
+    y = out.transpose(0, 2, 1, 3).reshape(b, t, hq * dv).astype(q.dtype)
+    return [y, state.astype(past.dtype if past is not None else q.dtype)][:max(len(node.outputs), 1)]
+
+
 _COMPUTE = {
+    "LinearAttention": linear_attention,
     "Attention": attention, "RMSNormalization": rms_norm, "RotaryEmbedding": rotary,
     "SimplifiedLayerNormalization": simplified_ln,
     MS + "Attention": ms_attention, MS + "MultiHeadAttention": ms_mha, MS + "SkipLayerNormalization": skip_layer_norm,
     MS + "SkipSimplifiedLayerNormalization": skip_layer_norm, MS + "BiasGelu": gelus, MS + "FastGelu": gelus,
     MS + "QuickGelu": gelus, MS + "RotaryEmbedding": rotary, MS + "GroupQueryAttention": gqa,
 }
-_INFER = {"Attention": _infer_attention, "SimplifiedLayerNormalization": _infer_simplified_ln,
+_INFER = {"Attention": _infer_attention, "LinearAttention": _infer_linear, "SimplifiedLayerNormalization": _infer_simplified_ln,
           MS + "Attention": _infer_ms_attention, MS + "MultiHeadAttention": _infer_mha,
           MS + "SkipLayerNormalization": _infer_skip_ln, MS + "SkipSimplifiedLayerNormalization": _infer_skip_ln,
           MS + "GroupQueryAttention": _infer_gqa}
-_MIN = {"Attention": 23, "RMSNormalization": 23, "RotaryEmbedding": 23}
+_MIN = {"Attention": 23, "RMSNormalization": 23, "RotaryEmbedding": 23, "LinearAttention": 27}
 _NOTES = {
-    "Attention": "opset 23 semantics (no sliding window or nonpad_kv_seqlen: opset 24+); numpy, float64 softmax",
+    "Attention": "opsets 23-25 (nonpad_kv_seqlen, sliding window); numpy, float64 softmax",
+    "LinearAttention": "numpy, the recurrence token by token in float32 (chunk_size is a tuning hint: ignored)",
     "SimplifiedLayerNormalization": "onnxruntime's contrib op in the default domain (what its optimizer writes)",
     MS + "Attention": "com.microsoft: packed QKV weights, mask_index 1-D/2-D/3-D, attention bias, unidirectional; "
                       "no past state",
@@ -525,7 +645,7 @@ def _reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 
 for _op in ATTENTION_OPS:
     register_op(OpSpec(_op, _INFER.get(_op, _infer_same), _reference, min_opset=_MIN.get(_op, 1),
-                       notes=_NOTES.get(_op, "")))
+                       notes=_NOTES.get(_op, ""), check=_check_linear if _op == "LinearAttention" else None))
 
 
 @register_kernel

@@ -1,7 +1,7 @@
 """Vulkan kernel for scaled dot-product attention, lowered to the existing shaders instead of a new one: ONNX
-Attention (opset 23) and onnxruntime's com.microsoft MultiHeadAttention as
+Attention (opsets 23-25; nonpad_kv_seqlen runs on the CPU) and onnxruntime's com.microsoft MultiHeadAttention as
 
-    scores = scale * Q @ K^T (+ the causal mask: a load-time (Sq, Skv) 0/-inf bias)   matmul[_reg].comp
+    scores = scale * Q @ K^T (+ causal / sliding window: a load-time (Sq, Skv) 0/-inf bias)   matmul[_reg].comp
     scores += attn_mask (float, broadcast) | scores = where(attn_mask, scores, -inf)  binary.comp | where.comp
     P = softmax(scores) over the keys (a fully masked row gives 0s)                    softmax.comp (MASKED)
     Y = P @ V, then (B, H, Sq, Dv) -> (B, Sq, H * Dv) for 3-D inputs                   matmul[_reg].comp, copy.comp
@@ -22,6 +22,7 @@ import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, broadcast_strides, collapse, \
     contiguous_strides, grid
+from .attention import visible_keys
 from .base import Layer, register_kernel
 from .eltwise_vulkan import binary_dispatch
 from .gemm_vulkan import batched_gemm_dispatch
@@ -41,7 +42,7 @@ class _Geom:
     dv: int
     three: bool  # 3-D (B, S, H * D) inputs and output
     mask: int | None  # input position of the additive / bool mask, or None
-    causal: bool
+    causal: bool  # a (Sq, Skv) table of visible keys applies: is_causal or a sliding window
     scale: float
 
     def strides(self, h: int, s: int, d: int) -> tuple[int, int, int]:
@@ -64,7 +65,11 @@ def _geom(layer: Layer) -> _Geom:
         g = (q[0], q[1], k[1], q[2], k[2], q[3], v[3], False)
     sc = node.attr("scale")
     scale = 1.0 / math.sqrt(g[5]) if sc is None else float(sc)
-    return _Geom(*g, 3 if layer.has_input(3) else None, bool(int(node.attr("is_causal", 0))), scale)  # type: ignore[misc]
+    # a static (Sq, Skv) table of visible keys: is_causal and opset 25's sliding window (no past, no
+    # nonpad_kv_seqlen here, so queries sit at offset 0)
+    band = bool(int(node.attr("is_causal", 0))) or int(node.attr("left_window_size", -1)) >= 0 \
+        or int(node.attr("right_window_size", -1)) >= 0
+    return _Geom(*g, 3 if layer.has_input(3) else None, band, scale)  # type: ignore[misc]
 
 
 def _why_not(layer: Layer) -> str | None:
@@ -117,8 +122,9 @@ class VkAttention(VulkanKernel):
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = _geom(layer)
         out = {}
-        if g.causal:  # key j is visible to query i when j <= i (no past: the offset is 0)
-            allowed = np.arange(g.skv)[None, :] <= np.arange(g.sq)[:, None]
+        if g.causal:  # keys by position (causal, sliding window), the oracle's table at offset 0
+            allowed = visible_keys(layer.node, g.sq, g.skv, 0, None)
+            assert allowed is not None
             out["causal"] = np.ascontiguousarray(np.where(allowed, 0.0, -np.inf).astype(np.float32))
         if g.mask is not None:
             out["ninf"] = np.full(1, -np.inf, np.float32)

@@ -39,7 +39,7 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import Kernel, Layer, OpSpec, raw_key, register_kernel, register_op, weights_key
+from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
 
 F32 = np.float32
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -1365,3 +1365,67 @@ class ConvTransposeCol2im(_ConvKernelBase):
             native.col2im(col, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.h, g.w, y4[i])
         _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
         o.close()
+
+
+# ------------------------------------------------------------------------- CausalConvWithState (opset 27)
+
+def _check_causal_conv(node: Node, opset: int) -> None:
+    act = node.attr("activation", "none")
+    if act not in ("none", "silu", "swish"):
+        raise UnsupportedOpError("CausalConvWithState", node.name, opset, f"activation {act!r} (none, silu or swish)")
+
+
+def _infer_causal_conv(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x, w = ins[0], ins[1]
+    assert x is not None and w is not None
+    if len(x.shape) != 3 or len(w.shape) != 3 or w.shape[0] != x.shape[1] or w.shape[1] != 1 or w.shape[2] < 1:
+        raise ShapeError(f"node {node.name!r} (CausalConvWithState): input {list(x.shape)} must be (B, C, L) and "
+                         f"weight {list(w.shape)} (C, 1, k)")
+    b, c, _ = x.shape
+    k = w.shape[2]
+    past = ins[3] if len(ins) > 3 else None
+    if past is not None and tuple(past.shape) != (b, c, k - 1):
+        raise ShapeError(f"node {node.name!r} (CausalConvWithState): past_state {list(past.shape)} must be "
+                         f"{[b, c, k - 1]}")
+    dt = np.dtype(x.dtype)
+    return [(tuple(x.shape), dt), ((b, c, k - 1), dt)][:len(node.outputs)]
+
+
+def causal_conv_with_state(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Depthwise causal 1-D convolution over [past_state, input] (zeros without a past): output[t] sees the k
+    positions ending at t; present_state is the last k - 1 positions; ``silu``/``swish`` applied after the bias.
+    float16 is computed in float32 and rounded once."""
+    x, w = np.asarray(ins[0]), np.asarray(ins[1])
+    bias = ins[2] if len(ins) > 2 else None
+    past = ins[3] if len(ins) > 3 else None
+    b, c, length = x.shape
+    k = w.shape[2]
+    ct = np.float64 if x.dtype == np.float64 else np.float32
+    pad = np.zeros((b, c, k - 1), x.dtype) if past is None else np.asarray(past, x.dtype)
+    padded = np.concatenate([pad, x], axis=2)
+    xf, wf = padded.astype(ct), w.astype(ct)
+    y = np.zeros((b, c, length), ct)
+    for j in range(k):
+        y += wf[None, :, 0, j, None] * xf[:, :, j:j + length]
+    if bias is not None:
+        y += np.asarray(bias, ct)[None, :, None]
+    if node.attr("activation", "none") in ("silu", "swish"):
+        y = y * (0.5 + 0.5 * np.tanh(0.5 * y))
+    return [y.astype(x.dtype), np.ascontiguousarray(padded[:, :, padded.shape[2] - (k - 1):])]
+
+
+register_op(OpSpec("CausalConvWithState", _infer_causal_conv,
+                   lambda n, i: [np.array(r, copy=True) for r in causal_conv_with_state(n, i)], min_opset=27,
+                   check=_check_causal_conv, notes="numpy, one multiply-add per tap (k is small: 2-4 in Mamba/DeltaNet)"))
+
+
+@register_kernel
+class CausalConvWithStateKernel(Kernel):
+    name = "numpy"
+    ops = ("CausalConvWithState",)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        res = causal_conv_with_state(layer.node, full_inputs(layer, inputs, params))
+        for o, r in zip(outputs, res):
+            np.copyto(o, r)

@@ -562,9 +562,12 @@ def _infer_einsum(node: Node, ins: list[TensorInfo | None], consts: dict[str, np
 
 def einsum_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     xs = [np.asarray(x) for x in inputs if x is not None]
+    dt = xs[0].dtype
+    if dt.kind == "V" or (dt.kind == "f" and dt.itemsize == 2 and dt != np.float16):
+        xs = [x.astype(np.float32) for x in xs]  # bfloat16 (opset 28; an ml_dtypes type einsum refuses): in float32
     r = np.einsum(_einsum_equation(node), *xs, optimize=len(xs) > 2)
     # asarray keeps a 0-d result (a trace, a full contraction) 0-d, which ascontiguousarray would not
-    return [np.asarray(np.asarray(r).astype(xs[0].dtype, copy=False), order="C")]
+    return [np.asarray(np.asarray(r).astype(dt, copy=False), order="C")]
 
 
 register_op(OpSpec("Einsum", _infer_einsum, einsum_reference, min_opset=12,

@@ -288,14 +288,62 @@ def _infer_reverse(node: Node, ins: Infos, consts: dict[str, np.ndarray]) -> lis
     return _infer_same0(node, ins, consts)
 
 
+def _tensor_scatter_axis(node: Node, rank: int) -> int:
+    a = int(node.attr("axis", -2))
+    if not -rank <= a < rank or (a % rank) == 0:
+        raise ShapeError(f"node {node.name!r} (TensorScatter): axis {a} must name a non-batch axis of the rank-{rank} "
+                         "cache")
+    return a % rank
+
+
+def _check_tensor_scatter(node: Node, opset: int) -> None:
+    mode = node.attr("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise UnsupportedOpError("TensorScatter", node.name, opset, f"mode {mode!r} (linear or circular)")
+
+
+def _infer_tensor_scatter(node: Node, ins: Infos, consts: dict[str, np.ndarray]) -> list:
+    cache, upd = ins[0], ins[1]
+    assert cache is not None and upd is not None
+    a = _tensor_scatter_axis(node, len(cache.shape))
+    if len(upd.shape) != len(cache.shape) or any(u != c for k, (u, c) in enumerate(zip(upd.shape, cache.shape))
+                                                 if k != a) or upd.shape[a] > cache.shape[a]:
+        raise ShapeError(f"node {node.name!r} (TensorScatter): update {list(upd.shape)} does not fit cache "
+                         f"{list(cache.shape)} along axis {a}")
+    return [(tuple(cache.shape), np.dtype(cache.dtype))]
+
+
+def tensor_scatter(node: Node, ins: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """ONNX TensorScatter (opset 24): the cache with ``update`` written along ``axis`` from each batch row's
+    ``write_indices`` (0 without them); ``circular`` wraps the positions, ``linear`` must fit."""
+    cache, upd = np.asarray(ins[0]), np.asarray(ins[1])
+    a = _tensor_scatter_axis(node, cache.ndim)
+    idx = np.zeros(cache.shape[0], np.int64) if len(ins) < 3 or ins[2] is None else np.asarray(ins[2], np.int64)
+    n, length = upd.shape[a], cache.shape[a]
+    out = np.array(cache, copy=True)
+    circular = node.attr("mode", "linear") == "circular"
+    for b in range(cache.shape[0]):
+        pos = idx.reshape(-1)[b] + np.arange(n)
+        if circular:
+            pos = pos % length
+        elif n and (pos[0] < 0 or pos[-1] >= length):
+            raise ShapeError(f"node {node.name!r} (TensorScatter): batch {b} writes positions {int(pos[0])}.."
+                             f"{int(pos[-1])} of a cache of length {length} (mode linear)")
+        dst = np.moveaxis(out[b], a - 1, 0)
+        dst[pos] = np.moveaxis(upd[b], a - 1, 0)
+    return [out]
+
+
 _COMPUTE: dict[str, Callable[[Node, Sequence[np.ndarray | None]], list[np.ndarray]]] = {
     "GatherElements": gather_elements, "ScatterElements": scatter_elements, "GatherND": gather_nd,
     "ScatterND": scatter_nd, "OneHot": onehot, "ReverseSequence": reverse_sequence, "TopK": topk,
+    "TensorScatter": tensor_scatter,
 }
 _INFER = {"GatherElements": _infer_gather_elements, "ScatterElements": _infer_same0, "GatherND": _infer_gather_nd,
-          "ScatterND": _infer_same0, "OneHot": _infer_onehot, "ReverseSequence": _infer_reverse, "TopK": _infer_topk}
+          "ScatterND": _infer_same0, "OneHot": _infer_onehot, "ReverseSequence": _infer_reverse, "TopK": _infer_topk,
+          "TensorScatter": _infer_tensor_scatter}
 _MIN_OPSET = {"GatherElements": 11, "ScatterElements": 11, "GatherND": 11, "ScatterND": 11, "OneHot": 9,
-              "ReverseSequence": 10, "TopK": 1}
+              "ReverseSequence": 10, "TopK": 1, "TensorScatter": 24}
 INDEXING_OPS = tuple(_COMPUTE)
 
 
@@ -313,7 +361,8 @@ _NOTES = {
 }
 for _op in INDEXING_OPS:
     register_op(OpSpec(_op, _INFER[_op], _reference, min_opset=_MIN_OPSET[_op],
-                       check=_check_reduction if _op in ("ScatterElements", "ScatterND") else None,
+                       check=_check_reduction if _op in ("ScatterElements", "ScatterND") else
+                       _check_tensor_scatter if _op == "TensorScatter" else None,
                        notes=_NOTES.get(_op, ""), bounded=_topk_runtime_k if _op == "TopK" else None))
 
 

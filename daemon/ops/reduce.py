@@ -384,10 +384,10 @@ class SoftmaxNativeKernel(Kernel):
 
 def _cumsum_axis(node: Node, axis: np.ndarray | None, rank: int) -> int:
     if axis is None:
-        raise ShapeError(f"node {node.name!r} (CumSum): no axis input")
+        raise ShapeError(f"node {node.name!r} ({node.op}): no axis input")
     a = int(np.asarray(axis).reshape(-1)[0])
     if not -rank <= a < max(rank, 1):
-        raise ShapeError(f"node {node.name!r} (CumSum): axis {a} out of range for rank {rank}")
+        raise ShapeError(f"node {node.name!r} ({node.op}): axis {a} out of range for rank {rank}")
     return a + rank if a < 0 else a
 
 
@@ -396,14 +396,17 @@ def _infer_cumsum(node: Node, ins: list[TensorInfo | None], consts: dict[str, np
 
 
 def cumsum(node: Node, x: np.ndarray, axis: np.ndarray | None) -> np.ndarray:
-    """ONNX CumSum: ``exclusive`` shifts by one (starting from 0), ``reverse`` sums from the end; in the input's type."""
+    """ONNX CumSum and CumProd (opset 26): ``exclusive`` shifts by one (starting from the identity, 0 or 1),
+    ``reverse`` accumulates from the end; in the input's type."""
     a = _cumsum_axis(node, axis, x.ndim)
     if x.ndim == 0:
         return np.array(x, copy=True)
+    prod = node.op == "CumProd"
     v = np.flip(x, a) if node.attr("reverse", 0) else x
-    r = np.cumsum(v, axis=a, dtype=x.dtype)
+    r = (np.cumprod if prod else np.cumsum)(v, axis=a, dtype=x.dtype)
     if node.attr("exclusive", 0):
-        r = np.concatenate([np.zeros_like(np.take(r, [0], axis=a)), np.take(r, range(r.shape[a] - 1), axis=a)], axis=a)
+        first = (np.ones_like if prod else np.zeros_like)(np.take(r, [0], axis=a))
+        r = np.concatenate([first, np.take(r, range(r.shape[a] - 1), axis=a)], axis=a)
     return np.flip(r, a) if node.attr("reverse", 0) else r
 
 
@@ -412,14 +415,15 @@ def _reference_cumsum(node: Node, inputs: list[np.ndarray | None]) -> list[np.nd
 
 
 register_op(OpSpec("CumSum", _infer_cumsum, _reference_cumsum, min_opset=11))
+register_op(OpSpec("CumProd", _infer_cumsum, _reference_cumsum, min_opset=26))
 
 
 @register_kernel
 class CumSumKernel(Kernel):
-    """numpy's cumsum along the axis (any dtype: masks summed into positions, lengths)."""
+    """numpy's cumsum / cumprod along the axis (any dtype: masks summed into positions, lengths)."""
 
     name = "numpy"
-    ops = ("CumSum",)
+    ops = ("CumSum", "CumProd")
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:

@@ -30,7 +30,8 @@ _ONNX_TO_NP: dict[int, np.dtype] = {
 }
 _NP_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in _ONNX_TO_NP.items()}
 _ONNX_NAMES = {8: "STRING", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
-               20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1"}
+               20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 25: "UINT2",
+               26: "INT2", 27: "FLOAT6E2M3", 28: "FLOAT6E3M2"}
 
 
 def onnx_dtype(code: int, op: str = "Cast", node: str = "") -> np.dtype:
@@ -505,6 +506,12 @@ def _compute(node: Node, ins: Sequence[np.ndarray | None], outs: Sequence[np.nda
         dt = start.dtype
         if np.issubdtype(dt, np.integer):
             r = (start + np.arange(n, dtype=np.int64) * delta).astype(dt)
+        elif dt.itemsize == 2:  # float16/bfloat16 (opset 27): start + i * delta in stash_type (FLOAT or DOUBLE)
+            st = int(node.attr("stash_type", 1))
+            if st not in (1, 11):
+                raise UnsupportedOpError("Range", node.name, _opset(node), f"stash_type {st} (1: FLOAT, 11: DOUBLE)")
+            ct = np.float32 if st == 1 else np.float64
+            r = (ct(start) + np.arange(n, dtype=ct) * ct(delta)).astype(dt)
         else:  # repeated addition in the input type, as onnxruntime does, so rounding matches
             steps = np.full(n, delta, dtype=dt)
             if n:
@@ -692,3 +699,65 @@ def _gather_view(node: Node, x: np.ndarray, idx: np.ndarray) -> np.ndarray | tup
         if step > 0 and (np.diff(flat) == step).all():
             return x[lead + (slice(int(flat[0]), int(flat[-1]) + 1, step),)]
     return flat.reshape(idx.shape), axis
+
+
+# ------------------------------------------------------------------------------------------ BitCast (opset 26)
+
+def _check_bitcast(node: Node, opset: int) -> None:
+    onnx_dtype(node.attr("to", -1), "BitCast", node.name)
+
+
+def _infer_bitcast(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    assert x is not None
+    return [(tuple(x.shape), _bitcast_to(node, np.dtype(x.dtype)))]
+
+
+def _bitcast_to(node: Node, src: np.dtype) -> np.dtype:
+    """BitCast's target type for a ``src`` input; UnsupportedOpError / ShapeError where the bits do not map."""
+    to = onnx_dtype(node.attr("to", -1), "BitCast", node.name)
+    if _bits(src) != 8 * src.itemsize:  # int4/int2/float4/float6: packed in ONNX, a byte each in ml_dtypes
+        raise UnsupportedOpError("BitCast", node.name, _opset(node), f"input element type {src} ({_bits(src)} bits, "
+                                 "sub-byte): not supported")
+    if src.itemsize != to.itemsize:
+        raise ShapeError(f"node {node.name!r} (BitCast): {src} ({8 * src.itemsize} bits) cannot be reinterpreted as "
+                         f"{to} ({8 * to.itemsize} bits); the widths must be equal")
+    return to
+
+
+def _bits(dt: np.dtype) -> int:
+    """Bits of one element: an ml_dtypes type (kind 'V') may hold fewer than its storage byte."""
+    if dt.kind != "V":
+        return 8 * dt.itemsize
+    import ml_dtypes
+
+    try:
+        return int(ml_dtypes.finfo(dt).bits)
+    except ValueError:
+        return int(ml_dtypes.iinfo(dt).bits)
+
+
+def bitcast(node: Node, x: np.ndarray) -> np.ndarray:
+    """The bits of ``x`` read as ``to`` (little-endian, as ONNX says: numpy's native order on x86-64 and aarch64)."""
+    src = np.ascontiguousarray(x)
+    to = _bitcast_to(node, src.dtype)
+    return src.astype(src.dtype.newbyteorder("<"), copy=False).view(to.newbyteorder("<")).astype(to, copy=False)
+
+
+def _reference_bitcast(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    return [np.array(bitcast(node, np.asarray(inputs[0])), copy=True)]
+
+
+register_op(OpSpec("BitCast", _infer_bitcast, _reference_bitcast, min_opset=26, check=_check_bitcast))
+
+
+@register_kernel
+class BitCastKernel(Kernel):
+    """A copy of the input's bytes under the target type."""
+
+    name = "numpy"
+    ops = ("BitCast",)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        np.copyto(outputs[0], bitcast(layer.node, np.asarray(full_inputs(layer, inputs, params)[0])))
