@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     devices = [d for d in a.devices.split(",") if d != "vulkan" or inferd.vulkan.available()]
     rows: list[dict[str, Any]] = []
     for arch in corpus.CORPUS:
-        for exporter in corpus.EXPORTERS:
+        for exporter in corpus.exporters_of(arch):
+            if corpus.missing(arch, exporter):
+                continue
             row: dict[str, Any] = {"model": arch.name, "source": arch.source, "exporter": exporter}
             rows.append(row)
             try:
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:
                     row[dev] = {"passed": False, "error": f"{type(e).__name__}: {str(e)[:200]}"}
             print(row, flush=True)
-    data = {"machine": machine_info(), "versions": corpus.versions(), "devices": devices, "rows": rows}
+    data = {"machine": machine_info(), "versions": {k: v for src in ("torch", "keras", "paddle") for k, v in corpus.versions(src).items()}, "devices": devices, "rows": rows}
     m = data["machine"]
     lines = [f"# Export corpus: inferd vs onnxruntime ({m['date']}, {m['cpu']}, load {m['loadavg']})", "",
              f"Versions: {data['versions']}. Vulkan is lavapipe on this machine. Tolerance: 1e-3 relative + 5e-4 of "
