@@ -65,10 +65,13 @@ class Arch:
     seg: bool = False  # torchvision segmentation: the output is a dict; 'out' is exported
     calibrate: bool = True  # batch-norm statistics from random images (see _calibrate_batchnorm)
     exporters: tuple[str, ...] = ()  # the source's default when empty (see exporters_of)
+    # exported with a symbolic batch dimension, as TensorFlow and Paddle users export (the tests run batch 1)
+    dynamic_batch: bool = False
 
     def key(self) -> str:
         # (detectors: their backbone's batch norm calibrated since recipe 2)
         extra = ["backbone-bn"] if self.detector and self.calibrate else []
+        extra += ["dynamic-batch"] if self.dynamic_batch else []
         return hashlib.sha256(json.dumps([RECIPE, self.source, self.builder, self.shape, self.kwargs, self.detector,
                                           self.seg] + extra, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -100,14 +103,17 @@ CORPUS: tuple[Arch, ...] = (
          calibrate=False),
     # Keras 3 models through tf2onnx, NHWC: tf2onnx transposes to NCHW around each Conv and then cancels what
     # it can, so these graphs carry its Transpose patterns
-    Arch("keras_mobilenet_v2", "keras", "MobileNetV2", (1, 64, 64, 3), exporters=("tf2onnx_keras",)),
+    Arch("keras_mobilenet_v2", "keras", "MobileNetV2", (1, 64, 64, 3), exporters=("tf2onnx_keras",),
+         dynamic_batch=True),
     Arch("keras_efficientnet_b0", "keras", "EfficientNetB0", (1, 64, 64, 3), exporters=("tf2onnx_keras",)),
-    Arch("keras_resnet50", "keras", "ResNet50", (1, 64, 64, 3), exporters=("tf2onnx_saved_model",)),
+    Arch("keras_resnet50", "keras", "ResNet50", (1, 64, 64, 3), exporters=("tf2onnx_saved_model",),
+         dynamic_batch=True),
     Arch("keras_convnet", "keras", "convnet", (1, 32, 32, 3), exporters=("tf2onnx_function", "tf2onnx_saved_model")),
     Arch("keras_lstm", "keras", "lstm", (1, 12, 8), exporters=("tf2onnx_function",)),
-    Arch("paddle_mobilenet_v2", "paddle", "mobilenet_v2", (1, 3, 64, 64)),
+    # paddle's deployment tools export with InputSpec([None, 3, H, W])
+    Arch("paddle_mobilenet_v2", "paddle", "mobilenet_v2", (1, 3, 64, 64), dynamic_batch=True),
     Arch("paddle_resnet18", "paddle", "resnet18", (1, 3, 64, 64)),
-    Arch("paddle_mobilenet_v3_small", "paddle", "mobilenet_v3_small", (1, 3, 64, 64)),
+    Arch("paddle_mobilenet_v3_small", "paddle", "mobilenet_v3_small", (1, 3, 64, 64), dynamic_batch=True),
 )
 
 #: small Keras models written the way Keras users write them, for layers the applications do not have
@@ -429,6 +435,10 @@ def _calibrate_keras_batchnorm(model: Any, arch: Arch) -> None:
     model(np.random.default_rng(1).random((4,) + tuple(arch.shape[1:]), dtype=np.float32), training=True)
 
 
+def _spec_shape(arch: Arch) -> tuple[int | None, ...]:
+    return ((None,) + arch.shape[1:]) if arch.dynamic_batch else arch.shape
+
+
 def _export_keras(arch: Arch, exporter: str, out: Path) -> None:
     import tempfile
 
@@ -436,7 +446,7 @@ def _export_keras(arch: Arch, exporter: str, out: Path) -> None:
     import tf2onnx
 
     model = _keras_model(arch)
-    spec = (tf.TensorSpec(arch.shape, tf.float32, name="x"),)
+    spec = (tf.TensorSpec(_spec_shape(arch), tf.float32, name="x"),)
     if exporter == "tf2onnx_keras":
         tf2onnx.convert.from_keras(model, input_signature=spec, opset=17, output_path=str(out))
     elif exporter == "tf2onnx_function":
@@ -471,7 +481,7 @@ def _export_paddle(arch: Arch, out: Path) -> None:
             model(paddle.to_tensor(x))
     model.eval()
     with tempfile.TemporaryDirectory() as d:
-        spec = [paddle.static.InputSpec(shape=list(arch.shape), dtype="float32", name="x")]
+        spec = [paddle.static.InputSpec(shape=list(_spec_shape(arch)), dtype="float32", name="x")]
         paddle.jit.save(model, os.path.join(d, "model"), input_spec=spec)
         # paddle 3 writes its PIR program as model.json, paddle 2 model.pdmodel
         prog = next(os.path.join(d, f) for f in ("model.json", "model.pdmodel") if os.path.exists(os.path.join(d, f)))
