@@ -11,11 +11,14 @@ pays for them.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 import export_corpus as corpus
 from export_corpus import CORPUS, Arch, exporters_of
+from inferd.errors import BackendError
 from ortutil import ort_session
 
 #: (arch, exporter) pairs that cannot be exported, with the exporter's own limitation
@@ -27,10 +30,29 @@ NOT_EXPORTABLE: dict[tuple[str, str], str] = {
 }
 
 
-CASES = [pytest.param(a, e, id=f"{a.name}-{e}",
-                      marks=[pytest.mark.skip(reason=NOT_EXPORTABLE[(a.name, e)])] if (a.name, e) in NOT_EXPORTABLE
-                      else [])
-         for a in CORPUS for e in exporters_of(a)]
+#: (arch, exporter) pairs inferd's Vulkan backend refuses today, with the limitation (strict xfail: a fix shows)
+VULKAN_REFUSES: dict[tuple[str, str], str] = {
+    ("keras_lstm_any_batch", "tf2onnx_function"): (
+        "a Loop whose trip count its body decides (tf2onnx's while_loop: cond_out = Less(i, n) And Less(t, max)) has "
+        "run-time shaped scan outputs; with a symbolic batch the model is a dynamic template, and the CPU tail split "
+        "(runtime/model.py _runtime_split_model) is only tried for static models, so the Vulkan backend refuses it"),
+}
+
+
+def _cases(vulkan: bool) -> list[Any]:
+    out = []
+    for a in CORPUS:
+        for e in exporters_of(a):
+            marks: list[Any] = []
+            if (a.name, e) in NOT_EXPORTABLE:
+                marks.append(pytest.mark.skip(reason=NOT_EXPORTABLE[(a.name, e)]))
+            if vulkan and (a.name, e) in VULKAN_REFUSES:
+                marks.append(pytest.mark.xfail(strict=True, raises=BackendError, reason=VULKAN_REFUSES[(a.name, e)]))
+            out.append(pytest.param(a, e, id=f"{a.name}-{e}", marks=marks))
+    return out
+
+
+CASES = _cases(vulkan=False)
 
 _ORT_CACHE: dict[tuple[str, str], tuple[str, dict[str, np.ndarray], list[str], list[np.ndarray]]] = {}
 
@@ -79,7 +101,7 @@ def test_cpu_matches_onnxruntime(arch: Arch, exporter: str) -> None:
 
 
 @pytest.mark.vulkan
-@pytest.mark.parametrize("arch,exporter", CASES)
+@pytest.mark.parametrize("arch,exporter", _cases(vulkan=True))
 def test_vulkan_matches_onnxruntime(arch: Arch, exporter: str) -> None:
     import inferd
     import inferd.vulkan
