@@ -1,5 +1,6 @@
-"""Issue 18's export corpus as a table: every architecture of ``tests/export_corpus.py`` through both torch
-exporters, run by inferd on the CPU and on Vulkan (lavapipe here) against onnxruntime on the CPU.
+"""Issue 18's export corpus as a table: every architecture of ``tests/export_corpus.py`` through its exporters
+(torch's two, tf2onnx, paddle2onnx; those not installed here are left out), run by inferd on the CPU and on
+Vulkan (lavapipe here) against onnxruntime on the CPU.
 
 Per (architecture, exporter, device): passed (the test suite's tolerance: |inferd - onnxruntime| <= 1e-3 relative
 + 5e-4 of the output's largest magnitude; integers equal), the largest difference relative to that magnitude,
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for d in devices:
         n = sum(1 for r in exported if r[d]["passed"])
         lines.append(f"\n{d}: {n} of {len(exported)} exported models match onnxruntime "
-                     f"({len(rows) - len(exported)} exports failed in torch itself).")
+                     f"({len(rows) - len(exported)} exports failed in the exporter itself).")
     jp, mp = write_results(a.out, "ops_corpus", data, "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {jp} and {mp}")
