@@ -70,7 +70,7 @@ install_corpus() {
 }
 
 # The corpus's TensorFlow and Paddle models (the `exporters` extra): tensorflow-cpu + tf2onnx, paddlepaddle +
-# paddle2onnx. About 2 GB installed, 2.5 min to install and 3 min for the first exports on a 2-core machine
+# paddle2onnx. About 2 GB installed, 1 to 2.5 min to install and 3 min for the first exports on a 2-core machine
 # (README, Tests). INFERD_TEST_EXPORTERS=0 leaves them out; each family that pip cannot install here (no wheel
 # for this Python or architecture) is left out with a message and its tests skip.
 install_exporters() {
