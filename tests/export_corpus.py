@@ -131,7 +131,8 @@ def exporters_of(arch: Arch) -> tuple[str, ...]:
 
 def missing(arch: Arch, exporter: str) -> str | None:
     """Why this export cannot run here (an exporter that is not installed), or None."""
-    extra = "the 'corpus' extra" if arch.source in ("torchvision", "timm") else "INFERD_TEST_EXPORTERS (README, Tests)"
+    extra = ("the 'corpus' extra" if arch.source in ("torchvision", "timm")
+             else "the 'exporters' extra, which scripts/dev.sh installs unless INFERD_TEST_EXPORTERS=0; README, Tests")
     for mod in NEEDS[arch.source] + (("onnxscript",) if exporter == "dynamo" else ()):
         if importlib.util.find_spec(mod) is None:
             return f"{mod} is not installed ({extra})"
