@@ -46,13 +46,14 @@ install_python() {
     "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel cffi >/dev/null
     "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test]"
     install_corpus
+    install_exporters
     echo "$want" > "$stamp"
   fi
 }
 
 # The export corpus (tests/test_export_corpus.py) needs torch; only a CPU build is installed here (a CUDA build
 # brings several GB of CUDA packages): one already in the venv, or one pip resolves torch==2.13.0 to (a local
-# CPU wheel). Otherwise the corpus tests skip. INFERD_TEST_CORPUS=0 leaves it out.
+# CPU wheel). Otherwise the corpus tests skip. INFERD_TEST_CORPUS=0 leaves it out (and the exporters below).
 install_corpus() {
   [ "${INFERD_TEST_CORPUS:-1}" = 1 ] || return 0
   local py="$VENV/bin/python"
@@ -66,6 +67,26 @@ install_corpus() {
   # pure Python (tests/export_corpus.py registers the few compiled ops the corpus needs when _C cannot load)
   "$py" -m pip install -q --no-deps "torchvision==0.28.0" "timm>=1.0"
   "$py" -m pip install -q "onnxscript>=0.5" pillow pyyaml huggingface_hub safetensors
+}
+
+# The corpus's TensorFlow and Paddle models (the `exporters` extra): tensorflow-cpu + tf2onnx, paddlepaddle +
+# paddle2onnx. About 2 GB installed, 1 to 2.5 min to install and 3 min for the first exports on a 2-core machine
+# (README, Tests). INFERD_TEST_EXPORTERS=0 leaves them out; each family that pip cannot install here (no wheel
+# for this Python or architecture) is left out with a message and its tests skip.
+install_exporters() {
+  [ "${INFERD_TEST_CORPUS:-1}" = 1 ] && [ "${INFERD_TEST_EXPORTERS:-1}" = 1 ] || return 0
+  local py="$VENV/bin/python"
+  echo "[dev] installing the export corpus's TensorFlow and Paddle exporters (tensorflow-cpu, tf2onnx, paddlepaddle, paddle2onnx)"
+  "$py" -m pip install -q "tensorflow-cpu==2.21.0" "tf2onnx==1.17.0" \
+    || echo "[dev] tensorflow-cpu/tf2onnx did not install here: the Keras exports of the corpus will skip"
+  # paddle2onnx 2.1 pins onnx<=1.17 for its optional onnxoptimizer pass; its converter is compiled in and works
+  # with the onnx this venv has, so it goes in without deps, with what its default constant folding (polygraphy)
+  # imports named here: paddle2onnx turns on polygraphy's auto-install, which pip-installs missing modules
+  # during an export otherwise
+  { "$py" -m pip install -q "paddlepaddle==3.3.1" \
+      && "$py" -m pip install -q --no-deps "paddle2onnx==2.1.0" "polygraphy>=0.49" "onnx_graphsurgeon>=0.5" \
+      && "$py" -m pip install -q sympy; } \
+    || echo "[dev] paddlepaddle/paddle2onnx did not install here: the Paddle exports of the corpus will skip"
 }
 
 cmd=${1:-}

@@ -1,5 +1,6 @@
-"""Issue 18's export corpus as a table: every architecture of ``tests/export_corpus.py`` through both torch
-exporters, run by inferd on the CPU and on Vulkan (lavapipe here) against onnxruntime on the CPU.
+"""Issue 18's export corpus as a table: every architecture of ``tests/export_corpus.py`` through its exporters
+(torch's two, tf2onnx, paddle2onnx; those not installed here are left out), run by inferd on the CPU and on
+Vulkan (lavapipe here) against onnxruntime on the CPU.
 
 Per (architecture, exporter, device): passed (the test suite's tolerance: |inferd - onnxruntime| <= 1e-3 relative
 + 5e-4 of the output's largest magnitude; integers equal), the largest difference relative to that magnitude,
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     devices = [d for d in a.devices.split(",") if d != "vulkan" or inferd.vulkan.available()]
     rows: list[dict[str, Any]] = []
     for arch in corpus.CORPUS:
-        for exporter in corpus.EXPORTERS:
+        for exporter in corpus.exporters_of(arch):
+            if corpus.missing(arch, exporter):
+                continue
             row: dict[str, Any] = {"model": arch.name, "source": arch.source, "exporter": exporter}
             rows.append(row)
             try:
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:
                     row[dev] = {"passed": False, "error": f"{type(e).__name__}: {str(e)[:200]}"}
             print(row, flush=True)
-    data = {"machine": machine_info(), "versions": corpus.versions(), "devices": devices, "rows": rows}
+    data = {"machine": machine_info(), "versions": {k: v for src in ("torch", "keras", "paddle") for k, v in corpus.versions(src).items()}, "devices": devices, "rows": rows}
     m = data["machine"]
     lines = [f"# Export corpus: inferd vs onnxruntime ({m['date']}, {m['cpu']}, load {m['loadavg']})", "",
              f"Versions: {data['versions']}. Vulkan is lavapipe on this machine. Tolerance: 1e-3 relative + 5e-4 of "
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for d in devices:
         n = sum(1 for r in exported if r[d]["passed"])
         lines.append(f"\n{d}: {n} of {len(exported)} exported models match onnxruntime "
-                     f"({len(rows) - len(exported)} exports failed in torch itself).")
+                     f"({len(rows) - len(exported)} exports failed in the exporter itself).")
     jp, mp = write_results(a.out, "ops_corpus", data, "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {jp} and {mp}")

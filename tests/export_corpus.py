@@ -1,6 +1,13 @@
 """A corpus of real architectures exported the way their users export them (issue 18): torchvision and timm
 models with random weights through ``torch.onnx.export``, the TorchScript exporter (``dynamo=False``) and the
-dynamo exporter, cached on disk so the suite stays fast.
+dynamo exporter; Keras models (``keras.applications`` and small custom ones, NHWC as Keras has them) through
+tf2onnx, from the Keras model, from a ``tf.function`` and from a SavedModel; ``paddle.vision.models`` through
+``paddle.jit.save`` and paddle2onnx. All cached on disk so the suite stays fast.
+
+TensorFlow/tf2onnx and paddlepaddle/paddle2onnx exports run in a child process of the same interpreter
+(``python tests/export_corpus.py <model> <exporter> <out.onnx>``): TensorFlow, paddle and torch each bring
+their own OpenMP/MKL and thread pools and several hundred MB, which the test process should not keep, and
+``import tensorflow`` then ``import paddle`` in one process ends in a segmentation fault (TF 2.21, paddle 3.3.1).
 
 torch, torchvision, timm and onnxscript are test-only, optional dependencies (README, "Tests"): with torch
 absent every test of the corpus skips. On machines where torchvision's compiled extension cannot load (the
@@ -12,8 +19,9 @@ exporters translate ``torchvision::nms`` / ``roi_align`` to NonMaxSuppression / 
 compiled extension (the TorchScript exporter through torchvision's own symbolics, dynamo through onnxscript's
 torchlib).
 
-The cache: ``$INFERD_EXPORT_CACHE`` or ``~/.cache/inferd/export_corpus``, one folder per (torch, torchvision,
-timm, onnxscript) version tuple, one ``<model>.<exporter>.onnx`` per export plus the input it was exported with
+The cache: ``$INFERD_EXPORT_CACHE`` or ``~/.cache/inferd/export_corpus``, one folder per version tuple of the
+exporting libraries (torch, torchvision, timm, onnxscript; tensorflow, keras, tf2onnx; paddlepaddle,
+paddle2onnx), one ``<model>.<exporter>.onnx`` per export plus the input it was exported with
 (``.npz``); a file that does not load is exported again.
 """
 from __future__ import annotations
@@ -23,6 +31,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +39,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-EXPORTERS = ("torchscript", "dynamo")
+TORCH_EXPORTERS = ("torchscript", "dynamo")
+#: tf2onnx's three entry points: ``from_keras``, ``from_function`` (a ``tf.function``), and its command line on a
+#: SavedModel (``model.export``), which is how most TensorFlow models reach it
+TF_EXPORTERS = ("tf2onnx_keras", "tf2onnx_function", "tf2onnx_saved_model")
+EXPORTERS = TORCH_EXPORTERS + TF_EXPORTERS + ("paddle2onnx",)
+#: the modules each source's export needs
+NEEDS = {"torchvision": ("torch", "torchvision"), "timm": ("torch", "timm"), "keras": ("tensorflow", "tf2onnx"),
+         "paddle": ("paddle", "paddle2onnx")}
 #: bumped when how a model is built or exported changes, so cached exports of the old recipe are not reused
 RECIPE = 2
 
@@ -39,17 +55,23 @@ RECIPE = 2
 class Arch:
     """One corpus entry: how to build the model and the input it is exported and run with."""
     name: str
-    source: str  # "torchvision" or "timm"
-    builder: str  # torchvision.models attribute path, or timm model name
-    shape: tuple[int, ...]  # input shape (a detector takes a list of one CHW image)
+    source: str  # "torchvision", "timm", "keras" or "paddle"
+    # torchvision.models attribute path, timm model name, keras.applications name or one of CUSTOM_KERAS,
+    # paddle.vision.models name
+    builder: str
+    shape: tuple[int, ...]  # input shape (a detector takes a list of one CHW image; Keras images are NHWC)
     kwargs: dict[str, Any] = field(default_factory=dict)
     detector: bool = False
     seg: bool = False  # torchvision segmentation: the output is a dict; 'out' is exported
     calibrate: bool = True  # batch-norm statistics from random images (see _calibrate_batchnorm)
+    exporters: tuple[str, ...] = ()  # the source's default when empty (see exporters_of)
+    # exported with a symbolic batch dimension, as TensorFlow and Paddle users export (the tests run batch 1)
+    dynamic_batch: bool = False
 
     def key(self) -> str:
         # (detectors: their backbone's batch norm calibrated since recipe 2)
         extra = ["backbone-bn"] if self.detector and self.calibrate else []
+        extra += ["dynamic-batch"] if self.dynamic_batch else []
         return hashlib.sha256(json.dumps([RECIPE, self.source, self.builder, self.shape, self.kwargs, self.detector,
                                           self.seg] + extra, sort_keys=True).encode()).hexdigest()[:10]
 
@@ -79,11 +101,42 @@ CORPUS: tuple[Arch, ...] = (
          # in the box decoding turns float32 round-off into pixel-sized differences; uncalibrated, its 100 boxes
          # have distinct scores and compare to 1e-7 of the image size
          calibrate=False),
+    # Keras 3 models through tf2onnx, NHWC: tf2onnx transposes to NCHW around each Conv and then cancels what
+    # it can, so these graphs carry its Transpose patterns
+    Arch("keras_mobilenet_v2", "keras", "MobileNetV2", (1, 64, 64, 3), exporters=("tf2onnx_keras",),
+         dynamic_batch=True),
+    Arch("keras_efficientnet_b0", "keras", "EfficientNetB0", (1, 64, 64, 3), exporters=("tf2onnx_keras",)),
+    Arch("keras_resnet50", "keras", "ResNet50", (1, 64, 64, 3), exporters=("tf2onnx_saved_model",),
+         dynamic_batch=True),
+    Arch("keras_convnet", "keras", "convnet", (1, 32, 32, 3), exporters=("tf2onnx_function", "tf2onnx_saved_model")),
+    # Keras 3's LSTM and GRU reach ONNX as Loop nodes (tf2onnx's LSTM/GRU rewriters do not match them)
+    Arch("keras_lstm", "keras", "lstm", (1, 12, 8), exporters=("tf2onnx_function",)),
+    Arch("keras_lstm_any_batch", "keras", "lstm", (1, 12, 8), exporters=("tf2onnx_function",), dynamic_batch=True),
+    # paddle's deployment tools export with InputSpec([None, 3, H, W])
+    Arch("paddle_mobilenet_v2", "paddle", "mobilenet_v2", (1, 3, 64, 64), dynamic_batch=True),
+    Arch("paddle_resnet18", "paddle", "resnet18", (1, 3, 64, 64)),
+    Arch("paddle_mobilenet_v3_small", "paddle", "mobilenet_v3_small", (1, 3, 64, 64), dynamic_batch=True),
 )
 
+#: small Keras models written the way Keras users write them, for layers the applications do not have
+CUSTOM_KERAS = ("convnet", "lstm")
 
-def torch_available() -> bool:
-    return importlib.util.find_spec("torch") is not None
+
+def exporters_of(arch: Arch) -> tuple[str, ...]:
+    """The exporters an architecture goes through."""
+    if arch.exporters:
+        return arch.exporters
+    return {"keras": ("tf2onnx_keras",), "paddle": ("paddle2onnx",)}.get(arch.source, TORCH_EXPORTERS)
+
+
+def missing(arch: Arch, exporter: str) -> str | None:
+    """Why this export cannot run here (an exporter that is not installed), or None."""
+    extra = ("the 'corpus' extra" if arch.source in ("torchvision", "timm")
+             else "the 'exporters' extra, which scripts/dev.sh installs unless INFERD_TEST_EXPORTERS=0; README, Tests")
+    for mod in NEEDS[arch.source] + (("onnxscript",) if exporter == "dynamo" else ()):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed ({extra})"
+    return None
 
 
 _SHIM: Any = None
@@ -170,21 +223,33 @@ def _register_torchvision_ops() -> Any:
     return lib
 
 
-def versions() -> dict[str, str]:
-    out = {}
-    for m in ("torch", "torchvision", "timm", "onnxscript"):
-        try:
-            from importlib.metadata import version
+#: the distributions whose versions key the cache, per source (the torch sources share one folder)
+_VERSIONED = {"torch": ("torch", "torchvision", "timm", "onnxscript"), "keras": ("tensorflow", "keras", "tf2onnx"),
+              "paddle": ("paddlepaddle", "paddle2onnx")}
 
-            out[m] = version(m)
-        except Exception:
-            out[m] = "absent"
+
+def _family(source: str) -> str:
+    return source if source in ("keras", "paddle") else "torch"
+
+
+def versions(source: str = "torch") -> dict[str, str]:
+    out = {}
+    from importlib.metadata import PackageNotFoundError, version
+
+    for m in _VERSIONED[_family(source)]:
+        out[m] = "absent"
+        for dist in (m, f"{m}-cpu"):  # TensorFlow's CPU-only wheel is another distribution
+            try:
+                out[m] = version(dist)
+                break
+            except PackageNotFoundError:
+                pass
     return out
 
 
-def cache_dir() -> Path:
+def cache_dir(source: str = "torch") -> Path:
     base = Path(os.environ.get("INFERD_EXPORT_CACHE", Path.home() / ".cache" / "inferd" / "export_corpus"))
-    tag = "-".join(f"{k}{v}" for k, v in sorted(versions().items()))
+    tag = "-".join(f"{k}{v}" for k, v in sorted(versions(source).items()))
     return base / tag
 
 
@@ -259,7 +324,7 @@ def export(arch: Arch, exporter: str, log: Callable[[str], None] = lambda s: Non
     """The exported model (from the cache when there) and its input."""
     import onnx
 
-    d = cache_dir()
+    d = cache_dir(arch.source)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{arch.name}.{arch.key()}.{exporter}.onnx"
     x = example_input(arch)
@@ -269,6 +334,11 @@ def export(arch: Arch, exporter: str, log: Callable[[str], None] = lambda s: Non
             return path, x
         except Exception as e:  # a damaged cache entry is a miss
             log(f"cache entry {path} does not load ({e}); exporting again")
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    if arch.source in ("keras", "paddle"):
+        _export_in_child(arch, exporter, tmp)
+        os.replace(tmp, path)
+        return path, x
     import torch
 
     model = build(arch)
@@ -276,7 +346,6 @@ def export(arch: Arch, exporter: str, log: Callable[[str], None] = lambda s: Non
         model = _SegOut(model)
     tx = torch.from_numpy(x)
     args = ([tx],) if arch.detector else (tx,)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
     with torch.no_grad():
         if exporter == "torchscript":
             torch.onnx.export(model, args, str(tmp), dynamo=False, opset_version=17,
@@ -288,3 +357,141 @@ def export(arch: Arch, exporter: str, log: Callable[[str], None] = lambda s: Non
             raise ValueError(f"unknown exporter {exporter!r}")
     os.replace(tmp, path)
     return path, x
+
+
+def _export_in_child(arch: Arch, exporter: str, out: Path) -> None:
+    """Runs ``_export_here`` in a child process of this interpreter (see the module's docstring)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, __file__, arch.name, exporter, str(out)], env=env, capture_output=True,
+                       text=True, timeout=600)  # (inside pytest-timeout's 900 s)
+    if r.returncode != 0 or not out.exists():
+        out.unlink(missing_ok=True)
+        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"{exporter} export of {arch.name} failed (exit {r.returncode}):\n{tail}")
+
+
+def _export_here(arch: Arch, exporter: str, out: Path) -> None:
+    if arch.source == "keras":
+        _export_keras(arch, exporter, out)
+    elif arch.source == "paddle":
+        _export_paddle(arch, out)
+    else:
+        raise ValueError(f"{arch.name}: {arch.source} models export in the test process")
+
+
+def _keras_model(arch: Arch) -> Any:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    if arch.builder == "convnet":
+        # the layers of small image models written by hand: separable and depthwise convolutions, pooling,
+        # up-sampling and a skip concatenation, dense layers
+        L = keras.layers
+        x0 = keras.Input(arch.shape[1:], batch_size=None if arch.dynamic_batch else arch.shape[0])
+        x = L.Rescaling(1 / 127.5, offset=-1)(x0)
+        x = L.Conv2D(16, 3, strides=2, padding="same", use_bias=False)(x)
+        x = L.BatchNormalization()(x)
+        x = L.ReLU(6.0)(x)
+        y = L.DepthwiseConv2D(3, padding="same")(x)
+        y = L.BatchNormalization()(y)
+        y = L.Activation("swish")(y)
+        y = L.SeparableConv2D(24, 3, padding="same", activation="relu")(y)
+        z = L.MaxPooling2D(2)(y)
+        z = L.Conv2D(24, 1, activation="elu")(z)
+        z = L.UpSampling2D(2)(z)
+        x = L.Concatenate()([x, y, z])
+        x = L.AveragePooling2D(2)(x)
+        # (not gelu: Keras 3 computes it with erfc, which tf2onnx writes as an "Erfc" node ONNX does not have)
+        x = L.Conv2D(32, 3, padding="valid", dilation_rate=2, activation="selu")(x)
+        x = L.LayerNormalization()(x)
+        x = L.GlobalAveragePooling2D()(x)
+        x = L.Dense(64, activation="tanh")(x)
+        x = L.Dropout(0.2)(x)
+        model = keras.Model(x0, L.Dense(10)(x))
+    elif arch.builder == "lstm":
+        L = keras.layers
+        x0 = keras.Input(arch.shape[1:], batch_size=None if arch.dynamic_batch else arch.shape[0])
+        x = L.LSTM(16, return_sequences=True)(x0)
+        x = L.GRU(12)(x)
+        model = keras.Model(x0, L.Dense(4)(x))
+    else:
+        # logits rather than softmax probabilities, which would hide differences in the logits
+        model = getattr(keras.applications, arch.builder)(weights=None, input_shape=arch.shape[1:],
+                                                         classifier_activation=None)
+    if arch.calibrate:
+        _calibrate_keras_batchnorm(model, arch)
+    return model
+
+
+def _calibrate_keras_batchnorm(model: Any, arch: Arch) -> None:
+    """As _calibrate_batchnorm: running statistics from random images, the batch's own (momentum 0)."""
+    import keras
+    import numpy as np
+
+    bns = [m for m in model._flatten_layers(include_self=False, recursive=True)
+           if isinstance(m, keras.layers.BatchNormalization)]
+    if not bns:
+        return
+    for m in bns:
+        m.momentum = 0.0
+    # (the range of example_input's images, which the models are then run with)
+    model(np.random.default_rng(1).random((4,) + tuple(arch.shape[1:]), dtype=np.float32), training=True)
+
+
+def _spec_shape(arch: Arch) -> tuple[int | None, ...]:
+    return ((None,) + arch.shape[1:]) if arch.dynamic_batch else arch.shape
+
+
+def _export_keras(arch: Arch, exporter: str, out: Path) -> None:
+    import tempfile
+
+    import tensorflow as tf
+    import tf2onnx
+
+    model = _keras_model(arch)
+    spec = (tf.TensorSpec(_spec_shape(arch), tf.float32, name="x"),)
+    if exporter == "tf2onnx_keras":
+        tf2onnx.convert.from_keras(model, input_signature=spec, opset=17, output_path=str(out))
+    elif exporter == "tf2onnx_function":
+        fn = tf.function(lambda x: model(x, training=False), input_signature=spec)
+        tf2onnx.convert.from_function(fn, input_signature=spec, opset=17, output_path=str(out))
+    elif exporter == "tf2onnx_saved_model":
+        with tempfile.TemporaryDirectory() as d:
+            model.export(d, format="tf_saved_model", input_signature=list(spec))
+            # the command line, as the tf2onnx README shows it
+            subprocess.run([sys.executable, "-m", "tf2onnx.convert", "--saved-model", d, "--opset", "17",
+                            "--output", str(out)], check=True)
+    else:
+        raise ValueError(f"unknown exporter {exporter!r} for a Keras model")
+
+
+def _export_paddle(arch: Arch, out: Path) -> None:
+    import tempfile
+
+    import numpy as np
+    import paddle
+    import paddle2onnx
+
+    paddle.seed(0)
+    model = getattr(paddle.vision.models, arch.builder)(**arch.kwargs)
+    if arch.calibrate:
+        bns = [m for m in model.sublayers() if isinstance(m, paddle.nn.layer.norm._BatchNormBase)]
+        for m in bns:
+            m._momentum = 0.0  # the batch's statistics (paddle keeps momentum * old + (1 - momentum) * batch)
+        model.train()
+        x = np.random.default_rng(1).random((4,) + tuple(arch.shape[1:]), dtype=np.float32)
+        with paddle.no_grad():
+            model(paddle.to_tensor(x))
+    model.eval()
+    with tempfile.TemporaryDirectory() as d:
+        spec = [paddle.static.InputSpec(shape=list(_spec_shape(arch)), dtype="float32", name="x")]
+        paddle.jit.save(model, os.path.join(d, "model"), input_spec=spec)
+        # paddle 3 writes its PIR program as model.json, paddle 2 model.pdmodel
+        prog = next(os.path.join(d, f) for f in ("model.json", "model.pdmodel") if os.path.exists(os.path.join(d, f)))
+        paddle2onnx.export(prog, os.path.join(d, "model.pdiparams"), str(out), opset_version=17)
+
+
+if __name__ == "__main__":
+    # the child of _export_in_child: <model> <exporter> <out.onnx>
+    _name, _exporter, _out = sys.argv[1:4]
+    _export_here(next(a for a in CORPUS if a.name == _name), _exporter, Path(_out))

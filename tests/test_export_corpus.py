@@ -1,25 +1,25 @@
 """Real architectures as their users export them (issue 18): torchvision and timm models with random weights,
 exported by ``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``) and the dynamo exporter,
-run by inferd on the CPU and on Vulkan (lavapipe) and compared with onnxruntime on the CPU. The detectors
+Keras models through tf2onnx and paddle.vision models through paddle2onnx, run by inferd on the CPU and on Vulkan (lavapipe) and compared with onnxruntime on the CPU. The detectors
 keep their post-processing (NonMaxSuppression, TopK, RoiAlign, ...) in the graph, with thresholds that let
 random weights keep boxes: their outputs must not be empty.
 
-torch, torchvision, timm and onnxscript are optional test dependencies (the ``corpus`` extra; README, Tests):
-without torch every test here skips. Exports are cached (``tests/export_corpus.py``), so only the first run
+torch, torchvision, timm and onnxscript are optional test dependencies (the ``corpus`` extra; README, Tests),
+and so are TensorFlow/tf2onnx and paddlepaddle/paddle2onnx (``INFERD_TEST_EXPORTERS``): a model whose
+exporter is not installed skips. Exports are cached (``tests/export_corpus.py``), so only the first run
 pays for them.
 """
 from __future__ import annotations
 
-import importlib.util
+from typing import Any
 
 import numpy as np
 import pytest
 
 import export_corpus as corpus
-from export_corpus import CORPUS, EXPORTERS, Arch
+from export_corpus import CORPUS, Arch, exporters_of
+from inferd.errors import BackendError
 from ortutil import ort_session
-
-pytestmark = pytest.mark.skipif(not corpus.torch_available(), reason="torch is not installed (the 'corpus' extra)")
 
 #: (arch, exporter) pairs that cannot be exported, with the exporter's own limitation
 NOT_EXPORTABLE: dict[tuple[str, str], str] = {
@@ -30,17 +30,29 @@ NOT_EXPORTABLE: dict[tuple[str, str], str] = {
 }
 
 
-def _missing(arch: Arch, exporter: str) -> str | None:
-    for mod in ([arch.source] + (["onnxscript"] if exporter == "dynamo" else [])):
-        if importlib.util.find_spec(mod) is None:
-            return f"{mod} is not installed (the 'corpus' extra)"
-    return None
+#: (arch, exporter) pairs inferd's Vulkan backend refuses today, with the limitation (strict xfail: a fix shows)
+VULKAN_REFUSES: dict[tuple[str, str], str] = {
+    ("keras_lstm_any_batch", "tf2onnx_function"): (
+        "a Loop whose trip count its body decides (tf2onnx's while_loop: cond_out = Less(i, n) And Less(t, max)) has "
+        "run-time shaped scan outputs; with a symbolic batch the model is a dynamic template, and the CPU tail split "
+        "(runtime/model.py _runtime_split_model) is only tried for static models, so the Vulkan backend refuses it"),
+}
 
 
-CASES = [pytest.param(a, e, id=f"{a.name}-{e}",
-                      marks=[pytest.mark.skip(reason=NOT_EXPORTABLE[(a.name, e)])] if (a.name, e) in NOT_EXPORTABLE
-                      else [])
-         for a in CORPUS for e in EXPORTERS]
+def _cases(vulkan: bool) -> list[Any]:
+    out = []
+    for a in CORPUS:
+        for e in exporters_of(a):
+            marks: list[Any] = []
+            if (a.name, e) in NOT_EXPORTABLE:
+                marks.append(pytest.mark.skip(reason=NOT_EXPORTABLE[(a.name, e)]))
+            if vulkan and (a.name, e) in VULKAN_REFUSES:
+                marks.append(pytest.mark.xfail(strict=True, raises=BackendError, reason=VULKAN_REFUSES[(a.name, e)]))
+            out.append(pytest.param(a, e, id=f"{a.name}-{e}", marks=marks))
+    return out
+
+
+CASES = _cases(vulkan=False)
 
 _ORT_CACHE: dict[tuple[str, str], tuple[str, dict[str, np.ndarray], list[str], list[np.ndarray]]] = {}
 
@@ -48,7 +60,7 @@ _ORT_CACHE: dict[tuple[str, str], tuple[str, dict[str, np.ndarray], list[str], l
 def _exported(arch: Arch, exporter: str) -> tuple[str, dict[str, np.ndarray], list[str], list[np.ndarray]]:
     """(model path, feeds, output names, onnxruntime's outputs), once per session."""
 
-    why = _missing(arch, exporter)
+    why = corpus.missing(arch, exporter)
     if why:
         pytest.skip(why)
     key = (arch.name, exporter)
@@ -89,7 +101,7 @@ def test_cpu_matches_onnxruntime(arch: Arch, exporter: str) -> None:
 
 
 @pytest.mark.vulkan
-@pytest.mark.parametrize("arch,exporter", CASES)
+@pytest.mark.parametrize("arch,exporter", _cases(vulkan=True))
 def test_vulkan_matches_onnxruntime(arch: Arch, exporter: str) -> None:
     import inferd
     import inferd.vulkan
