@@ -520,7 +520,14 @@ def test_kernel_matches_onnxruntime(device: Any, cid: str) -> None:
     model = make_single_node_model(op[len(MS):] if domain else op, ins, attrs, opset, mask, n_out, domain)
     if domain:
         model.opset_import.append(helper.make_opsetid("", 17))
-    want = run_ort(model, feeds_for(ins, mask))
+    try:
+        want = run_ort(model, feeds_for(ins, mask))
+    except Exception as e:  # an onnxruntime older than the opset (the GPU machine's 1.30 has no Attention 25)
+        if opset <= 23 or "Unrecognized attribute" not in str(e):
+            raise
+        import onnxruntime
+
+        pytest.skip(f"onnxruntime {onnxruntime.__version__} does not run {op} at opset {opset}: {str(e)[:160]}")
     got, _, stats = run_single(device, op, ins, {**attrs, "_opset": opset if not domain else 17}, const, kernel,
                                n_outputs=n_out)
     assert stats["kernels"] == {"n0": kernel}

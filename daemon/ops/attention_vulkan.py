@@ -123,8 +123,11 @@ class VkAttention(VulkanKernel):
         g = _geom(layer)
         out = {}
         if g.causal:  # keys by position (causal, sliding window), the oracle's table at offset 0
-            allowed = visible_keys(layer.node, g.sq, g.skv, 0, None)
-            assert allowed is not None
+            if layer.op == MS + "MultiHeadAttention":  # ``unidirectional``: key j is visible to query i when j <= i
+                allowed = np.arange(g.skv)[None, :] <= np.arange(g.sq)[:, None]
+            else:
+                allowed = visible_keys(layer.node, g.sq, g.skv, 0, None)
+                assert allowed is not None
             out["causal"] = np.ascontiguousarray(np.where(allowed, 0.0, -np.inf).astype(np.float32))
         if g.mask is not None:
             out["ninf"] = np.full(1, -np.inf, np.float32)
