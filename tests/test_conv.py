@@ -29,6 +29,7 @@ from inferd.ops.activation import apply_act  # noqa: E402
 from inferd.ops.base import raw_key  # noqa: E402
 from inferd.ops.conv import (ConvWinograd23, ConvWinograd43, conv_nd, layer_geom,  # noqa: E402
                              winograd_matrices)
+from native_harness import build_and_run  # noqa: E402
 
 F32 = np.float32
 TOL = 1e-4
@@ -1005,7 +1006,6 @@ int main(void){
 }
 """
 
-NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
 
 
 def _harness_source(tmp: Path) -> Path:
@@ -1019,13 +1019,7 @@ def _harness_source(tmp: Path) -> Path:
 
 
 def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
-    exe = tmp / ("ct_" + os.path.basename(cc))
-    srcs = [str(_harness_source(tmp))] + [str(p) for p in sorted(NATIVE_DIR.glob("*.c"))]
-    subprocess.run([cc, "-O3", "-fwrapv", "-std=gnu99", "-fno-math-errno", "-ffp-contract=fast", "-DINFERD_NO_CLONES",
-                    f"-I{NATIVE_DIR}", *flags, *srcs, "-o", str(exe), "-lm", "-pthread"], check=True, capture_output=True,
-                   timeout=180)
-    out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
+    build_and_run(_harness_source(tmp), None, cc, flags, tmp, runner, ("-O3", "-fwrapv", "-ffp-contract=fast"), 180)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.uname().machine != "x86_64", reason="needs cc on x86-64")
@@ -1055,14 +1049,9 @@ def test_native_c_under_sanitizers(tmp_path: Path) -> None:
     """The same harness with AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer: no read past a
     buffer, no undefined arithmetic (NaN into int, negative shifts), no leaked thread scratch. The pool runs
     2 threads in parts of the harness, so the hand-off is exercised too."""
-    exe = tmp_path / "ct_asan"
-    srcs = [str(_harness_source(tmp_path))] + [str(p) for p in sorted(NATIVE_DIR.glob("*.c"))]
-    subprocess.run(["cc", "-O1", "-g", "-std=gnu99", "-fno-math-errno", "-ffp-contract=fast", "-DINFERD_NO_CLONES",
-                    "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer",
-                    f"-I{NATIVE_DIR}", *srcs, "-o", str(exe), "-lm", "-pthread"], check=True, capture_output=True,
-                   timeout=300)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, (out.stdout[-2000:], out.stderr[-4000:])
+    build_and_run(_harness_source(tmp_path), None, "cc", ["-g", "-fsanitize=address,undefined",
+                  "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"], tmp_path, [],
+                  ("-O1", "-ffp-contract=fast"), 600)
 
 
 # --------------------------------------------------------------------------- banded im2col (native/convtile.c)

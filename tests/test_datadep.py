@@ -4,7 +4,6 @@ time inside the bound the plan reserved, and a run whose output would pass that 
 it."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +21,7 @@ from inferd.ir import Node
 from inferd.ops import kernels_for, run_layer, single_node_layer
 from inferd.ops.detection import NmsNative, nms, roi_align
 from inferd.runtime.cpu import CpuExecutor
+from native_harness import build_and_run
 from ortutil import ort_session
 
 NATIVE = native.AVAILABLE and hasattr(native.lib, "inferd_nms")
@@ -358,19 +358,11 @@ int main(void){
   return fails != 0;
 }
 """
-_NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
-
-
 def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
     src = tmp / "detect_test.c"
     src.write_text(_HARNESS)
-    exe = tmp / ("dt_" + os.path.basename(cc))
     # detect.c and the thread pool it splits RoiAlign over (tests/test_conv.py builds every file)
-    srcs = [str(src)] + [str(_NATIVE_DIR / f) for f in ("detect.c", "pool.c")]
-    subprocess.run([cc, "-O2", "-std=gnu99", "-fno-math-errno", "-DINFERD_NO_CLONES", f"-I{_NATIVE_DIR}", *flags,
-                    *srcs, "-o", str(exe), "-lm", "-pthread"], check=True, capture_output=True, timeout=300)
-    out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
+    build_and_run(src, ("detect.c", "pool.c"), cc, flags, tmp, runner)
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@ GatherND/ScatterND, GroupNormalization, RMSNormalization, DepthToSpace): each ag
 onnxruntime over its attribute space, and each stepping aside when the native extension lacks its entry point."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from inferd import native
 from inferd.errors import KernelError
 from inferd.ops import kernels_for, run_layer, single_node_layer
+from native_harness import build_and_run
 from ortutil import feeds_for, make_single_node_model, ort_session
 
 NATIVE_NAMES = {"GridSample": "gridsample_native", "Einsum": "einsum_gemm", "CumSum": "cumsum_native",
@@ -356,19 +356,11 @@ int main(void){
   return fails != 0;
 }
 """
-_NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
-
-
 def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
     src = tmp / "hot_test.c"
     src.write_text(_HARNESS)
-    exe = tmp / ("hot_" + os.path.basename(cc))
-    srcs = [str(src)] + [str(_NATIVE_DIR / f) for f in ("sampling.c", "gather.c", "rows.c", "detect.c", "pool.c")]
-    subprocess.run([cc, "-O2", "-std=gnu99", "-fno-math-errno", "-ffp-contract=fast", "-DINFERD_NO_CLONES",
-                    f"-I{_NATIVE_DIR}", *flags, *srcs, "-o", str(exe), "-lm", "-pthread"], check=True,
-                   capture_output=True, timeout=300)
-    out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
+    build_and_run(src, ("sampling.c", "gather.c", "rows.c", "detect.c", "pool.c"), cc, flags, tmp, runner,
+                  ("-O2", "-ffp-contract=fast"))
 
 
 @pytest.mark.slow
