@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from ortutil import ort_session
 
 import inferd
+import inferd.vulkan
 from inferd.errors import InferdError, ModelFormatError, UnsupportedOpError
 from inferd.frontend import import_model
 from inferd.ir import Node
@@ -43,9 +44,13 @@ def _body(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str], name: str) ->
     return helper.make_graph(list(nodes), name, [], [helper.make_tensor_value_info(o, F, None) for o in outputs])
 
 
-def _same(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Runs ``m`` on inferd's CPU engine and onnxruntime; asserts equal outputs (shape, dtype, values)."""
-    got = inferd.load(m, device="cpu").run(feeds)
+def _devices() -> list[str]:
+    return ["cpu", "vulkan"] if inferd.vulkan.available() else ["cpu"]
+
+
+def _same(m: onnx.ModelProto, feeds: dict[str, np.ndarray], device: str = "cpu") -> dict[str, np.ndarray]:
+    """Runs ``m`` on inferd (``device``) and onnxruntime; asserts equal outputs (shape, dtype, values)."""
+    got = inferd.load(m, device=device).run(feeds)
     want = ort_session(m).run(None, feeds)
     for o, w in zip(m.graph.output, want):
         assert got[o.name].shape == w.shape and got[o.name].dtype == w.dtype, (o.name, got[o.name], w)
@@ -116,11 +121,12 @@ def _if_model(empty_default: bool) -> onnx.ModelProto:
     return _model(nodes, [_x(), helper.make_tensor_value_info("c", B, [])], ["y"])
 
 
+@pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize("empty_default", [False, True])
-def test_optionals_inside_a_value_dependent_if(empty_default: bool) -> None:
+def test_optionals_inside_a_value_dependent_if(empty_default: bool, device: str) -> None:
     m = _if_model(empty_default)
     for c in (True, False):
-        got = _same(m, {"x": X, "c": np.array(c)})
+        got = _same(m, {"x": X, "c": np.array(c)}, device)
         assert np.array_equal(got["y"], np.maximum(X, 0) if c else -X)
     g = import_model(m)
     (node,) = [n for n in g.nodes if n.op == "If"]  # stays dynamic; its bodies no longer read the empty optional
@@ -189,3 +195,27 @@ def test_registered_with_oracles_and_a_cpu_kernel() -> None:
     assert np.array_equal(get(n_get, [X])[0], X)
     with pytest.raises(InferdError, match="'g'.*empty"):
         get(n_get, [None])
+
+
+def test_loop_carrying_an_optional_tensor() -> None:
+    """A Loop whose carried value is typed optional(tensor) (scripted ``Optional[Tensor]`` state): the body's
+    optional input is taken as the tensor its node passes, which is never an empty optional (that is refused)."""
+    opt = helper.make_optional_type_proto(helper.make_tensor_type_proto(F, [2, 3]))
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("OptionalGetElement", ["acc_in"], ["a"]),
+         helper.make_node("Add", ["a", "x"], ["s"]),
+         helper.make_node("Optional", ["s"], ["acc_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", B, []),
+         helper.make_value_info("acc_in", opt)],
+        [helper.make_tensor_value_info("cond_out", B, []), helper.make_value_info("acc_out", opt)])
+    m = _model([helper.make_node("Constant", [], ["n"], value=helper.make_tensor("n", TensorProto.INT64, [], [3])),
+                helper.make_node("Optional", ["x"], ["o"]),
+                helper.make_node("Loop", ["n", "", "o"], ["acc"], body=body),
+                helper.make_node("OptionalGetElement", ["acc"], ["y"])], [_x()], ["y"])
+    got = _same(m, {"x": X})
+    assert np.array_equal(got["y"], 4 * X)
+    empty = onnx.ModelProto()
+    empty.CopyFrom(m)
+    empty.graph.node[1].CopyFrom(helper.make_node("Optional", [], ["o"], type=FLOAT_TYPE))
+    _refused(empty, "Loop", "'o'", "empty optional")
