@@ -16,7 +16,8 @@ from inferd import cli
 from inferd.errors import KernelError, ShapeError, UnsupportedOpError
 from inferd.frontend import import_model
 from inferd.ops.base import kernels_for, op_spec, run_layer, single_node_layer
-from inferd.ops.coverage import NO_VULKAN
+from inferd.ops.control import OPTIONAL_OPS
+from inferd.ops.coverage import LOWERED, NO_VULKAN
 
 
 # ------------------------------------------------------------------------------------------ inferd ops
@@ -44,10 +45,12 @@ def test_ops_marks_vulkan_kernels(capsys: pytest.CaptureFixture[str]) -> None:
     for op, r in rows.items():
         assert r["vulkan"] == [k.name for k in kernels_for(op, "vulkan")], op
         assert (NO_VULKAN in r["notes"]) == (not r["vulkan"] and not op_spec(op).alias  # type: ignore[union-attr]
-                                              and op not in ("If", "Loop", "Scan")), op
+                                              and op not in ("If", "Loop", "Scan")
+                                              and op not in OPTIONAL_OPS), op
     # spot checks that would catch a column mix-up
     assert "vk_winograd43" in rows["Conv"]["vulkan"] and rows["TopK"]["vulkan"] == []
     assert rows["Sin"]["vulkan"] == ["vk_unary"] and NO_VULKAN in rows["TopK"]["notes"]
+    assert LOWERED in rows["OptionalGetElement"]["notes"]
 
 
 def test_ops_text_table_has_a_row_per_op(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from .. import ops  # noqa: F401  (registers all ops)
 from ..errors import InferdError, ModelFormatError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Subgraph, TensorInfo
 from ..ops.base import op_spec
+from ..ops.control import lower_optionals
 from ..ops.quant import MS_OPS
 from .rewrite import dce as _dce
 from .rewrite import rewrite as _rewrite
@@ -131,10 +132,8 @@ def _convert_subgraph(g: onnx.GraphProto, opset: int, where: str) -> Subgraph:
             # is that of the value the node feeds it, which shaping takes from there (shapes.shape_body)
             inputs.append((vi.name, np.dtype(np.float32), None))
             continue
-        if not vi.type.HasField("tensor_type"):
-            raise UnsupportedOpError("(subgraph)", where, opset, f"input {vi.name!r} is not a tensor "
-                                                                   "(sequence/optional bodies are not supported)")
-        tt = vi.type.tensor_type
+        tt = _tensor_type(vi, f"input {vi.name!r} of body {where}",
+                          lambda why: UnsupportedOpError("(subgraph)", where, opset, why))
         dims = (tuple(int(d.dim_value) if d.HasField("dim_value") else -1 for d in tt.shape.dim)
                 if tt.HasField("shape") else None)
         inputs.append((vi.name, _elem_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32), dims))
@@ -149,6 +148,24 @@ def _convert_subgraph(g: onnx.GraphProto, opset: int, where: str) -> Subgraph:
         if o.name not in defined and o.name not in outer:
             outer.append(o.name)
     return Subgraph(g.name or where, nodes, inputs, [o.name for o in g.output], consts, outer)
+
+
+def _tensor_type(vi: onnx.ValueInfoProto, what: str, error: Callable[[str], Exception]) -> onnx.TypeProto.Tensor:
+    """The tensor type of a graph or body input: a tensor, or an optional of one. An optional-of-tensor input is
+    taken as a present tensor, which is sound: a client's feed is always a tensor (inferd has no absent value) and
+    a body's is what its node passes, never an empty optional (``inferd.ops.control.lower_optionals`` refuses
+    passing one). Anything else (a sequence, a map, an optional of a sequence) is refused with ``error``."""
+    t = vi.type
+    if t.HasField("optional_type"):
+        if t.optional_type.elem_type.HasField("tensor_type"):
+            return t.optional_type.elem_type.tensor_type
+        kind = t.optional_type.elem_type.WhichOneof("value") or "untyped value"
+        raise error(f"{what} is an optional of a {kind.replace('_type', '')}: only tensors (and optionals of "
+                    "tensors) are supported")
+    if not t.HasField("tensor_type"):
+        kind = (t.WhichOneof("value") or "untyped value").replace("_type", "")
+        raise error(f"{what} is a {kind}, not a tensor (sequence/map values are not supported)")
+    return t.tensor_type
 
 
 def _elem_dtype(t: int) -> np.dtype:
@@ -171,10 +188,9 @@ def _input_infos(model: onnx.ModelProto, batch: int, shapes: Mapping[str, Sequen
     for vi in model.graph.input:
         if vi.name in init_names:
             continue
-        if not vi.type.HasField("tensor_type"):
-            raise ModelFormatError(f"graph input {vi.name!r} is not a tensor (sequence/map inputs are not supported)")
+        tt = _tensor_type(vi, f"graph input {vi.name!r}", ModelFormatError)
         dims = tuple(int(d.dim_value) if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or f"{vi.name}:{k}")
-                     for k, d in enumerate(vi.type.tensor_type.shape.dim))
+                     for k, d in enumerate(tt.shape.dim))
         declared.append((vi, dims))
     # a symbol shared by several inputs takes one size: the first given one
     sym: dict[str, int] = {}
@@ -196,7 +212,7 @@ def _input_infos(model: onnx.ModelProto, batch: int, shapes: Mapping[str, Sequen
                 sym.setdefault(d, x)
     out, alt, all_dims = [], {}, {}
     for vi, dims in declared:
-        dt = _elem_dtype(vi.type.tensor_type.elem_type)
+        dt = _elem_dtype(_tensor_type(vi, "", ModelFormatError).elem_type)
         probe = tuple(d if isinstance(d, int) else sym.get(d, batch if k == 0 else PROBE) for k, d in enumerate(dims))
         given = (shapes or {}).get(vi.name)
         if given is not None:
@@ -233,7 +249,7 @@ def import_template(src: str | os.PathLike | bytes | onnx.ModelProto, batch: int
         raise ModelFormatError(f"cannot read initializer: {type(e).__name__}: {e}") from e
     inputs, dims, alt_shapes = _input_infos(model, batch, shapes, set(constants))
     dynamic = {t.name for t in inputs if any(isinstance(d, str) for d in dims[t.name])}
-    nodes = _convert_nodes(g.node, opset)
+    nodes = lower_optionals(_convert_nodes(g.node, opset), [o.name for o in g.output], opset)
     infos: dict[str, TensorInfo] = {t.name: t for t in inputs}
     for k, v in constants.items():
         infos[k] = TensorInfo(k, tuple(v.shape), v.dtype)

@@ -341,3 +341,140 @@ def describe(graph: Graph) -> str:
     if graph.runtime_shaped:
         lines.append(f"tensors shaped at run time (CPU oracle): {sorted(graph.runtime_shaped)}")
     return "\n".join(lines) if lines else "no control flow left at run time"
+
+
+# ------------------------------------------------------------------------------------------------ optional values
+# inferd's graphs carry tensors only, and a client's feed is always a tensor, so an optional value is known at import
+# to be present (Optional(x), a plain tensor, an optional-typed graph or body input) or empty (Optional() with no
+# input). ``lower_optionals`` turns the three ops into what they then are: Identity of the held tensor, a constant
+# bool, or a refusal where an empty optional would have to exist at run time. The specs below are the ops' numpy
+# oracles (an empty optional is None) and what ``inferd ops`` lists.
+
+OPTIONAL_OPS = ("Optional", "OptionalHasElement", "OptionalGetElement")
+
+
+def _optional_input(node: Node) -> str:
+    return node.inputs[0] if node.inputs and node.inputs[0] else ""
+
+
+def _optional_infer(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0] if ins else None
+    if node.op == "OptionalHasElement":
+        return [((), np.dtype(np.bool_))]
+    if x is None:
+        raise ShapeError(f"node {node.name!r} ({node.op}): an empty optional has no tensor shape (import folds it)")
+    return [(tuple(x.shape), x.dtype)]
+
+
+def _optional_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x = inputs[0] if inputs else None
+    if node.op == "OptionalHasElement":
+        return [np.array(x is not None)]
+    if x is None:
+        raise ShapeError(f"node {node.name!r} ({node.op}): the optional is empty"
+                         + (" (OptionalGetElement of an empty optional fails in onnxruntime too)"
+                            if node.op == "OptionalGetElement" else ""))
+    return [np.asarray(x)]
+
+
+def _optional_check(node: Node, opset: int) -> None:
+    if node.op == "OptionalGetElement" and not _optional_input(node):
+        raise UnsupportedOpError(node.op, node.name, opset, "its input is required")
+    if node.op == "OptionalHasElement" and not _optional_input(node) and opset < 18:
+        raise UnsupportedOpError(node.op, node.name, opset, "its input is required before opset 18")
+    if node.op == "Optional" and not _optional_input(node) and node.attr("type") is None:
+        raise UnsupportedOpError(node.op, node.name, opset, "an Optional with no input needs its 'type' attribute")
+
+
+_OPTIONAL_NOTES = {
+    "Optional": "static: Optional(x) is x (an Identity); Optional() is an empty optional known at import, which "
+                "only OptionalHasElement may read (anything else needing it at run time is refused at import)",
+    "OptionalHasElement": "folded at import to a constant bool (feeds are always tensors, so an optional graph "
+                          "input is present)",
+    "OptionalGetElement": "an Identity of the held tensor; of an empty optional refused at import (onnxruntime "
+                          "fails at run time)",
+}
+for _op in OPTIONAL_OPS:
+    register_op(OpSpec(_op, _optional_infer, _optional_reference, min_opset=15, check=_optional_check,
+                       notes=_OPTIONAL_NOTES[_op]))
+
+
+@register_kernel
+class OptionalKernel(Kernel):
+    """The oracle over the arena, for a node that reaches a backend without being lowered (a graph built by hand:
+    import always lowers them)."""
+
+    name = "numpy"
+    ops: ClassVar[tuple[str, ...]] = OPTIONAL_OPS
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        for o, r in zip(outputs, _optional_reference(layer.node, full_inputs(layer, inputs, params))):
+            np.copyto(o, r)
+
+
+def _body_reads(sub: Subgraph) -> list[str]:
+    """Names ``sub`` reads from enclosing scopes (its nested bodies' reads included), as ``_convert_subgraph``
+    computes them at import."""
+    defined = {i[0] for i in sub.inputs} | set(sub.constants) | {o for n in sub.nodes for o in n.outputs if o}
+    reads: list[str] = []
+    for n in sub.nodes:
+        for i in n.inputs:
+            if i and i not in defined and i not in reads:
+                reads.append(i)
+    for o in sub.outputs:
+        if o and o not in defined and o not in reads:
+            reads.append(o)
+    return reads
+
+
+def lower_optionals(nodes: list[Node], outputs: Sequence[str], opset: int, where: str = "",
+                    empty: set[str] | None = None) -> list[Node]:
+    """``nodes`` (and every body in them) without Optional, OptionalHasElement and OptionalGetElement: see the
+    section's comment. ``empty``: names of empty optionals defined so far in enclosing scopes (ONNX names are
+    unique across scopes). Refuses (``UnsupportedOpError`` naming the op, the node's path and why) an
+    OptionalGetElement of an empty optional and any other read of one: as a node input, a body's read, a graph
+    or body output."""
+    empty = set() if empty is None else empty
+    out: list[Node] = []
+    for n in nodes:
+        path = f"{where}/{n.name}" if where else n.name
+        if n.op in OPTIONAL_OPS:
+            x = _optional_input(n)
+            attrs = {"_opset": n.attr("_opset", opset)}
+            if n.op == "Optional" and not x:
+                empty.update(o for o in n.outputs if o)
+                continue
+            if n.op == "OptionalHasElement":
+                out.append(Node(n.name, "Constant", [], list(n.outputs),
+                                {**attrs, "value": np.array(bool(x) and x not in empty)}, n.domain))
+                continue
+            if x in empty:
+                raise UnsupportedOpError(n.op, path, opset, f"its input {x!r} is an empty optional (Optional() with no "
+                                                           "input): getting its element fails at run time, in "
+                                                           "onnxruntime too")
+            out.append(Node(n.name, "Identity", [x], list(n.outputs), attrs, n.domain))
+            continue
+        for key in sorted(k for k, v in n.attrs.items() if isinstance(v, Subgraph)):
+            sub = n.attrs[key]
+            sub.nodes = lower_optionals(sub.nodes, sub.outputs, opset, f"{path}.{key}", empty)
+            sub.outer = _body_reads(sub)
+        if n.attr("_outer") is not None:
+            outer: list[str] = []
+            for key in sorted(k for k, v in n.attrs.items() if isinstance(v, Subgraph)):
+                outer += [o for o in n.attrs[key].outer if o not in outer]
+            nf = int(n.attr("_formal"))
+            n.inputs = n.inputs[:nf] + outer
+            n.attrs["_outer"] = outer
+        bad = [i for i in n.inputs if i in empty]
+        if bad:
+            raise UnsupportedOpError(n.op, path, opset, f"it reads {bad}, an empty optional (Optional() with no input): "
+                                                        "only tensors exist at run time in inferd, so an absent "
+                                                        "optional can only be tested by OptionalHasElement")
+        out.append(n)
+    bad = [o for o in outputs if o in empty]
+    if bad:
+        raise UnsupportedOpError("Optional", where or "graph", opset,
+                                 f"{'body' if where else 'graph'} output(s) {bad} are an empty optional (Optional() "
+                                 "with no input): an absent optional value at run time is not supported")
+    return out

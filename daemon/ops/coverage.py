@@ -11,11 +11,12 @@ from typing import Any
 
 from . import registered_ops
 from .base import kernels_for
-from .control import CONTROL_OPS
+from .control import CONTROL_OPS, OPTIONAL_OPS
 
 NO_VULKAN = ("no Vulkan kernel: in a Vulkan model it runs on the CPU between GPU segments (mixed placement) "
              "unless it folds to a constant")
 HOST_VULKAN = "Vulkan: a host step between GPU segments (bodies run as nested Vulkan models)"
+LOWERED = "lowered at import (to an Identity or a constant): no node of it is left to place on any backend"
 
 
 def _load_vulkan_kernels() -> str | None:
@@ -43,6 +44,8 @@ def coverage() -> dict[str, Any]:
         vk = None if vk_error else [k.name for k in kernels_for(op, "vulkan")]
         if op in CONTROL_OPS:
             notes.append(HOST_VULKAN)
+        elif op in OPTIONAL_OPS:
+            notes.append(LOWERED)
         elif vk == [] and not spec.alias:
             notes.append(NO_VULKAN)
         rows.append({"op": op, "opsets": [max(spec.min_opset, 1), MAX_OPSET],
