@@ -162,6 +162,30 @@ def test_nms_past_its_bound_fails_the_request(tmp_path: Path, monkeypatch: pytes
     _canary_run(ex, "sel", feeds)
 
 
+def test_nms_iou_threshold_outside_0_1_fails_clearly_and_the_executor_keeps_serving(tmp_path: Path) -> None:
+    from inferd.errors import InputError
+    from ortutil import ort_session
+
+    m = _model([h.make_node("NonMaxSuppression", ["b", "s", "mo", "iou"], ["sel"])],
+               [("b", T.FLOAT, [1, 20, 4]), ("s", T.FLOAT, [1, 1, 20]), ("mo", T.INT64, [1]), ("iou", T.FLOAT, [1])],
+               ["sel"])
+    onnx.save(m, tmp_path / "m.onnx")
+    ex = CpuExecutor(import_model(str(tmp_path / "m.onnx")))
+    rng = np.random.default_rng(5)
+    feeds = {"b": _boxes(rng, 1, 20), "s": rng.random((1, 1, 20), dtype=np.float32), "mo": np.array([5], np.int64)}
+    sess = ort_session(str(tmp_path / "m.onnx"))
+    for bad in (-0.1, 1.5):
+        with pytest.raises(InputError, match=r"iou_threshold .* must be in \[0, 1\]"):
+            ex.run({**feeds, "iou": np.array([bad], np.float32)})
+        with pytest.raises(Exception):  # onnxruntime refuses it too
+            sess.run(None, {**feeds, "iou": np.array([bad], np.float32)})
+    good = {**feeds, "iou": np.array([0.5], np.float32)}
+    np.testing.assert_array_equal(ex.run(good)["sel"], sess.run(None, good)[0])
+    node = Node("n", "NonMaxSuppression", ["a"] * 4, ["y"])
+    with pytest.raises(InputError):  # the oracle checks it as well
+        nms(node, [feeds["b"], feeds["s"], feeds["mo"], np.array([-1.0], np.float32)])
+
+
 @pytest.mark.parametrize("center", [0, 1])
 @pytest.mark.parametrize("n", [1, 37, 600])
 def test_nms_native_matches_oracle_and_onnxruntime(tmp_path: Path, center: int, n: int) -> None:

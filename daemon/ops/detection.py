@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .. import native
-from ..errors import KernelError, ShapeError
+from ..errors import InputError, KernelError, ShapeError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 from .datadep import capped
@@ -59,10 +59,17 @@ def _infer_nms(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list
     return [((capped(s.shape[0] * s.shape[1] * per, 3), 3), np.dtype(np.int64))]
 
 
+def _check_iou(node: Node, iou: float) -> float:
+    # the spec's range; onnxruntime refuses the run too (a negative threshold would suppress every box)
+    if not 0.0 <= iou <= 1.0:
+        raise InputError(f"node {node.name!r} (NonMaxSuppression): iou_threshold {iou} must be in [0, 1]")
+    return iou
+
+
 def _nms_args(node: Node, ins: Sequence[np.ndarray | None]) -> tuple[int, float, float | None]:
     g = lambda i: ins[i] if len(ins) > i else None  # noqa: E731
     max_out = max(0, int(_nms_scalar(g(2), 0)))
-    iou = _nms_scalar(g(3), 0.0)
+    iou = _check_iou(node, _nms_scalar(g(3), 0.0))
     st = g(4)
     score = None if st is None or np.asarray(st).size == 0 else float(np.asarray(st).reshape(-1)[0])
     return max_out, iou, score
@@ -322,7 +329,7 @@ class NmsNative(Kernel):
 
         def call() -> list[tuple[int, ...]]:
             max_out = max(0, int(mo_v[0])) if mo_v is not None else 0
-            iou = float(iou_v[0]) if iou_v is not None else 0.0
+            iou = _check_iou(node, float(iou_v[0])) if iou_v is not None else 0.0
             st = float(st_v[0]) if st_v is not None else 0.0
             got = lib.inferd_nms(pb, ps, b, c, n, center, max_out, iou, st, 0 if st_v is None else 1, po, cap)
             if got < 0:
