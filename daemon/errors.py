@@ -44,6 +44,11 @@ class PackageOptionsError(WeightsStoreError):
     the caller's choice to make, so it is reported, not rebuilt behind their back."""
 
 
+class PackageUnsupported(InferdError):
+    """A model the package format cannot hold yet (a Vulkan model with tensors shaped at run time, which loads as
+    a Vulkan head and a CPU tail): the loader compiles it in memory instead of through the package cache."""
+
+
 class KernelError(InferdError):
     """A forced kernel does not apply to the node it was forced on, or names no kernel."""
 

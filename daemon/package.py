@@ -29,7 +29,8 @@ from . import __version__
 from dataclasses import dataclass
 
 from .backends.base import LazyConstants, transformed_key
-from .errors import BackendError, InferdError, PackageOptionsError, StalePackageError, WeightsStoreError
+from .errors import (BackendError, InferdError, PackageOptionsError, PackageUnsupported, StalePackageError,
+                     WeightsStoreError)
 from .frontend.shapes import specialize
 from .fileio import atomic_write
 from .ir import Graph, Node, Subgraph, TensorInfo
@@ -127,6 +128,10 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     out.mkdir(parents=True, exist_ok=True)
     template = import_template(src, batch=batch, shapes=shapes)
     graph = specialize(template)  # the plan's shape: a dynamic model's other shapes share its weights
+    if device == "vulkan" and graph.runtime_shaped:
+        raise PackageUnsupported(f"{src}: tensors {sorted(graph.runtime_shaped)[:3]} are shaped at run time; a Vulkan "
+                                 "package plans static shapes, so this model is split between Vulkan and the CPU in "
+                                 "memory instead")
     opt = options or PlanOptions()
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})

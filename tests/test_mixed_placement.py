@@ -73,11 +73,8 @@ def test_info_shows_where_nodes_run(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "conv1" in info["placement"]["gpu"]
 
 
-def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path) -> None:
-    """A Vulkan model whose tail is shaped at run time (NonZero of a conv's activations, then GatherND): the conv
-    runs on Vulkan, the data-dependent tail on the CPU engine; outputs equal onnxruntime's for runs whose output
-    sizes differ."""
-    rng = np.random.default_rng(0)
+def _tail_model(tmp_path: Path, rng: np.random.Generator) -> Path:
+    """NonZero of a conv's activations, then GatherND: a static head and a tail shaped at run time."""
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
     nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
              h.make_node("Relu", ["c"], ["r"], name="relu"),
@@ -92,8 +89,22 @@ def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path) -> N
     m.ir_version = 8
     p = tmp_path / "tail.onnx"
     onnx.save(m, p)
+    return p
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path, cached: bool) -> None:
+    """A Vulkan model whose tail is shaped at run time (NonZero of a conv's activations, then GatherND): the conv
+    runs on Vulkan, the data-dependent tail on the CPU engine; outputs equal onnxruntime's for runs whose output
+    sizes differ. Through the package cache too (as the daemon loads): the package format plans static shapes, so
+    such a model is split in memory, not refused, and no package is left in the cache."""
+    rng = np.random.default_rng(0)
+    p = _tail_model(tmp_path, rng)
     sess = ort_session(p)
-    model = inferd.load(str(p), device="vulkan")
+    cache = tmp_path / "cache"
+    model = inferd.load(str(p), device="vulkan", cache_dir=str(cache) if cached else None)
+    if cached:
+        assert model.package is None and not [d for d in cache.glob("tail-*") if (d / "plan.bin").exists()]
     sizes = set()
     for scale in (0.5, 1.0, 2.0):
         feeds = {"x": (rng.standard_normal((1, 3, 8, 8)) * scale).astype(np.float32)}

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import onnx
 
 from .. import cache, faults
-from ..errors import BackendError, PackageOptionsError, WeightsStoreError
+from ..errors import BackendError, PackageOptionsError, PackageUnsupported, WeightsStoreError
 from ..ir import Graph, TensorInfo
 from ..planner.plan import ColdPlan, PlanOptions
 from .cpu import check_feeds
@@ -464,6 +464,8 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
                                             rebuild, in_memory_model))
         except PackageOptionsError:
             raise
+        except PackageUnsupported as e:
+            log.info("not cached: %s", e)
         except WeightsStoreError as e:
             log.warning("package cache for %s unusable (%s); loading the ONNX file", path, e)
         except OSError as e:
