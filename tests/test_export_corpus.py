@@ -32,10 +32,6 @@ NOT_EXPORTABLE: dict[tuple[str, str], str] = {
 
 #: (arch, exporter) pairs inferd's Vulkan backend refuses today, with the limitation (strict xfail: a fix shows)
 VULKAN_REFUSES: dict[tuple[str, str], str] = {
-    ("keras_lstm_any_batch", "tf2onnx_function"): (
-        "a Loop whose trip count its body decides (tf2onnx's while_loop: cond_out = Less(i, n) And Less(t, max)) has "
-        "run-time shaped scan outputs; with a symbolic batch the model is a dynamic template, and the CPU tail split "
-        "(runtime/model.py _runtime_split_model) is only tried for static models, so the Vulkan backend refuses it"),
 }
 
 

@@ -64,6 +64,23 @@ def test_mixed_model_on_vulkan_matches_onnxruntime(tmp_path: Path) -> None:
         model.close()
 
 
+def test_run_time_shaped_tail_of_a_dynamic_batch_model_splits_at_every_shape(tmp_path: Path) -> None:
+    """The same split with a dynamic batch (as tf2onnx and paddle2onnx export): each batch size it runs at is a
+    variant with its own Vulkan head and CPU tail, and all of them equal onnxruntime."""
+    rng = np.random.default_rng(1)
+    p = _tail_model(tmp_path, rng, batch="N")
+    sess = ort_session(p)
+    model = inferd.load(str(p), device="vulkan")
+    for n in (1, 3, 2, 3):
+        feeds = {"x": rng.standard_normal((n, 3, 8, 8)).astype(np.float32)}
+        got = model.run(feeds)
+        for name, want in zip(("y", "r"), sess.run(None, feeds)):
+            assert got[name].shape == want.shape
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4)
+    assert model.kernels["conv"].startswith("vk_") and model.kernels["nonzero"].startswith("cpu:")
+    model.close()
+
+
 def test_info_shows_where_nodes_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     p = tmp_path / "mixed.onnx"
     onnx.save(_mixed_model(), p)
@@ -73,8 +90,9 @@ def test_info_shows_where_nodes_run(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "conv1" in info["placement"]["gpu"]
 
 
-def _tail_model(tmp_path: Path, rng: np.random.Generator) -> Path:
-    """NonZero of a conv's activations, then GatherND: a static head and a tail shaped at run time."""
+def _tail_model(tmp_path: Path, rng: np.random.Generator, batch: int | str = 1) -> Path:
+    """NonZero of a conv's activations, then GatherND: a static head and a tail shaped at run time (``batch`` a
+    name: a dynamic batch)."""
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
     nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
              h.make_node("Relu", ["c"], ["r"], name="relu"),
@@ -82,7 +100,7 @@ def _tail_model(tmp_path: Path, rng: np.random.Generator) -> Path:
              h.make_node("NonZero", ["m"], ["nz"], name="nonzero"),
              h.make_node("Transpose", ["nz"], ["nzt"], name="tr"),
              h.make_node("GatherND", ["r", "nzt"], ["y"], name="gather")]
-    g = h.make_graph(nodes, "tail", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+    g = h.make_graph(nodes, "tail", [h.make_tensor_value_info("x", T.FLOAT, [batch, 3, 8, 8])],
                      [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("r", T.FLOAT, None)],
                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(0.5, np.float32), "t")])
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])

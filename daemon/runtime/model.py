@@ -484,17 +484,18 @@ def _from_source(path: Any, dev: str, batch: int, kernels: dict[str, str] | None
     template = import_template(path, batch=batch, shapes=shapes)
     mname = name or (template.name if in_memory else Path(path).stem)
     graph = specialize(template)
-    if dev == "vulkan" and graph.runtime_shaped and not template.dynamic:
-        split = _runtime_split_model(mname, graph, kernels, opt, loaders, options, t0)
+    if dev == "vulkan" and graph.runtime_shaped:
+        split = _runtime_split_model(mname, graph, kernels, opt, loaders, options, t0,
+                                     template if template.dynamic else None)
         if split is not None:
             return split
     return _planned_model(mname, graph, dev, kernels, opt, loaders, options, t0, None, None, template)
 
 
-def _runtime_split_model(mname: str, graph: Graph, kernels: dict[str, str] | None, opt: PlanOptions,
-                         loaders: int | None, options: dict[str, Any], t0: float) -> Model | None:
-    """A Vulkan model with a run-time shaped tail (``inferd.runtime.split_runtime``): the static head loaded on
-    Vulkan, the tail on the CPU engine; None when the graph does not split (the Vulkan backend then refuses it)."""
+def _split_executor(graph: Graph, kernels: dict[str, str] | None, opt: PlanOptions, loaders: int | None,
+                    options: dict[str, Any], t0: float) -> Any:
+    """``graph``'s static head loaded on Vulkan and its run-time shaped tail on the CPU engine
+    (``inferd.runtime.split_runtime``); None when the graph does not split (the Vulkan backend then refuses it)."""
     from .cpu import CpuExecutor
     from .split_runtime import SplitExecutor, split_at_runtime_shapes
 
@@ -508,9 +509,28 @@ def _runtime_split_model(mname: str, graph: Graph, kernels: dict[str, str] | Non
     except BaseException:
         head.close()
         raise
-    log.info("%s: %d nodes shaped at run time run on the CPU after the Vulkan part", mname, len(split.tail.nodes))
-    return Model(mname, graph, SplitExecutor(split, head, tail, [t.name for t in graph.outputs]), "vulkan",
-                 time.perf_counter() - t0)
+    return SplitExecutor(split, head, tail, [t.name for t in graph.outputs])
+
+
+def _runtime_split_model(mname: str, graph: Graph, kernels: dict[str, str] | None, opt: PlanOptions,
+                         loaders: int | None, options: dict[str, Any], t0: float,
+                         template: Graph | None = None) -> Model | None:
+    """A Vulkan model with a run-time shaped tail: split at its first shape, and with a dynamic ``template`` at
+    each other shape it is run at (its variants; they do not share weights with the first: each head is its own
+    Vulkan model)."""
+    ex = _split_executor(graph, kernels, opt, loaders, options, t0)
+    if ex is None:
+        return None
+    log.info("%s: %d nodes shaped at run time run on the CPU after the Vulkan part", mname, len(ex.split.tail.nodes))
+
+    def variant(g: Graph) -> Any:
+        v = _split_executor(g, kernels, opt, loaders, options, time.perf_counter())
+        if v is None:
+            raise BackendError(f"{mname}: at shape {[list(t.shape) for t in g.inputs]} the graph does not split into a "
+                               "static Vulkan part and a CPU tail")
+        return v
+    return Model(mname, graph, ex, "vulkan", time.perf_counter() - t0, template=template,
+                 make_backend=variant if template is not None else None)
 
 
 def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | None, mname: str, opt: PlanOptions,

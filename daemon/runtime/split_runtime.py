@@ -101,6 +101,11 @@ class SplitExecutor:
                 out[k] = out.get(k, 0) + int(v)
         return out
 
+    def adopt(self, other: Any) -> dict[str, int]:
+        """A variant of a dynamic model at another shape: its head is a Vulkan model of its own, so nothing is
+        shared with ``other`` (counts as ``Model`` reports them)."""
+        return {"shared": 0, "own": len(self.split.head.nodes) + len(self.split.tail.nodes)}
+
     def close(self) -> None:
         self.head.close()
         close = getattr(self.tail, "close", None)
