@@ -19,7 +19,7 @@ import numpy as np
 from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
-from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
 Infos = list["TensorInfo | None"]
 MS = "com.microsoft."
@@ -705,10 +705,8 @@ class RMSNormNative(Kernel):
         ins = full_inputs(layer, inputs, params)
         x = np.ascontiguousarray(ins[0], np.float32)
         s = np.ascontiguousarray(ins[1], np.float32).reshape(-1)
-        y = outputs[0]
-        yc = y if y.flags.c_contiguous else np.empty(x.shape, np.float32)
+        o = ContiguousOut(outputs[0])
         d = s.size
-        native.lib.inferd_rmsnorm(native._ptr(x), native._ptr(yc), x.size // d, d, native._ptr(s),
+        native.lib.inferd_rmsnorm(native._ptr(x), native._ptr(o.y), x.size // d, d, native._ptr(s),
                                   float(layer.attr("epsilon", 1e-5)))
-        if yc is not y:
-            np.copyto(y, yc)
+        o.close()

@@ -155,6 +155,21 @@ class Kernel:
         return f"<{self.backend} kernel {self.name} for {','.join(self.ops)}>"
 
 
+class ContiguousOut:
+    """An output as a C-contiguous ``dtype`` array a native kernel may write: the output buffer itself, or a
+    temporary (the buffer is strided or of another type, or shares memory with ``avoid``, an input the kernel
+    still reads while it writes) that ``close`` copies into it."""
+
+    def __init__(self, out: np.ndarray, dtype: Any = np.float32, avoid: np.ndarray | None = None) -> None:
+        self.out = out
+        ok = out.flags.c_contiguous and out.dtype == dtype and (avoid is None or not np.shares_memory(avoid, out))
+        self.y = out if ok else np.empty(out.shape, dtype)
+
+    def close(self) -> None:
+        if self.y is not self.out:
+            np.copyto(self.out, self.y)
+
+
 def write_bounded(layer: Layer, outputs: Sequence[np.ndarray], results: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
     """Copy ``results`` into the first elements of their ``outputs`` buffers (C order); their shapes. KernelError,
     with nothing written, when one holds more elements than its buffer was planned for."""

@@ -39,7 +39,8 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
+from .base import (ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op,
+                   weights_key)
 
 F32 = np.float32
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -428,18 +429,6 @@ def _finish(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act:
         apply_act(y, act)
 
 
-class _Out:
-    """The output as a contiguous float32 array: the arena view itself, or a temporary copied back on close."""
-
-    def __init__(self, out: np.ndarray) -> None:
-        self.out = out
-        self.y = out if out.flags.c_contiguous and out.dtype == F32 else np.empty(out.shape, F32)
-
-    def close(self) -> None:
-        if self.y is not self.out:
-            np.copyto(self.out, self.y)
-
-
 def _is_f32(layer: Layer) -> bool:
     x = layer.inputs[0]
     return x is not None and np.dtype(x.dtype) == F32 and np.dtype(layer.outputs[0].dtype) == F32
@@ -705,7 +694,7 @@ class ConvIm2col(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         w = params["w"]
         k = g.cin // g.group * g.kh * g.kw
         col = scratch(0, g.cin * g.kh * g.kw * g.oh * g.ow).reshape(g.cin * g.kh * g.kw, g.oh * g.ow)
@@ -801,7 +790,7 @@ class ConvIm2colTiled(_ConvKernelBase):
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
         code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
         r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
         inner = code >= 0 and (res is None or full_res)
@@ -880,7 +869,7 @@ class ConvIm2colInSliced(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         ranges = self._ranges(layer)
         npix = g.oh * g.ow
         taps = g.kh * g.kw
@@ -957,7 +946,7 @@ class Conv1x1(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         w = params["w"]
         cg, mg, npix = g.cin // g.group, g.cout // g.group, g.oh * g.ow
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
@@ -1020,7 +1009,7 @@ class ConvDepthwise(_ConvKernelBase):
             call()
             return
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
         y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
         # the activation goes into the C pass unless a residual must be added before it
@@ -1092,7 +1081,7 @@ class ConvDepthwiseDirect(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
         inner = res is None and code > 0
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
@@ -1216,7 +1205,7 @@ class WinogradKernel(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         a2, m = self.alpha ** 2, self.m
         th, tw, band = self._tiles(g)
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
@@ -1350,7 +1339,7 @@ class ConvTransposeCol2im(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         kk = g.kh * g.kw
         col = scratch(0, g.cout * kk * g.h * g.w).reshape(g.cout * kk, g.h * g.w)
         x4 = x.reshape(g.n, g.group, g.cin // g.group, g.h * g.w)

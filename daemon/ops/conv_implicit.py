@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import native
-from .base import Layer, raw_key, register_kernel
-from .conv import (A_FORM, F32, Geom2D, _bias_param, _ConvKernelBase, _finish, _geo2d, _Out, _passthrough,
+from .base import ContiguousOut, Layer, raw_key, register_kernel
+from .conv import (A_FORM, F32, Geom2D, _bias_param, _ConvKernelBase, _finish, _geo2d, _passthrough,
                    _res_per_image, layer_geom, pack_gemm_weights, packed_nbytes, scratch)
 
 #: scratch slot of the zero-padded input (im2col and Winograd use 0-2)
@@ -94,7 +94,7 @@ class ConvImplicitGemm(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         x, bias, res, act = self._common(layer, inputs, params)
-        o = _Out(outputs[0])
+        o = ContiguousOut(outputs[0])
         hp, wp, padded = _padded(g)
         boff, coff = _offsets(g, hp, wp)
         npix = g.oh * g.ow

@@ -31,11 +31,6 @@ def _topk_k_of(node: Node, k_in: np.ndarray | None) -> int:
     return _topk_k(node, k_in)
 
 
-def _has_native(fn: str) -> bool:
-    # an extension built before detect.c existed lacks the symbol: the numpy oracle serves instead
-    return native.has(fn)
-
-
 # ------------------------------------------------------------------------------------- NonMaxSuppression
 
 def _nms_scalar(v: np.ndarray | None, default: float) -> float:
@@ -291,7 +286,7 @@ class NmsNative(Kernel):
     priority = 10
 
     def applies(self, layer: Layer) -> bool:
-        return _has_native("inferd_nms")
+        return native.has("inferd_nms")
 
     def run_bounded(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
                     outputs: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
@@ -362,7 +357,7 @@ class RoiAlignNative(Kernel):
     priority = 10
 
     def applies(self, layer: Layer) -> bool:
-        return _has_native("inferd_roi_align") and layer.inputs[0] is not None and \
+        return native.has("inferd_roi_align") and layer.inputs[0] is not None and \
             np.dtype(layer.inputs[0].dtype) == np.float32
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
@@ -397,7 +392,7 @@ class TopKNative(Kernel):
 
     def applies(self, layer: Layer) -> bool:
         x = layer.inputs[0]
-        if not _has_native("inferd_topk") or x is None or np.dtype(x.dtype) != np.float32 or not x.shape:
+        if not native.has("inferd_topk") or x is None or np.dtype(x.dtype) != np.float32 or not x.shape:
             return False
         a = int(layer.attr("axis", -1))
         return a in (-1, len(x.shape) - 1)

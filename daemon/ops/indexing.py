@@ -17,7 +17,7 @@ import numpy as np
 from .. import native
 from ..errors import KernelError, ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
-from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 from .tensor import const_getter
 
 Infos = list["TensorInfo | None"]
@@ -460,24 +460,24 @@ class GatherScatterNDNative(Kernel):
             nb = math.prod(data.shape[:b])
             dims = np.asarray(data.shape[b:b + q], np.int64)
             slice_bytes = math.prod(data.shape[b + q:]) * data.itemsize
-            yc = y if y.flags.c_contiguous and y.dtype == data.dtype else np.empty(y.shape, data.dtype)
+            o = ContiguousOut(y, data.dtype)
             bad = lib.inferd_gather_nd(ffi.cast("const void*", data.ctypes.data), ffi.cast("const long long*", dims.ctypes.data),
                                        q, nb, math.prod(data.shape[b:]) * data.itemsize,
                                        ffi.cast("const long long*", idx.ctypes.data), idx.size // max(q, 1) // max(nb, 1),
-                                       slice_bytes, ffi.cast("void*", yc.ctypes.data))
+                                       slice_bytes, ffi.cast("void*", o.y.ctypes.data))
         else:
             upd = np.ascontiguousarray(ins[2], np.float32)
             want = tuple(idx.shape[:-1]) + tuple(data.shape[q:])
             if q > data.ndim or tuple(upd.shape) != want:
                 np.copyto(y, scatter_nd(layer.node, ins)[0])  # the oracle names the mismatch
                 return
-            yc = y if y.flags.c_contiguous and not np.shares_memory(y, upd) else np.empty(y.shape, np.float32)
-            inplace = yc.ctypes.data == data.ctypes.data
-            if not inplace and np.shares_memory(yc, data):  # a partial overlap: the copy goes through numpy
-                np.copyto(yc, data.copy())
+            o = ContiguousOut(y, avoid=upd)
+            inplace = o.y.ctypes.data == data.ctypes.data
+            if not inplace and np.shares_memory(o.y, data):  # a partial overlap: the copy goes through numpy
+                np.copyto(o.y, data.copy())
                 inplace = True
             dims = np.asarray(data.shape[:q], np.int64)
-            bad = lib.inferd_scatter_nd(ffi.cast("float*", yc.ctypes.data),
+            bad = lib.inferd_scatter_nd(ffi.cast("float*", o.y.ctypes.data),
                                         ffi.NULL if inplace else ffi.cast("const float*", data.ctypes.data), data.size,
                                         ffi.cast("const long long*", dims.ctypes.data),
                                         q, ffi.cast("const long long*", idx.ctypes.data), idx.size // max(q, 1),
@@ -486,5 +486,4 @@ class GatherScatterNDNative(Kernel):
         if bad >= 0:
             _COMPUTE[layer.op](layer.node, ins)  # raises the oracle's error for the index out of range
             raise KernelError(f"node {layer.name!r} ({layer.op}): index tuple {bad} out of range")
-        if yc is not y:
-            np.copyto(y, yc)
+        o.close()

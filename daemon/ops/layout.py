@@ -11,7 +11,7 @@ import numpy as np
 from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
-from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 from .tensor import onnx_dtype
 
 Infos = list["TensorInfo | None"]
@@ -170,10 +170,8 @@ class DepthToSpaceNative(Kernel):
         y = outputs[0]
         bs = _blocksize(layer.node)
         n, c, h, w = x.shape
-        yc = y if y.flags.c_contiguous and y.dtype == x.dtype and not np.shares_memory(x, y) else \
-            np.empty(y.shape, x.dtype)
+        o = ContiguousOut(y, x.dtype, avoid=x)
         ffi = native.ffi
-        native.lib.inferd_depth_to_space(ffi.cast("const void*", x.ctypes.data), ffi.cast("void*", yc.ctypes.data),
+        native.lib.inferd_depth_to_space(ffi.cast("const void*", x.ctypes.data), ffi.cast("void*", o.y.ctypes.data),
                                          n, c // (bs * bs), h, w, bs, int(_mode(layer.node) == "CRD"), x.itemsize)
-        if yc is not y:
-            np.copyto(y, yc)
+        o.close()

@@ -14,7 +14,7 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op
 
 __all__ = ["fold_bn_into", "bn_scale_shift", "batchnorm_reference", "instancenorm_reference", "layernorm_reference"]
 
@@ -572,9 +572,7 @@ class GroupNormNative(Kernel):
         b = np.ascontiguousarray(ins[2], np.float32).reshape(-1)
         if s.size == g and g != c:  # opset 18: per group
             s, b = np.repeat(s, c // g), np.repeat(b, c // g)
-        y = outputs[0]
-        yc = y if y.flags.c_contiguous else np.empty(x.shape, np.float32)
-        native.lib.inferd_groupnorm(native._ptr(x), native._ptr(yc), n, c, x.size // max(n * c, 1), g,
+        o = ContiguousOut(outputs[0])
+        native.lib.inferd_groupnorm(native._ptr(x), native._ptr(o.y), n, c, x.size // max(n * c, 1), g,
                                     native._ptr(s), native._ptr(b), float(layer.attr("epsilon", 1e-5)))
-        if yc is not y:
-            np.copyto(y, yc)
+        o.close()

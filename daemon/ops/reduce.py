@@ -16,7 +16,7 @@ import numpy as np
 from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
-from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
 REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
               "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp")
@@ -472,11 +472,8 @@ class CumSumNative(Kernel):
         ins = full_inputs(layer, inputs, params)
         x = np.ascontiguousarray(ins[0], np.float32)
         a = _cumsum_axis(layer.node, ins[1], x.ndim)
-        y = outputs[0]
-        # the scan reads rows it already wrote, so the output gets its own memory
-        yc = y if y.flags.c_contiguous and not np.shares_memory(x, y) else np.empty(x.shape, np.float32)
+        o = ContiguousOut(outputs[0], avoid=x)  # the scan reads rows it already wrote: the output gets its own memory
         outer, inner = math.prod(x.shape[:a]), math.prod(x.shape[a + 1:])
-        native.lib.inferd_cumsum(native._ptr(x), native._ptr(yc), outer, x.shape[a], inner,
+        native.lib.inferd_cumsum(native._ptr(x), native._ptr(o.y), outer, x.shape[a], inner,
                                  int(layer.attr("exclusive", 0)), int(layer.attr("reverse", 0)))
-        if yc is not y:
-            np.copyto(y, yc)
+        o.close()

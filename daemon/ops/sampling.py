@@ -16,7 +16,7 @@ import numpy as np
 from .. import native
 from ..errors import KernelError, ShapeError
 from ..ir import Node, TensorInfo
-from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 from .tensor import const_getter
 
 Infos = list["TensorInfo | None"]
@@ -386,12 +386,11 @@ class GridSampleNative(Kernel):
         if x.size == 0 or g.size == 0 or h * w >= 2 ** 31:
             np.copyto(y, grid_sample(layer.node, ins)[0])  # empty, or past 32-bit offsets: the oracle
             return
-        yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
+        o = ContiguousOut(y)
         rc = native.lib.inferd_grid_sample(native._ptr(x), n, c, h, w, native._ptr(g), g.shape[1] * g.shape[2],
-                                           native._ptr(yc), int(mode == "nearest"), _PADS[pad], int(align))
+                                           native._ptr(o.y), int(mode == "nearest"), _PADS[pad], int(align))
         if rc == -1:
             raise MemoryError("inferd_grid_sample: out of memory")
         if rc:
             raise KernelError(f"node {layer.name!r} (GridSample): native kernel refused X {list(x.shape)} ({rc})")
-        if yc is not y:
-            np.copyto(y, yc)
+        o.close()
