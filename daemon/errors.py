@@ -46,7 +46,12 @@ class PackageOptionsError(WeightsStoreError):
 
 class PackageUnsupported(InferdError):
     """A model the package format cannot hold yet (a Vulkan model with tensors shaped at run time, which loads as
-    a Vulkan head and a CPU tail): the loader compiles it in memory instead of through the package cache."""
+    a Vulkan head and a CPU tail): the loader compiles it in memory instead of through the package cache.
+    ``template``: the model as the compile imported it, so the loader does not import it a second time."""
+
+    def __init__(self, message: str, template: object = None) -> None:
+        super().__init__(message)
+        self.template = template
 
 
 class KernelError(InferdError):

@@ -131,7 +131,7 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     if device == "vulkan" and graph.runtime_shaped:
         raise PackageUnsupported(f"{src}: tensors {sorted(graph.runtime_shaped)[:3]} are shaped at run time; a Vulkan "
                                  "package plans static shapes, so this model is split between Vulkan and the CPU in "
-                                 "memory instead")
+                                 "memory instead", template)
     opt = options or PlanOptions()
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})

@@ -111,7 +111,8 @@ def _tail_model(tmp_path: Path, rng: np.random.Generator, batch: int | str = 1) 
 
 
 @pytest.mark.parametrize("cached", [False, True])
-def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path, cached: bool) -> None:
+def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path, cached: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A Vulkan model whose tail is shaped at run time (NonZero of a conv's activations, then GatherND): the conv
     runs on Vulkan, the data-dependent tail on the CPU engine; outputs equal onnxruntime's for runs whose output
     sizes differ. Through the package cache too (as the daemon loads): the package format plans static shapes, so
@@ -120,7 +121,13 @@ def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path, cach
     p = _tail_model(tmp_path, rng)
     sess = ort_session(p)
     cache = tmp_path / "cache"
+    import inferd.frontend
+
+    imports: list[object] = []
+    real = inferd.frontend.import_template
+    monkeypatch.setattr(inferd.frontend, "import_template", lambda *a, **k: imports.append(a) or real(*a, **k))
     model = inferd.load(str(p), device="vulkan", cache_dir=str(cache) if cached else None)
+    assert len(imports) == 1  # the cache's compile imported it: the in-memory split takes that import
     if cached:
         assert model.package is None and not [d for d in cache.glob("tail-*") if (d / "plan.bin").exists()]
     sizes = set()

@@ -466,6 +466,8 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
             raise
         except PackageUnsupported as e:
             log.info("not cached: %s", e)
+            return finish(_from_source(path, dev, batch, kernels, first, name, opt, loaders, options, t0, in_memory,
+                                       e.template))
         except WeightsStoreError as e:
             log.warning("package cache for %s unusable (%s); loading the ONNX file", path, e)
         except OSError as e:
@@ -477,11 +479,14 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
 
 def _from_source(path: Any, dev: str, batch: int, kernels: dict[str, str] | None,
                  shapes: Mapping[str, Sequence[int]] | None, name: str | None, opt: PlanOptions,
-                 loaders: int | None, options: dict[str, Any], t0: float, in_memory: bool = False) -> Model:
-    """The model compiled in memory from its ONNX source (no cache involved), planned at ``shapes``."""
+                 loaders: int | None, options: dict[str, Any], t0: float, in_memory: bool = False,
+                 template: Graph | None = None) -> Model:
+    """The model compiled in memory from its ONNX source (no cache involved), planned at ``shapes``; ``template``:
+    the source already imported at these ``batch`` and ``shapes``."""
     from ..frontend import import_template, specialize
 
-    template = import_template(path, batch=batch, shapes=shapes)
+    if template is None:
+        template = import_template(path, batch=batch, shapes=shapes)
     mname = name or (template.name if in_memory else Path(path).stem)
     graph = specialize(template)
     if dev == "vulkan" and graph.runtime_shaped:
