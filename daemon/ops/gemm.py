@@ -575,16 +575,18 @@ register_op(OpSpec("Einsum", _infer_einsum, einsum_reference, min_opset=12,
 
 
 @functools.lru_cache(maxsize=256)
-def einsum_plan(eq: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple | None:
-    """How ``eq`` over shapes ``sa``, ``sb`` runs as one batched GEMM: the permutations that bring A to (batch,
-    free-A, contracted) and B to (batch, contracted, free-B), the (Q, M, K, N) sizes, the natural (batch, free-A,
-    free-B) result shape and the permutation from it to the equation's output order. None where it is not one
-    batched matrix product: an ellipsis, a repeated label (diagonal), a label summed within one operand, sizes
-    that broadcast."""
+def einsum_labels(eq: str, sa: tuple[int, ...], sb: tuple[int, ...], implicit: bool = False) -> tuple | None:
+    """The labels of a two-operand Einsum ``eq`` over shapes ``sa``, ``sb`` that is one batched matrix product:
+    (A's term, B's term, the output's labels, batch, free-A, free-B and contracted labels, each label's size), or
+    None for an ellipsis, a repeated label (diagonal), a label summed within one operand, sizes that broadcast, or
+    (unless ``implicit``) an equation without ``->`` (its output then: the labels used once, sorted, numpy's rule).
+    The CPU's ``einsum_plan`` and the Vulkan lowering (``gemm_vulkan.einsum_as_gemm``) both start from it."""
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
-    if not arrow or "..." in eq or len(terms) != 2:
+    if (not arrow and not implicit) or "..." in eq or len(terms) != 2:
         return None
+    if not arrow:
+        rhs = "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
     ta, tb = terms
     if len(ta) != len(sa) or len(tb) != len(sb) or any(len(set(t)) != len(t) for t in (ta, tb, rhs)):
         return None
@@ -597,11 +599,22 @@ def einsum_plan(eq: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple | No
     for t, other in ((ta, tb), (tb, ta)):
         if any(ch not in rhs and ch not in other for ch in t):
             return None  # summed within one operand
-
     batch = [c for c in rhs if c in ta and c in tb]
-    contr = [c for c in ta if c in tb and c not in rhs]
     fa = [c for c in rhs if c in ta and c not in tb]
     fb = [c for c in rhs if c in tb and c not in ta]
+    contr = [c for c in ta if c in tb and c not in rhs]
+    return ta, tb, rhs, batch, fa, fb, contr, size
+
+
+def einsum_plan(eq: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple | None:
+    """How ``eq`` over shapes ``sa``, ``sb`` runs as one batched GEMM: the permutations that bring A to (batch,
+    free-A, contracted) and B to (batch, contracted, free-B), the (Q, M, K, N) sizes, the natural (batch, free-A,
+    free-B) result shape and the permutation from it to the equation's output order. None where it is not one
+    batched matrix product (``einsum_labels``)."""
+    labels = einsum_labels(eq, sa, sb)
+    if labels is None:
+        return None
+    ta, tb, rhs, batch, fa, fb, contr, size = labels
     pa = tuple(ta.index(c) for c in batch + fa + contr)
     pb = tuple(tb.index(c) for c in batch + contr + fb)
     nat = batch + fa + fb

@@ -366,34 +366,16 @@ def einsum_as_gemm(layer: Layer) -> tuple | None:
     other label is contracted, and each group of labels (free ones, contracted ones) sits adjacent and in one order in
     each operand, so that it reads as one dimension with one stride: MaxViT's 'bhid,bhjd->bhij' and the plain
     'bij,bjk->bik' are; a trace, a diagonal, a sum over one operand's own label, or an ellipsis are not."""
-    from .gemm import _einsum_equation
+    from .gemm import _einsum_equation, einsum_labels
 
-    eq = _einsum_equation(layer.node)
-    if "..." in eq or len(layer.node.inputs) != 2:
-        return None
-    lhs, _, rhs = eq.partition("->")
-    if "->" not in eq:  # implicit output: the labels used once, sorted (numpy's rule)
-        rhs = "".join(sorted(c for c in set(lhs) - {","} if lhs.count(c) == 1))
-    terms = lhs.split(",")
-    if len(terms) != 2:
+    if len(layer.node.inputs) != 2:
         return None
     shapes = [tuple(layer.in_shape(0)), tuple(layer.in_shape(1))]
-    size: dict[str, int] = {}
-    for t, s in zip(terms, shapes):
-        if len(set(t)) != len(t) or len(t) != len(s):
-            return None
-        for ch, d in zip(t, s):
-            if size.setdefault(ch, d) != d:
-                return None  # a size-1 label broadcast against another size
-    if len(set(rhs)) != len(rhs):
+    labels = einsum_labels(_einsum_equation(layer.node), shapes[0], shapes[1], implicit=True)
+    if labels is None or len(labels[3]) > 3:
         return None
-    a, b = terms
-    batch = [c for c in rhs if c in a and c in b]
-    m = [c for c in rhs if c in a and c not in b]
-    n = [c for c in rhs if c in b and c not in a]
-    k = [c for c in a if c in b and c not in rhs]
-    if set(a) | set(b) != set(batch) | set(m) | set(n) | set(k) or len(batch) > 3:
-        return None  # a label summed within one operand
+    a, b, rhs, batch, m, n, k, size = labels
+    terms = [a, b]
     nb = len(batch)
     if rhs[:nb] != "".join(batch):
         return None
