@@ -19,10 +19,9 @@ import numpy as np
 from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
-from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import MS, ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
 Infos = list["TensorInfo | None"]
-MS = "com.microsoft."
 
 
 def _get(ins: Sequence[np.ndarray | None], i: int) -> np.ndarray | None:

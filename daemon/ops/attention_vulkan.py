@@ -23,12 +23,10 @@ import numpy as np
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, broadcast_strides, collapse, \
     contiguous_strides, grid
 from .attention import visible_keys
-from .base import Layer, register_kernel
+from .base import MS, Layer, register_kernel
 from .eltwise_vulkan import binary_dispatch
 from .gemm_vulkan import batched_gemm_dispatch
 from .tensor_vulkan import copy_dispatch
-
-MS = "com.microsoft."
 
 
 @dataclass(frozen=True)

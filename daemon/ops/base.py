@@ -85,6 +85,11 @@ def full_inputs(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[
     return [params.get(raw_key(k)) if x is None else x for k, x in enumerate(inputs)]
 
 
+#: the prefix of another domain's operators in the registry: the importer registers them as "<domain>.<op>"
+#: (onnxruntime's com.microsoft transformer operators)
+MS = "com.microsoft."
+
+
 class Kernel:
     """One implementation of one or more ops on one backend. Stateless; one instance per class."""
 

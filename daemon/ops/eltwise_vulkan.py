@@ -14,7 +14,7 @@ import numpy as np
 from ..vulkan.kernel import (ACT_IDS, Caps, Dispatch, In, Out, Param, VulkanKernel, act_of, act_supported,
                              broadcast_strides, collapse, contiguous_strides, grid)
 from .activation import act_from_node
-from .base import Layer, register_kernel
+from .base import MS, Layer, register_kernel
 
 #: Unary op -> UOP id in unary.comp (0 = identity: standalone activations use ACT instead).
 UOPS = {"Erf": 1, "Sqrt": 2, "Exp": 3, "Log": 4, "Neg": 5, "Abs": 6, "Reciprocal": 7, "Floor": 8, "Ceil": 9,
@@ -26,7 +26,6 @@ BOPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Min": 5, "Max": 6, "P
 NARY = {"Sum": 0, "Mean": 0, "Min": 5, "Max": 6}
 MAX_RANK = 6
 LOCAL = 256
-MS = "com.microsoft."
 
 
 def _unary_params(layer: Layer) -> tuple[float, float]:

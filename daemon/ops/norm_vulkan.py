@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, act_of, act_supported, grid
-from .base import Layer, register_kernel
+from .base import MS, Layer, register_kernel
 from .norm import _ln_axis, bn_scale_shift
 
 F32 = np.float32
@@ -50,9 +50,6 @@ class VkBatchNorm(VulkanKernel):
         a = act_of(layer)
         return [Dispatch("affine", (In(0), Param("s"), Param("t"), Out(0)), grid(n, 256, caps), {"ACT": a[0]},
                          push={"n": n, "C": c, "inner": inner, "act_a": a[1], "act_b": a[2]})]
-
-
-MS = "com.microsoft."
 
 
 @dataclass(frozen=True)
