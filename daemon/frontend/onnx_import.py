@@ -23,7 +23,7 @@ from .. import ops  # noqa: F401  (registers all ops)
 from ..errors import InferdError, ModelFormatError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Subgraph, TensorInfo
 from ..ops.base import op_spec
-from ..ops.control import lower_optionals
+from ..ops.control import body_reads, lower_optionals
 from ..ops.quant import MS_OPS
 from .rewrite import dce as _dce
 from .rewrite import rewrite as _rewrite
@@ -137,17 +137,10 @@ def _convert_subgraph(g: onnx.GraphProto, opset: int, where: str) -> Subgraph:
         dims = (tuple(int(d.dim_value) if d.HasField("dim_value") else -1 for d in tt.shape.dim)
                 if tt.HasField("shape") else None)
         inputs.append((vi.name, _elem_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32), dims))
-    nodes = _convert_nodes(g.node, opset, where)
-    defined = {i[0] for i in inputs} | set(consts) | {o for n in nodes for o in n.outputs if o}
-    outer: list[str] = []
-    for n in nodes:
-        for i in n.inputs:
-            if i and i not in defined and i not in outer:
-                outer.append(i)
-    for o in g.output:
-        if o.name not in defined and o.name not in outer:
-            outer.append(o.name)
-    return Subgraph(g.name or where, nodes, inputs, [o.name for o in g.output], consts, outer)
+    sub = Subgraph(g.name or where, _convert_nodes(g.node, opset, where), inputs, [o.name for o in g.output], consts,
+                   [])
+    sub.outer = body_reads(sub)
+    return sub
 
 
 def _tensor_type(vi: onnx.ValueInfoProto, what: str, error: Callable[[str], Exception]) -> onnx.TypeProto.Tensor:

@@ -413,9 +413,9 @@ class OptionalKernel(Kernel):
             np.copyto(o, r)
 
 
-def _body_reads(sub: Subgraph) -> list[str]:
-    """Names ``sub`` reads from enclosing scopes (its nested bodies' reads included), as ``_convert_subgraph``
-    computes them at import."""
+def body_reads(sub: Subgraph) -> list[str]:
+    """Names ``sub`` reads from enclosing scopes (its nested bodies' reads included): its ``outer``, set at import
+    (``frontend.onnx_import``) and again when a rewrite changes what the body reads."""
     defined = {i[0] for i in sub.inputs} | set(sub.constants) | {o for n in sub.nodes for o in n.outputs if o}
     reads: list[str] = []
     for n in sub.nodes:
@@ -458,7 +458,7 @@ def lower_optionals(nodes: list[Node], outputs: Sequence[str], opset: int, where
         for key in sorted(k for k, v in n.attrs.items() if isinstance(v, Subgraph)):
             sub = n.attrs[key]
             sub.nodes = lower_optionals(sub.nodes, sub.outputs, opset, f"{path}.{key}", empty)
-            sub.outer = _body_reads(sub)
+            sub.outer = body_reads(sub)
         if n.attr("_outer") is not None:
             outer: list[str] = []
             for key in sorted(k for k, v in n.attrs.items() if isinstance(v, Subgraph)):
