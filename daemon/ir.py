@@ -16,6 +16,30 @@ from typing import Any
 import numpy as np
 
 
+def dtype_tag(dtype: Any) -> str:
+    """A dtype as on-disk formats write it. numpy's ``str`` ("<f4") for its own types; the name for the
+    ml_dtypes types ONNX models carry (bfloat16, float8...), whose ``str`` is an anonymous "<V2" that reads
+    back as raw bytes."""
+    dt = np.dtype(dtype)
+    return dt.name if dt.kind == "V" else dt.str
+
+
+def dtype_from_tag(tag: str) -> np.dtype:
+    """Inverse of :func:`dtype_tag`; ValueError for a tag that names no type."""
+    try:
+        dt = np.dtype(tag)
+    except TypeError:
+        import ml_dtypes  # registers its names with numpy only once imported
+
+        try:
+            return np.dtype(getattr(ml_dtypes, tag))
+        except AttributeError:
+            raise ValueError(f"unknown element type {tag!r}") from None
+    if dt.kind == "V" and tag.lstrip("<>|=").startswith("V"):  # an old "<V2" tag: the type it held is lost
+        raise ValueError(f"element type {tag!r} names raw bytes, not a numeric type")
+    return dt
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str

@@ -33,7 +33,7 @@ from .errors import (BackendError, InferdError, PackageOptionsError, PackageUnsu
                      WeightsStoreError)
 from .frontend.shapes import specialize
 from .fileio import atomic_write
-from .ir import Graph, Node, Subgraph, TensorInfo
+from .ir import Graph, Node, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
@@ -53,7 +53,7 @@ _EXT_NDARRAY, _EXT_TUPLE, _EXT_SUBGRAPH = 1, 2, 3
 
 def _default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
-        return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([o.dtype.str, list(o.shape), o.tobytes()], use_bin_type=True))
+        return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([dtype_tag(o.dtype), list(o.shape), o.tobytes()], use_bin_type=True))
     if isinstance(o, tuple):
         return msgpack.ExtType(_EXT_TUPLE, msgpack.packb(list(o), default=_default, use_bin_type=True))
     if isinstance(o, np.generic):
@@ -61,7 +61,7 @@ def _default(o: Any) -> Any:
     if isinstance(o, Subgraph):  # a control-flow body, nested bodies in its nodes' attributes
         return msgpack.ExtType(_EXT_SUBGRAPH, msgpack.packb(
             [o.name, [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in o.nodes],
-             [[name, np.dtype(dt).str, None if dims is None else list(dims)] for name, dt, dims in o.inputs],
+             [[name, dtype_tag(dt), None if dims is None else list(dims)] for name, dt, dims in o.inputs],
              o.outputs, o.constants, o.outer], default=_default, use_bin_type=True))
     raise TypeError(f"cannot serialise {type(o).__name__}")
 
@@ -69,24 +69,24 @@ def _default(o: Any) -> Any:
 def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_NDARRAY:
         dt, shape, buf = msgpack.unpackb(data, raw=False)
-        return np.frombuffer(buf, dtype=np.dtype(dt)).reshape(shape).copy()
+        return np.frombuffer(buf, dtype=dtype_from_tag(dt)).reshape(shape).copy()
     if code == _EXT_TUPLE:
         return tuple(msgpack.unpackb(data, raw=False, ext_hook=_ext_hook, strict_map_key=False))
     if code == _EXT_SUBGRAPH:
         name, nodes, ins, outs, consts, outer = msgpack.unpackb(data, raw=False, ext_hook=_ext_hook,
                                                                 strict_map_key=False)
         return Subgraph(name, [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in nodes],
-                        [(r[0], np.dtype(r[1]), None if r[2] is None else tuple(r[2])) for r in ins], list(outs),
+                        [(r[0], dtype_from_tag(r[1]), None if r[2] is None else tuple(r[2])) for r in ins], list(outs),
                         dict(consts), list(outer))
     return msgpack.ExtType(code, data)
 
 
 def _info(t: TensorInfo) -> list[Any]:
-    return [t.name, list(t.shape), np.dtype(t.dtype).str]
+    return [t.name, list(t.shape), dtype_tag(t.dtype)]
 
 
 def _uninfo(r: list[Any]) -> TensorInfo:
-    return TensorInfo(r[0], tuple(r[1]), np.dtype(r[2]))
+    return TensorInfo(r[0], tuple(r[1]), dtype_from_tag(r[2]))
 
 
 def fingerprint(device: str) -> dict[str, str]:

@@ -34,6 +34,7 @@ import xxhash
 from . import faults
 from .fileio import ShortRead, aligned_empty, readv
 from .errors import WeightsStoreError
+from .ir import dtype_from_tag, dtype_tag
 
 MAGIC = b"INFDWTS\x00"
 FORMAT_VERSION = 2
@@ -92,7 +93,7 @@ class StoreWriter:
             raise ValueError(f"duplicate store entry {key}")
         a = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a 0-d array 1-d
         data = a.tobytes()
-        e = Entry(layer, tensor, kernel, variant, a.dtype.str, tuple(int(d) for d in a.shape), self._pos,
+        e = Entry(layer, tensor, kernel, variant, dtype_tag(a.dtype), tuple(int(d) for d in a.shape), self._pos,
                   len(data), checksum(data))
         self._f.write(data)
         pad = _align(len(data)) - len(data)
@@ -187,6 +188,7 @@ class WeightsStore:
             self.entries: dict[tuple[str, str, str, str], Entry] = {}
             for r in meta.pop("entries"):
                 e = Entry(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), int(r[6]), int(r[7]), int(r[8]))
+                dtype_from_tag(e.dtype)  # an unknown type is a bad file now, not a wrong array later
                 if e.offset % ALIGN or e.offset + e.size > ioff:
                     raise WeightsStoreError(f"{self.path}: entry {e.key} lies outside the blob area")
                 self.entries[e.key] = e
@@ -216,7 +218,7 @@ class WeightsStore:
     def read(self, entry: Entry, out: np.ndarray | None = None) -> np.ndarray:
         """Read one blob (into ``out`` if given, e.g. an arena view) and verify its checksum."""
         faults.check("cache.read")
-        dt = np.dtype(entry.dtype)
+        dt = dtype_from_tag(entry.dtype)
         n = int(np.prod(entry.shape, dtype=np.int64)) * dt.itemsize
         if n != entry.size:
             raise WeightsStoreError(f"{self.path}: entry {entry.key} claims {entry.size} bytes for shape "
@@ -401,7 +403,7 @@ class StoreStream:
         mv = buf[entry.offset - start: entry.offset - start + entry.size]
         if checksum(memoryview(mv)) != entry.checksum:
             raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {entry.key} (corrupted weights)")
-        return mv.view(np.dtype(entry.dtype)).reshape(entry.shape)
+        return mv.view(dtype_from_tag(entry.dtype)).reshape(entry.shape)
 
     def release(self) -> None:
         """Forget the chunks (the views handed out keep theirs alive)."""

@@ -433,7 +433,7 @@ def test_apply_act_clip_int8(act: tuple, want: list[int]) -> None:
 def test_castlike_lowbit_target_rejected_like_cast() -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
     x = f32(2, 3)
-    for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.bfloat16):
+    for dt in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.int4):
         like = np.zeros(1, dt)
         with pytest.raises(UnsupportedOpError, match="CastLike"):
             base.single_node_layer("CastLike", [x, like], {"_opset": 15}, const=[False, True])
@@ -468,8 +468,8 @@ def test_dropout_mask_written_by_executor() -> None:
 
 
 def test_checks_reject_unsupported() -> None:
-    with pytest.raises(UnsupportedOpError, match="16"):
-        base.op_spec("Cast").check(Node("c", "Cast", ["x"], ["y"], {"to": 16}), 13)  # bfloat16
+    with pytest.raises(UnsupportedOpError, match="17"):
+        base.op_spec("Cast").check(Node("c", "Cast", ["x"], ["y"], {"to": 17}), 13)  # float8e4m3fn
     with pytest.raises(UnsupportedOpError, match="mode"):
         base.op_spec("Pad").check(Node("p", "Pad", ["x"], ["y"], {"mode": "mirror"}), 13)
     with pytest.raises(UnsupportedOpError):
@@ -503,3 +503,32 @@ def test_kernel_writes_into_strided_output_view() -> None:
         base.choose_kernel(layer).run(layer, [x], {}, [out])
         node = Node("n0", op, ["x0"], ["y0"], attrs)
         assert_close(out, base.op_spec(op).reference(node, [x])[0], op)
+
+
+def test_bfloat16_casts_and_arithmetic_match_the_onnx_reference() -> None:
+    """Cast and CastLike to bfloat16 round to nearest even (ties included) and the arithmetic between them rounds
+    every step in bfloat16, as ONNX's reference does: a bfloat16 Add of 256 and 1 stays 256."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from inferd.frontend import import_model
+    from inferd.runtime.cpu import CpuExecutor
+
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+             helper.make_node("CastLike", ["one", "xb"], ["ob"]),
+             helper.make_node("Add", ["xb", "ob"], ["s"]),
+             helper.make_node("Mul", ["s", "s"], ["p"]),
+             helper.make_node("Cast", ["p"], ["y"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["xb"], ["xr"], to=TensorProto.FLOAT)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6]),
+                           helper.make_tensor_value_info("xr", TensorProto.FLOAT, [6])],
+                          [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    # 1 + 2^-8 and 1 + 3 * 2^-8 are ties between bfloat16 neighbours (even: down, then up); 256 + 1 rounds to 256
+    x = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, 256.0, -3.14159, 1e-3, 65504.0], np.float32)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    got = CpuExecutor(import_model(model)).run({"x": x})
+    np.testing.assert_array_equal(got["xr"], want[1])
+    np.testing.assert_array_equal(got["y"], want[0])
+    assert got["xr"][0] == 1.0 and got["xr"][1] == 1 + 2 ** -6 and got["y"][2] == 256.0 ** 2

@@ -186,3 +186,37 @@ def test_a_store_that_fails_to_open_never_closes_another_files_descriptor(tmp_pa
         os.fstat(fd)  # EBADF if it closed its old number a second time
     finally:
         os.close(fd)
+
+
+def test_bfloat16_constants_keep_their_type_through_a_package(tmp_path, monkeypatch) -> None:
+    """numpy spells ml_dtypes' bfloat16 "<V2": written that way, a package's bfloat16 weights came back as raw
+    bytes and the first Add on them failed. The store, plan and skeleton write the type's name instead, and a
+    store holding the old anonymous tag is a bad file (a cache miss), not an array of the wrong type."""
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    import inferd.store
+
+    w = (np.arange(12, dtype=np.float32).reshape(3, 4) / 7).astype(ml_dtypes.bfloat16)
+    nodes = [helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+             helper.make_node("Add", ["xb", "w"], ["s"]),
+             helper.make_node("Cast", ["s"], ["y"], to=TensorProto.FLOAT)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    src = tmp_path / "bf16.onnx"
+    onnx.save(m, str(src))
+    x = np.random.default_rng(1).random((3, 4), dtype=np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    compile_model(str(src), tmp_path / "pkg")
+    np.testing.assert_array_equal(inferd.load(tmp_path / "pkg").run({"x": x})["y"], want)
+
+    p = tmp_path / "old.store"
+    monkeypatch.setattr(inferd.store, "dtype_tag", lambda dt: np.dtype(dt).str)
+    with StoreWriter(p, "f" * 64, "test") as wr:
+        wr.add("", "w", w)
+    with pytest.raises(WeightsStoreError, match="raw bytes"):
+        WeightsStore(p)

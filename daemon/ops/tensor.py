@@ -11,6 +11,7 @@ import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import ml_dtypes
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
@@ -21,12 +22,13 @@ Shape = tuple[int, ...]
 
 # ------------------------------------------------------------------------------------------ dtypes
 
-# ONNX TensorProto.DataType -> numpy; types numpy lacks (bfloat16, float8, int4, string) are absent
+# ONNX TensorProto.DataType -> numpy. bfloat16 is ml_dtypes' (a numpy dtype whose ufuncs round each step, as
+# ONNX's bfloat16 arithmetic does); float8, int4 and string are absent: Cast to them is refused
 _ONNX_TO_NP: dict[int, np.dtype] = {
     1: np.dtype(np.float32), 2: np.dtype(np.uint8), 3: np.dtype(np.int8), 4: np.dtype(np.uint16),
     5: np.dtype(np.int16), 6: np.dtype(np.int32), 7: np.dtype(np.int64), 9: np.dtype(np.bool_),
     10: np.dtype(np.float16), 11: np.dtype(np.float64), 12: np.dtype(np.uint32), 13: np.dtype(np.uint64),
-    14: np.dtype(np.complex64), 15: np.dtype(np.complex128),
+    14: np.dtype(np.complex64), 15: np.dtype(np.complex128), 16: np.dtype(ml_dtypes.bfloat16),
 }
 _NP_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in _ONNX_TO_NP.items()}
 _ONNX_NAMES = {8: "STRING", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
@@ -564,7 +566,7 @@ def _check_cast(node: Node, opset: int) -> None:
 
 def _castlike_dtype(node: Node, dtype: Any) -> np.dtype:
     """CastLike's target type (that of its second input), held to the same element types as Cast's
-    ``to``: a float8/bfloat16/int4 target (an ml_dtypes array) raises UnsupportedOpError as Cast does."""
+    ``to``: a float8/int4 target (an ml_dtypes array) raises UnsupportedOpError as Cast does."""
     return onnx_dtype(numpy_to_onnx(dtype, "CastLike", node.name), "CastLike", node.name)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from .. import __version__
 from ..errors import WeightsStoreError
 from ..fileio import atomic_write
-from ..ir import Graph, Node
+from ..ir import Graph, Node, dtype_from_tag, dtype_tag
 from .stream import SMALL, StreamingExecutor, expand_kernels, prepare_stream_store, small_bytes, strip_constants
 
 SKEL_MAGIC = b"INFDSKEL"
@@ -35,7 +35,7 @@ _HEAD = struct.Struct("<8sI32s")
 def write_skeleton(graph: Graph, path: Path, meta: dict[str, Any]) -> None:
     from ..package import _default, _info
 
-    stubs = {n: [list(np.shape(a)), np.dtype(a.dtype).str] for n, a in graph.constants.items()
+    stubs = {n: [list(np.shape(a)), dtype_tag(a.dtype)] for n, a in graph.constants.items()
              if np.asarray(a).nbytes > SMALL}
     small = {n: np.ascontiguousarray(a).reshape(np.shape(a)) for n, a in graph.constants.items() if n not in stubs}
     d = {"engine_version": __version__, "name": graph.name, "opset": graph.opset,
@@ -65,7 +65,7 @@ def read_skeleton(path: Path) -> tuple[Graph, dict[str, Any]]:
         raise WeightsStoreError(f"{path}: skeleton of engine {d.get('engine_version')}, this is {__version__}")
     consts: dict[str, np.ndarray] = dict(d["small"])
     for n, (shape, dt) in d["stubs"].items():
-        consts[n] = as_strided(np.zeros(1, np.dtype(dt)), shape=tuple(shape), strides=(0,) * len(shape),
+        consts[n] = as_strided(np.zeros(1, dtype_from_tag(dt)), shape=tuple(shape), strides=(0,) * len(shape),
                                writeable=False)
     g = Graph(d["name"], [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]],
               [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]], consts,
