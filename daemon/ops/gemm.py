@@ -26,7 +26,7 @@ from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
 
 __all__ = ["gemm_reference", "matmul_reference", "matmul_shape", "transpose_blocked"]
 
@@ -421,7 +421,8 @@ class GemmPackedKernel(Kernel):
         assert x is not None
         k, n = self._kn(layer)
         x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, k)
-        yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
+        o = ContiguousOut(y)
+        yc = o.y
         y2 = yc.reshape(-1, n)
         res = self._res(layer, inputs, params)
         act = layer.attr("act")
@@ -434,8 +435,7 @@ class GemmPackedKernel(Kernel):
                 np.add(yc, res, out=yc)
             if act is not None:
                 apply_act(yc, act)
-        if yc is not y:
-            np.copyto(y, yc)
+        o.close()
 
 
 @register_kernel

@@ -412,11 +412,10 @@ class LayerNormNativeKernel(Kernel):
                 xc = np.ascontiguousarray(ins2[0], dtype=np.float32)
                 g2 = np.ascontiguousarray(ins2[1], dtype=np.float32).reshape(-1)
                 b2 = None if len(ins2) < 3 or ins2[2] is None else np.ascontiguousarray(ins2[2], np.float32).reshape(-1)
-                yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
-                native.lib.inferd_layernorm(native._ptr(xc), native._ptr(yc), rows, d, native._ptr(g2),
+                o = ContiguousOut(y)
+                native.lib.inferd_layernorm(native._ptr(xc), native._ptr(o.y), rows, d, native._ptr(g2),
                                             native.ffi.NULL if b2 is None else native._ptr(b2), eps)
-                if yc is not y:
-                    np.copyto(y, yc)
+                o.close()
             return once
         fn = native.lib.inferd_layernorm
         args = (native._ptr(x), native._ptr(y), rows, d, native._ptr(g), native.ffi.NULL if b is None else native._ptr(b),

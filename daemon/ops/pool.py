@@ -23,7 +23,7 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
 __all__ = ["PoolGeometry", "pool_geometry", "pool_reference"]
 
@@ -423,14 +423,14 @@ class PoolNativeKernel(Kernel):
             inv = self.transform(layer, {})["inv_count"]
         act = layer.attr("act")
         xc = x if x.flags.c_contiguous else None
-        yc = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)
-        args = [None, native._ptr(yc), n * c, h, w, g.kernel[0], g.kernel[1], g.strides[0], g.strides[1],
+        o = ContiguousOut(y)
+        args = [None, native._ptr(o.y), n * c, h, w, g.kernel[0], g.kernel[1], g.strides[0], g.strides[1],
                 g.dilations[0], g.dilations[1], g.pads_head[0], g.pads_head[1], g.out[0], g.out[1], int(is_max),
                 native.ffi.NULL if inv is None else native._ptr(inv)]
         if xc is not None:
             args[0] = native._ptr(xc)
         fn = native.lib.inferd_pool2d
-        keep = (x, y, yc, inv)
+        keep = (x, y, o.y, inv)
 
         def call(_keep=keep) -> None:
             if xc is None:
@@ -441,8 +441,7 @@ class PoolNativeKernel(Kernel):
                 rc = fn(*args)
             if rc != 0:
                 raise MemoryError("pool2d: out of memory")
-            if yc is not y:
-                np.copyto(y, yc)
+            o.close()
             if act is not None:
                 apply_act(y, act)
         return call
