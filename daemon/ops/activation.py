@@ -288,8 +288,3 @@ register_op(OpSpec("SwiGLU", _infer_swiglu, _ref_swiglu, min_opset=28))
 class SwiGLUKernel(Kernel):
     name = "numpy"
     ops = ("SwiGLU",)
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        ins = full_inputs(layer, inputs, params)
-        np.copyto(outputs[0], swiglu(layer.node, np.asarray(ins[0]), np.asarray(ins[1])))

@@ -407,11 +407,6 @@ class OptionalKernel(Kernel):
     name = "numpy"
     ops: ClassVar[tuple[str, ...]] = OPTIONAL_OPS
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        for o, r in zip(outputs, _optional_reference(layer.node, full_inputs(layer, inputs, params))):
-            np.copyto(o, r)
-
 
 def body_reads(sub: Subgraph) -> list[str]:
     """Names ``sub`` reads from enclosing scopes (its nested bodies' reads included): its ``outer``, set at import

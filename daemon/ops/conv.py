@@ -39,7 +39,7 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import (ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op,
+from .base import (ContiguousOut, Kernel, Layer, OpSpec, raw_key, register_kernel, register_op,
                    weights_key)
 
 F32 = np.float32
@@ -1412,9 +1412,3 @@ register_op(OpSpec("CausalConvWithState", _infer_causal_conv,
 class CausalConvWithStateKernel(Kernel):
     name = "numpy"
     ops = ("CausalConvWithState",)
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        res = causal_conv_with_state(layer.node, full_inputs(layer, inputs, params))
-        for o, r in zip(outputs, res):
-            np.copyto(o, r)

@@ -482,11 +482,6 @@ class GemmReferenceKernel(Kernel):
     ops = ("Gemm", "MatMul")
     priority = 100
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, Any],
-            outputs: Sequence[np.ndarray]) -> None:
-        ref = gemm_reference if layer.op == "Gemm" else matmul_reference
-        np.copyto(outputs[0], ref(layer.node, full_inputs(layer, inputs, params))[0])
-
 
 # --------------------------------------------------------------------------- Einsum
 # numpy.einsum is the oracle and the CPU kernel for every equation (``optimize=True`` contracts through BLAS where
@@ -629,10 +624,6 @@ class EinsumKernel(Kernel):
 
     name = "numpy"
     ops = ("Einsum",)
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        np.copyto(outputs[0], einsum_reference(layer.node, full_inputs(layer, inputs, params))[0])
 
 
 @register_kernel

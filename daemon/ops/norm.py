@@ -540,10 +540,6 @@ class MoreNormKernel(Kernel):
     name = "numpy"
     ops = MORE_NORMS
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        np.copyto(outputs[0], _ref_more(layer.node, full_inputs(layer, inputs, params))[0])
-
 
 @register_kernel
 class GroupNormNative(Kernel):

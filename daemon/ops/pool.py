@@ -373,11 +373,6 @@ class PoolReferenceKernel(Kernel):
     ops = _LOCAL + _GLOBAL
     priority = 100
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        for o, r in zip(outputs, pool_reference(layer.node, full_inputs(layer, inputs, params))):
-            np.copyto(o, r)
-
 
 @register_kernel
 class PoolNativeKernel(Kernel):

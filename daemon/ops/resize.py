@@ -396,10 +396,6 @@ class ResizeReferenceKernel(Kernel):
     def applies(self, layer: Layer) -> bool:
         return not extended(layer.node)
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        np.copyto(outputs[0], resize_reference(layer.node, full_inputs(layer, inputs, params))[0])
-
 # --------------------------------------------------------------------------- beyond nearest/linear
 # Resize beyond nearest/linear: cubic (``cubic_coeff_a``, ``exclude_outside``), antialiasing (linear and cubic
 # filters stretched by 1/scale when downsampling) and ``tf_crop_and_resize`` (roi, ``extrapolation_value``).

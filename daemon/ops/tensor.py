@@ -759,7 +759,3 @@ class BitCastKernel(Kernel):
 
     name = "numpy"
     ops = ("BitCast",)
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        np.copyto(outputs[0], bitcast(layer.node, np.asarray(full_inputs(layer, inputs, params)[0])))
