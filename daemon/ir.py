@@ -16,6 +16,12 @@ from typing import Any
 import numpy as np
 
 
+#: Constant folding (at import, and a backend's own folding of what a shape makes constant) leaves a node whose
+#: outputs exceed this at run time: folding an op that makes a huge tensor from a tiny one (ConstantOfShape, Expand,
+#: Tile) would bloat the weights, the store and the device's weight memory.
+FOLD_MAX_BYTES = 1 << 26
+
+
 def dtype_tag(dtype: Any) -> str:
     """A dtype as on-disk formats write it. numpy's ``str`` ("<f4") for its own types; the name for the
     ml_dtypes types ONNX models carry (bfloat16, float8...), whose ``str`` is an anonymous "<V2" that reads

@@ -141,3 +141,35 @@ def test_run_time_shaped_tail_runs_on_the_cpu_after_the_gpu(tmp_path: Path, cach
     assert len(sizes) > 1, "the runs should keep different numbers of elements"
     k = model.kernels
     assert k["conv"].startswith("vk_") and k["gather"].startswith("cpu:") and k["nonzero"].startswith("cpu:")
+
+
+@pytest.mark.parametrize("rows", [4160, 8256])
+def test_weights_left_to_run_time_by_import_load_on_vulkan(tmp_path: Path, rows: int) -> None:
+    """ONNX's "light" zoo models (alexnet, vgg19, zfnet512) make their weights with ConstantOfShape. Import
+    leaves an output over ``ir.FOLD_MAX_BYTES`` (64 MiB) to run time; the Vulkan backend used to fold it
+    anyway, so its Gemm took the weight for a constant that neither the cold loader nor the package had
+    (KeyError at load). At 8256 rows (132 MiB) the weight is also larger than a storage binding may be on every
+    device (lavapipe's limit, 128 MiB): that Gemm runs on the CPU between the GPU's nodes."""
+    cols = 4096
+    nodes = [h.make_node("ConstantOfShape", ["wshape"], ["w"], value=numpy_helper.from_array(
+                 np.array([0.25], np.float32)), name="make_w"),
+             h.make_node("Relu", ["x"], ["r"], name="relu"),
+             h.make_node("Gemm", ["r", "w", "b"], ["g"], transB=1, name="fc"),
+             h.make_node("Sigmoid", ["g"], ["y"], name="sig")]
+    g = h.make_graph(nodes, "light_like", [h.make_tensor_value_info("x", T.FLOAT, [1, cols])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, rows])],
+                     [numpy_helper.from_array(np.array([rows, cols], np.int64), "wshape"),
+                      numpy_helper.from_array(np.linspace(-1, 1, rows, dtype=np.float32), "b")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 11)])
+    m.ir_version = 7
+    p = tmp_path / "light_like.onnx"
+    onnx.save(m, p)
+    x = np.random.default_rng(2).standard_normal((1, cols)).astype(np.float32) * 1e-3
+    want = ort_session(p).run(None, {"x": x})[0]
+    model = inferd.load(str(p), device="vulkan", cache_dir=str(tmp_path / "cache"))
+    try:
+        np.testing.assert_allclose(model.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+        assert model.kernels["make_w"].startswith("cpu:") or model.kernels["make_w"] == "host"
+        assert model.kernels["fc"].startswith("cpu:") == (rows * cols * 4 > 1 << 27)
+    finally:
+        model.close()

@@ -9,14 +9,12 @@ from typing import Callable, Collection, Mapping, MutableMapping, Sequence
 import numpy as np
 
 from ..errors import InferdError, ModelFormatError, ShapeError
-from ..ir import Graph, Node, Subgraph, TensorInfo
+from ..ir import FOLD_MAX_BYTES, Graph, Node, Subgraph, TensorInfo
 from ..ops.base import op_spec
 from ..ops.control import CONTROL_OPS, axis_index, formal_inputs, outer_map, scan_counts
 from ..ops.tensor import onnx_dtype
 from .rewrite import dce, rewrite
 
-#: Folding an op that creates a huge tensor from a tiny one would bloat the weights; keep these at run time.
-_NO_FOLD_ABOVE = 1 << 26
 
 
 class _Values(Mapping[str, np.ndarray]):
@@ -209,7 +207,7 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
                 raise
             except Exception as e:
                 raise ShapeError(f"constant folding failed at node {node.name!r} ({node.op}): {type(e).__name__}: {e}") from e
-            if sum(np.asarray(v).nbytes for v in vals) <= _NO_FOLD_ABOVE:
+            if sum(np.asarray(v).nbytes for v in vals) <= FOLD_MAX_BYTES:
                 for o, v in zip(node.outputs, vals):
                     if o:
                         if from_probe:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import BackendError, InputError, KernelError, UnsupportedOpError
-from ..ir import Graph, Node, TensorInfo
+from ..ir import FOLD_MAX_BYTES, Graph, Node, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key, raw_params
 from ..planner.memory import MemoryPlan, align_up
 from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
@@ -72,7 +72,8 @@ def fold_constants(g: Graph) -> tuple[dict[str, np.ndarray], Mapping[str, np.nda
         if spec is None:
             raise UnsupportedOpError(node.op, node.name, g.opset, "not registered")
         dyn = [i for i in node.inputs if i and i not in consts]
-        if not dyn or node.op in _SHAPE_OPS:
+        huge = sum(g.infos[o].nbytes for o in node.outputs if o) > FOLD_MAX_BYTES  # left to run, as import left it
+        if (not dyn and not huge) or node.op in _SHAPE_OPS:
             ins = [consts[i] if i in consts else np.zeros(g.infos[i].shape, g.infos[i].dtype) if i else None
                    for i in node.inputs]
             for o, a in zip(node.outputs, spec.reference(node, ins)):

@@ -40,13 +40,17 @@ def _layer(node: Node, graph: Graph, consts: Mapping[str, Any]) -> Layer:
 
 def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
     """Whether ``node`` is placed on the CPU in a Vulkan model: no Vulkan kernel applies to it (none for its op,
-    none for its attributes or shapes, none for its dtypes) while a CPU kernel does."""
+    none for its attributes or shapes, none for its dtypes), or a tensor it reads or writes at run time is larger
+    than a storage binding may be on every conformant device (kernels split weights that large, not activations),
+    while a CPU kernel does."""
     from ..vulkan.executor import _misfit
-    from ..vulkan.kernel import VulkanKernel
+    from ..vulkan.kernel import MAX_BINDING_BYTES, VulkanKernel
 
     spec = op_spec(node.op)
     if spec is None or spec.alias or node.op in CONTROL_OPS or not kernels_for(node.op, "cpu"):
         return False
+    if any(graph.infos[n].nbytes > MAX_BINDING_BYTES for n in (*node.inputs, *node.outputs) if n and n not in consts):
+        return True
     layer = _layer(node, graph, consts)
     for k in kernels_for(node.op, "vulkan"):
         try:
