@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import ml_dtypes
+import numpy as np
 
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
@@ -731,8 +731,6 @@ def _bits(dt: np.dtype) -> int:
     """Bits of one element: an ml_dtypes type (kind 'V') may hold fewer than its storage byte."""
     if dt.kind != "V":
         return 8 * dt.itemsize
-    import ml_dtypes
-
     try:
         return int(ml_dtypes.finfo(dt).bits)
     except ValueError:
