@@ -173,3 +173,49 @@ def test_weights_left_to_run_time_by_import_load_on_vulkan(tmp_path: Path, rows:
         assert model.kernels["fc"].startswith("cpu:") == (rows * cols * 4 > 1 << 27)
     finally:
         model.close()
+
+
+def test_integer_graph_inputs_and_outputs_cross_to_the_nodes_that_read_them(tmp_path: Path) -> None:
+    """Keras text models take int32 token ids (tf2onnx keeps TensorFlow's dtype), which Keras 3's Embedding
+    wraps (ids < 0 plus the vocabulary size) before its Gather; an image may come as uint8 and an argmax leave as
+    int32. No Vulkan kernel reads those dtypes: the nodes that do run on the CPU, the rest on the device, and the
+    model loads instead of being refused for its inputs' dtypes."""
+    rng = np.random.default_rng(0)
+    vocab, d = 50, 8
+    table = rng.standard_normal((vocab, d)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.05
+    nodes = [h.make_node("Less", ["ids", "zero"], ["neg"], name="less"),
+             h.make_node("Add", ["ids", "vocab"], ["wrapped"], name="wrap"),
+             h.make_node("Where", ["neg", "wrapped", "ids"], ["idx"], name="where"),
+             h.make_node("Gather", ["table", "idx"], ["emb"], axis=0, name="embed"),
+             h.make_node("Relu", ["emb"], ["y"], name="relu"),
+             h.make_node("Cast", ["img"], ["imgf"], to=T.FLOAT, name="cast"),
+             h.make_node("Conv", ["imgf", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             h.make_node("ArgMax", ["c"], ["am"], axis=1, keepdims=0, name="argmax"),
+             h.make_node("Cast", ["am"], ["cls"], to=T.INT32, name="cls_i32")]
+    # 4 x 1100 ids: more than a host node's integer plumbing takes, so the Add/Less/Where are CPU-placed nodes
+    g = h.make_graph(nodes, "int_io", [h.make_tensor_value_info("ids", T.INT32, [4, 1100]),
+                                       h.make_tensor_value_info("img", T.UINT8, [1, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("c", T.FLOAT, None),
+                      h.make_tensor_value_info("cls", T.INT32, None)],
+                     [numpy_helper.from_array(table, "table"), numpy_helper.from_array(w, "w"),
+                      numpy_helper.from_array(np.array(0, np.int32), "zero"),
+                      numpy_helper.from_array(np.array(vocab, np.int32), "vocab")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "int_io.onnx"
+    onnx.save(m, p)
+    sess = ort_session(p)
+    model = inferd.load(str(p), device="vulkan")
+    try:
+        for _ in range(2):
+            feeds = {"ids": rng.integers(-vocab, vocab, (4, 1100)).astype(np.int32),
+                     "img": rng.integers(0, 256, (1, 3, 8, 8)).astype(np.uint8)}
+            got = model.run(feeds)
+            for name, want in zip(("y", "c", "cls"), sess.run(None, feeds)):
+                assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+                np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+        k = model.kernels
+        assert k["wrap"].startswith("cpu:") and k["conv"].startswith("vk_") and k["relu"].startswith("vk_")
+    finally:
+        model.close()

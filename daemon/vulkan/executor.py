@@ -440,10 +440,13 @@ class HostIO:
                 self.const_outputs[t.name] = np.asarray(consts[t.name])
             else:
                 self.outputs.append((t, plan.offset(t.name)))
+        # any numeric or bool dtype crosses as bytes: a node that reads or writes it runs on the device only when
+        # its kernel handles that dtype (``_misfit``), on the host otherwise (an int32 token-id input that Keras'
+        # Embedding clips and gathers with, a uint8 image cast to float; bfloat16 is ml_dtypes', of kind "V")
         for t, _ in self.inputs + self.outputs:
-            if np.dtype(t.dtype).name not in ("float32", "int64", "bool"):
+            if np.dtype(t.dtype).kind not in "biufc" and np.dtype(t.dtype).name != "bfloat16":
                 raise BackendError(f"graph input/output {t.name!r} has dtype {np.dtype(t.dtype)}; the Vulkan backend "
-                                   f"takes float32 (and int64/bool where a kernel handles them)")
+                                   f"takes numeric and bool tensors")
         # outputs are read through a host-cached staging copy unless the activations themselves are host-cached:
         # reading a discrete GPU's mapped BAR directly ran at ~100 MB/s (a 1.4 MB detector output: 40 ms on an H100)
         self.staging = act.mapped is None or not act.cached
