@@ -112,6 +112,9 @@ CORPUS: tuple[Arch, ...] = (
     # Keras 3's LSTM and GRU reach ONNX as Loop nodes (tf2onnx's LSTM/GRU rewriters do not match them)
     Arch("keras_lstm", "keras", "lstm", (1, 12, 8), exporters=("tf2onnx_function",)),
     Arch("keras_lstm_any_batch", "keras", "lstm", (1, 12, 8), exporters=("tf2onnx_function",), dynamic_batch=True),
+    # a text model takes int32 token ids (tf2onnx keeps TensorFlow's dtype), which Keras 3's Embedding wraps
+    # (negative ids plus the vocabulary) before its Gather
+    Arch("keras_text", "keras", "text", (2, 20), exporters=("tf2onnx_keras",), dynamic_batch=True),
     # paddle's deployment tools export with InputSpec([None, 3, H, W])
     Arch("paddle_mobilenet_v2", "paddle", "mobilenet_v2", (1, 3, 64, 64), dynamic_batch=True),
     Arch("paddle_resnet18", "paddle", "resnet18", (1, 3, 64, 64)),
@@ -119,7 +122,9 @@ CORPUS: tuple[Arch, ...] = (
 )
 
 #: small Keras models written the way Keras users write them, for layers the applications do not have
-CUSTOM_KERAS = ("convnet", "lstm")
+CUSTOM_KERAS = ("convnet", "lstm", "text")
+#: models whose input is integer token ids below this vocabulary size (int32, as Keras has them)
+TOKEN_VOCAB = {"text": 1000}
 
 
 def exporters_of(arch: Arch) -> tuple[str, ...]:
@@ -317,6 +322,8 @@ class _SegOut:
 
 def example_input(arch: Arch) -> np.ndarray:
     rng = np.random.default_rng(0)
+    if arch.source == "keras" and arch.builder in TOKEN_VOCAB:
+        return rng.integers(0, TOKEN_VOCAB[arch.builder], arch.shape).astype(np.int32)
     return rng.random(arch.shape, dtype=np.float32)
 
 
@@ -414,6 +421,14 @@ def _keras_model(arch: Arch) -> Any:
         x = L.LSTM(16, return_sequences=True)(x0)
         x = L.GRU(12)(x)
         model = keras.Model(x0, L.Dense(4)(x))
+    elif arch.builder == "text":
+        L = keras.layers
+        x0 = keras.Input(arch.shape[1:], batch_size=None if arch.dynamic_batch else arch.shape[0], dtype="int32")
+        x = L.Embedding(TOKEN_VOCAB[arch.builder], 32)(x0)
+        x = L.Conv1D(32, 3, padding="same", activation="relu")(x)
+        x = L.Bidirectional(L.LSTM(16, return_sequences=True))(x)
+        x = L.GlobalAveragePooling1D()(x)
+        model = keras.Model(x0, L.Dense(3)(x))
     else:
         # logits rather than softmax probabilities, which would hide differences in the logits
         model = getattr(keras.applications, arch.builder)(weights=None, input_shape=arch.shape[1:],
@@ -449,7 +464,7 @@ def _export_keras(arch: Arch, exporter: str, out: Path) -> None:
     import tf2onnx
 
     model = _keras_model(arch)
-    spec = (tf.TensorSpec(_spec_shape(arch), tf.float32, name="x"),)
+    spec = (tf.TensorSpec(_spec_shape(arch), tf.int32 if arch.builder in TOKEN_VOCAB else tf.float32, name="x"),)
     if exporter == "tf2onnx_keras":
         tf2onnx.convert.from_keras(model, input_signature=spec, opset=17, output_path=str(out))
     elif exporter == "tf2onnx_function":
