@@ -219,3 +219,28 @@ def test_integer_graph_inputs_and_outputs_cross_to_the_nodes_that_read_them(tmp_
         assert k["wrap"].startswith("cpu:") and k["conv"].startswith("vk_") and k["relu"].startswith("vk_")
     finally:
         model.close()
+
+
+def test_reduction_over_three_runs_of_axes_runs_on_the_cpu(tmp_path: Path) -> None:
+    """vk_reduce reduces one run of axes or two with kept axes between; a ReduceMean whose axes form three runs
+    (attribute axes, known at placement) is placed on the CPU instead of failing when its layer is prepared."""
+    nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"),
+             h.make_node("ReduceMean", ["r"], ["m"], axes=[0, 2, 4], keepdims=1, name="mean3"),
+             h.make_node("ReduceMean", ["r"], ["g"], axes=[1, 2, 4], keepdims=0, name="mean2"),
+             h.make_node("Mul", ["m", "m"], ["y"], name="sq")]
+    g = h.make_graph(nodes, "runs", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 5, 6])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("g", T.FLOAT, None)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "runs.onnx"
+    onnx.save(m, p)
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 5, 6)).astype(np.float32)}
+    model = inferd.load(str(p), device="vulkan")
+    try:
+        got = model.run(feeds)
+        for name, want in zip(("y", "g"), ort_session(p).run(None, feeds)):
+            np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+        k = model.kernels
+        assert k["mean3"].startswith("cpu:") and k["mean2"] == "vk_reduce" and k["relu"].startswith("vk_")
+    finally:
+        model.close()

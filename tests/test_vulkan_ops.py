@@ -279,6 +279,16 @@ case("ReduceMin_last_all_pos_inf_row", "ReduceMin", [-_neg_inf_rows], {"axes": [
 case("ReduceMean_middle", "ReduceMean", [r(3, 4, 5, 6)], {"axes": [1, 2], "keepdims": 0, "_opset": 13}, kernel="vk_reduce")
 case("ReduceProd_first", "ReduceProd", [r(3, 4, 5) * 0.5 + 1], {"axes": [0], "_opset": 13}, kernel="vk_reduce")
 case("ReduceSum_axes_input", "ReduceSum", [r(3, 4, 5), np.array([1], np.int64)], {"_opset": 13}, kernel="vk_reduce")
+# two runs of reduced axes with kept ones between: Keras' GroupNormalization on NHWC (tf2onnx) reshapes to
+# [N, H, W, G, C/G] and takes moments over axes 1, 2, 4 (GAP=1, rows of 36 * 2); with a kept inner axis too
+case("ReduceMean_groupnorm_nhwc", "ReduceMean", [r(2, 6, 6, 4, 2)], {"axes": [1, 2, 4], "keepdims": 1, "_opset": 13},
+     kernel="vk_reduce")
+case("ReduceLogSumExp_two_runs_inner", "ReduceLogSumExp", [r(2, 3, 5, 4, 3) * 4], {"axes": [1, 3], "keepdims": 0,
+                                                                                   "_opset": 13}, kernel="vk_reduce")
+case("ReduceMax_two_runs_size1_between", "ReduceMax", [r(3, 1, 5, 2, 1, 6)], {"axes": [0, 5], "_opset": 13},
+     kernel="vk_reduce")
+case("ReduceSum_two_runs_axes_input", "ReduceSum", [r(4, 3, 7), np.array([0, 2], np.int64)], {"keepdims": 0, "_opset": 13},
+     kernel="vk_reduce")
 for _ex in (0, 1):
     for _rev in (0, 1):
         case(f"cumsum_mid_ex{_ex}_rev{_rev}", "CumSum", [r(3, 9, 4), np.array(1, np.int64)],
@@ -500,6 +510,8 @@ _ORT_CASES: dict[str, tuple[int, str]] = {
     **{c[0]: (23, "") for c in CASES if c[1] == "RotaryEmbedding" and c[0] != "rotary_no_ids_2d_caches"},
     "ms_rotary_offset": (1, "com.microsoft"), "ms_rotary_ids_interleaved": (1, "com.microsoft"),
     "ms_mha_bias_unidirectional": (1, "com.microsoft"), "ms_mha_cross_scale": (1, "com.microsoft"),
+    "ReduceMean_groupnorm_nhwc": (13, ""), "ReduceLogSumExp_two_runs_inner": (13, ""),
+    "ReduceMax_two_runs_size1_between": (13, ""), "ReduceSum_two_runs_axes_input": (13, ""),
 }
 _BY_ID = {c[0]: c for c in CASES}
 

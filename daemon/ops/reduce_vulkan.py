@@ -1,11 +1,14 @@
-"""Vulkan kernels for Reduce* (axes that are contiguous once size-1 dims are ignored) and Softmax/LogSoftmax.
+"""Vulkan kernels for Reduce* and Softmax/LogSoftmax.
 
 Both view the input as [outer, R, inner]; with inner == 1 each output row gets a 256-invocation
-workgroup and a shared-memory tree (``ROWS=1``), otherwise one invocation walks each column.
+workgroup and a shared-memory tree (``ROWS=1``), otherwise one invocation walks each column. A reduction
+whose axes form two runs once size-1 dims are dropped (Keras' GroupNormalization on NHWC reshapes to
+[N, H, W, G, C/G] and reduces axes 1, 2 and 4) views it as [outer, Ra, mid, Rb, inner] instead (``GAP=1``);
+more runs than two have no Vulkan kernel (a Vulkan model runs such a node on the CPU).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -17,19 +20,27 @@ OPS = {"ReduceSum": 0, "ReduceMean": 1, "ReduceMax": 2, "ReduceMin": 3, "ReduceP
        "ReduceL2": 6, "ReduceSumSquare": 7, "ReduceLogSum": 8, "ReduceLogSumExp": 9}
 
 
-def _three(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, int, int] | None:
-    """(outer, R, inner) if the reduced axes are contiguous after dropping size-1 dims, else None."""
-    keep = [d for d in range(len(shape)) if shape[d] != 1 or d in axes]
-    red = [k for k, d in enumerate(keep) if d in axes and shape[d] != 1]
-    if not red:
-        return int(np.prod(shape, dtype=np.int64)), 1, 1
-    if red != list(range(red[0], red[-1] + 1)):
-        return None
-    dims = [shape[d] for d in keep]
-    outer = int(np.prod(dims[:red[0]], dtype=np.int64))
-    r = int(np.prod(dims[red[0]:red[-1] + 1], dtype=np.int64))
-    inner = int(np.prod(dims[red[-1] + 1:], dtype=np.int64))
-    return outer, r, inner
+def _five(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, int, int, int, int] | None:
+    """(outer, Ra, mid, Rb, inner): the input viewed as [outer, Ra, mid, Rb, inner] and reduced over Ra and Rb,
+    when the reduced axes form at most two runs once size-1 dims are dropped (one run: mid == Rb == 1);
+    None for more runs."""
+    groups: list[list[Any]] = []  # [size, reduced] of maximal runs of reduced or kept dims
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        if groups and groups[-1][1] == (d in axes):
+            groups[-1][0] *= n
+        else:
+            groups.append([n, d in axes])
+    if not any(red for _, red in groups):
+        return int(np.prod(shape, dtype=np.int64)), 1, 1, 1, 1
+    outer = groups.pop(0)[0] if not groups[0][1] else 1
+    inner = groups.pop()[0] if not groups[-1][1] else 1
+    if len(groups) == 1:
+        return outer, groups[0][0], 1, 1, inner
+    if len(groups) == 3:
+        return outer, groups[0][0], groups[1][0], groups[2][0], inner
+    return None
 
 
 def _axes(layer: Layer, params: Mapping[str, np.ndarray] | None) -> tuple[int, ...] | None:
@@ -50,9 +61,11 @@ class VkReduce(VulkanKernel):
     def applies(self, layer: Layer) -> bool:
         if not act_supported(layer):
             return False
-        if len(layer.node.inputs) > 1 and layer.node.inputs[1] and 1 not in layer.const_inputs:
-            return False
-        return True  # non-contiguous axes are checked in dispatches (they need the axes values)
+        if len(layer.node.inputs) > 1 and layer.node.inputs[1]:
+            # axes given as an input (its values only reach ``dispatches``): more than two runs fail there
+            return 1 in layer.const_inputs
+        axes = reduce_axes(layer.node, len(layer.in_shape(0)), None)
+        return axes is None or _five(tuple(layer.in_shape(0)), axes) is not None
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {}
@@ -71,14 +84,20 @@ class VkReduce(VulkanKernel):
             n = layer.outputs[0].size
             return [Dispatch("unary", (In(0), Out(0)), grid(n, 256, caps), {"UOP": 0, "ACT": a[0]},
                              push={"n": n, "alpha": 0.0, "beta": 0.0, "act_a": a[1], "act_b": a[2]})]
-        three = _three(shape, axes)
-        if three is None:
-            raise ValueError(f"{layer.op} {layer.name!r}: reduced axes {axes} of shape {shape} are not contiguous")
-        outer, r, inner = three
+        five = _five(shape, axes)
+        if five is None:
+            raise ValueError(f"{layer.op} {layer.name!r}: reduced axes {axes} of shape {shape} form more than two "
+                             "runs; the Vulkan kernel reduces one run or two with kept axes between")
+        outer, ra, mid, rb, inner = five
         rows = inner == 1
-        return [Dispatch("reduce", (In(0), Out(0)), grid(outer, 1, caps) if rows else grid(outer * inner, 256, caps),
-                         {"OP": OPS[layer.op], "ROWS": int(rows), "ACT": a[0]},
-                         push={"outer": outer, "R": r, "inner": inner, "act_a": a[1], "act_b": a[2]})]
+        n = outer * mid
+        push: dict[str, Any] = {"outer": outer, "R": ra * rb, "inner": inner, "act_a": a[1], "act_b": a[2]}
+        defines = {"OP": OPS[layer.op], "ROWS": int(rows), "ACT": a[0]}
+        if mid > 1:
+            defines["GAP"] = 1
+            push.update(mid=mid, rb=rb)
+        return [Dispatch("reduce", (In(0), Out(0)), grid(n, 1, caps) if rows else grid(n * inner, 256, caps),
+                         defines, push=push)]
 
 
 @register_kernel
