@@ -313,3 +313,43 @@ def test_grids_larger_than_one_row_of_workgroups(op: str) -> None:
             got = vm.run({"x": x})["y"]
             err = float(np.abs(got - want).max() / np.abs(want).max())
             assert err <= TOL, (op, run, err)
+
+
+def test_device_close_lets_a_models_background_work_finish(tmp_path: Any) -> None:
+    """A model's background work holds the model's lock and takes the device's (the warm switch swaps kernels
+    in under the model's lock and creates their pipelines); a model's close waits for the model's lock. So the
+    device closes its models without holding its own lock: a process that exited during a warm switch hung in
+    atexit (``_close_all``), the model's close and the warm switch each waiting for the other's lock."""
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+
+    dev = VulkanDevice(VulkanConfig(cache_dir=str(tmp_path / "cache")))
+    model_lock = threading.Lock()
+    holding, closing = threading.Event(), threading.Event()
+    took: list[bool] = []
+
+    def warm_switch() -> None:
+        with model_lock:
+            holding.set()
+            closing.wait(10)
+            got = dev._lock.acquire(timeout=5)  # creating the warm kernels' pipelines
+            took.append(got)
+            if got:
+                dev._lock.release()
+
+    class Model:
+        def close(self) -> None:
+            closing.set()
+            with model_lock:
+                pass
+
+    model = Model()
+    dev.register_model(model)
+    t = threading.Thread(target=warm_switch)
+    t.start()
+    assert holding.wait(10)
+    try:
+        dev.close()
+    finally:
+        t.join(20)
+    assert took == [True], "the background work could not take the device lock while the device closed its models"
+    assert dev.closed

@@ -234,6 +234,7 @@ class VulkanDevice:
         _check_loader()
         self.config = VulkanConfig.from_env(config)
         self.closed = False
+        self._closing = False  # close() has begun (its models close before the device lock is taken)
         self.messages: list[tuple[int, str]] = []
         self.queue_lock = threading.Lock()
         self._lock = threading.RLock()
@@ -928,13 +929,20 @@ class VulkanDevice:
     def close(self) -> None:
         """Close open models, save the pipeline cache, destroy every Vulkan object (idempotent)."""
         with self._lock:
-            if self.closed:
+            if self.closed or self._closing:
                 return
-            for m in list(self._models):
-                try:
-                    m.close()
-                except Exception as e:  # pragma: no cover
-                    log.warning("closing model at device teardown: %s", e)
+            self._closing = True
+            models = list(self._models)
+        # the models close outside the device lock: a model's background work holds the model's lock and takes
+        # the device's (the warm switch swaps kernels in under the model's lock and creates their pipelines),
+        # and a model's close waits for its lock; with the device lock held here, a process exiting while a
+        # warm switch ran (atexit closes every device) hung for good
+        for m in models:
+            try:
+                m.close()
+            except Exception as e:  # pragma: no cover
+                log.warning("closing model at device teardown: %s", e)
+        with self._lock:
             try:
                 vk.vkDeviceWaitIdle(self.device)
             except Exception:
