@@ -264,6 +264,9 @@ def build(arch: Arch) -> Any:
 
     torch.manual_seed(0)
     if arch.source == "timm":
+        # timm imports torchvision (timm.layers._fx): the torchvision:: operators must be registered before that,
+        # or a process whose first export is a timm model fails in torchvision's meta registrations
+        import_torchvision()
         import timm
 
         model = timm.create_model(arch.builder, pretrained=False, **arch.kwargs)
