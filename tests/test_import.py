@@ -81,6 +81,34 @@ def test_fused_model_matches_onnxruntime(batch):
     assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-5
 
 
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_training_mode_batchnorm_is_not_folded(device):
+    """A BatchNormalization with training_mode=1 after a Conv normalises with the batch's statistics: folding
+    its running statistics into the Conv's weights would compute something else. (NF-Nets export it on their
+    weights, where it folds as a constant; here it follows a Conv on a graph input, so it runs.)"""
+    if device == "vulkan":
+        from inferd import vulkan
+
+        if not vulkan.available():
+            pytest.skip("needs a Vulkan device (lavapipe)")
+    c = 4
+    inits = [_init("w", (RNG.standard_normal((c, 3, 3, 3)) * 0.3).astype(np.float32))] + [
+        _init(n, np.asarray(v, np.float32)) for n, v in
+        zip(["g", "b", "m", "v"], [RNG.uniform(0.5, 1.5, c), RNG.standard_normal(c), RNG.standard_normal(c),
+                                   RNG.uniform(0.5, 2, c)])]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["bn", "rm", "rv"], epsilon=1e-5,
+                              momentum=0.5, training_mode=1, name="bn"),
+             helper.make_node("Relu", ["bn"], ["y"], name="relu")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6, 7])],
+               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "rm", "rv")], inits)
+    x = RNG.standard_normal((2, 3, 6, 7)).astype(np.float32) + 1
+    ref = run_ort(m, {"x": x})
+    got = inferd.load(m, device=device).run({"x": x})
+    for name, r in zip(("y", "rm", "rv"), ref):
+        np.testing.assert_allclose(got[name], r, rtol=1e-4, atol=1e-5 * np.abs(r).max(), err_msg=name)
+
+
 def test_silu_and_gelu_patterns_are_recognised():
     w = (RNG.standard_normal((4, 4, 1, 1)) * 0.5).astype(np.float32)
     nodes = [

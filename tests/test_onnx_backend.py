@@ -77,7 +77,6 @@ R_LOWBIT = ("Cast to float8/float4/int4: element types the engine rejects by des
             "bfloat16 is an engine type through ml_dtypes); casts *from* them work through ml_dtypes and run")
 R_INT2 = ("Cast to INT2/UINT2/FLOAT8E8M0 (opset 24/25 types): element types the engine rejects by design "
           "(UnsupportedOpError naming the node and type), as R_LOWBIT; casts *from* them run")
-R_TRAIN_BN = "training-mode BatchNormalization (running-stat outputs): inference only, by design"
 R_TRAIN_DROPOUT = "training-mode Dropout (random mask): inference only, by design"
 R_NOT_TENSOR = "optional/sequence-typed graph inputs: only tensors are supported"
 R_SEQUENCE = ("sequence values (an optional of a sequence, or a sequence where an optional goes): inferd's graphs "
@@ -110,8 +109,7 @@ EXCLUDE: dict[str, str] = {
     r"^test_identity_(opt|sequence)_": R_NOT_TENSOR,
     r"^test_optional_get_element_(optional_)?sequence_cpu$": R_SEQUENCE,
     r"^test_optional_has_element_empty_optional_input_cpu$": R_ABSENT_FEED,
-    # training-only behaviour and outputs
-    r"^test_batchnorm_.*_training_mode_": R_TRAIN_BN,
+    # training-only behaviour
     r"^test_training_dropout": R_TRAIN_DROPOUT,
     # Resize variants outside the supported set
     r"^test_resize_downsample_scales_(linear|cubic)_align_corners_": R_ORT_DIFFERS,

@@ -365,12 +365,43 @@ def test_batchnorm_transform_precomputes_affine() -> None:
     assert k.transformed_nbytes(layer) == 2 * 4 * 4
 
 
-def test_batchnorm_training_rejected() -> None:
+@pytest.mark.parametrize("shape", [(2, 4, 5, 6), (1, 4, 27), (3, 4)])
+@pytest.mark.parametrize("x_const", [False, True])
+def test_batchnorm_training_mode(shape: tuple[int, ...], x_const: bool) -> None:
+    """training_mode=1 normalises with the batch's own mean and (population) variance and writes the running
+    statistics; timm's NF-Nets standardise their weights so (``F.batch_norm(w.reshape(1, out, -1), None, None,
+    training=True)``: x a constant of shape (1, C, K)), which import folds."""
+    c = shape[1]
+    x = rnd(*shape) * 2 + 0.5
+    p = _bn_params(c)
+    attrs = dict(training_mode=1, momentum=0.7, epsilon=1e-3)
+    names = ["x", "s", "b", "m", "v"]
+    node = helper.make_node("BatchNormalization", names, ["y", "rm", "rv"], **attrs)
+    # onnxruntime insists on the three outputs in training mode
+    want = _session(_model([node], [(n, a, n != "x" or x_const) for n, a in zip(names, [x] + p)], ["y", "rm", "rv"],
+                           TensorProto.FLOAT, 15)).run(None, {} if x_const else {"x": x})
+    layer = single_node_layer("BatchNormalization", [x] + p, attrs, const=[x_const] + [True] * 4, n_outputs=3)
+    assert [o.shape for o in layer.outputs] == [w.shape for w in want]
+    ks = [k for k in kernels_for("BatchNormalization") if k.applies(layer)]
+    assert {k.name for k in ks} == {"norm", "reference"}
+    for k in ks:
+        for got, w, what in zip(run_layer(k, layer, [x] + p), want, ("Y", "running_mean", "running_var")):
+            assert_close(got, w, f"{k.name} {what}")
+    # a node declaring Y alone (valid ONNX, which onnxruntime refuses) gives the same Y
+    y_only = single_node_layer("BatchNormalization", [x] + p, attrs, const=[x_const] + [True] * 4)
+    assert_close(run_layer(next(k for k in ks if k.name == "norm"), y_only, [x] + p)[0], want[0], "Y alone")
+
+
+def test_batchnorm_training_outputs_rejected() -> None:
+    """The opset < 14 training form (statistics outputs without training_mode) and training_mode before opset 14
+    are refused by name."""
     spec = op_spec("BatchNormalization")
-    with pytest.raises(UnsupportedOpError, match="bn_train"):
-        spec.check(Node("bn_train", "BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], {"training_mode": 1}), 15)
     with pytest.raises(UnsupportedOpError, match="bn_stats"):
         spec.check(Node("bn_stats", "BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], {}), 15)
+    with pytest.raises(UnsupportedOpError, match="bn_old"):
+        spec.check(Node("bn_old", "BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], {"training_mode": 1}), 9)
+    spec.check(Node("bn_train", "BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
+                    {"training_mode": 1}), 15)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 10), (2, 3, 5, 6), (1, 2, 3, 4, 5)])

@@ -59,7 +59,7 @@ def _replace_node_output(graph: Graph, producer: Node, old: Node) -> None:
 
 
 def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
-    from ..ops.norm import fold_bn_into
+    from ..ops.norm import bn_training, fold_bn_into
 
     for bn in [n for n in graph.nodes if n.op == "BatchNormalization"]:
         x = bn.inputs[0]
@@ -68,7 +68,7 @@ def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
             continue
         if _single_consumer(graph, x, outputs) is not bn or not all(i in graph.constants for i in bn.inputs[1:5]):
             continue
-        if len([o for o in bn.outputs if o]) != 1:
+        if len([o for o in bn.outputs if o]) != 1 or bn_training(bn):  # (training_mode: the batch's statistics)
             continue
         w_name = prod.inputs[1]
         if w_name not in graph.constants:

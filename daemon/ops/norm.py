@@ -1,8 +1,12 @@
-"""BatchNormalization (inference form), InstanceNormalization, LayerNormalization, and BN folding.
+"""BatchNormalization, InstanceNormalization, LayerNormalization, and BN folding.
 
 Import folds a BatchNormalization that follows a Conv/ConvTranspose/Gemm into that producer with
 ``fold_bn_into``; a BN that cannot be folded (after a Concat, at a graph input, ...) runs as a
 per-channel affine map whose scale/shift the ``norm`` kernel precomputes in ``transform``.
+
+``training_mode=1`` (opset 14+) normalises with the batch's own statistics and writes the updated running
+statistics: inference graphs carry it where a model standardises its weights with ``F.batch_norm(...,
+training=True)`` (timm's ScaledStdConv2d in NF-Nets and NF-RegNets), usually on constants that import folds.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from ..ir import Node, TensorInfo
 from .activation import apply_act
 from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op
 
-__all__ = ["fold_bn_into", "bn_scale_shift", "batchnorm_reference", "instancenorm_reference", "layernorm_reference"]
+__all__ = ["fold_bn_into", "bn_scale_shift", "bn_training", "batchnorm_reference", "instancenorm_reference", "layernorm_reference"]
 
 
 # --------------------------------------------------------------------------- BN folding
@@ -90,12 +94,20 @@ def _extra_outputs(node: Node) -> list[str]:
     return [o for o in node.outputs[1:] if o]
 
 
+def bn_training(node: Node) -> bool:
+    """A BatchNormalization that normalises with the batch's statistics (``training_mode=1``)."""
+    return bool(node.attr("training_mode", 0))
+
+
 def _check_bn(node: Node, opset: int) -> None:
-    if node.attr("training_mode", 0):
-        raise UnsupportedOpError(node.op, node.name, opset, "training_mode=1 (only inference is supported)")
+    if bn_training(node):
+        if opset < 14:
+            raise UnsupportedOpError(node.op, node.name, opset, "training_mode is an opset-14 attribute")
+        return
     if _extra_outputs(node):
+        # before opset 14 a node with these outputs was a training node (mean, var, saved_mean, saved_var)
         raise UnsupportedOpError(node.op, node.name, opset,
-                                 "running/saved mean and variance outputs (training) are not supported")
+                                 "running/saved mean and variance outputs without training_mode=1 are not supported")
 
 
 def _check_ln(node: Node, opset: int) -> None:
@@ -128,7 +140,11 @@ def _infer_bn(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.nda
         if len(p.shape) == 1 and p.shape[0] != x.shape[1]:
             raise ShapeError(f"BatchNormalization {node.name!r}: parameter {i} has {p.shape[0]} channels, "
                              f"X has {x.shape[1]}")
-    return [(x.shape, x.dtype)]
+    if bn_training(node) and len(ins[1].shape) != 1:  # type: ignore[union-attr]
+        raise ShapeError(f"BatchNormalization {node.name!r}: training_mode needs per-channel parameters")
+    # running mean and variance (training_mode): one value per channel
+    stat = ((x.shape[1],), ins[3].dtype)  # type: ignore[union-attr]
+    return [(x.shape, x.dtype), stat, stat][:max(len(node.outputs), 1)]
 
 
 def _infer_in(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
@@ -173,10 +189,11 @@ def _infer_ln(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.nda
 _LN_STASH = np.dtype(np.float32)
 
 
-def _write_ln_stats(node: Node, outputs: Sequence[np.ndarray], stats: Sequence[np.ndarray]) -> None:
-    """Fill the Mean/InvStdDev outputs the node asks for. ``outputs`` holds only its non-empty outputs
-    (Y first), as executors pass them; ``stats`` is (mean, inv_std_dev) with one value per normalised
-    row (a shorter sequence is fine when the node declares fewer outputs)."""
+def _write_stats(node: Node, outputs: Sequence[np.ndarray], stats: Sequence[np.ndarray]) -> None:
+    """Fill the statistics outputs the node asks for (LayerNormalization's Mean/InvStdDev, a training
+    BatchNormalization's running mean/variance). ``outputs`` holds only its non-empty outputs (Y first), as
+    executors pass them; ``stats`` is the two statistics in output order (a shorter sequence is fine when the
+    node declares fewer outputs)."""
     j = 1
     for k, name in enumerate(node.outputs[1:3]):
         if not name:
@@ -195,13 +212,32 @@ def _finish(node: Node, y: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- references (float64)
 
+def bn_batch_stats(node: Node, x: np.ndarray, mean: np.ndarray, var: np.ndarray,
+                   acc: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """training_mode: the batch's per-channel mean and (population) variance over every axis but 1, in ``acc``,
+    and the running statistics ONNX asks for: ``input * momentum + batch * (1 - momentum)``."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    bm = np.mean(x, axis=axes, dtype=acc)
+    d = x - bm.reshape((1, -1) + (1,) * (x.ndim - 2)).astype(acc)
+    bv = np.mean(d * d, axis=axes, dtype=acc)
+    mom = np.asarray(float(node.attr("momentum", 0.9)), acc)
+    run_m = np.asarray(mean, acc) * mom + bm * (1 - mom)
+    run_v = np.asarray(var, acc) * mom + bv * (1 - mom)
+    return bm, bv, run_m, run_v
+
+
 def batchnorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     x = np.asarray(inputs[0])
     scale, b, mean, var = (np.asarray(inputs[i], np.float64) for i in range(1, 5))
     sh = _channel_shape(x.ndim, scale)
     eps = float(node.attr("epsilon", 1e-5))
+    stats: list[np.ndarray] = []
+    if bn_training(node):
+        mean, var, run_m, run_v = bn_batch_stats(node, x.astype(np.float64), mean, var, np.dtype(np.float64))
+        stats = [run_m.astype(inputs[3].dtype), run_v.astype(inputs[4].dtype)]  # type: ignore[union-attr]
     y = (x.astype(np.float64) - mean.reshape(sh)) / np.sqrt(var.reshape(sh) + eps) * scale.reshape(sh) + b.reshape(sh)
-    return [_finish(node, y.astype(x.dtype))]
+    # one result per declared output (an empty name included), as constant folding zips them
+    return ([_finish(node, y.astype(x.dtype))] + stats)[:max(len(node.outputs), 1)]
 
 
 def instancenorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -232,7 +268,8 @@ def layernorm_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.
 
 
 register_op(OpSpec("BatchNormalization", _infer_bn, batchnorm_reference, check=_check_bn,
-                   notes="inference mode only (training_mode and running-statistics outputs refused)"))
+                   notes="training_mode=1 (batch statistics, running-statistics outputs) on the CPU; the opset < 14 "
+                         "training outputs refused"))
 register_op(OpSpec("InstanceNormalization", _infer_in, instancenorm_reference, check=_check_in))
 register_op(OpSpec("LayerNormalization", _infer_ln, layernorm_reference, min_opset=17, check=_check_ln))
 
@@ -260,7 +297,8 @@ class NormKernel(Kernel):
         return layer.inputs[0] is not None and np.issubdtype(np.dtype(layer.inputs[0].dtype), np.floating)
 
     def _bn_all_const(self, layer: Layer) -> bool:
-        return all(k in layer.const_inputs for k in range(1, 5))
+        # (training_mode: the statistics come from the batch, so there is no fixed affine map to precompute)
+        return all(k in layer.const_inputs for k in range(1, 5)) and not bn_training(layer.node)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         dt = np.dtype(layer.outputs[0].dtype)
@@ -291,6 +329,9 @@ class NormKernel(Kernel):
         y = outputs[0]
         if layer.op == "BatchNormalization":
             x = inputs[0]
+            if bn_training(layer.node):
+                self._run_bn_training(layer, full_inputs(layer, inputs, params), outputs)
+                return
             if "scale" in params:
                 s, t = params["scale"], params["shift"]
             else:
@@ -331,7 +372,22 @@ class NormKernel(Kernel):
             if work is not y:
                 np.copyto(y, work, casting="unsafe")
             if layer.op == "LayerNormalization" and len(outputs) > 1:
-                _write_ln_stats(layer.node, outputs, (mean, inv))
+                _write_stats(layer.node, outputs, (mean, inv))
+        act = layer.attr("act")
+        if act is not None:
+            apply_act(y, act)
+
+    @staticmethod
+    def _run_bn_training(layer: Layer, ins: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
+        """training_mode: the batch's statistics in at least float32, then the affine map into Y."""
+        x, y = np.asarray(ins[0]), outputs[0]
+        acc = _acc_dtype(x.dtype)
+        bm, bv, run_m, run_v = bn_batch_stats(layer.node, x, ins[3], ins[4], acc)  # type: ignore[arg-type]
+        s, t = bn_scale_shift(ins[1], ins[2], bm, bv, float(layer.attr("epsilon", 1e-5)))  # type: ignore[arg-type]
+        sh = _channel_shape(x.ndim, s)
+        np.multiply(x, s.reshape(sh).astype(acc), out=y, casting="unsafe")
+        np.add(y, t.reshape(sh).astype(acc), out=y, casting="unsafe")
+        _write_stats(layer.node, outputs, (run_m, run_v))
         act = layer.attr("act")
         if act is not None:
             apply_act(y, act)
@@ -353,8 +409,8 @@ class NormReferenceKernel(Kernel):
             outputs: Sequence[np.ndarray]) -> None:
         res = self._REF[layer.op](layer.node, full_inputs(layer, inputs, params))
         np.copyto(outputs[0], res[0])
-        if layer.op == "LayerNormalization" and len(outputs) > 1:
-            _write_ln_stats(layer.node, outputs, res[1:])
+        if len(outputs) > 1:
+            _write_stats(layer.node, outputs, res[1:])
 
 
 @register_kernel

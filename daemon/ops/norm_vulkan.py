@@ -10,7 +10,7 @@ import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, act_of, act_supported, grid
 from .base import MS, Layer, register_kernel
-from .norm import _ln_axis, bn_scale_shift
+from .norm import _ln_axis, bn_scale_shift, bn_training
 
 F32 = np.float32
 
@@ -22,8 +22,9 @@ class VkBatchNorm(VulkanKernel):
     priority = 10
 
     def applies(self, layer: Layer) -> bool:
+        # (training_mode normalises with the batch's statistics: the CPU computes them)
         return all(k in layer.const_inputs for k in range(1, 5)) and act_supported(layer) \
-            and len([o for o in layer.node.outputs if o]) == 1
+            and len([o for o in layer.node.outputs if o]) == 1 and not bn_training(layer.node)
 
     def _geom(self, layer: Layer) -> tuple[int, int]:
         shape = layer.in_shape(0)
