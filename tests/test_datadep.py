@@ -186,6 +186,53 @@ def test_nms_iou_threshold_outside_0_1_fails_clearly_and_the_executor_keeps_serv
         nms(node, [feeds["b"], feeds["s"], feeds["mo"], np.array([-1.0], np.float32)])
 
 
+@pytest.mark.skipif(not NATIVE, reason="needs the native extension")
+def test_nms_on_run_time_shaped_boxes_runs_natively(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision's detectors as the TorchScript exporter writes them: the boxes that pass the score threshold
+    (NonZero, Gather: shaped at run time) into NonMaxSuppression with max_output_boxes_per_class = INT64_MAX ("no
+    limit"), at the top level and inside batched_nms's If, whose branches give different shapes. Those nodes
+    run the native kernel at the run's shapes, not the oracle (a numpy pass per kept box: Mask R-CNN's 91,000
+    boxes took 5 minutes), and INT64_MAX reaches it as an integer (through float it was 2**63, past a long long)."""
+    from inferd.ops import detection
+
+    i64max = h.make_tensor("mo_", T.INT64, [1], [np.iinfo(np.int64).max])
+    nms_in = ["kb3", "ks3", "mo", "iou"]
+    then_b = h.make_graph([h.make_node("Constant", [], ["none"], value=h.make_tensor("z", T.INT64, [0, 3], []))],
+                          "then", [], [h.make_empty_tensor_value_info("none")])
+    else_b = h.make_graph([h.make_node("NonMaxSuppression", nms_in, ["sel_in"])], "else", [],
+                          [h.make_empty_tensor_value_info("sel_in")])
+    m = _model([h.make_node("Constant", [], ["mo"], value=i64max),
+                h.make_node("Constant", [], ["iou"], value=h.make_tensor("iou_", T.FLOAT, [1], [0.5])),
+                h.make_node("Constant", [], ["thr"], value=h.make_tensor("thr_", T.FLOAT, [], [0.2])),
+                h.make_node("Constant", [], ["ax0"], value=h.make_tensor("ax0_", T.INT64, [1], [0])),
+                h.make_node("Constant", [], ["ax01"], value=h.make_tensor("ax01_", T.INT64, [2], [0, 1])),
+                h.make_node("Greater", ["s", "thr"], ["keep"]), h.make_node("NonZero", ["keep"], ["nz"]),
+                h.make_node("Squeeze", ["nz", "ax0"], ["idx"]),
+                h.make_node("Gather", ["b", "idx"], ["kb"], axis=0), h.make_node("Gather", ["s", "idx"], ["ks"]),
+                h.make_node("Unsqueeze", ["kb", "ax0"], ["kb3"]), h.make_node("Unsqueeze", ["ks", "ax01"], ["ks3"]),
+                h.make_node("NonMaxSuppression", nms_in, ["sel"]),
+                h.make_node("If", ["cond"], ["sel_if"], then_branch=then_b, else_branch=else_b)],
+               [("b", T.FLOAT, [3000, 4]), ("s", T.FLOAT, [3000]), ("cond", T.BOOL, [])], ["sel", "sel_if"])
+
+    def oracle(node: Node, ins: list) -> list:  # type: ignore[type-arg]
+        raise AssertionError(f"{node.name}: NonMaxSuppression ran its numpy oracle")
+
+    rng = np.random.default_rng(5)
+    feeds = [{"b": _boxes(rng, 1, 3000)[0], "s": rng.random(3000, dtype=np.float32), "cond": np.array(c)}
+             for c in (False, True)]
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    ex = CpuExecutor(import_model(str(p)))
+    assert {"sel", "sel_if"} <= set(ex.graph.runtime_shaped)
+    monkeypatch.setitem(detection._COMPUTE, "NonMaxSuppression", oracle)
+    sess = ort_session(p)
+    for f in feeds:
+        got, want = ex.run(f), sess.run(None, f)
+        assert want[0].shape[0] > 100  # (many boxes kept: the oracle's cost grows with them)
+        for name, w in zip(("sel", "sel_if"), want):
+            np.testing.assert_array_equal(got[name], w, err_msg=name)
+
+
 @pytest.mark.parametrize("center", [0, 1])
 @pytest.mark.parametrize("n", [1, 37, 600])
 def test_nms_native_matches_oracle_and_onnxruntime(tmp_path: Path, center: int, n: int) -> None:

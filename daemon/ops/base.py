@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import KernelError
+from ..errors import KernelError, ShapeError
 from ..ir import Graph, Node, TensorInfo
 
 
@@ -196,6 +196,39 @@ def write_bounded(layer: Layer, outputs: Sequence[np.ndarray], results: Sequence
             o.reshape(-1)[:r.size] = r.reshape(-1)
         shapes.append(tuple(int(d) for d in r.shape))
     return shapes
+
+
+def run_at_run_shapes(node: Node, vals: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """``node`` on values whose shapes only this run tells (a control-flow body shaped at run time, a node reading
+    a tensor shaped at run time), one result per declared output. The op's oracle, except for a data-dependent
+    op (``OpSpec.bounded``: NonMaxSuppression, TopK with a run-time k, NonZero, ...), which runs its fastest CPU
+    kernel through ``run_bounded`` at these shapes: those oracles are Python loops (NonMaxSuppression's is one
+    numpy pass per kept box), and a detector's post-processing, which runs here, feeds them tens of thousands of
+    boxes (Mask R-CNN's 1000 proposals x 91 classes: 5 minutes in the oracle, milliseconds natively)."""
+    spec = op_spec(node.op)
+    assert spec is not None, node.op
+    if spec.bounded is None:
+        return spec.reference(node, list(vals))
+    infos = [TensorInfo(n, tuple(np.shape(v)), np.asarray(v).dtype) if n and v is not None else None
+             for n, v in zip(node.inputs, vals)]
+    # small inputs (max_output_boxes_per_class, k) as constants: infer bounds the outputs by their values
+    consts = {n: np.asarray(v) for n, v in zip(node.inputs, vals) if n and v is not None and np.size(v) <= 16}
+    try:
+        shaped = spec.infer(node, infos, consts)
+    except ShapeError:
+        # (a bound past INFERD_MAX_BOUND_ELEMS: the oracle sizes its results itself)
+        return spec.reference(node, list(vals))
+    outs = tuple(TensorInfo(o, tuple(int(d) for d in sh), np.dtype(dt))
+                 for o, (sh, dt) in zip(node.outputs, shaped) if o)
+    layer = Layer(node, tuple(infos), outs, ())
+    k = choose_kernel(layer)
+    bufs = [np.empty(t.shape, t.dtype) for t in outs]
+    if spec.bounded(node, consts):
+        got = iter([bounded_view(b, sh) for b, sh in zip(bufs, k.run_bounded(layer, list(vals), {}, bufs))])
+    else:  # (TopK with a k known now: shaped exactly)
+        k.run(layer, list(vals), {}, bufs)
+        got = iter(bufs)
+    return [next(got) if o else np.zeros(0, np.float32) for o in node.outputs]
 
 
 def bounded_view(buf: np.ndarray, shape: Sequence[int]) -> np.ndarray:

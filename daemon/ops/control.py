@@ -32,9 +32,9 @@ from .base import (
     Layer,
     OpSpec,
     full_inputs,
-    op_spec,
     register_kernel,
     register_op,
+    run_at_run_shapes,
 )
 
 CONTROL_OPS = ("If", "Loop", "Scan")
@@ -135,12 +135,11 @@ def run_control(node: Node, inputs: Sequence[np.ndarray | None], run_body: RunBo
 
 
 def run_reference(g: Graph, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """``g`` interpreted node by node with the numpy oracles (any shapes: what runtime-shaped tensors use)."""
+    """``g`` interpreted node by node with the numpy oracles (any shapes: what runtime-shaped tensors use); its
+    data-dependent ops run their CPU kernel at the run's shapes (``run_at_run_shapes``)."""
     env: MutableMapping[str, np.ndarray] = ChainMap(dict(feeds), g.constants)  # type: ignore[arg-type]
     for n in g.nodes:
-        spec = op_spec(n.op)
-        assert spec is not None
-        res = spec.reference(n, [env[i] if i else None for i in n.inputs])
+        res = run_at_run_shapes(n, [env[i] if i else None for i in n.inputs])
         for o, r in zip(n.outputs, res):
             if o:
                 env[o] = np.asarray(r)

@@ -39,6 +39,14 @@ def _nms_scalar(v: np.ndarray | None, default: float) -> float:
     return float(np.asarray(v).reshape(-1)[0])
 
 
+def _nms_count(v: np.ndarray | None) -> int:
+    """max_output_boxes_per_class as the integer it is (int64): through float, torchvision's INT64_MAX ("no
+    limit") became 2**63, which no C long long holds."""
+    if v is None or np.asarray(v).size == 0:
+        return 0
+    return max(0, int(np.asarray(v).reshape(-1)[0]))
+
+
 def _infer_nms(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list:
     b, s = ins[0], ins[1]
     assert b is not None and s is not None
@@ -48,7 +56,7 @@ def _infer_nms(node: Node, ins: Infos, consts: Mapping[str, np.ndarray]) -> list
     per = b.shape[1]
     if len(node.inputs) > 2 and node.inputs[2]:
         if node.inputs[2] in consts:
-            per = min(per, max(0, int(_nms_scalar(consts[node.inputs[2]], 0))))
+            per = min(per, _nms_count(consts[node.inputs[2]]))
     else:
         per = 0  # no max_output_boxes_per_class: the spec's default 0 selects nothing
     return [((capped(s.shape[0] * s.shape[1] * per, 3), 3), np.dtype(np.int64))]
@@ -63,7 +71,7 @@ def _check_iou(node: Node, iou: float) -> float:
 
 def _nms_args(node: Node, ins: Sequence[np.ndarray | None]) -> tuple[int, float, float | None]:
     g = lambda i: ins[i] if len(ins) > i else None  # noqa: E731
-    max_out = max(0, int(_nms_scalar(g(2), 0)))
+    max_out = _nms_count(g(2))
     iou = _check_iou(node, _nms_scalar(g(3), 0.0))
     st = g(4)
     score = None if st is None or np.asarray(st).size == 0 else float(np.asarray(st).reshape(-1)[0])

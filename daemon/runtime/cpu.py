@@ -17,7 +17,8 @@ from ..errors import InputError, ShapeError
 from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops import control as _control
-from ..ops.base import Kernel, Layer, bounded_view, choose_kernel, kernels_for, op_spec, raw_params
+from ..ops.base import (Kernel, Layer, bounded_view, choose_kernel, kernels_for, op_spec, raw_params,
+                        run_at_run_shapes)
 from ..ops.tensor import copies_call
 from ..backends.base import forget_raw
 from ..planner.memory import MemoryPlan, plan_graph_memory
@@ -216,18 +217,17 @@ class CpuExecutor:
         return step
 
     def _runtime_shaped_call(self, layer: Layer) -> Callable[[], None]:
-        """A node reading or writing tensors whose shape only the run tells: the numpy oracle on the values
-        (those tensors live in ``self._dyn``, not in the arena); its other outputs go to their arena views."""
+        """A node reading or writing tensors whose shape only the run tells: the numpy oracle on the values, or
+        a data-dependent op's CPU kernel (``run_at_run_shapes``; those tensors live in ``self._dyn``, not in the
+        arena); its other outputs go to their arena views."""
         node, graph = layer.node, self.graph
         rs = graph.runtime_shaped
-        spec = op_spec(node.op)
-        assert spec is not None
         dyn = self._dyn
 
         def call() -> None:
             vals = [None if not n else dyn[n] if n in rs else graph.constants[n] if n in graph.constants
                     else self.views[n] for n in node.inputs]
-            for o, r in zip(node.outputs, spec.reference(node, vals)):
+            for o, r in zip(node.outputs, run_at_run_shapes(node, vals)):
                 if not o:
                     continue
                 if o in rs:
