@@ -87,6 +87,10 @@ CORPUS: tuple[Arch, ...] = (
     Arch("vit_tiny", "timm", "vit_tiny_patch16_224", (1, 3, 64, 64), {"img_size": 64}),
     Arch("deit_tiny", "timm", "deit_tiny_distilled_patch16_224", (1, 3, 64, 64), {"img_size": 64}),
     Arch("edgenext_xx_small", "timm", "edgenext_xx_small", (1, 3, 64, 64)),
+    # NF-Nets standardise their weights with F.batch_norm(training=True): the TorchScript exporter writes a
+    # training-mode BatchNormalization on the constants (dynamo writes an inference-mode one over statistics it
+    # computes with ReduceMean, which ran before)
+    Arch("nf_regnet_b0", "timm", "nf_regnet_b0", (1, 3, 64, 64), exporters=("torchscript",)),
     Arch("deeplabv3_mobilenet_v3", "torchvision", "segmentation.deeplabv3_mobilenet_v3_large", (1, 3, 64, 64),
          {"weights_backbone": None}, seg=True),
     Arch("fcn_resnet50", "torchvision", "segmentation.fcn_resnet50", (1, 3, 64, 64),
