@@ -29,7 +29,7 @@ from inferd.ops.activation import apply_act  # noqa: E402
 from inferd.ops.base import raw_key  # noqa: E402
 from inferd.ops.conv import (ConvWinograd23, ConvWinograd43, conv_nd, layer_geom,  # noqa: E402
                              winograd_matrices)
-from native_harness import build_and_run  # noqa: E402
+from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64  # noqa: E402
 
 F32 = np.float32
 TOL = 1e-4
@@ -1027,10 +1027,9 @@ def test_native_c_baseline_x86_64(tmp_path: Path) -> None:
     _build_and_run("cc", ["-march=x86-64"], tmp_path, [])
 
 
-@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
-                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+@needs_aarch64
 def test_native_c_aarch64(tmp_path: Path) -> None:
-    _build_and_run("aarch64-linux-gnu-gcc", ["-static"], tmp_path, ["qemu-aarch64"])
+    _build_and_run(AARCH64_CC, AARCH64_FLAGS, tmp_path, QEMU)
 
 
 def _sanitizers_work() -> bool:

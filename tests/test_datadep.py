@@ -5,7 +5,6 @@ it."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from inferd.ir import Node
 from inferd.ops import kernels_for, run_layer, single_node_layer
 from inferd.ops.detection import NmsNative, nms, roi_align
 from inferd.runtime.cpu import CpuExecutor
-from native_harness import build_and_run
+from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64, with_sanitizers
 from ortutil import ort_session
 
 NATIVE = native.AVAILABLE and hasattr(native.lib, "inferd_nms")
@@ -437,18 +436,14 @@ def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
-                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+@needs_aarch64
 def test_detect_c_aarch64(tmp_path: Path) -> None:
-    _build_and_run("aarch64-linux-gnu-gcc", ["-static"], tmp_path, ["qemu-aarch64"])
+    _build_and_run(AARCH64_CC, AARCH64_FLAGS, tmp_path, QEMU)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")
 def test_detect_c_host_with_sanitizers(tmp_path: Path) -> None:
-    try:
-        _build_and_run("cc", ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], tmp_path, [])
-    except subprocess.CalledProcessError:
-        _build_and_run("cc", [], tmp_path, [])
+    with_sanitizers(lambda flags: _build_and_run("cc", flags, tmp_path, []))
 
 
 def test_detection_post_processing_through_a_package(tmp_path: Path) -> None:

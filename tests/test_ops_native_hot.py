@@ -4,7 +4,6 @@ onnxruntime over its attribute space, and each stepping aside when the native ex
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 from inferd import native
 from inferd.errors import KernelError
 from inferd.ops import kernels_for, run_layer, single_node_layer
-from native_harness import build_and_run
+from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64, with_sanitizers
 from ortutil import feeds_for, make_single_node_model, ort_session
 
 NATIVE_NAMES = {"GridSample": "gridsample_native", "Einsum": "einsum_gemm", "CumSum": "cumsum_native",
@@ -364,18 +363,14 @@ def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
-                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+@needs_aarch64
 def test_hot_ops_c_aarch64(tmp_path: Path) -> None:
-    _build_and_run("aarch64-linux-gnu-gcc", ["-static"], tmp_path, ["qemu-aarch64"])
+    _build_and_run(AARCH64_CC, AARCH64_FLAGS, tmp_path, QEMU)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs cc")
 def test_hot_ops_c_host_with_sanitizers(tmp_path: Path) -> None:
-    try:
-        _build_and_run("cc", ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], tmp_path, [])
-    except subprocess.CalledProcessError:  # no sanitizer runtime: the plain build still checks the results
-        _build_and_run("cc", [], tmp_path, [])
+    with_sanitizers(lambda flags: _build_and_run("cc", flags, tmp_path, []))
 
 
 def test_ops_bench_hot_cases_run_native_and_match_onnxruntime(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +21,9 @@ from inferd.frontend import import_model
 from inferd.ops.base import choose_kernel, op_spec, raw_key, single_node_layer
 from inferd.ops import quant_native
 from inferd.zoo import quant as zquant
+from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64
 
 ort = pytest.importorskip("onnxruntime")
-NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
 _ONNX_T = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.UINT8,
            np.dtype(np.int32): TensorProto.INT32, np.dtype(np.float32): TensorProto.FLOAT}
 
@@ -286,13 +285,7 @@ int main(void) {
 def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> str:
     src = tmp / "q8test.c"
     src.write_text(C_HARNESS)
-    exe = tmp / ("q8_" + os.path.basename(cc))
-    subprocess.run([cc, "-O2", "-std=gnu99", "-fno-math-errno", "-ffp-contract=fast", "-DINFERD_NO_CLONES", f"-I{NATIVE_DIR}",
-                    *flags, str(src), *[str(p) for p in sorted(NATIVE_DIR.glob("*.c"))], "-o", str(exe), "-lm", "-pthread"],
-                   check=True, capture_output=True, timeout=240)
-    out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0 and "ok (0 failures)" in out.stdout, out.stdout[-2000:]
-    return out.stdout
+    return build_and_run(src, None, cc, flags, tmp, runner, ("-O2", "-ffp-contract=fast"), 240)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.uname().machine != "x86_64", reason="needs cc on x86-64")
@@ -300,10 +293,9 @@ def test_int8_c_baseline_x86_64(tmp_path: Path) -> None:
     _build_and_run("cc", ["-march=x86-64"], tmp_path, [])
 
 
-@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
-                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+@needs_aarch64
 def test_int8_c_aarch64_sdot_and_portable(tmp_path: Path) -> None:
-    out = _build_and_run("aarch64-linux-gnu-gcc", ["-static"], tmp_path, ["qemu-aarch64", "-cpu", "max"])
+    out = _build_and_run(AARCH64_CC, AARCH64_FLAGS, tmp_path, [*QEMU, "-cpu", "max"])
     assert "isa 1" in out  # qemu's "max" CPU has dotprod: the sdot path ran (and the portable one, forced)
 
 
