@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,41 @@ import numpy as np
 #: outputs exceed this at run time: folding an op that makes a huge tensor from a tiny one (ConstantOfShape, Expand,
 #: Tile) would bloat the weights, the store and the device's weight memory.
 FOLD_MAX_BYTES = 1 << 26
+
+
+class Overlay(MutableMapping[str, np.ndarray]):
+    """``top`` over ``base`` (values computed here over a graph's constants): reads look in ``top`` first,
+    writes and deletes go to ``top``; ``base`` is never changed. ChainMap does the same, but its ``in`` walks
+    its maps through a generator (~2 us), and shape inference and the Vulkan backend's binding resolution ask
+    it for every input of every node a load prepares."""
+
+    __slots__ = ("top", "base")
+
+    def __init__(self, top: dict[str, np.ndarray], base: Mapping[str, np.ndarray]) -> None:
+        self.top, self.base = top, base
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.top or key in self.base
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        top = self.top
+        return top[key] if key in top else self.base[key]
+
+    def __setitem__(self, key: str, value: np.ndarray) -> None:
+        self.top[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.top[key]
+
+    def __iter__(self) -> Iterator[str]:
+        top = self.top
+        yield from top
+        for k in self.base:
+            if k not in top:
+                yield k
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def dtype_tag(dtype: Any) -> str:

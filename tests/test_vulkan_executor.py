@@ -323,6 +323,51 @@ def test_spirv_cache_on_disk_manifest_and_corruption(tmp_path: Path) -> None:
     assert [s.name for s in conv.manifest.spec] == ["KH", "KW", "SH", "SW", "DH", "DW", "GID_BASE"]
 
 
+def test_spirv_bundle_serves_a_new_process_and_a_bad_one_is_a_miss(tmp_path: Path, caplog: Any) -> None:
+    import logging
+    import shutil
+
+    from inferd.vulkan.shaders import ShaderCache, norm_defines, shader_dir
+    variants = [("binary", norm_defines({"BOP": 2, "RESIDUAL": 1})), ("conv_dw", ())]
+    c1 = ShaderCache(tmp_path)
+    mods = c1.get_many(variants)
+    assert c1.compiled == 2
+    assert c1.save_bundle() and not c1.save_bundle()  # nothing new the second time: no rewrite
+    # without the per-file entries, a new cache (a new process) serves both from the bundle, compiling nothing
+    for p in (tmp_path / "spirv").glob("*.spv"):
+        p.unlink()
+    c2 = ShaderCache(tmp_path)
+    assert c2.preload_bundle() == 2
+    got = c2.get_many(variants)
+    assert (c2.bundle_hits, c2.disk_hits, c2.compiled) == (2, 0, 0)
+    assert [m.spirv for m in got] == [m.spirv for m in mods]
+    assert [m.manifest.to_json() for m in got] == [m.manifest.to_json() for m in mods]
+    # a source that changed since is another key: the bundled entry is not used for it
+    sdir = tmp_path / "src"
+    shutil.copytree(shader_dir(), sdir)
+    (sdir / "binary.comp").write_text((sdir / "binary.comp").read_text() + "\n// changed\n")
+    c5 = ShaderCache(tmp_path, sdir=sdir)
+    c5.preload_bundle()
+    c5.get_many(variants)
+    assert (c5.bundle_hits, c5.compiled) == (1, 1)
+    # damaged (a flipped byte: the checksum), truncated, or of another version: a miss with a warning
+    bundle = tmp_path / "spirv" / "bundle.bin"
+    good = bundle.read_bytes()
+    for bad in (good[:-5] + bytes([good[-5] ^ 0xFF]) + good[-4:], good[:10], good[:8] + b"\x63" + good[9:]):
+        bundle.write_bytes(bad)
+        c3 = ShaderCache(tmp_path)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="inferd.vulkan.shaders"):
+            assert c3.preload_bundle() == 0
+        assert "SPIR-V bundle" in caplog.text
+        assert c3.get_many(variants)[0].spirv == mods[0].spirv
+        assert c3.bundle_hits == 0 and c3.compiled + c3.disk_hits == 2  # compiled, or the entries the last wrote
+    # the last of them rewrites it whole, valid again
+    assert c3.save_bundle()
+    c4 = ShaderCache(tmp_path)
+    assert c4.preload_bundle() == 2
+
+
 def test_bool_and_int64_tensors_flow_through_a_graph(device: Any) -> None:
     """Greater -> Where (a bool intermediate) and ArgMax (an int64 graph output)."""
     from inferd.vulkan.model import VulkanModel

@@ -3,13 +3,12 @@ specialisation of a dynamic model's template to one concrete input shape. No onn
 compiled package is specialised at load without it."""
 from __future__ import annotations
 
-from collections import ChainMap
 from typing import Callable, Collection, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
 from ..errors import InferdError, ModelFormatError, ShapeError
-from ..ir import FOLD_MAX_BYTES, Graph, Node, Subgraph, TensorInfo
+from ..ir import FOLD_MAX_BYTES, Graph, Node, Overlay, Subgraph, TensorInfo
 from ..ops.base import op_spec
 from ..ops.control import CONTROL_OPS, axis_index, formal_inputs, outer_map, scan_counts
 from ..ops.tensor import onnx_dtype
@@ -58,7 +57,7 @@ def specialize(template: Graph, shapes: Mapping[str, Sequence[int]] | None = Non
         inputs.append(TensorInfo(t.name, shape, t.dtype))
     consts = template.constants
     extra: dict[str, np.ndarray] = {}
-    view: ChainMap[str, np.ndarray] = ChainMap(extra, consts)  # type: ignore[arg-type]
+    view = Overlay(extra, consts)
     infos = {k: v for k, v in template.infos.items() if k in consts}
     infos.update({t.name: t for t in inputs})
     out_names = [o.name for o in template.outputs]
@@ -133,7 +132,7 @@ def infer_and_fold(nodes: list[Node], infos: dict[str, TensorInfo], constants: M
 
     sized: set[str] = set(dynamic)  # tensors whose shape depends on a dynamic dimension
     probed: dict[str, np.ndarray] = {}  # values that do: known at the probe only
-    known: Mapping[str, np.ndarray] = ChainMap(probed, constants) if dynamic else constants  # type: ignore[arg-type]
+    known: Mapping[str, np.ndarray] = Overlay(probed, constants) if dynamic else constants
     ragged: set[str] = runtime if runtime is not None else set()
     kept: list[Node] = []
     work = list(nodes)

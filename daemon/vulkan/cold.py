@@ -469,6 +469,7 @@ class VulkanColdBackend:
         st["weights_bytes"] = sum(r.size for r in self.weight_regions)
         t = T()
         dev.pipeline_cache.save()
+        dev.shader_cache.save_bundle()
         st["pipeline_cache_save_s"] = T() - t
 
     def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:

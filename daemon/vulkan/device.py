@@ -263,6 +263,7 @@ class VulkanDevice:
             self.cache_dir: Path | None = None if cache_dir == "" else Path(cache_dir) if cache_dir else default_cache_dir()
             self.shader_cache = ShaderCache(self.cache_dir)
             self.shader_cache.preload_sources()
+            self.shader_cache.preload_bundle()
             from .pipeline_cache import PipelineCache  # local: it imports this module's types
             self.pipeline_cache = PipelineCache(self, self.cache_dir)
         except BaseException:
@@ -951,6 +952,10 @@ class VulkanDevice:
                 self.pipeline_cache.save()
             except Exception as e:  # pragma: no cover
                 log.warning("saving the pipeline cache failed: %s", e)
+            try:
+                self.shader_cache.save_bundle()
+            except Exception as e:  # pragma: no cover
+                log.warning("saving the SPIR-V bundle failed: %s", e)
             self._destroy()
 
     def _destroy(self) -> None:

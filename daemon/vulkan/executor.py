@@ -23,14 +23,13 @@ vkQueueSubmit, one fence wait, copy outputs; the Python work does not depend on 
 from __future__ import annotations
 
 import logging
-from collections import ChainMap
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import BackendError, InputError, KernelError, UnsupportedOpError
-from ..ir import FOLD_MAX_BYTES, Graph, Node, TensorInfo
+from ..ir import FOLD_MAX_BYTES, Graph, Node, Overlay, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key, raw_params
 from ..planner.memory import MemoryPlan, align_up
 from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
@@ -56,6 +55,7 @@ def _import_kernels() -> None:
 
 # ------------------------------------------------------------------------------------ fold, select
 
+
 def fold_constants(g: Graph) -> tuple[dict[str, np.ndarray], Mapping[str, np.ndarray], list[Node], list[bool]]:
     """Evaluate constant subgraphs (and Shape/Size of static shapes) on the host.
 
@@ -64,7 +64,7 @@ def fold_constants(g: Graph) -> tuple[dict[str, np.ndarray], Mapping[str, np.nda
     run, and per graph node whether it folded."""
     _import_kernels()
     folded: dict[str, np.ndarray] = {}
-    consts: ChainMap[str, np.ndarray] = ChainMap(folded, g.constants)  # type: ignore[arg-type]
+    consts = Overlay(folded, g.constants)
     kept: list[Node] = []
     is_folded: list[bool] = []
     for node in g.nodes:

@@ -37,6 +37,16 @@ log = logging.getLogger("inferd.vulkan.shaders")
 
 #: Target environment of the generated SPIR-V (Vulkan 1.1: SPIR-V 1.3, supported on Jetson and lavapipe).
 TARGET_ENV = "vulkan1.1"
+#: ``spirv/bundle.bin``: every variant this cache served, in one file read at device creation. Why: each cache entry is
+#: two small files, and a cold load with the page cache dropped read them one by one (on the H100 host's disk,
+#: ~4 ms a read: 120 ms of a mobilenetv2 cold load's loader time, more than creating its pipelines). A daemon owns
+#: its device for hours, so reading the variants it has served is device bring-up, as loading the pipeline cache is.
+BUNDLE_MAGIC = b"INFDSPVB"
+BUNDLE_VERSION = 1
+_BUNDLE_HEAD = struct.Struct("<8sII32s")  # magic, version, entries, sha256 of the msgpack body
+#: entries beyond these bounds are not bundled (they stay per-file entries, read on demand)
+BUNDLE_MAX_ENTRIES = 4096
+BUNDLE_MAX_BYTES = 32 << 20
 #: Bump when the manifest format or the way variants are built changes (invalidates the disk cache).
 CACHE_FORMAT = 3  # 3: image16 binding kind
 
@@ -438,6 +448,10 @@ class ShaderCache:
         exp = os.environ.get("INFERD_SPIRV_EXPORT")
         self.export = Path(exp) / "spirv" if exp else None
         self._mem: dict[tuple[str, Defines], ShaderModule] = {}
+        #: the bundle as read at ``preload_bundle``: key -> (name, defines, spirv, manifest json)
+        self._bundle: dict[str, tuple[str, Defines, bytes, dict[str, Any]]] = {}
+        self._bundle_dirty = False  # this process served variants the bundle on disk lacks
+        self.bundle_hits = 0
         self._lock = threading.Lock()
         self._src: dict[str, str] = {}
         self.compiled = 0
@@ -487,8 +501,16 @@ class ShaderCache:
         # the disk is read outside the lock: on a cold page cache each entry is a disk read, and a
         # cold load's loader threads all come here at once (on the H100 they queued behind one another)
         found: list[ShaderModule] = []
+        bundled: list[ShaderModule] = []
         for name, defs in todo:
             key = self._key(name, defs, version)
+            ent = self._bundle.get(key) if comp else None
+            if ent is not None and ent[0] == name and ent[1] == defs:
+                try:
+                    bundled.append(ShaderModule(name, defs, key, ent[2], Manifest.from_json(ent[3])))
+                    continue
+                except (KeyError, TypeError, ValueError) as e:  # a bundle that passed its checksum but not this
+                    log.warning("SPIR-V bundle entry for %s unreadable (%s); reading its own entry", name, e)
             mod = self._load(name, defs, key) if comp else self._load_alias(self.dir, name, defs)
             if mod is None:
                 for d in self.prebuilt:
@@ -499,11 +521,14 @@ class ShaderCache:
                 found.append(mod)
             else:
                 missing.append((name, defs, key))
-        if found:
+        if found or bundled:
             with self._lock:
-                for mod in found:  # another thread may have read the same entry meanwhile: keep the first
-                    self.disk_hits += 1
+                for mod in found + bundled:  # another thread may have read the same entry meanwhile: keep the first
                     results[(mod.name, mod.defines)] = self._mem.setdefault((mod.name, mod.defines), mod)
+                self.disk_hits += len(found)
+                self.bundle_hits += len(bundled)
+                if found and self.dir is not None:
+                    self._bundle_dirty = True
         if missing:
             if comp is None:
                 raise BackendError(f"glslangValidator is not installed and no precompiled SPIR-V exists for "
@@ -516,6 +541,8 @@ class ShaderCache:
                     self.compiled += 1
                     self._mem[(mod.name, mod.defines)] = results[(mod.name, mod.defines)] = mod
                     self._store(mod, version)
+                if mods and self.dir is not None:
+                    self._bundle_dirty = True
         return [results[v] for v in variants]
 
     def _compile(self, exe: str, name: str, defines: Defines, key: str) -> ShaderModule:
@@ -585,6 +612,92 @@ class ShaderCache:
                 from .. import cache
 
                 cache.report(d, e, "writing the SPIR-V cache")
+
+    def _bundle_path(self) -> Path | None:
+        return self.dir / "bundle.bin" if self.dir is not None else None
+
+    def _read_bundle(self) -> dict[str, tuple[str, Defines, bytes, dict[str, Any]]]:
+        """The bundle on disk; {} (with a warning) when it is missing, damaged or of another version: a miss,
+        never an error."""
+        path = self._bundle_path()
+        if path is None:
+            return {}
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            log.warning("SPIR-V bundle %s unreadable (%s); reading entries one by one", path, e)
+            return {}
+        try:
+            if len(data) < _BUNDLE_HEAD.size:
+                raise ValueError(f"truncated ({len(data)} bytes)")
+            magic, version, count, sha = _BUNDLE_HEAD.unpack_from(data)
+            if magic != BUNDLE_MAGIC:
+                raise ValueError(f"magic {magic!r}")
+            if version != BUNDLE_VERSION:
+                raise ValueError(f"format version {version}, this engine reads {BUNDLE_VERSION}")
+            body = memoryview(data)[_BUNDLE_HEAD.size:]
+            if hashlib.sha256(body).digest() != sha:
+                raise ValueError("checksum mismatch")
+            import msgpack
+
+            rows = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+            if not isinstance(rows, list) or len(rows) != count:
+                raise ValueError("entry count differs from the header")
+            out: dict[str, tuple[str, Defines, bytes, dict[str, Any]]] = {}
+            for key, name, defs, spv, man in rows:
+                if not (isinstance(key, str) and isinstance(name, str) and isinstance(spv, bytes)
+                        and isinstance(man, dict) and isinstance(defs, list)):
+                    raise ValueError("malformed entry")
+                out[key] = (name, tuple((str(k), str(v)) for k, v in defs), spv, man)
+            return out
+        except Exception as e:  # msgpack raises several unrelated types on a damaged body
+            log.warning("SPIR-V bundle %s is damaged (%s); ignoring it, entries are read one by one", path, e)
+            return {}
+
+    def preload_bundle(self) -> int:
+        """Read ``spirv/bundle.bin`` (the device does it at creation); returns how many variants it holds."""
+        bundle = self._read_bundle()
+        with self._lock:
+            self._bundle = bundle
+        return len(bundle)
+
+    def save_bundle(self) -> bool:
+        """Rewrite the bundle with the variants this process served that it lacked (merged with what other
+        processes wrote meanwhile), atomically; True if written. Cheap when nothing is new."""
+        path = self._bundle_path()
+        if path is None or not self._bundle_dirty:
+            return False
+        with self._lock:
+            mine = {m.key: (m.name, m.defines, m.spirv, m.manifest.to_json()) for m in self._mem.values()}
+            self._bundle_dirty = False
+        merged = self._read_bundle()
+        merged.update(mine)  # this process's variants last: they are kept when the bounds cut
+        rows: list[list[Any]] = []
+        total = 0
+        for key, (name, defs, spv, man) in reversed(list(merged.items())):
+            total += len(spv)
+            if len(rows) >= BUNDLE_MAX_ENTRIES or total > BUNDLE_MAX_BYTES:
+                break
+            rows.append([key, name, [list(p) for p in defs], spv, man])
+        rows.reverse()
+        import msgpack
+
+        body = msgpack.packb(rows, use_bin_type=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, _BUNDLE_HEAD.pack(BUNDLE_MAGIC, BUNDLE_VERSION, len(rows),
+                                                 hashlib.sha256(body).digest()) + body)
+        except OSError as e:
+            from .. import cache
+
+            cache.report(path.parent, e, "writing the SPIR-V bundle")
+            return False
+        with self._lock:
+            for key, name, defs, spv, man in rows:
+                self._bundle.setdefault(key, (name, tuple((k, v) for k, v in defs), spv, man))
+        return True
 
     def manifest_index(self) -> dict[str, Any]:
         """Every variant this cache knows in memory: {key: {name, defines, manifest}} (for tools and tests)."""
