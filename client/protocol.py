@@ -453,6 +453,111 @@ def _bin_header(n: int) -> bytes:
     return b"\xc6" + n.to_bytes(4, "big")
 
 
+def _inline_segs(fixed: Mapping[str, Any], n_tail: int, specs: Sequence[tuple[str, str, Sequence[int], int]]) -> list[bytes]:
+    """The packed bytes of an inline message before each tensor's data: the map header (``fixed``, "tensors" and
+    ``n_tail`` entries packed after the data), ``fixed``, then each tensor's descriptor (name, dtype name, shape,
+    bytes) up to its data. The one layout both ends use: the sender splices data into it, the receiver matches it."""
+    pk = msgpack.Packer(use_bin_type=True)
+    head = pk.pack_map_header(len(fixed) + 1 + n_tail)
+    for k, v in fixed.items():
+        head += pk.pack(k) + pk.pack(v)
+    head += pk.pack("tensors") + pk.pack_array_header(len(specs))
+    segs = []
+    for name, dt, shape, nbytes in specs:
+        head += (pk.pack_map_header(4) + pk.pack("dtype") + pk.pack(dt) + pk.pack("shape") + pk.pack(list(shape))
+                 + pk.pack("name") + pk.pack(name) + pk.pack("data") + _bin_header(nbytes))
+        segs.append(head)
+        head = b""
+    return segs
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """An inline message layout the receiver decoded and validated in full once: a later message whose bytes are
+    these segments with data of these sizes between them, then the tail, carries the same fields and tensor
+    descriptors, so only its data and tail (the id; a reply's result) need reading. ``req``: a request's fields
+    as validated (None for a reply)."""
+
+    segs: tuple[bytes, ...]
+    specs: tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]
+    n_tail: int
+    tail_keys: frozenset[str]
+    limits: Limits | None
+    req: Request | None = None
+
+
+#: layouts a receiver has seen (newest first, bounded): a stream sends one layout per model and chunk shape
+_SEEN: list[_Seen] = []
+_SEEN_MAX = 64
+
+
+def _learn(header: dict[str, Any], view: memoryview, tensors: Mapping[str, np.ndarray], tail_keys: tuple[str, ...],
+           limits: Limits | None, req: Request | None = None) -> None:
+    """Remember the layout of an inline message just decoded in full, if rebuilding it gives its exact bytes."""
+    descs = header.get("tensors")
+    if type(descs) is not list or len(descs) != len(tensors) or list(header)[-len(tail_keys):] != list(tail_keys):
+        return
+    fixed = {k: v for k, v in header.items() if k != "tensors" and k not in tail_keys}
+    if list(header)[len(fixed)] != "tensors":
+        return
+    specs = []
+    for d in descs:
+        a = tensors.get(d.get("name")) if type(d) is dict else None
+        if a is None or type(d.get("data")) is not bytes:
+            return
+        specs.append((d["name"], d["dtype"], tuple(d["shape"]), len(d["data"])))
+    try:
+        segs = _inline_segs(fixed, len(tail_keys), specs)
+    except (TypeError, ValueError, OverflowError):
+        return
+    pos = 0
+    for seg, (_n, _dt, _shape, nbytes) in zip(segs, specs):
+        if view[pos:pos + len(seg)] != seg:
+            return
+        pos += len(seg) + nbytes
+    try:
+        tail = msgpack.unpackb(bytes([0x80 | len(tail_keys)]) + bytes(view[pos:]), raw=False, strict_map_key=True)
+    except Exception:  # msgpack raises several unrelated types
+        return
+    if type(tail) is not dict or list(tail) != list(tail_keys):
+        return
+    seen = _Seen(tuple(segs), tuple((n, _WIRE_DTYPE[dt], shape, nb) for n, dt, shape, nb in specs), len(tail_keys),
+                 frozenset(tail_keys), limits, req)
+    _SEEN.insert(0, seen)
+    del _SEEN[_SEEN_MAX:]
+
+
+def _match(view: memoryview, limits: Limits | None, is_request: bool, writable: bool
+           ) -> tuple[_Seen, dict[str, np.ndarray], dict[str, Any]] | None:
+    """(layout, tensors, tail) when ``view`` is an inline message of a layout seen before; None otherwise (the
+    full decode then runs, and reports what is wrong with a message that is not one of them)."""
+    for seen in _SEEN:
+        segs = seen.segs
+        if (seen.req is not None) != is_request or seen.limits is not limits or view[:len(segs[0])] != segs[0]:
+            continue
+        pos = 0
+        out: dict[str, np.ndarray] = {}
+        for seg, (name, dt, shape, nbytes) in zip(segs, seen.specs):
+            if pos and view[pos:pos + len(seg)] != seg:
+                break
+            pos += len(seg)
+            data = view[pos:pos + nbytes]
+            if data.nbytes != nbytes:
+                break
+            out[name] = np.ndarray(shape, dt, bytearray(data) if writable else data)
+            pos += nbytes
+        else:
+            try:
+                tail = msgpack.unpackb(bytes([0x80 | seen.n_tail]) + bytes(view[pos:]), raw=False,
+                                       strict_map_key=True)
+            except Exception:  # msgpack raises several unrelated types
+                return None
+            if type(tail) is not dict or tail.keys() != seen.tail_keys:
+                return None
+            return seen, out, tail
+    return None
+
+
 def _pack_inline(fixed: dict[str, Any], tail: dict[str, Any], tensors: Mapping[str, np.ndarray]) -> bytes | None:
     """One msgpack map of ``fixed``, "tensors" (inline, as encode_tensors writes them) and ``tail`` (packed last,
     each time: the id, a reply's result), built from a cached template keyed by ``fixed`` and the tensors' names,
@@ -475,17 +580,7 @@ def _pack_inline(fixed: dict[str, Any], tail: dict[str, Any], tensors: Mapping[s
     tkey = tuple(key)
     segs = _TEMPLATES.get(tkey)
     if segs is None:
-        pk = msgpack.Packer(use_bin_type=True)
-        head = pk.pack_map_header(len(fixed) + 1 + len(tail))
-        for k, v in fixed.items():
-            head += pk.pack(k) + pk.pack(v)
-        head += pk.pack("tensors") + pk.pack_array_header(len(arrays))
-        segs = []
-        for (name, dt, shape), a in zip(key[1:], arrays):
-            head += (pk.pack_map_header(4) + pk.pack("dtype") + pk.pack(dt) + pk.pack("shape") + pk.pack(list(shape))
-                     + pk.pack("name") + pk.pack(name) + pk.pack("data") + _bin_header(a.nbytes))
-            segs.append(head)
-            head = b""
+        segs = _inline_segs(fixed, len(tail), [(name, dt, shape, a.nbytes) for (name, dt, shape), a in zip(key[1:], arrays)])
         if len(_TEMPLATES) >= _TEMPLATES_MAX:
             _TEMPLATES.clear()
         _TEMPLATES[tkey] = segs
@@ -504,6 +599,10 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
     if not frames:
         raise WireError(INVALID_ARG, "empty message: expected a msgpack header frame")
     views = [_frame_view(f) for f in frames]  # once: the size check and the tensors both need them
+    if len(views) == 1 and _SEEN:
+        fast = _fast_request(views[0], limits)
+        if fast is not None:
+            return fast
     total = 0
     for v in views:
         total += v.nbytes
@@ -561,8 +660,51 @@ def decode_request(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
     tensors = decode_tensors(descs, views[1:], limits, rid)
     if tensors and op != "infer":
         raise bad(f"op {op!r} takes no tensors, got {len(tensors)}")
-    return Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority,
-                   inline=len(views) == 1 and bool(tensors))
+    req = Request(id=rid, op=op, model=model, args=args, tensors=tensors, timeout_ms=timeout_ms, priority=priority,
+                  inline=len(views) == 1 and bool(tensors))
+    if req.inline and op == "infer" and "args" not in header:
+        _learn_once(header, views[0], tensors, ("id",), limits, req)
+    return req
+
+
+def _fast_request(view: memoryview, limits: Limits) -> Request | None:
+    """An inline request of a layout seen before, with exactly the checks ``decode_request`` would make of it:
+    everything but the data, the id and the size is byte-identical to a request that passed them."""
+    m = _match(view, limits, True, False)
+    if m is None:
+        return None
+    seen, tensors, tail = m
+    n = view.nbytes
+    inline = sum(sp[3] for sp in seen.specs)
+    if n > limits.max_message_bytes or n > limits.max_header_bytes + INLINE_MAX_BYTES or (
+            n > limits.max_header_bytes and (n - inline > limits.max_header_bytes or inline > INLINE_MAX_BYTES)):
+        return None
+    raw_id = tail["id"]
+    rid = raw_id if type(raw_id) is int and -(2**63) <= raw_id < 2**64 else _check_id(raw_id)
+    if raw_id is not None and rid is None:
+        return None
+    r = seen.req
+    assert r is not None
+    return Request(id=rid, op=r.op, model=r.model, args={}, tensors=tensors, timeout_ms=r.timeout_ms,
+                   priority=r.priority, inline=True)
+
+
+#: prefixes (with the message length) of inline messages whose layout could not be learned (another encoder
+#: than ours): not tried again, so such a sender pays the full decode once, not twice
+_UNLEARNABLE: set[tuple[bytes, int]] = set()
+
+
+def _learn_once(header: dict[str, Any], view: memoryview, tensors: Mapping[str, np.ndarray],
+                tail_keys: tuple[str, ...], limits: Limits | None, req: Request | None = None) -> None:
+    key = (bytes(view[:64]), view.nbytes)
+    if key in _UNLEARNABLE:
+        return
+    before = _SEEN[0] if _SEEN else None
+    _learn(header, view, tensors, tail_keys, limits, req)
+    if not _SEEN or _SEEN[0] is before:
+        if len(_UNLEARNABLE) >= 256:
+            _UNLEARNABLE.clear()
+        _UNLEARNABLE.add(key)
 
 
 _GOOD_MODEL_NAMES: set[str] = set()
@@ -621,6 +763,15 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
     lim = limits or _REPLY_LIMITS
     if not frames:
         raise WireError(INTERNAL, "empty reply")
+    if len(frames) == 1 and _SEEN:
+        view = _frame_view(frames[0])
+        m = _match(view, lim, False, True) if view.nbytes <= lim.max_header_bytes else None
+        if m is not None:
+            _seen, tensors, tail = m
+            raw_id, result = tail["id"], tail["result"]
+            rid = raw_id if type(raw_id) is int and -(2**63) <= raw_id < 2**64 else _check_id(raw_id)
+            if type(result) is dict:
+                return Reply(id=rid, ok=True, result=result, tensors=tensors)
     header = _unpack_header(frames[0], lim)
     if type(header) is not dict:
         raise WireError(INTERNAL, f"reply header must be a map, got {type(header).__name__}")
@@ -641,4 +792,6 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
     if not isinstance(result, dict):
         raise WireError(INTERNAL, "reply 'result' must be a map", rid)
     tensors = decode_tensors(header.get("tensors"), frames[1:], lim, rid, writable=True)
+    if len(frames) == 1 and tensors:
+        _learn_once(header, _frame_view(frames[0]), tensors, ("id", "result"), lim)
     return Reply(id=rid, ok=True, result=result, tensors=tensors)

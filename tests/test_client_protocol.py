@@ -280,3 +280,48 @@ def test_inline_headers_from_templates_equal_the_general_encoding() -> None:
     assert got.inline
     for k, v in odd.items():
         np.testing.assert_array_equal(got.tensors[k], np.asarray(v))
+
+
+def test_a_seen_inline_layout_is_read_without_a_full_decode_and_checked_the_same() -> None:
+    """Receivers remember the byte layout of an inline stream's messages: later ones are read in place (their arrays
+    view the frame itself) and come out equal to a full decode; anything that differs from the layout, or breaks a
+    limit, is decoded in full and refused with the full decode's error."""
+    feeds = _vad_chunk()
+    first = _bytes(P.encode_request(1, "infer", "vad_seen", tensors=feeds, inline=True, timeout_ms=40))
+    P.decode_request(first)  # learns the layout
+    feeds2 = {k: np.asarray(v + 1, v.dtype) for k, v in feeds.items()}
+    frame = _bytes(P.encode_request("r-2", "infer", "vad_seen", tensors=feeds2, inline=True, timeout_ms=40))[0]
+    got = P.decode_request([frame])
+    assert (got.id, got.op, got.model, got.timeout_ms, got.priority, got.args, got.inline) == (
+        "r-2", "infer", "vad_seen", 40.0, 0, {}, True)
+    buf = np.frombuffer(frame, np.uint8)
+    for k, v in feeds2.items():
+        np.testing.assert_array_equal(got.tensors[k], v)
+        assert np.shares_memory(got.tensors[k], buf)  # read in place: the learned layout was used
+    assert got.args is not P.decode_request([frame]).args  # a fresh args map per request
+    # an id the full decode refuses (a list), after the layout was learned: refused the same way
+    int_id = _bytes(P.encode_request(5, "infer", "vad_seen", tensors=feeds2, inline=True, timeout_ms=40))[0]
+    assert int_id.endswith(b"\xa2id\x05") and P.decode_request([int_id]).id == 5
+    bad_id = int_id[:-1] + b"\x91\x05"  # the tail's id (a fixint) becomes [5]
+    with pytest.raises(P.WireError, match="'id' must be an int or a string"):
+        P.decode_request([bad_id])
+    # truncated data: no longer the layout, and the full decode names the damage
+    with pytest.raises(P.WireError):
+        P.decode_request([frame[:100] + frame[104:]])
+    # a smaller header limit is another check: the full decode applies it (and the padding breaks it)
+    padded = _bytes(P.encode_request(3, "infer", "vad_seen", args={"pad": "x" * 400}, tensors=feeds, inline=True))
+    with pytest.raises(P.WireError, match="exceeds the limit of 300"):
+        P.decode_request(padded, P.Limits(max_header_bytes=300))
+    # a message of the same layout under a limit it breaks: refused although the layout is known
+    with pytest.raises(P.WireError, match="exceeds the limit"):
+        P.decode_request([frame], P.Limits(max_message_bytes=len(frame) - 1))
+    # replies: an inline reply stream is read in place too, its arrays still writable copies
+    out = {"output": np.array([[0.5]], np.float32), "stateN": np.ones((2, 1, 64), np.float32)}
+    P.decode_reply(_bytes(P.encode_reply(5, {"compute_us": 1.0}, out, inline=True)))
+    rep = P.decode_reply(_bytes(P.encode_reply(6, {"compute_us": 2.0, "queue_us": 3}, out, inline=True)))
+    assert rep.ok and rep.id == 6 and rep.result == {"compute_us": 2.0, "queue_us": 3}
+    for k, v in out.items():
+        np.testing.assert_array_equal(rep.tensors[k], v)
+        assert rep.tensors[k].flags.writeable
+    err = P.decode_reply(_bytes(P.encode_error(7, P.NOT_FOUND, "no such model")))
+    assert not err.ok and err.error_code == P.NOT_FOUND and err.id == 7
