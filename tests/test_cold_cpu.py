@@ -92,7 +92,9 @@ def test_wait_warm_before_the_first_run_finishes_the_load_and_the_switch() -> No
     with inferd.load(ref(name)[0]) as model:
         switches = model._cold.warm_switches()
         assert switches, "the plan has layers whose warm kernel differs from their cold one"
+        assert not model.warm  # nothing has run: neither the cold load nor its switch
         assert model.wait_warm(60)
+        assert model.warm
         assert model.cold_stats.get("warm_switch_layers") == len(switches)
         kernels = model.kernels
         assert all(kernels[model.plan.layers[pos].name] == k for pos, k in switches)

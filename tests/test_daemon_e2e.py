@@ -140,6 +140,12 @@ def test_load_unload_reload_while_another_model_serves(daemon: DaemonProcess, lo
             assert not c.is_model_ready("mlp_small")
             states = {m["name"]: m for m in c.models()}
             assert states["mlp_small"]["state"] == "UNLOADED" and states["tiny"]["state"] == "READY"
+            assert states["mlp_small"]["warm"] is None  # not loaded: neither warm nor cold
+            # a model that answered reaches its warm path (the warm switch runs in idle time after the answer)
+            deadline = time.monotonic() + 30
+            while not c.status()["models"]["tiny"]["warm"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert c.status()["models"]["tiny"]["warm"] is True and {m["name"]: m for m in c.models()}["tiny"]["warm"]
             with pytest.raises(Unavailable, match="unloaded"):
                 c.infer("mlp_small", _feeds(local_models["mlp_small"], rng))
             info = c.load("mlp_small")

@@ -293,6 +293,15 @@ class Model:
             self._refine = None
             self.refine_done = idle_worker().submit(lambda: refine(observed))
 
+    @property
+    def warm(self) -> bool:
+        """Whether runs take the warm path now: the cold load has answered and its warm switch, if any, is done."""
+        cold = self._cold
+        if cold is not None and not cold.done:
+            return False
+        ev = self.warm_done
+        return ev is None or ev.is_set()
+
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until the model runs on its warm path; returns whether it does. A cold load that has not
         answered yet is finished first (``wait_loaded``): the warm switch starts only after it, so waiting

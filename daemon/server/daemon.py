@@ -768,7 +768,8 @@ class Server:
             models[name] = {"state": s.state, "reason": s.reason, "device": s.device, "queued": s.queued,
                             "memory_bytes": mem, "pinned": s.entry.config.pinned, **s.stats.snapshot(),
                             **s.memory_breakdown(),
-                            "cold": s.cold_stats(), "known_bytes": s.known_bytes, "evictions": s.evictions,
+                            "cold": s.cold_stats(), "warm": s.warm(), "known_bytes": s.known_bytes,
+                            "evictions": s.evictions,
                             "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None,
                             **s._coexec_info()}
         rss = process_rss()

@@ -402,8 +402,18 @@ class ModelSlot:
             "device": self.device, "inputs": self.inputs, "outputs": self.outputs,
             "preload": self.preload, "pinned": cfg.pinned, "priority": cfg.priority, "max_queue": self.max_queue,
             "queued": self.queued, "memory_bytes": self.memory_bytes(), "variants": self.variants(),
-            **self._coexec_info(),
+            "warm": self.warm(), **self._coexec_info(),
         }
+
+    def warm(self) -> bool | None:
+        """Whether the loaded model runs on its warm path (its warm switch done); None when not loaded."""
+        m = self.model
+        if m is None:
+            return None
+        try:
+            return bool(getattr(m, "warm", True))
+        except Exception:
+            return None
 
     def _coexec_info(self) -> dict[str, Any]:
         """A model co-executed by the CPU and the GPU: its split layers (inferctl status shows them)."""
