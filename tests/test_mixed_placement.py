@@ -244,3 +244,32 @@ def test_reduction_over_three_runs_of_axes_runs_on_the_cpu(tmp_path: Path) -> No
         assert k["mean3"].startswith("cpu:") and k["mean2"] == "vk_reduce" and k["relu"].startswith("vk_")
     finally:
         model.close()
+
+
+def test_reduction_over_three_runs_of_axes_given_as_an_input_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The same with the axes as a constant input (opset 13 ReduceSum, opset 18 ReduceMean): their values reach
+    the placement through ``VulkanKernel.refuses``; the layer failed at preparation before."""
+    ax3 = numpy_helper.from_array(np.array([0, 2, 4], np.int64), "ax3")
+    ax2 = numpy_helper.from_array(np.array([1, 2, 4], np.int64), "ax2")
+    for opset, op in ((13, "ReduceSum"), (18, "ReduceMean")):
+        nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"),
+                 h.make_node(op, ["r", "ax3"], ["m"], keepdims=1, name="red3"),
+                 h.make_node(op, ["r", "ax2"], ["g"], keepdims=0, name="red2"),
+                 h.make_node("Mul", ["m", "m"], ["y"], name="sq")]
+        g = h.make_graph(nodes, "runs_in", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 5, 6])],
+                         [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("g", T.FLOAT, None)],
+                         [ax3, ax2])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+        m.ir_version = 8
+        p = tmp_path / f"runs_in{opset}.onnx"
+        onnx.save(m, p)
+        feeds = {"x": np.random.default_rng(1).standard_normal((2, 3, 4, 5, 6)).astype(np.float32)}
+        model = inferd.load(str(p), device="vulkan")
+        try:
+            got = model.run(feeds)
+            for name, want in zip(("y", "g"), ort_session(p).run(None, feeds)):
+                np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5, err_msg=f"{op} {name}")
+            k = model.kernels
+            assert k["red3"].startswith("cpu:") and k["red2"] == "vk_reduce", k
+        finally:
+            model.close()

@@ -67,6 +67,19 @@ class VkReduce(VulkanKernel):
         axes = reduce_axes(layer.node, len(layer.in_shape(0)), None)
         return axes is None or _five(tuple(layer.in_shape(0)), axes) is not None
 
+    def refuses(self, layer: Layer, consts: Mapping[str, Any]) -> str | None:
+        name = layer.node.inputs[1] if len(layer.node.inputs) > 1 else ""
+        if not name or name not in consts:
+            return None
+        shape = tuple(layer.in_shape(0))
+        try:
+            axes = reduce_axes(layer.node, len(shape), np.asarray(consts[name], dtype=np.int64).reshape(-1))
+        except Exception as e:  # axes out of range and such: the CPU kernel reports them
+            return str(e)
+        if axes is not None and _five(shape, axes) is None:
+            return f"reduced axes {list(axes)} of shape {list(shape)} form more than two runs"
+        return None
+
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = {}
         if "in1" in raw:

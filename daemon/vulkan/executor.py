@@ -115,22 +115,30 @@ _IO_DTYPES: dict[int, frozenset[np.dtype]] = {}
 
 
 def _misfit(node: Node, kernel: VulkanKernel, infos: Mapping[str, TensorInfo], consts: Mapping[str, Any]) -> str | None:
-    """The first device tensor of ``node`` whose dtype ``kernel`` does not handle, or None."""
+    """Why ``kernel`` cannot run ``node`` although it applies to its shapes and attributes: a device tensor of a
+    dtype it does not handle, or a constant input's value it refuses (``VulkanKernel.refuses``); None if it can."""
     ok = _IO_DTYPES.get(id(kernel))
     if ok is None:  # dtype objects, not names: ``dtype.name`` is a Python property, asked per tensor per kernel
         ok = _IO_DTYPES[id(kernel)] = frozenset(np.dtype(n) for n in kernel.io_dtypes)
     for tname in (*node.inputs, *node.outputs):
         if tname and tname not in consts and infos[tname].dtype not in ok:
-            return tname
+            return (f"tensor {tname!r} has dtype {np.dtype(infos[tname].dtype)}; kernel {kernel.name} handles "
+                    f"{list(kernel.io_dtypes)} (the Vulkan backend stores float32 tensors, plus int64/bool where a "
+                    f"kernel produces or reads them)")
+    if type(kernel).refuses is not VulkanKernel.refuses:
+        ins = tuple(infos.get(i) if i else None for i in node.inputs)
+        layer = Layer(node, ins, tuple(infos[o] for o in node.outputs if o),
+                      tuple(k for k, i in enumerate(node.inputs) if i and i in consts))
+        why = kernel.refuses(layer, consts)
+        if why:
+            return f"kernel {kernel.name}: {why}"
     return None
 
 
 def _check_dtypes(node: Node, kernel: VulkanKernel, infos: Mapping[str, TensorInfo], consts: Mapping[str, Any]) -> None:
     bad = _misfit(node, kernel, infos, consts)
     if bad is not None:
-        raise BackendError(f"node {node.name} ({node.op}): tensor {bad!r} has dtype {np.dtype(infos[bad].dtype)}; "
-                           f"kernel {kernel.name} handles {list(kernel.io_dtypes)} (the Vulkan backend stores float32 "
-                           f"tensors, plus int64/bool where a kernel produces or reads them)")
+        raise BackendError(f"node {node.name} ({node.op}): {bad}")
 
 
 def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str],

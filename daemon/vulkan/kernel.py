@@ -168,6 +168,12 @@ class VulkanKernel(Kernel):
         that applies)."""
         return self.priority
 
+    def refuses(self, layer: Layer, consts: Mapping[str, Any]) -> str | None:
+        """Why this kernel cannot run ``layer`` given its constant inputs' values (``consts``: name -> array),
+        which ``applies`` does not see (axes given as an input); None when it can. The backend then places
+        the node where a kernel takes it (the CPU), as it does for dtypes no Vulkan kernel handles."""
+        return None
+
     def workspace_parts(self, layer: Layer) -> dict[str, int]:
         """Named scratch buffers (bytes) live only during this layer's dispatches."""
         return {}
