@@ -161,6 +161,26 @@ def test_unsupported_op_names_op_node_and_opset():
     assert "TfIdfVectorizer" in msg and "the_nms_node" in msg and "13" in msg
 
 
+@pytest.mark.parametrize("op, opset, since, inputs", [
+    ("Gelu", 17, 20, ["x"]),  # a newer op in a model that declares an older opset
+    ("CenterCropPad", 17, 18, ["x", "shape"]),
+])
+def test_an_op_newer_than_the_declared_opset_is_refused_by_name(op: str, opset: int, since: int, inputs: list) -> None:
+    inits = [numpy_helper.from_array(np.array([2], np.int64), "shape")] if "shape" in inputs else []
+    m = _model([helper.make_node(op, inputs, ["y"], name="late")],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=opset)
+    with pytest.raises(ModelFormatError) as ei:
+        import_model(m)
+    msg = str(ei.value)
+    assert op in msg and "'late'" in msg and f"opset {opset}" in msg and f"opset {since}" in msg
+    # the same node at the opset that has it imports (and runs)
+    m.opset_import[0].version = since
+    x = np.array([1.0, -1.0], np.float32)
+    got = inferd.load(m.SerializeToString(), device="cpu").run({"x": x})["y"]
+    np.testing.assert_allclose(got, run_ort(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
 def test_custom_domain_is_unsupported():
     node = helper.make_node("Foo", ["x"], ["y"], name="foo", domain="com.example")
     g = helper.make_graph([node], "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],

@@ -9,6 +9,8 @@ elimination.
 """
 from __future__ import annotations
 
+import functools
+
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -104,6 +106,12 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], opset: int, prefix: str = "
             if n.domain not in ("", "ai.onnx"):
                 raise UnsupportedOpError(n.op_type, where, opset, f"custom domain {n.domain!r} is not supported")
             raise UnsupportedOpError(n.op_type, where, opset)
+        if n.domain in ("", "ai.onnx"):
+            since = _introduced_after(n.op_type, opset)
+            if since is not None:
+                raise ModelFormatError(f"node {where!r}: operator {n.op_type} does not exist at the model's opset "
+                                       f"{opset} (ONNX introduced it at opset {since}); the model declares an opset "
+                                       f"too low for its operators")
         attrs = {a.name: _attr_value(a, opset, where) for a in n.attribute}
         attrs["_opset"] = opset
         node = Node(name, op, list(n.input), list(n.output), attrs, domain=n.domain)
@@ -118,6 +126,20 @@ def _convert_nodes(protos: Iterable[onnx.NodeProto], opset: int, prefix: str = "
             spec.check(node, opset)
         nodes.append(node)
     return nodes
+
+
+@functools.lru_cache(maxsize=1024)
+def _introduced_after(op: str, opset: int) -> int | None:
+    """The opset ONNX introduced ``op`` at, when that is after ``opset`` (the model may not use it); None when the
+    op exists at ``opset``, or when the installed onnx package has no schema for it at all (newer than it: then
+    the registry's own checks decide)."""
+    try:
+        onnx.defs.get_schema(op, opset, "")
+        return None
+    except onnx.defs.SchemaError:
+        pass
+    firsts = [sch.since_version for sch in onnx.defs.get_all_schemas_with_history() if sch.name == op and sch.domain == ""]
+    return min(firsts) if firsts and min(firsts) > opset else None
 
 
 def _convert_subgraph(g: onnx.GraphProto, opset: int, where: str) -> Subgraph:
