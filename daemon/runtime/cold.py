@@ -211,7 +211,10 @@ def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
             info = {"warm_switch_layers": len(ready), "warm_prepare_s": round(t1 - t0, 6),
                     "warm_swap_s": round(time.perf_counter() - t1, 6)}
         except Exception as e:  # the cold kernels keep serving: slower, still correct
-            log.warning("%s: warm switch failed, keeping the cold kernels: %s: %s", cold.name, type(e).__name__, e)
+            # a model closed under its switch (a device closing at exit, a model collected) stops it on purpose
+            closed = bool(getattr(cold.backend, "closed", False))
+            log.log(logging.DEBUG if closed else logging.WARNING, "%s: warm switch failed, keeping the cold kernels: "
+                    "%s: %s", cold.name, type(e).__name__, e)
             info = {"warm_switch_error": f"{type(e).__name__}: {e}"}
         if on_done is not None:
             on_done(info)

@@ -951,8 +951,13 @@ class VulkanColdBackend:
                 self._active -= 1
                 self._idle.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        """Closed itself, or its device closed under it (at exit)."""
+        return self._closed or self.device.closed
+
     def _check_open(self) -> None:
-        if self._closed or self.device.closed:
+        if self.closed:
             raise BackendError("this Vulkan model is closed")
 
     def close(self) -> None:
