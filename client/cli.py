@@ -110,8 +110,11 @@ def format_status(st: dict[str, Any]) -> str:
     rows = [["MODEL", "STATE", "DEVICE", "QUEUED", "REQUESTS", "OK", "FAILURES", "QUEUE ms p50/p99", "COMPUTE ms p50/p99"]]
     for name, m in models.items():
         q, c = m.get("queue_ms", {}), m.get("compute_ms", {})
+        state = m.get("state", "?")
+        if state == "READY" and m.get("warm") is False:  # answering on its cold kernels until its warm switch is done
+            state = "READY/warming"
         rows.append([
-            name, m.get("state", "?"), str(m.get("device") or "-"), str(m.get("queued", 0)), str(m.get("requests", 0)),
+            name, state, str(m.get("device") or "-"), str(m.get("queued", 0)), str(m.get("requests", 0)),
             str(m.get("ok", 0)), str(m.get("failures", 0)),
             f"{q.get('p50', 0):.3g}/{q.get('p99', 0):.3g}", f"{c.get('p50', 0):.3g}/{c.get('p99', 0):.3g}",
         ])

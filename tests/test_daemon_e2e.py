@@ -146,6 +146,11 @@ def test_load_unload_reload_while_another_model_serves(daemon: DaemonProcess, lo
             while not c.status()["models"]["tiny"]["warm"] and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert c.status()["models"]["tiny"]["warm"] is True and {m["name"]: m for m in c.models()}["tiny"]["warm"]
+            from inferd_client.cli import format_status
+            st = c.status()
+            assert "READY/warming" not in format_status(st)
+            st["models"]["tiny"]["warm"] = False  # as a model still on its cold kernels reports itself
+            assert "READY/warming" in format_status(st)
             with pytest.raises(Unavailable, match="unloaded"):
                 c.infer("mlp_small", _feeds(local_models["mlp_small"], rng))
             info = c.load("mlp_small")
