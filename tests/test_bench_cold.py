@@ -35,6 +35,25 @@ def test_evict_then_mincore_sees_nothing_resident(tmp_path: Path) -> None:
         cb.check_cold([f], "blob")
 
 
+def test_sampled_resident_fraction_follows_the_page_count(tmp_path: Path) -> None:
+    """The store's buffered-or-direct choice samples windows of a large file (``resident_fraction``); it must
+    follow what counting every page says: none after a drop, about half after reading half, all after a read."""
+    from inferd.runtime import pagecache as pc
+    f = tmp_path / "store.bin"
+    size = 8 * 4 * pc.SAMPLE_WINDOWS * pc.SAMPLE_WINDOW_BYTES  # past the page-by-page size: sampled
+    f.write_bytes(os.urandom(size))
+    pc.drop_file(f)
+    if pc.resident_bytes(f)[0] > 0.05 * size:
+        pytest.skip("this filesystem keeps pages fadvise cannot drop (tmpfs?)")
+    assert pc.resident_fraction(f) < 0.05
+    with open(f, "rb") as fh:
+        fh.read(size // 2)
+    exact = pc.resident_bytes(f)[0] / size
+    assert abs(pc.resident_fraction(f) - exact) < 0.15, (pc.resident_fraction(f), exact)
+    _read(f)
+    assert pc.resident_fraction(f) > 0.9
+
+
 def test_package_plan_is_put_back_before_each_run(tmp_path: Path) -> None:
     # inferd rewrites plan.bin after a cold run (refinement): every round must measure the same package
     (tmp_path / "plan.bin").write_bytes(b"compiled")
