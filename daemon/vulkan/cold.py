@@ -208,7 +208,8 @@ class VulkanColdBackend:
         st["fold_s"] = T() - t
         from .host import HostStep, is_host_node
 
-        host_names = {n.name for n in kept if is_host_node(n, g, consts)}
+        planned = self._planned or {}
+        host_names = {n.name for n in kept if is_host_node(n, g, consts, planned.get(n.name, ()))}
         dg = Graph(g.name, [n for n in kept if n.name not in host_names], g.inputs, g.outputs, consts, g.infos,
                    g.opset)  # type: ignore[arg-type]
         t = T()

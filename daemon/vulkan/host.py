@@ -19,7 +19,7 @@ model at load naming the node.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -38,11 +38,12 @@ def _layer(node: Node, graph: Graph, consts: Mapping[str, Any]) -> Layer:
     return Layer(node, ins, outs, tuple(k for k, i in enumerate(node.inputs) if i and i in consts))
 
 
-def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
+def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence[str] = ()) -> bool:
     """Whether ``node`` is placed on the CPU in a Vulkan model: no Vulkan kernel applies to it (none for its op,
     none for its attributes or shapes, none for its dtypes), or a tensor it reads or writes at run time is larger
     than a storage binding may be on every conformant device (kernels split weights that large, not activations),
-    while a CPU kernel does."""
+    while a CPU kernel does. ``prefer``: kernel names to ask first (a stored plan's for this node: the answer is
+    the same, found after one ``applies`` instead of a walk through the op's kernels)."""
     from ..vulkan.executor import _misfit
     from ..vulkan.kernel import MAX_BINDING_BYTES, VulkanKernel
 
@@ -52,7 +53,10 @@ def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
     if any(graph.infos[n].nbytes > MAX_BINDING_BYTES for n in (*node.inputs, *node.outputs) if n and n not in consts):
         return True
     layer = _layer(node, graph, consts)
-    for k in kernels_for(node.op, "vulkan"):
+    ks = kernels_for(node.op, "vulkan")
+    if prefer:
+        ks = sorted(ks, key=lambda k: prefer.index(k.name) if k.name in prefer else len(prefer))
+    for k in ks:
         try:
             if isinstance(k, VulkanKernel) and k.applies(layer) and _misfit(node, k, graph.infos, consts) is None:
                 return False
@@ -61,7 +65,7 @@ def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
     return True
 
 
-def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
+def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence[str] = ()) -> bool:
     """Whether the Vulkan backend runs ``node`` on the host: control flow, integer/bool plumbing that no
     Vulkan kernel handles (every tensor it reads or writes at run time integer or bool, and small), or a node
     no Vulkan kernel runs (``on_cpu``)."""
@@ -70,7 +74,7 @@ def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any]) -> bool:
     names = [n for n in list(node.inputs) + list(node.outputs) if n and n not in consts]
     if not names:
         return False
-    if on_cpu(node, graph, consts):
+    if on_cpu(node, graph, consts, prefer):
         return True
     # small tensors only, at least one of them integer or bool (an iteration counter cast to float qualifies)
     if any(graph.infos[n].size > HOST_PLUMBING_MAX for n in names):
