@@ -196,6 +196,7 @@ def test_default_kernel_choice() -> None:
     # im2col stays the default GEMM conv beyond the stems (the implicit one is a measured alternative after it)
     # the measured rule (preferred_3x3_kernel): few input channels -> im2col(_tiled), else Winograd by size
     assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col_tiled"
+    assert pick((1, 16, 55, 55), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col_tiled"
     assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
     assert pick((1, 64, 56, 56), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd43"
 
@@ -214,6 +215,8 @@ def test_preferred_3x3_kernel() -> None:
     assert prefs(64, 14) == {"winograd23"}
     assert prefs(512, 7) == {"winograd23"}
     assert prefs(8, 56) == set()  # im2col: too few channels for the transforms to pay off
+    assert prefs(16, 55) == set()  # squeezenet's 16->64 expand3x3: im2col_tiled, 1.3x faster than F(2,3)
+    assert prefs(24, 56) == {"winograd23"}
     x, w, b = make_inputs(0, (1, 64, 56, 56), (64, 64, 3, 3), True)
     layer = single_node_layer("Conv", [x, w, b], dict(strides=[2, 2]))
     assert not kernel("Conv", "winograd43").preferred(layer)  # not applicable -> not preferred
