@@ -114,31 +114,25 @@ class NodeChoice:
 _IO_DTYPES: dict[int, frozenset[np.dtype]] = {}
 
 
-def _misfit(node: Node, kernel: VulkanKernel, infos: Mapping[str, TensorInfo], consts: Mapping[str, Any]) -> str | None:
-    """Why ``kernel`` cannot run ``node`` although it applies to its shapes and attributes: a device tensor of a
+def _misfit(layer: Layer, kernel: VulkanKernel, consts: Mapping[str, Any]) -> str | None:
+    """Why ``kernel`` cannot run ``layer`` although it applies to its shapes and attributes: a device tensor of a
     dtype it does not handle, or a constant input's value it refuses (``VulkanKernel.refuses``); None if it can."""
     ok = _IO_DTYPES.get(id(kernel))
     if ok is None:  # dtype objects, not names: ``dtype.name`` is a Python property, asked per tensor per kernel
         ok = _IO_DTYPES[id(kernel)] = frozenset(np.dtype(n) for n in kernel.io_dtypes)
-    for tname in (*node.inputs, *node.outputs):
-        if tname and tname not in consts and infos[tname].dtype not in ok:
-            return (f"tensor {tname!r} has dtype {np.dtype(infos[tname].dtype)}; kernel {kernel.name} handles "
+    for tname, info in (*zip(layer.node.inputs, layer.inputs), *((t.name, t) for t in layer.outputs)):
+        if tname and tname not in consts and info is not None and info.dtype not in ok:
+            return (f"tensor {tname!r} has dtype {np.dtype(info.dtype)}; kernel {kernel.name} handles "
                     f"{list(kernel.io_dtypes)} (the Vulkan backend stores float32 tensors, plus int64/bool where a "
                     f"kernel produces or reads them)")
-    if type(kernel).refuses is not VulkanKernel.refuses:
-        ins = tuple(infos.get(i) if i else None for i in node.inputs)
-        layer = Layer(node, ins, tuple(infos[o] for o in node.outputs if o),
-                      tuple(k for k, i in enumerate(node.inputs) if i and i in consts))
-        why = kernel.refuses(layer, consts)
-        if why:
-            return f"kernel {kernel.name}: {why}"
-    return None
+    why = kernel.refuses(layer, consts)
+    return f"kernel {kernel.name}: {why}" if why else None
 
 
-def _check_dtypes(node: Node, kernel: VulkanKernel, infos: Mapping[str, TensorInfo], consts: Mapping[str, Any]) -> None:
-    bad = _misfit(node, kernel, infos, consts)
+def _check_dtypes(layer: Layer, kernel: VulkanKernel, consts: Mapping[str, Any]) -> None:
+    bad = _misfit(layer, kernel, consts)
     if bad is not None:
-        raise BackendError(f"node {node.name} ({node.op}): {bad}")
+        raise BackendError(f"node {layer.name} ({layer.op}): {bad}")
 
 
 def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str],
@@ -176,13 +170,13 @@ def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str],
         if names:
             ks = tuple(dict.fromkeys(choose_kernel(layer, "vulkan", n) for n in names))
             assert all(isinstance(k, VulkanKernel) for k in ks)
-            _check_dtypes(node, ks[0], g.infos, consts)  # type: ignore[arg-type]
+            _check_dtypes(layer, ks[0], consts)  # type: ignore[arg-type]
             out.append(NodeChoice(layer, ks, ks[0]))  # type: ignore[arg-type]
             continue
         if want is not None:
             k = choose_kernel(layer, "vulkan", want)
             assert isinstance(k, VulkanKernel)
-            _check_dtypes(node, k, g.infos, consts)
+            _check_dtypes(layer, k, consts)
             out.append(NodeChoice(layer, (k,), k))
             continue
         prio = _applicable(layer, caps)
@@ -193,8 +187,8 @@ def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str],
                                      "no Vulkan kernel applies to these attributes/shapes "
                                      f"(inputs {[i.shape if i else None for i in layer.inputs]}, attrs "
                                      f"{ {k: v for k, v in node.attrs.items() if not isinstance(v, np.ndarray)} })") from None
-        _check_dtypes(node, default, g.infos, consts)
-        ok = [k for k, p in prio.items() if p < UNUSABLE_PRIORITY and _misfit(node, k, g.infos, consts) is None]
+        _check_dtypes(layer, default, consts)
+        ok = [k for k, p in prio.items() if p < UNUSABLE_PRIORITY and _misfit(layer, k, consts) is None]
         fast = [k for k in ok if prio[k] < REFERENCE_PRIORITY]
         cands = sorted(fast or ok, key=prio.__getitem__)
         if default not in cands:

@@ -58,7 +58,7 @@ def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence
         ks = sorted(ks, key=lambda k: prefer.index(k.name) if k.name in prefer else len(prefer))
     for k in ks:
         try:
-            if isinstance(k, VulkanKernel) and k.applies(layer) and _misfit(node, k, graph.infos, consts) is None:
+            if isinstance(k, VulkanKernel) and k.applies(layer) and _misfit(layer, k, consts) is None:
                 return False
         except Exception:  # a kernel that cannot even judge the layer does not run it
             continue
