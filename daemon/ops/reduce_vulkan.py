@@ -62,7 +62,7 @@ class VkReduce(VulkanKernel):
         if not act_supported(layer):
             return False
         if len(layer.node.inputs) > 1 and layer.node.inputs[1]:
-            # axes given as an input (its values only reach ``dispatches``): more than two runs fail there
+            # axes given as an input: its values reach ``refuses``, which checks the runs
             return 1 in layer.const_inputs
         axes = reduce_axes(layer.node, len(layer.in_shape(0)), None)
         return axes is None or _five(tuple(layer.in_shape(0)), axes) is not None
@@ -73,7 +73,7 @@ class VkReduce(VulkanKernel):
             return None
         shape = tuple(layer.in_shape(0))
         try:
-            axes = reduce_axes(layer.node, len(shape), np.asarray(consts[name], dtype=np.int64).reshape(-1))
+            axes = _axes(layer, self.transform(layer, {"in1": consts[name]}))
         except Exception as e:  # axes out of range and such: the CPU kernel reports them
             return str(e)
         if axes is not None and _five(shape, axes) is None:
