@@ -484,6 +484,7 @@ class _Seen:
     tail_keys: frozenset[str]
     limits: Limits | None
     req: Request | None = None
+    inline_bytes: int = 0  # the tensors' data, in all
 
 
 #: layouts a receiver has seen (newest first, bounded): a stream sends one layout per model and chunk shape
@@ -522,7 +523,7 @@ def _learn(header: dict[str, Any], view: memoryview, tensors: Mapping[str, np.nd
     if type(tail) is not dict or list(tail) != list(tail_keys):
         return
     seen = _Seen(tuple(segs), tuple((n, _WIRE_DTYPE[dt], shape, nb) for n, dt, shape, nb in specs), len(tail_keys),
-                 frozenset(tail_keys), limits, req)
+                 frozenset(tail_keys), limits, req, sum(sp[3] for sp in specs))
     _SEEN.insert(0, seen)
     del _SEEN[_SEEN_MAX:]
 
@@ -674,13 +675,12 @@ def _fast_request(view: memoryview, limits: Limits) -> Request | None:
     if m is None:
         return None
     seen, tensors, tail = m
-    n = view.nbytes
-    inline = sum(sp[3] for sp in seen.specs)
+    n, inline = view.nbytes, seen.inline_bytes
     if n > limits.max_message_bytes or n > limits.max_header_bytes + INLINE_MAX_BYTES or (
             n > limits.max_header_bytes and (n - inline > limits.max_header_bytes or inline > INLINE_MAX_BYTES)):
         return None
     raw_id = tail["id"]
-    rid = raw_id if type(raw_id) is int and -(2**63) <= raw_id < 2**64 else _check_id(raw_id)
+    rid = _check_id(raw_id)
     if raw_id is not None and rid is None:
         return None
     r = seen.req
@@ -768,10 +768,8 @@ def decode_reply(frames: Sequence[Frame], limits: Limits | None = None) -> Reply
         m = _match(view, lim, False, True) if view.nbytes <= lim.max_header_bytes else None
         if m is not None:
             _seen, tensors, tail = m
-            raw_id, result = tail["id"], tail["result"]
-            rid = raw_id if type(raw_id) is int and -(2**63) <= raw_id < 2**64 else _check_id(raw_id)
-            if type(result) is dict:
-                return Reply(id=rid, ok=True, result=result, tensors=tensors)
+            if type(tail["result"]) is dict:
+                return Reply(id=_check_id(tail["id"]), ok=True, result=tail["result"], tensors=tensors)
     header = _unpack_header(frames[0], lim)
     if type(header) is not dict:
         raise WireError(INTERNAL, f"reply header must be a map, got {type(header).__name__}")
