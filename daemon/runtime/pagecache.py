@@ -11,7 +11,7 @@ import ctypes.util
 import mmap
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -116,29 +116,38 @@ def _walk(paths: Iterable[str | os.PathLike]) -> Iterable[Path]:
             yield p
 
 
+def _resident_pages(p: Path, size: int, windows: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """(resident pages, pages looked at) of ``p`` over (page-aligned offset, bytes) ``windows``, by ``mincore``
+    on one mapping of the file; (0, 0) when it cannot be mapped or asked."""
+    page = mmap.PAGESIZE
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            return 0, 0
+        try:
+            resident = total = 0
+            for off, n in windows:
+                vec = (ctypes.c_ubyte * ((n + page - 1) // page))()
+                if _libc.mincore(addr + off, n, vec) != 0:
+                    return 0, 0
+                resident += int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1))
+                total += len(vec)
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return resident, total
+
+
 def resident_bytes(path: str | os.PathLike) -> tuple[int, int]:
     """(resident bytes, file bytes) of ``path`` by ``mincore``."""
     p = Path(path)
     size = p.stat().st_size
     if size == 0:
         return 0, 0
-    page = mmap.PAGESIZE
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            return 0, size
-        try:
-            n = (size + page - 1) // page
-            vec = (ctypes.c_ubyte * n)()
-            if _libc.mincore(addr, size, vec) != 0:
-                return 0, size
-            resident = int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1))
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-    return min(resident * page, size), size
+    resident, _ = _resident_pages(p, size, [(0, size)])
+    return min(resident * mmap.PAGESIZE, size), size
 
 
 #: ``resident_fraction`` samples this many windows of this many bytes; a smaller file is counted page by page
@@ -157,25 +166,9 @@ def resident_fraction(path: str | os.PathLike) -> float:
         return r / s if s else 0.0
     page = mmap.PAGESIZE
     win = max(page, SAMPLE_WINDOW_BYTES // page * page)
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, _MAP_FAILED):
-            return 0.0
-        try:
-            vec = (ctypes.c_ubyte * (win // page))()
-            last = (size - win) // page * page
-            resident = total = 0
-            for i in range(SAMPLE_WINDOWS):
-                off = (last * i // (SAMPLE_WINDOWS - 1)) // page * page
-                if _libc.mincore(addr + off, win, vec) != 0:
-                    return 0.0
-                resident += int(np.count_nonzero(np.frombuffer(vec, np.uint8) & 1))
-                total += len(vec)
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
+    last = (size - win) // page * page
+    resident, total = _resident_pages(
+        p, size, [((last * i // (SAMPLE_WINDOWS - 1)) // page * page, win) for i in range(SAMPLE_WINDOWS)])
     return resident / total if total else 0.0
 
 
