@@ -221,55 +221,44 @@ def test_integer_graph_inputs_and_outputs_cross_to_the_nodes_that_read_them(tmp_
         model.close()
 
 
+def _three_run_reductions(path: Path, red3: onnx.NodeProto, red2: onnx.NodeProto, inits: list, opset: int,
+                          seed: int, atol: float) -> dict[str, str]:
+    """relu -> red3 (axes in three runs: m), red2 (two runs: g), y = m * m on Vulkan, checked against onnxruntime;
+    returns the model's kernel per node."""
+    nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"), red3, red2, h.make_node("Mul", ["m", "m"], ["y"], name="sq")]
+    g = h.make_graph(nodes, "runs", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 5, 6])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("g", T.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    feeds = {"x": np.random.default_rng(seed).standard_normal((2, 3, 4, 5, 6)).astype(np.float32)}
+    model = inferd.load(str(path), device="vulkan")
+    try:
+        got = model.run(feeds)
+        for name, want in zip(("y", "g"), ort_session(path).run(None, feeds)):
+            np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=atol, err_msg=f"{red3.op_type} {name}")
+        return dict(model.kernels)
+    finally:
+        model.close()
+
+
 def test_reduction_over_three_runs_of_axes_runs_on_the_cpu(tmp_path: Path) -> None:
     """vk_reduce reduces one run of axes or two with kept axes between; a ReduceMean whose axes form three runs
     (attribute axes, known at placement) is placed on the CPU instead of failing when its layer is prepared."""
-    nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"),
-             h.make_node("ReduceMean", ["r"], ["m"], axes=[0, 2, 4], keepdims=1, name="mean3"),
-             h.make_node("ReduceMean", ["r"], ["g"], axes=[1, 2, 4], keepdims=0, name="mean2"),
-             h.make_node("Mul", ["m", "m"], ["y"], name="sq")]
-    g = h.make_graph(nodes, "runs", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 5, 6])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("g", T.FLOAT, None)])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    p = tmp_path / "runs.onnx"
-    onnx.save(m, p)
-    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3, 4, 5, 6)).astype(np.float32)}
-    model = inferd.load(str(p), device="vulkan")
-    try:
-        got = model.run(feeds)
-        for name, want in zip(("y", "g"), ort_session(p).run(None, feeds)):
-            np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
-        k = model.kernels
-        assert k["mean3"].startswith("cpu:") and k["mean2"] == "vk_reduce" and k["relu"].startswith("vk_")
-    finally:
-        model.close()
+    k = _three_run_reductions(tmp_path / "runs.onnx",
+                              h.make_node("ReduceMean", ["r"], ["m"], axes=[0, 2, 4], keepdims=1, name="mean3"),
+                              h.make_node("ReduceMean", ["r"], ["g"], axes=[1, 2, 4], keepdims=0, name="mean2"),
+                              [], 17, 0, 1e-6)
+    assert k["mean3"].startswith("cpu:") and k["mean2"] == "vk_reduce" and k["relu"].startswith("vk_")
 
 
 def test_reduction_over_three_runs_of_axes_given_as_an_input_runs_on_the_cpu(tmp_path: Path) -> None:
     """The same with the axes as a constant input (opset 13 ReduceSum, opset 18 ReduceMean): their values reach
     the placement through ``VulkanKernel.refuses``; the layer failed at preparation before."""
-    ax3 = numpy_helper.from_array(np.array([0, 2, 4], np.int64), "ax3")
-    ax2 = numpy_helper.from_array(np.array([1, 2, 4], np.int64), "ax2")
+    inits = [numpy_helper.from_array(np.array([0, 2, 4], np.int64), "ax3"),
+             numpy_helper.from_array(np.array([1, 2, 4], np.int64), "ax2")]
     for opset, op in ((13, "ReduceSum"), (18, "ReduceMean")):
-        nodes = [h.make_node("Relu", ["x"], ["r"], name="relu"),
-                 h.make_node(op, ["r", "ax3"], ["m"], keepdims=1, name="red3"),
-                 h.make_node(op, ["r", "ax2"], ["g"], keepdims=0, name="red2"),
-                 h.make_node("Mul", ["m", "m"], ["y"], name="sq")]
-        g = h.make_graph(nodes, "runs_in", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 5, 6])],
-                         [h.make_tensor_value_info("y", T.FLOAT, None), h.make_tensor_value_info("g", T.FLOAT, None)],
-                         [ax3, ax2])
-        m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
-        m.ir_version = 8
-        p = tmp_path / f"runs_in{opset}.onnx"
-        onnx.save(m, p)
-        feeds = {"x": np.random.default_rng(1).standard_normal((2, 3, 4, 5, 6)).astype(np.float32)}
-        model = inferd.load(str(p), device="vulkan")
-        try:
-            got = model.run(feeds)
-            for name, want in zip(("y", "g"), ort_session(p).run(None, feeds)):
-                np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-5, err_msg=f"{op} {name}")
-            k = model.kernels
-            assert k["red3"].startswith("cpu:") and k["red2"] == "vk_reduce", k
-        finally:
-            model.close()
+        k = _three_run_reductions(tmp_path / f"runs_in{opset}.onnx",
+                                  h.make_node(op, ["r", "ax3"], ["m"], keepdims=1, name="red3"),
+                                  h.make_node(op, ["r", "ax2"], ["g"], keepdims=0, name="red2"), inits, opset, 1, 1e-5)
+        assert k["red3"].startswith("cpu:") and k["red2"] == "vk_reduce", k
