@@ -18,7 +18,9 @@ class VkPool(VulkanKernel):
     priority = 10
 
     def applies(self, layer: Layer) -> bool:
-        if len(layer.in_shape(0)) not in (3, 4) or not act_supported(layer):
+        # float pooling: an 8-bit MaxPool (a QDQ model's) is quant_vulkan's vk_qmaxpool
+        if np.dtype(layer.inputs[0].dtype) != np.float32 or len(layer.in_shape(0)) not in (3, 4) \
+                or not act_supported(layer):  # type: ignore[union-attr]
             return False
         if len([o for o in layer.node.outputs if o]) != 1:
             return False

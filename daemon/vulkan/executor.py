@@ -50,7 +50,7 @@ def _import_kernels() -> None:
     # host bindings register their kernels on import; they need no Vulkan themselves
     from ..ops import conv_vulkan, eltwise_vulkan, gemm_vulkan, norm_vulkan, pool_vulkan  # noqa: F401
     from ..ops import attention_vulkan, recurrent_vulkan, reduce_vulkan, resize_vulkan, sampling_vulkan  # noqa: F401
-    from ..ops import tensor_vulkan  # noqa: F401
+    from ..ops import quant_vulkan, tensor_vulkan  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------ fold, select

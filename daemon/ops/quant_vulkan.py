@@ -1,0 +1,378 @@
+"""Vulkan kernels for int8 models: QuantizeLinear, DequantizeLinear and QLinearConv on the integers (the QDQ
+patterns import fuses, ``inferd.frontend.quantfuse``), so a quantised model's convolutions run on the GPU
+instead of falling back to the CPU.
+
+This is the plain int32 path of issue 20: 8-bit tensors live in device buffers as bytes and are read out of
+32-bit words (``shaders/q8.glsl``), so no 8-bit storage feature is needed; products are summed in int32 and
+requantised exactly as onnxruntime's MLAS does (``rint(float32(acc) * m) + zp``, the multiplier computed on the
+host as ``inferd.ops.quant.conv_multiplier``), so a layer gives the numpy oracle's integers. Shaders:
+``quant.comp`` (QOP 0 quantise, 1 dequantise) and ``qconv.comp``. What these kernels do not take (16-bit
+quantisation, float16 scales, run-time quantisation parameters, convs of other ranks) stays on the CPU, which
+the backend's placement does by itself.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, grid
+from .base import Layer, raw_key, register_kernel, weights_key
+from .pool import pool_geometry
+from .quant import INT8_TYPES, conv_multiplier, qrange
+from .quant_native import layer_geom
+
+F32, I32 = np.float32, np.int32
+
+
+def _is8(info: Any) -> bool:
+    return info is not None and np.dtype(info.dtype) in INT8_TYPES
+
+
+def _signed(info: Any) -> int:
+    return int(np.dtype(info.dtype) == np.int8)
+
+
+def _consts(layer: Layer, first: int, last: int) -> bool:
+    """Every present input in first..last is a constant (quantisation parameters, weights, bias)."""
+    return all(k in layer.const_inputs for k in range(first, last + 1) if layer.has_input(k))
+
+
+def _scalar(raw: Mapping[str, np.ndarray], layer: Layer, k: int, default: float = 0) -> Any:
+    return np.asarray(raw[raw_key(k)]).reshape(-1)[0] if layer.has_input(k) else default
+
+
+def _words(a: np.ndarray) -> np.ndarray:
+    """8-bit values as bytes padded to whole 32-bit words (shaders read them a word at a time)."""
+    b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    pad = -b.size % 4
+    return np.concatenate([b, np.zeros(pad, np.uint8)]) if pad else b
+
+
+@register_kernel
+class VkQuantize(VulkanKernel):
+    """QuantizeLinear (float32 -> int8/uint8) and DequantizeLinear (int8/uint8 -> float32), per tensor or per
+    axis, with constant scales and zero points (``quant.comp``)."""
+
+    name = "vk_quant"
+    ops = ("QuantizeLinear", "DequantizeLinear")
+    io_dtypes = ("float32", "int8", "uint8")
+
+    def _q8(self, layer: Layer) -> Any:
+        """The 8-bit side: the output of a quantise, the input of a dequantise."""
+        return layer.outputs[0] if layer.op == "QuantizeLinear" else layer.inputs[0]
+
+    def applies(self, layer: Layer) -> bool:
+        if 0 in layer.const_inputs or not _consts(layer, 1, 2) or int(layer.attr("block_size", 0) or 0):
+            return False
+        f = layer.inputs[0] if layer.op == "QuantizeLinear" else layer.outputs[0]
+        s = layer.inputs[1]
+        return (_is8(self._q8(layer)) and f is not None and np.dtype(f.dtype) == F32 and s is not None
+                and np.dtype(s.dtype) == F32)
+
+    def _axis(self, layer: Layer) -> tuple[int, int]:
+        """(inner, channels) of the parameters' broadcast: element i takes parameter (i // inner) % channels."""
+        shape = layer.in_shape(0)
+        if layer.inputs[1].size == 1 or not shape:  # type: ignore[union-attr]
+            return 1, 1
+        ax = int(layer.attr("axis", 1)) % len(shape)
+        return int(np.prod(shape[ax + 1:], dtype=np.int64)), int(shape[ax])
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        _, ch = self._axis(layer)
+        s = np.broadcast_to(np.asarray(raw[raw_key(1)], F32).reshape(-1), (ch,))
+        z = (np.asarray(raw[raw_key(2)]).reshape(-1).astype(I32) if layer.has_input(2) else np.zeros(1, I32))
+        return {"s": np.ascontiguousarray(s), "z": np.ascontiguousarray(np.broadcast_to(z, (ch,)))}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 8 * self._axis(layer)[1]
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        inner, ch = self._axis(layer)
+        n = layer.inputs[0].size  # type: ignore[union-attr]
+        q8 = self._q8(layer)
+        lo, hi = qrange(q8.dtype)
+        quant = layer.op == "QuantizeLinear"
+        return [Dispatch("quant", (In(0), Param("s"), Param("z"), Out(0)), grid(-(-n // 4) if quant else n, 256, caps),
+                         {"QOP": 0 if quant else 1, "QS": _signed(q8)},
+                         push={"n": n, "inner": inner, "channels": ch, "lo": lo, "hi": hi})]
+
+
+@register_kernel
+class VkQLinearConv(VulkanKernel):
+    """QLinearConv, 1-D or 2-D, any groups, strides, dilations and pads; int8 or uint8 activations and weights,
+    weight scales and zero points per tensor or per output channel, int32 bias, a fused Relu/Clip as the
+    integer clamp (``qconv.comp``: one exact int32 sum per output)."""
+
+    name = "vk_qconv"
+    ops = ("QLinearConv",)
+    io_dtypes = ("int8", "uint8")
+
+    def applies(self, layer: Layer) -> bool:
+        x, w, y = layer.inputs[0], layer.inputs[3], layer.outputs[0]
+        if not (_is8(x) and _is8(w) and _is8(y)) or 0 in layer.const_inputs or not _consts(layer, 1, 8):
+            return False
+        if layer.inputs[1].size != 1 or (layer.has_input(2) and layer.inputs[2].size != 1):  # type: ignore[union-attr]
+            return False
+        try:
+            return layer_geom(layer).as2d() is not None
+        except Exception:
+            return False
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g = layer_geom(layer)
+        cout = g.cout
+        wz = (np.asarray(raw[raw_key(5)]).reshape(-1).astype(I32) if layer.has_input(5) else np.zeros(1, I32))
+        bias = (np.asarray(raw[raw_key(8)]).reshape(-1).astype(I32) if layer.has_input(8) else np.zeros(cout, I32))
+        mult = conv_multiplier(raw[raw_key(1)], raw[raw_key(4)], raw[raw_key(6)])
+        lo, hi = _clamped(layer)
+        q = np.array([int(_scalar(raw, layer, 2)), int(_scalar(raw, layer, 7)), lo, hi], I32)
+        return {"w": _words(np.asarray(raw[raw_key(3)])),
+                "wz": np.ascontiguousarray(np.broadcast_to(wz, (cout,))),
+                "b": np.ascontiguousarray(np.broadcast_to(bias, (cout,))),
+                "m": np.ascontiguousarray(np.broadcast_to(np.asarray(mult, F32).reshape(-1), (cout,))),
+                "q": q}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        g = layer_geom(layer)
+        return -(-layer.inputs[3].size // 4) * 4 + 12 * g.cout + 16  # type: ignore[union-attr]
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        g = layer_geom(layer).as2d()
+        assert g is not None
+        zx, zy, lo, hi = (int(v) for v in params["q"])
+        total = g.n * g.cout * g.oh * g.ow
+        defs = {"XS": _signed(layer.inputs[0]), "WS": _signed(layer.inputs[3]), "YS": _signed(layer.outputs[0])}
+        push = dict(total=total, C=g.cin, H=g.h, W=g.w, K=g.cout, OH=g.oh, OW=g.ow, KH=g.kh, KW=g.kw, SH=g.sh,
+                    SW=g.sw, DH=g.dh, DW=g.dw, PT=g.pt, PL=g.pl, G=g.group, zx=zx, zy=zy, lo=lo, hi=hi)
+        return [Dispatch("qconv", (In(0), Param("w"), Param("wz"), Param("b"), Param("m"), Out(0)),
+                         grid(-(-total // 4), 64, caps), defs, push=push)]
+
+
+def _pool_push(layer: Layer) -> dict[str, int] | None:
+    """qpool.comp's window geometry of a 1-D or 2-D MaxPool (None: another rank)."""
+    shape = layer.in_shape(0)
+    if len(shape) not in (3, 4):
+        return None
+    g = pool_geometry(layer.node, shape)
+    if len(shape) == 3:  # 1-D: H = 1
+        return dict(H=1, W=shape[2], OH=1, OW=g.out[0], KH=1, KW=g.kernel[0], SH=1, SW=g.strides[0], DH=1,
+                    DW=g.dilations[0], PT=0, PL=g.pads_head[0])
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = g.kernel, g.strides, g.dilations, g.pads_head, g.out
+    return dict(H=shape[2], W=shape[3], OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw, PT=pt, PL=pl)
+
+
+_NO_REQUANT = dict(zx=0, zy=0, lo=0, hi=0, m=0.0)
+
+
+@register_kernel
+class VkQMaxPool(VulkanKernel):
+    """MaxPool of an 8-bit tensor (a QDQ model's pooling runs on the integers: same scale in and out)."""
+
+    name = "vk_qmaxpool"
+    ops = ("MaxPool",)
+    priority = 10
+    io_dtypes = ("int8", "uint8")
+
+    def applies(self, layer: Layer) -> bool:
+        if not _is8(layer.inputs[0]) or len([o for o in layer.node.outputs if o]) != 1 or layer.attr("act"):
+            return False
+        try:
+            return _pool_push(layer) is not None
+        except Exception:
+            return False
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        push = _pool_push(layer)
+        assert push is not None
+        total = layer.outputs[0].size
+        return [Dispatch("qpool", (In(0), Out(0)), grid(-(-total // 4), 64, caps),
+                         {"POOL": 0, "XS": _signed(layer.inputs[0])}, push={"total": total, **push, **_NO_REQUANT})]
+
+
+@register_kernel
+class VkQGlobalAveragePool(VulkanKernel):
+    """QLinearGlobalAveragePool (channels first) as onnxruntime computes it (``qpool.comp``, POOL 1)."""
+
+    name = "vk_qgap"
+    ops = ("QLinearGlobalAveragePool",)
+    io_dtypes = ("int8", "uint8")
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        return (_is8(x) and _is8(layer.outputs[0]) and 0 not in layer.const_inputs and _consts(layer, 1, 4)
+                and not int(layer.attr("channels_last", 0)) and len(x.shape) >= 3)  # type: ignore[union-attr]
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        count = int(np.prod(layer.in_shape(0)[2:], dtype=np.int64))
+        m = np.float32(_scalar(raw, layer, 1, 1.0)) / (np.float32(_scalar(raw, layer, 3, 1.0)) * np.float32(count))
+        return {"p": np.array([int(_scalar(raw, layer, 2)), int(_scalar(raw, layer, 4))], I32),
+                "m": np.array([m], F32)}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 12
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        shape = layer.in_shape(0)
+        total = int(shape[0] * shape[1])
+        hw = int(np.prod(shape[2:], dtype=np.int64))
+        lo, hi = qrange(layer.outputs[0].dtype)
+        zx, zy = (int(v) for v in params["p"])
+        push = dict(total=total, H=1, W=hw, OH=1, OW=1, KH=1, KW=1, SH=1, SW=1, DH=1, DW=1, PT=0, PL=0, zx=zx, zy=zy,
+                    lo=lo, hi=hi, m=float(params["m"][0]))
+        return [Dispatch("qpool", (In(0), Out(0)), grid(-(-total // 4), 64, caps),
+                         {"POOL": 1, "XS": _signed(layer.inputs[0])}, push=push)]
+
+
+#: inputs qconcat.comp takes in one dispatch
+QCONCAT_MAX = 4
+
+
+@register_kernel
+class VkQLinearConcat(VulkanKernel):
+    """QLinearConcat of up to four inputs: each input's bytes through a 256-entry table to the output's
+    quantisation (the oracle's table, so the same integers), or copied where it already has it."""
+
+    name = "vk_qconcat"
+    ops = ("QLinearConcat",)
+    io_dtypes = ("int8", "uint8")
+
+    def _parts(self, layer: Layer) -> list[int]:
+        return list(range(2, len(layer.node.inputs), 3))
+
+    def applies(self, layer: Layer) -> bool:
+        parts = self._parts(layer)
+        if not parts or len(parts) > QCONCAT_MAX or not _is8(layer.outputs[0]) or not _consts(layer, 0, 1):
+            return False
+        return all(_is8(layer.inputs[k]) and k not in layer.const_inputs and _consts(layer, k + 1, k + 2)
+                   for k in parts)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .quant import dequantize, quantize
+
+        ydt = np.dtype(layer.outputs[0].dtype)
+        ys, yz = np.asarray(raw[raw_key(0)]), np.asarray(raw[raw_key(1)])
+        tab = np.tile(np.arange(256, dtype=np.uint32), (QCONCAT_MAX, 1))
+        for j, k in enumerate(self._parts(layer)):
+            xdt = np.dtype(layer.inputs[k].dtype)  # type: ignore[union-attr]
+            s, z = np.asarray(raw[raw_key(k + 1)]), np.asarray(raw[raw_key(k + 2)])
+            if xdt == ydt and np.array_equal(np.asarray(s, F32), np.asarray(ys, F32)) and np.array_equal(z, yz):
+                continue  # the oracle copies such an input as it is
+            lo, _ = qrange(xdt)
+            q = np.arange(lo, lo + 256).astype(xdt)
+            t = quantize(dequantize(q, s, z), ys, yz, ydt)
+            tab[j, q.view(np.uint8)] = t.view(np.uint8)
+        return {"t": np.ascontiguousarray(tab.reshape(-1))}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 4 * 256 * QCONCAT_MAX
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        parts = self._parts(layer)
+        out = layer.out_shape()
+        ax = int(layer.attr("axis")) % len(out)
+        inner = int(np.prod(out[ax + 1:], dtype=np.int64))
+        lens = [int(layer.in_shape(k)[ax]) for k in parts]
+        offs = list(np.cumsum([0] + lens[:-1]))
+        pad = QCONCAT_MAX - len(parts)
+        offs, lens = [int(v) for v in offs] + [int(out[ax])] * pad, lens + [0] * pad
+        xs = tuple(In(k) for k in parts) + (In(parts[0]),) * pad
+        n = layer.outputs[0].size
+        return [Dispatch("qconcat", xs + (Param("t"), Out(0)), grid(-(-n // 4), 256, caps),
+                         push={"n": n, "inner": inner, "axis": int(out[ax]), "off": offs, "len": lens})]
+
+
+def _clamped(layer: Layer) -> tuple[int, int]:
+    """The output's integer range, narrowed by a fused Relu/Clip (``attrs["qclamp"]``)."""
+    lo, hi = qrange(layer.outputs[0].dtype)
+    c = layer.attr("qclamp")
+    return (max(lo, int(c[0])), min(hi, int(c[1]))) if c is not None else (lo, hi)
+
+
+@register_kernel
+class VkQLinearBinary(VulkanKernel):
+    """com.microsoft QLinearAdd / QLinearMul of two 8-bit tensors with broadcasting (``qbinary.comp``), in
+    onnxruntime's arithmetic (the oracle's ``_ref_qbinary``); a fused Relu as the integer clamp."""
+
+    name = "vk_qbinary"
+    ops = ("QLinearAdd", "QLinearMul")
+    io_dtypes = ("int8", "uint8")
+
+    def applies(self, layer: Layer) -> bool:
+        from .eltwise_vulkan import _rank_ok
+
+        a, b = layer.inputs[0], layer.inputs[3]
+        if not (_is8(a) and _is8(b) and _is8(layer.outputs[0])) or 0 in layer.const_inputs or 3 in layer.const_inputs:
+            return False
+        return (_consts(layer, 1, 2) and _consts(layer, 4, 7)
+                and _rank_ok([layer.in_shape(0), layer.in_shape(3)], layer.out_shape()))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sa, sb, sc = (np.float32(_scalar(raw, layer, k, 1.0)) for k in (1, 4, 6))
+        ra, rb = (sa / sc, sb / sc) if layer.op == "QLinearAdd" else (sa * sb / sc, np.float32(0))
+        return {"z": np.array([int(_scalar(raw, layer, k)) for k in (2, 5, 7)], I32), "r": np.array([ra, rb], F32)}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 20
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        from .eltwise_vulkan import broadcast_strides, collapse, contiguous_strides
+
+        out = layer.out_shape()
+        sa, sb = broadcast_strides(layer.in_shape(0), out), broadcast_strides(layer.in_shape(3), out)
+        dims, (sa, sb, _) = collapse(out, sa, sb, contiguous_strides(out))
+        n = layer.outputs[0].size
+        za, zb, zc = (int(v) for v in params["z"])
+        lo, hi = _clamped(layer)
+        return [Dispatch("qbinary", (In(0), In(3), Out(0)), grid(-(-n // 4), 256, caps),
+                         {"QOP": int(layer.op == "QLinearMul"), "AS": _signed(layer.inputs[0]),
+                          "BS": _signed(layer.inputs[3])},
+                         push={"n": n, "rank": len(dims), "dims": dims, "sa": sa, "sb": sb, "za": za, "zb": zb,
+                               "zc": zc, "lo": lo, "hi": hi, "ra": float(params["r"][0]), "rb": float(params["r"][1])})]
+
+
+@register_kernel
+class VkQLinearMatMul(VulkanKernel):
+    """QLinearMatMul by a constant 2-D B (a quantised Linear / Gemm, with import's int32 bias): per-column weight
+    zero points and scales (``qmatmul.comp``). A B computed at run time stays on the CPU."""
+
+    name = "vk_qmatmul"
+    ops = ("QLinearMatMul",)
+    io_dtypes = ("int8", "uint8")
+
+    def applies(self, layer: Layer) -> bool:
+        a, b, y = layer.inputs[0], layer.inputs[3], layer.outputs[0]
+        if not (_is8(a) and _is8(b) and _is8(y)) or 0 in layer.const_inputs or not _consts(layer, 1, 8):
+            return False
+        return (len(b.shape) == 2 and len(a.shape) >= 1 and a.shape[-1] == b.shape[0]  # type: ignore[union-attr]
+                and layer.inputs[1].size == 1 and (not layer.has_input(2) or layer.inputs[2].size == 1))  # type: ignore[union-attr]
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = int(layer.in_shape(3)[1])
+        bz = (np.asarray(raw[raw_key(5)]).reshape(-1).astype(I32) if layer.has_input(5) else np.zeros(1, I32))
+        has_bias = bool(layer.attr("bias")) and layer.has_input(8)
+        bias = np.asarray(raw[raw_key(8)]).reshape(-1).astype(I32) if has_bias else np.zeros(1, I32)
+        mult = conv_multiplier(raw[raw_key(1)], raw[raw_key(4)], raw[raw_key(6)])
+        return {"b": _words(np.asarray(raw[raw_key(3)])),
+                "bz": np.ascontiguousarray(np.broadcast_to(bz, (n,))),
+                "bias": np.ascontiguousarray(np.broadcast_to(bias, (n,))),
+                "m": np.ascontiguousarray(np.broadcast_to(np.asarray(mult, F32).reshape(-1), (n,))),
+                "z": np.array([int(_scalar(raw, layer, 2)), int(_scalar(raw, layer, 7))], I32)}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return -(-layer.inputs[3].size // 4) * 4 + 12 * int(layer.in_shape(3)[1]) + 8  # type: ignore[union-attr]
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        k, n = (int(v) for v in layer.in_shape(3))
+        total = layer.outputs[0].size
+        za, zy = (int(v) for v in params["z"])
+        lo, hi = _clamped(layer)
+        return [Dispatch("qmatmul", (In(0), Param("b"), Param("bz"), Param("bias"), Param("m"), Out(0)),
+                         grid(-(-total // 4), 64, caps), {"AS": _signed(layer.inputs[0]), "BS": _signed(layer.inputs[3])},
+                         push={"total": total, "K": k, "N": n, "za": za, "zy": zy, "lo": lo, "hi": hi})]
