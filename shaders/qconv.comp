@@ -50,7 +50,7 @@ int conv_at(uint i) {
             }
         }
     }
-    return q8requant(acc, mult[oc], p.zy, p.lo, p.hi);
+    return q8requant(acc + bias[oc], mult[oc], p.zy, p.lo, p.hi);
 }
 
 void main() {

@@ -168,6 +168,19 @@ def test_float_pooling_kernels_leave_8bit_tensors_alone() -> None:
     assert "vk_qmaxpool" not in [k.name for k in applicable_kernels(layer, "vulkan")]
 
 
+#: every int8 kernel by op: forced, because on a CPU-type device (lavapipe) the placement keeps int8 layers on the
+#: CPU's faster native kernels (``_Int8Kernel.device_priority``)
+INT8_KERNELS = {"QuantizeLinear": "vk_quant", "DequantizeLinear": "vk_quant", "QLinearConv": "vk_qconv",
+                "MaxPool": "vk_qmaxpool", "QLinearConcat": "vk_qconcat", "QLinearGlobalAveragePool": "vk_qgap",
+                "QLinearAdd": "vk_qbinary", "QLinearMatMul": "vk_qmatmul"}
+
+
+def _on_cpu_type_device() -> bool:
+    from inferd.vulkan.device import get_device
+
+    return get_device().caps.device_type == "cpu"
+
+
 @pytest.mark.parametrize("name,scheme", [("squeezenet1_1", "qdq_s8s8"), ("mobilenetv2", "qdq_u8s8_pc"),
                                          pytest.param("resnet18", "qdq_s8s8", marks=pytest.mark.slow)])
 def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str) -> None:
@@ -182,7 +195,7 @@ def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str) -> Non
     path = zquant.quantized(zoo_path(name), scheme)
     feeds = zquant.calibration_feeds(path, n=1, seed=7)[0]
     cpu = inferd.load(str(path), device="cpu")
-    gpu = inferd.load(str(path), device="vulkan")
+    gpu = inferd.load(str(path), device="vulkan", kernels=INT8_KERNELS)
     try:
         want_cpu = list(cpu.run(feeds).values())[0]
         got = list(gpu.run(feeds).values())[0]
@@ -201,3 +214,32 @@ def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str) -> Non
     dq = [n for n in model.graph.node if n.output[0] == model.graph.output[0].name][0]
     step = float(np.asarray(inits[dq.input[1]]).reshape(-1)[0])
     assert np.abs(got - want).max() / step <= 1.0 + 1e-3
+
+
+def test_cpu_type_device_keeps_int8_layers_on_the_cpu_kernels() -> None:
+    """Unforced, an int8 model on lavapipe runs its int8 layers on the CPU's native kernels (the GPU-emulating
+    shaders are ~25x slower on the same cores) and answers as the CPU does; on a GPU they are the default."""
+    from zoo_fixture import zoo_path
+
+    from inferd.ops.base import single_node_layer
+    from inferd.ops.quant_vulkan import VkQLinearConv
+    from inferd.vulkan.kernel import UNUSABLE_PRIORITY, Caps
+    from inferd.zoo import quant as zquant
+
+    layer = single_node_layer("QLinearConv", qconv(I8, I8, 1, 4, 5, 5, 4, 3, 3)[0])
+    k = VkQLinearConv()
+    assert k.device_priority(Caps(device_type="cpu"), layer) == UNUSABLE_PRIORITY
+    assert k.device_priority(Caps(device_type="discrete"), layer) < UNUSABLE_PRIORITY
+    if not _on_cpu_type_device():
+        pytest.skip("the device is a GPU: the int8 kernels are its default")
+    path = zquant.quantized(zoo_path("squeezenet1_1"), "qdq_s8s8")
+    feeds = zquant.calibration_feeds(path, n=1, seed=7)[0]
+    cpu = inferd.load(str(path), device="cpu")
+    gpu = inferd.load(str(path), device="vulkan")
+    try:
+        placed = gpu.kernels
+        assert all(placed[n].startswith("cpu:") for n in placed if "Conv" in n), placed
+        assert np.array_equal(list(gpu.run(feeds).values())[0], list(cpu.run(feeds).values())[0])
+    finally:
+        cpu.close()
+        gpu.close()

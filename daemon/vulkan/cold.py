@@ -209,7 +209,12 @@ class VulkanColdBackend:
         from .host import HostStep, is_host_node
 
         planned = self._planned or {}
-        host_names = {n.name for n in kept if is_host_node(n, g, consts, planned.get(n.name, ()))}
+
+        def prefer(n: Node) -> tuple[str, ...]:  # the kernels this node was told to run on (forced or planned)
+            want = forced.get(n.name, forced.get(n.op))
+            return (want,) if want else tuple(planned.get(n.name, ()))
+
+        host_names = {n.name for n in kept if is_host_node(n, g, consts, prefer(n), self.caps)}
         dg = Graph(g.name, [n for n in kept if n.name not in host_names], g.inputs, g.outputs, consts, g.infos,
                    g.opset)  # type: ignore[arg-type]
         t = T()
@@ -242,7 +247,7 @@ class VulkanColdBackend:
             if c is None:
                 layer = replace(Layer.of(node, pg), const_inputs=())
                 self._slots.append(_Slot(pos, node, "host", layer, (), HOST, None))
-                self._hosts[pos] = HostStep(node, g, consts, self._body_backend)
+                self._hosts[pos] = HostStep(node, g, consts, self._body_backend, self.caps, prefer(node))
             elif c.default is None:
                 self._slots.append(_Slot(pos, node, "alias", replace(c.layer, const_inputs=()), (), ALIAS, None))
             else:

@@ -33,15 +33,13 @@ from ..ir import FOLD_MAX_BYTES, Graph, Node, Overlay, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key, raw_params
 from ..planner.memory import MemoryPlan, align_up
 from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
-from .kernel import ALIGN, Caps, Dispatch, Ref, VulkanKernel, split_rows
+from .kernel import ALIGN, UNUSABLE_PRIORITY, Caps, Dispatch, Ref, VulkanKernel, split_rows
 from .shaders import norm_defines
 
 log = logging.getLogger("inferd.vulkan.executor")
 
 #: Ops whose outputs depend only on static shapes: folded at load even with dynamic inputs.
 _SHAPE_OPS = ("Shape", "Size")
-#: ``device_priority`` at or above which a kernel is not usable on the device (texel kernels off CPU-type devices).
-UNUSABLE_PRIORITY = 1000
 #: ``device_priority`` from which a kernel is reference speed: a candidate only where nothing faster applies.
 REFERENCE_PRIORITY = 90
 

@@ -38,14 +38,15 @@ def _layer(node: Node, graph: Graph, consts: Mapping[str, Any]) -> Layer:
     return Layer(node, ins, outs, tuple(k for k, i in enumerate(node.inputs) if i and i in consts))
 
 
-def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence[str] = ()) -> bool:
+def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence[str] = (), caps: Any = None) -> bool:
     """Whether ``node`` is placed on the CPU in a Vulkan model: no Vulkan kernel applies to it (none for its op,
-    none for its attributes or shapes, none for its dtypes), or a tensor it reads or writes at run time is larger
-    than a storage binding may be on every conformant device (kernels split weights that large, not activations),
-    while a CPU kernel does. ``prefer``: kernel names to ask first (a stored plan's for this node: the answer is
-    the same, found after one ``applies`` instead of a walk through the op's kernels)."""
+    none for its attributes or shapes, none for its dtypes, none usable on this kind of device: ``caps``), or a
+    tensor it reads or writes at run time is larger than a storage binding may be on every conformant device
+    (kernels split weights that large, not activations), while a CPU kernel does. ``prefer``: kernel names to
+    ask first (a stored plan's for this node, or one forced by the caller: the node runs on them even where the
+    device's priority calls them unusable)."""
     from ..vulkan.executor import _misfit
-    from ..vulkan.kernel import MAX_BINDING_BYTES, VulkanKernel
+    from ..vulkan.kernel import MAX_BINDING_BYTES, UNUSABLE_PRIORITY, VulkanKernel
 
     spec = op_spec(node.op)
     if spec is None or spec.alias or node.op in CONTROL_OPS or not kernels_for(node.op, "cpu"):
@@ -58,14 +59,16 @@ def on_cpu(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence
         ks = sorted(ks, key=lambda k: prefer.index(k.name) if k.name in prefer else len(prefer))
     for k in ks:
         try:
-            if isinstance(k, VulkanKernel) and k.applies(layer) and _misfit(layer, k, consts) is None:
+            if (isinstance(k, VulkanKernel) and k.applies(layer) and _misfit(layer, k, consts) is None
+                    and (caps is None or k.name in prefer or k.device_priority(caps, layer) < UNUSABLE_PRIORITY)):
                 return False
         except Exception:  # a kernel that cannot even judge the layer does not run it
             continue
     return True
 
 
-def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence[str] = ()) -> bool:
+def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Sequence[str] = (),
+                 caps: Any = None) -> bool:
     """Whether the Vulkan backend runs ``node`` on the host: control flow, integer/bool plumbing that no
     Vulkan kernel handles (every tensor it reads or writes at run time integer or bool, and small), or a node
     no Vulkan kernel runs (``on_cpu``)."""
@@ -74,7 +77,7 @@ def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Se
     names = [n for n in list(node.inputs) + list(node.outputs) if n and n not in consts]
     if not names:
         return False
-    if on_cpu(node, graph, consts, prefer):
+    if on_cpu(node, graph, consts, prefer, caps):
         return True
     # small tensors only, at least one of them integer or bool (an iteration counter cast to float qualifies)
     if any(graph.infos[n].size > HOST_PLUMBING_MAX for n in names):
@@ -91,9 +94,11 @@ def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Se
 class HostStep:
     """One host node of a Vulkan model: control flow with its bodies as nested models, or numpy plumbing."""
 
-    def __init__(self, node: Node, graph: Graph, consts: Mapping[str, Any], make_body: Callable[[Graph], Any]) -> None:
+    def __init__(self, node: Node, graph: Graph, consts: Mapping[str, Any], make_body: Callable[[Graph], Any],
+                 caps: Any = None, prefer: Sequence[str] = ()) -> None:
         """``make_body(graph)``: a body brought up whole on the device (with ``run`` and ``close``); the
-        backend that owns this step passes it, so that this module needs none of its own."""
+        backend that owns this step passes it, so that this module needs none of its own. ``caps`` and
+        ``prefer`` as the placement was asked with (``is_host_node``)."""
         self.node = node
         self.graph = graph
         self.consts = consts
@@ -105,7 +110,7 @@ class HostStep:
         #: the oracle) or "cpu:<kernel>" (mixed placement)
         self.placement = "host"
         self._cpu: tuple[Layer, Kernel, dict[str, np.ndarray]] | None = None
-        if node.op not in CONTROL_OPS and on_cpu(node, graph, consts):
+        if node.op not in CONTROL_OPS and on_cpu(node, graph, consts, prefer, caps):
             layer = _layer(node, graph, consts)
             k = choose_kernel(layer, "cpu")
             self._cpu = (layer, k, k.transform(layer, {raw_key(i): np.asarray(consts[node.inputs[i]])

@@ -31,6 +31,10 @@ ALIGN = 256
 #: that every binding fits on every conformant device (lavapipe's limit is exactly this).
 MAX_BINDING_BYTES = 1 << 27
 
+#: ``device_priority`` at or above which a kernel is not usable on the device (texel kernels off CPU-type devices,
+#: the int8 kernels on them).
+UNUSABLE_PRIORITY = 1000
+
 #: Fused-activation ids, as in shaders/act.glsl.
 ACT_IDS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
            "Tanh": 7, "SiLU": 8, "Gelu": 9, "GeluTanh": 10, "Softplus": 11, "QuickGelu": 12}
