@@ -10,6 +10,9 @@ graph unquantised), in one process, alternating engines:
 * stored weight bytes (the ONNX initializers) and resident weight bytes (what the loaded executor holds);
 * error against onnxruntime on the same quantised model, in output quantisation steps.
 
+``--device vulkan`` loads both inferd models on the Vulkan device (onnxruntime stays on the CPU); ``--int8-gpu``
+forces the Vulkan int8 kernels where the placement would keep int8 layers on the CPU (a CPU-type device).
+
 Goals (issue 20, CPU int8 on the 2-core machine): warm <= 1.0x onnxruntime on the QDQ model and <= 0.5x inferd's
 fp32; int8 weight bytes <= 0.27x fp32. The load average is recorded with every model: the machine is shared.
 """
@@ -37,17 +40,19 @@ t0 = time.perf_counter()
 import numpy as np, inferd
 path, shape = sys.argv[1], tuple(json.loads(sys.argv[2]))
 x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-m = inferd.load(path)
+m = inferd.load(path, device=sys.argv[3], kernels=json.loads(sys.argv[4]) or None)
 m.run({m.input_names[0]: x})
 print(json.dumps({"cold_ms": (time.perf_counter() - t0) * 1e3}))
 """
 
 
-def _cold_ms(path: Path, shape: tuple[int, ...], repeat: int) -> float | None:
+def _cold_ms(path: Path, shape: tuple[int, ...], repeat: int, device: str = "cpu",
+             kernels: dict[str, str] | None = None) -> float | None:
     out = []
     for _ in range(repeat):
         drop_page_cache(path)
-        r = subprocess.run([sys.executable, "-c", _COLD_CHILD, str(path), json.dumps(list(shape))],
+        r = subprocess.run([sys.executable, "-c", _COLD_CHILD, str(path), json.dumps(list(shape)), device,
+                            json.dumps(kernels or {})],
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             return None
@@ -85,7 +90,14 @@ def _ort_session(path: Path, threads: int):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: int) -> dict[str, Any]:
+#: the Vulkan int8 kernels by op (``--int8-gpu``)
+INT8_GPU = {"QuantizeLinear": "vk_quant", "DequantizeLinear": "vk_quant", "QLinearConv": "vk_qconv",
+            "MaxPool": "vk_qmaxpool", "QLinearConcat": "vk_qconcat", "QLinearGlobalAveragePool": "vk_qgap",
+            "QLinearAdd": "vk_qbinary", "QLinearMatMul": "vk_qmatmul"}
+
+
+def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: int, device: str = "cpu",
+                int8_gpu: bool = False) -> dict[str, Any]:
     import inferd
     from inferd.zoo import quant as zquant
 
@@ -100,13 +112,14 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     iname = next(iter(feeds))
     x = feeds[iname]
     native.set_num_threads(threads)
-    m8 = inferd.load(qpath)
+    k8 = INT8_GPU if int8_gpu else None
+    m8 = inferd.load(qpath, device=device, kernels=k8)
     m8.wait_loaded()
-    m32 = inferd.load(fpath)
+    m32 = inferd.load(fpath, device=device)
     m32.wait_loaded()
     s8, s32 = _ort_session(qpath, threads), _ort_session(fpath, threads)
     load0 = os.getloadavg()[0]
-    res: dict[str, Any] = {"model": name, "scheme": scheme}
+    res: dict[str, Any] = {"model": name, "scheme": scheme, "device": device, "int8_gpu": int8_gpu}
     # alternate engines so that a change of machine load hits all of them alike
     t: dict[str, list[float]] = {"inferd_int8": [], "inferd_fp32": [], "ort_int8": [], "ort_fp32": []}
     calls = {"inferd_int8": lambda: m8.run({iname: x}), "inferd_fp32": lambda: m32.run({iname: x}),
@@ -135,8 +148,8 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     res["int8_kernels"] = sorted(set(m8.kernels.values()))
     del m8, m32, s8, s32
     if cold_repeat > 0:
-        res["inferd_int8_cold_ms"] = _cold_ms(qpath, tuple(x.shape), cold_repeat)
-        res["inferd_fp32_cold_ms"] = _cold_ms(fpath, tuple(x.shape), cold_repeat)
+        res["inferd_int8_cold_ms"] = _cold_ms(qpath, tuple(x.shape), cold_repeat, device, k8)
+        res["inferd_fp32_cold_ms"] = _cold_ms(fpath, tuple(x.shape), cold_repeat, device)
     res["warm_vs_ort"] = ratio(res["inferd_int8_warm_ms"], res["ort_int8_warm_ms"])
     res["warm_vs_fp32"] = ratio(res["inferd_int8_warm_ms"], res["inferd_fp32_warm_ms"])
     res["stored_ratio"] = ratio(res["stored_bytes_int8"], res["stored_bytes_fp32"])
@@ -145,8 +158,10 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
 
 
 def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
+    dev = rows[0].get("device", "cpu") if rows else "cpu"
+    how = f"inferd on {dev}" + (" with the Vulkan int8 kernels forced" if rows and rows[0].get("int8_gpu") else "")
     lines = [f"# inferd bench quant: {machine.get('date')} on {machine.get('host')} ({machine.get('cpu')}, "
-             f"{machine.get('cores')} cores; machine shared, load average per row)\n",
+             f"{machine.get('cores')} cores; machine shared, load average per row); {how}; onnxruntime on the CPU\n",
              "Goals: int8 warm <= 1.0x onnxruntime (same QDQ model) and <= 0.5x inferd fp32; weight bytes <= 0.27x fp32.\n",
              "| model | scheme | int8 ms | fp32 ms | ort int8 ms | ort fp32 ms | vs ort | vs fp32 | cold int8/fp32 ms | "
              "stored | resident | err (steps, frac) | load |",
@@ -172,20 +187,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-repeat", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--device", choices=("cpu", "vulkan"), default="cpu", help="where inferd runs (onnxruntime: the CPU)")
+    p.add_argument("--int8-gpu", action="store_true", help="force the Vulkan int8 kernels (a CPU-type device keeps "
+                                                           "int8 layers on the CPU otherwise)")
     args = p.parse_args(argv)
     machine = machine_info()
     rows = []
     for name in [m for m in args.models.split(",") if m]:
         for scheme in [s for s in args.schemes.split(",") if s]:
             try:
-                r = bench_model(name, scheme, args.repeat, args.cold_repeat, args.threads)
+                r = bench_model(name, scheme, args.repeat, args.cold_repeat, args.threads, args.device, args.int8_gpu)
             except Exception as e:  # one model's failure is a row, not the end of the run
                 r = {"model": name, "scheme": scheme, "error": f"{type(e).__name__}: {e}"}
             rows.append(r)
             print(json.dumps(r, default=str), flush=True)
     machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     data = {"machine": machine, "threads": args.threads, "results": rows}
-    jp, mp = write_results(args.out, f"quant_{machine['host']}", data, table(rows, machine))
+    tag = "" if args.device == "cpu" else f"_{args.device}" + ("_int8gpu" if args.int8_gpu else "")
+    jp, mp = write_results(args.out, f"quant{tag}_{machine['host']}", data, table(rows, machine))
     print(table(rows, machine))
     print(f"wrote {jp} and {mp}")
     return 0
