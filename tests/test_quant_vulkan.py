@@ -17,6 +17,7 @@ import pytest
 import inferd
 import inferd.ops  # noqa: F401  (registers ops and CPU kernels)
 import inferd.vulkan
+from inferd.ops.quant_vulkan import INT8_KERNELS
 
 pytestmark = [pytest.mark.vulkan,
               pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
@@ -168,11 +169,6 @@ def test_float_pooling_kernels_leave_8bit_tensors_alone() -> None:
     assert "vk_qmaxpool" not in [k.name for k in applicable_kernels(layer, "vulkan")]
 
 
-#: every int8 kernel by op: forced, because on a CPU-type device (lavapipe) the placement keeps int8 layers on the
-#: CPU's faster native kernels (``_Int8Kernel.device_priority``)
-INT8_KERNELS = {"QuantizeLinear": "vk_quant", "DequantizeLinear": "vk_quant", "QLinearConv": "vk_qconv",
-                "MaxPool": "vk_qmaxpool", "QLinearConcat": "vk_qconcat", "QLinearGlobalAveragePool": "vk_qgap",
-                "QLinearAdd": "vk_qbinary", "QLinearMatMul": "vk_qmatmul"}
 
 
 def _on_cpu_type_device() -> bool:
@@ -195,6 +191,7 @@ def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str) -> Non
     path = zquant.quantized(zoo_path(name), scheme)
     feeds = zquant.calibration_feeds(path, n=1, seed=7)[0]
     cpu = inferd.load(str(path), device="cpu")
+    # forced: on a CPU-type device (lavapipe) the placement keeps int8 layers on the CPU's faster native kernels
     gpu = inferd.load(str(path), device="vulkan", kernels=INT8_KERNELS)
     try:
         want_cpu = list(cpu.run(feeds).values())[0]

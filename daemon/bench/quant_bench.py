@@ -90,12 +90,6 @@ def _ort_session(path: Path, threads: int):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-#: the Vulkan int8 kernels by op (``--int8-gpu``)
-INT8_GPU = {"QuantizeLinear": "vk_quant", "DequantizeLinear": "vk_quant", "QLinearConv": "vk_qconv",
-            "MaxPool": "vk_qmaxpool", "QLinearConcat": "vk_qconcat", "QLinearGlobalAveragePool": "vk_qgap",
-            "QLinearAdd": "vk_qbinary", "QLinearMatMul": "vk_qmatmul"}
-
-
 def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: int, device: str = "cpu",
                 int8_gpu: bool = False) -> dict[str, Any]:
     import inferd
@@ -112,7 +106,9 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     iname = next(iter(feeds))
     x = feeds[iname]
     native.set_num_threads(threads)
-    k8 = INT8_GPU if int8_gpu else None
+    from ..ops.quant_vulkan import INT8_KERNELS
+
+    k8 = INT8_KERNELS if int8_gpu else None
     m8 = inferd.load(qpath, device=device, kernels=k8)
     m8.wait_loaded()
     m32 = inferd.load(fpath, device=device)

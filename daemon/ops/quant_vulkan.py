@@ -381,3 +381,9 @@ class VkQLinearMatMul(_Int8Kernel):
         return [Dispatch("qmatmul", (In(0), Param("b"), Param("bz"), Param("bias"), Param("m"), Out(0)),
                          grid(-(-total // 4), 64, caps), {"AS": _signed(layer.inputs[0]), "BS": _signed(layer.inputs[3])},
                          push={"total": total, "K": k, "N": n, "za": za, "zy": zy, "lo": lo, "hi": hi})]
+
+
+#: op -> its Vulkan int8 kernel, as ``inferd.load(..., kernels=INT8_KERNELS)`` takes it: forces them where the
+#: placement keeps int8 layers on the CPU (a CPU-type device), for tests and benchmarks
+INT8_KERNELS = {op: cls.name for cls in (VkQuantize, VkQLinearConv, VkQMaxPool, VkQGlobalAveragePool, VkQLinearConcat,
+                                          VkQLinearBinary, VkQLinearMatMul) for op in cls.ops}
