@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import UNUSABLE_PRIORITY, Caps, Dispatch, In, Out, Param, VulkanKernel, grid
+from ..vulkan.kernel import UNUSABLE_PRIORITY, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, grid
 from .base import Layer, raw_key, register_kernel, weights_key
 from .pool import pool_geometry
 from .quant import INT8_TYPES, conv_multiplier, qrange
@@ -117,6 +117,7 @@ class VkQLinearConv(_Int8Kernel):
 
     name = "vk_qconv"
     ops = ("QLinearConv",)
+    priority = 80  # after vk_qconv_gemm wherever that applies: one sum per invocation re-reads every input
 
     def applies(self, layer: Layer) -> bool:
         x, w, y = layer.inputs[0], layer.inputs[3], layer.outputs[0]
@@ -160,6 +161,51 @@ class VkQLinearConv(_Int8Kernel):
                     SW=g.sw, DH=g.dh, DW=g.dw, PT=g.pt, PL=g.pl, G=g.group, zx=zx, zy=zy, lo=lo, hi=hi)
         return [Dispatch("qconv", (In(0), Param("w"), Param("wz"), Param("b"), Param("m"), Out(0)),
                          grid(-(-total // 4), 64, caps), defs, push=push)]
+
+
+@register_kernel
+class VkQConvGemm(VkQLinearConv):
+    """QLinearConv as an implicit GEMM with 64x64 shared-memory tiles of centred integers (``qconv_gemm.comp``)
+    into an int32 workspace, then packed to bytes (``q8pack.comp``). For convs with at least ``MIN_M`` output
+    channels per group (a depthwise conv's one channel per group would leave a 64-row tile nearly empty: the
+    direct kernel takes those)."""
+
+    name = "vk_qconv_gemm"
+    priority = 40
+    MIN_M = 8
+
+    def applies(self, layer: Layer) -> bool:
+        if not super().applies(layer):
+            return False
+        g = layer_geom(layer).as2d()
+        return g is not None and g.cout // g.group >= self.MIN_M
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().transform(layer, raw)
+        g = layer_geom(layer).as2d()
+        assert g is not None
+        mg = g.cout // g.group
+        w = np.asarray(raw[raw_key(3)]).reshape(g.group, mg, -1)  # [G, M, K] -> k-major [G, K, M]
+        out["w"] = _words(np.ascontiguousarray(w.transpose(0, 2, 1)))
+        return out
+
+    def workspace_parts(self, layer: Layer) -> dict[str, int]:
+        return {"q": 4 * layer.outputs[0].size}
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        g = layer_geom(layer).as2d()
+        assert g is not None
+        zx, zy, lo, hi = (int(v) for v in params["q"])
+        mg, cg = g.cout // g.group, g.cin // g.group
+        push = dict(C=g.cin, H=g.h, W=g.w, Cg=cg, M=mg, OH=g.oh, OW=g.ow, PT=g.pt, PL=g.pl, G=g.group,
+                    K=cg * g.kh * g.kw, zx=zx, zy=zy, lo=lo, hi=hi)
+        spec = {"KH": g.kh, "KW": g.kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw}
+        defs = {"XS": _signed(layer.inputs[0]), "WS": _signed(layer.inputs[3])}
+        groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group)
+        n = layer.outputs[0].size
+        return [Dispatch("qconv_gemm", (In(0), Param("w"), Param("wz"), Param("b"), Param("m"), Ws("q")), groups,
+                         defs, spec, push),
+                Dispatch("q8pack", (Ws("q"), Out(0)), grid(-(-n // 4), 256, caps), push={"n": n})]
 
 
 def _pool_push(layer: Layer) -> dict[str, int] | None:
@@ -383,7 +429,8 @@ class VkQLinearMatMul(_Int8Kernel):
                          push={"total": total, "K": k, "N": n, "za": za, "zy": zy, "lo": lo, "hi": hi})]
 
 
-#: op -> its Vulkan int8 kernel, as ``inferd.load(..., kernels=INT8_KERNELS)`` takes it: forces them where the
-#: placement keeps int8 layers on the CPU (a CPU-type device), for tests and benchmarks
+#: op -> a Vulkan int8 kernel that applies to every node of it, as ``inferd.load(..., kernels=INT8_KERNELS)`` takes
+#: it: forces them where the placement keeps int8 layers on the CPU (a CPU-type device), for tests and benchmarks
+#: (the direct conv: the GEMM one takes no depthwise conv; name nodes to force it)
 INT8_KERNELS = {op: cls.name for cls in (VkQuantize, VkQLinearConv, VkQMaxPool, VkQGlobalAveragePool, VkQLinearConcat,
                                           VkQLinearBinary, VkQLinearMatMul) for op in cls.ops}

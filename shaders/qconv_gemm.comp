@@ -1,0 +1,98 @@
+#version 450
+// QLinearConv as an implicit GEMM on the integers (the shape of conv_gemm.comp): per (image, group),
+//   acc[m, pix] = sum_k (w[k, m] - w_zp[m]) * (col[k, pix] - x_zp),  k = (ci, kh, kw), pix = (oh, ow),
+// col gathered from the 8-bit input (a padded tap is the zero point: it adds nothing). 64x64 output tile per
+// 256-thread workgroup, 4x4 per thread, K step 16, int32 sums in registers, the centred operands in shared
+// memory. Each output is requantised as onnxruntime does (q8.glsl) and stored as an int32 in Q: the 4x4 block
+// of a thread is not four consecutive bytes of the output, so q8pack.comp packs Q into the 8-bit output after.
+#include "common.glsl"
+#include "q8.glsl"
+#ifndef XS
+#define XS 1
+#endif
+#ifndef WS
+#define WS 1
+#endif
+#define BM 64
+#define BN 64
+#define BK 16
+layout(local_size_x = 16, local_size_y = 16) in;
+layout(constant_id = 0) const int KH = 1;
+layout(constant_id = 1) const int KW = 1;
+layout(constant_id = 2) const int SH = 1;
+layout(constant_id = 3) const int SW = 1;
+layout(constant_id = 4) const int DH = 1;
+layout(constant_id = 5) const int DW = 1;
+layout(std430, binding = 0) readonly buffer X { uint x[]; };
+layout(std430, binding = 1) readonly buffer Wt { uint w[]; };       // [G, K, M] bytes: k-major
+layout(std430, binding = 2) readonly buffer Wz { int wz[]; };       // [G*M]
+layout(std430, binding = 3) readonly buffer Bias { int bias[]; };   // [G*M]
+layout(std430, binding = 4) readonly buffer Mul { float mult[]; };  // [G*M]
+layout(std430, binding = 5) writeonly buffer Q { int q[]; };        // [N, G*M, P] requantised
+layout(push_constant) uniform P {
+    int C; int H; int W; int Cg; int M; int OH; int OW; int PT; int PL; int G; int K; int zx; int zy; int lo; int hi;
+} p;
+
+shared int As[BK][BM];
+shared int Bs[BK][BN];
+
+void main() {
+    int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
+    int tid = ty * 16 + tx;
+    int P = p.OH * p.OW;
+    int n0 = int(gl_WorkGroupID.x) * BN;
+    int m0 = int(gl_WorkGroupID.y) * BM;
+    int z = int(gl_WorkGroupID.z);
+    int g = z % p.G, img = z / p.G;
+    int xbase = (img * p.C + g * p.Cg) * p.H * p.W;
+    int wbase = g * p.K * p.M;
+    int acc[4][4];
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0;
+
+    for (int k0 = 0; k0 < p.K; k0 += BK) {
+        for (int r = 0; r < 4; ++r) {
+            int e = tid + r * 256;
+            int kk = e / BM, mm = e % BM;
+            int k = k0 + kk, m = m0 + mm;
+            As[kk][mm] = (k < p.K && m < p.M) ? Q8LD(WS, w, uint(wbase + k * p.M + m)) - wz[g * p.M + m] : 0;
+        }
+        for (int r = 0; r < 4; ++r) {
+            int e = tid + r * 256;
+            int kk = e / BN, nn = e % BN;
+            int k = k0 + kk, pix = n0 + nn;
+            int v = 0;
+            if (k < p.K && pix < P) {
+                int ci = k / (KH * KW);
+                int rr = k - ci * (KH * KW);
+                int kh = rr / KW, kw = rr - kh * KW;
+                int oh = pix / p.OW, ow = pix - oh * p.OW;
+                int ih = oh * SH - p.PT + kh * DH;
+                int iw = ow * SW - p.PL + kw * DW;
+                if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W)
+                    v = Q8LD(XS, x, uint(xbase + (ci * p.H + ih) * p.W + iw)) - p.zx;
+            }
+            Bs[kk][nn] = v;
+        }
+        barrier();
+        for (int kk = 0; kk < BK; ++kk) {
+            int a[4], b[4];
+            for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
+            for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
+            for (int i = 0; i < 4; ++i)
+                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+        }
+        barrier();
+    }
+    int cout = p.G * p.M;
+    for (int i = 0; i < 4; ++i) {
+        int m = m0 + ty + 16 * i;
+        if (m >= p.M) continue;
+        int oc = g * p.M + m;
+        for (int j = 0; j < 4; ++j) {
+            int pix = n0 + tx + 16 * j;
+            if (pix >= P) continue;
+            q[(img * cout + oc) * P + pix] = q8requant(acc[i][j] + bias[oc], mult[oc], p.zy, p.lo, p.hi);
+        }
+    }
+}
