@@ -2,8 +2,10 @@
 // QLinearConv as an implicit GEMM on the integers (the shape of conv_gemm.comp): per (image, group),
 //   acc[m, pix] = sum_k (w[k, m] - w_zp[m]) * (col[k, pix] - x_zp),  k = (ci, kh, kw), pix = (oh, ow),
 // col gathered from the 8-bit input (a padded tap is the zero point: it adds nothing). 64x64 output tile per
-// 256-thread workgroup, 4x4 per thread, K step 16, int32 sums in registers, the centred operands in shared
-// memory. Each output is requantised as onnxruntime does (q8.glsl) and stored as an int32 in Q: the 4x4 block
+// 256-thread workgroup, 4x4 per thread, K step 16. The centred operands go to shared memory as floats and each
+// K step's 16 products are summed with float FMAs, as conv_gemm.comp does: |(x - zx)(w - zw)| <= 255 * 255, so
+// every partial sum of 16 of them is an integer below 2^24, exact in float32; it is added to the int32 sums
+// once per K step (the GPU's float FMA rate, not its slower integer multiply-add). Each output is requantised as onnxruntime does (q8.glsl) and stored as an int32 in Q: the 4x4 block
 // of a thread is not four consecutive bytes of the output, so q8pack.comp packs Q into the 8-bit output after.
 #include "common.glsl"
 #include "q8.glsl"
@@ -33,8 +35,8 @@ layout(push_constant) uniform P {
     int C; int H; int W; int Cg; int M; int OH; int OW; int PT; int PL; int G; int K; int zx; int zy; int lo; int hi;
 } p;
 
-shared int As[BK][BM];
-shared int Bs[BK][BN];
+shared float As[BK][BM];
+shared float Bs[BK][BN];
 
 void main() {
     int tx = int(gl_LocalInvocationID.x), ty = int(gl_LocalInvocationID.y);
@@ -55,7 +57,7 @@ void main() {
             int e = tid + r * 256;
             int kk = e / BM, mm = e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = (k < p.K && m < p.M) ? Q8LD(WS, w, uint(wbase + k * p.M + m)) - wz[g * p.M + m] : 0;
+            As[kk][mm] = float((k < p.K && m < p.M) ? Q8LD(WS, w, uint(wbase + k * p.M + m)) - wz[g * p.M + m] : 0);
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
@@ -72,16 +74,21 @@ void main() {
                 if (ih >= 0 && ih < p.H && iw >= 0 && iw < p.W)
                     v = Q8LD(XS, x, uint(xbase + (ci * p.H + ih) * p.W + iw)) - p.zx;
             }
-            Bs[kk][nn] = v;
+            Bs[kk][nn] = float(v);
         }
         barrier();
+        float part[4][4];
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) part[i][j] = 0.0;
         for (int kk = 0; kk < BK; ++kk) {
-            int a[4], b[4];
+            float a[4], b[4];
             for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
             for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
             for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+                for (int j = 0; j < 4; ++j) part[i][j] += a[i] * b[j];
         }
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 4; ++j) acc[i][j] += int(part[i][j]);
         barrier();
     }
     int cout = p.G * p.M;

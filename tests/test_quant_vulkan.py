@@ -133,6 +133,9 @@ case("qmatmul_bias_int8", "QLinearMatMul",
      [q8(I8, 2, 19), s(0.03), z(I8, 0), q8(I8, 19, 10), s(0.02), z(I8, 0), s(0.3), z(I8, 1),
       RNG.integers(-500, 500, 10).astype(I32)], {"bias": 1}, "vk_qmatmul")
 
+case("qmatmul_more_words_than_workgroups", "QLinearMatMul",  # 67,500 output words: over lavapipe's 65,535 groups
+     [q8(U8, 2700, 9), s(0.04), z(U8, 128), q8(I8, 9, 100), s(0.01), z(I8, 0), s(0.2), z(U8, 126)], kernel="vk_qmatmul")
+
 #: inputs that are activations besides the first
 ACTIVATIONS = {"QLinearAdd": (0, 3), "QLinearMul": (0, 3)}
 

@@ -424,8 +424,9 @@ class VkQLinearMatMul(_Int8Kernel):
         total = layer.outputs[0].size
         za, zy = (int(v) for v in params["z"])
         lo, hi = _clamped(layer)
+        groups = (min(-(-total // 4), caps.max_workgroup_count[0]), 1, 1)  # one per output word, grid-stride past that
         return [Dispatch("qmatmul", (In(0), Param("b"), Param("bz"), Param("bias"), Param("m"), Out(0)),
-                         grid(-(-total // 4), 64, caps), {"AS": _signed(layer.inputs[0]), "BS": _signed(layer.inputs[3])},
+                         groups, {"AS": _signed(layer.inputs[0]), "BS": _signed(layer.inputs[3])},
                          push={"total": total, "K": k, "N": n, "za": za, "zy": zy, "lo": lo, "hi": hi})]
 
 
