@@ -17,12 +17,13 @@ for name in ("squeezenet1_1", "mobilenetv2", "resnet18"):
     src = write_zoo("/tmp/i20zoo", [name])[name]
     q = zq.quantized(src, "qdq_s8s8")
     feeds = zq.calibration_feeds(q, n=1, seed=7)[0]
-    with VulkanModel(import_model(q), profile=True) as m:
-        for _ in range(5):
-            m.run(feeds)
-        prof = m.last_profile()
-    by = collections.Counter()
-    for d in prof:
-        by[d.get("kernel", d.get("shader", "?"))] += d.get("gpu_ms", d.get("ms", 0.0))
-    print(name, "GPU ms by kernel:", {k: round(v, 3) for k, v in by.most_common()}, "keys", sorted(prof[0]) if prof else None)
+    for tag, path in (("int8", q), ("fp32", src.with_name(f"{src.stem}.pre.onnx"))):
+        with VulkanModel(import_model(path), profile=True) as m:
+            for _ in range(20):
+                m.run(feeds)
+            prof = m.last_profile()
+        by = collections.Counter()
+        for d in prof:
+            by[d["kernel"]] += d["ms"]
+        print(name, tag, "GPU ms %.3f by kernel:" % sum(by.values()), {k: round(v, 3) for k, v in by.most_common()})
 PY
