@@ -5,8 +5,11 @@
 // 256-thread workgroup, 4x4 per thread, K step 16. The centred operands go to shared memory as floats and each
 // K step's 16 products are summed with float FMAs, as conv_gemm.comp does: |(x - zx)(w - zw)| <= 255 * 255, so
 // every partial sum of 16 of them is an integer below 2^24, exact in float32; it is added to the int32 sums
-// once per K step (the GPU's float FMA rate, not its slower integer multiply-add). Each output is requantised as onnxruntime does (q8.glsl) and stored as an int32 in Q: the 4x4 block
-// of a thread is not four consecutive bytes of the output, so q8pack.comp packs Q into the 8-bit output after.
+// once per K step (the GPU's float FMA rate, not its slower integer multiply-add).
+// The K range is split over S workgroups along z where the output has few tiles (split-K, as conv_gemm.comp: a
+// 7x7 map with 512 channels is 8 tiles, a few of a big GPU's multiprocessors): each writes its raw int32 sums to
+// Part[s][output index], and qsplitk.comp adds the S parts and the bias, requantises and packs four outputs to a
+// word (a thread's 4x4 block is not four consecutive bytes of the output, so it cannot store bytes itself).
 #include "common.glsl"
 #include "q8.glsl"
 #ifndef XS
@@ -28,11 +31,9 @@ layout(constant_id = 5) const int DW = 1;
 layout(std430, binding = 0) readonly buffer X { uint x[]; };
 layout(std430, binding = 1) readonly buffer Wt { uint w[]; };       // [G, K, M] bytes: k-major
 layout(std430, binding = 2) readonly buffer Wz { int wz[]; };       // [G*M]
-layout(std430, binding = 3) readonly buffer Bias { int bias[]; };   // [G*M]
-layout(std430, binding = 4) readonly buffer Mul { float mult[]; };  // [G*M]
-layout(std430, binding = 5) writeonly buffer Q { int q[]; };        // [N, G*M, P] requantised
+layout(std430, binding = 3) writeonly buffer Part { int part[]; };  // [S, N*G*M*P] int32 sums
 layout(push_constant) uniform P {
-    int C; int H; int W; int Cg; int M; int OH; int OW; int PT; int PL; int G; int K; int zx; int zy; int lo; int hi;
+    int C; int H; int W; int Cg; int M; int OH; int OW; int PT; int PL; int G; int K; int zx; int S; int Kc; int total;
 } p;
 
 shared float As[BK][BM];
@@ -45,6 +46,9 @@ void main() {
     int n0 = int(gl_WorkGroupID.x) * BN;
     int m0 = int(gl_WorkGroupID.y) * BM;
     int z = int(gl_WorkGroupID.z);
+    int split = z % p.S;
+    z /= p.S;
+    int kbeg = split * p.Kc, kend = min(p.K, kbeg + p.Kc);
     int g = z % p.G, img = z / p.G;
     int xbase = (img * p.C + g * p.Cg) * p.H * p.W;
     int wbase = g * p.K * p.M;
@@ -52,19 +56,19 @@ void main() {
     for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) acc[i][j] = 0;
 
-    for (int k0 = 0; k0 < p.K; k0 += BK) {
+    for (int k0 = kbeg; k0 < kend; k0 += BK) {
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             int kk = e / BM, mm = e % BM;
             int k = k0 + kk, m = m0 + mm;
-            As[kk][mm] = float((k < p.K && m < p.M) ? Q8LD(WS, w, uint(wbase + k * p.M + m)) - wz[g * p.M + m] : 0);
+            As[kk][mm] = float((k < kend && m < p.M) ? Q8LD(WS, w, uint(wbase + k * p.M + m)) - wz[g * p.M + m] : 0);
         }
         for (int r = 0; r < 4; ++r) {
             int e = tid + r * 256;
             int kk = e / BN, nn = e % BN;
             int k = k0 + kk, pix = n0 + nn;
             int v = 0;
-            if (k < p.K && pix < P) {
+            if (k < kend && pix < P) {
                 int ci = k / (KH * KW);
                 int rr = k - ci * (KH * KW);
                 int kh = rr / KW, kw = rr - kh * KW;
@@ -77,18 +81,18 @@ void main() {
             Bs[kk][nn] = float(v);
         }
         barrier();
-        float part[4][4];
+        float sum[4][4];
         for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) part[i][j] = 0.0;
+            for (int j = 0; j < 4; ++j) sum[i][j] = 0.0;
         for (int kk = 0; kk < BK; ++kk) {
             float a[4], b[4];
             for (int i = 0; i < 4; ++i) a[i] = As[kk][ty + 16 * i];
             for (int j = 0; j < 4; ++j) b[j] = Bs[kk][tx + 16 * j];
             for (int i = 0; i < 4; ++i)
-                for (int j = 0; j < 4; ++j) part[i][j] += a[i] * b[j];
+                for (int j = 0; j < 4; ++j) sum[i][j] += a[i] * b[j];
         }
         for (int i = 0; i < 4; ++i)
-            for (int j = 0; j < 4; ++j) acc[i][j] += int(part[i][j]);
+            for (int j = 0; j < 4; ++j) acc[i][j] += int(sum[i][j]);
         barrier();
     }
     int cout = p.G * p.M;
@@ -99,7 +103,7 @@ void main() {
         for (int j = 0; j < 4; ++j) {
             int pix = n0 + tx + 16 * j;
             if (pix >= P) continue;
-            q[(img * cout + oc) * P + pix] = q8requant(acc[i][j] + bias[oc], mult[oc], p.zy, p.lo, p.hi);
+            part[split * p.total + (img * cout + oc) * P + pix] = acc[i][j];
         }
     }
 }

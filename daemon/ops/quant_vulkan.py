@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import UNUSABLE_PRIORITY, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, grid
+from ..vulkan.kernel import UNUSABLE_PRIORITY, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, grid, split_k
 from .base import Layer, raw_key, register_kernel, weights_key
 from .pool import pool_geometry
 from .quant import INT8_TYPES, conv_multiplier, qrange
@@ -165,8 +165,9 @@ class VkQLinearConv(_Int8Kernel):
 
 @register_kernel
 class VkQConvGemm(VkQLinearConv):
-    """QLinearConv as an implicit GEMM with 64x64 shared-memory tiles of centred integers (``qconv_gemm.comp``)
-    into an int32 workspace, then packed to bytes (``q8pack.comp``). For convs with at least ``MIN_M`` output
+    """QLinearConv as an implicit GEMM with 64x64 shared-memory tiles of centred integers (``qconv_gemm.comp``,
+    split-K where the output has few tiles) into int32 partial sums, then summed, requantised and packed to bytes
+    (``qsplitk.comp``). For convs with at least ``MIN_M`` output
     channels per group (a depthwise conv's one channel per group would leave a 64-row tile nearly empty: the
     direct kernel takes those)."""
 
@@ -189,23 +190,32 @@ class VkQConvGemm(VkQLinearConv):
         out["w"] = _words(np.ascontiguousarray(w.transpose(0, 2, 1)))
         return out
 
+    def _split(self, layer: Layer) -> tuple[int, int]:
+        """(splits, K per split): split-K where the output has few 64x64 tiles (``vulkan.kernel.split_k``)."""
+        g = layer_geom(layer).as2d()
+        assert g is not None
+        mg, k = g.cout // g.group, (g.cin // g.group) * g.kh * g.kw
+        return split_k(-(-(g.oh * g.ow) // 64) * -(-mg // 64) * g.n * g.group, k)
+
     def workspace_parts(self, layer: Layer) -> dict[str, int]:
-        return {"q": 4 * layer.outputs[0].size}
+        return {"part": 4 * self._split(layer)[0] * layer.outputs[0].size}
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         g = layer_geom(layer).as2d()
         assert g is not None
         zx, zy, lo, hi = (int(v) for v in params["q"])
         mg, cg = g.cout // g.group, g.cin // g.group
+        s, kc = self._split(layer)
+        n = layer.outputs[0].size
         push = dict(C=g.cin, H=g.h, W=g.w, Cg=cg, M=mg, OH=g.oh, OW=g.ow, PT=g.pt, PL=g.pl, G=g.group,
-                    K=cg * g.kh * g.kw, zx=zx, zy=zy, lo=lo, hi=hi)
+                    K=cg * g.kh * g.kw, zx=zx, S=s, Kc=kc, total=n)
         spec = {"KH": g.kh, "KW": g.kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw}
         defs = {"XS": _signed(layer.inputs[0]), "WS": _signed(layer.inputs[3])}
-        groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group)
-        n = layer.outputs[0].size
-        return [Dispatch("qconv_gemm", (In(0), Param("w"), Param("wz"), Param("b"), Param("m"), Ws("q")), groups,
-                         defs, spec, push),
-                Dispatch("q8pack", (Ws("q"), Out(0)), grid(-(-n // 4), 256, caps), push={"n": n})]
+        groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group * s)
+        return [Dispatch("qconv_gemm", (In(0), Param("w"), Param("wz"), Ws("part")), groups, defs, spec, push),
+                Dispatch("qsplitk", (Ws("part"), Param("b"), Param("m"), Out(0)), grid(-(-n // 4), 256, caps),
+                         push={"total": n, "S": s, "inner": g.oh * g.ow, "channels": g.cout, "zy": zy, "lo": lo,
+                               "hi": hi})]
 
 
 def _pool_push(layer: Layer) -> dict[str, int] | None:
