@@ -15,7 +15,7 @@
 #define T 64
 layout(local_size_x = T) in;
 layout(std430, binding = 0) readonly buffer A { uint a[]; };
-layout(std430, binding = 1) readonly buffer B { uint b[]; };
+layout(std430, binding = 1) readonly buffer B { uint b[]; };      // B^T: [N, K] bytes, so threads read along K
 layout(std430, binding = 2) readonly buffer Bz { int bz[]; };     // [N]
 layout(std430, binding = 3) readonly buffer Bias { int bias[]; }; // [N]
 layout(std430, binding = 4) readonly buffer Mul { float mult[]; }; // [N]
@@ -35,7 +35,7 @@ void main() {
                 uint row = i / p.N, col = i % p.N;
                 int z = bz[col];
                 for (uint k = t; k < p.K; k += T)
-                    s += (Q8LD(AS, a, row * p.K + k) - p.za) * (Q8LD(BS, b, k * p.N + col) - z);
+                    s += (Q8LD(AS, a, row * p.K + k) - p.za) * (Q8LD(BS, b, col * p.K + k) - z);
             }
             part[j][t] = s;
         }

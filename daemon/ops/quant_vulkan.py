@@ -420,7 +420,7 @@ class VkQLinearMatMul(_Int8Kernel):
         has_bias = bool(layer.attr("bias")) and layer.has_input(8)
         bias = np.asarray(raw[raw_key(8)]).reshape(-1).astype(I32) if has_bias else np.zeros(1, I32)
         mult = conv_multiplier(raw[raw_key(1)], raw[raw_key(4)], raw[raw_key(6)])
-        return {"b": _words(np.asarray(raw[raw_key(3)])),
+        return {"b": _words(np.ascontiguousarray(np.asarray(raw[raw_key(3)]).T)),  # [N, K]: the workgroup reads along K
                 "bz": np.ascontiguousarray(np.broadcast_to(bz, (n,))),
                 "bias": np.ascontiguousarray(np.broadcast_to(bias, (n,))),
                 "m": np.ascontiguousarray(np.broadcast_to(np.asarray(mult, F32).reshape(-1), (n,))),
