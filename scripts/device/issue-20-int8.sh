@@ -7,7 +7,7 @@ OUT=${OUT:-/tmp/issue20-int8}; mkdir -p "$OUT"
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_quant_vulkan.py tests/test_mixed_placement.py 2>&1 \
     | tee "$OUT/tests.log" | tail -4
 timeout 200 python3 -m inferd.cli bench quant --device vulkan --models squeezenet1_1,mobilenetv2,resnet18 \
-    --schemes qdq_s8s8,qdq_u8s8_pc --repeat 30 --cold-repeat 0 --out "$OUT" 2>&1 | grep "^|"
+    --schemes qdq_s8s8,qdq_u8s8_pc --repeat 60 --cold-repeat 1 --out "$OUT" 2>&1 | grep "^|"
 timeout 100 python3 - <<'PY'
 import collections, numpy as np, onnx
 from inferd.frontend import import_model
