@@ -103,6 +103,11 @@ case("qconv_gemm_1d", "QLinearConv", [ins[0][:, :, 0]] + ins[1:3] + [ins[3][:, :
      "vk_qconv_gemm")
 ins, at = qconv(U8, I8, 2, 37, 9, 11, 70, 3, 3, per_channel=True, pads=[1, 1, 1, 1])
 case("qconv_gemm_tiles_with_tails", "QLinearConv", ins, at, "vk_qconv_gemm")  # M 70, K 333, P 99: partial tiles
+# vk_qconv_dot: every vk_qconv_gemm case again on the packed 4x8-bit dot product (where the device has it)
+for cid, op, ins, at, kern, st in [c for c in CASES if c[4] == "vk_qconv_gemm"]:
+    case(cid.replace("qconv_gemm_", "qconv_dot_"), op, ins, at, "vk_qconv_dot", st)
+ins, at = qconv(U8, U8, 1, 7, 6, 5, 16, 3, 3, per_channel=True, pads=[2, 0, 1, 2])
+case("qconv_dot_u8u8_zero_points_in_the_pads", "QLinearConv", ins, at, "vk_qconv_dot")  # pads read as x's zero point
 case("qmaxpool_int8", "MaxPool", [q8(I8, 2, 3, 9, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
      "vk_qmaxpool")
 case("qmaxpool_uint8_ceil", "MaxPool", [q8(U8, 1, 5, 13, 13)], {"kernel_shape": [3, 3], "strides": [2, 2],
@@ -165,6 +170,8 @@ def test_quantised_kernel_matches_oracle(device: Any, cid: str, op: str, ins: li
                                          steps: int) -> None:
     from inferd.vulkan.testing import run_single
 
+    if kernel == "vk_qconv_dot" and not device.features.get("shaderIntegerDotProduct"):
+        pytest.skip("the device has no packed integer dot product (VK_KHR_shader_integer_dot_product)")
     got, ref, stats = run_single(device, op, ins, attrs, _const(op, ins), kernel)
     assert stats["kernels"] == {"n0": kernel}
     (g,), (r,) = got, ref
@@ -270,3 +277,54 @@ def test_cpu_type_device_keeps_int8_layers_on_the_cpu_kernels() -> None:
     finally:
         cpu.close()
         gpu.close()
+
+
+def test_int8_conv_kernel_follows_the_integer_dot_product_caps() -> None:
+    """The packed dot-product conv is the default only where the device accelerates it on a trusted driver, after
+    the plain GEMM where it only has the instructions, never without them or on a CPU-type device."""
+    from inferd.ops.base import single_node_layer
+    from inferd.ops.quant_vulkan import VkQConvDot, VkQConvGemm
+    from inferd.vulkan.kernel import UNUSABLE_PRIORITY, Caps
+
+    layer = single_node_layer("QLinearConv", qconv(I8, I8, 1, 4, 5, 5, 16, 3, 3)[0])
+    dot, gemm = VkQConvDot(), VkQConvGemm()
+    assert dot.device_priority(Caps(int_dot=2), layer) < gemm.device_priority(Caps(int_dot=2), layer)
+    assert dot.device_priority(Caps(int_dot=1), layer) > gemm.device_priority(Caps(int_dot=1), layer)
+    assert dot.device_priority(Caps(int_dot=1), layer) < UNUSABLE_PRIORITY
+    assert dot.device_priority(Caps(int_dot=0), layer) == UNUSABLE_PRIORITY
+    assert dot.device_priority(Caps(int_dot=2, device_type="cpu"), layer) == UNUSABLE_PRIORITY
+
+
+def test_integer_dot_product_masked_and_untrusted_drivers() -> None:
+    """$INFERD_VK_MASK_FEATURES hides the integer dot product as it hides the others, and a driver on the list
+    of those known to compute it wrong is never reported accelerated."""
+    from inferd.vulkan import features as F
+
+    assert {"shaderIntegerDotProduct", "integerDotProduct4x8Accelerated"} <= set(F.FEATURES)
+
+    class _Vk:  # the calls _dot_accelerated makes, answering as an AMD driver that says "accelerated"
+        VK_DRIVER_ID_AMD_PROPRIETARY, VK_DRIVER_ID_AMD_OPEN_SOURCE = 1, 2
+
+        class _S:
+            def __init__(self, **kw):
+                self.__dict__.update(kw)
+
+        def VkPhysicalDeviceShaderIntegerDotProductProperties(self):
+            return self._S(integerDotProduct4x8BitPackedSignedAccelerated=1,
+                           integerDotProduct4x8BitPackedUnsignedAccelerated=1,
+                           integerDotProduct4x8BitPackedMixedSignednessAccelerated=1)
+
+        def VkPhysicalDeviceDriverProperties(self, pNext):
+            return self._S(driverID=self.driver, pNext=pNext)
+
+        def VkPhysicalDeviceProperties2(self, pNext):
+            return self._S(pNext=pNext)
+
+        def vkGetPhysicalDeviceProperties2(self, physical, p2):
+            pass
+
+    vk = _Vk()
+    vk.driver = 1
+    assert not F._dot_accelerated(vk, None, {"VK_KHR_driver_properties"})
+    vk.driver = 4  # NVIDIA's proprietary driver
+    assert F._dot_accelerated(vk, None, {"VK_KHR_driver_properties"})

@@ -174,6 +174,9 @@ class VkQConvGemm(VkQLinearConv):
     name = "vk_qconv_gemm"
     priority = 40
     MIN_M = 8
+    shader = "qconv_gemm"
+    #: the params the GEMM shader binds after the input, in binding order
+    weights: tuple[str, ...] = ("w", "wz")
 
     def applies(self, layer: Layer) -> bool:
         if not super().applies(layer):
@@ -212,10 +215,51 @@ class VkQConvGemm(VkQLinearConv):
         spec = {"KH": g.kh, "KW": g.kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw}
         defs = {"XS": _signed(layer.inputs[0]), "WS": _signed(layer.inputs[3])}
         groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group * s)
-        return [Dispatch("qconv_gemm", (In(0), Param("w"), Param("wz"), Ws("part")), groups, defs, spec, push),
+        return [Dispatch(self.shader, (In(0),) + tuple(Param(k) for k in self.weights) + (Ws("part"),), groups, defs,
+                         spec, push),
                 Dispatch("qsplitk", (Ws("part"), Param("b"), Param("m"), Out(0)), grid(-(-n // 4), 256, caps),
                          push={"total": n, "S": s, "inner": g.oh * g.ow, "channels": g.cout, "zy": zy, "lo": lo,
                                "hi": hi})]
+
+
+@register_kernel
+class VkQConvDot(VkQConvGemm):
+    """``vk_qconv_gemm`` on the packed 4x8-bit integer dot product (``qconv_dot.comp``: four multiply-adds an
+    instruction, zero points taken out after; weights packed four K steps to a word). The default where the
+    device runs it on dedicated units and its driver is trusted (``Caps.int_dot`` 2); usable, after the plain
+    GEMM, where it only has the instructions (1); never without them (0)."""
+
+    name = "vk_qconv_dot"
+    priority = 30
+    shader = "qconv_dot"
+    weights = ("w", "wc", "wz")
+
+    def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
+        if caps.int_dot == 0 or caps.device_type == "cpu":
+            return UNUSABLE_PRIORITY
+        return self.priority if caps.int_dot == 2 else VkQConvGemm.priority + 20
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super().transform(layer, raw)
+        g = layer_geom(layer).as2d()
+        assert g is not None
+        mg = g.cout // g.group
+        k = (g.cin // g.group) * g.kh * g.kw
+        k4 = -(-k // 4)
+        w = np.asarray(raw[raw_key(3)]).reshape(g.group, mg, k)
+        wp = np.zeros((g.group, mg, 4 * k4), w.dtype)
+        wp[..., :k] = w  # taps past K weigh 0 (the shader reads their x as 0 too)
+        out["w"] = _words(wp.reshape(g.group, mg, k4, 4).transpose(0, 2, 1, 3))  # [G, K4, M] words
+        zx = int(out["q"][0])
+        # the constant part of sum (x - zx)(w - zw) over the K taps: K zx zw - zx sum w, per output channel
+        out["wc"] = (k * zx * out["wz"].astype(np.int64) - zx * w.astype(np.int64).sum(axis=2).reshape(-1)).astype(I32)
+        return out
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        g = layer_geom(layer).as2d()
+        assert g is not None
+        k = (g.cin // g.group) * g.kh * g.kw
+        return g.group * -(-k // 4) * 4 * (g.cout // g.group) + 16 * g.cout + 16
 
 
 def _pool_push(layer: Layer) -> dict[str, int] | None:

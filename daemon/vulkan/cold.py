@@ -184,7 +184,9 @@ class VulkanColdBackend:
             self.shader_cache = ShaderCache(cache)
         c = dev.caps
         self.caps = Caps(c.subgroup_size, c.max_shared_bytes, c.max_workgroup_invocations, c.max_workgroup_count,
-                         c.vendor_id, c.device_type, coopmat=bool(dev.features.get("cooperativeMatrixNV")))
+                         c.vendor_id, c.device_type, coopmat=bool(dev.features.get("cooperativeMatrixNV")),
+                         int_dot=2 if dev.features.get("integerDotProduct4x8Accelerated")
+                         else int(bool(dev.features.get("shaderIntegerDotProduct"))))
         try:
             self._setup(dict(kernels or {}))
         except BaseException:

@@ -6,6 +6,10 @@ feature structs chained; ``feature_chain`` builds the pNext chain that enables t
 created without it). ``$INFERD_VK_MASK_FEATURES`` (comma-separated names, or ``all``) hides features
 as if the driver lacked them: the fallback paths are tested that way on a device that has them.
 
+``shaderIntegerDotProduct`` (VK_KHR_shader_integer_dot_product) lets the int8 convolution use the packed 4x8-bit
+dot product; ``integerDotProduct4x8Accelerated`` says the device runs it on dedicated units (every signedness)
+and its driver is not one known to get it wrong (``BAD_DOT_DRIVERS``): only then is it the default.
+
 ``cooperativeMatrixNV`` stands for what ``conv_gemm_coop.comp`` needs: VK_NV_cooperative_matrix with a
 16x16x16 fp16 x fp16 + fp32 subgroup shape, the Vulkan memory model (the shader's SPIR-V declares it)
 and shaderFloat16. Its shape is checked in the driver's property list when the instance can list it.
@@ -20,7 +24,11 @@ log = logging.getLogger("inferd.vulkan")
 
 #: the features the precision planner reads (names as in the Vulkan structs)
 FEATURES = ("storageBuffer16BitAccess", "uniformAndStorageBuffer16BitAccess", "storagePushConstant16",
-            "shaderFloat16", "shaderInt8", "cooperativeMatrixNV")
+            "shaderFloat16", "shaderInt8", "cooperativeMatrixNV", "shaderIntegerDotProduct",
+            "integerDotProduct4x8Accelerated")
+#: drivers whose "accelerated" packed integer dot products are known to compute wrong answers (AMD's drivers on
+#: GCN and RDNA 1-2, design notes): the int8 kernels keep their plain int32 path there
+BAD_DOT_DRIVERS = ("VK_DRIVER_ID_AMD_PROPRIETARY", "VK_DRIVER_ID_AMD_OPEN_SOURCE")
 COOP_EXTS = ("VK_NV_cooperative_matrix", "VK_KHR_vulkan_memory_model")
 #: VkComponentTypeNV / VkScopeNV values of the one shape conv_gemm_coop.comp uses
 _FLOAT16, _FLOAT32, _SCOPE_SUBGROUP = 0, 1, 3
@@ -43,6 +51,19 @@ def _coop_shape_listed(vk: Any, instance: Any, physical: Any) -> bool:
     return False
 
 
+def _dot_accelerated(vk: Any, physical: Any, exts: set[str]) -> bool:
+    """Whether the 4x8-bit packed dot products (signed, unsigned and mixed: every int8/uint8 pairing) run on the
+    device's integer dot-product units, on a driver not known to get them wrong."""
+    pr = vk.VkPhysicalDeviceShaderIntegerDotProductProperties()
+    dr = vk.VkPhysicalDeviceDriverProperties(pNext=pr) if "VK_KHR_driver_properties" in exts else None
+    vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=dr if dr is not None else pr))
+    if dr is not None and int(dr.driverID) in {int(getattr(vk, n, -1)) for n in BAD_DOT_DRIVERS}:
+        log.info("Vulkan: integer dot products reported accelerated by a driver known to get them wrong; not used")
+        return False
+    return bool(pr.integerDotProduct4x8BitPackedSignedAccelerated and pr.integerDotProduct4x8BitPackedUnsignedAccelerated
+                and pr.integerDotProduct4x8BitPackedMixedSignednessAccelerated)
+
+
 def read_features(vk: Any, physical: Any, api_version: int, instance: Any = None) -> dict[str, bool]:
     """The optional features of ``physical`` (all False on a driver that cannot report them)."""
     out = {f: False for f in FEATURES}
@@ -57,6 +78,9 @@ def read_features(vk: Any, physical: Any, api_version: int, instance: Any = None
             cm = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=s16)
             mm = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(pNext=cm)
             head = mm
+        idp = None
+        if "VK_KHR_shader_integer_dot_product" in exts:
+            idp = head = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(pNext=head)
         f2 = vk.VkPhysicalDeviceFeatures2(pNext=head)
         vk.vkGetPhysicalDeviceFeatures2(physical, f2)
         for f in FEATURES[:3]:
@@ -71,6 +95,12 @@ def read_features(vk: Any, physical: Any, api_version: int, instance: Any = None
                 out["cooperativeMatrixNV"] = instance is not None and _coop_shape_listed(vk, instance, physical)
             except Exception as e:
                 log.info("Vulkan: cooperative-matrix shapes not readable (%s); not using them", e)
+        if idp is not None and idp.shaderIntegerDotProduct:
+            out["shaderIntegerDotProduct"] = True
+            try:
+                out["integerDotProduct4x8Accelerated"] = _dot_accelerated(vk, physical, exts)
+            except Exception as e:
+                log.info("Vulkan: integer dot-product properties not readable (%s); not using them", e)
     except Exception as e:  # a 1.0-only driver: no optional features
         log.info("Vulkan: device features not readable (%s); assuming none", e)
     hide = masked()
@@ -84,17 +114,19 @@ def read_features(vk: Any, physical: Any, api_version: int, instance: Any = None
 def feature_chain(vk: Any, features: dict[str, bool], api_version: int) -> tuple[Any, list[str]]:
     """(pNext chain for ``VkDeviceCreateInfo``, extensions to enable) turning on the present features."""
     exts: list[str] = []
-    s16 = vk.VkPhysicalDevice16BitStorageFeatures(
+    head = vk.VkPhysicalDevice16BitStorageFeatures(
         storageBuffer16BitAccess=features.get("storageBuffer16BitAccess", False),
         uniformAndStorageBuffer16BitAccess=features.get("uniformAndStorageBuffer16BitAccess", False),
         storagePushConstant16=features.get("storagePushConstant16", False))
-    if not (features.get("shaderFloat16") or features.get("shaderInt8")):
-        return s16, exts
-    exts.append("VK_KHR_shader_float16_int8")  # read_features reports them only where it is present
-    f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(shaderFloat16=features.get("shaderFloat16", False),
-                                                      shaderInt8=features.get("shaderInt8", False), pNext=s16)
-    if not features.get("cooperativeMatrixNV"):
-        return f16, exts
-    exts += list(COOP_EXTS)
-    cm = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(cooperativeMatrix=True, pNext=f16)
-    return vk.VkPhysicalDeviceVulkanMemoryModelFeatures(vulkanMemoryModel=True, pNext=cm), exts
+    if features.get("shaderFloat16") or features.get("shaderInt8"):
+        exts.append("VK_KHR_shader_float16_int8")  # read_features reports them only where it is present
+        head = vk.VkPhysicalDeviceShaderFloat16Int8Features(shaderFloat16=features.get("shaderFloat16", False),
+                                                           shaderInt8=features.get("shaderInt8", False), pNext=head)
+        if features.get("cooperativeMatrixNV"):
+            exts += list(COOP_EXTS)
+            cm = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(cooperativeMatrix=True, pNext=head)
+            head = vk.VkPhysicalDeviceVulkanMemoryModelFeatures(vulkanMemoryModel=True, pNext=cm)
+    if features.get("shaderIntegerDotProduct"):  # qconv_dot.comp's SPIR-V needs it on, accelerated or not
+        exts.append("VK_KHR_shader_integer_dot_product")
+        head = vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(shaderIntegerDotProduct=True, pNext=head)
+    return head, exts

@@ -101,6 +101,8 @@ class Caps:
     device_type: str = "discrete"
     #: the device runs conv_gemm_coop.comp (features.py's cooperativeMatrixNV)
     coopmat: bool = False
+    #: packed 4x8-bit integer dot products (features.py): 0 none, 1 available, 2 accelerated on a trusted driver
+    int_dot: int = 0
 
 
 #: Node attribute the Vulkan backend sets on a layer its precision plan runs with fp16 weights: the
