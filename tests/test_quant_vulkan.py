@@ -204,9 +204,10 @@ def _on_cpu_type_device() -> bool:
     return get_device().caps.device_type == "cpu"
 
 
+@pytest.mark.parametrize("conv", ["vk_qconv_gemm", "vk_qconv_dot"])
 @pytest.mark.parametrize("name,scheme", [("squeezenet1_1", "qdq_s8s8"), ("mobilenetv2", "qdq_u8s8_pc"),
                                          pytest.param("resnet18", "qdq_s8s8", marks=pytest.mark.slow)])
-def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str) -> None:
+def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str, conv: str) -> None:
     """A zoo model quantised by onnxruntime runs with every node on the GPU, gives the CPU kernels' integers
     (which tests/test_quant.py holds to onnxruntime layer by layer) and onnxruntime's output within a step."""
     import onnx
@@ -215,17 +216,22 @@ def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str) -> Non
 
     from inferd.zoo import quant as zquant
 
+    from inferd.vulkan.device import get_device
+
+    if conv == "vk_qconv_dot" and not get_device().features.get("shaderIntegerDotProduct"):
+        pytest.skip("the device has no packed integer dot product")
     path = zquant.quantized(zoo_path(name), scheme)
     feeds = zquant.calibration_feeds(path, n=1, seed=7)[0]
     cpu = inferd.load(str(path), device="cpu")
     # forced: on a CPU-type device (lavapipe) the placement keeps int8 layers on the CPU's faster native kernels;
-    # by name, the GEMM conv for every conv it takes (what a GPU's placement picks), the direct one for the rest
+    # by name, the GEMM conv (plain or dot-product) for every conv it takes (what a GPU's placement picks), the
+    # direct one for the rest
     from inferd.frontend import import_model
     from inferd.ops.base import Layer
     from inferd.ops.quant_vulkan import VkQConvGemm
 
     g = import_model(path)
-    gemm = {n.name: "vk_qconv_gemm" for n in g.nodes if n.op == "QLinearConv" and VkQConvGemm().applies(Layer.of(n, g))}
+    gemm = {n.name: conv for n in g.nodes if n.op == "QLinearConv" and VkQConvGemm().applies(Layer.of(n, g))}
     assert gemm
     gpu = inferd.load(str(path), device="vulkan", kernels={**INT8_KERNELS, **gemm})
     try:
@@ -233,7 +239,7 @@ def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str) -> Non
         got = list(gpu.run(feeds).values())[0]
         on_cpu = {n: k for n, k in gpu.kernels.items() if k.startswith(("cpu", "host"))}
         assert not on_cpu, f"nodes placed on the CPU: {on_cpu}"
-        assert {gpu.kernels[n] for n in gemm} == {"vk_qconv_gemm"}, gpu.kernels
+        assert {gpu.kernels[n] for n in gemm} == {conv}, gpu.kernels
     finally:
         cpu.close()
         gpu.close()
