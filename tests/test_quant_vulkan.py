@@ -8,7 +8,6 @@ division may differ from numpy's in the last bit, so it is held to one step.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ import inferd
 import inferd.ops  # noqa: F401  (registers ops and CPU kernels)
 import inferd.vulkan
 from inferd.ops.quant_vulkan import INT8_KERNELS
+from vkutil import validated_device
 
 pytestmark = [pytest.mark.vulkan,
               pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
@@ -71,41 +71,31 @@ case("quantize_axis_int8", "QuantizeLinear", [RNG.standard_normal((2, 3, 5)).ast
 case("dequantize_tensor_uint8", "DequantizeLinear", [q8(U8, 3, 7, 5), s(0.07), z(U8, 131)], kernel="vk_quant")
 case("dequantize_axis_int8", "DequantizeLinear", [q8(I8, 2, 5, 3), np.linspace(0.01, 0.2, 3).astype(F32),
                                                   np.array([1, 0, -4], I8)], {"axis": -1}, kernel="vk_quant")
-for xt, wt, tag in ((I8, I8, "s8s8"), (U8, I8, "u8s8"), (U8, U8, "u8u8"), (I8, U8, "s8u8")):
-    ins, at = qconv(xt, wt, 1, 5, 9, 11, 7, 3, 3, pads=[1, 1, 1, 1])
-    case(f"qconv_3x3_{tag}", "QLinearConv", ins, at, "vk_qconv")
-ins, at = qconv(U8, I8, 2, 6, 13, 10, 9, 3, 2, per_channel=True, strides=[2, 1], dilations=[1, 2], pads=[0, 2, 1, 1])
-case("qconv_per_channel_strided_dilated_asym_pads", "QLinearConv", ins, at, "vk_qconv")
+def conv_cases(k: int) -> list[tuple[str, list, dict]]:
+    """QLinearConv geometries with ``k`` output channels per group (the GEMM kernels take 8 or more)."""
+    out = [(f"3x3_{tag}", *qconv(xt, wt, 1, 5, 9, 11, k, 3, 3, pads=[1, 1, 1, 1]))
+           for xt, wt, tag in ((I8, I8, "s8s8"), (U8, I8, "u8s8"), (U8, U8, "u8u8"), (I8, U8, "s8u8"))]
+    out.append(("per_channel_strided_dilated_asym_pads", *qconv(U8, I8, 2, 6, 13, 10, k, 3, 2, per_channel=True,
+                                                               strides=[2, 1], dilations=[1, 2], pads=[0, 2, 1, 1])))
+    out.append(("grouped_1x1_no_bias", *qconv(U8, I8, 1, 8, 5, 6, 2 * k, 1, 1, group=2, bias=False)))
+    out.append(("int8_in_uint8_out", *qconv(I8, I8, 1, 3, 1, 17, k, 1, 4, yt=U8, pads=[0, 1, 0, 2])))
+    ins, at = qconv(U8, I8, 1, 4, 6, 6, k, 3, 3, pads=[1, 1, 1, 1])
+    out.append(("fused_relu_clamp", ins, {**at, "qclamp": (125, 255)}))
+    ins, _ = qconv(I8, I8, 2, 3, 1, 19, k, 1, 5)
+    out.append(("1d", [ins[0][:, :, 0]] + ins[1:3] + [ins[3][:, :, 0]] + ins[4:], {"pads": [2, 1]}))
+    return out
+
+
+for tag, ins, at in conv_cases(5):  # few output channels: the direct kernel
+    case(f"qconv_{tag}", "QLinearConv", ins, at, "vk_qconv")
+for tag, ins, at in conv_cases(10):  # the GEMM kernels, plain and on the packed dot product
+    for kern in ("vk_qconv_gemm", "vk_qconv_dot"):
+        case(f"{kern[3:]}_{tag}", "QLinearConv", ins, at, kern)
 ins, at = qconv(I8, I8, 1, 12, 7, 7, 12, 3, 3, per_channel=True, group=12, pads=[1, 1, 1, 1], strides=[2, 2])
 case("qconv_depthwise", "QLinearConv", ins, at, "vk_qconv")
-ins, at = qconv(U8, I8, 1, 8, 5, 6, 6, 1, 1, group=2, bias=False)
-case("qconv_grouped_1x1_no_bias", "QLinearConv", ins, at, "vk_qconv")
-ins, at = qconv(I8, I8, 1, 3, 1, 17, 5, 1, 4, yt=U8, pads=[0, 1, 0, 2])
-case("qconv_int8_in_uint8_out", "QLinearConv", ins, at, "vk_qconv")
-ins, at = qconv(U8, I8, 1, 4, 6, 6, 3, 3, 3, pads=[1, 1, 1, 1])
-case("qconv_fused_relu_clamp", "QLinearConv", ins, {**at, "qclamp": (125, 255)}, "vk_qconv")
-ins, _ = qconv(I8, I8, 2, 3, 1, 19, 4, 1, 5)
-case("qconv_1d", "QLinearConv", [ins[0][:, :, 0]] + ins[1:3] + [ins[3][:, :, 0]] + ins[4:], {"pads": [2, 1]}, "vk_qconv")
-# vk_qconv_gemm (at least 8 output channels per group)
-for xt, wt, tag in ((I8, I8, "s8s8"), (U8, I8, "u8s8"), (U8, U8, "u8u8"), (I8, U8, "s8u8")):
-    ins, at = qconv(xt, wt, 1, 5, 9, 11, 10, 3, 3, pads=[1, 1, 1, 1])
-    case(f"qconv_gemm_3x3_{tag}", "QLinearConv", ins, at, "vk_qconv_gemm")
-ins, at = qconv(U8, I8, 2, 6, 13, 10, 9, 3, 2, per_channel=True, strides=[2, 1], dilations=[1, 2], pads=[0, 2, 1, 1])
-case("qconv_gemm_per_channel_strided_dilated_asym_pads", "QLinearConv", ins, at, "vk_qconv_gemm")
-ins, at = qconv(U8, I8, 1, 8, 5, 6, 20, 1, 1, group=2, bias=False)
-case("qconv_gemm_grouped_1x1_no_bias", "QLinearConv", ins, at, "vk_qconv_gemm")
-ins, at = qconv(I8, I8, 1, 3, 1, 17, 11, 1, 4, yt=U8, pads=[0, 1, 0, 2])
-case("qconv_gemm_int8_in_uint8_out", "QLinearConv", ins, at, "vk_qconv_gemm")
-ins, at = qconv(U8, I8, 1, 4, 6, 6, 12, 3, 3, pads=[1, 1, 1, 1])
-case("qconv_gemm_fused_relu_clamp", "QLinearConv", ins, {**at, "qclamp": (125, 255)}, "vk_qconv_gemm")
-ins, _ = qconv(I8, I8, 2, 3, 1, 19, 8, 1, 5)
-case("qconv_gemm_1d", "QLinearConv", [ins[0][:, :, 0]] + ins[1:3] + [ins[3][:, :, 0]] + ins[4:], {"pads": [2, 1]},
-     "vk_qconv_gemm")
 ins, at = qconv(U8, I8, 2, 37, 9, 11, 70, 3, 3, per_channel=True, pads=[1, 1, 1, 1])
-case("qconv_gemm_tiles_with_tails", "QLinearConv", ins, at, "vk_qconv_gemm")  # M 70, K 333, P 99: partial tiles
-# vk_qconv_dot: every vk_qconv_gemm case again on the packed 4x8-bit dot product (where the device has it)
-for cid, op, ins, at, kern, st in [c for c in CASES if c[4] == "vk_qconv_gemm"]:
-    case(cid.replace("qconv_gemm_", "qconv_dot_"), op, ins, at, "vk_qconv_dot", st)
+for kern in ("vk_qconv_gemm", "vk_qconv_dot"):  # M 70, K 333, P 99: partial tiles, and split-K in two
+    case(f"{kern[3:]}_tiles_with_tails", "QLinearConv", ins, at, kern)
 ins, at = qconv(U8, U8, 1, 7, 6, 5, 16, 3, 3, per_channel=True, pads=[2, 0, 1, 2])
 case("qconv_dot_u8u8_zero_points_in_the_pads", "QLinearConv", ins, at, "vk_qconv_dot")  # pads read as x's zero point
 case("qmaxpool_int8", "MaxPool", [q8(I8, 2, 3, 9, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
@@ -154,15 +144,7 @@ def _const(op: str, ins: list) -> list[bool]:
 
 @pytest.fixture(scope="module")
 def device(tmp_path_factory: pytest.TempPathFactory):
-    from inferd.vulkan.device import VulkanConfig, VulkanDevice
-
-    tmp = tmp_path_factory.mktemp("vkq")
-    os.environ["MESA_SHADER_CACHE_DIR"] = str(tmp / "mesa")
-    dev = VulkanDevice(VulkanConfig(debug=True, cache_dir=str(tmp / "cache")))
-    yield dev
-    errors = dev.validation_errors
-    dev.close()
-    assert not errors, f"validation layer errors: {errors[:5]}"
+    yield from validated_device(tmp_path_factory.mktemp("vkq"))
 
 
 @pytest.mark.parametrize("cid,op,ins,attrs,kernel,steps", CASES, ids=[c[0] for c in CASES])

@@ -3,7 +3,6 @@ storage), with the validation layers on and no validation error; plus one model 
 family forced to the shared-memory implicit GEMM (the GPU default, not lavapipe's)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 import inferd.ops  # noqa: F401
 import inferd.vulkan
 from inferd.zoo import ZOO
+from vkutil import validated_device
 from zoo_fixture import zoo_dir
 
 pytestmark = [pytest.mark.vulkan, pytest.mark.slow,
@@ -23,14 +23,7 @@ TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def device(tmp_path_factory: pytest.TempPathFactory):
-    from inferd.vulkan.device import VulkanConfig, VulkanDevice
-    tmp = tmp_path_factory.mktemp("vkzoo")
-    os.environ["MESA_SHADER_CACHE_DIR"] = str(tmp / "mesa")
-    dev = VulkanDevice(VulkanConfig(debug=True, cache_dir=str(tmp / "cache")))
-    yield dev
-    errors = dev.validation_errors
-    dev.close()
-    assert not errors, errors[:5]
+    yield from validated_device(tmp_path_factory.mktemp("vkzoo"))
 
 
 def _ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
