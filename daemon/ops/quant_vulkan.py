@@ -1,14 +1,18 @@
-"""Vulkan kernels for int8 models: QuantizeLinear, DequantizeLinear and QLinearConv on the integers (the QDQ
-patterns import fuses, ``inferd.frontend.quantfuse``), so a quantised model's convolutions run on the GPU
-instead of falling back to the CPU.
+"""Vulkan kernels for int8 models: the ops import fuses a QDQ model into (``inferd.frontend.quantfuse``) run on the
+integers on the GPU instead of falling back to the CPU: QuantizeLinear / DequantizeLinear (``quant.comp``),
+QLinearConv (``qconv_gemm.comp`` or ``qconv_dot.comp`` then ``qsplitk.comp``; ``qconv.comp`` for depthwise and
+other narrow groups), QLinearMatMul with a constant B (``qmatmul.comp``), QLinearAdd/Mul (``qbinary.comp``),
+QLinearConcat (``qconcat.comp``), QLinearGlobalAveragePool and int8 MaxPool (``qpool.comp``).
 
-This is the plain int32 path of issue 20: 8-bit tensors live in device buffers as bytes and are read out of
-32-bit words (``shaders/q8.glsl``), so no 8-bit storage feature is needed; products are summed in int32 and
-requantised exactly as onnxruntime's MLAS does (``rint(float32(acc) * m) + zp``, the multiplier computed on the
-host as ``inferd.ops.quant.conv_multiplier``), so a layer gives the numpy oracle's integers. Shaders:
-``quant.comp`` (QOP 0 quantise, 1 dequantise) and ``qconv.comp``. What these kernels do not take (16-bit
-quantisation, float16 scales, run-time quantisation parameters, convs of other ranks) stays on the CPU, which
-the backend's placement does by itself.
+8-bit tensors live in device buffers as bytes and are read out of 32-bit words (``shaders/q8.glsl``), so no 8-bit
+storage feature is needed; kernels that write them compute four consecutive outputs per invocation (or pack an
+int32 workspace) so no two invocations write one word. Sums are exact int32, requantised as onnxruntime's MLAS
+does (``rint(float32(acc) * m) + zp``, the multiplier computed on the host as ``inferd.ops.quant.conv_multiplier``),
+so a layer gives the numpy oracle's integers. The GEMM convolution uses the packed 4x8-bit integer dot product
+where the device accelerates it on a trusted driver (``Caps.int_dot``), plain arithmetic otherwise. What these
+kernels do not take (16-bit quantisation, float16 scales, run-time quantisation parameters, a B computed at run
+time, convs of other ranks) stays on the CPU, which the backend's placement does by itself; on a CPU-type device
+(lavapipe) all of them do (``_Int8Kernel.device_priority``).
 """
 from __future__ import annotations
 
@@ -29,10 +33,11 @@ class _Int8Kernel(VulkanKernel):
     io_dtypes = ("int8", "uint8")
 
     def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
-        # Unusable on a CPU-type device (lavapipe), so the placement keeps int8 layers on the CPU's int8 kernels
-        # there: emulating a GPU on the same cores runs these one-sum-per-output shaders ~25x slower than the
-        # native int8 kernels (squeezenet1_1 s8s8 on the 2-core VM: 1.9 s vs 4 ms warm). They still run there
-        # when a plan or the caller names them (the tests force them, to check them on lavapipe).
+        # Unusable on a CPU-type device (lavapipe), so the placement keeps int8 layers on the CPU's native int8
+        # kernels there: emulating a GPU on the same cores is far slower (squeezenet1_1 s8s8 on the 2-core VM,
+        # direct convs forced: 2.4 s warm against 15 ms with the int8 layers on the CPU; bench/results/
+        # 2026-11-28_quant_vulkan_*vm.md). They still run there when a plan or the caller names them (the tests
+        # force them, to check them on lavapipe).
         return UNUSABLE_PRIORITY if caps.device_type == "cpu" else self.priority
 
 
