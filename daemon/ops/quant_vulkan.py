@@ -146,11 +146,15 @@ class VkQLinearConv(_Int8Kernel):
         mult = conv_multiplier(raw[raw_key(1)], raw[raw_key(4)], raw[raw_key(6)])
         lo, hi = _clamped(layer)
         q = np.array([int(_scalar(raw, layer, 2)), int(_scalar(raw, layer, 7)), lo, hi], I32)
-        return {"w": _words(np.asarray(raw[raw_key(3)])),
+        return {"w": self._pack(layer, np.asarray(raw[raw_key(3)])),
                 "wz": np.ascontiguousarray(np.broadcast_to(wz, (cout,))),
                 "b": np.ascontiguousarray(np.broadcast_to(bias, (cout,))),
                 "m": np.ascontiguousarray(np.broadcast_to(np.asarray(mult, F32).reshape(-1), (cout,))),
                 "q": q}
+
+    def _pack(self, layer: Layer, w: np.ndarray) -> np.ndarray:
+        """The weights as this kernel's shader reads them: here [Cout, Cin/G, KH, KW] bytes."""
+        return _words(w)
 
     def transformed_nbytes(self, layer: Layer) -> int:
         g = layer_geom(layer)
@@ -172,9 +176,8 @@ class VkQLinearConv(_Int8Kernel):
 class VkQConvGemm(VkQLinearConv):
     """QLinearConv as an implicit GEMM with 64x64 shared-memory tiles of centred integers (``qconv_gemm.comp``,
     split-K where the output has few tiles) into int32 partial sums, then summed, requantised and packed to bytes
-    (``qsplitk.comp``). For convs with at least ``MIN_M`` output
-    channels per group (a depthwise conv's one channel per group would leave a 64-row tile nearly empty: the
-    direct kernel takes those)."""
+    (``qsplitk.comp``). For convs with at least ``MIN_M`` output channels per group (a depthwise conv's one channel
+    per group would leave a 64-row tile nearly empty: the direct kernel takes those)."""
 
     name = "vk_qconv_gemm"
     priority = 40
@@ -189,14 +192,9 @@ class VkQConvGemm(VkQLinearConv):
         g = layer_geom(layer).as2d()
         return g is not None and g.cout // g.group >= self.MIN_M
 
-    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = super().transform(layer, raw)
-        g = layer_geom(layer).as2d()
-        assert g is not None
-        mg = g.cout // g.group
-        w = np.asarray(raw[raw_key(3)]).reshape(g.group, mg, -1)  # [G, M, K] -> k-major [G, K, M]
-        out["w"] = _words(np.ascontiguousarray(w.transpose(0, 2, 1)))
-        return out
+    def _pack(self, layer: Layer, w: np.ndarray) -> np.ndarray:
+        g = layer_geom(layer)
+        return _words(w.reshape(g.group, g.cout // g.group, -1).transpose(0, 2, 1))  # k-major [G, K, M] bytes
 
     def _split(self, layer: Layer) -> tuple[int, int]:
         """(splits, K per split): split-K where the output has few 64x64 tiles (``vulkan.kernel.split_k``)."""
@@ -244,20 +242,23 @@ class VkQConvDot(VkQConvGemm):
             return UNUSABLE_PRIORITY
         return self.priority if caps.int_dot == 2 else VkQConvGemm.priority + 20
 
+    def _pack(self, layer: Layer, w: np.ndarray) -> np.ndarray:
+        g = layer_geom(layer)
+        mg = g.cout // g.group
+        w = w.reshape(g.group, mg, -1)
+        k = w.shape[2]
+        wp = np.zeros((g.group, mg, -(-k // 4) * 4), w.dtype)
+        wp[..., :k] = w  # taps past K weigh 0 (the shader reads their x as 0 too)
+        return _words(wp.reshape(g.group, mg, -1, 4).transpose(0, 2, 1, 3))  # [G, K4, M] words of 4 K steps
+
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = super().transform(layer, raw)
-        g = layer_geom(layer).as2d()
-        assert g is not None
-        mg = g.cout // g.group
-        k = (g.cin // g.group) * g.kh * g.kw
-        k4 = -(-k // 4)
-        w = np.asarray(raw[raw_key(3)]).reshape(g.group, mg, k)
-        wp = np.zeros((g.group, mg, 4 * k4), w.dtype)
-        wp[..., :k] = w  # taps past K weigh 0 (the shader reads their x as 0 too)
-        out["w"] = _words(wp.reshape(g.group, mg, k4, 4).transpose(0, 2, 1, 3))  # [G, K4, M] words
+        w = np.asarray(raw[raw_key(3)])
+        k = w[0].size  # taps per output channel: Cin/G x KH x KW
         zx = int(out["q"][0])
         # the constant part of sum (x - zx)(w - zw) over the K taps: K zx zw - zx sum w, per output channel
-        out["wc"] = (k * zx * out["wz"].astype(np.int64) - zx * w.astype(np.int64).sum(axis=2).reshape(-1)).astype(I32)
+        wsum = w.reshape(len(w), -1).astype(np.int64).sum(axis=1)
+        out["wc"] = (k * zx * out["wz"].astype(np.int64) - zx * wsum).astype(I32)
         return out
 
     def transformed_nbytes(self, layer: Layer) -> int:
