@@ -44,7 +44,10 @@ def qconv(xt: Any, wt: Any, n: int, c: int, h: int, w: int, k: int, kh: int, kw:
     g = attrs.get("group", 1)
     yt = yt or xt
     ws = (np.abs(RNG.standard_normal(k)).astype(F32) * 0.02 + 0.001) if per_channel else s(0.013)
-    wz = (RNG.integers(-3, 4, k) if wt == I8 else RNG.integers(120, 136, k)).astype(wt) if per_channel else z(wt, 0 if wt == I8 else 128)
+    if per_channel:
+        wz = (RNG.integers(-3, 4, k) if wt == I8 else RNG.integers(120, 136, k)).astype(wt)
+    else:
+        wz = z(wt, 0 if wt == I8 else 128)
     ins = [q8(xt, n, c, h, w), s(0.05), z(xt, 3 if xt == I8 else 131), q8(wt, k, c // g, kh, kw), ws, wz, s(0.9),
            z(yt, -2 if yt == I8 else 125)]
     if bias:
@@ -98,8 +101,8 @@ for kern in ("vk_qconv_gemm", "vk_qconv_dot"):  # M 70, K 333, P 99: partial til
     case(f"{kern[3:]}_tiles_with_tails", "QLinearConv", ins, at, kern)
 ins, at = qconv(U8, U8, 1, 7, 6, 5, 16, 3, 3, per_channel=True, pads=[2, 0, 1, 2])
 case("qconv_dot_u8u8_zero_points_in_the_pads", "QLinearConv", ins, at, "vk_qconv_dot")  # pads read as x's zero point
-case("qmaxpool_int8", "MaxPool", [q8(I8, 2, 3, 9, 7)], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
-     "vk_qmaxpool")
+case("qmaxpool_int8", "MaxPool", [q8(I8, 2, 3, 9, 7)],
+     {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, "vk_qmaxpool")
 case("qmaxpool_uint8_ceil", "MaxPool", [q8(U8, 1, 5, 13, 13)], {"kernel_shape": [3, 3], "strides": [2, 2],
                                                                  "ceil_mode": 1}, "vk_qmaxpool")
 case("qgap_int8", "QLinearGlobalAveragePool", [q8(I8, 1, 7, 5, 5), s(0.05), z(I8, 4), s(0.02), z(I8, -3)],

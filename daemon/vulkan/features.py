@@ -60,7 +60,8 @@ def _dot_accelerated(vk: Any, physical: Any, exts: set[str]) -> bool:
     if dr is not None and int(dr.driverID) in {int(getattr(vk, n, -1)) for n in BAD_DOT_DRIVERS}:
         log.info("Vulkan: integer dot products reported accelerated by a driver known to get them wrong; not used")
         return False
-    return bool(pr.integerDotProduct4x8BitPackedSignedAccelerated and pr.integerDotProduct4x8BitPackedUnsignedAccelerated
+    return bool(pr.integerDotProduct4x8BitPackedSignedAccelerated
+                and pr.integerDotProduct4x8BitPackedUnsignedAccelerated
                 and pr.integerDotProduct4x8BitPackedMixedSignednessAccelerated)
 
 
