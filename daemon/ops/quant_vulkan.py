@@ -2,7 +2,8 @@
 integers on the GPU instead of falling back to the CPU: QuantizeLinear / DequantizeLinear (``quant.comp``),
 QLinearConv (``qconv_gemm.comp`` or ``qconv_dot.comp`` then ``qsplitk.comp``; ``qconv.comp`` for depthwise and
 other narrow groups), QLinearMatMul with a constant B (``qmatmul.comp``), QLinearAdd/Mul (``qbinary.comp``),
-QLinearConcat (``qconcat.comp``), QLinearGlobalAveragePool and int8 MaxPool (``qpool.comp``).
+QLinearConcat and QLinearSigmoid/LeakyRelu (``qconcat.comp``: 256-entry tables), QLinearGlobalAveragePool and int8
+MaxPool (``qpool.comp``); Transpose, Split and Slice of 8-bit tensors move bytes (``copy.comp``, Q8).
 
 8-bit tensors live in device buffers as bytes and are read out of 32-bit words (``shaders/q8.glsl``), so no 8-bit
 storage feature is needed; kernels that write them compute four consecutive outputs per invocation (or pack an
@@ -398,6 +399,39 @@ class VkQLinearConcat(_Int8Kernel):
                          push={"n": n, "inner": inner, "axis": int(out[ax]), "off": offs, "len": lens})]
 
 
+@register_kernel
+class VkQLinearUnary(_Int8Kernel):
+    """com.microsoft QLinearSigmoid / QLinearLeakyRelu: each byte through the 256-entry table onnxruntime evaluates
+    them with (the oracle's ``qunary_table``), as a one-input ``qconcat.comp`` (the same table lookup and store)."""
+
+    name = "vk_qunary"
+    ops = ("QLinearSigmoid", "QLinearLeakyRelu")
+
+    def applies(self, layer: Layer) -> bool:
+        x, y = layer.inputs[0], layer.outputs[0]
+        return (_is8(x) and _is8(y) and np.dtype(x.dtype) == np.dtype(y.dtype)  # type: ignore[union-attr]
+                and 0 not in layer.const_inputs and _consts(layer, 1, 4))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .quant import qunary_table
+
+        dt = np.dtype(layer.inputs[0].dtype)  # type: ignore[union-attr]
+        get = lambda k: np.asarray(raw[raw_key(k)]) if layer.has_input(k) else None  # noqa: E731
+        t = qunary_table(layer.op, float(layer.attr("alpha", 0.01)), get(1), get(2), get(3), get(4), dt)
+        lo, _ = qrange(dt)
+        tab = np.tile(np.arange(256, dtype=np.uint32), (QCONCAT_MAX, 1))
+        tab[0, np.arange(lo, lo + 256).astype(dt).view(np.uint8)] = t.view(np.uint8)  # by the input's byte
+        return {"t": np.ascontiguousarray(tab.reshape(-1))}
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        return 4 * 256 * QCONCAT_MAX
+
+    def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
+        n = layer.outputs[0].size
+        return [Dispatch("qconcat", (In(0),) * QCONCAT_MAX + (Param("t"), Out(0)), grid(-(-n // 4), 256, caps),
+                         push={"n": n, "inner": 1, "axis": n, "off": [0, n, n, n], "len": [n, 0, 0, 0]})]
+
+
 def _clamped(layer: Layer) -> tuple[int, int]:
     """The output's integer range, narrowed by a fused Relu/Clip (``attrs["qclamp"]``)."""
     lo, hi = qrange(layer.outputs[0].dtype)
@@ -494,4 +528,4 @@ class VkQLinearMatMul(_Int8Kernel):
 #: it: forces them where the placement keeps int8 layers on the CPU (a CPU-type device), for tests and benchmarks
 #: (the direct conv: the GEMM one takes no depthwise conv; name nodes to force it)
 INT8_KERNELS = {op: cls.name for cls in (VkQuantize, VkQLinearConv, VkQMaxPool, VkQGlobalAveragePool, VkQLinearConcat,
-                                          VkQLinearBinary, VkQLinearMatMul) for op in cls.ops}
+                                          VkQLinearBinary, VkQLinearMatMul, VkQLinearUnary) for op in cls.ops}

@@ -21,15 +21,26 @@ MAX_PAD_RANK = 6
 
 
 def copy_dispatch(shape: Sequence[int], ss: Sequence[int], ds: Sequence[int], sbase: int, dbase: int, src, dst,
-                  caps: Caps, independent: bool = False) -> Dispatch | None:
-    """One strided copy over index space ``shape``; None if it needs more than 8 dims."""
+                  caps: Caps, independent: bool = False, q8: bool = False) -> Dispatch | None:
+    """One strided copy over index space ``shape``; None if it needs more than 8 dims. ``q8``: of 8-bit
+    elements, four output bytes per invocation, so only into a whole output in index order (else None)."""
     dims, (s2, d2) = collapse(shape, ss, ds)
     if len(dims) > MAX_COPY_RANK:
         return None
     n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
-    return Dispatch("copy", (src, dst), grid(n, 256, caps),
+    if q8 and (dbase != 0 or d2 != contiguous_strides(dims)):
+        return None
+    return Dispatch("copy", (src, dst), grid(-(-n // 4) if q8 else n, 256, caps), {"Q8": 1} if q8 else {},
                     push={"n": n, "rank": len(dims), "dims": dims, "ss": s2, "ds": d2, "sbase": sbase, "dbase": dbase},
                     independent=independent)
+
+
+#: 8-bit tensors (a quantised model's activations) that the whole-output copies move as bytes
+_Q8 = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def _q8(layer: Layer) -> bool:
+    return np.dtype(layer.inputs[0].dtype) in _Q8  # type: ignore[union-attr]
 
 
 def _raw_getter(layer: Layer, params: Mapping[str, np.ndarray]):
@@ -108,6 +119,7 @@ class VkConcat(_TensorBase):
 class VkSplit(_TensorBase):
     name = "vk_split"
     ops = ("Split",)
+    io_dtypes = ("float32", "int8", "uint8")
 
     def _build(self, layer: Layer, params=None, caps: Caps = Caps()) -> list[Dispatch] | None:
         if _needs_consts(layer, params):
@@ -121,7 +133,7 @@ class VkSplit(_TensorBase):
         for j, sz in enumerate(sizes):
             if j < len(layer.node.outputs) and layer.node.outputs[j] and sz > 0:
                 os_ = shape[:axis] + (sz,) + shape[axis + 1:]
-                d = copy_dispatch(os_, st, contiguous_strides(os_), off * st[axis], 0, In(0), Out(j), caps)
+                d = copy_dispatch(os_, st, contiguous_strides(os_), off * st[axis], 0, In(0), Out(j), caps, q8=_q8(layer))
                 if d is None:
                     return None
                 res.append(d)
@@ -133,6 +145,7 @@ class VkSplit(_TensorBase):
 class VkSlice(_TensorBase):
     name = "vk_slice"
     ops = ("Slice",)
+    io_dtypes = ("float32", "int8", "uint8")
 
     def _build(self, layer: Layer, params=None, caps: Caps = Caps()) -> list[Dispatch] | None:
         if _needs_consts(layer, params):
@@ -149,15 +162,15 @@ class VkSlice(_TensorBase):
             base += start * stride if n else 0
         if int(np.prod(out, dtype=np.int64)) == 0:
             return []
-        d = copy_dispatch(out, ss, contiguous_strides(out), base, 0, In(0), Out(0), caps)
+        d = copy_dispatch(out, ss, contiguous_strides(out), base, 0, In(0), Out(0), caps, q8=_q8(layer))
         return None if d is None else [d]
 
 
-def _permuted_copy(shape: Sequence[int], perm: Sequence[int], caps: Caps) -> list[Dispatch] | None:
+def _permuted_copy(shape: Sequence[int], perm: Sequence[int], caps: Caps, q8: bool = False) -> list[Dispatch] | None:
     """Input 0, viewed as ``shape``, written to output 0 with its axes in ``perm``'s order: one strided copy."""
     st = contiguous_strides(shape)
     out = [shape[p] for p in perm]
-    d = copy_dispatch(out, [st[p] for p in perm], contiguous_strides(out), 0, 0, In(0), Out(0), caps)
+    d = copy_dispatch(out, [st[p] for p in perm], contiguous_strides(out), 0, 0, In(0), Out(0), caps, q8=q8)
     return None if d is None else [d]
 
 
@@ -165,10 +178,11 @@ def _permuted_copy(shape: Sequence[int], perm: Sequence[int], caps: Caps) -> lis
 class VkTranspose(_TensorBase):
     name = "vk_transpose"
     ops = ("Transpose",)
+    io_dtypes = ("float32", "int8", "uint8")
 
     def _build(self, layer: Layer, params=None, caps: Caps = Caps()) -> list[Dispatch] | None:
         shape = tuple(layer.in_shape(0))
-        return _permuted_copy(shape, _perm(layer.node, len(shape)), caps)
+        return _permuted_copy(shape, _perm(layer.node, len(shape)), caps, _q8(layer))
 
 
 @register_kernel
