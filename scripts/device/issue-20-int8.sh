@@ -6,14 +6,15 @@ set -u
 OUT=${OUT:-/tmp/issue20-int8}; mkdir -p "$OUT"
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_quant_vulkan.py tests/test_mixed_placement.py 2>&1 \
     | tee "$OUT/tests.log" | tail -4
-timeout 200 python3 -m inferd.cli bench quant --device vulkan --models squeezenet1_1,mobilenetv2,resnet18 \
+timeout 200 python3 -m inferd.cli bench quant --device vulkan --models "${MODELS:-squeezenet1_1,mobilenetv2,resnet18}" \
     --schemes qdq_s8s8,qdq_u8s8_pc --repeat 60 --cold-repeat 1 --out "$OUT" 2>&1 | grep "^|"
 timeout 100 python3 - <<'PY'
 import collections, numpy as np, onnx
 from inferd.frontend import import_model
 from inferd.vulkan.model import VulkanModel
 from inferd.zoo import write_zoo, quant as zq
-for name in ("squeezenet1_1", "mobilenetv2", "resnet18"):
+import os
+for name in os.environ.get("MODELS", "squeezenet1_1,mobilenetv2,resnet18").split(","):
     src = write_zoo("/tmp/i20zoo", [name])[name]
     q = zq.quantized(src, "qdq_s8s8")
     feeds = zq.calibration_feeds(q, n=1, seed=7)[0]
