@@ -115,6 +115,11 @@ def _cases() -> list:
         ("QLinearConcat/s8-batch2", "QLinearConcat", {"a": S8(2, 3, 4), "b": S8(2, 2, 4)},
          {"ys": F(0.1), "yz": np.int8(-3), "as": F(0.1), "az": np.int8(-3), "bs": F(0.13), "bz": np.int8(7)},
          ["ys", "yz", "a", "as", "az", "b", "bs", "bz"], [t.INT8], "com.microsoft", {"axis": 1}),
+        # a constant part (a transformer's class token before its patches), one on another scale
+        ("QLinearConcat/constant-part", "QLinearConcat", {"b": S8(1, 5, 4)},
+         {"ys": F(0.1), "yz": np.int8(2), "a": S8(1, 1, 4), "as": F(0.07), "az": np.int8(-1), "bs": F(0.1),
+          "bz": np.int8(2)},
+         ["ys", "yz", "a", "as", "az", "b", "bs", "bz"], [t.INT8], "com.microsoft", {"axis": 1}),
         ("DynamicQuantizeMatMul", "DynamicQuantizeMatMul", {"a": rng.standard_normal((3, 16)).astype(F)},
          {"b": S8(16, 5), "bs": np.linspace(0.01, 0.02, 5).astype(F), "bz": np.zeros(5, np.int8), "bias": rng.standard_normal(5).astype(F)},
          ["a", "b", "bs", "bz", "bias"], [t.FLOAT], "com.microsoft", {}),

@@ -551,6 +551,9 @@ class QConcatKernel(Kernel):
             # indexed by the input's bytes read as uint8 (int8 -128 is byte 128)
             t = quantize(dequantize(q, s, z), ys, yz, dt)
             out[f"t{j}"] = np.ascontiguousarray(t[(np.arange(256).astype(np.uint8).view(xdt).astype(np.int64) - lo)])
+        for j, i in enumerate(range(2, len(layer.node.inputs), 3)):
+            if i in layer.const_inputs:  # a constant part (a transformer's class token): its bytes, kept as given
+                out[f"x{j}"] = np.ascontiguousarray(raw[raw_key(i)])
         return out
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
@@ -559,8 +562,7 @@ class QConcatKernel(Kernel):
         ax = int(layer.attr("axis")) % y.ndim
         at = 0
         for j, i in enumerate(range(2, len(layer.node.inputs), 3)):
-            x = inputs[i]
-            assert x is not None
+            x = inputs[i] if inputs[i] is not None else params[f"x{j}"]
             n = x.shape[ax]
             dst = y[(slice(None),) * ax + (slice(at, at + n),)]
             t = params.get(f"t{j}")
