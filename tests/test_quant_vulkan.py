@@ -122,6 +122,11 @@ case("qadd_broadcast", "QLinearAdd", [q8(I8, 2, 3, 5), s(0.05), z(I8, 1), q8(I8,
                                       z(I8, 2)], kernel="vk_qbinary")
 case("qadd_uint8_relu", "QLinearAdd", [q8(U8, 1, 4, 3, 3), s(0.05), z(U8, 128), q8(U8, 1, 4, 3, 3), s(0.04),
                                        z(U8, 130), s(0.07), z(U8, 127)], {"qclamp": (127, 255)}, "vk_qbinary")
+case("qadd_constant_b", "QLinearAdd", [q8(I8, 1, 5, 6), s(0.05), z(I8, 1), q8(I8, 1, 5, 6), s(0.02), z(I8, -3),
+                                       s(0.07), z(I8, 0)], kernel="vk_qbinary")  # a position embedding
+case("qconcat_constant_part", "QLinearConcat",  # a class token before the patches
+     [s(0.1), z(I8, 2), q8(I8, 1, 1, 6), s(0.1), z(I8, 2), q8(I8, 1, 9, 6), s(0.07), z(I8, -1)], {"axis": 1},
+     "vk_qconcat")
 case("qmul", "QLinearMul", [q8(U8, 7, 3), s(0.02), z(U8, 128), q8(U8, 1, 3), s(0.03), z(U8, 120), s(0.04),
                             z(U8, 128)], kernel="vk_qbinary")
 case("qsigmoid_int8", "QLinearSigmoid", [q8(I8, 2, 3, 7), s(0.08), z(I8, 3), s(1 / 256), z(I8, -128)],
@@ -135,6 +140,7 @@ case("split_uint8_odd_parts", "Split", [q8(U8, 1, 7, 3, 5), np.array([2, 5], np.
 case("slice_int8_negative_step", "Slice", [q8(I8, 3, 11, 6), np.array([9, 1], np.int64), np.array([0, 6], np.int64),
                                            np.array([1, 2], np.int64), np.array([-2, 1], np.int64)],
      {"_opset": 13}, kernel="vk_slice")
+case("gather_int8_one_index", "Gather", [q8(I8, 3, 2, 5, 7), np.array(-2, np.int64)], {"axis": 0}, kernel="vk_gather")
 case("qmatmul_per_column", "QLinearMatMul",
      [q8(U8, 3, 5, 33), s(0.04), z(U8, 128), q8(I8, 33, 17), np.abs(RNG.standard_normal(17)).astype(F32) * 0.01 + 1e-3,
       np.zeros(17, I8), s(0.5), z(U8, 126)], kernel="vk_qmatmul")
@@ -152,7 +158,13 @@ N_OUT = {"split_uint8_odd_parts": 2}
 ACTIVATIONS = {"QLinearAdd": (0, 3), "QLinearMul": (0, 3)}
 
 
-def _const(op: str, ins: list) -> list[bool]:
+#: cases whose activations differ from their op's usual ones (the rest of the inputs are constants)
+CASE_ACTIVATIONS = {"qadd_constant_b": (0,), "qconcat_constant_part": (5,)}
+
+
+def _const(op: str, ins: list, cid: str = "") -> list[bool]:
+    if cid in CASE_ACTIVATIONS:
+        return [k not in CASE_ACTIVATIONS[cid] for k in range(len(ins))]
     if op == "QLinearConcat":
         return [k < 2 or (k - 2) % 3 != 0 for k in range(len(ins))]
     act = ACTIVATIONS.get(op, (0,))
@@ -171,7 +183,7 @@ def test_quantised_kernel_matches_oracle(device: Any, cid: str, op: str, ins: li
 
     if kernel == "vk_qconv_dot" and not device.features.get("shaderIntegerDotProduct"):
         pytest.skip("the device has no packed integer dot product (VK_KHR_shader_integer_dot_product)")
-    got, ref, stats = run_single(device, op, ins, attrs, _const(op, ins), kernel, n_outputs=N_OUT.get(cid, 1))
+    got, ref, stats = run_single(device, op, ins, attrs, _const(op, ins, cid), kernel, n_outputs=N_OUT.get(cid, 1))
     assert stats["kernels"] == {"n0": kernel}
     assert len(got) == len(ref) == N_OUT.get(cid, 1)
     for g, r in zip(got, ref):
@@ -209,7 +221,9 @@ def _on_cpu_type_device() -> bool:
                                          pytest.param("resnet18", "qdq_s8s8", marks=pytest.mark.slow),
                                          # QLinearSigmoid (the SiLUs); Transpose and Split of int8 (channel shuffle)
                                          pytest.param("efficientnet_b0", "qdq_u8s8_pc", marks=pytest.mark.slow),
-                                         pytest.param("shufflenetv2_x1_0", "qdq_s8s8", marks=pytest.mark.slow)])
+                                         pytest.param("shufflenetv2_x1_0", "qdq_s8s8", marks=pytest.mark.slow),
+                                         # constant operands of QLinearAdd/Concat, int8 Gather of q/k/v
+                                         pytest.param("vit_tiny", "qdq_s8s8", marks=pytest.mark.slow)])
 def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str, conv: str) -> None:
     """A zoo model quantised by onnxruntime runs with every node on the GPU, gives the CPU kernels' integers
     (which tests/test_quant.py holds to onnxruntime layer by layer) and onnxruntime's output within a step."""
@@ -256,8 +270,13 @@ def test_quantised_zoo_model_runs_whole_on_vulkan(name: str, scheme: str, conv: 
     step = float(np.asarray(inits[dq.input[1]]).reshape(-1)[0])
     # the exact check is the one above (the CPU is held to onnxruntime layer by layer in test_quant.py); end to end
     # a layer's one-step difference can propagate, so the bound is test_quant.py's for a whole network (4 steps;
-    # 3 seen on efficientnet_b0, 2 on mobilenetv2 with onnxruntime 1.30 on an H200 host's CPU)
-    assert np.abs(got - want).max() / step <= 4.0 + 1e-3
+    # 3 seen on efficientnet_b0, 2 on mobilenetv2 with onnxruntime 1.30 on an H200 host's CPU). vit_tiny keeps
+    # LayerNorm, Softmax and GELU in float between its int8 layers, each engine rounding them its own way before
+    # the next quantisation: 10 steps (8% of the output's largest value) apart, so it is held to 10% of that.
+    if name == "vit_tiny":
+        assert np.abs(got - want).max() <= 0.1 * np.abs(want).max()
+    else:
+        assert np.abs(got - want).max() / step <= 4.0 + 1e-3
 
 
 def test_cpu_type_device_keeps_int8_layers_on_the_cpu_kernels() -> None:

@@ -59,6 +59,17 @@ def _scalar(raw: Mapping[str, np.ndarray], layer: Layer, k: int, default: float 
     return np.asarray(raw[raw_key(k)]).reshape(-1)[0] if layer.has_input(k) else default
 
 
+def _operand(layer: Layer, k: int) -> Any:
+    """Input ``k`` of 8-bit values as a binding: the activation, or the constant's bytes (param ``c<k>``, made by
+    ``_const_operands``)."""
+    return Param(f"c{k}") if k in layer.const_inputs else In(k)
+
+
+def _const_operands(layer: Layer, raw: Mapping[str, np.ndarray], ks: Any) -> dict[str, np.ndarray]:
+    """The bytes of those of inputs ``ks`` that are constants (a QDQ transformer's position embedding, class token)."""
+    return {f"c{k}": _words(np.asarray(raw[raw_key(k)])) for k in ks if k in layer.const_inputs}
+
+
 def _words(a: np.ndarray) -> np.ndarray:
     """8-bit values as bytes padded to whole 32-bit words (shaders read them a word at a time)."""
     b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
@@ -361,8 +372,7 @@ class VkQLinearConcat(_Int8Kernel):
         parts = self._parts(layer)
         if not parts or len(parts) > QCONCAT_MAX or not _is8(layer.outputs[0]) or not _consts(layer, 0, 1):
             return False
-        return all(_is8(layer.inputs[k]) and k not in layer.const_inputs and _consts(layer, k + 1, k + 2)
-                   for k in parts)
+        return all(_is8(layer.inputs[k]) and _consts(layer, k + 1, k + 2) for k in parts)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from .quant import dequantize, quantize
@@ -379,10 +389,11 @@ class VkQLinearConcat(_Int8Kernel):
             q = np.arange(lo, lo + 256).astype(xdt)
             t = quantize(dequantize(q, s, z), ys, yz, ydt)
             tab[j, q.view(np.uint8)] = t.view(np.uint8)
-        return {"t": np.ascontiguousarray(tab.reshape(-1))}
+        return {"t": np.ascontiguousarray(tab.reshape(-1)), **_const_operands(layer, raw, self._parts(layer))}
 
     def transformed_nbytes(self, layer: Layer) -> int:
-        return 4 * 256 * QCONCAT_MAX
+        return 4 * 256 * QCONCAT_MAX + sum(-(-layer.inputs[k].size // 4) * 4  # type: ignore[union-attr]
+                                           for k in self._parts(layer) if k in layer.const_inputs)
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         parts = self._parts(layer)
@@ -393,7 +404,7 @@ class VkQLinearConcat(_Int8Kernel):
         offs = list(np.cumsum([0] + lens[:-1]))
         pad = QCONCAT_MAX - len(parts)
         offs, lens = [int(v) for v in offs] + [int(out[ax])] * pad, lens + [0] * pad
-        xs = tuple(In(k) for k in parts) + (In(parts[0]),) * pad
+        xs = tuple(_operand(layer, k) for k in parts) + (_operand(layer, parts[0]),) * pad
         n = layer.outputs[0].size
         return [Dispatch("qconcat", xs + (Param("t"), Out(0)), grid(-(-n // 4), 256, caps),
                          push={"n": n, "inner": inner, "axis": int(out[ax]), "off": offs, "len": lens})]
@@ -451,7 +462,7 @@ class VkQLinearBinary(_Int8Kernel):
         from .eltwise_vulkan import _rank_ok
 
         a, b = layer.inputs[0], layer.inputs[3]
-        if not (_is8(a) and _is8(b) and _is8(layer.outputs[0])) or 0 in layer.const_inputs or 3 in layer.const_inputs:
+        if not (_is8(a) and _is8(b) and _is8(layer.outputs[0])):
             return False
         return (_consts(layer, 1, 2) and _consts(layer, 4, 7)
                 and _rank_ok([layer.in_shape(0), layer.in_shape(3)], layer.out_shape()))
@@ -459,10 +470,11 @@ class VkQLinearBinary(_Int8Kernel):
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         sa, sb, sc = (np.float32(_scalar(raw, layer, k, 1.0)) for k in (1, 4, 6))
         ra, rb = (sa / sc, sb / sc) if layer.op == "QLinearAdd" else (sa * sb / sc, np.float32(0))
-        return {"z": np.array([int(_scalar(raw, layer, k)) for k in (2, 5, 7)], I32), "r": np.array([ra, rb], F32)}
+        return {"z": np.array([int(_scalar(raw, layer, k)) for k in (2, 5, 7)], I32), "r": np.array([ra, rb], F32),
+                **_const_operands(layer, raw, (0, 3))}
 
     def transformed_nbytes(self, layer: Layer) -> int:
-        return 20
+        return 20 + sum(-(-layer.inputs[k].size // 4) * 4 for k in (0, 3) if k in layer.const_inputs)  # type: ignore[union-attr]
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         from .eltwise_vulkan import broadcast_strides, collapse, contiguous_strides
@@ -473,7 +485,7 @@ class VkQLinearBinary(_Int8Kernel):
         n = layer.outputs[0].size
         za, zb, zc = (int(v) for v in params["z"])
         lo, hi = _clamped(layer)
-        return [Dispatch("qbinary", (In(0), In(3), Out(0)), grid(-(-n // 4), 256, caps),
+        return [Dispatch("qbinary", (_operand(layer, 0), _operand(layer, 3), Out(0)), grid(-(-n // 4), 256, caps),
                          {"QOP": int(layer.op == "QLinearMul"), "AS": _signed(layer.inputs[0]),
                           "BS": _signed(layer.inputs[3])},
                          push={"n": n, "rank": len(dims), "dims": dims, "sa": sa, "sb": sb, "za": za, "zb": zb,

@@ -133,7 +133,8 @@ class VkSplit(_TensorBase):
         for j, sz in enumerate(sizes):
             if j < len(layer.node.outputs) and layer.node.outputs[j] and sz > 0:
                 os_ = shape[:axis] + (sz,) + shape[axis + 1:]
-                d = copy_dispatch(os_, st, contiguous_strides(os_), off * st[axis], 0, In(0), Out(j), caps, q8=_q8(layer))
+                d = copy_dispatch(os_, st, contiguous_strides(os_), off * st[axis], 0, In(0), Out(j), caps,
+                                  q8=_q8(layer))
                 if d is None:
                     return None
                 res.append(d)
@@ -254,9 +255,12 @@ class VkCopy(_TensorBase):
 class VkGather(_TensorBase):
     name = "vk_gather"
     ops = ("Gather",)
+    io_dtypes = ("float32", "int8", "uint8")
 
     def applies(self, layer: Layer) -> bool:
-        return 0 not in layer.const_inputs and 1 in layer.const_inputs
+        # 8-bit data: one index (a transformer's q/k/v picked out of one tensor), a byte copy
+        return (0 not in layer.const_inputs and 1 in layer.const_inputs
+                and (not _q8(layer) or layer.inputs[1].size == 1))  # type: ignore[union-attr]
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         shape = tuple(layer.in_shape(0))
@@ -279,6 +283,11 @@ class VkGather(_TensorBase):
         n = outer * nidx * inner
         if n == 0:
             return []
+        if _q8(layer):
+            d = copy_dispatch((outer, inner), (shape[axis] * inner, 1), (inner, 1), int(params["idx"][0]) * inner, 0,
+                              In(0), Out(0), caps, q8=True)
+            assert d is not None  # a whole output in index order
+            return [d]
         return [Dispatch("gather", (In(0), Param("idx"), Out(0)), grid(n, 256, caps),
                          push={"n": n, "L": shape[axis], "inner": inner, "nidx": nidx})]
 
