@@ -324,6 +324,16 @@ def test_int8_conv_kernel_follows_the_integer_dot_product_caps() -> None:
     assert dot.device_priority(Caps(int_dot=2, device_type="cpu"), layer) == UNUSABLE_PRIORITY
 
 
+def test_int_dot_level_needs_the_feature_itself() -> None:
+    """Masking shaderIntegerDotProduct (the device is then created without it) takes the dot-product kernel out
+    even where the properties call it accelerated."""
+    from inferd.vulkan.kernel import int_dot_level
+
+    assert int_dot_level({"shaderIntegerDotProduct": True, "integerDotProduct4x8Accelerated": True}) == 2
+    assert int_dot_level({"shaderIntegerDotProduct": True}) == 1
+    assert int_dot_level({"shaderIntegerDotProduct": False, "integerDotProduct4x8Accelerated": True}) == 0
+
+
 def test_integer_dot_product_masked_and_untrusted_drivers() -> None:
     """$INFERD_VK_MASK_FEATURES hides the integer dot product as it hides the others, and a driver on the list
     of those known to compute it wrong is never reported accelerated."""

@@ -39,7 +39,7 @@ from .arena import place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_descriptors, fold_constants,
                        resolve_binding, select_nodes)
-from .kernel import HFP_ATTR, WFP_ATTR, Caps, Dispatch, VulkanKernel, split_rows
+from .kernel import HFP_ATTR, WFP_ATTR, Caps, Dispatch, VulkanKernel, int_dot_level, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
 from .slabs import WeightSlabs
 
@@ -185,8 +185,7 @@ class VulkanColdBackend:
         c = dev.caps
         self.caps = Caps(c.subgroup_size, c.max_shared_bytes, c.max_workgroup_invocations, c.max_workgroup_count,
                          c.vendor_id, c.device_type, coopmat=bool(dev.features.get("cooperativeMatrixNV")),
-                         int_dot=2 if dev.features.get("integerDotProduct4x8Accelerated")
-                         else int(bool(dev.features.get("shaderIntegerDotProduct"))))
+                         int_dot=int_dot_level(dev.features))
         try:
             self._setup(dict(kernels or {}))
         except BaseException:

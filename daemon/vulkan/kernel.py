@@ -125,6 +125,15 @@ def harith(layer: Layer) -> dict[str, int]:
     return {"HARITH": 1} if layer.attr(HFP_ATTR, 0) else {}
 
 
+def int_dot_level(features: Mapping[str, bool]) -> int:
+    """``Caps.int_dot`` from the device's features: 2 accelerated (and trusted), 1 present, 0 absent. Accelerated
+    counts only with the feature itself on: a mask that hides ``shaderIntegerDotProduct`` leaves the device
+    created without it, whatever the properties said."""
+    if not features.get("shaderIntegerDotProduct"):
+        return 0
+    return 2 if features.get("integerDotProduct4x8Accelerated") else 1
+
+
 def use_coopmat(layer: Layer, caps: Caps) -> bool:
     """Whether this layer's shared-memory GEMM runs on the matrix units: its plan allows fp16 arithmetic
     and the device has the cooperative-matrix shape with 32-wide subgroups (the shader's layout)."""
