@@ -404,6 +404,20 @@ def qunary_table(op: str, alpha: float, xs, xz, ys, yz, dt: np.dtype) -> np.ndar
     return quantize(f, ys, _zp(yz, dt), dt)
 
 
+def by_byte(table: np.ndarray, xdt: np.dtype) -> np.ndarray:
+    """A 256-entry table indexed from the type's lowest value (as ``qunary_table`` makes them) re-indexed by the
+    input's byte (int8 -128 is byte 128), as the kernels look bytes up."""
+    lo, _ = qrange(xdt)
+    return np.ascontiguousarray(table[np.arange(256).astype(np.uint8).view(xdt).astype(np.int64) - lo])
+
+
+def requant_table(xdt: np.dtype, xs, xz, ys, yz, ydt: np.dtype) -> np.ndarray:
+    """Every 8-bit value of type ``xdt`` on (xs, xz) requantised to (ys, yz) of type ``ydt``, indexed by the input's
+    byte: how onnxruntime concatenates inputs of other scales (QLinearConcat)."""
+    lo, _ = qrange(xdt)
+    return by_byte(quantize(dequantize(np.arange(lo, lo + 256).astype(xdt), xs, xz), ys, yz, ydt), xdt)
+
+
 def _ref_qunary(node: Node, ins: list) -> list:
     x, xs, xz, ys = ins[:4]
     yz = _opt(ins, 4)
@@ -546,11 +560,7 @@ class QConcatKernel(Kernel):
             s, z = raw[raw_key(i + 1)], raw[raw_key(i + 2)]
             if xdt == dt and np.array_equal(_f32(s), _f32(ys)) and np.array_equal(np.asarray(z), np.asarray(yz)):
                 continue
-            lo, _ = qrange(xdt)
-            q = np.arange(lo, lo + 256).astype(xdt)
-            # indexed by the input's bytes read as uint8 (int8 -128 is byte 128)
-            t = quantize(dequantize(q, s, z), ys, yz, dt)
-            out[f"t{j}"] = np.ascontiguousarray(t[(np.arange(256).astype(np.uint8).view(xdt).astype(np.int64) - lo)])
+            out[f"t{j}"] = requant_table(xdt, s, z, ys, yz, dt)
         for j, i in enumerate(range(2, len(layer.node.inputs), 3)):
             if i in layer.const_inputs:  # a constant part (a transformer's class token): its bytes, kept as given
                 out[f"x{j}"] = np.ascontiguousarray(raw[raw_key(i)])

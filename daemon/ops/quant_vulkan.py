@@ -375,7 +375,7 @@ class VkQLinearConcat(_Int8Kernel):
         return all(_is8(layer.inputs[k]) and _consts(layer, k + 1, k + 2) for k in parts)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from .quant import dequantize, quantize
+        from .quant import requant_table
 
         ydt = np.dtype(layer.outputs[0].dtype)
         ys, yz = np.asarray(raw[raw_key(0)]), np.asarray(raw[raw_key(1)])
@@ -385,10 +385,7 @@ class VkQLinearConcat(_Int8Kernel):
             s, z = np.asarray(raw[raw_key(k + 1)]), np.asarray(raw[raw_key(k + 2)])
             if xdt == ydt and np.array_equal(np.asarray(s, F32), np.asarray(ys, F32)) and np.array_equal(z, yz):
                 continue  # the oracle copies such an input as it is
-            lo, _ = qrange(xdt)
-            q = np.arange(lo, lo + 256).astype(xdt)
-            t = quantize(dequantize(q, s, z), ys, yz, ydt)
-            tab[j, q.view(np.uint8)] = t.view(np.uint8)
+            tab[j] = requant_table(xdt, s, z, ys, yz, ydt).view(np.uint8)
         return {"t": np.ascontiguousarray(tab.reshape(-1)), **_const_operands(layer, raw, self._parts(layer))}
 
     def transformed_nbytes(self, layer: Layer) -> int:
@@ -424,14 +421,13 @@ class VkQLinearUnary(_Int8Kernel):
                 and 0 not in layer.const_inputs and _consts(layer, 1, 4))
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from .quant import qunary_table
+        from .quant import by_byte, qunary_table
 
         dt = np.dtype(layer.inputs[0].dtype)  # type: ignore[union-attr]
         get = lambda k: np.asarray(raw[raw_key(k)]) if layer.has_input(k) else None  # noqa: E731
         t = qunary_table(layer.op, float(layer.attr("alpha", 0.01)), get(1), get(2), get(3), get(4), dt)
-        lo, _ = qrange(dt)
         tab = np.tile(np.arange(256, dtype=np.uint32), (QCONCAT_MAX, 1))
-        tab[0, np.arange(lo, lo + 256).astype(dt).view(np.uint8)] = t.view(np.uint8)  # by the input's byte
+        tab[0] = by_byte(t, dt).view(np.uint8)
         return {"t": np.ascontiguousarray(tab.reshape(-1))}
 
     def transformed_nbytes(self, layer: Layer) -> int:
