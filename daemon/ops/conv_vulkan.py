@@ -44,8 +44,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws, act_of,
-                             act_supported, grid, harith, split_k, use_coopmat)
+from ..vulkan.kernel import (MAX_BINDING_BYTES, UNUSABLE_PRIORITY, Caps, Dispatch, In, Out, Param, VulkanKernel, Ws,
+                             act_of, act_supported, grid, harith, split_k, use_coopmat)
 from .base import Layer, raw_key, register_kernel, weights_key
 from .conv import Geom2D, io_positions, layer_geom, winograd_matrices
 
@@ -305,7 +305,7 @@ class _ConvTex(VkConvGemm):
         return self._geo(layer) is not None and max(self.workspace_parts(layer).values(), default=0) <= MAX_BINDING_BYTES
 
     def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
-        return self.cpu_priority if caps.device_type == "cpu" else 1000
+        return self.cpu_priority if caps.device_type == "cpu" else UNUSABLE_PRIORITY
 
     def transformed_nbytes(self, layer: Layer) -> int:
         g = geo2d(layer)
@@ -416,7 +416,7 @@ class VkConvDepthwiseTex(VkConvDepthwise):
     priority = 200
 
     def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
-        return 2 if caps.device_type == "cpu" else 1000
+        return 2 if caps.device_type == "cpu" else UNUSABLE_PRIORITY
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         g = geo2d(layer)
@@ -553,7 +553,7 @@ class VkWinograd43Tex(VkWinograd43):
 
     def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
         # lavapipe (1 thread): 64->64 at 56x56 15 vs 33 ms for vk_gemm_tex, 512->512 at 7x7 7 vs 18 ms
-        return 3 if caps.device_type == "cpu" else 1000
+        return 3 if caps.device_type == "cpu" else UNUSABLE_PRIORITY
 
     def applies(self, layer: Layer) -> bool:
         return super().applies(layer) and max(self.workspace_parts(layer).values()) <= MAX_BINDING_BYTES

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import (MAX_BINDING_BYTES, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel, Ws, act_of,
-                             act_supported, collapse, contiguous_strides, grid, harith, split_k)
+from ..vulkan.kernel import (MAX_BINDING_BYTES, UNUSABLE_PRIORITY, Caps, Dispatch, In, Out, Param, Ref, VulkanKernel,
+                             Ws, act_of, act_supported, collapse, contiguous_strides, grid, harith, split_k)
 from .base import Layer, register_kernel, weights_key
 from .gemm import _gemm_c_index, _residual_index
 
@@ -317,7 +317,7 @@ class VkGemvNKTex(VkGemvNK):
     priority = 200
 
     def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
-        return 3 if caps.device_type == "cpu" else 1000
+        return 3 if caps.device_type == "cpu" else UNUSABLE_PRIORITY
 
     def applies(self, layer: Layer) -> bool:
         if not super().applies(layer):

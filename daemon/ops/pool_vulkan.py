@@ -6,7 +6,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..vulkan.kernel import Caps, Dispatch, In, Out, VulkanKernel, act_of, act_supported, grid
+from ..vulkan.kernel import UNUSABLE_PRIORITY, Caps, Dispatch, In, Out, VulkanKernel, act_of, act_supported, grid
 from .base import Layer, register_kernel
 from .pool import pool_geometry
 
@@ -85,7 +85,7 @@ class VkPoolTex(VkPool):
     priority = 200
 
     def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
-        return 3 if caps.device_type == "cpu" else 1000
+        return 3 if caps.device_type == "cpu" else UNUSABLE_PRIORITY
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         return [Dispatch("pool_tex", d.bindings, d.groups, d.defines, d.spec, d.push)
@@ -102,7 +102,7 @@ class VkGlobalPoolTex(VkGlobalPool):
     priority = 200
 
     def device_priority(self, caps: Caps, layer: Layer | None = None) -> int:
-        return 3 if caps.device_type == "cpu" else 1000
+        return 3 if caps.device_type == "cpu" else UNUSABLE_PRIORITY
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         shape = layer.in_shape(0)

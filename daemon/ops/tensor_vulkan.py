@@ -14,6 +14,7 @@ import numpy as np
 
 from ..vulkan.kernel import Caps, Dispatch, In, Out, Param, VulkanKernel, collapse, contiguous_strides, grid
 from .base import Layer, register_kernel
+from .quant import INT8_TYPES
 from .tensor import _axis, _concat_shape, _pad_params, _perm, _slices, _split_sizes, array_getter, onnx_dtype
 
 MAX_COPY_RANK = 8
@@ -35,12 +36,9 @@ def copy_dispatch(shape: Sequence[int], ss: Sequence[int], ds: Sequence[int], sb
                     independent=independent)
 
 
-#: 8-bit tensors (a quantised model's activations) that the whole-output copies move as bytes
-_Q8 = (np.dtype(np.int8), np.dtype(np.uint8))
-
-
 def _q8(layer: Layer) -> bool:
-    return np.dtype(layer.inputs[0].dtype) in _Q8  # type: ignore[union-attr]
+    """Input 0 holds 8-bit values (a quantised model's activations): the whole-output copies move them as bytes."""
+    return np.dtype(layer.inputs[0].dtype) in INT8_TYPES  # type: ignore[union-attr]
 
 
 def _raw_getter(layer: Layer, params: Mapping[str, np.ndarray]):

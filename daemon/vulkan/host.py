@@ -27,11 +27,10 @@ from ..errors import BackendError
 from ..ir import Graph, Node
 from ..ops.base import Kernel, Layer, choose_kernel, kernels_for, op_spec, raw_key
 from ..ops.control import CONTROL_OPS, DecideStats, run_control
+from ..ops.quant import INT8_TYPES
 
 #: at most this many elements in any tensor of an integer/bool host node (plumbing, not data)
 HOST_PLUMBING_MAX = 4096
-#: 8-bit integer tensors are a quantised model's activations, which the int8 kernels keep on the device
-_Q8 = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _layer(node: Node, graph: Graph, consts: Mapping[str, Any]) -> Layer:
@@ -82,7 +81,7 @@ def is_host_node(node: Node, graph: Graph, consts: Mapping[str, Any], prefer: Se
     if on_cpu(node, graph, consts, prefer, caps):
         return True
     spec = op_spec(node.op)
-    if spec is not None and spec.alias and all(np.dtype(graph.infos[n].dtype) in _Q8 for n in names):
+    if spec is not None and spec.alias and all(np.dtype(graph.infos[n].dtype) in INT8_TYPES for n in names):
         return False  # a view of a quantised activation (resnet18's Flatten before its classifier): data, not plumbing
     # small tensors only, at least one of them integer or bool (an iteration counter cast to float qualifies)
     if any(graph.infos[n].size > HOST_PLUMBING_MAX for n in names):
