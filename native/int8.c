@@ -811,6 +811,229 @@ INFERD_CLONES static void q8_dw_channel(const q8_dw_ctx* c, long long ch, const 
     }
 }
 
+/* ---------------------------------------------------------------- depthwise fast path: kxk (k 3 or 5), stride 1 or
+   2, dilation 1, on x86-64 with AVX2+FMA and on aarch64 (NEON). 8 output pixels of a row per step in vector
+   registers: no per-row scalar tails and no float planes in memory. The channel is copied once into a padded
+   byte plane (pads hold the zero point) in the unsigned domain, so every tap of an 8-pixel step is one unaligned
+   load of that plane: 8 bytes at stride 1; 16 bytes at stride 2, split into the even and the odd columns. Sums
+   are of raw x' * w in float (exact: k*k*255*128 < 2^24), one accumulator per kernel row (short dependency
+   chains), and the zero point comes off as - zx' * sum(w) with the bias. Requantised as q8_block does: float
+   product, clamp, round half to even by the 1.5*2^23 trick, plus zy. (GCC's generic vector types were tried
+   first: it lowers their 8-to-32-bit conversions to scalar code.) */
+typedef void (*q8_dwf_fn)(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW, int32_t beff,
+                          float m, float flo, float fhi, int zy, uint8_t* y);
+
+/* an 8-byte step result: a whole 8-byte store spills into the next row, which is written after it; never past
+   the channel's plane */
+INFERD_INLINE void q8_dwf_put(uint8_t* y, long long at, long long plane, int room, const uint8_t* out8)
+{
+    if (at + 8 <= plane)
+        memcpy(y + at, out8, 8);
+    else
+        memcpy(y + at, out8, (size_t)(room < 8 ? room : 8));
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define Q8_DWF_AVX2 1
+#define Q8_AVX2 __attribute__((target("avx2,fma")))
+Q8_AVX2 static inline __attribute__((always_inline)) __m256 q8_ld8_avx2(const uint8_t* p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+Q8_AVX2 static inline __attribute__((always_inline)) void q8_dwf_body_avx2(
+    const uint8_t* P, int Wb, const int8_t* wc, const int K, const int S, int OH, int OW, int32_t beff, float m,
+    float flo, float fhi, int zy, uint8_t* y)
+{
+    __m256 wv[25];
+    for (int t = 0; t < K * K; ++t) wv[t] = _mm256_set1_ps((float)wc[t]);
+    const __m256i bv = _mm256_set1_epi32(beff), zv = _mm256_set1_epi32(zy), lowbyte = _mm256_set1_epi32(0xff);
+    const __m128i lowb16 = _mm_set1_epi16(0xff);
+    const __m256 lo = _mm256_set1_ps(flo), hi = _mm256_set1_ps(fhi), mv = _mm256_set1_ps(m);
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const long long plane = (long long)OH * OW;
+    for (int oh = 0; oh < OH; ++oh) {
+        for (int ow0 = 0; ow0 < OW; ow0 += 8) {
+            __m256 acc[5];
+            for (int i = 0; i < K; ++i) {
+                const uint8_t* r = P + (long long)(oh * S + i) * Wb + (long long)ow0 * S;
+                __m256 a = _mm256_setzero_ps();
+                if (S == 1) {
+                    for (int j = 0; j < K; ++j) a = _mm256_fmadd_ps(q8_ld8_avx2(r + j), wv[i * K + j], a);
+                } else {
+                    for (int j = 0; j < K; j += 2) {
+                        const __m128i h = _mm_loadu_si128((const __m128i*)(r + j));
+                        const __m256 ev = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_and_si128(h, lowb16)));
+                        a = _mm256_fmadd_ps(ev, wv[i * K + j], a);
+                        if (j + 1 < K) {
+                            const __m256 od = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_srli_epi16(h, 8)));
+                            a = _mm256_fmadd_ps(od, wv[i * K + j + 1], a);
+                        }
+                    }
+                }
+                acc[i] = a;
+            }
+            __m256 s = acc[0];
+            for (int i = 1; i < K; ++i) s = _mm256_add_ps(s, acc[i]);
+            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_cvttps_epi32(s), bv)), mv);
+            v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+            v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+            const __m256i q = _mm256_and_si256(_mm256_add_epi32(_mm256_cvttps_epi32(v), zv), lowbyte);
+            const __m128i w16 = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+            uint8_t out8[16];
+            _mm_storeu_si128((__m128i*)out8, _mm_packus_epi16(w16, w16));
+            q8_dwf_put(y, (long long)oh * OW + ow0, plane, OW - ow0, out8);
+        }
+    }
+}
+
+Q8_AVX2 static void q8_dwf_avx2(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW, int32_t beff,
+                                float m, float flo, float fhi, int zy, uint8_t* y)
+{
+    if (K == 3 && S == 1)
+        q8_dwf_body_avx2(P, Wb, wc, 3, 1, OH, OW, beff, m, flo, fhi, zy, y);
+    else if (K == 3)
+        q8_dwf_body_avx2(P, Wb, wc, 3, 2, OH, OW, beff, m, flo, fhi, zy, y);
+    else if (S == 1)
+        q8_dwf_body_avx2(P, Wb, wc, 5, 1, OH, OW, beff, m, flo, fhi, zy, y);
+    else
+        q8_dwf_body_avx2(P, Wb, wc, 5, 2, OH, OW, beff, m, flo, fhi, zy, y);
+}
+#endif
+
+#if defined(__aarch64__)
+#define Q8_DWF_NEON 1
+static inline __attribute__((always_inline)) void q8_dwf_body_neon(
+    const uint8_t* P, int Wb, const int8_t* wc, const int K, const int S, int OH, int OW, int32_t beff, float m,
+    float flo, float fhi, int zy, uint8_t* y)
+{
+    float wf[25];
+    for (int t = 0; t < K * K; ++t) wf[t] = (float)wc[t];
+    const int32x4_t bv = vdupq_n_s32(beff), zv = vdupq_n_s32(zy);
+    const float32x4_t lo = vdupq_n_f32(flo), hi = vdupq_n_f32(fhi), magic = vdupq_n_f32(12582912.0f);
+    const long long plane = (long long)OH * OW;
+    for (int oh = 0; oh < OH; ++oh) {
+        for (int ow0 = 0; ow0 < OW; ow0 += 8) {
+            float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, t0 = s0, t1 = s0;
+            for (int i = 0; i < K; ++i) {
+                const uint8_t* r = P + (long long)(oh * S + i) * Wb + (long long)ow0 * S;
+                for (int j = 0; j < K; ++j) {
+                    uint8x8_t b;
+                    if (S == 1) {
+                        b = vld1_u8(r + j);
+                    } else {
+                        const uint8x8x2_t d = vld2_u8(r + (j & ~1));
+                        b = d.val[j & 1];
+                    }
+                    const uint16x8_t h = vmovl_u8(b);
+                    const float32x4_t x0 = vcvtq_f32_u32(vmovl_u16(vget_low_u16(h)));
+                    const float32x4_t x1 = vcvtq_f32_u32(vmovl_u16(vget_high_u16(h)));
+                    if (i & 1) {
+                        t0 = vfmaq_n_f32(t0, x0, wf[i * K + j]);
+                        t1 = vfmaq_n_f32(t1, x1, wf[i * K + j]);
+                    } else {
+                        s0 = vfmaq_n_f32(s0, x0, wf[i * K + j]);
+                        s1 = vfmaq_n_f32(s1, x1, wf[i * K + j]);
+                    }
+                }
+            }
+            s0 = vaddq_f32(s0, t0);
+            s1 = vaddq_f32(s1, t1);
+            float32x4_t v0 = vmulq_n_f32(vcvtq_f32_s32(vaddq_s32(vcvtq_s32_f32(s0), bv)), m);
+            float32x4_t v1 = vmulq_n_f32(vcvtq_f32_s32(vaddq_s32(vcvtq_s32_f32(s1), bv)), m);
+            v0 = vminq_f32(vmaxq_f32(v0, lo), hi);
+            v1 = vminq_f32(vmaxq_f32(v1, lo), hi);
+            v0 = vsubq_f32(vaddq_f32(v0, magic), magic);
+            v1 = vsubq_f32(vaddq_f32(v1, magic), magic);
+            const int32x4_t q0 = vaddq_s32(vcvtq_s32_f32(v0), zv), q1 = vaddq_s32(vcvtq_s32_f32(v1), zv);
+            const uint16x8_t q16 = vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(q0)), vmovn_u32(vreinterpretq_u32_s32(q1)));
+            uint8_t out8[8];
+            vst1_u8(out8, vmovn_u16(q16));
+            q8_dwf_put(y, (long long)oh * OW + ow0, plane, OW - ow0, out8);
+        }
+    }
+}
+
+static void q8_dwf_neon(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW, int32_t beff, float m,
+                        float flo, float fhi, int zy, uint8_t* y)
+{
+    if (K == 3 && S == 1)
+        q8_dwf_body_neon(P, Wb, wc, 3, 1, OH, OW, beff, m, flo, fhi, zy, y);
+    else if (K == 3)
+        q8_dwf_body_neon(P, Wb, wc, 3, 2, OH, OW, beff, m, flo, fhi, zy, y);
+    else if (S == 1)
+        q8_dwf_body_neon(P, Wb, wc, 5, 1, OH, OW, beff, m, flo, fhi, zy, y);
+    else
+        q8_dwf_body_neon(P, Wb, wc, 5, 2, OH, OW, beff, m, flo, fhi, zy, y);
+}
+#endif
+
+/* the fast path's row kernel on this CPU, or NULL (other CPUs, or the portable kernels forced for tests) */
+static q8_dwf_fn q8_dwf_kernel(void)
+{
+    if (q8_isa()->level == 0) return NULL;
+#if defined(Q8_DWF_AVX2)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return q8_dwf_avx2;
+#endif
+#if defined(Q8_DWF_NEON)
+    return q8_dwf_neon;
+#endif
+    return NULL;
+}
+
+static int q8_dwf_applies(const q8_dw_ctx* c)
+{
+    return c->kh == c->kw && (c->kh == 3 || c->kh == 5) && c->sh == c->sw && (c->sh == 1 || c->sh == 2) &&
+           c->dh == 1 && c->dw == 1 && c->pt >= 0 && c->pl >= 0 && q8_dwf_kernel() != NULL;
+}
+
+/* plane geometry: rows read, row pitch (room for the last step's whole-vector reads) */
+static void q8_dwf_geom(const q8_dw_ctx* c, int* Hp, int* Wb)
+{
+    const int S = c->sh, K = c->kh, Wv = (c->OW + 7) / 8 * 8;
+    *Hp = (c->OH - 1) * S + K;
+    *Wb = (Wv * S + K + 16 + 15) & ~15;
+}
+
+static void q8_dwf_channel(const q8_dw_ctx* c, q8_dwf_fn fn, long long ch, uint8_t* P, int Hp, int Wb, int zxd,
+                           uint8_t flip)
+{
+    const int H = c->H, W = c->W, K = c->kh;
+    const int8_t* wc = c->w + (size_t)ch * K * K;
+    int32_t wsum = 0;
+    for (int t = 0; t < K * K; ++t) wsum += wc[t];
+    const int32_t beff = (c->bias ? c->bias[ch] : 0) - zxd * wsum;
+    const uint8_t* xc = c->x + (size_t)ch * H * W;
+    const int n = W < Wb - c->pl ? W : Wb - c->pl;
+    for (int ih = 0; ih < H && ih + c->pt < Hp; ++ih) {
+        uint8_t* d = P + (size_t)(ih + c->pt) * Wb + c->pl;
+        const uint8_t* s = xc + (size_t)ih * W;
+        if (flip)
+            for (int u = 0; u < n; ++u) d[u] = s[u] ^ flip;
+        else
+            memcpy(d, s, (size_t)n);
+    }
+    fn(P, Wb, wc, K, c->sh, c->OH, c->OW, beff, c->mult[ch], (float)(c->lo - c->zy), (float)(c->hi - c->zy), c->zy,
+       (uint8_t*)c->y + (size_t)ch * c->OH * c->OW);
+}
+
+/* channels [c0, c1) on the fast path; the plane's pads are written once (the rows copied in never touch them) */
+static int q8_dwf_task(const q8_dw_ctx* c, long long c0, long long c1)
+{
+    int Hp, Wb;
+    q8_dwf_geom(c, &Hp, &Wb);
+    const int zxd = q8_zx_domain(c->zx, c->x_signed, 0);
+    const uint8_t flip = (uint8_t)(c->x_signed ? 0x80 : 0);
+    const size_t bytes = (size_t)Hp * Wb + 64;
+    uint8_t* P = q8_scratch(1, bytes);
+    if (!P) return -1;
+    memset(P, (uint8_t)zxd, bytes);
+    const q8_dwf_fn fn = q8_dwf_kernel();
+    for (long long ch = c0; ch < c1; ++ch) q8_dwf_channel(c, fn, ch, P, Hp, Wb, zxd, flip);
+    return 0;
+}
+
 /* One task per block of channels with its scratch allocated once: small maps with many channels (960 x 7x7)
    spent most of their time in four allocations per channel and one task per channel. */
 static void q8_dw_task(void* vctx, long long t)
@@ -818,6 +1041,10 @@ static void q8_dw_task(void* vctx, long long t)
     q8_dw_ctx* c = (q8_dw_ctx*)vctx;
     const long long c0 = (long long)c->C * t / c->ntasks, c1 = (long long)c->C * (t + 1) / c->ntasks;
     if (c1 <= c0) return;
+    if (q8_dwf_applies(c)) {
+        if (q8_dwf_task(c, c0, c1)) __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
     q8_dw_scratch sc = {0};
     int Hq, Wq;
     q8_dw_geom(c, &Hq, &Wq);

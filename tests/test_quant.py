@@ -188,6 +188,27 @@ def test_native_qconv_matches_oracle(q8_isa: int, geo, xt, yt) -> None:
     np.testing.assert_array_equal(out[0], want)
 
 
+@pytest.mark.parametrize("k,stride,pads,hw", [(3, 2, [0, 0, 1, 1], (14, 14)), (3, 1, [1, 1, 1, 1], (7, 7)),
+                                             (5, 1, [2, 2, 2, 2], (9, 17)), (5, 2, [1, 2, 2, 1], (12, 11)),
+                                             (3, 2, [1, 1, 1, 1], (1, 1)), (3, 1, [0, 0, 0, 0], (3, 40))],
+                         ids=["3x3s2-same", "3x3-7x7", "5x5-wide", "5x5s2-asym", "3x3s2-1x1map", "3x3-nopad"])
+@pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_native_depthwise_geometries_match_oracle(q8_isa: int, k: int, stride: int, pads: list, hw: tuple, xt) -> None:
+    """The depthwise row kernels (8 pixels per step, whole-vector stores spilling into the next row) on the maps
+    and pads models bring: asymmetric (TF 'SAME') pads, maps narrower than a step, one pixel, no pads."""
+    c = 40
+    x = U8(1, c, *hw) if xt == np.uint8 else S8(1, c, *hw)
+    ins, attrs = _conv_layer(x, c, k, c, stride, 0, True, None, np.uint8)
+    attrs["pads"] = pads
+    layer = single_node_layer("QLinearConv", ins, attrs, const=[False] + [True] * 8)
+    kern = choose_kernel(layer)
+    assert kern.name == "int8_native"
+    out = [np.full(layer.outputs[0].shape, 77, layer.outputs[0].dtype)]
+    kern.run(layer, [x] + [None] * 8, kern.transform(layer, {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}),
+             out)
+    np.testing.assert_array_equal(out[0], op_spec("QLinearConv").reference(layer.node, ins)[0])
+
+
 @pytest.mark.parametrize("m,k,n", [(1, 64, 10), (7, 33, 40), (130, 100, 17)])
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
 def test_native_qmatmul_matches_oracle(q8_isa: int, m: int, k: int, n: int, xt) -> None:
