@@ -185,7 +185,7 @@ static const q8_isa_t* q8_best(void)
 {
 #if defined(Q8_HAVE_VNNI)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512vnni"))
         return &Q8_VNNI;
 #endif
@@ -392,6 +392,58 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void ukc_vnni(cons
 }
 #endif
 
+#if defined(Q8_HAVE_VNNI)
+/* ukc_vnni with the requantisation in its registers: each 16 sums of a channel are biased, scaled, clamped,
+   rounded to nearest even (embedded rounding, whatever MXCSR says), offset by zy and stored as 16 bytes. The
+   separate pass over an int32 tile (q8_store_rows) cost more than the dot products where K is small. Same
+   arithmetic as q8_store_rows: float product, clamp in float, then round. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void ukc_vnni_q(
+    const uint8_t* xg, int kq, long gs, const int8_t* w, int kp, int nn, int cnt, const int32_t* bias,
+    const float* mult, float flo, float fhi, int zy, uint8_t* y, long long pitch)
+{
+    /* twelve named accumulators: GCC copies vectors around (vmovdqa per vpdpbusd) when they are an array */
+    __m512i a00 = _mm512_setzero_si512(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+            a31 = a00, a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+    const int8_t *w0 = w, *w1 = w + kp, *w2 = w + 2 * (size_t)kp, *w3 = w + 3 * (size_t)kp, *w4 = w + 4 * (size_t)kp,
+                 *w5 = w + 5 * (size_t)kp;
+    for (int g = 0; g < kq; ++g) {
+        const uint8_t* xp = xg + (size_t)g * gs;
+        const __m512i x0 = _mm512_loadu_si512((const void*)xp), x1 = _mm512_loadu_si512((const void*)(xp + 64));
+        int32_t v;
+        __m512i wb;
+#define Q8_STEP(A0, A1, WR)                                                                                        \
+    memcpy(&v, WR + 4 * (size_t)g, 4);                                                                             \
+    wb = _mm512_set1_epi32(v);                                                                                     \
+    A0 = _mm512_dpbusd_epi32(A0, x0, wb);                                                                          \
+    A1 = _mm512_dpbusd_epi32(A1, x1, wb);
+        Q8_STEP(a00, a01, w0)
+        Q8_STEP(a10, a11, w1)
+        Q8_STEP(a20, a21, w2)
+        Q8_STEP(a30, a31, w3)
+        Q8_STEP(a40, a41, w4)
+        Q8_STEP(a50, a51, w5)
+#undef Q8_STEP
+    }
+    const __m512i a[Q8_CR][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}, {a40, a41}, {a50, a51}};
+    const __m512 lo = _mm512_set1_ps(flo), hi = _mm512_set1_ps(fhi);
+    const __m512i zv = _mm512_set1_epi32(zy);
+    const __mmask16 m0 = cnt >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cnt) - 1);
+    const __mmask16 m1 = cnt >= 32 ? (__mmask16)0xffff : (cnt <= 16 ? (__mmask16)0 : (__mmask16)((1u << (cnt - 16)) - 1));
+    for (int r = 0; r < Q8_CR; ++r) {
+        if (r >= nn) break;
+        const __m512i b = _mm512_set1_epi32(bias[r]);
+        const __m512 m = _mm512_set1_ps(mult[r]);
+        uint8_t* yo = y + r * pitch;
+        for (int h = 0; h < 2; ++h) {
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a[r][h], b)), m);
+            v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+            const __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+            _mm_mask_storeu_epi8((void*)(yo + 16 * h), h ? m1 : m0, _mm512_cvtepi32_epi8(q));
+        }
+    }
+}
+#endif
+
 #if defined(Q8_HAVE_SDOT)
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void ukc_sdot(const uint8_t* xg, int kq, long gs, const int8_t* w,
                                                           int kp, int32_t* out)
@@ -436,6 +488,7 @@ typedef struct {
     const uint8_t* x;
     int C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
     uint8_t flip, pad;
+    uint32_t gflip; /* xor applied by the gather: the flip, where x is read in place (not copied flipped) */
     const int8_t* wp;
     const int32_t* bias_eff;
     const float* mult;
@@ -457,10 +510,10 @@ typedef struct {
 
 /* dst[p] = the 4 bytes r0[p], r1[p], r2[p], r3[p] (p < np; zeros up to pb) */
 INFERD_CLONES static void q8_interleave(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2, const uint8_t* r3,
-                                        int np, int pb, uint32_t* dst)
+                                        int np, int pb, uint32_t fx, uint32_t* dst)
 {
     for (int p = 0; p < np; ++p)
-        dst[p] = (uint32_t)r0[p] | ((uint32_t)r1[p] << 8) | ((uint32_t)r2[p] << 16) | ((uint32_t)r3[p] << 24);
+        dst[p] = ((uint32_t)r0[p] | ((uint32_t)r1[p] << 8) | ((uint32_t)r2[p] << 16) | ((uint32_t)r3[p] << 24)) ^ fx;
     for (int p = np; p < pb; ++p) dst[p] = 0;
 }
 
@@ -510,7 +563,7 @@ static void q8_conv_task(void* vctx, long long t)
                 src[tt] = c->xv + phase * c->vplane + (long long)(ri / c->sh) * c->Wv + cj / c->sw + p0;
             }
         }
-        q8_interleave(src[0], src[1], src[2], src[3], np, PB, (uint32_t*)(xb + (size_t)g * PB * 4));
+        q8_interleave(src[0], src[1], src[2], src[3], np, PB, c->gflip, (uint32_t*)(xb + (size_t)g * PB * 4));
     }
     const q8_ukc uk = q8_conv_uk(c->isa);
     int32_t tile[Q8_CR * Q8_PX];
@@ -518,6 +571,15 @@ static void q8_conv_task(void* vctx, long long t)
     const int n_begin = (int)(nc * c->nchunk), n_end = (int)((nc + 1) * c->nchunk < c->N ? (nc + 1) * c->nchunk : c->N);
     for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
         const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
+#if defined(Q8_HAVE_VNNI)
+        if (uk == ukc_vnni) {
+            for (int px = 0; px < np; px += Q8_PX)
+                ukc_vnni_q(xb + (size_t)px * 4, kq, 4L * PB, c->wp + (size_t)n0 * kp, kp, nn,
+                           np - px < Q8_PX ? np - px : Q8_PX, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy,
+                           c->yv + (size_t)n0 * npix + p0 + px, npix);
+            continue;
+        }
+#endif
         for (int px = 0; px < np; px += Q8_PX) {
             uk(xb + (size_t)px * 4, kq, 4L * PB, c->wp + (size_t)n0 * kp, kp, tile);
             const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
@@ -544,13 +606,17 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const uint8_t* xv = NULL;
     long long vplane = 0;
     int Wv = OW;
+    uint32_t gflip = 0;
     {
         const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
         const int Hq = (Hpad + sh - 1) / sh + 1;
         Wv = (Wpad + sw - 1) / sw;
         vplane = (long long)Hq * Wv;
-        if (kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && OH == H && OW == W && !flip) {
-            xv = (const uint8_t*)x; /* already what the gather reads: no copy (reads stay inside: rows are OH * W) */
+        if (kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && OH == H && OW == W) {
+            /* already what the gather reads, but for the flip, which the gather applies: no copy (reads stay
+               inside: rows are OH * W) */
+            xv = (const uint8_t*)x;
+            gflip = flip * 0x01010101u;
             vplane = (long long)H * W;
         } else {
             const size_t bytes = (size_t)C * sh * sw * vplane;
@@ -574,7 +640,10 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
                         const int u0 = (lo_c + sw - 1) / sw;
                         int u1 = hi_c > 0 ? (hi_c + sw - 1) / sw : 0;
                         if (u1 > Wv) u1 = Wv;
-                        for (int u = u0; u < u1; ++u) d[u] = (uint8_t)(src[u * sw + cp - pl] ^ flip);
+                        if (sw == 1) /* contiguous: a loop the compiler vectorises */
+                            for (int u = u0; u < u1; ++u) d[u] = (uint8_t)(src[u - pl] ^ flip);
+                        else
+                            for (int u = u0; u < u1; ++u) d[u] = (uint8_t)(src[u * sw + cp - pl] ^ flip);
                     }
                 }
             xv = xpad;
@@ -594,8 +663,8 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     long long nchunk = ((N + chunks - 1) / chunks + Q8_CR - 1) / Q8_CR * Q8_CR;
     if (nchunk < Q8_CR) nchunk = Q8_CR;
     chunks = (N + nchunk - 1) / nchunk;
-    q8_conv_ctx c = {isa, (const uint8_t*)x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, flip, pad, wp, be, mult,
-                     N, q8_kp(K), zy, lo, hi, y_signed, xv, vplane, Wv, npix, ystage ? ystage : (uint8_t*)y, pbs,
+    q8_conv_ctx c = {isa, (const uint8_t*)x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, flip, pad, gflip, wp, be,
+                     mult, N, q8_kp(K), zy, lo, hi, y_signed, xv, vplane, Wv, npix, ystage ? ystage : (uint8_t*)y, pbs,
                      pblocks, nchunk, 0};
     const long long tasks = pblocks * chunks;
     inferd_parallel(q8_conv_task, &c, tasks, npix * (long long)N * K < 200000 ? 1 : max_threads);

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import drop_page_cache, fmt, machine_info, median_ms, ratio, time_calls, write_results
+from .common import drop_page_cache, fmt, machine_info, median_ms, ramp, ratio, time_calls, write_results
 
 DEFAULT_MODELS = "resnet18,mobilenetv2,squeezenet1_1,googlenet"
 DEFAULT_SCHEMES = "qdq_u8s8_pc,qdq_s8s8"
@@ -116,13 +116,17 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     s8, s32 = _ort_session(qpath, threads), _ort_session(fpath, threads)
     load0 = os.getloadavg()[0]
     res: dict[str, Any] = {"model": name, "scheme": scheme, "device": device, "int8_gpu": int8_gpu}
-    # alternate engines so that a change of machine load hits all of them alike
+    # Alternate engines so that a change of machine load hits all of them alike, each block of 5 timed calls
+    # after a 0.15 s ramp of its own: onnxruntime's pool threads keep spinning for tens of milliseconds after its
+    # last call (inferd measured 1.6x slower for ~40 ms after it on the 2-core VM), so a call timed straight
+    # after another engine's would time that engine's spin-down too.
     t: dict[str, list[float]] = {"inferd_int8": [], "inferd_fp32": [], "ort_int8": [], "ort_fp32": []}
     calls = {"inferd_int8": lambda: m8.run({iname: x}), "inferd_fp32": lambda: m32.run({iname: x}),
              "ort_int8": lambda: s8.run(None, {iname: x}), "ort_fp32": lambda: s32.run(None, {iname: x})}
     for _ in range(max(1, repeat // 5)):
         for k, fn in calls.items():
-            t[k] += time_calls(fn, 5, warmup=1)
+            ramp(fn, 0.15)
+            t[k] += time_calls(fn, 5, warmup=0)
     for k, v in t.items():
         res[f"{k}_warm_ms"] = median_ms(v)
     res["loadavg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
