@@ -242,3 +242,8 @@ int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W,
 /* y = clamp(rint((a - za) ra + (b - zb) rb + zc), lo, hi) over n elements of same-shaped a, b (QLinearAdd). */
 void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b, int b_signed, int zb, float rb, float zc,
                    int lo, int hi, void* y, long long n, int max_threads);
+/* QuantizeLinear per tensor: y[i] = saturate(rint(x[i] / scale) + zp) to [lo, hi], as int8/uint8 bytes. */
+void inferd_q8_quantize(const float* x, float scale, int zp, int lo, int hi, void* y, long long n, int max_threads);
+/* QLinearGlobalAveragePool, channels first: y[r] = saturate(rint((sum of row r - zx*hw) * m) + zy), rows of hw. */
+void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long long hw, float m, int zy, int lo, int hi,
+                   void* y);

@@ -1188,3 +1188,65 @@ void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b,
                     (uint8_t*)y, n, chunk};
     inferd_parallel(q8_add_task, &c, tasks, tasks < 2 ? 1 : max_threads);
 }
+
+/* ---------------------------------------------------------------- QuantizeLinear, per tensor
+   y = saturate(rint(x / scale) + zp), the division in float32 as onnxruntime's and the oracle's. The clamp comes
+   before the rounding (its bounds lo - zp, hi - zp are integers, so the result is the same) and a NaN goes to
+   lo. The numpy oracle took 7x onnxruntime's time on a 224x224 image. */
+INFERD_CLONES static void q8_quant_range(const float* restrict x, float s, int zp, float flo, float fhi,
+                                         uint8_t* restrict y, long long n0, long long n1)
+{
+    for (long long i = n0; i < n1; ++i) {
+        float v = x[i] / s;
+        v = v >= flo ? (v > fhi ? fhi : v) : flo;
+        y[i] = (uint8_t)((int)q8_rint(v) + zp);
+    }
+}
+
+typedef struct {
+    const float* x;
+    float s, flo, fhi;
+    int zp;
+    uint8_t* y;
+    long long n, chunk;
+} q8_quant_ctx;
+
+static void q8_quant_task(void* vctx, long long t)
+{
+    const q8_quant_ctx* c = (const q8_quant_ctx*)vctx;
+    const long long n0 = t * c->chunk, n1 = n0 + c->chunk < c->n ? n0 + c->chunk : c->n;
+    q8_quant_range(c->x, c->s, c->zp, c->flo, c->fhi, c->y, n0, n1);
+}
+
+void inferd_q8_quantize(const float* x, float scale, int zp, int lo, int hi, void* y, long long n, int max_threads)
+{
+    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    q8_quant_ctx c = {x, scale, (float)(lo - zp), (float)(hi - zp), zp, (uint8_t*)y, n, chunk};
+    inferd_parallel(q8_quant_task, &c, tasks, tasks < 2 ? 1 : max_threads);
+}
+
+/* ---------------------------------------------------------------- QLinearGlobalAveragePool, channels first
+   As onnxruntime's and the oracle's: the integer sum of each row of hw values minus the zero point's share,
+   times m = x_scale / (y_scale * hw) in float32, rounded, plus y_zp. Rows are batch x channels; hw < 2^23, so
+   an int32 sum cannot overflow. */
+INFERD_CLONES static int32_t q8_row_sum(const uint8_t* restrict x, int x_signed, long long hw)
+{
+    int32_t s = 0;
+    if (x_signed)
+        for (long long i = 0; i < hw; ++i) s += (int8_t)x[i];
+    else
+        for (long long i = 0; i < hw; ++i) s += x[i];
+    return s;
+}
+
+void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long long hw, float m, int zy, int lo, int hi,
+                   void* y)
+{
+    const float flo = (float)(lo - zy), fhi = (float)(hi - zy);
+    for (long long r = 0; r < rows; ++r) {
+        const long long acc = (long long)q8_row_sum((const uint8_t*)x + r * hw, x_signed, hw) - (long long)zx * hw;
+        float v = (float)acc * m;
+        v = v < flo ? flo : (v > fhi ? fhi : v);
+        ((uint8_t*)y)[r] = (uint8_t)((int)q8_rint(v) + zy);
+    }
+}

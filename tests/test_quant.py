@@ -533,6 +533,42 @@ def test_native_qadd_matches_oracle(at, bt, yt) -> None:
         np.testing.assert_array_equal(out[0], op_spec("QLinearAdd").reference(layer.node, ins)[0])
 
 
+@pytest.mark.parametrize("yt", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_native_quantize_linear_matches_oracle(yt) -> None:
+    """Float32 division, round half to even, saturation: ties (x / s exactly k + 0.5), infinities, far-out values,
+    over more elements than one task (65536) so the threads split them."""
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    s = F(0.05)
+    x = (rng.standard_normal((1, 3, 160, 150)) * 4).astype(F)
+    flat = x.reshape(-1)
+    flat[:9] = [np.inf, -np.inf, 1e30, -1e30, s * F(2.5), s * F(3.5), -s * F(2.5), 0.0, -0.0]
+    ins = [x, s, np.asarray(-3 if yt == np.int8 else 128, yt)]
+    layer = single_node_layer("QuantizeLinear", ins, {}, const=[False, True, True])
+    kern = choose_kernel(layer)
+    assert kern.name == "int8_native"
+    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
+    kern.run(layer, [x, None, None], kern.transform(layer, raw), out)
+    np.testing.assert_array_equal(out[0], op_spec("QuantizeLinear").reference(layer.node, ins)[0])
+
+
+@pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)], ids=["u8u8", "s8s8", "u8s8"])
+@pytest.mark.parametrize("shape", [(2, 40, 7, 7), (1, 3, 1, 1), (1, 5, 9)], ids=["7x7", "1x1", "1d"])
+def test_native_qgap_matches_oracle(xt, yt, shape) -> None:
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    x = U8(*shape) if xt == np.uint8 else S8(*shape)
+    ins = [x, F(0.037), np.asarray(11 if xt == np.uint8 else -7, xt), F(0.021), np.asarray(90 if yt == np.uint8 else 4, yt)]
+    layer = single_node_layer("QLinearGlobalAveragePool", ins, {}, const=[False, True, True, True, True])
+    kern = choose_kernel(layer)
+    assert kern.name == "int8_native"
+    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
+    kern.run(layer, [x] + [None] * 4, kern.transform(layer, raw), out)
+    np.testing.assert_array_equal(out[0], op_spec("QLinearGlobalAveragePool").reference(layer.node, ins)[0])
+
+
 # ------------------------------------------------------------------ DynamicQuantizeLSTM (quantize_dynamic of an LSTM)
 
 def _lstm_model(direction: str = "forward", seq: int = 6, batch: int = 1, isz: int = 10, h: int = 16,

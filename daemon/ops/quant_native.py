@@ -292,3 +292,106 @@ class QAddNative(Kernel):
             lib.inferd_q8_add(ap, asg, za, ra, bp, bsg, zb, rb, zc, lo, hi, yp, n, threads)
 
         return call
+
+
+@register_kernel
+class QuantizeNative(Kernel):
+    """QuantizeLinear of a float32 tensor with one constant scale and zero point, to int8/uint8 (a model's input
+    quantisation): the oracle's float32 division and rounding, in C over the threads."""
+
+    name = "int8_native"
+    ops = ("QuantizeLinear",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if not native.AVAILABLE or x is None or np.dtype(x.dtype) != np.float32 or 0 in layer.const_inputs:
+            return False
+        if np.dtype(layer.outputs[0].dtype) not in INT8_TYPES or not _consts(layer, (1, 2)):
+            return False
+        return layer.inputs[1].size == 1 and (not layer.has_input(2) or layer.inputs[2].size == 1)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        zp = int(np.asarray(raw[raw_key(2)]).reshape(-1)[0]) if layer.has_input(2) else 0
+        lo, hi = qrange(layer.outputs[0].dtype)
+        return {"s": np.asarray(raw[raw_key(1)], np.float32).reshape(1), "i": np.array([zp, lo, hi], np.int64)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x, y = inputs[0], outputs[0]
+        if x is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        s = float(params["s"][0])
+        zp, lo, hi = (int(v) for v in params["i"])
+        xp = native.ffi.cast("float *", x.__array_interface__["data"][0])
+        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        n, lib, threads = int(y.size), native.lib, native.num_threads()
+        keep = (x, y)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_quantize(xp, s, zp, lo, hi, yp, n, threads)
+
+        return call
+
+
+@register_kernel
+class QGlobalAveragePoolNative(Kernel):
+    """QLinearGlobalAveragePool, channels first, constant quantisation parameters: integer row sums in C."""
+
+    name = "int8_native"
+    ops = ("QLinearGlobalAveragePool",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if not native.AVAILABLE or x is None or int(layer.attr("channels_last", 0)) or len(x.shape) < 3:
+            return False
+        if np.dtype(x.dtype) not in INT8_TYPES or np.dtype(layer.outputs[0].dtype) not in INT8_TYPES:
+            return False
+        return _consts(layer, (1, 2, 3, 4)) and int(np.prod(x.shape[2:])) < 1 << 23
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .quant import _f32
+
+        hw = int(np.prod(layer.inputs[0].shape[2:]))
+        xs, ys = _f32(raw[raw_key(1)]).reshape(-1)[0], _f32(raw[raw_key(3)]).reshape(-1)[0]
+        m = np.float32(xs / (ys * np.float32(hw)))  # the oracle's float32 expression, operation for operation
+
+        def z(i: int) -> int:
+            return int(np.asarray(raw[raw_key(i)]).reshape(-1)[0]) if layer.has_input(i) else 0
+
+        lo, hi = qrange(layer.outputs[0].dtype)
+        return {"m": np.array([m], np.float32), "i": np.array([z(2), z(4), lo, hi], np.int64)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x, y = inputs[0], outputs[0]
+        if x is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        m = float(params["m"][0])
+        zx, zy, lo, hi = (int(v) for v in params["i"])
+        hw = int(np.prod(x.shape[2:]))
+        rows = int(x.size) // max(1, hw)
+        xp = native.ffi.cast("void *", x.__array_interface__["data"][0])
+        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        xsg, lib = int(x.dtype == _I8), native.lib
+        keep = (x, y)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_gap(xp, xsg, zx, rows, hw, m, zy, lo, hi, yp)
+
+        return call
