@@ -247,3 +247,8 @@ void inferd_q8_quantize(const float* x, float scale, int zp, int lo, int hi, voi
 /* QLinearGlobalAveragePool, channels first: y[r] = saturate(rint((sum of row r - zx*hw) * m) + zy), rows of hw. */
 void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long long hw, float m, int zy, int lo, int hi,
                    void* y);
+/* y[i] = table[x[i]] over n bytes, or a copy where table is NULL (QLinearConcat's parts). */
+void inferd_q8_map(const void* x, const unsigned char* table, void* y, long long n, int max_threads);
+/* 8-bit MaxPool over planes of H x W (NCHW): taps in the padding skipped; 0 or -1 (out of memory). */
+int inferd_q8_maxpool2d(const void* x, int x_signed, long long planes, int H, int W, int kh, int kw, int sh, int sw,
+                        int dh, int dw, int pt, int pl, int OH, int OW, void* y, int max_threads);

@@ -1250,3 +1250,228 @@ void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long lon
         ((uint8_t*)y)[r] = (uint8_t)((int)q8_rint(v) + zy);
     }
 }
+
+/* ---------------------------------------------------------------- byte table map: y[i] = table[x[i]] (QLinearConcat's
+   requantisation of an input on another scale; numpy's take widened every byte to an int64 index) */
+typedef struct {
+    const uint8_t* x;
+    const uint8_t* table;
+    uint8_t* y;
+    long long n, chunk;
+} q8_map_ctx;
+
+static void q8_map_task(void* vctx, long long t)
+{
+    const q8_map_ctx* c = (const q8_map_ctx*)vctx;
+    const long long n0 = t * c->chunk, n1 = n0 + c->chunk < c->n ? n0 + c->chunk : c->n;
+    const uint8_t* restrict x = c->x;
+    uint8_t* restrict y = c->y;
+    if (!c->table) {
+        memcpy(y + n0, x + n0, (size_t)(n1 - n0));
+        return;
+    }
+    uint8_t tb[256];
+    memcpy(tb, c->table, 256);
+    for (long long i = n0; i < n1; ++i) y[i] = tb[x[i]];
+}
+
+void inferd_q8_map(const void* x, const unsigned char* table, void* y, long long n, int max_threads)
+{
+    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    q8_map_ctx c = {(const uint8_t*)x, table, (uint8_t*)y, n, chunk};
+    inferd_parallel(q8_map_task, &c, tasks, tasks < 2 ? 1 : max_threads);
+}
+
+/* ---------------------------------------------------------------- 8-bit MaxPool, 2-D, NCHW planes
+   Separable, per output row: the vertical maximum of its kh input rows, then that row's horizontal maxima. Pads
+   hold the lowest value, which no maximum picks over a value inside (the padding is -inf); an output with no tap
+   inside gets the type's lowest value, as the numpy kernel's fill. int8 is compared as unsigned after an xor with
+   0x80 (order-preserving), so one loop serves both types. */
+typedef struct {
+    const uint8_t* x;
+    uint8_t* y;
+    long long planes;
+    int H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, ntasks;
+    uint8_t flip;
+    int failed;
+} q8_maxpool_ctx;
+
+/* one padded row's horizontal maxima: y[ow] = max_j v[ow*sw + j*dw] (v already holds the pl leading pads) */
+INFERD_CLONES static void q8_hmax(const uint8_t* restrict v, uint8_t* restrict y, int OW, int kw, int sw, int dw)
+{
+    if (sw == 1 && dw == 1) {
+        for (int ow = 0; ow < OW; ++ow) y[ow] = v[ow];
+        for (int j = 1; j < kw; ++j)
+            for (int ow = 0; ow < OW; ++ow) y[ow] = v[ow + j] > y[ow] ? v[ow + j] : y[ow];
+    } else if (sw == 2 && dw == 1) {
+        /* v read as little-endian byte pairs p[u] = v[2u] | v[2u+1] << 8 (v is 64-byte aligned): tap j of output
+           ow is the low (j even) or high (j odd) byte of p[ow + j/2], so every tap is a contiguous 16-bit load;
+           one loop per tap, as for stride 1 (a tap loop inside the output loop was not vectorised) */
+        const uint16_t* restrict p = (const uint16_t*)(const void*)v;
+        for (int ow = 0; ow < OW; ++ow) y[ow] = (uint8_t)(p[ow] & 0xff);
+        for (int j = 1; j < kw; ++j) {
+            const uint16_t* restrict pj = p + j / 2;
+            if (j & 1)
+                for (int ow = 0; ow < OW; ++ow) {
+                    const uint8_t b = (uint8_t)(pj[ow] >> 8);
+                    y[ow] = b > y[ow] ? b : y[ow];
+                }
+            else
+                for (int ow = 0; ow < OW; ++ow) {
+                    const uint8_t b = (uint8_t)(pj[ow] & 0xff);
+                    y[ow] = b > y[ow] ? b : y[ow];
+                }
+        }
+    } else {
+        for (int ow = 0; ow < OW; ++ow) {
+            uint8_t m = 0;
+            for (int j = 0; j < kw; ++j) m = v[ow * sw + j * dw] > m ? v[ow * sw + j * dw] : m;
+            y[ow] = m;
+        }
+    }
+}
+
+/* per output row: the vertical maximum of its kh input rows into a padded row (pads and flipped values in the
+   unsigned order), then the horizontal maxima of that row: both contiguous loops the compiler vectorises */
+INFERD_CLONES static void q8_maxpool_plane(const q8_maxpool_ctx* c, const uint8_t* x, uint8_t* y, uint8_t* vb)
+{
+    const int H = c->H, W = c->W, kh = c->kh, sh = c->sh, dh = c->dh, pt = c->pt, pl = c->pl, OH = c->OH;
+    const int OW = c->OW;
+    const uint8_t flip = c->flip;
+    const int need = (OW - 1) * c->sw + (c->kw - 1) * c->dw + 2; /* bytes of the padded row any tap reads */
+    uint8_t* restrict v = vb;
+    memset(v, 0, (size_t)need + 64);
+    uint8_t* restrict vc = v + pl;
+    const int wn = W < need - pl ? W : need - pl; /* input columns some tap reads */
+    for (int oh = 0; oh < OH; ++oh) {
+        int first = 1;
+        for (int i = 0; i < kh; ++i) {
+            const int ih = oh * sh - pt + i * dh;
+            if (ih < 0 || ih >= H) continue;
+            const uint8_t* restrict r = x + (size_t)ih * W;
+            if (first)
+                for (int u = 0; u < wn; ++u) vc[u] = r[u] ^ flip;
+            else
+                for (int u = 0; u < wn; ++u) {
+                    const uint8_t t = r[u] ^ flip;
+                    vc[u] = t > vc[u] ? t : vc[u];
+                }
+            first = 0;
+        }
+        if (first) memset(vc, 0, (size_t)(wn > 0 ? wn : 0)); /* no row inside: the lowest value */
+        uint8_t* restrict yo = y + (size_t)oh * OW;
+        q8_hmax(v, yo, OW, c->kw, c->sw, c->dw);
+        if (flip)
+            for (int ow = 0; ow < OW; ++ow) yo[ow] ^= flip;
+    }
+}
+
+/* y[q] = max(y[q], s[q] ^ flip) over [0, n), or the first tap's copy: one long loop the compiler vectorises */
+INFERD_CLONES static void q8_max_into(uint8_t* restrict y, const uint8_t* restrict s, long long n, uint8_t flip, int first)
+{
+    if (first)
+        for (long long q = 0; q < n; ++q) y[q] = s[q] ^ flip;
+    else
+        for (long long q = 0; q < n; ++q) {
+            const uint8_t v = s[q] ^ flip;
+            y[q] = v > y[q] ? v : y[q];
+        }
+}
+
+/* Same-size pooling at stride 1 (the 3x3 pad-1 pools of inception branches): planes [p0, p1) as one flat array,
+   so each tap of each pass is one long loop over all of them instead of a loop per short row. The horizontal
+   pass (into hm) is right wherever a row's taps stay inside it; its first pl and last kw-1-pl columns read the
+   neighbouring rows and are redone per row with the taps inside. The vertical pass likewise, its first pt and
+   last kh-1-pt rows of each plane redone per plane. */
+static void q8_maxpool_flat(const q8_maxpool_ctx* c, long long p0, long long p1, uint8_t* hm)
+{
+    const int H = c->H, W = c->W, kh = c->kh, kw = c->kw, pt = c->pt, pl = c->pl;
+    const int pr = kw - 1 - pl, pb = kh - 1 - pt;
+    const uint8_t flip = c->flip;
+    const long long rows = (p1 - p0) * H, n = rows * W;
+    const uint8_t* x = c->x + p0 * H * W;
+    uint8_t* y = c->y + p0 * H * W;
+    const long long h0 = pl, h1 = n - pr; /* hm[q] for q in [h0, h1) from the flat taps */
+    if (h1 > h0)
+        for (int j = 0; j < kw; ++j) q8_max_into(hm + h0, x + h0 - pl + j, h1 - h0, flip, j == 0);
+    for (long long r = 0; r < rows; ++r) {
+        const uint8_t* xr = x + r * W;
+        uint8_t* hr = hm + r * W;
+        for (int ow = 0; ow < W; ++ow) {
+            if (ow >= pl && ow < W - pr) {
+                ow = W - pr - 1 > ow ? W - pr - 1 : ow; /* skip the interior, done flat */
+                continue;
+            }
+            uint8_t m = 0;
+            for (int j = 0; j < kw; ++j) {
+                const int iw = ow - pl + j;
+                if (iw >= 0 && iw < W) {
+                    const uint8_t v = xr[iw] ^ flip;
+                    m = v > m ? v : m;
+                }
+            }
+            hr[ow] = m;
+        }
+    }
+    const long long v0 = (long long)pt * W, v1 = n - (long long)pb * W;
+    if (v1 > v0)
+        for (int i = 0; i < kh; ++i) q8_max_into(y + v0, hm + v0 + (long long)(i - pt) * W, v1 - v0, 0, i == 0);
+    for (long long p = 0; p < p1 - p0; ++p) {
+        for (int oh = 0; oh < H; ++oh) {
+            if (oh >= pt && oh < H - pb) {
+                oh = H - pb - 1 > oh ? H - pb - 1 : oh;
+                continue;
+            }
+            uint8_t* yo = y + (p * H + oh) * W;
+            int first = 1;
+            for (int i = 0; i < kh; ++i) {
+                const int ih = oh - pt + i;
+                if (ih < 0 || ih >= H) continue;
+                q8_max_into(yo, hm + (p * H + ih) * W, W, 0, first);
+                first = 0;
+            }
+            if (first) memset(yo, 0, (size_t)W);
+        }
+    }
+    if (flip)
+        for (long long q = 0; q < n; ++q) y[q] ^= flip;
+}
+
+static int q8_maxpool_flat_applies(const q8_maxpool_ctx* c)
+{
+    return c->sh == 1 && c->sw == 1 && c->dh == 1 && c->dw == 1 && c->OH == c->H && c->OW == c->W && c->pt < c->kh &&
+           c->pl < c->kw;
+}
+
+static void q8_maxpool_task(void* vctx, long long t)
+{
+    q8_maxpool_ctx* c = (q8_maxpool_ctx*)vctx;
+    const long long p0 = c->planes * t / c->ntasks, p1 = c->planes * (t + 1) / c->ntasks;
+    if (p1 <= p0) return;
+    if (q8_maxpool_flat_applies(c)) {
+        uint8_t* hm = q8_scratch(1, (size_t)(p1 - p0) * c->H * c->W + 64);
+        if (!hm)
+            __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        else
+            q8_maxpool_flat(c, p0, p1, hm);
+        return;
+    }
+    uint8_t* hb = q8_scratch(1, (size_t)(c->OW - 1) * c->sw + (size_t)(c->kw - 1) * c->dw + (size_t)c->pl + 128);
+    if (!hb) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    for (long long p = p0; p < p1; ++p)
+        q8_maxpool_plane(c, c->x + p * (long long)c->H * c->W, c->y + p * (long long)c->OH * c->OW, hb);
+}
+
+int inferd_q8_maxpool2d(const void* x, int x_signed, long long planes, int H, int W, int kh, int kw, int sh, int sw,
+                        int dh, int dw, int pt, int pl, int OH, int OW, void* y, int max_threads)
+{
+    q8_maxpool_ctx c = {(const uint8_t*)x, (uint8_t*)y, planes, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, 1,
+                        (uint8_t)(x_signed ? 0x80 : 0), 0};
+    const double work = (double)planes * ((double)H * OW * kw + (double)OH * OW * kh);
+    c.ntasks = work < 100000 ? 1 : inferd_pool_chunks(planes, work);
+    inferd_parallel(q8_maxpool_task, &c, c.ntasks, work < 100000 ? 1 : max_threads);
+    return c.failed ? -1 : 0;
+}

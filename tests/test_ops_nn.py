@@ -19,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 from inferd.errors import ShapeError, UnsupportedOpError
 from inferd.ir import Node, TensorInfo
 from inferd.ops import kernels_for, op_spec, run_layer, single_node_layer
-from inferd.ops.base import raw_key
+from inferd import native
+from inferd.ops.base import choose_kernel, raw_key
 from inferd.ops.norm import fold_bn_into
 
 TOL = 1e-4
@@ -326,10 +327,20 @@ def test_ceil_mode_last_window_rule_shapes() -> None:
     assert layer.out_shape() == (1, 1, 3, 3)  # ceil((5+2-2)/2)+1 = 4, minus the window starting in the pad
 
 
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1),
+                                   dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+                                   dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+                                   dict(kernel_shape=[2, 3], strides=[2, 1], pads=[0, 1, 1, 2], dilations=[2, 1]),
+                                   dict(kernel_shape=[5, 5], strides=[3, 3], pads=[2, 2, 2, 2])],
+                         ids=["3x3s2p1-ceil", "3x3s2-ceil", "3x3s1p1", "asym-dilated", "5x5s3"])
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
-def test_maxpool_int8(dtype: Any) -> None:
-    x = RNG.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (1, 3, 9, 9)).astype(dtype)
-    check_vs_ort("MaxPool", [x], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1), opset=12)
+def test_maxpool_int8(dtype: Any, attrs: dict) -> None:
+    """The native 8-bit MaxPool (the one quantised models run) against onnxruntime, extremes of the type included."""
+    x = RNG.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (2, 3, 13, 11), endpoint=True).astype(dtype)
+    x.reshape(-1)[:4] = [np.iinfo(dtype).min, np.iinfo(dtype).max, np.iinfo(dtype).min, 0]
+    layer = single_node_layer("MaxPool", [x], attrs)
+    assert choose_kernel(layer).name == ("pool_int8_native" if native.AVAILABLE else "pool")
+    check_vs_ort("MaxPool", [x], attrs, opset=12)
 
 
 def test_maxpool_indices_output_runs_on_the_reference_kernel() -> None:

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
@@ -576,7 +577,14 @@ class QConcatKernel(Kernel):
             n = x.shape[ax]
             dst = y[(slice(None),) * ax + (slice(at, at + n),)]
             t = params.get(f"t{j}")
-            if t is None:
+            if native.AVAILABLE and dst.flags.c_contiguous and x.flags.c_contiguous:
+                # in C: numpy's take widened every byte to an int64 index (~5x slower on squeezenet's concats)
+                native.lib.inferd_q8_map(native.ffi.cast("void *", x.__array_interface__["data"][0]),
+                                         native.ffi.NULL if t is None
+                                         else native.ffi.cast("unsigned char *", native.ffi.from_buffer(t)),
+                                         native.ffi.cast("void *", dst.__array_interface__["data"][0]), x.size,
+                                         native.num_threads())
+            elif t is None:
                 dst[...] = x
             else:
                 np.take(t, x.view(np.uint8), out=dst) if dst.flags.c_contiguous else dst.__setitem__(..., t[x.view(np.uint8)])
