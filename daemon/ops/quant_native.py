@@ -307,7 +307,7 @@ class QuantizeNative(Kernel):
         x = layer.inputs[0]
         if not native.AVAILABLE or x is None or np.dtype(x.dtype) != np.float32 or 0 in layer.const_inputs:
             return False
-        if np.dtype(layer.outputs[0].dtype) not in INT8_TYPES or not _consts(layer, (1, 2)):
+        if np.dtype(layer.outputs[0].dtype) not in INT8_TYPES or not layer.has_input(1) or not _consts(layer, (1, 2)):
             return False
         return layer.inputs[1].size == 1 and (not layer.has_input(2) or layer.inputs[2].size == 1)
 
@@ -355,7 +355,8 @@ class QGlobalAveragePoolNative(Kernel):
             return False
         if np.dtype(x.dtype) not in INT8_TYPES or np.dtype(layer.outputs[0].dtype) not in INT8_TYPES:
             return False
-        return _consts(layer, (1, 2, 3, 4)) and int(np.prod(x.shape[2:])) < 1 << 23
+        return (layer.has_input(1) and layer.has_input(3) and _consts(layer, (1, 2, 3, 4))
+                and int(np.prod(x.shape[2:])) < 1 << 23)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from .quant import _f32
