@@ -508,13 +508,26 @@ typedef struct {
     int failed;
 } q8_conv_ctx;
 
-/* dst[p] = the 4 bytes r0[p], r1[p], r2[p], r3[p] (p < np; zeros up to pb) */
+/* The block's group g (4 consecutive k) for pixels p < np, zeros up to pb: the 4 bytes r0[p]..r3[p] of pixel p go
+   to tile p / Q8_PX (tiles tstride bytes apart), word p % Q8_PX of that tile's group g. Tile-major: a micro-kernel's
+   32-pixel tile is contiguous over all K (an L1-resident stream); group-major rows PB*4 bytes apart put its
+   lines in a few cache sets, which evicted each other. */
 INFERD_CLONES static void q8_interleave(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2, const uint8_t* r3,
-                                        int np, int pb, uint32_t fx, uint32_t* dst)
+                                        int np, int pb, uint32_t fx, uint8_t* dst, long tstride)
 {
-    for (int p = 0; p < np; ++p)
-        dst[p] = ((uint32_t)r0[p] | ((uint32_t)r1[p] << 8) | ((uint32_t)r2[p] << 16) | ((uint32_t)r3[p] << 24)) ^ fx;
-    for (int p = np; p < pb; ++p) dst[p] = 0;
+    for (int t0 = 0; t0 < pb; t0 += Q8_PX) {
+        uint32_t* restrict d = (uint32_t*)(void*)(dst + (t0 / Q8_PX) * tstride);
+        if (t0 + Q8_PX <= np) {
+            for (int p = 0; p < Q8_PX; ++p)
+                d[p] = ((uint32_t)r0[t0 + p] | ((uint32_t)r1[t0 + p] << 8) | ((uint32_t)r2[t0 + p] << 16) |
+                        ((uint32_t)r3[t0 + p] << 24)) ^ fx;
+        } else {
+            for (int p = 0; p < Q8_PX; ++p)
+                d[p] = t0 + p < np ? ((uint32_t)r0[t0 + p] | ((uint32_t)r1[t0 + p] << 8) |
+                                      ((uint32_t)r2[t0 + p] << 16) | ((uint32_t)r3[t0 + p] << 24)) ^ fx
+                                   : 0;
+        }
+    }
 }
 
 INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, const int32_t* bias, const float* mult,
@@ -563,30 +576,92 @@ static void q8_conv_task(void* vctx, long long t)
                 src[tt] = c->xv + phase * c->vplane + (long long)(ri / c->sh) * c->Wv + cj / c->sw + p0;
             }
         }
-        q8_interleave(src[0], src[1], src[2], src[3], np, PB, c->gflip, (uint32_t*)(xb + (size_t)g * PB * 4));
+        q8_interleave(src[0], src[1], src[2], src[3], np, PB, c->gflip, xb + (size_t)g * Q8_PX * 4, (long)kq * Q8_PX * 4);
     }
     const q8_ukc uk = q8_conv_uk(c->isa);
     int32_t tile[Q8_CR * Q8_PX];
     const float flo = (float)(c->lo - c->zy), fhi = (float)(c->hi - c->zy);
     const int n_begin = (int)(nc * c->nchunk), n_end = (int)((nc + 1) * c->nchunk < c->N ? (nc + 1) * c->nchunk : c->N);
-    for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
-        const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
+    const long tstride = (long)kq * Q8_PX * 4; /* bytes of one 32-pixel tile over all K */
+    /* pixel tiles outer: a tile (kq * 128 bytes) stays in L1 while every channel row of the chunk passes over it */
+    for (int px = 0; px < np; px += Q8_PX) {
+        const uint8_t* xt = xb + (size_t)(px / Q8_PX) * tstride;
+        const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
+        for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
+            const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
 #if defined(Q8_HAVE_VNNI)
-        if (uk == ukc_vnni) {
-            for (int px = 0; px < np; px += Q8_PX)
-                ukc_vnni_q(xb + (size_t)px * 4, kq, 4L * PB, c->wp + (size_t)n0 * kp, kp, nn,
-                           np - px < Q8_PX ? np - px : Q8_PX, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy,
-                           c->yv + (size_t)n0 * npix + p0 + px, npix);
-            continue;
-        }
+            if (uk == ukc_vnni) {
+                ukc_vnni_q(xt, kq, 4L * Q8_PX, c->wp + (size_t)n0 * kp, kp, nn, cnt, c->bias_eff + n0, c->mult + n0,
+                           flo, fhi, c->zy, c->yv + (size_t)n0 * npix + p0 + px, npix);
+                continue;
+            }
 #endif
-        for (int px = 0; px < np; px += Q8_PX) {
-            uk(xb + (size_t)px * 4, kq, 4L * PB, c->wp + (size_t)n0 * kp, kp, tile);
-            const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
+            uk(xt, kq, 4L * Q8_PX, c->wp + (size_t)n0 * kp, kp, tile);
             q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy,
                           c->yv + (size_t)n0 * npix + p0 + px, npix);
         }
     }
+}
+
+/* The conv's input padded (with the zero point), shifted into the kernel's domain and split into sh x sw phase
+   planes, channels split over the threads (one thread did it before the GEMM's tasks: ~10% of a 3x3 layer). */
+typedef struct {
+    const uint8_t* x;
+    uint8_t* xpad;
+    int C, H, W, sh, sw, pt, pl, Hpad, Wv;
+    long long vplane;
+    uint8_t pad, flip;
+    int ntasks;
+} q8_pad_ctx;
+
+/* d[u] = s[u * sw] ^ flip for u < n: stride 1 and 2 as loops of their own, which the compiler vectorises */
+INFERD_CLONES static void q8_copy_strided(uint8_t* restrict d, const uint8_t* restrict s, int sw, int n, uint8_t flip)
+{
+    if (sw == 1)
+        for (int u = 0; u < n; ++u) d[u] = s[u] ^ flip;
+    else if (sw == 2)
+        for (int u = 0; u < n; ++u) d[u] = s[2 * u] ^ flip;
+    else
+        for (int u = 0; u < n; ++u) d[u] = s[(long)u * sw] ^ flip;
+}
+
+static void q8_pad_task(void* vctx, long long t)
+{
+    const q8_pad_ctx* c = (const q8_pad_ctx*)vctx;
+    const int c0 = (int)((long long)c->C * t / c->ntasks), c1 = (int)((long long)c->C * (t + 1) / c->ntasks);
+    const int sh = c->sh, sw = c->sw, W = c->W, pl = c->pl, Wv = c->Wv;
+    const long long vplane = c->vplane;
+    if (c1 > c0) memset(c->xpad + (size_t)c0 * sh * sw * vplane, c->pad, (size_t)(c1 - c0) * sh * sw * vplane);
+    for (int ch = c0; ch < c1; ++ch)
+        for (int r = 0; r < c->Hpad; ++r) {
+            const int ih = r - c->pt;
+            if (ih < 0 || ih >= c->H) continue;
+            const uint8_t* src = c->x + ((size_t)ch * c->H + ih) * W;
+            for (int cp = 0; cp < sw; ++cp) {
+                uint8_t* d = c->xpad + (((size_t)ch * sh + r % sh) * sw + cp) * vplane + (size_t)(r / sh) * Wv;
+                /* padded column cp + u*sw holds input column cp + u*sw - pl, for those inside [0, W) */
+                const int lo_c = pl - cp > 0 ? pl - cp : 0, hi_c = W + pl - cp;
+                const int u0 = (lo_c + sw - 1) / sw;
+                int u1 = hi_c > 0 ? (hi_c + sw - 1) / sw : 0;
+                if (u1 > Wv) u1 = Wv;
+                if (u1 > u0) q8_copy_strided(d + u0, src + (long)u0 * sw + cp - pl, sw, u1 - u0, c->flip);
+            }
+        }
+}
+
+/* the output computed at pitch Wv, copied to pitch OW, rows split over the threads */
+typedef struct {
+    const uint8_t* ys;
+    uint8_t* y;
+    long long rows;
+    int Wv, OW, ntasks;
+} q8_unstage_ctx;
+
+static void q8_unstage_task(void* vctx, long long t)
+{
+    const q8_unstage_ctx* c = (const q8_unstage_ctx*)vctx;
+    const long long r0 = c->rows * t / c->ntasks, r1 = c->rows * (t + 1) / c->ntasks;
+    for (long long r = r0; r < r1; ++r) memcpy(c->y + r * c->OW, c->ys + r * c->Wv, (size_t)c->OW);
 }
 
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const int8_t* wp, const int32_t* wsum,
@@ -627,25 +702,10 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
                 return -1;
             }
             if (ybytes) ystage = xpad + bytes;
-            memset(xpad, pad, bytes);
-            for (int ch = 0; ch < C; ++ch)
-                for (int r = 0; r < Hpad; ++r) {
-                    const int ih = r - pt;
-                    if (ih < 0 || ih >= H) continue;
-                    const uint8_t* src = (const uint8_t*)x + ((size_t)ch * H + ih) * W;
-                    for (int cp = 0; cp < sw; ++cp) {
-                        uint8_t* d = xpad + (((size_t)ch * sh + r % sh) * sw + cp) * vplane + (size_t)(r / sh) * Wv;
-                        /* padded column cp + u*sw holds input column cp + u*sw - pl, for those inside [0, W) */
-                        const int lo_c = pl - cp > 0 ? pl - cp : 0, hi_c = W + pl - cp;
-                        const int u0 = (lo_c + sw - 1) / sw;
-                        int u1 = hi_c > 0 ? (hi_c + sw - 1) / sw : 0;
-                        if (u1 > Wv) u1 = Wv;
-                        if (sw == 1) /* contiguous: a loop the compiler vectorises */
-                            for (int u = u0; u < u1; ++u) d[u] = (uint8_t)(src[u - pl] ^ flip);
-                        else
-                            for (int u = u0; u < u1; ++u) d[u] = (uint8_t)(src[u * sw + cp - pl] ^ flip);
-                    }
-                }
+            q8_pad_ctx pc = {(const uint8_t*)x, xpad, C, H, W, sh, sw, pt, pl, Hpad, Wv, vplane, pad, flip, 1};
+            const double work = (double)C * sh * sw * vplane;
+            pc.ntasks = work < 65536 ? 1 : inferd_pool_chunks(C, work);
+            inferd_parallel(q8_pad_task, &pc, pc.ntasks, work < 65536 ? 1 : max_threads);
             xv = xpad;
         }
         if (Wv != OW && !ystage) { /* the input read in place but the output at another pitch: not reached */
@@ -656,8 +716,18 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const long long npix = (long long)OH * Wv;
     int pbs = (int)(262144 / q8_kp(K)) / Q8_PX * Q8_PX;
     pbs = pbs < Q8_PX ? Q8_PX : (pbs > Q8_PB_MAX ? Q8_PB_MAX : pbs);
-    const long long pblocks = (npix + pbs - 1) / pbs;
     const int threads = inferd_pool_threads();
+    {
+        /* few blocks: as many per thread, of equal size (28x28 made 3 blocks of 256 and one of 72 on 2 threads,
+           one thread doing 2 full blocks while the other did 1.3) */
+        long long nb = (npix + pbs - 1) / pbs;
+        if (nb > 1 && nb < 4LL * threads) {
+            nb = (nb + threads - 1) / threads * threads;
+            const long long b = ((npix + nb - 1) / nb + Q8_PX - 1) / Q8_PX * Q8_PX;
+            pbs = (int)(b < Q8_PX ? Q8_PX : b);
+        }
+    }
+    const long long pblocks = (npix + pbs - 1) / pbs;
     /* too few pixel blocks to feed every thread: split the channels too (each chunk gathers its block again) */
     long long chunks = pblocks >= 2LL * threads ? 1 : (2LL * threads + pblocks - 1) / pblocks;
     long long nchunk = ((N + chunks - 1) / chunks + Q8_CR - 1) / Q8_CR * Q8_CR;
@@ -669,8 +739,10 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const long long tasks = pblocks * chunks;
     inferd_parallel(q8_conv_task, &c, tasks, npix * (long long)N * K < 200000 ? 1 : max_threads);
     if (ystage) {
-        for (long long r = 0; r < (long long)N * OH; ++r)
-            memcpy((uint8_t*)y + r * OW, ystage + r * Wv, (size_t)OW);
+        q8_unstage_ctx uc = {ystage, (uint8_t*)y, (long long)N * OH, Wv, OW, 1};
+        const double work = (double)N * OH * OW;
+        uc.ntasks = work < 65536 ? 1 : inferd_pool_chunks(uc.rows, work);
+        inferd_parallel(q8_unstage_task, &uc, uc.ntasks, work < 65536 ? 1 : max_threads);
     }
     free(be);
     return c.failed ? -1 : 0;
