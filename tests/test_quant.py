@@ -193,9 +193,22 @@ def test_native_qconv_matches_oracle(q8_isa: int, geo, xt, yt) -> None:
                                              (3, 2, [1, 1, 1, 1], (1, 1)), (3, 1, [0, 0, 0, 0], (3, 40))],
                          ids=["3x3s2-same", "3x3-7x7", "5x5-wide", "5x5s2-asym", "3x3s2-1x1map", "3x3-nopad"])
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
-def test_native_depthwise_geometries_match_oracle(q8_isa: int, k: int, stride: int, pads: list, hw: tuple, xt) -> None:
-    """The depthwise row kernels (8 pixels per step, whole-vector stores spilling into the next row) on the maps
-    and pads models bring: asymmetric (TF 'SAME') pads, maps narrower than a step, one pixel, no pads."""
+@pytest.mark.parametrize("dw_cap", [-1, 1], ids=["best", "avx2"])
+def test_native_depthwise_geometries_match_oracle(q8_isa: int, k: int, stride: int, pads: list, hw: tuple, xt,
+                                                  dw_cap: int) -> None:
+    """The depthwise row kernels (16 pixels per step on AVX-512 with masked tails; 8 on AVX2 and NEON, whole-vector
+    stores spilling into the next row) on the maps and pads models bring: asymmetric (TF 'SAME') pads, maps
+    narrower than a step, one pixel, no pads. ``avx2`` keeps an AVX-512 CPU on the AVX2 rows."""
+    if dw_cap == 1 and (q8_isa == 0 or os.uname().machine != "x86_64"):
+        pytest.skip("the AVX2 cap matters on x86-64 with the SIMD kernels")
+    quant_native.native.lib.inferd_q8_dw_cap(dw_cap)
+    try:
+        _depthwise_case(k, stride, pads, hw, xt)
+    finally:
+        quant_native.native.lib.inferd_q8_dw_cap(-1)
+
+
+def _depthwise_case(k: int, stride: int, pads: list, hw: tuple, xt) -> None:
     c = 40
     x = U8(1, c, *hw) if xt == np.uint8 else S8(1, c, *hw)
     ins, attrs = _conv_layer(x, c, k, c, stride, 0, True, None, np.uint8)
