@@ -666,14 +666,40 @@ static void q8_pad_task(void* vctx, long long t)
 {
     const q8_pad_ctx* c = (const q8_pad_ctx*)vctx;
     const int c0 = (int)((long long)c->C * t / c->ntasks), c1 = (int)((long long)c->C * (t + 1) / c->ntasks);
-    const int sh = c->sh, sw = c->sw, W = c->W, pl = c->pl, Wv = c->Wv;
+    const int sh = c->sh, sw = c->sw, W = c->W, pl = c->pl, Wv = c->Wv, H = c->H, pt = c->pt;
     const long long vplane = c->vplane;
-    if (c1 > c0) memset(c->xpad + (size_t)c0 * sh * sw * vplane, c->pad, (size_t)(c1 - c0) * sh * sw * vplane);
+    const uint8_t pad = c->pad, flip = c->flip;
+    if (sh == 1 && sw == 1) {
+        /* one phase: pad rows, then each data row as pad | row | pad (the whole plane was memset and then the rows
+           written over it: twice the stores, and a strided-copy call per row) */
+        const int hq = (int)(vplane / Wv), n = W < Wv - pl ? W : Wv - pl;
+        for (int ch = c0; ch < c1; ++ch) {
+            uint8_t* plane = c->xpad + (size_t)ch * vplane;
+            const uint8_t* src = c->x + (size_t)ch * H * W;
+            for (int r = 0; r < hq; ++r) {
+                uint8_t* d = plane + (size_t)r * Wv;
+                const int ih = r - pt;
+                if (ih < 0 || ih >= H || r >= c->Hpad) {
+                    memset(d, pad, (size_t)Wv);
+                    continue;
+                }
+                const uint8_t* s = src + (size_t)ih * W;
+                for (int u = 0; u < pl; ++u) d[u] = pad;
+                if (flip)
+                    for (int u = 0; u < n; ++u) d[pl + u] = s[u] ^ flip;
+                else
+                    memcpy(d + pl, s, (size_t)n);
+                for (int u = pl + n; u < Wv; ++u) d[u] = pad;
+            }
+        }
+        return;
+    }
+    if (c1 > c0) memset(c->xpad + (size_t)c0 * sh * sw * vplane, pad, (size_t)(c1 - c0) * sh * sw * vplane);
     for (int ch = c0; ch < c1; ++ch)
         for (int r = 0; r < c->Hpad; ++r) {
-            const int ih = r - c->pt;
-            if (ih < 0 || ih >= c->H) continue;
-            const uint8_t* src = c->x + ((size_t)ch * c->H + ih) * W;
+            const int ih = r - pt;
+            if (ih < 0 || ih >= H) continue;
+            const uint8_t* src = c->x + ((size_t)ch * H + ih) * W;
             for (int cp = 0; cp < sw; ++cp) {
                 uint8_t* d = c->xpad + (((size_t)ch * sh + r % sh) * sw + cp) * vplane + (size_t)(r / sh) * Wv;
                 /* padded column cp + u*sw holds input column cp + u*sw - pl, for those inside [0, W) */
@@ -681,7 +707,7 @@ static void q8_pad_task(void* vctx, long long t)
                 const int u0 = (lo_c + sw - 1) / sw;
                 int u1 = hi_c > 0 ? (hi_c + sw - 1) / sw : 0;
                 if (u1 > Wv) u1 = Wv;
-                if (u1 > u0) q8_copy_strided(d + u0, src + (long)u0 * sw + cp - pl, sw, u1 - u0, c->flip);
+                if (u1 > u0) q8_copy_strided(d + u0, src + (long)u0 * sw + cp - pl, sw, u1 - u0, flip);
             }
         }
 }
