@@ -222,7 +222,7 @@ void inferd_q8_pack(const signed char* w, int N, int K, signed char* wp, int* ws
    (a level it lacks gives portable). Returns the level in use. */
 int inferd_q8_set_isa(int level);
 int inferd_q8_isa(void);
-/* Tests: 1 keeps the int8 depthwise row kernel at AVX2 on an AVX-512 CPU; -1 restores the best. */
+/* Tests: 1 keeps the int8 depthwise rows (at AVX2) and 8-bit MaxPool off AVX-512 on a CPU that has it; -1 the best. */
 int inferd_q8_dw_cap(int cap);
 /* Y = X W^T: x (M x K, row pitch ldx bytes); y element (m, n) at y + m*ysm + n*ysn. bias may be NULL.
    Returns 0, or -1 if out of memory. */

@@ -1243,7 +1243,7 @@ static void q8_dwf_neon(const uint8_t* P, int Wb, const int8_t* wc, int K, int S
 }
 #endif
 
-static int Q8_DW_CAP = -1; /* tests: 1 keeps the depthwise rows at AVX2 on an AVX-512 CPU, -1 the best */
+static int Q8_DW_CAP = -1; /* tests: 1 keeps depthwise rows and MaxPool off AVX-512 on a CPU that has it */
 
 int inferd_q8_dw_cap(int cap)
 {
@@ -1583,6 +1583,69 @@ INFERD_CLONES static void q8_maxpool_plane(const q8_maxpool_ctx* c, const uint8_
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define Q8_MAXPOOL_AVX512 1
+/* q8_maxpool_plane with AVX-512 byte masks (stride 1 or 2, dilation 1 across): a row of up to 64 bytes is one
+   masked load per tap row, the horizontal taps of 32 (stride 2) or 64 (stride 1) outputs a few loads, and no
+   loop has a scalar tail. Short rows (13-28 bytes) spent most of their time in loop set-up and tails before. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void q8_maxpool_plane_avx512(
+    const q8_maxpool_ctx* c, const uint8_t* x, uint8_t* y, uint8_t* vb)
+{
+    const int H = c->H, W = c->W, kh = c->kh, kw = c->kw, sh = c->sh, sw = c->sw, dh = c->dh, pt = c->pt, pl = c->pl;
+    const int OH = c->OH, OW = c->OW;
+    const int need = (OW - 1) * sw + (kw - 1) + 2;
+    memset(vb, 0, (size_t)need + 192);
+    uint8_t* vc = vb + pl;
+    const int wn = W < need - pl ? W : need - pl;
+    const __m512i fv = _mm512_set1_epi8((char)c->flip), low16 = _mm512_set1_epi16(0xff);
+    const __m256i fv32 = _mm256_set1_epi8((char)c->flip);
+    for (int oh = 0; oh < OH; ++oh) {
+        for (int u0 = 0; u0 < wn; u0 += 64) {
+            const __mmask64 mk = wn - u0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (wn - u0)) - 1);
+            __m512i acc = _mm512_setzero_si512();
+            for (int i = 0; i < kh; ++i) {
+                const int ih = oh * sh - pt + i * dh;
+                if (ih < 0 || ih >= H) continue;
+                const __m512i r = _mm512_maskz_loadu_epi8(mk, x + (size_t)ih * W + u0);
+                acc = _mm512_max_epu8(acc, _mm512_xor_si512(r, fv));
+            }
+            _mm512_mask_storeu_epi8(vc + u0, mk, acc); /* no row inside: zeros, the lowest value */
+        }
+        uint8_t* yo = y + (size_t)oh * OW;
+        if (sw == 1) {
+            for (int o0 = 0; o0 < OW; o0 += 64) {
+                __m512i m = _mm512_loadu_si512((const void*)(vb + o0));
+                for (int j = 1; j < kw; ++j) m = _mm512_max_epu8(m, _mm512_loadu_si512((const void*)(vb + o0 + j)));
+                const __mmask64 mk = OW - o0 >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (OW - o0)) - 1);
+                _mm512_mask_storeu_epi8(yo + o0, mk, _mm512_xor_si512(m, fv));
+            }
+        } else {
+            for (int o0 = 0; o0 < OW; o0 += 32) {
+                __m512i m = _mm512_setzero_si512();
+                for (int j = 0; j < kw; j += 2) {
+                    const __m512i pj = _mm512_loadu_si512((const void*)(vb + 2 * (size_t)o0 + j));
+                    m = _mm512_max_epu16(m, _mm512_and_si512(pj, low16));
+                    if (j + 1 < kw) m = _mm512_max_epu16(m, _mm512_srli_epi16(pj, 8));
+                }
+                const __mmask32 mk = OW - o0 >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (OW - o0)) - 1);
+                _mm256_mask_storeu_epi8(yo + o0, mk, _mm256_xor_si256(_mm512_cvtepi16_epi8(m), fv32));
+            }
+        }
+    }
+}
+
+static int q8_have_avx512bw(void)
+{
+    static int have = -1;
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+    }
+    return have;
+}
+#endif
+
 /* y[q] = max(y[q], s[q] ^ flip) over [0, n), or the first tap's copy: one long loop the compiler vectorises */
 INFERD_CLONES static void q8_max_into(uint8_t* restrict y, const uint8_t* restrict s, long long n, uint8_t flip, int first)
 {
@@ -1665,7 +1728,13 @@ static void q8_maxpool_task(void* vctx, long long t)
     q8_maxpool_ctx* c = (q8_maxpool_ctx*)vctx;
     const long long p0 = c->planes * t / c->ntasks, p1 = c->planes * (t + 1) / c->ntasks;
     if (p1 <= p0) return;
-    if (q8_maxpool_flat_applies(c)) {
+#if defined(Q8_MAXPOOL_AVX512)
+    const int avx512 = (c->sw == 1 || c->sw == 2) && c->dw == 1 && q8_have_avx512bw() &&
+                       __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1;
+#else
+    const int avx512 = 0;
+#endif
+    if (q8_maxpool_flat_applies(c)) { /* ahead of the AVX-512 rows too: ~1.3x faster on 14x14 and 28x28 */
         uint8_t* hm = q8_scratch(1, (size_t)(p1 - p0) * c->H * c->W + 64);
         if (!hm)
             __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
@@ -1673,11 +1742,18 @@ static void q8_maxpool_task(void* vctx, long long t)
             q8_maxpool_flat(c, p0, p1, hm);
         return;
     }
-    uint8_t* hb = q8_scratch(1, (size_t)(c->OW - 1) * c->sw + (size_t)(c->kw - 1) * c->dw + (size_t)c->pl + 128);
+    uint8_t* hb = q8_scratch(1, (size_t)(c->OW - 1) * c->sw + (size_t)(c->kw - 1) * c->dw + (size_t)c->pl + 256);
     if (!hb) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
+#if defined(Q8_MAXPOOL_AVX512)
+    if (avx512) {
+        for (long long p = p0; p < p1; ++p)
+            q8_maxpool_plane_avx512(c, c->x + p * (long long)c->H * c->W, c->y + p * (long long)c->OH * c->OW, hb);
+        return;
+    }
+#endif
     for (long long p = p0; p < p1; ++p)
         q8_maxpool_plane(c, c->x + p * (long long)c->H * c->W, c->y + p * (long long)c->OH * c->OW, hb);
 }

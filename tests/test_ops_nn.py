@@ -334,13 +334,22 @@ def test_ceil_mode_last_window_rule_shapes() -> None:
                                    dict(kernel_shape=[5, 5], strides=[3, 3], pads=[2, 2, 2, 2])],
                          ids=["3x3s2p1-ceil", "3x3s2-ceil", "3x3s1p1", "asym-dilated", "5x5s3"])
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
-def test_maxpool_int8(dtype: Any, attrs: dict) -> None:
-    """The native 8-bit MaxPool (the one quantised models run) against onnxruntime, extremes of the type included."""
-    x = RNG.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (2, 3, 13, 11), endpoint=True).astype(dtype)
+@pytest.mark.parametrize("cap", [-1, 1], ids=["best", "no-avx512"])
+@pytest.mark.parametrize("hw", [(13, 11), (9, 70)], ids=["short-rows", "rows-over-64"])
+def test_maxpool_int8(dtype: Any, attrs: dict, cap: int, hw: tuple) -> None:
+    """The native 8-bit MaxPool (the one quantised models run) against onnxruntime, extremes of the type included;
+    ``no-avx512`` runs the portable row and flat-plane paths on a CPU that has AVX-512."""
+    x = RNG.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (2, 3, *hw), endpoint=True).astype(dtype)
     x.reshape(-1)[:4] = [np.iinfo(dtype).min, np.iinfo(dtype).max, np.iinfo(dtype).min, 0]
     layer = single_node_layer("MaxPool", [x], attrs)
     assert choose_kernel(layer).name == ("pool_int8_native" if native.AVAILABLE else "pool")
-    check_vs_ort("MaxPool", [x], attrs, opset=12)
+    if native.AVAILABLE:
+        native.lib.inferd_q8_dw_cap(cap)
+    try:
+        check_vs_ort("MaxPool", [x], attrs, opset=12)
+    finally:
+        if native.AVAILABLE:
+            native.lib.inferd_q8_dw_cap(-1)
 
 
 def test_maxpool_indices_output_runs_on_the_reference_kernel() -> None:
