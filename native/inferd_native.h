@@ -246,6 +246,8 @@ void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b,
                    int lo, int hi, void* y, long long n, int max_threads);
 /* QuantizeLinear per tensor: y[i] = saturate(rint(x[i] / scale) + zp) to [lo, hi], as int8/uint8 bytes. */
 void inferd_q8_quantize(const float* x, float scale, int zp, int lo, int hi, void* y, long long n, int max_threads);
+/* DequantizeLinear per tensor, 8-bit x: y[i] = float(x[i] - zp) * scale. */
+void inferd_q8_dequantize(const void* x, int x_signed, int zp, float scale, float* y, long long n, int max_threads);
 /* QLinearGlobalAveragePool, channels first: y[r] = saturate(rint((sum of row r - zx*hw) * m) + zy), rows of hw. */
 void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long long hw, float m, int zy, int lo, int hi,
                    void* y);

@@ -1768,3 +1768,36 @@ int inferd_q8_maxpool2d(const void* x, int x_signed, long long planes, int H, in
     inferd_parallel(q8_maxpool_task, &c, c.ntasks, work < 100000 ? 1 : max_threads);
     return c.failed ? -1 : 0;
 }
+
+/* ---------------------------------------------------------------- DequantizeLinear, per tensor, 8-bit to float32:
+   y = float(x - zp) * scale, the oracle's (and onnxruntime's) arithmetic */
+typedef struct {
+    const uint8_t* x;
+    int x_signed, zp;
+    float s;
+    float* y;
+    long long n, chunk;
+} q8_dq_ctx;
+
+INFERD_CLONES static void q8_dq_range(const uint8_t* restrict x, int x_signed, int zp, float s, float* restrict y,
+                                      long long n0, long long n1)
+{
+    if (x_signed)
+        for (long long i = n0; i < n1; ++i) y[i] = (float)((int32_t)(int8_t)x[i] - zp) * s;
+    else
+        for (long long i = n0; i < n1; ++i) y[i] = (float)((int32_t)x[i] - zp) * s;
+}
+
+static void q8_dq_task(void* vctx, long long t)
+{
+    const q8_dq_ctx* c = (const q8_dq_ctx*)vctx;
+    const long long n0 = t * c->chunk, n1 = n0 + c->chunk < c->n ? n0 + c->chunk : c->n;
+    q8_dq_range(c->x, c->x_signed, c->zp, c->s, c->y, n0, n1);
+}
+
+void inferd_q8_dequantize(const void* x, int x_signed, int zp, float scale, float* y, long long n, int max_threads)
+{
+    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    q8_dq_ctx c = {(const uint8_t*)x, x_signed, zp, scale, y, n, chunk};
+    inferd_parallel(q8_dq_task, &c, tasks, tasks < 2 ? 1 : max_threads);
+}

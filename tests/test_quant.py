@@ -566,6 +566,22 @@ def test_native_quantize_linear_matches_oracle(yt) -> None:
     np.testing.assert_array_equal(out[0], op_spec("QuantizeLinear").reference(layer.node, ins)[0])
 
 
+@pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_native_dequantize_linear_matches_oracle(xt) -> None:
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    x = U8(1, 3, 150, 160) if xt == np.uint8 else S8(1, 3, 150, 160)
+    x.reshape(-1)[:2] = [np.iinfo(xt).min, np.iinfo(xt).max]
+    ins = [x, F(0.0371), np.asarray(-5 if xt == np.int8 else 131, xt)]
+    layer = single_node_layer("DequantizeLinear", ins, {}, const=[False, True, True])
+    kern = choose_kernel(layer)
+    assert kern.name == "int8_native"
+    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
+    kern.run(layer, [x, None, None], kern.transform(layer, raw), out)
+    np.testing.assert_array_equal(out[0], op_spec("DequantizeLinear").reference(layer.node, ins)[0])
+
+
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)], ids=["u8u8", "s8s8", "u8s8"])
 @pytest.mark.parametrize("shape", [(2, 40, 7, 7), (1, 3, 1, 1), (1, 5, 9)], ids=["7x7", "1x1", "1d"])
 def test_native_qgap_matches_oracle(xt, yt, shape) -> None:

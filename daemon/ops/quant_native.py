@@ -342,6 +342,53 @@ class QuantizeNative(Kernel):
 
 
 @register_kernel
+class DequantizeNative(Kernel):
+    """DequantizeLinear of an int8/uint8 tensor with one constant float32 scale and zero point (a model's output
+    dequantisation): the oracle's arithmetic in C (numpy widened every byte to int64 first)."""
+
+    name = "int8_native"
+    ops = ("DequantizeLinear",)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if not native.AVAILABLE or x is None or np.dtype(x.dtype) not in INT8_TYPES or 0 in layer.const_inputs:
+            return False
+        if np.dtype(layer.outputs[0].dtype) != np.float32 or not layer.has_input(1) or not _consts(layer, (1, 2)):
+            return False
+        s = layer.inputs[1]
+        return (s.size == 1 and np.dtype(s.dtype) == np.float32
+                and (not layer.has_input(2) or layer.inputs[2].size == 1))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        zp = int(np.asarray(raw[raw_key(2)]).reshape(-1)[0]) if layer.has_input(2) else 0
+        return {"s": np.asarray(raw[raw_key(1)], np.float32).reshape(1), "i": np.array([zp], np.int64)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x, y = inputs[0], outputs[0]
+        if x is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        s, zp = float(params["s"][0]), int(params["i"][0])
+        xp = native.ffi.cast("void *", x.__array_interface__["data"][0])
+        yp = native.ffi.cast("float *", y.__array_interface__["data"][0])
+        xsg, n, lib, threads = int(x.dtype == _I8), int(y.size), native.lib, native.num_threads()
+        keep = (x, y)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_dequantize(xp, xsg, zp, s, yp, n, threads)
+
+        return call
+
+
+@register_kernel
 class QGlobalAveragePoolNative(Kernel):
     """QLinearGlobalAveragePool, channels first, constant quantisation parameters: integer row sums in C."""
 
