@@ -253,6 +253,10 @@ void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long lon
                    void* y);
 /* y[i] = table[x[i]] over n bytes, or a copy where table is NULL (QLinearConcat's parts). */
 void inferd_q8_map(const void* x, const unsigned char* table, void* y, long long n, int max_threads);
+/* QLinearConcat of n parts one after another in y: part j (at[j+1] - at[j] bytes at xs[j]) copied, or mapped
+   through tables[j] where that is not NULL. */
+void inferd_q8_concat(int n, const void* const* xs, const unsigned char* const* tables, const long long* at, void* y,
+                      int max_threads);
 /* 8-bit MaxPool over planes of H x W (NCHW): taps in the padding skipped; 0 or -1 (out of memory). */
 int inferd_q8_maxpool2d(const void* x, int x_signed, long long planes, int H, int W, int kh, int kw, int sh, int sw,
                         int dh, int dw, int pt, int pl, int OH, int OW, void* y, int max_threads);

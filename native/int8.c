@@ -759,7 +759,7 @@ static void q8_unstage_task(void* vctx, long long t)
 {
     const q8_unstage_ctx* c = (const q8_unstage_ctx*)vctx;
     const long long r0 = c->rows * t / c->ntasks, r1 = c->rows * (t + 1) / c->ntasks;
-    for (long long r = r0; r < r1; ++r) memcpy(c->y + r * c->OW, c->ys + r * c->Wv, (size_t)c->OW);
+    for (long long r = r0; r < r1; ++r) q8_cpy(c->y + r * c->OW, c->ys + r * c->Wv, c->OW);
 }
 
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const int8_t* wp, const int32_t* wsum,
@@ -1835,4 +1835,45 @@ void inferd_q8_dequantize(const void* x, int x_signed, int zp, float scale, floa
     const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
     q8_dq_ctx c = {(const uint8_t*)x, x_signed, zp, scale, y, n, chunk};
     inferd_parallel(q8_dq_task, &c, tasks, tasks < 2 ? 1 : max_threads);
+}
+
+/* ---------------------------------------------------------------- QLinearConcat of n parts laid one after another in y
+   (batch 1, or the concatenation axis outermost): each copied or mapped through its byte table, the whole output
+   in chunks over the threads in one parallel region (a call and a region per part cost more than the bytes on
+   inception's four-branch concats). */
+typedef struct {
+    int n;
+    const uint8_t* const* xs;
+    const uint8_t* const* tables;
+    const long long* at; /* part j fills y[at[j], at[j+1]) */
+    uint8_t* y;
+    long long chunk;
+} q8_concat_ctx;
+
+static void q8_concat_task(void* vctx, long long t)
+{
+    const q8_concat_ctx* c = (const q8_concat_ctx*)vctx;
+    const long long a = t * c->chunk, b = a + c->chunk < c->at[c->n] ? a + c->chunk : c->at[c->n];
+    for (int j = 0; j < c->n; ++j) {
+        const long long lo = a > c->at[j] ? a : c->at[j], hi = b < c->at[j + 1] ? b : c->at[j + 1];
+        if (lo >= hi) continue;
+        const uint8_t* x = c->xs[j] + (lo - c->at[j]);
+        uint8_t* y = c->y + lo;
+        const uint8_t* tb = c->tables[j];
+        if (!tb) {
+            memcpy(y, x, (size_t)(hi - lo));
+        } else {
+            uint8_t tl[256];
+            memcpy(tl, tb, 256);
+            for (long long i = 0; i < hi - lo; ++i) y[i] = tl[x[i]];
+        }
+    }
+}
+
+void inferd_q8_concat(int n, const void* const* xs, const unsigned char* const* tables, const long long* at, void* y,
+                      int max_threads)
+{
+    const long long chunk = 65536, tasks = (at[n] + chunk - 1) / chunk;
+    q8_concat_ctx c = {n, (const uint8_t* const*)xs, (const uint8_t* const*)tables, at, (uint8_t*)y, chunk};
+    inferd_parallel(q8_concat_task, &c, tasks, tasks < 2 ? 1 : max_threads);
 }

@@ -18,7 +18,7 @@ The fast CPU kernels for the two GEMM-shaped ops live in ``inferd.ops.quant_nati
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -566,6 +566,39 @@ class QConcatKernel(Kernel):
             if i in layer.const_inputs:  # a constant part (a transformer's class token): its bytes, kept as given
                 out[f"x{j}"] = np.ascontiguousarray(raw[raw_key(i)])
         return out
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        """Where the parts lie one after another in the output (nothing but ones before the axis) and are
+        contiguous: one native call for all of them, pointers and tables bound once."""
+        y = outputs[0]
+        ax = int(layer.attr("axis")) % y.ndim
+        if not native.AVAILABLE or not y.flags.c_contiguous or any(d != 1 for d in y.shape[:ax]):
+            return None
+        xs, tables, at = [], [], [0]
+        for j, i in enumerate(range(2, len(layer.node.inputs), 3)):
+            x = inputs[i] if inputs[i] is not None else params[f"x{j}"]
+            if not x.flags.c_contiguous:
+                return None
+            xs.append(x)
+            tables.append(params.get(f"t{j}"))
+            at.append(at[-1] + int(x.size))
+        if at[-1] != y.size:
+            return None
+        ffi, lib = native.ffi, native.lib
+        xp = ffi.new("void *[]", [ffi.cast("void *", x.__array_interface__["data"][0]) for x in xs])
+        tp = ffi.new("unsigned char *[]", [ffi.NULL if t is None else ffi.cast("unsigned char *", ffi.from_buffer(t))
+                                           for t in tables])
+        atp = ffi.new("long long[]", at)
+        yp = ffi.cast("void *", y.__array_interface__["data"][0])
+        n, threads = len(xs), native.num_threads()
+        keep = (xs, tables, y, xp, tp, atp)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_concat(n, xp, tp, atp, yp, threads)
+
+        return call
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
