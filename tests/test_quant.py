@@ -20,6 +20,7 @@ from inferd.errors import UnsupportedOpError
 from inferd.frontend import import_model
 from inferd.ops.base import choose_kernel, op_spec, raw_key, single_node_layer
 from inferd.ops import quant_native
+from inferd.ops.quant import QUANT_OPS
 from inferd.zoo import quant as zquant
 from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64
 
@@ -408,9 +409,12 @@ SLOW_MODELS = ["resnet18", "shufflenetv2_x1_0", "googlenet", "efficientnet_b0", 
 #: where an intermediate value lands on the other side of a rounding boundary (onnxruntime runs S8S8 QDQ convs and
 #: dynamic models' scale/bias steps in float on x86, and its QLinearAdd rounds a tie differently now and then), the
 #: one-step difference of that layer propagates; the layer-by-layer check below holds for every model
-E2E_ONE_STEP = {("squeezenet1_1", "qdq_s8s8"), ("squeezenet1_1", "qdq_u8s8_pc"), ("mobilenetv2", "qdq_u8s8_pc"),
-                ("mobilenetv2", "qdq_s8s8"), ("resnet18", "qdq_u8s8_pc"), ("resnet18", "qdq_s8s8"),
-                ("googlenet", "qdq_u8s8_pc"), ("resnet50", "qdq_u8s8_pc")}
+# Not mobilenetv2 qdq_u8s8_pc: onnxruntime 1.30 on an H200 host's Xeon (AMX, AVX-512 VNNI) puts it 2 steps from
+# the oracle (259 of 1000 outputs) where on the 2-core EPYC it gives the oracle's integers; inferd gives the
+# oracle's integers on both (the end-to-end native == oracle check below, and scripts/device/_int8_cpu_check.py).
+E2E_ONE_STEP = {("squeezenet1_1", "qdq_s8s8"), ("squeezenet1_1", "qdq_u8s8_pc"), ("mobilenetv2", "qdq_s8s8"),
+                ("resnet18", "qdq_u8s8_pc"), ("resnet18", "qdq_s8s8"), ("googlenet", "qdq_u8s8_pc"),
+                ("resnet50", "qdq_u8s8_pc")}
 
 
 def _zoo_cases():
@@ -499,6 +503,9 @@ def test_quantised_zoo_model_matches_onnxruntime(name: str, scheme: str) -> None
     assert checked >= n_int, f"{name} {scheme}: {checked} nodes compared layer by layer, {n_int} integer ops"
     want = _ort(model, feeds)[0]
     got = _inferd(path, feeds)[0]
+    if qdq and quant_native.native.AVAILABLE:  # the native kernels give the numpy oracle's integers end to end
+        oracle = _inferd(path, feeds, kernels={op: "numpy" for op in QUANT_OPS})[0]
+        assert np.array_equal(got, oracle), f"{name} {scheme}: native kernels {np.abs(got - oracle).max()} from the oracle"
     step = _output_step(model)
     if step is not None:
         d = np.abs(got - want) / step
