@@ -222,7 +222,8 @@ void inferd_q8_pack(const signed char* w, int N, int K, signed char* wp, int* ws
    (a level it lacks gives portable). Returns the level in use. */
 int inferd_q8_set_isa(int level);
 int inferd_q8_isa(void);
-/* Tests: 1 keeps the int8 depthwise rows (at AVX2) and 8-bit MaxPool off AVX-512 on a CPU that has it; -1 the best. */
+/* Tests: 1 keeps the int8 depthwise rows (at AVX2), 8-bit MaxPool and byte-table lookups off AVX-512 on a CPU
+   that has it; -1 the best. */
 int inferd_q8_dw_cap(int cap);
 /* Y = X W^T: x (M x K, row pitch ldx bytes); y element (m, n) at y + m*ysm + n*ysn. bias may be NULL.
    Returns 0, or -1 if out of memory. */
@@ -244,6 +245,10 @@ int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W,
 /* y = clamp(rint((a - za) ra + (b - zb) rb + zc), lo, hi) over n elements of same-shaped a, b (QLinearAdd). */
 void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b, int b_signed, int zb, float rb, float zc,
                    int lo, int hi, void* y, long long n, int max_threads);
+/* QLinearMul: y = clamp(rint((a - za)(b - zb) m + zc), lo, hi); b of a's shape, or one value per row of inner
+   elements (b_row). rows * inner elements. */
+void inferd_q8_mul(const void* a, int a_signed, int za, const void* b, int b_signed, int zb, long long rows,
+                   long long inner, int b_row, float m, float zc, int lo, int hi, void* y, int max_threads);
 /* QuantizeLinear per tensor: y[i] = saturate(rint(x[i] / scale) + zp) to [lo, hi], as int8/uint8 bytes. */
 void inferd_q8_quantize(const float* x, float scale, int zp, int lo, int hi, void* y, long long n, int max_threads);
 /* DequantizeLinear per tensor, 8-bit x: y[i] = float(x[i] - zp) * scale. */

@@ -573,6 +573,57 @@ def test_native_quantize_linear_matches_oracle(yt) -> None:
     np.testing.assert_array_equal(out[0], op_spec("QuantizeLinear").reference(layer.node, ins)[0])
 
 
+@pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
+@pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("cap", [-1, 1], ids=["best", "no-avx512"])
+@pytest.mark.parametrize("n", [1000, 70001], ids=["tail", "tasks"])
+def test_native_qunary_table_matches_oracle(op: str, xt, cap: int, n: int) -> None:
+    """The byte-table lookup (64 bytes per step with AVX-512 VBMI, masked tail; scalar with it held off) against
+    the oracle over every byte value."""
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    x = (U8(1, n) if xt == np.uint8 else S8(1, n))
+    x.reshape(-1)[:256] = np.arange(256).astype(np.uint8).view(xt)
+    ins = [x, F(0.07), np.asarray(9 if xt == np.uint8 else -4, xt), F(0.004), np.asarray(2 if xt == np.uint8 else -120, xt)]
+    layer = single_node_layer(op, ins, {"alpha": 0.2} if op == "QLinearLeakyRelu" else {}, const=[False] + [True] * 4)
+    kern = choose_kernel(layer)
+    assert kern.name == "int8_native"
+    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
+    quant_native.native.lib.inferd_q8_dw_cap(cap)
+    try:
+        kern.run(layer, [x] + [None] * 4, kern.transform(layer, raw), out)
+    finally:
+        quant_native.native.lib.inferd_q8_dw_cap(-1)
+    np.testing.assert_array_equal(out[0], op_spec(op).reference(layer.node, ins)[0])
+
+
+@pytest.mark.parametrize("shapes", [((1, 24, 9, 7), (1, 24, 9, 7)), ((1, 24, 9, 7), (1, 24, 1, 1)),
+                                    ((1, 24, 1, 1), (1, 24, 9, 7)), ((2, 5, 300), (2, 5, 1)), ((3, 70001), (3, 70001))],
+                         ids=["same", "se-scale", "se-scale-swapped", "rank3-row", "tasks"])
+@pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.uint8, np.int8, np.int8)],
+                         ids=["u8", "s8", "mixed"])
+def test_native_qmul_matches_oracle(shapes, at, bt, yt) -> None:
+    """QLinearMul, same shapes or one value per row of the other (squeeze-excitation), with and without a fused
+    clamp, against the oracle's float32 expression."""
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    sa_, sb_ = shapes
+    a = U8(*sa_) if at == np.uint8 else S8(*sa_)
+    b = U8(*sb_) if bt == np.uint8 else S8(*sb_)
+    ins = [a, F(0.031), np.asarray(3 if at == np.uint8 else -2, at), b, F(0.0047),
+           np.asarray(120 if bt == np.uint8 else 5, bt), F(0.05), np.asarray(100 if yt == np.uint8 else -5, yt)]
+    for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
+        attrs = {} if clamp is None else {"qclamp": clamp}
+        layer = single_node_layer("QLinearMul", ins, attrs, const=[False, True, True, False, True, True, True, True])
+        kern = choose_kernel(layer)
+        assert kern.name == "int8_native"
+        raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+        out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
+        kern.run(layer, [a, None, None, b] + [None] * 4, kern.transform(layer, raw), out)
+        np.testing.assert_array_equal(out[0], op_spec("QLinearMul").reference(layer.node, ins)[0])
+
+
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
 def test_native_dequantize_linear_matches_oracle(xt) -> None:
     if not quant_native.native.AVAILABLE:

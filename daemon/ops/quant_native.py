@@ -443,3 +443,147 @@ class QGlobalAveragePoolNative(Kernel):
             lib.inferd_q8_gap(xp, xsg, zx, rows, hw, m, zy, lo, hi, yp)
 
         return call
+
+
+def _row_broadcast(a_shape: Sequence[int], b_shape: Sequence[int]) -> tuple[int, int] | None:
+    """(rows, inner) where b is one value per row of a viewed as rows x inner (b's shape a's leading dims then
+    ones: [1, C, 1, 1] against [1, C, H, W]); None otherwise."""
+    b = (1,) * (len(a_shape) - len(b_shape)) + tuple(b_shape)
+    if len(b) != len(a_shape):
+        return None
+    k = len(b)
+    while k > 0 and b[k - 1] == 1:
+        k -= 1
+    if tuple(b[:k]) != tuple(a_shape[:k]):
+        return None
+    return int(np.prod(a_shape[:k], dtype=np.int64)), int(np.prod(a_shape[k:], dtype=np.int64))
+
+
+@register_kernel
+class QMulNative(Kernel):
+    """QLinearMul of int8/uint8 tensors of one shape, or one scaled per row by the other ([1, C, 1, 1] against
+    [1, C, H, W]: efficientnet's squeeze-excitation and SiLU), in C with the oracle's float32 expression."""
+
+    name = "int8_native"
+    ops = ("QLinearMul",)
+    priority = 10
+
+    def _shape(self, layer: Layer) -> tuple[bool, int, int, bool] | None:
+        """(swap, rows, inner, b_row): swap when input 3 is the full one."""
+        a, b = layer.inputs[0], layer.inputs[3]
+        if tuple(a.shape) == tuple(b.shape):
+            n = int(np.prod(a.shape, dtype=np.int64))
+            return False, 1, n, False
+        rb = _row_broadcast(a.shape, b.shape)
+        if rb is not None and tuple(layer.outputs[0].shape) == tuple(a.shape):
+            return False, rb[0], rb[1], True
+        ra = _row_broadcast(b.shape, a.shape)
+        if ra is not None and tuple(layer.outputs[0].shape) == tuple(b.shape):
+            return True, ra[0], ra[1], True
+        return None
+
+    def applies(self, layer: Layer) -> bool:
+        a, b = layer.inputs[0], layer.inputs[3]
+        if not native.AVAILABLE or a is None or b is None:
+            return False
+        if 0 in layer.const_inputs or 3 in layer.const_inputs or not _consts(layer, (1, 2, 4, 5, 6, 7)):
+            return False
+        if not layer.has_input(1) or not layer.has_input(4) or not layer.has_input(6):
+            return False
+        if not all(np.dtype(t.dtype) in INT8_TYPES for t in (a, b, layer.outputs[0])):
+            return False
+        return self._shape(layer) is not None
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .quant import _f32
+
+        def z(i: int) -> int:
+            return int(np.asarray(raw[raw_key(i)]).reshape(-1)[0]) if layer.has_input(i) else 0
+
+        sa, sb, sc = (_f32(raw[raw_key(i)]).reshape(-1)[0] for i in (1, 4, 6))
+        lo, hi = qrange(layer.outputs[0].dtype)
+        c = layer.attr("qclamp")
+        if c is not None:
+            lo, hi = max(lo, int(c[0])), min(hi, int(c[1]))
+        # the oracle's float32 scalars: (sa * sb) / sc, then zc
+        return {"f": np.array([sa * sb / sc, np.float32(z(7))], np.float32), "i": np.array([z(2), z(5), lo, hi], np.int64)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        a, b, y = inputs[0], inputs[3], outputs[0]
+        shp = self._shape(layer)
+        if a is None or b is None or shp is None or not (a.flags.c_contiguous and b.flags.c_contiguous
+                                                         and y.flags.c_contiguous):
+            return None
+        swap, rows, inner, b_row = shp
+        m, zc = (float(v) for v in params["f"])
+        za, zb, lo, hi = (int(v) for v in params["i"])
+        if swap:
+            a, b, za, zb = b, a, zb, za
+        ap, bp, yp = (native.ffi.cast("void *", v.__array_interface__["data"][0]) for v in (a, b, y))
+        asg, bsg = int(a.dtype == _I8), int(b.dtype == _I8)
+        lib, threads = native.lib, native.num_threads()
+        keep = (a, b, y)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_mul(ap, asg, za, bp, bsg, zb, rows, inner, int(b_row), m, zc, lo, hi, yp, threads)
+
+        return call
+
+
+@register_kernel
+class QUnaryTableNative(Kernel):
+    """QLinearSigmoid / QLinearLeakyRelu as onnxruntime evaluates them, a 256-entry table (built at load from the
+    constant scales), looked up by byte in C."""
+
+    name = "int8_native"
+    ops = ("QLinearSigmoid", "QLinearLeakyRelu")
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        x = layer.inputs[0]
+        if not native.AVAILABLE or x is None or 0 in layer.const_inputs:
+            return False
+        if np.dtype(x.dtype) not in INT8_TYPES or np.dtype(layer.outputs[0].dtype) != np.dtype(x.dtype):
+            return False
+        return layer.has_input(1) and layer.has_input(3) and _consts(layer, (1, 2, 3, 4))
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .quant import by_byte, qunary_table
+
+        dt = np.dtype(layer.inputs[0].dtype)
+        xz = raw.get(raw_key(2)) if layer.has_input(2) else None
+        yz = raw.get(raw_key(4)) if layer.has_input(4) else None
+        t = qunary_table(layer.op, float(layer.attr("alpha", 0.01)), raw[raw_key(1)], xz, raw[raw_key(3)], yz, dt)
+        return {"table": np.ascontiguousarray(by_byte(t, dt)).view(np.uint8)}
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None
+        call()
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x, y = inputs[0], outputs[0]
+        if x is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        table = np.ascontiguousarray(params["table"]).view(np.uint8)
+        xp = native.ffi.cast("void *", x.__array_interface__["data"][0])
+        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        tp = native.ffi.cast("unsigned char *", native.ffi.from_buffer(table))
+        n, lib, threads = int(y.size), native.lib, native.num_threads()
+        keep = (x, y, table)
+
+        def call() -> None:
+            _ = keep
+            lib.inferd_q8_map(xp, tp, yp, n, threads)
+
+        return call
