@@ -142,6 +142,11 @@ def _rawptr(a: np.ndarray) -> Any:
     return ffi.cast("float *", a.__array_interface__["data"][0])
 
 
+def _vptr(a: np.ndarray) -> Any:
+    """void* to the first element of any array view (the int8 kernels take 8-bit tensors of either sign)."""
+    return ffi.cast("void *", a.__array_interface__["data"][0])
+
+
 def _opt(a: np.ndarray | None) -> Any:
     return ffi.NULL if a is None else _ptr(a)
 

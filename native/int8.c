@@ -41,6 +41,26 @@
 #include <immintrin.h>
 #endif
 
+/* The x86 features the kernels below dispatch on, probed once (0 elsewhere). */
+enum { Q8_F_AVX2 = 1, Q8_F_FMA = 2, Q8_F_AVX512BW = 4, Q8_F_VBMI = 8 }; /* AVX512BW: with F and VL */
+static int q8_cpu(void)
+{
+    static int f = -1;
+    int v = __atomic_load_n(&f, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+        __builtin_cpu_init();
+        const int bw = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl");
+        v = (__builtin_cpu_supports("avx2") ? Q8_F_AVX2 : 0) | (__builtin_cpu_supports("fma") ? Q8_F_FMA : 0) |
+            (bw ? Q8_F_AVX512BW : 0) | (bw && __builtin_cpu_supports("avx512vbmi") ? Q8_F_VBMI : 0);
+#endif
+        __atomic_store_n(&f, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
 #define Q8_NP 16 /* output channels per weight panel */
 #define Q8_MR 6  /* rows per micro-kernel call */
 #define Q8_MB 96 /* rows per task block (a multiple of Q8_MR) */
@@ -555,22 +575,13 @@ __attribute__((target("avx2"))) static void q8_interleave_tile_avx2(const uint8_
     _mm256_storeu_si256((__m256i*)(d + 64), _mm256_xor_si256(_mm256_permute2x128_si256(q0, q1, 0x31), f));
     _mm256_storeu_si256((__m256i*)(d + 96), _mm256_xor_si256(_mm256_permute2x128_si256(q2, q3, 0x31), f));
 }
-static int q8_have_avx2(void)
-{
-    static int have = -1;
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx2");
-    }
-    return have;
-}
 #endif
 
 INFERD_CLONES static void q8_interleave(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2, const uint8_t* r3,
                                         int np, int pb, uint32_t fx, uint8_t* dst, long tstride)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    const int avx2 = q8_have_avx2();
+    const int avx2 = (q8_cpu() & Q8_F_AVX2);
 #endif
     for (int t0 = 0; t0 < pb; t0 += Q8_PX) {
         uint32_t* restrict d = (uint32_t*)(void*)(dst + (t0 / Q8_PX) * tstride);
@@ -1073,6 +1084,20 @@ INFERD_CLONES static void q8_dw_channel(const q8_dw_ctx* c, long long ch, const 
 typedef void (*q8_dwf_fn)(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW, int32_t beff,
                           float m, float flo, float fhi, int zy, uint8_t* y);
 
+/* a row kernel's body instantiated for the (k, stride) pairs of the fast path, so each loop nest is compiled
+   with constant trip counts */
+#define Q8_DWF_DISPATCH(BODY)                                                                                      \
+    do {                                                                                                           \
+        if (K == 3 && S == 1)                                                                                      \
+            BODY(P, Wb, wc, 3, 1, OH, OW, beff, m, flo, fhi, zy, y);                                               \
+        else if (K == 3)                                                                                           \
+            BODY(P, Wb, wc, 3, 2, OH, OW, beff, m, flo, fhi, zy, y);                                               \
+        else if (S == 1)                                                                                           \
+            BODY(P, Wb, wc, 5, 1, OH, OW, beff, m, flo, fhi, zy, y);                                               \
+        else                                                                                                       \
+            BODY(P, Wb, wc, 5, 2, OH, OW, beff, m, flo, fhi, zy, y);                                               \
+    } while (0)
+
 /* an 8-byte step result: a whole 8-byte store spills into the next row, which is written after it; never past
    the channel's plane */
 INFERD_INLINE void q8_dwf_put(uint8_t* y, long long at, long long plane, int room, const uint8_t* out8)
@@ -1140,14 +1165,7 @@ Q8_AVX2 static inline __attribute__((always_inline)) void q8_dwf_body_avx2(
 Q8_AVX2 static void q8_dwf_avx2(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW, int32_t beff,
                                 float m, float flo, float fhi, int zy, uint8_t* y)
 {
-    if (K == 3 && S == 1)
-        q8_dwf_body_avx2(P, Wb, wc, 3, 1, OH, OW, beff, m, flo, fhi, zy, y);
-    else if (K == 3)
-        q8_dwf_body_avx2(P, Wb, wc, 3, 2, OH, OW, beff, m, flo, fhi, zy, y);
-    else if (S == 1)
-        q8_dwf_body_avx2(P, Wb, wc, 5, 1, OH, OW, beff, m, flo, fhi, zy, y);
-    else
-        q8_dwf_body_avx2(P, Wb, wc, 5, 2, OH, OW, beff, m, flo, fhi, zy, y);
+    Q8_DWF_DISPATCH(q8_dwf_body_avx2);
 }
 /* The same step at 16 pixels on AVX-512 (one zmm per load, masked stores for a row's tail): half the
    instructions per pixel on rows of 14 and more. */
@@ -1199,14 +1217,7 @@ Q8_AVX512 static inline __attribute__((always_inline)) void q8_dwf_body_avx512(
 Q8_AVX512 static void q8_dwf_avx512(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW,
                                     int32_t beff, float m, float flo, float fhi, int zy, uint8_t* y)
 {
-    if (K == 3 && S == 1)
-        q8_dwf_body_avx512(P, Wb, wc, 3, 1, OH, OW, beff, m, flo, fhi, zy, y);
-    else if (K == 3)
-        q8_dwf_body_avx512(P, Wb, wc, 3, 2, OH, OW, beff, m, flo, fhi, zy, y);
-    else if (S == 1)
-        q8_dwf_body_avx512(P, Wb, wc, 5, 1, OH, OW, beff, m, flo, fhi, zy, y);
-    else
-        q8_dwf_body_avx512(P, Wb, wc, 5, 2, OH, OW, beff, m, flo, fhi, zy, y);
+    Q8_DWF_DISPATCH(q8_dwf_body_avx512);
 }
 #endif
 
@@ -1267,14 +1278,7 @@ static inline __attribute__((always_inline)) void q8_dwf_body_neon(
 static void q8_dwf_neon(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW, int32_t beff, float m,
                         float flo, float fhi, int zy, uint8_t* y)
 {
-    if (K == 3 && S == 1)
-        q8_dwf_body_neon(P, Wb, wc, 3, 1, OH, OW, beff, m, flo, fhi, zy, y);
-    else if (K == 3)
-        q8_dwf_body_neon(P, Wb, wc, 3, 2, OH, OW, beff, m, flo, fhi, zy, y);
-    else if (S == 1)
-        q8_dwf_body_neon(P, Wb, wc, 5, 1, OH, OW, beff, m, flo, fhi, zy, y);
-    else
-        q8_dwf_body_neon(P, Wb, wc, 5, 2, OH, OW, beff, m, flo, fhi, zy, y);
+    Q8_DWF_DISPATCH(q8_dwf_body_neon);
 }
 #endif
 
@@ -1291,11 +1295,10 @@ static q8_dwf_fn q8_dwf_kernel(void)
 {
     if (q8_isa()->level == 0) return NULL;
 #if defined(Q8_DWF_AVX2)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("fma") && __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1)
+    const int f = q8_cpu();
+    if ((f & Q8_F_AVX512BW) && (f & Q8_F_FMA) && __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1)
         return q8_dwf_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return q8_dwf_avx2;
+    if ((f & Q8_F_AVX2) && (f & Q8_F_FMA)) return q8_dwf_avx2;
 #endif
 #if defined(Q8_DWF_NEON)
     return q8_dwf_neon;
@@ -1521,23 +1524,13 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void q8_lookup_vbm
     }
 }
 
-static int q8_have_vbmi(void)
-{
-    static int have = -1;
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vbmi");
-    }
-    return have;
-}
 #endif
 
 /* y[i] = table[x[i]] over [0, n) */
 static void q8_lookup(const uint8_t* x, const uint8_t* table, uint8_t* y, long long n)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (q8_have_vbmi() && __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1) {
+    if ((q8_cpu() & Q8_F_VBMI) && __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1) {
         q8_lookup_vbmi(x, table, y, n);
         return;
     }
@@ -1709,16 +1702,6 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void q8_maxpool_plan
     }
 }
 
-static int q8_have_avx512bw(void)
-{
-    static int have = -1;
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl");
-    }
-    return have;
-}
 #endif
 
 /* y[q] = max(y[q], s[q] ^ flip) over [0, n), or the first tap's copy: one long loop the compiler vectorises */
@@ -1804,7 +1787,7 @@ static void q8_maxpool_task(void* vctx, long long t)
     const long long p0 = c->planes * t / c->ntasks, p1 = c->planes * (t + 1) / c->ntasks;
     if (p1 <= p0) return;
 #if defined(Q8_MAXPOOL_AVX512)
-    const int avx512 = (c->sw == 1 || c->sw == 2) && c->dw == 1 && q8_have_avx512bw() &&
+    const int avx512 = (c->sw == 1 || c->sw == 2) && c->dw == 1 && (q8_cpu() & Q8_F_AVX512BW) &&
                        __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1;
 #else
     const int avx512 = 0;

@@ -166,6 +166,17 @@ class Kernel:
         return f"<{self.backend} kernel {self.name} for {','.join(self.ops)}>"
 
 
+class BoundKernel(Kernel):
+    """A native kernel whose run() is its pre-bound call: it binds whenever it applies to contiguous tensors,
+    which the arena's are."""
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        assert call is not None, f"{self.name} could not bind {layer.name}"
+        call()
+
+
 class ContiguousOut:
     """An output as a C-contiguous ``dtype`` array a native kernel may write: the output buffer itself, or a
     temporary (the buffer is strided or of another type, or shares memory with ``avoid``, an input the kernel

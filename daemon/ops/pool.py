@@ -23,7 +23,7 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
+from .base import BoundKernel, ContiguousOut, Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
 __all__ = ["PoolGeometry", "pool_geometry", "pool_reference"]
 
@@ -443,7 +443,7 @@ class PoolNativeKernel(Kernel):
 
 
 @register_kernel
-class PoolInt8NativeKernel(Kernel):
+class PoolInt8NativeKernel(BoundKernel):
     """8-bit (int8/uint8) 2-D MaxPool in native code, as quantised models run it between int8 layers: separable
     row maxima over the planes, split over the native pool. The numpy ``pool`` kernel (strided views) took
     ~10x onnxruntime's time on googlenet's pools."""
@@ -463,12 +463,6 @@ class PoolInt8NativeKernel(Kernel):
         g = pool_geometry(layer.node, x.shape)
         return min(g.pads_head) >= 0 and min(g.out) > 0
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
-
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]):
         x, y = full_inputs(layer, inputs, params)[0], outputs[0]
@@ -476,9 +470,8 @@ class PoolInt8NativeKernel(Kernel):
             return None
         g = pool_geometry(layer.node, x.shape)
         n, c, h, w = x.shape
-        args = (native.ffi.cast("void *", x.__array_interface__["data"][0]), int(x.dtype == np.int8), n * c, h, w,
-                *g.kernel, *g.strides, *g.dilations, *g.pads_head, *g.out,
-                native.ffi.cast("void *", y.__array_interface__["data"][0]), native.num_threads())
+        args = (native._vptr(x), int(x.dtype == np.int8), n * c, h, w, *g.kernel, *g.strides, *g.dilations,
+                *g.pads_head, *g.out, native._vptr(y), native.num_threads())
         fn = native.lib.inferd_q8_maxpool2d
 
         def call(_keep=(x, y)) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import native
-from .base import Kernel, Layer, raw_key, register_kernel, weights_key
+from .base import BoundKernel, Layer, raw_key, register_kernel, weights_key
 from .conv import conv_geom
 from .quant import INT8_TYPES, conv_multiplier, qrange
 
@@ -79,7 +79,7 @@ def isa() -> int:
 
 
 @register_kernel
-class QConvNative(Kernel):
+class QConvNative(BoundKernel):
     """QLinearConv, 2-D, group 1 (im2col blocks + int8 GEMM) or depthwise (direct)."""
 
     name = "int8_native"
@@ -124,12 +124,6 @@ class QConvNative(Kernel):
         wb = int(-(-g.cout // 6) * 6 * ((k + 3) & ~3)) if g.group == 1 else g.cout * k
         return wb + 12 * g.cout + 32
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
-
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         x, y = inputs[0], outputs[0]
@@ -146,8 +140,8 @@ class QConvNative(Kernel):
         pt, pl = g.pb
         lib, threads = native.lib, native.num_threads()
         bias, mult = _c("int *", params["bias"]), _c("float *", params["mult"])
-        xb = [native.ffi.cast("void *", x[i:i + 1].__array_interface__["data"][0]) for i in range(n)]
-        yb = [native.ffi.cast("void *", y[i:i + 1].__array_interface__["data"][0]) for i in range(n)]
+        xb = [native._vptr(x[i:i + 1]) for i in range(n)]
+        yb = [native._vptr(y[i:i + 1]) for i in range(n)]
         keep = (x, y, params)  # the pointers above live as long as these arrays
         if g.group == 1:
             wp, wsum = _c("signed char *", params["wp"]), _c("int *", params["wsum"])
@@ -171,7 +165,7 @@ class QConvNative(Kernel):
 
 
 @register_kernel
-class QMatMulNative(Kernel):
+class QMatMulNative(BoundKernel):
     """QLinearMatMul with a constant 2-D B (a quantised Linear / Gemm): rows of A times packed B^T."""
 
     name = "int8_native"
@@ -208,12 +202,6 @@ class QMatMulNative(Kernel):
         k, n = layer.inputs[3].shape
         return int(-(-n // 16) * 16 * ((k + 3) & ~3)) + 12 * n + 32
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
-
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         a, y = inputs[0], outputs[0]
@@ -225,8 +213,8 @@ class QMatMulNative(Kernel):
         m = a.size // k
         xs, ys = int(a.dtype == _I8), int(y.dtype == _I8)
         lib, threads = native.lib, native.num_threads()
-        ap = native.ffi.cast("void *", a.__array_interface__["data"][0])
-        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        ap = native._vptr(a)
+        yp = native._vptr(y)
         wp, wsum = _c("signed char *", params["wp"]), _c("int *", params["wsum"])
         bias, mult = _c("int *", params["bias"]), _c("float *", params["mult"])
         keep = (a, y, params)
@@ -239,8 +227,24 @@ class QMatMulNative(Kernel):
         return call
 
 
+def _binary_params(layer: Layer, raw: dict[str, np.ndarray]) -> tuple:
+    """A QLinearAdd/Mul's constants: the three scales as float32 scalars (the oracle's), the zero points (zc as
+    float32) and the output range with a fused clamp folded in."""
+    from .quant import _f32
+
+    def z(i: int) -> int:
+        return int(np.asarray(raw[raw_key(i)]).reshape(-1)[0]) if layer.has_input(i) else 0
+
+    sa, sb, sc = (_f32(raw[raw_key(i)]).reshape(-1)[0] for i in (1, 4, 6))
+    lo, hi = qrange(layer.outputs[0].dtype)
+    c = layer.attr("qclamp")
+    if c is not None:
+        lo, hi = max(lo, int(c[0])), min(hi, int(c[1]))
+    return sa, sb, sc, z(2), z(5), np.float32(z(7)), lo, hi
+
+
 @register_kernel
-class QAddNative(Kernel):
+class QAddNative(BoundKernel):
     """QLinearAdd of two same-shaped int8/uint8 tensors (residual adds) in C, with the oracle's float arithmetic."""
 
     name = "int8_native"
@@ -256,24 +260,8 @@ class QAddNative(Kernel):
         return all(np.dtype(t.dtype) in INT8_TYPES for t in (a, b, layer.outputs[0]))
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from .quant import _f32
-
-        def z(i: int) -> int:
-            return int(np.asarray(raw[raw_key(i)]).reshape(-1)[0]) if layer.has_input(i) else 0
-
-        sa, sb, sc = (_f32(raw[raw_key(i)]).reshape(-1)[0] for i in (1, 4, 6))
-        lo, hi = qrange(layer.outputs[0].dtype)
-        c = layer.attr("qclamp")
-        if c is not None:
-            lo, hi = max(lo, int(c[0])), min(hi, int(c[1]))
-        return {"f": np.array([sa / sc, sb / sc, np.float32(z(7))], np.float32),
-                "i": np.array([z(2), z(5), lo, hi], np.int64)}
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
+        sa, sb, sc, za, zb, zc, lo, hi = _binary_params(layer, raw)
+        return {"f": np.array([sa / sc, sb / sc, zc], np.float32), "i": np.array([za, zb, lo, hi], np.int64)}
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -282,7 +270,7 @@ class QAddNative(Kernel):
             return None
         ra, rb, zc = (float(v) for v in params["f"])
         za, zb, lo, hi = (int(v) for v in params["i"])
-        ap, bp, yp = (native.ffi.cast("void *", v.__array_interface__["data"][0]) for v in (a, b, y))
+        ap, bp, yp = (native._vptr(v) for v in (a, b, y))
         asg, bsg = int(a.dtype == _I8), int(b.dtype == _I8)
         n, lib, threads = int(y.size), native.lib, native.num_threads()
         keep = (a, b, y)
@@ -295,7 +283,7 @@ class QAddNative(Kernel):
 
 
 @register_kernel
-class QuantizeNative(Kernel):
+class QuantizeNative(BoundKernel):
     """QuantizeLinear of a float32 tensor with one constant scale and zero point, to int8/uint8 (a model's input
     quantisation): the oracle's float32 division and rounding, in C over the threads."""
 
@@ -316,12 +304,6 @@ class QuantizeNative(Kernel):
         lo, hi = qrange(layer.outputs[0].dtype)
         return {"s": np.asarray(raw[raw_key(1)], np.float32).reshape(1), "i": np.array([zp, lo, hi], np.int64)}
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
-
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         x, y = inputs[0], outputs[0]
@@ -329,8 +311,8 @@ class QuantizeNative(Kernel):
             return None
         s = float(params["s"][0])
         zp, lo, hi = (int(v) for v in params["i"])
-        xp = native.ffi.cast("float *", x.__array_interface__["data"][0])
-        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        xp = native._rawptr(x)
+        yp = native._vptr(y)
         n, lib, threads = int(y.size), native.lib, native.num_threads()
         keep = (x, y)
 
@@ -342,7 +324,7 @@ class QuantizeNative(Kernel):
 
 
 @register_kernel
-class DequantizeNative(Kernel):
+class DequantizeNative(BoundKernel):
     """DequantizeLinear of an int8/uint8 tensor with one constant float32 scale and zero point (a model's output
     dequantisation): the oracle's arithmetic in C (numpy widened every byte to int64 first)."""
 
@@ -364,20 +346,14 @@ class DequantizeNative(Kernel):
         zp = int(np.asarray(raw[raw_key(2)]).reshape(-1)[0]) if layer.has_input(2) else 0
         return {"s": np.asarray(raw[raw_key(1)], np.float32).reshape(1), "i": np.array([zp], np.int64)}
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
-
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         x, y = inputs[0], outputs[0]
         if x is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return None
         s, zp = float(params["s"][0]), int(params["i"][0])
-        xp = native.ffi.cast("void *", x.__array_interface__["data"][0])
-        yp = native.ffi.cast("float *", y.__array_interface__["data"][0])
+        xp = native._vptr(x)
+        yp = native._rawptr(y)
         xsg, n, lib, threads = int(x.dtype == _I8), int(y.size), native.lib, native.num_threads()
         keep = (x, y)
 
@@ -389,7 +365,7 @@ class DequantizeNative(Kernel):
 
 
 @register_kernel
-class QGlobalAveragePoolNative(Kernel):
+class QGlobalAveragePoolNative(BoundKernel):
     """QLinearGlobalAveragePool, channels first, constant quantisation parameters: integer row sums in C."""
 
     name = "int8_native"
@@ -418,12 +394,6 @@ class QGlobalAveragePoolNative(Kernel):
         lo, hi = qrange(layer.outputs[0].dtype)
         return {"m": np.array([m], np.float32), "i": np.array([z(2), z(4), lo, hi], np.int64)}
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
-
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         x, y = inputs[0], outputs[0]
@@ -433,8 +403,8 @@ class QGlobalAveragePoolNative(Kernel):
         zx, zy, lo, hi = (int(v) for v in params["i"])
         hw = int(np.prod(x.shape[2:]))
         rows = int(x.size) // max(1, hw)
-        xp = native.ffi.cast("void *", x.__array_interface__["data"][0])
-        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        xp = native._vptr(x)
+        yp = native._vptr(y)
         xsg, lib = int(x.dtype == _I8), native.lib
         keep = (x, y)
 
@@ -460,7 +430,7 @@ def _row_broadcast(a_shape: Sequence[int], b_shape: Sequence[int]) -> tuple[int,
 
 
 @register_kernel
-class QMulNative(Kernel):
+class QMulNative(BoundKernel):
     """QLinearMul of int8/uint8 tensors of one shape, or one scaled per row by the other ([1, C, 1, 1] against
     [1, C, H, W]: efficientnet's squeeze-excitation and SiLU), in C with the oracle's float32 expression."""
 
@@ -495,24 +465,9 @@ class QMulNative(Kernel):
         return self._shape(layer) is not None
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from .quant import _f32
-
-        def z(i: int) -> int:
-            return int(np.asarray(raw[raw_key(i)]).reshape(-1)[0]) if layer.has_input(i) else 0
-
-        sa, sb, sc = (_f32(raw[raw_key(i)]).reshape(-1)[0] for i in (1, 4, 6))
-        lo, hi = qrange(layer.outputs[0].dtype)
-        c = layer.attr("qclamp")
-        if c is not None:
-            lo, hi = max(lo, int(c[0])), min(hi, int(c[1]))
+        sa, sb, sc, za, zb, zc, lo, hi = _binary_params(layer, raw)
         # the oracle's float32 scalars: (sa * sb) / sc, then zc
-        return {"f": np.array([sa * sb / sc, np.float32(z(7))], np.float32), "i": np.array([z(2), z(5), lo, hi], np.int64)}
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
+        return {"f": np.array([sa * sb / sc, zc], np.float32), "i": np.array([za, zb, lo, hi], np.int64)}
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -526,7 +481,7 @@ class QMulNative(Kernel):
         za, zb, lo, hi = (int(v) for v in params["i"])
         if swap:
             a, b, za, zb = b, a, zb, za
-        ap, bp, yp = (native.ffi.cast("void *", v.__array_interface__["data"][0]) for v in (a, b, y))
+        ap, bp, yp = (native._vptr(v) for v in (a, b, y))
         asg, bsg = int(a.dtype == _I8), int(b.dtype == _I8)
         lib, threads = native.lib, native.num_threads()
         keep = (a, b, y)
@@ -539,7 +494,7 @@ class QMulNative(Kernel):
 
 
 @register_kernel
-class QUnaryTableNative(Kernel):
+class QUnaryTableNative(BoundKernel):
     """QLinearSigmoid / QLinearLeakyRelu as onnxruntime evaluates them, a 256-entry table (built at load from the
     constant scales), looked up by byte in C."""
 
@@ -564,20 +519,14 @@ class QUnaryTableNative(Kernel):
         t = qunary_table(layer.op, float(layer.attr("alpha", 0.01)), raw[raw_key(1)], xz, raw[raw_key(3)], yz, dt)
         return {"table": np.ascontiguousarray(by_byte(t, dt)).view(np.uint8)}
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        assert call is not None
-        call()
-
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         x, y = inputs[0], outputs[0]
         if x is None or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return None
         table = np.ascontiguousarray(params["table"]).view(np.uint8)
-        xp = native.ffi.cast("void *", x.__array_interface__["data"][0])
-        yp = native.ffi.cast("void *", y.__array_interface__["data"][0])
+        xp = native._vptr(x)
+        yp = native._vptr(y)
         tp = native.ffi.cast("unsigned char *", native.ffi.from_buffer(table))
         n, lib, threads = int(y.size), native.lib, native.num_threads()
         keep = (x, y, table)
