@@ -224,7 +224,7 @@ int inferd_q8_set_isa(int level);
 int inferd_q8_isa(void);
 /* Tests: 1 keeps the int8 depthwise rows (at AVX2), 8-bit MaxPool and byte-table lookups off AVX-512 on a CPU
    that has it; -1 the best. */
-int inferd_q8_dw_cap(int cap);
+int inferd_q8_cap_avx512(int cap);
 /* Y = X W^T: x (M x K, row pitch ldx bytes); y element (m, n) at y + m*ysm + n*ysn. bias may be NULL.
    Returns 0, or -1 if out of memory. */
 int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, int K, const signed char* wp,

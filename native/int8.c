@@ -1282,11 +1282,11 @@ static void q8_dwf_neon(const uint8_t* P, int Wb, const int8_t* wc, int K, int S
 }
 #endif
 
-static int Q8_DW_CAP = -1; /* tests: 1 keeps depthwise rows, MaxPool and table lookups off AVX-512 where the CPU has it */
+static int Q8_CAP_AVX512 = -1; /* tests: 1 keeps depthwise rows, MaxPool and table lookups off AVX-512 where the CPU has it */
 
-int inferd_q8_dw_cap(int cap)
+int inferd_q8_cap_avx512(int cap)
 {
-    __atomic_store_n(&Q8_DW_CAP, cap, __ATOMIC_RELAXED);
+    __atomic_store_n(&Q8_CAP_AVX512, cap, __ATOMIC_RELAXED);
     return cap;
 }
 
@@ -1296,7 +1296,7 @@ static q8_dwf_fn q8_dwf_kernel(void)
     if (q8_isa()->level == 0) return NULL;
 #if defined(Q8_DWF_AVX2)
     const int f = q8_cpu();
-    if ((f & Q8_F_AVX512BW) && (f & Q8_F_FMA) && __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1)
+    if ((f & Q8_F_AVX512BW) && (f & Q8_F_FMA) && __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) != 1)
         return q8_dwf_avx512;
     if ((f & Q8_F_AVX2) && (f & Q8_F_FMA)) return q8_dwf_avx2;
 #endif
@@ -1530,7 +1530,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void q8_lookup_vbm
 static void q8_lookup(const uint8_t* x, const uint8_t* table, uint8_t* y, long long n)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if ((q8_cpu() & Q8_F_VBMI) && __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1) {
+    if ((q8_cpu() & Q8_F_VBMI) && __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) != 1) {
         q8_lookup_vbmi(x, table, y, n);
         return;
     }
@@ -1788,7 +1788,7 @@ static void q8_maxpool_task(void* vctx, long long t)
     if (p1 <= p0) return;
 #if defined(Q8_MAXPOOL_AVX512)
     const int avx512 = (c->sw == 1 || c->sw == 2) && c->dw == 1 && (q8_cpu() & Q8_F_AVX512BW) &&
-                       __atomic_load_n(&Q8_DW_CAP, __ATOMIC_RELAXED) != 1;
+                       __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) != 1;
 #else
     const int avx512 = 0;
 #endif

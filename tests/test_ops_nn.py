@@ -344,12 +344,12 @@ def test_maxpool_int8(dtype: Any, attrs: dict, cap: int, hw: tuple) -> None:
     layer = single_node_layer("MaxPool", [x], attrs)
     assert choose_kernel(layer).name == ("pool_int8_native" if native.AVAILABLE else "pool")
     if native.AVAILABLE:
-        native.lib.inferd_q8_dw_cap(cap)
+        native.lib.inferd_q8_cap_avx512(cap)
     try:
         check_vs_ort("MaxPool", [x], attrs, opset=12)
     finally:
         if native.AVAILABLE:
-            native.lib.inferd_q8_dw_cap(-1)
+            native.lib.inferd_q8_cap_avx512(-1)
 
 
 def test_maxpool_indices_output_runs_on_the_reference_kernel() -> None:

@@ -202,11 +202,11 @@ def test_native_depthwise_geometries_match_oracle(q8_isa: int, k: int, stride: i
     narrower than a step, one pixel, no pads. ``avx2`` keeps an AVX-512 CPU on the AVX2 rows."""
     if dw_cap == 1 and (q8_isa == 0 or os.uname().machine != "x86_64"):
         pytest.skip("the AVX2 cap matters on x86-64 with the SIMD kernels")
-    quant_native.native.lib.inferd_q8_dw_cap(dw_cap)
+    quant_native.native.lib.inferd_q8_cap_avx512(dw_cap)
     try:
         _depthwise_case(k, stride, pads, hw, xt)
     finally:
-        quant_native.native.lib.inferd_q8_dw_cap(-1)
+        quant_native.native.lib.inferd_q8_cap_avx512(-1)
 
 
 def _depthwise_case(k: int, stride: int, pads: list, hw: tuple, xt) -> None:
@@ -590,11 +590,11 @@ def test_native_qunary_table_matches_oracle(op: str, xt, cap: int, n: int) -> No
     assert kern.name == "int8_native"
     raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
     out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-    quant_native.native.lib.inferd_q8_dw_cap(cap)
+    quant_native.native.lib.inferd_q8_cap_avx512(cap)
     try:
         kern.run(layer, [x] + [None] * 4, kern.transform(layer, raw), out)
     finally:
-        quant_native.native.lib.inferd_q8_dw_cap(-1)
+        quant_native.native.lib.inferd_q8_cap_avx512(-1)
     np.testing.assert_array_equal(out[0], op_spec(op).reference(layer.node, ins)[0])
 
 
