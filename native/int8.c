@@ -413,31 +413,8 @@ INFERD_CLONES static void ukc_portable(const uint8_t* xg, int kq, long gs, const
 }
 
 #if defined(Q8_HAVE_VNNI)
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void ukc_vnni(const uint8_t* xg, int kq, long gs,
-                                                                             const int8_t* w, int kp, int32_t* out)
-{
-    __m512i a[Q8_CR][2];
-    for (int r = 0; r < Q8_CR; ++r) a[r][0] = a[r][1] = _mm512_setzero_si512();
-    for (int g = 0; g < kq; ++g) {
-        const uint8_t* xp = xg + (size_t)g * gs;
-        const __m512i x0 = _mm512_loadu_si512((const void*)xp), x1 = _mm512_loadu_si512((const void*)(xp + 64));
-        for (int r = 0; r < Q8_CR; ++r) {
-            int32_t v;
-            memcpy(&v, w + (size_t)r * kp + 4 * g, 4);
-            const __m512i wb = _mm512_set1_epi32(v);
-            a[r][0] = _mm512_dpbusd_epi32(a[r][0], x0, wb);
-            a[r][1] = _mm512_dpbusd_epi32(a[r][1], x1, wb);
-        }
-    }
-    for (int r = 0; r < Q8_CR; ++r) {
-        _mm512_storeu_si512((void*)(out + r * Q8_PX), a[r][0]);
-        _mm512_storeu_si512((void*)(out + r * Q8_PX + 16), a[r][1]);
-    }
-}
-#endif
-
-#if defined(Q8_HAVE_VNNI)
-/* ukc_vnni with the requantisation in its registers: each 16 sums of a channel are biased, scaled, clamped,
+/* The VNNI conv micro-kernel (Q8_CR channels x Q8_PX pixels, vpdpbusd of unsigned x by signed w), with the
+   requantisation in its registers: each 16 sums of a channel are biased, scaled, clamped,
    rounded to nearest even (embedded rounding, whatever MXCSR says), offset by zy and stored as 16 bytes. The
    separate pass over an int32 tile (q8_store_rows) cost more than the dot products where K is small. Same
    arithmetic as q8_store_rows: float product, clamp in float, then round. */
@@ -515,10 +492,12 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void ukc_sdot(const uin
 }
 #endif
 
+/* the conv micro-kernel whose int32 tile q8_store_rows requantises; NULL for VNNI, whose kernel requantises in
+   its own registers (ukc_vnni_q) */
 static q8_ukc q8_conv_uk(const q8_isa_t* isa)
 {
 #if defined(Q8_HAVE_VNNI)
-    if (isa->level == 1) return ukc_vnni;
+    if (isa->level == 1) return NULL;
 #endif
 #if defined(Q8_HAVE_SDOT)
     if (isa->level == 1) return ukc_sdot;
@@ -662,7 +641,7 @@ static void q8_conv_task(void* vctx, long long t)
         for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
             const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
 #if defined(Q8_HAVE_VNNI)
-            if (uk == ukc_vnni) {
+            if (!uk) {
                 ukc_vnni_q(xt, kq, 4L * Q8_PX, c->wp + (size_t)n0 * kp, kp, nn, cnt, c->bias_eff + n0, c->mult + n0,
                            flo, fhi, c->zy, c->yv + (size_t)n0 * npix + p0 + px, npix);
                 continue;

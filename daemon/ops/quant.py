@@ -586,11 +586,11 @@ class QConcatKernel(Kernel):
         if at[-1] != y.size:
             return None
         ffi, lib = native.ffi, native.lib
-        xp = ffi.new("void *[]", [ffi.cast("void *", x.__array_interface__["data"][0]) for x in xs])
+        xp = ffi.new("void *[]", [native._vptr(x) for x in xs])
         tp = ffi.new("unsigned char *[]", [ffi.NULL if t is None else ffi.cast("unsigned char *", ffi.from_buffer(t))
                                            for t in tables])
         atp = ffi.new("long long[]", at)
-        yp = ffi.cast("void *", y.__array_interface__["data"][0])
+        yp = native._vptr(y)
         n, threads = len(xs), native.num_threads()
         keep = (xs, tables, y, xp, tp, atp)
 
@@ -612,11 +612,9 @@ class QConcatKernel(Kernel):
             t = params.get(f"t{j}")
             if native.AVAILABLE and dst.flags.c_contiguous and x.flags.c_contiguous:
                 # in C: numpy's take widened every byte to an int64 index (~5x slower on squeezenet's concats)
-                native.lib.inferd_q8_map(native.ffi.cast("void *", x.__array_interface__["data"][0]),
-                                         native.ffi.NULL if t is None
+                native.lib.inferd_q8_map(native._vptr(x), native.ffi.NULL if t is None
                                          else native.ffi.cast("unsigned char *", native.ffi.from_buffer(t)),
-                                         native.ffi.cast("void *", dst.__array_interface__["data"][0]), x.size,
-                                         native.num_threads())
+                                         native._vptr(dst), x.size, native.num_threads())
             elif t is None:
                 dst[...] = x
             else:
