@@ -22,7 +22,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 15
+ABI = 16
 
 ffi: Any = None
 lib: Any = None

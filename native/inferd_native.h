@@ -230,10 +230,11 @@ int inferd_q8_cap_avx512(int cap);
 int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, int K, const signed char* wp,
                    const int* wsum, int N, const int* bias, const float* mult, int zy, int lo, int hi, void* y,
                    int y_signed, long long ysm, long long ysn, int max_threads);
-/* Bytes of conv-packed weights, and the packing (rows of K padded to 4, N padded to 6 rows, zeros). */
-long long inferd_q8_conv_packed_size(int N, int K);
-void inferd_q8_conv_pack(const signed char* w, int N, int K, signed char* wp, int* wsum);
-/* Convolution of one image x (C, H, W) with conv-packed w (N x C*kh*kw) into y (N, OH, OW); padding reads zx. */
+/* Bytes of conv-packed weights w (N, C, taps = kh*kw), and the packing (per row, groups of 4 channels at one
+   tap, channels padded to 4 and N to 6 rows with zeros); wsum[n] = the sum of row n's weights. */
+long long inferd_q8_conv_packed_size(int N, int C, int taps);
+void inferd_q8_conv_pack(const signed char* w, int N, int C, int taps, signed char* wp, int* wsum);
+/* Convolution of one image x (C, H, W) with conv-packed w (N, C, kh*kw) into y (N, OH, OW); padding reads zx. */
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* wp, const int* wsum,
                      int N, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
                      const int* bias, const float* mult, int zy, int lo, int hi, void* y, int y_signed,

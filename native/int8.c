@@ -370,38 +370,52 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
 }
 
 /* ---------------------------------------------------------------- conv: one image (C, H, W), output (N, OH, OW)
-   Pixels in the vector lanes: a block of Q8_PB output pixels is gathered as xb[k/4][pixel][4] (im2col rows,
-   interleaved by 4), weights are rows w[co][kp] broadcast 4 bytes at a time, and a micro-kernel computes
-   Q8_CR channels x Q8_PX pixels, so each channel's pixels are stored contiguously into the NCHW output. */
+   Pixels in the vector lanes. The input is staged once per call as NC4 phase planes: channels in groups of 4,
+   each group's padded image split into sh x sw phase planes (padded row r, column c at phase (r % sh, c % sw),
+   position (r / sh, c / sw)) of Hq x Wv words, one word holding the group's 4 bytes of one position. The output
+   is computed at pitch Wv too (OH x Wv "virtual" pixels, the last Wv - OW of each row garbage), so for reduction
+   group g = (channel group, tap) the 4 bytes of virtual pixel p sit at stage + goff[g] + 4p, whatever the stride:
+   a micro-kernel's 32 pixels are 128 contiguous bytes, read in place. (An im2col gather before it interleaved
+   every input byte kh*kw times per call, and again per channel chunk: ~20% of a 3x3 layer.) Weights are packed
+   to match: row n, group g = (c4, tap) holds w[n][4 c4 + i][tap] for i < 4, zeros past C; Q8_CR channels x Q8_PX
+   pixels per micro-kernel call, each channel's pixels stored contiguously into the NCHW output. */
 #define Q8_CR 6
 #define Q8_PX 32
-#define Q8_PB_MAX 256 /* pixels per block: a multiple of Q8_PX, fewer for long K (the block stays in L2) */
+#define Q8_PB_MAX 256 /* pixels per task block: a multiple of Q8_PX */
 
-long long inferd_q8_conv_packed_size(int N, int K) { return (long long)((N + Q8_CR - 1) / Q8_CR) * Q8_CR * q8_kp(K); }
+static inline int q8_c4(int C) { return (C + 3) / 4; }
 
-void inferd_q8_conv_pack(const int8_t* w, int N, int K, int8_t* wp, int32_t* wsum)
+long long inferd_q8_conv_packed_size(int N, int C, int taps)
 {
-    const int kp = q8_kp(K), rows = (N + Q8_CR - 1) / Q8_CR * Q8_CR;
-    memset(wp, 0, (size_t)rows * kp);
+    return (long long)((N + Q8_CR - 1) / Q8_CR) * Q8_CR * 4LL * q8_c4(C) * taps;
+}
+
+void inferd_q8_conv_pack(const int8_t* w, int N, int C, int taps, int8_t* wp, int32_t* wsum)
+{
+    const size_t kp = 4 * (size_t)q8_c4(C) * taps, rows = (size_t)(N + Q8_CR - 1) / Q8_CR * Q8_CR;
+    memset(wp, 0, rows * kp);
     for (int n = 0; n < N; ++n) {
         int32_t s = 0;
-        for (int k = 0; k < K; ++k) {
-            wp[(size_t)n * kp + k] = w[(size_t)n * K + k];
-            s += w[(size_t)n * K + k];
-        }
+        for (int c = 0; c < C; ++c)
+            for (int t = 0; t < taps; ++t) {
+                const int8_t v = w[((size_t)n * C + c) * taps + t];
+                wp[(size_t)n * kp + ((size_t)(c / 4) * taps + t) * 4 + c % 4] = v;
+                s += v;
+            }
         wsum[n] = s;
     }
 }
 
-/* out[r][p] (Q8_CR x Q8_PX) = sum_g x[g][p][0..3] . w[r][4g..4g+3]; x at xg with gs bytes per group */
-typedef void (*q8_ukc)(const uint8_t* xg, int kq, long gs, const int8_t* w, int kp, int32_t* out);
+/* out[r][p] (Q8_CR x Q8_PX) = sum_g x[goff[g] + 4p .. +3] . w[r][4g..4g+3] */
+typedef void (*q8_ukc)(const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp, int32_t* out);
 
-INFERD_CLONES static void ukc_portable(const uint8_t* xg, int kq, long gs, const int8_t* w, int kp, int32_t* out)
+INFERD_CLONES static void ukc_portable(const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp,
+                                       int32_t* out)
 {
     int32_t acc[Q8_CR][Q8_PX];
     memset(acc, 0, sizeof acc);
     for (int g = 0; g < kq; ++g) {
-        const uint8_t* xp = xg + (size_t)g * gs;
+        const uint8_t* xp = xt + goff[g];
         for (int r = 0; r < Q8_CR; ++r) {
             const int8_t* wr = w + (size_t)r * kp + 4 * g;
             const int32_t w0 = wr[0], w1 = wr[1], w2 = wr[2], w3 = wr[3];
@@ -419,7 +433,7 @@ INFERD_CLONES static void ukc_portable(const uint8_t* xg, int kq, long gs, const
    separate pass over an int32 tile (q8_store_rows) cost more than the dot products where K is small. Same
    arithmetic as q8_store_rows: float product, clamp in float, then round. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void ukc_vnni_q(
-    const uint8_t* xg, int kq, long gs, const int8_t* w, int kp, int nn, int cnt, const int32_t* bias,
+    const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp, int nn, int cnt, const int32_t* bias,
     const float* mult, float flo, float fhi, int zy, uint8_t* y, long long pitch)
 {
     /* twelve named accumulators: GCC copies vectors around (vmovdqa per vpdpbusd) when they are an array */
@@ -428,7 +442,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void ukc_
     const int8_t *w0 = w, *w1 = w + kp, *w2 = w + 2 * (size_t)kp, *w3 = w + 3 * (size_t)kp, *w4 = w + 4 * (size_t)kp,
                  *w5 = w + 5 * (size_t)kp;
     for (int g = 0; g < kq; ++g) {
-        const uint8_t* xp = xg + (size_t)g * gs;
+        const uint8_t* xp = xt + goff[g];
         const __m512i x0 = _mm512_loadu_si512((const void*)xp), x1 = _mm512_loadu_si512((const void*)(xp + 64));
         int32_t v;
         __m512i wb;
@@ -466,15 +480,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void ukc_
 #endif
 
 #if defined(Q8_HAVE_SDOT)
-__attribute__((target("arch=armv8.2-a+dotprod"))) static void ukc_sdot(const uint8_t* xg, int kq, long gs, const int8_t* w,
-                                                          int kp, int32_t* out)
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void ukc_sdot(const uint8_t* xt, const long long* goff,
+                                                                       int kq, const int8_t* w, int kp, int32_t* out)
 {
     for (int half = 0; half < 2; ++half) {
         int32x4_t a[Q8_CR][4];
         for (int r = 0; r < Q8_CR; ++r)
             for (int q = 0; q < 4; ++q) a[r][q] = vdupq_n_s32(0);
         for (int g = 0; g < kq; ++g) {
-            const int8_t* xp = (const int8_t*)xg + (size_t)g * gs + half * 64;
+            const int8_t* xp = (const int8_t*)(xt + goff[g]) + half * 64;
             const int8x16_t x0 = vld1q_s8(xp), x1 = vld1q_s8(xp + 16), x2 = vld1q_s8(xp + 32), x3 = vld1q_s8(xp + 48);
             for (int r = 0; r < Q8_CR; ++r) {
                 int32_t v;
@@ -508,80 +522,17 @@ static q8_ukc q8_conv_uk(const q8_isa_t* isa)
 
 typedef struct {
     const q8_isa_t* isa;
-    const uint8_t* x;
-    int C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
-    uint8_t flip, pad;
-    uint32_t gflip; /* xor applied by the gather: the flip, where x is read in place (not copied flipped) */
+    const uint8_t* st;     /* the staged input (NC4 phase planes) */
+    const long long* goff; /* per reduction group: its source's byte offset in st */
     const int8_t* wp;
     const int32_t* bias_eff;
     const float* mult;
-    int N, kp, zy, lo, hi, y_signed;
-    /* xv: the input padded (with the zero point), shifted into the kernel's domain and split into sh x sw phase
-       planes per channel (padded row r, column c at phase (r % sh, c % sw), position (r / sh, c / sw)), each of
-       vplane bytes at pitch Wv; the output is computed at that pitch too (OH x Wv "virtual" pixels, the last
-       Wv - OW columns of each row garbage), so every tap's source for a block of pixels is one contiguous run
-       of one phase plane, whatever the stride. */
-    const uint8_t* xv;
-    long long vplane;
-    int Wv;
-    long long npix;  /* pixels computed: OH * Wv */
-    uint8_t* yv;     /* output, channel pitch npix */
-    int pb;          /* pixels per block */
+    int N, kp, zy, lo, hi;
+    long long npix;            /* pixels computed: OH * Wv */
+    uint8_t* yv;               /* output, channel pitch npix */
+    int pb;                    /* pixels per block */
     long long pblocks, nchunk; /* tasks: pixel blocks x channel chunks of nchunk channels */
-    const long long* koff; /* per k < K: its tap's source offset in xv (phase plane, row, column), computed once */
-    int failed;
 } q8_conv_ctx;
-
-/* The block's group g (4 consecutive k) for pixels p < np, zeros up to pb: the 4 bytes r0[p]..r3[p] of pixel p go
-   to tile p / Q8_PX (tiles tstride bytes apart), word p % Q8_PX of that tile's group g. Tile-major: a micro-kernel's
-   32-pixel tile is contiguous over all K (an L1-resident stream); group-major rows PB*4 bytes apart put its
-   lines in a few cache sets, which evicted each other. */
-#if defined(__x86_64__) && defined(__GNUC__)
-/* One whole 32-pixel tile by byte and word unpacks (24 instructions; the compiler's widen-shift-or took ~3x). */
-__attribute__((target("avx2"))) static void q8_interleave_tile_avx2(const uint8_t* r0, const uint8_t* r1,
-                                                                   const uint8_t* r2, const uint8_t* r3, uint32_t fx,
-                                                                   uint8_t* d)
-{
-    const __m256i a = _mm256_loadu_si256((const __m256i*)r0), b = _mm256_loadu_si256((const __m256i*)r1);
-    const __m256i c = _mm256_loadu_si256((const __m256i*)r2), e = _mm256_loadu_si256((const __m256i*)r3);
-    const __m256i ab0 = _mm256_unpacklo_epi8(a, b), ab1 = _mm256_unpackhi_epi8(a, b);
-    const __m256i ce0 = _mm256_unpacklo_epi8(c, e), ce1 = _mm256_unpackhi_epi8(c, e);
-    const __m256i q0 = _mm256_unpacklo_epi16(ab0, ce0), q1 = _mm256_unpackhi_epi16(ab0, ce0);
-    const __m256i q2 = _mm256_unpacklo_epi16(ab1, ce1), q3 = _mm256_unpackhi_epi16(ab1, ce1);
-    const __m256i f = _mm256_set1_epi32((int)fx);
-    _mm256_storeu_si256((__m256i*)d, _mm256_xor_si256(_mm256_permute2x128_si256(q0, q1, 0x20), f));
-    _mm256_storeu_si256((__m256i*)(d + 32), _mm256_xor_si256(_mm256_permute2x128_si256(q2, q3, 0x20), f));
-    _mm256_storeu_si256((__m256i*)(d + 64), _mm256_xor_si256(_mm256_permute2x128_si256(q0, q1, 0x31), f));
-    _mm256_storeu_si256((__m256i*)(d + 96), _mm256_xor_si256(_mm256_permute2x128_si256(q2, q3, 0x31), f));
-}
-#endif
-
-INFERD_CLONES static void q8_interleave(const uint8_t* r0, const uint8_t* r1, const uint8_t* r2, const uint8_t* r3,
-                                        int np, int pb, uint32_t fx, uint8_t* dst, long tstride)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    const int avx2 = (q8_cpu() & Q8_F_AVX2);
-#endif
-    for (int t0 = 0; t0 < pb; t0 += Q8_PX) {
-        uint32_t* restrict d = (uint32_t*)(void*)(dst + (t0 / Q8_PX) * tstride);
-#if defined(__x86_64__) && defined(__GNUC__)
-        if (avx2 && t0 + Q8_PX <= np) { /* whole tiles only: a partial one must not read past the rows' end */
-            q8_interleave_tile_avx2(r0 + t0, r1 + t0, r2 + t0, r3 + t0, fx, (uint8_t*)d);
-            continue;
-        }
-#endif
-        if (t0 + Q8_PX <= np) {
-            for (int p = 0; p < Q8_PX; ++p)
-                d[p] = ((uint32_t)r0[t0 + p] | ((uint32_t)r1[t0 + p] << 8) | ((uint32_t)r2[t0 + p] << 16) |
-                        ((uint32_t)r3[t0 + p] << 24)) ^ fx;
-        } else {
-            for (int p = 0; p < Q8_PX; ++p)
-                d[p] = t0 + p < np ? ((uint32_t)r0[t0 + p] | ((uint32_t)r1[t0 + p] << 8) |
-                                      ((uint32_t)r2[t0 + p] << 16) | ((uint32_t)r3[t0 + p] << 24)) ^ fx
-                                   : 0;
-        }
-    }
-}
 
 INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, const int32_t* bias, const float* mult,
                                         float flo, float fhi, int zy, uint8_t* y, long long pitch)
@@ -602,139 +553,193 @@ INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, co
 
 static void q8_conv_task(void* vctx, long long t)
 {
-    q8_conv_ctx* c = (q8_conv_ctx*)vctx;
+    const q8_conv_ctx* c = (const q8_conv_ctx*)vctx;
     const long long pb = t % c->pblocks, nc = t / c->pblocks;
-    const long long npix = c->npix;
-    const int PB = c->pb;
-    const long long p0 = pb * PB;
-    const int np = (int)(npix - p0 < PB ? npix - p0 : PB);
-    const int kp = c->kp, kq = kp / 4, K = c->C * c->kh * c->kw;
-    uint8_t* xb = q8_scratch(1, (size_t)kp * PB + 4 * (size_t)PB);
-    if (!xb) {
-        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    uint8_t* rows = xb + (size_t)kp * PB; /* 4 rows of PB bytes */
-    for (int g = 0; g < kq; ++g) {
-        const uint8_t* src[4];
-        for (int tt = 0; tt < 4; ++tt) {
-            const int k = 4 * g + tt;
-            uint8_t* row = rows + tt * PB;
-            if (k >= K) {
-                memset(row, 0, (size_t)PB);
-                src[tt] = row;
-            } else {
-                src[tt] = c->xv + c->koff[k] + p0;
-            }
-        }
-        q8_interleave(src[0], src[1], src[2], src[3], np, PB, c->gflip, xb + (size_t)g * Q8_PX * 4, (long)kq * Q8_PX * 4);
-    }
+    const long long npix = c->npix, p0 = pb * c->pb;
+    const int np = (int)(npix - p0 < c->pb ? npix - p0 : c->pb);
+    const int kp = c->kp, kq = kp / 4;
     const q8_ukc uk = q8_conv_uk(c->isa);
     int32_t tile[Q8_CR * Q8_PX];
     const float flo = (float)(c->lo - c->zy), fhi = (float)(c->hi - c->zy);
     const int n_begin = (int)(nc * c->nchunk), n_end = (int)((nc + 1) * c->nchunk < c->N ? (nc + 1) * c->nchunk : c->N);
-    const long tstride = (long)kq * Q8_PX * 4; /* bytes of one 32-pixel tile over all K */
-    /* pixel tiles outer: a tile (kq * 128 bytes) stays in L1 while every channel row of the chunk passes over it */
     for (int px = 0; px < np; px += Q8_PX) {
-        const uint8_t* xt = xb + (size_t)(px / Q8_PX) * tstride;
+        const uint8_t* xt = c->st + 4 * (size_t)(p0 + px);
         const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
         for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
             const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
+            uint8_t* y = c->yv + (size_t)n0 * npix + p0 + px;
 #if defined(Q8_HAVE_VNNI)
             if (!uk) {
-                ukc_vnni_q(xt, kq, 4L * Q8_PX, c->wp + (size_t)n0 * kp, kp, nn, cnt, c->bias_eff + n0, c->mult + n0,
-                           flo, fhi, c->zy, c->yv + (size_t)n0 * npix + p0 + px, npix);
+                ukc_vnni_q(xt, c->goff, kq, c->wp + (size_t)n0 * kp, kp, nn, cnt, c->bias_eff + n0, c->mult + n0,
+                           flo, fhi, c->zy, y, npix);
                 continue;
             }
 #endif
-            uk(xt, kq, 4L * Q8_PX, c->wp + (size_t)n0 * kp, kp, tile);
-            q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy,
-                          c->yv + (size_t)n0 * npix + p0 + px, npix);
+            uk(xt, c->goff, kq, c->wp + (size_t)n0 * kp, kp, tile);
+            q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy, y, npix);
         }
     }
 }
 
-/* The conv's input padded (with the zero point), shifted into the kernel's domain and split into sh x sw phase
-   planes, channels split over the threads (one thread did it before the GEMM's tasks: ~10% of a 3x3 layer). */
+/* ---- staging: the input padded (with the zero point), shifted into the kernel's domain, in NC4 phase planes */
 typedef struct {
     const uint8_t* x;
-    uint8_t* xpad;
-    int C, H, W, sh, sw, pt, pl, Hpad, Wv;
-    long long vplane;
+    uint8_t* st;
+    int C, H, W, sh, sw, pt, pl, Hq, Wv;
+    long long vplane;    /* words per phase plane */
+    const uint8_t* used; /* per phase (ph * sw + pw): whether a tap reads it */
     uint8_t pad, flip;
-    int ntasks;
-} q8_pad_ctx;
+    int ntasks, failed;
+} q8_stage_ctx;
 
-/* d[u] = s[u * sw] ^ flip for u < n: stride 1 and 2 as loops of their own, which the compiler vectorises */
-INFERD_CLONES static void q8_copy_strided(uint8_t* restrict d, const uint8_t* restrict s, int sw, int n, uint8_t flip)
+#if defined(__x86_64__) && defined(__GNUC__)
+/* One 32-word run of 4 byte rows by byte and word unpacks (24 instructions; the compiler's widen-shift-or took
+   ~3x): word p = r0[p] | r1[p] << 8 | r2[p] << 16 | r3[p] << 24, xor fx. */
+__attribute__((target("avx2"))) static void q8_interleave32_avx2(const uint8_t* r0, const uint8_t* r1,
+                                                                const uint8_t* r2, const uint8_t* r3, uint32_t fx,
+                                                                uint8_t* d)
 {
-    if (sw == 1)
-        for (int u = 0; u < n; ++u) d[u] = s[u] ^ flip;
-    else if (sw == 2)
-        for (int u = 0; u < n; ++u) d[u] = s[2 * u] ^ flip;
-    else
-        for (int u = 0; u < n; ++u) d[u] = s[(long)u * sw] ^ flip;
+    const __m256i a = _mm256_loadu_si256((const __m256i*)r0), b = _mm256_loadu_si256((const __m256i*)r1);
+    const __m256i c = _mm256_loadu_si256((const __m256i*)r2), e = _mm256_loadu_si256((const __m256i*)r3);
+    const __m256i ab0 = _mm256_unpacklo_epi8(a, b), ab1 = _mm256_unpackhi_epi8(a, b);
+    const __m256i ce0 = _mm256_unpacklo_epi8(c, e), ce1 = _mm256_unpackhi_epi8(c, e);
+    const __m256i q0 = _mm256_unpacklo_epi16(ab0, ce0), q1 = _mm256_unpackhi_epi16(ab0, ce0);
+    const __m256i q2 = _mm256_unpacklo_epi16(ab1, ce1), q3 = _mm256_unpackhi_epi16(ab1, ce1);
+    const __m256i f = _mm256_set1_epi32((int)fx);
+    _mm256_storeu_si256((__m256i*)d, _mm256_xor_si256(_mm256_permute2x128_si256(q0, q1, 0x20), f));
+    _mm256_storeu_si256((__m256i*)(d + 32), _mm256_xor_si256(_mm256_permute2x128_si256(q2, q3, 0x20), f));
+    _mm256_storeu_si256((__m256i*)(d + 64), _mm256_xor_si256(_mm256_permute2x128_si256(q0, q1, 0x31), f));
+    _mm256_storeu_si256((__m256i*)(d + 96), _mm256_xor_si256(_mm256_permute2x128_si256(q2, q3, 0x31), f));
 }
 
-static void q8_pad_task(void* vctx, long long t)
+/* d[t] = s[2t] for 32 t, from the 64 bytes at s */
+__attribute__((target("avx2"))) static void q8_evens32_avx2(const uint8_t* s, uint8_t* d)
 {
-    const q8_pad_ctx* c = (const q8_pad_ctx*)vctx;
-    const int c0 = (int)((long long)c->C * t / c->ntasks), c1 = (int)((long long)c->C * (t + 1) / c->ntasks);
-    const int sh = c->sh, sw = c->sw, W = c->W, pl = c->pl, Wv = c->Wv, H = c->H, pt = c->pt;
-    const long long vplane = c->vplane;
-    const uint8_t pad = c->pad, flip = c->flip;
-    if (sh == 1 && sw == 1) {
-        /* one phase: pad rows, then each data row as pad | row | pad (the whole plane was memset and then the rows
-           written over it: twice the stores, and a strided-copy call per row) */
-        const int hq = (int)(vplane / Wv), n = W < Wv - pl ? W : Wv - pl;
-        const uint64_t pad8 = (uint64_t)pad * 0x0101010101010101ull;
-        for (int ch = c0; ch < c1; ++ch) {
-            uint8_t* plane = c->xpad + (size_t)ch * vplane;
-            const uint8_t* src = c->x + (size_t)ch * H * W;
-            for (int r = 0; r < hq; ++r) {
-                uint8_t* d = plane + (size_t)r * Wv;
-                const int ih = r - pt;
-                if (ih < 0 || ih >= H || r >= c->Hpad) {
-                    memset(d, pad, (size_t)Wv);
-                    continue;
-                }
-                const uint8_t* s = src + (size_t)ih * W;
-                /* pads of up to 8 bytes as one 8-byte store (a loop of pl stores became a memset call per row,
-                   ~15% of a 3x3 layer): the left one is overwritten by the row, the right one spills into the
-                   next row, which is written after it (the plane's last row is a pad row, written exactly) */
-                if (pl <= 8)
-                    memcpy(d, &pad8, 8);
-                else
-                    memset(d, pad, (size_t)pl);
-                if (flip)
-                    for (int u = 0; u < n; ++u) d[pl + u] = s[u] ^ flip;
-                else
-                    q8_cpy(d + pl, s, n);
-                const int rp = Wv - pl - n;
-                if (rp > 8)
-                    memset(d + pl + n, pad, (size_t)rp);
-                else if (rp > 0)
-                    memcpy(d + pl + n, &pad8, 8);
-            }
+    const __m256i m = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1, 0, 2, 4, 6, 8, 10,
+                                       12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i a = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)s), m);
+    const __m256i b = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)(s + 32)), m);
+    /* qwords: a0 (s 0..15), a1 (s 16..31), b0 (s 32..47), b1 (s 48..63) -> [a0, b0 | a1, b1] -> in order */
+    _mm256_storeu_si256((__m256i*)d, _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, b), 0xD8));
+}
+#endif
+
+/* n words from the 4 byte rows r[0..3] (each n bytes readable) into d. Staged rows are short (7 to ~60 words, one
+   per channel group, row and phase): 8 words at a time with a last, overlapping step below 32, not bytewise. */
+INFERD_CLONES static void q8_interleave(const uint8_t* const r[4], int n, uint32_t fx, uint8_t* d)
+{
+    int p = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (q8_cpu() & Q8_F_AVX2)
+        for (; p + 32 <= n; p += 32) q8_interleave32_avx2(r[0] + p, r[1] + p, r[2] + p, r[3] + p, fx, d + 4 * (size_t)p);
+    if (n >= 8) {
+        const __m128i f = _mm_set1_epi32((int)fx);
+        for (; p < n; p += 8) {
+            const int q = p + 8 <= n ? p : n - 8;
+            const __m128i a = _mm_loadl_epi64((const __m128i*)(r[0] + q)), b = _mm_loadl_epi64((const __m128i*)(r[1] + q));
+            const __m128i c = _mm_loadl_epi64((const __m128i*)(r[2] + q)), e = _mm_loadl_epi64((const __m128i*)(r[3] + q));
+            const __m128i ab = _mm_unpacklo_epi8(a, b), ce = _mm_unpacklo_epi8(c, e);
+            _mm_storeu_si128((__m128i*)(d + 4 * (size_t)q), _mm_xor_si128(_mm_unpacklo_epi16(ab, ce), f));
+            _mm_storeu_si128((__m128i*)(d + 4 * (size_t)q + 16), _mm_xor_si128(_mm_unpackhi_epi16(ab, ce), f));
         }
         return;
     }
-    if (c1 > c0) memset(c->xpad + (size_t)c0 * sh * sw * vplane, pad, (size_t)(c1 - c0) * sh * sw * vplane);
-    for (int ch = c0; ch < c1; ++ch)
-        for (int r = 0; r < c->Hpad; ++r) {
+#elif defined(__aarch64__)
+    if (n >= 8) {
+        const uint8x8_t f = vdup_n_u8((uint8_t)fx);
+        for (; p < n; p += 8) {
+            const int q = p + 8 <= n ? p : n - 8;
+            uint8x8x4_t v;
+            v.val[0] = veor_u8(vld1_u8(r[0] + q), f);
+            v.val[1] = veor_u8(vld1_u8(r[1] + q), f);
+            v.val[2] = veor_u8(vld1_u8(r[2] + q), f);
+            v.val[3] = veor_u8(vld1_u8(r[3] + q), f);
+            vst4_u8(d + 4 * (size_t)q, v);
+        }
+        return;
+    }
+#endif
+    uint32_t* restrict dw = (uint32_t*)(void*)d;
+    for (; p < n; ++p)
+        dw[p] = ((uint32_t)r[0][p] | ((uint32_t)r[1][p] << 8) | ((uint32_t)r[2][p] << 16) | ((uint32_t)r[3][p] << 24)) ^ fx;
+}
+
+/* d[t] = s[t * sw] for t < n, where s has avail >= (n - 1) * sw + 1 readable bytes */
+INFERD_CLONES static void q8_take_strided(const uint8_t* restrict s, int sw, int n, int avail, uint8_t* restrict d)
+{
+    int t = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (sw == 2 && (q8_cpu() & Q8_F_AVX2))
+        for (; t + 32 <= n && 2 * t + 64 <= avail; t += 32) q8_evens32_avx2(s + 2 * t, d + t);
+#endif
+    (void)avail;
+    if (sw == 2)
+        for (; t < n; ++t) d[t] = s[2 * t];
+    else
+        for (; t < n; ++t) d[t] = s[(long)t * sw];
+}
+
+static void q8_stage_task(void* vctx, long long t)
+{
+    q8_stage_ctx* c = (q8_stage_ctx*)vctx;
+    const int C4 = q8_c4(c->C);
+    const int g0 = (int)((long long)C4 * t / c->ntasks), g1 = (int)((long long)C4 * (t + 1) / c->ntasks);
+    const int sh = c->sh, sw = c->sw, H = c->H, W = c->W, pl = c->pl, pt = c->pt, Wv = c->Wv, Hq = c->Hq;
+    const uint32_t padw = c->pad * 0x01010101u, fx = c->flip * 0x01010101u;
+    /* 4 rows of one column phase (strides > 1), and a row of zeros for the channels past C (their weights are 0) */
+    const size_t rb = (size_t)W * H + 64;
+    const int need_tmp = sw > 1 || 4 * g1 > c->C;
+    uint8_t* tmp = need_tmp ? q8_scratch(1, 5 * rb) : NULL;
+    if (need_tmp && !tmp) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    if (4 * g1 > c->C) memset(tmp + 4 * rb, 0, rb);
+    for (int g = g0; g < g1; ++g) {
+        const uint8_t* src[4];
+        for (int i = 0; i < 4; ++i) src[i] = 4 * g + i < c->C ? c->x + (size_t)(4 * g + i) * H * W : NULL;
+        if (sh == 1 && sw == 1 && pl == 0 && Wv == W) {
+            /* no column padding: the data rows are one run in x and in the plane */
+            uint32_t* d = (uint32_t*)(void*)c->st + (size_t)g * c->vplane;
+            const int r0 = pt < Hq ? pt : Hq, r1 = pt + H < Hq ? pt + H : Hq;
+            for (size_t u = 0; u < (size_t)r0 * Wv; ++u) d[u] = padw;
+            for (size_t u = (size_t)r1 * Wv; u < (size_t)Hq * Wv; ++u) d[u] = padw;
+            if (r1 > r0) {
+                const uint8_t* rows[4];
+                for (int i = 0; i < 4; ++i) rows[i] = src[i] ? src[i] + (size_t)(r0 - pt) * W : tmp + 4 * rb;
+                q8_interleave(rows, (r1 - r0) * W, fx, (uint8_t*)(d + (size_t)r0 * Wv));
+            }
+            continue;
+        }
+        for (int r = 0; r < Hq * sh; ++r) {
             const int ih = r - pt;
-            if (ih < 0 || ih >= H) continue;
-            const uint8_t* src = c->x + ((size_t)ch * H + ih) * W;
-            for (int cp = 0; cp < sw; ++cp) {
-                uint8_t* d = c->xpad + (((size_t)ch * sh + r % sh) * sw + cp) * vplane + (size_t)(r / sh) * Wv;
-                /* padded column cp + u*sw holds input column cp + u*sw - pl, for those inside [0, W) */
-                const int lo_c = pl - cp > 0 ? pl - cp : 0, hi_c = W + pl - cp;
-                const int u0 = (lo_c + sw - 1) / sw;
-                int u1 = hi_c > 0 ? (hi_c + sw - 1) / sw : 0;
+            for (int pw = 0; pw < sw; ++pw) {
+                if (!c->used[(r % sh) * sw + pw]) continue; /* a phase no tap reads (1x1 stride 2: 3 of 4) */
+                uint32_t* d = (uint32_t*)(void*)(c->st) +
+                              (((size_t)g * sh + r % sh) * sw + pw) * c->vplane + (size_t)(r / sh) * Wv;
+                /* words u < Wv hold padded column pw + u sw = input column pw + u sw - pl */
+                int u0 = pl > pw ? (pl - pw + sw - 1) / sw : 0, u1 = W + pl - pw > 0 ? (W + pl - pw + sw - 1) / sw : 0;
                 if (u1 > Wv) u1 = Wv;
-                if (u1 > u0) q8_copy_strided(d + u0, src + (long)u0 * sw + cp - pl, sw, u1 - u0, flip);
+                if (ih < 0 || ih >= H || u1 <= u0) u0 = u1 = 0;
+                for (int u = 0; u < u0; ++u) d[u] = padw;
+                for (int u = u1; u < Wv; ++u) d[u] = padw;
+                if (u1 == u0) continue;
+                const int n = u1 - u0, iw0 = pw + u0 * sw - pl;
+                const uint8_t* rows[4];
+                for (int i = 0; i < 4; ++i) {
+                    if (!src[i]) {
+                        rows[i] = tmp + 4 * rb;
+                    } else if (sw == 1) {
+                        rows[i] = src[i] + (size_t)ih * W + iw0;
+                    } else {
+                        q8_take_strided(src[i] + (size_t)ih * W + iw0, sw, n, W - iw0, tmp + i * rb);
+                        rows[i] = tmp + i * rb;
+                    }
+                }
+                q8_interleave(rows, n, fx, (uint8_t*)(d + u0));
             }
         }
+    }
 }
 
 /* the output computed at pitch Wv, copied to pitch OW, rows split over the threads */
@@ -757,52 +762,38 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
                      const int32_t* bias, const float* mult, int zy, int lo, int hi, void* y, int y_signed,
                      int max_threads)
 {
+    (void)y_signed; /* an int8 result has the bit pattern of its uint8 cast */
     const q8_isa_t* isa = q8_isa();
     const int dom_signed = isa->level == 1 ? isa->xsigned : 0;
     const int zxd = q8_zx_domain(zx, x_signed, dom_signed);
-    const uint8_t flip = (uint8_t)(x_signed != dom_signed ? 0x80 : 0), pad = (uint8_t)zxd;
-    int32_t* be = q8_bias_eff(bias, wsum, N, zxd);
-    if (!be) return -1;
-    const int K = C * kh * kw;
-    uint8_t* xpad = NULL;
-    uint8_t* ystage = NULL;
-    const uint8_t* xv = NULL;
-    long long vplane = 0;
-    int Wv = OW;
-    uint32_t gflip = 0;
-    {
-        const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
-        const int Hq = (Hpad + sh - 1) / sh + 1;
-        Wv = (Wpad + sw - 1) / sw;
-        vplane = (long long)Hq * Wv;
-        if (kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && OH == H && OW == W) {
-            /* already what the gather reads, but for the flip, which the gather applies: no copy (reads stay
-               inside: rows are OH * W) */
-            xv = (const uint8_t*)x;
-            gflip = flip * 0x01010101u;
-            vplane = (long long)H * W;
-        } else {
-            const size_t bytes = (size_t)C * sh * sw * vplane;
-            const size_t ybytes = Wv != OW ? (size_t)N * OH * Wv : 0;
-            xpad = q8_scratch(0, bytes + ybytes);
-            if (!xpad) {
-                free(be);
-                return -1;
-            }
-            if (ybytes) ystage = xpad + bytes;
-            q8_pad_ctx pc = {(const uint8_t*)x, xpad, C, H, W, sh, sw, pt, pl, Hpad, Wv, vplane, pad, flip, 1};
-            const double work = (double)C * sh * sw * vplane;
-            pc.ntasks = work < 65536 ? 1 : inferd_pool_chunks(C, work);
-            inferd_parallel(q8_pad_task, &pc, pc.ntasks, work < 65536 ? 1 : max_threads);
-            xv = xpad;
-        }
-        if (Wv != OW && !ystage) { /* the input read in place but the output at another pitch: not reached */
-            free(be);
-            return -1;
-        }
+    const int C4 = q8_c4(C), taps = kh * kw, kq = C4 * taps, kp = 4 * kq;
+    const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
+    const int Hq = (Hpad + sh - 1) / sh + 1, Wv = (Wpad + sw - 1) / sw;
+    const long long vplane = (long long)Hq * Wv, npix = (long long)OH * Wv;
+    /* a tile reads up to Q8_PX words past its last pixel: slack past the last plane */
+    const size_t sbytes = 4 * (size_t)C4 * sh * sw * vplane + 4 * Q8_PX + 64;
+    const size_t ybytes = Wv != OW ? (size_t)N * OH * Wv : 0;
+    uint8_t* st = q8_scratch(0, sbytes + ybytes);
+    int32_t* be = st ? q8_bias_eff(bias, wsum, N, zxd) : NULL;
+    long long* goff = be ? (long long*)malloc(sizeof(long long) * (size_t)(kq > 0 ? kq : 1) + (size_t)sh * sw) : NULL;
+    if (!goff) {
+        free(be);
+        return -1;
     }
-    const long long npix = (long long)OH * Wv;
-    int pbs = (int)(262144 / q8_kp(K)) / Q8_PX * Q8_PX;
+    uint8_t* used = (uint8_t*)(goff + (kq > 0 ? kq : 1));
+    memset(used, 0, (size_t)sh * sw);
+    for (int tap = 0; tap < taps; ++tap) used[((tap / kw) * dh % sh) * sw + (tap % kw) * dw % sw] = 1;
+    q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, (uint8_t)zxd,
+                       (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 0};
+    const double swork = (double)C4 * sh * sw * vplane * 4;
+    sc.ntasks = swork < 65536 ? 1 : inferd_pool_chunks(C4, swork);
+    inferd_parallel(q8_stage_task, &sc, sc.ntasks, swork < 65536 ? 1 : max_threads);
+    for (int g = 0; g < kq; ++g) {
+        const int tap = g % taps, ri = (tap / kw) * dh, cj = (tap % kw) * dw;
+        const long long plane = ((long long)(g / taps) * sh + ri % sh) * sw + cj % sw;
+        goff[g] = 4 * (plane * vplane + (long long)(ri / sh) * Wv + cj / sw);
+    }
+    int pbs = (int)(262144 / kp) / Q8_PX * Q8_PX;
     pbs = pbs < Q8_PX ? Q8_PX : (pbs > Q8_PB_MAX ? Q8_PB_MAX : pbs);
     const int threads = inferd_pool_threads();
     {
@@ -816,35 +807,25 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
         }
     }
     const long long pblocks = (npix + pbs - 1) / pbs;
-    /* too few pixel blocks to feed every thread: split the channels too (each chunk gathers its block again) */
+    /* too few pixel blocks to feed every thread: split the channels too */
     long long chunks = pblocks >= 2LL * threads ? 1 : (2LL * threads + pblocks - 1) / pblocks;
     long long nchunk = ((N + chunks - 1) / chunks + Q8_CR - 1) / Q8_CR * Q8_CR;
     if (nchunk < Q8_CR) nchunk = Q8_CR;
     chunks = (N + nchunk - 1) / nchunk;
-    long long* koff = (long long*)malloc(sizeof(long long) * (size_t)(K > 0 ? K : 1));
-    if (!koff) {
-        free(be);
-        return -1;
-    }
-    for (int k = 0, taps = kh * kw; k < K; ++k) {
-        const int ch = k / taps, ri = ((k % taps) / kw) * dh, cj = (k % kw) * dw;
-        const long long phase = (long long)ch * sh * sw + (ri % sh) * sw + cj % sw;
-        koff[k] = phase * vplane + (long long)(ri / sh) * Wv + cj / sw;
-    }
-    q8_conv_ctx c = {isa, (const uint8_t*)x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, flip, pad, gflip, wp, be,
-                     mult, N, q8_kp(K), zy, lo, hi, y_signed, xv, vplane, Wv, npix, ystage ? ystage : (uint8_t*)y, pbs,
-                     pblocks, nchunk, koff, 0};
-    const long long tasks = pblocks * chunks;
-    inferd_parallel(q8_conv_task, &c, tasks, npix * (long long)N * K < 200000 ? 1 : max_threads);
-    if (ystage) {
+    uint8_t* ystage = ybytes ? st + sbytes : NULL;
+    q8_conv_ctx c = {isa, st, goff, wp, be, mult, N, kp, zy, lo, hi, npix, ystage ? ystage : (uint8_t*)y, pbs,
+                     pblocks, nchunk};
+    if (!sc.failed)
+        inferd_parallel(q8_conv_task, &c, pblocks * chunks, npix * (long long)N * kp < 200000 ? 1 : max_threads);
+    if (ystage && !sc.failed) {
         q8_unstage_ctx uc = {ystage, (uint8_t*)y, (long long)N * OH, Wv, OW, 1};
         const double work = (double)N * OH * OW;
         uc.ntasks = work < 65536 ? 1 : inferd_pool_chunks(uc.rows, work);
         inferd_parallel(q8_unstage_task, &uc, uc.ntasks, work < 65536 ? 1 : max_threads);
     }
-    free(koff);
+    free(goff);
     free(be);
-    return c.failed ? -1 : 0;
+    return sc.failed ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- depthwise: channel c of x with w[c] (kh x kw) */

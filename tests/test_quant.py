@@ -280,8 +280,8 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
     if (dw) {
         inferd_q8_dwconv2d(x, xsg, zx, C, H, W, w, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, 1);
     } else {
-        signed char* wp = malloc(inferd_q8_conv_packed_size(N, K)); int* ws = malloc(N * 4);
-        inferd_q8_conv_pack(w, N, K, wp, ws);
+        signed char* wp = malloc(inferd_q8_conv_packed_size(N, C, k * k)); int* ws = malloc(N * 4);
+        inferd_q8_conv_pack(w, N, C, k * k, wp, ws);
         inferd_q8_conv2d(x, xsg, zx, C, H, W, wp, ws, N, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, 2);
         /* the GEMM: rows = pixels of a 1x1 view */
         free(wp); free(ws);
@@ -313,6 +313,9 @@ int main(void) {
     for (int isa = 0; isa <= 1; isa++) for (int xsg = 0; xsg <= 1; xsg++) {
         check(isa, 5, 7, 9, 3, 1, 1, 0, xsg); check(isa, 16, 19, 8, 1, 1, 0, 0, xsg); check(isa, 6, 20, 11, 3, 2, 1, 0, xsg);
         check(isa, 9, 9, 10, 3, 1, 1, 1, xsg); check(isa, 9, 9, 10, 3, 2, 1, 1, xsg);
+        /* staging: 1x1 stride 2 (one phase of four read), a 7x7 stride-2 stem on 3 channels, rows of 32+ words */
+        check(isa, 7, 10, 12, 1, 2, 0, 0, xsg); check(isa, 3, 8, 41, 7, 2, 3, 0, xsg); check(isa, 10, 7, 70, 3, 1, 1, 0, xsg);
+        check(isa, 5, 6, 67, 3, 2, 1, 0, xsg);
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
     }
     printf("isa %d\n", inferd_q8_set_isa(-1));

@@ -57,15 +57,29 @@ def _mult(raw: dict[str, np.ndarray], xs: int, ws: int, ys: int, n: int) -> np.n
     return np.ascontiguousarray(np.broadcast_to(m, (n,)), np.float32)
 
 
-def _pack(w2: np.ndarray, conv: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _pack(w2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(packed B^T panels, row sums) of a GEMM's (N, K) weights."""
     n, k = w2.shape
     w2 = np.ascontiguousarray(w2, np.int8)
-    lib = native.lib
-    size, pack = ((lib.inferd_q8_conv_packed_size, lib.inferd_q8_conv_pack) if conv
-                  else (lib.inferd_q8_packed_size, lib.inferd_q8_pack))
-    wp = np.empty(int(size(n, k)), np.int8)
+    wp = np.empty(int(native.lib.inferd_q8_packed_size(n, k)), np.int8)
     wsum = np.empty(n, np.int32)
-    pack(_c("signed char *", w2), n, k, _c("signed char *", wp), _c("int *", wsum))
+    native.lib.inferd_q8_pack(_c("signed char *", w2), n, k, _c("signed char *", wp), _c("int *", wsum))
+    return wp, wsum
+
+
+def _conv_packed_nbytes(n: int, c: int, taps: int) -> int:
+    """inferd_q8_conv_packed_size: rows padded to 6, channels to 4."""
+    return -(-n // 6) * 6 * 4 * (-(-c // 4)) * taps
+
+
+def _pack_conv(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(packed rows, row sums) of a conv's (N, C, kh, kw) weights: groups of 4 channels at one tap."""
+    n, c = w.shape[:2]
+    taps = int(np.prod(w.shape[2:]))
+    w = np.ascontiguousarray(w, np.int8)
+    wp = np.empty(int(native.lib.inferd_q8_conv_packed_size(n, c, taps)), np.int8)
+    wsum = np.empty(n, np.int32)
+    native.lib.inferd_q8_conv_pack(_c("signed char *", w), n, c, taps, _c("signed char *", wp), _c("int *", wsum))
     return wp, wsum
 
 
@@ -109,7 +123,7 @@ class QConvNative(BoundKernel):
         w = np.asarray(raw[raw_key(3)])
         out: dict[str, np.ndarray] = {}
         if g.group == 1:
-            out["wp"], out["wsum"] = _pack(w.reshape(g.cout, -1), conv=True)
+            out["wp"], out["wsum"] = _pack_conv(w)
         else:
             out["w"] = np.ascontiguousarray(w.reshape(g.cout, -1), np.int8)
         out["bias"] = (np.ascontiguousarray(np.asarray(raw[raw_key(8)]).reshape(-1), np.int32) if layer.has_input(8)
@@ -121,7 +135,7 @@ class QConvNative(BoundKernel):
     def transformed_nbytes(self, layer: Layer) -> int:
         g = layer_geom(layer)
         k = (g.cin // g.group) * int(np.prod(g.k))
-        wb = int(-(-g.cout // 6) * 6 * ((k + 3) & ~3)) if g.group == 1 else g.cout * k
+        wb = _conv_packed_nbytes(g.cout, g.cin, int(np.prod(g.k))) if g.group == 1 else g.cout * k
         return wb + 12 * g.cout + 32
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],

@@ -39,8 +39,9 @@ def cpu_fingerprint() -> dict[str, str]:
                     break
     except OSError:
         pass
-    return {"backend": "cpu", "engine": __version__, "machine": platform.machine(), "cpu": model,
-            "threads": str(native.num_threads()), "gemm_isa": str(native.gemm_isa())}
+    # native_abi: the C kernels' packed weight layouts change with it (int8 conv rows, ABI 16)
+    return {"backend": "cpu", "engine": __version__, "native_abi": str(native.ABI), "machine": platform.machine(),
+            "cpu": model, "threads": str(native.num_threads()), "gemm_isa": str(native.gemm_isa())}
 
 
 def ramp(fn: Callable[[], object], seconds: float = 1.0) -> None:
