@@ -612,15 +612,14 @@ __attribute__((target("avx2"))) static void q8_interleave32_avx2(const uint8_t* 
     _mm256_storeu_si256((__m256i*)(d + 96), _mm256_xor_si256(_mm256_permute2x128_si256(q2, q3, 0x31), f));
 }
 
-/* d[t] = s[2t] for 32 t, from the 64 bytes at s */
-__attribute__((target("avx2"))) static void q8_evens32_avx2(const uint8_t* s, uint8_t* d)
+/* e[t] = s[2t], o[t] = s[2t + 1] for t < 16, from the 32 bytes at s */
+__attribute__((target("avx2"))) static void q8_split32_avx2(const uint8_t* s, uint8_t* e, uint8_t* o)
 {
-    const __m256i m = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1, 0, 2, 4, 6, 8, 10,
-                                       12, 14, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m256i a = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)s), m);
-    const __m256i b = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i*)(s + 32)), m);
-    /* qwords: a0 (s 0..15), a1 (s 16..31), b0 (s 32..47), b1 (s 48..63) -> [a0, b0 | a1, b1] -> in order */
-    _mm256_storeu_si256((__m256i*)d, _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(a, b), 0xD8));
+    const __m128i m = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m128i a = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)s), m);
+    const __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)(s + 16)), m);
+    _mm_storeu_si128((__m128i*)e, _mm_unpacklo_epi64(a, b));
+    _mm_storeu_si128((__m128i*)o, _mm_unpackhi_epi64(a, b));
 }
 #endif
 
@@ -664,19 +663,37 @@ INFERD_CLONES static void q8_interleave(const uint8_t* const r[4], int n, uint32
         dw[p] = ((uint32_t)r[0][p] | ((uint32_t)r[1][p] << 8) | ((uint32_t)r[2][p] << 16) | ((uint32_t)r[3][p] << 24)) ^ fx;
 }
 
-/* d[t] = s[t * sw] for t < n, where s has avail >= (n - 1) * sw + 1 readable bytes */
-INFERD_CLONES static void q8_take_strided(const uint8_t* restrict s, int sw, int n, int avail, uint8_t* restrict d)
+/* A row of W bytes split by column parity: e[t] = s[2t] for t < (W + 1) / 2, o[t] = s[2t + 1] for t < W / 2.
+   32 bytes a step, the last one overlapping (at an even offset, so parities hold); rows are ~14 to 112 bytes. */
+INFERD_CLONES static void q8_split2(const uint8_t* restrict s, int W, uint8_t* restrict e, uint8_t* restrict o)
 {
-    int t = 0;
+    int p = 0;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (sw == 2 && (q8_cpu() & Q8_F_AVX2))
-        for (; t + 32 <= n && 2 * t + 64 <= avail; t += 32) q8_evens32_avx2(s + 2 * t, d + t);
+    if (W >= 32 && (q8_cpu() & Q8_F_AVX2)) {
+        for (; p + 32 <= W; p += 32) q8_split32_avx2(s + p, e + p / 2, o + p / 2);
+        if (p < W - 1) {
+            const int q = (W - 32) & ~1;
+            q8_split32_avx2(s + q, e + q / 2, o + q / 2);
+            p = q + 32;
+        }
+    }
+#elif defined(__aarch64__)
+    if (W >= 32) {
+        for (; p + 32 <= W; p += 32) {
+            const uint8x16x2_t v = vld2q_u8(s + p);
+            vst1q_u8(e + p / 2, v.val[0]);
+            vst1q_u8(o + p / 2, v.val[1]);
+        }
+        if (p < W - 1) {
+            const int q = (W - 32) & ~1;
+            const uint8x16x2_t v = vld2q_u8(s + q);
+            vst1q_u8(e + q / 2, v.val[0]);
+            vst1q_u8(o + q / 2, v.val[1]);
+            p = q + 32;
+        }
+    }
 #endif
-    (void)avail;
-    if (sw == 2)
-        for (; t < n; ++t) d[t] = s[2 * t];
-    else
-        for (; t < n; ++t) d[t] = s[(long)t * sw];
+    for (; p < W; ++p) (p & 1 ? o : e)[p / 2] = s[p];
 }
 
 static void q8_stage_task(void* vctx, long long t)
@@ -687,7 +704,7 @@ static void q8_stage_task(void* vctx, long long t)
     const int sh = c->sh, sw = c->sw, H = c->H, W = c->W, pl = c->pl, pt = c->pt, Wv = c->Wv, Hq = c->Hq;
     const uint32_t padw = c->pad * 0x01010101u, fx = c->flip * 0x01010101u;
     /* 4 rows of one column phase (strides > 1), and a row of zeros for the channels past C (their weights are 0) */
-    const size_t rb = (size_t)W * H + 64;
+    const size_t rb = (size_t)W * H + 64, rh = (size_t)W / 2 + 32; /* stride 2: odd columns at + rh */
     const int need_tmp = sw > 1 || 4 * g1 > c->C;
     uint8_t* tmp = need_tmp ? q8_scratch(1, 5 * rb) : NULL;
     if (need_tmp && !tmp) {
@@ -711,6 +728,7 @@ static void q8_stage_task(void* vctx, long long t)
             }
             continue;
         }
+        int split_row = -1; /* the padded row whose parities tmp holds (stride 2) */
         for (int r = 0; r < Hq * sh; ++r) {
             const int ih = r - pt;
             for (int pw = 0; pw < sw; ++pw) {
@@ -731,11 +749,17 @@ static void q8_stage_task(void* vctx, long long t)
                         rows[i] = tmp + 4 * rb;
                     } else if (sw == 1) {
                         rows[i] = src[i] + (size_t)ih * W + iw0;
+                    } else if (sw == 2) {
+                        /* both parities of the row split once, on the first phase that reads it */
+                        if (split_row != r) q8_split2(src[i] + (size_t)ih * W, W, tmp + i * rb, tmp + i * rb + rh);
+                        rows[i] = tmp + i * rb + (iw0 & 1) * rh + iw0 / 2;
                     } else {
-                        q8_take_strided(src[i] + (size_t)ih * W + iw0, sw, n, W - iw0, tmp + i * rb);
+                        const uint8_t* si = src[i] + (size_t)ih * W + iw0;
+                        for (int u = 0; u < n; ++u) tmp[i * rb + u] = si[(size_t)u * sw];
                         rows[i] = tmp + i * rb;
                     }
                 }
+                if (sw == 2) split_row = r;
                 q8_interleave(rows, n, fx, (uint8_t*)(d + u0));
             }
         }

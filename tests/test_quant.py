@@ -315,7 +315,7 @@ int main(void) {
         check(isa, 9, 9, 10, 3, 1, 1, 1, xsg); check(isa, 9, 9, 10, 3, 2, 1, 1, xsg);
         /* staging: 1x1 stride 2 (one phase of four read), a 7x7 stride-2 stem on 3 channels, rows of 32+ words */
         check(isa, 7, 10, 12, 1, 2, 0, 0, xsg); check(isa, 3, 8, 41, 7, 2, 3, 0, xsg); check(isa, 10, 7, 70, 3, 1, 1, 0, xsg);
-        check(isa, 5, 6, 67, 3, 2, 1, 0, xsg);
+        check(isa, 5, 6, 67, 3, 2, 1, 0, xsg); check(isa, 6, 5, 36, 3, 2, 1, 0, xsg); check(isa, 4, 3, 8, 3, 3, 1, 0, xsg);
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
     }
     printf("isa %d\n", inferd_q8_set_isa(-1));
