@@ -528,10 +528,12 @@ typedef struct {
     const int32_t* bias_eff;
     const float* mult;
     int N, kp, zy, lo, hi;
+    int OH, OW, Wv;
     long long npix;            /* pixels computed: OH * Wv */
-    uint8_t* yv;               /* output, channel pitch npix */
+    uint8_t* y;                /* the output (N, OH, OW) */
     int pb;                    /* pixels per block */
     long long pblocks, nchunk; /* tasks: pixel blocks x channel chunks of nchunk channels */
+    int failed;
 } q8_conv_ctx;
 
 INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, const int32_t* bias, const float* mult,
@@ -553,7 +555,7 @@ INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, co
 
 static void q8_conv_task(void* vctx, long long t)
 {
-    const q8_conv_ctx* c = (const q8_conv_ctx*)vctx;
+    q8_conv_ctx* c = (q8_conv_ctx*)vctx;
     const long long pb = t % c->pblocks, nc = t / c->pblocks;
     const long long npix = c->npix, p0 = pb * c->pb;
     const int np = (int)(npix - p0 < c->pb ? npix - p0 : c->pb);
@@ -562,21 +564,44 @@ static void q8_conv_task(void* vctx, long long t)
     int32_t tile[Q8_CR * Q8_PX];
     const float flo = (float)(c->lo - c->zy), fhi = (float)(c->hi - c->zy);
     const int n_begin = (int)(nc * c->nchunk), n_end = (int)((nc + 1) * c->nchunk < c->N ? (nc + 1) * c->nchunk : c->N);
+    /* Wv != OW: the block's rows computed at pitch pb here, its OW-wide rows copied out while in cache (a pass
+       over a whole staged output after the GEMM cost a parallel region and a cold read) */
+    const int staged = c->Wv != c->OW;
+    uint8_t* yb = staged ? q8_scratch(1, (size_t)(n_end - n_begin) * c->pb) : NULL;
+    if (staged && !yb) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    const long long pitch = staged ? c->pb : npix;
     for (int px = 0; px < np; px += Q8_PX) {
         const uint8_t* xt = c->st + 4 * (size_t)(p0 + px);
         const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
         for (int n0 = n_begin; n0 < n_end; n0 += Q8_CR) {
             const int nn = n_end - n0 < Q8_CR ? n_end - n0 : Q8_CR;
-            uint8_t* y = c->yv + (size_t)n0 * npix + p0 + px;
+            uint8_t* y = staged ? yb + (size_t)(n0 - n_begin) * pitch + px : c->y + (size_t)n0 * npix + p0 + px;
 #if defined(Q8_HAVE_VNNI)
             if (!uk) {
                 ukc_vnni_q(xt, c->goff, kq, c->wp + (size_t)n0 * kp, kp, nn, cnt, c->bias_eff + n0, c->mult + n0,
-                           flo, fhi, c->zy, y, npix);
+                           flo, fhi, c->zy, y, pitch);
                 continue;
             }
 #endif
             uk(xt, c->goff, kq, c->wp + (size_t)n0 * kp, kp, tile);
-            q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy, y, npix);
+            q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy, y, pitch);
+        }
+    }
+    if (!staged) return;
+    /* virtual pixel p = row * Wv + col holds output (row, col) for col < OW */
+    const long long plane = (long long)c->OH * c->OW;
+    for (int n = n_begin; n < n_end; ++n) {
+        const uint8_t* src = yb + (size_t)(n - n_begin) * pitch;
+        uint8_t* dst = c->y + (size_t)n * plane;
+        for (long long p = p0; p < p0 + np;) {
+            const long long row = p / c->Wv, col = p % c->Wv;
+            long long end = row * c->Wv + c->OW;
+            if (end > p0 + np) end = p0 + np;
+            if (col < c->OW) q8_cpy(dst + row * c->OW + col, src + (p - p0), (int)(end - p));
+            p = (row + 1) * c->Wv;
         }
     }
 }
@@ -587,7 +612,8 @@ typedef struct {
     uint8_t* st;
     int C, H, W, sh, sw, pt, pl, Hq, Wv;
     long long vplane;    /* words per phase plane */
-    const uint8_t* used; /* per phase (ph * sw + pw): whether a tap reads it */
+    const uint8_t* used;   /* per phase (ph * sw + pw): whether a tap reads it */
+    const int* urange;     /* per column phase pw: the words [u0, u1) of a row that hold input columns */
     uint8_t pad, flip;
     int ntasks, failed;
 } q8_stage_ctx;
@@ -729,16 +755,14 @@ static void q8_stage_task(void* vctx, long long t)
             continue;
         }
         int split_row = -1; /* the padded row whose parities tmp holds (stride 2) */
-        for (int r = 0; r < Hq * sh; ++r) {
-            const int ih = r - pt;
+        for (int rq = 0; rq < Hq; ++rq)
+            for (int ph = 0; ph < sh; ++ph) {
+            const int r = rq * sh + ph, ih = r - pt;
             for (int pw = 0; pw < sw; ++pw) {
-                if (!c->used[(r % sh) * sw + pw]) continue; /* a phase no tap reads (1x1 stride 2: 3 of 4) */
-                uint32_t* d = (uint32_t*)(void*)(c->st) +
-                              (((size_t)g * sh + r % sh) * sw + pw) * c->vplane + (size_t)(r / sh) * Wv;
-                /* words u < Wv hold padded column pw + u sw = input column pw + u sw - pl */
-                int u0 = pl > pw ? (pl - pw + sw - 1) / sw : 0, u1 = W + pl - pw > 0 ? (W + pl - pw + sw - 1) / sw : 0;
-                if (u1 > Wv) u1 = Wv;
-                if (ih < 0 || ih >= H || u1 <= u0) u0 = u1 = 0;
+                if (!c->used[ph * sw + pw]) continue; /* a phase no tap reads (1x1 stride 2: 3 of 4) */
+                uint32_t* d = (uint32_t*)(void*)(c->st) + (((size_t)g * sh + ph) * sw + pw) * c->vplane + (size_t)rq * Wv;
+                int u0 = c->urange[2 * pw], u1 = c->urange[2 * pw + 1];
+                if (ih < 0 || ih >= H) u0 = u1 = 0;
                 for (int u = 0; u < u0; ++u) d[u] = padw;
                 for (int u = u1; u < Wv; ++u) d[u] = padw;
                 if (u1 == u0) continue;
@@ -762,23 +786,8 @@ static void q8_stage_task(void* vctx, long long t)
                 if (sw == 2) split_row = r;
                 q8_interleave(rows, n, fx, (uint8_t*)(d + u0));
             }
-        }
+            }
     }
-}
-
-/* the output computed at pitch Wv, copied to pitch OW, rows split over the threads */
-typedef struct {
-    const uint8_t* ys;
-    uint8_t* y;
-    long long rows;
-    int Wv, OW, ntasks;
-} q8_unstage_ctx;
-
-static void q8_unstage_task(void* vctx, long long t)
-{
-    const q8_unstage_ctx* c = (const q8_unstage_ctx*)vctx;
-    const long long r0 = c->rows * t / c->ntasks, r1 = c->rows * (t + 1) / c->ntasks;
-    for (long long r = r0; r < r1; ++r) q8_cpy(c->y + r * c->OW, c->ys + r * c->Wv, c->OW);
 }
 
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const int8_t* wp, const int32_t* wsum,
@@ -796,18 +805,28 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const long long vplane = (long long)Hq * Wv, npix = (long long)OH * Wv;
     /* a tile reads up to Q8_PX words past its last pixel: slack past the last plane */
     const size_t sbytes = 4 * (size_t)C4 * sh * sw * vplane + 4 * Q8_PX + 64;
-    const size_t ybytes = Wv != OW ? (size_t)N * OH * Wv : 0;
-    uint8_t* st = q8_scratch(0, sbytes + ybytes);
+    uint8_t* st = q8_scratch(0, sbytes);
     int32_t* be = st ? q8_bias_eff(bias, wsum, N, zxd) : NULL;
-    long long* goff = be ? (long long*)malloc(sizeof(long long) * (size_t)(kq > 0 ? kq : 1) + (size_t)sh * sw) : NULL;
+    long long* goff =
+        be ? (long long*)malloc(sizeof(long long) * (size_t)(kq > 0 ? kq : 1) + sizeof(int) * 2 * sw + (size_t)sh * sw)
+           : NULL;
     if (!goff) {
         free(be);
         return -1;
     }
-    uint8_t* used = (uint8_t*)(goff + (kq > 0 ? kq : 1));
+    int* urange = (int*)(goff + (kq > 0 ? kq : 1));
+    for (int pw = 0; pw < sw; ++pw) {
+        /* word u of a row of column phase pw holds padded column pw + u sw = input column pw + u sw - pl */
+        const int u0 = pl > pw ? (pl - pw + sw - 1) / sw : 0;
+        int u1 = W + pl - pw > 0 ? (W + pl - pw + sw - 1) / sw : 0;
+        u1 = u1 > Wv ? Wv : u1;
+        urange[2 * pw] = u1 > u0 ? u0 : 0;
+        urange[2 * pw + 1] = u1 > u0 ? u1 : 0;
+    }
+    uint8_t* used = (uint8_t*)(urange + 2 * sw);
     memset(used, 0, (size_t)sh * sw);
     for (int tap = 0; tap < taps; ++tap) used[((tap / kw) * dh % sh) * sw + (tap % kw) * dw % sw] = 1;
-    q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, (uint8_t)zxd,
+    q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, urange, (uint8_t)zxd,
                        (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 0};
     const double swork = (double)C4 * sh * sw * vplane * 4;
     sc.ntasks = swork < 65536 ? 1 : inferd_pool_chunks(C4, swork);
@@ -836,20 +855,13 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     long long nchunk = ((N + chunks - 1) / chunks + Q8_CR - 1) / Q8_CR * Q8_CR;
     if (nchunk < Q8_CR) nchunk = Q8_CR;
     chunks = (N + nchunk - 1) / nchunk;
-    uint8_t* ystage = ybytes ? st + sbytes : NULL;
-    q8_conv_ctx c = {isa, st, goff, wp, be, mult, N, kp, zy, lo, hi, npix, ystage ? ystage : (uint8_t*)y, pbs,
-                     pblocks, nchunk};
+    q8_conv_ctx c = {isa, st, goff, wp, be, mult, N, kp, zy, lo, hi, OH, OW, Wv, npix, (uint8_t*)y, pbs, pblocks,
+                     nchunk, 0};
     if (!sc.failed)
         inferd_parallel(q8_conv_task, &c, pblocks * chunks, npix * (long long)N * kp < 200000 ? 1 : max_threads);
-    if (ystage && !sc.failed) {
-        q8_unstage_ctx uc = {ystage, (uint8_t*)y, (long long)N * OH, Wv, OW, 1};
-        const double work = (double)N * OH * OW;
-        uc.ntasks = work < 65536 ? 1 : inferd_pool_chunks(uc.rows, work);
-        inferd_parallel(q8_unstage_task, &uc, uc.ntasks, work < 65536 ? 1 : max_threads);
-    }
     free(goff);
     free(be);
-    return sc.failed ? -1 : 0;
+    return sc.failed || c.failed ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- depthwise: channel c of x with w[c] (kh x kw) */
