@@ -230,14 +230,17 @@ int inferd_q8_cap_avx512(int cap);
 int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, int K, const signed char* wp,
                    const int* wsum, int N, const int* bias, const float* mult, int zy, int lo, int hi, void* y,
                    int y_signed, long long ysm, long long ysn, int max_threads);
-/* Bytes of conv-packed weights w (N, C, taps = kh*kw), and the packing (per row, groups of 4 channels at one
-   tap, channels padded to 4 and N to 6 rows with zeros); wsum[n] = the sum of row n's weights. */
-long long inferd_q8_conv_packed_size(int N, int C, int taps);
-void inferd_q8_conv_pack(const signed char* w, int N, int C, int taps, signed char* wp, int* wsum);
-/* Convolution of one image x (C, H, W) with conv-packed w (N, C, kh*kw) into y (N, OH, OW); padding reads zx. */
+/* Bytes of conv-packed weights w (N, C, taps = kh*kw), and the packing (groups of 4 channels at one tap, channels
+   padded to 4; mode 0: rows of channels, N padded to 6; mode 1: panels of 32 channels); wsum[n] = the sum of row
+   n's weights. */
+long long inferd_q8_conv_packed_size(int N, int C, int taps, int mode);
+void inferd_q8_conv_pack(const signed char* w, int N, int C, int taps, int mode, signed char* wp, int* wsum);
+/* The packing (and kernel) inferd_q8_conv2d runs fastest with for this geometry on this CPU: 0 or 1. */
+int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sh, int sw, int dw, int OH, int OW);
+/* Convolution of one image x (C, H, W) with w (N, C, kh*kw) packed in `mode` into y (N, OH, OW); padding reads zx. */
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* wp, const int* wsum,
                      int N, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
-                     const int* bias, const float* mult, int zy, int lo, int hi, void* y, int y_signed,
+                     const int* bias, const float* mult, int zy, int lo, int hi, void* y, int y_signed, int mode,
                      int max_threads);
 /* Depthwise convolution (channel multiplier 1) of one image: w (C, kh, kw) unpacked. */
 int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* w, int kh, int kw,

@@ -277,16 +277,19 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
         r[(n * OH + oh) * OW + ow] = (unsigned char)v;
     }
     inferd_q8_set_isa(isa);
+    /* both weight packings (mode 0: pixels in the lanes; 1: channels in the lanes, VNNI or portable) */
+    for (int mode = 0; mode <= (dw ? 0 : 1); mode++) {
+    memset(y, 0, N * OH * OW);
     if (dw) {
         inferd_q8_dwconv2d(x, xsg, zx, C, H, W, w, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, 1);
     } else {
-        signed char* wp = malloc(inferd_q8_conv_packed_size(N, C, k * k)); int* ws = malloc(N * 4);
-        inferd_q8_conv_pack(w, N, C, k * k, wp, ws);
-        inferd_q8_conv2d(x, xsg, zx, C, H, W, wp, ws, N, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, 2);
-        /* the GEMM: rows = pixels of a 1x1 view */
+        signed char* wp = malloc(inferd_q8_conv_packed_size(N, C, k * k, mode)); int* ws = malloc(N * 4);
+        inferd_q8_conv_pack(w, N, C, k * k, mode, wp, ws);
+        inferd_q8_conv2d(x, xsg, zx, C, H, W, wp, ws, N, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, mode, 2);
         free(wp); free(ws);
     }
-    for (int i = 0; i < N * OH * OW; i++) if (y[i] != r[i]) { fails++; printf("FAIL isa %d C%d N%d k%d s%d dw%d xs%d at %d: %d vs %d\n", isa, C, N, k, s, dw, xsg, i, y[i], r[i]); break; }
+    for (int i = 0; i < N * OH * OW; i++) if (y[i] != r[i]) { fails++; printf("FAIL isa %d mode %d C%d N%d k%d s%d dw%d xs%d at %d: %d vs %d\n", isa, mode, C, N, k, s, dw, xsg, i, y[i], r[i]); break; }
+    }
     free(x); free(w); free(b); free(m); free(y); free(r);
 }
 static void check_gemm(int isa, int M, int K, int N, int xsg) {
@@ -316,6 +319,7 @@ int main(void) {
         /* staging: 1x1 stride 2 (one phase of four read), a 7x7 stride-2 stem on 3 channels, rows of 32+ words */
         check(isa, 7, 10, 12, 1, 2, 0, 0, xsg); check(isa, 3, 8, 41, 7, 2, 3, 0, xsg); check(isa, 10, 7, 70, 3, 1, 1, 0, xsg);
         check(isa, 5, 6, 67, 3, 2, 1, 0, xsg); check(isa, 6, 5, 36, 3, 2, 1, 0, xsg); check(isa, 4, 3, 8, 3, 3, 1, 0, xsg);
+        check(isa, 40, 70, 6, 3, 1, 1, 0, xsg); /* mode 1: two panels, the second partial; 42 pixels = 6 tiles of 7 */
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
     }
     printf("isa %d\n", inferd_q8_set_isa(-1));

@@ -67,19 +67,22 @@ def _pack(w2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return wp, wsum
 
 
-def _conv_packed_nbytes(n: int, c: int, taps: int) -> int:
-    """inferd_q8_conv_packed_size: rows padded to 6, channels to 4."""
-    return -(-n // 6) * 6 * 4 * (-(-c // 4)) * taps
+def _conv_mode(g) -> int:
+    """The weight packing (and kernel) the C code runs this conv geometry fastest with on this CPU (0 or 1)."""
+    return int(native.lib.inferd_q8_conv_mode(g.cin, g.cout, g.k[0], g.k[1], g.s[0], g.s[1], g.d[1], g.out_sp[0],
+                                              g.out_sp[1]))
 
 
-def _pack_conv(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(packed rows, row sums) of a conv's (N, C, kh, kw) weights: groups of 4 channels at one tap."""
+def _pack_conv(w: np.ndarray, mode: int) -> tuple[np.ndarray, np.ndarray]:
+    """(packed weights, row sums) of a conv's (N, C, kh, kw) weights: groups of 4 channels at one tap, in rows
+    of channels (mode 0) or panels of 32 channels (mode 1)."""
     n, c = w.shape[:2]
     taps = int(np.prod(w.shape[2:]))
     w = np.ascontiguousarray(w, np.int8)
-    wp = np.empty(int(native.lib.inferd_q8_conv_packed_size(n, c, taps)), np.int8)
+    wp = np.empty(int(native.lib.inferd_q8_conv_packed_size(n, c, taps, mode)), np.int8)
     wsum = np.empty(n, np.int32)
-    native.lib.inferd_q8_conv_pack(_c("signed char *", w), n, c, taps, _c("signed char *", wp), _c("int *", wsum))
+    native.lib.inferd_q8_conv_pack(_c("signed char *", w), n, c, taps, mode, _c("signed char *", wp),
+                                   _c("int *", wsum))
     return wp, wsum
 
 
@@ -123,7 +126,9 @@ class QConvNative(BoundKernel):
         w = np.asarray(raw[raw_key(3)])
         out: dict[str, np.ndarray] = {}
         if g.group == 1:
-            out["wp"], out["wsum"] = _pack_conv(w)
+            mode = _conv_mode(g)
+            out["wp"], out["wsum"] = _pack_conv(w, mode)
+            out["mode"] = np.array([mode], np.int32)
         else:
             out["w"] = np.ascontiguousarray(w.reshape(g.cout, -1), np.int8)
         out["bias"] = (np.ascontiguousarray(np.asarray(raw[raw_key(8)]).reshape(-1), np.int32) if layer.has_input(8)
@@ -135,8 +140,11 @@ class QConvNative(BoundKernel):
     def transformed_nbytes(self, layer: Layer) -> int:
         g = layer_geom(layer)
         k = (g.cin // g.group) * int(np.prod(g.k))
-        wb = _conv_packed_nbytes(g.cout, g.cin, int(np.prod(g.k))) if g.group == 1 else g.cout * k
-        return wb + 12 * g.cout + 32
+        if g.group == 1:
+            wb = int(native.lib.inferd_q8_conv_packed_size(g.cout, g.cin, int(np.prod(g.k)), _conv_mode(g)))
+        else:
+            wb = g.cout * k
+        return wb + 12 * g.cout + 36
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -159,12 +167,13 @@ class QConvNative(BoundKernel):
         keep = (x, y, params)  # the pointers above live as long as these arrays
         if g.group == 1:
             wp, wsum = _c("signed char *", params["wp"]), _c("int *", params["wsum"])
+            mode = int(params["mode"][0])
 
             def call() -> None:
                 _ = keep
                 for i in range(n):
                     if lib.inferd_q8_conv2d(xb[i], xs, zx, c, h, wd, wp, wsum, g.cout, kh, kw, sh, sw, dh, dw, pt, pl,
-                                            oh, ow, bias, mult, zy, lo, hi, yb[i], ys, threads):
+                                            oh, ow, bias, mult, zy, lo, hi, yb[i], ys, mode, threads):
                         raise MemoryError(f"{layer.name}: int8 conv out of memory")
         else:
             w = _c("signed char *", params["w"])
