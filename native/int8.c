@@ -1517,6 +1517,89 @@ int inferd_q8_cap_avx512(int cap)
 }
 
 /* the fast path's row kernel on this CPU, or NULL (other CPUs, or the portable kernels forced for tests) */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define Q8_DWV 1
+#define Q8_DWV_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+/* Depthwise on VNNI: lane k of a vector is one output pixel, its 4 bytes the input bytes under 4 consecutive taps
+   of one kernel row (a window of the padded row, gathered from one 64-byte load by vpermb), the weights those
+   taps' (zero past K) broadcast: one vpdpbusd per kernel row (two for 5 taps), int32 sums exact, where the float
+   row kernels converted and multiplied each tap. On maps of OW <= 16 a vector holds R whole output rows (R OW
+   lanes: 7x7 maps fill 14 of 16, not 7), else 16 columns of one row. idx: 64 byte indices per dword q (q = 1:
+   taps 4..7). Four vectors at a time, each with its own accumulator (one chain of dependent dot products per
+   vector stalled on their latency). */
+typedef struct {
+    int R;   /* output rows per vector (0: 16 columns of one row per vector) */
+    int nv;  /* vectors per channel */
+    uint8_t idx[128] __attribute__((aligned(64)));
+} q8_dwv_t;
+
+Q8_DWV_TARGET static void q8_dwv_vnni(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW,
+                                      const q8_dwv_t* g, int32_t beff, float m, float flo, float fhi, int zy,
+                                      uint8_t* y)
+{
+    const __m512i i0 = _mm512_load_si512((const void*)g->idx), i1 = _mm512_load_si512((const void*)(g->idx + 64));
+    __m512i w0[5], w1[5];
+    for (int i = 0; i < K; ++i) {
+        int8_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; j < K; ++j) t[j] = wc[i * K + j];
+        int32_t a, b;
+        memcpy(&a, t, 4);
+        memcpy(&b, t + 4, 4);
+        w0[i] = _mm512_set1_epi32(a);
+        w1[i] = _mm512_set1_epi32(b);
+    }
+    const __m512i bv = _mm512_set1_epi32(beff), zv = _mm512_set1_epi32(zy);
+    const __m512 lo = _mm512_set1_ps(flo), hi = _mm512_set1_ps(fhi), mv = _mm512_set1_ps(m);
+    const int steps = (OW + 15) / 16;
+    int oh = 0, cs = 0; /* the next vector's first output row, and its 16-column step (R == 0) */
+    for (int v0 = 0; v0 < g->nv; v0 += 4) {
+        long long base[4], out[4];
+        int cnt[4];
+        const int nb = g->nv - v0 < 4 ? g->nv - v0 : 4;
+        for (int u = 0; u < 4; ++u) {
+            if (u >= nb) {
+                base[u] = base[0], out[u] = out[0], cnt[u] = 0;
+                continue;
+            }
+            base[u] = (long long)oh * S * Wb + 16LL * cs * S;
+            out[u] = (long long)oh * OW + 16 * cs;
+            if (g->R) {
+                cnt[u] = (OH - oh < g->R ? OH - oh : g->R) * OW;
+                oh += g->R;
+            } else {
+                cnt[u] = OW - 16 * cs < 16 ? OW - 16 * cs : 16;
+                if (++cs == steps) cs = 0, ++oh;
+            }
+        }
+        __m512i a0 = bv, a1 = bv, a2 = bv, a3 = bv;
+        for (int i = 0; i < K; ++i) {
+            const uint8_t* r = P + (long long)i * Wb;
+            const __m512i x0 = _mm512_loadu_si512((const void*)(r + base[0])),
+                          x1 = _mm512_loadu_si512((const void*)(r + base[1])),
+                          x2 = _mm512_loadu_si512((const void*)(r + base[2])),
+                          x3 = _mm512_loadu_si512((const void*)(r + base[3]));
+            a0 = _mm512_dpbusd_epi32(a0, _mm512_permutexvar_epi8(i0, x0), w0[i]);
+            a1 = _mm512_dpbusd_epi32(a1, _mm512_permutexvar_epi8(i0, x1), w0[i]);
+            a2 = _mm512_dpbusd_epi32(a2, _mm512_permutexvar_epi8(i0, x2), w0[i]);
+            a3 = _mm512_dpbusd_epi32(a3, _mm512_permutexvar_epi8(i0, x3), w0[i]);
+            if (K > 4) {
+                a0 = _mm512_dpbusd_epi32(a0, _mm512_permutexvar_epi8(i1, x0), w1[i]);
+                a1 = _mm512_dpbusd_epi32(a1, _mm512_permutexvar_epi8(i1, x1), w1[i]);
+                a2 = _mm512_dpbusd_epi32(a2, _mm512_permutexvar_epi8(i1, x2), w1[i]);
+                a3 = _mm512_dpbusd_epi32(a3, _mm512_permutexvar_epi8(i1, x3), w1[i]);
+            }
+        }
+        const __m512i acc[4] = {a0, a1, a2, a3};
+        for (int u = 0; u < nb; ++u) {
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[u]), mv);
+            f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+            const __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+            _mm_mask_storeu_epi8((void*)(y + out[u]), (__mmask16)((1u << cnt[u]) - 1), _mm512_cvtepi32_epi8(q));
+        }
+    }
+}
+#endif
+
 static q8_dwf_fn q8_dwf_kernel(void)
 {
     if (q8_isa()->level == 0) return NULL;
@@ -1547,7 +1630,7 @@ static void q8_dwf_geom(const q8_dw_ctx* c, int* Hp, int* Wb)
 }
 
 static void q8_dwf_channel(const q8_dw_ctx* c, q8_dwf_fn fn, long long ch, uint8_t* P, int Hp, int Wb, int zxd,
-                           uint8_t flip)
+                           uint8_t flip, const void* dwv)
 {
     const int H = c->H, W = c->W, K = c->kh;
     const int8_t* wc = c->w + (size_t)ch * K * K;
@@ -1564,15 +1647,54 @@ static void q8_dwf_channel(const q8_dw_ctx* c, q8_dwf_fn fn, long long ch, uint8
         else
             q8_cpy(d, s, n);
     }
+#if defined(Q8_DWV)
+    if (dwv) {
+        q8_dwv_vnni(P, Wb, wc, K, c->sh, c->OH, c->OW, (const q8_dwv_t*)dwv, beff, c->mult[ch], (float)(c->lo - c->zy),
+                    (float)(c->hi - c->zy), c->zy, (uint8_t*)c->y + (size_t)ch * c->OH * c->OW);
+        return;
+    }
+#endif
+    (void)dwv;
     fn(P, Wb, wc, K, c->sh, c->OH, c->OW, beff, c->mult[ch], (float)(c->lo - c->zy), (float)(c->hi - c->zy), c->zy,
        (uint8_t*)c->y + (size_t)ch * c->OH * c->OW);
 }
 
 /* channels [c0, c1) on the fast path; the plane's pads are written once (the rows copied in never touch them) */
+#if defined(Q8_DWV)
+/* The VNNI depthwise kernel's lane layout for this geometry over a plane of pitch Wb; 0 where the CPU lacks it
+   or a window does not fit one 64-byte load. */
+static int q8_dwv_plan(const q8_dw_ctx* c, int Wb, q8_dwv_t* g)
+{
+    const int f = q8_cpu(), K = c->kh, S = c->sh, OW = c->OW, OH = c->OH, span = K > 4 ? 8 : 4;
+    if (q8_isa()->level != 1 || !(f & Q8_F_VBMI) || __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) == 1) return 0;
+    int R = OW <= 16 ? 16 / OW : 0;
+    while (R > 1 && (long long)(R - 1) * S * Wb + (OW - 1) * S + span > 64) --R;
+    if (R == 1 && OW < 16 && (OW - 1) * S + span > 64) return 0;
+    if (R == 0 && 15 * S + span > 64) return 0;
+    g->R = R;
+    g->nv = R ? (OH + R - 1) / R : OH * ((OW + 15) / 16);
+    for (int k = 0; k < 16; ++k) {
+        const int valid = R ? k < R * OW : 1, off = !valid ? 0 : (R ? (k / OW) * S * Wb + (k % OW) * S : k * S);
+        for (int j = 0; j < 4; ++j) {
+            g->idx[4 * k + j] = (uint8_t)(off + j);
+            g->idx[64 + 4 * k + j] = (uint8_t)(valid && off + 4 + j < 64 ? off + 4 + j : 0);
+        }
+    }
+    return 1;
+}
+#endif
+
 static int q8_dwf_task(const q8_dw_ctx* c, long long c0, long long c1)
 {
     int Hp, Wb;
     q8_dwf_geom(c, &Hp, &Wb);
+#if defined(Q8_DWV)
+    q8_dwv_t dv;
+    /* the VNNI kernel reads rows at the padded width's pitch (its vectors may span rows) */
+    const int Wc = (c->OW - 1) * c->sw + c->kw;
+    const int vnni = q8_dwv_plan(c, Wc, &dv);
+    if (vnni) Wb = Wc;
+#endif
     const int zxd = q8_zx_domain(c->zx, c->x_signed, 0);
     const uint8_t flip = (uint8_t)(c->x_signed ? 0x80 : 0);
     const size_t bytes = (size_t)Hp * Wb + 64;
@@ -1580,7 +1702,15 @@ static int q8_dwf_task(const q8_dw_ctx* c, long long c0, long long c1)
     if (!P) return -1;
     memset(P, (uint8_t)zxd, bytes);
     const q8_dwf_fn fn = q8_dwf_kernel();
-    for (long long ch = c0; ch < c1; ++ch) q8_dwf_channel(c, fn, ch, P, Hp, Wb, zxd, flip);
+    for (long long ch = c0; ch < c1; ++ch) {
+#if defined(Q8_DWV)
+        if (vnni) {
+            q8_dwf_channel(c, NULL, ch, P, Hp, Wb, zxd, flip, &dv);
+            continue;
+        }
+#endif
+        q8_dwf_channel(c, fn, ch, P, Hp, Wb, zxd, flip, NULL);
+    }
     return 0;
 }
 

@@ -320,6 +320,9 @@ int main(void) {
         check(isa, 7, 10, 12, 1, 2, 0, 0, xsg); check(isa, 3, 8, 41, 7, 2, 3, 0, xsg); check(isa, 10, 7, 70, 3, 1, 1, 0, xsg);
         check(isa, 5, 6, 67, 3, 2, 1, 0, xsg); check(isa, 6, 5, 36, 3, 2, 1, 0, xsg); check(isa, 4, 3, 8, 3, 3, 1, 0, xsg);
         check(isa, 40, 70, 6, 3, 1, 1, 0, xsg); /* mode 1: two panels, the second partial; 42 pixels = 6 tiles of 7 */
+        /* depthwise: 5x5, rows packed into vectors (OW <= 16), 16-column steps, stride 2 */
+        check(isa, 9, 9, 6, 5, 1, 2, 1, xsg); check(isa, 9, 9, 20, 5, 2, 2, 1, xsg); check(isa, 6, 6, 40, 3, 1, 1, 1, xsg);
+        check(isa, 5, 5, 7, 3, 2, 1, 1, xsg); check(isa, 5, 5, 33, 3, 2, 1, 1, xsg);
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
     }
     printf("isa %d\n", inferd_q8_set_isa(-1));
