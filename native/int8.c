@@ -1067,23 +1067,26 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const int pb_max = mode == 1 ? 64 * Q8_MP : Q8_PB_MAX;
     int pbs = (int)(262144 / kp) / unit * unit;
     pbs = pbs < unit ? unit : (pbs > pb_max ? pb_max : pbs);
-    const int threads = inferd_pool_threads();
-    {
-        /* a whole number of blocks per thread, of equal size (28x28 made 3 blocks of 256 and one of 72 on 2
-           threads, one thread doing 2 full blocks while the other did 1.3; 56x56 made 13, 7 against 6) */
-        long long nb = (npx + pbs - 1) / pbs;
-        if (nb > 1 && nb < 16LL * threads) {
-            nb = (nb + threads - 1) / threads * threads;
-            const long long b = ((npx + nb - 1) / nb + unit - 1) / unit * unit;
-            pbs = (int)(b < unit ? unit : b);
+    /* blocks x chunks by the smallest makespan (whole tasks per thread, a task's tiles x its rows of channels),
+       then the fewest tasks: 196 pixels x 3 panels of mode 1 made 3 tasks for 2 threads before (1.13x of one
+       thread); at least the blocks the L2 bound asks for */
+    const int threads = inferd_pool_threads() < max_threads ? inferd_pool_threads() : (max_threads > 0 ? max_threads : 1);
+    const long long tiles = (npx + unit - 1) / unit, nrows = (N + rows - 1) / rows;
+    long long nb_min = (npx + pbs - 1) / pbs, best_nb = nb_min, best_ch = 1;
+    double best = -1.0;
+    if (nb_min >= 4LL * threads) /* enough blocks: a whole number per thread where few (56x56: 13 made 7 and 6) */
+        best_nb = nb_min < 16LL * threads ? (nb_min + threads - 1) / threads * threads : nb_min;
+    else
+    for (long long nb = nb_min; nb <= nb_min * 8 && nb <= tiles; ++nb)
+        for (long long ch = 1; ch <= nrows && ch <= 16LL * threads; ++ch) {
+            const long long tasks = nb * ch, tt = (tiles + nb - 1) / nb, tr = (nrows + ch - 1) / ch;
+            /* a task's set-up: about half a micro-kernel call */
+            const double span = (double)((tasks + threads - 1) / threads) * ((double)(tt * tr) + 0.5);
+            if (best < 0 || span < best * 0.999) best = span, best_nb = nb, best_ch = ch;
         }
-    }
+    pbs = (int)((tiles + best_nb - 1) / best_nb * unit);
     const long long pblocks = (npx + pbs - 1) / pbs;
-    /* too few pixel blocks to feed every thread: split the channels too */
-    long long chunks = pblocks >= 2LL * threads ? 1 : (2LL * threads + pblocks - 1) / pblocks;
-    long long nchunk = ((N + chunks - 1) / chunks + rows - 1) / rows * rows;
-    if (nchunk < rows) nchunk = rows;
-    chunks = (N + nchunk - 1) / nchunk;
+    const long long nchunk = (nrows + best_ch - 1) / best_ch * rows, chunks = (N + nchunk - 1) / nchunk;
     q8_conv_ctx c = {isa, st, goff, wp, be, mp, N, kp, zy, lo, hi, OH, OW, Wv, npx, (uint8_t*)y, pbs, pblocks,
                      nchunk, mode, 0};
     if (!sc.failed)
