@@ -275,11 +275,12 @@ typedef struct {
 /* Round half to even without a libm call: exact for |v| < 2^22, and v is clamped far inside that first. */
 static inline float q8_rint(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
-INFERD_CLONES static void q8_block(const q8_isa_t* isa, const uint8_t* xb, int rows, long long m0, const q8_out_t* o)
+INFERD_CLONES static void q8_block(const q8_isa_t* isa, const uint8_t* xb, int rows, long long m0, const q8_out_t* o,
+                                   int n_lo, int n_hi)
 {
     int32_t tile[Q8_MR * Q8_NP];
     const float flo = (float)(o->lo - o->zy), fhi = (float)(o->hi - o->zy);
-    for (int n0 = 0; n0 < o->N; n0 += Q8_NP) {
+    for (int n0 = n_lo; n0 < n_hi; n0 += Q8_NP) {
         const int8_t* panel = o->wp + (size_t)(n0 / Q8_NP) * Q8_NP * o->kp;
         const int nn = o->N - n0 < Q8_NP ? o->N - n0 : Q8_NP;
         for (int r0 = 0; r0 < rows; r0 += Q8_MR) {
@@ -329,12 +330,18 @@ typedef struct {
     int M, K;
     uint8_t flip;
     q8_out_t o;
+    int nsplit; /* the panels split this many ways per block of rows (a Linear on one row: one block) */
     int failed;
 } q8_gemm_ctx;
 
 static void q8_gemm_task(void* vctx, long long t)
 {
     q8_gemm_ctx* c = (q8_gemm_ctx*)vctx;
+    const int panels = (c->o.N + Q8_NP - 1) / Q8_NP, ni = (int)(t % c->nsplit);
+    const int n_lo = (int)((long long)panels * ni / c->nsplit) * Q8_NP;
+    int n_hi = (int)((long long)panels * (ni + 1) / c->nsplit) * Q8_NP;
+    n_hi = n_hi > c->o.N ? c->o.N : n_hi;
+    t /= c->nsplit;
     const long long m0 = t * Q8_MB;
     const int rows = (int)(c->M - m0 < Q8_MB ? c->M - m0 : Q8_MB);
     const int kp = c->o.kp;
@@ -350,7 +357,7 @@ static void q8_gemm_task(void* vctx, long long t)
         uint8_t* dst = xb + (size_t)r * kp;
         for (int k = 0; k < c->K; ++k) dst[k] = q8_shift(src[k], c->flip);
     }
-    q8_block(c->isa, xb, rows, m0, &c->o);
+    q8_block(c->isa, xb, rows, m0, &c->o, n_lo, n_hi);
     free(xb);
 }
 
@@ -362,9 +369,15 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
     int32_t* be = q8_bias_eff(bias, wsum, N, q8_zx_domain(zx, x_signed, isa->xsigned));
     if (!be) return -1;
     q8_gemm_ctx c = {isa, (const uint8_t*)x, ldx, M, K, (uint8_t)(x_signed != isa->xsigned ? 0x80 : 0),
-                     {wp, be, mult, N, q8_kp(K), zy, lo, hi, y_signed, y, ysm, ysn}, 0};
-    const long long tasks = (M + Q8_MB - 1) / Q8_MB;
-    inferd_parallel(q8_gemm_task, &c, tasks, tasks * (long long)N * K < 200000 ? 1 : max_threads);
+                     {wp, be, mult, N, q8_kp(K), zy, lo, hi, y_signed, y, ysm, ysn}, 1, 0};
+    const long long mblocks = (M + Q8_MB - 1) / Q8_MB, panels = (N + Q8_NP - 1) / Q8_NP;
+    const int threads = inferd_pool_threads();
+    if (mblocks < 2LL * threads) {
+        const long long want = (2LL * threads + mblocks - 1) / mblocks;
+        c.nsplit = (int)(want < panels ? want : panels);
+    }
+    const long long tasks = mblocks * c.nsplit;
+    inferd_parallel(q8_gemm_task, &c, tasks, (long long)M * N * K < 200000 ? 1 : max_threads);
     free(be);
     return c.failed ? -1 : 0;
 }
@@ -808,7 +821,7 @@ typedef struct {
     const uint8_t* used;   /* per phase (ph * sw + pw): whether a tap reads it */
     const int* urange;     /* per column phase pw: the words [u0, u1) of a row that hold input columns */
     uint8_t pad, flip;
-    int ntasks, failed;
+    int ntasks, rsplit, failed;
 } q8_stage_ctx;
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -941,8 +954,12 @@ static void q8_stage_task(void* vctx, long long t)
 {
     q8_stage_ctx* c = (q8_stage_ctx*)vctx;
     const int C4 = q8_c4(c->C);
-    const int g0 = (int)((long long)C4 * t / c->ntasks), g1 = (int)((long long)C4 * (t + 1) / c->ntasks);
+    /* tasks: channel groups split ntasks / rsplit ways, rows of the planes rsplit ways (a 3-channel stem is one
+       group: staged by one thread, it scaled 1.14x on two) */
+    const int gt = c->ntasks / c->rsplit, gi = (int)(t / c->rsplit), ri = (int)(t % c->rsplit);
+    const int g0 = (int)((long long)C4 * gi / gt), g1 = (int)((long long)C4 * (gi + 1) / gt);
     const int sh = c->sh, sw = c->sw, H = c->H, W = c->W, pl = c->pl, pt = c->pt, Wv = c->Wv, Hq = c->Hq;
+    const int rq0 = (int)((long long)Hq * ri / c->rsplit), rq1 = (int)((long long)Hq * (ri + 1) / c->rsplit);
     const uint32_t padw = c->pad * 0x01010101u, fx = c->flip * 0x01010101u;
     /* 4 rows of one column phase (strides > 1), and a row of zeros for the channels past C (their weights are 0) */
     const size_t rb = (size_t)W * H + 64, rh = (size_t)W / 2 + 32; /* stride 2: odd columns at + rh */
@@ -959,9 +976,10 @@ static void q8_stage_task(void* vctx, long long t)
         if (sh == 1 && sw == 1 && pl == 0 && Wv == W) {
             /* no column padding: the data rows are one run in x and in the plane */
             uint32_t* d = (uint32_t*)(void*)c->st + (size_t)g * c->vplane;
-            const int r0 = pt < Hq ? pt : Hq, r1 = pt + H < Hq ? pt + H : Hq;
-            for (size_t u = 0; u < (size_t)r0 * Wv; ++u) d[u] = padw;
-            for (size_t u = (size_t)r1 * Wv; u < (size_t)Hq * Wv; ++u) d[u] = padw;
+            const int a = pt < rq0 ? rq0 : pt, b = pt + H < rq1 ? pt + H : rq1;
+            const int r0 = a < b ? a : rq0, r1 = a < b ? b : rq0;
+            for (size_t u = (size_t)rq0 * Wv; u < (size_t)r0 * Wv; ++u) d[u] = padw;
+            for (size_t u = (size_t)r1 * Wv; u < (size_t)rq1 * Wv; ++u) d[u] = padw;
             if (r1 > r0) {
                 const uint8_t* rows[4];
                 for (int i = 0; i < 4; ++i) rows[i] = src[i] ? src[i] + (size_t)(r0 - pt) * W : tmp + 4 * rb;
@@ -970,7 +988,7 @@ static void q8_stage_task(void* vctx, long long t)
             continue;
         }
         int split_row = -1; /* the padded row whose parities tmp holds (stride 2) */
-        for (int rq = 0; rq < Hq; ++rq)
+        for (int rq = rq0; rq < rq1; ++rq)
             for (int ph = 0; ph < sh; ++ph) {
             const int r = rq * sh + ph, ih = r - pt;
             for (int pw = 0; pw < sw; ++pw) {
@@ -1051,9 +1069,14 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     memset(used, 0, (size_t)sh * sw);
     for (int tap = 0; tap < taps; ++tap) used[((tap / kw) * dh % sh) * sw + (tap % kw) * dw % sw] = 1;
     q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, urange, (uint8_t)zxd,
-                       (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 0};
+                       (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 1, 0};
     const double swork = (double)C4 * sh * sw * vplane * 4;
-    sc.ntasks = swork < 65536 ? 1 : inferd_pool_chunks(C4, swork);
+    if (swork >= 65536) {
+        const int tw = inferd_pool_chunks((long long)C4 * Hq, swork); /* tasks wanted */
+        sc.rsplit = C4 >= tw ? 1 : (tw + C4 - 1) / C4;
+        sc.rsplit = sc.rsplit > Hq ? Hq : sc.rsplit;
+        sc.ntasks = (C4 >= tw ? tw : C4) * sc.rsplit;
+    }
     inferd_parallel(q8_stage_task, &sc, sc.ntasks, swork < 65536 ? 1 : max_threads);
     for (int g = 0; g < kq; ++g) {
         const int tap = g % taps, ri = (tap / kw) * dh, cj = (tap % kw) * dw;
