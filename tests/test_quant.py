@@ -608,6 +608,75 @@ def test_native_qunary_table_matches_oracle(op: str, xt, cap: int, n: int) -> No
     np.testing.assert_array_equal(out[0], op_spec(op).reference(layer.node, ins)[0])
 
 
+@pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.uint8)], ids=["u8", "s8-to-u8"])
+def test_native_qlookup_matches_oracle(xt, yt) -> None:
+    """QLinearLookup (the fused SiLU): every input byte through the given table, the output typed by its zero
+    point."""
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    x = (U8(2, 700) if xt == np.uint8 else S8(2, 700))
+    x.reshape(-1)[:256] = np.arange(256).astype(np.uint8).view(xt)
+    table = np.random.default_rng(3).integers(0, 256, 256).astype(np.uint8)
+    ins = [x, table, np.asarray(7, yt)]
+    layer = single_node_layer("QLinearLookup", ins, {}, const=[False, True, True])
+    kern = choose_kernel(layer)
+    assert kern.name == "int8_native"
+    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
+    kern.run(layer, [x, None, None], kern.transform(layer, raw), out)
+    want = op_spec("QLinearLookup").reference(layer.node, ins)[0]
+    assert out[0].dtype == want.dtype == np.dtype(yt)
+    np.testing.assert_array_equal(out[0], want)
+    np.testing.assert_array_equal(want.view(np.uint8), table[x.view(np.uint8)])
+
+
+def _qdq_silu_model(sig_first: bool, extra_reader: bool = False) -> onnx.ModelProto:
+    """x -> Q/DQ -> Sigmoid -> Q/DQ, Mul(x, sigmoid) -> Q/DQ (a quantised SiLU, as quantize_static writes it);
+    extra_reader: the sigmoid's quantised output is a graph output too."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 6])
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    inits = [numpy_helper.from_array(F(0.04), "xs"), numpy_helper.from_array(np.uint8(120), "xz"),
+             numpy_helper.from_array(F(1 / 255), "ss"), numpy_helper.from_array(np.uint8(0), "sz"),
+             numpy_helper.from_array(F(0.03), "ys"), numpy_helper.from_array(np.uint8(10), "yz")]
+    mul_in = ["sd", "xd"] if sig_first else ["xd", "sd"]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q_x"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq_x"),
+             helper.make_node("Sigmoid", ["xd"], ["sf"], name="sig"),
+             helper.make_node("QuantizeLinear", ["sf", "ss", "sz"], ["sq"], name="q_s"),
+             helper.make_node("DequantizeLinear", ["sq", "ss", "sz"], ["sd"], name="dq_s"),
+             helper.make_node("Mul", mul_in, ["mf"], name="mul"),
+             helper.make_node("QuantizeLinear", ["mf", "ys", "yz"], ["mq"], name="q_y"),
+             helper.make_node("DequantizeLinear", ["mq", "ys", "yz"], ["y"], name="dq_y")]
+    if extra_reader:
+        nodes.append(helper.make_node("DequantizeLinear", ["sq", "ss", "sz"], ["s_out"], name="dq_s2"))
+        outs.append(helper.make_tensor_value_info("s_out", TensorProto.FLOAT, None))
+    g = helper.make_graph(nodes, "silu", [x], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("sig_first", [False, True], ids=["mul-x-sig", "mul-sig-x"])
+def test_qdq_silu_fuses_into_one_table_bit_identical(sig_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """QLinearSigmoid then QLinearMul by its input become one QLinearLookup whose answer is bit-identical to running
+    both (the table is their oracles on every byte) and within a step of onnxruntime."""
+    from inferd.frontend import quantfuse
+
+    model = _qdq_silu_model(sig_first)
+    ops = [n.op for n in import_model(model).nodes]
+    assert ops == ["QuantizeLinear", "QLinearLookup", "DequantizeLinear"], ops
+    x = (rng.standard_normal((1, 4, 5, 6)) * 3).astype(F)
+    got = _inferd(model, {"x": x})[0]
+    monkeypatch.setattr(quantfuse, "_fuse_qsilu", lambda graph, outputs: 0)
+    assert "QLinearSigmoid" in [n.op for n in import_model(model).nodes]
+    unfused = _inferd(model, {"x": x})[0]
+    np.testing.assert_array_equal(got, unfused)
+    assert np.abs(got - _ort(model, {"x": x})[0]).max() <= 0.03 + 1e-6  # one output step
+
+
+def test_qdq_silu_not_fused_where_the_sigmoid_is_read_elsewhere() -> None:
+    ops = [n.op for n in import_model(_qdq_silu_model(False, extra_reader=True)).nodes]
+    assert "QLinearLookup" not in ops and "QLinearSigmoid" in ops and "QLinearMul" in ops
+
+
 @pytest.mark.parametrize("shapes", [((1, 24, 9, 7), (1, 24, 9, 7)), ((1, 24, 9, 7), (1, 24, 1, 1)),
                                     ((1, 24, 1, 1), (1, 24, 9, 7)), ((2, 5, 300), (2, 5, 1)), ((3, 70001), (3, 70001))],
                          ids=["same", "se-scale", "se-scale-swapped", "rank3-row", "tasks"])

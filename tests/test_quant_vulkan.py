@@ -131,6 +131,8 @@ case("qmul", "QLinearMul", [q8(U8, 7, 3), s(0.02), z(U8, 128), q8(U8, 1, 3), s(0
                             z(U8, 128)], kernel="vk_qbinary")
 case("qsigmoid_int8", "QLinearSigmoid", [q8(I8, 2, 3, 7), s(0.08), z(I8, 3), s(1 / 256), z(I8, -128)],
      kernel="vk_qunary")
+case("qlookup_uint8_to_int8", "QLinearLookup", [q8(U8, 3, 5, 7), RNG.integers(0, 256, 256).astype(np.uint8), z(I8, 4)],
+     kernel="vk_qunary")
 case("qleakyrelu_uint8", "QLinearLeakyRelu", [q8(U8, 5, 9), s(0.05), z(U8, 130), s(0.04), z(U8, 120)],
      {"alpha": 0.1}, kernel="vk_qunary")
 # data movement of 8-bit tensors (shufflenet's channel shuffle: Transpose and Split), bytes through copy.comp

@@ -419,6 +419,32 @@ def requant_table(xdt: np.dtype, xs, xz, ys, yz, ydt: np.dtype) -> np.ndarray:
     return by_byte(quantize(dequantize(np.arange(lo, lo + 256).astype(xdt), xs, xz), ys, yz, ydt), xdt)
 
 
+def _infer_qlookup(node: Node, ins: Infos, consts) -> list:
+    x, t, yz = ins[0], ins[1], ins[2]
+    assert x is not None and t is not None and yz is not None
+    _qtype_check(node, x, "input X", INT8_TYPES)
+    _qtype_check(node, yz, "output zero point", INT8_TYPES)
+    if tuple(t.shape) != (256,) or np.dtype(t.dtype) != np.uint8:
+        raise UnsupportedOpError(node.op, node.name, None, f"pattern: table {node.inputs[1]!r} of shape "
+                                                           f"{list(t.shape)} {np.dtype(t.dtype).name} (256 bytes)")
+    return [(x.shape, np.dtype(yz.dtype))]
+
+
+def _ref_qlookup(node: Node, ins: list) -> list:
+    x, table = np.asarray(ins[0]), np.asarray(ins[1], np.uint8)
+    return [table[x.view(np.uint8)].view(np.asarray(ins[2]).dtype)]
+
+
+def lookup_table(fn: Callable[[np.ndarray], np.ndarray], xdt: np.dtype) -> np.ndarray:
+    """``QLinearLookup``'s table: the output bytes ``fn`` (elementwise 8-bit ops, by their oracles) gives for every
+    input byte of type ``xdt``, indexed by that byte."""
+    return np.ascontiguousarray(np.asarray(fn(np.arange(256, dtype=np.uint8).view(xdt))).view(np.uint8))
+
+
+def reference_of(op: str) -> Callable[[Node, list], list]:
+    return _REFS[op]
+
+
 def _ref_qunary(node: Node, ins: list) -> list:
     x, xs, xz, ys = ins[:4]
     yz = _opt(ins, 4)
@@ -508,6 +534,9 @@ _SPECS = [
     OpSpec("QLinearSigmoid", _infer_qunary, _ref_qunary, notes="com.microsoft; 256-entry table"),
     OpSpec("QLinearLeakyRelu", _infer_qunary, _ref_qunary, notes="com.microsoft; 256-entry table"),
     OpSpec("QLinearGlobalAveragePool", _infer_qgap, _ref_qgap, notes="com.microsoft"),
+    OpSpec("QLinearLookup", _infer_qlookup, _ref_qlookup,
+           notes="inferd's own, made at import: (x, 256-byte table, y zero point); QLinearSigmoid then QLinearMul "
+                 "by the same input (SiLU) as one table"),
     OpSpec("QLinearConcat", _infer_qconcat, _ref_qconcat, check=_check_ms, notes="com.microsoft"),
     OpSpec("DynamicQuantizeMatMul", _infer_dqmatmul, _ref_dqmatmul, notes="com.microsoft"),
     OpSpec("MatMulIntegerToFloat", _infer_mmi2f, _ref_mmi2f, notes="com.microsoft"),
@@ -515,6 +544,7 @@ _SPECS = [
 for _s in _SPECS:
     register_op(_s)
 QUANT_OPS = tuple(s.op for s in _SPECS)
+_REFS = {s.op: s.reference for s in _SPECS}
 
 
 @register_kernel

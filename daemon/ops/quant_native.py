@@ -519,23 +519,29 @@ class QMulNative(BoundKernel):
 @register_kernel
 class QUnaryTableNative(BoundKernel):
     """QLinearSigmoid / QLinearLeakyRelu as onnxruntime evaluates them, a 256-entry table (built at load from the
-    constant scales), looked up by byte in C."""
+    constant scales), and QLinearLookup (its table given), looked up by byte in C."""
 
     name = "int8_native"
-    ops = ("QLinearSigmoid", "QLinearLeakyRelu")
+    ops = ("QLinearSigmoid", "QLinearLeakyRelu", "QLinearLookup")
     priority = 10
 
     def applies(self, layer: Layer) -> bool:
         x = layer.inputs[0]
         if not native.AVAILABLE or x is None or 0 in layer.const_inputs:
             return False
-        if np.dtype(x.dtype) not in INT8_TYPES or np.dtype(layer.outputs[0].dtype) != np.dtype(x.dtype):
+        if np.dtype(x.dtype) not in INT8_TYPES or np.dtype(layer.outputs[0].dtype) not in INT8_TYPES:
+            return False
+        if layer.op == "QLinearLookup":
+            return _consts(layer, (1, 2))
+        if np.dtype(layer.outputs[0].dtype) != np.dtype(x.dtype):
             return False
         return layer.has_input(1) and layer.has_input(3) and _consts(layer, (1, 2, 3, 4))
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from .quant import by_byte, qunary_table
 
+        if layer.op == "QLinearLookup":
+            return {"table": np.ascontiguousarray(raw[raw_key(1)], np.uint8)}
         dt = np.dtype(layer.inputs[0].dtype)
         xz = raw.get(raw_key(2)) if layer.has_input(2) else None
         yz = raw.get(raw_key(4)) if layer.has_input(4) else None

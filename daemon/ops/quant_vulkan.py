@@ -410,23 +410,29 @@ class VkQLinearConcat(_Int8Kernel):
 @register_kernel
 class VkQLinearUnary(_Int8Kernel):
     """com.microsoft QLinearSigmoid / QLinearLeakyRelu: each byte through the 256-entry table onnxruntime evaluates
-    them with (the oracle's ``qunary_table``), as a one-input ``qconcat.comp`` (the same table lookup and store)."""
+    them with (the oracle's ``qunary_table``), and QLinearLookup (its table given), as a one-input ``qconcat.comp``
+    (the same table lookup and store)."""
 
     name = "vk_qunary"
-    ops = ("QLinearSigmoid", "QLinearLeakyRelu")
+    ops = ("QLinearSigmoid", "QLinearLeakyRelu", "QLinearLookup")
 
     def applies(self, layer: Layer) -> bool:
         x, y = layer.inputs[0], layer.outputs[0]
+        if layer.op == "QLinearLookup":
+            return _is8(x) and _is8(y) and 0 not in layer.const_inputs and _consts(layer, 1, 2)
         return (_is8(x) and _is8(y) and np.dtype(x.dtype) == np.dtype(y.dtype)  # type: ignore[union-attr]
                 and 0 not in layer.const_inputs and _consts(layer, 1, 4))
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from .quant import by_byte, qunary_table
 
+        tab = np.tile(np.arange(256, dtype=np.uint32), (QCONCAT_MAX, 1))
+        if layer.op == "QLinearLookup":
+            tab[0] = np.asarray(raw[raw_key(1)], np.uint8)
+            return {"t": np.ascontiguousarray(tab.reshape(-1))}
         dt = np.dtype(layer.inputs[0].dtype)  # type: ignore[union-attr]
         get = lambda k: np.asarray(raw[raw_key(k)]) if layer.has_input(k) else None  # noqa: E731
         t = qunary_table(layer.op, float(layer.attr("alpha", 0.01)), get(1), get(2), get(3), get(4), dt)
-        tab = np.tile(np.arange(256, dtype=np.uint32), (QCONCAT_MAX, 1))
         tab[0] = by_byte(t, dt).view(np.uint8)
         return {"t": np.ascontiguousarray(tab.reshape(-1))}
 
