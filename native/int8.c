@@ -477,12 +477,22 @@ INFERD_CLONES static void ukc_portable(const uint8_t* xt, const long long* goff,
 }
 
 #if defined(Q8_HAVE_VNNI)
+#define Q8_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+/* 16 sums requantised to bytes: biased, scaled, clamped in float, rounded to nearest even, offset by zy */
+Q8_VNNI_TARGET static inline __m128i q8_req16(__m512i a, __m512i b, __m512 m, __m512 lo, __m512 hi, __m512i zv)
+{
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a, b)), m);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    return _mm512_cvtepi32_epi8(
+        _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv));
+}
+
 /* The VNNI conv micro-kernel (Q8_CR channels x Q8_PX pixels, vpdpbusd of unsigned x by signed w), with the
    requantisation in its registers: each 16 sums of a channel are biased, scaled, clamped,
    rounded to nearest even (embedded rounding, whatever MXCSR says), offset by zy and stored as 16 bytes. The
    separate pass over an int32 tile (q8_store_rows) cost more than the dot products where K is small. Same
    arithmetic as q8_store_rows: float product, clamp in float, then round. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void ukc_vnni_q(
+Q8_VNNI_TARGET static void ukc_vnni_q(
     const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp, int nn, int cnt, const int32_t* bias,
     const float* mult, float flo, float fhi, int zy, uint8_t* y, long long pitch)
 {
@@ -519,12 +529,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void ukc_
         const __m512i b = _mm512_set1_epi32(bias[r]);
         const __m512 m = _mm512_set1_ps(mult[r]);
         uint8_t* yo = y + r * pitch;
-        for (int h = 0; h < 2; ++h) {
-            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a[r][h], b)), m);
-            v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-            const __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
-            _mm_mask_storeu_epi8((void*)(yo + 16 * h), h ? m1 : m0, _mm512_cvtepi32_epi8(q));
-        }
+        for (int h = 0; h < 2; ++h)
+            _mm_mask_storeu_epi8((void*)(yo + 16 * h), h ? m1 : m0, q8_req16(a[r][h], b, m, lo, hi, zv));
     }
 }
 #endif
@@ -602,16 +608,6 @@ INFERD_CLONES static void q8_store_cols(const int32_t* tile, int nn, int mcnt, c
 }
 
 #if defined(Q8_HAVE_VNNI)
-#define Q8_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-/* 16 sums requantised to bytes (as ukc_vnni_q) */
-Q8_VNNI_TARGET static inline __m128i q8_req16(__m512i a, __m512i b, __m512 m, __m512 lo, __m512 hi, __m512i zv)
-{
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(a, b)), m);
-    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-    return _mm512_cvtepi32_epi8(
-        _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv));
-}
-
 /* Mode 1 on VNNI: 7 pixels x 32 channels (fourteen named accumulators), requantised, transposed by byte, word
    and dword unpacks (rows 8 x 32 -> 32 channels of 8 bytes) and stored as mcnt bytes per channel. bias and mult
    hold 32 entries (padded past N). */

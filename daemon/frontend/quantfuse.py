@@ -327,8 +327,10 @@ def _fuse_qsilu(graph: Graph, outputs: set[str]) -> int:
     ``QLinearLookup`` whose table is the two ops' oracles run on every byte of x, so bit-identical to running both
     (EfficientNet's SiLU: 49 of its 65 sigmoid/multiply pairs, two passes over the tensor and a float multiply per
     element where a byte lookup does)."""
-    from ..ops.quant import lookup_table, reference_of
+    from ..ops.base import op_spec
 
+    sigmoid, times = op_spec("QLinearSigmoid"), op_spec("QLinearMul")
+    assert sigmoid is not None and times is not None
     n_fused = 0
     prods, cons = graph.producers(), graph.consumers()
     for mul in [n for n in graph.nodes if n.op == "QLinearMul"]:
@@ -342,16 +344,13 @@ def _fuse_qsilu(graph: Graph, outputs: set[str]) -> int:
                     or len(cons.get(ins[side], [])) != 1 or len(sig.inputs) < 5
                     or any(not sig.inputs[i] or sig.inputs[i] not in graph.constants for i in (1, 2, 3, 4))):
                 continue
+            # every byte of x through both ops, by their oracles: the table, indexed by x's byte
             sp = [graph.constants[i] for i in sig.inputs[1:5]]
-            mp = {i: graph.constants[ins[i]] for i in (1, 2, 4, 5, 6, 7)}
-            xdt = np.asarray(sp[1]).dtype
-
-            def fn(x: np.ndarray, sig: Node = sig, sp: list = sp, mp: dict = mp, side: int = side) -> np.ndarray:
-                s = reference_of("QLinearSigmoid")(sig, [x, *sp])[0]
-                a, b = (s, x) if side == 0 else (x, s)
-                return reference_of("QLinearMul")(mul, [a, mp[1], mp[2], b, mp[4], mp[5], mp[6], mp[7]])[0]
-
-            table = _const(graph, f"{mul.name}.silu_table", lookup_table(fn, xdt))
+            x = np.arange(256, dtype=np.uint8).view(np.asarray(sp[1]).dtype)
+            s = sigmoid.reference(sig, [x, *sp])[0]
+            m = [s if i == side else x if i == 3 - side else graph.constants[ins[i]] for i in range(8)]
+            table = _const(graph, f"{mul.name}.silu_table",
+                           np.ascontiguousarray(times.reference(mul, m)[0]).view(np.uint8))
             new = Node(mul.name, "QLinearLookup", [other, table, ins[7]], list(mul.outputs), {}, "inferd")
             _replace(graph, mul, [sig], new)
             n_fused += 1

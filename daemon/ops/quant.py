@@ -435,16 +435,6 @@ def _ref_qlookup(node: Node, ins: list) -> list:
     return [table[x.view(np.uint8)].view(np.asarray(ins[2]).dtype)]
 
 
-def lookup_table(fn: Callable[[np.ndarray], np.ndarray], xdt: np.dtype) -> np.ndarray:
-    """``QLinearLookup``'s table: the output bytes ``fn`` (elementwise 8-bit ops, by their oracles) gives for every
-    input byte of type ``xdt``, indexed by that byte."""
-    return np.ascontiguousarray(np.asarray(fn(np.arange(256, dtype=np.uint8).view(xdt))).view(np.uint8))
-
-
-def reference_of(op: str) -> Callable[[Node, list], list]:
-    return _REFS[op]
-
-
 def _ref_qunary(node: Node, ins: list) -> list:
     x, xs, xz, ys = ins[:4]
     yz = _opt(ins, 4)
@@ -544,7 +534,6 @@ _SPECS = [
 for _s in _SPECS:
     register_op(_s)
 QUANT_OPS = tuple(s.op for s in _SPECS)
-_REFS = {s.op: s.reference for s in _SPECS}
 
 
 @register_kernel
