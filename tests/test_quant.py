@@ -168,6 +168,20 @@ def q8_isa(request):
     quant_native.set_isa(-1)
 
 
+def _native_vs_oracle(op: str, ins: list, attrs: dict, const: list[bool],
+                      fill: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One node through the native int8 kernel (asserted chosen), its constants transformed as at load: (its output,
+    the oracle's). ``fill`` pre-fills the output (a kernel that skips an element leaves it showing)."""
+    layer = single_node_layer(op, ins, attrs, const=const)
+    kern = choose_kernel(layer)
+    assert kern.name == "int8_native"
+    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
+    spec = layer.outputs[0]
+    out = [np.empty(spec.shape, spec.dtype) if fill is None else np.full(spec.shape, fill, spec.dtype)]
+    kern.run(layer, [None if c else v for v, c in zip(ins, const)], kern.transform(layer, raw), out)
+    return out[0], op_spec(op).reference(layer.node, ins)[0]
+
+
 @pytest.mark.parametrize("geo", [(16, 3, 1, 1, 1), (24, 1, 1, 1, 0), (8, 3, 1, 2, 1), (13, 5, 1, 1, 2), (10, 3, 10, 1, 1),
                                  (10, 3, 10, 2, 1), (30, 1, 1, 2, 0), (150, 3, 150, 1, 1), (150, 5, 150, 2, 2)],
                          ids=["3x3", "1x1", "3x3s2", "5x5-odd", "dw3x3", "dw3x3s2", "1x1s2", "dw3x3-threads",
@@ -178,15 +192,8 @@ def test_native_qconv_matches_oracle(q8_isa: int, geo, xt, yt) -> None:
     cin = group if group > 1 else 11  # 150 depthwise channels: enough work for blocks of channels over threads
     x = (U8(2, cin, 13, 12) if xt == np.uint8 else S8(2, cin, 13, 12))
     ins, attrs = _conv_layer(x, cout if group == 1 else cin, k, group, stride, pad, True, (-20, 90) if yt == np.int8 else (100, 200), yt)
-    layer = single_node_layer("QLinearConv", ins, attrs, const=[False] + [True] * 8)
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-    params = kern.transform(layer, raw)
-    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-    kern.run(layer, [x] + [None] * 8, params, out)
-    want = op_spec("QLinearConv").reference(layer.node, ins)[0]
-    np.testing.assert_array_equal(out[0], want)
+    got, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8)
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("k,stride,pads,hw", [(3, 2, [0, 0, 1, 1], (14, 14)), (3, 1, [1, 1, 1, 1], (7, 7)),
@@ -214,13 +221,8 @@ def _depthwise_case(k: int, stride: int, pads: list, hw: tuple, xt) -> None:
     x = U8(1, c, *hw) if xt == np.uint8 else S8(1, c, *hw)
     ins, attrs = _conv_layer(x, c, k, c, stride, 0, True, None, np.uint8)
     attrs["pads"] = pads
-    layer = single_node_layer("QLinearConv", ins, attrs, const=[False] + [True] * 8)
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    out = [np.full(layer.outputs[0].shape, 77, layer.outputs[0].dtype)]
-    kern.run(layer, [x] + [None] * 8, kern.transform(layer, {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}),
-             out)
-    np.testing.assert_array_equal(out[0], op_spec("QLinearConv").reference(layer.node, ins)[0])
+    got, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=77)
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 64, 10), (7, 33, 40), (130, 100, 17)])
@@ -229,13 +231,8 @@ def test_native_qmatmul_matches_oracle(q8_isa: int, m: int, k: int, n: int, xt) 
     a = U8(m, k) if xt == np.uint8 else S8(m, k)
     ins = [a, F(0.03), np.asarray(5, xt), S8(k, n), np.linspace(0.01, 0.03, n).astype(F), np.zeros(n, np.int8), F(0.5),
            np.asarray(3, xt), rng.integers(-900, 900, n).astype(np.int32)]
-    layer = single_node_layer("QLinearMatMul", ins, {"bias": True, "w_zp0": True}, const=[False] + [True] * 8)
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-    kern.run(layer, [a] + [None] * 8, kern.transform(layer, raw), out)
-    np.testing.assert_array_equal(out[0], op_spec("QLinearMatMul").reference(layer.node, ins)[0])
+    got, want = _native_vs_oracle("QLinearMatMul", ins, {"bias": True, "w_zp0": True}, [False] + [True] * 8)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_weight_zero_point_keeps_the_oracle() -> None:
@@ -554,13 +551,8 @@ def test_native_qadd_matches_oracle(at, bt, yt) -> None:
            np.asarray(-5 if yt == np.int8 else 100, yt)]
     for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
         attrs = {} if clamp is None else {"qclamp": clamp}
-        layer = single_node_layer("QLinearAdd", ins, attrs, const=[False, True, True, False, True, True, True, True])
-        kern = choose_kernel(layer)
-        assert kern.name == "int8_native"
-        raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-        out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-        kern.run(layer, [a, None, None, b] + [None] * 4, kern.transform(layer, raw), out)
-        np.testing.assert_array_equal(out[0], op_spec("QLinearAdd").reference(layer.node, ins)[0])
+        got, want = _native_vs_oracle("QLinearAdd", ins, attrs, [False, True, True, False, True, True, True, True])
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("yt", [np.uint8, np.int8], ids=["u8", "s8"])
@@ -574,13 +566,8 @@ def test_native_quantize_linear_matches_oracle(yt) -> None:
     flat = x.reshape(-1)
     flat[:9] = [np.inf, -np.inf, 1e30, -1e30, s * F(2.5), s * F(3.5), -s * F(2.5), 0.0, -0.0]
     ins = [x, s, np.asarray(-3 if yt == np.int8 else 128, yt)]
-    layer = single_node_layer("QuantizeLinear", ins, {}, const=[False, True, True])
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-    kern.run(layer, [x, None, None], kern.transform(layer, raw), out)
-    np.testing.assert_array_equal(out[0], op_spec("QuantizeLinear").reference(layer.node, ins)[0])
+    got, want = _native_vs_oracle("QuantizeLinear", ins, {}, [False, True, True])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
@@ -595,17 +582,13 @@ def test_native_qunary_table_matches_oracle(op: str, xt, cap: int, n: int) -> No
     x = (U8(1, n) if xt == np.uint8 else S8(1, n))
     x.reshape(-1)[:256] = np.arange(256).astype(np.uint8).view(xt)
     ins = [x, F(0.07), np.asarray(9 if xt == np.uint8 else -4, xt), F(0.004), np.asarray(2 if xt == np.uint8 else -120, xt)]
-    layer = single_node_layer(op, ins, {"alpha": 0.2} if op == "QLinearLeakyRelu" else {}, const=[False] + [True] * 4)
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
     quant_native.native.lib.inferd_q8_cap_avx512(cap)
     try:
-        kern.run(layer, [x] + [None] * 4, kern.transform(layer, raw), out)
+        got, want = _native_vs_oracle(op, ins, {"alpha": 0.2} if op == "QLinearLeakyRelu" else {},
+                                         [False] + [True] * 4)
     finally:
         quant_native.native.lib.inferd_q8_cap_avx512(-1)
-    np.testing.assert_array_equal(out[0], op_spec(op).reference(layer.node, ins)[0])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.uint8)], ids=["u8", "s8-to-u8"])
@@ -618,15 +601,9 @@ def test_native_qlookup_matches_oracle(xt, yt) -> None:
     x.reshape(-1)[:256] = np.arange(256).astype(np.uint8).view(xt)
     table = np.random.default_rng(3).integers(0, 256, 256).astype(np.uint8)
     ins = [x, table, np.asarray(7, yt)]
-    layer = single_node_layer("QLinearLookup", ins, {}, const=[False, True, True])
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-    kern.run(layer, [x, None, None], kern.transform(layer, raw), out)
-    want = op_spec("QLinearLookup").reference(layer.node, ins)[0]
-    assert out[0].dtype == want.dtype == np.dtype(yt)
-    np.testing.assert_array_equal(out[0], want)
+    got, want = _native_vs_oracle("QLinearLookup", ins, {}, [False, True, True])
+    assert got.dtype == want.dtype == np.dtype(yt)
+    np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(want.view(np.uint8), table[x.view(np.uint8)])
 
 
@@ -694,13 +671,8 @@ def test_native_qmul_matches_oracle(shapes, at, bt, yt) -> None:
            np.asarray(120 if bt == np.uint8 else 5, bt), F(0.05), np.asarray(100 if yt == np.uint8 else -5, yt)]
     for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
         attrs = {} if clamp is None else {"qclamp": clamp}
-        layer = single_node_layer("QLinearMul", ins, attrs, const=[False, True, True, False, True, True, True, True])
-        kern = choose_kernel(layer)
-        assert kern.name == "int8_native"
-        raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-        out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-        kern.run(layer, [a, None, None, b] + [None] * 4, kern.transform(layer, raw), out)
-        np.testing.assert_array_equal(out[0], op_spec("QLinearMul").reference(layer.node, ins)[0])
+        got, want = _native_vs_oracle("QLinearMul", ins, attrs, [False, True, True, False, True, True, True, True])
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
@@ -710,13 +682,8 @@ def test_native_dequantize_linear_matches_oracle(xt) -> None:
     x = U8(1, 3, 150, 160) if xt == np.uint8 else S8(1, 3, 150, 160)
     x.reshape(-1)[:2] = [np.iinfo(xt).min, np.iinfo(xt).max]
     ins = [x, F(0.0371), np.asarray(-5 if xt == np.int8 else 131, xt)]
-    layer = single_node_layer("DequantizeLinear", ins, {}, const=[False, True, True])
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-    kern.run(layer, [x, None, None], kern.transform(layer, raw), out)
-    np.testing.assert_array_equal(out[0], op_spec("DequantizeLinear").reference(layer.node, ins)[0])
+    got, want = _native_vs_oracle("DequantizeLinear", ins, {}, [False, True, True])
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)], ids=["u8u8", "s8s8", "u8s8"])
@@ -726,13 +693,8 @@ def test_native_qgap_matches_oracle(xt, yt, shape) -> None:
         pytest.skip("native kernels not built")
     x = U8(*shape) if xt == np.uint8 else S8(*shape)
     ins = [x, F(0.037), np.asarray(11 if xt == np.uint8 else -7, xt), F(0.021), np.asarray(90 if yt == np.uint8 else 4, yt)]
-    layer = single_node_layer("QLinearGlobalAveragePool", ins, {}, const=[False, True, True, True, True])
-    kern = choose_kernel(layer)
-    assert kern.name == "int8_native"
-    raw = {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs}
-    out = [np.empty(layer.outputs[0].shape, layer.outputs[0].dtype)]
-    kern.run(layer, [x] + [None] * 4, kern.transform(layer, raw), out)
-    np.testing.assert_array_equal(out[0], op_spec("QLinearGlobalAveragePool").reference(layer.node, ins)[0])
+    got, want = _native_vs_oracle("QLinearGlobalAveragePool", ins, {}, [False, True, True, True, True])
+    np.testing.assert_array_equal(got, want)
 
 
 # ------------------------------------------------------------------ DynamicQuantizeLSTM (quantize_dynamic of an LSTM)
