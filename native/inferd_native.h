@@ -236,7 +236,7 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
 long long inferd_q8_conv_packed_size(int N, int C, int taps, int mode);
 void inferd_q8_conv_pack(const signed char* w, int N, int C, int taps, int mode, signed char* wp, int* wsum);
 /* The packing (and kernel) inferd_q8_conv2d runs fastest with for this geometry on this CPU: 0 or 1. */
-int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sh, int sw, int dw, int OH, int OW);
+int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sw, int dw, int OH, int OW);
 /* Convolution of one image x (C, H, W) with w (N, C, kh*kw) packed in `mode` into y (N, OH, OW); padding reads zx. */
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* wp, const int* wsum,
                      int N, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,

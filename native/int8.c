@@ -444,7 +444,7 @@ void inferd_q8_conv_pack(const int8_t* w, int N, int C, int taps, int mode, int8
    channels (14 a group, ~3% faster each, plus ~172 cycles of requantisation and transposition): constants fitted
    to 26 layers of the zoo's models on an AVX-512 VNNI EPYC (2 threads), which it picks right but for two (at most
    16% off). Mode 0 wins on 1x1 convs with short K (its store is cheap), mode 1 on small maps and long K. */
-int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sh, int sw, int dw, int OH, int OW)
+int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sw, int dw, int OH, int OW)
 {
     if (q8_isa()->level != 1 || q8_isa()->xsigned) return 0;
     const long long kq = (long long)q8_c4(C) * kh * kw;
@@ -452,7 +452,6 @@ int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sh, int sw, int dw, in
     const double m0 = (double)(((long long)OH * Wv + 31) / 32) * ((N + Q8_CR - 1) / Q8_CR) * (12.0 * kq + 57.0);
     const double m1 =
         (double)(((long long)OH * OW + Q8_MP - 1) / Q8_MP) * ((N + Q8_NR - 1) / Q8_NR) * (13.6 * kq + 172.0);
-    (void)sh;
     return m1 < m0 ? 1 : 0;
 }
 
@@ -957,8 +956,10 @@ static void q8_stage_task(void* vctx, long long t)
     const int sh = c->sh, sw = c->sw, H = c->H, W = c->W, pl = c->pl, pt = c->pt, Wv = c->Wv, Hq = c->Hq;
     const int rq0 = (int)((long long)Hq * ri / c->rsplit), rq1 = (int)((long long)Hq * (ri + 1) / c->rsplit);
     const uint32_t padw = c->pad * 0x01010101u, fx = c->flip * 0x01010101u;
-    /* 4 rows of one column phase (strides > 1), and a row of zeros for the channels past C (their weights are 0) */
-    const size_t rb = (size_t)W * H + 64, rh = (size_t)W / 2 + 32; /* stride 2: odd columns at + rh */
+    /* 4 rows of one column phase (strides > 1), and a row of zeros for the channels past C (their weights are 0):
+       rows of W bytes, or of the whole plane where its data rows are one run (no column padding) */
+    const int one_run = sh == 1 && sw == 1 && pl == 0 && Wv == W;
+    const size_t rb = (size_t)W * (one_run ? H : 1) + 64, rh = (size_t)W / 2 + 32; /* stride 2: odd columns at + rh */
     const int need_tmp = sw > 1 || 4 * g1 > c->C;
     uint8_t* tmp = need_tmp ? q8_scratch(1, 5 * rb) : NULL;
     if (need_tmp && !tmp) {
@@ -969,7 +970,7 @@ static void q8_stage_task(void* vctx, long long t)
     for (int g = g0; g < g1; ++g) {
         const uint8_t* src[4];
         for (int i = 0; i < 4; ++i) src[i] = 4 * g + i < c->C ? c->x + (size_t)(4 * g + i) * H * W : NULL;
-        if (sh == 1 && sw == 1 && pl == 0 && Wv == W) {
+        if (one_run) {
             /* no column padding: the data rows are one run in x and in the plane */
             uint32_t* d = (uint32_t*)(void*)c->st + (size_t)g * c->vplane;
             const int a = pt < rq0 ? rq0 : pt, b = pt + H < rq1 ? pt + H : rq1;

@@ -69,7 +69,7 @@ def _pack(w2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _conv_mode(g) -> int:
     """The weight packing (and kernel) the C code runs this conv geometry fastest with on this CPU (0 or 1)."""
-    return int(native.lib.inferd_q8_conv_mode(g.cin, g.cout, g.k[0], g.k[1], g.s[0], g.s[1], g.d[1], g.out_sp[0],
+    return int(native.lib.inferd_q8_conv_mode(g.cin, g.cout, g.k[0], g.k[1], g.s[1], g.d[1], g.out_sp[0],
                                               g.out_sp[1]))
 
 
