@@ -2,9 +2,15 @@
  *
  * Why not Python threads or OpenBLAS' pool: a Python hand-off costs tens of microseconds, more than many
  * mobile-net layers take, and OpenBLAS' workers only serve its own GEMMs. Here a job is a task count and a
- * callback; the calling thread works on it too, workers claim tasks from one atomic counter (so a worker that
- * is descheduled because the core is busy simply claims fewer tasks: the others steal its share), and
- * workers spin briefly between jobs so back-to-back layers do not pay a futex wake-up each.
+ * callback; the calling thread works on it too, and workers spin briefly between jobs so back-to-back layers
+ * do not pay a futex wake-up each.
+ *
+ * Tasks are dealt in contiguous ranges, one per thread (the caller takes the first), and a thread that ends its
+ * own range steals from the far end of the others'. The same thread thus computes the same share of every
+ * layer that splits alike (a depthwise conv's channels after the 1x1 conv that wrote them), and reads it from
+ * its own cache: with one shared counter, which thread took which task changed from layer to layer, and two
+ * threads ran mobilenetv2's depthwise layers slower than one (reading the other core's freshly written
+ * lines). A worker descheduled because the core is busy still loses only the tasks it did not start.
  *
  * Correctness of the hand-off rests on one 64-bit state word: bits 63..33 the job generation, bit 32 "open",
  * bits 31..0 the number of workers inside the job. A worker enters with a CAS that requires the generation it
@@ -30,6 +36,12 @@
 
 typedef void (*task_fn)(void* ctx, long long task);
 
+/* One thread's share of the job: next task (high half) and end (low half), claimed by CAS from either end. */
+typedef struct {
+    uint64_t range;
+    char pad[64 - sizeof(uint64_t)];
+} share_t;
+
 static struct {
     pthread_mutex_t submit; /* one job at a time; a second caller runs its tasks inline */
     pthread_mutex_t mu;     /* guards sleeping and thread start/stop */
@@ -45,10 +57,10 @@ static struct {
     task_fn fn;
     void* ctx;
     long long ntasks;
-    long long next;
     int job_workers; /* workers (besides the caller) that may take part */
+    share_t share[MAX_THREADS] __attribute__((aligned(64))); /* [0] the caller's, [1 + i] worker i's */
 } P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 1, 0, {0},
-       200000, NULL, NULL, 0, 0, 0};
+       200000, NULL, NULL, 0, 0, {{0, {0}}}};
 
 static inline void cpu_relax(void)
 {
@@ -66,12 +78,28 @@ static long long now_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static void run_tasks(task_fn fn, void* ctx, long long ntasks)
+/* The next task of share q: from the front for its owner, from the back for a thief; -1 once it is empty. */
+static long long claim(int q, int front)
 {
+    uint64_t r = __atomic_load_n(&P.share[q].range, __ATOMIC_RELAXED);
     for (;;) {
-        const long long t = __atomic_fetch_add(&P.next, 1, __ATOMIC_RELAXED);
-        if (t >= ntasks) break;
-        fn(ctx, t);
+        const uint32_t lo = (uint32_t)(r >> 32), hi = (uint32_t)r;
+        if (lo >= hi) return -1;
+        const uint64_t nr = front ? ((uint64_t)(lo + 1) << 32) | hi : ((uint64_t)lo << 32) | (hi - 1);
+        if (__atomic_compare_exchange_n(&P.share[q].range, &r, nr, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            return front ? (long long)lo : (long long)hi - 1;
+    }
+}
+
+/* Participant p of n: its own share front to back, then the others' from their backs until every share is empty
+   (so when the caller returns from here, every task has been claimed). */
+static void run_tasks(task_fn fn, void* ctx, int p, int n)
+{
+    long long t;
+    while ((t = claim(p, 1)) >= 0) fn(ctx, t);
+    for (int k = 1; k < n; ++k) {
+        const int q = (p + k) % n;
+        while ((t = claim(q, 0)) >= 0) fn(ctx, t);
     }
 }
 
@@ -121,7 +149,7 @@ static void* worker_main(void* arg)
             }
         }
         if (!entered) continue;
-        if (index < P.job_workers) run_tasks(P.fn, P.ctx, P.ntasks);
+        if (index < P.job_workers) run_tasks(P.fn, P.ctx, 1 + index, 1 + P.job_workers);
         __atomic_fetch_sub(&P.state, 1, __ATOMIC_RELEASE);
     }
 }
@@ -189,7 +217,7 @@ void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long
     int want = P.nthreads;
     if (max_threads > 0 && max_threads < want) want = max_threads;
     if (want > ntasks) want = (int)ntasks;
-    if (want <= 1 || pthread_mutex_trylock(&P.submit) != 0) {
+    if (want <= 1 || ntasks > 0x7fffffffLL || pthread_mutex_trylock(&P.submit) != 0) {
         /* one thread wanted, or the pool is busy (another caller, or a task calling back in): inline */
         for (long long t = 0; t < ntasks; ++t) fn(ctx, t);
         return;
@@ -200,7 +228,10 @@ void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long
     P.ctx = ctx;
     P.ntasks = ntasks;
     P.job_workers = want - 1;
-    __atomic_store_n(&P.next, 0, __ATOMIC_RELAXED);
+    for (int q = 0; q < want; ++q) {
+        const uint64_t lo = (uint64_t)(ntasks * q / want), hi = (uint64_t)(ntasks * (q + 1) / want);
+        __atomic_store_n(&P.share[q].range, (lo << 32) | hi, __ATOMIC_RELAXED);
+    }
     /* publish: new generation, open, nobody inside */
     const uint64_t gen = (__atomic_load_n(&P.state, __ATOMIC_RELAXED) >> GEN_SHIFT) + 1;
     __atomic_store_n(&P.state, (gen << GEN_SHIFT) | OPEN_BIT, __ATOMIC_SEQ_CST);
@@ -209,7 +240,7 @@ void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long
         pthread_cond_broadcast(&P.cv);
         pthread_mutex_unlock(&P.mu);
     }
-    run_tasks(fn, ctx, ntasks);
+    run_tasks(fn, ctx, 0, want);
     /* every task is claimed: close the job, then wait for the workers still inside */
     __atomic_fetch_and(&P.state, ~OPEN_BIT, __ATOMIC_SEQ_CST);
     for (unsigned k = 1; __atomic_load_n(&P.state, __ATOMIC_ACQUIRE) & INSIDE_MASK; ++k) {

@@ -1,0 +1,112 @@
+"""The native thread pool (native/pool.c): every task of a job runs exactly once, each thread starts on its own
+contiguous share (so layers split alike keep their data on one core), and a stalled thread's share is stolen."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from native_harness import build_and_run, with_sanitizers
+
+HARNESS = textwrap.dedent(r"""
+    #define _GNU_SOURCE
+    #include <pthread.h>
+    #include <stdio.h>
+    #include <string.h>
+    #include <time.h>
+    #include "inferd_native.h"
+
+    static int failures = 0;
+    #define CHECK(c, ...) do { if (!(c)) { ++failures; printf("FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
+
+    enum { MAXT = 4096 };
+    static int count[MAXT];
+    static pthread_t who[MAXT];
+    static pthread_t caller;
+    static int stall_worker; /* the first task a worker runs sleeps this many ms */
+    static __thread int seen_first;
+
+    static void sleep_ms(int ms) { struct timespec ts = {0, ms * 1000000L}; nanosleep(&ts, NULL); }
+
+    static void task(void* ctx, long long t)
+    {
+        (void)ctx;
+        __atomic_fetch_add(&count[t], 1, __ATOMIC_RELAXED);
+        who[t] = pthread_self();
+        if (stall_worker && !pthread_equal(pthread_self(), caller) && !seen_first) {
+            seen_first = 1;
+            sleep_ms(stall_worker);
+        }
+    }
+
+    static void slow_task(void* ctx, long long t) { task(ctx, t); sleep_ms(2); }
+
+    int main(void)
+    {
+        caller = pthread_self();
+        const int threads[] = {1, 2, 3, 4};
+        const long long sizes[] = {1, 2, 3, 5, 7, 8, 17, 100, 1000, MAXT};
+        /* every task exactly once, whatever the thread and task counts, over many jobs */
+        for (int a = 0; a < 4; ++a) {
+            inferd_pool_set_threads(threads[a]);
+            for (int b = 0; b < 10; ++b)
+                for (int rep = 0; rep < 50; ++rep) {
+                    memset(count, 0, sizeof count);
+                    inferd_parallel(task, NULL, sizes[b], 0);
+                    for (long long t = 0; t < sizes[b]; ++t)
+                        CHECK(count[t] == 1, "threads %d tasks %lld: task %lld ran %d times", threads[a], sizes[b],
+                              t, count[t]);
+                    for (long long t = sizes[b]; t < MAXT; ++t) CHECK(count[t] == 0, "task %lld past the end", t);
+                }
+        }
+        /* a cap below the pool's threads is honoured the same way */
+        inferd_pool_set_threads(4);
+        memset(count, 0, sizeof count);
+        inferd_parallel(task, NULL, 100, 2);
+        for (int t = 0; t < 100; ++t) CHECK(count[t] == 1, "capped: task %d ran %d times", t, count[t]);
+        /* each thread starts on its own share: the caller takes the first task, a worker the first of the
+           second half (tasks long enough that nobody finishes a share before the others start) */
+        inferd_pool_set_threads(2);
+        inferd_parallel(task, NULL, 2, 0); /* start the worker */
+        int caller_first = 0, worker_half = 0;
+        for (int rep = 0; rep < 5; ++rep) {
+            memset(count, 0, sizeof count);
+            inferd_parallel(slow_task, NULL, 8, 0);
+            caller_first += pthread_equal(who[0], caller) != 0;
+            worker_half += !pthread_equal(who[4], caller);
+            for (int t = 0; t < 8; ++t) CHECK(count[t] == 1, "shares: task %d ran %d times", t, count[t]);
+        }
+        CHECK(caller_first == 5, "the caller ran task 0 in %d of 5 jobs", caller_first);
+        CHECK(worker_half >= 3, "the worker ran task 4 in %d of 5 jobs", worker_half);
+        /* a stalled worker: the caller steals what it has not started */
+        stall_worker = 50;
+        seen_first = 0;
+        memset(count, 0, sizeof count);
+        inferd_parallel(task, NULL, 64, 0);
+        int by_caller = 0;
+        for (int t = 0; t < 64; ++t) {
+            CHECK(count[t] == 1, "stalled: task %d ran %d times", t, count[t]);
+            by_caller += pthread_equal(who[t], caller) != 0;
+        }
+        CHECK(by_caller >= 62, "the caller ran %d of 64 tasks while the worker slept", by_caller);
+        stall_worker = 0;
+        inferd_pool_set_threads(1);
+        printf("ok (%d failures)\n", failures);
+        return failures != 0;
+    }
+""")
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitizers"])
+def test_pool_runs_each_task_once_from_own_shares(tmp_path: Path, sanitize: bool) -> None:
+    src = tmp_path / "pool_test.c"
+    src.write_text(HARNESS)
+
+    def build(flags: list[str]) -> None:
+        build_and_run(src, ["pool.c"], "cc", flags, tmp_path, [], timeout=120)
+
+    if sanitize:
+        with_sanitizers(build)
+    else:
+        build([])
