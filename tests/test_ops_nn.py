@@ -352,6 +352,25 @@ def test_maxpool_int8(dtype: Any, attrs: dict, cap: int, hw: tuple) -> None:
             native.lib.inferd_q8_cap_avx512(-1)
 
 
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                                   dict(kernel_shape=[2, 2], pads=[0, 0, 1, 1]),
+                                   dict(kernel_shape=[5, 5], pads=[1, 3, 3, 1]),
+                                   dict(kernel_shape=[1, 3], pads=[0, 2, 0, 0])],
+                         ids=["3x3p1", "2x2-pad-end", "5x5-asym", "1x3-pad-start"])
+@pytest.mark.parametrize("shape", [(1, 40, 7, 7), (2, 3, 1, 9), (1, 5, 2, 2), (1, 3, 13, 1), (1, 64, 28, 28)],
+                         ids=["7x7-many-planes", "one-row", "2x2", "one-column", "28x28-split"])
+def test_maxpool_int8_same_size_flat(attrs: dict, shape: tuple) -> None:
+    """Stride-1 same-size pooling runs flat over whole planes with the taps that cross a row or plane edge
+    masked out: edges of rows, planes and of the array (its first and last bytes), mask blocks spanning several
+    planes, several tasks, against onnxruntime for both types."""
+    for dtype in (np.int8, np.uint8):
+        x = RNG.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, shape, endpoint=True).astype(dtype)
+        x.reshape(-1)[-3:] = [np.iinfo(dtype).max, np.iinfo(dtype).min, np.iinfo(dtype).max]
+        layer = single_node_layer("MaxPool", [x], attrs)
+        assert layer.out_shape() == shape
+        check_vs_ort("MaxPool", [x], attrs, opset=12)
+
+
 def test_maxpool_indices_output_runs_on_the_reference_kernel() -> None:
     """The Indices output is supported (the onnx node tests and tests/test_ops_misc.py check its values against
     onnxruntime); only the reference kernel computes it, the fast ones keep single-output nodes."""
