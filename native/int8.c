@@ -1780,6 +1780,22 @@ int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W,
     return c.failed ? -1 : 0;
 }
 
+/* Elementwise work of n bytes in equal chunks (64-byte multiples), a whole number per thread: the pool deals each
+   thread a contiguous share of the tasks (pool.c), and 64 KB chunks had left one thread 65% of a 100 KB add (two
+   tasks, the second half empty) or of a 200 KB one (three full chunks and a sliver). Returns the task count. */
+static long long q8_even_chunks(long long n, long long* chunk)
+{
+    const long long T = inferd_pool_threads();
+    if (T <= 1 || n < 32768) {
+        *chunk = n > 0 ? n : 1;
+        return 1;
+    }
+    long long tasks = (n + 16383) / 16384; /* at least 16 KB each */
+    tasks = tasks < 4 * T ? (tasks + T - 1) / T * T : 4 * T;
+    *chunk = ((n + tasks - 1) / tasks + 63) & ~63LL;
+    return (n + *chunk - 1) / *chunk;
+}
+
 /* ---------------------------------------------------------------- elementwise add of two quantised tensors
    y = clamp(rint((a - za) * ra + (b - zb) * rb + zc)), as onnxruntime's QLinearAdd: separate float roundings,
    no fused multiply-add (an FMA rounds differently and would move values that sit on a rounding boundary). */
@@ -1817,7 +1833,8 @@ static void q8_add_task(void* vctx, long long t)
 void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b, int b_signed, int zb, float rb, float zc,
                    int lo, int hi, void* y, long long n, int max_threads)
 {
-    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    long long chunk;
+    const long long tasks = q8_even_chunks(n, &chunk);
     q8_add_ctx c = {(const uint8_t*)a, (const uint8_t*)b, a_signed, za, b_signed, zb, ra, rb, zc, (float)lo, (float)hi,
                     (uint8_t*)y, n, chunk};
     inferd_parallel(q8_add_task, &c, tasks, tasks < 2 ? 1 : max_threads);
@@ -1854,7 +1871,8 @@ static void q8_quant_task(void* vctx, long long t)
 
 void inferd_q8_quantize(const float* x, float scale, int zp, int lo, int hi, void* y, long long n, int max_threads)
 {
-    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    long long chunk;
+    const long long tasks = q8_even_chunks(n, &chunk);
     q8_quant_ctx c = {x, scale, (float)(lo - zp), (float)(hi - zp), zp, (uint8_t*)y, n, chunk};
     inferd_parallel(q8_quant_task, &c, tasks, tasks < 2 ? 1 : max_threads);
 }
@@ -1941,7 +1959,8 @@ static void q8_map_task(void* vctx, long long t)
 
 void inferd_q8_map(const void* x, const unsigned char* table, void* y, long long n, int max_threads)
 {
-    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    long long chunk;
+    const long long tasks = q8_even_chunks(n, &chunk);
     q8_map_ctx c = {(const uint8_t*)x, table, (uint8_t*)y, n, chunk};
     inferd_parallel(q8_map_task, &c, tasks, tasks < 2 ? 1 : max_threads);
 }
@@ -2296,7 +2315,8 @@ static void q8_dq_task(void* vctx, long long t)
 
 void inferd_q8_dequantize(const void* x, int x_signed, int zp, float scale, float* y, long long n, int max_threads)
 {
-    const long long chunk = 65536, tasks = (n + chunk - 1) / chunk;
+    long long chunk;
+    const long long tasks = q8_even_chunks(n, &chunk);
     q8_dq_ctx c = {(const uint8_t*)x, x_signed, zp, scale, y, n, chunk};
     inferd_parallel(q8_dq_task, &c, tasks, tasks < 2 ? 1 : max_threads);
 }
@@ -2334,7 +2354,8 @@ static void q8_concat_task(void* vctx, long long t)
 void inferd_q8_concat(int n, const void* const* xs, const unsigned char* const* tables, const long long* at, void* y,
                       int max_threads)
 {
-    const long long chunk = 65536, tasks = (at[n] + chunk - 1) / chunk;
+    long long chunk;
+    const long long tasks = q8_even_chunks(at[n], &chunk);
     q8_concat_ctx c = {n, (const uint8_t* const*)xs, (const uint8_t* const*)tables, at, (uint8_t*)y, chunk};
     inferd_parallel(q8_concat_task, &c, tasks, tasks < 2 ? 1 : max_threads);
 }
@@ -2391,7 +2412,9 @@ void inferd_q8_mul(const void* a, int a_signed, int za, const void* b, int b_sig
                    long long inner, int b_row, float m, float zc, int lo, int hi, void* y, int max_threads)
 {
     const long long n = b_row ? rows : rows * inner;
-    const long long chunk = b_row ? (65536 + inner - 1) / (inner > 0 ? inner : 1) : 65536;
+    long long chunk;
+    q8_even_chunks(rows * inner, &chunk);
+    if (b_row) chunk = (chunk + inner - 1) / (inner > 0 ? inner : 1); /* whole rows */
     const long long tasks = (n + chunk - 1) / (chunk > 0 ? chunk : 1);
     q8_mul_ctx c = {(const uint8_t*)a, (const uint8_t*)b, a_signed, za, b_signed, zb, b_row, m, zc, (float)lo,
                     (float)hi, (uint8_t*)y, inner, n, chunk > 0 ? chunk : 1};
