@@ -94,15 +94,62 @@ def set_num_threads(n: int) -> None:
         lib.inferd_pool_set_threads(_threads)
 
 
-def claim_cores() -> None:
-    """Hold numpy's BLAS to one thread while the native pool uses several (once per process; best effort,
-    through threadpoolctl). Called when a CPU executor is built, not at import, so merely importing inferd
-    leaves the host application's numpy alone."""
+#: OpenBLAS' thread-count setters, by the symbol prefixes of the builds numpy wheels bundle (scipy-openblas for
+#: numpy 2, openblas64_ before it) and of a plain OpenBLAS
+_OPENBLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads")
+
+
+def _limit_bundled_openblas() -> bool:
+    """Set the OpenBLAS bundled with numpy's wheel (``numpy.libs``, already loaded; scipy's too where scipy is
+    imported) to one thread by a direct call: well under a millisecond, where threadpoolctl scans every loaded
+    library (5-18 ms). False where numpy has no such library (a distribution's numpy on a system BLAS), for
+    threadpoolctl to do it."""
+    import ctypes
+    import glob
+    import sys
+
+    done = False
+    dirs = [os.path.dirname(sys.modules[m].__file__) + ".libs" for m in ("numpy", "scipy")
+            if getattr(sys.modules.get(m), "__file__", None)]
+    found = [path for d in dirs for path in glob.glob(os.path.join(d, "*openblas*.so*"))]
+    for path in found:
+        try:
+            blas = ctypes.CDLL(path)  # numpy has it loaded: this is its handle, not a second copy
+        except OSError:
+            continue
+        for sym in _OPENBLAS_SETTERS:
+            fn = getattr(blas, sym, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_int]
+                fn(1)
+                done = done or "numpy.libs" in path
+                break
+    return done
+
+
+def claim_cores(slow_ok: bool = True) -> None:
+    """Hold numpy's BLAS to one thread while the native pool uses several (once per process; best effort).
+    Called when a CPU executor is built, not at import, so merely importing inferd leaves the host application's
+    numpy alone. The bundled OpenBLAS is set directly (cheap enough for a cold load's path); otherwise
+    threadpoolctl, which a cold load leaves to idle time after its answer (``slow_ok=False``: return without).
+
+    Why before the first run: OpenBLAS' idle worker spins ~100 ms after each multi-threaded call, and the cold
+    load's weight transforms make such calls: the first 20 runs of shufflenetv2 after a load took 5 ms instead
+    of 2.6 ms on 2 vCPUs, one core spinning in OpenBLAS."""
     global _blas_limited
     if _blas_limited or _threads <= 1 or not AVAILABLE:
         return
     with _blas_lock:
         if _blas_limited:
+            return
+        try:
+            if _limit_bundled_openblas():
+                _blas_limited = True
+                return
+        except Exception as exc:  # an unexpected library layout: threadpoolctl below
+            log.debug("could not set numpy's OpenBLAS threads directly: %s", exc)
+        if not slow_ok:
             return
         _blas_limited = True
         try:

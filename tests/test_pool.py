@@ -110,3 +110,44 @@ def test_pool_runs_each_task_once_from_own_shares(tmp_path: Path, sanitize: bool
         with_sanitizers(build)
     else:
         build([])
+
+
+BLAS_CHECK = textwrap.dedent(r"""
+    import sys
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+    from threadpoolctl import threadpool_info
+    import inferd
+
+    def numpy_blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if "numpy" in i["filepath"]]
+
+    before = numpy_blas_threads()
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.ones(108, np.float32))
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), sys.argv[1])
+    m = inferd.load(sys.argv[1], device="cpu")
+    print("before", before, "after_load", numpy_blas_threads())
+""")
+
+
+def test_numpy_blas_held_to_one_thread_from_the_load_on(tmp_path: Path) -> None:
+    """A CPU load sets numpy's bundled OpenBLAS to one thread before the first run (its idle worker spins ~100 ms
+    after each multi-threaded call, on a core the native pool needs), not in idle time after the first answer."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("threadpoolctl")
+    env = {**__import__("os").environ, "OPENBLAS_NUM_THREADS": "2", "INFERD_NUM_THREADS": "2"}
+    out = subprocess.run([sys.executable, "-c", BLAS_CHECK, str(tmp_path / "m.onnx")], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = out.stdout.strip().splitlines()[-1]
+    before, after = line.split("after_load")
+    if "[]" in before:
+        pytest.skip("numpy has no bundled OpenBLAS here")
+    assert before.strip() == "before [2]", line
+    assert after.strip() == "[1]", line

@@ -129,8 +129,8 @@ class CpuExecutor:
         self.graph = graph
         self.stats = LoadStats()
         self._forced = kernels
-        if not lazy:
-            native.claim_cores()  # a cold load does it after its first answer (finalize): it holds the GIL
+        # a cold load leaves the slow way (threadpoolctl, with the GIL held) to after its first answer
+        native.claim_cores(slow_ok=not lazy)
         t0 = time.perf_counter()
         self.plan: MemoryPlan = plan_graph_memory(graph)
         self.arena = np.empty(max(self.plan.total, 1), dtype=np.uint8)
@@ -328,8 +328,9 @@ class CpuExecutor:
         return {name: (np.array(dyn[name]) if src is None else src.copy()) for name, src in self._out_srcs}
 
     def after_first_run(self) -> None:
-        """Idle-time work once a cold load has answered: hold numpy's BLAS to one thread (threadpoolctl
-        scans every loaded library: 7-18 ms with the GIL held, too long for the answer path)."""
+        """Idle-time work once a cold load has answered: hold numpy's BLAS to one thread where the load could
+        not set it directly (threadpoolctl scans every loaded library: 7-18 ms with the GIL held, too long for
+        the answer path); a no-op where it did."""
         native.claim_cores()
 
     def finalize(self) -> None:
