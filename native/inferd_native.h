@@ -156,6 +156,11 @@ long long inferd_scatter_nd(float* out, const float* data, long long total, cons
 int inferd_grid_sample(const float* x, long long N, long long C, long long H, long long W, const float* grid,
                        long long P, float* y, int nearest, int pad, int align);
 
+/* ---- Resize (resize.c) ---- */
+/* Nearest upsampling of `planes` (H, W) planes by integer factors: y (planes, H*fh, W*fw), y[.., h, w] =
+   x[.., h / fh, w / fw]; elements of esize bytes (1, 2, 4 or 8). Returns 0, or -2 for bad arguments. */
+int inferd_upsample_nearest(const void* x, void* y, long long planes, int H, int W, int fh, int fw, int esize);
+
 /* ---- pooling (pooling.c) ---- */
 /* Max (is_max = 1) or average pooling of `planes` (H, W) planes into (OH, OW): output (oh, ow) combines input
    (oh*sh - pt + i*dh, ow*sw - pl + j*dw) over the taps inside the image; averages are multiplied by

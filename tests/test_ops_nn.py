@@ -630,6 +630,18 @@ def test_resize_nearest(ctm: str, nearest_mode: str) -> None:
             nearest_mode=nearest_mode)
 
 
+@pytest.mark.parametrize("scales", [[1, 1, 2, 2], [1, 1, 3, 1], [1, 1, 1, 4], [1, 1, 2, 3], [1, 2, 2, 2]],
+                         ids=["2x2", "3x1", "1x4", "2x3", "planes-too"])
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8, np.int8])
+@pytest.mark.parametrize("shape", [(1, 3, 5, 7), (1, 32, 64, 64)], ids=["small", "threads"])
+def test_resize_nearest_integer_factors(scales: list, dtype: Any, shape: tuple) -> None:
+    """Integer-factor nearest upsampling of the last two axes (the native row repeat; a factor on another axis
+    keeps the numpy path), float and 8-bit, small and split over threads, against onnxruntime."""
+    x = rnd(*shape) if dtype == np.float32 else RNG.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, shape,
+                                                            endpoint=True).astype(dtype)
+    _resize(x, scales, mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+
+
 @pytest.mark.parametrize("ctm", _CTMS)
 def test_resize_linear(ctm: str) -> None:
     x = rnd(2, 3, 5, 7)

@@ -30,10 +30,11 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
@@ -340,8 +341,54 @@ class ResizeKernel(Kernel):
         if act is not None:
             apply_act(y, act)
 
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        # the native upsampling with its plan made once, where the scales or sizes are constants (the run
+        # path's per-call plan and tables cost 80 us beside a 15 us copy on a 16x16 -> 32x32 map)
+        si, zi = _input_positions(layer.node)
+        if layer.attr("act") is not None or any(i is not None and layer.has_input(i) and i not in layer.const_inputs
+                                                for i in (si, zi)):
+            return None
+        ins = full_inputs(layer, inputs, params)
+        x, y = ins[0], outputs[0]
+        if x is None:
+            return None
+        p = _plan_from_inputs(layer.node, x, ins)
+        if p.mode != "nearest":
+            return None
+        tabs = _tables(p)
+        call = self._native_nearest(x, y, p, tabs, [a for a, t in enumerate(tabs) if t is not None])
+        return call
+
+    @staticmethod
+    def _native_nearest(x: np.ndarray, y: np.ndarray, p: ResizePlan, tabs: list,
+                        axes: list[int]) -> Callable[[], None] | None:
+        """Integer-factor nearest upsampling of the last two axes in C, as a call; None where it does not apply.
+        numpy did it as strided assignments whose inner loop stepped over fw elements at a time: 0.25 ms for a
+        64x64 -> 128x128 U-Net upsampling against onnxruntime's 0.03."""
+        nd = len(p.in_shape)
+        if not (native.AVAILABLE and axes and nd >= 2 and set(axes) <= {nd - 2, nd - 1} and x.flags.c_contiguous
+                and y.flags.c_contiguous and x.dtype == y.dtype and x.itemsize in (1, 2, 4, 8)):
+            return None
+        factors = {a: _repeat_factor(tabs[a], p.in_shape[a], p.out_shape[a]) for a in axes}
+        if not all(factors.values()):
+            return None
+        planes = int(np.prod(p.in_shape[:nd - 2], dtype=np.int64))
+        args = (native._vptr(x), native._vptr(y), planes, p.in_shape[nd - 2], p.in_shape[nd - 1],
+                factors.get(nd - 2, 1), factors.get(nd - 1, 1), x.itemsize)
+        fn, keep = native.lib.inferd_upsample_nearest, (x, y)
+
+        def call() -> None:
+            _ = keep
+            fn(*args)
+        return call
+
     @staticmethod
     def _nearest(x: np.ndarray, y: np.ndarray, p: ResizePlan, tabs: list, axes: list[int]) -> None:
+        call = ResizeKernel._native_nearest(x, y, p, tabs, axes)
+        if call is not None:
+            call()
+            return
         factors = {a: _repeat_factor(tabs[a], p.in_shape[a], p.out_shape[a]) for a in axes}
         if y.flags.c_contiguous and all(factors.values()):
             # y viewed as (..., n, f, ...): one strided assignment of x per offset combination.

@@ -1,0 +1,65 @@
+/* Nearest-neighbour upsampling by integer factors of the last two axes (Resize/Upsample, mode nearest, where the
+ * index table is exactly i // f: the YOLO/FPN/U-Net 2x case). Each input row becomes one output row with every
+ * element repeated fw times, then that row is copied fh - 1 times; split by rows over the pool.
+ *
+ * Why native: numpy did it as fh * fw strided assignments whose inner loop steps over fw (= 2) elements at a time:
+ * 0.25 ms for unet_small's 64x64 -> 128x128 (onnxruntime 0.03 ms).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "inferd_internal.h"
+#include "inferd_native.h"
+
+typedef struct {
+    const uint8_t* x;
+    uint8_t* y;
+    long long rows; /* input rows: planes x H */
+    int W, fh, fw, esize;
+    long long chunk;
+} up_job;
+
+/* one input row repeated along it: out[i * fw + j] = in[i] (elements of esize bytes) */
+INFERD_CLONES static void up_row(const uint8_t* restrict in, uint8_t* restrict out, int W, int fw, int esize)
+{
+    if (esize == 4 && fw == 2) {
+        const uint32_t* restrict s = (const uint32_t*)(const void*)in;
+        uint64_t* restrict d = (uint64_t*)(void*)out;
+        for (int i = 0; i < W; ++i) d[i] = (uint64_t)s[i] * 0x100000001ULL;
+    } else if (esize == 4) {
+        const uint32_t* restrict s = (const uint32_t*)(const void*)in;
+        uint32_t* restrict d = (uint32_t*)(void*)out;
+        for (int i = 0; i < W; ++i)
+            for (int j = 0; j < fw; ++j) d[(size_t)i * fw + j] = s[i];
+    } else if (esize == 1 && fw == 2) {
+        uint16_t* restrict d = (uint16_t*)(void*)out;
+        for (int i = 0; i < W; ++i) d[i] = (uint16_t)(in[i] * 0x101u);
+    } else {
+        for (int i = 0; i < W; ++i)
+            for (int j = 0; j < fw; ++j) memcpy(out + ((size_t)i * fw + j) * esize, in + (size_t)i * esize, (size_t)esize);
+    }
+}
+
+static void up_task(void* p, long long t)
+{
+    const up_job* j = (const up_job*)p;
+    const long long r0 = t * j->chunk, r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
+    const size_t in_row = (size_t)j->W * j->esize, out_row = in_row * j->fw;
+    for (long long r = r0; r < r1; ++r) {
+        uint8_t* o = j->y + (size_t)r * j->fh * out_row;
+        up_row(j->x + (size_t)r * in_row, o, j->W, j->fw, j->esize);
+        for (int k = 1; k < j->fh; ++k) memcpy(o + (size_t)k * out_row, o, out_row);
+    }
+}
+
+int inferd_upsample_nearest(const void* x, void* y, long long planes, int H, int W, int fh, int fw, int esize)
+{
+    if (planes <= 0 || H <= 0 || W <= 0) return 0;
+    if (fh < 1 || fw < 1 || (esize != 1 && esize != 2 && esize != 4 && esize != 8)) return -2;
+    up_job j = {(const uint8_t*)x, (uint8_t*)y, planes * H, W, fh, fw, esize, 0};
+    const double bytes = (double)planes * H * W * esize * fh * fw;
+    const long long tasks = bytes < 65536.0 ? 1 : inferd_pool_chunks(j.rows, bytes);
+    j.chunk = (j.rows + tasks - 1) / tasks;
+    inferd_parallel(up_task, &j, (j.rows + j.chunk - 1) / j.chunk, 0);
+    return 0;
+}
