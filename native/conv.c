@@ -75,11 +75,11 @@ static void im2col_range(const float* x, int C, int H, int W, int kh, int kw, in
 }
 
 INFERD_CLONES
-void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
-                   int pt, int pl, int OH, int OW, float* y)
+static void col2im_range(const float* col, int c0, int c1, int H, int W, int kh, int kw, int sh, int sw, int dh,
+                         int dw, int pt, int pl, int OH, int OW, float* y)
 {
     const size_t ohw = (size_t)OH * OW;
-    for (int c = 0; c < C; ++c) {
+    for (int c = c0; c < c1; ++c) {
         float* plane = y + (size_t)c * H * W;
         for (int i = 0; i < kh; ++i) {
             for (int j = 0; j < kw; ++j) {
@@ -102,6 +102,30 @@ void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh
             }
         }
     }
+}
+
+typedef struct {
+    const float* col;
+    float* y;
+    int C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, n;
+} col2im_job;
+
+static void col2im_task(void* p, long long t)
+{
+    const col2im_job* j = (const col2im_job*)p;
+    const int c0 = (int)((long long)j->C * t / j->n), c1 = (int)((long long)j->C * (t + 1) / j->n);
+    if (c1 > c0)
+        col2im_range(j->col, c0, c1, j->H, j->W, j->kh, j->kw, j->sh, j->sw, j->dh, j->dw, j->pt, j->pl, j->OH, j->OW,
+                     j->y);
+}
+
+/* Channels are independent (plane c takes column rows of channel c only): split over the pool. */
+void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
+                   int pt, int pl, int OH, int OW, float* y)
+{
+    col2im_job j = {col, y, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, 1};
+    j.n = inferd_pool_chunks(C, (double)C * kh * kw * OH * OW);
+    inferd_parallel(col2im_task, &j, j.n, 0);
 }
 
 /* ---------------------------------------------------------------- depthwise */

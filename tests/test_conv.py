@@ -530,6 +530,10 @@ CT_CASES: list[tuple[str, tuple[int, ...], int, tuple[int, ...], dict[str, Any],
     ("same_lower_odd", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="SAME_LOWER"), True),
     ("same_lower_even", (1, 3, 5, 6), 2, (4, 4), dict(strides=[2, 2], auto_pad="SAME_LOWER"), True),
     ("valid", (1, 3, 5, 6), 2, (3, 3), dict(strides=[2, 2], auto_pad="VALID"), True),
+    # enough channels and pixels for the GEMM and the scatter-add to split over threads (unet's up-convs)
+    ("k3s2_threads", (1, 32, 24, 24), 16, (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
+     True),
+    ("k2s2_group2_threads", (1, 32, 20, 20), 24, (2, 2), dict(strides=[2, 2], group=2), True),
     ("1d", (1, 3, 7), 2, (3,), dict(strides=[2], pads=[1, 0], output_padding=[1]), True),
     ("3d", (1, 2, 3, 4, 3), 2, (2, 2, 2), dict(strides=[2, 2, 1]), True),
 ]

@@ -1349,7 +1349,7 @@ class ConvTransposeCol2im(_ConvKernelBase):
         x4 = x.reshape(g.n, g.group, g.cin // g.group, g.h * g.w)
         y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
         for i in range(g.n):
-            np.matmul(params["w"], x4[i], out=col.reshape(g.group, g.cout // g.group * kk, g.h * g.w))
+            native.matmul(params["w"], x4[i], col.reshape(g.group, g.cout // g.group * kk, g.h * g.w))
             if bias is not None:
                 y4[i] = bias.reshape(-1, 1, 1)
             else:
