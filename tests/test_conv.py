@@ -217,6 +217,9 @@ def test_preferred_3x3_kernel() -> None:
     assert prefs(8, 56) == set()  # im2col: too few channels for the transforms to pay off
     assert prefs(16, 55) == set()  # squeezenet's 16->64 expand3x3: im2col_tiled, 1.3x faster than F(2,3)
     assert prefs(24, 56) == {"winograd23"}
+    assert prefs(24, 96) == {"winograd43"}  # U-Net-sized maps: F(4,3) with few channels too
+    assert prefs(32, 128) == {"winograd43"}
+    assert prefs(32, 88) == {"winograd23"}  # 484 tiles of 4x4
     x, w, b = make_inputs(0, (1, 64, 56, 56), (64, 64, 3, 3), True)
     layer = single_node_layer("Conv", [x, w, b], dict(strides=[2, 2]))
     assert not kernel("Conv", "winograd43").preferred(layer)  # not applicable -> not preferred

@@ -1253,12 +1253,15 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
     (F(2,3) / F(4,3) / im2col_tiled): 16->64@55 (squeezenet's expand3x3) 0.40/0.36/0.31, 16->16@56 0.17/0.18/0.10,
     16->64@28 0.14/0.19/0.10, 16->128@28 0.21/0.29/0.17, 16->64@112 2.0/1.6/1.2; from 24 channels on it is a tie
     or Winograd: 24->96@28 0.20/0.24/0.20, 24->64@56 0.47/0.40/0.49, 32->128@27 0.30/0.33/0.33.
+    On U-Net-sized maps (96x96 and up) F(4,3) wins with few channels too (2026-11-29, single-conv models, two
+    threads, p20 of 30, F(2,3) / F(4,3) / im2col_tiled): 32->16@128 1.30/0.92/1.18 and 1.18/0.96/1.17 (unet_small's
+    dec1), 24->24@128 1.22/0.87/1.10, 48->24@112 1.66/1.24/1.84, 32->32@96 1.00/0.77/1.07, 32->16@96 0.59/0.56/0.67.
     """
     p43 = -(-g.oh // 4) * -(-g.ow // 4)
     cc = g.cin * g.cout
     if g.cin <= 16:
         return "im2col"
-    if (p43 >= 196 and cc >= 2048) or (p43 >= 49 and cc >= 8192):
+    if (p43 >= 196 and cc >= 2048) or (p43 >= 49 and cc >= 8192) or (p43 >= 576 and cc >= 512):
         return "winograd43"
     return "winograd23"
 
