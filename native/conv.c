@@ -1121,6 +1121,42 @@ void inferd_bias_act(float* y, long long ldy, const float* bias, const float* re
     inferd_parallel(ba_task, &j, j.n, 0);
 }
 
+/* y[r, :] = x[r, :] * s[r] over rows of `inner` floats (a Mul by a per-channel scale: squeeze-and-excitation), split
+   by rows over the pool; y may be x. */
+typedef struct {
+    const float* x;
+    const float* s;
+    float* y;
+    long long rows, inner;
+    int n;
+} sr_job;
+
+INFERD_CLONES static void scale_rows_range(const float* x, const float* s, float* y, long long r0, long long r1,
+                                           long long inner)
+{
+    for (long long r = r0; r < r1; ++r) {
+        const float k = s[r];
+        const float* xr = x + r * inner;
+        float* yr = y + r * inner;
+        for (long long i = 0; i < inner; ++i) yr[i] = xr[i] * k;
+    }
+}
+
+static void sr_task(void* p, long long t)
+{
+    const sr_job* j = (const sr_job*)p;
+    const long long r0 = j->rows * t / j->n, r1 = j->rows * (t + 1) / j->n;
+    if (r1 > r0) scale_rows_range(j->x, j->s, j->y, r0, r1, j->inner);
+}
+
+void inferd_scale_rows(const float* x, const float* s, float* y, long long rows, long long inner)
+{
+    if (rows <= 0 || inner <= 0) return;
+    sr_job j = {x, s, y, rows, inner, 1};
+    j.n = inferd_pool_chunks(rows, (double)rows * inner);
+    inferd_parallel(sr_task, &j, j.n, 0);
+}
+
 /* Element-wise erf/GELU over the pool in 4096-float chunks (whole cache lines; in-place erf stays in place). */
 typedef struct {
     const float* x;

@@ -49,6 +49,8 @@ int inferd_winograd_output_ex(const float* Mw, int Cout, int OH, int OW, int tH,
    6 HardSwish, 7 HardSigmoid(alpha = p0, beta = p1). */
 void inferd_bias_act(float* y, long long ldy, const float* bias, const float* res, long long ldr, int C, long long HW,
                      int act, float p0, float p1);
+/* y[r, :] = x[r, :] * s[r] for rows of `inner` floats, split over the pool (y may be x). */
+void inferd_scale_rows(const float* x, const float* s, float* y, long long rows, long long inner);
 
 /* y[k] = erf(x[k]) for k < n, max abs error ~1e-7; y may be x (in place) but must not partially overlap it.
    erf(+-inf) = +-1, NaN propagates. */

@@ -360,6 +360,28 @@ def test_binary_fused_act(op: str, act: tuple) -> None:
     assert_close(base.op_spec(op).reference(node, [a, b])[0], expected, "reference")
 
 
+@pytest.mark.parametrize("shapes", [((1, 24, 9, 11), (1, 24, 1, 1)), ((2, 40, 56), (2, 40, 1)), ((24, 9, 11), (24, 1, 1)),
+                                    ((7, 33), (7, 1)), ((1, 144, 56, 56), (1, 144, 1, 1)), ((1, 6, 5, 4), (6, 1, 1))],
+                         ids=["se", "1d-batch2", "no-batch", "2d", "threads", "rank-lower"])
+@pytest.mark.parametrize("scale_first", [False, True])
+def test_mul_by_row_scale_native(shapes: tuple, scale_first: bool) -> None:
+    """Mul of a tensor by one value per row of its trailing dims (squeeze-and-excitation's scale) runs bound as the
+    native per-row scale over the pool, either operand order, with numpy's products exactly."""
+    from inferd import native
+
+    x, sc = f32(*shapes[0]), f32(*shapes[1])
+    ins = [sc, x] if scale_first else [x, sc]
+    layer = base.single_node_layer("Mul", ins, {"_opset": 13}, const=[False, False])
+    kernel = base.choose_kernel(layer)
+    out = np.full(shapes[0], np.nan, np.float32)
+    call = kernel.bind(layer, ins, {}, [out])
+    assert call is not None
+    if native.AVAILABLE:
+        assert "scale" in getattr(call, "__qualname__", "")  # the native row scale, not the ufunc
+    call()
+    np.testing.assert_array_equal(out, x * sc)
+
+
 def test_add_residual_attr_ignored() -> None:
     a, b = f32(4, 5), f32(4, 5)
     layer = base.single_node_layer("Add", [a, b], {"residual": True, "_opset": 13}, const=[False, False])

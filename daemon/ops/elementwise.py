@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
@@ -311,6 +312,10 @@ class ElementwiseKernel(Kernel):
         if op in ("Min", "Max") and (a.dtype != b.dtype or a.dtype != out.dtype):
             return None  # run() widens mixed types first
         act = layer.attr("act") if op in BINARY else None
+        if op == "Mul" and act is None:
+            rows = _row_scale(a, b, out) or _row_scale(b, a, out)
+            if rows is not None:
+                return rows
         call = functools.partial(f, a, b, out=out)
         if act is None:
             return call
@@ -319,6 +324,32 @@ class ElementwiseKernel(Kernel):
             call()
             apply_act(out, act)
         return with_act
+
+
+def _row_scale(x: np.ndarray, s: np.ndarray, out: np.ndarray) -> Callable[[], None] | None:
+    """``x * s`` where s holds one value per row of x's trailing dims (squeeze-and-excitation's (N, C, H, W) by
+    (N, C, 1, 1)) as the native per-row scale over the pool, or None. numpy's broadcast multiply ran on one thread:
+    efficientnet_b0's 16 such Muls took 0.61 ms against onnxruntime's 0.34 on 2 cores."""
+    if not native.AVAILABLE or any(v.dtype != np.float32 for v in (x, s, out)) or x.shape != out.shape:
+        return None
+    if not (x.flags.c_contiguous and out.flags.c_contiguous) or x.ndim < 2 or s.ndim > x.ndim:
+        return None
+    sh = (1,) * (x.ndim - s.ndim) + tuple(s.shape)
+    k = x.ndim
+    while k > 0 and sh[k - 1] == 1:
+        k -= 1
+    if k == 0 or k == x.ndim or tuple(sh[:k]) != tuple(x.shape[:k]) or not s.flags.c_contiguous:
+        return None
+    rows, inner = int(np.prod(x.shape[:k])), int(np.prod(x.shape[k:]))
+    if inner < 16:
+        return None
+    fn, keep = native.lib.inferd_scale_rows, (x, s, out)
+    args = (native._ptr(x), native._ptr(s), native._ptr(out), rows, inner)
+
+    def call() -> None:
+        _ = keep
+        fn(*args)
+    return call
 
 
 #: unary ops ``_compute`` runs as one ufunc call (under ``errstate(divide, invalid = ignore)``): bound as such
