@@ -364,8 +364,8 @@ class ResizeKernel(Kernel):
     def _native_nearest(x: np.ndarray, y: np.ndarray, p: ResizePlan, tabs: list,
                         axes: list[int]) -> Callable[[], None] | None:
         """Integer-factor nearest upsampling of the last two axes in C, as a call; None where it does not apply.
-        numpy did it as strided assignments whose inner loop stepped over fw elements at a time: 0.25 ms for a
-        64x64 -> 128x128 U-Net upsampling against onnxruntime's 0.03."""
+        numpy did it as strided assignments whose inner loop stepped over fw elements at a time (0.21 ms with the
+        per-run plan for unet_small's 128@16x16 -> 32x32 against onnxruntime's 0.03; 0.024 ms bound)."""
         nd = len(p.in_shape)
         if not (native.AVAILABLE and axes and nd >= 2 and set(axes) <= {nd - 2, nd - 1} and x.flags.c_contiguous
                 and y.flags.c_contiguous and x.dtype == y.dtype and x.itemsize in (1, 2, 4, 8)):
