@@ -229,8 +229,8 @@ void inferd_q8_pack(const signed char* w, int N, int K, signed char* wp, int* ws
    (a level it lacks gives portable). Returns the level in use. */
 int inferd_q8_set_isa(int level);
 int inferd_q8_isa(void);
-/* Tests: 1 keeps the int8 depthwise rows (at AVX2), 8-bit MaxPool and byte-table lookups off AVX-512 on a CPU
-   that has it; -1 the best. */
+/* Tests: 1 keeps the int8 depthwise rows (at AVX2), 8-bit MaxPool, QLinearAdd and byte-table lookups off AVX-512
+   on a CPU that has it; -1 the best. */
 int inferd_q8_cap_avx512(int cap);
 /* Y = X W^T: x (M x K, row pitch ldx bytes); y element (m, n) at y + m*ysm + n*ysn. bias may be NULL.
    Returns 0, or -1 if out of memory. */

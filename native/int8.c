@@ -1531,7 +1531,7 @@ static void q8_dwf_neon(const uint8_t* P, int Wb, const int8_t* wc, int K, int S
 }
 #endif
 
-static int Q8_CAP_AVX512 = -1; /* tests: 1 keeps depthwise rows, MaxPool and table lookups off AVX-512 where the CPU has it */
+static int Q8_CAP_AVX512 = -1; /* tests: 1 keeps depthwise rows, MaxPool, QLinearAdd and table lookups off AVX-512 */
 
 int inferd_q8_cap_avx512(int cap)
 {
@@ -1815,18 +1815,55 @@ __attribute__((optimize("fp-contract=off"))) INFERD_CLONES static void q8_add_ra
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* q8_add_range on AVX-512, 16 elements a step: one widening per operand, the zero points taken out in float (the
+   integers are small: exact), the clamp before a round-to-nearest-even conversion (the bounds are integers: the same
+   result as rounding first), no fused multiply-adds (fp-contract off: GCC would fuse these intrinsics too), so bit
+   for bit q8_add_range's. The compiler's form of that loop took ~16 instructions per 16 elements: this one 2.0-2.2x
+   faster on Zen 4 (one thread, 800 KB). */
+__attribute__((optimize("fp-contract=off"), target("avx512f,avx512bw,avx512vl"))) static void q8_add_avx512(
+    const uint8_t* a, int a_signed, int za, float ra, const uint8_t* b, int b_signed, int zb, float rb, float zc,
+    float lo, float hi, uint8_t* y, long long n0, long long n1)
+{
+    const __m512 vra = _mm512_set1_ps(ra), vrb = _mm512_set1_ps(rb), vzc = _mm512_set1_ps(zc);
+    const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    const __m512 vza = _mm512_set1_ps((float)za), vzb = _mm512_set1_ps((float)zb);
+    long long i = n0;
+    for (; i + 16 <= n1; i += 16) {
+        const __m128i xa = _mm_loadu_si128((const __m128i*)(const void*)(a + i));
+        const __m128i xb = _mm_loadu_si128((const __m128i*)(const void*)(b + i));
+        const __m512i ia = a_signed ? _mm512_cvtepi8_epi32(xa) : _mm512_cvtepu8_epi32(xa);
+        const __m512i ib = b_signed ? _mm512_cvtepi8_epi32(xb) : _mm512_cvtepu8_epi32(xb);
+        const __m512 p = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(ia), vza), vra);
+        const __m512 q = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(ib), vzb), vrb);
+        const __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(_mm512_add_ps(p, q), vzc), vlo), vhi);
+        const __m512i r = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i*)(void*)(y + i), _mm512_cvtepi32_epi8(r));
+    }
+    q8_add_range(a, a_signed, za, ra, b, b_signed, zb, rb, zc, lo, hi, y, i, n1);
+}
+#endif
+
 typedef struct {
     const uint8_t *a, *b;
     int a_signed, za, b_signed, zb;
     float ra, rb, zc, lo, hi;
     uint8_t* y;
     long long n, chunk;
+    int avx512;
 } q8_add_ctx;
 
 static void q8_add_task(void* vctx, long long t)
 {
     const q8_add_ctx* c = (const q8_add_ctx*)vctx;
     const long long n0 = t * c->chunk, n1 = n0 + c->chunk < c->n ? n0 + c->chunk : c->n;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (c->avx512) {
+        q8_add_avx512(c->a, c->a_signed, c->za, c->ra, c->b, c->b_signed, c->zb, c->rb, c->zc, c->lo, c->hi, c->y, n0,
+                      n1);
+        return;
+    }
+#endif
     q8_add_range(c->a, c->a_signed, c->za, c->ra, c->b, c->b_signed, c->zb, c->rb, c->zc, c->lo, c->hi, c->y, n0, n1);
 }
 
@@ -1836,7 +1873,8 @@ void inferd_q8_add(const void* a, int a_signed, int za, float ra, const void* b,
     long long chunk;
     const long long tasks = q8_even_chunks(n, &chunk);
     q8_add_ctx c = {(const uint8_t*)a, (const uint8_t*)b, a_signed, za, b_signed, zb, ra, rb, zc, (float)lo, (float)hi,
-                    (uint8_t*)y, n, chunk};
+                    (uint8_t*)y, n, chunk,
+                    (q8_cpu() & Q8_F_AVX512BW) && __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) != 1};
     inferd_parallel(q8_add_task, &c, tasks, tasks < 2 ? 1 : max_threads);
 }
 

@@ -542,17 +542,26 @@ def test_quantised_model_through_a_compiled_package(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.int8, np.uint8, np.int8)])
-def test_native_qadd_matches_oracle(at, bt, yt) -> None:
+@pytest.mark.parametrize("shape", [(2, 5, 7, 9), (1, 64, 28, 28)], ids=["tail", "threads"])
+@pytest.mark.parametrize("cap", [-1, 1], ids=["best", "no-avx512"])
+def test_native_qadd_matches_oracle(at, bt, yt, shape, cap: int) -> None:
+    """QLinearAdd in C (16 at a time on AVX-512, the compiler's loop otherwise) against the oracle bit for bit: a
+    ragged tail, several tasks, a fused clamp, and scales whose ratios (0.5, 0.25) put many sums on a tie."""
     if not quant_native.native.AVAILABLE:
         pytest.skip("native kernels not built")
-    a = U8(2, 5, 7, 9) if at == np.uint8 else S8(2, 5, 7, 9)
-    b = U8(2, 5, 7, 9) if bt == np.uint8 else S8(2, 5, 7, 9)
-    ins = [a, F(0.031), np.asarray(3, at), b, F(0.047), np.asarray(-2 if bt == np.int8 else 120, bt), F(0.05),
-           np.asarray(-5 if yt == np.int8 else 100, yt)]
-    for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
-        attrs = {} if clamp is None else {"qclamp": clamp}
-        got, want = _native_vs_oracle("QLinearAdd", ins, attrs, [False, True, True, False, True, True, True, True])
-        np.testing.assert_array_equal(got, want)
+    a = U8(*shape) if at == np.uint8 else S8(*shape)
+    b = U8(*shape) if bt == np.uint8 else S8(*shape)
+    quant_native.native.lib.inferd_q8_cap_avx512(cap)
+    try:
+        for sa, sb, sc in ((0.031, 0.047, 0.05), (0.05, 0.025, 0.1)):
+            ins = [a, F(sa), np.asarray(3, at), b, F(sb), np.asarray(-2 if bt == np.int8 else 120, bt), F(sc),
+                   np.asarray(-5 if yt == np.int8 else 100, yt)]
+            for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
+                attrs = {} if clamp is None else {"qclamp": clamp}
+                got, want = _native_vs_oracle("QLinearAdd", ins, attrs, [False, True, True, False, True, True, True, True])
+                np.testing.assert_array_equal(got, want)
+    finally:
+        quant_native.native.lib.inferd_q8_cap_avx512(-1)
 
 
 @pytest.mark.parametrize("yt", [np.uint8, np.int8], ids=["u8", "s8"])
