@@ -94,6 +94,7 @@ class Job:
     retried: bool = False  # run once more after a device fault (inference is idempotent); never twice
     inline: bool = False  # run by the serving thread itself (``inline_max_us``), not the model's worker
     wire_inline: bool = False  # its tensors came inside the header: small outputs go back that way too
+    settled: bool = False  # slot freed and share released for this run (see ModelSlot._settle)
 
 
 MAX_RETRY_HINT_S = 10.0
@@ -623,14 +624,9 @@ class ModelSlot:
                 self.cond.notify()
         if run_here:
             assert inline is not None
-            try:
-                self._run_job(job, inline)
-            finally:
-                # No notify: only the main thread (running this) queues work, so the worker has
-                # nothing new to see; waking it would cost a context switch per request.
-                with self._mutex:
-                    self.busy = False
-                    self.running_since = None
+            # No notify when it settles: only the main thread (running this) queues work, so the
+            # worker has nothing new to see; waking it would cost a context switch per request.
+            self._run_job(job, inline)
         return None
 
     def _retry_after_ms(self, runs_ahead: int) -> float:
@@ -716,12 +712,7 @@ class ModelSlot:
                     if task[0] == "exit":
                         return
                 elif job is not None:
-                    try:
-                        self._run_job(job, sender)
-                    finally:
-                        with self.cond:
-                            self.busy = False
-                            self.running_since = None
+                    self._run_job(job, sender)
         finally:
             sender.close()
 
@@ -751,11 +742,26 @@ class ModelSlot:
         return nullcontext()
 
     def _run_job(self, job: Job, sender: ReplySender) -> None:
+        job.settled = False
         try:
             self._run_job_inner(job, sender)
         finally:
-            if job.state != QUEUED:  # a job put back after a device fault is still in flight
-                self.server.shares.release(job.client)
+            self._settle(job)
+
+    def _settle(self, job: Job) -> None:
+        """The run is over: free the slot and the client's share, once per run.
+
+        A successful run settles before its reply leaves: a client that sends its next request on
+        reading the reply must find the model idle (so it may go inline) and its share free, not
+        race this thread's bookkeeping."""
+        if job.settled:
+            return
+        job.settled = True
+        with self._mutex:
+            self.busy = False
+            self.running_since = None
+        if job.state != QUEUED:  # a job put back after a device fault is still in flight
+            self.server.shares.release(job.client)
 
     def _run_job_inner(self, job: Job, sender: ReplySender) -> None:
         now = time.monotonic()
@@ -832,9 +838,11 @@ class ModelSlot:
             self.stats.on_fallback += on_fallback
             self.stats.queue_s.append(queue_s)
             self.stats.compute_s.append(compute)
+        first = not self._measured  # its first answer: a cold load is complete, its weight now known
+        self._measured = True
+        self._settle(job)
         sender.send(job.ident, frames)
-        if not self._measured:  # its first answer: a cold load is complete, its weight now known
-            self._measured = True
+        if first:
             self.known_bytes = self.memory_bytes()
             sender.event("state", self.name)
 
