@@ -44,7 +44,8 @@ INFERD_INLINE float exp_ps(float x)
 INFERD_INLINE float exp_core_ps(float x)
 {
     /* round(x / ln2) with the 1.5 * 2^23 trick: no floorf/roundf call (SSE2 has no vector rounding) */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    const float t = x * 1.44269504088896341f + 12582912.0f;
+    const float n = t - 12582912.0f;
     const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
@@ -53,10 +54,12 @@ INFERD_INLINE float exp_core_ps(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    /* NaN in, NaN out through p; its exponent is built from 0 instead, since converting NaN to int is undefined
-       (and a negative int must not be shifted) */
-    const float nn = n == n ? n : 0.0f;
-    const unsigned e = (unsigned)((int)nn + 127) << 23;
+    /* 2^n straight from t's bits: t = 1.5 * 2^23 + n holds n in its low mantissa bits, and 1.5 * 2^23's own
+       bits shift out of the word (<< 23 drops them), so (bits << 23) + (127 << 23) is 2^n's pattern: no float to
+       int conversion (which NaN would make undefined) and no NaN select; a NaN still comes out NaN through p. */
+    unsigned tb;
+    memcpy(&tb, &t, sizeof tb);
+    const unsigned e = (tb << 23) + (127u << 23);
     float scale;
     memcpy(&scale, &e, sizeof scale);
     return p * scale;

@@ -15,20 +15,48 @@
 
 #define LANES 16
 
+/* GCC/clang generic vectors (8 lanes; two 128-bit halves on SSE2 and NEON): the max and the any-NaN flag are
+   kept apart, a compare-and-select for the max and an unordered compare OR'd in for NaN. The lane-array form
+   with max_nan did not vectorise (GCC left it scalar: 94 us for vit_tiny's 3x197 rows of 197 on Zen 4, this
+   form 11 us; the max was the softmax's largest pass). */
+typedef float rows_v8 __attribute__((vector_size(32)));
+typedef int rows_vi8 __attribute__((vector_size(32)));
+
+/* a = max(a, v) lane by lane (a macro: vectors passed by value draw GCC's psABI note on SSE2) */
+#define ROWS_VMAX(a, v)                                          \
+    do {                                                         \
+        const rows_vi8 c_ = (v) > (a);                           \
+        (a) = (rows_v8)(((rows_vi8)(v) & c_) | ((rows_vi8)(a) & ~c_)); \
+    } while (0)
+
+/* The row's maximum, NaN if any element is NaN (np.max's answer). */
 INFERD_INLINE float row_max_nan(const float* restrict x, long long n)
 {
-    float m[LANES];
-    for (int l = 0; l < LANES; ++l) m[l] = -INFINITY;
+    const float ni = -INFINITY;
+    rows_v8 a = {ni, ni, ni, ni, ni, ni, ni, ni}, b = a;
+    rows_vi8 na = {0}, nb = {0};
     long long k = 0;
-    for (; k + LANES <= n; k += LANES)
-        for (int l = 0; l < LANES; ++l) {
-            const float v = x[k + l];
-            m[l] = max_nan(m[l], v);
-        }
+    for (; k + 16 <= n; k += 16) {
+        rows_v8 u, w;
+        memcpy(&u, x + k, sizeof u);
+        memcpy(&w, x + k + 8, sizeof w);
+        ROWS_VMAX(a, u);
+        ROWS_VMAX(b, w);
+        na |= u != u;
+        nb |= w != w;
+    }
     float r = -INFINITY;
-    for (int l = 0; l < LANES; ++l) r = max_nan(r, m[l]);
-    for (; k < n; ++k) r = max_nan(r, x[k]);
-    return r;
+    int nan_ = 0;
+    for (int l = 0; l < 8; ++l) {
+        r = a[l] > r ? a[l] : r;
+        r = b[l] > r ? b[l] : r;
+        nan_ |= na[l] | nb[l];
+    }
+    for (; k < n; ++k) {
+        r = x[k] > r ? x[k] : r;
+        nan_ |= x[k] != x[k];
+    }
+    return nan_ ? NAN : r;
 }
 
 INFERD_INLINE float row_sum(const float* restrict x, long long n)
