@@ -45,8 +45,8 @@ typedef struct {
 } epi_t;
 
 /* t != NULL: store the raw tile there (rows x nr); otherwise finish it into e->c. */
-typedef void (*ukernel_fn)(long kc, const float* restrict a, const float* restrict b, long ldb, float* restrict t,
-                           const epi_t* e);
+typedef void (*ukernel_fn)(long kc, const float* restrict a, long lda, const float* restrict b, long ldb,
+                           float* restrict t, const epi_t* e);
 
 /* The ragged last column panel's leftover columns (fewer than one vector): rows of a whole 8-row A panel in
    one vector, each column a broadcast; the raw MRP x nc tile goes to t (pitch nc). */
@@ -64,6 +64,11 @@ typedef struct {
     int vl;    /* columns per uk1 call (one vector) */
     ukernel_fn uk1;
     coltail_fn tail;
+    /* uk and uk1 reading A in place, row-major (element (i, k) at a[i * lda + k]): a plain activation matrix
+       times prepacked weights (a linear layer) then needs no A packing at all. With B's columns split over
+       tasks, each task packed all of A again (vit_tiny's fc1, 197x192 by 192x768 in 8 tasks: a quarter of the
+       layer). Whole MRK-row groups only; the packed forms take the ragged last rows. */
+    ukernel_fn ukr, uk1r;
 } isa_t;
 
 /* Activations on a whole vector X of type VT (integer twin VI): comparisons give lane masks, selects are
@@ -97,8 +102,11 @@ typedef struct {
     } while (0)
 
 /* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. */
-#define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV)                                                       \
-    ATTR static void NAME(long kc, const float* restrict a, const float* restrict b, long ldb,               \
+#define INFERD_A_PACKED(k, i) a[(k) * MRP + (i)]
+#define INFERD_A_ROWS(k, i) a[(i) * lda + (k)]
+#define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV) INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, INFERD_A_PACKED)
+#define INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, AEL)                                                \
+    ATTR static void NAME(long kc, const float* restrict a, long lda, const float* restrict b, long ldb,     \
                           float* restrict t, const epi_t* e)                                                 \
     {                                                                                                        \
         VT acc[MRK][NV];                                                                                     \
@@ -111,7 +119,7 @@ typedef struct {
                                                                          sizeof(VT));                        \
             _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                            \
             {                                                                                                \
-                const VT ai = a[k * MRP + i] - (VT){0}; /* x - 0 folds away; 0 + x does not (-0) */          \
+                const VT ai = AEL(k, i) - (VT){0}; /* x - 0 folds away; 0 + x does not (-0) */               \
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];                \
             }                                                                                                \
         }                                                                                                    \
@@ -186,12 +194,16 @@ INFERD_COLTAIL(tail_base, )
 /* NEON: 32 q-registers, 24 accumulators */
 INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 8, 3)
 INFERD_UKERNEL(uk1_base, , v4f, v4i, 4, 8, 1)
-static const isa_t ISA_BASE = {0, 8, 12, KC_DEFAULT, uk_base, 4, uk1_base, tail_base};
+INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 8, 3, INFERD_A_ROWS)
+INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 8, 1, INFERD_A_ROWS)
+static const isa_t ISA_BASE = {0, 8, 12, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base};
 #else
 /* SSE2 (and any other target): 16 registers, 8 accumulators */
 INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 4, 2)
 INFERD_UKERNEL(uk1_base, , v4f, v4i, 4, 4, 1)
-static const isa_t ISA_BASE = {0, 4, 8, KC_DEFAULT, uk_base, 4, uk1_base, tail_base};
+INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 4, 2, INFERD_A_ROWS)
+INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 4, 1, INFERD_A_ROWS)
+static const isa_t ISA_BASE = {0, 4, 8, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base};
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -203,13 +215,18 @@ typedef int v16i __attribute__((vector_size(64)));
 /* AVX2: 16 ymm registers, 12 accumulators of 4 rows x 24 columns */
 INFERD_UKERNEL(uk_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 3)
 INFERD_UKERNEL(uk1_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 1)
+INFERD_UKERNEL_A(ukr_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 3, INFERD_A_ROWS)
+INFERD_UKERNEL_A(uk1r_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 1, INFERD_A_ROWS)
 INFERD_COLTAIL(tail_avx2, __attribute__((target("avx2,fma"))))
 /* AVX-512: 32 zmm registers, 16 accumulators of 8 rows x 32 columns */
 INFERD_UKERNEL(uk_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2)
 INFERD_UKERNEL(uk1_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 1)
-static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2};
+INFERD_UKERNEL_A(ukr_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2, INFERD_A_ROWS)
+INFERD_UKERNEL_A(uk1r_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 1, INFERD_A_ROWS)
+static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
-static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2};
+static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
+                                 uk1r_avx512};
 #endif
 
 static const isa_t* ISA = NULL;
@@ -491,6 +508,15 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
     }
 }
 
+/* micro-kernel UK (uk or uk1) on rows m.. of A, in place or from the packed panel */
+#define UK_CALL(UK, BP, T, E)                                                         \
+    do {                                                                              \
+        if (arow)                                                                     \
+            I->UK##r(kc, arp + (ptrdiff_t)sub * lda, lda, (BP), ldb, (T), (E));       \
+        else                                                                          \
+            I->UK(kc, apan + sub, 0, (BP), ldb, (T), (E));                            \
+    } while (0)
+
 static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
 {
     const isa_t* I = J->isa;
@@ -545,14 +571,20 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
            follows; a cold output written tile by tile down the rows was 2-5x slower), the A micro-panel
            stays in L1 and the packed B block streams from L2 */
         for (int i0 = m0; i0 < m1; i0 += MRP) {
-            if (J->a_dyn)
+            /* the ragged last panel: its whole vectors through uk1, the leftover columns after the row loop */
+            const int jl = n0 + (npan - 1) * nr, nvl = n1 - jl;
+            const int ragged = nvl < nr, nvec = ragged ? nvl / I->vl * I->vl : nr;
+            const int coltail = ragged && nvec < nvl;
+            /* a row-major A with a whole panel of rows here is read in place (see isa_t.ukr); the column tail
+               still wants the packed panel */
+            const int arow = J->a_dyn && J->ask == 1 && i0 + MRP <= m1;
+            const float* arp = arow ? J->ap + (ptrdiff_t)bi * J->ap_bs + (ptrdiff_t)i0 * J->asm_ + k0 : NULL;
+            const long lda = (long)J->asm_;
+            if (J->a_dyn && (!arow || coltail))
                 pack_a_dyn(abuf, J->ap + (ptrdiff_t)bi * J->ap_bs, J->asm_, J->ask, J->M, i0, imin(i0 + MRP, m1), k0,
                            kc);
             const float* apan = J->a_dyn ? abuf
                                          : ap + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
-            /* the ragged last panel: its whole vectors through uk1, the leftover columns after the row loop */
-            const int jl = n0 + (npan - 1) * nr, nvl = n1 - jl;
-            const int ragged = nvl < nr, nvec = ragged ? nvl / I->vl * I->vl : nr;
             const float* bpl = NULL;
             long ldbl = 0;
             for (int sub = 0; sub < MRP && i0 + sub < m1; sub += mrk) {
@@ -578,9 +610,9 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
                                 epi.c = c + (ptrdiff_t)m * J->csm + j0 + v0;
                                 epi.bias_c = bias && J->bias_cols ? bias + j0 + v0 : NULL;
                                 epi.r = r ? r + (ptrdiff_t)m * J->csm + j0 + v0 : NULL;
-                                I->uk1(kc, apan + sub, bp + v0, ldb, NULL, &epi);
+                                UK_CALL(uk1, bp + v0, NULL, &epi);
                             } else {
-                                I->uk1(kc, apan + sub, bp + v0, ldb, tile, NULL);
+                                UK_CALL(uk1, bp + v0, tile, NULL);
                                 store_tile(J, bi, m, rows, j0 + v0, I->vl, I->vl, tile, kb == 0, kb == nk - 1);
                             }
                         }
@@ -588,14 +620,14 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
                         epi.c = c + (ptrdiff_t)m * J->csm + j0;
                         epi.bias_c = bias && J->bias_cols ? bias + j0 : NULL;
                         epi.r = r ? r + (ptrdiff_t)m * J->csm + j0 : NULL;
-                        I->uk(kc, apan + sub, bp, ldb, NULL, &epi);
+                        UK_CALL(uk, bp, NULL, &epi);
                     } else {
-                        I->uk(kc, apan + sub, bp, ldb, tile, NULL);
+                        UK_CALL(uk, bp, tile, NULL);
                         store_tile(J, bi, m, rows, j0, nv, nr, tile, kb == 0, kb == nk - 1);
                     }
                 }
             }
-            if (ragged && nvec < nvl) {
+            if (coltail) {
                 const int nc = nvl - nvec;
                 I->tail(kc, apan, bpl + nvec, ldbl, nc, tile);
                 store_tile(J, bi, i0, imin(MRP, m1 - i0), jl + nvec, nc, nc, tile, kb == 0, kb == nk - 1);

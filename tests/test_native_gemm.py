@@ -169,7 +169,8 @@ def test_pool_survives_fork() -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
-LINEAR_SHAPES = [(197, 192, 576), (1, 1280, 1000), (3, 64, 97), (8, 5, 200), (50, 300, 7), (4, 0, 9), (9, 33, 96)]
+LINEAR_SHAPES = [(197, 192, 576), (1, 1280, 1000), (3, 64, 97), (8, 5, 200), (50, 300, 7), (4, 0, 9), (9, 33, 96),
+                 (17, 40, 48), (24, 1024, 80)]
 
 
 @pytest.mark.parametrize("isa_level", _levels(), indirect=True)
@@ -198,6 +199,14 @@ def test_linear_prepacked_b_matches_numpy(isa_level: int, shape) -> None:
     yt = np.full((n, rows), np.nan, F32).T
     native.linear(xt, bp, n, yt)
     assert np.allclose(yt, x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    # rows read in place at a pitch wider than K (a column slice): same numbers as the contiguous rows
+    wide = np.full((rows, k + 5), np.nan, F32)
+    wide[:, :k] = x
+    yw = np.full((rows, n), np.nan, F32)
+    native.linear(wide[:, :k], bp, n, yw, bias, res)
+    y = np.full((rows, n), np.nan, F32)
+    native.linear(x, bp, n, y, bias, res)
+    assert np.array_equal(yw, y)
 
 
 @pytest.mark.parametrize("isa_level", _levels(), indirect=True)
