@@ -882,6 +882,29 @@ def linear_bound(x: np.ndarray, bp: np.ndarray, n: int, y: np.ndarray, bias: np.
     return call
 
 
+#: Fewer elements than this: numpy's own assignment is cheaper than a native call's set-up.
+STRIDED_COPY_MIN = 4096
+
+
+def strided_copy_bound(dst: np.ndarray, src: np.ndarray) -> Callable[[], None] | None:
+    """``dst[...] = src`` resolved now into one native call (copy.c) for a C-contiguous ``dst`` and a view ``src``
+    of the same shape and dtype with any strides (a Transpose's permuted input, a stepped slice); None where it
+    does not apply. The call holds both arrays: their buffers are the ones bound here."""
+    if (not AVAILABLE or src.dtype != dst.dtype or src.shape != dst.shape or not dst.flags.c_contiguous
+            or src.dtype.hasobject or src.ndim > 8 or not has("inferd_strided_copy")
+            or np.may_share_memory(dst, src)):  # overlapping: numpy's assignment buffers it
+        return None
+    shape = ffi.new("long long[]", [int(d) for d in src.shape] or [1])
+    strides = ffi.new("long long[]", [int(d) for d in src.strides] or [0])
+    args = (_vptr(dst), _vptr(src), src.ndim, shape, strides, src.itemsize)
+    fn = lib.inferd_strided_copy
+
+    def call(_keep: Any = (dst, src, shape, strides)) -> None:
+        if fn(*args) != 0:
+            dst[...] = src
+    return call
+
+
 def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """``c[q] = a[q] @ b[q]`` for float32 (Q, M, K) @ (Q, K, N) -> (Q, M, N) views with any strides (a batch
     stride 0 broadcasts), both operands packed per call: the product of two activations (attention)."""

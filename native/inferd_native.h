@@ -132,7 +132,11 @@ void inferd_rmsnorm(const float* x, float* y, long long rows, long long n, const
 void inferd_groupnorm(const float* x, float* y, long long N, long long C, long long hw, int G, const float* s,
                       const float* b, float eps);
 
-/* ---- data movement (gather.c) ---- */
+/* ---- data movement (copy.c, gather.c) ---- */
+/* dst (C-contiguous) = the view of src with `shape` and byte `strides` (any signs), elements of `itemsize` bytes
+   (copy.c); -1 for more than 8 non-unit axes after merging or a bad argument. */
+int inferd_strided_copy(void* dst, const void* src, int ndim, const long long* shape, const long long* strides,
+                        int itemsize);
 /* CumSum of outer x n x inner floats along the middle axis (y must not overlap x). */
 void inferd_cumsum(const float* x, float* y, long long outer, long long n, long long inner, int exclusive,
                    int reverse);

@@ -7,12 +7,14 @@ computed at run time. Each op's parameters are resolved by one function taking a
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
 import ml_dtypes
 import numpy as np
 
+from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
@@ -668,16 +670,22 @@ def copies_call(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Callable[[], 
     """One call doing ``dst[...] = src`` for each pair (item assignment: a third of ``np.copyto``'s cost on the
     small arrays these are). A pair the memory plan already put in place (``planner.memory.slice_placements``:
     a Split into views, a Concat whose producers wrote into it, a Gather of one index) is left out."""
-    sets = [(dst.__setitem__, src) for dst, src in pairs if not _same_memory(src, dst)]
-    if not sets:
+    calls: list[Callable[[], None]] = []
+    for dst, src in pairs:
+        if _same_memory(src, dst):
+            continue
+        # a big permuted or stepped view: numpy walks it one element at a time on one core (copy.c)
+        fast = native.strided_copy_bound(dst, src) if (src.size >= native.STRIDED_COPY_MIN
+                                                        and not src.flags.c_contiguous) else None
+        calls.append(fast if fast is not None else functools.partial(dst.__setitem__, Ellipsis, src))
+    if not calls:
         return _nothing
-    if len(sets) == 1:
-        f, src = sets[0]
-        return lambda: f(Ellipsis, src)  # noqa: E731
+    if len(calls) == 1:
+        return calls[0]
 
     def call() -> None:
-        for f, src in sets:
-            f(Ellipsis, src)
+        for c in calls:
+            c()
     return call
 
 
