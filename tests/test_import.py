@@ -134,6 +134,39 @@ def test_silu_and_gelu_patterns_are_recognised():
     assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-5
 
 
+@pytest.mark.parametrize("scale", [0.125, 0.3])
+def test_attention_scale_moves_onto_the_smaller_matmul_operand(scale: float) -> None:
+    """(q @ k^T) * s -> (q * s) @ k^T when q is the smaller operand: same numbers (exactly for a power of two),
+    fewer multiplies; a Mul whose MatMul has another consumer, or has a constant operand, stays put."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1], name="kt"),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="qk"),
+             helper.make_node("Mul", ["s", "scale"], ["y"], name="mul"),
+             helper.make_node("MatMul", ["q", "w"], ["p"], name="proj"),
+             helper.make_node("Mul", ["p", "scale"], ["z"], name="mul_const"),
+             helper.make_node("MatMul", ["q", "kt"], ["s2"], name="qk2"),
+             helper.make_node("Mul", ["s2", "scale"], ["u"], name="mul_shared")]
+    inits = [_init("scale", np.array(scale, np.float32)), _init("w", RNG.standard_normal((16, 8)).astype(np.float32))]
+    io = lambda n, shp: helper.make_tensor_value_info(n, TensorProto.FLOAT, shp)  # noqa: E731
+    m = _model(nodes, [io("q", [2, 40, 16]), io("k", [2, 40, 16])],
+               [io("y", None), io("z", None), io("u", None), io("s2", None)], inits)
+    g = import_model(m)
+    mul = next(n for n in g.nodes if n.name == "mul")
+    qk = next(n for n in g.nodes if n.name == "qk")
+    assert mul.inputs[0] == "q" and qk.inputs == [mul.outputs[0], "kt"] and qk.outputs == ["y"]
+    assert g.nodes.index(mul) < g.nodes.index(qk)
+    for name in ("mul_const", "mul_shared"):  # MatMul with a constant operand / output also a graph output
+        node = next(n for n in g.nodes if n.name == name)
+        assert node.inputs[1] == "scale" and node.inputs[0] in ("p", "s2"), name
+    q = RNG.standard_normal((2, 40, 16)).astype(np.float32)
+    k = RNG.standard_normal((2, 40, 16)).astype(np.float32)
+    ref = run_ort(m, {"q": q, "k": k})
+    got = inferd.load(m).run({"q": q, "k": k})
+    for name, r in zip(("y", "z", "u", "s2"), ref):
+        np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5, err_msg=name)
+    if scale == 0.125:  # "u" is the same product scaled after the MatMul, by the same kernels
+        np.testing.assert_array_equal(got["y"], got["u"])
+
+
 def test_truncated_and_random_onnx_files_raise_model_format_error(tmp_path):
     good = conv_bn_relu_add_model().SerializeToString()
     trunc = tmp_path / "trunc.onnx"

@@ -25,6 +25,7 @@ def rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None =
     _fold_batchnorm(graph, outputs)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)
+    _move_matmul_scale(graph, outputs, alt)
     _fuse_matmul_bias(graph, outputs, alt)
     _fuse_residual(graph, outputs, alt)
     _fuse_activations(graph, outputs)
@@ -168,6 +169,54 @@ def _recognise_gelu(graph: Graph, outputs: set[str]) -> None:
         for n in (div, erf, add, m1):
             if n in graph.nodes and n is not last:
                 graph.nodes.remove(n)
+
+
+def _move_matmul_scale(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
+    """MatMul of two activations followed by Mul by a constant scalar (attention's scores times 1/sqrt(d)) -> the
+    Mul moved onto the MatMul's smaller operand: (s q) k^T has the value of s (q k^T) and scales 197x64 numbers
+    per head instead of 197x197 (vit_tiny: 3x fewer). Bit for bit the same when s is a power of two (1/8 for
+    64-wide heads); otherwise within a rounding of each product."""
+    for mul in [n for n in graph.nodes if n.op == "Mul"]:
+        if mul.attr("act") or len(mul.inputs) != 2:
+            continue
+        prods = graph.producers()
+        for k in (0, 1):
+            t, c = mul.inputs[k], mul.inputs[1 - k]
+            mm = prods.get(t)
+            s = _const_scalar(graph, c)
+            if (mm is None or s is None or mm.op != "MatMul" or len(mm.inputs) != 2
+                    or mm.attr("act") or mm.attr("residual") or mm.attr("bias")
+                    or any(i in graph.constants or i not in graph.infos for i in mm.inputs)
+                    or _single_consumer(graph, t, outputs) is not mul
+                    or not _same_shapes(graph, alt, t, mul.outputs[0])):
+                continue
+            info = graph.infos[t]
+            if not np.issubdtype(info.dtype, np.floating):
+                continue
+            sizes = []
+            for i in mm.inputs:
+                shp = graph.infos[i].shape
+                sizes.append(int(np.prod(shp)) if all(isinstance(d, int) for d in shp) else None)
+            if None in sizes or mm.inputs[0] == mm.inputs[1]:
+                continue
+            j = 0 if sizes[0] <= sizes[1] else 1
+            x = mm.inputs[j]
+            if graph.infos[x].dtype != info.dtype:
+                continue
+            scalar = f"{mul.name}.scale_moved"
+            graph.set_const(scalar, np.asarray(s, dtype=info.dtype))
+            scaled = f"{x}.scaled_for_{mm.name}"
+            graph.infos[scaled] = TensorInfo(scaled, graph.infos[x].shape, graph.infos[x].dtype)
+            if alt and x in alt:
+                alt[scaled] = TensorInfo(scaled, alt[x].shape, alt[x].dtype)
+            out = mul.outputs[0]
+            mul.inputs, mul.outputs = [x, scalar], [scaled]
+            mm.inputs = [scaled if q == j else i for q, i in enumerate(mm.inputs)]
+            _absorb(mm, t)
+            mm.outputs[0] = out
+            graph.nodes.remove(mul)
+            graph.nodes.insert(graph.nodes.index(mm), mul)
+            break
 
 
 def _fuse_adds(graph: Graph, outputs: set[str], fuse: Callable[[Node, str, str, Node], bool]) -> None:
