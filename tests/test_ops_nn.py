@@ -321,6 +321,26 @@ def test_pool_vs_ort(op: str, shape: tuple[int, ...], attrs: dict[str, Any]) -> 
     check_vs_ort(op, [rnd(*shape)], attrs, opset=19)
 
 
+@pytest.mark.parametrize("k", [3, 5])
+@pytest.mark.parametrize("hw", [(1, 1), (2, 7), (7, 7), (14, 14), (13, 20), (64, 64), (3, 65)], ids=str)
+def test_same_size_max_pool_on_small_planes(k: int, hw: tuple[int, int]) -> None:
+    """KxK stride-1 'same' max pools (inception's branch pools, YOLO's SPPF) take native/pooling.c's flat passes on
+    planes up to 4096 values with rows up to 64 (65 wide: the row passes): numpy's answer, NaN and infinities
+    included, on planes with and without a NaN."""
+    h, w = hw
+    x = rnd(1, 4, h, w)
+    x[0, 1].flat[(h * w) // 2] = np.nan
+    x[0, 2].flat[0] = np.inf
+    x[0, 3].flat[-1] = -np.inf
+    layer = single_node_layer("MaxPool", [x], dict(kernel_shape=[k, k], strides=[1, 1], pads=[k // 2] * 4))
+    ks = {kn.name: kn for kn in kernels_for("MaxPool")}
+    want = run_layer(ks["pool"], layer, [x])[0]
+    assert np.isnan(want[0, 1]).any() and not np.isnan(want[0, 0]).any()
+    if native.AVAILABLE:
+        got = run_layer(ks["pool_native"], layer, [x])[0]
+        np.testing.assert_array_equal(got, want)
+
+
 def test_ceil_mode_last_window_rule_shapes() -> None:
     layer = single_node_layer("MaxPool", [rnd(1, 1, 5, 5)],
                               dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1))
