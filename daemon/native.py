@@ -42,7 +42,10 @@ F32 = np.float32
 Act = tuple[str, tuple[float, ...]]
 
 #: Fused activations the C kernels apply themselves, by name -> C code (see native/inferd_native.h).
-NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "SiLU": 5, "HardSwish": 6, "HardSigmoid": 7}
+NATIVE_ACTS = {"Relu": 1, "Clip": 2, "LeakyRelu": 3, "Sigmoid": 4, "SiLU": 5, "HardSwish": 6, "HardSigmoid": 7,
+               "Gelu": 8}
+#: Gelu's tanh approximation (its parameter 1.0) has a code of its own: one polynomial per loop, not both
+GELU_TANH_CODE = 9
 
 
 def native_act(act: Act | None) -> tuple[int, float, float] | None:
@@ -58,7 +61,10 @@ def _act_code(act: Act | None) -> tuple[int, float, float]:
     if act[0] not in NATIVE_ACTS:
         raise ValueError(f"activation {act[0]} is not native (native: {sorted(NATIVE_ACTS)})")
     p = tuple(act[1])
-    return NATIVE_ACTS[act[0]], float(p[0]) if len(p) > 0 else 0.0, float(p[1]) if len(p) > 1 else 0.0
+    p0, p1 = float(p[0]) if len(p) > 0 else 0.0, float(p[1]) if len(p) > 1 else 0.0
+    if act[0] == "Gelu":
+        return (GELU_TANH_CODE if p0 == 1.0 else NATIVE_ACTS["Gelu"]), 0.0, 0.0
+    return NATIVE_ACTS[act[0]], p0, p1
 
 
 # --------------------------------------------------------------------------- threads
@@ -422,6 +428,8 @@ def numpy_bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | Non
             np.multiply(y2, np.clip(y2 * F32(1 / 6) + F32(0.5), 0, 1), out=y2)
         elif name == "HardSigmoid":
             np.clip(y2 * F32(p[0]) + F32(p[1]), 0, 1, out=y2)
+        elif name == "Gelu":
+            y2[...] = numpy_gelu(y2, bool(p and p[0] == 1.0))
         else:
             raise ValueError(f"bias_act: activation {name} is not native")
     return y

@@ -129,7 +129,7 @@ typedef struct {
                 memcpy(t + i * (NV * VL) + v * VL, &acc[i][v], sizeof(VT));                                  \
             return;                                                                                          \
         }                                                                                                    \
-        const int act = e->act, vact = e->last && act != 4 && act != 5 ? act : 0;                            \
+        const int act = e->act, vact = e->last && !INFERD_ACT_COSTLY(act) ? act : 0;                         \
         const float p0 = e->p0, p1 = e->p1;                                                                  \
         _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                                \
         {                                                                                                    \
@@ -156,7 +156,7 @@ typedef struct {
                 INFERD_VACT(VT, VI, x, vact, p0, p1);                                                        \
                 memcpy(crow + v * VL, &x, sizeof(VT));                                                       \
             }                                                                                                \
-            if (e->last && (act == 4 || act == 5)) act_inplace(crow, NV * VL, act, p0, p1);                  \
+            if (e->last && INFERD_ACT_COSTLY(act)) act_inplace(crow, NV * VL, act, p0, p1);                  \
         }                                                                                                    \
     }
 

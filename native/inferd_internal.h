@@ -27,8 +27,9 @@
 
 /* ---------------------------------------------------------------- activations
    Codes shared by inferd_bias_act and inferd_dwconv2d: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(p0),
-   4 Sigmoid, 5 SiLU, 6 HardSwish, 7 HardSigmoid(alpha p0, beta p1). Each is a branch-free expression so the
-   loops that apply it vectorise; Sigmoid/SiLU use exp_ps below instead of libm's expf, which does not. */
+   4 Sigmoid, 5 SiLU, 6 HardSwish, 7 HardSigmoid(alpha p0, beta p1), 8 Gelu, 9 Gelu (tanh approximation). Each
+   is a branch-free expression so the loops that apply it vectorise; Sigmoid/SiLU/Gelu use exp_ps below instead
+   of libm's expf, which does not. */
 
 /* exp(x) for float32 in vectorisable plain C (Cephes expf): x = n ln2 + r with |r| <= ln2/2 (Cody-Waite split
    of ln2), a degree-6 polynomial for e^r, and 2^n built in the exponent bits. Relative error ~2 ulp; inputs
@@ -67,6 +68,91 @@ INFERD_INLINE float exp_core_ps(float x)
 
 INFERD_INLINE float sigmoid_ps(float v) { return 1.0f / (1.0f + exp_ps(-v)); }
 
+/* erf and GELU (activation codes 8 and 9 below; the Erf and Gelu ops in conv.c) */
+
+/* 1 + erf(z) loses all precision in float32 for z << 0, so erf is kept in two parts: erf_small (erf itself,
+   selected for |z| <= 0.921875) and erfc_big (1 - erf(|z|), selected above; GELU's negative side uses it directly).
+   Polynomials are N. Juffa's faithfully-rounded erff (also used by onnxruntime's MLAS): odd polynomial
+   below the split, 1 - exp(-p(|z|)) above it, e = 0 past |z| = 3.925 where erf rounds to 1 in float32.
+   Both branches are computed and selected, so the loops stay branch-free and vectorise. NaN falls
+   through to the small branch (every comparison is false) and propagates. */
+#define INFERD_ERF_SPLIT 0.921875f
+#define INFERD_ERF_UPPER 3.925f
+
+/* cond ? a : b through the bits: a plain ?: between computed values lets GCC sink the arithmetic into branches
+   that it then refuses to if-convert (-ftrapping-math), so the loop would not vectorise. */
+INFERD_INLINE float select_ps(int cond, float a, float b)
+{
+    unsigned ia, ib;
+    memcpy(&ia, &a, sizeof ia);
+    memcpy(&ib, &b, sizeof ib);
+    const unsigned m = 0u - (unsigned)(cond != 0);
+    const unsigned r = (ia & m) | (ib & ~m);
+    float f;
+    memcpy(&f, &r, sizeof f);
+    return f;
+}
+
+INFERD_INLINE float erf_small(float z)
+{
+    const float s = z * z;
+    float p = -5.99104969e-4f;
+    p = p * s + 4.99339588e-3f;
+    p = p * s - 2.67667342e-2f;
+    p = p * s + 1.12818025e-1f;
+    p = p * s - 3.76124859e-1f;
+    p = p * s + 1.28379151e-1f;
+    return p * z + z; /* keeps -0.0 and NaN */
+}
+
+/* 1 - erf(t) for t >= 0.921875 (any t: the caller only selects it there); 0 beyond 3.925. */
+INFERD_INLINE float erfc_big(float t)
+{
+    const float u = select_ps(t > INFERD_ERF_UPPER, INFERD_ERF_UPPER, t);
+    float p = 1.72948930e-5f;
+    p = p * u - 3.83208680e-4f;
+    p = p * u + 3.88393435e-3f;
+    p = p * u - 2.42545605e-2f;
+    p = p * u + 1.06777847e-1f;
+    p = p * u + 6.34846687e-1f;
+    p = p * u + 1.28717512e-1f;
+    p = p * u + u;
+    const float e = exp_core_ps(-p); /* -p in [-18, -0.9] */
+    return select_ps(t > INFERD_ERF_UPPER, 0.0f, e);
+}
+
+INFERD_INLINE float erf_ps(float z)
+{
+    const float t = select_ps(z < 0.0f, -z, z);
+    const float big = 1.0f - erfc_big(t);
+    const float small = erf_small(z);
+    return select_ps(t > INFERD_ERF_SPLIT, select_ps(z < 0.0f, -big, big), small);
+}
+
+/* 0.5 x (1 + erf(x / sqrt 2)); for x < 0 the big branch uses 1 + erf(z) = erfc(|z|) directly (no cancellation).
+   Below z = -3.925 the true value is under 1e-7 in magnitude and the result is -0 (also for x = -inf,
+   where the plain formula gives -inf * 0 = NaN). */
+INFERD_INLINE float gelu_erf_ps(float x)
+{
+    const float z = x * 0.70710678118654752f;
+    const float t = select_ps(z < 0.0f, -z, z);
+    const float e = erfc_big(t);
+    const float small = 1.0f + erf_small(z);
+    const float big = select_ps(z < 0.0f, e, 2.0f - e);
+    const float phi2 = select_ps(t > INFERD_ERF_SPLIT, big, small);
+    return select_ps(z < -INFERD_ERF_UPPER, -0.0f, 0.5f * x * phi2);
+}
+
+/* 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3). Below x = -10 the value is under
+   1e-36 in magnitude and the result is -0 (x = -inf would otherwise give -inf). */
+INFERD_INLINE float gelu_tanh_ps(float x)
+{
+    const float u2 = x * (1.5957691216057308f + 0.0713548162726f * x * x);
+    const float a = select_ps(u2 > 87.33f, -87.33f, select_ps(u2 < -88.72f, 88.72f, -u2));
+    const float y = x / (1.0f + exp_core_ps(a));
+    return select_ps(x < -10.0f, -0.0f, y);
+}
+
 /* v < 0 ? 0 : v (not fmaxf) keeps NaN as NaN, like np.maximum */
 #define INFERD_ACT_RELU(v) ((v) < 0.0f ? 0.0f : (v))
 #define INFERD_ACT_CLIP(v) ((v) < p0 ? p0 : ((v) > p1 ? p1 : (v)))
@@ -75,6 +161,10 @@ INFERD_INLINE float sigmoid_ps(float v) { return 1.0f / (1.0f + exp_ps(-v)); }
 #define INFERD_ACT_SILU(v) ((v) * sigmoid_ps(v))
 #define INFERD_ACT_HSWISH(v) ((v) * INFERD_CLAMP01((v) * (1.0f / 6.0f) + 0.5f))
 #define INFERD_ACT_HSIGMOID(v) (INFERD_CLAMP01((v) * p0 + p1))
+#define INFERD_ACT_GELU(v) (gelu_erf_ps(v))
+#define INFERD_ACT_GELU_TANH(v) (gelu_tanh_ps(v))
+/* codes applied after a store rather than in vector registers (a polynomial and a division or two each) */
+#define INFERD_ACT_COSTLY(act) ((act) == 4 || (act) == 5 || (act) == 8 || (act) == 9)
 #define INFERD_CLAMP01(t) ((t) < 0.0f ? 0.0f : ((t) > 1.0f ? 1.0f : (t)))
 
 /* Expands LOOP(EXPR) once per activation code (the switch stays outside the loops). */
@@ -87,6 +177,8 @@ INFERD_INLINE float sigmoid_ps(float v) { return 1.0f / (1.0f + exp_ps(-v)); }
     case 5: LOOP(INFERD_ACT_SILU); break;           \
     case 6: LOOP(INFERD_ACT_HSWISH); break;         \
     case 7: LOOP(INFERD_ACT_HSIGMOID); break;       \
+    case 8: LOOP(INFERD_ACT_GELU); break;           \
+    case 9: LOOP(INFERD_ACT_GELU_TANH); break;      \
     default: break;                                 \
     }
 

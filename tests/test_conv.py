@@ -228,7 +228,7 @@ def test_preferred_3x3_kernel() -> None:
 # --------------------------------------------------------------------------- fused epilogue
 
 ACTS = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)), ("HardSwish", ()), ("Sigmoid", ()),
-        ("SiLU", ()), ("HardSigmoid", (0.2, 0.5)), ("Tanh", ()), ("Gelu", (0.0,))]
+        ("SiLU", ()), ("HardSigmoid", (0.2, 0.5)), ("Tanh", ()), ("Gelu", (0.0,)), ("Gelu", (1.0,))]
 
 # (input shape, Cout, kernel, attrs) chosen so that together they cover every conv kernel
 FUSE_SHAPES = [
@@ -693,7 +693,7 @@ def test_native_winograd_transforms(cls) -> None:
 def test_native_bias_act() -> None:
     rng = np.random.default_rng(4)
     acts = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-np.inf, 1.0)), ("LeakyRelu", (0.2,)), ("Sigmoid", ()),
-            ("SiLU", ()), ("HardSwish", ()), ("HardSigmoid", (0.2, 0.5))]
+            ("SiLU", ()), ("HardSwish", ()), ("HardSigmoid", (0.2, 0.5)), ("Gelu", (0.0,)), ("Gelu", (1.0,))]
     assert {a[0] for a in acts if a} == set(native.NATIVE_ACTS)
     for act in acts:
         for with_bias in (True, False):

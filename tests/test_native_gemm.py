@@ -19,7 +19,7 @@ needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="native kernels n
 F32 = np.float32
 
 ACTS = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)), ("Sigmoid", ()), ("SiLU", ()),
-        ("HardSwish", ()), ("HardSigmoid", (0.2, 0.5))]
+        ("HardSwish", ()), ("HardSigmoid", (0.2, 0.5)), ("Gelu", (0.0,)), ("Gelu", (1.0,))]
 SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40, 1, 3), (33, 129, 65), (7, 0, 9),
           # ragged last column panels (whole vectors, then 8/4/2/1-column tails), across K blocks, B read in place
           # (M <= 32) and packed (long rows, M > 32)
