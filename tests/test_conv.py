@@ -1119,13 +1119,16 @@ DW_DIRECT_SHAPES = [
     ((1, 4, 11, 10), (5, 5), dict(strides=[2, 2], pads=[2, 1, 0, 2])),
     ((1, 2, 1, 1), (3, 3), dict(pads=[1, 1, 1, 1])),                     # a 1x1 map
     ((1, 3, 3, 2), (5, 5), dict(pads=[2, 2, 2, 2])),                     # a plane smaller than the kernel
+    ((1, 3, 7, 56), (3, 3), dict(strides=[1, 1], pads=[1, 1, 1, 1])),   # 56 = 3 vectors + 8: a costly act's tail
+    ((1, 2, 9, 112), (3, 3), dict(strides=[2, 2], pads=[0, 1, 1, 0])),  # the same at stride 2
 ]
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("HardSwish", ()), ("Tanh", ())],
-                         ids=["none", "relu", "clip", "hswish", "tanh"])
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("HardSwish", ()), ("Tanh", ()),
+                                 ("SiLU", ()), ("Gelu", (0.0,))],
+                         ids=["none", "relu", "clip", "hswish", "tanh", "silu", "gelu"])
 def test_depthwise_direct_matches_oracle_and_ort(act, threads: int) -> None:
     """depthwise_direct, bound and through run() (with a residual: the general path), against the numpy oracle and
     onnxruntime on odd shapes; it does not apply to a channel multiplier, dilation or other kernel sizes."""
