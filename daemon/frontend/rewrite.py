@@ -6,6 +6,7 @@ body it shapes (a body runs as often as the graph around it), also when a packag
 not installed."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -176,64 +177,59 @@ def _move_matmul_scale(graph: Graph, outputs: set[str], alt: dict[str, TensorInf
     Mul moved onto the MatMul's smaller operand: (s q) k^T has the value of s (q k^T) and scales 197x64 numbers
     per head instead of 197x197 (vit_tiny: 3x fewer). Bit for bit the same when s is a power of two (1/8 for
     64-wide heads); otherwise within a rounding of each product."""
-    for mul in [n for n in graph.nodes if n.op == "Mul"]:
-        if mul.attr("act") or len(mul.inputs) != 2:
+
+    def move(mul: Node, t: str, c: str, mm: Node) -> bool:
+        s = _const_scalar(graph, c)
+        if (s is None or mm.op != "MatMul" or len(mm.inputs) != 2 or mm.inputs[0] == mm.inputs[1]
+                or mm.attr("act") or mm.attr("residual") or mm.attr("bias")
+                or any(i in graph.constants or i not in graph.infos for i in mm.inputs)
+                or not _same_shapes(graph, alt, t, mul.outputs[0])):
+            return False
+        info = graph.infos[t]
+        shapes = [graph.infos[i].shape for i in mm.inputs]
+        if not np.issubdtype(info.dtype, np.floating) or not all(isinstance(d, int) for shp in shapes for d in shp):
+            return False
+        j = 0 if math.prod(shapes[0]) <= math.prod(shapes[1]) else 1
+        x = mm.inputs[j]
+        if graph.infos[x].dtype != info.dtype:
+            return False
+        scalar = f"{mul.name}.scale_moved"
+        graph.set_const(scalar, np.asarray(s, dtype=info.dtype))
+        scaled = f"{x}.scaled_for_{mm.name}"
+        graph.infos[scaled] = TensorInfo(scaled, graph.infos[x].shape, graph.infos[x].dtype)
+        if alt and x in alt:
+            alt[scaled] = TensorInfo(scaled, alt[x].shape, alt[x].dtype)
+        out = mul.outputs[0]
+        mul.inputs, mul.outputs = [x, scalar], [scaled]
+        mm.inputs = [scaled if q == j else i for q, i in enumerate(mm.inputs)]
+        _absorb(mm, t)
+        mm.outputs[0] = out
+        graph.nodes.remove(mul)
+        graph.nodes.insert(graph.nodes.index(mm), mul)
+        return True
+
+    _fuse_binary(graph, outputs, "Mul", move)
+
+
+def _fuse_binary(graph: Graph, outputs: set[str], op: str, fuse: Callable[[Node, str, str, Node], bool]) -> None:
+    """The scan the Add fusions and the Mul move share: for every two-input ``op`` node without a fused
+    activation, each operand ``a`` whose producer feeds only this node is offered as ``fuse(node, a, other,
+    producer)``; after a fusion that returns True its other orientation is not tried."""
+    for node in [n for n in graph.nodes if n.op == op]:
+        if node.attr("act") or len(node.inputs) != 2:
             continue
         prods = graph.producers()
         for k in (0, 1):
-            t, c = mul.inputs[k], mul.inputs[1 - k]
-            mm = prods.get(t)
-            s = _const_scalar(graph, c)
-            if (mm is None or s is None or mm.op != "MatMul" or len(mm.inputs) != 2
-                    or mm.attr("act") or mm.attr("residual") or mm.attr("bias")
-                    or any(i in graph.constants or i not in graph.infos for i in mm.inputs)
-                    or _single_consumer(graph, t, outputs) is not mul
-                    or not _same_shapes(graph, alt, t, mul.outputs[0])):
+            a, other = node.inputs[k], node.inputs[1 - k]
+            p = prods.get(a)
+            if p is None or _single_consumer(graph, a, outputs) is not node:
                 continue
-            info = graph.infos[t]
-            if not np.issubdtype(info.dtype, np.floating):
-                continue
-            sizes = []
-            for i in mm.inputs:
-                shp = graph.infos[i].shape
-                sizes.append(int(np.prod(shp)) if all(isinstance(d, int) for d in shp) else None)
-            if None in sizes or mm.inputs[0] == mm.inputs[1]:
-                continue
-            j = 0 if sizes[0] <= sizes[1] else 1
-            x = mm.inputs[j]
-            if graph.infos[x].dtype != info.dtype:
-                continue
-            scalar = f"{mul.name}.scale_moved"
-            graph.set_const(scalar, np.asarray(s, dtype=info.dtype))
-            scaled = f"{x}.scaled_for_{mm.name}"
-            graph.infos[scaled] = TensorInfo(scaled, graph.infos[x].shape, graph.infos[x].dtype)
-            if alt and x in alt:
-                alt[scaled] = TensorInfo(scaled, alt[x].shape, alt[x].dtype)
-            out = mul.outputs[0]
-            mul.inputs, mul.outputs = [x, scalar], [scaled]
-            mm.inputs = [scaled if q == j else i for q, i in enumerate(mm.inputs)]
-            _absorb(mm, t)
-            mm.outputs[0] = out
-            graph.nodes.remove(mul)
-            graph.nodes.insert(graph.nodes.index(mm), mul)
-            break
+            if fuse(node, a, other, p):
+                break
 
 
 def _fuse_adds(graph: Graph, outputs: set[str], fuse: Callable[[Node, str, str, Node], bool]) -> None:
-    """The scan the Add fusions share: for every two-input Add without a fused activation, each operand ``a``
-    whose producer feeds only this Add is offered as ``fuse(add, a, other, producer)``; after a fusion that
-    returns True the Add is gone and its other orientation is not tried."""
-    for add in [n for n in graph.nodes if n.op == "Add"]:
-        if add.attr("act") or len(add.inputs) != 2:
-            continue
-        prods = graph.producers()
-        for k in (0, 1):
-            a, other = add.inputs[k], add.inputs[1 - k]
-            p = prods.get(a)
-            if p is None or _single_consumer(graph, a, outputs) is not add:
-                continue
-            if fuse(add, a, other, p):
-                break
+    _fuse_binary(graph, outputs, "Add", fuse)
 
 
 def _fuse_matmul_bias(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
