@@ -278,6 +278,29 @@ def test_gemm_kernel_weight_layout() -> None:
     assert nt.transform(layer1, {raw_key(1): b, raw_key(2): c})["w"] is b
 
 
+@pytest.mark.parametrize("op,attrs", [("Sigmoid", {}), ("HardSwish", {}), ("HardSigmoid", dict(alpha=0.3, beta=0.4)),
+                                      ("Sigmoid", {})], ids=["sigmoid", "hswish", "hsigmoid", "sigmoid-odd"])
+def test_standalone_activation_native_pass(op: str, attrs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big unfused activation (a detector head's Sigmoid after its Transpose) goes through the C pass, bound and
+    run alike: onnxruntime's and the numpy oracle's values, infinities and NaN included."""
+    x = rnd(1, 3, 6400, 6) * 8 if attrs or op != "Sigmoid" else rnd(3, 6401) * 8  # 6401 columns: rows of 1
+    x.flat[:4] = [np.inf, -np.inf, np.nan, 0.0]
+    ort = ort_single(op, [x], attrs, 17, [False])  # its Sigmoid is a rational fit: ~1e-7 off near 0
+    layer = single_node_layer(op, [x], attrs)
+    want = op_spec(op).reference(layer.node, [x])[0]
+    np.testing.assert_allclose(want, ort, rtol=1e-5, atol=1e-6)
+    eltwise = next(k for k in kernels_for(op) if k.name == "eltwise")
+    calls = []
+    real = native.bias_act
+    monkeypatch.setattr(native, "bias_act", lambda *a: calls.append(1) or real(*a))
+    for bound in (False, True):
+        got = run_layer(eltwise, layer, [x], bound=bound)[0]
+        assert len(calls) == (1 + bound if native.AVAILABLE else 0)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)  # fused multiply-adds: ulps of 0.5
+        np.testing.assert_allclose(got, ort, rtol=1e-5, atol=1e-6)
+        assert np.isnan(got.flat[2]) and got.flat[0] == (1.0 if op != "HardSwish" else np.inf)
+
+
 # =========================================================================== pooling
 
 POOL_CASES = [

@@ -148,6 +148,21 @@ for _op in ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", 
     register_op(OpSpec(_op, _same, _ref_unary, min_opset=20 if _op == "Gelu" else 1))
 
 
+#: Standalone activations the C pass applies (inferd_bias_act, split over the pool) where numpy needs several
+#: passes: a detector head's Sigmoid after its Transpose, 115k values: 0.18 ms in numpy, ~0.03 ms in C.
+_NATIVE_STANDALONE = ("Sigmoid", "SiLU", "HardSwish", "HardSigmoid")
+
+
+def _native_act_into(out: np.ndarray, act: Act | None) -> bool:
+    """``act`` applied to ``out`` in place by the C pass, if it applies (float32, contiguous, big enough)."""
+    if (act is None or act[0] not in _NATIVE_STANDALONE or not native.AVAILABLE or out.dtype != np.float32
+            or not out.flags.c_contiguous or not out.flags.writeable or out.size < 4096):
+        return False
+    rows = next(r for r in (64, 16, 4, 1) if out.size % r == 0)  # rows are what the pool splits
+    native.bias_act(out.reshape(rows, -1), None, None, act)
+    return True
+
+
 @register_kernel
 class ActivationKernel(Kernel):
     name = "eltwise"
@@ -164,7 +179,9 @@ class ActivationKernel(Kernel):
         if layer.op == "Clip" and len(ins) > 1:
             clip_into(out, ins[1], ins[2] if len(ins) > 2 else None)
         else:
-            apply_act(out, act_from_node(layer.node))
+            act = act_from_node(layer.node)
+            if not _native_act_into(out, act):
+                apply_act(out, act)
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -177,6 +194,12 @@ class ActivationKernel(Kernel):
         if layer.op == "Relu" and x.dtype.kind == "f":
             return functools.partial(np.maximum, x, x.dtype.type(0), out=out)
         act = act_from_node(layer.node)
+        if (act is not None and act[0] in _NATIVE_STANDALONE and x.dtype == out.dtype == np.float32
+                and out.flags.c_contiguous and out.size >= 4096 and native.AVAILABLE):
+            def native_call() -> None:
+                out[...] = x
+                _native_act_into(out, act)
+            return native_call
 
         def call() -> None:
             out[...] = x
