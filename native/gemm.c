@@ -74,8 +74,7 @@ typedef struct {
 /* Activations on a whole vector X of type VT (integer twin VI): comparisons give lane masks, selects are
    bitwise, so these compile to blends/min/max on every target. NaN compares false and passes through, like
    the scalar forms in inferd_internal.h. Codes without a vector form here (Sigmoid, SiLU) are applied after
-   the store by act_inplace. */
-#define INFERD_VSEL(VT, VI, M, A, B) ((VT)(((VI)(A) & (M)) | ((VI)(B) & ~(M))))
+   the store by act_inplace. INFERD_VSEL: inferd_internal.h. */
 #define INFERD_VCLAMP(VT, VI, X, LO, HI)                   \
     do {                                                   \
         const VT lo_ = (LO) - (VT){0}, hi_ = (HI) - (VT){0}; \

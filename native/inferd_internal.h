@@ -193,6 +193,10 @@ INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0
 #undef INFERD_INPLACE_LOOP
 }
 
+/* M ? A : B lane by lane on GNU generic vectors of type VT (integer twin VI, M a comparison's lane mask): bitwise,
+   so it compiles to a blend on every target (the vector ?: is C++ only). */
+#define INFERD_VSEL(VT, VI, M, A, B) ((VT)(((VI)(A) & (M)) | ((VI)(B) & ~(M))))
+
 /* max(acc, v) where a NaN on either side wins, like np.maximum (a NaN acc stays: v > acc is false). Written as
    a plain max then a NaN select so it vectorises to max + unordered compare + blend (3 ops on AVX-512); the
    former ((v > acc) | (v != v)) ? v : acc took compare, compare, mask or, blend, and was ~40% of the 3x3/2 max

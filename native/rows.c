@@ -23,11 +23,7 @@ typedef float rows_v8 __attribute__((vector_size(32)));
 typedef int rows_vi8 __attribute__((vector_size(32)));
 
 /* a = max(a, v) lane by lane (a macro: vectors passed by value draw GCC's psABI note on SSE2) */
-#define ROWS_VMAX(a, v)                                          \
-    do {                                                         \
-        const rows_vi8 c_ = (v) > (a);                           \
-        (a) = (rows_v8)(((rows_vi8)(v) & c_) | ((rows_vi8)(a) & ~c_)); \
-    } while (0)
+#define ROWS_VMAX(a, v) ((a) = INFERD_VSEL(rows_v8, rows_vi8, (v) > (a), (v), (a)))
 
 /* The row's maximum, NaN if any element is NaN (np.max's answer). */
 INFERD_INLINE float row_max_nan(const float* restrict x, long long n)
