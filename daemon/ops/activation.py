@@ -153,14 +153,20 @@ for _op in ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", 
 _NATIVE_STANDALONE = ("Sigmoid", "SiLU", "HardSwish", "HardSigmoid")
 
 
-def _native_act_into(out: np.ndarray, act: Act | None) -> bool:
-    """``act`` applied to ``out`` in place by the C pass, if it applies (float32, contiguous, big enough)."""
+def _native_rows(out: np.ndarray, act: Act | None) -> int | None:
+    """Rows to view ``out`` as for the C pass (rows are what the pool splits), or None where it does not apply
+    (another activation, not float32, not contiguous, too small)."""
     if (act is None or act[0] not in _NATIVE_STANDALONE or not native.AVAILABLE or out.dtype != np.float32
             or not out.flags.c_contiguous or not out.flags.writeable or out.size < 4096):
-        return False
-    rows = next(r for r in (64, 16, 4, 1) if out.size % r == 0)  # rows are what the pool splits
-    native.bias_act(out.reshape(rows, -1), None, None, act)
-    return True
+        return None
+    return next(r for r in (64, 16, 4, 1) if out.size % r == 0)
+
+
+def _act_into(out: np.ndarray, act: Act | None, rows: int | None) -> None:
+    if rows is None:
+        apply_act(out, act)
+    else:
+        native.bias_act(out.reshape(rows, -1), None, None, act)
 
 
 @register_kernel
@@ -180,8 +186,7 @@ class ActivationKernel(Kernel):
             clip_into(out, ins[1], ins[2] if len(ins) > 2 else None)
         else:
             act = act_from_node(layer.node)
-            if not _native_act_into(out, act):
-                apply_act(out, act)
+            _act_into(out, act, _native_rows(out, act))
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -194,16 +199,11 @@ class ActivationKernel(Kernel):
         if layer.op == "Relu" and x.dtype.kind == "f":
             return functools.partial(np.maximum, x, x.dtype.type(0), out=out)
         act = act_from_node(layer.node)
-        if (act is not None and act[0] in _NATIVE_STANDALONE and x.dtype == out.dtype == np.float32
-                and out.flags.c_contiguous and out.size >= 4096 and native.AVAILABLE):
-            def native_call() -> None:
-                out[...] = x
-                _native_act_into(out, act)
-            return native_call
+        rows = _native_rows(out, act) if x.dtype == out.dtype else None
 
         def call() -> None:
             out[...] = x
-            apply_act(out, act)
+            _act_into(out, act, rows)
         return call
 
 
