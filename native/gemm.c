@@ -69,59 +69,47 @@ typedef struct {
        tasks, each task packed all of A again (vit_tiny's fc1, 197x192 by 192x768 in 8 tasks: a quarter of the
        layer). Whole MRK-row groups only; the packed forms take the ragged last rows. */
     ukernel_fn ukr, uk1r;
+    inferd_ukoff_fn uko; /* B rows at offsets (mrk x nr raw tiles) */
 } isa_t;
 
-/* Activations on a whole vector X of type VT (integer twin VI): comparisons give lane masks, selects are
-   bitwise, so these compile to blends/min/max on every target. NaN compares false and passes through, like
-   the scalar forms in inferd_internal.h. Codes without a vector form here (Sigmoid, SiLU) are applied after
-   the store by act_inplace. INFERD_VSEL: inferd_internal.h. */
-#define INFERD_VCLAMP(VT, VI, X, LO, HI)                   \
-    do {                                                   \
-        const VT lo_ = (LO) - (VT){0}, hi_ = (HI) - (VT){0}; \
-        X = INFERD_VSEL(VT, VI, X < lo_, lo_, X);          \
-        X = INFERD_VSEL(VT, VI, X > hi_, hi_, X);          \
-    } while (0)
-#define INFERD_VACT(VT, VI, X, ACT, P0, P1)                                        \
-    do {                                                                           \
-        if ((ACT) == 1) {                                                          \
-            X = INFERD_VSEL(VT, VI, X < (VT){0}, (VT){0}, X);                      \
-        } else if ((ACT) == 2) {                                                   \
-            INFERD_VCLAMP(VT, VI, X, P0, P1);                                      \
-        } else if ((ACT) == 3) {                                                   \
-            X = INFERD_VSEL(VT, VI, X < (VT){0}, X * (P0), X);                     \
-        } else if ((ACT) == 6) {                                                   \
-            VT t_ = X * (1.0f / 6.0f) + 0.5f;                                      \
-            INFERD_VCLAMP(VT, VI, t_, 0.0f, 1.0f);                                 \
-            X = X * t_;                                                            \
-        } else if ((ACT) == 7) {                                                   \
-            VT t_ = X * (P0) + (P1);                                               \
-            INFERD_VCLAMP(VT, VI, t_, 0.0f, 1.0f);                                 \
-            X = t_;                                                                \
-        }                                                                          \
-    } while (0)
-
-/* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. */
+/* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. AEL(k, i) is
+   A's element (row i, k), BROW(k) where B's row k starts. */
 #define INFERD_A_PACKED(k, i) a[(k) * MRP + (i)]
 #define INFERD_A_ROWS(k, i) a[(i) * lda + (k)]
-#define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV) INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, INFERD_A_PACKED)
-#define INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, AEL)                                                \
-    ATTR static void NAME(long kc, const float* restrict a, long lda, const float* restrict b, long ldb,     \
-                          float* restrict t, const epi_t* e)                                                 \
-    {                                                                                                        \
+#define INFERD_B_PITCH(k) (b + (k) * ldb)
+#define INFERD_B_OFFSETS(k) (b + boff[k])
+#define INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, BROW)                                                           \
         VT acc[MRK][NV];                                                                                     \
         _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
                                                                                             ++v)             \
             acc[i][v] = (VT){0};                                                                             \
         for (long k = 0; k < kc; ++k) {                                                                      \
             VT bv[NV];                                                                                       \
-            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) memcpy(&bv[v], b + k * ldb + v * VL,        \
-                                                                         sizeof(VT));                        \
+            const float* restrict bk = BROW(k);                                                              \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) memcpy(&bv[v], bk + v * VL, sizeof(VT));   \
             _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                            \
             {                                                                                                \
                 const VT ai = AEL(k, i) - (VT){0}; /* x - 0 folds away; 0 + x does not (-0) */               \
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];                \
             }                                                                                                \
-        }                                                                                                    \
+        }
+/* B's row k at b + boff[k] (a stride-1 convolution's input planes shifted by the taps, read in place by
+   inferd_conv_direct): packed A, the raw MRK x NV*VL tile to t (pitch NV*VL) */
+#define INFERD_UKOFF(NAME, ATTR, VT, VL, MRK, NV)                                                             \
+    ATTR static void NAME(long kc, const float* restrict a, const float* restrict b,                         \
+                          const long long* restrict boff, float* restrict t)                                 \
+    {                                                                                                        \
+        INFERD_UK_LOOP(VT, VL, MRK, NV, INFERD_A_PACKED, INFERD_B_OFFSETS)                                   \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
+                                                                                            ++v)             \
+            memcpy(t + i * (NV * VL) + v * VL, &acc[i][v], sizeof(VT));                                      \
+    }
+#define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV) INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, INFERD_A_PACKED)
+#define INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, AEL)                                                \
+    ATTR static void NAME(long kc, const float* restrict a, long lda, const float* restrict b, long ldb,     \
+                          float* restrict t, const epi_t* e)                                                 \
+    {                                                                                                        \
+        INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, INFERD_B_PITCH)                                                 \
         if (t) {                                                                                             \
             _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
                                                                                              v < NV; ++v)    \
@@ -195,14 +183,16 @@ INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 8, 3)
 INFERD_UKERNEL(uk1_base, , v4f, v4i, 4, 8, 1)
 INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 8, 3, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 8, 1, INFERD_A_ROWS)
-static const isa_t ISA_BASE = {0, 8, 12, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base};
+INFERD_UKOFF(uko_base, , v4f, 4, 8, 3)
+static const isa_t ISA_BASE = {0, 8, 12, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base};
 #else
 /* SSE2 (and any other target): 16 registers, 8 accumulators */
 INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 4, 2)
 INFERD_UKERNEL(uk1_base, , v4f, v4i, 4, 4, 1)
 INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 4, 2, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 4, 1, INFERD_A_ROWS)
-static const isa_t ISA_BASE = {0, 4, 8, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base};
+INFERD_UKOFF(uko_base, , v4f, 4, 4, 2)
+static const isa_t ISA_BASE = {0, 4, 8, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base};
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -216,16 +206,18 @@ INFERD_UKERNEL(uk_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 3)
 INFERD_UKERNEL(uk1_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 1)
 INFERD_UKERNEL_A(ukr_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 3, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 1, INFERD_A_ROWS)
+INFERD_UKOFF(uko_avx2, __attribute__((target("avx2,fma"))), v8f, 8, 4, 3)
 INFERD_COLTAIL(tail_avx2, __attribute__((target("avx2,fma"))))
 /* AVX-512: 32 zmm registers, 16 accumulators of 8 rows x 32 columns */
 INFERD_UKERNEL(uk_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2)
 INFERD_UKERNEL(uk1_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 1)
 INFERD_UKERNEL_A(ukr_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 1, INFERD_A_ROWS)
-static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2};
+INFERD_UKOFF(uko_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, 16, 8, 2)
+static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
 static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
-                                 uk1r_avx512};
+                                 uk1r_avx512, uko_avx512};
 #endif
 
 static const isa_t* ISA = NULL;
@@ -265,6 +257,14 @@ int inferd_gemm_set_isa(int level)
 }
 
 int inferd_gemm_isa(void) { return isa()->level; }
+
+inferd_ukoff_fn inferd_gemm_ukoff(int* mrk, int* nr)
+{
+    const isa_t* p = isa();
+    *mrk = p->mrk;
+    *nr = p->nr;
+    return p->uko;
+}
 
 long long inferd_gemm_packed_size(int M, int K) { return (long long)((M + MRP - 1) / MRP) * MRP * K; }
 

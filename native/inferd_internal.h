@@ -197,6 +197,40 @@ INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0
    so it compiles to a blend on every target (the vector ?: is C++ only). */
 #define INFERD_VSEL(VT, VI, M, A, B) ((VT)(((VI)(A) & (M)) | ((VI)(B) & ~(M))))
 
+/* gemm.c's micro-kernel for the current ISA with B's row k at b + boff[k]: an mrk x nr tile of raw sums to t
+   (pitch nr) from rows 0..mrk-1 of an 8-row A panel packed by inferd_gemm_pack_a (a at the panel + row offset). */
+typedef void (*inferd_ukoff_fn)(long kc, const float* a, const float* b, const long long* boff, float* t);
+inferd_ukoff_fn inferd_gemm_ukoff(int* mrk, int* nr);
+
+/* Activations on a whole vector X of type VT (integer twin VI): comparisons give lane masks, selects are
+   bitwise, so these compile to blends/min/max on every target. NaN compares false and passes through, like
+   the scalar INFERD_ACT_* forms above. Codes without a vector form here (INFERD_ACT_COSTLY) are applied after
+   the store by act_inplace. */
+#define INFERD_VCLAMP(VT, VI, X, LO, HI)                   \
+    do {                                                   \
+        const VT lo_ = (LO) - (VT){0}, hi_ = (HI) - (VT){0}; \
+        X = INFERD_VSEL(VT, VI, X < lo_, lo_, X);          \
+        X = INFERD_VSEL(VT, VI, X > hi_, hi_, X);          \
+    } while (0)
+#define INFERD_VACT(VT, VI, X, ACT, P0, P1)                                        \
+    do {                                                                           \
+        if ((ACT) == 1) {                                                          \
+            X = INFERD_VSEL(VT, VI, X < (VT){0}, (VT){0}, X);                      \
+        } else if ((ACT) == 2) {                                                   \
+            INFERD_VCLAMP(VT, VI, X, P0, P1);                                      \
+        } else if ((ACT) == 3) {                                                   \
+            X = INFERD_VSEL(VT, VI, X < (VT){0}, X * (P0), X);                     \
+        } else if ((ACT) == 6) {                                                   \
+            VT t_ = X * (1.0f / 6.0f) + 0.5f;                                      \
+            INFERD_VCLAMP(VT, VI, t_, 0.0f, 1.0f);                                 \
+            X = X * t_;                                                            \
+        } else if ((ACT) == 7) {                                                   \
+            VT t_ = X * (P0) + (P1);                                               \
+            INFERD_VCLAMP(VT, VI, t_, 0.0f, 1.0f);                                 \
+            X = t_;                                                                \
+        }                                                                          \
+    } while (0)
+
 /* max(acc, v) where a NaN on either side wins, like np.maximum (a NaN acc stays: v > acc is false). Written as
    a plain max then a NaN select so it vectorises to max + unordered compare + blend (3 ops on AVX-512); the
    former ((v > acc) | (v != v)) ? v : acc took compare, compare, mask or, blend, and was ~40% of the 3x3/2 max

@@ -96,6 +96,45 @@ def test_every_shape_matches_onnxruntime_and_shares_the_weights(models: Path, na
         m.close()
 
 
+def test_a_shape_takes_its_own_kernel_on_weights_of_the_same_form(tmp_path: Path) -> None:
+    """A 16->16 3x3 conv whose best kernel changes with the map (the direct stride-1 kernel on 14x14, the banded
+    im2col on 64x64; both read the GEMM's packed weights): each shape runs its own default kernel, on the one
+    transformed copy of the weights, and matches onnxruntime."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from inferd.ops.base import choose_kernel
+
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["output"])], "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 16, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 16, "H", "W"])], [w, b])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "conv_dyn.onnx"
+    path.write_bytes(model.SerializeToString())
+    sess = ort_session(path, threads=1)
+    m = inferd.load(path, device="cpu")
+    try:
+        kernels = set()
+        for shape in [(1, 16, 14, 14), (1, 16, 64, 64), (1, 16, 20, 9)]:
+            x = _x(shape)
+            assert _rel(m.run({"input": x})["output"], sess.run(None, {"input": x})[0]) <= TOL, shape
+        donor_w = [s for s in m._exec.steps if s is not None and s.layer.op == "Conv"][0].params["w"]
+        for v in m.variants:
+            step = [s for s in v.backend.steps if s is not None and s.layer.op == "Conv"][0]
+            assert step.kernel.name == choose_kernel(step.layer).name, v.shapes
+            assert step.params["w"] is donor_w, v.shapes  # shared, not transformed again
+            assert v.shared == 1 and v.own == 0
+            kernels.add(step.kernel.name)
+        assert kernels == {"direct_s1", "im2col_tiled"}
+    finally:
+        m.close()
+
+
 def test_bad_shapes_are_refused_naming_expected_and_got(models: Path) -> None:
     m = inferd.load(models / "recnet_dyn.onnx", max_shape={"input": (4, 3, 32, 512)})
     try:

@@ -98,6 +98,9 @@ class Kernel:
     backend: ClassVar[str] = "cpu"
     #: Lower is faster when several kernels apply (the default pick is the fastest warm kernel).
     priority: ClassVar[int] = 100
+    #: Kernels that name the same form transform a layer's constants into the same arrays, so one's
+    #: transformed weights serve the other (another input shape of a dynamic model choosing another kernel).
+    weights_form: ClassVar[str | None] = None
 
     def applies(self, layer: Layer) -> bool:
         return True

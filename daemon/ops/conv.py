@@ -17,6 +17,8 @@ docstring and :func:`preferred_3x3_kernel`):
   planner (static priorities cannot).
 * ``im2col_tiled`` (38): group 1, im2col + GEMM band by band of output rows (native/convtile.c); preferred up to
   C*kh*kw = ``TILED_MAX_K`` (the stems), where the column matrix costs more than the GEMM.
+* ``direct_s1`` (39): group 1, stride 1, dilation 1: the GEMM's micro-kernel reading the padded input in place
+  (native/convdirect.c); preferred for 3x3 layers of 8-48 input channels on maps up to 32x32.
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
 * ``implicit`` (45, in :mod:`.conv_implicit`): group 1, Cin >= 8, anything 1-D/2-D but an unpadded 1x1: the GEMM
   gathers its column blocks from the input through offset tables (no column matrix stored); a measured
@@ -581,6 +583,10 @@ def pack_gemm_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
 #: the B form only below native.GEMM_BFORM_MAX_COLS tiles.
 A_FORM = 1 << 30
 
+#: ``Kernel.weights_form`` of the conv kernels whose weights are ``pack_gemm_weights(w, A_FORM)`` of the
+#: (G, Cout/G, Cin/G*kh*kw) filter matrix
+GEMM_A_WEIGHTS = "gemm_a"
+
 
 def packed_nbytes(groups: int, m: int, k: int, ncols: int) -> int:
     return native.packed_weights_nbytes(groups, m, k, ncols)
@@ -634,6 +640,7 @@ class ConvIm2col(_ConvKernelBase):
     name = "im2col"
     ops = ("Conv",)
     priority = 40
+    weights_form = GEMM_A_WEIGHTS
 
     def applies(self, layer: Layer) -> bool:
         return self._base_applies(layer) is not None
@@ -727,6 +734,7 @@ class ConvIm2colTiled(_ConvKernelBase):
     name = "im2col_tiled"
     ops = ("Conv",)
     priority = 38
+    weights_form = GEMM_A_WEIGHTS
 
     def applies(self, layer: Layer) -> bool:
         g = self._base_applies(layer)
@@ -734,7 +742,11 @@ class ConvIm2colTiled(_ConvKernelBase):
 
     def preferred(self, layer: Layer) -> bool:
         g = _geo2d(layer)
-        return g is not None and self.applies(layer) and g.cin * g.kh * g.kw <= TILED_MAX_K and not g.unpadded_1x1
+        if g is None or not self.applies(layer):
+            return False
+        if _is_3x3_s1(g):  # the measured 3x3 rule decides between it and the direct/Winograd kernels
+            return preferred_3x3_kernel(g) == "im2col" and g.cin * 9 <= TILED_MAX_K
+        return g.cin * g.kh * g.kw <= TILED_MAX_K and not g.unpadded_1x1
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return ConvIm2col().transform(layer, raw)
@@ -805,6 +817,93 @@ class ConvIm2colTiled(_ConvKernelBase):
             _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
         o.close()
 
+
+@register_kernel
+class ConvDirectS1(_ConvKernelBase):
+    """Group-1 stride-1 conv as the GEMM's micro-kernel reading the input in place (native/convdirect.c): the
+    input is copied once into planes whose rows share their padding, so every row of the implicit column
+    matrix is a contiguous run of it, read through a table of row offsets; no column matrix, gathered panels
+    or Winograd transforms. Same packed weights as ``im2col``. Workspace: the padded input of one image and
+    the row offsets."""
+
+    name = "direct_s1"
+    ops = ("Conv",)
+    priority = 39
+    weights_form = GEMM_A_WEIGHTS
+
+    def applies(self, layer: Layer) -> bool:
+        g = self._base_applies(layer)
+        return (g is not None and g.group == 1 and native.AVAILABLE
+                and bool(native.lib.inferd_conv_direct_applies(g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl,
+                                                               g.pb, g.pr)))
+
+    def preferred(self, layer: Layer) -> bool:
+        g = _geo2d(layer)
+        return g is not None and _is_3x3_s1(g) and self.applies(layer) and preferred_3x3_kernel(g) == self.name
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return ConvIm2col().transform(layer, raw)
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        return ConvIm2col()._w_nbytes(layer)
+
+    @staticmethod
+    def _ws_floats(g: Geom2D) -> int:
+        return int(native.lib.inferd_conv_direct_workspace(g.cin, g.w, g.kh, g.kw, g.pl, g.pr, g.oh))
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
+        g = _geo2d(layer)
+        assert g is not None
+        return {0: self._ws_floats(g)}
+
+    def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
+              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray) -> Callable[[], None]:
+        ffi = native.ffi
+        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.pt, g.pl, g.oh, g.ow, native._ptr(w), g.cout,
+                ffi.NULL if bias is None else native._ptr(bias), ffi.NULL if res is None else native._ptr(res),
+                native._ptr(y), code, p0, p1, native._ptr(ws))
+        fn = native.lib.inferd_conv_direct
+
+        def call(_keep: Any = (x, w, bias, res, y, ws)) -> None:
+            if fn(*args) != 0:  # applies() rules the geometries it refuses out
+                raise RuntimeError("conv_direct: geometry not supported")
+        return call
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        g = _geo2d(layer)
+        if g is None or g.n != 1 or g.group != 1:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, p0, p1 = f
+        # the layer's own workspace: the bound call may run on any thread
+        ws = np.empty(self._ws_floats(g), F32)
+        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
+        o = ContiguousOut(outputs[0])
+        full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
+        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
+        inner = code >= 0 and (res is None or full_res)
+        ws = scratch(0, self._ws_floats(g))
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        for i in range(g.n):
+            self._call(g, x4[i], params["w"], bias, r4[i] if r4 is not None else None, y4[i],
+                       code if inner else 0, p0, p1, ws)()
+        if not inner:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
+        o.close()
 
 def in_slice_bounds(cin: int, slices: int) -> list[tuple[int, int]]:
     """The input-channel ranges of a conv sliced ``slices`` ways (as even as possible, none empty)."""
@@ -1153,8 +1252,7 @@ class WinogradKernel(_ConvKernelBase):
 
     def applies(self, layer: Layer) -> bool:
         g = self._base_applies(layer)
-        return (g is not None and g.kh == 3 and g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1
-                and g.group == 1)
+        return g is not None and _is_3x3_s1(g)
 
     def _tiles(self, g: Geom2D) -> tuple[int, int, int]:
         """(tile rows, tile columns, tile rows per band)."""
@@ -1238,8 +1336,14 @@ class WinogradKernel(_ConvKernelBase):
         o.close()
 
 
+def _is_3x3_s1(g: Geom2D) -> bool:
+    """A layer :func:`preferred_3x3_kernel` rules on: 3x3, stride and dilation 1, group 1."""
+    return g.kh == 3 and g.kw == 3 and g.sh == g.sw == 1 and g.dh == g.dw == 1 and g.group == 1
+
+
 def preferred_3x3_kernel(g: Geom2D) -> str:
-    """The measured-fastest kernel for a 3x3 stride-1 group-1 conv: "winograd43", "winograd23" or "im2col".
+    """The measured-fastest kernel for a 3x3 stride-1 group-1 conv: "winograd43", "winograd23", "direct_s1" or
+    "im2col".
 
     F(4,3) does 2.25 multiplies per output and input channel against F(2,3)'s 4, but its transforms cost more
     per pixel and its 36 weight matrices are bigger, so it needs enough channels (cin*cout) and enough tiles per
@@ -1256,13 +1360,24 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
     On U-Net-sized maps (96x96 and up) F(4,3) wins with few channels too (2026-11-29, single-conv models, two
     threads, p20 of 30, F(2,3) / F(4,3) / im2col_tiled): 32->16@128 1.30/0.92/1.18 and 1.18/0.96/1.17 (unet_small's
     dec1), 24->24@128 1.22/0.87/1.10, 48->24@112 1.66/1.24/1.84, 32->32@96 1.00/0.77/1.07, 32->16@96 0.59/0.56/0.67.
+    With 8-48 input channels the direct stride-1 kernel (``direct_s1``: no transforms, no column matrix) beats
+    the others where F(4,3) does not apply (2026-11-29, in the models, two threads, min of 6 rounds, layer time of
+    direct_s1 / the old choice): googlenet's third-branch 3x3s 24->64@14 0.48, 32->64@14 0.51, 32->128@14 0.70,
+    32->128@7 0.37, 48->128@7 0.44, 16->48@14 0.69, 16->32@28 0.85; squeezenet's 48->192@13 0.85, 32->128@27
+    0.95-1.0; unet_small's 32->64@32 0.99. From 64 channels on it loses (64->64@32 1.23, 128->128@16 1.23,
+    96->208@14 1.14, resnet's 1.3-1.5). On maps over 32x32 it ties at best: against the banded im2col with up to
+    16 channels (16->64@55 1.04, 16->16@128 1.00, 16->32@64 0.98), against Winograd in the models (unet_small's
+    32->32@64 0.91 and 1.01) and behind it on single layers (32->32@56 0.323 vs F(2,3) 0.301 ms, 24->64@56 0.465
+    vs F(4,3) 0.386), so those keep their kernels.
     """
     p43 = -(-g.oh // 4) * -(-g.ow // 4)
     cc = g.cin * g.cout
-    if g.cin <= 16:
+    if g.cin < 8 or (g.cin <= 16 and g.oh * g.ow > 1024):
         return "im2col"
     if (p43 >= 196 and cc >= 2048) or (p43 >= 49 and cc >= 8192) or (p43 >= 576 and cc >= 512):
         return "winograd43"
+    if g.cin <= 48 and g.oh * g.ow <= 1024:
+        return "direct_s1"
     return "winograd23"
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import native
 from .base import ContiguousOut, Layer, raw_key, register_kernel
-from .conv import (A_FORM, F32, Geom2D, _bias_param, _ConvKernelBase, _finish, _geo2d, _passthrough,
+from .conv import (A_FORM, F32, GEMM_A_WEIGHTS, Geom2D, _bias_param, _ConvKernelBase, _finish, _geo2d, _passthrough,
                    _res_per_image, layer_geom, pack_gemm_weights, packed_nbytes, scratch)
 
 #: scratch slot of the zero-padded input (im2col and Winograd use 0-2)
@@ -64,6 +64,7 @@ class ConvImplicitGemm(_ConvKernelBase):
     name = "implicit"
     ops = ("Conv",)
     priority = 45
+    weights_form = GEMM_A_WEIGHTS
 
     def applies(self, layer: Layer) -> bool:
         g = self._base_applies(layer)

@@ -248,22 +248,29 @@ class CpuExecutor:
         return {"transform_s": time.perf_counter() - t0}
 
     def adopt(self, donor: "CpuExecutor") -> dict[str, int]:
-        """Prepare every layer from ``donor``, the same model at another input shape: its kernel and its
-        transformed weights (the very arrays: one copy for every shape) where that kernel applies here and
-        its transform reads nothing that changed; the other layers get their default kernel, transformed
+        """Prepare every layer from ``donor``, the same model at another input shape: its transformed weights
+        (the very arrays: one copy for every shape) where its transform reads nothing that changed, with this
+        shape's default kernel where that kernel takes weights of the same form (``Kernel.weights_form``), else
+        with the donor's kernel where it applies here; the other layers get their default kernel, transformed
         from the raw constants. Then ``finalize``. Returns how many layers shared and how many did not."""
         theirs = {s.layer.name: s for s in donor.steps if s is not None}
         shared = own = 0
         for pos, (layer, _k) in enumerate(self.choice):
             s = theirs.get(layer.name)
-            if s is not None and layer.const_inputs and s.kernel.applies(layer) and \
-                    s.kernel.transform_key(s.layer) == s.kernel.transform_key(layer):
-                self._build(pos, s.kernel, None, s.params)
-                self._shared.add(pos)
-                shared += 1
-                continue
             forced = forced_for(layer, self._forced)
             _c, k = candidate_kernels(layer, "cpu", forced, layer.name in (self._forced or {}))
+            if s is not None and layer.const_inputs and \
+                    s.kernel.transform_key(s.layer) == s.kernel.transform_key(layer):
+                # this shape's default kernel where it takes the donor's weights as they are (the same form);
+                # else the donor's kernel where it applies here
+                same_form = k.weights_form is not None and k.weights_form == s.kernel.weights_form and \
+                    k.transform_key(layer) == s.kernel.transform_key(layer)
+                use = k if same_form else s.kernel if s.kernel.applies(layer) else None
+                if use is not None:
+                    self._build(pos, use, None, s.params)
+                    self._shared.add(pos)
+                    shared += 1
+                    continue
             self._build(pos, k, None, None)
             if layer.const_inputs:
                 forget_raw(self.graph.constants, layer)
