@@ -152,13 +152,8 @@ def expected_conv_kernels(xshape: tuple[int, ...], cout: int, k: tuple[int, ...]
         out.add("implicit")
     if nsp == 2 and k == (3, 3) and list(s) == [1, 1] and list(d) == [1, 1] and g == 1:
         out |= {"winograd23", "winograd43"}
-    if g == 1 and all(v == 1 for v in s) and all(v == 1 for v in d) and math.prod(k) <= 49:
-        if attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID"):
-            small_pads = all(pads[i] < k[i % nsp] for i in range(2 * nsp))
-        else:  # SAME_*: k - 1 in all at stride 1, split over both ends
-            small_pads = True
-        if small_pads:
-            out.add("direct_s1")
+    if g == 1 and math.prod(k) <= 49 and all(v <= 4 for v in s):
+        out.add("direct_gemm")
     if g == cin > 1 and cout % cin == 0:
         out.add("depthwise")
         if (cout == cin and nsp == 2 and k in ((3, 3), (5, 5)) and s[0] == s[1] and s[0] in (1, 2)
@@ -205,8 +200,8 @@ def test_default_kernel_choice() -> None:
     assert pick((1, 4, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col_tiled"
     assert pick((1, 16, 55, 55), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "im2col_tiled"
     # 8-48 channels on maps up to 32x32: the direct stride-1 kernel
-    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "direct_s1"
-    assert pick((1, 48, 13, 13), 192, (3, 3), dict(pads=[1, 1, 1, 1])) == "direct_s1"
+    assert pick((1, 8, 14, 14), 16, (3, 3), dict(pads=[1, 1, 1, 1])) == "direct_gemm"
+    assert pick((1, 48, 13, 13), 192, (3, 3), dict(pads=[1, 1, 1, 1])) == "direct_gemm"
     assert pick((1, 32, 56, 56), 32, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
     # other shapes it applies to (5x5, 1-D) keep the banded im2col
     assert pick((1, 8, 14, 14), 16, (5, 5), dict(pads=[2, 2, 2, 2])) == "im2col_tiled"
@@ -215,12 +210,12 @@ def test_default_kernel_choice() -> None:
 
 
 def test_preferred_3x3_kernel() -> None:
-    """Exactly one of im2col_tiled / direct_s1 / winograd23 / winograd43 is preferred for a 3x3 stride-1 layer, by
+    """Exactly one of im2col_tiled / direct_gemm / winograd23 / winograd43 is preferred for a 3x3 stride-1 layer, by
     channels and map size."""
     def prefs(c, hw):
         x, w, b = make_inputs(0, (1, c, hw, hw), (c, c, 3, 3), True)
         layer = single_node_layer("Conv", [x, w, b], dict(pads=[1, 1, 1, 1]))
-        ks = [kernel("Conv", n) for n in ("winograd23", "winograd43", "direct_s1", "im2col_tiled")]
+        ks = [kernel("Conv", n) for n in ("winograd23", "winograd43", "direct_gemm", "im2col_tiled")]
         return {k.name for k in ks if k.preferred(layer)}
 
     assert prefs(64, 56) == {"winograd43"}
@@ -231,9 +226,9 @@ def test_preferred_3x3_kernel() -> None:
     assert prefs(8, 56) == {"im2col_tiled"}  # too few channels for the transforms to pay off
     assert prefs(16, 55) == {"im2col_tiled"}  # squeezenet's 16->64 expand3x3: 1.3x faster than F(2,3)
     assert prefs(4, 14) == {"im2col_tiled"}
-    assert prefs(16, 28) == {"direct_s1"}
-    assert prefs(32, 14) == {"direct_s1"}
-    assert prefs(48, 7) == {"direct_s1"}
+    assert prefs(16, 28) == {"direct_gemm"}
+    assert prefs(32, 14) == {"direct_gemm"}
+    assert prefs(48, 7) == {"direct_gemm"}
     assert prefs(64, 13) == {"winograd23"}
     assert prefs(24, 56) == {"winograd23"}
     assert prefs(24, 96) == {"winograd43"}  # U-Net-sized maps: F(4,3) with few channels too
@@ -939,26 +934,30 @@ int main(void){
     check("gemm_koff null", inferd_gemm_koff(ap, M, K, N, xp, NULL, coff, Cc, N, NULL, NULL, 0, 0, 0, 0) == -1 ? 0 : 1, 0, it);
     free(xp); free(A); free(bias); free(R); free(boff); free(coff); free(ap); free(Cc); free(Cr);
   }
-  for (int it = 0; it < 80; ++it) { /* the direct stride-1 conv: the GEMM micro-kernel over the padded planes */
-    /* maps from 1x1 to wider than a tile (rows crossing tiles), pads 0..k-1 on each side, M past one 8-row panel,
-       every activation, residual or not; the workspace exactly the size asked for (ASan sees any over-read) */
+  for (int it = 0; it < 160; ++it) { /* the direct conv: the GEMM micro-kernel over the padded / phase planes */
+    /* maps from 1x1 to wider than a tile (rows crossing tiles), strides 1-3 (half the cases 1: the shared-padding
+       layout), dilations 1-2, pads 0..extent on each side (more than the kernel: the phase layout at stride 1 too),
+       M past one 8-row panel, every activation, residual or not; the workspace exactly the size asked for (ASan
+       sees any over-read) */
     int C = irand(1, 19), H = irand(1, 14), W = it % 4 ? irand(1, 14) : irand(30, 70), kh = irand(1, 5), kw = irand(1, 5);
-    int pt = irand(0, kh - 1), pl = irand(0, kw - 1), pb = irand(0, kh - 1), pr = irand(0, kw - 1);
-    int OH = H + pt + pb - kh + 1, OW = W + pl + pr - kw + 1, M = irand(1, 21), act = it % 8, hasr = it % 3 == 0;
-    if (OH < 1 || OW < 1) continue;
+    int sh = it % 2 ? 1 : irand(1, 3), sw = it % 2 ? 1 : irand(1, 3), dh = irand(1, 2), dw = it % 5 ? 1 : 2;
+    int ekh = (kh - 1) * dh, ekw = (kw - 1) * dw;
+    int pt = irand(0, ekh), pl = irand(0, ekw), pb = irand(0, ekh), pr = irand(0, ekw + (it % 7 == 0));
+    if (H + pt + pb <= ekh || W + pl + pr <= ekw) continue;
+    int OH = (H + pt + pb - ekh - 1) / sh + 1, OW = (W + pl + pr - ekw - 1) / sw + 1, M = irand(1, 21), act = it % 8, hasr = it % 3 == 0;
     float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
     int K = C * kh * kw;
     float* x = buf((size_t)C * H * W); float* A = buf((size_t)M * K); float* bias = buf((size_t)M); float* R = buf((size_t)M * OH * OW);
     float* ap = malloc(sizeof(float) * (size_t)inferd_gemm_packed_size(M, K));
     inferd_gemm_pack_a(A, K, 1, M, K, ap);
-    float* ws = malloc(sizeof(float) * (size_t)inferd_conv_direct_workspace(C, W, kh, kw, pl, pr, OH));
+    float* ws = malloc(sizeof(float) * (size_t)inferd_conv_direct_workspace(C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW));
     float* y = buf((size_t)M * OH * OW); float* yr = malloc(sizeof(float) * (size_t)M * OH * OW);
     inferd_pool_set_threads(1 + it % 3);
-    check("conv_direct applies", inferd_conv_direct_applies(kh, kw, 1, 1, 1, 1, pt, pl, pb, pr) ? 0 : 1, 0, it);
-    check("conv_direct rc", inferd_conv_direct(x, C, H, W, kh, kw, pt, pl, OH, OW, ap, M, it % 5 ? bias : NULL, hasr ? R : NULL, y, act, p0, p1, ws), 0, it);
+    check("conv_direct applies", inferd_conv_direct_applies(kh, kw, sh, sw, dh, dw, pt, pl, pb, pr) ? 0 : 1, 0, it);
+    check("conv_direct rc", inferd_conv_direct(x, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, ap, M, it % 5 ? bias : NULL, hasr ? R : NULL, y, act, p0, p1, ws), 0, it);
     for (int m = 0; m < M; ++m) for (int oh = 0; oh < OH; ++oh) for (int ow = 0; ow < OW; ++ow) {
       double acc = it % 5 ? bias[m] : 0.0;
-      for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) { int ih = oh - pt + i, iw = ow - pl + j;
+      for (int c = 0; c < C; ++c) for (int i = 0; i < kh; ++i) for (int j = 0; j < kw; ++j) { int ih = oh * sh - pt + i * dh, iw = ow * sw - pl + j * dw;
         if (ih >= 0 && ih < H && iw >= 0 && iw < W) acc += (double)A[(size_t)m * K + (c * kh + i) * kw + j] * x[((size_t)c * H + ih) * W + iw]; }
       if (hasr) acc += R[((size_t)m * OH + oh) * OW + ow];
       yr[((size_t)m * OH + oh) * OW + ow] = actf((float)acc, act, p0, p1); }
@@ -966,9 +965,9 @@ int main(void){
     free(x); free(A); free(bias); free(R); free(ap); free(ws); free(y); free(yr);
   }
   inferd_pool_set_threads(1);
-  /* what it refuses: stride or dilation 2, a pad as large as the kernel, more than 49 taps */
-  check("conv_direct refuses", inferd_conv_direct_applies(3, 3, 2, 1, 1, 1, 1, 1, 1, 1) || inferd_conv_direct_applies(3, 3, 1, 1, 1, 2, 1, 1, 1, 1)
-        || inferd_conv_direct_applies(3, 3, 1, 1, 1, 1, 3, 1, 1, 1) || inferd_conv_direct_applies(9, 7, 1, 1, 1, 1, 1, 1, 1, 1), 0, 0);
+  /* what it refuses: stride 5, more than 49 taps, a negative pad */
+  check("conv_direct refuses", inferd_conv_direct_applies(3, 3, 5, 1, 1, 1, 1, 1, 1, 1) || inferd_conv_direct_applies(9, 7, 1, 1, 1, 1, 1, 1, 1, 1)
+        || inferd_conv_direct_applies(3, 3, 1, 1, 1, 1, -1, 1, 1, 1), 0, 0);
   for (int it = 0; it < 300; ++it) { /* 2-D max / average pooling against a naive window loop */
     /* widths up to 70: the row passes' 16-float blocks, their overlap with the next row and the last row */
     int P = irand(1, 6), H = irand(1, 15), W = it % 3 ? irand(1, 15) : irand(14, 70), kh = irand(1, 4), kw = irand(1, 5), sh = irand(1, 3), sw = irand(1, 3);
@@ -1158,7 +1157,7 @@ def test_conv_tiled_bound_and_run_match_oracle(act, threads: int) -> None:
         native.set_num_threads(old)
 
 
-DIRECT_S1_SHAPES = [
+DIRECT_GEMM_SHAPES = [
     ((1, 16, 13, 13), 24, (3, 3), dict(pads=[1, 1, 1, 1])),   # tiles across row ends, M = 3 panels
     ((1, 3, 9, 40), 5, (3, 3), dict(pads=[0, 1, 2, 2])),       # pads differ (right > left), M < 8
     ((1, 7, 6, 5), 9, (5, 3), dict(pads=[4, 0, 0, 2])),        # top pad k-1, no left pad
@@ -1166,6 +1165,12 @@ DIRECT_S1_SHAPES = [
     ((1, 5, 8, 9), 17, (7, 7), dict(pads=[3, 3, 3, 3])),       # 49 taps
     ((1, 6, 30), 11, (3,), dict(pads=[1, 1])),                  # 1-D
     ((1, 4, 5, 33), 8, (1, 1), dict(pads=[0, 0, 0, 0])),       # 1x1 with nothing to pad
+    ((1, 8, 28, 27), 16, (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),  # phase planes
+    ((1, 3, 23, 24), 10, (3, 3), dict(strides=[2, 2])),         # a stem: no pad, the last column unread
+    ((1, 3, 21, 19), 12, (7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3])),  # resnet's stem
+    ((1, 5, 11, 17), 7, (3, 2), dict(strides=[3, 1], dilations=[1, 2], pads=[2, 1, 0, 3])),
+    ((1, 4, 12, 10), 9, (3, 3), dict(dilations=[2, 2], pads=[2, 2, 2, 2])),  # dilated, shared padding
+    ((1, 4, 6, 7), 5, (3, 3), dict(pads=[3, 4, 3, 4])),        # pads past the kernel: phase layout at stride 1
 ]
 
 
@@ -1173,15 +1178,15 @@ DIRECT_S1_SHAPES = [
 @pytest.mark.parametrize("isa", [lv for lv in range(3) if lv <= max(native.gemm_isa(), 0)])
 @pytest.mark.parametrize("act", [None, ("Relu", ()), ("HardSwish", ()), ("SiLU", ()), ("Tanh", ())],
                          ids=["none", "relu", "hardswish", "silu", "tanh"])
-def test_conv_direct_s1_bound_and_run_match_oracle(act, isa: int) -> None:
-    """direct_s1's pre-bound call (its own workspace) and its run() (shared scratch; a batch of two) against the
+def test_conv_direct_gemm_bound_and_run_match_oracle(act, isa: int) -> None:
+    """direct_gemm's pre-bound call (its own workspace) and its run() (shared scratch; a batch of two) against the
     numpy oracle, with a residual, on 1-3 threads and every GEMM ISA level (each has its own micro-kernel tile:
     32, 24 or 8 positions). A non-native activation (Tanh) takes the general path."""
-    kern = kernel("Conv", "direct_s1")
+    kern = kernel("Conv", "direct_gemm")
     old = native.num_threads()
     try:
         native.gemm_set_isa(isa)
-        for si, (xshape, cout, k, attrs) in enumerate(DIRECT_S1_SHAPES):
+        for si, (xshape, cout, k, attrs) in enumerate(DIRECT_GEMM_SHAPES):
             threads = 1 + si % 3
             for n in (1, 2):
                 xs = (n,) + xshape[1:]
@@ -1211,15 +1216,13 @@ def test_conv_direct_s1_bound_and_run_match_oracle(act, isa: int) -> None:
         native.gemm_set_isa(-1)
 
 
-def test_conv_direct_s1_refuses_what_it_cannot_run() -> None:
-    """Stride or dilation 2, groups, a pad as large as the kernel, more than 49 taps: not applicable (the other
-    kernels take those)."""
-    kern = kernel("Conv", "direct_s1")
-    for xshape, cout, k, attrs in [((1, 4, 9, 9), 8, (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
-                                   ((1, 4, 9, 9), 8, (3, 3), dict(dilations=[2, 1], pads=[2, 1, 2, 1])),
+def test_conv_direct_gemm_refuses_what_it_cannot_run() -> None:
+    """Groups, strides over 4, more than 49 taps, 3-D: not applicable (the other kernels take those)."""
+    kern = kernel("Conv", "direct_gemm")
+    for xshape, cout, k, attrs in [((1, 4, 19, 19), 8, (3, 3), dict(strides=[5, 1], pads=[1, 1, 1, 1])),
                                    ((1, 4, 9, 9), 8, (3, 3), dict(group=2, pads=[1, 1, 1, 1])),
-                                   ((1, 4, 9, 9), 8, (3, 3), dict(pads=[3, 1, 1, 1])),
-                                   ((1, 4, 12, 12), 8, (9, 7), dict(pads=[4, 3, 4, 3]))]:
+                                   ((1, 4, 12, 12), 8, (9, 7), dict(pads=[4, 3, 4, 3])),
+                                   ((1, 2, 5, 5, 5), 3, (3, 3, 3), dict(pads=[1] * 6))]:
         g = attrs.get("group", 1)
         x, w, b = make_inputs(1, xshape, (cout, xshape[1] // g) + k, True)
         assert not kern.applies(single_node_layer("Conv", [x, w, b], attrs)), attrs

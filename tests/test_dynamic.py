@@ -130,7 +130,7 @@ def test_a_shape_takes_its_own_kernel_on_weights_of_the_same_form(tmp_path: Path
             assert step.params["w"] is donor_w, v.shapes  # shared, not transformed again
             assert v.shared == 1 and v.own == 0
             kernels.add(step.kernel.name)
-        assert kernels == {"direct_s1", "im2col_tiled"}
+        assert kernels == {"direct_gemm", "im2col_tiled"}
     finally:
         m.close()
 

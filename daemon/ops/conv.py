@@ -17,8 +17,9 @@ docstring and :func:`preferred_3x3_kernel`):
   planner (static priorities cannot).
 * ``im2col_tiled`` (38): group 1, im2col + GEMM band by band of output rows (native/convtile.c); preferred up to
   C*kh*kw = ``TILED_MAX_K`` (the stems), where the column matrix costs more than the GEMM.
-* ``direct_s1`` (39): group 1, stride 1, dilation 1: the GEMM's micro-kernel reading the padded input in place
-  (native/convdirect.c); preferred for 3x3 layers of 8-48 input channels on maps up to 32x32.
+* ``direct_gemm`` (39): group 1, any stride (1-4) and dilation: the GEMM's micro-kernel reading the padded or
+  phase-split input in place (native/convdirect.c); preferred for 3x3 stride-1 layers of 8-48 input channels on
+  maps up to 32x32.
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
 * ``implicit`` (45, in :mod:`.conv_implicit`): group 1, Cin >= 8, anything 1-D/2-D but an unpadded 1x1: the GEMM
   gathers its column blocks from the input through offset tables (no column matrix stored); a measured
@@ -819,14 +820,14 @@ class ConvIm2colTiled(_ConvKernelBase):
 
 
 @register_kernel
-class ConvDirectS1(_ConvKernelBase):
-    """Group-1 stride-1 conv as the GEMM's micro-kernel reading the input in place (native/convdirect.c): the
-    input is copied once into planes whose rows share their padding, so every row of the implicit column
-    matrix is a contiguous run of it, read through a table of row offsets; no column matrix, gathered panels
-    or Winograd transforms. Same packed weights as ``im2col``. Workspace: the padded input of one image and
-    the row offsets."""
+class ConvDirectGemm(_ConvKernelBase):
+    """Group-1 conv as the GEMM's micro-kernel reading the input in place (native/convdirect.c): the input is
+    copied once into planes whose rows share their padding (stride 1) or into s x s phase planes (stride s), so
+    every row of the implicit column matrix is a contiguous run of them, read through a table of row offsets;
+    no column matrix, gathered panels or Winograd transforms. Same packed weights as ``im2col``. Workspace: the
+    input planes of one image and the row offsets."""
 
-    name = "direct_s1"
+    name = "direct_gemm"
     ops = ("Conv",)
     priority = 39
     weights_form = GEMM_A_WEIGHTS
@@ -849,7 +850,8 @@ class ConvDirectS1(_ConvKernelBase):
 
     @staticmethod
     def _ws_floats(g: Geom2D) -> int:
-        return int(native.lib.inferd_conv_direct_workspace(g.cin, g.w, g.kh, g.kw, g.pl, g.pr, g.oh))
+        return int(native.lib.inferd_conv_direct_workspace(g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt,
+                                                           g.pl, g.oh, g.ow))
 
     def workspace_nbytes(self, layer: Layer) -> int:
         return sum(self.scratch_floats(layer).values()) * 4
@@ -862,7 +864,8 @@ class ConvDirectS1(_ConvKernelBase):
     def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
               y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray) -> Callable[[], None]:
         ffi = native.ffi
-        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.pt, g.pl, g.oh, g.ow, native._ptr(w), g.cout,
+        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+                native._ptr(w), g.cout,
                 ffi.NULL if bias is None else native._ptr(bias), ffi.NULL if res is None else native._ptr(res),
                 native._ptr(y), code, p0, p1, native._ptr(ws))
         fn = native.lib.inferd_conv_direct
@@ -1342,7 +1345,7 @@ def _is_3x3_s1(g: Geom2D) -> bool:
 
 
 def preferred_3x3_kernel(g: Geom2D) -> str:
-    """The measured-fastest kernel for a 3x3 stride-1 group-1 conv: "winograd43", "winograd23", "direct_s1" or
+    """The measured-fastest kernel for a 3x3 stride-1 group-1 conv: "winograd43", "winograd23", "direct_gemm" or
     "im2col".
 
     F(4,3) does 2.25 multiplies per output and input channel against F(2,3)'s 4, but its transforms cost more
@@ -1360,9 +1363,9 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
     On U-Net-sized maps (96x96 and up) F(4,3) wins with few channels too (2026-11-29, single-conv models, two
     threads, p20 of 30, F(2,3) / F(4,3) / im2col_tiled): 32->16@128 1.30/0.92/1.18 and 1.18/0.96/1.17 (unet_small's
     dec1), 24->24@128 1.22/0.87/1.10, 48->24@112 1.66/1.24/1.84, 32->32@96 1.00/0.77/1.07, 32->16@96 0.59/0.56/0.67.
-    With 8-48 input channels the direct stride-1 kernel (``direct_s1``: no transforms, no column matrix) beats
+    With 8-48 input channels the direct stride-1 kernel (``direct_gemm``: no transforms, no column matrix) beats
     the others where F(4,3) does not apply (2026-11-29, in the models, two threads, min of 6 rounds, layer time of
-    direct_s1 / the old choice): googlenet's third-branch 3x3s 24->64@14 0.48, 32->64@14 0.51, 32->128@14 0.70,
+    direct_gemm / the old choice): googlenet's third-branch 3x3s 24->64@14 0.48, 32->64@14 0.51, 32->128@14 0.70,
     32->128@7 0.37, 48->128@7 0.44, 16->48@14 0.69, 16->32@28 0.85; squeezenet's 48->192@13 0.85, 32->128@27
     0.95-1.0; unet_small's 32->64@32 0.99. From 64 channels on it loses (64->64@32 1.23, 128->128@16 1.23,
     96->208@14 1.14, resnet's 1.3-1.5). On maps over 32x32 it ties at best: against the banded im2col with up to
@@ -1377,7 +1380,7 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
     if (p43 >= 196 and cc >= 2048) or (p43 >= 49 and cc >= 8192) or (p43 >= 576 and cc >= 512):
         return "winograd43"
     if g.cin <= 48 and g.oh * g.ow <= 1024:
-        return "direct_s1"
+        return "direct_gemm"
     return "winograd23"
 
 
