@@ -147,7 +147,7 @@ static void cd_pad_task(void* p, long long c)
 
 /* Rows m0..m0+rows of a tile's raw sums t (pitch nr), positions p..p+n, to y at offset o of each plane:
    + bias (+ res), activation. */
-static void cd_store(const cd_job* j, const float* t, int p, int n, int m0, int rows, long long o)
+INFERD_INLINE void cd_store(const cd_job* j, const float* t, int p, int n, int m0, int rows, long long o)
 {
     const long long ohw = (long long)j->OH * j->OW;
     for (int i = 0; i < rows; ++i) {
@@ -165,6 +165,7 @@ static void cd_store(const cd_job* j, const float* t, int p, int n, int m0, int 
     }
 }
 
+INFERD_CLONES
 static void cd_task(void* p, long long task)
 {
     cd_job* j = (cd_job*)p;
