@@ -145,23 +145,32 @@ static void cd_pad_task(void* p, long long c)
         memset(d0 + (size_t)L->nph * L->plane, 0, sizeof(float) * (size_t)cd_tail(P, j->ekw));
 }
 
-/* Rows m0..m0+rows of a tile's raw sums t (pitch nr), positions p..p+n, to y at offset o of each plane:
-   + bias (+ res), activation. */
-INFERD_INLINE void cd_store(const cd_job* j, const float* t, int p, int n, int m0, int rows, long long o)
+/* A tile's runs of valid positions (ow < OW): position p of the tile, length n, offset o in each output plane. */
+typedef struct {
+    int p, n;
+    long long o;
+} cd_run;
+
+/* Rows m0..m0+rows of a tile's raw sums t (pitch nr) to y through the runs: + bias (+ res), activation. The bias
+   and the activation go over whole tile rows (nr values, the junk positions too: whole vectors, where the
+   costly activations' vector loops have no scalar tail), the residual over the runs. */
+INFERD_INLINE void cd_store(const cd_job* j, float* t, const cd_run* run, int nrun, int m0, int rows)
 {
     const long long ohw = (long long)j->OH * j->OW;
+    const int nr = j->nr;
     for (int i = 0; i < rows; ++i) {
         const int m = m0 + i;
-        float* restrict yr = j->y + (size_t)m * ohw + o;
-        const float* restrict tr = t + (size_t)i * j->nr + p;
+        float* restrict tr = t + (size_t)i * nr;
+        float* restrict ym = j->y + (size_t)m * ohw;
         const float b = j->bias ? j->bias[m] : 0.0f;
+        for (int k = 0; k < nr; ++k) tr[k] += b;
         if (j->res) {
-            const float* restrict rr = j->res + (size_t)m * ohw + o;
-            for (int k = 0; k < n; ++k) yr[k] = tr[k] + b + rr[k];
-        } else {
-            for (int k = 0; k < n; ++k) yr[k] = tr[k] + b;
+            const float* restrict rm = j->res + (size_t)m * ohw;
+            for (int r = 0; r < nrun; ++r)
+                for (int k = 0; k < run[r].n; ++k) tr[run[r].p + k] += rm[run[r].o + k];
         }
-        if (j->act) act_inplace(yr, n, j->act, j->p0, j->p1);
+        if (j->act) act_inplace(tr, nr, j->act, j->p0, j->p1);
+        for (int r = 0; r < nrun; ++r) memcpy(ym + run[r].o, tr + run[r].p, sizeof(float) * (size_t)run[r].n);
     }
 }
 
@@ -175,10 +184,12 @@ static void cd_task(void* p, long long task)
     const float* a = j->ap + (size_t)panel * j->K * DMRP;
     const long long P = j->L.P, nq = (long long)j->OH * P;
     float t[DMRP * DNR_MAX] __attribute__((aligned(64)));
+    cd_run run[DNR_MAX];
     for (int ti = t0; ti < t1; ++ti) {
         const long long q = (long long)ti * nr;
         for (int sub = 0; sub < rows; sub += j->mrk) j->uk(j->K, a + sub, j->xp + q, j->boff, t + (size_t)sub * nr);
         /* runs of valid positions (ow < OW): each row's run is contiguous in y */
+        int nrun = 0;
         for (int k = 0; k < nr && q + k < nq;) {
             const long long qq = q + k;
             const int oh = (int)(qq / P), ow = (int)(qq % P);
@@ -187,9 +198,11 @@ static void cd_task(void* p, long long task)
                 continue;
             }
             const int n = cd_imin(cd_imin(nr - k, j->OW - ow), (int)(nq - qq));
-            cd_store(j, t, k, n, m0, rows, (long long)oh * j->OW + ow);
+            run[nrun].p = k, run[nrun].n = n, run[nrun].o = (long long)oh * j->OW + ow;
+            ++nrun;
             k += n;
         }
+        cd_store(j, t, run, nrun, m0, rows);
     }
 }
 
