@@ -35,46 +35,63 @@ int inferd_conv_direct_applies(int kh, int kw, int sh, int sw, int dh, int dw, i
     return pt >= 0 && pl >= 0 && pb >= 0 && pr >= 0;
 }
 
-/* The layout: nph phase planes per channel (1 at stride 1), each rows x P floats; shared: stride 1 with the rows
-   sharing their padding (offset D = max(pl, pr) of the data in a row). After the last plane, the junk positions
-   of the last tile read up to a row and two tiles further. Before the planes, the K row offsets (int64, as 2K
-   floats). pr_eff: the columns the output reaches past the input's right edge (negative where a stride leaves
-   the last ones unread), likewise pb_eff. */
+/* The layout, per band of output rows: nph phase planes per channel (1 at stride 1), each rows x P floats, rows the
+   band's output rows and the ext more its windows reach; shared: stride 1 with the rows sharing their padding
+   (offset D = max(pl, pr) of the data in a row). After a band's last plane, the junk positions of its last tile
+   read up to a row and two tiles further (tail). */
 typedef struct {
-    int shared, nph, rows;
-    long long P, D, plane;
+    int shared, nph, ext, band, rows;
+    long long P, D, plane, slot;
 } cd_layout;
 
-static cd_layout cd_layout_of(int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH,
-                              int OW)
+static long long cd_tail(long long P, int ekw) { return P + ekw + 2 * DNR_MAX + 16; }
+
+static cd_layout cd_layout_of(int C, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pl, int OH, int OW)
 {
     cd_layout L;
     const int ekh = (kh - 1) * dh, ekw = (kw - 1) * dw;
     const int pr = (OW - 1) * sw + ekw + 1 - W - pl;
-    (void)H, (void)pt;
     L.shared = sh == 1 && sw == 1 && pr >= 0 && cd_imin(pl, pr) <= ekw;
     if (L.shared) {
         L.nph = 1;
         L.D = cd_imax(pl, pr);
         L.P = (long long)W + L.D;
-        L.rows = OH + ekh;
+        L.ext = ekh;
     } else {
         L.nph = sh * sw;
         L.D = 0;
         L.P = (long long)OW + ekw / sw;
-        L.rows = OH + ekh / sh;
+        L.ext = ekh / sh;
     }
+    /* ~96k floats (384 KB) of input planes per band: they stay in L2 while every 8-row weight panel of the task
+       sweeps them. Each task copies its own band (so the planes never travel between cores: copied by one pool
+       thread and read by the other, they cost 0.03-0.16 ms a layer on the 2-core EPYC) */
+    const long long per_row = (long long)C * L.nph * L.P;
+    long long band = 98304 / (per_row > 0 ? per_row : 1) - L.ext;
+    /* and four bands where the map is large enough for each to hold 256 positions (8 tiles: the ragged last tile
+       of a band is junk): tasks split by bands copy nothing twice but the ext rows, tasks split by weight panels
+       copy their whole band again (13x13 maps in 4 bands ran 25% slower than in one). Then evened out. Not
+       from the thread count: the workspace sized at bind must fit the call */
+    const long long quarter = (OH + 3) / 4, least = (256 + L.P - 1) / L.P;
+    const long long want = quarter > least ? quarter : least;
+    if (band > want) band = want;
+    if (band < 1) band = 1;
+    if (band > OH) band = OH;
+    const long long nbands = (OH + band - 1) / band;
+    band = (OH + nbands - 1) / nbands;
+    L.band = (int)band;
+    L.rows = L.band + L.ext;
     L.plane = (long long)L.rows * L.P;
+    L.slot = (long long)C * L.nph * L.plane + cd_tail(L.P, ekw);
     return L;
 }
 
-static long long cd_tail(long long P, int ekw) { return P + ekw + 2 * DNR_MAX + 16; }
-
 long long inferd_conv_direct_workspace(int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt,
-                                       int pl, int OH, int OW)
+                                       int pl, int OH, int OW, int slots)
 {
-    const cd_layout L = cd_layout_of(H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW);
-    return 2LL * C * kh * kw + (long long)C * L.nph * L.plane + cd_tail(L.P, (kw - 1) * dw);
+    (void)H, (void)pt;
+    const cd_layout L = cd_layout_of(C, W, kh, kw, sh, sw, dh, dw, pl, OH, OW);
+    return 2LL * C * kh * kw + (long long)cd_imax(slots, 0) * L.slot;
 }
 
 typedef struct {
@@ -88,32 +105,38 @@ typedef struct {
     int act;
     float p0, p1;
     const long long* boff;
-    float* xp;
+    float* slots_buf; /* slots band buffers */
+    int slots;
+    unsigned long long busy;
+    int failed;
     inferd_ukoff_fn uk;
     int mrk, nr;
-    int tiles, chunk, nchunks;
+    int ngroups, group; /* weight panels per task */
 } cd_job;
 
-/* Channel c of x into its plane(s): zero where the window leaves the input. */
-static void cd_pad_task(void* p, long long c)
+/* Output rows r0..r0+nb's input planes (band rows 0..nb+ext) of every channel into buf: zero where the window
+   leaves the input. */
+static void cd_pad_band(const cd_job* j, float* buf, int r0, int nb)
 {
-    cd_job* j = (cd_job*)p;
     const cd_layout* L = &j->L;
     const long long P = L->P;
-    const float* restrict s = j->x + (size_t)c * j->H * j->W;
-    float* restrict d0 = j->xp + (size_t)c * L->nph * L->plane;
-    if (L->shared) {
-        for (int r = 0; r < L->rows; ++r) {
-            float* restrict dr = d0 + (size_t)r * P;
-            const int ih = r - j->pt;
-            if (ih < 0 || ih >= j->H) {
-                memset(dr, 0, sizeof(float) * (size_t)P);
-                continue;
+    const int rows = nb + L->ext;
+    for (int c = 0; c < j->C; ++c) {
+        const float* restrict s = j->x + (size_t)c * j->H * j->W;
+        float* restrict d0 = buf + (size_t)c * L->nph * L->plane;
+        if (L->shared) {
+            for (int r = 0; r < rows; ++r) {
+                float* restrict dr = d0 + (size_t)r * P;
+                const int ih = r0 + r - j->pt;
+                if (ih < 0 || ih >= j->H) {
+                    memset(dr, 0, sizeof(float) * (size_t)P);
+                    continue;
+                }
+                memset(dr, 0, sizeof(float) * (size_t)L->D);
+                memcpy(dr + L->D, s + (size_t)ih * j->W, sizeof(float) * (size_t)j->W);
             }
-            memset(dr, 0, sizeof(float) * (size_t)L->D);
-            memcpy(dr + L->D, s + (size_t)ih * j->W, sizeof(float) * (size_t)j->W);
+            continue;
         }
-    } else {
         for (int a = 0; a < j->sh; ++a)
             for (int b = 0; b < j->sw; ++b) {
                 float* restrict d = d0 + (size_t)(a * j->sw + b) * L->plane;
@@ -124,9 +147,9 @@ static void cd_pad_task(void* p, long long c)
                 if (t0 > P) t0 = (int)P;
                 if (t1 > P) t1 = (int)P;
                 if (t1 < t0) t1 = t0;
-                for (int r = 0; r < L->rows; ++r) {
+                for (int r = 0; r < rows; ++r) {
                     float* restrict dr = d + (size_t)r * P;
-                    const int ih = j->sh * r + a - j->pt;
+                    const int ih = j->sh * (r0 + r) + a - j->pt;
                     if (ih < 0 || ih >= j->H || t0 == t1) {
                         memset(dr, 0, sizeof(float) * (size_t)P);
                         continue;
@@ -141,8 +164,13 @@ static void cd_pad_task(void* p, long long c)
                 }
             }
     }
-    if (c == j->C - 1)
-        memset(d0 + (size_t)L->nph * L->plane, 0, sizeof(float) * (size_t)cd_tail(P, j->ekw));
+    /* In the shared layout the row after a plane's last row holds that row's right padding: a short last band's
+       rows past nb + ext are zeroed, and the tail after the last plane is zeros */
+    if (rows < L->rows)
+        for (int q = 0; q < j->C * L->nph; ++q)
+            memset(buf + (size_t)q * L->plane + (size_t)rows * P, 0, sizeof(float) * (size_t)((L->rows - rows) * P));
+    const long long used = (long long)j->C * L->nph * L->plane;
+    memset(buf + used, 0, sizeof(float) * (size_t)(L->slot - used));
 }
 
 /* A tile's runs of valid positions (ow < OW): position p of the tile, length n, offset o in each output plane. */
@@ -178,37 +206,65 @@ INFERD_CLONES
 static void cd_task(void* p, long long task)
 {
     cd_job* j = (cd_job*)p;
-    const int panel = (int)(task / j->nchunks), ch = (int)(task % j->nchunks);
-    const int nr = j->nr, m0 = panel * DMRP, rows = cd_imin(DMRP, j->M - m0);
-    const int t0 = ch * j->chunk, t1 = cd_imin(j->tiles, t0 + j->chunk);
-    const float* a = j->ap + (size_t)panel * j->K * DMRP;
-    const long long P = j->L.P, nq = (long long)j->OH * P;
+    const cd_layout* L = &j->L;
+    const int band = (int)(task / j->ngroups), grp = (int)(task % j->ngroups);
+    const int r0 = band * L->band, nb = cd_imin(L->band, j->OH - r0);
+    const int panels = (j->M + DMRP - 1) / DMRP;
+    const int g0 = grp * j->group, g1 = cd_imin(panels, g0 + j->group);
+    if (nb <= 0 || g0 >= g1) return;
+    /* a free band buffer (one per pool thread); none free (more threads than when the workspace was sized):
+       a private one */
+    int slot = -1;
+    unsigned long long bz = __atomic_load_n(&j->busy, __ATOMIC_ACQUIRE);
+    for (;;) {
+        const int f = ~bz ? __builtin_ctzll(~bz) : 64;
+        if (f >= j->slots) break;
+        if (__atomic_compare_exchange_n(&j->busy, &bz, bz | (1ULL << f), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            slot = f;
+            break;
+        }
+    }
+    float* buf = slot >= 0 ? j->slots_buf + (size_t)slot * L->slot : (float*)calloc((size_t)L->slot, sizeof(float));
+    if (!buf) {
+        __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    cd_pad_band(j, buf, r0, nb);
+    const int nr = j->nr;
+    const long long P = L->P, nq = (long long)nb * P;
     float t[DMRP * DNR_MAX] __attribute__((aligned(64)));
     cd_run run[DNR_MAX];
-    for (int ti = t0; ti < t1; ++ti) {
-        const long long q = (long long)ti * nr;
-        for (int sub = 0; sub < rows; sub += j->mrk) j->uk(j->K, a + sub, j->xp + q, j->boff, t + (size_t)sub * nr);
-        /* runs of valid positions (ow < OW): each row's run is contiguous in y */
-        int nrun = 0;
-        for (int k = 0; k < nr && q + k < nq;) {
-            const long long qq = q + k;
-            const int oh = (int)(qq / P), ow = (int)(qq % P);
-            if (ow >= j->OW) {
-                k += (int)(P - ow);
-                continue;
+    for (int pn = g0; pn < g1; ++pn) {
+        const int m0 = pn * DMRP, rows = cd_imin(DMRP, j->M - m0);
+        const float* a = j->ap + (size_t)pn * j->K * DMRP;
+        for (long long q = 0; q < nq; q += nr) {
+            for (int sub = 0; sub < rows; sub += j->mrk) j->uk(j->K, a + sub, buf + q, j->boff, t + (size_t)sub * nr);
+            /* runs of valid positions (ow < OW): each row's run is contiguous in y */
+            int nrun = 0;
+            for (int k = 0; k < nr && q + k < nq;) {
+                const long long qq = q + k;
+                const int oh = r0 + (int)(qq / P), ow = (int)(qq % P);
+                if (ow >= j->OW) {
+                    k += (int)(P - ow);
+                    continue;
+                }
+                const int n = cd_imin(cd_imin(nr - k, j->OW - ow), (int)(nq - qq));
+                run[nrun].p = k, run[nrun].n = n, run[nrun].o = (long long)oh * j->OW + ow;
+                ++nrun;
+                k += n;
             }
-            const int n = cd_imin(cd_imin(nr - k, j->OW - ow), (int)(nq - qq));
-            run[nrun].p = k, run[nrun].n = n, run[nrun].o = (long long)oh * j->OW + ow;
-            ++nrun;
-            k += n;
+            cd_store(j, t, run, nrun, m0, rows);
         }
-        cd_store(j, t, run, nrun, m0, rows);
     }
+    if (slot >= 0)
+        __atomic_fetch_and(&j->busy, ~(1ULL << slot), __ATOMIC_RELEASE);
+    else
+        free(buf);
 }
 
 int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt,
                        int pl, int OH, int OW, const float* ap, int M, const float* bias, const float* res, float* y,
-                       int act, float p0, float p1, float* ws)
+                       int act, float p0, float p1, float* ws, int slots)
 {
     if (OH <= 0 || OW <= 0 || M <= 0) return 0;
     if (!inferd_conv_direct_applies(kh, kw, sh, sw, dh, dw, pt, pl, 0, 0) || C <= 0) return -2;
@@ -216,13 +272,14 @@ int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int 
     memset(&j, 0, sizeof j);
     j.x = x;
     j.C = C, j.H = H, j.W = W, j.kh = kh, j.kw = kw, j.sh = sh, j.sw = sw, j.pt = pt, j.pl = pl, j.OH = OH, j.OW = OW;
-    j.L = cd_layout_of(H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW);
+    j.L = cd_layout_of(C, W, kh, kw, sh, sw, dh, dw, pl, OH, OW);
     j.ekw = (kw - 1) * dw;
     j.ap = ap, j.M = M, j.K = C * kh * kw;
     j.bias = bias, j.res = res, j.y = y, j.act = act, j.p0 = p0, j.p1 = p1;
     long long* boff = (long long*)ws; /* the workspace starts 64-byte aligned (numpy), 8 is enough */
     j.boff = boff;
-    j.xp = ws + 2LL * j.K;
+    j.slots = cd_imin(cd_imax(slots, 0), 64);
+    j.slots_buf = ws + 2LL * j.K;
     const cd_layout* L = &j.L;
     for (int c = 0; c < C; ++c)
         for (int i = 0; i < kh; ++i)
@@ -238,14 +295,14 @@ int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int 
                 boff[(c * kh + i) * kw + k] = o;
             }
     j.uk = inferd_gemm_ukoff(&j.mrk, &j.nr);
-    const long long nq = (long long)OH * L->P;
-    j.tiles = (int)((nq + j.nr - 1) / j.nr);
-    const int panels = (M + DMRP - 1) / DMRP, th = inferd_pool_threads();
-    /* a few tasks per thread so a thread slowed by a neighbour hands its share over */
-    const int want = cd_imax(1, (4 * th + panels - 1) / panels);
-    j.chunk = cd_imax(1, (j.tiles + want - 1) / want);
-    j.nchunks = (j.tiles + j.chunk - 1) / j.chunk;
-    inferd_parallel(cd_pad_task, &j, C, 0);
-    inferd_parallel(cd_task, &j, (long long)panels * j.nchunks, 0);
-    return 0;
+    const int nbands = (OH + L->band - 1) / L->band, panels = (M + DMRP - 1) / DMRP, th = inferd_pool_threads();
+    /* a few tasks per thread so a thread slowed by a neighbour hands its share over: bands first, then the
+       weight panels split among tasks (each copying its band again) */
+    const int want = 4 * th;
+    int ng = nbands >= want ? 1 : (want + nbands - 1) / nbands;
+    if (ng > panels) ng = panels;
+    j.group = (panels + ng - 1) / ng;
+    j.ngroups = (panels + j.group - 1) / j.group;
+    inferd_parallel(cd_task, &j, (long long)nbands * j.ngroups, 0);
+    return j.failed ? -1 : 0;
 }

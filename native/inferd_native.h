@@ -74,14 +74,16 @@ int inferd_conv_tiled(const float* x, int C, int H, int W, int kh, int kw, int s
 /* ---- direct convolution, group 1 (convdirect.c): the GEMM micro-kernel over the padded / phase-split input ----
    y (M, OH, OW) = act(W x + bias + res) for one image x (C, H, W), top/left padding pt/pl (bottom and right
    follow from OH, OW). W packed by inferd_gemm_pack_a as the (M, C*kh*kw) matrix; ws a workspace of
-   inferd_conv_direct_workspace floats, 8-byte aligned (row offsets and the input planes). applies: kh*kw <= 49,
-   strides 1-4, any dilation, pads >= 0 (pb, pr unused but checked). Returns 0, or -2 where it does not apply. */
+   inferd_conv_direct_workspace floats, 8-byte aligned: the row offsets and `slots` band buffers (each task copies
+   the input planes of a band of output rows into a free one; one per pool thread: a task that finds none free
+   allocates its own). applies: kh*kw <= 49, strides 1-4, any dilation, pads >= 0 (pb, pr unused but checked).
+   Returns 0, -1 if out of memory, or -2 where it does not apply. */
 int inferd_conv_direct_applies(int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int pb, int pr);
 long long inferd_conv_direct_workspace(int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt,
-                                       int pl, int OH, int OW);
+                                       int pl, int OH, int OW, int slots);
 int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt,
                        int pl, int OH, int OW, const float* ap, int M, const float* bias, const float* res, float* y,
-                       int act, float p0, float p1, float* ws);
+                       int act, float p0, float p1, float* ws, int slots);
 
 /* ---- thread pool (pool.c): the caller works too; tasks are claimed dynamically ---- */
 /* Threads used by inferd_parallel, the caller included (1 = run everything inline). */

@@ -97,21 +97,24 @@ def test_every_shape_matches_onnxruntime_and_shares_the_weights(models: Path, na
 
 
 def test_a_shape_takes_its_own_kernel_on_weights_of_the_same_form(tmp_path: Path) -> None:
-    """A 16->16 3x3 conv whose best kernel changes with the map (the direct stride-1 kernel on 14x14, the banded
-    im2col on 64x64; both read the GEMM's packed weights): each shape runs its own default kernel, on the one
-    transformed copy of the weights, and matches onnxruntime."""
+    """A shape's executor adopting the first shape's layers: where the first shape runs a kernel that this shape
+    would not choose but whose weights are of the same form (a cold load's banded im2col; the direct kernel
+    here, both on the GEMM's packed weights), this shape runs its own default kernel on the one transformed
+    copy; where the forms differ (F(4,3)), the donor's kernel. Both match onnxruntime."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from inferd.ops.base import choose_kernel
+    from inferd.frontend import specialize
+    from inferd.ops.base import choose_kernel, kernels_for
+    from inferd.runtime.cpu import CpuExecutor, select_kernels
 
     rng = np.random.default_rng(3)
-    w = numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    w = numpy_helper.from_array((rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b")
     g = helper.make_graph(
         [helper.make_node("Conv", ["input", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
          helper.make_node("Relu", ["c"], ["output"])], "g",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 16, "H", "W"])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 16, "H", "W"])], [w, b])
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 32, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 32, "H", "W"])], [w, b])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = tmp_path / "conv_dyn.onnx"
@@ -119,18 +122,24 @@ def test_a_shape_takes_its_own_kernel_on_weights_of_the_same_form(tmp_path: Path
     sess = ort_session(path, threads=1)
     m = inferd.load(path, device="cpu")
     try:
-        kernels = set()
-        for shape in [(1, 16, 14, 14), (1, 16, 64, 64), (1, 16, 20, 9)]:
+        template = m.template
+        tiled = [k for k in kernels_for("Conv", "cpu") if k.name == "im2col_tiled"][0]
+        big = specialize(template, {"input": (1, 32, 40, 40)})
+        donor = CpuExecutor(big, choice=[(layer, tiled if layer.op == "Conv" else k)
+                                         for layer, k in select_kernels(big)])
+        donor_w = [s for s in donor.steps if s is not None and s.layer.op == "Conv"][0].params["w"]
+        for shape, want in [((1, 32, 14, 14), "direct_gemm"), ((1, 32, 100, 100), "winograd43")]:
+            v = CpuExecutor(specialize(template, {"input": shape}), lazy=True)
+            counts = v.adopt(donor)
+            step = [s for s in v.steps if s is not None and s.layer.op == "Conv"][0]
+            assert choose_kernel(step.layer).name == want
+            if want == "direct_gemm":  # the same form: its own kernel on the donor's array
+                assert step.kernel.name == want and step.params["w"] is donor_w
+                assert counts == {"shared": 1, "own": 0}
+            else:  # F(4,3) transforms the weights its own way: the donor's kernel and array where it applies
+                assert step.kernel.name == "im2col_tiled" and step.params["w"] is donor_w
             x = _x(shape)
-            assert _rel(m.run({"input": x})["output"], sess.run(None, {"input": x})[0]) <= TOL, shape
-        donor_w = [s for s in m._exec.steps if s is not None and s.layer.op == "Conv"][0].params["w"]
-        for v in m.variants:
-            step = [s for s in v.backend.steps if s is not None and s.layer.op == "Conv"][0]
-            assert step.kernel.name == choose_kernel(step.layer).name, v.shapes
-            assert step.params["w"] is donor_w, v.shapes  # shared, not transformed again
-            assert v.shared == 1 and v.own == 0
-            kernels.add(step.kernel.name)
-        assert kernels == {"direct_gemm", "im2col_tiled"}
+            assert _rel(v.run({"input": x})["output"], sess.run(None, {"input": x})[0]) <= TOL, shape
     finally:
         m.close()
 

@@ -12,14 +12,15 @@ docstring and :func:`preferred_3x3_kernel`):
 * ``depthwise`` (5): group == Cin > 1, Cout = mult * Cin, any kernel/stride/dilation, native C.
 * ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
 * ``winograd23`` (20) / ``winograd43`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
-  large maps with many channels, F(2x2,3x3) elsewhere, im2col below 16 input channels:
+  large maps with many channels, F(2x2,3x3) from 64 input channels on elsewhere, ``direct_gemm`` with 8-48,
+  im2col below 8:
   :func:`preferred_3x3_kernel` says which, and each kernel's ``preferred(layer)`` exposes it for the
   planner (static priorities cannot).
 * ``im2col_tiled`` (38): group 1, im2col + GEMM band by band of output rows (native/convtile.c); preferred up to
   C*kh*kw = ``TILED_MAX_K`` (the stems), where the column matrix costs more than the GEMM.
 * ``direct_gemm`` (39): group 1, any stride (1-4) and dilation: the GEMM's micro-kernel reading the padded or
   phase-split input in place (native/convdirect.c); preferred for 3x3 stride-1 layers of 8-48 input channels on
-  maps up to 32x32.
+  any map unless F(4,3) applies with more than 16 output channels (:func:`preferred_3x3_kernel`).
 * ``im2col`` (40): anything 1-D/2-D: native im2col then a batched GEMM over groups.
 * ``implicit`` (45, in :mod:`.conv_implicit`): group 1, Cin >= 8, anything 1-D/2-D but an unpadded 1x1: the GEMM
   gathers its column blocks from the input through offset tables (no column matrix stored); a measured
@@ -825,7 +826,7 @@ class ConvDirectGemm(_ConvKernelBase):
     copied once into planes whose rows share their padding (stride 1) or into s x s phase planes (stride s), so
     every row of the implicit column matrix is a contiguous run of them, read through a table of row offsets;
     no column matrix, gathered panels or Winograd transforms. Same packed weights as ``im2col``. Workspace: the
-    input planes of one image and the row offsets."""
+    row offsets and, per pool thread, the input planes of a band of output rows (each task copies its own)."""
 
     name = "direct_gemm"
     ops = ("Conv",)
@@ -849,9 +850,9 @@ class ConvDirectGemm(_ConvKernelBase):
         return ConvIm2col()._w_nbytes(layer)
 
     @staticmethod
-    def _ws_floats(g: Geom2D) -> int:
+    def _ws_floats(g: Geom2D, slots: int) -> int:
         return int(native.lib.inferd_conv_direct_workspace(g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt,
-                                                           g.pl, g.oh, g.ow))
+                                                           g.pl, g.oh, g.ow, slots))
 
     def workspace_nbytes(self, layer: Layer) -> int:
         return sum(self.scratch_floats(layer).values()) * 4
@@ -859,20 +860,20 @@ class ConvDirectGemm(_ConvKernelBase):
     def scratch_floats(self, layer: Layer) -> dict[int, int]:
         g = _geo2d(layer)
         assert g is not None
-        return {0: self._ws_floats(g)}
+        return {0: self._ws_floats(g, native.num_threads())}
 
     def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
-              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray) -> Callable[[], None]:
+              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray, slots: int) -> Callable[[], None]:
         ffi = native.ffi
         args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
                 native._ptr(w), g.cout,
                 ffi.NULL if bias is None else native._ptr(bias), ffi.NULL if res is None else native._ptr(res),
-                native._ptr(y), code, p0, p1, native._ptr(ws))
+                native._ptr(y), code, p0, p1, native._ptr(ws), slots)
         fn = native.lib.inferd_conv_direct
 
         def call(_keep: Any = (x, w, bias, res, y, ws)) -> None:
-            if fn(*args) != 0:  # applies() rules the geometries it refuses out
-                raise RuntimeError("conv_direct: geometry not supported")
+            if fn(*args) != 0:  # applies() rules out the geometries it refuses: only a failed allocation is left
+                raise MemoryError("conv_direct: out of memory")
         return call
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
@@ -884,9 +885,10 @@ class ConvDirectGemm(_ConvKernelBase):
         if f is None:
             return None
         x, bias, res, code, p0, p1 = f
-        # the layer's own workspace: the bound call may run on any thread
-        ws = np.empty(self._ws_floats(g), F32)
-        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws)
+        # the layer's own workspace (a band buffer per pool thread): the bound call may run on any thread
+        slots = native.num_threads()
+        ws = np.empty(self._ws_floats(g, slots), F32)
+        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws, slots)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -898,12 +900,13 @@ class ConvDirectGemm(_ConvKernelBase):
         full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
         r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
         inner = code >= 0 and (res is None or full_res)
-        ws = scratch(0, self._ws_floats(g))
+        slots = native.num_threads()
+        ws = scratch(0, self._ws_floats(g, slots))
         x4 = x.reshape(g.n, g.cin, g.h, g.w)
         y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
         for i in range(g.n):
             self._call(g, x4[i], params["w"], bias, r4[i] if r4 is not None else None, y4[i],
-                       code if inner else 0, p0, p1, ws)()
+                       code if inner else 0, p0, p1, ws, slots)()
         if not inner:
             _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
         o.close()
@@ -1356,30 +1359,32 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
       64@28 0.70/0.45/0.51, 256@14 2.65/1.55/2.16, 192->256@14 1.87/1.23/1.21, 512@7 3.13/3.14/6.64,
       256@7 0.76/0.63/0.94, 16->32@28 0.123/0.122/0.152, 8->16@56 0.148/0.150/0.177, 3->16@112 0.23/0.30/0.30.
     With up to 16 input channels the transforms cost more than the GEMM saves: im2col (its banded form,
-    ``im2col_tiled``, there: C*9 <= TILED_MAX_K). Re-measured on the native GEMM, two threads, min of 9 rounds, ms
+    ``im2col_tiled``, there: C*9 <= TILED_MAX_K; since replaced by the direct kernel from 8 channels on, below). Re-measured on the native GEMM, two threads, min of 9 rounds, ms
     (F(2,3) / F(4,3) / im2col_tiled): 16->64@55 (squeezenet's expand3x3) 0.40/0.36/0.31, 16->16@56 0.17/0.18/0.10,
     16->64@28 0.14/0.19/0.10, 16->128@28 0.21/0.29/0.17, 16->64@112 2.0/1.6/1.2; from 24 channels on it is a tie
     or Winograd: 24->96@28 0.20/0.24/0.20, 24->64@56 0.47/0.40/0.49, 32->128@27 0.30/0.33/0.33.
     On U-Net-sized maps (96x96 and up) F(4,3) wins with few channels too (2026-11-29, single-conv models, two
     threads, p20 of 30, F(2,3) / F(4,3) / im2col_tiled): 32->16@128 1.30/0.92/1.18 and 1.18/0.96/1.17 (unet_small's
     dec1), 24->24@128 1.22/0.87/1.10, 48->24@112 1.66/1.24/1.84, 32->32@96 1.00/0.77/1.07, 32->16@96 0.59/0.56/0.67.
-    With 8-48 input channels the direct stride-1 kernel (``direct_gemm``: no transforms, no column matrix) beats
-    the others where F(4,3) does not apply (2026-11-29, in the models, two threads, min of 6 rounds, layer time of
-    direct_gemm / the old choice): googlenet's third-branch 3x3s 24->64@14 0.48, 32->64@14 0.51, 32->128@14 0.70,
-    32->128@7 0.37, 48->128@7 0.44, 16->48@14 0.69, 16->32@28 0.85; squeezenet's 48->192@13 0.85, 32->128@27
-    0.95-1.0; unet_small's 32->64@32 0.99. From 64 channels on it loses (64->64@32 1.23, 128->128@16 1.23,
-    96->208@14 1.14, resnet's 1.3-1.5). On maps over 32x32 it ties at best: against the banded im2col with up to
-    16 channels (16->64@55 1.04, 16->16@128 1.00, 16->32@64 0.98), against Winograd in the models (unet_small's
-    32->32@64 0.91 and 1.01) and behind it on single layers (32->32@56 0.323 vs F(2,3) 0.301 ms, 24->64@56 0.465
-    vs F(4,3) 0.386), so those keep their kernels.
+    With 8-48 input channels the direct kernel (``direct_gemm``: no transforms, no column matrix) beats the
+    others except where F(4,3) applies with more than 16 output channels (2026-11-29, in the models, two threads,
+    min of 6 rounds, layer time of direct_gemm / the old choice): googlenet's third-branch 3x3s 24->64@14 0.48,
+    32->64@14 0.51, 32->128@14 0.70, 32->128@7 0.37, 48->128@7 0.44, 16->48@14 0.69, 16->32@28 0.85; squeezenet's
+    48->192@13 0.85, 32->128@27 0.95-1.0; unet_small's 16->16@128 0.80 and 0.81 (banded im2col), 16->32@64 0.83,
+    32->32@64 0.77 and 0.94 (F(2,3)), 32->16@128 0.80 (F(4,3)); single layers: 16->64@55 0.296 ms against the
+    banded im2col's 0.300, 32->16@96 0.445 against F(4,3)'s 0.484. F(4,3) keeps 24->24@128 (0.86 vs 0.91 ms),
+    32->32@96 (0.66 vs 0.83), 48->24@112 (1.15 vs 1.36). From 64 channels on direct loses (64->64@32 1.18-1.23,
+    128->128@16 1.23-1.29, 96->208@14 1.14, resnet's 1.3-1.5).
     """
     p43 = -(-g.oh // 4) * -(-g.ow // 4)
     cc = g.cin * g.cout
-    if g.cin < 8 or (g.cin <= 16 and g.oh * g.ow > 1024):
+    if g.cin < 8:
         return "im2col"
+    if g.cin <= 16 or (g.cin <= 48 and g.cout <= 16):
+        return "direct_gemm"
     if (p43 >= 196 and cc >= 2048) or (p43 >= 49 and cc >= 8192) or (p43 >= 576 and cc >= 512):
         return "winograd43"
-    if g.cin <= 48 and g.oh * g.ow <= 1024:
+    if g.cin <= 48:
         return "direct_gemm"
     return "winograd23"
 
