@@ -1,10 +1,11 @@
 /* Direct convolution, group 1: the GEMM's micro-kernel reading the input planes in place.
  *
  * Why: a convolution is a GEMM whose column matrix row (c, i, j) holds input plane c shifted by the tap. At
- * stride 1, with the input copied once into planes whose rows share their padding (row pitch
+ * stride 1, with the input copied into planes whose rows share their padding (row pitch
  * P = W + max(pl, pr): the right padding of one row is the left padding of the next), output position (oh, ow)
  * is flat index q = oh * P + ow and row (c, i, j) of column q sits at plane c + i*dh*P + j*dw + (D - pl) + q for
- * every q: each row of a column block is a contiguous run of the padded input. At stride s the input is split
+ * every q: each row of a column block is a contiguous run of the padded input (each task copies the rows of
+ * its band of output rows, so copies stay on the core that reads them). At stride s the input is split
  * into s x s phase planes (phase (a, b) holds padded pixels (s*r + a, s*t + b)), where tap (i, j) reads phase
  * (i*dh % sh, j*dw % sw) shifted by (i*dh / sh, j*dw / sw): a stride-1 problem again, with the same offsets
  * table. gemm.c's micro-kernel reads those runs in place through the table (inferd_gemm_ukoff), so neither
@@ -96,7 +97,7 @@ long long inferd_conv_direct_workspace(int C, int H, int W, int kh, int kw, int 
 
 typedef struct {
     const float* x;
-    int C, H, W, kh, kw, sh, sw, pt, pl, OH, OW, ekw;
+    int C, H, W, kh, kw, sh, sw, pt, pl, OH, OW;
     cd_layout L;
     const float* ap;
     int M, K;
@@ -212,18 +213,8 @@ static void cd_task(void* p, long long task)
     const int panels = (j->M + DMRP - 1) / DMRP;
     const int g0 = grp * j->group, g1 = cd_imin(panels, g0 + j->group);
     if (nb <= 0 || g0 >= g1) return;
-    /* a free band buffer (one per pool thread); none free (more threads than when the workspace was sized):
-       a private one */
-    int slot = -1;
-    unsigned long long bz = __atomic_load_n(&j->busy, __ATOMIC_ACQUIRE);
-    for (;;) {
-        const int f = ~bz ? __builtin_ctzll(~bz) : 64;
-        if (f >= j->slots) break;
-        if (__atomic_compare_exchange_n(&j->busy, &bz, bz | (1ULL << f), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            slot = f;
-            break;
-        }
-    }
+    /* a free band buffer (one per pool thread); none free: a private one */
+    const int slot = inferd_slot_claim(&j->busy, j->slots);
     float* buf = slot >= 0 ? j->slots_buf + (size_t)slot * L->slot : (float*)calloc((size_t)L->slot, sizeof(float));
     if (!buf) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
@@ -257,7 +248,7 @@ static void cd_task(void* p, long long task)
         }
     }
     if (slot >= 0)
-        __atomic_fetch_and(&j->busy, ~(1ULL << slot), __ATOMIC_RELEASE);
+        inferd_slot_release(&j->busy, slot);
     else
         free(buf);
 }
@@ -273,7 +264,6 @@ int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int 
     j.x = x;
     j.C = C, j.H = H, j.W = W, j.kh = kh, j.kw = kw, j.sh = sh, j.sw = sw, j.pt = pt, j.pl = pl, j.OH = OH, j.OW = OW;
     j.L = cd_layout_of(C, W, kh, kw, sh, sw, dh, dw, pl, OH, OW);
-    j.ekw = (kw - 1) * dw;
     j.ap = ap, j.M = M, j.K = C * kh * kw;
     j.bias = bias, j.res = res, j.y = y, j.act = act, j.p0 = p0, j.p1 = p1;
     long long* boff = (long long*)ws; /* the workspace starts 64-byte aligned (numpy), 8 is enough */

@@ -90,18 +90,8 @@ static void tile_task(void* p, long long t)
     if (oh0 >= oh1) return;
     const int K = j->C * j->kh * j->kw, N = (oh1 - oh0) * j->OW;
     const size_t slice = (size_t)K * j->band * j->OW;
-    /* claim a free slice of the workspace (a task holds one while it runs); none free (more threads than when
-       the workspace was sized): a private one */
-    int slot = -1;
-    unsigned long long b = __atomic_load_n(&j->busy, __ATOMIC_ACQUIRE);
-    for (;;) {
-        const int f = ~b ? __builtin_ctzll(~b) : 64;
-        if (f >= j->slots) break;
-        if (__atomic_compare_exchange_n(&j->busy, &b, b | (1ULL << f), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            slot = f;
-            break;
-        }
-    }
+    /* a free slice of the workspace; none free: a private one */
+    const int slot = inferd_slot_claim(&j->busy, j->slots);
     float* col = slot >= 0 ? j->col + (size_t)slot * slice : (float*)malloc(sizeof(float) * slice);
     if (!col) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
@@ -113,7 +103,7 @@ static void tile_task(void* p, long long t)
                     j->res ? j->res + first : NULL, 0, j->act, j->p0, j->p1, 1) != 0)
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
     if (slot >= 0)
-        __atomic_fetch_and(&j->busy, ~(1ULL << slot), __ATOMIC_RELEASE);
+        inferd_slot_release(&j->busy, slot);
     else
         free(col);
 }

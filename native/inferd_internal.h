@@ -197,6 +197,24 @@ INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0
    so it compiles to a blend on every target (the vector ?: is C++ only). */
 #define INFERD_VSEL(VT, VI, M, A, B) ((VT)(((VI)(A) & (M)) | ((VI)(B) & ~(M))))
 
+/* Per-thread workspace slots of a parallel job (convtile.c's column bands, convdirect.c's input bands): a task
+   claims a free one of `slots` (bits of *busy) while it runs; -1 when none is free (more threads than when the
+   workspace was sized: the task allocates its own). */
+INFERD_INLINE int inferd_slot_claim(unsigned long long* busy, int slots)
+{
+    unsigned long long b = __atomic_load_n(busy, __ATOMIC_ACQUIRE);
+    for (;;) {
+        const int f = ~b ? __builtin_ctzll(~b) : 64;
+        if (f >= slots) return -1;
+        if (__atomic_compare_exchange_n(busy, &b, b | (1ULL << f), 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return f;
+    }
+}
+
+INFERD_INLINE void inferd_slot_release(unsigned long long* busy, int slot)
+{
+    if (slot >= 0) __atomic_fetch_and(busy, ~(1ULL << slot), __ATOMIC_RELEASE);
+}
+
 /* gemm.c's micro-kernel for the current ISA with B's row k at b + boff[k]: an mrk x nr tile of raw sums to t
    (pitch nr) from rows 0..mrk-1 of an 8-row A panel packed by inferd_gemm_pack_a (a at the panel + row offset). */
 typedef void (*inferd_ukoff_fn)(long kc, const float* a, const float* b, const long long* boff, float* t);

@@ -1128,6 +1128,18 @@ TILED_SHAPES = [
 ]
 
 
+def _fused_conv_case(seed: int, xshape: tuple[int, ...], cout: int, k: tuple[int, ...], attrs: dict[str, Any],
+                     act: Any) -> tuple:
+    """A conv with bias, a residual input and ``act`` fused: (x, w, b, res, inputs, layer, the oracle's output)."""
+    x, w, b = make_inputs(seed, xshape, (cout, xshape[1]) + k, True)
+    res = np.random.default_rng(seed + 10).standard_normal(
+        single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
+    fused = dict(attrs, residual=True, **({"act": act} if act is not None else {}))
+    ins, const = [x, w, b, res], [False, True, True, False]
+    layer = single_node_layer("Conv", ins, fused, const=const)
+    return x, w, b, res, ins, layer, op_spec("Conv").reference(layer.node, list(ins))[0]
+
+
 @pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("Tanh", ())],
@@ -1140,13 +1152,7 @@ def test_conv_tiled_bound_and_run_match_oracle(act, threads: int) -> None:
     old = native.num_threads()
     try:
         for si, (xshape, cout, k, attrs) in enumerate(TILED_SHAPES):
-            x, w, b = make_inputs(si + 50, xshape, (cout, xshape[1]) + k, True)
-            res = np.random.default_rng(si + 60).standard_normal(
-                single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
-            fused = dict(attrs, residual=True, **({"act": act} if act is not None else {}))
-            ins, const = [x, w, b, res], [False, True, True, False]
-            layer = single_node_layer("Conv", ins, fused, const=const)
-            expect = op_spec("Conv").reference(layer.node, list(ins))[0]
+            x, w, b, res, ins, layer, expect = _fused_conv_case(si + 50, xshape, cout, k, attrs, act)
             assert kern.applies(layer)
             native.set_num_threads(threads)
             assert rel_err(run_layer(kern, layer, ins)[0], expect) <= TOL, (xshape, act)
@@ -1198,13 +1204,7 @@ def test_conv_direct_gemm_bound_and_run_match_oracle(act, isa: int) -> None:
             threads = 1 + si % 3
             for n in (1, 2):
                 xs = (n,) + xshape[1:]
-                x, w, b = make_inputs(si + 70, xs, (cout, xshape[1]) + k, True)
-                res = np.random.default_rng(si + 80).standard_normal(
-                    single_node_layer("Conv", [x, w], attrs).out_shape(), dtype=F32)
-                fused = dict(attrs, residual=True, **({"act": act} if act is not None else {}))
-                ins, const = [x, w, b, res], [False, True, True, False]
-                layer = single_node_layer("Conv", ins, fused, const=const)
-                expect = op_spec("Conv").reference(layer.node, list(ins))[0]
+                x, w, b, res, ins, layer, expect = _fused_conv_case(si + 70, xs, cout, k, attrs, act)
                 assert kern.applies(layer)
                 native.set_num_threads(threads)
                 assert rel_err(run_layer(kern, layer, ins)[0], expect) <= TOL, (xs, act)

@@ -35,7 +35,7 @@ import math
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -727,16 +727,97 @@ class ConvIm2col(_ConvKernelBase):
 TILED_MAX_K = 256
 
 
+class _BandedNativeConv(_ConvKernelBase):
+    """Group-1 convs run by one native call per image with a workspace of per-thread slots (``im2col_tiled``,
+    ``direct_gemm``): the GEMM's packed weights (``im2col``'s), and bind / run around the call. The C functions
+    share their arguments up to the workspace; ``_tail`` gives the ones after it."""
+
+    ops = ("Conv",)
+    weights_form = GEMM_A_WEIGHTS
+    #: the native function and its name in errors
+    _cname: ClassVar[str] = ""
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return ConvIm2col().transform(layer, raw)
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        return ConvIm2col()._w_nbytes(layer)
+
+    def _tail(self, g: Geom2D) -> tuple[int, ...]:
+        """The call's arguments after the workspace (for the pool's current thread count)."""
+        raise NotImplementedError
+
+    def _ws_floats(self, g: Geom2D, tail: tuple[int, ...]) -> int:
+        raise NotImplementedError
+
+    def workspace_nbytes(self, layer: Layer) -> int:
+        return sum(self.scratch_floats(layer).values()) * 4
+
+    def scratch_floats(self, layer: Layer) -> dict[int, int]:
+        g = _geo2d(layer)
+        assert g is not None
+        return {0: self._ws_floats(g, self._tail(g))}
+
+    def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
+              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray, tail: tuple[int, ...]
+              ) -> Callable[[], None]:
+        ffi = native.ffi
+        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
+                native._ptr(w), g.cout, ffi.NULL if bias is None else native._ptr(bias),
+                ffi.NULL if res is None else native._ptr(res), native._ptr(y), code, p0, p1, native._ptr(ws), *tail)
+        fn = getattr(native.lib, self._cname)
+        what = self._cname
+
+        def call(_keep: Any = (x, w, bias, res, y, ws)) -> None:
+            if fn(*args) != 0:  # applies() rules out the geometries they refuse: only a failed allocation is left
+                raise MemoryError(f"{what}: out of memory")
+        return call
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        g = _geo2d(layer)
+        if g is None or g.n != 1 or g.group != 1:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, p0, p1 = f
+        tail = self._tail(g)
+        # the layer's own workspace (a slot per pool thread): the bound call may run on any thread
+        ws = np.empty(max(1, self._ws_floats(g, tail)), F32)
+        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws, tail)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        g = _geo2d(layer)
+        assert g is not None
+        x, bias, res, act = self._common(layer, inputs, params)
+        code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
+        o = ContiguousOut(outputs[0])
+        full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
+        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
+        inner = code >= 0 and (res is None or full_res)
+        tail = self._tail(g)
+        ws = scratch(0, max(1, self._ws_floats(g, tail)))
+        x4 = x.reshape(g.n, g.cin, g.h, g.w)
+        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        for i in range(g.n):
+            self._call(g, x4[i], params["w"], bias, r4[i] if r4 is not None else None, y4[i],
+                       code if inner else 0, p0, p1, ws, tail)()
+        if not inner:
+            _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
+        o.close()
+
+
 @register_kernel
-class ConvIm2colTiled(_ConvKernelBase):
+class ConvIm2colTiled(_BandedNativeConv):
     """Group-1 conv as im2col + GEMM band by band of output rows (native/convtile.c): each pool task builds the
     columns of the few output rows that fill ~256 KB and multiplies them on one thread, so the column matrix
     never travels through memory. Same packed weights as ``im2col``. Workspace: one band per pool thread."""
 
     name = "im2col_tiled"
-    ops = ("Conv",)
     priority = 38
-    weights_form = GEMM_A_WEIGHTS
+    _cname = "inferd_conv_tiled"
 
     def applies(self, layer: Layer) -> bool:
         g = self._base_applies(layer)
@@ -750,88 +831,26 @@ class ConvIm2colTiled(_ConvKernelBase):
             return preferred_3x3_kernel(g) == "im2col" and g.cin * 9 <= TILED_MAX_K
         return g.cin * g.kh * g.kw <= TILED_MAX_K and not g.unpadded_1x1
 
-    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return ConvIm2col().transform(layer, raw)
+    def _tail(self, g: Geom2D) -> tuple[int, ...]:
+        """(output rows per band, column slices: one per pool thread)."""
+        return int(native.lib.inferd_conv_tiled_band(g.cin, g.kh, g.kw, g.oh, g.ow)), native.num_threads()
 
-    def _w_nbytes(self, layer: Layer) -> int:
-        return ConvIm2col()._w_nbytes(layer)
-
-    @staticmethod
-    def _band(g: Geom2D) -> tuple[int, int]:
-        band = int(native.lib.inferd_conv_tiled_band(g.cin, g.kh, g.kw, g.oh, g.ow))
-        return band, native.num_threads()
-
-    def workspace_nbytes(self, layer: Layer) -> int:
-        return sum(self.scratch_floats(layer).values()) * 4
-
-    def scratch_floats(self, layer: Layer) -> dict[int, int]:
-        g = _geo2d(layer)
-        assert g is not None
-        band, slots = self._band(g)
-        return {0: int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))}
-
-    def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
-              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray, band: int, slots: int) -> Callable[[], None]:
-        ffi = native.ffi
-        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
-                native._ptr(w), g.cout, ffi.NULL if bias is None else native._ptr(bias),
-                ffi.NULL if res is None else native._ptr(res), native._ptr(y), code, p0, p1, native._ptr(ws), band,
-                slots)
-        fn = native.lib.inferd_conv_tiled
-
-        def call(_keep: Any = (x, w, bias, res, y, ws)) -> None:
-            if fn(*args) != 0:
-                raise MemoryError("conv_tiled: out of memory")
-        return call
-
-    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
-        g = _geo2d(layer)
-        if g is None or g.n != 1 or g.group != 1:
-            return None
-        f = _fast_io(layer, inputs, params, outputs[0])
-        if f is None:
-            return None
-        x, bias, res, code, p0, p1 = f
-        band, slots = self._band(g)
-        # the layer's own workspace (one band per pool thread): the bound call may run on any thread
-        ws = np.empty(max(1, int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))), F32)
-        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws, band, slots)
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        g = _geo2d(layer)
-        assert g is not None
-        x, bias, res, act = self._common(layer, inputs, params)
-        code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
-        o = ContiguousOut(outputs[0])
-        full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
-        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
-        inner = code >= 0 and (res is None or full_res)
-        band, slots = self._band(g)
-        ws = scratch(0, max(1, int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))))
-        x4 = x.reshape(g.n, g.cin, g.h, g.w)
-        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
-        for i in range(g.n):
-            self._call(g, x4[i], params["w"], bias, r4[i] if r4 is not None else None, y4[i],
-                       code if inner else 0, p0, p1, ws, band, slots)()
-        if not inner:
-            _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
-        o.close()
+    def _ws_floats(self, g: Geom2D, tail: tuple[int, ...]) -> int:
+        band, slots = tail
+        return int(native.lib.inferd_conv_tiled_workspace(g.cin, g.kh, g.kw, g.ow, band, slots))
 
 
 @register_kernel
-class ConvDirectGemm(_ConvKernelBase):
-    """Group-1 conv as the GEMM's micro-kernel reading the input in place (native/convdirect.c): the input is
-    copied once into planes whose rows share their padding (stride 1) or into s x s phase planes (stride s), so
-    every row of the implicit column matrix is a contiguous run of them, read through a table of row offsets;
-    no column matrix, gathered panels or Winograd transforms. Same packed weights as ``im2col``. Workspace: the
-    row offsets and, per pool thread, the input planes of a band of output rows (each task copies its own)."""
+class ConvDirectGemm(_BandedNativeConv):
+    """Group-1 conv as the GEMM's micro-kernel reading the input in place (native/convdirect.c): each task copies
+    the input of a band of output rows into planes whose rows share their padding (stride 1) or into s x s phase
+    planes (stride s), so every row of the implicit column matrix is a contiguous run of them, read through a
+    table of row offsets; no column matrix, gathered panels or Winograd transforms. Same packed weights as
+    ``im2col``. Workspace: the row offsets and a band buffer per pool thread."""
 
     name = "direct_gemm"
-    ops = ("Conv",)
     priority = 39
-    weights_form = GEMM_A_WEIGHTS
+    _cname = "inferd_conv_direct"
 
     def applies(self, layer: Layer) -> bool:
         g = self._base_applies(layer)
@@ -843,73 +862,13 @@ class ConvDirectGemm(_ConvKernelBase):
         g = _geo2d(layer)
         return g is not None and _is_3x3_s1(g) and self.applies(layer) and preferred_3x3_kernel(g) == self.name
 
-    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return ConvIm2col().transform(layer, raw)
+    def _tail(self, g: Geom2D) -> tuple[int, ...]:
+        """(band buffers: one per pool thread,)."""
+        return (native.num_threads(),)
 
-    def _w_nbytes(self, layer: Layer) -> int:
-        return ConvIm2col()._w_nbytes(layer)
-
-    @staticmethod
-    def _ws_floats(g: Geom2D, slots: int) -> int:
+    def _ws_floats(self, g: Geom2D, tail: tuple[int, ...]) -> int:
         return int(native.lib.inferd_conv_direct_workspace(g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt,
-                                                           g.pl, g.oh, g.ow, slots))
-
-    def workspace_nbytes(self, layer: Layer) -> int:
-        return sum(self.scratch_floats(layer).values()) * 4
-
-    def scratch_floats(self, layer: Layer) -> dict[int, int]:
-        g = _geo2d(layer)
-        assert g is not None
-        return {0: self._ws_floats(g, native.num_threads())}
-
-    def _call(self, g: Geom2D, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None,
-              y: np.ndarray, code: int, p0: float, p1: float, ws: np.ndarray, slots: int) -> Callable[[], None]:
-        ffi = native.ffi
-        args = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow,
-                native._ptr(w), g.cout,
-                ffi.NULL if bias is None else native._ptr(bias), ffi.NULL if res is None else native._ptr(res),
-                native._ptr(y), code, p0, p1, native._ptr(ws), slots)
-        fn = native.lib.inferd_conv_direct
-
-        def call(_keep: Any = (x, w, bias, res, y, ws)) -> None:
-            if fn(*args) != 0:  # applies() rules out the geometries it refuses: only a failed allocation is left
-                raise MemoryError("conv_direct: out of memory")
-        return call
-
-    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
-        g = _geo2d(layer)
-        if g is None or g.n != 1 or g.group != 1:
-            return None
-        f = _fast_io(layer, inputs, params, outputs[0])
-        if f is None:
-            return None
-        x, bias, res, code, p0, p1 = f
-        # the layer's own workspace (a band buffer per pool thread): the bound call may run on any thread
-        slots = native.num_threads()
-        ws = np.empty(self._ws_floats(g, slots), F32)
-        return self._call(g, x, params["w"], bias, res, outputs[0], code, p0, p1, ws, slots)
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        g = _geo2d(layer)
-        assert g is not None
-        x, bias, res, act = self._common(layer, inputs, params)
-        code, p0, p1 = native.native_act(act) or (-1, 0.0, 0.0)
-        o = ContiguousOut(outputs[0])
-        full_res = res is not None and tuple(res.shape) == tuple(o.y.shape) and res.dtype == F32
-        r4 = np.ascontiguousarray(res).reshape(g.n, g.cout, g.oh, g.ow) if full_res else None
-        inner = code >= 0 and (res is None or full_res)
-        slots = native.num_threads()
-        ws = scratch(0, self._ws_floats(g, slots))
-        x4 = x.reshape(g.n, g.cin, g.h, g.w)
-        y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
-        for i in range(g.n):
-            self._call(g, x4[i], params["w"], bias, r4[i] if r4 is not None else None, y4[i],
-                       code if inner else 0, p0, p1, ws, slots)()
-        if not inner:
-            _finish(o.y.reshape(g.n, g.cout, -1), None, None if full_res else res, act)
-        o.close()
+                                                           g.pl, g.oh, g.ow, tail[0]))
 
 def in_slice_bounds(cin: int, slices: int) -> list[tuple[int, int]]:
     """The input-channel ranges of a conv sliced ``slices`` ways (as even as possible, none empty)."""
