@@ -93,7 +93,7 @@ typedef struct {
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];                \
             }                                                                                                \
         }
-/* B's row k at b + boff[k] (a stride-1 convolution's input planes shifted by the taps, read in place by
+/* B's row k at b + boff[k] (a convolution's input planes shifted by the taps, read in place by
    inferd_conv_direct): packed A, the raw MRK x NV*VL tile to t (pitch NV*VL) */
 #define INFERD_UKOFF(NAME, ATTR, VT, VL, MRK, NV)                                                             \
     ATTR static void NAME(long kc, const float* restrict a, const float* restrict b,                         \
