@@ -1318,7 +1318,8 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
       64@28 0.70/0.45/0.51, 256@14 2.65/1.55/2.16, 192->256@14 1.87/1.23/1.21, 512@7 3.13/3.14/6.64,
       256@7 0.76/0.63/0.94, 16->32@28 0.123/0.122/0.152, 8->16@56 0.148/0.150/0.177, 3->16@112 0.23/0.30/0.30.
     With up to 16 input channels the transforms cost more than the GEMM saves: im2col (its banded form,
-    ``im2col_tiled``, there: C*9 <= TILED_MAX_K; since replaced by the direct kernel from 8 channels on, below). Re-measured on the native GEMM, two threads, min of 9 rounds, ms
+    ``im2col_tiled``, there: C*9 <= TILED_MAX_K; since replaced by the direct kernel from 8 channels on, below).
+    Re-measured on the native GEMM, two threads, min of 9 rounds, ms
     (F(2,3) / F(4,3) / im2col_tiled): 16->64@55 (squeezenet's expand3x3) 0.40/0.36/0.31, 16->16@56 0.17/0.18/0.10,
     16->64@28 0.14/0.19/0.10, 16->128@28 0.21/0.29/0.17, 16->64@112 2.0/1.6/1.2; from 24 channels on it is a tie
     or Winograd: 24->96@28 0.20/0.24/0.20, 24->64@56 0.47/0.40/0.49, 32->128@27 0.30/0.33/0.33.
