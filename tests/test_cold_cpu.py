@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import inferd
+from inferd.ops.base import choose_kernel
 from inferd.package import compile_model, read_plan, write_plan
 from inferd.ops.base import kernels_for
 from inferd.planner.cost import kernel_transforms
@@ -99,6 +100,26 @@ def test_wait_warm_before_the_first_run_finishes_the_load_and_the_switch() -> No
         kernels = model.kernels
         assert all(kernels[model.plan.layers[pos].name] == k for pos, k in switches)
         check(model, name, "first run after wait_warm, on the warm kernels")
+
+
+def test_warm_switch_to_a_kernel_of_the_same_weights_form_reuses_the_arrays() -> None:
+    """squeezenet's cold plan runs its 3x3 layers on the banded im2col; the warm rule gives some of them the direct
+    kernel, which reads the same packed weights: the switch hands the arrays over instead of reading and packing
+    the weights again, and the answers stay right."""
+    name = "squeezenet1_1"
+    with inferd.load(ref(name)[0]) as model:
+        check(model, name, "cold")
+        cold = model._cold
+        ex = cold.backend
+        same = {pos: ex.kernel_params(pos)[1]["w"] for pos, k in cold.warm_switches()
+                if ex.kernel_params(pos)[0].weights_form is not None
+                and ex.kernel_params(pos)[0].weights_form == choose_kernel(ex.layers()[pos], "cpu", k).weights_form}
+        assert same, "the plan has a switch between kernels of one weights form"
+        assert model.wait_warm(60)
+        for pos, w in same.items():
+            k, params = ex.kernel_params(pos)
+            assert k.name == dict(cold.warm_switches())[pos] and params["w"] is w
+        check(model, name, "warm, on the handed-over arrays")
 
 
 def test_profiled_plan_is_stored_and_obeyed(tmp_path: Path) -> None:

@@ -174,12 +174,18 @@ class ColdLoad:
         return [(pos, lp.warm_kernel) for pos, lp in enumerate(self.plan.layers) if lp.warm_kernel]
 
     def prepare_warm(self, backend_name: str) -> list[tuple[int, Kernel, dict[str, np.ndarray]]]:
-        """The warm kernels' params of every layer whose cold kernel is not its warm one (background work)."""
+        """The warm kernels' params of every layer whose cold kernel is not its warm one (background work). A cold
+        kernel whose weights are of the warm one's form (``Kernel.weights_form``) hands over its very arrays:
+        nothing is read or transformed again."""
         out = []
+        current = getattr(self.backend, "kernel_params", None)
         for pos, kname in self.warm_switches():
             layer = self.layers[pos]
             k = choose_kernel(layer, backend_name, kname)
-            if self.weights.has_transformed(layer.name, kname):
+            now = current(pos) if current is not None else None
+            if now is not None and k.weights_form is not None and now[0].weights_form == k.weights_form:
+                params = now[1]
+            elif self.weights.has_transformed(layer.name, kname):
                 params = self.weights.transformed(layer, kname)
             else:
                 raw = self.weights.raw(layer)

@@ -346,6 +346,11 @@ class CpuExecutor:
             raise RuntimeError(f"layers not prepared: {missing[:5]}")
         self._calls = [s.call() for s in self.steps if s is not None and not s.alias]
 
+    def kernel_params(self, pos: int) -> tuple[Kernel, dict[str, np.ndarray]] | None:
+        """Layer ``pos``'s kernel and transformed params now (None before it is prepared)."""
+        s = self.steps[pos]
+        return None if s is None else (s.kernel, s.params)
+
     def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:
         """Replace layer ``pos``'s kernel (the warm switch); the caller holds the model's run lock."""
         old = self.steps[pos]
