@@ -99,8 +99,13 @@ class Kernel:
     #: Lower is faster when several kernels apply (the default pick is the fastest warm kernel).
     priority: ClassVar[int] = 100
     #: Kernels that name the same form transform a layer's constants into the same arrays, so one's
-    #: transformed weights serve the other (another input shape of a dynamic model choosing another kernel).
+    #: transformed weights serve the other (another input shape of a dynamic model choosing another kernel,
+    #: a warm switch from the cold kernel).
     weights_form: ClassVar[str | None] = None
+
+    def takes_weights_of(self, other: "Kernel") -> bool:
+        """Whether ``other``'s transformed params serve this kernel as they are (one ``weights_form``)."""
+        return self.weights_form is not None and self.weights_form == other.weights_form
 
     def applies(self, layer: Layer) -> bool:
         return True

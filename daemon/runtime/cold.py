@@ -183,7 +183,7 @@ class ColdLoad:
             layer = self.layers[pos]
             k = choose_kernel(layer, backend_name, kname)
             now = current(pos) if current is not None else None
-            if now is not None and k.weights_form is not None and now[0].weights_form == k.weights_form:
+            if now is not None and k.takes_weights_of(now[0]):
                 params = now[1]
             elif self.weights.has_transformed(layer.name, kname):
                 params = self.weights.transformed(layer, kname)

@@ -263,8 +263,7 @@ class CpuExecutor:
                     s.kernel.transform_key(s.layer) == s.kernel.transform_key(layer):
                 # this shape's default kernel where it takes the donor's weights as they are (the same form);
                 # else the donor's kernel where it applies here
-                same_form = k.weights_form is not None and k.weights_form == s.kernel.weights_form and \
-                    k.transform_key(layer) == s.kernel.transform_key(layer)
+                same_form = k.takes_weights_of(s.kernel) and k.transform_key(layer) == s.kernel.transform_key(layer)
                 use = k if same_form else s.kernel if s.kernel.applies(layer) else None
                 if use is not None:
                     self._build(pos, use, None, s.params)
