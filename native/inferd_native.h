@@ -19,11 +19,13 @@ int inferd_dwconv2d(const float* x, const float* w, const float* bias, float* y,
                     int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl, int OH, int OW,
                     int act, float p0, float p1);
 
-/* Depthwise conv straight from padded row copies (dwconv.c): channel multiplier 1, k x k kernel (k = 3 or 5),
-   stride s (1 or 2) both ways, dilation 1; w (C, k, k), bias (C) or NULL, y (C, OH, OW) = act(conv + bias).
-   _applies says whether a geometry is one it takes. Returns 0, -1 if out of memory, -2 for a geometry it
-   does not take. */
+/* Depthwise conv straight from NCHW rows (dwconv.c): channel multiplier 1, k x k kernel (k = 3 or 5), stride s
+   (1 or 2) both ways, dilation 1; w (C, k, k), bias (C) or NULL, y (C, OH, OW) = act(conv + bias).
+   _applies says whether a geometry is one it takes; _inplace whether it reads the rows in place (stride 1,
+   "same" columns, W >= 8 + pl) rather than through padded row copies. Returns 0, -1 if out of memory, -2 for
+   a geometry it does not take. */
 int inferd_dwconv2d_direct_applies(int mult, int kh, int kw, int sh, int sw, int dh, int dw);
+int inferd_dwconv2d_direct_inplace(int k, int s, int pl, int W, int OW);
 int inferd_dwconv2d_direct(const float* x, const float* w, const float* bias, float* y, int C, int H, int W, int k, int s,
                            int pt, int pl, int OH, int OW, int act, float p0, float p1);
 

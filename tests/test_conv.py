@@ -799,6 +799,9 @@ int main(void){
     int sh = irand(1, 3), sw = irand(1, 3), dh = irand(1, 2), dw = irand(1, 2);
     if (it % 3 == 0) { kh = kw = (it % 2) ? 3 : 5; sh = sw = irand(1, 2); dh = dw = 1; }
     int pt = irand(0, 3), pl = irand(0, 3), pb = irand(0, 3), pr = irand(0, 3);
+    if (it % 5 == 1) { /* dwconv.c's in-place form: stride 1, same columns, rows from 8 + pl to past 4 vectors */
+      kh = kw = (it % 2) ? 3 : 5; sh = sw = 1; dh = dw = 1; pl = pr = kw / 2; W = irand(8 + pl, 40);
+    }
     int OH = (H + pt + pb - ((kh - 1) * dh + 1)) / sh + 1, OW = (W + pl + pr - ((kw - 1) * dw + 1)) / sw + 1;
     if (H + pt + pb < (kh - 1) * dh + 1 || W + pl + pr < (kw - 1) * dw + 1 || OH < 1 || OW < 1) continue;
     size_t K = (size_t)C * kh * kw, P = (size_t)OH * OW;
@@ -1297,14 +1300,19 @@ def test_depthwise_direct_matches_oracle_and_ort(act, threads: int) -> None:
         assert not kern.applies(single_node_layer("Conv", [x, w, b], attrs))
 
 
-def test_depthwise_direct_is_preferred_on_wide_maps_only() -> None:
-    def pick(c, hw, s):
-        x, w, b = make_inputs(0, (1, c, hw, hw), (c, 1, 3, 3), True)
+def test_depthwise_direct_is_preferred_in_place_and_on_wide_maps_only() -> None:
+    def pick(c, hw, s, pads=(1, 1, 1, 1), k=3):
+        x, w, b = make_inputs(0, (1, c, hw, hw), (c, 1, k, k), True)
         return choose_kernel(single_node_layer("Conv", [x, w, b], dict(group=c, strides=[s, s],
-                                                                        pads=[1, 1, 1, 1]))).name
+                                                                        pads=list(pads)))).name
     want = "depthwise_direct" if native.AVAILABLE else "depthwise"
     assert pick(8, 112, 1) == want
-    assert pick(8, 56, 1) == "depthwise"
+    assert pick(8, 56, 1) == want                       # stride 1, same columns: rows read in place
+    assert pick(8, 9, 1) == want
+    assert pick(8, 8, 1) == "depthwise"                 # under a vector plus the padding
+    assert pick(8, 56, 1, (1, 0, 1, 2)) == "depthwise"  # not same columns: row copies, too narrow for those
+    assert pick(8, 112, 1, (1, 0, 1, 2)) == want
+    assert pick(8, 56, 1, (2, 2, 2, 2), k=5) == "depthwise"
     assert pick(8, 112, 2) == want
     assert pick(8, 56, 2) == "depthwise"
 

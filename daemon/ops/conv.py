@@ -7,8 +7,9 @@ only through ``direct`` (the reference). Every kernel honours the optional bias,
 Conv kernels, in default order (``priority``; measured warm on an AMD EPYC (Zen 4), see each class's
 docstring and :func:`preferred_3x3_kernel`):
 
-* ``depthwise_direct`` (4): depthwise 3x3/5x5, stride 1/2, dilation 1, multiplier 1, from zero-padded row copies
-  (native/dwconv.c); preferred only for 3x3 stride 1 on wide maps (``DW_DIRECT_MIN_OW``).
+* ``depthwise_direct`` (4): depthwise 3x3/5x5, stride 1/2, dilation 1, multiplier 1, straight from NCHW rows
+  (native/dwconv.c); preferred for 3x3 where it reads the rows in place (stride 1, "same" columns, 9 columns
+  or more) and on wide maps (``DW_DIRECT_MIN_OW``).
 * ``depthwise`` (5): group == Cin > 1, Cout = mult * Cin, any kernel/stride/dilation, native C.
 * ``conv1x1`` (10): 1x1 kernel, no padding, any stride: one GEMM per image (strided input copied first).
 * ``winograd23`` (20) / ``winograd43`` (25): 3x3 stride 1 dilation 1 group 1. F(4x4,3x3) wins on
@@ -1085,18 +1086,22 @@ class ConvDepthwise(_ConvKernelBase):
         o.close()
 
 
-#: Narrowest output map (columns) for which ``depthwise_direct`` is preferred, by stride: measured on Zen 4, one
-#: thread, 3x3: stride 1 0.17 vs 0.23 ms on 32x112x112 (mobilenetv2's first depthwise), even on 144x56x56, 1.5x
-#: slower on 28x28 and below (where ``depthwise``'s channel-blocked form shines); stride 2 (deinterleaved rows)
-#: 0.31 vs 0.34 ms on 96x112x112 -> 56x56, 1.3x slower on 144x56x56 -> 28x28.
+#: Narrowest output map (columns) for which ``depthwise_direct`` is preferred, by stride, where it goes through
+#: padded row copies: measured on Zen 4, 3x3. Where it reads rows in place (stride 1, "same" columns, W >= 9:
+#: ``inferd_dwconv2d_direct_inplace``) it is preferred at any width: 2 threads, 0.10 vs 0.20 ms on 32x112x112,
+#: 0.12 vs 0.23 on 144x56x56, 0.026 vs 0.043 on 384x14x14, 0.010 vs 0.014 on 384x10x10, against ``depthwise``'s
+#: per-plane and channel-blocked forms. Stride 2 (deinterleaved row copies): 0.19 vs 0.31 ms on 96x112x112 ->
+#: 56x56, 1.2x slower on 144x56x56 -> 28x28 and 3x on 576x14x14 -> 7x7 (the blocked form's ground). 5x5 stays
+#: with ``depthwise`` (1.3-1.6x slower here: its 25 weight vectors crowd the registers).
 DW_DIRECT_MIN_OW = {1: 96, 2: 48}
 
 
 @register_kernel
 class ConvDepthwiseDirect(_ConvKernelBase):
     """Depthwise 3x3/5x5, stride 1 or 2, dilation 1, multiplier 1, straight from NCHW (native/dwconv.c): each
-    input row copied once into a ring of zero-padded rows, every output row one branch-free loop with the bias
-    and activation fused. Preferred on wide maps (``DW_DIRECT_MIN_OW``); ``depthwise`` elsewhere."""
+    input row read in place (stride 1, "same" columns) or copied once into a ring of zero-padded rows, every
+    output row one branch-free vector loop with the bias and activation fused. Preferred for 3x3 in place and on
+    wide maps (``DW_DIRECT_MIN_OW``); ``depthwise`` elsewhere."""
 
     name = "depthwise_direct"
     ops = ("Conv",)
@@ -1109,7 +1114,9 @@ class ConvDepthwiseDirect(_ConvKernelBase):
 
     def preferred(self, layer: Layer) -> bool:
         g = _geo2d(layer)
-        return g is not None and self.applies(layer) and g.kh == 3 and g.ow >= DW_DIRECT_MIN_OW[g.sh]
+        return (g is not None and self.applies(layer) and g.kh == 3
+                and (g.ow >= DW_DIRECT_MIN_OW[g.sh]
+                     or bool(native.lib.inferd_dwconv2d_direct_inplace(g.kh, g.sh, g.pl, g.w, g.ow))))
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return ConvDepthwise().transform(layer, raw)
