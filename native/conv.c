@@ -245,7 +245,6 @@ INFERD_INLINE void dw_rows(const float* x, const float* w, const float* bias, fl
             float* yr = yc + (size_t)oh * OW;
             if (!fast || oh < r_lo || oh >= r_hi) {
                 dw_row_taps(yr, plane, wc, b, oh, H, W, kh, kw, sh, sw, dh, dw, pt, pl, 0, OW);
-                act_inplace(yr, OW, act, p0, p1);
                 continue;
             }
             const float* rows[7];
@@ -258,8 +257,9 @@ INFERD_INLINE void dw_rows(const float* x, const float* w, const float* bias, fl
                 dw_row_k_strides(yr, rows, wc, b, c_lo, c_hi, sw, dw, pl, 7);
             for (int ow = 0; ow < c_lo; ++ow) yr[ow] = dw_point(plane, wc, b, oh, ow, H, W, kh, kw, sh, sw, dh, dw, pt, pl);
             for (int ow = c_hi; ow < OW; ++ow) yr[ow] = dw_point(plane, wc, b, oh, ow, H, W, kh, kw, sh, sw, dh, dw, pt, pl);
-            act_inplace(yr, OW, act, p0, p1);
         }
+        /* once per plane: per row, a costly code's loop runs mostly in its scalar tail */
+        act_inplace(yc, (ptrdiff_t)OH * OW, act, p0, p1);
     }
 }
 

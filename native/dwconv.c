@@ -50,7 +50,9 @@ INFERD_INLINE dwv dwv_ld(const float* p)
 }
 
 /* The vector's first n lanes to y (n = DWV but at a row's ragged end), with the activation va (a literal: a code
-   with a vector form, or 0). The costly codes (a polynomial each) go through act_inplace once a row is stored. */
+   with a vector form, or 0). The costly codes (a polynomial each) go through act_inplace once a whole plane is
+   stored: per row, on 7-56 values, its loop ran mostly in its scalar tail (SiLU took 6x the convolution's time
+   on 480x14x14). */
 INFERD_INLINE void dwv_st(float* y, const dwv* s, ptrdiff_t n, const int va, float p0, float p1)
 {
     dwv v = *s;
@@ -107,17 +109,13 @@ INFERD_INLINE void dwd_vec2(float* restrict y0, float* restrict y1, const float*
 
 /* Output rows y0 and y1 (stride 1) from K + 1 padded rows (each readable to ceil(OW / DWV) * DWV + K - 1). */
 INFERD_INLINE void dwd_row2(float* restrict y0, float* restrict y1, const float* const* r, const float* w, float b,
-                            ptrdiff_t OW, const int va, int act, float p0, float p1, const int K)
+                            ptrdiff_t OW, const int va, float p0, float p1, const int K)
 {
     dwv wk[25];
     for (int t = 0; t < K * K; ++t) wk[t] = (dwv){0} + w[t];
 #define DWD_VEC2(o, n) dwd_vec2(y0, y1, r, wk, b, o, n, va, p0, p1, K)
     DWD_ROW_VECS(DWD_VEC2);
 #undef DWD_VEC2
-    if (INFERD_ACT_COSTLY(act)) {
-        act_inplace(y0, OW, act, p0, p1);
-        act_inplace(y1, OW, act, p0, p1);
-    }
 }
 
 /* Columns [ow, ow + n) of one output row from K padded rows; at stride 2 the rows are deinterleaved (padded
@@ -142,14 +140,13 @@ INFERD_INLINE void dwd_vec(float* restrict yr, const float* const* r, const dwv*
 }
 
 INFERD_INLINE void dwd_row(float* restrict yr, const float* const* r, const float* w, float b, ptrdiff_t OW,
-                           ptrdiff_t Wh, const int va, int act, float p0, float p1, const int K, const int S)
+                           ptrdiff_t Wh, const int va, float p0, float p1, const int K, const int S)
 {
     dwv wk[25];
     for (int t = 0; t < K * K; ++t) wk[t] = (dwv){0} + w[t];
 #define DWD_VEC(o, n) dwd_vec(yr, r, wk, b, o, n, Wh, va, p0, p1, K, S)
     DWD_ROW_VECS(DWD_VEC);
 #undef DWD_VEC
-    if (INFERD_ACT_COSTLY(act)) act_inplace(yr, OW, act, p0, p1);
 }
 
 /* CALL(va) with the vector activation code a literal (its branches fold away): act itself where it has a
@@ -264,7 +261,7 @@ INFERD_INLINE void dwd_same_vec(float* restrict y0, float* restrict y1, const fl
 }
 
 INFERD_INLINE void dwd_same_rows(float* restrict y0, float* restrict y1, const float* const* r, const float* w,
-                                 float b, int W, const int va, int act, float p0, float p1, const int K)
+                                 float b, int W, const int va, float p0, float p1, const int K)
 {
     dwv wk[25];
     for (int t = 0; t < K * K; ++t) wk[t] = (dwv){0} + w[t];
@@ -273,10 +270,6 @@ INFERD_INLINE void dwd_same_rows(float* restrict y0, float* restrict y1, const f
     for (ptrdiff_t ow = DWV; ow < W - DWV; ow += DWV)
         dwd_same_vec(y0, y1, r, wk, b, ow + DWV > W - DWV ? W - 2 * DWV : ow, 0, va, p0, p1, K);
     dwd_same_vec(y0, y1, r, wk, b, W - DWV, 2, va, p0, p1, K);
-    if (INFERD_ACT_COSTLY(act)) {
-        act_inplace(y0, W, act, p0, p1);
-        if (y1) act_inplace(y1, W, act, p0, p1);
-    }
 }
 
 INFERD_INLINE void dwd_same_planes(const float* zero, const float* x, const float* w, const float* bias, float* y,
@@ -295,8 +288,9 @@ INFERD_INLINE void dwd_same_planes(const float* zero, const float* x, const floa
                 r[i] = ih >= 0 && ih < H ? plane + (size_t)ih * W : zero;
             }
             float* y0 = yc + (size_t)oh * W;
-            dwd_same_rows(y0, oh + 1 < OH ? y0 + W : NULL, r, wc, b, W, va, act, p0, p1, K);
+            dwd_same_rows(y0, oh + 1 < OH ? y0 + W : NULL, r, wc, b, W, va, p0, p1, K);
         }
+        if (INFERD_ACT_COSTLY(act)) act_inplace(yc, (ptrdiff_t)OH * W, act, p0, p1);
     }
 }
 
@@ -319,7 +313,7 @@ INFERD_INLINE void dwd_planes(dwd_ring* g, const float* zero, const float* x, co
                 const int ih0 = oh - pt;
                 for (int i = 0; i <= K; ++i) rp[i] = dwd_get(g, plane, zero, ih0 + i, H, W, pl); /* already there */
                 float* yr = yc + (size_t)oh * OW;
-                dwd_row2(yr, yr + OW, rp, wc, b, OW, va, act, p0, p1, K);
+                dwd_row2(yr, yr + OW, rp, wc, b, OW, va, p0, p1, K);
                 /* the next pair's new rows, now (see the top) */
                 if (oh + 2 < OH)
                     for (int i = K + 1; i < K + 3; ++i) dwd_get(g, plane, zero, ih0 + i, H, W, pl);
@@ -327,11 +321,12 @@ INFERD_INLINE void dwd_planes(dwd_ring* g, const float* zero, const float* x, co
         for (; oh < OH; ++oh) {
             const int ih0 = oh * S - pt;
             for (int i = 0; i < K; ++i) rp[i] = dwd_get(g, plane, zero, ih0 + i, H, W, pl); /* already there */
-            dwd_row(yc + (size_t)oh * OW, rp, wc, b, OW, g->Wh, va, act, p0, p1, K, S);
+            dwd_row(yc + (size_t)oh * OW, rp, wc, b, OW, g->Wh, va, p0, p1, K, S);
             /* the next output row's new rows, now (see the top) */
             if (oh + 1 < OH)
                 for (int i = K - S; i < K; ++i) dwd_get(g, plane, zero, ih0 + S + i, H, W, pl);
         }
+        if (INFERD_ACT_COSTLY(act)) act_inplace(yc, (ptrdiff_t)OH * OW, act, p0, p1);
     }
 }
 
