@@ -103,7 +103,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.predict:
         from .predictor.report import format_report, predict_report
 
-        r = predict_report(args.model, args.device, args.threads, args.batch, args.predictor)
+        r = predict_report(args.model, args.device, args.threads, args.batch, args.predictor,
+                           probe=not args.no_probe)
         print(json.dumps(r, indent=1) if args.json else format_report(r))
         return 0
     import inferd
@@ -228,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="predicted per-layer costs (warm and cold phases) and totals, without running the model")
     i.add_argument("--threads", type=int, default=None, help="CPU threads to predict for (--predict)")
     i.add_argument("--predictor", default=None, help="predictor file (--predict; default: this device's)")
+    i.add_argument("--no-probe", action="store_true",
+                   help="--predict on the CPU: predict at the training's speed, without timing the reference "
+                        "networks now (a few ms) to scale the warm times by the machine's current speed")
     i.set_defaults(fn=cmd_info)
     o = sub.add_parser("ops", help="print the operator coverage table (opsets, CPU and Vulkan kernels, notes)")
     o.add_argument("--json", action="store_true", help="one JSON object: max_opset, ops [{op, opsets, cpu, vulkan, notes}]")

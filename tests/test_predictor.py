@@ -265,6 +265,71 @@ def test_whole_model_prediction_is_sum_of_units_through_overhead(trained: tuple[
         max(o["scale"] * s + o["per_step_s"] * len(layers) + o["per_run_s"], 0.5 * s))
 
 
+# ------------------------------------------------------------------------------------------ speed probe
+
+def test_training_records_a_probe_per_configuration_and_keeps_the_callers_threads(
+        trained: tuple[Predictor, Trainer]) -> None:
+    from inferd import native
+    from inferd.predictor.probe import probe_s
+
+    _pred, tr = trained
+    assert len(tr.probes[1]) == len(TINY) and all(p > 0 for p in tr.probes[1])
+    assert set(tr.model_probe) == set(tr.models)
+    before = native.num_threads()
+    other = 1 if before != 1 else 2
+    assert probe_s(other, runs=2) > 0
+    assert native.num_threads() == before
+
+
+def test_samples_are_rescaled_to_the_training_reference_warm_phases_only() -> None:
+    tr = Trainer("cpu", threads=[1])
+    sig = "1|unit"
+    tr.units[sig] = ("Conv", "im2col", 1)
+    tr.probes[1] = [1.0, 1.0, 1.0]  # the reference level: 1.0
+    # a sample measured while the machine ran at half speed (probe 2.0) took twice as long: the same unit
+    tr.samples[sig] = [{"exec": 1.0, "transform": 0.5, "_probe": 1.0}, {"exec": 2.0, "transform": 1.0, "_probe": 2.0},
+                       {"exec": 2.2, "transform": 1.1, "_probe": 2.0}]
+    assert tr.value(sig, "exec") == pytest.approx(1.0)
+    assert tr.value(sig, "transform") == pytest.approx(1.0)  # cold phases as measured (median)
+    tr.models["m@t1"] = (4.0, [sig], 1)
+    tr.model_probe["m@t1"] = 2.0
+    assert tr.warm("m@t1") == pytest.approx(2.0)
+
+
+def test_speed_scales_the_warm_phases_and_travels_in_the_file(trained: tuple[Predictor, Trainer], tmp_path) -> None:
+    import dataclasses
+
+    from inferd.frontend import import_template, specialize
+    from inferd.predictor.probe import REFERENCE, speed_factor
+
+    pred, _tr = trained
+    p = dataclasses.replace(pred, probe={"reference": {"1": 0.002}, "spec": [list(r) for r in REFERENCE]},
+                            _banks={})
+    back = Predictor.load(p.save(tmp_path / "p.ipred"))
+    assert back.probe_reference(1) == 0.002 and back.probe_reference(2) is None
+    assert dataclasses.replace(back, probe={"reference": {"1": 0.002}, "spec": [["vgg", 1, 1, 1, 1]]}
+                               ).probe_reference(1) is None  # another reference network: no scaling
+    assert pred.probe_reference(1) is None  # trained without a probe: predictions stay at its level
+    g = specialize(import_template(build_variant(TINY[1])))
+    layers = executed_layers(g, _defaults(g), "cpu")
+    base, _ = predict_arrays(layers, PredictedCost(back, threads=1, constants=g.constants), ("exec", "transform"))
+    slow, _ = predict_arrays(layers, PredictedCost(back, threads=1, constants=g.constants, speed=1.5),
+                             ("exec", "transform"))
+    assert np.allclose(slow["exec"], 1.5 * base["exec"], rtol=1e-9)
+    assert np.array_equal(slow["transform"], base["transform"])
+    one = PredictedCost(back, threads=1, speed=1.5).cost(layers[0][0], layers[0][1], "exec").seconds
+    assert one == pytest.approx(slow["exec"][0], rel=1e-9)
+    assert speed_factor(0.004, 0.002) == 2.0 and speed_factor(None, 0.002) == 1.0
+    assert speed_factor(1.0, 0.002) == 4.0  # a preempted probe is clamped, not believed
+
+
+def _defaults(g) -> dict[str, str]:
+    from inferd.runtime.cpu import CpuExecutor
+
+    ex = CpuExecutor(g)
+    return {s.layer.name: s.kernel.name for s in ex.steps if s is not None and not s.alias}
+
+
 # ------------------------------------------------------------------------------------------ sampling
 
 def test_adaptive_sampling_adds_points_where_the_error_is_largest() -> None:
@@ -371,8 +436,23 @@ def test_info_predict_json(trained: tuple[Predictor, Trainer], tmp_path, monkeyp
         assert {"name", "op", "kernel", "warm_ms", "read_raw_ms", "transform_ms", "pipeline_empty_ms",
                 "pipeline_filled_ms"} <= set(d)
         assert d["warm_ms"] > 0
+    assert r["speed"] == 1.0  # trained without the speed probe: predicted at its own level, nothing timed
     assert main(["info", str(src), "--predict"]) == 0
     assert "predicted warm" in capsys.readouterr().out
+    # with a probe reference the warm times follow the machine's speed now (measured here, so only its use is
+    # checked: the report's warm time is the unscaled one times the speed it states)
+    import dataclasses
+
+    from inferd.predictor.probe import REFERENCE
+
+    dataclasses.replace(pred, probe={"reference": {"1": 1e-3}, "spec": [list(x) for x in REFERENCE]},
+                        _banks={}).save(tmp_path / "cpu.ipred")
+    assert main(["info", str(src), "--predict", "--json", "--threads", "1"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["speed"] != 1.0 and s["speed_probe_ms"] > 0
+    assert s["layers"][0]["warm_ms"] == pytest.approx(r["layers"][0]["warm_ms"] * s["speed"], rel=1e-9)
+    assert main(["info", str(src), "--predict", "--json", "--threads", "1", "--no-probe"]) == 0
+    assert json.loads(capsys.readouterr().out)["speed"] == 1.0
     # no predictor: the flagged fallback, still a full answer
     monkeypatch.setenv("INFERD_PREDICTOR_DIR", str(tmp_path / "none"))
     assert main(["info", str(src), "--predict", "--json"]) == 0

@@ -131,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..predictor.features import _DISPATCHES as dispatch_cache
     from ..predictor.measure import measure_model_cpu, measure_model_vulkan, read_once
     from ..predictor.model import Predictor
+    from ..predictor.probe import probe_s, speed_factor
     from ..predictor.train import Trainer, executed_layers, fingerprint_for
     from ..zoo._variants import variant_specs
 
@@ -166,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # seconds would otherwise decide a model's "measured median"; a model's (and each of its layers')
         # measured value is the median of its pass medians
         samples: dict[str, list[Any]] = defaultdict(list)
+        # CPU: the speed probe beside each measurement (a daemon keeps a recent one: probe.SpeedProbe); a model's
+        # predictions scale by the median of its probes over the training's reference
+        probes: dict[str, list[float]] = defaultdict(list)
+        ref = None if trainer.gpu else pred.probe_reference(threads)
         per_pass = (deadline - time.monotonic()) * 0.6 / PASSES
         for pas in range(PASSES):
             t_pass = time.monotonic()
@@ -174,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 g = trainer.graph(s)
                 try:
+                    if ref:
+                        probes[s.name].append(probe_s(threads))
                     samples[s.name].append(measure_model_vulkan(g, cold=pas in (0, 1)) if trainer.gpu
                                            else measure_model_cpu(g, threads, transforms=pas in (0, 1)))
                 except Exception as e:
@@ -204,20 +211,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             # one whole-model prediction as a planner makes it: fresh cost model (no cached features); five
             # of them, each from scratch, and their median is the model's time: a single ~2 ms timing on the
             # shared board is now and then stretched by a preemption, which says nothing about the predictor
+            speed = speed_factor(float(np.median(probes[s.name])), ref) if probes.get(s.name) else 1.0
             ts_pred = []
             for _ in range(PREDICT_REPS):
                 if trainer.gpu:
                     dispatch_cache.clear()  # Vulkan: the layers' dispatch geometry derived afresh each time too
                 t0 = time.perf_counter()
-                cost = PredictedCost(pred, threads=threads, constants=g.constants)
+                cost = PredictedCost(pred, threads=threads, constants=g.constants, speed=speed)
                 p = predict_warm(layers, cost)
                 ts_pred.append(time.perf_counter() - t0)
             pred_times.append(float(np.median(ts_pred)))
             pred_times_all.extend(ts_pred)
             lp = predict_layers(layers, cost)
+            p_level = predict_warm(layers, PredictedCost(pred, threads=threads, constants=g.constants))
             meas = ms.warm_s
             rows.append({"model": s.name, "family": s.family, "measured_ms": meas * 1e3, "predicted_ms": p * 1e3,
                          "err": p / meas - 1, "layers": len(layers), "pass_ms": [w * 1e3 for w in pass_warm],
+                         "speed": speed, "probe_ms": [x * 1e3 for x in probes.get(s.name, ())],
+                         "predicted_unscaled_ms": p_level * 1e3,
                          "roofline_layers": sum(1 for x in lp if x.source == "roofline"),
                          # where a whole-model error comes from: the units' sum (measured in the model, median
                          # over passes) against its prediction, and the whole model against its units' sum
@@ -302,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # for reference only (the goal is against the median): against each model's quietest pass, the time with
     # the least disturbance from the rest of the shared board
     quiet = _stats([r["predicted_ms"] / 1e3 for r in rows], [min(r["pass_ms"]) / 1e3 for r in rows])
+    # the same predictions at the training's level (no speed probe): what a predictor without one would say
+    unscaled = _stats([r["predicted_unscaled_ms"] / 1e3 for r in rows], [r["measured_ms"] / 1e3 for r in rows])
     goals = {
         "whole_model_within10_share": whole.get("within10"),
         "whole_model_goal_met": bool(whole.get("within10", 0) >= 0.95) if rows else None,
@@ -319,7 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = {"machine": info, "device": args.device, "device_fingerprint": pred.fingerprint, "threads": threads,
             "predictor_file": str(ppath), "predictor_info": pred.info, "overhead": pred.overhead, "reads": pred.reads,
             "loadavg_start": load0, "loadavg_end": list(os.getloadavg()), "bench_s": time.monotonic() - t_start,
-            "goals": goals, "noise": noise, "whole_model_vs_quietest_pass": quiet, "whole_model": whole, "per_family": fam, "models": rows, "per_phase": per_phase,
+            "goals": goals, "noise": noise, "whole_model_vs_quietest_pass": quiet, "whole_model_unscaled": unscaled,
+            "probe_reference_ms": {k: v * 1e3 for k, v in (pred.probe.get("reference") or {}).items()},
+            "whole_model": whole, "per_family": fam, "models": rows, "per_phase": per_phase,
             "per_kernel": per_kernel, "units": unit_rows, "plots": pngs}
     md = [f"# inferd bench predictor: {args.device}{' (' + args.tag + ')' if args.tag else ''}, {day}", "",
           f"Machine: {info['cpu']} ({info['cores']} cores), host {info['host']}; device fingerprint "
@@ -349,6 +364,15 @@ def main(argv: Sequence[str] | None = None) -> int:
           "split-half: the median of passes 1, 3, 5 against that of passes 2, 4 (what a second bench run "
           "could measure). Cold phases: measured twice (transforms in two passes, reads as two medians of "
           f"{READ_REPS})."]
+    if ref and unscaled.get("n"):
+        sp = [r["speed"] for r in rows]
+        md += ["", f"Speed probe (`inferd.predictor.probe`: two small reference networks, ~1 ms a run, measured "
+                   f"beside every model pass; a daemon keeps a recent one): training reference {ref * 1e3:.3f} ms, "
+                   f"this run's speed factors {min(sp):.2f}-{max(sp):.2f} (median {float(np.median(sp)):.2f}). "
+                   f"Without it (predictions at the training's level): {unscaled['within10'] * 100:.1f}% within "
+                   f"+-10%, mean error {unscaled['mean_err'] * 100:+.1f}%."]
+    elif not trainer.gpu:
+        md += ["", "No speed probe: the predictor file has no reference (trained before the probe existed)."]
     if quiet.get("n"):
         md += ["", f"For reference, against each model's quietest pass instead of the median of its passes: "
                    f"{quiet['within10'] * 100:.1f}% within +-10% (mean error {quiet['mean_err'] * 100:+.1f}%)."]

@@ -57,6 +57,9 @@ class PredictedCost:
     #: a graph's constants: small ones (axes, pads) make the dispatches of Vulkan units exact
     constants: Mapping[str, Any] | None = None
     rates: DeviceRates | None = None
+    #: the machine's speed now against the predictor's training (``probe.SpeedProbe``): warm times (the exec
+    #: phases of trained unit models) are multiplied by it; 1.0 predicts at the training's level
+    speed: float = 1.0
     _feat: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _memo: dict[tuple[str, str], Cost] = field(default_factory=dict, repr=False)
     _caps_obj: Any = field(default=None, repr=False)
@@ -119,7 +122,10 @@ class PredictedCost:
             m = self.model_for(layer, kernel, "exec")
         if m is None:
             return self.fallback.cost(layer, kernel, phase)
-        return Cost(max(float(m.predict(self.features(layer, kernel)[None, :])[0]), NOTHING_S), "predicted")
+        v = float(m.predict(self.features(layer, kernel)[None, :])[0])
+        if phase in EXEC_PHASES:
+            v *= self.speed
+        return Cost(max(v, NOTHING_S), "predicted")
 
 
 @dataclass
@@ -150,6 +156,7 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
     out: dict[str, np.ndarray] = {}
     for phase in phases:
         vals = np.zeros(n)
+        scale = cost.speed if phase in EXEC_PHASES else 1.0
         groups: dict[int, tuple[Any, list[int]]] = {}
         mphase = "exec_first" if phase == "exec_cold" else phase
         for i, (layer, k) in enumerate(layers):
@@ -175,12 +182,12 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
             mi = np.array([bank.index[id(m)] for m, idx in groups.values() for _ in idx], dtype=np.intp)
             if L is None:
                 L = log_features(F)
-            vals[rows] = np.maximum(bank.predict(F[rows], L[rows], mi), NOTHING_S)
+            vals[rows] = np.maximum(bank.predict(F[rows], L[rows], mi) * scale, NOTHING_S)
             groups = {}
         for m, idx in groups.values():
             if L is None:
                 L = log_features(F)  # once for every model and phase
-            vals[idx] = np.maximum(m.predict(F[idx], L[idx]), NOTHING_S)
+            vals[idx] = np.maximum(m.predict(F[idx], L[idx]) * scale, NOTHING_S)
         out[phase] = vals
     return out, roof
 

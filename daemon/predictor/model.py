@@ -244,6 +244,9 @@ class Predictor:
     #: (log-log), as readahead makes the time of a cold read far from linear in its size between 16 KB and
     #: a few MB; beyond its ends the linear model above
     read_table: list[tuple[int, float]] = field(default_factory=list)
+    #: the speed probe at training (``probe.probe_s``): {"reference": {threads: median seconds}, "spec": the
+    #: reference networks}; warm times were fitted at that level, a prediction scales by probe now / reference
+    probe: dict[str, Any] = field(default_factory=dict)
     _banks: dict[str, Bank | None] = field(default_factory=dict, repr=False, compare=False)
 
     def bank(self, phase: str) -> Bank | None:
@@ -254,6 +257,15 @@ class Predictor:
 
     def get(self, key: str, phase: str) -> UnitModel | None:
         return self.models.get((key, phase))
+
+    def probe_reference(self, threads: int) -> float | None:
+        """The training's median probe seconds at ``threads`` (None: no probe, or one of other networks)."""
+        from .probe import REFERENCE
+
+        if not self.probe or self.probe.get("spec") != [list(r) for r in REFERENCE]:
+            return None
+        v = (self.probe.get("reference") or {}).get(str(int(threads)))
+        return float(v) if v else None
 
     def read_seconds(self, nbytes: int) -> float:
         """Seconds to read ``nbytes`` cold from this device's disk, checksum included (never zero for n > 0)."""
@@ -294,7 +306,8 @@ class Predictor:
         header = {"format": FORMAT_VERSION, "device": self.device, "fingerprint": self.fingerprint,
                   "engine": self.engine, "features": list(self.features), "overhead": self.overhead,
                   "reads": self.reads, "read_table": [[int(a), float(b)] for a, b in self.read_table],
-                  "rates": self.rates, "caps": self.caps, "info": self.info, "models": models}
+                  "rates": self.rates, "caps": self.caps, "info": self.info, "models": models,
+                  "probe": self.probe}
         hb = json.dumps(header, sort_keys=True, allow_nan=False).encode()
         body = hb + bytes(blob)
         return _HEAD.pack(MAGIC, FORMAT_VERSION, len(hb), hashlib.sha256(body).digest()) + body
@@ -349,7 +362,8 @@ class Predictor:
                              models, {k: float(v) for k, v in h["overhead"].items()},
                              {k: float(v) for k, v in h["reads"].items()}, dict(h.get("rates") or {}),
                              dict(h.get("caps") or {}), dict(h.get("info") or {}),
-                             read_table=[(int(a), float(b)) for a, b in h.get("read_table") or []])
+                             read_table=[(int(a), float(b)) for a, b in h.get("read_table") or []],
+                             probe=dict(h.get("probe") or {}))
         except PredictorFileError:
             raise
         except Exception as e:

@@ -12,10 +12,12 @@ COLD_PHASES = ("read_raw", "read_transformed", "transform", "pipeline_empty", "p
 
 
 def predict_report(model: str, device: str = "cpu", threads: int | None = None, batch: int = 1,
-                   predictor: str | None = None) -> dict[str, Any]:
+                   predictor: str | None = None, probe: bool = True) -> dict[str, Any]:
     """Per layer (its planned cold kernel and its warm kernel) the predicted seconds of every phase; the
     whole model's warm latency (sum of units through the fitted overhead) and cold latency (the cold-start
-    plan's predicted makespan from these costs). Layers no unit model covers carry ``source: roofline``."""
+    plan's predicted makespan from these costs). Layers no unit model covers carry ``source: roofline``.
+    ``probe``: on the CPU, with a predictor trained with the speed probe, warm times are scaled by the
+    machine's speed now (``probe.SpeedProbe``; ``speed`` in the result, 1.0 without)."""
     from .. import native
     from ..package import backend_fingerprint, load_package, make_backend, make_plan
     from ..planner.plan import PlanOptions
@@ -55,7 +57,15 @@ def predict_report(model: str, device: str = "cpu", threads: int | None = None, 
         if pred is None:
             # the flagged fallback: an empty predictor answers every unit from the roofline
             pred = Predictor(dev, dict(fp), "", {})
-        cost = PredictedCost(pred, threads=nthreads, constants=graph.constants)
+        speed, probe_ms = 1.0, 0.0
+        ref = pred.probe_reference(nthreads) if probe and not gpu else None
+        if ref:
+            from .probe import SpeedProbe
+
+            tp = time.perf_counter()
+            speed = SpeedProbe(ref, nthreads).speed()
+            probe_ms = (time.perf_counter() - tp) * 1e3
+        cost = PredictedCost(pred, threads=nthreads, constants=graph.constants, speed=speed)
         entries = backend.candidates()
         plan = make_plan(backend, entries, None, PlanOptions(), None, predictor=pred, constants=graph.constants)
         kern = {e[0].name: {k.name: k for k in e[1]} for e in entries}
@@ -78,7 +88,8 @@ def predict_report(model: str, device: str = "cpu", threads: int | None = None, 
             for ph in COLD_PHASES:
                 d[f"{ph}_ms"] = cold[i].phases[ph] * 1e3
             out_layers.append(d)
-        return {"model": str(model), "device": dev, "threads": nthreads, "predictor": status,
+        return {"model": str(model), "device": dev, "threads": nthreads, "predictor": status, "speed": speed,
+                "speed_probe_ms": probe_ms,
                 "warm_ms": warm_s * 1e3, "cold_ms": plan.predicted_s * 1e3,
                 "cold_serial_ms": sum(sum(c.phases[ph] for ph in COLD_PHASES if not ph.startswith(("read_transformed",
                                       "pipeline_empty"))) for c in cold) * 1e3,
@@ -93,7 +104,8 @@ def predict_report(model: str, device: str = "cpu", threads: int | None = None, 
 def format_report(r: dict[str, Any]) -> str:
     lines = [f"{r['model']} on {r['device']} ({r['threads']} threads): predicted warm {r['warm_ms']:.2f} ms, "
              f"cold {r['cold_ms']:.1f} ms (planned; {r['cold_serial_ms']:.1f} ms one phase after another); "
-             f"predictor: {r['predictor']}",
+             f"predictor: {r['predictor']}" + (f"; machine speed now x{r['speed']:.2f} of its training (probe)"
+                                                if r.get("speed", 1.0) != 1.0 else ""),
              f"{'layer':<40} {'op':<18} {'kernel':<14} {'warm ms':>9} {'read ms':>8} {'xform ms':>9} "
              f"{'pipe ms':>8} {'first ms':>9}  source"]
     for d in r["layers"]:

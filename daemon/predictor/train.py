@@ -87,6 +87,10 @@ class Trainer:
         self.feats: dict[str, np.ndarray] = {}
         #: config name -> (measured warm s, unit signatures it ran, executed steps)
         self.models: dict[str, tuple[float, list[str], int]] = {}
+        #: CPU: the speed probe before each configuration's measurement (config name -> seconds), and every
+        #: probe per thread count; times are fitted at the median probe's level (``probe`` module)
+        self.model_probe: dict[str, float] = {}
+        self.probes: dict[int, list[float]] = defaultdict(list)
         self.runs = 0
         if self.gpu:
             from ..vulkan.device import get_device
@@ -146,23 +150,30 @@ class Trainer:
             g = self.graph(spec)
             runs = [None] + ([self.alternatives(g)] if alternative else [])
             warm = None
+            probe = None
+            if not self.gpu:
+                from .probe import probe_s
+
+                probe = probe_s(threads)
+                self.probes[threads].append(probe)
+                self.model_probe[self.name(cfg)] = probe
             for forced in runs:
                 if forced == {}:
                     continue
                 ms = measure_model_vulkan(g, forced) if self.gpu else measure_model_cpu(g, threads, forced)
                 self.runs += 1
-                sigs = [self.record(ls, threads, g) for ls in ms.layers]
+                sigs = [self.record(ls, threads, g, probe) for ls in ms.layers]
                 if forced is None:
-                    warm = ms.warm_s
                     self.models[self.name(cfg)] = (ms.warm_s, sigs, len(sigs))
+                    warm = self.warm(self.name(cfg))
             return warm
         except Exception as e:  # a configuration that cannot run here teaches nothing; say so and go on
             log.warning("measuring %s failed: %s: %s", self.name(cfg), type(e).__name__, e)
             return None
 
-    def record(self, ls: Any, threads: int, graph: Any) -> str:
+    def record(self, ls: Any, threads: int, graph: Any, probe: float | None = None) -> str:
         sig = f"{threads}|{signature(ls.layer, ls.kernel)}"
-        self.samples[sig].append(ls.phases)
+        self.samples[sig].append(dict(ls.phases, _probe=probe) if probe else ls.phases)
         if sig not in self.feats:
             ds = ls.dispatches
             if self.gpu and ds is None:
@@ -173,8 +184,30 @@ class Trainer:
             self.units[sig] = (ls.layer.op, ls.kernel.name, threads)
         return sig
 
+    def reference(self, threads: int) -> float | None:
+        """The median probe at ``threads`` so far: the level every warm time is rescaled to."""
+        ps = self.probes.get(threads)
+        return float(np.median(ps)) if ps else None
+
+    def _level(self, probe: float | None, threads: int) -> float:
+        """Factor that takes a time measured after ``probe`` to the training's reference level."""
+        ref = self.reference(threads)
+        return ref / probe if probe and ref else 1.0
+
+    def warm(self, name: str) -> float:
+        """Configuration ``name``'s whole-model warm seconds at the reference level."""
+        w, _sigs, _steps = self.models[name]
+        threads = int(name.rsplit("@t", 1)[1]) if "@t" in name else 1
+        return w * self._level(self.model_probe.get(name), threads)
+
     def value(self, sig: str, phase: str) -> float | None:
-        vs = [s[phase] for s in self.samples.get(sig, ()) if phase in s and s[phase] > 0]
+        """Median of a unit's samples of ``phase`` (warm phases at the reference level)."""
+        from .cost import EXEC_PHASES
+
+        scaled = phase in EXEC_PHASES and not self.gpu
+        threads = self.units[sig][2] if sig in self.units else 1
+        vs = [s[phase] * (self._level(s.get("_probe"), threads) if scaled else 1.0)
+              for s in self.samples.get(sig, ()) if phase in s and s[phase] > 0]
         return float(np.median(vs)) if vs else None
 
     def fit(self, phases: Sequence[str] = UNIT_PHASES, n_trees: int = 150, only: set[str] | None = None
@@ -262,8 +295,8 @@ def cross_fitted_sums(trainer: "Trainer", folds: int = 3, seed: int = 0, n_trees
         sigs = {sg for n in names if n not in test for sg in trainer.models[n][1]}
         models = trainer.fit(("exec",), n_trees=n_trees, only=sigs)
         for n in sorted(test):
-            w, ss, steps = trainer.models[n]
-            out.append((w, trainer.unit_sum(models, ss), steps))
+            _w, ss, steps = trainer.models[n]
+            out.append((trainer.warm(n), trainer.unit_sum(models, ss), steps))
     return out
 
 
@@ -321,7 +354,7 @@ def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int =
 
     def fit(cfgs: list[Config], _ys: list[float]) -> Callable[[list[Config]], np.ndarray]:
         models = trainer.fit(("exec",), n_trees=60)
-        meas = [(trainer.models[trainer.name(c)][0], trainer.unit_sum(models, trainer.models[trainer.name(c)][1]),
+        meas = [(trainer.warm(trainer.name(c)), trainer.unit_sum(models, trainer.models[trainer.name(c)][1]),
                  trainer.models[trainer.name(c)][2]) for c in cfgs if trainer.name(c) in trainer.models]
         oh = fit_overhead(meas)
         fitted["overhead"] = oh
@@ -365,7 +398,7 @@ def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int =
         if ph == "exec" and val_err.get(key):
             m.val_mape = float(np.median(val_err[key]))
     meas = cross_fitted_sums(trainer, seed=seed) or \
-        [(w, trainer.unit_sum(models, sigs), steps) for w, sigs, steps in trainer.models.values()]
+        [(trainer.warm(n), trainer.unit_sum(models, sigs), steps) for n, (_w, sigs, steps) in trainer.models.items()]
     info: dict[str, Any] = {
         "trained": _dt.datetime.now().isoformat(timespec="seconds"), "units": len(trainer.units),
         "unit_timings": sum(len(v) for v in trainer.samples.values()), "model_runs": trainer.runs,
@@ -382,6 +415,13 @@ def train(device: str, minutes: float, out: str | os.PathLike, n_variants: int =
     pred = trainer.predictor(models, fp, rates, reads, info)
     pred.overhead = fit_overhead(meas)
     pred.read_table = list(rm.samples)
+    if trainer.probes:
+        from .probe import REFERENCE
+
+        pred.probe = {"reference": {str(t): trainer.reference(t) for t in sorted(trainer.probes)},
+                      "spec": [list(r) for r in REFERENCE],
+                      "spread": {str(t): [float(np.min(v)), float(np.max(v))]
+                                 for t, v in sorted(trainer.probes.items())}}
     pred.save(out)
     prog.done()
     return pred, info

@@ -1,0 +1,112 @@
+"""How fast this machine runs *now*: a short reference run that scales the predictor's warm times.
+
+The predictor learns unit times on the machine it serves, but that machine's speed is not a constant: a
+Jetson changes its clocks with its power mode and its temperature, and a shared board (the 2-core VM this
+was measured on) runs at another speed when its neighbours are busy. Measured here: a predictor trained in
+a slow spell over-predicted every kernel by 5-40% an hour later (whole models +14% on average, held-out
+variants), and by +6% ten minutes later; the units moved together, the model's shape did not matter.
+
+So training records, beside every model it measures, the time of a fixed reference run (:func:`probe_s`: a
+small MobileNetV2-like and a small ResNet-like network, every kernel family the zoo's models use, on the same
+executor and threads), and fits the unit models on times rescaled to the training's median reference. A
+prediction multiplies by ``speed = probe now / reference at training`` (:class:`SpeedProbe` keeps a recent
+value, re-measured when stale, for the planners; the bench measures it beside each model). Without a probe
+(a file trained before, or no time to run one) the speed is 1.0: the training's level, as before.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+#: the reference networks (zoo variants, fixed: their weights are seeded by name); together ~1-2 ms a run on
+#: the 2-core VM at two threads: conv1x1, depthwise, direct/im2col/Winograd 3x3, pooling, the classifier GEMM
+REFERENCE = (("mobilenetv2", 0.5, 96, 0.5, 3), ("resnet", 0.25, 96, 0.5, 3))
+#: runs per probe: the median of these after one untimed run (WARMUP_RUNS after the networks are built: their
+#: first runs fault in the arena and fill the caches, 20% slower on the 2-core VM)
+PROBE_RUNS = 7
+WARMUP_RUNS = 5
+
+_lock = threading.Lock()
+_executors: dict[int, list[tuple[Any, dict[str, np.ndarray]]]] = {}
+
+
+def _reference(threads: int) -> list[tuple[Any, dict[str, np.ndarray]]]:
+    """The reference executors (built once per process and thread count: building transforms weights)."""
+    ex = _executors.get(threads)
+    if ex is None:
+        from ..frontend import import_template, specialize
+        from ..runtime.cpu import CpuExecutor
+        from ..zoo._variants import VariantSpec, build_variant
+
+        ex = []
+        for fam, w, r, d, k in REFERENCE:
+            spec = VariantSpec(fam, w, r, d, k)
+            g = specialize(import_template(build_variant(spec)))
+            feeds = {t.name: np.random.default_rng(0).standard_normal(t.shape).astype(t.dtype) for t in g.inputs}
+            ex.append((CpuExecutor(g), feeds))
+        _executors[threads] = ex
+    return ex
+
+
+def probe_s(threads: int, runs: int = PROBE_RUNS) -> float:
+    """Seconds of one pass over the reference networks at ``threads`` (median of ``runs``), on the CPU executor.
+    The caller's thread count is restored."""
+    from .. import native
+
+    with _lock:
+        before = native.num_threads()
+        if before != threads:
+            native.set_num_threads(threads)
+        try:
+            fresh = threads not in _executors
+            ex = _reference(threads)
+            for _ in range(WARMUP_RUNS if fresh else 1):
+                for e, f in ex:
+                    e.run(f)
+            ts = []
+            pc = time.perf_counter
+            for _ in range(max(1, runs)):
+                t0 = pc()
+                for e, f in ex:
+                    e.run(f)
+                ts.append(pc() - t0)
+            return float(np.median(ts))
+        finally:
+            if before != threads:
+                native.set_num_threads(before)
+
+
+class SpeedProbe:
+    """The machine's current speed against a predictor's training, for the planners: ``speed()`` is
+    ``probe now / reference``, from a probe at most ``max_age_s`` old (one probe costs a few ms: a planner asks
+    once per plan, the daemon may refresh it in idle time)."""
+
+    def __init__(self, reference_s: float | None, threads: int, max_age_s: float = 30.0) -> None:
+        self.reference_s = reference_s
+        self.threads = threads
+        self.max_age_s = max_age_s
+        self._value: float | None = None
+        self._at = -1e18
+
+    def speed(self) -> float:
+        if not self.reference_s or self.reference_s <= 0:
+            return 1.0
+        now = time.monotonic()
+        if self._value is None or now - self._at > self.max_age_s:
+            self._value = probe_s(self.threads)
+            self._at = now
+        return speed_factor(self._value, self.reference_s)
+
+
+#: a probe this far from the training's reference is not a slower machine but a broken measurement (a
+#: preempted probe): the factor is clamped
+SPEED_RANGE = (0.25, 4.0)
+
+
+def speed_factor(probe: float | None, reference: float | None) -> float:
+    if not probe or not reference or probe <= 0 or reference <= 0:
+        return 1.0
+    return float(min(max(probe / reference, SPEED_RANGE[0]), SPEED_RANGE[1]))
