@@ -323,6 +323,28 @@ def test_speed_scales_the_warm_phases_and_travels_in_the_file(trained: tuple[Pre
     assert speed_factor(1.0, 0.002) == 4.0  # a preempted probe is clamped, not believed
 
 
+def test_read_probe_factors_scale_the_table_by_size(trained: tuple[Predictor, Trainer], tmp_path) -> None:
+    from inferd.predictor.probe import READ_PROBE_SIZES, read_factors, read_probe
+
+    pred, _ = trained
+    table = [(1 << 12, 5e-5), (1 << 16, 1e-4), (1 << 20, 1e-3)]
+    f = read_factors({1 << 12: 1e-4, 1 << 16: 1e-4, 1 << 20: 5e-4, 1 << 13: 1.0}, table)
+    assert f == {1 << 12: 2.0, 1 << 16: 1.0, 1 << 20: 0.5}  # a size the table lacks is left out
+    assert read_factors({}, table) == {} and read_factors({4096: 1e-4}, []) == {}
+    for n, k in ((1 << 12, 2.0), (1 << 14, 1.5), (1 << 16, 1.0), (1 << 18, 0.75), (1 << 20, 0.5), (1 << 24, 0.5),
+                 (64, 2.0)):
+        assert pred.read_seconds(n, f) == pytest.approx(pred.read_seconds(n) * k, rel=1e-9), n
+    lay = single_node_layer("Conv", [np.zeros((1, 8, 8, 8), np.float32), np.zeros((16, 8, 3, 3), np.float32)],
+                            {"pads": [1, 1, 1, 1]})
+    k = applicable_kernels(lay, "cpu")[0]
+    c1 = PredictedCost(pred, threads=1).cost(lay, k, "read_raw").seconds
+    c2 = PredictedCost(pred, threads=1, read_factors=f).cost(lay, k, "read_raw").seconds
+    assert c2 != c1 and c2 == pytest.approx(pred.read_seconds(16 * 8 * 9 * 4, f), rel=1e-9)
+    got = read_probe(tmp_path)  # real cold reads on this disk: every size, each a positive time
+    assert sorted(got) == list(READ_PROBE_SIZES) and all(t > 0 for t in got.values())
+    assert list(tmp_path.iterdir()) == []  # its scratch file is gone
+
+
 def _defaults(g) -> dict[str, str]:
     from inferd.runtime.cpu import CpuExecutor
 

@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..predictor.features import _DISPATCHES as dispatch_cache
     from ..predictor.measure import measure_model_cpu, measure_model_vulkan, read_once
     from ..predictor.model import Predictor
-    from ..predictor.probe import probe_s, speed_factor
+    from ..predictor.probe import probe_s, read_factors, read_probe, speed_factor
     from ..predictor.train import Trainer, executed_layers, fingerprint_for
     from ..zoo._variants import variant_specs
 
@@ -162,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.fsync(f.fileno())
     fd = os.open(rpath, os.O_RDONLY)
     reads_done = 0
+    read_probes: list[dict[int, float]] = []
     try:
         # every model is measured in PASSES passes, round robin: on a shared board a disturbance lasting a few
         # seconds would otherwise decide a model's "measured median"; a model's (and each of its layers')
@@ -236,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "units_predicted_ms": float(sum(x.phases["exec"] for x in lp)) * 1e3})
             print(f"  [{i + 1}/{len(held)}] {s.name}: measured {meas * 1e3:.2f} ms, predicted {p * 1e3:.2f} ms "
                   f"({(p / meas - 1) * 100:+.1f}%)", file=sys.stderr)
+            # the disk now (a few cold reads as the training's table measured them): this model's reads are
+            # predicted from the table scaled by it, as a daemon scales them by its last cold loads' reads
+            if reads_done < 200:
+                cost.read_factors = read_factors(read_probe(read_dir), pred.read_table)
+                read_probes.append(dict(cost.read_factors))
             # units: the model's layers measured in it, every phase against the prediction
             for j, ls in enumerate(ms.layers):
                 if len(unit_rows) >= args.units * (i + 1) // max(len(held), 1) + 20:
@@ -259,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   for r in range(2 * READ_REPS)]
                             c = cost.cost(ls.layer, ls.kernel, ph)
                             row[ph] = {"measured": float(np.median(ts[0::2])), "predicted": c.seconds,
-                                       "source": c.source, "bytes": n, "repeat": float(np.median(ts[1::2]))}
+                                       "source": c.source, "bytes": n, "repeat": float(np.median(ts[1::2])),
+                                       "predicted_unscaled": pred.read_seconds(n)}
                     reads_done += 1
                 unit_rows.append(row)
     finally:
@@ -334,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loadavg_start": load0, "loadavg_end": list(os.getloadavg()), "bench_s": time.monotonic() - t_start,
             "goals": goals, "noise": noise, "whole_model_vs_quietest_pass": quiet, "whole_model_unscaled": unscaled,
             "probe_reference_ms": {k: v * 1e3 for k, v in (pred.probe.get("reference") or {}).items()},
+            "read_probe_factors": [{str(k): v for k, v in d.items()} for d in read_probes],
             "whole_model": whole, "per_family": fam, "models": rows, "per_phase": per_phase,
             "per_kernel": per_kernel, "units": unit_rows, "plots": pngs}
     md = [f"# inferd bench predictor: {args.device}{' (' + args.tag + ')' if args.tag else ''}, {day}", "",
@@ -373,6 +381,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"+-10%, mean error {unscaled['mean_err'] * 100:+.1f}%."]
     elif not trainer.gpu:
         md += ["", "No speed probe: the predictor file has no reference (trained before the probe existed)."]
+    rd = [r[ph] for r in unit_rows for ph in ("read_raw", "read_transformed") if ph in r]
+    if rd and read_probes:
+        fs = [f for d in read_probes for f in d.values()]
+        un = _stats([x["predicted_unscaled"] for x in rd], [x["measured"] for x in rd])
+        sc = _stats([x["predicted"] for x in rd], [x["measured"] for x in rd])
+        md += ["", f"Read probe (`probe.read_probe`: cold reads of 4 KB, 64 KB and 1 MB as the training's table "
+                   f"measured them, before each model's reads): factors {min(fs):.2f}-{max(fs):.2f} against the "
+                   f"table; reads within +-20%: {sc['within20'] * 100:.0f}% scaled, "
+                   f"{un['within20'] * 100:.0f}% from the table alone."]
     if quiet.get("n"):
         md += ["", f"For reference, against each model's quietest pass instead of the median of its passes: "
                    f"{quiet['within10'] * 100:.1f}% within +-10% (mean error {quiet['mean_err'] * 100:+.1f}%)."]

@@ -60,6 +60,8 @@ class PredictedCost:
     #: the machine's speed now against the predictor's training (``probe.SpeedProbe``): warm times (the exec
     #: phases of trained unit models) are multiplied by it; 1.0 predicts at the training's level
     speed: float = 1.0
+    #: the disk now against the training's read table, per size (``probe.read_factors``); {}: as trained
+    read_factors: Mapping[int, float] = field(default_factory=dict)
     _feat: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _memo: dict[tuple[str, str], Cost] = field(default_factory=dict, repr=False)
     _caps_obj: Any = field(default=None, repr=False)
@@ -110,7 +112,7 @@ class PredictedCost:
                                                                else 0)
             if not n:
                 return Cost(0.0, "predicted")
-            return Cost(p.read_seconds(n), "predicted")
+            return Cost(p.read_seconds(n, self.read_factors), "predicted")
         if phase == "transform" and not (kernel_transforms(kernel) and layer.const_inputs):
             return Cost(0.0, "predicted")  # no work exists
         if phase in ("pipeline_empty", "pipeline_filled") and not self.gpu:

@@ -267,8 +267,17 @@ class Predictor:
         v = (self.probe.get("reference") or {}).get(str(int(threads)))
         return float(v) if v else None
 
-    def read_seconds(self, nbytes: int) -> float:
-        """Seconds to read ``nbytes`` cold from this device's disk, checksum included (never zero for n > 0)."""
+    def read_seconds(self, nbytes: int, factors: Mapping[int, float] | None = None) -> float:
+        """Seconds to read ``nbytes`` cold from this device's disk, checksum included (never zero for n > 0);
+        ``factors``: the disk now against the training's table, per size (``probe.read_factors``), interpolated
+        over log size and held beyond the probed sizes."""
+        t = self._read_seconds(nbytes)
+        if factors:
+            xs = sorted(factors)
+            t *= float(np.interp(np.log(max(float(nbytes), 1.0)), np.log(xs), [factors[x] for x in xs]))
+        return t
+
+    def _read_seconds(self, nbytes: int) -> float:
         n = float(nbytes)
         if n <= 0:
             return 0.0

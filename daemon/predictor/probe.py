@@ -1,4 +1,4 @@
-"""How fast this machine runs *now*: a short reference run that scales the predictor's warm times.
+"""How fast this machine runs *now*: short reference runs that scale the predictor's warm and read times.
 
 The predictor learns unit times on the machine it serves, but that machine's speed is not a constant: a
 Jetson changes its clocks with its power mode and its temperature, and a shared board (the 2-core VM this
@@ -12,6 +12,11 @@ executor and threads), and fits the unit models on times rescaled to the trainin
 prediction multiplies by ``speed = probe now / reference at training`` (:class:`SpeedProbe` keeps a recent
 value, re-measured when stale, for the planners; the bench measures it beside each model). Without a probe
 (a file trained before, or no time to run one) the speed is 1.0: the training's level, as before.
+
+The disk moves as well: cold 4-64 KB reads took 50 us in one bench run and 73 us in the next (the
+training's table said 48 us). :func:`read_probe` reads a few sizes cold the way the training's read table was
+measured (``measure.measure_reads``), and :func:`read_factors` turns it into a factor per size against that
+table; a prediction of a read interpolates the factor over the size (``Predictor.read_seconds``).
 """
 from __future__ import annotations
 
@@ -110,3 +115,26 @@ def speed_factor(probe: float | None, reference: float | None) -> float:
     if not probe or not reference or probe <= 0 or reference <= 0:
         return 1.0
     return float(min(max(probe / reference, SPEED_RANGE[0]), SPEED_RANGE[1]))
+
+
+#: sizes :func:`read_probe` reads (each one of the training table's sizes: the factor is probe / table)
+READ_PROBE_SIZES = (1 << 12, 1 << 16, 1 << 20)
+READ_PROBE_REPEATS = 5
+
+
+def read_probe(directory: Any = None) -> dict[int, float]:
+    """Median seconds of cold reads of ``READ_PROBE_SIZES`` on the disk that holds ``directory`` (a scratch
+    file written, read with its pages dropped before every read, removed): ~10-20 ms."""
+    from .measure import measure_reads
+
+    rm = measure_reads(directory, sizes=READ_PROBE_SIZES, repeats=READ_PROBE_REPEATS)
+    return {int(n): float(t) for n, t in rm.samples}
+
+
+def read_factors(probe: dict[int, float] | None, table: Any) -> dict[int, float]:
+    """Per probed size, probe / the training table's time at that size (clamped like the speed); {} when
+    either is missing."""
+    if not probe or not table:
+        return {}
+    ref = {int(n): float(t) for n, t in table}
+    return {n: speed_factor(t, ref.get(n)) for n, t in sorted(probe.items()) if ref.get(n)}
