@@ -22,7 +22,7 @@ from inferd.predictor import load_for  # noqa: E402
 from inferd.predictor.cost import (PredictedCost, predict_arrays, predict_layers, predict_warm,  # noqa: E402
                                    whole_model_warm)
 from inferd.predictor.model import (Predictor, PredictorFileError, StalePredictorError, Trees,  # noqa: E402
-                                    check_current, fit_unit)
+                                    check_current)
 from inferd.predictor.sampling import adaptive_sample  # noqa: E402
 from inferd.predictor.train import Trainer, executed_layers, fingerprint_for, fit_overhead  # noqa: E402
 from inferd.zoo._variants import VariantSpec, build_variant, variant_specs  # noqa: E402
