@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--predictor", default=None, help="predictor file (--predict; default: this device's)")
     i.add_argument("--no-probe", action="store_true",
                    help="--predict on the CPU: predict at the training's speed, without timing the reference "
-                        "networks now (a few ms) to scale the warm times by the machine's current speed")
+                        "networks now (~40 ms) to scale the warm times by the machine's current speed")
     i.set_defaults(fn=cmd_info)
     o = sub.add_parser("ops", help="print the operator coverage table (opsets, CPU and Vulkan kernels, notes)")
     o.add_argument("--json", action="store_true", help="one JSON object: max_opset, ops [{op, opsets, cpu, vulkan, notes}]")
