@@ -175,6 +175,25 @@ def test_overhead_fit_recovers_known_terms_and_stays_non_negative() -> None:
     assert o2["per_step_s"] >= 0 and o2["per_run_s"] >= 0 and o2["scale"] == pytest.approx(0.9, rel=1e-3)
 
 
+def test_overhead_in_two_parts_keeps_a_constant_gap_apart_from_the_units_bias() -> None:
+    from inferd.predictor.train import fit_overhead_parts
+
+    rng = np.random.default_rng(1)
+    units = rng.uniform(2e-4, 1.5e-3, 30)  # measured unit sums (the H100's range)
+    steps = rng.integers(13, 116, 30)
+    # whole = units + 0.18 ms per run (no per-step part); the unit models predict 10% short of the measured sums
+    rows = [(u + 1.8e-4, u, u / 1.1, int(n)) for u, n in zip(units, steps)]
+    o = fit_overhead_parts(rows)
+    assert o["per_run_s"] == pytest.approx(1.8e-4, rel=1e-2) and o["per_step_s"] == pytest.approx(0, abs=1e-9)
+    assert o["unit_scale"] == pytest.approx(1.1, rel=1e-6) and o["scale"] == pytest.approx(1.1, rel=1e-2)
+    for u, n in zip(units[:5], steps[:5]):  # held-out models of every size come out right
+        pred = o["scale"] * (u / 1.1) + o["per_step_s"] * n + o["per_run_s"]
+        assert pred == pytest.approx(u + 1.8e-4, rel=1e-2)
+    # without measured unit sums: the joint fit on predicted sums
+    assert fit_overhead_parts([(w, None, p, n) for w, _m, p, n in rows]) == fit_overhead(
+        [(w, p, n) for w, _m, p, n in rows])
+
+
 def test_fast_whole_model_path_equals_the_per_layer_one(trained: tuple[Predictor, Trainer]) -> None:
     from inferd.frontend import import_template, specialize
     from inferd.runtime.cpu import CpuExecutor
@@ -321,6 +340,21 @@ def test_speed_scales_the_warm_phases_and_travels_in_the_file(trained: tuple[Pre
     assert one == pytest.approx(slow["exec"][0], rel=1e-9)
     assert speed_factor(0.004, 0.002) == 2.0 and speed_factor(None, 0.002) == 1.0
     assert speed_factor(1.0, 0.002) == 4.0  # a preempted probe is clamped, not believed
+
+
+def test_speed_probe_keeps_the_median_of_its_recent_probes(monkeypatch) -> None:
+    import inferd.predictor.probe as probe
+
+    seq = iter([2e-3, 2e-3, 9e-3, 2e-3, 4e-3, 4e-3, 4e-3, 4e-3])
+    monkeypatch.setattr(probe, "probe_s", lambda threads, runs=probe.PROBE_RUNS: next(seq))
+    sp = probe.SpeedProbe(1e-3, threads=2, max_age_s=0.0, keep=3)
+    got = [sp.speed() for _ in range(8)]
+    assert got[:3] == [2.0, 2.0, 2.0]  # one disturbed probe (9 ms) does not move it
+    assert got[-1] == 4.0  # a lasting change does, once it is most of the recent probes
+    assert probe.SpeedProbe(None, threads=2).speed() == 1.0  # no reference: nothing is timed
+    cached = probe.SpeedProbe(1e-3, threads=2, max_age_s=3600.0)
+    seq = iter([3e-3])
+    assert cached.speed() == 3.0 and cached.speed() == 3.0  # a recent probe is reused, not retaken
 
 
 def test_read_probe_factors_scale_the_table_by_size(trained: tuple[Predictor, Trainer], tmp_path) -> None:

@@ -168,9 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # seconds would otherwise decide a model's "measured median"; a model's (and each of its layers')
         # measured value is the median of its pass medians
         samples: dict[str, list[Any]] = defaultdict(list)
-        # CPU: the speed probe beside each measurement (a daemon keeps a recent one: probe.SpeedProbe); a model's
-        # predictions scale by the median of its probes over the training's reference
+        # CPU: the speed probe beside each measurement (a daemon keeps the median of its recent ones:
+        # probe.SpeedProbe); a model's predictions scale by the machine's speed in the passes it was measured in
         probes: dict[str, list[float]] = defaultdict(list)
+        pass_probes: dict[int, list[float]] = defaultdict(list)
+        model_passes: dict[str, list[int]] = defaultdict(list)
         ref = None if trainer.gpu else pred.probe_reference(threads)
         per_pass = (deadline - time.monotonic()) * 0.6 / PASSES
         for pas in range(PASSES):
@@ -182,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 try:
                     if ref:
                         probes[s.name].append(probe_s(threads))
+                        pass_probes[pas].append(probes[s.name][-1])
+                        model_passes[s.name].append(pas)
                     samples[s.name].append(measure_model_vulkan(g, cold=pas in (0, 1)) if trainer.gpu
                                            else measure_model_cpu(g, threads, transforms=pas in (0, 1)))
                 except Exception as e:
@@ -212,7 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # one whole-model prediction as a planner makes it: fresh cost model (no cached features); five
             # of them, each from scratch, and their median is the model's time: a single ~2 ms timing on the
             # shared board is now and then stretched by a preemption, which says nothing about the predictor
-            speed = speed_factor(float(np.median(probes[s.name])), ref) if probes.get(s.name) else 1.0
+            # the machine's speed in each pass this model was measured in, from every probe of that pass (the
+            # median of its ~76 probes, a minute or so: the drift is slow, one probe's noise is not); a model's
+            # own 5 probes alone moved its prediction by up to 20% on a run with no drift (76% -> 67% within 10%)
+            speed = speed_factor(float(np.median([np.median(pass_probes[k]) for k in model_passes[s.name]])), ref) \
+                if model_passes.get(s.name) else 1.0
             ts_pred = []
             for _ in range(PREDICT_REPS):
                 if trainer.gpu:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -89,24 +90,26 @@ def probe_s(threads: int, runs: int = PROBE_RUNS) -> float:
 
 class SpeedProbe:
     """The machine's current speed against a predictor's training, for the planners: ``speed()`` is
-    ``probe now / reference``, from a probe at most ``max_age_s`` old (one probe costs ~40 ms: a planner asks
-    once per plan, the daemon may refresh it in idle time)."""
+    ``probe / reference``, the probe the median of the last ``keep`` taken, a new one taken when the last is over
+    ``max_age_s`` old (one costs ~40 ms: a planner asks once per plan, the daemon may refresh it in idle time).
+    Why a median of several: the drift is slow (minutes), one probe's noise is not; in the bench, scaling each
+    model by its own few probes cost more than it gained on a run without drift (76% -> 67% within 10%)."""
 
-    def __init__(self, reference_s: float | None, threads: int, max_age_s: float = 30.0) -> None:
+    def __init__(self, reference_s: float | None, threads: int, max_age_s: float = 30.0, keep: int = 5) -> None:
         self.reference_s = reference_s
         self.threads = threads
         self.max_age_s = max_age_s
-        self._value: float | None = None
+        self._values: deque[float] = deque(maxlen=max(1, keep))
         self._at = -1e18
 
     def speed(self) -> float:
         if not self.reference_s or self.reference_s <= 0:
             return 1.0
         now = time.monotonic()
-        if self._value is None or now - self._at > self.max_age_s:
-            self._value = probe_s(self.threads)
+        if not self._values or now - self._at > self.max_age_s:
+            self._values.append(probe_s(self.threads))
             self._at = now
-        return speed_factor(self._value, self.reference_s)
+        return speed_factor(float(np.median(self._values)), self.reference_s)
 
 
 #: a probe this far from the training's reference is not a slower machine but a broken measurement (a
