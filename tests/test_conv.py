@@ -209,7 +209,8 @@ def test_default_kernel_choice() -> None:
     assert pick((1, 32, 128, 128), 32, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd43"
     # other shapes it applies to (5x5, 1-D) keep the banded im2col
     assert pick((1, 8, 14, 14), 16, (5, 5), dict(pads=[2, 2, 2, 2])) == "im2col_tiled"
-    assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
+    assert pick((1, 64, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "direct_gemm"
+    assert pick((1, 96, 14, 14), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd23"
     assert pick((1, 64, 56, 56), 64, (3, 3), dict(pads=[1, 1, 1, 1])) == "winograd43"
 
 
@@ -225,7 +226,8 @@ def test_preferred_3x3_kernel() -> None:
     assert prefs(64, 56) == {"winograd43"}
     assert prefs(128, 28) == {"winograd43"}
     assert prefs(64, 28) == {"winograd23"}
-    assert prefs(64, 14) == {"winograd23"}
+    assert prefs(64, 14) == {"direct_gemm"}  # 64 channels on small maps: F(2,3)'s transforms cost more
+    assert prefs(64, 16) == {"winograd23"}
     assert prefs(512, 7) == {"winograd23"}
     assert prefs(8, 56) == {"direct_gemm"}  # too few channels for the transforms to pay off
     assert prefs(16, 55) == {"direct_gemm"}
@@ -233,7 +235,8 @@ def test_preferred_3x3_kernel() -> None:
     assert prefs(16, 28) == {"direct_gemm"}
     assert prefs(32, 14) == {"direct_gemm"}
     assert prefs(48, 7) == {"direct_gemm"}
-    assert prefs(64, 13) == {"winograd23"}
+    assert prefs(64, 13) == {"direct_gemm"}
+    assert prefs(128, 13) == {"winograd23"}
     assert prefs(24, 56) == {"direct_gemm"}
     assert prefs(24, 96) == {"winograd43"}  # U-Net-sized maps: F(4,3) with few channels too
     assert prefs(32, 128) == {"winograd43"}

@@ -1341,7 +1341,12 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
     32->32@64 0.77 and 0.94 (F(2,3)), 32->16@128 0.80 (F(4,3)); single layers: 16->64@55 0.296 ms against the
     banded im2col's 0.300, 32->16@96 0.445 against F(4,3)'s 0.484. F(4,3) keeps 24->24@128 (0.86 vs 0.91 ms),
     32->32@96 (0.66 vs 0.83), 48->24@112 (1.15 vs 1.36). From 64 channels on direct loses (64->64@32 1.18-1.23,
-    128->128@16 1.23-1.29, 96->208@14 1.14, resnet's 1.3-1.5).
+    128->128@16 1.23-1.29, 96->208@14 1.14, resnet's 1.3-1.5), except on maps of 14x14 and less with 64 input
+    channels, where F(2,3)'s transforms and its padded tiles (13x13 in 7x7 tiles of 2) cost more than its fewer
+    multiplies save (2026-11-29, single layers, two threads, F(2,3) / direct ms: 64->64@13 0.122/0.081,
+    64->128@13 0.178/0.144, 64->256@13 0.276/0.270 and 0.457/0.288 in a slow spell, 64->256@7 0.153/0.097;
+    128->128@13 a tie, 0.273/0.281; squeezenet1_1 with its two 64->256@13 layers direct: 0.955-0.978x the model's
+    time, three alternating A/Bs).
     """
     p43 = -(-g.oh // 4) * -(-g.ow // 4)
     cc = g.cin * g.cout
@@ -1351,7 +1356,7 @@ def preferred_3x3_kernel(g: Geom2D) -> str:
         return "direct_gemm"
     if (p43 >= 196 and cc >= 2048) or (p43 >= 49 and cc >= 8192) or (p43 >= 576 and cc >= 512):
         return "winograd43"
-    if g.cin <= 48:
+    if g.cin <= 48 or (g.cin <= 64 and g.oh * g.ow <= 196):
         return "direct_gemm"
     return "winograd23"
 
