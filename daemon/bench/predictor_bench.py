@@ -383,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ref and unscaled.get("n"):
         sp = [r["speed"] for r in rows]
         md += ["", f"Speed probe (`inferd.predictor.probe`: two small reference networks, ~7 ms a run, measured "
-                   f"beside every model pass; a daemon keeps a recent one): training reference {ref * 1e3:.3f} ms, "
+                   f"beside every model pass, a model scaled by its passes' median; a daemon keeps the median of its "
+                   f"last five): training reference {ref * 1e3:.3f} ms, "
                    f"this run's speed factors {min(sp):.2f}-{max(sp):.2f} (median {float(np.median(sp)):.2f}). "
                    f"Without it (predictions at the training's level): {unscaled['within10'] * 100:.1f}% within "
                    f"+-10%, mean error {unscaled['mean_err'] * 100:+.1f}%."]

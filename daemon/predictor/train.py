@@ -310,11 +310,10 @@ FINAL_TREES = 60
 def cross_fitted_sums(trainer: "Trainer", folds: int = 3, seed: int = 0, n_trees: int = FINAL_TREES
                       ) -> list[tuple[float, float | None, float, int]]:
     """(measured s, its units as measured s, unit sum s, steps) of every measured configuration, each unit sum
-    predicted by models
-    fitted without that configuration's units (k-fold over configurations; a unit shape that another fold
-    also ran stays in, as a held-out variant shares shapes with training variants too). The overhead fitted
-    on these is calibrated on out-of-sample sums: fitted on in-sample sums, it absorbs none of the error the
-    unit models make on new shapes (the trees reproduce their own training units almost exactly)."""
+    predicted by models fitted without that configuration's units (k-fold over configurations; a unit shape that
+    another fold also ran stays in, as a held-out variant shares shapes with training variants too). The units'
+    bias in :func:`fit_overhead_parts` is taken from these out-of-sample sums: the trees reproduce their own
+    training units almost exactly, so in-sample sums would show none of the error they make on new shapes."""
     names = sorted(trainer.models)
     if len(names) < 2 * folds:
         return []
