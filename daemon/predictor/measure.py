@@ -27,6 +27,10 @@ MAX_REPS = 25
 MODEL_BUDGET_S = 0.6
 #: GPU work before a Vulkan model's timed runs (runtime.profiler.ramp)
 RAMP_S = 0.25
+#: pipeline creations timed per unit (median), through an empty and through the filled cache: a filled-cache
+#: creation takes 10-40 us, and the median of 3 repeated within 20% only 58% of the time on the H200 host
+#: (2026-11-29); an empty-cache one compiles (milliseconds), 3 are enough
+PIPELINE_REPS = (3, 9)
 
 
 @dataclass
@@ -166,16 +170,17 @@ def measure_model_vulkan(graph: Any, kernels: Mapping[str, str] | None = None, r
             if cold:
                 raw = be._raw(slot, {})
                 if kernel_transforms(k) and slot.layer.const_inputs:
-                    t0 = time.perf_counter()
-                    params = k.transform(slot.layer, raw)
-                    ph["transform"] = time.perf_counter() - t0
-                else:
-                    params = k.transform(slot.layer, raw)
+                    # timed as on the CPU (repeated to a budget, the median): one timing repeated within 20%
+                    # only 77% of the time on the H200 host (2026-11-29)
+                    ph["transform"] = time_transform(k, slot.layer, raw)
+                params = k.transform(slot.layer, raw)
                 ds = split_rows(k.dispatches(slot.layer, params, be.caps), be.caps)
                 pipes = be._pipelines(ds)
                 reqs = [(p.module, dict(d.spec)) for d, p in zip(ds, pipes)]
-                ph["pipeline_empty"] = float(np.median([dev.time_pipelines(reqs, empty=True) for _ in range(3)]))
-                ph["pipeline_filled"] = float(np.median([dev.time_pipelines(reqs, empty=False) for _ in range(3)]))
+                ph["pipeline_empty"] = float(np.median([dev.time_pipelines(reqs, empty=True)
+                                                        for _ in range(PIPELINE_REPS[0])]))
+                ph["pipeline_filled"] = float(np.median([dev.time_pipelines(reqs, empty=False)
+                                                         for _ in range(PIPELINE_REPS[1])]))
             out.layers.append(LayerSample(slot.layer, k, ph, ds))
         return out
     finally:
