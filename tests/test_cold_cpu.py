@@ -241,3 +241,22 @@ def test_cold_latency_leaves_out_time_the_prepared_model_waited_for_a_request() 
         st = model.cold_stats
         assert st["idle_before_request_s"] > 0.5
         assert st["cold_s"] < 1.0 and st["cold_s"] >= st["first_run_s"]
+
+
+def test_the_daemon_starts_its_loader_threads_before_the_first_request() -> None:
+    """``apply_threads`` (the daemon's start) sizes the loader pool with or without a configured thread count, so
+    the first cold load does not start threads (in a fresh process: importing inferd starts none)."""
+    import subprocess
+    import sys
+
+    code = r"""
+import inferd.runtime.scheduler as sch
+from inferd.runtime.scheduler import default_loaders, loader_pool
+from inferd.server.daemon import apply_threads
+assert sch._pool is None, "started at import"
+apply_threads(0)
+assert sch._pool is not None and len(sch._pool._threads) == default_loaders() >= 1
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

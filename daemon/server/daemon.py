@@ -107,11 +107,14 @@ def apply_threads(n: int) -> None:
 
     Other libraries' pools are bounded too (best effort; env vars only reach libraries loaded later): numpy's
     BLAS is held to one thread anyway once a CPU model loads (see inferd.native.claim_cores)."""
-    if n <= 0:
-        return
     from .. import native
-    from ..runtime.scheduler import loader_pool
+    from ..runtime.scheduler import default_loaders, loader_pool
 
+    if n <= 0:
+        # the loader threads up before the first request, not started inside its cold load (as the cold bench
+        # measures a daemon that is up)
+        loader_pool().set_size(default_loaders())
+        return
     native.set_num_threads(n)
     loader_pool().set_size(n)  # cold loads prepare layers on as many threads as the kernels compute on
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
