@@ -9,9 +9,9 @@ variants), and by +6% ten minutes later; the units moved together, the model's s
 So training records, beside every model it measures, the time of a fixed reference run (:func:`probe_s`: a
 small MobileNetV2-like and a small ResNet-like network, every kernel family the zoo's models use, on the same
 executor and threads), and fits the unit models on times rescaled to the training's median reference. A
-prediction multiplies by ``speed = probe now / reference at training`` (:class:`SpeedProbe` keeps a recent
-value, re-measured when stale, for the planners; the bench measures it beside each model; ~40 ms). Without a probe
-(a file trained before, or no time to run one) the speed is 1.0: the training's level, as before.
+prediction multiplies by ``speed = probe now / reference at training`` (:class:`SpeedProbe` keeps the median of
+its last probes, one ~40 ms; ``inferd info --predict`` uses it, the bench probes beside each model). Without a
+probe (a file trained before, or no time to run one) the speed is 1.0: the training's level, as before.
 
 The disk moves as well: cold 4-64 KB reads took 50 us in one bench run and 73 us in the next (the
 training's table said 48 us). :func:`read_probe` reads a few sizes cold the way the training's read table was
@@ -89,9 +89,10 @@ def probe_s(threads: int, runs: int = PROBE_RUNS) -> float:
 
 
 class SpeedProbe:
-    """The machine's current speed against a predictor's training, for the planners: ``speed()`` is
+    """The machine's current speed against a predictor's training (``inferd info --predict``; the planners plan
+    from relative costs and do not ask yet): ``speed()`` is
     ``probe / reference``, the probe the median of the last ``keep`` taken, a new one taken when the last is over
-    ``max_age_s`` old (one costs ~40 ms: a planner asks once per plan, the daemon may refresh it in idle time).
+    ``max_age_s`` old (one costs ~40 ms: one probe per prediction request at most, refreshed in idle time).
     Why a median of several: the drift is slow (minutes), one probe's noise is not; in the bench, scaling each
     model by its own few probes cost more than it gained on a run without drift (76% -> 67% within 10%)."""
 
