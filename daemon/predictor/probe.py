@@ -62,7 +62,8 @@ def _reference(threads: int) -> list[tuple[Any, dict[str, np.ndarray]]]:
 
 def probe_s(threads: int, runs: int = PROBE_RUNS) -> float:
     """Seconds of one pass over the reference networks at ``threads`` (median of ``runs``), on the CPU executor.
-    The caller's thread count is restored."""
+    The caller's thread count is restored; while it runs, the process's native pool has ``threads`` threads, so
+    a server calls it between requests (in idle time), not beside them."""
     from .. import native
 
     with _lock:

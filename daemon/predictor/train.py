@@ -216,9 +216,9 @@ class Trainer:
         """Median of a unit's samples of ``phase`` (warm phases at the reference level)."""
         from .cost import EXEC_PHASES
 
-        scaled = phase in EXEC_PHASES and not self.gpu
-        threads = self.units[sig][2] if sig in self.units else 1
-        vs = [s[phase] * (self._level(s.get("_probe"), threads) if scaled else 1.0)
+        ref = self.reference(self.units[sig][2] if sig in self.units else 1) \
+            if phase in EXEC_PHASES and not self.gpu else None
+        vs = [s[phase] * (ref / s["_probe"] if ref and s.get("_probe") else 1.0)
               for s in self.samples.get(sig, ()) if phase in s and s[phase] > 0]
         return float(np.median(vs)) if vs else None
 
