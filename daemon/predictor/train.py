@@ -198,19 +198,19 @@ class Trainer:
         ref = self.reference(threads)
         return ref / probe if probe and ref else 1.0
 
+    def _config_level(self, name: str) -> float:
+        """``_level`` of configuration ``name`` (its probe, at its thread count: the name ends in ``@t<threads>``)."""
+        threads = int(name.rsplit("@t", 1)[1]) if "@t" in name else 1
+        return self._level(self.model_probe.get(name), threads)
+
     def warm(self, name: str) -> float:
         """Configuration ``name``'s whole-model warm seconds at the reference level."""
-        w, _sigs, _steps = self.models[name]
-        return w * self._level(self.model_probe.get(name), self._threads_of(name))
+        return self.models[name][0] * self._config_level(name)
 
     def units_measured(self, name: str) -> float | None:
         """The sum of configuration ``name``'s units as measured in its run, at the reference level."""
         u = self.model_units.get(name)
-        return None if u is None else u * self._level(self.model_probe.get(name), self._threads_of(name))
-
-    @staticmethod
-    def _threads_of(name: str) -> int:
-        return int(name.rsplit("@t", 1)[1]) if "@t" in name else 1
+        return None if u is None else u * self._config_level(name)
 
     def value(self, sig: str, phase: str) -> float | None:
         """Median of a unit's samples of ``phase`` (warm phases at the reference level)."""
