@@ -92,6 +92,10 @@ class Config:
     inline_max_us: float = _opt("float", "run a request on the serving thread itself when its model is idle, "
                                 "on the CPU and its runs take at most this long (saves two thread hand-offs; "
                                 "0: never)", default=1000.0, minimum=0)
+    spin_us: float = _opt("float", "after a request run on the serving thread, poll for the next one this long "
+                          "before sleeping when requests come close together (the last came within twice this of "
+                          "the one before) and no worker thread is busy: back-to-back requests then find the "
+                          "thread and its caches awake (0: never)", default=200.0, minimum=0)
     max_variants: int = _opt("int", "input shapes a model with dynamic dimensions keeps prepared besides its first "
                              "(least recently used dropped; a model's config.toml can override)", default=4, minimum=0)
     drain_timeout: float = _opt("float", "seconds SIGTERM waits for queued and running requests",

@@ -231,3 +231,52 @@ def test_short_cpu_runs_are_served_by_the_serving_thread_only_when_allowed(tmp_p
     np.testing.assert_array_equal(y["y"], 2 * x + 1)
     assert infos[0]["inline"] is False
     assert all(i["inline"] is (limit_us != "0") for i in infos[1:]), infos
+
+
+def _main_thread_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
+        return int(fh.read().split()[0]) / 1e9
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux schedstat")
+def test_serving_thread_spins_after_inline_runs_only_when_requests_come_close_and_no_worker_is_busy(
+        tmp_path: Path) -> None:
+    """``spin_us``: after a request it ran itself, the serving thread polls for the next one that long (it burns
+    CPU while idle) when requests come close together; it sleeps at once with 0, after a request that followed
+    a pause (a paced stream), and while another model's worker thread runs (a spinning thread would keep the
+    GIL from that worker's Python)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    write_fake_model(models / "tiny.onnx", inputs=[{"name": "x", "shape": [2], "dtype": "float32"}])
+    write_fake_model(models / "slow.onnx", **SPEC)
+    x = np.array([0.0, 1.0], np.float32)
+    burnt: dict[str, float] = {}
+
+    def window(key: str, pid: int, s: float = 0.8) -> None:
+        t0 = _main_thread_cpu_s(pid)
+        time.sleep(s)
+        burnt[key] = _main_thread_cpu_s(pid) - t0
+
+    for spin in ("0", "600000"):
+        with DaemonProcess(f"ipc://{tmp_path}/s{spin}.sock", models, "--spin-us", spin,
+                           log_path=tmp_path / f"d{spin}.log") as d, Client(d.endpoint, timeout=30) as c:
+            for _ in range(4):
+                info = c.infer_with_info("tiny", {"x": x})[1]
+            assert info["inline"] is True
+            window(spin, d.pid)  # inside the spin window, after the last reply
+            if spin == "0":
+                continue
+            time.sleep(0.5)  # 1.3 s after the last request: more than twice the spin
+            c.infer("tiny", {"x": x})
+            window("after a pause", d.pid)
+            c.infer("slow", {"x": _x(0.01, 1)})  # its first run (never inline) shows it too slow to go inline
+            time.sleep(0.7)
+            slow = _Async(c, "slow", _x(1.5, 2))
+            _wait_running(c, "slow", 2)
+            for _ in range(3):
+                np.testing.assert_array_equal(c.infer("tiny", {"x": x})["y"], 2 * x + 1)
+            window("worker busy", d.pid)
+            slow.join()
+            assert slow.error is None, slow.error
+    assert burnt["600000"] > 0.3, burnt
+    assert burnt["0"] < 0.15 and burnt["after a pause"] < 0.15 and burnt["worker busy"] < 0.15, burnt

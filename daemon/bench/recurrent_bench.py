@@ -7,7 +7,7 @@
 * the daemon round trip of one VAD chunk (state and int64 sample rate in, probability and state out) against a
   bare pyzmq echo of the same bytes between two processes, and against that echo plus the in-process warm time;
 * how many 32 ms streams one core sustains: 32 ms over the per-chunk time on one thread, in process and through
-  the daemon (the daemon's serving CPU time per chunk, client excluded).
+  the daemon (the daemon's serving CPU time per chunk, client excluded, without the serving thread's spin).
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import Config
 from .common import fmt, machine_info, median_ms, ratio, time_calls, write_results
 from .daemon_bench import _echo_floor, _pcts
 
@@ -170,27 +171,21 @@ def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, inpro
     out: dict[str, Any] = {}
     with DaemonProcess(f"ipc://{tmp}/d.sock", models, log_path=tmp / "d.log", device="cpu") as d, \
             Client(d.endpoint, timeout=30) as c:
-        c.infer("vad_lstm", feeds)
-        # as the in-process figure: timed on the warm path (after the warm switch), after as many warm-up runs
-        end = time.monotonic() + 60
-        while not c.status()["models"]["vad_lstm"].get("warm") and time.monotonic() < end:
-            c.infer("vad_lstm", feeds)
-        for _ in range(300):
-            c.infer("vad_lstm", feeds)
+        _warm_up(c, feeds)
         rt = time_calls(lambda: c.infer("vad_lstm", feeds), n, 50)
         out["daemon_round_trip"] = _pcts(rt)
-        # serving CPU per chunk: the daemon process's CPU time over a burst, per request
-        import psutil
-
-        proc = psutil.Process(d.pid) if hasattr(d, "pid") else None
-        if proc is not None:
-            t0 = sum(proc.cpu_times()[:2])
-            k = 500
-            for _ in range(k):
-                c.infer("vad_lstm", feeds)
-            per = (sum(proc.cpu_times()[:2]) - t0) / k
-            out["daemon_cpu_per_chunk_us"] = round(per * 1e6, 1)
-            out["streams_per_core_daemon"] = int(CHUNK_S / per) if per > 0 else None
+        out["spin_us"] = Config().spin_us
+        out["daemon_cpu_per_chunk_us"] = _cpu_per_chunk(d.pid, lambda: c.infer("vad_lstm", feeds))
+    # the same daemon with spin_us = 0, in the same run: what the serving thread's spin gives, and the serving
+    # CPU per chunk without the spin, which fills the wait between one client's chunks but not a saturated
+    # daemon's time (many streams at once: the next chunk is already there)
+    with DaemonProcess(f"ipc://{tmp}/d0.sock", models, "--spin-us", "0", log_path=tmp / "d0.log", device="cpu") as d, \
+            Client(d.endpoint, timeout=30) as c:
+        _warm_up(c, feeds)
+        out["daemon_round_trip_spin0"] = _pcts(time_calls(lambda: c.infer("vad_lstm", feeds), n, 50))
+        per = _cpu_per_chunk(d.pid, lambda: c.infer("vad_lstm", feeds)) * 1e-6
+        out["daemon_cpu_per_chunk_spin0_us"] = round(per * 1e6, 1)
+        out["streams_per_core_daemon"] = int(CHUNK_S / per) if per > 0 else None
     in_bytes = sum(a.nbytes for a in feeds.values()) + 64
     out_bytes = 4 + 2 * 64 * 4 + 64
     from inferd_client.protocol import INLINE_MAX_BYTES
@@ -203,6 +198,27 @@ def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, inpro
     out["goal_us (1.5 x (echo + in-process))"] = round(budget, 1)
     out["ratio_to_echo_plus_inprocess"] = ratio(out["daemon_round_trip"]["p50_us"], echo["p50_us"] + inproc_s * 1e6)
     return out
+
+
+def _warm_up(c: Any, feeds: dict[str, np.ndarray]) -> None:
+    """As for the in-process figure: the warm path (after the warm switch), after as many warm-up runs."""
+    c.infer("vad_lstm", feeds)
+    end = time.monotonic() + 60
+    while not c.status()["models"]["vad_lstm"].get("warm") and time.monotonic() < end:
+        c.infer("vad_lstm", feeds)
+    for _ in range(300):
+        c.infer("vad_lstm", feeds)
+
+
+def _cpu_per_chunk(pid: int, call: Any, k: int = 500) -> float:
+    """The daemon process's CPU time (all its threads, 10 ms ticks) per call over ``k`` calls, in us."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    t0 = sum(proc.cpu_times()[:2])
+    for _ in range(k):
+        call()
+    return round((sum(proc.cpu_times()[:2]) - t0) / k * 1e6, 1)
 
 
 def _table(res: dict[str, Any]) -> str:
@@ -235,7 +251,13 @@ def _table(res: dict[str, Any]) -> str:
                          f"of the same bytes p50 {echo['p50_us']} us; goal 1.5 x (echo + in-process) = "
                          f"{st['goal_us (1.5 x (echo + in-process))']} us; measured / (echo + in-process) = "
                          f"{fmt(st['ratio_to_echo_plus_inprocess'], '.2f')}")
+            if "daemon_round_trip_spin0" in st:
+                rt0 = st["daemon_round_trip_spin0"]
+                lines.append(f"- the same daemon with spin_us = 0 (default {st.get('spin_us')}): p50 "
+                             f"{rt0['p50_us']} us, p99 {rt0['p99_us']} us")
             if st.get("daemon_cpu_per_chunk_us"):
-                lines.append(f"- daemon CPU per chunk {st['daemon_cpu_per_chunk_us']} us -> "
-                             f"{st['streams_per_core_daemon']} streams per core through the daemon")
+                lines.append(f"- daemon CPU per chunk, back to back: {st.get('daemon_cpu_per_chunk_spin0_us')} us "
+                             f"with spin_us = 0 -> {st['streams_per_core_daemon']} streams per core through the "
+                             f"daemon; {st['daemon_cpu_per_chunk_us']} us with the default (its spin fills the "
+                             "wait for one client's next chunk)")
     return "\n".join(lines) + "\n"

@@ -279,6 +279,8 @@ class Server:
         self._rl = _RateLimited()
         self._next_sweep = float("inf")  # earliest queued deadline (may be early, never late)
         self._inline_sender = _MainSender(self)
+        self._spin_until = 0.0  # the serving loop polls without sleeping until then (``spin_us``)
+        self._inline_end = 0.0  # when the last request run on this thread ended
         # gc.freeze() once ready: right for the daemon's own process (serve_main sets it), not for
         # a process that embeds a Server among other work.
         self.freeze_gc = False
@@ -465,6 +467,22 @@ class Server:
             else:
                 frames[0] = ident
                 self._send_frames(frames)
+
+    def after_inline_run(self, t_recv: float) -> None:
+        """Called by a slot after running a request (received at ``t_recv``) on this thread: the loop spins
+        ``spin_us`` for the next one when requests come close together, i.e. when this one came at most twice
+        that long after the previous such run ended (a stream that sends every 32 ms would pay the spin and
+        gain nothing). Not while a worker thread is busy: a spinning thread that keeps taking the GIL back
+        delays a worker's Python between layers by up to the interpreter's switch interval."""
+        spin = self.config.spin_us * 1e-6
+        now = time.monotonic()
+        prev, self._inline_end = self._inline_end, now
+        if spin <= 0 or t_recv - prev > 2 * spin:
+            return
+        for s in self.slots.values():
+            if s.queued or s.busy:
+                return
+        self._spin_until = now + spin
 
     def _on_event(self, kind: str, name: str) -> None:
         if kind == "state":
@@ -1081,6 +1099,7 @@ class Server:
         # zmq_poll on a fixed item list: zmq.Poller rebuilds the list and a dict on every call.
         poll_items = [(router, _POLLIN), (pull, _POLLIN), (wake_fd, _POLLIN)]
         zmq_poll = zmq.zmq_poll
+        sched_yield = os.sched_yield
         handle = self._handle
         try:
             self.rescan()
@@ -1110,7 +1129,19 @@ class Server:
                     timeout = min(timeout, max(0.0, nearest - now) + 0.0005)
                 if self.draining:
                     timeout = min(timeout, 0.02)
-                for sock, _ev in zmq_poll(poll_items, int(timeout * 1000) + 1):
+                # the next request of a stream often comes within microseconds of the last reply: waiting for
+                # it awake costs less than waking up (a sleeping core's caches, and its frequency, go cold)
+                events = None
+                while self._spin_until > time.monotonic():
+                    events = zmq_poll(poll_items, 0)
+                    if events:
+                        break
+                    # a thread woken on this core (zmq's I/O thread bringing the request) runs at once
+                    sched_yield()
+                self._spin_until = 0.0  # set again by the next request that runs on this thread
+                if not events:
+                    events = zmq_poll(poll_items, int(timeout * 1000) + 1)
+                for sock, _ev in events:
                     if sock is router:
                         # Ask the socket whether more is queued rather than recv until zmq.Again:
                         # building that exception costs more than the getsockopt.

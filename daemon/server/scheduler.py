@@ -627,6 +627,7 @@ class ModelSlot:
             # No notify when it settles: only the main thread (running this) queues work, so the
             # worker has nothing new to see; waking it would cost a context switch per request.
             self._run_job(job, inline)
+            self.server.after_inline_run(job.t_recv)
         return None
 
     def _retry_after_ms(self, runs_ahead: int) -> float:
