@@ -382,3 +382,34 @@ def test_loader_threads_are_kept_across_runs_and_end_with_the_executor(work):
         while loaders() - before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not loaders() - before
+
+
+@pytest.mark.parametrize("name,factor", [("vit_tiny", 1.5), ("resnet18", 1.0)])
+def test_every_loader_is_back_in_the_pool_after_each_run(work, name, factor):
+    """Loaders wait for a step inside a run's loop and are woken one at a time; when the queue runs out, every
+    one still waiting must leave too, or it never sees the next run's job (the pool would be short of readers
+    for good, and an error's ``wait_idle`` would hang). Three bypass readers, budgets where two of them used to
+    be left waiting; the outputs stay the unconstrained executor's."""
+    import time
+
+    graph = inferd.frontend.import_model(str(zoo_dir([name]) / f"{name}.onnx"))
+    feeds = {t.name: np.random.default_rng(3).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    store = prepare_stream_store(graph, work / f"{name}.store")
+    ref = CpuExecutor(graph).run(feeds)
+    probe = StreamingExecutor(graph, store, 1 << 40)
+    need = probe.min_budget()
+    probe.close()
+    ex = StreamingExecutor(graph, store, int(need * factor), read="bypass")
+    try:
+        assert ex.bypass_readers >= 2 and ex.streamed_bytes > 0
+        for _ in range(4):
+            got = ex.run(feeds)
+            for k in ref:
+                np.testing.assert_allclose(got[k], ref[k], rtol=TOL, atol=TOL)
+            pool = ex._loaders["bypass"]
+            deadline = time.monotonic() + 5
+            while pool.busy and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert pool.busy == 0
+    finally:
+        ex.close()
