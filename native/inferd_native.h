@@ -93,6 +93,10 @@ void inferd_pool_set_threads(int n);
 int inferd_pool_threads(void);
 /* How long idle workers spin before they sleep (microseconds). */
 void inferd_pool_set_spin_us(int us);
+/* Jobs worker i (0-based, the caller not counted) has entered so far; whether it sleeps now (-1: no such worker).
+   A job wakes and enters only the workers it takes. */
+long long inferd_pool_worker_jobs(int i);
+int inferd_pool_worker_asleep(int i);
 /* Run fn(ctx, t) for t in [0, ntasks) on up to max_threads threads (0 = all); returns when all are done.
    A call made while the pool is busy (another thread, or from inside a task) runs inline. */
 void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long ntasks, int max_threads);

@@ -91,6 +91,26 @@ HARNESS = textwrap.dedent(r"""
         }
         CHECK(by_caller >= 62, "the caller ran %d of 64 tasks while the worker slept", by_caller);
         stall_worker = 0;
+        /* a job that takes fewer workers than the pool has neither wakes nor enters the others: once all three
+           workers sleep, two-task jobs enter worker 0 only, and workers 1 and 2 sleep on */
+        inferd_pool_set_threads(4);
+        inferd_parallel(slow_task, NULL, 4, 0); /* start all three workers */
+        sleep_ms(50);                           /* past their spin: all asleep */
+        for (int i = 0; i < 3; ++i) CHECK(inferd_pool_worker_asleep(i) == 1, "worker %d not asleep", i);
+        long long before[3];
+        for (int i = 0; i < 3; ++i) before[i] = inferd_pool_worker_jobs(i);
+        for (int rep = 0; rep < 200; ++rep) {
+            memset(count, 0, sizeof count);
+            inferd_parallel(slow_task, NULL, 2, 0);
+            for (int t = 0; t < 2; ++t) CHECK(count[t] == 1, "two-task job: task %d ran %d times", t, count[t]);
+            if (rep == 10) sleep_ms(1);
+        }
+        CHECK(inferd_pool_worker_jobs(0) > before[0], "worker 0 entered no two-task job");
+        for (int i = 1; i < 3; ++i) {
+            CHECK(inferd_pool_worker_jobs(i) == before[i], "worker %d entered %lld jobs that did not take it", i,
+                  inferd_pool_worker_jobs(i) - before[i]);
+            CHECK(inferd_pool_worker_asleep(i) == 1, "worker %d was woken by jobs that did not take it", i);
+        }
         inferd_pool_set_threads(1);
         printf("ok (%d failures)\n", failures);
         return failures != 0;
