@@ -802,6 +802,8 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
     const double work = (double)M * K * N * batch;
     int want = (max_threads > 0 && max_threads < threads) ? max_threads : threads;
     if (work < 65536.0) want = 1;
+    /* at least ~128k multiply-adds a thread (a few microseconds): more threads than that only wake workers */
+    else want = imin(want, inferd_pool_useful_threads(work, 131072.0));
     const long long target = want > 1 ? 4LL * want : 1; /* a few tasks per thread: idle threads steal */
     const int mp = (M + MRP - 1) / MRP, np = (N + nr - 1) / nr;
     int nb_p = gemv ? 1 : imin(np, imax(1, NC_MAX / nr));

@@ -263,6 +263,9 @@ INFERD_INLINE float max_nan(float acc, float v)
    operations in all: one below ~32k (a hand-off costs more than it saves), else a few per pool thread so idle
    threads can take over a slow one's share. Defined in pool.c. */
 int inferd_pool_chunks(long long items, double work);
+/* Threads that `work` keeps busy at `per_thread` of it each: between 2 and the pool's size (the pool's size
+   when it has at most 2); callers decide first whether to split at all. */
+int inferd_pool_useful_threads(double work, double per_thread);
 
 
 #endif

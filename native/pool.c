@@ -282,9 +282,19 @@ void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long
     pthread_mutex_unlock(&P.submit);
 }
 
-int inferd_pool_chunks(long long items, double work)
+int inferd_pool_useful_threads(double work, double per_thread)
 {
     const int t = P.nthreads;
-    if (t <= 1 || items < 2 || work < 32768.0) return 1;
+    if (t <= 2 || per_thread <= 0) return t;
+    const double k = work / per_thread;
+    return k >= t ? t : (k < 2 ? 2 : (int)k);
+}
+
+int inferd_pool_chunks(long long items, double work)
+{
+    if (P.nthreads <= 1 || items < 2 || work < 32768.0) return 1;
+    /* a few chunks per thread that the work keeps busy: on 16 cores a 50k-element layer split 64 ways woke 15
+       workers for microseconds of work each (and each then spun until its spin ran out) */
+    const int t = inferd_pool_useful_threads(work, 65536.0);
     return (int)(items < 4LL * t ? items : 4LL * t);
 }
