@@ -124,12 +124,17 @@ static void* worker_main(void* arg)
     uint64_t seen = ((worker_arg*)arg)->gen;
     long long until = now_ns() + P.spin_ns;
     for (;;) {
-        /* wait for a job that wants this worker: spin until spin_ns after its last job, then sleep on its own
-           condition variable. A job that takes fewer workers passes it by: it neither wakes it nor restarts its
-           spin (a small model's two-way jobs woke all 15 workers of a 16-core host, which then spun 200 us each:
-           3.6 ms of CPU for a 0.1 ms inference) */
+        /* wait for a job that wants this worker: spin until spin_ns after the last job it saw, then sleep on its
+           own condition variable. A job that takes fewer workers does not wake a sleeping one (a small model's
+           two-way jobs woke all 15 workers of a 16-core host, which then spun 200 us each: 3.6 ms of CPU for a
+           0.1 ms inference); an awake one stays awake while jobs come, so that the next large layer finds it
+           spinning (woken from sleep one by one, resnet18's 16 threads ran 20-35% slower) */
         uint64_t s = __atomic_load_n(&P.state, __ATOMIC_SEQ_CST);
         for (int k = 0; !wanted(s, seen, index); s = __atomic_load_n(&P.state, __ATOMIC_SEQ_CST)) {
+            if ((s >> GEN_SHIFT) != seen) {
+                seen = s >> GEN_SHIFT;
+                until = now_ns() + P.spin_ns;
+            }
             cpu_relax();
             if (__atomic_load_n(&P.stop, __ATOMIC_RELAXED)) return NULL;
             if ((++k & 255) != 0) continue;
@@ -292,9 +297,9 @@ int inferd_pool_useful_threads(double work, double per_thread)
 
 int inferd_pool_chunks(long long items, double work)
 {
-    if (P.nthreads <= 1 || items < 2 || work < 32768.0) return 1;
-    /* a few chunks per thread that the work keeps busy: on 16 cores a 50k-element layer split 64 ways woke 15
-       workers for microseconds of work each (and each then spun until its spin ran out) */
-    const int t = inferd_pool_useful_threads(work, 65536.0);
+    const int t = P.nthreads;
+    if (t <= 1 || items < 2 || work < 32768.0) return 1;
+    /* not fewer threads by work as a GEMM does (inferd_pool_useful_threads): these are mostly passes over memory
+       (bias and activation, transforms, copies), where 64k elements a thread left resnet18 slower on 16 cores */
     return (int)(items < 4LL * t ? items : 4LL * t);
 }
