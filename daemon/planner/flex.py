@@ -346,19 +346,20 @@ def plan_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], budge
             # the deepest preloading beats the most residency (simulated 28.6 ms against 33.2). Only for a clear
             # gain: the simulation reads at the disk's rate, and a real read of a small layer pays its latency
             # too, which favours the plan that reads fewer bytes
-            fewer, t_fewer = _fewest_stalls(layers, activations, budget, resident_order(layers, read_bw),
-                                            k_gain, simulate(base, layers, read_bw), read_bw, **kw)
+            fewer, t_fewer = _fewest_stalls(layers, activations, budget, base, resident_order(layers, read_bw),
+                                            k_gain, read_bw, **kw)
             if t_fewer < 0.95 * t_best:
                 best = fewer
     return best
 
 
-def _fewest_stalls(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, order: Sequence[int],
-                   k_max: int, t_none: float, read_bw: float, **kw: object) -> tuple[FlexPlan, float]:
+def _fewest_stalls(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, base: FlexPlan,
+                   order: Sequence[int], k_max: int, read_bw: float, **kw: object) -> tuple[FlexPlan, float]:
     """The plan with the longest prefix of ``order`` resident (shorter than ``k_max``, the longest that fits)
-    whose simulated run stays within 1% of the plan with nothing resident (``t_none``), and that time: the
+    whose simulated run stays within 1% of ``base``'s (the plan with nothing resident), and that time: the
     residency that costs no preloading. Bisected: the simulated time grows with the resident prefix once its
     bytes start to crowd out the preloads."""
+    t_none = simulate(base, layers, read_bw)
     target = 1.01 * t_none
     lo, hi = 0, k_max
     best: tuple[FlexPlan, float] | None = None
@@ -373,9 +374,7 @@ def _fewest_stalls(layers: Sequence[LayerMem], activations: Sequence[Buffer], bu
             lo, best = mid, (p, t)
         else:
             hi = mid
-    if best is None:
-        best = (plan_flex(layers, activations, budget, **kw), t_none)  # type: ignore[arg-type]
-    return best
+    return best if best is not None else (base, t_none)
 
 
 def _with_resident(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, base: FlexPlan,
