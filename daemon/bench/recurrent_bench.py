@@ -183,9 +183,8 @@ def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, inpro
             Client(d.endpoint, timeout=30) as c:
         _warm_up(c, feeds)
         out["daemon_round_trip_spin0"] = _pcts(time_calls(lambda: c.infer("vad_lstm", feeds), n, 50))
-        per = _cpu_per_chunk(d.pid, lambda: c.infer("vad_lstm", feeds)) * 1e-6
-        out["daemon_cpu_per_chunk_spin0_us"] = round(per * 1e6, 1)
-        out["streams_per_core_daemon"] = int(CHUNK_S / per) if per > 0 else None
+        us = out["daemon_cpu_per_chunk_spin0_us"] = _cpu_per_chunk(d.pid, lambda: c.infer("vad_lstm", feeds))
+        out["streams_per_core_daemon"] = int(CHUNK_S / (us * 1e-6)) if us > 0 else None
     in_bytes = sum(a.nbytes for a in feeds.values()) + 64
     out_bytes = 4 + 2 * 64 * 4 + 64
     from inferd_client.protocol import INLINE_MAX_BYTES
