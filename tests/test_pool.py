@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from native_harness import build_and_run, with_sanitizers
+from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64, with_sanitizers
 
 HARNESS = textwrap.dedent(r"""
     #define _GNU_SOURCE
@@ -130,6 +130,14 @@ def test_pool_runs_each_task_once_from_own_shares(tmp_path: Path, sanitize: bool
         with_sanitizers(build)
     else:
         build([])
+
+
+@needs_aarch64
+def test_pool_runs_each_task_once_on_aarch64_under_qemu(tmp_path: Path) -> None:
+    """The same harness built for aarch64 (its own atomics and `yield` spin) and run under qemu."""
+    src = tmp_path / "pool_test.c"
+    src.write_text(HARNESS)
+    build_and_run(src, ["pool.c"], AARCH64_CC, AARCH64_FLAGS, tmp_path, QEMU, timeout=300)
 
 
 BLAS_CHECK = textwrap.dedent(r"""
