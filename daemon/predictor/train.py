@@ -195,8 +195,7 @@ class Trainer:
 
     def _level(self, probe: float | None, threads: int) -> float:
         """Factor that takes a time measured after ``probe`` to the training's reference level."""
-        ref = self.reference(threads)
-        return ref / probe if probe and ref else 1.0
+        return _to_reference(self.reference(threads), probe)
 
     def _config_level(self, name: str) -> float:
         """``_level`` of configuration ``name`` (its probe, at its thread count: the name ends in ``@t<threads>``)."""
@@ -218,7 +217,7 @@ class Trainer:
 
         ref = self.reference(self.units[sig][2] if sig in self.units else 1) \
             if phase in EXEC_PHASES and not self.gpu else None
-        vs = [s[phase] * (ref / s["_probe"] if ref and s.get("_probe") else 1.0)
+        vs = [s[phase] * (_to_reference(ref, s.get("_probe")) if ref else 1.0)
               for s in self.samples.get(sig, ()) if phase in s and s[phase] > 0]
         return float(np.median(vs)) if vs else None
 
@@ -283,6 +282,12 @@ def fit_overhead(measured: Sequence[tuple[float, float, int]]) -> dict[str, floa
     if c[0] <= 0:
         c = np.array([1.0, 0.0, 0.0])
     return {"scale": float(c[0]), "per_step_s": float(c[1] * 1e-6), "per_run_s": float(c[2] * 1e-3)}
+
+
+def _to_reference(ref: float | None, probe: float | None) -> float:
+    """Factor that takes a time measured after a speed probe of ``probe`` s to the reference level ``ref`` (1.0
+    where either is missing)."""
+    return ref / probe if probe and ref else 1.0
 
 
 def fit_overhead_parts(rows: Sequence[tuple[float, float | None, float, int]]) -> dict[str, float]:
