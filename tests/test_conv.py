@@ -29,7 +29,7 @@ from inferd.ops.activation import apply_act  # noqa: E402
 from inferd.ops.base import raw_key  # noqa: E402
 from inferd.ops.conv import (ConvWinograd23, ConvWinograd43, conv_nd, layer_geom,  # noqa: E402
                              winograd_matrices)
-from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64  # noqa: E402
+from native_harness import AARCH64_CC, AARCH64_FLAGS, FULL_OPT, QEMU, build_and_run, needs_aarch64  # noqa: E402
 
 F32 = np.float32
 TOL = 1e-4
@@ -1091,7 +1091,7 @@ def _harness_source(tmp: Path) -> Path:
 
 
 def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> None:
-    build_and_run(_harness_source(tmp), None, cc, flags, tmp, runner, ("-O3", "-fwrapv", "-ffp-contract=fast"), 180)
+    build_and_run(_harness_source(tmp), None, cc, flags, tmp, runner, FULL_OPT, 180)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.uname().machine != "x86_64", reason="needs cc on x86-64")

@@ -22,7 +22,7 @@ from inferd.ops.base import choose_kernel, op_spec, raw_key, single_node_layer
 from inferd.ops import quant_native
 from inferd.ops.quant import QUANT_OPS
 from inferd.zoo import quant as zquant
-from native_harness import AARCH64_CC, AARCH64_FLAGS, QEMU, build_and_run, needs_aarch64
+from native_harness import AARCH64_CC, AARCH64_FLAGS, FULL_OPT, QEMU, build_and_run, needs_aarch64
 
 ort = pytest.importorskip("onnxruntime")
 _ONNX_T = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.UINT8,
@@ -332,7 +332,7 @@ int main(void) {
 def _build_and_run(cc: str, flags: list[str], tmp: Path, runner: list[str]) -> str:
     src = tmp / "q8test.c"
     src.write_text(C_HARNESS)
-    return build_and_run(src, None, cc, flags, tmp, runner, ("-O2", "-ffp-contract=fast"), 240)
+    return build_and_run(src, None, cc, flags, tmp, runner, FULL_OPT, 240)
 
 
 @pytest.mark.skipif(shutil.which("cc") is None or os.uname().machine != "x86_64", reason="needs cc on x86-64")
