@@ -151,29 +151,44 @@ typedef float v4f __attribute__((vector_size(16)));
 typedef int v4i __attribute__((vector_size(16)));
 typedef float v8t __attribute__((vector_size(32))); /* 8 rows of an A panel (two q/xmm registers where no ymm) */
 
-/* NC columns (a literal, so acc[] stays in registers): per k one A load and NC broadcast FMAs. */
-#define INFERD_COLTAIL_N(NC)                                                                          \
+/* NC columns (a literal, so acc[] stays in registers): per k one A load and NC broadcast FMAs, over U
+   interleaved runs of k with their own accumulators, summed at the end. NC x U = 8 chains: an FMA waits ~4 cycles
+   for its accumulator and Zen 4 issues two a cycle, so one chain per column (the form before) ran the 1-column tail
+   at 1/8 of the rate (a 7x7 map's 49 = 32 + 16 + 1 columns: the last column cost ~17% of a 1x1 layer's time; a
+   VAD's 5-column STFT conv spent 63% of its 35 us there). */
+#define INFERD_COLTAIL_N(NC, U)                                                                       \
     for (; j + NC <= nc; j += NC) {                                                                  \
-        v8t acc[NC];                                                                                 \
-        for (int q = 0; q < NC; ++q) acc[q] = (v8t){0};                                              \
-        for (long k = 0; k < kc; ++k) {                                                              \
+        v8t acc[U][NC];                                                                              \
+        for (int u = 0; u < U; ++u)                                                                  \
+            for (int q = 0; q < NC; ++q) acc[u][q] = (v8t){0};                                       \
+        long k = 0;                                                                                  \
+        for (; k + U <= kc; k += U)                                                                  \
+            for (int u = 0; u < U; ++u) {                                                            \
+                v8t av;                                                                              \
+                memcpy(&av, a + (k + u) * MRP, sizeof av);                                           \
+                const float* restrict bk = b + (k + u) * ldb + j;                                    \
+                for (int q = 0; q < NC; ++q) acc[u][q] += av * (bk[q] - (v8t){0});                   \
+            }                                                                                        \
+        for (; k < kc; ++k) {                                                                        \
             v8t av;                                                                                  \
             memcpy(&av, a + k * MRP, sizeof av);                                                     \
             const float* restrict bk = b + k * ldb + j;                                              \
-            for (int q = 0; q < NC; ++q) acc[q] += av * (bk[q] - (v8t){0});                          \
+            for (int q = 0; q < NC; ++q) acc[0][q] += av * (bk[q] - (v8t){0});                       \
         }                                                                                            \
+        for (int u = 1; u < U; ++u)                                                                  \
+            for (int q = 0; q < NC; ++q) acc[0][q] += acc[u][q];                                     \
         for (int i = 0; i < MRP; ++i)                                                                \
-            for (int q = 0; q < NC; ++q) t[i * nc + j + q] = acc[q][i];                              \
+            for (int q = 0; q < NC; ++q) t[i * nc + j + q] = acc[0][q][i];                           \
     }
 #define INFERD_COLTAIL(NAME, ATTR)                                                                    \
     ATTR static void NAME(long kc, const float* restrict a, const float* restrict b, long ldb, int nc, \
                           float* restrict t)                                                         \
     {                                                                                                \
         int j = 0;                                                                                   \
-        INFERD_COLTAIL_N(8)                                                                          \
-        INFERD_COLTAIL_N(4)                                                                          \
-        INFERD_COLTAIL_N(2)                                                                          \
-        INFERD_COLTAIL_N(1)                                                                          \
+        INFERD_COLTAIL_N(8, 1)                                                                       \
+        INFERD_COLTAIL_N(4, 2)                                                                       \
+        INFERD_COLTAIL_N(2, 4)                                                                       \
+        INFERD_COLTAIL_N(1, 8)                                                                       \
     }
 
 INFERD_COLTAIL(tail_base, )
@@ -635,7 +650,10 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     }
 }
 
-/* Few columns (a batch-1 linear layer): stream each A panel once, 8 rows x up to 4 columns. */
+/* Few columns (a batch-1 linear layer; a 1-D conv over a few frames): stream each A panel once, 8 rows x up to 8
+   columns read from B in place. Through the tiled path, 5-8 columns went to the column tail reading them from a
+   32-column packed panel (a cache line per k): a VAD's 258x256x5 STFT conv took 36 us there. */
+#define GEMV_MAX_N 8
 typedef float v8g __attribute__((vector_size(32)));
 
 #define INFERD_GEMV_COLS(NCOLS)                                                                        \
@@ -687,18 +705,23 @@ static void gemv1_block(job_t* J, int bi, int m0, int m1)
     }
 }
 
+INFERD_CLONES
 static void gemv_block(job_t* J, int bi, int m0, int m1)
 {
     const int K = J->K;
     const long long bsk = J->bsk, bsn = J->bsn;
     const float* ap = J->ap + (ptrdiff_t)bi * J->ap_bs;
     const float* restrict b = J->b + (ptrdiff_t)bi * J->b_bs;
-    float tile[MRP * 4];
+    float tile[MRP * GEMV_MAX_N];
     switch (J->N) {
     case 1: gemv1_block(J, bi, m0, m1); break;
     case 2: INFERD_GEMV_COLS(2) break;
     case 3: INFERD_GEMV_COLS(3) break;
-    default: INFERD_GEMV_COLS(4) break;
+    case 4: INFERD_GEMV_COLS(4) break;
+    case 5: INFERD_GEMV_COLS(5) break;
+    case 6: INFERD_GEMV_COLS(6) break;
+    case 7: INFERD_GEMV_COLS(7) break;
+    default: INFERD_GEMV_COLS(8) break;
     }
 }
 
@@ -739,7 +762,7 @@ static void gemm_task(void* ctx, long long t)
     const int m0 = mi * J->mb, m1 = imin(J->M, m0 + J->mb);
     const int n0 = ni * J->nb, n1 = imin(J->N, n0 + J->nb);
     if (m0 >= m1 || n0 >= n1) return;
-    if (J->N <= 4 && !J->a_dyn && !J->b_pre && !J->boff)
+    if (J->N <= GEMV_MAX_N && !J->a_dyn && !J->b_pre && !J->boff)
         gemv_block(J, bi, m0, m1);
     else if (J->M <= 4 && J->a_dyn && J->b_pre)
         gemv_bpre_block(J, bi, n0, n1);
@@ -795,7 +818,7 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
                     store_tile(&J, bi, i0, imin(MRP, M - i0), j0, imin(64, N - j0), 64, zeros, 1, 1);
         return 0;
     }
-    const int gemv = N <= 4 && !J.a_dyn && !J.b_pre && !J.boff;
+    const int gemv = N <= GEMV_MAX_N && !J.a_dyn && !J.b_pre && !J.boff;
     const int gemv_b = M <= 4 && J.a_dyn && J.b_pre;
     const int nr = gemv ? N : (gemv_b ? NBP : J.isa->nr);
     const int threads = inferd_pool_threads();

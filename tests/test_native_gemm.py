@@ -23,7 +23,10 @@ ACTS = [None, ("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)), ("Sigmo
 SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40, 1, 3), (33, 129, 65), (7, 0, 9),
           # ragged last column panels (whole vectors, then 8/4/2/1-column tails), across K blocks, B read in place
           # (M <= 32) and packed (long rows, M > 32)
-          (16, 600, 49), (9, 300, 47), (72, 20, 601), (40, 530, 31), (17, 5, 15), (24, 700, 530)]
+          (16, 600, 49), (9, 300, 47), (72, 20, 601), (40, 530, 31), (17, 5, 15), (24, 700, 530),
+          # the tails' k runs of 2-8 chains with k left over (K not a multiple of the run); 5-8 columns on the
+          # few-column path (a 1-D conv over a few frames)
+          (24, 301, 49), (40, 203, 47), (258, 255, 5), (20, 37, 7), (64, 387, 8), (9, 3, 6)]
 
 
 def _ref(a: np.ndarray, b: np.ndarray, bias, res, act) -> np.ndarray:
