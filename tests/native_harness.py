@@ -35,8 +35,9 @@ OBJECT_CACHE = Path(os.environ.get("INFERD_HARNESS_CACHE", Path.home() / ".cache
 
 @functools.lru_cache(maxsize=None)
 def _compiler_id(cc: str) -> bytes:
-    r = subprocess.run([cc, "-v", "--version"], capture_output=True, timeout=60)
-    return (shutil.which(cc) or cc).encode() + b"\0" + r.stdout + r.stderr
+    # not ``-v``: it prints the names of its temporary files, different at every call
+    out = [subprocess.run([cc, flag], capture_output=True, timeout=60).stdout for flag in ("--version", "-dumpmachine")]
+    return (shutil.which(cc) or cc).encode() + b"\0" + b"\0".join(out)
 
 
 def _compile(cc: str, args: Sequence[str], source: Path, timeout: int) -> Path:
