@@ -153,9 +153,9 @@ typedef float v8t __attribute__((vector_size(32))); /* 8 rows of an A panel (two
 
 /* NC columns (a literal, so acc[] stays in registers): per k one A load and NC broadcast FMAs, over U
    interleaved runs of k with their own accumulators, summed at the end. NC x U = 8 chains: an FMA waits ~4 cycles
-   for its accumulator and Zen 4 issues two a cycle, so one chain per column (the form before) ran the 1-column tail
-   at 1/8 of the rate (a 7x7 map's 49 = 32 + 16 + 1 columns: the last column cost ~17% of a 1x1 layer's time; a
-   VAD's 5-column STFT conv spent 63% of its 35 us there). */
+   for its accumulator and the x86 cores we run on (Zen 4, recent Xeons) issue two a cycle, so one chain per column
+   (the form before) ran a 1-column tail at ~1/8 of the FMA rate (a 7x7 map's 49 = 32 + 16 + 1 columns ends in
+   one). A VAD's 5-column STFT conv spent 63% of its 35 us in this tail (it now takes the few-column path). */
 #define INFERD_COLTAIL_N(NC, U)                                                                       \
     for (; j + NC <= nc; j += NC) {                                                                  \
         v8t acc[U][NC];                                                                              \
