@@ -895,7 +895,7 @@ int main(void){
   inferd_pool_set_threads(2);
   for (int it = 0; it < 300; ++it) { /* packed GEMM, both store layouts, every epilogue, against naive loops */
     int M = irand(1, 40), K = irand(0, 300), N = irand(1, 70), tr = irand(0, 1), act = irand(0, 7), hasb = irand(0, 1), hasr = irand(0, 1);
-    if (it % 5 == 0) N = irand(1, 4); /* the GEMV path */
+    if (it % 5 == 0) N = irand(1, 8); /* the few-column path (N <= 8) */
     /* several K blocks under a ragged last panel (drawn without irand: the later checks keep their inputs) */
     if (it % 15 == 1) { K = 600 + (it * 37) % 900; N = 130 + (it * 53) % 170; }
     float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
