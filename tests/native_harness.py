@@ -40,14 +40,13 @@ def _compiler_id(cc: str) -> bytes:
     return (shutil.which(cc) or cc).encode() + b"\0" + b"\0".join(out)
 
 
-def _compile(cc: str, args: Sequence[str], source: Path, timeout: int) -> Path:
-    """``source`` compiled to an object (from the cache when there)."""
+def _compile(cc: str, args: Sequence[str], source: Path, headers: bytes, timeout: int) -> Path:
+    """``source`` compiled to an object (from the cache when there); ``headers``: the digest of native/'s headers."""
     h = hashlib.sha256(_compiler_id(cc))
     for part in (*args, source.name):
         h.update(part.encode() + b"\0")
     h.update(source.read_bytes())
-    for header in sorted(NATIVE_DIR.glob("*.h")):
-        h.update(header.read_bytes())
+    h.update(headers)
     obj = OBJECT_CACHE / f"{source.stem}-{h.hexdigest()[:32]}.o"
     if obj.exists():
         return obj
@@ -71,8 +70,9 @@ def build_and_run(source: Path, natives: Sequence[str] | None, cc: str, flags: S
     args = [*opt, "-std=gnu99", "-fno-math-errno", "-DINFERD_NO_CLONES", f"-I{NATIVE_DIR}", *flags]
     # the largest first, so that the longest compile (dwconv.c) starts at once
     todo = sorted([source, *files], key=lambda p: p.stat().st_size, reverse=True)
+    headers = hashlib.sha256(b"".join(h.read_bytes() for h in sorted(NATIVE_DIR.glob("*.h")))).digest()
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        objs = dict(zip(todo, pool.map(lambda p: _compile(cc, args, p, timeout), todo)))
+        objs = dict(zip(todo, pool.map(lambda p: _compile(cc, args, p, headers, timeout), todo)))
     subprocess.run([cc, *opt, *flags, *(str(objs[p]) for p in [source, *files]), "-o", str(exe), "-lm", "-pthread"],
                    check=True, capture_output=True, timeout=timeout)
     out = subprocess.run([*runner, str(exe)], capture_output=True, text=True, timeout=timeout)
