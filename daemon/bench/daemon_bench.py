@@ -68,42 +68,64 @@ while True:
 """
 
 
-def _echo_floor(tmp: Path, in_bytes: int, out_bytes: int, n: int, one_frame: bool = False) -> dict[str, float]:
-    """The same message shapes through bare pyzmq ROUTER/DEALER between two processes: what any
-    Python ZeroMQ server pays on this machine before doing any work. ``one_frame``: each way one frame
-    of the message's bytes, as the client sends tensors small enough to travel inside the header
-    (``protocol.INLINE_MAX_BYTES``); else a header frame and a payload frame."""
-    import zmq
+class EchoPeer:
+    """A bare pyzmq ROUTER in a child process and a DEALER here: what any Python ZeroMQ server pays on this
+    machine before doing any work, for the same message shapes. ``one_frame``: each way one frame of the
+    message's bytes, as the client sends tensors small enough to travel inside the header
+    (``protocol.INLINE_MAX_BYTES``); else a header frame and a payload frame. A context manager, so a bench can
+    time it in rounds between its other measurements (a slow spell of a shared VM then hits both)."""
 
-    ep = f"ipc://{tmp}/echo{in_bytes}.sock"
-    srv = subprocess.Popen([sys.executable, "-c", _ECHO_SERVER, ep, str(out_bytes + 80 * one_frame),
-                            "1" if one_frame else "0"])
-    ctx = zmq.Context()
-    d = ctx.socket(zmq.DEALER)
-    d.setsockopt(zmq.LINGER, 0)
-    d.connect(ep)
-    header = b"h" * 80
-    payload = np.zeros(in_bytes, np.uint8)
-    try:
-        frames = [header + payload.tobytes()] if one_frame else [header, payload]
+    def __init__(self, tmp: Path, in_bytes: int, out_bytes: int, one_frame: bool = False) -> None:
+        import zmq
 
-        def once() -> None:
-            d.send_multipart(frames, copy=False)
-            if not d.poll(10000):
-                raise TimeoutError("echo server did not answer")
-            d.recv_multipart(copy=False)
-
-        once()
-        return _pcts(_time(once, n))
-    finally:
-        d.send(b"quit")
+        ep = f"ipc://{tmp}/echo{in_bytes}.sock"
+        self._srv = subprocess.Popen([sys.executable, "-c", _ECHO_SERVER, ep, str(out_bytes + 80 * one_frame),
+                                      "1" if one_frame else "0"])
+        self._ctx = zmq.Context()
+        self._d = self._ctx.socket(zmq.DEALER)
+        self._d.setsockopt(zmq.LINGER, 0)
+        self._d.connect(ep)
+        header = b"h" * 80
+        payload = np.zeros(in_bytes, np.uint8)
+        self._frames = [header + payload.tobytes()] if one_frame else [header, payload]
         try:
-            srv.wait(10)
+            self.once()
+        except BaseException:
+            self.close()
+            raise
+
+    def once(self) -> None:
+        d = self._d
+        d.send_multipart(self._frames, copy=False)
+        if not d.poll(10000):
+            raise TimeoutError("echo server did not answer")
+        d.recv_multipart(copy=False)
+
+    def time(self, n: int, warmup: int = 50) -> list[float]:
+        return _time(self.once, n, warmup)
+
+    def close(self) -> None:
+        try:
+            self._d.send(b"quit")
+            self._srv.wait(10)
         except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait(10)
-        d.close()
-        ctx.term()
+            self._srv.kill()
+            self._srv.wait(10)
+        finally:
+            self._d.close()
+            self._ctx.term()
+
+    def __enter__(self) -> "EchoPeer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _echo_floor(tmp: Path, in_bytes: int, out_bytes: int, n: int, one_frame: bool = False) -> dict[str, float]:
+    """p50/p99 of ``n`` round trips through an :class:`EchoPeer`."""
+    with EchoPeer(tmp, in_bytes, out_bytes, one_frame) as echo:
+        return _pcts(echo.time(n))
 
 
 def _thread_cpu_ns(pid: int) -> dict[str, int]:
