@@ -70,24 +70,31 @@ typedef struct {
        layer). Whole MRK-row groups only; the packed forms take the ragged last rows. */
     ukernel_fn ukr, uk1r;
     inferd_ukoff_fn uko; /* B rows at offsets (mrk x nr raw tiles) */
+    /* Taller tiles where the registers allow: mrw rows (mrw / MRP consecutive packed panels, lda floats apart, or
+       rows in place) x one vector. Each B vector then feeds mrw FMAs instead of mrk; with mrk = 8 the B block
+       streamed from L2 bounded the 8 x 32 kernel (Xeon, one thread, kc 922 x 48 columns of a 7x7 map's B:
+       83 GFLOP/s for 8 x 32 + 8 x 16, 110 for 24 x 16; kc 256 x 480: 105 and 132). 0: none. */
+    int mrw;
+    ukernel_fn ukw, ukwr;
 } isa_t;
 
 /* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. AEL(k, i) is
    A's element (row i, k), BROW(k) where B's row k starts. */
 #define INFERD_A_PACKED(k, i) a[(k) * MRP + (i)]
 #define INFERD_A_ROWS(k, i) a[(i) * lda + (k)]
+#define INFERD_A_PANELS(k, i) a[((i) / MRP) * lda + (k) * MRP + (i) % MRP]
 #define INFERD_B_PITCH(k) (b + (k) * ldb)
 #define INFERD_B_OFFSETS(k) (b + boff[k])
 #define INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, BROW)                                                           \
         VT acc[MRK][NV];                                                                                     \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
+        _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
                                                                                             ++v)             \
             acc[i][v] = (VT){0};                                                                             \
         for (long k = 0; k < kc; ++k) {                                                                      \
             VT bv[NV];                                                                                       \
             const float* restrict bk = BROW(k);                                                              \
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) memcpy(&bv[v], bk + v * VL, sizeof(VT));   \
-            _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                            \
+            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i)                                           \
             {                                                                                                \
                 const VT ai = AEL(k, i) - (VT){0}; /* x - 0 folds away; 0 + x does not (-0) */               \
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];                \
@@ -111,14 +118,14 @@ typedef struct {
     {                                                                                                        \
         INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, INFERD_B_PITCH)                                                 \
         if (t) {                                                                                             \
-            _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
+            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
                                                                                              v < NV; ++v)    \
                 memcpy(t + i * (NV * VL) + v * VL, &acc[i][v], sizeof(VT));                                  \
             return;                                                                                          \
         }                                                                                                    \
         const int act = e->act, vact = e->last && !INFERD_ACT_COSTLY(act) ? act : 0;                         \
         const float p0 = e->p0, p1 = e->p1;                                                                  \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i)                                                \
+        _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i)                                                \
         {                                                                                                    \
             float* crow = e->c + i * e->ldc;                                                                 \
             const VT bi = (e->first && e->bias ? e->bias[i] : 0.0f) - (VT){0};                               \
@@ -199,7 +206,8 @@ INFERD_UKERNEL(uk1_base, , v4f, v4i, 4, 8, 1)
 INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 8, 3, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 8, 1, INFERD_A_ROWS)
 INFERD_UKOFF(uko_base, , v4f, 4, 8, 3)
-static const isa_t ISA_BASE = {0, 8, 12, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base};
+static const isa_t ISA_BASE = {0, 8, 12, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base,
+                               0, NULL, NULL};
 #else
 /* SSE2 (and any other target): 16 registers, 8 accumulators */
 INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 4, 2)
@@ -207,7 +215,8 @@ INFERD_UKERNEL(uk1_base, , v4f, v4i, 4, 4, 1)
 INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 4, 2, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 4, 1, INFERD_A_ROWS)
 INFERD_UKOFF(uko_base, , v4f, 4, 4, 2)
-static const isa_t ISA_BASE = {0, 4, 8, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base};
+static const isa_t ISA_BASE = {0, 4, 8, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base,
+                               0, NULL, NULL};
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -229,10 +238,14 @@ INFERD_UKERNEL(uk1_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v1
 INFERD_UKERNEL_A(ukr_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 1, INFERD_A_ROWS)
 INFERD_UKOFF(uko_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, 16, 8, 2)
-static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2};
+/* 24 accumulators of 24 rows x 16 columns, B one register, A broadcast from memory */
+INFERD_UKERNEL_A(ukw_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_PANELS)
+INFERD_UKERNEL_A(ukwr_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_ROWS)
+static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2,
+                               0, NULL, NULL};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
 static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
-                                 uk1r_avx512, uko_avx512};
+                                 uk1r_avx512, uko_avx512, 24, ukw_avx512, ukwr_avx512};
 #endif
 
 static const isa_t* ISA = NULL;
@@ -531,6 +544,80 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
             I->UK(kc, apan + sub, 0, (BP), ldb, (T), (E));                            \
     } while (0)
 
+/* One group of isa_t.mrw rows (G whole panels) against every column panel of the task's K block: the taller
+   tile of one vector per call (two per 32-column panel), the ragged panel's whole vectors the same way, and its
+   leftover columns through the column tail one 8-row panel at a time. Each output element sums the same products
+   in the same order as through the 8-row kernels: the results do not change, bit for bit. */
+static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int kc, int k0, int kb, int nk,
+                           int inplace, float* buf, float* abuf, epi_t* epi, float* tile, int nvec, int coltail)
+{
+    const isa_t* I = J->isa;
+    const int K = J->K, nr = I->nr, mrw = I->mrw, G = mrw / MRP;
+    const int npan = (n1 - n0 + nr - 1) / nr;
+    const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
+    float* c = J->c + (ptrdiff_t)bi * J->c_bs;
+    const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
+    const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
+    const float* a0 = J->ap + (ptrdiff_t)bi * J->ap_bs;
+    const int direct = J->csn == 1, wrow = J->a_dyn && J->ask == 1;
+    const float* aw;
+    long ldaw;
+    if (!J->a_dyn) {
+        aw = a0 + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
+        ldaw = (long)K * MRP;
+    } else if (wrow) {
+        aw = a0 + (ptrdiff_t)i0 * J->asm_ + k0;
+        ldaw = (long)J->asm_;
+    } else {
+        pack_a_dyn(abuf, a0, J->asm_, J->ask, J->M, i0, i0 + mrw, k0, kc);
+        aw = abuf;
+        ldaw = (long)kc * MRP;
+    }
+    const ukernel_fn uk = wrow ? I->ukwr : I->ukw;
+    epi->bias = bias && !J->bias_cols ? bias + i0 : NULL;
+    epi->first = kb == 0, epi->last = kb == nk - 1;
+    const float* bpl = NULL;
+    long ldbl = 0;
+    for (int jp = 0; jp < npan; ++jp) {
+        const int j0 = n0 + jp * nr, nv = imin(nr, n1 - j0);
+        const float* bp;
+        long ldb;
+        if (J->b_pre) {
+            bp = b + (size_t)(j0 / NBP) * K * NBP + (size_t)k0 * NBP + (j0 % NBP);
+            ldb = NBP;
+        } else {
+            const int packed = !inplace || nv < nr;
+            bp = packed ? buf + (size_t)jp * kc * nr : b + (ptrdiff_t)k0 * J->bsk + j0;
+            ldb = packed ? nr : (long)J->bsk;
+        }
+        if (nv < nr) bpl = bp, ldbl = ldb;
+        const int nfull = nv < nr ? nvec : nr;
+        for (int v0 = 0; v0 < nfull; v0 += I->vl) {
+            if (direct) {
+                epi->c = c + (ptrdiff_t)i0 * J->csm + j0 + v0;
+                epi->bias_c = bias && J->bias_cols ? bias + j0 + v0 : NULL;
+                epi->r = r ? r + (ptrdiff_t)i0 * J->csm + j0 + v0 : NULL;
+                uk(kc, aw, ldaw, bp + v0, ldb, NULL, epi);
+            } else {
+                uk(kc, aw, ldaw, bp + v0, ldb, tile, NULL);
+                store_tile(J, bi, i0, mrw, j0 + v0, I->vl, I->vl, tile, kb == 0, kb == nk - 1);
+            }
+        }
+    }
+    if (coltail) {
+        const int jl = n0 + (npan - 1) * nr, nc = n1 - jl - nvec;
+        for (int g = 0; g < G; ++g) {
+            const float* apg = aw + (size_t)g * ldaw;
+            if (wrow) {
+                pack_a_dyn(abuf, a0, J->asm_, J->ask, J->M, i0 + g * MRP, i0 + (g + 1) * MRP, k0, kc);
+                apg = abuf;
+            }
+            I->tail(kc, apg, bpl + nvec, ldbl, nc, tile);
+            store_tile(J, bi, i0 + g * MRP, MRP, jl + nvec, nc, nc, tile, kb == 0, kb == nk - 1);
+        }
+    }
+}
+
 static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
 {
     const isa_t* I = J->isa;
@@ -546,14 +633,16 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     const size_t bsz = J->b_pre ? 0 : (size_t)kcmax * npan * nr;
     /* a row operand given as a plain matrix is packed one 8-row panel at a time, just before its sweep over
        the column panels: the scratch stays kc x (NC_MAX + 8) floats per thread whatever the row count */
-    const size_t asz = J->a_dyn ? (size_t)MRP * kcmax : 0;
+    /* panels per taller tile (isa_t.mrw): a dynamic A packs that many at once */
+    const int G = I->mrw ? I->mrw / MRP : 1;
+    const size_t asz = J->a_dyn ? (size_t)MRP * kcmax * G : 0;
     float* buf = scratch(bsz + asz + 1);
     float* abuf = buf + bsz;
     if (!buf) {
         __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    float tile[MRP * 64] __attribute__((aligned(64)));
+    float tile[MRP * 64] __attribute__((aligned(64))); /* the taller tiles' too: mrw x vl <= 512 */
     const float* ap = J->ap + (ptrdiff_t)bi * J->ap_bs;
     const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
     float* c = J->c + (ptrdiff_t)bi * J->c_bs;
@@ -584,11 +673,17 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
         /* rows outer, column panels inner: each row of C is written front to back (the hardware prefetcher
            follows; a cold output written tile by tile down the rows was 2-5x slower), the A micro-panel
            stays in L1 and the packed B block streams from L2 */
-        for (int i0 = m0; i0 < m1; i0 += MRP) {
+        for (int i0 = m0, step = MRP; i0 < m1; i0 += step) {
             /* the ragged last panel: its whole vectors through uk1, the leftover columns after the row loop */
             const int jl = n0 + (npan - 1) * nr, nvl = n1 - jl;
             const int ragged = nvl < nr, nvec = ragged ? nvl / I->vl * I->vl : nr;
             const int coltail = ragged && nvec < nvl;
+            step = MRP;
+            if (G > 1 && i0 + I->mrw <= m1) {
+                step = I->mrw;
+                gemm_rows_wide(J, bi, i0, n0, n1, kc, k0, kb, nk, inplace, buf, abuf, &epi, tile, nvec, coltail);
+                continue;
+            }
             /* a row-major A with a whole panel of rows here is read in place (see isa_t.ukr); the column tail
                still wants the packed panel */
             const int arow = J->a_dyn && J->ask == 1 && i0 + MRP <= m1;
@@ -844,7 +939,12 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
     }
     int tm = 1;
     if (!gemv_b && (long long)tn * batch < target) tm = imin(mp, (int)((target + (long long)tn * batch - 1) / ((long long)tn * batch)));
-    const int mb_p = (mp + tm - 1) / tm;
+    int mb_p = (mp + tm - 1) / tm;
+    if (J.isa->mrw && !gemv && !gemv_b && mb_p > 1) {
+        /* whole taller tiles per task: a task of 4 panels ran one 24-row group and one 8-row panel */
+        const int g = J.isa->mrw / MRP;
+        mb_p = (mb_p + g - 1) / g * g;
+    }
     tm = (mp + mb_p - 1) / mb_p;
     J.mb = mb_p * MRP, J.nb = nb_p * nr, J.tm = tm, J.tn = tn;
     inferd_parallel(gemm_task, &J, (long long)batch * tm * tn, want);
