@@ -112,6 +112,8 @@ typedef struct {
     int failed;
     inferd_ukoff_fn uk;
     int mrk, nr;
+    inferd_ukoff_fn ukw; /* taller tiles (mrw rows x vl positions), or NULL */
+    int mrw, vl;
     int ngroups, group; /* weight panels per task */
 } cd_job;
 
@@ -180,13 +182,32 @@ typedef struct {
     long long o;
 } cd_run;
 
+/* The runs of valid positions (ow < OW) of the nr-position tile at q of band r0 (nq positions, rows of P): each
+   row's run is contiguous in y. Returns how many. */
+static int cd_runs(const cd_job* j, cd_run* run, int r0, long long q, long long nq, long long P, int nr)
+{
+    int nrun = 0;
+    for (int k = 0; k < nr && q + k < nq;) {
+        const long long qq = q + k;
+        const int oh = r0 + (int)(qq / P), ow = (int)(qq % P);
+        if (ow >= j->OW) {
+            k += (int)(P - ow);
+            continue;
+        }
+        const int n = cd_imin(cd_imin(nr - k, j->OW - ow), (int)(nq - qq));
+        run[nrun].p = k, run[nrun].n = n, run[nrun].o = (long long)oh * j->OW + ow;
+        ++nrun;
+        k += n;
+    }
+    return nrun;
+}
+
 /* Rows m0..m0+rows of a tile's raw sums t (pitch nr) to y through the runs: + bias (+ res), activation. The bias
    and the activation go over whole tile rows (nr values, the junk positions too: whole vectors, where the
    costly activations' vector loops have no scalar tail), the residual over the runs. */
-INFERD_INLINE void cd_store(const cd_job* j, float* t, const cd_run* run, int nrun, int m0, int rows)
+INFERD_INLINE void cd_store(const cd_job* j, float* t, int nr, const cd_run* run, int nrun, int m0, int rows)
 {
     const long long ohw = (long long)j->OH * j->OW;
-    const int nr = j->nr;
     for (int i = 0; i < rows; ++i) {
         const int m = m0 + i;
         float* restrict tr = t + (size_t)i * nr;
@@ -223,28 +244,27 @@ static void cd_task(void* p, long long task)
     cd_pad_band(j, buf, r0, nb);
     const int nr = j->nr;
     const long long P = L->P, nq = (long long)nb * P;
-    float t[DMRP * DNR_MAX] __attribute__((aligned(64)));
+    float t[DMRP * DNR_MAX] __attribute__((aligned(64))); /* the taller tiles' too: mrw x vl <= 512 */
     cd_run run[DNR_MAX];
-    for (int pn = g0; pn < g1; ++pn) {
+    int pn = g0;
+    /* whole groups of mrw rows in the taller tiles: each input run read once per mrw weight rows, not per 8
+       (gemm.c's isa_t.mrw); the same sums in the same order, so the same bits */
+    if (j->ukw) {
+        const int G = j->mrw / DMRP;
+        for (; pn + G <= g1 && (pn + G) * DMRP <= j->M; pn += G) {
+            const float* a = j->ap + (size_t)pn * j->K * DMRP;
+            for (long long q = 0; q < nq; q += j->vl) {
+                j->ukw(j->K, a, buf + q, j->boff, t);
+                cd_store(j, t, j->vl, run, cd_runs(j, run, r0, q, nq, P, j->vl), pn * DMRP, j->mrw);
+            }
+        }
+    }
+    for (; pn < g1; ++pn) {
         const int m0 = pn * DMRP, rows = cd_imin(DMRP, j->M - m0);
         const float* a = j->ap + (size_t)pn * j->K * DMRP;
         for (long long q = 0; q < nq; q += nr) {
             for (int sub = 0; sub < rows; sub += j->mrk) j->uk(j->K, a + sub, buf + q, j->boff, t + (size_t)sub * nr);
-            /* runs of valid positions (ow < OW): each row's run is contiguous in y */
-            int nrun = 0;
-            for (int k = 0; k < nr && q + k < nq;) {
-                const long long qq = q + k;
-                const int oh = r0 + (int)(qq / P), ow = (int)(qq % P);
-                if (ow >= j->OW) {
-                    k += (int)(P - ow);
-                    continue;
-                }
-                const int n = cd_imin(cd_imin(nr - k, j->OW - ow), (int)(nq - qq));
-                run[nrun].p = k, run[nrun].n = n, run[nrun].o = (long long)oh * j->OW + ow;
-                ++nrun;
-                k += n;
-            }
-            cd_store(j, t, run, nrun, m0, rows);
+            cd_store(j, t, nr, run, cd_runs(j, run, r0, q, nq, P, nr), m0, rows);
         }
     }
     if (slot >= 0)
@@ -285,6 +305,7 @@ int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int 
                 boff[(c * kh + i) * kw + k] = o;
             }
     j.uk = inferd_gemm_ukoff(&j.mrk, &j.nr);
+    j.ukw = inferd_gemm_ukoff_wide(&j.mrw, &j.vl);
     const int nbands = (OH + L->band - 1) / L->band, panels = (M + DMRP - 1) / DMRP, th = inferd_pool_threads();
     /* a few tasks per thread so a thread slowed by a neighbour hands its share over: bands first, then the
        weight panels split among tasks (each copying its band again) */
@@ -292,6 +313,7 @@ int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int 
     int ng = nbands >= want ? 1 : (want + nbands - 1) / nbands;
     if (ng > panels) ng = panels;
     j.group = (panels + ng - 1) / ng;
+    if (j.ukw && j.group > 1) j.group = (j.group + j.mrw / DMRP - 1) / (j.mrw / DMRP) * (j.mrw / DMRP);
     j.ngroups = (panels + j.group - 1) / j.group;
     inferd_parallel(cd_task, &j, (long long)nbands * j.ngroups, 0);
     return j.failed ? -1 : 0;

@@ -70,12 +70,14 @@ typedef struct {
        layer). Whole MRK-row groups only; the packed forms take the ragged last rows. */
     ukernel_fn ukr, uk1r;
     inferd_ukoff_fn uko; /* B rows at offsets (mrk x nr raw tiles) */
-    /* Taller tiles where the registers allow: mrw rows (mrw / MRP consecutive packed panels, lda floats apart, or
-       rows in place) x one vector. Each B vector then feeds mrw FMAs instead of mrk; with mrk = 8 the B block
+    /* Taller tiles where the registers allow, for packed weights: mrw rows (mrw / MRP consecutive packed panels,
+       lda floats apart) x one vector. Each B vector then feeds mrw FMAs instead of mrk; with mrk = 8 the B block
        streamed from L2 bounded the 8 x 32 kernel (Xeon, one thread, kc 922 x 48 columns of a 7x7 map's B:
-       83 GFLOP/s for 8 x 32 + 8 x 16, 110 for 24 x 16; kc 256 x 480: 105 and 132). 0: none. */
+       83 GFLOP/s for 8 x 32 + 8 x 16, 110 for 24 x 16; kc 256 x 480: 105 and 132). Not for activations as A
+       (a linear layer's rows): 24 rows read in place made vit_tiny 1.5x slower. 0: none. */
     int mrw;
-    ukernel_fn ukw, ukwr;
+    ukernel_fn ukw;
+    inferd_ukoff_fn ukow; /* mrw x vl through B's row offsets */
 } isa_t;
 
 /* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. AEL(k, i) is
@@ -83,6 +85,8 @@ typedef struct {
 #define INFERD_A_PACKED(k, i) a[(k) * MRP + (i)]
 #define INFERD_A_ROWS(k, i) a[(i) * lda + (k)]
 #define INFERD_A_PANELS(k, i) a[((i) / MRP) * lda + (k) * MRP + (i) % MRP]
+/* the same from weights packed over the whole K (kc = K): panels kc * MRP floats apart */
+#define INFERD_A_PANELS_K(k, i) a[((i) / MRP) * (kc * MRP) + (k) * MRP + (i) % MRP]
 #define INFERD_B_PITCH(k) (b + (k) * ldb)
 #define INFERD_B_OFFSETS(k) (b + boff[k])
 #define INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, BROW)                                                           \
@@ -102,13 +106,14 @@ typedef struct {
         }
 /* B's row k at b + boff[k] (a convolution's input planes shifted by the taps, read in place by
    inferd_conv_direct): packed A, the raw MRK x NV*VL tile to t (pitch NV*VL) */
-#define INFERD_UKOFF(NAME, ATTR, VT, VL, MRK, NV)                                                             \
+#define INFERD_UKOFF(NAME, ATTR, VT, VL, MRK, NV) INFERD_UKOFF_A(NAME, ATTR, VT, VL, MRK, NV, INFERD_A_PACKED)
+#define INFERD_UKOFF_A(NAME, ATTR, VT, VL, MRK, NV, AEL)                                                      \
     ATTR static void NAME(long kc, const float* restrict a, const float* restrict b,                         \
                           const long long* restrict boff, float* restrict t)                                 \
     {                                                                                                        \
-        INFERD_UK_LOOP(VT, VL, MRK, NV, INFERD_A_PACKED, INFERD_B_OFFSETS)                                   \
-        _Pragma("GCC unroll 8") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
-                                                                                            ++v)             \
+        INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, INFERD_B_OFFSETS)                                               \
+        _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
+                                                                                             ++v)            \
             memcpy(t + i * (NV * VL) + v * VL, &acc[i][v], sizeof(VT));                                      \
     }
 #define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV) INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, INFERD_A_PACKED)
@@ -240,12 +245,12 @@ INFERD_UKERNEL_A(uk1r_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f,
 INFERD_UKOFF(uko_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, 16, 8, 2)
 /* 24 accumulators of 24 rows x 16 columns, B one register, A broadcast from memory */
 INFERD_UKERNEL_A(ukw_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_PANELS)
-INFERD_UKERNEL_A(ukwr_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_ROWS)
+INFERD_UKOFF_A(ukow_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, 16, 24, 1, INFERD_A_PANELS_K)
 static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2,
                                0, NULL, NULL};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
 static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
-                                 uk1r_avx512, uko_avx512, 24, ukw_avx512, ukwr_avx512};
+                                 uk1r_avx512, uko_avx512, 24, ukw_avx512, ukow_avx512};
 #endif
 
 static const isa_t* ISA = NULL;
@@ -292,6 +297,14 @@ inferd_ukoff_fn inferd_gemm_ukoff(int* mrk, int* nr)
     *mrk = p->mrk;
     *nr = p->nr;
     return p->uko;
+}
+
+inferd_ukoff_fn inferd_gemm_ukoff_wide(int* mrw, int* vl)
+{
+    const isa_t* p = isa();
+    *mrw = p->mrw;
+    *vl = p->vl;
+    return p->ukow;
 }
 
 long long inferd_gemm_packed_size(int M, int K) { return (long long)((M + MRP - 1) / MRP) * MRP * K; }
@@ -544,12 +557,12 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
             I->UK(kc, apan + sub, 0, (BP), ldb, (T), (E));                            \
     } while (0)
 
-/* One group of isa_t.mrw rows (G whole panels) against every column panel of the task's K block: the taller
-   tile of one vector per call (two per 32-column panel), the ragged panel's whole vectors the same way, and its
-   leftover columns through the column tail one 8-row panel at a time. Each output element sums the same products
-   in the same order as through the 8-row kernels: the results do not change, bit for bit. */
+/* One group of isa_t.mrw rows (G whole packed panels) against every column panel of the task's K block: the
+   taller tile of one vector per call (two per 32-column panel), the ragged panel's whole vectors the same way,
+   and its leftover columns through the column tail one 8-row panel at a time. Each output element sums the same
+   products in the same order as through the 8-row kernels: the results do not change, bit for bit. */
 static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int kc, int k0, int kb, int nk,
-                           int inplace, float* buf, float* abuf, epi_t* epi, float* tile, int nvec, int coltail)
+                           int inplace, float* buf, epi_t* epi, float* tile, int nvec, int coltail)
 {
     const isa_t* I = J->isa;
     const int K = J->K, nr = I->nr, mrw = I->mrw, G = mrw / MRP;
@@ -558,22 +571,9 @@ static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int k
     float* c = J->c + (ptrdiff_t)bi * J->c_bs;
     const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
     const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
-    const float* a0 = J->ap + (ptrdiff_t)bi * J->ap_bs;
-    const int direct = J->csn == 1, wrow = J->a_dyn && J->ask == 1;
-    const float* aw;
-    long ldaw;
-    if (!J->a_dyn) {
-        aw = a0 + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
-        ldaw = (long)K * MRP;
-    } else if (wrow) {
-        aw = a0 + (ptrdiff_t)i0 * J->asm_ + k0;
-        ldaw = (long)J->asm_;
-    } else {
-        pack_a_dyn(abuf, a0, J->asm_, J->ask, J->M, i0, i0 + mrw, k0, kc);
-        aw = abuf;
-        ldaw = (long)kc * MRP;
-    }
-    const ukernel_fn uk = wrow ? I->ukwr : I->ukw;
+    const int direct = J->csn == 1;
+    const float* aw = J->ap + (ptrdiff_t)bi * J->ap_bs + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
+    const long ldaw = (long)K * MRP;
     epi->bias = bias && !J->bias_cols ? bias + i0 : NULL;
     epi->first = kb == 0, epi->last = kb == nk - 1;
     const float* bpl = NULL;
@@ -597,9 +597,9 @@ static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int k
                 epi->c = c + (ptrdiff_t)i0 * J->csm + j0 + v0;
                 epi->bias_c = bias && J->bias_cols ? bias + j0 + v0 : NULL;
                 epi->r = r ? r + (ptrdiff_t)i0 * J->csm + j0 + v0 : NULL;
-                uk(kc, aw, ldaw, bp + v0, ldb, NULL, epi);
+                I->ukw(kc, aw, ldaw, bp + v0, ldb, NULL, epi);
             } else {
-                uk(kc, aw, ldaw, bp + v0, ldb, tile, NULL);
+                I->ukw(kc, aw, ldaw, bp + v0, ldb, tile, NULL);
                 store_tile(J, bi, i0, mrw, j0 + v0, I->vl, I->vl, tile, kb == 0, kb == nk - 1);
             }
         }
@@ -607,12 +607,7 @@ static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int k
     if (coltail) {
         const int jl = n0 + (npan - 1) * nr, nc = n1 - jl - nvec;
         for (int g = 0; g < G; ++g) {
-            const float* apg = aw + (size_t)g * ldaw;
-            if (wrow) {
-                pack_a_dyn(abuf, a0, J->asm_, J->ask, J->M, i0 + g * MRP, i0 + (g + 1) * MRP, k0, kc);
-                apg = abuf;
-            }
-            I->tail(kc, apg, bpl + nvec, ldbl, nc, tile);
+            I->tail(kc, aw + (size_t)g * ldaw, bpl + nvec, ldbl, nc, tile);
             store_tile(J, bi, i0 + g * MRP, MRP, jl + nvec, nc, nc, tile, kb == 0, kb == nk - 1);
         }
     }
@@ -633,9 +628,8 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     const size_t bsz = J->b_pre ? 0 : (size_t)kcmax * npan * nr;
     /* a row operand given as a plain matrix is packed one 8-row panel at a time, just before its sweep over
        the column panels: the scratch stays kc x (NC_MAX + 8) floats per thread whatever the row count */
-    /* panels per taller tile (isa_t.mrw): a dynamic A packs that many at once */
-    const int G = I->mrw ? I->mrw / MRP : 1;
-    const size_t asz = J->a_dyn ? (size_t)MRP * kcmax * G : 0;
+    const int wide = I->mrw && !J->a_dyn; /* isa_t.mrw */
+    const size_t asz = J->a_dyn ? (size_t)MRP * kcmax : 0;
     float* buf = scratch(bsz + asz + 1);
     float* abuf = buf + bsz;
     if (!buf) {
@@ -679,9 +673,9 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
             const int ragged = nvl < nr, nvec = ragged ? nvl / I->vl * I->vl : nr;
             const int coltail = ragged && nvec < nvl;
             step = MRP;
-            if (G > 1 && i0 + I->mrw <= m1) {
+            if (wide && i0 + I->mrw <= m1) {
                 step = I->mrw;
-                gemm_rows_wide(J, bi, i0, n0, n1, kc, k0, kb, nk, inplace, buf, abuf, &epi, tile, nvec, coltail);
+                gemm_rows_wide(J, bi, i0, n0, n1, kc, k0, kb, nk, inplace, buf, &epi, tile, nvec, coltail);
                 continue;
             }
             /* a row-major A with a whole panel of rows here is read in place (see isa_t.ukr); the column tail
@@ -940,8 +934,9 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
     int tm = 1;
     if (!gemv_b && (long long)tn * batch < target) tm = imin(mp, (int)((target + (long long)tn * batch - 1) / ((long long)tn * batch)));
     int mb_p = (mp + tm - 1) / tm;
-    if (J.isa->mrw && !gemv && !gemv_b && mb_p > 1) {
-        /* whole taller tiles per task: a task of 4 panels ran one 24-row group and one 8-row panel */
+    if (J.isa->mrw && !J.a_dyn && !gemv && !gemv_b && mb_p > 1) {
+        /* whole taller tiles per task: a task of 4 panels ran one 24-row group and one 8-row panel. Rounded up
+           (fewer tasks; rounded down, 256 rows made 11 tasks, each reading B again: the models were slower) */
         const int g = J.isa->mrw / MRP;
         mb_p = (mb_p + g - 1) / g * g;
     }

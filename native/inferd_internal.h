@@ -219,6 +219,9 @@ INFERD_INLINE void inferd_slot_release(unsigned long long* busy, int slot)
    (pitch nr) from rows 0..mrk-1 of an 8-row A panel packed by inferd_gemm_pack_a (a at the panel + row offset). */
 typedef void (*inferd_ukoff_fn)(long kc, const float* a, const float* b, const long long* boff, float* t);
 inferd_ukoff_fn inferd_gemm_ukoff(int* mrk, int* nr);
+/* Its taller form where the ISA has one (else NULL): mrw rows (mrw / 8 consecutive panels of weights packed over
+   the whole K, so kc is K) x vl columns, the raw tile to t (pitch vl). */
+inferd_ukoff_fn inferd_gemm_ukoff_wide(int* mrw, int* vl);
 
 /* Activations on a whole vector X of type VT (integer twin VI): comparisons give lane masks, selects are
    bitwise, so these compile to blends/min/max on every target. NaN compares false and passes through, like

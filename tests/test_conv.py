@@ -957,7 +957,8 @@ int main(void){
     int ekh = (kh - 1) * dh, ekw = (kw - 1) * dw;
     int pt = irand(0, ekh), pl = irand(0, ekw), pb = irand(0, ekh), pr = irand(0, ekw + (it % 7 == 0));
     if (H + pt + pb <= ekh || W + pl + pr <= ekw) continue;
-    int OH = (H + pt + pb - ekh - 1) / sh + 1, OW = (W + pl + pr - ekw - 1) / sw + 1, M = irand(1, 21), act = it % 8, hasr = it % 3 == 0;
+    /* M of 24 and more: whole groups of the taller tiles (AVX-512: 24 rows), then the 8-row panels left */
+    int OH = (H + pt + pb - ekh - 1) / sh + 1, OW = (W + pl + pr - ekw - 1) / sw + 1, M = it % 6 == 1 ? irand(22, 60) : irand(1, 21), act = it % 8, hasr = it % 3 == 0;
     float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
     int K = C * kh * kw;
     float* x = buf((size_t)C * H * W); float* A = buf((size_t)M * K); float* bias = buf((size_t)M); float* R = buf((size_t)M * OH * OW);
