@@ -557,6 +557,24 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
             I->UK(kc, apan + sub, 0, (BP), ldb, (T), (E));                            \
     } while (0)
 
+/* Where column panel jp (its first column j0, nv columns) of the K block at k0 is read from: B prepacked at load,
+   this task's packed block, or B in place (whole panels of contiguous rows); its row pitch to *ldb. */
+static const float* b_panel(const job_t* J, const float* b, const float* buf, int inplace, int kc, int k0, int jp,
+                            int j0, int nv, long* ldb)
+{
+    const int nr = J->isa->nr;
+    if (J->b_pre) {
+        *ldb = NBP;
+        return b + (size_t)(j0 / NBP) * J->K * NBP + (size_t)k0 * NBP + (j0 % NBP);
+    }
+    if (!inplace || nv < nr) {
+        *ldb = nr;
+        return buf + (size_t)jp * kc * nr;
+    }
+    *ldb = (long)J->bsk;
+    return b + (ptrdiff_t)k0 * J->bsk + j0;
+}
+
 /* One group of isa_t.mrw rows (G whole packed panels) against every column panel of the task's K block: the
    taller tile of one vector per call (two per 32-column panel), the ragged panel's whole vectors the same way,
    and its leftover columns through the column tail one 8-row panel at a time. Each output element sums the same
@@ -580,16 +598,8 @@ static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int k
     long ldbl = 0;
     for (int jp = 0; jp < npan; ++jp) {
         const int j0 = n0 + jp * nr, nv = imin(nr, n1 - j0);
-        const float* bp;
         long ldb;
-        if (J->b_pre) {
-            bp = b + (size_t)(j0 / NBP) * K * NBP + (size_t)k0 * NBP + (j0 % NBP);
-            ldb = NBP;
-        } else {
-            const int packed = !inplace || nv < nr;
-            bp = packed ? buf + (size_t)jp * kc * nr : b + (ptrdiff_t)k0 * J->bsk + j0;
-            ldb = packed ? nr : (long)J->bsk;
-        }
+        const float* bp = b_panel(J, b, buf, inplace, kc, k0, jp, j0, nv, &ldb);
         if (nv < nr) bpl = bp, ldbl = ldb;
         const int nfull = nv < nr ? nvec : nr;
         for (int v0 = 0; v0 < nfull; v0 += I->vl) {
@@ -626,9 +636,9 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     const int nk = (K + kcI - 1) / kcI;
     const int kcmax = (K + nk - 1) / nk;
     const size_t bsz = J->b_pre ? 0 : (size_t)kcmax * npan * nr;
+    const int wide = I->mrw && !J->a_dyn; /* isa_t.mrw */
     /* a row operand given as a plain matrix is packed one 8-row panel at a time, just before its sweep over
        the column panels: the scratch stays kc x (NC_MAX + 8) floats per thread whatever the row count */
-    const int wide = I->mrw && !J->a_dyn; /* isa_t.mrw */
     const size_t asz = J->a_dyn ? (size_t)MRP * kcmax : 0;
     float* buf = scratch(bsz + asz + 1);
     float* abuf = buf + bsz;
@@ -696,16 +706,8 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
                 epi.first = kb == 0, epi.last = kb == nk - 1;
                 for (int jp = 0; jp < npan; ++jp) {
                     const int j0 = n0 + jp * nr, nv = imin(nr, n1 - j0);
-                    const int packed = !J->b_pre && (!inplace || nv < nr);
-                    const float* bp;
                     long ldb;
-                    if (J->b_pre) {
-                        bp = b + (size_t)(j0 / NBP) * K * NBP + (size_t)k0 * NBP + (j0 % NBP);
-                        ldb = NBP;
-                    } else {
-                        bp = packed ? buf + (size_t)jp * kc * nr : b + (ptrdiff_t)k0 * J->bsk + j0;
-                        ldb = packed ? nr : (long)J->bsk;
-                    }
+                    const float* bp = b_panel(J, b, buf, inplace, kc, k0, jp, j0, nv, &ldb);
                     if (nv < nr) {
                         bpl = bp, ldbl = ldb;
                         for (int v0 = 0; v0 < nvec; v0 += I->vl) {
