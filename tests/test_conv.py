@@ -85,6 +85,10 @@ CONV_CASES: list[tuple[str, tuple[int, ...], int, tuple[int, ...], dict[str, Any
     ("3x3_d2", (1, 4, 12, 13), 4, (3, 3), dict(dilations=[2, 2], pads=[2, 2, 2, 2]), False),
     ("7x7_s2", (1, 3, 17, 15), 8, (7, 7), dict(strides=[2, 2], pads=[3, 3, 3, 3]), True),
     ("wino_tiles", (1, 16, 20, 23), 24, (3, 3), dict(pads=[1, 1, 1, 1]), True),
+    # enough output channels for the direct kernel's tasks to take whole groups of the 24-row AVX-512 tiles
+    # (the C harness builds without the ISA clones), with 8-row panels left over
+    ("tall_tiles", (1, 16, 12, 14), 104, (3, 3), dict(pads=[1, 1, 1, 1]), True),
+    ("tall_tiles_s2", (1, 12, 15, 13), 80, (3, 3), dict(strides=[2, 2], pads=[1, 0, 1, 1]), True),
     ("wino_b2_asym", (2, 6, 10, 13), 5, (3, 3), dict(pads=[2, 0, 1, 1]), True),
     ("1x1", (2, 16, 7, 9), 8, (1, 1), {}, True),
     ("1x1_s2", (1, 16, 7, 9), 8, (1, 1), dict(strides=[2, 2]), False),
