@@ -728,6 +728,12 @@ def gemm_isa() -> int:
     return int(lib.inferd_gemm_isa()) if AVAILABLE else -1
 
 
+def int8_isa() -> int:
+    """The int8 kernels in use: 0 portable C, 1 VNNI (x86-64) or sdot (aarch64), 2 VNNI with AMX tiles for
+    convolutions; -1 without native code."""
+    return int(lib.inferd_q8_isa()) if AVAILABLE else -1
+
+
 def gemm_set_isa(level: int) -> int:
     """Force a GEMM micro-kernel level (tests); -1 restores the best. Returns the level in use."""
     return int(lib.inferd_gemm_set_isa(level)) if AVAILABLE else -1

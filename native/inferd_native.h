@@ -249,8 +249,9 @@ int inferd_topk(const float* x, long long rows, long long n, long long k, int la
 long long inferd_q8_packed_size(int N, int K);
 /* Pack w (N x K, row-major) into wp (inferd_q8_packed_size bytes); wsum[n] = sum_k w[n][k]. */
 void inferd_q8_pack(const signed char* w, int N, int K, signed char* wp, int* wsum);
-/* Micro-kernel: 0 portable C, 1 VNNI (x86-64 AVX-512) or sdot (aarch64); set_isa(-1) picks the best the CPU has
-   (a level it lacks gives portable). Returns the level in use. */
+/* Micro-kernel: 0 portable C, 1 VNNI (x86-64 AVX-512) or sdot (aarch64), 2 VNNI plus AMX tiles for convolutions
+   (x86-64 Linux); set_isa(-1) picks the best the CPU has (a level it lacks gives the best below it). Returns the
+   level in use. */
 int inferd_q8_set_isa(int level);
 int inferd_q8_isa(void);
 /* Tests: 1 keeps the int8 depthwise rows (at AVX2), 8-bit MaxPool, QLinearAdd and byte-table lookups off AVX-512
@@ -262,11 +263,12 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
                    const int* wsum, int N, const int* bias, const float* mult, int zy, int lo, int hi, void* y,
                    int y_signed, long long ysm, long long ysn, int max_threads);
 /* Bytes of conv-packed weights w (N, C, taps = kh*kw), and the packing (groups of 4 channels at one tap, channels
-   padded to 4; mode 0: rows of channels, N padded to 6; mode 1: panels of 32 channels); wsum[n] = the sum of row
-   n's weights. */
+   padded to 4; mode 0: rows of channels, N padded to 6; mode 1: panels of 32 channels; mode 2: rows of channels
+   with the reduction ordered tap-major, N padded to 32 and to 6); wsum[n] = the sum of row n's weights. Any mode
+   runs on any CPU (mode 2 without AMX: mode 0's kernels). */
 long long inferd_q8_conv_packed_size(int N, int C, int taps, int mode);
 void inferd_q8_conv_pack(const signed char* w, int N, int C, int taps, int mode, signed char* wp, int* wsum);
-/* The packing (and kernel) inferd_q8_conv2d runs fastest with for this geometry on this CPU: 0 or 1. */
+/* The packing (and kernel) inferd_q8_conv2d runs fastest with for this geometry on this CPU: 0, 1 or 2. */
 int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sw, int dw, int OH, int OW);
 /* Convolution of one image x (C, H, W) with w (N, C, kh*kw) packed in `mode` into y (N, OH, OW); padding reads zx. */
 int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, const signed char* wp, const int* wsum,

@@ -68,7 +68,7 @@ def test_info_reports_kernels_the_native_pool_and_the_plan(tiny: Path, capsys) -
     assert cli.main(["info", str(tiny), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["device"] == "cpu" and info["kernels"] and info["memory_bytes"] > 0
-    assert set(info["native"]) == {"available", "threads", "gemm_isa", "scratch_bytes"}
+    assert set(info["native"]) == {"available", "threads", "gemm_isa", "int8_isa", "scratch_bytes"}
     assert info["native"]["threads"] >= 1
     plan = info["plan"]
     assert [r[1] for r in plan["layers"]] == list(info["kernels"])  # one plan row per node, in graph order

@@ -156,14 +156,15 @@ def _conv_layer(x: np.ndarray, cout: int, k: int, group: int, stride: int, pad: 
     return ins, attrs
 
 
-@pytest.fixture(params=[0, 1], ids=["portable", "simd"])
+@pytest.fixture(params=[0, 1, 2], ids=["portable", "simd", "amx"])
 def q8_isa(request):
     if not quant_native.native.AVAILABLE:
         pytest.skip("native kernels not built")
     got = quant_native.set_isa(request.param)
     if got != request.param:
         quant_native.set_isa(-1)
-        pytest.skip("this CPU has no VNNI/sdot int8 dot product")
+        pytest.skip("this CPU has no VNNI/sdot int8 dot product" if request.param == 1 else
+                    "this CPU (or kernel) gives no AMX tiles")
     yield got
     quant_native.set_isa(-1)
 
@@ -193,6 +194,25 @@ def test_native_qconv_matches_oracle(q8_isa: int, geo, xt, yt) -> None:
     x = (U8(2, cin, 13, 12) if xt == np.uint8 else S8(2, cin, 13, 12))
     ins, attrs = _conv_layer(x, cout if group == 1 else cin, k, group, stride, pad, True, (-20, 90) if yt == np.int8 else (100, 200), yt)
     got, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("geo", [(64, 40, 3, 1, 1, (13, 12)), (128, 70, 1, 2, 0, (9, 11)), (24, 33, 3, 2, 1, (15, 14)),
+                                 (96, 32, 1, 1, 0, (7, 7)), (72, 16, 5, 1, 2, (6, 9))],
+                         ids=["64ch-3x3", "128ch-1x1s2", "24ch-3x3s2", "96ch-7x7map", "72ch-5x5"])
+@pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_native_qconv_tile_geometries_match_oracle(q8_isa: int, geo, xt) -> None:
+    """Channel counts the AMX tiles take (64 channels a block, partly filled blocks padded: 24, 72, 96), output
+    channels past whole 32-channel tiles and short of one, pixel tiles cut by the map's end, strides and pads.
+    At level 2 the planner picks the tile packing (mode 2) for each; below it the same convs run the VNNI/sdot or
+    portable kernels."""
+    cin, cout, k, stride, pad, hw = geo
+    x = U8(1, cin, *hw) if xt == np.uint8 else S8(1, cin, *hw)
+    ins, attrs = _conv_layer(x, cout, k, 1, stride, pad, True, None, np.uint8)
+    oh, ow = ((d + 2 * pad - k) // stride + 1 for d in hw)
+    mode = quant_native.native.lib.inferd_q8_conv_mode(cin, cout, k, k, stride, 1, oh, ow)
+    assert (mode == 2) == (q8_isa == 2)
+    got, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=77)
     np.testing.assert_array_equal(got, want)
 
 
@@ -274,8 +294,9 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
         r[(n * OH + oh) * OW + ow] = (unsigned char)v;
     }
     inferd_q8_set_isa(isa);
-    /* both weight packings (mode 0: pixels in the lanes; 1: channels in the lanes, VNNI or portable) */
-    for (int mode = 0; mode <= (dw ? 0 : 1); mode++) {
+    /* every weight packing (mode 0: pixels in the lanes; 1: channels in the lanes, VNNI or portable; 2: reduction
+       tap-major for AMX tiles, run by mode 0's kernels where there are none) */
+    for (int mode = 0; mode <= (dw ? 0 : 2); mode++) {
     memset(y, 0, N * OH * OW);
     if (dw) {
         inferd_q8_dwconv2d(x, xsg, zx, C, H, W, w, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, 1);
@@ -310,13 +331,15 @@ out:
 }
 int main(void) {
     inferd_pool_set_threads(2);
-    for (int isa = 0; isa <= 1; isa++) for (int xsg = 0; xsg <= 1; xsg++) {
+    for (int isa = 0; isa <= 2; isa++) for (int xsg = 0; xsg <= 1; xsg++) {
         check(isa, 5, 7, 9, 3, 1, 1, 0, xsg); check(isa, 16, 19, 8, 1, 1, 0, 0, xsg); check(isa, 6, 20, 11, 3, 2, 1, 0, xsg);
         check(isa, 9, 9, 10, 3, 1, 1, 1, xsg); check(isa, 9, 9, 10, 3, 2, 1, 1, xsg);
         /* staging: 1x1 stride 2 (one phase of four read), a 7x7 stride-2 stem on 3 channels, rows of 32+ words */
         check(isa, 7, 10, 12, 1, 2, 0, 0, xsg); check(isa, 3, 8, 41, 7, 2, 3, 0, xsg); check(isa, 10, 7, 70, 3, 1, 1, 0, xsg);
         check(isa, 5, 6, 67, 3, 2, 1, 0, xsg); check(isa, 6, 5, 36, 3, 2, 1, 0, xsg); check(isa, 4, 3, 8, 3, 3, 1, 0, xsg);
         check(isa, 40, 70, 6, 3, 1, 1, 0, xsg); /* mode 1: two panels, the second partial; 42 pixels = 6 tiles of 7 */
+        /* mode 2 on AMX: one whole block of 64 channels a tap, and 24 channels padded to one; 40 and 33 outputs */
+        check(isa, 64, 40, 7, 3, 1, 1, 0, xsg); check(isa, 24, 33, 11, 3, 2, 1, 0, xsg);
         /* depthwise: 5x5, rows packed into vectors (OW <= 16), 16-column steps, stride 2 */
         check(isa, 9, 9, 6, 5, 1, 2, 1, xsg); check(isa, 9, 9, 20, 5, 2, 2, 1, xsg); check(isa, 6, 6, 40, 3, 1, 1, 1, xsg);
         check(isa, 5, 5, 7, 3, 2, 1, 1, xsg); check(isa, 5, 5, 33, 3, 2, 1, 1, xsg);

@@ -68,14 +68,15 @@ def _pack(w2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _conv_mode(g) -> int:
-    """The weight packing (and kernel) the C code runs this conv geometry fastest with on this CPU (0 or 1)."""
+    """The weight packing (and kernel) the C code runs this conv geometry fastest with on this CPU: 0, 1, or 2 (AMX
+    tiles; any CPU runs it, with mode 0's kernels where it has no AMX)."""
     return int(native.lib.inferd_q8_conv_mode(g.cin, g.cout, g.k[0], g.k[1], g.s[1], g.d[1], g.out_sp[0],
                                               g.out_sp[1]))
 
 
 def _pack_conv(w: np.ndarray, mode: int) -> tuple[np.ndarray, np.ndarray]:
     """(packed weights, row sums) of a conv's (N, C, kh, kw) weights: groups of 4 channels at one tap, in rows
-    of channels (mode 0) or panels of 32 channels (mode 1)."""
+    of channels (mode 0), panels of 32 channels (mode 1), or rows of channels ordered tap by tap (mode 2)."""
     n, c = w.shape[:2]
     taps = int(np.prod(w.shape[2:]))
     w = np.ascontiguousarray(w, np.int8)
@@ -87,12 +88,13 @@ def _pack_conv(w: np.ndarray, mode: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def set_isa(level: int) -> int:
-    """Force the int8 micro-kernel (tests): 0 portable C, 1 VNNI/sdot where the CPU has it, -1 the best."""
+    """Force the int8 micro-kernel (tests): 0 portable C, 1 VNNI/sdot where the CPU has it, 2 VNNI and AMX tiles
+    where it has them, -1 the best. Returns the level set."""
     return int(native.lib.inferd_q8_set_isa(level)) if native.AVAILABLE else -1
 
 
 def isa() -> int:
-    return int(native.lib.inferd_q8_isa()) if native.AVAILABLE else -1
+    return native.int8_isa()
 
 
 @register_kernel

@@ -39,9 +39,11 @@ def cpu_fingerprint() -> dict[str, str]:
                     break
     except OSError:
         pass
-    # native_abi: the C kernels' packed weight layouts change with it (int8 conv rows, ABI 16)
+    # native_abi: the C kernels' packed weight layouts change with it (int8 conv rows, ABI 16); int8_isa: the
+    # int8 convs' packing follows it (AMX tiles' where the kernel grants them, which the same CPU may not)
     return {"backend": "cpu", "engine": __version__, "native_abi": str(native.ABI), "machine": platform.machine(),
-            "cpu": model, "threads": str(native.num_threads()), "gemm_isa": str(native.gemm_isa())}
+            "cpu": model, "threads": str(native.num_threads()), "gemm_isa": str(native.gemm_isa()),
+            "int8_isa": str(native.int8_isa())}
 
 
 def ramp(fn: Callable[[], object], seconds: float = 1.0) -> None:
