@@ -681,6 +681,48 @@ def test_qdq_silu_fuses_into_one_table_bit_identical(sig_first: bool, monkeypatc
     assert np.abs(got - _ort(model, {"x": x})[0]).max() <= 0.03 + 1e-6  # one output step
 
 
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("const_side", [0, 3], ids=["const-a", "const-b"])
+@pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_qbinary_with_a_constant_scalar_becomes_a_table_bit_identical(op: str, const_side: int, xt,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """QLinearAdd / QLinearMul of a tensor and a 0-d constant (a GELU's + 1 and * 0.5, attention's scale) import as
+    one QLinearLookup: its answer equals the op's own (the oracle, run with the fusion off) bit for bit, and
+    onnxruntime's within a step; a constant of one value per column stays an op."""
+    from inferd.frontend import quantfuse
+
+    x = (U8(2, 7, 33) if xt == np.uint8 else S8(2, 7, 33))
+    c = np.asarray(200 if xt == np.uint8 else -90, xt)
+    names = ["a", "as", "az", "b", "bs", "bz", "cs", "cz"]
+    vals = [x, F(0.05), np.asarray(9, xt), c, F(0.02), np.asarray(3, xt), F(0.07), np.asarray(5, xt)]
+    if const_side == 0:
+        vals[0], vals[3], vals[2], vals[5] = vals[3], vals[0], vals[5], vals[2]
+    feed = names[3 - const_side]
+    model = _single(op, {feed: vals[3 - const_side]},
+                    {k: v for k, v in zip(names, vals) if k != feed}, names, [_ONNX_T[np.dtype(xt)]], "com.microsoft")
+    assert [n.op for n in import_model(model).nodes] == ["QLinearLookup"]
+    feeds = {feed: vals[3 - const_side]}
+    got = _inferd(model, feeds)[0]
+    monkeypatch.setattr(quantfuse, "_fuse_qconst_binary", lambda graph: 0)
+    assert [n.op for n in import_model(model).nodes] == [op]
+    np.testing.assert_array_equal(got, _inferd(model, feeds)[0])
+    _close(got, _ort(model, feeds)[0], op)
+    monkeypatch.undo()
+    consts = {k: v for k, v in zip(names, vals) if k != feed}
+    consts[names[const_side]] = np.full(33, consts[names[const_side]], xt)  # one value per column: not a table
+    assert [n.op for n in import_model(_single(op, feeds, consts, names, [_ONNX_T[np.dtype(xt)]],
+                                               "com.microsoft")).nodes] == [op]
+
+
+def test_qadd_of_a_constant_tensor_runs_native() -> None:
+    """A QLinearAdd whose second operand is a constant of the same shape (a transformer's position embedding): the
+    native kernel, bit-identical to the oracle."""
+    a, c = U8(1, 5, 24), U8(1, 5, 24)
+    ins = [a, F(0.05), np.uint8(7), c, F(0.03), np.uint8(100), F(0.06), np.uint8(90)]
+    got, want = _native_vs_oracle("QLinearAdd", ins, {}, [False] + [True] * 7)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_qdq_silu_not_fused_where_the_sigmoid_is_read_elsewhere() -> None:
     ops = [n.op for n in import_model(_qdq_silu_model(False, extra_reader=True)).nodes]
     assert "QLinearLookup" not in ops and "QLinearSigmoid" in ops and "QLinearMul" in ops

@@ -270,7 +270,8 @@ def _binary_params(layer: Layer, raw: dict[str, np.ndarray]) -> tuple:
 
 @register_kernel
 class QAddNative(BoundKernel):
-    """QLinearAdd of two same-shaped int8/uint8 tensors (residual adds) in C, with the oracle's float arithmetic."""
+    """QLinearAdd of two same-shaped int8/uint8 tensors (residual adds; one of them may be a constant, as a
+    transformer's position embedding) in C, with the oracle's float arithmetic."""
 
     name = "int8_native"
     ops = ("QLinearAdd",)
@@ -280,17 +281,25 @@ class QAddNative(BoundKernel):
         a, b = layer.inputs[0], layer.inputs[3]
         if not native.AVAILABLE or a is None or b is None or tuple(a.shape) != tuple(b.shape):
             return False
-        if 0 in layer.const_inputs or 3 in layer.const_inputs or not _consts(layer, (1, 2, 4, 5, 6, 7)):
+        if (0 in layer.const_inputs and 3 in layer.const_inputs) or not _consts(layer, (1, 2, 4, 5, 6, 7)):
             return False
         return all(np.dtype(t.dtype) in INT8_TYPES for t in (a, b, layer.outputs[0]))
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         sa, sb, sc, za, zb, zc, lo, hi = _binary_params(layer, raw)
-        return {"f": np.array([sa / sc, sb / sc, zc], np.float32), "i": np.array([za, zb, lo, hi], np.int64)}
+        out = {"f": np.array([sa / sc, sb / sc, zc], np.float32), "i": np.array([za, zb, lo, hi], np.int64)}
+        for i in (0, 3):
+            if i in layer.const_inputs:
+                out["c"] = np.ascontiguousarray(raw[raw_key(i)], layer.inputs[i].dtype)
+        return out
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         a, b, y = inputs[0], inputs[3], outputs[0]
+        if 0 in layer.const_inputs:
+            a = params["c"]
+        elif 3 in layer.const_inputs:
+            b = params["c"]
         if a is None or b is None or not (a.flags.c_contiguous and b.flags.c_contiguous and y.flags.c_contiguous):
             return None
         ra, rb, zc = (float(v) for v in params["f"])
