@@ -714,6 +714,47 @@ def test_qbinary_with_a_constant_scalar_becomes_a_table_bit_identical(op: str, c
                                                "com.microsoft")).nodes] == [op]
 
 
+def _qdq_chain_model(extra_reader: bool = False) -> onnx.ModelProto:
+    """x -> Q/DQ -> Div(sqrt 2) -> Erf -> Add(1) -> Q/DQ (the float middle of a quantised GELU); extra_reader: the
+    Erf's output is a graph output too."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 40])
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    inits = [numpy_helper.from_array(F(0.03), "xs"), numpy_helper.from_array(np.int8(4), "xz"),
+             numpy_helper.from_array(F(1.4142135), "r2"), numpy_helper.from_array(F(1.0), "one"),
+             numpy_helper.from_array(F(2 / 255), "ys"), numpy_helper.from_array(np.uint8(3), "yz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q_x"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dq_x"),
+             helper.make_node("Div", ["xd", "r2"], ["d"], name="div"),
+             helper.make_node("Erf", ["d"], ["e"], name="erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="add"),
+             helper.make_node("QuantizeLinear", ["a", "ys", "yz"], ["aq"], name="q_a"),
+             helper.make_node("DequantizeLinear", ["aq", "ys", "yz"], ["y"], name="dq_a")]
+    if extra_reader:
+        outs.append(helper.make_tensor_value_info("e", TensorProto.FLOAT, None))
+    g = helper.make_graph(nodes, "chain", [x], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_float_chain_between_qdq_becomes_a_table_bit_identical(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DequantizeLinear -> Div -> Erf -> Add -> QuantizeLinear imports as one QLinearLookup, bit-identical to the
+    chain run on the oracles (the fusion off) and within a step of onnxruntime; an intermediate read elsewhere keeps
+    the chain."""
+    from inferd.frontend import quantfuse
+
+    model = _qdq_chain_model()
+    ops = [n.op for n in import_model(model).nodes]
+    assert ops == ["QuantizeLinear", "QLinearLookup", "DequantizeLinear"], ops
+    x = (rng.standard_normal((1, 6, 40)) * 2).astype(F)
+    got = _inferd(model, {"x": x})[0]
+    monkeypatch.setattr(quantfuse, "_fuse_qunary_chain", lambda graph, outputs: 0)
+    assert "Erf" in [n.op for n in import_model(model).nodes]
+    np.testing.assert_array_equal(got, _inferd(model, {"x": x}, kernels={"Erf": "numpy", "Div": "numpy",
+                                                                          "Add": "numpy"})[0])
+    assert np.abs(got - _ort(model, {"x": x})[0]).max() <= 2 / 255 + 1e-6  # one output step
+    monkeypatch.undo()
+    assert "Erf" in [n.op for n in import_model(_qdq_chain_model(extra_reader=True)).nodes]
+
+
 def test_qadd_of_a_constant_tensor_runs_native() -> None:
     """A QLinearAdd whose second operand is a constant of the same shape (a transformer's position embedding): the
     native kernel, bit-identical to the oracle."""

@@ -319,6 +319,7 @@ def fuse_quantized(graph: Graph, outputs: set[str]) -> None:
         _fuse_all(graph, outputs)
         _fuse_qsilu(graph, outputs)
         _fuse_qconst_binary(graph)
+        _fuse_qunary_chain(graph, outputs)
     finally:
         mark_symmetric(graph)
 
@@ -392,6 +393,79 @@ def _fuse_qconst_binary(graph: Graph) -> int:
             break
     if n_fused:
         log.info("model %s: %d quantised binary ops with a constant scalar made byte tables", graph.name, n_fused)
+    return n_fused
+
+
+#: float ops a chain between a DequantizeLinear and a QuantizeLinear may hold: elementwise, each output element a
+#: function of the same element of its one tensor input (the other inputs 0-d or one-element constants)
+_CHAIN_OPS = frozenset({"Abs", "Add", "Celu", "Clip", "Div", "Elu", "Erf", "Exp", "Gelu", "HardSigmoid", "HardSwish",
+                        "Identity", "LeakyRelu", "Log", "Mish", "Mul", "Neg", "Pow", "Reciprocal", "Relu", "Selu",
+                        "Sigmoid", "Softplus", "Softsign", "Sqrt", "Sub", "Tanh", "ThresholdedRelu"})
+
+
+def _fuse_qunary_chain(graph: Graph, outputs: set[str]) -> int:
+    """DequantizeLinear(x) -> elementwise float ops -> QuantizeLinear, every parameter constant and per tensor: the
+    chain is a function of x's byte, so one ``QLinearLookup`` whose table is the chain's oracles run on every byte
+    (a transformer's GELU, x / sqrt(2) -> Erf between Q/DQ pairs: three float passes over the tensor where a byte
+    lookup does). Bit-identical to the chain on the numpy oracles; the DequantizeLinear stays for other readers."""
+    from ..ops.base import op_spec
+
+    n_fused = 0
+    for q in [n for n in graph.nodes if n.op == "QuantizeLinear"]:
+        prods, cons = graph.producers(), graph.consumers()
+        if (q not in graph.nodes or len(q.inputs) < 3 or not q.inputs[2]
+                or any(i not in graph.constants or graph.constants[i].size != 1 for i in q.inputs[1:3])):
+            continue
+        chain: list[Node] = []
+        t = q.inputs[0]
+        dq = None
+        while True:
+            p = prods.get(t)
+            if p is None or t in outputs:
+                break
+            if p.op == "DequantizeLinear":
+                dq = p
+                break
+            if len(cons.get(t, [])) != 1:
+                break
+            tensors = [i for i in p.inputs if i and i not in graph.constants]
+            if (p.op not in _CHAIN_OPS or len(tensors) != 1 or len([o for o in p.outputs if o]) != 1
+                    or any(i and i in graph.constants and graph.constants[i].size != 1 for i in p.inputs)):
+                break
+            chain.append(p)
+            t = tensors[0]
+        if (dq is None or not chain or dq.inputs[0] in graph.constants or len(dq.inputs) < 3 or not dq.inputs[2]
+                or any(i not in graph.constants or graph.constants[i].size != 1 for i in dq.inputs[1:3])):
+            continue
+        # the chain's ops broadcast a one-element constant: the result keeps the tensor's shape only if no
+        # constant has more dimensions than the tensor, which a 0-d or 1-d one never has past rank 1
+        if any(i in graph.constants and np.ndim(graph.constants[i]) > 1 for n in chain for i in n.inputs if i):
+            continue
+        xdt = np.asarray(graph.constants[dq.inputs[2]]).dtype
+        ydt = np.asarray(graph.constants[q.inputs[2]]).dtype
+        if np.dtype(xdt) not in INT8_TYPES or np.dtype(ydt) not in INT8_TYPES:
+            continue
+        v = np.arange(256, dtype=np.uint8).view(xdt)
+        try:
+            v = dequantize(v, graph.constants[dq.inputs[1]], graph.constants[dq.inputs[2]])
+            for n in reversed(chain):
+                spec = op_spec(n.op)
+                assert spec is not None
+                ins = [None if not i else graph.constants[i] if i in graph.constants else v for i in n.inputs]
+                v = np.asarray(spec.reference(n, ins)[0])
+            v = quantize(np.asarray(v, np.float32), graph.constants[q.inputs[1]], graph.constants[q.inputs[2]], ydt)
+        except Exception:  # an oracle that does not take a 256-element vector: the chain stays as it is
+            continue
+        if np.shape(v) != (256,):
+            continue
+        table = _const(graph, f"{q.name}.chain_table", np.ascontiguousarray(v).view(np.uint8))
+        _replace(graph, q, chain, Node(q.name, "QLinearLookup", [dq.inputs[0], table, q.inputs[2]], list(q.outputs),
+                                       {}, "inferd"))
+        if not graph.consumers().get(dq.outputs[0]) and dq.outputs[0] not in outputs:
+            graph.nodes.remove(dq)
+        n_fused += 1
+    if n_fused:
+        log.info("model %s: %d chains of float ops between Q/DQ pairs made byte tables", graph.name, n_fused)
     return n_fused
 
 
