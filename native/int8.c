@@ -360,6 +360,16 @@ static int q8_zx_domain(int zx, int x_signed, int dom_signed)
     return dom_signed ? zx - 128 : zx + 128;
 }
 
+/* The groups of 4 channels an AMX tile block takes (its K / 4): the largest divisor of the groups per tap up to 16,
+   so that blocks never cross a tap and the weights need no padding (a tile's K may be short of its 64 bytes) */
+#define Q8_AMX_KB_MIN 6
+static inline int q8_amx_kb(int C4)
+{
+    int kb = C4 < 16 ? C4 : 16;
+    while (kb > 1 && C4 % kb) --kb;
+    return kb;
+}
+
 /* ---------------------------------------------------------------- GEMM: rows of x (M x K, row pitch ldx) */
 
 typedef struct {
@@ -371,7 +381,12 @@ typedef struct {
     q8_out_t o;
     int nsplit; /* the panels split this many ways per block of rows (a Linear on one row: one block) */
     int failed;
+    int amx, kb; /* on the tile unit, kb groups of 4 k a tile block */
 } q8_gemm_ctx;
+
+#if defined(Q8_HAVE_AMX)
+static void q8_amx_gemm_block(const uint8_t* xb, int rows, long long m0, const q8_out_t* o, int n_lo, int n_hi, int kb);
+#endif
 
 static void q8_gemm_task(void* vctx, long long t)
 {
@@ -384,7 +399,8 @@ static void q8_gemm_task(void* vctx, long long t)
     const long long m0 = t * Q8_MB;
     const int rows = (int)(c->M - m0 < Q8_MB ? c->M - m0 : Q8_MB);
     const int kp = c->o.kp;
-    const int rows_pad = (rows + Q8_MR - 1) / Q8_MR * Q8_MR;
+    /* whole micro-kernel calls of rows (zeros past the last), or whole pairs of 16-row tiles */
+    const int unit = c->amx ? 32 : Q8_MR, rows_pad = (rows + unit - 1) / unit * unit;
     uint8_t* xb = (uint8_t*)malloc((size_t)rows_pad * kp);
     if (!xb) {
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
@@ -396,7 +412,12 @@ static void q8_gemm_task(void* vctx, long long t)
         uint8_t* dst = xb + (size_t)r * kp;
         for (int k = 0; k < c->K; ++k) dst[k] = q8_shift(src[k], c->flip);
     }
-    q8_block(c->isa, xb, rows, m0, &c->o, n_lo, n_hi);
+#if defined(Q8_HAVE_AMX)
+    if (c->amx)
+        q8_amx_gemm_block(xb, rows, m0, &c->o, n_lo, n_hi, c->kb);
+    else
+#endif
+        q8_block(c->isa, xb, rows, m0, &c->o, n_lo, n_hi);
     free(xb);
 }
 
@@ -408,7 +429,9 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
     int32_t* be = q8_bias_eff(bias, wsum, N, q8_zx_domain(zx, x_signed, isa->xsigned));
     if (!be) return -1;
     q8_gemm_ctx c = {isa, (const uint8_t*)x, ldx, M, K, (uint8_t)(x_signed != isa->xsigned ? 0x80 : 0),
-                     {wp, be, mult, N, q8_kp(K), zy, lo, hi, y_signed, y, ysm, ysn}, 1, 0};
+                     {wp, be, mult, N, q8_kp(K), zy, lo, hi, y_signed, y, ysm, ysn}, 1, 0, 0, 0};
+    c.kb = q8_amx_kb(q8_kp(K) / 4);
+    c.amx = isa->amx && c.kb >= Q8_AMX_KB_MIN;
     const long long mblocks = (M + Q8_MB - 1) / Q8_MB, panels = (N + Q8_NP - 1) / Q8_NP;
     const int threads = inferd_pool_threads();
     if (mblocks < 2LL * threads) {
@@ -436,15 +459,6 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
 #define Q8_PB_MAX 256 /* pixels per task block: a multiple of Q8_PX */
 
 static inline int q8_c4(int C) { return (C + 3) / 4; }
-/* The groups of 4 channels an AMX tile block takes (its K / 4): the largest divisor of the groups per tap up to 16,
-   so that blocks never cross a tap and the weights need no padding (a tile's K may be short of its 64 bytes) */
-#define Q8_AMX_KB_MIN 6
-static inline int q8_amx_kb(int C4)
-{
-    int kb = C4 < 16 ? C4 : 16;
-    while (kb > 1 && C4 % kb) --kb;
-    return kb;
-}
 
 /* Mode 1 (channels in the vector lanes, for small maps and long reductions): Q8_NR output channels per weight
    panel, group g of a panel = 128 bytes (4 bytes per channel), Q8_MP output pixels per micro-kernel call, each
@@ -837,6 +851,72 @@ Q8_AMX_TARGET static void q8_amx_tile(const q8_conv_ctx* c, const uint8_t* xt, i
         _mm_mask_storeu_epi8((void*)(yo + 16), m1,
                              q8_req16(_mm512_load_si512((const void*)(out + 32 * r + 16)), b, m, lo, hi, zv));
     }
+}
+
+/* The GEMM's rows [0, rows) of xb (row pitch kp, whole 32-row pairs readable) by the packed panels [n_lo, n_hi) on
+   the tile unit: 32 rows x 32 columns a step (x rows the A tiles as they lie, two 16-column panels the B tiles:
+   the panel layout is the tiles' B layout), requantised per row with the columns' bias and multiplier as
+   q8_block does, into y (m0 + r, n). */
+Q8_AMX_TARGET static void q8_amx_gemm_block(const uint8_t* xb, int rows, long long m0, const q8_out_t* o, int n_lo,
+                                           int n_hi, int kb)
+{
+    const int kp = o->kp, kq = kp / 4;
+    const __m512 lo = _mm512_set1_ps((float)(o->lo - o->zy)), hi = _mm512_set1_ps((float)(o->hi - o->zy));
+    const __m512i zv = _mm512_set1_epi32(o->zy);
+    int32_t out[32 * 32] __attribute__((aligned(64)));
+    q8_amx_begin(kb);
+    for (int n0 = n_lo; n0 < n_hi; n0 += 32) {
+        const int two_n = n_hi - n0 > 16;
+        const int8_t* p0 = o->wp + (size_t)(n0 / Q8_NP) * Q8_NP * kp;
+        const int8_t* p1 = p0 + (size_t)Q8_NP * kp;
+        for (int r0 = 0; r0 < rows; r0 += 32) {
+            const int two_m = rows - r0 > 16;
+            const uint8_t* a = xb + (size_t)r0 * kp;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int g = 0; g < kq; g += kb) {
+                _tile_loadd(4, a + 4 * (size_t)g, kp);
+                _tile_loadd(6, p0 + 64 * (size_t)g, 64);
+                _tile_dpbusd(0, 4, 6);
+                if (two_n) {
+                    _tile_loadd(7, p1 + 64 * (size_t)g, 64);
+                    _tile_dpbusd(1, 4, 7);
+                }
+                if (two_m) {
+                    _tile_loadd(5, a + 16 * (size_t)kp + 4 * (size_t)g, kp);
+                    _tile_dpbusd(2, 5, 6);
+                    if (two_n) _tile_dpbusd(3, 5, 7);
+                }
+            }
+            _tile_stored(0, out, 128);
+            _tile_stored(1, out + 16, 128);
+            _tile_stored(2, out + 16 * 32, 128);
+            _tile_stored(3, out + 16 * 32 + 16, 128);
+            const int rr = rows - r0 < 32 ? rows - r0 : 32;
+            for (int h = 0; h < 2; ++h) {
+                const int n = n0 + 16 * h, nn = n_hi - n < 16 ? n_hi - n : 16;
+                if (nn <= 0) break;
+                const __mmask16 mk = nn >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nn) - 1);
+                const __m512i b = _mm512_maskz_loadu_epi32(mk, o->bias_eff + n);
+                const __m512 m = _mm512_maskz_loadu_ps(mk, o->mult + n);
+                for (int r = 0; r < rr; ++r) {
+                    const __m512i acc = _mm512_load_si512((const void*)(out + 32 * r + 16 * h));
+                    const __m128i q = q8_req16(acc, b, m, lo, hi, zv);
+                    const long long at = (m0 + r0 + r) * o->ysm + (long long)n * o->ysn;
+                    if (o->ysn == 1) {
+                        _mm_mask_storeu_epi8((void*)((uint8_t*)o->y + at), mk, q);
+                    } else {
+                        uint8_t v[16];
+                        _mm_storeu_si128((__m128i*)(void*)v, q);
+                        for (int j = 0; j < nn; ++j) ((uint8_t*)o->y)[at + (long long)j * o->ysn] = v[j];
+                    }
+                }
+            }
+        }
+    }
+    q8_amx_end();
 }
 #endif
 

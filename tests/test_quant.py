@@ -245,7 +245,7 @@ def _depthwise_case(k: int, stride: int, pads: list, hw: tuple, xt) -> None:
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 64, 10), (7, 33, 40), (130, 100, 17)])
+@pytest.mark.parametrize("m,k,n", [(1, 64, 10), (7, 33, 40), (130, 100, 17), (70, 200, 50), (197, 192, 576)])
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
 def test_native_qmatmul_matches_oracle(q8_isa: int, m: int, k: int, n: int, xt) -> None:
     a = U8(m, k) if xt == np.uint8 else S8(m, k)
