@@ -264,8 +264,9 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
                    int y_signed, long long ysm, long long ysn, int max_threads);
 /* Bytes of conv-packed weights w (N, C, taps = kh*kw), and the packing (groups of 4 channels at one tap, channels
    padded to 4; mode 0: rows of channels, N padded to 6; mode 1: panels of 32 channels; mode 2: rows of channels
-   with the reduction ordered tap-major, N padded to 32 and to 6); wsum[n] = the sum of row n's weights. Any mode
-   runs on any CPU (mode 2 without AMX: mode 0's kernels). */
+   with the reduction ordered tap-major, groups per tap padded by at most 15% to whole AMX blocks, N padded to 16
+   and to 6); wsum[n] = the sum of row n's weights. Any mode runs on any CPU (mode 2 without AMX: mode 0's
+   kernels). */
 long long inferd_q8_conv_packed_size(int N, int C, int taps, int mode);
 void inferd_q8_conv_pack(const signed char* w, int N, int C, int taps, int mode, signed char* wp, int* wsum);
 /* The packing (and kernel) inferd_q8_conv2d runs fastest with for this geometry on this CPU: 0, 1 or 2. */

@@ -460,6 +460,19 @@ int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, in
 
 static inline int q8_c4(int C) { return (C + 3) / 4; }
 
+/* Channel groups per tap in a packing: mode 2 pads them (by at most 15%, zero weights) to a count with blocks of
+   8-16 groups where the count's own blocks are shorter: 116 channels (29 groups, prime: blocks of 1) to 30, 232
+   (58: blocks of 2) to 60. The padding groups' staged planes are allocated and not written: whatever they hold
+   is multiplied by 0. */
+static inline int q8_c4m(int C, int mode)
+{
+    const int c4 = q8_c4(C);
+    if (mode != 2 || q8_amx_kb(c4) >= 8) return c4;
+    for (int m = c4 + 1; 20 * m <= 23 * c4; ++m)
+        if (q8_amx_kb(m) >= 8) return m;
+    return c4;
+}
+
 /* Mode 1 (channels in the vector lanes, for small maps and long reductions): Q8_NR output channels per weight
    panel, group g of a panel = 128 bytes (4 bytes per channel), Q8_MP output pixels per micro-kernel call, each
    pixel's 4 bytes of group g broadcast from its own address in the staged planes (so only real output pixels are
@@ -488,12 +501,12 @@ static long long q8_conv_rows(int N, int mode)
 
 long long inferd_q8_conv_packed_size(int N, int C, int taps, int mode)
 {
-    return q8_conv_rows(N, mode) * 4LL * q8_c4(C) * taps;
+    return q8_conv_rows(N, mode) * 4LL * q8_c4m(C, mode) * taps;
 }
 
 void inferd_q8_conv_pack(const int8_t* w, int N, int C, int taps, int mode, int8_t* wp, int32_t* wsum)
 {
-    const int c4 = q8_c4(C);
+    const int c4 = q8_c4m(C, mode);
     const size_t kp = 4 * (size_t)c4 * taps;
     memset(wp, 0, (size_t)q8_conv_rows(N, mode) * kp);
     for (int n = 0; n < N; ++n) {
@@ -524,7 +537,7 @@ int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sw, int dw, int OH, in
     /* the tile unit where its blocks hold at least Q8_AMX_KB_MIN groups and the rows it pads (to 16) add at most
        half: 256 -> 256 channels 3x3 at 14x14 ran in 127 us against 279 (VNNI, mode 1) on 2 threads of an AMX Xeon
        VM, 24 -> 144 1x1 at 56x56 (blocks of 6 groups) in 72 against 77 (mode 0); 16 channels (4 groups) lost 5% */
-    if (q8_isa()->amx && q8_amx_kb(q8_c4(C)) >= Q8_AMX_KB_MIN && 2 * q8_conv_rows(N, 2) <= 3 * q8_conv_rows(N, 0))
+    if (q8_isa()->amx && q8_amx_kb(q8_c4m(C, 2)) >= Q8_AMX_KB_MIN && 2 * q8_conv_rows(N, 2) <= 3 * q8_conv_rows(N, 0))
         return 2;
     const long long kq = (long long)q8_c4(C) * kh * kw;
     const int Wv = ((OW - 1) * sw + (kw - 1) * dw + 1 + sw - 1) / sw;
@@ -1268,14 +1281,15 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     /* mode 1's kernels (VNNI, portable) read x unsigned; mode 2's are mode 0's or the tile unit's (unsigned) */
     const int dom_signed = isa->level == 1 && mode != 1 ? isa->xsigned : 0;
     /* mode 2 with short blocks (the planner does not pick it so) runs mode 0's kernels, as without AMX */
-    const int amx = isa->amx && mode == 2 && q8_amx_kb(q8_c4(C)) >= Q8_AMX_KB_MIN;
+    const int amx = isa->amx && mode == 2 && q8_amx_kb(q8_c4m(C, 2)) >= Q8_AMX_KB_MIN;
     const int zxd = q8_zx_domain(zx, x_signed, dom_signed);
-    const int C4 = q8_c4(C), taps = kh * kw, kq = C4 * taps, kp = 4 * kq;
+    /* C4m: groups per tap in the packing (mode 2 may pad them, q8_c4m) */
+    const int C4 = q8_c4(C), C4m = q8_c4m(C, mode), taps = kh * kw, kq = C4m * taps, kp = 4 * kq;
     const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
     const int Hq = (Hpad + sh - 1) / sh + 1, Wv = (Wpad + sw - 1) / sw;
     const long long vplane = (long long)Hq * Wv, npix = (long long)OH * Wv;
     /* a tile reads up to Q8_PX words past its last pixel: slack past the last plane */
-    const size_t sbytes = 4 * (size_t)C4 * sh * sw * vplane + 4 * Q8_PX + 64;
+    const size_t sbytes = 4 * (size_t)C4m * sh * sw * vplane + 4 * Q8_PX + 64;
     uint8_t* st = q8_scratch(0, sbytes);
     /* bias and multipliers padded to whole panels (mode 1's store reads 32 of each) */
     const long long Nr = q8_conv_rows(N, mode);
@@ -1317,7 +1331,7 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     inferd_parallel(q8_stage_task, &sc, sc.ntasks, swork < 65536 ? 1 : max_threads);
     for (int g = 0; g < kq; ++g) {
         /* group g of the packing: (channel group, tap), or (tap, channel group) in mode 2 */
-        const int tap = mode == 2 ? g / C4 : g % taps, cg = mode == 2 ? g % C4 : g / taps;
+        const int tap = mode == 2 ? g / C4m : g % taps, cg = mode == 2 ? g % C4m : g / taps;
         const int ri = (tap / kw) * dh, cj = (tap % kw) * dw;
         const long long plane = ((long long)cg * sh + ri % sh) * sw + cj % sw;
         goff[g] = 4 * (plane * vplane + (long long)(ri / sh) * Wv + cj / sw);
@@ -1350,7 +1364,7 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const long long pblocks = (npx + pbs - 1) / pbs;
     const long long nchunk = (nrows + best_ch - 1) / best_ch * rows, chunks = (N + nchunk - 1) / nchunk;
     q8_conv_ctx c = {isa, st, goff, wp, be, mp, N, kp, zy, lo, hi, OH, OW, Wv, npx, (uint8_t*)y, pbs, pblocks,
-                     nchunk, mode, 0, amx, C4, taps, 4LL * sh * sw * vplane, q8_amx_kb(C4)};
+                     nchunk, mode, 0, amx, C4m, taps, 4LL * sh * sw * vplane, q8_amx_kb(C4m)};
     if (!sc.failed)
         inferd_parallel(mode == 1 ? q8_convn_task : q8_conv_task, &c, pblocks * chunks,
                         npx * (long long)N * kp < 200000 ? 1 : max_threads);

@@ -198,14 +198,16 @@ def test_native_qconv_matches_oracle(q8_isa: int, geo, xt, yt) -> None:
 
 
 @pytest.mark.parametrize("geo", [(64, 40, 3, 1, 1, (13, 12)), (128, 70, 1, 2, 0, (9, 11)), (24, 33, 3, 2, 1, (15, 14)),
-                                 (96, 32, 1, 1, 0, (7, 7)), (72, 16, 5, 1, 2, (6, 9))],
-                         ids=["64ch-3x3", "128ch-1x1s2", "24ch-3x3s2", "96ch-7x7map", "72ch-5x5"])
+                                 (96, 32, 1, 1, 0, (7, 7)), (72, 16, 5, 1, 2, (6, 9)), (116, 50, 3, 1, 1, (9, 8)),
+                                 (232, 40, 1, 1, 0, (5, 13))],
+                         ids=["64ch-3x3", "128ch-1x1s2", "24ch-3x3s2", "96ch-7x7map", "72ch-5x5", "116ch-padded",
+                              "232ch-padded"])
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
 def test_native_qconv_tile_geometries_match_oracle(q8_isa: int, geo, xt) -> None:
-    """Channel counts the AMX tiles take (64 channels a block, partly filled blocks padded: 24, 72, 96), output
-    channels past whole 32-channel tiles and short of one, pixel tiles cut by the map's end, strides and pads.
-    At level 2 the planner picks the tile packing (mode 2) for each; below it the same convs run the VNNI/sdot or
-    portable kernels."""
+    """Channel counts the AMX tiles take (blocks of 6-16 groups of 4 channels: 24, 72, 96; 116 and 232, whose groups
+    per tap are padded to 30 and 60), output channels past whole 32-channel tiles and short of one, pixel tiles cut
+    by the map's end, strides and pads. At level 2 the planner picks the tile packing (mode 2) for each; below it
+    the same convs run the VNNI/sdot or portable kernels."""
     cin, cout, k, stride, pad, hw = geo
     x = U8(1, cin, *hw) if xt == np.uint8 else S8(1, cin, *hw)
     ins, attrs = _conv_layer(x, cout, k, 1, stride, pad, True, None, np.uint8)
@@ -340,6 +342,7 @@ int main(void) {
         check(isa, 40, 70, 6, 3, 1, 1, 0, xsg); /* mode 1: two panels, the second partial; 42 pixels = 6 tiles of 7 */
         /* mode 2 on AMX: one whole block of 64 channels a tap, and 24 channels padded to one; 40 and 33 outputs */
         check(isa, 64, 40, 7, 3, 1, 1, 0, xsg); check(isa, 24, 33, 11, 3, 2, 1, 0, xsg);
+        check(isa, 116, 20, 6, 3, 1, 1, 0, xsg); /* 29 groups a tap, padded to 30 in mode 2 */
         /* depthwise: 5x5, rows packed into vectors (OW <= 16), 16-column steps, stride 2 */
         check(isa, 9, 9, 6, 5, 1, 2, 1, xsg); check(isa, 9, 9, 20, 5, 2, 2, 1, xsg); check(isa, 6, 6, 40, 3, 1, 1, 1, xsg);
         check(isa, 5, 5, 7, 3, 2, 1, 1, xsg); check(isa, 5, 5, 33, 3, 2, 1, 1, xsg);
