@@ -249,8 +249,8 @@ int inferd_topk(const float* x, long long rows, long long n, long long k, int la
 long long inferd_q8_packed_size(int N, int K);
 /* Pack w (N x K, row-major) into wp (inferd_q8_packed_size bytes); wsum[n] = sum_k w[n][k]. */
 void inferd_q8_pack(const signed char* w, int N, int K, signed char* wp, int* wsum);
-/* Micro-kernel: 0 portable C, 1 VNNI (x86-64 AVX-512) or sdot (aarch64), 2 VNNI plus AMX tiles for convolutions
-   (x86-64 Linux); set_isa(-1) picks the best the CPU has (a level it lacks gives the best below it). Returns the
+/* Micro-kernel: 0 portable C, 1 VNNI (x86-64 AVX-512) or sdot (aarch64), 2 VNNI plus AMX tiles for convolutions and
+   GEMMs (x86-64 Linux); set_isa(-1) picks the best the CPU has (a level it lacks gives the best below it). Returns the
    level in use. */
 int inferd_q8_set_isa(int level);
 int inferd_q8_isa(void);

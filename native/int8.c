@@ -16,9 +16,10 @@
  *   aarch64 sdot (ARMv8.2 dotprod): signed x signed groups of 4 into int32; uint8 x is shifted by -128.
  *   portable C: int32 products and sums (auto-vectorised, with the AVX2/AVX-512 clones on x86 where the
  *     compiler widens to vpmaddwd/vpmulld, which do not saturate).
- *   x86-64 AMX (Sapphire Rapids and later, Linux): convolutions whose channels come in whole blocks of 64 run on
- *     the tile unit (tdpbsud: 16 x 16 int32 sums of 64-byte dot products of signed w by unsigned x per
- *     instruction, ~8x the products per cycle of vpdpbusd); everything else keeps the VNNI kernels.
+ *   x86-64 AMX (Linux): convolutions packed in mode 2 (their channel groups split into tile blocks of 6-16
+ *     groups a tap) and GEMMs whose K splits likewise run on the tile unit (tdpbsud / tdpbusd: 16 x 16 int32
+ *     sums of dot products of up to 64 bytes per instruction, ~8x the products per cycle of vpdpbusd);
+ *     everything else keeps the VNNI kernels.
  * Rows (output pixels, or matrix rows) are processed in blocks gathered into a per-task buffer (im2col for
  * convolutions), 6 rows per micro-kernel call; blocks are the pool's tasks.
  */
@@ -199,7 +200,7 @@ typedef struct {
     int level;   /* 0 portable, 1 VNNI (x86) or sdot (aarch64) */
     int xsigned; /* the domain the micro-kernel reads x in: 0 unsigned (x86), 1 signed (sdot) */
     q8_uk uk;
-    int amx;     /* VNNI plus the AMX tile unit for convolutions (mode 2) */
+    int amx;     /* VNNI plus the AMX tile unit for convolutions (mode 2) and GEMMs */
 } q8_isa_t;
 
 static const q8_isa_t Q8_PORTABLE = {0, 0, uk_portable, 0};
@@ -361,7 +362,8 @@ static int q8_zx_domain(int zx, int x_signed, int dom_signed)
 }
 
 /* The groups of 4 channels an AMX tile block takes (its K / 4): the largest divisor of the groups per tap up to 16,
-   so that blocks never cross a tap and the weights need no padding (a tile's K may be short of its 64 bytes) */
+   so that blocks never cross a tap (a tile's K may be short of its 64 bytes; q8_c4m pads the groups where the
+   divisors are short) */
 #define Q8_AMX_KB_MIN 6
 static inline int q8_amx_kb(int C4)
 {
