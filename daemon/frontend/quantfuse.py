@@ -121,6 +121,14 @@ def _replace(graph: Graph, first: Node, removed: list[Node], new: Node) -> None:
             graph.nodes.remove(n)
 
 
+def _to_lookup(graph: Graph, first: Node, removed: list[Node], x: str, values: np.ndarray, yz: str, tag: str) -> None:
+    """``first`` (with ``removed``) becomes one QLinearLookup of tensor ``x`` by the 256 output values (indexed by x's
+    byte) ``values``, typed by the zero point ``yz``: the byte-table fusions' common end."""
+    table = _const(graph, f"{first.name}.{tag}", np.ascontiguousarray(values).view(np.uint8))
+    new = Node(first.name, "QLinearLookup", [x, table, yz], list(first.outputs), {}, "inferd")
+    _replace(graph, first, removed, new)
+
+
 def _bias_int32(graph: Graph, node: Node, b_name: str, x: _DQ, w: _DQ, prods: dict[str, Node]) -> np.ndarray | None:
     """The bias as int32 on the accumulator's scale x_scale * w_scale (what quantize_static writes; a float or
     differently scaled bias is requantised)."""
@@ -351,10 +359,7 @@ def _fuse_qsilu(graph: Graph, outputs: set[str]) -> int:
             x = np.arange(256, dtype=np.uint8).view(np.asarray(sp[1]).dtype)
             s = sigmoid.reference(sig, [x, *sp])[0]
             m = [s if i == side else x if i == 3 - side else graph.constants[ins[i]] for i in range(8)]
-            table = _const(graph, f"{mul.name}.silu_table",
-                           np.ascontiguousarray(times.reference(mul, m)[0]).view(np.uint8))
-            new = Node(mul.name, "QLinearLookup", [other, table, ins[7]], list(mul.outputs), {}, "inferd")
-            _replace(graph, mul, [sig], new)
+            _to_lookup(graph, mul, [sig], other, times.reference(mul, m)[0], ins[7], "silu_table")
             n_fused += 1
             break
     if n_fused:
@@ -385,10 +390,7 @@ def _fuse_qconst_binary(graph: Graph) -> int:
             assert spec is not None
             x = np.arange(256, dtype=np.uint8).view(np.asarray(graph.constants[ins[other + 2]]).dtype)
             vals = [x if i == other else graph.constants[ins[i]] for i in range(8)]
-            table = _const(graph, f"{node.name}.const_table",
-                           np.ascontiguousarray(spec.reference(node, vals)[0]).view(np.uint8))
-            _replace(graph, node, [], Node(node.name, "QLinearLookup", [ins[other], table, ins[7]], list(node.outputs),
-                                           {}, "inferd"))
+            _to_lookup(graph, node, [], ins[other], spec.reference(node, vals)[0], ins[7], "const_table")
             n_fused += 1
             break
     if n_fused:
@@ -458,9 +460,7 @@ def _fuse_qunary_chain(graph: Graph, outputs: set[str]) -> int:
             continue
         if np.shape(v) != (256,):
             continue
-        table = _const(graph, f"{q.name}.chain_table", np.ascontiguousarray(v).view(np.uint8))
-        _replace(graph, q, chain, Node(q.name, "QLinearLookup", [dq.inputs[0], table, q.inputs[2]], list(q.outputs),
-                                       {}, "inferd"))
+        _to_lookup(graph, q, chain, dq.inputs[0], v, q.inputs[2], "chain_table")
         if not graph.consumers().get(dq.outputs[0]) and dq.outputs[0] not in outputs:
             graph.nodes.remove(dq)
         n_fused += 1
