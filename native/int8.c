@@ -580,6 +580,23 @@ Q8_VNNI_TARGET static inline __m128i q8_req16(__m512i a, __m512i b, __m512 m, __
         _mm512_add_epi32(_mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv));
 }
 
+/* The masks of a 32-pixel tile's first and second 16 pixels when it holds cnt */
+static inline void q8_px_masks(int cnt, __mmask16* m0, __mmask16* m1)
+{
+    *m0 = cnt >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cnt) - 1);
+    *m1 = cnt >= 32 ? (__mmask16)0xffff : (cnt <= 16 ? (__mmask16)0 : (__mmask16)((1u << (cnt - 16)) - 1));
+}
+
+/* One channel's 32 sums (a0, a1) requantised (q8_req16) and stored as the bytes the masks keep, at y */
+Q8_VNNI_TARGET static inline void q8_store_px32(__m512i a0, __m512i a1, int32_t bias, float mult, __m512 lo, __m512 hi,
+                                                __m512i zv, __mmask16 m0, __mmask16 m1, uint8_t* y)
+{
+    const __m512i b = _mm512_set1_epi32(bias);
+    const __m512 m = _mm512_set1_ps(mult);
+    _mm_mask_storeu_epi8((void*)y, m0, q8_req16(a0, b, m, lo, hi, zv));
+    _mm_mask_storeu_epi8((void*)(y + 16), m1, q8_req16(a1, b, m, lo, hi, zv));
+}
+
 /* The VNNI conv micro-kernel (Q8_CR channels x Q8_PX pixels, vpdpbusd of unsigned x by signed w), with the
    requantisation in its registers: each 16 sums of a channel are biased, scaled, clamped,
    rounded to nearest even (embedded rounding, whatever MXCSR says), offset by zy and stored as 16 bytes. The
@@ -615,16 +632,10 @@ Q8_VNNI_TARGET static void ukc_vnni_q(
     const __m512i a[Q8_CR][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}, {a40, a41}, {a50, a51}};
     const __m512 lo = _mm512_set1_ps(flo), hi = _mm512_set1_ps(fhi);
     const __m512i zv = _mm512_set1_epi32(zy);
-    const __mmask16 m0 = cnt >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cnt) - 1);
-    const __mmask16 m1 = cnt >= 32 ? (__mmask16)0xffff : (cnt <= 16 ? (__mmask16)0 : (__mmask16)((1u << (cnt - 16)) - 1));
-    for (int r = 0; r < Q8_CR; ++r) {
-        if (r >= nn) break;
-        const __m512i b = _mm512_set1_epi32(bias[r]);
-        const __m512 m = _mm512_set1_ps(mult[r]);
-        uint8_t* yo = y + r * pitch;
-        for (int h = 0; h < 2; ++h)
-            _mm_mask_storeu_epi8((void*)(yo + 16 * h), h ? m1 : m0, q8_req16(a[r][h], b, m, lo, hi, zv));
-    }
+    __mmask16 m0, m1;
+    q8_px_masks(cnt, &m0, &m1);
+    for (int r = 0; r < Q8_CR && r < nn; ++r)
+        q8_store_px32(a[r][0], a[r][1], bias[r], mult[r], lo, hi, zv, m0, m1, y + r * pitch);
 }
 #endif
 
@@ -855,16 +866,12 @@ Q8_AMX_TARGET static void q8_amx_tile(const q8_conv_ctx* c, const uint8_t* xt, i
     _tile_stored(3, out + 16 * 32 + 16, 128);
     const __m512 lo = _mm512_set1_ps(flo), hi = _mm512_set1_ps(fhi);
     const __m512i zv = _mm512_set1_epi32(c->zy);
-    const __mmask16 m0 = cnt >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cnt) - 1);
-    const __mmask16 m1 =
-        cnt >= 32 ? (__mmask16)0xffff : (cnt <= 16 ? (__mmask16)0 : (__mmask16)((1u << (cnt - 16)) - 1));
+    __mmask16 m0, m1;
+    q8_px_masks(cnt, &m0, &m1);
     for (int r = 0; r < nn; ++r) {
-        const __m512i b = _mm512_set1_epi32(c->bias_eff[n0 + r]);
-        const __m512 m = _mm512_set1_ps(c->mult[n0 + r]);
-        uint8_t* yo = y + r * pitch;
-        _mm_mask_storeu_epi8((void*)yo, m0, q8_req16(_mm512_load_si512((const void*)(out + 32 * r)), b, m, lo, hi, zv));
-        _mm_mask_storeu_epi8((void*)(yo + 16), m1,
-                             q8_req16(_mm512_load_si512((const void*)(out + 32 * r + 16)), b, m, lo, hi, zv));
+        const __m512i a0 = _mm512_load_si512((const void*)(out + 32 * r));
+        const __m512i a1 = _mm512_load_si512((const void*)(out + 32 * r + 16));
+        q8_store_px32(a0, a1, c->bias_eff[n0 + r], c->mult[n0 + r], lo, hi, zv, m0, m1, y + r * pitch);
     }
 }
 
