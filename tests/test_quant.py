@@ -758,12 +758,16 @@ def test_float_chain_between_qdq_becomes_a_table_bit_identical(monkeypatch: pyte
     assert "Erf" in [n.op for n in import_model(_qdq_chain_model(extra_reader=True)).nodes]
 
 
-def test_qadd_of_a_constant_tensor_runs_native() -> None:
-    """A QLinearAdd whose second operand is a constant of the same shape (a transformer's position embedding): the
-    native kernel, bit-identical to the oracle."""
-    a, c = U8(1, 5, 24), U8(1, 5, 24)
-    ins = [a, F(0.05), np.uint8(7), c, F(0.03), np.uint8(100), F(0.06), np.uint8(90)]
-    got, want = _native_vs_oracle("QLinearAdd", ins, {}, [False] + [True] * 7)
+@pytest.mark.parametrize("const_side", [0, 3], ids=["const-a", "const-b"])
+def test_qadd_of_a_constant_tensor_runs_native(const_side: int) -> None:
+    """A QLinearAdd one of whose operands is a constant of the other's shape (a transformer's position embedding):
+    the native kernel, bit-identical to the oracle."""
+    a, c = U8(1, 5, 24), S8(1, 5, 24)
+    ins = [a, F(0.05), np.uint8(7), c, F(0.03), np.int8(-4), F(0.06), np.uint8(90)]
+    if const_side == 0:
+        ins[0], ins[2], ins[3], ins[5] = ins[3], ins[5], ins[0], ins[2]
+    const = [i == const_side or i not in (0, 3) for i in range(8)]
+    got, want = _native_vs_oracle("QLinearAdd", ins, {}, const)
     np.testing.assert_array_equal(got, want)
 
 
