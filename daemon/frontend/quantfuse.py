@@ -413,8 +413,8 @@ def _fuse_qunary_chain(graph: Graph, outputs: set[str]) -> int:
     from ..ops.base import op_spec
 
     n_fused = 0
+    prods, cons = graph.producers(), graph.consumers()  # built again after each fusion only
     for q in [n for n in graph.nodes if n.op == "QuantizeLinear"]:
-        prods, cons = graph.producers(), graph.consumers()
         if (q not in graph.nodes or len(q.inputs) < 3 or not q.inputs[2]
                 or any(i not in graph.constants or graph.constants[i].size != 1 for i in q.inputs[1:3])):
             continue
@@ -439,9 +439,13 @@ def _fuse_qunary_chain(graph: Graph, outputs: set[str]) -> int:
         if (dq is None or not chain or dq.inputs[0] in graph.constants or len(dq.inputs) < 3 or not dq.inputs[2]
                 or any(i not in graph.constants or graph.constants[i].size != 1 for i in dq.inputs[1:3])):
             continue
-        # the chain's ops broadcast a one-element constant: the result keeps the tensor's shape only if no
-        # constant has more dimensions than the tensor, which a 0-d or 1-d one never has past rank 1
-        if any(i in graph.constants and np.ndim(graph.constants[i]) > 1 for n in chain for i in n.inputs if i):
+        # the chain's ops broadcast their one-element constants: the result keeps x's shape (as the table
+        # lookup does) only if no constant has more dimensions than x
+        xinfo = graph.infos.get(dq.inputs[0])
+        if xinfo is None or xinfo.shape is None:
+            continue
+        rank = len(xinfo.shape)
+        if any(i in graph.constants and np.ndim(graph.constants[i]) > rank for n in chain for i in n.inputs if i):
             continue
         xdt = np.asarray(graph.constants[dq.inputs[2]]).dtype
         ydt = np.asarray(graph.constants[q.inputs[2]]).dtype
@@ -461,8 +465,10 @@ def _fuse_qunary_chain(graph: Graph, outputs: set[str]) -> int:
         if np.shape(v) != (256,):
             continue
         _to_lookup(graph, q, chain, dq.inputs[0], v, q.inputs[2], "chain_table")
-        if not graph.consumers().get(dq.outputs[0]) and dq.outputs[0] not in outputs:
+        cons = graph.consumers()
+        if not cons.get(dq.outputs[0]) and dq.outputs[0] not in outputs:
             graph.nodes.remove(dq)
+        prods, cons = graph.producers(), graph.consumers()
         n_fused += 1
     if n_fused:
         log.info("model %s: %d chains of float ops between Q/DQ pairs made byte tables", graph.name, n_fused)
