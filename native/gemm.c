@@ -410,7 +410,8 @@ typedef struct {
     int M, K, N, batch;
     int act;
     float p0, p1;
-    int mb, nb; /* rows (multiple of MRP) and columns (multiple of nr) per task */
+    int mu, um; /* rows per unit of the M split (whole panels) and the units; task mi takes an even share */
+    int nu, np; /* columns per unit of the N split (one column panel) and the panels; likewise */
     int tm, tn; /* tasks along M and N per batch item */
     const isa_t* isa;
     int failed;
@@ -850,8 +851,10 @@ static void gemm_task(void* ctx, long long t)
     job_t* J = (job_t*)ctx;
     const int per = J->tm * J->tn;
     const int bi = (int)(t / per), rem = (int)(t % per), mi = rem / J->tn, ni = rem % J->tn;
-    const int m0 = mi * J->mb, m1 = imin(J->M, m0 + J->mb);
-    const int n0 = ni * J->nb, n1 = imin(J->N, n0 + J->nb);
+    const int m0 = (int)((long long)J->um * mi / J->tm) * J->mu;
+    const int m1 = imin(J->M, (int)((long long)J->um * (mi + 1) / J->tm) * J->mu);
+    const int n0 = (int)((long long)J->np * ni / J->tn) * J->nu;
+    const int n1 = imin(J->N, (int)((long long)J->np * (ni + 1) / J->tn) * J->nu);
     if (m0 >= m1 || n0 >= n1) return;
     if (J->N <= GEMV_MAX_N && !J->a_dyn && !J->b_pre && !J->boff)
         gemv_block(J, bi, m0, m1);
@@ -933,17 +936,18 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
         nb_p = imax(1, (np + want_tn - 1) / want_tn);
         tn = (np + nb_p - 1) / nb_p;
     }
-    int tm = 1;
-    if (!gemv_b && (long long)tn * batch < target) tm = imin(mp, (int)((target + (long long)tn * batch - 1) / ((long long)tn * batch)));
-    int mb_p = (mp + tm - 1) / tm;
-    if (J.isa->mrw && !J.a_dyn && !gemv && !gemv_b && mb_p > 1) {
-        /* whole taller tiles per task: a task of 4 panels ran one 24-row group and one 8-row panel. Rounded up
-           (fewer tasks; rounded down, 256 rows made 11 tasks, each reading B again: the models were slower) */
-        const int g = J.isa->mrw / MRP;
-        mb_p = (mb_p + g - 1) / g * g;
-    }
-    tm = (mp + mb_p - 1) / mb_p;
-    J.mb = mb_p * MRP, J.nb = nb_p * nr, J.tm = tm, J.tn = tn;
+    long long want_tm = 1;
+    if (!gemv_b && (long long)tn * batch < target) want_tm = (target + (long long)tn * batch - 1) / ((long long)tn * batch);
+    /* Rows are dealt in units of whole taller tiles (isa_t.mrw: a task of 4 panels ran one 24-row group and one
+       8-row panel), as evenly as the units allow: rounding the rows per task up to whole units left the last task
+       a sliver (1024 rows: seven tasks of 144 and one of 16, so on two threads one idled for most of a task;
+       256x528 on a 14x14 map: five of 48 and one of 16, 0.60x the time now). Single panels only where there
+       are fewer units than threads. */
+    int g = J.isa->mrw && !J.a_dyn && !gemv && !gemv_b ? J.isa->mrw / MRP : 1;
+    if (g > 1 && (mp + g - 1) / g < want) g = 1;
+    const int um = (mp + g - 1) / g;
+    const int tm = (int)(want_tm < um ? want_tm : um);
+    J.mu = g * MRP, J.um = um, J.nu = nr, J.np = np, J.tm = tm, J.tn = tn;
     inferd_parallel(gemm_task, &J, (long long)batch * tm * tn, want);
     return J.failed ? -1 : 0;
 }

@@ -140,21 +140,25 @@ def test_gemm_rejects_mismatched_shapes() -> None:
 
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_pool_sizes_give_identical_results(threads: int) -> None:
-    """Each output is computed by one task whatever the split, so results are bitwise equal across pool sizes."""
+@pytest.mark.parametrize("m,k,n", [(200, 300, 500), (1024, 64, 49), (203, 40, 30), (16, 50, 40)])
+def test_pool_sizes_give_identical_results(threads: int, m: int, k: int, n: int) -> None:
+    """Each output is computed by one task whatever the split, so results are bitwise equal across pool sizes;
+    N wider than M splits columns, the others rows (in units of whole taller tiles, dealt evenly: the last task
+    of an uneven split must still cover the last rows)."""
     rng = np.random.default_rng(2)
-    a = rng.standard_normal((200, 300), dtype=F32)
-    b = rng.standard_normal((300, 500), dtype=F32)
+    a = rng.standard_normal((m, k), dtype=F32)
+    b = rng.standard_normal((k, n), dtype=F32)
     ap = native.gemm_pack_a(a)
     old = native.num_threads()
     try:
         native.set_num_threads(1)
-        one = native.gemm(ap, 200, b, np.empty((200, 500), F32))
+        one = native.gemm(ap, m, b, np.full((m, n), np.nan, F32))
         native.set_num_threads(threads)
-        many = native.gemm(ap, 200, b, np.empty((200, 500), F32))
+        many = native.gemm(ap, m, b, np.full((m, n), np.nan, F32))
     finally:
         native.set_num_threads(old)
     assert np.array_equal(one, many)
+    np.testing.assert_allclose(many, a @ b, rtol=1e-4, atol=1e-3)
 
 
 @needs_native
