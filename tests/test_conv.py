@@ -1182,6 +1182,62 @@ def test_conv_tiled_bound_and_run_match_oracle(act, threads: int) -> None:
         native.set_num_threads(old)
 
 
+WINOGRAD_BIND_SHAPES = [
+    ((1, 16, 13, 13), 24, dict(pads=[1, 1, 1, 1])),  # ragged tiles at the right and bottom
+    ((1, 8, 9, 14), 5, dict(pads=[0, 1, 2, 2])),     # pads differ on every side, Cout < 8
+    ((1, 24, 28, 28), 40, dict(pads=[1, 1, 1, 1])),
+]
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("name", ["winograd23", "winograd43"])
+@pytest.mark.parametrize("act", [None, ("Relu", ()), ("Clip", (0.0, 0.5)), ("Tanh", ())],
+                         ids=["none", "relu", "clip", "tanh"])
+def test_winograd_bound_call_matches_run_and_oracle(name: str, act: Any) -> None:
+    """The Winograd kernels' pre-bound call (three C calls over this thread's scratch) against their run() and
+    the numpy oracle, with a residual, on 1-3 threads; it reads its input anew each call and survives its
+    scratch being reallocated between calls (another layer growing the slot). A batch of two, a non-native
+    activation (Tanh) or a map processed in bands is left to run()."""
+    from inferd.ops.conv import scratch
+
+    kern = kernel("Conv", name)
+    old = native.num_threads()
+    try:
+        for si, (xshape, cout, attrs) in enumerate(WINOGRAD_BIND_SHAPES):
+            native.set_num_threads(1 + si % 3)
+            for n in (1, 2):
+                xs = (n,) + xshape[1:]
+                x, w, b, res, ins, layer, expect = _fused_conv_case(si + 90, xs, cout, (3, 3), attrs, act)
+                assert kern.applies(layer)
+                params = kern.transform(layer, {raw_key(1): w, raw_key(2): b})
+                ran = np.full(expect.shape, np.nan, F32)
+                kern.run(layer, [x, None, None, res], params, [ran])
+                assert rel_err(ran, expect) <= TOL, (name, xs, act)
+                out = np.full(expect.shape, np.nan, F32)
+                call = kern.bind(layer, [x, None, None, res], params, [out])
+                assert (call is not None) == (n == 1 and (act is None or act[0] in native.NATIVE_ACTS))
+                if call is None:
+                    continue
+                call()
+                np.testing.assert_array_equal(out, ran)
+                x[...] = -x
+                scratch(0, 1 << 20)  # the thread's V buffer grows, so it moves: the call re-resolves it
+                scratch(1, 1 << 20)
+                call()
+                assert rel_err(out, op_spec("Conv").reference(layer.node, list(ins))[0]) <= TOL, (name, xs, act)
+        big = single_node_layer("Conv", [np.zeros((1, 8, 6, 6), F32), np.zeros((8, 8, 3, 3), F32)],
+                                dict(pads=[1, 1, 1, 1]), const=[False, True])
+        try:
+            kern.band_bytes = 1
+            assert kern.bind(big, [np.zeros((1, 8, 6, 6), F32), None],
+                             kern.transform(big, {raw_key(1): np.zeros((8, 8, 3, 3), F32)}),
+                             [np.zeros((1, 8, 6, 6), F32)]) is None
+        finally:
+            del kern.band_bytes
+    finally:
+        native.set_num_threads(old)
+
+
 DIRECT_GEMM_SHAPES = [
     ((1, 16, 13, 13), 24, (3, 3), dict(pads=[1, 1, 1, 1])),   # tiles across row ends, M = 3 panels
     ((1, 3, 9, 40), 5, (3, 3), dict(pads=[0, 1, 2, 2])),       # pads differ (right > left), M < 8
