@@ -22,7 +22,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 16
+ABI = 17
 
 ffi: Any = None
 lib: Any = None
@@ -261,6 +261,25 @@ def col2im(col: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
     _check(col, "col")
     _check(out, "out")
     lib.inferd_col2im(_ptr(col), c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, _ptr(out))
+    return out
+
+
+def col2im_init(col: np.ndarray, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, pt: int, pl: int,
+                oh: int, ow: int, out: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """:func:`col2im` into ``out`` first set to ``bias`` per channel (zero without one), in the same parallel pass."""
+    c, h, w = out.shape
+    if col.shape != (c * kh * kw, oh * ow):
+        raise ValueError(f"col2im: col shape {col.shape}, expected {(c * kh * kw, oh * ow)}")
+    if bias is not None and bias.shape != (c,):
+        raise ValueError(f"col2im: bias shape {bias.shape}, expected {(c,)}")
+    if not AVAILABLE:
+        out[...] = 0.0 if bias is None else bias.reshape(c, 1, 1)
+        return numpy_col2im(col, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, out)
+    _check(col, "col")
+    _check(out, "out")
+    if bias is not None:
+        _check(bias, "bias")
+    lib.inferd_col2im_ex(_ptr(col), c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow, _ptr(out), _opt(bias), 1)
     return out
 
 

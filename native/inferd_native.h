@@ -11,6 +11,9 @@ void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, 
    y has shape (C, H, W) and is accumulated into (not cleared); (OH, OW) is the spatial size of col. */
 void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
                    int pt, int pl, int OH, int OW, float* y);
+/* inferd_col2im, each output plane first set to bias[c] (or zero where bias is NULL) when init is set. */
+void inferd_col2im_ex(const float* col, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
+                      int pt, int pl, int OH, int OW, float* y, const float* bias, int init);
 
 /* Depthwise conv of C input channels with channel multiplier mult: output channel c*mult + k reads input channel c.
    w: (C*mult, kh, kw); bias: (C*mult) or NULL; y: (C*mult, OH, OW), overwritten with act(conv + bias)

@@ -607,6 +607,42 @@ def test_conv_transpose_fused(act) -> None:
     assert k.workspace_nbytes(layer) == 3 * 9 * 5 * 6 * 4
 
 
+CT_2D = [c for c in CT_CASES if len(c[3]) == 2]
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="native kernels not built")
+@pytest.mark.parametrize("case", CT_2D, ids=[c[0] for c in CT_2D])
+def test_conv_transpose_col2im_bound_call(case) -> None:
+    """col2im's pre-bound call (the GEMM on the packed weights, then the scatter-add into planes it first sets to
+    the bias) against onnxruntime, twice (the planes are set again, not accumulated into), on 1-3 threads, and
+    after its input changed; a batch of two is left to run()."""
+    cid, xshape, cout, k, attrs, bias = case
+    g = attrs.get("group", 1)
+    x, w, _ = make_inputs(len(cid) + 30, xshape, (xshape[1], cout // g) + k, False)
+    b = np.random.default_rng(3).standard_normal(cout).astype(F32) if bias else None
+    ins = [x, w] + ([b] if b is not None else [])
+    layer = single_node_layer("ConvTranspose", ins, attrs)
+    kern = kernel("ConvTranspose", "col2im")
+    params = kern.transform(layer, {raw_key(1): w, **({raw_key(2): b} if b is not None else {})})
+    assert kern.transformed_nbytes(layer) == sum(a.nbytes for a in params.values())
+    out = np.full(layer.out_shape(), np.nan, F32)
+    call = kern.bind(layer, [x] + [None] * (len(ins) - 1), params, [out])
+    assert (call is not None) == (xshape[0] == 1), cid
+    if call is None:
+        return
+    old = native.num_threads()
+    try:
+        for threads in (1, 2, 3):
+            native.set_num_threads(threads)
+            call()
+            assert rel_err(out, ort_run("ConvTranspose", x, w, b, attrs)) <= TOL, (cid, threads)
+        x[...] = -x
+        call()
+        assert rel_err(out, ort_run("ConvTranspose", x, w, b, attrs)) <= TOL, (cid, "new input")
+    finally:
+        native.set_num_threads(old)
+
+
 # --------------------------------------------------------------------------- native helpers vs numpy
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="inferd._native not built")
@@ -775,7 +811,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 16
+    assert native.ABI == 17
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 

@@ -1456,8 +1456,9 @@ class ConvTransposeDirect(Kernel):
 
 @register_kernel
 class ConvTransposeCol2im(_ConvKernelBase):
-    """col = W^T (G, Cout/G*kh*kw, Cin/G) @ x (G, Cin/G, H*W) per image, then a native scatter-add (col2im)
-    into the output initialised with the bias. Workspace: the column matrix of one image."""
+    """col = W^T (G, Cout/G*kh*kw, Cin/G) @ x (G, Cin/G, H*W) per image on the native GEMM (the weights packed at
+    load), then a native scatter-add (col2im) into the output, each plane first set to its bias in the same
+    parallel pass. Workspace: the column matrix of one image."""
 
     name = "col2im"
     ops = ("ConvTranspose",)
@@ -1470,7 +1471,13 @@ class ConvTransposeCol2im(_ConvKernelBase):
         g = _geo2d(layer)
         assert g is not None
         w = np.asarray(raw[raw_key(1)], dtype=F32).reshape(g.group, g.cin // g.group, -1)
-        return {**_passthrough(layer, raw), "w": np.ascontiguousarray(np.swapaxes(w, 1, 2)), **_bias_param(layer, raw)}
+        return {**_passthrough(layer, raw), "w": pack_gemm_weights(np.swapaxes(w, 1, 2), A_FORM),
+                **_bias_param(layer, raw)}
+
+    def _w_nbytes(self, layer: Layer) -> int:
+        g = _geo2d(layer)
+        assert g is not None
+        return packed_nbytes(g.group, g.cout // g.group * g.kh * g.kw, g.cin // g.group, A_FORM)
 
     def workspace_nbytes(self, layer: Layer) -> int:
         return sum(self.scratch_floats(layer).values()) * 4
@@ -1480,6 +1487,39 @@ class ConvTransposeCol2im(_ConvKernelBase):
         assert g is not None
         return {0: g.cout * g.kh * g.kw * g.h * g.w}
 
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        """One image without a fused residual or activation: the GEMM and the bias-initialised col2im as two C
+        calls resolved now (the column matrix is this thread's scratch, looked up per call)."""
+        g = _geo2d(layer)
+        if g is None or g.n != 1 or not native.AVAILABLE:
+            return None
+        f = _fast_io(layer, inputs, params, outputs[0])
+        if f is None:
+            return None
+        x, bias, res, code, _, _ = f
+        if res is not None or code != 0:
+            return None
+        kk, hw = g.kh * g.kw, g.h * g.w
+        mg = g.cout // g.group * kk
+        w, y = params["w"], outputs[0]
+        xs = x.reshape(g.group, g.cin // g.group, hw)
+        if native.gemm_bound(w, mg, xs, np.empty((g.group, mg, hw), F32), None, None, 0, 0.0, 0.0) is None:
+            return None
+        ffi = native.ffi
+        fn, yp = native.lib.inferd_col2im_ex, native._ptr(y)
+        biasp = ffi.NULL if bias is None else native._ptr(bias)
+        state: list[Any] = [None, None, None]  # the column scratch's base, its pointer, the GEMM bound to it
+
+        def call(_keep: Any = (x, w, bias, y)) -> None:
+            col = scratch(0, g.cout * kk * hw)
+            if col.base is not state[0] or state[2] is None:
+                state[2] = native.gemm_bound(w, mg, xs, col.reshape(g.group, mg, hw), None, None, 0, 0.0, 0.0)
+                state[0], state[1] = col.base, native._ptr(col)
+            state[2]()
+            fn(state[1], g.cout, g.oh, g.ow, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.h, g.w, yp, biasp, 1)
+        return call
+
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         g = _geo2d(layer)
@@ -1487,17 +1527,16 @@ class ConvTransposeCol2im(_ConvKernelBase):
         x, bias, res, act = self._common(layer, inputs, params)
         o = ContiguousOut(outputs[0])
         kk = g.kh * g.kw
-        col = scratch(0, g.cout * kk * g.h * g.w).reshape(g.cout * kk, g.h * g.w)
+        mg = g.cout // g.group * kk
+        col = scratch(0, g.cout * kk * g.h * g.w).reshape(g.group, mg, g.h * g.w)
         x4 = x.reshape(g.n, g.group, g.cin // g.group, g.h * g.w)
         y4 = o.y.reshape(g.n, g.cout, g.oh, g.ow)
+        b = None if bias is None else np.ascontiguousarray(bias, F32).reshape(g.cout)
         for i in range(g.n):
-            native.matmul(params["w"], x4[i], col.reshape(g.group, g.cout // g.group * kk, g.h * g.w))
-            if bias is not None:
-                y4[i] = bias.reshape(-1, 1, 1)
-            else:
-                y4[i] = 0.0
+            native.gemm(params["w"], mg, x4[i], col)
             # ConvTranspose's output is the image that a conv with the same geometry would read
-            native.col2im(col, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.h, g.w, y4[i])
+            native.col2im_init(col.reshape(g.cout * kk, g.h * g.w), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt,
+                               g.pl, g.h, g.w, y4[i], b)
         _finish(o.y.reshape(g.n, g.cout, -1), None, None if res is None else res.reshape(g.n, g.cout, -1), act)
         o.close()
 
