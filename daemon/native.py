@@ -955,6 +955,28 @@ def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return c
 
 
+def matmul_bound(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None] | None:
+    """:func:`matmul` resolved now into a no-argument call (one C call, no checks at run time), or None where the
+    arrays do not fit it (not float32 views of agreeing shapes). The arrays must stay alive and in place (an
+    arena); the call holds them."""
+    if not AVAILABLE or a.ndim != 3 or b.ndim != 3 or c.ndim != 3 or any(x.dtype != F32 for x in (a, b, c)):
+        return None
+    q, m, k = a.shape
+    if b.shape[0] != q or b.shape[1] != k or c.shape != (q, m, b.shape[2]):
+        return None
+    n = b.shape[2]
+    sa, sb, sc = _strides_of(a), _strides_of(b), _strides_of(c)
+    args = (m, k, n, q, _rawptr(a), sa[1], sa[2], sa[0], 0, _rawptr(b), sb[1], sb[2], sb[0], 0,
+            _rawptr(c), sc[1], sc[2], sc[0], ffi.NULL, 0, 0, ffi.NULL, 0, 0, 0.0, 0.0, 0)
+    fn = lib.inferd_gemm_ex
+
+    def call(_keep: Any = (a, b, c)) -> None:
+        if fn(*args) != 0:
+            raise MemoryError("matmul: out of memory")
+
+    return call
+
+
 #: Below this many columns (pixels, Winograd tiles) a layer's weights are packed in the B form (see
 #: :func:`_gemm_args`). It was 64 while a ragged column panel cost a whole zero-padded 32-column panel (then
 #: 512->512 3x3 on a 7x7 map ran 1.5x faster in the B form); since the GEMM runs the ragged panel as single

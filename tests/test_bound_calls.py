@@ -50,6 +50,9 @@ CASES: list[tuple[str, list[Any], dict[str, Any], list[bool], bool]] = [
     ("ReduceMean", [_f(256, 37), _i64(1)], {}, [False, True], True),  # many rows, a count of 37: np.mean's bits
     ("ReduceSum", [_f(2, 3, 4), _i64(-1)], {}, [False, True], True),
     ("ReduceMax", [_f(2, 3, 4)], {"axes": [0, 2], "keepdims": 1, "_opset": 13}, [False], True),
+    ("MatMul", [_f(3, 5, 4), _f(3, 4, 6)], {}, [False, False], True),  # attention-shaped: both operands at run time
+    ("MatMul", [_f(1, 3, 17, 8), _f(1, 3, 8, 19)], {}, [False, False], True),
+    ("MatMul", [_f(2, 5, 4), _f(2, 4, 6)], {"act": ("Relu", ())}, [False, False], False),  # a fused activation: run()
     ("Relu", [_f(4, 5)], {}, [False], True),
     ("Tanh", [_f(4, 5)], {}, [False], True),
 ]
@@ -87,7 +90,7 @@ def test_bound_call_equals_run_and_onnxruntime(case: int) -> None:
             np.testing.assert_allclose(got, w, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
-@pytest.mark.parametrize("op", ["Slice", "Gather", "Concat", "Add", "ReduceMean", "Relu"])
+@pytest.mark.parametrize("op", ["Slice", "Gather", "Concat", "Add", "ReduceMean", "Relu", "MatMul"])
 def test_bound_call_reads_its_inputs_when_called(op: str) -> None:
     """The buffers of a CPU arena never move but their values change every run: a call bound once gives each
     run's result for that run's values."""
