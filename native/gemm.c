@@ -664,8 +664,12 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
            are not contiguous, and the ragged last one, are packed (reading past it could leave the array). */
         /* In place pays when few row panels reuse the block (packing is not amortised) or the rows are short
            (several per page); long rows read in place cost a TLB miss per k (64x147 on a 112x112 map: 3.7 vs
-           2.8 ms packed, while 24x144 on 56x56 was 0.21 vs 0.26 ms in place). */
-        const int inplace = J->bsn == 1 && !J->b_pre && !J->boff && (J->M <= 32 || J->bsk <= 512);
+           2.8 ms packed). Up to 16 rows stay in place; from 17 rows on, long rows are packed: in a model B was
+           just written by the layer before (a depthwise conv, on both cores), and reading it in place then
+           misses with no prefetch to hide it (24x144 on 56x56 right after the depthwise conv that writes it:
+           258 -> 213 us packed, 24x96 on 112x112 807 -> 547; hot in cache, as a bench loop leaves it, in place
+           had won, 0.21 vs 0.26 ms). mobilenetv2 0.975x, squeezenet1_1 0.98x the time. */
+        const int inplace = J->bsn == 1 && !J->b_pre && !J->boff && (J->M <= 16 || J->bsk <= 512);
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */
         } else if (inplace) {
