@@ -500,6 +500,17 @@ def _fast_io(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str
     return x, params.get("b"), res, code, p0, p1
 
 
+def _bound_io(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+              out: np.ndarray) -> tuple[Geom2D, tuple] | None:
+    """(geometry, :func:`_fast_io`'s tuple) for a call bound once over one image on the native kernels (the
+    ``bind`` of im2col, Winograd and ConvTranspose's col2im); None where only ``run`` applies."""
+    g = _geo2d(layer)
+    if g is None or g.n != 1 or not native.AVAILABLE:
+        return None
+    f = _fast_io(layer, inputs, params, out)
+    return None if f is None else (g, f)
+
+
 def _passthrough(layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Raw constants other than the weights and bias (e.g. a constant residual), kept under their raw keys."""
     bi, _ = io_positions(layer.node)
@@ -671,13 +682,10 @@ class ConvIm2col(_ConvKernelBase):
         """One image: the native im2col and the bound GEMM, resolved now (run() spent tens of microseconds of
         argument plumbing per call). The column buffer is this thread's scratch, looked up per call (it may grow
         or be another thread's), the GEMM re-bound when it changed."""
-        g = _geo2d(layer)
-        if g is None or g.n != 1 or not native.AVAILABLE:
+        b = _bound_io(layer, inputs, params, outputs[0])
+        if b is None:
             return None
-        f = _fast_io(layer, inputs, params, outputs[0])
-        if f is None:
-            return None
-        x, bias, res, code, p0, p1 = f
+        g, (x, bias, res, code, p0, p1) = b
         k, mg, npix = g.cin // g.group * g.kh * g.kw, g.cout // g.group, g.oh * g.ow
         n = g.cin * g.kh * g.kw * npix
         y3 = outputs[0].reshape(g.group, mg, npix)
@@ -1277,16 +1285,13 @@ class WinogradKernel(_ConvKernelBase):
         jobs on argument plumbing (resnet18's twelve Winograd layers: ~1.4 ms of its 16.5). The transform
         buffers are this thread's scratch, looked up per call (they may grow or be another thread's), the
         pointers and the GEMM re-resolved when they moved."""
-        g = _geo2d(layer)
-        if g is None or g.n != 1 or not native.AVAILABLE:
+        b = _bound_io(layer, inputs, params, outputs[0])
+        if b is None:
             return None
+        g, (x, bias, res, code, p0, p1) = b
         th, tw, band = self._tiles(g)
         if band < th:
             return None
-        f = _fast_io(layer, inputs, params, outputs[0])
-        if f is None:
-            return None
-        x, bias, res, code, p0, p1 = f
         a2, m, alpha, p = self.alpha ** 2, self.m, self.alpha, th * tw
         w, y, bt, at = params["w"], outputs[0], self.bt, self.at
         if native.gemm_bound(w, g.cout, np.empty((a2, g.cin, p), F32), np.empty((a2, g.cout, p), F32),
@@ -1491,13 +1496,10 @@ class ConvTransposeCol2im(_ConvKernelBase):
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         """One image without a fused residual or activation: the GEMM and the bias-initialised col2im as two C
         calls resolved now (the column matrix is this thread's scratch, looked up per call)."""
-        g = _geo2d(layer)
-        if g is None or g.n != 1 or not native.AVAILABLE:
+        b = _bound_io(layer, inputs, params, outputs[0])
+        if b is None:
             return None
-        f = _fast_io(layer, inputs, params, outputs[0])
-        if f is None:
-            return None
-        x, bias, res, code, _, _ = f
+        g, (x, bias, res, code, _, _) = b
         if res is not None or code != 0:
             return None
         kk, hw = g.kh * g.kw, g.h * g.w
