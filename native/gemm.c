@@ -662,14 +662,15 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
         /* Rows of B that are contiguous along n are read in place, full panels at least (kc rows of nr floats
            at pitch bsk; a 7x7 map's B was packed once per task, up to 4x over when M is split); panels that
            are not contiguous, and the ragged last one, are packed (reading past it could leave the array). */
-        /* In place pays when few row panels reuse the block (packing is not amortised) or the rows are short
-           (several per page); long rows read in place cost a TLB miss per k (64x147 on a 112x112 map: 3.7 vs
-           2.8 ms packed). Up to 16 rows stay in place; from 17 rows on, long rows are packed: in a model B was
-           just written by the layer before (a depthwise conv, on both cores), and reading it in place then
-           misses with no prefetch to hide it (24x144 on 56x56 right after the depthwise conv that writes it:
-           258 -> 213 us packed, 24x96 on 112x112 807 -> 547; hot in cache, as a bench loop leaves it, in place
-           had won, 0.21 vs 0.26 ms). mobilenetv2 0.975x, squeezenet1_1 0.98x the time. */
-        const int inplace = J->bsn == 1 && !J->b_pre && !J->boff && (J->M <= 16 || J->bsk <= 512);
+        /* In place only for up to 16 rows, where packing is not amortised. From 17 rows on B is packed, short
+           rows too: in a model B was just written by the layer before (an im2col, a depthwise conv; half of it
+           by the other core), and read in place it misses with nothing to prefetch it, where packing reads its
+           rows front to back (24x144 on 56x56 right after the depthwise conv that writes it: 258 -> 213 us;
+           24x96 on 112x112 807 -> 547). Hot in cache, as a bench loop leaves it, in place had won (24x144 on
+           56x56 0.21 vs 0.26 ms) and long rows had already been packed (64x147 on 112x112: 3.7 vs 2.8 ms).
+           Whole models, alternating in one process: resnet50 0.94-0.99x the time, googlenet 0.95x,
+           squeezenet1_1 0.96x, mobilenetv2 0.95-0.96x, shufflenetv2 0.95x, the others 0.98-0.99x. */
+        const int inplace = J->bsn == 1 && !J->b_pre && !J->boff && J->M <= 16;
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */
         } else if (inplace) {
