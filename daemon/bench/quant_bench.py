@@ -7,7 +7,10 @@ graph unquantised), in one process, alternating engines:
 * warm latency (median of ``--repeat`` runs): inferd int8, inferd fp32, onnxruntime on the QDQ model (default
   session, all graph optimisations, which fuse QDQ into its int8 kernels; same thread count), onnxruntime fp32;
 * cold latency: a fresh process loads the ONNX file (page cache of it dropped) and answers one request;
-* stored weight bytes (the ONNX initializers) and resident weight bytes (what the loaded executor holds);
+* stored weight bytes: the raw weights in inferd's package store (int8 and fp32 compare weight for weight, not
+  two plans' choices of transformed weights to store beside them; the whole store beside it) and, for
+  reference, the ONNX file's initializers (onnxruntime's QDQ file); resident weight bytes (what the loaded
+  executor holds);
 * error against onnxruntime on the same quantised model, in output quantisation steps.
 
 ``--device vulkan`` loads both inferd models on the Vulkan device (onnxruntime stays on the CPU); ``--int8-gpu``
@@ -65,6 +68,26 @@ def _stored_bytes(path: Path) -> int:
 
     m = onnx.load(str(path))
     return int(sum(numpy_helper.to_array(i).nbytes for i in m.graph.initializer))
+
+
+def _package_bytes(src: Path, device: str) -> tuple[int, int]:
+    """(raw weight bytes, whole store bytes) of the package inferd compiles from ``src`` (planned without
+    profiling: the store, not the plan's timings, is what is measured). The raw entries are the weights
+    themselves, which any plan can be served from; the rest are the transformed weights this plan reads."""
+    import shutil
+    import tempfile
+
+    from ..package import compile_model
+    from ..store import WeightsStore, entries_of
+
+    tmp = Path(tempfile.mkdtemp(prefix="ifqpkg", dir="/tmp"))
+    try:
+        out = compile_model(src, tmp / "p", device=device, profile=False)
+        with WeightsStore(out / "weights.store") as st:
+            raw = sum(e.size for e in entries_of(st) if e.variant == "raw")
+        return raw, sum(f.stat().st_size for f in out.iterdir() if f.name != "plan.bin")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _output_step(path: Path) -> float | None:
@@ -150,6 +173,8 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     got32 = np.asarray(list(got32.values())[0] if isinstance(got32, dict) else got32[0])
     res["int8_vs_fp32_max_abs"] = float(np.abs(got - got32).max())
     res["stored_bytes_int8"], res["stored_bytes_fp32"] = _stored_bytes(qpath), _stored_bytes(fpath)
+    res["package_raw_bytes_int8"], res["package_bytes_int8"] = _package_bytes(qpath, device)
+    res["package_raw_bytes_fp32"], res["package_bytes_fp32"] = _package_bytes(fpath, device)
     res["resident_weights_int8"] = int(m8.memory_breakdown.get("weights_bytes", 0))
     res["resident_weights_fp32"] = int(m32.memory_breakdown.get("weights_bytes", 0))
     res["int8_kernels"] = sorted(set(m8.kernels.values()))
@@ -160,6 +185,8 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     res["warm_vs_ort"] = ratio(res["inferd_int8_warm_ms"], res["ort_int8_warm_ms"])
     res["warm_vs_fp32"] = ratio(res["inferd_int8_warm_ms"], res["inferd_fp32_warm_ms"])
     res["stored_ratio"] = ratio(res["stored_bytes_int8"], res["stored_bytes_fp32"])
+    res["package_raw_ratio"] = ratio(res["package_raw_bytes_int8"], res["package_raw_bytes_fp32"])
+    res["package_ratio"] = ratio(res["package_bytes_int8"], res["package_bytes_fp32"])
     res["resident_ratio"] = ratio(res["resident_weights_int8"], res["resident_weights_fp32"])
     return res
 
@@ -170,17 +197,21 @@ def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
     lines = [f"# inferd bench quant: {machine.get('date')} on {machine.get('host')} ({machine.get('cpu')}, "
              f"{machine.get('cores')} cores; machine shared, load average per row); {how}; onnxruntime on the CPU\n",
              "Goals: int8 warm <= 1.0x onnxruntime (same QDQ model) and <= 0.5x inferd fp32; weight bytes <= 0.27x fp32.\n",
+             "Weight bytes, int8 / fp32: *stored* is the raw weights in inferd's package store (the whole store, "
+             "which adds the transformed weights its plan reads, in brackets); *QDQ file* the ONNX initializers "
+             "onnxruntime's quantizer wrote, for reference; *resident* what the loaded executors hold.\n",
              "| model | scheme | int8 ms | fp32 ms | ort int8 ms | ort fp32 ms | vs ort | vs fp32 | cold int8/fp32 ms | "
-             "stored | resident | err (steps, frac) | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "stored | QDQ file | resident | err (steps, frac) | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['scheme']} | error: {r['error']} |" + " |" * 11)
+            lines.append(f"| {r['model']} | {r['scheme']} | error: {r['error']} |" + " |" * 12)
             continue
         lines.append(
             f"| {r['model']} | {r['scheme']} | {fmt(r['inferd_int8_warm_ms'], '.2f')} | {fmt(r['inferd_fp32_warm_ms'], '.2f')} | "
             f"{fmt(r['ort_int8_warm_ms'], '.2f')} | {fmt(r['ort_fp32_warm_ms'], '.2f')} | {fmt(r['warm_vs_ort'], '.2f')}x | "
             f"{fmt(r['warm_vs_fp32'], '.2f')}x | {fmt(r.get('inferd_int8_cold_ms'), '.0f')} / {fmt(r.get('inferd_fp32_cold_ms'), '.0f')} | "
+            f"{fmt(r.get('package_raw_ratio'), '.3f')}x ({fmt(r.get('package_ratio'), '.3f')}x) | "
             f"{fmt(r['stored_ratio'], '.3f')}x | {fmt(r['resident_ratio'], '.3f')}x | "
             f"{fmt(r['err_max_steps'], '.2f')}, {fmt(r['err_frac_differing'], '.3f')} | {r['loadavg']} |")
     return "\n".join(lines) + "\n"
