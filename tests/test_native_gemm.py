@@ -140,11 +140,13 @@ def test_gemm_rejects_mismatched_shapes() -> None:
 
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("m,k,n", [(200, 300, 500), (1024, 64, 49), (203, 40, 30), (16, 50, 40)])
+@pytest.mark.parametrize("m,k,n", [(200, 300, 500), (1024, 64, 49), (203, 40, 30), (16, 50, 40), (256, 528, 196),
+                                   (250, 90, 330)])
 def test_pool_sizes_give_identical_results(threads: int, m: int, k: int, n: int) -> None:
     """Each output is computed by one task whatever the split, so results are bitwise equal across pool sizes;
-    N wider than M splits columns, the others rows (in units of whole taller tiles, dealt evenly: the last task
-    of an uneven split must still cover the last rows)."""
+    the split streams the fewest operand bytes, rows, columns or both (256x528x196 on two threads: four row
+    tasks by two column tasks; rows in units of whole taller tiles, dealt evenly: the last task of an uneven
+    split must still cover the last rows and columns)."""
     rng = np.random.default_rng(2)
     a = rng.standard_normal((m, k), dtype=F32)
     b = rng.standard_normal((k, n), dtype=F32)
