@@ -202,16 +202,27 @@ static int cd_runs(const cd_job* j, cd_run* run, int r0, long long q, long long 
     return nrun;
 }
 
+/* n <= DNR_MAX floats without a libc call: 8-float chunks become vector moves (a plain loop would be turned back
+   into memcpy by GCC's loop distribution), the rest one by one. */
+INFERD_INLINE void cd_copy(float* restrict d, const float* restrict s, int n)
+{
+    int k = 0;
+    for (; k + 8 <= n; k += 8) memcpy(d + k, s + k, 8 * sizeof(float));
+    for (; k < n; ++k) d[k] = s[k];
+}
+
 /* Rows m0..m0+rows of a tile's raw sums t (pitch nr) to y through the runs: + bias (+ res), activation. The bias
-   and the activation go over whole tile rows (nr values, the junk positions too: whole vectors, where the
-   costly activations' vector loops have no scalar tail), the residual over the runs. */
+   and the activation go over the whole tile (rows x nr values, the junk positions too: whole vectors, where the
+   costly activations' vector loops have no scalar tail), the residual over the runs. The activation once per
+   tile and the runs copied inline, not a call of each per row: a 16-channel 3x3 conv is 144 multiply-adds a
+   value, against which a memcpy call per row of 16 values showed (squeezenet1_1, alternating in one process:
+   0.98x the time on two threads, 0.99x on one). */
 INFERD_INLINE void cd_store(const cd_job* j, float* t, int nr, const cd_run* run, int nrun, int m0, int rows)
 {
     const long long ohw = (long long)j->OH * j->OW;
     for (int i = 0; i < rows; ++i) {
         const int m = m0 + i;
         float* restrict tr = t + (size_t)i * nr;
-        float* restrict ym = j->y + (size_t)m * ohw;
         const float b = j->bias ? j->bias[m] : 0.0f;
         for (int k = 0; k < nr; ++k) tr[k] += b;
         if (j->res) {
@@ -219,8 +230,12 @@ INFERD_INLINE void cd_store(const cd_job* j, float* t, int nr, const cd_run* run
             for (int r = 0; r < nrun; ++r)
                 for (int k = 0; k < run[r].n; ++k) tr[run[r].p + k] += rm[run[r].o + k];
         }
-        if (j->act) act_inplace(tr, nr, j->act, j->p0, j->p1);
-        for (int r = 0; r < nrun; ++r) memcpy(ym + run[r].o, tr + run[r].p, sizeof(float) * (size_t)run[r].n);
+    }
+    if (j->act) act_inplace(t, (ptrdiff_t)rows * nr, j->act, j->p0, j->p1);
+    for (int i = 0; i < rows; ++i) {
+        float* restrict ym = j->y + (size_t)(m0 + i) * ohw;
+        const float* restrict tr = t + (size_t)i * nr;
+        for (int r = 0; r < nrun; ++r) cd_copy(ym + run[r].o, tr + run[r].p, run[r].n);
     }
 }
 
