@@ -930,6 +930,7 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
     const int mp = (M + MRP - 1) / MRP, np = (N + nr - 1) / nr;
     int nb_p = gemv ? 1 : imin(np, imax(1, NC_MAX / nr));
     int tn = (np + nb_p - 1) / nb_p;
+    const int tn_l2 = tn; /* the fewest column tasks the L2 blocking allows */
     /* More tasks than the L2 blocking gives: split the bigger operand's dimension. Splitting N makes every
        task read all of A (the weights: 1.6 MB for a 1280x320 layer on a 7x7 map, from DRAM); splitting M
        makes every task read all of B's columns, which is cheap when B is the smaller one. */
@@ -961,22 +962,18 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
            0.90x, 128x1152x784 0.91x, the others 0.99-1.04x; whole models resnet50 0.96-0.98x, mobilenetv2,
            efficientnet_b0, googlenet and shufflenetv2 0.96-0.99x, resnet18 and squeezenet1_1 0.99-1.0x, vit_tiny
            0.99-1.01x, unet_small 1.01x. The K blocks do not depend on the split: the same bits either way. */
-        const int nb_l2 = imin(np, imax(1, NC_MAX / nr));
-        const int tn_min = (np + nb_l2 - 1) / nb_l2;
         double best = -1.0;
         long long best_tasks = 0;
-        int btm = tm, btn = tn;
         for (int cm = 1; cm <= um; ++cm) {
             const long long per_row_task = (long long)cm * batch;
-            const int cn = imax(tn_min, imin(np, (int)((target + per_row_task - 1) / per_row_task)));
+            const int cn = imax(tn_l2, imin(np, (int)((target + per_row_task - 1) / per_row_task)));
             const long long tasks = (long long)cm * cn * batch;
             const double cost = (double)cm * K * N + (double)cn * K * M;
             const int enough = tasks >= target, best_enough = best_tasks >= target;
             if (best < 0 || (enough && !best_enough) ||
                 (enough == best_enough && (enough ? cost < best : tasks > best_tasks)))
-                best = cost, best_tasks = tasks, btm = cm, btn = cn;
+                best = cost, best_tasks = tasks, tm = cm, tn = cn;
         }
-        tm = btm, tn = btn;
     }
     J.mu = g * MRP, J.um = um, J.nu = nr, J.np = np, J.tm = tm, J.tn = tn;
     inferd_parallel(gemm_task, &J, (long long)batch * tm * tn, want);
