@@ -147,23 +147,6 @@ void inferd_col2im(const float* col, int C, int H, int W, int kh, int kw, int sh
 
 /* ---------------------------------------------------------------- depthwise */
 
-/* Copy of a short row without a libc call per row (a plain loop would be turned back into memcpy by GCC's
-   loop distribution): 8-float chunks become vector moves, the tail is element-wise. */
-INFERD_INLINE void copy_row(float* restrict d, const float* restrict s, ptrdiff_t n)
-{
-    if (n >= 64) {
-        memcpy(d, s, sizeof(float) * (size_t)n);
-        return;
-    }
-    ptrdiff_t k = 0;
-    for (; k + 8 <= n; k += 8) memcpy(d + k, s + k, 8 * sizeof(float));
-    if (k + 4 <= n) {
-        memcpy(d + k, s + k, 4 * sizeof(float));
-        k += 4;
-    }
-    for (; k < n; ++k) d[k] = s[k];
-}
-
 /* Any kernel size: y[ow] = b + sum over taps, tap-outer so each pass is a contiguous (or strided) axpy. */
 INFERD_INLINE void dw_row_taps(float* restrict y, const float* restrict plane, const float* restrict w, float b, int oh,
                         int H, int W, int kh, int kw, int sh, int sw, int dh, int dw, int pt, int pl,

@@ -202,15 +202,6 @@ static int cd_runs(const cd_job* j, cd_run* run, int r0, long long q, long long 
     return nrun;
 }
 
-/* n <= DNR_MAX floats without a libc call: 8-float chunks become vector moves (a plain loop would be turned back
-   into memcpy by GCC's loop distribution), the rest one by one. */
-INFERD_INLINE void cd_copy(float* restrict d, const float* restrict s, int n)
-{
-    int k = 0;
-    for (; k + 8 <= n; k += 8) memcpy(d + k, s + k, 8 * sizeof(float));
-    for (; k < n; ++k) d[k] = s[k];
-}
-
 /* Rows m0..m0+rows of a tile's raw sums t (pitch nr) to y through the runs: + bias (+ res), activation. The bias
    and the activation go over the whole tile (rows x nr values, the junk positions too: whole vectors, where the
    costly activations' vector loops have no scalar tail), the residual over the runs. The activation once per
@@ -235,7 +226,7 @@ INFERD_INLINE void cd_store(const cd_job* j, float* t, int nr, const cd_run* run
     for (int i = 0; i < rows; ++i) {
         float* restrict ym = j->y + (size_t)(m0 + i) * ohw;
         const float* restrict tr = t + (size_t)i * nr;
-        for (int r = 0; r < nrun; ++r) cd_copy(ym + run[r].o, tr + run[r].p, run[r].n);
+        for (int r = 0; r < nrun; ++r) copy_row(ym + run[r].o, tr + run[r].p, run[r].n);
     }
 }
 

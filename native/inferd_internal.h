@@ -182,6 +182,26 @@ INFERD_INLINE float gelu_tanh_ps(float x)
     default: break;                                 \
     }
 
+/* Copy of a short row without a libc call per row (a plain loop would be turned back into memcpy by GCC's
+   loop distribution, one call per row): 8- and 4-float chunks become vector moves, the last three floats are
+   spelled out (as a loop they became the call again). Long rows go to memcpy. */
+INFERD_INLINE void copy_row(float* restrict d, const float* restrict s, ptrdiff_t n)
+{
+    if (n >= 64) {
+        memcpy(d, s, sizeof(float) * (size_t)n);
+        return;
+    }
+    ptrdiff_t k = 0;
+    for (; k + 8 <= n; k += 8) memcpy(d + k, s + k, 8 * sizeof(float));
+    if (k + 4 <= n) {
+        memcpy(d + k, s + k, 4 * sizeof(float));
+        k += 4;
+    }
+    if (k < n) d[k] = s[k];
+    if (k + 1 < n) d[k + 1] = s[k + 1];
+    if (k + 2 < n) d[k + 2] = s[k + 2];
+}
+
 INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0, float p1)
 {
 #define INFERD_INPLACE_LOOP(F)                                  \
