@@ -22,6 +22,7 @@ fp32; int8 weight bytes <= 0.27x fp32. The load average is recorded with every m
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -70,10 +71,12 @@ def _stored_bytes(path: Path) -> int:
     return int(sum(numpy_helper.to_array(i).nbytes for i in m.graph.initializer))
 
 
+@functools.lru_cache(maxsize=None)
 def _package_bytes(src: Path, device: str) -> tuple[int, int]:
     """(raw weight bytes, whole store bytes) of the package inferd compiles from ``src`` (planned without
     profiling: the store, not the plan's timings, is what is measured). The raw entries are the weights
-    themselves, which any plan can be served from; the rest are the transformed weights this plan reads."""
+    themselves, which any plan can be served from; the rest are the transformed weights this plan reads.
+    Once per file and device in a run: each scheme's fp32 twin is the same file."""
     import shutil
     import tempfile
 
