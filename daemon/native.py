@@ -947,12 +947,19 @@ def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     if not AVAILABLE or any(x.dtype != F32 for x in (a, b, c)):
         np.matmul(a, b, out=c)
         return c
-    n = b.shape[2]
-    sa, sb, sc = _strides_of(a), _strides_of(b), _strides_of(c)
-    if lib.inferd_gemm_ex(m, k, n, q, _rawptr(a), sa[1], sa[2], sa[0], 0, _rawptr(b), sb[1], sb[2], sb[0], 0,
-                          _rawptr(c), sc[1], sc[2], sc[0], ffi.NULL, 0, 0, ffi.NULL, 0, 0, 0.0, 0.0, 0) != 0:
+    if lib.inferd_gemm_ex(*_matmul_args(a, b, c)) != 0:
         raise MemoryError("matmul: out of memory")
     return c
+
+
+def _matmul_args(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[Any, ...]:
+    """``inferd_gemm_ex``'s arguments for :func:`matmul` on agreeing float32 (Q, M, K), (Q, K, N), (Q, M, N) views:
+    both operands plain strided matrices, no bias, residual or activation."""
+    q, m, k = a.shape
+    n = b.shape[2]
+    sa, sb, sc = _strides_of(a), _strides_of(b), _strides_of(c)
+    return (m, k, n, q, _rawptr(a), sa[1], sa[2], sa[0], 0, _rawptr(b), sb[1], sb[2], sb[0], 0,
+            _rawptr(c), sc[1], sc[2], sc[0], ffi.NULL, 0, 0, ffi.NULL, 0, 0, 0.0, 0.0, 0)
 
 
 def matmul_bound(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], None] | None:
@@ -964,10 +971,7 @@ def matmul_bound(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], No
     q, m, k = a.shape
     if b.shape[0] != q or b.shape[1] != k or c.shape != (q, m, b.shape[2]):
         return None
-    n = b.shape[2]
-    sa, sb, sc = _strides_of(a), _strides_of(b), _strides_of(c)
-    args = (m, k, n, q, _rawptr(a), sa[1], sa[2], sa[0], 0, _rawptr(b), sb[1], sb[2], sb[0], 0,
-            _rawptr(c), sc[1], sc[2], sc[0], ffi.NULL, 0, 0, ffi.NULL, 0, 0, 0.0, 0.0, 0)
+    args = _matmul_args(a, b, c)
     fn = lib.inferd_gemm_ex
 
     def call(_keep: Any = (a, b, c)) -> None:
