@@ -115,6 +115,7 @@ typedef struct {
     inferd_ukoff_fn ukw; /* taller tiles (mrw rows x vl positions), or NULL */
     int mrw, vl;
     int ngroups, group; /* weight panels per task */
+    int store16;        /* tiles go through cd_store16 */
 } cd_job;
 
 /* Output rows r0..r0+nb's input planes (band rows 0..nb+ext) of every channel into buf: zero where the window
@@ -230,6 +231,61 @@ INFERD_INLINE void cd_store(const cd_job* j, float* t, int nr, const cd_run* run
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CD_STORE16 1
+typedef float cd_v16f __attribute__((vector_size(64)));
+typedef int cd_v16i __attribute__((vector_size(64)));
+
+/* cd_store for AVX-512 tiles (nr a multiple of 16) with a cheap activation, in registers. The valid positions of
+   a 16-position chunk (ow < OW, inside the band) are consecutive in y whatever rows the chunk spans (the junk
+   positions are exactly the ones y has no place for), so a row of a chunk is one compress of its valid lanes
+   and one masked store: no runs to find and walk. cd_store's bookkeeping was a fifth of a 16-channel 3x3 conv's
+   time on 55x55 (Xeon, one thread; the micro-kernels ran at ~95% of the FMA peak). Same sums as cd_store,
+   (t + bias) + res then the activation (bit for bit the same on the Relu models). Alternating in one process:
+   squeezenet1_1 0.95x the time on one thread, 0.96x on two. */
+__attribute__((target("avx512f,avx2,fma"), noinline)) static void
+cd_store16(const cd_job* j, const float* t, int nr, long long q, int r0, long long nq, long long P, int m0, int rows)
+{
+    enum { CH = DNR_MAX / 16 };
+    const long long ohw = (long long)j->OH * j->OW;
+    const int nch = nr / 16;
+    __mmask16 valid[CH], head[CH];
+    long long o[CH];
+    for (int c = 0; c < nch; ++c) {
+        unsigned m = 0;
+        long long qq = q + 16LL * c, first = -1;
+        long long oh = qq / P, ow = qq % P;
+        for (int l = 0; l < 16 && qq < nq; ++l, ++qq) {
+            if (ow < j->OW) {
+                m |= 1u << l;
+                if (first < 0) first = (r0 + oh) * j->OW + ow;
+            }
+            if (++ow == P) ow = 0, ++oh;
+        }
+        valid[c] = (__mmask16)m;
+        head[c] = (__mmask16)((1u << __builtin_popcount(m)) - 1u);
+        o[c] = first;
+    }
+    const int act = j->act;
+    const float p0 = j->p0, p1 = j->p1;
+    for (int i = 0; i < rows; ++i) {
+        const int m = m0 + i;
+        const cd_v16f b = (j->bias ? j->bias[m] : 0.0f) - (cd_v16f){0};
+        float* ym = j->y + (size_t)m * ohw;
+        const float* rm = j->res ? j->res + (size_t)m * ohw : NULL;
+        for (int c = 0; c < nch; ++c) {
+            if (!valid[c]) continue;
+            cd_v16f x = (cd_v16f)_mm512_loadu_ps(t + (size_t)i * nr + 16 * c) + b;
+            x = (cd_v16f)_mm512_maskz_compress_ps(valid[c], (__m512)x);
+            if (rm) x += (cd_v16f)_mm512_maskz_loadu_ps(head[c], rm + o[c]);
+            INFERD_VACT(cd_v16f, cd_v16i, x, act, p0, p1);
+            _mm512_mask_storeu_ps(ym + o[c], head[c], (__m512)x);
+        }
+    }
+}
+#endif
+
 INFERD_CLONES
 static void cd_task(void* p, long long task)
 {
@@ -261,6 +317,12 @@ static void cd_task(void* p, long long task)
             const float* a = j->ap + (size_t)pn * j->K * DMRP;
             for (long long q = 0; q < nq; q += j->vl) {
                 j->ukw(j->K, a, buf + q, j->boff, t);
+#ifdef CD_STORE16
+                if (j->store16) {
+                    cd_store16(j, t, j->vl, q, r0, nq, P, pn * DMRP, j->mrw);
+                    continue;
+                }
+#endif
                 cd_store(j, t, j->vl, run, cd_runs(j, run, r0, q, nq, P, j->vl), pn * DMRP, j->mrw);
             }
         }
@@ -270,6 +332,12 @@ static void cd_task(void* p, long long task)
         const float* a = j->ap + (size_t)pn * j->K * DMRP;
         for (long long q = 0; q < nq; q += nr) {
             for (int sub = 0; sub < rows; sub += j->mrk) j->uk(j->K, a + sub, buf + q, j->boff, t + (size_t)sub * nr);
+#ifdef CD_STORE16
+            if (j->store16) {
+                cd_store16(j, t, nr, q, r0, nq, P, m0, rows);
+                continue;
+            }
+#endif
             cd_store(j, t, nr, run, cd_runs(j, run, r0, q, nq, P, nr), m0, rows);
         }
     }
@@ -312,6 +380,9 @@ int inferd_conv_direct(const float* x, int C, int H, int W, int kh, int kw, int 
             }
     j.uk = inferd_gemm_ukoff(&j.mrk, &j.nr);
     j.ukw = inferd_gemm_ukoff_wide(&j.mrw, &j.vl);
+#ifdef CD_STORE16
+    j.store16 = inferd_gemm_isa() == 2 && j.nr % 16 == 0 && (!j.ukw || j.vl % 16 == 0) && !INFERD_ACT_COSTLY(act);
+#endif
     const int nbands = (OH + L->band - 1) / L->band, panels = (M + DMRP - 1) / DMRP, th = inferd_pool_threads();
     /* a few tasks per thread so a thread slowed by a neighbour hands its share over: bands first, then the
        weight panels split among tasks (each copying its band again) */
