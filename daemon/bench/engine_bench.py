@@ -51,10 +51,12 @@ def _cold(which: str, path: Path, threads: int, device: str) -> float:
     return float(r.stdout.strip().splitlines()[-1])
 
 
+# A warm child: loads the model, warms it, then times slices of runs on command ("run N" on stdin: two runs
+# untimed, N timed, their seconds printed), until "end" (the first output saved, kernel counts printed).
 _WARM = r"""
 import sys, time, json, numpy as np
-which, path, threads, repeat, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-x = np.load(sys.argv[6])
+which, path, threads, device = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+x = np.load(sys.argv[5])
 if which == "ort":
     import onnxruntime as ort
     so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
@@ -76,60 +78,120 @@ if which != "ort":
     m.wait_warm(60)
 for _ in range(3):
     run()
-ts = []
-for _ in range(repeat):
-    t = time.perf_counter(); run(); ts.append(time.perf_counter() - t)
-np.save(sys.argv[7], y)
+print("READY", flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    if not cmd or cmd[0] != "run":
+        break
+    run(); run()
+    ts = []
+    for _ in range(int(cmd[1])):
+        t = time.perf_counter(); run(); ts.append(time.perf_counter() - t)
+    print("TIMES " + json.dumps(ts), flush=True)
+np.save(sys.argv[6], y)
 extra = {}
 if which != "ort":
     kc = {}
     for k in m.kernels.values():
         kc[k] = kc.get(k, 0) + 1
     extra = {"kernels": kc, "memory_bytes": m.memory_bytes}
-print("RESULT " + json.dumps({"warm_ms": float(np.median(ts)) * 1e3, "p95_ms": float(np.percentile(ts, 95)) * 1e3,
-                              **extra}))
+print("RESULT " + json.dumps(extra), flush=True)
 """
 
 
-def _warm(which: str, path: Path, threads: int, repeat: int, device: str, x_path: Path, y_path: Path) -> dict[str, Any]:
-    # Each engine in its own process: onnxruntime's spinning pool threads and OpenBLAS' would
-    # otherwise steal the other's cores and distort both numbers.
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    r = subprocess.run([sys.executable, "-c", _WARM, which, str(path), str(threads), str(repeat), device,
-                        str(x_path), str(y_path)], capture_output=True, text=True, env=env, timeout=1200)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"warm run of {which} on {path.name} failed: {r.stderr[-2000:]}")
-    return json.loads(lines[-1][7:])
+class _WarmChild:
+    """One engine in its own process: onnxruntime's spinning pool threads and OpenBLAS' would otherwise steal
+    the other's cores and distort both numbers. It stays loaded between slices, so the two engines can take
+    turns many times a second apart instead of once per fresh process."""
+
+    def __init__(self, which: str, path: Path, threads: int, device: str, x_path: Path, y_path: Path,
+                 err_path: Path) -> None:
+        self.which = which
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+        self._err = open(err_path, "w+")
+        self.p = subprocess.Popen([sys.executable, "-c", _WARM, which, str(path), str(threads), device,
+                                   str(x_path), str(y_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self._err, text=True, env=env)
+        self._reply("READY")
+
+    def _reply(self, tag: str) -> str:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            if line.startswith(tag):
+                return line[len(tag):].strip()
+        self.p.wait(30)
+        self._err.seek(0)
+        raise RuntimeError(f"warm run of {self.which} failed (rc {self.p.returncode}): {self._err.read()[-2000:]}")
+
+    def _send(self, line: str) -> None:
+        assert self.p.stdin is not None
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+
+    def times(self, n: int) -> list[float]:
+        self._send(f"run {n}")
+        return [float(t) for t in json.loads(self._reply("TIMES "))]
+
+    def end(self) -> dict[str, Any]:
+        self._send("end")
+        out = json.loads(self._reply("RESULT "))
+        self.p.wait(60)
+        return out
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self._err.close()
 
 
-def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, rounds: int = 3) -> dict[str, Any]:
-    """Warm: ``rounds`` rounds, each timing inferd then onnxruntime in fresh processes. A shared VM has phases
-    (seconds long) in which it runs like one core; a single pair of runs can land one engine in such a phase,
-    so the reported ratio is the median of the per-round ratios, with their range."""
+#: pause between two engines' slices: onnxruntime's pool threads spin for a while after its last run
+SLICE_GAP_S = 0.05
+
+
+def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, rounds: int = 10) -> dict[str, Any]:
+    """Warm: both engines loaded in their own processes, then ``rounds`` rounds, each timing ``repeat`` runs of
+    one engine then of the other (the first alternating). A shared VM has phases (seconds long) in which it runs
+    like one core or at another clock; rounds a fraction of a second long put both engines of a round in the
+    same phase (with fresh processes per round, 3 rounds of 20 runs, one model's ratio ranged 0.66-1.32), so the
+    reported ratio is the median of the per-round ratios, with their range. Times: median and p95 over all runs."""
     from ..frontend import import_model
 
     inp = import_model(path).inputs[0]
-    ours_r: list[dict[str, Any]] = []
-    theirs_r: list[dict[str, Any]] = []
+    ours: list[list[float]] = []
+    theirs: list[list[float]] = []
     with tempfile.TemporaryDirectory() as d:
         xp, yo, yr = Path(d) / "x.npy", Path(d) / "ours.npy", Path(d) / "ref.npy"
         np.save(xp, np.random.default_rng(0).standard_normal(inp.shape).astype(inp.dtype))
-        for _ in range(max(1, rounds)):
-            ours_r.append(_warm("inferd", path, threads, repeat, device, xp, yo))
-            theirs_r.append(_warm("ort", path, threads, repeat, device, xp, yr))
-        got, ref = np.load(yo), np.load(yr)
-    err = float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-    ratios = [o["warm_ms"] / t["warm_ms"] for o, t in zip(ours_r, theirs_r)]
-    res: dict[str, Any] = {"warm_ms": float(np.median([o["warm_ms"] for o in ours_r])),
-                           "ort_warm_ms": float(np.median([t["warm_ms"] for t in theirs_r])),
+        kids: list[_WarmChild] = []
+        try:
+            kids.append(_WarmChild("inferd", path, threads, device, xp, yo, Path(d) / "inferd.err"))
+            kids.append(_WarmChild("ort", path, threads, device, xp, yr, Path(d) / "ort.err"))
+            for r in range(max(1, rounds)):
+                got: dict[str, list[float]] = {}
+                for kid in (kids if r % 2 == 0 else kids[::-1]):
+                    got[kid.which] = kid.times(max(1, repeat))
+                    time.sleep(SLICE_GAP_S)
+                ours.append(got["inferd"])
+                theirs.append(got["ort"])
+            info = kids[0].end()
+            kids[1].end()
+        finally:
+            for kid in kids:
+                kid.close()
+        got_y, ref = np.load(yo), np.load(yr)
+    err = float(np.abs(got_y - ref).max() / max(np.abs(ref).max(), 1e-30))
+    ratios = [float(np.median(o) / np.median(t)) for o, t in zip(ours, theirs)]
+    all_o, all_t = np.concatenate(ours) * 1e3, np.concatenate(theirs) * 1e3
+    res: dict[str, Any] = {"warm_ms": float(np.median(all_o)), "ort_warm_ms": float(np.median(all_t)),
                            "warm_ratio": float(np.median(ratios)), "warm_ratio_min": min(ratios),
-                           "warm_ratio_max": max(ratios), "rounds": [{"inferd_ms": o["warm_ms"], "ort_ms": t["warm_ms"]}
-                                                                     for o, t in zip(ours_r, theirs_r)],
-                           "warm_p95_ms": float(np.median([o["p95_ms"] for o in ours_r])),
-                           "ort_warm_p95_ms": float(np.median([t["p95_ms"] for t in theirs_r])),
-                           "max_rel_err": err, "kernels": ours_r[-1].get("kernels"),
-                           "memory_bytes": ours_r[-1].get("memory_bytes")}
+                           "warm_ratio_max": max(ratios),
+                           "rounds": [{"inferd_ms": float(np.median(o)) * 1e3, "ort_ms": float(np.median(t)) * 1e3}
+                                      for o, t in zip(ours, theirs)],
+                           "warm_p95_ms": float(np.percentile(all_o, 95)),
+                           "ort_warm_p95_ms": float(np.percentile(all_t, 95)),
+                           "max_rel_err": err, "kernels": info.get("kernels"),
+                           "memory_bytes": info.get("memory_bytes")}
     if cold:
         res["cold_ms"] = _cold("inferd", path, threads, device) * 1e3
         res["ort_cold_ms"] = _cold("ort", path, threads, device) * 1e3
@@ -148,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inferd bench", description="engine vs onnxruntime on the zoo")
     p.add_argument("--device", default="cpu", choices=["cpu", "vulkan"])
     p.add_argument("--models", default=",".join(DEFAULT_MODELS))
-    p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=3, help="alternating inferd/onnxruntime warm rounds per model")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="timed runs per round (default 10), or per layer with --layers (default 20)")
+    p.add_argument("--rounds", type=int, default=10, help="alternating inferd/onnxruntime warm rounds per model")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--no-cold", action="store_true")
     p.add_argument("--zoo-dir", default=None)
@@ -163,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="inferd's precision (the children read $INFERD_BENCH_PRECISION); 'inferd bench precision' "
                         "compares them")
     args = p.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 20 if args.layers else 10
     os.environ["INFERD_BENCH_PRECISION"] = args.precision
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from ..zoo import write_zoo
@@ -231,10 +296,11 @@ def _report(args: argparse.Namespace, results: dict[str, Any]) -> int:
           if args.background else "")
     lines = [f"# inferd vs onnxruntime, {args.device}, {args.threads} threads",
              "", f"Machine: {data['machine']['cpu']}, {data['machine']['cores']} cores; date {data['machine']['date']};"
-             f" onnxruntime {ort.__version__}; warm = median of {args.repeat} runs, each engine in its own process,"
-             f" {args.rounds} alternating rounds (times: median over rounds; ratio: median of the rounds' ratios,"
-             " with their range); first output of the model compared; cold = fresh process, model file"
-             " evicted from the page cache, load + first inference (libraries already imported), one round." + bg, "",
+             f" onnxruntime {ort.__version__}; warm: each engine loaded in its own process, then {args.rounds}"
+             f" rounds of {args.repeat} runs of one engine then the other (the first alternating; times: median and"
+             " p95 over all runs; ratio: median of the rounds' ratios of medians, with their range); first output"
+             " of the model compared; cold = fresh process, model file evicted from the page cache, load + first"
+             " inference (libraries already imported), one round." + bg, "",
              "| model | inferd warm ms | ort warm ms | warm ratio | ratio range | inferd p95 ms | ort p95 ms | p95 ratio |"
              " inferd cold ms | ort cold ms | cold ratio | max rel err |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

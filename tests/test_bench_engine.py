@@ -1,0 +1,26 @@
+"""`inferd bench` (warm, CPU): both engines stay loaded in their own processes and take turns in short rounds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inferd.bench import engine_bench
+from zoo_fixture import zoo_dir
+
+
+def test_rounds_alternate_between_loaded_engines_and_the_ratio_is_their_median() -> None:
+    r = engine_bench.bench_model(zoo_dir(["tiny"]) / "tiny.onnx", "cpu", 1, 3, cold=False, rounds=4)
+    assert len(r["rounds"]) == 4
+    ratios = [x["inferd_ms"] / x["ort_ms"] for x in r["rounds"]]
+    assert r["warm_ratio"] == pytest.approx(float(np.median(ratios)))
+    assert r["warm_ratio_min"] == pytest.approx(min(ratios)) and r["warm_ratio_max"] == pytest.approx(max(ratios))
+    assert 0 < r["warm_ms"] <= r["warm_p95_ms"] and 0 < r["ort_warm_ms"] <= r["ort_warm_p95_ms"]
+    assert r["max_rel_err"] < 1e-5  # the two engines' first outputs compared
+    assert r["kernels"] and sum(r["kernels"].values()) >= 1
+
+
+def test_a_child_that_fails_is_reported_with_its_error() -> None:
+    """The inferd child cannot load on a device that does not exist: the parent raises with the child's
+    stderr instead of waiting for a reply that never comes."""
+    with pytest.raises(RuntimeError, match=r"(?s)warm run of inferd failed \(rc [1-9].*nosuchdevice"):
+        engine_bench.bench_model(zoo_dir(["tiny"]) / "tiny.onnx", "nosuchdevice", 1, 2, cold=False, rounds=2)
