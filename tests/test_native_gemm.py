@@ -130,6 +130,34 @@ def test_gemm_batched_and_strided_residual() -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_threads_packed_b_is_reused_only_within_one_call_and_batch_item(threads: int) -> None:
+    """A thread keeps the block of B it packed for the next row task of the same call: calls of the same shape
+    one after another (same scratch, new B), the same B buffer rewritten between calls, and batch items with
+    their own B must each get their own."""
+    rng = np.random.default_rng(4)
+    m, k, n = 200, 64, 70  # several row tasks a thread, one K block
+    a = rng.standard_normal((m, k), dtype=F32)
+    ap = native.gemm_pack_a(a)
+    old = native.num_threads()
+    try:
+        native.set_num_threads(threads)
+        b = rng.standard_normal((k, n), dtype=F32)
+        for _ in range(3):
+            b[...] = rng.standard_normal((k, n), dtype=F32)  # same buffer, new values
+            c = native.gemm(ap, m, b, np.empty((m, n), F32))
+            np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-3)
+        q = 3
+        apb = np.stack([ap] * q)
+        bb = rng.standard_normal((q, k, n), dtype=F32)
+        cb = native.gemm(apb, m, bb, np.empty((q, m, n), F32))
+        for i in range(q):
+            np.testing.assert_allclose(cb[i], a @ bb[i], rtol=1e-4, atol=1e-3)
+    finally:
+        native.set_num_threads(old)
+
+
+@needs_native
 def test_gemm_rejects_mismatched_shapes() -> None:
     ap = native.gemm_pack_a(np.ones((4, 3), F32))
     with pytest.raises(ValueError, match="do not agree"):
