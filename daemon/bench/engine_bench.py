@@ -112,7 +112,11 @@ class _WarmChild:
         self.p = subprocess.Popen([sys.executable, "-c", _WARM, which, str(path), str(threads), device,
                                    str(x_path), str(y_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=self._err, text=True, env=env)
-        self._reply("READY")
+        try:
+            self._reply("READY")
+        except BaseException:
+            self.close()  # not yet in the caller's list: its stderr file is closed here
+            raise
 
     def _reply(self, tag: str) -> str:
         assert self.p.stdout is not None
