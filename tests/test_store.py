@@ -135,6 +135,28 @@ def test_corrupted_package_is_rebuilt_from_its_source_or_gives_a_clear_error(tmp
         inferd.load(tmp_path / "pkg2", batch=2)
 
 
+def test_a_model_that_adopts_a_rebuilt_package_refines_with_the_rebuilt_store(tmp_path):
+    """A package found damaged during the first run is rebuilt and the model adopts the new load: the plan
+    refinement that follows the first run must be the new load's, which re-plans over the rebuilt store. Left
+    with the damaged load's, it wrote a plan reading transformed weights that the rebuilt store did not hold
+    (the next load then failed; seen as a rare failure of the test above)."""
+    src = tmp_path / "m.onnx"
+    src.write_bytes(conv_bn_relu_add_model(batch=1).SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg")
+    old, fresh = inferd.load(pkg), inferd.load(pkg)
+    try:
+        assert old._refine is not None and fresh._refine is not None
+        mine = fresh._refine
+        old._adopt(fresh)
+        assert old._refine is mine and fresh._refine is None
+        x = np.random.default_rng(5).standard_normal((1, 3, 9, 11)).astype(np.float32)
+        np.testing.assert_allclose(old.run({"x": x})["y"], inferd.load(src).run({"x": x})["y"], rtol=1e-5,
+                                   atol=1e-5)
+    finally:
+        old.close()
+        fresh.close()
+
+
 def test_package_cache_compiles_once_then_loads_the_package(tmp_path):
     from inferd.package import cached_package
 

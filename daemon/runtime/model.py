@@ -265,6 +265,9 @@ class Model:
             self._on_close()
         self.graph, self._exec, self._cold, self._on_close = other.graph, other._exec, other._cold, other._on_close
         self.plan, self.package = other.plan, other.package
+        # the refinement after the first run re-plans over what the store holds: the rebuilt store's, not the
+        # damaged one's (whose plan could read transformed weights the rebuilt store does not hold)
+        self._refine, other._refine = other._refine, None
         self._recover = None  # once: a package that is damaged again right after its rebuild is an error
         other._on_close = None
         other._cold = None
