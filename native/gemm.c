@@ -587,6 +587,14 @@ static const float* b_panel(const job_t* J, const float* b, const float* buf, in
    split put it in a taller tile: the bits stay the same across pool sizes. */
 #define COLTAIL_VEC_MIN 6
 
+/* Whether the ragged panel's nc leftover columns (after nvec whole vectors, the panel starting at column jl) go
+   through one more vector: enough of them, and room for it in the panel they are read from. */
+static int coltail_as_vector(const job_t* J, int jl, int nvec, int nc)
+{
+    const int room = J->b_pre ? NBP - jl % NBP : J->isa->nr;
+    return nc >= COLTAIL_VEC_MIN && nvec + J->isa->vl <= room;
+}
+
 /* One group of isa_t.mrw rows (G whole packed panels) against every column panel of the task's K block: the
    taller tile of one vector per call (two per 32-column panel), the ragged panel's whole vectors the same way,
    and its leftover columns through one more such vector or the column tail one 8-row panel at a time (see
@@ -629,8 +637,7 @@ static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int k
     }
     if (coltail) {
         const int jl = n0 + (npan - 1) * nr, nc = n1 - jl - nvec;
-        const int room = J->b_pre ? NBP - jl % NBP : nr;
-        if (nc >= COLTAIL_VEC_MIN && nvec + I->vl <= room) {
+        if (coltail_as_vector(J, jl, nvec, nc)) {
             I->ukw(kc, aw, ldaw, bpl + nvec, ldbl, tile, NULL);
             store_tile(J, bi, i0, mrw, jl + nvec, nc, I->vl, tile, kb == 0, kb == nk - 1);
             return;
@@ -775,8 +782,8 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
                 }
             }
             if (coltail) {
-                const int nc = nvl - nvec, room = J->b_pre ? NBP - jl % NBP : nr;
-                if (nc >= COLTAIL_VEC_MIN && nvec + I->vl <= room) { /* as in gemm_rows_wide */
+                const int nc = nvl - nvec;
+                if (coltail_as_vector(J, jl, nvec, nc)) {
                     const long ldb = ldbl;
                     for (int sub = 0; sub < MRP && i0 + sub < m1; sub += mrk) {
                         UK_CALL(uk1, bpl + nvec, tile, NULL);
