@@ -114,8 +114,10 @@ static void sc_tiles(const sc_job* j, long long g0, long long g1)
             SC_TILE_LOOP(unsigned);
         else if (j->item == 8)
             SC_TILE_LOOP(unsigned long long);
-        else
+        else if (j->item == 2)
             SC_TILE_LOOP(unsigned short);
+        else
+            SC_TILE_LOOP(unsigned char);
     }
 }
 
@@ -161,7 +163,7 @@ int inferd_strided_copy(void* dst, const void* src, int ndim, const long long* s
     const int unit_inner = j.st[nd - 1] == itemsize;
     if (unit_inner) {
         j.mode = 0;
-    } else if (nd >= 2 && j.st[nd - 2] == itemsize && (itemsize == 2 || itemsize == 4 || itemsize == 8)) {
+    } else if (nd >= 2 && j.st[nd - 2] == itemsize && (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8)) {
         j.mode = 1;
         j.groups_per_outer = (j.shape[nd - 2] + SC_TILE - 1) / SC_TILE;
     } else {

@@ -33,14 +33,18 @@ def test_every_permutation_of_a_4d_tensor(dtype) -> None:
 
 
 @needs_native
-def test_attention_shapes_slices_and_negative_strides() -> None:
+@pytest.mark.parametrize("dtype", [np.float32, np.uint8])
+def test_attention_shapes_slices_and_negative_strides(dtype) -> None:
+    # uint8: a quantised model's K^T and patch-embedding transposes (the swap of the last two axes goes in tiles
+    # for one-byte items too; element by element it was 5x slower)
     rng = np.random.default_rng(4)
-    qkv = rng.standard_normal((1, 197, 3, 3, 64), dtype=np.float32)
+    qkv = (rng.standard_normal((1, 197, 3, 3, 64)) * 60).astype(dtype)
     for v in (qkv.transpose(2, 0, 3, 1, 4),                       # the q/k/v split: rows of 64 floats
               qkv[0, :, 1].transpose(1, 2, 0),                      # K^T: the last two axes swapped
               qkv[:, ::-1, :, ::2, 5:40],                           # a reversed, stepped, cut view
               qkv[0, 7, 2, 1, ::-3],                                # 1-D, negative step
-              qkv[:, 3:4, 1:2, 2:3, 9:10]):                         # one element
+              qkv[:, 3:4, 1:2, 2:3, 9:10],                          # one element
+              qkv[0, :, :, 0].reshape(197, 192).T):                 # the patch embedding's (196+1) x 192 swap
         assert np.array_equal(_copy(v), np.ascontiguousarray(v))
 
 
