@@ -17,6 +17,9 @@ def test_rounds_alternate_between_loaded_engines_and_the_ratio_is_their_median()
     assert 0 < r["warm_ms"] <= r["warm_p95_ms"] and 0 < r["ort_warm_ms"] <= r["ort_warm_p95_ms"]
     assert r["max_rel_err"] < 1e-5  # the two engines' first outputs compared
     assert r["kernels"] and sum(r["kernels"].values()) >= 1
+    # the thread count asked for is inferd's pool size too (it read none of the variables that size onnxruntime's,
+    # so "--threads 1" compared two inferd threads with one of onnxruntime's)
+    assert r["inferd_threads"] == 1
 
 
 def test_a_child_that_fails_is_reported_with_its_error() -> None:

@@ -41,9 +41,16 @@ print(time.perf_counter() - t0)
 """
 
 
+def _child_env(threads: int) -> dict[str, str]:
+    """Both engines' pools at ``threads``: OMP_NUM_THREADS sizes onnxruntime's and numpy's, INFERD_NUM_THREADS
+    inferd's (which read neither of the others: "--threads 1" had timed two inferd threads against one)."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+                INFERD_NUM_THREADS=str(threads))
+
+
 def _cold(which: str, path: Path, threads: int, device: str) -> float:
     drop_page_cache(path)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    env = _child_env(threads)
     r = subprocess.run([sys.executable, "-c", _COLD, which, str(path), str(threads), device],
                        capture_output=True, text=True, env=env, timeout=600)
     if r.returncode != 0:
@@ -65,6 +72,7 @@ if which == "ort":
     run = lambda: s.run(None, feeds)[0]
 else:
     import inferd, os
+    from inferd import native
     m = inferd.load(path, device=device, precision=os.environ.get("INFERD_BENCH_PRECISION", "fp32"))
     feeds = {m.inputs[0].name: x}
     out0 = m.output_names[0]
@@ -94,7 +102,7 @@ if which != "ort":
     kc = {}
     for k in m.kernels.values():
         kc[k] = kc.get(k, 0) + 1
-    extra = {"kernels": kc, "memory_bytes": m.memory_bytes}
+    extra = {"kernels": kc, "memory_bytes": m.memory_bytes, "threads": native.num_threads()}
 print("RESULT " + json.dumps(extra), flush=True)
 """
 
@@ -107,7 +115,7 @@ class _WarmChild:
     def __init__(self, which: str, path: Path, threads: int, device: str, x_path: Path, y_path: Path,
                  err_path: Path) -> None:
         self.which = which
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+        env = _child_env(threads)
         self._err = open(err_path, "w+")
         self.p = subprocess.Popen([sys.executable, "-c", _WARM, which, str(path), str(threads), device,
                                    str(x_path), str(y_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -194,7 +202,7 @@ def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, 
                                       for o, t in zip(ours, theirs)],
                            "warm_p95_ms": float(np.percentile(all_o, 95)),
                            "ort_warm_p95_ms": float(np.percentile(all_t, 95)),
-                           "max_rel_err": err, "kernels": info.get("kernels"),
+                           "max_rel_err": err, "kernels": info.get("kernels"), "inferd_threads": info.get("threads"),
                            "memory_bytes": info.get("memory_bytes")}
     if cold:
         res["cold_ms"] = _cold("inferd", path, threads, device) * 1e3
