@@ -134,6 +134,58 @@ def test_silu_and_gelu_patterns_are_recognised():
     assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-5
 
 
+def _gelu_nodes(x: str, y: str, tag: str) -> list:
+    return [helper.make_node("Div", [x, "sqrt2"], [f"{tag}d"], name=f"{tag}div"),
+            helper.make_node("Erf", [f"{tag}d"], [f"{tag}e"], name=f"{tag}erf"),
+            helper.make_node("Add", [f"{tag}e", "one"], [f"{tag}e1"], name=f"{tag}add1"),
+            helper.make_node("Mul", [x, f"{tag}e1"], [f"{tag}m"], name=f"{tag}mulx"),
+            helper.make_node("Mul", [f"{tag}m", "half"], [y], name=f"{tag}mulhalf")]
+
+
+def test_activation_and_residual_after_a_reshaped_gemm_fuse_into_it() -> None:
+    """A transformer MLP as ONNX Runtime's optimiser writes it: Reshape -> Gemm -> Reshape around each Linear,
+    the GELU and the residual Add (then a Relu here) after the second Reshape. They move before that Reshape
+    and fuse into the Gemms; a Reshape whose output has a second consumer keeps what follows it."""
+    t, d, h = 6, 8, 16
+    inits = [_init("w1", (RNG.standard_normal((d, h)) * 0.4).astype(np.float32)),
+             _init("b1", RNG.standard_normal(h).astype(np.float32)),
+             _init("w2", (RNG.standard_normal((h, d)) * 0.4).astype(np.float32)),
+             _init("b2", RNG.standard_normal(d).astype(np.float32)),
+             _init("s2d", np.array([t, d], np.int64)), _init("s3d", np.array([1, t, d], np.int64)),
+             _init("s2h", np.array([t, h], np.int64)), _init("s3h", np.array([1, t, h], np.int64)),
+             _init("sqrt2", np.array(2 ** 0.5, np.float32)), _init("one", np.array(1, np.float32)),
+             _init("half", np.array(0.5, np.float32))]
+    nodes = [helper.make_node("Reshape", ["x", "s2d"], ["x2"], name="in1"),
+             helper.make_node("Gemm", ["x2", "w1", "b1"], ["g1"], name="fc1"),
+             helper.make_node("Reshape", ["g1", "s3h"], ["g13"], name="out1"),
+             *_gelu_nodes("g13", "act", "gelu"),
+             helper.make_node("Reshape", ["act", "s2h"], ["a2"], name="in2"),
+             helper.make_node("Gemm", ["a2", "w2", "b2"], ["g2"], name="fc2"),
+             helper.make_node("Reshape", ["g2", "s3d"], ["g23"], name="out2"),
+             helper.make_node("Add", ["g23", "x"], ["res"], name="residual"),
+             helper.make_node("Relu", ["res"], ["y"], name="relu"),
+             # the same Linear again, its reshaped output read twice: the Relu stays a node of its own
+             helper.make_node("Gemm", ["x2", "w1", "b1"], ["g3"], name="fc3"),
+             helper.make_node("Reshape", ["g3", "s3h"], ["g33"], name="out3"),
+             helper.make_node("Relu", ["g33"], ["z"], name="relu3"),
+             helper.make_node("Neg", ["g33"], ["zn"], name="neg3")]
+    io = lambda n, shp: helper.make_tensor_value_info(n, TensorProto.FLOAT, shp)  # noqa: E731
+    m = _model(nodes, [io("x", [1, t, d])], [io("y", None), io("z", None), io("zn", None)], inits)
+    g = import_model(m)
+    ops = [n.op for n in g.nodes]
+    assert "Gelu" not in ops and "Add" not in ops and ops.count("Relu") == 1, ops
+    fc1, fc2 = (next(n for n in g.nodes if n.name == k) for k in ("fc1", "fc2"))
+    assert fc1.attr("act") == ("Gelu", (0.0,))
+    assert fc2.attr("residual") is True and fc2.attr("act") == ("Relu", ())
+    assert next(n for n in g.nodes if n.name == "fc3").attr("act") is None
+    x = RNG.standard_normal((1, t, d)).astype(np.float32)
+    ref = run_ort(m, {"x": x})
+    got = inferd.load(m).run({"x": x})
+    for name, r in zip(("y", "z", "zn"), ref):
+        assert got[name].shape == r.shape
+        np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5 * np.abs(r).max(), err_msg=name)
+
+
 @pytest.mark.parametrize("scale", [0.125, 0.3])
 def test_attention_scale_moves_onto_the_smaller_matmul_operand(scale: float) -> None:
     """(q @ k^T) * s -> (q * s) @ k^T when q is the smaller operand: same numbers (exactly for a power of two),

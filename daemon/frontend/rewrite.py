@@ -28,6 +28,7 @@ def rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None =
     _recognise_gelu(graph, outputs)
     _move_matmul_scale(graph, outputs, alt)
     _fuse_matmul_bias(graph, outputs, alt)
+    _hoist_through_reshape(graph, outputs, alt)
     _fuse_residual(graph, outputs, alt)
     _fuse_activations(graph, outputs)
 
@@ -256,6 +257,72 @@ def _fuse_matmul_bias(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo
         return True
 
     _fuse_adds(graph, outputs, fuse)
+
+
+def _fresh(graph: Graph, base: str) -> str:
+    name, k = base, 0
+    while name in graph.infos:
+        k += 1
+        name = f"{base}.{k}"
+    return name
+
+
+def _hoist_through_reshape(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
+    """Conv/Gemm/MatMul -> Reshape -> an activation, or an Add of a same-shaped tensor: the activation or Add moves
+    before the Reshape (an element-wise op commutes with it; the Add's other operand is reshaped to the product's
+    shape, a view), so the fusions after this put it in the product's epilogue. ONNX Runtime's optimiser writes a
+    transformer's Linear on tokens as Reshape -> Gemm -> Reshape, with the GELU and the residual Add after the
+    second Reshape: run as separate passes, vit_tiny's came to 2.3 ms (GELU) and 0.55 ms (Add) a run on 2 cores.
+    The activation after such an Add moves too (the Add is then the product). Not for a dynamic model, whose
+    operand's reshape would need the product's shape at every probe."""
+    if alt is not None:
+        return
+    moved = True
+    while moved:
+        moved = False
+        prods = graph.producers()
+        for r in [n for n in graph.nodes if n.op == "Reshape"]:
+            if r not in graph.nodes or len(r.outputs) != 1:
+                continue
+            t, u = r.inputs[0], r.outputs[0]
+            p = prods.get(t)
+            x = _single_consumer(graph, u, outputs)
+            if p is None or x is None or _single_consumer(graph, t, outputs) is not r or p.attr("act"):
+                continue
+            info_t = graph.infos.get(t)
+            if info_t is None or not np.issubdtype(info_t.dtype, np.floating) or graph.infos[u].size != info_t.size:
+                continue
+            if x.op in FUSABLE and len(x.inputs) == 1 and p.op in _FUSE_ACT_INTO and act_from_node(x) is not None:
+                pre = _fresh(graph, f"{x.outputs[0]}.pre_reshape")
+                graph.infos[pre] = TensorInfo(pre, info_t.shape, info_t.dtype)
+                x.inputs, v = [t], x.outputs[0]
+                x.outputs = [pre]
+            elif (x.op == "Add" and len(x.inputs) == 2 and p.op in _FUSE_RESIDUAL_INTO and not p.attr("residual")
+                  and x.inputs[0] != x.inputs[1]):
+                b = x.inputs[1] if x.inputs[0] == u else x.inputs[0]
+                if b in graph.constants or not _same_shapes(graph, alt, u, b, x.outputs[0]):
+                    continue
+                shape = _fresh(graph, f"{x.name}.residual_shape")
+                graph.set_const(shape, np.asarray(info_t.shape, np.int64))
+                b2 = _fresh(graph, f"{b}.as_{p.name}")
+                graph.infos[b2] = TensorInfo(b2, info_t.shape, info_t.dtype)
+                rb = Node(_fresh(graph, f"{x.name}.residual_reshape"), "Reshape", [b, shape], [b2],
+                          {"_opset": graph.opset})
+                graph.nodes.insert(graph.nodes.index(x), rb)
+                pre = _fresh(graph, f"{x.outputs[0]}.pre_reshape")
+                graph.infos[pre] = TensorInfo(pre, info_t.shape, info_t.dtype)
+                x.inputs = [t, b2] if x.inputs[0] == u else [b2, t]
+                v = x.outputs[0]
+                x.outputs = [pre]
+            else:
+                continue
+            # x now runs where it was (its other operand exists there), the Reshape right after it
+            graph.nodes.remove(r)
+            graph.nodes.insert(graph.nodes.index(x) + 1, r)
+            r.inputs = [pre, *r.inputs[1:]]
+            r.outputs = [v]
+            moved = True
+            prods = graph.producers()
 
 
 def _fuse_residual(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
