@@ -142,7 +142,8 @@ def _gelu_nodes(x: str, y: str, tag: str) -> list:
             helper.make_node("Mul", [f"{tag}m", "half"], [y], name=f"{tag}mulhalf")]
 
 
-def test_activation_and_residual_after_a_reshaped_gemm_fuse_into_it() -> None:
+@pytest.mark.parametrize("device", ["cpu", "vulkan"])
+def test_activation_and_residual_after_a_reshaped_gemm_fuse_into_it(device: str) -> None:
     """A transformer MLP as ONNX Runtime's optimiser writes it: Reshape -> Gemm -> Reshape around each Linear,
     the GELU and the residual Add (then a Relu here) after the second Reshape. They move before that Reshape
     and fuse into the Gemms; a Reshape whose output has a second consumer keeps what follows it."""
@@ -178,9 +179,14 @@ def test_activation_and_residual_after_a_reshaped_gemm_fuse_into_it() -> None:
     assert fc1.attr("act") == ("Gelu", (0.0,))
     assert fc2.attr("residual") is True and fc2.attr("act") == ("Relu", ())
     assert next(n for n in g.nodes if n.name == "fc3").attr("act") is None
+    if device == "vulkan":
+        from inferd import vulkan
+
+        if not vulkan.available():
+            pytest.skip("needs a Vulkan device (lavapipe)")
     x = RNG.standard_normal((1, t, d)).astype(np.float32)
     ref = run_ort(m, {"x": x})
-    got = inferd.load(m).run({"x": x})
+    got = inferd.load(m, device=device).run({"x": x})
     for name, r in zip(("y", "z", "zn"), ref):
         assert got[name].shape == r.shape
         np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5 * np.abs(r).max(), err_msg=name)
