@@ -78,6 +78,7 @@ typedef struct {
     int mrw;
     ukernel_fn ukw;
     inferd_ukoff_fn ukow; /* mrw x vl through B's row offsets */
+    ukernel_fn ukp, ukwp; /* uk and ukw prefetching along B's rows, for B read in place (see gemm_block); or NULL */
 } isa_t;
 
 /* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. AEL(k, i) is
@@ -89,7 +90,10 @@ typedef struct {
 #define INFERD_A_PANELS_K(k, i) a[((i) / MRP) * (kc * MRP) + (k) * MRP + (i) % MRP]
 #define INFERD_B_PITCH(k) (b + (k) * ldb)
 #define INFERD_B_OFFSETS(k) (b + boff[k])
-#define INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, BROW)                                                           \
+#define INFERD_NOPF(bk)
+#define INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, BROW) INFERD_UK_LOOP_PF(VT, VL, MRK, NV, AEL, BROW, INFERD_NOPF)
+/* PF(bk): a statement after B's row k is loaded (a prefetch further along it, for B read in place) */
+#define INFERD_UK_LOOP_PF(VT, VL, MRK, NV, AEL, BROW, PF)                                                    \
         VT acc[MRK][NV];                                                                                     \
         _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
                                                                                             ++v)             \
@@ -98,6 +102,7 @@ typedef struct {
             VT bv[NV];                                                                                       \
             const float* restrict bk = BROW(k);                                                              \
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) memcpy(&bv[v], bk + v * VL, sizeof(VT));   \
+            PF(bk);                                                                                          \
             _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i)                                           \
             {                                                                                                \
                 const VT ai = AEL(k, i) - (VT){0}; /* x - 0 folds away; 0 + x does not (-0) */               \
@@ -117,11 +122,13 @@ typedef struct {
             memcpy(t + i * (NV * VL) + v * VL, &acc[i][v], sizeof(VT));                                      \
     }
 #define INFERD_UKERNEL(NAME, ATTR, VT, VI, VL, MRK, NV) INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, INFERD_A_PACKED)
-#define INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, AEL)                                                \
+#define INFERD_UKERNEL_A(NAME, ATTR, VT, VI, VL, MRK, NV, AEL) \
+    INFERD_UKERNEL_AP(NAME, ATTR, VT, VI, VL, MRK, NV, AEL, INFERD_NOPF)
+#define INFERD_UKERNEL_AP(NAME, ATTR, VT, VI, VL, MRK, NV, AEL, PF)                                           \
     ATTR static void NAME(long kc, const float* restrict a, long lda, const float* restrict b, long ldb,     \
                           float* restrict t, const epi_t* e)                                                 \
     {                                                                                                        \
-        INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, INFERD_B_PITCH)                                                 \
+        INFERD_UK_LOOP_PF(VT, VL, MRK, NV, AEL, INFERD_B_PITCH, PF)                                          \
         if (t) {                                                                                             \
             _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
                                                                                              v < NV; ++v)    \
@@ -212,7 +219,7 @@ INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 8, 3, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 8, 1, INFERD_A_ROWS)
 INFERD_UKOFF(uko_base, , v4f, 4, 8, 3)
 static const isa_t ISA_BASE = {0, 8, 12, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base,
-                               0, NULL, NULL};
+                               0, NULL, NULL, NULL, NULL};
 #else
 /* SSE2 (and any other target): 16 registers, 8 accumulators */
 INFERD_UKERNEL(uk_base, , v4f, v4i, 4, 4, 2)
@@ -221,7 +228,7 @@ INFERD_UKERNEL_A(ukr_base, , v4f, v4i, 4, 4, 2, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_base, , v4f, v4i, 4, 4, 1, INFERD_A_ROWS)
 INFERD_UKOFF(uko_base, , v4f, 4, 4, 2)
 static const isa_t ISA_BASE = {0, 4, 8, KC_DEFAULT, uk_base, 4, uk1_base, tail_base, ukr_base, uk1r_base, uko_base,
-                               0, NULL, NULL};
+                               0, NULL, NULL, NULL, NULL};
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -246,11 +253,18 @@ INFERD_UKOFF(uko_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, 16, 
 /* 24 accumulators of 24 rows x 16 columns, B one register, A broadcast from memory */
 INFERD_UKERNEL_A(ukw_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_PANELS)
 INFERD_UKOFF_A(ukow_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, 16, 24, 1, INFERD_A_PANELS_K)
+/* 64 floats on: the line four 16-column vectors ahead on the same row, one prefetch per line the later calls read */
+#define INFERD_PF1(bk) __builtin_prefetch((bk) + 64, 0, 3)
+#define INFERD_PF2(bk) (__builtin_prefetch((bk) + 64, 0, 3), __builtin_prefetch((bk) + 80, 0, 3))
+INFERD_UKERNEL_AP(ukp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2, INFERD_A_PACKED,
+                  INFERD_PF2)
+INFERD_UKERNEL_AP(ukwp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_PANELS,
+                  INFERD_PF1)
 static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2,
-                               0, NULL, NULL};
+                               0, NULL, NULL, NULL, NULL};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
 static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
-                                 uk1r_avx512, uko_avx512, 24, ukw_avx512, ukow_avx512};
+                                 uk1r_avx512, uko_avx512, 24, ukw_avx512, ukow_avx512, ukp_avx512, ukwp_avx512};
 #endif
 
 static const isa_t* ISA = NULL;
@@ -444,6 +458,10 @@ static float* scratch(size_t n)
 }
 
 /* B block (rows k0..k0+kc, columns n0..n1) into panels of nr columns, k-major, zero-padded past n1. */
+/* B read in place through the prefetching micro-kernels (isa_t.ukp, ukwp) for up to this many rows, on at least
+   this many columns (see gemm_block) */
+#define PF_MAX_M 32
+#define PF_MIN_N 784
 static void pack_b(float* restrict dst, const float* restrict b, long long bsk, long long bsn, int k0, int kc, int n0,
                    int n1, int nr, const long long* boff, const long long* coff)
 {
@@ -601,9 +619,10 @@ static int coltail_as_vector(const job_t* J, int jl, int nvec, int nc)
    COLTAIL_VEC_MIN). Each output element sums the same products in the same order as through the 8-row kernels:
    the results do not change, bit for bit. */
 static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int kc, int k0, int kb, int nk,
-                           int inplace, float* buf, epi_t* epi, float* tile, int nvec, int coltail)
+                           int inplace, float* buf, epi_t* epi, float* tile, int nvec, int coltail, int pf)
 {
     const isa_t* I = J->isa;
+    const ukernel_fn ukw = pf ? I->ukwp : I->ukw;
     const int K = J->K, nr = I->nr, mrw = I->mrw, G = mrw / MRP;
     const int npan = (n1 - n0 + nr - 1) / nr;
     const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
@@ -628,9 +647,9 @@ static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int k
                 epi->c = c + (ptrdiff_t)i0 * J->csm + j0 + v0;
                 epi->bias_c = bias && J->bias_cols ? bias + j0 + v0 : NULL;
                 epi->r = r ? r + (ptrdiff_t)i0 * J->csm + j0 + v0 : NULL;
-                I->ukw(kc, aw, ldaw, bp + v0, ldb, NULL, epi);
+                ukw(kc, aw, ldaw, bp + v0, ldb, NULL, epi);
             } else {
-                I->ukw(kc, aw, ldaw, bp + v0, ldb, tile, NULL);
+                ukw(kc, aw, ldaw, bp + v0, ldb, tile, NULL);
                 store_tile(J, bi, i0, mrw, j0 + v0, I->vl, I->vl, tile, kb == 0, kb == nk - 1);
             }
         }
@@ -706,8 +725,15 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
            24x96 on 112x112 807 -> 547). Hot in cache, as a bench loop leaves it, in place had won (24x144 on
            56x56 0.21 vs 0.26 ms) and long rows had already been packed (64x147 on 112x112: 3.7 vs 2.8 ms).
            Whole models, alternating in one process: resnet50 0.94-0.99x the time, googlenet 0.95x,
-           squeezenet1_1 0.96x, mobilenetv2 0.95-0.96x, shufflenetv2 0.95x, the others 0.98-0.99x. */
-        const int inplace = J->bsn == 1 && !J->b_pre && !J->boff && J->M <= 16;
+           squeezenet1_1 0.96x, mobilenetv2 0.95-0.96x, shufflenetv2 0.95x, the others 0.98-0.99x.
+           With AVX-512, 17-32 rows on a map of 28x28 or more are read in place again, by micro-kernels that
+           prefetch each row four vectors ahead: the misses that packing hid are then in flight while the FMAs run
+           (1x1 convs alone, one thread, alternating in one process: 144->24 on 56x56 0.81x the time, 192->32 on
+           28x28 0.86x; 64 rows and more gained 5% or lost up to 14%, 14x14 maps nothing). Whole models: the same
+           bits; mobilenetv2 0.97-0.99x, shufflenetv2 0.98-0.99x, efficientnet_b0 0.99x, the others 0.99-1.005x. */
+        const int pf = I->ukwp && J->bsn == 1 && !J->b_pre && !J->boff && J->M > 16 && J->M <= PF_MAX_M &&
+                       J->N >= PF_MIN_N;
+        const int inplace = (J->bsn == 1 && !J->b_pre && !J->boff && J->M <= 16) || pf;
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */
         } else if (inplace) {
@@ -734,7 +760,7 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
             step = MRP;
             if (wide && i0 + I->mrw <= m1) {
                 step = I->mrw;
-                gemm_rows_wide(J, bi, i0, n0, n1, kc, k0, kb, nk, inplace, buf, &epi, tile, nvec, coltail);
+                gemm_rows_wide(J, bi, i0, n0, n1, kc, k0, kb, nk, inplace, buf, &epi, tile, nvec, coltail, pf);
                 continue;
             }
             /* a row-major A with a whole panel of rows here is read in place (see isa_t.ukr); the column tail
@@ -774,7 +800,13 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
                         epi.c = c + (ptrdiff_t)m * J->csm + j0;
                         epi.bias_c = bias && J->bias_cols ? bias + j0 : NULL;
                         epi.r = r ? r + (ptrdiff_t)m * J->csm + j0 : NULL;
-                        UK_CALL(uk, bp, NULL, &epi);
+                        if (pf && !arow)
+                            I->ukp(kc, apan + sub, 0, bp, ldb, NULL, &epi);
+                        else
+                            UK_CALL(uk, bp, NULL, &epi);
+                    } else if (pf && !arow) {
+                        I->ukp(kc, apan + sub, 0, bp, ldb, tile, NULL);
+                        store_tile(J, bi, m, rows, j0, nv, nr, tile, kb == 0, kb == nk - 1);
                     } else {
                         UK_CALL(uk, bp, tile, NULL);
                         store_tile(J, bi, m, rows, j0, nv, nr, tile, kb == 0, kb == nk - 1);

@@ -26,7 +26,9 @@ SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40,
           (16, 600, 49), (9, 300, 47), (72, 20, 601), (40, 530, 31), (17, 5, 15), (24, 700, 530),
           # the tails' k runs of 2-8 chains with k left over (K not a multiple of the run); 5-8 columns on the
           # few-column path (a 1-D conv over a few frames)
-          (24, 301, 49), (40, 203, 47), (258, 255, 5), (20, 37, 7), (64, 387, 8), (9, 3, 6)]
+          (24, 301, 49), (40, 203, 47), (258, 255, 5), (20, 37, 7), (64, 387, 8), (9, 3, 6),
+          # 17-32 rows on 784 columns or more: B in place through the prefetching micro-kernels (AVX-512)
+          (24, 144, 3141), (32, 96, 800), (20, 40, 900)]
 
 
 def _ref(a: np.ndarray, b: np.ndarray, bias, res, act) -> np.ndarray:
@@ -102,6 +104,16 @@ def test_taller_tiles_give_the_same_bits_as_single_panels(isa_level: int) -> Non
         part = native.gemm(native.gemm_pack_a(a[r0:r0 + 8]), 8, b, np.empty((8, n), F32), bias[r0:r0 + 8],
                            res[r0:r0 + 8], act)
         assert np.array_equal(full[r0:r0 + 8], part), r0
+    # 17-32 rows on 784 columns or more read B in place (AVX-512: micro-kernels that prefetch along its rows),
+    # where the tall GEMM packs it: the same bits
+    n2 = 1000
+    b2 = rng.standard_normal((k, n2), dtype=F32)
+    res2 = rng.standard_normal((m, n2), dtype=F32)
+    full2 = native.gemm(native.gemm_pack_a(a), m, b2, np.empty((m, n2), F32), bias, res2, act)
+    for rows in (32, 24, 20):
+        part = native.gemm(native.gemm_pack_a(a[:rows]), rows, b2, np.empty((rows, n2), F32), bias[:rows],
+                           res2[:rows], act)
+        assert np.array_equal(full2[:rows], part), rows
     # a linear layer: activation rows read in place (and, as a transposed view, packed three panels at a time)
     x = rng.standard_normal((48, 300), dtype=F32)
     w = rng.standard_normal((300, 130), dtype=F32)
