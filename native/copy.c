@@ -163,7 +163,8 @@ int inferd_strided_copy(void* dst, const void* src, int ndim, const long long* s
     const int unit_inner = j.st[nd - 1] == itemsize;
     if (unit_inner) {
         j.mode = 0;
-    } else if (nd >= 2 && j.st[nd - 2] == itemsize && (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8)) {
+    } else if (nd >= 2 && j.st[nd - 2] == itemsize &&
+               (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8)) {
         j.mode = 1;
         j.groups_per_outer = (j.shape[nd - 2] + SC_TILE - 1) / SC_TILE;
     } else {

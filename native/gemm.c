@@ -457,11 +457,12 @@ static float* scratch(size_t n)
     return tl_buf;
 }
 
-/* B block (rows k0..k0+kc, columns n0..n1) into panels of nr columns, k-major, zero-padded past n1. */
 /* B read in place through the prefetching micro-kernels (isa_t.ukp, ukwp) for up to this many rows, on at least
    this many columns (see gemm_block) */
 #define PF_MAX_M 32
 #define PF_MIN_N 784
+
+/* B block (rows k0..k0+kc, columns n0..n1) into panels of nr columns, k-major, zero-padded past n1. */
 static void pack_b(float* restrict dst, const float* restrict b, long long bsk, long long bsn, int k0, int kc, int n0,
                    int n1, int nr, const long long* boff, const long long* coff)
 {
