@@ -293,10 +293,7 @@ def _hoist_through_reshape(graph: Graph, outputs: set[str], alt: dict[str, Tenso
             if info_t is None or not np.issubdtype(info_t.dtype, np.floating) or graph.infos[u].size != info_t.size:
                 continue
             if x.op in FUSABLE and len(x.inputs) == 1 and p.op in _FUSE_ACT_INTO and act_from_node(x) is not None:
-                pre = _fresh(graph, f"{x.outputs[0]}.pre_reshape")
-                graph.infos[pre] = TensorInfo(pre, info_t.shape, info_t.dtype)
-                x.inputs, v = [t], x.outputs[0]
-                x.outputs = [pre]
+                x.inputs = [t]
             elif (x.op == "Add" and len(x.inputs) == 2 and p.op in _FUSE_RESIDUAL_INTO and not p.attr("residual")
                   and x.inputs[0] != x.inputs[1]):
                 b = x.inputs[1] if x.inputs[0] == u else x.inputs[0]
@@ -309,14 +306,15 @@ def _hoist_through_reshape(graph: Graph, outputs: set[str], alt: dict[str, Tenso
                 rb = Node(_fresh(graph, f"{x.name}.residual_reshape"), "Reshape", [b, shape], [b2],
                           {"_opset": graph.opset})
                 graph.nodes.insert(graph.nodes.index(x), rb)
-                pre = _fresh(graph, f"{x.outputs[0]}.pre_reshape")
-                graph.infos[pre] = TensorInfo(pre, info_t.shape, info_t.dtype)
                 x.inputs = [t, b2] if x.inputs[0] == u else [b2, t]
-                v = x.outputs[0]
-                x.outputs = [pre]
             else:
                 continue
-            # x now runs where it was (its other operand exists there), the Reshape right after it
+            # x now computes on the product's shape where it was (its other operand exists there), the Reshape
+            # right after it gives x's old output
+            v = x.outputs[0]
+            pre = _fresh(graph, f"{v}.pre_reshape")
+            graph.infos[pre] = TensorInfo(pre, info_t.shape, info_t.dtype)
+            x.outputs = [pre]
             graph.nodes.remove(r)
             graph.nodes.insert(graph.nodes.index(x) + 1, r)
             r.inputs = [pre, *r.inputs[1:]]
