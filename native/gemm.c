@@ -569,13 +569,14 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
     }
 }
 
-/* micro-kernel UK (uk or uk1) on rows m.. of A, in place or from the packed panel */
+/* micro-kernel UK (uk or uk1: the local chosen for the packed A panel) on rows m.. of A, in place (its row-major
+   twin I->ukr or I->uk1r) or from the packed panel */
 #define UK_CALL(UK, BP, T, E)                                                         \
     do {                                                                              \
         if (arow)                                                                     \
             I->UK##r(kc, arp + (ptrdiff_t)sub * lda, lda, (BP), ldb, (T), (E));       \
         else                                                                          \
-            I->UK(kc, apan + sub, 0, (BP), ldb, (T), (E));                            \
+            UK(kc, apan + sub, 0, (BP), ldb, (T), (E));                               \
     } while (0)
 
 /* Where column panel jp (its first column j0, nv columns) of the K block at k0 is read from: B prepacked at load,
@@ -735,6 +736,7 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
         const int pf = I->ukwp && J->bsn == 1 && !J->b_pre && !J->boff && J->M > 16 && J->M <= PF_MAX_M &&
                        J->N >= PF_MIN_N;
         const int inplace = (J->bsn == 1 && !J->b_pre && !J->boff && J->M <= 16) || pf;
+        const ukernel_fn uk = pf ? I->ukp : I->uk, uk1 = I->uk1; /* for UK_CALL */
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */
         } else if (inplace) {
@@ -801,13 +803,7 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
                         epi.c = c + (ptrdiff_t)m * J->csm + j0;
                         epi.bias_c = bias && J->bias_cols ? bias + j0 : NULL;
                         epi.r = r ? r + (ptrdiff_t)m * J->csm + j0 : NULL;
-                        if (pf && !arow)
-                            I->ukp(kc, apan + sub, 0, bp, ldb, NULL, &epi);
-                        else
-                            UK_CALL(uk, bp, NULL, &epi);
-                    } else if (pf && !arow) {
-                        I->ukp(kc, apan + sub, 0, bp, ldb, tile, NULL);
-                        store_tile(J, bi, m, rows, j0, nv, nr, tile, kb == 0, kb == nk - 1);
+                        UK_CALL(uk, bp, NULL, &epi);
                     } else {
                         UK_CALL(uk, bp, tile, NULL);
                         store_tile(J, bi, m, rows, j0, nv, nr, tile, kb == 0, kb == nk - 1);
