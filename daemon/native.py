@@ -22,7 +22,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 17
+ABI = 18
 
 ffi: Any = None
 lib: Any = None
@@ -827,6 +827,88 @@ def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: n
         ba(*bargs)
 
     return call_res
+
+
+def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,
+                     kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float,
+                     p1: float) -> Callable[[], None] | None:
+    """native/nchwc.c's conv over each image of blocked ``x`` (N, Cin/16, H, W, 16) into ``y`` (N, Cout/16, OH,
+    OW, 16), ``res`` (y's shape) added before the activation; ``w`` packed by ``ops.conv_nchwc.pack_weights``.
+    A no-argument call, or None where the arrays do not fit (see :func:`gemm_bound`)."""
+    if not has("inferd_nchwc_conv"):
+        return None
+    arrs = [x, w, y] + [a for a in (bias, res) if a is not None]
+    if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrs) or (res is not None and res.shape != y.shape):
+        return None
+    n, cib, h, wd, _ = x.shape
+    _, cob, oh, ow, _ = y.shape
+    fn = lib.inferd_nchwc_conv
+    per = [(_ptr(x[i]), _ptr(y[i]), ffi.NULL if res is None else _ptr(res[i])) for i in range(n)]
+    wp, bp = _ptr(w), _opt(bias)
+
+    def call(_keep: Any = tuple(arrs)) -> None:
+        for xp, yp, rp in per:
+            if fn(xp, cib, h, wd, wp, cob, kh, kw, sh, sw, pt, pl, oh, ow, bp, rp, yp, code, p0, p1) != 0:
+                raise ValueError("nchwc_conv: bad arguments")
+    return call
+
+
+def nchwc_dwconv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,
+                       kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float,
+                       p1: float) -> Callable[[], None] | None:
+    """native/nchwc.c's depthwise conv over each image of blocked ``x`` into ``y`` (``w`` (C/16, kh, kw, 16));
+    as :func:`nchwc_conv_bound` otherwise."""
+    if not has("inferd_nchwc_dwconv"):
+        return None
+    arrs = [x, w, y] + [a for a in (bias, res) if a is not None]
+    if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrs) or (res is not None and res.shape != y.shape):
+        return None
+    n, cb, h, wd, _ = x.shape
+    _, _, oh, ow, _ = y.shape
+    fn = lib.inferd_nchwc_dwconv
+    per = [(_ptr(x[i]), _ptr(y[i]), ffi.NULL if res is None else _ptr(res[i])) for i in range(n)]
+    wp, bp = _ptr(w), _opt(bias)
+
+    def call(_keep: Any = tuple(arrs)) -> None:
+        for xp, yp, rp in per:
+            if fn(xp, cb, h, wd, wp, kh, kw, sh, sw, pt, pl, oh, ow, bp, rp, yp, code, p0, p1) != 0:
+                raise ValueError("nchwc_dwconv: bad arguments")
+    return call
+
+
+def nchwc_maxpool_bound(x: np.ndarray, y: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int,
+                        pl: int) -> Callable[[], None] | None:
+    """native/nchwc.c's MaxPool over each image of blocked ``x`` into ``y``; None where it does not apply."""
+    if not has("inferd_nchwc_maxpool") or any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, y)):
+        return None
+    n, cb, h, wd, _ = x.shape
+    _, _, oh, ow, _ = y.shape
+    fn = lib.inferd_nchwc_maxpool
+    per = [(_ptr(x[i]), _ptr(y[i])) for i in range(n)]
+
+    def call(_keep: Any = (x, y)) -> None:
+        for xp, yp in per:
+            if fn(xp, cb, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, yp) != 0:
+                raise ValueError("nchwc_maxpool: bad arguments")
+    return call
+
+
+def nchwc_reorder_bound(x: np.ndarray, y: np.ndarray, to_blocked: bool) -> Callable[[], None] | None:
+    """NCHW ``x`` (N, C, H, W) to blocked ``y`` (N, C/16, H, W, 16), or back (``to_blocked`` False), as one
+    native call; None where it does not apply."""
+    if not has("inferd_nchwc_reorder") or any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, y)):
+        return None
+    if x.size != y.size or x.size % 16:
+        return None
+    b = x if to_blocked else y
+    hw = int(b.shape[2]) * int(b.shape[3])
+    blocks = x.size // (16 * hw)
+    fn, args = lib.inferd_nchwc_reorder, (_ptr(x), blocks, hw, _ptr(y), int(to_blocked))
+
+    def call(_keep: Any = (x, y)) -> None:
+        if fn(*args) != 0:
+            raise ValueError("nchwc_reorder: bad arguments")
+    return call
 
 
 #: Columns per prepacked B panel (native/gemm.c NBP): a multiple of every micro-kernel's width.

@@ -165,12 +165,23 @@ def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = Non
     if device == "cpu":
         from .runtime.cpu import CpuExecutor
 
-        return CpuExecutor(graph, kernels=kernels, lazy=True)
+        return CpuExecutor(cpu_graph(graph, kernels), kernels=kernels, lazy=True)
     try:
         from .vulkan.cold import VulkanColdBackend
     except ImportError as e:
         raise BackendError(f"the Vulkan backend is not available: {e}") from e
     return VulkanColdBackend(graph, kernels=kernels, **options)
+
+
+def cpu_graph(graph: Graph, kernels: dict[str, str] | None = None) -> Graph:
+    """The graph the CPU backend runs: runs of convs on channel-blocked tensors where that is faster
+    (planner/layout.py). ``INFERD_CPU_LAYOUT=nchw`` keeps every tensor NCHW (an ablation: what blocking gains;
+    a package compiled the other way is then stale)."""
+    if os.environ.get("INFERD_CPU_LAYOUT", "auto").strip().lower() == "nchw":
+        return graph
+    from .planner.layout import blocked_graph
+
+    return blocked_graph(graph, kernels)
 
 
 def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None,
@@ -474,7 +485,12 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         except InferdError as e:
             raise WeightsStoreError(f"{pkg}: the recorded graph does not take its own shape: {e}") from e
         plan = ColdPlan.from_dict(d["plan"])
-        if len(plan.layers) != len(graph.nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, graph.nodes)):
+        # the plan's layers are the backend's: on the CPU, the graph with its layout plan applied
+        run_nodes = cpu_graph(graph, kernels or d.get("kernels")).nodes if device == "cpu" else graph.nodes
+        if len(plan.layers) != len(run_nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, run_nodes)):
+            if device == "cpu" and len(plan.layers) != len(graph.nodes) and len(run_nodes) == len(graph.nodes):
+                raise StalePackageError(f"{pkg}: compiled with the CPU's blocked layout, which INFERD_CPU_LAYOUT "
+                                        f"turns off here")
             raise WeightsStoreError(f"{pkg}: the cold plan does not match the graph's nodes")
         for lp in plan.layers:
             if lp.source == "transformed" and not any(True for _ in store.find(

@@ -306,3 +306,21 @@ void inferd_q8_concat(int n, const void* const* xs, const unsigned char* const* 
 /* 8-bit MaxPool over planes of H x W (NCHW): taps in the padding skipped; 0 or -1 (out of memory). */
 int inferd_q8_maxpool2d(const void* x, int x_signed, long long planes, int H, int W, int kh, int kw, int sh, int sw,
                         int dh, int dw, int pt, int pl, int OH, int OW, void* y, int max_threads);
+/* Convolution on channel-blocked tensors (nchwc.c): x [cin_blocks][H][W][16], y [cout_blocks][OH][OW][16], res
+   (NULL or y's shape) added before the activation; w packed as nchwc.c says; any KH x KW, stride, padding
+   (top/left given, bottom/right implied by OH/OW); dilation 1, one group. 0, or -1 for bad arguments. */
+int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float* w, int cout_blocks, int KH, int KW,
+                      int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
+                      float* y, int act, float p0, float p1);
+/* Output pixels of a row the current ISA's blocked tile computes at once. */
+int inferd_nchwc_tile_pixels(void);
+/* Depthwise conv (one group per channel, multiplier 1) on blocked tensors x [blocks][H][W][16] -> y [blocks][OH]
+   [OW][16], w [blocks][KH][KW][16]; res, bias, act as inferd_nchwc_conv. 0, or -1 for bad arguments. */
+int inferd_nchwc_dwconv(const float* x, int blocks, int H, int W, const float* w, int KH, int KW, int SH, int SW,
+                        int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res, float* y,
+                        int act, float p0, float p1);
+/* MaxPool (dilation 1; taps in the padding skipped, a NaN wins) on blocked tensors. 0, or -1. */
+int inferd_nchwc_maxpool(const float* x, int blocks, int H, int W, int KH, int KW, int SH, int SW, int pad_top,
+                         int pad_left, int OH, int OW, float* y);
+/* NCHW (blocks * 16 planes of hw floats) to blocked ([blocks][hw][16]) where to_blocked, else back. 0, or -1. */
+int inferd_nchwc_reorder(const float* x, long long blocks, long long hw, float* y, int to_blocked);

@@ -86,9 +86,11 @@ def test_odd_plans(name: str, variant: str, tmp_path: Path) -> None:
         cold_then_warm(model, name, variant)
 
 
-def test_wait_warm_before_the_first_run_finishes_the_load_and_the_switch() -> None:
+def test_wait_warm_before_the_first_run_finishes_the_load_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     # a caller (a benchmark) that waits before running must not time its runs under a warm switch that has not
-    # even started: the switch starts after the cold load, which has not run yet
+    # even started: the switch starts after the cold load, which has not run yet (squeezenet's convs in NCHW: in
+    # the blocked layout they have one kernel, cold and warm)
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")
     name = "squeezenet1_1"
     with inferd.load(ref(name)[0]) as model:
         switches = model._cold.warm_switches()
@@ -102,10 +104,11 @@ def test_wait_warm_before_the_first_run_finishes_the_load_and_the_switch() -> No
         check(model, name, "first run after wait_warm, on the warm kernels")
 
 
-def test_warm_switch_to_a_kernel_of_the_same_weights_form_reuses_the_arrays() -> None:
+def test_warm_switch_to_a_kernel_of_the_same_weights_form_reuses_the_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
     """squeezenet's cold plan runs its 3x3 layers on the banded im2col; the warm rule gives some of them the direct
     kernel, which reads the same packed weights: the switch hands the arrays over instead of reading and packing
-    the weights again, and the answers stay right."""
+    the weights again, and the answers stay right (in NCHW: blocked, those layers have one kernel)."""
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")
     name = "squeezenet1_1"
     with inferd.load(ref(name)[0]) as model:
         check(model, name, "cold")
@@ -181,6 +184,7 @@ def test_truncated_store_is_rebuilt_and_damage_without_source_is_an_error(tmp_pa
 def test_a_failing_layer_fails_the_load_clearly_and_the_process_goes_on(tmp_path: Path, monkeypatch) -> None:
     from inferd.ops import conv
 
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")  # (blocked, squeezenet's 1x1s are not Conv1x1's)
     name = "squeezenet1_1"
     real = conv.Conv1x1.transform
     calls = {"n": 0}
@@ -202,10 +206,11 @@ def test_a_failing_layer_fails_the_load_clearly_and_the_process_goes_on(tmp_path
         check(ok, name, "after a failed load")
 
 
-def test_cold_runs_refine_the_stored_plan(tmp_path: Path) -> None:
+def test_cold_runs_refine_the_stored_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from inferd.package import open_package, refine_package
     from inferd.runtime.cpu import CpuExecutor
 
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")  # squeezenet's 3x3 layers in NCHW: a cold and a warm kernel
     name = "squeezenet1_1"
     pkg = compile_model(ref(name)[0], tmp_path / "pkg")
     op = open_package(pkg)

@@ -6,6 +6,7 @@ from . import tensor  # noqa: F401
 from . import reduce  # noqa: F401
 from . import conv  # noqa: F401
 from . import conv_implicit  # noqa: F401
+from . import conv_nchwc  # noqa: F401
 from . import gemm  # noqa: F401
 from . import pool  # noqa: F401
 from . import norm  # noqa: F401

@@ -1,0 +1,292 @@
+"""Channel-blocked convolution on the CPU: the ``inferd.ConvNchwc`` op and the two reorders around it.
+
+A blocked tensor is (N, C/16, H, W, 16): the 16 channels of a pixel side by side, the layout onnxruntime's
+NCHWc kernels use. A conv in it packs nothing at run time (a GEMM over NCHW planes packs its input per call, a
+quarter of a 1x1 conv's time on 56x56 planes) and reads each tap's pixels as unit-stride scalars
+(native/nchwc.c). The CPU backend's layout plan (:mod:`inferd.planner.layout`) rewrites runs of convs into
+these ops; nothing else ever reads a blocked tensor, so the graph's other ops, its inputs and outputs stay NCHW.
+
+``inferd.ConvNchwc`` takes the blocked input, the Conv's raw weights (Cout, Cin, kh, kw) and bias, and a fused
+residual (blocked, the output's shape) as Conv does (``attrs["residual"]``, ``attrs["act"]``); the Conv's
+attributes otherwise. Its oracle unblocks, runs Conv's oracle and blocks the result.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import native
+from ..errors import ShapeError
+from ..ir import Node, TensorInfo
+from .base import Kernel, Layer, OpSpec, op_spec, raw_key, register_kernel, register_op, weights_key
+from .conv import conv_geom, io_positions
+from .pool import pool_geometry, pool_reference
+
+F32 = np.float32
+BLOCK = 16
+#: Output blocks per weight group (native/nchwc.c NB_MAX): the packed layout every ISA's tile reads.
+GROUP_BLOCKS = 4
+CONV = "inferd.ConvNchwc"
+TO = "inferd.ToNchwc"
+FROM = "inferd.FromNchwc"
+MAXPOOL = "inferd.MaxPoolNchwc"
+
+
+def to_blocked(x: np.ndarray) -> np.ndarray:
+    """(N, C, H, W) -> (N, C/16, H, W, 16)."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // BLOCK, BLOCK, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def from_blocked(x: np.ndarray) -> np.ndarray:
+    """(N, C/16, H, W, 16) -> (N, C, H, W)."""
+    n, cb, h, w, _ = x.shape
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * BLOCK, h, w))
+
+
+def depthwise(node: Node, w_shape: Sequence[int]) -> bool:
+    """Whether a Conv(Nchwc) with weights of ``w_shape`` is depthwise (one group per channel, multiplier 1)."""
+    g = int(node.attrs.get("group", 1))
+    return g > 1 and int(w_shape[1]) == 1 and int(w_shape[0]) == g
+
+
+def pack_weights(w: np.ndarray, dw: bool = False) -> np.ndarray:
+    """Conv weights (Cout, Cin, kh, kw) in native/nchwc.c's order: groups of up to 4 output blocks, each
+    [cin block][kh][kw][16 input channels][its blocks x 16 output channels]; depthwise (``dw``, (C, 1, kh, kw)):
+    [block][kh][kw][16 channels]."""
+    co, ci, kh, kw = w.shape
+    if dw:
+        return np.ascontiguousarray(w.reshape(co // BLOCK, BLOCK, kh, kw).transpose(0, 2, 3, 1), dtype=F32)
+    parts = []
+    for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
+        nb = min(GROUP_BLOCKS, co // BLOCK - b0)
+        g = w[b0 * BLOCK:(b0 + nb) * BLOCK].reshape(nb * BLOCK, ci // BLOCK, BLOCK, kh, kw)
+        parts.append(g.transpose(1, 3, 4, 2, 0).reshape(-1))
+    return np.ascontiguousarray(np.concatenate(parts), dtype=F32)
+
+
+def _unblocked(shape: Sequence[int]) -> tuple[int, ...]:
+    n, cb, h, w, b = shape
+    return (n, cb * b, h, w)
+
+
+def _check_blocked(node: Node, info: TensorInfo | None) -> tuple[int, ...]:
+    if info is None or len(info.shape) != 5 or info.shape[4] != BLOCK:
+        raise ShapeError(f"{node.op} {node.name!r}: expected a blocked (N, C/16, H, W, 16) input, got "
+                         f"{None if info is None else list(info.shape)}")
+    return info.shape
+
+
+def _infer_to(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    x = ins[0]
+    if x is None or len(x.shape) != 4 or x.shape[1] % BLOCK:
+        raise ShapeError(f"{node.op} {node.name!r}: expected (N, C, H, W) with C a multiple of {BLOCK}, got "
+                         f"{None if x is None else list(x.shape)}")
+    n, c, h, w = x.shape
+    return [((n, c // BLOCK, h, w, BLOCK), x.dtype)]
+
+
+def _infer_from(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    s = _check_blocked(node, ins[0])
+    assert ins[0] is not None
+    return [(_unblocked(s), ins[0].dtype)]
+
+
+def _infer_conv(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    s = _check_blocked(node, ins[0])
+    w = ins[1]
+    if w is None or len(w.shape) != 4 or w.shape[0] % BLOCK:
+        raise ShapeError(f"{node.op} {node.name!r}: expected 2-D conv weights with Cout a multiple of {BLOCK}")
+    geo = conv_geom(node, _unblocked(s), w.shape)
+    return [((geo.n, geo.cout // BLOCK) + geo.out_sp + (BLOCK,), ins[0].dtype if ins[0] else F32)]
+
+
+def _ref_conv(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    conv = op_spec("Conv")
+    assert conv is not None
+    _, ri = io_positions(node)
+    vals = list(inputs)
+    assert vals[0] is not None
+    vals[0] = from_blocked(vals[0])
+    if ri is not None and vals[ri] is not None:
+        vals[ri] = from_blocked(np.asarray(vals[ri]))
+    plain = Node(node.name, "Conv", list(node.inputs), list(node.outputs), dict(node.attrs))
+    return [to_blocked(conv.reference(plain, vals)[0])]
+
+
+def _infer_pool(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    s = _check_blocked(node, ins[0])
+    assert ins[0] is not None
+    g = pool_geometry(node, _unblocked(s))
+    return [((s[0], s[1]) + g.out + (BLOCK,), ins[0].dtype)]
+
+
+def _ref_pool(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    assert inputs[0] is not None
+    plain = Node(node.name, "MaxPool", list(node.inputs), list(node.outputs), dict(node.attrs))
+    return [to_blocked(pool_reference(plain, [from_blocked(inputs[0])])[0])]
+
+
+register_op(OpSpec(TO, _infer_to, lambda node, v: [to_blocked(v[0])],
+                   notes="inferd's own: NCHW to channel-blocked (the CPU's layout plan inserts it)"))
+register_op(OpSpec(FROM, _infer_from, lambda node, v: [from_blocked(v[0])],
+                   notes="inferd's own: channel-blocked to NCHW (the CPU's layout plan inserts it)"))
+register_op(OpSpec(CONV, _infer_conv, _ref_conv,
+                   notes="inferd's own: Conv on channel-blocked tensors (the CPU's layout plan inserts it)"))
+register_op(OpSpec(MAXPOOL, _infer_pool, _ref_pool,
+                   notes="inferd's own: MaxPool on channel-blocked tensors (the CPU's layout plan inserts it)"))
+
+
+@register_kernel
+class ReorderNchwc(Kernel):
+    """Both reorders in native/nchwc.c (16 x 16 transposes in registers)."""
+
+    name = "nchwc_reorder"
+    ops = (TO, FROM)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        return layer.op in self.ops and _f32(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {}
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x = inputs[0]
+        return None if x is None else native.nchwc_reorder_bound(x, outputs[0], layer.op == TO)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        x = inputs[0]
+        assert x is not None
+        outputs[0][...] = to_blocked(x) if layer.op == TO else from_blocked(x)
+
+
+@register_kernel
+class ConvNchwcKernel(Kernel):
+    """native/nchwc.c over each image; the numpy oracle where the native build is absent."""
+
+    name = "nchwc"
+    ops = (CONV,)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        # (the op checked too: another input shape's executor asks whether a donor's kernel applies to its own
+        # layer of the same name, which may be the plain Conv there)
+        return layer.op == CONV and 1 in layer.const_inputs and _f32(layer)
+
+    def transform_key(self, layer: Layer) -> tuple[Any, ...]:
+        return weights_key(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {"w": pack_weights(np.asarray(raw[raw_key(1)], dtype=F32), depthwise(layer.node, layer.in_shape(1)))}
+        bi, _ = io_positions(layer.node)
+        if bi is not None and raw_key(bi) in raw:
+            out["b"] = np.ascontiguousarray(raw[raw_key(bi)], dtype=F32)
+        return out
+
+    def transformed_nbytes(self, layer: Layer) -> int:
+        w = layer.in_shape(1)
+        b = layer.in_shape(io_positions(layer.node)[0] or 0)[0] if io_positions(layer.node)[0] is not None else 0
+        return 4 * (int(np.prod(w)) + b)
+
+    def _args(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+              outputs: Sequence[np.ndarray]) -> tuple | None:
+        bi, ri = io_positions(layer.node)
+        code, p0, p1 = native.native_act(_act(layer.node)) or (-1, 0.0, 0.0)
+        x, y = inputs[0], outputs[0]
+        res = inputs[ri] if ri is not None else None
+        if code < 0 or x is None or (bi is not None and "b" not in params) or (ri is not None and res is None):
+            return None
+        geo = conv_geom(layer.node, _unblocked(x.shape), layer.in_shape(1))
+        g2 = geo.as2d()
+        dw = depthwise(layer.node, layer.in_shape(1))
+        if g2 is None or g2.dh != 1 or g2.dw != 1 or (g2.group != 1 and not dw) or g2.pt >= g2.kh or g2.pl >= g2.kw:
+            return None
+        return x, y, res, params.get("b"), g2, code, p0, p1
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        a = self._args(layer, inputs, params, outputs)
+        if a is None:
+            return None
+        x, y, res, b, g, code, p0, p1 = a
+        bound = native.nchwc_dwconv_bound if g.group > 1 else native.nchwc_conv_bound
+        return bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        if call is not None:
+            call()
+            return
+        # the oracle, from the raw weights unpacked again (no native build, or an activation C does not know)
+        w = _unpack_weights(params["w"], layer.in_shape(1), depthwise(layer.node, layer.in_shape(1)))
+        vals = list(inputs)
+        vals[1] = w
+        bi, _ = io_positions(layer.node)
+        if bi is not None:
+            vals[bi] = params.get("b")
+        outputs[0][...] = _ref_conv(layer.node, vals)[0]
+
+
+def _f32(layer: Layer) -> bool:
+    return layer.inputs[0] is not None and layer.inputs[0].dtype == F32
+
+
+def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False) -> np.ndarray:
+    co, ci, kh, kw = (int(d) for d in shape)
+    if dw:
+        return np.ascontiguousarray(wp.reshape(co // BLOCK, kh, kw, BLOCK).transpose(0, 3, 1, 2).reshape(shape))
+    out = np.empty((co, ci, kh, kw), F32)
+    at = 0
+    for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
+        nb = min(GROUP_BLOCKS, co // BLOCK - b0)
+        n = nb * BLOCK * ci * kh * kw
+        g = wp[at:at + n].reshape(ci // BLOCK, kh, kw, BLOCK, nb * BLOCK)
+        out[b0 * BLOCK:(b0 + nb) * BLOCK] = g.transpose(4, 0, 3, 1, 2).reshape(nb * BLOCK, ci, kh, kw)
+        at += n
+    return out
+
+
+def _act(node: Node) -> Any:
+    a = node.attrs.get("act")
+    if a is None:
+        return None
+    return str(a[0]), tuple(float(v) for v in (a[1] if len(a) > 1 else ()))
+
+
+@register_kernel
+class MaxPoolNchwcKernel(Kernel):
+    """native/nchwc.c's pool over each image (dilation 1); the oracle otherwise."""
+
+    name = "nchwc_pool"
+    ops = (MAXPOOL,)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        return layer.op == MAXPOOL and _f32(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {}
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x = inputs[0]
+        if x is None:
+            return None
+        g = pool_geometry(layer.node, _unblocked(x.shape))
+        if any(d != 1 for d in g.dilations) or g.pads_head[0] >= g.kernel[0] or g.pads_head[1] >= g.kernel[1]:
+            return None
+        return native.nchwc_maxpool_bound(x, outputs[0], g.kernel[0], g.kernel[1], g.strides[0], g.strides[1],
+                                          g.pads_head[0], g.pads_head[1])
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        if call is not None:
+            call()
+            return
+        outputs[0][...] = _ref_pool(layer.node, list(inputs))[0]

@@ -1,0 +1,314 @@
+"""The CPU backend's layout plan: which nodes run on channel-blocked tensors (pure functions over a graph).
+
+A conv over NCHW planes is a GEMM whose input is packed per call (a quarter of a 1x1 conv's time on 56x56
+planes), or a direct conv reading strided rows; in the blocked layout (N, C/16, H, W, 16) nothing is packed
+(:mod:`inferd.ops.conv_nchwc`). A conversion costs about what one packing does, so blocking pays only over a
+run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s on maps of ``POINTWISE_MIN_PIXELS``
+and more with fewer than ``POINTWISE_MAX_WEIGHTS`` weights, strided k x k convs, k x k convs of up to
+``DIRECT_MAX_CIN`` input channels unless Winograd would run them with more output channels, depthwise convs
+between blocked neighbours), and the max pools and channel concats whose inputs all come blocked; it keeps a
+conv only next to another blocked node, and a connected region only where the conv time it is expected to save
+(``SAVING``) exceeds its conversions. ``apply_layout`` rewrites the kept nodes (``inferd.ConvNchwc``,
+``inferd.MaxPoolNchwc``, a Concat on the blocked twins of its parts), converting a tensor once where a blocked
+node reads it from an NCHW producer, and back once where anything else (or the graph's output) reads it.
+
+Per layer in the models (two threads, Emerald Rapids, the blocked kernel against the NCHW one the plan would
+run): 1x1 convs on 28x28 and larger maps 0.72-0.93x the time, 3x3 convs of 16-64 input channels against the
+direct GEMM 0.78-0.93x, strided 3x3s against im2col 0.85-0.93x; Winograd stays ahead from 128 channels on and on
+large maps, the GEMM on 7x7 maps and for large weights.
+
+The decision reads the shapes (a map's pixels, a conv's work, a tensor's bytes), so a model whose inputs have a
+dynamic spatial size stays NCHW: its shapes share their weights, which they could not across layouts. A dynamic
+batch is planned as it comes (the blocked kernels apply only to their own ops, never to a plain Conv of the same
+name that another shape's executor holds).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+import numpy as np
+
+from ..ir import Graph, Node, TensorInfo
+from ..native import NATIVE_ACTS
+from ..ops.conv_nchwc import BLOCK, CONV, FROM, MAXPOOL, TO, depthwise
+from ..ops.conv import conv_geom, preferred_3x3_kernel
+from ..ops.pool import pool_geometry
+
+#: k x k stride-1 convs with more input channels than this stay on Winograd (faster there)
+DIRECT_MAX_CIN = 64
+#: 1x1 convs with this many weights or more stay on the GEMM (resnet50's 256->1024 on 14x14: 1.1x, 512->2048 on
+#: 7x7: 1.2x the time blocked; 128->512 on 28x28 0.93x)
+POINTWISE_MAX_WEIGHTS = 256 * 1024
+#: ... and so do 1x1 convs on maps smaller than this (efficientnet_b0's 7x7 expansions: 1.15x the time blocked)
+POINTWISE_MIN_PIXELS = 100
+SUFFIX = "::nchwc"
+#: Fraction of a conv's time the blocked kernel saves, by what the NCHW path would run (measured per layer in the
+#: models, two threads, Emerald Rapids: 1x1 0.72-0.93x, direct 3x3 0.78-0.93x, strided 3x3 via im2col
+#: 0.85-0.93x; against Winograd F(4,3) 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a
+#: conversion with); a depthwise conv or a pool saves nothing to speak of.
+SAVING = {"pointwise": 0.18, "direct": 0.15, "winograd": 0.0, "strided": 0.08}
+#: Rate of a conv's work in the NCHW path (FLOP/s) and of a layout conversion (bytes read and written per s):
+#: they turn savings and conversions into one unit (only their ratio matters)
+CONV_RATE = 100e9
+CONVERT_RATE = 30e9
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    """Nodes to run blocked, in graph order, and what each is ('conv', 'pool', 'concat')."""
+
+    blocked: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()
+
+
+def _conv_ok(node: Node, graph: Graph, forced: Mapping[str, str]) -> bool:
+    if node.name in forced or "Conv" in forced or len(node.inputs) < 2:
+        return False
+    x, w = graph.infos.get(node.inputs[0]), graph.infos.get(node.inputs[1])
+    if x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4 or node.inputs[1] not in graph.constants:
+        return False
+    if any(name and name in graph.constants for name in node.inputs[3:]):  # a constant residual: left alone
+        return False
+    if any(int(d) != 1 for d in node.attrs.get("dilations", (1, 1))):
+        return False
+    cout, cin, kh, kw = (int(d) for d in w.shape)
+    dw = depthwise(node, w.shape)
+    if cout % BLOCK or (cin % BLOCK and not dw) or (int(node.attrs.get("group", 1)) != 1 and not dw):
+        return False
+    if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return False
+    pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))]
+    if pads[0] >= kh or pads[1] >= kw:
+        return False
+    act = node.attrs.get("act")
+    if act is not None and str(act[0]) not in NATIVE_ACTS:  # the blocked kernels' epilogue is the native one
+        return False
+    strided = any(int(s) > 1 for s in node.attrs.get("strides", (1, 1)))
+    if kh == kw == 1:
+        # strided 1x1s (ResNet's downsampling) read every other pixel's 16 channels: slower than a copy of the
+        # strided pixels and a GEMM; and where the weights are large or the map small the GEMM's blocking wins
+        # (a CNN's last stages)
+        y = graph.infos.get(node.outputs[0])
+        return (not strided and cin * cout < POINTWISE_MAX_WEIGHTS and y is not None
+                and int(np.prod(y.shape[2:])) >= POINTWISE_MIN_PIXELS)
+    if dw or strided:
+        return True
+    # k x k stride 1: where the NCHW path takes Winograd it stays, but for few channels each way
+    return cin <= DIRECT_MAX_CIN and (not _winograd(node, x.shape, w.shape) or cout <= DIRECT_MAX_CIN)
+
+
+def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
+    if tuple(w_shape[2:]) != (3, 3):
+        return False
+    g = conv_geom(node, x_shape, w_shape).as2d()
+    return g is not None and preferred_3x3_kernel(g).startswith("winograd")
+
+
+def _saving(node: Node, graph: Graph) -> float:
+    """Seconds the blocked kernel is expected to save on ``node`` (a conv) against the NCHW path."""
+    x, w = graph.infos[node.inputs[0]].shape, graph.infos[node.inputs[1]].shape
+    y = graph.infos[node.outputs[0]].shape
+    cout, cin_g, kh, kw = (int(d) for d in w)
+    flops = 2.0 * cout * cin_g * kh * kw * int(np.prod(y[2:])) * int(y[0])
+    if depthwise(node, w):
+        return 0.0
+    if kh == kw == 1:
+        kind = "pointwise"
+    elif any(int(s) > 1 for s in node.attrs.get("strides", (1, 1))):
+        kind = "strided"
+    else:
+        kind = "winograd" if _winograd(node, x, w) else "direct"
+    return SAVING[kind] * flops / CONV_RATE
+
+
+def _convert_cost(info: TensorInfo) -> float:
+    return 2.0 * info.nbytes / CONVERT_RATE
+
+
+def _pool_ok(node: Node, graph: Graph, forced: Mapping[str, str]) -> bool:
+    if node.name in forced or "MaxPool" in forced or len([o for o in node.outputs if o]) != 1:
+        return False
+    if node.attrs.get("act") is not None or any(int(d) != 1 for d in node.attrs.get("dilations", (1, 1))):
+        return False
+    x = graph.infos.get(node.inputs[0])
+    if x is None or len(x.shape) != 4 or x.shape[1] % BLOCK:
+        return False
+    try:
+        g = pool_geometry(node, x.shape)
+    except Exception:
+        return False
+    return g.pads_head[0] < g.kernel[0] and g.pads_head[1] < g.kernel[1]
+
+
+def _concat_ok(node: Node, graph: Graph) -> bool:
+    infos = [graph.infos.get(i) for i in node.inputs]
+    return (int(node.attrs.get("axis", 0)) in (1, -3) and bool(infos)
+            and all(t is not None and len(t.shape) == 4 and t.shape[1] % BLOCK == 0 and t.name not in graph.constants
+                    for t in infos))
+
+
+def _kind(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
+    """'conv' and 'pool' (computed in the blocked layout), 'concat' (blocked parts concatenated as they are),
+    or None (NCHW only)."""
+    if node.inputs and (graph.infos.get(node.inputs[0]) is None or str(graph.infos[node.inputs[0]].dtype) != "float32"
+                        or node.inputs[0] in graph.runtime_shaped):
+        return None
+    if node.op == "Conv" and _conv_ok(node, graph, forced):
+        return "conv"
+    if node.op == "MaxPool" and _pool_ok(node, graph, forced):
+        return "pool"
+    if node.op == "Concat" and _concat_ok(node, graph):
+        return "concat"
+    return None
+
+
+def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod: Mapping[str, Node],
+                    cons: Mapping[str, list[Node]]) -> set[str]:
+    """Nodes of the connected blocked regions whose conversions (into and out of the region) cost more than
+    their convs save."""
+    by_name = {n.name: n for n in graph.nodes}
+    outs = {t.name for t in graph.outputs}
+    # regions: kept nodes joined through the tensors they read blocked
+    parent = {k: k for k in kept}
+
+    def find(a: str) -> str:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for name in kept:
+        n = by_name[name]
+        for i in blocked_reads(n, kinds[name]):
+            p = prod.get(n.inputs[i])
+            if p is not None and p.name in kept:
+                parent[find(p.name)] = find(name)
+    value: dict[str, float] = {}
+    converted_in: set[str] = set()
+    for name in kept:
+        n, r = by_name[name], find(name)
+        v = _saving(n, graph) if kinds[name] == "conv" else 0.0
+        for i in blocked_reads(n, kinds[name]):
+            t = n.inputs[i]
+            p = prod.get(t)
+            if (p is None or p.name not in kept) and (t, r) not in converted_in:
+                converted_in.add((t, r))  # type: ignore[arg-type]
+                v -= _convert_cost(graph.infos[t])
+        out = n.outputs[0]
+        if out in outs or any(c.name not in kept or out not in [c.inputs[i] for i in blocked_reads(c, kinds[c.name])]
+                              for c in cons.get(out, [])):
+            v -= _convert_cost(graph.infos[out])
+        value[r] = value.get(r, 0.0) + v
+    return {name for name in kept if value[find(name)] < 0}
+
+
+def blocked_reads(node: Node, kind: str | None) -> list[int]:
+    """Input positions a blocked node reads in the blocked layout."""
+    if kind == "conv":
+        return [0] + ([len(node.inputs) - 1] if node.attrs.get("residual") else [])
+    if kind == "pool":
+        return [0]
+    if kind == "concat":
+        return list(range(len(node.inputs)))
+    return []
+
+
+def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> LayoutPlan:
+    """The nodes of ``graph`` to run blocked. ``forced``: the load's kernel choices ({node or op type: kernel});
+    a node whose kernel is forced keeps its layout (the choice names an NCHW kernel).
+
+    A conv is kept where it has a blocked neighbour (a blocked producer of what it reads blocked, or a blocked
+    reader of its output): alone it would pay a conversion each way for the packing it saves. A pool or a
+    concat is kept only where everything it reads comes blocked: they save no packing to pay a conversion with."""
+    forced = forced or {}
+    if any(isinstance(d, str) for ds in graph.dims.values() for d in tuple(ds)[2:]):
+        # a dynamic map size: the plan reads it, and every shape of the model must share its weights
+        return LayoutPlan()
+    kinds = {n.name: k for n in graph.nodes if (k := _kind(n, graph, forced)) is not None}
+    prod = graph.producers()
+    cons = graph.consumers()
+    outs = {t.name for t in graph.outputs}
+    by_name = {n.name: n for n in graph.nodes}
+    kept = set(kinds)
+    while True:
+        nxt = set()
+        for name in kept:
+            n, k = by_name[name], kinds[name]
+            reads = [n.inputs[i] for i in blocked_reads(n, k)]
+            fed = [prod.get(i) is not None and prod[i].name in kept for i in reads]
+            dw = k == "conv" and depthwise(n, graph.infos[n.inputs[1]].shape)
+            if k in ("pool", "concat"):
+                ok = all(fed)
+            elif dw:
+                # a depthwise conv saves nothing blocked (native/dwconv.c is as fast): only where both sides
+                # are blocked, so that it spares the conversions (not before a squeeze-excitation's Mul)
+                ok = all(fed) and bool(cons.get(n.outputs[0])) and all(
+                    c.name in kept and any(c.inputs[i] == n.outputs[0] for i in blocked_reads(c, kinds[c.name]))
+                    for c in cons.get(n.outputs[0], [])) and n.outputs[0] not in outs
+            else:
+                ok = any(fed) or any(c.name in kept and any(c.inputs[i] == n.outputs[0]
+                                                            for i in blocked_reads(c, kinds[c.name]))
+                                     for c in cons.get(n.outputs[0], []))
+            if ok:
+                nxt.add(name)
+        if nxt == kept:
+            dropped = _losing_regions(graph, kinds, kept, prod, cons)
+            if not dropped:
+                break
+            nxt = kept - dropped
+        kept = nxt
+    return LayoutPlan(tuple(n.name for n in graph.nodes if n.name in kept),
+                      tuple(kinds[n.name] for n in graph.nodes if n.name in kept))
+
+
+def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
+    """``graph`` with ``plan``'s nodes in the blocked layout (convs as ``inferd.ConvNchwc``, max pools as
+    ``inferd.MaxPoolNchwc``, concats as they are on the blocked twins of their parts) and the conversions they
+    need; ``graph`` itself is left as it was. Tensors keep their names in NCHW; a blocked twin is named
+    ``name + SUFFIX``."""
+    kinds = dict(zip(plan.blocked, plan.kinds))
+    if not kinds:
+        return graph
+    infos = dict(graph.infos)
+
+    def twin(name: str) -> str:
+        t = graph.infos[name]
+        n, c, h, w = t.shape
+        bn = name + SUFFIX
+        infos[bn] = TensorInfo(bn, (n, c // BLOCK, h, w, BLOCK), t.dtype)
+        return bn
+
+    # tensors blocked nodes write, and those of them something reads in NCHW (or the graph gives out)
+    made_blocked = {n.outputs[0] for n in graph.nodes if n.name in kinds}
+    nchw_readers: set[str] = {t.name for t in graph.outputs} & made_blocked
+    for n in graph.nodes:
+        bl = blocked_reads(n, kinds.get(n.name))
+        nchw_readers.update(name for i, name in enumerate(n.inputs) if name in made_blocked and i not in bl)
+    converted: set[str] = set()
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        kind = kinds.get(n.name)
+        if kind is None:
+            nodes.append(n)  # (only blocked nodes read blocked twins: its inputs are as they were)
+            continue
+        ins = list(n.inputs)
+        for i in blocked_reads(n, kind):
+            name = ins[i]
+            if name not in made_blocked and name not in converted:
+                # an NCHW tensor read blocked: converted once, just before its first blocked reader
+                nodes.append(Node(f"{name}{SUFFIX}#to", TO, [name], [twin(name)], {}))
+                converted.add(name)
+            ins[i] = name + SUFFIX
+        out = n.outputs[0]
+        op = {"conv": CONV, "pool": MAXPOOL, "concat": n.op}[kind]
+        nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=dict(n.attrs)))
+        if out in nchw_readers:
+            nodes.append(Node(f"{out}{SUFFIX}#from", FROM, [out + SUFFIX], [out], {}))
+    return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, infos, graph.opset,
+                 dict(graph.dims), set(graph.runtime_shaped))
+
+
+def blocked_graph(graph: Graph, forced: Mapping[str, str] | None = None) -> Graph:
+    """``apply_layout(graph, plan_layout(graph, forced))``."""
+    return apply_layout(graph, plan_layout(graph, forced))

@@ -1,0 +1,345 @@
+"""Channel-blocked (NCHW16c) convs, pools and conversions (native/nchwc.c, ops/conv_nchwc.py) and the CPU
+backend's layout plan (planner/layout.py): each native kernel against its numpy oracle (Conv's and MaxPool's,
+through the layout conversions) on 1 and 2 threads; the plan's rewrite of zoo models against onnxruntime; the
+C itself on aarch64 under qemu and with sanitizers."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import inferd
+from inferd import native
+from inferd.ir import Node
+from inferd.ops.base import run_layer, single_node_layer
+from inferd.ops.conv_nchwc import (CONV, FROM, MAXPOOL, TO, ConvNchwcKernel, MaxPoolNchwcKernel, ReorderNchwc,
+                                   _unpack_weights, from_blocked, pack_weights, to_blocked)
+from inferd.planner.layout import SUFFIX, apply_layout, blocked_graph, plan_layout
+
+from native_harness import AARCH64_CC, AARCH64_FLAGS, FULL_OPT, QEMU, build_and_run, needs_aarch64
+
+needs_native = pytest.mark.skipif(not native.has("inferd_nchwc_conv"), reason="needs the native extension")
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request: pytest.FixtureRequest) -> Any:
+    before = native.num_threads()
+    native.set_num_threads(request.param)
+    yield request.param
+    native.set_num_threads(before)
+
+
+def _conv_case(seed: int, n: int, cin: int, cout: int, hw: tuple[int, int], k: tuple[int, int], s: int,
+               pads: list[int], group: int, act: Any,
+               residual: bool) -> tuple[Node, list[np.ndarray | None], np.ndarray]:
+    """A blocked conv layer's inputs and the plain Conv oracle's output (bias, residual, act fused)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, cin) + hw).astype(np.float32)
+    w = (rng.standard_normal((cout, cin // group) + k) * 0.2).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    attrs: dict[str, Any] = {"kernel_shape": list(k), "strides": [s, s], "pads": pads, "group": group}
+    if act is not None:
+        attrs["act"] = act
+    plain = single_node_layer("Conv", [x, w, b], attrs)
+    y = plain.outputs[0].shape
+    res = rng.standard_normal(y).astype(np.float32) if residual else None
+    if residual:
+        attrs["residual"] = True
+    from inferd.ops.base import op_spec
+
+    conv = op_spec("Conv")
+    assert conv is not None
+    node = Node("c", "Conv", ["x", "w", "b"] + (["r"] if residual else []), ["y"], attrs)
+    ref = conv.reference(node, [x, w, b] + ([res] if residual else []))[0]
+    blocked = [to_blocked(x), w, b] + ([to_blocked(res)] if res is not None else [])
+    return node, blocked, ref
+
+
+CONV_CASES = [
+    # (n, cin, cout, hw, k, stride, pads, group, act, residual)
+    (1, 16, 16, (5, 7), (3, 3), 1, [1, 1, 1, 1], 1, None, False),
+    (1, 32, 80, (9, 13), (3, 3), 2, [1, 1, 1, 1], 1, ("Relu", ()), True),  # 5 output blocks: a group of 1
+    (1, 64, 48, (11, 11), (1, 1), 1, [0, 0, 0, 0], 1, ("Relu", ()), False),  # pointwise: one row of all pixels
+    (2, 16, 64, (13, 6), (5, 5), 1, [2, 2, 2, 2], 1, ("Clip", (0.0, 6.0)), True),  # two images
+    (1, 48, 32, (7, 7), (7, 7), 2, [3, 3, 3, 3], 1, ("Sigmoid", ()), False),  # an activation applied after
+    (1, 16, 16, (3, 3), (3, 3), 1, [0, 0, 0, 0], 1, None, True),  # no padding: every column inside
+    (1, 32, 32, (30, 29), (3, 3), 1, [1, 2, 1, 0], 1, ("LeakyRelu", (0.1,)), False),  # uneven pads, 12-wide tiles
+    (1, 32, 32, (12, 12), (3, 3), 1, [1, 1, 1, 1], 32, ("Relu", ()), True),  # depthwise
+    (1, 48, 48, (15, 14), (5, 5), 2, [2, 2, 2, 2], 48, None, False),  # depthwise, stride 2
+    (1, 16, 16, (1, 1), (3, 3), 1, [1, 1, 1, 1], 16, None, False),  # depthwise on a 1x1 map
+]
+
+
+@needs_native
+@pytest.mark.parametrize("case", CONV_CASES, ids=[f"c{i}" for i in range(len(CONV_CASES))])
+def test_blocked_conv_matches_the_conv_oracle(case: tuple, threads: int) -> None:
+    node, vals, ref = _conv_case(7, *case)
+    layer = single_node_layer(CONV, vals, dict(node.attrs), const=[False, True, True] + [False] * (len(vals) - 3))
+    k = ConvNchwcKernel()
+    assert k.applies(layer)
+    bound = run_layer(k, layer, vals, bound=True)[0]
+    np.testing.assert_allclose(from_blocked(bound), ref, rtol=1e-4, atol=1e-4)
+    # the op's own oracle (unblock, Conv's oracle, block) agrees, and the kernel's fallback path is that oracle
+    from inferd.ops.base import op_spec
+
+    spec = op_spec(CONV)
+    assert spec is not None
+    np.testing.assert_allclose(spec.reference(layer.node, vals)[0], to_blocked(ref), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_pack_and_unpack_round_trip() -> None:
+    rng = np.random.default_rng(0)
+    for shape, dw in (((80, 32, 3, 3), False), ((16, 48, 1, 1), False), ((48, 1, 5, 5), True)):
+        w = rng.standard_normal(shape).astype(np.float32)
+        p = pack_weights(w, dw)
+        assert p.size == w.size
+        np.testing.assert_array_equal(_unpack_weights(p, shape, dw), w)
+
+
+@needs_native
+@pytest.mark.parametrize("shape", [(1, 32, 9, 7), (2, 16, 4, 4), (1, 64, 56, 56), (1, 16, 1, 1)])
+def test_layout_conversions_round_trip(shape: tuple[int, ...], threads: int) -> None:
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    k = ReorderNchwc()
+    to = single_node_layer(TO, [x], {}, const=[False])
+    b = run_layer(k, to, [x], bound=True)[0]
+    np.testing.assert_array_equal(b, to_blocked(x))
+    back = single_node_layer(FROM, [b], {}, const=[False])
+    np.testing.assert_array_equal(run_layer(k, back, [b], bound=True)[0], x)
+
+
+@needs_native
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2]},  # squeezenet's ceil-less pools
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [2, 3], "strides": [2, 1], "pads": [1, 0, 0, 2]},
+])
+def test_blocked_maxpool_matches_the_oracle(attrs: dict[str, Any], threads: int) -> None:
+    x = np.random.default_rng(2).standard_normal((1, 32, 13, 11)).astype(np.float32)
+    xb = to_blocked(x)
+    layer = single_node_layer(MAXPOOL, [xb], attrs, const=[False])
+    got = run_layer(MaxPoolNchwcKernel(), layer, [xb], bound=True)[0]
+    plain = single_node_layer("MaxPool", [x], attrs, const=[False])
+    from inferd.ops.base import op_spec
+
+    spec = op_spec("MaxPool")
+    assert spec is not None and plain.outputs[0].shape == from_blocked(got).shape
+    np.testing.assert_array_equal(from_blocked(got), spec.reference(plain.node, [x])[0])
+
+
+@needs_native
+def test_bad_geometry_is_refused_not_read_out_of_bounds() -> None:
+    # a pad as large as the kernel would read before the row: the bound call is refused, the run takes the oracle
+    x = np.ones((1, 16, 4, 4), np.float32)
+    w = np.ones((16, 16, 1, 1), np.float32)
+    attrs = {"kernel_shape": [1, 1], "pads": [1, 1, 1, 1]}
+    layer = single_node_layer(CONV, [to_blocked(x), w], attrs, const=[False, True])
+    k = ConvNchwcKernel()
+    params = k.transform(layer, {"in1": w})
+    out = [np.empty(layer.outputs[0].shape, np.float32)]
+    assert k.bind(layer, [to_blocked(x), None], params, out) is None
+    k.run(layer, [to_blocked(x), None], params, out)
+    assert from_blocked(out[0])[0, 0, 0, 0] == 0.0 and from_blocked(out[0])[0, 0, 1, 1] == 16.0
+    assert native.lib.inferd_nchwc_conv(native.ffi.NULL, 1, 4, 4, native.ffi.NULL, 1, 1, 1, 1, 1, 1, 1, 6, 6,
+                                        native.ffi.NULL, native.ffi.NULL, native.ffi.NULL, 0, 0.0, 0.0) == -1
+
+
+def test_blocked_kernels_do_not_apply_to_plain_ops() -> None:
+    # another input shape's executor asks whether a donor's kernel applies to its own layer of the same name
+    x = np.ones((1, 16, 4, 4), np.float32)
+    plain = single_node_layer("Conv", [x, np.ones((16, 16, 1, 1), np.float32)], {"kernel_shape": [1, 1]})
+    assert not ConvNchwcKernel().applies(plain)
+    assert not MaxPoolNchwcKernel().applies(single_node_layer("MaxPool", [x], {"kernel_shape": [2, 2]},
+                                                              const=[False]))
+
+
+# --------------------------------------------------------------------------- the layout plan on models
+
+
+def _zoo(name: str, tmp: Path) -> str:
+    from inferd import zoo
+
+    return str(zoo.write_zoo(tmp, [name])[name])
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["squeezenet1_1", "mobilenetv2", "resnet18"])
+def test_zoo_models_run_blocked_and_match_onnxruntime(name: str, tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    path = _zoo(name, tmp_path)
+    from inferd.frontend import import_template, specialize
+
+    graph = specialize(import_template(path))
+    plan = plan_layout(graph)
+    g2 = apply_layout(graph, plan)
+    ops = {n.op for n in g2.nodes}
+    if name == "squeezenet1_1":
+        # the fire modules: every conv but the stem and the classifier, the concats and the pools between them
+        assert CONV in ops and MAXPOOL in ops and len(plan.blocked) >= 30
+        assert sum(n.op == TO for n in g2.nodes) == 1 and sum(n.op == FROM for n in g2.nodes) == 1
+    # every blocked tensor is read only by blocked nodes; the graph's outputs stay NCHW
+    for n in g2.nodes:
+        for i, t in enumerate(n.inputs):
+            if t.endswith(SUFFIX):
+                assert n.op in (CONV, MAXPOOL, FROM, "Concat"), (n.name, n.op)
+    assert not any(t.name.endswith(SUFFIX) for t in g2.outputs)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    inp = sess.get_inputs()[0]
+    x = np.random.default_rng(3).standard_normal([d if isinstance(d, int) else 1 for d in inp.shape]).astype(np.float32)
+    want = sess.run(None, {inp.name: x})[0]
+    m = inferd.load(path, device="cpu")
+    got = list(m.run({inp.name: x}).values())[0]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+    kernels = set(m.kernels.values())
+    assert ("nchwc" in kernels) == bool(plan.blocked)
+    m.close()
+
+
+def test_forced_conv_kernels_keep_the_nchw_layout(tmp_path: Path) -> None:
+    path = _zoo("squeezenet1_1", tmp_path)
+    from inferd.frontend import import_template, specialize
+
+    graph = specialize(import_template(path))
+    assert plan_layout(graph).blocked
+    assert "conv" not in plan_layout(graph, {"Conv": "im2col"}).kinds
+    first = next(n.name for n in graph.nodes if n.op == "Conv" and n.name in plan_layout(graph).blocked)
+    assert first not in plan_layout(graph, {first: "im2col"}).blocked
+    # the original graph is left as it was
+    before = [(n.op, list(n.inputs)) for n in graph.nodes]
+    blocked_graph(graph)
+    assert [(n.op, list(n.inputs)) for n in graph.nodes] == before
+
+
+# --------------------------------------------------------------------------- the C on other targets
+
+C_HARNESS = r"""
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "inferd_native.h"
+
+static int fails = 0;
+static float frand(unsigned* s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) & 0xffff) / 32768.0f - 1.0f; }
+
+/* x NCHW [C][H][W]; reference conv (group 1 or depthwise) with bias, relu */
+static void ref_conv(const float* x, int C, int H, int W, const float* w, int CO, int K, int S, int P, int dw,
+                     const float* b, float* y, int OH, int OW)
+{
+    for (int o = 0; o < CO; ++o)
+        for (int oh = 0; oh < OH; ++oh)
+            for (int ow = 0; ow < OW; ++ow) {
+                double acc = b[o];
+                for (int c = dw ? o : 0; c < (dw ? o + 1 : C); ++c)
+                    for (int kh = 0; kh < K; ++kh)
+                        for (int kw = 0; kw < K; ++kw) {
+                            int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                            acc += x[(c * H + ih) * W + iw] * w[((o * (dw ? 1 : C) + (dw ? 0 : c)) * K + kh) * K + kw];
+                        }
+                y[(o * OH + oh) * OW + ow] = acc > 0 ? (float)acc : 0.0f;
+            }
+}
+
+static void block(const float* x, int C, int HW, float* xb)
+{
+    for (int c = 0; c < C; ++c)
+        for (int p = 0; p < HW; ++p) xb[((c / 16) * HW + p) * 16 + c % 16] = x[c * HW + p];
+}
+
+static void check(const char* what, const float* got_b, const float* ref, int C, int HW, float tol)
+{
+    for (int c = 0; c < C; ++c)
+        for (int p = 0; p < HW; ++p) {
+            float g = got_b[((c / 16) * HW + p) * 16 + c % 16], r = ref[c * HW + p];
+            if (fabsf(g - r) > tol * (1.0f + fabsf(r))) {
+                printf("FAIL %s c=%d p=%d got %g want %g\n", what, c, p, g, r);
+                fails++;
+                return;
+            }
+        }
+}
+
+static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
+{
+    unsigned s = 12345u + C * 7 + K;
+    int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    float* x = malloc(sizeof(float) * C * H * W);
+    float* xb = malloc(sizeof(float) * C * H * W);
+    int wn = dw ? CO * K * K : CO * C * K * K;
+    float* w = malloc(sizeof(float) * wn);
+    float* wp = malloc(sizeof(float) * wn);
+    float* b = malloc(sizeof(float) * CO);
+    float* ref = malloc(sizeof(float) * CO * OH * OW);
+    float* y = malloc(sizeof(float) * CO * OH * OW);
+    for (int i = 0; i < C * H * W; ++i) x[i] = frand(&s);
+    for (int i = 0; i < wn; ++i) w[i] = frand(&s) * 0.2f;
+    for (int i = 0; i < CO; ++i) b[i] = frand(&s);
+    block(x, C, H * W, xb);
+    if (dw) {
+        for (int o = 0; o < CO; ++o)
+            for (int k = 0; k < K * K; ++k) wp[((o / 16) * K * K + k) * 16 + o % 16] = w[o * K * K + k];
+    } else {
+        /* groups of up to 4 output blocks: [cin block][kh][kw][16 ci][nbg * 16 co] */
+        int at = 0;
+        for (int b0 = 0; b0 < CO / 16; b0 += 4) {
+            int nbg = CO / 16 - b0 < 4 ? CO / 16 - b0 : 4;
+            for (int cb = 0; cb < C / 16; ++cb)
+                for (int k = 0; k < K * K; ++k)
+                    for (int ci = 0; ci < 16; ++ci)
+                        for (int o = 0; o < nbg * 16; ++o)
+                            wp[at++] = w[((b0 * 16 + o) * C + cb * 16 + ci) * K * K + k];
+        }
+    }
+    ref_conv(x, C, H, W, w, CO, K, S, P, dw, b, ref, OH, OW);
+    int rc = dw ? inferd_nchwc_dwconv(xb, C / 16, H, W, wp, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0)
+                : inferd_nchwc_conv(xb, C / 16, H, W, wp, CO / 16, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0);
+    if (rc != 0) { printf("FAIL rc\n"); fails++; }
+    check(dw ? "dwconv" : "conv", y, ref, CO, OH * OW, 1e-4f);
+    /* the conversions round trip */
+    float* back = malloc(sizeof(float) * C * H * W);
+    float* xb2 = malloc(sizeof(float) * C * H * W);
+    inferd_nchwc_reorder(x, C / 16, H * W, xb2, 1);
+    inferd_nchwc_reorder(xb2, C / 16, H * W, back, 0);
+    for (int i = 0; i < C * H * W; ++i)
+        if (xb2[i] != xb[i] || back[i] != x[i]) { printf("FAIL reorder %d\n", i); fails++; break; }
+    free(x); free(xb); free(w); free(wp); free(b); free(ref); free(y); free(back); free(xb2);
+}
+
+int main(void)
+{
+    for (int t = 1; t <= 2; ++t) {
+        inferd_pool_set_threads(t);
+        conv_case(16, 16, 5, 7, 3, 1, 1, 0);
+        conv_case(32, 80, 9, 13, 3, 2, 1, 0);
+        conv_case(64, 48, 11, 11, 1, 1, 0, 0);
+        conv_case(16, 32, 30, 29, 3, 1, 1, 0);
+        conv_case(48, 64, 7, 7, 7, 2, 3, 0);
+        conv_case(32, 32, 12, 12, 3, 1, 1, 1);
+        conv_case(48, 48, 15, 14, 5, 2, 2, 1);
+    }
+    printf("ok (%d failures)\n", fails);
+    return fails != 0;
+}
+"""
+
+
+def _harness(tmp: Path) -> Path:
+    src = tmp / "nchwc_test.c"
+    src.write_text(C_HARNESS)
+    return src
+
+
+@needs_aarch64
+def test_native_nchwc_aarch64(tmp_path: Path) -> None:
+    build_and_run(_harness(tmp_path), ["nchwc.c", "pool.c"], AARCH64_CC, AARCH64_FLAGS, tmp_path, QEMU, FULL_OPT,
+                  300)
+
+
+def test_native_nchwc_under_sanitizers(tmp_path: Path) -> None:
+    from native_harness import with_sanitizers
+
+    with_sanitizers(lambda flags: build_and_run(_harness(tmp_path), ["nchwc.c", "pool.c"], "cc",
+                                                ["-g", *flags], tmp_path, [], ("-O1", "-ffp-contract=fast"), 300))
