@@ -830,49 +830,30 @@ def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: n
 
 
 def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,
-                     kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float,
-                     p1: float) -> Callable[[], None] | None:
-    """native/nchwc.c's conv over each image of blocked ``x`` (N, Cin/16, H, W, 16) into ``y`` (N, Cout/16, OH,
-    OW, 16), ``res`` (y's shape) added before the activation; ``w`` packed by ``ops.conv_nchwc.pack_weights``.
-    A no-argument call, or None where the arrays do not fit (see :func:`gemm_bound`)."""
-    if not has("inferd_nchwc_conv"):
+                     kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float, p1: float,
+                     depthwise: bool = False) -> Callable[[], None] | None:
+    """native/nchwc.c's conv (``depthwise``: its depthwise conv) over each image of blocked ``x`` (N, Cin/16, H,
+    W, 16) into ``y`` (N, Cout/16, OH, OW, 16), ``res`` (y's shape) added before the activation; ``w`` packed by
+    ``ops.conv_nchwc.pack_weights``. A no-argument call, or None where the arrays do not fit (see
+    :func:`gemm_bound`)."""
+    name = "inferd_nchwc_dwconv" if depthwise else "inferd_nchwc_conv"
+    if not has(name):
         return None
     arrs = [x, w, y] + [a for a in (bias, res) if a is not None]
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrs) or (res is not None and res.shape != y.shape):
         return None
     n, cib, h, wd, _ = x.shape
     _, cob, oh, ow, _ = y.shape
-    fn = lib.inferd_nchwc_conv
+    fn = getattr(lib, name)
     per = [(_ptr(x[i]), _ptr(y[i]), ffi.NULL if res is None else _ptr(res[i])) for i in range(n)]
     wp, bp = _ptr(w), _opt(bias)
+    # the two entry points differ only in the output block count the depthwise one does not take
+    head = (cib, h, wd, wp) if depthwise else (cib, h, wd, wp, cob)
 
     def call(_keep: Any = tuple(arrs)) -> None:
         for xp, yp, rp in per:
-            if fn(xp, cib, h, wd, wp, cob, kh, kw, sh, sw, pt, pl, oh, ow, bp, rp, yp, code, p0, p1) != 0:
-                raise ValueError("nchwc_conv: bad arguments")
-    return call
-
-
-def nchwc_dwconv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,
-                       kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float,
-                       p1: float) -> Callable[[], None] | None:
-    """native/nchwc.c's depthwise conv over each image of blocked ``x`` into ``y`` (``w`` (C/16, kh, kw, 16));
-    as :func:`nchwc_conv_bound` otherwise."""
-    if not has("inferd_nchwc_dwconv"):
-        return None
-    arrs = [x, w, y] + [a for a in (bias, res) if a is not None]
-    if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrs) or (res is not None and res.shape != y.shape):
-        return None
-    n, cb, h, wd, _ = x.shape
-    _, _, oh, ow, _ = y.shape
-    fn = lib.inferd_nchwc_dwconv
-    per = [(_ptr(x[i]), _ptr(y[i]), ffi.NULL if res is None else _ptr(res[i])) for i in range(n)]
-    wp, bp = _ptr(w), _opt(bias)
-
-    def call(_keep: Any = tuple(arrs)) -> None:
-        for xp, yp, rp in per:
-            if fn(xp, cb, h, wd, wp, kh, kw, sh, sw, pt, pl, oh, ow, bp, rp, yp, code, p0, p1) != 0:
-                raise ValueError("nchwc_dwconv: bad arguments")
+            if fn(xp, *head, kh, kw, sh, sw, pt, pl, oh, ow, bp, rp, yp, code, p0, p1) != 0:
+                raise ValueError(f"{name}: bad arguments")
     return call
 
 

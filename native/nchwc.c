@@ -165,12 +165,22 @@ static const tiles_t tiles_avx512 = {{12, 12, 6, 6}, 4,
                                       NCHWC_ROW2(avx512, 10), NCHWC_ROW2(avx512, 11), NCHWC_ROW2(avx512, 12)}};
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
+/* 2: AVX-512, 1: AVX2 + FMA, 0: the generic vectors (SSE2). */
+static int isa_level(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+    return 0;
+}
+#endif
+
 static const tiles_t* tiles(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return &tiles_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &tiles_avx2;
+    const int l = isa_level();
+    if (l) return l == 2 ? &tiles_avx512 : &tiles_avx2;
 #endif
     return &tiles_gen;
 }
@@ -388,9 +398,9 @@ NCHWC_DW_ROW(mp_avx512, AVX512, v16f, v16i, 1)
 static drow_fn drow(int pool)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return pool ? mp_avx512 : dw_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return pool ? mp_avx2 : dw_avx2;
+    const int l = isa_level();
+    if (l == 2) return pool ? mp_avx512 : dw_avx512;
+    if (l == 1) return pool ? mp_avx2 : dw_avx2;
 #endif
     return pool ? mp_gen : dw_gen;
 }
@@ -473,8 +483,7 @@ NCHWC_T16(t16_avx512, AVX512, v16f, v16i)
 static t16_fn t16(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return t16_avx512;
+    if (isa_level() == 2) return t16_avx512;
 #endif
     return t16_gen;
 }

@@ -12,6 +12,7 @@ attributes otherwise. Its oracle unblocks, runs Conv's oracle and blocks the res
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, op_spec, raw_key, register_kernel, register_op, weights_key
-from .conv import conv_geom, io_positions
+from .conv import _act, conv_geom, io_positions
 from .pool import pool_geometry, pool_reference
 
 F32 = np.float32
@@ -138,8 +139,24 @@ register_op(OpSpec(MAXPOOL, _infer_pool, _ref_pool,
                    notes="inferd's own: MaxPool on channel-blocked tensors (the CPU's layout plan inserts it)"))
 
 
+class _NativeOrOracle(Kernel):
+    """``run``: the call ``bind`` makes where it applies, else ``oracle`` (no native build, a geometry or an
+    activation the C does not take)."""
+
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        if call is not None:
+            call()
+        else:
+            outputs[0][...] = self.oracle(layer, inputs, params)
+
+
 @register_kernel
-class ReorderNchwc(Kernel):
+class ReorderNchwc(_NativeOrOracle):
     """Both reorders in native/nchwc.c (16 x 16 transposes in registers)."""
 
     name = "nchwc_reorder"
@@ -157,15 +174,14 @@ class ReorderNchwc(Kernel):
         x = inputs[0]
         return None if x is None else native.nchwc_reorder_bound(x, outputs[0], layer.op == TO)
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         x = inputs[0]
         assert x is not None
-        outputs[0][...] = to_blocked(x) if layer.op == TO else from_blocked(x)
+        return to_blocked(x) if layer.op == TO else from_blocked(x)
 
 
 @register_kernel
-class ConvNchwcKernel(Kernel):
+class ConvNchwcKernel(_NativeOrOracle):
     """native/nchwc.c over each image; the numpy oracle where the native build is absent."""
 
     name = "nchwc"
@@ -188,9 +204,8 @@ class ConvNchwcKernel(Kernel):
         return out
 
     def transformed_nbytes(self, layer: Layer) -> int:
-        w = layer.in_shape(1)
-        b = layer.in_shape(io_positions(layer.node)[0] or 0)[0] if io_positions(layer.node)[0] is not None else 0
-        return 4 * (int(np.prod(w)) + b)
+        bi, _ = io_positions(layer.node)  # (the packed weights hold exactly the raw ones, reordered)
+        return 4 * (math.prod(layer.in_shape(1)) + (layer.in_shape(bi)[0] if bi is not None else 0))
 
     def _args(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
               outputs: Sequence[np.ndarray]) -> tuple | None:
@@ -213,23 +228,16 @@ class ConvNchwcKernel(Kernel):
         if a is None:
             return None
         x, y, res, b, g, code, p0, p1 = a
-        bound = native.nchwc_dwconv_bound if g.group > 1 else native.nchwc_conv_bound
-        return bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1)
+        return native.nchwc_conv_bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1,
+                                       depthwise=g.group > 1)
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        if call is not None:
-            call()
-            return
-        # the oracle, from the raw weights unpacked again (no native build, or an activation C does not know)
-        w = _unpack_weights(params["w"], layer.in_shape(1), depthwise(layer.node, layer.in_shape(1)))
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         vals = list(inputs)
-        vals[1] = w
+        vals[1] = _unpack_weights(params["w"], layer.in_shape(1), depthwise(layer.node, layer.in_shape(1)))
         bi, _ = io_positions(layer.node)
         if bi is not None:
             vals[bi] = params.get("b")
-        outputs[0][...] = _ref_conv(layer.node, vals)[0]
+        return _ref_conv(layer.node, vals)[0]
 
 
 def _f32(layer: Layer) -> bool:
@@ -251,15 +259,8 @@ def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False) -> n
     return out
 
 
-def _act(node: Node) -> Any:
-    a = node.attrs.get("act")
-    if a is None:
-        return None
-    return str(a[0]), tuple(float(v) for v in (a[1] if len(a) > 1 else ()))
-
-
 @register_kernel
-class MaxPoolNchwcKernel(Kernel):
+class MaxPoolNchwcKernel(_NativeOrOracle):
     """native/nchwc.c's pool over each image (dilation 1); the oracle otherwise."""
 
     name = "nchwc_pool"
@@ -283,10 +284,5 @@ class MaxPoolNchwcKernel(Kernel):
         return native.nchwc_maxpool_bound(x, outputs[0], g.kernel[0], g.kernel[1], g.strides[0], g.strides[1],
                                           g.pads_head[0], g.pads_head[1])
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        if call is not None:
-            call()
-            return
-        outputs[0][...] = _ref_pool(layer.node, list(inputs))[0]
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
+        return _ref_pool(layer.node, list(inputs))[0]

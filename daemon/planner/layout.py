@@ -24,6 +24,7 @@ name that another shape's executor holds).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Mapping
 
@@ -91,7 +92,7 @@ def _conv_ok(node: Node, graph: Graph, forced: Mapping[str, str]) -> bool:
         # (a CNN's last stages)
         y = graph.infos.get(node.outputs[0])
         return (not strided and cin * cout < POINTWISE_MAX_WEIGHTS and y is not None
-                and int(np.prod(y.shape[2:])) >= POINTWISE_MIN_PIXELS)
+                and math.prod(y.shape[2:]) >= POINTWISE_MIN_PIXELS)
     if dw or strided:
         return True
     # k x k stride 1: where the NCHW path takes Winograd it stays, but for few channels each way
@@ -110,7 +111,7 @@ def _saving(node: Node, graph: Graph) -> float:
     x, w = graph.infos[node.inputs[0]].shape, graph.infos[node.inputs[1]].shape
     y = graph.infos[node.outputs[0]].shape
     cout, cin_g, kh, kw = (int(d) for d in w)
-    flops = 2.0 * cout * cin_g * kh * kw * int(np.prod(y[2:])) * int(y[0])
+    flops = 2.0 * cout * cin_g * kh * kw * math.prod(y[2:]) * int(y[0])
     if depthwise(node, w):
         return 0.0
     if kh == kw == 1:
@@ -151,7 +152,7 @@ def _concat_ok(node: Node, graph: Graph) -> bool:
 def _kind(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
     """'conv' and 'pool' (computed in the blocked layout), 'concat' (blocked parts concatenated as they are),
     or None (NCHW only)."""
-    if node.inputs and (graph.infos.get(node.inputs[0]) is None or str(graph.infos[node.inputs[0]].dtype) != "float32"
+    if node.inputs and (graph.infos.get(node.inputs[0]) is None or graph.infos[node.inputs[0]].dtype != np.float32
                         or node.inputs[0] in graph.runtime_shaped):
         return None
     if node.op == "Conv" and _conv_ok(node, graph, forced):
@@ -164,7 +165,7 @@ def _kind(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
 
 
 def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod: Mapping[str, Node],
-                    cons: Mapping[str, list[Node]]) -> set[str]:
+                    cons: Mapping[str, list[Node]], saving: Mapping[str, float]) -> set[str]:
     """Nodes of the connected blocked regions whose conversions (into and out of the region) cost more than
     their convs save."""
     by_name = {n.name: n for n in graph.nodes}
@@ -188,7 +189,7 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
     converted_in: set[str] = set()
     for name in kept:
         n, r = by_name[name], find(name)
-        v = _saving(n, graph) if kinds[name] == "conv" else 0.0
+        v = saving.get(name, 0.0)
         for i in blocked_reads(n, kinds[name]):
             t = n.inputs[i]
             p = prod.get(t)
@@ -226,6 +227,7 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
         # a dynamic map size: the plan reads it, and every shape of the model must share its weights
         return LayoutPlan()
     kinds = {n.name: k for n in graph.nodes if (k := _kind(n, graph, forced)) is not None}
+    saving = {n.name: _saving(n, graph) for n in graph.nodes if kinds.get(n.name) == "conv"}
     prod = graph.producers()
     cons = graph.consumers()
     outs = {t.name for t in graph.outputs}
@@ -253,7 +255,7 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
             if ok:
                 nxt.add(name)
         if nxt == kept:
-            dropped = _losing_regions(graph, kinds, kept, prod, cons)
+            dropped = _losing_regions(graph, kinds, kept, prod, cons, saving)
             if not dropped:
                 break
             nxt = kept - dropped
