@@ -343,3 +343,33 @@ def test_native_nchwc_under_sanitizers(tmp_path: Path) -> None:
 
     with_sanitizers(lambda flags: build_and_run(_harness(tmp_path), ["nchwc.c", "pool.c"], "cc",
                                                 ["-g", *flags], tmp_path, [], ("-O1", "-ffp-contract=fast"), 300))
+
+
+@needs_native
+@pytest.mark.parametrize("axis", [1, -3])
+def test_a_channel_concat_runs_blocked_whichever_way_its_axis_is_written(axis: int, tmp_path: Path) -> None:
+    # two 1x1 convs into a Concat into a third: the concat takes the blocked twins as they are; its axis counted
+    # from the end (-3 of NCHW) must still name the blocks' axis, not the rows of the 5-D twins
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.05).astype(np.float32), n)
+             for n, s in (("wa", (256, 256, 1, 1)), ("wb", (256, 256, 1, 1)), ("wc", (256, 512, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "wb"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Concat", ["a", "b"], ["ab"], axis=axis),
+             helper.make_node("Conv", ["ab", "wc"], ["y"], kernel_shape=[1, 1])]
+    g = helper.make_graph(nodes, "cat", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 32, 32])], inits)
+    path = tmp_path / "cat.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    from inferd.frontend import import_template, specialize
+
+    plan = plan_layout(specialize(import_template(str(path))))
+    assert "concat" in plan.kinds and plan.kinds.count("conv") == 3
+    x = rng.standard_normal((1, 256, 32, 32)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with inferd.load(str(path), device="cpu") as m:
+        np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)

@@ -304,7 +304,9 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
             ins[i] = name + SUFFIX
         out = n.outputs[0]
         op = {"conv": CONV, "pool": MAXPOOL, "concat": n.op}[kind]
-        nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=dict(n.attrs)))
+        # a concat's axis as the blocks' axis of the 5-D twins (-3 of NCHW would name their rows)
+        attrs = {**n.attrs, "axis": 1} if kind == "concat" else dict(n.attrs)
+        nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=attrs))
         if out in nchw_readers:
             nodes.append(Node(f"{out}{SUFFIX}#from", FROM, [out + SUFFIX], [out], {}))
     return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, infos, graph.opset,
