@@ -63,40 +63,45 @@ class LayoutPlan:
     kinds: tuple[str, ...] = ()
 
 
-def _conv_ok(node: Node, graph: Graph, forced: Mapping[str, str]) -> bool:
+def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
+    """What the NCHW path would run ``node`` with ("pointwise", "strided", "direct", "winograd", "depthwise")
+    where the blocked kernel suits it, else None: the blocked kernel's expected saving depends on it."""
     if node.name in forced or "Conv" in forced or len(node.inputs) < 2:
-        return False
+        return None
     x, w = graph.infos.get(node.inputs[0]), graph.infos.get(node.inputs[1])
     if x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4 or node.inputs[1] not in graph.constants:
-        return False
+        return None
     if any(name and name in graph.constants for name in node.inputs[3:]):  # a constant residual: left alone
-        return False
+        return None
     if any(int(d) != 1 for d in node.attrs.get("dilations", (1, 1))):
-        return False
+        return None
     cout, cin, kh, kw = (int(d) for d in w.shape)
     dw = depthwise(node, w.shape)
     if cout % BLOCK or (cin % BLOCK and not dw) or (int(node.attrs.get("group", 1)) != 1 and not dw):
-        return False
+        return None
     if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        return False
+        return None
     pads = [int(p) for p in node.attrs.get("pads", (0, 0, 0, 0))]
     if pads[0] >= kh or pads[1] >= kw:
-        return False
+        return None
     act = node.attrs.get("act")
     if act is not None and str(act[0]) not in NATIVE_ACTS:  # the blocked kernels' epilogue is the native one
-        return False
+        return None
     strided = any(int(s) > 1 for s in node.attrs.get("strides", (1, 1)))
     if kh == kw == 1:
         # strided 1x1s (ResNet's downsampling) read every other pixel's 16 channels: slower than a copy of the
         # strided pixels and a GEMM; and where the weights are large or the map small the GEMM's blocking wins
         # (a CNN's last stages)
         y = graph.infos.get(node.outputs[0])
-        return (not strided and cin * cout < POINTWISE_MAX_WEIGHTS and y is not None
-                and math.prod(y.shape[2:]) >= POINTWISE_MIN_PIXELS)
+        ok = (not strided and cin * cout < POINTWISE_MAX_WEIGHTS and y is not None
+              and math.prod(y.shape[2:]) >= POINTWISE_MIN_PIXELS)
+        return "pointwise" if ok else None
     if dw or strided:
-        return True
+        return "depthwise" if dw else "strided"
     # k x k stride 1: where the NCHW path takes Winograd it stays, but for few channels each way
-    return cin <= DIRECT_MAX_CIN and (not _winograd(node, x.shape, w.shape) or cout <= DIRECT_MAX_CIN)
+    wino = _winograd(node, x.shape, w.shape)
+    return ("winograd" if wino else "direct") if cin <= DIRECT_MAX_CIN and (not wino or cout <= DIRECT_MAX_CIN) \
+        else None
 
 
 def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
@@ -106,21 +111,11 @@ def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) ->
     return g is not None and preferred_3x3_kernel(g).startswith("winograd")
 
 
-def _saving(node: Node, graph: Graph) -> float:
-    """Seconds the blocked kernel is expected to save on ``node`` (a conv) against the NCHW path."""
-    x, w = graph.infos[node.inputs[0]].shape, graph.infos[node.inputs[1]].shape
-    y = graph.infos[node.outputs[0]].shape
-    cout, cin_g, kh, kw = (int(d) for d in w)
-    flops = 2.0 * cout * cin_g * kh * kw * math.prod(y[2:]) * int(y[0])
-    if depthwise(node, w):
-        return 0.0
-    if kh == kw == 1:
-        kind = "pointwise"
-    elif any(int(s) > 1 for s in node.attrs.get("strides", (1, 1))):
-        kind = "strided"
-    else:
-        kind = "winograd" if _winograd(node, x, w) else "direct"
-    return SAVING[kind] * flops / CONV_RATE
+def _saving(node: Node, graph: Graph, path: str) -> float:
+    """Seconds the blocked kernel is expected to save on conv ``node`` against the NCHW ``path``."""
+    _cout, cin_g, kh, kw = graph.infos[node.inputs[1]].shape
+    y = graph.infos[node.outputs[0]].shape  # (N, Cout, OH, OW): a multiply-add per output and tap
+    return SAVING.get(path, 0.0) * 2.0 * cin_g * kh * kw * math.prod(y) / CONV_RATE
 
 
 def _convert_cost(info: TensorInfo) -> float:
@@ -149,13 +144,14 @@ def _concat_ok(node: Node, graph: Graph) -> bool:
                     for t in infos))
 
 
-def _kind(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
-    """'conv' and 'pool' (computed in the blocked layout), 'concat' (blocked parts concatenated as they are),
-    or None (NCHW only)."""
+def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, str]) -> str | None:
+    """'conv' (its NCHW path recorded in ``paths``) and 'pool' (computed in the blocked layout), 'concat'
+    (blocked parts concatenated as they are), or None (NCHW only)."""
     if node.inputs and (graph.infos.get(node.inputs[0]) is None or graph.infos[node.inputs[0]].dtype != np.float32
                         or node.inputs[0] in graph.runtime_shaped):
         return None
-    if node.op == "Conv" and _conv_ok(node, graph, forced):
+    if node.op == "Conv" and (path := _conv_path(node, graph, forced)) is not None:
+        paths[node.name] = path
         return "conv"
     if node.op == "MaxPool" and _pool_ok(node, graph, forced):
         return "pool"
@@ -186,7 +182,7 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
             if p is not None and p.name in kept:
                 parent[find(p.name)] = find(name)
     value: dict[str, float] = {}
-    converted_in: set[str] = set()
+    converted_in: set[tuple[str, str]] = set()
     for name in kept:
         n, r = by_name[name], find(name)
         v = saving.get(name, 0.0)
@@ -194,7 +190,7 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
             t = n.inputs[i]
             p = prod.get(t)
             if (p is None or p.name not in kept) and (t, r) not in converted_in:
-                converted_in.add((t, r))  # type: ignore[arg-type]
+                converted_in.add((t, r))
                 v -= _convert_cost(graph.infos[t])
         out = n.outputs[0]
         if out in outs or any(c.name not in kept or out not in [c.inputs[i] for i in blocked_reads(c, kinds[c.name])]
@@ -226,12 +222,13 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
     if any(isinstance(d, str) for ds in graph.dims.values() for d in tuple(ds)[2:]):
         # a dynamic map size: the plan reads it, and every shape of the model must share its weights
         return LayoutPlan()
-    kinds = {n.name: k for n in graph.nodes if (k := _kind(n, graph, forced)) is not None}
-    saving = {n.name: _saving(n, graph) for n in graph.nodes if kinds.get(n.name) == "conv"}
+    paths: dict[str, str] = {}
+    kinds = {n.name: k for n in graph.nodes if (k := _kind(n, graph, forced, paths)) is not None}
+    by_name = {n.name: n for n in graph.nodes}
+    saving = {name: _saving(by_name[name], graph, path) for name, path in paths.items()}
     prod = graph.producers()
     cons = graph.consumers()
     outs = {t.name for t in graph.outputs}
-    by_name = {n.name: n for n in graph.nodes}
     kept = set(kinds)
     while True:
         nxt = set()
@@ -239,10 +236,9 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
             n, k = by_name[name], kinds[name]
             reads = [n.inputs[i] for i in blocked_reads(n, k)]
             fed = [prod.get(i) is not None and prod[i].name in kept for i in reads]
-            dw = k == "conv" and depthwise(n, graph.infos[n.inputs[1]].shape)
             if k in ("pool", "concat"):
                 ok = all(fed)
-            elif dw:
+            elif paths[name] == "depthwise":
                 # a depthwise conv saves nothing blocked (native/dwconv.c is as fast): only where both sides
                 # are blocked, so that it spares the conversions (not before a squeeze-excitation's Mul)
                 ok = all(fed) and bool(cons.get(n.outputs[0])) and all(
