@@ -173,6 +173,21 @@ if AVAILABLE:
 # --------------------------------------------------------------------------- pointers
 
 
+#: Alignment of transformed weights: a kernel's vector loads of a 64-byte vector stay within one cache line
+VECTOR_ALIGN = 64
+
+
+def empty_aligned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    """``np.empty`` whose data starts on a VECTOR_ALIGN boundary. numpy aligns to 16 bytes only, so a packed weight
+    array started anywhere in a cache line and every zmm load of it split two (squeezenet1_1 2-3.5% slower on the
+    Emerald Rapids VM, in one process alternating with aligned copies)."""
+    dt = np.dtype(dtype)
+    n = math.prod(shape) * dt.itemsize
+    raw = np.empty(n + VECTOR_ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % VECTOR_ALIGN
+    return raw[off:off + n].view(dt).reshape(shape)
+
+
 def _check(a: np.ndarray, name: str, contiguous: bool = True) -> None:
     if a.dtype != F32:
         raise TypeError(f"{name}: expected float32, got {a.dtype}")
@@ -597,7 +612,7 @@ def gemm_pack_a(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError(f"gemm_pack_a: expected a 2-D matrix, got shape {a.shape}")
     m, k = a.shape
     if out is None:
-        out = np.empty(gemm_packed_shape(m, k), F32)
+        out = empty_aligned(gemm_packed_shape(m, k), F32)
     if not AVAILABLE:
         out[...] = numpy_gemm_pack_a(a.astype(F32, copy=False))
         return out
@@ -908,7 +923,7 @@ def gemm_pack_b(b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError(f"gemm_pack_b: expected a 2-D matrix, got shape {b.shape}")
     k, n = b.shape
     if out is None:
-        out = np.empty(gemm_packed_b_shape(k, n), F32)
+        out = empty_aligned(gemm_packed_b_shape(k, n), F32)
     if not AVAILABLE:
         full = np.zeros((k, out.shape[0] * GEMM_NBP), F32)
         full[:, :n] = b
@@ -1057,11 +1072,11 @@ def pack_weights(w3: np.ndarray, ncols: int) -> np.ndarray:
     (G, panels, K, 8), or for few columns the B form (G, panels, K, 96) of W^T. :func:`gemm` tells them apart."""
     g, m, k = w3.shape
     if ncols < GEMM_BFORM_MAX_COLS:
-        out = np.empty((g,) + gemm_packed_b_shape(k, m), F32)
+        out = empty_aligned((g,) + gemm_packed_b_shape(k, m), F32)
         for q in range(g):
             gemm_pack_b(w3[q].T, out[q])
     else:
-        out = np.empty((g,) + gemm_packed_shape(m, k), F32)
+        out = empty_aligned((g,) + gemm_packed_shape(m, k), F32)
         for q in range(g):
             gemm_pack_a(w3[q], out[q])
     return out

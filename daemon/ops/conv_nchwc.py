@@ -58,13 +58,17 @@ def pack_weights(w: np.ndarray, dw: bool = False) -> np.ndarray:
     [block][kh][kw][16 channels]."""
     co, ci, kh, kw = w.shape
     if dw:
-        return np.ascontiguousarray(w.reshape(co // BLOCK, BLOCK, kh, kw).transpose(0, 2, 3, 1), dtype=F32)
-    parts = []
+        out = native.empty_aligned((co // BLOCK, kh, kw, BLOCK))
+        out[...] = w.reshape(co // BLOCK, BLOCK, kh, kw).transpose(0, 2, 3, 1)
+        return out
+    out = native.empty_aligned((w.size,))
+    pos = 0
     for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
         nb = min(GROUP_BLOCKS, co // BLOCK - b0)
         g = w[b0 * BLOCK:(b0 + nb) * BLOCK].reshape(nb * BLOCK, ci // BLOCK, BLOCK, kh, kw)
-        parts.append(g.transpose(1, 3, 4, 2, 0).reshape(-1))
-    return np.ascontiguousarray(np.concatenate(parts), dtype=F32)
+        out[pos:pos + g.size].reshape(ci // BLOCK, kh, kw, BLOCK, nb * BLOCK)[...] = g.transpose(1, 3, 4, 2, 0)
+        pos += g.size
+    return out
 
 
 def _unblocked(shape: Sequence[int]) -> tuple[int, ...]:

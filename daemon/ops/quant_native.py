@@ -61,7 +61,7 @@ def _pack(w2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(packed B^T panels, row sums) of a GEMM's (N, K) weights."""
     n, k = w2.shape
     w2 = np.ascontiguousarray(w2, np.int8)
-    wp = np.empty(int(native.lib.inferd_q8_packed_size(n, k)), np.int8)
+    wp = native.empty_aligned((int(native.lib.inferd_q8_packed_size(n, k)),), np.int8)
     wsum = np.empty(n, np.int32)
     native.lib.inferd_q8_pack(_c("signed char *", w2), n, k, _c("signed char *", wp), _c("int *", wsum))
     return wp, wsum
@@ -80,7 +80,7 @@ def _pack_conv(w: np.ndarray, mode: int) -> tuple[np.ndarray, np.ndarray]:
     n, c = w.shape[:2]
     taps = int(np.prod(w.shape[2:]))
     w = np.ascontiguousarray(w, np.int8)
-    wp = np.empty(int(native.lib.inferd_q8_conv_packed_size(n, c, taps, mode)), np.int8)
+    wp = native.empty_aligned((int(native.lib.inferd_q8_conv_packed_size(n, c, taps, mode)),), np.int8)
     wsum = np.empty(n, np.int32)
     native.lib.inferd_q8_conv_pack(_c("signed char *", w), n, c, taps, mode, _c("signed char *", wp),
                                    _c("int *", wsum))
