@@ -69,6 +69,12 @@ CONV_CASES = [
     (1, 32, 32, (12, 12), (3, 3), 1, [1, 1, 1, 1], 32, ("Relu", ()), True),  # depthwise
     (1, 48, 48, (15, 14), (5, 5), 2, [2, 2, 2, 2], 48, None, False),  # depthwise, stride 2
     (1, 16, 16, (1, 1), (3, 3), 1, [1, 1, 1, 1], 16, None, False),  # depthwise on a 1x1 map
+    # pointwise, through the ISA's pointwise tiles where it has them: input channels in two passes (10 blocks), a
+    # group of 4 output blocks and one of 1, no activation, residual
+    (1, 160, 80, (7, 9), (1, 1), 1, [0, 0, 0, 0], 1, None, True),
+    (1, 32, 32, (5, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),  # 2 blocks: 12-wide tiles and 1 left
+    (1, 48, 48, (13, 13), (1, 1), 1, [0, 0, 0, 0], 1, ("LeakyRelu", (0.1,)), False),  # 3 blocks, act after the store
+    (1, 256, 16, (4, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Sigmoid", ()), True),  # a costly act after two passes
 ]
 
 
@@ -315,6 +321,7 @@ int main(void)
         conv_case(16, 16, 5, 7, 3, 1, 1, 0);
         conv_case(32, 80, 9, 13, 3, 2, 1, 0);
         conv_case(64, 48, 11, 11, 1, 1, 0, 0);
+        conv_case(160, 80, 7, 9, 1, 1, 0, 0); /* pointwise: two passes over the input channels, 4 + 1 blocks */
         conv_case(16, 32, 30, 29, 3, 1, 1, 0);
         conv_case(48, 64, 7, 7, 7, 2, 3, 0);
         conv_case(32, 32, 12, 12, 3, 1, 1, 1);
@@ -341,8 +348,11 @@ def test_native_nchwc_aarch64(tmp_path: Path) -> None:
 def test_native_nchwc_under_sanitizers(tmp_path: Path) -> None:
     from native_harness import with_sanitizers
 
-    with_sanitizers(lambda flags: build_and_run(_harness(tmp_path), ["nchwc.c", "pool.c"], "cc",
-                                                ["-g", *flags], tmp_path, [], ("-O1", "-ffp-contract=fast"), 300))
+    # as the machine runs it, and held to the AVX2 tiles (an AVX-512 machine checks those too)
+    for cap in ([], ["-DINFERD_NCHWC_ISA_CAP=1"]):
+        with_sanitizers(lambda flags: build_and_run(_harness(tmp_path), ["nchwc.c", "pool.c"], "cc",
+                                                    ["-g", *flags, *cap], tmp_path, [], ("-O1", "-ffp-contract=fast"),
+                                                    300))
 
 
 @needs_native
