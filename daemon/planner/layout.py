@@ -3,8 +3,9 @@
 A conv over NCHW planes is a GEMM whose input is packed per call (a quarter of a 1x1 conv's time on 56x56
 planes), or a direct conv reading strided rows; in the blocked layout (N, C/16, H, W, 16) nothing is packed
 (:mod:`inferd.ops.conv_nchwc`). A conversion costs about what one packing does, so blocking pays only over a
-run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s on maps of ``POINTWISE_MIN_PIXELS``
-and more with fewer than ``POINTWISE_MAX_WEIGHTS`` weights, strided k x k convs, k x k convs of up to
+run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s, strided or not, on maps of
+``POINTWISE_MIN_PIXELS`` and more with fewer than ``POINTWISE_MAX_WEIGHTS`` weights, strided k x k convs, k x k
+convs of up to
 ``DIRECT_MAX_CIN`` input channels unless Winograd would run them with more output channels, depthwise convs
 between blocked neighbours), and the max pools and channel concats whose inputs all come blocked; it keeps a
 conv only next to another blocked node, and a connected region only where the conv time it is expected to save
@@ -13,9 +14,10 @@ conv only next to another blocked node, and a connected region only where the co
 node reads it from an NCHW producer, and back once where anything else (or the graph's output) reads it.
 
 Per layer in the models (two threads, Emerald Rapids, the blocked kernel against the NCHW one the plan would
-run): 1x1 convs on 28x28 and larger maps 0.72-0.93x the time, 3x3 convs of 16-64 input channels against the
-direct GEMM 0.78-0.93x, strided 3x3s against im2col 0.85-0.93x; Winograd stays ahead from 128 channels on and on
-large maps, the GEMM on 7x7 maps and for large weights.
+run): 1x1 convs 0.61-0.79x the time (the pointwise tiles), strided 1x1s against a strided copy and the GEMM
+0.38-0.77x, 3x3 convs of 16-64 input channels against the direct GEMM 0.78-0.93x, strided 3x3s against im2col
+0.85-0.93x; Winograd stays ahead from 128 channels on and on large maps, the GEMM on 7x7 maps and for large
+weights.
 
 The decision reads the shapes (a map's pixels, a conv's work, a tensor's bytes), so a model whose inputs have a
 dynamic spatial size stays NCHW: its shapes share their weights, which they could not across layouts. A dynamic
@@ -38,17 +40,18 @@ from ..ops.pool import pool_geometry
 
 #: k x k stride-1 convs with more input channels than this stay on Winograd (faster there)
 DIRECT_MAX_CIN = 64
-#: 1x1 convs with this many weights or more stay on the GEMM (resnet50's 256->1024 on 14x14: 1.1x, 512->2048 on
-#: 7x7: 1.2x the time blocked; 128->512 on 28x28 0.93x)
-POINTWISE_MAX_WEIGHTS = 256 * 1024
+#: 1x1 convs with this many weights or more stay on the GEMM (with the pointwise tiles, resnet50's 1024->256 on
+#: 14x14 took 0.87x the GEMM's time blocked; its 1024->2048 downsampling on 7x7 1.06x)
+POINTWISE_MAX_WEIGHTS = 1024 * 1024
 #: ... and so do 1x1 convs on maps smaller than this (efficientnet_b0's 7x7 expansions: 1.15x the time blocked)
 POINTWISE_MIN_PIXELS = 100
 SUFFIX = "::nchwc"
 #: Fraction of a conv's time the blocked kernel saves, by what the NCHW path would run (measured per layer in the
-#: models, two threads, Emerald Rapids: 1x1 0.72-0.93x, direct 3x3 0.78-0.93x, strided 3x3 via im2col
-#: 0.85-0.93x; against Winograd F(4,3) 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a
-#: conversion with); a depthwise conv or a pool saves nothing to speak of.
-SAVING = {"pointwise": 0.18, "direct": 0.15, "winograd": 0.0, "strided": 0.08}
+#: models, two threads, Emerald Rapids: 1x1 0.61-0.79x with the pointwise tiles, direct 3x3 0.78-0.93x, strided
+#: 3x3 via im2col 0.85-0.88x, strided 1x1 (a strided copy and the GEMM) 0.38-0.77x; against Winograd F(4,3)
+#: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
+#: saves nothing to speak of.
+SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30}
 #: Rate of a conv's work in the NCHW path (FLOP/s) and of a layout conversion (bytes read and written per s):
 #: they turn savings and conversions into one unit (only their ratio matters)
 CONV_RATE = 100e9
@@ -64,8 +67,8 @@ class LayoutPlan:
 
 
 def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
-    """What the NCHW path would run ``node`` with ("pointwise", "strided", "direct", "winograd", "depthwise")
-    where the blocked kernel suits it, else None: the blocked kernel's expected saving depends on it."""
+    """What the NCHW path would run ``node`` with ("pointwise", "strided1x1", "strided", "direct", "winograd",
+    "depthwise") where the blocked kernel suits it, else None: the blocked kernel's expected saving depends on it."""
     if node.name in forced or "Conv" in forced or len(node.inputs) < 2:
         return None
     x, w = graph.infos.get(node.inputs[0]), graph.infos.get(node.inputs[1])
@@ -89,13 +92,11 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
         return None
     strided = any(int(s) > 1 for s in node.attrs.get("strides", (1, 1)))
     if kh == kw == 1:
-        # strided 1x1s (ResNet's downsampling) read every other pixel's 16 channels: slower than a copy of the
-        # strided pixels and a GEMM; and where the weights are large or the map small the GEMM's blocking wins
-        # (a CNN's last stages)
+        # where the weights are large or the map small the GEMM's blocking wins (a CNN's last stages); a strided 1x1
+        # (ResNet's downsampling) reads its pixels in place where the NCHW path copies them out first
         y = graph.infos.get(node.outputs[0])
-        ok = (not strided and cin * cout < POINTWISE_MAX_WEIGHTS and y is not None
-              and math.prod(y.shape[2:]) >= POINTWISE_MIN_PIXELS)
-        return "pointwise" if ok else None
+        ok = cin * cout < POINTWISE_MAX_WEIGHTS and y is not None and math.prod(y.shape[2:]) >= POINTWISE_MIN_PIXELS
+        return ("strided1x1" if strided else "pointwise") if ok else None
     if dw or strided:
         return "depthwise" if dw else "strided"
     # k x k stride 1: where the NCHW path takes Winograd it stays, but for few channels each way
@@ -175,12 +176,18 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
             a = parent[a]
         return a
 
+    first_reader: dict[str, str] = {}
     for name in kept:
         n = by_name[name]
         for i in blocked_reads(n, kinds[name]):
             p = prod.get(n.inputs[i])
             if p is not None and p.name in kept:
                 parent[find(p.name)] = find(name)
+            else:
+                # readers of one converted tensor (a ResNet stage's strided conv and its downsampling) share
+                # its conversion: one region
+                other = first_reader.setdefault(n.inputs[i], name)
+                parent[find(other)] = find(name)
     value: dict[str, float] = {}
     converted_in: set[tuple[str, str]] = set()
     for name in kept:
@@ -215,8 +222,9 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
     """The nodes of ``graph`` to run blocked. ``forced``: the load's kernel choices ({node or op type: kernel});
     a node whose kernel is forced keeps its layout (the choice names an NCHW kernel).
 
-    A conv is kept where it has a blocked neighbour (a blocked producer of what it reads blocked, or a blocked
-    reader of its output): alone it would pay a conversion each way for the packing it saves. A pool or a
+    A conv is kept where it has a blocked neighbour (a blocked producer of what it reads blocked, a blocked
+    reader of its output, or another blocked conv reading the same input, whose conversion they share): alone it
+    would pay a conversion each way for the packing it saves. A pool or a
     concat is kept only where everything it reads comes blocked: they save no packing to pay a conversion with."""
     forced = forced or {}
     if any(isinstance(d, str) for ds in graph.dims.values() for d in tuple(ds)[2:]):
@@ -247,7 +255,9 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
             else:
                 ok = any(fed) or any(c.name in kept and any(c.inputs[i] == n.outputs[0]
                                                             for i in blocked_reads(c, kinds[c.name]))
-                                     for c in cons.get(n.outputs[0], []))
+                                     for c in cons.get(n.outputs[0], [])) \
+                    or any(c.name != name and c.name in kept and kinds[c.name] == "conv"
+                           and c.inputs[0] == t for t in reads for c in cons.get(t, []))
             if ok:
                 nxt.add(name)
         if nxt == kept:
