@@ -16,6 +16,25 @@ def test_nodes_match_layers_by_the_tensor_they_produce() -> None:
     got, rest = match(layers, nodes)
     assert got == {"/conv1/Conv": 1.0, "/fc/Gemm": 0.75}
     assert [n["op"] for n in rest] == ["ReorderOutput"]
+    # inferd's own blocked conv writes the tensor's blocked twin: still the same onnxruntime node
+    blocked = [{"name": "/conv1/Conv", "out": "/relu1/Relu_output_0::nchwc"}]
+    got, rest = match(blocked, nodes[:1])
+    assert got == {"/conv1/Conv": 1.0} and not rest
+
+
+def test_a_blocked_convs_flops_are_its_convs() -> None:
+    import numpy as np
+
+    from inferd.ops.conv_nchwc import CONV
+    from inferd.planner.cost import layer_flops
+    from inferd.ops.base import single_node_layer
+
+    x = np.zeros((1, 2, 6, 6, 16), np.float32)
+    w = np.zeros((48, 32, 3, 3), np.float32)
+    layer = single_node_layer(CONV, [x, w, np.zeros(48, np.float32)],
+                              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [1, 1]},
+                              const=[False, True, True])
+    assert layer_flops(layer) == 2 * 48 * 36 * 32 * 9
 
 
 def test_a_real_run_times_every_layer_and_the_roofline(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..planner.layout import SUFFIX as BLOCKED_SUFFIX
 from .common import fmt, ratio
 
 _INFERD = r"""
@@ -114,6 +115,9 @@ def match(layers: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> tuple[di
         for t in ly.get("absorbed", []):  # tensors of the BN/activation/add fused into it
             by[t] = ly["name"]
         by[ly["out"]] = ly["name"]
+        # a blocked layer writes the blocked twin of its tensor (``name::nchwc``); onnxruntime's NCHWc node is named
+        # after the tensor with ``_nchwc``, which _SUFFIX strips
+        by[ly["out"].removesuffix(BLOCKED_SUFFIX)] = ly["name"]
         by[ly["name"]] = ly["name"]
     got: dict[str, float] = {}
     rest = []

@@ -21,6 +21,7 @@ from typing import Mapping, Protocol
 import numpy as np
 
 from ..ops.base import Kernel, Layer
+from ..ops.conv_nchwc import CONV as BLOCKED_CONV
 
 #: The phases the cold-start planner schedules. ``read_raw``/``read_transformed``: bytes from the
 #: weights store into memory (checksum included); ``transform``: raw -> the kernel's layout;
@@ -79,7 +80,7 @@ def layer_flops(layer: Layer) -> float:
     """Multiply-adds x 2 for the layers that compute; output elements for the rest."""
     out = layer.outputs[0] if layer.outputs else None
     n_out = float(math.prod(out.shape)) if out is not None and out.shape else 1.0
-    if layer.op in ("Conv", "ConvTranspose") and 1 in layer.const_inputs and layer.inputs[1] is not None:
+    if layer.op in ("Conv", "ConvTranspose", BLOCKED_CONV) and 1 in layer.const_inputs and layer.inputs[1] is not None:
         w = layer.inputs[1].shape
         per = float(math.prod(w[1:])) if len(w) > 1 else 1.0
         if layer.op == "ConvTranspose":
