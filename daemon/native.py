@@ -22,7 +22,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 18
+ABI = 19
 
 ffi: Any = None
 lib: Any = None
@@ -848,16 +848,17 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
                      kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float, p1: float,
                      depthwise: bool = False) -> Callable[[], None] | None:
     """native/nchwc.c's conv (``depthwise``: its depthwise conv) over each image of blocked ``x`` (N, Cin/16, H,
-    W, 16) into ``y`` (N, Cout/16, OH, OW, 16), ``res`` (y's shape) added before the activation; ``w`` packed by
-    ``ops.conv_nchwc.pack_weights``. A no-argument call, or None where the arrays do not fit (see
-    :func:`gemm_bound`)."""
-    name = "inferd_nchwc_dwconv" if depthwise else "inferd_nchwc_conv"
+    W, 16), or of an NCHW ``x`` (N, Cin, H, W), into ``y`` (N, Cout/16, OH, OW, 16), ``res`` (y's shape) added
+    before the activation; ``w`` packed by ``ops.conv_nchwc.pack_weights``. A no-argument call, or None where the
+    arrays do not fit (see :func:`gemm_bound`)."""
+    nchw = x.ndim == 4 and not depthwise  # a stem's NCHW input: (N, Cin, H, W), w packed with one-channel blocks
+    name = "inferd_nchwc_dwconv" if depthwise else ("inferd_nchwc_conv_nchw" if nchw else "inferd_nchwc_conv")
     if not has(name):
         return None
     arrs = [x, w, y] + [a for a in (bias, res) if a is not None]
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrs) or (res is not None and res.shape != y.shape):
         return None
-    n, cib, h, wd, _ = x.shape
+    n, cib, h, wd = x.shape[:4]
     _, cob, oh, ow, _ = y.shape
     fn = getattr(lib, name)
     per = [(_ptr(x[i]), _ptr(y[i]), ffi.NULL if res is None else _ptr(res[i])) for i in range(n)]

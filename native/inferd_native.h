@@ -313,6 +313,11 @@ int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float*
                       int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
                       float* y, int act, float p0, float p1);
 /* Output pixels of a row the current ISA's blocked tile computes at once. */
+/* The same conv from an NCHW input x [cin][H][W] (a stem: an image's few channels) to a blocked y; w packed with
+   blocks of one input channel: [group][cin][kh][kw][nbg * 16]. */
+int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
+                           int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias,
+                           const float* res, float* y, int act, float p0, float p1);
 int inferd_nchwc_tile_pixels(void);
 /* Depthwise conv (one group per channel, multiplier 1) on blocked tensors x [blocks][H][W][16] -> y [blocks][OH]
    [OW][16], w [blocks][KH][KW][16]; res, bias, act as inferd_nchwc_conv. 0, or -1 for bad arguments. */

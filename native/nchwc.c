@@ -34,11 +34,12 @@ typedef struct {
     int cib, H, W, cob, KH, KW, SH, SW, PT_, PL, OH, OW, act;
     float p0, p1;
     int rows_per_task, cols_per_task, nbands, gpt; /* gpt: output groups per task */
+    int cpb;                                      /* input channels per input block: 16, or 1 for an NCHW input */
 } cjob_t;
 
 /* One output row segment: np pixels (np <= PT, compile-time PT for the register tile) x nb blocks, taps
    kh in [kh0, kh1), kw in [kw0, kw1) (the caller clips both to the image), input pixel step ps floats. */
-#define NCHWC_TILE(NAME, ATTR, VT, VI, PT, NB)                                                                    \
+#define NCHWC_TILE(NAME, ATTR, VT, VI, PT, NB, CPB)                                                               \
     ATTR static void NAME(const cjob_t* J, const float* xb, int ps, const float* wg, int wst, float* yb,          \
                           long long ys, const float* bias, const float* res, int kh0, int kh1, int kw0, int kw1,  \
                           int ci0, int ci1)                                                                        \
@@ -55,14 +56,14 @@ typedef struct {
             if (bias) memcpy(&bv, bias + b * 16, sizeof(VT));                                                      \
             _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) acc[p][b] = bv;                                 \
         }                                                                                                          \
-        const long long xs = (long long)J->H * J->W * 16, rs = (long long)J->W * 16;                               \
+        const long long xs = (long long)J->H * J->W * CPB, rs = (long long)J->W * CPB;                             \
         const int KH = J->KH, KW = J->KW;                                                                          \
         for (int ci = ci0; ci < ci1; ++ci)                                                                         \
             for (int kh = kh0; kh < kh1; ++kh)                                                                     \
                 for (int kw = kw0; kw < kw1; ++kw) {                                                               \
-                    const float* xc = xb + ci * xs + kh * rs + kw * 16;                                            \
-                    const float* wc = wg + (((long long)ci * KH + kh) * KW + kw) * 16 * wst;                       \
-                    _Pragma("GCC unroll 4") for (int c = 0; c < 16; ++c) {                                        \
+                    const float* xc = xb + ci * xs + kh * rs + kw * CPB;                                           \
+                    const float* wc = wg + (((long long)ci * KH + kh) * KW + kw) * CPB * wst;                      \
+                    _Pragma("GCC unroll 4") for (int c = 0; c < CPB; ++c) {                                       \
                         VT wv[NB];                                                                                 \
                         _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                     \
                             memcpy(&wv[b], wc + c * wst + b * 16, sizeof(VT));                                     \
@@ -194,27 +195,32 @@ typedef struct {
     pw_fn pw[3][NB_MAX];
 } tiles_t;
 
-#define NCHWC_PT4(SFX, ATTR, PT)                                                                                   \
-    NCHWC_TILE(t##PT##_1_##SFX, ATTR, v16f, v16i, PT, 1)                                                          \
-    NCHWC_TILE(t##PT##_2_##SFX, ATTR, v16f, v16i, PT, 2)                                                          \
-    NCHWC_TILE(t##PT##_3_##SFX, ATTR, v16f, v16i, PT, 3)                                                          \
-    NCHWC_TILE(t##PT##_4_##SFX, ATTR, v16f, v16i, PT, 4)
-#define NCHWC_PT2(SFX, ATTR, PT)                                                                                 \
-    NCHWC_TILE(t##PT##_1_##SFX, ATTR, v16f, v16i, PT, 1)                                                          \
-    NCHWC_TILE(t##PT##_2_##SFX, ATTR, v16f, v16i, PT, 2)
+#define NCHWC_PT4(SFX, ATTR, PT, CPB)                                                                                 \
+    NCHWC_TILE(t##PT##_1_##SFX, ATTR, v16f, v16i, PT, 1, CPB)                                                     \
+    NCHWC_TILE(t##PT##_2_##SFX, ATTR, v16f, v16i, PT, 2, CPB)                                                     \
+    NCHWC_TILE(t##PT##_3_##SFX, ATTR, v16f, v16i, PT, 3, CPB)                                                     \
+    NCHWC_TILE(t##PT##_4_##SFX, ATTR, v16f, v16i, PT, 4, CPB)
+#define NCHWC_PT2(SFX, ATTR, PT, CPB)                                                                               \
+    NCHWC_TILE(t##PT##_1_##SFX, ATTR, v16f, v16i, PT, 1, CPB)                                                     \
+    NCHWC_TILE(t##PT##_2_##SFX, ATTR, v16f, v16i, PT, 2, CPB)
 #define NCHWC_ROW(SFX, PT) {t##PT##_1_##SFX, t##PT##_2_##SFX, t##PT##_3_##SFX, t##PT##_4_##SFX}
 #define NCHWC_ROW2(SFX, PT) {t##PT##_1_##SFX, t##PT##_2_##SFX, NULL, NULL}
 
 /* AVX-512: 6 pixels x 4 blocks = 24 zmm accumulators + 4 weights + 1 broadcast (12 x 2 and 12 x 1 for the
    narrow groups). Elsewhere a 16-float vector is two ymm (AVX2) or four q registers (NEON, SSE): 3 pixels x 2
    blocks fills AVX2's 16 ymm and fits NEON's 32 q registers. */
-NCHWC_PT2(gen, , 1)
-NCHWC_PT2(gen, , 2)
-NCHWC_PT2(gen, , 3)
+NCHWC_PT2(gen, , 1, 16)
+NCHWC_PT2(gen, , 2, 16)
+NCHWC_PT2(gen, , 3, 16)
 #define NCHWC_PW2(SFX, ATTR, ACT)                                                                                  \
     NCHWC_PW(pw##ACT##_1_##SFX, ATTR, v16f, v16i, 3, 1, ACT)                                                      \
     NCHWC_PW(pw##ACT##_2_##SFX, ATTR, v16f, v16i, 3, 2, ACT)
 #define NCHWC_PWROW2(SFX, ACT) {pw##ACT##_1_##SFX, pw##ACT##_2_##SFX, NULL, NULL}
+/* An NCHW input (a stem: 3 channels of an image) read as blocks of one channel: the same tiles with CPB 1, only
+   the widest and one-pixel ones (a stem is one layer: what is left of a row goes a pixel at a time) */
+NCHWC_PT2(gen_c1, , 1, 1)
+NCHWC_PT2(gen_c1, , 3, 1)
+static const tiles_t tiles_gen_c1 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen_c1, 1), {NULL}, NCHWC_ROW2(gen_c1, 3)}, {{NULL}}};
 #if defined(__x86_64__)
 /* x86-64 without AVX2 (rare): the general tiles only, ~80 KB of code less */
 static const tiles_t tiles_gen = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen, 1), NCHWC_ROW2(gen, 2), NCHWC_ROW2(gen, 3)}, {{NULL}}};
@@ -228,26 +234,29 @@ static const tiles_t tiles_gen = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen, 1), NCHWC_RO
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx512f,avx2,fma")))
-NCHWC_PT2(avx2, AVX2, 1)
-NCHWC_PT2(avx2, AVX2, 2)
-NCHWC_PT2(avx2, AVX2, 3)
+NCHWC_PT2(avx2, AVX2, 1, 16)
+NCHWC_PT2(avx2, AVX2, 2, 16)
+NCHWC_PT2(avx2, AVX2, 3, 16)
 NCHWC_PW2(avx2, AVX2, 0)
 NCHWC_PW2(avx2, AVX2, 1)
 NCHWC_PW2(avx2, AVX2, 2)
 static const tiles_t tiles_avx2 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(avx2, 1), NCHWC_ROW2(avx2, 2), NCHWC_ROW2(avx2, 3)},
                                    {NCHWC_PWROW2(avx2, 0), NCHWC_PWROW2(avx2, 1), NCHWC_PWROW2(avx2, 2)}};
-NCHWC_PT4(avx512, AVX512, 1)
-NCHWC_PT4(avx512, AVX512, 2)
-NCHWC_PT4(avx512, AVX512, 3)
-NCHWC_PT4(avx512, AVX512, 4)
-NCHWC_PT4(avx512, AVX512, 5)
-NCHWC_PT4(avx512, AVX512, 6)
-NCHWC_PT2(avx512, AVX512, 7)
-NCHWC_PT2(avx512, AVX512, 8)
-NCHWC_PT2(avx512, AVX512, 9)
-NCHWC_PT2(avx512, AVX512, 10)
-NCHWC_PT2(avx512, AVX512, 11)
-NCHWC_PT2(avx512, AVX512, 12)
+NCHWC_PT2(avx2_c1, AVX2, 1, 1)
+NCHWC_PT2(avx2_c1, AVX2, 3, 1)
+static const tiles_t tiles_avx2_c1 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(avx2_c1, 1), {NULL}, NCHWC_ROW2(avx2_c1, 3)}, {{NULL}}};
+NCHWC_PT4(avx512, AVX512, 1, 16)
+NCHWC_PT4(avx512, AVX512, 2, 16)
+NCHWC_PT4(avx512, AVX512, 3, 16)
+NCHWC_PT4(avx512, AVX512, 4, 16)
+NCHWC_PT4(avx512, AVX512, 5, 16)
+NCHWC_PT4(avx512, AVX512, 6, 16)
+NCHWC_PT2(avx512, AVX512, 7, 16)
+NCHWC_PT2(avx512, AVX512, 8, 16)
+NCHWC_PT2(avx512, AVX512, 9, 16)
+NCHWC_PT2(avx512, AVX512, 10, 16)
+NCHWC_PT2(avx512, AVX512, 11, 16)
+NCHWC_PT2(avx512, AVX512, 12, 16)
 #define NCHWC_PW4(SFX, ATTR, ACT)                                                                                  \
     NCHWC_PW(pw##ACT##_1_##SFX, ATTR, v16f, v16i, 12, 1, ACT)                                                     \
     NCHWC_PW(pw##ACT##_2_##SFX, ATTR, v16f, v16i, 12, 2, ACT)                                                     \
@@ -263,6 +272,13 @@ static const tiles_t tiles_avx512 = {{12, 12, 6, 6}, 4,
                                       NCHWC_ROW2(avx512, 7), NCHWC_ROW2(avx512, 8), NCHWC_ROW2(avx512, 9),
                                       NCHWC_ROW2(avx512, 10), NCHWC_ROW2(avx512, 11), NCHWC_ROW2(avx512, 12)},
                                      {NCHWC_PWROW(avx512, 0), NCHWC_PWROW(avx512, 1), NCHWC_PWROW(avx512, 2)}};
+NCHWC_PT4(avx512_c1, AVX512, 1, 1)
+NCHWC_PT4(avx512_c1, AVX512, 6, 1)
+static const tiles_t tiles_avx512_c1 = {
+    {6, 6, 6, 6},
+    4,
+    {NCHWC_ROW(avx512_c1, 1), {NULL}, {NULL}, {NULL}, {NULL}, NCHWC_ROW(avx512_c1, 6)},
+    {{NULL}}};
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -282,14 +298,18 @@ static int isa_level(void)
 }
 #endif
 
-static const tiles_t* tiles(void)
+/* The ISA's tiles for blocked inputs (cpb 16) or NCHW ones (cpb 1) */
+static const tiles_t* tiles_for(int cpb)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
     const int l = isa_level();
-    if (l) return l == 2 ? &tiles_avx512 : &tiles_avx2;
+    if (l == 2) return cpb == 1 ? &tiles_avx512_c1 : &tiles_avx512;
+    if (l == 1) return cpb == 1 ? &tiles_avx2_c1 : &tiles_avx2;
 #endif
-    return &tiles_gen;
+    return cpb == 1 ? &tiles_gen_c1 : &tiles_gen;
 }
+
+static const tiles_t* tiles(void) { return tiles_for(16); }
 
 
 
@@ -297,7 +317,7 @@ static const tiles_t* tiles(void)
    row reads them; the tiles' partial sums go through the output row (L1 too) between passes. */
 static int ci_chunk(const cjob_t* J, int nbg)
 {
-    const int per = J->KH * J->KW * 16 * nbg * 16 * 4;
+    const int per = J->KH * J->KW * J->cpb * nbg * 16 * 4;
     const int c = (32 << 10) / per;
     return c < 1 ? 1 : c;
 }
@@ -311,26 +331,28 @@ static void conv_task(void* ctx, long long task)
     const long long band = task % J->nbands;
     const int g0 = (int)(task / J->nbands) * J->gpt * NB_MAX;
     const int g1 = g0 + J->gpt * NB_MAX < J->cob ? g0 + J->gpt * NB_MAX : J->cob;
-    const tiles_t* T = tiles();
-    const long long ys = (long long)J->OH * J->OW * 16, rs = (long long)J->W * 16;
+    const int cpb = J->cpb;
+    const tiles_t* T = tiles_for(cpb);
+    const long long ys = (long long)J->OH * J->OW * 16, rs = (long long)J->W * cpb;
     /* a band is rows_per_task rows, or in a one-row job (a pointwise conv seen as one row of all its pixels)
        cols_per_task columns */
     const int oh0 = J->OH == 1 ? 0 : (int)band * J->rows_per_task;
     const int oh1 = J->OH == 1 ? 1 : (oh0 + J->rows_per_task < J->OH ? oh0 + J->rows_per_task : J->OH);
     const int owa = J->OH == 1 ? (int)band * J->cols_per_task : 0;
     const int owb = J->OH == 1 && owa + J->cols_per_task < J->OW ? owa + J->cols_per_task : J->OW;
-    const int ps = J->SW * 16;
+    const int ps = J->SW * cpb;
     /* a flat pointwise row (see inferd_nchwc_conv) takes the ISA's pointwise tiles where it has them */
     const int pwa = J->act == 1 || J->act == 2 ? J->act : 0;
     pw_fn const* pw = J->OH == 1 && J->H == 1 && J->KH == 1 && J->KW == 1 && J->SW == 1 && T->pw[pwa][0] ? T->pw[pwa]
                                                                                                      : NULL;
+    /* (the c1 tables have none: an NCHW input's pixels are 1 float apart, not 16) */
     /* output columns whose every tap lies inside the row: [ow_lo, ow_hi) */
     int ow_lo = (J->PL + J->SW - 1) / J->SW, ow_hi = (J->W + J->PL - J->KW) / J->SW + 1;
     if (ow_hi > J->OW) ow_hi = J->OW;
     if (ow_lo > ow_hi) ow_lo = ow_hi = J->OW;
     for (int b0 = g0; b0 < g1; b0 += NB_MAX) {
         const int nbg = J->cob - b0 < NB_MAX ? J->cob - b0 : NB_MAX, wst = nbg * 16, chunk = ci_chunk(J, nbg);
-        const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * 16;
+        const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * cpb;
         for (int sub = 0; sub < nbg; sub += T->nb) {
             const int nb = nbg - sub < T->nb ? nbg - sub : T->nb;
             const float* ws = wg + sub * 16;
@@ -349,6 +371,7 @@ static void conv_task(void* ctx, long long task)
                         if (ow >= ow_lo && ow < ow_hi) {
                             const int end = ow_hi < owb ? ow_hi : owb;
                             pt = end - ow < T->wide[nb - 1] ? end - ow : T->wide[nb - 1];
+                            if (!T->t[pt - 1][nb - 1]) pt = 1; /* a table with only its widest tiles */
                         } else {
                             kw0 = iw0 < 0 ? -iw0 : 0;
                             kw1 = J->W - iw0 < J->KW ? J->W - iw0 : J->KW;
@@ -357,7 +380,7 @@ static void conv_task(void* ctx, long long task)
                             pw[nb - 1](J, xr + (long long)iw0 * 16, ws, wst, yr + ow * 16, ys, bias,
                                        rr ? rr + ow * 16 : NULL, c0, c1);
                         else
-                            T->t[pt - 1][nb - 1](J, xr + (long long)iw0 * 16, ps, ws, wst, yr + ow * 16, ys, bias,
+                            T->t[pt - 1][nb - 1](J, xr + (long long)iw0 * cpb, ps, ws, wst, yr + ow * 16, ys, bias,
                                                  rr ? rr + ow * 16 : NULL, kh0, kh1, kw0, kw1, c0, c1);
                         ow += pt;
                     }
@@ -367,12 +390,13 @@ static void conv_task(void* ctx, long long task)
     }
 }
 
-int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float* w, int cout_blocks, int KH, int KW,
-                      int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
-                      float* y, int act, float p0, float p1)
+/* cib input blocks of cpb channels each: the blocked layout (cpb 16) or NCHW planes (cpb 1, cib the channels) */
+static int conv_run(const float* x, int cib, int cpb, int H, int W, const float* w, int cout_blocks, int KH, int KW,
+                    int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
+                    float* y, int act, float p0, float p1)
 {
-    if (cin_blocks < 1 || cout_blocks < 1 || H < 1 || W < 1 || KH < 1 || KW < 1 || SH < 1 || SW < 1 || OH < 1 ||
-        OW < 1 || pad_top < 0 || pad_left < 0 || pad_top >= KH || pad_left >= KW)
+    if (cib < 1 || cout_blocks < 1 || H < 1 || W < 1 || KH < 1 || KW < 1 || SH < 1 || SW < 1 || OH < 1 || OW < 1 ||
+        pad_top < 0 || pad_left < 0 || pad_top >= KH || pad_left >= KW)
         return -1;
     /* a pointwise conv (1x1, stride 1, no padding) is one row of all its pixels: no row ends to fall short at */
     const int flat = KH == 1 && KW == 1 && SH == 1 && SW == 1 && OH == H && OW == W;
@@ -380,19 +404,19 @@ int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float*
         W = OW = H * W;
         H = OH = 1;
     }
-    cjob_t J = {x, w, bias, res, y, cin_blocks, H, W, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW,
-                act, p0, p1, OH, OW, 1, (cout_blocks + NB_MAX - 1) / NB_MAX};
-    const int groups = J.gpt;
-    const double work = 2.0 * cin_blocks * 16 * KH * KW * cout_blocks * 16 * (double)OH * OW;
-    const double wbytes = 4.0 * cin_blocks * 16 * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin_blocks * 16 * H * W;
+    cjob_t J = {x, w, bias, res, y, cib, H, W, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW,
+                act, p0, p1, OH, OW, 1, (cout_blocks + NB_MAX - 1) / NB_MAX, cpb};
+    const int groups = J.gpt, cin = cib * cpb;
+    const double work = 2.0 * cin * KH * KW * cout_blocks * 16 * (double)OH * OW;
+    const double wbytes = 4.0 * cin * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin * H * W;
     if (wbytes > xbytes && groups > 1) {
         /* the weights outweigh the input (small maps, many channels): tasks split the groups */
         const int tasks = inferd_pool_chunks(groups, work);
         J.gpt = (groups + tasks - 1) / tasks;
     } else if (flat) {
         /* column bands: enough for the pool, and each band's input (all channels) within ~1 MB of L2 */
-        const int pt = tiles()->wide[NB_MAX - 1];
-        const long long l2 = (1 << 20) / ((long long)cin_blocks * 16 * 4);
+        const int pt = tiles_for(cpb)->wide[NB_MAX - 1];
+        const long long l2 = (1 << 20) / ((long long)cin * 4);
         int bands = inferd_pool_chunks(OW / 16 > 0 ? OW / 16 : 1, work);
         if (l2 > 0 && (OW + l2 - 1) / l2 > bands) bands = (int)((OW + l2 - 1) / l2);
         J.cols_per_task = ((OW + bands - 1) / bands + pt - 1) / pt * pt;
@@ -404,6 +428,22 @@ int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float*
     }
     inferd_parallel(conv_task, &J, (long long)J.nbands * ((groups + J.gpt - 1) / J.gpt), 0);
     return 0;
+}
+
+int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float* w, int cout_blocks, int KH, int KW,
+                      int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
+                      float* y, int act, float p0, float p1)
+{
+    return conv_run(x, cin_blocks, 16, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y,
+                    act, p0, p1);
+}
+
+int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
+                           int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias,
+                           const float* res, float* y, int act, float p0, float p1)
+{
+    return conv_run(x, cin, 1, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y, act, p0,
+                    p1);
 }
 
 int inferd_nchwc_tile_pixels(void) { return tiles()->wide[NB_MAX - 1]; }

@@ -95,13 +95,49 @@ def test_blocked_conv_matches_the_conv_oracle(case: tuple, threads: int) -> None
     np.testing.assert_allclose(spec.reference(layer.node, vals)[0], to_blocked(ref), rtol=1e-5, atol=1e-5)
 
 
+STEM_CASES = [
+    # (n, cin, cout, hw, k, stride, pads, act, residual): an NCHW input of few channels, a blocked output
+    (1, 3, 64, (23, 29), (7, 7), 2, [3, 3, 3, 3], ("Relu", ()), False),  # resnet's stem
+    (2, 3, 32, (15, 16), (3, 3), 2, [1, 1, 1, 1], ("Clip", (0.0, 6.0)), True),  # mobilenet's, two images
+    (1, 1, 16, (9, 7), (5, 5), 1, [2, 2, 2, 2], None, False),
+    (1, 4, 80, (17, 19), (3, 3), 1, [0, 1, 0, 1], ("LeakyRelu", (0.1,)), True),  # 4 + 1 blocks, uneven pads
+]
+
+
+@needs_native
+@pytest.mark.parametrize("case", STEM_CASES, ids=[f"s{i}" for i in range(len(STEM_CASES))])
+def test_a_stem_reads_nchw_and_writes_blocked(case: tuple, threads: int) -> None:
+    n, cin, cout, hw, k, s, pads, act, residual = case
+    node, vals, ref = _conv_case(11, n, cin * 16, cout, hw, k, s, pads, 1, act, residual)  # (blocked: cin * 16)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((n, cin) + hw).astype(np.float32)
+    w = (rng.standard_normal((cout, cin) + k) * 0.2).astype(np.float32)
+    vals = [x, w] + vals[2:]
+    from inferd.ops.base import op_spec
+
+    plain = Node("c", "Conv", list(node.inputs), ["y"], dict(node.attrs))
+    conv = op_spec("Conv")
+    assert conv is not None
+    ref = conv.reference(plain, [x, w, vals[2]] + ([from_blocked(vals[3])] if residual else []))[0]
+    layer = single_node_layer(CONV, vals, dict(node.attrs), const=[False, True, True] + [False] * (len(vals) - 3))
+    assert layer.outputs[0].shape == to_blocked(ref).shape
+    kern = ConvNchwcKernel()
+    assert kern.applies(layer)
+    got = run_layer(kern, layer, vals, bound=True)[0]
+    np.testing.assert_allclose(from_blocked(got), ref, rtol=1e-4, atol=1e-4)
+    spec = op_spec(CONV)
+    assert spec is not None
+    np.testing.assert_allclose(spec.reference(layer.node, vals)[0], to_blocked(ref), rtol=1e-5, atol=1e-5)
+
+
 def test_weights_pack_and_unpack_round_trip() -> None:
     rng = np.random.default_rng(0)
-    for shape, dw in (((80, 32, 3, 3), False), ((16, 48, 1, 1), False), ((48, 1, 5, 5), True)):
+    for shape, dw, nchw in (((80, 32, 3, 3), False, False), ((16, 48, 1, 1), False, False),
+                            ((48, 1, 5, 5), True, False), ((80, 3, 7, 7), False, True)):
         w = rng.standard_normal(shape).astype(np.float32)
-        p = pack_weights(w, dw)
-        assert p.size == w.size
-        np.testing.assert_array_equal(_unpack_weights(p, shape, dw), w)
+        p = pack_weights(w, dw, nchw)
+        assert p.size == w.size and p.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(_unpack_weights(p, shape, dw, nchw), w)
 
 
 @needs_native
@@ -185,7 +221,12 @@ def test_zoo_models_run_blocked_and_match_onnxruntime(name: str, tmp_path: Path)
     if name == "squeezenet1_1":
         # the fire modules: every conv but the stem and the classifier, the concats and the pools between them
         assert CONV in ops and MAXPOOL in ops and len(plan.blocked) >= 30
-        assert sum(n.op == TO for n in g2.nodes) == 1 and sum(n.op == FROM for n in g2.nodes) == 1
+        assert sum(n.op == TO for n in g2.nodes) == 0 and sum(n.op == FROM for n in g2.nodes) == 1
+    if name in ("squeezenet1_1", "resnet18"):
+        # the stem reads the image as it comes and writes blocked: no conversion into the first region (not in
+        # mobilenetv2, whose first blocked region would end in a conversion before the 24-channel stage)
+        stem = next(n.name for n in graph.nodes if n.op == "Conv")
+        assert dict(zip(plan.blocked, plan.kinds)).get(stem) == "stem", plan.kinds[:3]
     if name == "resnet18":
         # each stage's first block: the strided 3x3 and the strided 1x1 downsampling beside it, one region reading
         # the input converted once (the 1x1 reads its pixels in place where the NCHW path copies them out), down
@@ -320,6 +361,36 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
     free(x); free(xb); free(w); free(wp); free(b); free(ref); free(y); free(back); free(xb2);
 }
 
+/* a stem: NCHW input of C < 16 channels, blocked output; w packed [group][ci][kh][kw][nbg * 16] */
+static void stem_case(int C, int CO, int H, int W, int K, int S, int P)
+{
+    unsigned s = 777u + C * 13 + K;
+    int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    float* x = malloc(sizeof(float) * C * H * W);
+    float* w = malloc(sizeof(float) * CO * C * K * K);
+    float* wp = malloc(sizeof(float) * CO * C * K * K);
+    float* b = malloc(sizeof(float) * CO);
+    float* ref = malloc(sizeof(float) * CO * OH * OW);
+    float* y = malloc(sizeof(float) * CO * OH * OW);
+    for (int i = 0; i < C * H * W; ++i) x[i] = frand(&s);
+    for (int i = 0; i < CO * C * K * K; ++i) w[i] = frand(&s) * 0.2f;
+    for (int i = 0; i < CO; ++i) b[i] = frand(&s);
+    int at = 0;
+    for (int b0 = 0; b0 < CO / 16; b0 += 4) {
+        int nbg = CO / 16 - b0 < 4 ? CO / 16 - b0 : 4;
+        for (int ci = 0; ci < C; ++ci)
+            for (int k = 0; k < K * K; ++k)
+                for (int o = 0; o < nbg * 16; ++o) wp[at++] = w[((b0 * 16 + o) * C + ci) * K * K + k];
+    }
+    ref_conv(x, C, H, W, w, CO, K, S, P, 0, b, ref, OH, OW);
+    if (inferd_nchwc_conv_nchw(x, C, H, W, wp, CO / 16, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0) != 0) {
+        printf("FAIL rc\n");
+        fails++;
+    }
+    check("stem", y, ref, CO, OH * OW, 1e-4f);
+    free(x); free(w); free(wp); free(b); free(ref); free(y);
+}
+
 int main(void)
 {
     for (int t = 1; t <= 2; ++t) {
@@ -332,6 +403,8 @@ int main(void)
         conv_case(48, 64, 7, 7, 7, 2, 3, 0);
         conv_case(32, 32, 12, 12, 3, 1, 1, 1);
         conv_case(48, 48, 15, 14, 5, 2, 2, 1);
+        stem_case(3, 64, 29, 31, 7, 2, 3); /* resnet's stem on a small image: 4 blocks, a row's end pixel by pixel */
+        stem_case(3, 80, 13, 12, 3, 1, 1); /* 4 + 1 blocks */
     }
     printf("ok (%d failures)\n", fails);
     return fails != 0;

@@ -52,11 +52,12 @@ def depthwise(node: Node, w_shape: Sequence[int]) -> bool:
     return g > 1 and int(w_shape[1]) == 1 and int(w_shape[0]) == g
 
 
-def pack_weights(w: np.ndarray, dw: bool = False) -> np.ndarray:
+def pack_weights(w: np.ndarray, dw: bool = False, nchw_input: bool = False) -> np.ndarray:
     """Conv weights (Cout, Cin, kh, kw) in native/nchwc.c's order: groups of up to 4 output blocks, each
-    [cin block][kh][kw][16 input channels][its blocks x 16 output channels]; depthwise (``dw``, (C, 1, kh, kw)):
-    [block][kh][kw][16 channels]."""
+    [cin block][kh][kw][16 input channels][its blocks x 16 output channels] (``nchw_input``: blocks of one input
+    channel, [cin][kh][kw][its blocks x 16]); depthwise (``dw``, (C, 1, kh, kw)): [block][kh][kw][16 channels]."""
     co, ci, kh, kw = w.shape
+    cpb = 1 if nchw_input else BLOCK
     if dw:
         out = native.empty_aligned((co // BLOCK, kh, kw, BLOCK))
         out[...] = w.reshape(co // BLOCK, BLOCK, kh, kw).transpose(0, 2, 3, 1)
@@ -65,8 +66,8 @@ def pack_weights(w: np.ndarray, dw: bool = False) -> np.ndarray:
     pos = 0
     for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
         nb = min(GROUP_BLOCKS, co // BLOCK - b0)
-        g = w[b0 * BLOCK:(b0 + nb) * BLOCK].reshape(nb * BLOCK, ci // BLOCK, BLOCK, kh, kw)
-        out[pos:pos + g.size].reshape(ci // BLOCK, kh, kw, BLOCK, nb * BLOCK)[...] = g.transpose(1, 3, 4, 2, 0)
+        g = w[b0 * BLOCK:(b0 + nb) * BLOCK].reshape(nb * BLOCK, ci // cpb, cpb, kh, kw)
+        out[pos:pos + g.size].reshape(ci // cpb, kh, kw, cpb, nb * BLOCK)[...] = g.transpose(1, 3, 4, 2, 0)
         pos += g.size
     return out
 
@@ -98,12 +99,18 @@ def _infer_from(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.n
     return [(_unblocked(s), ins[0].dtype)]
 
 
+def _nchw_input(shape: Sequence[int]) -> bool:
+    """A blocked conv whose input is (N, C, H, W): a stem reading an image's few channels as they come."""
+    return len(shape) == 4
+
+
 def _infer_conv(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
-    s = _check_blocked(node, ins[0])
+    x = ins[0]
+    s = x.shape if x is not None and _nchw_input(x.shape) else _unblocked(_check_blocked(node, x))
     w = ins[1]
     if w is None or len(w.shape) != 4 or w.shape[0] % BLOCK:
         raise ShapeError(f"{node.op} {node.name!r}: expected 2-D conv weights with Cout a multiple of {BLOCK}")
-    geo = conv_geom(node, _unblocked(s), w.shape)
+    geo = conv_geom(node, s, w.shape)
     return [((geo.n, geo.cout // BLOCK) + geo.out_sp + (BLOCK,), ins[0].dtype if ins[0] else F32)]
 
 
@@ -113,7 +120,8 @@ def _ref_conv(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     _, ri = io_positions(node)
     vals = list(inputs)
     assert vals[0] is not None
-    vals[0] = from_blocked(vals[0])
+    if not _nchw_input(vals[0].shape):
+        vals[0] = from_blocked(vals[0])
     if ri is not None and vals[ri] is not None:
         vals[ri] = from_blocked(np.asarray(vals[ri]))
     plain = Node(node.name, "Conv", list(node.inputs), list(node.outputs), dict(node.attrs))
@@ -198,10 +206,11 @@ class ConvNchwcKernel(_NativeOrOracle):
         return layer.op == CONV and 1 in layer.const_inputs and _f32(layer)
 
     def transform_key(self, layer: Layer) -> tuple[Any, ...]:
-        return weights_key(layer)
+        return weights_key(layer) + (_nchw_input(layer.in_shape(0)),)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {"w": pack_weights(np.asarray(raw[raw_key(1)], dtype=F32), depthwise(layer.node, layer.in_shape(1)))}
+        out = {"w": pack_weights(np.asarray(raw[raw_key(1)], dtype=F32), depthwise(layer.node, layer.in_shape(1)),
+                                 _nchw_input(layer.in_shape(0)))}
         bi, _ = io_positions(layer.node)
         if bi is not None and raw_key(bi) in raw:
             out["b"] = np.ascontiguousarray(raw[raw_key(bi)], dtype=F32)
@@ -219,7 +228,7 @@ class ConvNchwcKernel(_NativeOrOracle):
         res = inputs[ri] if ri is not None else None
         if code < 0 or x is None or (bi is not None and "b" not in params) or (ri is not None and res is None):
             return None
-        geo = conv_geom(layer.node, _unblocked(x.shape), layer.in_shape(1))
+        geo = conv_geom(layer.node, x.shape if _nchw_input(x.shape) else _unblocked(x.shape), layer.in_shape(1))
         g2 = geo.as2d()
         dw = depthwise(layer.node, layer.in_shape(1))
         if g2 is None or g2.dh != 1 or g2.dw != 1 or (g2.group != 1 and not dw) or g2.pt >= g2.kh or g2.pl >= g2.kw:
@@ -237,7 +246,8 @@ class ConvNchwcKernel(_NativeOrOracle):
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         vals = list(inputs)
-        vals[1] = _unpack_weights(params["w"], layer.in_shape(1), depthwise(layer.node, layer.in_shape(1)))
+        vals[1] = _unpack_weights(params["w"], layer.in_shape(1), depthwise(layer.node, layer.in_shape(1)),
+                                  _nchw_input(layer.in_shape(0)))
         bi, _ = io_positions(layer.node)
         if bi is not None:
             vals[bi] = params.get("b")
@@ -248,8 +258,9 @@ def _f32(layer: Layer) -> bool:
     return layer.inputs[0] is not None and layer.inputs[0].dtype == F32
 
 
-def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False) -> np.ndarray:
+def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False, nchw_input: bool = False) -> np.ndarray:
     co, ci, kh, kw = (int(d) for d in shape)
+    cpb = 1 if nchw_input else BLOCK
     if dw:
         return np.ascontiguousarray(wp.reshape(co // BLOCK, kh, kw, BLOCK).transpose(0, 3, 1, 2).reshape(shape))
     out = np.empty((co, ci, kh, kw), F32)
@@ -257,7 +268,7 @@ def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False) -> n
     for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
         nb = min(GROUP_BLOCKS, co // BLOCK - b0)
         n = nb * BLOCK * ci * kh * kw
-        g = wp[at:at + n].reshape(ci // BLOCK, kh, kw, BLOCK, nb * BLOCK)
+        g = wp[at:at + n].reshape(ci // cpb, kh, kw, cpb, nb * BLOCK)
         out[b0 * BLOCK:(b0 + nb) * BLOCK] = g.transpose(4, 0, 3, 1, 2).reshape(nb * BLOCK, ci, kh, kw)
         at += n
     return out

@@ -51,7 +51,7 @@ SUFFIX = "::nchwc"
 #: 3x3 via im2col 0.85-0.88x, strided 1x1 (a strided copy and the GEMM) 0.38-0.77x; against Winograd F(4,3)
 #: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
 #: saves nothing to speak of.
-SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30}
+SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30}
 #: Rate of a conv's work in the NCHW path (FLOP/s) and of a layout conversion (bytes read and written per s):
 #: they turn savings and conversions into one unit (only their ratio matters)
 CONV_RATE = 100e9
@@ -60,7 +60,8 @@ CONVERT_RATE = 30e9
 
 @dataclass(frozen=True)
 class LayoutPlan:
-    """Nodes to run blocked, in graph order, and what each is ('conv', 'pool', 'concat')."""
+    """Nodes to run blocked, in graph order, and what each is ('conv'; 'stem': a conv reading NCHW; 'pool';
+    'concat')."""
 
     blocked: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
@@ -80,7 +81,10 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
         return None
     cout, cin, kh, kw = (int(d) for d in w.shape)
     dw = depthwise(node, w.shape)
-    if cout % BLOCK or (cin % BLOCK and not dw) or (int(node.attrs.get("group", 1)) != 1 and not dw):
+    group = int(node.attrs.get("group", 1))
+    # a stem: an image's few channels read as they are (NCHW), its output blocked
+    stem = not dw and group == 1 and cin < BLOCK
+    if cout % BLOCK or (cin % BLOCK and not dw and not stem) or (group != 1 and not dw):
         return None
     if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return None
@@ -90,6 +94,8 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     act = node.attrs.get("act")
     if act is not None and str(act[0]) not in NATIVE_ACTS:  # the blocked kernels' epilogue is the native one
         return None
+    if stem:
+        return "stem"
     strided = any(int(s) > 1 for s in node.attrs.get("strides", (1, 1)))
     if kh == kw == 1:
         # where the weights are large or the map small the GEMM's blocking wins (a CNN's last stages); a strided 1x1
@@ -155,7 +161,7 @@ def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, 
         return None
     if node.op == "Conv" and (path := _conv_path(node, graph, forced)) is not None:
         paths[node.name] = path
-        return "conv"
+        return "stem" if path == "stem" else "conv"
     if node.op == "MaxPool" and _pool_ok(node, graph, forced):
         return "pool"
     if node.op == "Concat" and _concat_ok(node, graph):
@@ -211,8 +217,8 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
 
 def blocked_reads(node: Node, kind: str | None) -> list[int]:
     """Input positions a blocked node reads in the blocked layout."""
-    if kind == "conv":
-        return [0] + ([len(node.inputs) - 1] if node.attrs.get("residual") else [])
+    if kind in ("conv", "stem"):  # a stem reads its input in NCHW
+        return ([0] if kind == "conv" else []) + ([len(node.inputs) - 1] if node.attrs.get("residual") else [])
     if kind == "pool":
         return [0]
     if kind == "concat":
@@ -311,7 +317,7 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
                 converted.add(name)
             ins[i] = name + SUFFIX
         out = n.outputs[0]
-        op = {"conv": CONV, "pool": MAXPOOL, "concat": n.op}[kind]
+        op = {"conv": CONV, "stem": CONV, "pool": MAXPOOL, "concat": n.op}[kind]
         # a concat's axis as the blocks' axis of the 5-D twins (-3 of NCHW would name their rows)
         attrs = {**n.attrs, "axis": 1} if kind == "concat" else dict(n.attrs)
         nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=attrs))
