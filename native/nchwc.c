@@ -37,6 +37,55 @@ typedef struct {
     int cpb;                                      /* input channels per input block: 16, or 1 for an NCHW input */
 } cjob_t;
 
+/* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias */
+#define NCHWC_ACC_INIT(VT, PT, NB)                                                                                 \
+    VT acc[PT][NB];                                                                                                \
+    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                          \
+    {                                                                                                              \
+        VT bv = {0};                                                                                               \
+        if (ci0 > 0) {                                                                                             \
+            _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                  \
+                memcpy(&acc[p][b], yb + b * ys + p * 16, sizeof(VT));                                              \
+            continue;                                                                                              \
+        }                                                                                                          \
+        if (bias) memcpy(&bv, bias + b * 16, sizeof(VT));                                                          \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) acc[p][b] = bv;                                      \
+    }                                                                                                              \
+
+/* A tile's store: the residual on the last pass, the activation in registers for RACT (a compile-time code: 0
+   none, 1 relu, 2 clip), else over the stored tile (in L1): one loop, not one copy of its branches per register */
+#define NCHWC_STORE(VT, VI, PT, NB, RACT)                                                                          \
+    const int last = ci1 == J->cib;                                                                                \
+    if (!last) res = NULL;                                                                                         \
+    const float p0 = J->p0, p1 = J->p1;                                                                            \
+    (void)p0;                                                                                                      \
+    (void)p1;                                                                                                      \
+    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                         \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                     \
+        {                                                                                                          \
+            VT v = acc[p][b];                                                                                      \
+            if (res) {                                                                                             \
+                VT r;                                                                                              \
+                memcpy(&r, res + b * ys + p * 16, sizeof(VT));                                                     \
+                v += r;                                                                                            \
+            }                                                                                                      \
+            if (RACT && last) INFERD_VACT(VT, VI, v, RACT, p0, p1);                                                \
+            memcpy(yb + b * ys + p * 16, &v, sizeof(VT));                                                          \
+        }                                                                                                          \
+    const int act = last && !RACT ? J->act : 0;                                                                    \
+    if (act && !INFERD_ACT_COSTLY(act)) {                                                                          \
+        _Pragma("GCC unroll 1") for (int i = 0; i < NB * PT; ++i)                                                 \
+        {                                                                                                          \
+            float* q = yb + (i / PT) * ys + (i % PT) * 16;                                                         \
+            VT v;                                                                                                  \
+            memcpy(&v, q, sizeof(VT));                                                                             \
+            INFERD_VACT(VT, VI, v, act, p0, p1);                                                                   \
+            memcpy(q, &v, sizeof(VT));                                                                             \
+        }                                                                                                          \
+    } else if (INFERD_ACT_COSTLY(act)) {                                                                           \
+        for (int b = 0; b < NB; ++b) act_inplace(yb + b * ys, PT * 16, act, p0, p1);                              \
+    }
+
 /* One output row segment: np pixels (np <= PT, compile-time PT for the register tile) x nb blocks, taps
    kh in [kh0, kh1), kw in [kw0, kw1) (the caller clips both to the image), input pixel step ps floats. */
 #define NCHWC_TILE(NAME, ATTR, VT, VI, PT, NB, CPB)                                                               \
@@ -44,18 +93,7 @@ typedef struct {
                           long long ys, const float* bias, const float* res, int kh0, int kh1, int kw0, int kw1,  \
                           int ci0, int ci1)                                                                        \
     {                                                                                                              \
-        VT acc[PT][NB];                                                                                            \
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                     \
-        {                                                                                                          \
-            VT bv = {0};                                                                                           \
-            if (ci0 > 0) {                                                                                         \
-                _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                             \
-                    memcpy(&acc[p][b], yb + b * ys + p * 16, sizeof(VT));                                          \
-                continue;                                                                                          \
-            }                                                                                                      \
-            if (bias) memcpy(&bv, bias + b * 16, sizeof(VT));                                                      \
-            _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) acc[p][b] = bv;                                 \
-        }                                                                                                          \
+        NCHWC_ACC_INIT(VT, PT, NB)                                                                                 \
         const long long xs = (long long)J->H * J->W * CPB, rs = (long long)J->W * CPB;                             \
         const int KH = J->KH, KW = J->KW;                                                                          \
         for (int ci = ci0; ci < ci1; ++ci)                                                                         \
@@ -74,33 +112,7 @@ typedef struct {
                         }                                                                                          \
                     }                                                                                              \
                 }                                                                                                  \
-        const int last = ci1 == J->cib, act = last ? J->act : 0;                                                   \
-        if (!last) res = NULL;                                                                                     \
-        const float p0 = J->p0, p1 = J->p1;                                                                        \
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                     \
-            _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                 \
-            {                                                                                                      \
-                VT v = acc[p][b];                                                                                  \
-                if (res) {                                                                                         \
-                    VT r;                                                                                          \
-                    memcpy(&r, res + b * ys + p * 16, sizeof(VT));                                                 \
-                    v += r;                                                                                        \
-                }                                                                                                  \
-                memcpy(yb + b * ys + p * 16, &v, sizeof(VT));                                                      \
-            }                                                                                                      \
-        /* the activation over the stored tile (in L1): one loop, not one copy of its branches per register */    \
-        if (act && !INFERD_ACT_COSTLY(act)) {                                                                      \
-            _Pragma("GCC unroll 1") for (int i = 0; i < NB * PT; ++i)                                             \
-            {                                                                                                      \
-                float* q = yb + (i / PT) * ys + (i % PT) * 16;                                                     \
-                VT v;                                                                                              \
-                memcpy(&v, q, sizeof(VT));                                                                         \
-                INFERD_VACT(VT, VI, v, act, p0, p1);                                                               \
-                memcpy(q, &v, sizeof(VT));                                                                         \
-            }                                                                                                      \
-        } else if (INFERD_ACT_COSTLY(act)) {                                                                       \
-            for (int b = 0; b < NB; ++b) act_inplace(yb + b * ys, PT * 16, act, p0, p1);                          \
-        }                                                                                                          \
+        NCHWC_STORE(VT, VI, PT, NB, 0)                                                                             \
     }
 
 /* A pointwise conv's full tile (1x1, stride 1: a flat row's pixels 16 floats apart, known here): no tap loops and
@@ -111,18 +123,7 @@ typedef struct {
     ATTR static void NAME(const cjob_t* J, const float* xb, const float* wg, int wst, float* yb, long long ys,   \
                           const float* bias, const float* res, int ci0, int ci1)                                 \
     {                                                                                                              \
-        VT acc[PT][NB];                                                                                            \
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                     \
-        {                                                                                                          \
-            VT bv = {0};                                                                                           \
-            if (ci0 > 0) {                                                                                         \
-                _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                             \
-                    memcpy(&acc[p][b], yb + b * ys + p * 16, sizeof(VT));                                          \
-                continue;                                                                                          \
-            }                                                                                                      \
-            if (bias) memcpy(&bv, bias + b * 16, sizeof(VT));                                                      \
-            _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) acc[p][b] = bv;                                 \
-        }                                                                                                          \
+        NCHWC_ACC_INIT(VT, PT, NB)                                                                                 \
         const long long xs = (long long)J->H * J->W * 16;                                                          \
         const float* xc = xb + ci0 * xs;                                                                           \
         const float* wc = wg + (long long)ci0 * 16 * wst;                                                          \
@@ -138,36 +139,7 @@ typedef struct {
                     _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[p][b] += xv * wv[b];                \
                 }                                                                                                  \
             }                                                                                                      \
-        const int last = ci1 == J->cib;                                                                            \
-        if (!last) res = NULL;                                                                                     \
-        const float p0 = J->p0, p1 = J->p1;                                                                        \
-        (void)p0;                                                                                                  \
-        (void)p1;                                                                                                  \
-        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                     \
-            _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                 \
-            {                                                                                                      \
-                VT v = acc[p][b];                                                                                  \
-                if (res) {                                                                                         \
-                    VT r;                                                                                          \
-                    memcpy(&r, res + b * ys + p * 16, sizeof(VT));                                                 \
-                    v += r;                                                                                        \
-                }                                                                                                  \
-                if (ACT && last) INFERD_VACT(VT, VI, v, ACT, p0, p1);                                              \
-                memcpy(yb + b * ys + p * 16, &v, sizeof(VT));                                                      \
-            }                                                                                                      \
-        const int act = last && !ACT ? J->act : 0;                                                                 \
-        if (act && !INFERD_ACT_COSTLY(act)) {                                                                      \
-            _Pragma("GCC unroll 1") for (int i = 0; i < NB * PT; ++i)                                             \
-            {                                                                                                      \
-                float* q = yb + (i / PT) * ys + (i % PT) * 16;                                                     \
-                VT v;                                                                                              \
-                memcpy(&v, q, sizeof(VT));                                                                         \
-                INFERD_VACT(VT, VI, v, act, p0, p1);                                                               \
-                memcpy(q, &v, sizeof(VT));                                                                         \
-            }                                                                                                      \
-        } else if (INFERD_ACT_COSTLY(act)) {                                                                       \
-            for (int b = 0; b < NB; ++b) act_inplace(yb + b * ys, PT * 16, act, p0, p1);                          \
-        }                                                                                                          \
+        NCHWC_STORE(VT, VI, PT, NB, ACT)                                                                           \
     }
 
 typedef float v16f __attribute__((vector_size(64)));
