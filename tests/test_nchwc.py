@@ -32,9 +32,10 @@ def threads(request: pytest.FixtureRequest) -> Any:
 
 
 def _conv_case(seed: int, n: int, cin: int, cout: int, hw: tuple[int, int], k: tuple[int, int], s: int,
-               pads: list[int], group: int, act: Any,
-               residual: bool) -> tuple[Node, list[np.ndarray | None], np.ndarray]:
-    """A blocked conv layer's inputs and the plain Conv oracle's output (bias, residual, act fused)."""
+               pads: list[int], group: int, act: Any, residual: bool,
+               nchw_input: bool = False) -> tuple[Node, list[np.ndarray | None], np.ndarray]:
+    """A blocked conv layer's inputs (``nchw_input``: x left NCHW, as a stem reads it) and the plain Conv
+    oracle's output (bias, residual, act fused)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, cin) + hw).astype(np.float32)
     w = (rng.standard_normal((cout, cin // group) + k) * 0.2).astype(np.float32)
@@ -53,7 +54,7 @@ def _conv_case(seed: int, n: int, cin: int, cout: int, hw: tuple[int, int], k: t
     assert conv is not None
     node = Node("c", "Conv", ["x", "w", "b"] + (["r"] if residual else []), ["y"], attrs)
     ref = conv.reference(node, [x, w, b] + ([res] if residual else []))[0]
-    blocked = [to_blocked(x), w, b] + ([to_blocked(res)] if res is not None else [])
+    blocked = [x if nchw_input else to_blocked(x), w, b] + ([to_blocked(res)] if res is not None else [])
     return node, blocked, ref
 
 
@@ -78,10 +79,7 @@ CONV_CASES = [
 ]
 
 
-@needs_native
-@pytest.mark.parametrize("case", CONV_CASES, ids=[f"c{i}" for i in range(len(CONV_CASES))])
-def test_blocked_conv_matches_the_conv_oracle(case: tuple, threads: int) -> None:
-    node, vals, ref = _conv_case(7, *case)
+def _check_blocked_conv(node: Node, vals: list[np.ndarray | None], ref: np.ndarray) -> None:
     layer = single_node_layer(CONV, vals, dict(node.attrs), const=[False, True, True] + [False] * (len(vals) - 3))
     k = ConvNchwcKernel()
     assert k.applies(layer)
@@ -95,39 +93,25 @@ def test_blocked_conv_matches_the_conv_oracle(case: tuple, threads: int) -> None
     np.testing.assert_allclose(spec.reference(layer.node, vals)[0], to_blocked(ref), rtol=1e-5, atol=1e-5)
 
 
+@needs_native
+@pytest.mark.parametrize("case", CONV_CASES, ids=[f"c{i}" for i in range(len(CONV_CASES))])
+def test_blocked_conv_matches_the_conv_oracle(case: tuple, threads: int) -> None:
+    _check_blocked_conv(*_conv_case(7, *case))
+
+
 STEM_CASES = [
-    # (n, cin, cout, hw, k, stride, pads, act, residual): an NCHW input of few channels, a blocked output
-    (1, 3, 64, (23, 29), (7, 7), 2, [3, 3, 3, 3], ("Relu", ()), False),  # resnet's stem
-    (2, 3, 32, (15, 16), (3, 3), 2, [1, 1, 1, 1], ("Clip", (0.0, 6.0)), True),  # mobilenet's, two images
-    (1, 1, 16, (9, 7), (5, 5), 1, [2, 2, 2, 2], None, False),
-    (1, 4, 80, (17, 19), (3, 3), 1, [0, 1, 0, 1], ("LeakyRelu", (0.1,)), True),  # 4 + 1 blocks, uneven pads
+    # (n, cin, cout, hw, k, stride, pads, group, act, residual): an NCHW input of few channels, a blocked output
+    (1, 3, 64, (23, 29), (7, 7), 2, [3, 3, 3, 3], 1, ("Relu", ()), False),  # resnet's stem
+    (2, 3, 32, (15, 16), (3, 3), 2, [1, 1, 1, 1], 1, ("Clip", (0.0, 6.0)), True),  # mobilenet's, two images
+    (1, 1, 16, (9, 7), (5, 5), 1, [2, 2, 2, 2], 1, None, False),
+    (1, 4, 80, (17, 19), (3, 3), 1, [0, 1, 0, 1], 1, ("LeakyRelu", (0.1,)), True),  # 4 + 1 blocks, uneven pads
 ]
 
 
 @needs_native
 @pytest.mark.parametrize("case", STEM_CASES, ids=[f"s{i}" for i in range(len(STEM_CASES))])
 def test_a_stem_reads_nchw_and_writes_blocked(case: tuple, threads: int) -> None:
-    n, cin, cout, hw, k, s, pads, act, residual = case
-    node, vals, ref = _conv_case(11, n, cin * 16, cout, hw, k, s, pads, 1, act, residual)  # (blocked: cin * 16)
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((n, cin) + hw).astype(np.float32)
-    w = (rng.standard_normal((cout, cin) + k) * 0.2).astype(np.float32)
-    vals = [x, w] + vals[2:]
-    from inferd.ops.base import op_spec
-
-    plain = Node("c", "Conv", list(node.inputs), ["y"], dict(node.attrs))
-    conv = op_spec("Conv")
-    assert conv is not None
-    ref = conv.reference(plain, [x, w, vals[2]] + ([from_blocked(vals[3])] if residual else []))[0]
-    layer = single_node_layer(CONV, vals, dict(node.attrs), const=[False, True, True] + [False] * (len(vals) - 3))
-    assert layer.outputs[0].shape == to_blocked(ref).shape
-    kern = ConvNchwcKernel()
-    assert kern.applies(layer)
-    got = run_layer(kern, layer, vals, bound=True)[0]
-    np.testing.assert_allclose(from_blocked(got), ref, rtol=1e-4, atol=1e-4)
-    spec = op_spec(CONV)
-    assert spec is not None
-    np.testing.assert_allclose(spec.reference(layer.node, vals)[0], to_blocked(ref), rtol=1e-5, atol=1e-5)
+    _check_blocked_conv(*_conv_case(11, *case, nchw_input=True))
 
 
 def test_weights_pack_and_unpack_round_trip() -> None:
