@@ -44,12 +44,16 @@ def atomic_write(path: Path, data: bytes, fsync: bool = False) -> None:
 BLOCK = 4096
 
 
+def aligned_bytes(nbytes: int, align: int) -> np.ndarray:
+    """A uint8 array of ``nbytes`` whose data starts on an ``align`` boundary (numpy's own: 16 bytes)."""
+    raw = np.empty(nbytes + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes]
+
+
 def aligned_empty(nbytes: int) -> np.ndarray:
     """A uint8 array of ``nbytes`` rounded up to BLOCK whose data starts on a BLOCK boundary (O_DIRECT)."""
-    n = (max(nbytes, 1) + BLOCK - 1) // BLOCK * BLOCK
-    raw = np.empty(n + BLOCK, np.uint8)
-    off = (-raw.ctypes.data) % BLOCK
-    return raw[off:off + n]
+    return aligned_bytes((max(nbytes, 1) + BLOCK - 1) // BLOCK * BLOCK, BLOCK)
 
 
 #: the bounce buffer's size for unaligned direct reads (memory held only during the call)

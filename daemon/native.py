@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .fileio import aligned_bytes
+
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
@@ -182,10 +184,7 @@ def empty_aligned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray
     array started anywhere in a cache line and every zmm load of it split two (squeezenet1_1 2-3.5% slower on the
     Emerald Rapids VM, in one process alternating with aligned copies)."""
     dt = np.dtype(dtype)
-    n = math.prod(shape) * dt.itemsize
-    raw = np.empty(n + VECTOR_ALIGN, np.uint8)
-    off = (-raw.ctypes.data) % VECTOR_ALIGN
-    return raw[off:off + n].view(dt).reshape(shape)
+    return aligned_bytes(math.prod(shape) * dt.itemsize, VECTOR_ALIGN).view(dt).reshape(shape)
 
 
 def _check(a: np.ndarray, name: str, contiguous: bool = True) -> None:
