@@ -3,11 +3,11 @@
 A conv over NCHW planes is a GEMM whose input is packed per call (a quarter of a 1x1 conv's time on 56x56
 planes), or a direct conv reading strided rows; in the blocked layout (N, C/16, H, W, 16) nothing is packed
 (:mod:`inferd.ops.conv_nchwc`). A conversion costs about what one packing does, so blocking pays only over a
-run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s, strided or not, on maps of
-``POINTWISE_MIN_PIXELS`` and more with fewer than ``POINTWISE_MAX_WEIGHTS`` weights, strided k x k convs, k x k
-convs of up to
-``DIRECT_MAX_CIN`` input channels unless Winograd would run them with more output channels, depthwise convs
-between blocked neighbours), and the max pools and channel concats whose inputs all come blocked; it keeps a
+run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s with fewer than
+``POINTWISE_MAX_WEIGHTS`` weights, strided ones on any map and the others on maps of ``POINTWISE_MIN_PIXELS`` and
+more; strided k x k convs; k x k convs of up to ``DIRECT_MAX_CIN`` input channels unless Winograd would run them
+with more output channels; depthwise convs between blocked neighbours; stems, convs of fewer than 16 input
+channels that read them in NCHW), and the max pools and channel concats whose inputs all come blocked; it keeps a
 conv only next to another blocked node, and a connected region only where the conv time it is expected to save
 (``SAVING``) exceeds its conversions. ``apply_layout`` rewrites the kept nodes (``inferd.ConvNchwc``,
 ``inferd.MaxPoolNchwc``, a Concat on the blocked twins of its parts), converting a tensor once where a blocked
@@ -69,7 +69,8 @@ class LayoutPlan:
 
 def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
     """What the NCHW path would run ``node`` with ("pointwise", "strided1x1", "strided", "direct", "winograd",
-    "depthwise") where the blocked kernel suits it, else None: the blocked kernel's expected saving depends on it."""
+    "depthwise"; "stem" for a conv that reads NCHW) where the blocked kernel suits it, else None: the blocked
+    kernel's expected saving depends on it."""
     if node.name in forced or "Conv" in forced or len(node.inputs) < 2:
         return None
     x, w = graph.infos.get(node.inputs[0]), graph.infos.get(node.inputs[1])
@@ -232,8 +233,8 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
 
     A conv is kept where it has a blocked neighbour (a blocked producer of what it reads blocked, a blocked
     reader of its output, or another blocked conv reading the same input, whose conversion they share): alone it
-    would pay a conversion each way for the packing it saves. A pool or a
-    concat is kept only where everything it reads comes blocked: they save no packing to pay a conversion with."""
+    would pay a conversion each way for the packing it saves. A pool or a concat is kept only where everything it
+    reads comes blocked: they save no packing to pay a conversion with."""
     forced = forced or {}
     if any(isinstance(d, str) for ds in graph.dims.values() for d in tuple(ds)[2:]):
         # a dynamic map size: the plan reads it, and every shape of the model must share its weights
