@@ -195,7 +195,8 @@ NCHWC_PT2(gen_c1, , 3, 1)
 static const tiles_t tiles_gen_c1 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen_c1, 1), {NULL}, NCHWC_ROW2(gen_c1, 3)}, {{NULL}}};
 #if defined(__x86_64__)
 /* x86-64 without AVX2 (rare): the general tiles only, ~80 KB of code less */
-static const tiles_t tiles_gen = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen, 1), NCHWC_ROW2(gen, 2), NCHWC_ROW2(gen, 3)}, {{NULL}}};
+static const tiles_t tiles_gen = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen, 1), NCHWC_ROW2(gen, 2), NCHWC_ROW2(gen, 3)},
+                                  {{NULL}}};
 #else
 NCHWC_PW2(gen, , 0)
 NCHWC_PW2(gen, , 1)
@@ -216,7 +217,8 @@ static const tiles_t tiles_avx2 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(avx2, 1), NCHWC_
                                    {NCHWC_PWROW2(avx2, 0), NCHWC_PWROW2(avx2, 1), NCHWC_PWROW2(avx2, 2)}};
 NCHWC_PT2(avx2_c1, AVX2, 1, 1)
 NCHWC_PT2(avx2_c1, AVX2, 3, 1)
-static const tiles_t tiles_avx2_c1 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(avx2_c1, 1), {NULL}, NCHWC_ROW2(avx2_c1, 3)}, {{NULL}}};
+static const tiles_t tiles_avx2_c1 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(avx2_c1, 1), {NULL}, NCHWC_ROW2(avx2_c1, 3)},
+                                      {{NULL}}};
 NCHWC_PT4(avx512, AVX512, 1, 16)
 NCHWC_PT4(avx512, AVX512, 2, 16)
 NCHWC_PT4(avx512, AVX512, 3, 16)
