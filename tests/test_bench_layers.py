@@ -16,8 +16,10 @@ def test_nodes_match_layers_by_the_tensor_they_produce() -> None:
     got, rest = match(layers, nodes)
     assert got == {"/conv1/Conv": 1.0, "/fc/Gemm": 0.75}
     assert [n["op"] for n in rest] == ["ReorderOutput"]
-    # inferd's own blocked conv writes the tensor's blocked twin: still the same onnxruntime node
-    blocked = [{"name": "/conv1/Conv", "out": "/relu1/Relu_output_0::nchwc"}]
+    # inferd's own blocked conv writes the tensor's blocked twin: still the same onnxruntime node, also where a
+    # conversion back to NCHW writes the tensor itself (a branch of a Concat that is not blocked)
+    blocked = [{"name": "/conv1/Conv", "op": "inferd.ConvNchwc", "out": "/relu1/Relu_output_0::nchwc"},
+               {"name": "/relu1/Relu_output_0::nchwc#from", "op": "inferd.FromNchwc", "out": "/relu1/Relu_output_0"}]
     got, rest = match(blocked, nodes[:1])
     assert got == {"/conv1/Conv": 1.0} and not rest
 

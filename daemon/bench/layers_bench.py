@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..ops.conv_nchwc import FROM as FROM_BLOCKED, TO as TO_BLOCKED
 from ..planner.layout import SUFFIX as BLOCKED_SUFFIX
 from .common import fmt, ratio
 
@@ -112,6 +113,8 @@ def match(layers: list[dict[str, Any]], nodes: list[dict[str, Any]]) -> tuple[di
     """onnxruntime's time per inferd layer (by produced tensor or node name) and its unmatched nodes."""
     by: dict[str, str] = {}
     for ly in layers:
+        if ly.get("op") in (TO_BLOCKED, FROM_BLOCKED):
+            continue  # inferd's own layout conversions: the NCHW tensor a FROM writes is its blocked conv's output
         for t in ly.get("absorbed", []):  # tensors of the BN/activation/add fused into it
             by[t] = ly["name"]
         by[ly["out"]] = ly["name"]
