@@ -15,7 +15,9 @@
  * w[group][cin_block][kh][kw][16 input channels][nbg * 16 output channels], nbg the group's block count (the
  * last group may hold fewer), so one layout serves every ISA's micro-kernel width. Any kernel size, stride and
  * padding; dilation 1, one group. The bias, a residual of the output's shape (blocked too) and the activation
- * are applied as the tile is stored. */
+ * are applied as the tile is stored. A pointwise conv's full tiles have their own form (NCHWC_PW: no tap loops).
+ * A stem reads an NCHW input (an image's few channels) as blocks of one channel (inferd_nchwc_conv_nchw: the
+ * same tiles with CPB 1, w[group][cin][kh][kw][nbg * 16]) and writes blocked. */
 #define _POSIX_C_SOURCE 200112L
 #include <stddef.h>
 #include <string.h>
