@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -49,6 +50,18 @@ def aligned_bytes(nbytes: int, align: int) -> np.ndarray:
     raw = np.empty(nbytes + align, np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + nbytes]
+
+
+#: Alignment of transformed weights: a kernel's vector loads of a 64-byte vector stay within one cache line
+VECTOR_ALIGN = 64
+
+
+def empty_aligned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    """``np.empty`` whose data starts on a VECTOR_ALIGN boundary. numpy aligns to 16 bytes only, so a packed weight
+    array started anywhere in a cache line and every zmm load of it split two (squeezenet1_1 2-3.5% slower on the
+    Emerald Rapids VM, in one process alternating with aligned copies)."""
+    dt = np.dtype(dtype)
+    return aligned_bytes(math.prod(shape) * dt.itemsize, VECTOR_ALIGN).view(dt).reshape(shape)
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .fileio import aligned_bytes
+from .fileio import VECTOR_ALIGN, empty_aligned  # noqa: F401 - the kernels' name for it
 
 log = logging.getLogger(__name__)
 
@@ -173,18 +173,6 @@ if AVAILABLE:
 
 
 # --------------------------------------------------------------------------- pointers
-
-
-#: Alignment of transformed weights: a kernel's vector loads of a 64-byte vector stay within one cache line
-VECTOR_ALIGN = 64
-
-
-def empty_aligned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
-    """``np.empty`` whose data starts on a VECTOR_ALIGN boundary. numpy aligns to 16 bytes only, so a packed weight
-    array started anywhere in a cache line and every zmm load of it split two (squeezenet1_1 2-3.5% slower on the
-    Emerald Rapids VM, in one process alternating with aligned copies)."""
-    dt = np.dtype(dtype)
-    return aligned_bytes(math.prod(shape) * dt.itemsize, VECTOR_ALIGN).view(dt).reshape(shape)
 
 
 def _check(a: np.ndarray, name: str, contiguous: bool = True) -> None:

@@ -31,8 +31,8 @@ import msgpack
 import numpy as np
 import xxhash
 
-from . import faults, native
-from .fileio import ShortRead, aligned_empty, readv
+from . import faults
+from .fileio import ShortRead, aligned_empty, empty_aligned, readv
 from .errors import WeightsStoreError
 from .ir import dtype_from_tag, dtype_tag
 
@@ -229,7 +229,7 @@ class WeightsStore:
             mv = memoryview(buf)
             a = buf.view(dt).reshape(entry.shape)
         else:
-            a = native.empty_aligned(tuple(entry.shape), dt) if out is None else out
+            a = empty_aligned(tuple(entry.shape), dt) if out is None else out
             if a.nbytes != entry.size or not a.flags.c_contiguous:
                 raise WeightsStoreError(f"destination for {entry.key} has {a.nbytes} bytes, entry has {entry.size}")
             mv = memoryview(a.reshape(-1).view(np.uint8))
