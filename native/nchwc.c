@@ -39,50 +39,55 @@ typedef struct {
     int cpb;                                      /* input channels per input block: 16, or 1 for an NCHW input */
 } cjob_t;
 
-/* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias */
-#define NCHWC_ACC_INIT(VT, PT, NB)                                                                                 \
-    VT acc[PT][NB];                                                                                                \
-    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                          \
+/* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias.
+   VT is the ISA's vector of VW floats (16 on AVX-512, 8 on AVX2, 4 on NEON / SSE), a 16-channel block V = 16 / VW
+   of them; acc[p][v] holds vector v % V of block v / V for pixel p. (A 64-byte vector on an ISA without 512-bit
+   registers is lowered by GCC through the stack: the AVX2 tiles had been ~1,500 stack moves a tile.) */
+#define NCHWC_ACC_INIT(VT, VW, PT, NB)                                                                              \
+    VT acc[PT][NB * (16 / VW)];                                                                                     \
+    _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                                               \
     {                                                                                                              \
         VT bv = {0};                                                                                               \
         if (ci0 > 0) {                                                                                             \
             _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                  \
-                memcpy(&acc[p][b], yb + b * ys + p * 16, sizeof(VT));                                              \
+                memcpy(&acc[p][v], yb + (v / (16 / VW)) * ys + p * 16 + (v % (16 / VW)) * VW, sizeof(VT));           \
             continue;                                                                                              \
         }                                                                                                          \
-        if (bias) memcpy(&bv, bias + b * 16, sizeof(VT));                                                          \
-        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) acc[p][b] = bv;                                      \
-    }                                                                                                              \
+        if (bias) memcpy(&bv, bias + v * VW, sizeof(VT));                                                           \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) acc[p][v] = bv;                                      \
+    }
 
 /* A tile's store: the residual on the last pass, the activation in registers for RACT (a compile-time code: 0
    none, 1 relu, 2 clip), else over the stored tile (in L1): one loop, not one copy of its branches per register */
-#define NCHWC_STORE(VT, VI, PT, NB, RACT)                                                                          \
+#define NCHWC_STORE(VT, VI, VW, PT, NB, RACT)                                                                       \
     const int last = ci1 == J->cib;                                                                                \
     if (!last) res = NULL;                                                                                         \
     const float p0 = J->p0, p1 = J->p1;                                                                            \
     (void)p0;                                                                                                      \
     (void)p1;                                                                                                      \
-    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                                         \
+    _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                                              \
         _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                     \
         {                                                                                                          \
-            VT v = acc[p][b];                                                                                      \
+            const long long o = (v / (16 / VW)) * ys + p * 16 + (v % (16 / VW)) * VW;                                \
+            VT x = acc[p][v];                                                                                      \
             if (res) {                                                                                             \
                 VT r;                                                                                              \
-                memcpy(&r, res + b * ys + p * 16, sizeof(VT));                                                     \
-                v += r;                                                                                            \
+                memcpy(&r, res + o, sizeof(VT));                                                                   \
+                x += r;                                                                                            \
             }                                                                                                      \
-            if (RACT && last) INFERD_VACT(VT, VI, v, RACT, p0, p1);                                                \
-            memcpy(yb + b * ys + p * 16, &v, sizeof(VT));                                                          \
+            if (RACT && last) INFERD_VACT(VT, VI, x, RACT, p0, p1);                                                \
+            memcpy(yb + o, &x, sizeof(VT));                                                                        \
         }                                                                                                          \
     const int act = last && !RACT ? J->act : 0;                                                                    \
     if (act && !INFERD_ACT_COSTLY(act)) {                                                                          \
-        _Pragma("GCC unroll 1") for (int i = 0; i < NB * PT; ++i)                                                 \
+        /* (a block's PT pixels are PT * 16 floats in a row) */                                                   \
+        _Pragma("GCC unroll 1") for (int i = 0; i < NB * PT * (16 / VW); ++i)                                      \
         {                                                                                                          \
-            float* q = yb + (i / PT) * ys + (i % PT) * 16;                                                         \
-            VT v;                                                                                                  \
-            memcpy(&v, q, sizeof(VT));                                                                             \
-            INFERD_VACT(VT, VI, v, act, p0, p1);                                                                   \
-            memcpy(q, &v, sizeof(VT));                                                                             \
+            float* q = yb + (i / (PT * (16 / VW))) * ys + (i % (PT * (16 / VW))) * VW;                                \
+            VT x;                                                                                                  \
+            memcpy(&x, q, sizeof(VT));                                                                             \
+            INFERD_VACT(VT, VI, x, act, p0, p1);                                                                   \
+            memcpy(q, &x, sizeof(VT));                                                                             \
         }                                                                                                          \
     } else if (INFERD_ACT_COSTLY(act)) {                                                                           \
         for (int b = 0; b < NB; ++b) act_inplace(yb + b * ys, PT * 16, act, p0, p1);                              \
@@ -90,12 +95,12 @@ typedef struct {
 
 /* One output row segment: np pixels (np <= PT, compile-time PT for the register tile) x nb blocks, taps
    kh in [kh0, kh1), kw in [kw0, kw1) (the caller clips both to the image), input pixel step ps floats. */
-#define NCHWC_TILE(NAME, ATTR, VT, VI, PT, NB, CPB)                                                               \
+#define NCHWC_TILE(NAME, ATTR, VT, VI, VW, PT, NB, CPB)                                                             \
     ATTR static void NAME(const cjob_t* J, const float* xb, int ps, const float* wg, int wst, float* yb,          \
                           long long ys, const float* bias, const float* res, int kh0, int kh1, int kw0, int kw1,  \
                           int ci0, int ci1)                                                                        \
     {                                                                                                              \
-        NCHWC_ACC_INIT(VT, PT, NB)                                                                                 \
+        NCHWC_ACC_INIT(VT, VW, PT, NB)                                                                              \
         const long long xs = (long long)J->H * J->W * CPB, rs = (long long)J->W * CPB;                             \
         const int KH = J->KH, KW = J->KW;                                                                          \
         for (int ci = ci0; ci < ci1; ++ci)                                                                         \
@@ -104,48 +109,53 @@ typedef struct {
                     const float* xc = xb + ci * xs + kh * rs + kw * CPB;                                           \
                     const float* wc = wg + (((long long)ci * KH + kh) * KW + kw) * CPB * wst;                      \
                     _Pragma("GCC unroll 4") for (int c = 0; c < CPB; ++c) {                                       \
-                        VT wv[NB];                                                                                 \
-                        _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                     \
-                            memcpy(&wv[b], wc + c * wst + b * 16, sizeof(VT));                                     \
+                        VT wv[NB * (16 / VW)];                                                                      \
+                        _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                          \
+                            memcpy(&wv[v], wc + c * wst + v * VW, sizeof(VT));                                      \
                         _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                     \
                         {                                                                                          \
                             const VT xv = xc[p * ps + c] - (VT){0};                                                \
-                            _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[p][b] += xv * wv[b];        \
+                            _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                      \
+                                acc[p][v] += xv * wv[v];                                                           \
                         }                                                                                          \
                     }                                                                                              \
                 }                                                                                                  \
-        NCHWC_STORE(VT, VI, PT, NB, 0)                                                                             \
+        NCHWC_STORE(VT, VI, VW, PT, NB, 0)                                                                           \
     }
 
 /* A pointwise conv's full tile (1x1, stride 1: a flat row's pixels 16 floats apart, known here): no tap loops and
    their pointer arithmetic, and the activation in registers for the codes ACT names (0: none, or applied over the
    stored tile as NCHWC_TILE does; 1: relu; 2: clip). With few input channels the tile's fixed costs weighed on
    its FMAs: 64 -> 64 channels on 56x56 ran at ~75% of the 3x3 convs' rate through NCHWC_TILE. */
-#define NCHWC_PW(NAME, ATTR, VT, VI, PT, NB, ACT)                                                                  \
+#define NCHWC_PW(NAME, ATTR, VT, VI, VW, PT, NB, ACT)                                                              \
     ATTR static void NAME(const cjob_t* J, const float* xb, const float* wg, int wst, float* yb, long long ys,   \
                           const float* bias, const float* res, int ci0, int ci1)                                 \
     {                                                                                                              \
-        NCHWC_ACC_INIT(VT, PT, NB)                                                                                 \
+        NCHWC_ACC_INIT(VT, VW, PT, NB)                                                                              \
         const long long xs = (long long)J->H * J->W * 16;                                                          \
         const float* xc = xb + ci0 * xs;                                                                           \
         const float* wc = wg + (long long)ci0 * 16 * wst;                                                          \
         for (int ci = ci0; ci < ci1; ++ci, xc += xs, wc += 16 * wst)                                               \
             _Pragma("GCC unroll 4") for (int c = 0; c < 16; ++c)                                                  \
             {                                                                                                      \
-                VT wv[NB];                                                                                         \
-                _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b)                                             \
-                    memcpy(&wv[b], wc + c * wst + b * 16, sizeof(VT));                                             \
+                VT wv[NB * (16 / VW)];                                                                              \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                                  \
+                    memcpy(&wv[v], wc + c * wst + v * VW, sizeof(VT));                                              \
                 _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                             \
                 {                                                                                                  \
                     const VT xv = xc[p * 16 + c] - (VT){0};                                                        \
-                    _Pragma("GCC unroll 16") for (int b = 0; b < NB; ++b) acc[p][b] += xv * wv[b];                \
+                    _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v) acc[p][v] += xv * wv[v];     \
                 }                                                                                                  \
             }                                                                                                      \
-        NCHWC_STORE(VT, VI, PT, NB, ACT)                                                                           \
+        NCHWC_STORE(VT, VI, VW, PT, NB, ACT)                                                                         \
     }
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int v16i __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef int v4i __attribute__((vector_size(16)));
 
 typedef void (*pw_fn)(const cjob_t*, const float*, const float*, int, float*, long long, const float*, const float*,
                       int, int);
@@ -155,11 +165,11 @@ typedef void (*tile_fn)(const cjob_t*, const float*, int, const float*, int, flo
 
 #define PT_MAX 12
 
-/* Per ISA: tiles of pt pixels x nb blocks (1 to a group's NB_MAX) at [pt - 1][nb - 1], pt up to the ISA's
-   widest for that nb (wide[nb - 1], filling its vector registers): the widest for a row's inside, narrower
-   ones for what is left of it and one-pixel tiles for the columns whose taps leave the image. With one or two
-   output blocks a tile of 6 pixels would load a weight vector per 6 or 12 FMAs; 12 pixels keep the FMAs
-   ahead of the loads (unet_small's 16- and 32-channel convs). */
+/* Per ISA: tiles of pt pixels x nb blocks (1 to the ISA's nb) at [pt - 1][nb - 1], pt up to the ISA's widest
+   for that nb (wide[nb - 1], filling its vector registers): the widest for a row's inside, narrower ones for what
+   is left of it and one-pixel tiles for the columns whose taps leave the image. With one or two output blocks a
+   tile of 6 pixels would load a weight vector per 6 or 12 FMAs; 12 pixels keep the FMAs ahead of the loads
+   (unet_small's 16- and 32-channel convs). */
 typedef struct {
     int wide[NB_MAX];
     int nb;
@@ -169,76 +179,95 @@ typedef struct {
     pw_fn pw[3][NB_MAX];
 } tiles_t;
 
-#define NCHWC_PT4(SFX, ATTR, PT, CPB)                                                                                 \
-    NCHWC_TILE(t##PT##_1_##SFX, ATTR, v16f, v16i, PT, 1, CPB)                                                     \
-    NCHWC_TILE(t##PT##_2_##SFX, ATTR, v16f, v16i, PT, 2, CPB)                                                     \
-    NCHWC_TILE(t##PT##_3_##SFX, ATTR, v16f, v16i, PT, 3, CPB)                                                     \
-    NCHWC_TILE(t##PT##_4_##SFX, ATTR, v16f, v16i, PT, 4, CPB)
-#define NCHWC_PT2(SFX, ATTR, PT, CPB)                                                                               \
-    NCHWC_TILE(t##PT##_1_##SFX, ATTR, v16f, v16i, PT, 1, CPB)                                                     \
-    NCHWC_TILE(t##PT##_2_##SFX, ATTR, v16f, v16i, PT, 2, CPB)
+/* the tiles of PT pixels for 1 to 4 (PT4), 1 to 2 (PT2) or 1 (PT1) blocks */
+#define NCHWC_PT4(SFX, ATTR, VT, VI, VW, PT, CPB)                                                                   \
+    NCHWC_PT2(SFX, ATTR, VT, VI, VW, PT, CPB)                                                                       \
+    NCHWC_TILE(t##PT##_3_##SFX, ATTR, VT, VI, VW, PT, 3, CPB)                                                       \
+    NCHWC_TILE(t##PT##_4_##SFX, ATTR, VT, VI, VW, PT, 4, CPB)
+#define NCHWC_PT2(SFX, ATTR, VT, VI, VW, PT, CPB)                                                                   \
+    NCHWC_PT1(SFX, ATTR, VT, VI, VW, PT, CPB)                                                                       \
+    NCHWC_TILE(t##PT##_2_##SFX, ATTR, VT, VI, VW, PT, 2, CPB)
+#define NCHWC_PT1(SFX, ATTR, VT, VI, VW, PT, CPB) NCHWC_TILE(t##PT##_1_##SFX, ATTR, VT, VI, VW, PT, 1, CPB)
 #define NCHWC_ROW(SFX, PT) {t##PT##_1_##SFX, t##PT##_2_##SFX, t##PT##_3_##SFX, t##PT##_4_##SFX}
 #define NCHWC_ROW2(SFX, PT) {t##PT##_1_##SFX, t##PT##_2_##SFX, NULL, NULL}
-
-/* AVX-512: 6 pixels x 4 blocks = 24 zmm accumulators + 4 weights + 1 broadcast (12 x 2 and 12 x 1 for the
-   narrow groups). Elsewhere a 16-float vector is two ymm (AVX2) or four q registers (NEON, SSE): 3 pixels x 2
-   blocks fills AVX2's 16 ymm and fits NEON's 32 q registers. */
-NCHWC_PT2(gen, , 1, 16)
-NCHWC_PT2(gen, , 2, 16)
-NCHWC_PT2(gen, , 3, 16)
-#define NCHWC_PW2(SFX, ATTR, ACT)                                                                                  \
-    NCHWC_PW(pw##ACT##_1_##SFX, ATTR, v16f, v16i, 3, 1, ACT)                                                      \
-    NCHWC_PW(pw##ACT##_2_##SFX, ATTR, v16f, v16i, 3, 2, ACT)
+#define NCHWC_ROW1(SFX, PT) {t##PT##_1_##SFX, NULL, NULL, NULL}
+#define NCHWC_PWROW(SFX, ACT) {pw##ACT##_1_##SFX, pw##ACT##_2_##SFX, pw##ACT##_3_##SFX, pw##ACT##_4_##SFX}
 #define NCHWC_PWROW2(SFX, ACT) {pw##ACT##_1_##SFX, pw##ACT##_2_##SFX, NULL, NULL}
+#define NCHWC_PWROW1(SFX, ACT) {pw##ACT##_1_##SFX, NULL, NULL, NULL}
+
+/* Tile shapes by register file. AVX-512 (32 zmm, a block one register): 6 pixels x 4 blocks = 24 accumulators
+   + 4 weights + 1 broadcast, 12 x 2 and 12 x 1 for the narrow groups. AVX2 (16 ymm, a block two): 6 pixels x 1
+   block = 12 accumulators + 2 weights + 1 broadcast (3 x 2 blocks would need 17 registers). NEON (32 q, a block
+   four): 5 x 1 = 20 + 4 weights + 5 input scalars (GCC's fmla by element; 6 pixels spilled two accumulators).
+   SSE (16 xmm, x86-64 without AVX2, rare): 3 x 1. */
+
+/* NEON / SSE: the general tiles, one block wide */
+NCHWC_PT1(gen, , v4f, v4i, 4, 1, 16)
+NCHWC_PT1(gen, , v4f, v4i, 4, 2, 16)
+NCHWC_PT1(gen, , v4f, v4i, 4, 3, 16)
+#if defined(__x86_64__)
+static const tiles_t tiles_gen = {{3, 3, 3, 3}, 1, {NCHWC_ROW1(gen, 1), NCHWC_ROW1(gen, 2), NCHWC_ROW1(gen, 3)},
+                                  {{NULL}}};
 /* An NCHW input (a stem: 3 channels of an image) read as blocks of one channel: the same tiles with CPB 1, only
    the widest and one-pixel ones (a stem is one layer: what is left of a row goes a pixel at a time) */
-NCHWC_PT2(gen_c1, , 1, 1)
-NCHWC_PT2(gen_c1, , 3, 1)
-static const tiles_t tiles_gen_c1 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen_c1, 1), {NULL}, NCHWC_ROW2(gen_c1, 3)}, {{NULL}}};
-#if defined(__x86_64__)
-/* x86-64 without AVX2 (rare): the general tiles only, ~80 KB of code less */
-static const tiles_t tiles_gen = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen, 1), NCHWC_ROW2(gen, 2), NCHWC_ROW2(gen, 3)},
-                                  {{NULL}}};
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 1, 1)
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 3, 1)
+static const tiles_t tiles_gen_c1 = {{3, 3, 3, 3}, 1, {NCHWC_ROW1(gen_c1, 1), {NULL}, NCHWC_ROW1(gen_c1, 3)},
+                                     {{NULL}}};
 #else
-NCHWC_PW2(gen, , 0)
-NCHWC_PW2(gen, , 1)
-NCHWC_PW2(gen, , 2)
-static const tiles_t tiles_gen = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(gen, 1), NCHWC_ROW2(gen, 2), NCHWC_ROW2(gen, 3)},
-                                  {NCHWC_PWROW2(gen, 0), NCHWC_PWROW2(gen, 1), NCHWC_PWROW2(gen, 2)}};
+NCHWC_PT1(gen, , v4f, v4i, 4, 4, 16)
+NCHWC_PT1(gen, , v4f, v4i, 4, 5, 16)
+NCHWC_PW(pw0_1_gen, , v4f, v4i, 4, 5, 1, 0)
+NCHWC_PW(pw1_1_gen, , v4f, v4i, 4, 5, 1, 1)
+NCHWC_PW(pw2_1_gen, , v4f, v4i, 4, 5, 1, 2)
+static const tiles_t tiles_gen = {{5, 5, 5, 5},
+                                  1,
+                                  {NCHWC_ROW1(gen, 1), NCHWC_ROW1(gen, 2), NCHWC_ROW1(gen, 3), NCHWC_ROW1(gen, 4),
+                                   NCHWC_ROW1(gen, 5)},
+                                  {NCHWC_PWROW1(gen, 0), NCHWC_PWROW1(gen, 1), NCHWC_PWROW1(gen, 2)}};
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 1, 1)
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 5, 1)
+static const tiles_t tiles_gen_c1 = {
+    {5, 5, 5, 5}, 1, {NCHWC_ROW1(gen_c1, 1), {NULL}, {NULL}, {NULL}, NCHWC_ROW1(gen_c1, 5)}, {{NULL}}};
 #endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx512f,avx2,fma")))
-NCHWC_PT2(avx2, AVX2, 1, 16)
-NCHWC_PT2(avx2, AVX2, 2, 16)
-NCHWC_PT2(avx2, AVX2, 3, 16)
-NCHWC_PW2(avx2, AVX2, 0)
-NCHWC_PW2(avx2, AVX2, 1)
-NCHWC_PW2(avx2, AVX2, 2)
-static const tiles_t tiles_avx2 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(avx2, 1), NCHWC_ROW2(avx2, 2), NCHWC_ROW2(avx2, 3)},
-                                   {NCHWC_PWROW2(avx2, 0), NCHWC_PWROW2(avx2, 1), NCHWC_PWROW2(avx2, 2)}};
-NCHWC_PT2(avx2_c1, AVX2, 1, 1)
-NCHWC_PT2(avx2_c1, AVX2, 3, 1)
-static const tiles_t tiles_avx2_c1 = {{3, 3, 3, 3}, 2, {NCHWC_ROW2(avx2_c1, 1), {NULL}, NCHWC_ROW2(avx2_c1, 3)},
-                                      {{NULL}}};
-NCHWC_PT4(avx512, AVX512, 1, 16)
-NCHWC_PT4(avx512, AVX512, 2, 16)
-NCHWC_PT4(avx512, AVX512, 3, 16)
-NCHWC_PT4(avx512, AVX512, 4, 16)
-NCHWC_PT4(avx512, AVX512, 5, 16)
-NCHWC_PT4(avx512, AVX512, 6, 16)
-NCHWC_PT2(avx512, AVX512, 7, 16)
-NCHWC_PT2(avx512, AVX512, 8, 16)
-NCHWC_PT2(avx512, AVX512, 9, 16)
-NCHWC_PT2(avx512, AVX512, 10, 16)
-NCHWC_PT2(avx512, AVX512, 11, 16)
-NCHWC_PT2(avx512, AVX512, 12, 16)
+NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 1, 16)
+NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 2, 16)
+NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 3, 16)
+NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 4, 16)
+NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 5, 16)
+NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 6, 16)
+NCHWC_PW(pw0_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 0)
+NCHWC_PW(pw1_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 1)
+NCHWC_PW(pw2_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 2)
+static const tiles_t tiles_avx2 = {{6, 6, 6, 6},
+                                   1,
+                                   {NCHWC_ROW1(avx2, 1), NCHWC_ROW1(avx2, 2), NCHWC_ROW1(avx2, 3), NCHWC_ROW1(avx2, 4),
+                                    NCHWC_ROW1(avx2, 5), NCHWC_ROW1(avx2, 6)},
+                                   {NCHWC_PWROW1(avx2, 0), NCHWC_PWROW1(avx2, 1), NCHWC_PWROW1(avx2, 2)}};
+NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 1, 1)
+NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 6, 1)
+static const tiles_t tiles_avx2_c1 = {
+    {6, 6, 6, 6}, 1, {NCHWC_ROW1(avx2_c1, 1), {NULL}, {NULL}, {NULL}, {NULL}, NCHWC_ROW1(avx2_c1, 6)}, {{NULL}}};
+NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 1, 16)
+NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 2, 16)
+NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 3, 16)
+NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 4, 16)
+NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 5, 16)
+NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 6, 16)
+NCHWC_PT2(avx512, AVX512, v16f, v16i, 16, 7, 16)
+NCHWC_PT2(avx512, AVX512, v16f, v16i, 16, 8, 16)
+NCHWC_PT2(avx512, AVX512, v16f, v16i, 16, 9, 16)
+NCHWC_PT2(avx512, AVX512, v16f, v16i, 16, 10, 16)
+NCHWC_PT2(avx512, AVX512, v16f, v16i, 16, 11, 16)
+NCHWC_PT2(avx512, AVX512, v16f, v16i, 16, 12, 16)
 #define NCHWC_PW4(SFX, ATTR, ACT)                                                                                  \
-    NCHWC_PW(pw##ACT##_1_##SFX, ATTR, v16f, v16i, 12, 1, ACT)                                                     \
-    NCHWC_PW(pw##ACT##_2_##SFX, ATTR, v16f, v16i, 12, 2, ACT)                                                     \
-    NCHWC_PW(pw##ACT##_3_##SFX, ATTR, v16f, v16i, 6, 3, ACT)                                                      \
-    NCHWC_PW(pw##ACT##_4_##SFX, ATTR, v16f, v16i, 6, 4, ACT)
-#define NCHWC_PWROW(SFX, ACT) {pw##ACT##_1_##SFX, pw##ACT##_2_##SFX, pw##ACT##_3_##SFX, pw##ACT##_4_##SFX}
+    NCHWC_PW(pw##ACT##_1_##SFX, ATTR, v16f, v16i, 16, 12, 1, ACT)                                                 \
+    NCHWC_PW(pw##ACT##_2_##SFX, ATTR, v16f, v16i, 16, 12, 2, ACT)                                                 \
+    NCHWC_PW(pw##ACT##_3_##SFX, ATTR, v16f, v16i, 16, 6, 3, ACT)                                                  \
+    NCHWC_PW(pw##ACT##_4_##SFX, ATTR, v16f, v16i, 16, 6, 4, ACT)
 NCHWC_PW4(avx512, AVX512, 0)
 NCHWC_PW4(avx512, AVX512, 1)
 NCHWC_PW4(avx512, AVX512, 2)
@@ -248,8 +277,8 @@ static const tiles_t tiles_avx512 = {{12, 12, 6, 6}, 4,
                                       NCHWC_ROW2(avx512, 7), NCHWC_ROW2(avx512, 8), NCHWC_ROW2(avx512, 9),
                                       NCHWC_ROW2(avx512, 10), NCHWC_ROW2(avx512, 11), NCHWC_ROW2(avx512, 12)},
                                      {NCHWC_PWROW(avx512, 0), NCHWC_PWROW(avx512, 1), NCHWC_PWROW(avx512, 2)}};
-NCHWC_PT4(avx512_c1, AVX512, 1, 1)
-NCHWC_PT4(avx512_c1, AVX512, 6, 1)
+NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 1, 1)
+NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 6, 1)
 static const tiles_t tiles_avx512_c1 = {
     {6, 6, 6, 6},
     4,
@@ -394,7 +423,8 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         J.gpt = (groups + tasks - 1) / tasks;
     } else if (flat) {
         /* column bands: enough for the pool, and each band's input (all channels) within ~1 MB of L2 */
-        const int pt = tiles_for(cpb)->wide[NB_MAX - 1];
+        const tiles_t* T = tiles_for(cpb);
+        const int pt = T->wide[T->nb - 1];
         const long long l2 = (1 << 20) / ((long long)cin * 4);
         int bands = inferd_pool_chunks(OW / 16 > 0 ? OW / 16 : 1, work);
         if (l2 > 0 && (OW + l2 - 1) / l2 > bands) bands = (int)((OW + l2 - 1) / l2);
@@ -425,14 +455,12 @@ int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w
                     p1);
 }
 
-int inferd_nchwc_tile_pixels(void) { return tiles()->wide[NB_MAX - 1]; }
+int inferd_nchwc_tile_pixels(void) { return tiles()->wide[tiles()->nb - 1]; }
 
 /* ------------------------------------------------------------------ depthwise conv and max pool, blocked
    One 16-channel block per task row band: a pixel's 16 channels are one vector, each tap one FMA (or max)
-   per pixel, DPT pixels of a row at a time for independent chains. Taps outside the image are skipped
+   per pixel, several pixels of a row at a time for independent chains. Taps outside the image are skipped
    (zero padding for the conv, -inf for the pool), per pixel at a row's edges. */
-
-#define DPT 8
 
 typedef struct {
     const float* x;
@@ -445,23 +473,26 @@ typedef struct {
     int rows_per_task, nbands;
 } djob_t;
 
-/* One tap for NPV pixels of a row (the pixel step is the stride): an FMA, or a max where a NaN wins. */
-#define NCHWC_DW_TAPS(VT, VI, POOL, NPV)                                                                         \
+/* One tap for NPV pixels of a row (the pixel step is the stride), each pixel 16 / VW vectors: an FMA, or a max
+   where a NaN wins. */
+#define NCHWC_DW_TAPS(VT, VI, VW, POOL, NPV)                                                                    \
     do {                                                                                                         \
         _Pragma("GCC unroll 16") for (int p = 0; p < (NPV); ++p)                                                 \
+            _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k)                                            \
         {                                                                                                        \
             VT v;                                                                                                \
-            memcpy(&v, xr + (long long)(kw + p * J->SW) * 16, sizeof(VT));                                      \
+            memcpy(&v, xr + (long long)(kw + p * J->SW) * 16 + k * VW, sizeof(VT));                             \
             if (POOL) {                                                                                          \
-                acc[p] = INFERD_VSEL(VT, VI, v > acc[p], v, acc[p]);                                             \
-                acc[p] = INFERD_VSEL(VT, VI, v != v, v, acc[p]);                                                 \
+                acc[p][k] = INFERD_VSEL(VT, VI, v > acc[p][k], v, acc[p][k]);                                    \
+                acc[p][k] = INFERD_VSEL(VT, VI, v != v, v, acc[p][k]);                                           \
             } else {                                                                                             \
-                acc[p] += v * wv;                                                                                \
+                acc[p][k] += v * wv[k];                                                                          \
             }                                                                                                    \
         }                                                                                                        \
     } while (0)
 
-#define NCHWC_DW_ROW(NAME, ATTR, VT, VI, POOL)                                                                   \
+/* NPW pixels of a row at a time inside it (NPW / 2 for what is left, then 1): NPW x 16 / VW independent chains */
+#define NCHWC_DW_ROW(NAME, ATTR, VT, VI, VW, NPW, POOL)                                                          \
     ATTR static void NAME(const djob_t* J, int cb, int oh)                                                       \
     {                                                                                                            \
         const long long rs = (long long)J->W * 16, xs = (long long)J->H * rs;                                     \
@@ -475,43 +506,56 @@ typedef struct {
         int ow_lo = (J->PL + J->SW - 1) / J->SW, ow_hi = (J->W + J->PL - J->KW) / J->SW + 1;                     \
         if (ow_hi > J->OW) ow_hi = J->OW;                                                                        \
         if (ow_lo > ow_hi) ow_lo = ow_hi = J->OW;                                                                \
-        VT init = {0};                                                                                           \
-        if (POOL)                                                                                                \
-            init = -__builtin_inff() - (VT){0};                                                                  \
-        else if (J->bias)                                                                                        \
-            memcpy(&init, J->bias + cb * 16, sizeof(VT));                                                        \
+        VT init[16 / VW];                                                                                        \
+        _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k)                                                \
+        {                                                                                                        \
+            init[k] = (VT){0};                                                                                   \
+            if (POOL)                                                                                            \
+                init[k] = -__builtin_inff() - (VT){0};                                                           \
+            else if (J->bias)                                                                                    \
+                memcpy(&init[k], J->bias + cb * 16 + k * VW, sizeof(VT));                                        \
+        }                                                                                                        \
         const int act = J->act;                                                                                  \
         const float p0 = J->p0, p1 = J->p1;                                                                      \
         for (int ow = 0; ow < J->OW;) {                                                                          \
             const int iw0 = ow * J->SW - J->PL;                                                                  \
-            const int np = ow >= ow_lo && ow + DPT <= ow_hi ? DPT : (ow >= ow_lo && ow + 4 <= ow_hi ? 4 : 1);     \
+            const int np = ow >= ow_lo && ow + NPW <= ow_hi ? NPW                                                \
+                                                            : (ow >= ow_lo && ow + NPW / 2 <= ow_hi ? NPW / 2 : 1); \
             const int kw0 = np > 1 || iw0 >= 0 ? 0 : -iw0;                                                       \
             const int kw1 = np > 1 || J->W - iw0 >= J->KW ? J->KW : J->W - iw0;                                  \
-            VT acc[DPT];                                                                                         \
-            _Pragma("GCC unroll 16") for (int p = 0; p < DPT; ++p) acc[p] = init;                                \
+            VT acc[NPW][16 / VW];                                                                                \
+            _Pragma("GCC unroll 16") for (int p = 0; p < NPW; ++p)                                               \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k) acc[p][k] = init[k];                   \
             for (int kh = kh0; kh < kh1; ++kh) {                                                                 \
                 const float* xr = xb + (long long)(ih0 + kh) * rs + (long long)iw0 * 16;                         \
                 for (int kw = kw0; kw < kw1; ++kw) {                                                             \
-                    VT wv = {0};                                                                                 \
-                    if (!POOL) memcpy(&wv, wb + (kh * J->KW + kw) * 16, sizeof(VT));                             \
-                    if (np == DPT)                                                                               \
-                        NCHWC_DW_TAPS(VT, VI, POOL, DPT);                                                        \
-                    else if (np == 4)                                                                            \
-                        NCHWC_DW_TAPS(VT, VI, POOL, 4);                                                          \
+                    VT wv[16 / VW];                                                                              \
+                    _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k)                                    \
+                    {                                                                                            \
+                        wv[k] = (VT){0};                                                                         \
+                        if (!POOL) memcpy(&wv[k], wb + (kh * J->KW + kw) * 16 + k * VW, sizeof(VT));             \
+                    }                                                                                            \
+                    if (np == NPW)                                                                               \
+                        NCHWC_DW_TAPS(VT, VI, VW, POOL, NPW);                                                    \
+                    else if (np == NPW / 2)                                                                      \
+                        NCHWC_DW_TAPS(VT, VI, VW, POOL, NPW / 2);                                                \
                     else                                                                                         \
-                        NCHWC_DW_TAPS(VT, VI, POOL, 1);                                                          \
+                        NCHWC_DW_TAPS(VT, VI, VW, POOL, 1);                                                      \
                 }                                                                                                \
             }                                                                                                    \
-            for (int p = 0; p < np; ++p) {                                                                       \
-                VT v = acc[p];                                                                                   \
-                if (rr) {                                                                                        \
-                    VT r;                                                                                        \
-                    memcpy(&r, rr + (long long)(ow + p) * 16, sizeof(VT));                                       \
-                    v += r;                                                                                      \
+            for (int p = 0; p < np; ++p)                                                                         \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k)                                        \
+                {                                                                                                \
+                    VT v = acc[p][k];                                                                            \
+                    const long long o = (long long)(ow + p) * 16 + k * VW;                                       \
+                    if (rr) {                                                                                    \
+                        VT r;                                                                                    \
+                        memcpy(&r, rr + o, sizeof(VT));                                                          \
+                        v += r;                                                                                  \
+                    }                                                                                            \
+                    if (act && !INFERD_ACT_COSTLY(act)) INFERD_VACT(VT, VI, v, act, p0, p1);                     \
+                    memcpy(yr + o, &v, sizeof(VT));                                                              \
                 }                                                                                                \
-                if (act && !INFERD_ACT_COSTLY(act)) INFERD_VACT(VT, VI, v, act, p0, p1);                         \
-                memcpy(yr + (long long)(ow + p) * 16, &v, sizeof(VT));                                           \
-            }                                                                                                    \
             if (INFERD_ACT_COSTLY(act)) act_inplace(yr + (long long)ow * 16, np * 16, act, p0, p1);             \
             ow += np;                                                                                            \
         }                                                                                                        \
@@ -519,13 +563,19 @@ typedef struct {
 
 typedef void (*drow_fn)(const djob_t*, int, int);
 
-NCHWC_DW_ROW(dw_gen, , v16f, v16i, 0)
-NCHWC_DW_ROW(mp_gen, , v16f, v16i, 1)
+/* 8 pixels a vector each on AVX-512; 4 of two vectors on AVX2 and of four on NEON; 2 of four on SSE */
+#if defined(__x86_64__)
+NCHWC_DW_ROW(dw_gen, , v4f, v4i, 4, 2, 0)
+NCHWC_DW_ROW(mp_gen, , v4f, v4i, 4, 2, 1)
+#else
+NCHWC_DW_ROW(dw_gen, , v4f, v4i, 4, 4, 0)
+NCHWC_DW_ROW(mp_gen, , v4f, v4i, 4, 4, 1)
+#endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-NCHWC_DW_ROW(dw_avx2, AVX2, v16f, v16i, 0)
-NCHWC_DW_ROW(mp_avx2, AVX2, v16f, v16i, 1)
-NCHWC_DW_ROW(dw_avx512, AVX512, v16f, v16i, 0)
-NCHWC_DW_ROW(mp_avx512, AVX512, v16f, v16i, 1)
+NCHWC_DW_ROW(dw_avx2, AVX2, v8f, v8i, 8, 4, 0)
+NCHWC_DW_ROW(mp_avx2, AVX2, v8f, v8i, 8, 4, 1)
+NCHWC_DW_ROW(dw_avx512, AVX512, v16f, v16i, 16, 8, 0)
+NCHWC_DW_ROW(mp_avx512, AVX512, v16f, v16i, 16, 8, 1)
 #endif
 
 static drow_fn drow(int pool)
@@ -579,44 +629,54 @@ int inferd_nchwc_maxpool(const float* x, int blocks, int H, int W, int KH, int K
 }
 
 /* ------------------------------------------------------------------ layout conversions
-   NCHW <-> blocked, 16 channels x 16 pixels at a time: sixteen vector loads, a 16 x 16 transpose in
-   registers (four rounds of two-input shuffles swapping the off-diagonal d x d blocks, d = 8, 4, 2, 1:
-   vpermt2ps on AVX-512), sixteen vector stores; the strided copy this replaces moved ~20 GB/s. */
+   NCHW <-> blocked, 16 channels x 16 pixels at a time, as VW x VW squares of the ISA's vector width: VW vector
+   loads, a transpose in registers (rounds of two-input shuffles swapping the off-diagonal d x d blocks, d = VW / 2
+   down to 1: vpermt2ps on AVX-512), VW vector stores; the strided copy this replaces moved ~20 GB/s. */
 
-#define NCHWC_T16(NAME, ATTR, VT, VI)                                                                            \
+#define NCHWC_T16(NAME, ATTR, VT, VI, VW)                                                                        \
     ATTR static void NAME(const float* src, long long sstride, float* dst, long long dstride)                   \
     {                                                                                                            \
-        VT r[16];                                                                                                \
-        _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) memcpy(&r[i], src + i * sstride, sizeof(VT));     \
-        _Pragma("GCC unroll 4") for (int d = 8; d >= 1; d >>= 1)                                                \
+        _Pragma("GCC unroll 1") for (int t = 0; t < (16 / VW) * (16 / VW); ++t)                                 \
         {                                                                                                        \
-            VI lo, hi;                                                                                           \
-            _Pragma("GCC unroll 16") for (int j = 0; j < 16; ++j)                                               \
+            /* the VW x VW sub-square (t / (16 / VW), t % (16 / VW)) of the 16 x 16 goes to its mirror */        \
+            const int ti = t / (16 / VW) * VW, tj = t % (16 / VW) * VW;                                          \
+            const float* s = src + ti * sstride + tj;                                                            \
+            float* d = dst + tj * dstride + ti;                                                                  \
+            VT r[VW];                                                                                            \
+            _Pragma("GCC unroll 16") for (int i = 0; i < VW; ++i) memcpy(&r[i], s + i * sstride, sizeof(VT));    \
+            _Pragma("GCC unroll 4") for (int dd = VW / 2; dd >= 1; dd >>= 1)                                     \
             {                                                                                                    \
-                lo[j] = (j & d) ? 16 + j - d : j;                                                                \
-                hi[j] = (j & d) ? 16 + j : j + d;                                                                \
+                VI lo, hi;                                                                                       \
+                _Pragma("GCC unroll 16") for (int j = 0; j < VW; ++j)                                            \
+                {                                                                                                \
+                    lo[j] = (j & dd) ? VW + j - dd : j;                                                          \
+                    hi[j] = (j & dd) ? VW + j : j + dd;                                                          \
+                }                                                                                                \
+                _Pragma("GCC unroll 16") for (int i = 0; i < VW; ++i)                                            \
+                {                                                                                                \
+                    if (i & dd) continue;                                                                        \
+                    const VT a = r[i], b = r[i + dd];                                                            \
+                    r[i] = __builtin_shuffle(a, b, lo);                                                          \
+                    r[i + dd] = __builtin_shuffle(a, b, hi);                                                     \
+                }                                                                                                \
             }                                                                                                    \
-            _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i)                                               \
-            {                                                                                                    \
-                if (i & d) continue;                                                                             \
-                const VT a = r[i], b = r[i + d];                                                                 \
-                r[i] = __builtin_shuffle(a, b, lo);                                                              \
-                r[i + d] = __builtin_shuffle(a, b, hi);                                                          \
-            }                                                                                                    \
+            _Pragma("GCC unroll 16") for (int i = 0; i < VW; ++i) memcpy(d + i * dstride, &r[i], sizeof(VT));    \
         }                                                                                                        \
-        _Pragma("GCC unroll 16") for (int i = 0; i < 16; ++i) memcpy(dst + i * dstride, &r[i], sizeof(VT));     \
     }
 
 typedef void (*t16_fn)(const float*, long long, float*, long long);
-NCHWC_T16(t16_gen, , v16f, v16i)
+NCHWC_T16(t16_gen, , v4f, v4i, 4)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-NCHWC_T16(t16_avx512, AVX512, v16f, v16i)
+NCHWC_T16(t16_avx2, AVX2, v8f, v8i, 8)
+NCHWC_T16(t16_avx512, AVX512, v16f, v16i, 16)
 #endif
 
 static t16_fn t16(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-    if (isa_level() == 2) return t16_avx512;
+    const int l = isa_level();
+    if (l == 2) return t16_avx512;
+    if (l == 1) return t16_avx2;
 #endif
     return t16_gen;
 }
