@@ -12,6 +12,8 @@ ffibuilder.set_source(
     '#include "inferd_native.h"',
     sources=[str(p.relative_to(HERE.parent)) for p in sorted(HERE.glob("*.c"))],
     include_dirs=[str(HERE.relative_to(HERE.parent))],
+    # a header change rebuilds every source (distutils compares each object with its source and these only)
+    depends=[str(p.relative_to(HERE.parent)) for p in sorted(HERE.glob("*.h"))],
     libraries=["pthread"],
     extra_compile_args=["-O3", "-fno-wrapv", "-std=c99", "-fno-math-errno", "-ffp-contract=fast"],
 )
