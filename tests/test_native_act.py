@@ -3,6 +3,9 @@ apply_act's Gelu and the Erf op."""
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,6 +16,8 @@ from scipy.special import erf as sp_erf
 from inferd import native
 from inferd.ops.activation import apply_act
 from ortutil import ort_session
+
+NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
 
 needs_native = pytest.mark.skipif(not native.AVAILABLE, reason="native extension not built")
 
@@ -123,3 +128,28 @@ def test_erf_op_vs_onnxruntime() -> None:
     got = got["y"] if isinstance(got, dict) else got[0]
     np.testing.assert_allclose(got, want, atol=3e-7)
     np.testing.assert_allclose(got, sp_erf(x.astype(np.float64)), atol=2e-7)
+
+
+
+# Every activation code's loop must vectorise: a ?: that GCC threads into branches leaves it scalar ("control flow
+# in loop"), ~3 ns a value with the same results, so no value test sees it (Sigmoid, SiLU, LeakyRelu and HardSwish
+# ran scalar this way on x86 and aarch64 until their selects went through the bits).
+def _act_loop_vectorises(cc: str, attr: str, act: int, tmp_path: Path) -> bool:
+    src = tmp_path / f"act{act}_{cc}.c"
+    src.write_text('#include <stddef.h>\n#include <string.h>\n#include "inferd_internal.h"\n'
+                   f"{attr} void act(float* d, ptrdiff_t n, float p0, float p1) {{ act_inplace(d, n, {act}, p0, p1); }}\n")
+    out = subprocess.run([cc, "-O3", "-std=c99", "-fno-math-errno", "-ffp-contract=fast", f"-I{NATIVE_DIR}", "-c",
+                          str(src), "-o", str(src.with_suffix(".o")), "-fopt-info-vec-optimized"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return "loop vectorized" in out.stderr
+
+
+@pytest.mark.parametrize("cc, attr", [("cc", '__attribute__((target("avx2,fma")))'), ("aarch64-linux-gnu-gcc", "")])
+def test_every_activation_loop_vectorises(cc: str, attr: str, tmp_path: Path) -> None:
+    if shutil.which(cc) is None:
+        pytest.skip(f"needs {cc}")
+    if "avx2" in attr and not subprocess.run([cc, "-dumpmachine"], capture_output=True, text=True).stdout.startswith(
+            "x86_64"):
+        pytest.skip("the x86 form needs an x86-64 compiler")
+    scalar = [act for act in range(1, 10) if not _act_loop_vectorises(cc, attr, act, tmp_path)]
+    assert scalar == [], f"activation codes whose loop {cc} left scalar: {scalar}"
