@@ -137,7 +137,8 @@ def test_erf_op_vs_onnxruntime() -> None:
 def _act_loop_vectorises(cc: str, attr: str, act: int, tmp_path: Path) -> bool:
     src = tmp_path / f"act{act}_{cc}.c"
     src.write_text('#include <stddef.h>\n#include <string.h>\n#include "inferd_internal.h"\n'
-                   f"{attr} void act(float* d, ptrdiff_t n, float p0, float p1) {{ act_inplace(d, n, {act}, p0, p1); }}\n")
+                   f"{attr} void act(float* d, ptrdiff_t n, float p0, float p1)"
+                   f" {{ act_inplace(d, n, {act}, p0, p1); }}\n")
     out = subprocess.run([cc, "-O3", "-std=c99", "-fno-math-errno", "-ffp-contract=fast", f"-I{NATIVE_DIR}", "-c",
                           str(src), "-o", str(src.with_suffix(".o")), "-fopt-info-vec-optimized"],
                          capture_output=True, text=True, timeout=120, check=True)
