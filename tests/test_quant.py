@@ -29,11 +29,19 @@ _ONNX_T = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.
            np.dtype(np.int32): TensorProto.INT32, np.dtype(np.float32): TensorProto.FLOAT}
 
 
-def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+def _ort_options() -> "ort.SessionOptions":
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    # x86 without VNNI sums u8 x s8 products pairwise in int16 (vpmaddubsw), which saturates for full-range
+    # weights: onnxruntime's own switch to its exact (u8 x u8) kernels, else it is no oracle on an AVX2 machine
+    so.add_session_config_entry("session.x64quantprecision", "1")
+    return so
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), _ort_options(), providers=["CPUExecutionProvider"]).run(
+        None, feeds)
 
 
 def _inferd(model: onnx.ModelProto | Path, feeds: dict, **kw) -> list[np.ndarray]:
@@ -486,7 +494,7 @@ def _ort_intermediates(model: onnx.ModelProto, feeds: dict, qdq: bool) -> dict[s
             if t:
                 m2.graph.output.append(helper.make_tensor_value_info(o, t, None))
                 have.add(o)
-    sess_out = ort.InferenceSession(m2.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess_out = ort.InferenceSession(m2.SerializeToString(), _ort_options(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess_out.get_outputs()]
     return dict(zip(names, sess_out.run(None, feeds)))
 
