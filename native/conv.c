@@ -374,16 +374,16 @@ INFERD_INLINE int dw_flat(const float* x, const float* w, const float* bias, flo
    transposed into a zero-padded (Hp, Wp, 16) tile, so each tap is one 16-wide multiply-add over channels, the
    way MLAS (NCHWc) and ncnn (pack4/8) compute depthwise. The per-channel loops above spend most of a 7x7 or
    14x14 plane on setup and short rows; here the transposes cost ~2 moves per value and the arithmetic runs
-   at full width. Four outputs along a row are accumulated together to hide the multiply-add latency. */
+   at full width. Several outputs along a row are accumulated together to hide the multiply-add latency. */
 #define DWB 16
 
-/* dw_blocked's arithmetic over one block's padded tile: OH x OW outputs of 16 lanes, four pixels of a row at a
-   time, in the ISA's own vector width (VW floats; a 16-lane pixel is 16 / VW vectors). Not in the clones of the
-   callers: a 64-byte vector in a clone without AVX-512 is lowered through the stack (this loop ran at 5-13x the
-   layer's roofline on Zen 3). wv: [T][16] weights, bv: [16] bias. */
+/* dw_blocked's arithmetic over one block's padded tile: OH x OW outputs of 16 lanes, NP pixels of a row at a time
+   (NP x 16 / VW accumulators), in the ISA's own vector width (VW floats; a 16-lane pixel is 16 / VW vectors). Not in
+   the clones of the callers: a 64-byte vector in a clone without AVX-512 is lowered through the stack (this loop
+   ran at 5-13x the layer's roofline on Zen 3). wv: [T][16] weights, bv: [16] bias. */
 typedef void (*dwb_rows_fn)(const float* tile, int Wp, float* out, int OH, int OW, int sh, int sw,
                             const ptrdiff_t* off, int T, const float* wv, const float* bv);
-#define DWB_ROWS(NAME, ATTR, VT, VW, NP)                                                                           \
+#define DWB_ROWS(NAME, ATTR, VT, VTU, VW, NP)                                                                      \
     ATTR static void NAME(const float* tile, int Wp, float* out, int OH, int OW, int sh, int sw,                \
                           const ptrdiff_t* off, int T, const float* wv, const float* bv)                        \
     {                                                                                                            \
@@ -421,10 +421,7 @@ typedef void (*dwb_rows_fn)(const float* tile, int Wp, float* out, int OH, int O
                 }                                                                                                \
                 _Pragma("GCC unroll 4") for (int p = 0; p < NP; ++p)                                              \
                     _Pragma("GCC unroll 4") for (int k = 0; k < V; ++k)                                          \
-                    {                                                                                            \
-                        const VT o = a[p][k]; /* (not &a[p][k]: an address taken kept a[] in memory on aarch64) */ \
-                        memcpy(orow + (size_t)(ow + p) * DWB + k * VW, &o, sizeof(VT));                          \
-                    }                                                                                            \
+                        *(VTU*)(orow + (size_t)(ow + p) * DWB + k * VW) = a[p][k];                               \
             }                                                                                                    \
             for (; ow < OW; ++ow) {                                                                              \
                 const float* b0 = rowb + (size_t)ow * s1;                                                        \
@@ -439,21 +436,28 @@ typedef void (*dwb_rows_fn)(const float* tile, int Wp, float* out, int OH, int O
                         a[k] += wk * i;                                                                          \
                     }                                                                                            \
                 _Pragma("GCC unroll 4") for (int k = 0; k < V; ++k)                                              \
-                {                                                                                                \
-                    const VT o = a[k];                                                                           \
-                    memcpy(orow + (size_t)ow * DWB + k * VW, &o, sizeof(VT));                                    \
-                }                                                                                                \
+                    *(VTU*)(orow + (size_t)ow * DWB + k * VW) = a[k];                                            \
             }                                                                                                    \
         }                                                                                                        \
     }
 
+/* the stores through unaligned, aliasing vector pointers (the *u types), not memcpy from the accumulator: on
+   aarch64 GCC 12 keeps a variable whose address memcpy takes in memory, reloading and storing every accumulator
+   at every tap */
 typedef float dwb_v4 __attribute__((vector_size(16)));
-DWB_ROWS(dwb_rows_gen, , dwb_v4, 4, 2)
+typedef float dwb_v4u __attribute__((vector_size(16), aligned(4), may_alias));
+#if defined(__x86_64__)
+DWB_ROWS(dwb_rows_gen, , dwb_v4, dwb_v4u, 4, 2) /* SSE: 16 xmm */
+#else
+DWB_ROWS(dwb_rows_gen, , dwb_v4, dwb_v4u, 4, 4) /* NEON: 16 accumulators of 32 q */
+#endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
 typedef float dwb_v8 __attribute__((vector_size(32)));
+typedef float dwb_v8u __attribute__((vector_size(32), aligned(4), may_alias));
 typedef float dwb_v16 __attribute__((vector_size(64)));
-DWB_ROWS(dwb_rows_avx2, __attribute__((target("avx2,fma"))), dwb_v8, 8, 4)
-DWB_ROWS(dwb_rows_avx512, __attribute__((target("avx512f,avx2,fma"))), dwb_v16, 16, 4)
+typedef float dwb_v16u __attribute__((vector_size(64), aligned(4), may_alias));
+DWB_ROWS(dwb_rows_avx2, __attribute__((target("avx2,fma"))), dwb_v8, dwb_v8u, 8, 4)
+DWB_ROWS(dwb_rows_avx512, __attribute__((target("avx512f,avx2,fma"))), dwb_v16, dwb_v16u, 16, 4)
 #endif
 
 static dwb_rows_fn dwb_rows(void)

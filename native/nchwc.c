@@ -665,7 +665,35 @@ int inferd_nchwc_maxpool(const float* x, int blocks, int H, int W, int KH, int K
     }
 
 typedef void (*t16_fn)(const float*, long long, float*, long long);
-NCHWC_T16(t16_gen, , v4f, v4i, 4)
+/* NEON / SSE: the 4 x 4 squares with literal lane patterns (zip/trn, unpck/shufps): NCHWC_T16's patterns, computed
+   in a loop, reach GCC's vector lowering before they are constants, and on aarch64 it split every shuffle into
+   lanes */
+#if defined(__clang__)
+#define NCHWC_SHUF4(a, b, i0, i1, i2, i3) __builtin_shufflevector(a, b, i0, i1, i2, i3)
+#else
+#define NCHWC_SHUF4(a, b, i0, i1, i2, i3) __builtin_shuffle(a, b, (v4i){i0, i1, i2, i3})
+#endif
+static void t16_gen(const float* src, long long sstride, float* dst, long long dstride)
+{
+    for (int t = 0; t < 16; ++t) {
+        const int ti = t / 4 * 4, tj = t % 4 * 4;
+        const float* s = src + ti * sstride + tj;
+        float* d = dst + tj * dstride + ti;
+        v4f r0, r1, r2, r3;
+        memcpy(&r0, s, sizeof r0);
+        memcpy(&r1, s + sstride, sizeof r1);
+        memcpy(&r2, s + 2 * sstride, sizeof r2);
+        memcpy(&r3, s + 3 * sstride, sizeof r3);
+        const v4f t0 = NCHWC_SHUF4(r0, r1, 0, 4, 1, 5), t1 = NCHWC_SHUF4(r0, r1, 2, 6, 3, 7);
+        const v4f t2 = NCHWC_SHUF4(r2, r3, 0, 4, 1, 5), t3 = NCHWC_SHUF4(r2, r3, 2, 6, 3, 7);
+        const v4f o0 = NCHWC_SHUF4(t0, t2, 0, 1, 4, 5), o1 = NCHWC_SHUF4(t0, t2, 2, 3, 6, 7);
+        const v4f o2 = NCHWC_SHUF4(t1, t3, 0, 1, 4, 5), o3 = NCHWC_SHUF4(t1, t3, 2, 3, 6, 7);
+        memcpy(d, &o0, sizeof o0);
+        memcpy(d + dstride, &o1, sizeof o1);
+        memcpy(d + 2 * dstride, &o2, sizeof o2);
+        memcpy(d + 3 * dstride, &o3, sizeof o3);
+    }
+}
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
 NCHWC_T16(t16_avx2, AVX2, v8f, v8i, 8)
 NCHWC_T16(t16_avx512, AVX512, v16f, v16i, 16)

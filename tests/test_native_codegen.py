@@ -47,6 +47,22 @@ def test_dispatched_kernels_use_native_vector_widths_on_avx2(tmp_path: Path) -> 
     assert not bad, f"vector operations GCC splits into pieces on AVX2: {bad}"
 
 
+#: their aarch64 builds too (NEON: 4-float vectors); dwconv.c, gemm.c's gemv and column tail, rnn.c and rows.c still
+#: use 8-float vectors there and are not held to it yet
+AARCH64_CLEAN = ("nchwc.c", "conv.c")
+
+
+def test_dispatched_kernels_use_native_vector_widths_on_aarch64(tmp_path: Path) -> None:
+    cc = "aarch64-linux-gnu-gcc"
+    if shutil.which(cc) is None:
+        pytest.skip(f"needs {cc}")
+    with ThreadPoolExecutor(max_workers=len(AARCH64_CLEAN)) as pool:
+        found = dict(zip(AARCH64_CLEAN, pool.map(
+            lambda f: _warnings(cc, NATIVE_DIR / f, [], tmp_path / f"{f}.o"), AARCH64_CLEAN)))
+    bad = {f: w[:3] for f, w in found.items() if w}
+    assert not bad, f"vector operations GCC splits into pieces on aarch64: {bad}"
+
+
 def test_the_check_sees_a_wide_vector_in_an_avx2_function(tmp_path: Path) -> None:
     # what went wrong before: a 16-float vector in a function built for AVX2
     cc = _x86_cc()
