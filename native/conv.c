@@ -463,9 +463,9 @@ DWB_ROWS(dwb_rows_avx512, __attribute__((target("avx512f,avx2,fma"))), dwb_v16, 
 static dwb_rows_fn dwb_rows(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return dwb_rows_avx512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return dwb_rows_avx2;
+    const int l = inferd_x86_level();
+    if (l == 2) return dwb_rows_avx512;
+    if (l == 1) return dwb_rows_avx2;
 #endif
     return dwb_rows_gen;
 }

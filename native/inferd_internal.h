@@ -25,6 +25,16 @@
 #define INFERD_INLINE static inline
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Which of a file's per-ISA x86 kernels to run: 2 AVX-512F, 1 AVX2 + FMA, 0 neither (SSE2) */
+INFERD_INLINE int inferd_x86_level(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+}
+#endif
+
 /* ---------------------------------------------------------------- activations
    Codes shared by inferd_bias_act and inferd_dwconv2d: 0 none, 1 Relu, 2 Clip(p0, p1), 3 LeakyRelu(p0),
    4 Sigmoid, 5 SiLU, 6 HardSwish, 7 HardSigmoid(alpha p0, beta p1), 8 Gelu, 9 Gelu (tanh approximation). Each

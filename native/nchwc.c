@@ -290,12 +290,7 @@ static const tiles_t tiles_avx512_c1 = {
 /* 2: AVX-512, 1: AVX2 + FMA, 0: the generic vectors (SSE2). */
 static int isa_level(void)
 {
-    __builtin_cpu_init();
-    int l = 0;
-    if (__builtin_cpu_supports("avx512f"))
-        l = 2;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        l = 1;
+    int l = inferd_x86_level();
 #ifdef INFERD_NCHWC_ISA_CAP /* the tests' C harness: the AVX2 tiles checked on an AVX-512 machine too */
     if (l > INFERD_NCHWC_ISA_CAP) l = INFERD_NCHWC_ISA_CAP;
 #endif
