@@ -135,35 +135,55 @@ typedef struct {
                 memcpy(t + i * (NV * VL) + v * VL, &acc[i][v], sizeof(VT));                                  \
             return;                                                                                          \
         }                                                                                                    \
-        const int act = e->act, vact = e->last && !INFERD_ACT_COSTLY(act) ? act : 0;                         \
+        /* The epilogue in passes over the whole tile, each under one test per call: written per vector with every \
+           test inside, GCC kept a chain of branches per vector (ukr_avx2 was 3,200 instructions) and a K = 16     \
+           GEMM spent as long there as in its FMAs. The same additions in the same order: the same bits. */       \
+        const int act = e->act, first = e->first, last = e->last;                                             \
+        const int vact = last && !INFERD_ACT_COSTLY(act) ? act : 0;                                          \
         const float p0 = e->p0, p1 = e->p1;                                                                  \
-        _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i)                                                \
-        {                                                                                                    \
-            float* crow = e->c + i * e->ldc;                                                                 \
-            const VT bi = (e->first && e->bias ? e->bias[i] : 0.0f) - (VT){0};                               \
-            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v)                                             \
+        float* const c0 = e->c;                                                                              \
+        const long ldc = (long)e->ldc, ldr = (long)e->ldr;                                                   \
+        const float* const biasr = first ? e->bias : NULL;                                                   \
+        const float* const biasc = first ? e->bias_c : NULL;                                                 \
+        const float* const res = last ? e->r : NULL;                                                         \
+        if (biasr)                                                                                           \
+            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i)                                            \
             {                                                                                                \
-                VT x = acc[i][v] + bi;                                                                       \
-                if (e->first && e->bias_c) {                                                                 \
-                    VT bc;                                                                                   \
-                    memcpy(&bc, e->bias_c + v * VL, sizeof(VT));                                             \
-                    x += bc;                                                                                 \
-                }                                                                                            \
-                if (!e->first) {                                                                             \
-                    VT old;                                                                                  \
-                    memcpy(&old, crow + v * VL, sizeof(VT));                                                 \
-                    x += old;                                                                                \
-                }                                                                                            \
-                if (e->last && e->r) {                                                                       \
-                    VT rv;                                                                                   \
-                    memcpy(&rv, e->r + i * e->ldr + v * VL, sizeof(VT));                                     \
-                    x += rv;                                                                                 \
-                }                                                                                            \
-                INFERD_VACT(VT, VI, x, vact, p0, p1);                                                        \
-                memcpy(crow + v * VL, &x, sizeof(VT));                                                       \
+                const VT bi = biasr[i] - (VT){0};                                                            \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[i][v] += bi;                         \
             }                                                                                                \
-            if (e->last && INFERD_ACT_COSTLY(act)) act_inplace(crow, NV * VL, act, p0, p1);                  \
-        }                                                                                                    \
+        if (biasc)                                                                                           \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v)                                              \
+            {                                                                                                \
+                VT bc;                                                                                       \
+                memcpy(&bc, biasc + v * VL, sizeof(VT));                                                     \
+                _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) acc[i][v] += bc;                       \
+            }                                                                                                \
+        if (!first)                                                                                          \
+            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
+                                                                                             v < NV; ++v)    \
+            {                                                                                                \
+                VT old;                                                                                      \
+                memcpy(&old, c0 + i * ldc + v * VL, sizeof(VT));                                             \
+                acc[i][v] += old;                                                                            \
+            }                                                                                                \
+        if (res)                                                                                             \
+            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
+                                                                                             v < NV; ++v)    \
+            {                                                                                                \
+                VT rv;                                                                                       \
+                memcpy(&rv, res + i * ldr + v * VL, sizeof(VT));                                             \
+                acc[i][v] += rv;                                                                             \
+            }                                                                                                \
+        if (vact)                                                                                            \
+            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
+                                                                                             v < NV; ++v)    \
+                INFERD_VACT(VT, VI, acc[i][v], vact, p0, p1);                                                \
+        _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; \
+                                                                                             ++v)            \
+            memcpy(c0 + i * ldc + v * VL, &acc[i][v], sizeof(VT));                                           \
+        if (last && INFERD_ACT_COSTLY(act))                                                                  \
+            for (int i = 0; i < MRK; ++i) act_inplace(c0 + i * ldc, NV * VL, act, p0, p1);                   \
     }
 
 typedef float v4f __attribute__((vector_size(16)));

@@ -158,7 +158,7 @@ class _WarmChild:
 
 
 #: pause between two engines' slices: onnxruntime's pool threads spin for a while after its last run
-SLICE_GAP_S = 0.05
+SLICE_GAP_S = 0.15
 
 
 def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, rounds: int = 10) -> dict[str, Any]:
