@@ -372,8 +372,16 @@ static void conv_task(void* ctx, long long task)
                         const int iw0 = ow * J->SW - J->PL;
                         int pt = 1, kw0 = 0, kw1 = J->KW;
                         if (ow >= ow_lo && ow < ow_hi) {
-                            const int end = ow_hi < owb ? ow_hi : owb;
-                            pt = end - ow < T->wide[nb - 1] ? end - ow : T->wide[nb - 1];
+                            const int end = ow_hi < owb ? ow_hi : owb, n = end - ow, wide = T->wide[nb - 1];
+                            pt = n < wide ? n : wide;
+                            /* Away from the pointwise tiles, the row's inside in tiles of even widths (27 columns:
+                               5 + 5 + 5 + 5 + 5 inside the edges, not 6 + 6 + 6 + 6 + 1): a narrow tile's few
+                               accumulators leave the FMAs waiting on each other. Every tile sums in the same
+                               order, so the bits do not change. */
+                            if (!pw && n > wide) {
+                                const int even = (n + (n + wide - 1) / wide - 1) / ((n + wide - 1) / wide);
+                                if (T->t[even - 1][nb - 1]) pt = even;
+                            }
                             if (!T->t[pt - 1][nb - 1]) pt = 1; /* a table with only its widest tiles */
                         } else {
                             kw0 = iw0 < 0 ? -iw0 : 0;
