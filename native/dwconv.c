@@ -22,23 +22,52 @@
 #include "inferd_internal.h"
 #include "inferd_native.h"
 
-/* The rows are computed on explicit 8-float generic vectors (a ymm register, two NEON q registers): left to the
-   auto-vectoriser, the scalar form of these loops ran at ~30% of the FMA peak on Zen 4 (runtime alias checks,
-   a 16-wide main loop with 8- and 1-wide epilogues on every 56-wide row). */
+/* The rows are computed on explicit generic vectors of the target's width: 8 floats on x86-64 (a ymm register;
+   the SSE2 default clone takes them as pairs), 4 on aarch64 (a NEON q register: 8-float vectors there were
+   lowered lane by lane and through the stack, 8,688 operations GCC split). Left to the auto-vectoriser, the
+   scalar form of these loops ran at ~30% of the FMA peak on Zen 4 (runtime alias checks, a 16-wide main loop with
+   8- and 1-wide epilogues on every 56-wide row). */
 #if defined(__GNUC__) && !defined(__clang__)
 /* 32-byte vectors passed to and returned from the helpers below: all always_inline, so no call crosses the ABI
    that GCC warns about for builds without AVX */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
+#if defined(__aarch64__)
+typedef float dwv __attribute__((vector_size(16)));
+typedef int dwvi __attribute__((vector_size(16)));
+#define DWV 4
+#else
 typedef float dwv __attribute__((vector_size(32)));
 typedef int dwvi __attribute__((vector_size(32)));
 #define DWV 8
-/* a lane permutation of two vectors (lanes 8-15 are b's): the same on GCC and clang, like conv.c's SHUF4 */
+#endif
+/* a lane permutation of two vectors (lanes DWV.. are b's): the same on GCC and clang, like conv.c's SHUF4 */
+#if DWV == 4
+#if defined(__clang__)
+#define DWV_SHUF4(a, b, i0, i1, i2, i3) __builtin_shufflevector(a, b, i0, i1, i2, i3)
+#else
+#define DWV_SHUF4(a, b, i0, i1, i2, i3) __builtin_shuffle(a, b, (dwvi){i0, i1, i2, i3})
+#endif
+/* even and odd lanes of lo:hi; u shifted right by 1 or 2 lanes (or left: -1, -2) with z's lanes coming in */
+#define DWV_EVEN(lo, hi) DWV_SHUF4(lo, hi, 0, 2, 4, 6)
+#define DWV_ODD(lo, hi) DWV_SHUF4(lo, hi, 1, 3, 5, 7)
+#define DWV_SHR1(u, z) DWV_SHUF4(u, z, 4, 0, 1, 2)
+#define DWV_SHR2(u, z) DWV_SHUF4(u, z, 4, 4, 0, 1)
+#define DWV_SHL1(u, z) DWV_SHUF4(u, z, 1, 2, 3, 4)
+#define DWV_SHL2(u, z) DWV_SHUF4(u, z, 2, 3, 4, 4)
+#else
 #if defined(__clang__)
 #define DWV_SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7) __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
 #else
 #define DWV_SHUF(a, b, i0, i1, i2, i3, i4, i5, i6, i7) \
     __builtin_shuffle(a, b, (dwvi){i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
+#define DWV_EVEN(lo, hi) DWV_SHUF(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14)
+#define DWV_ODD(lo, hi) DWV_SHUF(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15)
+#define DWV_SHR1(u, z) DWV_SHUF(u, z, 8, 0, 1, 2, 3, 4, 5, 6)
+#define DWV_SHR2(u, z) DWV_SHUF(u, z, 8, 8, 0, 1, 2, 3, 4, 5)
+#define DWV_SHL1(u, z) DWV_SHUF(u, z, 1, 2, 3, 4, 5, 6, 7, 8)
+#define DWV_SHL2(u, z) DWV_SHUF(u, z, 2, 3, 4, 5, 6, 7, 8, 8)
 #endif
 
 /* The tap loops fully unrolled (K, i and j literals: the weights stay in registers, the edge shifts are constant
@@ -207,8 +236,8 @@ INFERD_INLINE const float* dwd_get(dwd_ring* g, const float* plane, const float*
                 for (;; c += 2 * DWV) {
                     const ptrdiff_t cc = c < last ? c : last;
                     const dwv lo = dwv_ld(src + cc), hi = dwv_ld(src + cc + DWV);
-                    const dwv ev = DWV_SHUF(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14);
-                    const dwv od = DWV_SHUF(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15);
+                    const dwv ev = DWV_EVEN(lo, hi);
+                    const dwv od = DWV_ODD(lo, hi);
                     memcpy(de + cc / 2, &ev, sizeof ev);
                     memcpy(dod + cc / 2, &od, sizeof od);
                     if (cc == last) break;
@@ -231,10 +260,10 @@ INFERD_INLINE dwv dwv_shift_ld(const float* p, const int s) /* lane l = p[l - s]
 {
     const dwv z = {0}, u = dwv_ld(p);
     switch (s) {
-    case 1: return DWV_SHUF(u, z, 8, 0, 1, 2, 3, 4, 5, 6);
-    case 2: return DWV_SHUF(u, z, 8, 8, 0, 1, 2, 3, 4, 5);
-    case -1: return DWV_SHUF(u, z, 1, 2, 3, 4, 5, 6, 7, 8);
-    default: return DWV_SHUF(u, z, 2, 3, 4, 5, 6, 7, 8, 8);
+    case 1: return DWV_SHR1(u, z);
+    case 2: return DWV_SHR2(u, z);
+    case -1: return DWV_SHL1(u, z);
+    default: return DWV_SHL2(u, z);
     }
 }
 
@@ -271,9 +300,12 @@ INFERD_INLINE void dwd_same_rows(float* restrict y0, float* restrict y1, const f
     dwv wk[25];
     for (int t = 0; t < K * K; ++t) wk[t] = (dwv){0} + w[t];
     dwd_same_vec(y0, y1, r, wk, b, 0, 1, va, p0, p1, K);
-    /* the middle's last vector shifted back to end where the last one starts (its right taps stay inside) */
+    /* the middle's last vector shifted back to end where the last one starts (its right taps stay inside), but
+       no further left than pl, where its left taps would leave the row (K = 5 on 17 columns had read column -1
+       for output column 1: 2 * DWV < W < 2 * DWV + pl) */
+    const ptrdiff_t back = W - 2 * DWV > (K - 1) / 2 ? W - 2 * DWV : (K - 1) / 2;
     for (ptrdiff_t ow = DWV; ow < W - DWV; ow += DWV)
-        dwd_same_vec(y0, y1, r, wk, b, ow + DWV > W - DWV ? W - 2 * DWV : ow, 0, va, p0, p1, K);
+        dwd_same_vec(y0, y1, r, wk, b, ow + DWV > W - DWV ? back : ow, 0, va, p0, p1, K);
     dwd_same_vec(y0, y1, r, wk, b, W - DWV, 2, va, p0, p1, K);
 }
 
