@@ -1356,6 +1356,10 @@ DW_DIRECT_SHAPES = [
     ((1, 3, 3, 2), (5, 5), dict(pads=[2, 2, 2, 2])),                     # a plane smaller than the kernel
     ((1, 3, 7, 56), (3, 3), dict(strides=[1, 1], pads=[1, 1, 1, 1])),   # 56 = 3 vectors + 8: a costly act's tail
     ((1, 2, 9, 112), (3, 3), dict(strides=[2, 2], pads=[0, 1, 1, 0])),  # the same at stride 2
+    # in place, 5x5 on 2 vectors + 1 columns (x86-64: 17; aarch64: 9): the middle vector, shifted back, had read
+    # column -1
+    ((1, 2, 6, 17), (5, 5), dict(pads=[2, 2, 2, 2])),
+    ((1, 2, 6, 9), (5, 5), dict(pads=[2, 2, 2, 2])),
 ]
 
 
