@@ -188,7 +188,20 @@ typedef struct {
 
 typedef float v4f __attribute__((vector_size(16)));
 typedef int v4i __attribute__((vector_size(16)));
-typedef float v8t __attribute__((vector_size(32))); /* 8 rows of an A panel (two q/xmm registers where no ymm) */
+/* The column tail's and the GEMVs' vectors: 8 floats (a ymm register; two xmm in the SSE2 builds), 4 on aarch64
+   (a q register: 8-float vectors there were lowered in pieces, 332 operations GCC split). An 8-row A panel is
+   MRP / VG of them. */
+#if defined(__aarch64__)
+typedef float vg_t __attribute__((vector_size(16)));
+#define VG 4
+#else
+typedef float vg_t __attribute__((vector_size(32)));
+#define VG 8
+#endif
+#define VGH (MRP / VG)
+/* an 8-row A panel's column into av[] vector by vector (one memcpy into the whole array went through the stack) */
+#define VG_LOAD(av, p)                                                                                    \
+    for (int h_ = 0; h_ < VGH; ++h_) memcpy(&(av)[h_], (p) + h_ * VG, sizeof(vg_t))
 
 /* NC columns (a literal, so acc[] stays in registers): per k one A load and NC broadcast FMAs, over U
    interleaved runs of k with their own accumulators, summed at the end. NC x U = 8 chains: an FMA waits ~4 cycles
@@ -197,27 +210,31 @@ typedef float v8t __attribute__((vector_size(32))); /* 8 rows of an A panel (two
    one). A VAD's 5-column STFT conv spent 63% of its 35 us in this tail (it now takes the few-column path). */
 #define INFERD_COLTAIL_N(NC, U)                                                                       \
     for (; j + NC <= nc; j += NC) {                                                                  \
-        v8t acc[U][NC];                                                                              \
+        vg_t acc[U][NC][VGH];                                                                        \
         for (int u = 0; u < U; ++u)                                                                  \
-            for (int q = 0; q < NC; ++q) acc[u][q] = (v8t){0};                                       \
+            for (int q = 0; q < NC; ++q)                                                             \
+                for (int h = 0; h < VGH; ++h) acc[u][q][h] = (vg_t){0};                              \
         long k = 0;                                                                                  \
         for (; k + U <= kc; k += U)                                                                  \
             for (int u = 0; u < U; ++u) {                                                            \
-                v8t av;                                                                              \
-                memcpy(&av, a + (k + u) * MRP, sizeof av);                                           \
+                vg_t av[VGH];                                                                        \
+                for (int h = 0; h < VGH; ++h) memcpy(&av[h], a + (k + u) * MRP + h * VG, sizeof(vg_t));                                            \
                 const float* restrict bk = b + (k + u) * ldb + j;                                    \
-                for (int q = 0; q < NC; ++q) acc[u][q] += av * (bk[q] - (v8t){0});                   \
+                for (int q = 0; q < NC; ++q)                                                         \
+                    for (int h = 0; h < VGH; ++h) acc[u][q][h] += av[h] * (bk[q] - (vg_t){0});       \
             }                                                                                        \
         for (; k < kc; ++k) {                                                                        \
-            v8t av;                                                                                  \
-            memcpy(&av, a + k * MRP, sizeof av);                                                     \
+            vg_t av[VGH];                                                                            \
+            for (int h = 0; h < VGH; ++h) memcpy(&av[h], a + k * MRP + h * VG, sizeof(vg_t));                                                      \
             const float* restrict bk = b + k * ldb + j;                                              \
-            for (int q = 0; q < NC; ++q) acc[0][q] += av * (bk[q] - (v8t){0});                       \
+            for (int q = 0; q < NC; ++q)                                                             \
+                for (int h = 0; h < VGH; ++h) acc[0][q][h] += av[h] * (bk[q] - (vg_t){0});           \
         }                                                                                            \
         for (int u = 1; u < U; ++u)                                                                  \
-            for (int q = 0; q < NC; ++q) acc[0][q] += acc[u][q];                                     \
+            for (int q = 0; q < NC; ++q)                                                             \
+                for (int h = 0; h < VGH; ++h) acc[0][q][h] += acc[u][q][h];                          \
         for (int i = 0; i < MRP; ++i)                                                                \
-            for (int q = 0; q < NC; ++q) t[i * nc + j + q] = acc[0][q][i];                           \
+            for (int q = 0; q < NC; ++q) t[i * nc + j + q] = acc[0][q][i / VG][i % VG];              \
     }
 #define INFERD_COLTAIL(NAME, ATTR)                                                                    \
     ATTR static void NAME(long kc, const float* restrict a, const float* restrict b, long ldb, int nc, \
@@ -852,20 +869,22 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
    columns read from B in place. Through the tiled path, 5-8 columns went to the column tail reading them from a
    32-column packed panel (a cache line per k): a VAD's 258x256x5 STFT conv took 36 us there. */
 #define GEMV_MAX_N 8
-typedef float v8g __attribute__((vector_size(32)));
-
 #define INFERD_GEMV_COLS(NCOLS)                                                                        \
     for (int i0 = m0; i0 < m1; i0 += MRP) {                                                             \
         const float* restrict a = ap + (size_t)(i0 / MRP) * K * MRP;                                    \
-        v8g acc[NCOLS];                                                                                 \
-        for (int n = 0; n < NCOLS; ++n) acc[n] = (v8g){0};                                              \
+        vg_t acc[NCOLS][VGH];                                                                           \
+        for (int n = 0; n < NCOLS; ++n)                                                                 \
+            for (int h = 0; h < VGH; ++h) acc[n][h] = (vg_t){0};                                        \
         for (int k = 0; k < K; ++k) {                                                                   \
-            v8g av;                                                                                     \
-            memcpy(&av, a + (size_t)k * MRP, sizeof av);                                                \
-            for (int n = 0; n < NCOLS; ++n) acc[n] += av * (b[(ptrdiff_t)k * bsk + (ptrdiff_t)n * bsn] - (v8g){0}); \
+            vg_t av[VGH];                                                                               \
+            VG_LOAD(av, a + (size_t)k * MRP);                                                 \
+            for (int n = 0; n < NCOLS; ++n) {                                                           \
+                const vg_t bn = b[(ptrdiff_t)k * bsk + (ptrdiff_t)n * bsn] - (vg_t){0};                 \
+                for (int h = 0; h < VGH; ++h) acc[n][h] += av[h] * bn;                                  \
+            }                                                                                           \
         }                                                                                               \
         for (int i = 0; i < MRP; ++i)                                                                   \
-            for (int n = 0; n < NCOLS; ++n) tile[i * NCOLS + n] = acc[n][i];                            \
+            for (int n = 0; n < NCOLS; ++n) tile[i * NCOLS + n] = acc[n][i / VG][i % VG];               \
         store_tile(J, bi, i0, imin(MRP, m1 - i0), 0, NCOLS, NCOLS, tile, 1, 1);                          \
     }
 
@@ -881,24 +900,24 @@ static void gemv1_block(job_t* J, int bi, int m0, int m1)
     float tile[MRP];
     for (int i0 = m0; i0 < m1; i0 += MRP) {
         const float* restrict a = ap + (size_t)(i0 / MRP) * K * MRP;
-        v8g acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0}, av;
+        vg_t acc0[VGH] = {{0}}, acc1[VGH] = {{0}}, acc2[VGH] = {{0}}, acc3[VGH] = {{0}}, av[VGH];
         int k = 0;
         for (; k + 4 <= K; k += 4) {
-            memcpy(&av, a + (size_t)k * MRP, sizeof av);
-            acc0 += av * (b[(ptrdiff_t)k * bsk] - (v8g){0});
-            memcpy(&av, a + (size_t)(k + 1) * MRP, sizeof av);
-            acc1 += av * (b[(ptrdiff_t)(k + 1) * bsk] - (v8g){0});
-            memcpy(&av, a + (size_t)(k + 2) * MRP, sizeof av);
-            acc2 += av * (b[(ptrdiff_t)(k + 2) * bsk] - (v8g){0});
-            memcpy(&av, a + (size_t)(k + 3) * MRP, sizeof av);
-            acc3 += av * (b[(ptrdiff_t)(k + 3) * bsk] - (v8g){0});
+            VG_LOAD(av, a + (size_t)k * MRP);
+            for (int h = 0; h < VGH; ++h) acc0[h] += av[h] * (b[(ptrdiff_t)k * bsk] - (vg_t){0});
+            VG_LOAD(av, a + (size_t)(k + 1) * MRP);
+            for (int h = 0; h < VGH; ++h) acc1[h] += av[h] * (b[(ptrdiff_t)(k + 1) * bsk] - (vg_t){0});
+            VG_LOAD(av, a + (size_t)(k + 2) * MRP);
+            for (int h = 0; h < VGH; ++h) acc2[h] += av[h] * (b[(ptrdiff_t)(k + 2) * bsk] - (vg_t){0});
+            VG_LOAD(av, a + (size_t)(k + 3) * MRP);
+            for (int h = 0; h < VGH; ++h) acc3[h] += av[h] * (b[(ptrdiff_t)(k + 3) * bsk] - (vg_t){0});
         }
         for (; k < K; ++k) {
-            memcpy(&av, a + (size_t)k * MRP, sizeof av);
-            acc0 += av * (b[(ptrdiff_t)k * bsk] - (v8g){0});
+            VG_LOAD(av, a + (size_t)k * MRP);
+            for (int h = 0; h < VGH; ++h) acc0[h] += av[h] * (b[(ptrdiff_t)k * bsk] - (vg_t){0});
         }
-        acc0 = (acc0 + acc1) + (acc2 + acc3);
-        memcpy(tile, &acc0, sizeof acc0);
+        for (int h = 0; h < VGH; ++h) acc0[h] = (acc0[h] + acc1[h]) + (acc2[h] + acc3[h]);
+        for (int h = 0; h < VGH; ++h) memcpy(tile + h * VG, &acc0[h], sizeof(vg_t));
         store_tile(J, bi, i0, imin(MRP, m1 - i0), 0, 1, 1, tile, 1, 1);
     }
 }
@@ -924,7 +943,7 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
 }
 
 /* Few rows against a prepacked B (a batch-1 linear layer): stream each 96-column panel once, rows x 96 outputs
-   accumulated across k in 8-float vectors. */
+   accumulated across k in vectors of VG floats. */
 INFERD_CLONES
 static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
 {
@@ -935,14 +954,14 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
     for (int j0 = n0; j0 < n1; j0 += NBP) {
         const float* restrict bp = b + (size_t)(j0 / NBP) * K * NBP;
         for (int m = 0; m < M; ++m) {
-            v8g acc[NBP / 8];
-            for (int v = 0; v < NBP / 8; ++v) acc[v] = (v8g){0};
+            vg_t acc[NBP / VG];
+            for (int v = 0; v < NBP / VG; ++v) acc[v] = (vg_t){0};
             const float* restrict am = a + (ptrdiff_t)m * J->asm_;
             for (int k = 0; k < K; ++k) {
-                const v8g x = am[(ptrdiff_t)k * J->ask] - (v8g){0};
-                for (int v = 0; v < NBP / 8; ++v) {
-                    v8g bv;
-                    memcpy(&bv, bp + (size_t)k * NBP + v * 8, sizeof bv);
+                const vg_t x = am[(ptrdiff_t)k * J->ask] - (vg_t){0};
+                for (int v = 0; v < NBP / VG; ++v) {
+                    vg_t bv;
+                    memcpy(&bv, bp + (size_t)k * NBP + v * VG, sizeof bv);
                     acc[v] += x * bv;
                 }
             }
