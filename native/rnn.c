@@ -52,43 +52,40 @@ INFERD_INLINE void clip_into(float* restrict v, int n, float clip)
 }
 
 /* 8 floats as one GCC vector (AVX: one register; SSE: two), loadable at any float alignment */
-typedef float rnn_v8 __attribute__((vector_size(32), aligned(4), may_alias));
+/* 8 floats (a ymm register; two xmm in the baseline clone), 4 on aarch64 (a q register: 8-float vectors there were
+   lowered in pieces) */
+#if defined(__aarch64__)
+typedef float rnn_v __attribute__((vector_size(16), aligned(4), may_alias));
+#define RV 4
+#else
+typedef float rnn_v __attribute__((vector_size(32), aligned(4), may_alias));
+#define RV 8
+#endif
 
 /* acc[j] += sum_k h[k] * rt[k*ldr + j] for j < n (each acc[j] summed in k order, as before). Blocks of 64
-   columns keep their sums in eight vector registers over all k: per k one broadcast, eight loads and eight
-   FMAs, where a k-outer loop over the whole row reloads and stores every sum at each k (the store port was the
-   limit: a 64-wide GRU step took ~1 us). The last n % 64 columns go 8 at a time, then one by one. */
+   columns keep their sums in vector registers over all k (eight on x86-64, sixteen on aarch64): per k one
+   broadcast, 64 / RV loads and as many FMAs, where a k-outer loop over the whole row reloads and stores every sum
+   at each k (the store port was the limit: a 64-wide GRU step took ~1 us). The last n % 64 columns go a vector at
+   a time, then one by one. */
 INFERD_INLINE void matvec_acc(const float* restrict h, const float* restrict rt, long long ldr, int hk, int n,
                        float* restrict acc)
 {
     int j0 = 0;
     for (; j0 + 64 <= n; j0 += 64) {
-        rnn_v8 a0 = *(const rnn_v8*)(acc + j0), a1 = *(const rnn_v8*)(acc + j0 + 8);
-        rnn_v8 a2 = *(const rnn_v8*)(acc + j0 + 16), a3 = *(const rnn_v8*)(acc + j0 + 24);
-        rnn_v8 a4 = *(const rnn_v8*)(acc + j0 + 32), a5 = *(const rnn_v8*)(acc + j0 + 40);
-        rnn_v8 a6 = *(const rnn_v8*)(acc + j0 + 48), a7 = *(const rnn_v8*)(acc + j0 + 56);
+        rnn_v a[64 / RV];
+        _Pragma("GCC unroll 16") for (int v = 0; v < 64 / RV; ++v) a[v] = *(const rnn_v*)(acc + j0 + v * RV);
         for (int k = 0; k < hk; ++k) {
             const float* restrict row = rt + (long long)k * ldr + j0;
-            const rnn_v8 hv = (rnn_v8){0, 0, 0, 0, 0, 0, 0, 0} + h[k];
-            a0 += hv * *(const rnn_v8*)(row);
-            a1 += hv * *(const rnn_v8*)(row + 8);
-            a2 += hv * *(const rnn_v8*)(row + 16);
-            a3 += hv * *(const rnn_v8*)(row + 24);
-            a4 += hv * *(const rnn_v8*)(row + 32);
-            a5 += hv * *(const rnn_v8*)(row + 40);
-            a6 += hv * *(const rnn_v8*)(row + 48);
-            a7 += hv * *(const rnn_v8*)(row + 56);
+            const rnn_v hv = (rnn_v){0} + h[k];
+            _Pragma("GCC unroll 16") for (int v = 0; v < 64 / RV; ++v) a[v] += hv * *(const rnn_v*)(row + v * RV);
         }
-        *(rnn_v8*)(acc + j0) = a0; *(rnn_v8*)(acc + j0 + 8) = a1;
-        *(rnn_v8*)(acc + j0 + 16) = a2; *(rnn_v8*)(acc + j0 + 24) = a3;
-        *(rnn_v8*)(acc + j0 + 32) = a4; *(rnn_v8*)(acc + j0 + 40) = a5;
-        *(rnn_v8*)(acc + j0 + 48) = a6; *(rnn_v8*)(acc + j0 + 56) = a7;
+        _Pragma("GCC unroll 16") for (int v = 0; v < 64 / RV; ++v) *(rnn_v*)(acc + j0 + v * RV) = a[v];
     }
-    for (; j0 + 8 <= n; j0 += 8) {
-        rnn_v8 a = *(const rnn_v8*)(acc + j0);
+    for (; j0 + RV <= n; j0 += RV) {
+        rnn_v a = *(const rnn_v*)(acc + j0);
         for (int k = 0; k < hk; ++k)
-            a += ((rnn_v8){0, 0, 0, 0, 0, 0, 0, 0} + h[k]) * *(const rnn_v8*)(rt + (long long)k * ldr + j0);
-        *(rnn_v8*)(acc + j0) = a;
+            a += ((rnn_v){0} + h[k]) * *(const rnn_v*)(rt + (long long)k * ldr + j0);
+        *(rnn_v*)(acc + j0) = a;
     }
     for (int k = 0; k < hk; ++k) {
         const float hv = h[k];

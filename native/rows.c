@@ -15,39 +15,45 @@
 
 #define LANES 16
 
-/* GCC/clang generic vectors (8 lanes; two 128-bit halves on SSE2 and NEON): the max and the any-NaN flag are
-   kept apart, a compare-and-select for the max and an unordered compare OR'd in for NaN. The lane-array form
-   with max_nan did not vectorise (GCC left it scalar: 94 us for vit_tiny's 3x197 rows of 197 on Zen 4, this
-   form 11 us; the max was the softmax's largest pass). */
-typedef float rows_v8 __attribute__((vector_size(32)));
-typedef int rows_vi8 __attribute__((vector_size(32)));
+/* GCC/clang generic vectors (8 lanes on x86-64: two 128-bit halves on SSE2; 4 on aarch64, a NEON register): the
+   max and the any-NaN flag are kept apart, a compare-and-select for the max and an unordered compare OR'd in for
+   NaN. The lane-array form with max_nan did not vectorise (GCC left it scalar: 94 us for vit_tiny's 3x197 rows of
+   197 on Zen 4, this form 11 us; the max was the softmax's largest pass). */
+#if defined(__aarch64__)
+typedef float rows_v __attribute__((vector_size(16)));
+typedef int rows_vi __attribute__((vector_size(16)));
+#define RWV 4
+#else
+typedef float rows_v __attribute__((vector_size(32)));
+typedef int rows_vi __attribute__((vector_size(32)));
+#define RWV 8
+#endif
 
 /* a = max(a, v) lane by lane (a macro: vectors passed by value draw GCC's psABI note on SSE2) */
-#define ROWS_VMAX(a, v) ((a) = INFERD_VSEL(rows_v8, rows_vi8, (v) > (a), (v), (a)))
+#define ROWS_VMAX(a, v) ((a) = INFERD_VSEL(rows_v, rows_vi, (v) > (a), (v), (a)))
 
-/* The row's maximum, NaN if any element is NaN (np.max's answer). */
+/* The row's maximum, NaN if any element is NaN (np.max's answer): 16 floats a step in 16 / RWV vectors (a max
+   is exact, so the lanes' order does not matter). */
 INFERD_INLINE float row_max_nan(const float* restrict x, long long n)
 {
-    const float ni = -INFINITY;
-    rows_v8 a = {ni, ni, ni, ni, ni, ni, ni, ni}, b = a;
-    rows_vi8 na = {0}, nb = {0};
+    rows_v a[16 / RWV];
+    rows_vi na[16 / RWV];
+    for (int v = 0; v < 16 / RWV; ++v) a[v] = (rows_v){0} - INFINITY, na[v] = (rows_vi){0};
     long long k = 0;
-    for (; k + 16 <= n; k += 16) {
-        rows_v8 u, w;
-        memcpy(&u, x + k, sizeof u);
-        memcpy(&w, x + k + 8, sizeof w);
-        ROWS_VMAX(a, u);
-        ROWS_VMAX(b, w);
-        na |= u != u;
-        nb |= w != w;
-    }
+    for (; k + 16 <= n; k += 16)
+        for (int v = 0; v < 16 / RWV; ++v) {
+            rows_v u;
+            memcpy(&u, x + k + v * RWV, sizeof u);
+            ROWS_VMAX(a[v], u);
+            na[v] |= u != u;
+        }
     float r = -INFINITY;
     int nan_ = 0;
-    for (int l = 0; l < 8; ++l) {
-        r = a[l] > r ? a[l] : r;
-        r = b[l] > r ? b[l] : r;
-        nan_ |= na[l] | nb[l];
-    }
+    for (int v = 0; v < 16 / RWV; ++v)
+        for (int l = 0; l < RWV; ++l) {
+            r = a[v][l] > r ? a[v][l] : r;
+            nan_ |= na[v][l];
+        }
     for (; k < n; ++k) {
         r = x[k] > r ? x[k] : r;
         nan_ |= x[k] != x[k];

@@ -1071,6 +1071,26 @@ int main(void){
     }
     free(x); free(y); free(g); free(bb);
   }
+  for (int it = 0; it < 40; ++it) { /* a simple RNN's recurrence (rnn.c: h R^T in 64-column blocks, vectors, a tail) */
+    int H = irand(1, 150), seq = irand(1, 4), batch = irand(1, 2), code = it % 2 ? 3 : 2; /* Affine (1, 0), Relu */
+    int acts[3] = {code, code, code}; float al[3] = {1, 1, 1}, be[3] = {0, 0, 0};
+    float* xw = buf((size_t)seq * batch * H); float* rt = buf((size_t)H * H); float* h = buf((size_t)batch * H);
+    float* y = buf((size_t)seq * batch * H); float* ws = buf((size_t)4 * H + 64);
+    for (size_t q = 0; q < (size_t)H * H; ++q) rt[q] *= 1.0f / sqrtf((float)H); /* h stays of order 1 over the steps */
+    double* hr = malloc(sizeof(double) * batch * H); double* hn = malloc(sizeof(double) * H);
+    for (int q = 0; q < batch * H; ++q) hr[q] = h[q];
+    inferd_rnn_dir(0, seq, batch, H, xw, (long long)batch * H, H, rt, NULL, NULL, NULL, 0, h, NULL, y, (long long)batch * H, H,
+                   acts, al, be, 0.0f, 0, 0, ws);
+    double e = 0;
+    for (int t = 0; t < seq; ++t) for (int b = 0; b < batch; ++b) {
+      for (int j = 0; j < H; ++j) { double a = xw[((size_t)t * batch + b) * H + j];
+        for (int k = 0; k < H; ++k) a += hr[b * H + k] * rt[(size_t)k * H + j];
+        hn[j] = code == 2 && a < 0 ? 0 : a; }
+      for (int j = 0; j < H; ++j) { hr[b * H + j] = hn[j]; double dd = fabs(hn[j] - y[((size_t)t * batch + b) * H + j]) / (1.0 + fabs(hn[j])); if (dd > e) e = dd; }
+    }
+    check("rnn recurrence", e, 1e-4, it);
+    free(xw); free(rt); free(h); free(y); free(ws); free(hr); free(hn);
+  }
   inferd_pool_set_threads(1);
   { /* erf and GELU on a dense grid plus specials, against libm in double */
     enum { NG = 40013 }; float* g = malloc(sizeof(float) * (NG + 8)); float* ge = malloc(sizeof(float) * (NG + 8));
