@@ -218,14 +218,14 @@ typedef float vg_t __attribute__((vector_size(32)));
         for (; k + U <= kc; k += U)                                                                  \
             for (int u = 0; u < U; ++u) {                                                            \
                 vg_t av[VGH];                                                                        \
-                for (int h = 0; h < VGH; ++h) memcpy(&av[h], a + (k + u) * MRP + h * VG, sizeof(vg_t));                                            \
+                VG_LOAD(av, a + (k + u) * MRP);                                                      \
                 const float* restrict bk = b + (k + u) * ldb + j;                                    \
                 for (int q = 0; q < NC; ++q)                                                         \
                     for (int h = 0; h < VGH; ++h) acc[u][q][h] += av[h] * (bk[q] - (vg_t){0});       \
             }                                                                                        \
         for (; k < kc; ++k) {                                                                        \
             vg_t av[VGH];                                                                            \
-            for (int h = 0; h < VGH; ++h) memcpy(&av[h], a + k * MRP + h * VG, sizeof(vg_t));                                                      \
+            VG_LOAD(av, a + k * MRP);                                                                \
             const float* restrict bk = b + k * ldb + j;                                              \
             for (int q = 0; q < NC; ++q)                                                             \
                 for (int h = 0; h < VGH; ++h) acc[0][q][h] += av[h] * (bk[q] - (vg_t){0});           \
