@@ -79,6 +79,11 @@ typedef struct {
     ukernel_fn ukw;
     inferd_ukoff_fn ukow; /* mrw x vl through B's row offsets */
     ukernel_fn ukp, ukwp; /* uk and ukw prefetching along B's rows, for B read in place (see gemm_block); or NULL */
+    /* Two vectors of the ragged panel at once (mrk x 2 vl), and its row-major twin, where uk1's mrk accumulators
+       are too few to keep the FMA units busy (AVX2: 4 chains of ~4-cycle FMAs at two a cycle, half the rate); the
+       16 leftover columns of a 16-, 64- or 112-column B (Winograd F(2,3) on a 7x7 map: 16 tiles; resnet18's
+       512-channel convs spent ~17% of the model's time in uk1). NULL: uk1 only. */
+    ukernel_fn uk2, uk2r;
 } isa_t;
 
 /* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. AEL(k, i) is
@@ -279,6 +284,8 @@ INFERD_UKERNEL(uk_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 3)
 INFERD_UKERNEL(uk1_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 1)
 INFERD_UKERNEL_A(ukr_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 3, INFERD_A_ROWS)
 INFERD_UKERNEL_A(uk1r_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 1, INFERD_A_ROWS)
+INFERD_UKERNEL(uk2_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 2)
+INFERD_UKERNEL_A(uk2r_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 4, 2, INFERD_A_ROWS)
 INFERD_UKOFF(uko_avx2, __attribute__((target("avx2,fma"))), v8f, 8, 4, 3)
 INFERD_COLTAIL(tail_avx2, __attribute__((target("avx2,fma"))))
 /* AVX-512: 32 zmm registers, 16 accumulators of 8 rows x 32 columns */
@@ -298,7 +305,7 @@ INFERD_UKERNEL_AP(ukp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f,
 INFERD_UKERNEL_AP(ukwp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_PANELS,
                   INFERD_PF1)
 static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2,
-                               0, NULL, NULL, NULL, NULL};
+                               0, NULL, NULL, NULL, NULL, uk2_avx2, uk2r_avx2};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
 static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
                                  uk1r_avx512, uko_avx512, 24, ukw_avx512, ukow_avx512, ukp_avx512, ukwp_avx512};
@@ -773,7 +780,7 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
         const int pf = I->ukwp && J->bsn == 1 && !J->b_pre && !J->boff && J->M > 16 && J->M <= PF_MAX_M &&
                        J->N >= PF_MIN_N;
         const int inplace = (J->bsn == 1 && !J->b_pre && !J->boff && J->M <= 16) || pf;
-        const ukernel_fn uk = pf ? I->ukp : I->uk, uk1 = I->uk1; /* for UK_CALL */
+        const ukernel_fn uk = pf ? I->ukp : I->uk, uk1 = I->uk1, uk2 = I->uk2; /* for UK_CALL */
         if (J->b_pre) {
             /* nothing to pack: panels were laid out at load */
         } else if (inplace) {
@@ -825,15 +832,22 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
                     const float* bp = b_panel(J, b, buf, inplace, kc, k0, jp, j0, nv, &ldb);
                     if (nv < nr) {
                         bpl = bp, ldbl = ldb;
-                        for (int v0 = 0; v0 < nvec; v0 += I->vl) {
+                        for (int v0 = 0, w; v0 < nvec; v0 += w) {
+                            w = uk2 && v0 + 2 * I->vl <= nvec ? 2 * I->vl : I->vl;
                             if (direct && rows == mrk) {
                                 epi.c = c + (ptrdiff_t)m * J->csm + j0 + v0;
                                 epi.bias_c = bias && J->bias_cols ? bias + j0 + v0 : NULL;
                                 epi.r = r ? r + (ptrdiff_t)m * J->csm + j0 + v0 : NULL;
-                                UK_CALL(uk1, bp + v0, NULL, &epi);
+                                if (w > I->vl)
+                                    UK_CALL(uk2, bp + v0, NULL, &epi);
+                                else
+                                    UK_CALL(uk1, bp + v0, NULL, &epi);
                             } else {
-                                UK_CALL(uk1, bp + v0, tile, NULL);
-                                store_tile(J, bi, m, rows, j0 + v0, I->vl, I->vl, tile, kb == 0, kb == nk - 1);
+                                if (w > I->vl)
+                                    UK_CALL(uk2, bp + v0, tile, NULL);
+                                else
+                                    UK_CALL(uk1, bp + v0, tile, NULL);
+                                store_tile(J, bi, m, rows, j0 + v0, w, w, tile, kb == 0, kb == nk - 1);
                             }
                         }
                     } else if (direct && rows == mrk) {

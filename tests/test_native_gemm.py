@@ -28,7 +28,9 @@ SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40,
           # few-column path (a 1-D conv over a few frames)
           (24, 301, 49), (40, 203, 47), (258, 255, 5), (20, 37, 7), (64, 387, 8), (9, 3, 6),
           # 17-32 rows on 784 columns or more: B in place through the prefetching micro-kernels (AVX-512)
-          (24, 144, 3141), (32, 96, 800), (20, 40, 900)]
+          (24, 144, 3141), (32, 96, 800), (20, 40, 900),
+          # ragged panels of exactly two vectors on AVX2 (16 of its 24 columns: the two-vector micro-kernel, no tail)
+          (12, 50, 16), (41, 96, 64)]
 
 
 def _ref(a: np.ndarray, b: np.ndarray, bias, res, act) -> np.ndarray:
