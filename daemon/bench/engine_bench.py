@@ -157,7 +157,8 @@ class _WarmChild:
         self._err.close()
 
 
-#: pause between two engines' slices: onnxruntime's pool threads spin for a while after its last run
+#: pause between two engines' slices: onnxruntime's pool threads spin for 50-75 ms after its last run (its CPU
+#: time, Zen 3 VM); 50 ms let them run into inferd's first timed runs
 SLICE_GAP_S = 0.15
 
 
