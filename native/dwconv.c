@@ -32,15 +32,9 @@
    that GCC warns about for builds without AVX */
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
-#if defined(__aarch64__)
-typedef float dwv __attribute__((vector_size(16)));
-typedef int dwvi __attribute__((vector_size(16)));
-#define DWV 4
-#else
-typedef float dwv __attribute__((vector_size(32)));
-typedef int dwvi __attribute__((vector_size(32)));
-#define DWV 8
-#endif
+typedef inferd_gvf dwv;
+typedef inferd_gvi dwvi;
+#define DWV INFERD_GV
 /* a lane permutation of two vectors (lanes DWV.. are b's): the same on GCC and clang, like conv.c's SHUF4 */
 #if DWV == 4
 #if defined(__clang__)

@@ -196,13 +196,8 @@ typedef int v4i __attribute__((vector_size(16)));
 /* The column tail's and the GEMVs' vectors: 8 floats (a ymm register; two xmm in the SSE2 builds), 4 on aarch64
    (a q register: 8-float vectors there were lowered in pieces, 332 operations GCC split). An 8-row A panel is
    MRP / VG of them. */
-#if defined(__aarch64__)
-typedef float vg_t __attribute__((vector_size(16)));
-#define VG 4
-#else
-typedef float vg_t __attribute__((vector_size(32)));
-#define VG 8
-#endif
+typedef inferd_gvf vg_t;
+#define VG INFERD_GV
 #define VGH (MRP / VG)
 /* an 8-row A panel's column into av[] vector by vector (one memcpy into the whole array went through the stack) */
 #define VG_LOAD(av, p)                                                                                    \

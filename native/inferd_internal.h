@@ -227,6 +227,18 @@ INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0
    so it compiles to a blend on every target (the vector ?: is C++ only). */
 #define INFERD_VSEL(VT, VI, M, A, B) ((VT)(((VI)(A) & (M)) | ((VI)(B) & ~(M))))
 
+/* The generic vector of the loops written on explicit vectors without a per-ISA dispatch of their own (dwconv.c's
+   rows, gemm.c's GEMVs and column tail, rnn.c's recurrence, rows.c's max): INFERD_GV floats, 8 on x86-64 (a ymm
+   register in the AVX2 / AVX-512 clones, two xmm in the baseline one), 4 on aarch64 (a NEON q register: wider
+   vectors are lowered there in pieces and through the stack, which tests/test_native_codegen.py looks for). */
+#if defined(__aarch64__)
+#define INFERD_GV 4
+#else
+#define INFERD_GV 8
+#endif
+typedef float inferd_gvf __attribute__((vector_size(4 * INFERD_GV)));
+typedef int inferd_gvi __attribute__((vector_size(4 * INFERD_GV)));
+
 /* Per-thread workspace slots of a parallel job (convtile.c's column bands, convdirect.c's input bands): a task
    claims a free one of `slots` (bits of *busy) while it runs; -1 when none is free (more threads than when the
    workspace was sized: the task allocates its own). */

@@ -54,13 +54,8 @@ INFERD_INLINE void clip_into(float* restrict v, int n, float clip)
 /* 8 floats as one GCC vector (AVX: one register; SSE: two), loadable at any float alignment */
 /* 8 floats (a ymm register; two xmm in the baseline clone), 4 on aarch64 (a q register: 8-float vectors there were
    lowered in pieces) */
-#if defined(__aarch64__)
-typedef float rnn_v __attribute__((vector_size(16), aligned(4), may_alias));
-#define RV 4
-#else
-typedef float rnn_v __attribute__((vector_size(32), aligned(4), may_alias));
-#define RV 8
-#endif
+typedef float rnn_v __attribute__((vector_size(4 * INFERD_GV), aligned(4), may_alias)); /* read in place */
+#define RV INFERD_GV
 
 /* acc[j] += sum_k h[k] * rt[k*ldr + j] for j < n (each acc[j] summed in k order, as before). Blocks of 64
    columns keep their sums in vector registers over all k (eight on x86-64, sixteen on aarch64): per k one

@@ -19,15 +19,9 @@
    max and the any-NaN flag are kept apart, a compare-and-select for the max and an unordered compare OR'd in for
    NaN. The lane-array form with max_nan did not vectorise (GCC left it scalar: 94 us for vit_tiny's 3x197 rows of
    197 on Zen 4, this form 11 us; the max was the softmax's largest pass). */
-#if defined(__aarch64__)
-typedef float rows_v __attribute__((vector_size(16)));
-typedef int rows_vi __attribute__((vector_size(16)));
-#define RWV 4
-#else
-typedef float rows_v __attribute__((vector_size(32)));
-typedef int rows_vi __attribute__((vector_size(32)));
-#define RWV 8
-#endif
+typedef inferd_gvf rows_v;
+typedef inferd_gvi rows_vi;
+#define RWV INFERD_GV
 
 /* a = max(a, v) lane by lane (a macro: vectors passed by value draw GCC's psABI note on SSE2) */
 #define ROWS_VMAX(a, v) ((a) = INFERD_VSEL(rows_v, rows_vi, (v) > (a), (v), (a)))
