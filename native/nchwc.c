@@ -379,7 +379,7 @@ static void conv_task(void* ctx, long long task)
                                accumulators leave the FMAs waiting on each other. Every tile sums in the same
                                order, so the bits do not change. */
                             if (!pw && n > wide) {
-                                const int even = (n + (n + wide - 1) / wide - 1) / ((n + wide - 1) / wide);
+                                const int tiles = (n + wide - 1) / wide, even = (n + tiles - 1) / tiles;
                                 if (T->t[even - 1][nb - 1]) pt = even;
                             }
                             if (!T->t[pt - 1][nb - 1]) pt = 1; /* a table with only its widest tiles */
