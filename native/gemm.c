@@ -114,6 +114,14 @@ typedef struct {
                 _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) acc[i][v] += ai * bv[v];                \
             }                                                                                                \
         }
+/* acc[][] += the MRK x NV*VL tile at P (rows LD floats apart): C's partial sums, or the residual */
+#define INFERD_TILE_ADD(VT, VL, MRK, NV, P, LD)                                                              \
+    _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) \
+    {                                                                                                        \
+        VT t_;                                                                                               \
+        memcpy(&t_, (P) + i * (LD) + v * VL, sizeof(VT));                                                    \
+        acc[i][v] += t_;                                                                                     \
+    }
 /* B's row k at b + boff[k] (a convolution's input planes shifted by the taps, read in place by
    inferd_conv_direct): packed A, the raw MRK x NV*VL tile to t (pitch NV*VL) */
 #define INFERD_UKOFF(NAME, ATTR, VT, VL, MRK, NV) INFERD_UKOFF_A(NAME, ATTR, VT, VL, MRK, NV, INFERD_A_PACKED)
@@ -164,22 +172,8 @@ typedef struct {
                 memcpy(&bc, biasc + v * VL, sizeof(VT));                                                     \
                 _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) acc[i][v] += bc;                       \
             }                                                                                                \
-        if (!first)                                                                                          \
-            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
-                                                                                             v < NV; ++v)    \
-            {                                                                                                \
-                VT old;                                                                                      \
-                memcpy(&old, c0 + i * ldc + v * VL, sizeof(VT));                                             \
-                acc[i][v] += old;                                                                            \
-            }                                                                                                \
-        if (res)                                                                                             \
-            _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
-                                                                                             v < NV; ++v)    \
-            {                                                                                                \
-                VT rv;                                                                                       \
-                memcpy(&rv, res + i * ldr + v * VL, sizeof(VT));                                             \
-                acc[i][v] += rv;                                                                             \
-            }                                                                                                \
+        if (!first) INFERD_TILE_ADD(VT, VL, MRK, NV, c0, ldc);                                                \
+        if (res) INFERD_TILE_ADD(VT, VL, MRK, NV, res, ldr);                                                  \
         if (vact)                                                                                            \
             _Pragma("GCC unroll 32") for (int i = 0; i < MRK; ++i) _Pragma("GCC unroll 4") for (int v = 0;     \
                                                                                              v < NV; ++v)    \
