@@ -305,9 +305,9 @@ static const isa_t* ISA = NULL;
 static const isa_t* best_isa(void)
 {
 #ifdef INFERD_GEMM_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return &ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &ISA_AVX2;
+    const int l = inferd_x86_level();
+    if (l == 2) return &ISA_AVX512;
+    if (l == 1) return &ISA_AVX2;
 #endif
     return &ISA_BASE;
 }

@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c99 */
 #include <time.h>
 
+#include "inferd_internal.h"
 #include "inferd_native.h"
 
 typedef float pk4 __attribute__((vector_size(16)));
@@ -58,9 +59,8 @@ double inferd_fma_peak(long long iters, int threads)
 {
     peak_ctx c = {iters > 0 ? iters : 1, 4, 0.0f};
 #ifdef PEAK_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) c.lanes = 16;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) c.lanes = 8;
+    const int l = inferd_x86_level();
+    c.lanes = l == 2 ? 16 : l == 1 ? 8 : 4;
 #endif
     if (threads < 1) threads = 1;
     struct timespec t0, t1;
