@@ -67,6 +67,10 @@ CONV_CASES = [
     (1, 48, 32, (7, 7), (7, 7), 2, [3, 3, 3, 3], 1, ("Sigmoid", ()), False),  # an activation applied after
     (1, 16, 16, (3, 3), (3, 3), 1, [0, 0, 0, 0], 1, None, True),  # no padding: every column inside
     (1, 32, 32, (30, 29), (3, 3), 1, [1, 2, 1, 0], 1, ("LeakyRelu", (0.1,)), False),  # uneven pads, 12-wide tiles
+    # a narrow map's rows are copied with their padding (every column inside); a wide one's edge columns run
+    # clipped, one pixel at a time
+    (1, 16, 32, (3, 40), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),
+    (1, 16, 16, (4, 70), (5, 5), 2, [2, 2, 2, 1], 1, None, False),
     (1, 32, 32, (12, 12), (3, 3), 1, [1, 1, 1, 1], 32, ("Relu", ()), True),  # depthwise
     (1, 48, 48, (15, 14), (5, 5), 2, [2, 2, 2, 2], 48, None, False),  # depthwise, stride 2
     (1, 16, 16, (1, 1), (3, 3), 1, [1, 1, 1, 1], 16, None, False),  # depthwise on a 1x1 map
@@ -384,6 +388,7 @@ int main(void)
         conv_case(64, 48, 11, 11, 1, 1, 0, 0);
         conv_case(160, 80, 7, 9, 1, 1, 0, 0); /* pointwise: two passes over the input channels, 4 + 1 blocks */
         conv_case(16, 32, 30, 29, 3, 1, 1, 0);
+        conv_case(16, 32, 3, 40, 3, 1, 1, 0); /* a wide row: the edge columns clipped, not padded */
         conv_case(48, 64, 7, 7, 7, 2, 3, 0);
         conv_case(32, 32, 12, 12, 3, 1, 1, 1);
         conv_case(48, 48, 15, 14, 5, 2, 2, 1);
