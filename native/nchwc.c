@@ -212,9 +212,10 @@ static const tiles_t tiles_gen = {{3, 3, 3, 3}, 1, {NCHWC_ROW1(gen, 1), NCHWC_RO
 /* An NCHW input (a stem: 3 channels of an image) read as blocks of one channel: the same tiles with CPB 1, only
    the widest and one-pixel ones (a stem is one layer: what is left of a row goes a pixel at a time) */
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 1, 1)
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 2, 1)
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 3, 1)
-static const tiles_t tiles_gen_c1 = {{3, 3, 3, 3}, 1, {NCHWC_ROW1(gen_c1, 1), {NULL}, NCHWC_ROW1(gen_c1, 3)},
-                                     {{NULL}}};
+static const tiles_t tiles_gen_c1 = {
+    {3, 3, 3, 3}, 1, {NCHWC_ROW1(gen_c1, 1), NCHWC_ROW1(gen_c1, 2), NCHWC_ROW1(gen_c1, 3)}, {{NULL}}};
 #else
 NCHWC_PT1(gen, , v4f, v4i, 4, 4, 16)
 NCHWC_PT1(gen, , v4f, v4i, 4, 5, 16)
@@ -227,9 +228,15 @@ static const tiles_t tiles_gen = {{5, 5, 5, 5},
                                    NCHWC_ROW1(gen, 5)},
                                   {NCHWC_PWROW1(gen, 0), NCHWC_PWROW1(gen, 1), NCHWC_PWROW1(gen, 2)}};
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 1, 1)
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 2, 1)
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 3, 1)
+NCHWC_PT1(gen_c1, , v4f, v4i, 4, 4, 1)
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 5, 1)
-static const tiles_t tiles_gen_c1 = {
-    {5, 5, 5, 5}, 1, {NCHWC_ROW1(gen_c1, 1), {NULL}, {NULL}, {NULL}, NCHWC_ROW1(gen_c1, 5)}, {{NULL}}};
+static const tiles_t tiles_gen_c1 = {{5, 5, 5, 5},
+                                     1,
+                                     {NCHWC_ROW1(gen_c1, 1), NCHWC_ROW1(gen_c1, 2), NCHWC_ROW1(gen_c1, 3),
+                                      NCHWC_ROW1(gen_c1, 4), NCHWC_ROW1(gen_c1, 5)},
+                                     {{NULL}}};
 #endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -249,9 +256,16 @@ static const tiles_t tiles_avx2 = {{6, 6, 6, 6},
                                     NCHWC_ROW1(avx2, 5), NCHWC_ROW1(avx2, 6)},
                                    {NCHWC_PWROW1(avx2, 0), NCHWC_PWROW1(avx2, 1), NCHWC_PWROW1(avx2, 2)}};
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 1, 1)
+NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 2, 1)
+NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 3, 1)
+NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 4, 1)
+NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 5, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 6, 1)
-static const tiles_t tiles_avx2_c1 = {
-    {6, 6, 6, 6}, 1, {NCHWC_ROW1(avx2_c1, 1), {NULL}, {NULL}, {NULL}, {NULL}, NCHWC_ROW1(avx2_c1, 6)}, {{NULL}}};
+static const tiles_t tiles_avx2_c1 = {{6, 6, 6, 6},
+                                      1,
+                                      {NCHWC_ROW1(avx2_c1, 1), NCHWC_ROW1(avx2_c1, 2), NCHWC_ROW1(avx2_c1, 3),
+                                       NCHWC_ROW1(avx2_c1, 4), NCHWC_ROW1(avx2_c1, 5), NCHWC_ROW1(avx2_c1, 6)},
+                                      {{NULL}}};
 NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 1, 16)
 NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 2, 16)
 NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 3, 16)
@@ -279,12 +293,16 @@ static const tiles_t tiles_avx512 = {{12, 12, 6, 6}, 4,
                                       NCHWC_ROW2(avx512, 10), NCHWC_ROW2(avx512, 11), NCHWC_ROW2(avx512, 12)},
                                      {NCHWC_PWROW(avx512, 0), NCHWC_PWROW(avx512, 1), NCHWC_PWROW(avx512, 2)}};
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 1, 1)
+NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 2, 1)
+NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 3, 1)
+NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 4, 1)
+NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 5, 1)
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 6, 1)
-static const tiles_t tiles_avx512_c1 = {
-    {6, 6, 6, 6},
-    4,
-    {NCHWC_ROW(avx512_c1, 1), {NULL}, {NULL}, {NULL}, {NULL}, NCHWC_ROW(avx512_c1, 6)},
-    {{NULL}}};
+static const tiles_t tiles_avx512_c1 = {{6, 6, 6, 6},
+                                        4,
+                                        {NCHWC_ROW(avx512_c1, 1), NCHWC_ROW(avx512_c1, 2), NCHWC_ROW(avx512_c1, 3),
+                                         NCHWC_ROW(avx512_c1, 4), NCHWC_ROW(avx512_c1, 5), NCHWC_ROW(avx512_c1, 6)},
+                                        {{NULL}}};
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -361,6 +379,17 @@ static void conv_task(void* ctx, long long task)
             const int nb = nbg - sub < T->nb ? nbg - sub : T->nb;
             const float* ws = wg + sub * 16;
             const float* bias = J->bias ? J->bias + (b0 + sub) * 16 : NULL;
+            /* Away from the pointwise tiles, a row's inside runs in tiles of even widths (27 columns: 6 + 6 + 5
+               + 5 + 5 inside the edges, not 6 + 6 + 6 + 6 + 3): a narrow tile's few accumulators leave the FMAs
+               waiting on each other. The same split for every row, worked out here (two divisions a tile were ~3%
+               of a stem's time); every tile sums in the same order, so the bits do not change. */
+            const int wide = T->wide[nb - 1], in0 = owa > ow_lo ? owa : ow_lo, in1 = owb < ow_hi ? owb : ow_hi;
+            int base = wide, rem = 0;
+            if (!pw && in1 > in0) {
+                const int ntiles = (in1 - in0 + wide - 1) / wide;
+                base = (in1 - in0) / ntiles;
+                rem = (in1 - in0) % ntiles; /* the first rem tiles one column wider */
+            }
             for (int oh = oh0; oh < oh1; ++oh) {
                 const int ih0 = oh * J->SH - J->PT_;
                 const int kh0 = ih0 < 0 ? -ih0 : 0, kh1 = J->H - ih0 < J->KH ? J->H - ih0 : J->KH;
@@ -369,26 +398,19 @@ static void conv_task(void* ctx, long long task)
                 const float* xr = J->x + (long long)ih0 * rs; /* row ih0 (above the image: only kh >= kh0 read) */
                 for (int c0 = 0; c0 < J->cib; c0 += chunk) {
                     const int c1 = c0 + chunk < J->cib ? c0 + chunk : J->cib;
+                    int tile = 0;
                     for (int ow = owa; ow < owb;) {
                         const int iw0 = ow * J->SW - J->PL;
                         int pt = 1, kw0 = 0, kw1 = J->KW;
                         if (ow >= ow_lo && ow < ow_hi) {
-                            const int end = ow_hi < owb ? ow_hi : owb, n = end - ow, wide = T->wide[nb - 1];
-                            pt = n < wide ? n : wide;
-                            /* Away from the pointwise tiles, the row's inside in tiles of even widths (27 columns:
-                               5 + 5 + 5 + 5 + 5 inside the edges, not 6 + 6 + 6 + 6 + 1): a narrow tile's few
-                               accumulators leave the FMAs waiting on each other. Every tile sums in the same
-                               order, so the bits do not change. */
-                            if (!pw && n > wide) {
-                                const int tiles = (n + wide - 1) / wide, even = (n + tiles - 1) / tiles;
-                                if (T->t[even - 1][nb - 1]) pt = even;
-                            }
-                            if (!T->t[pt - 1][nb - 1]) pt = 1; /* a table with only its widest tiles */
+                            const int n = in1 - ow;
+                            pt = base + (tile++ < rem);
+                            if (pt > n) pt = n;
                         } else {
                             kw0 = iw0 < 0 ? -iw0 : 0;
                             kw1 = J->W - iw0 < J->KW ? J->W - iw0 : J->KW;
                         }
-                        if (pw && pt == T->wide[nb - 1])
+                        if (pw && pt == wide)
                             pw[nb - 1](J, xr + (long long)iw0 * 16, ws, wst, yr + ow * 16, ys, bias,
                                        rr ? rr + ow * 16 : NULL, c0, c1);
                         else
