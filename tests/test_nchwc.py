@@ -71,6 +71,10 @@ CONV_CASES = [
     # clipped, one pixel at a time
     (1, 16, 32, (3, 40), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),
     (1, 16, 16, (4, 70), (5, 5), 2, [2, 2, 2, 1], 1, None, False),
+    # a strided 1x1 runs as a copy of its pixels and the pointwise tiles; with end padding, its last output row and
+    # column read past the map (zeros)
+    (1, 32, 48, (9, 11), (1, 1), 2, [0, 0, 0, 0], 1, ("Relu", ()), True),
+    (1, 16, 32, (10, 10), (1, 1), 2, [0, 0, 1, 1], 1, None, False),
     (1, 32, 32, (12, 12), (3, 3), 1, [1, 1, 1, 1], 32, ("Relu", ()), True),  # depthwise
     (1, 48, 48, (15, 14), (5, 5), 2, [2, 2, 2, 2], 48, None, False),  # depthwise, stride 2
     (1, 16, 16, (1, 1), (3, 3), 1, [1, 1, 1, 1], 16, None, False),  # depthwise on a 1x1 map
@@ -389,6 +393,7 @@ int main(void)
         conv_case(160, 80, 7, 9, 1, 1, 0, 0); /* pointwise: two passes over the input channels, 4 + 1 blocks */
         conv_case(16, 32, 30, 29, 3, 1, 1, 0);
         conv_case(16, 32, 3, 40, 3, 1, 1, 0); /* a wide row: the edge columns clipped, not padded */
+        conv_case(32, 48, 9, 11, 1, 2, 0, 0); /* a strided 1x1: its pixels copied, then the pointwise tiles */
         conv_case(48, 64, 7, 7, 7, 2, 3, 0);
         conv_case(32, 32, 12, 12, 3, 1, 1, 1);
         conv_case(48, 48, 15, 14, 5, 2, 2, 1);
