@@ -38,6 +38,7 @@ typedef struct {
     float p0, p1;
     int rows_per_task, cols_per_task, nbands, gpt; /* gpt: output groups per task */
     int cpb;                                      /* input channels per input block: 16, or 1 for an NCHW input */
+    const int* off; /* a padded short-row map run as one row of pixels: each output pixel's input offset, or NULL */
 } cjob_t;
 
 /* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias.
@@ -151,6 +152,38 @@ typedef struct {
         NCHWC_STORE(VT, VI, VW, PT, NB, ACT)                                                                         \
     }
 
+/* A tile of PT output pixels that may span rows, over a padded input (every tap inside): pixel p's input at
+   off[p] floats, every tap, no clipping. For maps whose rows are too short for the row tiles' widths (7 columns:
+   4 + 3 a row, where 49 pixels in a run are 6 x 8 + 1). */
+#define NCHWC_TILEO(NAME, ATTR, VT, VI, VW, PT, NB)                                                                 \
+    ATTR static void NAME(const cjob_t* J, const int* off, const float* wg, int wst, float* yb, long long ys,     \
+                          const float* bias, const float* res, int ci0, int ci1)                                 \
+    {                                                                                                              \
+        NCHWC_ACC_INIT(VT, VW, PT, NB)                                                                              \
+        const long long xs = (long long)J->H * J->W * 16, rs = (long long)J->W * 16;                               \
+        const int KH = J->KH, KW = J->KW;                                                                          \
+        long long o[PT];                                                                                           \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) o[p] = off[p];                                       \
+        for (int ci = ci0; ci < ci1; ++ci)                                                                         \
+            for (int kh = 0; kh < KH; ++kh)                                                                        \
+                for (int kw = 0; kw < KW; ++kw) {                                                                  \
+                    const float* xc = J->x + ci * xs + kh * rs + kw * 16;                                          \
+                    const float* wc = wg + (((long long)ci * KH + kh) * KW + kw) * 16 * wst;                       \
+                    _Pragma("GCC unroll 4") for (int c = 0; c < 16; ++c) {                                        \
+                        VT wv[NB * (16 / VW)];                                                                      \
+                        _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                          \
+                            memcpy(&wv[v], wc + c * wst + v * VW, sizeof(VT));                                      \
+                        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                     \
+                        {                                                                                          \
+                            const VT xv = xc[o[p] + c] - (VT){0};                                                  \
+                            _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                      \
+                                acc[p][v] += xv * wv[v];                                                           \
+                        }                                                                                          \
+                    }                                                                                              \
+                }                                                                                                  \
+        NCHWC_STORE(VT, VI, VW, PT, NB, 0)                                                                           \
+    }
+
 typedef float v16f __attribute__((vector_size(64)));
 typedef int v16i __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
@@ -164,7 +197,11 @@ typedef void (*pw_fn)(const cjob_t*, const float*, const float*, int, float*, lo
 typedef void (*tile_fn)(const cjob_t*, const float*, int, const float*, int, float*, long long, const float*,
                         const float*, int, int, int, int, int, int);
 
+typedef void (*tileo_fn)(const cjob_t*, const int*, const float*, int, float*, long long, const float*,
+                         const float*, int, int);
+
 #define PT_MAX 12
+#define PTO_MAX 6 /* the run tiles' widest: 6 offsets stay in registers beside the tile's pointers */
 
 /* Per ISA: tiles of pt pixels x nb blocks (1 to the ISA's nb) at [pt - 1][nb - 1], pt up to the ISA's widest
    for that nb (wide[nb - 1], filling its vector registers): the widest for a row's inside, narrower ones for what
@@ -178,6 +215,9 @@ typedef struct {
     /* a pointwise conv's full tiles (wide[nb - 1] pixels) by activation (none or after the store, relu, clip) and
        nb - 1; NULL where the general tiles do them */
     pw_fn pw[3][NB_MAX];
+    /* tiles over a run of pixels (NCHWC_TILEO), [pt - 1][nb - 1] up to min(wide[nb - 1], PTO_MAX) pixels; NULL
+       for an NCHW input's tables */
+    tileo_fn o[PTO_MAX][NB_MAX];
 } tiles_t;
 
 /* the tiles of PT pixels for 1 to 4 (PT4), 1 to 2 (PT2) or 1 (PT1) blocks */
@@ -195,6 +235,15 @@ typedef struct {
 #define NCHWC_PWROW(SFX, ACT) {pw##ACT##_1_##SFX, pw##ACT##_2_##SFX, pw##ACT##_3_##SFX, pw##ACT##_4_##SFX}
 #define NCHWC_PWROW2(SFX, ACT) {pw##ACT##_1_##SFX, pw##ACT##_2_##SFX, NULL, NULL}
 #define NCHWC_PWROW1(SFX, ACT) {pw##ACT##_1_##SFX, NULL, NULL, NULL}
+/* the run tiles of PT pixels for 1 to 4 (O4) or 1 (O1) blocks, and their table rows */
+#define NCHWC_O4(SFX, ATTR, VT, VI, VW, PT)                                                                        \
+    NCHWC_O1(SFX, ATTR, VT, VI, VW, PT)                                                                            \
+    NCHWC_TILEO(o##PT##_2_##SFX, ATTR, VT, VI, VW, PT, 2)                                                          \
+    NCHWC_TILEO(o##PT##_3_##SFX, ATTR, VT, VI, VW, PT, 3)                                                          \
+    NCHWC_TILEO(o##PT##_4_##SFX, ATTR, VT, VI, VW, PT, 4)
+#define NCHWC_O1(SFX, ATTR, VT, VI, VW, PT) NCHWC_TILEO(o##PT##_1_##SFX, ATTR, VT, VI, VW, PT, 1)
+#define NCHWC_OROW(SFX, PT) {o##PT##_1_##SFX, o##PT##_2_##SFX, o##PT##_3_##SFX, o##PT##_4_##SFX}
+#define NCHWC_OROW1(SFX, PT) {o##PT##_1_##SFX, NULL, NULL, NULL}
 
 /* Tile shapes by register file. AVX-512 (32 zmm, a block one register): 6 pixels x 4 blocks = 24 accumulators
    + 4 weights + 1 broadcast, 12 x 2 and 12 x 1 for the narrow groups. AVX2 (16 ymm, a block two): 6 pixels x 1
@@ -207,26 +256,39 @@ NCHWC_PT1(gen, , v4f, v4i, 4, 1, 16)
 NCHWC_PT1(gen, , v4f, v4i, 4, 2, 16)
 NCHWC_PT1(gen, , v4f, v4i, 4, 3, 16)
 #if defined(__x86_64__)
-static const tiles_t tiles_gen = {{3, 3, 3, 3}, 1, {NCHWC_ROW1(gen, 1), NCHWC_ROW1(gen, 2), NCHWC_ROW1(gen, 3)},
-                                  {{NULL}}};
+NCHWC_O1(gen, , v4f, v4i, 4, 1)
+NCHWC_O1(gen, , v4f, v4i, 4, 2)
+NCHWC_O1(gen, , v4f, v4i, 4, 3)
+static const tiles_t tiles_gen = {{3, 3, 3, 3},
+                                  1,
+                                  {NCHWC_ROW1(gen, 1), NCHWC_ROW1(gen, 2), NCHWC_ROW1(gen, 3)},
+                                  {{NULL}},
+                                  {NCHWC_OROW1(gen, 1), NCHWC_OROW1(gen, 2), NCHWC_OROW1(gen, 3)}};
 /* An NCHW input (a stem: 3 channels of an image) read as blocks of one channel: the same tiles with CPB 1, only
    the widest and one-pixel ones (a stem is one layer: what is left of a row goes a pixel at a time) */
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 1, 1)
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 2, 1)
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 3, 1)
 static const tiles_t tiles_gen_c1 = {
-    {3, 3, 3, 3}, 1, {NCHWC_ROW1(gen_c1, 1), NCHWC_ROW1(gen_c1, 2), NCHWC_ROW1(gen_c1, 3)}, {{NULL}}};
+    {3, 3, 3, 3}, 1, {NCHWC_ROW1(gen_c1, 1), NCHWC_ROW1(gen_c1, 2), NCHWC_ROW1(gen_c1, 3)}, {{NULL}}, {{NULL}}};
 #else
 NCHWC_PT1(gen, , v4f, v4i, 4, 4, 16)
 NCHWC_PT1(gen, , v4f, v4i, 4, 5, 16)
 NCHWC_PW(pw0_1_gen, , v4f, v4i, 4, 5, 1, 0)
 NCHWC_PW(pw1_1_gen, , v4f, v4i, 4, 5, 1, 1)
 NCHWC_PW(pw2_1_gen, , v4f, v4i, 4, 5, 1, 2)
+NCHWC_O1(gen, , v4f, v4i, 4, 1)
+NCHWC_O1(gen, , v4f, v4i, 4, 2)
+NCHWC_O1(gen, , v4f, v4i, 4, 3)
+NCHWC_O1(gen, , v4f, v4i, 4, 4)
+NCHWC_O1(gen, , v4f, v4i, 4, 5)
 static const tiles_t tiles_gen = {{5, 5, 5, 5},
                                   1,
                                   {NCHWC_ROW1(gen, 1), NCHWC_ROW1(gen, 2), NCHWC_ROW1(gen, 3), NCHWC_ROW1(gen, 4),
                                    NCHWC_ROW1(gen, 5)},
-                                  {NCHWC_PWROW1(gen, 0), NCHWC_PWROW1(gen, 1), NCHWC_PWROW1(gen, 2)}};
+                                  {NCHWC_PWROW1(gen, 0), NCHWC_PWROW1(gen, 1), NCHWC_PWROW1(gen, 2)},
+                                  {NCHWC_OROW1(gen, 1), NCHWC_OROW1(gen, 2), NCHWC_OROW1(gen, 3), NCHWC_OROW1(gen, 4),
+                                   NCHWC_OROW1(gen, 5)}};
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 1, 1)
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 2, 1)
 NCHWC_PT1(gen_c1, , v4f, v4i, 4, 3, 1)
@@ -236,6 +298,7 @@ static const tiles_t tiles_gen_c1 = {{5, 5, 5, 5},
                                      1,
                                      {NCHWC_ROW1(gen_c1, 1), NCHWC_ROW1(gen_c1, 2), NCHWC_ROW1(gen_c1, 3),
                                       NCHWC_ROW1(gen_c1, 4), NCHWC_ROW1(gen_c1, 5)},
+                                     {{NULL}},
                                      {{NULL}}};
 #endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -250,11 +313,19 @@ NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 6, 16)
 NCHWC_PW(pw0_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 0)
 NCHWC_PW(pw1_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 1)
 NCHWC_PW(pw2_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 2)
+NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 1)
+NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 2)
+NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 3)
+NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 4)
+NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 5)
+NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 6)
 static const tiles_t tiles_avx2 = {{6, 6, 6, 6},
                                    1,
                                    {NCHWC_ROW1(avx2, 1), NCHWC_ROW1(avx2, 2), NCHWC_ROW1(avx2, 3), NCHWC_ROW1(avx2, 4),
                                     NCHWC_ROW1(avx2, 5), NCHWC_ROW1(avx2, 6)},
-                                   {NCHWC_PWROW1(avx2, 0), NCHWC_PWROW1(avx2, 1), NCHWC_PWROW1(avx2, 2)}};
+                                   {NCHWC_PWROW1(avx2, 0), NCHWC_PWROW1(avx2, 1), NCHWC_PWROW1(avx2, 2)},
+                                   {NCHWC_OROW1(avx2, 1), NCHWC_OROW1(avx2, 2), NCHWC_OROW1(avx2, 3),
+                                    NCHWC_OROW1(avx2, 4), NCHWC_OROW1(avx2, 5), NCHWC_OROW1(avx2, 6)}};
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 1, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 2, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 3, 1)
@@ -265,6 +336,7 @@ static const tiles_t tiles_avx2_c1 = {{6, 6, 6, 6},
                                       1,
                                       {NCHWC_ROW1(avx2_c1, 1), NCHWC_ROW1(avx2_c1, 2), NCHWC_ROW1(avx2_c1, 3),
                                        NCHWC_ROW1(avx2_c1, 4), NCHWC_ROW1(avx2_c1, 5), NCHWC_ROW1(avx2_c1, 6)},
+                                      {{NULL}},
                                       {{NULL}}};
 NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 1, 16)
 NCHWC_PT4(avx512, AVX512, v16f, v16i, 16, 2, 16)
@@ -286,12 +358,20 @@ NCHWC_PT2(avx512, AVX512, v16f, v16i, 16, 12, 16)
 NCHWC_PW4(avx512, AVX512, 0)
 NCHWC_PW4(avx512, AVX512, 1)
 NCHWC_PW4(avx512, AVX512, 2)
+NCHWC_O4(avx512, AVX512, v16f, v16i, 16, 1)
+NCHWC_O4(avx512, AVX512, v16f, v16i, 16, 2)
+NCHWC_O4(avx512, AVX512, v16f, v16i, 16, 3)
+NCHWC_O4(avx512, AVX512, v16f, v16i, 16, 4)
+NCHWC_O4(avx512, AVX512, v16f, v16i, 16, 5)
+NCHWC_O4(avx512, AVX512, v16f, v16i, 16, 6)
 static const tiles_t tiles_avx512 = {{12, 12, 6, 6}, 4,
                                      {NCHWC_ROW(avx512, 1), NCHWC_ROW(avx512, 2), NCHWC_ROW(avx512, 3),
                                       NCHWC_ROW(avx512, 4), NCHWC_ROW(avx512, 5), NCHWC_ROW(avx512, 6),
                                       NCHWC_ROW2(avx512, 7), NCHWC_ROW2(avx512, 8), NCHWC_ROW2(avx512, 9),
                                       NCHWC_ROW2(avx512, 10), NCHWC_ROW2(avx512, 11), NCHWC_ROW2(avx512, 12)},
-                                     {NCHWC_PWROW(avx512, 0), NCHWC_PWROW(avx512, 1), NCHWC_PWROW(avx512, 2)}};
+                                     {NCHWC_PWROW(avx512, 0), NCHWC_PWROW(avx512, 1), NCHWC_PWROW(avx512, 2)},
+                                     {NCHWC_OROW(avx512, 1), NCHWC_OROW(avx512, 2), NCHWC_OROW(avx512, 3),
+                                      NCHWC_OROW(avx512, 4), NCHWC_OROW(avx512, 5), NCHWC_OROW(avx512, 6)}};
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 1, 1)
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 2, 1)
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 3, 1)
@@ -302,6 +382,7 @@ static const tiles_t tiles_avx512_c1 = {{6, 6, 6, 6},
                                         4,
                                         {NCHWC_ROW(avx512_c1, 1), NCHWC_ROW(avx512_c1, 2), NCHWC_ROW(avx512_c1, 3),
                                          NCHWC_ROW(avx512_c1, 4), NCHWC_ROW(avx512_c1, 5), NCHWC_ROW(avx512_c1, 6)},
+                                        {{NULL}},
                                         {{NULL}}};
 #endif
 
@@ -347,9 +428,49 @@ static int ci_chunk(const cjob_t* J, int nbg)
 /* One band of output rows (or of columns in a one-row job) for gpt output groups. Where the input outweighs the
    weights, a task is a band for every group (the band's input read from L2 by each group in turn, not from
    memory once per group); otherwise a task is gpt groups over the whole map (each group's weights read once). */
+/* The run form (J->off set): a band of the map's pixels in runs of up to PTO_MAX, rows and all, for gpt groups */
+static void conv_task_runs(const cjob_t* J, long long task)
+{
+    const long long band = task % J->nbands;
+    const int g0 = (int)(task / J->nbands) * J->gpt * NB_MAX;
+    const int g1 = g0 + J->gpt * NB_MAX < J->cob ? g0 + J->gpt * NB_MAX : J->cob;
+    const tiles_t* T = tiles_for(16);
+    const long long ys = (long long)J->OH * J->OW * 16;
+    const int npx = J->OH * J->OW, q0 = (int)band * J->cols_per_task;
+    const int q1 = q0 + J->cols_per_task < npx ? q0 + J->cols_per_task : npx;
+    for (int b0 = g0; b0 < g1; b0 += NB_MAX) {
+        const int nbg = J->cob - b0 < NB_MAX ? J->cob - b0 : NB_MAX, wst = nbg * 16, chunk = ci_chunk(J, nbg);
+        const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * 16;
+        for (int sub = 0; sub < nbg; sub += T->nb) {
+            const int nb = nbg - sub < T->nb ? nbg - sub : T->nb;
+            const float* ws = wg + sub * 16;
+            const float* bias = J->bias ? J->bias + (b0 + sub) * 16 : NULL;
+            float* yb = J->y + (b0 + sub) * ys;
+            const float* rb = J->res ? J->res + (b0 + sub) * ys : NULL;
+            /* the band in even runs, as a row's inside is split (see conv_task) */
+            const int wide = T->wide[nb - 1] < PTO_MAX ? T->wide[nb - 1] : PTO_MAX;
+            const int ntiles = (q1 - q0 + wide - 1) / wide, base = (q1 - q0) / ntiles, rem = (q1 - q0) % ntiles;
+            for (int c0 = 0; c0 < J->cib; c0 += chunk) {
+                const int c1 = c0 + chunk < J->cib ? c0 + chunk : J->cib;
+                int tile = 0;
+                for (int q = q0; q < q1;) {
+                    const int pt = base + (tile++ < rem);
+                    T->o[pt - 1][nb - 1](J, J->off + q, ws, wst, yb + (long long)q * 16, ys, bias,
+                                         rb ? rb + (long long)q * 16 : NULL, c0, c1);
+                    q += pt;
+                }
+            }
+        }
+    }
+}
+
 static void conv_task(void* ctx, long long task)
 {
     const cjob_t* J = ctx;
+    if (J->off) {
+        conv_task_runs(J, task);
+        return;
+    }
     const long long band = task % J->nbands;
     const int g0 = (int)(task / J->nbands) * J->gpt * NB_MAX;
     const int g1 = g0 + J->gpt * NB_MAX < J->cob ? g0 + J->gpt * NB_MAX : J->cob;
@@ -427,15 +548,22 @@ static void conv_task(void* ctx, long long task)
 typedef struct {
     const float* x;
     float* xp;
-    int W, Wp, PL;
+    int H, W, Hp, Wp, PT, PL;
 } padjob_t;
 
-/* one row of one input block into the padded copy: zeros, the row, zeros */
+/* one row of one input block into the padded copy: zeros, the row, zeros (a row of the top or bottom padding:
+   zeros) */
 static void pad_task(void* ctx, long long task)
 {
     const padjob_t* P = ctx;
-    const float* s = P->x + task * P->W * 16;
+    const long long b = task / P->Hp;
+    const int ih = (int)(task % P->Hp) - P->PT;
     float* d = P->xp + task * P->Wp * 16;
+    if (ih < 0 || ih >= P->H) {
+        memset(d, 0, sizeof(float) * 16 * P->Wp);
+        return;
+    }
+    const float* s = P->x + (b * P->H + ih) * P->W * 16;
     memset(d, 0, sizeof(float) * 16 * P->PL);
     memcpy(d + 16 * P->PL, s, sizeof(float) * 16 * P->W);
     memset(d + 16 * (P->PL + P->W), 0, sizeof(float) * 16 * (P->Wp - P->W - P->PL));
@@ -494,30 +622,45 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         H = OH = 1;
     }
     /* The columns whose taps leave the row run as one-pixel tiles with their taps clipped: two accumulators on
-       AVX2, a weight load per FMA, ~4x a column's time inside. On narrow maps (those columns 1/16 of the row or
-       more) the rows are first copied with their padding as zeros, so that every column is inside and the row
-       runs in even tiles; on wide ones the copy cost more than it saved (two threads, Zen 3, against the clipped
-       edges: 32->128@27 0.91-0.95x the time, 48->192@13 0.92, 256->256@14 0.91, 512->512@7 0.93; 64->64@56
-       0.97-1.05x, 16->16@112 1.05-1.06, 64->64@224 1.08). The zeros add the same partial sums: the same bits. */
+       AVX2, a weight load per FMA, ~4x a column's time inside; and a short row's inside runs in narrow tiles (7
+       columns: 4 + 3). On narrow maps (those columns 1/16 of the row or more) the input is first copied with its
+       padding as zeros on every side, and the map runs as one row of pixels in runs of up to PTO_MAX across the
+       rows (NCHWC_TILEO: 49 pixels are 6 x 8 + 1); on wide ones the copy cost more than it saved. Two threads,
+       Zen 3, in-process A/B, the runs against row tiles over the same padded copy: 512->512 3x3 s2 on 14x14 0.57x
+       the time, 512->512 on 7x7 0.68x, 256->256 s2 on 28x28 0.77x, 64->256 on 13x13 0.91x, 32->128 on 27x27
+       0.92x, 5x5s on 28 to 56 columns 0.99-1.0x; the padded rows against the clipped ones had been 0.91-0.95x on
+       narrow maps, 0.97-1.08x on 56 to 224 columns. The zeros add the same partial sums: the same bits. */
     float* xp = NULL;
+    int* off = NULL;
     if (cpb == 16 && !flat && KW > 1) {
         const int lo = (pad_left + SW - 1) / SW, hi = (W + pad_left - KW) / SW + 1;
         const int edge = lo + (hi < OW ? OW - hi : 0);
         if (edge > 0 && 16 * edge >= OW) {
-            int Wp = (OW - 1) * SW + KW;
+            int Wp = (OW - 1) * SW + KW, Hp = (OH - 1) * SH + KH;
             if (Wp < W + pad_left) Wp = W + pad_left;
-            xp = (float*)malloc(sizeof(float) * 16 * (size_t)cib * H * Wp);
-            if (xp) { /* (else the clipped edges) */
-                padjob_t P = {x, xp, W, Wp, pad_left};
-                inferd_parallel(pad_task, &P, (long long)cib * H, 0);
+            if (Hp < H + pad_top) Hp = H + pad_top;
+            if ((long long)Hp * Wp * 16 < (1LL << 30)) { /* (the offsets are ints) */
+                xp = (float*)malloc(sizeof(float) * 16 * (size_t)cib * Hp * Wp);
+                off = (int*)malloc(sizeof(int) * (size_t)OH * OW);
+            }
+            if (xp && off) {
+                padjob_t P = {x, xp, H, W, Hp, Wp, pad_top, pad_left};
+                inferd_parallel(pad_task, &P, (long long)cib * Hp, 0);
+                for (int q = 0; q < OH * OW; ++q) off[q] = ((q / OW) * SH * Wp + (q % OW) * SW) * 16;
                 x = xp;
+                H = Hp;
                 W = Wp;
-                pad_left = 0;
+                pad_top = pad_left = 0;
+            } else { /* the clipped row tiles */
+                free(xp);
+                free(off);
+                xp = NULL;
+                off = NULL;
             }
         }
     }
     cjob_t J = {x, w, bias, res, y, cib, H, W, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW,
-                act, p0, p1, OH, OW, 1, (cout_blocks + NB_MAX - 1) / NB_MAX, cpb};
+                act, p0, p1, OH, OW, 1, (cout_blocks + NB_MAX - 1) / NB_MAX, cpb, off};
     const int groups = J.gpt, cin = cib * cpb;
     const double work = 2.0 * cin * KH * KW * cout_blocks * 16 * (double)OH * OW;
     const double wbytes = 4.0 * cin * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin * H * W;
@@ -525,6 +668,12 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         /* the weights outweigh the input (small maps, many channels): tasks split the groups */
         const int tasks = inferd_pool_chunks(groups, work);
         J.gpt = (groups + tasks - 1) / tasks;
+        if (off) J.cols_per_task = OH * OW; /* the run form's one band: the whole map */
+    } else if (off) {
+        /* pixel bands, whole runs */
+        const int npx = OH * OW, bands = inferd_pool_chunks(npx / PTO_MAX > 0 ? npx / PTO_MAX : 1, work);
+        J.cols_per_task = ((npx + bands - 1) / bands + PTO_MAX - 1) / PTO_MAX * PTO_MAX;
+        J.nbands = (npx + J.cols_per_task - 1) / J.cols_per_task;
     } else if (flat) {
         /* column bands: enough for the pool, and each band's input (all channels) within ~1 MB of L2 */
         const tiles_t* T = tiles_for(cpb);
@@ -542,6 +691,7 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
     inferd_parallel(conv_task, &J, (long long)J.nbands * ((groups + J.gpt - 1) / J.gpt), 0);
     free(xp);
     free(xs);
+    free(off);
     return 0;
 }
 
