@@ -202,6 +202,7 @@ typedef void (*tileo_fn)(const cjob_t*, const int*, const float*, int, float*, l
 
 #define PT_MAX 12
 #define PTO_MAX 6 /* the run tiles' widest: 6 offsets stay in registers beside the tile's pointers */
+#define PAD_MAX_BYTES (4LL << 20) /* the largest padded copy of a wide map (see conv_run) */
 
 /* Per ISA: tiles of pt pixels x nb blocks (1 to the ISA's nb) at [pt - 1][nb - 1], pt up to the ISA's widest
    for that nb (wide[nb - 1], filling its vector registers): the widest for a row's inside, narrower ones for what
@@ -629,16 +630,22 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
        Zen 3, in-process A/B, the runs against row tiles over the same padded copy: 512->512 3x3 s2 on 14x14 0.57x
        the time, 512->512 on 7x7 0.68x, 256->256 s2 on 28x28 0.77x, 64->256 on 13x13 0.91x, 32->128 on 27x27
        0.92x, 5x5s on 28 to 56 columns 0.99-1.0x; the padded rows against the clipped ones had been 0.91-0.95x on
-       narrow maps, 0.97-1.08x on 56 to 224 columns. The zeros add the same partial sums: the same bits. */
+       narrow maps, 0.97-1.08x on 56 to 224 columns. With the runs the copy pays on wide maps too for strided
+       convs of 1024 or more output channels x taps (128->128 s2 on 56x56 0.90-0.93x, 64->128 s2 0.88-0.92x;
+       32->32 s2 on 112x112 1.04-1.11x), up to a copy of PAD_MAX_BYTES; not for stride 1 (64->64 on 56x56
+       0.98-1.06x, 64->64 on 224x224 0.98x, 16->16 on 112x112 1.09x). The zeros add the same partial sums: the
+       same bits. */
     float* xp = NULL;
     int* off = NULL;
     if (cpb == 16 && !flat && KW > 1) {
         const int lo = (pad_left + SW - 1) / SW, hi = (W + pad_left - KW) / SW + 1;
         const int edge = lo + (hi < OW ? OW - hi : 0);
-        if (edge > 0 && 16 * edge >= OW) {
-            int Wp = (OW - 1) * SW + KW, Hp = (OH - 1) * SH + KH;
-            if (Wp < W + pad_left) Wp = W + pad_left;
-            if (Hp < H + pad_top) Hp = H + pad_top;
+        int Wp = (OW - 1) * SW + KW, Hp = (OH - 1) * SH + KH;
+        if (Wp < W + pad_left) Wp = W + pad_left;
+        if (Hp < H + pad_top) Hp = H + pad_top;
+        const long long pbytes = 64LL * cib * Hp * Wp;
+        const int strided = SH * SW > 1 && (long long)cout_blocks * 16 * KH * KW >= 1024;
+        if (edge > 0 && (16 * edge >= OW || (strided && pbytes <= PAD_MAX_BYTES))) {
             if ((long long)Hp * Wp * 16 < (1LL << 30)) { /* (the offsets are ints) */
                 xp = (float*)malloc(sizeof(float) * 16 * (size_t)cib * Hp * Wp);
                 off = (int*)malloc(sizeof(int) * (size_t)OH * OW);

@@ -67,9 +67,10 @@ CONV_CASES = [
     (1, 48, 32, (7, 7), (7, 7), 2, [3, 3, 3, 3], 1, ("Sigmoid", ()), False),  # an activation applied after
     (1, 16, 16, (3, 3), (3, 3), 1, [0, 0, 0, 0], 1, None, True),  # no padding: every column inside
     (1, 32, 32, (30, 29), (3, 3), 1, [1, 2, 1, 0], 1, ("LeakyRelu", (0.1,)), False),  # uneven pads, 12-wide tiles
-    # a narrow map's rows are copied with their padding (every column inside); a wide one's edge columns run
-    # clipped, one pixel at a time
-    (1, 16, 32, (3, 40), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),
+    # a narrow map, or a wide one strided with enough output channels x taps, is copied with its padding and runs
+    # across its rows; the other wide ones run row by row, their edge columns clipped one pixel at a time
+    (1, 16, 128, (5, 40), (3, 3), 2, [1, 1, 1, 1], 1, ("Relu", ()), True),
+    (1, 16, 16, (3, 40), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),
     (1, 16, 16, (4, 70), (5, 5), 2, [2, 2, 2, 1], 1, None, False),
     # a strided 1x1 runs as a copy of its pixels and the pointwise tiles; with end padding, its last output row and
     # column read past the map (zeros)
@@ -392,7 +393,8 @@ int main(void)
         conv_case(64, 48, 11, 11, 1, 1, 0, 0);
         conv_case(160, 80, 7, 9, 1, 1, 0, 0); /* pointwise: two passes over the input channels, 4 + 1 blocks */
         conv_case(16, 32, 30, 29, 3, 1, 1, 0);
-        conv_case(16, 32, 3, 40, 3, 1, 1, 0); /* a wide row: the edge columns clipped, not padded */
+        conv_case(16, 16, 3, 40, 3, 1, 1, 0); /* a wide row, few outputs x taps: the edge columns clipped */
+        conv_case(16, 128, 5, 40, 3, 2, 1, 0); /* a wide row, strided, more: padded, in runs */
         conv_case(32, 48, 9, 11, 1, 2, 0, 0); /* a strided 1x1: its pixels copied, then the pointwise tiles */
         conv_case(48, 64, 7, 7, 7, 2, 3, 0);
         conv_case(32, 32, 12, 12, 3, 1, 1, 1);
