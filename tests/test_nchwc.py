@@ -458,3 +458,50 @@ def test_a_channel_concat_runs_blocked_whichever_way_its_axis_is_written(axis: i
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     with inferd.load(str(path), device="cpu") as m:
         np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def _mixed_concat_model(tmp_path: Path, nchw_channels: int, blocked_reader: bool) -> Path:
+    """x -> 1x1 conv ``a`` (blocked, beside a second conv on x), z -> Sigmoid ``b`` (NCHW), Concat(a, b), then a
+    1x1 conv (``blocked_reader``) or a Sigmoid reading the concat."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    cat = 64 + nchw_channels
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.05).astype(np.float32), n)
+             for n, s in (("wa", (64, 64, 1, 1)), ("wd", (64, 64, 1, 1)), ("wc", (64, cat, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["x", "wd"], ["d"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["z"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["ab"], axis=1),
+             helper.make_node("Conv", ["ab", "wc"], ["y"], kernel_shape=[1, 1]) if blocked_reader
+             else helper.make_node("Sigmoid", ["ab"], ["y"])]
+    g = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 32, 32]),
+                                           helper.make_tensor_value_info("z", TensorProto.FLOAT,
+                                                                         [1, nchw_channels, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("d", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / f"mixed{nchw_channels}{int(blocked_reader)}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@needs_native
+def test_a_concat_of_blocked_and_nchw_parts_runs_blocked_where_that_converts_less(tmp_path: Path) -> None:
+    # unet's skip connections: a blocked part beside a small NCHW one, read by a blocked conv: converting the NCHW
+    # part in (16 channels) beats converting the blocked part out and the whole concat back in (64 + 80)
+    ort = pytest.importorskip("onnxruntime")
+    from inferd.frontend import import_template, specialize
+
+    path = _mixed_concat_model(tmp_path, 16, True)
+    plan = plan_layout(specialize(import_template(str(path))))
+    assert "concat" in plan.kinds
+    rng = np.random.default_rng(6)
+    feeds = {"x": rng.standard_normal((1, 64, 32, 32)).astype(np.float32),
+             "z": rng.standard_normal((1, 16, 32, 32)).astype(np.float32)}
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], feeds)[0]
+    with inferd.load(str(path), device="cpu") as m:
+        np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+    # a large NCHW part and an NCHW reader: converting the blocked part out is less, the concat stays NCHW
+    big = _mixed_concat_model(tmp_path, 256, False)
+    assert "concat" not in plan_layout(specialize(import_template(str(big)))).kinds

@@ -7,11 +7,12 @@ run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s wit
 ``POINTWISE_MAX_WEIGHTS`` weights, strided ones on any map and the others on maps of ``POINTWISE_MIN_PIXELS`` and
 more; strided k x k convs; k x k convs of up to ``DIRECT_MAX_CIN`` input channels unless Winograd would run them
 with more output channels; depthwise convs between blocked neighbours; stems, convs of fewer than 16 input
-channels that read them in NCHW), and the max pools and channel concats whose inputs all come blocked; it keeps a
-conv only next to another blocked node, and a connected region only where the conv time it is expected to save
-(``SAVING``) exceeds its conversions. ``apply_layout`` rewrites the kept nodes (``inferd.ConvNchwc``,
-``inferd.MaxPoolNchwc``, a Concat on the blocked twins of its parts), converting a tensor once where a blocked
-node reads it from an NCHW producer, and back once where anything else (or the graph's output) reads it.
+channels that read them in NCHW), the max pools whose inputs all come blocked and the channel concats whose inputs
+do (or some do, where blocking converts fewer bytes); it keeps a conv only next to another blocked node, and a
+connected region only where the conv time it is expected to save (``SAVING``) exceeds its conversions.
+``apply_layout`` rewrites the kept nodes (``inferd.ConvNchwc``, ``inferd.MaxPoolNchwc``, a Concat on the blocked
+twins of its parts), converting a tensor once where a blocked node reads it from an NCHW producer, and back once
+where anything else (or the graph's output) reads it.
 
 Per layer in the models (two threads, Emerald Rapids, the blocked kernel against the NCHW one the plan would
 run): 1x1 convs 0.61-0.79x the time (the pointwise tiles), strided 1x1s against a strided copy and the GEMM
@@ -216,6 +217,25 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
     return {name for name in kept if value[find(name)] < 0}
 
 
+def _concat_pays(node: Node, fed: list[bool], graph: Graph, kinds: Mapping[str, str], kept: set[str],
+                 cons: Mapping[str, list[Node]], outs: set[str]) -> bool:
+    """Whether a concat of some blocked and some NCHW parts converts fewer bytes blocked (its NCHW parts in, its
+    output out where something reads it in NCHW) than in NCHW (its blocked parts out, its output in where a
+    blocked node reads it). unet_small's skip connections: the encoder's blocked output beside the upsampling's
+    NCHW one, read by a blocked conv: blocked, one conversion of the upsampled half; in NCHW, two of the skip and
+    of the whole concat."""
+    size = {t: graph.infos[t].nbytes for t in node.inputs}
+    out = node.outputs[0]
+    readers = cons.get(out, [])
+    read_blocked = [c.name in kept and out in [c.inputs[i] for i in blocked_reads(c, kinds[c.name])]
+                    for c in readers]
+    out_bytes = graph.infos[out].nbytes
+    blocked = sum(size[t] for t, f in zip(node.inputs, fed) if not f) + (
+        out_bytes if out in outs or not all(read_blocked) else 0)
+    nchw = sum(size[t] for t, f in zip(node.inputs, fed) if f) + (out_bytes if any(read_blocked) else 0)
+    return blocked < nchw
+
+
 def blocked_reads(node: Node, kind: str | None) -> list[int]:
     """Input positions a blocked node reads in the blocked layout."""
     if kind in ("conv", "stem"):  # a stem reads its input in NCHW
@@ -233,8 +253,9 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
 
     A conv is kept where it has a blocked neighbour (a blocked producer of what it reads blocked, a blocked
     reader of its output, or another blocked conv reading the same input, whose conversion they share): alone it
-    would pay a conversion each way for the packing it saves. A pool or a concat is kept only where everything it
-    reads comes blocked: they save no packing to pay a conversion with."""
+    would pay a conversion each way for the packing it saves. A pool is kept only where everything it reads comes
+    blocked: it saves no packing to pay a conversion with; a concat where its parts all come blocked, or some do
+    and blocking it converts fewer bytes (``_concat_pays``)."""
     forced = forced or {}
     if any(isinstance(d, str) for ds in graph.dims.values() for d in tuple(ds)[2:]):
         # a dynamic map size: the plan reads it, and every shape of the model must share its weights
@@ -253,8 +274,10 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
             n, k = by_name[name], kinds[name]
             reads = [n.inputs[i] for i in blocked_reads(n, k)]
             fed = [prod.get(i) is not None and prod[i].name in kept for i in reads]
-            if k in ("pool", "concat"):
+            if k == "pool":
                 ok = all(fed)
+            elif k == "concat":
+                ok = all(fed) or (any(fed) and _concat_pays(n, fed, graph, kinds, kept, cons, outs))
             elif paths[name] == "depthwise":
                 # a depthwise conv saves nothing blocked (native/dwconv.c is as fast): only where both sides
                 # are blocked, so that it spares the conversions (not before a squeeze-excitation's Mul)
