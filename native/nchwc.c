@@ -95,6 +95,21 @@ typedef struct {
         for (int b = 0; b < NB; ++b) act_inplace(yb + b * ys, PT * 16, act, p0, p1);                              \
     }
 
+/* One tap of a tile: CPB input channels at xc (pixel p's at xc + OFF, an expression of p), their weights at wc
+   (rows wst apart), into acc[PT][NB * 16 / VW] */
+#define NCHWC_TAP(VT, VW, PT, NB, CPB, OFF)                                                                        \
+    _Pragma("GCC unroll 4") for (int c = 0; c < CPB; ++c)                                                         \
+    {                                                                                                              \
+        VT wv[NB * (16 / VW)];                                                                                      \
+        _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                                          \
+            memcpy(&wv[v], wc + c * wst + v * VW, sizeof(VT));                                                      \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                     \
+        {                                                                                                          \
+            const VT xv = xc[(OFF) + c] - (VT){0};                                                                 \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v) acc[p][v] += xv * wv[v];             \
+        }                                                                                                          \
+    }
+
 /* One output row segment: np pixels (np <= PT, compile-time PT for the register tile) x nb blocks, taps
    kh in [kh0, kh1), kw in [kw0, kw1) (the caller clips both to the image), input pixel step ps floats. */
 #define NCHWC_TILE(NAME, ATTR, VT, VI, VW, PT, NB, CPB)                                                             \
@@ -110,17 +125,7 @@ typedef struct {
                 for (int kw = kw0; kw < kw1; ++kw) {                                                               \
                     const float* xc = xb + ci * xs + kh * rs + kw * CPB;                                           \
                     const float* wc = wg + (((long long)ci * KH + kh) * KW + kw) * CPB * wst;                      \
-                    _Pragma("GCC unroll 4") for (int c = 0; c < CPB; ++c) {                                       \
-                        VT wv[NB * (16 / VW)];                                                                      \
-                        _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                          \
-                            memcpy(&wv[v], wc + c * wst + v * VW, sizeof(VT));                                      \
-                        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                     \
-                        {                                                                                          \
-                            const VT xv = xc[p * ps + c] - (VT){0};                                                \
-                            _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                      \
-                                acc[p][v] += xv * wv[v];                                                           \
-                        }                                                                                          \
-                    }                                                                                              \
+                    NCHWC_TAP(VT, VW, PT, NB, CPB, p * ps);                                                        \
                 }                                                                                                  \
         NCHWC_STORE(VT, VI, VW, PT, NB, 0)                                                                           \
     }
@@ -169,17 +174,7 @@ typedef struct {
                 for (int kw = 0; kw < KW; ++kw) {                                                                  \
                     const float* xc = J->x + ci * xs + kh * rs + kw * 16;                                          \
                     const float* wc = wg + (((long long)ci * KH + kh) * KW + kw) * 16 * wst;                       \
-                    _Pragma("GCC unroll 4") for (int c = 0; c < 16; ++c) {                                        \
-                        VT wv[NB * (16 / VW)];                                                                      \
-                        _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                          \
-                            memcpy(&wv[v], wc + c * wst + v * VW, sizeof(VT));                                      \
-                        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                     \
-                        {                                                                                          \
-                            const VT xv = xc[o[p] + c] - (VT){0};                                                  \
-                            _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                      \
-                                acc[p][v] += xv * wv[v];                                                           \
-                        }                                                                                          \
-                    }                                                                                              \
+                    NCHWC_TAP(VT, VW, PT, NB, 16, o[p]);                                                           \
                 }                                                                                                  \
         NCHWC_STORE(VT, VI, VW, PT, NB, 0)                                                                           \
     }
@@ -582,10 +577,14 @@ static void sub_task(void* ctx, long long task)
     const subjob_t* S = ctx;
     const int b = (int)(task / S->OH), oh = (int)(task % S->OH), ih = oh * S->SH;
     float* d = S->xs + task * S->OW * 16;
+    if (ih >= S->H) { /* a row of the end padding */
+        memset(d, 0, sizeof(float) * 16 * S->OW);
+        return;
+    }
     const float* r = S->x + ((long long)b * S->H + ih) * S->W * 16;
     for (int ow = 0; ow < S->OW; ++ow) {
         const int iw = ow * S->SW;
-        if (ih < S->H && iw < S->W)
+        if (iw < S->W)
             memcpy(d + ow * 16, r + (long long)iw * 16, sizeof(float) * 16);
         else
             memset(d + ow * 16, 0, sizeof(float) * 16);
