@@ -143,17 +143,7 @@ typedef struct {
         const float* xc = xb + ci0 * xs;                                                                           \
         const float* wc = wg + (long long)ci0 * 16 * wst;                                                          \
         for (int ci = ci0; ci < ci1; ++ci, xc += xs, wc += 16 * wst)                                               \
-            _Pragma("GCC unroll 4") for (int c = 0; c < 16; ++c)                                                  \
-            {                                                                                                      \
-                VT wv[NB * (16 / VW)];                                                                              \
-                _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v)                                  \
-                    memcpy(&wv[v], wc + c * wst + v * VW, sizeof(VT));                                              \
-                _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                             \
-                {                                                                                                  \
-                    const VT xv = xc[p * 16 + c] - (VT){0};                                                        \
-                    _Pragma("GCC unroll 16") for (int v = 0; v < NB * (16 / VW); ++v) acc[p][v] += xv * wv[v];     \
-                }                                                                                                  \
-            }                                                                                                      \
+            NCHWC_TAP(VT, VW, PT, NB, 16, p * 16);                                                                 \
         NCHWC_STORE(VT, VI, VW, PT, NB, ACT)                                                                         \
     }
 
