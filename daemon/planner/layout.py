@@ -210,8 +210,7 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
                 converted_in.add((t, r))
                 v -= _convert_cost(graph.infos[t])
         out = n.outputs[0]
-        if out in outs or any(c.name not in kept or out not in [c.inputs[i] for i in blocked_reads(c, kinds[c.name])]
-                              for c in cons.get(out, [])):
+        if out in outs or not all(_reads_blocked(c, out, kinds, kept) for c in cons.get(out, [])):
             v -= _convert_cost(graph.infos[out])
         value[r] = value.get(r, 0.0) + v
     return {name for name in kept if value[find(name)] < 0}
@@ -227,13 +226,17 @@ def _concat_pays(node: Node, fed: list[bool], graph: Graph, kinds: Mapping[str, 
     size = {t: graph.infos[t].nbytes for t in node.inputs}
     out = node.outputs[0]
     readers = cons.get(out, [])
-    read_blocked = [c.name in kept and out in [c.inputs[i] for i in blocked_reads(c, kinds[c.name])]
-                    for c in readers]
+    read_blocked = [_reads_blocked(c, out, kinds, kept) for c in readers]
     out_bytes = graph.infos[out].nbytes
     blocked = sum(size[t] for t, f in zip(node.inputs, fed) if not f) + (
         out_bytes if out in outs or not all(read_blocked) else 0)
     nchw = sum(size[t] for t, f in zip(node.inputs, fed) if f) + (out_bytes if any(read_blocked) else 0)
     return blocked < nchw
+
+
+def _reads_blocked(node: Node, tensor: str, kinds: Mapping[str, str], kept: set[str]) -> bool:
+    """Whether ``node`` is kept blocked and reads ``tensor`` in the blocked layout."""
+    return node.name in kept and any(node.inputs[i] == tensor for i in blocked_reads(node, kinds[node.name]))
 
 
 def blocked_reads(node: Node, kind: str | None) -> list[int]:
@@ -282,12 +285,10 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
                 # a depthwise conv saves nothing blocked (native/dwconv.c is as fast): only where both sides
                 # are blocked, so that it spares the conversions (not before a squeeze-excitation's Mul)
                 ok = all(fed) and bool(cons.get(n.outputs[0])) and all(
-                    c.name in kept and any(c.inputs[i] == n.outputs[0] for i in blocked_reads(c, kinds[c.name]))
-                    for c in cons.get(n.outputs[0], [])) and n.outputs[0] not in outs
+                    _reads_blocked(c, n.outputs[0], kinds, kept) for c in cons.get(n.outputs[0], [])) \
+                    and n.outputs[0] not in outs
             else:
-                ok = any(fed) or any(c.name in kept and any(c.inputs[i] == n.outputs[0]
-                                                            for i in blocked_reads(c, kinds[c.name]))
-                                     for c in cons.get(n.outputs[0], [])) \
+                ok = any(fed) or any(_reads_blocked(c, n.outputs[0], kinds, kept) for c in cons.get(n.outputs[0], [])) \
                     or any(c.name != name and c.name in kept and kinds[c.name] == "conv"
                            and c.inputs[0] == t for t in reads for c in cons.get(t, []))
             if ok:
