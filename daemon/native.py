@@ -878,16 +878,17 @@ def nchwc_maxpool_bound(x: np.ndarray, y: np.ndarray, kh: int, kw: int, sh: int,
 
 
 def nchwc_reorder_bound(x: np.ndarray, y: np.ndarray, to_blocked: bool) -> Callable[[], None] | None:
-    """NCHW ``x`` (N, C, H, W) to blocked ``y`` (N, C/16, H, W, 16), or back (``to_blocked`` False), as one
-    native call; None where it does not apply."""
+    """NCHW ``x`` (N, C, H, W) to blocked ``y`` (N, ceil(C/16), H, W, 16), or back (``to_blocked`` False; ``y``'s
+    C then says how many channels come back), as one native call; None where it does not apply."""
     if not has("inferd_nchwc_reorder") or any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, y)):
         return None
-    if x.size != y.size or x.size % 16:
+    plain, blocked = (x, y) if to_blocked else (y, x)
+    if plain.ndim != 4 or blocked.ndim != 5 or blocked.shape[4] != 16:
         return None
-    b = x if to_blocked else y
-    hw = int(b.shape[2]) * int(b.shape[3])
-    blocks = x.size // (16 * hw)
-    fn, args = lib.inferd_nchwc_reorder, (_ptr(x), blocks, hw, _ptr(y), int(to_blocked))
+    n, c, h, w = (int(d) for d in plain.shape)
+    if blocked.shape[:4] != (n, -(-c // 16), h, w):
+        return None
+    fn, args = lib.inferd_nchwc_reorder, (_ptr(x), n, c, h * w, _ptr(y), int(to_blocked))
 
     def call(_keep: Any = (x, y)) -> None:
         if fn(*args) != 0:

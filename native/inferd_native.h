@@ -327,5 +327,6 @@ int inferd_nchwc_dwconv(const float* x, int blocks, int H, int W, const float* w
 /* MaxPool (dilation 1; taps in the padding skipped, a NaN wins) on blocked tensors. 0, or -1. */
 int inferd_nchwc_maxpool(const float* x, int blocks, int H, int W, int KH, int KW, int SH, int SW, int pad_top,
                          int pad_left, int OH, int OW, float* y);
-/* NCHW (blocks * 16 planes of hw floats) to blocked ([blocks][hw][16]) where to_blocked, else back. 0, or -1. */
-int inferd_nchwc_reorder(const float* x, long long blocks, long long hw, float* y, int to_blocked);
+/* n images of c planes of hw floats (NCHW) to blocked ([n][ceil(c / 16)][hw][16], the padding lanes of a last
+   partial block zero) where to_blocked, else back (the padding lanes dropped). 0, or -1. */
+int inferd_nchwc_reorder(const float* x, long long n, long long c, long long hw, float* y, int to_blocked);

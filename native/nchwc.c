@@ -968,33 +968,58 @@ typedef struct {
     int to;
     long long span; /* pixels per task */
     long long nspan;
+    long long c, cb; /* channels of an image, its blocks (the last one padded where c % 16) */
 } rjob_t;
 
 static void reorder_task(void* ctx, long long task)
 {
     const rjob_t* J = ctx;
     const t16_fn f = t16();
-    const long long cb = task / J->nspan, p0 = (task % J->nspan) * J->span;
+    const long long b = task / J->nspan, p0 = (task % J->nspan) * J->span;
     const long long p1 = p0 + J->span < J->hw ? p0 + J->span : J->hw;
-    const float* x = J->x + cb * 16 * J->hw;
-    float* y = J->y + cb * 16 * J->hw;
+    const long long img = b / J->cb, cbi = b % J->cb;
+    const int cn = J->c - cbi * 16 < 16 ? (int)(J->c - cbi * 16) : 16; /* channels in this block */
+    /* x[c][p] in NCHW is x[c * hw + p], blocked x[p * 16 + c] */
+    const float* x = J->x + (J->to ? (img * J->c + cbi * 16) * J->hw : b * 16 * J->hw);
+    float* y = J->y + (J->to ? b * 16 * J->hw : (img * J->c + cbi * 16) * J->hw);
     long long p = p0;
-    /* (both planes of the block are 16 * hw floats: x[c][p] in NCHW is x[c * hw + p], blocked x[p * 16 + c]) */
+    if (cn == 16) {
+        if (J->to) {
+            for (; p + 16 <= p1; p += 16) f(x + p, J->hw, y + p * 16, 16);
+            for (; p < p1; ++p)
+                for (int c = 0; c < 16; ++c) y[p * 16 + c] = x[c * J->hw + p];
+        } else {
+            for (; p + 16 <= p1; p += 16) f(x + p * 16, 16, y + p, J->hw);
+            for (; p < p1; ++p)
+                for (int c = 0; c < 16; ++c) y[c * J->hw + p] = x[p * 16 + c];
+        }
+        return;
+    }
+    /* a padded block: its cn planes through a 16 x 16 square whose missing rows are zero (the padding lanes) */
+    float sq[16 * 16];
     if (J->to) {
-        for (; p + 16 <= p1; p += 16) f(x + p, J->hw, y + p * 16, 16);
+        memset(sq + cn * 16, 0, sizeof(float) * 16 * (16 - cn));
+        for (; p + 16 <= p1; p += 16) {
+            for (int c = 0; c < cn; ++c) memcpy(sq + c * 16, x + c * J->hw + p, sizeof(float) * 16);
+            f(sq, 16, y + p * 16, 16);
+        }
         for (; p < p1; ++p)
-            for (int c = 0; c < 16; ++c) y[p * 16 + c] = x[c * J->hw + p];
+            for (int c = 0; c < 16; ++c) y[p * 16 + c] = c < cn ? x[c * J->hw + p] : 0.0f;
     } else {
-        for (; p + 16 <= p1; p += 16) f(x + p * 16, 16, y + p, J->hw);
+        for (; p + 16 <= p1; p += 16) {
+            f(x + p * 16, 16, sq, 16);
+            for (int c = 0; c < cn; ++c) memcpy(y + c * J->hw + p, sq + c * 16, sizeof(float) * 16);
+        }
         for (; p < p1; ++p)
-            for (int c = 0; c < 16; ++c) y[c * J->hw + p] = x[p * 16 + c];
+            for (int c = 0; c < cn; ++c) y[c * J->hw + p] = x[p * 16 + c];
     }
 }
 
-int inferd_nchwc_reorder(const float* x, long long blocks, long long hw, float* y, int to_blocked)
+int inferd_nchwc_reorder(const float* x, long long n, long long c, long long hw, float* y, int to_blocked)
 {
-    if (blocks < 1 || hw < 1) return -1;
-    rjob_t J = {x, y, hw, to_blocked, hw, 1};
+    if (n < 1 || c < 1 || hw < 1) return -1;
+    const long long cb = (c + 15) / 16, blocks = n * cb;
+    rjob_t J = {x, y, hw, to_blocked, hw, 1, c, cb};
     const int chunks = inferd_pool_chunks(blocks * ((hw + 255) / 256), (double)blocks * 16 * hw);
     if (chunks > blocks) {
         const long long per = (chunks + blocks - 1) / blocks;

@@ -15,7 +15,7 @@ from inferd import native
 from inferd.ir import Node
 from inferd.ops.base import run_layer, single_node_layer
 from inferd.ops.conv_nchwc import (CONV, FROM, MAXPOOL, TO, ConvNchwcKernel, MaxPoolNchwcKernel, ReorderNchwc,
-                                   _unpack_weights, from_blocked, pack_weights, to_blocked)
+                                   _unpack_weights, from_blocked, pack_weights, padded_nbytes, to_blocked)
 from inferd.planner.layout import SUFFIX, apply_layout, blocked_graph, plan_layout
 
 from native_harness import AARCH64_CC, AARCH64_FLAGS, FULL_OPT, QEMU, build_and_run, needs_aarch64
@@ -85,6 +85,12 @@ CONV_CASES = [
     (1, 32, 32, (5, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),  # 2 blocks: 12-wide tiles and 1 left
     (1, 48, 48, (13, 13), (1, 1), 1, [0, 0, 0, 0], 1, ("LeakyRelu", (0.1,)), False),  # 3 blocks, act after the store
     (1, 256, 16, (4, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Sigmoid", ()), True),  # a costly act after two passes
+    # channels not a multiple of 16: the last block padded (mobilenetv2's 24, efficientnet_b0's 40)
+    (1, 24, 144, (6, 21), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), False),  # padded input lanes
+    (1, 144, 24, (7, 9), (1, 1), 1, [0, 0, 0, 0], 1, None, True),  # padded output lanes, a padded residual
+    (1, 40, 24, (9, 9), (3, 3), 2, [1, 1, 1, 1], 1, ("Sigmoid", ()), False),  # both, an act not zero at zero
+    (1, 24, 24, (7, 37), (3, 3), 1, [1, 1, 1, 1], 24, ("Relu", ()), True),  # depthwise, padded
+    (1, 40, 40, (9, 8), (5, 5), 2, [2, 2, 2, 2], 40, None, False),
 ]
 
 
@@ -93,7 +99,8 @@ def _check_blocked_conv(node: Node, vals: list[np.ndarray | None], ref: np.ndarr
     k = ConvNchwcKernel()
     assert k.applies(layer)
     bound = run_layer(k, layer, vals, bound=True)[0]
-    np.testing.assert_allclose(from_blocked(bound), ref, rtol=1e-4, atol=1e-4)
+    assert bound.shape[1] == -(-ref.shape[1] // 16)
+    np.testing.assert_allclose(from_blocked(bound, ref.shape[1]), ref, rtol=1e-4, atol=1e-4)
     # the op's own oracle (unblock, Conv's oracle, block) agrees, and the kernel's fallback path is that oracle
     from inferd.ops.base import op_spec
 
@@ -114,6 +121,7 @@ STEM_CASES = [
     (2, 3, 32, (15, 16), (3, 3), 2, [1, 1, 1, 1], 1, ("Clip", (0.0, 6.0)), True),  # mobilenet's, two images
     (1, 1, 16, (9, 7), (5, 5), 1, [2, 2, 2, 2], 1, None, False),
     (1, 4, 80, (17, 19), (3, 3), 1, [0, 1, 0, 1], 1, ("LeakyRelu", (0.1,)), True),  # 4 + 1 blocks, uneven pads
+    (1, 3, 24, (15, 16), (3, 3), 2, [1, 1, 1, 1], 1, ("Clip", (0.0, 6.0)), False),  # a padded output block
 ]
 
 
@@ -126,23 +134,52 @@ def test_a_stem_reads_nchw_and_writes_blocked(case: tuple, threads: int) -> None
 def test_weights_pack_and_unpack_round_trip() -> None:
     rng = np.random.default_rng(0)
     for shape, dw, nchw in (((80, 32, 3, 3), False, False), ((16, 48, 1, 1), False, False),
-                            ((48, 1, 5, 5), True, False), ((80, 3, 7, 7), False, True)):
+                            ((48, 1, 5, 5), True, False), ((80, 3, 7, 7), False, True),
+                            ((24, 40, 3, 3), False, False), ((40, 1, 3, 3), True, False), ((24, 3, 3, 3), False, True)):
         w = rng.standard_normal(shape).astype(np.float32)
         p = pack_weights(w, dw, nchw)
-        assert p.size == w.size and p.ctypes.data % 64 == 0
+        assert p.size * 4 == padded_nbytes(shape, dw, nchw) >= w.size * 4 and p.ctypes.data % 64 == 0
         np.testing.assert_array_equal(_unpack_weights(p, shape, dw, nchw), w)
+        # the padding lanes' weights are zero: all of the packed weights' sum is the raw ones'
+        assert np.isclose(p.sum(dtype=np.float64), w.sum(dtype=np.float64))
 
 
 @needs_native
-@pytest.mark.parametrize("shape", [(1, 32, 9, 7), (2, 16, 4, 4), (1, 64, 56, 56), (1, 16, 1, 1)])
+@pytest.mark.parametrize("shape", [(1, 32, 9, 7), (2, 16, 4, 4), (1, 64, 56, 56), (1, 16, 1, 1), (1, 24, 9, 7),
+                                   (2, 40, 5, 7), (1, 3, 4, 4), (2, 100, 17, 3)])
 def test_layout_conversions_round_trip(shape: tuple[int, ...], threads: int) -> None:
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     k = ReorderNchwc()
     to = single_node_layer(TO, [x], {}, const=[False])
     b = run_layer(k, to, [x], bound=True)[0]
-    np.testing.assert_array_equal(b, to_blocked(x))
-    back = single_node_layer(FROM, [b], {}, const=[False])
+    np.testing.assert_array_equal(b, to_blocked(x))  # (the padding lanes of a last partial block zero)
+    back = single_node_layer(FROM, [b], {"channels": shape[1]}, const=[False])
+    assert back.outputs[0].shape == shape
     np.testing.assert_array_equal(run_layer(k, back, [b], bound=True)[0], x)
+
+
+@needs_native
+def test_padding_lanes_of_no_meaning_do_not_reach_the_next_conv(threads: int) -> None:
+    # a conv whose activation is not zero at zero (sigmoid) leaves 0.5 in its padding lanes; the next conv reads
+    # them with zero weights, so what comes out is the plain convs' result
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 40, 9, 9)).astype(np.float32)
+    w1 = (rng.standard_normal((24, 40, 3, 3)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_normal((32, 24, 1, 1)) * 0.2).astype(np.float32)
+    a1 = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "act": ("Sigmoid", ())}
+    k = ConvNchwcKernel()
+    l1 = single_node_layer(CONV, [to_blocked(x), w1], a1, const=[False, True])
+    y1 = run_layer(k, l1, [to_blocked(x), w1], bound=True)[0]
+    assert y1.shape == (1, 2, 9, 9, 16) and np.allclose(y1[:, 1, :, :, 8:], 0.5)
+    l2 = single_node_layer(CONV, [y1, w2], {"kernel_shape": [1, 1]}, const=[False, True])
+    y2 = from_blocked(run_layer(k, l2, [y1, w2], bound=True)[0])
+    from inferd.ops.base import op_spec
+
+    conv = op_spec("Conv")
+    assert conv is not None
+    p1 = conv.reference(Node("a", "Conv", ["x", "w"], ["y"], a1), [x, w1])[0]
+    want = conv.reference(Node("b", "Conv", ["x", "w"], ["y"], {"kernel_shape": [1, 1]}), [p1, w2])[0]
+    np.testing.assert_allclose(y2, want, rtol=1e-4, atol=1e-5)
 
 
 @needs_native
@@ -215,11 +252,16 @@ def test_zoo_models_run_blocked_and_match_onnxruntime(name: str, tmp_path: Path)
         # the fire modules: every conv but the stem and the classifier, the concats and the pools between them
         assert CONV in ops and MAXPOOL in ops and len(plan.blocked) >= 30
         assert sum(n.op == TO for n in g2.nodes) == 0 and sum(n.op == FROM for n in g2.nodes) == 1
-    if name in ("squeezenet1_1", "resnet18"):
-        # the stem reads the image as it comes and writes blocked: no conversion into the first region (not in
-        # mobilenetv2, whose first blocked region would end in a conversion before the 24-channel stage)
+    if name in ("squeezenet1_1", "resnet18", "mobilenetv2"):
+        # the stem reads the image as it comes and writes blocked: no conversion into the first region
         stem = next(n.name for n in graph.nodes if n.op == "Conv")
         assert dict(zip(plan.blocked, plan.kinds)).get(stem) == "stem", plan.kinds[:3]
+    if name == "mobilenetv2":
+        # the 24-channel stage runs blocked in padded blocks, so the first region reaches the 28x28 stage: blocked
+        # from the stem to the 7x7 maps, one conversion out
+        for conv in ("/features/2/conv/2/Conv", "/features/3/conv/0/0/Conv", "/features/3/conv/2/Conv"):
+            assert conv in plan.blocked, conv
+        assert sum(n.op == TO for n in g2.nodes) == 0 and sum(n.op == FROM for n in g2.nodes) == 1
     if name == "resnet18":
         # each stage's first block: the strided 3x3 and the strided 1x1 downsampling beside it, one region reading
         # the input converted once (the 1x1 reads its pixels in place where the NCHW path copies them out), down
@@ -308,18 +350,20 @@ static void check(const char* what, const float* got_b, const float* ref, int C,
         }
 }
 
+/* C and CO need not be multiples of 16: the last blocks padded (zero input lanes, zero weights and bias) */
 static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
 {
     unsigned s = 12345u + C * 7 + K;
     int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
+    int Cp = (C + 15) / 16 * 16, COp = (CO + 15) / 16 * 16;
     float* x = malloc(sizeof(float) * C * H * W);
-    float* xb = malloc(sizeof(float) * C * H * W);
+    float* xb = calloc((size_t)Cp * H * W, sizeof(float));
     int wn = dw ? CO * K * K : CO * C * K * K;
     float* w = malloc(sizeof(float) * wn);
-    float* wp = malloc(sizeof(float) * wn);
-    float* b = malloc(sizeof(float) * CO);
+    float* wp = calloc((size_t)(dw ? COp * K * K : COp * Cp * K * K), sizeof(float));
+    float* b = calloc((size_t)COp, sizeof(float));
     float* ref = malloc(sizeof(float) * CO * OH * OW);
-    float* y = malloc(sizeof(float) * CO * OH * OW);
+    float* y = malloc(sizeof(float) * COp * OH * OW);
     for (int i = 0; i < C * H * W; ++i) x[i] = frand(&s);
     for (int i = 0; i < wn; ++i) w[i] = frand(&s) * 0.2f;
     for (int i = 0; i < CO; ++i) b[i] = frand(&s);
@@ -330,27 +374,29 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
     } else {
         /* groups of up to 4 output blocks: [cin block][kh][kw][16 ci][nbg * 16 co] */
         int at = 0;
-        for (int b0 = 0; b0 < CO / 16; b0 += 4) {
-            int nbg = CO / 16 - b0 < 4 ? CO / 16 - b0 : 4;
-            for (int cb = 0; cb < C / 16; ++cb)
+        for (int b0 = 0; b0 < COp / 16; b0 += 4) {
+            int nbg = COp / 16 - b0 < 4 ? COp / 16 - b0 : 4;
+            for (int cb = 0; cb < Cp / 16; ++cb)
                 for (int k = 0; k < K * K; ++k)
                     for (int ci = 0; ci < 16; ++ci)
-                        for (int o = 0; o < nbg * 16; ++o)
-                            wp[at++] = w[((b0 * 16 + o) * C + cb * 16 + ci) * K * K + k];
+                        for (int o = 0; o < nbg * 16; ++o, ++at) {
+                            int oc = b0 * 16 + o, ic = cb * 16 + ci;
+                            if (oc < CO && ic < C) wp[at] = w[(oc * C + ic) * K * K + k];
+                        }
         }
     }
     ref_conv(x, C, H, W, w, CO, K, S, P, dw, b, ref, OH, OW);
-    int rc = dw ? inferd_nchwc_dwconv(xb, C / 16, H, W, wp, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0)
-                : inferd_nchwc_conv(xb, C / 16, H, W, wp, CO / 16, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0);
+    int rc = dw ? inferd_nchwc_dwconv(xb, Cp / 16, H, W, wp, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0)
+                : inferd_nchwc_conv(xb, Cp / 16, H, W, wp, COp / 16, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0);
     if (rc != 0) { printf("FAIL rc\n"); fails++; }
     check(dw ? "dwconv" : "conv", y, ref, CO, OH * OW, 1e-4f);
-    /* the conversions round trip */
+    /* the conversions round trip, the padding lanes zero */
     float* back = malloc(sizeof(float) * C * H * W);
-    float* xb2 = malloc(sizeof(float) * C * H * W);
-    inferd_nchwc_reorder(x, C / 16, H * W, xb2, 1);
-    inferd_nchwc_reorder(xb2, C / 16, H * W, back, 0);
-    for (int i = 0; i < C * H * W; ++i)
-        if (xb2[i] != xb[i] || back[i] != x[i]) { printf("FAIL reorder %d\n", i); fails++; break; }
+    float* xb2 = malloc(sizeof(float) * Cp * H * W);
+    inferd_nchwc_reorder(x, 1, C, H * W, xb2, 1);
+    inferd_nchwc_reorder(xb2, 1, C, H * W, back, 0);
+    for (int i = 0; i < Cp * H * W; ++i)
+        if (xb2[i] != xb[i] || (i < C * H * W && back[i] != x[i])) { printf("FAIL reorder %d\n", i); fails++; break; }
     free(x); free(xb); free(w); free(wp); free(b); free(ref); free(y); free(back); free(xb2);
 }
 
@@ -399,6 +445,9 @@ int main(void)
         conv_case(48, 64, 7, 7, 7, 2, 3, 0);
         conv_case(32, 32, 12, 12, 3, 1, 1, 1);
         conv_case(48, 48, 15, 14, 5, 2, 2, 1);
+        conv_case(24, 144, 6, 21, 1, 1, 0, 0); /* padded blocks: mobilenetv2's 24-channel stage */
+        conv_case(40, 24, 9, 9, 3, 2, 1, 0);
+        conv_case(24, 24, 7, 37, 3, 1, 1, 1);  /* a padded depthwise conv; a reorder of 37 x 7 pixels */
         stem_case(3, 64, 29, 31, 7, 2, 3); /* resnet's stem on a small image: 4 blocks, a row's end pixel by pixel */
         stem_case(3, 80, 13, 12, 3, 1, 1); /* 4 + 1 blocks */
     }

@@ -1,7 +1,11 @@
 """Channel-blocked convolution on the CPU: the ``inferd.ConvNchwc`` op and the two reorders around it.
 
-A blocked tensor is (N, C/16, H, W, 16): the 16 channels of a pixel side by side, the layout onnxruntime's
-NCHWc kernels use. A conv in it packs nothing at run time (a GEMM over NCHW planes packs its input per call, a
+A blocked tensor is (N, ceil(C/16), H, W, 16): the 16 channels of a pixel side by side, the layout
+onnxruntime's NCHWc kernels use. Where C is not a multiple of 16 the last block is padded; its padding lanes hold
+finite values of no meaning (zeros from a conversion, the activation of zero from a conv), which every blocked conv
+reads with zero weights and the conversion back drops, so a 24- or 40-channel stage (mobilenetv2, efficientnet_b0)
+runs blocked at the cost of the padded lanes' work, where AVX2's 8-float vectors would otherwise split the
+16-channel tiles. A conv in it packs nothing at run time (a GEMM over NCHW planes packs its input per call, a
 quarter of a 1x1 conv's time on 56x56 planes) and reads each tap's pixels as unit-stride scalars
 (native/nchwc.c). The CPU backend's layout plan (:mod:`inferd.planner.layout`) rewrites runs of convs into
 these ops; nothing else ever reads a blocked tensor, so the graph's other ops, its inputs and outputs stay NCHW.
@@ -12,7 +16,6 @@ attributes otherwise. Its oracle unblocks, runs Conv's oracle and blocks the res
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -34,16 +37,24 @@ FROM = "inferd.FromNchwc"
 MAXPOOL = "inferd.MaxPoolNchwc"
 
 
+def blocks(c: int) -> int:
+    """Blocks of 16 that hold ``c`` channels (the last one padded)."""
+    return -(-int(c) // BLOCK)
+
+
 def to_blocked(x: np.ndarray) -> np.ndarray:
-    """(N, C, H, W) -> (N, C/16, H, W, 16)."""
+    """(N, C, H, W) -> (N, ceil(C/16), H, W, 16), padding lanes zero."""
     n, c, h, w = x.shape
-    return np.ascontiguousarray(x.reshape(n, c // BLOCK, BLOCK, h, w).transpose(0, 1, 3, 4, 2))
+    if c % BLOCK:
+        x = np.concatenate([x, np.zeros((n, blocks(c) * BLOCK - c, h, w), x.dtype)], axis=1)
+    return np.ascontiguousarray(x.reshape(n, blocks(c), BLOCK, h, w).transpose(0, 1, 3, 4, 2))
 
 
-def from_blocked(x: np.ndarray) -> np.ndarray:
-    """(N, C/16, H, W, 16) -> (N, C, H, W)."""
+def from_blocked(x: np.ndarray, channels: int | None = None) -> np.ndarray:
+    """(N, ceil(C/16), H, W, 16) -> (N, C, H, W): the first ``channels`` (default: every lane)."""
     n, cb, h, w, _ = x.shape
-    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * BLOCK, h, w))
+    c = cb * BLOCK if channels is None else int(channels)
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * BLOCK, h, w)[:, :c])
 
 
 def depthwise(node: Node, w_shape: Sequence[int]) -> bool:
@@ -55,7 +66,9 @@ def depthwise(node: Node, w_shape: Sequence[int]) -> bool:
 def pack_weights(w: np.ndarray, dw: bool = False, nchw_input: bool = False) -> np.ndarray:
     """Conv weights (Cout, Cin, kh, kw) in native/nchwc.c's order: groups of up to 4 output blocks, each
     [cin block][kh][kw][16 input channels][its blocks x 16 output channels] (``nchw_input``: blocks of one input
-    channel, [cin][kh][kw][its blocks x 16]); depthwise (``dw``, (C, 1, kh, kw)): [block][kh][kw][16 channels]."""
+    channel, [cin][kh][kw][its blocks x 16]); depthwise (``dw``, (C, 1, kh, kw)): [block][kh][kw][16 channels].
+    Channel counts short of a block are padded with zero weights (the padding lanes of a blocked tensor)."""
+    w = _padded(w, dw, nchw_input)
     co, ci, kh, kw = w.shape
     cpb = 1 if nchw_input else BLOCK
     if dw:
@@ -72,9 +85,39 @@ def pack_weights(w: np.ndarray, dw: bool = False, nchw_input: bool = False) -> n
     return out
 
 
+def _padded(w: np.ndarray, dw: bool, nchw_input: bool) -> np.ndarray:
+    """Conv weights with Cout (and the input channels a blocked input holds) padded with zeros to whole blocks."""
+    co, ci, kh, kw = w.shape
+    cop, cip = blocks(co) * BLOCK, (ci if dw or nchw_input else blocks(ci) * BLOCK)
+    if (cop, cip) == (co, ci):
+        return w
+    out = np.zeros((cop, cip, kh, kw), F32)
+    out[:co, :ci] = w
+    return out
+
+
+def padded_nbytes(w_shape: Sequence[int], dw: bool, nchw_input: bool) -> int:
+    """Bytes of ``pack_weights``'s result for raw weights of ``w_shape``."""
+    co, ci, kh, kw = (int(d) for d in w_shape)
+    return 4 * blocks(co) * BLOCK * (ci if dw or nchw_input else blocks(ci) * BLOCK) * kh * kw
+
+
 def _unblocked(shape: Sequence[int]) -> tuple[int, ...]:
     n, cb, h, w, b = shape
     return (n, cb * b, h, w)
+
+
+def _logical(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> tuple[int, ...]:
+    """The NCHW shape a blocked conv's input stands for: its channels are those the weights read (a blocked
+    input's last block may be padded); an NCHW input (a stem's) as it is."""
+    if _nchw_input(x_shape):
+        return tuple(x_shape)
+    n, cb, h, w, _ = x_shape
+    c = int(w_shape[1]) * int(node.attrs.get("group", 1))
+    if blocks(c) != cb:
+        raise ShapeError(f"{node.op} {node.name!r}: a blocked input of {cb} blocks for weights {list(w_shape)} "
+                         f"(group {node.attrs.get('group', 1)}) reading {c} channels")
+    return (n, c, h, w)
 
 
 def _check_blocked(node: Node, info: TensorInfo | None) -> tuple[int, ...]:
@@ -86,17 +129,24 @@ def _check_blocked(node: Node, info: TensorInfo | None) -> tuple[int, ...]:
 
 def _infer_to(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
     x = ins[0]
-    if x is None or len(x.shape) != 4 or x.shape[1] % BLOCK:
-        raise ShapeError(f"{node.op} {node.name!r}: expected (N, C, H, W) with C a multiple of {BLOCK}, got "
-                         f"{None if x is None else list(x.shape)}")
+    if x is None or len(x.shape) != 4:
+        raise ShapeError(f"{node.op} {node.name!r}: expected (N, C, H, W), got {None if x is None else list(x.shape)}")
     n, c, h, w = x.shape
-    return [((n, c // BLOCK, h, w, BLOCK), x.dtype)]
+    return [((n, blocks(c), h, w, BLOCK), x.dtype)]
+
+
+def from_channels(node: Node, blocked_shape: Sequence[int]) -> int:
+    """The channels an ``inferd.FromNchwc`` gives back (``attrs["channels"]``; every lane where absent)."""
+    c = int(node.attrs.get("channels", int(blocked_shape[1]) * BLOCK))
+    if blocks(c) != int(blocked_shape[1]):
+        raise ShapeError(f"{node.op} {node.name!r}: {c} channels from {blocked_shape[1]} blocks")
+    return c
 
 
 def _infer_from(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
     s = _check_blocked(node, ins[0])
     assert ins[0] is not None
-    return [(_unblocked(s), ins[0].dtype)]
+    return [((s[0], from_channels(node, s), s[2], s[3]), ins[0].dtype)]
 
 
 def _nchw_input(shape: Sequence[int]) -> bool:
@@ -105,13 +155,12 @@ def _nchw_input(shape: Sequence[int]) -> bool:
 
 
 def _infer_conv(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
-    x = ins[0]
-    s = x.shape if x is not None and _nchw_input(x.shape) else _unblocked(_check_blocked(node, x))
-    w = ins[1]
-    if w is None or len(w.shape) != 4 or w.shape[0] % BLOCK:
-        raise ShapeError(f"{node.op} {node.name!r}: expected 2-D conv weights with Cout a multiple of {BLOCK}")
-    geo = conv_geom(node, s, w.shape)
-    return [((geo.n, geo.cout // BLOCK) + geo.out_sp + (BLOCK,), ins[0].dtype if ins[0] else F32)]
+    x, w = ins[0], ins[1]
+    if w is None or len(w.shape) != 4:
+        raise ShapeError(f"{node.op} {node.name!r}: expected 2-D conv weights (Cout, Cin, kh, kw)")
+    s = x.shape if x is not None and _nchw_input(x.shape) else _check_blocked(node, x)
+    geo = conv_geom(node, _logical(node, s, w.shape), w.shape)
+    return [((geo.n, blocks(geo.cout)) + geo.out_sp + (BLOCK,), ins[0].dtype if ins[0] else F32)]
 
 
 def _ref_conv(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
@@ -119,11 +168,12 @@ def _ref_conv(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     assert conv is not None
     _, ri = io_positions(node)
     vals = list(inputs)
-    assert vals[0] is not None
+    assert vals[0] is not None and vals[1] is not None
+    w_shape = np.shape(vals[1])
     if not _nchw_input(vals[0].shape):
-        vals[0] = from_blocked(vals[0])
+        vals[0] = from_blocked(vals[0], _logical(node, vals[0].shape, w_shape)[1])
     if ri is not None and vals[ri] is not None:
-        vals[ri] = from_blocked(np.asarray(vals[ri]))
+        vals[ri] = from_blocked(np.asarray(vals[ri]), int(w_shape[0]))
     plain = Node(node.name, "Conv", list(node.inputs), list(node.outputs), dict(node.attrs))
     return [to_blocked(conv.reference(plain, vals)[0])]
 
@@ -143,7 +193,7 @@ def _ref_pool(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 
 register_op(OpSpec(TO, _infer_to, lambda node, v: [to_blocked(v[0])],
                    notes="inferd's own: NCHW to channel-blocked (the CPU's layout plan inserts it)"))
-register_op(OpSpec(FROM, _infer_from, lambda node, v: [from_blocked(v[0])],
+register_op(OpSpec(FROM, _infer_from, lambda node, v: [from_blocked(v[0], from_channels(node, v[0].shape))],
                    notes="inferd's own: channel-blocked to NCHW (the CPU's layout plan inserts it)"))
 register_op(OpSpec(CONV, _infer_conv, _ref_conv,
                    notes="inferd's own: Conv on channel-blocked tensors (the CPU's layout plan inserts it)"))
@@ -189,7 +239,7 @@ class ReorderNchwc(_NativeOrOracle):
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         x = inputs[0]
         assert x is not None
-        return to_blocked(x) if layer.op == TO else from_blocked(x)
+        return to_blocked(x) if layer.op == TO else from_blocked(x, from_channels(layer.node, x.shape))
 
 
 @register_kernel
@@ -213,12 +263,16 @@ class ConvNchwcKernel(_NativeOrOracle):
                                  _nchw_input(layer.in_shape(0)))}
         bi, _ = io_positions(layer.node)
         if bi is not None and raw_key(bi) in raw:
-            out["b"] = np.ascontiguousarray(raw[raw_key(bi)], dtype=F32)
+            b = np.asarray(raw[raw_key(bi)], dtype=F32)
+            out["b"] = np.zeros(blocks(b.size) * BLOCK, F32)  # (zero on the padding lanes)
+            out["b"][:b.size] = b
         return out
 
     def transformed_nbytes(self, layer: Layer) -> int:
-        bi, _ = io_positions(layer.node)  # (the packed weights hold exactly the raw ones, reordered)
-        return 4 * (math.prod(layer.in_shape(1)) + (layer.in_shape(bi)[0] if bi is not None else 0))
+        bi, _ = io_positions(layer.node)  # (the raw weights reordered, with the padding of a partial block)
+        w = layer.in_shape(1)
+        return padded_nbytes(w, depthwise(layer.node, w), _nchw_input(layer.in_shape(0))) + (
+            4 * blocks(layer.in_shape(bi)[0]) * BLOCK if bi is not None else 0)
 
     def _args(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
               outputs: Sequence[np.ndarray]) -> tuple | None:
@@ -228,7 +282,7 @@ class ConvNchwcKernel(_NativeOrOracle):
         res = inputs[ri] if ri is not None else None
         if code < 0 or x is None or (bi is not None and "b" not in params) or (ri is not None and res is None):
             return None
-        geo = conv_geom(layer.node, x.shape if _nchw_input(x.shape) else _unblocked(x.shape), layer.in_shape(1))
+        geo = conv_geom(layer.node, _logical(layer.node, x.shape, layer.in_shape(1)), layer.in_shape(1))
         g2 = geo.as2d()
         dw = depthwise(layer.node, layer.in_shape(1))
         if g2 is None or g2.dh != 1 or g2.dw != 1 or (g2.group != 1 and not dw) or g2.pt >= g2.kh or g2.pl >= g2.kw:
@@ -250,7 +304,7 @@ class ConvNchwcKernel(_NativeOrOracle):
                                   _nchw_input(layer.in_shape(0)))
         bi, _ = io_positions(layer.node)
         if bi is not None:
-            vals[bi] = params.get("b")
+            vals[bi] = params["b"][:layer.in_shape(1)[0]] if "b" in params else None
         return _ref_conv(layer.node, vals)[0]
 
 
@@ -259,10 +313,13 @@ def _f32(layer: Layer) -> bool:
 
 
 def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False, nchw_input: bool = False) -> np.ndarray:
-    co, ci, kh, kw = (int(d) for d in shape)
+    co0, ci0 = int(shape[0]), int(shape[1])
+    co, ci, kh, kw = (blocks(co0) * BLOCK, ci0 if dw or nchw_input else blocks(ci0) * BLOCK, int(shape[2]),
+                      int(shape[3]))
     cpb = 1 if nchw_input else BLOCK
     if dw:
-        return np.ascontiguousarray(wp.reshape(co // BLOCK, kh, kw, BLOCK).transpose(0, 3, 1, 2).reshape(shape))
+        full = wp.reshape(co // BLOCK, kh, kw, BLOCK).transpose(0, 3, 1, 2).reshape(co, kh, kw)
+        return np.ascontiguousarray(full[:co0, None])
     out = np.empty((co, ci, kh, kw), F32)
     at = 0
     for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
@@ -271,7 +328,7 @@ def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False, nchw
         g = wp[at:at + n].reshape(ci // cpb, kh, kw, cpb, nb * BLOCK)
         out[b0 * BLOCK:(b0 + nb) * BLOCK] = g.transpose(4, 0, 3, 1, 2).reshape(nb * BLOCK, ci, kh, kw)
         at += n
-    return out
+    return np.ascontiguousarray(out[:co0, :ci0])
 
 
 @register_kernel

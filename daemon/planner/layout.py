@@ -1,13 +1,14 @@
 """The CPU backend's layout plan: which nodes run on channel-blocked tensors (pure functions over a graph).
 
 A conv over NCHW planes is a GEMM whose input is packed per call (a quarter of a 1x1 conv's time on 56x56
-planes), or a direct conv reading strided rows; in the blocked layout (N, C/16, H, W, 16) nothing is packed
+planes), or a direct conv reading strided rows; in the blocked layout (N, ceil(C/16), H, W, 16) nothing is packed
 (:mod:`inferd.ops.conv_nchwc`). A conversion costs about what one packing does, so blocking pays only over a
 run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s with fewer than
 ``POINTWISE_MAX_WEIGHTS`` weights, strided ones on any map and the others on maps of ``POINTWISE_MIN_PIXELS`` and
 more; strided k x k convs; k x k convs of up to ``DIRECT_MAX_CIN`` input channels unless Winograd would run them
 with more output channels; depthwise convs between blocked neighbours; stems, convs of fewer than 16 input
-channels that read them in NCHW), the max pools whose inputs all come blocked and the channel concats whose inputs
+channels that read them in NCHW; channel counts short of whole blocks where the padding adds at most ``MAX_PAD``
+of work, the saving counted net of it), the max pools whose inputs all come blocked and the channel concats whose inputs
 do (or some do, where blocking converts fewer bytes); it keeps a conv only next to another blocked node, and a
 connected region only where the conv time it is expected to save (``SAVING``) exceeds its conversions.
 ``apply_layout`` rewrites the kept nodes (``inferd.ConvNchwc``, ``inferd.MaxPoolNchwc``, a Concat on the blocked
@@ -35,7 +36,7 @@ import numpy as np
 
 from ..ir import Graph, Node, TensorInfo
 from ..native import NATIVE_ACTS
-from ..ops.conv_nchwc import BLOCK, CONV, FROM, MAXPOOL, TO, depthwise
+from ..ops.conv_nchwc import BLOCK, CONV, FROM, MAXPOOL, TO, blocks, depthwise
 from ..ops.conv import conv_geom, preferred_3x3_kernel
 from ..ops.pool import pool_geometry
 
@@ -53,6 +54,9 @@ SUFFIX = "::nchwc"
 #: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
 #: saves nothing to speak of.
 SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30}
+#: Most work a conv may do on the padding lanes of its blocks, as a factor of its own (channels not a multiple of
+#: 16: 24 of mobilenetv2's second stage 1.33, 40 of efficientnet_b0's third 1.2; 8 would be 2); the saving counts it
+MAX_PAD = 1.5
 #: Rate of a conv's work in the NCHW path (FLOP/s) and of a layout conversion (bytes read and written per s):
 #: they turn savings and conversions into one unit (only their ratio matters)
 CONV_RATE = 100e9
@@ -86,7 +90,7 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     group = int(node.attrs.get("group", 1))
     # a stem: an image's few channels read as they are (NCHW), its output blocked
     stem = not dw and group == 1 and cin < BLOCK
-    if cout % BLOCK or (cin % BLOCK and not dw and not stem) or (group != 1 and not dw):
+    if (group != 1 and not dw) or _pad_factor(node, (cout, cin), stem) > MAX_PAD:
         return None
     if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return None
@@ -122,11 +126,22 @@ def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) ->
     return g is not None and preferred_3x3_kernel(g).startswith("winograd")
 
 
+def _pad_factor(node: Node, w_shape: tuple[int, ...], stem: bool) -> float:
+    """The blocked kernel's work over the conv's own: its output channels and (but for a stem's or a depthwise
+    conv's) its input channels padded to whole blocks."""
+    cout, cin = int(w_shape[0]), int(w_shape[1])
+    f = blocks(cout) * BLOCK / cout
+    return f if stem or depthwise(node, w_shape) else f * blocks(cin) * BLOCK / cin
+
+
 def _saving(node: Node, graph: Graph, path: str) -> float:
-    """Seconds the blocked kernel is expected to save on conv ``node`` against the NCHW ``path``."""
-    _cout, cin_g, kh, kw = graph.infos[node.inputs[1]].shape
+    """Seconds the blocked kernel is expected to save on conv ``node`` against the NCHW ``path``: its saving on
+    the conv's own work, less the work on padding lanes (negative where that outweighs it)."""
+    w = graph.infos[node.inputs[1]].shape
+    _cout, cin_g, kh, kw = w
     y = graph.infos[node.outputs[0]].shape  # (N, Cout, OH, OW): a multiply-add per output and tap
-    return SAVING.get(path, 0.0) * 2.0 * cin_g * kh * kw * math.prod(y) / CONV_RATE
+    blocked = (1.0 - SAVING.get(path, 0.0)) * _pad_factor(node, tuple(w), path == "stem")
+    return (1.0 - blocked) * 2.0 * cin_g * kh * kw * math.prod(y) / CONV_RATE
 
 
 def _convert_cost(info: TensorInfo) -> float:
@@ -139,7 +154,7 @@ def _pool_ok(node: Node, graph: Graph, forced: Mapping[str, str]) -> bool:
     if node.attrs.get("act") is not None or any(int(d) != 1 for d in node.attrs.get("dilations", (1, 1))):
         return False
     x = graph.infos.get(node.inputs[0])
-    if x is None or len(x.shape) != 4 or x.shape[1] % BLOCK:
+    if x is None or len(x.shape) != 4:
         return False
     try:
         g = pool_geometry(node, x.shape)
@@ -317,7 +332,7 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
         t = graph.infos[name]
         n, c, h, w = t.shape
         bn = name + SUFFIX
-        infos[bn] = TensorInfo(bn, (n, c // BLOCK, h, w, BLOCK), t.dtype)
+        infos[bn] = TensorInfo(bn, (n, blocks(c), h, w, BLOCK), t.dtype)
         return bn
 
     # tensors blocked nodes write, and those of them something reads in NCHW (or the graph gives out)
@@ -347,7 +362,8 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
         attrs = {**n.attrs, "axis": 1} if kind == "concat" else dict(n.attrs)
         nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=attrs))
         if out in nchw_readers:
-            nodes.append(Node(f"{out}{SUFFIX}#from", FROM, [out + SUFFIX], [out], {}))
+            nodes.append(Node(f"{out}{SUFFIX}#from", FROM, [out + SUFFIX], [out],
+                              {"channels": int(graph.infos[out].shape[1])}))
     return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, infos, graph.opset,
                  dict(graph.dims), set(graph.runtime_shaped))
 
