@@ -896,6 +896,43 @@ def nchwc_reorder_bound(x: np.ndarray, y: np.ndarray, to_blocked: bool) -> Calla
     return call
 
 
+def nchwc_gap_bound(x: np.ndarray, y: np.ndarray) -> Callable[[], None] | None:
+    """The global average pool of blocked ``x`` (N, ceil(C/16), H, W, 16) into ``y`` (N, C, 1, 1); None where it
+    does not apply."""
+    if not has("inferd_nchwc_gap") or any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, y)):
+        return None
+    if x.ndim != 5 or x.shape[4] != 16 or y.ndim != 4 or y.shape[0] != x.shape[0] or y.shape[2:] != (1, 1):
+        return None
+    n, c = int(y.shape[0]), int(y.shape[1])
+    if -(-c // 16) != x.shape[1]:
+        return None
+    fn, args = lib.inferd_nchwc_gap, (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(y))
+
+    def call(_keep: Any = (x, y)) -> None:
+        if fn(*args) != 0:
+            raise ValueError("nchwc_gap: bad arguments")
+    return call
+
+
+def nchwc_scale_bound(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> Callable[[], None] | None:
+    """Blocked ``x`` (N, ceil(C/16), H, W, 16) times a scale per channel ``s`` (N or 1, C, 1, 1) into ``y`` (x's
+    shape); None where it does not apply."""
+    if not has("inferd_nchwc_scale") or any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, s, y)):
+        return None
+    if x.ndim != 5 or x.shape[4] != 16 or y.shape != x.shape or s.ndim != 4 or s.shape[2:] != (1, 1):
+        return None
+    n, c = int(x.shape[0]), int(s.shape[1])
+    if -(-c // 16) != x.shape[1] or s.shape[0] not in (1, n):
+        return None
+    stride = 0 if s.shape[0] == 1 else c
+    fn, args = lib.inferd_nchwc_scale, (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride, _ptr(y))
+
+    def call(_keep: Any = (x, s, y)) -> None:
+        if fn(*args) != 0:
+            raise ValueError("nchwc_scale: bad arguments")
+    return call
+
+
 #: Columns per prepacked B panel (native/gemm.c NBP): a multiple of every micro-kernel's width.
 GEMM_NBP = 96
 

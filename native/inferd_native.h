@@ -330,3 +330,9 @@ int inferd_nchwc_maxpool(const float* x, int blocks, int H, int W, int KH, int K
 /* n images of c planes of hw floats (NCHW) to blocked ([n][ceil(c / 16)][hw][16], the padding lanes of a last
    partial block zero) where to_blocked, else back (the padding lanes dropped). 0, or -1. */
 int inferd_nchwc_reorder(const float* x, long long n, long long c, long long hw, float* y, int to_blocked);
+/* A squeeze-excitation's two passes on n blocked images of c channels ([n][ceil(c / 16)][hw][16]): the mean of
+   each channel into y [n][c]; each pixel times its channel's scale s [img * s_stride + channel] (s_stride 0: one
+   scale vector for every image) into y (x's shape, the padding lanes zero). 0, or -1. */
+int inferd_nchwc_gap(const float* x, long long n, long long c, long long hw, float* y);
+int inferd_nchwc_scale(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
+                       float* y);

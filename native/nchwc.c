@@ -1029,3 +1029,72 @@ int inferd_nchwc_reorder(const float* x, long long n, long long c, long long hw,
     inferd_parallel(reorder_task, &J, blocks * J.nspan, 0);
     return 0;
 }
+
+/* A squeeze-excitation on blocked tensors: the global average pool of each channel (to NCHW (N, C, 1, 1)), and
+   the product of every pixel with its channel's scale (N or 1, C, 1, 1). Both are a pass over memory; blocked,
+   they spare efficientnet's depthwise convs a conversion each way. */
+typedef struct {
+    const float* x;
+    const float* s;
+    float* y;
+    long long hw, c, cb, s_stride;
+    long long span, nspan; /* pixels per task (scale) */
+} sjob_t;
+
+static void gap_task(void* ctx, long long task)
+{
+    const sjob_t* J = ctx;
+    const long long img = task / J->cb, b = task % J->cb;
+    const float* x = J->x + task * 16 * J->hw;
+    /* four partial sums per lane: a long map's float sum keeps its error near the pairwise sum's */
+    float acc[4][16] = {{0}};
+    long long p = 0;
+    for (; p + 4 <= J->hw; p += 4)
+        for (int k = 0; k < 4; ++k)
+            for (int l = 0; l < 16; ++l) acc[k][l] += x[(p + k) * 16 + l];
+    for (; p < J->hw; ++p)
+        for (int l = 0; l < 16; ++l) acc[0][l] += x[p * 16 + l];
+    const int cn = J->c - b * 16 < 16 ? (int)(J->c - b * 16) : 16;
+    const float inv = 1.0f / (float)J->hw;
+    for (int l = 0; l < cn; ++l)
+        J->y[img * J->c + b * 16 + l] = ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) * inv;
+}
+
+int inferd_nchwc_gap(const float* x, long long n, long long c, long long hw, float* y)
+{
+    if (n < 1 || c < 1 || hw < 1) return -1;
+    sjob_t J = {x, NULL, y, hw, c, (c + 15) / 16, 0, hw, 1};
+    inferd_parallel(gap_task, &J, n * J.cb, 0);
+    return 0;
+}
+
+static void scale_task(void* ctx, long long task)
+{
+    const sjob_t* J = ctx;
+    const long long blk = task / J->nspan, p0 = (task % J->nspan) * J->span;
+    const long long p1 = p0 + J->span < J->hw ? p0 + J->span : J->hw;
+    const long long img = blk / J->cb, b = blk % J->cb;
+    const int cn = J->c - b * 16 < 16 ? (int)(J->c - b * 16) : 16;
+    float sv[16];
+    for (int l = 0; l < 16; ++l) sv[l] = l < cn ? J->s[img * J->s_stride + b * 16 + l] : 0.0f;
+    const float* x = J->x + blk * 16 * J->hw;
+    float* y = J->y + blk * 16 * J->hw;
+    for (long long p = p0; p < p1; ++p)
+        for (int l = 0; l < 16; ++l) y[p * 16 + l] = x[p * 16 + l] * sv[l];
+}
+
+int inferd_nchwc_scale(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
+                       float* y)
+{
+    if (n < 1 || c < 1 || hw < 1 || s_stride < 0) return -1;
+    const long long cb = (c + 15) / 16, blocks = n * cb;
+    sjob_t J = {x, s, y, hw, c, cb, s_stride, hw, 1};
+    const int chunks = inferd_pool_chunks(blocks * ((hw + 255) / 256), (double)blocks * 16 * hw);
+    if (chunks > blocks) {
+        const long long per = (chunks + blocks - 1) / blocks;
+        J.span = (hw + per - 1) / per;
+        J.nspan = (hw + J.span - 1) / J.span;
+    }
+    inferd_parallel(scale_task, &J, blocks * J.nspan, 0);
+    return 0;
+}

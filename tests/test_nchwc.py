@@ -14,8 +14,9 @@ import inferd
 from inferd import native
 from inferd.ir import Node
 from inferd.ops.base import run_layer, single_node_layer
-from inferd.ops.conv_nchwc import (CONV, FROM, MAXPOOL, TO, ConvNchwcKernel, MaxPoolNchwcKernel, ReorderNchwc,
-                                   _unpack_weights, from_blocked, pack_weights, padded_nbytes, to_blocked)
+from inferd.ops.conv_nchwc import (CONV, FROM, GAP, MAXPOOL, SCALE, TO, ConvNchwcKernel, MaxPoolNchwcKernel,
+                                   ReorderNchwc, SqueezeExciteNchwc, _unpack_weights, from_blocked, pack_weights,
+                                   padded_nbytes, to_blocked)
 from inferd.planner.layout import SUFFIX, apply_layout, blocked_graph, plan_layout
 
 from native_harness import AARCH64_CC, AARCH64_FLAGS, FULL_OPT, QEMU, build_and_run, needs_aarch64
@@ -159,6 +160,84 @@ def test_layout_conversions_round_trip(shape: tuple[int, ...], threads: int) -> 
 
 
 @needs_native
+@pytest.mark.parametrize("n,c,hw,s_batch", [(1, 32, (7, 9), 1), (2, 40, (5, 5), 2), (2, 24, (13, 3), 1),
+                                            (1, 16, (1, 2), 1)])
+def test_squeeze_excitation_passes_match_the_oracle(n: int, c: int, hw: tuple[int, int], s_batch: int,
+                                                    threads: int) -> None:
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((n, c) + hw).astype(np.float32)
+    sc = rng.standard_normal((s_batch, c, 1, 1)).astype(np.float32)
+    k = SqueezeExciteNchwc()
+    gap = single_node_layer(GAP, [to_blocked(x)], {"channels": c}, const=[False])
+    assert k.applies(gap) and gap.outputs[0].shape == (n, c, 1, 1)
+    np.testing.assert_allclose(run_layer(k, gap, [to_blocked(x)], bound=True)[0],
+                               x.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+    scale = single_node_layer(SCALE, [to_blocked(x), sc], {}, const=[False, False])
+    got = run_layer(k, scale, [to_blocked(x), sc], bound=True)[0]
+    np.testing.assert_array_equal(from_blocked(got, c), x * sc)
+    assert not got[:, -1, :, :, c % 16 or 16:].any()  # (the padding lanes zero)
+
+
+def test_a_scale_of_the_wrong_shape_is_refused() -> None:
+    x = np.ones((1, 2, 4, 4, 16), np.float32)
+    with pytest.raises(Exception, match="scale per channel"):
+        single_node_layer(SCALE, [x, np.ones((1, 40, 2, 1), np.float32)], {}, const=[False, False])
+    with pytest.raises(Exception, match="scale per channel"):
+        single_node_layer(SCALE, [x, np.ones((1, 48, 1, 1), np.float32)], {}, const=[False, False])
+
+
+def _se_model(tmp_path: Path, scale_first: bool, channels: int = 88) -> Path:
+    """conv -> depthwise conv -> squeeze-excitation (pool, 1x1 convs, sigmoid, Mul) -> conv, as torchvision's
+    efficientnet writes it; ``scale_first``: the Mul's scale is its first input."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = channels
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n) for n, s in (
+        ("w0", (c, 32, 1, 1)), ("wd", (c, 1, 3, 3)), ("f1", (8, c, 1, 1)), ("f2", (c, 8, 1, 1)),
+        ("w3", (32, c, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["ar", "wd"], ["d"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=c),
+             helper.make_node("Relu", ["d"], ["dr"]),
+             helper.make_node("GlobalAveragePool", ["dr"], ["g"]),
+             helper.make_node("Conv", ["g", "f1"], ["g1"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["g1"], ["g1r"]),
+             helper.make_node("Conv", ["g1r", "f2"], ["g2"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["g2"], ["s"]),
+             helper.make_node("Mul", ["s", "dr"] if scale_first else ["dr", "s"], ["m"]),
+             helper.make_node("Conv", ["m", "w3"], ["y"], kernel_shape=[1, 1])]
+    g = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 28, 28])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 28, 28])], inits)
+    path = tmp_path / "se.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@needs_native
+@pytest.mark.parametrize("scale_first", [True, False])
+def test_a_squeeze_excitation_runs_blocked_between_its_convs(scale_first: bool, tmp_path: Path) -> None:
+    # efficientnet's blocks: the depthwise conv's output goes to the pool and to the Mul; both blocked, the
+    # depthwise conv and the convs around it are blocked too, with no conversion between them (88 channels: the
+    # last block padded)
+    ort = pytest.importorskip("onnxruntime")
+    from inferd.frontend import import_template, specialize
+
+    path = _se_model(tmp_path, scale_first)
+    graph = specialize(import_template(str(path)))
+    plan = plan_layout(graph)
+    assert sorted(plan.kinds) == ["conv", "conv", "conv", "gap", "scale"], plan
+    g2 = apply_layout(graph, plan)
+    assert {GAP, SCALE} <= {n.op for n in g2.nodes}
+    assert sum(n.op == TO for n in g2.nodes) == 1 and sum(n.op == FROM for n in g2.nodes) == 1
+    x = np.random.default_rng(9).standard_normal((1, 32, 28, 28)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with inferd.load(str(path), device="cpu") as m:
+        assert {"nchwc_se", "nchwc"} <= set(m.kernels.values())
+        np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+@needs_native
 def test_padding_lanes_of_no_meaning_do_not_reach_the_next_conv(threads: int) -> None:
     # a conv whose activation is not zero at zero (sigmoid) leaves 0.5 in its padding lanes; the next conv reads
     # them with zero weights, so what comes out is the plain convs' result
@@ -238,7 +317,7 @@ def _zoo(name: str, tmp: Path) -> str:
 
 
 @needs_native
-@pytest.mark.parametrize("name", ["squeezenet1_1", "mobilenetv2", "resnet18"])
+@pytest.mark.parametrize("name", ["squeezenet1_1", "mobilenetv2", "resnet18", "efficientnet_b0"])
 def test_zoo_models_run_blocked_and_match_onnxruntime(name: str, tmp_path: Path) -> None:
     ort = pytest.importorskip("onnxruntime")
     path = _zoo(name, tmp_path)
@@ -249,9 +328,10 @@ def test_zoo_models_run_blocked_and_match_onnxruntime(name: str, tmp_path: Path)
     g2 = apply_layout(graph, plan)
     ops = {n.op for n in g2.nodes}
     if name == "squeezenet1_1":
-        # the fire modules: every conv but the stem and the classifier, the concats and the pools between them
-        assert CONV in ops and MAXPOOL in ops and len(plan.blocked) >= 30
-        assert sum(n.op == TO for n in g2.nodes) == 0 and sum(n.op == FROM for n in g2.nodes) == 1
+        # the fire modules, the concats and the pools between them; the classifier (1000 channels: a padded block)
+        # and its global pool, which writes NCHW: no conversion anywhere
+        assert CONV in ops and MAXPOOL in ops and GAP in ops and len(plan.blocked) >= 30
+        assert sum(n.op == TO for n in g2.nodes) == 0 and sum(n.op == FROM for n in g2.nodes) == 0
     if name in ("squeezenet1_1", "resnet18", "mobilenetv2"):
         # the stem reads the image as it comes and writes blocked: no conversion into the first region
         stem = next(n.name for n in graph.nodes if n.op == "Conv")
@@ -272,7 +352,7 @@ def test_zoo_models_run_blocked_and_match_onnxruntime(name: str, tmp_path: Path)
     for n in g2.nodes:
         for i, t in enumerate(n.inputs):
             if t.endswith(SUFFIX):
-                assert n.op in (CONV, MAXPOOL, FROM, "Concat"), (n.name, n.op)
+                assert n.op in (CONV, MAXPOOL, FROM, GAP, SCALE, "Concat"), (n.name, n.op)
     assert not any(t.name.endswith(SUFFIX) for t in g2.outputs)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     inp = sess.get_inputs()[0]
@@ -400,6 +480,36 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
     free(x); free(xb); free(w); free(wp); free(b); free(ref); free(y); free(back); free(xb2);
 }
 
+/* a squeeze-excitation's pool and scale on n images of C channels (padded blocks), a per-image scale */
+static void se_case(int N, int C, int HW)
+{
+    unsigned s = 99u + C;
+    int Cp = (C + 15) / 16 * 16;
+    float* x = malloc(sizeof(float) * N * C * HW);
+    float* xb = calloc((size_t)N * Cp * HW, sizeof(float));
+    float* yb = malloc(sizeof(float) * N * Cp * HW);
+    float* m = malloc(sizeof(float) * N * C);
+    float* sc = malloc(sizeof(float) * N * C);
+    for (int i = 0; i < N * C * HW; ++i) x[i] = frand(&s);
+    for (int i = 0; i < N * C; ++i) sc[i] = frand(&s);
+    for (int n = 0; n < N; ++n) block(x + n * C * HW, C, HW, xb + n * Cp * HW);
+    if (inferd_nchwc_gap(xb, N, C, HW, m) != 0 || inferd_nchwc_scale(xb, N, C, HW, sc, C, yb) != 0) {
+        printf("FAIL se rc\n");
+        fails++;
+    }
+    for (int n = 0; n < N; ++n)
+        for (int c = 0; c < C; ++c) {
+            double acc = 0;
+            for (int p = 0; p < HW; ++p) acc += x[(n * C + c) * HW + p];
+            if (fabs(m[n * C + c] - acc / HW) > 1e-5 * (1 + fabs(acc / HW))) { printf("FAIL gap\n"); fails++; }
+            for (int p = 0; p < HW; ++p) {
+                float got = yb[((size_t)n * Cp * HW) + ((c / 16) * HW + p) * 16 + c % 16];
+                if (got != x[(n * C + c) * HW + p] * sc[n * C + c]) { printf("FAIL scale\n"); fails++; c = C; break; }
+            }
+        }
+    free(x); free(xb); free(yb); free(m); free(sc);
+}
+
 /* a stem: NCHW input of C < 16 channels, blocked output; w packed [group][ci][kh][kw][nbg * 16] */
 static void stem_case(int C, int CO, int H, int W, int K, int S, int P)
 {
@@ -448,6 +558,8 @@ int main(void)
         conv_case(24, 144, 6, 21, 1, 1, 0, 0); /* padded blocks: mobilenetv2's 24-channel stage */
         conv_case(40, 24, 9, 9, 3, 2, 1, 0);
         conv_case(24, 24, 7, 37, 3, 1, 1, 1);  /* a padded depthwise conv; a reorder of 37 x 7 pixels */
+        se_case(2, 40, 37);
+        se_case(1, 32, 3);
         stem_case(3, 64, 29, 31, 7, 2, 3); /* resnet's stem on a small image: 4 blocks, a row's end pixel by pixel */
         stem_case(3, 80, 13, 12, 3, 1, 1); /* 4 + 1 blocks */
     }

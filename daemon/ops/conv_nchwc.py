@@ -35,6 +35,10 @@ CONV = "inferd.ConvNchwc"
 TO = "inferd.ToNchwc"
 FROM = "inferd.FromNchwc"
 MAXPOOL = "inferd.MaxPoolNchwc"
+#: a squeeze-excitation's two passes: the global average pool of a blocked tensor (to NCHW (N, C, 1, 1)) and the
+#: product of a blocked tensor with a scale per channel (N or 1, C, 1, 1)
+GAP = "inferd.GlobalAveragePoolNchwc"
+SCALE = "inferd.ScaleNchwc"
 
 
 def blocks(c: int) -> int:
@@ -191,6 +195,42 @@ def _ref_pool(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     return [to_blocked(pool_reference(plain, [from_blocked(inputs[0])])[0])]
 
 
+def _infer_gap(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    sh = _check_blocked(node, ins[0])
+    assert ins[0] is not None
+    return [((sh[0], from_channels(node, sh), 1, 1), ins[0].dtype)]
+
+
+def _ref_gap(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x = np.asarray(inputs[0])
+    return [from_blocked(x, from_channels(node, x.shape)).mean(axis=(2, 3), keepdims=True, dtype=x.dtype)]
+
+
+def _scale_shape(node: Node, x: TensorInfo | None, sc: TensorInfo | None) -> tuple[int, ...]:
+    sh = _check_blocked(node, x)
+    if sc is None or len(sc.shape) != 4 or tuple(sc.shape[2:]) != (1, 1) or sc.shape[0] not in (1, sh[0]) \
+            or blocks(sc.shape[1]) != sh[1]:
+        raise ShapeError(f"{node.op} {node.name!r}: a scale per channel (N or 1, C, 1, 1) for {sh[1]} blocks, got "
+                         f"{None if sc is None else list(sc.shape)}")
+    return sh
+
+
+def _infer_scale(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    assert ins[0] is not None
+    return [(_scale_shape(node, ins[0], ins[1]), ins[0].dtype)]
+
+
+def _ref_scale(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    x, sc = np.asarray(inputs[0]), np.asarray(inputs[1])
+    return [to_blocked(from_blocked(x, sc.shape[1]) * sc)]
+
+
+register_op(OpSpec(GAP, _infer_gap, _ref_gap,
+                   notes="inferd's own: GlobalAveragePool of a channel-blocked tensor (the CPU's layout plan inserts "
+                         "it)"))
+register_op(OpSpec(SCALE, _infer_scale, _ref_scale,
+                   notes="inferd's own: a channel-blocked tensor times a scale per channel, a squeeze-excitation's "
+                         "Mul (the CPU's layout plan inserts it)"))
 register_op(OpSpec(TO, _infer_to, lambda node, v: [to_blocked(v[0])],
                    notes="inferd's own: NCHW to channel-blocked (the CPU's layout plan inserts it)"))
 register_op(OpSpec(FROM, _infer_from, lambda node, v: [from_blocked(v[0], from_channels(node, v[0].shape))],
@@ -358,3 +398,32 @@ class MaxPoolNchwcKernel(_NativeOrOracle):
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         return _ref_pool(layer.node, list(inputs))[0]
+
+
+@register_kernel
+class SqueezeExciteNchwc(_NativeOrOracle):
+    """native/nchwc.c's pool and scale passes; the oracles otherwise."""
+
+    name = "nchwc_se"
+    ops = (GAP, SCALE)
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        # (the layout plan gives a scale computed at run time: a squeeze-excitation's)
+        return layer.op in self.ops and _f32(layer) and not layer.const_inputs
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {}
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        x = inputs[0]
+        if x is None:
+            return None
+        if layer.op == GAP:
+            return native.nchwc_gap_bound(x, outputs[0])
+        return None if inputs[1] is None else native.nchwc_scale_bound(x, inputs[1], outputs[0])
+
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
+        ref = _ref_gap if layer.op == GAP else _ref_scale
+        return ref(layer.node, list(inputs))[0]

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..ir import Graph, Node, TensorInfo
 from ..native import NATIVE_ACTS
-from ..ops.conv_nchwc import BLOCK, CONV, FROM, MAXPOOL, TO, blocks, depthwise
+from ..ops.conv_nchwc import BLOCK, CONV, FROM, GAP, MAXPOOL, SCALE, TO, blocks, depthwise
 from ..ops.conv import conv_geom, preferred_3x3_kernel
 from ..ops.pool import pool_geometry
 
@@ -66,7 +66,7 @@ CONVERT_RATE = 30e9
 @dataclass(frozen=True)
 class LayoutPlan:
     """Nodes to run blocked, in graph order, and what each is ('conv'; 'stem': a conv reading NCHW; 'pool';
-    'concat')."""
+    'concat'; a squeeze-excitation's 'gap', a global average pool writing NCHW, and 'scale', its Mul)."""
 
     blocked: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ()
@@ -170,11 +170,28 @@ def _concat_ok(node: Node, graph: Graph) -> bool:
                     for t in infos))
 
 
+def _scale_input(node: Node, graph: Graph) -> int | None:
+    """A squeeze-excitation's Mul: the position of its (N, C, H, W) input, the other a scale per channel (N or 1,
+    C, 1, 1) computed at run time; None for any other node."""
+    if node.op != "Mul" or len(node.inputs) != 2 or node.attrs.get("act") is not None \
+            or any(t in graph.constants for t in node.inputs):
+        return None
+    a, b, y = (graph.infos.get(t) for t in (*node.inputs, node.outputs[0]))
+    if a is None or b is None or y is None:
+        return None
+    for i, (x, sc) in enumerate(((a, b), (b, a))):
+        if len(x.shape) == 4 and tuple(x.shape) == tuple(y.shape) and math.prod(x.shape[2:]) > 1 \
+                and len(sc.shape) == 4 and tuple(sc.shape[1:]) == (x.shape[1], 1, 1) and sc.shape[0] in (1, x.shape[0]):
+            return i
+    return None
+
+
 def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, str]) -> str | None:
     """'conv' (its NCHW path recorded in ``paths``) and 'pool' (computed in the blocked layout), 'concat'
-    (blocked parts concatenated as they are), or None (NCHW only)."""
-    if node.inputs and (graph.infos.get(node.inputs[0]) is None or graph.infos[node.inputs[0]].dtype != np.float32
-                        or node.inputs[0] in graph.runtime_shaped):
+    (blocked parts concatenated as they are), 'gap' and 'scale' (a squeeze-excitation's pool and Mul), or None
+    (NCHW only)."""
+    if node.inputs and any(graph.infos.get(t) is None or graph.infos[t].dtype != np.float32
+                           or t in graph.runtime_shaped for t in node.inputs[:2 if node.op == "Mul" else 1]):
         return None
     if node.op == "Conv" and (path := _conv_path(node, graph, forced)) is not None:
         paths[node.name] = path
@@ -183,6 +200,11 @@ def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, 
         return "pool"
     if node.op == "Concat" and _concat_ok(node, graph):
         return "concat"
+    if node.op == "GlobalAveragePool" and node.name not in forced and "GlobalAveragePool" not in forced \
+            and len(graph.infos[node.inputs[0]].shape) == 4:
+        return "gap"
+    if _scale_input(node, graph) is not None and node.name not in forced and "Mul" not in forced:
+        return "scale"
     return None
 
 
@@ -204,7 +226,7 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
     first_reader: dict[str, str] = {}
     for name in kept:
         n = by_name[name]
-        for i in blocked_reads(n, kinds[name]):
+        for i in blocked_reads(n, kinds[name], graph):
             p = prod.get(n.inputs[i])
             if p is not None and p.name in kept:
                 parent[find(p.name)] = find(name)
@@ -218,14 +240,15 @@ def _losing_regions(graph: Graph, kinds: Mapping[str, str], kept: set[str], prod
     for name in kept:
         n, r = by_name[name], find(name)
         v = saving.get(name, 0.0)
-        for i in blocked_reads(n, kinds[name]):
+        for i in blocked_reads(n, kinds[name], graph):
             t = n.inputs[i]
             p = prod.get(t)
             if (p is None or p.name not in kept) and (t, r) not in converted_in:
                 converted_in.add((t, r))
                 v -= _convert_cost(graph.infos[t])
         out = n.outputs[0]
-        if out in outs or not all(_reads_blocked(c, out, kinds, kept) for c in cons.get(out, [])):
+        if kinds[name] != "gap" and (  # (a pool to one value per channel writes NCHW as it is)
+                out in outs or not all(_reads_blocked(c, out, kinds, kept, graph) for c in cons.get(out, []))):
             v -= _convert_cost(graph.infos[out])
         value[r] = value.get(r, 0.0) + v
     return {name for name in kept if value[find(name)] < 0}
@@ -241,7 +264,7 @@ def _concat_pays(node: Node, fed: list[bool], graph: Graph, kinds: Mapping[str, 
     size = {t: graph.infos[t].nbytes for t in node.inputs}
     out = node.outputs[0]
     readers = cons.get(out, [])
-    read_blocked = [_reads_blocked(c, out, kinds, kept) for c in readers]
+    read_blocked = [_reads_blocked(c, out, kinds, kept, graph) for c in readers]
     out_bytes = graph.infos[out].nbytes
     blocked = sum(size[t] for t, f in zip(node.inputs, fed) if not f) + (
         out_bytes if out in outs or not all(read_blocked) else 0)
@@ -249,17 +272,20 @@ def _concat_pays(node: Node, fed: list[bool], graph: Graph, kinds: Mapping[str, 
     return blocked < nchw
 
 
-def _reads_blocked(node: Node, tensor: str, kinds: Mapping[str, str], kept: set[str]) -> bool:
+def _reads_blocked(node: Node, tensor: str, kinds: Mapping[str, str], kept: set[str], graph: Graph) -> bool:
     """Whether ``node`` is kept blocked and reads ``tensor`` in the blocked layout."""
-    return node.name in kept and any(node.inputs[i] == tensor for i in blocked_reads(node, kinds[node.name]))
+    return node.name in kept and any(node.inputs[i] == tensor for i in blocked_reads(node, kinds[node.name], graph))
 
 
-def blocked_reads(node: Node, kind: str | None) -> list[int]:
+def blocked_reads(node: Node, kind: str | None, graph: Graph) -> list[int]:
     """Input positions a blocked node reads in the blocked layout."""
     if kind in ("conv", "stem"):  # a stem reads its input in NCHW
         return ([0] if kind == "conv" else []) + ([len(node.inputs) - 1] if node.attrs.get("residual") else [])
-    if kind == "pool":
+    if kind in ("pool", "gap"):
         return [0]
+    if kind == "scale":
+        i = _scale_input(node, graph)
+        return [] if i is None else [i]
     if kind == "concat":
         return list(range(len(node.inputs)))
     return []
@@ -290,20 +316,20 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
         nxt = set()
         for name in kept:
             n, k = by_name[name], kinds[name]
-            reads = [n.inputs[i] for i in blocked_reads(n, k)]
+            reads = [n.inputs[i] for i in blocked_reads(n, k, graph)]
             fed = [prod.get(i) is not None and prod[i].name in kept for i in reads]
-            if k == "pool":
+            read_out = [_reads_blocked(c, n.outputs[0], kinds, kept, graph) for c in cons.get(n.outputs[0], [])]
+            if k in ("pool", "gap", "scale"):
                 ok = all(fed)
             elif k == "concat":
                 ok = all(fed) or (any(fed) and _concat_pays(n, fed, graph, kinds, kept, cons, outs))
             elif paths[name] == "depthwise":
                 # a depthwise conv saves nothing blocked (native/dwconv.c is as fast): only where both sides
-                # are blocked, so that it spares the conversions (not before a squeeze-excitation's Mul)
-                ok = all(fed) and bool(cons.get(n.outputs[0])) and all(
-                    _reads_blocked(c, n.outputs[0], kinds, kept) for c in cons.get(n.outputs[0], [])) \
-                    and n.outputs[0] not in outs
+                # are blocked, so that it spares the conversions (a squeeze-excitation after it: where its pool
+                # and Mul are blocked too)
+                ok = all(fed) and bool(read_out) and all(read_out) and n.outputs[0] not in outs
             else:
-                ok = any(fed) or any(_reads_blocked(c, n.outputs[0], kinds, kept) for c in cons.get(n.outputs[0], [])) \
+                ok = any(fed) or any(read_out) \
                     or any(c.name != name and c.name in kept and kinds[c.name] == "conv"
                            and c.inputs[0] == t for t in reads for c in cons.get(t, []))
             if ok:
@@ -336,10 +362,10 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
         return bn
 
     # tensors blocked nodes write, and those of them something reads in NCHW (or the graph gives out)
-    made_blocked = {n.outputs[0] for n in graph.nodes if n.name in kinds}
+    made_blocked = {n.outputs[0] for n in graph.nodes if kinds.get(n.name) not in (None, "gap")}
     nchw_readers: set[str] = {t.name for t in graph.outputs} & made_blocked
     for n in graph.nodes:
-        bl = blocked_reads(n, kinds.get(n.name))
+        bl = blocked_reads(n, kinds.get(n.name), graph)
         nchw_readers.update(name for i, name in enumerate(n.inputs) if name in made_blocked and i not in bl)
     converted: set[str] = set()
     nodes: list[Node] = []
@@ -349,7 +375,7 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
             nodes.append(n)  # (only blocked nodes read blocked twins: its inputs are as they were)
             continue
         ins = list(n.inputs)
-        for i in blocked_reads(n, kind):
+        for i in blocked_reads(n, kind, graph):
             name = ins[i]
             if name not in made_blocked and name not in converted:
                 # an NCHW tensor read blocked: converted once, just before its first blocked reader
@@ -357,7 +383,13 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
                 converted.add(name)
             ins[i] = name + SUFFIX
         out = n.outputs[0]
-        op = {"conv": CONV, "stem": CONV, "pool": MAXPOOL, "concat": n.op}[kind]
+        if kind == "gap":  # (one value per channel: NCHW as it is)
+            nodes.append(replace(n, op=GAP, inputs=ins, attrs={"channels": int(graph.infos[out].shape[1])}))
+            continue
+        if kind == "scale":  # the blocked input first
+            i = blocked_reads(n, kind, graph)[0]
+            ins = [ins[i], ins[1 - i]]
+        op = {"conv": CONV, "stem": CONV, "pool": MAXPOOL, "concat": n.op, "scale": SCALE}[kind]
         # a concat's axis as the blocks' axis of the 5-D twins (-3 of NCHW would name their rows)
         attrs = {**n.attrs, "axis": 1} if kind == "concat" else dict(n.attrs)
         nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=attrs))
