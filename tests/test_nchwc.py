@@ -92,6 +92,8 @@ CONV_CASES = [
     (1, 40, 24, (9, 9), (3, 3), 2, [1, 1, 1, 1], 1, ("Sigmoid", ()), False),  # both, an act not zero at zero
     (1, 24, 24, (7, 37), (3, 3), 1, [1, 1, 1, 1], 24, ("Relu", ()), True),  # depthwise, padded
     (1, 40, 40, (9, 8), (5, 5), 2, [2, 2, 2, 2], 40, None, False),
+    # depthwise 5x5 stride 1 (efficientnet's): its own unrolled taps inside the row, the general ones at its ends
+    (1, 48, 48, (11, 13), (5, 5), 1, [2, 2, 2, 2], 48, ("Sigmoid", ()), True),
 ]
 
 
@@ -555,6 +557,7 @@ int main(void)
         conv_case(48, 64, 7, 7, 7, 2, 3, 0);
         conv_case(32, 32, 12, 12, 3, 1, 1, 1);
         conv_case(48, 48, 15, 14, 5, 2, 2, 1);
+        conv_case(48, 48, 9, 17, 5, 1, 2, 1); /* depthwise 5x5 stride 1: the unrolled taps */
         conv_case(24, 144, 6, 21, 1, 1, 0, 0); /* padded blocks: mobilenetv2's 24-channel stage */
         conv_case(40, 24, 9, 9, 3, 2, 1, 0);
         conv_case(24, 24, 7, 37, 3, 1, 1, 1);  /* a padded depthwise conv; a reorder of 37 x 7 pixels */
