@@ -92,7 +92,7 @@ def _tie_orders(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[np.ndarr
 
 def _compare(arch: Arch, names: list[str], got: dict[str, np.ndarray], want: list[np.ndarray]) -> None:
     orders = _tie_orders([got[n] for n in names], want) if arch.detector else None
-    for k, (name, w) in enumerate(zip(names, want)):
+    for name, w in zip(names, want):
         g = got[name]
         if orders is not None:
             g, w = g[orders[0]], w[orders[1]]

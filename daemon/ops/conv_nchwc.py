@@ -243,7 +243,16 @@ register_op(OpSpec(MAXPOOL, _infer_pool, _ref_pool,
 
 class _NativeOrOracle(Kernel):
     """``run``: the call ``bind`` makes where it applies, else ``oracle`` (no native build, a geometry or an
-    activation the C does not take)."""
+    activation the C does not take). Ahead of any other kernel of its ops (only the layout plan makes them); no
+    weights unless a subclass transforms some."""
+
+    priority = 10
+
+    def applies(self, layer: Layer) -> bool:
+        return layer.op in self.ops and _f32(layer)
+
+    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {}
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         raise NotImplementedError
@@ -263,13 +272,6 @@ class ReorderNchwc(_NativeOrOracle):
 
     name = "nchwc_reorder"
     ops = (TO, FROM)
-    priority = 10
-
-    def applies(self, layer: Layer) -> bool:
-        return layer.op in self.ops and _f32(layer)
-
-    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {}
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -288,8 +290,6 @@ class ConvNchwcKernel(_NativeOrOracle):
 
     name = "nchwc"
     ops = (CONV,)
-    priority = 10
-
     def applies(self, layer: Layer) -> bool:
         # (the op checked too: another input shape's executor asks whether a donor's kernel applies to its own
         # layer of the same name, which may be the plain Conv there)
@@ -377,13 +377,6 @@ class MaxPoolNchwcKernel(_NativeOrOracle):
 
     name = "nchwc_pool"
     ops = (MAXPOOL,)
-    priority = 10
-
-    def applies(self, layer: Layer) -> bool:
-        return layer.op == MAXPOOL and _f32(layer)
-
-    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {}
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
@@ -406,14 +399,10 @@ class SqueezeExciteNchwc(_NativeOrOracle):
 
     name = "nchwc_se"
     ops = (GAP, SCALE)
-    priority = 10
 
     def applies(self, layer: Layer) -> bool:
         # (the layout plan gives a scale computed at run time: a squeeze-excitation's)
-        return layer.op in self.ops and _f32(layer) and not layer.const_inputs
-
-    def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {}
+        return super().applies(layer) and not layer.const_inputs
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
