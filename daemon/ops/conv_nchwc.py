@@ -4,8 +4,8 @@ A blocked tensor is (N, ceil(C/16), H, W, 16): the 16 channels of a pixel side b
 onnxruntime's NCHWc kernels use. Where C is not a multiple of 16 the last block is padded; its padding lanes hold
 finite values of no meaning (zeros from a conversion, the activation of zero from a conv), which every blocked conv
 reads with zero weights and the conversion back drops, so a 24- or 40-channel stage (mobilenetv2, efficientnet_b0)
-runs blocked at the cost of the padded lanes' work, where AVX2's 8-float vectors would otherwise split the
-16-channel tiles. A conv in it packs nothing at run time (a GEMM over NCHW planes packs its input per call, a
+runs blocked at the cost of the padded lanes' work (a third more for 24 channels; onnxruntime's AVX2 blocks of 8
+need none there). A conv in it packs nothing at run time (a GEMM over NCHW planes packs its input per call, a
 quarter of a 1x1 conv's time on 56x56 planes) and reads each tap's pixels as unit-stride scalars
 (native/nchwc.c). The CPU backend's layout plan (:mod:`inferd.planner.layout`) rewrites runs of convs into
 these ops; nothing else ever reads a blocked tensor, so the graph's other ops, its inputs and outputs stay NCHW.

@@ -8,12 +8,13 @@ run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s wit
 more; strided k x k convs; k x k convs of up to ``DIRECT_MAX_CIN`` input channels unless Winograd would run them
 with more output channels; depthwise convs between blocked neighbours; stems, convs of fewer than 16 input
 channels that read them in NCHW; channel counts short of whole blocks where the padding adds at most ``MAX_PAD``
-of work, the saving counted net of it), the max pools whose inputs all come blocked and the channel concats whose inputs
-do (or some do, where blocking converts fewer bytes); it keeps a conv only next to another blocked node, and a
-connected region only where the conv time it is expected to save (``SAVING``) exceeds its conversions.
+of work, the saving counted net of it), the max pools and squeeze-excitations (a global average pool, which writes
+NCHW, and the Mul by its scale) whose inputs all come blocked and the channel concats whose inputs do (or some do,
+where blocking converts fewer bytes); it keeps a conv only next to another blocked node, and a connected region
+only where the conv time it is expected to save (``SAVING``) exceeds its conversions.
 ``apply_layout`` rewrites the kept nodes (``inferd.ConvNchwc``, ``inferd.MaxPoolNchwc``, a Concat on the blocked
-twins of its parts), converting a tensor once where a blocked node reads it from an NCHW producer, and back once
-where anything else (or the graph's output) reads it.
+twins of its parts, ``inferd.GlobalAveragePoolNchwc`` and ``inferd.ScaleNchwc``), converting a tensor once where
+a blocked node reads it from an NCHW producer, and back once where anything else (or the graph's output) reads it.
 
 Per layer in the models (two threads, Emerald Rapids, the blocked kernel against the NCHW one the plan would
 run): 1x1 convs 0.61-0.79x the time (the pointwise tiles), strided 1x1s against a strided copy and the GEMM
