@@ -89,10 +89,16 @@ def pack_weights(w: np.ndarray, dw: bool = False, nchw_input: bool = False) -> n
     return out
 
 
+def _padded_dims(co: int, ci: int, dw: bool, nchw_input: bool) -> tuple[int, int]:
+    """(Cout, Cin) of conv weights padded to whole blocks: Cout always; Cin where the input is blocked and read
+    by every output channel (not a depthwise conv's one input channel, not a stem's NCHW image)."""
+    return blocks(co) * BLOCK, (int(ci) if dw or nchw_input else blocks(ci) * BLOCK)
+
+
 def _padded(w: np.ndarray, dw: bool, nchw_input: bool) -> np.ndarray:
     """Conv weights with Cout (and the input channels a blocked input holds) padded with zeros to whole blocks."""
     co, ci, kh, kw = w.shape
-    cop, cip = blocks(co) * BLOCK, (ci if dw or nchw_input else blocks(ci) * BLOCK)
+    cop, cip = _padded_dims(co, ci, dw, nchw_input)
     if (cop, cip) == (co, ci):
         return w
     out = np.zeros((cop, cip, kh, kw), F32)
@@ -103,7 +109,8 @@ def _padded(w: np.ndarray, dw: bool, nchw_input: bool) -> np.ndarray:
 def padded_nbytes(w_shape: Sequence[int], dw: bool, nchw_input: bool) -> int:
     """Bytes of ``pack_weights``'s result for raw weights of ``w_shape``."""
     co, ci, kh, kw = (int(d) for d in w_shape)
-    return 4 * blocks(co) * BLOCK * (ci if dw or nchw_input else blocks(ci) * BLOCK) * kh * kw
+    cop, cip = _padded_dims(co, ci, dw, nchw_input)
+    return 4 * cop * cip * kh * kw
 
 
 def _unblocked(shape: Sequence[int]) -> tuple[int, ...]:
@@ -353,9 +360,8 @@ def _f32(layer: Layer) -> bool:
 
 
 def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False, nchw_input: bool = False) -> np.ndarray:
-    co0, ci0 = int(shape[0]), int(shape[1])
-    co, ci, kh, kw = (blocks(co0) * BLOCK, ci0 if dw or nchw_input else blocks(ci0) * BLOCK, int(shape[2]),
-                      int(shape[3]))
+    co0, ci0, kh, kw = (int(d) for d in shape)
+    co, ci = _padded_dims(co0, ci0, dw, nchw_input)
     cpb = 1 if nchw_input else BLOCK
     if dw:
         full = wp.reshape(co // BLOCK, kh, kw, BLOCK).transpose(0, 3, 1, 2).reshape(co, kh, kw)

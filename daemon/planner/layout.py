@@ -37,7 +37,7 @@ import numpy as np
 
 from ..ir import Graph, Node, TensorInfo
 from ..native import NATIVE_ACTS
-from ..ops.conv_nchwc import BLOCK, CONV, FROM, GAP, MAXPOOL, SCALE, TO, blocks, depthwise
+from ..ops.conv_nchwc import BLOCK, CONV, FROM, GAP, MAXPOOL, SCALE, TO, blocks, depthwise, padded_nbytes
 from ..ops.conv import conv_geom, preferred_3x3_kernel
 from ..ops.pool import pool_geometry
 
@@ -91,7 +91,7 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     group = int(node.attrs.get("group", 1))
     # a stem: an image's few channels read as they are (NCHW), its output blocked
     stem = not dw and group == 1 and cin < BLOCK
-    if (group != 1 and not dw) or _pad_factor(node, (cout, cin), stem) > MAX_PAD:
+    if (group != 1 and not dw) or _pad_factor(node, tuple(w.shape), stem) > MAX_PAD:
         return None
     if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return None
@@ -128,11 +128,9 @@ def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) ->
 
 
 def _pad_factor(node: Node, w_shape: tuple[int, ...], stem: bool) -> float:
-    """The blocked kernel's work over the conv's own: its output channels and (but for a stem's or a depthwise
-    conv's) its input channels padded to whole blocks."""
-    cout, cin = int(w_shape[0]), int(w_shape[1])
-    f = blocks(cout) * BLOCK / cout
-    return f if stem or depthwise(node, w_shape) else f * blocks(cin) * BLOCK / cin
+    """The blocked kernel's work over the conv's own: its packed weights (padded to whole blocks) over its raw
+    ones."""
+    return padded_nbytes(w_shape, depthwise(node, w_shape), stem) / (4.0 * math.prod(w_shape))
 
 
 def _saving(node: Node, graph: Graph, path: str) -> float:
