@@ -978,6 +978,20 @@ static t16_fn t16(void)
     return t16_gen;
 }
 
+/* A pass over blocked planes (a reorder, a scale) as tasks of one block's pixels: whole blocks where there are
+   enough of them for the pool, else each block cut into spans of whole 16-pixel groups (*span pixels, *nspan of
+   them per block). */
+static void pixel_spans(long long blocks, long long hw, long long* span, long long* nspan)
+{
+    *span = hw, *nspan = 1;
+    const int chunks = inferd_pool_chunks(blocks * ((hw + 255) / 256), (double)blocks * 16 * hw);
+    if (chunks > blocks) {
+        const long long per = (chunks + blocks - 1) / blocks;
+        *span = ((hw + per - 1) / per + 15) / 16 * 16;
+        *nspan = (hw + *span - 1) / *span;
+    }
+}
+
 typedef struct {
     const float* x;
     float* y;
@@ -1037,12 +1051,7 @@ int inferd_nchwc_reorder(const float* x, long long n, long long c, long long hw,
     if (n < 1 || c < 1 || hw < 1) return -1;
     const long long cb = (c + 15) / 16, blocks = n * cb;
     rjob_t J = {x, y, hw, to_blocked, hw, 1, c, cb};
-    const int chunks = inferd_pool_chunks(blocks * ((hw + 255) / 256), (double)blocks * 16 * hw);
-    if (chunks > blocks) {
-        const long long per = (chunks + blocks - 1) / blocks;
-        J.span = ((hw + per - 1) / per + 15) / 16 * 16;
-        J.nspan = (hw + J.span - 1) / J.span;
-    }
+    pixel_spans(blocks, hw, &J.span, &J.nspan);
     inferd_parallel(reorder_task, &J, blocks * J.nspan, 0);
     return 0;
 }
@@ -1055,7 +1064,7 @@ typedef struct {
     const float* s;
     float* y;
     long long hw, c, cb, s_stride;
-    long long span, nspan; /* pixels per task (scale) */
+    long long span, nspan; /* pixels per task, tasks per block (scale; pixel_spans) */
 } sjob_t;
 
 static void gap_task(void* ctx, long long task)
@@ -1106,12 +1115,7 @@ int inferd_nchwc_scale(const float* x, long long n, long long c, long long hw, c
     if (n < 1 || c < 1 || hw < 1 || s_stride < 0) return -1;
     const long long cb = (c + 15) / 16, blocks = n * cb;
     sjob_t J = {x, s, y, hw, c, cb, s_stride, hw, 1};
-    const int chunks = inferd_pool_chunks(blocks * ((hw + 255) / 256), (double)blocks * 16 * hw);
-    if (chunks > blocks) {
-        const long long per = (chunks + blocks - 1) / blocks;
-        J.span = (hw + per - 1) / per;
-        J.nspan = (hw + J.span - 1) / J.span;
-    }
+    pixel_spans(blocks, hw, &J.span, &J.nspan);
     inferd_parallel(scale_task, &J, blocks * J.nspan, 0);
     return 0;
 }
