@@ -125,6 +125,10 @@ STEM_CASES = [
     (1, 1, 16, (9, 7), (5, 5), 1, [2, 2, 2, 2], 1, None, False),
     (1, 4, 80, (17, 19), (3, 3), 1, [0, 1, 0, 1], 1, ("LeakyRelu", (0.1,)), True),  # 4 + 1 blocks, uneven pads
     (1, 3, 24, (15, 16), (3, 3), 2, [1, 1, 1, 1], 1, ("Clip", (0.0, 6.0)), False),  # a padded output block
+    # 12 columns inside each row: the widest tiles, which for 3x3 stems are their own (NCHWC_STEM), with the top and
+    # bottom rows' taps clipped
+    (1, 3, 48, (11, 26), (3, 3), 2, [1, 1, 1, 1], 1, ("Gelu", (0.0,)), True),
+    (1, 2, 16, (5, 14), (3, 3), 1, [1, 1, 1, 1], 1, None, False),
 ]
 
 
