@@ -112,53 +112,34 @@ typedef struct {
 
 /* One output row segment: np pixels (np <= PT, compile-time PT for the register tile) x nb blocks, taps
    kh in [kh0, kh1), kw in [kw0, kw1) (the caller clips both to the image), input pixel step ps floats. */
-#define NCHWC_TILE(NAME, ATTR, VT, VI, VW, PT, NB, CPB)                                                             \
+#define NCHWC_TILE(NAME, ATTR, VT, VI, VW, PT, NB, CPB) NCHWC_TILE_K(NAME, ATTR, VT, VI, VW, PT, NB, CPB, 0)
+/* KWC > 0: every tap of a kernel row KWC wide known when compiled (kw0 = 0, kw1 = KWC), which GCC unrolls: see
+   NCHWC_STEM. KWC 0 compiles to the same instructions as before KWC existed. */
+#define NCHWC_TILE_K(NAME, ATTR, VT, VI, VW, PT, NB, CPB, KWC)                                                      \
     ATTR static void NAME(const cjob_t* J, const float* xb, int ps, const float* wg, int wst, float* yb,          \
                           long long ys, const float* bias, const float* res, int kh0, int kh1, int kw0, int kw1,  \
                           int ci0, int ci1)                                                                        \
     {                                                                                                              \
         NCHWC_ACC_INIT(VT, VW, PT, NB)                                                                              \
         const long long xs = (long long)J->H * J->W * CPB, rs = (long long)J->W * CPB;                             \
-        const int KH = J->KH, KW = J->KW;                                                                          \
+        const int KH = J->KH, KW = (KWC) ? (KWC) : J->KW;                                                          \
         for (int ci = ci0; ci < ci1; ++ci)                                                                         \
             for (int kh = kh0; kh < kh1; ++kh)                                                                     \
-                for (int kw = kw0; kw < kw1; ++kw) {                                                               \
+                for (int kw = (KWC) ? 0 : kw0; kw < ((KWC) ? (KWC) : kw1); ++kw)                                  \
+                {                                                                                                  \
                     const float* xc = xb + ci * xs + kh * rs + kw * CPB;                                           \
                     const float* wc = wg + (((long long)ci * KH + kh) * KW + kw) * CPB * wst;                      \
                     NCHWC_TAP(VT, VW, PT, NB, CPB, p * ps);                                                        \
                 }                                                                                                  \
         NCHWC_STORE(VT, VI, VW, PT, NB, 0)                                                                           \
     }
-
-/* A stem's widest tile inside a row (NCHW input, every tap of the row inside the image) for a kernel KWC wide known
-   when compiled: a kernel row's taps unrolled, so a tap is its loads and FMAs (NCHWC_TILE spends about as many
-   instructions again on its three tap loops and their pointers when a tap is one channel). 3x3 stems (3 -> 16..64
-   channels on 224x224, AVX2, one thread): 0.87-0.89x the time. The pixel step stays a variable: as a constant
-   (stride 2) GCC loaded each column once for the pixels and taps that share it and ran 1.1-1.2x the time; rows
-   unrolled too 1.2x; 7x7 stems (resnets, googlenet) 1.05x, so they keep NCHWC_TILE. The same sums in the same
-   order: the same bits. AVX2 only so far (the AVX-512 tables leave them NULL until timed there). */
-#define NCHWC_STEM(NAME, ATTR, VT, VI, VW, PT, NB, KWC)                                                             \
-    ATTR static void NAME(const cjob_t* J, const float* xb, int ps, const float* wg, int wst, float* yb,          \
-                          long long ys, const float* bias, const float* res, int kh0, int kh1, int kw0, int kw1,  \
-                          int ci0, int ci1)                                                                        \
-    {                                                                                                              \
-        (void)kw0, (void)kw1;                                                                                      \
-        NCHWC_ACC_INIT(VT, VW, PT, NB)                                                                              \
-        const long long xs = (long long)J->H * J->W, rs = J->W;                                                    \
-        const int KH = J->KH;                                                                                      \
-        for (int ci = ci0; ci < ci1; ++ci)                                                                         \
-            for (int kh = kh0; kh < kh1; ++kh) {                                                                   \
-                const float* xr = xb + ci * xs + kh * rs;                                                          \
-                const float* wr = wg + ((long long)ci * KH + kh) * KWC * wst;                                      \
-                _Pragma("GCC unroll 8") for (int kw = 0; kw < KWC; ++kw)                                           \
-                {                                                                                                  \
-                    const float* xc = xr + kw;                                                                     \
-                    const float* wc = wr + kw * wst;                                                               \
-                    NCHWC_TAP(VT, VW, PT, NB, 1, p * ps);                                                          \
-                }                                                                                                  \
-            }                                                                                                      \
-        NCHWC_STORE(VT, VI, VW, PT, NB, 0)                                                                           \
-    }
+/* A 3x3 stem's widest tile inside a row (NCHW input: a tap is one channel, and NCHWC_TILE's tap loops and pointers
+   took about as many instructions as its loads and FMAs): 3 -> 16..64 channels on 224x224, AVX2, one thread,
+   0.87-0.89x the time. The pixel step stays a variable: as a constant (stride 2) GCC loaded each column once for
+   the pixels and taps that share it and ran 1.1-1.2x the time; rows unrolled too 1.2x; 7x7 stems (resnets,
+   googlenet) 1.05x, so they keep NCHWC_TILE. The same sums in the same order: the same bits. AVX2 only so far
+   (the AVX-512 tables leave them NULL until timed there). */
+#define NCHWC_STEM(NAME, ATTR, VT, VI, VW, PT, NB) NCHWC_TILE_K(NAME, ATTR, VT, VI, VW, PT, NB, 1, 3)
 
 /* A pointwise conv's full tile (1x1, stride 1: a flat row's pixels 16 floats apart, known here): no tap loops and
    their pointer arithmetic, and the activation in registers for the codes ACT names (0: none, or applied over the
@@ -350,7 +331,7 @@ NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 3, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 4, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 5, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 6, 1)
-NCHWC_STEM(s3_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 3)
+NCHWC_STEM(s3_1_avx2, AVX2, v8f, v8i, 8, 6, 1)
 static const tiles_t tiles_avx2_c1 = {{6, 6, 6, 6},
                                       1,
                                       {NCHWC_ROW1(avx2_c1, 1), NCHWC_ROW1(avx2_c1, 2), NCHWC_ROW1(avx2_c1, 3),
