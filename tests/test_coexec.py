@@ -346,3 +346,39 @@ def test_zoo_model_split_plans_match_onnxruntime(name: str) -> None:
             got = m.run(feeds)
             for n, w in zip(names, want):
                 assert rel_err(got[n], w) <= 1e-3, (name, n, [p for p in m.placements if p.side == "split"][:3])
+
+
+@pytest.mark.slow
+def test_cpu_layers_run_as_regions_of_the_cpu_backend() -> None:
+    """Consecutive CPU-only layers run as one region: the CPU backend's executor over them, with its layout plan
+    (blocked convs) and kernels, not the co-execution's per-layer NCHW calls; a GPU layer between two runs of CPU
+    layers makes two regions whose boundary tensors go through the shared arena. Both answer like onnxruntime."""
+    import onnx
+
+    from inferd.coexec.engine import CoexecModel
+    from inferd.frontend import import_model
+    from inferd.package import cpu_graph
+    from inferd.vulkan.testing import rel_err
+    from zoo_fixture import zoo_reference
+
+    path, feeds, want, names = zoo_reference("resnet18")
+    g = import_model(path)
+    blocked = [n.name for n in cpu_graph(g).nodes if n.op == "inferd.ConvNchwc"]
+    assert len(blocked) >= 4  # the layout plan blocks resnet18's convs: what the regions must keep
+    convs = [n.name for n in g.nodes if n.op == "Conv"]
+    mid = convs[len(convs) // 2]
+    on_cpu = {n.name: "cpu" for n in g.nodes}
+    for sides, n_regions in ((on_cpu, 1), (on_cpu | {mid: "gpu"}, 2)):
+        with CoexecModel(g, sides) as m:
+            assert len(m.regions) == n_regions
+            assert m.load_stats["cpu_tasks"] == n_regions
+            kern = {p.name: p.cpu_kernel for p in m.placements if p.side == "cpu"}
+            on_blocked = [n for n in blocked if kern.get(n) == "nchwc"]
+            # with a conv on the GPU its neighbours may lose their blocked partner (each region plans its layout)
+            assert len(on_blocked) >= len(blocked) - 3 * (n_regions - 1), kern
+            for trial in range(2):
+                f = {k: v * (1.0 - 2 * trial) for k, v in feeds.items()}
+                got = m.run(f)
+                ref = want if trial == 0 else _ort_model(onnx.load(str(path)), f)
+                for n, w in zip(names, ref):
+                    assert rel_err(got[n], w) <= 1e-3, (n, sides.get(mid))

@@ -392,8 +392,7 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
 
     uns, _consts = graph_units(graph, _caps(get_device()))
     units = [u.layer.name for u in uns]
-    cpu_sides = {n: "cpu" for n in units}
-    cpu_model = CoexecModel(graph, cpu_sides)
+    cpu_model = CpuOnly(graph)
     gpu_model = VulkanModel(graph, profile=True)
     cpu_l, gpu_l, _, _ = _interleaved_layers(cpu_model, gpu_model, None, feeds, 3)
     # the planner over profiled costs: per splittable layer its single-side times in the model, and each side's
@@ -484,9 +483,49 @@ def bench_model(name: str, reps: int, sync_s: float, shapes: Mapping[str, Any] |
             "loadavg": [la0, list(os.getloadavg())]}
 
 
+class CpuOnly:
+    """The model on the CPU alone, as ``inferd.load(device="cpu")`` runs it: the CPU backend's executor over its
+    layout plan (``package.cpu_graph``). ``run_layers`` times every layer, a layout conversion counted with the
+    layer it serves (into the blocked layout: its reader; out of it: its producer)."""
+
+    def __init__(self, graph: Any) -> None:
+        from ..package import cpu_graph
+        from ..runtime.cpu import CpuExecutor
+
+        self.ex = CpuExecutor(cpu_graph(graph))
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.ex.run(dict(feeds))
+
+    def run_layers(self, feeds: Mapping[str, np.ndarray]) -> dict[str, float]:
+        from ..planner.layout import SUFFIX
+
+        _out, times = self.ex.run_timed(dict(feeds))
+        per: dict[str, float] = {}
+        carry = 0.0
+        last = ""
+        for (layer, _k), t in zip(self.ex.choice, times):
+            name = layer.name
+            if SUFFIX in name:
+                if name.endswith("#from") and last:
+                    per[last] += t
+                else:
+                    carry += t
+                continue
+            per[name] = per.get(name, 0.0) + t + carry
+            carry = 0.0
+            last = name
+        if carry and last:
+            per[last] += carry
+        return per
+
+    def close(self) -> None:
+        pass
+
+
 def _interleaved_layers(cpu_model: Any, gpu_model: Any, co_model: Any, feeds: Mapping[str, np.ndarray], rounds: int
                         ) -> tuple[dict[str, float], dict[str, float], dict[str, float], list[Any]]:
-    """Rounds of one run each of the CPU-only model (traced: per layer), the GPU-only one (timestamps: per layer)
+    """Rounds of one run each of the CPU-only model (timed per layer), the GPU-only one (timestamps: per layer)
     and the co-executed one (if any); medians per layer and of the totals, and the co-executed run's slowest
     steps."""
     fns = {"cpu": cpu_model, "gpu": gpu_model}
@@ -510,15 +549,14 @@ def _interleaved_layers(cpu_model: Any, gpu_model: Any, co_model: Any, feeds: Ma
             t0 = time.perf_counter()
             if k == "gpu":
                 m.run(feeds)
+            elif k == "cpu":
+                layers = m.run_layers(feeds)
             else:
                 m.run(feeds, trace=tr)
             tot[k].append(time.perf_counter() - t0)
             if k == "cpu":
-                prev = t0
-                for op, tag, t in tr:
-                    if op == "cpu":
-                        per_cpu.setdefault(tag, []).append(t - prev)
-                    prev = t
+                for tag, t in layers.items():
+                    per_cpu.setdefault(tag, []).append(t)
             elif k == "gpu":
                 acc: dict[str, float] = {}
                 for d in m.last_profile():

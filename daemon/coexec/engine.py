@@ -179,6 +179,10 @@ class CoexecModel:
         self._segments: list[_Segment] = []
         self._flags: Any = None
         self.placements: list[LayerPlacement] = []
+        #: a CPU-only layer's placement, until its region's executor names its kernel
+        self._region_of: dict[str, LayerPlacement] = {}
+        #: the CPU executors of the regions of consecutive CPU-only nodes
+        self.regions: list[Any] = []
         self.device = dev = device or get_device()
         if sync == "auto":
             # lavapipe waits on an event by spinning its thread for the whole inference (all segments are queued
@@ -255,7 +259,24 @@ class CoexecModel:
                     if r is act:
                         seg.ranges.append((off, off + n, bool(bi.writes), tag))
 
+        # consecutive CPU nodes run as one region: a CPU executor over their subgraph (the CPU backend's own
+        # layout plan, kernel choice and fusions), reading its inputs from and writing its outputs to the arena
+        region: list[Any] = []
+        readers: dict[str, set[str]] = {}
+        for n in self.graph.nodes:
+            for i in n.inputs:
+                if i:
+                    readers.setdefault(i, set()).add(n.name)
+
+        def close_region() -> None:
+            if region:
+                cpu_task(self._region_task(list(region), readers, cpu_forced, arange))
+                region.clear()
+
         for slot in b._slots:
+            if slot.kind == "alias" and region:
+                region.append(slot.node)  # a view: free on either side, and keeps the region whole
+                continue
             if slot.kind != "kernel":
                 continue
             layer = slot.layer
@@ -264,17 +285,17 @@ class CoexecModel:
             sh = split_shape(layer)
             pl = LayerPlacement(layer.name, layer.op, side, sh.channels if sh else 0, g)
             self.placements.append(pl)
+            if side == "cpu":
+                region.append(slot.node)
+                self._region_of[layer.name] = pl
+                continue
+            close_region()
             if side == "gpu":
                 lp = LayerPlan(slot.pos, layer.name, layer.op, slot.default.name, "raw", 0, 0, "")
                 b.prepare(slot.pos, lp, {})
                 prep = b._prepared[slot.pos]
                 pl.gpu_kernel = prep.kernel.name
                 record_gpu(prep.bound, layer.name)
-                continue
-            if side == "cpu":
-                task = self._cpu_task(layer, None, cpu_forced, arange)
-                pl.cpu_kernel = task.name
-                cpu_task(task)
                 continue
             assert sh is not None
             gpart = make_part(layer, consts, 0, g, "gpu")
@@ -311,6 +332,7 @@ class CoexecModel:
             task.split = True
             pl.cpu_kernel = task.name
             cpu_task(task)
+        close_region()
         if seg.dispatches:
             self._end_segment(seg)
             program.append(("submit", seg.index))
@@ -363,6 +385,49 @@ class CoexecModel:
                     continue
             return k
         raise BackendError(f"node {layer.name}: no Vulkan kernel computes a channel block of this layer")
+
+    def _region_task(self, nodes: list[Any], readers: Mapping[str, set[str]], forced: Mapping[str, str],
+                     arange: Callable[..., Range]) -> _CpuTask:
+        """One CPU task for consecutive CPU-only ``nodes``: the CPU backend's executor over their subgraph
+        (``package.cpu_graph``: blocked layout, its kernels), its inputs copied in from the arena and its outputs
+        (tensors read outside the region, or given out by the model) copied back. All inputs are copied before any
+        output is written, so an output may reuse an input's bytes as the arena's plan allows."""
+        from ..package import cpu_graph
+        from ..runtime.cpu import CpuExecutor
+
+        act = self._b.act_region
+        plan = self._b.plan
+        g = self.graph
+        infos = g.infos
+        consts = self._consts
+        inside = {n.name for n in nodes}
+        produced = {o for n in nodes for o in n.outputs if o}
+        given = {t.name for t in g.outputs}
+        ins: list[str] = []
+        for n in nodes:
+            for i in n.inputs:
+                if i and i not in produced and i not in consts and i not in ins:
+                    ins.append(i)
+        outs = [o for n in nodes for o in n.outputs
+                if o and o not in consts and (o in given or readers.get(o, set()) - inside)]
+        tag = f"region:{nodes[0].name}"
+        sub = Graph(f"{g.name}[{nodes[0].name}..{nodes[-1].name}]", list(nodes), [infos[i] for i in ins],
+                    [infos[o] for o in outs], consts, infos, g.opset)  # type: ignore[arg-type]
+        ex = CpuExecutor(cpu_graph(sub, dict(forced) or None), kernels=dict(forced) or None)
+        self.regions.append(ex)
+        for layer, k in ex.choice:
+            pl = self._region_of.pop(layer.name, None)
+            if pl is not None and k is not None:
+                pl.cpu_kernel = k.name
+
+        def view(name: str) -> np.ndarray:
+            return act.view(plan.offset(name), infos[name].shape, infos[name].dtype)
+        call = ex.bind_run({i: view(i) for i in ins}, [(o, view(o)) for o in outs])
+        if call is None:
+            raise CoexecUnsupported(f"model {g.name}: the CPU nodes {nodes[0].name}..{nodes[-1].name} do not run over "
+                                    f"fixed buffers (tensors shaped at run time)")
+        ranges = [arange(i, False, tag) for i in ins] + [arange(o, True, tag) for o in outs]
+        return _CpuTask("cpu-region", call, ranges, tag)
 
     def _cpu_task(self, layer: Layer, part: Part | None, forced: Mapping[str, str],
                   arange: Callable[..., Range], tag: str = "") -> _CpuTask:
@@ -613,7 +678,8 @@ class CoexecModel:
 
     @property
     def memory_bytes(self) -> int:
-        return int(self._b.memory_bytes + sum(r.size for r in self._regions))
+        return int(self._b.memory_bytes + sum(r.size for r in self._regions)
+                   + sum(ex.memory_bytes for ex in self.regions))
 
     def describe(self) -> list[dict[str, Any]]:
         return [dict(p.__dict__) for p in self.placements]
