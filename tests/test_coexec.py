@@ -373,6 +373,11 @@ def test_cpu_layers_run_as_regions_of_the_cpu_backend() -> None:
             assert len(m.regions) == n_regions
             assert m.load_stats["cpu_tasks"] == n_regions
             kern = {p.name: p.cpu_kernel for p in m.placements if p.side == "cpu"}
+            tr: list[Any] = []
+            m.run(feeds, trace=tr)  # a traced run notes each layer of a region, in order, with its time
+            noted = [what for op, what, _t in tr if op == "cpu"]
+            assert [n for n in noted if n in kern] == [n for n in kern if n in noted] and len(noted) > len(kern) // 2
+            assert all(t1 <= t2 for (_o, _w, t1), (_p, _v, t2) in zip(tr, tr[1:]))
             on_blocked = [n for n in blocked if kern.get(n) == "nchwc"]
             # with a conv on the GPU its neighbours may lose their blocked partner (each region plans its layout)
             assert len(on_blocked) >= len(blocked) - 3 * (n_regions - 1), kern

@@ -92,6 +92,8 @@ class _CpuTask:
     ranges: list[Range]
     tag: str
     split: bool = False
+    #: a region's run that notes each of its layers in the trace list it is given (None: not a region)
+    traced: Callable[[list[tuple[str, Any, float]]], None] | None = None
 
 
 @dataclass
@@ -422,12 +424,21 @@ class CoexecModel:
 
         def view(name: str) -> np.ndarray:
             return act.view(plan.offset(name), infos[name].shape, infos[name].dtype)
-        call = ex.bind_run({i: view(i) for i in ins}, [(o, view(o)) for o in outs])
+        srcs, dsts = {i: view(i) for i in ins}, [(o, view(o)) for o in outs]
+        call = ex.bind_run(srcs, dsts)
         if call is None:
             raise CoexecUnsupported(f"model {g.name}: the CPU nodes {nodes[0].name}..{nodes[-1].name} do not run over "
                                     f"fixed buffers (tensors shaped at run time)")
+        into: list[list[tuple[str, Any, float]]] = [[]]
+        clock = time.perf_counter
+        each = ex.bind_run(srcs, dsts, after=lambda name: into[0].append(("cpu", name, clock())))
+
+        def traced(trace: list[tuple[str, Any, float]]) -> None:
+            into[0] = trace
+            each()
+
         ranges = [arange(i, False, tag) for i in ins] + [arange(o, True, tag) for o in outs]
-        return _CpuTask("cpu-region", call, ranges, tag)
+        return _CpuTask("cpu-region", call, ranges, tag, traced=traced)
 
     def _cpu_task(self, layer: Layer, part: Part | None, forced: Mapping[str, str],
                   arange: Callable[..., Range], tag: str = "") -> _CpuTask:
@@ -591,7 +602,8 @@ class CoexecModel:
 
     def run(self, feeds: Mapping[str, np.ndarray], trace: list[tuple[str, Any, float]] | None = None
             ) -> dict[str, np.ndarray]:
-        """One inference. ``trace``: appended (op, what, perf_counter after it) per program step."""
+        """One inference. ``trace``: appended (op, what, perf_counter after it) per program step, and per layer
+        inside a CPU region."""
         from ..vulkan.device import vk
 
         with self._lock:
@@ -632,7 +644,10 @@ class CoexecModel:
                             dev.queue_submit(self._segments[arg].submit, self._fences[arg])
                             submitted = arg + 1
                     elif op == "cpu":
-                        arg.call()
+                        if trace is not None and arg.traced is not None:
+                            arg.traced(trace)  # its layers one by one; the step noted below is its copy-out
+                        else:
+                            arg.call()
                     else:
                         self._wait(arg)
                     if trace is not None:

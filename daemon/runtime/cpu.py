@@ -378,13 +378,14 @@ class CpuExecutor:
             call()
         return self.end()
 
-    def bind_run(self, sources: Mapping[str, np.ndarray | None],
-                 dests: Sequence[tuple[str, np.ndarray]]) -> Callable[[], None] | None:
-        """A run over fixed buffers as one call (a control-flow body inside its node's arena): each graph input
-        copied from ``sources[name]``, the kernels, each (output name, buffer) of ``dests`` filled (a list: a body
-        may give one tensor as two outputs); no feeds dict,
+    def bind_run(self, sources: Mapping[str, np.ndarray | None], dests: Sequence[tuple[str, np.ndarray]],
+                 after: Callable[[str], None] | None = None) -> Callable[[], None] | None:
+        """A run over fixed buffers as one call (a control-flow body inside its node's arena, a co-executed
+        model's CPU region): each graph input copied from ``sources[name]``, the kernels, each (output name,
+        buffer) of ``dests`` filled (a list: a body may give one tensor as two outputs); no feeds dict,
         no checks and no result arrays per run (``run`` makes those for a caller whose arrays change). None when
-        a buffer does not have the planned shape and type, or a tensor is shaped at run time."""
+        a buffer does not have the planned shape and type, or a tensor is shaped at run time. ``after``: called
+        with each layer's name once it ran (a traced run, for per-layer timings)."""
         if self.graph.runtime_shaped:
             return None
         ins = []
@@ -401,6 +402,16 @@ class CpuExecutor:
                 return None
             outs.append((dst, src))
         copy_in, copy_out = copies_call(ins), copies_call(outs)
+        if after is not None:
+            named = list(zip(self._calls, [s.layer.name for s in self.steps if s is not None and not s.alias]))
+
+            def traced() -> None:
+                copy_in()
+                for c, name in named:
+                    c()
+                    after(name)
+                copy_out()
+            return traced
 
         def call() -> None:
             copy_in()
