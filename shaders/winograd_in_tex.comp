@@ -23,6 +23,10 @@ void main() {
     int tq = p.TP / 4;
     int q = int(i % uint(tq));
     int c = int(i / uint(tq));
+    // the transform matrix in registers: read from its buffer inside the loops it costs a storage-buffer
+    // load per multiply-add, a per-lane loop on lavapipe
+    float btl[A * A];
+    for (int e = 0; e < A * A; ++e) btl[e] = bt[e];
     vec4 o[A * A];
     for (int e = 0; e < A * A; ++e) o[e] = vec4(0.0);
     for (int j = 0; j < 4; ++j) {
@@ -48,13 +52,13 @@ void main() {
         for (int a = 0; a < A; ++a)
             for (int b = 0; b < A; ++b) {
                 float s = 0.0;
-                for (int k = 0; k < A; ++k) s += bt[a * A + k] * d[k][b];
+                for (int k = 0; k < A; ++k) s += btl[a * A + k] * d[k][b];
                 tmp[a][b] = s;
             }
         for (int a = 0; a < A; ++a)
             for (int b = 0; b < A; ++b) {
                 float s = 0.0;
-                for (int k = 0; k < A; ++k) s += tmp[a][k] * bt[b * A + k];
+                for (int k = 0; k < A; ++k) s += tmp[a][k] * btl[b * A + k];
                 o[a * A + b][j] = s;
             }
     }

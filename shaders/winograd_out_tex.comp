@@ -31,6 +31,9 @@ void main() {
     int q = int(i % uint(tq));
     int k = int(i / uint(tq));
     int KT4 = p.K * tq;
+    // the transform matrix in registers (a storage-buffer load per multiply-add is a per-lane loop on lavapipe)
+    float atl[MO * A];
+    for (int e = 0; e < MO * A; ++e) atl[e] = at[e];
     vec4 m4[A * A];
     for (int e = 0; e < A * A; ++e) m4[e] = TFETCH(Mw, e * KT4 + k * tq + q);
     float bv = bias[k];
@@ -44,7 +47,7 @@ void main() {
         for (int a = 0; a < MO; ++a)
             for (int b = 0; b < A; ++b) {
                 float s = 0.0;
-                for (int r = 0; r < A; ++r) s += at[a * A + r] * m4[r * A + b][j];
+                for (int r = 0; r < A; ++r) s += atl[a * A + r] * m4[r * A + b][j];
                 tmp[a][b] = s;
             }
         int ybase = (img * p.K + k) * p.OH * p.OW;
@@ -55,7 +58,7 @@ void main() {
             int oi = ybase + oh * p.OW + tw * MO;
             vec4 s4 = vec4(bv);
             for (int b = 0; b < MO; ++b)
-                for (int r = 0; r < A; ++r) s4[b] += tmp[a][r] * at[b * A + r];
+                for (int r = 0; r < A; ++r) s4[b] += tmp[a][r] * atl[b * A + r];
             if (p.has_res != 0) s4 += TFETCH(R, oi >> 2);
             s4.x = act(s4.x, p.act_a, p.act_b); s4.y = act(s4.y, p.act_a, p.act_b);
             s4.z = act(s4.z, p.act_a, p.act_b); s4.w = act(s4.w, p.act_a, p.act_b);
@@ -70,7 +73,7 @@ void main() {
                 int ow = tw * MO + b;
                 if (ow >= p.OW) break;
                 float s = bv;
-                for (int r = 0; r < A; ++r) s += tmp[a][r] * at[b * A + r];
+                for (int r = 0; r < A; ++r) s += tmp[a][r] * atl[b * A + r];
                 int oi = ybase + oh * p.OW + ow;
                 if (p.has_res != 0) s += TFETCH(R, oi >> 2)[oi & 3];
                 y[oi] = act(s, p.act_a, p.act_b);
