@@ -343,11 +343,13 @@ def test_zoo_models_run_blocked_and_match_onnxruntime(name: str, tmp_path: Path)
         stem = next(n.name for n in graph.nodes if n.op == "Conv")
         assert dict(zip(plan.blocked, plan.kinds)).get(stem) == "stem", plan.kinds[:3]
     if name == "mobilenetv2":
-        # the 24-channel stage runs blocked in padded blocks, so the first region reaches the 28x28 stage: blocked
-        # from the stem to the 7x7 maps, one conversion out
-        for conv in ("/features/2/conv/2/Conv", "/features/3/conv/0/0/Conv", "/features/3/conv/2/Conv"):
+        # the 24-channel stage runs blocked in padded blocks, so the first region reaches the 28x28 stage, and the
+        # 7x7 maps' 1x1s run blocked too: one region from the stem to the global pool (which writes NCHW), no
+        # conversion anywhere
+        for conv in ("/features/2/conv/2/Conv", "/features/3/conv/0/0/Conv", "/features/3/conv/2/Conv",
+                     "/features/17/conv/2/Conv", "/features/18/0/Conv"):
             assert conv in plan.blocked, conv
-        assert sum(n.op == TO for n in g2.nodes) == 0 and sum(n.op == FROM for n in g2.nodes) == 1
+        assert sum(n.op == TO for n in g2.nodes) == 0 and sum(n.op == FROM for n in g2.nodes) == 0
     if name == "resnet18":
         # each stage's first block: the strided 3x3 and the strided 1x1 downsampling beside it, one region reading
         # the input converted once (the 1x1 reads its pixels in place where the NCHW path copies them out), down
@@ -673,3 +675,40 @@ def test_a_concat_of_blocked_and_nchw_parts_runs_blocked_where_that_converts_les
     # a large NCHW part and an NCHW reader: converting the blocked part out is less, the concat stays NCHW
     big = _mixed_concat_model(tmp_path, 256, False)
     assert "concat" not in plan_layout(specialize(import_template(str(big)))).kinds
+
+
+def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    inits = [numpy_helper.from_array((rng.standard_normal((channels, channels, 1, 1)) * 0.05).astype(np.float32),
+                                     f"w{i}") for i in range(n)]
+    names = ["x"] + [f"t{i}" for i in range(n - 1)] + ["y"]
+    nodes = [helper.make_node("Conv", [names[i], f"w{i}"], [names[i + 1]], kernel_shape=[1, 1]) for i in range(n)]
+    g = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / f"pw{channels}_{hw}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@needs_native
+def test_pointwise_convs_on_small_maps_run_blocked_where_their_saving_pays_for_the_conversions(tmp_path: Path) -> None:
+    # a 7x7 map's 1x1s run blocked when their work is worth the two conversions (each costs a node's fixed time
+    # besides its bytes); a map under 49 pixels, or too little work, stays NCHW
+    ort = pytest.importorskip("onnxruntime")
+    from inferd.frontend import import_template, specialize
+
+    def kinds(channels: int, hw: int) -> tuple[str, ...]:
+        return plan_layout(specialize(import_template(str(_pointwise_chain(tmp_path, channels, hw))))).kinds
+
+    assert kinds(256, 7) == ("conv",) * 3
+    assert kinds(256, 6) == ()
+    # 128 -> 128: ~2 us saved per conv; the conversions' bytes alone (~1.7 us each) would have let them block
+    assert kinds(128, 7) == ()
+    path = _pointwise_chain(tmp_path, 256, 7)
+    x = np.random.default_rng(8).standard_normal((1, 256, 7, 7)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with inferd.load(str(path), device="cpu") as m:
+        np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)

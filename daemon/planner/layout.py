@@ -46,15 +46,21 @@ DIRECT_MAX_CIN = 64
 #: 1x1 convs with this many weights or more stay on the GEMM (with the pointwise tiles, resnet50's 1024->256 on
 #: 14x14 took 0.87x the GEMM's time blocked; its 1024->2048 downsampling on 7x7 1.06x)
 POINTWISE_MAX_WEIGHTS = 1024 * 1024
-#: ... and so do 1x1 convs on maps smaller than this (efficientnet_b0's 7x7 expansions: 1.15x the time blocked)
-POINTWISE_MIN_PIXELS = 100
+#: ... and so do 1x1 convs on maps smaller than this. With the run tiles (a 7x7 map as one row of 49 pixels),
+#: mobilenetv2's 7x7 1x1s take 0.75-0.96x the GEMM's time blocked and the model 0.96-0.97x (Zen 3, 1 and 2
+#: threads); efficientnet_b0's 7x7 expansions 0.9-1.08x (its 5x5 depthwise convs between them 1.1-1.3x), the
+#: model 0.96-0.98x (2026-12-01; before the run tiles they had taken 1.15x blocked)
+POINTWISE_MIN_PIXELS = 49
+#: maps of fewer pixels than this save less blocked than larger ones do (``SAVING["pointwise_small"]``)
+SMALL_MAP_PIXELS = 100
 SUFFIX = "::nchwc"
 #: Fraction of a conv's time the blocked kernel saves, by what the NCHW path would run (measured per layer in the
 #: models, two threads, Emerald Rapids: 1x1 0.61-0.79x with the pointwise tiles, direct 3x3 0.78-0.93x, strided
 #: 3x3 via im2col 0.85-0.88x, strided 1x1 (a strided copy and the GEMM) 0.38-0.77x; against Winograd F(4,3)
 #: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
 #: saves nothing to speak of.
-SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30}
+SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30,
+          "pointwise_small": 0.12}
 #: Most work a conv may do on the padding lanes of its blocks, as a factor of its own (channels not a multiple of
 #: 16: 24 of mobilenetv2's second stage 1.33, 40 of efficientnet_b0's third 1.2; 8 would be 2); the saving counts it
 MAX_PAD = 1.5
@@ -62,6 +68,9 @@ MAX_PAD = 1.5
 #: they turn savings and conversions into one unit (only their ratio matters)
 CONV_RATE = 100e9
 CONVERT_RATE = 30e9
+#: ... and what a conversion costs whatever its size (a node of its own: shufflenetv2's 116-channel 7x7 tensors
+#: took 5 us each way where their bytes alone say 1.5 us)
+CONVERT_FIXED_S = 3e-6
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,8 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
         y = graph.infos.get(node.outputs[0])
         ok = cin * cout < POINTWISE_MAX_WEIGHTS and y is not None and (
             strided or math.prod(y.shape[2:]) >= POINTWISE_MIN_PIXELS)
-        return ("strided1x1" if strided else "pointwise") if ok else None
+        small = y is not None and math.prod(y.shape[2:]) < SMALL_MAP_PIXELS
+        return ("strided1x1" if strided else "pointwise_small" if small else "pointwise") if ok else None
     if dw or strided:
         return "depthwise" if dw else "strided"
     # k x k stride 1: where the NCHW path takes Winograd it stays, but for few channels each way
@@ -144,7 +154,7 @@ def _saving(node: Node, graph: Graph, path: str) -> float:
 
 
 def _convert_cost(info: TensorInfo) -> float:
-    return 2.0 * info.nbytes / CONVERT_RATE
+    return CONVERT_FIXED_S + 2.0 * info.nbytes / CONVERT_RATE
 
 
 def _pool_ok(node: Node, graph: Graph, forced: Mapping[str, str]) -> bool:
