@@ -743,6 +743,10 @@ typedef struct {
     int cb, H, W, KH, KW, SH, SW, PT_, PL, OH, OW, act;
     float p0, p1;
     int rows_per_task, nbands;
+    /* narrow maps (a conv's): each task copies its block's map with the padding as zeros (Hp x Wp, on its stack)
+       and runs it unpadded, so no pixel has clipped taps; 0: in place */
+    int Hp, Wp;
+    const float* xblk; /* the block's map when the row reads one block's copy (x then not offset by the block) */
 } djob_t;
 
 /* One tap for NPV pixels of a row (PS floats apart: the stride), each pixel 16 / VW vectors: an FMA, or a max
@@ -793,7 +797,7 @@ typedef struct {
         const int H = J->H, W = J->W, KH = J->KH, KW = J->KW, SW = J->SW, PL = J->PL, OW = J->OW;                \
         const long long rs = (long long)W * 16, xs = (long long)H * rs, ps = (long long)SW * 16;                 \
         const long long ys = (long long)J->OH * OW * 16;                                                          \
-        const float* xb = J->x + cb * xs;                                                                        \
+        const float* xb = J->xblk ? J->xblk : J->x + cb * xs;                                                    \
         const float* wb = POOL ? NULL : J->w + (long long)cb * KH * KW * 16;                                      \
         float* yr = J->y + cb * ys + (long long)oh * OW * 16;                                                    \
         const float* rr = J->res ? J->res + cb * ys + (long long)oh * OW * 16 : NULL;                            \
@@ -877,6 +881,10 @@ static drow_fn drow(int pool)
     return pool ? mp_gen : dw_gen;
 }
 
+/* the most floats of a narrow map's padded copy on a task's stack (32 KB: an 18 x 18 map with its padding, as a 5x5
+   on a 14x14 map reads) */
+#define DW_PAD_FLOATS 8192
+
 static void dw_task(void* ctx, long long task)
 {
     const djob_t* J = ctx;
@@ -884,6 +892,30 @@ static void dw_task(void* ctx, long long task)
     const int cb = (int)(task / J->nbands), band = (int)(task % J->nbands);
     const int oh0 = band * J->rows_per_task;
     const int oh1 = oh0 + J->rows_per_task < J->OH ? oh0 + J->rows_per_task : J->OH;
+    if (J->Hp) {
+        /* the rows this band reads, padded, into a copy the rows then read from cache */
+        float xp[DW_PAD_FLOATS] __attribute__((aligned(64)));
+        const int r0 = oh0 * J->SH, r1 = (oh1 - 1) * J->SH + J->KH; /* padded rows [r0, r1) */
+        const float* xb = J->x + (long long)cb * J->H * J->W * 16;
+        for (int r = r0; r < r1; ++r) {
+            float* d = xp + (long long)r * J->Wp * 16;
+            const int ih = r - J->PT_;
+            if (ih < 0 || ih >= J->H) {
+                memset(d, 0, sizeof(float) * 16 * J->Wp);
+                continue;
+            }
+            memset(d, 0, sizeof(float) * 16 * J->PL);
+            memcpy(d + 16 * J->PL, xb + (long long)ih * J->W * 16, sizeof(float) * 16 * J->W);
+            memset(d + 16 * (J->PL + J->W), 0, sizeof(float) * 16 * (J->Wp - J->W - J->PL));
+        }
+        djob_t L = *J;
+        L.xblk = xp;
+        L.H = J->Hp;
+        L.W = J->Wp;
+        L.PT_ = L.PL = 0;
+        for (int oh = oh0; oh < oh1; ++oh) f(&L, cb, oh);
+        return;
+    }
     for (int oh = oh0; oh < oh1; ++oh) f(J, cb, oh);
 }
 
@@ -906,14 +938,33 @@ int inferd_nchwc_dwconv(const float* x, int blocks, int H, int W, const float* w
                         int act, float p0, float p1)
 {
     if (!w) return -1;
-    djob_t J = {x, w, bias, res, y, blocks, H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, act, p0, p1, 0, 0};
+    djob_t J = {x, w, bias, res, y, blocks, H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, act, p0, p1, 0, 0, 0, 0,
+                NULL};
+    /* The columns whose taps leave the row run one pixel at a time with their taps clipped (4 of 7 columns of a
+       5x5 on a 7x7 map): on narrow maps (those columns 1/16 of the row or more, as for the dense convs) of kernels
+       5 wide and more, each task copies its block's map with the padding as zeros and runs every row in full
+       groups of pixels. AVX2, one thread: 1152 channels 5x5 on 7x7 0.83x the time, 672 on 14x14 0.89x; 3x3s
+       keep the clipped columns (960 on 7x7: 1.06x padded), and so do strided 5x5s
+       (672 on 14x14 at stride 2: 1.15x). The zeros add the same partial sums: the same bits. */
+    if (KW >= 5 && SW == 1 && OW >= 1 && OH >= 1) {
+        const int lo = (pad_left + SW - 1) / SW, hi = (W + pad_left - KW) / SW + 1;
+        const int edge = lo + (hi < OW ? OW - hi : 0);
+        int Wp = (OW - 1) * SW + KW, Hp = (OH - 1) * SH + KH;
+        if (Wp < W + pad_left) Wp = W + pad_left;
+        if (Hp < H + pad_top) Hp = H + pad_top;
+        if (edge > 0 && 16 * edge >= OW && (long long)Hp * Wp * 16 <= DW_PAD_FLOATS) {
+            J.Hp = Hp;
+            J.Wp = Wp;
+        }
+    }
     return dw_run(&J);
 }
 
 int inferd_nchwc_maxpool(const float* x, int blocks, int H, int W, int KH, int KW, int SH, int SW, int pad_top,
                          int pad_left, int OH, int OW, float* y)
 {
-    djob_t J = {x, NULL, NULL, NULL, y, blocks, H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, 0, 0, 0, 0, 0};
+    djob_t J = {x, NULL, NULL, NULL, y, blocks, H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, 0, 0, 0, 0, 0, 0, 0,
+                NULL};
     return dw_run(&J);
 }
 

@@ -94,6 +94,10 @@ CONV_CASES = [
     (1, 40, 40, (9, 8), (5, 5), 2, [2, 2, 2, 2], 40, None, False),
     # depthwise 5x5 stride 1 (efficientnet's): its own unrolled taps inside the row, the general ones at its ends
     (1, 48, 48, (11, 13), (5, 5), 1, [2, 2, 2, 2], 48, ("Sigmoid", ()), True),
+    # ... on a narrow map each task first copies its block's map with the padding (uneven here); a map too large
+    # for that copy keeps its edge columns clipped
+    (1, 32, 32, (7, 7), (5, 5), 1, [2, 1, 2, 2], 32, ("Relu", ()), True),
+    (1, 32, 32, (24, 30), (5, 5), 1, [2, 2, 2, 2], 32, None, False),
 ]
 
 
