@@ -609,7 +609,6 @@ def test_native_nchwc_under_sanitizers(tmp_path: Path) -> None:
 def test_a_channel_concat_runs_blocked_whichever_way_its_axis_is_written(axis: int, tmp_path: Path) -> None:
     # two 1x1 convs into a Concat into a third: the concat takes the blocked twins as they are; its axis counted
     # from the end (-3 of NCHW) must still name the blocks' axis, not the rows of the 5-D twins
-    ort = pytest.importorskip("onnxruntime")
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -628,10 +627,15 @@ def test_a_channel_concat_runs_blocked_whichever_way_its_axis_is_written(axis: i
 
     plan = plan_layout(specialize(import_template(str(path))))
     assert "concat" in plan.kinds and plan.kinds.count("conv") == 3
-    x = rng.standard_normal((1, 256, 32, 32)).astype(np.float32)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    _assert_matches_onnxruntime(path, {"x": rng.standard_normal((1, 256, 32, 32)).astype(np.float32)})
+
+
+def _assert_matches_onnxruntime(path: Path, feeds: dict[str, np.ndarray], atol: float = 1e-4) -> None:
+    """inferd's CPU answer for output ``y`` of the model at ``path`` against onnxruntime's."""
+    ort = pytest.importorskip("onnxruntime")
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], feeds)[0]
     with inferd.load(str(path), device="cpu") as m:
-        np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-4, atol=atol)
 
 
 def _mixed_concat_model(tmp_path: Path, nchw_channels: int, blocked_reader: bool) -> Path:
@@ -664,7 +668,6 @@ def _mixed_concat_model(tmp_path: Path, nchw_channels: int, blocked_reader: bool
 def test_a_concat_of_blocked_and_nchw_parts_runs_blocked_where_that_converts_less(tmp_path: Path) -> None:
     # unet's skip connections: a blocked part beside a small NCHW one, read by a blocked conv: converting the NCHW
     # part in (16 channels) beats converting the blocked part out and the whole concat back in (64 + 80)
-    ort = pytest.importorskip("onnxruntime")
     from inferd.frontend import import_template, specialize
 
     path = _mixed_concat_model(tmp_path, 16, True)
@@ -673,9 +676,7 @@ def test_a_concat_of_blocked_and_nchw_parts_runs_blocked_where_that_converts_les
     rng = np.random.default_rng(6)
     feeds = {"x": rng.standard_normal((1, 64, 32, 32)).astype(np.float32),
              "z": rng.standard_normal((1, 16, 32, 32)).astype(np.float32)}
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], feeds)[0]
-    with inferd.load(str(path), device="cpu") as m:
-        np.testing.assert_allclose(m.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+    _assert_matches_onnxruntime(path, feeds)
     # a large NCHW part and an NCHW reader: converting the blocked part out is less, the concat stays NCHW
     big = _mixed_concat_model(tmp_path, 256, False)
     assert "concat" not in plan_layout(specialize(import_template(str(big)))).kinds
@@ -701,7 +702,6 @@ def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3) -> Path
 def test_pointwise_convs_on_small_maps_run_blocked_where_their_saving_pays_for_the_conversions(tmp_path: Path) -> None:
     # a 7x7 map's 1x1s run blocked when their work is worth the two conversions (each costs a node's fixed time
     # besides its bytes); a map under 49 pixels, or too little work, stays NCHW
-    ort = pytest.importorskip("onnxruntime")
     from inferd.frontend import import_template, specialize
 
     def kinds(channels: int, hw: int) -> tuple[str, ...]:
@@ -711,8 +711,5 @@ def test_pointwise_convs_on_small_maps_run_blocked_where_their_saving_pays_for_t
     assert kinds(256, 6) == ()
     # 128 -> 128: ~2 us saved per conv; the conversions' bytes alone (~1.7 us each) would have let them block
     assert kinds(128, 7) == ()
-    path = _pointwise_chain(tmp_path, 256, 7)
     x = np.random.default_rng(8).standard_normal((1, 256, 7, 7)).astype(np.float32)
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    with inferd.load(str(path), device="cpu") as m:
-        np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+    _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 7), {"x": x})
