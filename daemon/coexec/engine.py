@@ -10,7 +10,10 @@ refused at load (``CoexecUnsupported``), and ``inferd.load`` then falls back (se
 
 At load the graph becomes a *program*: GPU work in segments (command buffers recorded once, each starting
 with a barrier on everything before it and ending with a barrier making its writes visible to the host),
-CPU tasks (bound kernel calls over arena views), and waits. A segment is submitted as soon as a CPU task is
+CPU tasks, and waits. A CPU task is a split layer's CPU part (its kernel bound to views of the arena) or a
+*region*: a run of consecutive CPU-only nodes as the CPU backend runs them (``CpuExecutor`` over their subgraph,
+with its layout plan, blocked kernels and fusions, in an arena of its own), its inputs copied in from the shared
+arena and the tensors read beyond it copied back. A segment is submitted as soon as a CPU task is
 due, so the GPU runs its half of a split layer (and whatever GPU work precedes it) while the CPU computes
 its half; a CPU task first waits for every submitted segment that wrote what it reads or touches what it
 writes (byte ranges; a split layer's two halves are disjoint by construction), and a GPU segment is
@@ -440,10 +443,10 @@ class CoexecModel:
         ranges = [arange(i, False, tag) for i in ins] + [arange(o, True, tag) for o in outs]
         return _CpuTask("cpu-region", call, ranges, tag, traced=traced)
 
-    def _cpu_task(self, layer: Layer, part: Part | None, forced: Mapping[str, str],
+    def _cpu_task(self, layer: Layer, part: Part, forced: Mapping[str, str],
                   arange: Callable[..., Range], tag: str = "") -> _CpuTask:
-        """A CPU kernel bound to arena views (a split part's tensors: views inside the whole tensors; a
-        strided column block through a contiguous scratch, copied in before and out after)."""
+        """A split layer's CPU part: its kernel bound to arena views (the part's tensors: views inside the whole
+        tensors; a strided column block through a contiguous scratch, copied in before and out after)."""
         act = self._b.act_region
         plan = self._b.plan
         infos = self.graph.infos
@@ -453,7 +456,7 @@ class CoexecModel:
         try:
             k = choose_kernel(layer, "cpu", want)
         except KernelError:
-            if part is None or want is None:
+            if want is None:
                 raise
             k = choose_kernel(layer, "cpu")  # a part the forced kernel does not fit (one channel of a depthwise)
         params = k.transform(layer, raw_params(layer, consts))
@@ -463,12 +466,11 @@ class CoexecModel:
         tag = tag or layer.name
 
         def view(name: str, writes: bool) -> np.ndarray:
-            v = part.views.get(name) if part is not None else None
+            v = part.views.get(name)
             if v is None:
                 info = infos[name]
                 ranges.append(arange(name, writes, tag))
                 return act.view(plan.offset(name), info.shape, info.dtype)
-            assert part is not None
             info = part.infos[name]
             off = plan.offset(v.parent)
             if not v.strided:
@@ -548,7 +550,6 @@ class CoexecModel:
 
     # ------------------------------------------------------------------ run
     def _wait(self, k: int) -> None:
-        from ..vulkan.device import vk
 
         dev = self.device
         fence = self._fences[min(k, len(self._fences) - 1)]
