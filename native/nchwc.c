@@ -557,22 +557,41 @@ typedef struct {
     int H, W, Hp, Wp, PT, PL;
 } padjob_t;
 
-/* one row of one input block into the padded copy: zeros, the row, zeros (a row of the top or bottom padding:
-   zeros) */
+/* one padded row of Wp pixels: PL zeros, the row s of W pixels, zeros (NULL s: a row of the top or bottom
+   padding, zeros) */
+static void pad_row(float* d, const float* s, int W, int PL, int Wp)
+{
+    if (!s) {
+        memset(d, 0, sizeof(float) * 16 * Wp);
+        return;
+    }
+    memset(d, 0, sizeof(float) * 16 * PL);
+    memcpy(d + 16 * PL, s, sizeof(float) * 16 * W);
+    memset(d + 16 * (PL + W), 0, sizeof(float) * 16 * (Wp - W - PL));
+}
+
+/* A padded copy's size (Hp x Wp: every output pixel's taps inside it); returns the output columns whose taps
+   leave the row (run one pixel at a time with clipped taps in place). */
+static int pad_geometry(int H, int W, int KH, int KW, int SH, int SW, int pad_top, int pad_left, int OH, int OW,
+                        int* Hp, int* Wp)
+{
+    const int lo = (pad_left + SW - 1) / SW, hi = (W + pad_left - KW) / SW + 1;
+    const int edge = lo + (hi < OW ? OW - hi : 0);
+    *Wp = (OW - 1) * SW + KW;
+    *Hp = (OH - 1) * SH + KH;
+    if (*Wp < W + pad_left) *Wp = W + pad_left;
+    if (*Hp < H + pad_top) *Hp = H + pad_top;
+    return edge;
+}
+
+/* one row of one input block into the padded copy */
 static void pad_task(void* ctx, long long task)
 {
     const padjob_t* P = ctx;
     const long long b = task / P->Hp;
     const int ih = (int)(task % P->Hp) - P->PT;
-    float* d = P->xp + task * P->Wp * 16;
-    if (ih < 0 || ih >= P->H) {
-        memset(d, 0, sizeof(float) * 16 * P->Wp);
-        return;
-    }
-    const float* s = P->x + (b * P->H + ih) * P->W * 16;
-    memset(d, 0, sizeof(float) * 16 * P->PL);
-    memcpy(d + 16 * P->PL, s, sizeof(float) * 16 * P->W);
-    memset(d + 16 * (P->PL + P->W), 0, sizeof(float) * 16 * (P->Wp - P->W - P->PL));
+    pad_row(P->xp + task * P->Wp * 16, ih < 0 || ih >= P->H ? NULL : P->x + (b * P->H + ih) * P->W * 16, P->W,
+            P->PL, P->Wp);
 }
 
 typedef struct {
@@ -647,11 +666,8 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
     float* xp = NULL;
     int* off = NULL;
     if (cpb == 16 && !flat && KW > 1) {
-        const int lo = (pad_left + SW - 1) / SW, hi = (W + pad_left - KW) / SW + 1;
-        const int edge = lo + (hi < OW ? OW - hi : 0);
-        int Wp = (OW - 1) * SW + KW, Hp = (OH - 1) * SH + KH;
-        if (Wp < W + pad_left) Wp = W + pad_left;
-        if (Hp < H + pad_top) Hp = H + pad_top;
+        int Hp, Wp;
+        const int edge = pad_geometry(H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, &Hp, &Wp);
         const long long pbytes = 64LL * cib * Hp * Wp;
         const int strided = SH * SW > 1 && (long long)cout_blocks * 16 * KH * KW >= 1024;
         if (edge > 0 && (16 * edge >= OW || (strided && pbytes <= PAD_MAX_BYTES))) {
@@ -898,15 +914,9 @@ static void dw_task(void* ctx, long long task)
         const int r0 = oh0 * J->SH, r1 = (oh1 - 1) * J->SH + J->KH; /* padded rows [r0, r1) */
         const float* xb = J->x + (long long)cb * J->H * J->W * 16;
         for (int r = r0; r < r1; ++r) {
-            float* d = xp + (long long)r * J->Wp * 16;
             const int ih = r - J->PT_;
-            if (ih < 0 || ih >= J->H) {
-                memset(d, 0, sizeof(float) * 16 * J->Wp);
-                continue;
-            }
-            memset(d, 0, sizeof(float) * 16 * J->PL);
-            memcpy(d + 16 * J->PL, xb + (long long)ih * J->W * 16, sizeof(float) * 16 * J->W);
-            memset(d + 16 * (J->PL + J->W), 0, sizeof(float) * 16 * (J->Wp - J->W - J->PL));
+            pad_row(xp + (long long)r * J->Wp * 16, ih < 0 || ih >= J->H ? NULL : xb + (long long)ih * J->W * 16,
+                    J->W, J->PL, J->Wp);
         }
         djob_t L = *J;
         L.xblk = xp;
@@ -947,11 +957,8 @@ int inferd_nchwc_dwconv(const float* x, int blocks, int H, int W, const float* w
        keep the clipped columns (960 on 7x7: 1.06x padded), and so do strided 5x5s
        (672 on 14x14 at stride 2: 1.15x). The zeros add the same partial sums: the same bits. */
     if (KW >= 5 && SW == 1 && OW >= 1 && OH >= 1) {
-        const int lo = (pad_left + SW - 1) / SW, hi = (W + pad_left - KW) / SW + 1;
-        const int edge = lo + (hi < OW ? OW - hi : 0);
-        int Wp = (OW - 1) * SW + KW, Hp = (OH - 1) * SH + KH;
-        if (Wp < W + pad_left) Wp = W + pad_left;
-        if (Hp < H + pad_top) Hp = H + pad_top;
+        int Hp, Wp;
+        const int edge = pad_geometry(H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, &Hp, &Wp);
         if (edge > 0 && 16 * edge >= OW && (long long)Hp * Wp * 16 <= DW_PAD_FLOATS) {
             J.Hp = Hp;
             J.Wp = Wp;

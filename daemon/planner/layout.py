@@ -47,9 +47,9 @@ DIRECT_MAX_CIN = 64
 #: 14x14 took 0.87x the GEMM's time blocked; its 1024->2048 downsampling on 7x7 1.06x)
 POINTWISE_MAX_WEIGHTS = 1024 * 1024
 #: ... and so do 1x1 convs on maps smaller than this. With the run tiles (a 7x7 map as one row of 49 pixels),
-#: mobilenetv2's 7x7 1x1s take 0.75-0.96x the GEMM's time blocked and the model 0.96-0.97x (Zen 3, 1 and 2
-#: threads); efficientnet_b0's 7x7 expansions 0.9-1.08x (its 5x5 depthwise convs between them 1.1-1.3x), the
-#: model 0.96-0.98x (2026-12-01; before the run tiles they had taken 1.15x blocked)
+#: mobilenetv2's 7x7 1x1s take 0.75-0.96x the GEMM's time blocked and the model 0.95-0.99x (Zen 3, 1 and 2
+#: threads, 2026-12-01), googlenet 0.90-0.97x; efficientnet_b0's 7x7 expansions 0.9-1.08x, the model 0.96-1.00x
+#: in four A/Bs (before the run tiles they had taken 1.15x blocked)
 POINTWISE_MIN_PIXELS = 49
 #: maps of fewer pixels than this save less blocked than larger ones do (``SAVING["pointwise_small"]``)
 SMALL_MAP_PIXELS = 100
