@@ -37,6 +37,7 @@ from .ir import Graph, Node, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
+from .planner.layout import LayoutPlan, apply_layout, plan_layout
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
 from .runtime.window import hold as hold_window
@@ -135,8 +136,10 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     opt = options or PlanOptions()
     if not transformed:
         opt = PlanOptions(**{**opt.to_dict(), "cache": False})
-    backend = make_backend(graph, device, kernels, precision=precision, fp32_layers=tuple(fp32_layers),
-                           fp16_arithmetic=fp16_arithmetic)
+    # the CPU's layout plan is part of the package's plan: a load applies it rather than planning it again
+    layout = cpu_layout(graph, kernels) if device == "cpu" else None
+    backend = make_backend(graph, device, kernels, run_graph=cpu_graph(graph, kernels, layout) if layout else None,
+                           precision=precision, fp32_layers=tuple(fp32_layers), fp16_arithmetic=fp16_arithmetic)
     fp = backend_fingerprint(backend, device)
     entries = backend.candidates()
     prof = None
@@ -152,20 +155,24 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     sha = file_sha256(src)
     _write_package(out, template, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device,
                    kernels, costs="profiled" if prof is not None else ("predicted" if pred is not None else "roofline"),
-                   precision=backend_precision(backend, device, precision, graph, prof, tuple(fp32_layers)))
+                   precision=backend_precision(backend, device, precision, graph, prof, tuple(fp32_layers)),
+                   layout=layout)
     close = getattr(backend, "close", None)
     if close is not None:
         close()
     return out
 
 
-def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = None, **options: Any) -> Any:
-    """The cold backend of ``device`` for ``graph``, with nothing prepared yet. Options are the Vulkan
+def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = None,
+                 run_graph: Graph | None = None, **options: Any) -> Any:
+    """The cold backend of ``device`` for ``graph``, with nothing prepared yet. ``run_graph``: the CPU's run
+    graph where the caller has it (an opened package's, from its stored layout plan). Options are the Vulkan
     backend's; the CPU computes in fp32 whatever ``precision`` says (fp16 is its package's storage)."""
     if device == "cpu":
         from .runtime.cpu import CpuExecutor
 
-        return CpuExecutor(cpu_graph(graph, kernels), kernels=kernels, lazy=True)
+        return CpuExecutor(run_graph if run_graph is not None else cpu_graph(graph, kernels), kernels=kernels,
+                           lazy=True)
     try:
         from .vulkan.cold import VulkanColdBackend
     except ImportError as e:
@@ -173,15 +180,22 @@ def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = Non
     return VulkanColdBackend(graph, kernels=kernels, **options)
 
 
-def cpu_graph(graph: Graph, kernels: dict[str, str] | None = None) -> Graph:
-    """The graph the CPU backend runs: runs of convs on channel-blocked tensors where that is faster
-    (planner/layout.py). ``INFERD_CPU_LAYOUT=nchw`` keeps every tensor NCHW (an ablation: what blocking gains;
-    a package compiled the other way is then stale)."""
+def cpu_layout(graph: Graph, kernels: dict[str, str] | None = None) -> LayoutPlan | None:
+    """The layout plan the CPU backend runs ``graph`` with (planner/layout.py: runs of convs on channel-blocked
+    tensors where that is faster); None where ``INFERD_CPU_LAYOUT=nchw`` keeps every tensor NCHW (an ablation:
+    what blocking gains; a package compiled the other way is then stale)."""
+    if os.environ.get("INFERD_CPU_LAYOUT", "auto").strip().lower() == "nchw":
+        return None
+    return plan_layout(graph, kernels)
+
+
+def cpu_graph(graph: Graph, kernels: dict[str, str] | None = None, layout: LayoutPlan | None = None) -> Graph:
+    """The graph the CPU backend runs: ``graph`` with its layout plan applied (``layout``: a plan made before,
+    a package's; else planned here)."""
     if os.environ.get("INFERD_CPU_LAYOUT", "auto").strip().lower() == "nchw":
         return graph
-    from .planner.layout import blocked_graph
-
-    return blocked_graph(graph, kernels)
+    plan = layout if layout is not None else cpu_layout(graph, kernels)
+    return graph if plan is None else apply_layout(graph, plan)
 
 
 def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None,
@@ -277,9 +291,10 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
 def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, prof: Profile | None,
                    fp: dict[str, str], entries: list[Any], sha: str, src: str, batch: int, device: str,
                    kernels: dict[str, str] | None, costs: str = "profiled",
-                   precision: PrecisionPlan = FP32) -> None:
+                   precision: PrecisionPlan = FP32, layout: LayoutPlan | None = None) -> None:
     """``template``: what plan.bin records (a dynamic model's shape computations stay nodes); ``graph``: the
-    template at the plan's shape, whose layers the plan and the transformed weights are made for."""
+    template at the plan's shape, whose layers the plan and the transformed weights are made for; ``layout``:
+    the CPU's layout plan of ``graph`` (None: NCHW throughout, or not the CPU)."""
     tconsts = template.constants
     inline = {n: a for n, a in tconsts.items() if a.nbytes <= INLINE_MAX}
     written: set[str] = set()
@@ -346,6 +361,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "costs": costs,
         "precision": precision.to_dict(),
         "fp16_raw": sorted(n for n in half if n in tconsts and n not in inline),
+        # planning the layout took 5-10 ms of a small model's 20-50 ms cold load when every open did it
+        "layout": None if layout is None else {"blocked": list(layout.blocked), "kinds": list(layout.kinds)},
     })
 
 
@@ -356,6 +373,11 @@ def write_plan(path: Path, d: dict[str, Any]) -> None:
 
 
 def read_plan(path: Path) -> dict[str, Any]:
+    return _read_plan(path)[0]
+
+
+def _read_plan(path: Path) -> tuple[dict[str, Any], ColdPlan, Profile | None]:
+    """plan.bin's dict with its cold plan and profile parsed (a plan that does not parse is a damaged one)."""
     data = path.read_bytes() if path.is_file() else b""
     if len(data) < _PLAN_HEAD.size:
         raise WeightsStoreError(f"{path}: missing or truncated plan ({len(data)} bytes)")
@@ -369,14 +391,13 @@ def read_plan(path: Path) -> dict[str, Any]:
         raise WeightsStoreError(f"{path}: plan checksum mismatch (corrupted file)")
     try:
         d = msgpack.unpackb(body, raw=False, ext_hook=_ext_hook, strict_map_key=False)
-        ColdPlan.from_dict(d["plan"])
-        if d.get("profile") is not None:
-            Profile.from_dict(d["profile"])
+        plan = ColdPlan.from_dict(d["plan"])
+        prof = Profile.from_dict(d["profile"]) if d.get("profile") is not None else None
     except WeightsStoreError:
         raise
     except Exception as e:
         raise WeightsStoreError(f"{path}: unreadable plan: {type(e).__name__}: {e}") from e
-    return d
+    return d, plan, prof
 
 
 def check_fingerprint(pkg: Path, plan: dict[str, Any], current: dict[str, str]) -> None:
@@ -402,6 +423,7 @@ class OpenPackage:
     profile: Profile | None
     store: WeightsStore
     meta: dict[str, Any]
+    run_graph: Graph  # what the backend runs: on the CPU ``graph`` with the package's layout plan applied
 
 
 def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[str, str] | None = None,
@@ -447,7 +469,7 @@ def prefetch_metadata(pkg: Path) -> None:
 def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
                   current: dict[str, str] | None, precision: str | None, window: Any) -> OpenPackage:
     prefetch_metadata(pkg)
-    d = read_plan(pkg / "plan.bin")
+    d, plan, prof = _read_plan(pkg / "plan.bin")
     made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
     if precision is not None and precision != made:
         raise PackageOptionsError(f"{pkg}: package compiled for precision {made!r}, asked for {precision!r}; "
@@ -484,9 +506,9 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
             graph = specialize(template)
         except InferdError as e:
             raise WeightsStoreError(f"{pkg}: the recorded graph does not take its own shape: {e}") from e
-        plan = ColdPlan.from_dict(d["plan"])
         # the plan's layers are the backend's: on the CPU, the graph with its layout plan applied
-        run_nodes = cpu_graph(graph, kernels or d.get("kernels")).nodes if device == "cpu" else graph.nodes
+        run_graph = _stored_run_graph(pkg, graph, d, kernels) if device == "cpu" else graph
+        run_nodes = run_graph.nodes
         if len(plan.layers) != len(run_nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, run_nodes)):
             if device == "cpu" and len(plan.layers) != len(graph.nodes) and len(run_nodes) == len(graph.nodes):
                 raise StalePackageError(f"{pkg}: compiled with the CPU's blocked layout, which INFERD_CPU_LAYOUT "
@@ -500,11 +522,26 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         for n in consts:
             if n not in inline and n not in big:
                 raise WeightsStoreError(f"{pkg}: constant {n!r} is in neither the plan nor the store")
-        prof = Profile.from_dict(d["profile"]) if d.get("profile") is not None else None
     except BaseException:
         store.close()
         raise
-    return OpenPackage(pkg, graph, template, plan, prof, store, d)
+    return OpenPackage(pkg, graph, template, plan, prof, store, d, run_graph)
+
+
+def _stored_run_graph(pkg: Path, graph: Graph, d: dict[str, Any], kernels: dict[str, str] | None) -> Graph:
+    """The CPU's run graph of an opened package: its stored layout plan applied (a package written before
+    plans recorded it: planned here)."""
+    rec = d.get("layout")
+    if rec is None:
+        return cpu_graph(graph, kernels or d.get("kernels"))
+    try:
+        layout = LayoutPlan(tuple(str(n) for n in rec["blocked"]), tuple(str(k) for k in rec["kinds"]))
+        names = {n.name for n in graph.nodes}
+        if len(layout.blocked) != len(layout.kinds) or not set(layout.blocked) <= names:
+            raise ValueError("its nodes are not the graph's")
+        return cpu_graph(graph, kernels, layout)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise WeightsStoreError(f"{pkg}: the stored layout plan does not fit the graph: {e}") from e
 
 
 #: a package's plan is re-made from observed cold runs at most this often: one noisy run on a busy
@@ -552,7 +589,8 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
     try:
         from .runtime.profiler import measure_rates
 
-        backend = make_backend(op.graph, device, d.get("kernels") or None)
+        backend = make_backend(op.graph, device, d.get("kernels") or None,
+                               run_graph=op.run_graph if device == "cpu" else None)
         try:
             fp = backend_fingerprint(backend, device)
             entries = backend.candidates()

@@ -141,6 +141,34 @@ def test_profiled_plan_is_stored_and_obeyed(tmp_path: Path) -> None:
         assert model.cold_stats["read_s"] > 0
 
 
+def test_the_layout_plan_is_stored_and_a_load_applies_it_without_planning(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import inferd.package as package
+    from inferd.planner.layout import plan_layout
+
+    name = "mobilenetv2"
+    src = tmp_path / "m.onnx"
+    shutil.copy(ref(name)[0], src)
+    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    d = read_plan(pkg / "plan.bin")
+    graph = inferd.package.open_package(pkg).graph
+    assert d["layout"]["blocked"] and d["layout"]["blocked"] == list(plan_layout(graph).blocked)
+
+    def no_planning(*_a: object, **_k: object) -> None:
+        raise AssertionError("the layout was planned again at load")
+
+    monkeypatch.setattr(package, "plan_layout", no_planning)
+    with inferd.load(pkg) as model:
+        assert any(n.op == "inferd.ConvNchwc" for n in model._exec.graph.nodes)
+        check(model, name, "stored layout plan")
+    monkeypatch.undo()
+    # a stored layout that names nodes the graph lacks is a damaged package: rebuilt from its source
+    _rewrite_plan(pkg, layout={"blocked": ["no such node"], "kinds": ["conv"]})
+    with inferd.load(pkg) as model:
+        check(model, name, "rebuilt after a bad layout plan")
+    assert read_plan(pkg / "plan.bin")["layout"] == d["layout"]
+
+
 def _rewrite_plan(pkg: Path, **changes: object) -> None:
     d = read_plan(pkg / "plan.bin")
     d.update(changes)

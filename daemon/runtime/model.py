@@ -639,6 +639,8 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     if plan is not None and dev != "cpu":
         # the stored plan's kernels are the layers' only candidates: no kernel is asked whether it applies
         first["planned"] = {lp.name: tuple(k for k in (lp.kernel, lp.warm_kernel) if k) for lp in plan.layers}
+    if op is not None and dev == "cpu":
+        first["run_graph"] = op.run_graph  # the package's layout plan, applied when it was opened
     backend = make_backend(graph, dev, kernels, **first)
     try:
         ws = WeightSource(graph.constants, op.store if op is not None else None, dev)
