@@ -181,3 +181,25 @@ def test_a_truncated_store_fails_the_waiting_get_not_hangs_it(tmp_path):
         assert done.wait(10)
         assert err and isinstance(err[0], WeightsStoreError)
         st.release()
+
+
+def test_work_after_an_answer_starts_once_the_answer_is_out() -> None:
+    """The idle worker's jobs after a first answer (leaving the window, the warm switch, refining) wait for the
+    request to end: started at once they took the GIL from the answer's way out."""
+    from inferd.runtime.cold import AFTER_ANSWER_QUIET_S, after_answer
+    from inferd.runtime.scheduler import foreground
+
+    ran: list[float] = []
+    with foreground:
+        done = after_answer(lambda: ran.append(time.monotonic()))
+        time.sleep(0.03)
+        assert not ran, "ran while the request was still answering"
+        t_exit = time.monotonic()
+    assert done.wait(5)
+    assert ran[0] >= t_exit + AFTER_ANSWER_QUIET_S
+    # under requests that never pause, it still runs (the window must always be left)
+    ran.clear()
+    with foreground:
+        t_in = time.monotonic()
+        done = after_answer(lambda: ran.append(time.monotonic()))
+        assert done.wait(5) and ran[0] - t_in < 1.0

@@ -19,7 +19,7 @@ from ..backends.base import ColdBackend, WeightSource
 from ..ops.base import Kernel, Layer, choose_kernel
 from ..planner.cost import kernel_transforms
 from ..planner.plan import ColdPlan
-from .scheduler import IO_WORKERS, ColdRun, Worker, loader_pool, worker
+from .scheduler import IO_WORKERS, ColdRun, Worker, foreground, loader_pool, worker
 
 log = logging.getLogger("inferd.runtime.cold")
 
@@ -103,11 +103,11 @@ class ColdLoad:
         out = self.backend.end()
         # leaving the window re-enables the collector, and the collection it put off would run at the
         # next allocation, on this answer's way out: let the idle worker leave it, after the answer
-        idle_worker().submit(self._release_window)
+        after_answer(self._release_window)
         if getattr(self.backend, "defer_finalize", False):
             # recording the warm path (and saving the pipeline cache) is not on the way to this answer:
             # the idle worker does it, or the next run does if it comes first (the backend's run checks)
-            idle_worker().submit(self._finalize_quietly)
+            after_answer(self._finalize_quietly)
         else:
             self._finalize()
         self._end_stream()
@@ -200,6 +200,22 @@ def idle_worker() -> Worker:
     return worker("idle")
 
 
+#: work after an answer starts once no request has run for this long. Started at once, the idle worker took the
+#: GIL from the answer's own way out (the rest of ``Model.run``, the caller's reply): 1-4 ms of a cold answer on
+#: the 2-core VM. Its priority (nice 19) does not help there: the GIL, not a core, is what both wait for.
+AFTER_ANSWER_QUIET_S = 0.002
+
+
+def after_answer(fn: Callable[[], Any]) -> threading.Event:
+    """Run ``fn`` on the idle worker once the answer is out (the foreground quiet for ``AFTER_ANSWER_QUIET_S``;
+    at most 0.1 s later under a stream of requests, so that the cold window is always left)."""
+    def job() -> None:
+        foreground.wait_quiet(AFTER_ANSWER_QUIET_S, timeout=0.1)
+        fn()
+
+    return idle_worker().submit(job)
+
+
 def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
                       on_done: Callable[[dict[str, Any]], None] | None = None) -> threading.Event | None:
     """Prepare the warm kernels in idle time and swap them in under ``lock`` (between runs)."""
@@ -225,4 +241,4 @@ def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
         if on_done is not None:
             on_done(info)
 
-    return idle_worker().submit(work)
+    return after_answer(work)
