@@ -188,7 +188,8 @@ if eng == "inferd":
             pass
     from inferd.planner.plan import PlanOptions
     from inferd.runtime.scheduler import default_loaders, loader_pool
-    loader_pool().set_size(default_loaders())   # a daemon that is up has its loader threads running
+    loader_pool().set_size(default_loaders())   # a daemon that is up has its loader threads running,
+    inferd.native.claim_cores()                 # and numpy's BLAS held to one thread (server.daemon.apply_threads)
     opts = PlanOptions.from_dict(spec.get("options") or {})
     if device == "vulkan":  # the device exists before the request, as in the daemon
         import pkgutil

@@ -106,7 +106,7 @@ def apply_threads(n: int) -> None:
     """Size inferd's native pool (the CPU kernels' threads) to ``n``; 0 keeps its default (the usable cores).
 
     Other libraries' pools are bounded too (best effort; env vars only reach libraries loaded later): numpy's
-    BLAS is held to one thread anyway once a CPU model loads (see inferd.native.claim_cores)."""
+    BLAS is held to one thread here, at start (``inferd.native.claim_cores``), not inside the first cold load."""
     from .. import native
     from ..runtime.scheduler import default_loaders, loader_pool
 
@@ -114,12 +114,14 @@ def apply_threads(n: int) -> None:
         # the loader threads up before the first request, not started inside its cold load (as the cold bench
         # measures a daemon that is up)
         loader_pool().set_size(default_loaders())
+        native.claim_cores()
         return
     native.set_num_threads(n)
     loader_pool().set_size(n)  # cold loads prepare layers on as many threads as the kernels compute on
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
         os.environ.setdefault(var, str(n))
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    native.claim_cores()  # (a cold load would look for numpy's OpenBLAS on disk: 1-10 ms after a dropped cache)
 
 
 def prepare_cache_dir(path: str) -> None:
