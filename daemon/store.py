@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import msgpack
 import numpy as np
@@ -313,8 +313,10 @@ class StoreStream:
     first layer's weights, which the executor waits for, are not behind megabytes of later layers'."""
 
     def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 2 << 20, gap: int = 64 << 10,
-                 io: Any = None, first: int = 512 << 10) -> None:
+                 io: Any = None, first: int = 512 << 10,
+                 on_read: Callable[[int, int, float, float], None] | None = None) -> None:
         self.store = store
+        self._on_read = on_read
         chunk = _align(max(chunk, 1))  # pieces stay block aligned (O_DIRECT)
         seen: set[tuple[str, str, str, str]] = set()
         ents = []
@@ -377,7 +379,10 @@ class StoreStream:
             while (got := self._claim()) is not None:
                 i, off, n, buf = got
                 start, end, _m = self.chunks[i]
+                t0 = time.perf_counter()
                 st._read_span(off, n, min(n, end - off), out=buf[off - start:off - start + n])
+                if self._on_read is not None:
+                    self._on_read(off, n, t0, time.perf_counter())
                 with self._cond:
                     self._left[i] -= 1
                     if self._left[i] == 0:

@@ -276,6 +276,21 @@ def test_cold_latency_leaves_out_time_the_prepared_model_waited_for_a_request() 
         assert st["cold_s"] < 1.0 and st["cold_s"] >= st["first_run_s"]
 
 
+def test_the_cold_timeline_shows_the_streaming_reads_and_the_prefault(tmp_path: Path) -> None:
+    name = "mobilenetv2"
+    pkg = compile_model(ref(name)[0], tmp_path / "pkg", profile=False)
+    with inferd.load(pkg) as model:
+        check(model, name, "cold from a package")
+        tl = model._cold.run.timeline()
+        reads = [e for e in tl if e["kind"] == "read"]
+        assert reads and all(e["thread"].startswith("inferd-io") and e["t1"] >= e["t0"] for e in reads)
+        read_kb = sum(int(e["layer"].split(" KB")[0]) for e in reads)
+        # the pieces cover what the stream read (each piece block-aligned, so a little more)
+        assert read_kb * 1024 >= model.cold_stats["stream_bytes"] > 0
+        assert [e["thread"] for e in tl if e["kind"] == "prefault"] == ["inferd-aux"]
+        assert model.cold_stats["tasks"] == len(model.plan.layers)  # side work is no task of the breakdown
+
+
 def test_the_daemon_starts_its_loader_threads_before_the_first_request() -> None:
     """``apply_threads`` (the daemon's start) sizes the loader pool with or without a configured thread count, so
     the first cold load does not start threads (in a fresh process: importing inferd starts none)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -158,13 +158,14 @@ class WeightSource:
             return []
         return list(self.store.find(layer, kernel=transformed_key(self.backend, kernel), variant="transformed"))
 
-    def start_stream(self, layers: Sequence[Layer], plan: Any, io: Any = None) -> None:
+    def start_stream(self, layers: Sequence[Layer], plan: Any, io: Any = None,
+                     on_read: Callable[[int, int, float, float], None] | None = None) -> None:
         """Stream what ``plan`` reads in the order it needs it (large reads on ``io``, a worker with a
-        ``submit``, or a thread of its own) from now on."""
+        ``submit``, or a thread of its own) from now on; ``on_read(offset, bytes, t0, t1)`` after each read."""
         from ..store import StoreStream
 
         if self.store is not None:
-            self.stream = StoreStream(self.store, self.planned_entries(layers, plan), io=io)
+            self.stream = StoreStream(self.store, self.planned_entries(layers, plan), io=io, on_read=on_read)
 
     def _entry(self, e: "Entry") -> np.ndarray:
         st = self.stream

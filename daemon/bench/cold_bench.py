@@ -987,7 +987,7 @@ def _plt() -> Any:
 
 
 _KIND_COLOUR = {"setup": "#999999", "prepare": "#4c72b0", "execute": "#55a868", "wait": "#c44e52",
-                "finish": "#8172b2"}
+                "finish": "#8172b2", "read": "#dd8452", "prefault": "#937860"}
 
 
 def plot_timeline(plt: Any, events: list[dict[str, Any]], title: str, path: Path,

@@ -45,19 +45,23 @@ class ColdLoad:
         self._finalize_lock = threading.Lock()
         self._prefault: threading.Event | None = None
         pool = loader_pool()  # with its io, aux and idle workers: this load starts no thread
-        weights.start_stream(self.layers, plan, [worker(n) for n in IO_WORKERS])  # reads in flight
-        pool.submit(self.run)
+        run = self.run
+        weights.start_stream(self.layers, plan, [worker(n) for n in IO_WORKERS],  # reads in flight
+                             on_read=lambda off, n, t0, t1: run.note("read", f"{n >> 10} KB at {off >> 10} KB", t0, t1))
+        pool.submit(run)
         prefault = getattr(backend, "prefault", None)
         if prefault is not None:
             # beside the reads: page faults of the arena and workspaces are CPU work the disk waits out
             kernels = [lp.kernel for lp in plan.layers]
-            self._prefault = worker("aux").submit(lambda: self._guard(prefault, kernels))
+            self._prefault = worker("aux").submit(lambda: self._run_prefault(prefault, kernels))
 
-    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+    def _run_prefault(self, fn: Callable[..., None], *args: Any) -> None:
+        t0 = time.perf_counter()
         try:
             fn(*args)
         except Exception as e:  # only a speed-up: the first run faults them in itself
             log.debug("%s: prefault failed: %s", self.name, e)
+        self.run.note("prefault", "", t0, time.perf_counter())
 
     def _prepare(self, pos: int) -> Mapping[str, float]:
         lp = self.plan.layers[pos]
