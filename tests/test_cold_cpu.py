@@ -8,6 +8,7 @@ no kernel selection) on the small models. Damaged, truncated and stale packages 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -289,6 +290,29 @@ def test_the_cold_timeline_shows_the_streaming_reads_and_the_prefault(tmp_path: 
         assert read_kb * 1024 >= model.cold_stats["stream_bytes"] > 0
         assert [e["thread"] for e in tl if e["kind"] == "prefault"] == ["inferd-aux"]
         assert model.cold_stats["tasks"] == len(model.plan.layers)  # side work is no task of the breakdown
+
+
+def test_a_closed_model_is_freed_though_its_load_was_the_last(tmp_path: Path) -> None:
+    """The loader threads and the idle worker kept the last load they ran (its run, its job's closure) in their
+    frames until the next one came: a model closed (or evicted from a memory budget) right after its load kept
+    its arena and weights."""
+    import gc
+    import weakref
+
+    name = "squeezenet1_1"
+    pkg = compile_model(ref(name)[0], tmp_path / "pkg")  # profiled: a refinement job after the answer too
+    model = inferd.load(pkg)
+    check(model, name, "cold")
+    assert model.wait_warm(60) and (model.refine_done is None or model.refine_done.wait(30))
+    backend = weakref.ref(model._exec)
+    model.close()
+    del model
+    for _ in range(50):  # the workers drop their last job as they go back to waiting
+        gc.collect()
+        if backend() is None:
+            break
+        time.sleep(0.02)
+    assert backend() is None, "the closed model's backend is still referenced"
 
 
 def test_the_daemon_starts_its_loader_threads_before_the_first_request() -> None:

@@ -293,6 +293,9 @@ class LoaderPool:
             assert got is not None
             run, task = got
             run.run_task(task)
+            # not kept in this frame while the thread waits for the next load: the run holds its model's backend,
+            # whose memory an eviction or a close must free now
+            got = run = task = None  # type: ignore[assignment]
 
     def set_size(self, n: int) -> None:
         with self._cond:
@@ -331,6 +334,9 @@ class Worker:
                 log.warning("%s: job failed: %s: %s", self.name, type(e).__name__, e)
             finally:
                 done.set()
+                # the finished job's closure (a cold load, its backend and weights) must not live on in this frame
+                # until the next job comes
+                fn = None  # type: ignore[assignment]
 
     def submit(self, fn: Callable[[], Any]) -> threading.Event:
         done = threading.Event()
