@@ -106,6 +106,9 @@ class Config:
     device_memory_budget: int = _opt("size", "device (GPU) memory budget for the models placed on Vulkan (0: what the "
                                      "device reports: its largest device-local heap); LRU eviction as on the host",
                                      default=0, minimum=0)
+    host_pool: int = _opt("size", "host memory the daemon faults in at start and serves cold loads' weights and "
+                          "arenas from (capped at an eighth of the RAM; 0: none): memory faulted in on the way to a "
+                          "first answer costs time there", default=256 * 1024 * 1024, minimum=0)
     memory_pressure: str = _opt("str", "memory pressure (PSI) watched as a budget source: auto (this cgroup's "
                                 "memory.pressure, else /proc/pressure/memory), off, or a path; an event caps a "
                                 "budget in force below what the models hold, relaxed while no event comes", default="auto")

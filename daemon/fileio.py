@@ -6,7 +6,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -45,8 +45,19 @@ def atomic_write(path: Path, data: bytes, fsync: bool = False) -> None:
 BLOCK = 4096
 
 
+#: where large aligned arrays come from first: the daemon's host pool (``runtime.hostpool.install`` sets it),
+#: returning None when it cannot serve one
+pool_alloc: Callable[[int], np.ndarray | None] | None = None
+
+
 def aligned_bytes(nbytes: int, align: int) -> np.ndarray:
-    """A uint8 array of ``nbytes`` whose data starts on an ``align`` boundary (numpy's own: 16 bytes)."""
+    """A uint8 array of ``nbytes`` whose data starts on an ``align`` boundary (numpy's own: 16 bytes); from the
+    host pool where the process has one (its arrays start on a page, which every ``align`` in use divides)."""
+    take = pool_alloc
+    if take is not None:
+        a = take(nbytes)
+        if a is not None and a.ctypes.data % align == 0:
+            return a
     raw = np.empty(nbytes + align, np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + nbytes]

@@ -190,6 +190,11 @@ if eng == "inferd":
     from inferd.runtime.scheduler import default_loaders, loader_pool
     loader_pool().set_size(default_loaders())   # a daemon that is up has its loader threads running,
     inferd.native.claim_cores()                 # and numpy's BLAS held to one thread (server.daemon.apply_threads)
+    if spec.get("host_pool"):                   # and its host pool faulted in (serve_main)
+        from inferd.runtime import hostpool
+        _pool = hostpool.install(int(spec["host_pool"]))
+        if _pool is not None:
+            _pool.wait_prefaulted(60)
     opts = PlanOptions.from_dict(spec.get("options") or {})
     if device == "vulkan":  # the device exists before the request, as in the daemon
         import pkgutil
@@ -701,6 +706,8 @@ class BenchOptions:
     loaders: int | None = None
     drop_mode: str = "auto"
     ort_prepacked: bool = True
+    #: the inferd child's host pool, as the daemon's ``host_pool`` setting (0: none)
+    host_pool: int = 256 << 20
     quiet_wait: float = QUIET_WAIT_S
     retries: int = RETRIES
     #: seconds per model that waiting for quiet and re-measuring contended runs may cost in all (when
@@ -748,7 +755,7 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     ref = work / "ref.npz"
     np.savez(ref, y=y, **{f"x{i}": x for i, x in enumerate(xs)})
     base_spec = {"device": dev, "threads": opts.threads, "sample_s": opts.sample_s, "ref": str(ref),
-                 "input_names": [t.name for t in g.inputs]}
+                 "input_names": [t.name for t in g.inputs], "host_pool": opts.host_pool}
     env = _child_env(opts)
     if dev == "vulkan":
         from .vulkan_bench import _driver_cache_env
@@ -1087,7 +1094,8 @@ def markdown(data: dict[str, Any]) -> str:
              f"inferd {data['versions'].get('inferd')} at {str(data.get('tree', {}).get('commit', '?'))[:10]}"
              f" (+{len(data.get('tree', {}).get('modified_files', []))} modified files).",
              "",
-             f"Cold = fresh process with the libraries imported (and inferd's loader threads started), page cache "
+             f"Cold = fresh process with the libraries imported (and inferd's loader threads started, and its host "
+             f"pool of {int(data.get('host_pool_bytes') or 0) >> 20} MiB faulted in, as a daemon that is up), page cache "
              f"dropped ({', '.join(data['cache_methods']) or 'n/a'}; max resident bytes of the run's files found by "
              f"mincore before a run: {data['max_resident_bytes']}), load + first inference. Median of "
              f"{data['repeat']} rounds, engines in rotated order per round. inferd loads its compiled package; "
@@ -1240,6 +1248,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="Vulkan: also inferd and ncnn (default options) with their SPIR-V, pipeline and driver caches empty")
     p.add_argument("--no-refined", action="store_true", help="skip measuring the package after refinement")
     p.add_argument("--warm-runs", type=int, default=30)
+    p.add_argument("--host-pool", type=float, default=256,
+                   help="MiB of host pool the inferd child faults in before the request, as the daemon does at its "
+                        "start (its host_pool setting; 0: none)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--loaders", type=int, default=None, help="inferd loader threads (default: the plan's)")
     p.add_argument("--work", default=None, help="working folder (zoo, packages, converted models)")
@@ -1257,7 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
                         first_start=args.first_start,
                         background=args.background, warm_runs=args.warm_runs, threads=args.threads,
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
-                        refined=not args.no_refined)
+                        refined=not args.no_refined, host_pool=int(args.host_pool * (1 << 20)))
     paths = write_zoo(work / "zoo", names)
     notes: list[str] = []
     if os.geteuid() != 0:
@@ -1287,7 +1298,7 @@ def main(argv: list[str] | None = None) -> int:
     versions["inferd"] = __version__
     data: dict[str, Any] = {
         "machine": machine_info(), "tree": _tree_state(), "device": args.device, "repeat": args.repeat,
-        "threads": args.threads,
+        "threads": args.threads, "host_pool_bytes": opts.host_pool,
         "versions": versions, "ablation": args.ablation, "background": args.background,
         "goals": {"cold_vs_peer_max": GOAL_PEER, "cold_vs_floor_warm_max": GOAL_FLOOR,
                   "background_loss_max": GOAL_BACKGROUND},

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import native
 from ..errors import InputError, ShapeError
+from ..fileio import VECTOR_ALIGN, aligned_bytes
 from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops import control as _control
@@ -133,7 +134,7 @@ class CpuExecutor:
         native.claim_cores(slow_ok=not lazy)
         t0 = time.perf_counter()
         self.plan: MemoryPlan = plan_graph_memory(graph)
-        self.arena = np.empty(max(self.plan.total, 1), dtype=np.uint8)
+        self.arena = aligned_bytes(max(self.plan.total, 1), VECTOR_ALIGN)  # (the host pool's, where there is one)
         self.stats.plan_s = time.perf_counter() - t0
         self.views: dict[str, np.ndarray] = {}
         #: values of the tensors shaped at run time (``graph.runtime_shaped``), this run's

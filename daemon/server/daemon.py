@@ -796,6 +796,12 @@ class Server:
                             "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None,
                             **s._coexec_info()}
         rss = process_rss()
+        from ..runtime import hostpool
+
+        pool = hostpool.current()
+        pool_stats = pool.stats() if pool is not None else None
+        # the pool's free part is memory the daemon holds for the next cold loads (its used part is the models')
+        pool_free = pool_stats["prefaulted_bytes"] - pool_stats["in_use_bytes"] if pool_stats else 0
         return {
             "live": True, "ready": self.ready and not self.draining, "draining": self.draining,
             "version": version, "protocol": P.PROTOCOL_VERSION, "pid": os.getpid(),
@@ -815,7 +821,8 @@ class Server:
                        "pressure": {"source": self.pressure_source, "events": self.pressure_cap.events,
                                     "cap_bytes": self.pressure_cap.current(time.monotonic())},
                        # what RSS holds beyond the models' arenas and weights: interpreter, libraries, driver
-                       "overhead_bytes": max(0, rss - models_bytes),
+                       "overhead_bytes": max(0, rss - models_bytes - max(0, pool_free)),
+                       "host_pool": pool_stats,
                        # clean pages of the loaded models' packages in the page cache: memory too, and the
                        # kernel's to drop (the weights store bypasses it with O_DIRECT when not resident)
                        "page_cache_bytes": self.package_cache_bytes()},
@@ -1226,6 +1233,9 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     kind = setup_logging(config.log_level)
     log.debug("logging to %s", kind)
     apply_threads(config.threads)
+    from ..runtime import hostpool
+
+    hostpool.install(config.host_pool)  # faulted in in the background while the daemon starts
     if config.coexec_threads:  # read by inferd.coexec.load when a cpu+vulkan model loads
         os.environ["INFERD_COEXEC_THREADS"] = str(config.coexec_threads)
     prepare_cache_dir(config.cache_dir)

@@ -145,6 +145,9 @@ class DaemonProcess:
                 self.env.pop(var, None)
             # the machine's own memory pressure would cap the budget of a test's daemon at random moments
             self.env.setdefault("INFERD_MEMORY_PRESSURE", "off")
+        # a test's daemon holds no host pool unless the test asks (256 MiB faulted in per daemon started would
+        # cost the suite seconds, and the RSS checks would read it)
+        self.env.setdefault("INFERD_HOST_POOL", "0")
         self.endpoint = endpoint or default_endpoint(self.env)
         ep_args = ["--endpoint", endpoint] if endpoint else []
         self.argv = [*ep_args, "--models", str(models_dir), "--device", device, *args]

@@ -1,0 +1,154 @@
+"""The daemon's host pool (``inferd.runtime.hostpool``): memory faulted in once that cold loads write into. Blocks go
+back when the last array viewing them is gone (never earlier), free neighbours merge, a full pool falls back to
+numpy, concurrent use never hands out overlapping memory, and a cold load served from it answers as before and
+gives it all back when the model is closed."""
+from __future__ import annotations
+
+import gc
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import inferd
+from inferd import fileio
+from inferd.runtime import hostpool
+from inferd.runtime.hostpool import PAGE, HostPool
+
+pytestmark = pytest.mark.skipif(inferd.native.ffi is None, reason="the host pool needs the native extension")
+
+
+def _pool(pages: int) -> HostPool:
+    p = HostPool(pages * PAGE)
+    p.prefault(background=False)
+    return p
+
+
+def test_blocks_come_back_when_the_last_view_is_gone_and_free_neighbours_merge() -> None:
+    p = _pool(16)
+    a, b, c = p.alloc(3 * PAGE), p.alloc(PAGE + 1), p.alloc(4 * PAGE)
+    assert a is not None and b is not None and c is not None
+    assert [x.nbytes for x in (a, b, c)] == [3 * PAGE, PAGE + 1, 4 * PAGE]
+    assert p.stats()["in_use_bytes"] == 9 * PAGE  # whole pages
+    starts = [x.ctypes.data - p.base for x in (a, b, c)]
+    assert starts == [0, 3 * PAGE, 5 * PAGE] and all(x.flags.writeable for x in (a, b, c))
+    a[:] = 1
+    b[:] = 2
+    view = b[10:20]  # a view keeps its block
+    del b
+    gc.collect()
+    assert p.stats()["in_use_bytes"] == 9 * PAGE and (view == 2).all()
+    del view, a
+    gc.collect()
+    st = p.stats()
+    assert st["in_use_bytes"] == 4 * PAGE and st["free_extents"] == 2  # a's and b's pages merged before c
+    d = p.alloc(5 * PAGE)  # fits exactly where a and b were
+    assert d is not None and d.ctypes.data == p.base
+    del c, d
+    gc.collect()
+    st = p.stats()
+    assert st["in_use_bytes"] == 0 and st["free_extents"] == 1 and st["largest_free_bytes"] == 16 * PAGE
+
+
+def test_a_full_pool_falls_back_to_numpy_and_counts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = _pool(32)
+    monkeypatch.setattr(fileio, "pool_alloc", lambda n: p.alloc(n) if n >= hostpool.MIN_BYTES else None)
+    held = fileio.aligned_empty(24 * PAGE)
+    assert p.base <= held.ctypes.data < p.base + p.capacity
+    other = fileio.empty_aligned((20 * PAGE // 4,), np.float32)  # does not fit in what is left
+    assert not p.base <= other.ctypes.data < p.base + p.capacity and other.ctypes.data % fileio.VECTOR_ALIGN == 0
+    small = fileio.aligned_bytes(100, 64)  # below MIN_BYTES: numpy's
+    assert not p.base <= small.ctypes.data < p.base + p.capacity
+    assert p.alloc(9 * PAGE) is None and p.stats()["fallbacks"] == 2
+
+
+def test_concurrent_use_never_hands_out_memory_in_use() -> None:
+    p = _pool(256)
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        rng = np.random.default_rng(k)
+        live: list[tuple[np.ndarray, int]] = []
+        for i in range(400):
+            if live and (len(live) > 6 or rng.random() < 0.4):
+                arr, tag = live.pop(int(rng.integers(len(live))))
+                if not (arr == tag).all():
+                    errors.append(f"thread {k}: a block changed under its owner")
+                continue
+            a = p.alloc(int(rng.integers(1, 8 * PAGE)))
+            if a is not None:
+                tag = (k * 31 + i) % 251
+                a[:] = tag
+                live.append((a, tag))
+        for arr, tag in live:
+            if not (arr == tag).all():
+                errors.append(f"thread {k}: a block changed under its owner")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert not errors, errors[:3]
+    st = p.stats()
+    assert st["in_use_bytes"] == 0 and st["free_extents"] == 1 and st["high_water_bytes"] > 0
+
+
+def test_a_cold_load_from_the_pool_answers_as_before_and_gives_it_back(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.package import compile_model
+    from zoo_fixture import check_against_reference, zoo_reference
+
+    name = "mobilenetv2"
+    src = tmp_path / "m.onnx"
+    shutil.copy(zoo_reference(name)[0], src)
+    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    p = _pool(64 << 20 >> 12)
+    monkeypatch.setattr(fileio, "pool_alloc", lambda n: p.alloc(n) if n >= hostpool.MIN_BYTES else None)
+    model = inferd.load(pkg)
+    check_against_reference(model, name, "cold, from the host pool", 1e-4)
+    assert model.wait_warm(60)
+    check_against_reference(model, name, "warm, from the host pool", 1e-4)
+    used = p.stats()["in_use_bytes"]
+    # the streamed weights and the activation arena live there
+    assert used >= model._exec.arena.nbytes + 1_000_000
+    assert p.base <= model._exec.arena.ctypes.data < p.base + p.capacity
+    model.close()
+    del model
+    gc.collect()
+    assert p.stats()["in_use_bytes"] == 0
+
+
+def test_the_daemon_faults_its_pool_in_at_start_and_reports_it(tmp_path: Path) -> None:
+    import os
+
+    from inferd.server.testing import write_fake_model
+
+    d = tmp_path / "models"
+    d.mkdir()
+    write_fake_model(d / "m.onnx")
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+    env.update(INFERD_HOST_POOL="32M", INFERD_MEMORY_PRESSURE="off")
+    sock = Path(tempfile.mkdtemp(prefix="ifhp", dir="/tmp"))  # (an ipc path must be short)
+    try:
+        _serve_and_check(d, sock, env, tmp_path)
+    finally:
+        shutil.rmtree(sock, ignore_errors=True)
+
+
+def _serve_and_check(d: Path, sock: Path, env: dict[str, str], tmp_path: Path) -> None:
+    from inferd.server.testing import DaemonProcess, wait_until
+    from inferd_client import Client
+
+    with DaemonProcess(f"ipc://{sock}/d.sock", d, env=env, log_path=tmp_path / "d.log") as dp, \
+            Client(dp.endpoint, timeout=30) as c:
+        wait_until(lambda: (c.status()["memory"]["host_pool"] or {}).get("prefaulted_bytes") == 32 << 20, 30)
+        mem = c.status()["memory"]
+        assert mem["host_pool"]["capacity_bytes"] == 32 << 20
+        # the pool's free part is the daemon's, not interpreter overhead: RSS holds it
+        assert mem["rss_bytes"] >= mem["host_pool"]["prefaulted_bytes"]
+        assert dp.rss() >= 32 << 20
