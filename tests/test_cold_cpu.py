@@ -152,7 +152,9 @@ def test_the_layout_plan_is_stored_and_a_load_applies_it_without_planning(tmp_pa
     shutil.copy(ref(name)[0], src)
     pkg = compile_model(src, tmp_path / "pkg", profile=False)
     d = read_plan(pkg / "plan.bin")
-    graph = inferd.package.open_package(pkg).graph
+    op = inferd.package.open_package(pkg)
+    graph = op.graph
+    op.store.close()  # (and the cold window its opening entered)
     assert d["layout"]["blocked"] and d["layout"]["blocked"] == list(plan_layout(graph).blocked)
 
     def no_planning(*_a: object, **_k: object) -> None:

@@ -104,9 +104,7 @@ def test_a_cold_load_from_the_pool_answers_as_before_and_gives_it_back(tmp_path:
     from zoo_fixture import check_against_reference, zoo_reference
 
     name = "mobilenetv2"
-    src = tmp_path / "m.onnx"
-    shutil.copy(zoo_reference(name)[0], src)
-    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    pkg = compile_model(zoo_reference(name)[0], tmp_path / "pkg", profile=False)
     p = _pool(64 << 20 >> 12)
     monkeypatch.setattr(fileio, "pool_alloc", lambda n: p.alloc(n) if n >= hostpool.MIN_BYTES else None)
     model = inferd.load(pkg)
