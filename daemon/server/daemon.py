@@ -114,13 +114,12 @@ def apply_threads(n: int) -> None:
         # the loader threads up before the first request, not started inside its cold load (as the cold bench
         # measures a daemon that is up)
         loader_pool().set_size(default_loaders())
-        native.claim_cores()
-        return
-    native.set_num_threads(n)
-    loader_pool().set_size(n)  # cold loads prepare layers on as many threads as the kernels compute on
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
-        os.environ.setdefault(var, str(n))
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    else:
+        native.set_num_threads(n)
+        loader_pool().set_size(n)  # cold loads prepare layers on as many threads as the kernels compute on
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LP_NUM_THREADS"):
+            os.environ.setdefault(var, str(n))
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     native.claim_cores()  # (a cold load would look for numpy's OpenBLAS on disk: 1-10 ms after a dropped cache)
 
 
