@@ -150,3 +150,18 @@ def _serve_and_check(d: Path, sock: Path, env: dict[str, str], tmp_path: Path) -
         # the pool's free part is the daemon's, not interpreter overhead: RSS holds it
         assert mem["rss_bytes"] >= mem["host_pool"]["prefaulted_bytes"]
         assert dp.rss() >= 32 << 20
+
+
+def test_a_failing_background_prefault_never_writes_into_memory_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.runtime import pagecache
+
+    if not pagecache.can_populate():
+        pytest.skip("no MADV_POPULATE_WRITE here: the pool faults in before anything is handed out")
+    p = HostPool(64 * PAGE)
+    a = p.alloc(8 * PAGE)
+    assert a is not None
+    a[:] = 7
+    monkeypatch.setattr(pagecache, "populate", lambda _a: False)
+    p.prefault(background=True)
+    assert p.wait_prefaulted(10)
+    assert (a == 7).all() and p.stats()["prefaulted_bytes"] == 0

@@ -84,8 +84,12 @@ class HostPool:
         use_madvise = can_populate()
         for off in range(0, self.capacity, PREFAULT_STEP):
             part = self._view[off:off + PREFAULT_STEP]
-            if not (use_madvise and populate(part)):
+            if not use_madvise:
                 part[::PAGE] = 0  # (only before any allocation: see prefault)
+            elif not populate(part):
+                # the rest faults on first use; writing it in instead could undo what a caller already wrote there
+                log.warning("host pool: faulting in stopped at %d MiB (madvise failed)", off >> 20)
+                return
             self.prefaulted = off + part.size
         log.info("host pool: %d MiB faulted in in %.0f ms", self.capacity >> 20, (time.perf_counter() - t0) * 1e3)
 
