@@ -6,8 +6,8 @@ Why: a cold load writes tens of megabytes into memory the kernel has just handed
 faults on first touch. On the 2-core VM the faults of freshly freed memory cost up to 2.4 ms per MB (the host
 backs the page again), charged to whichever thread touched it: resnet18's streaming reads spent 60-140 ms of CPU
 in them during a 120-250 ms cold load, beside the executor. From memory faulted in once (at the daemon's start,
-in the background), the same load took 0.66x the time, mobilenetv2 0.72x, efficientnet_b0 0.92x (alternating
-in fresh processes). On a board without a hypervisor a fault costs less (zeroing the page and the fault itself,
+in the background), the same load took 0.73x the time, mobilenetv2 0.84x, squeezenet1_1 0.89x (alternating in
+fresh processes, page cache dropped). On a board without a hypervisor a fault costs less (zeroing the page and the fault itself,
 ~0.2 ms per MB) but is paid in the same place.
 
 The pool is memory the daemon holds whether or not a model uses it: its size is a setting (``host_pool_mb``),
