@@ -165,3 +165,33 @@ def test_a_failing_background_prefault_never_writes_into_memory_handed_out(monke
     p.prefault(background=True)
     assert p.wait_prefaulted(10)
     assert (a == 7).all() and p.stats()["prefaulted_bytes"] == 0
+
+
+def test_memory_from_the_faulted_pool_is_not_faulted_in_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.ops.conv import prefault_scratch
+    from inferd.runtime import pagecache
+    from inferd.frontend import import_model
+    from inferd.runtime.cpu import CpuExecutor
+    from zoo_fixture import zoo_reference
+
+    p = _pool(16 << 20 >> 12)
+    monkeypatch.setattr(hostpool, "_pool", p)
+    monkeypatch.setattr(fileio, "pool_alloc", lambda n: p.alloc(n) if n >= hostpool.MIN_BYTES else None)
+    inside, heap = fileio.aligned_bytes(20 * PAGE, 64), np.empty(20 * PAGE, np.uint8)
+    assert hostpool.faulted_in(inside) and not hostpool.faulted_in(heap)
+    p.prefaulted = 8 * PAGE  # (a pool still being faulted in: only its first pages are)
+    assert not hostpool.faulted_in(inside) and hostpool.faulted_in(inside[:4 * PAGE])
+    p.prefaulted = p.capacity
+    # kernel workspaces come from the pool
+    ws = prefault_scratch({0: 5 * PAGE})
+    assert p.base <= ws[0].ctypes.data < p.base + p.capacity
+    # an arena in the faulted pool is not walked again; one outside it is
+    populated: list[int] = []
+    monkeypatch.setattr(pagecache, "populate", lambda a: populated.append(a.nbytes) or True)
+    monkeypatch.setattr(pagecache, "can_populate", lambda: True)
+    ex = CpuExecutor(import_model(zoo_reference("squeezenet1_1")[0]), lazy=True)
+    ex.prefault([])
+    assert hostpool.faulted_in(ex.arena) and populated == []
+    monkeypatch.setattr(hostpool, "_pool", None)
+    ex.prefault([])
+    assert populated == [ex.arena.nbytes]

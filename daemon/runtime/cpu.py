@@ -282,6 +282,7 @@ class CpuExecutor:
         """Fault in the arena and the first run's kernel workspaces (``kernels``: per layer, the cold
         run's kernel) on the calling thread, off the executor's critical path; ``begin`` adopts them."""
         from ..ops.conv import prefault_scratch
+        from .hostpool import faulted_in
         from .pagecache import can_populate, populate
 
         sizes: dict[int, int] = {}
@@ -294,7 +295,11 @@ class CpuExecutor:
                 sizes[slot] = max(sizes.get(slot, 0), n)
         self._scratch = prefault_scratch(sizes)  # first: small, and what begin() adopts if it is there
         # the arena last, faulted in without writing where the kernel can (the executor may be running
-        # in it already: ColdLoad waits for this only where zeros must be written instead)
+        # in it already: ColdLoad waits for this only where zeros must be written instead); not the host
+        # pool's, faulted in at the daemon's start: walking its pages again took mobilenetv2's 6.5 MB arena
+        # 1-2.7 ms of a core the loader and the executor wanted
+        if faulted_in(self.arena):
+            return
         if can_populate():
             populate(self.arena)
         else:

@@ -192,6 +192,15 @@ def current() -> HostPool | None:
     return _pool
 
 
+def faulted_in(a: np.ndarray) -> bool:
+    """Whether ``a``'s memory is the pool's and already faulted in (a prefault of it would only walk its pages)."""
+    pool = _pool
+    if pool is None or a.nbytes == 0:
+        return False
+    start = int(a.__array_interface__["data"][0]) - pool.base
+    return 0 <= start and start + a.nbytes <= pool.prefaulted
+
+
 def alloc(nbytes: int) -> np.ndarray | None:
     """From the process's pool where there is one and ``nbytes`` is worth it; else None (the caller allocates)."""
     pool = _pool
