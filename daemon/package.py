@@ -38,10 +38,11 @@ from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
 from .planner.layout import LayoutPlan, apply_layout, plan_layout
+from .planner.memory import MemoryPlan, memory_from_record, memory_record
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
 from .runtime.window import hold as hold_window
-from .store import StoreWriter, WeightsStore, file_sha256
+from .store import HeadRead, StoreWriter, WeightsStore, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     _write_package(out, template, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device,
                    kernels, costs="profiled" if prof is not None else ("predicted" if pred is not None else "roofline"),
                    precision=backend_precision(backend, device, precision, graph, prof, tuple(fp32_layers)),
-                   layout=layout)
+                   layout=layout, memory=memory_record(backend.plan, backend.graph) if device == "cpu" else None)
     close = getattr(backend, "close", None)
     if close is not None:
         close()
@@ -166,13 +167,14 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
 def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = None,
                  run_graph: Graph | None = None, **options: Any) -> Any:
     """The cold backend of ``device`` for ``graph``, with nothing prepared yet. ``run_graph``: the CPU's run
-    graph where the caller has it (an opened package's, from its stored layout plan). Options are the Vulkan
-    backend's; the CPU computes in fp32 whatever ``precision`` says (fp16 is its package's storage)."""
+    graph where the caller has it (an opened package's, from its stored layout plan), with ``memory``, the
+    activations' plan stored with it. Other options are the Vulkan backend's; the CPU computes in fp32 whatever
+    ``precision`` says (fp16 is its package's storage)."""
     if device == "cpu":
         from .runtime.cpu import CpuExecutor
 
         return CpuExecutor(run_graph if run_graph is not None else cpu_graph(graph, kernels), kernels=kernels,
-                           lazy=True)
+                           lazy=True, memory=options.get("memory") if run_graph is not None else None)
     try:
         from .vulkan.cold import VulkanColdBackend
     except ImportError as e:
@@ -291,10 +293,12 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
 def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, prof: Profile | None,
                    fp: dict[str, str], entries: list[Any], sha: str, src: str, batch: int, device: str,
                    kernels: dict[str, str] | None, costs: str = "profiled",
-                   precision: PrecisionPlan = FP32, layout: LayoutPlan | None = None) -> None:
+                   precision: PrecisionPlan = FP32, layout: LayoutPlan | None = None,
+                   memory: dict[str, Any] | None = None) -> None:
     """``template``: what plan.bin records (a dynamic model's shape computations stay nodes); ``graph``: the
     template at the plan's shape, whose layers the plan and the transformed weights are made for; ``layout``:
-    the CPU's layout plan of ``graph`` (None: NCHW throughout, or not the CPU)."""
+    the CPU's layout plan of ``graph`` (None: NCHW throughout, or not the CPU); ``memory``: the CPU's
+    activation plan of its run graph (``planner.memory.memory_record``)."""
     tconsts = template.constants
     inline = {n: a for n, a in tconsts.items() if a.nbytes <= INLINE_MAX}
     written: set[str] = set()
@@ -363,6 +367,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "fp16_raw": sorted(n for n in half if n in tconsts and n not in inline),
         # planning the layout took 5-10 ms of a small model's 20-50 ms cold load when every open did it
         "layout": None if layout is None else {"blocked": list(layout.blocked), "kinds": list(layout.kinds)},
+        # and planning the activations' arena 0.6-5 ms more (squeezenet1_1 to vit_tiny, 2-core VM)
+        "memory": memory,
     })
 
 
@@ -424,18 +430,21 @@ class OpenPackage:
     store: WeightsStore
     meta: dict[str, Any]
     run_graph: Graph  # what the backend runs: on the CPU ``graph`` with the package's layout plan applied
+    memory: MemoryPlan | None = None  # the CPU's activation plan of ``run_graph`` (None: planned at load)
 
 
 def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[str, str] | None = None,
-                 current: dict[str, str] | None = None, precision: str | None = None) -> OpenPackage:
+                 current: dict[str, str] | None = None, precision: str | None = None,
+                 cold: bool = False) -> OpenPackage:
     """Validate ``pkg`` for this device and open it; ``WeightsStoreError`` (or its subclass
     ``StalePackageError``) when it is damaged, for another model, device, engine, batch or kernels;
-    ``PackageOptionsError`` when ``precision`` is given and the package was compiled for another."""
+    ``PackageOptionsError`` when ``precision`` is given and the package was compiled for another.
+    ``cold``: opened for a cold load, whose first weights are read ahead from here (``store.HeadRead``)."""
     # the cold window (no GC pause, a short GIL switch interval) runs from here to the first answer:
     # the store carries the hold, the cold load releases it (or the store's close does)
     window = hold_window()
     try:
-        return _open_package(pkg, device, batch, kernels, current, precision, window)
+        return _open_package(pkg, device, batch, kernels, current, precision, window, cold)
     except BaseException:
         window.release()
         raise
@@ -467,7 +476,14 @@ def prefetch_metadata(pkg: Path) -> None:
 
 
 def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
-                  current: dict[str, str] | None, precision: str | None, window: Any) -> OpenPackage:
+                  current: dict[str, str] | None, precision: str | None, window: Any,
+                  cold: bool = False) -> OpenPackage:
+    head = None
+    if cold:
+        from .runtime.scheduler import worker
+
+        # on the loader pool's first io worker: the stream's readers run there later, after it
+        head = HeadRead(pkg / "weights.store", worker("io").submit)
     prefetch_metadata(pkg)
     d, plan, prof = _read_plan(pkg / "plan.bin")
     made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
@@ -484,7 +500,7 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
                                   f"recompile it with those --kernel options")
     if current is not None:
         check_fingerprint(pkg, d, current)
-    store = WeightsStore(pkg / "weights.store", direct=None)
+    store = WeightsStore(pkg / "weights.store", direct=None, head=head)
     store.window = window
     try:
         if store.model_sha256 != d["model_sha256"]:
@@ -508,6 +524,7 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
             raise WeightsStoreError(f"{pkg}: the recorded graph does not take its own shape: {e}") from e
         # the plan's layers are the backend's: on the CPU, the graph with its layout plan applied
         run_graph = _stored_run_graph(pkg, graph, d, kernels) if device == "cpu" else graph
+        memory = _stored_memory(pkg, run_graph, d) if device == "cpu" else None
         run_nodes = run_graph.nodes
         if len(plan.layers) != len(run_nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, run_nodes)):
             if device == "cpu" and len(plan.layers) != len(graph.nodes) and len(run_nodes) == len(graph.nodes):
@@ -525,7 +542,7 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
     except BaseException:
         store.close()
         raise
-    return OpenPackage(pkg, graph, template, plan, prof, store, d, run_graph)
+    return OpenPackage(pkg, graph, template, plan, prof, store, d, run_graph, memory)
 
 
 def _stored_run_graph(pkg: Path, graph: Graph, d: dict[str, Any], kernels: dict[str, str] | None) -> Graph:
@@ -542,6 +559,18 @@ def _stored_run_graph(pkg: Path, graph: Graph, d: dict[str, Any], kernels: dict[
         return cpu_graph(graph, kernels, layout)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise WeightsStoreError(f"{pkg}: the stored layout plan does not fit the graph: {e}") from e
+
+
+def _stored_memory(pkg: Path, run_graph: Graph, d: dict[str, Any]) -> MemoryPlan | None:
+    """The CPU's activation plan an opened package stores for ``run_graph`` (None: a package written before
+    plans recorded it, planned at load)."""
+    rec = d.get("memory")
+    if rec is None:
+        return None
+    try:
+        return memory_from_record(rec, run_graph)
+    except (KeyError, TypeError, ValueError) as e:
+        raise WeightsStoreError(f"{pkg}: the stored memory plan does not fit the graph: {e}") from e
 
 
 #: a package's plan is re-made from observed cold runs at most this often: one noisy run on a busy

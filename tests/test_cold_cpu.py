@@ -172,6 +172,46 @@ def test_the_layout_plan_is_stored_and_a_load_applies_it_without_planning(tmp_pa
     assert read_plan(pkg / "plan.bin")["layout"] == d["layout"]
 
 
+def test_the_memory_plan_is_stored_and_a_load_uses_it_without_planning(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import inferd.runtime.cpu as cpu
+    from inferd.planner.memory import memory_from_record, memory_record, plan_graph_memory
+
+    name = "shufflenetv2_x1_0"  # channel splits and concats: tensors placed inside others, and view aliases
+    src = tmp_path / "m.onnx"
+    shutil.copy(ref(name)[0], src)
+    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    d = read_plan(pkg / "plan.bin")
+    op = inferd.package.open_package(pkg)
+    run_graph = op.run_graph
+    op.store.close()
+    planned = plan_graph_memory(run_graph)
+    assert planned.aliases and d["memory"] == memory_record(planned, run_graph)
+    back = memory_from_record(d["memory"], run_graph)
+    assert (dict(back.offsets), dict(back.sizes), dict(back.aliases), back.total) == \
+        (dict(planned.offsets), dict(planned.sizes), dict(planned.aliases), planned.total)
+
+    def no_planning(*_a: object, **_k: object) -> None:
+        raise AssertionError("the activations were planned again at load")
+
+    monkeypatch.setattr(cpu, "plan_graph_memory", no_planning)
+    with inferd.load(pkg) as model:
+        check(model, name, "stored memory plan")
+    monkeypatch.undo()
+    # a stored plan that does not fit the graph (an offset past the arena, a tensor missing) is a damaged
+    # package: rebuilt from its source, never run over memory it does not have
+    past = dict(d["memory"], offsets=[d["memory"]["total"]] + d["memory"]["offsets"][1:])
+    for bad in (past, dict(d["memory"], offsets=d["memory"]["offsets"][:-1])):
+        _rewrite_plan(pkg, memory=bad)
+        with inferd.load(pkg) as model:
+            check(model, name, "rebuilt after a bad memory plan")
+        assert read_plan(pkg / "plan.bin")["memory"] == d["memory"]
+    # a package written before plans stored it plans at load, as it did
+    _rewrite_plan(pkg, memory=None)
+    with inferd.load(pkg) as model:
+        check(model, name, "no stored memory plan")
+
+
 def _rewrite_plan(pkg: Path, **changes: object) -> None:
     d = read_plan(pkg / "plan.bin")
     d.update(changes)

@@ -1,10 +1,12 @@
 """The cold window (``inferd.runtime.window``: the cyclic GC paused and a short GIL switch interval from a
 package's opening to its first answer) and the streaming read with several reads in flight: the window
 always ends (answer, failed open, close, or its deadline) and puts the process's own settings back; blobs
-read by several readers arrive intact, and a damaged one is still found, never handed out."""
+read by several readers arrive intact, and a damaged one is still found, never handed out; the store's first
+blocks read ahead serve the stream's first chunk, and only when they are that file's."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import time
@@ -17,7 +19,7 @@ from inferd.errors import WeightsStoreError
 from inferd.package import compile_model
 from inferd.runtime import window
 from inferd.runtime.scheduler import IO_WORKERS, worker
-from inferd.store import ALIGN, StoreStream, StoreWriter, WeightsStore, entries_of
+from inferd.store import ALIGN, HeadRead, StoreStream, StoreWriter, WeightsStore, entries_of
 from test_import import conv_bn_relu_add_model
 
 
@@ -110,8 +112,8 @@ def test_opening_a_package_for_a_tool_leaves_no_window(tmp_path):
     assert g.constants and not window.active() and gc.isenabled()
 
 
-def _many_blobs(path, n=40):
-    rng = np.random.default_rng(1)
+def _many_blobs(path, n=40, seed=1):
+    rng = np.random.default_rng(seed)
     arrs = {f"t{i}": rng.standard_normal((int(rng.integers(1, 3000)),)).astype(np.float32) for i in range(n)}
     arrs["t20"] = rng.standard_normal((40000,)).astype(np.float32)  # larger than a piece: read in several
     with StoreWriter(path, "f" * 64, "test") as w:
@@ -203,3 +205,65 @@ def test_work_after_an_answer_starts_once_the_answer_is_out() -> None:
         t_in = time.monotonic()
         done = after_answer(lambda: ran.append(time.monotonic()))
         assert done.wait(5) and ran[0] - t_in < 1.0
+
+
+def _read_ahead(p, size=3 * ALIGN):
+    """A head read of ``p`` on the io worker, finished (a stream may start before it and then read itself)."""
+    done: list[threading.Event] = []
+    head = HeadRead(p, lambda fn: done.append(worker("io").submit(fn)), size=size)
+    assert done[0].wait(10)
+    return head
+
+
+def _stream_with_head(p, head, ents, counted):
+    """A stream over ``p`` whose store takes ``head``; ``counted``: the file offsets it read itself."""
+    s = WeightsStore(p, head=head)
+    span = s._span
+
+    def reading(offset, size, need, out):
+        counted.append(offset)
+        return span(offset, size, need, out)
+
+    s._span = reading
+    return s, StoreStream(s, ents, chunk=3 * ALIGN, first=2 * ALIGN, io=[worker(n) for n in IO_WORKERS])
+
+
+def test_the_head_read_serves_the_first_chunk_and_the_stream_reads_the_rest(tmp_path):
+    p = tmp_path / "w.store"
+    arrs = _many_blobs(p)
+    with WeightsStore(p) as s:
+        ents = list(entries_of(s))
+    head = _read_ahead(p)
+    counted: list[int] = []
+    s, st = _stream_with_head(p, head, ents, counted)
+    first_end = st.chunks[0][1]
+    assert first_end <= 3 * ALIGN  # the first chunk lies inside the head
+    for e in ents:
+        np.testing.assert_array_equal(st.get(e), arrs[e.tensor])
+    assert counted and min(counted) >= first_end  # never read from the file again
+    st.release()
+    s.close()
+
+
+def test_a_head_read_of_another_file_or_that_failed_or_never_started_is_not_used(tmp_path):
+    p = tmp_path / "w.store"
+    arrs = _many_blobs(p)
+    # the store replaced on disk after its head was read (another file, other bytes): the stream reads its own
+    old = _read_ahead(p)
+    assert old.ident is not None and old.span(old.ident, ALIGN, ALIGN) is not None
+    tmp = tmp_path / "new.store"
+    new = _many_blobs(tmp, seed=2)
+    os.replace(tmp, p)
+    with WeightsStore(p) as s:
+        ents = list(entries_of(s))
+    for head in (old,
+                 _read_ahead(tmp_path / "missing.store"),  # failed: no such file
+                 HeadRead(p, lambda fn: None)):  # queued on a worker that never gets to it: not waited for
+        counted: list[int] = []
+        s, st = _stream_with_head(p, head, ents, counted)
+        for e in ents:
+            np.testing.assert_array_equal(st.get(e), new[e.tensor])
+        assert min(counted) == st.chunks[0][0]  # the first chunk came from the file
+        st.release()
+        s.close()
+    assert not any(np.array_equal(arrs[k], new[k]) for k in arrs)

@@ -7,7 +7,7 @@ frozen types, so the runtimes do not change when it does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..ir import Graph, Node
 from ..ops.base import op_spec
@@ -233,3 +233,53 @@ def plan_graph_memory(graph: Graph, alignment: int = 64, slices: bool = True) ->
         root, off = home(t)
         offsets[t] = offsets[root] + off
     return MemoryPlan(offsets, {b.name: b.size for b in bufs}, total, alignment, aliases)
+
+
+def tensor_order(graph: Graph) -> list[str]:
+    """The activation tensors a memory plan can name, in a fixed order: the inputs, then each node's outputs."""
+    seen: dict[str, None] = {t.name: None for t in graph.inputs}
+    for node in graph.nodes:
+        for o in node.outputs:
+            if o:
+                seen[o] = None
+    return list(seen)
+
+
+def memory_record(plan: MemoryPlan, graph: Graph) -> dict[str, Any] | None:
+    """``plan`` (of ``graph``) as a package stores it: per tensor of ``tensor_order`` its offset, size and alias
+    root's position (-1: none), no names (a load parses three lists of integers). None when the plan names a
+    tensor outside that order (a load then plans again)."""
+    names = tensor_order(graph)
+    pos = {n: i for i, n in enumerate(names)}
+    if any(n not in pos for n in (*plan.offsets, *plan.sizes, *plan.aliases, *plan.aliases.values())):
+        return None
+    return {"total": int(plan.total), "alignment": int(plan.alignment),
+            "offsets": [int(plan.offsets.get(n, -1)) for n in names],
+            "sizes": [int(plan.sizes.get(n, -1)) for n in names],
+            "aliases": [pos[plan.aliases[n]] if n in plan.aliases else -1 for n in names]}
+
+
+def memory_from_record(rec: Mapping[str, Any], graph: Graph) -> MemoryPlan:
+    """The plan ``memory_record`` stored for ``graph``; ``ValueError`` when it does not fit ``graph`` (another
+    tensor count, an offset whose tensor would end past the arena, an alias out of range)."""
+    names = tensor_order(graph)
+    offs, sizes, al = rec["offsets"], rec["sizes"], rec["aliases"]
+    total, alignment = int(rec["total"]), int(rec["alignment"])
+    if not len(offs) == len(sizes) == len(al) == len(names):
+        raise ValueError(f"it holds {len(offs)} tensors, the graph {len(names)}")
+    infos = graph.infos
+    offsets: dict[str, int] = {}
+    own: dict[str, int] = {}
+    aliases: dict[str, str] = {}
+    for n, o, sz, a in zip(names, offs, sizes, al):
+        if a >= 0:
+            if a >= len(names):
+                raise ValueError(f"{n!r} aliases tensor #{a} of {len(names)}")
+            aliases[n] = names[a]
+        if o >= 0:
+            if n not in infos or o + infos[n].nbytes > total:
+                raise ValueError(f"{n!r} at offset {o} does not fit the {total}-byte arena")
+            offsets[n] = int(o)
+        if sz >= 0:
+            own[n] = int(sz)
+    return MemoryPlan(offsets, own, total, alignment, aliases)

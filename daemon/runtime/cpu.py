@@ -124,16 +124,18 @@ class CpuExecutor:
 
     def __init__(self, graph: Graph, kernels: dict[str, str] | None = None,
                  params: dict[str, dict[str, np.ndarray]] | None = None, *,
-                 choice: Sequence[tuple[Layer, Kernel]] | None = None, lazy: bool = False) -> None:
+                 choice: Sequence[tuple[Layer, Kernel]] | None = None, lazy: bool = False,
+                 memory: MemoryPlan | None = None) -> None:
         """``params`` may carry already transformed weights per layer (from a weights store); ``choice``
-        fixes the kernel per node (a cold plan's); ``lazy`` leaves the layers for ``prepare``."""
+        fixes the kernel per node (a cold plan's); ``lazy`` leaves the layers for ``prepare``; ``memory``: the
+        activations' plan made for ``graph`` before (a package's), else planned here."""
         self.graph = graph
         self.stats = LoadStats()
         self._forced = kernels
         # a cold load leaves the slow way (threadpoolctl, with the GIL held) to after its first answer
         native.claim_cores(slow_ok=not lazy)
         t0 = time.perf_counter()
-        self.plan: MemoryPlan = plan_graph_memory(graph)
+        self.plan: MemoryPlan = memory if memory is not None else plan_graph_memory(graph)
         self.arena = aligned_bytes(max(self.plan.total, 1), VECTOR_ALIGN)  # (the host pool's, where there is one)
         self.stats.plan_s = time.perf_counter() - t0
         self.views: dict[str, np.ndarray] = {}

@@ -563,13 +563,13 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     current = fingerprint(dev)
     asked = options.get("precision")
     try:
-        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked)
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked, cold=True)
     except PackageOptionsError:
         raise
     except WeightsStoreError as e:
         log.warning("compiled package %s is unusable (%s); rebuilding it", pkg, e)
         pkg = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
-        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked)
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked, cold=True)
     stored_precision = PrecisionPlan.from_dict(op.meta["precision"]) if op.meta.get("precision") else None
     if stored_precision is not None and dev != "cpu":
         # the package's plan is authoritative: its precision too (no weights read to re-decide it)
@@ -642,6 +642,7 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
         first["planned"] = {lp.name: tuple(k for k in (lp.kernel, lp.warm_kernel) if k) for lp in plan.layers}
     if op is not None and dev == "cpu":
         first["run_graph"] = op.run_graph  # the package's layout plan, applied when it was opened
+        first["memory"] = op.memory  # and its activation plan
     backend = make_backend(graph, dev, kernels, **first)
     try:
         ws = WeightSource(graph.constants, op.store if op is not None else None, dev)
