@@ -142,19 +142,25 @@ def test_profiled_plan_is_stored_and_obeyed(tmp_path: Path) -> None:
         assert model.cold_stats["read_s"] > 0
 
 
+def _compiled_from_a_copy(name: str, tmp_path: Path) -> tuple[Path, dict, "inferd.package.OpenPackage"]:
+    """Zoo model ``name`` compiled from a copy of its file (a damaged package is rebuilt from it): the package,
+    its plan.bin and the package as an open reads it (its store closed again)."""
+    src = tmp_path / "m.onnx"
+    shutil.copy(ref(name)[0], src)
+    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    op = inferd.package.open_package(pkg)
+    op.store.close()  # (and the cold window its opening entered)
+    return pkg, read_plan(pkg / "plan.bin"), op
+
+
 def test_the_layout_plan_is_stored_and_a_load_applies_it_without_planning(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     import inferd.package as package
     from inferd.planner.layout import plan_layout
 
     name = "mobilenetv2"
-    src = tmp_path / "m.onnx"
-    shutil.copy(ref(name)[0], src)
-    pkg = compile_model(src, tmp_path / "pkg", profile=False)
-    d = read_plan(pkg / "plan.bin")
-    op = inferd.package.open_package(pkg)
+    pkg, d, op = _compiled_from_a_copy(name, tmp_path)
     graph = op.graph
-    op.store.close()  # (and the cold window its opening entered)
     assert d["layout"]["blocked"] and d["layout"]["blocked"] == list(plan_layout(graph).blocked)
 
     def no_planning(*_a: object, **_k: object) -> None:
@@ -178,13 +184,8 @@ def test_the_memory_plan_is_stored_and_a_load_uses_it_without_planning(tmp_path:
     from inferd.planner.memory import memory_from_record, memory_record, plan_graph_memory
 
     name = "shufflenetv2_x1_0"  # channel splits and concats: tensors placed inside others, and view aliases
-    src = tmp_path / "m.onnx"
-    shutil.copy(ref(name)[0], src)
-    pkg = compile_model(src, tmp_path / "pkg", profile=False)
-    d = read_plan(pkg / "plan.bin")
-    op = inferd.package.open_package(pkg)
+    pkg, d, op = _compiled_from_a_copy(name, tmp_path)
     run_graph = op.run_graph
-    op.store.close()
     planned = plan_graph_memory(run_graph)
     assert planned.aliases and d["memory"] == memory_record(planned, run_graph)
     back = memory_from_record(d["memory"], run_graph)
