@@ -70,8 +70,6 @@ def checksum(data: Any) -> int:
     return int(xxhash.xxh3_64_intdigest(data))
 
 
-
-
 #: a cold load's first streamed chunk at most (the first layers' weights, which the executor waits for)
 FIRST_CHUNK = 512 << 10
 
