@@ -284,8 +284,7 @@ class CpuExecutor:
         """Fault in the arena and the first run's kernel workspaces (``kernels``: per layer, the cold
         run's kernel) on the calling thread, off the executor's critical path; ``begin`` adopts them."""
         from ..ops.conv import prefault_scratch
-        from .hostpool import faulted_in
-        from .pagecache import can_populate, populate
+        from .hostpool import fault_in
 
         sizes: dict[int, int] = {}
         for (layer, _k), name in zip(self.choice, kernels):
@@ -300,12 +299,7 @@ class CpuExecutor:
         # in it already: ColdLoad waits for this only where zeros must be written instead); not the host
         # pool's, faulted in at the daemon's start: walking its pages again took mobilenetv2's 6.5 MB arena
         # 1-2.7 ms of a core the loader and the executor wanted
-        if faulted_in(self.arena):
-            return
-        if can_populate():
-            populate(self.arena)
-        else:
-            self.arena.fill(0)
+        fault_in(self.arena)
 
     def prefault_concurrent(self) -> bool:
         """Whether ``prefault`` may run beside a run: it only faults pages in, writing nothing."""

@@ -7,10 +7,10 @@ faults on first touch. On the 2-core VM the faults of freshly freed memory cost 
 backs the page again), charged to whichever thread touched it: resnet18's streaming reads spent 60-140 ms of CPU
 in them during a 120-250 ms cold load, beside the executor. From memory faulted in once (at the daemon's start,
 in the background), the same load took 0.73x the time, mobilenetv2 0.84x, squeezenet1_1 0.89x (alternating in
-fresh processes, page cache dropped). On a board without a hypervisor a fault costs less (zeroing the page and the fault itself,
-~0.2 ms per MB) but is paid in the same place.
+fresh processes, page cache dropped). On a board without a hypervisor a fault costs less (zeroing the page and the
+fault itself, ~0.2 ms per MB) but is paid in the same place.
 
-The pool is memory the daemon holds whether or not a model uses it: its size is a setting (``host_pool_mb``),
+The pool is memory the daemon holds whether or not a model uses it: its size is a setting (``host_pool``),
 reported by ``inferctl status``. An allocation it cannot serve comes from numpy as before.
 """
 from __future__ import annotations
@@ -199,6 +199,20 @@ def faulted_in(a: np.ndarray) -> bool:
         return False
     start = int(a.__array_interface__["data"][0]) - pool.base
     return 0 <= start and start + a.nbytes <= pool.prefaulted
+
+
+def fault_in(a: np.ndarray) -> None:
+    """Fault ``a``'s pages in for writing, off the thread that will use it, where the pool has not already done
+    so: with ``MADV_POPULATE_WRITE`` where the kernel has it (leaving its bytes as they are: safe beside a run
+    already using it, so a failed madvise leaves the pages to fault on use), else by writing zeros."""
+    from .pagecache import can_populate, populate
+
+    if faulted_in(a):
+        return
+    if can_populate():
+        populate(a)
+    else:
+        a.fill(0)
 
 
 def alloc(nbytes: int) -> np.ndarray | None:
