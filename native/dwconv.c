@@ -361,6 +361,38 @@ INFERD_INLINE void dwd_planes(dwd_ring* g, const float* zero, const float* x, co
     }
 }
 
+/* Each (activation literal, K, S) variant is a function of its own. Inlined into dwd_range, the 36 of them made
+   one function of ~470 KB of code, whose RTL passes (PRE, load CSE after reload, register liveness) GCC runs
+   in time superlinear in a function's size: 35 s of -O3 for this file, most of the native build and of the
+   test suite's three harness builds. Apart they compile the same code (same literals) in a fraction of that;
+   a call per channel range costs nothing. */
+#define DWD_SAME_FN(va, k)                                                                                       \
+    INFERD_CLONES __attribute__((noinline)) static void dwd_same_##va##_##k(                                    \
+        const float* zero, const float* x, const float* w, const float* bias, float* y, int C, int H, int W,     \
+        int pt, int OH, int act, float p0, float p1)                                                            \
+    {                                                                                                            \
+        dwd_same_planes(zero, x, w, bias, y, C, H, W, pt, OH, va, act, p0, p1, k);                              \
+    }
+#define DWD_PLANES_FN(va, k, s)                                                                                  \
+    INFERD_CLONES __attribute__((noinline)) static void dwd_planes_##va##_##k##_##s(                            \
+        dwd_ring* g, const float* zero, const float* x, const float* w, const float* bias, float* y, int C,     \
+        int H, int W, int pt, int pl, int OH, int OW, int act, float p0, float p1)                              \
+    {                                                                                                            \
+        dwd_planes(g, zero, x, w, bias, y, C, H, W, pt, pl, OH, OW, va, act, p0, p1, k, s);                     \
+    }
+#define DWD_FNS(va)                                                                            \
+    DWD_SAME_FN(va, 3) DWD_SAME_FN(va, 5) DWD_PLANES_FN(va, 3, 1) DWD_PLANES_FN(va, 3, 2) \
+    DWD_PLANES_FN(va, 5, 1) DWD_PLANES_FN(va, 5, 2)
+DWD_FNS(0)
+DWD_FNS(1)
+DWD_FNS(2)
+DWD_FNS(3)
+DWD_FNS(6)
+DWD_FNS(7)
+#undef DWD_FNS
+#undef DWD_PLANES_FN
+#undef DWD_SAME_FN
+
 int inferd_dwconv2d_direct_inplace(int k, int s, int pl, int W, int OW)
 {
     return s == 1 && pl == (k - 1) / 2 && OW == W && W >= DWV + pl;
@@ -375,12 +407,12 @@ static int dwd_range(const float* x, const float* w, const float* bias, float* y
     if (inferd_dwconv2d_direct_inplace(K, S, pl, W, OW)) {
         float* zero = (float*)calloc((size_t)W + DWV, sizeof(float));
         if (!zero) return -1;
-#define DWD_SAME(va)                                                                            \
-    do {                                                                                        \
-        if (K == 3)                                                                             \
-            dwd_same_planes(zero, x, w, bias, y, C, H, W, pt, OH, va, act, p0, p1, 3);          \
-        else                                                                                    \
-            dwd_same_planes(zero, x, w, bias, y, C, H, W, pt, OH, va, act, p0, p1, 5);          \
+#define DWD_SAME(va)                                                            \
+    do {                                                                        \
+        if (K == 3)                                                             \
+            dwd_same_##va##_3(zero, x, w, bias, y, C, H, W, pt, OH, act, p0, p1); \
+        else                                                                    \
+            dwd_same_##va##_5(zero, x, w, bias, y, C, H, W, pt, OH, act, p0, p1); \
     } while (0)
         DWD_ACT_CASES(DWD_SAME)
 #undef DWD_SAME
@@ -407,7 +439,7 @@ static int dwd_range(const float* x, const float* w, const float* bias, float* y
     g.ring = buf;
     const float* zero = buf + (size_t)g.R * Wp;
 #define DWD_PLANES(va, k, s) \
-    dwd_planes(&g, zero, x, w, bias, y, C, H, W, pt, pl, OH, OW, va, act, p0, p1, k, s)
+    dwd_planes_##va##_##k##_##s(&g, zero, x, w, bias, y, C, H, W, pt, pl, OH, OW, act, p0, p1)
 #define DWD_KS(va)               \
     do {                         \
         if (K == 3 && S == 1)    \
