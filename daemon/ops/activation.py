@@ -16,11 +16,6 @@ from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
-try:  # scipy is optional; erf falls back to a vectorised math.erf
-    from scipy.special import erf as _erf  # type: ignore
-except Exception:  # pragma: no cover
-    _erf = np.vectorize(math.erf, otypes=[np.float32])
-
 Act = tuple[str, tuple[float, ...]]
 
 #: Activations a producer kernel can take as a fused epilogue (the Vulkan shaders implement the same set).
@@ -60,7 +55,7 @@ def apply_act(x: np.ndarray, act: Act | None) -> np.ndarray:
             t = np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x))
             np.multiply(x, np.float32(0.5) * (1 + t), out=x)
         else:
-            t = _erf(x * np.float32(1 / math.sqrt(2))).astype(x.dtype)
+            t = native.numpy_erf(x * np.float32(1 / math.sqrt(2)))  # scipy imported here, if at all
             np.multiply(x, np.float32(0.5) * (1 + t), out=x)
     elif name == "Softplus":
         # log(1+exp(x)) computed stably

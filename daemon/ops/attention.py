@@ -40,19 +40,8 @@ def _softmax(s: np.ndarray) -> np.ndarray:
     return np.where(masked, 0, e / np.where(t == 0, 1, t))
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    from math import sqrt
-
-    from scipy.special import erf  # type: ignore[import-untyped]
-
-    return 0.5 * x * (1 + erf(x / sqrt(2)))
-
-
 def _erf_gelu(x: np.ndarray) -> np.ndarray:
-    try:
-        return _gelu(x)
-    except ImportError:  # no scipy: the vectorised math.erf
-        return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return 0.5 * x * (1 + native.numpy_erf(x / math.sqrt(2)))
 
 
 # ------------------------------------------------------------------------------------- ONNX Attention (23)

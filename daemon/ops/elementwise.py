@@ -9,7 +9,6 @@ into its preallocated output with ``out=``.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -19,11 +18,6 @@ from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
-
-try:  # scipy is optional; erf falls back to a vectorised math.erf
-    from scipy.special import erf as _scipy_erf  # type: ignore
-except Exception:  # pragma: no cover
-    _scipy_erf = None
 
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow")
 VARIADIC = ("Sum", "Mean", "Min", "Max")  # Min/Max with two inputs are the common binary case
@@ -142,16 +136,8 @@ def _pow(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 def _erf(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     if x.dtype == np.float32 and x.flags.c_contiguous and (
             out is None or (out.dtype == np.float32 and out.flags.c_contiguous and out.shape == x.shape)):
-        from .. import native  # local: keeps this change inside _erf
-
         return native.erf(x, out)  # vectorised C (max abs error ~1e-7), numpy fallback inside
-    if _scipy_erf is not None:
-        return _scipy_erf(x, out=out) if out is not None else _scipy_erf(x).astype(x.dtype, copy=False)
-    r = np.vectorize(math.erf, otypes=[x.dtype])(x)
-    if out is None:
-        return r
-    np.copyto(out, r)
-    return out
+    return native.numpy_erf(x, out)
 
 
 def _binary(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from typing import Any, Callable, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from .. import native
@@ -25,14 +25,17 @@ Shape = tuple[int, ...]
 # ------------------------------------------------------------------------------------------ dtypes
 
 # ONNX TensorProto.DataType -> numpy. bfloat16 is ml_dtypes' (a numpy dtype whose ufuncs round each step, as
-# ONNX's bfloat16 arithmetic does); float8, int4 and string are absent: Cast to them is refused
+# ONNX's bfloat16 arithmetic does), imported for the first model that has one: ml_dtypes 0.7 takes 0.7 s to
+# import (half of the daemon's start on the 2-core VM; 0.06 s for 0.6). float8, int4 and string are absent: Cast
+# to them is refused
 _ONNX_TO_NP: dict[int, np.dtype] = {
     1: np.dtype(np.float32), 2: np.dtype(np.uint8), 3: np.dtype(np.int8), 4: np.dtype(np.uint16),
     5: np.dtype(np.int16), 6: np.dtype(np.int32), 7: np.dtype(np.int64), 9: np.dtype(np.bool_),
     10: np.dtype(np.float16), 11: np.dtype(np.float64), 12: np.dtype(np.uint32), 13: np.dtype(np.uint64),
-    14: np.dtype(np.complex64), 15: np.dtype(np.complex128), 16: np.dtype(ml_dtypes.bfloat16),
+    14: np.dtype(np.complex64), 15: np.dtype(np.complex128),
 }
 _NP_TO_ONNX: dict[np.dtype, int] = {v: k for k, v in _ONNX_TO_NP.items()}
+_BFLOAT16 = 16
 _ONNX_NAMES = {8: "STRING", 16: "BFLOAT16", 17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2",
                20: "FLOAT8E5M2FNUZ", 21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 25: "UINT2",
                26: "INT2", 27: "FLOAT6E2M3", 28: "FLOAT6E3M2"}
@@ -43,6 +46,12 @@ def onnx_dtype(code: int, op: str = "Cast", node: str = "") -> np.dtype:
     try:
         return _ONNX_TO_NP[int(code)]
     except KeyError:
+        if int(code) == _BFLOAT16:
+            import ml_dtypes
+
+            dt = _ONNX_TO_NP[_BFLOAT16] = np.dtype(ml_dtypes.bfloat16)
+            _NP_TO_ONNX[dt] = _BFLOAT16
+            return dt
         name = _ONNX_NAMES.get(int(code), "unknown")
         raise UnsupportedOpError(op, node, detail=f"ONNX element type {int(code)} ({name}) is not supported") from None
 
@@ -53,6 +62,9 @@ def numpy_to_onnx(dtype: Any, op: str = "Cast", node: str = "") -> int:
     try:
         return _NP_TO_ONNX[dt]
     except KeyError:
+        # a bfloat16 array exists only once ml_dtypes is imported (by whoever made it): then the map knows it
+        if dt.kind == "V" and "ml_dtypes" in sys.modules and dt == onnx_dtype(_BFLOAT16):
+            return _BFLOAT16
         raise UnsupportedOpError(op, node, detail=f"numpy dtype {dt} has no ONNX element type") from None
 
 
@@ -739,6 +751,8 @@ def _bits(dt: np.dtype) -> int:
     """Bits of one element: an ml_dtypes type (kind 'V') may hold fewer than its storage byte."""
     if dt.kind != "V":
         return 8 * dt.itemsize
+    import ml_dtypes  # imported already: whatever made this dtype did
+
     try:
         return int(ml_dtypes.finfo(dt).bits)
     except ValueError:
