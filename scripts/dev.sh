@@ -98,7 +98,13 @@ case "$cmd" in
     ;;
   test)
     install_system "${TEST_APT_PKGS[@]}"; install_python
-    exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+    # one pytest-xdist worker per core, at most 4 (INFERD_TEST_JOBS to choose; 1: in this process): on 2 cores
+    # the suite took 24 min in one process and 10 with two workers, whose tests wait on children, compilers
+    # and daemons a good part of their time
+    jobs=${INFERD_TEST_JOBS:-$(nproc)}
+    [ "$jobs" -le 4 ] || jobs=4
+    [ "$jobs" -gt 1 ] || jobs=0
+    exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$jobs" "$@"
     ;;
   *)
     echo "usage: bash scripts/dev.sh serve|test [args]" >&2

@@ -27,6 +27,7 @@ paddle2onnx), one ``<model>.<exporter>.onnx`` per export plus the input it was e
 """
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import importlib.util
@@ -343,12 +344,21 @@ def export(arch: Arch, exporter: str, log: Callable[[str], None] = lambda s: Non
     d.mkdir(parents=True, exist_ok=True)
     path = _cached_path(arch, exporter)
     x = example_input(arch)
-    if path.exists():
-        try:
-            onnx.load(str(path), load_external_data=False)
-            return path, x
-        except Exception as e:  # a damaged cache entry is a miss
-            log(f"cache entry {path} does not load ({e}); exporting again")
+    # one export of a model (of a Keras or paddle family: one batch) at a time across the suite's workers
+    # (pytest-xdist): the others wait for it and read the cache rather than export it again beside it
+    family = arch.source if arch.source in ("keras", "paddle") else arch.name
+    with open(d / f".{family}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            try:
+                onnx.load(str(path), load_external_data=False)
+                return path, x
+            except Exception as e:  # a damaged cache entry is a miss
+                log(f"cache entry {path} does not load ({e}); exporting again")
+        return _export_to_cache(arch, exporter, path, x)
+
+
+def _export_to_cache(arch: Arch, exporter: str, path: Path, x: np.ndarray) -> tuple[Path, np.ndarray]:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     if arch.source in ("keras", "paddle"):
         _export_family(arch, exporter, path)
