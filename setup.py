@@ -38,9 +38,7 @@ def _compile_in_parallel() -> None:
         todo = [obj for obj in objects if obj in build]
         jobs = int(os.environ.get("INFERD_BUILD_JOBS", 0)) or os.cpu_count() or 1
         with ThreadPoolExecutor(max_workers=jobs) as pool:  # each compile is a child process: threads suffice
-            for _ in pool.map(lambda obj: self._compile(obj, build[obj][0], build[obj][1], cc_args, extra_postargs,
-                                                        pp_opts), todo):
-                pass
+            list(pool.map(lambda obj: self._compile(obj, *build[obj], cc_args, extra_postargs, pp_opts), todo))
         return objects
 
     ccompiler.CCompiler.compile = compile
@@ -50,8 +48,6 @@ _compile_in_parallel()
 
 
 def _packages() -> list[str]:
-    import os
-
     pkgs = []
     for root_dir, name in (("daemon", "inferd"), ("client", "inferd_client")):
         for dirpath, _dirs, files in os.walk(root_dir):
