@@ -697,9 +697,21 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
     const double work = 2.0 * cin * KH * KW * cout_blocks * 16 * (double)OH * OW;
     const double wbytes = 4.0 * cin * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin * H * W;
     if (wbytes > xbytes && groups > 1) {
-        /* the weights outweigh the input (small maps, many channels): tasks split the groups */
-        const int tasks = inferd_pool_chunks(groups, work);
-        J.gpt = (groups + tasks - 1) / tasks;
+        /* the weights outweigh the input (small maps, many channels): tasks split the groups, as many on every
+           thread. Tasks of ceil(groups / chunks) groups left threads unequal work: MobileNetV2's 320->1280 on 7x7
+           (20 groups) ran as 7 tasks of 3, 12 groups on one of two threads and 8 on the other; its 960->160 (3
+           groups) as 2 + 1. Fewer groups per task where that evens the count out, and a pointwise map in as
+           many column bands as it takes (each band reads its groups' weights again, from cache) */
+        const int tasks = inferd_pool_chunks(groups, work), t = inferd_pool_threads();
+        J.gpt = groups / tasks > 0 ? groups / tasks : 1;
+        const int ntasks = (groups + J.gpt - 1) / J.gpt;
+        if (flat && t > 1 && ntasks % t != 0 && ntasks < 4 * t) {
+            int bands = 2;
+            while (bands < t && (ntasks * bands) % t != 0) ++bands;
+            const int pt = tiles_for(cpb)->wide[tiles_for(cpb)->nb - 1];
+            J.cols_per_task = ((OW + bands - 1) / bands + pt - 1) / pt * pt;
+            J.nbands = (OW + J.cols_per_task - 1) / J.cols_per_task;
+        }
         if (off) J.cols_per_task = OH * OW; /* the run form's one band: the whole map */
     } else if (off) {
         /* pixel bands, whole runs */

@@ -83,6 +83,10 @@ CONV_CASES = [
     # pointwise, through the ISA's pointwise tiles where it has them: input channels in two passes (10 blocks), a
     # group of 4 output blocks and one of 1, no activation, residual
     (1, 160, 80, (7, 9), (1, 1), 1, [0, 0, 0, 0], 1, None, True),
+    # weights outweigh the input, groups that do not divide among the threads (3 and 5 groups of 4 blocks): the
+    # pointwise map is split in column bands too, each band reading its groups' weights again
+    (1, 320, 144, (7, 7), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),
+    (1, 96, 320, (5, 5), (1, 1), 1, [0, 0, 0, 0], 1, None, False),
     (1, 32, 32, (5, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),  # 2 blocks: 12-wide tiles and 1 left
     (1, 48, 48, (13, 13), (1, 1), 1, [0, 0, 0, 0], 1, ("LeakyRelu", (0.1,)), False),  # 3 blocks, act after the store
     (1, 256, 16, (4, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Sigmoid", ()), True),  # a costly act after two passes
