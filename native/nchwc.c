@@ -621,6 +621,15 @@ static void sub_task(void* ctx, long long task)
 }
 
 /* cib input blocks of cpb channels each: the blocked layout (cpb 16) or NCHW planes (cpb 1, cib the channels) */
+/* A pointwise job (one row of all its pixels) in about ``bands`` column bands of whole pointwise tiles. */
+static void flat_bands(cjob_t* J, int bands)
+{
+    const tiles_t* T = tiles_for(J->cpb);
+    const int pt = T->wide[T->nb - 1];
+    J->cols_per_task = ((J->OW + bands - 1) / bands + pt - 1) / pt * pt;
+    J->nbands = (J->OW + J->cols_per_task - 1) / J->cols_per_task;
+}
+
 static int conv_run(const float* x, int cib, int cpb, int H, int W, const float* w, int cout_blocks, int KH, int KW,
                     int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
                     float* y, int act, float p0, float p1)
@@ -708,9 +717,7 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         if (flat && t > 1 && ntasks % t != 0 && ntasks < 4 * t) {
             int bands = 2;
             while (bands < t && (ntasks * bands) % t != 0) ++bands;
-            const int pt = tiles_for(cpb)->wide[tiles_for(cpb)->nb - 1];
-            J.cols_per_task = ((OW + bands - 1) / bands + pt - 1) / pt * pt;
-            J.nbands = (OW + J.cols_per_task - 1) / J.cols_per_task;
+            flat_bands(&J, bands);
         }
         if (off) J.cols_per_task = OH * OW; /* the run form's one band: the whole map */
     } else if (off) {
@@ -720,13 +727,10 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         J.nbands = (npx + J.cols_per_task - 1) / J.cols_per_task;
     } else if (flat) {
         /* column bands: enough for the pool, and each band's input (all channels) within ~1 MB of L2 */
-        const tiles_t* T = tiles_for(cpb);
-        const int pt = T->wide[T->nb - 1];
         const long long l2 = (1 << 20) / ((long long)cin * 4);
         int bands = inferd_pool_chunks(OW / 16 > 0 ? OW / 16 : 1, work);
         if (l2 > 0 && (OW + l2 - 1) / l2 > bands) bands = (int)((OW + l2 - 1) / l2);
-        J.cols_per_task = ((OW + bands - 1) / bands + pt - 1) / pt * pt;
-        J.nbands = (OW + J.cols_per_task - 1) / J.cols_per_task;
+        flat_bands(&J, bands);
     } else {
         const int bands = inferd_pool_chunks(OH, work);
         J.rows_per_task = (OH + bands - 1) / bands;
