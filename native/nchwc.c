@@ -36,7 +36,8 @@ typedef struct {
     float* y;
     int cib, H, W, cob, KH, KW, SH, SW, PT_, PL, OH, OW, act;
     float p0, p1;
-    int rows_per_task, cols_per_task, nbands, gpt; /* gpt: output groups per task */
+    int rows_per_task, cols_per_task, nbands;
+    int gpt, ub; /* a task's output blocks: gpt units of ub blocks (the tiles' block count, which divides NB_MAX) */
     int cpb;                                      /* input channels per input block: 16, or 1 for an NCHW input */
     const int* off; /* a padded short-row map run as one row of pixels: each output pixel's input offset, or NULL */
 } cjob_t;
@@ -426,24 +427,41 @@ static int ci_chunk(const cjob_t* J, int nbg)
     return c < 1 ? 1 : c;
 }
 
-/* One band of output rows (or of columns in a one-row job) for gpt output groups. Where the input outweighs the
+/* The output blocks [k0, k1) of a task: its units (task / nbands) of ub blocks each */
+static void task_blocks(const cjob_t* J, long long task, int* k0, int* k1)
+{
+    const int u = (int)(task / J->nbands) * J->gpt * J->ub;
+    *k0 = u;
+    *k1 = u + J->gpt * J->ub < J->cob ? u + J->gpt * J->ub : J->cob;
+}
+
+/* The blocks a tile takes at a block of its group: the tiles' count, or fewer where the group or the task ends */
+static inline int group_step(const tiles_t* T, int left_in_group, int left_in_task)
+{
+    const int n = left_in_group < left_in_task ? left_in_group : left_in_task;
+    return n < T->nb ? n : T->nb;
+}
+
+/* One band of output rows (or of columns in a one-row job) for a task's output blocks. Where the input outweighs the
    weights, a task is a band for every group (the band's input read from L2 by each group in turn, not from
-   memory once per group); otherwise a task is gpt groups over the whole map (each group's weights read once). */
-/* The run form (J->off set): a band of the map's pixels in runs of up to PTO_MAX, rows and all, for gpt groups */
+   memory once per group); otherwise a task is some of the blocks over the whole map (their weights read once). */
+/* The run form (J->off set): a band of the map's pixels in runs of up to PTO_MAX, rows and all, for a task's blocks */
 static void conv_task_runs(const cjob_t* J, long long task)
 {
     const long long band = task % J->nbands;
-    const int g0 = (int)(task / J->nbands) * J->gpt * NB_MAX;
-    const int g1 = g0 + J->gpt * NB_MAX < J->cob ? g0 + J->gpt * NB_MAX : J->cob;
     const tiles_t* T = tiles_for(16);
     const long long ys = (long long)J->OH * J->OW * 16;
     const int npx = J->OH * J->OW, q0 = (int)band * J->cols_per_task;
     const int q1 = q0 + J->cols_per_task < npx ? q0 + J->cols_per_task : npx;
-    for (int b0 = g0; b0 < g1; b0 += NB_MAX) {
+    int k0, k1;
+    task_blocks(J, task, &k0, &k1);
+    for (int b = k0; b < k1;) {
+        const int b0 = b - b % NB_MAX, sub = b - b0; /* the block's group and its place in it */
         const int nbg = J->cob - b0 < NB_MAX ? J->cob - b0 : NB_MAX, wst = nbg * 16, chunk = ci_chunk(J, nbg);
         const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * 16;
-        for (int sub = 0; sub < nbg; sub += T->nb) {
-            const int nb = nbg - sub < T->nb ? nbg - sub : T->nb;
+        const int nb = group_step(T, nbg - sub, k1 - b);
+        b += nb;
+        {
             const float* ws = wg + sub * 16;
             const float* bias = J->bias ? J->bias + (b0 + sub) * 16 : NULL;
             float* yb = J->y + (b0 + sub) * ys;
@@ -473,8 +491,8 @@ static void conv_task(void* ctx, long long task)
         return;
     }
     const long long band = task % J->nbands;
-    const int g0 = (int)(task / J->nbands) * J->gpt * NB_MAX;
-    const int g1 = g0 + J->gpt * NB_MAX < J->cob ? g0 + J->gpt * NB_MAX : J->cob;
+    int k0, k1;
+    task_blocks(J, task, &k0, &k1);
     const int cpb = J->cpb;
     const tiles_t* T = tiles_for(cpb);
     const long long ys = (long long)J->OH * J->OW * 16, rs = (long long)J->W * cpb;
@@ -496,11 +514,13 @@ static void conv_task(void* ctx, long long task)
     int ow_lo = (J->PL + J->SW - 1) / J->SW, ow_hi = (J->W + J->PL - J->KW) / J->SW + 1;
     if (ow_hi > J->OW) ow_hi = J->OW;
     if (ow_lo > ow_hi) ow_lo = ow_hi = J->OW;
-    for (int b0 = g0; b0 < g1; b0 += NB_MAX) {
+    for (int b = k0; b < k1;) {
+        const int b0 = b - b % NB_MAX, sub = b - b0; /* the block's group and its place in it */
         const int nbg = J->cob - b0 < NB_MAX ? J->cob - b0 : NB_MAX, wst = nbg * 16, chunk = ci_chunk(J, nbg);
         const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * cpb;
-        for (int sub = 0; sub < nbg; sub += T->nb) {
-            const int nb = nbg - sub < T->nb ? nbg - sub : T->nb;
+        const int nb = group_step(T, nbg - sub, k1 - b);
+        b += nb;
+        {
             const float* ws = wg + sub * 16;
             const float* bias = J->bias ? J->bias + (b0 + sub) * 16 : NULL;
             /* Away from the pointwise tiles, a row's inside runs in tiles of even widths (27 columns: 6 + 6 + 5
@@ -630,6 +650,28 @@ static void flat_bands(cjob_t* J, int bands)
     J->nbands = (J->OW + J->cols_per_task - 1) / J->cols_per_task;
 }
 
+/* Units per task for `units` units of ub blocks (cob blocks in all) over t threads: the fewest blocks on the
+   busiest thread (tasks dealt whole: the one thread with an extra task may get the short last one), then the task
+   count nearest `chunks` (inferd_pool_chunks: enough tasks to steal from under load). */
+static int even_units(int units, int ub, int cob, int chunks, int t)
+{
+    int best = units;
+    long long best_span = -1, best_dist = 0;
+    for (int g = 1; g <= units; ++g) {
+        const int n = (units + g - 1) / g;
+        if (g > 1 && (units + g - 2) / (g - 1) == n) continue; /* the same task count as g - 1, larger tasks */
+        const long long full = (long long)g * ub, last = cob - (long long)(n - 1) * full;
+        const long long span = (long long)(n / t) * full + (n % t == 0 ? 0 : n % t == 1 ? last : full);
+        const long long dist = n > chunks ? n - chunks : chunks - n;
+        if (best_span < 0 || span < best_span || (span == best_span && dist < best_dist)) {
+            best = g;
+            best_span = span;
+            best_dist = dist;
+        }
+    }
+    return best;
+}
+
 static int conv_run(const float* x, int cib, int cpb, int H, int W, const float* w, int cout_blocks, int KH, int KW,
                     int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
                     float* y, int act, float p0, float p1)
@@ -700,20 +742,22 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
             }
         }
     }
+    const int ub = tiles_for(cpb)->nb, units = (cout_blocks + ub - 1) / ub, cin = cib * cpb;
     cjob_t J = {x, w, bias, res, y, cib, H, W, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW,
-                act, p0, p1, OH, OW, 1, (cout_blocks + NB_MAX - 1) / NB_MAX, cpb, off};
-    const int groups = J.gpt, cin = cib * cpb;
+                act, p0, p1, OH, OW, 1, units, ub, cpb, off};
     const double work = 2.0 * cin * KH * KW * cout_blocks * 16 * (double)OH * OW;
     const double wbytes = 4.0 * cin * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin * H * W;
-    if (wbytes > xbytes && groups > 1) {
-        /* the weights outweigh the input (small maps, many channels): tasks split the groups, as many on every
-           thread. Tasks of ceil(groups / chunks) groups left threads unequal work: MobileNetV2's 320->1280 on 7x7
-           (20 groups) ran as 7 tasks of 3, 12 groups on one of two threads and 8 on the other; its 960->160 (3
-           groups) as 2 + 1. Fewer groups per task where that evens the count out, and a pointwise map in as
-           many column bands as it takes (each band reads its groups' weights again, from cache) */
-        const int tasks = inferd_pool_chunks(groups, work), t = inferd_pool_threads();
-        J.gpt = groups / tasks > 0 ? groups / tasks : 1;
-        const int ntasks = (groups + J.gpt - 1) / J.gpt;
+    if (wbytes > xbytes && units > 1) {
+        /* the weights outweigh the input (small maps, many channels): tasks split the output blocks, in units
+           of the tiles' block count (not of the weights' groups of NB_MAX: on AVX2 a tile takes one block, and
+           MobileNetV2's 960->160 on 7x7, 3 groups, ran as 2 + 1 groups, or as 2 x 3 tasks of column bands each
+           reading its group's weights again), as evenly over the threads as the units allow; a pointwise map
+           in column bands where they cannot be even (fewer units than threads). Two threads, Zen 3, against the
+           group split: 960->160 on 7x7 0.82x the time, 960->320 0.96x, SqueezeNet's 48->192 3x3 on 13x13 0.75x
+           (3 groups), the same on 27x27 0.75x; 512->1008 on 13x13 0.98-1.0x, resnets' 3x3s unchanged */
+        const int tasks = inferd_pool_chunks(units, work), t = inferd_pool_threads();
+        J.gpt = even_units(units, ub, cout_blocks, tasks, t);
+        const int ntasks = (units + J.gpt - 1) / J.gpt;
         if (flat && t > 1 && ntasks % t != 0 && ntasks < 4 * t) {
             int bands = 2;
             while (bands < t && (ntasks * bands) % t != 0) ++bands;
@@ -736,7 +780,7 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         J.rows_per_task = (OH + bands - 1) / bands;
         J.nbands = (OH + J.rows_per_task - 1) / J.rows_per_task;
     }
-    inferd_parallel(conv_task, &J, (long long)J.nbands * ((groups + J.gpt - 1) / J.gpt), 0);
+    inferd_parallel(conv_task, &J, (long long)J.nbands * ((units + J.gpt - 1) / J.gpt), 0);
     free(xp);
     free(xs);
     free(off);

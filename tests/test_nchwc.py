@@ -24,7 +24,7 @@ from native_harness import AARCH64_CC, AARCH64_FLAGS, FULL_OPT, QEMU, build_and_
 needs_native = pytest.mark.skipif(not native.has("inferd_nchwc_conv"), reason="needs the native extension")
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+@pytest.fixture(params=[1, 2, 3], ids=["1thread", "2threads", "3threads"])
 def threads(request: pytest.FixtureRequest) -> Any:
     before = native.num_threads()
     native.set_num_threads(request.param)
@@ -87,6 +87,9 @@ CONV_CASES = [
     # pointwise map is split in column bands too, each band reading its groups' weights again
     (1, 320, 144, (7, 7), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),
     (1, 96, 320, (5, 5), (1, 1), 1, [0, 0, 0, 0], 1, None, False),
+    # ... split by the tiles' blocks, not the weights' groups: 12 blocks in 3 groups, a 3x3; 5 blocks, pointwise
+    (1, 48, 192, (6, 6), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),
+    (1, 256, 80, (3, 3), (1, 1), 1, [0, 0, 0, 0], 1, None, False),
     (1, 32, 32, (5, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),  # 2 blocks: 12-wide tiles and 1 left
     (1, 48, 48, (13, 13), (1, 1), 1, [0, 0, 0, 0], 1, ("LeakyRelu", (0.1,)), False),  # 3 blocks, act after the store
     (1, 256, 16, (4, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Sigmoid", ()), True),  # a costly act after two passes
