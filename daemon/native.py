@@ -852,11 +852,33 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
     wp, bp = _ptr(w), _opt(bias)
     # the two entry points differ only in the output block count the depthwise one does not take
     head = (cib, h, wd, wp) if depthwise else (cib, h, wd, wp, cob)
+    keep = [tuple(arrs)]
 
-    def call(_keep: Any = tuple(arrs)) -> None:
+    def call() -> None:
         for xp, yp, rp in per:
             if fn(xp, *head, kh, kw, sh, sw, pt, pl, oh, ow, bp, rp, yp, code, p0, p1) != 0:
                 raise ValueError(f"{name}: bad arguments")
+
+    def retarget(a: np.ndarray) -> None:
+        _check_retarget(a, x)
+        per[:] = [(_ptr(a[i]), yp, rp) for i, (_xp, yp, rp) in enumerate(per)]
+        keep[0] = (a, *arrs[1:])
+
+    return _retargetable(call, retarget)
+
+
+def _check_retarget(a: np.ndarray, like: np.ndarray) -> None:
+    if type(a) is not np.ndarray or a.shape != like.shape or a.dtype != like.dtype or not a.flags.c_contiguous \
+            or not a.flags.aligned:
+        raise ValueError(f"retarget: an aligned C-contiguous {like.dtype} array of shape {like.shape} is needed, got "
+                         f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+
+
+def _retargetable(call: Callable[[], None], retarget: Callable[[np.ndarray], None]) -> Callable[[], None]:
+    """``call`` with ``call.retarget(a)``: read input 0 from ``a`` (the shape and dtype bound, C-contiguous,
+    aligned) from now on, where it was bound to read the array it was made with. The CPU executor points a layer
+    that reads a graph input at the caller's array rather than copying that array into the arena each run."""
+    call.retarget = retarget  # type: ignore[attr-defined]
     return call
 
 
@@ -888,12 +910,19 @@ def nchwc_reorder_bound(x: np.ndarray, y: np.ndarray, to_blocked: bool) -> Calla
     n, c, h, w = (int(d) for d in plain.shape)
     if blocked.shape[:4] != (n, -(-c // 16), h, w):
         return None
-    fn, args = lib.inferd_nchwc_reorder, (_ptr(x), n, c, h * w, _ptr(y), int(to_blocked))
+    fn, args = lib.inferd_nchwc_reorder, [_ptr(x), n, c, h * w, _ptr(y), int(to_blocked)]
+    keep = [(x, y)]
 
-    def call(_keep: Any = (x, y)) -> None:
+    def call() -> None:
         if fn(*args) != 0:
             raise ValueError("nchwc_reorder: bad arguments")
-    return call
+
+    def retarget(a: np.ndarray) -> None:
+        _check_retarget(a, x)
+        args[0] = _ptr(a)
+        keep[0] = (a, y)
+
+    return _retargetable(call, retarget)
 
 
 def nchwc_gap_bound(x: np.ndarray, y: np.ndarray) -> Callable[[], None] | None:

@@ -720,3 +720,89 @@ def test_pointwise_convs_on_small_maps_run_blocked_where_their_saving_pays_for_t
     assert kinds(128, 7) == ()
     x = np.random.default_rng(8).standard_normal((1, 256, 7, 7)).astype(np.float32)
     _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 7), {"x": x})
+
+
+# --------------------------------------------------------------------------- graph inputs read in place
+
+
+def _stem_and_relu_model(tmp_path: Path) -> Path:
+    """x -> a stem conv (reads x as NCHW, writes blocked) -> y; x -> Relu -> r: a reader that cannot be pointed
+    elsewhere, so x must stay a copy in the arena."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array((rng.standard_normal((32, 3, 3, 3)) * 0.3).astype(np.float32), "w")
+    w2 = numpy_helper.from_array((rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Conv", ["a", "w2"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["x"], ["r"])]
+    g = helper.make_graph(nodes, "sr", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 112, 112])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 56, 56]),
+                           helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 3, 112, 112])], [w, w2])
+    path = tmp_path / "sr.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@needs_native
+@pytest.mark.parametrize("which", ["stem", "reorder"])
+def test_a_graph_input_is_read_where_the_caller_has_it(which: str, tmp_path: Path) -> None:
+    # a stem conv (SqueezeNet's) or a reorder into the blocked layout (the squeeze-excitation model's first
+    # node) reads the caller's array instead of a copy in the arena; every run reads the array it is given
+    ort = pytest.importorskip("onnxruntime")
+    path = _zoo("squeezenet1_1", tmp_path) if which == "stem" else str(_se_model(tmp_path, True))
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    shape = [d if isinstance(d, int) else 1 for d in sess.get_inputs()[0].shape]
+    rng = np.random.default_rng(11)
+
+    def check(x: np.ndarray) -> None:
+        want = sess.run(None, {name: np.ascontiguousarray(x)})[0]
+        np.testing.assert_allclose(list(m.run({name: x}).values())[0], want, rtol=1e-3, atol=1e-4)
+
+    with inferd.load(path, device="cpu") as m:
+        m.run({name: np.zeros(shape, np.float32)})  # the cold load's run: from the arena, then the layers bound
+        m.wait_warm(60)
+        ex = m._exec
+        assert [d[0] for d in ex._direct] == [name], ex._direct
+        view = ex.views[name]
+        x1 = rng.standard_normal(shape).astype(np.float32)
+        check(x1)
+        view[...] = np.nan  # the arena's copy is not what the readers read now
+        check(x1)
+        x2 = rng.standard_normal(shape).astype(np.float32)
+        check(x2)  # another array: read, not the last one
+        x2 *= -1.5
+        check(x2)  # the same array changed in place: read as it is now
+        xf = np.asfortranarray(rng.standard_normal(shape).astype(np.float32))
+        check(xf)  # not C-contiguous: copied into the arena and read from there
+        ro = np.frombuffer(x1.tobytes(), np.float32).reshape(shape)  # read-only, as a request's tensor arrives
+        assert not ro.flags.writeable
+        check(ro)
+        # a caller that fills the arena itself (a control-flow body, a co-executed region) is read from there
+        out_name = ex.outputs[0].name
+        dst = np.empty(ex.outputs[0].shape, np.float32)
+        src = rng.standard_normal(shape).astype(np.float32)
+        run = ex.bind_run({name: src}, [(out_name, dst)])
+        assert run is not None
+        run()
+        np.testing.assert_allclose(dst, sess.run(None, {name: src})[0], rtol=1e-3, atol=1e-4)
+        check(x1)  # and the next run reads its feed again
+
+
+@needs_native
+def test_a_graph_input_with_a_reader_that_cannot_be_pointed_elsewhere_is_copied(tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    path = str(_stem_and_relu_model(tmp_path))
+    x = np.random.default_rng(12).standard_normal((1, 3, 112, 112)).astype(np.float32)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with inferd.load(path, device="cpu") as m:
+        m.run({"x": x})
+        m.wait_warm(60)
+        assert "nchwc" in set(m.kernels.values())
+        assert m._exec._direct == [] and m._exec.steps[0] is not None
+        for _ in range(2):
+            got = m.run({"x": x})
+            np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-5)
+            np.testing.assert_array_equal(got["r"], want[1])
