@@ -279,6 +279,26 @@ def test_padding_lanes_of_no_meaning_do_not_reach_the_next_conv(threads: int) ->
 
 
 @needs_native
+@pytest.mark.parametrize("cin,cout,hw", [(24, 144, (7, 9)), (40, 24, (5, 5)), (8, 16, (3, 40)), (17, 32, (6, 6))])
+def test_a_pointwise_conv_reads_only_the_real_channels_of_a_partial_last_block(cin: int, cout: int,
+                                                                                hw: tuple[int, int],
+                                                                                threads: int) -> None:
+    # the pointwise tiles skip the padding lanes of the input's last block (MobileNetV2's 24 channels: a quarter of
+    # the FMAs): what those lanes hold, even NaN, does not reach the output
+    rng = np.random.default_rng(cin)
+    x = rng.standard_normal((1, cin) + hw).astype(np.float32)
+    w = (rng.standard_normal((cout, cin, 1, 1)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    xb = to_blocked(x)
+    xb[:, -1, :, :, cin % 16:] = np.nan
+    layer = single_node_layer(CONV, [xb, w, b], {"kernel_shape": [1, 1], "act": ("Relu", ())},
+                              const=[False, True, True])
+    y = from_blocked(run_layer(ConvNchwcKernel(), layer, [xb, w, b], bound=True)[0], cout)
+    want = np.maximum(np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + b[None, :, None, None], 0)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_native
 @pytest.mark.parametrize("attrs", [
     {"kernel_shape": [3, 3], "strides": [2, 2]},  # squeezenet's ceil-less pools
     {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
