@@ -833,16 +833,20 @@ def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: n
 
 def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,
                      kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float, p1: float,
-                     depthwise: bool = False, cin: int | None = None) -> Callable[[], None] | None:
+                     depthwise: bool = False, cin: int | None = None,
+                     cout: int | None = None) -> Callable[[], None] | None:
     """native/nchwc.c's conv (``depthwise``: its depthwise conv) over each image of blocked ``x`` (N, Cin/16, H,
     W, 16), or of an NCHW ``x`` (N, Cin, H, W), into ``y`` (N, Cout/16, OH, OW, 16), ``res`` (y's shape) added
     before the activation; ``w`` packed by ``ops.conv_nchwc.pack_weights``. A no-argument call, or None where the
-    arrays do not fit (see :func:`gemm_bound`). ``cin``: a blocked input's real channel count, where its last
-    block holds fewer than 16 (the rest padding lanes the pointwise tiles then skip)."""
+    arrays do not fit (see :func:`gemm_bound`). ``cin``, ``cout``: the real channel counts of a blocked input and
+    output, where a last block holds fewer than 16 (the rest padding lanes the tiles then skip, or write as
+    zeros)."""
     nchw = x.ndim == 4 and not depthwise  # a stem's NCHW input: (N, Cin, H, W), w packed with one-channel blocks
     name = "inferd_nchwc_dwconv" if depthwise else ("inferd_nchwc_conv_nchw" if nchw else "inferd_nchwc_conv")
-    part = not nchw and not depthwise and cin is not None and cin % 16 != 0 and -(-cin // 16) == x.shape[1] \
-        and has("inferd_nchwc_conv_ch")
+    _, cob = y.shape[:2]
+    cin = cin if cin is not None and -(-cin // 16) == x.shape[1] else 16 * x.shape[1]
+    cout = cout if cout is not None and -(-cout // 16) == cob else 16 * cob
+    part = not nchw and not depthwise and (cin % 16 != 0 or cout % 16 != 0) and has("inferd_nchwc_conv_ch")
     if part:
         name = "inferd_nchwc_conv_ch"
     if not has(name):
@@ -856,7 +860,7 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
     per = [(_ptr(x[i]), _ptr(y[i]), ffi.NULL if res is None else _ptr(res[i])) for i in range(n)]
     wp, bp = _ptr(w), _opt(bias)
     # the two entry points differ only in the output block count the depthwise one does not take
-    head = (cib, h, wd, wp) if depthwise else (cin if part else cib, h, wd, wp, cob)
+    head = (cib, h, wd, wp) if depthwise else (cin, h, wd, wp, cout) if part else (cib, h, wd, wp, cob)
     keep = [tuple(arrs)]
 
     def call() -> None:

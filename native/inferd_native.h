@@ -312,10 +312,11 @@ int inferd_q8_maxpool2d(const void* x, int x_signed, long long planes, int H, in
 int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float* w, int cout_blocks, int KH, int KW,
                       int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
                       float* y, int act, float p0, float p1);
-/* inferd_nchwc_conv with the input's channel count (cin, of which the last block holds cin % 16 where not 0): the
-   pointwise tiles skip the padding lanes of that block. */
-int inferd_nchwc_conv_ch(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
-                         int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
+/* inferd_nchwc_conv with the channel counts of the input and the output (cin, cout; the last block of each holds
+   the count % 16 where not 0): the tiles skip the input's padding lanes, and where a vector is half a block the
+   pointwise tiles compute only the real half of a last output block of 8 or fewer (its padding lanes zeros). */
+int inferd_nchwc_conv_ch(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW, int SH,
+                         int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
                          float* y, int act, float p0, float p1);
 /* Output pixels of a row the current ISA's blocked tile computes at once. */
 /* The same conv from an NCHW input x [cin][H][W] (a stem: an image's few channels) to a blocked y; w packed with

@@ -41,6 +41,7 @@ typedef struct {
     int cpb;                                      /* input channels per input block: 16, or 1 for an NCHW input */
     const int* off; /* a padded short-row map run as one row of pixels: each output pixel's input offset, or NULL */
     int cil;        /* the input channels of the last input block, where fewer than 16 (the others padding); 0: 16 */
+    int col;        /* the same of the last output block */
 } cjob_t;
 
 /* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias.
@@ -174,6 +175,65 @@ typedef struct {
         NCHWC_STORE(VT, VI, VW, PT, NB, ACT)                                                                         \
     }
 
+/* A pointwise tile of the first VW channels of one block (its other lanes, padding, stored as zeros): the last
+   output block of a conv whose channels are not a multiple of 16 (MobileNetV2's 24: 8 real of 16) where a vector
+   is 8 wide (AVX2). PT pixels of one vector each; a full block's tile spent half its FMAs on the padding. Zen 3,
+   two threads: 144->24 on 56x56 0.82x the time, 96->24 0.80x, 240->40 on 28x28 ~0.9x. */
+#define NCHWC_PWH(NAME, ATTR, VT, VI, VW, PT, ACT)                                                                \
+    ATTR static void NAME(const cjob_t* J, const float* xb, const float* wg, int wst, float* yb, long long ys,   \
+                          const float* bias, const float* res, int ci0, int ci1)                                 \
+    {                                                                                                              \
+        (void)ys;                                                                                                  \
+        VT acc[PT];                                                                                                \
+        VT bv = {0};                                                                                               \
+        if (ci0 == 0 && bias) memcpy(&bv, bias, sizeof(VT));                                                       \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                      \
+        {                                                                                                          \
+            if (ci0 > 0)                                                                                           \
+                memcpy(&acc[p], yb + p * 16, sizeof(VT));                                                          \
+            else                                                                                                   \
+                acc[p] = bv;                                                                                       \
+        }                                                                                                          \
+        const long long xs = (long long)J->H * J->W * 16;                                                          \
+        const float* xc = xb + ci0 * xs;                                                                           \
+        const float* wc = wg + (long long)ci0 * 16 * wst;                                                          \
+        const int part = J->cil && ci1 == J->cib, cfull = ci1 - part;                                              \
+        for (int ci = ci0; ci < cfull; ++ci, xc += xs, wc += 16 * wst)                                             \
+            NCHWC_TAPH(VT, PT, 16);                                                                                \
+        if (part) {                                                                                                \
+            const int cn = J->cil;                                                                                 \
+            NCHWC_TAPH(VT, PT, cn);                                                                                \
+        }                                                                                                          \
+        const int last = ci1 == J->cib;                                                                            \
+        const int act = last && !(ACT) ? J->act : 0;                                                               \
+        const float p0 = J->p0, p1 = J->p1;                                                                        \
+        (void)p0;                                                                                                  \
+        (void)p1;                                                                                                  \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p)                                                      \
+        {                                                                                                          \
+            VT x = acc[p];                                                                                         \
+            if (last && res) {                                                                                     \
+                VT r;                                                                                              \
+                memcpy(&r, res + p * 16, sizeof(VT));                                                              \
+                x += r;                                                                                            \
+            }                                                                                                      \
+            if ((ACT) && last) INFERD_VACT(VT, VI, x, ACT, p0, p1);                                                \
+            if (act && !INFERD_ACT_COSTLY(act)) INFERD_VACT(VT, VI, x, act, p0, p1);                               \
+            memcpy(yb + p * 16, &x, sizeof(VT));                                                                   \
+            if (last) memset(yb + p * 16 + VW, 0, sizeof(float) * (16 - VW));                                      \
+        }                                                                                                          \
+        if (INFERD_ACT_COSTLY(act))                                                                                \
+            for (int p = 0; p < PT; ++p) act_inplace(yb + p * 16, VW, act, p0, p1);                                \
+    }
+/* One input block's channels (CN of them) for NCHWC_PWH: a weight vector, PT broadcasts */
+#define NCHWC_TAPH(VT, PT, CN)                                                                                     \
+    _Pragma("GCC unroll 4") for (int c = 0; c < (CN); ++c)                                                        \
+    {                                                                                                              \
+        VT wv;                                                                                                     \
+        memcpy(&wv, wc + c * wst, sizeof(VT));                                                                     \
+        _Pragma("GCC unroll 16") for (int p = 0; p < PT; ++p) acc[p] += (xc[p * 16 + c] - (VT){0}) * wv;           \
+    }
+
 /* A tile of PT output pixels that may span rows, over a padded input (every tap inside): pixel p's input at
    off[p] floats, every tap, no clipping. For maps whose rows are too short for the row tiles' widths (7 columns:
    4 + 3 a row, where 49 pixels in a run are 6 x 8 + 1). */
@@ -233,6 +293,10 @@ typedef struct {
     tileo_fn o[PTO_MAX][NB_MAX];
     /* an NCHW input's widest tiles for 3-wide kernels (NCHWC_STEM), by nb - 1; NULL where the general tiles do them */
     tile_fn s3[NB_MAX];
+    /* a half block's pointwise tiles (NCHWC_PWH) of wideh pixels, by activation as pw; NULL where a vector is a
+       whole block (AVX-512) or not timed */
+    pw_fn pwh[3];
+    int wideh;
 } tiles_t;
 
 /* the tiles of PT pixels for 1 to 4 (PT4), 1 to 2 (PT2) or 1 (PT1) blocks */
@@ -328,6 +392,9 @@ NCHWC_PT1(avx2, AVX2, v8f, v8i, 8, 6, 16)
 NCHWC_PW(pw0_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 0)
 NCHWC_PW(pw1_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 1)
 NCHWC_PW(pw2_1_avx2, AVX2, v8f, v8i, 8, 6, 1, 2)
+NCHWC_PWH(pwh0_avx2, AVX2, v8f, v8i, 8, 12, 0)
+NCHWC_PWH(pwh1_avx2, AVX2, v8f, v8i, 8, 12, 1)
+NCHWC_PWH(pwh2_avx2, AVX2, v8f, v8i, 8, 12, 2)
 NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 1)
 NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 2)
 NCHWC_O1(avx2, AVX2, v8f, v8i, 8, 3)
@@ -340,7 +407,10 @@ static const tiles_t tiles_avx2 = {{6, 6, 6, 6},
                                     NCHWC_ROW1(avx2, 5), NCHWC_ROW1(avx2, 6)},
                                    {NCHWC_PWROW1(avx2, 0), NCHWC_PWROW1(avx2, 1), NCHWC_PWROW1(avx2, 2)},
                                    {NCHWC_OROW1(avx2, 1), NCHWC_OROW1(avx2, 2), NCHWC_OROW1(avx2, 3),
-                                    NCHWC_OROW1(avx2, 4), NCHWC_OROW1(avx2, 5), NCHWC_OROW1(avx2, 6)}};
+                                    NCHWC_OROW1(avx2, 4), NCHWC_OROW1(avx2, 5), NCHWC_OROW1(avx2, 6)},
+                                   {NULL},
+                                   {pwh0_avx2, pwh1_avx2, pwh2_avx2},
+                                   12};
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 1, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 2, 1)
 NCHWC_PT1(avx2_c1, AVX2, v8f, v8i, 8, 3, 1)
@@ -555,10 +625,27 @@ static void conv_task(void* ctx, long long task)
                 float* yr = J->y + (b0 + sub) * ys + (long long)oh * J->OW * 16;
                 const float* rr = J->res ? J->res + (b0 + sub) * ys + (long long)oh * J->OW * 16 : NULL;
                 const float* xr = J->x + (long long)ih0 * rs; /* row ih0 (above the image: only kh >= kh0 read) */
+                /* the last output block of a conv whose channels end in a half block (24, 40 of them): its
+                   real half only, in tiles of wideh pixels (a flat pointwise row: every column inside) */
+                pw_fn const pwh = pw && nb == 1 && b0 + sub == J->cob - 1 && J->col > 0 && J->col <= 16 / 2 &&
+                                          T->pwh[pwa] ? T->pwh[pwa] : NULL;
                 for (int c0 = 0; c0 < J->cib; c0 += chunk) {
                     const int c1 = c0 + chunk < J->cib ? c0 + chunk : J->cib;
                     int tile = 0;
-                    for (int ow = owa; ow < owb;) {
+                    for (int ow = owa; pwh && ow < owb;) {
+                        const int n = owb - ow, pt = n >= T->wideh ? T->wideh : n < wide ? n : wide;
+                        if (pt == T->wideh)
+                            pwh(J, xr + (long long)ow * 16, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL,
+                                c0, c1);
+                        else if (pt == wide)
+                            pw[0](J, xr + (long long)ow * 16, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL,
+                                  c0, c1);
+                        else
+                            T->t[pt - 1][0](J, xr + (long long)ow * 16, 16, ws, wst, yr + ow * 16, ys, bias,
+                                            rr ? rr + ow * 16 : NULL, 0, 1, 0, 1, c0, c1);
+                        ow += pt;
+                    }
+                    for (int ow = owa; !pwh && ow < owb;) {
                         const int iw0 = ow * J->SW - J->PL;
                         int pt = 1, kw0 = 0, kw1 = J->KW;
                         if (ow >= ow_lo && ow < ow_hi) {
@@ -689,7 +776,7 @@ static int even_units(int units, int ub, int cob, int chunks, int t)
 
 static int conv_run(const float* x, int cib, int cpb, int H, int W, const float* w, int cout_blocks, int KH, int KW,
                     int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
-                    float* y, int act, float p0, float p1, int cil)
+                    float* y, int act, float p0, float p1, int cil, int col)
 {
     if (cib < 1 || cout_blocks < 1 || H < 1 || W < 1 || KH < 1 || KW < 1 || SH < 1 || SW < 1 || OH < 1 || OW < 1 ||
         pad_top < 0 || pad_left < 0 || pad_top >= KH || pad_left >= KW)
@@ -759,7 +846,8 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
     }
     const int ub = tiles_for(cpb)->nb, units = (cout_blocks + ub - 1) / ub, cin = cib * cpb;
     cjob_t J = {x, w, bias, res, y, cib, H, W, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW,
-                act, p0, p1, OH, OW, 1, units, ub, cpb, off, cpb == 16 && cil > 0 && cil < 16 ? cil : 0};
+                act, p0, p1, OH, OW, 1, units, ub, cpb, off, cpb == 16 && cil > 0 && cil < 16 ? cil : 0,
+                col > 0 && col < 16 ? col : 0};
     const double work = 2.0 * cin * KH * KW * cout_blocks * 16 * (double)OH * OW;
     const double wbytes = 4.0 * cin * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin * H * W;
     if (wbytes > xbytes && units > 1) {
@@ -807,19 +895,19 @@ int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float*
                       float* y, int act, float p0, float p1)
 {
     return conv_run(x, cin_blocks, 16, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y,
-                    act, p0, p1, 0);
+                    act, p0, p1, 0, 0);
 }
 
 /* Where the input's channels are not a multiple of 16 (MobileNetV2's 24, EfficientNet's 40), the pointwise tiles
    skip the last block's padding lanes: a quarter of the FMAs over a 24-channel input. Zen 3, two threads: 24->144 on
    56x56 (MobileNetV2's expansions) 0.77x the time of the same conv over 32, 40->240 on 28x28 0.84x. */
-int inferd_nchwc_conv_ch(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
-                         int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
+int inferd_nchwc_conv_ch(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW, int SH,
+                         int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
                          float* y, int act, float p0, float p1)
 {
-    if (cin < 1) return -1;
-    return conv_run(x, (cin + 15) / 16, 16, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias,
-                    res, y, act, p0, p1, cin % 16);
+    if (cin < 1 || cout < 1) return -1;
+    return conv_run(x, (cin + 15) / 16, 16, H, W, w, (cout + 15) / 16, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias,
+                    res, y, act, p0, p1, cin % 16, cout % 16);
 }
 
 int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
@@ -827,7 +915,7 @@ int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w
                            const float* res, float* y, int act, float p0, float p1)
 {
     return conv_run(x, cin, 1, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y, act, p0,
-                    p1, 0);
+                    p1, 0, 0);
 }
 
 int inferd_nchwc_tile_pixels(void) { return tiles()->wide[tiles()->nb - 1]; }

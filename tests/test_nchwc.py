@@ -96,6 +96,11 @@ CONV_CASES = [
     # channels not a multiple of 16: the last block padded (mobilenetv2's 24, efficientnet_b0's 40)
     (1, 24, 144, (6, 21), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), False),  # padded input lanes
     (1, 144, 24, (7, 9), (1, 1), 1, [0, 0, 0, 0], 1, None, True),  # padded output lanes, a padded residual
+    # a last output block of 8 or fewer channels: its half-block tiles (AVX2) over 12 pixels and the others at
+    # the row's end; with a costly activation, and with the input channels in two passes
+    (1, 96, 24, (6, 20), (1, 1), 1, [0, 0, 0, 0], 1, ("Sigmoid", ()), False),
+    (1, 1024, 40, (5, 7), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),
+    (1, 64, 4, (9, 9), (1, 1), 1, [0, 0, 0, 0], 1, ("Relu", ()), False),
     (1, 40, 24, (9, 9), (3, 3), 2, [1, 1, 1, 1], 1, ("Sigmoid", ()), False),  # both, an act not zero at zero
     (1, 24, 24, (7, 37), (3, 3), 1, [1, 1, 1, 1], 24, ("Relu", ()), True),  # depthwise, padded
     (1, 40, 40, (9, 8), (5, 5), 2, [2, 2, 2, 2], 40, None, False),

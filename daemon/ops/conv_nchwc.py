@@ -343,7 +343,8 @@ class ConvNchwcKernel(_NativeOrOracle):
             return None
         x, y, res, b, g, code, p0, p1 = a
         return native.nchwc_conv_bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1,
-                                       depthwise=g.group > 1, cin=int(layer.in_shape(1)[1]))
+                                       depthwise=g.group > 1, cin=int(layer.in_shape(1)[1]),
+                                       cout=int(layer.in_shape(1)[0]))
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         vals = list(inputs)
