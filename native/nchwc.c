@@ -805,7 +805,7 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
     }
     /* The columns whose taps leave the row run as one-pixel tiles with their taps clipped: two accumulators on
        AVX2, a weight load per FMA, ~4x a column's time inside; and a short row's inside runs in narrow tiles (7
-       columns: 4 + 3). On narrow maps (those columns 1/16 of the row or more) the input is first copied with its
+       columns: 4 + 3). On narrow maps (those columns 1/32 of the row or more) the input is first copied with its
        padding as zeros on every side, and the map runs as one row of pixels in runs of up to PTO_MAX across the
        rows (NCHWC_TILEO: 49 pixels are 6 x 8 + 1); on wide ones the copy cost more than it saved. Two threads,
        Zen 3, in-process A/B, the runs against row tiles over the same padded copy: 512->512 3x3 s2 on 14x14 0.57x
@@ -814,8 +814,9 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
        narrow maps, 0.97-1.08x on 56 to 224 columns. With the runs the copy pays on wide maps too for strided
        convs of 1024 or more output channels x taps (128->128 s2 on 56x56 0.90-0.93x, 64->128 s2 0.88-0.92x;
        32->32 s2 on 112x112 1.04-1.11x), up to a copy of PAD_MAX_BYTES; not for stride 1 (64->64 on 56x56
-       0.98-1.06x, 64->64 on 224x224 0.98x, 16->16 on 112x112 1.09x). The zeros add the same partial sums: the
-       same bits. */
+       0.98-1.06x, 64->64 on 224x224 0.98x, 16->16 on 112x112 1.09x). Narrow was 1/16 of the row until
+       2026-12-02: at 1/32, SqueezeNet's 16->64 3x3 on 55x55 0.95x the time, 96->192 on 56x56 0.94-0.98x, 64->64
+       on 56x56 0.97-1.0x, 32->32 on 64x64 1.0x. The zeros add the same partial sums: the same bits. */
     float* xp = NULL;
     int* off = NULL;
     if (cpb == 16 && !flat && KW > 1) {
@@ -823,7 +824,7 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         const int edge = pad_geometry(H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, &Hp, &Wp);
         const long long pbytes = 64LL * cib * Hp * Wp;
         const int strided = SH * SW > 1 && (long long)cout_blocks * 16 * KH * KW >= 1024;
-        if (edge > 0 && (16 * edge >= OW || (strided && pbytes <= PAD_MAX_BYTES))) {
+        if (edge > 0 && (32 * edge >= OW || (strided && pbytes <= PAD_MAX_BYTES))) {
             if ((long long)Hp * Wp * 16 < (1LL << 30)) { /* (the offsets are ints) */
                 xp = (float*)malloc(sizeof(float) * 16 * (size_t)cib * Hp * Wp);
                 off = (int*)malloc(sizeof(int) * (size_t)OH * OW);

@@ -68,11 +68,13 @@ CONV_CASES = [
     (1, 48, 32, (7, 7), (7, 7), 2, [3, 3, 3, 3], 1, ("Sigmoid", ()), False),  # an activation applied after
     (1, 16, 16, (3, 3), (3, 3), 1, [0, 0, 0, 0], 1, None, True),  # no padding: every column inside
     (1, 32, 32, (30, 29), (3, 3), 1, [1, 2, 1, 0], 1, ("LeakyRelu", (0.1,)), False),  # uneven pads, 12-wide tiles
-    # a narrow map, or a wide one strided with enough output channels x taps, is copied with its padding and runs
-    # across its rows; the other wide ones run row by row, their edge columns clipped one pixel at a time
+    # a narrow map (edge columns 1/32 of the row or more), or a wide one strided with enough output channels x taps,
+    # is copied with its padding and runs across its rows; the other wide ones run row by row, their edge columns
+    # clipped one pixel at a time
     (1, 16, 128, (5, 40), (3, 3), 2, [1, 1, 1, 1], 1, ("Relu", ()), True),
     (1, 16, 16, (3, 40), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),
     (1, 16, 16, (4, 70), (5, 5), 2, [2, 2, 2, 1], 1, None, False),
+    (1, 16, 32, (3, 80), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),  # edge columns under 1/32: clipped in place
     # a strided 1x1 runs as a copy of its pixels and the pointwise tiles; with end padding, its last output row and
     # column read past the map (zeros)
     (1, 32, 48, (9, 11), (1, 1), 2, [0, 0, 0, 0], 1, ("Relu", ()), True),
