@@ -24,7 +24,7 @@ from .fileio import VECTOR_ALIGN, empty_aligned  # noqa: F401 - the kernels' nam
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 19
+ABI = 20
 
 ffi: Any = None
 lib: Any = None
@@ -829,6 +829,12 @@ def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: n
         ba(*bargs)
 
     return call_res
+
+
+def nchwc_group_blocks() -> int:
+    """Output blocks per group of packed blocked-conv weights: the current ISA's tiles' (4 on AVX-512, 1 on AVX2 and
+    NEON), so a tile reads its weights as one run of memory; 4 without the native build."""
+    return int(lib.inferd_nchwc_group_blocks()) if has("inferd_nchwc_group_blocks") else 4
 
 
 def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,

@@ -325,6 +325,9 @@ int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w
                            int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias,
                            const float* res, float* y, int act, float p0, float p1);
 int inferd_nchwc_tile_pixels(void);
+/* Output blocks per group of packed conv weights (the current ISA's tiles: 4 on AVX-512, 1 elsewhere); the packing
+   (ops/conv_nchwc.py) must use it. */
+int inferd_nchwc_group_blocks(void);
 /* Depthwise conv (one group per channel, multiplier 1) on blocked tensors x [blocks][H][W][16] -> y [blocks][OH]
    [OW][16], w [blocks][KH][KW][16]; res, bias, act as inferd_nchwc_conv. 0, or -1 for bad arguments. */
 int inferd_nchwc_dwconv(const float* x, int blocks, int H, int W, const float* w, int KH, int KW, int SH, int SW,

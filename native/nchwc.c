@@ -11,9 +11,11 @@
  * time, 3x3 convs of 16-64 input channels 0.78-1.0x; onnxruntime's NCHWc kernels (the same idea) 0.76-0.95x
  * ours, without their layout conversions.
  *
- * Weights (packed by the caller once, ops/conv_nchwc.py): groups of up to NB_MAX = 4 output blocks,
- * w[group][cin_block][kh][kw][16 input channels][nbg * 16 output channels], nbg the group's block count (the
- * last group may hold fewer), so one layout serves every ISA's micro-kernel width. Any kernel size, stride and
+ * Weights (packed by the caller once, ops/conv_nchwc.py): groups of as many output blocks as the ISA's tiles take
+ * (inferd_nchwc_group_blocks: 4 on AVX-512, 1 elsewhere), w[group][cin_block][kh][kw][16 input channels][nbg * 16
+ * output channels], nbg the group's block count (the last group may hold fewer): a tile reads its weights as one
+ * run of memory. (Groups of 4 on AVX2 too, until 2026-12-02: a one-block tile read every fourth 64-byte line, and
+ * on Zen 3, two threads, its 3x3 convs ran 1.03-1.05x the time, SqueezeNet's 512->1008 classifier 1.05x.) Any kernel size, stride and
  * padding; dilation 1, one group. The bias, a residual of the output's shape (blocked too) and the activation
  * are applied as the tile is stored. A pointwise conv's full tiles have their own form (NCHWC_PW: no tap loops).
  * A stem reads an NCHW input (an image's few channels) as blocks of one channel (inferd_nchwc_conv_nchw: the
@@ -540,9 +542,10 @@ static void conv_task_runs(const cjob_t* J, long long task)
     const int q1 = q0 + J->cols_per_task < npx ? q0 + J->cols_per_task : npx;
     int k0, k1;
     task_blocks(J, task, &k0, &k1);
+    const int G = T->nb;
     for (int b = k0; b < k1;) {
-        const int b0 = b - b % NB_MAX, sub = b - b0; /* the block's group and its place in it */
-        const int nbg = J->cob - b0 < NB_MAX ? J->cob - b0 : NB_MAX, wst = nbg * 16, chunk = ci_chunk(J, nbg);
+        const int b0 = b - b % G, sub = b - b0; /* the block's group and its place in it */
+        const int nbg = J->cob - b0 < G ? J->cob - b0 : G, wst = nbg * 16, chunk = ci_chunk(J, nbg);
         const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * 16;
         const int nb = group_step(T, nbg - sub, k1 - b);
         b += nb;
@@ -599,9 +602,10 @@ static void conv_task(void* ctx, long long task)
     int ow_lo = (J->PL + J->SW - 1) / J->SW, ow_hi = (J->W + J->PL - J->KW) / J->SW + 1;
     if (ow_hi > J->OW) ow_hi = J->OW;
     if (ow_lo > ow_hi) ow_lo = ow_hi = J->OW;
+    const int G = T->nb; /* the weights' groups (inferd_nchwc_group_blocks) */
     for (int b = k0; b < k1;) {
-        const int b0 = b - b % NB_MAX, sub = b - b0; /* the block's group and its place in it */
-        const int nbg = J->cob - b0 < NB_MAX ? J->cob - b0 : NB_MAX, wst = nbg * 16, chunk = ci_chunk(J, nbg);
+        const int b0 = b - b % G, sub = b - b0; /* the block's group and its place in it */
+        const int nbg = J->cob - b0 < G ? J->cob - b0 : G, wst = nbg * 16, chunk = ci_chunk(J, nbg);
         const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * cpb;
         const int nb = group_step(T, nbg - sub, k1 - b);
         b += nb;
@@ -920,6 +924,9 @@ int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w
 }
 
 int inferd_nchwc_tile_pixels(void) { return tiles()->wide[tiles()->nb - 1]; }
+
+/* The output blocks of a packed weights group: the tiles' block count, for blocked and NCHW inputs alike */
+int inferd_nchwc_group_blocks(void) { return tiles()->nb; }
 
 /* ------------------------------------------------------------------ depthwise conv and max pool, blocked
    One 16-channel block per task row band: a pixel's 16 channels are one vector, each tap one FMA (or max)

@@ -498,10 +498,10 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
         for (int o = 0; o < CO; ++o)
             for (int k = 0; k < K * K; ++k) wp[((o / 16) * K * K + k) * 16 + o % 16] = w[o * K * K + k];
     } else {
-        /* groups of up to 4 output blocks: [cin block][kh][kw][16 ci][nbg * 16 co] */
-        int at = 0;
-        for (int b0 = 0; b0 < COp / 16; b0 += 4) {
-            int nbg = COp / 16 - b0 < 4 ? COp / 16 - b0 : 4;
+        /* groups of the ISA's tile blocks: [cin block][kh][kw][16 ci][nbg * 16 co] */
+        int at = 0, G = inferd_nchwc_group_blocks();
+        for (int b0 = 0; b0 < COp / 16; b0 += G) {
+            int nbg = COp / 16 - b0 < G ? COp / 16 - b0 : G;
             for (int cb = 0; cb < Cp / 16; ++cb)
                 for (int k = 0; k < K * K; ++k)
                     for (int ci = 0; ci < 16; ++ci)
@@ -570,9 +570,9 @@ static void stem_case(int C, int CO, int H, int W, int K, int S, int P)
     for (int i = 0; i < C * H * W; ++i) x[i] = frand(&s);
     for (int i = 0; i < CO * C * K * K; ++i) w[i] = frand(&s) * 0.2f;
     for (int i = 0; i < CO; ++i) b[i] = frand(&s);
-    int at = 0;
-    for (int b0 = 0; b0 < CO / 16; b0 += 4) {
-        int nbg = CO / 16 - b0 < 4 ? CO / 16 - b0 : 4;
+    int at = 0, G = inferd_nchwc_group_blocks();
+    for (int b0 = 0; b0 < CO / 16; b0 += G) {
+        int nbg = CO / 16 - b0 < G ? CO / 16 - b0 : G;
         for (int ci = 0; ci < C; ++ci)
             for (int k = 0; k < K * K; ++k)
                 for (int o = 0; o < nbg * 16; ++o) wp[at++] = w[((b0 * 16 + o) * C + ci) * K * K + k];

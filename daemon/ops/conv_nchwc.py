@@ -29,8 +29,14 @@ from .pool import pool_geometry, pool_reference
 
 F32 = np.float32
 BLOCK = 16
-#: Output blocks per weight group (native/nchwc.c NB_MAX): the packed layout every ISA's tile reads.
-GROUP_BLOCKS = 4
+
+
+def group_blocks() -> int:
+    """Output blocks per packed weight group: the ISA's tiles' (``native.nchwc_group_blocks``; the package's device
+    fingerprint names the ISA, so a package packed elsewhere is not read here)."""
+    return native.nchwc_group_blocks()
+
+
 CONV = "inferd.ConvNchwc"
 TO = "inferd.ToNchwc"
 FROM = "inferd.FromNchwc"
@@ -81,8 +87,9 @@ def pack_weights(w: np.ndarray, dw: bool = False, nchw_input: bool = False) -> n
         return out
     out = native.empty_aligned((w.size,))
     pos = 0
-    for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
-        nb = min(GROUP_BLOCKS, co // BLOCK - b0)
+    gb = group_blocks()
+    for b0 in range(0, co // BLOCK, gb):
+        nb = min(gb, co // BLOCK - b0)
         g = w[b0 * BLOCK:(b0 + nb) * BLOCK].reshape(nb * BLOCK, ci // cpb, cpb, kh, kw)
         out[pos:pos + g.size].reshape(ci // cpb, kh, kw, cpb, nb * BLOCK)[...] = g.transpose(1, 3, 4, 2, 0)
         pos += g.size
@@ -369,8 +376,9 @@ def _unpack_weights(wp: np.ndarray, shape: Sequence[int], dw: bool = False, nchw
         return np.ascontiguousarray(full[:co0, None])
     out = np.empty((co, ci, kh, kw), F32)
     at = 0
-    for b0 in range(0, co // BLOCK, GROUP_BLOCKS):
-        nb = min(GROUP_BLOCKS, co // BLOCK - b0)
+    gb = group_blocks()
+    for b0 in range(0, co // BLOCK, gb):
+        nb = min(gb, co // BLOCK - b0)
         n = nb * BLOCK * ci * kh * kw
         g = wp[at:at + n].reshape(ci // cpb, kh, kw, cpb, nb * BLOCK)
         out[b0 * BLOCK:(b0 + nb) * BLOCK] = g.transpose(4, 0, 3, 1, 2).reshape(nb * BLOCK, ci, kh, kw)
