@@ -81,6 +81,75 @@ def test_fused_model_matches_onnxruntime(batch):
     assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-5
 
 
+def _tf_style_model(scale_shape: tuple[int, ...], pad_value: float = 0.0, mode: str = "constant",
+                    pad_channels: bool = False) -> onnx.ModelProto:
+    """As tf2onnx writes a Keras depthwise block: Pad(0, 0, 1, 1) of the spatial dims, a stride-2 depthwise Conv
+    without padding or bias, its BatchNorm as Mul and Add of per-channel constants, ReLU6 (Clip); then a 1x1
+    Conv whose output gets an Add of a constant too."""
+    c = 8
+    if pad_channels:  # the Pad adds a channel: the conv and its scale have 9
+        scale_shape = (c + 1, 1, 1)
+    wd = (RNG.standard_normal((c, 1, 3, 3)) * 0.5).astype(np.float32)
+    w2 = (RNG.standard_normal((4, c, 1, 1)) * 0.5).astype(np.float32)
+    pads = [0, 1, 0, 0, 0, 0, 1, 1] if pad_channels else [0, 0, 0, 0, 0, 0, 1, 1]
+    inits = [_init("wd", wd), _init("w2", w2), _init("pads", np.array(pads, np.int64)),
+             _init("pv", np.array(pad_value, np.float32)),
+             _init("s", RNG.uniform(0.5, 1.5, scale_shape).astype(np.float32)),
+             _init("t", (RNG.standard_normal(scale_shape) * 0.1).astype(np.float32)),
+             _init("t2", (RNG.standard_normal((1, 4, 1, 1)) * 0.1).astype(np.float32)),
+             _init("lo", np.array(0.0, np.float32)), _init("hi", np.array(6.0, np.float32))]
+    cin = c + (1 if pad_channels else 0)
+    if pad_channels:
+        inits[0] = _init("wd", (RNG.standard_normal((cin, 1, 3, 3)) * 0.5).astype(np.float32))
+        c = cin
+    nodes = [helper.make_node("Pad", ["x", "pads", "pv"], ["xp"], mode=mode, name="pad"),
+             helper.make_node("Conv", ["xp", "wd"], ["d"], kernel_shape=[3, 3], strides=[2, 2], group=c, name="dw"),
+             helper.make_node("Mul", ["d", "s"], ["dm"], name="bn_mul"),
+             helper.make_node("Add", ["dm", "t"], ["da"], name="bn_add"),
+             helper.make_node("Clip", ["da", "lo", "hi"], ["r"], name="relu6")]
+    if not pad_channels:
+        nodes += [helper.make_node("Conv", ["r", "w2"], ["p"], kernel_shape=[1, 1], name="pw"),
+                  helper.make_node("Add", ["t2", "p"], ["y"], name="shift")]
+    else:
+        nodes += [helper.make_node("Identity", ["r"], ["y"], name="id")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model(nodes, [x], [y], inits, opset=13)
+
+
+@pytest.mark.parametrize("scale_shape", [(8, 1, 1), (1, 8, 1, 1), (1,)])
+def test_a_tf_style_pad_and_batchnorm_fold_into_the_convs(scale_shape: tuple[int, ...]) -> None:
+    m = _tf_style_model(scale_shape)
+    g = import_model(m)
+    ops = [n.op for n in g.nodes]
+    assert ops == ["Conv", "Conv"], ops  # the Pad into the padding, Mul/Add into weights and bias, Clip fused
+    dw = g.nodes[0]
+    assert dw.attr("pads") == [0, 0, 1, 1] and dw.attr("act") == ("Clip", (0.0, 6.0)) and len(dw.inputs) == 3
+    assert len(g.nodes[1].inputs) == 3  # the Add after the 1x1 conv is its bias
+    x = RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    got = inferd.load(m.SerializeToString()).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["nonzero_value", "reflect", "channel_pads", "bcast_scale"])
+def test_pads_and_scales_that_are_not_a_convs_own_stay_nodes(case: str) -> None:
+    m = (_tf_style_model((8, 1, 1), pad_value=1.0) if case == "nonzero_value" else
+         _tf_style_model((8, 1, 1), mode="reflect") if case == "reflect" else
+         _tf_style_model((8, 1, 1), pad_channels=True) if case == "channel_pads" else
+         _tf_style_model((8, 8, 1)))  # a scale that varies along H too: not per channel
+    g = import_model(m)
+    ops = [n.op for n in g.nodes]
+    if case == "bcast_scale":
+        assert "Mul" in ops and "Pad" not in ops
+    else:
+        assert "Pad" in ops and "Mul" not in ops and "Add" not in ops
+    x = RNG.standard_normal((1, 8, 16, 16)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    got = inferd.load(m.SerializeToString()).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", ["cpu", "vulkan"])
 def test_training_mode_batchnorm_is_not_folded(device):
     """A BatchNormalization with training_mode=1 after a Conv normalises with the batch's statistics: folding

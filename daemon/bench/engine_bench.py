@@ -222,7 +222,8 @@ def _kernel_counts(model: Any) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="inferd bench", description="engine vs onnxruntime on the zoo")
     p.add_argument("--device", default="cpu", choices=["cpu", "vulkan"])
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                   help="zoo model names, or paths of .onnx files (real exported models), comma-separated")
     p.add_argument("--repeat", type=int, default=None,
                    help="timed runs per round (default 10), or per layer with --layers (default 20)")
     p.add_argument("--rounds", type=int, default=10, help="alternating inferd/onnxruntime warm rounds per model")
@@ -247,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
 
     zoo = Path(args.zoo_dir or Path(tempfile.gettempdir()) / "inferd-bench-zoo")
     names = [n for n in args.models.split(",") if n]
-    paths = write_zoo(zoo, names)
+    # an ONNX file given by its path (a real exported model) is benched as it is, under its file name
+    files = {Path(n).name: Path(n) for n in names if n.endswith(".onnx")}
+    missing = [str(p) for p in files.values() if not p.is_file()]
+    if missing:
+        raise SystemExit(f"inferd bench: no such model file: {', '.join(missing)}")
+    paths: dict[str, Any] = {**write_zoo(zoo, [n for n in names if not n.endswith(".onnx")]), **files}
+    names = [Path(n).name if n.endswith(".onnx") else n for n in names]
     if args.layers:
         return _layers_main(args, {n: Path(paths[n]) for n in names})
     busy = _busy_loops(args.background)

@@ -24,6 +24,8 @@ def rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None =
     them equal there too ({}: the second probe failed, so no such rewrite is made)."""
     fuse_quantized(graph, outputs)
     _fold_batchnorm(graph, outputs)
+    _fold_pad_into_conv(graph, outputs)
+    _fold_conv_scale_shift(graph, outputs, alt)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)
     _move_matmul_scale(graph, outputs, alt)
@@ -100,6 +102,92 @@ def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
         else:
             prod.inputs = prod.inputs[:2] + [bn_name]
         _replace_node_output(graph, prod, bn)
+
+
+def _fold_pad_into_conv(graph: Graph, outputs: set[str]) -> None:
+    """A constant zero Pad of the spatial dimensions only, read by one Conv alone -> the Conv's own padding (as
+    TensorFlow's exporters write a stride-2 convolution's "same" padding: Pad(0, 0, 1, 1), then a Conv with
+    none). The conv then runs in place of the padded copy and its layout planned like any other conv's."""
+    from ..ops.tensor import _pad_params
+
+    for pad in [n for n in graph.nodes if n.op == "Pad"]:
+        conv = _single_consumer(graph, pad.outputs[0], outputs) if pad.outputs and pad.outputs[0] else None
+        x = pad.inputs[0] if pad.inputs else ""
+        if conv is None or conv.op != "Conv" or not conv.inputs or conv.inputs[0] != pad.outputs[0] \
+                or x not in graph.infos or str(conv.attr("auto_pad", "NOTSET")) not in ("NOTSET", "b'NOTSET'"):
+            continue
+        if any(i and i not in graph.constants for i in pad.inputs[1:]):
+            continue  # pads given at run time
+        rank = len(graph.infos[x].shape)
+        try:
+            widths, mode, value = _pad_params(pad, rank, lambda k: graph.constants.get(pad.inputs[k])
+                                              if k < len(pad.inputs) and pad.inputs[k] else None,
+                                              graph.infos[x].dtype)
+        except Exception:
+            continue
+        if mode != "constant" or float(np.asarray(value).reshape(-1)[0]) != 0.0 or rank < 3 \
+                or any(w != (0, 0) for w in widths[:2]) or any(b < 0 or e < 0 for b, e in widths):
+            continue
+        k = rank - 2
+        cp = [int(v) for v in conv.attr("pads", [0] * (2 * k))]
+        if len(cp) != 2 * k:
+            continue
+        conv.attrs["pads"] = [cp[i] + widths[2 + i][0] for i in range(k)] + \
+            [cp[k + i] + widths[2 + i][1] for i in range(k)]
+        conv.inputs[0] = x
+        _absorb(conv, pad.outputs[0])
+        graph.nodes.remove(pad)
+
+
+def _fold_conv_scale_shift(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
+    """Conv, then Mul by a per-output-channel constant and Add of one (a BatchNorm as TensorFlow's exporters
+    write it after a depthwise conv: tf2onnx's Keras MobileNetV2 has 17 such pairs) -> the Conv's weights and bias
+    scaled and shifted, as a BatchNormalization is folded. Either may come alone; a scalar counts as per-channel."""
+
+    def per_channel(c: str, y: str) -> np.ndarray | None:
+        v = graph.constants.get(c)
+        info = graph.infos.get(y)
+        if v is None or info is None or not np.issubdtype(v.dtype, np.floating) or v.dtype != info.dtype:
+            return None
+        shape, cout = info.shape, info.shape[1] if len(info.shape) > 1 else 0
+        if v.size == 1:
+            return np.full(cout, v.reshape(-1)[0], dtype=v.dtype)
+        if v.ndim > len(shape) or v.size != cout:
+            return None
+        # the constant's dimensions align with the output's last ones: its channel dimension must be axis 1
+        at = 1 - (len(shape) - v.ndim)
+        if at < 0 or v.shape[at] != cout or any(d != 1 for i, d in enumerate(v.shape) if i != at):
+            return None
+        return v.reshape(cout)
+
+    def fold(node: Node, a: str, c: str, conv: Node) -> bool:
+        if conv.op != "Conv" or conv.attr("act") or conv.attr("residual") or len(conv.inputs) < 2 \
+                or conv.inputs[1] not in graph.constants or not _same_shapes(graph, alt, a, node.outputs[0]):
+            return False
+        has_b = len(conv.inputs) > 2 and bool(conv.inputs[2])
+        if has_b and conv.inputs[2] not in graph.constants:
+            return False
+        v = per_channel(c, a)
+        w = graph.constants[conv.inputs[1]]
+        if v is None or w.dtype != v.dtype or w.shape[0] != v.shape[0]:
+            return False
+        b = graph.constants[conv.inputs[2]] if has_b else np.zeros(w.shape[0], w.dtype)
+        if node.op == "Mul":
+            nw, nb = w * v.reshape((-1,) + (1,) * (w.ndim - 1)), b * v
+        else:
+            nw, nb = w, b + v
+        tag = "scaled" if node.op == "Mul" else "shifted"
+        wn, bn = f"{conv.name}.weight_{tag}", f"{conv.name}.bias_{tag}"
+        if nw is not w:
+            graph.set_const(wn, np.ascontiguousarray(nw, dtype=w.dtype))
+            conv.inputs[1] = wn
+        graph.set_const(bn, np.ascontiguousarray(nb, dtype=w.dtype))
+        conv.inputs = conv.inputs[:2] + [bn] + conv.inputs[3:]
+        _replace_node_output(graph, conv, node)
+        return True
+
+    _fuse_binary(graph, outputs, "Mul", fold)
+    _fuse_binary(graph, outputs, "Add", fold)
 
 
 def _recognise_silu(graph: Graph, outputs: set[str]) -> None:
