@@ -716,18 +716,19 @@ def test_a_concat_of_blocked_and_nchw_parts_runs_blocked_where_that_converts_les
     assert "concat" not in plan_layout(specialize(import_template(str(big)))).kinds
 
 
-def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3) -> Path:
+def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3, k: int = 1) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(7)
-    inits = [numpy_helper.from_array((rng.standard_normal((channels, channels, 1, 1)) * 0.05).astype(np.float32),
+    inits = [numpy_helper.from_array((rng.standard_normal((channels, channels, k, k)) * 0.05).astype(np.float32),
                                      f"w{i}") for i in range(n)]
     names = ["x"] + [f"t{i}" for i in range(n - 1)] + ["y"]
-    nodes = [helper.make_node("Conv", [names[i], f"w{i}"], [names[i + 1]], kernel_shape=[1, 1]) for i in range(n)]
+    nodes = [helper.make_node("Conv", [names[i], f"w{i}"], [names[i + 1]], kernel_shape=[k, k],
+                              pads=[k // 2] * 4) for i in range(n)]
     g = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, hw, hw])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    path = tmp_path / f"pw{channels}_{hw}.onnx"
+    path = tmp_path / f"pw{channels}_{hw}_{k}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -747,6 +748,21 @@ def test_pointwise_convs_on_small_maps_run_blocked_where_their_saving_pays_for_t
     assert kinds(128, 7) == ()
     x = np.random.default_rng(8).standard_normal((1, 256, 7, 7)).astype(np.float32)
     _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 7), {"x": x})
+
+
+@needs_native
+def test_3x3_convs_on_maps_too_small_for_winograd_run_blocked(tmp_path: Path) -> None:
+    # resnets' last stages at a 64x64 input: 2x2 to 8x8 maps, where Winograd's tiles cost more than they save
+    from inferd.frontend import import_template, specialize
+
+    def kinds(channels: int, hw: int) -> tuple[str, ...]:
+        path = _pointwise_chain(tmp_path, channels, hw, n=2, k=3)
+        return plan_layout(specialize(import_template(str(path)))).kinds
+
+    assert kinds(512, 2) == ("conv",) * 2 and kinds(256, 4) == ("conv",) * 2 and kinds(256, 7) == ("conv",) * 2
+    assert kinds(512, 7) == () and kinds(256, 8) == () and kinds(128, 14) == ()  # Winograd's still
+    x = np.random.default_rng(9).standard_normal((1, 256, 4, 4)).astype(np.float32)
+    _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 4, n=2, k=3), {"x": x})
 
 
 # --------------------------------------------------------------------------- graph inputs read in place

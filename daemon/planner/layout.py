@@ -60,7 +60,7 @@ SUFFIX = "::nchwc"
 #: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
 #: saves nothing to speak of.
 SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30,
-          "pointwise_small": 0.12}
+          "pointwise_small": 0.12, "winograd_small": 0.40}
 #: Most work a conv may do on the padding lanes of its blocks, as a factor of its own (channels not a multiple of
 #: 16: 24 of mobilenetv2's second stage 1.33, 40 of efficientnet_b0's third 1.2; 8 would be 2); the saving counts it
 MAX_PAD = 1.5
@@ -84,8 +84,8 @@ class LayoutPlan:
 
 def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
     """What the NCHW path would run ``node`` with ("pointwise", "strided1x1", "strided", "direct", "winograd",
-    "depthwise"; "stem" for a conv that reads NCHW) where the blocked kernel suits it, else None: the blocked
-    kernel's expected saving depends on it."""
+    "winograd_small", "depthwise"; "stem" for a conv that reads NCHW) where the blocked kernel suits it, else None:
+    the blocked kernel's expected saving depends on it."""
     if node.name in forced or "Conv" in forced or len(node.inputs) < 2:
         return None
     x, w = graph.infos.get(node.inputs[0]), graph.infos.get(node.inputs[1])
@@ -124,10 +124,23 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
         return ("strided1x1" if strided else "pointwise_small" if small else "pointwise") if ok else None
     if dw or strided:
         return "depthwise" if dw else "strided"
-    # k x k stride 1: where the NCHW path takes Winograd it stays, but for few channels each way
+    # k x k stride 1: where the NCHW path takes Winograd it stays, but for few channels each way, and on small maps
     wino = _winograd(node, x.shape, w.shape)
-    return ("winograd" if wino else "direct") if cin <= DIRECT_MAX_CIN and (not wino or cout <= DIRECT_MAX_CIN) \
-        else None
+    if cin <= DIRECT_MAX_CIN and (not wino or cout <= DIRECT_MAX_CIN):
+        return "winograd" if wino else "direct"
+    y = graph.infos.get(node.outputs[0])
+    return "winograd_small" if wino and y is not None and _small_for_winograd(y.shape, cin, cout) else None
+
+
+def _small_for_winograd(y_shape: tuple[int, ...], cin: int, cout: int) -> bool:
+    """A 3x3 map too small for Winograd's 2x2 tiles to pay (a CNN's last stages at a small input: 64x64 images
+    leave resnets 2x2 to 8x8 maps): its transforms and a tile padded to even sizes cost more than the multiplies
+    saved. Two threads, Zen 3, F(2,3) / blocked direct, us: 512@2x2 513/112, 512@4x4 740/414, 512@5x5 1282/635,
+    384@6x6 771/507, 256@4x4 423/112, 256@7x7 616/309, 128@7x7 216/88, 128@8x8 215/111; Winograd still ahead at
+    256@8x8 336/403, 512@7x7 1111/1243, 128@14x14 261/304."""
+    px = math.prod(y_shape[2:])
+    odd = any(int(d) % 2 for d in y_shape[2:])
+    return px <= 36 or (px <= 64 and (cin * cout <= 128 * 128 or (odd and cin * cout <= 256 * 256)))
 
 
 def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
