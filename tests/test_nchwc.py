@@ -755,11 +755,12 @@ def test_3x3_convs_on_maps_too_small_for_winograd_run_blocked(tmp_path: Path) ->
     # resnets' last stages at a 64x64 input: 2x2 to 8x8 maps, where Winograd's tiles cost more than they save
     from inferd.frontend import import_template, specialize
 
-    def kinds(channels: int, hw: int) -> tuple[str, ...]:
-        path = _pointwise_chain(tmp_path, channels, hw, n=2, k=3)
+    def kinds(channels: int, hw: int, n: int = 2) -> tuple[str, ...]:
+        path = _pointwise_chain(tmp_path, channels, hw, n=n, k=3)
         return plan_layout(specialize(import_template(str(path)))).kinds
 
     assert kinds(512, 2) == ("conv",) * 2 and kinds(256, 4) == ("conv",) * 2 and kinds(256, 7) == ("conv",) * 2
+    assert kinds(256, 4, n=1) == ("conv",)  # alone too (between NCHW 1x1s in a bottleneck): it pays both conversions
     assert kinds(512, 7) == () and kinds(256, 8) == () and kinds(128, 14) == ()  # Winograd's still
     x = np.random.default_rng(9).standard_normal((1, 256, 4, 4)).astype(np.float32)
     _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 4, n=2, k=3), {"x": x})

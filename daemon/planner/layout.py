@@ -60,7 +60,7 @@ SUFFIX = "::nchwc"
 #: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
 #: saves nothing to speak of.
 SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30,
-          "pointwise_small": 0.12, "winograd_small": 0.40}
+          "pointwise_small": 0.12, "small_kxk": 0.40}
 #: Most work a conv may do on the padding lanes of its blocks, as a factor of its own (channels not a multiple of
 #: 16: 24 of mobilenetv2's second stage 1.33, 40 of efficientnet_b0's third 1.2; 8 would be 2); the saving counts it
 MAX_PAD = 1.5
@@ -84,7 +84,7 @@ class LayoutPlan:
 
 def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
     """What the NCHW path would run ``node`` with ("pointwise", "strided1x1", "strided", "direct", "winograd",
-    "winograd_small", "depthwise"; "stem" for a conv that reads NCHW) where the blocked kernel suits it, else None:
+    "small_kxk", "depthwise"; "stem" for a conv that reads NCHW) where the blocked kernel suits it, else None:
     the blocked kernel's expected saving depends on it."""
     if node.name in forced or "Conv" in forced or len(node.inputs) < 2:
         return None
@@ -129,15 +129,16 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     if cin <= DIRECT_MAX_CIN and (not wino or cout <= DIRECT_MAX_CIN):
         return "winograd" if wino else "direct"
     y = graph.infos.get(node.outputs[0])
-    return "winograd_small" if wino and y is not None and _small_for_winograd(y.shape, cin, cout) else None
+    return "small_kxk" if y is not None and _small_map(y.shape, cin, cout) else None
 
 
-def _small_for_winograd(y_shape: tuple[int, ...], cin: int, cout: int) -> bool:
-    """A 3x3 map too small for Winograd's 2x2 tiles to pay (a CNN's last stages at a small input: 64x64 images
-    leave resnets 2x2 to 8x8 maps): its transforms and a tile padded to even sizes cost more than the multiplies
-    saved. Two threads, Zen 3, F(2,3) / blocked direct, us: 512@2x2 513/112, 512@4x4 740/414, 512@5x5 1282/635,
-    384@6x6 771/507, 256@4x4 423/112, 256@7x7 616/309, 128@7x7 216/88, 128@8x8 215/111; Winograd still ahead at
-    256@8x8 336/403, 512@7x7 1111/1243, 128@14x14 261/304."""
+def _small_map(y_shape: tuple[int, ...], cin: int, cout: int) -> bool:
+    """A k x k conv's map too small for the NCHW path's kernels (a CNN's last stages at a small input: 64x64
+    images leave resnets 2x2 to 8x8 maps): Winograd's transforms and tiles padded to even sides cost more than the
+    multiplies saved, and the GEMM kernels' blocking wants more pixels. Two threads, Zen 3, us, F(2,3) / the
+    best other NCHW kernel / blocked direct: 512@2x2 513/293 (im2col)/112, 512@4x4 740/-/414, 512@5x5 1282/-/635,
+    384@6x6 771/-/507, 256@4x4 423/193 (direct_gemm)/112, 256@7x7 616/-/309, 128@7x7 216/-/88, 128@8x8 215/143
+    (direct_gemm)/111; Winograd still ahead at 256@8x8 336/-/403, 512@7x7 1111/1750/1243, 128@14x14 261/-/304."""
     px = math.prod(y_shape[2:])
     odd = any(int(d) % 2 for d in y_shape[2:])
     return px <= 36 or (px <= 64 and (cin * cout <= 128 * 128 or (odd and cin * cout <= 256 * 256)))
@@ -351,7 +352,9 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
                 # and Mul are blocked too)
                 ok = all(fed) and bool(read_out) and all(read_out) and n.outputs[0] not in outs
             else:
-                ok = any(fed) or any(read_out) \
+                # (a k x k conv on a small map saves more than its two conversions cost even alone: the region
+                # check below weighs them)
+                ok = paths[name] == "small_kxk" or any(fed) or any(read_out) \
                     or any(c.name != name and c.name in kept and kinds[c.name] == "conv"
                            and c.inputs[0] == t for t in reads for c in cons.get(t, []))
             if ok:
