@@ -215,7 +215,7 @@ class CpuExecutor:
             step.bound = bounded_call(step, self._dyn)
         elif rs and any(n in rs for n in list(layer.node.inputs) + list(layer.node.outputs) if n):
             step.alias = False
-            step.bound = self._runtime_shaped_call(layer)
+            step.bound = self._runtime_shaped_call(layer, k, p)
         elif not alias:
             step.bound = k.bind(layer, ins, p, outs)
         self.choice[pos] = (layer, k)
@@ -223,18 +223,23 @@ class CpuExecutor:
         self.stats.kernels[k.name] = self.stats.kernels.get(k.name, 0) + 1
         return step
 
-    def _runtime_shaped_call(self, layer: Layer) -> Callable[[], None]:
-        """A node reading or writing tensors whose shape only the run tells: the numpy oracle on the values, or
-        a data-dependent op's CPU kernel (``run_at_run_shapes``; those tensors live in ``self._dyn``, not in the
-        arena); its other outputs go to their arena views."""
+    def _runtime_shaped_call(self, layer: Layer, k: Kernel | None = None,
+                             params: dict[str, np.ndarray] | None = None) -> Callable[[], None]:
+        """A node reading or writing tensors whose shape only the run tells: its chosen kernel ``k`` with the
+        weights it transformed at load, where the run's shapes leave that transform valid (``at_run_shapes``), else
+        the numpy oracle on the values, or a data-dependent op's CPU kernel (``run_at_run_shapes``; those tensors
+        live in ``self._dyn``, not in the arena); its other outputs go to their arena views."""
         node, graph = layer.node, self.graph
         rs = graph.runtime_shaped
         dyn = self._dyn
+        kernel_run = at_run_shapes(layer, k, params, graph.constants) if k is not None and params is not None \
+            else None
 
         def call() -> None:
             vals = [None if not n else dyn[n] if n in rs else graph.constants[n] if n in graph.constants
                     else self.views[n] for n in node.inputs]
-            for o, r in zip(node.outputs, run_at_run_shapes(node, vals)):
+            got = kernel_run(vals) if kernel_run is not None else None
+            for o, r in zip(node.outputs, got if got is not None else run_at_run_shapes(node, vals)):
                 if not o:
                     continue
                 if o in rs:
@@ -488,6 +493,54 @@ class CpuExecutor:
                 call()
                 times[pos] = clock() - t
         return self.end(), times
+
+
+def at_run_shapes(layer: Layer, k: Kernel, params: dict[str, np.ndarray], constants: Mapping[str, np.ndarray]
+                  ) -> Callable[[Sequence[np.ndarray | None]], list[np.ndarray] | None] | None:
+    """How a node shaped at run time runs its chosen kernel ``k`` at the run's shapes with the weights ``k``
+    transformed at load (``params``): a function of the node's values returning its outputs, or None (from it:
+    this run's shapes do not suit ``k``) where the oracle must run instead. Only for a kernel of weights that do
+    not depend on the shapes that vary (its ``transform_key`` the same at the run's shapes): a detector's box head,
+    a Gemm over the proposals, ran in numpy's single-threaded BLAS, and its RoIAlign in the Python oracle.
+    Not for the data-dependent ops (``run_at_run_shapes`` runs their kernels) nor the numpy kernels (the oracle
+    is what they run). The layer at each distinct input shape is worked out once."""
+    spec = op_spec(layer.op)
+    if spec is None or spec.bounded is not None or k.name == "numpy" or not layer.outputs:
+        return None
+    node = layer.node
+    key0 = k.transform_key(layer)
+    consts = {n: constants[n] for n in node.inputs if n and n in constants}
+    cache: dict[tuple[Any, ...], Layer | None] = {}
+
+    def run(vals: Sequence[np.ndarray | None]) -> list[np.ndarray] | None:
+        shapes = tuple(None if v is None else (tuple(np.shape(v)), np.asarray(v).dtype.str) for v in vals)
+        lay = cache[shapes] if shapes in cache else _at(shapes, vals)
+        if lay is None:
+            return None
+        bufs = [np.empty(t.shape, t.dtype) for t in lay.outputs]
+        k.run(lay, [None if i in lay.const_inputs else v for i, v in enumerate(vals)], params, bufs)
+        return bufs
+
+    def _at(shapes: tuple[Any, ...], vals: Sequence[np.ndarray | None]) -> Layer | None:
+        lay: Layer | None = None
+        try:
+            infos = tuple(TensorInfo(n, tuple(np.shape(v)), np.asarray(v).dtype) if n and v is not None else None
+                          for n, v in zip(node.inputs, vals))
+            small = {n: np.asarray(v) for n, v in zip(node.inputs, vals) if n and v is not None and np.size(v) <= 16}
+            shaped = spec.infer(node, infos, {**small, **consts})
+            outs = tuple(TensorInfo(o, tuple(int(d) for d in sh), np.dtype(dt))
+                         for o, (sh, dt) in zip(node.outputs, shaped) if o)
+            cand = Layer(node, infos, outs, layer.const_inputs)
+            if len(outs) == len(layer.outputs) and k.applies(cand) and k.transform_key(cand) == key0:
+                lay = cand
+        except Exception:  # (a shape the kernel's checks refuse: the oracle reports what is wrong)
+            lay = None
+        if len(cache) >= 16:
+            cache.clear()
+        cache[shapes] = lay
+        return lay
+
+    return run
 
 
 def kernel_named(layer: Layer, backend: str, name: str) -> Kernel:
