@@ -228,26 +228,39 @@ def run_at_run_shapes(node: Node, vals: Sequence[np.ndarray | None]) -> list[np.
     assert spec is not None, node.op
     if spec.bounded is None:
         return spec.reference(node, list(vals))
-    infos = [TensorInfo(n, tuple(np.shape(v)), np.asarray(v).dtype) if n and v is not None else None
-             for n, v in zip(node.inputs, vals)]
-    # small inputs (max_output_boxes_per_class, k) as constants: infer bounds the outputs by their values
-    consts = {n: np.asarray(v) for n, v in zip(node.inputs, vals) if n and v is not None and np.size(v) <= 16}
     try:
-        shaped = spec.infer(node, infos, consts)
+        layer = layer_at(node, vals)
     except ShapeError:
         # (a bound past INFERD_MAX_BOUND_ELEMS: the oracle sizes its results itself)
         return spec.reference(node, list(vals))
-    outs = tuple(TensorInfo(o, tuple(int(d) for d in sh), np.dtype(dt))
-                 for o, (sh, dt) in zip(node.outputs, shaped) if o)
-    layer = Layer(node, tuple(infos), outs, ())
     k = choose_kernel(layer)
-    bufs = [np.empty(t.shape, t.dtype) for t in outs]
-    if spec.bounded(node, consts):
+    bufs = [np.empty(t.shape, t.dtype) for t in layer.outputs]
+    if spec.bounded(node, _small_values(node, vals)):
         got = iter([bounded_view(b, sh) for b, sh in zip(bufs, k.run_bounded(layer, list(vals), {}, bufs))])
     else:  # (TopK with a k known now: shaped exactly)
         k.run(layer, list(vals), {}, bufs)
         got = iter(bufs)
     return [next(got) if o else np.zeros(0, np.float32) for o in node.outputs]
+
+
+def _small_values(node: Node, vals: Sequence[np.ndarray | None]) -> dict[str, np.ndarray]:
+    """A node's small inputs this run (max_output_boxes_per_class, k, a Reshape's shape), as constants."""
+    return {n: np.asarray(v) for n, v in zip(node.inputs, vals) if n and v is not None and np.size(v) <= 16}
+
+
+def layer_at(node: Node, vals: Sequence[np.ndarray | None], const_inputs: tuple[int, ...] = (),
+             consts: Mapping[str, np.ndarray] | None = None) -> Layer:
+    """``node`` as a layer at the shapes of ``vals``, its values this run: the inputs' infos from them, the
+    outputs' from the op's inference, which reads its small inputs and ``consts`` as constants (a data-dependent
+    op's bounds follow from them). ``ShapeError`` where inference refuses them."""
+    spec = op_spec(node.op)
+    assert spec is not None, node.op
+    infos = tuple(TensorInfo(n, tuple(np.shape(v)), np.asarray(v).dtype) if n and v is not None else None
+                  for n, v in zip(node.inputs, vals))
+    shaped = spec.infer(node, infos, {**_small_values(node, vals), **(consts or {})})
+    outs = tuple(TensorInfo(o, tuple(int(d) for d in sh), np.dtype(dt))
+                 for o, (sh, dt) in zip(node.outputs, shaped) if o)
+    return Layer(node, infos, outs, const_inputs)
 
 
 def bounded_view(buf: np.ndarray, shape: Sequence[int]) -> np.ndarray:

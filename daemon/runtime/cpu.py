@@ -18,7 +18,7 @@ from ..fileio import VECTOR_ALIGN, aligned_bytes
 from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops import control as _control
-from ..ops.base import (Kernel, Layer, bounded_view, choose_kernel, kernels_for, op_spec, raw_params,
+from ..ops.base import (Kernel, Layer, bounded_view, choose_kernel, kernels_for, layer_at, op_spec, raw_params,
                         run_at_run_shapes)
 from ..ops.tensor import copies_call
 from ..backends.base import forget_raw
@@ -524,14 +524,8 @@ def at_run_shapes(layer: Layer, k: Kernel, params: dict[str, np.ndarray], consta
     def _at(shapes: tuple[Any, ...], vals: Sequence[np.ndarray | None]) -> Layer | None:
         lay: Layer | None = None
         try:
-            infos = tuple(TensorInfo(n, tuple(np.shape(v)), np.asarray(v).dtype) if n and v is not None else None
-                          for n, v in zip(node.inputs, vals))
-            small = {n: np.asarray(v) for n, v in zip(node.inputs, vals) if n and v is not None and np.size(v) <= 16}
-            shaped = spec.infer(node, infos, {**small, **consts})
-            outs = tuple(TensorInfo(o, tuple(int(d) for d in sh), np.dtype(dt))
-                         for o, (sh, dt) in zip(node.outputs, shaped) if o)
-            cand = Layer(node, infos, outs, layer.const_inputs)
-            if len(outs) == len(layer.outputs) and k.applies(cand) and k.transform_key(cand) == key0:
+            cand = layer_at(node, vals, layer.const_inputs, consts)
+            if len(cand.outputs) == len(layer.outputs) and k.applies(cand) and k.transform_key(cand) == key0:
                 lay = cand
         except Exception:  # (a shape the kernel's checks refuse: the oracle reports what is wrong)
             lay = None
