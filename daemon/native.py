@@ -849,9 +849,8 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
     zeros)."""
     nchw = x.ndim == 4 and not depthwise  # a stem's NCHW input: (N, Cin, H, W), w packed with one-channel blocks
     name = "inferd_nchwc_dwconv" if depthwise else ("inferd_nchwc_conv_nchw" if nchw else "inferd_nchwc_conv")
-    _, cob = y.shape[:2]
     cin = cin if cin is not None and -(-cin // 16) == x.shape[1] else 16 * x.shape[1]
-    cout = cout if cout is not None and -(-cout // 16) == cob else 16 * cob
+    cout = cout if cout is not None and -(-cout // 16) == y.shape[1] else 16 * y.shape[1]
     part = not nchw and not depthwise and (cin % 16 != 0 or cout % 16 != 0) and has("inferd_nchwc_conv_ch")
     if part:
         name = "inferd_nchwc_conv_ch"

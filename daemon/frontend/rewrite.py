@@ -108,13 +108,14 @@ def _fold_pad_into_conv(graph: Graph, outputs: set[str]) -> None:
     """A constant zero Pad of the spatial dimensions only, read by one Conv alone -> the Conv's own padding (as
     TensorFlow's exporters write a stride-2 convolution's "same" padding: Pad(0, 0, 1, 1), then a Conv with
     none). The conv then runs in place of the padded copy and its layout planned like any other conv's."""
+    from ..ops.conv import _auto_pad
     from ..ops.tensor import _pad_params
 
     for pad in [n for n in graph.nodes if n.op == "Pad"]:
         conv = _single_consumer(graph, pad.outputs[0], outputs) if pad.outputs and pad.outputs[0] else None
         x = pad.inputs[0] if pad.inputs else ""
         if conv is None or conv.op != "Conv" or not conv.inputs or conv.inputs[0] != pad.outputs[0] \
-                or x not in graph.infos or str(conv.attr("auto_pad", "NOTSET")) not in ("NOTSET", "b'NOTSET'"):
+                or x not in graph.infos or _auto_pad(conv) != "NOTSET":
             continue
         if any(i and i not in graph.constants for i in pad.inputs[1:]):
             continue  # pads given at run time
