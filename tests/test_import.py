@@ -150,6 +150,49 @@ def test_pads_and_scales_that_are_not_a_convs_own_stay_nodes(case: str) -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def _dilated_model(k: int, d: int, pads: list[int], hw: tuple[int, int], group: int = 1, stride: int = 1,
+                   dynamic: bool = False) -> onnx.ModelProto:
+    cin, cout = 8, 8 if group > 1 else 6
+    w = (RNG.standard_normal((cout, cin // group, k, k)) * 0.3).astype(np.float32)
+    b = (RNG.standard_normal(cout) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[k, k], dilations=[d, d], pads=pads,
+                              strides=[stride, stride], group=group, name="aspp")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", cin, "H", "W"] if dynamic else [1, cin, *hw])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model(nodes, [x], [y], [_init("w", w), _init("b", b)])
+
+
+@pytest.mark.parametrize("k,d,pads,hw,group,kept,dil", [
+    (3, 12, [12, 12, 12, 12], (4, 4), 1, [1, 1], [1, 1]),   # DeepLabV3's ASPP on a 4x4 map: the centre tap alone
+    (3, 36, [36, 36, 36, 36], (8, 5), 1, [1, 1], [1, 1]),
+    (5, 2, [4, 4, 4, 4], (4, 4), 8, [3, 3], [2, 2]),        # its dilated 5x5 depthwise convs: 3x3 of them live
+    (3, 6, [6, 6, 6, 6], (4, 9), 1, [1, 3], [1, 6]),        # wide enough for every column's taps, not the rows'
+    (3, 4, [8, 4, 0, 4], (6, 6), 1, [2, 3], [4, 4]),        # uneven padding: only the top row dies
+])
+def test_taps_that_only_read_padding_are_cut_from_a_conv(k, d, pads, hw, group, kept, dil) -> None:
+    m = _dilated_model(k, d, pads, hw, group)
+    g = import_model(m)
+    conv = g.nodes[0]
+    assert list(g.constants[conv.inputs[1]].shape[2:]) == kept and list(conv.attr("dilations")) == dil
+    x = RNG.standard_normal((1, 8, *hw)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    got = inferd.load(m.SerializeToString()).run({"x": x})["y"]
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_whose_taps_all_read_the_map_or_whose_map_may_grow_keeps_its_kernel() -> None:
+    g = import_model(_dilated_model(3, 2, [2, 2, 2, 2], (8, 8)))
+    assert g.constants[g.nodes[0].inputs[1]].shape[2:] == (3, 3)
+    # a dynamic map: at a larger size the outer taps read it, so nothing is cut
+    m = _dilated_model(3, 12, [12, 12, 12, 12], (4, 4), dynamic=True)
+    g = import_model(m)
+    assert g.constants[g.nodes[0].inputs[1]].shape[2:] == (3, 3)
+    x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    np.testing.assert_allclose(inferd.load(m.SerializeToString()).run({"x": x})["y"], run_ort(m, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", ["cpu", "vulkan"])
 def test_training_mode_batchnorm_is_not_folded(device):
     """A BatchNormalization with training_mode=1 after a Conv normalises with the batch's statistics: folding

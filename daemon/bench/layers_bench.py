@@ -71,6 +71,8 @@ path, repeat, x_path, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(
 x = np.load(x_path)
 so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
 so.enable_profiling = True
+# the profile goes to a scratch folder, never the caller's working directory
+import tempfile; so.profile_file_prefix = os.path.join(tempfile.mkdtemp(prefix="inferd-ortprof-"), "ort")
 s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 feeds = {s.get_inputs()[0].name: x}
 for _ in range(3):
@@ -81,7 +83,7 @@ for _ in range(repeat):
     t = time.perf_counter(); s.run(None, feeds); whole.append(time.perf_counter() - t)
 f = s.end_profiling()
 events = json.load(open(f))
-os.remove(f)
+os.remove(f); os.rmdir(os.path.dirname(f))
 # runs are 'model_run' events; nodes belong to the runs after the warm-up (the last ``repeat`` of them)
 runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")[-repeat:]
 per: dict = {}

@@ -25,6 +25,7 @@ def rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None =
     fuse_quantized(graph, outputs)
     _fold_batchnorm(graph, outputs)
     _fold_pad_into_conv(graph, outputs)
+    _drop_dead_taps(graph, outputs, alt)
     _fold_conv_scale_shift(graph, outputs, alt)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)
@@ -138,6 +139,49 @@ def _fold_pad_into_conv(graph: Graph, outputs: set[str]) -> None:
         conv.inputs[0] = x
         _absorb(conv, pad.outputs[0])
         graph.nodes.remove(pad)
+
+
+def _drop_dead_taps(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
+    """A Conv's kernel rows (columns, ...) whose taps fall in the padding for every output pixel are cut from its
+    weights, its padding shrunk to match: they only ever multiply zeros. DeepLabV3's ASPP convs are 3x3 with
+    dilations 12, 24 and 36 on a map of 4x4 at a 64x64 input (8x8 at 128x128): only the centre tap reads the
+    map, so they are 1x1 convs (960->256 on 4x4: 0.86 ms each as dilated 3x3s through im2col, onnxruntime 0.14);
+    its 5x5 depthwise convs of dilation 2 on 4x4 are 3x3s. Only where the input's shape is the same at every
+    probe of a dynamic model (a larger map would read those taps)."""
+    from ..ops.conv import _auto_pad, conv_geom
+
+    for conv in [n for n in graph.nodes if n.op == "Conv"]:
+        if len(conv.inputs) < 2 or conv.inputs[1] not in graph.constants or not conv.inputs[0] \
+                or conv.inputs[0] in graph.runtime_shaped or not _same_shapes(graph, alt, conv.inputs[0]) \
+                or conv.attr("pads") is None \
+                or _auto_pad(conv) != "NOTSET":
+            continue
+        w = graph.constants[conv.inputs[1]]
+        try:
+            g = conv_geom(conv, graph.infos[conv.inputs[0]].shape, w.shape)
+        except Exception:
+            continue
+        if any(not isinstance(v, int) or v < 1 for v in (*g.in_sp, *g.out_sp)):
+            continue
+        keep: list[tuple[int, int]] = []
+        for h, k, s, d, pb, oh in zip(g.in_sp, g.k, g.s, g.d, g.pb, g.out_sp):
+            first_row = np.arange(oh) * s - pb  # each output's input position at tap 0
+            live = [t for t in range(k) if np.any((first_row + t * d >= 0) & (first_row + t * d < h))]
+            keep.append((live[0], live[-1]) if live else (-1, -1))
+        if any(a < 0 for a, _ in keep) or all((a, b) == (0, k - 1) for (a, b), k in zip(keep, g.k)):
+            continue  # (no tap reads the map: left as it is, the output is the bias)
+        pb = [p - a * d for p, (a, _), d in zip(g.pb, keep, g.d)]
+        pe = [p - (k - 1 - b) * d for p, (_, b), k, d in zip(g.pe, keep, g.k, g.d)]
+        if any(p < 0 for p in pb + pe):
+            continue
+        cut = np.ascontiguousarray(w[(slice(None), slice(None)) + tuple(slice(a, b + 1) for a, b in keep)])
+        wn = f"{conv.name}.weight_live_taps"
+        graph.set_const(wn, cut)
+        conv.inputs[1] = wn
+        conv.attrs["kernel_shape"] = [b - a + 1 for a, b in keep]
+        conv.attrs["pads"] = pb + pe
+        # a one-tap axis has no dilation to speak of (a 1x1 then runs as a pointwise conv)
+        conv.attrs["dilations"] = [1 if a == b else d for (a, b), d in zip(keep, g.d)]
 
 
 def _fold_conv_scale_shift(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
