@@ -189,6 +189,12 @@ int inferd_grid_sample(const float* x, long long N, long long C, long long H, lo
 /* Nearest upsampling of `planes` (H, W) planes by integer factors: y (planes, H*fh, W*fw), y[.., h, w] =
    x[.., h / fh, w / fw]; elements of esize bytes (1, 2, 4 or 8). Returns 0, or -2 for bad arguments. */
 int inferd_upsample_nearest(const void* x, void* y, long long planes, int H, int W, int fh, int fw, int esize);
+/* Linear resize of `planes` (H, W) float planes into (OH, OW): output row i blends input rows ylo[i], yhi[i] with
+   weights wylo[i], wyhi[i], then column j blends columns xlo[j], xhi[j] with wxlo[j], wxhi[j]. 0, or -2 for bad
+   arguments (an index outside the plane). */
+int inferd_resize_linear2d(const float* x, float* y, long long planes, int H, int W, int OH, int OW, const int* ylo,
+                           const int* yhi, const float* wylo, const float* wyhi, const int* xlo, const int* xhi,
+                           const float* wxlo, const float* wxhi);
 
 /* ---- pooling (pooling.c) ---- */
 /* Max (is_max = 1) or average pooling of `planes` (H, W) planes into (OH, OW): output (oh, ow) combines input

@@ -695,6 +695,34 @@ def test_resize_linear(ctm: str) -> None:
     _resize(x, sizes=[2, 3, 1, 1], opset=opset, mode="linear", coordinate_transformation_mode=ctm)
 
 
+@pytest.mark.parametrize("shape,sizes", [
+    ((1, 21, 4, 4), [1, 21, 64, 64]),     # DeepLabV3's last upsampling
+    ((1, 256, 1, 1), [1, 256, 4, 4]),     # its pooled branch: one pixel to a map
+    ((2, 3, 9, 13), [2, 3, 4, 5]),        # down
+    ((1, 4, 8, 2000), [1, 4, 3, 1500]),   # rows wider than the C side's stack row
+    ((3, 7, 10), [3, 7, 25]),             # one axis (a 1-D signal's)
+    ((1, 2, 3, 4, 5), [1, 2, 3, 7, 9]),   # 5-D, the last two resized
+    ((1, 2, 3, 4, 5), [1, 2, 6, 7, 9]),   # 5-D, three resized: the numpy path
+], ids=["deeplab", "pixel", "down", "wide", "1d", "5d-last2", "5d-three"])
+@pytest.mark.parametrize("ctm", ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"])
+def test_resize_linear_native_bound_and_unbound(shape: tuple, sizes: list, ctm: str) -> None:
+    """The linear resize of the last two axes in C (the kernel's run and its bound call, as the executor makes
+    it once) against onnxruntime; three resized axes keep numpy's per-axis gathers."""
+    x = rnd(*shape)
+    ins = [x, None, None, np.array(sizes, np.int64)]
+    attrs = dict(mode="linear", coordinate_transformation_mode=ctm)
+    want = ort_single("Resize", ins, attrs, 13, [False, True, True, True])
+    layer = single_node_layer("Resize", ins, attrs, const=[False, True, True, True])
+    k = next(k for k in kernels_for("Resize") if k.name == "resize")
+    for bound in (False, True):
+        assert_close(run_layer(k, layer, ins, bound=bound)[0], want, f"resize {shape}->{sizes} bound={bound}", TOL)
+    if native.AVAILABLE:
+        outs = [np.empty(want.shape, np.float32)]
+        params = k.transform(layer, {raw_key(i): np.asarray(ins[i]) for i in layer.const_inputs})
+        call = k.bind(layer, [x, None, None, None], params, outs)
+        assert (call is None) == (sizes[2] != shape[2] and len(shape) == 5)
+
+
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_resize_layouts_and_opsets(mode: str) -> None:
     _resize(rnd(1, 5, 6, 3), [1, 2, 1.5, 1], mode=mode)                          # NHWC

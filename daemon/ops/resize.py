@@ -336,7 +336,11 @@ class ResizeKernel(Kernel):
         elif p.mode == "nearest":
             self._nearest(x, y, p, tabs, axes)
         else:
-            self._linear(x, y, tabs, axes)
+            call = self._native_linear(x, y, p, tabs, axes) if x.flags.c_contiguous else None
+            if call is not None:
+                call()
+            else:
+                self._linear(x, y, tabs, axes)
         act = layer.attr("act")
         if act is not None:
             apply_act(y, act)
@@ -354,10 +358,40 @@ class ResizeKernel(Kernel):
         if x is None:
             return None
         p = _plan_from_inputs(layer.node, x, ins)
-        if p.mode != "nearest":
-            return None
         tabs = _tables(p)
-        call = self._native_nearest(x, y, p, tabs, [a for a, t in enumerate(tabs) if t is not None])
+        axes = [a for a, t in enumerate(tabs) if t is not None]
+        if p.mode != "nearest":
+            return self._native_linear(x, y, p, tabs, axes)
+        return self._native_nearest(x, y, p, tabs, axes)
+
+    @staticmethod
+    def _native_linear(x: np.ndarray, y: np.ndarray, p: ResizePlan, tabs: list,
+                       axes: list[int]) -> Callable[[], None] | None:
+        """A float32 linear resize of the last two axes in C, its tables made here once, as a call; None where it
+        does not apply (other axes resized, other dtypes)."""
+        nd = len(p.in_shape)
+        if not (native.AVAILABLE and axes and nd >= 2 and set(axes) <= {nd - 2, nd - 1} and x.dtype == np.float32
+                and y.dtype == np.float32 and x.flags.c_contiguous and y.flags.c_contiguous):
+            return None
+        h, w, oh, ow = p.in_shape[nd - 2], p.in_shape[nd - 1], p.out_shape[nd - 2], p.out_shape[nd - 1]
+
+        def table(a: int, n: int) -> list[np.ndarray]:
+            t = tabs[a]
+            if t is None:  # an axis left as it is: each output reads its own input
+                t = (np.arange(n), np.arange(n), np.ones(n, _F32), np.zeros(n, _F32))
+            return [np.ascontiguousarray(t[0], np.int32), np.ascontiguousarray(t[1], np.int32),
+                    np.ascontiguousarray(t[2], _F32), np.ascontiguousarray(t[3], _F32)]
+        ty, tx = table(nd - 2, oh), table(nd - 1, ow)
+        planes = int(np.prod(p.in_shape[:nd - 2], dtype=np.int64))
+        ptr = native.ffi.cast
+        args = (native._ptr(x), native._ptr(y), planes, h, w, oh, ow,
+                *[ptr("int *" if t.dtype == np.int32 else "float *", t.ctypes.data) for t in ty + tx])
+        fn, keep = native.lib.inferd_resize_linear2d, (x, y, ty, tx)
+
+        def call() -> None:
+            _ = keep
+            if fn(*args) != 0:
+                raise RuntimeError("inferd_resize_linear2d: bad tables")  # (built above: cannot happen)
         return call
 
     @staticmethod
