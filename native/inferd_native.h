@@ -330,6 +330,12 @@ int inferd_nchwc_conv_ch(const float* x, int cin, int H, int W, const float* w, 
 int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
                            int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias,
                            const float* res, float* y, int act, float p0, float p1);
+/* A grouped conv as groups of whole blocks (see nchwc.c): output block b reads input blocks [b / go * gi, + gi);
+   cout's blocks a multiple of go and cin's blocks (cout's / go) * gi; w packed as inferd_nchwc_conv's with gi * 16
+   input channels (zero weights between the conv's own groups). 0, or -1 for bad arguments. */
+int inferd_nchwc_conv_grouped(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW,
+                              int SH, int SW, int pad_top, int pad_left, int OH, int OW, int gi, int go,
+                              const float* bias, const float* res, float* y, int act, float p0, float p1);
 int inferd_nchwc_tile_pixels(void);
 /* Output blocks per group of packed conv weights (the current ISA's tiles: 4 on AVX-512, 1 elsewhere); the packing
    (ops/conv_nchwc.py) must use it. */

@@ -44,6 +44,9 @@ typedef struct {
     const int* off; /* a padded short-row map run as one row of pixels: each output pixel's input offset, or NULL */
     int cil;        /* the input channels of the last input block, where fewer than 16 (the others padding); 0: 16 */
     int col;        /* the same of the last output block */
+    /* a grouped conv as groups of whole blocks (0: dense): output block b reads input blocks [b / go * gi, + gi),
+       its weights [gi blocks][kh][kw][16][..] (see inferd_nchwc_conv_grouped) */
+    int gi, go;
 } cjob_t;
 
 /* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias.
@@ -529,6 +532,23 @@ static inline int group_step(const tiles_t* T, int left_in_group, int left_in_ta
     return n < T->nb ? n : T->nb;
 }
 
+/* The job output block b's tiles see: J itself, or for a grouped conv (J->go) a copy in *local whose input is
+   b's group's gi blocks (the last group's last block partial where the input's is) */
+static inline const cjob_t* group_job(const cjob_t* J, int b, cjob_t* local)
+{
+    if (!J->go) return J;
+    const int g = b / J->go;
+    *local = *J;
+    local->x = J->x + (long long)g * J->gi * J->H * J->W * J->cpb;
+    local->cib = J->gi;
+    local->cil = g == (J->cob - 1) / J->go ? J->cil : 0;
+    return local;
+}
+
+/* The blocks a tile may take at block b without leaving its conv group (a grouped conv's tiles read one group's
+   input): the group's blocks left, or any number for a dense conv */
+static inline int conv_group_left(const cjob_t* J, int b) { return J->go ? J->go - b % J->go : 1 << 30; }
+
 /* One band of output rows (or of columns in a one-row job) for a task's output blocks. Where the input outweighs the
    weights, a task is a band for every group (the band's input read from L2 by each group in turn, not from
    memory once per group); otherwise a task is some of the blocks over the whole map (their weights read once). */
@@ -544,10 +564,13 @@ static void conv_task_runs(const cjob_t* J, long long task)
     task_blocks(J, task, &k0, &k1);
     const int G = T->nb;
     for (int b = k0; b < k1;) {
+        cjob_t Jg;
+        const cjob_t* const Jb = group_job(J, b, &Jg);
         const int b0 = b - b % G, sub = b - b0; /* the block's group and its place in it */
         const int nbg = J->cob - b0 < G ? J->cob - b0 : G, wst = nbg * 16, chunk = ci_chunk(J, nbg);
-        const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * 16;
-        const int nb = group_step(T, nbg - sub, k1 - b);
+        const float* wg = J->w + (long long)b0 * 16 * Jb->cib * J->KH * J->KW * 16;
+        int nb = group_step(T, nbg - sub, k1 - b);
+        if (nb > conv_group_left(J, b)) nb = conv_group_left(J, b);
         b += nb;
         {
             const float* ws = wg + sub * 16;
@@ -557,12 +580,12 @@ static void conv_task_runs(const cjob_t* J, long long task)
             /* the band in even runs, as a row's inside is split (see conv_task) */
             const int wide = T->wide[nb - 1] < PTO_MAX ? T->wide[nb - 1] : PTO_MAX;
             const int ntiles = (q1 - q0 + wide - 1) / wide, base = (q1 - q0) / ntiles, rem = (q1 - q0) % ntiles;
-            for (int c0 = 0; c0 < J->cib; c0 += chunk) {
-                const int c1 = c0 + chunk < J->cib ? c0 + chunk : J->cib;
+            for (int c0 = 0; c0 < Jb->cib; c0 += chunk) {
+                const int c1 = c0 + chunk < Jb->cib ? c0 + chunk : Jb->cib;
                 int tile = 0;
                 for (int q = q0; q < q1;) {
                     const int pt = base + (tile++ < rem);
-                    T->o[pt - 1][nb - 1](J, J->off + q, ws, wst, yb + (long long)q * 16, ys, bias,
+                    T->o[pt - 1][nb - 1](Jb, J->off + q, ws, wst, yb + (long long)q * 16, ys, bias,
                                          rb ? rb + (long long)q * 16 : NULL, c0, c1);
                     q += pt;
                 }
@@ -604,10 +627,13 @@ static void conv_task(void* ctx, long long task)
     if (ow_lo > ow_hi) ow_lo = ow_hi = J->OW;
     const int G = T->nb; /* the weights' groups (inferd_nchwc_group_blocks) */
     for (int b = k0; b < k1;) {
+        cjob_t Jg;
+        const cjob_t* const Jb = group_job(J, b, &Jg);
         const int b0 = b - b % G, sub = b - b0; /* the block's group and its place in it */
         const int nbg = J->cob - b0 < G ? J->cob - b0 : G, wst = nbg * 16, chunk = ci_chunk(J, nbg);
-        const float* wg = J->w + (long long)b0 * 16 * J->cib * J->KH * J->KW * cpb;
-        const int nb = group_step(T, nbg - sub, k1 - b);
+        const float* wg = J->w + (long long)b0 * 16 * Jb->cib * J->KH * J->KW * cpb;
+        int nb = group_step(T, nbg - sub, k1 - b);
+        if (nb > conv_group_left(J, b)) nb = conv_group_left(J, b);
         b += nb;
         {
             const float* ws = wg + sub * 16;
@@ -628,24 +654,24 @@ static void conv_task(void* ctx, long long task)
                 const int kh0 = ih0 < 0 ? -ih0 : 0, kh1 = J->H - ih0 < J->KH ? J->H - ih0 : J->KH;
                 float* yr = J->y + (b0 + sub) * ys + (long long)oh * J->OW * 16;
                 const float* rr = J->res ? J->res + (b0 + sub) * ys + (long long)oh * J->OW * 16 : NULL;
-                const float* xr = J->x + (long long)ih0 * rs; /* row ih0 (above the image: only kh >= kh0 read) */
+                const float* xr = Jb->x + (long long)ih0 * rs; /* row ih0 (above the image: only kh >= kh0 read) */
                 /* the last output block of a conv whose channels end in a half block (24, 40 of them): its
                    real half only, in tiles of wideh pixels (a flat pointwise row: every column inside) */
                 pw_fn const pwh = pw && nb == 1 && b0 + sub == J->cob - 1 && J->col > 0 && J->col <= 16 / 2 &&
                                           T->pwh[pwa] ? T->pwh[pwa] : NULL;
-                for (int c0 = 0; c0 < J->cib; c0 += chunk) {
-                    const int c1 = c0 + chunk < J->cib ? c0 + chunk : J->cib;
+                for (int c0 = 0; c0 < Jb->cib; c0 += chunk) {
+                    const int c1 = c0 + chunk < Jb->cib ? c0 + chunk : Jb->cib;
                     int tile = 0;
                     for (int ow = owa; pwh && ow < owb;) {
                         const int n = owb - ow, pt = n >= T->wideh ? T->wideh : n < wide ? n : wide;
                         if (pt == T->wideh)
-                            pwh(J, xr + (long long)ow * 16, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL,
+                            pwh(Jb, xr + (long long)ow * 16, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL,
                                 c0, c1);
                         else if (pt == wide)
-                            pw[0](J, xr + (long long)ow * 16, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL,
+                            pw[0](Jb, xr + (long long)ow * 16, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL,
                                   c0, c1);
                         else
-                            T->t[pt - 1][0](J, xr + (long long)ow * 16, 16, ws, wst, yr + ow * 16, ys, bias,
+                            T->t[pt - 1][0](Jb, xr + (long long)ow * 16, 16, ws, wst, yr + ow * 16, ys, bias,
                                             rr ? rr + ow * 16 : NULL, 0, 1, 0, 1, c0, c1);
                         ow += pt;
                     }
@@ -661,13 +687,13 @@ static void conv_task(void* ctx, long long task)
                             kw1 = J->W - iw0 < J->KW ? J->W - iw0 : J->KW;
                         }
                         if (pw && pt == wide)
-                            pw[nb - 1](J, xr + (long long)iw0 * 16, ws, wst, yr + ow * 16, ys, bias,
+                            pw[nb - 1](Jb, xr + (long long)iw0 * 16, ws, wst, yr + ow * 16, ys, bias,
                                        rr ? rr + ow * 16 : NULL, c0, c1);
                         else if (st && pt == wide && kw1 - kw0 == J->KW)
-                            st[nb - 1](J, xr + iw0, ps, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL, kh0,
+                            st[nb - 1](Jb, xr + iw0, ps, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL, kh0,
                                        kh1, kw0, kw1, c0, c1);
                         else
-                            T->t[pt - 1][nb - 1](J, xr + (long long)iw0 * cpb, ps, ws, wst, yr + ow * 16, ys, bias,
+                            T->t[pt - 1][nb - 1](Jb, xr + (long long)iw0 * cpb, ps, ws, wst, yr + ow * 16, ys, bias,
                                                  rr ? rr + ow * 16 : NULL, kh0, kh1, kw0, kw1, c0, c1);
                         ow += pt;
                     }
@@ -780,10 +806,12 @@ static int even_units(int units, int ub, int cob, int chunks, int t)
 
 static int conv_run(const float* x, int cib, int cpb, int H, int W, const float* w, int cout_blocks, int KH, int KW,
                     int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
-                    float* y, int act, float p0, float p1, int cil, int col)
+                    float* y, int act, float p0, float p1, int cil, int col, int gi, int go)
 {
     if (cib < 1 || cout_blocks < 1 || H < 1 || W < 1 || KH < 1 || KW < 1 || SH < 1 || SW < 1 || OH < 1 || OW < 1 ||
         pad_top < 0 || pad_left < 0 || pad_top >= KH || pad_left >= KW)
+        return -1;
+    if (go && (gi < 1 || go < 1 || cpb != 16 || cout_blocks % go || (long long)cout_blocks / go * gi != cib))
         return -1;
     /* A strided 1x1 (ResNet's downsampling) through the general tiles, row by row, every SW-th pixel in place:
        ~1.5x the time of a copy of those pixels (a quarter of the input at stride 2) and the pointwise tiles over
@@ -852,9 +880,10 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
     const int ub = tiles_for(cpb)->nb, units = (cout_blocks + ub - 1) / ub, cin = cib * cpb;
     cjob_t J = {x, w, bias, res, y, cib, H, W, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW,
                 act, p0, p1, OH, OW, 1, units, ub, cpb, off, cpb == 16 && cil > 0 && cil < 16 ? cil : 0,
-                col > 0 && col < 16 ? col : 0};
-    const double work = 2.0 * cin * KH * KW * cout_blocks * 16 * (double)OH * OW;
-    const double wbytes = 4.0 * cin * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin * H * W;
+                col > 0 && col < 16 ? col : 0, go ? gi : 0, go};
+    const int cin_read = go ? gi * 16 : cin; /* the input channels each output channel reads */
+    const double work = 2.0 * cin_read * KH * KW * cout_blocks * 16 * (double)OH * OW;
+    const double wbytes = 4.0 * cin_read * KH * KW * cout_blocks * 16, xbytes = 4.0 * cin * H * W;
     if (wbytes > xbytes && units > 1) {
         /* the weights outweigh the input (small maps, many channels): tasks split the output blocks, in units
            of the tiles' block count (not of the weights' groups of NB_MAX: on AVX2 a tile takes one block, and
@@ -900,7 +929,7 @@ int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float*
                       float* y, int act, float p0, float p1)
 {
     return conv_run(x, cin_blocks, 16, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y,
-                    act, p0, p1, 0, 0);
+                    act, p0, p1, 0, 0, 0, 0);
 }
 
 /* Where the input's channels are not a multiple of 16 (MobileNetV2's 24, EfficientNet's 40), the pointwise tiles
@@ -912,7 +941,21 @@ int inferd_nchwc_conv_ch(const float* x, int cin, int H, int W, const float* w, 
 {
     if (cin < 1 || cout < 1) return -1;
     return conv_run(x, (cin + 15) / 16, 16, H, W, w, (cout + 15) / 16, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias,
-                    res, y, act, p0, p1, cin % 16, cout % 16);
+                    res, y, act, p0, p1, cin % 16, cout % 16, 0, 0);
+}
+
+/* A grouped conv whose groups, taken `per` at a time, fill whole blocks each way (RegNet's and ResNeXt's groups of
+   8 channels two to a block; of 32 or 64, one to two or four blocks): it runs as a conv of cout_blocks / go
+   groups of gi input and go output blocks, with weights zero between the groups inside one (per x the
+   multiply-adds, in the tiles of a dense conv). The im2col path ran one small GEMM per group: RegNetY-400MF's
+   3x3s of 8-channel groups at 6-9x their roofline. */
+int inferd_nchwc_conv_grouped(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW,
+                              int SH, int SW, int pad_top, int pad_left, int OH, int OW, int gi, int go,
+                              const float* bias, const float* res, float* y, int act, float p0, float p1)
+{
+    if (cin < 1 || cout < 1 || gi < 1 || go < 1) return -1;
+    return conv_run(x, (cin + 15) / 16, 16, H, W, w, (cout + 15) / 16, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias,
+                    res, y, act, p0, p1, cin % 16, cout % 16, gi, go);
 }
 
 int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
@@ -920,7 +963,7 @@ int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w
                            const float* res, float* y, int act, float p0, float p1)
 {
     return conv_run(x, cin, 1, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y, act, p0,
-                    p1, 0, 0);
+                    p1, 0, 0, 0, 0);
 }
 
 int inferd_nchwc_tile_pixels(void) { return tiles()->wide[tiles()->nb - 1]; }

@@ -651,6 +651,37 @@ class ConvDirect(Kernel):
                        lambda x, w: conv_nd(x, w, conv_geom(layer.node, x.shape, w.shape)))
 
 
+def _im2col_gemm_bound(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+                       outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+    """One image: the native im2col (a strided 1x1's: its strided pixels) and the bound GEMM, resolved now (run()
+    spent tens of microseconds of argument plumbing per call). The column buffer is this thread's scratch, looked up per call (it may grow
+    or be another thread's), the GEMM re-bound when it changed."""
+    b = _bound_io(layer, inputs, params, outputs[0])
+    if b is None:
+        return None
+    g, (x, bias, res, code, p0, p1) = b
+    k, mg, npix = g.cin // g.group * g.kh * g.kw, g.cout // g.group, g.oh * g.ow
+    n = g.cin * g.kh * g.kw * npix
+    y3 = outputs[0].reshape(g.group, mg, npix)
+    r3 = None if res is None else res.reshape(g.group, mg, npix)
+    w = params["w"]
+    im = native.lib.inferd_im2col
+    iargs = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow)
+    probe = native.gemm_bound(w, mg, np.empty((g.group, k, npix), F32), y3, bias, r3, code, p0, p1)
+    if probe is None:
+        return None
+    state: list[Any] = [None, None, None]  # scratch base, its pointer, the GEMM bound to it
+
+    def call(_keep: Any = (x, w, bias, res, outputs[0])) -> None:
+        col = scratch(0, n)
+        if col.base is not state[0] or state[2] is None:
+            state[0], state[1] = col.base, native._ptr(col)
+            state[2] = native.gemm_bound(w, mg, col.reshape(g.group, k, npix), y3, bias, r3, code, p0, p1)
+        im(*iargs, state[1])
+        state[2]()
+    return call
+
+
 @register_kernel
 class ConvIm2col(_ConvKernelBase):
     """Native im2col per image, then W (G, Cout/G, Cin/G*kh*kw) @ col (G, Cin/G*kh*kw, OH*OW) on the native GEMM,
@@ -684,33 +715,7 @@ class ConvIm2col(_ConvKernelBase):
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
-        """One image: the native im2col and the bound GEMM, resolved now (run() spent tens of microseconds of
-        argument plumbing per call). The column buffer is this thread's scratch, looked up per call (it may grow
-        or be another thread's), the GEMM re-bound when it changed."""
-        b = _bound_io(layer, inputs, params, outputs[0])
-        if b is None:
-            return None
-        g, (x, bias, res, code, p0, p1) = b
-        k, mg, npix = g.cin // g.group * g.kh * g.kw, g.cout // g.group, g.oh * g.ow
-        n = g.cin * g.kh * g.kw * npix
-        y3 = outputs[0].reshape(g.group, mg, npix)
-        r3 = None if res is None else res.reshape(g.group, mg, npix)
-        w = params["w"]
-        im = native.lib.inferd_im2col
-        iargs = (native._ptr(x), g.cin, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.pt, g.pl, g.oh, g.ow)
-        probe = native.gemm_bound(w, mg, np.empty((g.group, k, npix), F32), y3, bias, r3, code, p0, p1)
-        if probe is None:
-            return None
-        state: list[Any] = [None, None, None]  # scratch base, its pointer, the GEMM bound to it
-
-        def call(_keep: Any = (x, w, bias, res, outputs[0])) -> None:
-            col = scratch(0, n)
-            if col.base is not state[0] or state[2] is None:
-                state[0], state[1] = col.base, native._ptr(col)
-                state[2] = native.gemm_bound(w, mg, col.reshape(g.group, k, npix), y3, bias, r3, code, p0, p1)
-            im(*iargs, state[1])
-            state[2]()
-        return call
+        return _im2col_gemm_bound(layer, inputs, params, outputs)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
@@ -1009,7 +1014,11 @@ class Conv1x1(_ConvKernelBase):
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         g = _geo2d(layer)
-        if g is None or g.n != 1 or not (g.sh == g.sw == 1):
+        if g is not None and g.n == 1 and not (g.sh == g.sw == 1):
+            # the strided pixels copied out as im2col does, then the GEMM: one bound call (run() paid ~20 us of
+            # Python around RegNetY-400MF's 208->440 s2 on 4x4, 35 us in all against im2col's bound 15)
+            return _im2col_gemm_bound(layer, inputs, params, outputs)
+        if g is None or g.n != 1:
             return None
         f = _fast_io(layer, inputs, params, outputs[0])
         if f is None:

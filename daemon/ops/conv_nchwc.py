@@ -73,6 +73,63 @@ def depthwise(node: Node, w_shape: Sequence[int]) -> bool:
     return g > 1 and int(w_shape[1]) == 1 and int(w_shape[0]) == g
 
 
+#: The most multiply-adds a grouped conv may do blocked per its own: groups narrower than a block run ``per`` to a
+#: block pair with zero weights between them (RegNet's and ResNeXt's groups of 8 channels: 2; of 4: 4)
+MAX_GROUP_WASTE = 4
+
+
+def block_groups(node: Node, w_shape: Sequence[int]) -> tuple[int, int, int] | None:
+    """(per, gi, go) where a grouped conv (neither dense nor depthwise) of weights ``w_shape`` runs blocked: its
+    groups ``per`` at a time fill gi input and go output blocks (the last such set may hold fewer groups, where
+    the channels end in a partial block); None where no ``per`` up to ``MAX_GROUP_WASTE`` fits."""
+    g = int(node.attrs.get("group", 1))
+    if g <= 1 or depthwise(node, w_shape) or len(w_shape) != 4:
+        return None
+    cout, cin_g = int(w_shape[0]), int(w_shape[1])
+    if cout % g:
+        return None
+    cout_g = cout // g
+    for per in range(1, MAX_GROUP_WASTE + 1):
+        if (per * cin_g) % BLOCK or (per * cout_g) % BLOCK:
+            continue
+        gi, go, sets = per * cin_g // BLOCK, per * cout_g // BLOCK, -(-g // per)
+        if sets * gi == blocks(g * cin_g) and sets * go == blocks(cout):
+            return per, gi, go
+    return None
+
+
+def _group_dense(w: np.ndarray, g: int, per: int) -> np.ndarray:
+    """Grouped weights (Cout, Cin/g, kh, kw) as a dense conv of each set of ``per`` groups: (sets * per * Cout/g,
+    per * Cin/g, kh, kw), a group's weights on its own input channels of the set, zeros between."""
+    cout, cin_g, kh, kw = w.shape
+    cout_g, sets = cout // g, -(-g // per)
+    wg = np.zeros((sets * per, cout_g, cin_g, kh, kw), F32)
+    wg[:g] = w.reshape(g, cout_g, cin_g, kh, kw)
+    wg = wg.reshape(sets, per, cout_g, cin_g, kh, kw)
+    out = np.zeros((sets, per, cout_g, per, cin_g, kh, kw), F32)
+    for j in range(per):
+        out[:, j, :, j] = wg[:, j]
+    return out.reshape(sets * per * cout_g, per * cin_g, kh, kw)
+
+
+def _group_sparse(wd: np.ndarray, g: int, per: int, cout: int) -> np.ndarray:
+    """``_group_dense``'s inverse: the conv's own (Cout, Cin/g, kh, kw)."""
+    co, ci, kh, kw = wd.shape
+    cout_g, cin_g = cout // g, ci // per
+    v = wd.reshape(co // (per * cout_g), per, cout_g, per, cin_g, kh, kw)
+    out = np.stack([v[:, j, :, j] for j in range(per)], axis=1)
+    return np.ascontiguousarray(out.reshape(-1, cin_g, kh, kw)[:cout])
+
+
+def pack_grouped(w: np.ndarray, node: Node) -> np.ndarray:
+    """A grouped conv's weights for ``inferd_nchwc_conv_grouped``: ``pack_weights`` of ``_group_dense``."""
+    per, _gi, _go = block_groups(node, w.shape) or (0, 0, 0)
+    if not per:
+        raise ShapeError(f"Conv {node.name!r}: group {node.attrs.get('group')} with weights {list(w.shape)} does not "
+                         f"fill whole blocks")
+    return pack_weights(_group_dense(np.asarray(w, F32), int(node.attrs["group"]), per))
+
+
 def pack_weights(w: np.ndarray, dw: bool = False, nchw_input: bool = False) -> np.ndarray:
     """Conv weights (Cout, Cin, kh, kw) in native/nchwc.c's order: groups of up to 4 output blocks, each
     [cin block][kh][kw][16 input channels][its blocks x 16 output channels] (``nchw_input``: blocks of one input
@@ -113,9 +170,13 @@ def _padded(w: np.ndarray, dw: bool, nchw_input: bool) -> np.ndarray:
     return out
 
 
-def padded_nbytes(w_shape: Sequence[int], dw: bool, nchw_input: bool) -> int:
-    """Bytes of ``pack_weights``'s result for raw weights of ``w_shape``."""
+def padded_nbytes(w_shape: Sequence[int], dw: bool, nchw_input: bool,
+                  grouped: tuple[int, int, int] | None = None) -> int:
+    """Bytes of ``pack_weights``'s result for raw weights of ``w_shape`` (``grouped``: ``block_groups``'s
+    answer, ``pack_grouped``'s)."""
     co, ci, kh, kw = (int(d) for d in w_shape)
+    if grouped is not None:
+        return 4 * blocks(co) * BLOCK * grouped[1] * BLOCK * kh * kw
     cop, cip = _padded_dims(co, ci, dw, nchw_input)
     return 4 * cop * cip * kh * kw
 
@@ -313,8 +374,11 @@ class ConvNchwcKernel(_NativeOrOracle):
         return weights_key(layer) + (_nchw_input(layer.in_shape(0)),)
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {"w": pack_weights(np.asarray(raw[raw_key(1)], dtype=F32), depthwise(layer.node, layer.in_shape(1)),
-                                 _nchw_input(layer.in_shape(0)))}
+        w = np.asarray(raw[raw_key(1)], dtype=F32)
+        if block_groups(layer.node, w.shape) is not None:
+            out = {"w": pack_grouped(w, layer.node)}
+        else:
+            out = {"w": pack_weights(w, depthwise(layer.node, layer.in_shape(1)), _nchw_input(layer.in_shape(0)))}
         bi, _ = io_positions(layer.node)
         if bi is not None and raw_key(bi) in raw:
             b = np.asarray(raw[raw_key(bi)], dtype=F32)
@@ -325,7 +389,8 @@ class ConvNchwcKernel(_NativeOrOracle):
     def transformed_nbytes(self, layer: Layer) -> int:
         bi, _ = io_positions(layer.node)  # (the raw weights reordered, with the padding of a partial block)
         w = layer.in_shape(1)
-        return padded_nbytes(w, depthwise(layer.node, w), _nchw_input(layer.in_shape(0))) + (
+        return padded_nbytes(w, depthwise(layer.node, w), _nchw_input(layer.in_shape(0)),
+                             block_groups(layer.node, w)) + (
             4 * blocks(layer.in_shape(bi)[0]) * BLOCK if bi is not None else 0)
 
     def _args(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
@@ -339,7 +404,9 @@ class ConvNchwcKernel(_NativeOrOracle):
         geo = conv_geom(layer.node, _logical(layer.node, x.shape, layer.in_shape(1)), layer.in_shape(1))
         g2 = geo.as2d()
         dw = depthwise(layer.node, layer.in_shape(1))
-        if g2 is None or g2.dh != 1 or g2.dw != 1 or (g2.group != 1 and not dw) or g2.pt >= g2.kh or g2.pl >= g2.kw:
+        bg = block_groups(layer.node, layer.in_shape(1))
+        if g2 is None or g2.dh != 1 or g2.dw != 1 or (g2.group != 1 and not dw and bg is None) or g2.pt >= g2.kh \
+                or g2.pl >= g2.kw or (bg is not None and _nchw_input(x.shape)):
             return None
         return x, y, res, params.get("b"), g2, code, p0, p1
 
@@ -349,14 +416,22 @@ class ConvNchwcKernel(_NativeOrOracle):
         if a is None:
             return None
         x, y, res, b, g, code, p0, p1 = a
+        bg = block_groups(layer.node, layer.in_shape(1))
         return native.nchwc_conv_bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1,
-                                       depthwise=g.group > 1, cin=int(layer.in_shape(1)[1]),
-                                       cout=int(layer.in_shape(1)[0]))
+                                       depthwise=g.group > 1 and bg is None, cin=g.cin, cout=g.cout,
+                                       grouped=bg[1:] if bg is not None else None)
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         vals = list(inputs)
-        vals[1] = _unpack_weights(params["w"], layer.in_shape(1), depthwise(layer.node, layer.in_shape(1)),
-                                  _nchw_input(layer.in_shape(0)))
+        w_shape = layer.in_shape(1)
+        bg = block_groups(layer.node, w_shape)
+        if bg is not None:
+            g, per = int(layer.node.attrs["group"]), bg[0]
+            dense = (blocks(w_shape[0]) * BLOCK, bg[1] * BLOCK) + tuple(w_shape[2:])
+            vals[1] = _group_sparse(_unpack_weights(params["w"], dense), g, per, int(w_shape[0]))
+        else:
+            vals[1] = _unpack_weights(params["w"], w_shape, depthwise(layer.node, w_shape),
+                                      _nchw_input(layer.in_shape(0)))
         bi, _ = io_positions(layer.node)
         if bi is not None:
             vals[bi] = params["b"][:layer.in_shape(1)[0]] if "b" in params else None

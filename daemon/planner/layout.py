@@ -37,7 +37,8 @@ import numpy as np
 
 from ..ir import Graph, Node, TensorInfo
 from ..native import NATIVE_ACTS
-from ..ops.conv_nchwc import BLOCK, CONV, FROM, GAP, MAXPOOL, SCALE, TO, blocks, depthwise, padded_nbytes
+from ..ops.conv_nchwc import (BLOCK, CONV, FROM, GAP, MAXPOOL, SCALE, TO, block_groups, blocks, depthwise,
+                              padded_nbytes)
 from ..ops.conv import conv_geom, preferred_3x3_kernel
 from ..ops.pool import pool_geometry
 
@@ -60,7 +61,12 @@ SUFFIX = "::nchwc"
 #: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
 #: saves nothing to speak of.
 SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30,
-          "pointwise_small": 0.12, "small_kxk": 0.40}
+          "pointwise_small": 0.12, "small_kxk": 0.40, "grouped": 0.30}
+#: ... and what the NCHW path pays per group of a grouped conv whatever its size (im2col and a GEMM call each:
+#: RegNetY-400MF's 3x3s of 8-channel groups, two threads, Zen 3, us: 48@32x32 s2 (6 groups) 45 against 28
+#: blocked, 104@8x8 (13) 37/15, 208@4x4 (26) 68/10, 440@2x2 (55) 92/8, the blocked ones with the zeros'
+#: multiply-adds between two groups of a block pair; past the work at CONV_RATE, 1.6-4.5 us a group)
+GROUP_CALL_S = 2.5e-6
 #: Most work a conv may do on the padding lanes of its blocks, as a factor of its own (channels not a multiple of
 #: 16: 24 of mobilenetv2's second stage 1.33, 40 of efficientnet_b0's third 1.2; 8 would be 2); the saving counts it
 MAX_PAD = 1.5
@@ -100,7 +106,9 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     group = int(node.attrs.get("group", 1))
     # a stem: an image's few channels read as they are (NCHW), its output blocked
     stem = not dw and group == 1 and cin < BLOCK
-    if (group != 1 and not dw) or _pad_factor(node, tuple(w.shape), stem) > MAX_PAD:
+    bg = block_groups(node, w.shape) if group != 1 and not dw else None
+    if (group != 1 and not dw and bg is None) or _pad_factor(node, tuple(w.shape), stem) > MAX_PAD * (
+            bg[0] if bg else 1):
         return None
     if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         return None
@@ -112,6 +120,8 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
         return None
     if stem:
         return "stem"
+    if bg is not None:
+        return "grouped"
     strided = any(int(s) > 1 for s in node.attrs.get("strides", (1, 1)))
     if kh == kw == 1:
         # where the weights are large or the map small the GEMM's blocking wins (a CNN's last stages); a strided 1x1
@@ -154,7 +164,8 @@ def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) ->
 def _pad_factor(node: Node, w_shape: tuple[int, ...], stem: bool) -> float:
     """The blocked kernel's work over the conv's own: its packed weights (padded to whole blocks) over its raw
     ones."""
-    return padded_nbytes(w_shape, depthwise(node, w_shape), stem) / (4.0 * math.prod(w_shape))
+    return padded_nbytes(w_shape, depthwise(node, w_shape), stem, block_groups(node, w_shape)) / (
+        4.0 * math.prod(w_shape))
 
 
 def _saving(node: Node, graph: Graph, path: str) -> float:
@@ -164,7 +175,8 @@ def _saving(node: Node, graph: Graph, path: str) -> float:
     _cout, cin_g, kh, kw = w
     y = graph.infos[node.outputs[0]].shape  # (N, Cout, OH, OW): a multiply-add per output and tap
     blocked = (1.0 - SAVING.get(path, 0.0)) * _pad_factor(node, tuple(w), path == "stem")
-    return (1.0 - blocked) * 2.0 * cin_g * kh * kw * math.prod(y) / CONV_RATE
+    calls = int(node.attrs.get("group", 1)) * GROUP_CALL_S if path == "grouped" else 0.0
+    return (1.0 - blocked) * 2.0 * cin_g * kh * kw * math.prod(y) / CONV_RATE + calls
 
 
 def _convert_cost(info: TensorInfo) -> float:
@@ -352,9 +364,9 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
                 # and Mul are blocked too)
                 ok = all(fed) and bool(read_out) and all(read_out) and n.outputs[0] not in outs
             else:
-                # (a k x k conv on a small map saves more than its two conversions cost even alone: the region
-                # check below weighs them)
-                ok = paths[name] == "small_kxk" or any(fed) or any(read_out) \
+                # (a k x k conv on a small map, or a grouped conv, saves more than its two conversions cost even
+                # alone: the region check below weighs them)
+                ok = paths[name] in ("small_kxk", "grouped") or any(fed) or any(read_out) \
                     or any(c.name != name and c.name in kept and kinds[c.name] == "conv"
                            and c.inputs[0] == t for t in reads for c in cons.get(t, []))
             if ok:
