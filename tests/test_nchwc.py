@@ -678,7 +678,8 @@ static void grouped_case(int C, int CO, int G, int per, int H, int W, int K, int
     }
     check("grouped", y, ref, CO, OH * OW, 1e-4f);
     /* blocks that do not split into the sets are refused */
-    if (inferd_nchwc_conv_grouped(xb, C, H, W, wp, CO, K, K, S, S, P, P, OH, OW, gi + 1, go, b, NULL, y, 1, 0, 0) != -1) {
+    if (inferd_nchwc_conv_grouped(xb, C, H, W, wp, CO, K, K, S, S, P, P, OH, OW, gi + 1, go, b, NULL, y, 1, 0, 0) !=
+        -1) {
         printf("FAIL grouped accepted a bad split\n");
         fails++;
     }

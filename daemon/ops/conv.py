@@ -654,8 +654,8 @@ class ConvDirect(Kernel):
 def _im2col_gemm_bound(layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
                        outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
     """One image: the native im2col (a strided 1x1's: its strided pixels) and the bound GEMM, resolved now (run()
-    spent tens of microseconds of argument plumbing per call). The column buffer is this thread's scratch, looked up per call (it may grow
-    or be another thread's), the GEMM re-bound when it changed."""
+    spent tens of microseconds of argument plumbing per call). The column buffer is this thread's scratch, looked
+    up per call (it may grow or be another thread's), the GEMM re-bound when it changed."""
     b = _bound_io(layer, inputs, params, outputs[0])
     if b is None:
         return None
