@@ -945,8 +945,37 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
     }
 }
 
-/* Few rows against a prepacked B (a batch-1 linear layer): stream each 96-column panel once, rows x 96 outputs
-   accumulated across k in vectors of VG floats. */
+/* Few rows against a prepacked B (a batch-1 linear layer; a transformer's last stage at a small input): stream each
+   96-column panel once, by blocks of GEMV_KB rows of k (~96 KB, in L2). All the rows at once over a slice of the
+   panel's columns, 12 accumulators on AVX2 (one row x 96 columns, two x 48, three x 32, four x 24): a weight
+   vector loaded once feeds every row's FMA. Row by row over 96 columns each vector fed one: ConvNeXt-T's 4 x 768 x
+   3072 (its last stage at a 64x64 input), two threads, Zen 3, 244 us; two rows at a time 240 (each vector read
+   from L1 once per row); onnxruntime ~130. The same sums in the same order as row by row: the same bits. */
+#define GEMV_KB 256
+#define GEMV_ROWS(R, C)                                                                                             \
+    for (int h = 0; h < NBP; h += (C)) {                                                                     \
+        vg_t acc[R][(C) / VG];                                                                               \
+        _Pragma("GCC unroll 16") for (int r = 0; r < (R); ++r)                                                    \
+            _Pragma("GCC unroll 16") for (int v = 0; v < (C) / VG; ++v) {                                   \
+                if (k0 == 0)                                                                                       \
+                    acc[r][v] = (vg_t){0};                                                                         \
+                else                                                                                               \
+                    memcpy(&acc[r][v], tile + (size_t)r * NBP + h + v * VG, sizeof(vg_t));                         \
+            }                                                                                                      \
+        const float* restrict bk = bp + (size_t)k0 * NBP + h;                                                      \
+        for (int k = k0; k < k1; ++k, bk += NBP) {                                                                 \
+            float x[R];                                                                                            \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R); ++r) x[r] = a[(ptrdiff_t)r * J->asm_ + (ptrdiff_t)k * J->ask]; \
+            _Pragma("GCC unroll 16") for (int v = 0; v < (C) / VG; ++v) {                                   \
+                vg_t bv;                                                                                           \
+                memcpy(&bv, bk + v * VG, sizeof bv);                                                               \
+                _Pragma("GCC unroll 16") for (int r = 0; r < (R); ++r) acc[r][v] += x[r] * bv;                                              \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 16") for (int r = 0; r < (R); ++r)                                                    \
+            _Pragma("GCC unroll 16") for (int v = 0; v < (C) / VG; ++v)                                     \
+                memcpy(tile + (size_t)r * NBP + h + v * VG, &acc[r][v], sizeof(vg_t));                             \
+    }
 INFERD_CLONES
 static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
 {
@@ -956,19 +985,14 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
     float tile[4 * NBP];
     for (int j0 = n0; j0 < n1; j0 += NBP) {
         const float* restrict bp = b + (size_t)(j0 / NBP) * K * NBP;
-        for (int m = 0; m < M; ++m) {
-            vg_t acc[NBP / VG];
-            for (int v = 0; v < NBP / VG; ++v) acc[v] = (vg_t){0};
-            const float* restrict am = a + (ptrdiff_t)m * J->asm_;
-            for (int k = 0; k < K; ++k) {
-                const vg_t x = am[(ptrdiff_t)k * J->ask] - (vg_t){0};
-                for (int v = 0; v < NBP / VG; ++v) {
-                    vg_t bv;
-                    memcpy(&bv, bp + (size_t)k * NBP + v * VG, sizeof bv);
-                    acc[v] += x * bv;
-                }
+        for (int k0 = 0; k0 < K; k0 += GEMV_KB) {
+            const int k1 = imin(K, k0 + GEMV_KB);
+            switch (M) {
+            case 1: GEMV_ROWS(1, 96) break;
+            case 2: GEMV_ROWS(2, 48) break;
+            case 3: GEMV_ROWS(3, 24) break;
+            default: GEMV_ROWS(4, 16) break;
             }
-            memcpy(tile + (size_t)m * NBP, acc, sizeof acc);
         }
         store_tile(J, bi, 0, M, j0, imin(NBP, n1 - j0), NBP, tile, 1, 1);
     }
