@@ -952,6 +952,8 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
    3072 (its last stage at a 64x64 input), two threads, Zen 3, 244 us; two rows at a time 240 (each vector read
    from L1 once per row); onnxruntime ~130. The same sums in the same order as row by row: the same bits. */
 #define GEMV_KB 256
+#define GEMV_PF 32
+#define GEMV_MAX_M 16
 #define GEMV_ROWS(R, C)                                                                                             \
     for (int h = 0; h < NBP; h += (C)) {                                                                     \
         vg_t acc[R][(C) / VG];                                                                               \
@@ -960,12 +962,15 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
                 if (k0 == 0)                                                                                       \
                     acc[r][v] = (vg_t){0};                                                                         \
                 else                                                                                               \
-                    memcpy(&acc[r][v], tile + (size_t)r * NBP + h + v * VG, sizeof(vg_t));                         \
+                    memcpy(&acc[r][v], tile + (size_t)(m0 + r) * NBP + h + v * VG, sizeof(vg_t));                  \
             }                                                                                                      \
         const float* restrict bk = bp + (size_t)k0 * NBP + h;                                                      \
         for (int k = k0; k < k1; ++k, bk += NBP) {                                                                 \
+            if (pf && h == 0)                                                                                      \
+                for (int l = 0; l < NBP; l += 16) __builtin_prefetch(bk + GEMV_PF * NBP + l, 0, 3);                \
             float x[R];                                                                                            \
-            _Pragma("GCC unroll 16") for (int r = 0; r < (R); ++r) x[r] = a[(ptrdiff_t)r * J->asm_ + (ptrdiff_t)k * J->ask]; \
+            _Pragma("GCC unroll 16") for (int r = 0; r < (R); ++r)                                                \
+                x[r] = a[(ptrdiff_t)(m0 + r) * J->asm_ + (ptrdiff_t)k * J->ask];                                   \
             _Pragma("GCC unroll 16") for (int v = 0; v < (C) / VG; ++v) {                                   \
                 vg_t bv;                                                                                           \
                 memcpy(&bv, bk + v * VG, sizeof bv);                                                               \
@@ -974,7 +979,7 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
         }                                                                                                          \
         _Pragma("GCC unroll 16") for (int r = 0; r < (R); ++r)                                                    \
             _Pragma("GCC unroll 16") for (int v = 0; v < (C) / VG; ++v)                                     \
-                memcpy(tile + (size_t)r * NBP + h + v * VG, &acc[r][v], sizeof(vg_t));                             \
+                memcpy(tile + (size_t)(m0 + r) * NBP + h + v * VG, &acc[r][v], sizeof(vg_t));                      \
     }
 INFERD_CLONES
 static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
@@ -982,16 +987,19 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
     const int K = J->K, M = J->M;
     const float* restrict a = J->ap + (ptrdiff_t)bi * J->ap_bs;
     const float* restrict b = J->b + (ptrdiff_t)bi * J->b_bs;
-    float tile[4 * NBP];
+    float tile[GEMV_MAX_M * NBP];
     for (int j0 = n0; j0 < n1; j0 += NBP) {
         const float* restrict bp = b + (size_t)(j0 / NBP) * K * NBP;
         for (int k0 = 0; k0 < K; k0 += GEMV_KB) {
             const int k1 = imin(K, k0 + GEMV_KB);
-            switch (M) {
-            case 1: GEMV_ROWS(1, 96) break;
-            case 2: GEMV_ROWS(2, 48) break;
-            case 3: GEMV_ROWS(3, 24) break;
-            default: GEMV_ROWS(4, 16) break;
+            for (int m0 = 0; m0 < M; m0 += 4) {
+                const int pf = m0 == 0;
+                switch (imin(4, M - m0)) {
+                case 1: GEMV_ROWS(1, 96) break;
+                case 2: GEMV_ROWS(2, 48) break;
+                case 3: GEMV_ROWS(3, 24) break;
+                default: GEMV_ROWS(4, 16) break;
+                }
             }
         }
         store_tile(J, bi, 0, M, j0, imin(NBP, n1 - j0), NBP, tile, 1, 1);
@@ -1010,7 +1018,7 @@ static void gemm_task(void* ctx, long long t)
     if (m0 >= m1 || n0 >= n1) return;
     if (J->N <= GEMV_MAX_N && !J->a_dyn && !J->b_pre && !J->boff)
         gemv_block(J, bi, m0, m1);
-    else if (J->M <= 4 && J->a_dyn && J->b_pre)
+    else if (J->M <= GEMV_MAX_M && J->a_dyn && J->b_pre)
         gemv_bpre_block(J, bi, n0, n1);
     else
         gemm_block(J, bi, m0, m1, n0, n1);
@@ -1066,7 +1074,7 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
         return 0;
     }
     const int gemv = N <= GEMV_MAX_N && !J.a_dyn && !J.b_pre && !J.boff;
-    const int gemv_b = M <= 4 && J.a_dyn && J.b_pre;
+    const int gemv_b = M <= GEMV_MAX_M && J.a_dyn && J.b_pre;
     const int nr = gemv ? N : (gemv_b ? NBP : J.isa->nr);
     const int threads = inferd_pool_threads();
     const double work = (double)M * K * N * batch;
