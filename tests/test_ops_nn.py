@@ -792,3 +792,28 @@ def test_resize_check_accepts_supported() -> None:
         spec.check(Node("r", "Resize", ["x", "", "", "sz"], ["y"], dict(keep_aspect_ratio_policy=policy)), 18)
     with pytest.raises(UnsupportedOpError, match="cubic"):
         op_spec("Upsample").check(Node("u", "Upsample", ["x", "s"], ["y"], dict(mode="cubic")), 9)
+
+
+@pytest.mark.parametrize("case", ["whole_slices", "duplicates", "varying", "axis1"])
+def test_scatter_elements_of_whole_slices_and_of_elements(case: str) -> None:
+    """ScatterElements where each index is the same along its slice (torchvision's multi-scale RoIAlign merging its
+    levels: one index per roi expanded over (C, 7, 7)) takes a slice copy per index; an index that varies along the
+    slice, or another axis, each element. Both against onnxruntime."""
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((9, 6, 3, 3)).astype(np.float32)
+    rows = np.array([4, 0, 7, 2, 8], np.int64) if case != "duplicates" else np.array([4, 0, 4, 2, 0], np.int64)
+    upd = rng.standard_normal((5, 6, 3, 3)).astype(np.float32)
+    idx = np.broadcast_to(rows.reshape(-1, 1, 1, 1), upd.shape).copy()
+    attrs: dict[str, Any] = {}
+    if case == "varying":
+        idx[1, 2, 0, 1] = 5
+    if case == "axis1":
+        idx = rng.integers(0, 6, upd.shape).astype(np.int64)
+        attrs = {"axis": 1}
+    ins = [data, idx, upd]
+    want = ort_single("ScatterElements", ins, attrs, 16, [False, True, False])
+    spec = op_spec("ScatterElements")
+    got = spec.reference(Node("s", "ScatterElements", ["d", "i", "u"], ["y"], attrs), ins)[0]
+    if case == "duplicates":  # ONNX leaves them undefined; onnxruntime, numpy and the slice copy keep the last
+        np.testing.assert_array_equal(got[[4, 0]], upd[[2, 4]])
+    np.testing.assert_array_equal(got, want)
