@@ -953,10 +953,11 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
    row's FMA. All rows in slices from the start, each slice's pass read every sixth line of memory and missed:
    4 x 768 x 3072 with the weights cold, one thread, Zen 3, 1.37 ms, now 0.66 (one row alone: 0.47); a chain of
    twelve such layers (113 MB of weights) at 4 and 16 rows, two threads, 1.13x and 1.05x onnxruntime's time,
-   1.68x and 1.69x before. Row by row over all 96 columns, hot: 240 us, now 155. Each output sums in order of k,
-   as row by row: the same bits. */
+   1.68x and 1.69x before. Row by row over all 96 columns, hot: 240 us, now 155. Up to 32 rows: vit_tiny's 17
+   tokens at a 64x64 input, 17 x 192 x 768 hot, 32 us where the micro-kernels' 8-row panels took 43; 24 and 32 rows
+   as fast either way. Each output sums in order of k, as row by row: the same bits. */
 #define GEMV_KB 256
-#define GEMV_MAX_M 16
+#define GEMV_MAX_M 32
 #define GEMV_ROWS(R, C)                                                                                             \
     for (int h = 0; h < NBP; h += (C)) {                                                                     \
         vg_t acc[R][(C) / VG];                                                                               \
