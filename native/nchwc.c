@@ -15,9 +15,10 @@
  * (inferd_nchwc_group_blocks: 4 on AVX-512, 1 elsewhere), w[group][cin_block][kh][kw][16 input channels][nbg * 16
  * output channels], nbg the group's block count (the last group may hold fewer): a tile reads its weights as one
  * run of memory. (Groups of 4 on AVX2 too, until 2026-12-02: a one-block tile read every fourth 64-byte line, and
- * on Zen 3, two threads, its 3x3 convs ran 1.03-1.05x the time, SqueezeNet's 512->1008 classifier 1.05x.) Any kernel size, stride and
- * padding; dilation 1, one group. The bias, a residual of the output's shape (blocked too) and the activation
- * are applied as the tile is stored. A pointwise conv's full tiles have their own form (NCHWC_PW: no tap loops).
+ * on Zen 3, two threads, its 3x3 convs ran 1.03-1.05x the time, SqueezeNet's 512->1008 classifier 1.05x.) Any
+ * kernel size, stride and padding; dilation 1; one group, or groups that fill whole blocks
+ * (inferd_nchwc_conv_grouped). The bias, a residual of the output's shape (blocked too) and the activation are
+ * applied as the tile is stored. A pointwise conv's full tiles have their own form (NCHWC_PW: no tap loops).
  * A stem reads an NCHW input (an image's few channels) as blocks of one channel (inferd_nchwc_conv_nchw: the
  * same tiles with CPB 1, w[group][cin][kh][kw][nbg * 16]) and writes blocked. */
 #define _POSIX_C_SOURCE 200112L

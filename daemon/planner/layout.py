@@ -6,7 +6,8 @@ planes), or a direct conv reading strided rows; in the blocked layout (N, ceil(C
 run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s with fewer than
 ``POINTWISE_MAX_WEIGHTS`` weights, strided ones on any map and the others on maps of ``POINTWISE_MIN_PIXELS`` and
 more; strided k x k convs; k x k convs of up to ``DIRECT_MAX_CIN`` input channels unless Winograd would run them
-with more output channels; depthwise convs between blocked neighbours; stems, convs of fewer than 16 input
+with more output channels; grouped convs whose groups fill whole blocks (``conv_nchwc.block_groups``), against
+im2col's GEMM per group even alone; depthwise convs between blocked neighbours; stems, convs of fewer than 16 input
 channels that read them in NCHW; channel counts short of whole blocks where the padding adds at most ``MAX_PAD``
 of work, the saving counted net of it), the max pools and squeeze-excitations (a global average pool, which writes
 NCHW, and the Mul by its scale) whose inputs all come blocked and the channel concats whose inputs do (or some do,
