@@ -193,6 +193,61 @@ def test_a_conv_whose_taps_all_read_the_map_or_whose_map_may_grow_keeps_its_kern
                                rtol=1e-5, atol=1e-5)
 
 
+def _nf_block_model(beta_shape: tuple[int, ...] = (), mean_axes: list[int] | None = None,
+                    keepdims: int = 1, pads: list[int] | None = None) -> onnx.ModelProto:
+    """As timm exports an NF-Net block: SiLU(x) * beta (a constant) into a conv (padded or not), then a
+    squeeze-excitation whose pooling is a ReduceMean over the spatial axes."""
+    c = 8
+    w1 = (RNG.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32)
+    w2 = (RNG.standard_normal((c, c, 1, 1)) * 0.3).astype(np.float32)
+    inits = [_init("w1", w1), _init("w2", w2), _init("beta", np.full(beta_shape, 0.7, np.float32)),
+             _init("axes", np.array(mean_axes if mean_axes is not None else [2, 3], np.int64)),
+             _init("shp", np.array([1, c, 1, 1], np.int64))]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["sg"]), helper.make_node("Mul", ["x", "sg"], ["act"]),
+             helper.make_node("Mul", ["act", "beta"], ["scaled"], name="beta_mul"),
+             helper.make_node("Conv", ["scaled", "w1"], ["h"], kernel_shape=[3, 3],
+                              pads=pads if pads is not None else [1, 1, 1, 1], name="conv1"),
+             helper.make_node("ReduceMean", ["h", "axes"], ["m"], keepdims=keepdims, name="se_mean"),
+             helper.make_node("Conv", ["m", "w2"], ["g"], kernel_shape=[1, 1]) if keepdims else
+             helper.make_node("Reshape", ["m", "shp"], ["g"]),
+             helper.make_node("Sigmoid", ["g"], ["gs"]), helper.make_node("Mul", ["h", "gs"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 9, 9])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model(nodes, [x], [y], inits, opset=18)
+
+
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0]])
+def test_a_constant_input_scale_folds_into_the_conv_and_a_spatial_mean_is_a_pool(pads: list[int]) -> None:
+    m = _nf_block_model(pads=pads)
+    g = import_model(m)
+    ops = [n.op for n in g.nodes]
+    assert "ReduceMean" not in ops and "GlobalAveragePool" in ops
+    assert not any(n.op == "Mul" and any(i in g.constants for i in n.inputs) for n in g.nodes), ops
+    conv1 = next(n for n in g.nodes if n.op == "Conv" and g.constants[n.inputs[1]].shape[2:] == (3, 3))
+    assert "beta_mul" not in [n.name for n in g.nodes] and conv1.inputs[0] != "scaled"
+    x = RNG.standard_normal((1, 8, 9, 9)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    got = inferd.load(m.SerializeToString()).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["per_channel_beta", "mean_over_w", "mean_without_keepdims"])
+def test_scales_and_means_that_are_not_those_stay_as_they_are(case: str) -> None:
+    m = (_nf_block_model(beta_shape=(1, 8, 1, 1)) if case == "per_channel_beta" else
+         _nf_block_model(mean_axes=[3]) if case == "mean_over_w" else
+         _nf_block_model(keepdims=0))
+    g = import_model(m)
+    ops = [n.op for n in g.nodes]
+    if case == "per_channel_beta":
+        assert "beta_mul" in [n.name for n in g.nodes]
+    else:
+        assert "ReduceMean" in ops and "GlobalAveragePool" not in ops
+    x = RNG.standard_normal((1, 8, 9, 9)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    got = inferd.load(m.SerializeToString()).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", ["cpu", "vulkan"])
 def test_training_mode_batchnorm_is_not_folded(device):
     """A BatchNormalization with training_mode=1 after a Conv normalises with the batch's statistics: folding
