@@ -272,6 +272,11 @@ REDUCE = [
     P("l1", "ReduceL1", [R4], {"axes": [2]}, opset=13),
     P("l2", "ReduceL2", [R4], {"axes": [-1], "keepdims": 0}, opset=13),
     P("sumsquare", "ReduceSumSquare", [R4], {"axes": [1, 2]}, opset=13),
+    # over trailing axes (an L2 normalisation's norm): one einsum over contiguous rows, bound
+    P("l2_trailing2_keep", "ReduceL2", [R4], {"axes": [2, 3]}, opset=13),
+    P("l2_tokens", "ReduceL2", [f32(1, 4, 22, 64)], {"axes": [-1]}, opset=13),
+    P("l2_op18_input", "ReduceL2", [f32(2, 3, 17), i64(-1)], opset=18, const=[False, True]),
+    P("sumsquare_last", "ReduceSumSquare", [R4], {"axes": [3], "keepdims": 0}, opset=13),
     P("logsum", "ReduceLogSum", [f32(3, 4, lo=0.1)], {"axes": [1]}, opset=13),
     P("logsumexp", "ReduceLogSumExp", [f32(3, 40, lo=-50, hi=50)], {"axes": [1]}, opset=13),
     # reductions over an empty axis give the op's identity (onnxruntime: -inf / +inf / dtype min / max)
