@@ -248,6 +248,40 @@ def test_scales_and_means_that_are_not_those_stay_as_they_are(case: str) -> None
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_identities_are_dropped_so_activations_fuse_but_graph_outputs_and_body_reads_keep_theirs() -> None:
+    """paddle2onnx writes an Identity after every conv and activation: Conv -> Identity -> Relu fuses as Conv with
+    ReLU; an Identity that gives a graph output, or whose output a control-flow body reads, stays."""
+    c = 8
+    w = (RNG.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32)
+    then_g = helper.make_graph([helper.make_node("Relu", ["idb"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["idb"], ["e"])], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Identity", ["h"], ["hid"], name="id_a"),
+             helper.make_node("Relu", ["hid"], ["r"], name="relu"),
+             helper.make_node("Identity", ["r"], ["y"], name="id_out"),
+             helper.make_node("Identity", ["r"], ["idb"], name="id_body"),
+             helper.make_node("If", ["cond"], ["z"], then_branch=then_g, else_branch=else_g, name="branch")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 6, 6]),
+                       helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [_init("w", w)])
+    g = import_model(m)
+    names = [n.name for n in g.nodes]
+    assert "id_a" not in names and "relu" not in names and "id_out" in names and "id_body" in names
+    conv = next(n for n in g.nodes if n.op == "Conv")
+    assert conv.attr("act") == ("Relu", ())
+    x = RNG.standard_normal((1, c, 6, 6)).astype(np.float32)
+    model = inferd.load(m.SerializeToString())
+    for cond in (True, False):
+        feeds = {"x": x, "cond": np.array(cond)}
+        ref = run_ort(m, feeds)
+        got = model.run(feeds)
+        np.testing.assert_allclose(got["y"], ref[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["z"], ref[1], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("device", ["cpu", "vulkan"])
 def test_training_mode_batchnorm_is_not_folded(device):
     """A BatchNormalization with training_mode=1 after a Conv normalises with the batch's statistics: folding

@@ -23,6 +23,7 @@ def rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None =
     """``alt``: a dynamic model's tensors at its second probe; a rewrite that needs two shapes equal needs
     them equal there too ({}: the second probe failed, so no such rewrite is made)."""
     fuse_quantized(graph, outputs)
+    _drop_identities(graph, outputs)
     _fold_batchnorm(graph, outputs)
     _fold_pad_into_conv(graph, outputs)
     _drop_dead_taps(graph, outputs, alt)
@@ -64,6 +65,28 @@ def _replace_node_output(graph: Graph, producer: Node, old: Node) -> None:
     _absorb(producer, producer.outputs[0])
     producer.outputs[0] = old.outputs[0]
     graph.nodes.remove(old)
+
+
+def _drop_identities(graph: Graph, outputs: set[str]) -> None:
+    """Identity nodes -> their readers read the Identity's input: paddle2onnx writes one after every conv and
+    activation (36 in its MobileNetV3-small), and between a Conv and its ReLU or HardSigmoid one kept the
+    activation from fusing into the conv. Kept where its output is a graph output or a control-flow node reads
+    it (a body reads outer names by name)."""
+    from ..ir import Subgraph
+
+    cons = graph.consumers()
+    for node in [n for n in graph.nodes if n.op == "Identity"]:
+        if len(node.inputs) != 1 or len(node.outputs) != 1 or not node.inputs[0] or node.outputs[0] in outputs:
+            continue
+        out, src = node.outputs[0], node.inputs[0]
+        readers = cons.get(out, [])
+        if any(r.op in ("If", "Loop", "Scan") or any(isinstance(v, Subgraph) for v in r.attrs.values())
+               for r in readers):
+            continue
+        for r in readers:
+            r.inputs = [src if i == out else i for i in r.inputs]
+        graph.nodes.remove(node)
+        cons.setdefault(src, []).extend(readers)
 
 
 def _fold_batchnorm(graph: Graph, outputs: set[str]) -> None:
