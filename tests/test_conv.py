@@ -1133,6 +1133,23 @@ int main(void){
     free(x); free(w); free(b); free(o); free(orf);
   }
   inferd_dw_blocked_max_pixels(1024);
+  for (int it = 0; it < 6; ++it) { /* linear resize of the last two axes: the blend of two rows, then two columns */
+    int P = irand(1, 3), H = irand(1, 9), W = irand(1, 1500), OH = irand(1, 12), OW = irand(1, 40);
+    float* x = buf((size_t)P * H * W); float* o = malloc(sizeof(float) * (size_t)P * OH * OW);
+    float* orf = malloc(sizeof(float) * (size_t)P * OH * OW);
+    int *yl = malloc(sizeof(int) * OH), *yh = malloc(sizeof(int) * OH), *xl = malloc(sizeof(int) * OW), *xh = malloc(sizeof(int) * OW);
+    float *wyl = buf(OH), *wyh = buf(OH), *wxl = buf(OW), *wxh = buf(OW);
+    for (int i = 0; i < OH; ++i) { yl[i] = irand(0, H - 1); yh[i] = irand(0, H - 1); }
+    for (int i = 0; i < OW; ++i) { xl[i] = irand(0, W - 1); xh[i] = irand(0, W - 1); }
+    if (inferd_resize_linear2d(x, o, P, H, W, OH, OW, yl, yh, wyl, wyh, xl, xh, wxl, wxh)) { printf("FAIL resize rc\n"); fails++; }
+    for (int p = 0; p < P; ++p) for (int i = 0; i < OH; ++i) for (int j = 0; j < OW; ++j) {
+      const float* a = x + ((size_t)p * H + yl[i]) * W; const float* b = x + ((size_t)p * H + yh[i]) * W;
+      orf[((size_t)p * OH + i) * OW + j] = (a[xl[j]] * wyl[i] + b[xl[j]] * wyh[i]) * wxl[j] + (a[xh[j]] * wyl[i] + b[xh[j]] * wyh[i]) * wxh[j]; }
+    check("resize linear2d", maxdiff(o, orf, (size_t)P * OH * OW), 1e-5, it);
+    yl[0] = H; /* an index past the plane is refused */
+    if (inferd_resize_linear2d(x, o, P, H, W, OH, OW, yl, yh, wyl, wyh, xl, xh, wxl, wxh) != -2) { printf("FAIL resize bounds\n"); fails++; }
+    free(x); free(o); free(orf); free(yl); free(yh); free(xl); free(xh); free(wyl); free(wyh); free(wxl); free(wxh);
+  }
   /* a rate, not a speed check: under qemu on a busy machine it can fall below 1e8 FLOP/s */
   { double pk = inferd_fma_peak(20000, 2); check("fma peak", (pk > 0 && pk < 1e14) ? 0 : 1, 0, 0); }
   printf("abi %d: %s (%d failures)\n", inferd_native_abi(), fails ? "FAILED" : "ok", fails);
