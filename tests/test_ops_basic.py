@@ -351,9 +351,10 @@ def test_op_against_ort(case: Case) -> None:
 
 
 @pytest.mark.parametrize("op,act", [("Add", ("Relu", ())), ("Mul", ("Sigmoid", ())), ("Sub", ("Clip", (-0.5, 0.5))),
-                                    ("Div", ("LeakyRelu", (0.1,)))])
-def test_binary_fused_act(op: str, act: tuple) -> None:
-    a, b = f32(2, 3, 8, 8), away0(3, 1, 1)
+                                    ("Div", ("LeakyRelu", (0.1,))), ("Mul", ("SiLU", ())), ("Add", ("HardSwish", ()))])
+@pytest.mark.parametrize("channels", [3, 184], ids=["small", "native-act"])  # 184@8x8: the act's one native pass
+def test_binary_fused_act(op: str, act: tuple, channels: int) -> None:
+    a, b = f32(2, channels, 8, 8), away0(channels, 1, 1)
     expected = run_ort(make_single_node_model(op, [a, b], {}, 13, [False, True]), {"x0": a})[0]
     expected = apply_act(expected.copy(), act)
     attrs = {"act": act, "_opset": 13}

@@ -16,7 +16,7 @@ import numpy as np
 from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
-from .activation import apply_act
+from .activation import _act_into, _native_rows, apply_act
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow")
@@ -305,10 +305,13 @@ class ElementwiseKernel(Kernel):
         call = functools.partial(f, a, b, out=out)
         if act is None:
             return call
+        # the activation in one native pass over the output where it has one (SiLU was four numpy passes: NF-Nets'
+        # x * gain then SiLU, 16 of them, ~20 us each on 184@8x8)
+        rows = _native_rows(out, act)
 
         def with_act() -> None:
             call()
-            apply_act(out, act)
+            _act_into(out, act, rows)
         return with_act
 
 
