@@ -312,12 +312,16 @@ def test_cold_latency_leaves_out_time_the_prepared_model_waited_for_a_request() 
     import time
 
     name = "squeezenet1_1"
+    t0 = time.perf_counter()
     with inferd.load(ref(name)[0]) as model:
         time.sleep(1.0)
         check(model, name, "first run after an idle second")
+        wall = time.perf_counter() - t0
         st = model.cold_stats
         assert st["idle_before_request_s"] > 0.5
-        assert st["cold_s"] < 1.0 and st["cold_s"] >= st["first_run_s"]
+        # the idle second is left out, whatever the machine's load made of the rest (an absolute bound of 1 s
+        # failed once under a full test run's load: 1.12 s of load and first run)
+        assert st["first_run_s"] <= st["cold_s"] <= wall - st["idle_before_request_s"] + 0.05
 
 
 def test_the_cold_timeline_shows_the_streaming_reads_and_the_prefault(tmp_path: Path) -> None:

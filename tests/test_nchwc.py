@@ -520,6 +520,28 @@ static void check(const char* what, const float* got_b, const float* ref, int C,
         }
 }
 
+/* weights in groups of the ISA's tile blocks, [cin block][kh][kw][16 ci][nbg * 16 co], for COp output and CL input
+   channels (multiples of 16): wt(oc, ic, tap) gives each (zero where the conv has none) */
+typedef float (*wt_fn)(const void* ctx, int oc, int ic, int tap);
+static void pack_tiles(float* wp, int COp, int CL, int K, wt_fn wt, const void* ctx)
+{
+    int at = 0, G = inferd_nchwc_group_blocks();
+    for (int b0 = 0; b0 < COp / 16; b0 += G) {
+        int nbg = COp / 16 - b0 < G ? COp / 16 - b0 : G;
+        for (int cb = 0; cb < CL / 16; ++cb)
+            for (int k = 0; k < K * K; ++k)
+                for (int ci = 0; ci < 16; ++ci)
+                    for (int o = 0; o < nbg * 16; ++o) wp[at++] = wt(ctx, b0 * 16 + o, cb * 16 + ci, k);
+    }
+}
+
+typedef struct { const float* w; int CO, C, K; } dense_w;
+static float dense_wt(const void* p, int oc, int ic, int k)
+{
+    const dense_w* d = p;
+    return oc < d->CO && ic < d->C ? d->w[(oc * d->C + ic) * d->K * d->K + k] : 0.0f;
+}
+
 /* C and CO need not be multiples of 16: the last blocks padded (zero input lanes, zero weights and bias) */
 static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
 {
@@ -542,18 +564,8 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
         for (int o = 0; o < CO; ++o)
             for (int k = 0; k < K * K; ++k) wp[((o / 16) * K * K + k) * 16 + o % 16] = w[o * K * K + k];
     } else {
-        /* groups of the ISA's tile blocks: [cin block][kh][kw][16 ci][nbg * 16 co] */
-        int at = 0, G = inferd_nchwc_group_blocks();
-        for (int b0 = 0; b0 < COp / 16; b0 += G) {
-            int nbg = COp / 16 - b0 < G ? COp / 16 - b0 : G;
-            for (int cb = 0; cb < Cp / 16; ++cb)
-                for (int k = 0; k < K * K; ++k)
-                    for (int ci = 0; ci < 16; ++ci)
-                        for (int o = 0; o < nbg * 16; ++o, ++at) {
-                            int oc = b0 * 16 + o, ic = cb * 16 + ci;
-                            if (oc < CO && ic < C) wp[at] = w[(oc * C + ic) * K * K + k];
-                        }
-        }
+        dense_w d = {w, CO, C, K};
+        pack_tiles(wp, COp, Cp, K, dense_wt, &d);
     }
     ref_conv(x, C, H, W, w, CO, K, S, P, dw, b, ref, OH, OW);
     int rc = dw ? inferd_nchwc_dwconv(xb, Cp / 16, H, W, wp, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0)
@@ -630,6 +642,15 @@ static void stem_case(int C, int CO, int H, int W, int K, int S, int P)
     free(x); free(w); free(wp); free(b); free(ref); free(y);
 }
 
+typedef struct { const float* w; int og, cg, per, K; } grouped_w;
+/* a set's local input channel lc of output channel oc: its group's own channels, zero between the groups */
+static float grouped_wt(const void* p, int oc, int lc, int k)
+{
+    const grouped_w* g = p;
+    const int first = (oc / g->og % g->per) * g->cg;
+    return lc >= first && lc < first + g->cg ? g->w[(oc * g->cg + lc - first) * g->K * g->K + k] : 0.0f;
+}
+
 /* a grouped conv of G groups run as sets of `per` groups, gi input and go output blocks each (C, CO multiples of
    16): weights dense over a set's gi * 16 input channels, zeros between its groups */
 static void grouped_case(int C, int CO, int G, int per, int H, int W, int K, int S, int P)
@@ -648,17 +669,8 @@ static void grouped_case(int C, int CO, int G, int per, int H, int W, int K, int
     for (int i = 0; i < CO * cg * K * K; ++i) w[i] = frand(&s) * 0.2f;
     for (int i = 0; i < CO; ++i) b[i] = frand(&s);
     block(x, C, H * W, xb);
-    int at = 0, GB = inferd_nchwc_group_blocks();
-    for (int b0 = 0; b0 < CO / 16; b0 += GB) {
-        int nbg = CO / 16 - b0 < GB ? CO / 16 - b0 : GB;
-        for (int cb = 0; cb < CL / 16; ++cb)
-            for (int k = 0; k < K * K; ++k)
-                for (int ci = 0; ci < 16; ++ci)
-                    for (int o = 0; o < nbg * 16; ++o, ++at) {
-                        int oc = b0 * 16 + o, lc = cb * 16 + ci, grp = oc / og, first = (grp % per) * cg;
-                        if (lc >= first && lc < first + cg) wp[at] = w[(oc * cg + lc - first) * K * K + k];
-                    }
-    }
+    grouped_w gw = {w, og, cg, per, K};
+    pack_tiles(wp, CO, CL, K, grouped_wt, &gw);
     for (int o = 0; o < CO; ++o)
         for (int oh = 0; oh < OH; ++oh)
             for (int ow = 0; ow < OW; ++ow) {
@@ -820,8 +832,7 @@ def test_a_concat_of_blocked_and_nchw_parts_runs_blocked_where_that_converts_les
 
 
 def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3, k: int = 1) -> Path:
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(7)
     inits = [numpy_helper.from_array((rng.standard_normal((channels, channels, k, k)) * 0.05).astype(np.float32),
@@ -829,9 +840,16 @@ def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3, k: int 
     names = ["x"] + [f"t{i}" for i in range(n - 1)] + ["y"]
     nodes = [helper.make_node("Conv", [names[i], f"w{i}"], [names[i + 1]], kernel_shape=[k, k],
                               pads=[k // 2] * 4) for i in range(n)]
-    g = helper.make_graph(nodes, "pw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, hw, hw])],
+    return _save_xy_model(tmp_path / f"pw{channels}_{hw}_{k}.onnx", nodes, [1, channels, hw, hw], inits)
+
+
+def _save_xy_model(path: Path, nodes: list, x_shape: list[int], inits: list) -> Path:  # type: ignore[type-arg]
+    """``nodes`` as a model from input x (float, ``x_shape``) to output y, saved at ``path``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(nodes, path.stem, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    path = tmp_path / f"pw{channels}_{hw}_{k}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -872,8 +890,7 @@ def test_3x3_convs_on_maps_too_small_for_winograd_run_blocked(tmp_path: Path) ->
 def _regnet_block(tmp_path: Path, channels: int, hw: int, group_width: int = 8) -> Path:
     """RegNet's body: 1x1 -> ReLU -> grouped 3x3 (``group_width`` channels a group) -> ReLU -> 1x1, and the
     block's input added."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(6)
     c, g = channels, channels // group_width
@@ -885,11 +902,7 @@ def _regnet_block(tmp_path: Path, channels: int, hw: int, group_width: int = 8) 
              helper.make_node("Relu", ["b"], ["br"]),
              helper.make_node("Conv", ["br", "wc"], ["cc"], kernel_shape=[1, 1]),
              helper.make_node("Add", ["cc", "x"], ["y"])]
-    gr = helper.make_graph(nodes, "rg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
-                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    path = tmp_path / f"rg{c}_{hw}_{group_width}.onnx"
-    onnx.save(helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
+    return _save_xy_model(tmp_path / f"rg{c}_{hw}_{group_width}.onnx", nodes, [1, c, hw, hw], inits)
 
 
 @needs_native
