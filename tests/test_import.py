@@ -181,6 +181,19 @@ def test_taps_that_only_read_padding_are_cut_from_a_conv(k, d, pads, hw, group, 
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_dead_taps_are_cut_from_a_1d_conv_too() -> None:
+    # a dilated 1-D conv over a sequence shorter than its dilation: only the centre tap reads it
+    w = (RNG.standard_normal((6, 4, 3)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3], dilations=[6], pads=[6, 6], name="c1")]
+    m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 5])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [_init("w", w)])
+    g = import_model(m)
+    assert g.constants[g.nodes[0].inputs[1]].shape == (6, 4, 1) and list(g.nodes[0].attr("pads")) == [0, 0]
+    x = RNG.standard_normal((2, 4, 5)).astype(np.float32)
+    np.testing.assert_allclose(inferd.load(m.SerializeToString()).run({"x": x})["y"], run_ort(m, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_a_conv_whose_taps_all_read_the_map_or_whose_map_may_grow_keeps_its_kernel() -> None:
     g = import_model(_dilated_model(3, 2, [2, 2, 2, 2], (8, 8)))
     assert g.constants[g.nodes[0].inputs[1]].shape[2:] == (3, 3)
