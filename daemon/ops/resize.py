@@ -336,7 +336,7 @@ class ResizeKernel(Kernel):
         elif p.mode == "nearest":
             self._nearest(x, y, p, tabs, axes)
         else:
-            call = self._native_linear(x, y, p, tabs, axes) if x.flags.c_contiguous else None
+            call = self._native_linear(x, y, p, tabs, axes)
             if call is not None:
                 call()
             else:
