@@ -847,7 +847,7 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
     arrays do not fit (see :func:`gemm_bound`). ``cin``, ``cout``: the real channel counts of a blocked input and
     output, where a last block holds fewer than 16 (the rest padding lanes the tiles then skip, or write as
     zeros). ``grouped``: (gi, go), a grouped conv as groups of gi input and go output blocks
-    (``inferd_nchwc_conv_grouped``; ``w`` packed from ``ops.conv_nchwc.block_group_weights``)."""
+    (``inferd_nchwc_conv_grouped``; ``w`` packed by ``ops.conv_nchwc.pack_grouped``)."""
     nchw = x.ndim == 4 and not depthwise  # a stem's NCHW input: (N, Cin, H, W), w packed with one-channel blocks
     name = "inferd_nchwc_dwconv" if depthwise else ("inferd_nchwc_conv_nchw" if nchw else "inferd_nchwc_conv")
     cin = cin if cin is not None and -(-cin // 16) == x.shape[1] else 16 * x.shape[1]

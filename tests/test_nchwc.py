@@ -501,6 +501,14 @@ static void ref_conv(const float* x, int C, int H, int W, const float* w, int CO
             }
 }
 
+/* n floats of frand() * scale */
+static float* rbuf(size_t n, float scale, unsigned* s)
+{
+    float* p = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; ++i) p[i] = frand(s) * scale;
+    return p;
+}
+
 static void block(const float* x, int C, int HW, float* xb)
 {
     for (int c = 0; c < C; ++c)
@@ -548,17 +556,15 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
     unsigned s = 12345u + C * 7 + K;
     int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
     int Cp = (C + 15) / 16 * 16, COp = (CO + 15) / 16 * 16;
-    float* x = malloc(sizeof(float) * C * H * W);
-    float* xb = calloc((size_t)Cp * H * W, sizeof(float));
     int wn = dw ? CO * K * K : CO * C * K * K;
-    float* w = malloc(sizeof(float) * wn);
+    float* x = rbuf((size_t)C * H * W, 1.0f, &s);
+    float* w = rbuf((size_t)wn, 0.2f, &s);
+    float* b = calloc((size_t)COp, sizeof(float)); /* (zero on the padding lanes) */
+    for (int i = 0; i < CO; ++i) b[i] = frand(&s);
+    float* xb = calloc((size_t)Cp * H * W, sizeof(float));
     float* wp = calloc((size_t)(dw ? COp * K * K : COp * Cp * K * K), sizeof(float));
-    float* b = calloc((size_t)COp, sizeof(float));
     float* ref = malloc(sizeof(float) * CO * OH * OW);
     float* y = malloc(sizeof(float) * COp * OH * OW);
-    for (int i = 0; i < C * H * W; ++i) x[i] = frand(&s);
-    for (int i = 0; i < wn; ++i) w[i] = frand(&s) * 0.2f;
-    for (int i = 0; i < CO; ++i) b[i] = frand(&s);
     block(x, C, H * W, xb);
     if (dw) {
         for (int o = 0; o < CO; ++o)
@@ -617,15 +623,12 @@ static void stem_case(int C, int CO, int H, int W, int K, int S, int P)
 {
     unsigned s = 777u + C * 13 + K;
     int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
-    float* x = malloc(sizeof(float) * C * H * W);
-    float* w = malloc(sizeof(float) * CO * C * K * K);
+    float* x = rbuf((size_t)C * H * W, 1.0f, &s);
+    float* w = rbuf((size_t)CO * C * K * K, 0.2f, &s);
+    float* b = rbuf((size_t)CO, 1.0f, &s);
     float* wp = malloc(sizeof(float) * CO * C * K * K);
-    float* b = malloc(sizeof(float) * CO);
     float* ref = malloc(sizeof(float) * CO * OH * OW);
     float* y = malloc(sizeof(float) * CO * OH * OW);
-    for (int i = 0; i < C * H * W; ++i) x[i] = frand(&s);
-    for (int i = 0; i < CO * C * K * K; ++i) w[i] = frand(&s) * 0.2f;
-    for (int i = 0; i < CO; ++i) b[i] = frand(&s);
     int at = 0, G = inferd_nchwc_group_blocks();
     for (int b0 = 0; b0 < CO / 16; b0 += G) {
         int nbg = CO / 16 - b0 < G ? CO / 16 - b0 : G;
@@ -658,16 +661,13 @@ static void grouped_case(int C, int CO, int G, int per, int H, int W, int K, int
     unsigned s = 4242u + C * 3 + G;
     int OH = (H + 2 * P - K) / S + 1, OW = (W + 2 * P - K) / S + 1;
     int cg = C / G, og = CO / G, gi = per * cg / 16, go = per * og / 16, CL = gi * 16;
-    float* x = malloc(sizeof(float) * C * H * W);
+    float* x = rbuf((size_t)C * H * W, 1.0f, &s);
+    float* w = rbuf((size_t)CO * cg * K * K, 0.2f, &s);
+    float* b = rbuf((size_t)CO, 1.0f, &s);
     float* xb = malloc(sizeof(float) * C * H * W);
-    float* w = malloc(sizeof(float) * CO * cg * K * K);
     float* wp = calloc((size_t)CO * CL * K * K, sizeof(float));
-    float* b = malloc(sizeof(float) * CO);
     float* ref = malloc(sizeof(float) * CO * OH * OW);
     float* y = malloc(sizeof(float) * CO * OH * OW);
-    for (int i = 0; i < C * H * W; ++i) x[i] = frand(&s);
-    for (int i = 0; i < CO * cg * K * K; ++i) w[i] = frand(&s) * 0.2f;
-    for (int i = 0; i < CO; ++i) b[i] = frand(&s);
     block(x, C, H * W, xb);
     grouped_w gw = {w, og, cg, per, K};
     pack_tiles(wp, CO, CL, K, grouped_wt, &gw);

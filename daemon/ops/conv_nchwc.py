@@ -408,15 +408,14 @@ class ConvNchwcKernel(_NativeOrOracle):
         if g2 is None or g2.dh != 1 or g2.dw != 1 or (g2.group != 1 and not dw and bg is None) or g2.pt >= g2.kh \
                 or g2.pl >= g2.kw or (bg is not None and _nchw_input(x.shape)):
             return None
-        return x, y, res, params.get("b"), g2, code, p0, p1
+        return x, y, res, params.get("b"), g2, code, p0, p1, bg
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         a = self._args(layer, inputs, params, outputs)
         if a is None:
             return None
-        x, y, res, b, g, code, p0, p1 = a
-        bg = block_groups(layer.node, layer.in_shape(1))
+        x, y, res, b, g, code, p0, p1, bg = a
         return native.nchwc_conv_bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1,
                                        depthwise=g.group > 1 and bg is None, cin=g.cin, cout=g.cout,
                                        grouped=bg[1:] if bg is not None else None)
