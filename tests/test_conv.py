@@ -939,6 +939,8 @@ int main(void){
     if (it % 5 == 0) N = irand(1, 8); /* the few-column path (N <= 8) */
     /* several K blocks under a ragged last panel (drawn without irand: the later checks keep their inputs) */
     if (it % 15 == 1) { K = 600 + (it * 37) % 900; N = 130 + (it * 53) % 170; }
+    /* more rows than the few-rows path takes: a linear layer's rows a 16-column slice at a time (gemm_slices) */
+    if (it % 15 == 7) M = 33 + (it * 29) % 70;
     float p0 = act == 3 ? 0.1f : (act == 7 ? 0.2f : -0.3f), p1 = 0.4f;
     float* A = buf((size_t)M * K + 1); float* B = buf((size_t)K * N + 1); float* bias = buf((size_t)M); float* R = buf((size_t)M * N);
     float* ap = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_size(M, K) + 1));

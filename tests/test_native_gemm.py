@@ -260,7 +260,10 @@ def test_pool_survives_fork() -> None:
 LINEAR_SHAPES = [(197, 192, 576), (1, 1280, 1000), (3, 64, 97), (8, 5, 200), (50, 300, 7), (4, 0, 9), (9, 33, 96),
                  (2, 600, 200), (4, 768, 300), (3, 257, 101), (16, 384, 200), (7, 600, 97), (29, 300, 96),  # few rows,
                  # K in several blocks of 256
-                 (17, 40, 48), (24, 1024, 80)]
+                 (17, 40, 48), (24, 1024, 80),
+                 # many rows read in place a 16-column slice at a time (gemm.c's gemm_slices on AVX2): a ragged last
+                 # group of rows, a ragged last slice, K in three blocks of at most 384
+                 (37, 1000, 130), (33, 40, 16), (64, 384, 96)]
 
 
 @pytest.mark.parametrize("isa_level", _levels(), indirect=True)
@@ -297,6 +300,35 @@ def test_linear_prepacked_b_matches_numpy(isa_level: int, shape) -> None:
     y = np.full((rows, n), np.nan, F32)
     native.linear(x, bp, n, y, bias, res)
     assert np.array_equal(yw, y)
+
+
+@pytest.mark.parametrize("isa_level", _levels(), indirect=True)
+def test_linear_many_rows_same_bits_whatever_the_split(isa_level: int) -> None:
+    """A linear layer of more rows than the few-rows path takes: each output sums its products in K blocks decided
+    by the call's shape, so 1, 2 or 3 threads and any subset of the rows give the same bits."""
+    rng = np.random.default_rng(11)
+    rows, k, n = 97, 1000, 200
+    x = rng.standard_normal((rows, k), dtype=F32)
+    w = rng.standard_normal((k, n), dtype=F32)
+    bp = native.gemm_pack_b(w)
+    bias = rng.standard_normal(n, dtype=F32)
+    old = native.num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            native.set_num_threads(threads)
+            y = np.empty((rows, n), F32)
+            native.linear(x, bp, n, y, bias, None, ("Relu", ()))
+            outs.append(y)
+        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+        for r0, r1 in ((5, 45), (0, 33), (60, 97)):
+            part = np.empty((r1 - r0, n), F32)
+            native.linear(x[r0:r1], bp, n, part, bias, None, ("Relu", ()))
+            assert np.array_equal(part, outs[0][r0:r1]), (r0, r1)
+    finally:
+        native.set_num_threads(old)
+    want = np.maximum(x.astype(np.float64) @ w + bias, 0)
+    assert np.allclose(outs[0], want, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("isa_level", _levels(), indirect=True)
