@@ -306,11 +306,15 @@ INFERD_UKERNEL_AP(ukp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f,
                   INFERD_PF2)
 INFERD_UKERNEL_AP(ukwp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 24, 1, INFERD_A_PANELS,
                   INFERD_PF1)
+/* 24 accumulators of 12 rows x 32 columns (two zmm of a 96-column panel's row: two whole lines a k) */
+INFERD_UKERNEL_APU(uks_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 12, 2, INFERD_A_ROWS,
+                   INFERD_NOPF, INFERD_UNROLL2)
 static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2,
                                0, NULL, NULL, NULL, NULL, uk2_avx2, uk2r_avx2, 6, 16, uks_avx2};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
 static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
-                                 uk1r_avx512, uko_avx512, 24, ukw_avx512, ukow_avx512, ukp_avx512, ukwp_avx512};
+                                 uk1r_avx512, uko_avx512, 24, ukw_avx512, ukow_avx512, ukp_avx512, ukwp_avx512,
+                                 NULL, NULL, 12, 32, uks_avx512};
 #endif
 
 static const isa_t* ISA = NULL;
@@ -1024,9 +1028,10 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
     }
 }
 
-/* Longest K block of gemm_slices: a slice of B (kc lines of 64 bytes, 24 KB) stays in L1 beside the rows' lines.
-   Against 256, one block for K = 384 ran 1.04x faster, 768 and 1536 the same within the noise (Zen 3). */
-#define KC_SLICE 384
+/* Bytes of a K block's slice of B in gemm_slices: it stays in L1 beside the rows' lines (kc = 384 for 16-column
+   slices, 192 for 32). Against 256 rows of 16 columns, one block for K = 384 ran 1.04x faster, 768 and 1536 the
+   same within the noise (Zen 3). */
+#define SLICE_BYTES (384 * 16 * 4)
 
 /* Whether a product runs through gemm_slices: rows of a plain row-major A (a linear layer's activations, read in
    place) against prepacked B, more of them than the few-rows path takes. Decided from the call alone, so the K
@@ -1042,12 +1047,12 @@ static int use_slices(const job_t* J)
    (1.5 lines a k, shared between slices) left the 4 x 24 kernel at 78-82% of the FMA peak on vit_tiny's
    197-row products; onnxruntime's 6 x 16 kernel over 16-column panels reaches 91-96%. The rows of a ragged
    last group are copied into a zeroed block first (the kernel reads mrs rows). Each output sums its products
-   in k order within K blocks of at most KC_SLICE, the blocks added in order: the same bits whatever the split. */
+   in k order within K blocks of at most SLICE_BYTES of B's slice, the blocks added in order: the same bits whatever the split. */
 static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
 {
     const isa_t* I = J->isa;
     const int K = J->K, sw = I->sw, mrs = I->mrs;
-    const int nk = (K + KC_SLICE - 1) / KC_SLICE;
+    const int kcs = SLICE_BYTES / (int)(sizeof(float) * sw), nk = (K + kcs - 1) / kcs;
     const int kcmax = (K + nk - 1) / nk;
     const float* a = J->ap + (ptrdiff_t)bi * J->ap_bs;
     const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
