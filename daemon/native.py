@@ -497,6 +497,24 @@ def bias_act(y: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, act
     return y
 
 
+def act_bound(y: np.ndarray, act: Act) -> Callable[[], None] | None:
+    """:func:`bias_act` without bias or residual resolved now into one C call on a contiguous float32 ``y`` (as
+    rows the pool can split), or None where it does not fit. Checking and casting per call cost ~3 us, as much
+    as the pass itself on a small map."""
+    if not AVAILABLE or act is None or act[0] not in NATIVE_ACTS or y.dtype != F32 or not y.flags.c_contiguous \
+            or not y.flags.writeable or y.size == 0:
+        return None
+    code, p0, p1 = _act_code(act)
+    rows = next(r for r in (64, 16, 4, 1) if y.size % r == 0)
+    fn, args = lib.inferd_bias_act, (_rawptr(y), y.size // rows, ffi.NULL, ffi.NULL, 0, rows, y.size // rows, code,
+                                     p0, p1)
+
+    def call(_keep: np.ndarray = y) -> None:
+        fn(*args)
+
+    return call
+
+
 def fast_path() -> bool:
     """Whether the ``*_direct`` helpers may be used: native kernels present (they skip the argument checks,
     which cost tens of microseconds per small layer; the C side still uses the native pool)."""

@@ -53,6 +53,9 @@ CASES: list[tuple[str, list[Any], dict[str, Any], list[bool], bool]] = [
     ("MatMul", [_f(3, 5, 4), _f(3, 4, 6)], {}, [False, False], True),  # attention-shaped: both operands at run time
     ("MatMul", [_f(1, 3, 17, 8), _f(1, 3, 8, 19)], {}, [False, False], True),
     ("MatMul", [_f(2, 5, 4), _f(2, 4, 6)], {"act": ("Relu", ())}, [False, False], False),  # a fused activation: run()
+    # NF-Nets' gain then SiLU on a small map, a standalone Sigmoid: the C pass bound and run alike (same bits)
+    ("Mul", [_f(1, 736, 2, 2), np.array(1.7, np.float32)], {"act": ("SiLU", ())}, [False, True], True),
+    ("Sigmoid", [_f(3, 5)], {}, [False], True),
     ("Relu", [_f(4, 5)], {}, [False], True),
     ("Tanh", [_f(4, 5)], {}, [False], True),
 ]

@@ -291,8 +291,14 @@ def test_standalone_activation_native_pass(op: str, attrs: dict[str, Any], monke
     np.testing.assert_allclose(want, ort, rtol=1e-5, atol=1e-6)
     eltwise = next(k for k in kernels_for(op) if k.name == "eltwise")
     calls = []
-    real = native.bias_act
+    real, real_bound = native.bias_act, native.act_bound
+
+    def counted_bound(y: np.ndarray, act: Any) -> Any:
+        f = real_bound(y, act)
+        return None if f is None else (lambda: calls.append(1) or f())
+
     monkeypatch.setattr(native, "bias_act", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(native, "act_bound", counted_bound)
     for bound in (False, True):
         got = run_layer(eltwise, layer, [x], bound=bound)[0]
         assert len(calls) == (1 + bound if native.AVAILABLE else 0)

@@ -16,7 +16,7 @@ import numpy as np
 from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
-from .activation import _act_into, _native_rows, apply_act
+from .activation import _NATIVE_STANDALONE, _act_into, _native_rows, apply_act
 from .base import Kernel, Layer, OpSpec, full_inputs, register_kernel, register_op
 
 BINARY = ("Add", "Sub", "Mul", "Div", "Pow")
@@ -274,7 +274,7 @@ class ElementwiseKernel(Kernel):
         act = layer.attr("act")
         # residual is meaningless for a binary (it already is the add); only the activation applies
         if act is not None and layer.op in BINARY:
-            apply_act(out, act)
+            _act_into(out, act, _native_rows(out, act))  # as bind() does: the same bits bound or not
 
 
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
@@ -306,7 +306,14 @@ class ElementwiseKernel(Kernel):
         if act is None:
             return call
         # the activation in one native pass over the output where it has one (SiLU was four numpy passes: NF-Nets'
-        # x * gain then SiLU, 16 of them, ~20 us each on 184@8x8)
+        # x * gain then SiLU, 16 of them, ~20 us each on 184@8x8), bound now whatever the size (resolving the call
+        # per run cost ~3 us, as much as the pass on a 736@2x2 map)
+        bound = native.act_bound(out, act) if act[0] in _NATIVE_STANDALONE else None
+        if bound is not None:
+            def with_bound_act() -> None:
+                call()
+                bound()
+            return with_bound_act
         rows = _native_rows(out, act)
 
         def with_act() -> None:
