@@ -45,7 +45,16 @@ CASES: list[tuple[str, list[Any], dict[str, Any], list[bool], bool]] = [
     ("Max", [_f(3, 4), _f(3, 4)], {}, [False, False], True),
     ("Sqrt", [np.abs(_f(3, 5))], {}, [False], True),
     ("Log", [_f(3, 5)], {}, [False], True),  # negatives: NaN, and no warning (the error state run() sets)
-    ("Div", [_f(2, 3), _f(2, 3)], {}, [False, False], False),
+    ("Div", [_f(2, 3), _f(2, 3)], {}, [False, False], True),  # float: np.divide under run()'s error state
+    ("Div", [_f(2, 3), np.zeros((2, 3), np.float32)], {}, [False, False], True),  # +-inf and NaN, no warning
+    ("Div", [np.array([[7, -7]], np.int64), np.array([[2, 2]], np.int64)], {}, [False, True], False),  # truncates
+    # F.normalize's clip of a norm at eps; both bounds; a bound computed at run time is left to run()
+    ("Clip", [np.abs(_f(1, 4, 42, 1)), np.array(1e-12, np.float32)], {}, [False, True], True),
+    ("Clip", [_f(3, 4), np.array(-0.5, np.float32), np.array(0.7, np.float32)], {}, [False, True, True], True),
+    ("Clip", [_f(3, 4), np.array(-0.5, np.float32)], {}, [False, False], False),
+    ("Clip", [_f(3, 4)], {"min": 1e-12, "_opset": 6}, [False], True),  # bounds as attributes (opset < 11)
+    ("Clip", [np.array([[np.nan, -0.0, 0.0, -1.0, 2.0]], np.float32)], {"max": 0.5, "_opset": 6}, [False], True),
+    ("Clip", [_f(3, 4)], {"min": -0.2, "max": 0.5, "_opset": 6}, [False], True),
     ("ReduceMean", [_f(1, 7, 3), _i64(1, 2)], {"keepdims": 0}, [False, True], True),
     ("ReduceMean", [_f(256, 37), _i64(1)], {}, [False, True], True),  # many rows, a count of 37: np.mean's bits
     ("ReduceSum", [_f(2, 3, 4), _i64(-1)], {}, [False, True], True),
