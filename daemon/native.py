@@ -858,14 +858,16 @@ def nchwc_group_blocks() -> int:
 def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,
                      kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float, p1: float,
                      depthwise: bool = False, cin: int | None = None, cout: int | None = None,
-                     grouped: tuple[int, int] | None = None) -> Callable[[], None] | None:
+                     grouped: tuple[int, int] | None = None,
+                     dilation: tuple[int, int] | None = None) -> Callable[[], None] | None:
     """native/nchwc.c's conv (``depthwise``: its depthwise conv) over each image of blocked ``x`` (N, Cin/16, H,
     W, 16), or of an NCHW ``x`` (N, Cin, H, W), into ``y`` (N, Cout/16, OH, OW, 16), ``res`` (y's shape) added
     before the activation; ``w`` packed by ``ops.conv_nchwc.pack_weights``. A no-argument call, or None where the
     arrays do not fit (see :func:`gemm_bound`). ``cin``, ``cout``: the real channel counts of a blocked input and
     output, where a last block holds fewer than 16 (the rest padding lanes the tiles then skip, or write as
     zeros). ``grouped``: (gi, go), a grouped conv as groups of gi input and go output blocks
-    (``inferd_nchwc_conv_grouped``; ``w`` packed by ``ops.conv_nchwc.pack_grouped``)."""
+    (``inferd_nchwc_conv_grouped``; ``w`` packed by ``ops.conv_nchwc.pack_grouped``). ``dilation``: (dh, dw) of
+    a dense stride-1 conv (``inferd_nchwc_conv_dilated``; ``sh``, ``sw`` must be 1)."""
     nchw = x.ndim == 4 and not depthwise  # a stem's NCHW input: (N, Cin, H, W), w packed with one-channel blocks
     name = "inferd_nchwc_dwconv" if depthwise else ("inferd_nchwc_conv_nchw" if nchw else "inferd_nchwc_conv")
     cin = cin if cin is not None and -(-cin // 16) == x.shape[1] else 16 * x.shape[1]
@@ -877,6 +879,10 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
         if nchw or depthwise:
             return None
         name, part = "inferd_nchwc_conv_grouped", True
+    if dilation is not None:
+        if nchw or depthwise or grouped is not None or (sh, sw) != (1, 1):
+            return None
+        name, part = "inferd_nchwc_conv_dilated", True
     if not has(name):
         return None
     arrs = [x, w, y] + [a for a in (bias, res) if a is not None]
@@ -891,7 +897,8 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
     head = (cib, h, wd, wp) if depthwise else (cin, h, wd, wp, cout) if part else (cib, h, wd, wp, cob)
     keep = [tuple(arrs)]
 
-    geo = (kh, kw, sh, sw, pt, pl, oh, ow) + (tuple(grouped) if grouped is not None else ())
+    geo = (kh, kw) + (tuple(dilation) if dilation is not None else (sh, sw)) + (pt, pl, oh, ow) + (
+        tuple(grouped) if grouped is not None else ())
 
     def call() -> None:
         for xp, yp, rp in per:

@@ -336,6 +336,11 @@ int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w
 int inferd_nchwc_conv_grouped(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW,
                               int SH, int SW, int pad_top, int pad_left, int OH, int OW, int gi, int go,
                               const float* bias, const float* res, float* y, int act, float p0, float p1);
+/* A dilated conv, stride 1, pads whole multiples of the dilation (DH, DW), dense; channel counts as in
+   inferd_nchwc_conv_ch. 0, -1 (arguments), -2 (out of memory). */
+int inferd_nchwc_conv_dilated(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW, int DH,
+                              int DW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
+                              float* y, int act, float p0, float p1);
 int inferd_nchwc_tile_pixels(void);
 /* Output blocks per group of packed conv weights (the current ISA's tiles: 4 on AVX-512, 1 elsewhere); the packing
    (ops/conv_nchwc.py) must use it. */

@@ -16,8 +16,9 @@
  * output channels], nbg the group's block count (the last group may hold fewer): a tile reads its weights as one
  * run of memory. (Groups of 4 on AVX2 too, until 2026-12-02: a one-block tile read every fourth 64-byte line, and
  * on Zen 3, two threads, its 3x3 convs ran 1.03-1.05x the time, SqueezeNet's 512->1008 classifier 1.05x.) Any
- * kernel size, stride and padding; dilation 1; one group, or groups that fill whole blocks
- * (inferd_nchwc_conv_grouped). The bias, a residual of the output's shape (blocked too) and the activation are
+ * kernel size, stride and padding; dilation 1, or at stride 1 with pads that are whole multiples of it
+ * (inferd_nchwc_conv_dilated: a phase-split copy of the input, dilated_copy); one group, or groups that fill whole
+ * blocks (inferd_nchwc_conv_grouped). The bias, a residual of the output's shape (blocked too) and the activation are
  * applied as the tile is stored. A pointwise conv's full tiles have their own form (NCHWC_PW: no tap loops).
  * A stem reads an NCHW input (an image's few channels) as blocks of one channel (inferd_nchwc_conv_nchw: the
  * same tiles with CPB 1, w[group][cin][kh][kw][nbg * 16]) and writes blocked. */
@@ -805,12 +806,66 @@ static int even_units(int units, int ub, int cob, int chunks, int t)
     return best;
 }
 
+/* A dilated conv (stride 1, dense, its pads whole multiples of the dilation) in the padded-run form: the input
+   split by phase (the rows and columns of each residue modulo the dilation), each phase's sub-image padded by
+   pad / dilation and stacked one under another at one row pitch, so every output pixel reads a dilation-1
+   window at its own offset (off[]) and the run tiles (NCHWC_TILEO) apply unchanged. xp: 16 * cib * (*Hp) * (*Wp)
+   floats, zeros where nothing is copied. Returns 0, or -1 when out of memory. */
+static int dilated_copy(const float* x, int cib, int H, int W, int KH, int KW, int DH, int DW, int pt, int pl, int OH,
+                        int OW, float** xp_out, int** off_out, int* Hp_out, int* Wp_out)
+{
+    int* rows = (int*)malloc(sizeof(int) * (size_t)DH * DW); /* the first row of phase (a, b)'s block */
+    if (!rows) return -1;
+    int Wp = 0, Hp = 0;
+    for (int b = 0; b < DW; ++b) {
+        const int ow = (OW - b + DW - 1) / DW;
+        if (ow + KW - 1 > Wp) Wp = ow + KW - 1;
+    }
+    for (int a = 0; a < DH; ++a)
+        for (int b = 0; b < DW; ++b) {
+            rows[a * DW + b] = Hp;
+            Hp += (OH - a + DH - 1) / DH + KH - 1;
+        }
+    float* xp = (float*)calloc((size_t)16 * cib * Hp * Wp, sizeof(float));
+    int* off = (int*)malloc(sizeof(int) * (size_t)OH * OW);
+    if (!xp || !off || (long long)Hp * Wp * 16 >= (1LL << 30)) {
+        free(rows);
+        free(xp);
+        free(off);
+        return -1;
+    }
+    for (int cb = 0; cb < cib; ++cb)
+        for (int a = 0; a < DH; ++a)
+            for (int b = 0; b < DW; ++b) {
+                const int hp = (OH - a + DH - 1) / DH + KH - 1, wp = (OW - b + DW - 1) / DW + KW - 1;
+                float* d = xp + ((size_t)cb * Hp + rows[a * DW + b]) * Wp * 16;
+                /* sub-image pixel (r, c) = input (a + r * DH, b + c * DW) at padded (pt + r, pl + c); rows and
+                   columns past the padded block are never read */
+                for (int r = 0; pt + r < hp && a + r * DH < H; ++r)
+                    for (int c = 0; pl + c < wp && b + c * DW < W; ++c)
+                        memcpy(d + ((size_t)(pt + r) * Wp + pl + c) * 16,
+                               x + (((size_t)cb * H + a + (size_t)r * DH) * W + b + (size_t)c * DW) * 16,
+                               16 * sizeof(float));
+            }
+    for (int q = 0; q < OH * OW; ++q) {
+        const int r = q / OW, c = q % OW;
+        off[q] = ((rows[(r % DH) * DW + c % DW] + r / DH) * Wp + c / DW) * 16;
+    }
+    free(rows);
+    *xp_out = xp, *off_out = off, *Hp_out = Hp, *Wp_out = Wp;
+    return 0;
+}
+
 static int conv_run(const float* x, int cib, int cpb, int H, int W, const float* w, int cout_blocks, int KH, int KW,
                     int SH, int SW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
-                    float* y, int act, float p0, float p1, int cil, int col, int gi, int go)
+                    float* y, int act, float p0, float p1, int cil, int col, int gi, int go, int DH, int DW)
 {
     if (cib < 1 || cout_blocks < 1 || H < 1 || W < 1 || KH < 1 || KW < 1 || SH < 1 || SW < 1 || OH < 1 || OW < 1 ||
-        pad_top < 0 || pad_left < 0 || pad_top >= KH || pad_left >= KW)
+        DH < 1 || DW < 1 || pad_top < 0 || pad_left < 0 || pad_top % DH || pad_left % DW || pad_top / DH >= KH ||
+        pad_left / DW >= KW)
+        return -1;
+    const int dilated = DH > 1 || DW > 1;
+    if (dilated && (SH != 1 || SW != 1 || cpb != 16 || go))
         return -1;
     if (go && (gi < 1 || go < 1 || cpb != 16 || cout_blocks % go || (long long)cout_blocks / go * gi != cib))
         return -1;
@@ -831,7 +886,7 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         }
     }
     /* a pointwise conv (1x1, stride 1, no padding) is one row of all its pixels: no row ends to fall short at */
-    const int flat = KH == 1 && KW == 1 && SH == 1 && SW == 1 && OH == H && OW == W;
+    const int flat = !dilated && KH == 1 && KW == 1 && SH == 1 && SW == 1 && OH == H && OW == W;
     if (flat) {
         W = OW = H * W;
         H = OH = 1;
@@ -852,7 +907,15 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
        on 56x56 0.97-1.0x, 32->32 on 64x64 1.0x. The zeros add the same partial sums: the same bits. */
     float* xp = NULL;
     int* off = NULL;
-    if (cpb == 16 && !flat && KW > 1) {
+    if (dilated) {
+        int Hp, Wp;
+        if (dilated_copy(x, cib, H, W, KH, KW, DH, DW, pad_top / DH, pad_left / DW, OH, OW, &xp, &off, &Hp, &Wp))
+            return -2;
+        x = xp;
+        H = Hp;
+        W = Wp;
+        pad_top = pad_left = 0;
+    } else if (cpb == 16 && !flat && KW > 1) {
         int Hp, Wp;
         const int edge = pad_geometry(H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, &Hp, &Wp);
         const long long pbytes = 64LL * cib * Hp * Wp;
@@ -930,7 +993,7 @@ int inferd_nchwc_conv(const float* x, int cin_blocks, int H, int W, const float*
                       float* y, int act, float p0, float p1)
 {
     return conv_run(x, cin_blocks, 16, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y,
-                    act, p0, p1, 0, 0, 0, 0);
+                    act, p0, p1, 0, 0, 0, 0, 1, 1);
 }
 
 /* Where the input's channels are not a multiple of 16 (MobileNetV2's 24, EfficientNet's 40), the pointwise tiles
@@ -942,7 +1005,7 @@ int inferd_nchwc_conv_ch(const float* x, int cin, int H, int W, const float* w, 
 {
     if (cin < 1 || cout < 1) return -1;
     return conv_run(x, (cin + 15) / 16, 16, H, W, w, (cout + 15) / 16, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias,
-                    res, y, act, p0, p1, cin % 16, cout % 16, 0, 0);
+                    res, y, act, p0, p1, cin % 16, cout % 16, 0, 0, 1, 1);
 }
 
 /* A grouped conv whose groups, taken `per` at a time, fill whole blocks each way (RegNet's and ResNeXt's groups of
@@ -956,7 +1019,7 @@ int inferd_nchwc_conv_grouped(const float* x, int cin, int H, int W, const float
 {
     if (cin < 1 || cout < 1 || gi < 1 || go < 1) return -1;
     return conv_run(x, (cin + 15) / 16, 16, H, W, w, (cout + 15) / 16, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias,
-                    res, y, act, p0, p1, cin % 16, cout % 16, gi, go);
+                    res, y, act, p0, p1, cin % 16, cout % 16, gi, go, 1, 1);
 }
 
 int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w, int cout_blocks, int KH, int KW,
@@ -964,7 +1027,19 @@ int inferd_nchwc_conv_nchw(const float* x, int cin, int H, int W, const float* w
                            const float* res, float* y, int act, float p0, float p1)
 {
     return conv_run(x, cin, 1, H, W, w, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, bias, res, y, act, p0,
-                    p1, 0, 0, 0, 0);
+                    p1, 0, 0, 0, 0, 1, 1);
+}
+
+/* A dilated conv (DeepLab's and FCN's atrous 3x3s at stride 1; pads whole multiples of the dilation), dense,
+   through a phase-split padded copy of the input (dilated_copy) and the run tiles; the channel counts as in
+   inferd_nchwc_conv_ch. Returns 0, -1 for arguments it does not take, -2 when out of memory. */
+int inferd_nchwc_conv_dilated(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW, int DH,
+                              int DW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
+                              float* y, int act, float p0, float p1)
+{
+    if (cin < 1 || cout < 1) return -1;
+    return conv_run(x, (cin + 15) / 16, 16, H, W, w, (cout + 15) / 16, KH, KW, 1, 1, pad_top, pad_left, OH, OW, bias,
+                    res, y, act, p0, p1, cin % 16, cout % 16, 0, 0, DH, DW);
 }
 
 int inferd_nchwc_tile_pixels(void) { return tiles()->wide[tiles()->nb - 1]; }

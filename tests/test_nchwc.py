@@ -34,7 +34,8 @@ def threads(request: pytest.FixtureRequest) -> Any:
 
 def _conv_case(seed: int, n: int, cin: int, cout: int, hw: tuple[int, int], k: tuple[int, int], s: int,
                pads: list[int], group: int, act: Any, residual: bool,
-               nchw_input: bool = False) -> tuple[Node, list[np.ndarray | None], np.ndarray]:
+               nchw_input: bool = False, dilations: tuple[int, int] = (1, 1)
+               ) -> tuple[Node, list[np.ndarray | None], np.ndarray]:
     """A blocked conv layer's inputs (``nchw_input``: x left NCHW, as a stem reads it) and the plain Conv
     oracle's output (bias, residual, act fused)."""
     rng = np.random.default_rng(seed)
@@ -42,6 +43,8 @@ def _conv_case(seed: int, n: int, cin: int, cout: int, hw: tuple[int, int], k: t
     w = (rng.standard_normal((cout, cin // group) + k) * 0.2).astype(np.float32)
     b = rng.standard_normal(cout).astype(np.float32)
     attrs: dict[str, Any] = {"kernel_shape": list(k), "strides": [s, s], "pads": pads, "group": group}
+    if dilations != (1, 1):
+        attrs["dilations"] = list(dilations)
     if act is not None:
         attrs["act"] = act
     plain = single_node_layer("Conv", [x, w, b], attrs)
@@ -369,6 +372,46 @@ def test_blocked_maxpool_matches_the_oracle(attrs: dict[str, Any], threads: int)
     np.testing.assert_array_equal(from_blocked(got), spec.reference(plain.node, [x])[0])
 
 
+DILATED_CASES = [
+    # (n, cin, cout, hw, k, stride, pads, group, act, residual), dilations: atrous convs at stride 1 whose pads are
+    # whole multiples of the dilation (DeepLab's and FCN's 3x3s with pads equal to the dilation)
+    ((1, 32, 32, (8, 8), (3, 3), 1, [2, 2, 2, 2], 1, ("Relu", ()), True), (2, 2)),
+    ((1, 16, 48, (8, 8), (3, 3), 1, [4, 4, 4, 4], 1, None, False), (4, 4)),  # every tap row mostly padding
+    ((2, 40, 24, (9, 11), (3, 3), 1, [2, 2, 2, 2], 1, ("Sigmoid", ()), True), (2, 2)),  # partial blocks, 2 images
+    ((1, 16, 16, (13, 7), (3, 3), 1, [3, 6, 3, 6], 1, ("Clip", (0.0, 6.0)), False), (3, 6)),  # unequal dilations
+    ((1, 32, 16, (10, 9), (3, 3), 1, [2, 0, 4, 2], 1, None, True), (2, 2)),  # uneven pads, none on one side
+    ((1, 16, 32, (5, 6), (5, 5), 1, [4, 4, 4, 4], 1, ("Relu", ()), False), (2, 2)),  # 5x5, a map smaller than a tap
+    ((1, 16, 16, (33, 17), (3, 3), 1, [3, 3, 3, 3], 1, None, False), (3, 3)),  # wider runs: several tiles a row
+]
+
+
+@needs_native
+@pytest.mark.parametrize("case,dil", DILATED_CASES, ids=[f"d{i}" for i in range(len(DILATED_CASES))])
+def test_a_dilated_conv_runs_blocked_over_its_phases(case: tuple, dil: tuple[int, int], threads: int) -> None:
+    node, vals, ref = _conv_case(17, *case, dilations=dil)
+    layer = single_node_layer(CONV, vals, dict(node.attrs), const=[False, True, True] + [False] * (len(vals) - 3))
+    k = ConvNchwcKernel()
+    params = k.transform(layer, {"in1": vals[1], "in2": vals[2]})
+    out = [np.empty(layer.outputs[0].shape, np.float32)]
+    assert k.bind(layer, [vals[0], None, None] + vals[3:], params, out) is not None  # the native kernel, no oracle
+    _check_blocked_conv(node, vals, ref)
+
+
+@needs_native
+def test_a_dilated_conv_the_native_kernel_does_not_take_is_refused() -> None:
+    """Strided, or pads that are not a multiple of the dilation: no bound call (the oracle runs it), and the C
+    entry refuses such arguments rather than read out of bounds."""
+    for s, pads, dil in ((2, [2, 2, 2, 2], (2, 2)), (1, [1, 1, 1, 1], (2, 2)), (1, [6, 6, 6, 6], (2, 2))):
+        node, vals, _ref = _conv_case(19, 1, 16, 16, (8, 8), (3, 3), s, pads, 1, None, False, dilations=dil)
+        layer = single_node_layer(CONV, vals, dict(node.attrs), const=[False, True, True])
+        k = ConvNchwcKernel()
+        params = k.transform(layer, {"in1": vals[1], "in2": vals[2]})
+        assert k.bind(layer, [vals[0], None, None], params, [np.empty(layer.outputs[0].shape, np.float32)]) is None
+    null = native.ffi.NULL
+    assert native.lib.inferd_nchwc_conv_dilated(null, 16, 8, 8, null, 16, 3, 3, 2, 2, 1, 1, 6, 6, null, null, null, 0,
+                                                0.0, 0.0) == -1  # a pad of 1 at dilation 2
+
+
 @needs_native
 def test_bad_geometry_is_refused_not_read_out_of_bounds() -> None:
     # a pad as large as the kernel would read before the row: the bound call is refused, the run takes the oracle
@@ -588,6 +631,44 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
     free(x); free(xb); free(w); free(wp); free(b); free(ref); free(y); free(back); free(xb2);
 }
 
+/* a dilated conv (stride 1, pads P a multiple of D) through its phase-split copy, against the plain loops */
+static void dilated_case(int C, int CO, int H, int W, int K, int D, int P)
+{
+    unsigned s = 777u + C * 3 + D;
+    int OH = H + 2 * P - D * (K - 1), OW = W + 2 * P - D * (K - 1);
+    int Cp = (C + 15) / 16 * 16, COp = (CO + 15) / 16 * 16;
+    float* x = rbuf((size_t)C * H * W, 1.0f, &s);
+    float* w = rbuf((size_t)CO * C * K * K, 0.2f, &s);
+    float* b = calloc((size_t)COp, sizeof(float));
+    for (int i = 0; i < CO; ++i) b[i] = frand(&s);
+    float* xb = calloc((size_t)Cp * H * W, sizeof(float));
+    float* wp = calloc((size_t)COp * Cp * K * K, sizeof(float));
+    float* ref = malloc(sizeof(float) * CO * OH * OW);
+    float* y = malloc(sizeof(float) * COp * OH * OW);
+    block(x, C, H * W, xb);
+    dense_w d = {w, CO, C, K};
+    pack_tiles(wp, COp, Cp, K, dense_wt, &d);
+    for (int o = 0; o < CO; ++o)
+        for (int oh = 0; oh < OH; ++oh)
+            for (int ow = 0; ow < OW; ++ow) {
+                double acc = b[o];
+                for (int c = 0; c < C; ++c)
+                    for (int kh = 0; kh < K; ++kh)
+                        for (int kw = 0; kw < K; ++kw) {
+                            int ih = oh - P + kh * D, iw = ow - P + kw * D;
+                            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                            acc += x[(c * H + ih) * W + iw] * w[((o * C + c) * K + kh) * K + kw];
+                        }
+                ref[(o * OH + oh) * OW + ow] = acc > 0 ? (float)acc : 0.0f;
+            }
+    if (inferd_nchwc_conv_dilated(xb, C, H, W, wp, CO, K, K, D, D, P, P, OH, OW, b, NULL, y, 1, 0, 0) != 0) {
+        printf("FAIL dilated rc\n");
+        fails++;
+    }
+    check("dilated", y, ref, CO, OH * OW, 1e-4f);
+    free(x); free(w); free(b); free(xb); free(wp); free(ref); free(y);
+}
+
 /* a squeeze-excitation's pool and scale on n images of C channels (padded blocks), a per-image scale */
 static void se_case(int N, int C, int HW)
 {
@@ -717,6 +798,9 @@ int main(void)
         conv_case(24, 144, 6, 21, 1, 1, 0, 0); /* padded blocks: mobilenetv2's 24-channel stage */
         conv_case(40, 24, 9, 9, 3, 2, 1, 0);
         conv_case(24, 24, 7, 37, 3, 1, 1, 1);  /* a padded depthwise conv; a reorder of 37 x 7 pixels */
+        dilated_case(32, 48, 8, 8, 3, 2, 2);   /* FCN's and DeepLab's atrous 3x3s */
+        dilated_case(40, 24, 9, 11, 3, 4, 4);  /* partial blocks; most taps in the padding */
+        dilated_case(16, 16, 5, 6, 5, 2, 4);
         se_case(2, 40, 37);
         se_case(1, 32, 3);
         stem_case(3, 64, 29, 31, 7, 2, 3); /* resnet's stem on a small image: 4 blocks, a row's end pixel by pixel */
@@ -885,6 +969,32 @@ def test_3x3_convs_on_maps_too_small_for_winograd_run_blocked(tmp_path: Path) ->
     assert kinds(512, 7) == () and kinds(256, 8) == () and kinds(128, 14) == ()  # Winograd's still
     x = np.random.default_rng(9).standard_normal((1, 256, 4, 4)).astype(np.float32)
     _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 4, n=2, k=3), {"x": x})
+
+
+@needs_native
+@pytest.mark.parametrize("dil,pad,blocked", [(2, 2, True), (4, 4, True), (2, 1, False)])
+def test_an_atrous_conv_between_pointwise_convs_runs_blocked(dil: int, pad: int, blocked: bool,
+                                                            tmp_path: Path) -> None:
+    """FCN's and DeepLab's 3x3s of dilation 2 and 4 (pads equal to the dilation) plan blocked with their
+    neighbours; pads that are not a multiple of the dilation stay on the NCHW path. Outputs equal onnxruntime's."""
+    from onnx import helper, numpy_helper
+
+    from inferd.frontend import import_template, specialize
+
+    rng = np.random.default_rng(dil + pad)
+    ws = [(rng.standard_normal(s) * 0.1).astype(np.float32) for s in ((64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Conv", ["b", "w1"], ["c"], kernel_shape=[3, 3], dilations=[dil, dil], pads=[pad] * 4),
+             helper.make_node("Relu", ["c"], ["d"]),
+             helper.make_node("Conv", ["d", "w2"], ["y"], kernel_shape=[1, 1])]
+    hw = 16 + 2 * (pad - dil)  # the same output size as the input for pad == dil
+    path = _save_xy_model(tmp_path / f"atrous{dil}_{pad}.onnx", nodes, [1, 64, hw, hw],
+                          [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+    kinds = plan_layout(specialize(import_template(str(path)))).kinds
+    assert (kinds == ("conv",) * 3) if blocked else ("conv",) * 3 != kinds, kinds
+    x = rng.standard_normal((1, 64, hw, hw)).astype(np.float32)
+    _assert_matches_onnxruntime(path, {"x": x})
 
 
 def _regnet_block(tmp_path: Path, channels: int, hw: int, group_width: int = 8) -> Path:

@@ -405,8 +405,12 @@ class ConvNchwcKernel(_NativeOrOracle):
         g2 = geo.as2d()
         dw = depthwise(layer.node, layer.in_shape(1))
         bg = block_groups(layer.node, layer.in_shape(1))
-        if g2 is None or g2.dh != 1 or g2.dw != 1 or (g2.group != 1 and not dw and bg is None) or g2.pt >= g2.kh \
-                or g2.pl >= g2.kw or (bg is not None and _nchw_input(x.shape)):
+        if g2 is None or (g2.group != 1 and not dw and bg is None) or (bg is not None and _nchw_input(x.shape)):
+            return None
+        if g2.dh != 1 or g2.dw != 1:
+            if not dilated_ok(g2) or dw or bg is not None or _nchw_input(x.shape):
+                return None
+        elif g2.pt >= g2.kh or g2.pl >= g2.kw:
             return None
         return x, y, res, params.get("b"), g2, code, p0, p1, bg
 
@@ -418,7 +422,8 @@ class ConvNchwcKernel(_NativeOrOracle):
         x, y, res, b, g, code, p0, p1, bg = a
         return native.nchwc_conv_bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1,
                                        depthwise=g.group > 1 and bg is None, cin=g.cin, cout=g.cout,
-                                       grouped=bg[1:] if bg is not None else None)
+                                       grouped=bg[1:] if bg is not None else None,
+                                       dilation=(g.dh, g.dw) if (g.dh, g.dw) != (1, 1) else None)
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         vals = list(inputs)
@@ -435,6 +440,14 @@ class ConvNchwcKernel(_NativeOrOracle):
         if bi is not None:
             vals[bi] = params["b"][:layer.in_shape(1)[0]] if "b" in params else None
         return _ref_conv(layer.node, vals)[0]
+
+
+def dilated_ok(g: Any) -> bool:
+    """Whether native/nchwc.c's dilated conv takes a 2-D geometry with a dilation (``inferd_nchwc_conv_dilated``:
+    stride 1, one group, each pad a whole multiple of its dilation and less than the kernel in dilated steps;
+    DeepLab's and FCN's atrous 3x3s with pads equal to the dilation)."""
+    return (g.sh == 1 and g.sw == 1 and g.group == 1 and g.pt % g.dh == 0 and g.pl % g.dw == 0
+            and g.pt // g.dh < g.kh and g.pl // g.dw < g.kw and native.has("inferd_nchwc_conv_dilated"))
 
 
 def _f32(layer: Layer) -> bool:

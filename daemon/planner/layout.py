@@ -39,7 +39,7 @@ import numpy as np
 from ..ir import Graph, Node, TensorInfo
 from ..native import NATIVE_ACTS
 from ..ops.conv_nchwc import (BLOCK, CONV, FROM, GAP, MAXPOOL, SCALE, TO, block_groups, blocks, depthwise,
-                              padded_nbytes)
+                              dilated_ok, padded_nbytes)
 from ..ops.conv import conv_geom, preferred_3x3_kernel
 from ..ops.pool import pool_geometry
 
@@ -62,7 +62,7 @@ SUFFIX = "::nchwc"
 #: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
 #: saves nothing to speak of.
 SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30,
-          "pointwise_small": 0.12, "small_kxk": 0.40, "grouped": 0.30}
+          "pointwise_small": 0.12, "small_kxk": 0.40, "grouped": 0.30, "dilated": 0.30}
 #: ... and what the NCHW path pays per group of a grouped conv whatever its size (im2col and a GEMM call each:
 #: RegNetY-400MF's 3x3s of 8-channel groups, two threads, Zen 3, us: 48@32x32 s2 (6 groups) 45 against 28
 #: blocked, 104@8x8 (13) 37/15, 208@4x4 (26) 68/10, 440@2x2 (55) 92/8, the blocked ones with the zeros'
@@ -100,9 +100,10 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
         return None
     if any(name and name in graph.constants for name in node.inputs[3:]):  # a constant residual: left alone
         return None
-    if any(int(d) != 1 for d in node.attrs.get("dilations", (1, 1))):
-        return None
+    dil = tuple(int(d) for d in node.attrs.get("dilations", (1, 1)))
     cout, cin, kh, kw = (int(d) for d in w.shape)
+    if any(d != 1 for d in dil) and (kh, kw) != (1, 1):
+        return _dilated_path(node, graph, dil, (kh, kw))
     dw = depthwise(node, w.shape)
     group = int(node.attrs.get("group", 1))
     # a stem: an image's few channels read as they are (NCHW), its output blocked
@@ -141,6 +142,18 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
         return "winograd" if wino else "direct"
     y = graph.infos.get(node.outputs[0])
     return "small_kxk" if y is not None and _small_map(y.shape, cin, cout) else None
+
+
+def _dilated_path(node: Node, graph: Graph, dil: tuple[int, ...], k: tuple[int, int]) -> str | None:
+    """"dilated" where native/nchwc.c's dilated conv takes the conv (``ops.conv_nchwc.dilated_ok``: stride 1, dense,
+    pads whole multiples of the dilation), else None."""
+    x, w = graph.infos[node.inputs[0]], graph.infos[node.inputs[1]]
+    act = node.attrs.get("act")
+    if len(dil) != 2 or node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or (
+            act is not None and str(act[0]) not in NATIVE_ACTS) or int(w.shape[1]) < BLOCK:
+        return None
+    g = conv_geom(node, x.shape, w.shape).as2d()
+    return "dilated" if g is not None and dilated_ok(g) else None
 
 
 def _small_map(y_shape: tuple[int, ...], cin: int, cout: int) -> bool:
