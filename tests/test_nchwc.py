@@ -398,6 +398,19 @@ def test_a_dilated_conv_runs_blocked_over_its_phases(case: tuple, dil: tuple[int
 
 
 @needs_native
+def test_a_dilated_1x1_runs_as_the_plain_1x1_it_is() -> None:
+    """A 1x1's dilation reads nothing else (exporters write dilations on every conv of a dilated stage): strided or
+    not, it takes the blocked 1x1 tiles, not the oracle."""
+    for s in (1, 2):
+        node, vals, ref = _conv_case(23, 1, 16, 32, (9, 9), (1, 1), s, [0, 0, 0, 0], 1, None, False, dilations=(2, 2))
+        layer = single_node_layer(CONV, vals, dict(node.attrs), const=[False, True, True])
+        k = ConvNchwcKernel()
+        params = k.transform(layer, {"in1": vals[1], "in2": vals[2]})
+        assert k.bind(layer, [vals[0], None, None], params, [np.empty(layer.outputs[0].shape, np.float32)]) is not None
+        _check_blocked_conv(node, vals, ref)
+
+
+@needs_native
 def test_a_dilated_conv_the_native_kernel_does_not_take_is_refused() -> None:
     """Strided, or pads that are not a multiple of the dilation: no bound call (the oracle runs it), and the C
     entry refuses such arguments rather than read out of bounds."""

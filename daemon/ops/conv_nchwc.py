@@ -407,7 +407,7 @@ class ConvNchwcKernel(_NativeOrOracle):
         bg = block_groups(layer.node, layer.in_shape(1))
         if g2 is None or (g2.group != 1 and not dw and bg is None) or (bg is not None and _nchw_input(x.shape)):
             return None
-        if g2.dh != 1 or g2.dw != 1:
+        if _dilated(g2):
             if not dilated_ok(g2) or dw or bg is not None or _nchw_input(x.shape):
                 return None
         elif g2.pt >= g2.kh or g2.pl >= g2.kw:
@@ -423,7 +423,7 @@ class ConvNchwcKernel(_NativeOrOracle):
         return native.nchwc_conv_bound(x, params["w"], b, res, y, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, code, p0, p1,
                                        depthwise=g.group > 1 and bg is None, cin=g.cin, cout=g.cout,
                                        grouped=bg[1:] if bg is not None else None,
-                                       dilation=(g.dh, g.dw) if (g.dh, g.dw) != (1, 1) else None)
+                                       dilation=(g.dh, g.dw) if _dilated(g) else None)
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         vals = list(inputs)
@@ -440,6 +440,11 @@ class ConvNchwcKernel(_NativeOrOracle):
         if bi is not None:
             vals[bi] = params["b"][:layer.in_shape(1)[0]] if "b" in params else None
         return _ref_conv(layer.node, vals)[0]
+
+
+def _dilated(g: Any) -> bool:
+    """A dilation that matters: not 1, on a kernel of more than one tap (a 1x1's dilation reads nothing else)."""
+    return (g.dh, g.dw) != (1, 1) and (g.kh, g.kw) != (1, 1)
 
 
 def dilated_ok(g: Any) -> bool:

@@ -103,7 +103,7 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     dil = tuple(int(d) for d in node.attrs.get("dilations", (1, 1)))
     cout, cin, kh, kw = (int(d) for d in w.shape)
     if any(d != 1 for d in dil) and (kh, kw) != (1, 1):
-        return _dilated_path(node, graph, dil, (kh, kw))
+        return _dilated_path(node, graph, dil)
     dw = depthwise(node, w.shape)
     group = int(node.attrs.get("group", 1))
     # a stem: an image's few channels read as they are (NCHW), its output blocked
@@ -144,7 +144,7 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     return "small_kxk" if y is not None and _small_map(y.shape, cin, cout) else None
 
 
-def _dilated_path(node: Node, graph: Graph, dil: tuple[int, ...], k: tuple[int, int]) -> str | None:
+def _dilated_path(node: Node, graph: Graph, dil: tuple[int, ...]) -> str | None:
     """"dilated" where native/nchwc.c's dilated conv takes the conv (``ops.conv_nchwc.dilated_ok``: stride 1, dense,
     pads whole multiples of the dilation), else None."""
     x, w = graph.infos[node.inputs[0]], graph.infos[node.inputs[1]]
