@@ -571,14 +571,27 @@ static void pack_b(float* restrict dst, const float* restrict b, long long bsk, 
     }
 }
 
+/* Batch item bi's operands: B, C, the residual and the bias (NULL where absent). */
+typedef struct {
+    const float* b;
+    float* c;
+    const float *r, *bias;
+} item_t;
+static inline item_t item_of(const job_t* J, int bi)
+{
+    item_t it = {J->b + (ptrdiff_t)bi * J->b_bs, J->c + (ptrdiff_t)bi * J->c_bs,
+                 J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL, J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL};
+    return it;
+}
+
 /* Tile t (rows x nr, only nv columns valid) into C. first: the first K block (store, add bias); last: the last
    (add the residual, apply the activation); in between: accumulate. */
 static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv, int nr, const float* t, int first,
                        int last)
 {
-    float* c = J->c + (ptrdiff_t)bi * J->c_bs;
-    const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
-    const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
+    const item_t it = item_of(J, bi);
+    float* c = it.c;
+    const float *r = it.r, *bias = it.bias;
     const int act = J->act;
     const float p0 = J->p0, p1 = J->p1;
     float row[NBP];
@@ -677,10 +690,9 @@ static void gemm_rows_wide(const job_t* J, int bi, int i0, int n0, int n1, int k
     const ukernel_fn ukw = pf ? I->ukwp : I->ukw;
     const int K = J->K, nr = I->nr, mrw = I->mrw, G = mrw / MRP;
     const int npan = (n1 - n0 + nr - 1) / nr;
-    const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
-    float* c = J->c + (ptrdiff_t)bi * J->c_bs;
-    const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
-    const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
+    const item_t it = item_of(J, bi);
+    const float *b = it.b, *r = it.r, *bias = it.bias;
+    float* c = it.c;
     const int direct = J->csn == 1;
     const float* aw = J->ap + (ptrdiff_t)bi * J->ap_bs + (size_t)(i0 / MRP) * K * MRP + (size_t)k0 * MRP;
     const long ldaw = (long)K * MRP;
@@ -757,10 +769,9 @@ static void gemm_block(job_t* J, int bi, int m0, int m1, int n0, int n1)
     }
     float tile[MRP * 64] __attribute__((aligned(64))); /* the taller tiles' too: mrw x vl <= 512 */
     const float* ap = J->ap + (ptrdiff_t)bi * J->ap_bs;
-    const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
-    float* c = J->c + (ptrdiff_t)bi * J->c_bs;
-    const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
-    const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
+    const item_t it = item_of(J, bi);
+    const float *b = it.b, *r = it.r, *bias = it.bias;
+    float* c = it.c;
     const int direct = J->csn == 1;
     epi_t epi;
     memset(&epi, 0, sizeof epi);
@@ -1061,10 +1072,9 @@ static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
     const int kcs = SLICE_BYTES / (int)(sizeof(float) * sw), nk = (K + kcs - 1) / kcs;
     const int kcmax = (K + nk - 1) / nk;
     const float* a = J->ap + (ptrdiff_t)bi * J->ap_bs;
-    const float* b = J->b + (ptrdiff_t)bi * J->b_bs;
-    float* c = J->c + (ptrdiff_t)bi * J->c_bs;
-    const float* r = J->r ? J->r + (ptrdiff_t)bi * J->r_bs : NULL;
-    const float* bias = J->bias ? J->bias + (ptrdiff_t)bi * J->bias_bs : NULL;
+    const item_t it = item_of(J, bi);
+    const float *b = it.b, *r = it.r, *bias = it.bias;
+    float* c = it.c;
     const int direct = J->csn == 1;
     const long lda = (long)J->asm_;
     float* apad = NULL;

@@ -538,9 +538,9 @@ C_HARNESS = r"""
 static int fails = 0;
 static float frand(unsigned* s) { *s = *s * 1664525u + 1013904223u; return ((*s >> 8) & 0xffff) / 32768.0f - 1.0f; }
 
-/* x NCHW [C][H][W]; reference conv (group 1 or depthwise) with bias, relu */
+/* x NCHW [C][H][W]; reference conv (group 1 or depthwise, dilation D) with bias, relu */
 static void ref_conv(const float* x, int C, int H, int W, const float* w, int CO, int K, int S, int P, int dw,
-                     const float* b, float* y, int OH, int OW)
+                     const float* b, float* y, int OH, int OW, int D)
 {
     for (int o = 0; o < CO; ++o)
         for (int oh = 0; oh < OH; ++oh)
@@ -549,7 +549,7 @@ static void ref_conv(const float* x, int C, int H, int W, const float* w, int CO
                 for (int c = dw ? o : 0; c < (dw ? o + 1 : C); ++c)
                     for (int kh = 0; kh < K; ++kh)
                         for (int kw = 0; kw < K; ++kw) {
-                            int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                            int ih = oh * S - P + kh * D, iw = ow * S - P + kw * D;
                             if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                             acc += x[(c * H + ih) * W + iw] * w[((o * (dw ? 1 : C) + (dw ? 0 : c)) * K + kh) * K + kw];
                         }
@@ -629,7 +629,7 @@ static void conv_case(int C, int CO, int H, int W, int K, int S, int P, int dw)
         dense_w d = {w, CO, C, K};
         pack_tiles(wp, COp, Cp, K, dense_wt, &d);
     }
-    ref_conv(x, C, H, W, w, CO, K, S, P, dw, b, ref, OH, OW);
+    ref_conv(x, C, H, W, w, CO, K, S, P, dw, b, ref, OH, OW, 1);
     int rc = dw ? inferd_nchwc_dwconv(xb, Cp / 16, H, W, wp, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0)
                 : inferd_nchwc_conv(xb, Cp / 16, H, W, wp, COp / 16, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0);
     if (rc != 0) { printf("FAIL rc\n"); fails++; }
@@ -661,19 +661,7 @@ static void dilated_case(int C, int CO, int H, int W, int K, int D, int P)
     block(x, C, H * W, xb);
     dense_w d = {w, CO, C, K};
     pack_tiles(wp, COp, Cp, K, dense_wt, &d);
-    for (int o = 0; o < CO; ++o)
-        for (int oh = 0; oh < OH; ++oh)
-            for (int ow = 0; ow < OW; ++ow) {
-                double acc = b[o];
-                for (int c = 0; c < C; ++c)
-                    for (int kh = 0; kh < K; ++kh)
-                        for (int kw = 0; kw < K; ++kw) {
-                            int ih = oh - P + kh * D, iw = ow - P + kw * D;
-                            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
-                            acc += x[(c * H + ih) * W + iw] * w[((o * C + c) * K + kh) * K + kw];
-                        }
-                ref[(o * OH + oh) * OW + ow] = acc > 0 ? (float)acc : 0.0f;
-            }
+    ref_conv(x, C, H, W, w, CO, K, 1, P, 0, b, ref, OH, OW, D);
     if (inferd_nchwc_conv_dilated(xb, C, H, W, wp, CO, K, K, D, D, P, P, OH, OW, b, NULL, y, 1, 0, 0) != 0) {
         printf("FAIL dilated rc\n");
         fails++;
@@ -730,7 +718,7 @@ static void stem_case(int C, int CO, int H, int W, int K, int S, int P)
             for (int k = 0; k < K * K; ++k)
                 for (int o = 0; o < nbg * 16; ++o) wp[at++] = w[((b0 * 16 + o) * C + ci) * K * K + k];
     }
-    ref_conv(x, C, H, W, w, CO, K, S, P, 0, b, ref, OH, OW);
+    ref_conv(x, C, H, W, w, CO, K, S, P, 0, b, ref, OH, OW, 1);
     if (inferd_nchwc_conv_nchw(x, C, H, W, wp, CO / 16, K, K, S, S, P, P, OH, OW, b, NULL, y, 1, 0, 0) != 0) {
         printf("FAIL rc\n");
         fails++;
