@@ -479,6 +479,7 @@ typedef struct {
     int tm, tn; /* tasks along M and N per batch item */
     const isa_t* isa;
     int failed;
+    int path;               /* which kernel every task runs: decided once per call (gemm_run) */
     unsigned long long seq; /* this call's number (never 0): the key of the packed B a thread keeps */
 } job_t;
 
@@ -983,7 +984,8 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
    twelve such layers (113 MB of weights) at 4 and 16 rows, two threads, 1.13x and 1.05x onnxruntime's time,
    1.68x and 1.69x before. Row by row over all 96 columns, hot: 240 us, now 155. Up to 32 rows: vit_tiny's 17
    tokens at a 64x64 input, 17 x 192 x 768 hot, 32 us where the micro-kernels' 8-row panels took 43; 24 and 32 rows
-   as fast either way. Each output sums in order of k, as row by row: the same bits. */
+   as fast either way (where the ISA has a slices kernel, more than SLICES_MIN_M rows take gemm_slices). Each
+   output sums in order of k, as row by row: the same bits. */
 #define GEMV_KB 256
 #define GEMV_MAX_M 32
 #define GEMV_ROWS(R, C)                                                                                             \
@@ -1064,7 +1066,8 @@ static int use_slices(const job_t* J)
    (1.5 lines a k, shared between slices) left the 4 x 24 kernel at 78-82% of the FMA peak on vit_tiny's
    197-row products; onnxruntime's 6 x 16 kernel over 16-column panels reaches 91-96%. The rows of a ragged
    last group are copied into a zeroed block first (the kernel reads mrs rows). Each output sums its products
-   in k order within K blocks of at most SLICE_BYTES of B's slice, the blocks added in order: the same bits whatever the split. */
+   in k order within K blocks of at most SLICE_BYTES of B's slice, the blocks added in order: the same bits
+   whatever the split. */
 static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
 {
     const isa_t* I = J->isa;
@@ -1077,8 +1080,9 @@ static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
     float* c = it.c;
     const int direct = J->csn == 1;
     const long lda = (long)J->asm_;
+    const int ragged = (m1 - m0) % mrs; /* rows of the last group, where it is short */
     float* apad = NULL;
-    if ((m1 - m0) % mrs) {
+    if (ragged) {
         apad = scratch((size_t)mrs * kcmax);
         if (!apad) {
             __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
@@ -1093,7 +1097,6 @@ static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
         const int k0 = (int)((long long)K * kb / nk), k1 = (int)((long long)K * (kb + 1) / nk), kc = k1 - k0;
         const int first = kb == 0, last = kb == nk - 1;
         epi.first = first, epi.last = last;
-        const int ragged = (m1 - m0) % mrs;
         if (ragged) {
             /* the last group's rows, zero rows below them */
             const int i0 = m1 - ragged;
@@ -1123,6 +1126,9 @@ static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
     }
 }
 
+/* job_t.path: the kernel of a call's tasks */
+enum { PATH_BLOCK, PATH_GEMV, PATH_SLICES, PATH_GEMV_B };
+
 static void gemm_task(void* ctx, long long t)
 {
     job_t* J = (job_t*)ctx;
@@ -1133,14 +1139,12 @@ static void gemm_task(void* ctx, long long t)
     const int n0 = (int)((long long)J->np * ni / J->tn) * J->nu;
     const int n1 = imin(J->N, (int)((long long)J->np * (ni + 1) / J->tn) * J->nu);
     if (m0 >= m1 || n0 >= n1) return;
-    if (J->N <= GEMV_MAX_N && !J->a_dyn && !J->b_pre && !J->boff)
-        gemv_block(J, bi, m0, m1);
-    else if (use_slices(J))
-        gemm_slices(J, bi, m0, m1, n0, n1);
-    else if (J->M <= GEMV_MAX_M && J->a_dyn && J->b_pre)
-        gemv_bpre_block(J, bi, n0, n1);
-    else
-        gemm_block(J, bi, m0, m1, n0, n1);
+    switch (J->path) {
+    case PATH_GEMV: gemv_block(J, bi, m0, m1); break;
+    case PATH_SLICES: gemm_slices(J, bi, m0, m1, n0, n1); break;
+    case PATH_GEMV_B: gemv_bpre_block(J, bi, n0, n1); break;
+    default: gemm_block(J, bi, m0, m1, n0, n1); break;
+    }
 }
 
 static int gemm_run(int M, int K, int N, int batch, const float* a, long long asm_, long long ask, long long a_bs,
@@ -1195,6 +1199,7 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
     const int gemv = N <= GEMV_MAX_N && !J.a_dyn && !J.b_pre && !J.boff;
     const int slices = !gemv && use_slices(&J);
     const int gemv_b = !slices && M <= GEMV_MAX_M && J.a_dyn && J.b_pre;
+    J.path = gemv ? PATH_GEMV : slices ? PATH_SLICES : gemv_b ? PATH_GEMV_B : PATH_BLOCK;
     const int nr = gemv ? N : (gemv_b ? NBP : (slices ? J.isa->sw : J.isa->nr));
     const int threads = inferd_pool_threads();
     const double work = (double)M * K * N * batch;

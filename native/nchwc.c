@@ -826,9 +826,13 @@ static int dilated_copy(const float* x, int cib, int H, int W, int KH, int KW, i
             rows[a * DW + b] = Hp;
             Hp += (OH - a + DH - 1) / DH + KH - 1;
         }
+    if ((long long)Hp * Wp * 16 >= (1LL << 30)) { /* (the offsets are ints) */
+        free(rows);
+        return -1;
+    }
     float* xp = (float*)calloc((size_t)16 * cib * Hp * Wp, sizeof(float));
     int* off = (int*)malloc(sizeof(int) * (size_t)OH * OW);
-    if (!xp || !off || (long long)Hp * Wp * 16 >= (1LL << 30)) {
+    if (!xp || !off) {
         free(rows);
         free(xp);
         free(off);

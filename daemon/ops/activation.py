@@ -199,18 +199,14 @@ class ActivationKernel(Kernel):
         if layer.op == "Relu" and x.dtype.kind == "f":
             return functools.partial(np.maximum, x, x.dtype.type(0), out=out)
         act = act_from_node(layer.node)
-        if act is not None and act[0] == "Clip" and x.dtype.kind == "f" and out.dtype == x.dtype \
-                and x.shape == out.shape:
+        if act is not None and act[0] == "Clip":
             lo, hi = act[1]  # floats, +-inf where absent (act_from_node)
-            # run()'s copy and clip_into's np.clip as one call; a bound on one side only as that one ufunc (np.clip
-            # is maximum then minimum for floats, NaN kept: the same values), ~0.6 us where run() took ~4.5
-            if hi == np.inf:
-                return functools.partial(np.maximum, x, lo, out=out)
-            if lo == -np.inf:
-                return functools.partial(np.minimum, x, hi, out=out)
-            return functools.partial(np.clip, x, lo, hi, out=out)
+            clip = _clip_call(x, lo, hi, out)
+            if clip is not None:
+                return clip
+        # (act_bound applies exactly where run()'s _native_rows would: the C pass bound, or numpy's passes)
         bound = native.act_bound(out, act) if act is not None and act[0] in _NATIVE_STANDALONE and \
-            x.dtype == out.dtype and x.shape == out.shape else None
+            x.dtype == out.dtype else None
         if bound is not None:
             if x.__array_interface__["data"][0] == out.__array_interface__["data"][0] and x.strides == out.strides:
                 return bound  # in place
@@ -219,22 +215,31 @@ class ActivationKernel(Kernel):
                 out[...] = x
                 bound()
             return bound_call
-        rows = _native_rows(out, act) if x.dtype == out.dtype else None
 
         def call() -> None:
             out[...] = x
-            _act_into(out, act, rows)
+            apply_act(out, act)
         return call
+
+
+def _clip_call(x: np.ndarray, lo: float, hi: float, out: np.ndarray) -> Callable[[], None] | None:
+    """run()'s copy and clip_into's np.clip of a float tensor as one call, a bound on one side only as that one
+    ufunc (np.clip is maximum then minimum for floats, NaN kept: the same values): ~0.6 us where run() took ~4.5.
+    None for other dtypes (integer bounds are clamped into the type by run())."""
+    if x.dtype.kind != "f" or out.dtype != x.dtype or x.shape != out.shape:
+        return None
+    if hi == np.inf:
+        return functools.partial(np.maximum, x, lo, out=out)
+    if lo == -np.inf:
+        return functools.partial(np.minimum, x, hi, out=out)
+    return functools.partial(np.clip, x, lo, hi, out=out)
 
 
 def _bind_clip(layer: Layer, x: np.ndarray, ins: Sequence[np.ndarray | None], out: np.ndarray
                ) -> Callable[[], None] | None:
-    """A float Clip whose bounds are inputs that are constants (EdgeNeXt's F.normalize: a norm clipped from below at
-    eps) as run()'s copy and np.clip with the bounds read now: ~1 us where run() took ~4.5. None where a bound is
-    computed at run time or the tensor is not float."""
+    """A Clip whose bounds are inputs that are constants (EdgeNeXt's F.normalize: a norm clipped from below at
+    eps) with the bounds read now (``_clip_call``). None where a bound is computed at run time."""
     lo_i, hi_i = (layer.node.inputs[i] if len(layer.node.inputs) > i else "" for i in (1, 2))
-    if x.dtype.kind != "f" or out.dtype != x.dtype or x.shape != out.shape:
-        return None
     bounds = []
     for i, name in ((1, lo_i), (2, hi_i)):
         if not name:
@@ -242,13 +247,8 @@ def _bind_clip(layer: Layer, x: np.ndarray, ins: Sequence[np.ndarray | None], ou
             continue
         if i not in layer.const_inputs or ins[i] is None or np.size(ins[i]) != 1:
             return None
-        bounds.append(x.dtype.type(np.asarray(ins[i]).reshape(-1)[0]))
-    lo = -np.inf if bounds[0] is None else bounds[0]
-    hi = np.inf if bounds[1] is None else bounds[1]
-
-    def call() -> None:
-        np.clip(x, lo, hi, out=out)
-    return call
+        bounds.append(np.asarray(ins[i]).reshape(-1)[0])
+    return _clip_call(x, -np.inf if bounds[0] is None else bounds[0], np.inf if bounds[1] is None else bounds[1], out)
 
 
 # ---------------------------------------------------------------------------------- unfused activations

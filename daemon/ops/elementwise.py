@@ -321,11 +321,10 @@ class ElementwiseKernel(Kernel):
                 call()
                 bound()
             return with_bound_act
-        rows = _native_rows(out, act)
 
-        def with_act() -> None:
+        def with_act() -> None:  # (act_bound applies exactly where run()'s _native_rows would)
             call()
-            _act_into(out, act, rows)
+            apply_act(out, act)
         return with_act
 
 
