@@ -199,12 +199,12 @@ def test_work_after_an_answer_starts_once_the_answer_is_out() -> None:
         t_exit = time.monotonic()
     assert done.wait(5)
     assert ran[0] >= t_exit + AFTER_ANSWER_QUIET_S
-    # under requests that never pause, it still runs (the window must always be left)
+    # under requests that never pause, it still runs (the window must always be left): it ran while the
+    # foreground was still held (a wall-clock bound here would only measure CI's load)
     ran.clear()
     with foreground:
-        t_in = time.monotonic()
         done = after_answer(lambda: ran.append(time.monotonic()))
-        assert done.wait(5) and ran[0] - t_in < 1.0
+        assert done.wait(5) and ran
 
 
 def _read_ahead(p, size=3 * ALIGN):

@@ -214,14 +214,42 @@ def simulate(layers: Sequence[ColdLayer], choice: Sequence[int], loaders: int, *
     return Schedule(st.t, tuple(who), tuple(ready), tuple(ends))
 
 
-def _makespan_from(layers: Sequence[ColdLayer], choice: list[int], start: int, state: _State, loaders: int,
-                   exec_blocks: bool, exec_prepares: bool, limit: float) -> float:
+def _makespan_from(layers: Sequence[ColdLayer], choice: list[int], start: int, states: list[_State],
+                   rest: list[tuple[float, float]], loaders: int, exec_blocks: bool, exec_prepares: bool,
+                   limit: float, current: float) -> float:
+    """Makespan of ``choice`` simulated from layer ``start`` on, given the current choice's states before
+    each layer and ``rest[k]``: the execution and read seconds of layers k.. under it. A trial stops as soon
+    as it cannot beat ``limit`` (the executor still has every later layer to run, the disk every later read)
+    or its state equals the current schedule's (the rest is that schedule: its makespan is ``current``);
+    both keep the search near-linear on long models instead of simulating every suffix to its end."""
+    state = states[start]
     st = _State(list(state.free), state.disk, state.t)
-    for i in range(start, len(layers)):
+    n = len(layers)
+    for i in range(start, n):
         _step(st, layers[i].candidates[choice[i]], loaders, exec_blocks, exec_prepares, True)
-        if st.t >= limit:
-            return st.t  # already no better: stop early
+        if i + 1 < n:
+            later_exec, later_read = rest[i + 1]
+            if st.t + later_exec >= limit or st.disk + later_read >= limit:
+                return limit  # no better
+        elif st.t >= limit:
+            return st.t
+        if i + 1 < n:
+            ref = states[i + 1]
+            if st.t == ref.t and st.disk == ref.disk and st.free == ref.free:
+                return current
     return st.t
+
+
+def _suffix_sums(layers: Sequence[ColdLayer], choice: list[int]) -> list[tuple[float, float]]:
+    """Per layer k: the execution and read seconds of layers k.. under ``choice``."""
+    out: list[tuple[float, float]] = [(0.0, 0.0)] * len(layers)
+    e = r = 0.0
+    for k in range(len(layers) - 1, -1, -1):
+        c = layers[k].candidates[choice[k]]
+        e += c.exec_s
+        r += c.read_s
+        out[k] = (e, r)
+    return out
 
 
 def _local_search(layers: Sequence[ColdLayer], choice: list[int], loaders: int, exec_blocks: bool,
@@ -238,25 +266,29 @@ def _local_search(layers: Sequence[ColdLayer], choice: list[int], loaders: int, 
             states.append(_State(list(st.free), st.disk, st.t))
             _step(st, layers[i].candidates[choice[i]], loaders, exec_blocks, ep, True)
         best = st.t
+        rest = _suffix_sums(layers, choice)
         for i in range(n):
             if len(layers[i].candidates) < 2:
                 continue
             cur = choice[i]
+            changed = False
             for ci in range(len(layers[i].candidates)):
                 if ci == cur:
                     continue
                 choice[i] = ci
-                m = _makespan_from(layers, choice, i, states[i], loaders, exec_blocks, ep, best * (1 - 1e-9))
+                m = _makespan_from(layers, choice, i, states, rest, loaders, exec_blocks, ep, best * (1 - 1e-9), best)
                 if m < best * (1 - 1e-9):
-                    best, cur, improved = m, ci, True
+                    best, cur, changed = m, ci, True
             choice[i] = cur
-            if improved:
-                # refresh the prefix states from i on for the layers after it
+            if changed:
+                improved = True
+                # the states after layer i changed with its choice: refresh them for the layers after it
                 st = _State(list(states[i].free), states[i].disk, states[i].t)
                 for k in range(i, n):
                     if k > i:
                         states[k] = _State(list(st.free), st.disk, st.t)
                     _step(st, layers[k].candidates[choice[k]], loaders, exec_blocks, ep, True)
+                rest = _suffix_sums(layers, choice)
         if not improved:
             break
     return choice
