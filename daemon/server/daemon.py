@@ -1147,9 +1147,13 @@ class Server:
                         break
                     # a thread woken on this core (zmq's I/O thread bringing the request) runs at once
                     sched_yield()
-                self._spin_until = 0.0  # set again by the next request that runs on this thread
                 if not events:
+                    self._spin_until = 0.0
                     events = zmq_poll(poll_items, int(timeout * 1000) + 1)
+                elif any(sock is router for sock, _ev in events):
+                    self._spin_until = 0.0  # set again if this request runs on this thread
+                # else a wake (memory pressure, a signal) or another model's reply came during the spin: handled,
+                # then the spin goes on; it waits for the stream's next request, which has not come yet
                 for sock, _ev in events:
                     if sock is router:
                         # Ask the socket whether more is queued rather than recv until zmq.Again:
