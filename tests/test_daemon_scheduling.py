@@ -127,9 +127,11 @@ def test_deadline_expired_in_queue_is_not_run(env) -> None:
         waited = late.t_done - t0
         assert isinstance(late.error, DeadlineExceeded), late.error
         assert "not run" in str(late.error)
-        # answered when the deadline passed, not when the blocker finished
-        assert 0.1 <= waited < 0.6, waited
+        assert waited >= 0.1, waited
         blocker.join()
+        # answered when the deadline passed, not when the blocker finished (compared with the blocker's own
+        # answer rather than a wall-clock bound, which measured CI's load)
+        assert late.t_done < blocker.t_done, (late.t_done, blocker.t_done)
         fine.join()
         assert fine.error is None
         runs = _runs(logs["slow"])
@@ -146,13 +148,13 @@ def test_queue_cap_answers_unavailable(env) -> None:
         _wait_running(c, "capped", before["requests"] + 1)
         queued = [_Async(c, "capped", _x(0.0, 10 + i)) for i in range(2)]
         _wait_queued(c, "capped", 2)
-        t0 = time.monotonic()
         with pytest.raises(Unavailable, match="queue of model 'capped' is full \\(2"):
             c.infer("capped", {"x": _x(0.0, 99)})
-        assert time.monotonic() - t0 < 0.3  # refused at once, not after waiting
+        t_refused = time.monotonic()
         for a in [blocker, *queued]:
             a.join()
             assert a.error is None
+        assert t_refused < blocker.t_done  # refused at once, not after waiting for the model
         assert 99.0 not in _runs(logs["capped"])
         assert c.status()["models"]["capped"]["rejected"] - before["rejected"] == 1
 
