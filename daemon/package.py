@@ -37,7 +37,7 @@ from .ir import Graph, Node, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
-from .planner.layout import LayoutPlan, apply_layout, plan_layout
+from .planner.layout import LayoutPlan, absorb_transposes, apply_layout, plan_layout
 from .planner.memory import MemoryPlan, memory_from_record, memory_record
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
@@ -193,11 +193,13 @@ def cpu_layout(graph: Graph, kernels: dict[str, str] | None = None) -> LayoutPla
 
 def cpu_graph(graph: Graph, kernels: dict[str, str] | None = None, layout: LayoutPlan | None = None) -> Graph:
     """The graph the CPU backend runs: ``graph`` with its layout plan applied (``layout``: a plan made before,
-    a package's; else planned here)."""
-    if os.environ.get("INFERD_CPU_LAYOUT", "auto").strip().lower() == "nchw":
-        return graph
-    plan = layout if layout is not None else cpu_layout(graph, kernels)
-    return graph if plan is None else apply_layout(graph, plan)
+    a package's; else planned here) and the Transposes around its MatMuls of two activations absorbed into them
+    (planned from the graph alone, so a package need not record it)."""
+    if os.environ.get("INFERD_CPU_LAYOUT", "auto").strip().lower() != "nchw":
+        plan = layout if layout is not None else cpu_layout(graph, kernels)
+        if plan is not None:
+            graph = apply_layout(graph, plan)
+    return absorb_transposes(graph, kernels)
 
 
 def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None,

@@ -32,6 +32,7 @@ def rewrite(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None =
     _spatial_mean_as_pool(graph)
     _recognise_silu(graph, outputs)
     _recognise_gelu(graph, outputs)
+    _merge_operand_scales(graph, outputs)
     _move_matmul_scale(graph, outputs, alt)
     _fuse_matmul_bias(graph, outputs, alt)
     _hoist_through_reshape(graph, outputs, alt)
@@ -379,6 +380,48 @@ def _recognise_gelu(graph: Graph, outputs: set[str]) -> None:
         for n in (div, erf, add, m1):
             if n in graph.nodes and n is not last:
                 graph.nodes.remove(n)
+
+
+def _merge_operand_scales(graph: Graph, outputs: set[str]) -> None:
+    """MatMul of two activations each multiplied by a constant scalar first (attention as torch exports
+    scaled_dot_product_attention: q * sqrt(s) and k^T * sqrt(s)) -> one Mul by the product, on the smaller operand:
+    a pass over one operand saved, and the other operand read as its producer wrote it (a Transpose there can then
+    be absorbed into the product). Within a rounding of each product."""
+    prods = graph.producers()
+    for mm in [n for n in graph.nodes if n.op == "MatMul"]:
+        if (len(mm.inputs) != 2 or mm.inputs[0] == mm.inputs[1] or mm.attr("act") or mm.attr("residual")
+                or mm.attr("bias")):
+            continue
+        muls, scales = [], []
+        for t in mm.inputs:
+            m = prods.get(t)
+            if m is None or m.op != "Mul" or m.attr("act") or len(m.inputs) != 2 \
+                    or _single_consumer(graph, t, outputs) is not mm:
+                break
+            j = next((j for j in (0, 1) if _const_scalar(graph, m.inputs[j]) is not None
+                      and m.inputs[1 - j] not in graph.constants), None)
+            if j is None:
+                break
+            x = m.inputs[1 - j]
+            if x not in graph.infos or graph.infos[x].shape != graph.infos[t].shape \
+                    or graph.infos[x].dtype != graph.infos[t].dtype \
+                    or np.dtype(graph.infos[x].dtype) not in (np.float32, np.float64):
+                break  # (in fp16 the two roundings the export asked for differ from one too often)
+            muls.append((m, x))
+            scales.append(_const_scalar(graph, m.inputs[j]))
+        if len(muls) != 2:
+            continue
+        sizes = [math.prod(graph.infos[x].shape) if all(isinstance(d, int) for d in graph.infos[x].shape)
+                 else math.inf for _m, x in muls]
+        keep = 0 if sizes[0] <= sizes[1] else 1
+        kept, dropped = muls[keep], muls[1 - keep]
+        dtype = graph.infos[kept[1]].dtype
+        scalar = f"{kept[0].name}.scale_merged"
+        graph.set_const(scalar, np.asarray(np.float64(scales[0]) * np.float64(scales[1]), dtype=dtype))
+        kept[0].inputs = [kept[1], scalar]
+        mm.inputs[1 - keep] = dropped[1]
+        _absorb(mm, dropped[0].outputs[0])
+        graph.nodes.remove(dropped[0])
 
 
 def _move_matmul_scale(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:

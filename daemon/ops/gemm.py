@@ -164,6 +164,55 @@ register_op(OpSpec("Gemm", _infer_gemm, gemm_reference))
 register_op(OpSpec("MatMul", _infer_matmul, matmul_reference))
 
 
+# --------------------------------------------------------------------------- MatMul through transposed views
+
+#: inferd's own op: a MatMul of two activations that reads its operands and writes its output through transposed
+#: views (attrs ``perm_a``, ``perm_b``: the Transposes of its operands it absorbed; ``perm_y``: the Transpose of its
+#: output). The CPU's layout plan inserts it (planner/layout.py, ``absorb_transposes``): attention's k^T and its
+#: heads' merge (q k^T reads k as stored; P v writes each head's columns in place) then cost no copy.
+MATMUL_T = "inferd.MatMulT"
+
+
+def _perm(node: Node, key: str, rank: int) -> tuple[int, ...]:
+    p = node.attr(key)
+    perm = tuple(range(rank)) if p is None else tuple(int(i) for i in p)
+    if sorted(perm) != list(range(rank)):
+        raise ShapeError(f"{node.op} {node.name!r}: {key} {p} is not a permutation of {rank} axes")
+    return perm
+
+
+def inverse_perm(perm: Sequence[int]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _infer_matmul_t(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.ndarray]) -> list:
+    a, b = ins[0], ins[1]
+    if a is None or b is None:
+        raise ShapeError(f"{node.op} {node.name!r}: both inputs are required")
+    pa, pb = _perm(node, "perm_a", len(a.shape)), _perm(node, "perm_b", len(b.shape))
+    prod = matmul_shape(tuple(a.shape[i] for i in pa), tuple(b.shape[i] for i in pb), node.name)
+    py = _perm(node, "perm_y", len(prod))
+    return [(tuple(prod[i] for i in py), a.dtype)]
+
+
+def _transposed_operands(node: Node, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return a.transpose(_perm(node, "perm_a", a.ndim)), b.transpose(_perm(node, "perm_b", b.ndim))
+
+
+def matmul_t_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    a, b = _transposed_operands(node, np.asarray(inputs[0]), np.asarray(inputs[1]))
+    y = np.matmul(a, b)
+    return [np.array(y.transpose(_perm(node, "perm_y", y.ndim)), dtype=a.dtype, copy=True)]
+
+
+register_op(OpSpec(MATMUL_T, _infer_matmul_t, matmul_t_reference,
+                   notes="inferd's own: MatMul reading and writing through transposed views (the CPU's layout plan "
+                         "absorbs the Transposes around attention's products into it)"))
+
+
 # --------------------------------------------------------------------------- kernels
 
 def _is_float(layer: Layer) -> bool:
@@ -491,6 +540,54 @@ class MatMulNativeKernel(Kernel):
             np.matmul(a, b, out=y)
         _epilogue(layer.node, y, [*inputs[:2]] + [params.get(raw_key(i)) if inputs[i] is None else inputs[i]
                                                    for i in range(2, len(inputs))])
+
+
+@register_kernel
+class MatMulTransposedKernel(Kernel):
+    """:data:`MATMUL_T` on the native GEMM, which packs both operands per call and so reads them, and writes its
+    output, at any strides: the transposed views cost nothing. Named as MatMul's native kernel, so a package that
+    recorded ``matmul_native`` for the MatMul this node replaced still finds it. Where the batch axes of a view do
+    not collapse into one (the layout plan absorbs no such Transpose), numpy's matmul on the views."""
+
+    name = "matmul_native"
+    ops: ClassVar[tuple[str, ...]] = (MATMUL_T,)
+    priority = 6
+
+    def applies(self, layer: Layer) -> bool:
+        return all(t is not None and np.dtype(t.dtype) == np.float32
+                   for t in (layer.inputs[0], layer.inputs[1], layer.outputs[0]))
+
+    @staticmethod
+    def _views(layer: Layer, inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        at, bt = _transposed_operands(layer.node, a, b)
+        y = outputs[0]
+        return at, bt, y.transpose(inverse_perm(_perm(layer.node, "perm_y", y.ndim)))
+
+    def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+             outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
+        at, bt, yt = self._views(layer, inputs, outputs)
+        if at.ndim < 2 or bt.ndim < 2 or at.shape[:-2] != bt.shape[:-2]:
+            return None
+        m, k, n = at.shape[-2], at.shape[-1], bt.shape[-1]
+        try:
+            a3, b3, y3 = at.reshape(-1, m, k), bt.reshape(-1, k, n), yt.reshape(-1, m, n)
+        except ValueError:
+            return None
+        if not all(np.shares_memory(v3, v) for v3, v in ((a3, at), (b3, bt), (y3, yt))):
+            return None  # a batch axis that does not collapse: reshape copied
+        return native.matmul_bound(a3, b3, y3)
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        if call is not None:
+            call()
+            return
+        at, bt, yt = self._views(layer, inputs, outputs)
+        np.matmul(at, bt, out=yt)
 
 
 @register_kernel
