@@ -231,6 +231,10 @@ TENSOR = [
       const=[False, True]),
     P("pad_edge", "Pad", [f32(2, 5, 6), i64(0, 2, 1, 0, 1, 3)], {"mode": "edge"}, opset=13, const=[False, True]),
     P("pad_negative", "Pad", [f32(3, 6), i64(-1, 2, 1, -3)], opset=13, const=[False, True]),
+    # swin's window pad (NHWC, the ends of H and W), and crops and pads on every side of a 4-D tensor
+    P("pad_nhwc_window", "Pad", [f32(1, 9, 9, 24), i64(0, 0, 0, 0, 0, 5, 5, 0)], opset=13, const=[False, True]),
+    P("pad_every_side", "Pad", [f32(2, 5, 6, 7), i64(1, -1, 2, 0, 0, 2, -2, 3), np.array(2.5, np.float32)],
+      opset=13, const=[False, True, True]),
     P("pad_int", "Pad", [i64(1, 2, 3), i64(2, 1), np.array(9, np.int64)], opset=13, const=[False, True, True]),
     P("pad_axes_op18", "Pad", [f32(2, 3, 4), i64(1, 2, 0, 1), np.array(0.5, np.float32), i64(-1, 0)], opset=18,
       const=[False, True, True, True]),

@@ -654,12 +654,43 @@ class TensorKernel(Kernel):
         if op in ("Cast", "CastLike"):
             # integer and bool sources cast without floating-point warnings (run() silences those for floats)
             return copies_call([(outputs[0], x)]) if x.dtype.kind in "biu" else None
+        if op == "Pad":
+            return _pad_bound(node, x, array_getter(full), outputs[0])
         if op not in VIEW_OPS:
             return None
         res = _compute(node, full, None)
         if len(res) != len(outputs) or not all(np.may_share_memory(r, x) for r in res):
             return None  # a result that is not a view of x (Dropout's mask): run() computes it
         return copies_call(list(zip(outputs, res)))
+
+
+def _pad_bound(node: Node, x: np.ndarray, get: Getter, out: np.ndarray) -> Callable[[], None] | None:
+    """A constant Pad over fixed buffers: the border slabs filled and the (cropped) input copied into the
+    interior, each region written once. ``run`` filled the whole output and then overwrote its interior, after
+    parsing the parameters again (swin_t's window pads, 16x16 -> 21x21 by 96 channels: 38 us a call)."""
+    widths, mode, value = _pad_params(node, x.ndim, get, x.dtype)
+    if mode != "constant" or out.shape != _pad_shape(node, x.shape, widths):
+        return None
+    crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, widths))
+    xc = x[crop]
+    pos = [(max(b, 0), max(e, 0)) for b, e in widths]
+    # the border as disjoint slabs: along each axis in turn its two ends, within the interior of the axes before
+    slabs: list[np.ndarray] = []
+    inner: list[slice] = []
+    for a, ((b, e), d) in enumerate(zip(pos, xc.shape)):
+        rest = (slice(None),) * (x.ndim - a - 1)
+        for lo, hi in ((0, b), (b + d, b + d + e)):
+            if hi > lo:
+                slabs.append(out[(*inner, slice(lo, hi), *rest)])
+        inner.append(slice(b, b + d))
+    copy = copies_call([(out[tuple(inner)], xc)])
+    fill = value[()]
+
+    def call() -> None:
+        for slab in slabs:
+            slab.fill(fill)
+        copy()
+    return call
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
