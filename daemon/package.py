@@ -37,7 +37,7 @@ from .ir import Graph, Node, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
-from .planner.layout import LayoutPlan, absorb_transposes, apply_layout, plan_layout
+from .planner.layout import LayoutPlan, absorb_transposes, apply_layout, fuse_l2_normalize, plan_layout
 from .planner.memory import MemoryPlan, memory_from_record, memory_record
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
@@ -47,8 +47,9 @@ from .store import HeadRead, StoreWriter, WeightsStore, file_sha256
 log = logging.getLogger(__name__)
 
 PLAN_MAGIC = b"INFDPLAN"
-#: 4: plan.bin records the precision plan (and which raw constants the store holds in fp16)
-PLAN_VERSION = 4
+#: 4: plan.bin records the precision plan (and which raw constants the store holds in fp16); 5: the CPU graph
+#: absorbs Transposes into MatMuls and fuses F.normalize, so a CPU plan's layers are other nodes than before
+PLAN_VERSION = 5
 _PLAN_HEAD = struct.Struct("<8sI32s")
 _EXT_NDARRAY, _EXT_TUPLE, _EXT_SUBGRAPH = 1, 2, 3
 
@@ -193,13 +194,13 @@ def cpu_layout(graph: Graph, kernels: dict[str, str] | None = None) -> LayoutPla
 
 def cpu_graph(graph: Graph, kernels: dict[str, str] | None = None, layout: LayoutPlan | None = None) -> Graph:
     """The graph the CPU backend runs: ``graph`` with its layout plan applied (``layout``: a plan made before,
-    a package's; else planned here) and the Transposes around its MatMuls of two activations absorbed into them
-    (planned from the graph alone, so a package need not record it)."""
+    a package's; else planned here), the Transposes around its MatMuls of two activations absorbed into them and
+    its F.normalize patterns fused (both planned from the graph alone, so a package need not record them)."""
     if os.environ.get("INFERD_CPU_LAYOUT", "auto").strip().lower() != "nchw":
         plan = layout if layout is not None else cpu_layout(graph, kernels)
         if plan is not None:
             graph = apply_layout(graph, plan)
-    return absorb_transposes(graph, kernels)
+    return fuse_l2_normalize(absorb_transposes(graph, kernels), kernels)
 
 
 def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None,

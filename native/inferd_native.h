@@ -150,6 +150,8 @@ void inferd_layernorm(const float* x, float* y, long long rows, long long n, con
 
 /* x / sqrt(mean(x^2) + eps) * g per row (RMSNormalization); g (n floats) may be NULL. */
 void inferd_rmsnorm(const float* x, float* y, long long rows, long long n, const float* g, float eps);
+/* x / max(sqrt(sum(x^2)), eps) per row (torch's F.normalize: ReduceL2, Clip and Div as exported). */
+void inferd_l2norm(const float* x, float* y, long long rows, long long n, float eps);
 /* GroupNormalization of N x C x hw floats (C divisible by G): per (image, group) mean and population variance,
    then per channel (x - mean) / sqrt(var + eps) * s[c] + b[c]. */
 void inferd_groupnorm(const float* x, float* y, long long N, long long C, long long hw, int G, const float* s,

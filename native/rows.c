@@ -150,6 +150,19 @@ static void rmsnorm_rows(const float* x, float* y, long long r0, long long r1, l
     }
 }
 
+/* x / max(||x||, eps) per row, divided (not multiplied by the reciprocal) as ReduceL2, Clip and Div compute it */
+INFERD_CLONES
+static void l2norm_rows(const float* x, float* y, long long r0, long long r1, long long n, float eps)
+{
+    for (long long r = r0; r < r1; ++r) {
+        const float* restrict xr = x + r * n;
+        float* restrict yr = y + r * n;
+        float nrm = sqrtf(row_sumsq(xr, n));
+        nrm = nrm < eps ? eps : nrm; /* (a NaN norm stays NaN, as Clip leaves it) */
+        for (long long k = 0; k < n; ++k) yr[k] = xr[k] / nrm;
+    }
+}
+
 typedef struct {
     const float* x;
     float* y;
@@ -167,6 +180,8 @@ static void rows_task(void* p, long long t)
         softmax_rows(j->x, j->y, r0, r1, j->n, j->log_);
     else if (j->kind == 2)
         rmsnorm_rows(j->x, j->y, r0, r1, j->n, j->g, j->eps);
+    else if (j->kind == 3)
+        l2norm_rows(j->x, j->y, r0, r1, j->n, j->eps);
     else
         layernorm_rows(j->x, j->y, r0, r1, j->n, j->g, j->b, j->eps);
 }
@@ -187,6 +202,12 @@ void inferd_layernorm(const float* x, float* y, long long rows, long long n, con
 void inferd_rmsnorm(const float* x, float* y, long long rows, long long n, const float* g, float eps)
 {
     rows_job j = {x, y, rows, n, g, NULL, eps, 2, 0, inferd_pool_chunks(rows, (double)rows * n)};
+    inferd_parallel(rows_task, &j, j.chunks, 0);
+}
+
+void inferd_l2norm(const float* x, float* y, long long rows, long long n, float eps)
+{
+    rows_job j = {x, y, rows, n, NULL, NULL, eps, 3, 0, inferd_pool_chunks(rows, (double)rows * n)};
     inferd_parallel(rows_task, &j, j.chunks, 0);
 }
 

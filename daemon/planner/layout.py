@@ -540,3 +540,83 @@ def absorb_transposes(graph: Graph, kernels: Mapping[str, str] | None = None) ->
     return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, dict(graph.infos),
                  graph.opset, dict(graph.dims), set(graph.runtime_shaped))
 
+
+
+# --------------------------------------------------------------------------- F.normalize
+
+
+def _clip_min(node: Node, graph: Graph) -> float | None:
+    """The lower bound of a Clip with a constant scalar lower bound and none above, else None."""
+    lo = node.attr("min") if node.attr("min") is not None else None
+    hi = node.attr("max")
+    if len(node.inputs) > 1 and node.inputs[1]:
+        v = graph.constants.get(node.inputs[1])
+        lo = float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+    if len(node.inputs) > 2 and node.inputs[2]:
+        return None
+    if hi is not None and np.isfinite(float(hi)):
+        return None
+    return None if lo is None else float(lo)
+
+
+def fuse_l2_normalize(graph: Graph, kernels: Mapping[str, str] | None = None) -> Graph:
+    """``graph`` with each x / Expand(Clip(ReduceL2(x, last axis, keepdims), min=eps)) -- torch's F.normalize
+    as exported, the Expand optional -- as one ``inferd.L2Normalize`` of x (float32, every intermediate read only
+    by the next; not where ``kernels`` forces the Div's kernel). ``graph`` is left as it was."""
+    from ..ops.norm import L2NORM
+
+    if graph.runtime_shaped:
+        return graph
+    outs = {t.name for t in graph.outputs}
+    prods = graph.producers()
+    cons = graph.consumers()
+
+    def only(t: str, node: Node) -> bool:
+        return t not in outs and [id(n) for n in cons.get(t, [])] == [id(node)]
+
+    drop: set[int] = set()
+    replaced: dict[int, Node] = {}
+    for div in graph.nodes:
+        if (div.op != "Div" or len(div.inputs) != 2 or div.attr("act") is not None
+                or (kernels or {}).get(div.name, "l2norm_native") != "l2norm_native"):
+            continue
+        x, d = div.inputs
+        info = graph.infos.get(x)
+        if (not x or x in graph.constants or info is None or not info.shape
+                or np.dtype(info.dtype) != np.float32 or graph.infos[div.outputs[0]].shape != info.shape):
+            continue
+        chain = []
+        p = prods.get(d)
+        if p is not None and p.op == "Expand" and only(d, div):
+            chain.append(p)
+            d, p = p.inputs[0], prods.get(p.inputs[0])
+            user = chain[-1]
+        else:
+            user = div
+        if p is None or p.op != "Clip" or not only(d, user):
+            continue
+        eps = _clip_min(p, graph)
+        if eps is None:
+            continue
+        chain.append(p)
+        r = p.inputs[0]
+        red = prods.get(r)
+        if red is None or red.op != "ReduceL2" or not only(r, p) or red.inputs[0] != x:
+            continue
+        axes = red.attr("axes")
+        if len(red.inputs) > 1 and red.inputs[1]:
+            v = graph.constants.get(red.inputs[1])
+            axes = None if v is None else [int(a) for a in v.reshape(-1)]
+        rank = len(info.shape)
+        if (axes is None or [a + rank if a < 0 else a for a in axes] != [rank - 1]
+                or int(red.attr("keepdims", 1)) != 1):
+            continue
+        chain.append(red)
+        drop.update(id(n) for n in chain)
+        replaced[id(div)] = Node(div.name, L2NORM, [x], list(div.outputs), {
+            "eps": eps, "_absorbed": [*div.attrs.get("_absorbed", []), *(n.outputs[0] for n in chain)]})
+    if not replaced:
+        return graph
+    nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, dict(graph.infos),
+                 graph.opset, dict(graph.dims), set(graph.runtime_shaped))
