@@ -96,6 +96,9 @@ void inferd_pool_set_threads(int n);
 int inferd_pool_threads(void);
 /* How long idle workers spin before they sleep (microseconds). */
 void inferd_pool_set_spin_us(int us);
+/* Moves the calling thread off core `cpu` if it runs there (to another core of its affinity, which is then
+   restored); the core it runs on afterwards (-1 where unknown). A worker calls it with its caller's core. */
+int inferd_pool_leave_core(int cpu);
 /* Jobs worker i (0-based, the caller not counted) has entered so far; whether it sleeps now (-1: no such worker).
    A job wakes and enters only the workers it takes. */
 long long inferd_pool_worker_jobs(int i);

@@ -257,6 +257,36 @@ def test_pool_survives_fork() -> None:
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+@needs_native
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two cores")
+def test_a_worker_on_its_callers_core_moves_off_it_and_keeps_its_affinity() -> None:
+    """A pool worker that finds itself on its caller's core leaves it (inferd_pool_leave_core, called as it enters a
+    job), with its affinity mask as it was; off that core it changes nothing."""
+    out: dict[str, object] = {}
+
+    def body() -> None:
+        allowed = os.sched_getaffinity(0)
+        core = min(allowed)
+        os.sched_setaffinity(0, {core})  # now on that core...
+        os.sched_setaffinity(0, allowed)  # ...and free to run anywhere again, which does not move it
+        out["before"] = os.sched_getaffinity(0) == allowed
+        out["moved_to"] = native.lib.inferd_pool_leave_core(core)
+        out["after"] = os.sched_getaffinity(0)
+        out["allowed"] = allowed
+        again = native.lib.inferd_pool_leave_core(core)  # not on `core` any more: nothing to do
+        out["stays"] = again != core and os.sched_getaffinity(0) == allowed
+        out["core"] = core
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert out["before"]
+    assert out["moved_to"] != out["core"] and out["moved_to"] in out["allowed"], out
+    assert out["after"] == out["allowed"], out
+    assert out["stays"], out
+
+
 LINEAR_SHAPES = [(197, 192, 576), (1, 1280, 1000), (3, 64, 97), (8, 5, 200), (50, 300, 7), (4, 0, 9), (9, 33, 96),
                  (2, 600, 200), (4, 768, 300), (3, 257, 101), (16, 384, 200), (7, 600, 97), (29, 300, 96),  # few rows,
                  # K in several blocks of 256
