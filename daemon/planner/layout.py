@@ -456,6 +456,24 @@ def blocked_graph(graph: Graph, forced: Mapping[str, str] | None = None) -> Grap
     return apply_layout(graph, plan_layout(graph, forced))
 
 
+# --------------------------------------------------------------------------- CPU-graph fusions (after the layout)
+
+
+def _sole_reader(graph: Graph, cons: Mapping[str, list[Node]], t: str, node: Node) -> bool:
+    """Whether ``node`` is the one reader of tensor ``t`` (read once, not a graph output): a fusion may drop it."""
+    return (t not in {o.name for o in graph.outputs} and [id(n) for n in cons.get(t, [])] == [id(node)]
+            and node.inputs.count(t) == 1)
+
+
+def _with_nodes(graph: Graph, replaced: Mapping[int, Node], drop: set[int]) -> Graph:
+    """``graph`` with the nodes keyed by id in ``replaced`` swapped in and those in ``drop`` left out."""
+    if not replaced:
+        return graph
+    nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in drop]
+    return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, dict(graph.infos),
+                 graph.opset, dict(graph.dims), set(graph.runtime_shaped))
+
+
 # --------------------------------------------------------------------------- transposes around MatMul
 
 
@@ -488,9 +506,6 @@ def absorb_transposes(graph: Graph, kernels: Mapping[str, str] | None = None) ->
     cons = graph.consumers()
     f32 = np.dtype(np.float32)
 
-    def only_reader(t: str, node: Node) -> bool:
-        return t not in outs and [id(n) for n in cons.get(t, [])] == [id(node)] and node.inputs.count(t) == 1
-
     def perm_of(tr: Node, rank: int) -> tuple[int, ...]:
         p = tr.attr("perm")
         return tuple(range(rank - 1, -1, -1)) if p is None else tuple(int(i) for i in p)
@@ -507,7 +522,7 @@ def absorb_transposes(graph: Graph, kernels: Mapping[str, str] | None = None) ->
         ins, attrs, absorbed = list(node.inputs), {}, []
         for k, key in ((0, "perm_a"), (1, "perm_b")):
             tr = prods.get(ins[k])
-            if tr is None or tr.op != "Transpose" or id(tr) in drop or not only_reader(ins[k], node):
+            if tr is None or tr.op != "Transpose" or id(tr) in drop or not _sole_reader(graph, cons, ins[k], node):
                 continue
             src = tr.inputs[0]
             if not src or src in graph.constants or src not in graph.infos:
@@ -534,21 +549,14 @@ def absorb_transposes(graph: Graph, kernels: Mapping[str, str] | None = None) ->
         if attrs:
             replaced[id(node)] = Node(node.name, MATMUL_T, ins, [out],
                                       {**attrs, "_absorbed": [*node.attrs.get("_absorbed", []), *absorbed]})
-    if not replaced:
-        return graph
-    nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-    return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, dict(graph.infos),
-                 graph.opset, dict(graph.dims), set(graph.runtime_shaped))
-
-
+    return _with_nodes(graph, replaced, drop)
 
 # --------------------------------------------------------------------------- F.normalize
 
 
 def _clip_min(node: Node, graph: Graph) -> float | None:
     """The lower bound of a Clip with a constant scalar lower bound and none above, else None."""
-    lo = node.attr("min") if node.attr("min") is not None else None
-    hi = node.attr("max")
+    lo, hi = node.attr("min"), node.attr("max")
     if len(node.inputs) > 1 and node.inputs[1]:
         v = graph.constants.get(node.inputs[1])
         lo = float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
@@ -567,12 +575,11 @@ def fuse_l2_normalize(graph: Graph, kernels: Mapping[str, str] | None = None) ->
 
     if graph.runtime_shaped:
         return graph
-    outs = {t.name for t in graph.outputs}
     prods = graph.producers()
     cons = graph.consumers()
 
     def only(t: str, node: Node) -> bool:
-        return t not in outs and [id(n) for n in cons.get(t, [])] == [id(node)]
+        return _sole_reader(graph, cons, t, node)
 
     drop: set[int] = set()
     replaced: dict[int, Node] = {}
@@ -615,8 +622,4 @@ def fuse_l2_normalize(graph: Graph, kernels: Mapping[str, str] | None = None) ->
         drop.update(id(n) for n in chain)
         replaced[id(div)] = Node(div.name, L2NORM, [x], list(div.outputs), {
             "eps": eps, "_absorbed": [*div.attrs.get("_absorbed", []), *(n.outputs[0] for n in chain)]})
-    if not replaced:
-        return graph
-    nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in drop]
-    return Graph(graph.name, nodes, list(graph.inputs), list(graph.outputs), graph.constants, dict(graph.infos),
-                 graph.opset, dict(graph.dims), set(graph.runtime_shaped))
+    return _with_nodes(graph, replaced, drop)
