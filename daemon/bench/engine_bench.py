@@ -180,6 +180,9 @@ def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, 
         try:
             kids.append(_WarmChild("inferd", path, threads, device, xp, yo, Path(d) / "inferd.err"))
             kids.append(_WarmChild("ort", path, threads, device, xp, yr, Path(d) / "ort.err"))
+            # onnxruntime's warm-up runs just ended: its pool threads spin into the first slice otherwise (inferd's
+            # first round ran 1.1-1.9x its others on the export corpus)
+            time.sleep(SLICE_GAP_S)
             for r in range(max(1, rounds)):
                 got: dict[str, list[float]] = {}
                 for kid in (kids if r % 2 == 0 else kids[::-1]):
