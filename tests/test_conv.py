@@ -954,6 +954,13 @@ int main(void){
       if (hasr) s += R[(size_t)m * csm + (size_t)n * csn];
       Cr[(size_t)m * csm + (size_t)n * csn] = actf((float)s, act, p0, p1); }
     check("gemm", maxdiff(Cc, Cr, (size_t)M * N), 1e-3, it);
+    { /* two activations (attention's products): A read in place, B unpacked at its strides; the small ones
+         (M N K <= 128k) take gemm_small */
+      float* Ca = buf((size_t)M * N);
+      if (inferd_gemm_ex(M, K, N, 1, A, K, 1, 0, 0, B, bsk, bsn, 0, 0, Ca, csm, csn, 0, hasb ? bias : NULL, 0, 0, hasr ? R : NULL, 0, act, p0, p1, 0)) { printf("oom\n"); return 1; }
+      check("gemm_ex two activations", maxdiff(Ca, Cr, (size_t)M * N), 1e-3, it);
+      free(Ca);
+    }
     { /* the linear-layer form: A rows packed per call, B prepacked in 96-column panels, bias per column */
       float* bp = malloc(sizeof(float) * (size_t)(inferd_gemm_packed_b_size(K, N) + 1));
       inferd_gemm_pack_b(B, N, 1, K, N, bp);
