@@ -545,13 +545,16 @@ def _fill(results: list[np.ndarray], outs: Sequence[np.ndarray] | None) -> list[
     return list(outs[:len(results)])
 
 
+def _pad_crop(x: np.ndarray, widths: list[tuple[int, int]]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Negative pads crop: ``x`` cropped by them (a view), and the non-negative widths that pad what is left."""
+    crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, widths))
+    return x[crop], [(max(b, 0), max(e, 0)) for b, e in widths]
+
+
 def _pad(node: Node, x: np.ndarray, get: Getter, out: np.ndarray | None) -> np.ndarray:
     widths, mode, value = _pad_params(node, x.ndim, get, x.dtype)
     out_shape = _pad_shape(node, x.shape, widths)
-    # negative pads crop: crop first, then pad what is left with the non-negative widths
-    crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, widths))
-    xc = x[crop]
-    pos = [(max(b, 0), max(e, 0)) for b, e in widths]
+    xc, pos = _pad_crop(x, widths)
     if out is None:
         out = np.empty(out_shape, x.dtype)
     if mode == "constant":
@@ -671,9 +674,7 @@ def _pad_bound(node: Node, x: np.ndarray, get: Getter, out: np.ndarray) -> Calla
     widths, mode, value = _pad_params(node, x.ndim, get, x.dtype)
     if mode != "constant" or out.shape != _pad_shape(node, x.shape, widths):
         return None
-    crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, widths))
-    xc = x[crop]
-    pos = [(max(b, 0), max(e, 0)) for b, e in widths]
+    xc, pos = _pad_crop(x, widths)
     # the border as disjoint slabs: along each axis in turn its two ends, within the interior of the axes before
     slabs: list[np.ndarray] = []
     inner: list[slice] = []
