@@ -185,6 +185,22 @@ class BoundKernel(Kernel):
         call()
 
 
+class BoundOrOracle(Kernel):
+    """A kernel whose ``run`` is the call ``bind`` makes where that applies, else its ``oracle`` (no native build,
+    a geometry or an activation the C does not take) copied into the output."""
+
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
+            outputs: Sequence[np.ndarray]) -> None:
+        call = self.bind(layer, inputs, params, outputs)
+        if call is not None:
+            call()
+        else:
+            outputs[0][...] = self.oracle(layer, inputs, params)
+
+
 class ContiguousOut:
     """An output as a C-contiguous ``dtype`` array a native kernel may write: the output buffer itself, or a
     temporary (the buffer is strided or of another type, or shares memory with ``avoid``, an input the kernel

@@ -23,7 +23,7 @@ import numpy as np
 from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
-from .base import Kernel, Layer, OpSpec, op_spec, raw_key, register_kernel, register_op, weights_key
+from .base import BoundOrOracle, Layer, OpSpec, op_spec, raw_key, register_kernel, register_op, weights_key
 from .conv import _act, conv_geom, io_positions
 from .pool import pool_geometry, pool_reference
 
@@ -316,10 +316,9 @@ register_op(OpSpec(MAXPOOL, _infer_pool, _ref_pool,
                    notes="inferd's own: MaxPool on channel-blocked tensors (the CPU's layout plan inserts it)"))
 
 
-class _NativeOrOracle(Kernel):
-    """``run``: the call ``bind`` makes where it applies, else ``oracle`` (no native build, a geometry or an
-    activation the C does not take). Ahead of any other kernel of its ops (only the layout plan makes them); no
-    weights unless a subclass transforms some."""
+class _NativeOrOracle(BoundOrOracle):
+    """The native call ``bind`` makes, else ``oracle``. Ahead of any other kernel of its ops (only the layout plan
+    makes them); no weights unless a subclass transforms some."""
 
     priority = 10
 
@@ -328,17 +327,6 @@ class _NativeOrOracle(Kernel):
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {}
-
-    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
-        raise NotImplementedError
-
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        if call is not None:
-            call()
-        else:
-            outputs[0][...] = self.oracle(layer, inputs, params)
 
 
 @register_kernel

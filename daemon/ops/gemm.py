@@ -26,7 +26,8 @@ from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op, weights_key
+from .base import (BoundOrOracle, ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel,
+                   register_op, weights_key)
 
 __all__ = ["gemm_reference", "matmul_reference", "matmul_shape", "transpose_blocked"]
 
@@ -543,11 +544,11 @@ class MatMulNativeKernel(Kernel):
 
 
 @register_kernel
-class MatMulTransposedKernel(Kernel):
+class MatMulTransposedKernel(BoundOrOracle):
     """:data:`MATMUL_T` on the native GEMM, which packs both operands per call and so reads them, and writes its
     output, at any strides: the transposed views cost nothing. Named as MatMul's native kernel, so a package that
     recorded ``matmul_native`` for the MatMul this node replaced still finds it. Where the batch axes of a view do
-    not collapse into one (the layout plan absorbs no such Transpose), numpy's matmul on the views."""
+    not collapse into one (the layout plan absorbs no such Transpose), the oracle."""
 
     name = "matmul_native"
     ops: ClassVar[tuple[str, ...]] = (MATMUL_T,)
@@ -580,14 +581,8 @@ class MatMulTransposedKernel(Kernel):
             return None  # a batch axis that does not collapse: reshape copied
         return native.matmul_bound(a3, b3, y3)
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        if call is not None:
-            call()
-            return
-        at, bt, yt = self._views(layer, inputs, outputs)
-        np.matmul(at, bt, out=yt)
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
+        return matmul_t_reference(layer.node, list(inputs[:2]))[0]
 
 
 @register_kernel

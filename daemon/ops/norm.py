@@ -18,7 +18,8 @@ from .. import native
 from ..errors import ShapeError, UnsupportedOpError
 from ..ir import Node, TensorInfo
 from .activation import apply_act
-from .base import ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel, register_op
+from .base import (BoundOrOracle, ContiguousOut, Kernel, Layer, OpSpec, full_inputs, raw_key, register_kernel,
+                   register_op)
 
 __all__ = ["fold_bn_into", "bn_scale_shift", "bn_training", "batchnorm_reference", "instancenorm_reference", "layernorm_reference"]
 
@@ -659,7 +660,7 @@ register_op(OpSpec(L2NORM, _infer_l2norm, l2norm_reference,
 
 
 @register_kernel
-class L2NormNative(Kernel):
+class L2NormNative(BoundOrOracle):
     """native/rows.c: float32 rows split over the native pool; the sum of squares in 16 partial lanes (like
     onnxruntime's ReduceL2 in float32), each element divided by the clipped norm."""
 
@@ -685,10 +686,5 @@ class L2NormNative(Kernel):
             fn(*args)
         return call
 
-    def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
-            outputs: Sequence[np.ndarray]) -> None:
-        call = self.bind(layer, inputs, params, outputs)
-        if call is not None:
-            call()
-        else:
-            np.copyto(outputs[0], l2norm_reference(layer.node, [inputs[0]])[0])
+    def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
+        return l2norm_reference(layer.node, [inputs[0]])[0]
