@@ -4,9 +4,9 @@ A conv over NCHW planes is a GEMM whose input is packed per call (a quarter of a
 planes), or a direct conv reading strided rows; in the blocked layout (N, ceil(C/16), H, W, 16) nothing is packed
 (:mod:`inferd.ops.conv_nchwc`). A conversion costs about what one packing does, so blocking pays only over a
 run of convs. ``plan_layout`` takes the convs the blocked kernel suits (1x1s with fewer than
-``POINTWISE_MAX_WEIGHTS`` weights, strided ones on any map and the others on maps of ``POINTWISE_MIN_PIXELS`` and
-more; strided k x k convs; k x k convs of up to ``DIRECT_MAX_CIN`` input channels unless Winograd would run them
-with more output channels; grouped convs whose groups fill whole blocks (``conv_nchwc.block_groups``), against
+``POINTWISE_MAX_WEIGHTS`` weights on maps of ``POINTWISE_MIN_PIXELS`` and more, strided ones on any map; strided
+k x k convs; k x k convs of up to ``DIRECT_MAX_CIN`` input channels unless Winograd would run them with more output
+channels; grouped convs whose groups fill whole blocks (``conv_nchwc.block_groups``), against
 im2col's GEMM per group even alone; depthwise convs between blocked neighbours; stems, convs of fewer than 16 input
 channels that read them in NCHW; channel counts short of whole blocks where the padding adds at most ``MAX_PAD``
 of work, the saving counted net of it), the max pools and squeeze-excitations (a global average pool, which writes
@@ -48,11 +48,14 @@ DIRECT_MAX_CIN = 64
 #: 1x1 convs with this many weights or more stay on the GEMM (with the pointwise tiles, resnet50's 1024->256 on
 #: 14x14 took 0.87x the GEMM's time blocked; its 1024->2048 downsampling on 7x7 1.06x)
 POINTWISE_MAX_WEIGHTS = 1024 * 1024
-#: ... and so do 1x1 convs on maps smaller than this. With the run tiles (a 7x7 map as one row of 49 pixels),
+#: ... and so do 1x1 convs on maps smaller than this: none since the run tiles (a map as one row of pixels).
 #: mobilenetv2's 7x7 1x1s take 0.75-0.96x the GEMM's time blocked and the model 0.95-0.99x (Zen 3, 1 and 2
 #: threads, 2026-12-01), googlenet 0.90-0.97x; efficientnet_b0's 7x7 expansions 0.9-1.08x, the model 0.96-1.00x
-#: in four A/Bs (before the run tiles they had taken 1.15x blocked)
-POINTWISE_MIN_PIXELS = 49
+#: in four A/Bs (before the run tiles they had taken 1.15x blocked). With 49 the exported models at 64x64 (their
+#: last stages on 4x4, 2x2 and 1x1 maps) converted to NCHW and back; with none, in-process A/Bs (Zen 3, two
+#: threads, 2026-12-02): efficientnet_b0 0.79x the time, regnet_y_400mf 0.86, keras mobilenet_v2 0.88,
+#: deeplabv3_mobilenet_v3 0.94, nf_regnet_b0 0.99; the zoo at 224x224 0.99-1.00
+POINTWISE_MIN_PIXELS = 1
 #: maps of fewer pixels than this save less blocked than larger ones do (``SAVING["pointwise_small"]``)
 SMALL_MAP_PIXELS = 100
 SUFFIX = "::nchwc"
