@@ -14,6 +14,7 @@ from inferd.frontend import import_model
 from inferd.ops.base import kernels_for, run_layer, single_node_layer
 from inferd.ops.gemm import MATMUL_T, matmul_t_reference
 from inferd.package import cpu_graph
+from inferd.planner.cost import layer_flops
 from inferd.planner.layout import absorb_transposes
 from ortutil import run_ort
 
@@ -153,6 +154,7 @@ def test_the_kernel_reads_and_writes_through_the_views_as_the_oracle_says(perms:
     want = np.matmul(a.transpose(pa) if pa else a, b.transpose(pb) if pb else b)
     np.testing.assert_array_equal(ref, want.transpose(py) if py else want)
     assert ref.shape == layer.outputs[0].shape
+    assert layer_flops(layer) == 2 * ref.size * logical_a[-1]  # what the planners' roofline counts
     kernel = next(k for k in kernels_for(MATMUL_T, "cpu") if k.name == "matmul_native")
     assert kernel.applies(layer)
     got = run_layer(kernel, layer, [a, b], bound=bound)[0]

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..ops.base import Kernel, Layer
 from ..ops.conv_nchwc import CONV as BLOCKED_CONV
+from ..ops.gemm import MATMUL_T
 
 #: The phases the cold-start planner schedules. ``read_raw``/``read_transformed``: bytes from the
 #: weights store into memory (checksum included); ``transform``: raw -> the kernel's layout;
@@ -96,6 +97,10 @@ def layer_flops(layer: Layer) -> float:
             a = (1, b[0] if len(b) == 2 and not layer.attr("transB", 0) else (b[-1] if b else 1))
         k = a[-1] if layer.op == "MatMul" or not layer.attr("transA", 0) else a[0]
         return 2.0 * n_out * float(k if b else 1)
+    if layer.op == MATMUL_T and layer.inputs[0] is not None and layer.inputs[0].shape:
+        a = layer.inputs[0].shape  # as stored: its last axis read is perm_a's last
+        perm = layer.attr("perm_a") or range(len(a))
+        return 2.0 * n_out * float(a[list(perm)[-1]])
     return n_out
 
 
