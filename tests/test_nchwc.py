@@ -1120,3 +1120,31 @@ def test_a_graph_input_with_a_reader_that_cannot_be_pointed_elsewhere_is_copied(
             got = m.run({"x": x})
             np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-5)
             np.testing.assert_array_equal(got["r"], want[1])
+
+
+@needs_native
+@pytest.mark.parametrize("act,blocked", [("Relu", True), ("HardSwish", True), ("Sigmoid", False)])
+def test_a_scalar_gain_between_blocked_convs_runs_blocked(act: str, blocked: bool, tmp_path: Path) -> None:
+    """NF-Nets' act(x * gain) between convs, x also a residual branch's input (so the gain cannot fold into the
+    conv before): on the blocked tensor as it is where the activation (fused into the Mul) keeps zero at zero (the
+    blocks' padding lanes stay zero), else converted around it. Outputs equal onnxruntime's, the channels short of
+    a whole block (120) so that padding lanes exist."""
+    from onnx import helper, numpy_helper
+
+    from inferd.frontend import import_template, specialize
+
+    rng = np.random.default_rng(3)
+    c = 120
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 1, 1)) * 0.1).astype(np.float32), f"w{i}")
+             for i in range(2)] + [numpy_helper.from_array(np.array(1.7, np.float32), "gain")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Mul", ["a", "gain"], ["g"]),
+             helper.make_node(act, ["g"], ["h"]),
+             helper.make_node("Conv", ["h", "w1"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Add", ["b", "a"], ["y"])]
+    path = _save_xy_model(tmp_path / f"gain_{act}.onnx", nodes, [1, c, 56, 56], inits)
+    plan = plan_layout(specialize(import_template(str(path))))
+    assert ("scalar" in plan.kinds) == blocked, plan
+    assert plan.kinds.count("conv") == (2 if blocked else plan.kinds.count("conv"))
+    x = rng.standard_normal((1, c, 56, 56)).astype(np.float32)
+    _assert_matches_onnxruntime(path, {"x": x})

@@ -238,10 +238,33 @@ def _scale_input(node: Node, graph: Graph) -> int | None:
     return None
 
 
+#: activations that keep zero at zero: a blocked tensor's padding lanes stay zero through them
+_ZERO_KEEPING_ACTS = ("Relu", "LeakyRelu", "SiLU", "HardSwish", "Gelu", "Tanh")
+
+
+def _scalar_input(node: Node, graph: Graph) -> int | None:
+    """A Mul of an (N, C, H, W) activation by a constant scalar, its activation (if any) zero at zero (NF-Nets'
+    gains between convs): the position of the activation; it runs on a blocked tensor as it is, its padding
+    lanes staying zero. None for any other node."""
+    if node.op != "Mul" or len(node.inputs) != 2:
+        return None
+    act = node.attrs.get("act")
+    if act is not None and str(act[0]) not in _ZERO_KEEPING_ACTS:
+        return None
+    for i in (0, 1):
+        x, c = node.inputs[i], node.inputs[1 - i]
+        v = graph.constants.get(c)
+        info = graph.infos.get(x)
+        if (v is not None and v.size == 1 and np.isfinite(v).all() and x not in graph.constants and info is not None
+                and len(info.shape) == 4 and tuple(graph.infos[node.outputs[0]].shape) == tuple(info.shape)):
+            return i
+    return None
+
+
 def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, str]) -> str | None:
     """'conv' (its NCHW path recorded in ``paths``) and 'pool' (computed in the blocked layout), 'concat'
-    (blocked parts concatenated as they are), 'gap' and 'scale' (a squeeze-excitation's pool and Mul), or None
-    (NCHW only)."""
+    (blocked parts concatenated as they are), 'gap' and 'scale' (a squeeze-excitation's pool and Mul), 'scalar' (a
+    Mul by a constant, ``_scalar_input``), or None (NCHW only)."""
     if node.inputs and any(graph.infos.get(t) is None or graph.infos[t].dtype != np.float32
                            or t in graph.runtime_shaped for t in node.inputs[:2 if node.op == "Mul" else 1]):
         return None
@@ -257,6 +280,8 @@ def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, 
         return "gap"
     if _scale_input(node, graph) is not None and node.name not in forced and "Mul" not in forced:
         return "scale"
+    if _scalar_input(node, graph) is not None and node.name not in forced and "Mul" not in forced:
+        return "scalar"
     return None
 
 
@@ -338,6 +363,9 @@ def blocked_reads(node: Node, kind: str | None, graph: Graph) -> list[int]:
     if kind == "scale":
         i = _scale_input(node, graph)
         return [] if i is None else [i]
+    if kind == "scalar":
+        i = _scalar_input(node, graph)
+        return [] if i is None else [i]
     if kind == "concat":
         return list(range(len(node.inputs)))
     return []
@@ -371,7 +399,7 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
             reads = [n.inputs[i] for i in blocked_reads(n, k, graph)]
             fed = [prod.get(i) is not None and prod[i].name in kept for i in reads]
             read_out = [_reads_blocked(c, n.outputs[0], kinds, kept, graph) for c in cons.get(n.outputs[0], [])]
-            if k in ("pool", "gap", "scale"):
+            if k in ("pool", "gap", "scale", "scalar"):
                 ok = all(fed)
             elif k == "concat":
                 ok = all(fed) or (any(fed) and _concat_pays(n, fed, graph, kinds, kept, cons, outs))
@@ -443,7 +471,7 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
         if kind == "scale":  # the blocked input first
             i = blocked_reads(n, kind, graph)[0]
             ins = [ins[i], ins[1 - i]]
-        op = {"conv": CONV, "stem": CONV, "pool": MAXPOOL, "concat": n.op, "scale": SCALE}[kind]
+        op = {"conv": CONV, "stem": CONV, "pool": MAXPOOL, "concat": n.op, "scale": SCALE, "scalar": n.op}[kind]
         # a concat's axis as the blocks' axis of the 5-D twins (-3 of NCHW would name their rows)
         attrs = {**n.attrs, "axis": 1} if kind == "concat" else dict(n.attrs)
         nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=attrs))
