@@ -1267,18 +1267,8 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
     const int gemv = N <= GEMV_MAX_N && !J.a_dyn && !J.b_pre && !J.boff;
     const int slices = !gemv && use_slices(&J);
     const int gemv_b = !slices && M <= GEMV_MAX_M && J.a_dyn && J.b_pre;
-    if (!gemv && use_small(&J)) {
-        /* one task per batch item (a head), as many threads as the work is worth */
-        J.path = PATH_SMALL;
-        J.mu = M, J.um = 1, J.nu = N, J.np = 1, J.tm = 1, J.tn = 1;
-        const double w = (double)M * K * N * batch;
-        const int threads = inferd_pool_threads();
-        int want = (max_threads > 0 && max_threads < threads) ? max_threads : threads;
-        want = w < 65536.0 ? 1 : imin(want, inferd_pool_useful_threads(w, 131072.0));
-        inferd_parallel(gemm_task, &J, batch, want);
-        return J.failed ? -1 : 0;
-    }
-    J.path = gemv ? PATH_GEMV : slices ? PATH_SLICES : gemv_b ? PATH_GEMV_B : PATH_BLOCK;
+    const int small = !gemv && use_small(&J);
+    J.path = gemv ? PATH_GEMV : small ? PATH_SMALL : slices ? PATH_SLICES : gemv_b ? PATH_GEMV_B : PATH_BLOCK;
     const int nr = gemv ? N : (gemv_b ? NBP : (slices ? J.isa->sw : J.isa->nr));
     const int threads = inferd_pool_threads();
     const double work = (double)M * K * N * batch;
@@ -1286,6 +1276,11 @@ static int gemm_run(int M, int K, int N, int batch, const float* a, long long as
     if (work < 65536.0) want = 1;
     /* at least ~128k multiply-adds a thread (a few microseconds): more threads than that only wake workers */
     else want = imin(want, inferd_pool_useful_threads(work, 131072.0));
+    if (small) { /* one task per batch item (a head) */
+        J.mu = M, J.um = 1, J.nu = N, J.np = 1, J.tm = 1, J.tn = 1;
+        inferd_parallel(gemm_task, &J, batch, want);
+        return J.failed ? -1 : 0;
+    }
     const long long target = want > 1 ? 4LL * want : 1; /* a few tasks per thread: idle threads steal */
     const int mrow = slices ? J.isa->mrs : MRP; /* rows per unit of the M split */
     const int mp = (M + mrow - 1) / mrow, np = (N + nr - 1) / nr;
