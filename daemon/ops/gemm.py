@@ -490,6 +490,20 @@ class GemmPackedKernel(Kernel):
         o.close()
 
 
+def _batched_views(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``a @ b -> y`` as (Q, M, K) @ (Q, K, N) -> (Q, M, N) views of the same memory (the native GEMM takes one
+    batch stride per operand), or None where a batch axis does not collapse without a copy (a reshape's copy is
+    new memory, so overlap tells a view from it)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    try:
+        a3, b3, y3 = a.reshape(-1, m, k), b.reshape(-1, k, n), y.reshape(-1, m, n)
+    except ValueError:
+        return None
+    if not (np.may_share_memory(y3, y) and np.may_share_memory(a3, a) and np.may_share_memory(b3, b)):
+        return None
+    return a3, b3, y3
+
+
 @register_kernel
 class MatMulNativeKernel(Kernel):
     """Float32 MatMul of two activations (attention's Q K^T and P V): inferd's GEMM with both operands packed
@@ -515,28 +529,16 @@ class MatMulNativeKernel(Kernel):
         a, b, y = inputs[0], inputs[1], outputs[0]
         if a is None or b is None or layer.attr("act") is not None or _residual_index(layer.node) is not None:
             return None
-        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        try:
-            a3, b3, y3 = a.reshape(-1, m, k), b.reshape(-1, k, n), y.reshape(-1, m, n)
-        except ValueError:
-            return None
-        if not (np.may_share_memory(y3, y) and np.may_share_memory(a3, a) and np.may_share_memory(b3, b)):
-            return None
-        return native.matmul_bound(a3, b3, y3)
+        v = _batched_views(a, b, y)
+        return None if v is None else native.matmul_bound(*v)
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
         a, b, y = inputs[0], inputs[1], outputs[0]
         assert a is not None and b is not None
-        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        try:  # views when the batch axes collapse without a copy
-            a3, b3 = a.reshape(-1, m, k), b.reshape(-1, k, n)
-            y3 = y.reshape(-1, m, n)
-            ok = np.may_share_memory(y3, y) and np.may_share_memory(a3, a) and np.may_share_memory(b3, b)
-        except Exception:
-            ok = False
-        if ok:
-            native.matmul(a3, b3, y3)
+        v = _batched_views(a, b, y)
+        if v is not None:
+            native.matmul(*v)
         else:
             np.matmul(a, b, out=y)
         _epilogue(layer.node, y, [*inputs[:2]] + [params.get(raw_key(i)) if inputs[i] is None else inputs[i]
@@ -572,14 +574,8 @@ class MatMulTransposedKernel(BoundOrOracle):
         at, bt, yt = self._views(layer, inputs, outputs)
         if at.ndim < 2 or bt.ndim < 2 or at.shape[:-2] != bt.shape[:-2]:
             return None
-        m, k, n = at.shape[-2], at.shape[-1], bt.shape[-1]
-        try:
-            a3, b3, y3 = at.reshape(-1, m, k), bt.reshape(-1, k, n), yt.reshape(-1, m, n)
-        except ValueError:
-            return None
-        if not all(np.shares_memory(v3, v) for v3, v in ((a3, at), (b3, bt), (y3, yt))):
-            return None  # a batch axis that does not collapse: reshape copied
-        return native.matmul_bound(a3, b3, y3)
+        v = _batched_views(at, bt, yt)
+        return None if v is None else native.matmul_bound(*v)
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         return matmul_t_reference(layer.node, list(inputs[:2]))[0]
