@@ -252,13 +252,13 @@ def backend_fingerprint(backend: Any, device: str) -> dict[str, str]:
 
 
 def backend_profile(backend: Any, device: str, entries: list[Any], constants: Any, rates: Any,
-                    fp: dict[str, str]) -> Profile:
+                    fp: dict[str, str], stop: Callable[[], bool] | None = None) -> Profile:
     prof = getattr(backend, "profile", None)
     if callable(prof):
         return prof(entries, rates)
     from .runtime.profiler import profile_layers
 
-    return profile_layers(entries, constants, rates, fp, backend=device)
+    return profile_layers(entries, constants, rates, fp, backend=device, stop=stop)
 
 
 def device_predictor(device: str, fp: dict[str, str]) -> Any:
@@ -609,10 +609,13 @@ def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile 
     return new
 
 
-def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[[str, str], bool]) -> ColdPlan | None:
+def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[[str, str], bool],
+                    stop: Callable[[], bool] | None = None) -> ColdPlan | None:
     """Idle-time work for a package planned from predictions: profile its model on this device (a backend of its
     own, so the loaded model keeps serving), store the profile and re-plan from it over the representations the
-    store holds. Returns the new plan (None when the package already has a profile or changed meanwhile)."""
+    store holds. Returns the new plan (None when the package already has a profile or changed meanwhile).
+    Raises ``runtime.profiler.IdleBusy`` when requests leave it no quiet moment or ``stop()`` turns true:
+    nothing is stored then, and the caller may try again later."""
     d = read_plan(pkg / "plan.bin")
     if d.get("profile") is not None or d.get("costs") != "predicted":
         return None
@@ -626,7 +629,7 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
         try:
             fp = backend_fingerprint(backend, device)
             entries = backend.candidates()
-            prof = backend_profile(backend, device, entries, op.graph.constants, measure_rates(), fp)
+            prof = backend_profile(backend, device, entries, op.graph.constants, measure_rates(), fp, stop)
             new = make_plan(backend, entries, prof, current.options,
                             current.loaders + (0 if backend.gpu else 1), stored=stored,
                             predictor=device_predictor(device, fp), constants=op.graph.constants)

@@ -1,9 +1,15 @@
-"""Suite-wide settings: deterministic thread counts and a per-run cache directory."""
+"""Suite-wide settings: deterministic thread counts and no predictor of the developer's."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 # The suite runs on 2 cores in CI; keep BLAS and lavapipe from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
 os.environ.setdefault("LP_NUM_THREADS", "2")
+
+# A latency predictor trained on this machine (``inferd predictor train`` writes ~/.cache/inferd/predictor) changes
+# how packages are planned and profiled (from predictions, then in idle time): the suite must not depend on whether
+# the developer trained one. Tests that want a predictor point INFERD_PREDICTOR_DIR at their own.
+os.environ["INFERD_PREDICTOR_DIR"] = tempfile.mkdtemp(prefix="inferd-test-predictor-")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -474,6 +475,52 @@ def test_cold_planner_plans_from_predictions_alone(trained: tuple[Predictor, Tra
         m.close()
     d = read_plan(pkg / "plan.bin")
     assert d["costs"] == "profiled" and d["profile"] is not None
+
+
+def test_idle_profiling_yields_to_requests_and_to_close(trained: tuple[Predictor, Trainer], tmp_path,
+                                                        monkeypatch) -> None:
+    """A package planned from predictions profiles itself between requests only: under a foreground that is never
+    quiet it gives the idle worker back (other idle work runs meanwhile), and closing the model abandons it at
+    once, storing nothing, its retry cancelled."""
+    pred, _ = trained
+    from inferd.package import compile_model, read_plan
+    from inferd.runtime import model as model_mod
+    from inferd.runtime import profiler
+    from inferd.runtime.cold import after_answer
+    from inferd.runtime.scheduler import foreground
+
+    import inferd
+
+    monkeypatch.setenv("INFERD_PREDICTOR_DIR", str(tmp_path / "pred"))
+    monkeypatch.setattr(profiler, "IDLE_WAIT_S", 0.2)
+    monkeypatch.setattr(model_mod, "REFINE_RETRY_S", 0.3)
+    pred.save(tmp_path / "pred" / "cpu.ipred")
+    spec = VariantSpec("mobilenetv2", 0.35, 64, 0.5, 3)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(build_variant(spec).SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg", profile="auto")
+    assert read_plan(pkg / "plan.bin")["costs"] == "predicted"
+    x = {"input": np.zeros(spec.input_shape, np.float32)}
+    m = inferd.load(pkg)
+    closed = False
+    try:
+        with foreground:  # a request that never ends, as under a steady stream
+            m.run(x)
+            assert m.refine_done is not None
+            time.sleep(1.0)  # the first try and at least one retry have given up by now
+            assert not m.refine_done.is_set()
+            assert after_answer(lambda: None).wait(5)  # the idle worker is not held by the put-off profile
+            t0 = time.perf_counter()
+            m.close()
+            closed = True
+            assert time.perf_counter() - t0 < 2.0
+            assert m.refine_done.is_set() and m._refine_retry is None
+    finally:
+        if not closed:
+            m.close()
+    time.sleep(0.5)  # a retry that was not cancelled would fire in this window and profile
+    d = read_plan(pkg / "plan.bin")
+    assert d["costs"] == "predicted" and d["profile"] is None
 
 
 def test_info_predict_json(trained: tuple[Predictor, Trainer], tmp_path, monkeypatch, capsys) -> None:

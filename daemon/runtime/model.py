@@ -51,6 +51,9 @@ class Variant:
 #: shape variants a dynamic model keeps besides its first shape, by default (least recently used dropped)
 DEFAULT_MAX_VARIANTS = 4
 
+#: idle-time refinement put off by a busy foreground tries again after this long, doubling up to a minute
+REFINE_RETRY_S = 5.0
+
 
 class Model:
     """A loaded model. ``run`` is not re-entrant (one arena per shape); the daemon serialises runs per model.
@@ -87,6 +90,11 @@ class Model:
         #: set when the warm switch (if any) is done; likewise the refinement of the package's plan
         self.warm_done: threading.Event | None = None
         self.refine_done: threading.Event | None = None
+        #: set by close(): a refinement not started yet is skipped (it would profile a model that is gone);
+        #: one under way holds ``_refining``, which close() waits for
+        self._closing = threading.Event()
+        self._refining = threading.Lock()
+        self._refine_retry: threading.Timer | None = None
         #: rebuilds the model from a fresh package when its store turns out damaged mid-load
         self._recover = recover
         #: folds a cold run's observations into the package's profile (and plan) in idle time
@@ -294,8 +302,33 @@ class Model:
         if self._refine is not None:
             refine = self._refine
             self._refine = None
-            # (what the run observed is gathered there too: 0.4 ms of a small model's answer otherwise)
-            self.refine_done = after_answer(lambda: refine(cold.observed()))
+            closing, refining = self._closing, self._refining
+            from .profiler import IdleBusy
+
+            done = threading.Event()  # set once refined, failed or abandoned at close: not at a put-off
+
+            def job(delay: float = REFINE_RETRY_S) -> None:
+                with refining:  # taken before the check: close() either sees it held or the job sees closing
+                    try:
+                        if not closing.is_set():
+                            # (what the run observed is gathered here too: 0.4 ms of a small model's answer
+                            # otherwise)
+                            refine(cold.observed())
+                    except IdleBusy as e:
+                        if not closing.is_set():
+                            log.debug("model %s: idle-time profiling put off %.0f s: %s", self.name, delay, e)
+                            # requests left no quiet moment: again later, the idle worker left to the rest
+                            retry = threading.Timer(delay, lambda: after_answer(lambda: job(min(2 * delay, 60.0))))
+                            retry.daemon = True
+                            self._refine_retry = retry  # cancelled by close(): it holds the store's index
+                            retry.start()
+                            return
+                    except Exception:
+                        log.exception("model %s: refining the package's plan failed", self.name)
+                    done.set()
+
+            self.refine_done = done
+            after_answer(job)
 
     @property
     def warm(self) -> bool:
@@ -318,12 +351,24 @@ class Model:
         return ev.wait(timeout) if ev is not None else True
 
     def close(self) -> None:
+        self._closing.set()
         cold = self._cold
         if cold is not None and not cold.done:
             cold.cancel()
         ev = self.warm_done  # a switch under way finishes first: it swaps kernels in under the lock
         if ev is not None:
             ev.wait(30)
+        # a refinement under way (idle-time profiling builds a backend of its own) finishes too: its memory
+        # would otherwise outlive the model, counted against a budget that believes it freed. One still queued
+        # behind other idle work is not waited for: it sees ``_closing`` and does nothing.
+        if self._refining.acquire(timeout=60):
+            self._refining.release()
+        retry = self._refine_retry
+        if retry is not None:
+            retry.cancel()
+            self._refine_retry = None
+        if self.refine_done is not None:
+            self.refine_done.set()  # abandoned: nobody waits on a refinement of a closed model
         with self._lock:
             self._drop_variants()
             close = getattr(self._exec, "close", None)
@@ -599,7 +644,7 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
         used = model.plan
         # planned without measuring (at registration): measure in idle time, after the first run answered
-        model._refine = lambda _observed: profile_package(op.path, dev, used, stored)
+        model._refine = lambda _observed: profile_package(op.path, dev, used, stored, stop=model._closing.is_set)
 
     source = str(op.meta.get("source", ""))
 

@@ -135,13 +135,25 @@ def disk_read_rate(path: str | os.PathLike, limit: int = 64 << 20) -> float | No
     return off / dt if dt > 0 and off else None
 
 
+#: idle-time profiling waits this long for a quiet moment before it gives the idle worker back (``IdleBusy``):
+#: the worker is one queue, and a warm switch or another model's finishing must not wait behind a profile
+#: that a steady stream of requests starves
+IDLE_WAIT_S = 1.0
+
+
+class IdleBusy(Exception):
+    """Idle-time profiling gave up: the foreground stayed busy, or its model was closed (``stop``)."""
+
+
 def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], constants: object,
                    rates: DeviceRates, fingerprint: dict[str, str], backend: str = "cpu",
-                   reps: int = 3, budget_s: float = 30.0) -> Profile:
+                   reps: int = 3, budget_s: float = 30.0, stop: Callable[[], bool] | None = None) -> Profile:
     """Transform and execute every candidate kernel of every layer that has a choice or weights.
 
     Layers are run alone on random inputs of their shapes. Stops measuring (leaving the rest to the
-    roofline) after ``budget_s`` so that a huge model does not hold compilation for minutes."""
+    roofline) after ``budget_s`` so that a huge model does not hold compilation for minutes. On the idle
+    worker it measures between requests only, and raises ``IdleBusy`` when none leaves it
+    ``IDLE_WAIT_S`` of quiet or ``stop()`` says so."""
     rng = np.random.default_rng(0)
     times: dict[tuple[str, str, str], float] = {}
     t_start = time.perf_counter()
@@ -163,8 +175,10 @@ def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], co
                 ins.append(np.zeros(info.shape, info.dtype))
         outs = [np.empty(o.shape, o.dtype) for o in layer.outputs]
         for k in kernels:
-            if idle:
-                foreground.wait_quiet()
+            if idle and not foreground.wait_quiet(timeout=IDLE_WAIT_S):
+                raise IdleBusy(f"no quiet moment in {IDLE_WAIT_S} s")
+            if stop is not None and stop():
+                raise IdleBusy("stopped")
             try:
                 t0 = time.perf_counter()
                 params = k.transform(layer, raw)

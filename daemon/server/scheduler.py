@@ -939,6 +939,28 @@ class ModelSlot:
         self._drop_fallback()
         for ident, rid in waiters:
             sender.send(ident, P.encode_reply(rid, info))
+        if not self.queued:
+            self._finish_in_idle_time(model)
+
+    def _finish_in_idle_time(self, model: Any) -> None:
+        """A load no request waits on (a preload, a client's load): finish it, and its warm switch, in idle time.
+        Its cold plan streams the load under a first request; with none coming, that request would otherwise
+        still run the cold kernels, and the model would say it is warming until then."""
+        finish = getattr(model, "wait_loaded", None)
+        if finish is None:
+            return
+        from ..runtime.cold import after_answer
+
+        def job() -> None:
+            if self.model is not model:
+                return  # unloaded or replaced meanwhile
+            try:
+                with self._device_ctx(getattr(model, "device", None)):  # as its first run would hold it
+                    finish()
+            except Exception as exc:  # a model closed under it: the next request loads or fails on its own
+                log.debug("model %s: finishing the load in idle time: %s: %s", self.name, type(exc).__name__, exc)
+
+        after_answer(job)
 
     def _close(self, model: Any) -> None:
         try:
