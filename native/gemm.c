@@ -977,15 +977,20 @@ static void gemv_block(job_t* J, int bi, int m0, int m1)
 /* Few rows against a prepacked B (a batch-1 linear layer; a transformer's last stages at a small input, a box
    head's proposals): stream each 96-column panel once, by blocks of GEMV_KB rows of k (~96 KB, in L2). The first
    row goes over the block's rows whole, front to back: the one pass that reads it from memory, as the hardware
-   prefetcher follows. The other rows then go four at a time over a slice of the columns (12 accumulators on
-   AVX2: one row x 96 columns, two x 48, three x 24, four x 16), out of L2, each weight vector feeding every
-   row's FMA. All rows in slices from the start, each slice's pass read every sixth line of memory and missed:
+   prefetcher follows. The other rows then compute out of L2: by groups of the slices kernel's rows where the ISA
+   has one and A's rows are read in place (AVX2: 6 rows x 16 columns, 12 accumulators), the rest four at a time
+   over a slice of the columns (one row x 96 columns, two x 48, three x 24, four x 16), each weight vector
+   feeding every row's FMA. The slices kernel's groups, against four rows at a time, Zen 3, two threads: weights
+   in cache 7 rows x 384 x 1536 0.67x the time, 8 rows 0.82x, 16 rows 0.91x; streamed from DRAM 7 x 768 x 3072
+   0.78x, 13 rows 0.91x, 16 rows 0.94-1.0x (a burst of prefetches of the next block before each of its calls
+   cost 1.05-1.15x). All rows in slices from the start, each slice's pass read every sixth line of memory and missed:
    4 x 768 x 3072 with the weights cold, one thread, Zen 3, 1.37 ms, now 0.66 (one row alone: 0.47); a chain of
    twelve such layers (113 MB of weights) at 4 and 16 rows, two threads, 1.13x and 1.05x onnxruntime's time,
    1.68x and 1.69x before. Row by row over all 96 columns, hot: 240 us, now 155. Up to 32 rows: vit_tiny's 17
    tokens at a 64x64 input, 17 x 192 x 768 hot, 32 us where the micro-kernels' 8-row panels took 43; 24 and 32 rows
    as fast either way (where the ISA has a slices kernel, more than SLICES_MIN_M rows take gemm_slices). Each
-   output sums in order of k, as row by row: the same bits. */
+   output sums in order of k within a K block; the slices kernel's rows add each block's sum to the tile, the
+   others each product: equal to rounding. */
 #define GEMV_KB 256
 #define GEMV_MAX_M 32
 #define GEMV_ROWS(R, C, E, PF)                                                                                      \
@@ -1024,10 +1029,18 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
     const float* restrict a = J->ap + (ptrdiff_t)bi * J->ap_bs;
     const float* restrict b = J->b + (ptrdiff_t)bi * J->b_bs;
     float tile[GEMV_MAX_M * NBP];
+    /* Groups of the slices kernel's rows (AVX2: 6 rows x 16 columns, 12 accumulators) after the first row, where
+       A's rows are read in place; the rest go four at a time. */
+    const isa_t* I = J->isa;
+    const int mrs = I->uks && J->ask == 1 && NBP % I->sw == 0 ? I->mrs : 0;
+    const int m_uks = mrs ? 1 + (M - 1) / mrs * mrs : 1;
+    epi_t epi;
+    memset(&epi, 0, sizeof epi);
+    epi.ldc = NBP;
     /* k steps of the other rows' passes over one K block, per row of k (each group of rows goes over the panel's
        96 columns in NBP / C slices): against the lines of the next block, how often they prefetch one */
     int steps = 0;
-    for (int m0 = 1; m0 < M; m0 += 4) {
+    for (int m0 = m_uks; m0 < M; m0 += 4) {
         const int r = imin(4, M - m0);
         steps += NBP / (r == 1 ? 96 : r == 2 ? 48 : r == 3 ? 24 : 16);
     }
@@ -1061,7 +1074,14 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
 #define GEMV_PF                                                                                                    \
     if (pf_i < pf_lines)                                                                                           \
         __builtin_prefetch(pf + (size_t)16 * pf_i++, 0, 2);
-            for (int m0 = 1; m0 < M; m0 += 4) {
+            epi.first = k0 == 0;
+            for (int m0 = 1; m0 < m_uks; m0 += mrs)
+                for (int h = 0; h < NBP; h += I->sw) {
+                    epi.c = tile + (size_t)m0 * NBP + h;
+                    I->uks(k1 - k0, a + (ptrdiff_t)m0 * J->asm_ + k0, J->asm_, bp + (size_t)k0 * NBP + h, NBP, NULL,
+                           &epi);
+                }
+            for (int m0 = m_uks; m0 < M; m0 += 4) {
                 switch (imin(4, M - m0)) {
                 case 1: GEMV_ROWS(1, 96, every, GEMV_PF) break;
                 case 2: GEMV_ROWS(2, 48, every, GEMV_PF) break;
