@@ -261,10 +261,25 @@ def _scalar_input(node: Node, graph: Graph) -> int | None:
     return None
 
 
+def _unary_ok(node: Node, graph: Graph) -> bool:
+    """A standalone activation that keeps zero at zero on an (N, C, H, W) tensor (a pre-activation residual
+    block's SiLU or ReLU, whose input the skip also reads): elementwise, it runs on a blocked tensor as it is,
+    its padding lanes staying zero. NF-RegNet-B0 converted out of and back into the blocked layout around twelve
+    of them."""
+    if node.op not in _ZERO_KEEPING_ACTS or len(node.inputs) != 1 or len([o for o in node.outputs if o]) != 1:
+        return False
+    act = node.attrs.get("act")
+    if act is not None and str(act[0]) not in _ZERO_KEEPING_ACTS:
+        return False
+    x, y = graph.infos.get(node.inputs[0]), graph.infos.get(node.outputs[0])
+    return x is not None and y is not None and len(x.shape) == 4 and tuple(x.shape) == tuple(y.shape)
+
+
 def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, str]) -> str | None:
     """'conv' (its NCHW path recorded in ``paths``) and 'pool' (computed in the blocked layout), 'concat'
     (blocked parts concatenated as they are), 'gap' and 'scale' (a squeeze-excitation's pool and Mul), 'scalar' (a
-    Mul by a constant, ``_scalar_input``), or None (NCHW only)."""
+    Mul by a constant, ``_scalar_input``), 'unary' (an activation zero at zero, ``_unary_ok``), or None (NCHW
+    only)."""
     if node.inputs and any(graph.infos.get(t) is None or graph.infos[t].dtype != np.float32
                            or t in graph.runtime_shaped for t in node.inputs[:2 if node.op == "Mul" else 1]):
         return None
@@ -282,6 +297,8 @@ def _kind(node: Node, graph: Graph, forced: Mapping[str, str], paths: dict[str, 
         return "scale"
     if _scalar_input(node, graph) is not None and node.name not in forced and "Mul" not in forced:
         return "scalar"
+    if _unary_ok(node, graph) and node.name not in forced and node.op not in forced:
+        return "unary"
     return None
 
 
@@ -358,7 +375,7 @@ def blocked_reads(node: Node, kind: str | None, graph: Graph) -> list[int]:
     """Input positions a blocked node reads in the blocked layout."""
     if kind in ("conv", "stem"):  # a stem reads its input in NCHW
         return ([0] if kind == "conv" else []) + ([len(node.inputs) - 1] if node.attrs.get("residual") else [])
-    if kind in ("pool", "gap"):
+    if kind in ("pool", "gap", "unary"):
         return [0]
     if kind == "scale":
         i = _scale_input(node, graph)
@@ -399,7 +416,7 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
             reads = [n.inputs[i] for i in blocked_reads(n, k, graph)]
             fed = [prod.get(i) is not None and prod[i].name in kept for i in reads]
             read_out = [_reads_blocked(c, n.outputs[0], kinds, kept, graph) for c in cons.get(n.outputs[0], [])]
-            if k in ("pool", "gap", "scale", "scalar"):
+            if k in ("pool", "gap", "scale", "scalar", "unary"):
                 ok = all(fed)
             elif k == "concat":
                 ok = all(fed) or (any(fed) and _concat_pays(n, fed, graph, kinds, kept, cons, outs))
@@ -471,7 +488,8 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
         if kind == "scale":  # the blocked input first
             i = blocked_reads(n, kind, graph)[0]
             ins = [ins[i], ins[1 - i]]
-        op = {"conv": CONV, "stem": CONV, "pool": MAXPOOL, "concat": n.op, "scale": SCALE, "scalar": n.op}[kind]
+        op = {"conv": CONV, "stem": CONV, "pool": MAXPOOL, "concat": n.op, "scale": SCALE, "scalar": n.op,
+              "unary": n.op}[kind]
         # a concat's axis as the blocks' axis of the 5-D twins (-3 of NCHW would name their rows)
         attrs = {**n.attrs, "axis": 1} if kind == "concat" else dict(n.attrs)
         nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=attrs))
