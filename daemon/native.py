@@ -989,10 +989,14 @@ def nchwc_gap_bound(x: np.ndarray, y: np.ndarray) -> Callable[[], None] | None:
     return call
 
 
-def nchwc_scale_bound(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> Callable[[], None] | None:
+def nchwc_scale_bound(x: np.ndarray, s: np.ndarray, y: np.ndarray, mult: float = 1.0,
+                      act: Act | None = None) -> Callable[[], None] | None:
     """Blocked ``x`` (N, ceil(C/16), H, W, 16) times a scale per channel ``s`` (N or 1, C, 1, 1) into ``y`` (x's
-    shape); None where it does not apply."""
-    if not has("inferd_nchwc_scale") or any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, s, y)):
+    shape), then times ``mult`` and through ``act`` (one that keeps zero at zero) in the same pass; None where it
+    does not apply."""
+    fused = mult != 1.0 or act is not None
+    if not has("inferd_nchwc_scale_act" if fused else "inferd_nchwc_scale") \
+            or any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, s, y)):
         return None
     if x.ndim != 5 or x.shape[4] != 16 or y.shape != x.shape or s.ndim != 4 or s.shape[2:] != (1, 1):
         return None
@@ -1000,7 +1004,13 @@ def nchwc_scale_bound(x: np.ndarray, s: np.ndarray, y: np.ndarray) -> Callable[[
     if -(-c // 16) != x.shape[1] or s.shape[0] not in (1, n):
         return None
     stride = 0 if s.shape[0] == 1 else c
-    fn, args = lib.inferd_nchwc_scale, (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride, _ptr(y))
+    if fused:
+        code, p0, p1 = _act_code(act)
+        fn, args = lib.inferd_nchwc_scale_act, (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride,
+                                                float(mult), code, p0, p1, _ptr(y))
+    else:
+        fn, args = lib.inferd_nchwc_scale, (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride,
+                                            _ptr(y))
 
     def call(_keep: Any = (x, s, y)) -> None:
         if fn(*args) != 0:

@@ -37,7 +37,8 @@ from .ir import Graph, Node, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
-from .planner.layout import LayoutPlan, absorb_transposes, apply_layout, fuse_l2_normalize, plan_layout
+from .planner.layout import (LayoutPlan, absorb_transposes, apply_layout, fuse_l2_normalize, fuse_scale_gain,
+                             plan_layout)
 from .planner.memory import MemoryPlan, memory_from_record, memory_record
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
@@ -201,7 +202,7 @@ def cpu_graph(graph: Graph, kernels: dict[str, str] | None = None, layout: Layou
         plan = layout if layout is not None else cpu_layout(graph, kernels)
         if plan is not None:
             graph = apply_layout(graph, plan)
-    return fuse_l2_normalize(absorb_transposes(graph, kernels), kernels)
+    return fuse_l2_normalize(absorb_transposes(fuse_scale_gain(graph, kernels), kernels), kernels)
 
 
 def backend_precision(backend: Any, device: str, precision: Any, graph: Graph, prof: Profile | None,

@@ -367,3 +367,7 @@ int inferd_nchwc_reorder(const float* x, long long n, long long c, long long hw,
 int inferd_nchwc_gap(const float* x, long long n, long long c, long long hw, float* y);
 int inferd_nchwc_scale(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
                        float* y);
+/* inferd_nchwc_scale, then times ``mult`` and activation ``act`` (an activation code with p0, p1; one that keeps
+   zero at zero, or the padding lanes stop being zero): NF-Nets' act(gain * se(x)) in one pass. 0, or -1. */
+int inferd_nchwc_scale_act(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
+                           float mult, int act, float p0, float p1, float* y);

@@ -1449,6 +1449,8 @@ typedef struct {
     float* y;
     long long hw, c, cb, s_stride;
     long long span, nspan; /* pixels per task, tasks per block (scale; pixel_spans) */
+    float mult, p0, p1;    /* scale: a gain on every scale, then the activation (act 0: none) */
+    int act;
 } sjob_t;
 
 static void gap_task(void* ctx, long long task)
@@ -1473,7 +1475,7 @@ static void gap_task(void* ctx, long long task)
 int inferd_nchwc_gap(const float* x, long long n, long long c, long long hw, float* y)
 {
     if (n < 1 || c < 1 || hw < 1) return -1;
-    sjob_t J = {x, NULL, y, hw, c, (c + 15) / 16, 0, hw, 1};
+    sjob_t J = {x, NULL, y, hw, c, (c + 15) / 16, 0, hw, 1, 1.0f, 0.0f, 0.0f, 0};
     inferd_parallel(gap_task, &J, n * J.cb, 0);
     return 0;
 }
@@ -1486,19 +1488,27 @@ static void scale_task(void* ctx, long long task)
     const long long img = blk / J->cb, b = blk % J->cb;
     const int cn = J->c - b * 16 < 16 ? (int)(J->c - b * 16) : 16;
     float sv[16];
-    for (int l = 0; l < 16; ++l) sv[l] = l < cn ? J->s[img * J->s_stride + b * 16 + l] : 0.0f;
+    for (int l = 0; l < 16; ++l) sv[l] = l < cn ? J->s[img * J->s_stride + b * 16 + l] * J->mult : 0.0f;
     const float* x = J->x + blk * 16 * J->hw;
     float* y = J->y + blk * 16 * J->hw;
     for (long long p = p0; p < p1; ++p)
         for (int l = 0; l < 16; ++l) y[p * 16 + l] = x[p * 16 + l] * sv[l];
+    if (J->act) /* the span just written, still in L1: no second pass over memory */
+        act_inplace(y + p0 * 16, (ptrdiff_t)(p1 - p0) * 16, J->act, J->p0, J->p1);
 }
 
 int inferd_nchwc_scale(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
                        float* y)
 {
+    return inferd_nchwc_scale_act(x, n, c, hw, s, s_stride, 1.0f, 0, 0.0f, 0.0f, y);
+}
+
+int inferd_nchwc_scale_act(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
+                           float mult, int act, float p0, float p1, float* y)
+{
     if (n < 1 || c < 1 || hw < 1 || s_stride < 0) return -1;
     const long long cb = (c + 15) / 16, blocks = n * cb;
-    sjob_t J = {x, s, y, hw, c, cb, s_stride, hw, 1};
+    sjob_t J = {x, s, y, hw, c, cb, s_stride, hw, 1, mult, p0, p1, act};
     pixel_spans(blocks, hw, &J.span, &J.nspan);
     inferd_parallel(scale_task, &J, blocks * J.nspan, 0);
     return 0;

@@ -1181,3 +1181,56 @@ def test_a_standalone_activation_between_blocked_convs_runs_blocked(act: str, bl
         assert ops.count("inferd.FromNchwc") == 1 and ops.count("inferd.ToNchwc") == 1, ops  # the graph's edges only
     x = rng.standard_normal((1, c, 28, 28)).astype(np.float32)
     _assert_matches_onnxruntime(path, {"x": x})
+
+
+@needs_native
+@pytest.mark.parametrize("act", [None, "Relu", "HardSwish"])
+def test_a_gain_after_a_blocked_squeeze_excitation_fuses_into_its_scale(act: str | None, tmp_path: Path) -> None:
+    """NF-Nets' act(gain * se(x)) before the next conv: the blocked SE scale takes the gain and the activation
+    (one pass, ``layout.fuse_scale_gain``), the Mul is gone; outputs equal onnxruntime's, with padding lanes
+    (120 channels). The oracle of the fused scale agrees with the native pass."""
+    from onnx import helper, numpy_helper
+
+    from inferd.frontend import import_template, specialize
+    from inferd.ops.base import op_spec
+    from inferd.ops.conv_nchwc import SCALE
+    from inferd.package import cpu_graph
+
+    rng = np.random.default_rng(5)
+    c, r = 120, 16
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), n)
+             for n, s in (("w0", (c, c, 1, 1)), ("f1", (r, c, 1, 1)), ("f2", (c, r, 1, 1)), ("w1", (c, c, 1, 1)))]
+    inits.append(numpy_helper.from_array(np.array(1.7, np.float32), "gain"))
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("GlobalAveragePool", ["a"], ["p"]),
+             helper.make_node("Conv", ["p", "f1"], ["q"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["q"], ["q1"]),
+             helper.make_node("Conv", ["q1", "f2"], ["q2"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["q2"], ["gate"]),
+             helper.make_node("Mul", ["a", "gate"], ["s"]),
+             helper.make_node("Mul", ["s", "gain"], ["g" if act else "h"])]
+    if act:
+        nodes.append(helper.make_node(act, ["g"], ["h"]))
+    nodes.append(helper.make_node("Conv", ["h", "w1"], ["y"], kernel_shape=[1, 1]))
+    path = _save_xy_model(tmp_path / f"segain_{act}.onnx", nodes, [1, c, 20, 20], inits)
+    g = cpu_graph(specialize(import_template(str(path))))
+    scales = [n for n in g.nodes if n.op == SCALE]
+    assert len(scales) == 1 and not [n for n in g.nodes if n.op == "Mul"], [(n.op, n.inputs) for n in g.nodes]
+    if act is not None:  # (without one, the import already folds the gain into the next conv's weights)
+        assert scales[0].attrs.get("mult") == pytest.approx(1.7) and scales[0].attrs["act"][0] == act
+    x = rng.standard_normal((1, c, 20, 20)).astype(np.float32)
+    _assert_matches_onnxruntime(path, {"x": x})
+    # the oracle and the native pass on the same blocked operands
+    from inferd.ir import Node
+
+    node = Node("s", SCALE, ["x", "s"], ["y"], {"mult": 1.7, **({"act": (act, ())} if act else {})})
+    xb = rng.standard_normal((1, 8, 20, 20, 16)).astype(np.float32)
+    xb[:, -1, :, :, c % 16:] = 0.0
+    sc = rng.random((1, c, 1, 1)).astype(np.float32)
+    want = op_spec(SCALE).reference(node, [xb, sc])[0]
+    got = np.empty_like(xb)
+    call = inferd.native.nchwc_scale_bound(xb, sc, got, 1.7, node.attrs.get("act"))
+    assert call is not None
+    call()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not got[:, -1, :, :, c % 16:].any()  # padding lanes stay zero

@@ -24,6 +24,7 @@ from .. import native
 from ..errors import ShapeError
 from ..ir import Node, TensorInfo
 from .base import BoundOrOracle, Layer, OpSpec, op_spec, raw_key, register_kernel, register_op, weights_key
+from .activation import apply_act
 from .conv import _act, conv_geom, io_positions
 from .pool import pool_geometry, pool_reference
 
@@ -296,8 +297,15 @@ def _infer_scale(node: Node, ins: list[TensorInfo | None], consts: dict[str, np.
 
 
 def _ref_scale(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    """x times its scale per channel, then (``layout.fuse_scale_gain``) times a gain and through an activation."""
     x, sc = np.asarray(inputs[0]), np.asarray(inputs[1])
-    return [to_blocked(from_blocked(x, sc.shape[1]) * sc)]
+    y = from_blocked(x, sc.shape[1]) * sc
+    mult, act = float(node.attrs.get("mult", 1.0)), node.attrs.get("act")
+    if mult != 1.0:
+        y = y * np.float32(mult)
+    if act is not None:
+        y = apply_act(np.ascontiguousarray(y, dtype=F32), act)
+    return [to_blocked(y)]
 
 
 register_op(OpSpec(GAP, _infer_gap, _ref_gap,
@@ -506,7 +514,10 @@ class SqueezeExciteNchwc(_NativeOrOracle):
             return None
         if layer.op == GAP:
             return native.nchwc_gap_bound(x, outputs[0])
-        return None if inputs[1] is None else native.nchwc_scale_bound(x, inputs[1], outputs[0])
+        if inputs[1] is None:
+            return None
+        attrs = layer.node.attrs
+        return native.nchwc_scale_bound(x, inputs[1], outputs[0], float(attrs.get("mult", 1.0)), attrs.get("act"))
 
     def oracle(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray]) -> np.ndarray:
         ref = _ref_gap if layer.op == GAP else _ref_scale
