@@ -1234,3 +1234,24 @@ def test_a_gain_after_a_blocked_squeeze_excitation_fuses_into_its_scale(act: str
     call()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not got[:, -1, :, :, c % 16:].any()  # padding lanes stay zero
+
+
+@needs_native
+def test_an_atrous_conv_runs_blocked_even_alone(tmp_path: Path) -> None:
+    """A 3x3 conv at dilation 4 between layers that stay NCHW (FCN-ResNet50's layer4: its 1x1 convs' weights are
+    too large for the pointwise tiles): the blocked dilated kernel saves more than the two conversions cost, so it
+    is kept where before it needed a blocked neighbour; the answer equals onnxruntime's."""
+    from onnx import helper, numpy_helper
+
+    from inferd.frontend import import_template, specialize
+
+    rng = np.random.default_rng(6)
+    c = 48
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32), "w")]
+    nodes = [helper.make_node("Sigmoid", ["x"], ["a"]),
+             helper.make_node("Conv", ["a", "w"], ["b"], kernel_shape=[3, 3], dilations=[4, 4], pads=[4, 4, 4, 4]),
+             helper.make_node("Sigmoid", ["b"], ["y"])]
+    path = _save_xy_model(tmp_path / "atrous.onnx", nodes, [1, c, 8, 8], inits)
+    plan = plan_layout(specialize(import_template(str(path))))
+    assert plan.kinds == ("conv",), plan
+    _assert_matches_onnxruntime(path, {"x": rng.standard_normal((1, c, 8, 8)).astype(np.float32)})

@@ -66,6 +66,11 @@ SUFFIX = "::nchwc"
 #: saves nothing to speak of.
 SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30,
           "pointwise_small": 0.12, "small_kxk": 0.40, "grouped": 0.30, "dilated": 0.30}
+#: Paths of a conv that saves more than its two conversions cost even with no blocked neighbour (the region check
+#: still weighs them): a k x k conv on a small map, a grouped conv, and an atrous conv, whose NCHW path is the
+#: implicit GEMM (FCN-ResNet50's 3x3 at dilation 4 on an 8x8 map, 512 channels, two threads, Zen 3: 2.4-2.6 ms
+#: there, onnxruntime 1.45)
+ALONE_PATHS = ("small_kxk", "grouped", "dilated")
 #: ... and what the NCHW path pays per group of a grouped conv whatever its size (im2col and a GEMM call each:
 #: RegNetY-400MF's 3x3s of 8-channel groups, two threads, Zen 3, us: 48@32x32 s2 (6 groups) 45 against 28
 #: blocked, 104@8x8 (13) 37/15, 208@4x4 (26) 68/10, 440@2x2 (55) 92/8, the blocked ones with the zeros'
@@ -426,9 +431,9 @@ def plan_layout(graph: Graph, forced: Mapping[str, str] | None = None) -> Layout
                 # and Mul are blocked too)
                 ok = all(fed) and bool(read_out) and all(read_out) and n.outputs[0] not in outs
             else:
-                # (a k x k conv on a small map, or a grouped conv, saves more than its two conversions cost even
-                # alone: the region check below weighs them)
-                ok = paths[name] in ("small_kxk", "grouped") or any(fed) or any(read_out) \
+                # (ALONE_PATHS save more than their two conversions cost even alone: the region check below
+                # weighs them)
+                ok = paths[name] in ALONE_PATHS or any(fed) or any(read_out) \
                     or any(c.name != name and c.name in kept and kinds[c.name] == "conv"
                            and c.inputs[0] == t for t in reads for c in cons.get(t, []))
             if ok:
