@@ -280,6 +280,14 @@ class Model:
         other._on_close = None
         other._cold = None
 
+    def wait_prepared(self) -> None:
+        """Block until every layer of a cold load under way is prepared (read, transformed, its pipeline built):
+        the loader threads' work, which needs neither this model's lock nor the device's queue; ``wait_loaded``
+        then only finishes."""
+        cold = self._cold
+        if cold is not None and not cold.done:
+            cold.run.wait_all()
+
     def wait_loaded(self) -> "Model":
         """Finish a cold load without running (the first run then runs warm)."""
         with self._lock:

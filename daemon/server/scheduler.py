@@ -955,6 +955,9 @@ class ModelSlot:
             if self.model is not model:
                 return  # unloaded or replaced meanwhile
             try:
+                prepared = getattr(model, "wait_prepared", None)
+                if prepared is not None:
+                    prepared()  # (seconds of pipeline creation on a cold GPU: not under the device's lock)
                 with self._device_ctx(getattr(model, "device", None)):  # as its first run would hold it
                     finish()
             except Exception as exc:  # a model closed under it: the next request loads or fails on its own
