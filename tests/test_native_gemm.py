@@ -30,7 +30,10 @@ SHAPES = [(1, 1, 1), (8, 16, 32), (13, 7, 5), (96, 16, 700), (24, 300, 49), (40,
           # 17-32 rows on 784 columns or more: B in place through the prefetching micro-kernels (AVX-512)
           (24, 144, 3141), (32, 96, 800), (20, 40, 900),
           # ragged panels of exactly two vectors on AVX2 (16 of its 24 columns: the two-vector micro-kernel, no tail)
-          (12, 50, 16), (41, 96, 64)]
+          (12, 50, 16), (41, 96, 64),
+          # the whole width in one tile, its rows contiguous (a 1x1 conv on a 1-pixel map): the activation goes over
+          # the tile at once
+          (1152, 48, 1), (37, 5, 3)]
 
 
 def _ref(a: np.ndarray, b: np.ndarray, bias, res, act) -> np.ndarray:
