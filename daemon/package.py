@@ -50,8 +50,9 @@ log = logging.getLogger(__name__)
 PLAN_MAGIC = b"INFDPLAN"
 #: 4: plan.bin records the precision plan (and which raw constants the store holds in fp16); 5: the CPU graph
 #: absorbs Transposes into MatMuls and fuses F.normalize, so a CPU plan's layers are other nodes than before; 6: the
-#: CPU layout blocks standalone activations that keep zero at zero (layout kind "unary"): fewer conversions
-PLAN_VERSION = 6
+#: CPU layout blocks standalone activations that keep zero at zero (layout kind "unary"): fewer conversions; 7: the
+#: import folds a per-channel Mul after a Linear's Transpose into its weights (a ConvNeXt block loses a node)
+PLAN_VERSION = 7
 _PLAN_HEAD = struct.Struct("<8sI32s")
 _EXT_NDARRAY, _EXT_TUPLE, _EXT_SUBGRAPH = 1, 2, 3
 

@@ -178,3 +178,32 @@ def test_collapsibility_matches_numpy() -> None:
             v = x.transpose(perm)
             r = v.reshape(-1, v.shape[-2], v.shape[-1])
             assert _collapsible(shape, perm) == np.shares_memory(r, x), (shape, perm)
+
+
+@pytest.mark.parametrize("gamma_shape,folds", [((64, 1, 1), True), ((1, 64, 1, 1), True), ((), True),
+                                               ((1, 1, 1, 5), False), ((64, 1, 5), False)])
+def test_a_layer_scale_after_the_transpose_back_folds_into_the_linear(gamma_shape: tuple, folds: bool) -> None:
+    """ConvNeXt's block end: Linear (MatMul + bias) on NHWC tokens, Transpose back to NCHW, Mul by gamma per
+    channel. Where gamma varies only along the axis the product's columns went to (or is a scalar), it folds into
+    the weights' columns and the bias and the Mul is gone; a gamma varying along another axis stays a Mul. The
+    answer equals onnxruntime's either way."""
+    c, hw = 64, 5
+    w = (RNG.standard_normal((4 * c, c)) * 0.1).astype(np.float32)
+    b = RNG.standard_normal(c).astype(np.float32)
+    gamma = (RNG.random(gamma_shape) + 0.5).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["t0"]),
+             helper.make_node("Add", ["t0", "b"], ["t1"]),
+             helper.make_node("Transpose", ["t1"], ["t2"], perm=[0, 3, 1, 2]),
+             helper.make_node("Mul", ["t2", "gamma"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(gamma, "gamma")]
+    m = _model(nodes, [_io("x", [1, hw, hw, 4 * c])], [_io("y", None)], inits)
+    g = import_model(m)
+    assert ("Mul" in [n.op for n in g.nodes]) != folds, [(n.op, n.inputs) for n in g.nodes]
+    if folds:
+        mm = next(n for n in g.nodes if n.op == "MatMul")
+        assert mm.inputs[1] != "w"  # a scaled copy under a name of its own: the original may be shared
+    x = RNG.standard_normal((1, hw, hw, 4 * c)).astype(np.float32)
+    ref = run_ort(m, {"x": x})[0]
+    got = inferd.load(m, device="cpu").run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
