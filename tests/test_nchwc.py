@@ -1183,6 +1183,22 @@ def test_a_standalone_activation_between_blocked_convs_runs_blocked(act: str, bl
     _assert_matches_onnxruntime(path, {"x": x})
 
 
+def _se_block(rng: np.random.Generator, c: int, r: int, x: str) -> tuple[list, list]:
+    """Initializers (1x1 weights w0 and w1 of c channels beside the SE's f1, f2) and nodes of a squeeze-excitation
+    of ``x``: pool, 1x1 conv to ``r`` channels, ReLU, 1x1 conv back, Sigmoid gate, ``s`` = x times the gate."""
+    from onnx import helper, numpy_helper
+
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), n)
+             for n, s in (("w0", (c, c, 1, 1)), ("f1", (r, c, 1, 1)), ("f2", (c, r, 1, 1)), ("w1", (c, c, 1, 1)))]
+    nodes = [helper.make_node("GlobalAveragePool", [x], ["p"]),
+             helper.make_node("Conv", ["p", "f1"], ["q"], kernel_shape=[1, 1]),
+             helper.make_node("Relu", ["q"], ["q1"]),
+             helper.make_node("Conv", ["q1", "f2"], ["q2"], kernel_shape=[1, 1]),
+             helper.make_node("Sigmoid", ["q2"], ["gate"]),
+             helper.make_node("Mul", [x, "gate"], ["s"])]
+    return inits, nodes
+
+
 @needs_native
 @pytest.mark.parametrize("act", [None, "Relu", "HardSwish"])
 def test_a_gain_after_a_blocked_squeeze_excitation_fuses_into_its_scale(act: str | None, tmp_path: Path) -> None:
@@ -1197,17 +1213,10 @@ def test_a_gain_after_a_blocked_squeeze_excitation_fuses_into_its_scale(act: str
     from inferd.package import cpu_graph
 
     rng = np.random.default_rng(5)
-    c, r = 120, 16
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), n)
-             for n, s in (("w0", (c, c, 1, 1)), ("f1", (r, c, 1, 1)), ("f2", (c, r, 1, 1)), ("w1", (c, c, 1, 1)))]
+    c = 120
+    inits, nodes = _se_block(rng, c, 16, "a")
     inits.append(numpy_helper.from_array(np.array(1.7, np.float32), "gain"))
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
-             helper.make_node("GlobalAveragePool", ["a"], ["p"]),
-             helper.make_node("Conv", ["p", "f1"], ["q"], kernel_shape=[1, 1]),
-             helper.make_node("Relu", ["q"], ["q1"]),
-             helper.make_node("Conv", ["q1", "f2"], ["q2"], kernel_shape=[1, 1]),
-             helper.make_node("Sigmoid", ["q2"], ["gate"]),
-             helper.make_node("Mul", ["a", "gate"], ["s"]),
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]), *nodes,
              helper.make_node("Mul", ["s", "gain"], ["g" if act else "h"])]
     if act:
         nodes.append(helper.make_node(act, ["g"], ["h"]))
@@ -1263,23 +1272,16 @@ def test_a_squeeze_excitations_small_convs_pay_their_own_conversions(tmp_path: P
     vector in and the gate out (a fixed ~3 us each) for a tenth of a microsecond saved. The plan counts those
     conversions (the pool is not a blocked producer), so the small convs stay NCHW and nothing is converted around
     them, while the trunk's convs stay blocked; the answer equals onnxruntime's."""
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     from inferd.frontend import import_template, specialize
     from inferd.planner.layout import apply_layout
 
     rng = np.random.default_rng(7)
-    c, r = 128, 32
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.1).astype(np.float32), n)
-             for n, s in (("w0", (c, c, 1, 1)), ("f1", (r, c, 1, 1)), ("f2", (c, r, 1, 1)), ("w1", (c, c, 1, 1)))]
+    c = 128
+    inits, nodes = _se_block(rng, c, 32, "a")
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a0"], kernel_shape=[1, 1]),
-             helper.make_node("Relu", ["a0"], ["a"]),
-             helper.make_node("GlobalAveragePool", ["a"], ["p"]),
-             helper.make_node("Conv", ["p", "f1"], ["q"], kernel_shape=[1, 1]),
-             helper.make_node("Relu", ["q"], ["q1"]),
-             helper.make_node("Conv", ["q1", "f2"], ["q2"], kernel_shape=[1, 1]),
-             helper.make_node("Sigmoid", ["q2"], ["gate"]),
-             helper.make_node("Mul", ["a", "gate"], ["s"]),
+             helper.make_node("Relu", ["a0"], ["a"]), *nodes,
              helper.make_node("Conv", ["s", "w1"], ["y"], kernel_shape=[1, 1])]
     path = _save_xy_model(tmp_path / "se_small.onnx", nodes, [1, c, 28, 28], inits)
     g = specialize(import_template(str(path)))

@@ -515,52 +515,44 @@ def _fold_scale_through_transpose(graph: Graph, outputs: set[str], alt: dict[str
     """MatMul by constant weights (its bias fused or none) -> Transpose -> Mul by a constant that varies only along
     the axis the product's columns went to -> the constant folded into the weights' columns and the bias, the Mul
     gone: ConvNeXt's layer scale (gamma per channel) after its MLP's second Linear, which the export writes after
-    the Transpose back to NCHW; convnext_tiny had 18 such Muls, each a pass over the map."""
-    for mul in [n for n in graph.nodes if n.op == "Mul"]:
-        if mul.attr("act") or len(mul.inputs) != 2:
-            continue
-        prods = graph.producers()
-        for k in (0, 1):
-            t2, c = mul.inputs[k], mul.inputs[1 - k]
-            tr = prods.get(t2)
-            if (c not in graph.constants or tr is None or tr.op != "Transpose" or not tr.inputs
-                    or _single_consumer(graph, t2, outputs) is not mul):
-                continue
-            t1 = tr.inputs[0]
-            mm = prods.get(t1)
-            if (mm is None or mm.op != "MatMul" or _single_consumer(graph, t1, outputs) is not tr
-                    or mm.attr("act") or mm.attr("residual") or mm.inputs[1] not in graph.constants
-                    or (mm.attr("bias") and (len(mm.inputs) != 3 or mm.inputs[2] not in graph.constants))
-                    or not _same_shapes(graph, alt, t2, mul.outputs[0])):
-                continue
-            w = graph.constants[mm.inputs[1]]
-            info = graph.infos[t2]
-            r = len(info.shape)
-            if w.ndim != 2 or w.dtype != np.float32 or info.dtype != np.float32 or r < 1:
-                continue
-            perm = [int(i) for i in (tr.attr("perm") or range(r - 1, -1, -1))]
-            if len(perm) != r:
-                continue
-            cv = np.asarray(graph.constants[c])
-            if cv.ndim > r:
-                continue
-            g = cv.reshape((1,) * (r - cv.ndim) + cv.shape)
-            a = perm.index(r - 1)  # the axis of the Transpose's output the product's columns went to
-            n = int(w.shape[1])
-            if any(d != 1 for i, d in enumerate(g.shape) if i != a) or g.shape[a] not in (1, n):
-                continue
-            col = np.broadcast_to(g.reshape(-1).astype(np.float32), (n,))
-            wname = _fresh(graph, f"{mm.inputs[1]}.scaled_{mul.name}")
-            graph.set_const(wname, np.ascontiguousarray(w * col[None, :]))
-            mm.inputs[1] = wname
-            if mm.attr("bias"):
-                bname = _fresh(graph, f"{mm.inputs[2]}.scaled_{mul.name}")
-                graph.set_const(bname, np.ascontiguousarray(graph.constants[mm.inputs[2]] * col))
-                mm.inputs[2] = bname
-            _absorb(tr, t2)
-            tr.outputs[0] = mul.outputs[0]
-            graph.nodes.remove(mul)
-            break
+    the Transpose back to NCHW; convnext_tiny had 18 such Muls, each a pass over the map (0.975x its time)."""
+
+    def fold(mul: Node, t2: str, c: str, tr: Node) -> bool:
+        if c not in graph.constants or tr.op != "Transpose" or not tr.inputs:
+            return False
+        t1 = tr.inputs[0]
+        mm = graph.producers().get(t1)
+        if (mm is None or mm.op != "MatMul" or _single_consumer(graph, t1, outputs) is not tr
+                or mm.attr("act") or mm.attr("residual") or mm.inputs[1] not in graph.constants
+                or (mm.attr("bias") and (len(mm.inputs) != 3 or mm.inputs[2] not in graph.constants))
+                or not _same_shapes(graph, alt, t2, mul.outputs[0])):
+            return False
+        w = graph.constants[mm.inputs[1]]
+        info = graph.infos[t2]
+        r = len(info.shape)
+        perm = [int(i) for i in (tr.attr("perm") or range(r - 1, -1, -1))]
+        cv = np.asarray(graph.constants[c])
+        if w.ndim != 2 or w.dtype != np.float32 or info.dtype != np.float32 or len(perm) != r or cv.ndim > r:
+            return False
+        g = cv.reshape((1,) * (r - cv.ndim) + cv.shape)
+        a = perm.index(r - 1)  # the axis of the Transpose's output the product's columns went to
+        n = int(w.shape[1])
+        if any(d != 1 for i, d in enumerate(g.shape) if i != a) or g.shape[a] not in (1, n):
+            return False
+        col = np.broadcast_to(g.reshape(-1).astype(np.float32), (n,))
+        wname = _fresh(graph, f"{mm.inputs[1]}.scaled_{mul.name}")
+        graph.set_const(wname, np.ascontiguousarray(w * col[None, :]))
+        mm.inputs[1] = wname
+        if mm.attr("bias"):
+            bname = _fresh(graph, f"{mm.inputs[2]}.scaled_{mul.name}")
+            graph.set_const(bname, np.ascontiguousarray(graph.constants[mm.inputs[2]] * col))
+            mm.inputs[2] = bname
+        _absorb(tr, t2)
+        tr.outputs[0] = mul.outputs[0]
+        graph.nodes.remove(mul)
+        return True
+
+    _fuse_binary(graph, outputs, "Mul", fold)
 
 
 def _fresh(graph: Graph, base: str) -> str:
