@@ -585,6 +585,15 @@ static inline item_t item_of(const job_t* J, int bi)
     return it;
 }
 
+/* The costly activations through act_vec (store_tile is built for the baseline ISA); the others inlined. */
+static inline void act_store(float* d, ptrdiff_t n, int act, float p0, float p1)
+{
+    if (INFERD_ACT_COSTLY(act))
+        act_vec(d, n, act, p0, p1);
+    else
+        act_inplace(d, n, act, p0, p1);
+}
+
 /* Tile t (rows x nr, only nv columns valid) into C. first: the first K block (store, add bias); last: the last
    (add the residual, apply the activation); in between: accumulate. */
 static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv, int nr, const float* t, int first,
@@ -620,7 +629,7 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
                     for (int j = 0; j < nv; ++j) d[j] += rr[j];
                 }
                 if (!whole)
-                    act_inplace(d, nv, act, p0, p1);
+                    act_store(d, nv, act, p0, p1);
             }
         } else {
             /* strided columns (a transposed store): gather the row, finish it, scatter it */
@@ -631,13 +640,13 @@ static void store_tile(const job_t* J, int bi, int m0, int rows, int n0, int nv,
                     const float* rr = r + (ptrdiff_t)m * J->csm + (ptrdiff_t)n0 * J->csn;
                     for (int j = 0; j < nv; ++j) row[j] += rr[(ptrdiff_t)j * J->csn];
                 }
-                act_inplace(row, nv, act, p0, p1);
+                act_store(row, nv, act, p0, p1);
             }
             for (int j = 0; j < nv; ++j) d[(ptrdiff_t)j * J->csn] = row[j];
         }
     }
     if (whole)
-        act_inplace(c + (ptrdiff_t)m0 * J->csm, (ptrdiff_t)rows * nv, act, p0, p1);
+        act_store(c + (ptrdiff_t)m0 * J->csm, (ptrdiff_t)rows * nv, act, p0, p1);
 }
 
 /* micro-kernel UK (uk or uk1: the local chosen for the packed A panel) on rows m.. of A, in place (its row-major

@@ -238,6 +238,14 @@ INFERD_INLINE void act_inplace(float* restrict d, ptrdiff_t n, int act, float p0
 #undef INFERD_INPLACE_LOOP
 }
 
+/* act_inplace at the machine's vector width, for code built for the baseline ISA (SSE2 on x86-64), where the
+   inlined loop runs a costly activation (a vector exp or erf: INFERD_ACT_COSTLY) four lanes wide. gemm.c's
+   store_tile: a 16-row linear layer's GELU cost 22 us of 172 there, 10.6 as a separate (cloned) pass. */
+INFERD_CLONES __attribute__((unused)) static void act_vec(float* d, ptrdiff_t n, int act, float p0, float p1)
+{
+    act_inplace(d, n, act, p0, p1);
+}
+
 /* M ? A : B lane by lane on GNU generic vectors of type VT (integer twin VI, M a comparison's lane mask): bitwise,
    so it compiles to a blend on every target (the vector ?: is C++ only). */
 #define INFERD_VSEL(VT, VI, M, A, B) ((VT)(((VI)(A) & (M)) | ((VI)(B) & ~(M))))

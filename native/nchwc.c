@@ -1494,7 +1494,7 @@ static void scale_task(void* ctx, long long task)
     for (long long p = p0; p < p1; ++p)
         for (int l = 0; l < 16; ++l) y[p * 16 + l] = x[p * 16 + l] * sv[l];
     if (J->act) /* the span just written, still in L1: no second pass over memory */
-        act_inplace(y + p0 * 16, (ptrdiff_t)(p1 - p0) * 16, J->act, J->p0, J->p1);
+        act_vec(y + p0 * 16, (ptrdiff_t)(p1 - p0) * 16, J->act, J->p0, J->p1);
 }
 
 int inferd_nchwc_scale(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
