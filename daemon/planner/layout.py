@@ -634,6 +634,7 @@ def fuse_scale_gain(graph: Graph, kernels: Mapping[str, str] | None = None) -> G
     ``inferd.ScaleNchwc`` with attributes ``mult`` and ``act``: the gain multiplies the per-channel scale, the
     activation runs on each span just written, where the Mul was a pass of its own over the map (NF-RegNet-B0: 16
     of them, 2-11 us each at 64x64). Not where ``kernels`` forces the Mul's kernel. ``graph`` is left as it was."""
+    kernels = kernels or {}
     cons = graph.consumers()
     drop: set[int] = set()
     replaced: dict[int, Node] = {}
@@ -642,13 +643,9 @@ def fuse_scale_gain(graph: Graph, kernels: Mapping[str, str] | None = None) -> G
             continue
         y = sc.outputs[0]
         readers = cons.get(y, [])
-        if len(readers) != 1:
-            continue
-        mul = readers[0]
-        if mul.op != "Mul" or mul.name in (kernels or {}) or not _sole_reader(graph, cons, y, mul) \
-                or id(mul) in replaced:
-            continue
-        if len(mul.inputs) != 2 or y not in mul.inputs or set(mul.attrs) - {"act", "_absorbed", "_opset"}:
+        mul = readers[0] if len(readers) == 1 else None
+        if (mul is None or mul.op != "Mul" or len(mul.inputs) != 2 or not _sole_reader(graph, cons, y, mul)
+                or mul.name in kernels or "Mul" in kernels or set(mul.attrs) - {"act", "_absorbed", "_opset"}):
             continue
         c = graph.constants.get(mul.inputs[1 - mul.inputs.index(y)])
         act = mul.attrs.get("act")
@@ -660,7 +657,7 @@ def fuse_scale_gain(graph: Graph, kernels: Mapping[str, str] | None = None) -> G
             **sc.attrs, "mult": gain, **({"act": act} if act is not None else {}),
             "_absorbed": [*sc.attrs.get("_absorbed", []), y, *mul.attrs.get("_absorbed", [])]})
         drop.add(id(mul))
-    return _with_nodes(graph, replaced, drop) if replaced else graph
+    return _with_nodes(graph, replaced, drop)
 
 
 def fuse_l2_normalize(graph: Graph, kernels: Mapping[str, str] | None = None) -> Graph:
