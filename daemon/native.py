@@ -1004,13 +1004,11 @@ def nchwc_scale_bound(x: np.ndarray, s: np.ndarray, y: np.ndarray, mult: float =
     if -(-c // 16) != x.shape[1] or s.shape[0] not in (1, n):
         return None
     stride = 0 if s.shape[0] == 1 else c
+    common = (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride)
     if fused:
-        code, p0, p1 = _act_code(act)
-        fn, args = lib.inferd_nchwc_scale_act, (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride,
-                                                float(mult), code, p0, p1, _ptr(y))
+        fn, args = lib.inferd_nchwc_scale_act, (*common, float(mult), *_act_code(act), _ptr(y))
     else:
-        fn, args = lib.inferd_nchwc_scale, (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride,
-                                            _ptr(y))
+        fn, args = lib.inferd_nchwc_scale, (*common, _ptr(y))
 
     def call(_keep: Any = (x, s, y)) -> None:
         if fn(*args) != 0:
