@@ -42,6 +42,10 @@ typedef struct {
     long long ldr;
     int first, last, act;
     float p0, p1;
+    /* A line of memory to bring into L2 while the kernel computes (INFERD_PFE): at k step k the line
+       pf + 16 * ((k * pf_num) >> 8), while that index is below pf_lines. NULL: none. */
+    const float* pf;
+    int pf_num, pf_lines;
 } epi_t;
 
 /* t != NULL: store the raw tile there (rows x nr); otherwise finish it into e->c. */
@@ -89,6 +93,7 @@ typedef struct {
        NULL: such products take gemm_block. */
     int mrs, sw;
     ukernel_fn uks;
+    ukernel_fn uksp; /* uks bringing the epilogue's line stream into L2 as it computes (epi_t.pf), or NULL */
 } isa_t;
 
 /* The tile loop: everything has literal bounds, so GCC unrolls it and keeps acc[][] in registers. AEL(k, i) is
@@ -101,6 +106,12 @@ typedef struct {
 #define INFERD_B_PITCH(k) (b + (k) * ldb)
 #define INFERD_B_OFFSETS(k) (b + boff[k])
 #define INFERD_NOPF(bk)
+/* the epilogue's prefetch stream (epi_t.pf): the kernel's own B is read from L2 or L1 */
+#define INFERD_PFE(bk)                                                                                        \
+    if (e) {                                                                                                  \
+        const int l_ = (int)((k * e->pf_num) >> 8);                                                           \
+        if (l_ < e->pf_lines) __builtin_prefetch(e->pf + 16 * (ptrdiff_t)l_, 0, 2);                           \
+    }
 #define INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, BROW) INFERD_UK_LOOP_PF(VT, VL, MRK, NV, AEL, BROW, INFERD_NOPF)
 #define INFERD_NOUNROLL
 #define INFERD_UNROLL2 _Pragma("GCC unroll 2")
@@ -290,6 +301,8 @@ INFERD_COLTAIL(tail_avx2, __attribute__((target("avx2,fma"))))
 /* 12 accumulators of 6 rows x 16 columns: A broadcast from six rows in place, B a 64-byte line per k */
 INFERD_UKERNEL_APU(uks_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 6, 2, INFERD_A_ROWS, INFERD_NOPF,
                    INFERD_UNROLL2)
+INFERD_UKERNEL_APU(uksp_avx2, __attribute__((target("avx2,fma"))), v8f, v8i, 8, 6, 2, INFERD_A_ROWS, INFERD_PFE,
+                   INFERD_UNROLL2)
 /* AVX-512: 32 zmm registers, 16 accumulators of 8 rows x 32 columns */
 INFERD_UKERNEL(uk_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 2)
 INFERD_UKERNEL(uk1_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 8, 1)
@@ -309,12 +322,14 @@ INFERD_UKERNEL_AP(ukwp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f
 /* 24 accumulators of 12 rows x 32 columns (two zmm of a 96-column panel's row: two whole lines a k) */
 INFERD_UKERNEL_APU(uks_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 12, 2, INFERD_A_ROWS,
                    INFERD_NOPF, INFERD_UNROLL2)
+INFERD_UKERNEL_APU(uksp_avx512, __attribute__((target("avx512f,avx2,fma"))), v16f, v16i, 16, 12, 2, INFERD_A_ROWS,
+                   INFERD_PFE, INFERD_UNROLL2)
 static const isa_t ISA_AVX2 = {1, 4, 24, KC_DEFAULT, uk_avx2, 8, uk1_avx2, tail_avx2, ukr_avx2, uk1r_avx2, uko_avx2,
-                               0, NULL, NULL, NULL, NULL, uk2_avx2, uk2r_avx2, 6, 16, uks_avx2};
+                               0, NULL, NULL, NULL, NULL, uk2_avx2, uk2r_avx2, 6, 16, uks_avx2, uksp_avx2};
 /* the column tail in ymm: Zen 4 issues two 256-bit FMAs a cycle, as many FLOPs as one zmm FMA */
 static const isa_t ISA_AVX512 = {2, 8, 32, KC_DEFAULT, uk_avx512, 16, uk1_avx512, tail_avx2, ukr_avx512,
                                  uk1r_avx512, uko_avx512, 24, ukw_avx512, ukow_avx512, ukp_avx512, ukwp_avx512,
-                                 NULL, NULL, 12, 32, uks_avx512};
+                                 NULL, NULL, 12, 32, uks_avx512, uksp_avx512};
 #endif
 
 static const isa_t* ISA = NULL;
@@ -1074,7 +1089,7 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
                kernel more than the prefetch gained), spread over their passes rather than in a burst the miss
                buffers would queue: its first-row pass then reads L2. Zen 3, two threads, 24 packed copies of the
                weights cycled (DRAM-bound), against the build before: 4 x 768 x 3072 0.88-0.89x, 2 x 768 x 3072
-               0.94x, 8 x 384 x 1536 0.89-0.98x, 16 rows 0.99-1.02x (compute out of L2 is their limit). */
+               0.94x, 8 x 384 x 1536 0.89-0.98x, 16 rows 0.99-1.02x (their stream now goes with uksp, below). */
             const float* pf = NULL;
             int pf_lines = 0;
             if (k1 < K) {
@@ -1084,19 +1099,34 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
                 pf = bp + (size_t)K * NBP;
                 pf_lines = imin(GEMV_KB, K) * NBP / 16;
             }
-            const int total = steps * (k1 - k0);
-            const int every = pf_lines ? imax(1, imin(8, total / pf_lines)) : GEMV_KB;
             int pf_i = 0;
 #define GEMV_PF                                                                                                    \
     if (pf_i < pf_lines)                                                                                           \
         __builtin_prefetch(pf + (size_t)16 * pf_i++, 0, 2);
             epi.first = k0 == 0;
+            /* The slices kernel's calls take the stream first (uksp), an equal share each, at most a line per k
+               step; the four-row passes after them take what is left. Before, only those passes prefetched, and
+               a 16-row product's 3-row pass took 2/3 of the next block in a burst at the block's end (7 or 8 rows:
+               1/6). Zen 3, two threads, in-process A/B, weights cycled over 24 copies: 16 x 384 x 1536 0.87x the
+               time, 16 x 1536 x 384 0.83x, 16 x 768 x 3072 0.81x, 17 x 768 x 192 0.80x, 8 x 384 x 1536 0.91x;
+               hot: 0.79-1.0x; convnext_tiny, vit_tiny and deit_tiny at 64 x 64 0.95x, swin_t 0.98x. Not timed on
+               AVX-512 (uksp_avx512: the same stream over three 32-column calls a group). */
+            const int ncalls = mrs && I->uksp ? (m_uks - 1) / mrs * (NBP / I->sw) : 0;
+            const int per_call = ncalls ? imin(k1 - k0, (pf_lines + ncalls - 1) / ncalls) : 0;
+            epi.pf_num = per_call ? (per_call * 256 + (k1 - k0) - 1) / (k1 - k0) : 0;
+            int call = 0;
             for (int m0 = 1; m0 < m_uks; m0 += mrs)
-                for (int h = 0; h < NBP; h += I->sw) {
+                for (int h = 0; h < NBP; h += I->sw, ++call) {
                     epi.c = tile + (size_t)m0 * NBP + h;
-                    I->uks(k1 - k0, a + (ptrdiff_t)m0 * J->asm_ + k0, J->asm_, bp + (size_t)k0 * NBP + h, NBP, NULL,
-                           &epi);
+                    const int l0 = imin(pf_lines, call * per_call);
+                    epi.pf = per_call ? pf + (size_t)16 * l0 : NULL;
+                    epi.pf_lines = imin(pf_lines - l0, per_call);
+                    (per_call ? I->uksp : I->uks)(k1 - k0, a + (ptrdiff_t)m0 * J->asm_ + k0, J->asm_,
+                                                  bp + (size_t)k0 * NBP + h, NBP, NULL, &epi);
                 }
+            pf_i = imin(pf_lines, ncalls * per_call);
+            const int left = pf_lines - pf_i;
+            const int every = left ? imax(1, imin(8, steps * (k1 - k0) / left)) : GEMV_KB;
             for (int m0 = m_uks; m0 < M; m0 += 4) {
                 switch (imin(4, M - m0)) {
                 case 1: GEMV_ROWS(1, 96, every, GEMV_PF) break;
