@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferd.bench.layers_bench import bench_layers, match, table
+from inferd.bench.layers_bench import bench_layers, gemm_summary, match, table
 from zoo_fixture import zoo_dir
 
 
@@ -48,6 +48,28 @@ def test_a_real_run_times_every_layer_and_the_roofline(tmp_path: Path) -> None:
     assert abs(sum(x["ms"] for x in r["layers"]) - r["inferd_layer_sum_ms"]) < 1e-9
     md = table([r], top=len(r["layers"]), slowest=1)  # every layer: which has the largest gap depends on speed
     assert "| tiny |" in md and "/conv/Conv" in md
+
+
+def test_gemm_bound_layers_are_counted_against_the_peak_goal() -> None:
+    """Issue 17's "GEMM-bound layers at 70% of the FMA peak": only convolutions and products the roofline calls
+    compute-bound count (not a depthwise conv, not a memory-bound product, not an Add), weighted by time."""
+    peak, bw = 100e9, 10e9
+
+    def ly(name: str, op: str, kernel: str, gflop: float, mb: float, ms: float) -> dict:
+        return {"name": name, "op": op, "kernel": kernel, "flops": gflop * 1e9, "bytes": mb * 1e6, "ms": ms,
+                "peak_share": gflop * 1e9 / (ms / 1e3) / peak}
+
+    layers = [ly("a", "Conv", "conv1x1", 0.08, 1.0, 1.0),        # 80% of peak, compute-bound: at the goal
+              ly("b", "inferd.ConvNchwc", "nchwc", 0.06, 1.0, 1.0),  # 60%: under it
+              ly("c", "MatMul", "gemm_packed", 0.01, 8.0, 1.0),      # bytes set its roofline: left out
+              ly("d", "Conv", "depthwise", 0.09, 0.1, 1.0),          # depthwise: left out
+              ly("e", "Add", "numpy", 0.09, 0.1, 1.0)]               # not a GEMM: left out
+    g = gemm_summary({"peak_flops": peak, "mem_bw": bw, "layers": layers})
+    assert (g["layers"], g["at_goal"]) == (2, 1)
+    assert abs(g["time_share_at_goal"] - 0.5) < 1e-9 and abs(g["aggregate_peak_share"] - 0.7) < 1e-9
+    md = table([{"model": "m", "inferd_ms": 5.0, "ort_ms": 5.0, "inferd_layer_sum_ms": 5.0, "ort_node_sum_ms": 5.0,
+                 "ort_unmatched": [], "peak_flops": peak, "mem_bw": bw, "layers": layers}], slowest=0)
+    assert "| m | 2 | 1 | 50% | 70% | 2.00 |" in md
 
 
 def test_fused_tensors_match_the_layer_that_absorbed_them() -> None:

@@ -152,10 +152,38 @@ def bench_layers(path: Path, threads: int, repeat: int, work: Path) -> dict[str,
         roof = max(ly["flops"] / peak if peak else 0.0, ly["bytes"] / bw if bw else 0.0) * 1e3
         rows.append({**ly, "ort_ms": got.get(ly["name"]), "roofline_ms": roof,
                      "peak_share": (ly["flops"] / (ly["ms"] / 1e3) / peak) if peak and ly["ms"] > 0 else None})
-    return {"model": path.stem, "inferd_ms": ours["whole_ms"], "ort_ms": theirs["whole_ms"],
+    out = {"model": path.stem, "inferd_ms": ours["whole_ms"], "ort_ms": theirs["whole_ms"],
             "inferd_layer_sum_ms": sum(r["ms"] for r in rows), "ort_node_sum_ms": sum(n["ms"] for n in theirs["nodes"]),
             "ort_unmatched": sorted(rest, key=lambda n: -n["ms"]), "peak_flops": peak, "mem_bw": bw,
             "threads": ours["threads"], "layers": rows}
+    out["gemm"] = gemm_summary(out)
+    return out
+
+
+#: the layers issue 17's "GEMM-bound layers at 70% of the FMA peak" counts: convolutions and products whose
+#: FLOPs at the peak take longer than their bytes at the copy bandwidth (the roofline says compute), less the
+#: depthwise and pooling-like kernels, whose FLOPs no register tile reuses
+GEMM_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "inferd.ConvNchwc", "inferd.MatMulT", "inferd.LinearT")
+PEAK_GOAL = 0.70
+
+
+def gemm_bound(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """``r``'s layers that the roofline calls compute-bound GEMM work (see GEMM_OPS)."""
+    peak, bw = r["peak_flops"], r["mem_bw"]
+    return [x for x in r["layers"] if x["op"] in GEMM_OPS and "depthwise" not in x["kernel"]
+            and "dw" not in x["kernel"] and peak and bw and x["flops"] / peak > x["bytes"] / bw and x["ms"] > 0]
+
+
+def gemm_summary(r: dict[str, Any]) -> dict[str, Any]:
+    """How many GEMM-bound layers reach PEAK_GOAL of the FMA peak, their share of those layers' time, and the
+    layers' aggregate share of the peak (their FLOPs over their time; a Winograd layer counts its direct FLOPs)."""
+    xs = gemm_bound(r)
+    t = sum(x["ms"] for x in xs)
+    hit = [x for x in xs if (x["peak_share"] or 0.0) >= PEAK_GOAL]
+    flops = sum(x["flops"] for x in xs)
+    return {"layers": len(xs), "at_goal": len(hit), "time_ms": t,
+            "time_share_at_goal": sum(x["ms"] for x in hit) / t if t else None,
+            "aggregate_peak_share": flops / (t / 1e3) / r["peak_flops"] if t else None}
 
 
 def table(results: list[dict[str, Any]], top: int = 12, slowest: int = 3) -> str:
@@ -167,6 +195,15 @@ def table(results: list[dict[str, Any]], top: int = 12, slowest: int = 3) -> str
         lines.append(f"| {r['model']} | {r['inferd_ms']:.2f} | {r['ort_ms']:.2f} | {fmt(ratio(r['inferd_ms'], r['ort_ms']), '.2f')} | "
                      f"{r['inferd_layer_sum_ms']:.2f} | {r['ort_node_sum_ms']:.2f} | {reorder:.2f} | "
                      f"{r['peak_flops'] / 1e9:.0f} | {r['mem_bw'] / 1e9:.1f} |")
+    lines += ["", f"GEMM-bound layers (convolutions and products the roofline calls compute-bound, depthwise left "
+              f"out) at {PEAK_GOAL:.0%} or more of the FMA peak:", "",
+              "| model | GEMM-bound layers | at >= 70% | their share of those layers' time | aggregate % of peak | "
+              "those layers' ms |", "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        g = r.get("gemm") or gemm_summary(r)
+        pct = [None if g[k] is None else g[k] * 100 for k in ("time_share_at_goal", "aggregate_peak_share")]
+        lines.append(f"| {r['model']} | {g['layers']} | {g['at_goal']} | {fmt(pct[0], '.0f')}% | "
+                     f"{fmt(pct[1], '.0f')}% | {g['time_ms']:.2f} |")
     worst = sorted(results, key=lambda r: -(ratio(r["inferd_ms"], r["ort_ms"]) or 0))[:slowest]
     for r in worst:
         lines += ["", f"### {r['model']}: the {top} layers with the largest gap (inferd - onnxruntime)", "",
