@@ -21,7 +21,7 @@ from inferd import __version__  # noqa: E402
 from inferd.ops.base import applicable_kernels, registered_ops, single_node_layer  # noqa: E402
 from inferd.predictor import load_for  # noqa: E402
 from inferd.predictor.cost import (PredictedCost, predict_arrays, predict_layers, predict_warm,  # noqa: E402
-                                   whole_model_warm)
+                                   runs_nothing, whole_model_warm)
 from inferd.predictor.model import (Predictor, PredictorFileError, StalePredictorError, Trees,  # noqa: E402
                                     check_current)
 from inferd.predictor.sampling import adaptive_sample  # noqa: E402
@@ -253,20 +253,56 @@ def test_every_op_gets_a_nonzero_flagged_prediction(trained: tuple[Predictor, Tr
             for phase in ("exec", "exec_first", "exec_cold"):
                 c = cost.cost(layer, k, phase)
                 assert c.seconds > 0, (layer.op, k.name, phase)
-                assert c.source in ("predicted", "roofline")
+                assert c.source in ("predicted", "extrapolated", "roofline")
                 sources.add(c.source)
+                # a unit model of this op, or the kernel's model from other ops (flagged), or neither
+                own = pred.get(f"{layer.op}/{k.name}", "exec") is not None
+                if c.source == "extrapolated":
+                    assert not own and pred.get(f"*/{k.name}", "exec") is not None, (layer.op, k.name)
+                elif c.source == "predicted":  # its own model, or a unit that runs nothing (a Dropout)
+                    assert own or runs_nothing(layer, k, False), (layer.op, k.name)
             for phase in ("read_raw", "read_transformed", "transform", "pipeline_empty", "pipeline_filled"):
                 c = cost.cost(layer, k, phase)
                 assert c.seconds >= 0 and np.isfinite(c.seconds)
                 if phase == "read_raw" and layer.const_inputs:
                     assert c.seconds > 0
-    assert sources == {"predicted", "roofline"}  # trained units answer from their models, the rest say so
+    # trained units answer from their models, the rest say so: an op the training never ran with a kernel it
+    # did (a MatMul through the Gemm classifiers' GEMM kernels) is "extrapolated"
+    assert sources == {"predicted", "extrapolated", "roofline"}
     # a unit with no model at all: the roofline at measured rates, flagged
     empty = PredictedCost(Predictor("cpu", {}, __version__, {}), threads=1)
     conv = next(layer for layer in layers if layer.op == "Conv")
     k = candidate_kernels(conv, "cpu", None, False)[1]
     c = empty.cost(conv, k, "exec")
     assert c.source == "roofline" and c.seconds > 0
+
+
+def test_only_a_units_own_model_chooses_its_warm_kernel_over_the_default() -> None:
+    """The warm kernel differs from the engine's default only where costs were measured or predicted by a
+    model of the layer's own op: an extrapolated prediction (the kernel's model trained on other ops) ranks
+    nothing. It did: vit_tiny's attention projections took the unpacked GEMM at 3x the packed one's time."""
+    from inferd.planner.cold import cold_layers
+    from inferd.planner.cost import Cost
+
+    x = np.zeros((1, 197, 192), np.float32)
+    w = np.zeros((192, 192), np.float32)
+    layer = single_node_layer("MatMul", [x, w], {}, const=[False, True])
+    kernels = applicable_kernels(layer, "cpu")
+    assert len(kernels) >= 2
+    default, other = kernels[0], kernels[1]
+
+    class Fake:
+        def __init__(self, source: str) -> None:
+            self.source = source
+
+        def cost(self, layer, kernel, phase):  # the other kernel looks 3x faster
+            s = 1e-4 if kernel.name == other.name else 3e-4
+            return Cost(s if phase.startswith("exec") else 0.0, self.source)
+
+    for source, want in (("extrapolated", default.name), ("roofline", default.name), ("predicted", other.name),
+                         ("profiled", other.name)):
+        got = cold_layers([(layer, kernels, default)], Fake(source))[0].warm_kernel
+        assert got == want, (source, got)
 
 
 def test_whole_model_prediction_is_sum_of_units_through_overhead(trained: tuple[Predictor, Trainer]) -> None:

@@ -32,7 +32,11 @@ from ..ops.gemm import MATMUL_T
 #: cold runs observe and refine).
 PHASES = ("read_raw", "read_transformed", "transform", "pipeline_empty", "pipeline_filled", "exec", "exec_first",
           "exec_cold")
-SOURCES = ("profiled", "predicted", "roofline")
+#: "extrapolated": the latency predictor's model of the kernel, trained on other ops than this one (a MatMul
+#: priced by the Gemm classifiers' gemm_packed model): a time for schedules, not a ranking of kernels
+SOURCES = ("profiled", "predicted", "extrapolated", "roofline")
+#: the sources that may choose a layer's warm kernel over the engine's default
+RANKING_SOURCES = ("profiled", "predicted")
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,14 @@ class PredictedCost:
             self._caps_obj = _caps(self.predictor.caps)
         return self._caps_obj
 
-    def model_for(self, layer: Layer, kernel: Kernel, phase: str) -> Any:
+    def model_for(self, layer: Layer, kernel: Kernel, phase: str) -> tuple[Any, str]:
+        """The unit model for ``phase`` and the source its predictions carry: "predicted" from the model of this
+        op and kernel, "extrapolated" from the kernel's model over the other ops it ran in training."""
         p = self.predictor
-        return p.get(unit_key(layer, kernel), phase) or p.get(kernel_key(kernel), phase)
+        m = p.get(unit_key(layer, kernel), phase)
+        if m is not None:
+            return m, "predicted"
+        return p.get(kernel_key(kernel), phase), "extrapolated"
 
     def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
         key = (signature(layer, kernel), phase)
@@ -119,15 +124,15 @@ class PredictedCost:
             return Cost(0.0, "predicted")
         if runs_nothing(layer, kernel, self.gpu):
             return Cost(NOTHING_S if phase in EXEC_PHASES else 0.0, "predicted")
-        m = self.model_for(layer, kernel, "exec_first" if phase == "exec_cold" else phase)
+        m, source = self.model_for(layer, kernel, "exec_first" if phase == "exec_cold" else phase)
         if m is None and phase == "exec_cold":
-            m = self.model_for(layer, kernel, "exec")
+            m, source = self.model_for(layer, kernel, "exec")
         if m is None:
             return self.fallback.cost(layer, kernel, phase)
         v = float(m.predict(self.features(layer, kernel)[None, :])[0])
         if phase in EXEC_PHASES:
             v *= self.speed
-        return Cost(max(v, NOTHING_S), "predicted")
+        return Cost(max(v, NOTHING_S), source)
 
 
 @dataclass
