@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferd.bench.layers_bench import bench_layers, gemm_summary, match, table
+from inferd.bench.layers_bench import bench_layers, gemm_summary, match, table, with_peak
 from zoo_fixture import zoo_dir
 
 
@@ -70,6 +70,10 @@ def test_gemm_bound_layers_are_counted_against_the_peak_goal() -> None:
     md = table([{"model": "m", "inferd_ms": 5.0, "ort_ms": 5.0, "inferd_layer_sum_ms": 5.0, "ort_node_sum_ms": 5.0,
                  "ort_unmatched": [], "peak_flops": peak, "mem_bw": bw, "layers": layers}], slowest=0)
     assert "| m | 2 | 1 | 50% | 70% | 2.00 |" in md
+    # against a higher peak (the run's best reading) layer "a" falls under the goal too
+    r = with_peak({"peak_flops": peak, "mem_bw": bw, "layers": layers}, 2 * peak)
+    assert r["peak_flops_measured"] == peak and r["gemm"]["at_goal"] == 0
+    assert abs(r["gemm"]["aggregate_peak_share"] - 0.35) < 1e-9 and abs(r["layers"][0]["peak_share"] - 0.4) < 1e-9
 
 
 def test_fused_tensors_match_the_layer_that_absorbed_them() -> None:
