@@ -464,6 +464,31 @@ def test_variants_are_many_and_split_stably() -> None:
     assert m.graph.input[0].type.tensor_type.shape.dim[2].dim_value == specs[3].resolution
 
 
+def test_vit_variants_train_the_transformer_units() -> None:
+    """The convolutional families have no MatMul, LayerNorm or Softmax: a predictor trained on them priced
+    vit_tiny's layers from other ops' models. A vit variant is vit_tiny's graph at another size; it matches
+    onnxruntime and its measurement records those units."""
+    import onnxruntime as ort
+
+    from inferd.frontend import import_template, specialize
+    from inferd.runtime.cpu import CpuExecutor
+    from inferd.zoo._variants import vit_config
+
+    spec = VariantSpec("vit", 0.25, 64, 0.5, 5)
+    c = vit_config(spec)
+    assert (c.embed, c.heads, c.depth, c.mlp, c.tokens) == (64, 1, 6, 128, 17)
+    m = build_variant(spec)
+    x = np.random.default_rng(0).standard_normal(spec.input_shape).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    got = CpuExecutor(specialize(import_template(m))).run({"input": x})["output"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert sum(s.family == "vit" for s in variant_specs(240)) >= 30
+    tr = Trainer("cpu", threads=[1])
+    assert tr.measure((spec, 1), alternative=False) is not None
+    ops = {op for op, _k, _t in tr.units.values()}
+    assert {"MatMul", "LayerNormalization", "Softmax"} <= ops, ops
+
+
 # ------------------------------------------------------------------------------------------ planners
 
 def test_cold_planner_plans_from_predictions_alone(trained: tuple[Predictor, Trainer], tmp_path,

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from . import _cnn
+from . import _cnn, _vit
 from ._graph import GraphBuilder
 
-#: the families a variant is drawn from (each one a zoo architecture with knobs)
-FAMILIES = ("resnet", "bottleneck", "mobilenetv2", "efficientnet", "squeezenet", "vgg")
+#: the families a variant is drawn from (each one a zoo architecture with knobs); "vit": vit_tiny's graph (its
+#: linear layers, attention products, LayerNorm, Softmax, GELU), which the convolutional families have none of
+FAMILIES = ("resnet", "bottleneck", "mobilenetv2", "efficientnet", "squeezenet", "vgg", "vit")
 WIDTHS = (0.25, 0.35, 0.5, 0.75, 1.0)
 #: input resolutions: the 2-core machine measures hundreds of these, so the top stays at 192
 RESOLUTIONS = (64, 96, 112, 128, 160, 192)
@@ -34,7 +35,7 @@ class VariantSpec:
     width: float
     resolution: int
     depth: float
-    kernel: int  # depthwise / main kernel size where the family has a choice
+    kernel: int  # depthwise / main kernel size where the family has a choice; vit: its MLP ratio (3: 4x, 5: 2x)
     classes: int = 1000
 
     @property
@@ -193,6 +194,14 @@ def _vgg(g: GraphBuilder, x: str, s: VariantSpec) -> str:
     return g.gemm(y, "classifier.3", hidden, s.classes)
 
 
+def vit_config(s: VariantSpec) -> _vit.Vit:
+    """A vit variant's sizes: heads of 64 channels, 1 to 4 of them by width (vit_tiny has 3), 12 blocks at
+    full depth, patches of 16, the MLP 4x (kernel 3) or 2x (kernel 5) the embedding."""
+    heads = max(1, int(round(4 * s.width)))
+    return _vit.Vit(embed=64 * heads, depth=_n(12, s.depth), heads=heads, mlp_ratio=4 if s.kernel == 3 else 2,
+                    patch=16, resolution=s.resolution)
+
+
 def build_variant(spec: VariantSpec, seed: int = 0) -> onnx.ModelProto:
     """The ONNX model of ``spec`` with seeded random weights (same spec and seed -> same bytes)."""
     rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
@@ -208,6 +217,8 @@ def build_variant(spec: VariantSpec, seed: int = 0) -> onnx.ModelProto:
         out = _squeezenet(g, x, spec)
     elif spec.family == "vgg":
         out = _vgg(g, x, spec)
+    elif spec.family == "vit":
+        out = _vit.vit(g, x, vit_config(spec), spec.classes)
     else:
         raise KeyError(f"unknown variant family {spec.family!r}; known: {FAMILIES}")
     return g.finish(spec.name, [("input", spec.input_shape)], [("output", (1, spec.classes))], [out],
