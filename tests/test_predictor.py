@@ -538,6 +538,60 @@ def test_cold_planner_plans_from_predictions_alone(trained: tuple[Predictor, Tra
     assert d["costs"] == "profiled" and d["profile"] is not None
 
 
+def test_a_model_planned_from_predictions_switches_to_its_profiled_kernels(trained: tuple[Predictor, Trainer],
+                                                                           tmp_path, monkeypatch) -> None:
+    """Once idle-time profiling has re-planned the package, the running model takes the new plan's warm
+    kernels (it kept the predicted ones until its next load). A plan that wants another kernel for one layer
+    switches that layer, under the run lock, and the outputs stay right; the real refinement leaves every layer
+    on its new plan's choice."""
+    import dataclasses
+
+    pred, _ = trained
+    from inferd.package import compile_model, read_plan
+    from inferd.planner.plan import ColdPlan
+    from inferd.runtime.cpu import CpuExecutor, candidate_kernels
+    from inferd.frontend import import_template, specialize
+
+    import inferd
+
+    spec = VariantSpec("resnet", 0.25, 64, 0.5, 3)
+    monkeypatch.setenv("INFERD_PREDICTOR_DIR", str(tmp_path / "pred"))
+    pred.save(tmp_path / "pred" / "cpu.ipred")
+    src = tmp_path / "m.onnx"
+    src.write_bytes(build_variant(spec).SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg", profile="auto")
+    assert read_plan(pkg / "plan.bin")["costs"] == "predicted"
+    x = {"input": np.random.default_rng(0).standard_normal(spec.input_shape).astype(np.float32)}
+    want = CpuExecutor(specialize(import_template(build_variant(spec)))).run(x)["output"]
+    m = inferd.load(pkg)
+    try:
+        np.testing.assert_allclose(m.run(x)["output"], want, rtol=1e-3, atol=1e-4)
+        assert m.refine_done is not None and m.refine_done.wait(120)
+        cold = m._cold
+        refined = ColdPlan.from_dict(read_plan(pkg / "plan.bin")["plan"])
+        assert cold.plan_switches(refined) == []  # every layer runs the refined plan's warm kernel
+        # a plan that wants another kernel for one layer (the classifier's Gemm: the blocked convs have one):
+        # that layer alone switches
+        now = [cold.backend.kernel_params(i) for i in range(len(refined.layers))]
+        pos, alt = next((i, k.name) for i in range(len(refined.layers)) if now[i] is not None
+                        for k in candidate_kernels(cold.layers[i], "cpu", None, False)[0]
+                        if k.name != now[i][0].name)
+        layers = list(refined.layers)
+        layers[pos] = dataclasses.replace(layers[pos], warm_kernel=alt)
+        m._follow_plan(cold, dataclasses.replace(refined, layers=tuple(layers)))
+        assert cold.backend.kernel_params(pos)[0].name == alt
+        assert all(cold.backend.kernel_params(i)[0].name == now[i][0].name for i in range(len(now))
+                   if i != pos and now[i] is not None)
+        assert m.cold_stats["refined_switch_layers"] == 1
+        np.testing.assert_allclose(m.run(x)["output"], want, rtol=1e-3, atol=1e-4)
+        # another model's plan (other layer names) switches nothing
+        other = dataclasses.replace(refined, layers=tuple(dataclasses.replace(lp, name=lp.name + "'")
+                                                          for lp in layers))
+        assert cold.plan_switches(other) == []
+    finally:
+        m.close()
+
+
 def test_idle_profiling_yields_to_requests_and_to_close(trained: tuple[Predictor, Trainer], tmp_path,
                                                         monkeypatch) -> None:
     """A package planned from predictions profiles itself between requests only: under a foreground that is never

@@ -177,13 +177,28 @@ class ColdLoad:
     def warm_switches(self) -> list[tuple[int, str]]:
         return [(pos, lp.warm_kernel) for pos, lp in enumerate(self.plan.layers) if lp.warm_kernel]
 
-    def prepare_warm(self, backend_name: str) -> list[tuple[int, Kernel, dict[str, np.ndarray]]]:
-        """The warm kernels' params of every layer whose cold kernel is not its warm one (background work). A cold
-        kernel whose weights are of the warm one's form (``Kernel.weights_form``) hands over its very arrays:
-        nothing is read or transformed again."""
+    def plan_switches(self, plan: ColdPlan) -> list[tuple[int, str]]:
+        """The layers whose kernel now is not ``plan``'s warm choice (a re-plan of the same model: its layers
+        by name in the same order; another model's plan switches nothing)."""
+        current = getattr(self.backend, "kernel_params", None)
+        if current is None or [lp.name for lp in plan.layers] != [lp.name for lp in self.plan.layers]:
+            return []
+        out = []
+        for pos, lp in enumerate(plan.layers):
+            want = lp.warm_kernel or lp.kernel
+            now = current(pos)
+            if now is not None and now[0].name != want:
+                out.append((pos, want))
+        return out
+
+    def prepare_warm(self, backend_name: str, switches: list[tuple[int, str]] | None = None
+                     ) -> list[tuple[int, Kernel, dict[str, np.ndarray]]]:
+        """The warm kernels' params of every layer whose cold kernel is not its warm one (background work), or of
+        ``switches`` (position, kernel). A cold kernel whose weights are of the warm one's form
+        (``Kernel.weights_form``) hands over its very arrays: nothing is read or transformed again."""
         out = []
         current = getattr(self.backend, "kernel_params", None)
-        for pos, kname in self.warm_switches():
+        for pos, kname in self.warm_switches() if switches is None else switches:
             layer = self.layers[pos]
             k = choose_kernel(layer, backend_name, kname)
             now = current(pos) if current is not None else None

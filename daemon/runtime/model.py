@@ -321,7 +321,9 @@ class Model:
                         if not closing.is_set():
                             # (what the run observed is gathered here too: 0.4 ms of a small model's answer
                             # otherwise)
-                            refine(cold.observed())
+                            new = refine(cold.observed())
+                            if new is not None and not closing.is_set():
+                                self._follow_plan(cold, new)
                     except IdleBusy as e:
                         if not closing.is_set():
                             log.debug("model %s: idle-time profiling put off %.0f s: %s", self.name, delay, e)
@@ -337,6 +339,32 @@ class Model:
 
             self.refine_done = done
             after_answer(job)
+
+    def _follow_plan(self, cold: "ColdLoad", plan: Any) -> None:
+        """Switch the running kernels to a refined plan's warm choices (idle time, on the refinement's worker):
+        a model planned from predictions kept the predicted kernels until its next load, which a daemon's model
+        may not see for weeks. The layers are prepared outside the run lock and swapped under it, as the warm
+        switch does; a failure keeps the kernels that serve now."""
+        if self.warm_done is not None and not self.warm_done.is_set():
+            log.debug("model %s: warm switch still under way; the refined plan applies at the next load", self.name)
+            return
+        switches = cold.plan_switches(plan)
+        if not switches:
+            return
+        try:
+            ready = cold.prepare_warm(self.device, switches)
+            with self._lock:
+                if self._closing.is_set():
+                    return
+                for pos, k, params in ready:
+                    cold.backend.swap(pos, k, params)
+        except Exception as e:  # the kernels that serve now stay: slower, still correct
+            closed = bool(getattr(cold.backend, "closed", False))
+            log.log(logging.DEBUG if closed else logging.WARNING, "model %s: switching to the refined plan's kernels "
+                    "failed, keeping the current ones: %s: %s", self.name, type(e).__name__, e)
+            return
+        self.cold_stats["refined_switch_layers"] = len(ready)
+        log.info("model %s: %d layers switched to the refined plan's kernels", self.name, len(ready))
 
     @property
     def warm(self) -> bool:
