@@ -269,6 +269,9 @@ def test_every_op_gets_a_nonzero_flagged_prediction(trained: tuple[Predictor, Tr
     # trained units answer from their models, the rest say so: an op the training never ran with a kernel it
     # did (a MatMul through the Gemm classifiers' GEMM kernels) is "extrapolated"
     assert sources == {"predicted", "extrapolated", "roofline"}
+    # the per-layer report (`inferd info --predict`) flags each unit as the planner's cost model does
+    pairs = [(layer, k) for layer in layers for k in candidate_kernels(layer, "cpu", None, False)[0]]
+    assert [lp.source for lp in predict_layers(pairs, cost)] == [cost.cost(la, k, "exec").source for la, k in pairs]
     # a unit with no model at all: the roofline at measured rates, flagged
     empty = PredictedCost(Predictor("cpu", {}, __version__, {}), threads=1)
     conv = next(layer for layer in layers if layer.op == "Conv")

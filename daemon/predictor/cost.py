@@ -204,7 +204,13 @@ def predict_layers(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost,
     """Every phase of every (layer, kernel), one :class:`LayerPrediction` per layer (for reports)."""
     vals, roof = predict_arrays(layers, cost, phases)
     cols = {ph: v.tolist() for ph, v in vals.items()}
-    return [LayerPrediction(layer.name, layer.op, k.name, "roofline" if roof[i] else "predicted",
+
+    def source(i: int, layer: Layer, k: Kernel) -> str:  # the warm time's, as PredictedCost.cost flags it
+        if roof[i]:
+            return "roofline"
+        return "predicted" if runs_nothing(layer, k, cost.gpu) else cost.model_for(layer, k, "exec")[1]
+
+    return [LayerPrediction(layer.name, layer.op, k.name, source(i, layer, k),
                             {ph: cols[ph][i] for ph in phases}) for i, (layer, k) in enumerate(layers)]
 
 

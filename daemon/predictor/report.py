@@ -94,6 +94,7 @@ def predict_report(model: str, device: str = "cpu", threads: int | None = None, 
                 "cold_serial_ms": sum(sum(c.phases[ph] for ph in COLD_PHASES if not ph.startswith(("read_transformed",
                                       "pipeline_empty"))) for c in cold) * 1e3,
                 "roofline_layers": sum(1 for w in warm if w.source == "roofline"),
+                "extrapolated_layers": sum(1 for w in warm if w.source == "extrapolated"),
                 "layers": out_layers, "phases": list(PHASES), "predict_ms": (time.perf_counter() - t0) * 1e3}
     finally:
         close = getattr(backend, "close", None)
