@@ -242,22 +242,38 @@ def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
         return None
 
     def work() -> None:
-        t0 = time.perf_counter()
         try:
-            ready = cold.prepare_warm(backend_name)
-            t1 = time.perf_counter()
-            with lock:
-                for pos, k, params in ready:
-                    cold.backend.swap(pos, k, params)
-            info = {"warm_switch_layers": len(ready), "warm_prepare_s": round(t1 - t0, 6),
-                    "warm_swap_s": round(time.perf_counter() - t1, 6)}
+            n, prep_s, swap_s = swap_in(cold, backend_name, lock)
+            info = {"warm_switch_layers": n, "warm_prepare_s": round(prep_s, 6), "warm_swap_s": round(swap_s, 6)}
         except Exception as e:  # the cold kernels keep serving: slower, still correct
-            # a model closed under its switch (a device closing at exit, a model collected) stops it on purpose
-            closed = bool(getattr(cold.backend, "closed", False))
-            log.log(logging.DEBUG if closed else logging.WARNING, "%s: warm switch failed, keeping the cold kernels: "
-                    "%s: %s", cold.name, type(e).__name__, e)
+            log_swap_failure(cold, "warm switch failed, keeping the cold kernels", e)
             info = {"warm_switch_error": f"{type(e).__name__}: {e}"}
         if on_done is not None:
             on_done(info)
 
     return after_answer(work)
+
+
+def swap_in(cold: ColdLoad, backend_name: str, lock: threading.Lock,
+            switches: list[tuple[int, str]] | None = None, stop: Callable[[], bool] | None = None
+            ) -> tuple[int, float, float]:
+    """Prepare the kernels of ``switches`` (position, kernel; default: the plan's warm switches) outside ``lock``
+    and swap them in under it, between runs: the warm switch, and a refined plan's kernels (``Model``). Nothing is
+    swapped once ``stop()`` is true. Returns (layers swapped, seconds preparing, seconds swapping); raises what
+    preparing or swapping raised, the kernels that served before still in place for the layers not swapped."""
+    t0 = time.perf_counter()
+    ready = cold.prepare_warm(backend_name, switches)
+    t1 = time.perf_counter()
+    with lock:
+        if stop is not None and stop():
+            return 0, t1 - t0, 0.0
+        for pos, k, params in ready:
+            cold.backend.swap(pos, k, params)
+    return len(ready), t1 - t0, time.perf_counter() - t1
+
+
+def log_swap_failure(cold: ColdLoad, what: str, e: BaseException) -> None:
+    """A failed swap's warning; a debug line where the backend was closed under it (a device closing at exit, a
+    model collected), which stops it on purpose."""
+    closed = bool(getattr(cold.backend, "closed", False))
+    log.log(logging.DEBUG if closed else logging.WARNING, "%s: %s: %s: %s", cold.name, what, type(e).__name__, e)

@@ -351,20 +351,16 @@ class Model:
         switches = cold.plan_switches(plan)
         if not switches:
             return
+        from .cold import log_swap_failure, swap_in
+
         try:
-            ready = cold.prepare_warm(self.device, switches)
-            with self._lock:
-                if self._closing.is_set():
-                    return
-                for pos, k, params in ready:
-                    cold.backend.swap(pos, k, params)
+            n, _prep, _swap = swap_in(cold, self.device, self._lock, switches, stop=self._closing.is_set)
         except Exception as e:  # the kernels that serve now stay: slower, still correct
-            closed = bool(getattr(cold.backend, "closed", False))
-            log.log(logging.DEBUG if closed else logging.WARNING, "model %s: switching to the refined plan's kernels "
-                    "failed, keeping the current ones: %s: %s", self.name, type(e).__name__, e)
+            log_swap_failure(cold, "switching to the refined plan's kernels failed, keeping the current ones", e)
             return
-        self.cold_stats["refined_switch_layers"] = len(ready)
-        log.info("model %s: %d layers switched to the refined plan's kernels", self.name, len(ready))
+        if n:
+            self.cold_stats["refined_switch_layers"] = n
+            log.info("model %s: %d layers switched to the refined plan's kernels", self.name, n)
 
     @property
     def warm(self) -> bool:
