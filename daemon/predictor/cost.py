@@ -158,7 +158,7 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
     else:  # with each unit's dispatches (per shape signature, cached in the cost model); none for no-ops
         F = np.stack([cost.features(layer, k) if not nothing[i] else np.full(len(FEATURES), -1.0)
                       for i, (layer, k) in enumerate(layers)]) if layers else np.zeros((0, len(FEATURES)))
-    keys = [(f"{layer.op}/{k.name}", f"*/{k.name}") for layer, k in layers]
+    keys = [(unit_key(layer, k), kernel_key(k)) for layer, k in layers]
     roof = np.zeros(n, dtype=bool)
     out: dict[str, np.ndarray] = {}
     for phase in phases:
