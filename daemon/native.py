@@ -102,6 +102,13 @@ def set_num_threads(n: int) -> None:
         lib.inferd_pool_set_threads(_threads)
 
 
+def set_caller_threads(n: int) -> None:
+    """Cap the native pool's jobs that the calling thread submits at ``n`` threads (0: no cap). Per thread: another
+    thread's jobs keep the whole pool. OpenBLAS (numpy's matmul) is not capped."""
+    if AVAILABLE:
+        lib.inferd_pool_set_caller_cap(max(0, int(n)))
+
+
 #: OpenBLAS' thread-count setters, by the symbol prefixes of the builds numpy wheels bundle (scipy-openblas for
 #: numpy 2, openblas64_ before it) and of a plain OpenBLAS
 _OPENBLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",

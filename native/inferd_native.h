@@ -103,6 +103,9 @@ int inferd_pool_leave_core(int cpu);
    A job wakes and enters only the workers it takes. */
 long long inferd_pool_worker_jobs(int i);
 int inferd_pool_worker_asleep(int i);
+/* At most n threads (0: no cap) for the jobs the calling thread submits from now on; the cap in force. */
+void inferd_pool_set_caller_cap(int n);
+int inferd_pool_caller_cap(void);
 /* Run fn(ctx, t) for t in [0, ntasks) on up to max_threads threads (0 = all); returns when all are done.
    A call made while the pool is busy (another thread, or from inside a task) runs inline. */
 void inferd_parallel(void (*fn)(void* ctx, long long task), void* ctx, long long ntasks, int max_threads);

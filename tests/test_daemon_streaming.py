@@ -18,6 +18,7 @@ import inferd.vulkan
 import inferd.zoo
 from inferd.server.testing import DaemonProcess
 from inferd_client import Client, InvalidArgument
+from inferd_client.cli import format_status
 
 CHUNKS = 200
 
@@ -75,6 +76,14 @@ def test_vad_stream_of_200_chunks_equals_onnxruntime(models_dir: Path, device: s
         chunks = _audio(1, CHUNKS)
         assert _stream(c, sess, chunks[:150], 16000) < 1e-4
         assert _stream(c, sess, chunks[150:], 8000) < 1e-4  # the other branch of the sample-rate If
+        if device == "cpu":
+            # the stream's inline runs tried the serving thread alone against the whole pool (alternating, so
+            # both ran the chunks checked above) and kept the faster
+            st = c.status()
+            inl = st["models"]["vad_lstm"]["inline"]
+            if inl.get("alone_us") is not None:
+                assert inl["threads"] == (1 if inl["alone_us"] <= inl["pool_us"] else inl["pool"]), inl
+                assert "vad_lstm: inline runs take" in format_status(st)
         # the GRU keyword spotter: its state carried too
         kws = _ort_session(models_dir / "m" / "kws_gru.onnx")
         rng = np.random.default_rng(5)

@@ -42,6 +42,13 @@ HARNESS = textwrap.dedent(r"""
 
     static void slow_task(void* ctx, long long t) { task(ctx, t); sleep_ms(2); }
 
+    static void* other_thread_job(void* arg)
+    {
+        (void)arg;
+        for (int rep = 0; rep < 5; ++rep) inferd_parallel(slow_task, NULL, 8, 0);
+        return NULL;
+    }
+
     int main(void)
     {
         caller = pthread_self();
@@ -111,6 +118,33 @@ HARNESS = textwrap.dedent(r"""
                   inferd_pool_worker_jobs(i) - before[i]);
             CHECK(inferd_pool_worker_asleep(i) == 1, "worker %d was woken by jobs that did not take it", i);
         }
+        /* the calling thread's cap: with cap 1 every task runs on the caller and no worker enters; the cap is
+           the caller's own (a job from another thread takes the pool) and 0 lifts it */
+        inferd_pool_set_threads(2);
+        inferd_parallel(task, NULL, 2, 0);
+        inferd_pool_set_caller_cap(1);
+        CHECK(inferd_pool_caller_cap() == 1, "cap not kept: %d", inferd_pool_caller_cap());
+        const long long w0 = inferd_pool_worker_jobs(0);
+        for (int rep = 0; rep < 20; ++rep) {
+            memset(count, 0, sizeof count);
+            inferd_parallel(slow_task, NULL, 4, 0);
+            for (int t = 0; t < 4; ++t) {
+                CHECK(count[t] == 1, "caller cap: task %d ran %d times", t, count[t]);
+                CHECK(pthread_equal(who[t], caller), "caller cap 1: task %d ran on another thread", t);
+            }
+        }
+        CHECK(inferd_pool_worker_jobs(0) == w0, "caller cap 1: the worker entered %lld jobs",
+              inferd_pool_worker_jobs(0) - w0);
+        pthread_t other;
+        pthread_create(&other, NULL, other_thread_job, NULL);
+        pthread_join(other, NULL);
+        CHECK(inferd_pool_worker_jobs(0) > w0, "another thread's job was capped too");
+        inferd_pool_set_caller_cap(0);
+        memset(count, 0, sizeof count);
+        inferd_parallel(slow_task, NULL, 8, 0);
+        int off_caller = 0;
+        for (int t = 0; t < 8; ++t) off_caller += !pthread_equal(who[t], caller);
+        CHECK(off_caller > 0, "cap 0: no task ran on the worker");
         inferd_pool_set_threads(1);
         printf("ok (%d failures)\n", failures);
         return failures != 0;
