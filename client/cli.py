@@ -132,11 +132,11 @@ def format_status(st: dict[str, Any]) -> str:
             lines.append(f"  {name}: co-executed, {co.get('split', 0)} layers split by channels, {co.get('cpu', 0)} on "
                          f"the CPU, {co.get('gpu', 0)} on the GPU ({co.get('cost_source') or '?'} costs)")
     for name, m in models.items():
-        inl = m.get("inline")
-        if isinstance(inl, dict) and inl.get("alone_us") is not None:  # small models run on the serving thread
-            who = "the serving thread alone" if inl.get("threads") == 1 else f"{inl.get('pool')} threads"
-            lines.append(f"  {name}: inline runs take {who} (median {inl['alone_us']} us alone, {inl.get('pool_us')} "
-                         f"us with {inl.get('pool')} threads)")
+        th = m.get("threads")
+        if isinstance(th, dict) and th.get("alone_us") is not None:  # a small model may run on one thread
+            who = "one thread" if th.get("threads") == 1 else f"{th.get('pool')} threads"
+            lines.append(f"  {name}: runs on {who} (median {th['alone_us']} us on one, {th.get('pool_us')} us on "
+                         f"{th.get('pool')})")
     for name, m in models.items():
         if m.get("reason") and m.get("state") != "READY" or "failed" in (m.get("reason") or ""):
             lines.append(f"  {name}: {m['reason']}")

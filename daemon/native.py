@@ -109,6 +109,11 @@ def set_caller_threads(n: int) -> None:
         lib.inferd_pool_set_caller_cap(max(0, int(n)))
 
 
+def caller_threads() -> int:
+    """The calling thread's cap (``set_caller_threads``; 0: none)."""
+    return int(lib.inferd_pool_caller_cap()) if AVAILABLE else 0
+
+
 #: OpenBLAS' thread-count setters, by the symbol prefixes of the builds numpy wheels bundle (scipy-openblas for
 #: numpy 2, openblas64_ before it) and of a plain OpenBLAS
 _OPENBLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",

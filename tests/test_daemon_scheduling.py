@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferd.server.scheduler import InlineThreads
 from inferd.server.testing import DaemonProcess, write_fake_model
 from inferd_client import Client, DeadlineExceeded, Unavailable
 
@@ -286,33 +285,3 @@ def test_serving_thread_spins_after_inline_runs_only_when_requests_come_close_an
     assert burnt["600000"] > 0.15, burnt
     assert burnt["0"] < 0.15 and burnt["after a pause"] < 0.15 and burnt["worker busy"] < 0.15, burnt
 
-
-@pytest.mark.parametrize("alone_s, pool_s, want", [(1e-4, 1.2e-4, 1), (2e-4, 1.2e-4, 0)])
-def test_inline_runs_take_the_faster_of_the_serving_thread_alone_and_the_pool(alone_s: float, pool_s: float,
-                                                                            want: int) -> None:
-    """``InlineThreads`` alternates the serving thread alone (cap 1) and the whole pool over its trial, keeps the
-    faster for the runs after it, and tries again after ``RETRY`` runs; a pool of one thread is never capped."""
-    it = InlineThreads(pool=2)
-    caps = []
-    for _ in range(2 * InlineThreads.TRIAL):
-        cap = it.next_cap()
-        caps.append(cap)
-        it.record(cap, alone_s if cap == 1 else pool_s)
-    assert caps.count(1) == caps.count(0) == InlineThreads.TRIAL
-    assert it.cap == want and it.info()["threads"] == (1 if want else 2)
-    assert it.info()["alone_us"] == pytest.approx(alone_s * 1e6) and it.info()["pool_us"] == pytest.approx(pool_s * 1e6)
-    later = []
-    for _ in range(InlineThreads.RETRY - 2 * InlineThreads.TRIAL):
-        later.append(it.next_cap())
-        it.record(later[-1], 1.0)  # not recorded outside a trial: the decision stands
-    assert set(later) == {want} and it.cap == want
-    # the next trial: the machine got busy, the other choice now wins
-    for _ in range(2 * InlineThreads.TRIAL):
-        cap = it.next_cap()
-        it.record(cap, pool_s if cap == 1 else alone_s)
-    assert it.cap == 1 - want
-    single = InlineThreads(pool=1)
-    for _ in range(40):
-        assert single.next_cap() == 0
-        single.record(0, 1e-4)
-    assert single.info() == {"threads": 1, "pool": 1}

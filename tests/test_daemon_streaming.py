@@ -80,10 +80,10 @@ def test_vad_stream_of_200_chunks_equals_onnxruntime(models_dir: Path, device: s
             # the stream's inline runs tried the serving thread alone against the whole pool (alternating, so
             # both ran the chunks checked above) and kept the faster
             st = c.status()
-            inl = st["models"]["vad_lstm"]["inline"]
-            if inl.get("alone_us") is not None:
-                assert inl["threads"] == (1 if inl["alone_us"] <= inl["pool_us"] else inl["pool"]), inl
-                assert "vad_lstm: inline runs take" in format_status(st)
+            th = st["models"]["vad_lstm"].get("threads")
+            if th is not None:  # a pool of two or more: the chunks above ran on one thread and on the pool
+                assert th["threads"] == (1 if th["alone_us"] <= 1.05 * th["pool_us"] else th["pool"]), th
+                assert "vad_lstm: runs on" in format_status(st)
         # the GRU keyword spotter: its state carried too
         kws = _ort_session(models_dir / "m" / "kws_gru.onnx")
         rng = np.random.default_rng(5)

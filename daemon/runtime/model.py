@@ -22,6 +22,7 @@ from ..ir import Graph, TensorInfo
 from ..planner.plan import ColdPlan, PlanOptions
 from .cpu import check_feeds
 from .scheduler import foreground
+from .threads import ThreadChoice
 
 if TYPE_CHECKING:
     from typing import Callable
@@ -106,6 +107,8 @@ class Model:
         #: the precision plan in force (inferd.planner.precision.PrecisionPlan): the backend's, or a CPU
         #: package's recorded one
         self.precision: Any = getattr(executor, "precision", None)
+        #: a small CPU model's warm runs on the calling thread alone when that measures faster than the pool
+        self.thread_choice = ThreadChoice.for_device(device)
 
     @property
     def inputs(self) -> list[TensorInfo]:
@@ -179,7 +182,10 @@ class Model:
             faults.check("backend.run")
             cold = self._cold
             if cold is None or cold.done:
-                return self._exec.run(feeds)
+                tc = self.thread_choice
+                if tc is None or (tc.in_trial() and not self.warm):
+                    return self._exec.run(feeds)
+                return tc.run(self._exec.run, feeds)
             try:
                 out = cold.first_run(feeds)
             except (WeightsStoreError, OSError) as e:  # a damaged store, or a disk failing under the read
@@ -279,6 +285,7 @@ class Model:
         self._recover = None  # once: a package that is damaged again right after its rebuild is an error
         other._on_close = None
         other._cold = None
+        self.thread_choice = ThreadChoice.for_device(self.device)
 
     def wait_prepared(self) -> None:
         """Block until every layer of a cold load under way is prepared (read, transformed, its pipeline built):
@@ -361,6 +368,7 @@ class Model:
         if n:
             self.cold_stats["refined_switch_layers"] = n
             log.info("model %s: %d layers switched to the refined plan's kernels", self.name, n)
+            self.thread_choice = ThreadChoice.for_device(self.device)  # other kernels: measured afresh
 
     @property
     def warm(self) -> bool:

@@ -793,7 +793,7 @@ class Server:
                             "cold": s.cold_stats(), "warm": s.warm(), "known_bytes": s.known_bytes,
                             "evictions": s.evictions,
                             "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None,
-                            **s._coexec_info(), **s.inline_info()}
+                            **s._coexec_info(), **s.threads_info()}
         rss = process_rss()
         from ..runtime import hostpool
 

@@ -27,7 +27,6 @@ import numpy as np
 
 from inferd_client import protocol as P
 
-from .. import native
 from .repository import ModelEntry
 
 if TYPE_CHECKING:
@@ -47,54 +46,6 @@ QUEUED, TAKEN, DONE = 0, 1, 2
 _SHARED_DEVICES = frozenset({"vulkan", "auto", "cpu+vulkan"})  # devices whose use goes through the DeviceLock
 
 Loader = Callable[..., Any]
-
-
-class InlineThreads:
-    """How many pool threads a model's inline runs (on the serving thread) take: the whole pool, or the serving
-    thread alone. Decided by measurement, alternating the two over ``TRIAL`` runs each and again every ``RETRY``
-    inline runs (the machine's load moves): a 0.1 ms model gains little from a second thread and pays its wake-up
-    and, after the run, its spin on a core the apps want (the VAD chunk: 102 us alone, 114-129 us with the pool of
-    two, in the daemon on the 2-core VM). Pure bookkeeping; the caller sets the cap (``native.set_caller_threads``).
-    """
-
-    TRIAL = 16
-    RETRY = 4096
-
-    def __init__(self, pool: int) -> None:
-        self.pool = pool
-        self.cap = 0  # 0: the whole pool
-        self._times: tuple[list[float], list[float]] = ([], [])
-        self._runs = 0
-        self.decided: dict[str, float] | None = None  # the last decision's medians (us), for status
-
-    def next_cap(self) -> int:
-        """The cap for the next inline run (0: none)."""
-        if self.pool <= 1:
-            return 0
-        if self._runs % self.RETRY < 2 * self.TRIAL:
-            return 1 if self._runs % 2 else 0
-        return self.cap
-
-    def record(self, cap: int, seconds: float) -> None:
-        if self.pool <= 1:
-            return
-        phase = self._runs % self.RETRY
-        self._runs += 1
-        if phase >= 2 * self.TRIAL:
-            return
-        self._times[1 if cap == 1 else 0].append(seconds)
-        if phase == 2 * self.TRIAL - 1:
-            whole, alone = (float(np.median(t)) for t in self._times)
-            cap = 1 if alone <= whole else 0
-            if cap != self.cap or self.decided is None:
-                log.debug("inline runs: %s (median %.1f us alone, %.1f us with %d threads)",
-                          "the serving thread alone" if cap else "the whole pool", alone * 1e6, whole * 1e6, self.pool)
-            self.cap = cap
-            self.decided = {"alone_us": round(alone * 1e6, 1), "pool_us": round(whole * 1e6, 1)}
-            self._times = ([], [])
-
-    def info(self) -> dict[str, Any]:
-        return {"threads": 1 if self.cap else self.pool, "pool": self.pool, **(self.decided or {})}
 
 
 class DeviceLock:
@@ -407,7 +358,6 @@ class ModelSlot:
         self.busy = False
         self.running_since: float | None = None
         self._compute_ema: float | None = None  # seconds; decides whether runs may go inline
-        self._inline_threads: InlineThreads | None = None  # per loaded model: inline runs' thread count
         self._control: deque[tuple[str, Any]] = deque()
         self._load_waiters: list[tuple[bytes, P.RequestId]] = []
         self._unload_waiters: list[tuple[bytes, P.RequestId]] = []
@@ -454,13 +404,13 @@ class ModelSlot:
             "preload": self.preload, "pinned": cfg.pinned, "priority": cfg.priority, "max_queue": self.max_queue,
             "queued": self.queued, "memory_bytes": self.memory_bytes(), "variants": self.variants(),
             "warm": self.warm(), **self._coexec_info(),
-            **self.inline_info(),
+            **self.threads_info(),
         }
 
-    def inline_info(self) -> dict[str, Any]:
-        """How many threads its inline runs take (and the trial's medians), once it has run inline."""
-        it = self._inline_threads
-        return {"inline": it.info()} if it is not None else {}
+    def threads_info(self) -> dict[str, Any]:
+        """How many threads a small CPU model's runs take (and its last trial's medians), once decided."""
+        tc = getattr(self.model, "thread_choice", None)
+        return {"threads": tc.info()} if tc is not None and tc.decided is not None else {}
 
     def warm(self) -> bool | None:
         """Whether the loaded model runs on its warm path (its warm switch done); None when not loaded."""
@@ -847,20 +797,6 @@ class ModelSlot:
             if device in _SHARED_DEVICES:
                 with self._device_ctx(device, job.priority):
                     out = model.run(feeds)
-            elif job.inline:
-                it = self._inline_threads
-                if it is None:
-                    it = self._inline_threads = InlineThreads(native.num_threads() if native.AVAILABLE else 1)
-                cap = it.next_cap()
-                if cap:
-                    native.set_caller_threads(cap)
-                    try:
-                        out = model.run(feeds)
-                    finally:
-                        native.set_caller_threads(0)
-                else:
-                    out = model.run(feeds)
-                it.record(cap, time.monotonic() - t_start)
             else:
                 out = model.run(feeds)
             compute = time.monotonic() - t_start
@@ -998,7 +934,6 @@ class ModelSlot:
             self.state, self.reason = READY, note
             self._measured, self.last_used = False, time.monotonic()
             self._compute_ema = None
-            self._inline_threads = None
             self.stats.last_load_s = dt
             waiters, self._load_waiters = self._load_waiters, []
             info = self.info()
@@ -1148,7 +1083,6 @@ class ModelSlot:
                 self.device = str(getattr(model, "device", "?"))
                 self.state, self.reason = READY, note
                 self._compute_ema = None
-                self._inline_threads = None
                 self.cond.notify_all()
         self.stats.incr("recoveries")
         self._drop_fallback()

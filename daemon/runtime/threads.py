@@ -1,0 +1,106 @@
+"""How many pool threads a small model's warm runs take: the whole native pool, or the calling thread alone.
+
+A run of a tenth of a millisecond gains little from a second thread and pays for it: the worker's wake-up at
+each parallel layer, and after the run its spin (``pool.c``: 200 us) on a core the apps want. Measured on the
+2-core VM, the zoo's VAD chunk: 84 us on one thread against 101 us on two in process (one bench run; another
+gave 85 against 80), and in the daemon 102 us against 114-129 us, where the daemon's CPU per chunk fell from 380
+to 280 us. Which wins moves with the model and the machine's load, so it is measured, not assumed: the first
+``TRIAL`` warm runs of each kind alternate, the faster median is kept, and the trial is run again every ``RETRY``
+runs. A model whose runs are longer than ``MAX_S`` keeps the pool without trials (there the pool wins by
+far, and a trial run on one thread would cost a user a slow answer).
+
+Pure bookkeeping plus ``native.set_caller_threads`` (a per-thread cap: another thread's runs keep the pool).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import native
+
+
+class ThreadChoice:
+    """One model's choice; used under the model's run lock (no locking of its own)."""
+
+    TRIAL = 16
+    RETRY = 4096
+    #: one thread wins a tie within this fraction: it leaves the other cores to the apps (the pool's worker spins
+    #: 200 us after each run; the VAD chunk's daemon CPU per chunk fell from 380 to 280 us on one thread), and a
+    #: 16-run median does not tell a few percent apart on a shared board
+    TIE = 0.05
+    #: runs longer than this (the pool's median in a trial) never try one thread again
+    MAX_S = 1e-3
+
+    def __init__(self, pool: int) -> None:
+        self.pool = pool
+        self.cap = 0  # 0: the whole pool
+        self._times: tuple[list[float], list[float]] = ([], [])
+        self._runs = 0
+        self._off = pool <= 1
+        #: the last trial's medians (us), for status
+        self.decided: dict[str, float] | None = None
+
+    @classmethod
+    def for_device(cls, device: str) -> "ThreadChoice | None":
+        if device != "cpu" or not native.AVAILABLE or native.num_threads() <= 1:
+            return None
+        return cls(native.num_threads())
+
+    def next_cap(self) -> int:
+        """The cap for the next run: 1 (this thread alone) or 0 (the pool)."""
+        if self._off:
+            return 0
+        if self._runs % self.RETRY < 2 * self.TRIAL:
+            return self._runs & 1
+        return self.cap
+
+    def in_trial(self) -> bool:
+        return not self._off and self._runs % self.RETRY < 2 * self.TRIAL
+
+    def record(self, cap: int, seconds: float) -> None:
+        if self._off:
+            return
+        phase = self._runs % self.RETRY
+        self._runs += 1
+        if phase >= 2 * self.TRIAL:
+            return
+        self._times[1 if cap == 1 else 0].append(seconds)
+        if phase == 2 * self.TRIAL - 1:
+            pool, alone = (float(np.median(t)) for t in self._times)
+            self.cap = 1 if alone <= pool * (1 + self.TIE) else 0
+            self.decided = {"alone_us": round(alone * 1e6, 1), "pool_us": round(pool * 1e6, 1)}
+            self._times = ([], [])
+            if pool > self.MAX_S and not self.cap:
+                self._off = True
+
+    def run(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)`` under the cap this choice gives, timed while a trial runs."""
+        if not self.in_trial():
+            if self._off:
+                return fn(arg)
+            self._runs += 1
+            if not self.cap:
+                return fn(arg)
+            prev = native.caller_threads()
+            native.set_caller_threads(1)
+            try:
+                return fn(arg)
+            finally:
+                native.set_caller_threads(prev)
+        cap = self.next_cap()
+        prev = native.caller_threads()
+        if cap:
+            native.set_caller_threads(1)
+        t = time.perf_counter()
+        try:
+            out = fn(arg)
+        finally:
+            if cap:
+                native.set_caller_threads(prev)
+        self.record(cap, time.perf_counter() - t)
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"threads": 1 if self.cap else self.pool, "pool": self.pool, **(self.decided or {})}

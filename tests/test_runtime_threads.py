@@ -1,0 +1,88 @@
+"""A small CPU model's warm runs take the calling thread alone when that measures faster than the native pool
+(``inferd.runtime.threads.ThreadChoice``): the trial alternates the two, keeps the faster, tries again later; a
+slow model keeps the pool; the cap is the calling thread's own and is put back after each run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import inferd
+from inferd import native
+from inferd.runtime.threads import ThreadChoice
+
+pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="needs the native extension")
+
+
+@pytest.mark.parametrize("alone_s, pool_s, want", [(1e-4, 1.2e-4, 1), (1.04e-4, 1e-4, 1), (2e-4, 1.2e-4, 0)])
+def test_the_trial_keeps_the_faster_and_tries_again(alone_s: float, pool_s: float, want: int) -> None:
+    tc = ThreadChoice(pool=2)
+    caps = []
+    for _ in range(2 * ThreadChoice.TRIAL):
+        assert tc.in_trial()
+        caps.append(tc.next_cap())
+        tc.record(caps[-1], alone_s if caps[-1] == 1 else pool_s)
+    assert caps.count(1) == caps.count(0) == ThreadChoice.TRIAL
+    assert not tc.in_trial() and tc.cap == want and tc.info()["threads"] == (1 if want else 2)
+    assert tc.info()["alone_us"] == pytest.approx(alone_s * 1e6) and tc.info()["pool_us"] == pytest.approx(pool_s * 1e6)
+    seen = []
+    for _ in range(ThreadChoice.RETRY - 2 * ThreadChoice.TRIAL):  # runs outside a trial are counted, not timed
+        tc.run(lambda _: seen.append(native.caller_threads()), None)
+    assert set(seen) == {want} and tc.in_trial()
+    for _ in range(2 * ThreadChoice.TRIAL):  # the next trial: the load changed, the other choice wins now
+        cap = tc.next_cap()
+        tc.record(cap, (3e-4 if want else 0.5e-4) if cap == 1 else 1e-4)
+    assert tc.cap == 1 - want
+
+
+def test_a_slow_model_keeps_the_pool_and_a_pool_of_one_never_tries() -> None:
+    tc = ThreadChoice(pool=2)
+    for _ in range(2 * ThreadChoice.TRIAL):
+        cap = tc.next_cap()
+        tc.record(cap, 5e-3 if cap == 1 else 2e-3)
+    assert tc.cap == 0 and not tc.in_trial()
+    for _ in range(3 * ThreadChoice.RETRY):
+        assert tc.next_cap() == 0 and not tc.in_trial()
+        tc.run(lambda _: None, None)
+    single = ThreadChoice(pool=1)
+    assert not single.in_trial() and single.next_cap() == 0 and single.info() == {"threads": 1, "pool": 1}
+
+
+def test_the_cap_is_put_back_after_a_run_even_a_failing_one() -> None:
+    tc = ThreadChoice(pool=2)
+    native.set_caller_threads(0)
+    inside = []
+
+    def run(fail: bool) -> None:
+        inside.append(native.caller_threads())
+        if fail:
+            raise RuntimeError("boom")
+
+    tc.run(run, False)  # the trial's first run: the pool
+    with pytest.raises(RuntimeError):
+        tc.run(run, True)  # its second: this thread alone, failing
+    assert native.caller_threads() == 0
+    tc.run(run, False)  # a failed run is not timed: the same cap again
+    assert inside == [0, 1, 1] and native.caller_threads() == 0
+
+
+@pytest.mark.skipif(native.num_threads() < 2, reason="needs a pool of two threads")
+def test_a_small_zoo_model_decides_and_answers_the_same_either_way(tmp_path) -> None:
+    from inferd import zoo
+
+    path = zoo.write_zoo(tmp_path, ["kws_gru"])["kws_gru"]
+    m = inferd.load(str(path), device="cpu")
+    try:
+        m.wait_warm(60)
+        rng = np.random.default_rng(0)
+        feeds = {"input": rng.standard_normal((1, 49, 40)).astype(np.float32),
+                 "state": rng.standard_normal((1, 1, 64)).astype(np.float32)}
+        outs = [m.run(feeds) for _ in range(2 * ThreadChoice.TRIAL + 4)]
+        tc = m.thread_choice
+        assert tc is not None and tc.decided is not None, "the trial did not finish"
+        assert tc.info()["threads"] in (1, native.num_threads())
+        for o in outs[1:]:  # runs on one thread and on the pool give the same answer
+            for k in o:
+                np.testing.assert_allclose(o[k], outs[0][k], rtol=1e-5, atol=1e-6)
+        assert native.caller_threads() == 0
+    finally:
+        m.close()
