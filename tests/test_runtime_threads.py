@@ -76,9 +76,12 @@ def test_a_small_zoo_model_decides_and_answers_the_same_either_way(tmp_path) -> 
         rng = np.random.default_rng(0)
         feeds = {"input": rng.standard_normal((1, 49, 40)).astype(np.float32),
                  "state": rng.standard_normal((1, 1, 64)).astype(np.float32)}
+        # (a switch to the idle-time profiled plan's kernels starts the trial afresh: run until one is decided)
         outs = [m.run(feeds) for _ in range(2 * ThreadChoice.TRIAL + 4)]
+        while len(outs) < 600 and (m.thread_choice is None or m.thread_choice.decided is None):
+            outs.append(m.run(feeds))
         tc = m.thread_choice
-        assert tc is not None and tc.decided is not None, "the trial did not finish"
+        assert tc is not None and tc.decided is not None, f"no trial finished in {len(outs)} runs"
         assert tc.info()["threads"] in (1, native.num_threads())
         for o in outs[1:]:  # runs on one thread and on the pool give the same answer
             for k in o:
