@@ -273,10 +273,10 @@ int inferd_pool_worker_asleep(int i)
 
 void inferd_pool_set_spin_us(int us) { P.spin_ns = us < 0 ? 0 : (long long)us * 1000; }
 
-/* A cap on the threads of the jobs this thread submits (0: none). The daemon runs a small model's request on its
-   serving thread alone when that measured faster: waking a worker for a 0.1 ms run costs more than it gives, and
-   the woken worker then spins its 200 us on a core the apps want. Per thread, so a worker thread's run of another
-   model keeps the whole pool. */
+/* A cap on the threads of the jobs this thread submits (0: none). A small model's warm runs take the calling
+   thread alone where that measured faster (daemon/runtime/threads.py): waking a worker for a 0.1 ms run costs
+   more than it gives, and the woken worker then spins its 200 us on a core the apps want. Per thread, so another
+   thread's run of another model keeps the whole pool. */
 static __thread int CALLER_CAP = 0;
 
 void inferd_pool_set_caller_cap(int n) { CALLER_CAP = n < 0 ? 0 : n; }

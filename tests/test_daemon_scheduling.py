@@ -284,4 +284,3 @@ def test_serving_thread_spins_after_inline_runs_only_when_requests_come_close_an
     # 0.23 s once beside the other test worker's CPU-bound tests (2 cores, pytest -n 2); ~0 for the three that sleep
     assert burnt["600000"] > 0.15, burnt
     assert burnt["0"] < 0.15 and burnt["after a pause"] < 0.15 and burnt["worker busy"] < 0.15, burnt
-
