@@ -22,6 +22,7 @@ def test_the_trial_keeps_the_faster_and_tries_again(alone_s: float, pool_s: floa
         caps.append(tc.next_cap())
         tc.record(caps[-1], alone_s if caps[-1] == 1 else pool_s)
     assert caps.count(1) == caps.count(0) == ThreadChoice.TRIAL
+    assert caps[:2 * ThreadChoice.BLOCK] == [0] * ThreadChoice.BLOCK + [1] * ThreadChoice.BLOCK  # in blocks
     assert not tc.in_trial() and tc.cap == want and tc.info()["threads"] == (1 if want else 2)
     assert tc.info()["alone_us"] == pytest.approx(alone_s * 1e6) and tc.info()["pool_us"] == pytest.approx(pool_s * 1e6)
     seen = []
@@ -57,12 +58,13 @@ def test_the_cap_is_put_back_after_a_run_even_a_failing_one() -> None:
         if fail:
             raise RuntimeError("boom")
 
-    tc.run(run, False)  # the trial's first run: the pool
+    for _ in range(ThreadChoice.BLOCK):
+        tc.run(run, False)  # the trial's first block: the pool
     with pytest.raises(RuntimeError):
-        tc.run(run, True)  # its second: this thread alone, failing
+        tc.run(run, True)  # its second block: this thread alone, the first run failing
     assert native.caller_threads() == 0
-    tc.run(run, False)  # a failed run is not timed: the same cap again
-    assert inside == [0, 1, 1] and native.caller_threads() == 0
+    tc.run(run, False)  # a failed run is not counted: the same cap again
+    assert inside == [0] * ThreadChoice.BLOCK + [1, 1] and native.caller_threads() == 0
 
 
 def test_a_small_zoo_model_decides_and_answers_the_same_either_way(tmp_path) -> None:

@@ -5,9 +5,9 @@ each parallel layer, and after the run its spin (``pool.c``: 200 us) on a core t
 2-core VM, the zoo's VAD chunk: 84 us on one thread against 101 us on two in process (one bench run; another
 gave 85 against 80), and in the daemon 102 us against 114-129 us, where the daemon's CPU per chunk fell from 380
 to 280 us. Which wins moves with the model and the machine's load, so it is measured, not assumed: the first
-``TRIAL`` warm runs of each kind alternate, the faster median is kept, and the trial is run again every ``RETRY``
-runs. A model whose runs are longer than ``MAX_S`` keeps the pool without trials (there the pool wins by
-far, and a trial run on one thread would cost a user a slow answer).
+``TRIAL`` warm runs of each kind alternate in blocks (``BLOCK``), the faster median is kept, and the trial is run
+again every ``RETRY`` runs. A model whose runs are longer than ``MAX_S`` keeps the pool without trials (there the
+pool wins by far, and a trial run on one thread would cost a user a slow answer).
 
 Pure bookkeeping plus ``native.set_caller_threads`` (a per-thread cap: another thread's runs keep the pool).
 """
@@ -24,7 +24,12 @@ from .. import native
 class ThreadChoice:
     """One model's choice; used under the model's run lock (no locking of its own)."""
 
-    TRIAL = 16
+    TRIAL = 32
+    #: the trial alternates blocks of this many runs, the first of each not timed: a choice is timed in its steady
+    #: state (a pool run right after a one-thread run found the worker still spinning, where back-to-back pool
+    #: runs spaced out by a daemon's round trip find it asleep; strictly alternating runs told the daemon's VAD
+    #: 105 against 105 us, its steady state is 107 against 111)
+    BLOCK = 8
     RETRY = 4096
     #: one thread wins a tie within this fraction: it leaves the other cores to the apps (the pool's worker spins
     #: 200 us after each run; the VAD chunk's daemon CPU per chunk fell from 380 to 280 us on one thread), and a
@@ -52,8 +57,9 @@ class ThreadChoice:
         """The cap for the next run: 1 (this thread alone) or 0 (the pool)."""
         if self._off:
             return 0
-        if self._runs % self.RETRY < 2 * self.TRIAL:
-            return self._runs & 1
+        phase = self._runs % self.RETRY
+        if phase < 2 * self.TRIAL:
+            return (phase // self.BLOCK) & 1
         return self.cap
 
     def in_trial(self) -> bool:
@@ -66,7 +72,8 @@ class ThreadChoice:
         self._runs += 1
         if phase >= 2 * self.TRIAL:
             return
-        self._times[1 if cap == 1 else 0].append(seconds)
+        if phase % self.BLOCK:
+            self._times[1 if cap == 1 else 0].append(seconds)
         if phase == 2 * self.TRIAL - 1:
             pool, alone = (float(np.median(t)) for t in self._times)
             self.cap = 1 if alone <= pool * (1 + self.TIE) else 0
