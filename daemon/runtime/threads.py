@@ -33,7 +33,7 @@ class ThreadChoice:
     RETRY = 4096
     #: one thread wins a tie within this fraction: it leaves the other cores to the apps (the pool's worker spins
     #: 200 us after each run; the VAD chunk's daemon CPU per chunk fell from 380 to 280 us on one thread), and a
-    #: 16-run median does not tell a few percent apart on a shared board
+    #: trial's median of 28 runs a side does not tell a few percent apart on a shared board
     TIE = 0.05
     #: runs longer than this (the pool's median in a trial) never try one thread again
     MAX_S = 1e-3
