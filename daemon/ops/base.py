@@ -345,13 +345,14 @@ def applicable_kernels(layer: Layer, backend: str = "cpu") -> list[Kernel]:
     return [k for k in kernels_for(layer.op, backend) if k.applies(layer)]
 
 
-def choose_kernel(layer: Layer, backend: str = "cpu", forced: str | None = None) -> Kernel:
-    """The kernel to run ``layer`` with: ``forced`` by name if given, else the fastest that applies."""
+def choose_kernel(layer: Layer, backend: str = "cpu", forced: str | None = None, check: bool = True) -> Kernel:
+    """The kernel to run ``layer`` with: ``forced`` by name if given, else the fastest that applies. ``check``
+    False: a ``forced`` kernel is taken without asking whether it applies (a stored plan's choice for this device)."""
     cands = kernels_for(layer.op, backend)
     if forced is not None:
         for k in cands:
             if k.name == forced:
-                if not k.applies(layer):
+                if check and not k.applies(layer):
                     raise KernelError(f"kernel {forced!r} does not apply to node {layer.name!r} ({layer.op}, "
                                       f"input shapes {[i.shape if i else None for i in layer.inputs]}, attrs {layer.attrs})")
                 return k

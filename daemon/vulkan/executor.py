@@ -133,14 +133,6 @@ def _check_dtypes(layer: Layer, kernel: VulkanKernel, consts: Mapping[str, Any])
         raise BackendError(f"node {layer.name} ({layer.op}): {bad}")
 
 
-def _named(op: str, name: str, node: str) -> VulkanKernel:
-    for k in kernels_for(op, "vulkan"):
-        if k.name == name and isinstance(k, VulkanKernel):
-            return k
-    raise KernelError(f"no vulkan kernel named {name!r} for op {op} (node {node!r}); known: "
-                      f"{[k.name for k in kernels_for(op, 'vulkan')]}")
-
-
 def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str],
                  planned: Mapping[str, Sequence[str]] | None = None) -> list[NodeChoice]:
     """Per node of the folded graph ``pg``: alias, or its candidate kernels and default. A kernel forced by
@@ -175,7 +167,7 @@ def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str],
         names = planned.get(node.name) if planned is not None and want is None else None
         if names:
             # by name, not asked whether they apply: the plan chose them for this node on this device
-            ks = tuple(dict.fromkeys(_named(node.op, n, node.name) for n in names))
+            ks = tuple(dict.fromkeys(choose_kernel(layer, "vulkan", n, check=False) for n in names))
             assert all(isinstance(k, VulkanKernel) for k in ks)
             _check_dtypes(layer, ks[0], consts)  # type: ignore[arg-type]
             out.append(NodeChoice(layer, ks, ks[0]))  # type: ignore[arg-type]
