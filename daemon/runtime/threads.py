@@ -83,21 +83,11 @@ class ThreadChoice:
                 self._off = True
 
     def run(self, fn: Callable[[Any], Any], arg: Any) -> Any:
-        """``fn(arg)`` under the cap this choice gives, timed while a trial runs."""
-        if not self.in_trial():
-            if self._off:
-                return fn(arg)
-            self._runs += 1
-            if not self.cap:
-                return fn(arg)
-            prev = native.caller_threads()
-            native.set_caller_threads(1)
-            try:
-                return fn(arg)
-            finally:
-                native.set_caller_threads(prev)
+        """``fn(arg)`` under the cap this choice gives (the trial's times recorded, every run counted)."""
+        if self._off:
+            return fn(arg)
         cap = self.next_cap()
-        prev = native.caller_threads()
+        prev = native.caller_threads() if cap else 0
         if cap:
             native.set_caller_threads(1)
         t = time.perf_counter()
