@@ -9,14 +9,11 @@ import inferd.package, inferd.runtime.cold, inferd.vulkan.cold, inferd.vulkan.ex
 for mi in pkgutil.iter_modules(inferd.ops.__path__):
     if mi.name.endswith("_vulkan"):
         importlib.import_module("inferd.ops." + mi.name)
-from inferd.runtime import pagecache
+from inferd.bench.cold_bench import evict
 from inferd.vulkan import device as D
 D.get_device()
 pkg = sys.argv[1]
-pagecache.drop_all()
-for root, _, fs in os.walk(pkg):
-    for f in fs:
-        pagecache.drop_file(os.path.join(root, f))
+evict([pkg])  # drop_caches where allowed, and every file of the package
 pr = cProfile.Profile()
 t0 = time.perf_counter()
 pr.enable()
