@@ -24,7 +24,7 @@ from .fileio import VECTOR_ALIGN, empty_aligned  # noqa: F401 - the kernels' nam
 log = logging.getLogger(__name__)
 
 #: The ABI number this module was written for (``inferd_native_abi()`` in native/version.c).
-ABI = 21
+ABI = 22
 
 ffi: Any = None
 lib: Any = None

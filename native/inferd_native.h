@@ -374,3 +374,51 @@ int inferd_nchwc_scale(const float* x, long long n, long long c, long long hw, c
    zero at zero, or the padding lanes stop being zero): NF-Nets' act(gain * se(x)) in one pass. 0, or -1. */
 int inferd_nchwc_scale_act(const float* x, long long n, long long c, long long hw, const float* s, long long s_stride,
                            float mult, int act, float p0, float p1, float* y);
+
+/* The streaming runtime's loaders (native/stream.c). A piece: span bytes at arena address dst read from file_off
+   (need of them data, the rest block padding) once step dep has run (-1: at once); unit: the streamed layer it
+   belongs to. Pieces and blobs grouped by unit, units in order (pieces within a unit in dependency order). A
+   blob: size bytes at addr whose hash must equal sum once all its unit's pieces are in. */
+typedef struct {
+    long long file_off;
+    long long span;
+    long long need;
+    unsigned long long dst;
+    int dep;
+    int unit;
+} inferd_stream_piece;
+typedef struct {
+    unsigned long long addr;
+    long long size;
+    unsigned long long sum;
+    int unit;
+    int pad;
+} inferd_stream_blob;
+typedef unsigned long long (*inferd_hash_fn)(const void* data, unsigned long len);
+typedef struct inferd_stream inferd_stream;
+enum inferd_stream_error {
+    INFERD_STREAM_IO = 1,
+    INFERD_STREAM_SHORT = 2,
+    INFERD_STREAM_CHECKSUM = 3,
+    INFERD_STREAM_GAP = 4,
+    INFERD_STREAM_ABORTED = 5,
+    INFERD_STREAM_ARG = 6
+};
+/* fd: the store opened buffered; dfd: with O_DIRECT (-1: none); drop: after a buffered read, drop the pages it
+   cached; nice: the loaders' niceness; hash: NULL, the caller verifies; gap: a block-aligned scratch buffer of
+   gap_size bytes for the bytes between joined pieces. NULL for bad arguments or no memory. */
+inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, const inferd_stream_piece* pieces, int npieces,
+                                 int nunits, const inferd_stream_blob* blobs, int nblobs, inferd_hash_fn hash,
+                                 void* gap, long long gap_size, long long run_max, long long gap_max);
+void inferd_stream_free(inferd_stream* s);
+/* A run starts: nloaders threads read ahead (fewer if threads could not be started: the number returned). */
+int inferd_stream_begin(inferd_stream* s, int nloaders);
+/* The compute thread ran step ``step``. */
+void inferd_stream_done(inferd_stream* s, int step);
+/* Until unit's weights are in and verified (steal: reading its untaken pieces itself): 0, or an error code. */
+int inferd_stream_wait(inferd_stream* s, int unit, int steal);
+/* The run is over (abort: after an error; returns once no loader touches the arena). */
+void inferd_stream_end(inferd_stream* s, int abort);
+/* d: read_s (wall time with a read in flight), verify_s; i: reads, bytes, error, errno, piece, blob, got, need,
+   loaders inside a run's loop, loader threads. */
+void inferd_stream_stats(inferd_stream* s, double* d, long long* i);

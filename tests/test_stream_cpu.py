@@ -268,6 +268,21 @@ def test_pieces_load_early_and_compute_thread_reads_what_is_left(work):
     assert S.PIECE > 0
 
 
+def _loader_tids() -> set[int]:
+    """The native loader threads of this process (native/stream.c names them)."""
+    import os
+
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "inferd-stream":
+                    out.add(int(tid))
+        except OSError:  # the thread ended
+            pass
+    return out
+
+
 def test_cache_mode_loader_runs_at_lower_priority(work):
     """Through the page cache a read is a copy that competes with compute: the loader thread runs niced
     (cache_loader_nice); bypassing the cache it keeps the compute threads' priority."""
@@ -284,21 +299,17 @@ def test_cache_mode_loader_runs_at_lower_priority(work):
     probe.close()
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     for read, want in (("cache", base + StreamingExecutor.cache_loader_nice), ("bypass", base)):
+        before = _loader_tids()
         ex = StreamingExecutor(graph, store, need, read=read)
-        seen: list[int] = []
-        orig = ex._read_run
-
-        def spy(pcs, orig=orig, seen=seen):  # noqa: ANN001
-            if threading.current_thread().name == "inferd-stream-loader":
-                seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-            orig(pcs)
-
-        ex._read_run = spy
         try:
             ex.run(feeds)
+            mine = _loader_tids() - before
+            seen = {os.getpriority(os.PRIO_PROCESS, t) for t in mine}
+            assert ex.stats["reads"] > 0
         finally:
             ex.close()
-        assert seen and set(seen) == {min(want, 19)}, (read, seen)
+        assert mine and seen == {min(want, 19)}, (read, seen)
+        assert not _loader_tids() & mine  # closing the executor ended them
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own is untouched
 
 
@@ -347,7 +358,6 @@ def test_loader_threads_are_kept_across_runs_and_end_with_the_executor(work):
     """The loaders are started once and reused by every run (no thread start per run); closing the executor,
     or dropping it without closing, ends them."""
     import gc
-    import threading
     import time
     import weakref
 
@@ -359,18 +369,15 @@ def test_loader_threads_are_kept_across_runs_and_end_with_the_executor(work):
     need = probe.min_budget()
     probe.close()
 
-    def loaders() -> set[int]:
-        return {t.ident for t in threading.enumerate() if t.name == "inferd-stream-loader"}
-
-    before = loaders()
+    before = _loader_tids()
     for close in (True, False):
         ex = StreamingExecutor(graph, store, need, read="bypass")
         ex.run(feeds)
-        first = loaders() - before
+        first = _loader_tids() - before
         assert len(first) == ex.bypass_readers
         for _ in range(3):
             ex.run(feeds)
-        assert loaders() - before == first  # the same threads, no new ones
+        assert _loader_tids() - before == first  # the same threads, no new ones
         if close:
             ex.close()
         else:
@@ -379,9 +386,9 @@ def test_loader_threads_are_kept_across_runs_and_end_with_the_executor(work):
             gc.collect()
             assert ref() is None  # the loaders do not keep the executor alive
         deadline = time.monotonic() + 5
-        while loaders() - before and time.monotonic() < deadline:
+        while _loader_tids() - before and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not loaders() - before
+        assert not _loader_tids() - before
 
 
 @pytest.mark.parametrize("name,factor", [("vit_tiny", 1.5), ("resnet18", 1.0)])
@@ -406,10 +413,51 @@ def test_every_loader_is_back_in_the_pool_after_each_run(work, name, factor):
             got = ex.run(feeds)
             for k in ref:
                 np.testing.assert_allclose(got[k], ref[k], rtol=TOL, atol=TOL)
-            pool = ex._loaders["bypass"]
             deadline = time.monotonic() + 5
-            while pool.busy and time.monotonic() < deadline:
+            while ex._native_stats()["busy"] and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert pool.busy == 0
+            assert ex._native_stats()["busy"] == 0 and ex._native_stats()["threads"] == ex.bypass_readers
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize("fallback", ["inline", "python_checksum"])
+def test_fallbacks_give_the_same_bits_and_report_damage(work, tmp_path, monkeypatch, fallback):
+    """Without the native extension the compute thread reads each streamed layer itself (``inline``); without a
+    C checksum function the native loaders read and the compute thread verifies (``python_checksum``). Either
+    way the outputs are the unconstrained executor's bits at the smallest budget, no live box is overwritten,
+    and a damaged blob is reported as such."""
+    import shutil
+
+    from inferd import native
+    from inferd.errors import WeightsStoreError
+    from inferd.runtime import stream as S
+
+    if fallback == "inline":
+        monkeypatch.setattr(native, "AVAILABLE", False)
+    else:
+        if not native.AVAILABLE:
+            pytest.skip("the native extension is not built")
+        monkeypatch.setattr(S, "_XXH3", [native.ffi.NULL])
+    graph, feeds, store, ref, need = _resnet18_at_min(work, 13)
+    for read in ("cache", "bypass"):
+        ex = StreamingExecutor(graph, store, need, read=read, track=True)
+        try:
+            assert (ex._native is None) == (fallback == "inline")
+            got = ex.run(feeds)
+            for k in ref:
+                np.testing.assert_array_equal(got[k], ref[k])
+            assert not ex.tracker.violations, ex.tracker.violations[:3]
+            assert ex.tracker.high_water <= ex.arena.nbytes <= ex.budget
+            assert ex.stats["bytes"] >= ex.streamed_bytes
+        finally:
+            ex.close()
+    bad = tmp_path / "damaged.store"
+    shutil.copy(store, bad)
+    ex = StreamingExecutor(graph, bad, need, read="cache", keep_resident=False)
+    try:
+        _flip_largest_blob(ex, bad, 2)
+        with pytest.raises(WeightsStoreError, match="checksum mismatch"):
+            ex.run(feeds)
     finally:
         ex.close()

@@ -31,14 +31,13 @@ import logging
 import os
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import __version__, faults
+from .. import __version__, faults, native
 from ..backends.base import transformed_key
 from ..errors import InferdError, WeightsStoreError
 from ..ir import Graph
@@ -46,7 +45,7 @@ from ..ops import conv as _conv
 from ..ops.base import Kernel, Layer, kernels_for, op_spec, raw_params
 from ..planner.flex import BudgetTooSmall, FlexPlan, LayerMem, min_budget, plan_budget, plan_flex
 from ..planner.memory import align_up, graph_buffers
-from ..store import Entry, StoreWriter, WeightsStore, aligned_empty
+from ..store import Entry, StoreWriter, WeightsStore, aligned_empty, checksum
 from ..fileio import ShortRead, readv
 from .cpu import select_kernels
 
@@ -69,6 +68,46 @@ GAP = 32 << 10
 PIECE_MAX = 1 << 20
 MODES = ("preload", "ondemand")
 READS = ("cache", "bypass")
+
+
+def _joined(pcs: Sequence[_Piece]) -> list[list[_Piece]]:
+    """``pcs`` (one layer's pieces) in reads as the loaders join them: neighbours in the store, gaps of at most
+    ``GAP`` bytes, up to ``RUN`` bytes a read."""
+    runs: list[list[_Piece]] = []
+    for pc in pcs:
+        if runs:
+            run = runs[-1]
+            end = run[-1].file_off + run[-1].span.nbytes
+            if 0 <= pc.file_off - end <= GAP and pc.file_off + pc.span.nbytes - run[0].file_off <= RUN:
+                run.append(pc)
+                continue
+        runs.append([pc])
+    return runs
+
+
+_XXH3: list[Any] = []
+
+
+def _xxh3_fn() -> Any:
+    """The store's checksum (xxh3-64, seed 0) as a C function pointer for the native loaders: the xxhash
+    module's own C function (``XXH3_64bits``), so both sides compute the same sum by the same code. NULL where
+    the module does not export it: the compute thread then verifies each layer after waiting for it."""
+    if not _XXH3:
+        fn = native.ffi.NULL
+        try:
+            import ctypes
+
+            import xxhash._xxhash as xx
+
+            addr = ctypes.cast(ctypes.CDLL(xx.__file__).XXH3_64bits, ctypes.c_void_p).value
+            cand = native.ffi.cast("inferd_hash_fn", addr)
+            probe = np.frombuffer(b"inferd stream checksum probe", np.uint8)
+            if cand(native.ffi.from_buffer(probe), probe.nbytes) == checksum(probe):
+                fn = cand
+        except (ImportError, OSError, AttributeError, TypeError):
+            pass
+        _XXH3.append(fn)
+    return _XXH3[0]
 
 
 class StreamError(InferdError):
@@ -162,79 +201,6 @@ class ArenaTracker:
     def release(self, key: tuple[str, str]) -> None:
         with self._lock:
             self.live.pop(key, None)
-
-
-class _Loaders:
-    """Loader threads kept across runs. A run hands them its loop (``start``) and goes on at once: starting a
-    thread per run waits for the new thread to be scheduled (``Thread.start`` returns only once it runs), a
-    wake-up on a busy core per loader and per run, milliseconds for a small model on a loaded machine.
-    ``wait_idle`` waits until none runs a loop any more (before the arena may change after a failed run)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.cv = threading.Condition()
-        self.job: Callable[[], None] | None = None
-        self.gen = 0
-        self.want = 0
-        self.busy = 0
-        self.closed = False
-        self.threads: list[threading.Thread] = []
-
-    def start(self, job: Callable[[], None], n: int, nice: int) -> None:
-        with self.cv:
-            while len(self.threads) < n:
-                th = threading.Thread(target=self._work, args=(len(self.threads), nice), name=self.name, daemon=True)
-                self.threads.append(th)
-                th.start()
-            self.job, self.want = job, n
-            self.gen += 1
-            self.cv.notify_all()
-
-    def _work(self, i: int, nice: int) -> None:
-        if nice > 0:
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-            except (OSError, AttributeError):  # not Linux, or not permitted: same priority
-                pass
-        seen = 0
-        while True:
-            with self.cv:
-                while not self.closed and (self.gen == seen or i >= self.want):
-                    if self.gen != seen:  # a run that wants fewer loaders
-                        seen = self.gen
-                        continue
-                    self.cv.wait()
-                if self.closed:
-                    return
-                seen, job = self.gen, self.job
-                if job is None:  # the run ended before this loader got to it
-                    continue
-                self.busy += 1
-            try:
-                job()
-            finally:
-                job = None
-                with self.cv:
-                    self.busy -= 1
-                    self.cv.notify_all()
-
-    def done(self) -> None:
-        """The run is over: a loader that has not picked its loop up yet skips it, and the pool no longer
-        holds the run (nor, through it, the executor)."""
-        with self.cv:
-            self.job = None
-
-    def wait_idle(self) -> None:
-        with self.cv:
-            self.job = None
-            while self.busy:
-                self.cv.wait()
-
-    def close(self) -> None:
-        with self.cv:
-            self.closed = True
-            self.job = None
-            self.cv.notify_all()
 
 
 class StreamingExecutor:
@@ -341,8 +307,6 @@ class StreamingExecutor:
         self.lock = threading.Lock()
         self._pending: tuple[FlexPlan, int, float] | None = None
         self._pending_lock = threading.Lock()
-        #: per read mode (the loaders' priority differs); closed with the executor, or when it is collected
-        self._loaders: dict[str, _Loaders] = {}
         self.adapt_s: list[float] = []  # per change: from the request to the new arena in place
         self.swap_s: list[float] = []  # per change: the swap itself (under the run lock)
 
@@ -399,6 +363,7 @@ class StreamingExecutor:
         self.budget = budget
         self.plan = plan
         self.arena_budget = plan.budget
+        self._release_native()  # its loaders know the old arena's addresses
         self.arena = None  # type: ignore[assignment]  # the old arena goes before the new one is touched
         self.views = {}
         self.steps = []
@@ -482,6 +447,7 @@ class StreamingExecutor:
         self._pieces = self._split_pieces()
         for pos, pcs in self._pieces.items():
             self._ends.setdefault(pos, []).extend(pc.key for pc in pcs)
+        self._make_native()
 
     def _split_pieces(self) -> dict[int, list[_Piece]]:
         """Per streamed step (preload mode): its blobs cut into pieces, each with the last step that used its
@@ -540,7 +506,6 @@ class StreamingExecutor:
     def _read_direct(self, e: Entry, v: np.ndarray) -> None:
         """One blob by ``O_DIRECT`` into its arena place (block aligned; the read's tail lands in the padding
         the plan left up to the next block), its checksum verified."""
-        from ..store import checksum
 
         start = v.ctypes.data - self.arena.ctypes.data
         span = self.arena[start:start + align_up(e.size, WALIGN)]
@@ -576,7 +541,6 @@ class StreamingExecutor:
 
     def _verify(self, step: _Step) -> None:
         """Every blob of ``step`` read in pieces: its checksum, once all its pieces are in."""
-        from ..store import checksum
 
         for e, v in step.blobs:
             if checksum(memoryview(v.reshape(-1).view(np.uint8))) != e.checksum:
@@ -642,173 +606,155 @@ class StreamingExecutor:
         return res
 
     def _run_streamed(self, tr: ArenaTracker | None) -> tuple[float, float]:
-        """The loader threads and this (compute) thread, synchronised on one condition: the compute thread
-        publishes the last step it ran (``prog``) and wakes the loaders only when one waits for that step; a
-        layer is ``ok`` once its last piece is in and verified, by whichever thread read it. The loaders
-        (``cache_loaders`` through the page cache, ``bypass_readers`` when bypassing it) take
-        runs off one queue in order: each the next pieces whose dependencies have run and that follow each other
-        in the store, up to ``RUN`` bytes, so that several large reads are in flight (a disk reaches its rate only
-        with a queue of them; one reader waiting for each read leaves it idle between two). A piece is read by
-        the thread that claims it first: when the compute thread reaches a layer whose weights are not in yet,
-        it reads the pieces nobody has started itself (their dependencies have all run) instead of waiting for
-        a loader to be woken and scheduled: on a busy machine that hand-off costs milliseconds per layer."""
-        steps, plan = self.steps, self.plan
-        pieces = self._pieces
-        stream = [s for s in steps if s.blobs and not plan.resident[s.pos]]
-        taken = {s.pos: [False] * len(pieces[s.pos]) for s in stream}
-        left = {s.pos: len(pieces[s.pos]) for s in stream}
-        ok = dict.fromkeys(left, False)
-        mu = threading.Lock()
-        cv = threading.Condition(mu)
-        never = len(steps)
-        prog = [-1]  # the last step computed
-        want = [never]  # the earliest step a loader waits for (never: none waits)
-        waiting = [-1]  # the step whose weights the compute thread waits for
-        err: list[BaseException] = []
-        clock = time.perf_counter
-        # reading's wall time (some read in flight), not the sum over threads; reads and bytes for the stats
-        io = {"inflight": 0, "since": 0.0, "read_s": 0.0, "reads": 0, "bytes": 0, "verify_s": 0.0}
-        queue = [(s, k, pc) for s in stream for k, pc in enumerate(pieces[s.pos])]
-        cur = [0]
-
-        def extend(run: list[tuple[_Step, _Piece]], items: Sequence[tuple[_Step, int, _Piece]]) -> int:
-            """Under ``mu``: append to ``run`` the leading ``items`` that can join its read (untaken, their
-            dependency run, next in the store); the number taken."""
-            pc = run[-1][1]
-            size, end, n = sum(p.span.nbytes for _s, p in run), pc.file_off + pc.span.nbytes, 0
-            for s2, k2, p2 in items:
-                gap = p2.file_off - end
-                if size >= RUN or not 0 <= gap <= GAP or taken[s2.pos][k2] or p2.dep > prog[0]:
-                    break
-                taken[s2.pos][k2] = True
-                run.append((s2, p2))
-                size += gap + p2.span.nbytes
-                end = p2.file_off + p2.span.nbytes
-                n += 1
-            return n
-
-        def read(run: list[tuple[_Step, _Piece]]) -> None:
-            """Read ``run`` (claimed); a layer whose last piece is in is verified and ok."""
-            if tr is not None:
-                for _s, p in run:
-                    tr.claim(p.key, p.offset, p.span.nbytes)
-            with mu:
-                if io["inflight"] == 0:
-                    io["since"] = clock()
-                io["inflight"] += 1
-            try:
-                self._read_run([p for _s, p in run])
-            finally:
-                with mu:
-                    io["inflight"] -= 1
-                    if io["inflight"] == 0:
-                        io["read_s"] += clock() - io["since"]
-                    io["reads"] += 1
-                    io["bytes"] += run[-1][1].file_off + run[-1][1].span.nbytes - run[0][1].file_off
-            full = []
-            with mu:
-                for s, _pc in run:
-                    left[s.pos] -= 1
-                    if left[s.pos] == 0:
-                        full.append(s)
-            for s in full:
-                t0 = clock()
-                faults.check("cache.read")
-                self._verify(s)
-                with cv:
-                    io["verify_s"] += clock() - t0
-                    ok[s.pos] = True
-                    if waiting[0] == s.pos:
-                        cv.notify_all()
-
-        def next_run() -> list[tuple[_Step, _Piece]] | None:
-            """The loaders' next run off the queue, waiting for its first piece's dependency; None: done."""
-            with cv:
-                while True:
-                    q = cur[0]
-                    while q < len(queue) and taken[queue[q][0].pos][queue[q][1]]:
-                        q += 1
-                    cur[0] = q
-                    if q >= len(queue) or err:
-                        return None
-                    s, k, pc = queue[q]
-                    if pc.dep <= prog[0]:
-                        taken[s.pos][k] = True
-                        run = [(s, pc)]
-                        cur[0] = q + 1 + extend(run, queue[q + 1:q + 65])
-                        return run
-                    want[0] = min(want[0], pc.dep)
-                    cv.wait()
-
-        def loader() -> None:
-            try:
-                while True:
-                    run = next_run()
-                    if run is None:
-                        return
-                    read(run)
-            except BaseException as e:  # the compute thread re-raises it
-                with cv:
-                    err.append(e)
-                    cv.notify_all()  # never leave the compute thread (or another loader) waiting
-
-        n = (self.bypass_readers if self.read == "bypass" else self.cache_loaders) if queue else 0
+        """The native loaders (native/stream.c: ``cache_loaders`` through the page cache, ``bypass_readers`` when
+        bypassing it) and this (compute) thread. The loaders take the pieces in order, each once the step it
+        waits for has run, joining neighbours in the store into reads of up to ``RUN`` bytes so that several
+        large reads are in flight (a disk reaches its rate only with a queue of them); a layer is in once its
+        last piece is read and its blobs verified, by whichever thread read that piece. The compute thread
+        publishes each step it ran (a wake-up only when a loader waits for it) and, reaching a layer whose
+        weights are not in yet, reads the pieces nobody has started itself (``steal``) instead of waiting for a
+        loader to be woken and scheduled: on a busy machine that hand-off costs milliseconds per layer. Neither
+        side takes the GIL to hand a piece over: with loaders in Python every read's bookkeeping and every
+        wake-up did (2-core VM, vit_tiny, 16 MiB streamed: 8% of its run with the reads made no-ops)."""
+        h = self._native
+        if h is None:
+            return self._run_inline(tr)
+        lib = native.lib
+        steps, unit, claims = self.steps, self._unit, self._claims
+        n = self.bypass_readers if self.read == "bypass" else self.cache_loaders
         if not self.steal:
             n = max(n, 1)  # someone must read
-        lp = None
-        if n:
-            lp = self._loaders.get(self.read)
-            if lp is None:
-                lp = self._loaders[self.read] = _Loaders("inferd-stream-loader")
-                weakref.finalize(self, lp.close)  # the threads hold the pool, not the executor
-            lp.start(loader, n, self.cache_loader_nice if self.read == "cache" else 0)
+        if lib.inferd_stream_begin(h, n) < n and not self.steal:
+            raise StreamError("no loader thread could be started")
+        steal = int(self.steal)
+        clock = time.perf_counter
         wait_s = 0.0
         try:
+            if tr is not None:
+                for key, off, size in claims.get(-1, []):
+                    tr.claim(key, off, size)
             for s in steps:
-                pos = s.pos
-                if ok.get(pos) is False:
+                u = unit.get(s.pos)
+                if u is not None:
                     w0 = clock()
-                    mine = [(s, k, pc) for k, pc in enumerate(pieces[pos])]
-                    i = 0
-                    while self.steal and not err and i < len(mine):  # every dependency has run: read what is left
-                        with mu:
-                            while i < len(mine) and taken[pos][mine[i][1]]:
-                                i += 1
-                            if i == len(mine):
-                                break
-                            taken[pos][mine[i][1]] = True
-                            run = [(s, mine[i][2])]
-                            i += 1 + extend(run, mine[i + 1:])
-                        read(run)
-                    with cv:
-                        waiting[0] = pos
-                        while not ok[pos] and not err:
-                            cv.wait()
-                        waiting[0] = -1
+                    rc = lib.inferd_stream_wait(h, u, steal)
                     wait_s += clock() - w0
-                if err:
-                    raise err[0]
+                    if rc:
+                        raise self._native_error()
+                    faults.check("cache.read")
+                    if not self._native_verifies:
+                        self._verify(s)
                 self._compute(s, tr)
-                prog[0] = pos
-                if want[0] <= pos:  # a loader waits for this step (set before it checked prog: no lost wake-up)
-                    with cv:
-                        want[0] = never
-                        cv.notify_all()
-        except BaseException as e:
-            with cv:
-                if not err:
-                    err.append(e)
-                cv.notify_all()
-            if lp is not None:  # a loader may be reading into the arena: it is not ours again before they stop
-                lp.wait_idle()
+                if tr is not None:  # a piece may be written from the moment its dependency has run
+                    for key, off, size in claims.get(s.pos, []):
+                        tr.claim(key, off, size)
+                lib.inferd_stream_done(h, s.pos)
+        except BaseException:
+            lib.inferd_stream_end(h, 1)  # a loader may be reading into the arena: not ours again before they stop
             raise
         # no join: every piece is in (each step waited for its own), so the arena is no longer touched; a loader
-        # that is still finishing its loop finds the queue empty and ends by itself (joining it costs a wake-up and
-        # a time slice of the loader's, milliseconds on a busy machine, for nothing)
-        if lp is not None:
-            lp.done()
-        self.io_stats = {k: v for k, v in io.items() if k not in ("inflight", "since")}
-        return io["read_s"], wait_s
+        # still finishing its loop finds the queue empty and ends by itself before the next run starts
+        lib.inferd_stream_end(h, 0)
+        st = self._native_stats()
+        self.io_stats = {"read_s": st["read_s"], "reads": st["reads"], "bytes": st["bytes"],
+                         "verify_s": st["verify_s"]}
+        return st["read_s"], wait_s
+
+    def _run_inline(self, tr: ArenaTracker | None) -> tuple[float, float]:
+        """Without the native extension: the compute thread reads each streamed layer's pieces (joined as the
+        loaders join them) when it reaches the layer; nothing is read ahead."""
+        clock = time.perf_counter
+        read_s = 0.0
+        reads = nbytes = 0
+        for s in self.steps:
+            pcs = self._pieces.get(s.pos)
+            if pcs:
+                t0 = clock()
+                for run in _joined(pcs):
+                    if tr is not None:
+                        for p in run:
+                            tr.claim(p.key, p.offset, p.span.nbytes)
+                    self._read_run(run)
+                    reads += 1
+                    nbytes += run[-1].file_off + run[-1].span.nbytes - run[0].file_off
+                faults.check("cache.read")
+                self._verify(s)
+                read_s += clock() - t0
+            self._compute(s, tr)
+        self.io_stats = {"read_s": read_s, "reads": reads, "bytes": nbytes, "verify_s": 0.0}
+        return read_s, 0.0
+
+    # ------------------------------------------------------------------ the native loaders
+    def _make_native(self) -> None:
+        """The native loaders' queue for this arena: every streamed piece in run order, every streamed blob with
+        its checksum. None without the extension or with nothing streamed (the run reads inline)."""
+        self._release_native()
+        self._unit: dict[int, int] = {}
+        self._claims: dict[int, list[tuple[tuple[str, str], int, int]]] = {}
+        self._flat: list[_Piece] = []
+        self._flat_blobs: list[Entry] = []
+        if not self._pieces or not native.AVAILABLE:
+            return
+        ffi, lib = native.ffi, native.lib
+        units = sorted(self._pieces)
+        self._unit = {pos: u for u, pos in enumerate(units)}
+        flat = [(u, pc) for u, pos in enumerate(units) for pc in self._pieces[pos]]
+        blobs = [(u, e, v) for u, pos in enumerate(units) for e, v in self.steps[pos].blobs]
+        pcs = ffi.new("inferd_stream_piece[]", len(flat))
+        for i, (u, pc) in enumerate(flat):
+            p = pcs[i]
+            p.file_off, p.span, p.need = pc.file_off, pc.span.nbytes, pc.nbytes
+            p.dst, p.dep, p.unit = pc.span.ctypes.data, pc.dep, u
+            self._claims.setdefault(pc.dep, []).append((pc.key, pc.offset, pc.span.nbytes))
+        bl = ffi.new("inferd_stream_blob[]", max(1, len(blobs)))
+        for i, (u, e, v) in enumerate(blobs):
+            bl[i].addr, bl[i].size, bl[i].sum, bl[i].unit = v.ctypes.data, v.nbytes, e.checksum, u
+        hash_fn = _xxh3_fn()
+        self._native_verifies = hash_fn != ffi.NULL
+        bypass = self.read == "bypass"
+        st = self.store
+        h = lib.inferd_stream_new(st._fd, st._dfd if bypass else -1, int(bypass),
+                                  0 if bypass else int(self.cache_loader_nice), pcs, len(flat), len(units), bl,
+                                  len(blobs), hash_fn, ffi.cast("void *", self._gap.ctypes.data), self._gap.nbytes,
+                                  RUN, GAP)
+        if h == ffi.NULL:
+            raise MemoryError("the streaming loaders' queue could not be allocated")
+        self._native = ffi.gc(h, lib.inferd_stream_free)
+        self._flat = [pc for _u, pc in flat]
+        self._flat_blobs = [e for _u, e, _v in blobs]
+
+    def _release_native(self) -> None:
+        """End the loader threads (they wait for the next run) and free the queue, before its arena goes."""
+        h, self._native = getattr(self, "_native", None), None
+        if h is not None:
+            native.ffi.release(h)
+
+    def _native_stats(self) -> dict[str, Any]:
+        ffi = native.ffi
+        d, i = ffi.new("double[2]"), ffi.new("long long[10]")
+        native.lib.inferd_stream_stats(self._native, d, i)
+        keys = ("reads", "bytes", "error", "errno", "piece", "blob", "got", "need", "busy", "threads")
+        return {"read_s": d[0], "verify_s": d[1], **{k: int(i[j]) for j, k in enumerate(keys)}}
+
+    def _native_error(self) -> BaseException:
+        """The error that stopped the native loaders, as the Python loaders raised it."""
+        lib = native.lib
+        st = self._native_stats()
+        path = self.store.path
+        code = st["error"]
+        pc = self._flat[st["piece"]] if 0 <= st["piece"] < len(self._flat) else None
+        where = f" ({pc.entry.key} on)" if pc is not None else ""
+        if code == lib.INFERD_STREAM_IO:
+            return OSError(st["errno"], f"{os.strerror(st['errno'])}: reading the weights store{where}", str(path))
+        if code == lib.INFERD_STREAM_SHORT:
+            return WeightsStoreError(f"{path}: truncated weights store{where}: short read: {st['need']} bytes "
+                                     f"needed at offset {pc.file_off if pc else '?'}, the file gave {st['got']}")
+        if code == lib.INFERD_STREAM_CHECKSUM:
+            key = self._flat_blobs[st["blob"]].key if 0 <= st["blob"] < len(self._flat_blobs) else "?"
+            return WeightsStoreError(f"{path}: checksum mismatch in {key} (corrupted weights)")
+        if code == lib.INFERD_STREAM_GAP:
+            return StreamError(f"a joined read's gap of {st['got']} bytes exceeds its buffer")
+        return StreamError(f"the streaming loaders stopped (error {code})")
 
     def _compute(self, s: _Step, tr: ArenaTracker | None) -> None:
         if tr is not None:
@@ -843,8 +789,7 @@ class StreamingExecutor:
             if self.mode != "ondemand" else sum(e.size for s in self.steps for e, _ in s.blobs)
 
     def close(self) -> None:
-        for lp in self._loaders.values():
-            lp.close()
+        self._release_native()
         self.store.close()
 
 
