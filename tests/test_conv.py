@@ -811,7 +811,7 @@ def test_missing_extension_falls_back_with_warning(monkeypatch, caplog) -> None:
 
 
 def test_native_abi_and_fallback_flag() -> None:
-    assert native.ABI == 21
+    assert native.ABI == 22
     if native.AVAILABLE:
         assert native.lib.inferd_native_abi() == native.ABI
 
