@@ -75,6 +75,35 @@ def empty_aligned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray
     return aligned_bytes(math.prod(shape) * dt.itemsize, VECTOR_ALIGN).view(dt).reshape(shape)
 
 
+#: transparent huge pages: their size, and the smallest array worth backing with them
+HUGE = 2 << 20
+
+
+def huge_bytes(nbytes: int, align: int) -> np.ndarray:
+    """``aligned_bytes`` for an arena that a kernel copy or a compute loop sweeps: its whole 2 MiB spans backed by
+    transparent huge pages where the kernel allows them (``madvise`` mode included), its tail by ordinary pages,
+    so that it holds no more memory than ``nbytes``. Why: on the 2-core VM (a PVM guest, whose page walks are
+    shadowed by the host) a read from the page cache into 4 KiB pages ran at 4.7 GB/s and into huge pages at
+    9 GB/s (16 MiB in 1 MiB reads: 3.54 against 1.86 ms), the streaming runtime's main cost inside a budget.
+    Small arrays, and systems without THP, get ``aligned_bytes``."""
+    import mmap
+
+    adv = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes < HUGE or adv is None or pool_alloc is not None:
+        return aligned_bytes(nbytes, align)
+    try:
+        mm = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, ValueError):
+        return aligned_bytes(nbytes, align)
+    raw = np.frombuffer(mm, np.uint8)  # holds the mapping: unmapped when the last view of it goes
+    off = (-raw.ctypes.data) % HUGE
+    try:
+        mm.madvise(adv, off, nbytes // HUGE * HUGE)
+    except (OSError, ValueError):
+        pass  # ordinary pages: slower copies, nothing else
+    return raw[off:off + nbytes]
+
+
 def aligned_empty(nbytes: int) -> np.ndarray:
     """A uint8 array of ``nbytes`` rounded up to BLOCK whose data starts on a BLOCK boundary (O_DIRECT)."""
     return aligned_bytes((max(nbytes, 1) + BLOCK - 1) // BLOCK * BLOCK, BLOCK)

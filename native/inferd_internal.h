@@ -336,4 +336,15 @@ int inferd_pool_chunks(long long items, double work);
 int inferd_pool_useful_threads(double work, double per_thread);
 
 
+/* Work for the pool's idle workers (pool.c): a worker spinning between jobs calls fn(ctx) now and then; fn does a
+   bounded piece of work (the streaming loaders: one read of a few hundred KiB) and returns 1, or 0 when it has
+   nothing ready. One slot: set returns 0 when another owner holds it. Clearing it returns once no worker is
+   inside fn any more, so that ctx may be freed (or its arena reused) right after. */
+typedef struct {
+    int (*fn)(void* ctx);
+    void* ctx;
+} inferd_idle_work;
+int inferd_pool_set_idle_work(inferd_idle_work* w);
+void inferd_pool_clear_idle_work(inferd_idle_work* w);
+
 #endif

@@ -404,12 +404,17 @@ enum inferd_stream_error {
     INFERD_STREAM_ABORTED = 5,
     INFERD_STREAM_ARG = 6
 };
+/* the loaders' ``nice`` that puts them in the idle scheduling class (SCHED_IDLE) rather than at a niceness */
+enum inferd_stream_sched { INFERD_STREAM_IDLE = 100 };
 /* fd: the store opened buffered; dfd: with O_DIRECT (-1: none); drop: after a buffered read, drop the pages it
-   cached; nice: the loaders' niceness; hash: NULL, the caller verifies; gap: a block-aligned scratch buffer of
-   gap_size bytes for the bytes between joined pieces. NULL for bad arguments or no memory. */
-inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, const inferd_stream_piece* pieces, int npieces,
-                                 int nunits, const inferd_stream_blob* blobs, int nblobs, inferd_hash_fn hash,
-                                 void* gap, long long gap_size, long long run_max, long long gap_max);
+   cached; nice: the loaders' niceness (or INFERD_STREAM_IDLE); pool_idle: the native pool's workers, spinning
+   between two jobs, read pieces too (one read of up to 256 KiB at a time); hash: NULL, the caller verifies; gap: a
+   block-aligned scratch buffer of gap_size bytes for the bytes between joined pieces. NULL for bad arguments or no
+   memory. */
+inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, int pool_idle,
+                                 const inferd_stream_piece* pieces, int npieces, int nunits,
+                                 const inferd_stream_blob* blobs, int nblobs, inferd_hash_fn hash, void* gap,
+                                 long long gap_size, long long run_max, long long gap_max);
 void inferd_stream_free(inferd_stream* s);
 /* A run starts: nloaders threads read ahead (fewer if threads could not be started: the number returned). */
 int inferd_stream_begin(inferd_stream* s, int nloaders);
@@ -420,5 +425,5 @@ int inferd_stream_wait(inferd_stream* s, int unit, int steal);
 /* The run is over (abort: after an error; returns once no loader touches the arena). */
 void inferd_stream_end(inferd_stream* s, int abort);
 /* d: read_s (wall time with a read in flight), verify_s; i: reads, bytes, error, errno, piece, blob, got, need,
-   loaders inside a run's loop, loader threads. */
+   loaders inside a run's loop, loader threads, reads made by pool workers between jobs. */
 void inferd_stream_stats(inferd_stream* s, double* d, long long* i);

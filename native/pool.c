@@ -62,6 +62,8 @@ static struct {
     pthread_cond_t wcv[MAX_THREADS];
     int asleep[MAX_THREADS];
     long long jobs[MAX_THREADS]; /* jobs each worker entered (inferd_pool_worker_jobs) */
+    inferd_idle_work* idle;      /* work for a spinning worker (inferd_pool_set_idle_work), or NULL */
+    int idle_inside;             /* workers inside idle->fn */
 } P = {.submit = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .nthreads = 1, .spin_ns = 200000};
 
 static inline void cpu_relax(void)
@@ -143,6 +145,34 @@ int inferd_pool_leave_core(int cpu)
 #endif
 }
 
+/* A spinning worker's idle work: 1 if it did some. The count of workers inside is raised before the slot is
+   read (both sequentially consistent), so inferd_pool_clear_idle_work, which empties the slot and then waits
+   for the count to drop, never returns while a worker runs the work it cleared. */
+static int idle_work(void)
+{
+    __atomic_fetch_add(&P.idle_inside, 1, __ATOMIC_SEQ_CST);
+    inferd_idle_work* w = __atomic_load_n(&P.idle, __ATOMIC_SEQ_CST);
+    int did = w ? w->fn(w->ctx) : 0;
+    __atomic_fetch_sub(&P.idle_inside, 1, __ATOMIC_SEQ_CST);
+    return did;
+}
+
+int inferd_pool_set_idle_work(inferd_idle_work* w)
+{
+    inferd_idle_work* none = NULL;
+    return __atomic_compare_exchange_n(&P.idle, &none, w, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+void inferd_pool_clear_idle_work(inferd_idle_work* w)
+{
+    inferd_idle_work* mine = w;
+    if (!__atomic_compare_exchange_n(&P.idle, &mine, NULL, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) return;
+    for (unsigned k = 1; __atomic_load_n(&P.idle_inside, __ATOMIC_SEQ_CST); ++k) {
+        cpu_relax();
+        if ((k & 1023) == 0) sched_yield();
+    }
+}
+
 static void* worker_main(void* arg)
 {
     const int index = ((worker_arg*)arg)->index;
@@ -163,6 +193,10 @@ static void* worker_main(void* arg)
             cpu_relax();
             if (__atomic_load_n(&P.stop, __ATOMIC_RELAXED)) return NULL;
             if ((++k & 255) != 0) continue;
+            if (__atomic_load_n(&P.idle, __ATOMIC_RELAXED) && idle_work()) {
+                until = now_ns() + P.spin_ns; /* while there is such work this core has it to do, awake */
+                continue;
+            }
             if (now_ns() <= until) {
                 /* let a thread that shares this core (the caller, between layers) run: on a loaded or
                    oversubscribed machine a pure spin steals its time slice */

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +28,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "inferd_internal.h"
 #include "inferd_native.h"
 
 #define NEVER INT32_MAX
 #define MAX_LOADERS 16
 /* pieces a read may join (the Python loader looked 64 ahead) */
 #define JOIN_MAX 64
+/* the most a pool worker reads at a time between two jobs: ~50 us of copying from the page cache, so that a job
+   that comes meanwhile finds it soon (its share is stolen by the caller until then) */
+#define IDLE_RUN (64 << 10)
 
 struct inferd_stream {
     int fd, dfd, drop, nice;
@@ -44,6 +49,9 @@ struct inferd_stream {
     char* gap;
     long long gap_size, run_max, gap_max;
     int nodirect; /* the file system refused a direct read: buffered from then on */
+    int pool_idle; /* spinning pool workers read pieces too */
+    inferd_idle_work idle;
+    int idle_set; /* this run holds the pool's idle-work slot */
 
     /* one run's state: under mu, except prog, want and ok (atomics) */
     unsigned char* taken;
@@ -54,7 +62,7 @@ struct inferd_stream {
     long long err_got, err_need;
     int inflight;
     double since, read_s, verify_s;
-    long long reads, bytes;
+    long long reads, bytes, idle_reads;
 
     pthread_mutex_t mu;
     pthread_cond_t lcv; /* loaders: a new run, a dependency, the end */
@@ -248,12 +256,51 @@ static int next_run(inferd_stream* s, int* run, int* n) {
     return 0;
 }
 
+/* A pool worker between two jobs: the next run off the queue if its dependency has run (never waiting), capped
+   at IDLE_RUN bytes; 1 if it read one. */
+static int idle_read(void* ctx) {
+    inferd_stream* s = ctx;
+    int run[JOIN_MAX];
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    if (!s->err && s->active) {
+        int q = s->cur;
+        while (q < s->n && s->taken[q]) ++q;
+        s->cur = q;
+        int prog = __atomic_load_n(&s->prog, __ATOMIC_SEQ_CST);
+        if (q < s->n && s->pc[q].dep <= prog) {
+            long long keep = s->run_max;
+            s->run_max = keep < IDLE_RUN ? keep : IDLE_RUN;
+            s->taken[q] = 1;
+            run[0] = q;
+            n = 1;
+            extend(s, run, &n, q + 1, s->n, prog);
+            s->run_max = keep;
+            s->cur = q + n;
+            s->busy++; /* inside the run, as a loader: an abort waits for it */
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!n) return 0;
+    read_run(s, run, n);
+    pthread_mutex_lock(&s->mu);
+    s->idle_reads++;
+    if (--s->busy == 0) pthread_cond_broadcast(&s->ccv);
+    pthread_mutex_unlock(&s->mu);
+    return 1;
+}
+
 static void* loader_main(void* argp) {
     loader_arg a = *(loader_arg*)argp;
     free(argp);
     inferd_stream* s = a.s;
     pthread_setname_np(pthread_self(), "inferd-stream");
-    if (s->nice > 0) setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), s->nice); /* not permitted: as is */
+    if (s->nice == INFERD_STREAM_IDLE) { /* only on a core nothing else wants; not permitted: as is */
+        struct sched_param sp = {0};
+        pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+    } else if (s->nice > 0) {
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), s->nice);
+    }
     int seen = 0;
     int run[JOIN_MAX];
     pthread_mutex_lock(&s->mu);
@@ -278,9 +325,10 @@ static void* loader_main(void* argp) {
     return NULL;
 }
 
-inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, const inferd_stream_piece* pieces, int npieces,
-                                 int nunits, const inferd_stream_blob* blobs, int nblobs, inferd_hash_fn hash,
-                                 void* gap, long long gap_size, long long run_max, long long gap_max) {
+inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, int pool_idle,
+                                 const inferd_stream_piece* pieces, int npieces, int nunits,
+                                 const inferd_stream_blob* blobs, int nblobs, inferd_hash_fn hash, void* gap,
+                                 long long gap_size, long long run_max, long long gap_max) {
     if (npieces < 0 || nunits < 0 || nblobs < 0) return NULL;
     inferd_stream* s = calloc(1, sizeof(*s));
     if (!s) return NULL;
@@ -288,6 +336,9 @@ inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, const infe
     s->dfd = dfd;
     s->drop = drop;
     s->nice = nice;
+    s->pool_idle = pool_idle;
+    s->idle.fn = idle_read;
+    s->idle.ctx = s;
     s->n = npieces;
     s->nunits = nunits;
     s->nblobs = nblobs;
@@ -344,6 +395,7 @@ bad:
 
 void inferd_stream_free(inferd_stream* s) {
     if (!s) return;
+    if (s->idle_set) inferd_pool_clear_idle_work(&s->idle);
     pthread_mutex_lock(&s->mu);
     s->closed = 1;
     s->active = 0;
@@ -384,7 +436,7 @@ int inferd_stream_begin(inferd_stream* s, int nloaders) {
     s->err_got = s->err_need = 0;
     s->inflight = 0;
     s->read_s = s->verify_s = 0.0;
-    s->reads = s->bytes = 0;
+    s->reads = s->bytes = s->idle_reads = 0;
     s->active = 1;
     int started = 0;
     while (s->nthreads < nloaders) {
@@ -404,6 +456,9 @@ int inferd_stream_begin(inferd_stream* s, int nloaders) {
     pthread_cond_broadcast(&s->lcv);
     int got = s->want_threads;
     pthread_mutex_unlock(&s->mu);
+    /* after the run's state is set: a worker may read from here on (another model's run may hold the slot:
+       then only the loaders and the compute thread read) */
+    if (s->pool_idle && s->n) s->idle_set = inferd_pool_set_idle_work(&s->idle);
     (void)started;
     return got;
 }
@@ -450,6 +505,10 @@ int inferd_stream_wait(inferd_stream* s, int unit, int steal) {
 }
 
 void inferd_stream_end(inferd_stream* s, int abort) {
+    if (s->idle_set) { /* no worker reads for this run once this returns (not under mu: a worker inside takes it) */
+        inferd_pool_clear_idle_work(&s->idle);
+        s->idle_set = 0;
+    }
     pthread_mutex_lock(&s->mu);
     s->active = 0;
     if (abort) { /* a loader may be reading into the arena: it is not the caller's again before they stop */
@@ -474,5 +533,6 @@ void inferd_stream_stats(inferd_stream* s, double* d, long long* i) {
     i[7] = s->err_need;
     i[8] = s->busy;
     i[9] = s->nthreads;
+    i[10] = s->idle_reads;
     pthread_mutex_unlock(&s->mu);
 }

@@ -127,3 +127,50 @@ def test_read_rate_reads_the_whole_file(data_file, monkeypatch, depth, chunk):
     assert read_rate(p, depth, chunk, window=2 * chunk) > 0
     covered = sorted(seen)
     assert covered[0][0] == 0 and sum(min(n, len(data) - o) for o, n in covered) == len(data)
+
+
+def _thp_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return "none"
+    return text.split("[")[1].split("]")[0] if "[" in text else "none"
+
+
+def _vma(addr: int) -> dict[str, int]:
+    """The smaps fields of the mapping holding ``addr``."""
+    got: dict[str, int] = {}
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head.endswith(":") and line.split()[1].isdigit():
+            got[head[:-1]] = int(line.split()[1])
+    return got
+
+
+def test_huge_bytes_is_an_aligned_arena_in_huge_pages_without_growing(tmp_path):
+    """``huge_bytes``: exactly ``nbytes``, aligned, a direct read lands in it; its whole 2 MiB spans may take huge
+    pages where the kernel has THP in ``madvise`` mode and its tail may not (the process holds no more than it asked
+    for); a small one is an ordinary array."""
+    small = fileio.huge_bytes(100_000, BLOCK)
+    assert small.nbytes == 100_000 and small.ctypes.data % BLOCK == 0
+    n = 2 * fileio.HUGE + 3 * BLOCK
+    a = fileio.huge_bytes(n, BLOCK)
+    assert a.nbytes == n and a.ctypes.data % fileio.HUGE == 0 and a.flags.writeable
+    data = np.random.default_rng(1).integers(0, 256, n, np.uint8)
+    path = tmp_path / "blob"
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert fileio.readv(fd, -1, 0, [memoryview(a)]) == n
+    finally:
+        os.close(fd)
+    assert np.array_equal(a, data)
+    if _thp_mode() == "madvise":
+        head, tail = _vma(a.ctypes.data), _vma(a.ctypes.data + n - 1)
+        assert head.get("THPeligible") == 1, head
+        assert tail.get("THPeligible") == 0, tail
+        assert head.get("AnonHugePages", 0) << 10 <= n // fileio.HUGE * fileio.HUGE

@@ -284,8 +284,9 @@ def _loader_tids() -> set[int]:
 
 
 def test_cache_mode_loader_runs_at_lower_priority(work):
-    """Through the page cache a read is a copy that competes with compute: the loader thread runs niced
-    (cache_loader_nice); bypassing the cache it keeps the compute threads' priority."""
+    """Through the page cache a read is a copy that competes with compute: the loader thread runs in the idle
+    scheduling class (cache_loader_sched "idle"), or niced (cache_loader_nice); bypassing the cache it keeps the
+    compute threads' priority."""
     import os
     import threading
 
@@ -298,17 +299,21 @@ def test_cache_mode_loader_runs_at_lower_priority(work):
     need = probe.min_budget()
     probe.close()
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    for read, want in (("cache", base + StreamingExecutor.cache_loader_nice), ("bypass", base)):
+    nice = base + StreamingExecutor.cache_loader_nice
+    for read, sched, want in (("cache", "idle", (os.SCHED_IDLE, base)), ("cache", "nice", (os.SCHED_OTHER, nice)),
+                              ("bypass", "idle", (os.SCHED_OTHER, base))):
         before = _loader_tids()
         ex = StreamingExecutor(graph, store, need, read=read)
+        ex.cache_loader_sched = sched
+        ex._make_native()
         try:
             ex.run(feeds)
             mine = _loader_tids() - before
-            seen = {os.getpriority(os.PRIO_PROCESS, t) for t in mine}
+            seen = {(os.sched_getscheduler(t), os.getpriority(os.PRIO_PROCESS, t)) for t in mine}
             assert ex.stats["reads"] > 0
         finally:
             ex.close()
-        assert mine and seen == {min(want, 19)}, (read, seen)
+        assert mine and seen == {(want[0], min(want[1], 19))}, (read, sched, seen)
         assert not _loader_tids() & mine  # closing the executor ended them
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's own is untouched
 
@@ -461,3 +466,33 @@ def test_fallbacks_give_the_same_bits_and_report_damage(work, tmp_path, monkeypa
             ex.run(feeds)
     finally:
         ex.close()
+
+
+def test_pool_workers_read_between_jobs_through_the_page_cache(work):
+    """Through the page cache the native pool's workers, spinning between two layers' jobs, read pieces too
+    (``pool_reads``): with no loader thread at all some reads are theirs, and the outputs are the same bits;
+    bypassing the cache they read nothing (a direct read would keep a worker from the next job)."""
+    from inferd import native
+
+    if not native.AVAILABLE:
+        pytest.skip("the native extension is not built")
+    graph, feeds, store, ref, need = _resnet18_at_min(work, 17)
+    threads = native.lib.inferd_pool_threads()
+    native.lib.inferd_pool_set_threads(2)
+    try:
+        for read in ("cache", "bypass"):
+            ex = StreamingExecutor(graph, store, need, read=read, track=True)
+            ex.cache_loaders = ex.bypass_readers = 0
+            try:
+                pool_reads = 0
+                for _ in range(4):
+                    got = ex.run(feeds)
+                    for k in ref:
+                        np.testing.assert_array_equal(got[k], ref[k])
+                    assert not ex.tracker.violations, ex.tracker.violations[:3]
+                    pool_reads += ex.stats["pool_reads"]
+                assert (pool_reads > 0) == (read == "cache"), (read, pool_reads)
+            finally:
+                ex.close()
+    finally:
+        native.lib.inferd_pool_set_threads(threads)

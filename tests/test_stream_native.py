@@ -133,6 +133,14 @@ HARNESS = textwrap.dedent(r"""
         return bad;
     }
 
+    static volatile double sink[8];
+    static void spin_task(void* ctx, long long t) {
+        (void)ctx;
+        double a = (double)t;
+        for (int i = 0; i < 2000; ++i) a = a * 0.999 + 1.0;
+        sink[t] = a;
+    }
+
     /* One run as stream.py drives it; the first error returned by a wait (0: none); *at: its unit. */
     static int run(inferd_stream* s, int nloaders, int steal, int check, int* at) {
         memset(arena, SENT, (size_t)L.arena_size);
@@ -151,7 +159,8 @@ HARNESS = textwrap.dedent(r"""
             }
             if (check) CHECK(early(step) == 0, "step %d: %d pieces written before their dependency ran (loaders %d "
                              "steal %d)", step, early(step), nloaders, steal);
-            if (rnd() % 2) sleep_us((int)(rnd() % 300)); /* a layer's compute */
+            if (rnd() % 2) sleep_us((int)(rnd() % 300)); /* a layer's compute: Python between the layers */
+            inferd_parallel(spin_task, NULL, 8, 0);       /* and its native part, on the pool */
             inferd_stream_done(s, step);
         }
         inferd_stream_end(s, rc != 0);
@@ -162,13 +171,16 @@ HARNESS = textwrap.dedent(r"""
 
     int main(void) {
         double d[2];
-        long long st[10];
+        long long st[11];
+        inferd_pool_set_threads(2);
+        long long pool_reads = 0;
         for (unsigned seed = 1; seed <= 3; ++seed) {
             make_layout(seed * 7919u);
             int fd = make_file(L.file_size);
-            for (int hashed = 0; hashed < 2; ++hashed) {
-                inferd_stream* s = inferd_stream_new(fd, -1, 0, 0, L.pc, L.np, L.nu, L.bl, L.nb,
-                                                     hashed ? fnv : NULL, gapbuf, sizeof(gapbuf), 16384, 256);
+            for (int variant = 0; variant < 4; ++variant) {
+                int pool = variant >= 2; /* the pool's spinning workers read too */
+                inferd_stream* s = inferd_stream_new(fd, -1, 0, 0, pool, L.pc, L.np, L.nu, L.bl, L.nb,
+                                                     variant % 2 ? fnv : NULL, gapbuf, sizeof(gapbuf), 16384, 256);
                 CHECK(s != NULL, "new failed");
                 if (!s) continue;
                 static const int cfg[][2] = {{0, 1}, {1, 0}, {1, 1}, {3, 0}, {3, 1}, {2, 1}};
@@ -184,6 +196,8 @@ HARNESS = textwrap.dedent(r"""
                         CHECK(st[0] < L.np || L.np < 4, "no piece joined: %lld reads of %d pieces", st[0], L.np);
                         CHECK(st[2] == 0, "error %lld after a clean run", st[2]);
                         CHECK(st[9] >= cfg[c][0], "%lld loader threads", st[9]);
+                        CHECK(pool || st[10] == 0, "%lld reads by pool workers without pool_idle", st[10]);
+                        pool_reads += st[10];
                     }
                 /* aborted half-way: the loaders leave the arena before end returns; the next run is whole */
                 inferd_stream_begin(s, 3);
@@ -202,7 +216,7 @@ HARNESS = textwrap.dedent(r"""
             int bad = L.nb / 2;
             L.bl[bad].sum ^= 1;
             for (int c = 0; c < 3; ++c) {
-                inferd_stream* s = inferd_stream_new(fd, -1, 0, 0, L.pc, L.np, L.nu, L.bl, L.nb, fnv, gapbuf,
+                inferd_stream* s = inferd_stream_new(fd, -1, 0, 0, c != 1, L.pc, L.np, L.nu, L.bl, L.nb, fnv, gapbuf,
                                                      sizeof(gapbuf), 16384, 256);
                 int at;
                 int rc = run(s, c, c != 1, 0, &at);
@@ -215,7 +229,7 @@ HARNESS = textwrap.dedent(r"""
             L.bl[bad].sum ^= 1;
             /* a read that fails: the errno comes back */
             {
-                inferd_stream* s = inferd_stream_new(-1, -1, 0, 0, L.pc, L.np, L.nu, L.bl, L.nb, fnv, gapbuf,
+                inferd_stream* s = inferd_stream_new(-1, -1, 0, 0, 1, L.pc, L.np, L.nu, L.bl, L.nb, fnv, gapbuf,
                                                      sizeof(gapbuf), 16384, 256);
                 int at;
                 int rc = run(s, 2, 1, 0, &at);
@@ -229,7 +243,7 @@ HARNESS = textwrap.dedent(r"""
             int cut_u = L.nu / 2;
             int cfd = make_file(L.ufile[cut_u] + L.usize[cut_u] / 2);
             for (int c = 0; c < 3; ++c) {
-                inferd_stream* s = inferd_stream_new(cfd, -1, 0, 0, L.pc, L.np, L.nu, L.bl, L.nb, fnv, gapbuf,
+                inferd_stream* s = inferd_stream_new(cfd, -1, 0, 0, 1, L.pc, L.np, L.nu, L.bl, L.nb, fnv, gapbuf,
                                                      sizeof(gapbuf), 16384, 256);
                 int at;
                 int rc = run(s, c, c != 1, 0, &at);
@@ -240,11 +254,12 @@ HARNESS = textwrap.dedent(r"""
             }
             close(cfd);
         }
+        CHECK(pool_reads > 0, "the pool's workers read nothing between jobs");
         /* bad arguments: units out of order */
         make_layout(99u);
         if (L.np > 1) {
             L.pc[0].unit = L.nu - 1;
-            CHECK(inferd_stream_new(0, -1, 0, 0, L.pc, L.np, L.nu, L.bl, L.nb, NULL, gapbuf, sizeof(gapbuf), 16384,
+            CHECK(inferd_stream_new(0, -1, 0, 0, 0, L.pc, L.np, L.nu, L.bl, L.nb, NULL, gapbuf, sizeof(gapbuf), 16384,
                                     256) == NULL, "pieces out of unit order accepted");
         }
         printf("ok (%d failures)\n", failures);
@@ -264,7 +279,7 @@ def test_stream_loaders_read_each_layer_once_its_dependencies_ran(tmp_path: Path
     src = _write(tmp_path)
 
     def build(flags: list[str]) -> None:
-        build_and_run(src, ["stream.c"], "cc", flags, tmp_path, [], timeout=180)
+        build_and_run(src, ["stream.c", "pool.c"], "cc", flags, tmp_path, [], timeout=180)
 
     if sanitize:
         with_sanitizers(build)
@@ -277,7 +292,7 @@ def test_stream_loaders_have_no_data_race_under_threadsanitizer(tmp_path: Path) 
     threads without a lock or an atomic between them fails the run."""
     src = _write(tmp_path)
     try:
-        build_and_run(src, ["stream.c"], "cc", ["-fsanitize=thread", "-g"], tmp_path, [], opt=("-O1",),
+        build_and_run(src, ["stream.c", "pool.c"], "cc", ["-fsanitize=thread", "-g"], tmp_path, [], opt=("-O1",),
                       timeout=300)
     except subprocess.CalledProcessError as e:  # the build, not the run: no TSan runtime for this compiler
         pytest.skip(f"no ThreadSanitizer here: {e.stderr[-300:]!r}")
@@ -286,4 +301,4 @@ def test_stream_loaders_have_no_data_race_under_threadsanitizer(tmp_path: Path) 
 @needs_aarch64
 def test_stream_loaders_on_aarch64_under_qemu(tmp_path: Path) -> None:
     src = _write(tmp_path)
-    build_and_run(src, ["stream.c"], AARCH64_CC, AARCH64_FLAGS, tmp_path, QEMU, timeout=300)
+    build_and_run(src, ["stream.c", "pool.c"], AARCH64_CC, AARCH64_FLAGS, tmp_path, QEMU, timeout=300)

@@ -49,6 +49,12 @@ class HostPool:
         self._ffi = native.ffi
         self.capacity = max(PAGE, int(capacity) // PAGE * PAGE)
         self._mm = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        adv = getattr(mmap, "MADV_HUGEPAGE", None)
+        if adv is not None:  # the arenas cut from it in huge pages where the kernel allows (fileio.huge_bytes)
+            try:
+                self._mm.madvise(adv)
+            except OSError:
+                pass
         self._view = np.frombuffer(self._mm, np.uint8)
         self.base = int(self._view.ctypes.data)
         self._lock = threading.Lock()

@@ -46,7 +46,7 @@ from ..ops.base import Kernel, Layer, kernels_for, op_spec, raw_params
 from ..planner.flex import BudgetTooSmall, FlexPlan, LayerMem, min_budget, plan_budget, plan_flex
 from ..planner.memory import align_up, graph_buffers
 from ..store import Entry, StoreWriter, WeightsStore, aligned_empty, checksum
-from ..fileio import ShortRead, readv
+from ..fileio import BLOCK, ShortRead, huge_bytes, readv
 from .cpu import select_kernels
 
 log = logging.getLogger(__name__)
@@ -218,6 +218,13 @@ class StreamingExecutor:
     #: with the time they leave, and the compute thread reads what is still missing when it gets there
     #: (0: same priority as compute)
     cache_loader_nice = 10
+    #: "idle": the loader through the page cache runs in the idle scheduling class instead (SCHED_IDLE: only on
+    #: a core that nothing else wants, preempted as soon as a compute thread wakes); "nice": at
+    #: ``cache_loader_nice``
+    cache_loader_sched = "idle"
+    #: through the page cache, the native pool's workers read pieces too while they wait for the next layer's job
+    #: (the compute thread's Python between two layers): a copy there takes no core the compute wants
+    pool_reads = True
     #: loader threads when bypassing the page cache: the reads in flight (a direct read is the disk's time, not
     #: the CPU's, so more loaders cost no compute; an SSD reaches its rate only with a queue of reads)
     bypass_readers = 3
@@ -296,7 +303,7 @@ class StreamingExecutor:
         self.plan = self._make_plan(self.budget)
         self.plan_s = time.perf_counter() - t0
         self.arena_budget = self.plan.budget
-        self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
+        self.arena = self._new_arena(self.arena_budget)
         self.track = track
         self.tracker: ArenaTracker | None = None
         self._bind()
@@ -309,6 +316,15 @@ class StreamingExecutor:
         self._pending_lock = threading.Lock()
         self.adapt_s: list[float] = []  # per change: from the request to the new arena in place
         self.swap_s: list[float] = []  # per change: the swap itself (under the run lock)
+
+    #: the arena in transparent huge pages (fileio.huge_bytes): the loaders' copies into it and the layers'
+    #: sweeps over it walk a page table 512 times less often
+    huge_arena = True
+
+    def _new_arena(self, nbytes: int) -> np.ndarray:
+        whole = align_up(max(nbytes, 1), BLOCK)  # O_DIRECT reads land block-aligned up to the arena's end
+        a = huge_bytes(whole, BLOCK) if self.huge_arena else aligned_empty(whole)
+        return a[:nbytes]
 
     def _make_plan(self, budget: int) -> FlexPlan:
         """The memory plan for ``budget`` over this executor's layers (their slicing and kernels kept)."""
@@ -367,7 +383,7 @@ class StreamingExecutor:
         self.arena = None  # type: ignore[assignment]  # the old arena goes before the new one is touched
         self.views = {}
         self.steps = []
-        self.arena = aligned_empty(self.arena_budget)[:self.arena_budget]
+        self.arena = self._new_arena(self.arena_budget)
         self._bind()
         self._resident_loaded = False  # resident weights are read again into their new places
         now = time.perf_counter()
@@ -657,7 +673,7 @@ class StreamingExecutor:
         lib.inferd_stream_end(h, 0)
         st = self._native_stats()
         self.io_stats = {"read_s": st["read_s"], "reads": st["reads"], "bytes": st["bytes"],
-                         "verify_s": st["verify_s"]}
+                         "verify_s": st["verify_s"], "pool_reads": st["pool_reads"]}
         return st["read_s"], wait_s
 
     def _run_inline(self, tr: ArenaTracker | None) -> tuple[float, float]:
@@ -713,15 +729,22 @@ class StreamingExecutor:
         self._native_verifies = hash_fn != ffi.NULL
         bypass = self.read == "bypass"
         st = self.store
+        # bypassing the cache a read waits for the disk: the loaders keep the compute's priority and a pool
+        # worker, which must answer the next job at once, never blocks in one
         h = lib.inferd_stream_new(st._fd, st._dfd if bypass else -1, int(bypass),
-                                  0 if bypass else int(self.cache_loader_nice), pcs, len(flat), len(units), bl,
-                                  len(blobs), hash_fn, ffi.cast("void *", self._gap.ctypes.data), self._gap.nbytes,
-                                  RUN, GAP)
+                                  0 if bypass else self._loader_nice(), int(self.pool_reads and not bypass), pcs,
+                                  len(flat), len(units), bl, len(blobs), hash_fn,
+                                  ffi.cast("void *", self._gap.ctypes.data), self._gap.nbytes, RUN, GAP)
         if h == ffi.NULL:
             raise MemoryError("the streaming loaders' queue could not be allocated")
         self._native = ffi.gc(h, lib.inferd_stream_free)
         self._flat = [pc for _u, pc in flat]
         self._flat_blobs = [e for _u, e, _v in blobs]
+
+    def _loader_nice(self) -> int:
+        if self.cache_loader_sched == "idle":
+            return int(native.lib.INFERD_STREAM_IDLE)
+        return int(self.cache_loader_nice)
 
     def _release_native(self) -> None:
         """End the loader threads (they wait for the next run) and free the queue, before its arena goes."""
@@ -731,9 +754,9 @@ class StreamingExecutor:
 
     def _native_stats(self) -> dict[str, Any]:
         ffi = native.ffi
-        d, i = ffi.new("double[2]"), ffi.new("long long[10]")
+        d, i = ffi.new("double[2]"), ffi.new("long long[11]")
         native.lib.inferd_stream_stats(self._native, d, i)
-        keys = ("reads", "bytes", "error", "errno", "piece", "blob", "got", "need", "busy", "threads")
+        keys = ("reads", "bytes", "error", "errno", "piece", "blob", "got", "need", "busy", "threads", "pool_reads")
         return {"read_s": d[0], "verify_s": d[1], **{k: int(i[j]) for j, k in enumerate(keys)}}
 
     def _native_error(self) -> BaseException:
