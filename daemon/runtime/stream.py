@@ -636,7 +636,7 @@ class StreamingExecutor:
         if h is None:
             return self._run_inline(tr)
         lib = native.lib
-        steps, unit, claims = self.steps, self._unit, self._claims
+        steps, unit, claims, deps = self.steps, self._unit, self._claims, self._deps
         n = self.bypass_readers if self.read == "bypass" else self.cache_loaders
         if not self.steal:
             n = max(n, 1)  # someone must read
@@ -664,7 +664,8 @@ class StreamingExecutor:
                 if tr is not None:  # a piece may be written from the moment its dependency has run
                     for key, off, size in claims.get(s.pos, []):
                         tr.claim(key, off, size)
-                lib.inferd_stream_done(h, s.pos)
+                if s.pos in deps:  # only a step some piece waits for is worth a call
+                    lib.inferd_stream_done(h, s.pos)
         except BaseException:
             lib.inferd_stream_end(h, 1)  # a loader may be reading into the arena: not ours again before they stop
             raise
@@ -709,6 +710,7 @@ class StreamingExecutor:
         self._claims: dict[int, list[tuple[tuple[str, str], int, int]]] = {}
         self._flat: list[_Piece] = []
         self._flat_blobs: list[Entry] = []
+        self._deps = frozenset(pc.dep for pcs in self._pieces.values() for pc in pcs)
         if not self._pieces or not native.AVAILABLE:
             return
         ffi, lib = native.ffi, native.lib
