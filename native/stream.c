@@ -325,6 +325,19 @@ static void* loader_main(void* argp) {
     return NULL;
 }
 
+static void free_all(inferd_stream* s) {
+    free(s->pc);
+    free(s->blob);
+    free(s->first);
+    free(s->count);
+    free(s->bfirst);
+    free(s->bcount);
+    free(s->taken);
+    free(s->left);
+    free(s->ok);
+    free(s);
+}
+
 inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, int pool_idle,
                                  const inferd_stream_piece* pieces, int npieces, int nunits,
                                  const inferd_stream_blob* blobs, int nblobs, inferd_hash_fn hash, void* gap,
@@ -380,16 +393,7 @@ inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, int pool_i
     s->want = NEVER;
     return s;
 bad:
-    free(s->pc);
-    free(s->blob);
-    free(s->first);
-    free(s->count);
-    free(s->bfirst);
-    free(s->bcount);
-    free(s->taken);
-    free(s->left);
-    free(s->ok);
-    free(s);
+    free_all(s);
     return NULL;
 }
 
@@ -405,16 +409,7 @@ void inferd_stream_free(inferd_stream* s) {
     pthread_cond_destroy(&s->lcv);
     pthread_cond_destroy(&s->ccv);
     pthread_mutex_destroy(&s->mu);
-    free(s->pc);
-    free(s->blob);
-    free(s->first);
-    free(s->count);
-    free(s->bfirst);
-    free(s->bcount);
-    free(s->taken);
-    free(s->left);
-    free(s->ok);
-    free(s);
+    free_all(s);
 }
 
 int inferd_stream_begin(inferd_stream* s, int nloaders) {
