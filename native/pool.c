@@ -271,6 +271,8 @@ static void atfork_child(void)
     P.sleepers = 0;
     P.stop = 0;
     P.state = 0;
+    P.idle = NULL; /* a streaming run of the parent's: its loaders and its queue's lock are not the child's */
+    P.idle_inside = 0;
 }
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
