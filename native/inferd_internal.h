@@ -337,7 +337,7 @@ int inferd_pool_useful_threads(double work, double per_thread);
 
 
 /* Work for the pool's idle workers (pool.c): a worker spinning between jobs calls fn(ctx) now and then; fn does a
-   bounded piece of work (the streaming loaders: one read of a few hundred KiB) and returns 1, or 0 when it has
+   bounded piece of work (the streaming loaders: one read of at most 64 KiB) and returns 1, or 0 when it has
    nothing ready. One slot: set returns 0 when another owner holds it. Clearing it returns once no worker is
    inside fn any more, so that ctx may be freed (or its arena reused) right after. */
 typedef struct {

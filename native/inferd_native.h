@@ -408,7 +408,7 @@ enum inferd_stream_error {
 enum inferd_stream_sched { INFERD_STREAM_IDLE = 100 };
 /* fd: the store opened buffered; dfd: with O_DIRECT (-1: none); drop: after a buffered read, drop the pages it
    cached; nice: the loaders' niceness (or INFERD_STREAM_IDLE); pool_idle: the native pool's workers, spinning
-   between two jobs, read pieces too (one read of up to 256 KiB at a time); hash: NULL, the caller verifies; gap: a
+   between two jobs, read pieces too (one read of up to 64 KiB at a time); hash: NULL, the caller verifies; gap: a
    block-aligned scratch buffer of gap_size bytes for the bytes between joined pieces. NULL for bad arguments or no
    memory. */
 inferd_stream* inferd_stream_new(int fd, int dfd, int drop, int nice, int pool_idle,
