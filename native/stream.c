@@ -102,15 +102,16 @@ static void fail(inferd_stream* s, int code, int eno, int piece, int blob, long 
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Under mu: append to run (n pieces) the untaken pieces [from, to) that can join its read, in order. */
-static void extend(inferd_stream* s, int* run, int* n, int from, int to, int prog) {
+/* Under mu: append to run (n pieces) the untaken pieces [from, to) that can join its read (of up to max
+   bytes), in order. */
+static void extend(inferd_stream* s, int* run, int* n, int from, int to, int prog, long long max) {
     const inferd_stream_piece* last = &s->pc[run[*n - 1]];
     long long size = 0, end = last->file_off + last->span;
     for (int k = 0; k < *n; ++k) size += s->pc[run[k]].span;
     for (int j = from; j < to && *n < JOIN_MAX; ++j) {
         const inferd_stream_piece* p = &s->pc[j];
         long long gap = p->file_off - end;
-        if (size >= s->run_max || gap < 0 || gap > s->gap_max || s->taken[j] || p->dep > prog) break;
+        if (size >= max || gap < 0 || gap > s->gap_max || s->taken[j] || p->dep > prog) break;
         s->taken[j] = 1;
         run[(*n)++] = j;
         size += gap + p->span;
@@ -227,25 +228,40 @@ static void read_run(inferd_stream* s, const int* run, int n) {
     for (int j = 0; j < nd; ++j) verify_unit(s, done_units[j]);
 }
 
+/* Under mu: claim the queue's next run (its first untaken piece, if the step it waits for has run, and the pieces
+   that join it in a read of up to max bytes): the pieces claimed, or 0 with *dep the step the next piece waits
+   for (NEVER: none is left). */
+static int take_next(inferd_stream* s, int* run, long long max, int* dep) {
+    int q = s->cur;
+    while (q < s->n && s->taken[q]) ++q;
+    s->cur = q;
+    *dep = NEVER;
+    if (q >= s->n) return 0;
+    int prog = __atomic_load_n(&s->prog, __ATOMIC_SEQ_CST);
+    if (s->pc[q].dep > prog) {
+        *dep = s->pc[q].dep;
+        return 0;
+    }
+    int n = 1;
+    s->taken[q] = 1;
+    run[0] = q;
+    extend(s, run, &n, q + 1, s->n, prog, max);
+    s->cur = q + n;
+    return n;
+}
+
 /* A loader's next run off the queue, waiting for its first piece's dependency; 0: nothing more this run. */
 static int next_run(inferd_stream* s, int* run, int* n) {
     pthread_mutex_lock(&s->mu);
     for (;;) {
         if (s->err || !s->active) break;
-        int q = s->cur;
-        while (q < s->n && s->taken[q]) ++q;
-        s->cur = q;
-        if (q >= s->n) break;
-        int dep = s->pc[q].dep;
-        if (dep <= __atomic_load_n(&s->prog, __ATOMIC_SEQ_CST)) {
-            s->taken[q] = 1;
-            run[0] = q;
-            *n = 1;
-            extend(s, run, n, q + 1, s->n, __atomic_load_n(&s->prog, __ATOMIC_SEQ_CST));
-            s->cur = q + *n;
+        int dep;
+        *n = take_next(s, run, s->run_max, &dep);
+        if (*n) {
             pthread_mutex_unlock(&s->mu);
             return 1;
         }
+        if (dep == NEVER) break;
         if (dep < __atomic_load_n(&s->want, __ATOMIC_SEQ_CST)) __atomic_store_n(&s->want, dep, __ATOMIC_SEQ_CST);
         /* the compute thread stores prog, then reads want; we store want, then read prog: one of us sees the
            other's store, so a step that makes this piece readable is never missed */
@@ -256,30 +272,15 @@ static int next_run(inferd_stream* s, int* run, int* n) {
     return 0;
 }
 
-/* A pool worker between two jobs: the next run off the queue if its dependency has run (never waiting), capped
-   at IDLE_RUN bytes; 1 if it read one. */
+/* A pool worker between two jobs: the queue's next run if its dependency has run (never waiting), of at most
+   IDLE_RUN bytes; 1 if it read one. */
 static int idle_read(void* ctx) {
     inferd_stream* s = ctx;
     int run[JOIN_MAX];
-    int n = 0;
+    int n = 0, dep;
     pthread_mutex_lock(&s->mu);
-    if (!s->err && s->active) {
-        int q = s->cur;
-        while (q < s->n && s->taken[q]) ++q;
-        s->cur = q;
-        int prog = __atomic_load_n(&s->prog, __ATOMIC_SEQ_CST);
-        if (q < s->n && s->pc[q].dep <= prog) {
-            long long keep = s->run_max;
-            s->run_max = keep < IDLE_RUN ? keep : IDLE_RUN;
-            s->taken[q] = 1;
-            run[0] = q;
-            n = 1;
-            extend(s, run, &n, q + 1, s->n, prog);
-            s->run_max = keep;
-            s->cur = q + n;
-            s->busy++; /* inside the run, as a loader: an abort waits for it */
-        }
-    }
+    if (!s->err && s->active) n = take_next(s, run, s->run_max < IDLE_RUN ? s->run_max : IDLE_RUN, &dep);
+    if (n) s->busy++; /* inside the run, as a loader: an abort waits for it */
     pthread_mutex_unlock(&s->mu);
     if (!n) return 0;
     read_run(s, run, n);
@@ -482,7 +483,7 @@ int inferd_stream_wait(inferd_stream* s, int unit, int steal) {
                 s->taken[i] = 1;
                 run[0] = i;
                 n = 1;
-                extend(s, run, &n, i + 1, b, __atomic_load_n(&s->prog, __ATOMIC_SEQ_CST));
+                extend(s, run, &n, i + 1, b, __atomic_load_n(&s->prog, __ATOMIC_SEQ_CST), s->run_max);
                 i += n;
             }
             pthread_mutex_unlock(&s->mu);
