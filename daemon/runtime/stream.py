@@ -698,7 +698,7 @@ class StreamingExecutor:
                 self._verify(s)
                 read_s += clock() - t0
             self._compute(s, tr)
-        self.io_stats = {"read_s": read_s, "reads": reads, "bytes": nbytes, "verify_s": 0.0}
+        self.io_stats = {"read_s": read_s, "reads": reads, "bytes": nbytes, "verify_s": 0.0, "pool_reads": 0}
         return read_s, 0.0
 
     # ------------------------------------------------------------------ the native loaders
