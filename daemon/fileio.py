@@ -79,6 +79,21 @@ def empty_aligned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray
 HUGE = 2 << 20
 
 
+def advise_huge(mm: Any, start: int = 0, length: int = 0) -> bool:
+    """Ask for transparent huge pages over ``length`` bytes (0: to the end) of the mapping ``mm`` from ``start``;
+    False where the kernel or Python has no ``MADV_HUGEPAGE`` or refuses it (ordinary pages, nothing else)."""
+    import mmap
+
+    adv = getattr(mmap, "MADV_HUGEPAGE", None)
+    if adv is None:
+        return False
+    try:
+        mm.madvise(adv, start, length) if length else mm.madvise(adv, start)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def huge_bytes(nbytes: int, align: int) -> np.ndarray:
     """``aligned_bytes`` for an arena that a kernel copy or a compute loop sweeps: its whole 2 MiB spans backed by
     transparent huge pages where the kernel allows them (``madvise`` mode included), its tail by ordinary pages,
@@ -88,8 +103,7 @@ def huge_bytes(nbytes: int, align: int) -> np.ndarray:
     Small arrays, and systems without THP, get ``aligned_bytes``."""
     import mmap
 
-    adv = getattr(mmap, "MADV_HUGEPAGE", None)
-    if nbytes < HUGE or adv is None or pool_alloc is not None:
+    if nbytes < HUGE or getattr(mmap, "MADV_HUGEPAGE", None) is None or pool_alloc is not None:
         return aligned_bytes(nbytes, align)
     try:
         mm = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -97,10 +111,7 @@ def huge_bytes(nbytes: int, align: int) -> np.ndarray:
         return aligned_bytes(nbytes, align)
     raw = np.frombuffer(mm, np.uint8)  # holds the mapping: unmapped when the last view of it goes
     off = (-raw.ctypes.data) % HUGE
-    try:
-        mm.madvise(adv, off, nbytes // HUGE * HUGE)
-    except (OSError, ValueError):
-        pass  # ordinary pages: slower copies, nothing else
+    advise_huge(mm, off, nbytes // HUGE * HUGE)
     return raw[off:off + nbytes]
 
 

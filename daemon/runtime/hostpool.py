@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import fileio
+
 log = logging.getLogger("inferd.runtime.hostpool")
 
 #: allocations below this come from numpy: small arrays would fragment the pool for nothing (their pages are
@@ -49,12 +51,7 @@ class HostPool:
         self._ffi = native.ffi
         self.capacity = max(PAGE, int(capacity) // PAGE * PAGE)
         self._mm = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        adv = getattr(mmap, "MADV_HUGEPAGE", None)
-        if adv is not None:  # the arenas cut from it in huge pages where the kernel allows (fileio.huge_bytes)
-            try:
-                self._mm.madvise(adv)
-            except OSError:
-                pass
+        fileio.advise_huge(self._mm)  # the arenas cut from it in huge pages where the kernel allows
         self._view = np.frombuffer(self._mm, np.uint8)
         self.base = int(self._view.ctypes.data)
         self._lock = threading.Lock()
@@ -188,8 +185,6 @@ def install(capacity: int, background: bool = True) -> HostPool | None:
             return None
         pool.prefault(background)
         _pool = pool
-        from .. import fileio
-
         fileio.pool_alloc = alloc
         return pool
 
