@@ -1239,6 +1239,11 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     from ..runtime import hostpool
 
     hostpool.install(config.host_pool)  # faulted in in the background while the daemon starts
+    from ..runtime import codepages
+
+    # the code a cold load runs, mapped while the daemon starts rather than faulted in from disk by the first
+    # cold load after boot (one fault at a time, behind the weights that load reads)
+    threading.Thread(target=codepages.make_resident, name="inferd-codepages", daemon=True).start()
     if config.coexec_threads:  # read by inferd.coexec.load when a cpu+vulkan model loads
         os.environ["INFERD_COEXEC_THREADS"] = str(config.coexec_threads)
     prepare_cache_dir(config.cache_dir)
