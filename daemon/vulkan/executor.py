@@ -32,6 +32,7 @@ from ..errors import BackendError, InputError, KernelError, UnsupportedOpError
 from ..ir import FOLD_MAX_BYTES, Graph, Node, Overlay, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key, raw_params
 from ..planner.memory import MemoryPlan, align_up
+from . import raw
 from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
 from .kernel import ALIGN, UNUSABLE_PRIORITY, Caps, Dispatch, Ref, VulkanKernel, split_rows
 from .shaders import norm_defines
@@ -283,8 +284,7 @@ def texel_view(dev: VulkanDevice, r: Region, off: int, size: int, half: bool = F
         n = size // t * t
     n = max(t, min(n, t * dev.max_texel_elements))
     fmt = vk.VK_FORMAT_R16G16B16A16_SFLOAT if half else vk.VK_FORMAT_R32G32B32A32_SFLOAT
-    return vk.vkCreateBufferView(dev.device, vk.VkBufferViewCreateInfo(
-        buffer=r.buffer, format=fmt, offset=off, range=n), None)
+    return raw.create_buffer_view(dev.device, r.buffer, fmt, off, n)
 
 
 def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]) -> Any:
@@ -298,16 +298,13 @@ def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]
     for ks in kinds:
         for kd in ks:
             counts[kd] = counts.get(kd, 0) + 1
-    sizes = [vk.VkDescriptorPoolSize(type=descriptor_type(kd), descriptorCount=n) for kd, n in sorted(counts.items())]
-    if not sizes:
-        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1)]
-    pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(
-        maxSets=len(bound), poolSizeCount=len(sizes), pPoolSizes=sizes), None)
-    arr = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(
-        descriptorPool=pool, descriptorSetCount=len(bound), pSetLayouts=[b.pipeline.set_layout for b in bound]))
-    writes = []
-    for k, (b, ks) in enumerate(zip(bound, kinds)):
-        b.dset = s = arr[k]
+    sizes = [(descriptor_type(kd), n) for kd, n in sorted(counts.items())] or \
+        [(vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1)]
+    pool = raw.create_descriptor_pool(d, sizes, len(bound))
+    sets = raw.allocate_descriptor_sets(d, pool, [b.pipeline.set_layout for b in bound])
+    writes: list[raw.Write] = []
+    for b, ks, s in zip(bound, kinds, sets):
+        b.dset = s
         # one write covers each run of consecutive bindings of the same kind
         i = 0
         while i < len(b.ranges):
@@ -317,15 +314,12 @@ def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]
             if ks[i] in ("texel", "image", "image16"):
                 vs = [texel_view(dev, r, off, size, ks[i] == "image16") for r, off, size in b.ranges[i:j]]
                 views += vs
-                writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0, descriptorCount=j - i,
-                                                      descriptorType=descriptor_type(ks[i]), pTexelBufferView=vs))
+                writes.append((s, i, descriptor_type(ks[i]), None, vs))
             else:
-                infos = [vk.VkDescriptorBufferInfo(buffer=r.buffer, offset=off, range=size) for r, off, size in b.ranges[i:j]]
-                writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=i, dstArrayElement=0, descriptorCount=j - i,
-                                                      descriptorType=descriptor_type(ks[i]), pBufferInfo=infos))
+                writes.append((s, i, descriptor_type(ks[i]), [(r.buffer, off, size) for r, off, size in b.ranges[i:j]],
+                               None))
             i = j
-    if writes:
-        vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
+    raw.update_descriptor_sets(d, writes)
     return pool
 
 
@@ -351,10 +345,7 @@ class Recorder:
     def full_barrier(self) -> None:
         """Orders what follows after every shader write before it, also those of earlier submissions
         (WAW/WAR on reused buffers across runs and across the cold run's segments)."""
-        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        sw, sr = vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT
-        vk.vkCmdPipelineBarrier(self.cb, compute, compute, 0, 1, [vk.VkMemoryBarrier(srcAccessMask=sw, dstAccessMask=sr | sw)],
-                                0, None, 0, None)
+        raw.cmd_memory_barrier(self.cb)
         self._pend_w, self._pend_r = [], []
 
     def timestamp(self) -> None:
@@ -368,8 +359,6 @@ class Recorder:
 
     def dispatch(self, b: Bound) -> None:
         cb = self.cb
-        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        sw, sr = vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT
         man = b.pipeline.module.manifest
         reads = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.reads]
         writes = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.writes]
@@ -379,25 +368,18 @@ class Recorder:
         ov = self._overlaps
         if (any(ov(r, self._pend_w, skip) for r in reads)
                 or any(ov(w, self._pend_w, skip) or ov(w, self._pend_r, skip) for w in writes)):
-            bars = [vk.VkBufferMemoryBarrier(srcAccessMask=sw, dstAccessMask=sr | sw,
-                                             srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
-                                             dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
-                                             buffer=r.buffer, offset=o, size=n)
-                    for r, o, n in merge_ranges([w[:3] for w in self._pend_w])]
-            # a pure write-after-read needs only the execution dependency the stage masks give
-            vk.vkCmdPipelineBarrier(cb, compute, compute, 0, 0, None, len(bars), bars or None, 0, None)
+            # a pure write-after-read needs only the execution dependency the stage masks give (no range)
+            raw.cmd_buffer_barrier(cb, [(r.buffer, o, n) for r, o, n in merge_ranges([w[:3] for w in self._pend_w])])
             self.barriers += 1
             self._pend_w, self._pend_r = [], []
         self._pend_r += [(*r, tag) for r in reads]
         self._pend_w += [(*w, tag) for w in writes]
         if b.pipeline is not self._pipe:
-            vk.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, b.pipeline.handle)
+            raw.cmd_bind_pipeline(cb, b.pipeline.handle)
             self._pipe = b.pipeline
-        vk.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, b.pipeline.layout, 0, 1, [b.dset], 0, None)
-        if b.push:
-            vk.vkCmdPushConstants(cb, b.pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(b.push),
-                                  vk.ffi.from_buffer(b.push))
-        vk.vkCmdDispatch(cb, *b.dispatch.groups)
+        push = b.push
+        raw.cmd_dispatch(cb, b.pipeline.layout, b.dset, raw.ffi.from_buffer(push) if push else None, len(push),
+                         b.dispatch.groups)
         self.count += 1
         if self.qp is not None and self.per_dispatch:
             self.timestamp()

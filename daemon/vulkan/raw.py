@@ -1,0 +1,124 @@
+"""The Vulkan calls a load makes per layer and per dispatch, made through the binding's own cffi handle.
+
+Why: the ``vulkan`` package turns every argument and struct field into cffi through generic Python
+(``_callApi``, ``_new``, ``_cast_ptr``): on the 2-core VM one recorded ``vkCmdDispatch`` cost 3.4 us against
+0.6 us through ``vk.lib``, a barrier 11.1 against 1.7 us, a ``VkWriteDescriptorSet`` with its buffer info
+18.6 against about 1 us. A cold load makes thousands of these (a descriptor pool, its sets, their writes and
+texel views per layer; a bind, a push and a dispatch per dispatch), all holding the GIL that its loader
+threads and the executor share: bind_descriptors took 0.3-0.4 ms of CPU a layer and recording 60-95 us a
+dispatch. Everything else (creation of devices, pipelines, memory) stays with the package's wrappers.
+
+A call that fails raises the package's own exception for its result (``vk.exception_codes``), as its wrappers do.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .device import vk
+
+if vk is not None:  # (no loader: the backend is unavailable and nothing here is called)
+    ffi: Any = vk.ffi
+    lib: Any = vk.lib
+    NULL: Any = ffi.NULL
+    _COMPUTE_BIND = vk.VK_PIPELINE_BIND_POINT_COMPUTE
+    _COMPUTE_STAGE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+    _SHADER_STAGE = vk.VK_SHADER_STAGE_COMPUTE_BIT
+    _SW, _SR = vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT
+    _IGNORED = vk.VK_QUEUE_FAMILY_IGNORED
+
+
+def check(result: int) -> None:
+    if result != vk.VK_SUCCESS:
+        raise vk.exception_codes[result]
+
+
+def create_descriptor_pool(device: Any, sizes: Sequence[tuple[int, int]], max_sets: int) -> Any:
+    """A descriptor pool for ``max_sets`` sets holding ``sizes`` ((descriptor type, count), ...)."""
+    ps = ffi.new("VkDescriptorPoolSize[]", list(sizes))
+    info = ffi.new("VkDescriptorPoolCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                                    "maxSets": max_sets, "poolSizeCount": len(sizes),
+                                                    "pPoolSizes": ps})
+    out = ffi.new("VkDescriptorPool*")
+    check(lib.vkCreateDescriptorPool(device, info, NULL, out))
+    return out[0]
+
+
+def allocate_descriptor_sets(device: Any, pool: Any, layouts: Sequence[Any]) -> list[Any]:
+    """One set per layout, from ``pool``; each as a one-element array, what ``vkCmdBindDescriptorSets`` takes."""
+    n = len(layouts)
+    ls = ffi.new("VkDescriptorSetLayout[]", list(layouts))
+    info = ffi.new("VkDescriptorSetAllocateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                                     "descriptorPool": pool, "descriptorSetCount": n,
+                                                     "pSetLayouts": ls})
+    sets = ffi.new("VkDescriptorSet[]", n)
+    check(lib.vkAllocateDescriptorSets(device, info, sets))
+    return [ffi.new("VkDescriptorSet[1]", [sets[i]]) for i in range(n)]
+
+
+def create_buffer_view(device: Any, buffer: Any, fmt: int, offset: int, nbytes: int) -> Any:
+    info = ffi.new("VkBufferViewCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO,
+                                                "buffer": buffer, "format": fmt, "offset": offset, "range": nbytes})
+    out = ffi.new("VkBufferView*")
+    check(lib.vkCreateBufferView(device, info, NULL, out))
+    return out[0]
+
+
+#: one descriptor write: (set (a one-element array), first binding, descriptor type, buffer ranges
+#: ((buffer, offset, bytes), ...) or None, texel buffer views or None)
+Write = tuple[Any, int, int, "Sequence[tuple[Any, int, int]] | None", "Sequence[Any] | None"]
+
+
+def update_descriptor_sets(device: Any, writes: Sequence[Write]) -> None:
+    """All ``writes`` in one ``vkUpdateDescriptorSets``."""
+    if not writes:
+        return
+    arr = ffi.new("VkWriteDescriptorSet[]", len(writes))
+    keep = []  # the arrays the writes point to live until the call returns
+    for w, (dset, binding, dtype, infos, views) in zip(arr, writes):
+        w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+        w.dstSet = dset[0]
+        w.dstBinding = binding
+        w.descriptorType = dtype
+        if views is not None:
+            v = ffi.new("VkBufferView[]", list(views))
+            w.pTexelBufferView = v
+            w.descriptorCount = len(views)
+        else:
+            v = ffi.new("VkDescriptorBufferInfo[]", list(infos or ()))
+            w.pBufferInfo = v
+            w.descriptorCount = len(infos or ())
+        keep.append(v)
+    lib.vkUpdateDescriptorSets(device, len(writes), arr, 0, NULL)
+
+
+def cmd_bind_pipeline(cb: Any, pipeline: Any) -> None:
+    lib.vkCmdBindPipeline(cb, _COMPUTE_BIND, pipeline)
+
+
+def cmd_dispatch(cb: Any, layout: Any, dset: Any, push: Any, push_size: int, groups: Sequence[int]) -> None:
+    """Bind ``dset`` (a one-element array), push ``push`` (a cffi buffer of ``push_size`` bytes, or None) and
+    dispatch ``groups``."""
+    lib.vkCmdBindDescriptorSets(cb, _COMPUTE_BIND, layout, 0, 1, dset, 0, NULL)
+    if push_size:
+        lib.vkCmdPushConstants(cb, layout, _SHADER_STAGE, 0, push_size, push)
+    lib.vkCmdDispatch(cb, groups[0], groups[1], groups[2])
+
+
+def cmd_memory_barrier(cb: Any) -> None:
+    """Every shader write before this, visible to every shader read and write after it."""
+    m = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": _SW,
+                                      "dstAccessMask": _SR | _SW})
+    lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 1, m, 0, NULL, 0, NULL)
+
+
+def cmd_buffer_barrier(cb: Any, ranges: Sequence[tuple[Any, int, int]]) -> None:
+    """Shader writes to ``ranges`` ((buffer, offset, bytes), ...) before, visible to shader reads and writes
+    after; with no range, only the execution dependency the stage masks give."""
+    if ranges:
+        bars = ffi.new("VkBufferMemoryBarrier[]", [
+            {"sType": vk.VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER, "srcAccessMask": _SW, "dstAccessMask": _SR | _SW,
+             "srcQueueFamilyIndex": _IGNORED, "dstQueueFamilyIndex": _IGNORED, "buffer": b, "offset": o, "size": n}
+            for b, o, n in ranges])
+        lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 0, NULL, len(ranges), bars, 0, NULL)
+    else:
+        lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 0, NULL, 0, NULL, 0, NULL)
