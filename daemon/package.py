@@ -33,7 +33,7 @@ from .errors import (BackendError, InferdError, PackageOptionsError, PackageUnsu
                      WeightsStoreError)
 from .frontend.shapes import specialize
 from .fileio import atomic_write
-from .ir import Graph, Node, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
+from .ir import Graph, Node, Overlay, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
@@ -375,7 +375,45 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "layout": None if layout is None else {"blocked": list(layout.blocked), "kinds": list(layout.kinds)},
         # and planning the activations' arena 0.6-5 ms more (squeezenet1_1 to vit_tiny, 2-core VM)
         "memory": memory,
+        # and shaping a dynamic template anew 2 ms more (mobilenetv2 at N=1)
+        "at_shape": _shaped_record(template, graph),
     })
+
+
+def _shaped_record(template: Graph, graph: Graph) -> dict[str, Any] | None:
+    """``graph`` (``template`` shaped at the plan's shape) as plan.bin records it, so that an open need not run
+    shape inference again; None for a static template (it is its own shaped graph), for control flow (bodies are
+    shaped at load) and where shaping folded a constant too large to inline."""
+    if graph is template or graph.runtime_shaped or any(n.bodies for n in graph.nodes):
+        return None
+    tconsts = template.constants
+    folded: dict[str, np.ndarray] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i and i not in tconsts and i in graph.constants:
+                a = np.asarray(graph.constants[i])
+                if a.nbytes > INLINE_MAX:
+                    return None
+                folded[i] = a
+    return {"inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
+            "infos": [_info(t) for t in graph.infos.values()],
+            "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes], "folded": folded}
+
+
+def _shaped_graph(d: dict[str, Any], template: Graph) -> Graph:
+    """The template at its own (the plan's) shape: from plan.bin's record where it has one for these input
+    shapes, else shaped here."""
+    rec = d.get("at_shape")
+    if rec is None or [_uninfo(r) for r in rec["inputs"]] != list(template.inputs):
+        return specialize(template)
+    nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in rec["nodes"]]
+    infos = {r[0]: _uninfo(r) for r in rec["infos"]}
+    missing = [i for n in nodes for i in n.inputs if i and i not in infos]
+    if missing:
+        raise WeightsStoreError(f"the recorded shaped graph references unknown tensors {missing[:5]}")
+    return Graph(template.name, nodes, [infos[t.name] for t in template.inputs],
+                 [_uninfo(r) for r in rec["outputs"]], Overlay(dict(rec["folded"]), template.constants), infos,
+                 template.opset, dict(template.dims))
 
 
 def write_plan(path: Path, d: dict[str, Any]) -> None:
@@ -525,7 +563,7 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         if missing:
             raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
         try:
-            graph = specialize(template)
+            graph = _shaped_graph(d, template)
         except InferdError as e:
             raise WeightsStoreError(f"{pkg}: the recorded graph does not take its own shape: {e}") from e
         # the plan's layers are the backend's: on the CPU, the graph with its layout plan applied
