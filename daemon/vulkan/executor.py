@@ -207,7 +207,8 @@ def select_nodes(g: Graph, pg: Graph, caps: Caps, forced: Mapping[str, str],
 @dataclass
 class Bound:
     """One dispatch ready to record: its pipeline, the (region, offset, size) of every binding, the packed
-    push constants and (once ``bind_descriptors`` ran) its descriptor set."""
+    push constants and (once ``bind_descriptors`` ran) its descriptor set, as the one-element array
+    ``vkCmdBindDescriptorSets`` takes."""
 
     pos: int
     layer: Layer
