@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 8 on the GPU machine: Vulkan cold from the package, this tree (head) against a baseline tree (.gl/base,
 # `git archive <commit> daemon client`, sharing head's native build), alternating base/head while time is left.
-# Run from the repo root after `source .gl/run.sh`; results under $RES. Budget: DEADLINE seconds (default 420).
+# Run from the repo root after `source .gl/run.sh` (scripts/device/make-gl.sh builds .gl); results under $RES. Budget: DEADLINE seconds (default 420).
 set -u
 [ "${VK_OK:-0}" = 1 ] || { echo "no Vulkan device: nothing run"; exit 1; }
 RES=${RES:-/tmp/vkab}; mkdir -p "$RES"
