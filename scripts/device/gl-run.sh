@@ -29,3 +29,4 @@ else
   t=$(date +%s); python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || tail -20 /tmp/build.log
   echo "native build $(( $(date +%s) - t )) s"; cp daemon/_native*.so .gl/base/daemon/
 fi
+export VK_OK  # (scripts run with bash read it)
