@@ -28,8 +28,10 @@ from .plan import ColdPlan, LayerPlan, PlanOptions
 #: Vulkan binding (pipelines, descriptors, uploads), which holds the GIL: past a few threads they only
 #: take turns, every layer then finishes late and the executor cannot start early. Measured on the H100
 #: (2026-11-24, caches filled, page cache dropped): squeezenet1_1 cold 68 ms with 16 loaders, 70 with 4,
-#: 52 with 2; mobilenetv2 94 / 99 / 86; resnet50, whose reads are larger, 156 with 16 and 142 with 4.
-GPU_LOADERS = 4
+#: 52 with 2; mobilenetv2 94 / 99 / 86; resnet50, whose reads are larger, 156 with 16 and 142 with 4. Again on an
+#: H200 (2026-12-03, after the per-layer calls went through raw cffi; 4 loaders then 2, one host, median of 3
+#: rounds each): squeezenet1_1 36.4 -> 34.1 ms, mobilenetv2 47.1 -> 43.8, resnet50 83.8 -> 73.0.
+GPU_LOADERS = 2
 
 
 @dataclass(frozen=True)
