@@ -63,8 +63,7 @@ def test_map_code_maps_every_executable_page_of_the_extension(method: str) -> No
 
 def test_make_resident_reports_and_survives_what_it_cannot_do(tmp_path) -> None:
     res = codepages.make_resident()
-    assert res.files >= 1 and res.bytes > 0 and res.method in ("populate", "touch")
-    assert set(res.to_dict()) == {"bytes", "files", "method", "seconds"}
+    assert res.files >= 1 and res.bytes > 0 and res.method in ("populate", "touch") and res.seconds > 0
     # no procfs, a module that does not exist, a file that is not mapped: nothing mapped, no error
     assert codepages.executable_mappings(["/x"], maps=str(tmp_path / "no-maps")) == []
     assert codepages.module_files(["inferd_no_such_module", "json"]) == []

@@ -46,9 +46,6 @@ class Residency:
     method: str  # "populate" (one madvise per mapping), "touch" (a read per page), or "none"
     seconds: float
 
-    def to_dict(self) -> dict[str, object]:
-        return {"bytes": self.bytes, "files": self.files, "method": self.method, "seconds": round(self.seconds, 6)}
-
 
 def module_files(names: Iterable[str]) -> list[str]:
     """The shared-object files of the importable modules among ``names`` (the others are skipped)."""
