@@ -109,6 +109,9 @@ class Config:
     host_pool: int = _opt("size", "host memory the daemon faults in at start and serves cold loads' weights and "
                           "arenas from (capped at an eighth of the RAM; 0: none): memory faulted in on the way to a "
                           "first answer costs time there", default=256 * 1024 * 1024, minimum=0)
+    resident_pipelines: int = _opt("int", "Vulkan pipelines created at start in the background: the device's most "
+                                   "recently used ones (its list in the cache directory), so that a cold load of a "
+                                   "model served before creates none (0: none)", default=128, minimum=0)
     memory_pressure: str = _opt("str", "memory pressure (PSI) watched as a budget source: auto (this cgroup's "
                                 "memory.pressure, else /proc/pressure/memory), off, or a path; an event caps a "
                                 "budget in force below what the models hold, relaxed while no event comes", default="auto")

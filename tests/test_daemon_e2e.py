@@ -369,3 +369,41 @@ def test_two_models_share_the_vulkan_device(workdir: Path, local_models) -> None
             t.join(120)
         assert not problems, problems
         assert c.status()["devices_in_use"] == ["vulkan"]
+
+
+@pytest.mark.vulkan
+@pytest.mark.skipif(not _vulkan_available(), reason="no Vulkan device")
+def test_a_restarted_daemon_makes_its_pipelines_resident(workdir: Path, local_models) -> None:
+    """A daemon that served Vulkan models leaves their pipelines listed in its cache directory; the next one
+    creates them at its start (status says so), and its cold loads of the same models then create none."""
+    cache = workdir / "rescache"
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+    env.update(INFERD_CACHE_DIR=str(cache), INFERD_MEMORY_PRESSURE="off", MESA_SHADER_CACHE_DIR=str(cache / "mesa"))
+    first = DaemonProcess(f"ipc://{workdir}/r1.sock", workdir / "models", env={**env, "INFERD_RESIDENT_PIPELINES": "0"},
+                          device="vulkan", log_path=workdir / "r1.log")
+    with first, Client(first.endpoint, timeout=120) as c:
+        st = c.status()
+        assert st["vulkan_pipelines"]["at_start"] is None  # resident_pipelines = 0: nothing done at start
+        # the loads' pipelines are listed (not the other kernels the profiler only timed)
+        assert 0 < st["vulkan_pipelines"]["listed"] <= st["vulkan_pipelines"]["held"]
+    second = DaemonProcess(f"ipc://{workdir}/r2.sock", workdir / "models",
+                           env={**env, "INFERD_RESIDENT_PIPELINES": "128", "INFERD_PRELOAD": "0"},
+                           device="vulkan", log_path=workdir / "r2.log")
+    with second, Client(second.endpoint, timeout=120) as c:
+        deadline = time.monotonic() + 60
+        while True:
+            vp = c.status()["vulkan_pipelines"]
+            if vp and vp["at_start"] and "created" in vp["at_start"]:
+                break
+            assert time.monotonic() < deadline, vp
+            time.sleep(0.05)
+        listed = vp["listed"]
+        assert vp["at_start"]["created"] == listed == vp["held"] and listed > 0, vp
+        rng = np.random.default_rng(3)
+        for name, local in local_models.items():
+            feeds = _feeds(local, rng)
+            got = c.infer(name, feeds)
+            for k, want in local.run(feeds).items():
+                assert np.abs(got[k] - want).max() <= 1e-4 * max(np.abs(want).max(), 1e-30), (name, k)
+        colds = {n: m["cold"] for n, m in c.status()["models"].items()}
+        assert all(cs.get("pipelines_created") == 0 for cs in colds.values()), colds  # they found them all

@@ -207,7 +207,10 @@ if eng == "inferd":
             except Exception:
                 pass
         from inferd.vulkan.device import get_device
-        get_device()
+        _dev = get_device()
+        _resident = None
+        if int(spec.get("resident_pipelines") or 0) > 0:  # and the pipelines it made resident at its start
+            _resident = _dev.make_resident(int(spec["resident_pipelines"]))
 elif eng == "ort":
     import onnxruntime as ort
     so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
@@ -246,6 +249,8 @@ if eng == "inferd":
     mods = set(sys.modules)  # at the answer: the idle-time work after it imports what it likes
     y = out[m.output_names[0]]
     res["load_call_ms"] = (t_load - t0) * 1e3
+    if device == "vulkan":
+        res["resident_pipelines"] = _resident
     res["cold_stats"] = {k: v for k, v in dict(m.cold_stats).items() if isinstance(v, (int, float, str))}
     cr = getattr(getattr(m, "_cold", None), "run", None)
     tl = None
@@ -721,6 +726,9 @@ class BenchOptions:
     sample_s: float = 0.3
     #: also measure the package after inferd refined its plan from one observed cold run
     refined: bool = True
+    #: Vulkan: pipelines the inferd child makes resident before the request, as the daemon does at its start
+    #: (its ``resident_pipelines`` setting); a second inferd configuration is measured without them
+    resident_pipelines: int = 128
 
 
 def _child_env(opts: BenchOptions, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -759,7 +767,8 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     ref = work / "ref.npz"
     np.savez(ref, y=y, **{f"x{i}": x for i, x in enumerate(xs)})
     base_spec = {"device": dev, "threads": opts.threads, "sample_s": opts.sample_s, "ref": str(ref),
-                 "input_names": [t.name for t in g.inputs], "host_pool": opts.host_pool}
+                 "input_names": [t.name for t in g.inputs], "host_pool": opts.host_pool,
+                 "resident_pipelines": opts.resident_pipelines if dev == "vulkan" else 0}
     env = _child_env(opts)
     if dev == "vulkan":
         from .vulkan_bench import _driver_cache_env
@@ -811,6 +820,13 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
             [str(p / "plan.bin"), None], [str(p / "weights.store"), regions]]}, files, env=env))
         configs.append(Config("floor_whole", {**base_spec, "engine": "floor", "ref": "", "files": [
             [str(p / "plan.bin"), None], [str(p / "weights.store"), None]]}, files, env=env))
+        if dev == "vulkan" and opts.resident_pipelines > 0:
+            # the same package in a daemon whose device has none of its pipelines yet (it never served the model
+            # since its start, or it was started with resident_pipelines = 0)
+            configs.append(Config("inferd_no_resident", {**base_spec, "engine": "inferd", "path": str(p),
+                                                         "options": _ablation_options(None), "loaders": opts.loaders,
+                                                         "resident_pipelines": 0, "timeline": False},
+                                  files, env=env, restore=snap))
         if opts.background:
             configs.append(Config("inferd_background", {**base_spec, "engine": "inferd", "path": str(p),
                                                         "options": _ablation_options(None),
@@ -1070,22 +1086,27 @@ def vulkan_goals(data: dict[str, Any]) -> list[str]:
     """The Vulkan goals' table: against ncnn with its default options (fp16), caches filled and empty."""
     lines = ["", "Vulkan goals: with caches filled, cold <= 0.15x ncnn's default options (fp16, driver cache primed) and "
              "<= 1.5x (warm + read floor); first start (inferd's SPIR-V and pipeline caches and the driver's shader "
-             "cache empty; inferd compiles its GLSL then: no SPIR-V is shipped yet) <= 0.25x ncnn's first start.", "",
+             "cache empty; inferd compiles its GLSL then: no SPIR-V is shipped yet) <= 0.25x ncnn's first start. "
+             "inferd cold: the model's pipelines made resident by the daemon's start (`resident_pipelines`, from the "
+             "device's list of recently used pipelines); 'no resident' is the same package in a daemon whose "
+             "device has created none of them yet.", "",
              "| model | inferd cold ms | ncnn fp16 primed ms | ratio | goal 0.15 | warm + floor ms | ratio | goal 1.5 | "
-             "inferd first start ms | ncnn fp16 first start ms | ratio | goal 0.25 |",
-             "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---|"]
+             "no resident ms | ratio | inferd first start ms | ncnn fp16 first start ms | ratio | goal 0.25 |",
+             "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for n, r in data["models"].items():
         s, i = r.get("summary", {}), r.get("inferd", {})
         cold, warm, floor = i.get("cold_ms"), i.get("warm_ms"), (r.get("floor") or {}).get("ms")
         nf = s.get("ncnn_fp16", {}).get("cold_ms")
         wf = warm + floor if warm and floor else None
         fi, fn = s.get("inferd_first", {}).get("cold_ms"), s.get("ncnn_fp16_first", {}).get("cold_ms")
+        nr = s.get("inferd_no_resident", {}).get("cold_ms")
 
         def met(x: float | None, goal: float) -> str:
             return "n/a" if x is None else ("met" if x <= goal else "missed")
         r1, r2, r3 = ratio(cold, nf), ratio(cold, wf), ratio(fi, fn)
         lines.append(f"| {n} | {fmt(cold)} | {fmt(nf)} | {fmt(r1, '.3f')} | {met(r1, 0.15)} | {fmt(wf)} | "
-                     f"{fmt(r2, '.2f')} | {met(r2, 1.5)} | {fmt(fi)} | {fmt(fn)} | {fmt(r3, '.3f')} | {met(r3, 0.25)} |")
+                     f"{fmt(r2, '.2f')} | {met(r2, 1.5)} | {fmt(nr)} | {fmt(ratio(nr, wf), '.2f')} | {fmt(fi)} | "
+                     f"{fmt(fn)} | {fmt(r3, '.3f')} | {met(r3, 0.25)} |")
     return lines
 
 
@@ -1255,6 +1276,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-pool", type=float, default=256,
                    help="MiB of host pool the inferd child faults in before the request, as the daemon does at its "
                         "start (its host_pool setting; 0: none)")
+    p.add_argument("--resident-pipelines", type=int, default=128,
+                   help="Vulkan: pipelines the inferd child makes resident before the request, as the daemon does "
+                        "at its start (its resident_pipelines setting; 0: none, and no run without them)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--loaders", type=int, default=None, help="inferd loader threads (default: the plan's)")
     p.add_argument("--work", default=None, help="working folder (zoo, packages, converted models)")
@@ -1272,7 +1296,8 @@ def main(argv: list[str] | None = None) -> int:
                         first_start=args.first_start,
                         background=args.background, warm_runs=args.warm_runs, threads=args.threads,
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
-                        refined=not args.no_refined, host_pool=int(args.host_pool * (1 << 20)))
+                        refined=not args.no_refined, host_pool=int(args.host_pool * (1 << 20)),
+                        resident_pipelines=max(0, args.resident_pipelines))
     paths = write_zoo(work / "zoo", names)
     notes: list[str] = []
     if os.geteuid() != 0:

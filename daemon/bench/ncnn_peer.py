@@ -45,20 +45,32 @@ def convert_ncnn(onnx_path: Path, shape: "tuple[int, ...] | list[tuple[tuple[int
                  fp16: bool = False) -> tuple[Path, Path]:
     """(param, bin) made by pnnx; ``fp16``: its default fp16 weights (ncnn's default deployment), else fp32.
     ``shape``: the one float input's shape, or per input (shape, numpy dtype name) in the graph's order."""
-    exe = pnnx_exe()
-    if exe is None:
-        raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
+    import hashlib
+
     work.mkdir(parents=True, exist_ok=True)
     dst = work / onnx_path.name
-    shutil.copy(onnx_path, dst)
     shapes = [(tuple(shape), "float32")] if all(isinstance(d, int) for d in shape) else list(shape)
     suffix = {"float32": "", "int64": "i64", "int32": "i32"}
     spec = ",".join(f"[{','.join(map(str, s))}]{suffix[dt]}" for s, dt in shapes)
-    cmd = [exe, dst.name, f"inputshape={spec}"] + ([] if fp16 else ["fp16=0"])
-    r = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=900)
+    args = [f"inputshape={spec}"] + ([] if fp16 else ["fp16=0"])
     param, binf = work / (dst.stem + ".ncnn.param"), work / (dst.stem + ".ncnn.bin")
+    # a conversion of the same bytes with the same arguments is reused (a re-run, or a machine without pnnx
+    # given the converted files)
+    stamp = work / (dst.stem + ".ncnn.src")
+    key = hashlib.sha256(onnx_path.read_bytes()).hexdigest() + " " + " ".join(args)
+    try:
+        if param.is_file() and binf.is_file() and stamp.read_text() == key:
+            return param, binf
+    except OSError:
+        pass
+    exe = pnnx_exe()
+    if exe is None:
+        raise RuntimeError("pnnx not found: set INFERD_PNNX or install the pnnx package")
+    shutil.copy(onnx_path, dst)
+    r = subprocess.run([exe, dst.name, *args], cwd=work, capture_output=True, text=True, timeout=900)
     if not param.is_file():
         raise RuntimeError(f"pnnx failed on {onnx_path.name}: {r.stderr[-2000:]}")
+    stamp.write_text(key)
     return param, binf
 
 

@@ -121,6 +121,9 @@ class ColdLoad:
                       "idle_before_request_s": round(idle, 6),
                       "predicted_s": round(self.plan.predicted_s, 6), **run.breakdown(),
                       **getattr(self, "stats_stream", {})}
+        made = (getattr(self.backend, "load_stats", None) or {}).get("pipelines_created")
+        if made is not None:  # GPU: pipelines this load had to create (none where the device held them all)
+            self.stats["pipelines_created"] = int(made)
         return out
 
     def observed(self) -> dict[tuple[str, str, str], float]:

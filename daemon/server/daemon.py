@@ -268,6 +268,8 @@ class Server:
         self._seq = itertools.count()
         self._t_start = time.monotonic()
         self._pending_preload: set[str] = set()
+        #: what making the Vulkan device's recently used pipelines resident at start did (None: not run)
+        self.resident_pipelines: dict[str, Any] | None = None
         self.ready = False  # health's "ready": stays true through a SIGHUP reload
         self._reloading = False
         self.draining = False
@@ -830,7 +832,36 @@ class Server:
             "totals": {k: sum(m[k] for m in models.values()) for k in ("requests", "ok", "failures")},
             "cache": {**self.cache.snapshot(), "bytes_used": self.cache_bytes(), "max_bytes": self.cache_max_bytes},
             "faults": self.fault_status(),
+            "vulkan_pipelines": self.pipeline_status(),
         }
+
+    def start_resident_pipelines(self) -> threading.Thread | None:
+        """Create the device's recently used Vulkan pipelines in the background (``resident_pipelines``), if
+        the cache directory lists some: a cold load of a model served before then creates none of its own."""
+        from ..vulkan import resident
+
+        n = self.config.resident_pipelines
+        if n <= 0 or not resident.listed():
+            return None
+
+        def run() -> None:
+            self.resident_pipelines = {"running": True}
+            self.resident_pipelines = resident.at_start(n)
+
+        t = threading.Thread(target=run, name="inferd-pipelines", daemon=True)
+        t.start()
+        return t
+
+    def pipeline_status(self) -> dict[str, Any] | None:
+        """The shared Vulkan device's pipelines (None while no device is open)."""
+        try:
+            from ..vulkan.device import shared_device_if_open
+        except Exception:  # no Vulkan binding here
+            return None
+        dev = shared_device_if_open()
+        if dev is None:
+            return None
+        return {"held": dev.pipeline_count(), "listed": len(dev.pipeline_list), "at_start": self.resident_pipelines}
 
     def package_cache_bytes(self) -> int:
         """Page-cache bytes of the loaded models' package files (mincore)."""
@@ -1253,6 +1284,7 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
         log.error("%s", exc)
         return 2
     server.freeze_gc = True
+    server.start_resident_pipelines()
     try:
         server.bind()
     except (EndpointBusy, auth.ProtectedModeError, auth.KeysError) as exc:

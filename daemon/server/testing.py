@@ -148,6 +148,9 @@ class DaemonProcess:
         # a test's daemon holds no host pool unless the test asks (256 MiB faulted in per daemon started would
         # cost the suite seconds, and the RSS checks would read it)
         self.env.setdefault("INFERD_HOST_POOL", "0")
+        # nor makes pipelines resident (the suite's Vulkan tests fill the shared cache directory's list: every
+        # daemon started after them would open the device and create them)
+        self.env.setdefault("INFERD_RESIDENT_PIPELINES", "0")
         self.endpoint = endpoint or default_endpoint(self.env)
         ep_args = ["--endpoint", endpoint] if endpoint else []
         self.argv = [*ep_args, "--models", str(models_dir), "--device", device, *args]

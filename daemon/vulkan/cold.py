@@ -482,7 +482,7 @@ class VulkanColdBackend:
         st["pipelines"] = len({id(b.pipeline) for b in bound})
         st["weights_bytes"] = sum(r.size for r in self.weight_regions)
         t = T()
-        dev.pipeline_cache.save()
+        dev.save_caches()
         dev.shader_cache.save_bundle()
         st["pipeline_cache_save_s"] = T() - t
 
@@ -574,7 +574,7 @@ class VulkanColdBackend:
                 params = k.transform(layer, raw)
                 times[(layer.name, k.name, "transform")] = T() - t0
                 dispatches = split_rows(k.dispatches(layer, params, self.caps), self.caps)
-                pipes = self._pipelines(dispatches)
+                pipes = self._pipelines(dispatches, record=False)
                 reqs = [(p.module, dict(d.spec)) for d, p in zip(dispatches, pipes)]
                 keys = {dev.pipeline_key(m, s) for m, s in reqs}
                 n = max(len(keys), 1)
@@ -729,13 +729,15 @@ class VulkanColdBackend:
             out[key] = arrays[key] if key in arrays else self._consts[slot.node.inputs[i]]
         return out
 
-    def _pipelines(self, dispatches: Sequence[Dispatch]) -> list[Pipeline]:
+    def _pipelines(self, dispatches: Sequence[Dispatch], record: bool = True) -> list[Pipeline]:
+        """``record``: note them in the device's pipeline list (not for candidates the profiler only times)."""
         t = time.perf_counter()
         mods: list[ShaderModule] = self.shader_cache.get_many(
             [(d.shader, norm_defines(d.defines)) for d in dispatches]) if dispatches else []
         t1 = time.perf_counter()
         counts: dict[str, int] = {}
-        pipes = self.device.pipelines([(m, dict(d.spec)) for d, m in zip(dispatches, mods)], counts) if mods else []
+        pipes = self.device.pipelines([(m, dict(d.spec)) for d, m in zip(dispatches, mods)], counts,
+                                      record=record) if mods else []
         self._add(shader_compile_s=t1 - t, pipeline_create_s=time.perf_counter() - t1,
                   pipelines_created=counts.get("created", 0), pipeline_cache_hits=counts.get("cache_hits", 0))
         return pipes

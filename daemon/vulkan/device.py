@@ -265,7 +265,9 @@ class VulkanDevice:
             self.shader_cache.preload_sources()
             self.shader_cache.preload_bundle()
             from .pipeline_cache import PipelineCache  # local: it imports this module's types
+            from .resident import PipelineList
             self.pipeline_cache = PipelineCache(self, self.cache_dir)
+            self.pipeline_list = PipelineList(self, self.cache_dir)
         except BaseException:
             self._destroy()
             raise
@@ -727,14 +729,17 @@ class VulkanDevice:
         return mod.key, tuple(sorted(spec.items()))
 
     def pipelines(self, requests: Sequence[tuple[ShaderModule, Mapping[str, Any]]],
-                  counts: dict[str, int] | None = None) -> list[Pipeline]:
+                  counts: dict[str, int] | None = None, record: bool = True) -> list[Pipeline]:
         """Compute pipelines for (module, spec constants) pairs, created in one batch through the pipeline cache.
 
         Safe to call from several threads: the driver compiles outside the device lock (the
         ``VkPipelineCache`` is internally synchronised), so loader threads compile in parallel, and a
         pipeline another thread is already creating is waited for rather than created twice.
-        ``counts`` (if given) gets this call's ``created``, ``reused`` and ``cache_hits`` added."""
+        ``counts`` (if given) gets this call's ``created``, ``reused`` and ``cache_hits`` added; ``record``:
+        note the requests in the pipeline list (what the daemon makes resident at its next start)."""
         keys = [self.pipeline_key(m, spec) for m, spec in requests]
+        if record:
+            self.pipeline_list.record([(m.name, m.defines, k[1]) for (m, _s), k in zip(requests, keys)])
         todo: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[ShaderModule, Mapping[str, Any]]] = {}
         others: list[threading.Event] = []
         reused = 0
@@ -795,6 +800,34 @@ class VulkanDevice:
                 counts["reused"] = counts.get("reused", 0) + reused
                 counts["cache_hits"] = counts.get("cache_hits", 0) + hits
             return [self._pipelines[k] for k in keys]
+
+    def create_listed(self, reqs: Sequence[tuple[str, Any, tuple[tuple[str, Any], ...]]]) -> int:
+        """Create the pipelines of pipeline-list requests (shader name, defines, spec items) this device
+        lacks, without noting them as used; returns how many were created. A shader that no longer exists
+        raises ``BackendError``."""
+        try:
+            mods = self.shader_cache.get_many([(n, tuple(d)) for n, d, _ in reqs])
+        except BackendError:
+            raise
+        except Exception as e:  # a shader removed since the list was written, a source that no longer compiles
+            raise BackendError(f"shaders {sorted({n for n, _, _ in reqs})}: {type(e).__name__}: {e}") from e
+        counts: dict[str, int] = {}
+        self.pipelines([(m, dict(spec)) for m, (_n, _d, spec) in zip(mods, reqs)], counts, record=False)
+        return counts.get("created", 0)
+
+    def make_resident(self, limit: int) -> dict[str, float]:
+        """Create the ``limit`` most recently used pipelines of this device's list (see ``inferd.vulkan.resident``)."""
+        from .resident import make_resident
+        return make_resident(self, limit)
+
+    def pipeline_count(self) -> int:
+        with self._lock:
+            return len(self._pipelines)
+
+    def save_caches(self) -> None:
+        """Write the pipeline cache and the pipeline list if they changed."""
+        self.pipeline_cache.save()
+        self.pipeline_list.save()
 
     def _settle(self, events: Mapping[Any, threading.Event]) -> None:
         """End in-flight creations (done or failed): waiters then find the pipeline or report its loss."""
@@ -949,7 +982,7 @@ class VulkanDevice:
             except Exception:
                 pass
             try:
-                self.pipeline_cache.save()
+                self.save_caches()
             except Exception as e:  # pragma: no cover
                 log.warning("saving the pipeline cache failed: %s", e)
             try:

@@ -58,20 +58,23 @@ def cache_path(dev: VulkanDevice, cache_dir: Path) -> Path:
     return cache_dir / "vulkan" / f"pipelines-{dev.vendor_id:04x}-{dev.device_id:04x}.bin"
 
 
-def make_header(dev: VulkanDevice, shader_hash: bytes, data: bytes) -> bytes:
-    return HEADER.pack(MAGIC, FORMAT_VERSION, HEADER.size, dev.vendor_id, dev.device_id, dev.driver_version,
+def make_header(dev: VulkanDevice, shader_hash: bytes, data: bytes, magic: bytes = MAGIC,
+                version: int = FORMAT_VERSION) -> bytes:
+    return HEADER.pack(magic, version, HEADER.size, dev.vendor_id, dev.device_id, dev.driver_version,
                        dev.pipeline_cache_uuid, shader_hash, len(data), hashlib.sha256(data).digest())
 
 
-def check_file(dev: VulkanDevice, shader_hash: bytes, blob: bytes) -> tuple[bytes | None, str]:
-    """(driver data, "ok") if ``blob`` is a valid cache file for this device, else (None, reason)."""
+def check_file(dev: VulkanDevice, shader_hash: bytes, blob: bytes, magic: bytes = MAGIC,
+               version: int = FORMAT_VERSION) -> tuple[bytes | None, str]:
+    """(payload, "ok") if ``blob`` is a valid file of this kind (``magic``, ``version``) for this device, driver
+    and shader set, else (None, reason). The pipeline cache and the resident-pipeline list share this header."""
     if len(blob) < HEADER.size:
         return None, f"truncated header ({len(blob)} of {HEADER.size} bytes)"
-    magic, ver, hsize, vendor, device, driver, uuid, shash, dsize, digest = HEADER.unpack_from(blob)
-    if magic != MAGIC:
-        return None, "not an inferd pipeline cache (bad magic)"
-    if ver != FORMAT_VERSION or hsize != HEADER.size:
-        return None, f"format version {ver} (header {hsize} bytes), expected {FORMAT_VERSION} ({HEADER.size})"
+    got_magic, ver, hsize, vendor, device, driver, uuid, shash, dsize, digest = HEADER.unpack_from(blob)
+    if got_magic != magic:
+        return None, f"not an inferd {'pipeline cache' if magic == MAGIC else 'pipeline list'} (bad magic)"
+    if ver != version or hsize != HEADER.size:
+        return None, f"format version {ver} (header {hsize} bytes), expected {version} ({HEADER.size})"
     if (vendor, device, driver, uuid) != (dev.vendor_id, dev.device_id, dev.driver_version, dev.pipeline_cache_uuid):
         return None, (f"made for another device or driver (vendor 0x{vendor:04x} device 0x{device:04x} driver {driver} "
                       f"uuid {uuid.hex()}; this is vendor 0x{dev.vendor_id:04x} device 0x{dev.device_id:04x} "
