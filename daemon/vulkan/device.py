@@ -17,6 +17,7 @@ saves the pipeline cache, and destroys every Vulkan object before the instance.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import os
 import threading
@@ -43,6 +44,8 @@ except Exception as e:  # pragma: no cover - depends on the machine
     _IMPORT_ERROR = e
 
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
+#: uploads of at least this many bytes into mapped memory copy without the GIL (below, the call costs more)
+NOGIL_COPY = 64 << 10
 _TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}  # discrete, integrated, virtual, cpu, other
 _TYPE_NAME = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 
@@ -572,8 +575,16 @@ class VulkanDevice:
         for r, off, arr in items:
             data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
             if r.mapped is not None:
-                r.mapped[off:off + data.size] = data
-                self.flush(r, off, data.size)
+                n = data.size
+                if n >= NOGIL_COPY:
+                    if off < 0 or off + n > r.mapped.size:
+                        raise BackendError(f"upload of {n} bytes at {off} overruns region {r.label} ({r.mapped.size})")
+                    # ctypes calls drop the GIL: a loader copying a layer's MBs (into write-combined BAR memory on
+                    # a discrete GPU) leaves the executor and the other loaders running; numpy's copy would not
+                    ctypes.memmove(r.mapped.ctypes.data + off, data.ctypes.data, n)
+                else:
+                    r.mapped[off:off + n] = data
+                self.flush(r, off, n)
             else:
                 staged.append((r, off, data))
         if not staged:

@@ -1,0 +1,82 @@
+"""Where a Vulkan cold load's host time goes (issue 8): per phase thread CPU of the loaders and the executor,
+then a cProfile of the package's opening (load() up to the plan's start), for one package, hot page cache,
+pipelines resident. Usage: python _vk_host_prof.py PACKAGE [REPS]."""
+import collections
+import cProfile
+import functools
+import pstats
+import sys
+import time
+
+import numpy as np
+
+import inferd
+import inferd.ops  # noqa: F401
+import inferd.vulkan.cold as vc
+import inferd.vulkan.device as vd
+import inferd.vulkan.executor as ve
+import inferd.vulkan.raw as vraw
+import inferd.vulkan.shaders as vsh
+from inferd.runtime.scheduler import default_loaders, loader_pool
+
+loader_pool().set_size(default_loaders())
+acc: dict[str, float] = collections.defaultdict(float)
+cnt: collections.Counter = collections.Counter()
+
+
+def wrap(obj, name, label):
+    f = getattr(obj, name)
+
+    @functools.wraps(f)
+    def g(*a, **k):
+        t = time.thread_time()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[label] += time.thread_time() - t
+            cnt[label] += 1
+    setattr(obj, name, g)
+
+
+for o, n, lab in [(vc.VulkanColdBackend, "prepare", "prepare"), (vc.VulkanColdBackend, "_pipelines", "prep.pipelines"),
+                  (vc.VulkanColdBackend, "_place", "prep.place"), (vd.VulkanDevice, "upload", "place.upload"),
+                  (vc, "bind_descriptors", "place.bind_descriptors"), (vc, "resolve_binding", "place.resolve"),
+                  (vsh.Manifest, "pack_push", "place.pack_push"), (vc.VulkanColdBackend, "execute", "execute"),
+                  (ve.Recorder, "dispatch", "exec.dispatch"), (vc.VulkanColdBackend, "_submit_segment", "exec.submit"),
+                  (vc.VulkanColdBackend, "end", "end"), (vc.VulkanColdBackend, "__init__", "backend_init"),
+                  (vraw, "create_descriptor_pool", "bind.pool"), (vraw, "update_descriptor_sets", "bind.update")]:
+    wrap(o, n, lab)
+dev = vd.get_device()
+dev.make_resident(128)
+path, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
+feeds = None
+walls = []
+for rep in range(reps):
+    acc.clear()
+    cnt.clear()
+    t = time.perf_counter()
+    m = inferd.load(path, device="vulkan")
+    if feeds is None:
+        feeds = {i.name: np.zeros(i.shape, np.float32) for i in m.inputs}
+    t1 = time.perf_counter()
+    m.run(feeds)
+    dt = time.perf_counter() - t
+    snap, scnt = dict(acc), dict(cnt)
+    walls.append(dt)
+    print(f"rep {rep} cold {dt * 1e3:.1f} ms, load() {(t1 - t) * 1e3:.1f} ms",
+          {k: round(v * 1e3, 1) for k, v in m.cold_stats.items() if k.endswith("_s")})
+    m.wait_warm(30)
+    m.close()
+print("thread CPU of the last rep (ms, calls):")
+for k in sorted(snap):
+    print(f"  {k:24s} {snap[k] * 1e3:7.2f} {scnt[k]:5d}")
+pr = cProfile.Profile()
+t = time.perf_counter()
+pr.enable()
+m = inferd.load(path, device="vulkan")
+pr.disable()
+print(f"profiled load() {(time.perf_counter() - t) * 1e3:.1f} ms")
+m.run(feeds)
+m.close()
+pstats.Stats(pr).sort_stats("cumulative").print_stats(28)
+pstats.Stats(pr).sort_stats("tottime").print_stats(20)
