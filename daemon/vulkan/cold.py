@@ -36,6 +36,7 @@ from ..planner.cost import DeviceRates, Profile
 from ..planner.memory import align_up
 from ..planner.plan import LayerPlan
 from ..planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan, plan_precision
+from . import raw
 from .arena import place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_descriptors, fold_constants,
@@ -922,11 +923,8 @@ class VulkanColdBackend:
         """The segment being recorded, started now if there is none (the first with the inputs' prologue,
         later ones behind a barrier on everything submitted before)."""
         if self._seg is None:
-            d = self.device.device
-            cb = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
-                commandPool=self._cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            cb = raw.allocate_command_buffer(self.device.device, self._cmd_pool)
             self._seg_cbs.append(cb)
-            vk.vkBeginCommandBuffer(cb, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
             self._seg = rec = Recorder(cb)
             if len(self._seg_cbs) == 1:
                 self.io.prologue(rec)
@@ -940,10 +938,8 @@ class VulkanColdBackend:
         assert self._seg is not None
         cb = self._seg.cb
         self._seg = None
-        vk.vkEndCommandBuffer(cb)
-        dev = self.device
-        dev.queue_submit([vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])],
-                         fence if fence is not None else vk.VK_NULL_HANDLE)
+        raw.end_command_buffer(cb)
+        self.device.submit_buffers([cb], fence)
 
     def _drop_segments(self, wait: bool) -> None:
         """Free the first run's segment command buffers; ``wait``: some may still execute (a run that

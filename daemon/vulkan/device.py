@@ -670,9 +670,18 @@ class VulkanDevice:
 
     def queue_submit(self, infos: Sequence[Any], fence: Any) -> None:
         """``vkQueueSubmit`` under the queue lock; the device faults a submit can report as DeviceFault."""
+        self._submit(lambda: vk.vkQueueSubmit(self.queue, len(infos), infos, fence))
+
+    def submit_buffers(self, cbs: Sequence[Any], fence: Any = None) -> None:
+        """``queue_submit`` of command buffers through the raw cffi call (the cold run's segments)."""
+        from . import raw
+
+        self._submit(lambda: raw.queue_submit(self.queue, cbs, fence))
+
+    def _submit(self, call: Callable[[], Any]) -> None:
         try:
             with self.queue_lock:
-                vk.vkQueueSubmit(self.queue, len(infos), infos, fence)
+                call()
         except vk.VkErrorDeviceLost as e:
             raise DeviceLostError("the Vulkan device was lost (VK_ERROR_DEVICE_LOST) at vkQueueSubmit") from e
         except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as e:

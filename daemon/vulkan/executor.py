@@ -33,7 +33,7 @@ from ..ir import FOLD_MAX_BYTES, Graph, Node, Overlay, TensorInfo
 from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key, raw_params
 from ..planner.memory import MemoryPlan, align_up
 from . import raw
-from .device import Pipeline, Region, VulkanDevice, binding_kinds, descriptor_type, vk
+from .device import Pipeline, Region, VulkanDevice, descriptor_type, vk
 from .kernel import ALIGN, UNUSABLE_PRIORITY, Caps, Dispatch, Ref, VulkanKernel, split_rows
 from .shaders import norm_defines
 
@@ -294,7 +294,7 @@ def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]
     if not bound:
         return None
     d = dev.device
-    kinds = [binding_kinds(b.pipeline.module.manifest) for b in bound]
+    kinds = [b.pipeline.module.manifest.kinds for b in bound]
     counts: dict[str, int] = {}
     for ks in kinds:
         for kd in ks:
@@ -361,8 +361,9 @@ class Recorder:
     def dispatch(self, b: Bound) -> None:
         cb = self.cb
         man = b.pipeline.module.manifest
-        reads = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.reads]
-        writes = [rg for rg, bi in zip(b.ranges, man.bindings) if bi.writes]
+        rgs = b.ranges
+        reads = [rgs[i] for i in man.read_idx]
+        writes = [rgs[i] for i in man.write_idx]
         # entries tagged 0 are never skipped; an independent dispatch ignores its own layer's ranges
         skip = b.pos + 1 if b.dispatch.independent else -1
         tag = b.pos + 1 if b.dispatch.independent else 0

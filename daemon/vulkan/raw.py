@@ -122,3 +122,29 @@ def cmd_buffer_barrier(cb: Any, ranges: Sequence[tuple[Any, int, int]]) -> None:
         lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 0, NULL, len(ranges), bars, 0, NULL)
     else:
         lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 0, NULL, 0, NULL, 0, NULL)
+
+
+def allocate_command_buffer(device: Any, pool: Any, one_time: bool = True) -> Any:
+    """A primary command buffer from ``pool``, begun (for one submission when ``one_time``)."""
+    info = ffi.new("VkCommandBufferAllocateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                                     "commandPool": pool, "commandBufferCount": 1,
+                                                     "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY})
+    out = ffi.new("VkCommandBuffer*")
+    check(lib.vkAllocateCommandBuffers(device, info, out))
+    begin = ffi.new("VkCommandBufferBeginInfo*", {"sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                                  "flags": vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+                                                  if one_time else 0})
+    check(lib.vkBeginCommandBuffer(out[0], begin))
+    return out[0]
+
+
+def end_command_buffer(cb: Any) -> None:
+    check(lib.vkEndCommandBuffer(cb))
+
+
+def queue_submit(queue: Any, cbs: Sequence[Any], fence: Any) -> None:
+    """One ``vkQueueSubmit`` of ``cbs`` (``fence`` None: none); failures raise the package's exceptions."""
+    arr = ffi.new("VkCommandBuffer[]", list(cbs))
+    info = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": len(cbs),
+                                     "pCommandBuffers": arr})
+    check(lib.vkQueueSubmit(queue, 1, info, NULL if fence is None else fence))

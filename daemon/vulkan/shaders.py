@@ -27,6 +27,7 @@ import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -147,6 +148,35 @@ class Manifest:
             "local_size": list(self.local_size),
         }
 
+    # what every dispatch of a cold load asks of its shader's manifest, worked out once per manifest
+    @cached_property
+    def kinds(self) -> tuple[str, ...]:
+        """Descriptor kinds of the bindings, in binding order (the set layout's key)."""
+        return tuple(b.kind for b in self.bindings)
+
+    @cached_property
+    def read_idx(self) -> tuple[int, ...]:
+        """Positions of the bindings the shader reads."""
+        return tuple(i for i, b in enumerate(self.bindings) if b.reads)
+
+    @cached_property
+    def write_idx(self) -> tuple[int, ...]:
+        """Positions of the bindings the shader writes."""
+        return tuple(i for i, b in enumerate(self.bindings) if b.writes)
+
+    @cached_property
+    def _push_struct(self) -> tuple[struct.Struct, frozenset[str]]:
+        """The push block as one struct (gaps as pad bytes) and its member names."""
+        fmt, pos = "<", 0
+        for p in self.push:
+            if p.offset > pos:
+                fmt += f"{p.offset - pos}x"
+            fmt += f"{p.count}{p.kind}"
+            pos = p.offset + 4 * p.count
+        if self.push_size > pos:
+            fmt += f"{self.push_size - pos}x"
+        return struct.Struct(fmt), frozenset(p.name for p in self.push)
+
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "Manifest":
         return Manifest(tuple(BindingInfo(**b) for b in d["bindings"]), tuple(PushMember(**p) for p in d["push"]),
@@ -159,6 +189,28 @@ class Manifest:
             if values:
                 raise BackendError(f"{where}: shader has no push constants but got {sorted(values)}")
             return b""
+        st, names = self._push_struct
+        if len(values) == len(names) and names.issuperset(values):
+            # the common case in one struct call (a cold load packs one block per dispatch); anything odd
+            # (a missing or unknown name, an array too long, a negative uint) goes the checking way below
+            flat: list[Any] = []
+            ok = True
+            for p in self.push:
+                v = values[p.name]
+                if p.count > 1:
+                    vals = list(v)
+                    if len(vals) > p.count:
+                        ok = False
+                        break
+                    flat += [float(x) if p.kind == "f" else int(x) for x in vals]
+                    flat += [0] * (p.count - len(vals))
+                else:
+                    flat.append(float(v) if p.kind == "f" else int(v))
+            if ok:
+                try:
+                    return st.pack(*flat)
+                except struct.error:
+                    pass
         buf = bytearray(self.push_size)
         names = {p.name for p in self.push}
         extra = set(values) - names
