@@ -846,7 +846,7 @@ class Server:
 
         def run() -> None:
             self.resident_pipelines = {"running": True}
-            self.resident_pipelines = resident.at_start(n)
+            self.resident_pipelines = _make_resident(n)
 
         t = threading.Thread(target=run, name="inferd-pipelines", daemon=True)
         t.start()
@@ -1295,3 +1295,21 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
         server.ctx.term()
         return 1 if isinstance(exc, EndpointBusy) else 2
     return server.run()
+
+
+def _make_resident(limit: int) -> dict[str, Any] | None:
+    """The daemon's start (a background thread): open the shared Vulkan device and make its ``limit`` most
+    recently used pipelines resident. None when no Vulkan device is usable; a failure is logged and returned,
+    never raised (the daemon serves on; loads create their pipelines as before)."""
+    from ..vulkan.device import available, get_device
+
+    if limit <= 0 or not available():
+        return None
+    try:
+        st: dict[str, Any] = dict(get_device().make_resident(limit))
+    except Exception as e:
+        log.warning("making Vulkan pipelines resident failed: %s: %s", type(e).__name__, e)
+        return {"error": f"{type(e).__name__}: {e}"}
+    log.info("%d Vulkan pipelines resident in %.2f s (%d listed, %d skipped)", st["created"], st["seconds"],
+             st["listed"], st["skipped"])
+    return st

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .device import vk
+try:  # not through .device, which imports this module: the loader may be missing (then nothing here is called)
+    import vulkan as vk
+except Exception:  # pragma: no cover - depends on the machine
+    vk = None  # type: ignore[assignment]
 
 if vk is not None:  # (no loader: the backend is unavailable and nothing here is called)
     ffi: Any = vk.ffi

@@ -22,7 +22,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import msgpack
 
@@ -30,8 +30,17 @@ from ..fileio import atomic_write
 from .pipeline_cache import PipelineCacheWarning, check_file, make_header
 from .shaders import Defines, default_cache_dir, shader_set_hash
 
-if TYPE_CHECKING:
-    from .device import VulkanDevice
+
+
+class VulkanDevice(Protocol):
+    """What this module reads of a device (``inferd.vulkan.device`` imports this module: no import back)."""
+    vendor_id: int
+    device_id: int
+    closed: bool
+    stats: dict[str, Any]
+    pipeline_list: "PipelineList"
+
+    def create_listed(self, reqs: Sequence[Request]) -> int: ...
 
 log = logging.getLogger("inferd.vulkan.resident")
 
@@ -201,21 +210,3 @@ def listed(cache_dir: Path | None = None) -> bool:
         return any(d.glob("pipelines-*.list"))
     except OSError:
         return False
-
-
-def at_start(limit: int) -> dict[str, Any] | None:
-    """The daemon's start (a background thread): open the shared device and make its ``limit`` most recently
-    used pipelines resident. None when no Vulkan device is usable; a failure is logged and returned, never
-    raised (the daemon serves on; loads create their pipelines as before)."""
-    from .device import available, get_device
-
-    if limit <= 0 or not available():
-        return None
-    try:
-        st: dict[str, Any] = dict(get_device().make_resident(limit))
-    except Exception as e:
-        log.warning("making Vulkan pipelines resident failed: %s: %s", type(e).__name__, e)
-        return {"error": f"{type(e).__name__}: {e}"}
-    log.info("%d Vulkan pipelines resident in %.2f s (%d listed, %d skipped)", st["created"], st["seconds"],
-             st["listed"], st["skipped"])
-    return st
