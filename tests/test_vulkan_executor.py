@@ -146,6 +146,46 @@ def test_barriers_only_where_a_dispatch_reads_an_earlier_write(device: Any) -> N
         assert _rel(m.run({"x": x})["y"], ref) <= 1e-5
 
 
+def test_a_models_descriptor_sets_come_from_a_few_pools_and_go_back(device: Any) -> None:
+    """All layers' sets from one arena pool (not a pool a layer); an arena counts what each pool has left
+    and opens another pool rather than over-fill one; a pool goes once all its sets are freed. The device
+    fixture fails on any validation error (an over-full pool, a set freed twice, a leaked pool)."""
+    from inferd.vulkan.executor import DescriptorArena
+    from inferd.vulkan.model import VulkanModel
+    ops = ["Sigmoid", "Tanh", "Neg", "Sigmoid", "Abs"]
+    x = RNG.standard_normal((2, 3, 5)).astype(F32)
+    with VulkanModel(_chain_graph(ops), device) as m:
+        b = m._b
+        assert b._descriptors.pools == 1
+        leases = [p.dsets for p in b._prepared if p is not None and p.bound]
+        assert len(leases) == len(ops) and len({id(le.pool) for le in leases}) == 1
+        assert _rel(m.run({"x": x})["t4"], _numpy_chain(ops, x)) <= 1e-5
+        layout = b._prepared[0].bound[0].pipeline.set_layout
+        kinds = b._prepared[0].bound[0].pipeline.module.manifest.kinds
+        from inferd.vulkan.device import descriptor_type
+        counts: dict[int, int] = {}
+        for k in kinds:
+            counts[descriptor_type(k)] = counts.get(descriptor_type(k), 0) + 1
+        small = DescriptorArena(device)
+        small.SETS, small.PER_TYPE = 3, 2 * max(counts.values())
+        got = [small.allocate([layout, layout], {t: 2 * c for t, c in counts.items()}) for _ in range(4)]
+        # 3 sets a pool: two leases of two sets never share one
+        assert small.pools == 4 and len({id(le.pool) for le in got}) == 4
+        one = [small.allocate([layout], counts) for _ in range(2)]
+        assert small.pools == 5  # each pool of two sets has one set left, but its descriptors are spent
+        assert one[0].pool is one[1].pool
+        small.free(got[0])
+        assert small.pools == 4  # its only lease freed: the pool is gone
+        small.free(one[0])
+        assert small.pools == 4  # one set of two freed: the pool stays
+        small.free(one[1])
+        small.free(one[1])  # twice: nothing (its pool is gone)
+        assert small.pools == 3
+        small.destroy()
+        assert small.pools == 0
+    assert m._b._descriptors.pools == 0  # closed with the model
+
+
 def test_memory_is_reused_and_results_stay_right(device: Any) -> None:
     """A long chain needs only two live activation buffers: the planner reuses them (WAR hazards on
     reused ranges must be ordered by the barriers) and the answer is still exact."""

@@ -54,10 +54,17 @@ LOCAL = 256
 
 
 def geo2d(layer: Layer) -> Geom2D | None:
+    """The layer's 2-D geometry (None where it has none), once per Layer object like ``layer_geom``: a
+    conv's kernels ask for it at selection, at their workspace sizing and at every dispatch list."""
+    d = layer.__dict__
+    if "_geo2d" in d:
+        return d["_geo2d"]
     try:
-        return layer_geom(layer).as2d()
+        g: Geom2D | None = layer_geom(layer).as2d()
     except Exception:
-        return None
+        g = None
+    object.__setattr__(layer, "_geo2d", g)  # Layer is frozen; the geometry is a pure function of it
+    return g
 
 
 def _bias(layer: Layer, raw: Mapping[str, np.ndarray], cout: int) -> np.ndarray:

@@ -39,8 +39,8 @@ from ..planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
 from . import raw
 from .arena import place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
-from .executor import (Bound, HostIO, Locate, Recorder, _import_kernels, bind_descriptors, fold_constants,
-                       resolve_binding, select_nodes)
+from .executor import (Bound, DescriptorArena, DescriptorLease, HostIO, Locate, Recorder, _import_kernels,
+                       bind_descriptors, fold_constants, resolve_binding, select_nodes)
 from .kernel import HFP_ATTR, WFP_ATTR, Caps, Dispatch, VulkanKernel, int_dot_level, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
 from .slabs import WeightSlabs
@@ -114,7 +114,7 @@ class _Prepared:
     #: that take it back
     base: int = 0
     slabs: "WeightSlabs | None" = None
-    pool: Any = None
+    dsets: DescriptorLease | None = None
     views: list[Any] = field(default_factory=list)
     #: where each param array sits in ``weights``
     place: dict[str, int] = field(default_factory=dict)
@@ -171,6 +171,7 @@ class VulkanColdBackend:
         self._prepared: list[_Prepared | None] = []
         self._regions: list[Region] = []
         self._cmd_pool: Any = None
+        self._descriptors = DescriptorArena(dev)
         self._fence: Any = None
         self._query_pool: Any = None
         self._warm_cb: Any = None
@@ -806,7 +807,7 @@ class VulkanColdBackend:
                     if not 1 <= gcount <= lim:
                         raise BackendError(f"{where}: workgroup count {d.groups} outside 1..{dev.caps.max_workgroup_count}")
                 prep.bound.append(Bound(slot.pos, layer, kernel, d, pipe, ranges, man.pack_push(d.push, where)))
-            prep.pool = bind_descriptors(dev, prep.bound, prep.views)
+            prep.dsets = bind_descriptors(dev, prep.bound, prep.views, self._descriptors)
         except BaseException:
             self._release(prep)
             raise
@@ -816,11 +817,10 @@ class VulkanColdBackend:
         dev = self.device
         if dev.closed or dev.device is None:
             return
-        if prep.pool is not None:
-            vk.vkDestroyDescriptorPool(dev.device, prep.pool, None)
-            prep.pool = None
-        for v in prep.views:
-            vk.vkDestroyBufferView(dev.device, v, None)
+        if prep.dsets is not None:
+            self._descriptors.free(prep.dsets)
+            prep.dsets = None
+        raw.destroy_buffer_views(dev.device, prep.views)
         prep.views = []
         # weights are freed by their last holder: the layer of another shape may still bind them
         owner = prep.origin or prep
@@ -1005,6 +1005,9 @@ class VulkanColdBackend:
             if p is not None:
                 self._release(p)
                 self._prepared[i] = None
+        arena = getattr(self, "_descriptors", None)
+        if arena is not None:
+            arena.destroy()
         slabs = getattr(self, "_slabs", None)
         if slabs is not None:
             slabs.close()

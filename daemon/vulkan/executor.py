@@ -23,6 +23,7 @@ vkQueueSubmit, one fence wait, copy outputs; the Python work does not depend on 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -288,21 +289,96 @@ def texel_view(dev: VulkanDevice, r: Region, off: int, size: int, half: bool = F
     return raw.create_buffer_view(dev.device, r.buffer, fmt, off, n)
 
 
-def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]) -> Any:
-    """One descriptor pool with a set per dispatch of ``bound``, written in one update call (texel views
-    it creates are appended to ``views``). Returns the pool, None when ``bound`` is empty."""
+class _DescriptorPool:
+    __slots__ = ("handle", "sets_left", "left", "live")
+
+    def __init__(self, handle: Any, sets: int, sizes: Mapping[int, int]) -> None:
+        self.handle, self.sets_left, self.left, self.live = handle, sets, dict(sizes), 0
+
+
+@dataclass
+class DescriptorLease:
+    """Descriptor sets taken from one pool of a ``DescriptorArena`` (given back by ``DescriptorArena.free``)."""
+
+    pool: _DescriptorPool
+    sets: list[Any]
+
+
+class DescriptorArena:
+    """One model's descriptor sets, from a few large pools instead of a pool per layer.
+
+    Why: creating a pool, then its sets, cost 45 us a layer on lavapipe (38 layers of squeezenet1_1 a cold
+    load) under the GIL the loader threads share. The arena counts what each pool has left itself: a driver
+    may let an over-full pool allocate (the spec allows either), which would be undefined. A freed set's
+    descriptors are not counted back (the pool may be fragmented): a pool goes once all its sets are freed."""
+
+    SETS = 256
+    PER_TYPE = 1024
+
+    def __init__(self, dev: VulkanDevice) -> None:
+        self.dev = dev
+        self._lock = threading.Lock()  # a pool's allocations are externally synchronised
+        self._pools: list[_DescriptorPool] = []
+
+    def allocate(self, layouts: Sequence[Any], counts: Mapping[int, int]) -> DescriptorLease:
+        """A set per layout of ``layouts``, which together hold ``counts`` (descriptor type -> descriptors)."""
+        n = len(layouts)
+        with self._lock:
+            pool = next((p for p in reversed(self._pools) if p.sets_left >= n
+                         and all(p.left.get(t, 0) >= c for t, c in counts.items())), None)
+            if pool is None:
+                types = {descriptor_type(k) for k in ("buffer", "texel", "image")} | set(counts)
+                sizes = {t: max(self.PER_TYPE, counts.get(t, 0)) for t in sorted(types)}
+                handle = raw.create_descriptor_pool(self.dev.device, list(sizes.items()), max(self.SETS, n),
+                                                    free_sets=True)
+                pool = _DescriptorPool(handle, max(self.SETS, n), sizes)
+                self._pools.append(pool)
+            sets = raw.allocate_descriptor_sets(self.dev.device, pool.handle, layouts)
+            pool.sets_left -= n
+            for t, c in counts.items():
+                pool.left[t] -= c
+            pool.live += n
+        return DescriptorLease(pool, sets)
+
+    def free(self, lease: DescriptorLease) -> None:
+        with self._lock:
+            pool = lease.pool
+            if pool not in self._pools:
+                return
+            pool.live -= len(lease.sets)
+            if pool.live <= 0:
+                raw.destroy_descriptor_pool(self.dev.device, pool.handle)
+                self._pools.remove(pool)
+            else:
+                raw.free_descriptor_sets(self.dev.device, pool.handle, lease.sets)
+            lease.sets = []
+
+    def destroy(self) -> None:
+        with self._lock:
+            for p in self._pools:
+                raw.destroy_descriptor_pool(self.dev.device, p.handle)
+            self._pools = []
+
+    @property
+    def pools(self) -> int:
+        return len(self._pools)
+
+
+def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any],
+                     arena: DescriptorArena) -> DescriptorLease | None:
+    """A descriptor set per dispatch of ``bound`` from ``arena``, written in one update call (texel views it
+    creates are appended to ``views``). None when ``bound`` is empty."""
     if not bound:
         return None
     d = dev.device
     kinds = [b.pipeline.module.manifest.kinds for b in bound]
-    counts: dict[str, int] = {}
+    counts: dict[int, int] = {}
     for ks in kinds:
         for kd in ks:
-            counts[kd] = counts.get(kd, 0) + 1
-    sizes = [(descriptor_type(kd), n) for kd, n in sorted(counts.items())] or \
-        [(vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1)]
-    pool = raw.create_descriptor_pool(d, sizes, len(bound))
-    sets = raw.allocate_descriptor_sets(d, pool, [b.pipeline.set_layout for b in bound])
+            t = descriptor_type(kd)
+            counts[t] = counts.get(t, 0) + 1
+    lease = arena.allocate([b.pipeline.set_layout for b in bound], counts)
+    sets = lease.sets
     writes: list[raw.Write] = []
     for b, ks, s in zip(bound, kinds, sets):
         b.dset = s
@@ -321,7 +397,7 @@ def bind_descriptors(dev: VulkanDevice, bound: Sequence[Bound], views: list[Any]
                                None))
             i = j
     raw.update_descriptor_sets(d, writes)
-    return pool
+    return lease
 
 
 # ------------------------------------------------------------------------------------ recording
@@ -370,8 +446,10 @@ class Recorder:
         ov = self._overlaps
         if (any(ov(r, self._pend_w, skip) for r in reads)
                 or any(ov(w, self._pend_w, skip) or ov(w, self._pend_r, skip) for w in writes)):
-            # a pure write-after-read needs only the execution dependency the stage masks give (no range)
-            raw.cmd_buffer_barrier(cb, [(r.buffer, o, n) for r, o, n in merge_ranges([w[:3] for w in self._pend_w])])
+            # one global memory barrier, not per-range buffer barriers: the same order (a superset of the
+            # ranges), what NVIDIA's and Mesa's drivers do with buffer barriers anyway, and one prebuilt struct
+            # where the ranges' merge and structs cost ~15 us a barrier (nearly every dispatch of a CNN has one)
+            raw.cmd_memory_barrier(cb)
             self.barriers += 1
             self._pend_w, self._pend_r = [], []
         self._pend_r += [(*r, tag) for r in reads]

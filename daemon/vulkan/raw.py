@@ -35,12 +35,16 @@ def check(result: int) -> None:
         raise vk.exception_codes[result]
 
 
-def create_descriptor_pool(device: Any, sizes: Sequence[tuple[int, int]], max_sets: int) -> Any:
-    """A descriptor pool for ``max_sets`` sets holding ``sizes`` ((descriptor type, count), ...)."""
+def create_descriptor_pool(device: Any, sizes: Sequence[tuple[int, int]], max_sets: int,
+                           free_sets: bool = False) -> Any:
+    """A descriptor pool for ``max_sets`` sets holding ``sizes`` ((descriptor type, count), ...); ``free_sets``:
+    sets can be given back one by one (``free_descriptor_sets``)."""
     ps = ffi.new("VkDescriptorPoolSize[]", list(sizes))
     info = ffi.new("VkDescriptorPoolCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
                                                     "maxSets": max_sets, "poolSizeCount": len(sizes),
-                                                    "pPoolSizes": ps})
+                                                    "pPoolSizes": ps,
+                                                    "flags": vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT
+                                                    if free_sets else 0})
     out = ffi.new("VkDescriptorPool*")
     check(lib.vkCreateDescriptorPool(device, info, NULL, out))
     return out[0]
@@ -58,12 +62,28 @@ def allocate_descriptor_sets(device: Any, pool: Any, layouts: Sequence[Any]) -> 
     return [ffi.new("VkDescriptorSet[1]", [sets[i]]) for i in range(n)]
 
 
+def free_descriptor_sets(device: Any, pool: Any, sets: Sequence[Any]) -> None:
+    """Give ``sets`` (one-element arrays, as ``allocate_descriptor_sets`` returns them) back to ``pool``
+    (created with ``VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT``)."""
+    if sets:
+        check(lib.vkFreeDescriptorSets(device, pool, len(sets), ffi.new("VkDescriptorSet[]", [s[0] for s in sets])))
+
+
+def destroy_descriptor_pool(device: Any, pool: Any) -> None:
+    lib.vkDestroyDescriptorPool(device, pool, NULL)
+
+
 def create_buffer_view(device: Any, buffer: Any, fmt: int, offset: int, nbytes: int) -> Any:
     info = ffi.new("VkBufferViewCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO,
                                                 "buffer": buffer, "format": fmt, "offset": offset, "range": nbytes})
     out = ffi.new("VkBufferView*")
     check(lib.vkCreateBufferView(device, info, NULL, out))
     return out[0]
+
+
+def destroy_buffer_views(device: Any, views: Sequence[Any]) -> None:
+    for v in views:
+        lib.vkDestroyBufferView(device, v, NULL)
 
 
 #: one descriptor write: (set (a one-element array), first binding, descriptor type, buffer ranges
@@ -107,11 +127,15 @@ def cmd_dispatch(cb: Any, layout: Any, dset: Any, push: Any, push_size: int, gro
     lib.vkCmdDispatch(cb, groups[0], groups[1], groups[2])
 
 
+_MEMORY_BARRIER: list[Any] = []  # the one struct every call passes (read-only once made)
+
+
 def cmd_memory_barrier(cb: Any) -> None:
     """Every shader write before this, visible to every shader read and write after it."""
-    m = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": _SW,
-                                      "dstAccessMask": _SR | _SW})
-    lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 1, m, 0, NULL, 0, NULL)
+    if not _MEMORY_BARRIER:
+        _MEMORY_BARRIER.append(ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                                            "srcAccessMask": _SW, "dstAccessMask": _SR | _SW}))
+    lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 1, _MEMORY_BARRIER[0], 0, NULL, 0, NULL)
 
 
 def cmd_buffer_barrier(cb: Any, ranges: Sequence[tuple[Any, int, int]]) -> None:

@@ -26,7 +26,15 @@ if [ $VK_OK = 0 ]; then
   ls -la /usr/local/nvidia /usr/local/nvidia/lib64 2>&1 | head -20; ldconfig -p | grep -i "nvidia\|vulkan" | head
   VK_LOADER_DEBUG=error,driver python3 -c "from inferd.vulkan.device import get_device; get_device()" 2>&1 | head -30
 else
-  t=$(date +%s); python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || tail -20 /tmp/build.log
-  echo "native build $(( $(date +%s) - t )) s"; cp daemon/_native*.so .gl/base/daemon/
+  # the extension built here and carried (.gl/native, abi3 and runtime-dispatched: no CPU flags of this
+  # host) saves the 80-120 s build; built here when it is absent or does not load
+  if [ -f .gl/native/_native.abi3.so ] && cp .gl/native/_native.abi3.so daemon/ \
+      && python3 -c "import sys, inferd.native as n; sys.exit(not n.AVAILABLE)" 2>/dev/null; then
+    echo "native: carried build"
+  else
+    t=$(date +%s); python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || tail -20 /tmp/build.log
+    echo "native build $(( $(date +%s) - t )) s"
+  fi
+  mkdir -p .gl/base/daemon; cp daemon/_native*.so .gl/base/daemon/
 fi
 export VK_OK  # (scripts run with bash read it)
