@@ -31,7 +31,6 @@ from .pipeline_cache import PipelineCacheWarning, check_file, make_header
 from .shaders import Defines, default_cache_dir, shader_set_hash
 
 
-
 class VulkanDevice(Protocol):
     """What this module reads of a device (``inferd.vulkan.device`` imports this module: no import back)."""
     vendor_id: int
