@@ -27,7 +27,6 @@ if vk is not None:  # (no loader: the backend is unavailable and nothing here is
     _COMPUTE_STAGE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
     _SHADER_STAGE = vk.VK_SHADER_STAGE_COMPUTE_BIT
     _SW, _SR = vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT
-    _IGNORED = vk.VK_QUEUE_FAMILY_IGNORED
 
 
 def check(result: int) -> None:
@@ -136,19 +135,6 @@ def cmd_memory_barrier(cb: Any) -> None:
         _MEMORY_BARRIER.append(ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                                                             "srcAccessMask": _SW, "dstAccessMask": _SR | _SW}))
     lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 1, _MEMORY_BARRIER[0], 0, NULL, 0, NULL)
-
-
-def cmd_buffer_barrier(cb: Any, ranges: Sequence[tuple[Any, int, int]]) -> None:
-    """Shader writes to ``ranges`` ((buffer, offset, bytes), ...) before, visible to shader reads and writes
-    after; with no range, only the execution dependency the stage masks give."""
-    if ranges:
-        bars = ffi.new("VkBufferMemoryBarrier[]", [
-            {"sType": vk.VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER, "srcAccessMask": _SW, "dstAccessMask": _SR | _SW,
-             "srcQueueFamilyIndex": _IGNORED, "dstQueueFamilyIndex": _IGNORED, "buffer": b, "offset": o, "size": n}
-            for b, o, n in ranges])
-        lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 0, NULL, len(ranges), bars, 0, NULL)
-    else:
-        lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 0, NULL, 0, NULL, 0, NULL)
 
 
 def allocate_command_buffer(device: Any, pool: Any, one_time: bool = True) -> Any:
