@@ -28,13 +28,13 @@ import msgpack
 
 from ..fileio import atomic_write
 from .pipeline_cache import PipelineCacheWarning, check_file, make_header
+from .pipeline_cache import VulkanDevice as CacheDevice
 from .shaders import Defines, default_cache_dir, shader_set_hash
 
 
-class VulkanDevice(Protocol):
-    """What this module reads of a device (``inferd.vulkan.device`` imports this module: no import back)."""
-    vendor_id: int
-    device_id: int
+class VulkanDevice(CacheDevice, Protocol):
+    """What this module reads of a device (``inferd.vulkan.device`` imports this module: no import back):
+    the pipeline cache's header fields, which the list's header shares, and these."""
     closed: bool
     stats: dict[str, Any]
     pipeline_list: "PipelineList"

@@ -3,7 +3,8 @@
 # libraries NVIDIA's ICD needs (without libglvnd0/libglx0 the loader finds libGLX_nvidia.so.0 but cannot get its
 # vkCreateInstance: VkErrorIncompatibleDriver), glslangValidator, the wheels the device image lacks (for its
 # Python 3.12), the set-up script, and optionally a baseline tree for A/B runs (BASE=<commit>).
-# Run from the repo root on this machine (after a build of the native extension here); then pass carry=[".gl"] and begin the command with `source .gl/run.sh`.
+# Run from the repo root on this machine (after a build of the native extension here); then pass carry=[".gl"]
+# and begin the command with `source .gl/run.sh`.
 set -eu
 mkdir -p .gl/bin .gl/wheels /tmp/amd64/partial
 o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
