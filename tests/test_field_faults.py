@@ -287,6 +287,51 @@ def test_device_faults_on_lavapipe_with_cpu_fallback(tmp: Path, ref: dict[str, A
 
 
 @pytest.mark.skipif(not _vulkan(), reason="no Vulkan device")
+def test_a_recreated_device_makes_the_listed_pipelines_resident_again(tmp: Path, ref: dict[str, Any]) -> None:
+    """After a fault recreated the Vulkan device, the daemon creates the listed pipelines on the new one too: a
+    model the recovery did not reload (mlp_small, served by an earlier daemon) then loads creating none."""
+    inferd.zoo.write_zoo(tmp / "m", ["mlp_small"])
+    shutil.copy(ref["src"], tmp / "m" / "tiny.onnx")
+    env = {**_env(), "INFERD_CACHE_DIR": str(tmp / "c"), "MESA_SHADER_CACHE_DIR": str(tmp / "mesa"),
+           "INFERD_MEMORY_PRESSURE": "off", "INFERD_PRELOAD": "0"}
+    local = inferd.load(str(tmp / "m" / "mlp_small.onnx"), device="cpu")
+    feeds = {t.name: np.random.default_rng(1).standard_normal(t.shape).astype(np.float32) for t in local.inputs}
+    want = local.run(feeds)
+    local.close()
+    args = ("--cache-dir", str(tmp / "c"), "--fallback", "cpu")
+    # a first daemon serves both models: its device lists their pipelines in the cache directory
+    with DaemonProcess(f"ipc://{tmp}/p.sock", tmp / "m", *args, env={**env, "INFERD_RESIDENT_PIPELINES": "0"},
+                       device="vulkan", log_path=tmp / "p.log") as d, Client(d.endpoint, timeout=120) as c:
+        c.infer("tiny", ref["feeds"])
+        c.infer("mlp_small", feeds)
+    env.update(INFERD_FAULTS="backend.run:device_lost@1*1", INFERD_RESIDENT_PIPELINES="128")
+    with DaemonProcess(f"ipc://{tmp}/s.sock", tmp / "m", *args, env=env, device="vulkan",
+                       log_path=tmp / "s.log") as d, Client(d.endpoint, timeout=120) as c:
+        end = time.monotonic() + 60
+        while not ((c.status()["vulkan_pipelines"] or {}).get("at_start") or {}).get("created"):
+            assert time.monotonic() < end, c.status()["vulkan_pipelines"]
+            time.sleep(0.05)
+        # tiny's first run loses the device: it answers on the CPU, the device is recreated, tiny reloaded
+        np.testing.assert_allclose(c.infer("tiny", ref["feeds"])["output"], ref["want"], rtol=1e-4, atol=1e-5)
+        while True:
+            st = c.status()
+            vp = st["vulkan_pipelines"] or {}
+            if (st["models"]["tiny"]["recoveries"] >= 1 and not st["faults"]["recovering"]
+                    and "created" in (vp.get("after_recovery") or {})):
+                break
+            assert time.monotonic() < end, (st["models"]["tiny"], vp)
+            time.sleep(0.05)
+        assert st["faults"]["injected"]["backend.run:device_lost"] == 1
+        # the reload of tiny made its own pipelines; the others listed (mlp_small's) came from this
+        assert vp["after_recovery"]["created"] > 0 and vp["held"] == vp["listed"], vp
+        got = c.infer("mlp_small", feeds)
+        for k, v in want.items():
+            np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5)
+        m = c.status()["models"]["mlp_small"]
+        assert m["device"] == "vulkan" and m["cold"].get("pipelines_created") == 0, m
+
+
+@pytest.mark.skipif(not _vulkan(), reason="no Vulkan device")
 def test_out_of_device_memory_at_load_falls_back_and_names_the_bytes(tmp: Path, ref: dict[str, Any]) -> None:
     with _daemon(tmp, ref, "--fallback", "cpu", spec="vulkan.alloc:oom@1", device="vulkan") as d:
         with Client(d.endpoint, timeout=30) as c:
