@@ -155,8 +155,8 @@ typedef struct {
    took about as many instructions as its loads and FMAs): 3 -> 16..64 channels on 224x224, AVX2, one thread,
    0.87-0.89x the time. The pixel step stays a variable: as a constant (stride 2) GCC loaded each column once for
    the pixels and taps that share it and ran 1.1-1.2x the time; rows unrolled too 1.2x; 7x7 stems (resnets,
-   googlenet) 1.05x, so they keep NCHWC_TILE. The same sums in the same order: the same bits. AVX2 only so far
-   (the AVX-512 tables leave them NULL until timed there). */
+   googlenet) 1.05x, so they keep NCHWC_TILE. The same sums in the same order: the same bits. On AVX-512 for one
+   and two output blocks (see tiles_avx512_c1); a table's NULL entry: NCHWC_TILE. */
 #define NCHWC_STEM(NAME, ATTR, VT, VI, VW, PT, NB) NCHWC_TILE_K(NAME, ATTR, VT, VI, VW, PT, NB, 1, 3)
 
 /* A pointwise conv's full tile (1x1, stride 1: a flat row's pixels 16 floats apart, known here): no tap loops and
@@ -472,12 +472,27 @@ NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 3, 1)
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 4, 1)
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 5, 1)
 NCHWC_PT4(avx512_c1, AVX512, v16f, v16i, 16, 6, 1)
-static const tiles_t tiles_avx512_c1 = {{6, 6, 6, 6},
-                                        4,
-                                        {NCHWC_ROW(avx512_c1, 1), NCHWC_ROW(avx512_c1, 2), NCHWC_ROW(avx512_c1, 3),
-                                         NCHWC_ROW(avx512_c1, 4), NCHWC_ROW(avx512_c1, 5), NCHWC_ROW(avx512_c1, 6)},
-                                        {{NULL}},
-                                        {{NULL}}}; /* no stem tiles: not timed on an AVX-512 machine yet */
+NCHWC_PT2(avx512_c1, AVX512, v16f, v16i, 16, 7, 1)
+NCHWC_PT2(avx512_c1, AVX512, v16f, v16i, 16, 8, 1)
+NCHWC_PT2(avx512_c1, AVX512, v16f, v16i, 16, 9, 1)
+NCHWC_PT2(avx512_c1, AVX512, v16f, v16i, 16, 10, 1)
+NCHWC_PT2(avx512_c1, AVX512, v16f, v16i, 16, 11, 1)
+NCHWC_PT2(avx512_c1, AVX512, v16f, v16i, 16, 12, 1)
+NCHWC_STEM(s3_1_avx512, AVX512, v16f, v16i, 16, 12, 1)
+NCHWC_STEM(s3_2_avx512, AVX512, v16f, v16i, 16, 12, 2)
+/* As the blocked input's: 12 pixels for one or two output blocks (MobileNetV2's 32-channel stem: 24 accumulators
+   where 6 pixels left 12, a weight vector loaded per 6 FMAs), and the 3-wide stem tiles at that width. Zen 4, one
+   thread, in one process against the 6-pixel tiles: 3 -> 32 channels 3x3 s2 on 224x224 0.94x the time, 3 -> 24
+   0.93x, 3 -> 32 s1 on 112x112 0.94x; the stem tiles for three and four blocks (6 pixels) 1.01-1.03x, left out. */
+static const tiles_t tiles_avx512_c1 = {
+    {12, 12, 6, 6},
+    4,
+    {NCHWC_ROW(avx512_c1, 1), NCHWC_ROW(avx512_c1, 2), NCHWC_ROW(avx512_c1, 3), NCHWC_ROW(avx512_c1, 4),
+     NCHWC_ROW(avx512_c1, 5), NCHWC_ROW(avx512_c1, 6), NCHWC_ROW2(avx512_c1, 7), NCHWC_ROW2(avx512_c1, 8),
+     NCHWC_ROW2(avx512_c1, 9), NCHWC_ROW2(avx512_c1, 10), NCHWC_ROW2(avx512_c1, 11), NCHWC_ROW2(avx512_c1, 12)},
+    {{NULL}},
+    {{NULL}},
+    {s3_1_avx512, s3_2_avx512, NULL, NULL}};
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
@@ -691,7 +706,7 @@ static void conv_task(void* ctx, long long task)
                         if (pw && pt == wide)
                             pw[nb - 1](Jb, xr + (long long)iw0 * 16, ws, wst, yr + ow * 16, ys, bias,
                                        rr ? rr + ow * 16 : NULL, c0, c1);
-                        else if (st && pt == wide && kw1 - kw0 == J->KW)
+                        else if (st && st[nb - 1] && pt == wide && kw1 - kw0 == J->KW)
                             st[nb - 1](Jb, xr + iw0, ps, ws, wst, yr + ow * 16, ys, bias, rr ? rr + ow * 16 : NULL, kh0,
                                        kh1, kw0, kw1, c0, c1);
                         else

@@ -150,6 +150,11 @@ STEM_CASES = [
     # bottom rows' taps clipped
     (1, 3, 48, (11, 26), (3, 3), 2, [1, 1, 1, 1], 1, ("Gelu", (0.0,)), True),
     (1, 2, 16, (5, 14), (3, 3), 1, [1, 1, 1, 1], 1, None, False),
+    # AVX-512's 12-pixel stem tiles for one and two output blocks (12 columns inside the row), and its 7 to 11
+    # pixel tiles for an NCHW input (20 columns inside: two tiles of 10)
+    (1, 3, 16, (6, 14), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), False),
+    (1, 3, 32, (9, 27), (3, 3), 2, [1, 1, 1, 1], 1, ("Clip", (0.0, 6.0)), True),
+    (1, 3, 24, (7, 22), (3, 3), 1, [1, 1, 1, 1], 1, None, False),
 ]
 
 
