@@ -36,7 +36,7 @@ from .fileio import atomic_write
 from .ir import Graph, Node, Overlay, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
-from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, kernel_transforms
+from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, calibrated_roofline, kernel_transforms
 from .planner.layout import (LayoutPlan, absorb_transposes, apply_layout, fuse_l2_normalize, fuse_scale_gain,
                              plan_layout)
 from .planner.memory import MemoryPlan, memory_from_record, memory_record
@@ -279,8 +279,8 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
     from .runtime.scheduler import default_loaders
 
     gpu = bool(getattr(backend, "gpu", False))
-    rates = prof.rates if prof is not None else DeviceRates()
-    fallback: Any = RooflineCost(rates, gpu=gpu)
+    fallback: Any = (calibrated_roofline(prof, entries, gpu) if prof is not None
+                     else RooflineCost(DeviceRates(), gpu=gpu))
     if predictor is not None:
         from . import native
         from .predictor.cost import PredictedCost
@@ -696,7 +696,7 @@ def _repredict(plan: ColdPlan, entries: list[Any], prof: Profile, backend: Any) 
     """``plan``'s predicted cold latency under ``prof``'s costs (its own choices, same time model)."""
     from .planner.cold import simulate
 
-    cost = ProfiledCost(prof, RooflineCost(prof.rates, gpu=bool(backend.gpu)))
+    cost = ProfiledCost(prof, calibrated_roofline(prof, entries, bool(backend.gpu)))
     layers = cold_layers(entries, cost, gpu=bool(backend.gpu), cache=True)
     choice = []
     for lp, L in zip(plan.layers, layers):

@@ -277,3 +277,62 @@ def test_cold_runs_share_the_pool_fairly() -> None:
     # once both are queued, neither waits for the other to finish: runs interleave
     first_b = order.index("b")
     assert "a" in order[first_b:], order
+
+
+def _calibration_case():
+    import numpy as np
+
+    from inferd.ops.base import Kernel, single_node_layer
+    from inferd.planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, calibrated_roofline
+
+    class Fast(Kernel):
+        name = "fast"
+
+    class Slow(Kernel):
+        name = "slow"
+
+    rng = np.random.default_rng(0)
+    layers = [single_node_layer("Conv", [rng.standard_normal((1, c, 14, 14)).astype(np.float32),
+                                         rng.standard_normal((c, c, 1, 1)).astype(np.float32)],
+                                {"kernel_shape": [1, 1]}, name=f"c{i}") for i, c in enumerate((16, 32, 64, 128))]
+    rates = DeviceRates()
+    base = RooflineCost(rates, gpu=True)
+    # every layer's "fast" measured at 20x its roofline; "slow" at 3x on the first layer only
+    times = {(L.name, "fast", "exec"): 20 * base.cost(L, Fast(), "exec").seconds for L in layers}
+    times[(layers[0].name, "slow", "exec")] = 3 * base.cost(layers[0], Slow(), "exec").seconds
+    prof = Profile("vulkan", {}, rates, times)
+    entries = [(L, [Fast(), Slow()], Fast()) for L in layers]
+    return layers, Fast(), Slow(), base, prof, entries, calibrated_roofline, ProfiledCost
+
+
+def test_unmeasured_candidates_are_priced_like_the_measured_ones_beside_them() -> None:
+    """A profile that measured a kernel on some layers prices it elsewhere at the ratio it showed there (the bare
+    roofline put lavapipe's unmeasured 1x1 kernels at a tenth of the measured ones, and the cold plan took them);
+    a kernel measured nowhere gets the median ratio of all; the measured times themselves are kept."""
+    layers, fast, slow, base, prof, entries, calibrated_roofline, ProfiledCost = _calibration_case()
+    cal = calibrated_roofline(prof, entries, gpu=True)
+    cost = ProfiledCost(prof, cal)
+    for L in layers[1:]:
+        got = cost.cost(L, slow, "exec")
+        assert got.source == "roofline" and got.seconds == pytest.approx(3 * base.cost(L, slow, "exec").seconds)
+        assert cost.cost(L, fast, "exec").seconds == pytest.approx(prof.times[(L.name, "fast", "exec")])
+        # the cold-run phases scale alike
+        assert cal.cost(L, slow, "exec_cold").seconds == pytest.approx(3 * base.cost(L, slow, "exec_cold").seconds)
+
+    class Other(type(fast)):
+        name = "other"
+
+    # measured nowhere: the median of the five ratios (20, 20, 20, 20, 3)
+    want = 20 * base.cost(layers[2], Other(), "exec").seconds
+    assert cal.cost(layers[2], Other(), "exec").seconds == pytest.approx(want)
+    # reads, transforms and pipelines are not execution times: unscaled
+    assert cal.cost(layers[2], slow, "read_raw") == base.cost(layers[2], slow, "read_raw")
+
+
+def test_a_profile_without_execution_times_leaves_the_roofline_as_it_is() -> None:
+    layers, fast, slow, base, prof, entries, calibrated_roofline, _ = _calibration_case()
+    from inferd.planner.cost import Profile
+
+    empty = Profile("vulkan", {}, prof.rates, {(layers[0].name, "fast", "transform"): 1e-3})
+    cal = calibrated_roofline(empty, entries, gpu=True)
+    assert cal.exec_scale == {} and cal.cost(layers[1], slow, "exec") == base.cost(layers[1], slow, "exec")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -121,10 +121,12 @@ class CostModel(Protocol):
 
 @dataclass(frozen=True)
 class RooflineCost:
-    """FLOPs and bytes at the device's rates: the estimate every other source falls back to."""
+    """FLOPs and bytes at the device's rates: the estimate every other source falls back to. ``exec_scale``:
+    measured / roofline execution time by kernel name ("": any other kernel), from :func:`calibrated_roofline`."""
 
     rates: DeviceRates = field(default_factory=DeviceRates)
     gpu: bool = False
+    exec_scale: Mapping[str, float] = field(default_factory=dict, compare=False, hash=False)
 
     def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
         r = self.rates
@@ -146,6 +148,8 @@ class RooflineCost:
         elif phase in ("exec", "exec_first", "exec_cold"):
             s = max(layer_flops(layer) / r.flops, (io_nbytes(layer) + kernel.workspace_nbytes(layer)) / r.mem_bw)
             s += r.per_step_s
+            if self.exec_scale:
+                s *= self.exec_scale.get(kernel.name, self.exec_scale.get("", 1.0))
             if phase != "exec":
                 s *= 1.5  # first touch of outputs and workspaces
         else:
@@ -181,6 +185,30 @@ class Profile:
         for k, v in observed.items():
             t[k] = v if k not in t else (1 - weight) * t[k] + weight * v
         return Profile(self.backend, self.fingerprint, self.rates, t)
+
+
+def calibrated_roofline(profile: Profile, entries: Sequence[tuple[Any, ...]], gpu: bool = False) -> RooflineCost:
+    """The roofline at ``profile``'s rates, its execution times scaled to what the profile measured: per kernel
+    the median of measured / roofline over the layers ``entries`` ((layer, kernels, ...) per layer) measured with
+    it, the median over every kernel for kernels measured nowhere. Why: a profile measures each layer's default
+    kernel and the other candidates only while its time budget lasts, and the bare roofline prices the rest
+    far from the measured ones beside them: on lavapipe (a dispatch costs ~0.1-1 ms however small the layer)
+    squeezenet1_1's cold plan took unmeasured 1x1 kernels priced at 0.05-0.1 ms against measured ones at
+    0.7-1.8 ms, and its first run took 2-3x the warm one."""
+    base = RooflineCost(profile.rates, gpu=gpu)
+    ratios: dict[str, list[float]] = {}
+    for entry in entries:
+        layer, kernels = entry[0], entry[1]
+        for k in kernels:
+            v = profile.times.get((layer.name, k.name, "exec"))
+            if v is None or v <= 0:
+                continue
+            ratios.setdefault(k.name, []).append(float(v) / base.cost(layer, k, "exec").seconds)
+    if not ratios:
+        return base
+    scale = {name: float(np.median(r)) for name, r in ratios.items()}
+    scale[""] = float(np.median([x for r in ratios.values() for x in r]))
+    return RooflineCost(profile.rates, gpu=gpu, exec_scale=scale)
 
 
 @dataclass(frozen=True)
