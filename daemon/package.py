@@ -111,6 +111,11 @@ def fingerprint(device: str) -> dict[str, str]:
 
 #: constants up to this size travel inside plan.bin (one read at open); larger ones are the loader's
 INLINE_MAX = 16 << 10
+#: a layer whose cold run reads one kernel's transformed weights gets its warm kernel's stored too only up to this
+#: size: a larger one would be a second full copy of the layer (vgg16 fp16's classifier: raw, the cold kernel's and
+#: the warm kernel's, 196 MiB each: stored bytes 0.71x fp32's), and the warm switch transforms it from raw in idle
+#: time when the store lacks it (``ColdLoad.prepare_warm``)
+WARM_COPY_MAX_BYTES = 8 << 20
 
 
 def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: str = "cpu", batch: int = 1,
@@ -352,7 +357,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
             if lp.warm_kernel and by_name[lp.name][0].const_inputs:
                 layer = by_name[lp.name][0]
                 k = choose_kernel(layer, device, lp.warm_kernel)
-                if kernel_transforms(k):
+                second = lp.source == "transformed" and lp.warm_kernel != lp.kernel
+                if kernel_transforms(k) and not (second and k.transformed_nbytes(layer) > WARM_COPY_MAX_BYTES):
                     put_transformed(layer, lp.warm_kernel)
     write_plan(out / "plan.bin", {
         "engine_version": __version__, "model_sha256": sha, "source": src, "batch": batch, "device": device,

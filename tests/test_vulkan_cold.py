@@ -173,6 +173,47 @@ def test_warm_switch_moves_to_the_warm_kernels_and_keeps_the_answers(packages: d
         check(model, name, "after the warm switch, again")
 
 
+@pytest.mark.parametrize("limit", [0, 1 << 40])
+def test_a_large_warm_kernels_weights_are_not_stored_twice(limit: int, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer whose cold run reads one kernel's transformed weights and whose warm kernel is another: the warm
+    kernel's weights are stored too only up to ``WARM_COPY_MAX_BYTES`` (vgg16 fp16 stored its classifier three
+    times); without them the warm switch transforms from raw, to the same answers."""
+    import dataclasses
+
+    import inferd.package as pk
+    from inferd.store import WeightsStore
+
+    real = pk.plan_cold
+
+    def cold_on_gemm_reg(*a: Any, **k: Any) -> Any:  # every conv's cold run on vk_gemm_reg, read transformed
+        plan = real(*a, **k)
+        layers = [dataclasses.replace(lp, kernel="vk_gemm_reg", source="transformed",
+                                      warm_kernel=lp.warm_kernel or lp.kernel)
+                  if lp.op == "Conv" and (lp.warm_kernel or lp.kernel) != "vk_gemm_reg" else lp for lp in plan.layers]
+        return dataclasses.replace(plan, layers=tuple(layers))
+
+    monkeypatch.setattr(pk, "plan_cold", cold_on_gemm_reg)
+    monkeypatch.setattr(pk, "WARM_COPY_MAX_BYTES", limit)
+    name = "squeezenet1_1"
+    pkg = compile_model(ref(name)[0], tmp_path / "pkg", device="vulkan", profile=False)
+    monkeypatch.undo()
+    d = read_plan(pkg / "plan.bin")
+    switched = [r for r in d["plan"]["layers"] if r[7] and r[7] != r[3]]
+    assert switched
+    with WeightsStore(pkg / "weights.store") as st:
+        for r in switched:
+            assert any(True for _ in st.find(r[1], kernel=f"vulkan/{r[3]}", variant="transformed"))
+            warm_stored = any(True for _ in st.find(r[1], kernel=f"vulkan/{r[7]}", variant="transformed"))
+            assert warm_stored == (limit > 0), (r[1], r[7])
+    with inferd.load(pkg, device="vulkan") as model:
+        check(model, name, "first run on the cold kernels")
+        assert model.wait_warm(120)
+        assert model.cold_stats["warm_switch_layers"] == len(switched)
+        assert "warm_switch_error" not in model.cold_stats
+        check(model, name, "after the warm switch")
+
+
 def test_profiled_package_and_a_package_for_another_device(tmp_path: Path) -> None:
     """``compile`` profiles on this device (candidates, pipelines, GPU execution) and records its fingerprint; a
     package whose fingerprint is another device's is refused and rebuilt from its source, never used."""
