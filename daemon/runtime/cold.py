@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..backends.base import ColdBackend, WeightSource
-from ..fileio import VECTOR_ALIGN, aligned_bytes
+from ..fileio import VECTOR_ALIGN, empty_aligned
 from ..ops.base import Kernel, Layer, choose_kernel
 from ..planner.cost import kernel_transforms
 from ..planner.plan import ColdPlan
@@ -225,7 +225,7 @@ def _on_a_cache_line(a: Any) -> Any:
     anywhere (a package stores a large layer's warm weights only once: ``package.WARM_COPY_MAX_BYTES``)."""
     if not isinstance(a, np.ndarray) or a.nbytes < VECTOR_ALIGN or a.ctypes.data % VECTOR_ALIGN == 0:
         return a
-    out = aligned_bytes(a.nbytes, VECTOR_ALIGN).view(a.dtype).reshape(a.shape)
+    out = empty_aligned(a.shape, a.dtype)
     np.copyto(out, a)
     return out
 
