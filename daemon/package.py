@@ -284,14 +284,17 @@ def make_plan(backend: Any, entries: list[Any], prof: Profile | None, options: P
     from .runtime.scheduler import default_loaders
 
     gpu = bool(getattr(backend, "gpu", False))
-    fallback: Any = (calibrated_roofline(prof, entries, gpu) if prof is not None
-                     else RooflineCost(DeviceRates(), gpu=gpu))
+    fallback: Any
     if predictor is not None:
         from . import native
         from .predictor.cost import PredictedCost
 
         fallback = PredictedCost(predictor, threads=1 if gpu else native.num_threads(), constants=constants,
                                  rates=prof.rates if prof is not None else None)
+    elif prof is not None:
+        fallback = calibrated_roofline(prof, entries, gpu)
+    else:
+        fallback = RooflineCost(DeviceRates(), gpu=gpu)
     cost = ProfiledCost(prof, fallback) if prof is not None else fallback
     n = (min(default_loaders(), GPU_LOADERS) if gpu else default_loaders()) if loaders is None else int(loaders)
     # on the CPU the executor thread is one of the preparing threads (it prepares when it would idle)
