@@ -75,6 +75,17 @@ def empty_aligned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray
     return aligned_bytes(math.prod(shape) * dt.itemsize, VECTOR_ALIGN).view(dt).reshape(shape)
 
 
+def cache_aligned(a: Any) -> Any:
+    """``a``, or a copy of it that starts on a VECTOR_ALIGN boundary as the weights store's reads do: a kernel's
+    transform from raw weights returns small arrays (a bias cast or sliced from the raw one) that numpy started
+    anywhere in a cache line. Anything that is not an ndarray, or too small to matter, is returned as it is."""
+    if not isinstance(a, np.ndarray) or a.nbytes < VECTOR_ALIGN or a.ctypes.data % VECTOR_ALIGN == 0:
+        return a
+    out = empty_aligned(a.shape, a.dtype)
+    np.copyto(out, a)
+    return out
+
+
 #: transparent huge pages: their size, and the smallest array worth backing with them
 HUGE = 2 << 20
 

@@ -88,3 +88,11 @@ def test_packed_weights_start_on_a_cache_line(refs, tmp_path):
     bad = [(s.layer.name, k) for s in m._exec.steps if s is not None for k, a in s.params.items()
            if isinstance(a, np.ndarray) and a.nbytes >= 64 and a.ctypes.data % 64]
     assert not bad, bad
+    # and as transformed from the raw weights at a cold load (every layer read raw, no warm switch after it)
+    from inferd.planner.plan import PlanOptions
+
+    m = inferd.load(path, device="cpu", cache_dir=tmp_path, cold=PlanOptions(force_source="raw", warm_switch=False))
+    m.run({t.name: np.zeros(t.shape, np.float32) for t in m.inputs})
+    bad = [(s.layer.name, k) for s in m._exec.steps if s is not None for k, a in s.params.items()
+           if isinstance(a, np.ndarray) and a.nbytes >= 64 and a.ctypes.data % 64]
+    assert not bad, bad

@@ -16,7 +16,6 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..backends.base import ColdBackend, WeightSource
-from ..fileio import VECTOR_ALIGN, empty_aligned
 from ..ops.base import Kernel, Layer, choose_kernel
 from ..planner.cost import kernel_transforms
 from ..planner.plan import ColdPlan
@@ -213,21 +212,9 @@ class ColdLoad:
             else:
                 raw = self.weights.raw(layer)
                 params = k.transform(layer, raw) if kernel_transforms(k) else dict(raw)
-                params = {n: _on_a_cache_line(a) for n, a in params.items()}
                 self.weights.release_raw(layer)
             out.append((pos, k, params))
         return out
-
-
-def _on_a_cache_line(a: Any) -> Any:
-    """``a``, or a copy of it that starts on a cache line as the store's reads do: the vector kernels load 64-byte
-    vectors of their weights, and a transform's small arrays (a bias cast or sliced from the raw one) may start
-    anywhere (a package stores a large layer's warm weights only once: ``package.WARM_COPY_MAX_BYTES``)."""
-    if not isinstance(a, np.ndarray) or a.nbytes < VECTOR_ALIGN or a.ctypes.data % VECTOR_ALIGN == 0:
-        return a
-    out = empty_aligned(a.shape, a.dtype)
-    np.copyto(out, a)
-    return out
 
 
 def idle_worker() -> Worker:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import native
 from ..errors import InputError, ShapeError
-from ..fileio import VECTOR_ALIGN, aligned_bytes
+from ..fileio import VECTOR_ALIGN, aligned_bytes, cache_aligned
 from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
 from ..ops import control as _control
@@ -204,7 +204,11 @@ class CpuExecutor:
         # only output 0 shares the input's memory: a node with more outputs (Dropout's mask) must run
         alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in graph.constants
                      and len([o for o in layer.node.outputs if o]) == 1)
-        p = params if params is not None else k.transform(layer, raw if raw is not None else self._raw(layer))
+        if params is not None:
+            p = params
+        else:  # transformed here from raw: on cache lines, as the store's reads are (the kernels load 64-byte vectors)
+            p = k.transform(layer, raw if raw is not None else self._raw(layer))
+            p = {n: cache_aligned(a) for n, a in p.items()}
         ins = [None if (not n or n in graph.constants) else self.views[n] for n in layer.node.inputs]
         outs = [self.views[o] for o in layer.node.outputs if o]
         step = Step(layer, k, ins, outs, p, alias)
@@ -413,7 +417,8 @@ class CpuExecutor:
     def swap(self, pos: int, kernel: Kernel, params: dict[str, np.ndarray]) -> None:
         """Replace layer ``pos``'s kernel (the warm switch); the caller holds the model's run lock."""
         old = self.steps[pos]
-        self._build(pos, kernel, None, params)
+        # the warm switch's params: read from the store, or transformed from raw where the store has none
+        self._build(pos, kernel, None, {n: cache_aligned(a) for n, a in params.items()})
         self._shared.discard(pos)
         if old is not None:
             self.stats.kernels[old.kernel.name] = self.stats.kernels.get(old.kernel.name, 1) - 1
