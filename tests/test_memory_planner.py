@@ -163,3 +163,35 @@ def test_split_and_concat_in_place_match_onnxruntime():
         got = m.run(feeds)
         for name, r in zip(m.output_names, ref):
             np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_a_backend_narrows_the_placements_by_op_granule_and_dtype():
+    """The Vulkan arena places only parts that start and end on its alignment (a descriptor binds aligned
+    offsets only), of float32, of the ops its kernels skip in place; the CPU keeps every placement."""
+    from onnx import helper
+
+    nodes = [
+        helper.make_node("Split", ["x", "sizes"], ["s0", "s1", "s2"], axis=1),      # 16, 1, 15 channels
+        helper.make_node("Relu", ["s0"], ["a"]),
+        helper.make_node("Relu", ["s1"], ["b"]),
+        helper.make_node("Relu", ["s2"], ["c"]),
+        helper.make_node("Concat", ["a", "b", "c"], ["cat"], axis=1),
+        helper.make_node("Gather", ["cat", "gi"], ["g"], axis=1),
+        helper.make_node("Sigmoid", ["g"], ["y"]),
+    ]
+    model = _graph_model(nodes, [("x", [1, 32, 4, 4])], ["y"],
+                         [("sizes", np.array([16, 1, 15], np.int64)), ("gi", np.array(16, np.int64))])
+    g = import_model(model)
+    aliases = graph_buffers(g)[1]
+    every = slice_placements(g, aliases)
+    assert {"s0", "s1", "s2", "a", "b", "c", "g"} <= set(every)
+    # 64 bytes a channel: s0 / a (1024 bytes at 0) fit a 256-byte granule; s1 / b (64 bytes) end mid-granule,
+    # and s2 / c start off it; the Gather's channel 16 is at 1024 but 64 bytes long
+    narrow = slice_placements(g, aliases, granule=256)
+    assert set(narrow) == {"s0", "a"}
+    assert set(slice_placements(g, aliases, ops=("Concat",), granule=64)) == {"a", "b", "c"}
+    assert slice_placements(g, aliases, dtypes=(np.float16,)) == {}
+    plan = plan_graph_memory(g, 256, ops=("Split", "Concat"), granule=256)
+    assert plan.offset("s0") == plan.offset("x") and plan.offset("a") == plan.offset("cat")
+    assert plan.offset("b") not in range(plan.offset("cat"), plan.offset("cat") + g.infos["cat"].nbytes)
+    assert all(o % 256 == 0 for o in plan.offsets.values())

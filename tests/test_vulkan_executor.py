@@ -423,3 +423,81 @@ def test_bool_and_int64_tensors_flow_through_a_graph(device: Any) -> None:
     assert np.array_equal(out["c"], x > y) and out["c"].dtype == np.bool_
     assert np.array_equal(out["m"], np.maximum(x, y))
     assert out["a"].dtype == np.int64 and np.array_equal(out["a"], np.argmax(np.maximum(x, y), axis=1))
+
+
+def _copies(b: Any) -> dict[str, int]:
+    """Copy dispatches each layer records (``copy.comp``), by node name."""
+    out: dict[str, int] = {}
+    for p in b._prepared:
+        for bd in (p.bound if p is not None else ()):
+            if bd.dispatch.shader == "copy":
+                out[bd.layer.name] = out.get(bd.layer.name, 0) + 1
+    return out
+
+
+def _in_place_model() -> onnx.ModelProto:
+    w = _w(3, 32, 1, 1)
+    nodes = [
+        helper.make_node("Split", ["x", "sizes"], ["s0", "s1"], axis=1),           # 2 x (1, 16, 5, 5): 1600 bytes
+        helper.make_node("Sigmoid", ["s0"], ["a"]),
+        helper.make_node("Tanh", ["s1"], ["b"]),
+        helper.make_node("Concat", ["a", "b"], ["cat1"], axis=1),                  # both parts in place
+        helper.make_node("Conv", ["x", "w"], ["m"]),                               # (1, 3, 5, 5): 300 bytes
+        helper.make_node("Abs", ["x"], ["d"]),
+        helper.make_node("Concat", ["cat1", "m", "d"], ["cat2"], axis=1),          # cat1 in place; m, d copied
+        helper.make_node("Relu", ["cat2"], ["y"]),
+        helper.make_node("Exp", ["a"], ["z"]),                                     # reads a inside cat1 inside cat2
+    ]
+    graph = helper.make_graph(
+        nodes, "inplace", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 32, 5, 5])],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("y", "z")],
+        [numpy_helper.from_array(np.array([16, 16], np.int64), "sizes"), numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_concat_and_split_parts_in_place_record_no_copies_and_match_onnxruntime(device: Any, monkeypatch: Any) -> None:
+    """A Split's aligned parts are read where they lie and a Concat's aligned parts are written there by their
+    producers (nested too): their copy dispatches are left out. A part that would end mid-granule (300 bytes)
+    and every part after it (now off alignment) are copied; a placed part that another node also reads is read
+    in place. Validation layers (the fixture) would report a misaligned descriptor."""
+    from inferd.frontend import import_model
+    from inferd.vulkan import arena
+    from inferd.vulkan.model import VulkanModel
+    model = _in_place_model()
+    g = import_model(model)
+    names = {n.outputs[0]: n.name for n in g.nodes}
+    with VulkanModel(g, device) as m:
+        copies = _copies(m._b)
+        for _ in range(2):  # twice: the second run must not read the first one's leftovers as its answer
+            x = RNG.standard_normal((1, 32, 5, 5)).astype(F32)
+            ref = _ort(model, {"x": x})
+            out = m.run({"x": x})
+            assert _rel(out["y"], ref[0]) <= 1e-5 and _rel(out["z"], ref[1]) <= 1e-5
+        placed = m.load_stats["dispatches"]
+    assert names["s0"] not in copies and names["cat1"] not in copies
+    assert copies.get(names["cat2"]) == 2  # m (300 bytes) and d (after m: off alignment)
+    monkeypatch.setattr(arena, "SLICE_OPS", ())  # every part its own buffer: every copy recorded
+    with VulkanModel(g, device) as m:
+        assert _copies(m._b) == {names["s0"]: 2, names["cat1"]: 2, names["cat2"]: 3}
+        assert m.load_stats["dispatches"] == placed + 5
+        x = RNG.standard_normal((1, 32, 5, 5)).astype(F32)
+        assert _rel(m.run({"x": x})["y"], _ort(model, {"x": x})[0]) <= 1e-5
+
+
+def test_the_profile_prices_a_layer_whose_copies_are_all_in_place_at_nothing(device: Any) -> None:
+    """The cold planner reads the profile: a Concat or Split that records no dispatch costs no execution and no
+    pipeline; one that still copies a part (cat2) is measured like any other layer."""
+    from inferd.frontend import import_model
+    from inferd.planner.cost import DeviceRates
+    from inferd.vulkan.cold import VulkanColdBackend
+    g = import_model(_in_place_model())
+    names = {n.outputs[0]: n.name for n in g.nodes}
+    b = VulkanColdBackend(g, device=device)
+    try:
+        times = b.profile(b.candidates(), DeviceRates()).times
+    finally:
+        b.close()
+    for t in ("s0", "cat1"):
+        for phase in ("exec", "exec_first", "pipeline_empty", "pipeline_filled"):
+            assert times[(names[t], "vk_" + ("split" if t == "s0" else "concat"), phase)] == 0.0
+    assert (names["cat2"], "vk_concat", "exec") not in times  # one candidate, no weights: not profiled, priced

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ..ir import Graph, Node
 from ..ops.base import op_spec
 
@@ -121,7 +123,12 @@ def _norm_axis(axis: int, rank: int) -> int | None:
     return a if 0 <= a < rank else None
 
 
-def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tuple[str, int]]:
+#: the ops whose slices ``slice_placements`` may place (all of them by default)
+SLICE_OPS = ("Split", "Gather", "Concat")
+
+
+def slice_placements(graph: Graph, aliases: Mapping[str, str], ops: Sequence[str] = SLICE_OPS, granule: int = 1,
+                     dtypes: Sequence[Any] | None = None) -> dict[str, tuple[str, int]]:
     """Tensors that can live inside another tensor's buffer, as ``name -> (holder, byte offset in holder)``.
 
     Why: a channel Split copies every channel and a channel Concat copies them back (shufflenet's blocks,
@@ -131,9 +138,18 @@ def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tupl
     A Gather of one constant index on such an axis is a view the same way.
 
     A tensor is placed at most once (the first Split or Concat claiming it); graph inputs, outputs, constants
-    and view aliases are never placed, and neither is a tensor that two Concats (or one Concat twice) read."""
+    and view aliases are never placed, and neither is a tensor that two Concats (or one Concat twice) read.
+
+    A backend narrows it: ``ops`` (those whose kernels skip a part in place), ``granule`` (a placed tensor's
+    offset in its holder and its size are multiples of it: a GPU binds buffers at aligned offsets only, and a
+    part that ends mid-granule would share it with the next part's first elements), ``dtypes`` (of the
+    tensors placed; None: any)."""
     if graph.runtime_shaped:
         return {}
+    allowed = None if dtypes is None else {np.dtype(d) for d in dtypes}
+
+    def fits(info: Any, off: int) -> bool:
+        return off % granule == 0 and info.nbytes % granule == 0 and (allowed is None or info.dtype in allowed)
     outs = {t.name for t in graph.outputs}
     ins = {t.name for t in graph.inputs}
     concat_uses: dict[str, int] = {}
@@ -149,6 +165,8 @@ def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tupl
             and t not in place and t in graph.infos
 
     for node in graph.nodes:
+        if node.op not in ops:
+            continue
         if node.op == "Split" and node.inputs and node.inputs[0] and node.inputs[0] not in graph.constants:
             src = graph.infos.get(node.inputs[0])
             axis = None if src is None else _norm_axis(int(node.attr("axis", 0)), len(src.shape))
@@ -158,14 +176,14 @@ def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tupl
             for o in node.outputs:
                 if not o:
                     break  # an unnamed output: the later offsets are unknown here
-                if free(o) and graph.infos[o].dtype == src.dtype:
+                if free(o) and graph.infos[o].dtype == src.dtype and fits(graph.infos[o], off):
                     place[o] = (node.inputs[0], off)
                 off += graph.infos[o].nbytes
         elif node.op == "Gather" and len(node.inputs) > 1 and node.inputs[0] and node.outputs and \
                 node.inputs[0] not in graph.constants and free(node.outputs[0]):
             # one constant index on an axis led by size-1 axes: a contiguous slice (vit's q, k, v of one qkv)
             off = _gather_slice_offset(graph, node)
-            if off is not None:
+            if off is not None and fits(graph.infos[node.outputs[0]], off):
                 place[node.outputs[0]] = (node.inputs[0], off)
         elif node.op == "Concat" and node.outputs and node.outputs[0] in graph.infos:
             dst = graph.infos[node.outputs[0]]
@@ -179,7 +197,7 @@ def slice_placements(graph: Graph, aliases: Mapping[str, str]) -> dict[str, tupl
                 info = graph.infos.get(i)
                 if info is None:
                     break
-                if free(i) and concat_uses.get(i) == 1 and info.dtype == dst.dtype:
+                if free(i) and concat_uses.get(i) == 1 and info.dtype == dst.dtype and fits(info, off):
                     place[i] = (node.outputs[0], off)
                 off += info.nbytes
     return place
@@ -203,11 +221,15 @@ def _gather_slice_offset(graph: Graph, node: Node) -> int | None:
     return i * (src.nbytes // dim)
 
 
-def plan_graph_memory(graph: Graph, alignment: int = 64, slices: bool = True) -> MemoryPlan:
-    """Arena offsets for ``graph``'s activations. With ``slices``, the tensors ``slice_placements`` finds get no
-    buffer of their own: they sit inside their holder's, whose lifetime grows to cover theirs."""
+def plan_graph_memory(graph: Graph, alignment: int = 64, slices: bool = True, extra: Sequence[Buffer] = (),
+                      ops: Sequence[str] = SLICE_OPS, granule: int = 1, dtypes: Sequence[Any] | None = None
+                      ) -> MemoryPlan:
+    """Arena offsets for ``graph``'s activations and the ``extra`` buffers (a backend's per-layer workspaces).
+    With ``slices``, the tensors ``slice_placements`` finds (narrowed by ``ops``, ``granule`` and ``dtypes``) get
+    no buffer of their own: they sit inside their holder's, whose lifetime grows to cover theirs."""
     bufs, aliases = graph_buffers(graph)
-    place = slice_placements(graph, aliases) if slices else {}
+    bufs = [*bufs, *extra]
+    place = slice_placements(graph, aliases, ops, granule, dtypes) if slices else {}
 
     def home(t: str) -> tuple[str, int]:
         """The buffer that holds ``t`` and ``t``'s byte offset in it."""

@@ -3,7 +3,8 @@
 Two kinds of region:
   * activations: one allocation holding every activation tensor and every per-layer workspace,
     placed by ``inferd.planner.memory`` (greedy-by-size packing of lifetimes; a workspace is a buffer
-    live for its layer's one step; alias ops share their source's buffer) at offsets aligned to the
+    live for its layer's one step; alias ops share their source's buffer; a Concat's or Split's aligned
+    parts sit inside the whole tensor's buffer) at offsets aligned to the
     device's minStorageBufferOffsetAlignment (at least 64). Laid out before any layer is prepared,
     so a layer's workspace is the largest any of its candidate kernels needs;
   * weights: per layer one range, its transformed constants bump-placed at 256-byte offsets, taken
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..ir import Graph
-from ..planner.memory import Buffer, MemoryPlan, align_up, graph_buffers, pack
+from ..planner.memory import Buffer, MemoryPlan, align_up, plan_graph_memory
 from .kernel import ALIGN
 
 
@@ -25,16 +28,22 @@ def workspace_name(layer_name: str) -> str:
     return f"{layer_name}#ws"
 
 
-def plan_activations(graph: Graph, workspaces: Sequence[tuple[int, str, int]], alignment: int) -> MemoryPlan:
+#: the ops whose parts the Vulkan arena places in their holder: their kernels are strided copies
+#: (``tensor_vulkan.VkConcat``, ``VkSplit``), which the executor leaves out where a part is already in place
+#: (``executor.copy_in_place``); squeezenet's eight fire-module Concats were a fifth of its warm time on lavapipe
+SLICE_OPS = ("Split", "Concat")
+
+
+def plan_activations(graph: Graph, workspaces: Sequence[tuple[int, str, int]], alignment: int,
+                     slices: bool = True) -> MemoryPlan:
     """Activation layout of ``graph`` (constants already folded in, nodes in execution order).
 
-    ``workspaces``: (step, layer name, bytes) per layer needing scratch."""
-    bufs, aliases = graph_buffers(graph)
-    for step, name, nbytes in workspaces:
-        if nbytes:
-            bufs.append(Buffer(workspace_name(name), nbytes, step, step))
-    offsets, total = pack(bufs, alignment)
-    return MemoryPlan(offsets, {b.name: b.size for b in bufs}, total, alignment, aliases)
+    ``workspaces``: (step, layer name, bytes) per layer needing scratch. ``slices``: a channel Concat's parts
+    written by their producers straight into its output, a Split's parts read where they lie
+    (``planner.memory.slice_placements``), where the parts are float32 and start and end on ``alignment``
+    (a descriptor's offset must be aligned; a kernel may write whole vec4 at its output's end)."""
+    ws = [Buffer(workspace_name(name), nbytes, step, step) for step, name, nbytes in workspaces if nbytes]
+    return plan_graph_memory(graph, alignment, slices, ws, SLICE_OPS, alignment, (np.float32,))
 
 
 def place_weights(params: Sequence[tuple[str, int]]) -> tuple[dict[str, int], int]:

@@ -40,7 +40,7 @@ from . import raw
 from .arena import place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, DescriptorArena, DescriptorLease, HostIO, Locate, Recorder, _import_kernels,
-                       bind_descriptors, fold_constants, resolve_binding, select_nodes)
+                       bind_descriptors, copy_in_place, fold_constants, resolve_binding, select_nodes)
 from .kernel import HFP_ATTR, WFP_ATTR, Caps, Dispatch, VulkanKernel, int_dot_level, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
 from .slabs import WeightSlabs
@@ -349,7 +349,7 @@ class VulkanColdBackend:
             t0 = T()
             params = dict(arrays) if lp.source == "transformed" else kernel.transform(slot.layer, self._raw(slot, arrays))
             transform_s = T() - t0
-            dispatches = split_rows(kernel.dispatches(slot.layer, params, self.caps), self.caps)
+            dispatches = self._dispatches(slot, kernel, params)[0]
             t0 = T()
             pipes = self._pipelines(dispatches)
             pipeline_s = T() - t0
@@ -503,7 +503,7 @@ class VulkanColdBackend:
             raise KernelError(f"layer {slot.node.name!r}: cannot switch to {kernel!r}")
         with self._lock:
             self._check_open()
-            dispatches = split_rows(kernel.dispatches(slot.layer, params, self.caps), self.caps)
+            dispatches = self._dispatches(slot, kernel, params)[0]
             new = self._place(slot, kernel, dict(params), dispatches, self._pipelines(dispatches))
             self.device.wait_fence(self._fence)
             old, self._prepared[pos] = self._prepared[pos], new
@@ -606,7 +606,48 @@ class VulkanColdBackend:
         if per_layer:
             rates = replace(rates, pipeline_empty_s=float(np.mean([e for e, _ in per_layer])),
                             pipeline_filled_s=float(np.mean([f for _, f in per_layer])))
+        for slot in self._slots:
+            if self._moves_nothing(slot):  # what it costs in the model (not in a scratch region): nothing
+                for phase in ("exec", "exec_first", "pipeline_empty", "pipeline_filled"):
+                    times[(slot.layer.name, slot.default.name, phase)] = 0.0
         return Profile("vulkan", self.fingerprint(), rates, times)
+
+    def _dispatches(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray]
+                    ) -> tuple[list[Dispatch], int]:
+        """``kernel``'s dispatches of ``slot`` in this model's arena, without the copies of a range onto itself
+        (``executor.copy_in_place``: a Concat's or Split's part the memory plan put in place; no pipeline, no
+        descriptor set, no barrier for them), and how many went."""
+        ds = split_rows(kernel.dispatches(slot.layer, params, self.caps), self.caps)
+        node, consts, plan = slot.layer.node, self._consts, self.plan
+        keep = []
+        for d in ds:
+            if d.shader == "copy":
+                try:
+                    names = [(node.inputs if r.kind == "in" else node.outputs)[r.key] if r.kind in ("in", "out")
+                             else "" for r in d.bindings]
+                    ranges = [(self.act_region, plan.offset(n) + r.offset, 0) for n, r in zip(names, d.bindings)
+                              if n and n not in consts]
+                except (KeyError, IndexError, TypeError):  # a binding the arena does not hold: not in place
+                    ranges = []
+                if len(ranges) == len(d.bindings) and copy_in_place(d, ranges):
+                    continue
+            keep.append(d)
+        return keep, len(ds) - len(keep)
+
+    def _moves_nothing(self, slot: _Slot) -> bool:
+        """Whether ``slot``'s only kernel records no dispatch here (every one a copy in place): the planner must
+        not charge it a copy's execution or pipeline (the roofline scaled by other kernels' dispatches priced
+        squeezenet1_1's eight in-place Concats at 1.5-9.6 ms each on lavapipe)."""
+        k = slot.default
+        if slot.kind != "kernel" or len(slot.kernels) != 1 or not isinstance(k, VulkanKernel):
+            return False
+        try:
+            if k.transformed_nbytes(slot.layer):  # weights on the device: not a plain copy
+                return False
+            keep, gone = self._dispatches(slot, k, k.transform(slot.layer, self._raw(slot, {})))
+        except Exception:  # a kernel that cannot say: it is priced as it runs
+            return False
+        return not keep and gone > 0
 
     # ------------------------------------------------------------------ what VulkanModel and tools read
     def prepare_all(self) -> None:
@@ -639,14 +680,14 @@ class VulkanColdBackend:
                 pk = p.kernel
                 if pk.transform_key(donor_layer) == pk.transform_key(s.layer):
                     kern = self._kernel(s, pk.name)
-                    ds = split_rows(kern.dispatches(s.layer, p.meta, self.caps), self.caps)
+                    ds = self._dispatches(s, kern, p.meta)[0]
                     todo.append((s, kern, p.meta, ds, p.origin or p))
                     shared += 1
                     continue
             assert isinstance(s.default, VulkanKernel)
             params = s.default.transform(s.layer, self._raw(s, {}))
             forget_raw(self._consts, s.layer)
-            ds = split_rows(s.default.dispatches(s.layer, params, self.caps), self.caps)
+            ds = self._dispatches(s, s.default, params)[0]
             todo.append((s, s.default, params, ds, None))
         st["transform_s"] = T() - t
         t = T()

@@ -274,6 +274,18 @@ def resolve_binding(dev: VulkanDevice, layer: Layer, kernel: VulkanKernel, ref: 
     return region, off, size
 
 
+def copy_in_place(d: Dispatch, ranges: Sequence[tuple[Region, int, int]]) -> bool:
+    """Whether ``d`` is a strided copy (``copy.comp``, bindings source then destination) of a range onto
+    itself: the memory plan put a Concat's part where its producer writes it, or a Split's part where it lies
+    in its input (``arena.plan_activations``). Such a dispatch is left out: it would move nothing."""
+    if d.shader != "copy" or d.defines.get("Q8") or len(ranges) != 2:
+        return False
+    (rs, os_, _), (rd, od, _) = ranges
+    p = d.push
+    # 32-bit elements on both sides, the same strides: every element is copied to where it already is
+    return rs is rd and tuple(p["ss"]) == tuple(p["ds"]) and os_ + 4 * int(p["sbase"]) == od + 4 * int(p["dbase"])
+
+
 def texel_view(dev: VulkanDevice, r: Region, off: int, size: int, half: bool = False) -> Any:
     """An RGBA32F view of a bound range (RGBA16F with ``half``: fp16 weights) in whole texels (a trailing
     partial texel is included when the region extends that far, else dropped; kernels never use the bytes
