@@ -1,6 +1,8 @@
 """Build glue: package discovery under the fixed layout and the native (cffi) extension."""
 import os
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -9,15 +11,26 @@ from setuptools.command.build_py import build_py
 
 
 class BuildWithShaders(build_py):
-    """Ship the top-level shaders/ inside the package (inferd/_shaders) for non-editable installs."""
+    """Ship the top-level shaders/ inside the package (inferd/_shaders) for non-editable installs, and the SPIR-V
+    of the variants shaders/shipped.txt lists (inferd/_spirv, inferd.vulkan.precompile), so that a first start
+    runs no GLSL compiler. A build that cannot precompile (no glslangValidator, no numpy in an isolated build
+    environment) ships the sources alone: the variants then compile at first use, as in an editable install."""
 
     def run(self) -> None:
         super().run()
-        dst = Path(self.build_lib) / "inferd" / "_shaders"
+        pkg = Path(self.build_lib) / "inferd"
+        dst = pkg / "_shaders"
         dst.mkdir(parents=True, exist_ok=True)
         for f in Path("shaders").iterdir():
-            if f.suffix in (".comp", ".glsl"):
+            if f.suffix in (".comp", ".glsl") or f.name == "shipped.txt":
                 shutil.copy2(f, dst / f.name)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(Path(self.build_lib).resolve()),
+                                                                        os.environ.get("PYTHONPATH")])),
+                   INFERD_SHADER_DIR=str(dst.resolve()))
+        r = subprocess.run([sys.executable, "-m", "inferd.vulkan.precompile", "--out", str((pkg / "_spirv").resolve())],
+                           env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"warning: no SPIR-V shipped (variants compile at first use): {(r.stderr or r.stdout).strip()[-300:]}")
 
 
 def _compile_in_parallel() -> None:
