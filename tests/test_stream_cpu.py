@@ -378,6 +378,10 @@ def test_loader_threads_are_kept_across_runs_and_end_with_the_executor(work):
     for close in (True, False):
         ex = StreamingExecutor(graph, store, need, read="bypass")
         ex.run(feeds)
+        # a loader names itself once it runs (native/stream.c): on a loaded machine one may not have run yet
+        deadline = time.monotonic() + 5
+        while len(_loader_tids() - before) < ex.bypass_readers and time.monotonic() < deadline:
+            time.sleep(0.01)
         first = _loader_tids() - before
         assert len(first) == ex.bypass_readers
         for _ in range(3):
