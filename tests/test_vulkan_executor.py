@@ -447,17 +447,25 @@ def _in_place_model() -> onnx.ModelProto:
         helper.make_node("Concat", ["cat1", "m", "d"], ["cat2"], axis=1),          # cat1 in place; m, d copied
         helper.make_node("Relu", ["cat2"], ["y"]),
         helper.make_node("Exp", ["a"], ["z"]),                                     # reads a inside cat1 inside cat2
+        helper.make_node("Reshape", ["x", "shp"], ["xr"]),                         # (2, 16, 5, 5): an alias of x
+        helper.make_node("Gather", ["xr", "one"], ["q"], axis=0),                  # x's second half, in place
+        helper.make_node("Gather", ["xr", "two"], ["r"], axis=1),                  # (2, 5, 5): strided, copied
+        helper.make_node("Sigmoid", ["q"], ["u"]),
+        helper.make_node("Neg", ["r"], ["v"]),
     ]
     graph = helper.make_graph(
         nodes, "inplace", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 32, 5, 5])],
-        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("y", "z")],
-        [numpy_helper.from_array(np.array([16, 16], np.int64), "sizes"), numpy_helper.from_array(w, "w")])
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in ("y", "z", "u", "v")],
+        [numpy_helper.from_array(np.array([16, 16], np.int64), "sizes"), numpy_helper.from_array(w, "w"),
+         numpy_helper.from_array(np.array([2, 16, 5, 5], np.int64), "shp"),
+         numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array(2, np.int64), "two")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_concat_and_split_parts_in_place_record_no_copies_and_match_onnxruntime(device: Any, monkeypatch: Any) -> None:
-    """A Split's aligned parts are read where they lie and a Concat's aligned parts are written there by their
-    producers (nested too): their copy dispatches are left out. A part that would end mid-granule (300 bytes)
+    """A Split's aligned parts and a one-index Gather's output (x's second half, through a Reshape) are read where
+    they lie, and a Concat's aligned parts are written there by their producers (nested too): their copy dispatches
+    are left out; a Gather of a strided slice is copied. A part that would end mid-granule (300 bytes)
     and every part after it (now off alignment) are copied; a placed part that another node also reads is read
     in place. Validation layers (the fixture) would report a misaligned descriptor."""
     from inferd.frontend import import_model
@@ -472,14 +480,16 @@ def test_concat_and_split_parts_in_place_record_no_copies_and_match_onnxruntime(
             x = RNG.standard_normal((1, 32, 5, 5)).astype(F32)
             ref = _ort(model, {"x": x})
             out = m.run({"x": x})
-            assert _rel(out["y"], ref[0]) <= 1e-5 and _rel(out["z"], ref[1]) <= 1e-5
+            for k, r in zip(("y", "z", "u", "v"), ref):
+                assert _rel(out[k], r) <= 1e-5, k
         placed = m.load_stats["dispatches"]
-    assert names["s0"] not in copies and names["cat1"] not in copies
+    assert names["s0"] not in copies and names["cat1"] not in copies and names["q"] not in copies
     assert copies.get(names["cat2"]) == 2  # m (300 bytes) and d (after m: off alignment)
+    assert copies.get(names["r"]) == 1  # a strided slice: no placement, a copy
     monkeypatch.setattr(arena, "SLICE_OPS", ())  # every part its own buffer: every copy recorded
     with VulkanModel(g, device) as m:
-        assert _copies(m._b) == {names["s0"]: 2, names["cat1"]: 2, names["cat2"]: 3}
-        assert m.load_stats["dispatches"] == placed + 5
+        assert _copies(m._b) == {names["s0"]: 2, names["cat1"]: 2, names["cat2"]: 3, names["q"]: 1, names["r"]: 1}
+        assert m.load_stats["dispatches"] == placed + 6
         x = RNG.standard_normal((1, 32, 5, 5)).astype(F32)
         assert _rel(m.run({"x": x})["y"], _ort(model, {"x": x})[0]) <= 1e-5
 
@@ -497,7 +507,8 @@ def test_the_profile_prices_a_layer_whose_copies_are_all_in_place_at_nothing(dev
         times = b.profile(b.candidates(), DeviceRates()).times
     finally:
         b.close()
-    for t in ("s0", "cat1"):
+    for t, k in (("s0", "vk_split"), ("cat1", "vk_concat"), ("q", "vk_gather")):
         for phase in ("exec", "exec_first", "pipeline_empty", "pipeline_filled"):
-            assert times[(names[t], "vk_" + ("split" if t == "s0" else "concat"), phase)] == 0.0
+            assert times[(names[t], k, phase)] == 0.0, (t, phase)
+    assert times[(names["r"], "vk_gather", "exec")] > 0.0  # copied: measured as it runs
     assert (names["cat2"], "vk_concat", "exec") not in times  # one candidate, no weights: not profiled, priced

@@ -281,9 +281,11 @@ class VkGather(_TensorBase):
         n = outer * nidx * inner
         if n == 0:
             return []
-        if _q8(layer):
+        if nidx == 1:
+            # one index (a transformer's q/k/v picked out of one tensor; 8-bit data only so): a strided copy, which
+            # the executor leaves out where the memory plan put the output in place (a slice led by size-1 axes)
             d = copy_dispatch((outer, inner), (shape[axis] * inner, 1), (inner, 1), int(params["idx"][0]) * inner, 0,
-                              In(0), Out(0), caps, q8=True)
+                              In(0), Out(0), caps, q8=_q8(layer))
             assert d is not None  # a whole output in index order
             return [d]
         return [Dispatch("gather", (In(0), Param("idx"), Out(0)), grid(n, 256, caps),

@@ -29,9 +29,10 @@ def workspace_name(layer_name: str) -> str:
 
 
 #: the ops whose parts the Vulkan arena places in their holder: their kernels are strided copies
-#: (``tensor_vulkan.VkConcat``, ``VkSplit``), which the executor leaves out where a part is already in place
-#: (``executor.copy_in_place``); squeezenet's eight fire-module Concats were a fifth of its warm time on lavapipe
-SLICE_OPS = ("Split", "Concat")
+#: (``tensor_vulkan.VkConcat``, ``VkSplit``, ``VkGather`` of one index), which the executor leaves out where a part
+#: is already in place (``executor.copy_in_place``); squeezenet's eight fire-module Concats were a fifth of its
+#: warm time on lavapipe
+SLICE_OPS = ("Split", "Concat", "Gather")
 
 
 def plan_activations(graph: Graph, workspaces: Sequence[tuple[int, str, int]], alignment: int,
@@ -39,8 +40,8 @@ def plan_activations(graph: Graph, workspaces: Sequence[tuple[int, str, int]], a
     """Activation layout of ``graph`` (constants already folded in, nodes in execution order).
 
     ``workspaces``: (step, layer name, bytes) per layer needing scratch. ``slices``: a channel Concat's parts
-    written by their producers straight into its output, a Split's parts read where they lie
-    (``planner.memory.slice_placements``), where the parts are float32 and start and end on ``alignment``
+    written by their producers straight into its output, a Split's parts and a one-index Gather's output read
+    where they lie (``planner.memory.slice_placements``), where they are float32 and start and end on ``alignment``
     (a descriptor's offset must be aligned; a kernel may write whole vec4 at its output's end)."""
     ws = [Buffer(workspace_name(name), nbytes, step, step) for step, name, nbytes in workspaces if nbytes]
     return plan_graph_memory(graph, alignment, slices, ws, SLICE_OPS, alignment, (np.float32,))

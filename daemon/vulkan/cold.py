@@ -642,8 +642,6 @@ class VulkanColdBackend:
         if slot.kind != "kernel" or len(slot.kernels) != 1 or not isinstance(k, VulkanKernel):
             return False
         try:
-            if k.transformed_nbytes(slot.layer):  # weights on the device: not a plain copy
-                return False
             keep, gone = self._dispatches(slot, k, k.transform(slot.layer, self._raw(slot, {})))
         except Exception:  # a kernel that cannot say: it is priced as it runs
             return False

@@ -276,8 +276,9 @@ def resolve_binding(dev: VulkanDevice, layer: Layer, kernel: VulkanKernel, ref: 
 
 def copy_in_place(d: Dispatch, ranges: Sequence[tuple[Region, int, int]]) -> bool:
     """Whether ``d`` is a strided copy (``copy.comp``, bindings source then destination) of a range onto
-    itself: the memory plan put a Concat's part where its producer writes it, or a Split's part where it lies
-    in its input (``arena.plan_activations``). Such a dispatch is left out: it would move nothing."""
+    itself: the memory plan put a Concat's part where its producer writes it, or a Split's part or a one-index
+    Gather's output where it lies in its input (``arena.plan_activations``). Such a dispatch is left out: it would
+    move nothing."""
     if d.shader != "copy" or d.defines.get("Q8") or len(ranges) != 2:
         return False
     (rs, os_, _), (rd, od, _) = ranges
