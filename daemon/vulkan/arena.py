@@ -4,7 +4,7 @@ Two kinds of region:
   * activations: one allocation holding every activation tensor and every per-layer workspace,
     placed by ``inferd.planner.memory`` (greedy-by-size packing of lifetimes; a workspace is a buffer
     live for its layer's one step; alias ops share their source's buffer; a Concat's or Split's aligned
-    parts sit inside the whole tensor's buffer) at offsets aligned to the
+    parts and a one-index Gather's output sit inside the whole tensor's buffer) at offsets aligned to the
     device's minStorageBufferOffsetAlignment (at least 64). Laid out before any layer is prepared,
     so a layer's workspace is the largest any of its candidate kernels needs;
   * weights: per layer one range, its transformed constants bump-placed at 256-byte offsets, taken
@@ -35,16 +35,15 @@ def workspace_name(layer_name: str) -> str:
 SLICE_OPS = ("Split", "Concat", "Gather")
 
 
-def plan_activations(graph: Graph, workspaces: Sequence[tuple[int, str, int]], alignment: int,
-                     slices: bool = True) -> MemoryPlan:
+def plan_activations(graph: Graph, workspaces: Sequence[tuple[int, str, int]], alignment: int) -> MemoryPlan:
     """Activation layout of ``graph`` (constants already folded in, nodes in execution order).
 
-    ``workspaces``: (step, layer name, bytes) per layer needing scratch. ``slices``: a channel Concat's parts
+    ``workspaces``: (step, layer name, bytes) per layer needing scratch. A channel Concat's parts are
     written by their producers straight into its output, a Split's parts and a one-index Gather's output read
     where they lie (``planner.memory.slice_placements``), where they are float32 and start and end on ``alignment``
     (a descriptor's offset must be aligned; a kernel may write whole vec4 at its output's end)."""
     ws = [Buffer(workspace_name(name), nbytes, step, step) for step, name, nbytes in workspaces if nbytes]
-    return plan_graph_memory(graph, alignment, slices, ws, SLICE_OPS, alignment, (np.float32,))
+    return plan_graph_memory(graph, alignment, True, ws, SLICE_OPS, alignment, (np.float32,))
 
 
 def place_weights(params: Sequence[tuple[str, int]]) -> tuple[dict[str, int], int]:

@@ -37,7 +37,7 @@ from ..planner.memory import align_up
 from ..planner.plan import LayerPlan
 from ..planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan, plan_precision
 from . import raw
-from .arena import place_weights, plan_activations, workspace_name
+from .arena import SLICE_OPS, place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, DescriptorArena, DescriptorLease, HostIO, Locate, Recorder, _import_kernels,
                        bind_descriptors, copy_in_place, fold_constants, resolve_binding, select_nodes)
@@ -639,7 +639,8 @@ class VulkanColdBackend:
         not charge it a copy's execution or pipeline (the roofline scaled by other kernels' dispatches priced
         squeezenet1_1's eight in-place Concats at 1.5-9.6 ms each on lavapipe)."""
         k = slot.default
-        if slot.kind != "kernel" or len(slot.kernels) != 1 or not isinstance(k, VulkanKernel):
+        if (slot.kind != "kernel" or slot.layer.op not in SLICE_OPS or len(slot.kernels) != 1
+                or not isinstance(k, VulkanKernel)):
             return False
         try:
             keep, gone = self._dispatches(slot, k, k.transform(slot.layer, self._raw(slot, {})))
