@@ -282,8 +282,9 @@ class VkGather(_TensorBase):
         if n == 0:
             return []
         if nidx == 1:
-            # one index (a transformer's q/k/v picked out of one tensor; 8-bit data only so): a strided copy, which
-            # the executor leaves out where the memory plan put the output in place (a slice led by size-1 axes)
+            # one index (a transformer's q/k/v picked out of one tensor): a strided copy (8-bit data four bytes an
+            # invocation), which the executor leaves out where the memory plan put the output in place (a slice led
+            # by size-1 axes)
             d = copy_dispatch((outer, inner), (shape[axis] * inner, 1), (inner, 1), int(params["idx"][0]) * inner, 0,
                               In(0), Out(0), caps, q8=_q8(layer))
             assert d is not None  # a whole output in index order

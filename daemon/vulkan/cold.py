@@ -615,8 +615,8 @@ class VulkanColdBackend:
     def _dispatches(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray]
                     ) -> tuple[list[Dispatch], int]:
         """``kernel``'s dispatches of ``slot`` in this model's arena, without the copies of a range onto itself
-        (``executor.copy_in_place``: a Concat's or Split's part the memory plan put in place; no pipeline, no
-        descriptor set, no barrier for them), and how many went."""
+        (``executor.copy_in_place``: a Concat's or Split's part or a one-index Gather's output the memory plan put
+        in place; no pipeline, no descriptor set, no barrier for them), and how many went."""
         ds = split_rows(kernel.dispatches(slot.layer, params, self.caps), self.caps)
         node, consts, plan = slot.layer.node, self._consts, self.plan
         keep = []
