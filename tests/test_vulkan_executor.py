@@ -495,8 +495,9 @@ def test_concat_and_split_parts_in_place_record_no_copies_and_match_onnxruntime(
 
 
 def test_the_profile_prices_a_layer_whose_copies_are_all_in_place_at_nothing(device: Any) -> None:
-    """The cold planner reads the profile: a Concat or Split that records no dispatch costs no execution and no
-    pipeline; one that still copies a part (cat2) is measured like any other layer."""
+    """The cold planner reads the profile: a Concat, Split or one-index Gather that records no dispatch costs no
+    execution and no pipeline; one that still copies keeps its price: measured (the strided Gather, whose index
+    is a weight) or, a single candidate without weights (cat2), the planner's estimate."""
     from inferd.frontend import import_model
     from inferd.planner.cost import DeviceRates
     from inferd.vulkan.cold import VulkanColdBackend

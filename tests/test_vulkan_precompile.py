@@ -38,6 +38,9 @@ def test_precompiled_variants_serve_a_cache_that_never_compiled_them(tmp_path: P
     v = [("unary", norm_defines({"UOP": 1, "ACT": 0})), ("copy", ())]
     assert precompile(v, tmp_path / "ship") == 2
     monkeypatch.setenv("INFERD_SPIRV_PATH", str(tmp_path / "ship"))
+    # a build beside another precompiled set still writes every variant into its own
+    assert precompile(v, tmp_path / "ship2") == 2
+    assert len(list((tmp_path / "ship2" / "spirv").glob("*.spv"))) == 2
     cache = ShaderCache(tmp_path / "cache")
     mods = cache.get_many(v)
     assert cache.compiled == 0 and cache.disk_hits == 2

@@ -55,8 +55,9 @@ def read_list(path: Path) -> list[tuple[str, Defines]]:
 
 def write_list(path: Path, variants: Sequence[tuple[str, Defines]]) -> None:
     lines = sorted({" ".join([name, *(f"{k}={v}" for k, v in defs)]) for name, defs in variants})
-    head = ("# SPIR-V variants compiled into the package at build time (inferd/vulkan/precompile.py): recorded\n"
-            "# from the zoo's loads on lavapipe and an NVIDIA GPU; any other variant compiles at first use.\n")
+    head = ("# SPIR-V variants compiled into the package at build time (inferd/vulkan/precompile.py): every candidate\n"
+            "# kernel of the zoo's models on lavapipe and an NVIDIA GPU (scripts/spirv_record.py); any other variant\n"
+            "# compiles at first use.\n")
     path.write_text(head + "\n".join(lines) + "\n")
 
 
@@ -93,6 +94,7 @@ def precompile(variants: Sequence[tuple[str, Defines]], out: Path) -> int:
         if name not in names:
             print(f"precompile: no shader {name!r}; its variants are left out", file=sys.stderr)
     cache = ShaderCache(None)
+    cache.prebuilt = []  # compile each one: a variant found in another precompiled set would not be written here
     cache.export = out / "spirv"  # what $INFERD_SPIRV_EXPORT does: every compiled variant written there
     cache.get_many(todo)
     return len(todo)
