@@ -457,11 +457,11 @@ def shipped_spirv() -> str:
     package has it (a wheel), else compiled once from ``shaders/shipped.txt`` into a temporary directory, outside
     any timer: an editable install has no build step, and a first start is measured as a wheel's would be."""
     from ..vulkan.precompile import default_list, precompile, read_list
-    from ..vulkan.shaders import prebuilt_dirs
+    from ..vulkan.shaders import compiler, prebuilt_dirs
 
     if not _SHIPPED:
         d = ""
-        if not any(p.is_dir() for p in prebuilt_dirs()):
+        if compiler() is not None and not any(p.is_dir() for p in prebuilt_dirs()):
             d = tempfile.mkdtemp(prefix="inferd-shipped-")
             precompile(read_list(default_list()), Path(d))
         _SHIPPED.append(d)
