@@ -3,14 +3,10 @@ cache emptied before each rep (as `inferd bench cold` does: drop_caches + fadvis
 back), pipelines resident; wall time of open_package and its parts, make_backend and the backend's set-up steps,
 the load() call, the first run; per phase thread CPU of the loaders and the executor.
 Usage: python _vk_cold_phases.py PACKAGE [REPS]."""
-import collections
-import functools
 import os
 import statistics
 import sys
 import time
-
-import numpy as np
 
 import inferd
 import inferd.ops  # noqa: F401
@@ -21,24 +17,9 @@ import inferd.vulkan.device as vd
 from inferd.bench.cold_bench import evict, rewarm_libraries
 from inferd.runtime.scheduler import default_loaders, loader_pool
 
+from _vk_diag import clear, cold_run, cpu, wall, wrap
+
 loader_pool().set_size(default_loaders())
-wall: dict[str, list[float]] = collections.defaultdict(list)
-cpu: dict[str, float] = collections.defaultdict(float)
-
-
-def wrap(obj, name, label, thread_cpu=False):
-    f = getattr(obj, name)
-
-    @functools.wraps(f)
-    def g(*a, **k):
-        t, c = time.perf_counter(), time.thread_time()
-        try:
-            return f(*a, **k)
-        finally:
-            wall[label].append(time.perf_counter() - t)
-            cpu[label] += time.thread_time() - c
-    setattr(obj, name, g)
-
 
 for o, n, lab in [(pk, "open_package", "open_package"), (pk, "prefetch_metadata", "open.prefetch"),
                   (pk, "_read_plan", "open.read_plan"), (store.WeightsStore, "__init__", "open.store"),
@@ -65,24 +46,17 @@ for rep in range(reps + 1):
     evict([path])
     rewarm_libraries(os.getpid(), [path])
     time.sleep(0.2)
-    wall.clear()
-    cpu.clear()
-    t = time.perf_counter()
-    m = inferd.load(path, device="vulkan")
-    if feeds is None:
-        feeds = {i.name: np.zeros(i.shape, np.float32) for i in m.inputs}
-    t1 = time.perf_counter()
-    m.run(feeds)
-    dt = time.perf_counter() - t
+    clear()
+    m, feeds, load_s, dt = cold_run(path, feeds)
     st = dict(m._exec.load_stats)
     m.wait_warm(30)
     m.close()
     if rep == 0:
         continue
-    row = {"cold": dt, "load()": t1 - t, **{k: sum(v) for k, v in wall.items()},
+    row = {"cold": dt, "load()": load_s, **{k: sum(v) for k, v in wall.items()},
            **{"setup." + k: st[k] for k in ("fold_s", "select_s", "alloc_s") if k in st}}
     rows.append(row)
-    print(f"rep {rep}: cold {dt * 1e3:.1f} ms, load() {(t1 - t) * 1e3:.1f} ms")
+    print(f"rep {rep}: cold {dt * 1e3:.1f} ms, load() {load_s * 1e3:.1f} ms")
 print("median wall ms (summed over calls and threads where several):")
 for k in rows[-1]:
     print(f"  {k:28s} {statistics.median(r.get(k, 0.0) for r in rows) * 1e3:8.2f}")

@@ -1,14 +1,10 @@
 """Where a Vulkan cold load's host time goes (issue 8): per phase thread CPU of the loaders and the executor,
 then a cProfile of the package's opening (load() up to the plan's start), for one package, hot page cache,
 pipelines resident. Usage: python _vk_host_prof.py PACKAGE [REPS]."""
-import collections
 import cProfile
-import functools
 import pstats
 import sys
 import time
-
-import numpy as np
 
 import inferd
 import inferd.ops  # noqa: F401
@@ -19,24 +15,9 @@ import inferd.vulkan.raw as vraw
 import inferd.vulkan.shaders as vsh
 from inferd.runtime.scheduler import default_loaders, loader_pool
 
+from _vk_diag import calls, clear, cold_run, cpu, wrap
+
 loader_pool().set_size(default_loaders())
-acc: dict[str, float] = collections.defaultdict(float)
-cnt: collections.Counter = collections.Counter()
-
-
-def wrap(obj, name, label):
-    f = getattr(obj, name)
-
-    @functools.wraps(f)
-    def g(*a, **k):
-        t = time.thread_time()
-        try:
-            return f(*a, **k)
-        finally:
-            acc[label] += time.thread_time() - t
-            cnt[label] += 1
-    setattr(obj, name, g)
-
 
 for o, n, lab in [(vc.VulkanColdBackend, "prepare", "prepare"), (vc.VulkanColdBackend, "_pipelines", "prep.pipelines"),
                   (vc.VulkanColdBackend, "_place", "prep.place"), (vd.VulkanDevice, "upload", "place.upload"),
@@ -52,18 +33,11 @@ path, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
 feeds = None
 walls = []
 for rep in range(reps):
-    acc.clear()
-    cnt.clear()
-    t = time.perf_counter()
-    m = inferd.load(path, device="vulkan")
-    if feeds is None:
-        feeds = {i.name: np.zeros(i.shape, np.float32) for i in m.inputs}
-    t1 = time.perf_counter()
-    m.run(feeds)
-    dt = time.perf_counter() - t
-    snap, scnt = dict(acc), dict(cnt)
+    clear()
+    m, feeds, load_s, dt = cold_run(path, feeds)
+    snap, scnt = dict(cpu), dict(calls)
     walls.append(dt)
-    print(f"rep {rep} cold {dt * 1e3:.1f} ms, load() {(t1 - t) * 1e3:.1f} ms",
+    print(f"rep {rep} cold {dt * 1e3:.1f} ms, load() {load_s * 1e3:.1f} ms",
           {k: round(v * 1e3, 1) for k, v in m.cold_stats.items() if k.endswith("_s")})
     m.wait_warm(30)
     m.close()
