@@ -109,6 +109,10 @@ class Config:
     host_pool: int = _opt("size", "host memory the daemon faults in at start and serves cold loads' weights and "
                           "arenas from (capped at an eighth of the RAM; 0: none): memory faulted in on the way to a "
                           "first answer costs time there", default=256 * 1024 * 1024, minimum=0)
+    device_pool: int = _opt("size", "device memory the daemon allocates when it opens the Vulkan device and takes "
+                            "models' arenas and weights from (capped at an eighth of its heap; 0: none; read at the "
+                            "start): an allocation on the way to a first answer costs time there",
+                            default=64 * 1024 * 1024, minimum=0)
     resident_pipelines: int = _opt("int", "Vulkan pipelines created at start in the background: the device's most "
                                    "recently used ones (its list in the cache directory), so that a cold load of a "
                                    "model served before creates none (0: none)", default=128, minimum=0)

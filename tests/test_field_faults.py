@@ -324,6 +324,9 @@ def test_a_recreated_device_makes_the_listed_pipelines_resident_again(tmp: Path,
         assert st["faults"]["injected"]["backend.run:device_lost"] == 1
         # the reload of tiny made its own pipelines; the others listed (mlp_small's) came from this
         assert vp["after_recovery"]["created"] > 0 and vp["held"] == vp["listed"], vp
+        # the new device has a pool of its own (``device_pool``), where tiny's reload was placed
+        dp = st["memory"]["device_pool"]
+        assert dp and dp["capacity_bytes"] > 0 and dp["in_use_bytes"] > 0 and dp["regions"] > 0, dp
         got = c.infer("mlp_small", feeds)
         for k, v in want.items():
             np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=1e-5)

@@ -206,8 +206,12 @@ if eng == "inferd":
                 importlib.import_module(mod)
             except Exception:
                 pass
+        from inferd.vulkan import devpool
+        devpool.configure(int(spec.get("device_pool") or 0))  # and its device pool allocated with the device
         from inferd.vulkan.device import get_device
         _dev = get_device()
+        if _dev.pool is not None:
+            _dev.pool.wait_prefaulted(60)
         _resident = None
         if int(spec.get("resident_pipelines") or 0) > 0:  # and the pipelines it made resident at its start
             _resident = _dev.make_resident(int(spec["resident_pipelines"]))
@@ -739,6 +743,8 @@ class BenchOptions:
     ort_prepacked: bool = True
     #: the inferd child's host pool, as the daemon's ``host_pool`` setting (0: none)
     host_pool: int = 256 << 20
+    #: Vulkan: the inferd child's device pool, as the daemon's ``device_pool`` setting (0: none)
+    device_pool: int = 64 << 20
     quiet_wait: float = QUIET_WAIT_S
     retries: int = RETRIES
     #: seconds per model that waiting for quiet and re-measuring contended runs may cost in all (when
@@ -790,6 +796,7 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     np.savez(ref, y=y, **{f"x{i}": x for i, x in enumerate(xs)})
     base_spec = {"device": dev, "threads": opts.threads, "sample_s": opts.sample_s, "ref": str(ref),
                  "input_names": [t.name for t in g.inputs], "host_pool": opts.host_pool,
+                 "device_pool": opts.device_pool,
                  "resident_pipelines": opts.resident_pipelines if dev == "vulkan" else 0}
     env = _child_env(opts)
     if dev == "vulkan":
@@ -1143,7 +1150,9 @@ def markdown(data: dict[str, Any]) -> str:
              f" (+{len(data.get('tree', {}).get('modified_files', []))} modified files).",
              "",
              f"Cold = fresh process with the libraries imported (and inferd's loader threads started, and its host "
-             f"pool of {int(data.get('host_pool_bytes') or 0) >> 20} MiB faulted in, as a daemon that is up), page cache "
+             f"pool of {int(data.get('host_pool_bytes') or 0) >> 20} MiB faulted in"
+             + (f", and its device pool of {int(data.get('device_pool_bytes') or 0) >> 20} MiB allocated with the device"
+                if dev == "vulkan" else "") + ", as a daemon that is up), page cache "
              f"dropped ({', '.join(data['cache_methods']) or 'n/a'}; max resident bytes of the run's files found by "
              f"mincore before a run: {data['max_resident_bytes']}), load + first inference. Median of "
              f"{data['repeat']} rounds, engines in rotated order per round. inferd loads its compiled package; "
@@ -1299,6 +1308,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-pool", type=float, default=256,
                    help="MiB of host pool the inferd child faults in before the request, as the daemon does at its "
                         "start (its host_pool setting; 0: none)")
+    p.add_argument("--device-pool", type=float, default=64,
+                   help="Vulkan: MiB of device pool the inferd child allocates with its device, as the daemon does "
+                        "(its device_pool setting; 0: none)")
     p.add_argument("--resident-pipelines", type=int, default=128,
                    help="Vulkan: pipelines the inferd child makes resident before the request, as the daemon does "
                         "at its start (its resident_pipelines setting; 0: none, and no run without them)")
@@ -1320,6 +1332,7 @@ def main(argv: list[str] | None = None) -> int:
                         background=args.background, warm_runs=args.warm_runs, threads=args.threads,
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
                         refined=not args.no_refined, host_pool=int(args.host_pool * (1 << 20)),
+                        device_pool=int(args.device_pool * (1 << 20)),
                         resident_pipelines=max(0, args.resident_pipelines))
     paths = write_zoo(work / "zoo", names)
     notes: list[str] = []
@@ -1350,7 +1363,7 @@ def main(argv: list[str] | None = None) -> int:
     versions["inferd"] = __version__
     data: dict[str, Any] = {
         "machine": machine_info(), "tree": _tree_state(), "device": args.device, "repeat": args.repeat,
-        "threads": args.threads, "host_pool_bytes": opts.host_pool,
+        "threads": args.threads, "host_pool_bytes": opts.host_pool, "device_pool_bytes": opts.device_pool,
         "versions": versions, "ablation": args.ablation, "background": args.background,
         "goals": {"cold_vs_peer_max": GOAL_PEER, "cold_vs_floor_warm_max": GOAL_FLOOR,
                   "background_loss_max": GOAL_BACKGROUND},

@@ -15,7 +15,6 @@ reported by ``inferctl status``. An allocation it cannot serve comes from numpy 
 """
 from __future__ import annotations
 
-import bisect
 import collections
 import logging
 import mmap
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .. import fileio
+from .extents import Extents
 
 log = logging.getLogger("inferd.runtime.hostpool")
 
@@ -55,13 +55,10 @@ class HostPool:
         self._view = np.frombuffer(self._mm, np.uint8)
         self.base = int(self._view.ctypes.data)
         self._lock = threading.Lock()
-        # free extents (offset, size), sorted by offset, never adjacent (merged on release)
-        self._free: list[tuple[int, int]] = [(0, self.capacity)]
+        self._extents = Extents(self.capacity)
         # releases arrive from finalizers, which may run inside ``alloc`` (a collection while it holds the lock):
         # they only queue here, and the lock's holder folds them in
         self._released: collections.deque[tuple[int, int]] = collections.deque()
-        self.in_use = 0
-        self.high_water = 0
         self.fallbacks = 0
         self.prefaulted = 0
         self._prefault_thread: threading.Thread | None = None
@@ -109,16 +106,8 @@ class HostPool:
         size = max(PAGE, -(-int(nbytes) // PAGE) * PAGE)
         with self._lock:
             self._fold_released()
-            for i, (off, n) in enumerate(self._free):
-                if n >= size:
-                    if n == size:
-                        del self._free[i]
-                    else:
-                        self._free[i] = (off + size, n - size)
-                    self.in_use += size
-                    self.high_water = max(self.high_water, self.in_use)
-                    break
-            else:
+            off = self._extents.take(size)
+            if off is None:
                 self.fallbacks += 1
                 return None
         ffi = self._ffi
@@ -135,25 +124,23 @@ class HostPool:
 
     def _fold_released(self) -> None:
         """Merge queued releases into the free list (caller holds the lock)."""
-        free = self._free
         while self._released:
-            off, size = self._released.popleft()
-            self.in_use -= size
-            i = bisect.bisect_left(free, (off, 0))
-            if i > 0 and free[i - 1][0] + free[i - 1][1] == off:  # joins the extent before it
-                i -= 1
-                off, size = free[i][0], free[i][1] + size
-                del free[i]
-            if i < len(free) and off + size == free[i][0]:  # and the one after it
-                size += free[i][1]
-                del free[i]
-            free.insert(i, (off, size))
+            self._extents.give(*self._released.popleft())
+
+    @property
+    def in_use(self) -> int:
+        return self._extents.in_use
+
+    @property
+    def high_water(self) -> int:
+        return self._extents.high_water
 
     def stats(self) -> dict[str, int]:
         with self._lock:
             self._fold_released()
-            return {"capacity_bytes": self.capacity, "in_use_bytes": self.in_use, "high_water_bytes": self.high_water,
-                    "free_extents": len(self._free), "largest_free_bytes": max((n for _o, n in self._free), default=0),
+            ext = self._extents
+            return {"capacity_bytes": self.capacity, "in_use_bytes": ext.in_use, "high_water_bytes": ext.high_water,
+                    "free_extents": len(ext.free), "largest_free_bytes": ext.largest_free,
                     "fallbacks": self.fallbacks, "prefaulted_bytes": self.prefaulted}
 
 

@@ -805,6 +805,9 @@ class Server:
         pool_stats = pool.stats() if pool is not None else None
         # the pool's free part is memory the daemon holds for the next cold loads (its used part is the models')
         pool_free = pool_stats["prefaulted_bytes"] - pool_stats["in_use_bytes"] if pool_stats else 0
+        dev_pool = self.device_pool_status()
+        if dev_pool and dev_pool.get("host_memory"):  # in the RSS too (lavapipe, a unified-memory board)
+            pool_free += dev_pool["capacity_bytes"] - dev_pool["in_use_bytes"]
         return {
             "live": True, "ready": self.ready and not self.draining, "draining": self.draining,
             "version": version, "protocol": P.PROTOCOL_VERSION, "pid": os.getpid(),
@@ -826,6 +829,7 @@ class Server:
                        # what RSS holds beyond the models' arenas and weights: interpreter, libraries, driver
                        "overhead_bytes": max(0, rss - models_bytes - max(0, pool_free)),
                        "host_pool": pool_stats,
+                       "device_pool": dev_pool,
                        # clean pages of the loaded models' packages in the page cache: memory too, and the
                        # kernel's to drop (the weights store bypasses it with O_DIRECT when not resident)
                        "page_cache_bytes": self.package_cache_bytes()},
@@ -869,6 +873,15 @@ class Server:
             return None
         return {"held": dev.pipeline_count(), "listed": len(dev.pipeline_list), "at_start": self.resident_pipelines,
                 "after_recovery": self.resident_after_recovery}
+
+    def device_pool_status(self) -> dict[str, Any] | None:
+        """The open Vulkan device's pool (``device_pool``; None while no device is open or it has none)."""
+        try:
+            from ..vulkan.device import shared_device_if_open
+        except Exception:  # no Vulkan binding here
+            return None
+        dev = shared_device_if_open()
+        return dev.pool_stats() if dev is not None else None
 
     def package_cache_bytes(self) -> int:
         """Page-cache bytes of the loaded models' package files (mincore)."""
@@ -1279,6 +1292,9 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     from ..runtime import hostpool
 
     hostpool.install(config.host_pool)  # faulted in in the background while the daemon starts
+    from ..vulkan import devpool
+
+    devpool.configure(config.device_pool)  # allocated with the Vulkan device, when one opens
     from ..runtime import codepages
 
     # the code a cold load runs, mapped while the daemon starts rather than faulted in from disk by the first

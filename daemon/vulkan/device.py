@@ -32,6 +32,9 @@ import numpy as np
 from .. import faults
 from ..errors import (BackendError, DeviceFault, DeviceLostError, DeviceOutOfMemoryError,
                       DeviceTimeoutError)
+from . import devpool
+from .devpool import DevicePool
+from .kernel import ALIGN
 from .shaders import ShaderCache, ShaderModule, default_cache_dir
 
 log = logging.getLogger("inferd.vulkan")
@@ -100,7 +103,8 @@ class DeviceCaps:
 
 @dataclass
 class Region:
-    """One buffer on its own memory allocation; ``mapped`` is a uint8 view when host-visible."""
+    """One buffer on its own memory allocation or on a range of the device pool's; ``mapped`` is a uint8 view
+    when host-visible."""
 
     buffer: Any
     memory: Any
@@ -115,6 +119,10 @@ class Region:
     #: HOST_CACHED: host reads are fast. Device-local memory the host can map without it (a discrete GPU's
     #: BAR) takes writes at full speed but reads at PCIe-uncached speed (~100 MB/s)
     cached: bool = False
+    #: where the buffer is bound in ``memory``: 0 for an allocation of its own; a range of the device pool's
+    #: memory (``pool`` set) starts anywhere
+    offset: int = 0
+    pool: Any = field(default=None, repr=False)
 
     def view(self, offset: int, shape: Sequence[int], dtype: Any) -> np.ndarray:
         assert self.mapped is not None, f"region {self.label} is not host-visible"
@@ -249,6 +257,7 @@ class VulkanDevice:
         #: pipelines being created by some thread right now (others wait on the event instead of compiling twice)
         self._inflight: dict[tuple[str, tuple[tuple[str, Any], ...]], threading.Event] = {}
         self._staging: Region | None = None
+        self.pool = None
         self._messenger = None
         self._callback = None
         #: pipelines_created: new VkPipelines; pipelines_from_loaded_cache: of those, created through a
@@ -275,6 +284,7 @@ class VulkanDevice:
             self._destroy()
             raise
         self.warm_s = self._warm_driver() if self.config.warm_driver else 0.0
+        self.pool: DevicePool | None = self._create_pool(devpool.capacity())
         self.create_s = time.perf_counter() - t0
         _devices.add(self)
 
@@ -470,8 +480,30 @@ class VulkanDevice:
         want = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
         return not self.config.force_staging and any(f & want == want for f, _ in self._mem_types)
 
+    def _memory_order(self, host: bool) -> list[tuple[int, int]]:
+        """(wanted, avoided) property flags, best first, of a region's memory type."""
+        HV, HC, DL, CA = (vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT, vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                          vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+        if host:
+            return [(HV | HC | CA, 0), (HV | HC, 0), (HV, 0)]
+        if self.config.force_staging:
+            return [(DL, HV), (DL, 0)]
+        return [(DL | HV | HC, 0), (DL | HV, 0), (DL, 0)]
+
+    def _buffer_usage(self) -> int:
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        if self.texel_buffers:
+            usage |= vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT | vk.VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT
+        return usage
+
+    def _mappable(self, flags: int, host: bool) -> bool:
+        # force_staging: leave device regions unmapped even where the only memory is host-visible (lavapipe)
+        return bool(flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) and (host or not self.config.force_staging)
+
     def allocate_region(self, size: int, label: str, host: bool = False) -> Region:
-        """A buffer with its own memory. ``host=True``: a host-visible staging/IO region.
+        """A buffer on memory of its own, or on a range of the device pool's. ``host=True``: a host-visible
+        staging/IO region (never pooled).
 
         Device regions are DEVICE_LOCAL|HOST_VISIBLE (mapped) when possible, else DEVICE_LOCAL only.
         """
@@ -479,63 +511,139 @@ class VulkanDevice:
         if size > self.max_allocation:
             raise BackendError(f"{label}: a {size}-byte allocation exceeds the device's maxMemoryAllocationSize "
                                f"{self.max_allocation}")
-        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
-        if self.texel_buffers:
-            usage |= vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT | vk.VK_BUFFER_USAGE_STORAGE_TEXEL_BUFFER_BIT
-        buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=size, usage=usage,
+        buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=size, usage=self._buffer_usage(),
                                                                     sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
         req = vk.vkGetBufferMemoryRequirements(self.device, buf)
-        HV, HC, DL, CA = (vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT, vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
-                          vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+        pool = self.pool
+        pooled = not host and pool is not None and bool(int(req.memoryTypeBits) & (1 << pool.type_index))
+        if pool is not None and pooled:
+            try:
+                faults.check("vulkan.alloc")
+            except DeviceOutOfMemoryError as e:
+                vk.vkDestroyBuffer(self.device, buf, None)
+                raise self._oom(label, int(req.size), pool.heap, e) from e
+            except BaseException:
+                vk.vkDestroyBuffer(self.device, buf, None)
+                raise
+            off = pool.take(int(req.size), max(int(req.alignment), ALIGN))
+            if off is not None:
+                vk.vkBindBufferMemory(self.device, buf, pool.memory, off)
+                flags = pool.flags
+                mapped = pool.mapped[off:off + size] if pool.mapped is not None else None
+                HC, CA = vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+                # the pool's bytes were counted on its heap once, when it was made (free_region gives
+                # alloc_size back to the pool, not to the heap)
+                return Region(buf, pool.memory, size, mapped is not None, bool(flags & HC), mapped, label, None,
+                              pool.heap, int(req.size), bool(flags & CA), off, pool)
         # headroom: a heap is shared with everything else on the device
         need = int(req.size * 1.1)
-        if host:
-            order = [(HV | HC | CA, 0), (HV | HC, 0), (HV, 0)]
-        elif self.config.force_staging:
-            order = [(DL, HV), (DL, 0)]
-        else:
-            order = [(DL | HV | HC, 0), (DL | HV, 0), (DL, 0)]
         type_idx = None
-        for want, avoid in order:
+        for want, avoid in self._memory_order(host):
             type_idx = self._find_type(req.memoryTypeBits, want, avoid, need)
             if type_idx is not None:
                 break
         if type_idx is None:
             vk.vkDestroyBuffer(self.device, buf, None)
             raise BackendError(f"{label}: no memory type for a {size}-byte buffer (heaps {self._heaps})")
-        heap = self._mem_types[type_idx][1]
         try:
-            faults.check("vulkan.alloc")
-            mem = vk.vkAllocateMemory(self.device, vk.VkMemoryAllocateInfo(allocationSize=req.size,
-                                                                          memoryTypeIndex=type_idx), None)
-        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory, DeviceOutOfMemoryError) as e:
+            # (a fault injected at this site was checked once already on the way through the pool)
+            mem = self._allocate_memory(int(req.size), type_idx, label, check=not pooled)
+        except BaseException:
             vk.vkDestroyBuffer(self.device, buf, None)
-            free = max(0, self._heaps[heap] - self._heap_used[heap])
-            raise DeviceOutOfMemoryError(
-                f"{label}: out of device memory: asked {req.size} bytes, about {free} free of heap {heap}'s "
-                f"{self._heaps[heap]} ({self._heap_used[heap]} held by inferd) ({type(e).__name__})",
-                asked=int(req.size), free=free) from e
-        except vk.VkErrorDeviceLost as e:
-            vk.vkDestroyBuffer(self.device, buf, None)
-            raise DeviceLostError(f"{label}: the Vulkan device was lost (VK_ERROR_DEVICE_LOST)") from e
-        except Exception as e:
-            vk.vkDestroyBuffer(self.device, buf, None)
-            raise BackendError(f"{label}: vkAllocateMemory of {req.size} bytes failed: {e!r}") from e
-        with self._lock:
-            self._heap_used[heap] += int(req.size)
+            raise
         vk.vkBindBufferMemory(self.device, buf, mem, 0)
-        flags = self._mem_types[type_idx][0]
-        # force_staging: leave device regions unmapped even where the only memory is host-visible (lavapipe)
-        hv = bool(flags & HV) and (host or not self.config.force_staging)
+        flags, heap = self._mem_types[type_idx]
+        hv = self._mappable(flags, host)
         mapped = raw = None
         if hv:
             raw = vk.vkMapMemory(self.device, mem, 0, req.size, 0)
             mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
-        return Region(buf, mem, size, hv, bool(flags & HC), mapped, label, raw, heap, int(req.size), bool(flags & CA))
+        return Region(buf, mem, size, hv, bool(flags & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT), mapped, label, raw,
+                      heap, int(req.size), bool(flags & vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT))
+
+    def _allocate_memory(self, size: int, type_idx: int, label: str, check: bool = True) -> Any:
+        """``vkAllocateMemory``, its failures as inferd's errors, its bytes counted on their heap."""
+        heap = self._mem_types[type_idx][1]
+        try:
+            if check:
+                faults.check("vulkan.alloc")
+            mem = vk.vkAllocateMemory(self.device, vk.VkMemoryAllocateInfo(allocationSize=size,
+                                                                          memoryTypeIndex=type_idx), None)
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory, DeviceOutOfMemoryError) as e:
+            raise self._oom(label, size, heap, e) from e
+        except vk.VkErrorDeviceLost as e:
+            raise DeviceLostError(f"{label}: the Vulkan device was lost (VK_ERROR_DEVICE_LOST)") from e
+        except Exception as e:
+            raise BackendError(f"{label}: vkAllocateMemory of {size} bytes failed: {e!r}") from e
+        with self._lock:
+            self._heap_used[heap] += size
+        return mem
+
+    def _oom(self, label: str, size: int, heap: int, e: BaseException) -> DeviceOutOfMemoryError:
+        free = max(0, self._heaps[heap] - self._heap_used[heap])
+        return DeviceOutOfMemoryError(
+            f"{label}: out of device memory: asked {size} bytes, about {free} free of heap {heap}'s "
+            f"{self._heaps[heap]} ({self._heap_used[heap]} held by inferd) ({type(e).__name__})",
+            asked=size, free=free)
+
+    def _create_pool(self, capacity: int) -> DevicePool | None:
+        """The device pool (``devpool``): one allocation of the type device regions take, at most 1/HEAP_SHARE of
+        its heap, mapped where device regions are; faulted in where it is host memory (a CPU device, an
+        integrated GPU), so that a load's first writes do not fault. None where the setting is 0, the type is
+        not host-coherent (flushes would have to cover neighbours' ranges) or the allocation fails."""
+        if capacity <= 0:
+            return None
+        probe = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=1 << 20, usage=self._buffer_usage(),
+                                                                      sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        try:
+            bits = int(vk.vkGetBufferMemoryRequirements(self.device, probe).memoryTypeBits)
+        finally:
+            vk.vkDestroyBuffer(self.device, probe, None)
+        type_idx = None
+        for want, avoid in self._memory_order(False):
+            type_idx = self._find_type(bits, want, avoid)
+            if type_idx is not None:
+                break
+        if type_idx is None:
+            return None
+        flags, heap = self._mem_types[type_idx]
+        mappable = self._mappable(flags, False)
+        if mappable and not flags & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT:
+            log.info("no device pool: device memory is mapped but not host-coherent")
+            return None
+        size = min(int(capacity), self._heaps[heap] // devpool.HEAP_SHARE, self.max_allocation) // ALIGN * ALIGN
+        if size <= 0:
+            return None
+        try:
+            # not a fault-injection site: a pool that fails only leaves loads allocating as before
+            mem = self._allocate_memory(size, type_idx, "device pool", check=False)
+        except Exception as e:
+            log.warning("no device pool of %d MiB: %s", size >> 20, e)
+            return None
+        mapped = raw = None
+        if mappable:
+            raw = vk.vkMapMemory(self.device, mem, 0, size, 0)
+            mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
+        pool = DevicePool(mem, size, type_idx, heap, flags, mapped, raw)
+        log.info("device pool: %d MiB of memory type %d (heap %d)", size >> 20, type_idx, heap)
+        if mapped is not None and self.device_type in ("cpu", "integrated"):
+            pool.prefault()
+        return pool
+
+    def pool_stats(self) -> dict[str, Any] | None:
+        """The device pool's figures (None: no pool)."""
+        return self.pool.stats() if self.pool is not None else None
 
     def free_region(self, r: Region | None) -> None:
         if r is None or self.closed:
+            return
+        if r.pool is not None:  # a range of the pool: its buffer goes, the memory stays the pool's
+            if r.buffer is None:  # freed already: the range must not be given back twice
+                return
+            r.mapped = None
+            vk.vkDestroyBuffer(self.device, r.buffer, None)
+            r.buffer = None
+            r.pool.give(r.offset, r.alloc_size)
             return
         if r.host_visible:
             r.mapped = None
@@ -559,7 +667,8 @@ class VulkanDevice:
         vk.vkInvalidateMappedMemoryRanges(self.device, 1, [self._range(r, offset, size)])
 
     def _range(self, r: Region, offset: int, size: int | None) -> Any:
-        # flush/invalidate ranges must be multiples of nonCoherentAtomSize (or reach the end)
+        # flush/invalidate ranges must be multiples of nonCoherentAtomSize (or reach the end); never a pool's
+        # range: the pool is host-coherent memory only
         a = self.non_coherent_atom
         lo = offset // a * a
         sz = vk.VK_WHOLE_SIZE
@@ -1029,6 +1138,13 @@ class VulkanDevice:
             if self._staging is not None:
                 self.free_region(self._staging)
                 self._staging = None
+            if self.pool is not None:  # after the models' regions: nothing is bound to it any more
+                self.pool.stop_prefault()
+                if self.pool.mapped is not None:
+                    self.pool.mapped = None
+                    vk.vkUnmapMemory(dev, self.pool.memory)
+                vk.vkFreeMemory(dev, self.pool.memory, None)
+                self.pool = None
             pc = getattr(self, "pipeline_cache", None)
             if pc is not None:
                 pc.destroy()

@@ -2,7 +2,8 @@
 cache emptied before each rep (as `inferd bench cold` does: drop_caches + fadvise, the process's libraries read
 back), pipelines resident; wall time of open_package and its parts, make_backend and the backend's set-up steps,
 the load() call, the first run; per phase thread CPU of the loaders and the executor.
-Usage: python _vk_cold_phases.py PACKAGE [REPS]."""
+Usage: [DEVICE_POOL_MB=64] python _vk_cold_phases.py PACKAGE [REPS] (the device pool as the daemon's
+``device_pool`` setting; 0: none)."""
 import os
 import statistics
 import sys
@@ -35,6 +36,10 @@ for o, n, lab in [(pk, "open_package", "open_package"), (pk, "prefetch_metadata"
         wrap(o, n, lab)
     except AttributeError as e:
         print("no", lab, e)
+# the daemon's device pool (its device_pool setting, 64 MiB by default); DEVICE_POOL_MB=0: none
+from inferd.vulkan import devpool  # noqa: E402
+
+devpool.configure(int(float(os.environ.get("DEVICE_POOL_MB", "64")) * (1 << 20)))
 dev = vd.get_device()
 dev.make_resident(128)
 path, reps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5
@@ -60,6 +65,7 @@ for rep in range(reps + 1):
 print("median wall ms (summed over calls and threads where several):")
 for k in rows[-1]:
     print(f"  {k:28s} {statistics.median(r.get(k, 0.0) for r in rows) * 1e3:8.2f}")
+print("device pool:", dev.pool_stats())
 print("thread CPU of the last rep (ms):")
 for k in sorted(cpu):
     print(f"  {k:28s} {cpu[k] * 1e3:8.2f}")
