@@ -1,8 +1,8 @@
 """The free list the pools share (``inferd.runtime.extents``) and the device pool (``inferd.vulkan.devpool``): one
 device allocation made with the device, from which regions take aligned ranges. Ranges never overlap, come back when
 their regions are freed (once, however often a region is freed), a region the pool cannot hold gets memory of its
-own, a model placed in the pool answers as onnxruntime does and gives every range back when closed, and a size of 0
-means no pool."""
+own, host regions take a mapped pool where device regions cannot be mapped, a model placed in the pool answers as
+onnxruntime does and gives every range back when closed, and a size of 0 means no pool."""
 from __future__ import annotations
 
 import random
@@ -93,6 +93,34 @@ def test_regions_take_disjoint_ranges_of_the_pool_and_give_them_back_once(pool_s
         st = dev.pool_stats()
         assert st["in_use_bytes"] == 0 and st["regions"] == 0 and st["free_extents"] == 1
         assert dev.memory_report()["held"] == pool.size
+    finally:
+        dev.close()
+
+
+@vk_only
+def test_unmapped_device_regions_take_the_pool_and_staging_takes_a_mapped_host_pool(pool_size) -> None:
+    """force_staging: device regions are not mapped, so the staging and the models' input/output regions (host
+    regions) come from a second, mapped pool; data goes through it both ways."""
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+
+    pool_size(16 << 20)  # its host pool, 2 MiB, holds the 1 MiB staging region
+    dev = VulkanDevice(VulkanConfig(cache_dir="", warm_driver=False, force_staging=True))
+    try:
+        assert dev.pool is not None and dev.pool.mapped is None
+        hp = dev.host_pool
+        assert hp is not None and hp is not dev.pool and hp.mapped is not None
+        assert dev.pool_stats()["host"]["capacity_bytes"] == hp.size == devpool.host_capacity(16 << 20)
+        r = dev.allocate_region(100_000, "weights")
+        assert r.pool is dev.pool and r.mapped is None
+        data = np.arange(25_000, dtype=np.float32)
+        dev.upload([(r, 0, data)])  # through the staging region, a range of the host pool
+        assert hp.stats()["regions"] == 1
+        np.testing.assert_array_equal(dev.download(r, 0, data.nbytes).view(np.float32), data)
+        io = dev.allocate_region(1000, "io", host=True)
+        assert io.pool is hp and io.mapped is not None
+        dev.free_region(io)
+        dev.free_region(r)
+        assert dev.pool_stats()["in_use_bytes"] == 0
     finally:
         dev.close()
 

@@ -257,7 +257,7 @@ class VulkanDevice:
         #: pipelines being created by some thread right now (others wait on the event instead of compiling twice)
         self._inflight: dict[tuple[str, tuple[tuple[str, Any], ...]], threading.Event] = {}
         self._staging: Region | None = None
-        self.pool = None
+        self.pool = self.host_pool = None
         self._messenger = None
         self._callback = None
         #: pipelines_created: new VkPipelines; pipelines_from_loaded_cache: of those, created through a
@@ -285,6 +285,11 @@ class VulkanDevice:
             raise
         self.warm_s = self._warm_driver() if self.config.warm_driver else 0.0
         self.pool: DevicePool | None = self._create_pool(devpool.capacity())
+        #: host regions (a model's input/output staging) from a small pool of the host type, or from the device
+        #: pool where that is the same memory type, mapped (lavapipe unless force_staging)
+        self.host_pool: DevicePool | None = self.pool
+        if self.pool is not None and (self._host_type() != self.pool.type_index or self.pool.mapped is None):
+            self.host_pool = self._create_pool(devpool.host_capacity(devpool.capacity()), host=True)
         self.create_s = time.perf_counter() - t0
         _devices.add(self)
 
@@ -503,7 +508,7 @@ class VulkanDevice:
 
     def allocate_region(self, size: int, label: str, host: bool = False) -> Region:
         """A buffer on memory of its own, or on a range of the device pool's. ``host=True``: a host-visible
-        staging/IO region (never pooled).
+        staging/IO region (from the host pool, where there is one).
 
         Device regions are DEVICE_LOCAL|HOST_VISIBLE (mapped) when possible, else DEVICE_LOCAL only.
         """
@@ -514,8 +519,8 @@ class VulkanDevice:
         buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=size, usage=self._buffer_usage(),
                                                                     sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
         req = vk.vkGetBufferMemoryRequirements(self.device, buf)
-        pool = self.pool
-        pooled = not host and pool is not None and bool(int(req.memoryTypeBits) & (1 << pool.type_index))
+        pool = self.host_pool if host else self.pool
+        pooled = pool is not None and bool(int(req.memoryTypeBits) & (1 << pool.type_index))
         if pool is not None and pooled:
             try:
                 faults.check("vulkan.alloc")
@@ -586,53 +591,68 @@ class VulkanDevice:
             f"{self._heaps[heap]} ({self._heap_used[heap]} held by inferd) ({type(e).__name__})",
             asked=size, free=free)
 
-    def _create_pool(self, capacity: int) -> DevicePool | None:
-        """The device pool (``devpool``): one allocation of the type device regions take, at most 1/HEAP_SHARE of
-        its heap, mapped where device regions are; faulted in where it is host memory (a CPU device, an
-        integrated GPU), so that a load's first writes do not fault. None where the setting is 0, the type is
-        not host-coherent (flushes would have to cover neighbours' ranges) or the allocation fails."""
-        if capacity <= 0:
-            return None
+    def _pool_type(self, host: bool) -> int | None:
+        """The memory type a region of this kind takes (what ``allocate_region`` would choose)."""
         probe = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(size=1 << 20, usage=self._buffer_usage(),
                                                                       sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
         try:
             bits = int(vk.vkGetBufferMemoryRequirements(self.device, probe).memoryTypeBits)
         finally:
             vk.vkDestroyBuffer(self.device, probe, None)
-        type_idx = None
-        for want, avoid in self._memory_order(False):
+        for want, avoid in self._memory_order(host):
             type_idx = self._find_type(bits, want, avoid)
             if type_idx is not None:
-                break
+                return type_idx
+        return None
+
+    def _host_type(self) -> int | None:
+        return self._pool_type(True)
+
+    def _create_pool(self, capacity: int, host: bool = False) -> DevicePool | None:
+        """The device pool (``devpool``): one allocation of the type device regions take (``host``: host regions),
+        at most 1/HEAP_SHARE of its heap, mapped where such regions are; faulted in where it is host memory (host
+        regions; a CPU device, an integrated GPU), so that a load's first writes do not fault. None where the
+        setting is 0, the type is not host-coherent (flushes would have to cover neighbours' ranges) or the
+        allocation fails."""
+        if capacity <= 0:
+            return None
+        type_idx = self._pool_type(host)
         if type_idx is None:
             return None
         flags, heap = self._mem_types[type_idx]
-        mappable = self._mappable(flags, False)
+        mappable = self._mappable(flags, host)
         if mappable and not flags & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT:
-            log.info("no device pool: device memory is mapped but not host-coherent")
+            log.info("no %s pool: its memory is mapped but not host-coherent", "host" if host else "device")
             return None
         size = min(int(capacity), self._heaps[heap] // devpool.HEAP_SHARE, self.max_allocation) // ALIGN * ALIGN
         if size <= 0:
             return None
         try:
             # not a fault-injection site: a pool that fails only leaves loads allocating as before
-            mem = self._allocate_memory(size, type_idx, "device pool", check=False)
+            mem = self._allocate_memory(size, type_idx, "host pool" if host else "device pool", check=False)
         except Exception as e:
-            log.warning("no device pool of %d MiB: %s", size >> 20, e)
+            log.warning("no %s pool of %d MiB: %s", "host" if host else "device", size >> 20, e)
             return None
         mapped = raw = None
         if mappable:
             raw = vk.vkMapMemory(self.device, mem, 0, size, 0)
             mapped = np.frombuffer(raw, dtype=np.uint8, count=size)
         pool = DevicePool(mem, size, type_idx, heap, flags, mapped, raw)
-        log.info("device pool: %d MiB of memory type %d (heap %d)", size >> 20, type_idx, heap)
-        if mapped is not None and self.device_type in ("cpu", "integrated"):
+        log.info("%s pool: %d MiB of memory type %d (heap %d)", "host" if host else "device", size >> 20, type_idx,
+                 heap)
+        if mapped is not None and (host or self.device_type in ("cpu", "integrated")):
             pool.prefault()
         return pool
 
     def pool_stats(self) -> dict[str, Any] | None:
-        """The device pool's figures (None: no pool)."""
-        return self.pool.stats() if self.pool is not None else None
+        """The device pool's figures, with the host regions' pool's under ``host`` where it is another one (None:
+        no pool)."""
+        if self.pool is None:
+            return None
+        st = self.pool.stats()
+        if self.host_pool is not None and self.host_pool is not self.pool:
+            st["host"] = self.host_pool.stats()
+        return st
 
     def free_region(self, r: Region | None) -> None:
         if r is None or self.closed:
@@ -1138,13 +1158,14 @@ class VulkanDevice:
             if self._staging is not None:
                 self.free_region(self._staging)
                 self._staging = None
-            if self.pool is not None:  # after the models' regions: nothing is bound to it any more
-                self.pool.stop_prefault()
-                if self.pool.mapped is not None:
-                    self.pool.mapped = None
-                    vk.vkUnmapMemory(dev, self.pool.memory)
-                vk.vkFreeMemory(dev, self.pool.memory, None)
-                self.pool = None
+            # the pools after the models' regions and the staging: nothing is bound to them any more
+            for pool in {id(p): p for p in (self.pool, self.host_pool) if p is not None}.values():
+                pool.stop_prefault()
+                if pool.mapped is not None:
+                    pool.mapped = None
+                    vk.vkUnmapMemory(dev, pool.memory)
+                vk.vkFreeMemory(dev, pool.memory, None)
+            self.pool = self.host_pool = None
             pc = getattr(self, "pipeline_cache", None)
             if pc is not None:
                 pc.destroy()

@@ -11,7 +11,9 @@ is fresh host memory whose pages fault on the load's first write (0.55-0.65 ms p
 
 The pool is memory the daemon holds whether or not a model uses it: its size is a setting (``device_pool``, none
 by default outside the daemon), capped at an eighth of the heap it comes from, and ``inferctl status`` reports it.
-A region the pool cannot serve (full, another memory type, non-coherent memory) gets its own allocation as before.
+Where host regions (a model's input/output staging) take another memory type (a discrete GPU's HOST_CACHED system
+memory, pinned per allocation), a small second pool serves them. A region the pools cannot serve (full, another
+memory type, non-coherent memory) gets its own allocation as before.
 This module imports no Vulkan: a CPU-only daemon sets the size without loading a driver.
 """
 from __future__ import annotations
@@ -46,6 +48,12 @@ def configure(capacity: int) -> None:
 
 def capacity() -> int:
     return _capacity
+
+
+def host_capacity(capacity: int) -> int:
+    """The host regions' pool beside a device pool of ``capacity`` (where host regions take another memory type):
+    an eighth of it, at most 16 MiB. Host regions are a model's input/output staging: small."""
+    return min(capacity // 8, 16 << 20)
 
 
 class DevicePool:
