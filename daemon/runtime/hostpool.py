@@ -34,9 +34,6 @@ log = logging.getLogger("inferd.runtime.hostpool")
 MIN_BYTES = 64 << 10
 #: the pool hands out whole pages (every alignment a caller asks for, 64 bytes or a 4 KB block, divides it)
 PAGE = mmap.PAGESIZE
-#: the background prefault takes the process's address-space lock per step: in steps, so that other threads'
-#: allocations are not held up behind one long populate
-PREFAULT_STEP = 8 << 20
 
 
 class HostPool:
@@ -78,19 +75,16 @@ class HostPool:
             self._prefault()
 
     def _prefault(self) -> None:
-        from .pagecache import can_populate, populate
+        from .pagecache import can_populate, populate_steps
 
         t0 = time.perf_counter()
-        use_madvise = can_populate()
-        for off in range(0, self.capacity, PREFAULT_STEP):
-            part = self._view[off:off + PREFAULT_STEP]
-            if not use_madvise:
-                part[::PAGE] = 0  # (only before any allocation: see prefault)
-            elif not populate(part):
-                # the rest faults on first use; writing it in instead could undo what a caller already wrote there
-                log.warning("host pool: faulting in stopped at %d MiB (madvise failed)", off >> 20)
-                return
-            self.prefaulted = off + part.size
+        if not can_populate():
+            self._view[::PAGE] = 0  # (only before any allocation: see prefault)
+            self.prefaulted = self.capacity
+        elif not populate_steps(self._view, progress=lambda n: setattr(self, "prefaulted", n)):
+            # the rest faults on first use; writing it in instead could undo what a caller already wrote there
+            log.warning("host pool: faulting in stopped at %d MiB (madvise failed)", self.prefaulted >> 20)
+            return
         log.info("host pool: %d MiB faulted in in %.0f ms", self.capacity >> 20, (time.perf_counter() - t0) * 1e3)
 
     def wait_prefaulted(self, timeout: float | None = None) -> bool:

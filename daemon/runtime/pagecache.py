@@ -11,7 +11,7 @@ import ctypes.util
 import mmap
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -68,6 +68,25 @@ def populate(a: np.ndarray) -> bool:
     start = -(-addr // page) * page  # the whole pages inside the array (the partial ends fault on use)
     end = (addr + a.nbytes) // page * page
     return end <= start or _libc.madvise(start, end - start, MADV_POPULATE_WRITE) == 0
+
+
+#: faulting in goes in steps, each taking the process's address-space lock: other threads' allocations wait less
+POPULATE_STEP = 8 << 20
+
+
+def populate_steps(a: np.ndarray, progress: Callable[[int], None] | None = None,
+                   stop: Callable[[], bool] | None = None) -> bool:
+    """:func:`populate` over the uint8 array ``a``, POPULATE_STEP bytes at a time; ``progress`` gets the bytes done
+    after each step. False where a step failed or ``stop()`` said so before one (the rest faults on use)."""
+    for off in range(0, a.nbytes, POPULATE_STEP):
+        if stop is not None and stop():
+            return False
+        part = a[off:off + POPULATE_STEP]
+        if not populate(part):
+            return False
+        if progress is not None:
+            progress(off + part.nbytes)
+    return True
 
 
 def drop_file(path: str | os.PathLike) -> None:

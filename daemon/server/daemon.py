@@ -806,8 +806,9 @@ class Server:
         # the pool's free part is memory the daemon holds for the next cold loads (its used part is the models')
         pool_free = pool_stats["prefaulted_bytes"] - pool_stats["in_use_bytes"] if pool_stats else 0
         dev_pool = self.device_pool_status()
-        if dev_pool and dev_pool.get("host_memory"):  # in the RSS too (lavapipe, a unified-memory board)
-            pool_free += dev_pool["capacity_bytes"] - dev_pool["in_use_bytes"]
+        for p in (dev_pool, (dev_pool or {}).get("host")):
+            if p and p["host_memory"]:  # in the RSS too (lavapipe, a unified-memory board, the host regions' pool)
+                pool_free += p["capacity_bytes"] - p["in_use_bytes"]
         return {
             "live": True, "ready": self.ready and not self.draining, "draining": self.draining,
             "version": version, "protocol": P.PROTOCOL_VERSION, "pid": os.getpid(),

@@ -284,12 +284,14 @@ class VulkanDevice:
             self._destroy()
             raise
         self.warm_s = self._warm_driver() if self.config.warm_driver else 0.0
-        self.pool: DevicePool | None = self._create_pool(devpool.capacity())
+        self.pool: DevicePool | None = self._create_pool(devpool.capacity(), self._pool_type(False))
         #: host regions (a model's input/output staging) from a small pool of the host type, or from the device
         #: pool where that is the same memory type, mapped (lavapipe unless force_staging)
         self.host_pool: DevicePool | None = self.pool
-        if self.pool is not None and (self._host_type() != self.pool.type_index or self.pool.mapped is None):
-            self.host_pool = self._create_pool(devpool.host_capacity(devpool.capacity()), host=True)
+        if self.pool is not None:
+            host_type = self._pool_type(True)
+            if host_type != self.pool.type_index or self.pool.mapped is None:
+                self.host_pool = self._create_pool(devpool.host_capacity(devpool.capacity()), host_type, host=True)
         self.create_s = time.perf_counter() - t0
         _devices.add(self)
 
@@ -605,19 +607,13 @@ class VulkanDevice:
                 return type_idx
         return None
 
-    def _host_type(self) -> int | None:
-        return self._pool_type(True)
-
-    def _create_pool(self, capacity: int, host: bool = False) -> DevicePool | None:
-        """The device pool (``devpool``): one allocation of the type device regions take (``host``: host regions),
-        at most 1/HEAP_SHARE of its heap, mapped where such regions are; faulted in where it is host memory (host
-        regions; a CPU device, an integrated GPU), so that a load's first writes do not fault. None where the
-        setting is 0, the type is not host-coherent (flushes would have to cover neighbours' ranges) or the
-        allocation fails."""
-        if capacity <= 0:
-            return None
-        type_idx = self._pool_type(host)
-        if type_idx is None:
+    def _create_pool(self, capacity: int, type_idx: int | None, host: bool = False) -> DevicePool | None:
+        """The device pool (``devpool``): one allocation of memory type ``type_idx``, the one device regions take
+        (``host``: host regions), at most 1/HEAP_SHARE of its heap, mapped where such regions are; faulted in where
+        it is host memory (host regions; a CPU device, an integrated GPU), so that a load's first writes do not
+        fault. None where the setting is 0, the type is not host-coherent (flushes would have to cover neighbours'
+        ranges) or the allocation fails."""
+        if capacity <= 0 or type_idx is None:
             return None
         flags, heap = self._mem_types[type_idx]
         mappable = self._mappable(flags, host)

@@ -33,8 +33,6 @@ log = logging.getLogger("inferd.vulkan")
 #: the pool takes at most this share of its heap, whatever the setting says
 HEAP_SHARE = 8
 PAGE = mmap.PAGESIZE
-#: faulting in goes in steps, each taking the process's address-space lock: other threads' allocations wait less
-PREFAULT_STEP = 8 << 20
 
 _capacity = 0
 
@@ -97,13 +95,12 @@ class DevicePool:
             self.prefault_ms = (time.perf_counter() - t0) * 1e3
 
     def _prefault(self) -> None:
-        from ..runtime.pagecache import populate
+        from ..runtime.pagecache import populate_steps
 
         t0 = time.perf_counter()
-        for off in range(0, self.size, PREFAULT_STEP):
-            mapped = self.mapped
-            if self._stop or mapped is None or not populate(mapped[off:off + PREFAULT_STEP]):
-                return
+        mapped = self.mapped
+        if mapped is None or not populate_steps(mapped, stop=lambda: self._stop):
+            return
         self.prefault_ms = (time.perf_counter() - t0) * 1e3
         log.info("device pool: %d MiB faulted in in %.0f ms", self.size >> 20, self.prefault_ms)
 
