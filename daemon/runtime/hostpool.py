@@ -121,14 +121,6 @@ class HostPool:
         while self._released:
             self._extents.give(*self._released.popleft())
 
-    @property
-    def in_use(self) -> int:
-        return self._extents.in_use
-
-    @property
-    def high_water(self) -> int:
-        return self._extents.high_water
-
     def stats(self) -> dict[str, int]:
         with self._lock:
             self._fold_released()
