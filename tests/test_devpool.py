@@ -179,3 +179,47 @@ def test_a_model_in_the_pool_answers_as_onnxruntime_and_gives_its_ranges_back(po
         assert after["in_use_bytes"] == 0 and after["regions"] == 0, after
     finally:
         vd.close_shared_device()
+
+
+@vk_only
+def test_threads_taking_and_giving_ranges_at_once_never_share_bytes(pool_size) -> None:
+    """Loader threads place layers at once: ranges handed out concurrently never overlap, each keeps what its
+    thread wrote, and all come back."""
+    import threading
+
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
+
+    pool_size(8 << 20)
+    dev = VulkanDevice(VulkanConfig(cache_dir="", warm_driver=False))
+    errors: list[str] = []
+    try:
+        def work(k: int) -> None:
+            rng = random.Random(k)
+            held = []
+            for step in range(60):
+                if held and rng.random() < 0.4:
+                    r, tag = held.pop(rng.randrange(len(held)))
+                    if not (r.mapped == tag).all():
+                        errors.append(f"thread {k}: region {r.label} overwritten")
+                    dev.free_region(r)
+                else:
+                    r = dev.allocate_region(rng.randint(1, 200_000), f"t{k}s{step}")
+                    tag = (k * 61 + step) % 251 + 1
+                    r.mapped[:] = tag
+                    held.append((r, tag))
+            for r, tag in held:
+                if not (r.mapped == tag).all():
+                    errors.append(f"thread {k}: region {r.label} overwritten")
+                dev.free_region(r)
+
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not errors, errors[:3]
+        st = dev.pool_stats()
+        assert st["in_use_bytes"] == 0 and st["regions"] == 0 and st["free_extents"] == 1, st
+        assert st["high_water_bytes"] > 0
+    finally:
+        dev.close()
