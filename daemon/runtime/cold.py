@@ -46,8 +46,12 @@ class ColdLoad:
         self._prefault: threading.Event | None = None
         pool = loader_pool()  # with its io, aux and idle workers: this load starts no thread
         run = self.run
-        weights.start_stream(self.layers, plan, [worker(n) for n in IO_WORKERS],  # reads in flight
-                             on_read=lambda off, n, t0, t1: run.note("read", f"{n >> 10} KB at {off >> 10} KB", t0, t1))
+
+        def on_read(off: int, n: int, t0: float, t1: float, thread: str | None = None) -> None:
+            run.note("read", f"{n >> 10} KB at {off >> 10} KB", t0, t1, thread)
+
+        # reads in flight (or already, where the stored plan let them start before the backend's set-up)
+        weights.start_stream(self.layers, plan, [worker(n) for n in IO_WORKERS], on_read=on_read)
         pool.submit(run)
         prefault = getattr(backend, "prefault", None)
         if prefault is not None:

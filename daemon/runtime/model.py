@@ -728,9 +728,20 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     if op is not None and dev == "cpu":
         first["run_graph"] = op.run_graph  # the package's layout plan, applied when it was opened
         first["memory"] = op.memory  # and its activation plan
-    backend = make_backend(graph, dev, kernels, **first)
+    ws = WeightSource(graph.constants, op.store if op is not None else None, dev)
+    if plan is not None and op is not None:
+        # the stored plan says what to read: the disk starts now, beside the backend's set-up, not after it
+        from .scheduler import IO_WORKERS, worker
+
+        ws.start_stream_early(op.run_graph, plan, [worker(n) for n in IO_WORKERS])
     try:
-        ws = WeightSource(graph.constants, op.store if op is not None else None, dev)
+        backend = make_backend(graph, dev, kernels, **first)
+    except BaseException:
+        ws.stop_stream()
+        if op is not None:
+            op.store.close()
+        raise
+    try:
         if plan is None:
             # planned here: from the package's profile (other options than its stored plan's) or from the
             # roofline (an in-memory model), over the transformed weights the store holds (none in memory)
@@ -744,6 +755,7 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
                              predictor=pred, constants=graph.constants)
         cold = ColdLoad(backend, plan, ws, mname, backend.layers())
     except BaseException:
+        ws.stop_stream()
         close = getattr(backend, "close", None)
         if close is not None:
             close()

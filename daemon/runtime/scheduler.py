@@ -210,10 +210,11 @@ class ColdRun:
         with self.cond:
             self.events.append(Event(threading.current_thread().name, kind, self.plan.layers[pos].name, t0, t1))
 
-    def note(self, kind: str, what: str, t0: float, t1: float) -> None:
-        """Side work of the load for the timeline ('read': a streaming read's piece, 'prefault'), no layer's."""
+    def note(self, kind: str, what: str, t0: float, t1: float, thread: str | None = None) -> None:
+        """Side work of the load for the timeline ('read': a streaming read's piece, 'prefault'), no layer's;
+        ``thread``: the thread that did it (default: the caller)."""
         with self.cond:
-            self.events.append(Event(threading.current_thread().name, kind, what, t0, t1))
+            self.events.append(Event(thread or threading.current_thread().name, kind, what, t0, t1))
 
     def breakdown(self) -> dict[str, Any]:
         """Seconds per phase summed over tasks, waiting and executing on the executor, and per-thread work."""
