@@ -37,15 +37,28 @@ def test_the_trial_keeps_the_faster_and_tries_again(alone_s: float, pool_s: floa
 
 def test_a_slow_model_keeps_the_pool_and_a_pool_of_one_never_tries() -> None:
     tc = ThreadChoice(pool=2)
+    caps = []
     for _ in range(2 * ThreadChoice.TRIAL):
-        cap = tc.next_cap()
-        tc.record(cap, 5e-3 if cap == 1 else 2e-3)
-    assert tc.cap == 0 and not tc.in_trial()
+        caps.append(tc.next_cap())
+        tc.record(caps[-1], 5e-3 if caps[-1] == 1 else 2e-3)
+    # the pool's first block measured past MAX_S: no run of the trial went to one thread
+    assert caps == [0] * (2 * ThreadChoice.TRIAL)
+    assert tc.cap == 0 and not tc.in_trial() and tc.info() == {"threads": 2, "pool": 2, "pool_us": 2000.0}
     for _ in range(3 * ThreadChoice.RETRY):
         assert tc.next_cap() == 0 and not tc.in_trial()
         tc.run(lambda _: None, None)
     single = ThreadChoice(pool=1)
     assert not single.in_trial() and single.next_cap() == 0 and single.info() == {"threads": 1, "pool": 1}
+
+
+def test_a_model_near_the_limit_is_still_tried_on_one_thread() -> None:
+    """Only a pool median past MAX_S ends the trial early; one just under it runs the whole trial."""
+    tc = ThreadChoice(pool=2)
+    caps = []
+    for _ in range(2 * ThreadChoice.TRIAL):
+        caps.append(tc.next_cap())
+        tc.record(caps[-1], 0.8 * ThreadChoice.MAX_S if caps[-1] == 1 else 0.9 * ThreadChoice.MAX_S)
+    assert caps.count(1) == ThreadChoice.TRIAL and tc.cap == 1
 
 
 def test_the_cap_is_put_back_after_a_run_even_a_failing_one() -> None:
