@@ -153,15 +153,32 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     # after a 0.15 s ramp of its own: onnxruntime's pool threads keep spinning for tens of milliseconds after its
     # last call (inferd measured 1.6x slower for ~40 ms after it on the 2-core VM), so a call timed straight
     # after another engine's would time that engine's spin-down too.
+    # The 2-core VM also runs at two speeds for seconds at a time (every engine 1.7-2x slower together, the host's
+    # doing): medians over the whole loop then compare blocks from different spells. Each round's int8 ratio is
+    # taken between the round's own inferd and onnxruntime blocks (next to each other, their order alternating
+    # round by round), and the median of those is the ratio reported.
     t: dict[str, list[float]] = {"inferd_int8": [], "inferd_fp32": [], "ort_int8": [], "ort_fp32": []}
-    calls = {"inferd_int8": lambda: m8.run({iname: x}), "inferd_fp32": lambda: m32.run({iname: x}),
-             "ort_int8": lambda: s8.run(None, {iname: x}), "ort_fp32": lambda: s32.run(None, {iname: x})}
-    for _ in range(max(1, repeat // 5)):
-        for k, fn in calls.items():
+    calls = {"inferd_int8": lambda: m8.run({iname: x}), "ort_int8": lambda: s8.run(None, {iname: x}),
+             "inferd_fp32": lambda: m32.run({iname: x}), "ort_fp32": lambda: s32.run(None, {iname: x})}
+    paired: dict[str, list[float]] = {"int8": [], "fp32": []}
+    for rnd in range(max(1, repeat // 5)):
+        block: dict[str, float] = {}
+        order = list(calls)
+        if rnd % 2:
+            order = [order[1], order[0], order[3], order[2]]
+        for k in order:
+            fn = calls[k]
             ramp(fn, 0.15)
-            t[k] += time_calls(fn, 5, warmup=0)
+            v = time_calls(fn, 5, warmup=0)
+            t[k] += v
+            block[k] = float(np.median(v))
+        for p in paired:
+            paired[p].append(block[f"inferd_{p}"] / block[f"ort_{p}"])
     for k, v in t.items():
         res[f"{k}_warm_ms"] = median_ms(v)
+    for p, v in paired.items():
+        res[f"warm_vs_ort_{p}_paired"] = round(float(np.median(v)), 3)
+        res[f"warm_vs_ort_{p}_paired_iqr"] = [round(float(np.percentile(v, q)), 3) for q in (25, 75)]
     res["loadavg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     want = s8.run(None, {iname: x})[0]
     got = m8.run({iname: x})
@@ -203,16 +220,22 @@ def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
              "Weight bytes, int8 / fp32: *stored* is the raw weights in inferd's package store (the whole store, "
              "which adds the transformed weights its plan reads, in brackets); *QDQ file* the ONNX initializers "
              "onnxruntime's quantizer wrote, for reference; *resident* what the loaded executors hold.\n",
-             "| model | scheme | int8 ms | fp32 ms | ort int8 ms | ort fp32 ms | vs ort | vs fp32 | cold int8/fp32 ms | "
-             "stored | QDQ file | resident | err (steps, frac) | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "*vs ort*: the median over rounds of each round's inferd int8 / onnxruntime int8 (adjacent blocks of 5 "
+             "calls, the interquartile range in brackets), so that a spell of the machine running slower for a "
+             "while compares like with like; the ratio of the whole loop's medians beside it.\n",
+             "| model | scheme | int8 ms | fp32 ms | ort int8 ms | ort fp32 ms | vs ort | vs ort (medians) | vs fp32 | "
+             "cold int8/fp32 ms | stored | QDQ file | resident | err (steps, frac) | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['scheme']} | error: {r['error']} |" + " |" * 12)
+            lines.append(f"| {r['model']} | {r['scheme']} | error: {r['error']} |" + " |" * 13)
             continue
+        iqr = r.get("warm_vs_ort_int8_paired_iqr") or [None, None]
         lines.append(
             f"| {r['model']} | {r['scheme']} | {fmt(r['inferd_int8_warm_ms'], '.2f')} | {fmt(r['inferd_fp32_warm_ms'], '.2f')} | "
-            f"{fmt(r['ort_int8_warm_ms'], '.2f')} | {fmt(r['ort_fp32_warm_ms'], '.2f')} | {fmt(r['warm_vs_ort'], '.2f')}x | "
+            f"{fmt(r['ort_int8_warm_ms'], '.2f')} | {fmt(r['ort_fp32_warm_ms'], '.2f')} | "
+            f"{fmt(r.get('warm_vs_ort_int8_paired'), '.2f')}x ({fmt(iqr[0], '.2f')}-{fmt(iqr[1], '.2f')}) | "
+            f"{fmt(r['warm_vs_ort'], '.2f')}x | "
             f"{fmt(r['warm_vs_fp32'], '.2f')}x | {fmt(r.get('inferd_int8_cold_ms'), '.0f')} / {fmt(r.get('inferd_fp32_cold_ms'), '.0f')} | "
             f"{fmt(r.get('package_raw_ratio'), '.3f')}x ({fmt(r.get('package_ratio'), '.3f')}x) | "
             f"{fmt(r['stored_ratio'], '.3f')}x | {fmt(r['resident_ratio'], '.3f')}x | "
