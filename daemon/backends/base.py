@@ -142,15 +142,30 @@ class WeightSource:
 
     def planned_entries(self, layers: Sequence[Layer], plan: Any) -> list["Entry"]:
         """The store entries ``plan`` reads, in the order it needs them."""
+        def layer_of(lp: Any) -> tuple[str, list[str]]:
+            layer = layers[lp.index]
+            return layer.name, [layer.node.inputs[i] for i in layer.const_inputs]
+
+        return self._entries(plan, layer_of) or []  # (never None: every planned layer is one of ``layers``)
+
+    def _entries(self, plan: Any,
+                 layer_of: "Callable[[Any], tuple[str, Sequence[str]] | None]") -> "list[Entry] | None":
+        """What ``plan`` reads, in its order; ``layer_of(lp)``: the layer's name and its constant inputs' names
+        (None: the layer is unknown, and so is the answer)."""
         if self.store is None:
             return []
         out: list[Entry] = []
         for lp in plan.read_order():
-            layer = layers[lp.index]
+            if lp.source not in ("transformed", "raw"):
+                continue
+            got = layer_of(lp)
+            if got is None:
+                return None
+            name, consts = got
             if lp.source == "transformed":
-                out += self._transformed_entries(layer.name, lp.kernel)
-            elif lp.source == "raw":
-                out += [e for e in (self._stored(layer.node.inputs[i]) for i in layer.const_inputs) if e is not None]
+                out += self._transformed_entries(name, lp.kernel)
+            else:
+                out += [e for e in (self._stored(i) for i in consts) if e is not None]
         return out
 
     def _stored(self, name: str) -> "Entry | None":
@@ -165,24 +180,16 @@ class WeightSource:
 
     def entries_by_name(self, graph: Any, plan: Any) -> "list[Entry] | None":
         """``planned_entries`` from ``graph``'s nodes (the graph the backend will run) instead of the backend's
-        layers, so that reading can start before the backend exists; None where a planned layer reading raw
-        weights is not a node of ``graph``."""
-        if self.store is None:
-            return []
-        nodes: dict[str, Any] | None = None
-        out: list[Entry] = []
-        for lp in plan.read_order():
-            if lp.source == "transformed":
-                out += self._transformed_entries(lp.name, lp.kernel)
-            elif lp.source == "raw":
-                if nodes is None:
-                    nodes = {n.name: n for n in graph.nodes}
-                node = nodes.get(lp.name)
-                if node is None:
-                    return None
-                consts = graph.constants
-                out += [e for e in (self._stored(i) for i in node.inputs if i and i in consts) if e is not None]
-        return out
+        layers, so that reading can start before the backend exists; None where a planned layer is not a node
+        of ``graph``."""
+        nodes = {n.name: n for n in graph.nodes}
+        consts = graph.constants
+
+        def layer_of(lp: Any) -> tuple[str, list[str]] | None:
+            node = nodes.get(lp.name)
+            return None if node is None else (lp.name, [i for i in node.inputs if i and i in consts])
+
+        return self._entries(plan, layer_of)
 
     def start_stream_early(self, graph: Any, plan: Any, io: Any = None) -> bool:
         """Start streaming what ``plan`` reads before the backend is set up (its set-up is Python the reads
