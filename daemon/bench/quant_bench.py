@@ -237,7 +237,7 @@ def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['scheme']} | error: {r['error']} |" + " |" * 13)
+            lines.append(f"| {r['model']} | {r['scheme']} | error: {r['error']} |" + " |" * 12)
             continue
         iqr = r.get("warm_vs_ort_int8_paired_iqr") or [None, None]
         lines.append(
