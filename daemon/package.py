@@ -650,6 +650,7 @@ def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile 
     old = _repredict(current, entries, merged, backend)
     if new.predicted_s >= old * (1 - min_gain):
         return None
+    list_plan_pipelines(backend, current, new)  # before the plan that runs them is written
     d["refinements"] = int(d.get("refinements", 0)) + 1
     d["plan"] = new.to_dict()
     d["profile"] = merged.to_dict()
@@ -657,6 +658,28 @@ def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile 
     log.info("%s: plan refined from an observed cold run: predicted %.1f -> %.1f ms", pkg, old * 1e3,
              new.predicted_s * 1e3)
     return new
+
+
+def list_plan_pipelines(backend: Any, ran: ColdPlan, plan: ColdPlan) -> int:
+    """List (and make) the pipelines of ``plan``'s cold kernels where they differ from those of ``ran``, the plan the
+    backend's load ran, on a GPU backend: the package's next load runs them, in a daemon whose start made resident
+    only what the device's list holds (the kernels ``ran`` used are listed already). Without this a restarted
+    daemon's cold load created the pipelines of each layer a refinement had moved to a kernel only the profiler
+    had timed. Returns the layers listed; a layer that fails is left to the next load, which creates what it
+    lacks."""
+    note = getattr(backend, "note_pipelines", None)
+    if note is None:
+        return 0
+    before = {lp.name: lp.kernel for lp in ran.layers}
+    done = 0
+    for lp in plan.layers:
+        if lp.kernel and lp.kernel != before.get(lp.name):
+            try:
+                note(lp.index, lp.kernel)
+                done += 1
+            except Exception as e:  # only a speed-up of the next load
+                log.debug("listing the pipelines of %s (%s) failed: %s", lp.name, lp.kernel, e)
+    return done
 
 
 def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[[str, str], bool],

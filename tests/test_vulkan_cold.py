@@ -394,3 +394,42 @@ def test_device_close_lets_a_models_background_work_finish(tmp_path: Any) -> Non
         t.join(20)
     assert took == [True], "the background work could not take the device lock while the device closed its models"
     assert dev.closed
+
+
+def test_a_refined_plans_cold_kernels_get_their_pipelines_listed(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refinement that moves a layer to another cold kernel lists that kernel's pipelines (the next load of the
+    package runs it, in a daemon whose start made resident what the list holds); layers it leaves alone list
+    nothing more. Before, a restarted daemon's cold load created the pipelines of such layers itself."""
+    import dataclasses
+
+    from inferd.ops.base import applicable_kernels
+    from inferd.package import list_plan_pipelines
+
+    name = "squeezenet1_1"
+    src, feeds, _, _ = zoo_reference(name)
+    pkg = compile_model(src, tmp_path / "pkg", device="vulkan", profile=False)
+    with inferd.load(pkg, device="vulkan") as model:
+        model.run(feeds)
+        assert model.wait_warm(60)
+        cold, backend = model._cold, model._exec
+        pick = None
+        for lp in cold.plan.layers:
+            slot = backend._slots[lp.index]
+            if slot.kind == "kernel":
+                others = [k for k in applicable_kernels(slot.layer, "vulkan")
+                          if k.name not in (lp.kernel, lp.warm_kernel)]
+                if others:
+                    pick = (lp, slot, others[0])
+                    break
+        assert pick is not None
+        lp, slot, other = pick
+        recorded: list[Any] = []
+        monkeypatch.setattr(backend.device.pipeline_list, "record", lambda reqs, now=None: recorded.extend(reqs))
+        assert list_plan_pipelines(backend, cold.plan, cold.plan) == 0 and recorded == []  # the plan it ran
+        moved = dataclasses.replace(cold.plan, layers=tuple(
+            dataclasses.replace(x, kernel=other.name) if x is lp else x for x in cold.plan.layers))
+        assert list_plan_pipelines(backend, cold.plan, moved) == 1
+        params = other.transform(slot.layer, backend._raw(slot, {}))
+        want = {d.shader for d in backend._dispatches(slot, other, params)[0]}
+        assert want and {r[0] for r in recorded} == want

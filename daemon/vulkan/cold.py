@@ -357,6 +357,19 @@ class VulkanColdBackend:
         self._add(transform_s=transform_s)
         return {"transform_s": transform_s, "pipeline_s": pipeline_s}
 
+    def note_pipelines(self, pos: int, kernel_name: str) -> int:
+        """Make (or find) the pipelines ``kernel_name`` runs layer ``pos`` with and list them as used (the device's
+        pipeline list, what a daemon makes resident at its next start): a refined plan's cold kernels, which the
+        next load of its package runs. Idle-time work; returns how many pipelines the kernel's dispatches take."""
+        slot = self._slots[pos]
+        if slot.kind != "kernel":
+            return 0
+        kernel = self._kernel(slot, kernel_name)
+        with self._working():
+            params = kernel.transform(slot.layer, self._raw(slot, {}))
+            dispatches = self._dispatches(slot, kernel, params)[0]
+            return len(self._pipelines(dispatches, record=True))
+
     def begin(self, feeds: Mapping[str, np.ndarray]) -> None:
         with self._lock:
             self._check_open()
