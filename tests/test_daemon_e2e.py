@@ -381,7 +381,13 @@ def test_a_restarted_daemon_makes_its_pipelines_resident(workdir: Path, local_mo
     env.update(INFERD_CACHE_DIR=str(cache), INFERD_MEMORY_PRESSURE="off", MESA_SHADER_CACHE_DIR=str(cache / "mesa"))
     first = DaemonProcess(f"ipc://{workdir}/r1.sock", workdir / "models", env={**env, "INFERD_RESIDENT_PIPELINES": "0"},
                           device="vulkan", log_path=workdir / "r1.log")
+    rng = np.random.default_rng(3)
     with first, Client(first.endpoint, timeout=120) as c:
+        # served, not only loaded: a preloaded model is "ready" once its load returns, while its layers (and their
+        # pipelines) are still being prepared; a daemon stopped then had listed only some of them (under a busy
+        # machine the second daemon's cold load of two_io created the one its predecessor never did)
+        for name, local in local_models.items():
+            c.infer(name, _feeds(local, rng))
         st = c.status()
         assert st["vulkan_pipelines"]["at_start"] is None  # resident_pipelines = 0: nothing done at start
         # the loads' pipelines are listed (not the other kernels the profiler only timed)
@@ -399,7 +405,6 @@ def test_a_restarted_daemon_makes_its_pipelines_resident(workdir: Path, local_mo
             time.sleep(0.05)
         listed = vp["listed"]
         assert vp["at_start"]["created"] == listed == vp["held"] and listed > 0, vp
-        rng = np.random.default_rng(3)
         for name, local in local_models.items():
             feeds = _feeds(local, rng)
             got = c.infer(name, feeds)
