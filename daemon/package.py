@@ -706,6 +706,7 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
             new = make_plan(backend, entries, prof, current.options,
                             current.loaders + (0 if backend.gpu else 1), stored=stored,
                             predictor=device_predictor(device, fp), constants=op.graph.constants)
+            list_plan_pipelines(backend, current, new)  # as refine_package does, before the plan is written
         finally:
             close = getattr(backend, "close", None)
             if close is not None:
