@@ -366,9 +366,7 @@ class VulkanColdBackend:
             return 0
         kernel = self._kernel(slot, kernel_name)
         with self._working():
-            params = kernel.transform(slot.layer, self._raw(slot, {}))
-            dispatches = self._dispatches(slot, kernel, params)[0]
-            return len(self._pipelines(dispatches, record=True))
+            return len(self._pipelines(self._graph_dispatches(slot, kernel)[0], record=True))
 
     def begin(self, feeds: Mapping[str, np.ndarray]) -> None:
         with self._lock:
@@ -647,6 +645,11 @@ class VulkanColdBackend:
             keep.append(d)
         return keep, len(ds) - len(keep)
 
+    def _graph_dispatches(self, slot: _Slot, kernel: VulkanKernel) -> tuple[list[Dispatch], int]:
+        """``_dispatches`` of ``kernel`` with its weights transformed from the graph's raw constants (no loader read
+        them: the questions asked outside a load)."""
+        return self._dispatches(slot, kernel, kernel.transform(slot.layer, self._raw(slot, {})))
+
     def _moves_nothing(self, slot: _Slot) -> bool:
         """Whether ``slot``'s only kernel records no dispatch here (every one a copy in place): the planner must
         not charge it a copy's execution or pipeline (the roofline scaled by other kernels' dispatches priced
@@ -656,7 +659,7 @@ class VulkanColdBackend:
                 or not isinstance(k, VulkanKernel)):
             return False
         try:
-            keep, gone = self._dispatches(slot, k, k.transform(slot.layer, self._raw(slot, {})))
+            keep, gone = self._graph_dispatches(slot, k)
         except Exception:  # a kernel that cannot say: it is priced as it runs
             return False
         return not keep and gone > 0
