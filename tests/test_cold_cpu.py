@@ -87,6 +87,26 @@ def test_odd_plans(name: str, variant: str, tmp_path: Path) -> None:
         cold_then_warm(model, name, variant)
 
 
+def test_a_load_finished_in_idle_time_is_not_warm_before_its_stats_are_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cold load says it is done before the model has taken in its stats and started its warm switch: a status
+    read in between reported the model warm with no cold stats (a daemon's preloaded model, once in CI)."""
+    from inferd.runtime.model import Model
+
+    seen: list[tuple[bool, dict]] = []
+    orig = Model._after_cold
+
+    def after_cold(self: Model, cold) -> None:
+        assert cold.done
+        seen.append((self.warm, dict(self.cold_stats)))
+        orig(self, cold)
+
+    monkeypatch.setattr(Model, "_after_cold", after_cold)
+    with inferd.load(ref("squeezenet1_1")[0]) as model:
+        model.wait_loaded()
+        assert seen == [(False, {})]
+        assert model.wait_warm(60) and model.warm and model.cold_stats["cold_s"] > 0
+
+
 def test_wait_warm_before_the_first_run_finishes_the_load_and_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     # a caller (a benchmark) that waits before running must not time its runs under a warm switch that has not
     # even started: the switch starts after the cold load, which has not run yet (squeezenet's convs in NCHW: in

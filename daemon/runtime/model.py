@@ -88,6 +88,9 @@ class Model:
         self._on_close = on_close
         self.plan = cold.plan if cold is not None else None
         self.cold_stats: dict[str, Any] = {}
+        #: the cold load whose answer ``_after_cold`` has taken in (its stats, its warm switch started): until then
+        #: ``warm`` is False, though the load may say it is done
+        self._settled: "ColdLoad | None" = None
         #: set when the warm switch (if any) is done; likewise the refinement of the package's plan
         self.warm_done: threading.Event | None = None
         self.refine_done: threading.Event | None = None
@@ -314,6 +317,7 @@ class Model:
         if after is not None:
             after_answer(after)
         self.warm_done = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update)
+        self._settled = cold
         if self._refine is not None:
             refine = self._refine
             self._refine = None
@@ -374,7 +378,9 @@ class Model:
     def warm(self) -> bool:
         """Whether runs take the warm path now: the cold load has answered and its warm switch, if any, is done."""
         cold = self._cold
-        if cold is not None and not cold.done:
+        if cold is not None and not (cold.done and self._settled is cold):
+            # a load that finished in idle time is done before _after_cold has its stats and warm switch:
+            # status read then said warm with no cold stats (seen once in CI)
             return False
         ev = self.warm_done
         return ev is None or ev.is_set()
