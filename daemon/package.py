@@ -28,7 +28,7 @@ import numpy as np
 from . import __version__
 from dataclasses import dataclass
 
-from .backends.base import LazyConstants, transformed_key
+from .backends.base import LazyConstants, WeightSource, transformed_key
 from .errors import (BackendError, InferdError, PackageOptionsError, PackageUnsupported, StalePackageError,
                      WeightsStoreError)
 from .frontend.shapes import specialize
@@ -43,7 +43,7 @@ from .planner.memory import MemoryPlan, memory_from_record, memory_record
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
 from .runtime.window import hold as hold_window
-from .store import HeadRead, StoreWriter, WeightsStore, file_sha256
+from .store import HeadRead, StoreStream, StoreWriter, WeightsStore, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,17 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
                 second = lp.source == "transformed" and lp.warm_kernel != lp.kernel
                 if kernel_transforms(k) and not (second and k.transformed_nbytes(layer) > WARM_COPY_MAX_BYTES):
                     put_transformed(layer, lp.warm_kernel)
+    with WeightsStore(out / "weights.store") as store:
+        def layer_of(lp: Any) -> tuple[str, list[str]]:
+            layer = by_name[lp.name][0]
+            return layer.name, [layer.node.inputs[i] for i in layer.const_inputs]
+
+        big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}
+        ws = WeightSource(LazyConstants(inline, store, big), store, device)
+        stream = stream_record(ws.entries_for(plan, layer_of) or [])
     write_plan(out / "plan.bin", {
+        # what the cold plan reads, in its order: an open starts reading it before parsing the graph
+        "stream": stream,
         "engine_version": __version__, "model_sha256": sha, "source": src, "batch": batch, "device": device,
         "name": template.name, "opset": template.opset, "kernels": dict(kernels or {}),
         "inputs": [_info(t) for t in template.inputs], "outputs": [_info(t) for t in template.outputs],
@@ -425,8 +435,21 @@ def _shaped_graph(d: dict[str, Any], template: Graph) -> Graph:
                  template.opset, dict(template.dims))
 
 
+def stream_record(entries: Any) -> list[list[str]]:
+    """plan.bin's ``stream``: the keys of the store entries a cold plan reads (``WeightSource.planned_entries``),
+    as a stream reads them."""
+    return [list(k) for k in StoreStream.order(entries)]
+
+
+#: plan.bin's keys written first, in this order: an open parses them (and starts reading the store) before the rest
+_PLAN_FIRST = ("stream", "plan")
+
+
 def write_plan(path: Path, d: dict[str, Any]) -> None:
-    """``plan.bin``: magic, version and sha256 of the msgpack body, written atomically."""
+    """``plan.bin``: magic, version and sha256 of the msgpack body, written atomically. The body is one map whose
+    first keys are ``_PLAN_FIRST`` (where present): ``stream``, the store entries the cold plan reads in its order,
+    then ``plan``: a cold open starts reading with these two parsed, before the graph (``_read_plan``)."""
+    d = {**{k: d[k] for k in _PLAN_FIRST if k in d}, **{k: v for k, v in d.items() if k not in _PLAN_FIRST}}
     body = msgpack.packb(d, default=_default, use_bin_type=True)
     atomic_write(path, _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
 
@@ -435,8 +458,11 @@ def read_plan(path: Path) -> dict[str, Any]:
     return _read_plan(path)[0]
 
 
-def _read_plan(path: Path) -> tuple[dict[str, Any], ColdPlan, Profile | None]:
-    """plan.bin's dict with its cold plan and profile parsed (a plan that does not parse is a damaged one)."""
+def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = None
+               ) -> tuple[dict[str, Any], ColdPlan, Profile | None]:
+    """plan.bin's dict with its cold plan and profile parsed (a plan that does not parse is a damaged one).
+    ``early(plan, stream)``: called as soon as the cold plan is parsed, with the ``stream`` entry where it came
+    before (None otherwise), while the rest of the map is still to parse (checksum verified first)."""
     data = path.read_bytes() if path.is_file() else b""
     if len(data) < _PLAN_HEAD.size:
         raise WeightsStoreError(f"{path}: missing or truncated plan ({len(data)} bytes)")
@@ -448,9 +474,28 @@ def _read_plan(path: Path) -> tuple[dict[str, Any], ColdPlan, Profile | None]:
     body = data[_PLAN_HEAD.size:]
     if hashlib.sha256(body).digest() != sha:
         raise WeightsStoreError(f"{path}: plan checksum mismatch (corrupted file)")
+    d: dict[str, Any] = {}
+    plan: ColdPlan | None = None
     try:
-        d = msgpack.unpackb(body, raw=False, ext_hook=_ext_hook, strict_map_key=False)
-        plan = ColdPlan.from_dict(d["plan"])
+        u = msgpack.Unpacker(raw=False, ext_hook=_ext_hook, strict_map_key=False, max_buffer_size=max(1, len(body)))
+        u.feed(body)
+        left = u.read_map_header()
+        while left and plan is None:  # up to the plan (the first keys: ``_PLAN_FIRST``)
+            k = u.unpack()
+            d[k] = u.unpack()
+            left -= 1
+            if k == "plan":
+                plan = ColdPlan.from_dict(d[k])
+    except Exception as e:
+        raise WeightsStoreError(f"{path}: unreadable plan: {type(e).__name__}: {e}") from e
+    if plan is not None and early is not None:
+        early(plan, d.get("stream"))
+    try:
+        for _ in range(left):
+            k = u.unpack()
+            d[k] = u.unpack()
+        if plan is None:
+            plan = ColdPlan.from_dict(d["plan"])
         prof = Profile.from_dict(d["profile"]) if d.get("profile") is not None else None
     except WeightsStoreError:
         raise
@@ -484,20 +529,26 @@ class OpenPackage:
     meta: dict[str, Any]
     run_graph: Graph  # what the backend runs: on the CPU ``graph`` with the package's layout plan applied
     memory: MemoryPlan | None = None  # the CPU's activation plan of ``run_graph`` (None: planned at load)
+    #: the reads of the stored plan, under way since plan.bin's first keys were parsed (``open_package``'s
+    #: ``stream``); the load takes it on (``WeightSource.start_stream_early``) or releases it
+    stream: "StoreStream | None" = None
 
 
 def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[str, str] | None = None,
                  current: dict[str, str] | None = None, precision: str | None = None,
-                 cold: bool = False) -> OpenPackage:
+                 cold: bool = False, stream: "Callable[[ColdPlan], Any] | None" = None) -> OpenPackage:
     """Validate ``pkg`` for this device and open it; ``WeightsStoreError`` (or its subclass
     ``StalePackageError``) when it is damaged, for another model, device, engine, batch or kernels;
     ``PackageOptionsError`` when ``precision`` is given and the package was compiled for another.
-    ``cold``: opened for a cold load, whose first weights are read ahead from here (``store.HeadRead``)."""
+    ``cold``: opened for a cold load, whose first weights are read ahead from here (``store.HeadRead``).
+    ``stream(plan)``: the I/O workers to stream the stored plan's reads on, from the moment it is parsed (None:
+    the load will not follow that plan): the open's own parsing (2-5 ms of Python on the 2-core VM) then runs
+    beside the disk (``OpenPackage.stream``)."""
     # the cold window (no GC pause, a short GIL switch interval) runs from here to the first answer:
     # the store carries the hold, the cold load releases it (or the store's close does)
     window = hold_window()
     try:
-        return _open_package(pkg, device, batch, kernels, current, precision, window, cold)
+        return _open_package(pkg, device, batch, kernels, current, precision, window, cold, stream)
     except BaseException:
         window.release()
         raise
@@ -530,7 +581,7 @@ def prefetch_metadata(pkg: Path) -> None:
 
 def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
                   current: dict[str, str] | None, precision: str | None, window: Any,
-                  cold: bool = False) -> OpenPackage:
+                  cold: bool = False, stream_io: "Callable[[ColdPlan], Any] | None" = None) -> OpenPackage:
     head = None
     if cold:
         from .runtime.scheduler import worker
@@ -538,7 +589,39 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         # on the loader pool's first io worker: the stream's readers run there later, after it
         head = HeadRead(pkg / "weights.store", worker("io").submit)
     prefetch_metadata(pkg)
-    d, plan, prof = _read_plan(pkg / "plan.bin")
+    store: WeightsStore | None = None
+    stream: StoreStream | None = None
+
+    def early(plan: ColdPlan, keys: Any) -> None:
+        nonlocal store, stream
+        io = stream_io(plan) if stream_io is not None and keys else None
+        if io is None:
+            return
+        store = WeightsStore(pkg / "weights.store", direct=None, head=head)
+        store.window = window
+        try:
+            entries = [store.entries[tuple(k)] for k in keys]
+        except (KeyError, TypeError) as e:  # a list of another store: the load finds its entries itself
+            log.debug("%s: plan.bin's stream lists entries its store lacks (%s)", pkg, e)
+            return
+        stream = StoreStream(store, entries, io=io)
+
+    try:
+        return _open_parsed(pkg, device, batch, kernels, current, precision, window, head, early,
+                            lambda: (store, stream))
+    except BaseException:
+        if stream is not None:
+            stream.release()
+        if store is not None:
+            store.close()
+        raise
+
+
+def _open_parsed(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
+                 current: dict[str, str] | None, precision: str | None, window: Any, head: HeadRead | None,
+                 early: "Callable[[ColdPlan, Any], None]",
+                 started: "Callable[[], tuple[WeightsStore | None, StoreStream | None]]") -> OpenPackage:
+    d, plan, prof = _read_plan(pkg / "plan.bin", early)
     made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
     if precision is not None and precision != made:
         raise PackageOptionsError(f"{pkg}: package compiled for precision {made!r}, asked for {precision!r}; "
@@ -553,8 +636,10 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
                                   f"recompile it with those --kernel options")
     if current is not None:
         check_fingerprint(pkg, d, current)
-    store = WeightsStore(pkg / "weights.store", direct=None, head=head)
-    store.window = window
+    store, stream = started()
+    if store is None:
+        store = WeightsStore(pkg / "weights.store", direct=None, head=head)
+        store.window = window
     try:
         if store.model_sha256 != d["model_sha256"]:
             raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "
@@ -593,9 +678,11 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
             if n not in inline and n not in big:
                 raise WeightsStoreError(f"{pkg}: constant {n!r} is in neither the plan nor the store")
     except BaseException:
+        if stream is not None:
+            stream.release()
         store.close()
         raise
-    return OpenPackage(pkg, graph, template, plan, prof, store, d, run_graph, memory)
+    return OpenPackage(pkg, graph, template, plan, prof, store, d, run_graph, memory, stream)
 
 
 def _stored_run_graph(pkg: Path, graph: Graph, d: dict[str, Any], kernels: dict[str, str] | None) -> Graph:
@@ -633,11 +720,12 @@ MAX_REFINEMENTS = 2
 
 def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile | None,
                    observed: dict[tuple[str, str, str], float], stored: Callable[[str, str], bool],
-                   min_gain: float = 0.10) -> ColdPlan | None:
+                   min_gain: float = 0.10, reads: "Callable[[ColdPlan], Any] | None" = None) -> ColdPlan | None:
     """Fold what a cold run observed into ``pkg``'s profile and re-plan over the representations its
     store holds; rewrite ``plan.bin`` (atomically) when the new plan is predicted faster by more than
     ``min_gain`` under the refined costs, at most ``MAX_REFINEMENTS`` times per package. Returns the new
-    plan, or None when the stored one stays."""
+    plan, or None when the stored one stays. ``reads(plan)``: the store entries ``plan`` reads, in its order
+    (plan.bin's ``stream``; without it the new plan.bin has none, and its loads find them after the open)."""
     if profile is None or not observed:
         return None
     d = read_plan(pkg / "plan.bin")
@@ -654,10 +742,21 @@ def refine_package(pkg: Path, backend: Any, current: ColdPlan, profile: Profile 
     d["refinements"] = int(d.get("refinements", 0)) + 1
     d["plan"] = new.to_dict()
     d["profile"] = merged.to_dict()
+    _set_stream(d, reads, new)
     write_plan(pkg / "plan.bin", d)
     log.info("%s: plan refined from an observed cold run: predicted %.1f -> %.1f ms", pkg, old * 1e3,
              new.predicted_s * 1e3)
     return new
+
+
+def _set_stream(d: dict[str, Any], reads: "Callable[[ColdPlan], Any] | None", plan: ColdPlan) -> None:
+    """plan.bin's ``stream`` for ``plan`` (none where ``reads`` cannot say: an open then starts no stream)."""
+    d.pop("stream", None)
+    if reads is not None:
+        try:
+            d["stream"] = stream_record(reads(plan))
+        except Exception as e:  # only a speed-up of the next open
+            log.debug("the entries a refined plan reads: %s", e)
 
 
 def list_plan_pipelines(backend: Any, ran: ColdPlan, plan: ColdPlan) -> int:
@@ -707,6 +806,9 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
                             current.loaders + (0 if backend.gpu else 1), stored=stored,
                             predictor=device_predictor(device, fp), constants=op.graph.constants)
             list_plan_pipelines(backend, current, new)  # as refine_package does, before the plan is written
+            ws = WeightSource(op.graph.constants, op.store, device)
+            layers = backend.layers()
+            stream = stream_record(ws.planned_entries(layers, new))
         finally:
             close = getattr(backend, "close", None)
             if close is not None:
@@ -719,6 +821,7 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
     d2["profile"] = prof.to_dict()
     d2["plan"] = new.to_dict()
     d2["costs"] = "profiled"
+    d2["stream"] = stream
     write_plan(pkg / "plan.bin", d2)
     log.info("%s: profiled in idle time; plan predicted %.1f ms -> %.1f ms from measured costs", pkg,
              current.predicted_s * 1e3, new.predicted_s * 1e3)

@@ -410,14 +410,13 @@ class StoreStream:
                  io: Any = None, first: int = FIRST_CHUNK,
                  on_read: Callable[[int, int, float, float], None] | None = None) -> None:
         self.store = store
-        self._on_read = on_read
+        # the readers report each piece to ``_on_read``; without one, pieces wait in ``_early`` for ``listen``
+        # (a stream started before its load's run exists: at the package's open)
+        self._on_read: Callable[..., None] = on_read if on_read is not None else self._report
+        self._sink: Callable[..., None] | None = None
+        self._early: list[tuple[int, int, float, float, str]] = []
         chunk = _align(max(chunk, 1))  # pieces stay block aligned (O_DIRECT)
-        seen: set[tuple[str, str, str, str]] = set()
-        ents = []
-        for e in entries:
-            if e.size and e.key not in seen:
-                seen.add(e.key)
-                ents.append(e)
+        ents = self._unique(entries)
         self.chunks: list[tuple[int, int, list[Entry]]] = []
         for e in ents:
             if self.chunks:
@@ -451,8 +450,44 @@ class StoreStream:
             else:
                 threading.Thread(target=self._run, name="inferd-store-stream", daemon=True).start()
 
+    @staticmethod
+    def _unique(entries: Iterable[Entry]) -> list[Entry]:
+        seen: set[tuple[str, str, str, str]] = set()
+        ents = []
+        for e in entries:
+            if e.size and e.key not in seen:
+                seen.add(e.key)
+                ents.append(e)
+        return ents
+
+    @staticmethod
+    def order(entries: Iterable[Entry]) -> list[tuple[str, str, str, str]]:
+        """The keys a stream of ``entries`` reads, in its order (``keys`` of that stream)."""
+        return [e.key for e in StoreStream._unique(entries)]
+
     def __contains__(self, entry: Entry) -> bool:
         return entry.key in self._where
+
+    def keys(self) -> list[tuple[str, str, str, str]]:
+        """The entries streamed, in the order they are read."""
+        return [e.key for _s, _e, m in self.chunks for e in m]
+
+    def _report(self, off: int, n: int, t0: float, t1: float) -> None:
+        with self._cond:
+            sink = self._sink
+            if sink is None:
+                self._early.append((off, n, t0, t1, threading.current_thread().name))
+                return
+        sink(off, n, t0, t1)
+
+    def listen(self, sink: Callable[..., None]) -> None:
+        """Report the pieces read from now on to ``sink(offset, bytes, t0, t1)``, and those read so far (before
+        anyone listened) with a keyword ``thread``: the reader's name, which is not the caller's."""
+        with self._cond:
+            self._sink = sink
+            early, self._early = self._early, []
+        for off, n, t0, t1, thread in early:
+            sink(off, n, t0, t1, thread=thread)
 
     def _claim(self) -> tuple[int, int, int, np.ndarray] | None:
         """The next piece to read: (chunk, file offset, bytes, the chunk's buffer)."""
@@ -475,8 +510,7 @@ class StoreStream:
                 start, end, _m = self.chunks[i]
                 t0 = time.perf_counter()
                 st._read_span(off, n, min(n, end - off), out=buf[off - start:off - start + n])
-                if self._on_read is not None:
-                    self._on_read(off, n, t0, time.perf_counter())
+                self._on_read(off, n, t0, time.perf_counter())
                 with self._cond:
                     self._left[i] -= 1
                     if self._left[i] == 0:

@@ -17,6 +17,7 @@ transformed weights, from a compiled package's store or from an in-memory graph.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
@@ -29,6 +30,8 @@ from ..ops.base import Kernel, Layer, raw_key
 if TYPE_CHECKING:
     from ..planner.plan import LayerPlan
     from ..store import Entry, StoreStream, WeightsStore
+
+log = logging.getLogger(__name__)
 
 
 class ColdBackend(Protocol):
@@ -134,11 +137,6 @@ class WeightSource:
         self.store = store
         self.backend = backend
         self.stream: "StoreStream | None" = None
-        #: where a streaming read's pieces are reported (``on_read``); pieces read before anyone listens
-        #: (a stream started ahead of the backend's set-up) wait in ``_early_reads``
-        self._read_lock = threading.Lock()
-        self._read_sink: "Callable[[int, int, float, float], None] | None" = None
-        self._early_reads: list[tuple[int, int, float, float, str]] = []
 
     def planned_entries(self, layers: Sequence[Layer], plan: Any) -> list["Entry"]:
         """The store entries ``plan`` reads, in the order it needs them."""
@@ -146,9 +144,9 @@ class WeightSource:
             layer = layers[lp.index]
             return layer.name, [layer.node.inputs[i] for i in layer.const_inputs]
 
-        return self._entries(plan, layer_of) or []  # (never None: every planned layer is one of ``layers``)
+        return self.entries_for(plan, layer_of) or []  # (never None: every planned layer is one of ``layers``)
 
-    def _entries(self, plan: Any,
+    def entries_for(self, plan: Any,
                  layer_of: "Callable[[Any], tuple[str, Sequence[str]] | None]") -> "list[Entry] | None":
         """What ``plan`` reads, in its order; ``layer_of(lp)``: the layer's name and its constant inputs' names
         (None: the layer is unknown, and so is the answer)."""
@@ -189,31 +187,32 @@ class WeightSource:
             node = nodes.get(lp.name)
             return None if node is None else (lp.name, [i for i in node.inputs if i and i in consts])
 
-        return self._entries(plan, layer_of)
+        return self.entries_for(plan, layer_of)
 
-    def start_stream_early(self, graph: Any, plan: Any, io: Any = None) -> bool:
+    def start_stream_early(self, graph: Any, plan: Any, io: Any = None, started: "StoreStream | None" = None) -> bool:
         """Start streaming what ``plan`` reads before the backend is set up (its set-up is Python the reads
         need not wait for: 4-7 ms of a cold load on the 2-core VM and the H200's host). The layers the backend
         makes later must be ``graph``'s nodes by name; where one is not, a later ``start_stream`` starts it
-        then. Which entries it holds changes no answer: a blob outside the stream is read when it is asked
-        for. False: not started."""
+        then. ``started``: a stream the package's open began from the entries its plan.bin lists, taken on
+        when they are what ``plan`` reads here (else released: its reads are lost, never wrong). Which entries
+        a stream holds changes no answer: a blob outside it is read when it is asked for. False: not started."""
         if self.store is None or self.stream is not None:
-            return False
-        entries = self.entries_by_name(graph, plan)
-        if entries is None:
+            if started is not None:
+                started.release()
             return False
         from ..store import StoreStream
 
-        self.stream = StoreStream(self.store, entries, io=io, on_read=self._note_read)
+        entries = self.entries_by_name(graph, plan)
+        if started is not None:
+            if entries is not None and started.keys() == StoreStream.order(entries):
+                self.stream = started
+                return True
+            log.debug("the stream started at the package's open reads other entries than its plan: restarted")
+            started.release()
+        if entries is None:
+            return False
+        self.stream = StoreStream(self.store, entries, io=io)
         return True
-
-    def _note_read(self, off: int, n: int, t0: float, t1: float) -> None:
-        with self._read_lock:
-            sink = self._read_sink
-            if sink is None:
-                self._early_reads.append((off, n, t0, t1, threading.current_thread().name))
-                return
-        sink(off, n, t0, t1)
 
     def start_stream(self, layers: Sequence[Layer], plan: Any, io: Any = None,
                      on_read: Callable[[int, int, float, float], None] | None = None) -> None:
@@ -223,16 +222,10 @@ class WeightSource:
         made so far with a keyword ``thread`` (the reader's name; it is not the caller's)."""
         from ..store import StoreStream
 
-        with self._read_lock:
-            self._read_sink = on_read
-            early, self._early_reads = self._early_reads, []
-        if self.stream is not None:
-            if on_read is not None:
-                for off, n, t0, t1, thread in early:
-                    on_read(off, n, t0, t1, thread=thread)  # type: ignore[call-arg]
-            return
-        if self.store is not None:
-            self.stream = StoreStream(self.store, self.planned_entries(layers, plan), io=io, on_read=self._note_read)
+        if self.stream is None and self.store is not None:
+            self.stream = StoreStream(self.store, self.planned_entries(layers, plan), io=io)
+        if self.stream is not None and on_read is not None:
+            self.stream.listen(on_read)
 
     def stop_stream(self) -> None:
         """Stop a stream whose load will not happen (its set-up failed): no more reads, chunks let go."""

@@ -651,25 +651,32 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     from ..package import fingerprint, open_package, rebuild_package
     from ..planner.precision import PrecisionPlan
 
+    from .scheduler import IO_WORKERS, worker
+
     current = fingerprint(dev)
     asked = options.get("precision")
+
+    def stream_io(stored: ColdPlan) -> Any:
+        # the stored plan's reads start at the open, where this load follows that plan
+        return [worker(n) for n in IO_WORKERS] if _follows(stored, dev, opt, loaders) else None
+
     try:
-        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked, cold=True)
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked, cold=True,
+                          stream=stream_io)
     except PackageOptionsError:
         raise
     except WeightsStoreError as e:
         log.warning("compiled package %s is unusable (%s); rebuilding it", pkg, e)
         pkg = rebuild() if rebuild is not None else rebuild_package(pkg, device=dev, batch=batch, kernels=kernels)
-        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked, cold=True)
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current, precision=asked, cold=True,
+                          stream=stream_io)
     stored_precision = PrecisionPlan.from_dict(op.meta["precision"]) if op.meta.get("precision") else None
     if stored_precision is not None and dev != "cpu":
         # the package's plan is authoritative: its precision too (no weights read to re-decide it)
         options = {k: v for k, v in options.items() if k not in ("fp32_layers", "precision_guard", "fp16_arithmetic")}
         options["precision"] = stored_precision
     plan = op.plan
-    planning = ("select", "cache", "pipeline", "executor_prepares", "force_source")
-    if any(getattr(opt, f) != getattr(plan.options, f) for f in planning) or (loaders is not None and _loaders_for(
-            dev, loaders) != plan.loaders):
+    if not _follows(plan, dev, opt, loaders):
         plan = None  # re-planned from the package's profile by _planned_model
     elif opt != plan.options:  # run-time switches only (stealing, warm switch)
         plan = dataclasses.replace(plan, options=opt)
@@ -683,7 +690,11 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
         backend = model._exec
         stored = model._cold.weights.has_transformed if model._cold is not None else (lambda _l, _k: False)
         used = model.plan
-        model._refine = lambda observed: refine_package(op.path, backend, used, op.profile, observed, stored)
+        ws = model._cold.weights if model._cold is not None else None
+        layers = model._cold.layers if model._cold is not None else None
+        reads = (lambda p: ws.planned_entries(layers, p)) if ws is not None and layers is not None else None
+        model._refine = lambda observed: refine_package(op.path, backend, used, op.profile, observed, stored,
+                                                        reads=reads)
     elif op.meta.get("costs") == "predicted":  # ("roofline": compiled with --no-profile, measuring not wanted)
         from ..package import profile_package
 
@@ -714,6 +725,14 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     return model
 
 
+def _follows(plan: "ColdPlan", dev: str, opt: PlanOptions, loaders: int | None) -> bool:
+    """Whether a load with options ``opt`` and ``loaders`` follows a package's stored ``plan`` (else it re-plans from
+    the package's profile): the same planning switches and loader threads; run-time switches may differ."""
+    planning = ("select", "cache", "pipeline", "executor_prepares", "force_source")
+    return not (any(getattr(opt, f) != getattr(plan.options, f) for f in planning)
+                or (loaders is not None and _loaders_for(dev, loaders) != plan.loaders))
+
+
 def _loaders_for(dev: str, loaders: int) -> int:
     """Loader threads a plan gets for ``loaders`` threads in all (on the CPU the executor is one of them)."""
     return max(0, int(loaders) - 1) if dev == "cpu" else max(1, int(loaders))
@@ -726,7 +745,14 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     from ..package import make_backend, make_plan
     from .cold import ColdLoad
 
-    faults.check("backend.load")
+    try:
+        faults.check("backend.load")
+    except BaseException:
+        if op is not None:  # the open's stream stops and the store closes, as after a failed set-up below
+            if op.stream is not None:
+                op.stream.release()
+            op.store.close()
+        raise
     first = dict(options)
     if plan is not None and dev != "cpu":
         # the stored plan's kernels are the layers' only candidates: no kernel is asked whether it applies
@@ -739,7 +765,9 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
         # the stored plan says what to read: the disk starts now, beside the backend's set-up, not after it
         from .scheduler import IO_WORKERS, worker
 
-        ws.start_stream_early(op.run_graph, plan, [worker(n) for n in IO_WORKERS])
+        ws.start_stream_early(op.run_graph, plan, [worker(n) for n in IO_WORKERS], started=op.stream)
+    elif op is not None and op.stream is not None:
+        op.stream.release()  # re-planned: the stored plan's reads are not this load's
     try:
         backend = make_backend(graph, dev, kernels, **first)
     except BaseException:
