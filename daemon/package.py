@@ -111,6 +111,24 @@ def fingerprint(device: str) -> dict[str, str]:
 
 #: constants up to this size travel inside plan.bin (one read at open); larger ones are the loader's
 INLINE_MAX = 16 << 10
+#: but a weight that only layers reading transformed weights take goes to the store above this size: a cold load
+#: never reads it, and every open parsed it (mobilenetv2: 71 such weights, 225 KB of its 304 KB plan.bin, ~1 ms of
+#: a 2-core VM's open)
+INLINE_MAX_ANY = 1 << 10
+
+
+def transformed_only(plan: ColdPlan, layers: dict[str, tuple[Layer, Any]]) -> set[str]:
+    """The constants that only layers whose ``plan`` reads transformed weights take (none other reads them raw)."""
+    out: set[str] = set()
+    other: set[str] = set()
+    for lp in plan.layers:
+        got = layers.get(lp.name)
+        if got is None:
+            continue
+        layer = got[0]
+        names = {layer.node.inputs[i] for i in layer.const_inputs}
+        (out if lp.source == "transformed" else other).update(names)
+    return out - other
 #: a layer whose cold run reads one kernel's transformed weights gets its warm kernel's stored too only up to this
 #: size: a larger one would be a second full copy of the layer (vgg16 fp16's classifier: raw, the cold kernel's and
 #: the warm kernel's, 196 MiB each: stored bytes 0.71x fp32's), and the warm switch transforms it from raw in idle
@@ -314,9 +332,10 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
     the CPU's layout plan of ``graph`` (None: NCHW throughout, or not the CPU); ``memory``: the CPU's
     activation plan of its run graph (``planner.memory.memory_record``)."""
     tconsts = template.constants
-    inline = {n: a for n, a in tconsts.items() if a.nbytes <= INLINE_MAX}
-    written: set[str] = set()
     by_name = {layer.name: (layer, ks) for layer, ks, _d in entries}
+    inline = {n: a for n, a in tconsts.items()
+              if a.nbytes <= INLINE_MAX_ANY or (a.nbytes <= INLINE_MAX and n not in transformed_only(plan, by_name))}
+    written: set[str] = set()
     # fp16: the raw constants of fp16 layers stored in fp16 (widened to fp32 when read: LazyConstants)
     half = fp16_constants(graph, precision, device)
 
@@ -589,6 +608,8 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         # on the loader pool's first io worker: the stream's readers run there later, after it
         head = HeadRead(pkg / "weights.store", worker("io").submit)
     prefetch_metadata(pkg)
+    from .runtime.pagecache import resident_fraction
+
     store: WeightsStore | None = None
     stream: StoreStream | None = None
 
@@ -596,6 +617,12 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         nonlocal store, stream
         io = stream_io(plan) if stream_io is not None and keys else None
         if io is None:
+            return
+        # (the head read's worker has counted it by now, as a rule: counting here costs 0.3 ms)
+        cached = head.resident if head is not None else None
+        if (resident_fraction(pkg / "weights.store") if cached is None else cached) >= 0.5:
+            # a store in the page cache: its reads are copies, which slowed the open's parsing beside them more
+            # than they gained (mobilenetv2's open 4-5 -> 8-9 ms, 2-core VM); the load starts them after the open
             return
         store = WeightsStore(pkg / "weights.store", direct=None, head=head)
         store.window = window
