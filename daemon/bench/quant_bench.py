@@ -2,7 +2,7 @@
 
 For each zoo model and quantisation scheme (``inferd.zoo.quant``: onnxruntime's ``quantize_static`` with a few
 seeded calibration inputs, after ``quant_pre_process``; the fp32 twin is the pre-processed fp32 model, the same
-graph unquantised), in one process, alternating engines:
+graph unquantised), alternating engines (on the CPU each in a process of its own, as ``inferd bench`` times them):
 
 * warm latency (median of ``--repeat`` runs): inferd int8, inferd fp32, onnxruntime on the QDQ model (default
   session, all graph optimisations, which fuse QDQ into its int8 kernels; same thread count), onnxruntime fp32;
@@ -144,26 +144,31 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
             m.refine_done.wait(120)
         return m
 
-    m8 = settle(inferd.load(qpath, device=device, kernels=k8))
-    s8 = _ort_session(qpath, threads)
     load0 = os.getloadavg()[0]
     res: dict[str, Any] = {"model": name, "scheme": scheme, "device": device, "int8_gpu": int8_gpu}
-    # Alternate engines so that a change of machine load hits both alike, each block of 5 timed calls after a
-    # 0.15 s ramp of its own: onnxruntime's pool threads keep spinning for tens of milliseconds after its last
-    # call (inferd measured 1.6x slower for ~40 ms after it on the 2-core VM), so a call timed straight after
-    # another engine's would time that engine's spin-down too.
-    # The 2-core VM also runs at two speeds for seconds at a time (every engine 1.7-2x slower together, the host's
-    # doing): medians over the whole loop then compare blocks from different spells. Each round's ratio is taken
-    # between the round's own inferd and onnxruntime blocks (next to each other, their order alternating round by
-    # round), and the median of those is the ratio reported.
-    # The int8 pair is timed first, the fp32 engines not yet loaded: with inferd's fp32 model and onnxruntime's
-    # fp32 session both in the process, inferd's int8 resnet50 took 17-21 ms a run against 12.6-13.7 ms with
-    # either of them alone or neither (both of its threads busy throughout; which state does it is not found),
-    # and a daemon serving the int8 model hosts neither.
     t: dict[str, list[float]] = {}
     paired: dict[str, list[float]] = {}
+    if device == "cpu" and not int8_gpu:
+        # Each engine in a process of its own (``engine_bench.bench_model``, as ``inferd bench`` times the zoo),
+        # taking turns in slices of 5 timed runs, 0.15 s apart, the order alternating: in one process onnxruntime's
+        # pool threads spin for tens of milliseconds after its calls and the engines share one allocator and one
+        # set of cores' caches (inferd's int8 resnet50 took 17-21 ms a run there with the fp32 engines loaded beside
+        # it, 12.6-13.7 ms without). The 2-core VM also runs at two speeds for seconds at a time, so the ratio
+        # reported is the median of each round's own inferd / onnxruntime (a round is two adjacent slices).
+        from .engine_bench import bench_model as in_processes
+
+        for prec, path in (("int8", qpath), ("fp32", fpath)):
+            r = in_processes(path, device, threads, 5, cold=False, rounds=max(3, repeat // 5))
+            t[f"inferd_{prec}"] = [r["warm_ms"] / 1e3]
+            t[f"ort_{prec}"] = [r["ort_warm_ms"] / 1e3]
+            paired[prec] = [x["inferd_ms"] / x["ort_ms"] for x in r["rounds"]]
+        res["timing"] = "separate processes"
+    m8 = settle(inferd.load(qpath, device=device, kernels=k8))
+    s8 = _ort_session(qpath, threads)
 
     def rounds(prec: str, ours: Callable[[], Any], theirs: Callable[[], Any]) -> None:
+        # in one process (inferd on a GPU): alternating blocks of 5 calls, each after a 0.15 s ramp of its own (the
+        # other engine's spin-down passes in it); each round's ratio between its own two blocks
         calls = {f"inferd_{prec}": ours, f"ort_{prec}": theirs}
         ratios = paired.setdefault(prec, [])
         for rnd in range(max(1, repeat // 5)):
@@ -176,12 +181,16 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
                 block[k] = float(np.median(v))
             ratios.append(block[f"inferd_{prec}"] / block[f"ort_{prec}"])
 
-    rounds("int8", lambda: m8.run({iname: x}), lambda: s8.run(None, {iname: x}))
+    if not paired:
+        # the int8 pair before the fp32 engines are loaded: with both in the process inferd's int8 runs slowed
+        rounds("int8", lambda: m8.run({iname: x}), lambda: s8.run(None, {iname: x}))
     want = s8.run(None, {iname: x})[0]
     del s8
     m32 = settle(inferd.load(fpath, device=device))
-    s32 = _ort_session(fpath, threads)
-    rounds("fp32", lambda: m32.run({iname: x}), lambda: s32.run(None, {iname: x}))
+    if "fp32" not in paired:
+        s32 = _ort_session(fpath, threads)
+        rounds("fp32", lambda: m32.run({iname: x}), lambda: s32.run(None, {iname: x}))
+        del s32
     for k, v in t.items():
         res[f"{k}_warm_ms"] = median_ms(v)
     for p, v in paired.items():
@@ -205,7 +214,7 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     res["resident_weights_int8"] = int(m8.memory_breakdown.get("weights_bytes", 0))
     res["resident_weights_fp32"] = int(m32.memory_breakdown.get("weights_bytes", 0))
     res["int8_kernels"] = sorted(set(m8.kernels.values()))
-    del m8, m32, s32
+    del m8, m32
     if cold_repeat > 0:
         res["inferd_int8_cold_ms"] = _cold_ms(qpath, tuple(x.shape), cold_repeat, device, k8)
         res["inferd_fp32_cold_ms"] = _cold_ms(fpath, tuple(x.shape), cold_repeat, device)
@@ -227,11 +236,12 @@ def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
              "Weight bytes, int8 / fp32: *stored* is the raw weights in inferd's package store (the whole store, "
              "which adds the transformed weights its plan reads, in brackets); *QDQ file* the ONNX initializers "
              "onnxruntime's quantizer wrote, for reference; *resident* what the loaded executors hold.\n",
-             "*vs ort*: the median over rounds of each round's inferd int8 / onnxruntime int8 (adjacent blocks of 5 "
-             "calls, the interquartile range in brackets), so that a spell of the machine running slower for a "
-             "while compares like with like; the ratio of the whole loop's medians beside it. The int8 pair is timed "
-             "before the fp32 engines are loaded (with both fp32 engines in the process inferd's int8 runs slowed "
-             "down); *vs fp32* divides inferd's int8 median by its fp32 median, timed after it.\n",
+             "*vs ort*: the median over rounds of each round's inferd int8 / onnxruntime int8 (adjacent slices of 5 "
+             "timed runs, the interquartile range in brackets), so that a spell of the machine running slower for a "
+             "while compares like with like; the ratio of the whole loop's medians beside it. On the CPU each engine "
+             "runs in a process of its own (`inferd bench`'s warm children: slices 0.15 s apart, the order "
+             "alternating); with inferd on a GPU both share this process. *vs fp32* divides inferd's int8 median by "
+             "its fp32 median, timed after it.\n",
              "| model | scheme | int8 ms | fp32 ms | ort int8 ms | ort fp32 ms | vs ort | vs ort (medians) | vs fp32 | "
              "cold int8/fp32 ms | stored | QDQ file | resident | err (steps, frac) | load |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
