@@ -115,6 +115,11 @@ INLINE_MAX = 16 << 10
 #: never reads it, and every open parsed it (mobilenetv2: 71 such weights, 225 KB of its 304 KB plan.bin, ~1 ms of
 #: a 2-core VM's open)
 INLINE_MAX_ANY = 1 << 10
+#: a layer whose cold run reads one kernel's transformed weights gets its warm kernel's stored too only up to this
+#: size: a larger one would be a second full copy of the layer (vgg16 fp16's classifier: raw, the cold kernel's and
+#: the warm kernel's, 196 MiB each: stored bytes 0.71x fp32's), and the warm switch transforms it from raw in idle
+#: time when the store lacks it (``ColdLoad.prepare_warm``)
+WARM_COPY_MAX_BYTES = 8 << 20
 
 
 def transformed_only(plan: ColdPlan, layers: dict[str, tuple[Layer, Any]]) -> set[str]:
@@ -123,17 +128,9 @@ def transformed_only(plan: ColdPlan, layers: dict[str, tuple[Layer, Any]]) -> se
     other: set[str] = set()
     for lp in plan.layers:
         got = layers.get(lp.name)
-        if got is None:
-            continue
-        layer = got[0]
-        names = {layer.node.inputs[i] for i in layer.const_inputs}
-        (out if lp.source == "transformed" else other).update(names)
+        if got is not None:
+            (out if lp.source == "transformed" else other).update(got[0].const_names)
     return out - other
-#: a layer whose cold run reads one kernel's transformed weights gets its warm kernel's stored too only up to this
-#: size: a larger one would be a second full copy of the layer (vgg16 fp16's classifier: raw, the cold kernel's and
-#: the warm kernel's, 196 MiB each: stored bytes 0.71x fp32's), and the warm switch transforms it from raw in idle
-#: time when the store lacks it (``ColdLoad.prepare_warm``)
-WARM_COPY_MAX_BYTES = 8 << 20
 
 
 def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: str = "cpu", batch: int = 1,
@@ -333,8 +330,9 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
     activation plan of its run graph (``planner.memory.memory_record``)."""
     tconsts = template.constants
     by_name = {layer.name: (layer, ks) for layer, ks, _d in entries}
+    unread = transformed_only(plan, by_name)  # by a cold load: plan.bin need not carry them
     inline = {n: a for n, a in tconsts.items()
-              if a.nbytes <= INLINE_MAX_ANY or (a.nbytes <= INLINE_MAX and n not in transformed_only(plan, by_name))}
+              if a.nbytes <= INLINE_MAX_ANY or (a.nbytes <= INLINE_MAX and n not in unread)}
     written: set[str] = set()
     # fp16: the raw constants of fp16 layers stored in fp16 (widened to fp32 when read: LazyConstants)
     half = fp16_constants(graph, precision, device)
@@ -382,14 +380,10 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
                 second = lp.source == "transformed" and lp.warm_kernel != lp.kernel
                 if kernel_transforms(k) and not (second and k.transformed_nbytes(layer) > WARM_COPY_MAX_BYTES):
                     put_transformed(layer, lp.warm_kernel)
-    with WeightsStore(out / "weights.store") as store:
-        def layer_of(lp: Any) -> tuple[str, list[str]]:
-            layer = by_name[lp.name][0]
-            return layer.name, [layer.node.inputs[i] for i in layer.const_inputs]
-
+    with WeightsStore(out / "weights.store") as store:  # what a load of it reads, found as the load finds it
         big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}
         ws = WeightSource(LazyConstants(inline, store, big), store, device)
-        stream = stream_record(ws.entries_for(plan, layer_of) or [])
+        stream = stream_record(ws.planned_entries([layer for layer, _ks, _d in entries], plan))
     write_plan(out / "plan.bin", {
         # what the cold plan reads, in its order: an open starts reading it before parsing the graph
         "stream": stream,
@@ -608,46 +602,56 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         # on the loader pool's first io worker: the stream's readers run there later, after it
         head = HeadRead(pkg / "weights.store", worker("io").submit)
     prefetch_metadata(pkg)
-    from .runtime.pagecache import resident_fraction
+    early = _EarlyStream(pkg, head, window, stream_io)
+    try:
+        return _open_parsed(pkg, device, batch, kernels, current, precision, window, head, early)
+    except BaseException:
+        early.release()
+        raise
 
-    store: WeightsStore | None = None
-    stream: StoreStream | None = None
 
-    def early(plan: ColdPlan, keys: Any) -> None:
-        nonlocal store, stream
-        io = stream_io(plan) if stream_io is not None and keys else None
+class _EarlyStream:
+    """An open's stream of its stored plan's reads, started (``__call__``, from ``_read_plan``) as soon as plan.bin's
+    ``stream`` and ``plan`` keys are parsed, with the store it opened for it."""
+
+    def __init__(self, pkg: Path, head: HeadRead | None, window: Any,
+                 stream_io: "Callable[[ColdPlan], Any] | None") -> None:
+        self.pkg, self.head, self.window, self.stream_io = pkg, head, window, stream_io
+        self.store: WeightsStore | None = None
+        self.stream: StoreStream | None = None
+
+    def __call__(self, plan: ColdPlan, keys: Any) -> None:
+        from .runtime.pagecache import resident_fraction
+
+        io = self.stream_io(plan) if self.stream_io is not None and keys else None
         if io is None:
             return
         # (the head read's worker has counted it by now, as a rule: counting here costs 0.3 ms)
-        cached = head.resident if head is not None else None
-        if (resident_fraction(pkg / "weights.store") if cached is None else cached) >= 0.5:
+        path = self.pkg / "weights.store"
+        cached = self.head.resident if self.head is not None else None
+        if (resident_fraction(path) if cached is None else cached) >= 0.5:
             # a store in the page cache: its reads are copies, which slowed the open's parsing beside them more
             # than they gained (mobilenetv2's open 4-5 -> 8-9 ms, 2-core VM); the load starts them after the open
             return
-        store = WeightsStore(pkg / "weights.store", direct=None, head=head)
-        store.window = window
+        self.store = WeightsStore(path, direct=None, head=self.head)
+        self.store.window = self.window
         try:
-            entries = [store.entries[tuple(k)] for k in keys]
+            entries = [self.store.entries[tuple(k)] for k in keys]
         except (KeyError, TypeError) as e:  # a list of another store: the load finds its entries itself
-            log.debug("%s: plan.bin's stream lists entries its store lacks (%s)", pkg, e)
+            log.debug("%s: plan.bin's stream lists entries its store lacks (%s)", self.pkg, e)
             return
-        stream = StoreStream(store, entries, io=io)
+        self.stream = StoreStream(self.store, entries, io=io)
 
-    try:
-        return _open_parsed(pkg, device, batch, kernels, current, precision, window, head, early,
-                            lambda: (store, stream))
-    except BaseException:
-        if stream is not None:
-            stream.release()
-        if store is not None:
-            store.close()
-        raise
+    def release(self) -> None:
+        if self.stream is not None:
+            self.stream.release()
+        if self.store is not None:
+            self.store.close()
 
 
 def _open_parsed(pkg: Path, device: str, batch: int, kernels: dict[str, str] | None,
                  current: dict[str, str] | None, precision: str | None, window: Any, head: HeadRead | None,
-                 early: "Callable[[ColdPlan, Any], None]",
-                 started: "Callable[[], tuple[WeightsStore | None, StoreStream | None]]") -> OpenPackage:
+                 early: _EarlyStream) -> OpenPackage:
     d, plan, prof = _read_plan(pkg / "plan.bin", early)
     made = PrecisionPlan.from_dict(d["precision"]).requested if d.get("precision") else "fp32"
     if precision is not None and precision != made:
@@ -663,52 +667,46 @@ def _open_parsed(pkg: Path, device: str, batch: int, kernels: dict[str, str] | N
                                   f"recompile it with those --kernel options")
     if current is not None:
         check_fingerprint(pkg, d, current)
-    store, stream = started()
-    if store is None:
-        store = WeightsStore(pkg / "weights.store", direct=None, head=head)
-        store.window = window
+    if early.store is None:  # (a failed open closes it with the early stream's: _open_package)
+        early.store = WeightsStore(pkg / "weights.store", direct=None, head=head)
+        early.store.window = window
+    store, stream = early.store, early.stream
+    if store.model_sha256 != d["model_sha256"]:
+        raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "
+                                f"plan to {d['model_sha256'][:12]}")
+    inline: dict[str, np.ndarray] = dict(d["inline"])
+    big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}
+    nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]]
+    infos = {r[0]: _uninfo(r) for r in d["infos"]}
+    consts = LazyConstants(inline, store, big, widen=set(d.get("fp16_raw") or ()))
+    template = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],
+                     consts, infos, int(d["opset"]),  # type: ignore[arg-type]
+                     {k: tuple(v) for k, v in (d.get("dims") or {}).items()})
+    template.runtime_shaped = set(d.get("runtime_shaped") or ()) & set(infos)
+    missing = [n for n in (i for nd in nodes for i in nd.inputs) if n and n not in infos]
+    if missing:
+        raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
     try:
-        if store.model_sha256 != d["model_sha256"]:
-            raise WeightsStoreError(f"{pkg}: weights store belongs to model {store.model_sha256[:12]}, "
-                                    f"plan to {d['model_sha256'][:12]}")
-        inline: dict[str, np.ndarray] = dict(d["inline"])
-        big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}
-        nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]]
-        infos = {r[0]: _uninfo(r) for r in d["infos"]}
-        consts = LazyConstants(inline, store, big, widen=set(d.get("fp16_raw") or ()))
-        template = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],
-                         consts, infos, int(d["opset"]),  # type: ignore[arg-type]
-                         {k: tuple(v) for k, v in (d.get("dims") or {}).items()})
-        template.runtime_shaped = set(d.get("runtime_shaped") or ()) & set(infos)
-        missing = [n for n in (i for nd in nodes for i in nd.inputs) if n and n not in infos]
-        if missing:
-            raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
-        try:
-            graph = _shaped_graph(d, template)
-        except InferdError as e:
-            raise WeightsStoreError(f"{pkg}: the recorded graph does not take its own shape: {e}") from e
-        # the plan's layers are the backend's: on the CPU, the graph with its layout plan applied
-        run_graph = _stored_run_graph(pkg, graph, d, kernels) if device == "cpu" else graph
-        memory = _stored_memory(pkg, run_graph, d) if device == "cpu" else None
-        run_nodes = run_graph.nodes
-        if len(plan.layers) != len(run_nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, run_nodes)):
-            if device == "cpu" and len(plan.layers) != len(graph.nodes) and len(run_nodes) == len(graph.nodes):
-                raise StalePackageError(f"{pkg}: compiled with the CPU's blocked layout, which INFERD_CPU_LAYOUT "
-                                        f"turns off here")
-            raise WeightsStoreError(f"{pkg}: the cold plan does not match the graph's nodes")
-        for lp in plan.layers:
-            if lp.source == "transformed" and not any(True for _ in store.find(
-                    lp.name, kernel=transformed_key(device, lp.kernel), variant="transformed")):
-                raise WeightsStoreError(f"{pkg}: the plan reads transformed weights of {lp.name!r} "
-                                        f"({lp.kernel}) that the store does not hold")
-        for n in consts:
-            if n not in inline and n not in big:
-                raise WeightsStoreError(f"{pkg}: constant {n!r} is in neither the plan nor the store")
-    except BaseException:
-        if stream is not None:
-            stream.release()
-        store.close()
-        raise
+        graph = _shaped_graph(d, template)
+    except InferdError as e:
+        raise WeightsStoreError(f"{pkg}: the recorded graph does not take its own shape: {e}") from e
+    # the plan's layers are the backend's: on the CPU, the graph with its layout plan applied
+    run_graph = _stored_run_graph(pkg, graph, d, kernels) if device == "cpu" else graph
+    memory = _stored_memory(pkg, run_graph, d) if device == "cpu" else None
+    run_nodes = run_graph.nodes
+    if len(plan.layers) != len(run_nodes) or any(lp.name != n.name for lp, n in zip(plan.layers, run_nodes)):
+        if device == "cpu" and len(plan.layers) != len(graph.nodes) and len(run_nodes) == len(graph.nodes):
+            raise StalePackageError(f"{pkg}: compiled with the CPU's blocked layout, which INFERD_CPU_LAYOUT "
+                                    f"turns off here")
+        raise WeightsStoreError(f"{pkg}: the cold plan does not match the graph's nodes")
+    for lp in plan.layers:
+        if lp.source == "transformed" and not any(True for _ in store.find(
+                lp.name, kernel=transformed_key(device, lp.kernel), variant="transformed")):
+            raise WeightsStoreError(f"{pkg}: the plan reads transformed weights of {lp.name!r} "
+                                    f"({lp.kernel}) that the store does not hold")
+    for n in consts:
+        if n not in inline and n not in big:
+            raise WeightsStoreError(f"{pkg}: constant {n!r} is in neither the plan nor the store")
     return OpenPackage(pkg, graph, template, plan, prof, store, d, run_graph, memory, stream)
 
 

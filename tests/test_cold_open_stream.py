@@ -99,6 +99,20 @@ def test_reads_start_before_the_rest_of_the_plan_is_parsed(device: str, tmp_path
     assert waited and waited[0]
 
 
+def _record_opens(monkeypatch: pytest.MonkeyPatch) -> list[pkgmod.OpenPackage]:
+    """The packages the loads open from now on, as opened."""
+    opened: list[pkgmod.OpenPackage] = []
+    orig = pkgmod.open_package
+
+    def open_(*a: object, **k: object) -> pkgmod.OpenPackage:
+        op = orig(*a, **k)  # type: ignore[arg-type]
+        opened.append(op)
+        return op
+
+    monkeypatch.setattr(pkgmod, "open_package", open_)
+    return opened
+
+
 def _rewrite(pkg: Path, **changes: object) -> None:
     d = read_plan(pkg / "plan.bin")
     for k, v in changes.items():
@@ -147,15 +161,7 @@ def test_a_stream_list_that_is_not_the_plans_loses_nothing(listed: str, tmp_path
 
 def test_a_load_that_replans_starts_no_stream_at_the_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pkg = compile_model(zoo_reference(NAME)[0], tmp_path / "pkg")
-    opened: list[pkgmod.OpenPackage] = []
-    orig = pkgmod.open_package
-
-    def open_(*a: object, **k: object) -> pkgmod.OpenPackage:
-        op = orig(*a, **k)  # type: ignore[arg-type]
-        opened.append(op)
-        return op
-
-    monkeypatch.setattr(pkgmod, "open_package", open_)
+    opened = _record_opens(monkeypatch)
     with inferd.load(pkg, cold=PlanOptions(select=False)) as model:  # other planning switches: re-planned
         check_against_reference(model, NAME, "cold, re-planned at load", TOL)
         assert model.plan.options.select is False
@@ -199,15 +205,7 @@ def test_a_store_in_the_page_cache_is_read_after_the_open(tmp_path: Path, monkey
 
     monkeypatch.setattr(pc, "resident_fraction", lambda _path: 1.0)
     pkg = compile_model(zoo_reference(NAME)[0], tmp_path / "pkg", profile=False)
-    opened: list[pkgmod.OpenPackage] = []
-    orig = pkgmod.open_package
-
-    def open_(*a: object, **k: object) -> pkgmod.OpenPackage:
-        op = orig(*a, **k)  # type: ignore[arg-type]
-        opened.append(op)
-        return op
-
-    monkeypatch.setattr(pkgmod, "open_package", open_)
+    opened = _record_opens(monkeypatch)
     with inferd.load(pkg) as model:
         check_against_reference(model, NAME, "cold from a cached store", TOL)
         assert model.cold_stats["stream_bytes"] > 0  # streamed all the same, from after the open

@@ -142,11 +142,11 @@ class WeightSource:
         """The store entries ``plan`` reads, in the order it needs them."""
         def layer_of(lp: Any) -> tuple[str, list[str]]:
             layer = layers[lp.index]
-            return layer.name, [layer.node.inputs[i] for i in layer.const_inputs]
+            return layer.name, layer.const_names
 
-        return self.entries_for(plan, layer_of) or []  # (never None: every planned layer is one of ``layers``)
+        return self._entries(plan, layer_of) or []  # (never None: every planned layer is one of ``layers``)
 
-    def entries_for(self, plan: Any,
+    def _entries(self, plan: Any,
                  layer_of: "Callable[[Any], tuple[str, Sequence[str]] | None]") -> "list[Entry] | None":
         """What ``plan`` reads, in its order; ``layer_of(lp)``: the layer's name and its constant inputs' names
         (None: the layer is unknown, and so is the answer)."""
@@ -187,7 +187,7 @@ class WeightSource:
             node = nodes.get(lp.name)
             return None if node is None else (lp.name, [i for i in node.inputs if i and i in consts])
 
-        return self.entries_for(plan, layer_of)
+        return self._entries(plan, layer_of)
 
     def start_stream_early(self, graph: Any, plan: Any, io: Any = None, started: "StoreStream | None" = None) -> bool:
         """Start streaming what ``plan`` reads before the backend is set up (its set-up is Python the reads

@@ -148,7 +148,8 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     res: dict[str, Any] = {"model": name, "scheme": scheme, "device": device, "int8_gpu": int8_gpu}
     t: dict[str, list[float]] = {}
     paired: dict[str, list[float]] = {}
-    if device == "cpu" and not int8_gpu:
+    separate = device == "cpu" and not int8_gpu
+    if separate:
         # Each engine in a process of its own (``engine_bench.bench_model``, as ``inferd bench`` times the zoo),
         # taking turns in slices of 5 timed runs, 0.15 s apart, the order alternating: in one process onnxruntime's
         # pool threads spin for tens of milliseconds after its calls and the engines share one allocator and one
@@ -181,13 +182,13 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
                 block[k] = float(np.median(v))
             ratios.append(block[f"inferd_{prec}"] / block[f"ort_{prec}"])
 
-    if not paired:
+    if not separate:
         # the int8 pair before the fp32 engines are loaded: with both in the process inferd's int8 runs slowed
         rounds("int8", lambda: m8.run({iname: x}), lambda: s8.run(None, {iname: x}))
     want = s8.run(None, {iname: x})[0]
     del s8
     m32 = settle(inferd.load(fpath, device=device))
-    if "fp32" not in paired:
+    if not separate:
         s32 = _ort_session(fpath, threads)
         rounds("fp32", lambda: m32.run({iname: x}), lambda: s32.run(None, {iname: x}))
         del s32

@@ -45,6 +45,11 @@ class Layer:
         return self.node.name
 
     @property
+    def const_names(self) -> list[str]:
+        """The names of the constant inputs, in ``const_inputs``' order."""
+        return [self.node.inputs[i] for i in self.const_inputs]
+
+    @property
     def op(self) -> str:
         return self.node.op
 

@@ -745,14 +745,6 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     from ..package import make_backend, make_plan
     from .cold import ColdLoad
 
-    try:
-        faults.check("backend.load")
-    except BaseException:
-        if op is not None:  # the open's stream stops and the store closes, as after a failed set-up below
-            if op.stream is not None:
-                op.stream.release()
-            op.store.close()
-        raise
     first = dict(options)
     if plan is not None and dev != "cpu":
         # the stored plan's kernels are the layers' only candidates: no kernel is asked whether it applies
@@ -769,6 +761,7 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     elif op is not None and op.stream is not None:
         op.stream.release()  # re-planned: the stored plan's reads are not this load's
     try:
+        faults.check("backend.load")
         backend = make_backend(graph, dev, kernels, **first)
     except BaseException:
         ws.stop_stream()
