@@ -640,7 +640,7 @@ class _EarlyStream:
         except (KeyError, TypeError) as e:  # a list of another store: the load finds its entries itself
             log.debug("%s: plan.bin's stream lists entries its store lacks (%s)", self.pkg, e)
             return
-        self.stream = StoreStream(self.store, entries, io=io)
+        self.stream = StoreStream(self.store, entries, io=io, origin="open")
 
     def release(self) -> None:
         if self.stream is not None:

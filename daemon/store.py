@@ -408,8 +408,11 @@ class StoreStream:
 
     def __init__(self, store: WeightsStore, entries: Iterable[Entry], chunk: int = 2 << 20, gap: int = 64 << 10,
                  io: Any = None, first: int = FIRST_CHUNK,
-                 on_read: Callable[[int, int, float, float], None] | None = None) -> None:
+                 on_read: Callable[[int, int, float, float], None] | None = None, origin: str = "run") -> None:
         self.store = store
+        #: where the load started it: "open" (the package's, from plan.bin's list), "set-up" (before the backend's),
+        #: "run" (with the cold run); a load's ``cold_stats['stream_from']``
+        self.origin = origin
         # the readers report each piece to ``_on_read``; without one, pieces wait in ``_early`` for ``listen``
         # (a stream started before its load's run exists: at the package's open)
         self._on_read: Callable[..., None] = on_read if on_read is not None else self._report

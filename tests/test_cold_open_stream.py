@@ -94,6 +94,7 @@ def test_reads_start_before_the_rest_of_the_plan_is_parsed(device: str, tmp_path
         check_against_reference(model, NAME, f"cold on {device}, reads started at the open", TOL)
         # the open's stream is the one the load read from: no second one
         assert len(streams) == 1 and model.cold_stats["stream_bytes"] == streams[0].bytes > 0
+        assert model.cold_stats["stream_from"] == "open"
         reads = [e for e in model._cold.run.timeline() if e["kind"] == "read"]
         assert reads and min(e["t0"] for e in reads) < 0
     assert waited and waited[0]
@@ -156,6 +157,7 @@ def test_a_stream_list_that_is_not_the_plans_loses_nothing(listed: str, tmp_path
         assert model.cold_stats["stream_bytes"] == made[-1].bytes
         # a list in another order was started at the open and stopped: its reads are lost, never wrong
         assert len(made) == (2 if listed == "other order" else 1)
+        assert model.cold_stats["stream_from"] == "set-up"  # the load's own, made before the backend
         assert [s for s in released if s is not made[-1]] == made[:-1]
 
 
@@ -209,4 +211,5 @@ def test_a_store_in_the_page_cache_is_read_after_the_open(tmp_path: Path, monkey
     with inferd.load(pkg) as model:
         check_against_reference(model, NAME, "cold from a cached store", TOL)
         assert model.cold_stats["stream_bytes"] > 0  # streamed all the same, from after the open
+        assert model.cold_stats["stream_from"] == "set-up"
     assert opened and opened[0].stream is None

@@ -211,7 +211,7 @@ class WeightSource:
             started.release()
         if entries is None:
             return False
-        self.stream = StoreStream(self.store, entries, io=io)
+        self.stream = StoreStream(self.store, entries, io=io, origin="set-up")
         return True
 
     def start_stream(self, layers: Sequence[Layer], plan: Any, io: Any = None,

@@ -151,7 +151,7 @@ class ColdLoad:
         st = self.weights.stream
         if st is not None:
             self.stats_stream = {"stream_read_s": round(st.read_s, 6), "stream_bytes": st.bytes,
-                                 "stream_chunks": len(st.chunks)}
+                                 "stream_chunks": len(st.chunks), "stream_from": st.origin}
             st.release()
             self.weights.stream = None
 
