@@ -630,8 +630,9 @@ class _EarlyStream:
         path = self.pkg / "weights.store"
         cached = self.head.resident if self.head is not None else None
         if (resident_fraction(path) if cached is None else cached) >= 0.5:
-            # a store in the page cache: its reads are copies, which slowed the open's parsing beside them more
-            # than they gained (mobilenetv2's open 4-5 -> 8-9 ms, 2-core VM); the load starts them after the open
+            # a store in the page cache has no disk latency to hide, and reads beside the open's parsing slow it
+            # (mobilenetv2's open 4-5 -> 8-9 ms with its reads under way, 2-core VM): the load starts them after
+            # the open (a cached mobilenetv2, load + first run: 14.5-16.6 ms so, 15.8-17.4 ms from the open)
             return
         self.store = WeightsStore(path, direct=None, head=self.head)
         self.store.window = self.window

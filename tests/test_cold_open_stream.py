@@ -201,8 +201,8 @@ def test_refinement_lists_the_refined_plans_reads(tmp_path: Path, monkeypatch: p
 
 
 def test_a_store_in_the_page_cache_is_read_after_the_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its reads would be copies on the cores that parse the plan (mobilenetv2's open took 8-9 ms instead of 4-5
-    beside them on the 2-core VM): the load starts them after the open."""
+    """It has no disk latency to hide, and reads beside the open's parsing slow it (mobilenetv2's open took 8-9 ms
+    instead of 4-5 with its reads under way on the 2-core VM): the load starts them after the open."""
     import inferd.runtime.pagecache as pc
 
     monkeypatch.setattr(pc, "resident_fraction", lambda _path: 1.0)
