@@ -27,3 +27,15 @@ def test_a_child_that_fails_is_reported_with_its_error() -> None:
     stderr instead of waiting for a reply that never comes."""
     with pytest.raises(RuntimeError, match=r"(?s)warm run of inferd failed \(rc [1-9].*nosuchdevice"):
         engine_bench.bench_model(zoo_dir(["tiny"]) / "tiny.onnx", "nosuchdevice", 1, 2, cold=False, rounds=2)
+
+
+def test_time_pair_takes_any_two_arms_in_turns_and_pairs_each_round() -> None:
+    """Two inferd arms (as the quant bench pairs an int8 model with its fp32 twin): each arm's slices are its own,
+    the ratio of a round is its two slices' medians, and the order alternates round by round."""
+    path = zoo_dir(["tiny"]) / "tiny.onnx"
+    r = engine_bench.time_pair(("inferd", path), ("inferd", path), "cpu", 1, 3, rounds=3)
+    first, second = r["times"]
+    assert len(first) == len(second) == 3 and all(len(s) == 3 for s in first + second)
+    assert r["ratios"] == pytest.approx([float(np.median(a) / np.median(b)) for a, b in zip(first, second)])
+    assert len(r["infos"]) == 2 and all(i.get("threads") == 1 for i in r["infos"])
+    np.testing.assert_array_equal(r["outputs"][0], r["outputs"][1])  # one input for both arms

@@ -43,3 +43,11 @@ def test_a_row_without_a_paired_ratio_or_with_an_error_keeps_the_columns() -> No
         row = next(ln for ln in lines if ln.startswith(f"| {name}"))
         assert len(_cells(row)) == ncols
     assert "n/a" in _cells(next(ln for ln in lines if ln.startswith("| resnet50")))[6]
+
+
+def test_the_int8_to_fp32_cell_is_paired_where_the_row_has_a_paired_ratio() -> None:
+    lines = table([_row(warm_vs_fp32_paired=0.451, warm_vs_fp32_paired_iqr=[0.402, 0.5]), _row()], MACHINE).splitlines()
+    cols = _cells(next(ln for ln in lines if ln.startswith("| model")))
+    rows = [_cells(ln) for ln in lines if ln.startswith("| resnet50")]
+    assert rows[0][cols.index("vs fp32")] == "0.45x (0.40-0.50)"
+    assert rows[1][cols.index("vs fp32")] == "0.33x"  # the two loops' medians where nothing was paired

@@ -162,42 +162,55 @@ class _WarmChild:
 SLICE_GAP_S = 0.15
 
 
-def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, rounds: int = 10) -> dict[str, Any]:
-    """Warm: both engines loaded in their own processes, then ``rounds`` rounds, each timing ``repeat`` runs of
-    one engine then of the other (the first alternating). A shared VM has phases (seconds long) in which it runs
-    like one core or at another clock; rounds a fraction of a second long put both engines of a round in the
-    same phase (with fresh processes per round, 3 rounds of 20 runs, one model's ratio ranged 0.66-1.32), so the
-    reported ratio is the median of the per-round ratios, with their range. Times: median and p95 over all runs."""
+def time_pair(first: tuple[str, Path], second: tuple[str, Path], device: str, threads: int, repeat: int,
+              rounds: int = 10) -> dict[str, Any]:
+    """Warm runs of two (engine, model file) arms, each loaded in a process of its own, taking turns: ``rounds``
+    rounds, each timing ``repeat`` runs of one arm then of the other (the first alternating), 0.15 s apart. A
+    shared VM has phases (seconds long) in which it runs like one core or at another clock; rounds a fraction of a
+    second long put both arms of a round in the same phase (with fresh processes per round, 3 rounds of 20 runs,
+    one model's ratio ranged 0.66-1.32), so the ratio to report is the median of the per-round ratios
+    (``ratios``, first / second). Both arms get the same input (the first arm's model's first input, seeded).
+    Returns each arm's runs per round (s), its child's end record and its first output."""
     from ..frontend import import_model
 
-    inp = import_model(path).inputs[0]
-    ours: list[list[float]] = []
-    theirs: list[list[float]] = []
+    inp = import_model(first[1]).inputs[0]
+    times: tuple[list[list[float]], list[list[float]]] = ([], [])
     with tempfile.TemporaryDirectory() as d:
-        xp, yo, yr = Path(d) / "x.npy", Path(d) / "ours.npy", Path(d) / "ref.npy"
+        xp = Path(d) / "x.npy"
+        ys = (Path(d) / "first.npy", Path(d) / "second.npy")
         np.save(xp, np.random.default_rng(0).standard_normal(inp.shape).astype(inp.dtype))
         kids: list[_WarmChild] = []
         try:
-            kids.append(_WarmChild("inferd", path, threads, device, xp, yo, Path(d) / "inferd.err"))
-            kids.append(_WarmChild("ort", path, threads, device, xp, yr, Path(d) / "ort.err"))
+            for (which, path), y, tag in zip((first, second), ys, ("first", "second")):
+                kids.append(_WarmChild(which, path, threads, device, xp, y, Path(d) / f"{tag}.err"))
             # onnxruntime's warm-up runs just ended: its pool threads spin into the first slice otherwise (inferd's
             # first round ran 1.1-1.9x its others on the export corpus)
             time.sleep(SLICE_GAP_S)
             for r in range(max(1, rounds)):
-                got: dict[str, list[float]] = {}
-                for kid in (kids if r % 2 == 0 else kids[::-1]):
-                    got[kid.which] = kid.times(max(1, repeat))
+                got: dict[int, list[float]] = {}
+                for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+                    got[i] = kids[i].times(max(1, repeat))
                     time.sleep(SLICE_GAP_S)
-                ours.append(got["inferd"])
-                theirs.append(got["ort"])
-            info = kids[0].end()
-            kids[1].end()
+                times[0].append(got[0])
+                times[1].append(got[1])
+            infos = [kid.end() for kid in kids]
         finally:
             for kid in kids:
                 kid.close()
-        got_y, ref = np.load(yo), np.load(yr)
+        outs = [np.load(y) for y in ys]
+    return {"times": times, "infos": infos, "outputs": outs,
+            "ratios": [float(np.median(a) / np.median(b)) for a, b in zip(*times)]}
+
+
+def bench_model(path: Path, device: str, threads: int, repeat: int, cold: bool, rounds: int = 10) -> dict[str, Any]:
+    """Warm: inferd and onnxruntime on ``path``, each in a process of its own, taking turns (``time_pair``); the
+    ratio reported is the median of the per-round ratios, with their range. Times: median and p95 over all runs."""
+    pair = time_pair(("inferd", path), ("ort", path), device, threads, repeat, rounds)
+    ours, theirs = pair["times"]
+    info = pair["infos"][0]
+    got_y, ref = pair["outputs"]
     err = float(np.abs(got_y - ref).max() / max(np.abs(ref).max(), 1e-30))
-    ratios = [float(np.median(o) / np.median(t)) for o, t in zip(ours, theirs)]
+    ratios = pair["ratios"]
     all_o, all_t = np.concatenate(ours) * 1e3, np.concatenate(theirs) * 1e3
     res: dict[str, Any] = {"warm_ms": float(np.median(all_o)), "ort_warm_ms": float(np.median(all_t)),
                            "warm_ratio": float(np.median(ratios)), "warm_ratio_min": min(ratios),

@@ -150,19 +150,22 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     paired: dict[str, list[float]] = {}
     separate = device == "cpu" and not int8_gpu
     if separate:
-        # Each engine in a process of its own (``engine_bench.bench_model``, as ``inferd bench`` times the zoo),
+        # Each engine in a process of its own (``engine_bench.time_pair``, as ``inferd bench`` times the zoo),
         # taking turns in slices of 5 timed runs, 0.15 s apart, the order alternating: in one process onnxruntime's
         # pool threads spin for tens of milliseconds after its calls and the engines share one allocator and one
         # set of cores' caches (inferd's int8 resnet50 took 17-21 ms a run there with the fp32 engines loaded beside
-        # it, 12.6-13.7 ms without). The 2-core VM also runs at two speeds for seconds at a time, so the ratio
-        # reported is the median of each round's own inferd / onnxruntime (a round is two adjacent slices).
-        from .engine_bench import bench_model as in_processes
+        # it, 12.6-13.7 ms without). The 2-core VM also runs at two speeds for seconds at a time, so each ratio
+        # reported is the median of each round's own (a round is two adjacent slices): inferd / onnxruntime on the
+        # same model, and inferd int8 / inferd fp32 (two loops minutes apart had compared different spells).
+        from .engine_bench import time_pair
 
+        n = max(3, repeat // 5)
         for prec, path in (("int8", qpath), ("fp32", fpath)):
-            r = in_processes(path, device, threads, 5, cold=False, rounds=max(3, repeat // 5))
-            t[f"inferd_{prec}"] = [r["warm_ms"] / 1e3]
-            t[f"ort_{prec}"] = [r["ort_warm_ms"] / 1e3]
-            paired[prec] = [x["inferd_ms"] / x["ort_ms"] for x in r["rounds"]]
+            r = time_pair(("inferd", path), ("ort", path), device, threads, 5, n)
+            t[f"inferd_{prec}"] = [x for rnd in r["times"][0] for x in rnd]
+            t[f"ort_{prec}"] = [x for rnd in r["times"][1] for x in rnd]
+            paired[prec] = r["ratios"]
+        paired["vs_fp32"] = time_pair(("inferd", qpath), ("inferd", fpath), device, threads, 5, n)["ratios"]
         res["timing"] = "separate processes"
     m8 = settle(inferd.load(qpath, device=device, kernels=k8))
     s8 = _ort_session(qpath, threads)
@@ -195,8 +198,9 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     for k, v in t.items():
         res[f"{k}_warm_ms"] = median_ms(v)
     for p, v in paired.items():
-        res[f"warm_vs_ort_{p}_paired"] = round(float(np.median(v)), 3)
-        res[f"warm_vs_ort_{p}_paired_iqr"] = [round(float(np.percentile(v, q)), 3) for q in (25, 75)]
+        key = "warm_vs_fp32_paired" if p == "vs_fp32" else f"warm_vs_ort_{p}_paired"
+        res[key] = round(float(np.median(v)), 3)
+        res[f"{key}_iqr"] = [round(float(np.percentile(v, q)), 3) for q in (25, 75)]
     res["loadavg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     got = m8.run({iname: x})
     got = np.asarray(list(got.values())[0] if isinstance(got, dict) else got[0])
@@ -228,6 +232,15 @@ def bench_model(name: str, scheme: str, repeat: int, cold_repeat: int, threads: 
     return res
 
 
+def vs_fp32(r: dict[str, Any]) -> str:
+    """The int8 / fp32 cell: the paired ratio with its interquartile range where the row has one, else the ratio of
+    the two loops' medians."""
+    if r.get("warm_vs_fp32_paired") is None:
+        return f"{fmt(r.get('warm_vs_fp32'), '.2f')}x"
+    lo, hi = r.get("warm_vs_fp32_paired_iqr") or [None, None]
+    return f"{fmt(r['warm_vs_fp32_paired'], '.2f')}x ({fmt(lo, '.2f')}-{fmt(hi, '.2f')})"
+
+
 def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
     dev = rows[0].get("device", "cpu") if rows else "cpu"
     how = f"inferd on {dev}" + (" with the Vulkan int8 kernels forced" if rows and rows[0].get("int8_gpu") else "")
@@ -241,8 +254,8 @@ def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
              "timed runs, the interquartile range in brackets), so that a spell of the machine running slower for a "
              "while compares like with like; the ratio of the whole loop's medians beside it. On the CPU each engine "
              "runs in a process of its own (`inferd bench`'s warm children: slices 0.15 s apart, the order "
-             "alternating); with inferd on a GPU both share this process. *vs fp32* divides inferd's int8 median by "
-             "its fp32 median, timed after it.\n",
+             "alternating); with inferd on a GPU both share this process. *vs fp32*: inferd int8 / inferd fp32, paired "
+             "the same way on the CPU (interquartile range in brackets), else the two loops' medians.\n",
              "| model | scheme | int8 ms | fp32 ms | ort int8 ms | ort fp32 ms | vs ort | vs ort (medians) | vs fp32 | "
              "cold int8/fp32 ms | stored | QDQ file | resident | err (steps, frac) | load |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -256,7 +269,7 @@ def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
             f"{fmt(r['ort_int8_warm_ms'], '.2f')} | {fmt(r['ort_fp32_warm_ms'], '.2f')} | "
             f"{fmt(r.get('warm_vs_ort_int8_paired'), '.2f')}x ({fmt(iqr[0], '.2f')}-{fmt(iqr[1], '.2f')}) | "
             f"{fmt(r['warm_vs_ort'], '.2f')}x | "
-            f"{fmt(r['warm_vs_fp32'], '.2f')}x | {fmt(r.get('inferd_int8_cold_ms'), '.0f')} / {fmt(r.get('inferd_fp32_cold_ms'), '.0f')} | "
+            f"{vs_fp32(r)} | {fmt(r.get('inferd_int8_cold_ms'), '.0f')} / {fmt(r.get('inferd_fp32_cold_ms'), '.0f')} | "
             f"{fmt(r.get('package_raw_ratio'), '.3f')}x ({fmt(r.get('package_ratio'), '.3f')}x) | "
             f"{fmt(r['stored_ratio'], '.3f')}x | {fmt(r['resident_ratio'], '.3f')}x | "
             f"{fmt(r['err_max_steps'], '.2f')}, {fmt(r['err_frac_differing'], '.3f')} | {r['loadavg']} |")
