@@ -834,7 +834,6 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
             list_plan_pipelines(backend, current, new)  # as refine_package does, before the plan is written
             ws = WeightSource(op.graph.constants, op.store, device)
             layers = backend.layers()
-            stream = stream_record(ws.planned_entries(layers, new))
         finally:
             close = getattr(backend, "close", None)
             if close is not None:
@@ -847,7 +846,7 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
     d2["profile"] = prof.to_dict()
     d2["plan"] = new.to_dict()
     d2["costs"] = "profiled"
-    d2["stream"] = stream
+    _set_stream(d2, lambda p: ws.planned_entries(layers, p), new)  # (the store's index outlives its close)
     write_plan(pkg / "plan.bin", d2)
     log.info("%s: profiled in idle time; plan predicted %.1f ms -> %.1f ms from measured costs", pkg,
              current.predicted_s * 1e3, new.predicted_s * 1e3)

@@ -539,6 +539,17 @@ def test_cold_planner_plans_from_predictions_alone(trained: tuple[Predictor, Tra
         m.close()
     d = read_plan(pkg / "plan.bin")
     assert d["costs"] == "profiled" and d["profile"] is not None
+    # and the list of what its new plan reads, which a cold open streams from, is that plan's
+    from inferd.backends.base import WeightSource
+    from inferd.package import open_package
+    from inferd.store import StoreStream
+
+    op = open_package(pkg)
+    try:
+        ws = WeightSource(op.graph.constants, op.store, "cpu")
+        assert d["stream"] == [list(k) for k in StoreStream.order(ws.entries_by_name(op.run_graph, op.plan) or [])]
+    finally:
+        op.store.close()
 
 
 def test_a_model_planned_from_predictions_switches_to_its_profiled_kernels(trained: tuple[Predictor, Trainer],
