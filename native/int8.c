@@ -277,6 +277,20 @@ int inferd_q8_set_isa(int level)
 
 int inferd_q8_isa(void) { return q8_isa()->level + q8_isa()->amx; }
 
+/* Whether a 1x1 conv's tasks may stage their own blocks of pixels (q8_stage_block): tests and A/B runs turn it
+   off to compare with the whole input staged first */
+static int Q8_SELF_STAGE = 1;
+/* what self-staging saves, in the partition's span units (micro-kernel calls per thread): about one call per
+   pixel tile a thread computes (the staged words it would read from the other core's cache: fitted on 1x1 convs
+   of 24 to 1152 channels, 7x7 to 56x56 maps, Zen 4 EPYC, 2 threads) and three for the join */
+#define Q8_SELF_PER_TILE 1.0
+#define Q8_SELF_JOIN 3.0
+
+int inferd_q8_set_self_stage(int on)
+{
+    return __atomic_exchange_n(&Q8_SELF_STAGE, on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
 /* Copy of a short row (the padded planes' rows: 7 to ~100 bytes, thousands per layer) without a libc call: two
    overlapping moves of the largest power of two <= n (up to 32 bytes), libc past 64 bytes. A memcpy call per
    row cost more than the copy at these sizes. */
@@ -802,6 +816,9 @@ typedef struct {
     int amx, c4, taps;         /* mode 2 on the tile unit: groups per tap, taps */
     long long cstride;         /* bytes from one channel group's staged planes to the next's */
     int kb;                    /* groups per tile block (q8_amx_kb) */
+    /* self-staged (q8_stage_block): each task stages its own block of pixels from x, in NCHW */
+    const uint8_t* x;
+    int self_stage, C, pad, flip;
 } q8_conv_ctx;
 
 #if defined(Q8_HAVE_AMX)
@@ -959,6 +976,38 @@ INFERD_CLONES static void q8_store_rows(const int32_t* tile, int nn, int cnt, co
     }
 }
 
+INFERD_CLONES static void q8_interleave(const uint8_t* const r[4], int n, uint32_t fx, uint8_t* d);
+
+/* A 1x1, stride-1, unpadded conv's block of pixels [p0, p0 + np) staged by the task that computes it: channel group
+   g's words into a private plane of ``pitch`` words (np rounded up to whole 32-pixel tiles: the words past np, which
+   a last partial tile reads and never stores, hold the pad) at the task's own scratch; ``*goff`` gets the groups'
+   offsets there. The whole input staged first (q8_stage_task) was a parallel region and a join per conv, and each
+   core then read half its input from the other's cache (672 -> 112 channels at 14x14 on two threads: 1.3x one
+   thread's speed). NULL where the scratch cannot grow. */
+static uint8_t* q8_stage_block(const q8_conv_ctx* c, long long p0, int np, int pitch, const long long** goff)
+{
+    const int C4 = q8_c4(c->C), kq = c->kp / 4;
+    const size_t planes = 4 * (size_t)C4 * pitch;
+    uint8_t* b = q8_scratch(0, planes + sizeof(long long) * (size_t)kq + (size_t)np + 64);
+    if (!b) return NULL;
+    long long* go = (long long*)(void*)(b + planes);
+    uint8_t* zero = (uint8_t*)(go + kq); /* the rows of channels past C (their weights are 0) */
+    memset(zero, 0, (size_t)np);
+    const uint32_t padw = (uint32_t)c->pad * 0x01010101u, fx = (uint32_t)c->flip * 0x01010101u;
+    const long long plane = (long long)c->OH * c->OW;
+    for (int g = 0; g < C4; ++g) {
+        const uint8_t* rows[4];
+        for (int i = 0; i < 4; ++i)
+            rows[i] = 4 * g + i < c->C ? c->x + (size_t)(4 * g + i) * plane + p0 : zero;
+        uint8_t* d = b + 4 * (size_t)g * pitch;
+        q8_interleave(rows, np, fx, d);
+        for (int u = np; u < pitch; ++u) memcpy(d + 4 * (size_t)u, &padw, 4);
+    }
+    for (int g = 0; g < kq; ++g) go[g] = 4 * (long long)g * pitch;
+    *goff = go;
+    return b;
+}
+
 static void q8_conv_task(void* vctx, long long t)
 {
     q8_conv_ctx* c = (q8_conv_ctx*)vctx;
@@ -981,11 +1030,23 @@ static void q8_conv_task(void* vctx, long long t)
     const long long pitch = staged ? c->pb : npix;
     /* the tile unit's rows (32 channels; chunks are whole tiles) or the micro-kernel's */
     const int step = c->amx ? Q8_AR : Q8_CR;
+    /* the block's first pixel's words: in the whole staged input, or in the block's own planes */
+    const uint8_t* st;
+    const long long* goff = c->goff;
+    if (c->self_stage) {
+        st = q8_stage_block(c, p0, np, (np + Q8_PX - 1) / Q8_PX * Q8_PX, &goff);
+        if (!st) {
+            __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+    } else {
+        st = c->st + 4 * (size_t)p0;
+    }
 #if defined(Q8_HAVE_AMX)
     if (c->amx) q8_amx_begin(c->kb);
 #endif
     for (int px = 0; px < np; px += Q8_PX) {
-        const uint8_t* xt = c->st + 4 * (size_t)(p0 + px);
+        const uint8_t* xt = st + 4 * (size_t)px;
         const int cnt = np - px < Q8_PX ? np - px : Q8_PX;
         for (int n0 = n_begin; n0 < n_end; n0 += step) {
             const int nn = n_end - n0 < step ? n_end - n0 : step;
@@ -998,12 +1059,12 @@ static void q8_conv_task(void* vctx, long long t)
 #endif
 #if defined(Q8_HAVE_VNNI)
             if (!uk) {
-                ukc_vnni_q(xt, c->goff, kq, c->wp + (size_t)n0 * kp, kp, nn, cnt, c->bias_eff + n0, c->mult + n0,
+                ukc_vnni_q(xt, goff, kq, c->wp + (size_t)n0 * kp, kp, nn, cnt, c->bias_eff + n0, c->mult + n0,
                            flo, fhi, c->zy, y, pitch);
                 continue;
             }
 #endif
-            uk(xt, c->goff, kq, c->wp + (size_t)n0 * kp, kp, tile);
+            uk(xt, goff, kq, c->wp + (size_t)n0 * kp, kp, tile);
             q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy, y, pitch);
         }
     }
@@ -1039,10 +1100,20 @@ static void q8_convn_task(void* vctx, long long t)
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    /* output pixel p reads its words at 4 (row Wv + col) of each group's plane; a partial tile repeats the last */
+    const uint8_t* st = c->st;
+    const long long* goff = c->goff;
+    if (c->self_stage) {
+        st = q8_stage_block(c, p0, np, (np + Q8_PX - 1) / Q8_PX * Q8_PX, &goff);
+        if (!st) {
+            __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+            return;
+        }
+    }
+    /* output pixel p reads its words at 4 (row Wv + col) of each group's plane (at 4 (p - p0) of the block's own);
+       a partial tile repeats the last */
     for (int i = 0; i < np + Q8_MP; ++i) {
         const long long p = p0 + (i < np ? i : np - 1);
-        voff[i] = 4 * ((p / c->OW) * c->Wv + p % c->OW);
+        voff[i] = c->self_stage ? 4 * (p - p0) : 4 * ((p / c->OW) * c->Wv + p % c->OW);
     }
 #if defined(Q8_HAVE_VNNI)
     const int vnni = c->isa->level == 1;
@@ -1056,12 +1127,12 @@ static void q8_convn_task(void* vctx, long long t)
             uint8_t* y = c->y + (size_t)n0 * M + p0 + i;
 #if defined(Q8_HAVE_VNNI)
             if (vnni) {
-                ukn_vnni_q(c->st, c->goff, kq, voff + i, panel, nn, mcnt, c->bias_eff + n0, c->mult + n0, flo, fhi,
+                ukn_vnni_q(st, goff, kq, voff + i, panel, nn, mcnt, c->bias_eff + n0, c->mult + n0, flo, fhi,
                            c->zy, y, M);
                 continue;
             }
 #endif
-            ukn_portable(c->st, c->goff, kq, voff + i, panel, tile);
+            ukn_portable(st, goff, kq, voff + i, panel, tile);
             q8_store_cols(tile, nn, mcnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy, y, M);
         }
     }
@@ -1297,8 +1368,12 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
     const int Hq = (Hpad + sh - 1) / sh + 1, Wv = (Wpad + sw - 1) / sw;
     const long long vplane = (long long)Hq * Wv, npix = (long long)OH * Wv;
+    /* a 1x1, stride-1, unpadded conv may stage each block of pixels in the task computing it (q8_stage_block),
+       where its blocks are whole tasks (decided with the tasks below) */
+    const int can_self = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && mode != 2 &&
+                         OH == H && OW == W && __atomic_load_n(&Q8_SELF_STAGE, __ATOMIC_RELAXED) != 0;
     /* a tile reads up to Q8_PX words past its last pixel: slack past the last plane */
-    const size_t sbytes = 4 * (size_t)C4m * sh * sw * vplane + 4 * Q8_PX + 64;
+    const size_t sbytes = can_self ? 64 : 4 * (size_t)C4m * sh * sw * vplane + 4 * Q8_PX + 64;
     uint8_t* st = q8_scratch(0, sbytes);
     /* bias and multipliers padded to whole panels (mode 1's store reads 32 of each) */
     const long long Nr = q8_conv_rows(N, mode);
@@ -1328,16 +1403,6 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     uint8_t* used = (uint8_t*)(urange + 2 * sw);
     memset(used, 0, (size_t)sh * sw);
     for (int tap = 0; tap < taps; ++tap) used[((tap / kw) * dh % sh) * sw + (tap % kw) * dw % sw] = 1;
-    q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, urange, (uint8_t)zxd,
-                       (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 1, 0};
-    const double swork = (double)C4 * sh * sw * vplane * 4;
-    if (swork >= 65536) {
-        const int tw = inferd_pool_chunks((long long)C4 * Hq, swork); /* tasks wanted */
-        sc.rsplit = C4 >= tw ? 1 : (tw + C4 - 1) / C4;
-        sc.rsplit = sc.rsplit > Hq ? Hq : sc.rsplit;
-        sc.ntasks = (C4 >= tw ? tw : C4) * sc.rsplit;
-    }
-    inferd_parallel(q8_stage_task, &sc, sc.ntasks, swork < 65536 ? 1 : max_threads);
     for (int g = 0; g < kq; ++g) {
         /* group g of the packing: (channel group, tap), or (tap, channel group) in mode 2 */
         const int tap = mode == 2 ? g / C4m : g % taps, cg = mode == 2 ? g % C4m : g / taps;
@@ -1369,11 +1434,49 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
             const double span = (double)((tasks + threads - 1) / threads) * ((double)(tt * tr) + 0.5);
             if (best < 0 || span < best * 0.999) best = span, best_nb = nb, best_ch = ch;
         }
+    /* self-staged: blocks of pixels only (a chunk of channels would stage its block again), taken where their
+       best span is at most what the whole input's staging costs beyond the best split with chunks (672 -> 112
+       channels at 14x14, one split either way: 61 -> 47 us; 192 -> 1152 at 7x7, whose 7 tiles split 4 + 3 against
+       36 panels split in halves: 36 -> 38 us, so it keeps the channel split) */
+    int self_stage = 0;
+    if (can_self && threads > 1 && !amx) {
+        long long nb1 = best_ch == 1 ? best_nb : 0;
+        double b1 = best_ch == 1 ? best : -1.0;
+        if (best_ch != 1)
+            for (long long nb = nb_min; nb <= nb_min * 8 && nb <= tiles; ++nb) {
+                const double span = (double)((nb + threads - 1) / threads) * ((double)((tiles + nb - 1) / nb * nrows) + 0.5);
+                if (b1 < 0 || span < b1 * 0.999) b1 = span, nb1 = nb;
+            }
+        const double saved = Q8_SELF_PER_TILE * (double)tiles / threads + Q8_SELF_JOIN;
+        if (best < 0 || (nb1 > 0 && b1 <= best + saved)) self_stage = 1, best_nb = nb1 > 0 ? nb1 : best_nb, best_ch = 1;
+    }
+    q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, urange, (uint8_t)zxd,
+                       (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 1, 0};
+    if (!self_stage) {
+        if (can_self) { /* its scratch was not sized for the whole input */
+            st = q8_scratch(0, 4 * (size_t)C4m * sh * sw * vplane + 4 * Q8_PX + 64);
+            sc.st = st;
+            if (!st) {
+                free(goff);
+                free(be);
+                return -1;
+            }
+        }
+        const double swork = (double)C4 * sh * sw * vplane * 4;
+        if (swork >= 65536) {
+            const int tw = inferd_pool_chunks((long long)C4 * Hq, swork); /* tasks wanted */
+            sc.rsplit = C4 >= tw ? 1 : (tw + C4 - 1) / C4;
+            sc.rsplit = sc.rsplit > Hq ? Hq : sc.rsplit;
+            sc.ntasks = (C4 >= tw ? tw : C4) * sc.rsplit;
+        }
+        inferd_parallel(q8_stage_task, &sc, sc.ntasks, swork < 65536 ? 1 : max_threads);
+    }
     pbs = (int)((tiles + best_nb - 1) / best_nb * unit);
     const long long pblocks = (npx + pbs - 1) / pbs;
     const long long nchunk = (nrows + best_ch - 1) / best_ch * rows, chunks = (N + nchunk - 1) / nchunk;
     q8_conv_ctx c = {isa, st, goff, wp, be, mp, N, kp, zy, lo, hi, OH, OW, Wv, npx, (uint8_t*)y, pbs, pblocks,
-                     nchunk, mode, 0, amx, C4m, taps, 4LL * sh * sw * vplane, q8_amx_kb(C4m)};
+                     nchunk, mode, 0, amx, C4m, taps, 4LL * sh * sw * vplane, q8_amx_kb(C4m),
+                     (const uint8_t*)x, self_stage, C, zxd, x_signed != dom_signed ? 0x80 : 0};
     if (!sc.failed)
         inferd_parallel(mode == 1 ? q8_convn_task : q8_conv_task, &c, pblocks * chunks,
                         npx * (long long)N * kp < 200000 ? 1 : max_threads);

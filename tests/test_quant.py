@@ -226,6 +226,33 @@ def test_native_qconv_tile_geometries_match_oracle(q8_isa: int, geo, xt) -> None
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("cin,cout,hw", [(672, 112, (14, 14)), (144, 24, (28, 27)), (90, 20, (13, 14)), (3, 40, (9, 9)),
+                                         (1152, 192, (7, 7))],
+                         ids=["672-112-14x14", "144-24-28x27", "90-20-odd-map", "3ch", "1152-192-7x7"])
+@pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_native_1x1_conv_self_staged_blocks_match_whole_staging_and_oracle(q8_isa: int, cin: int, cout: int, hw: tuple,
+                                                                           xt) -> None:
+    """A 1x1 stride-1 conv whose tasks stage their own blocks of pixels (the default, on two threads: the shapes
+    above take it in mode 0 or 1, or keep the channel split) gives the bytes the whole input staged first gives, and
+    the oracle's."""
+    lib = quant_native.native.lib
+    x = U8(1, cin, *hw) if xt == np.uint8 else S8(1, cin, *hw)
+    ins, attrs = _conv_layer(x, cout, 1, 1, 1, 0, True, None, np.uint8)
+    prev = quant_native.native.num_threads()
+    quant_native.native.set_num_threads(2)
+    try:
+        got_self, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=77)
+        assert lib.inferd_q8_set_self_stage(0) == 1
+        try:
+            got_whole, _ = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=78)
+        finally:
+            lib.inferd_q8_set_self_stage(1)
+    finally:
+        quant_native.native.set_num_threads(prev)
+    np.testing.assert_array_equal(got_self, want)
+    np.testing.assert_array_equal(got_whole, want)
+
+
 @pytest.mark.parametrize("k,stride,pads,hw", [(3, 2, [0, 0, 1, 1], (14, 14)), (3, 1, [1, 1, 1, 1], (7, 7)),
                                              (5, 1, [2, 2, 2, 2], (9, 17)), (5, 2, [1, 2, 2, 1], (12, 11)),
                                              (3, 2, [1, 1, 1, 1], (1, 1)), (3, 1, [0, 0, 0, 0], (3, 40))],
@@ -355,6 +382,14 @@ int main(void) {
         check(isa, 9, 9, 6, 5, 1, 2, 1, xsg); check(isa, 9, 9, 20, 5, 2, 2, 1, xsg); check(isa, 6, 6, 40, 3, 1, 1, 1, xsg);
         check(isa, 5, 5, 7, 3, 2, 1, 1, xsg); check(isa, 5, 5, 33, 3, 2, 1, 1, xsg);
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
+        /* 1x1 stride 1 unpadded: each task stages its own block of pixels (mode 0: 32-pixel tiles, the last cut by
+           the map; mode 1: 7-pixel tiles), and the same convs with the whole input staged first */
+        for (int self = 1; self >= 0; self--) {
+            inferd_q8_set_self_stage(self);
+            check(isa, 90, 20, 13, 1, 1, 0, 0, xsg); check(isa, 37, 70, 23, 1, 1, 0, 0, xsg);
+            check(isa, 200, 40, 6, 1, 1, 0, 0, xsg);
+        }
+        inferd_q8_set_self_stage(1);
     }
     printf("isa %d\n", inferd_q8_set_isa(-1));
     printf("ok (%d failures)\n", fails);
