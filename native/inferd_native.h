@@ -313,7 +313,7 @@ void inferd_q8_quantize(const float* x, float scale, int zp, int lo, int hi, voi
 void inferd_q8_dequantize(const void* x, int x_signed, int zp, float scale, float* y, long long n, int max_threads);
 /* QLinearGlobalAveragePool, channels first: y[r] = saturate(rint((sum of row r - zx*hw) * m) + zy), rows of hw. */
 void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long long hw, float m, int zy, int lo, int hi,
-                   void* y);
+                   void* y, int max_threads);
 /* y[i] = table[x[i]] over n bytes, or a copy where table is NULL (QLinearConcat's parts). */
 void inferd_q8_map(const void* x, const unsigned char* table, void* y, long long n, int max_threads);
 /* QLinearConcat of n parts one after another in y: part j (at[j+1] - at[j] bytes at xs[j]) copied, or mapped

@@ -439,12 +439,12 @@ class QGlobalAveragePoolNative(BoundKernel):
         rows = int(x.size) // max(1, hw)
         xp = native._vptr(x)
         yp = native._vptr(y)
-        xsg, lib = int(x.dtype == _I8), native.lib
+        xsg, lib, threads = int(x.dtype == _I8), native.lib, native.num_threads()
         keep = (x, y)
 
         def call() -> None:
             _ = keep
-            lib.inferd_q8_gap(xp, xsg, zx, rows, hw, m, zy, lo, hi, yp)
+            lib.inferd_q8_gap(xp, xsg, zx, rows, hw, m, zy, lo, hi, yp, threads)
 
         return call
 
