@@ -280,9 +280,10 @@ int inferd_q8_isa(void) { return q8_isa()->level + q8_isa()->amx; }
 /* Whether a 1x1 conv's tasks may stage their own blocks of pixels (q8_stage_block): tests and A/B runs turn it
    off to compare with the whole input staged first */
 static int Q8_SELF_STAGE = 1;
-/* what self-staging saves, in the partition's span units (micro-kernel calls per thread): about one call per
-   pixel tile a thread computes (the staged words it would read from the other core's cache: fitted on 1x1 convs
-   of 24 to 1152 channels, 7x7 to 56x56 maps, Zen 4 EPYC, 2 threads) and three for the join */
+/* what blocks of pixels alone save over chunks of channels when tasks stage their own blocks, in the partition's
+   span units (micro-kernel calls per thread): about one call per pixel tile a thread computes (a second copy of
+   its block, and where the whole input was staged first, the words it read from the other core's cache: fitted
+   on 1x1 convs of 24 to 1152 channels, 7x7 to 56x56 maps, Zen 4 EPYC, 2 threads) and three for a join */
 #define Q8_SELF_PER_TILE 1.0
 #define Q8_SELF_JOIN 3.0
 
@@ -1434,21 +1435,26 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
             const double span = (double)((tasks + threads - 1) / threads) * ((double)(tt * tr) + 0.5);
             if (best < 0 || span < best * 0.999) best = span, best_nb = nb, best_ch = ch;
         }
-    /* self-staged: blocks of pixels only (a chunk of channels would stage its block again), taken where their
-       best span is at most what the whole input's staging costs beyond the best split with chunks (672 -> 112
-       channels at 14x14, one split either way: 61 -> 47 us; 192 -> 1152 at 7x7, whose 7 tiles split 4 + 3 against
-       36 panels split in halves: 36 -> 38 us, so it keeps the channel split) */
+    /* self-staged: every task stages the block of pixels it computes, the tasks of one block (chunks of channels)
+       each its own copy (an expanding conv's 64 -> 384 channels at 14x14 split in two chunks: 23.4 -> 20.5 us on two
+       threads; 112 -> 672: 59.7 -> 52.3; 2048 -> 512 at 7x7, whose two chunks each stage all 2048: 143 -> 133).
+       Blocks of pixels alone are taken where their best span is at most what they save beyond the best split with
+       chunks: the second copy of each block, the join and the cross-core reads (672 -> 112 at 14x14, one split
+       either way: 61 -> 47 us; 1152 -> 192 at 7x7, whose 7 tiles split 4 + 3 against 6 panels in halves: 50 ->
+       37; 192 -> 1152 at 7x7 against 36 panels keeps the channel split) */
     int self_stage = 0;
-    if (can_self && threads > 1 && !amx) {
-        long long nb1 = best_ch == 1 ? best_nb : 0;
-        double b1 = best_ch == 1 ? best : -1.0;
-        if (best_ch != 1)
+    if (can_self && !amx) {
+        self_stage = 1;
+        if (threads > 1 && best_ch != 1) {
+            long long nb1 = 0;
+            double b1 = -1.0;
             for (long long nb = nb_min; nb <= nb_min * 8 && nb <= tiles; ++nb) {
                 const double span = (double)((nb + threads - 1) / threads) * ((double)((tiles + nb - 1) / nb * nrows) + 0.5);
                 if (b1 < 0 || span < b1 * 0.999) b1 = span, nb1 = nb;
             }
-        const double saved = Q8_SELF_PER_TILE * (double)tiles / threads + Q8_SELF_JOIN;
-        if (best < 0 || (nb1 > 0 && b1 <= best + saved)) self_stage = 1, best_nb = nb1 > 0 ? nb1 : best_nb, best_ch = 1;
+            const double saved = Q8_SELF_PER_TILE * (double)tiles / threads + Q8_SELF_JOIN;
+            if (nb1 > 0 && b1 <= best + saved) best_nb = nb1, best_ch = 1;
+        }
     }
     q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, urange, (uint8_t)zxd,
                        (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 1, 0};

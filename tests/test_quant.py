@@ -227,19 +227,21 @@ def test_native_qconv_tile_geometries_match_oracle(q8_isa: int, geo, xt) -> None
 
 
 @pytest.mark.parametrize("cin,cout,hw", [(672, 112, (14, 14)), (144, 24, (28, 27)), (90, 20, (13, 14)), (3, 40, (9, 9)),
-                                         (1152, 192, (7, 7))],
-                         ids=["672-112-14x14", "144-24-28x27", "90-20-odd-map", "3ch", "1152-192-7x7"])
+                                         (1152, 192, (7, 7)), (64, 384, (14, 14)), (192, 1152, (7, 7))],
+                         ids=["672-112-14x14", "144-24-28x27", "90-20-odd-map", "3ch", "1152-192-7x7",
+                              "64-384-chunks", "192-1152-chunks"])
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("threads", [1, 2], ids=["1thread", "2threads"])
 def test_native_1x1_conv_self_staged_blocks_match_whole_staging_and_oracle(q8_isa: int, cin: int, cout: int, hw: tuple,
-                                                                           xt) -> None:
-    """A 1x1 stride-1 conv whose tasks stage their own blocks of pixels (the default, on two threads: the shapes
-    above take it in mode 0 or 1, or keep the channel split) gives the bytes the whole input staged first gives, and
-    the oracle's."""
+                                                                           xt, threads: int) -> None:
+    """A 1x1 stride-1 conv whose tasks stage their own blocks of pixels (the default: the shapes above split by
+    pixels, in mode 0 or 1, or keep chunks of channels whose tasks each stage their block) gives the bytes the whole
+    input staged first gives, and the oracle's."""
     lib = quant_native.native.lib
     x = U8(1, cin, *hw) if xt == np.uint8 else S8(1, cin, *hw)
     ins, attrs = _conv_layer(x, cout, 1, 1, 1, 0, True, None, np.uint8)
     prev = quant_native.native.num_threads()
-    quant_native.native.set_num_threads(2)
+    quant_native.native.set_num_threads(threads)
     try:
         got_self, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=77)
         assert lib.inferd_q8_set_self_stage(0) == 1
