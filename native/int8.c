@@ -984,13 +984,16 @@ INFERD_CLONES static void q8_interleave(const uint8_t* const r[4], int n, uint32
    a last partial tile reads and never stores, hold the pad) at the task's own scratch; ``*goff`` gets the groups'
    offsets there. The whole input staged first (q8_stage_task) was a parallel region and a join per conv, and each
    core then read half its input from the other's cache (672 -> 112 channels at 14x14 on two threads: 1.3x one
-   thread's speed). NULL where the scratch cannot grow. */
-static uint8_t* q8_stage_block(const q8_conv_ctx* c, long long p0, int np, int pitch, const long long** goff)
+   thread's speed). NULL, the conv marked failed, where the scratch cannot grow. */
+static uint8_t* q8_stage_block(q8_conv_ctx* c, long long p0, int np, const long long** goff)
 {
-    const int C4 = q8_c4(c->C), kq = c->kp / 4;
+    const int C4 = q8_c4(c->C), kq = c->kp / 4, pitch = (np + Q8_PX - 1) / Q8_PX * Q8_PX;
     const size_t planes = 4 * (size_t)C4 * pitch;
     uint8_t* b = q8_scratch(0, planes + sizeof(long long) * (size_t)kq + (size_t)np + 64);
-    if (!b) return NULL;
+    if (!b) {
+        __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
     long long* go = (long long*)(void*)(b + planes);
     uint8_t* zero = (uint8_t*)(go + kq); /* the rows of channels past C (their weights are 0) */
     memset(zero, 0, (size_t)np);
@@ -1032,17 +1035,9 @@ static void q8_conv_task(void* vctx, long long t)
     /* the tile unit's rows (32 channels; chunks are whole tiles) or the micro-kernel's */
     const int step = c->amx ? Q8_AR : Q8_CR;
     /* the block's first pixel's words: in the whole staged input, or in the block's own planes */
-    const uint8_t* st;
     const long long* goff = c->goff;
-    if (c->self_stage) {
-        st = q8_stage_block(c, p0, np, (np + Q8_PX - 1) / Q8_PX * Q8_PX, &goff);
-        if (!st) {
-            __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-            return;
-        }
-    } else {
-        st = c->st + 4 * (size_t)p0;
-    }
+    const uint8_t* st = c->self_stage ? q8_stage_block(c, p0, np, &goff) : c->st + 4 * (size_t)p0;
+    if (!st) return;
 #if defined(Q8_HAVE_AMX)
     if (c->amx) q8_amx_begin(c->kb);
 #endif
@@ -1101,15 +1096,9 @@ static void q8_convn_task(void* vctx, long long t)
         __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    const uint8_t* st = c->st;
     const long long* goff = c->goff;
-    if (c->self_stage) {
-        st = q8_stage_block(c, p0, np, (np + Q8_PX - 1) / Q8_PX * Q8_PX, &goff);
-        if (!st) {
-            __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
-            return;
-        }
-    }
+    const uint8_t* st = c->self_stage ? q8_stage_block(c, p0, np, &goff) : c->st;
+    if (!st) return;
     /* output pixel p reads its words at 4 (row Wv + col) of each group's plane (at 4 (p - p0) of the block's own);
        a partial tile repeats the last */
     for (int i = 0; i < np + Q8_MP; ++i) {
@@ -1369,12 +1358,12 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
     const int Hpad = (OH - 1) * sh + (kh - 1) * dh + 1, Wpad = (OW - 1) * sw + (kw - 1) * dw + 1;
     const int Hq = (Hpad + sh - 1) / sh + 1, Wv = (Wpad + sw - 1) / sw;
     const long long vplane = (long long)Hq * Wv, npix = (long long)OH * Wv;
-    /* a 1x1, stride-1, unpadded conv may stage each block of pixels in the task computing it (q8_stage_block),
-       where its blocks are whole tasks (decided with the tasks below) */
-    const int can_self = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && mode != 2 &&
+    /* a 1x1, stride-1, unpadded conv's tasks stage each the block of pixels they compute (q8_stage_block): no
+       pass over the whole input before them */
+    const int self_stage = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && mode != 2 &&
                          OH == H && OW == W && __atomic_load_n(&Q8_SELF_STAGE, __ATOMIC_RELAXED) != 0;
     /* a tile reads up to Q8_PX words past its last pixel: slack past the last plane */
-    const size_t sbytes = can_self ? 64 : 4 * (size_t)C4m * sh * sw * vplane + 4 * Q8_PX + 64;
+    const size_t sbytes = self_stage ? 64 : 4 * (size_t)C4m * sh * sw * vplane + 4 * Q8_PX + 64;
     uint8_t* st = q8_scratch(0, sbytes);
     /* bias and multipliers padded to whole panels (mode 1's store reads 32 of each) */
     const long long Nr = q8_conv_rows(N, mode);
@@ -1442,32 +1431,19 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
        chunks: the second copy of each block, the join and the cross-core reads (672 -> 112 at 14x14, one split
        either way: 61 -> 47 us; 1152 -> 192 at 7x7, whose 7 tiles split 4 + 3 against 6 panels in halves: 50 ->
        37; 192 -> 1152 at 7x7 against 36 panels keeps the channel split) */
-    int self_stage = 0;
-    if (can_self && !amx) {
-        self_stage = 1;
-        if (threads > 1 && best_ch != 1) {
-            long long nb1 = 0;
-            double b1 = -1.0;
-            for (long long nb = nb_min; nb <= nb_min * 8 && nb <= tiles; ++nb) {
-                const double span = (double)((nb + threads - 1) / threads) * ((double)((tiles + nb - 1) / nb * nrows) + 0.5);
-                if (b1 < 0 || span < b1 * 0.999) b1 = span, nb1 = nb;
-            }
-            const double saved = Q8_SELF_PER_TILE * (double)tiles / threads + Q8_SELF_JOIN;
-            if (nb1 > 0 && b1 <= best + saved) best_nb = nb1, best_ch = 1;
+    if (self_stage && threads > 1 && best_ch != 1) {
+        long long nb1 = 0;
+        double b1 = -1.0;
+        for (long long nb = nb_min; nb <= nb_min * 8 && nb <= tiles; ++nb) {
+            const double span = (double)((nb + threads - 1) / threads) * ((double)((tiles + nb - 1) / nb * nrows) + 0.5);
+            if (b1 < 0 || span < b1 * 0.999) b1 = span, nb1 = nb;
         }
+        const double saved = Q8_SELF_PER_TILE * (double)tiles / threads + Q8_SELF_JOIN;
+        if (nb1 > 0 && b1 <= best + saved) best_nb = nb1, best_ch = 1;
     }
     q8_stage_ctx sc = {(const uint8_t*)x, st, C, H, W, sh, sw, pt, pl, Hq, Wv, vplane, used, urange, (uint8_t)zxd,
                        (uint8_t)(x_signed != dom_signed ? 0x80 : 0), 1, 1, 0};
     if (!self_stage) {
-        if (can_self) { /* its scratch was not sized for the whole input */
-            st = q8_scratch(0, 4 * (size_t)C4m * sh * sw * vplane + 4 * Q8_PX + 64);
-            sc.st = st;
-            if (!st) {
-                free(goff);
-                free(be);
-                return -1;
-            }
-        }
         const double swork = (double)C4 * sh * sw * vplane * 4;
         if (swork >= 65536) {
             const int tw = inferd_pool_chunks((long long)C4 * Hq, swork); /* tasks wanted */
@@ -2326,6 +2302,7 @@ static void q8_gap_task(void* vctx, long long t)
 void inferd_q8_gap(const void* x, int x_signed, int zx, long long rows, long long hw, float m, int zy, int lo, int hi,
                    void* y, int max_threads)
 {
+    if (rows <= 0) return;
     /* rows split over the pool where there are enough bytes: a squeeze-and-excitation block's pool reads its whole
        expanded map (efficientnet_b0's 17 pools: 0.21 ms a run, on one thread) */
     const long long tasks = inferd_pool_chunks(rows, (double)rows * (double)hw);

@@ -854,8 +854,8 @@ def test_native_dequantize_linear_matches_oracle(xt) -> None:
 
 
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)], ids=["u8u8", "s8s8", "u8s8"])
-@pytest.mark.parametrize("shape", [(2, 40, 7, 7), (1, 3, 1, 1), (1, 5, 9), (2, 97, 23, 31)],
-                         ids=["7x7", "1x1", "1d", "rows-over-threads"])
+@pytest.mark.parametrize("shape", [(2, 40, 7, 7), (1, 3, 1, 1), (1, 5, 9), (2, 97, 23, 31), (0, 5, 4, 4)],
+                         ids=["7x7", "1x1", "1d", "rows-over-threads", "empty-batch"])
 def test_native_qgap_matches_oracle(xt, yt, shape) -> None:
     if not quant_native.native.AVAILABLE:
         pytest.skip("native kernels not built")
