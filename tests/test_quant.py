@@ -821,24 +821,42 @@ def test_qdq_silu_not_fused_where_the_sigmoid_is_read_elsewhere() -> None:
     assert "QLinearLookup" not in ops and "QLinearSigmoid" in ops and "QLinearMul" in ops
 
 
-@pytest.mark.parametrize("shapes", [((1, 24, 9, 7), (1, 24, 9, 7)), ((1, 24, 9, 7), (1, 24, 1, 1)),
-                                    ((1, 24, 1, 1), (1, 24, 9, 7)), ((2, 5, 300), (2, 5, 1)), ((3, 70001), (3, 70001))],
-                         ids=["same", "se-scale", "se-scale-swapped", "rank3-row", "tasks"])
-@pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.uint8, np.int8, np.int8)],
-                         ids=["u8", "s8", "mixed"])
-def test_native_qmul_matches_oracle(shapes, at, bt, yt) -> None:
-    """QLinearMul, same shapes or one value per row of the other (squeeze-excitation), with and without a fused
-    clamp, against the oracle's float32 expression."""
+@pytest.fixture(params=[-1, 1], ids=["vector", "portable"])
+def q8_avx512_cap(request):
+    """The int8 kernels with their AVX-512 code where the CPU has it (-1), and capped to the portable loops (1)."""
     if not quant_native.native.AVAILABLE:
         pytest.skip("native kernels not built")
+    quant_native.native.lib.inferd_q8_cap_avx512(request.param)
+    try:
+        yield request.param
+    finally:
+        quant_native.native.lib.inferd_q8_cap_avx512(-1)
+
+
+@pytest.mark.parametrize("shapes", [((1, 24, 9, 7), (1, 24, 9, 7)), ((1, 24, 9, 7), (1, 24, 1, 1)),
+                                    ((1, 24, 1, 1), (1, 24, 9, 7)), ((2, 5, 300), (2, 5, 1)), ((3, 70001), (3, 70001)),
+                                    ((1, 40, 7, 7), (1, 40, 1, 1)), ((1, 9, 29, 31), (1, 9, 1, 1)),
+                                    ((1, 24, 256), (1, 24, 1))],
+                         ids=["same", "se-scale", "se-scale-swapped", "rank3-row", "tasks", "rows-7x7", "rows-table",
+                              "rows-table-edge"])
+@pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.uint8, np.int8, np.int8)],
+                         ids=["u8", "s8", "mixed"])
+def test_native_qmul_matches_oracle(q8_avx512_cap, shapes, at, bt, yt) -> None:
+    """QLinearMul, same shapes or one value per row of the other (squeeze-excitation), with and without a fused
+    clamp, against the oracle's float32 expression: rows of 49 bytes (masked vector ends), rows of 256 bytes and
+    more (each row's byte table, then a lookup), and the portable loops."""
     sa_, sb_ = shapes
     a = U8(*sa_) if at == np.uint8 else S8(*sa_)
     b = U8(*sb_) if bt == np.uint8 else S8(*sb_)
+    # every byte value in a and b: a table entry or a vector lane that a random draw missed would go untested
+    a.reshape(-1)[:256] = np.arange(256).astype(np.uint8).view(at)[: a.size]
+    b.reshape(-1)[: min(b.size, 256)] = np.arange(256).astype(np.uint8).view(bt)[: min(b.size, 256)]
     ins = [a, F(0.031), np.asarray(3 if at == np.uint8 else -2, at), b, F(0.0047),
            np.asarray(120 if bt == np.uint8 else 5, bt), F(0.05), np.asarray(100 if yt == np.uint8 else -5, yt)]
     for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
         attrs = {} if clamp is None else {"qclamp": clamp}
-        got, want = _native_vs_oracle("QLinearMul", ins, attrs, [False, True, True, False, True, True, True, True])
+        got, want = _native_vs_oracle("QLinearMul", ins, attrs, [False, True, True, False, True, True, True, True],
+                                      fill=77)
         np.testing.assert_array_equal(got, want)
 
 
@@ -854,12 +872,14 @@ def test_native_dequantize_linear_matches_oracle(xt) -> None:
 
 
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)], ids=["u8u8", "s8s8", "u8s8"])
-@pytest.mark.parametrize("shape", [(2, 40, 7, 7), (1, 3, 1, 1), (1, 5, 9), (2, 97, 23, 31), (0, 5, 4, 4)],
-                         ids=["7x7", "1x1", "1d", "rows-over-threads", "empty-batch"])
-def test_native_qgap_matches_oracle(xt, yt, shape) -> None:
-    if not quant_native.native.AVAILABLE:
-        pytest.skip("native kernels not built")
+@pytest.mark.parametrize("shape", [(2, 40, 7, 7), (1, 3, 1, 1), (1, 5, 9), (2, 97, 23, 31), (0, 5, 4, 4), (1, 6, 8, 16),
+                                   (1, 4, 65, 3)],
+                         ids=["7x7", "1x1", "1d", "rows-over-threads", "empty-batch", "row-of-128", "row-of-195"])
+def test_native_qgap_matches_oracle(q8_avx512_cap, xt, yt, shape) -> None:
     x = U8(*shape) if xt == np.uint8 else S8(*shape)
+    if x.size:  # a row of the type's extremes: the signed sum's flip and its correction, and a full 64-byte step
+        x.reshape(-1)[: min(x.size, 49)] = np.iinfo(xt).min
+        x.reshape(-1)[min(x.size, 49): min(x.size, 98)] = np.iinfo(xt).max
     ins = [x, F(0.037), np.asarray(11 if xt == np.uint8 else -7, xt), F(0.021), np.asarray(90 if yt == np.uint8 else 4, yt)]
     got, want = _native_vs_oracle("QLinearGlobalAveragePool", ins, {}, [False, True, True, True, True])
     np.testing.assert_array_equal(got, want)
