@@ -277,6 +277,9 @@ int inferd_q8_cap_avx512(int cap);
 /* Tests and A/B runs: 0 stages every int8 conv's whole input before its tasks, 1 (the default) lets a 1x1,
    stride-1, unpadded conv's tasks stage their own blocks of pixels. Returns the previous setting. */
 int inferd_q8_set_self_stage(int on);
+/* Tests and A/B runs: 0 keeps the int8 depthwise window kernel (small maps, on VNNI with VBMI) off, 1 (the
+   default) on. Returns the previous setting. */
+int inferd_q8_set_dw_window(int on);
 /* Y = X W^T: x (M x K, row pitch ldx bytes); y element (m, n) at y + m*ysm + n*ysn. bias may be NULL.
    Returns 0, or -1 if out of memory. */
 int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, int K, const signed char* wp,

@@ -1480,6 +1480,7 @@ typedef struct {
     void* y;
     int failed;
     int ntasks;
+    const void* dww; /* the window kernel's tables (q8_dww_t), or NULL */
 } q8_dw_ctx;
 
 /* Small loops kept out of line, so the compiler vectorises each as written instead of fusing neighbours
@@ -1913,13 +1914,14 @@ Q8_DWV_TARGET static void q8_dwv_vnni(const uint8_t* P, int Wb, const int8_t* wc
     const __m512i i0 = _mm512_load_si512((const void*)g->idx), i1 = _mm512_load_si512((const void*)(g->idx + 64));
     __m512i w0[5], w1[5];
     for (int i = 0; i < K; ++i) {
-        int8_t t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int j = 0; j < K; ++j) t[j] = wc[i * K + j];
-        int32_t a, b;
-        memcpy(&a, t, 4);
-        memcpy(&b, t + 4, 4);
-        w0[i] = _mm512_set1_epi32(a);
-        w1[i] = _mm512_set1_epi32(b);
+        /* the row's taps as little-endian bytes of two dwords, in registers: bytes stored to the stack and read
+           back as a dword (with a call to memcpy, K not being a constant here) stalled store forwarding, and took
+           44% of a 7x7 map's time */
+        uint32_t a = 0, b = 0;
+        for (int j = 0; j < K && j < 4; ++j) a |= (uint32_t)(uint8_t)wc[i * K + j] << (8 * j);
+        for (int j = 4; j < K; ++j) b |= (uint32_t)(uint8_t)wc[i * K + j] << (8 * (j - 4));
+        w0[i] = _mm512_set1_epi32((int32_t)a);
+        w1[i] = _mm512_set1_epi32((int32_t)b);
     }
     const __m512i bv = _mm512_set1_epi32(beff), zv = _mm512_set1_epi32(zy);
     const __m512 lo = _mm512_set1_ps(flo), hi = _mm512_set1_ps(fhi), mv = _mm512_set1_ps(m);
@@ -2057,6 +2059,219 @@ static int q8_dwv_plan(const q8_dw_ctx* c, int Wb, q8_dwv_t* g)
 }
 #endif
 
+static int Q8_DWW_OFF; /* tests and A/B: 1 keeps the window kernel off */
+
+int inferd_q8_set_dw_window(int on)
+{
+    return !__atomic_exchange_n(&Q8_DWW_OFF, on ? 0 : 1, __ATOMIC_RELAXED);
+}
+
+#if defined(Q8_DWV)
+/* Depthwise over windows of the plane, for maps whose every 16 output pixels read within 127 bytes of the input
+   plane (7x7 and 14x14 maps, stride 1 or 2; 28x28 at stride 1): lane k of vector v is output pixel 16 v + k of the
+   flat output plane, each dword of a lane 4 taps of the kernel in row-major order (5x5: 7 dwords, not 2 a row),
+   gathered by vpermt2b from the 128 bytes [base_v, base_v + 127) of the channel's plane and a last byte holding the
+   zero point, which every tap in the padding reads. No padded copy of the plane, no rows of 16 lanes with 14 or 7 in
+   use, stores of whole 16-byte runs of the output: the padded-plane kernel spent most of a 7x7 or a strided map's
+   time per channel, not per pixel. The tables (per vector its window's base and load masks, per vector and dword
+   64 byte indices) depend on the geometry only: built once and kept (Q8_DWW_CACHE geometries). */
+#define Q8_DWW_MAXV 64
+#define Q8_DWW_CACHE 32
+typedef struct {
+    int H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW; /* the key */
+    int nv, G, shared;                                /* shared: one window (base 0) for every vector */
+    int32_t* base;
+    uint64_t* lmask; /* per vector: bytes of [base, base + 64) and [base + 64, base + 127) inside the plane */
+    uint8_t* idx;    /* [nv][G][64] */
+} q8_dww_t;
+
+static q8_dww_t* Q8_DWW[Q8_DWW_CACHE];
+static int Q8_DWW_N;
+static pthread_mutex_t Q8_DWW_LOCK = PTHREAD_MUTEX_INITIALIZER;
+
+static int q8_dww_key(const q8_dww_t* g, const q8_dw_ctx* c)
+{
+    return g->H == c->H && g->W == c->W && g->kh == c->kh && g->kw == c->kw && g->sh == c->sh && g->sw == c->sw &&
+           g->dh == c->dh && g->dw == c->dw && g->pt == c->pt && g->pl == c->pl && g->OH == c->OH && g->OW == c->OW;
+}
+
+static void q8_dww_free(q8_dww_t* g)
+{
+    if (!g) return;
+    free(g->base);
+    free(g->lmask);
+    free(g->idx);
+    free(g);
+}
+
+/* the tables for this geometry, or NULL where a vector's taps span more than 127 bytes (or too many vectors) */
+static q8_dww_t* q8_dww_build(const q8_dw_ctx* c)
+{
+    const int H = c->H, W = c->W, OH = c->OH, OW = c->OW, T = c->kh * c->kw;
+    const long long HW = (long long)H * W, nout = (long long)OH * OW;
+    if (T > 28 || nout <= 0 || HW <= 0 || (nout + 15) / 16 > Q8_DWW_MAXV) return NULL;
+    const int nv = (int)((nout + 15) / 16), G = (T + 3) / 4;
+    q8_dww_t* g = (q8_dww_t*)calloc(1, sizeof(q8_dww_t));
+    if (!g) return NULL;
+    g->H = H, g->W = W, g->kh = c->kh, g->kw = c->kw, g->sh = c->sh, g->sw = c->sw, g->dh = c->dh, g->dw = c->dw;
+    g->pt = c->pt, g->pl = c->pl, g->OH = OH, g->OW = OW, g->nv = nv, g->G = G, g->shared = HW <= 127;
+    g->base = (int32_t*)malloc(sizeof(int32_t) * nv);
+    g->lmask = (uint64_t*)malloc(sizeof(uint64_t) * 2 * nv);
+    g->idx = (uint8_t*)aligned_alloc(64, (size_t)nv * G * 64);
+    if (!g->base || !g->lmask || !g->idx) {
+        q8_dww_free(g);
+        return NULL;
+    }
+    for (int v = 0; v < nv; ++v) {
+        long long lo = HW, hi = -1; /* the plane positions the vector's taps read */
+        for (int k = 0; k < 16; ++k) {
+            const long long p = 16LL * v + k;
+            if (p >= nout) break;
+            const int oh = (int)(p / OW), ow = (int)(p % OW);
+            for (int t = 0; t < T; ++t) {
+                const int ih = oh * c->sh - c->pt + (t / c->kw) * c->dh, iw = ow * c->sw - c->pl + (t % c->kw) * c->dw;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const long long pos = (long long)ih * W + iw;
+                lo = pos < lo ? pos : lo;
+                hi = pos > hi ? pos : hi;
+            }
+        }
+        if (g->shared || hi < 0) lo = 0;
+        if (hi - lo > 126) {
+            q8_dww_free(g);
+            return NULL;
+        }
+        g->base[v] = (int32_t)lo;
+        uint64_t m0 = 0, m1 = 0;
+        for (int j = 0; j < 127; ++j)
+            if (lo + j < HW) {
+                if (j < 64)
+                    m0 |= (uint64_t)1 << j;
+                else
+                    m1 |= (uint64_t)1 << (j - 64);
+            }
+        g->lmask[2 * v] = m0, g->lmask[2 * v + 1] = m1;
+        for (int q = 0; q < G; ++q)
+            for (int k = 0; k < 16; ++k)
+                for (int b = 0; b < 4; ++b) {
+                    const long long p = 16LL * v + k;
+                    const int t = 4 * q + b;
+                    uint8_t at = 127; /* the zero point: the padding, taps past the kernel, lanes past the plane */
+                    if (p < nout && t < T) {
+                        const int oh = (int)(p / OW), ow = (int)(p % OW);
+                        const int ih = oh * c->sh - c->pt + (t / c->kw) * c->dh;
+                        const int iw = ow * c->sw - c->pl + (t % c->kw) * c->dw;
+                        if (ih >= 0 && ih < H && iw >= 0 && iw < W) at = (uint8_t)((long long)ih * W + iw - lo);
+                    }
+                    g->idx[((size_t)v * G + q) * 64 + 4 * k + b] = at;
+                }
+    }
+    return g;
+}
+
+/* the cached tables for c's geometry (built on first use), or NULL; where the cache is full, tables built for this
+   call only, also left in *owned for the caller to free */
+static const q8_dww_t* q8_dww_get(const q8_dw_ctx* c, q8_dww_t** owned)
+{
+    *owned = NULL;
+    pthread_mutex_lock(&Q8_DWW_LOCK);
+    for (int i = 0; i < Q8_DWW_N; ++i)
+        if (q8_dww_key(Q8_DWW[i], c)) {
+            const q8_dww_t* g = Q8_DWW[i];
+            pthread_mutex_unlock(&Q8_DWW_LOCK);
+            return g;
+        }
+    pthread_mutex_unlock(&Q8_DWW_LOCK);
+    q8_dww_t* g = q8_dww_build(c);
+    if (!g) return NULL;
+    pthread_mutex_lock(&Q8_DWW_LOCK);
+    for (int i = 0; i < Q8_DWW_N; ++i) /* another thread built it meanwhile */
+        if (q8_dww_key(Q8_DWW[i], c)) {
+            const q8_dww_t* had = Q8_DWW[i];
+            pthread_mutex_unlock(&Q8_DWW_LOCK);
+            q8_dww_free(g);
+            return had;
+        }
+    if (Q8_DWW_N < Q8_DWW_CACHE)
+        Q8_DWW[Q8_DWW_N++] = g; /* kept for the process's life: read by any later call, never changed */
+    else
+        *owned = g;
+    pthread_mutex_unlock(&Q8_DWW_LOCK);
+    return g;
+}
+
+/* whether the window kernel runs c: VNNI and VBMI, not capped, a 3x3 to 5x5 kernel (any stride, dilation, pads) */
+static int q8_dww_applies(const q8_dw_ctx* c)
+{
+    const int f = q8_cpu();
+    return !__atomic_load_n(&Q8_DWW_OFF, __ATOMIC_RELAXED) && q8_isa()->level == 1 && (f & Q8_F_VBMI) &&
+           __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) != 1 && c->kh * c->kw <= 28;
+}
+
+Q8_DWV_TARGET static inline __attribute__((always_inline)) void q8_dww_body(const q8_dw_ctx* c, const q8_dww_t* g,
+                                                                            long long c0, long long c1, const int G)
+{
+    const long long HW = (long long)c->H * c->W, nout = (long long)c->OH * c->OW;
+    const int T = c->kh * c->kw, zxd = q8_zx_domain(c->zx, c->x_signed, 0);
+    const uint8_t flip = (uint8_t)(c->x_signed ? 0x80 : 0);
+    const __m512i flipv = _mm512_set1_epi8((char)flip), zraw = _mm512_set1_epi8((char)(zxd ^ flip));
+    const __m256i ones = _mm256_set1_epi8(1);
+    const __m512i zv = _mm512_set1_epi32(c->zy);
+    const __m512 lo = _mm512_set1_ps((float)(c->lo - c->zy)), hi = _mm512_set1_ps((float)(c->hi - c->zy));
+    const int nv = g->nv;
+    for (long long ch = c0; ch < c1; ++ch) {
+        const uint8_t* xc = c->x + ch * HW;
+        uint8_t* y = (uint8_t*)c->y + ch * nout;
+        /* the channel's taps as dwords: one masked load, each dword broadcast from the register (no bytes through
+           the stack) */
+        const __m256i wb = _mm256_maskz_loadu_epi8((__mmask32)(((uint64_t)1 << T) - 1), c->w + ch * T);
+        const __m512i wz = _mm512_zextsi256_si512(wb);
+        __m512i w[7];
+        for (int q = 0; q < G; ++q) w[q] = _mm512_permutexvar_epi32(_mm512_set1_epi32(q), wz);
+        const int32_t wsum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, wb)));
+        const __m512i bv = _mm512_set1_epi32((c->bias ? c->bias[ch] : 0) - zxd * wsum);
+        const __m512 mv = _mm512_set1_ps(c->mult[ch]);
+        __m512i a = zraw, b = zraw;
+        if (g->shared) {
+            a = _mm512_xor_si512(_mm512_mask_loadu_epi8(zraw, g->lmask[0], xc), flipv);
+            b = _mm512_xor_si512(_mm512_mask_loadu_epi8(zraw, g->lmask[1], xc + 64), flipv);
+        }
+        for (int v = 0; v < nv; ++v) {
+            if (!g->shared) {
+                const uint8_t* xb = xc + g->base[v];
+                a = _mm512_xor_si512(_mm512_mask_loadu_epi8(zraw, g->lmask[2 * v], xb), flipv);
+                b = _mm512_xor_si512(_mm512_mask_loadu_epi8(zraw, g->lmask[2 * v + 1], xb + 64), flipv);
+            }
+            const uint8_t* ix = g->idx + (size_t)v * G * 64;
+            __m512i acc = bv;
+            for (int q = 0; q < G; ++q)
+                acc = _mm512_dpbusd_epi32(acc, _mm512_permutex2var_epi8(a, _mm512_load_si512((const void*)(ix + 64 * q)), b),
+                                          w[q]);
+            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), mv);
+            f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+            const __m512i r = _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+            const long long left = nout - 16LL * v;
+            _mm_mask_storeu_epi8((void*)(y + 16LL * v), left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1),
+                                 _mm512_cvtepi32_epi8(r));
+        }
+    }
+}
+
+Q8_DWV_TARGET static void q8_dww_run(const q8_dw_ctx* c, const q8_dww_t* g, long long c0, long long c1)
+{
+    /* G a constant in each instance: the tap loop unrolled, the weights in registers */
+    switch (g->G) {
+    case 1: q8_dww_body(c, g, c0, c1, 1); break;
+    case 2: q8_dww_body(c, g, c0, c1, 2); break;
+    case 3: q8_dww_body(c, g, c0, c1, 3); break;
+    case 4: q8_dww_body(c, g, c0, c1, 4); break;
+    case 5: q8_dww_body(c, g, c0, c1, 5); break;
+    case 6: q8_dww_body(c, g, c0, c1, 6); break;
+    default: q8_dww_body(c, g, c0, c1, 7); break;
+    }
+}
+#endif
+
 static int q8_dwf_task(const q8_dw_ctx* c, long long c0, long long c1)
 {
     int Hp, Wb;
@@ -2094,6 +2309,12 @@ static void q8_dw_task(void* vctx, long long t)
     q8_dw_ctx* c = (q8_dw_ctx*)vctx;
     const long long c0 = (long long)c->C * t / c->ntasks, c1 = (long long)c->C * (t + 1) / c->ntasks;
     if (c1 <= c0) return;
+#if defined(Q8_DWV)
+    if (c->dww) {
+        q8_dww_run(c, (const q8_dww_t*)c->dww, c0, c1);
+        return;
+    }
+#endif
     if (q8_dwf_applies(c)) {
         if (q8_dwf_task(c, c0, c1)) __atomic_store_n(&c->failed, 1, __ATOMIC_RELAXED);
         return;
@@ -2123,10 +2344,17 @@ int inferd_q8_dwconv2d(const void* x, int x_signed, int zx, int C, int H, int W,
                        const float* mult, int zy, int lo, int hi, void* y, int y_signed, int max_threads)
 {
     q8_dw_ctx c = {(const uint8_t*)x, x_signed, zx, w, C, H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW,
-                   bias, mult, zy, lo, hi, y_signed, y, 0, 1};
+                   bias, mult, zy, lo, hi, y_signed, y, 0, 1, NULL};
     const double work = (double)C * OH * OW * kh * kw;
     c.ntasks = work < 100000 ? 1 : inferd_pool_chunks(C, work);
+#if defined(Q8_DWV)
+    q8_dww_t* owned = NULL;
+    if (q8_dww_applies(&c)) c.dww = q8_dww_get(&c, &owned);
+#endif
     inferd_parallel(q8_dw_task, &c, c.ntasks, work < 100000 ? 1 : max_threads);
+#if defined(Q8_DWV)
+    q8_dww_free(owned);
+#endif
     return c.failed ? -1 : 0;
 }
 

@@ -335,9 +335,10 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
     inferd_q8_set_isa(isa);
     /* every weight packing (mode 0: pixels in the lanes; 1: channels in the lanes, VNNI or portable; 2: reduction
        tap-major for AMX tiles, run by mode 0's kernels where there are none) */
-    for (int mode = 0; mode <= (dw ? 0 : 2); mode++) {
+    for (int mode = 0; mode <= (dw ? 1 : 2); mode++) {
     memset(y, 0, N * OH * OW);
-    if (dw) {
+    if (dw) { /* depthwise: mode 0 with the window kernel where it applies, 1 without */
+        inferd_q8_set_dw_window(mode == 0);
         inferd_q8_dwconv2d(x, xsg, zx, C, H, W, w, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, 1);
     } else {
         signed char* wp = malloc(inferd_q8_conv_packed_size(N, C, k * k, mode)); int* ws = malloc(N * 4);
@@ -347,6 +348,7 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
     }
     for (int i = 0; i < N * OH * OW; i++) if (y[i] != r[i]) { fails++; printf("FAIL isa %d mode %d C%d N%d k%d s%d dw%d xs%d at %d: %d vs %d\n", isa, mode, C, N, k, s, dw, xsg, i, y[i], r[i]); break; }
     }
+    inferd_q8_set_dw_window(1);
     free(x); free(w); free(b); free(m); free(y); free(r);
 }
 static void check_gemm(int isa, int M, int K, int N, int xsg) {
@@ -383,6 +385,8 @@ int main(void) {
         /* depthwise: 5x5, rows packed into vectors (OW <= 16), 16-column steps, stride 2 */
         check(isa, 9, 9, 6, 5, 1, 2, 1, xsg); check(isa, 9, 9, 20, 5, 2, 2, 1, xsg); check(isa, 6, 6, 40, 3, 1, 1, 1, xsg);
         check(isa, 5, 5, 7, 3, 2, 1, 1, xsg); check(isa, 5, 5, 33, 3, 2, 1, 1, xsg);
+        /* the window kernel: a 7x8 plane in one window, a 14x15 one per vector at stride 2 with 5x5 taps */
+        check(isa, 12, 12, 7, 3, 1, 1, 1, xsg); check(isa, 10, 10, 14, 5, 2, 2, 1, xsg);
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
         /* 1x1 stride 1 unpadded: each task stages its own block of pixels (mode 0: 32-pixel tiles, the last cut by
            the map; mode 1: 7-pixel tiles), and the same convs with the whole input staged first */
@@ -819,6 +823,65 @@ def test_qadd_of_a_constant_tensor_runs_native(const_side: int) -> None:
 def test_qdq_silu_not_fused_where_the_sigmoid_is_read_elsewhere() -> None:
     ops = [n.op for n in import_model(_qdq_silu_model(False, extra_reader=True)).nodes]
     assert "QLinearLookup" not in ops and "QLinearSigmoid" in ops and "QLinearMul" in ops
+
+
+def _dw_layer(x: np.ndarray, k: tuple[int, int], stride: tuple[int, int], pads: list[int], dil: tuple[int, int],
+              y_dtype) -> tuple:
+    c = x.shape[1]
+    ins, attrs = _conv_layer(x, c, 1, c, 1, 0, True, None, y_dtype)
+    ins[3] = S8(c, 1, *k)
+    attrs.update({"pads": pads, "strides": list(stride), "dilations": list(dil), "kernel_shape": list(k)})
+    return ins, attrs
+
+
+#: (channels, H, W, kernel, stride, pads, dilations): 7x7 and 14x14 maps as mobilenet and efficientnet have them,
+#: maps whose whole plane is one window, 28x28 at stride 1 (a window per vector), maps too wide for a window (the
+#: padded-plane kernel), asymmetric pads, dilation, 1x3 / 2x2 / 5x5 kernels (one to seven dwords of taps)
+DW_WINDOW_GEOMETRIES = [
+    (40, 7, 7, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)), (24, 7, 7, (5, 5), (1, 1), [2, 2, 2, 2], (1, 1)),
+    (33, 14, 14, (3, 3), (2, 2), [0, 0, 1, 1], (1, 1)), (20, 14, 14, (5, 5), (2, 2), [1, 1, 2, 2], (1, 1)),
+    (17, 14, 14, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)), (9, 28, 28, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)),
+    (6, 30, 30, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)), (7, 9, 11, (3, 3), (1, 1), [2, 0, 1, 2], (2, 2)),
+    (5, 6, 13, (1, 3), (1, 2), [0, 1, 0, 1], (1, 1)), (11, 5, 5, (2, 2), (1, 1), [0, 0, 1, 1], (1, 1)),
+    (150, 7, 7, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)), (3, 1, 1, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)),
+]
+
+
+@pytest.mark.parametrize("window", [1, 0], ids=["window", "no-window"])
+@pytest.mark.parametrize("geo", DW_WINDOW_GEOMETRIES, ids=[f"{g[0]}x{g[1]}x{g[2]}-k{g[3][0]}{g[3][1]}-s{g[4][0]}"
+                                                           f"-p{''.join(map(str, g[5]))}-d{g[6][0]}"
+                                                           for g in DW_WINDOW_GEOMETRIES])
+@pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8)], ids=["u8", "s8"])
+def test_native_qdwconv_window_matches_oracle(window, geo, xt, yt) -> None:
+    """Depthwise int8 convs of small maps with and without the window kernel (its taps gathered from windows of
+    the plane, the padding read from the zero point): equal to the oracle on every geometry, the edge bytes of the
+    types included."""
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    c, h, w, k, stride, pads, dil = geo
+    x = U8(1, c, h, w) if xt == np.uint8 else S8(1, c, h, w)
+    x.reshape(-1)[: min(x.size, 40)] = np.iinfo(xt).min
+    x.reshape(-1)[-min(x.size, 40):] = np.iinfo(xt).max
+    ins, attrs = _dw_layer(x, k, stride, pads, dil, yt)
+    prev = quant_native.native.lib.inferd_q8_set_dw_window(window)
+    try:
+        got, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=33)
+    finally:
+        quant_native.native.lib.inferd_q8_set_dw_window(1)
+    assert prev in (0, 1)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_native_qdwconv_window_tables_past_the_cache() -> None:
+    """More depthwise geometries in one process than the window kernel keeps tables for: the ones past its cache
+    get tables of their own for the call, and every answer still matches the oracle."""
+    if not quant_native.native.AVAILABLE:
+        pytest.skip("native kernels not built")
+    for h in range(3, 43):
+        x = U8(1, 4, h, 5)
+        ins, attrs = _dw_layer(x, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1), np.uint8)
+        got, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=33)
+        np.testing.assert_array_equal(got, want, err_msg=f"map {h}x5")
 
 
 @pytest.fixture(params=[-1, 1], ids=["vector", "portable"])
