@@ -2228,7 +2228,8 @@ Q8_DWV_TARGET static inline __attribute__((always_inline)) void q8_dww_body(cons
         const __m512i wz = _mm512_zextsi256_si512(wb);
         __m512i w[7];
         for (int q = 0; q < G; ++q) w[q] = _mm512_permutexvar_epi32(_mm512_set1_epi32(q), wz);
-        const int32_t wsum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, wb)));
+        const __m256i ws8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, wb);
+        const int32_t wsum = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(ws8));
         const __m512i bv = _mm512_set1_epi32((c->bias ? c->bias[ch] : 0) - zxd * wsum);
         const __m512 mv = _mm512_set1_ps(c->mult[ch]);
         __m512i a = zraw, b = zraw;
@@ -2244,12 +2245,14 @@ Q8_DWV_TARGET static inline __attribute__((always_inline)) void q8_dww_body(cons
             }
             const uint8_t* ix = g->idx + (size_t)v * G * 64;
             __m512i acc = bv;
-            for (int q = 0; q < G; ++q)
-                acc = _mm512_dpbusd_epi32(acc, _mm512_permutex2var_epi8(a, _mm512_load_si512((const void*)(ix + 64 * q)), b),
-                                          w[q]);
+            for (int q = 0; q < G; ++q) {
+                const __m512i iq = _mm512_load_si512((const void*)(ix + 64 * q));
+                acc = _mm512_dpbusd_epi32(acc, _mm512_permutex2var_epi8(a, iq, b), w[q]);
+            }
             __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), mv);
             f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
-            const __m512i r = _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
+            const __m512i r =
+                _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
             const long long left = nout - 16LL * v;
             _mm_mask_storeu_epi8((void*)(y + 16LL * v), left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1),
                                  _mm512_cvtepi32_epi8(r));
