@@ -280,6 +280,9 @@ int inferd_q8_set_self_stage(int on);
 /* Tests and A/B runs: 0 keeps the int8 depthwise window kernel (small maps, on VNNI with VBMI) off, 1 (the
    default) on. Returns the previous setting. */
 int inferd_q8_set_dw_window(int on);
+/* Tests and A/B runs: 0 keeps the int8 depthwise kernel of 4 output rows at a time (maps wider than 16, VNNI with
+   VBMI) off, 1 (the default) on. Returns the previous setting. */
+int inferd_q8_set_dw_rows(int on);
 /* Y = X W^T: x (M x K, row pitch ldx bytes); y element (m, n) at y + m*ysm + n*ysn. bias may be NULL.
    Returns 0, or -1 if out of memory. */
 int inferd_q8_gemm(const void* x, int x_signed, int zx, long long ldx, int M, int K, const signed char* wp,

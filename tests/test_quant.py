@@ -337,8 +337,9 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
        tap-major for AMX tiles, run by mode 0's kernels where there are none) */
     for (int mode = 0; mode <= (dw ? 1 : 2); mode++) {
     memset(y, 0, N * OH * OW);
-    if (dw) { /* depthwise: mode 0 with the window kernel where it applies, 1 without */
+    if (dw) { /* depthwise: mode 0 with the window and 4-row kernels where they apply, 1 without */
         inferd_q8_set_dw_window(mode == 0);
+        inferd_q8_set_dw_rows(mode == 0);
         inferd_q8_dwconv2d(x, xsg, zx, C, H, W, w, k, k, s, s, 1, 1, p, p, OH, OW, b, m, zy, 0, 255, y, 0, 1);
     } else {
         signed char* wp = malloc(inferd_q8_conv_packed_size(N, C, k * k, mode)); int* ws = malloc(N * 4);
@@ -349,6 +350,7 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
     for (int i = 0; i < N * OH * OW; i++) if (y[i] != r[i]) { fails++; printf("FAIL isa %d mode %d C%d N%d k%d s%d dw%d xs%d at %d: %d vs %d\n", isa, mode, C, N, k, s, dw, xsg, i, y[i], r[i]); break; }
     }
     inferd_q8_set_dw_window(1);
+    inferd_q8_set_dw_rows(1);
     free(x); free(w); free(b); free(m); free(y); free(r);
 }
 static void check_gemm(int isa, int M, int K, int N, int xsg) {
@@ -387,6 +389,8 @@ int main(void) {
         check(isa, 5, 5, 7, 3, 2, 1, 1, xsg); check(isa, 5, 5, 33, 3, 2, 1, 1, xsg);
         /* the window kernel: a 7x8 plane in one window, a 14x15 one per vector at stride 2 with 5x5 taps */
         check(isa, 12, 12, 7, 3, 1, 1, 1, xsg); check(isa, 10, 10, 14, 5, 2, 2, 1, xsg);
+        /* 4 output rows at a time: 3x3 and 5x5, strides 1 and 2, rows not a multiple of 4 */
+        check(isa, 5, 5, 37, 3, 1, 1, 1, xsg); check(isa, 4, 4, 45, 5, 2, 2, 1, xsg); check(isa, 3, 3, 6, 3, 1, 1, 1, xsg);
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
         /* 1x1 stride 1 unpadded: each task stages its own block of pixels (mode 0: 32-pixel tiles, the last cut by
            the map; mode 1: 7-pixel tiles), and the same convs with the whole input staged first */
@@ -844,18 +848,22 @@ DW_WINDOW_GEOMETRIES = [
     (6, 30, 30, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)), (7, 9, 11, (3, 3), (1, 1), [2, 0, 1, 2], (2, 2)),
     (5, 6, 13, (1, 3), (1, 2), [0, 1, 0, 1], (1, 1)), (11, 5, 5, (2, 2), (1, 1), [0, 0, 1, 1], (1, 1)),
     (150, 7, 7, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)), (3, 1, 1, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)),
+    # maps wider than 16: 4 output rows at a time (rows not a multiple of 4, fewer than 4, pads asymmetric)
+    (6, 56, 56, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)), (5, 45, 38, (5, 5), (2, 2), [2, 2, 2, 2], (1, 1)),
+    (4, 23, 40, (3, 3), (2, 2), [0, 0, 1, 1], (1, 1)), (3, 3, 40, (3, 3), (1, 1), [1, 1, 1, 1], (1, 1)),
+    (3, 21, 35, (5, 5), (1, 1), [2, 1, 2, 3], (1, 1)),
 ]
 
 
-@pytest.mark.parametrize("window", [1, 0], ids=["window", "no-window"])
+@pytest.mark.parametrize("window", [1, 0], ids=["new-kernels", "old-kernels"])
 @pytest.mark.parametrize("geo", DW_WINDOW_GEOMETRIES, ids=[f"{g[0]}x{g[1]}x{g[2]}-k{g[3][0]}{g[3][1]}-s{g[4][0]}"
                                                            f"-p{''.join(map(str, g[5]))}-d{g[6][0]}"
                                                            for g in DW_WINDOW_GEOMETRIES])
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8)], ids=["u8", "s8"])
 def test_native_qdwconv_window_matches_oracle(window, geo, xt, yt) -> None:
-    """Depthwise int8 convs of small maps with and without the window kernel (its taps gathered from windows of
-    the plane, the padding read from the zero point): equal to the oracle on every geometry, the edge bytes of the
-    types included."""
+    """Depthwise int8 convs with and without the window kernel (small maps: taps gathered from windows of the
+    plane, the padding read from the zero point) and the kernel of 4 output rows at a time (maps wider than 16):
+    equal to the oracle on every geometry, the edge bytes of the types included."""
     if not quant_native.native.AVAILABLE:
         pytest.skip("native kernels not built")
     c, h, w, k, stride, pads, dil = geo
@@ -863,11 +871,14 @@ def test_native_qdwconv_window_matches_oracle(window, geo, xt, yt) -> None:
     x.reshape(-1)[: min(x.size, 40)] = np.iinfo(xt).min
     x.reshape(-1)[-min(x.size, 40):] = np.iinfo(xt).max
     ins, attrs = _dw_layer(x, k, stride, pads, dil, yt)
-    prev = quant_native.native.lib.inferd_q8_set_dw_window(window)
+    lib = quant_native.native.lib
+    prev = lib.inferd_q8_set_dw_window(window)
+    lib.inferd_q8_set_dw_rows(window)
     try:
         got, want = _native_vs_oracle("QLinearConv", ins, attrs, [False] + [True] * 8, fill=33)
     finally:
-        quant_native.native.lib.inferd_q8_set_dw_window(1)
+        lib.inferd_q8_set_dw_window(1)
+        lib.inferd_q8_set_dw_rows(1)
     assert prev in (0, 1)
     np.testing.assert_array_equal(got, want)
 
