@@ -390,7 +390,8 @@ int main(void) {
         /* the window kernel: a 7x8 plane in one window, a 14x15 one per vector at stride 2 with 5x5 taps */
         check(isa, 12, 12, 7, 3, 1, 1, 1, xsg); check(isa, 10, 10, 14, 5, 2, 2, 1, xsg);
         /* 4 output rows at a time: 3x3 and 5x5, strides 1 and 2, rows not a multiple of 4 */
-        check(isa, 5, 5, 37, 3, 1, 1, 1, xsg); check(isa, 4, 4, 45, 5, 2, 2, 1, xsg); check(isa, 3, 3, 6, 3, 1, 1, 1, xsg);
+        check(isa, 5, 5, 37, 3, 1, 1, 1, xsg); check(isa, 4, 4, 45, 5, 2, 2, 1, xsg);
+        check(isa, 3, 3, 6, 3, 1, 1, 1, xsg);
         check_gemm(isa, 1, 37, 21, xsg); check_gemm(isa, 50, 64, 33, xsg);
         /* 1x1 stride 1 unpadded: each task stages its own block of pixels (mode 0: 32-pixel tiles, the last cut by
            the map; mode 1: 7-pixel tiles), and the same convs with the whole input staged first */
