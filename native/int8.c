@@ -1393,6 +1393,33 @@ Q8_VNNI_TARGET static void q8_gemv1_vnni(const uint8_t* xs, int kq, const int8_t
     }
 }
 
+/* panels over the pool where the weights are large (a classifier's 1x1 conv): the products read each weight once,
+   so their time is the weights' read from memory, which two cores do faster than one */
+typedef struct {
+    const uint8_t* xs;
+    int kq;
+    const int8_t* wp;
+    int N;
+    const int32_t *bias, *wsum;
+    int zxd;
+    const float* mult;
+    float flo, fhi;
+    int zy;
+    uint8_t* y;
+    int panels_per_task;
+} q8_gemv1_ctx;
+
+static void q8_gemv1_task(void* vctx, long long t)
+{
+    const q8_gemv1_ctx* c = (const q8_gemv1_ctx*)vctx;
+    const long long n0 = t * c->panels_per_task * (long long)Q8_NR;
+    if (n0 >= c->N) return;
+    const int n1 = (int)(n0 + (long long)c->panels_per_task * Q8_NR < c->N ? n0 + (long long)c->panels_per_task * Q8_NR
+                                                                            : c->N);
+    q8_gemv1_vnni(c->xs, c->kq, c->wp + (size_t)n0 * 4 * c->kq, n1 - (int)n0, c->bias ? c->bias + n0 : NULL,
+                  c->wsum + n0, c->zxd, c->mult + n0, c->flo, c->fhi, c->zy, c->y + n0);
+}
+
 /* the input of a 1x1 map in the unsigned domain, padded to 4 kq bytes with the zero point, in 64-byte stores */
 Q8_VNNI_TARGET static void q8_gemv1_stage(const uint8_t* x, int C, int x_signed, int zxd, uint8_t* xs, int kq)
 {
@@ -1419,7 +1446,12 @@ int inferd_q8_conv2d(const void* x, int x_signed, int zx, int C, int H, int W, c
         if (!xs) return -1;
         const int zx1 = q8_zx_domain(zx, x_signed, 0);
         q8_gemv1_stage((const uint8_t*)x, C, x_signed, zx1, xs, kq1);
-        q8_gemv1_vnni(xs, kq1, wp, N, bias, wsum, zx1, mult, (float)(lo - zy), (float)(hi - zy), zy, (uint8_t*)y);
+        const long long panels = (N + Q8_NR - 1) / Q8_NR, wbytes = panels * Q8_NR * 4LL * kq1;
+        const long long tasks = wbytes < 262144 ? 1 : inferd_pool_chunks(panels, (double)wbytes);
+        q8_gemv1_ctx g = {xs, kq1, wp, N, bias, wsum, zx1, mult, (float)(lo - zy), (float)(hi - zy), zy, (uint8_t*)y,
+                          (int)((panels + tasks - 1) / tasks)};
+        inferd_parallel(q8_gemv1_task, &g, (panels + g.panels_per_task - 1) / g.panels_per_task,
+                        tasks < 2 ? 1 : max_threads);
         return 0;
     }
 #endif

@@ -884,13 +884,15 @@ def test_native_qdwconv_window_matches_oracle(window, geo, xt, yt) -> None:
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("cin,cout", [(1152, 48), (48, 1152), (13, 33), (1001, 17), (4, 16), (6, 31)])
+@pytest.mark.parametrize("cin,cout", [(1152, 48), (48, 1152), (13, 33), (1001, 17), (4, 16), (6, 31),
+                                      (2048, 1000)])
 @pytest.mark.parametrize("xt,yt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8)],
                          ids=["u8u8", "s8s8", "u8s8"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_native_qconv_of_a_1x1_map_matches_oracle(q8_isa: int, cin, cout, xt, yt, bias) -> None:
-    """A 1x1 conv of a 1x1 map (squeeze-and-excitation): a matrix-vector product on VNNI, the conv path elsewhere;
-    channels off whole groups of 4 and panels of 32, with and without a bias and a clamp, against the oracle."""
+    """A 1x1 conv of a 1x1 map (squeeze-and-excitation, a classifier): a matrix-vector product on VNNI (its panels
+    over the threads where the weights are large), the conv path elsewhere; channels off whole groups of 4 and
+    panels of 32, with and without a bias and a clamp, against the oracle."""
     x = U8(1, cin, 1, 1) if xt == np.uint8 else S8(1, cin, 1, 1)
     x.reshape(-1)[:2] = [np.iinfo(xt).min, np.iinfo(xt).max][: x.size]
     for clamp in (None, (-20, 90) if yt == np.int8 else (100, 200)):
