@@ -2254,18 +2254,20 @@ int inferd_q8_set_dw_window(int on)
 
 #if defined(Q8_DWV)
 /* Depthwise over windows of the plane, for maps whose every 16 output pixels read within 127 bytes of the input
-   plane (7x7 and 14x14 maps, stride 1 or 2; 28x28 at stride 1): lane k of vector v is output pixel 16 v + k of the
+   plane (7x7 and 14x14 maps at stride 1 or 2, 28x28 at stride 2; wider maps take the 4-row kernel): lane k of vector v is output pixel 16 v + k of the
    flat output plane, each dword of a lane 4 taps of the kernel in row-major order (5x5: 7 dwords, not 2 a row),
    gathered by vpermt2b from the 128 bytes [base_v, base_v + 127) of the channel's plane and a last byte holding the
    zero point, which every tap in the padding reads. No padded copy of the plane, no rows of 16 lanes with 14 or 7 in
    use, stores of whole 16-byte runs of the output: the padded-plane kernel spent most of a 7x7 or a strided map's
    time per channel, not per pixel. The tables (per vector its window's base and load masks, per vector and dword
-   64 byte indices) depend on the geometry only: built once and kept (Q8_DWW_CACHE geometries). */
+   64 byte indices) depend on the geometry only: built once and kept (Q8_DWW_CACHE geometries), as is a geometry's
+   finding that some vector spans more than 127 bytes (ok 0: no tables), which is not searched for again. */
 #define Q8_DWW_MAXV 64
 #define Q8_DWW_CACHE 32
 typedef struct {
     int H, W, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW; /* the key */
     int nv, G, shared;                                /* shared: one window (base 0) for every vector */
+    int ok;                                           /* 0: a vector spans too much; no tables */
     int32_t* base;
     uint64_t* lmask; /* per vector: bytes of [base, base + 64) and [base + 64, base + 127) inside the plane */
     uint8_t* idx;    /* [nv][G][64] */
@@ -2290,7 +2292,8 @@ static void q8_dww_free(q8_dww_t* g)
     free(g);
 }
 
-/* the tables for this geometry, or NULL where a vector's taps span more than 127 bytes (or too many vectors) */
+/* the tables for this geometry (ok 0, none, where a vector's taps span more than 127 bytes), or NULL (too many
+   vectors, out of memory) */
 static q8_dww_t* q8_dww_build(const q8_dw_ctx* c)
 {
     const int H = c->H, W = c->W, OH = c->OH, OW = c->OW, T = c->kh * c->kw;
@@ -2324,8 +2327,9 @@ static q8_dww_t* q8_dww_build(const q8_dw_ctx* c)
         }
         if (g->shared || hi < 0) lo = 0;
         if (hi - lo > 126) {
-            q8_dww_free(g);
-            return NULL;
+            free(g->base), free(g->lmask), free(g->idx);
+            g->base = NULL, g->lmask = NULL, g->idx = NULL;
+            return g;
         }
         g->base[v] = (int32_t)lo;
         uint64_t m0 = 0, m1 = 0;
@@ -2352,12 +2356,13 @@ static q8_dww_t* q8_dww_build(const q8_dw_ctx* c)
                     g->idx[((size_t)v * G + q) * 64 + 4 * k + b] = at;
                 }
     }
+    g->ok = 1;
     return g;
 }
 
-/* the cached tables for c's geometry (built on first use), or NULL; where the cache is full, tables built for this
-   call only, also left in *owned for the caller to free */
-static const q8_dww_t* q8_dww_get(const q8_dw_ctx* c, q8_dww_t** owned)
+/* the cached tables for c's geometry (built on first use), or NULL where it has none; where the cache is full,
+   tables built for this call only, also left in *owned for the caller to free */
+static const q8_dww_t* q8_dww_find(const q8_dw_ctx* c, q8_dww_t** owned)
 {
     *owned = NULL;
     pthread_mutex_lock(&Q8_DWW_LOCK);
@@ -2384,6 +2389,12 @@ static const q8_dww_t* q8_dww_get(const q8_dw_ctx* c, q8_dww_t** owned)
         *owned = g;
     pthread_mutex_unlock(&Q8_DWW_LOCK);
     return g;
+}
+
+static const q8_dww_t* q8_dww_get(const q8_dw_ctx* c, q8_dww_t** owned)
+{
+    const q8_dww_t* g = q8_dww_find(c, owned);
+    return g && g->ok ? g : NULL;
 }
 
 /* whether the window kernel runs c: VNNI and VBMI, not capped, up to 28 taps (any stride, dilation, pads), and not
