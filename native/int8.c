@@ -2254,14 +2254,15 @@ int inferd_q8_set_dw_window(int on)
 
 #if defined(Q8_DWV)
 /* Depthwise over windows of the plane, for maps whose every 16 output pixels read within 127 bytes of the input
-   plane (7x7 and 14x14 maps at stride 1 or 2, 28x28 at stride 2; wider maps take the 4-row kernel): lane k of vector v is output pixel 16 v + k of the
-   flat output plane, each dword of a lane 4 taps of the kernel in row-major order (5x5: 7 dwords, not 2 a row),
-   gathered by vpermt2b from the 128 bytes [base_v, base_v + 127) of the channel's plane and a last byte holding the
-   zero point, which every tap in the padding reads. No padded copy of the plane, no rows of 16 lanes with 14 or 7 in
-   use, stores of whole 16-byte runs of the output: the padded-plane kernel spent most of a 7x7 or a strided map's
-   time per channel, not per pixel. The tables (per vector its window's base and load masks, per vector and dword
-   64 byte indices) depend on the geometry only: built once and kept (Q8_DWW_CACHE geometries), as is a geometry's
-   finding that some vector spans more than 127 bytes (ok 0: no tables), which is not searched for again. */
+   plane (7x7 and 14x14 maps at stride 1 or 2, 28x28 at stride 2; wider maps take the 4-row kernel): lane k of vector
+   v is output pixel 16 v + k of the flat output plane, each dword of a lane 4 taps of the kernel in row-major order
+   (5x5: 7 dwords, not 2 a row), gathered by vpermt2b from the 128 bytes [base_v, base_v + 127) of the channel's
+   plane and a last byte holding the zero point, which every tap in the padding reads. No padded copy of the plane,
+   no rows of 16 lanes with 14 or 7 in use, stores of whole 16-byte runs of the output: the padded-plane kernel spent
+   most of a 7x7 or a strided map's time per channel, not per pixel. The tables (per vector its window's base and
+   load masks, per vector and dword 64 byte indices) depend on the geometry only: built once and kept (Q8_DWW_CACHE
+   geometries), as is a geometry's finding that some vector spans more than 127 bytes (ok 0: no tables), which is not
+   searched for again. */
 #define Q8_DWW_MAXV 64
 #define Q8_DWW_CACHE 32
 typedef struct {
