@@ -1412,11 +1412,10 @@ typedef struct {
 static void q8_gemv1_task(void* vctx, long long t)
 {
     const q8_gemv1_ctx* c = (const q8_gemv1_ctx*)vctx;
-    const long long n0 = t * c->panels_per_task * (long long)Q8_NR;
+    const long long span = (long long)c->panels_per_task * Q8_NR, n0 = t * span;
     if (n0 >= c->N) return;
-    const int n1 = (int)(n0 + (long long)c->panels_per_task * Q8_NR < c->N ? n0 + (long long)c->panels_per_task * Q8_NR
-                                                                            : c->N);
-    q8_gemv1_vnni(c->xs, c->kq, c->wp + (size_t)n0 * 4 * c->kq, n1 - (int)n0, c->bias ? c->bias + n0 : NULL,
+    const long long n1 = n0 + span < c->N ? n0 + span : c->N;
+    q8_gemv1_vnni(c->xs, c->kq, c->wp + (size_t)n0 * 4 * c->kq, (int)(n1 - n0), c->bias ? c->bias + n0 : NULL,
                   c->wsum + n0, c->zxd, c->mult + n0, c->flo, c->fhi, c->zy, c->y + n0);
 }
 
@@ -2046,6 +2045,7 @@ Q8_DWV_TARGET static void q8_dwv_vnni(const uint8_t* P, int Wb, const int8_t* wc
     __m512i w0[5], w1[5];
     q8_dw_row_weights(wc, K, w0, w1);
     const __m512i bv = _mm512_set1_epi32(beff), zv = _mm512_set1_epi32(zy);
+    const __m512i z = _mm512_setzero_si512(); /* q8_req16 adds nothing: the sums start from bv */
     const __m512 lo = _mm512_set1_ps(flo), hi = _mm512_set1_ps(fhi), mv = _mm512_set1_ps(m);
     const int steps = (OW + 15) / 16;
     int oh = 0, cs = 0; /* the next vector's first output row, and its 16-column step (R == 0) */
@@ -2087,12 +2087,9 @@ Q8_DWV_TARGET static void q8_dwv_vnni(const uint8_t* P, int Wb, const int8_t* wc
             }
         }
         const __m512i acc[4] = {a0, a1, a2, a3};
-        for (int u = 0; u < nb; ++u) {
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[u]), mv);
-            f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
-            const __m512i q = _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
-            _mm_mask_storeu_epi8((void*)(y + out[u]), (__mmask16)((1u << cnt[u]) - 1), _mm512_cvtepi32_epi8(q));
-        }
+        for (int u = 0; u < nb; ++u)
+            _mm_mask_storeu_epi8((void*)(y + out[u]), (__mmask16)((1u << cnt[u]) - 1),
+                                 q8_req16(acc[u], z, mv, lo, hi, zv));
     }
 }
 /* The same lanes (16 columns of one output row, R == 0) with 4 output rows at a time: each input row is loaded and
@@ -2109,6 +2106,7 @@ Q8_DWV_TARGET static inline __attribute__((always_inline)) void q8_dwr_body(
     __m512i w0[5], w1[5];
     q8_dw_row_weights(wc, K, w0, w1);
     const __m512i bv = _mm512_set1_epi32(beff), zv = _mm512_set1_epi32(zy);
+    const __m512i z = _mm512_setzero_si512(); /* q8_req16 adds nothing: the sums start from bv */
     const __m512 lo = _mm512_set1_ps(flo), hi = _mm512_set1_ps(fhi), mv = _mm512_set1_ps(m);
     for (int c0 = 0; c0 < OW; c0 += 16) {
         const int cnt = OW - c0 < 16 ? OW - c0 : 16;
@@ -2129,13 +2127,9 @@ Q8_DWV_TARGET static inline __attribute__((always_inline)) void q8_dwr_body(
                     if (K > 4) acc[r] = _mm512_dpbusd_epi32(acc[r], p1, w1[i]);
                 }
             }
-            for (int r = 0; r < RB; ++r) {
-                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), mv);
-                f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
-                const __m512i q =
-                    _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
-                _mm_mask_storeu_epi8((void*)(y + (long long)(ob + r) * OW + c0), mk, _mm512_cvtepi32_epi8(q));
-            }
+            for (int r = 0; r < RB; ++r)
+                _mm_mask_storeu_epi8((void*)(y + (long long)(ob + r) * OW + c0), mk,
+                                     q8_req16(acc[r], z, mv, lo, hi, zv));
         }
     }
 }
@@ -2417,7 +2411,7 @@ Q8_DWV_TARGET static inline __attribute__((always_inline)) void q8_dww_body(cons
     const uint8_t flip = (uint8_t)(c->x_signed ? 0x80 : 0);
     const __m512i flipv = _mm512_set1_epi8((char)flip), zraw = _mm512_set1_epi8((char)(zxd ^ flip));
     const __m256i ones = _mm256_set1_epi8(1);
-    const __m512i zv = _mm512_set1_epi32(c->zy);
+    const __m512i zv = _mm512_set1_epi32(c->zy), z = _mm512_setzero_si512(); /* the sums start from bv */
     const __m512 lo = _mm512_set1_ps((float)(c->lo - c->zy)), hi = _mm512_set1_ps((float)(c->hi - c->zy));
     const int nv = g->nv;
     for (long long ch = c0; ch < c1; ++ch) {
@@ -2450,13 +2444,9 @@ Q8_DWV_TARGET static inline __attribute__((always_inline)) void q8_dww_body(cons
                 const __m512i iq = _mm512_load_si512((const void*)(ix + 64 * q));
                 acc = _mm512_dpbusd_epi32(acc, _mm512_permutex2var_epi8(a, iq, b), w[q]);
             }
-            __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), mv);
-            f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
-            const __m512i r =
-                _mm512_add_epi32(_mm512_cvt_roundps_epi32(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zv);
             const long long left = nout - 16LL * v;
             _mm_mask_storeu_epi8((void*)(y + 16LL * v), left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1),
-                                 _mm512_cvtepi32_epi8(r));
+                                 q8_req16(acc, z, mv, lo, hi, zv));
         }
     }
 }
