@@ -623,25 +623,18 @@ def test_quantised_model_through_a_compiled_package(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.int8, np.uint8, np.int8)])
 @pytest.mark.parametrize("shape", [(2, 5, 7, 9), (1, 64, 28, 28)], ids=["tail", "threads"])
-@pytest.mark.parametrize("cap", [-1, 1], ids=["best", "no-avx512"])
-def test_native_qadd_matches_oracle(at, bt, yt, shape, cap: int) -> None:
+def test_native_qadd_matches_oracle(q8_avx512_cap, at, bt, yt, shape) -> None:
     """QLinearAdd in C (16 at a time on AVX-512, the compiler's loop otherwise) against the oracle bit for bit: a
     ragged tail, several tasks, a fused clamp, and scales whose ratios (0.5, 0.25) put many sums on a tie."""
-    if not quant_native.native.AVAILABLE:
-        pytest.skip("native kernels not built")
     a = U8(*shape) if at == np.uint8 else S8(*shape)
     b = U8(*shape) if bt == np.uint8 else S8(*shape)
-    quant_native.native.lib.inferd_q8_cap_avx512(cap)
-    try:
-        for sa, sb, sc in ((0.031, 0.047, 0.05), (0.05, 0.025, 0.1)):
-            ins = [a, F(sa), np.asarray(3, at), b, F(sb), np.asarray(-2 if bt == np.int8 else 120, bt), F(sc),
-                   np.asarray(-5 if yt == np.int8 else 100, yt)]
-            for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
-                attrs = {} if clamp is None else {"qclamp": clamp}
-                got, want = _native_vs_oracle("QLinearAdd", ins, attrs, [False, True, True, False, True, True, True, True])
-                np.testing.assert_array_equal(got, want)
-    finally:
-        quant_native.native.lib.inferd_q8_cap_avx512(-1)
+    for sa, sb, sc in ((0.031, 0.047, 0.05), (0.05, 0.025, 0.1)):
+        ins = [a, F(sa), np.asarray(3, at), b, F(sb), np.asarray(-2 if bt == np.int8 else 120, bt), F(sc),
+               np.asarray(-5 if yt == np.int8 else 100, yt)]
+        for clamp in (None, (-100, 90) if yt == np.int8 else (100, 250)):
+            attrs = {} if clamp is None else {"qclamp": clamp}
+            got, want = _native_vs_oracle("QLinearAdd", ins, attrs, [False, True, True, False, True, True, True, True])
+            np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("yt", [np.uint8, np.int8], ids=["u8", "s8"])
@@ -661,22 +654,14 @@ def test_native_quantize_linear_matches_oracle(yt) -> None:
 
 @pytest.mark.parametrize("op", ["QLinearSigmoid", "QLinearLeakyRelu"])
 @pytest.mark.parametrize("xt", [np.uint8, np.int8], ids=["u8", "s8"])
-@pytest.mark.parametrize("cap", [-1, 1], ids=["best", "no-avx512"])
 @pytest.mark.parametrize("n", [1000, 70001], ids=["tail", "tasks"])
-def test_native_qunary_table_matches_oracle(op: str, xt, cap: int, n: int) -> None:
+def test_native_qunary_table_matches_oracle(q8_avx512_cap, op: str, xt, n: int) -> None:
     """The byte-table lookup (64 bytes per step with AVX-512 VBMI, masked tail; scalar with it held off) against
     the oracle over every byte value."""
-    if not quant_native.native.AVAILABLE:
-        pytest.skip("native kernels not built")
     x = (U8(1, n) if xt == np.uint8 else S8(1, n))
     x.reshape(-1)[:256] = np.arange(256).astype(np.uint8).view(xt)
     ins = [x, F(0.07), np.asarray(9 if xt == np.uint8 else -4, xt), F(0.004), np.asarray(2 if xt == np.uint8 else -120, xt)]
-    quant_native.native.lib.inferd_q8_cap_avx512(cap)
-    try:
-        got, want = _native_vs_oracle(op, ins, {"alpha": 0.2} if op == "QLinearLeakyRelu" else {},
-                                         [False] + [True] * 4)
-    finally:
-        quant_native.native.lib.inferd_q8_cap_avx512(-1)
+    got, want = _native_vs_oracle(op, ins, {"alpha": 0.2} if op == "QLinearLeakyRelu" else {}, [False] + [True] * 4)
     np.testing.assert_array_equal(got, want)
 
 
