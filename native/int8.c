@@ -1781,7 +1781,7 @@ INFERD_CLONES static void q8_dw_channel(const q8_dw_ctx* c, long long ch, const 
 }
 
 /* ---------------------------------------------------------------- depthwise fast path: kxk (k 3 or 5), stride 1 or
-   2, dilation 1, on x86-64 with AVX2+FMA and on aarch64 (NEON). 8 output pixels of a row per step in vector
+   2, dilation 1, on x86-64 with AVX2+FMA (aarch64: q8_dwf_sdot below). 8 output pixels of a row per step in vector
    registers: no per-row scalar tails and no float planes in memory. The channel is copied once into a padded
    byte plane (pads hold the zero point) in the unsigned domain, so every tap of an 8-pixel step is one unaligned
    load of that plane: 8 bytes at stride 1; 16 bytes at stride 2, split into the even and the odd columns. Sums
@@ -1930,63 +1930,88 @@ Q8_AVX512 static void q8_dwf_avx512(const uint8_t* P, int Wb, const int8_t* wc, 
 #endif
 
 
-#if defined(__aarch64__)
-#define Q8_DWF_NEON 1
-static inline __attribute__((always_inline)) void q8_dwf_body_neon(
-    const uint8_t* P, int Wb, const int8_t* wc, const int K, const int S, int OH, int OW, int32_t beff, float m,
-    float flo, float fhi, int zy, uint8_t* y)
+#if defined(Q8_HAVE_SDOT)
+#define Q8_DWF_SDOT 1
+/* aarch64 with dotprod: the plane is staged in the signed domain (as the sdot GEMM reads x), and each group of 4
+   output pixels of a kernel row takes its taps from one 16-byte load, gathered into 4 lanes of 4 bytes by a table
+   lookup (taps x[ow*S + j], j < 4; a 3-tap row padded with a zero weight, a 5-tap row as two groups of 4, the second
+   padded with three), then one sdot with the row's weights in every lane: 3 instructions per 4 pixels and row where
+   the float rows took ~8 per pixel pair. G groups of 4 pixels a step (16; 8 on maps at most 8 wide), G independent
+   sums; exact int32 sums with the bias (beff) added first; requantised as the float rows are. */
+__attribute__((target("arch=armv8.2-a+dotprod"))) static inline __attribute__((always_inline)) void
+q8_dwf_body_sdot(const uint8_t* P, int Wb, const int8_t* wc, const int K, const int S, int OH, int OW, int32_t beff,
+                 float m, float flo, float fhi, int zy, uint8_t* y, const int G)
 {
-    float wf[25];
-    for (int t = 0; t < K * K; ++t) wf[t] = (float)wc[t];
-    const int32x4_t bv = vdupq_n_s32(beff), zv = vdupq_n_s32(zy);
+    static const uint8_t TAPS[2][16] = {{0, 1, 2, 3, 1, 2, 3, 4, 2, 3, 4, 5, 3, 4, 5, 6},
+                                        {0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7, 8, 9}};
+    int8x16_t wa[5], wb[5];
+    for (int i = 0; i < K; ++i) {
+        int8_t a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+        for (int j = 0; j < K; ++j) (j < 4 ? a : b)[j & 3] = wc[i * K + j];
+        int32_t pa, pb;
+        memcpy(&pa, a, 4);
+        memcpy(&pb, b, 4);
+        wa[i] = vreinterpretq_s8_s32(vdupq_n_s32(pa));
+        wb[i] = vreinterpretq_s8_s32(vdupq_n_s32(pb));
+    }
+    const uint8x16_t ia = vld1q_u8(TAPS[S - 1]), ib = vaddq_u8(ia, vdupq_n_u8(4));
+    const int32x4_t zv = vdupq_n_s32(zy);
     const float32x4_t lo = vdupq_n_f32(flo), hi = vdupq_n_f32(fhi), magic = vdupq_n_f32(12582912.0f);
     const long long plane = (long long)OH * OW;
     for (int oh = 0; oh < OH; ++oh) {
-        for (int ow0 = 0; ow0 < OW; ow0 += 8) {
-            float32x4_t s0 = vdupq_n_f32(0.0f), s1 = s0, t0 = s0, t1 = s0;
-            for (int i = 0; i < K; ++i) {
-                const uint8_t* r = P + (long long)(oh * S + i) * Wb + (long long)ow0 * S;
-                for (int j = 0; j < K; ++j) {
-                    uint8x8_t b;
-                    if (S == 1) {
-                        b = vld1_u8(r + j);
-                    } else {
-                        const uint8x8x2_t d = vld2_u8(r + (j & ~1));
-                        b = d.val[j & 1];
-                    }
-                    const uint16x8_t h = vmovl_u8(b);
-                    const float32x4_t x0 = vcvtq_f32_u32(vmovl_u16(vget_low_u16(h)));
-                    const float32x4_t x1 = vcvtq_f32_u32(vmovl_u16(vget_high_u16(h)));
-                    if (i & 1) {
-                        t0 = vfmaq_n_f32(t0, x0, wf[i * K + j]);
-                        t1 = vfmaq_n_f32(t1, x1, wf[i * K + j]);
-                    } else {
-                        s0 = vfmaq_n_f32(s0, x0, wf[i * K + j]);
-                        s1 = vfmaq_n_f32(s1, x1, wf[i * K + j]);
-                    }
+        for (int ow0 = 0; ow0 < OW; ow0 += 4 * G) {
+            int32x4_t a[4];
+            for (int g = 0; g < G; ++g) a[g] = vdupq_n_s32(beff);
+            const int8_t* r = (const int8_t*)P + (long long)oh * S * Wb + (long long)ow0 * S;
+            for (int i = 0; i < K; ++i, r += Wb) {
+                for (int g = 0; g < G; ++g) {
+                    const int8x16_t v = vld1q_s8(r + 4 * g * S);
+                    a[g] = vdotq_s32(a[g], vqtbl1q_s8(v, ia), wa[i]);
+                    if (K == 5) a[g] = vdotq_s32(a[g], vqtbl1q_s8(v, ib), wb[i]);
                 }
             }
-            s0 = vaddq_f32(s0, t0);
-            s1 = vaddq_f32(s1, t1);
-            float32x4_t v0 = vmulq_n_f32(vcvtq_f32_s32(vaddq_s32(vcvtq_s32_f32(s0), bv)), m);
-            float32x4_t v1 = vmulq_n_f32(vcvtq_f32_s32(vaddq_s32(vcvtq_s32_f32(s1), bv)), m);
-            v0 = vminq_f32(vmaxq_f32(v0, lo), hi);
-            v1 = vminq_f32(vmaxq_f32(v1, lo), hi);
-            v0 = vsubq_f32(vaddq_f32(v0, magic), magic);
-            v1 = vsubq_f32(vaddq_f32(v1, magic), magic);
-            const int32x4_t q0 = vaddq_s32(vcvtq_s32_f32(v0), zv), q1 = vaddq_s32(vcvtq_s32_f32(v1), zv);
-            const uint16x8_t q16 = vcombine_u16(vmovn_u32(vreinterpretq_u32_s32(q0)), vmovn_u32(vreinterpretq_u32_s32(q1)));
-            uint8_t out8[8];
-            vst1_u8(out8, vmovn_u16(q16));
-            q8_dwf_put(y, (long long)oh * OW + ow0, plane, OW - ow0, out8);
+            uint16x4_t q[4];
+            for (int g = 0; g < G; ++g) {
+                float32x4_t v = vmulq_n_f32(vcvtq_f32_s32(a[g]), m);
+                v = vminq_f32(vmaxq_f32(v, lo), hi);
+                v = vsubq_f32(vaddq_f32(v, magic), magic);
+                q[g] = vmovn_u32(vreinterpretq_u32_s32(vaddq_s32(vcvtq_s32_f32(v), zv)));
+            }
+            uint8_t out[16];
+            const long long at = (long long)oh * OW + ow0;
+            vst1_u8(out, vmovn_u16(vcombine_u16(q[0], q[1])));
+            q8_dwf_put(y, at, plane, OW - ow0, out);
+            if (G == 4 && ow0 + 8 < OW) {
+                vst1_u8(out + 8, vmovn_u16(vcombine_u16(q[2], q[3])));
+                q8_dwf_put(y, at + 8, plane, OW - ow0 - 8, out + 8);
+            }
         }
     }
 }
 
-static void q8_dwf_neon(const uint8_t* P, int Wb, const int8_t* wc, int K, int S, int OH, int OW, int32_t beff, float m,
-                        float flo, float fhi, int zy, uint8_t* y)
+__attribute__((target("arch=armv8.2-a+dotprod"))) static inline __attribute__((always_inline)) void
+q8_dwf_body_sdot8(const uint8_t* P, int Wb, const int8_t* wc, const int K, const int S, int OH, int OW, int32_t beff,
+                  float m, float flo, float fhi, int zy, uint8_t* y)
 {
-    Q8_DWF_DISPATCH(q8_dwf_body_neon);
+    q8_dwf_body_sdot(P, Wb, wc, K, S, OH, OW, beff, m, flo, fhi, zy, y, 2);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static inline __attribute__((always_inline)) void
+q8_dwf_body_sdot16(const uint8_t* P, int Wb, const int8_t* wc, const int K, const int S, int OH, int OW, int32_t beff,
+                   float m, float flo, float fhi, int zy, uint8_t* y)
+{
+    q8_dwf_body_sdot(P, Wb, wc, K, S, OH, OW, beff, m, flo, fhi, zy, y, 4);
+}
+
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void q8_dwf_sdot(const uint8_t* P, int Wb, const int8_t* wc,
+                                                                             int K, int S, int OH, int OW, int32_t beff,
+                                                                             float m, float flo, float fhi, int zy,
+                                                                             uint8_t* y)
+{
+    if (OW <= 8)
+        Q8_DWF_DISPATCH(q8_dwf_body_sdot8);
+    else
+        Q8_DWF_DISPATCH(q8_dwf_body_sdot16);
 }
 #endif
 
@@ -2159,8 +2184,8 @@ static q8_dwf_fn q8_dwf_kernel(void)
         return q8_dwf_avx512;
     if ((f & Q8_F_AVX2) && (f & Q8_F_FMA)) return q8_dwf_avx2;
 #endif
-#if defined(Q8_DWF_NEON)
-    return q8_dwf_neon;
+#if defined(Q8_DWF_SDOT)
+    if (q8_isa()->xsigned) return q8_dwf_sdot;
 #endif
     return NULL;
 }
@@ -2174,7 +2199,7 @@ static int q8_dwf_applies(const q8_dw_ctx* c)
 /* plane geometry: rows read, row pitch (room for the last step's whole-vector reads) */
 static void q8_dwf_geom(const q8_dw_ctx* c, int* Hp, int* Wb)
 {
-    const int S = c->sh, K = c->kh, Wv = (c->OW + 15) / 16 * 16; /* whole 16-pixel steps (8 on AVX2/NEON) */
+    const int S = c->sh, K = c->kh, Wv = (c->OW + 15) / 16 * 16; /* whole 16-pixel steps (8 on AVX2) */
     *Hp = (c->OH - 1) * S + K;
     *Wb = (Wv * S + K + 32 + 15) & ~15;
 }
@@ -2477,8 +2502,10 @@ static int q8_dwf_task(const q8_dw_ctx* c, long long c0, long long c1)
     const int vnni = q8_dwv_plan(c, Wc, &dv);
     if (vnni) Wb = Wc;
 #endif
-    const int zxd = q8_zx_domain(c->zx, c->x_signed, 0);
-    const uint8_t flip = (uint8_t)(c->x_signed ? 0x80 : 0);
+    /* the plane in the domain the row kernels read: unsigned on x86, signed for aarch64's sdot (as the GEMMs) */
+    const int dom = q8_isa()->xsigned;
+    const int zxd = q8_zx_domain(c->zx, c->x_signed, dom);
+    const uint8_t flip = (uint8_t)(c->x_signed != dom ? 0x80 : 0);
     const size_t bytes = (size_t)Hp * Wb + 64;
     uint8_t* P = q8_scratch(1, bytes);
     if (!P) return -1;
