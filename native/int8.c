@@ -126,6 +126,31 @@ static uint8_t* q8_scratch(int slot, size_t n)
    = sum over kp/4 groups of x[r][4g..4g+3] . panel[g][j][0..3]; x rows Q8_MR, row pitch kp bytes */
 typedef void (*q8_uk)(const uint8_t* x, int kp, const int8_t* panel, int32_t* out);
 
+/* A group's 4 bytes as ints, read as one 32-bit word: GCC 12 at -O3 with AVX-512 (the x86-64-v4 clone) vectorised
+   the byte-wise reads of uk_portable's 6 rows into loads that ran past the 6th (a SIGSEGV where a row block ended at
+   a page, M = 49 x K = 2048); the word's reads stay in bounds. */
+INFERD_INLINE void q8_group4u(const uint8_t* p, int32_t* b0, int32_t* b1, int32_t* b2, int32_t* b3)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    *b0 = (int32_t)(v & 255u);
+    *b1 = (int32_t)((v >> 8) & 255u);
+    *b2 = (int32_t)((v >> 16) & 255u);
+    *b3 = (int32_t)(v >> 24);
+}
+
+INFERD_INLINE void q8_group4s(const int8_t* p, int32_t* b0, int32_t* b1, int32_t* b2, int32_t* b3)
+{
+    q8_group4u((const uint8_t*)p, b0, b1, b2, b3);
+    *b0 = (int8_t)*b0;
+    *b1 = (int8_t)*b1;
+    *b2 = (int8_t)*b2;
+    *b3 = (int8_t)*b3;
+}
+
 INFERD_CLONES static void uk_portable(const uint8_t* x, int kp, const int8_t* panel, int32_t* out)
 {
     int32_t acc[Q8_MR][Q8_NP];
@@ -133,8 +158,8 @@ INFERD_CLONES static void uk_portable(const uint8_t* x, int kp, const int8_t* pa
     for (int g = 0; g < kp / 4; ++g) {
         const int8_t* p = panel + (size_t)g * Q8_NP * 4;
         for (int r = 0; r < Q8_MR; ++r) {
-            const uint8_t* xr = x + (size_t)r * kp + 4 * g;
-            const int32_t x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+            int32_t x0, x1, x2, x3;
+            q8_group4u(x + (size_t)r * kp + 4 * g, &x0, &x1, &x2, &x3);
             for (int j = 0; j < Q8_NP; ++j)
                 acc[r][j] += x0 * p[4 * j] + x1 * p[4 * j + 1] + x2 * p[4 * j + 2] + x3 * p[4 * j + 3];
         }
@@ -167,6 +192,48 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void uk_vnni(const
     _mm512_storeu_si512((void*)(out + 3 * Q8_NP), a3);
     _mm512_storeu_si512((void*)(out + 4 * Q8_NP), a4);
     _mm512_storeu_si512((void*)(out + 5 * Q8_NP), a5);
+}
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* x86 without AVX-512 VNNI (AVX2: Haswell to Alder Lake, Zen 1-3): exact int8 products on vpmaddwd. The 4 bytes
+   of a group split into int16 pairs of the same dword, (b0, b2) and (b1, b3) (x & 0xff and x >> 8 per word,
+   zero-extended; w << 8 >> 8 and w >> 8 per word, sign-extended): two vpmaddwd give x0 w0 + x2 w2 and x1 w1 +
+   x3 w3 in the lane of their output, no pairwise adds after. (vpmaddubsw would take a group in one instruction,
+   but its int16 pair sums saturate for uint8 x int8: onnxruntime's AVX2 U8S8 has that error, this has none.)
+   The portable C, vectorised by the compiler, ran 11-13 GMAC/s a core here (Zen 4, one thread). */
+#define Q8_HAVE_AVX2I 1
+#define Q8_AVX2I_TARGET __attribute__((target("avx2")))
+Q8_AVX2I_TARGET static inline __m256i q8_lo_pairs(__m256i v) { return _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8); }
+Q8_AVX2I_TARGET static inline __m256i q8_hi_pairs(__m256i v) { return _mm256_srai_epi16(v, 8); }
+
+/* uk on AVX2: the rows in two passes of 3 (6 rows x 16 channels of sums would take every register) */
+Q8_AVX2I_TARGET static void uk_avx2(const uint8_t* x, int kp, const int8_t* panel, int32_t* out)
+{
+    const __m256i lo8 = _mm256_set1_epi16(0x00ff);
+    for (int h = 0; h < Q8_MR; h += 3) {
+        __m256i a[3][2];
+        for (int r = 0; r < 3; ++r) a[r][0] = a[r][1] = _mm256_setzero_si256();
+        for (int g = 0; g < kp / 4; ++g) {
+            const __m256i v0 = _mm256_loadu_si256((const __m256i*)(panel + (size_t)g * 64));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i*)(panel + (size_t)g * 64 + 32));
+            const __m256i w0l = q8_lo_pairs(v0), w0h = q8_hi_pairs(v0), w1l = q8_lo_pairs(v1), w1h = q8_hi_pairs(v1);
+            for (int r = 0; r < 3; ++r) {
+                int32_t xv;
+                memcpy(&xv, x + (size_t)(h + r) * kp + 4 * (size_t)g, 4);
+                const __m256i xb = _mm256_set1_epi32(xv);
+                const __m256i xl = _mm256_and_si256(xb, lo8), xh = _mm256_srli_epi16(xb, 8);
+                a[r][0] = _mm256_add_epi32(a[r][0], _mm256_madd_epi16(xl, w0l));
+                a[r][0] = _mm256_add_epi32(a[r][0], _mm256_madd_epi16(xh, w0h));
+                a[r][1] = _mm256_add_epi32(a[r][1], _mm256_madd_epi16(xl, w1l));
+                a[r][1] = _mm256_add_epi32(a[r][1], _mm256_madd_epi16(xh, w1h));
+            }
+        }
+        for (int r = 0; r < 3; ++r) {
+            _mm256_storeu_si256((__m256i*)(out + (h + r) * Q8_NP), a[r][0]);
+            _mm256_storeu_si256((__m256i*)(out + (h + r) * Q8_NP + 8), a[r][1]);
+        }
+    }
 }
 #endif
 
@@ -204,6 +271,10 @@ typedef struct {
 } q8_isa_t;
 
 static const q8_isa_t Q8_PORTABLE = {0, 0, uk_portable, 0};
+#if defined(Q8_HAVE_AVX2I)
+/* level 0 too: the portable paths (conv mode 0, no VNNI-only kernels) with AVX2 micro-kernels */
+static const q8_isa_t Q8_AVX2 = {0, 0, uk_avx2, 0};
+#endif
 #if defined(Q8_HAVE_VNNI)
 static const q8_isa_t Q8_VNNI = {1, 0, uk_vnni, 0};
 #endif
@@ -226,6 +297,19 @@ static int q8_amx_usable(void)
 }
 #endif
 
+/* set by inferd_q8_cap_avx512: 1 makes inferd_q8_set_isa pick the AVX2 kernels where the best are AVX-512's */
+static int Q8_CAP_AVX512 = -1;
+
+/* the best without VNNI, sdot or tiles */
+static const q8_isa_t* q8_portable(void)
+{
+#if defined(Q8_HAVE_AVX2I)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) return &Q8_AVX2;
+#endif
+    return &Q8_PORTABLE;
+}
+
 static const q8_isa_t* q8_best(void)
 {
 #if defined(Q8_HAVE_VNNI)
@@ -247,7 +331,7 @@ static const q8_isa_t* q8_best(void)
 #if defined(Q8_HAVE_SDOT) && defined(__linux__)
     if (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) return &Q8_SDOT;
 #endif
-    return &Q8_PORTABLE;
+    return q8_portable();
 }
 
 static const q8_isa_t* Q8_ISA = NULL;
@@ -268,6 +352,8 @@ int inferd_q8_set_isa(int level)
 {
     const q8_isa_t* p = q8_best();
     if (level == 0) p = &Q8_PORTABLE;
+    if (level != 0 && p->level == 1 && !p->xsigned && __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) == 1)
+        p = q8_portable(); /* (x86: the VNNI and tile kernels are AVX-512's) */
 #if defined(Q8_HAVE_AMX)
     if (level == 1 && p == &Q8_AMX) p = &Q8_VNNI;
 #endif
@@ -575,14 +661,58 @@ INFERD_CLONES static void ukc_portable(const uint8_t* xt, const long long* goff,
     for (int g = 0; g < kq; ++g) {
         const uint8_t* xp = xt + goff[g];
         for (int r = 0; r < Q8_CR; ++r) {
-            const int8_t* wr = w + (size_t)r * kp + 4 * g;
-            const int32_t w0 = wr[0], w1 = wr[1], w2 = wr[2], w3 = wr[3];
+            int32_t w0, w1, w2, w3;
+            q8_group4s(w + (size_t)r * kp + 4 * g, &w0, &w1, &w2, &w3);
             for (int p = 0; p < Q8_PX; ++p)
                 acc[r][p] += xp[4 * p] * w0 + xp[4 * p + 1] * w1 + xp[4 * p + 2] * w2 + xp[4 * p + 3] * w3;
         }
     }
     memcpy(out, acc, sizeof acc);
 }
+
+#if defined(Q8_HAVE_AVX2I)
+/* ukc on AVX2 (uk_avx2's split of a group into int16 pairs): 8 pixels a pass, the 6 channels' sums in 6 registers;
+   each row's weights split once per call into its pairs' dwords (128 groups at a time, on the stack), which every
+   pass broadcasts */
+Q8_AVX2I_TARGET static void ukc_avx2(const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp,
+                                     int32_t* out)
+{
+    enum { GC = 128 };
+    int32_t wl[Q8_CR][GC], wh[Q8_CR][GC];
+    const __m256i lo8 = _mm256_set1_epi16(0x00ff);
+    for (int g0 = 0; g0 < kq; g0 += GC) {
+        const int gn = kq - g0 < GC ? kq - g0 : GC;
+        for (int r = 0; r < Q8_CR; ++r) {
+            const int8_t* wr = w + (size_t)r * kp + 4 * (size_t)g0;
+            int g = 0;
+            for (; g + 8 <= gn; g += 8) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(wr + 4 * g));
+                _mm256_storeu_si256((__m256i*)&wl[r][g], q8_lo_pairs(v));
+                _mm256_storeu_si256((__m256i*)&wh[r][g], q8_hi_pairs(v));
+            }
+            for (; g < gn; ++g) {
+                const int8_t* q = wr + 4 * g;
+                wl[r][g] = (int32_t)((uint32_t)(uint16_t)q[0] | (uint32_t)(uint16_t)q[2] << 16);
+                wh[r][g] = (int32_t)((uint32_t)(uint16_t)q[1] | (uint32_t)(uint16_t)q[3] << 16);
+            }
+        }
+        for (int q = 0; q < Q8_PX / 8; ++q) {
+            __m256i a[Q8_CR];
+            for (int r = 0; r < Q8_CR; ++r)
+                a[r] = g0 ? _mm256_loadu_si256((const __m256i*)(out + r * Q8_PX + 8 * q)) : _mm256_setzero_si256();
+            for (int g = 0; g < gn; ++g) {
+                const __m256i x = _mm256_loadu_si256((const __m256i*)(xt + goff[g0 + g] + 32 * q));
+                const __m256i xl = _mm256_and_si256(x, lo8), xh = _mm256_srli_epi16(x, 8);
+                for (int r = 0; r < Q8_CR; ++r) {
+                    a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(xl, _mm256_set1_epi32(wl[r][g])));
+                    a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(xh, _mm256_set1_epi32(wh[r][g])));
+                }
+            }
+            for (int r = 0; r < Q8_CR; ++r) _mm256_storeu_si256((__m256i*)(out + r * Q8_PX + 8 * q), a[r]);
+        }
+    }
+}
+#endif
 
 #if defined(Q8_HAVE_VNNI)
 #define Q8_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -691,6 +821,9 @@ static q8_ukc q8_conv_uk(const q8_isa_t* isa)
 #if defined(Q8_HAVE_SDOT)
     if (isa->level == 1) return ukc_sdot;
 #endif
+#if defined(Q8_HAVE_AVX2I)
+    if (isa == &Q8_AVX2) return ukc_avx2;
+#endif
     (void)isa;
     return ukc_portable;
 }
@@ -704,8 +837,8 @@ INFERD_CLONES static void ukn_portable(const uint8_t* st, const long long* goff,
     for (int g = 0; g < kq; ++g) {
         const int8_t* p = panel + (size_t)g * 4 * Q8_NR;
         for (int r = 0; r < Q8_MP; ++r) {
-            const uint8_t* xr = st + voff[r] + goff[g];
-            const int32_t x0 = xr[0], x1 = xr[1], x2 = xr[2], x3 = xr[3];
+            int32_t x0, x1, x2, x3;
+            q8_group4u(st + voff[r] + goff[g], &x0, &x1, &x2, &x3);
             for (int j = 0; j < Q8_NR; ++j)
                 acc[r][j] += x0 * p[4 * j] + x1 * p[4 * j + 1] + x2 * p[4 * j + 2] + x3 * p[4 * j + 3];
         }
@@ -2015,8 +2148,8 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void q8_dwf_sdot(const 
 }
 #endif
 
-static int Q8_CAP_AVX512 = -1; /* tests: 1 keeps depthwise rows, MaxPool, QLinearAdd and table lookups off AVX-512 */
-
+/* tests (Q8_CAP_AVX512): 1 keeps depthwise rows, MaxPool, QLinearAdd and table lookups off AVX-512, and the next
+   inferd_q8_set_isa(1 or -1) on the AVX2 kernels */
 int inferd_q8_cap_avx512(int cap)
 {
     __atomic_store_n(&Q8_CAP_AVX512, cap, __ATOMIC_RELAXED);
@@ -2177,7 +2310,7 @@ Q8_DWV_TARGET static void q8_dwr_vnni(const uint8_t* P, int Wb, const int8_t* wc
 
 static q8_dwf_fn q8_dwf_kernel(void)
 {
-    if (q8_isa()->level == 0) return NULL;
+    if (q8_isa() == &Q8_PORTABLE) return NULL;
 #if defined(Q8_DWF_AVX2)
     const int f = q8_cpu();
     if ((f & Q8_F_AVX512BW) && (f & Q8_F_FMA) && __atomic_load_n(&Q8_CAP_AVX512, __ATOMIC_RELAXED) != 1)

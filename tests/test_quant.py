@@ -7,6 +7,7 @@ Tolerance (issue 20): integer outputs equal or one step apart, dequantised outpu
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 from pathlib import Path
 
@@ -164,10 +165,33 @@ def _conv_layer(x: np.ndarray, cout: int, k: int, group: int, stride: int, pad: 
     return ins, attrs
 
 
-@pytest.fixture(params=[0, 1, 2], ids=["portable", "simd", "amx"])
+def _x86_avx2() -> bool:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx2" in f.read()
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=[0, "avx2", 1, 2], ids=["portable", "avx2", "simd", "amx"])
 def q8_isa(request):
+    """The int8 kernels at each level this CPU has; "avx2": those of an x86 CPU without AVX-512 VNNI (level 0 with
+    AVX2 micro-kernels, and AVX2 depthwise rows), which the AVX-512 cap gives on any x86 CPU with AVX2."""
     if not quant_native.native.AVAILABLE:
         pytest.skip("native kernels not built")
+    if request.param == "avx2":
+        if not _x86_avx2():
+            pytest.skip("needs an x86 CPU with AVX2")
+        quant_native.native.lib.inferd_q8_cap_avx512(1)
+        try:
+            assert quant_native.set_isa(1) == 0
+            yield 0
+        finally:
+            quant_native.native.lib.inferd_q8_cap_avx512(-1)
+            quant_native.set_isa(-1)
+        return
     got = quant_native.set_isa(request.param)
     if got != request.param:
         quant_native.set_isa(-1)
@@ -263,9 +287,10 @@ def test_native_1x1_conv_self_staged_blocks_match_whole_staging_and_oracle(q8_is
 @pytest.mark.parametrize("dw_cap", [-1, 1], ids=["best", "avx2"])
 def test_native_depthwise_geometries_match_oracle(q8_isa: int, k: int, stride: int, pads: list, hw: tuple, xt,
                                                   dw_cap: int) -> None:
-    """The depthwise row kernels (16 pixels per step on AVX-512 with masked tails; 8 on AVX2 and NEON, whole-vector
-    stores spilling into the next row) on the maps and pads models bring: asymmetric (TF 'SAME') pads, maps
-    narrower than a step, one pixel, no pads. ``avx2`` keeps an AVX-512 CPU on the AVX2 rows."""
+    """The depthwise row kernels (16 pixels per step on AVX-512 with masked tails and on aarch64's sdot, 8 there on
+    maps at most 8 wide; 8 on AVX2; whole-vector stores spilling into the next row) on the maps and pads models
+    bring: asymmetric (TF 'SAME') pads, maps narrower than a step, one pixel, no pads. ``avx2`` keeps an AVX-512
+    CPU on the AVX2 rows."""
     if dw_cap == 1 and (q8_isa == 0 or os.uname().machine != "x86_64"):
         pytest.skip("the AVX2 cap matters on x86-64 with the SIMD kernels")
     quant_native.native.lib.inferd_q8_cap_avx512(dw_cap)
@@ -314,6 +339,8 @@ C_HARNESS = r"""
 #include "inferd_native.h"
 static int fails = 0;
 static float rnd_(float v) { return nearbyintf(v); }
+/* isa 3: the kernels of an x86 CPU without AVX-512 (AVX2), on any x86 CPU with AVX2; elsewhere as isa 1 */
+static int set_isa(int isa) { inferd_q8_cap_avx512(isa == 3 ? 1 : -1); return inferd_q8_set_isa(isa == 3 ? 1 : isa); }
 static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int xsg) {
     int W = H + 1, OH = (H + 2 * p - k) / s + 1, OW = (W + 2 * p - k) / s + 1, K = C * k * k, zx = xsg ? -3 : 9, zy = 5;
     unsigned char* x = malloc(C * H * W); signed char* w = malloc(N * K); int* b = malloc(N * 4); float* m = malloc(N * 4);
@@ -332,7 +359,7 @@ static void check(int isa, int C, int N, int H, int k, int s, int p, int dw, int
         float v = rnd_((float)acc * m[n]) + zy; v = v < 0 ? 0 : (v > 255 ? 255 : v);
         r[(n * OH + oh) * OW + ow] = (unsigned char)v;
     }
-    inferd_q8_set_isa(isa);
+    set_isa(isa);
     /* every weight packing (mode 0: pixels in the lanes; 1: channels in the lanes, VNNI or portable; 2: reduction
        tap-major for AMX tiles, run by mode 0's kernels where there are none) */
     for (int mode = 0; mode <= (dw ? 1 : 2); mode++) {
@@ -361,7 +388,7 @@ static void check_gemm(int isa, int M, int K, int N, int xsg) {
     for (int i = 0; i < N; i++) { b[i] = rand() % 2000 - 1000; m[i] = 0.001f * (1 + i % 3); }
     signed char* wp = malloc(inferd_q8_packed_size(N, K)); int* ws = malloc(N * 4);
     inferd_q8_pack(w, N, K, wp, ws);
-    inferd_q8_set_isa(isa);
+    set_isa(isa);
     inferd_q8_gemm(x, xsg, zx, K, M, K, wp, ws, N, b, m, zy, 0, 255, y, 0, N, 1, 2);
     for (int i = 0; i < M; i++) for (int n = 0; n < N; n++) {
         long acc = b[n];
@@ -374,7 +401,7 @@ out:
 }
 int main(void) {
     inferd_pool_set_threads(2);
-    for (int isa = 0; isa <= 2; isa++) for (int xsg = 0; xsg <= 1; xsg++) {
+    for (int isa = 0; isa <= 3; isa++) for (int xsg = 0; xsg <= 1; xsg++) {
         check(isa, 5, 7, 9, 3, 1, 1, 0, xsg); check(isa, 16, 19, 8, 1, 1, 0, 0, xsg); check(isa, 6, 20, 11, 3, 2, 1, 0, xsg);
         check(isa, 9, 9, 10, 3, 1, 1, 1, xsg); check(isa, 9, 9, 10, 3, 2, 1, 1, xsg);
         /* staging: 1x1 stride 2 (one phase of four read), a 7x7 stride-2 stem on 3 channels, rows of 32+ words */
@@ -402,6 +429,7 @@ int main(void) {
         }
         inferd_q8_set_self_stage(1);
     }
+    inferd_q8_cap_avx512(-1);
     printf("isa %d\n", inferd_q8_set_isa(-1));
     printf("ok (%d failures)\n", fails);
     return fails != 0;
@@ -619,6 +647,27 @@ def test_quantised_model_through_a_compiled_package(tmp_path: Path) -> None:
     np.testing.assert_array_equal(first, second)
     want = _ort(onnx.load(str(path)), feeds)[0]
     assert np.abs(second - want).max() <= _output_step(onnx.load(str(path))) + 1e-6
+
+
+@pytest.mark.skipif(not _x86_avx2() or not quant_native.native.AVAILABLE, reason="needs the native kernels, x86 AVX2")
+def test_quantised_zoo_model_on_the_avx2_kernels_answers_as_the_best(tmp_path: Path) -> None:
+    """A model loaded where the int8 kernels are those of an x86 CPU without AVX-512 VNNI (its convs packed for conv
+    mode 0, run by the AVX2 micro-kernels, its depthwise convs by the AVX2 rows) gives the same bytes as on the best
+    kernels of this CPU: every level computes the oracle's integers."""
+    from zoo_fixture import zoo_path
+
+    path = zquant.quantized(zoo_path("mobilenetv2"), "qdq_u8s8_pc")
+    feeds = zquant.calibration_feeds(path, n=1, seed=3)[0]
+    best = _inferd(path, feeds, cache_dir=tmp_path / "best")[0]
+    lib = quant_native.native.lib
+    lib.inferd_q8_cap_avx512(1)
+    try:
+        assert quant_native.set_isa(1) == 0
+        avx2 = _inferd(path, feeds, cache_dir=tmp_path / "avx2")[0]
+    finally:
+        lib.inferd_q8_cap_avx512(-1)
+        quant_native.set_isa(-1)
+    np.testing.assert_array_equal(avx2, best)
 
 
 @pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.int8, np.uint8, np.int8)])
