@@ -40,6 +40,25 @@ try:
 except Exception as exc:  # ImportError, or a broken build
     log.warning("native kernels unavailable, using numpy fallbacks (slower): %s", exc)
 
+#: ``INFERD_INT8_KERNELS``: "best" (default), "avx2" (on an x86 CPU with AVX-512 VNNI, the kernels a CPU without it
+#: runs) or "portable" (the C without SIMD intrinsics): what a board without the fast kernels would run, measured
+#: or checked here. Read once at import, before any model packs its weights for a kernel.
+INT8_KERNELS = ("best", "avx2", "portable")
+
+
+def _apply_int8_kernels(value: str) -> str:
+    choice = value.strip().lower() or "best"
+    if choice not in INT8_KERNELS:
+        log.warning("INFERD_INT8_KERNELS=%r is not one of %s; the best kernels run", value, list(INT8_KERNELS))
+        return "best"
+    if AVAILABLE and choice != "best":
+        lib.inferd_q8_cap_avx512(1 if choice == "avx2" else -1)
+        lib.inferd_q8_set_isa(0 if choice == "portable" else -1)
+    return choice
+
+
+int8_kernels = _apply_int8_kernels(os.environ.get("INFERD_INT8_KERNELS", ""))
+
 F32 = np.float32
 Act = tuple[str, tuple[float, ...]]
 

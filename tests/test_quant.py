@@ -670,6 +670,30 @@ def test_quantised_zoo_model_on_the_avx2_kernels_answers_as_the_best(tmp_path: P
     np.testing.assert_array_equal(avx2, best)
 
 
+@pytest.mark.skipif(not quant_native.native.AVAILABLE, reason="native kernels not built")
+def test_int8_kernels_chosen_by_the_environment() -> None:
+    """``INFERD_INT8_KERNELS`` picks the int8 kernels at import: "portable" the plain C (level 0), "avx2" on an x86
+    CPU with AVX2 the kernels of one without AVX-512 VNNI (level 0 too; where the best is VNNI, not the best), an
+    unknown value the best with a warning."""
+    import subprocess
+    import sys
+
+    code = "import inferd.native as n; print(n.int8_kernels, n.int8_isa())"
+
+    def run(value: str) -> tuple[str, str]:
+        r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "INFERD_INT8_KERNELS": value},
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()[0] + " " + r.stdout.split()[1], r.stderr
+
+    best = quant_native.native.int8_isa()
+    assert run("portable")[0] == "portable 0"
+    got, err = run("fastest")
+    assert got == f"best {best}" and "INFERD_INT8_KERNELS='fastest'" in err
+    if _x86_avx2():
+        assert run("AVX2")[0] == "avx2 0"
+
+
 @pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.int8, np.uint8, np.int8)])
 @pytest.mark.parametrize("shape", [(2, 5, 7, 9), (1, 64, 28, 28)], ids=["tail", "threads"])
 def test_native_qadd_matches_oracle(q8_avx512_cap, at, bt, yt, shape) -> None:
