@@ -335,6 +335,7 @@ def test_weight_zero_point_keeps_the_oracle() -> None:
 C_HARNESS = r"""
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <math.h>
 #include "inferd_native.h"
 static int fails = 0;
