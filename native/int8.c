@@ -650,12 +650,15 @@ int inferd_q8_conv_mode(int C, int N, int kh, int kw, int sw, int dw, int OH, in
     return m1 < m0 ? 1 : 0;
 }
 
-/* out[r][p] (Q8_CR x Q8_PX) = sum_g x[goff[g] + 4p .. +3] . w[r][4g..4g+3] */
-typedef void (*q8_ukc)(const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp, int32_t* out);
+/* out[r][p] (Q8_CR x Q8_PX) = sum_g x[goff[g] + 4p .. +3] . w[r][4g..4g+3] for the tile's cnt pixels that count
+   (a kernel may skip whole vectors past them: their sums are left undefined) */
+typedef void (*q8_ukc)(const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp, int32_t* out,
+                       int cnt);
 
 INFERD_CLONES static void ukc_portable(const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp,
-                                       int32_t* out)
+                                       int32_t* out, int cnt)
 {
+    (void)cnt; /* every pixel: a loop of constant length vectorises */
     int32_t acc[Q8_CR][Q8_PX];
     memset(acc, 0, sizeof acc);
     for (int g = 0; g < kq; ++g) {
@@ -675,9 +678,11 @@ INFERD_CLONES static void ukc_portable(const uint8_t* xt, const long long* goff,
    each row's weights split once per call into its pairs' dwords (128 groups at a time, on the stack), which every
    pass broadcasts */
 Q8_AVX2I_TARGET static void ukc_avx2(const uint8_t* xt, const long long* goff, int kq, const int8_t* w, int kp,
-                                     int32_t* out)
+                                     int32_t* out, int cnt)
 {
     enum { GC = 128 };
+    /* passes of 8 pixels up to cnt: a 7x7 map's 49 pixels are tiles of 32 and 17, the second 3 passes, not 4 */
+    const int passes = (cnt + 7) / 8;
     int32_t wl[Q8_CR][GC], wh[Q8_CR][GC];
     const __m256i lo8 = _mm256_set1_epi16(0x00ff);
     for (int g0 = 0; g0 < kq; g0 += GC) {
@@ -696,7 +701,7 @@ Q8_AVX2I_TARGET static void ukc_avx2(const uint8_t* xt, const long long* goff, i
                 wh[r][g] = (int32_t)((uint32_t)(uint16_t)q[1] | (uint32_t)(uint16_t)q[3] << 16);
             }
         }
-        for (int q = 0; q < Q8_PX / 8; ++q) {
+        for (int q = 0; q < passes; ++q) {
             __m256i a[Q8_CR];
             for (int r = 0; r < Q8_CR; ++r)
                 a[r] = g0 ? _mm256_loadu_si256((const __m256i*)(out + r * Q8_PX + 8 * q)) : _mm256_setzero_si256();
@@ -786,9 +791,10 @@ Q8_VNNI_TARGET static void ukc_vnni_q(
 
 #if defined(Q8_HAVE_SDOT)
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void ukc_sdot(const uint8_t* xt, const long long* goff,
-                                                                       int kq, const int8_t* w, int kp, int32_t* out)
+                                                                       int kq, const int8_t* w, int kp, int32_t* out,
+                                                                       int cnt)
 {
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < (cnt > 16 ? 2 : 1); ++half) {
         int32x4_t a[Q8_CR][4];
         for (int r = 0; r < Q8_CR; ++r)
             for (int q = 0; q < 4; ++q) a[r][q] = vdupq_n_s32(0);
@@ -1193,7 +1199,7 @@ static void q8_conv_task(void* vctx, long long t)
                 continue;
             }
 #endif
-            uk(xt, goff, kq, c->wp + (size_t)n0 * kp, kp, tile);
+            uk(xt, goff, kq, c->wp + (size_t)n0 * kp, kp, tile, cnt);
             q8_store_rows(tile, nn, cnt, c->bias_eff + n0, c->mult + n0, flo, fhi, c->zy, y, pitch);
         }
     }
