@@ -140,7 +140,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         info["native"] = {"available": native.AVAILABLE, "threads": native.num_threads(),
                           "gemm_isa": {-1: "none", 0: "baseline", 1: "avx2", 2: "avx512"}.get(native.gemm_isa(), "?"),
                           "int8_isa": {-1: "none", 0: "portable", 1: "vnni" if platform.machine() == "x86_64" else "sdot",
-                                       2: "amx"}.get(native.int8_isa(), "?"),
+                                       2: "amx", 3: "avx2"}.get(native.int8_isa(), "?"),
                           "scratch_bytes": native.native_scratch_bytes()}
     if args.json or model.plan is None:
         print(json.dumps(info, indent=2))

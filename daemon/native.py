@@ -799,8 +799,8 @@ def gemm_isa() -> int:
 
 
 def int8_isa() -> int:
-    """The int8 kernels in use: 0 portable C (with AVX2 micro-kernels on an x86 CPU without AVX-512 VNNI), 1 VNNI
-    (x86-64) or sdot (aarch64), 2 VNNI with AMX tiles for convolutions and GEMMs; -1 without native code."""
+    """The int8 kernels in use: 0 portable C, 1 VNNI (x86-64) or sdot (aarch64), 2 VNNI with AMX tiles for
+    convolutions and GEMMs, 3 AVX2 (an x86 CPU without AVX-512 VNNI); -1 without native code."""
     return int(lib.inferd_q8_isa()) if AVAILABLE else -1
 
 

@@ -267,8 +267,9 @@ long long inferd_q8_packed_size(int N, int K);
 /* Pack w (N x K, row-major) into wp (inferd_q8_packed_size bytes); wsum[n] = sum_k w[n][k]. */
 void inferd_q8_pack(const signed char* w, int N, int K, signed char* wp, int* wsum);
 /* Micro-kernel: 0 portable C, 1 VNNI (x86-64 AVX-512) or sdot (aarch64), 2 VNNI plus AMX tiles for convolutions and
-   GEMMs (x86-64 Linux); set_isa(-1) picks the best the CPU has (a level it lacks gives the best below it). Returns the
-   level in use. */
+   GEMMs (x86-64 Linux); set_isa(-1) picks the best the CPU has (a level it lacks gives the best below it: on an x86
+   CPU with AVX2 and no AVX-512 VNNI the AVX2 kernels, reported as 3; set_isa(0) is always the portable C). Returns
+   what is in use, as inferd_q8_isa reports it. */
 int inferd_q8_set_isa(int level);
 int inferd_q8_isa(void);
 /* Tests: 1 keeps the int8 depthwise rows (at AVX2), 8-bit MaxPool, QLinearAdd and byte-table lookups off AVX-512

@@ -346,8 +346,18 @@ static const q8_isa_t* q8_isa(void)
     return p;
 }
 
-/* 0 portable; 1 VNNI or sdot without the tile unit; 2 or -1 the best there is. Returns the level set: 0, 1, or 2
-   (AMX). */
+/* what inferd_q8_isa reports: the level, with the tile unit; 3 for the AVX2 kernels (level 0's paths, the same
+   packing as the portable C's, but other costs) */
+static int q8_isa_code(const q8_isa_t* p)
+{
+#if defined(Q8_HAVE_AVX2I)
+    if (p == &Q8_AVX2) return 3;
+#endif
+    return p->level + p->amx;
+}
+
+/* 0 portable; 1 VNNI or sdot without the tile unit; 2 or -1 the best there is. Returns what is set, as
+   inferd_q8_isa reports it. */
 int inferd_q8_set_isa(int level)
 {
     const q8_isa_t* p = q8_best();
@@ -358,10 +368,10 @@ int inferd_q8_set_isa(int level)
     if (level == 1 && p == &Q8_AMX) p = &Q8_VNNI;
 #endif
     __atomic_store_n(&Q8_ISA, p, __ATOMIC_RELEASE);
-    return p->level + p->amx;
+    return q8_isa_code(p);
 }
 
-int inferd_q8_isa(void) { return q8_isa()->level + q8_isa()->amx; }
+int inferd_q8_isa(void) { return q8_isa_code(q8_isa()); }
 
 /* Whether a 1x1 conv's tasks may stage their own blocks of pixels (q8_stage_block): tests and A/B runs turn it
    off to compare with the whole input staged first */

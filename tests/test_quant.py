@@ -177,8 +177,9 @@ def _x86_avx2() -> bool:
 
 @pytest.fixture(params=[0, "avx2", 1, 2], ids=["portable", "avx2", "simd", "amx"])
 def q8_isa(request):
-    """The int8 kernels at each level this CPU has; "avx2": those of an x86 CPU without AVX-512 VNNI (level 0 with
-    AVX2 micro-kernels, and AVX2 depthwise rows), which the AVX-512 cap gives on any x86 CPU with AVX2."""
+    """The int8 kernels at each level this CPU has (the value ``inferd_q8_isa`` reports); "avx2" (3): those of an x86
+    CPU without AVX-512 VNNI (the portable paths with AVX2 micro-kernels, and the AVX2 depthwise rows), which the
+    AVX-512 cap gives on any x86 CPU with AVX2."""
     if not quant_native.native.AVAILABLE:
         pytest.skip("native kernels not built")
     if request.param == "avx2":
@@ -186,8 +187,8 @@ def q8_isa(request):
             pytest.skip("needs an x86 CPU with AVX2")
         quant_native.native.lib.inferd_q8_cap_avx512(1)
         try:
-            assert quant_native.set_isa(1) == 0
-            yield "avx2"  # (level 0, but the SIMD depthwise rows run: not the portable level's skips)
+            assert quant_native.set_isa(1) == 3
+            yield 3
         finally:
             quant_native.native.lib.inferd_q8_cap_avx512(-1)
             quant_native.set_isa(-1)
@@ -663,7 +664,7 @@ def test_quantised_zoo_model_on_the_avx2_kernels_answers_as_the_best(tmp_path: P
     lib = quant_native.native.lib
     lib.inferd_q8_cap_avx512(1)
     try:
-        assert quant_native.set_isa(1) == 0
+        assert quant_native.set_isa(1) == 3
         avx2 = _inferd(path, feeds, cache_dir=tmp_path / "avx2")[0]
     finally:
         lib.inferd_q8_cap_avx512(-1)
@@ -673,9 +674,9 @@ def test_quantised_zoo_model_on_the_avx2_kernels_answers_as_the_best(tmp_path: P
 
 @pytest.mark.skipif(not quant_native.native.AVAILABLE, reason="native kernels not built")
 def test_int8_kernels_chosen_by_the_environment() -> None:
-    """``INFERD_INT8_KERNELS`` picks the int8 kernels at import: "portable" the plain C (level 0), "avx2" on an x86
-    CPU with AVX2 the kernels of one without AVX-512 VNNI (level 0 too; where the best is VNNI, not the best), an
-    unknown value the best with a warning."""
+    """``INFERD_INT8_KERNELS`` picks the int8 kernels at import: "portable" the plain C (0), "avx2" on an x86 CPU
+    with AVX2 the kernels of one without AVX-512 VNNI (3; where the best is VNNI, not the best), an unknown value the
+    best with a warning."""
     import subprocess
     import sys
 
@@ -692,7 +693,7 @@ def test_int8_kernels_chosen_by_the_environment() -> None:
     got, err = run("fastest")
     assert got == f"best {best}" and "INFERD_INT8_KERNELS='fastest'" in err
     if _x86_avx2():
-        assert run("AVX2")[0] == "avx2 0"
+        assert run("AVX2")[0] == "avx2 3"
 
 
 @pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.int8, np.uint8, np.int8)])

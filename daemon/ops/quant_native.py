@@ -89,8 +89,9 @@ def _pack_conv(w: np.ndarray, mode: int) -> tuple[np.ndarray, np.ndarray]:
 
 def set_isa(level: int) -> int:
     """Force the int8 micro-kernel (tests): 0 portable C, 1 VNNI/sdot where the CPU has it, 2 VNNI and AMX tiles
-    where it has them, -1 the best. Returns the level set: 0 also where the best is the AVX2 kernels (an x86 CPU
-    without AVX-512 VNNI; ``inferd_q8_cap_avx512(1)`` makes 1 and -1 pick them on any x86 CPU with AVX2)."""
+    where it has them, -1 the best. Returns what is set, as ``isa()`` reports it: 3 where that is the AVX2 kernels
+    (an x86 CPU without AVX-512 VNNI; ``inferd_q8_cap_avx512(1)`` makes 1 and -1 pick them on any x86 CPU with
+    AVX2)."""
     return int(native.lib.inferd_q8_set_isa(level)) if native.AVAILABLE else -1
 
 
