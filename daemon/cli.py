@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import sys
 import time
 from typing import Any
@@ -137,11 +136,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if model.device == "cpu":
         from . import native
 
-        info["native"] = {"available": native.AVAILABLE, "threads": native.num_threads(),
-                          "gemm_isa": {-1: "none", 0: "baseline", 1: "avx2", 2: "avx512"}.get(native.gemm_isa(), "?"),
-                          "int8_isa": {-1: "none", 0: "portable", 1: "vnni" if platform.machine() == "x86_64" else "sdot",
-                                       2: "amx", 3: "avx2"}.get(native.int8_isa(), "?"),
-                          "scratch_bytes": native.native_scratch_bytes()}
+        names = native.kernel_names()
+        info["native"] = {"available": native.AVAILABLE, "threads": native.num_threads(), "gemm_isa": names["gemm"],
+                          "int8_isa": names["int8"], "scratch_bytes": native.native_scratch_bytes()}
     if args.json or model.plan is None:
         print(json.dumps(info, indent=2))
     else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import platform
 import threading
 import time
 from typing import Any, Callable
@@ -802,6 +803,15 @@ def int8_isa() -> int:
     """The int8 kernels in use: 0 portable C, 1 VNNI (x86-64) or sdot (aarch64), 2 VNNI with AMX tiles for
     convolutions and GEMMs, 3 AVX2 (an x86 CPU without AVX-512 VNNI); -1 without native code."""
     return int(lib.inferd_q8_isa()) if AVAILABLE else -1
+
+
+def kernel_names() -> dict[str, str]:
+    """The fp32 GEMM's and the int8 kernels' instruction sets in use, by name (``inferd info``, the benches' machine
+    records)."""
+    gemm = {-1: "none", 0: "baseline", 1: "avx2", 2: "avx512"}.get(gemm_isa(), "?")
+    int8 = {-1: "none", 0: "portable", 1: "vnni" if platform.machine() == "x86_64" else "sdot", 2: "amx",
+            3: "avx2"}.get(int8_isa(), "?")
+    return {"gemm": gemm, "int8": int8}
 
 
 def gemm_set_isa(level: int) -> int:

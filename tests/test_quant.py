@@ -680,20 +680,21 @@ def test_int8_kernels_chosen_by_the_environment() -> None:
     import subprocess
     import sys
 
-    code = "import inferd.native as n; print(n.int8_kernels, n.int8_isa())"
+    code = "import inferd.native as n; print(n.int8_kernels, n.int8_isa(), n.kernel_names()['int8'])"
 
     def run(value: str) -> tuple[str, str]:
         r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "INFERD_INT8_KERNELS": value},
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
-        return r.stdout.split()[0] + " " + r.stdout.split()[1], r.stderr
+        return " ".join(r.stdout.split()), r.stderr
 
     best = quant_native.native.int8_isa()
-    assert run("portable")[0] == "portable 0"
+    assert run("portable")[0] == "portable 0 portable"
     got, err = run("fastest")
-    assert got == f"best {best}" and "INFERD_INT8_KERNELS='fastest'" in err
+    assert got == f"best {best} {quant_native.native.kernel_names()['int8']}"
+    assert "INFERD_INT8_KERNELS='fastest'" in err
     if _x86_avx2():
-        assert run("AVX2")[0] == "avx2 3"
+        assert run("AVX2")[0] == "avx2 3 avx2"
 
 
 @pytest.mark.parametrize("at,bt,yt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.int8, np.int8), (np.int8, np.uint8, np.int8)])

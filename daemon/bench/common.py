@@ -37,9 +37,16 @@ def machine_info() -> dict[str, Any]:
         load = [round(x, 2) for x in os.getloadavg()]  # other work on the machine while it was measured
     except OSError:
         load = []
+    try:  # which kernels ran: INFERD_INT8_KERNELS can put a board's int8 path on this machine
+        from .. import native
+
+        kernels = native.kernel_names()
+    except Exception:
+        kernels = {}
     return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
             "machine": platform.machine(), "python": platform.python_version(), "numpy": npv,
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "loadavg": load}
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "loadavg": load,
+            "kernels": kernels}
 
 
 def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:

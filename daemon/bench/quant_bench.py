@@ -245,6 +245,8 @@ def vs_fp32(r: dict[str, Any]) -> str:
 def table(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
     dev = rows[0].get("device", "cpu") if rows else "cpu"
     how = f"inferd on {dev}" + (" with the Vulkan int8 kernels forced" if rows and rows[0].get("int8_gpu") else "")
+    if dev == "cpu" and (machine.get("kernels") or {}).get("int8"):
+        how += f" (int8 kernels: {machine['kernels']['int8']})"
     lines = [f"# inferd bench quant: {machine.get('date')} on {machine.get('host')} ({machine.get('cpu')}, "
              f"{machine.get('cores')} cores; machine shared, load average per row); {how}; onnxruntime on the CPU\n",
              "Goals: int8 warm <= 1.0x onnxruntime (same QDQ model) and <= 0.5x inferd fp32; weight bytes <= 0.27x fp32.\n",
