@@ -16,7 +16,7 @@ import os
 import platform
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -544,7 +544,7 @@ def act_bound(y: np.ndarray, act: Act) -> Callable[[], None] | None:
     def call(_keep: np.ndarray = y) -> None:
         fn(*args)
 
-    return call
+    return with_steps(call, [("inferd_bias_act", args)])
 
 
 def fast_path() -> bool:
@@ -851,7 +851,7 @@ def gemm_bound(ap: np.ndarray, m: int, b: np.ndarray, c: np.ndarray, bias: np.nd
         if fn(*args) != 0:
             raise MemoryError("gemm: out of memory")
 
-    return call
+    return with_steps(call, [("inferd_gemm_ex", args)])
 
 
 def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray, sh: int, sw: int,
@@ -877,7 +877,7 @@ def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: n
         def call(_keep: Any = keep) -> None:
             if conv(*cargs) != 0:
                 raise MemoryError("dwconv2d: out of memory")
-        return call
+        return with_steps(call, [("inferd_dwconv2d", cargs)])
     hw = oh * ow
     ba = lib.inferd_bias_act
     bargs = (_ptr(out), hw, ffi.NULL, _ptr(res), hw, cm, hw, code, p0, p1)
@@ -887,7 +887,7 @@ def dwconv2d_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: n
             raise MemoryError("dwconv2d: out of memory")
         ba(*bargs)
 
-    return call_res
+    return with_steps(call_res, [("inferd_dwconv2d", cargs), ("inferd_bias_act", bargs)])
 
 
 def nchwc_group_blocks() -> int:
@@ -950,8 +950,11 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
         _check_retarget(a, x)
         per[:] = [(_ptr(a[i]), yp, rp) for i, (_xp, yp, rp) in enumerate(per)]
         keep[0] = (a, *arrs[1:])
+        for st, (xp, _yp, _rp) in zip(getattr(call, "steps", ()), per):
+            st.set_ptr(0, xp)
 
-    return _retargetable(call, retarget)
+    return with_steps(_retargetable(call, retarget),
+                      [(name, (xp, *head, *geo, bp, rp, yp, code, p0, p1)) for xp, yp, rp in per])
 
 
 def _check_retarget(a: np.ndarray, like: np.ndarray) -> None:
@@ -969,6 +972,108 @@ def _retargetable(call: Callable[[], None], retarget: Callable[[np.ndarray], Non
     return call
 
 
+# --------------------------------------------------------------------------- runs of bound calls (steps.c)
+
+_STEP_KINDS: dict[str, tuple[int, str]] = {}
+
+
+class NativeStep:
+    """One bound call of a C entry point as ``inferd_steps_run`` takes it: the entry point's kind and its
+    arguments in 64-bit slots (cffi memory this object owns), filled by the entry point's argument letters."""
+
+    __slots__ = ("kind", "sig", "args")
+
+    def __init__(self, kind: int, sig: str, values: Sequence[Any]) -> None:
+        self.kind, self.sig = kind, sig
+        self.args = ffi.new("inferd_arg[]", len(sig))
+        for j, (c, v) in enumerate(zip(sig, values)):
+            if c == "p":
+                self.args[j].p = ffi.cast("void *", v)
+            elif c == "f":
+                self.args[j].f = float(v)
+            else:
+                self.args[j].i = int(v)
+
+    def set_ptr(self, slot: int, p: Any) -> None:
+        """Point pointer argument ``slot`` elsewhere (a retargeted input)."""
+        if self.sig[slot] != "p":
+            raise ValueError(f"argument {slot} of this step is not a pointer")
+        self.args[slot].p = ffi.cast("void *", p)
+
+
+def _step_kind(name: str) -> tuple[int, str] | None:
+    got = _STEP_KINDS.get(name)
+    if got is None:
+        if not has("inferd_steps_run"):
+            return None
+        sig = ffi.new("const char **")
+        k = int(lib.inferd_steps_kind(name.encode(), sig))
+        got = _STEP_KINDS[name] = (k, ffi.string(sig[0]).decode() if k >= 0 else "")
+    return got if got[0] >= 0 else None
+
+
+def with_steps(call: Callable[[], None], recs: Sequence[tuple[str, Sequence[Any]]]) -> Callable[[], None]:
+    """``call`` with ``call.steps``: the same work as native steps, one per (entry point name, its arguments as
+    the call passes them) of ``recs``, for :func:`fuse_calls`. Left without where an entry point is not one the
+    runner knows or the arguments do not match its prototype (the call then runs from Python as before)."""
+    steps = []
+    for name, values in recs:
+        ks = _step_kind(name)
+        if ks is None or len(ks[1]) != len(values):
+            return call
+        steps.append(NativeStep(ks[0], ks[1], values))
+    call.steps = steps  # type: ignore[attr-defined]
+    return call
+
+
+def fuse_calls(calls: Sequence[Callable[[], None]], min_run: int = 2) -> list[Callable[[], None]]:
+    """``calls`` with each run of at least ``min_run`` consecutive calls that carry native steps (``call.steps``,
+    :func:`with_steps`; a call with an empty list does nothing and joins any run) made one call of
+    ``inferd_steps_run``: the layers then follow each other in C, the GIL released once (a small model's warm
+    run had spent ~9% of its calling thread in Python and cffi between layers). Where a step fails, its call and
+    those after it in the run are called from Python, which raises that call's own error or takes its own
+    fallback (a strided copy's numpy copy). A run's steps hold the calls' argument memory: a retarget (the
+    executor's direct inputs) changes the steps the run reads."""
+    out: list[Callable[[], None]] = []
+    run: list[Callable[[], None]] = []
+
+    def flush() -> None:
+        work = [c for c in run if getattr(c, "steps")]
+        if len(work) >= min_run:
+            out.append(_steps_call(work))
+        else:
+            out.extend(work)
+        run.clear()
+
+    for c in calls:
+        if getattr(c, "steps", None) is not None:
+            run.append(c)
+        else:
+            flush()
+            out.append(c)
+    flush()
+    return out
+
+
+def _steps_call(calls: list[Callable[[], None]]) -> Callable[[], None]:
+    steps = [st for c in calls for st in getattr(c, "steps")]
+    owner = [j for j, c in enumerate(calls) for _ in getattr(c, "steps")]
+    n = len(steps)
+    arr = ffi.new("inferd_step[]", n)
+    for i, st in enumerate(steps):
+        arr[i].kind, arr[i].nargs, arr[i].a = st.kind, len(st.sig), st.args
+    fn = lib.inferd_steps_run
+
+    def call(_keep: Any = (steps, calls)) -> None:
+        done = fn(arr, n)
+        if done != n:
+            for c in calls[owner[done]:]:
+                c()
+
+    call.fused = calls  # type: ignore[attr-defined]
+    return call
+
+
 def nchwc_maxpool_bound(x: np.ndarray, y: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int,
                         pl: int) -> Callable[[], None] | None:
     """native/nchwc.c's MaxPool over each image of blocked ``x`` into ``y``; None where it does not apply."""
@@ -983,7 +1088,8 @@ def nchwc_maxpool_bound(x: np.ndarray, y: np.ndarray, kh: int, kw: int, sh: int,
         for xp, yp in per:
             if fn(xp, cb, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, yp) != 0:
                 raise ValueError("nchwc_maxpool: bad arguments")
-    return call
+    return with_steps(call, [("inferd_nchwc_maxpool", (xp, cb, h, wd, kh, kw, sh, sw, pt, pl, oh, ow, yp))
+                             for xp, yp in per])
 
 
 def nchwc_reorder_bound(x: np.ndarray, y: np.ndarray, to_blocked: bool) -> Callable[[], None] | None:
@@ -1008,8 +1114,10 @@ def nchwc_reorder_bound(x: np.ndarray, y: np.ndarray, to_blocked: bool) -> Calla
         _check_retarget(a, x)
         args[0] = _ptr(a)
         keep[0] = (a, y)
+        for st in getattr(call, "steps", ()):
+            st.set_ptr(0, args[0])
 
-    return _retargetable(call, retarget)
+    return with_steps(_retargetable(call, retarget), [("inferd_nchwc_reorder", args)])
 
 
 def nchwc_gap_bound(x: np.ndarray, y: np.ndarray) -> Callable[[], None] | None:
@@ -1027,7 +1135,7 @@ def nchwc_gap_bound(x: np.ndarray, y: np.ndarray) -> Callable[[], None] | None:
     def call(_keep: Any = (x, y)) -> None:
         if fn(*args) != 0:
             raise ValueError("nchwc_gap: bad arguments")
-    return call
+    return with_steps(call, [("inferd_nchwc_gap", args)])
 
 
 def nchwc_scale_bound(x: np.ndarray, s: np.ndarray, y: np.ndarray, mult: float = 1.0,
@@ -1047,14 +1155,15 @@ def nchwc_scale_bound(x: np.ndarray, s: np.ndarray, y: np.ndarray, mult: float =
     stride = 0 if s.shape[0] == 1 else c
     common = (_ptr(x), n, c, int(x.shape[2]) * int(x.shape[3]), _ptr(s), stride)
     if fused:
-        fn, args = lib.inferd_nchwc_scale_act, (*common, float(mult), *_act_code(act), _ptr(y))
+        name, args = "inferd_nchwc_scale_act", (*common, float(mult), *_act_code(act), _ptr(y))
     else:
-        fn, args = lib.inferd_nchwc_scale, (*common, _ptr(y))
+        name, args = "inferd_nchwc_scale", (*common, _ptr(y))
+    fn = getattr(lib, name)
 
     def call(_keep: Any = (x, s, y)) -> None:
         if fn(*args) != 0:
             raise ValueError("nchwc_scale: bad arguments")
-    return call
+    return with_steps(call, [(name, args)])
 
 
 #: Columns per prepacked B panel (native/gemm.c NBP): a multiple of every micro-kernel's width.
@@ -1140,7 +1249,7 @@ def linear_bound(x: np.ndarray, bp: np.ndarray, n: int, y: np.ndarray, bias: np.
         if fn(*args) != 0:
             raise MemoryError("linear: out of memory")
 
-    return call
+    return with_steps(call, [("inferd_gemm_ex", args)])
 
 
 #: Fewer elements than this: numpy's own assignment is cheaper than a native call's set-up.
@@ -1163,7 +1272,7 @@ def strided_copy_bound(dst: np.ndarray, src: np.ndarray) -> Callable[[], None] |
     def call(_keep: Any = (dst, src, shape, strides)) -> None:
         if fn(*args) != 0:
             dst[...] = src
-    return call
+    return with_steps(call, [("inferd_strided_copy", args)])
 
 
 def matmul(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -1206,7 +1315,7 @@ def matmul_bound(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> Callable[[], No
         if fn(*args) != 0:
             raise MemoryError("matmul: out of memory")
 
-    return call
+    return with_steps(call, [("inferd_gemm_ex", args)])
 
 
 #: Below this many columns (pixels, Winograd tiles) a layer's weights are packed in the B form (see

@@ -437,3 +437,20 @@ void inferd_stream_end(inferd_stream* s, int abort);
 /* d: read_s (wall time with a read in flight), verify_s; i: reads, bytes, error, errno, piece, blob, got, need,
    loaders inside a run's loop, loader threads, reads made by pool workers between jobs. */
 void inferd_stream_stats(inferd_stream* s, double* d, long long* i);
+
+/* A run of bound kernel calls in one C call (steps.c): step i calls entry point `kind` (inferd_steps_kind: by
+   its name, with `sig` its argument letters, p pointer, i int, l long long, f float) on the nargs slots at a.
+   Returns n when every step returned 0, else the index of the first that did not (it may have run in part; the
+   ones after it did not run). */
+typedef union {
+    long long i;
+    double f;
+    void* p;
+} inferd_arg;
+typedef struct {
+    int kind;
+    int nargs;
+    inferd_arg* a;
+} inferd_step;
+int inferd_steps_kind(const char* name, const char** sig);
+int inferd_steps_run(const inferd_step* s, int n);

@@ -705,6 +705,9 @@ def _nothing() -> None:
     """A step whose data the memory plan already put where it belongs."""
 
 
+_nothing.steps = []  # type: ignore[attr-defined]  # (no native work: it joins a run of native steps, native.fuse_calls)
+
+
 #: ops whose results, given constant parameters, are views of their data input (``TensorKernel.bind``)
 VIEW_OPS = ("Slice", "Transpose", "Split", "Expand", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
             "Dropout")

@@ -121,6 +121,9 @@ class CpuExecutor:
 
     name = "cpu"
     gpu = False
+    #: consecutive native layers run as one C call (native.fuse_calls); False: one Python call per layer (A/B
+    #: timings, and the tests that check the two agree)
+    fuse_steps = True
 
     def __init__(self, graph: Graph, kernels: dict[str, str] | None = None,
                  params: dict[str, dict[str, np.ndarray]] | None = None, *,
@@ -158,6 +161,7 @@ class CpuExecutor:
         self.steps: list[Step | None] = [None] * len(self.choice)
         self._shared: set[int] = set()  # layers whose weights another shape of the model owns (adopt)
         self._calls: list[Callable[[], None]] = []
+        self._step_calls: list[Callable[[], None]] = []
         self.inputs: list[TensorInfo] = list(graph.inputs)
         self.outputs: list[TensorInfo] = list(graph.outputs)
         # resolved once, so a run does no lookups: per input (name, its buffer's item assignment, dtype; an
@@ -374,7 +378,8 @@ class CpuExecutor:
         missing = [self.choice[i][0].name for i, s in enumerate(self.steps) if s is None]
         if missing:
             raise RuntimeError(f"layers not prepared: {missing[:5]}")
-        self._calls = [s.call() for s in self.steps if s is not None and not s.alias]
+        self._step_calls = [s.call() for s in self.steps if s is not None and not s.alias]
+        self._calls = native.fuse_calls(self._step_calls) if self.fuse_steps else list(self._step_calls)
         self._direct = self._direct_inputs()
         self._target = {}  # a rebuilt layer reads its arena view: every reader is pointed anew by the next run
 
@@ -469,7 +474,7 @@ class CpuExecutor:
         copy_in, copy_out = copies_call(ins), copies_call(outs)
         use_views = self._use_views
         if after is not None:
-            named = list(zip(self._calls, [s.layer.name for s in self.steps if s is not None and not s.alias]))
+            named = list(zip(self._step_calls, [s.layer.name for s in self.steps if s is not None and not s.alias]))
 
             def traced() -> None:
                 use_views()
