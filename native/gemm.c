@@ -43,9 +43,10 @@ typedef struct {
     int first, last, act;
     float p0, p1;
     /* A line of memory to bring into L2 while the kernel computes (INFERD_PFE): at k step k the line
-       pf + 16 * ((k * pf_num) >> 8), while that index is below pf_lines. NULL: none. */
+       pf + 16 * ((k * pf_num) >> 8), while that index is below pf_lines; pf_pair: the pair of lines from
+       pf + 32 * ((k * pf_num) >> 8) instead (two a step). NULL: none. */
     const float* pf;
-    int pf_num, pf_lines;
+    int pf_num, pf_lines, pf_pair;
 } epi_t;
 
 /* t != NULL: store the raw tile there (rows x nr); otherwise finish it into e->c. */
@@ -109,8 +110,9 @@ typedef struct {
 /* the epilogue's prefetch stream (epi_t.pf): the kernel's own B is read from L2 or L1 */
 #define INFERD_PFE(bk)                                                                                        \
     if (e) {                                                                                                  \
-        const int l_ = (int)((k * e->pf_num) >> 8);                                                           \
+        const int l_ = (int)((k * e->pf_num) >> 8) << e->pf_pair;                                             \
         if (l_ < e->pf_lines) __builtin_prefetch(e->pf + 16 * (ptrdiff_t)l_, 0, 2);                           \
+        if (e->pf_pair && l_ + 1 < e->pf_lines) __builtin_prefetch(e->pf + 16 * (ptrdiff_t)l_ + 16, 0, 2);    \
     }
 #define INFERD_UK_LOOP(VT, VL, MRK, NV, AEL, BROW) INFERD_UK_LOOP_PF(VT, VL, MRK, NV, AEL, BROW, INFERD_NOPF)
 #define INFERD_NOUNROLL
@@ -1075,10 +1077,15 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
         const int r = imin(4, M - m0);
         steps += NBP / (r == 1 ? 96 : r == 2 ? 48 : r == 3 ? 24 : 16);
     }
+    /* K in blocks of equal size (at most GEMV_KB) where the slices kernel's calls carry the stream (below): a short
+       last block had the next one, a full block, to bring in over its few k steps (384 as 256 + 128). Only the
+       block sizes depend on K: any split of the work gives the same bits. */
+    const int nkb = (K + GEMV_KB - 1) / GEMV_KB;
+    const int kb = m_uks > 1 && I->uksp ? (K + nkb - 1) / nkb : GEMV_KB;
     for (int j0 = n0; j0 < n1; j0 += NBP) {
         const float* restrict bp = b + (size_t)(j0 / NBP) * K * NBP;
-        for (int k0 = 0; k0 < K; k0 += GEMV_KB) {
-            const int k1 = imin(K, k0 + GEMV_KB);
+        for (int k0 = 0; k0 < K; k0 += kb) {
+            const int k1 = imin(K, k0 + kb);
             {
                 const int m0 = 0;
                 GEMV_ROWS(1, 96, GEMV_KB, (void)0)
@@ -1094,10 +1101,10 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
             int pf_lines = 0;
             if (k1 < K) {
                 pf = bp + (size_t)k1 * NBP;
-                pf_lines = imin(GEMV_KB, K - k1) * NBP / 16;
+                pf_lines = imin(kb, K - k1) * NBP / 16;
             } else if (j0 + NBP < n1) {
                 pf = bp + (size_t)K * NBP;
-                pf_lines = imin(GEMV_KB, K) * NBP / 16;
+                pf_lines = imin(kb, K) * NBP / 16;
             }
             int pf_i = 0;
 #define GEMV_PF                                                                                                    \
@@ -1112,8 +1119,16 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
                hot: 0.79-1.0x; convnext_tiny, vit_tiny and deit_tiny at 64 x 64 0.95x, swin_t 0.98x. Not timed on
                AVX-512 (uksp_avx512: the same stream over three 32-column calls a group). */
             const int ncalls = mrs && I->uksp ? (m_uks - 1) / mrs * (NBP / I->sw) : 0;
-            const int per_call = ncalls ? imin(k1 - k0, (pf_lines + ncalls - 1) / ncalls) : 0;
-            epi.pf_num = per_call ? (per_call * 256 + (k1 - k0) - 1) / (k1 - k0) : 0;
+            /* Two lines a k step where a call covers 32 columns (AVX-512: 12 rows x 32 columns, three calls per
+               group of rows, which at one line a step took half the block and left the other half to the 3-row
+               passes after them, a burst). Two threads, Zen 4, weights cycled over 24 copies, in-process A/B of
+               both changes: 16 x 384 x 1536 0.92x the time, 16 x 1536 x 384 0.84x, 13 x 384 x 1536 0.94x; 8, 24
+               and 4 rows 0.99-1.0x; convnext_tiny at 64 x 64 0.96x, deit_tiny 0.99x, vit_tiny and swin_t 1.0x. */
+            const int two = I->sw >= 32;
+            int per_call = ncalls ? imin((k1 - k0) << two, (pf_lines + ncalls - 1) / ncalls) : 0;
+            epi.pf_pair = two && per_call > k1 - k0;
+            if (epi.pf_pair) per_call += per_call & 1;
+            epi.pf_num = per_call ? ((per_call >> epi.pf_pair) * 256 + (k1 - k0) - 1) / (k1 - k0) : 0;
             int call = 0;
             for (int m0 = 1; m0 < m_uks; m0 += mrs)
                 for (int h = 0; h < NBP; h += I->sw, ++call) {

@@ -481,7 +481,7 @@ class LayerNormNativeKernel(Kernel):
 
         def call(_keep=keep) -> None:
             fn(*args)
-        return call
+        return native.with_steps(call, [("inferd_layernorm", args)])
 
 
 # --------------------------------------------------------------------------- LpNormalization, LRN, MVN, GroupNorm

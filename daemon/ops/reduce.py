@@ -407,7 +407,7 @@ class SoftmaxNativeKernel(Kernel):
 
         def call(_keep=keep) -> None:
             fn(*args)
-        return call
+        return native.with_steps(call, [("inferd_softmax", args)])
 
 
 # ------------------------------------------------------------------------------------------------ CumSum
