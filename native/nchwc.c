@@ -978,21 +978,17 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         const int tasks = inferd_pool_chunks(units, work), t = inferd_pool_threads();
         J.gpt = even_units(units, ub, cout_blocks, tasks, t);
         const int ntasks = (units + J.gpt - 1) / J.gpt;
-        if (flat && t > 1 && ntasks % t != 0 && ntasks < 4 * t) {
-            int bands = 2;
+        int bands = 1; /* where the units do not split evenly over the threads: the fewest bands that do */
+        if (t > 1 && ntasks % t != 0 && ntasks < 4 * t) {
+            bands = 2;
             while (bands < t && (ntasks * bands) % t != 0) ++bands;
-            flat_bands(&J, bands);
         }
+        if (flat && bands > 1) flat_bands(&J, bands);
         if (off) {
-            /* the run form: the whole map as one band, or where the units do not split evenly over the threads
-               (SqueezeNet's 48->192 3x3 on 13x13: three units on two threads) as bands of its pixels, every band
-               reading its unit's weights. Two threads, Zen 4, in-process A/B: 48->192 3x3 on 13x13 0.79x the
-               time, s2 on 14x14 0.78x, the same bits; squeezenet1_1 0.98x (0.97-0.99) */
-            int bands = 1;
-            if (t > 1 && ntasks % t != 0 && ntasks < 4 * t) {
-                bands = 2;
-                while (bands < t && (ntasks * bands) % t != 0) ++bands;
-            }
+            /* the run form: the whole map as one band, or those bands of its pixels (SqueezeNet's 48->192 3x3 on
+               13x13: three units on two threads), every band reading its unit's weights. Two threads, Zen 4,
+               in-process A/B: 48->192 3x3 on 13x13 0.79x the time, s2 on 14x14 0.78x, the same bits;
+               squeezenet1_1 0.98x (0.97-0.99) */
             J.cols_per_task = (OH * OW + bands - 1) / bands;
             J.nbands = (OH * OW + J.cols_per_task - 1) / J.cols_per_task;
         }

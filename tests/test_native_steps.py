@@ -75,14 +75,20 @@ def _conv_chain(n: int = 1) -> tuple[list[Callable[[], None]], list[np.ndarray],
     return calls, [y1, y2, y3, g], x
 
 
-@pytest.mark.parametrize("n", [1, 2])
-def test_fused_run_equals_the_calls(n: int) -> None:
-    calls, outs, _x = _conv_chain(n)
+def _reference(calls: list[Callable[[], None]], outs: list[np.ndarray]) -> list[np.ndarray]:
+    """The outputs of ``calls`` run one by one from Python; ``outs`` then set to NaN for the run under test."""
     for c in calls:
         c()
     want = [o.copy() for o in outs]
     for o in outs:
         o[...] = np.nan
+    return want
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_fused_run_equals_the_calls(n: int) -> None:
+    calls, outs, _x = _conv_chain(n)
+    want = _reference(calls, outs)
     fused = native.fuse_calls(calls)
     assert len(fused) == 1 and fused[0].fused == calls
     fused[0]()
@@ -130,11 +136,7 @@ def test_retarget_reaches_the_fused_steps() -> None:
 
 def test_a_failing_step_goes_back_to_python() -> None:
     calls, outs, _x = _conv_chain()
-    for c in calls:
-        c()
-    want = [o.copy() for o in outs]
-    for o in outs:
-        o[...] = np.nan
+    want = _reference(calls, outs)
     fused = native.fuse_calls(calls)
     calls[1].steps[0].args[1].i = 0  # the depthwise step's block count: the C side refuses it
     fused[0]()  # that call and the ones after it run from Python, whose arguments are whole
