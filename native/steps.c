@@ -93,6 +93,12 @@ static int s_dwconv2d(const inferd_arg* a)
                            A_I(11), A_I(12), A_I(13), A_I(14), A_I(15), A_I(16), A_I(17), A_I(18), A_F(19), A_F(20));
 }
 
+static int s_dwconv2d_direct(const inferd_arg* a)
+{
+    return inferd_dwconv2d_direct(A_P(0), A_P(1), A_P(2), A_P(3), A_I(4), A_I(5), A_I(6), A_I(7), A_I(8), A_I(9),
+                                  A_I(10), A_I(11), A_I(12), A_I(13), A_F(14), A_F(15));
+}
+
 static int s_layernorm(const inferd_arg* a)
 {
     inferd_layernorm(A_P(0), A_P(1), A_L(2), A_L(3), A_P(4), A_P(5), A_F(6));
@@ -133,6 +139,7 @@ static const struct {
     {"inferd_strided_copy", "ppippi", s_strided_copy},
     {"inferd_dwconv2d", "ppppiiiiiiiiiiiiiiiff", s_dwconv2d},
     {"inferd_bias_act", "plppliliff", s_bias_act},
+    {"inferd_dwconv2d_direct", "ppppiiiiiiiiiiff", s_dwconv2d_direct},
     {"inferd_layernorm", "ppllppf", s_layernorm},
     {"inferd_softmax", "pplli", s_softmax},
 };

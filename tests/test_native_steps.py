@@ -20,7 +20,8 @@ rng = np.random.default_rng(7)
 KINDS = ["inferd_nchwc_conv", "inferd_nchwc_conv_ch", "inferd_nchwc_conv_nchw", "inferd_nchwc_conv_dilated",
          "inferd_nchwc_conv_grouped", "inferd_nchwc_dwconv", "inferd_nchwc_maxpool", "inferd_nchwc_reorder",
          "inferd_nchwc_gap", "inferd_nchwc_scale", "inferd_nchwc_scale_act", "inferd_gemm_ex",
-         "inferd_strided_copy", "inferd_dwconv2d", "inferd_bias_act", "inferd_layernorm", "inferd_softmax"]
+         "inferd_strided_copy", "inferd_dwconv2d", "inferd_dwconv2d_direct", "inferd_bias_act", "inferd_layernorm",
+         "inferd_softmax"]
 
 
 def _letter(t: Any) -> str:

@@ -1163,7 +1163,7 @@ class ConvDepthwiseDirect(_ConvKernelBase):
         def call(_keep: Any = (x, w, bias, y)) -> None:
             if fn(*args) != 0:
                 raise MemoryError("dwconv2d_direct: out of memory")
-        return call
+        return native.with_steps(call, [("inferd_dwconv2d_direct", args)])
 
     def run(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
             outputs: Sequence[np.ndarray]) -> None:
