@@ -30,6 +30,12 @@
 #include "inferd_internal.h"
 #include "inferd_native.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 #define NB_MAX 4
 
 typedef struct {
@@ -1095,16 +1101,20 @@ typedef struct {
     int band_major;    /* tasks ordered band by band (each thread a band of rows of every block), else block by block */
 } djob_t;
 
-/* One tap for NPV pixels of a row (PS floats apart: the stride), each pixel 16 / VW vectors: an FMA, or a max
-   where a NaN wins. */
-#define NCHWC_DW_TAPS(VT, VI, VW, POOL, NPV, PS)                                                                \
+/* One tap for NPV pixels of a row (PS floats apart: the stride), each pixel 16 / VW vectors: an FMA; for a max
+   pool (POOL 1) a max where a NaN wins, or (POOL 2) the ISA's max instruction, with each value read also added to
+   the pixel's sum (NCHWC_POOL_SUMS), where a NaN stays: the row is run again with POOL 1 if a sum is NaN. */
+#define NCHWC_DW_TAPS(VT, VI, VW, POOL, NPV, PS, FMAX)                                                          \
     do {                                                                                                         \
         _Pragma("GCC unroll 16") for (int p = 0; p < (NPV); ++p)                                                 \
             _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k)                                            \
         {                                                                                                        \
             VT v;                                                                                                \
             memcpy(&v, xt + p * (PS) + k * VW, sizeof(VT));                                                      \
-            if (POOL) {                                                                                          \
+            if (POOL == 2) {                                                                                     \
+                acc[p][k] = FMAX(v, acc[p][k]);                                                                  \
+                if (NCHWC_POOL_SUMS) sum[p] += v;                                                                \
+            } else if (POOL) {                                                                                   \
                 acc[p][k] = INFERD_VSEL(VT, VI, v > acc[p][k], v, acc[p][k]);                                    \
                 acc[p][k] = INFERD_VSEL(VT, VI, v != v, v, acc[p][k]);                                           \
             } else {                                                                                             \
@@ -1116,8 +1126,9 @@ typedef struct {
 /* Every tap of a group of NPV pixels PS floats apart; KWC the kernel's width where known when compiled (3 or 5:
    unrolled), else 0. With stride 1 as a constant (PS 16) neighbouring pixels' taps read the same columns, which
    GCC then loads once per row for all of them: 5x5 0.75-0.89x the time, but 3x3 1.09-1.17x (AVX2, one thread;
-   presumably the shared columns crowd the accumulators out of 16 registers), so 3x3 keeps the stride a variable. */
-#define NCHWC_DW_GROUP(VT, VI, VW, POOL, NPV, KWC, PS)                                                          \
+   presumably the shared columns crowd the accumulators out of 16 registers), so 3x3 keeps the stride a variable;
+   a 3x3 pool, which holds no weights, takes strides 1 and 2 as constants (0.95-0.97x the time, Zen 4). */
+#define NCHWC_DW_GROUP(VT, VI, VW, POOL, NPV, KWC, PS, FMAX)                                                    \
     for (int kh = kh0; kh < kh1; ++kh) {                                                                         \
         const float* xr = xb + (long long)(ih0 + kh) * rs + (long long)iw0 * 16;                                 \
         const float* wr = POOL ? NULL : wb + kh * KW * 16;                                                       \
@@ -1130,7 +1141,7 @@ typedef struct {
                 if (!POOL) memcpy(&wv[k], wr + kw * 16 + k * VW, sizeof(VT));                                    \
             }                                                                                                    \
             const float* xt = xr + (long long)kw * 16;                                                           \
-            NCHWC_DW_TAPS(VT, VI, VW, POOL, NPV, PS);                                                            \
+            NCHWC_DW_TAPS(VT, VI, VW, POOL, NPV, PS, FMAX);                                                      \
         }                                                                                                        \
     }
 
@@ -1140,8 +1151,8 @@ typedef struct {
    0.92-1.02x, the same bits.
    The job's fields are read into locals once: in the tap loops they had been reloaded and their offsets
    recomputed per tap (a third of the loop's instructions, 2026-12-01, Zen 3). */
-#define NCHWC_DW_ROW(NAME, ATTR, VT, VI, VW, NPW, POOL)                                                          \
-    ATTR static void NAME(const djob_t* J, int cb, int oh)                                                       \
+#define NCHWC_DW_ROW(NAME, ATTR, VT, VI, VW, NPW, POOL, FMAX)                                                    \
+    ATTR static int NAME(const djob_t* J, int cb, int oh)                                                        \
     {                                                                                                            \
         const int H = J->H, W = J->W, KH = J->KH, KW = J->KW, SW = J->SW, PL = J->PL, OW = J->OW;                \
         const long long rs = (long long)W * 16, xs = (long long)H * rs, ps = (long long)SW * 16;                 \
@@ -1166,6 +1177,8 @@ typedef struct {
         }                                                                                                        \
         const int act = J->act;                                                                                  \
         const float p0 = J->p0, p1 = J->p1;                                                                      \
+        VT sum[NPW]; /* POOL 2: per pixel of a group, the sum of the values its taps read, over the row */      \
+        _Pragma("GCC unroll 16") for (int p = 0; p < NPW; ++p) sum[p] = (VT){0};                                 \
         for (int ow = 0; ow < OW;) {                                                                             \
             const int iw0 = ow * SW - PL;                                                                        \
             const int in_ = ow >= ow_lo;                                                                         \
@@ -1178,17 +1191,21 @@ typedef struct {
             _Pragma("GCC unroll 16") for (int p = 0; p < NPW; ++p)                                               \
                 _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k) acc[p][k] = init[k];                   \
             if (np == NPW && KW == 5 && SW == 1)                                                                 \
-                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 5, 16)                                                     \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 5, 16, FMAX)                                               \
+            else if (POOL && np == NPW && KW == 3 && SW == 2)                                                    \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 3, 32, FMAX)                                               \
+            else if (POOL && np == NPW && KW == 3 && SW == 1)                                                    \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 3, 16, FMAX)                                               \
             else if (np == NPW && KW == 3)                                                                       \
-                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 3, ps)                                                     \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 3, ps, FMAX)                                               \
             else if (np == NPW)                                                                                  \
-                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 0, ps)                                                     \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW, 0, ps, FMAX)                                               \
             else if (np == NPW / 2)                                                                              \
-                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW / 2, 0, ps)                                                 \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, NPW / 2, 0, ps, FMAX)                                           \
             else if (NPW >= 8 && np == NPW / 4)                                                                  \
-                NCHWC_DW_GROUP(VT, VI, VW, POOL, (NPW >= 8 ? NPW / 4 : 1), 0, ps)                                \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, (NPW >= 8 ? NPW / 4 : 1), 0, ps, FMAX)                          \
             else                                                                                                 \
-                NCHWC_DW_GROUP(VT, VI, VW, POOL, 1, 0, ps)                                                       \
+                NCHWC_DW_GROUP(VT, VI, VW, POOL, 1, 0, ps, FMAX)                                                 \
             for (int p = 0; p < np; ++p)                                                                         \
                 _Pragma("GCC unroll 4") for (int k = 0; k < 16 / VW; ++k)                                        \
                 {                                                                                                \
@@ -1205,33 +1222,71 @@ typedef struct {
             if (INFERD_ACT_COSTLY(act)) act_inplace(yr + (long long)ow * 16, np * 16, act, p0, p1);             \
             ow += np;                                                                                            \
         }                                                                                                        \
+        int nan = 0;                                                                                             \
+        if (POOL == 2 && NCHWC_POOL_SUMS)                                                                        \
+            for (int p = 0; p < NPW; ++p)                                                                        \
+                for (int l = 0; l < VW; ++l) nan |= sum[p][l] != sum[p][l];                                      \
+        return nan;                                                                                              \
     }
 
-typedef void (*drow_fn)(const djob_t*, int, int);
+typedef int (*drow_fn)(const djob_t*, int, int);
+
+/* The max instructions of the pools' POOL 2. x86's maxps(a, b) is a > b ? a : b, POOL 1's select without its NaN
+   test: with the sum, two instructions a tap where POOL 1 takes four (two compares, a mask OR, a blend); a NaN that
+   maxps drops shows in the sums (as does an inf beside a -inf: a false alarm, the row then run again). NEON's fmax
+   returns a NaN from either operand: there POOL 2 keeps NaN as it is, and sums nothing. */
+#if defined(__x86_64__)
+#define NCHWC_POOL_SUMS 1
+static inline v4f fmax_gen(v4f a, v4f b) { return (v4f)_mm_max_ps((__m128)a, (__m128)b); }
+#elif defined(__aarch64__)
+#define NCHWC_POOL_SUMS 0
+static inline v4f fmax_gen(v4f a, v4f b) { return (v4f)vmaxq_f32((float32x4_t)a, (float32x4_t)b); }
+#else
+#define NCHWC_POOL_SUMS 1
+static inline v4f fmax_gen(v4f a, v4f b) { return INFERD_VSEL(v4f, v4i, a > b, a, b); }
+#endif
 
 /* 8 pixels a vector each on AVX-512; 4 of two vectors on AVX2 and of four on NEON; 2 of four on SSE */
 #if defined(__x86_64__)
-NCHWC_DW_ROW(dw_gen, , v4f, v4i, 4, 2, 0)
-NCHWC_DW_ROW(mp_gen, , v4f, v4i, 4, 2, 1)
+NCHWC_DW_ROW(dw_gen, , v4f, v4i, 4, 2, 0, fmax_gen)
+NCHWC_DW_ROW(mp_gen, , v4f, v4i, 4, 2, 1, fmax_gen)
+NCHWC_DW_ROW(mpf_gen, , v4f, v4i, 4, 2, 2, fmax_gen)
 #else
-NCHWC_DW_ROW(dw_gen, , v4f, v4i, 4, 4, 0)
-NCHWC_DW_ROW(mp_gen, , v4f, v4i, 4, 4, 1)
+NCHWC_DW_ROW(dw_gen, , v4f, v4i, 4, 4, 0, fmax_gen)
+NCHWC_DW_ROW(mp_gen, , v4f, v4i, 4, 4, 1, fmax_gen)
+NCHWC_DW_ROW(mpf_gen, , v4f, v4i, 4, 4, 2, fmax_gen)
 #endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
-NCHWC_DW_ROW(dw_avx2, AVX2, v8f, v8i, 8, 4, 0)
-NCHWC_DW_ROW(mp_avx2, AVX2, v8f, v8i, 8, 4, 1)
-NCHWC_DW_ROW(dw_avx512, AVX512, v16f, v16i, 16, 8, 0)
-NCHWC_DW_ROW(mp_avx512, AVX512, v16f, v16i, 16, 8, 1)
+AVX2 static inline v8f fmax_avx2(v8f a, v8f b) { return (v8f)_mm256_max_ps((__m256)a, (__m256)b); }
+AVX512 static inline v16f fmax_avx512(v16f a, v16f b) { return (v16f)_mm512_max_ps((__m512)a, (__m512)b); }
+NCHWC_DW_ROW(dw_avx2, AVX2, v8f, v8i, 8, 4, 0, fmax_avx2)
+NCHWC_DW_ROW(mp_avx2, AVX2, v8f, v8i, 8, 4, 1, fmax_avx2)
+NCHWC_DW_ROW(mpf_avx2, AVX2, v8f, v8i, 8, 4, 2, fmax_avx2)
+NCHWC_DW_ROW(dw_avx512, AVX512, v16f, v16i, 16, 8, 0, fmax_avx512)
+NCHWC_DW_ROW(mp_avx512, AVX512, v16f, v16i, 16, 8, 1, fmax_avx512)
+NCHWC_DW_ROW(mpf_avx512, AVX512, v16f, v16i, 16, 8, 2, fmax_avx512)
 #endif
 
+/* pool: 0 a depthwise conv, 1 a max pool where a NaN wins, 2 a max pool over rows that hold no NaN */
 static drow_fn drow(int pool)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
     const int l = isa_level();
-    if (l == 2) return pool ? mp_avx512 : dw_avx512;
-    if (l == 1) return pool ? mp_avx2 : dw_avx2;
+    if (l == 2) return pool == 2 ? mpf_avx512 : pool ? mp_avx512 : dw_avx512;
+    if (l == 1) return pool == 2 ? mpf_avx2 : pool ? mp_avx2 : dw_avx2;
 #endif
-    return pool ? mp_gen : dw_gen;
+    return pool == 2 ? mpf_gen : pool ? mp_gen : dw_gen;
+}
+
+/* A max pool task's rows [oh0, oh1) of block cb: each with POOL 2, and again with POOL 1 where its sums saw a NaN.
+   Zen 4, best of 2000 calls, against POOL 1 alone: 3x3 s2 over 64 channels on 111x111 (squeezenet1_1's first
+   pool) 0.70x the time on one thread and two, 128 on 55x55 0.78x, 256 on 27x27 0.95x; 3x3 s1, 64 on 56x56 0.78x.
+   (A pass over the rows for NaN before the taps, instead of the sums, measured slower: it read them from L3 alone.) */
+static void pool_rows(const djob_t* J, int cb, int oh0, int oh1)
+{
+    const drow_fn fast = drow(2), keep = drow(1);
+    for (int oh = oh0; oh < oh1; ++oh)
+        if (fast(J, cb, oh)) keep(J, cb, oh);
 }
 
 /* the most floats of a narrow map's padded copy on a task's stack (32 KB: an 18 x 18 map with its padding, as a 5x5
@@ -1241,11 +1296,15 @@ static drow_fn drow(int pool)
 static void dw_task(void* ctx, long long task)
 {
     const djob_t* J = ctx;
-    const drow_fn f = drow(J->w == NULL);
     const int cb = J->band_major ? (int)(task % J->cb) : (int)(task / J->nbands);
     const int band = J->band_major ? (int)(task / J->cb) : (int)(task % J->nbands);
     const int oh0 = band * J->rows_per_task;
     const int oh1 = oh0 + J->rows_per_task < J->OH ? oh0 + J->rows_per_task : J->OH;
+    if (!J->w) {
+        pool_rows(J, cb, oh0, oh1);
+        return;
+    }
+    const drow_fn f = drow(0);
     if (J->Hp) {
         /* the rows this band reads, padded, into a copy the rows then read from cache */
         float xp[DW_PAD_FLOATS] __attribute__((aligned(64)));

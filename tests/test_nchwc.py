@@ -377,6 +377,42 @@ def test_blocked_maxpool_matches_the_oracle(attrs: dict[str, Any], threads: int)
     np.testing.assert_array_equal(from_blocked(got), spec.reference(plain.node, [x])[0])
 
 
+@needs_native
+@pytest.mark.parametrize("where", ["first_row", "last_row", "left_edge", "inside", "lane_15", "everywhere"])
+def test_blocked_maxpool_lets_a_nan_win_its_windows(where: str, threads: int) -> None:
+    """Rows without NaN take the plain max instruction, rows with one the NaN-keeping max: a NaN anywhere in a
+    window must reach that window's output (and nothing else), whichever task reads it. (ONNX leaves NaN in
+    MaxPool open: onnxruntime's max keeps one NaN and drops another by its position in the window, the numpy
+    oracle ignores them; the blocked kernel lets a NaN win, as np.max and PyTorch's max pool do.)"""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 48, 23, 19)).astype(np.float32)
+    if where == "first_row":
+        x[0, 3, 0, 7] = np.nan
+    elif where == "last_row":
+        x[0, 20, 22, 18] = np.nan
+    elif where == "left_edge":
+        x[0, 33, 11, 0] = np.nan
+    elif where == "inside":
+        x[0, 16, 9, 9] = np.nan
+        x[0, 40, 15, 4] = -np.inf
+        x[0, 41, 15, 4] = np.inf
+    elif where == "lane_15":
+        x[0, 47, 5, 12] = np.nan
+    else:
+        x[rng.random(x.shape) < 0.02] = np.nan
+    for stride, pad in ((2, 0), (1, 1)):
+        attrs = {"kernel_shape": [3, 3], "strides": [stride, stride], "pads": [pad] * 4}
+        xb = to_blocked(x)
+        got = from_blocked(run_layer(MaxPoolNchwcKernel(), single_node_layer(MAXPOOL, [xb], attrs, const=[False]),
+                                     [xb], bound=True)[0])
+        xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)), constant_values=-np.inf)
+        win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))[:, :, ::stride, ::stride]
+        want = win.max(axis=(4, 5))  # np.max: a NaN wins
+        assert got.shape == want.shape and np.isnan(want).any()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got, want)
+
+
 DILATED_CASES = [
     # (n, cin, cout, hw, k, stride, pads, group, act, residual), dilations: atrous convs at stride 1 whose pads are
     # whole multiples of the dilation (DeepLab's and FCN's 3x3s with pads equal to the dilation)
@@ -705,6 +741,45 @@ static void se_case(int N, int C, int HW)
     free(x); free(xb); free(yb); free(m); free(sc);
 }
 
+/* a 3x3 max pool (C a multiple of 16) with NaNs at every nan_every-th input (0: none): a NaN in a window wins it,
+   whether its rows take the max instruction (no NaN) or the NaN-keeping max, on every ISA */
+static void maxpool_case(int C, int H, int W, int S, int P, int nan_every)
+{
+    unsigned s = 99u + C + H;
+    int OH = (H + 2 * P - 3) / S + 1, OW = (W + 2 * P - 3) / S + 1;
+    float* x = rbuf((size_t)C * H * W, 1.0f, &s);
+    for (int i = nan_every; nan_every && i < C * H * W; i += nan_every) x[i] = NAN;
+    float* xb = malloc(sizeof(float) * C * H * W);
+    float* y = malloc(sizeof(float) * C * OH * OW);
+    block(x, C, H * W, xb);
+    if (inferd_nchwc_maxpool(xb, C / 16, H, W, 3, 3, S, S, P, P, OH, OW, y) != 0) {
+        printf("FAIL maxpool rc\n");
+        fails++;
+    }
+    for (int c = 0; c < C; ++c)
+        for (int oh = 0; oh < OH; ++oh)
+            for (int ow = 0; ow < OW; ++ow) {
+                float m = -INFINITY;
+                int nan = 0;
+                for (int kh = 0; kh < 3; ++kh)
+                    for (int kw = 0; kw < 3; ++kw) {
+                        int ih = oh * S - P + kh, iw = ow * S - P + kw;
+                        if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                        float v = x[(c * H + ih) * W + iw];
+                        nan |= v != v;
+                        m = v > m ? v : m;
+                    }
+                float g = y[((c / 16) * OH * OW + oh * OW + ow) * 16 + c % 16];
+                if (nan ? g == g : g != m) {
+                    printf("FAIL maxpool c=%d oh=%d ow=%d got %g want %g\n", c, oh, ow, g, nan ? NAN : m);
+                    fails++;
+                    oh = OH, c = C;
+                    break;
+                }
+            }
+    free(x); free(xb); free(y);
+}
+
 /* a stem: NCHW input of C < 16 channels, blocked output; w packed [group][ci][kh][kw][nbg * 16] */
 static void stem_case(int C, int CO, int H, int W, int K, int S, int P)
 {
@@ -814,6 +889,9 @@ int main(void)
         grouped_case(96, 96, 12, 2, 8, 9, 3, 1, 1);   /* RegNet's 8-channel groups, two to a block */
         grouped_case(64, 128, 2, 1, 7, 7, 3, 2, 1);   /* 2 input and 4 output blocks a group */
         grouped_case(64, 64, 16, 4, 10, 10, 1, 1, 0); /* pointwise, 4 channels a group */
+        maxpool_case(64, 23, 19, 2, 0, 0);
+        maxpool_case(64, 23, 19, 2, 0, 997);
+        maxpool_case(32, 13, 11, 1, 1, 131);
     }
     printf("ok (%d failures)\n", fails);
     return fails != 0;
