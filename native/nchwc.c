@@ -1278,7 +1278,8 @@ NCHWC_DW_ROW(mp_avx512, AVX512, v16f, v16i, 16, 8, 1, fmax_avx512)
 NCHWC_DW_ROW(mpf_avx512, AVX512, v16f, v16i, 16, 8, 2, fmax_avx512)
 #endif
 
-/* pool: 0 a depthwise conv, 1 a max pool where a NaN wins, 2 a max pool over rows that hold no NaN */
+/* pool: 0 a depthwise conv, 1 a max pool where a NaN wins, 2 a max pool on the max instruction with its sums
+   (a row whose sums are NaN runs again with 1: pool_rows) */
 static drow_fn drow(int pool)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(INFERD_NO_CLONES)
