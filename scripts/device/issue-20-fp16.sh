@@ -19,8 +19,8 @@ cat "$OUT/features.txt" | tail -2
 # only, for time)
 # resnet50: ~1 min; vgg16 (550 MB of weights, pnnx conversion included): ~2 min
 timeout 95 python3 -m inferd.cli bench precision --device vulkan --models resnet50 --arms fp32,fp16,fp16w --warm 30 --rounds 2 \
-    --out "$OUT" --tag h100_resnet50 --work "$W/r50" 2>&1 | tail -4
-timeout 135 python3 -m inferd.cli bench precision --device vulkan --models vgg16 --arms fp32,fp16 --warm 20 --rounds 1 \
-    --out "$OUT" --tag h100_vgg16 --work "$W/vgg" 2>&1 | tail -4
-cat "$OUT"/*precision_h100_*.md 2>/dev/null | grep "^|"
+    --out "$OUT" --tag ${TAG:-h100}_resnet50 --work "$W/r50" 2>&1 | tail -4
+timeout ${VGG_T:-135} python3 -m inferd.cli bench precision --device vulkan --models vgg16 --arms ${VGG_ARMS:-fp32,fp16} --warm 20 --rounds 1 \
+    --out "$OUT" --tag ${TAG:-h100}_vgg16 --work "$W/vgg" 2>&1 | tail -4
+cat "$OUT"/*precision_${TAG:-h100}_*.md 2>/dev/null | grep "^|"
 rm -rf "$W"
