@@ -276,6 +276,9 @@ def swap_in(cold: ColdLoad, backend_name: str, lock: threading.Lock,
             return 0, t1 - t0, 0.0
         for pos, k, params in ready:
             cold.backend.swap(pos, k, params)
+        compact = getattr(cold.backend, "compact_weights", None)
+        if compact is not None and ready:
+            compact(ready)
     return len(ready), t1 - t0, time.perf_counter() - t1
 
 
