@@ -63,6 +63,30 @@ def test_coop_shader_only_for_fp16_arithmetic_on_a_coopmat_device(k: int, hw: in
     assert kern.dispatches(half, params, Caps())[0].shader == "conv_gemm"          # no feature: HARITH tiles
     assert kern.dispatches(half, params, Caps(coopmat=True, subgroup_size=64))[0].shader == "conv_gemm"
 
+    assert "HARITH" in kern.dispatches(half, params, Caps())[0].defines
+    # a device with matrix units but the wrong subgroup width: fp32 arithmetic, not the packed fp16 tile sums
+    assert "HARITH" not in kern.dispatches(half, params, Caps(coopmat=True, subgroup_size=64))[0].defines
+
+
+def test_winograd_gemm_takes_fp16_tile_sums_only_on_a_device_without_matrix_units() -> None:
+    # the Winograd GEMM (matmul.comp) has no matrix-unit variant; its packed fp16 tile sums ran slower than fp32 on
+    # an H100 and an H200 (vgg16: 0.63 -> 0.77 ms), so a device with matrix units runs it in fp32
+    from inferd.ops.conv_vulkan import VkWinograd43
+
+    kern = VkWinograd43()
+    g = _graph(256, 256, 28, 3)
+    params = kern.transform(_conv_layer(g, harith=False), {"in1": np.zeros((256, 256, 3, 3), np.float32),
+                                                           "in2": np.zeros(256, np.float32)})
+    half = _conv_layer(_graph(256, 256, 28, 3), harith=True)
+
+    def mm(caps: Caps) -> dict:
+        return next(d for d in kern.dispatches(half, params, caps) if d.shader == "matmul").defines
+
+    assert mm(Caps()).get("HARITH") == 1
+    assert "HARITH" not in mm(COOP)
+    assert "HARITH" not in next(d for d in kern.dispatches(_conv_layer(g, harith=False), params, Caps())
+                                if d.shader == "matmul").defines
+
 
 # ------------------------------------------------------------------------------------------ on the device
 

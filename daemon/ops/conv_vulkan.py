@@ -198,7 +198,7 @@ class VkConvGemm(_ConvBase):
         # the matrix-unit variant keeps the 64x64 tile, bindings and split-K contract: only the shader changes
         shader = "conv_gemm_coop" if use_coopmat(layer, caps) else "conv_gemm"
         if shader == "conv_gemm":
-            defs.update(harith(layer))
+            defs.update(harith(layer, caps))
         groups = (-(-(g.oh * g.ow) // 64), -(-mg // 64), g.n * g.group * s)
         if s == 1:
             return [Dispatch(shader, binds, groups, defs, spec, push)]
@@ -506,7 +506,8 @@ class _VkWinograd(_ConvBase):
         reg = caps.device_type == "cpu"
         d_mm = Dispatch("matmul_reg" if reg else "matmul", (Param("u"), Ws("V"), Ws("M")),
                         (-(-(-(-t // 4) * -(-g.cout // 4)) // 64), 1, a2) if reg else (-(-t // 64), -(-g.cout // 64), a2),
-                        {"BIAS_MODE": 0, "RESIDUAL": 0, "ACT": 0, **self._afp(layer), **({} if reg else harith(layer))},
+                        {"BIAS_MODE": 0, "RESIDUAL": 0, "ACT": 0, **self._afp(layer),
+                         **({} if reg else harith(layer, caps))},
                         push={"M": g.cout, "N": t, "K": g.cin, "sa_m": g.cin, "sa_k": 1, "sb_k": t, "sb_n": 1,
                               "bd1": 1, "bd2": 1, "sa0": g.cout * g.cin, "sa1": 0, "sa2": 0, "sb0": g.cin * t,
                               "sb1": 0, "sb2": 0, "ldc": t, "c_off": 0, "alpha": 1.0, "act_a": 0.0, "act_b": 0.0,

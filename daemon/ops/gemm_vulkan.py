@@ -234,7 +234,7 @@ class VkMatMul(VulkanKernel):
                 s, kc = self._split(layer)
                 total = p.nbatch * p.M * p.N
                 push.update(S=s, Kc=kc, total=total)
-                defs = dict(defs, **harith(layer))
+                defs = dict(defs, **harith(layer, caps))
                 groups = (-(-nc // 64), -(-p.M // 64), p.nbatch * s)
                 if s == 1:
                     out.append(Dispatch(self.shader, binds, groups, defs, push=push, independent=True))

@@ -142,7 +142,9 @@ def plan_precision(requested: str, backend: str, features: Mapping[str, bool], l
     if backend == "vulkan":
         if features.get("shaderFloat16") and arithmetic:
             arith = "fp16"
-            reason += "; shaderFloat16: fp16 tile sums in the shared-memory GEMM kernels, fp32 accumulators"
+            reason += ("; cooperative matrices: the shared-memory GEMM convolutions on the matrix units (fp16 "
+                       "products, fp32 sums), fp32 arithmetic elsewhere" if features.get("cooperativeMatrixNV") else
+                       "; shaderFloat16: fp16 tile sums in the shared-memory GEMM kernels, fp32 accumulators")
         else:
             reason += ("; fp16 arithmetic not asked" if features.get("shaderFloat16")
                        else "; no shaderFloat16: fp32 arithmetic")

@@ -120,9 +120,13 @@ def layer_wfp(layer: Layer) -> int:
     return int(layer.attr(WFP_ATTR, 0) or 0)
 
 
-def harith(layer: Layer) -> dict[str, int]:
-    """The HARITH define of a shared-memory GEMM dispatch for this layer ({} for fp32 arithmetic)."""
-    return {"HARITH": 1} if layer.attr(HFP_ATTR, 0) else {}
+def harith(layer: Layer, caps: "Caps") -> dict[str, int]:
+    """The HARITH define (fp16 tile sums) of a shared-memory GEMM dispatch for this layer ({} for fp32 arithmetic).
+    Not on a device with matrix units (``Caps.coopmat``): there a layer's fp16 arithmetic is the cooperative-matrix
+    shader where it has one, and fp32 elsewhere, since the packed fp16 tile sums ran slower than fp32 on NVIDIA's
+    H100 and H200 (vgg16's Winograd GEMMs, ``matmul``: 0.63 -> 0.77 ms on both, batch 1;
+    bench/results/2026-12-05_precision_h200b_profile.txt)."""
+    return {"HARITH": 1} if layer.attr(HFP_ATTR, 0) and not caps.coopmat else {}
 
 
 def int_dot_level(features: Mapping[str, bool]) -> int:
