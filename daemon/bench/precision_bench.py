@@ -1,7 +1,8 @@
 """Reduced precision: per model, each precision *arm* (fp32, fp16; an int8 arm plugs into ``ARMS``) of
 inferd against its own fp32 and a peer, in one run.
 
-Per arm, in fresh processes with the Vulkan device created before the clock starts:
+Per arm, in fresh processes in the state of a daemon that is up (loader threads started; on Vulkan the device
+created with its device pool and its listed pipelines made resident) before the clock starts:
   * warm latency (median of ``--warm`` runs after the warm switch),
   * cold latency from the compiled package: ``inferd.load`` of the package + first inference, the package
     files evicted from the page cache, the shader caches (SPIR-V, VkPipelineCache, driver) filled by the
@@ -56,8 +57,17 @@ from inferd.bench.common import ramp
 from inferd.vulkan.device import get_device
 src, device, prec, pkgroot, nwarm, ref, outp, opts = sys.argv[1:9]
 nwarm = int(nwarm)
+# the state of a daemon that is up (as the cold bench's child): its loader threads, and on Vulkan the device with
+# its device pool and the pipelines it made resident at its start (the daemon's defaults)
+from inferd.runtime.scheduler import default_loaders, loader_pool
+loader_pool().set_size(default_loaders())
 if device == "vulkan":
-    get_device()  # the device exists before the clock starts (the daemon's case)
+    from inferd.vulkan import devpool
+    devpool.configure(DEVICE_POOL)
+    _dev = get_device()
+    if _dev.pool is not None:
+        _dev.pool.wait_prefaulted(60)
+    _dev.make_resident(RESIDENT_PIPELINES)
 x = np.load(ref)["x"]
 t = time.perf_counter()
 m = inferd.load(src, device=device, cache_dir=pkgroot, precision=prec, **json.loads(opts))
@@ -95,6 +105,15 @@ if device == "vulkan":
 m.close()
 print("RESULT " + json.dumps(res))
 '''
+
+def _child_code() -> str:
+    """The inferd child with the daemon's defaults for the state it has before a request."""
+    from ..config import Config
+
+    d = Config()
+    return (_INFERD_CHILD.replace("DEVICE_POOL", str(int(d.device_pool)))
+            .replace("RESIDENT_PIPELINES", str(int(d.resident_pipelines))))
+
 
 def _env(folder: Path) -> dict[str, str]:
     """The driver's shader disk cache in ``folder`` (NVIDIA and Mesa); inferd's caches under it too."""
@@ -147,7 +166,7 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
         outp = folder / "out.npy"
         opts = json.dumps(dict(arm.options))
         # compile the package and fill every shader cache (its own load is the first-registration case)
-        first = run_child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
+        first = run_child(_child_code(), [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
                        env)
         r = {k: v for k, v in first.items() if k != "cold_ms"}
         r.update(compile_ms=first.get("cold_ms"), out=str(outp), cold_runs=[], warm_runs=[])
@@ -158,7 +177,7 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
             src, env, pkgroot, outp, opts = setup[arm.name]
             _evict(pkgroot)
             drop_page_cache(src)
-            one = run_child(_INFERD_CHILD, [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref),
+            one = run_child(_child_code(), [str(src), device, arm.precision, str(pkgroot), str(nwarm), str(ref),
                                          str(outp), opts], env)
             r = res[arm.name]
             if "error" in one:
@@ -296,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
              "shaderFloat16 (fp16w: fp32 arithmetic). Warm runs follow a 1 s burst that brings a GPU to its running "
              "clock. Per arm, a first process compiles the package and fills "
              f"the shader caches; then {args.rounds} rounds each run every arm once in a fresh process: cold = "
-             "`inferd.load` of the package + first inference (package evicted from the page cache, device created "
-             f"before the clock), then warm = median of {args.warm} runs after the warm switch; the table gives the "
+             "`inferd.load` of the package + first inference (package evicted from the page cache; the process in the "
+             "state of a daemon that is up: loader threads started, device created with its device pool, the "
+             f"pipelines it lists made resident, all before the clock), then warm = median of {args.warm} runs after the warm switch; the table gives the "
              "medians over the rounds (ranges in the JSON). ncnn likewise (load_param/load_model + first inference, "
              "files evicted, driver cache filled by a first process). Stored = weights.store (ncnn: the .bin); "
              "resident = device weight allocations. Errors: max |d| / max |ref| of the first output.", ""]
