@@ -166,7 +166,8 @@ def bench_model(name: str, onnx_path: Path, work: Path, device: str, arms: list[
         outp = folder / "out.npy"
         opts = json.dumps(dict(arm.options))
         # compile the package and fill every shader cache (its own load is the first-registration case)
-        first = run_child(_child_code(), [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp), opts],
+        first = run_child(_child_code(), [str(src), device, arm.precision, str(pkgroot), "0", str(ref), str(outp),
+                                          opts],
                        env)
         r = {k: v for k, v in first.items() if k != "cold_ms"}
         r.update(compile_ms=first.get("cold_ms"), out=str(outp), cold_runs=[], warm_runs=[])
@@ -317,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
              f"the shader caches; then {args.rounds} rounds each run every arm once in a fresh process: cold = "
              "`inferd.load` of the package + first inference (package evicted from the page cache; the process in the "
              "state of a daemon that is up: loader threads started, device created with its device pool, the "
-             f"pipelines it lists made resident, all before the clock), then warm = median of {args.warm} runs after the warm switch; the table gives the "
+             f"pipelines it lists made resident, all before the clock), then warm = median of {args.warm} runs "
+             "after the warm switch; the table gives the "
              "medians over the rounds (ranges in the JSON). ncnn likewise (load_param/load_model + first inference, "
              "files evicted, driver cache filled by a first process). Stored = weights.store (ncnn: the .bin); "
              "resident = device weight allocations. Errors: max |d| / max |ref| of the first output.", ""]
