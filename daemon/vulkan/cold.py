@@ -537,14 +537,17 @@ class VulkanColdBackend:
         moved = 0
         # the largest first: a small layer placed first fit could split the one hole a large one fits in
         by_size = sorted(swapped, key=lambda s: -(getattr(self._prepared[s[0]], "wsize", 0) or 0))
-        for pos, kernel, params in by_size:
-            p = self._prepared[pos]
-            if p is None or p.origin is not None or p.weights is None or p.slabs is not slabs \
-                    or p.kernel is not kernel or not slabs.has_earlier_room(p.weights, p.wsize):
-                continue
-            self.swap(pos, kernel, params)
-            moved += 1
-        slabs.close()  # the allocation opened for the swap goes if nothing stayed in it
+        try:
+            for pos, kernel, params in by_size:
+                p = self._prepared[pos]
+                # (a range another input shape's layer binds too stays where it is: moving it would hold it twice)
+                if p is None or p.origin is not None or p.users > 1 or p.weights is None or p.slabs is not slabs \
+                        or p.kernel is not kernel or not slabs.has_earlier_room(p.weights, p.wsize):
+                    continue
+                self.swap(pos, kernel, params)
+                moved += 1
+        finally:
+            slabs.close()  # the allocation opened for the swap goes if nothing stayed in it
         return moved
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
