@@ -49,6 +49,12 @@ ARMS: dict[str, Arm] = {"fp32": Arm("fp32", "fp32"),
                         "fp16": Arm("fp16", "fp16", options=(("fp16_arithmetic", True),)),
                         "fp16w": Arm("fp16w", "fp16", options=(("fp16_arithmetic", False),))}
 
+def load_options(arm: str) -> dict[str, Any]:
+    """``inferd.load``'s precision options of an arm of ``ARMS`` (the device scripts load the arms the same way)."""
+    a = ARMS[arm]
+    return {"precision": a.precision, **dict(a.options)}
+
+
 _INFERD_CHILD = r'''
 import json, os, sys, time, numpy as np
 from pathlib import Path

@@ -7,10 +7,8 @@ import sys
 import numpy as np
 
 import inferd
+from inferd.bench.precision_bench import ARMS, load_options
 from inferd.zoo import build
-
-ARMS = {"fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16", "fp16_arithmetic": True},
-        "fp16w": {"precision": "fp16", "fp16_arithmetic": False}}
 
 
 def layers(b) -> dict[str, tuple[str, int]]:
@@ -43,9 +41,9 @@ def main(work: str, models: list[str], arms: list[str]) -> None:
         onnx.save(build(name), src)
         res = {}
         for arm in arms:
-            m = inferd.load(src, device="vulkan", cache_dir=f"{work}/pk_{arm}", **ARMS[arm])
+            m = inferd.load(src, device="vulkan", cache_dir=f"{work}/pk_{arm}", **load_options(arm))
             m.close()  # the first load compiles the package; the second is the one measured
-            m = inferd.load(src, device="vulkan", cache_dir=f"{work}/pk_{arm}", **ARMS[arm])
+            m = inferd.load(src, device="vulkan", cache_dir=f"{work}/pk_{arm}", **load_options(arm))
             x = np.random.default_rng(0).standard_normal(tuple(m.inputs[0].shape)).astype(np.float32)
             m.run({m.inputs[0].name: x})
             print(f"== {name} {arm}")

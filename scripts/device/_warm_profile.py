@@ -6,19 +6,18 @@ import time
 
 import numpy as np
 
+from inferd.bench.precision_bench import ARMS, load_options
 from inferd.frontend import import_model
 from inferd.vulkan.model import VulkanModel
 from inferd.zoo import build
-
-ARMS = {"fp32": {}, "fp16w": {"precision": "fp16", "fp16_arithmetic": False},
-        "fp16": {"precision": "fp16", "fp16_arithmetic": True}}
 
 
 def main(names: list[str], top: int) -> None:
     for name in names:
         g = import_model(build(name))
         x = {g.inputs[0].name: np.random.default_rng(0).standard_normal(tuple(g.inputs[0].shape)).astype(np.float32)}
-        for arm, kw in ARMS.items():
+        for arm in ARMS:
+            kw = load_options(arm)
             m = VulkanModel(g, profile=True, **kw)
             for _ in range(5):
                 m.run(x)
