@@ -102,7 +102,14 @@ HARNESS = textwrap.dedent(r"""
            workers sleep, two-task jobs enter worker 0 only, and workers 1 and 2 sleep on */
         inferd_pool_set_threads(4);
         inferd_parallel(slow_task, NULL, 4, 0); /* start all three workers */
-        sleep_ms(50);                           /* past their spin: all asleep */
+        /* past their spin all three fall asleep; polled (up to 2 s) since a worker descheduled on a busy machine can
+           reach its sleep well after the 200 us spin (a fixed 50 ms wait failed once under CI's two workers) */
+        for (int waited = 0; waited < 2000; waited += 10) {
+            int asleep = 0;
+            for (int i = 0; i < 3; ++i) asleep += inferd_pool_worker_asleep(i) == 1;
+            if (asleep == 3) break;
+            sleep_ms(10);
+        }
         for (int i = 0; i < 3; ++i) CHECK(inferd_pool_worker_asleep(i) == 1, "worker %d not asleep", i);
         long long before[3];
         for (int i = 0; i < 3; ++i) before[i] = inferd_pool_worker_jobs(i);
