@@ -275,13 +275,14 @@ def backend_fingerprint(backend: Any, device: str) -> dict[str, str]:
 
 
 def backend_profile(backend: Any, device: str, entries: list[Any], constants: Any, rates: Any,
-                    fp: dict[str, str], stop: Callable[[], bool] | None = None) -> Profile:
+                    fp: dict[str, str], stop: Callable[[], bool] | None = None,
+                    between_requests: bool = False) -> Profile:
     prof = getattr(backend, "profile", None)
     if callable(prof):
         return prof(entries, rates)
     from .runtime.profiler import profile_layers
 
-    return profile_layers(entries, constants, rates, fp, backend=device, stop=stop)
+    return profile_layers(entries, constants, rates, fp, backend=device, stop=stop, between_requests=between_requests)
 
 
 def device_predictor(device: str, fp: dict[str, str]) -> Any:
@@ -827,7 +828,8 @@ def profile_package(pkg: Path, device: str, current: ColdPlan, stored: Callable[
         try:
             fp = backend_fingerprint(backend, device)
             entries = backend.candidates()
-            prof = backend_profile(backend, device, entries, op.graph.constants, measure_rates(), fp, stop)
+            prof = backend_profile(backend, device, entries, op.graph.constants, measure_rates(), fp, stop,
+                                   between_requests=True)
             new = make_plan(backend, entries, prof, current.options,
                             current.loaders + (0 if backend.gpu else 1), stored=stored,
                             predictor=device_predictor(device, fp), constants=op.graph.constants)

@@ -42,7 +42,7 @@ def test_idle_profiling_measures_only_between_requests(monkeypatch) -> None:
     done: list[float] = []
 
     def work() -> None:
-        profiler.profile_layers(entries, g.constants, profiler.DeviceRates(), {}, reps=1)
+        profiler.profile_layers(entries, g.constants, profiler.DeviceRates(), {}, reps=1, between_requests=True)
         done.append(time.monotonic())
 
     with fg:  # a request in flight: the idle profiler must not start
@@ -53,3 +53,36 @@ def test_idle_profiling_measures_only_between_requests(monkeypatch) -> None:
         released = time.monotonic()
     th.join(10)
     assert done and done[0] >= released
+
+
+def test_a_body_profiled_on_the_idle_worker_under_a_waiting_request_does_not_wait_for_quiet(monkeypatch) -> None:
+    """A preloaded model's cold load is finished on the idle worker, which prepares the layers nobody has started,
+    a control-flow body's included (its kernels measured: ``measured_choice``). A request that came meanwhile
+    waits on that layer inside the foreground: measuring only between requests would wait for the very request
+    that waits on it, and failed it with IdleBusy after ``IDLE_WAIT_S`` (seen with the daemon on one core)."""
+    from inferd.frontend import import_model
+    from inferd.runtime import profiler
+    from inferd.runtime.cold import idle_worker
+    from inferd.runtime.cpu import measured_choice
+    from inferd.runtime.scheduler import Foreground as F
+    from inferd.zoo import build
+
+    fg = F()
+    monkeypatch.setattr(profiler, "foreground", fg)
+    monkeypatch.setattr(profiler, "IDLE_WAIT_S", 0.3)
+    g = import_model(build("tiny"))
+    out: list[object] = []
+
+    def work() -> None:
+        try:
+            out.append(measured_choice(g, reps=1))
+        except Exception as e:  # noqa: BLE001 - the assertion below names it
+            out.append(e)
+
+    with fg:  # the waiting request
+        t0 = time.monotonic()
+        done = idle_worker().submit(work)
+        assert done.wait(10)
+    assert not isinstance(out[0], Exception), out[0]
+    assert len(out[0]) == len(g.nodes)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 0.3 + 5

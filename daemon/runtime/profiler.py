@@ -10,7 +10,6 @@ import functools
 import logging
 import os
 import platform
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -147,17 +146,20 @@ class IdleBusy(Exception):
 
 def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], constants: object,
                    rates: DeviceRates, fingerprint: dict[str, str], backend: str = "cpu",
-                   reps: int = 3, budget_s: float = 30.0, stop: Callable[[], bool] | None = None) -> Profile:
+                   reps: int = 3, budget_s: float = 30.0, stop: Callable[[], bool] | None = None,
+                   between_requests: bool = False) -> Profile:
     """Transform and execute every candidate kernel of every layer that has a choice or weights.
 
     Layers are run alone on random inputs of their shapes. Stops measuring (leaving the rest to the
-    roofline) after ``budget_s`` so that a huge model does not hold compilation for minutes. On the idle
-    worker it measures between requests only, and raises ``IdleBusy`` when none leaves it
-    ``IDLE_WAIT_S`` of quiet or ``stop()`` says so."""
+    roofline) after ``budget_s`` so that a huge model does not hold compilation for minutes.
+    ``between_requests`` (idle-time profiling): measure only while no request runs, and raise ``IdleBusy``
+    when none leaves it ``IDLE_WAIT_S`` of quiet or ``stop()`` says so. Not for a profile that a request
+    waits on, wherever it runs: a control-flow body's kernels measured while its cold load is finished on the
+    idle worker waited for the quiet of the very request that waited on them, and failed it after 1 s."""
     rng = np.random.default_rng(0)
     times: dict[tuple[str, str, str], float] = {}
     t_start = time.perf_counter()
-    idle = threading.current_thread().name == "inferd-idle"  # idle-time work: measure between requests only
+    idle = between_requests
     for layer, kernels, _default in entries:
         if not layer.const_inputs and len(kernels) < 2:
             continue  # nothing to choose and nothing to prepare: the roofline does
