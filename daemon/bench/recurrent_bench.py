@@ -182,23 +182,43 @@ def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, run_i
     out_bytes = 4 + 2 * 64 * 4 + 64
     per = max(n // ROUNDS, 50)
     # the client sends this chunk as one frame (its tensors inside the header): the echo sends the same
+    # c: the default client, which waits for a short request's reply awake (``spin_us``); c0 sleeps in its poll
     with DaemonProcess(f"ipc://{tmp}/d.sock", models, log_path=tmp / "d.log", device="cpu") as d, \
-            Client(d.endpoint, timeout=30) as c, \
+            Client(d.endpoint, timeout=30) as c, Client(d.endpoint, timeout=30, spin_us=0) as c0, \
             EchoPeer(tmp, in_bytes, out_bytes, one_frame=in_bytes <= INLINE_MAX_BYTES) as echo:
         _warm_up(c, feeds)
+        _warm_up(c0, feeds)
         rt: list[float] = []
+        rt0: list[float] = []
         ec: list[float] = []
         ip: list[float] = []
+        cpu = [0.0, 0.0]
         rounds = []
+        rounds0 = []
         for _ in range(ROUNDS):
             r_ip = time_calls(run_inproc, per, 20)
             r_ec = echo.time(per, 20)
+            t0 = time.thread_time()
             r_rt = time_calls(lambda: c.infer("vad_lstm", feeds), per, 20)
+            t1 = time.thread_time()
+            r_rt0 = time_calls(lambda: c0.infer("vad_lstm", feeds), per, 20)
+            cpu[0] += t1 - t0
+            cpu[1] += time.thread_time() - t1
             ip += r_ip
             ec += r_ec
             rt += r_rt
-            rounds.append(ratio(float(np.median(r_rt)), float(np.median(r_ec)) + float(np.median(r_ip))))
+            rt0 += r_rt0
+            base = float(np.median(r_ec)) + float(np.median(r_ip))
+            rounds.append(ratio(float(np.median(r_rt)), base))
+            rounds0.append(ratio(float(np.median(r_rt0)), base))
         out["daemon_round_trip"] = _pcts(rt)
+        out["client_spin_us"] = c.spin_s * 1e6
+        out["daemon_round_trip_client_nospin"] = _pcts(rt0)
+        out["ratio_per_round_client_nospin"] = rounds0
+        # the client's calling thread, per chunk (its warm-up calls included): what the spin costs the app
+        n_calls = ROUNDS * (per + 20)
+        out["client_thread_cpu_us"] = round(cpu[0] / n_calls * 1e6, 1)
+        out["client_thread_cpu_nospin_us"] = round(cpu[1] / n_calls * 1e6, 1)
         out["spin_us"] = Config().spin_us
         out["daemon_cpu_per_chunk_us"] = _cpu_per_chunk(d.pid, lambda: c.infer("vad_lstm", feeds))
     out["zmq_echo"] = echo_p = _pcts(ec)
@@ -209,6 +229,7 @@ def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, run_i
     budget = 1.5 * (echo_p["p50_us"] + inproc_us)
     out["goal_us (1.5 x (echo + in-process))"] = round(budget, 1)
     out["ratio_to_echo_plus_inprocess"] = ratio(out["daemon_round_trip"]["p50_us"], echo_p["p50_us"] + inproc_us)
+    out["ratio_client_nospin"] = ratio(out["daemon_round_trip_client_nospin"]["p50_us"], echo_p["p50_us"] + inproc_us)
     # the same daemon with spin_us = 0, in the same run: what the serving thread's spin gives, and the serving
     # CPU per chunk without the spin, which fills the wait between one client's chunks but not a saturated
     # daemon's time (many streams at once: the next chunk is already there)
@@ -275,9 +296,17 @@ def _table(res: dict[str, Any]) -> str:
                          f"{st['goal_us (1.5 x (echo + in-process))']} us; measured / (echo + in-process) = "
                          f"{fmt(st['ratio_to_echo_plus_inprocess'], '.2f')} (per round: "
                          f"{', '.join(fmt(x, '.2f') for x in st.get('ratio_per_round', []))})")
+            if "daemon_round_trip_client_nospin" in st:
+                rn = st["daemon_round_trip_client_nospin"]
+                lines.append(f"- the client waits for the reply awake up to spin_us = {st['client_spin_us']:g} us (the "
+                             f"default): its calling thread's CPU {st['client_thread_cpu_us']} us per chunk. A client "
+                             f"with spin_us = 0, in the same rounds: p50 {rn['p50_us']} us, p99 {rn['p99_us']} us, "
+                             f"{fmt(st['ratio_client_nospin'], '.2f')} x (echo + in-process) (per round: "
+                             f"{', '.join(fmt(x, '.2f') for x in st['ratio_per_round_client_nospin'])}); its thread's "
+                             f"CPU {st['client_thread_cpu_nospin_us']} us per chunk")
             if "daemon_round_trip_spin0" in st:
                 rt0 = st["daemon_round_trip_spin0"]
-                lines.append(f"- the same daemon with spin_us = 0 (default {st.get('spin_us')}): p50 "
+                lines.append(f"- the same daemon with its own spin_us = 0 (default {st.get('spin_us')}): p50 "
                              f"{rt0['p50_us']} us, p99 {rt0['p99_us']} us")
             if st.get("daemon_cpu_per_chunk_us"):
                 lines.append(f"- daemon CPU per chunk, back to back: {st.get('daemon_cpu_per_chunk_spin0_us')} us "
