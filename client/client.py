@@ -18,12 +18,14 @@ kernel; nothing to pass. A TCP endpoint with CURVE needs this client's key file 
 or the key itself); ``$INFERD_KEY`` and ``$INFERD_SERVER_KEY`` are the defaults. A refused
 connection raises :class:`~inferd_client.errors.PermissionDenied` instead of timing out.
 
-Short requests (``spin_us``): a thread whose last round trip for the same model came back within
-``spin_us`` polls for the next reply awake, yielding its core between polls, for up to that long
-before it sleeps in the poll. A thread that slept is woken cold: on a 2-core VM one VAD chunk's
-round trip took 300-360 us with the sleep and 235-245 us awake, the codec's Python alone 3-5x slower
-after a sleep than in a loop. A model whose replies take longer than ``spin_us`` is never spun for
-(past its first reply), so the cost is at most ``spin_us`` of CPU per short request.
+Short requests (``spin_us``): a thread whose last request to a model came back within ``spin_us``,
+from a daemon that had nothing else to do then and the time before (the replies' ``idle``), polls for
+the next reply of that model awake, yielding its core between polls, for up to that long before it
+sleeps in the poll.
+A thread that slept is woken cold: on a 2-core VM one VAD chunk's round trip took 270-300 us with
+the sleep and 240 us awake, the codec's Python alone 3-5x slower after a sleep than in a loop. A
+model whose replies take longer is not spun for, nor one whose daemon is serving others (the spin
+would take a core from it), so the cost is at most ``spin_us`` of CPU per short request.
 """
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ _EVENTS = int(zmq.EVENTS)
 DEFAULT_SPIN_US = 500.0
 #: past this, sleeping in the poll costs less than the wake-up it saves
 MAX_SPIN_US = 10_000.0
+_NO_SPIN = float("inf")
 
 
 class _Conn:
@@ -97,6 +100,7 @@ class _Conn:
         self.early_drops = 0  # connections in a row dropped before their handshake completed
         #: (op, model) -> this thread's last round trip (s): whether the next one's wait is worth spinning
         self.last_rt: dict[tuple[str, str | None], float] = {}
+        self.idle: dict[tuple[str, str | None], bool] = {}  # whether its last reply said the daemon was idle
 
     def drain_monitor(self) -> bool:
         """Consume pending monitor events; True if a disconnect or a refusal was among them."""
@@ -305,7 +309,7 @@ class Client:
             t_sent = time.monotonic()
             key = (op, model)
             spin = self.spin_s
-            spin_end = t_sent + spin if spin and conn.last_rt.get(key, spin + 1.0) <= spin else 0.0
+            spin_end = t_sent + spin if spin and conn.last_rt.get(key, _NO_SPIN) <= spin else 0.0
             while True:
                 ready = None
                 while spin_end:
@@ -334,7 +338,14 @@ class Client:
                     if reply.id != rid:
                         self.stale_replies += 1
                         continue
-                    conn.last_rt[key] = time.monotonic() - t_sent
+                    # a busy daemon's reply says so (not idle): the spin would take a core from it. Two idle
+                    # replies in a row: with three clients streaming back to back on two cores a tenth of the
+                    # replies found the daemon idle by chance, and spinning after each cost 7-13% of the
+                    # chunks served
+                    idle = reply.result.get("idle") is True
+                    was_idle = conn.idle.get(key, False)
+                    conn.idle[key] = idle
+                    conn.last_rt[key] = time.monotonic() - t_sent if idle and was_idle else _NO_SPIN
                     if not reply.ok:
                         raise errors.error_from_wire(reply.error_code, reply.error_message, reply.retry_after_ms)
                     return reply

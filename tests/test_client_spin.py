@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ def daemon():
     (d / "m").mkdir()
     write_fake_model(d / "m" / "echo.onnx", **SPEC)
     write_fake_model(d / "m" / "slow.onnx", **SPEC, delay_s=0.05)
+    write_fake_model(d / "m" / "busy.onnx", **SPEC, delay_s=0.4)
     with DaemonProcess(f"ipc://{d}/s.sock", d / "m", log_path=d / "d.log") as proc:
         yield proc
     shutil.rmtree(d, ignore_errors=True)
@@ -55,6 +58,28 @@ def test_spins_for_a_model_that_answered_within_spin_us_only(daemon: DaemonProce
         assert _call(c, "slow", yields) == 0
         assert _call(c, "slow", yields) == 0
         assert sum(_call(c, "echo", yields) for _ in range(5)) > 0  # per model: echo still spins
+
+
+def test_no_spin_while_the_daemon_serves_others(daemon: DaemonProcess, yields: list[int]) -> None:
+    """A reply says whether the daemon had nothing else to do (``idle``): a client whose last reply came from a
+    busy daemon sleeps in its poll, leaving the cores to the daemon."""
+    x = {"x": np.array([1, 2, 3], np.float32)}
+    with Client(daemon.endpoint, timeout=20, spin_us=client_mod.MAX_SPIN_US) as c, \
+            Client(daemon.endpoint, timeout=20, spin_us=0) as other:
+        for _ in range(3):
+            _call(c, "echo", yields)
+        assert c.infer_with_info("echo", x)[1]["idle"] is True
+        th = threading.Thread(target=lambda: other.infer("busy", x))  # 0.4 s on the busy model's worker
+        th.start()
+        try:
+            time.sleep(0.05)
+            info = c.infer_with_info("echo", x)[1]
+            assert info["inline"] is True and info["idle"] is False, info
+            assert _call(c, "echo", yields) == 0  # after a busy reply: no spin
+        finally:
+            th.join(10)
+        _call(c, "echo", yields)  # idle again: this reply says so
+        assert sum(_call(c, "echo", yields) for _ in range(5)) > 0
 
 
 def test_spin_off(daemon: DaemonProcess, yields: list[int], monkeypatch) -> None:

@@ -489,6 +489,19 @@ class Server:
                 return
         self._spin_until = now + spin
 
+    def nothing_waiting(self, slot: ModelSlot) -> bool:
+        """On the serving thread, as it answers a request it ran itself (``slot``'s): no other request is waiting
+        for this thread, nor queued or running on a worker. The reply says so (its info's ``idle``), and only
+        then does the client wait for its next reply awake: three clients streaming back to back at once on the
+        2-core VM served 7,400 chunks/s when they slept in their polls and 6,000 when they spun."""
+        router = self.router
+        if router is None or router.get(_EVENTS) & _POLLIN:
+            return False
+        for s in self.slots.values():
+            if s.queued or (s.busy and s is not slot):
+                return False
+        return True
+
     def _on_event(self, kind: str, name: str) -> None:
         if kind == "state":
             self._check_ready()

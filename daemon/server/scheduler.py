@@ -807,7 +807,8 @@ class ModelSlot:
                 out = {k: out[k] for k in job.outputs}
             frames = P.encode_reply(job.req_id, {"model": self.name, "device": device,
                                                  "queue_us": round(queue_s * 1e6, 1),
-                                                 "compute_us": round(compute * 1e6, 1), "inline": job.inline}, out,
+                                                 "compute_us": round(compute * 1e6, 1), "inline": job.inline,
+                                                 "idle": job.inline and self.server.nothing_waiting(self)}, out,
                                    job.wire_inline)
         except _Invalid as exc:
             self.stats.add(failed=1)
