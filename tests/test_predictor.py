@@ -735,3 +735,38 @@ def test_vulkan_units_are_measured_featurised_and_predicted() -> None:
         assert plan.predicted_s > 0 and len(plan.layers) == len(g.nodes)
     finally:
         be.close()
+
+
+def test_vulkan_dispatch_features_of_gemms_need_no_transform(monkeypatch) -> None:
+    """A Vulkan GEMM's dispatches, as the predictor derives them for its features, come from the layer's shapes:
+    the same as the kernel records from really transformed weights, and without transforming stand-in weights
+    (asking the lazy params whether a bias was there transformed them all: most of a Vulkan whole-model
+    prediction's time on vit variants)."""
+    import inferd.ops.gemm_vulkan  # noqa: F401  (registers the Vulkan GEMM kernels)
+    from inferd.ops.base import raw_key
+    from inferd.predictor.features import _DISPATCHES, vulkan_dispatches
+    from inferd.vulkan.kernel import Caps, split_rows
+
+    x = np.zeros((1, 50, 96), np.float32)
+    w = np.random.default_rng(0).standard_normal((96, 160)).astype(np.float32)
+    cases = [single_node_layer("Gemm", [x[0], w, np.ones(160, np.float32)], {"beta": 0.5}),
+             single_node_layer("Gemm", [x[0], w.T.copy(), np.ones((50, 160), np.float32)], {"transB": 1}),
+             single_node_layer("Gemm", [x[0], w, np.ones((50, 160), np.float32)], {}, const=[False, True, False]),
+             single_node_layer("MatMul", [x, w], {}, const=[False, True])]
+    caps = Caps()
+    for layer in cases:
+        ks = [k for k in applicable_kernels(layer, "vulkan") if k.name.startswith("vk_matmul")]
+        assert ks, layer.op
+        for k in ks:
+            raw = {raw_key(i): np.asarray(np.ones(layer.inputs[i].shape, np.float32)) for i in layer.const_inputs}
+            want = split_rows(k.dispatches(layer, k.transform(layer, raw), caps), caps)
+            _DISPATCHES.clear()
+
+            def no_transform(*_a, **_k):
+                raise AssertionError("transformed stand-in weights")
+
+            monkeypatch.setattr(type(k), "transform", no_transform)
+            got = vulkan_dispatches(layer, k, caps, None)
+            monkeypatch.undo()
+            assert got is not None
+            assert got == want, (layer.node.attrs, k.name)

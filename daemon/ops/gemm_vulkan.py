@@ -14,6 +14,7 @@ Gemm's constant C becomes a bias times beta: per column, per row or a full matri
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -67,7 +68,7 @@ class _Plan:
             ob = tuple(max(x, y) for x, y in zip(ab, bb))
             if len(bb) == 0 or all(d == 1 for d in bb):
                 # B has no batch: fold A's (contiguous) batch into the rows, one big GEMM
-                self.M *= int(np.prod(ob, dtype=np.int64)) if ob else 1
+                self.M *= math.prod(ob) if ob else 1
                 ob = ()
             sa = contiguous_strides(ab)
             sb = contiguous_strides(bb)
@@ -76,12 +77,31 @@ class _Plan:
             o_bs = contiguous_strides(ob)
             dims, (a_bs, b_bs, _) = collapse(ob, a_bs, b_bs, o_bs) if ob else ([1], [[0], [0], [1]])
             self.batch, self.sa_b, self.sb_b = dims, a_bs, b_bs
-        self.nbatch = int(np.prod(self.batch, dtype=np.int64))
+        self.nbatch = math.prod(self.batch)
         self.nc = _chunk_cols(self.K, self.N) if self.b_const and self.nbatch == 1 else self.N
         self.chunks = -(-self.N // self.nc)
         self.c_index = _gemm_c_index(node)  # Gemm's C, or a bias fused into a MatMul at import
         self.r_index = _residual_index(node)
         self.gemv = self.nbatch == 1 and self.M <= GEMV_MAX_ROWS
+
+
+#: the last layers' plans, by the layer object (held here, so its id is not reused while cached): a planner asks
+#: one layer's kernel for its transformed size, workspace, split and dispatches in turn, each of which needs the
+#: plan (~11 us; five of them made most of a Vulkan whole-model prediction's time per MatMul). A layer's node is
+#: fused before its layer is made, so a layer's plan does not change.
+_PLANS: dict[int, tuple[Layer, _Plan]] = {}
+_PLANS_MAX = 256
+
+
+def _plan(layer: Layer) -> _Plan:
+    hit = _PLANS.get(id(layer))
+    if hit is not None and hit[0] is layer:
+        return hit[1]
+    p = _Plan(layer)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[id(layer)] = (layer, p)
+    return p
 
 
 @register_kernel
@@ -97,7 +117,7 @@ class VkMatMul(VulkanKernel):
         mode = super().wfp(layer)
         if not mode:
             return 0
-        p = _Plan(layer)
+        p = _plan(layer)
         # only constant weights are stored in fp16, and chunk offsets must stay binding-aligned
         if not p.b_const or (p.chunks > 1 and (2 * p.K * p.nc) % 256):
             return 0
@@ -107,7 +127,7 @@ class VkMatMul(VulkanKernel):
         if not act_supported(layer):
             return False
         try:
-            p = _Plan(layer)
+            p = _plan(layer)
         except Exception:
             return False
         if len(p.batch) > 3:
@@ -121,7 +141,7 @@ class VkMatMul(VulkanKernel):
 
     def _split(self, layer: Layer) -> tuple[int, int]:
         """(splits, K per split) for a tiled GEMM with few output tiles (GPU variant, unchunked B)."""
-        p = _Plan(layer)
+        p = _plan(layer)
         if self.registers or p.gemv or p.chunks > 1:
             return 1, p.K
         return split_k(-(-p.N // 64) * -(-p.M // 64) * p.nbatch, p.K)
@@ -132,13 +152,13 @@ class VkMatMul(VulkanKernel):
 
     def transform_key(self, layer: Layer) -> tuple[Any, ...]:
         # B's chunking and a bias broadcast to whole rows depend on more than the weights
-        p = _Plan(layer)
+        p = _plan(layer)
         rows = p.M if p.c_index is not None and p.c_index in layer.const_inputs and \
             self._bias_mode(tuple(layer.in_shape(p.c_index)), p) != 1 else None
         return weights_key(layer) + (p.nbatch, p.nc, p.chunks, rows)
 
     def transformed_nbytes(self, layer: Layer) -> int:
-        p = _Plan(layer)
+        p = _plan(layer)
         n = sum((self.wbytes(layer) if k == 1 else 4) * layer.inputs[k].size  # type: ignore[union-attr]
                 for k in layer.const_inputs if layer.inputs[k] is not None)
         if p.c_index is not None and p.c_index in layer.const_inputs:
@@ -146,7 +166,7 @@ class VkMatMul(VulkanKernel):
         return n
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        p = _Plan(layer)
+        p = _plan(layer)
         node = layer.node
         out: dict[str, np.ndarray] = {}
         for key, arr in raw.items():
@@ -189,11 +209,11 @@ class VkMatMul(VulkanKernel):
         return np.ascontiguousarray(np.broadcast_to(s, (p.M, p.N)), dtype=F32)
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
-        p = _Plan(layer)
+        p = _plan(layer)
         act = act_of(layer)
         if p.c_index is None:
             bias_mode, bias_ref = 0, None
-        elif "bias" in params:
+        elif p.c_index in layer.const_inputs:  # transform made "bias" of it (asking params would transform)
             bias_mode, bias_ref = self._bias_mode(tuple(layer.in_shape(p.c_index)), p), Param("bias")
             if p.gemm and float(layer.attr("beta", 1.0)) == 0.0:
                 bias_mode, bias_ref = 0, None
@@ -280,7 +300,7 @@ class VkGemvNK(VkMatMul):
             return False
         if not super().applies(layer):
             return False
-        p = _Plan(layer)
+        p = _plan(layer)
         return p.gemv
 
     def transform(self, layer: Layer, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -289,7 +309,7 @@ class VkGemvNK(VkMatMul):
         return self.stored(layer, out)
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
-        p = _Plan(layer)
+        p = _plan(layer)
         base = super().dispatches(layer, params, caps)  # bias/residual bindings and defines
         out = []
         for c, d in enumerate(base):
@@ -322,12 +342,12 @@ class VkGemvNKTex(VkGemvNK):
     def applies(self, layer: Layer) -> bool:
         if not super().applies(layer):
             return False
-        p = _Plan(layer)
+        p = _plan(layer)
         return (p.K % 4 == 0 and p.chunks == 1 and p.sa_k == 1 and (p.M == 1 or p.sa_m % 4 == 0)
                 and 0 not in layer.const_inputs)
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
-        p = _Plan(layer)
+        p = _plan(layer)
         out = []
         for d in super().dispatches(layer, params, caps):
             out.append(Dispatch("gemv_tex", d.bindings, grid(p.N, 16, caps), d.defines, push=d.push,

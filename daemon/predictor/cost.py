@@ -65,6 +65,7 @@ class PredictedCost:
     _feat: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     _memo: dict[tuple[str, str], Cost] = field(default_factory=dict, repr=False)
     _caps_obj: Any = field(default=None, repr=False)
+    _sigs: dict[int, tuple[Layer, Kernel, str]] = field(default_factory=dict, repr=False)
 
     @property
     def gpu(self) -> bool:
@@ -77,8 +78,20 @@ class PredictedCost:
             r = DeviceRates.from_dict(self.predictor.rates) if self.predictor.rates else DeviceRates()
         return RooflineCost(r, gpu=self.gpu)
 
-    def features(self, layer: Layer, kernel: Kernel) -> np.ndarray:
+    def _signature(self, layer: Layer, kernel: Kernel) -> str:
+        """``signature`` per layer object (held here, so its id is not reused): a planner asks a layer's features
+        and then its costs per phase, and the signature's reprs were a fifth of a Vulkan whole-model prediction."""
+        hit = self._sigs.get(id(layer))
+        if hit is not None and hit[0] is layer and hit[1] is kernel:
+            return hit[2]
         sig = signature(layer, kernel)
+        if len(self._sigs) >= 4096:  # one model's layers, a few times over: bounded for a long-lived cost model
+            self._sigs.clear()
+        self._sigs[id(layer)] = (layer, kernel, sig)
+        return sig
+
+    def features(self, layer: Layer, kernel: Kernel) -> np.ndarray:
+        sig = self._signature(layer, kernel)
         f = self._feat.get(sig)
         if f is None:
             ds = None
@@ -103,7 +116,7 @@ class PredictedCost:
         return p.get(kernel_key(kernel), phase), "extrapolated"
 
     def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
-        key = (signature(layer, kernel), phase)
+        key = (self._signature(layer, kernel), phase)
         c = self._memo.get(key)
         if c is None:
             c = self._cost(layer, kernel, phase)
