@@ -19,7 +19,7 @@ timeout $(python3 -c "print(int($TRAIN_MIN * 60 + 60))") python3 -m inferd.cli p
   --minutes "$TRAIN_MIN" --out "$INFERD_PREDICTOR_DIR/vulkan.ipred" --quiet > "$OUT/train.log" 2>&1
 echo "train rc=$? loadavg $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/train.log"
 timeout $(python3 -c "print(int($BENCH_MIN * 60 + 60))") python3 -m inferd.cli bench predictor --device vulkan \
-  --predictor "$INFERD_PREDICTOR_DIR/vulkan.ipred" --minutes "$BENCH_MIN" --tag 10_h100 --out "$OUT/results" \
+  --predictor "$INFERD_PREDICTOR_DIR/vulkan.ipred" --minutes "$BENCH_MIN" --tag "${TAG:-10_$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr " " "_" | tr -cd "[:alnum:]_" | cut -c1-24)}" --out "$OUT/results" \
   > "$OUT/bench.log" 2>&1
 echo "bench rc=$? loadavg $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/bench.log"
 # the predictor tests last, in what time is left (the Vulkan one measures a model on this GPU)
@@ -27,4 +27,4 @@ timeout 45 python3 -m pytest -q -x -p no:cacheprovider tests/test_predictor.py >
 echo "tests rc=$?" >> "$OUT/tests.log"
 python3 -m inferd.cli predictor show "$INFERD_PREDICTOR_DIR/vulkan.ipred" --device vulkan > "$OUT/predictor_show.json" 2>&1
 date -u >> "$OUT/machine.txt"
-tail -3 "$OUT"/*.log
+tail -n 3 "$OUT"/*.log
