@@ -414,7 +414,8 @@ class Client:
         priority: int = 0,
         outputs: list[str] | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Like :meth:`infer`, plus the daemon's info: queue_us, compute_us, device."""
+        """Like :meth:`infer`, plus the daemon's info: model, device, queue_us, compute_us, inline (run by the
+        serving thread itself) and idle (nothing else was waiting for the daemon when it answered)."""
         if type(inputs) is np.ndarray:  # exact-type checks first: the Mapping ABC check is slower
             feeds = {"": inputs}
         elif type(inputs) is dict or isinstance(inputs, Mapping):
