@@ -2,17 +2,14 @@
 then (``Client(spin_us=...)``, ``$INFERD_CLIENT_SPIN_US``)."""
 from __future__ import annotations
 
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import inferd_client.client as client_mod
-from inferd.server.testing import DaemonProcess, write_fake_model
+from inferd.server.testing import DaemonProcess, fake_daemon
 from inferd_client import Client
 
 SPEC = {"inputs": [{"name": "x", "shape": [3], "dtype": "float32"}]}
@@ -20,14 +17,9 @@ SPEC = {"inputs": [{"name": "x", "shape": [3], "dtype": "float32"}]}
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = Path(tempfile.mkdtemp(prefix="ifsp", dir="/tmp"))
-    (d / "m").mkdir()
-    write_fake_model(d / "m" / "echo.onnx", **SPEC)
-    write_fake_model(d / "m" / "slow.onnx", **SPEC, delay_s=0.05)
-    write_fake_model(d / "m" / "busy.onnx", **SPEC, delay_s=0.4)
-    with DaemonProcess(f"ipc://{d}/s.sock", d / "m", log_path=d / "d.log") as proc:
+    with fake_daemon({"echo": SPEC, "slow": {**SPEC, "delay_s": 0.05}, "busy": {**SPEC, "delay_s": 0.4}},
+                     prefix="ifsp") as proc:
         yield proc
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

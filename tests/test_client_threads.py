@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from inferd.server.testing import DaemonProcess, write_fake_model
+from inferd.server.testing import DaemonProcess, fake_daemon
 from inferd_client import Client
 
 SPEC = {"inputs": [{"name": "x", "shape": [3], "dtype": "float32"}]}
@@ -18,13 +15,8 @@ SPEC = {"inputs": [{"name": "x", "shape": [3], "dtype": "float32"}]}
 
 @pytest.fixture(scope="module")
 def daemon():
-    d = Path(tempfile.mkdtemp(prefix="ifdt", dir="/tmp"))
-    (d / "m").mkdir()
-    write_fake_model(d / "m" / "echo.onnx", **SPEC)
-    write_fake_model(d / "m" / "echo2.onnx", **SPEC, delay_s=0.001)
-    with DaemonProcess(f"ipc://{d}/s.sock", d / "m", log_path=d / "d.log") as proc:
+    with fake_daemon({"echo": SPEC, "echo2": {**SPEC, "delay_s": 0.001}}, prefix="ifdt") as proc:
         yield proc
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_many_threads_share_one_client(daemon: DaemonProcess) -> None:

@@ -10,13 +10,16 @@ and ``inferd bench auth``).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,22 @@ def write_fake_model(path: str | os.PathLike[str], **spec: Any) -> Path:
     p = Path(path)
     p.write_bytes(FAKE_MAGIC + json.dumps(spec).encode())
     return p
+
+
+@contextlib.contextmanager
+def fake_daemon(models: Mapping[str, Mapping[str, Any]], *args: str, prefix: str = "iffk",
+                device: str = "cpu") -> Iterator["DaemonProcess"]:
+    """A daemon serving fake models ({name: ``write_fake_model``'s spec}) on an ipc socket in a fresh folder under
+    /tmp (an ipc path must be short), ``args`` added to its command line; the folder is removed after."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        (d / "m").mkdir()
+        for name, spec in models.items():
+            write_fake_model(d / "m" / f"{name}.onnx", **spec)
+        with DaemonProcess(f"ipc://{d}/s.sock", d / "m", *args, log_path=d / "d.log", device=device) as proc:
+            yield proc
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def write_two_io_model(path: str | os.PathLike[str]) -> Path:
