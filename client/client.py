@@ -75,6 +75,7 @@ DEFAULT_SPIN_US = 500.0
 #: past this, sleeping in the poll costs less than the wake-up it saves
 MAX_SPIN_US = 10_000.0
 _NO_SPIN = float("inf")
+_LAST_NONE = (_NO_SPIN, False)
 
 
 class _Conn:
@@ -98,9 +99,9 @@ class _Conn:
         self.handshaken = False
         self.refused: int | None = None  # the handshake-failure event, once the daemon refused us
         self.early_drops = 0  # connections in a row dropped before their handshake completed
-        #: (op, model) -> this thread's last round trip (s): whether the next one's wait is worth spinning
-        self.last_rt: dict[tuple[str, str | None], float] = {}
-        self.idle: dict[tuple[str, str | None], bool] = {}  # whether its last reply said the daemon was idle
+        #: (op, model) -> this thread's last round trip (s; infinite unless the daemon said it was idle at this
+        #: reply and the one before) and whether that reply said so: whether the next wait is worth spinning
+        self.last: dict[tuple[str, str | None], tuple[float, bool]] = {}
 
     def drain_monitor(self) -> bool:
         """Consume pending monitor events; True if a disconnect or a refusal was among them."""
@@ -309,7 +310,7 @@ class Client:
             t_sent = time.monotonic()
             key = (op, model)
             spin = self.spin_s
-            spin_end = t_sent + spin if spin and conn.last_rt.get(key, _NO_SPIN) <= spin else 0.0
+            spin_end = t_sent + spin if spin and conn.last.get(key, _LAST_NONE)[0] <= spin else 0.0
             while True:
                 ready = None
                 while spin_end:
@@ -343,9 +344,8 @@ class Client:
                     # replies found the daemon idle by chance, and spinning after each cost 7-13% of the
                     # chunks served
                     idle = reply.result.get("idle") is True
-                    was_idle = conn.idle.get(key, False)
-                    conn.idle[key] = idle
-                    conn.last_rt[key] = time.monotonic() - t_sent if idle and was_idle else _NO_SPIN
+                    rt = time.monotonic() - t_sent if idle and conn.last.get(key, _LAST_NONE)[1] else _NO_SPIN
+                    conn.last[key] = (rt, idle)
                     if not reply.ok:
                         raise errors.error_from_wire(reply.error_code, reply.error_message, reply.retry_after_ms)
                     return reply

@@ -482,12 +482,13 @@ class Server:
         spin = self.config.spin_us * 1e-6
         now = time.monotonic()
         prev, self._inline_end = self._inline_end, now
-        if spin <= 0 or t_recv - prev > 2 * spin:
+        if spin <= 0 or t_recv - prev > 2 * spin or self._models_busy():
             return
-        for s in self.slots.values():
-            if s.queued or s.busy:
-                return
         self._spin_until = now + spin
+
+    def _models_busy(self, but: ModelSlot | None = None) -> bool:
+        """Whether a model other than ``but`` has requests queued, or one running on its worker."""
+        return any(s.queued or (s.busy and s is not but) for s in self.slots.values())
 
     def nothing_waiting(self, slot: ModelSlot) -> bool:
         """On the serving thread, as it answers a request it ran itself (``slot``'s): no other request is waiting
@@ -495,12 +496,7 @@ class Server:
         then does the client wait for its next reply awake: three clients streaming back to back at once on the
         2-core VM served 7,400 chunks/s when they slept in their polls and 6,000 when they spun."""
         router = self.router
-        if router is None or router.get(_EVENTS) & _POLLIN:
-            return False
-        for s in self.slots.values():
-            if s.queued or (s.busy and s is not slot):
-                return False
-        return True
+        return router is not None and not router.get(_EVENTS) & _POLLIN and not self._models_busy(slot)
 
     def _on_event(self, kind: str, name: str) -> None:
         if kind == "state":
