@@ -336,3 +336,42 @@ def test_a_profile_without_execution_times_leaves_the_roofline_as_it_is() -> Non
     empty = Profile("vulkan", {}, prof.rates, {(layers[0].name, "fast", "transform"): 1e-3})
     cal = calibrated_roofline(empty, entries, gpu=True)
     assert cal.exec_scale == {} and cal.cost(layers[1], slow, "exec") == base.cost(layers[1], slow, "exec")
+
+
+def test_a_helper_that_defers_leaves_the_tasks_to_a_running_request() -> None:
+    """The idle-time finish of a load (``wait_all(defer=...)``) takes no task while a request runs: the request
+    prepares what its first run needs on its own thread, and the helper takes the rest once the request is over."""
+    n = 6
+    layers = tuple(LayerPlan(i, f"n{i}", "Conv", "k", "raw", 0, i, "", read_s=1e-3) for i in range(n))
+    plan = ColdPlan("cpu", 0, layers, 0.0, 0.0, 0.0, PlanOptions())  # no loaders: every task is the caller's
+    who: dict[int, str] = {}
+
+    def prepare(pos: int) -> dict[str, float]:
+        who[pos] = threading.current_thread().name
+        return {}
+
+    run = ColdRun(plan, prepare, "defer")
+    busy = threading.Event()
+    busy.set()  # a request is running
+    errors: list[BaseException] = []
+
+    def helper() -> None:
+        try:
+            run.wait_all(defer=busy.is_set)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    th = threading.Thread(target=helper, name="helper")
+    th.start()
+    try:
+        time.sleep(0.2)
+        assert not who, "the helper prepared a layer while a request ran"
+        for pos in range(3):  # the request's first run prepares what it reaches, on its own thread
+            run.wait_ready(pos)
+        assert {who[p] for p in range(3)} == {threading.current_thread().name}
+    finally:
+        busy.clear()  # the request is over: the helper finishes the load
+        th.join(10)
+    assert not th.is_alive() and not errors
+    assert all(run.ready(p) for p in range(n))
+    assert {who[p] for p in range(3, n)} == {"helper"}

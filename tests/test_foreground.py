@@ -86,3 +86,66 @@ def test_a_body_profiled_on_the_idle_worker_under_a_waiting_request_does_not_wai
     assert not isinstance(out[0], Exception), out[0]
     assert len(out[0]) == len(g.nodes)  # type: ignore[arg-type]
     assert time.monotonic() - t0 < 0.3 + 5
+
+
+def test_a_preloads_idle_time_finish_leaves_its_layers_to_a_request(tmp_path) -> None:
+    """``Model.wait_prepared`` (the daemon's finish of a load no request waits on, on the idle worker at nice 19)
+    prepares nothing while a request runs and holds no lock it needs: a request that comes meanwhile runs its
+    cold first run at once, preparing on its own thread, and gets the right answer."""
+    import inferd
+    from inferd.package import compile_model
+    from inferd.runtime.scheduler import foreground
+    from inferd.zoo import build
+
+    src = tmp_path / "tiny.onnx"
+    src.write_bytes(build("tiny").SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg")
+    x = {"input": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)}
+    want = inferd.load(str(pkg), device="cpu")
+    try:
+        ref = want.run(x)["output"]
+    finally:
+        want.close()
+    m = inferd.load(str(pkg), device="cpu", loaders=0)  # no loader threads: every layer waits for a caller
+    try:
+        run = m._cold.run
+        with foreground:  # a request (of any model) is running
+            th = threading.Thread(target=m.wait_prepared, name="inferd-idle-test")
+            th.start()
+            time.sleep(0.2)
+            assert not any(run.ready(p) for p in range(len(run.tasks))), "prepared while a request ran"
+            t0 = time.monotonic()
+            y = m.run(x)["output"]  # not behind the helper: it holds no lock and takes no layer
+            assert time.monotonic() - t0 < 5
+        th.join(10)
+        assert not th.is_alive()
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+        assert m.wait_loaded() is m
+    finally:
+        m.close()
+
+
+def test_the_idle_time_finish_defers_for_a_bounded_time(tmp_path, monkeypatch) -> None:
+    """Under a foreground that never goes quiet (a steady stream of another model's requests), ``wait_prepared``
+    prepares the layers itself after ``PREPARED_DEFER_S``: the idle worker is one queue, not held by it."""
+    import inferd
+    from inferd.package import compile_model
+    from inferd.runtime import model as model_mod
+    from inferd.runtime.scheduler import foreground
+    from inferd.zoo import build
+
+    monkeypatch.setattr(model_mod, "PREPARED_DEFER_S", 0.3)
+    src = tmp_path / "tiny.onnx"
+    src.write_bytes(build("tiny").SerializeToString())
+    pkg = compile_model(src, tmp_path / "pkg")
+    m = inferd.load(str(pkg), device="cpu", loaders=0)
+    try:
+        run = m._cold.run
+        with foreground:
+            t0 = time.monotonic()
+            m.wait_prepared()
+            dt = time.monotonic() - t0
+            assert all(run.ready(p) for p in range(len(run.tasks)))
+        assert 0.25 <= dt < 10, dt
+    finally:
+        m.close()

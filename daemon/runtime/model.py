@@ -52,6 +52,8 @@ class Variant:
 #: shape variants a dynamic model keeps besides its first shape, by default (least recently used dropped)
 DEFAULT_MAX_VARIANTS = 4
 
+#: ``Model.wait_prepared`` leaves the layers to running requests for at most this long
+PREPARED_DEFER_S = 1.0
 #: idle-time refinement put off by a busy foreground tries again after this long, doubling up to a minute
 REFINE_RETRY_S = 5.0
 
@@ -293,10 +295,16 @@ class Model:
     def wait_prepared(self) -> None:
         """Block until every layer of a cold load under way is prepared (read, transformed, its pipeline built):
         the loader threads' work, which needs neither this model's lock nor the device's queue; ``wait_loaded``
-        then only finishes."""
+        then only finishes. Idle-time work (the daemon's finish of a load no request waits on, on the idle worker
+        at nice 19): for up to ``PREPARED_DEFER_S`` the layers nobody has started are prepared here only while no
+        request runs. A request that comes meanwhile prepares what its first run reaches on its own thread; this
+        one had taken each next layer ahead of it, and the request waited for every one at nice 19's share of a
+        busy board's cores. Bounded: the idle worker is one queue, and a steady stream of other requests must
+        not hold the warm switches and finishes behind this one."""
         cold = self._cold
         if cold is not None and not cold.done:
-            cold.run.wait_all()
+            until = time.monotonic() + PREPARED_DEFER_S
+            cold.run.wait_all(defer=lambda: foreground.busy() and time.monotonic() < until)
 
     def wait_loaded(self) -> "Model":
         """Finish a cold load without running (the first run then runs warm)."""

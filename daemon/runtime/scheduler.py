@@ -63,6 +63,10 @@ class Event:
 PrepareFn = Callable[[int], Mapping[str, float]]
 
 
+#: a helper that defers to requests (``ColdRun.wait_ready``'s ``defer``) looks again at a task it left this often
+DEFER_POLL_S = 0.01
+
+
 class ColdRun:
     """One cold load: the plan's preparation tasks, their state, and the timeline."""
 
@@ -167,27 +171,37 @@ class ColdRun:
             self.cond.notify_all()
 
     # ---------------------------------------------------------------- the executor's side
-    def wait_ready(self, pos: int) -> float:
-        """Block until layer ``pos`` is prepared, preparing it on this thread if nobody has started it.
+    def wait_ready(self, pos: int, defer: Callable[[], bool] | None = None) -> float:
+        """Block until layer ``pos`` is prepared, preparing it on this thread if nobody has started it, unless
+        ``defer()`` says to leave it (then asked again every ``DEFER_POLL_S`` while the task waits).
         Returns the seconds spent waiting (not preparing)."""
         t = self.tasks[pos]
-        with self.cond:
-            if t.state == PENDING and (self.steal or self.plan.options.executor_prepares or t.queue == self.plan.loaders):
-                self._take(pos, stolen=t.queue != self.plan.loaders, worker=False)
-                mine = True
-            else:
-                mine = False
-        if mine:
-            self.run_task(t)
-        waited = 0.0
-        with self.cond:
-            if t.state in (PENDING, RUNNING):
-                w0 = time.perf_counter()
-                while t.state in (PENDING, RUNNING):
+        w0: float | None = None
+        while True:
+            with self.cond:
+                if t.state == PENDING and (self.steal or self.plan.options.executor_prepares
+                                           or t.queue == self.plan.loaders) and not (defer is not None and defer()):
+                    self._take(pos, stolen=t.queue != self.plan.loaders, worker=False)
+                    mine = True
+                else:
+                    mine = False
+            if mine:
+                self.run_task(t)
+            with self.cond:
+                if t.state in (PENDING, RUNNING) and w0 is None:
+                    w0 = time.perf_counter()
+                while t.state == RUNNING or (t.state == PENDING and defer is None):
                     self.cond.wait(0.5)
-                w1 = time.perf_counter()
-                waited = w1 - w0
-                self.events.append(Event(threading.current_thread().name, "wait", self.plan.layers[pos].name, w0, w1))
+                if t.state == PENDING:  # deferred: look again shortly
+                    self.cond.wait(DEFER_POLL_S)
+                    continue
+                waited = 0.0
+                if w0 is not None:
+                    w1 = time.perf_counter()
+                    waited = w1 - w0
+                    self.events.append(Event(threading.current_thread().name, "wait", self.plan.layers[pos].name,
+                                             w0, w1))
+                break
         if t.state == FAILED:
             lp = self.plan.layers[pos]
             if isinstance(t.error, InferdError):  # already says what and where (a damaged store, a bad kernel)
@@ -201,10 +215,10 @@ class ColdRun:
     def ready(self, pos: int) -> bool:
         return self.tasks[pos].state == DONE
 
-    def wait_all(self) -> None:
-        """Every task prepared (the executor helps with what nobody has started)."""
+    def wait_all(self, defer: Callable[[], bool] | None = None) -> None:
+        """Every task prepared (the caller helps with what nobody has started, unless ``defer()``)."""
         for pos in range(len(self.tasks)):
-            self.wait_ready(pos)
+            self.wait_ready(pos, defer)
 
     def record(self, kind: str, pos: int, t0: float, t1: float) -> None:
         with self.cond:
@@ -360,6 +374,10 @@ class Foreground:
         self._cv = threading.Condition()
         self._active = 0
         self._last_end = 0.0
+
+    def busy(self) -> bool:
+        """Whether a request is running now."""
+        return self._active > 0
 
     def __enter__(self) -> "Foreground":
         with self._cv:

@@ -964,7 +964,9 @@ class ModelSlot:
             try:
                 prepared = getattr(model, "wait_prepared", None)
                 if prepared is not None:
-                    prepared()  # (seconds of pipeline creation on a cold GPU: not under the device's lock)
+                    # (seconds of pipeline creation on a cold GPU, and it waits while requests run: not under the
+                    # device's lock)
+                    prepared()
                 with self._device_ctx(getattr(model, "device", None)):  # as its first run would hold it
                     finish()
             except Exception as exc:  # a model closed under it: the next request loads or fails on its own
