@@ -187,16 +187,8 @@ if eng == "inferd":
         except Exception:
             pass
     from inferd.planner.plan import PlanOptions
-    from inferd.runtime.scheduler import default_loaders, loader_pool
-    loader_pool().set_size(default_loaders())   # a daemon that is up has its loader threads running,
-    inferd.native.claim_cores()                 # and numpy's BLAS held to one thread (server.daemon.apply_threads)
-    if spec.get("host_pool"):                   # and its host pool faulted in (serve_main)
-        from inferd.runtime import hostpool
-        _pool = hostpool.install(int(spec["host_pool"]))
-        if _pool is not None:
-            _pool.wait_prefaulted(60)
     opts = PlanOptions.from_dict(spec.get("options") or {})
-    if device == "vulkan":  # the device exists before the request, as in the daemon
+    if device == "vulkan":
         import pkgutil
         import inferd.ops
         mods = ["inferd.vulkan.executor", "inferd.vulkan.cold", "inferd.vulkan.host"] + [
@@ -206,15 +198,9 @@ if eng == "inferd":
                 importlib.import_module(mod)
             except Exception:
                 pass
-        from inferd.vulkan import devpool
-        devpool.configure(int(spec.get("device_pool") or 0))  # and its device pool allocated with the device
-        from inferd.vulkan.device import get_device
-        _dev = get_device()
-        if _dev.pool is not None:
-            _dev.pool.wait_prefaulted(60)
-        _resident = None
-        if int(spec.get("resident_pipelines") or 0) > 0:  # and the pipelines it made resident at its start
-            _resident = _dev.make_resident(int(spec["resident_pipelines"]))
+    from inferd.bench.common import daemon_state
+    _resident = daemon_state(device, spec.get("device_pool") or 0, spec.get("resident_pipelines") or 0,
+                             spec.get("host_pool") or 0, claim_cores=True)
 elif eng == "ort":
     import onnxruntime as ort
     so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3

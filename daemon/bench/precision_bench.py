@@ -65,15 +65,8 @@ src, device, prec, pkgroot, nwarm, ref, outp, opts = sys.argv[1:9]
 nwarm = int(nwarm)
 # the state of a daemon that is up (as the cold bench's child): its loader threads, and on Vulkan the device with
 # its device pool and the pipelines it made resident at its start (the daemon's defaults)
-from inferd.runtime.scheduler import default_loaders, loader_pool
-loader_pool().set_size(default_loaders())
-if device == "vulkan":
-    from inferd.vulkan import devpool
-    devpool.configure(DEVICE_POOL)
-    _dev = get_device()
-    if _dev.pool is not None:
-        _dev.pool.wait_prefaulted(60)
-    _dev.make_resident(RESIDENT_PIPELINES)
+from inferd.bench.common import daemon_state
+daemon_state(device, DEVICE_POOL, RESIDENT_PIPELINES)
 x = np.load(ref)["x"]
 t = time.perf_counter()
 m = inferd.load(src, device=device, cache_dir=pkgroot, precision=prec, **json.loads(opts))
