@@ -733,6 +733,21 @@ def test_vulkan_units_are_measured_featurised_and_predicted() -> None:
                     assert cost.cost(layer, k, "pipeline_empty").seconds > 0
         plan = make_plan(be, be.candidates(), None, PlanOptions(), 2, predictor=pred, constants=g.constants)
         assert plan.predicted_s > 0 and len(plan.layers) == len(g.nodes)
+        # the planners' features are the training's, unit by unit, and the whole-model path (one array of the
+        # units' rows) predicts what the one-unit path does
+        from inferd.predictor.features import signature
+
+        same = 0
+        for layer, kernels, _d in be.candidates():
+            for k in kernels:
+                key = f"1|{signature(layer, k)}"
+                if key in tr.feats:
+                    assert np.array_equal(cost.features(layer, k), tr.feats[key]), (layer.name, k.name)
+                    same += 1
+        assert same >= 5
+        layers = [(layer, d) for layer, _ks, d in be.candidates()]
+        vals, _roof = predict_arrays(layers, PredictedCost(pred, threads=1, constants=g.constants), ("exec",))
+        assert np.allclose(vals["exec"], [cost.cost(layer, k, "exec").seconds for layer, k in layers], rtol=1e-9)
     finally:
         be.close()
 

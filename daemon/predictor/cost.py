@@ -17,7 +17,7 @@ import numpy as np
 
 from ..ops.base import Kernel, Layer, op_spec
 from ..planner.cost import Cost, DeviceRates, RooflineCost, kernel_transforms, raw_nbytes
-from .features import FEATURES, feature_matrix, features, kernel_key, signature, unit_key, vulkan_dispatches
+from .features import FEATURES, feature_matrix, kernel_key, signature, unit_key, unit_row, vulkan_dispatches
 from .model import Predictor, log_features
 
 #: what a unit that runs nothing costs (an alias view, a node folded at load): not zero, never more
@@ -62,7 +62,8 @@ class PredictedCost:
     speed: float = 1.0
     #: the disk now against the training's read table, per size (``probe.read_factors``); {}: as trained
     read_factors: Mapping[int, float] = field(default_factory=dict)
-    _feat: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _rows: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    _fallback: RooflineCost | None = field(default=None, repr=False)
     _memo: dict[tuple[str, str], Cost] = field(default_factory=dict, repr=False)
     _caps_obj: Any = field(default=None, repr=False)
     _sigs: dict[int, tuple[Layer, Kernel, str]] = field(default_factory=dict, repr=False)
@@ -73,10 +74,12 @@ class PredictedCost:
 
     @property
     def fallback(self) -> RooflineCost:
-        r = self.rates
-        if r is None:
-            r = DeviceRates.from_dict(self.predictor.rates) if self.predictor.rates else DeviceRates()
-        return RooflineCost(r, gpu=self.gpu)
+        if self._fallback is None:  # once: a unit without a model asks for it per phase
+            r = self.rates
+            if r is None:
+                r = DeviceRates.from_dict(self.predictor.rates) if self.predictor.rates else DeviceRates()
+            self._fallback = RooflineCost(r, gpu=self.gpu)
+        return self._fallback
 
     def _signature(self, layer: Layer, kernel: Kernel) -> str:
         """``signature`` per layer object (held here, so its id is not reused): a planner asks a layer's features
@@ -90,16 +93,19 @@ class PredictedCost:
         self._sigs[id(layer)] = (layer, kernel, sig)
         return sig
 
-    def features(self, layer: Layer, kernel: Kernel) -> np.ndarray:
+    def row(self, layer: Layer, kernel: Kernel) -> list[float]:
+        """The unit's features as a list, per shape signature (a whole model's rows become one array)."""
         sig = self._signature(layer, kernel)
-        f = self._feat.get(sig)
-        if f is None:
+        r = self._rows.get(sig)
+        if r is None:
             ds = None
             if self.gpu:
                 ds = vulkan_dispatches(layer, kernel, self._vk_caps(), self.constants, sig)
-            f = features(layer, kernel, self.threads, ds)
-            self._feat[sig] = f
-        return f
+            r = self._rows[sig] = unit_row(layer, kernel, self.threads, ds)
+        return r
+
+    def features(self, layer: Layer, kernel: Kernel) -> np.ndarray:
+        return np.array(self.row(layer, kernel), dtype=np.float64)
 
     def _vk_caps(self) -> Any:
         if self._caps_obj is None:
@@ -169,8 +175,9 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
     if not cost.gpu:
         F = feature_matrix(layers, cost.threads)
     else:  # with each unit's dispatches (per shape signature, cached in the cost model); none for no-ops
-        F = np.stack([cost.features(layer, k) if not nothing[i] else np.full(len(FEATURES), -1.0)
-                      for i, (layer, k) in enumerate(layers)]) if layers else np.zeros((0, len(FEATURES)))
+        none = [-1.0] * len(FEATURES)
+        F = np.array([cost.row(layer, k) if not nothing[i] else none for i, (layer, k) in enumerate(layers)],
+                     dtype=np.float64) if layers else np.zeros((0, len(FEATURES)))
     keys = [(unit_key(layer, k), kernel_key(k)) for layer, k in layers]
     roof = np.zeros(n, dtype=bool)
     out: dict[str, np.ndarray] = {}

@@ -34,6 +34,8 @@ FEATURES = ("flops", "in_bytes", "out_bytes", "w_bytes", "tw_bytes", "ws_bytes",
 INDEX = {f: i for i, f in enumerate(FEATURES)}
 _NF = len(FEATURES)
 _DISP = [INDEX[f] for f in ("n_disp", "wg_total", "wg_max", "local", "invocations")]
+_DISP0 = _DISP[0]
+assert _DISP == list(range(_DISP0, _DISP0 + 5))  # unit_row writes them as one slice
 
 #: fused activations by id (0: none); an unknown one gets a stable id from its name
 _ACTS = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
@@ -194,11 +196,13 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any, constants: Mapping[s
                       sig: str | None = None) -> list[Any] | None:
     """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values);
     ``sig``: the unit's :func:`signature` when the caller has it."""
-    from ..vulkan.kernel import split_rows
-
+    global _split_rows
     key = (_dispatch_key(layer, kernel, constants, sig), caps)
-    if key in _DISPATCHES:
-        return _DISPATCHES[key]
+    hit = _DISPATCHES.get(key, _MISS)
+    if hit is not _MISS:
+        return hit
+    if _split_rows is None:  # imported once, not per call: the backend's module is not the predictor's to load
+        from ..vulkan.kernel import split_rows as _split_rows
 
     def transformed() -> Any:
         raw: dict[str, np.ndarray] = {}
@@ -213,7 +217,7 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any, constants: Mapping[s
 
     try:
         params = _LazyParams(transformed)
-        out: list[Any] | None = split_rows(kernel.dispatches(layer, params, caps), caps)
+        out: list[Any] | None = _split_rows(kernel.dispatches(layer, params, caps), caps)
     except Exception:
         out = None
     if len(_DISPATCHES) >= _DISPATCH_CACHE:
@@ -246,6 +250,9 @@ class _LazyParams(Mapping[str, Any]):
         return len(self._get())
 
 
+_MISS = object()
+_split_rows: Any = None
+
 #: dispatches per (kernel, layer shapes, small constants, caps): deriving them runs the kernel's transform on
 #: stand-in weights (milliseconds for a large Winograd layer), and planners meet the same shapes again and again
 _DISPATCHES: dict[Any, list[Any] | None] = {}
@@ -262,17 +269,23 @@ def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None
     return (kernel.name, sig if sig is not None else signature(layer, kernel), tuple(small))
 
 
-def features(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> np.ndarray:
-    f = base_features(layer, kernel, threads)
+def unit_row(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> list[float]:
+    """:func:`features` as a list (a whole model's rows then become one array: no array per unit)."""
+    row = base_row(layer, kernel, threads)
     if dispatches is not None:
-        f[_DISP] = dispatch_summary(dispatches)
-    return f
+        row[_DISP0:_DISP0 + 5] = dispatch_summary(dispatches)
+    return row
+
+
+def features(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> np.ndarray:
+    return np.array(unit_row(layer, kernel, threads, dispatches), dtype=np.float64)
 
 
 def signature(layer: Layer, kernel: Kernel) -> str:
     """A string that is equal for two units exactly when they have the same op, kernel, shapes and attributes
     (the cache key of derived features and the identity of a training sample)."""
-    shapes = [tuple(i.shape) if i is not None else None for i in layer.inputs]
-    consts = tuple(layer.const_inputs)
-    attrs = sorted((k, repr(v)) for k, v in layer.attrs.items())
-    return repr((layer.op, kernel.name, shapes, [tuple(o.shape) for o in layer.outputs], consts, attrs))
+    # one repr of the whole tuple (the attribute values' reprs made inside it, in C): a repr per value from
+    # Python was most of this function, which a Vulkan whole-model prediction calls once per layer.
+    # Attribute names are unique strings, so sorting the items never compares their values.
+    return repr((layer.op, kernel.name, [tuple(i.shape) if i is not None else None for i in layer.inputs],
+                 [tuple(o.shape) for o in layer.outputs], tuple(layer.const_inputs), sorted(layer.attrs.items())))
