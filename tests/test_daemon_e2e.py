@@ -267,7 +267,8 @@ def test_sighup_rescans_repository(workdir: Path) -> None:
         models = d / "m"
         models.mkdir()
         shutil.copy(workdir / "models" / "tiny.onnx", models / "tiny.onnx")
-        with DaemonProcess(f"ipc://{d}/s.sock", models) as proc, Client(proc.endpoint, timeout=20) as c:
+        with DaemonProcess(f"ipc://{d}/s.sock", models, log_path=d / "d.log") as proc, \
+                Client(proc.endpoint, timeout=20) as c:
             assert [m["name"] for m in c.models()] == ["tiny"]
             (models / "mlp").mkdir()
             shutil.copy(workdir / "models" / "mlp_small.onnx", models / "mlp" / "model.onnx")
@@ -283,6 +284,12 @@ def test_sighup_rescans_repository(workdir: Path) -> None:
             assert "tiny" not in ms and ms["mlp"]["state"] == "READY", ms
             assert ms["mlp"]["max_queue"] == 3 and ms["mlp"]["priority"] == 2
             assert c.infer("mlp", np.zeros((1, 64), np.float32))["output"].shape == (1, 10)
+            # the runtime's log lines name a model as the repository does, not by its file (mlp/model.onnx)
+            end = time.monotonic() + 10
+            while "model mlp: cold" not in (d / "d.log").read_text() and time.monotonic() < end:
+                time.sleep(0.05)
+            text = (d / "d.log").read_text()
+            assert "model mlp: cold" in text and "model model:" not in text, text[-2000:]
             with pytest.raises(NotFound):
                 c.infer("tiny", np.zeros((1, 3, 8, 8), np.float32))
             # a file copied in is loadable by name without SIGHUP

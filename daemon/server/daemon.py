@@ -939,6 +939,13 @@ class Server:
             model = streamed.load_for_slot(self, slot, path, batch)
         else:
             model = self.loader(path, device=device, batch=batch, **dynamic)
+        if isinstance(getattr(model, "name", None), str) and model.name != slot.name:
+            # its logs and input errors name it as the apps do, not by its file: every DIR/NAME/model.onnx of a
+            # repository had logged as "model model: ..."
+            try:
+                model.name = slot.name
+            except AttributeError:  # a loader's own model type with a read-only name
+                pass
         if hasattr(model, "max_variants"):
             mv = slot.entry.config.max_variants
             model.max_variants = mv if mv is not None else self.config.max_variants
