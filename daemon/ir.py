@@ -38,6 +38,12 @@ class Overlay(MutableMapping[str, np.ndarray]):
     def __contains__(self, key: object) -> bool:
         return key in self.top or key in self.base
 
+    def release(self) -> None:
+        """Let the base forget the values it read (``LazyConstants.release``): the model is closed."""
+        release = getattr(self.base, "release", None)
+        if release is not None:
+            release()
+
     def __getitem__(self, key: str) -> np.ndarray:
         top = self.top
         return top[key] if key in top else self.base[key]

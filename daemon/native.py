@@ -16,6 +16,7 @@ import os
 import platform
 import threading
 import time
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -946,11 +947,13 @@ def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res:
             if fn(xp, *head, *geo, bp, rp, yp, code, p0, p1) != 0:
                 raise ValueError(f"{name}: bad arguments")
 
+    me = weakref.ref(call)
+
     def retarget(a: np.ndarray) -> None:
         _check_retarget(a, x)
         per[:] = [(_ptr(a[i]), yp, rp) for i, (_xp, yp, rp) in enumerate(per)]
         keep[0] = (a, *arrs[1:])
-        for st, (xp, _yp, _rp) in zip(getattr(call, "steps", ()), per):
+        for st, (xp, _yp, _rp) in zip(_steps_of(me), per):
             st.set_ptr(0, xp)
 
     return with_steps(_retargetable(call, retarget),
@@ -962,6 +965,15 @@ def _check_retarget(a: np.ndarray, like: np.ndarray) -> None:
             or not a.flags.aligned:
         raise ValueError(f"retarget: an aligned C-contiguous {like.dtype} array of shape {like.shape} is needed, got "
                          f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+
+
+def _steps_of(ref: "weakref.ref[Callable[[], None]]") -> Sequence[Any]:
+    """The native steps of the call ``ref`` names. A retarget reaches its call through a weak reference: the call
+    holds the retarget (``call.retarget``), and a strong one back made the pair a cycle that kept the layer's
+    arrays (a model's arena, its weights: resnet18's 41 MB of the host pool) alive after its model closed, until
+    a full collection, which a daemon seldom runs."""
+    c = ref()
+    return getattr(c, "steps", ()) if c is not None else ()
 
 
 def _retargetable(call: Callable[[], None], retarget: Callable[[np.ndarray], None]) -> Callable[[], None]:
@@ -1110,11 +1122,13 @@ def nchwc_reorder_bound(x: np.ndarray, y: np.ndarray, to_blocked: bool) -> Calla
         if fn(*args) != 0:
             raise ValueError("nchwc_reorder: bad arguments")
 
+    me = weakref.ref(call)
+
     def retarget(a: np.ndarray) -> None:
         _check_retarget(a, x)
         args[0] = _ptr(a)
         keep[0] = (a, y)
-        for st in getattr(call, "steps", ()):
+        for st in _steps_of(me):
             st.set_ptr(0, args[0])
 
     return with_steps(_retargetable(call, retarget), [("inferd_nchwc_reorder", args)])

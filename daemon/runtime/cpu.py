@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .. import native
-from ..errors import InputError, ShapeError
+from ..errors import BackendError, InputError, ShapeError
 from ..fileio import VECTOR_ALIGN, aligned_bytes, cache_aligned
 from ..frontend.shapes import check_dims
 from ..ir import Graph, TensorInfo
@@ -328,6 +328,7 @@ class CpuExecutor:
         return can_populate()
 
     def begin(self, feeds: dict[str, np.ndarray]) -> None:
+        self._check_open()
         scratch = getattr(self, "_scratch", None)
         if scratch:
             from ..ops.conv import adopt_scratch
@@ -429,6 +430,22 @@ class CpuExecutor:
             self.stats.kernels[old.kernel.name] = self.stats.kernels.get(old.kernel.name, 1) - 1
         self.finalize()
 
+    def close(self) -> None:
+        """Let go of the arena, the weights and the bound kernels now. A closed model is often still reachable
+        through reference cycles (its cold load's callbacks, its idle-time jobs) that only the collector breaks,
+        and a daemon's full collections are rare: an unloaded resnet18 kept its 119 MB of the host pool in use,
+        so the next loads fell back to fresh memory. Runs after this raise."""
+        self._closed = True
+        self._calls, self._step_calls, self._direct, self._feed_sets, self._out_srcs = [], [], [], [], []
+        self._target, self._dyn, self.views = {}, {}, {}
+        self.steps = [None] * len(self.steps)
+        self._scratch = None
+        self.arena = np.empty(0, np.uint8)
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise BackendError("the model was closed")
+
     @property
     def memory_breakdown(self) -> dict[str, int]:
         """``arena_bytes`` (activations) and ``weights_bytes`` (transformed weights this executor owns)."""
@@ -443,6 +460,8 @@ class CpuExecutor:
                                            for a in s.params.values() if isinstance(a, np.ndarray)))
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self._calls:
+            self._check_open()
         self._put_feeds(feeds)
         for call in self._calls:
             call()

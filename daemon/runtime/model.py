@@ -172,6 +172,8 @@ class Model:
                 for layer, k in getattr(self._exec, "choice", [])}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self._closing.is_set():
+            raise BackendError(f"{self.name}: the model was closed")
         t = self.template
         if t is not None:
             feeds = check_feeds(t.inputs, feeds, self.name, t.dims, self.bounds)
@@ -428,6 +430,10 @@ class Model:
             close = getattr(self._exec, "close", None)
             if close is not None:
                 close()
+            for g in (self.graph, self.template):
+                release = getattr(getattr(g, "constants", None), "release", None)
+                if release is not None:
+                    release()
             if self._on_close is not None:
                 self._on_close()
                 self._on_close = None
