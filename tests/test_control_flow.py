@@ -329,11 +329,48 @@ def test_body_kernels_are_picked_by_measurement(monkeypatch: pytest.MonkeyPatch)
         return Profile(prof.backend, prof.fingerprint, prof.rates, times)
 
     monkeypatch.setattr(profiler, "profile_layers", prefer_last)
+    monkeypatch.setattr(cpu, "_CHOSEN", {})  # nothing measured before in this process
     picked = cpu.measured_choice(body)
     choice = {layer.name: k.name for layer, k in picked}
     assert flipped and all(choice[name] == k for name, k in flipped.items()), (flipped, choice)
     for layer, k in picked:  # every pick applies to its node
         assert k.applies(Layer.of(layer.node, body))
+
+
+def test_body_kernels_measured_once_per_shape_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same body measured again (a model evicted under the budget and loaded again) takes the picks measured
+    before without measuring; its copy from another import too; on another thread count it is measured anew."""
+    import inferd.runtime.cpu as cpu
+    import inferd.runtime.profiler as profiler
+    from inferd import native
+    from inferd.frontend import import_template, specialize
+    from inferd.zoo import build
+
+    calls: list[int] = []
+    real = profiler.profile_layers
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(profiler, "profile_layers", counted)
+    monkeypatch.setattr(cpu, "_CHOSEN", {})
+
+    def body() -> Any:
+        g = specialize(import_template(build("vad_lstm")))
+        return next(n for n in g.nodes if n.op == "If").bodies["then_branch"]
+
+    first = [(layer.name, k.name) for layer, k in cpu.measured_choice(body(), reps=1)]
+    assert len(calls) == 1
+    again = [(layer.name, k.name) for layer, k in cpu.measured_choice(body(), reps=1)]
+    assert len(calls) == 1 and again == first
+    threads = native.num_threads()
+    try:
+        native.set_num_threads(threads + 1)
+        cpu.measured_choice(body(), reps=1)
+        assert len(calls) == 2
+    finally:
+        native.set_num_threads(threads)
 
 
 def test_if_body_giving_one_tensor_as_two_outputs() -> None:
