@@ -446,6 +446,7 @@ class StoreStream:
         self.read_s = 0.0
         self.bytes = sum(end - start for start, end, _ in self.chunks)
         self._stop = False
+        self._inflight = 0  # pieces claimed and not yet stored (their reader holds the chunk's buffer)
         readers = list(io) if isinstance(io, (list, tuple)) else [io]
         for w in readers[:max(1, len(self._pieces))]:
             if w is not None:
@@ -499,6 +500,7 @@ class StoreStream:
                 return None
             i, off, n = self._pieces[self._claimed]
             self._claimed += 1
+            self._inflight += 1
             buf = self._partial.get(i)
             if buf is None:
                 start, end, _m = self.chunks[i]
@@ -515,6 +517,11 @@ class StoreStream:
                 st._read_span(off, n, min(n, end - off), out=buf[off - start:off - start + n])
                 self._on_read(off, n, t0, time.perf_counter())
                 with self._cond:
+                    self._inflight -= 1
+                    if self._stop:  # released meanwhile: what this read filled goes with it
+                        self._partial.pop(i, None)
+                        self._cond.notify_all()
+                        break
                     self._left[i] -= 1
                     if self._left[i] == 0:
                         self._bufs[i] = self._partial.pop(i)[:_align(end) - start]
@@ -522,6 +529,7 @@ class StoreStream:
                         self._cond.notify_all()
         except BaseException as e:  # reported to whoever waits for a blob
             with self._cond:
+                self._inflight = max(0, self._inflight - 1)
                 self._error = e
                 self._cond.notify_all()
 
@@ -541,11 +549,19 @@ class StoreStream:
             raise WeightsStoreError(f"{self.store.path}: checksum mismatch in {entry.key} (corrupted weights)")
         return mv.view(dtype_from_tag(entry.dtype)).reshape(entry.shape)
 
+    def wait_stopped(self, timeout: float) -> bool:
+        """After ``release``: wait until no read is under way (so that the memory it fills goes now). False on
+        timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._inflight <= 0, timeout)
+
     def release(self) -> None:
-        """Forget the chunks (the views handed out keep theirs alive)."""
+        """Forget the chunks, read and half read (the views handed out keep theirs alive); a read under way drops
+        its chunk when it ends (it had put it back after a cancelled load's release, held until collected)."""
         with self._cond:
             self._stop = True
             self._bufs.clear()
+            self._partial.clear()
             self._cond.notify_all()
 
 

@@ -130,6 +130,29 @@ def test_a_cold_load_from_the_pool_answers_as_before_and_gives_it_back(tmp_path:
     assert p.stats()["in_use_bytes"] == 0
 
 
+def test_a_model_closed_during_its_cold_load_gives_the_pool_back(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closed before its first run, its loader threads still preparing layers: close() waits for the layers under
+    way and gives every byte back, no collection run; the pool serves the next load."""
+    from inferd.package import compile_model
+    from zoo_fixture import check_against_reference, zoo_reference
+
+    pkg = compile_model(zoo_reference("resnet18")[0], tmp_path / "pkg", profile=False)
+    p = _pool(192 << 20 >> 12)
+    monkeypatch.setattr(fileio, "pool_alloc", lambda n: p.alloc(n) if n >= hostpool.MIN_BYTES else None)
+    for _ in range(3):
+        gc.disable()
+        try:
+            model = inferd.load(pkg)
+            model.close()
+            assert p.stats()["in_use_bytes"] == 0
+        finally:
+            gc.enable()
+    model = inferd.load(pkg)
+    check_against_reference(model, "resnet18", "after loads closed half way", 1e-4)
+    model.close()
+
+
 def test_the_daemon_faults_its_pool_in_at_start_and_reports_it(tmp_path: Path) -> None:
     import os
 

@@ -180,6 +180,13 @@ class ColdLoad:
         if st is not None:
             st.release()
 
+    def wait_stopped(self, timeout: float = 10.0) -> bool:
+        """After ``cancel``: wait until no loader thread prepares a layer and no streaming read is under way, so
+        that a closing model drops memory nobody writes into any more, and all of it. False on timeout."""
+        ok = self.run.wait_quiet(timeout)
+        st = self.weights.stream
+        return (st.wait_stopped(timeout) if st is not None else True) and ok
+
     # ------------------------------------------------------------------ the warm switch
     def warm_switches(self) -> list[tuple[int, str]]:
         return [(pos, lp.warm_kernel) for pos, lp in enumerate(self.plan.layers) if lp.warm_kernel]

@@ -315,7 +315,10 @@ class CpuExecutor:
                 continue  # prepare will report it
             for slot, n in k.scratch_floats(layer).items():
                 sizes[slot] = max(sizes.get(slot, 0), n)
-        self._scratch = prefault_scratch(sizes)  # first: small, and what begin() adopts if it is there
+        scratch = prefault_scratch(sizes)  # first: small, and what begin() adopts if it is there
+        if getattr(self, "_closed", False):  # closed meanwhile (this runs beside the load): nothing to keep
+            return
+        self._scratch = scratch
         # the arena last, faulted in without writing where the kernel can (the executor may be running
         # in it already: ColdLoad waits for this only where zeros must be written instead); not the host
         # pool's, faulted in at the daemon's start: walking its pages again took mobilenetv2's 6.5 MB arena

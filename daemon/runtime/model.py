@@ -411,6 +411,7 @@ class Model:
         cold = self._cold
         if cold is not None and not cold.done:
             cold.cancel()
+            cold.wait_stopped(10)  # no layer still prepared, no read still filling what close() drops
         ev = self.warm_done  # a switch under way finishes first: it swaps kernels in under the lock
         if ev is not None:
             ev.wait(30)

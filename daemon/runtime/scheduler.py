@@ -170,6 +170,12 @@ class ColdRun:
                     self._left -= 1
             self.cond.notify_all()
 
+    def wait_quiet(self, timeout: float) -> bool:
+        """Wait until no loader thread is preparing a layer (after ``cancel``: the tasks under way finish or
+        fail; the model then lets go of its memory with nobody writing into it). False on timeout."""
+        with self.cond:
+            return self.cond.wait_for(lambda: self.active == 0, timeout)
+
     # ---------------------------------------------------------------- the executor's side
     def wait_ready(self, pos: int, defer: Callable[[], bool] | None = None) -> float:
         """Block until layer ``pos`` is prepared, preparing it on this thread if nobody has started it, unless
