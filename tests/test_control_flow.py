@@ -391,3 +391,36 @@ def test_if_body_giving_one_tensor_as_two_outputs() -> None:
         np.testing.assert_array_equal(got["y1"], want[0])
         np.testing.assert_array_equal(got["y2"], want[1])
     model.close()
+
+
+def test_control_flow_layers_are_priced_from_their_bodies() -> None:
+    """The roofline and the predictor price an If by its dearer branch and a Scan by its body times its length,
+    each body layer as its own unit: an If whose branches hold a whole model had been priced as a copy of its
+    output."""
+    from inferd.frontend import import_template, specialize
+    from inferd.ops.base import Layer, choose_kernel
+    from inferd.planner.cost import RooflineCost, body_trips, body_units
+    from inferd.zoo import build
+
+    rc = RooflineCost()
+    g = specialize(import_template(build("vad_lstm")))
+    node = next(n for n in g.nodes if n.op == "If")
+    layer = Layer.of(node, g)
+    k = choose_kernel(layer, "cpu")
+    branches = [sum(rc.cost(bl, bk, "exec").seconds for bl, bk in units) for units in body_units(layer, False)]
+    assert len(branches) == 2 and min(branches) > 0
+    got = rc.cost(layer, k, "exec").seconds
+    assert got == pytest.approx(max(branches) + rc.rates.per_step_s, rel=1e-9)
+    assert rc.cost(layer, k, "transform").seconds >= sum(
+        rc.cost(bl, bk, "transform").seconds for units in body_units(layer, False) for bl, bk in units)
+    # a Scan over 7 steps: its body's cost seven times
+    body = _body([helper.make_node("Add", ["s", "x"], ["s2"]), helper.make_node("Identity", ["s2"], ["y"])],
+                 ["s2", "y"], inputs=[("s", F, [4]), ("x", F, [4])], name="body")
+    m = _model([helper.make_node("Scan", ["s0", "xs"], ["sN", "ys"], body=body, num_scan_inputs=1)],
+               [("s0", F, (4,)), ("xs", F, (7, 4))], [("sN", F, (4,)), ("ys", F, (7, 4))], {})
+    sg = specialize(import_template(m))
+    scan = next(n for n in sg.nodes if n.op == "Scan")
+    sl = Layer.of(scan, sg)
+    assert body_trips(sl) == 7.0
+    one = sum(rc.cost(bl, bk, "exec").seconds for bl, bk in body_units(sl, False)[0])
+    assert rc.cost(sl, choose_kernel(sl, "cpu"), "exec").seconds == pytest.approx(7 * one + rc.rates.per_step_s)

@@ -108,6 +108,70 @@ def layer_flops(layer: Layer) -> float:
     return n_out
 
 
+#: ops whose work is their bodies' (``ir.Node.bodies``, shaped ``Graph``s): priced from their bodies' layers
+CONTROL_OPS = ("If", "Loop", "Scan")
+_BODY_PHASES = ("transform", "pipeline_empty", "pipeline_filled", "exec", "exec_first", "exec_cold")
+
+
+def body_units(layer: Layer, gpu: bool) -> list[list[tuple[Layer, Kernel]]]:
+    """Per body of a control-flow layer, its layers with the kernel each would run by default ([] for any other
+    layer, or one whose bodies are shaped at run time)."""
+    from ..ops.base import choose_kernel
+
+    bodies = getattr(layer.node, "bodies", None) if layer.op in CONTROL_OPS else None
+    out: list[list[tuple[Layer, Kernel]]] = []
+    for g in (bodies or {}).values():
+        if getattr(g, "runtime_shaped", False):
+            return []
+        units = []
+        for n in g.nodes:
+            bl = Layer.of(n, g)
+            try:
+                units.append((bl, choose_kernel(bl, "vulkan" if gpu else "cpu")))
+            except Exception:  # noqa: BLE001 - a layer no kernel takes here is priced as nothing
+                continue
+        out.append(units)
+    return out
+
+
+def body_trips(layer: Layer, constants: Mapping[str, Any] | None = None) -> float:
+    """How many times a control-flow layer runs its body per run: an ``If`` one branch; a ``Scan`` the length of
+    its first scanned input; a ``Loop`` its trip count where a constant gives it (else once: what it runs is
+    data-dependent, and the planners price one pass)."""
+    node = layer.node
+    if layer.op == "Scan":
+        from ..ops.control import axis_index, scan_counts
+
+        ns, ms = scan_counts(node)
+        x = layer.inputs[ns] if ms and ns < len(layer.inputs) else None
+        if x is None or not x.shape:
+            return 1.0
+        axes = node.attrs.get("scan_input_axes") or [0]
+        return float(max(1, x.shape[axis_index(int(axes[0]), len(x.shape))]))
+    if layer.op == "Loop" and constants is not None and node.inputs and node.inputs[0] in constants:
+        m = np.asarray(constants[node.inputs[0]]).reshape(-1)
+        if m.size:
+            return float(min(max(int(m[0]), 1), 1 << 20))
+    return 1.0
+
+
+def control_seconds(layer: Layer, phase: str, unit: Any, gpu: bool,
+                    constants: Mapping[str, Any] | None = None) -> float | None:
+    """Seconds of ``phase`` of a control-flow layer from its bodies' layers (``unit(layer, kernel, phase)``: their
+    seconds): an execution runs the dearer ``If`` branch, or the body as many times as it loops; preparing it
+    (transform, pipelines) prepares every body once. None for any other layer or phase: its own price stands (a
+    vad's If had been priced as a copy of its output, 0.1 ms for a cold load of 10-25 ms)."""
+    if phase not in _BODY_PHASES:
+        return None
+    parts = body_units(layer, gpu)
+    if not parts:
+        return None
+    sums = [sum(float(unit(bl, k, phase)) for bl, k in units) for units in parts]
+    if phase.startswith("exec"):
+        return max(sums) if layer.op == "If" else sums[0] * body_trips(layer, constants)
+    return sum(sums)
+
+
 def io_nbytes(layer: Layer) -> int:
     n = sum(i.nbytes for k, i in enumerate(layer.inputs) if i is not None and k not in layer.const_inputs)
     return int(n + sum(o.nbytes for o in layer.outputs))
@@ -130,6 +194,10 @@ class RooflineCost:
 
     def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
         r = self.rates
+        if layer.op in CONTROL_OPS:
+            body = control_seconds(layer, phase, lambda bl, k, ph: self.cost(bl, k, ph).seconds, self.gpu)
+            if body is not None:
+                return Cost(float(body) + r.per_step_s, "roofline")
         if phase == "read_raw":
             n = raw_nbytes(layer)
             s = n / r.disk_bw + n / r.crc_bw + r.per_read_s * len(layer.const_inputs) if n else 0.0

@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..ops.base import Kernel, Layer, op_spec
-from ..planner.cost import Cost, DeviceRates, RooflineCost, kernel_transforms, raw_nbytes
+from ..planner.cost import (CONTROL_OPS, Cost, DeviceRates, RooflineCost, control_seconds, kernel_transforms,
+                            raw_nbytes)
 from .features import FEATURES, feature_matrix, kernel_key, signature, unit_key, unit_row, vulkan_dispatches
 from .model import Predictor, log_features
 
@@ -143,6 +144,11 @@ class PredictedCost:
             return Cost(0.0, "predicted")
         if runs_nothing(layer, kernel, self.gpu):
             return Cost(NOTHING_S if phase in EXEC_PHASES else 0.0, "predicted")
+        if layer.op in CONTROL_OPS:  # its bodies' layers, each from its own unit model
+            body = control_seconds(layer, phase, lambda bl, k, ph: self.cost(bl, k, ph).seconds, self.gpu,
+                                   self.constants)
+            if body is not None:
+                return Cost(max(body, NOTHING_S), "predicted")
         m, source = self.model_for(layer, kernel, "exec_first" if phase == "exec_cold" else phase)
         if m is None and phase == "exec_cold":
             m, source = self.model_for(layer, kernel, "exec")
