@@ -16,6 +16,7 @@ import pytest
 import inferd
 from inferd import fileio
 from inferd.runtime import hostpool
+from inferd.ops import conv
 from inferd.runtime.hostpool import PAGE, HostPool
 
 pytestmark = pytest.mark.skipif(inferd.native.ffi is None, reason="the host pool needs the native extension")
@@ -120,6 +121,8 @@ def test_a_cold_load_from_the_pool_answers_as_before_and_gives_it_back(tmp_path:
     gc.disable()
     try:
         model.close()
+        # (the running thread's kernel workspaces are its own, kept across models by design: let them go here)
+        conv.release_scratch()
         assert p.stats()["in_use_bytes"] == 0
     finally:
         gc.enable()

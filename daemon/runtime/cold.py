@@ -181,9 +181,12 @@ class ColdLoad:
             st.release()
 
     def wait_stopped(self, timeout: float = 10.0) -> bool:
-        """After ``cancel``: wait until no loader thread prepares a layer and no streaming read is under way, so
-        that a closing model drops memory nobody writes into any more, and all of it. False on timeout."""
+        """After ``cancel``: wait until no loader thread prepares a layer, the prefault is over and no streaming read
+        is under way, so that a closing model drops memory nobody writes into any more, and all of it. False on
+        timeout."""
         ok = self.run.wait_quiet(timeout)
+        if self._prefault is not None:  # its workspaces, made beside the load, go with it
+            ok = self._prefault.wait(timeout) and ok
         st = self.weights.stream
         return (st.wait_stopped(timeout) if st is not None else True) and ok
 
