@@ -21,6 +21,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from ..ops.base import Kernel, Layer
+from ..ops.control import CONTROL_OPS, axis_index, scan_counts  # CONTROL_OPS: work in ``Node.bodies``
 from ..ops.conv_nchwc import CONV as BLOCKED_CONV
 from ..ops.gemm import MATMUL_T
 
@@ -108,8 +109,6 @@ def layer_flops(layer: Layer) -> float:
     return n_out
 
 
-#: ops whose work is their bodies' (``ir.Node.bodies``, shaped ``Graph``s): priced from their bodies' layers
-CONTROL_OPS = ("If", "Loop", "Scan")
 _BODY_PHASES = ("transform", "pipeline_empty", "pipeline_filled", "exec", "exec_first", "exec_cold")
 
 
@@ -140,8 +139,6 @@ def body_trips(layer: Layer, constants: Mapping[str, Any] | None = None) -> floa
     data-dependent, and the planners price one pass)."""
     node = layer.node
     if layer.op == "Scan":
-        from ..ops.control import axis_index, scan_counts
-
         ns, ms = scan_counts(node)
         x = layer.inputs[ns] if ms and ns < len(layer.inputs) else None
         if x is None or not x.shape:
