@@ -25,7 +25,8 @@ from inferd.predictor.cost import (PredictedCost, predict_arrays, predict_layers
 from inferd.predictor.model import (Predictor, PredictorFileError, StalePredictorError, Trees,  # noqa: E402
                                     check_current)
 from inferd.predictor.sampling import adaptive_sample  # noqa: E402
-from inferd.predictor.train import Trainer, executed_layers, fingerprint_for, fit_overhead  # noqa: E402
+from inferd.predictor.train import (Trainer, executed_layers, fingerprint_for, fit_overhead,  # noqa: E402
+                                   stratified)
 from inferd.zoo._variants import VariantSpec, build_variant, variant_specs  # noqa: E402
 
 TINY = [VariantSpec("resnet", 0.25, 64, 0.5, 3), VariantSpec("mobilenetv2", 0.25, 64, 0.5, 5),
@@ -465,6 +466,24 @@ def test_variants_are_many_and_split_stably() -> None:
     assert {s.name for s in variant_specs(120) if s.held_out} <= {s.name for s in held}  # a name decides
     m = build_variant(specs[3])
     assert m.graph.input[0].type.tensor_type.shape.dim[2].dim_value == specs[3].resolution
+
+
+def test_training_order_spreads_every_prefix_over_families_and_widths() -> None:
+    pool = [(s, 2) for s in variant_specs(240) if not s.held_out]
+    order = stratified(pool, np.random.default_rng(0))
+    assert sorted(s.name for s, _t in order) == sorted(s.name for s, _t in pool)  # a reordering, nothing lost
+    fams = {s.family for s, _t in pool}
+    # each run of one configuration per family holds every family (while every family has some left)
+    first = [s.family for s, _t in order[:3 * len(fams)]]
+    assert all(set(first[i:i + len(fams)]) == fams for i in range(0, len(first), len(fams)))
+    # a family's first configurations are as many widths as it has (random order would repeat some)
+    for fam in fams:
+        widths = {s.width for s, _t in pool if s.family == fam}
+        mine = [s.width for s, _t in order if s.family == fam][:len(widths)]
+        assert set(mine) == widths, fam
+    # and the order is the seed's
+    assert [s.name for s, _t in stratified(pool, np.random.default_rng(0))] == [s.name for s, _t in order]
+    assert [s.name for s, _t in stratified(pool, np.random.default_rng(1))] != [s.name for s, _t in order]
 
 
 def test_vit_variants_train_the_transformer_units() -> None:
