@@ -181,11 +181,21 @@ def compile_model(src: str | os.PathLike, out_dir: str | os.PathLike, device: st
     _write_package(out, template, graph, plan, prof, fp, entries, sha, str(Path(src).resolve()), batch, device,
                    kernels, costs="profiled" if prof is not None else ("predicted" if pred is not None else "roofline"),
                    precision=backend_precision(backend, device, precision, graph, prof, tuple(fp32_layers)),
-                   layout=layout, memory=memory_record(backend.plan, backend.graph) if device == "cpu" else None)
+                   layout=layout, memory=memory_record(backend.plan, backend.graph) if device == "cpu" else None,
+                   body_choices=_body_choices(backend, device))
     close = getattr(backend, "close", None)
     if close is not None:
         close()
     return out
+
+
+def _body_choices(backend: Any, device: str) -> list[list[Any]]:
+    """The CPU's kernel picks for the control-flow bodies of ``backend``'s graph (``runtime.cpu.body_choices``)."""
+    if device != "cpu" or not any(n.bodies for n in backend.graph.nodes):
+        return []
+    from .runtime.cpu import body_choices
+
+    return body_choices(backend.graph)
 
 
 def make_backend(graph: Graph, device: str, kernels: dict[str, str] | None = None,
@@ -324,7 +334,7 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
                    fp: dict[str, str], entries: list[Any], sha: str, src: str, batch: int, device: str,
                    kernels: dict[str, str] | None, costs: str = "profiled",
                    precision: PrecisionPlan = FP32, layout: LayoutPlan | None = None,
-                   memory: dict[str, Any] | None = None) -> None:
+                   memory: dict[str, Any] | None = None, body_choices: list[list[Any]] | None = None) -> None:
     """``template``: what plan.bin records (a dynamic model's shape computations stay nodes); ``graph``: the
     template at the plan's shape, whose layers the plan and the transformed weights are made for; ``layout``:
     the CPU's layout plan of ``graph`` (None: NCHW throughout, or not the CPU); ``memory``: the CPU's
@@ -410,6 +420,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "memory": memory,
         # and shaping a dynamic template anew 2 ms more (mobilenetv2 at N=1)
         "at_shape": _shaped_record(template, graph),
+        # the kernels measured best for the control-flow bodies: a cold load in a fresh process measured them
+        "body_choices": body_choices or [],
     })
 
 
@@ -669,6 +681,10 @@ def _open_parsed(pkg: Path, device: str, batch: int, kernels: dict[str, str] | N
                                   f"recompile it with those --kernel options")
     if current is not None:
         check_fingerprint(pkg, d, current)
+    if device == "cpu" and current is not None and d.get("body_choices"):  # (a validated package only)
+        from .runtime.cpu import seed_body_choices
+
+        seed_body_choices(d["body_choices"])
     if early.store is None:  # (a failed open closes it with the early stream's: _open_package)
         early.store = WeightsStore(pkg / "weights.store", direct=None, head=head)
         early.store.window = window

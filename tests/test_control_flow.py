@@ -373,6 +373,59 @@ def test_body_kernels_measured_once_per_shape_and_threads(monkeypatch: pytest.Mo
         native.set_num_threads(threads)
 
 
+def test_a_package_brings_its_body_kernels_and_a_cold_load_measures_none(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Any) -> None:
+    """The kernels its compile measured for the control-flow bodies travel in the package: a cold load in a process
+    that measured nothing binds them without measuring (a fresh process had spent 3-18 ms of vad's cold load
+    measuring) and answers as onnxruntime does; a record that is damaged or names another shape is skipped, and
+    that body is measured as before."""
+    import inferd.runtime.cpu as cpu
+    import inferd.runtime.profiler as profiler
+    from inferd.package import compile_model, read_plan
+    from inferd.zoo import build
+
+    m = build("vad_lstm")
+    src = tmp_path / "vad.onnx"
+    onnx.save(m, src)
+    monkeypatch.setattr(cpu, "_CHOSEN", {})
+    pkg = compile_model(src, tmp_path / "pkg")
+    recs = read_plan(pkg / "plan.bin")["body_choices"]
+    assert recs and all(len(r[1]) == len(r[2]) > 0 for r in recs)
+    measured = dict(cpu._CHOSEN)  # what the compile measured: the records are these
+    assert {(r[0], tuple(r[1])): r[2] for r in recs} == {k: v for k, v in measured.items()}
+
+    calls: list[int] = []
+    real = profiler.profile_layers
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(profiler, "profile_layers", counted)
+    monkeypatch.setattr(cpu, "_CHOSEN", {})  # a fresh process: nothing measured
+    feeds = {"input": np.random.default_rng(0).standard_normal((1, 512)).astype(np.float32) * 0.3,
+             "sr": np.array(16000, np.int64), "state": np.zeros((2, 1, 64), np.float32)}
+    model = inferd.load(str(pkg), device="cpu")
+    try:
+        out = model.run(feeds)
+        assert not calls, "a body was measured at load"
+        ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for got, want in zip(out.values(), ref):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    finally:
+        model.close()
+    # damaged records and one of another shape: none taken, nothing raised; the body is then measured
+    monkeypatch.setattr(cpu, "_CHOSEN", {})
+    other = [recs[0][0], [k.replace("64", "65") for k in recs[0][1]], recs[0][2]]
+    assert cpu.seed_body_choices([["x"], [1, ["a"], ["b", "c"]], None, other]) == 1
+    model = inferd.load(str(tmp_path / "vad.onnx"), device="cpu")
+    try:
+        model.run(feeds)
+        assert calls, "a body with no matching record was not measured"
+    finally:
+        model.close()
+
+
 def test_if_body_giving_one_tensor_as_two_outputs() -> None:
     """A branch may name one tensor as two of its outputs: the bound If fills both of the node's buffers."""
     then = _body([helper.make_node("Mul", ["x", "two"], ["t"])], ["t", "t"], name="then")

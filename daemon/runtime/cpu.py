@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,7 +18,7 @@ from .. import native
 from ..errors import BackendError, InputError, ShapeError
 from ..fileio import VECTOR_ALIGN, aligned_bytes, cache_aligned
 from ..frontend.shapes import check_dims
-from ..ir import Graph, TensorInfo
+from ..ir import Graph, Subgraph, TensorInfo
 from ..ops import control as _control
 from ..ops.base import (Kernel, Layer, bounded_view, choose_kernel, kernels_for, layer_at, op_spec, raw_params,
                         run_at_run_shapes)
@@ -629,16 +630,10 @@ def measured_choice(graph: Graph, reps: int = 3, budget_s: float = 0.2) -> list[
     from ..planner.cost import DeviceRates
     from .profiler import profile_layers
 
-    entries = []
-    for node in graph.nodes:
-        layer = Layer.of(node, graph)
-        cands, default = candidate_kernels(layer, "cpu", None, False)
-        entries.append((layer, cands, default))
-    choosing = [e for e in entries if len(e[1]) > 1]
     # what was measured for the same layers (shapes, attributes, candidates) on as many threads is taken again:
     # a daemon that evicts a model under its budget and loads it again had measured its bodies every time (vad's
-    # two If bodies: 5-10 ms of each of its ~10 ms cold loads)
-    key = (native.num_threads(), tuple(_choice_key(layer, cands) for layer, cands, _d in choosing))
+    # two If bodies: 5-10 ms of each of its ~10 ms cold loads); and a package brings what its compile measured
+    key, entries, choosing = _body_key(graph)
     with _CHOSEN_LOCK:
         picked = _CHOSEN.get(key)
     if picked is None:
@@ -662,15 +657,89 @@ def measured_choice(graph: Graph, reps: int = 3, budget_s: float = 0.2) -> list[
     return out
 
 
+def _body_key(graph: Graph) -> tuple[tuple[int, tuple[str, ...]], list[tuple[Layer, list[Kernel], Kernel]],
+                                      list[tuple[Layer, list[Kernel], Kernel]]]:
+    """``graph``'s key in ``_CHOSEN`` (threads, the keys of its layers with a choice), its layers with their candidates
+    and default, and those with a choice."""
+    entries = []
+    for node in graph.nodes:
+        layer = Layer.of(node, graph)
+        cands, default = candidate_kernels(layer, "cpu", None, False)
+        entries.append((layer, cands, default))
+    choosing = [e for e in entries if len(e[1]) > 1]
+    return (native.num_threads(), tuple(_choice_key(layer, cands) for layer, cands, _d in choosing)), entries, choosing
+
+
 #: ``measured_choice``'s picks (kernel names of the layers with a choice) per (threads, those layers' keys)
-_CHOSEN: dict[tuple[Any, ...], list[str]] = {}
+_CHOSEN: dict[tuple[int, tuple[str, ...]], list[str]] = {}
 _CHOSEN_LOCK = threading.Lock()
 
 
-def _choice_key(layer: Layer, cands: Sequence[Kernel]) -> tuple[Any, ...]:
-    ins = tuple(i.shape if i is not None else None for i in layer.inputs)
-    return (layer.op, repr(sorted(layer.attrs.items())), ins, tuple(o.shape for o in layer.outputs),
-            layer.const_inputs, tuple(k.name for k in cands))
+def _choice_key(layer: Layer, cands: Sequence[Kernel]) -> str:
+    """One layer's part of a body's choice key: a string equal for equal op, attributes, shapes and candidates in
+    any process (a package carries them): lists and tuples alike, arrays by content, nested bodies by name."""
+    ins = tuple(tuple(i.shape) if i is not None else None for i in layer.inputs)
+    return repr((layer.op, sorted((k, _canon(v)) for k, v in layer.attrs.items()), ins,
+                 tuple(tuple(o.shape) for o in layer.outputs), tuple(layer.const_inputs), tuple(k.name for k in cands)))
+
+
+def _canon(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_canon(x) for x in v)
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, tuple(v.shape), zlib.crc32(np.ascontiguousarray(v).tobytes()))
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, dict):
+        return tuple(sorted((str(k), _canon(x)) for k, x in v.items()))
+    if isinstance(v, (Subgraph, Graph)):
+        return ("body", v.name, len(v.nodes))
+    return v
+
+
+def body_choices(graph: Graph) -> list[list[Any]]:
+    """The kernels picked for the control-flow bodies of ``graph`` (nested ones too) as a package records them:
+    [threads, [layer keys], [kernel names]] per body, measured here where this process has not measured them yet.
+    A cold load takes them (``seed_body_choices``) instead of measuring: vad's two If bodies took 3-18 ms of a
+    fresh process's 12-29 ms cold load measuring candidates (2-core VM)."""
+    out: list[list[Any]] = []
+    seen: set[Any] = set()
+
+    def walk(g: Graph) -> None:
+        for node in g.nodes:
+            for body in node.bodies.values():
+                if body.runtime_shaped:
+                    continue
+                measured_choice(body)
+                key = _body_key(body)[0]
+                with _CHOSEN_LOCK:
+                    picked = _CHOSEN.get(key)
+                if picked is not None and key not in seen:
+                    seen.add(key)
+                    out.append([key[0], list(key[1]), list(picked)])
+                walk(body)
+    walk(graph)
+    return out
+
+
+def seed_body_choices(records: Sequence[Sequence[Any]]) -> int:
+    """Take a package's ``body_choices`` as measured here (how many were taken): a body with the same layers on as
+    many threads then binds the recorded kernels without measuring. A record of another shape is skipped (the
+    package's device fingerprint already vouches that the kernels exist and were measured on this machine)."""
+    n = 0
+    for rec in records:
+        try:
+            threads, keys, picked = int(rec[0]), tuple(str(k) for k in rec[1]), [str(p) for p in rec[2]]
+        except (TypeError, ValueError, IndexError):
+            continue
+        if len(keys) != len(picked):
+            continue
+        with _CHOSEN_LOCK:
+            if len(_CHOSEN) >= 256:
+                _CHOSEN.pop(next(iter(_CHOSEN)))
+            _CHOSEN[(threads, keys)] = picked
+        n += 1
+    return n
 
 
 def body_executor(graph: Graph) -> CpuExecutor:
