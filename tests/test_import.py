@@ -206,6 +206,40 @@ def test_a_conv_whose_taps_all_read_the_map_or_whose_map_may_grow_keeps_its_kern
                                rtol=1e-5, atol=1e-5)
 
 
+def test_looking_for_dead_taps_reads_no_weights_it_keeps() -> None:
+    """A conv kept whole is judged from shapes alone: a package's weights are read from its store on first use,
+    and a control-flow body is looked at on every open (vad's open read its bodies' weights to keep them)."""
+    from collections.abc import Mapping
+
+    from inferd.frontend.rewrite import _drop_dead_taps
+
+    class Counted(Mapping):  # type: ignore[type-arg]
+        def __init__(self, d: dict) -> None:  # type: ignore[type-arg]
+            self.d, self.reads = d, []
+
+        def __getitem__(self, k: str) -> np.ndarray:
+            self.reads.append(k)
+            return self.d[k]
+
+        def __contains__(self, k: object) -> bool:  # (Mapping's own reads the value)
+            return k in self.d
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(self.d)
+
+        def __len__(self) -> int:
+            return len(self.d)
+
+    for pads in ([2, 2, 2, 2], [0, 0, 0, 0]):
+        g = import_model(_dilated_model(3, 2, pads, (8, 8)))
+        w = g.nodes[0].inputs[1]
+        g.constants = Counted(dict(g.constants))  # type: ignore[assignment]
+        _drop_dead_taps(g, {"y"})
+        assert g.constants.reads == [] and g.nodes[0].inputs[1] == w, pads  # type: ignore[attr-defined]
+    g = import_model(_dilated_model(3, 12, [12, 12, 12, 12], (4, 4)))  # cut at import: the centre tap
+    assert g.constants[g.nodes[0].inputs[1]].shape[2:] == (1, 1)
+
+
 def _nf_block_model(beta_shape: tuple[int, ...] = (), mean_axes: list[int] | None = None,
                     keepdims: int = 1, pads: list[int] | None = None) -> onnx.ModelProto:
     """As timm exports an NF-Net block: SiLU(x) * beta (a constant) into a conv (padded or not), then a

@@ -183,17 +183,22 @@ def _drop_dead_taps(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] 
                 or conv.attr("pads") is None \
                 or _auto_pad(conv) != "NOTSET":
             continue
-        w = graph.constants[conv.inputs[1]]
+        if not any(conv.attr("pads")):
+            continue  # no padding: every tap reads the map
+        # the weight's shape from its info: the weights themselves are read only to be cut (a package's constants
+        # are read from its store on first use, and a control-flow body is shaped at every open)
+        w_info = graph.infos.get(conv.inputs[1])
+        w_shape = tuple(w_info.shape) if w_info is not None else np.shape(graph.constants[conv.inputs[1]])
         try:
-            g = conv_geom(conv, graph.infos[conv.inputs[0]].shape, w.shape)
+            g = conv_geom(conv, graph.infos[conv.inputs[0]].shape, w_shape)
         except Exception:
             continue
         if any(not isinstance(v, int) or v < 1 for v in (*g.in_sp, *g.out_sp)):
             continue
         keep: list[tuple[int, int]] = []
         for h, k, s, d, pb, oh in zip(g.in_sp, g.k, g.s, g.d, g.pb, g.out_sp):
-            first_row = np.arange(oh) * s - pb  # each output's input position at tap 0
-            live = [t for t in range(k) if np.any((first_row + t * d >= 0) & (first_row + t * d < h))]
+            # tap t reads the map for some output o < oh where 0 <= o * s - pb + t * d < h
+            live = [t for t in range(k) if max(0, -((t * d - pb) // s)) <= min(oh - 1, (h - 1 + pb - t * d) // s)]
             keep.append((live[0], live[-1]) if live else (-1, -1))
         if any(a < 0 for a, _ in keep) or all((a, b) == (0, k - 1) for (a, b), k in zip(keep, g.k)):
             continue  # (no tap reads the map: left as it is, the output is the bias)
@@ -201,6 +206,7 @@ def _drop_dead_taps(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] 
         pe = [p - (k - 1 - b) * d for p, (_, b), k, d in zip(g.pe, keep, g.k, g.d)]
         if any(p < 0 for p in pb + pe):
             continue
+        w = graph.constants[conv.inputs[1]]
         cut = np.ascontiguousarray(w[(slice(None), slice(None)) + tuple(slice(a, b + 1) for a, b in keep)])
         wn = f"{conv.name}.weight_live_taps"
         graph.set_const(wn, cut)
