@@ -389,7 +389,8 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
                 layer = by_name[lp.name][0]
                 k = choose_kernel(layer, device, lp.warm_kernel)
                 second = lp.source == "transformed" and lp.warm_kernel != lp.kernel
-                if kernel_transforms(k) and not (second and k.transformed_nbytes(layer) > WARM_COPY_MAX_BYTES):
+                big = second and k.transformed_nbytes(layer) > WARM_COPY_MAX_BYTES
+                if kernel_transforms(k) and k.storable and not big:
                     put_transformed(layer, lp.warm_kernel)
     with WeightsStore(out / "weights.store") as store:  # what a load of it reads, found as the load finds it
         big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}

@@ -4,6 +4,7 @@ names, conditions on shapes folded per shape variant, Loops with a trip count an
 branches whose outputs differ in shape; plus the plumbing ops (Not/And/Or/Xor, CumSum) and 0-d inputs."""
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import inferd
 import inferd.vulkan
+from inferd.ops.base import Layer
 from inferd.errors import InferdError
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
@@ -424,6 +426,51 @@ def test_a_package_brings_its_body_kernels_and_a_cold_load_measures_none(monkeyp
         assert calls, "a body with no matching record was not measured"
     finally:
         model.close()
+
+
+def test_a_control_flow_node_is_prepared_at_load_and_its_plan_prices_the_bodies(monkeypatch: pytest.MonkeyPatch,
+                                                                                 tmp_path: Any) -> None:
+    """Preparing an If builds its bodies' executors, which no store holds: its plan reads it raw (never a stored
+    "transformed" copy of its raw weights, which the store had duplicated) and prices its preparation from the
+    profile's transform, the faster of two binds of the node (the bodies built); the predicted cold start covers it
+    (it had been 0.1 ms for vad)."""
+    import inferd.ops.control as control
+    from inferd.package import _read_plan, compile_model
+    from inferd.planner.cold import layer_candidates
+    from inferd.planner.cost import RooflineCost
+    from inferd.store import WeightsStore
+    from inferd.zoo import build
+
+    real = control.ControlFlowKernel.executors
+    calls: list[int] = []
+
+    def slow(self: Any, layer: Any) -> Any:  # each bind of the If: 20 ms more, its bodies' build
+        calls.append(1)
+        time.sleep(0.02)
+        return real(self, layer)
+
+    monkeypatch.setattr(control.ControlFlowKernel, "executors", slow)
+    src = tmp_path / "vad.onnx"
+    onnx.save(build("vad_lstm"), src)
+    pkg = compile_model(src, tmp_path / "pkg")
+    _d, plan, prof = _read_plan(pkg / "plan.bin")
+    (lp,) = [lp for lp in plan.layers if lp.kernel == "control"]
+    assert lp.source == "raw"
+    assert prof is not None and prof.times[(lp.name, "control", "transform")] >= 0.02
+    assert plan.predicted_s >= 0.02
+    with WeightsStore(pkg / "weights.store") as store:
+        assert not list(store.find(lp.name, variant="transformed"))
+    # the planner offers no stored form of a kernel whose preparation cannot be stored
+    g = import_model_graph(src)
+    layer = next(Layer.of(n, g) for n in g.nodes if n.op == "If")
+    cands = layer_candidates(layer, [control.ControlFlowKernel()], RooflineCost())
+    assert {c.source for c in cands} == {"raw"}
+
+
+def import_model_graph(path: Any) -> Any:
+    from inferd.frontend import import_template, specialize
+
+    return specialize(import_template(path))
 
 
 def test_if_body_giving_one_tensor_as_two_outputs() -> None:

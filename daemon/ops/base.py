@@ -107,6 +107,10 @@ class Kernel:
     #: transformed weights serve the other (another input shape of a dynamic model choosing another kernel,
     #: a warm switch from the cold kernel).
     weights_form: ClassVar[str | None] = None
+    #: Whether what preparing a layer makes can be stored and read back instead (its transformed weights); False
+    #: where preparing builds what no store holds (a control-flow node's body executors): such a layer is always
+    #: prepared at load, from its raw constants.
+    storable: ClassVar[bool] = True
 
     def takes_weights_of(self, other: "Kernel") -> bool:
         """Whether ``other``'s transformed params serve this kernel as they are (one ``weights_form``)."""

@@ -207,6 +207,7 @@ class ControlFlowKernel(Kernel):
     name = "control"
     ops: ClassVar[tuple[str, ...]] = CONTROL_OPS
     priority = 50
+    storable = False  # its preparation is its bodies' executors
 
     def transformed_nbytes(self, layer: Layer) -> int:
         return 0

@@ -89,7 +89,7 @@ def layer_candidates(layer: Layer, kernels: Sequence[Kernel], cost: CostModel, g
         tr = cost.cost(layer, k, "transform") if kernel_transforms(k) else None
         out.append(Candidate(k.name, "raw", rr.seconds, tr.seconds if tr else 0.0, pipe, ex.seconds,
                              raw_nbytes(layer), ex.source, warm.seconds))
-        if cache and tr is not None and (stored is None or stored(layer.name, k.name)):
+        if cache and tr is not None and k.storable and (stored is None or stored(layer.name, k.name)):
             rt = cost.cost(layer, k, "read_transformed")
             out.append(Candidate(k.name, "transformed", rt.seconds, 0.0, pipe, ex.seconds,
                                  k.transformed_nbytes(layer), ex.source, warm.seconds))
