@@ -65,6 +65,29 @@ class Overlay(MutableMapping[str, np.ndarray]):
         return sum(1 for _ in self)
 
 
+class Renamed(Mapping[str, np.ndarray]):
+    """``base``'s values under other names (``names``: new -> base's name), read from ``base`` when asked: a
+    control-flow body's copies of its enclosing graph's weights, which a package's open leaves in the store until
+    they are used."""
+
+    __slots__ = ("base", "names")
+
+    def __init__(self, base: Mapping[str, np.ndarray], names: Mapping[str, str]) -> None:
+        self.base, self.names = base, dict(names)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.names
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.base[self.names[key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 def dtype_tag(dtype: Any) -> str:
     """A dtype as on-disk formats write it. numpy's ``str`` ("<f4") for its own types; the name for the
     ml_dtypes types ONNX models carry (bfloat16, float8...), whose ``str`` is an anonymous "<V2" that reads

@@ -33,7 +33,7 @@ from .errors import (BackendError, InferdError, PackageOptionsError, PackageUnsu
                      WeightsStoreError)
 from .frontend.shapes import specialize
 from .fileio import atomic_write
-from .ir import Graph, Node, Overlay, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
+from .ir import Graph, Node, Overlay, Renamed, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
 from .planner.cost import DeviceRates, Profile, ProfiledCost, RooflineCost, calibrated_roofline, kernel_transforms
@@ -428,9 +428,11 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
 
 def _shaped_record(template: Graph, graph: Graph) -> dict[str, Any] | None:
     """``graph`` (``template`` shaped at the plan's shape) as plan.bin records it, so that an open need not run
-    shape inference again; None for a static template (it is its own shaped graph), for control flow (bodies are
-    shaped at load) and where shaping folded a constant too large to inline."""
-    if graph is template or graph.runtime_shaped or any(n.bodies for n in graph.nodes):
+    shape inference again, control-flow bodies included (a template read back has them unshaped: vad's open spent
+    4 of its 5 ms shaping its two If bodies); None for a static template without bodies (it is its own shaped
+    graph), for tensors shaped at run time, and where shaping made a constant too large to inline."""
+    has_bodies = any(n.bodies for n in graph.nodes)
+    if (graph is template and not has_bodies) or graph.runtime_shaped:
         return None
     tconsts = template.constants
     folded: dict[str, np.ndarray] = {}
@@ -441,9 +443,71 @@ def _shaped_record(template: Graph, graph: Graph) -> dict[str, Any] | None:
                 if a.nbytes > INLINE_MAX:
                     return None
                 folded[i] = a
+    bodies = _bodies_record(graph.nodes, {id(v): k for k, v in tconsts.items()}) if has_bodies else {}
+    if bodies is None:
+        return None
     return {"inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
             "infos": [_info(t) for t in graph.infos.values()],
-            "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes], "folded": folded}
+            "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes], "folded": folded,
+            "bodies": bodies}
+
+
+def _bodies_record(nodes: list[Node], ids: dict[int, str]) -> dict[str, dict[str, Any]] | None:
+    """The shaped bodies of ``nodes`` (node name -> body key -> record), None where one cannot be recorded. A body's
+    constant that is one of the template's (by identity: shaping passes the enclosing graph's arrays in as they are)
+    is recorded by that name and read from the store when first used; others are inlined up to ``INLINE_MAX``."""
+    out: dict[str, dict[str, Any]] = {}
+    for n in nodes:
+        if not n.bodies:
+            continue
+        recs: dict[str, Any] = {}
+        for key, b in n.bodies.items():
+            if b.runtime_shaped:
+                return None
+            consts: dict[str, np.ndarray] = {}
+            refs: dict[str, str] = {}
+            for k, v in b.constants.items():
+                src = ids.get(id(v))
+                if src is not None:
+                    refs[k] = src
+                elif np.asarray(v).nbytes <= INLINE_MAX:
+                    consts[k] = np.asarray(v)
+                else:
+                    return None
+            nested = _bodies_record(b.nodes, ids)
+            if nested is None:
+                return None
+            recs[key] = {"name": b.name, "opset": b.opset, "inputs": [_info(t) for t in b.inputs],
+                         "outputs": [_info(t) for t in b.outputs], "infos": [_info(t) for t in b.infos.values()],
+                         "nodes": [[x.name, x.op, x.inputs, x.outputs, x.attrs] for x in b.nodes],
+                         "consts": consts, "refs": refs, "bodies": nested}
+        out[n.name] = recs
+    return out
+
+
+def _with_bodies(nodes: list[Node], recs: dict[str, Any], base: Any) -> None:
+    """Give ``nodes`` their recorded shaped bodies (``_bodies_record``), their template constants read from ``base``
+    when first used. ``WeightsStoreError`` where a record does not hold together."""
+    by_name = {n.name: n for n in nodes}
+    for name, bodies in recs.items():
+        node = by_name.get(name)
+        if node is None:
+            raise WeightsStoreError(f"a recorded body belongs to node {name!r}, which the graph lacks")
+        shaped = {}
+        for key, r in bodies.items():
+            bnodes = [Node(x[0], x[1], list(x[2]), list(x[3]), dict(x[4])) for x in r["nodes"]]
+            infos = {x[0]: _uninfo(x) for x in r["infos"]}
+            refs = dict(r["refs"])
+            lost = [src for src in refs.values() if src not in base]
+            missing = [i for x in bnodes for i in x.inputs if i and i not in infos]
+            if lost or missing:
+                raise WeightsStoreError(f"body {key!r} of node {name!r} reads unknown tensors {(lost + missing)[:5]}")
+            consts = Overlay(dict(r["consts"]), Renamed(base, refs)) if refs else dict(r["consts"])
+            g = Graph(r["name"], bnodes, [_uninfo(x) for x in r["inputs"]], [_uninfo(x) for x in r["outputs"]],
+                      consts, infos, int(r["opset"]))
+            _with_bodies(bnodes, r.get("bodies") or {}, base)  # (references name the template's constants)
+            shaped[key] = g
+        node.bodies = shaped
 
 
 def _shaped_graph(d: dict[str, Any], template: Graph) -> Graph:
@@ -457,9 +521,10 @@ def _shaped_graph(d: dict[str, Any], template: Graph) -> Graph:
     missing = [i for n in nodes for i in n.inputs if i and i not in infos]
     if missing:
         raise WeightsStoreError(f"the recorded shaped graph references unknown tensors {missing[:5]}")
+    consts = Overlay(dict(rec["folded"]), template.constants)
+    _with_bodies(nodes, rec.get("bodies") or {}, consts)
     return Graph(template.name, nodes, [infos[t.name] for t in template.inputs],
-                 [_uninfo(r) for r in rec["outputs"]], Overlay(dict(rec["folded"]), template.constants), infos,
-                 template.opset, dict(template.dims))
+                 [_uninfo(r) for r in rec["outputs"]], consts, infos, template.opset, dict(template.dims))
 
 
 def stream_record(entries: Any) -> list[list[str]]:

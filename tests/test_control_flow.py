@@ -467,6 +467,45 @@ def test_a_control_flow_node_is_prepared_at_load_and_its_plan_prices_the_bodies(
     assert {c.source for c in cands} == {"raw"}
 
 
+def test_a_package_records_its_shaped_bodies_and_an_open_shapes_none(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Any) -> None:
+    """plan.bin records the control-flow bodies shaped at the plan's shape (their weights by name, read from the store
+    when first used): an open shapes no body (vad's open spent 4 of its 5 ms shaping its two If bodies) and the model
+    answers as onnxruntime does, both branches; a record naming a tensor the package lacks is a damaged package."""
+    import inferd.frontend.shapes as shapes
+    from inferd.errors import WeightsStoreError
+    from inferd.package import compile_model, read_plan, write_plan
+    from inferd.zoo import build
+
+    m = build("vad_lstm")
+    src = tmp_path / "vad.onnx"
+    onnx.save(m, src)
+    pkg = compile_model(src, tmp_path / "pkg")
+    d = read_plan(pkg / "plan.bin")
+    assert set(d["at_shape"]["bodies"]["/sr/If"]) == {"then_branch", "else_branch"}
+    assert d["at_shape"]["bodies"]["/sr/If"]["then_branch"]["refs"]  # weights by name, not inlined
+
+    def no_shaping(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a body was shaped at open")
+
+    monkeypatch.setattr(shapes, "shape_body", no_shaping)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    with inferd.load(str(pkg), device="cpu") as model:
+        for sr in (16000, 8000, 16000):
+            feeds = {"input": (rng.standard_normal((1, 512)) * 0.3).astype(np.float32),
+                     "sr": np.array(sr, np.int64), "state": (rng.standard_normal((2, 1, 64)) * 0.1).astype(np.float32)}
+            for got, want in zip(model.run(feeds).values(), sess.run(None, feeds)):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    body = d["at_shape"]["bodies"]["/sr/If"]["then_branch"]
+    body["refs"][next(iter(body["refs"]))] = "no such weight"
+    write_plan(pkg / "plan.bin", d)
+    from inferd.package import open_package
+
+    with pytest.raises(WeightsStoreError, match="no such weight"):
+        open_package(pkg, "cpu", 1)
+
+
 def import_model_graph(path: Any) -> Any:
     from inferd.frontend import import_template, specialize
 
