@@ -430,10 +430,10 @@ def test_a_package_brings_its_body_kernels_and_a_cold_load_measures_none(monkeyp
 
 def test_a_control_flow_node_is_prepared_at_load_and_its_plan_prices_the_bodies(monkeypatch: pytest.MonkeyPatch,
                                                                                  tmp_path: Any) -> None:
-    """Preparing an If builds its bodies' executors, which no store holds: its plan reads it raw (never a stored
-    "transformed" copy of its raw weights, which the store had duplicated) and prices its preparation from the
-    profile's transform, the faster of two binds of the node (the bodies built); the predicted cold start covers it
-    (it had been 0.1 ms for vad)."""
+    """A control-flow node's bodies are built into executors, which no store holds: its plan reads it raw (never a
+    stored "transformed" copy of its raw weights, which the store had duplicated) and prices the bodies' build where
+    it happens, an If's taken branch at its first run: in the profile's first execution and the predicted cold start
+    (vad's had been 0.1 ms)."""
     import inferd.ops.control as control
     from inferd.package import _read_plan, compile_model
     from inferd.planner.cold import layer_candidates
@@ -441,22 +441,20 @@ def test_a_control_flow_node_is_prepared_at_load_and_its_plan_prices_the_bodies(
     from inferd.store import WeightsStore
     from inferd.zoo import build
 
-    real = control.ControlFlowKernel.executors
-    calls: list[int] = []
+    real = control._body_executor
 
-    def slow(self: Any, layer: Any) -> Any:  # each bind of the If: 20 ms more, its bodies' build
-        calls.append(1)
+    def slow(g: Any) -> Any:  # each body's build: 20 ms more
         time.sleep(0.02)
-        return real(self, layer)
+        return real(g)
 
-    monkeypatch.setattr(control.ControlFlowKernel, "executors", slow)
+    monkeypatch.setattr(control, "_body_executor", slow)
     src = tmp_path / "vad.onnx"
     onnx.save(build("vad_lstm"), src)
     pkg = compile_model(src, tmp_path / "pkg")
     _d, plan, prof = _read_plan(pkg / "plan.bin")
     (lp,) = [lp for lp in plan.layers if lp.kernel == "control"]
     assert lp.source == "raw"
-    assert prof is not None and prof.times[(lp.name, "control", "transform")] >= 0.02
+    assert prof is not None and prof.times[(lp.name, "control", "exec_first")] >= 0.02
     assert plan.predicted_s >= 0.02
     with WeightsStore(pkg / "weights.store") as store:
         assert not list(store.find(lp.name, variant="transformed"))
@@ -504,6 +502,37 @@ def test_a_package_records_its_shaped_bodies_and_an_open_shapes_none(monkeypatch
 
     with pytest.raises(WeightsStoreError, match="no such weight"):
         open_package(pkg, "cpu", 1)
+
+
+def test_an_if_builds_a_branch_when_it_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bound If builds a body's executor when that body first runs, not at load: a model whose requests take one
+    branch never builds the other (vad's cold preparation was half the second branch); the other branch, taken
+    later, is built then and answers right."""
+    import inferd.ops.control as control
+    from inferd.zoo import build
+
+    real = control._body_executor
+    built: list[str] = []
+
+    def counted(g: Any) -> Any:
+        built.append(g.name)
+        return real(g)
+
+    monkeypatch.setattr(control, "_body_executor", counted)
+    m = build("vad_lstm")
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    with inferd.load(m.SerializeToString(), device="cpu") as model:
+        model.wait_loaded()
+        assert built == []
+        names = []
+        for sr in (16000, 16000, 8000, 16000, 8000):
+            feeds = {"input": (rng.standard_normal((1, 512)) * 0.3).astype(np.float32),
+                     "sr": np.array(sr, np.int64), "state": (rng.standard_normal((2, 1, 64)) * 0.1).astype(np.float32)}
+            for got, want in zip(model.run(feeds).values(), sess.run(None, feeds)):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+            names.append(len(built))
+        assert names == [1, 1, 2, 2, 2], (names, built)
 
 
 def import_model_graph(path: Any) -> Any:

@@ -229,10 +229,14 @@ class ControlFlowKernel(Kernel):
     def bind(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
              outputs: Sequence[np.ndarray]) -> Callable[[], None] | None:
         node = layer.node
-        execs = self.executors(layer)
         stats = DecideStats()
         node.notes["stats"] = stats  # read by ``inferd info``
         ins = full_inputs(layer, inputs, params)
+        if node.op == "If":
+            lean = _bind_if_lazily(node, ins, outputs, stats)
+            if lean is not None:
+                return lean
+        execs = self.executors(layer)
         if node.op == "If":
             lean = _bind_if(node, ins, outputs, execs, stats)
             if lean is not None:
@@ -307,6 +311,65 @@ def _bind_if(node: Node, ins: Sequence[np.ndarray | None], outputs: Sequence[np.
         stats.runs += 1
         (then_run if flag[0] else else_run)()
         stats.decide_s += clock() - t0
+    return call
+
+
+def _bind_if_lazily(node: Node, ins: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
+                    stats: DecideStats) -> Callable[[], None] | None:
+    """``_bind_if`` with each body's executor built when that body first runs, not at bind: a request takes one
+    branch, often the same one for good (vad's sample rate), and building both was half of vad's cold preparation
+    (two executors, ~2 ms each on the 2-core VM). The other branch's first run pays its build. None where the
+    buffers' shapes are not the bodies' (``_bind_if``, or the general path, then decides)."""
+    make = _body_executor
+    cond = ins[0] if ins else None
+    if make is None or cond is None:
+        return None
+    pos = {body_name: k for k, body_name in enumerate(node.attr("_outer") or [])}
+    nf = len(formal_inputs(node))
+    if len([o for o in node.outputs if o]) != len(node.outputs):
+        return None
+    runs: dict[bool, Callable[[], None]] = {}
+    for key, taken in (("then_branch", True), ("else_branch", False)):
+        g = node.bodies.get(key)
+        if g is None or g.runtime_shaped or len(g.outputs) != len(node.outputs) \
+                or any(t.name not in pos for t in g.inputs):
+            return None
+        sources = {t.name: ins[nf + pos[t.name]] for t in g.inputs}
+        for t in g.inputs:
+            src = sources[t.name]
+            if src is None or tuple(src.shape) != tuple(t.shape) or src.dtype != t.dtype:
+                return None
+        for t, o in zip(g.outputs, outputs):
+            if tuple(t.shape) != tuple(o.shape) or np.dtype(t.dtype) != o.dtype:
+                return None
+        runs[taken] = _counted(_built_on_first_run(make, g, sources, [(t.name, o) for t, o in zip(g.outputs, outputs)],
+                                                   node, key), stats, key)
+    flag = np.asarray(cond).reshape(-1)  # a view of the condition's buffer: read at each run
+    if not np.may_share_memory(flag, cond):
+        return None
+    then_run, else_run = runs[True], runs[False]
+    clock = time.perf_counter
+
+    def call() -> None:
+        t0 = clock()
+        stats.runs += 1
+        (then_run if flag[0] else else_run)()
+        stats.decide_s += clock() - t0
+    return call
+
+
+def _built_on_first_run(make: Callable[[Graph], Any], g: Graph, sources: Mapping[str, np.ndarray],
+                        dests: list[tuple[str, np.ndarray]], node: Node, key: str) -> Callable[[], None]:
+    run: Callable[[], None] | None = None
+
+    def call() -> None:
+        nonlocal run
+        if run is None:
+            r = make(g).bind_run(sources, dests)
+            if r is None:
+                raise ShapeError(f"node {node.name!r} ({node.op}): body {key!r} cannot run on the node's buffers")
+            run = r
+        run()
     return call
 
 

@@ -190,14 +190,16 @@ def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], co
                 bound = k.bind(layer, ins, params, outs)
                 if kernel_transforms(k):
                     # preparing a layer is its transform and its bind, as the cold runtime's prepare does both
-                    # (``CpuExecutor.prepare``): a control-flow node's bind builds its bodies' executors, which
-                    # was all of vad's preparation (4-5 ms) and in no phase of its plan (0.1 ms predicted cold).
-                    # The faster of two binds: the first does what a process does once (a body's kernels
-                    # measured), which a load of the package does not (it brings them: ``body_choices``)
+                    # (``CpuExecutor.prepare``): a Loop's or Scan's bind builds its bodies' executors (an If builds
+                    # its taken branch at its first run: in exec_first). The faster of two binds: the first does
+                    # what a process does once (a body's kernels measured), which a load of the package does not
+                    # (it brings them: ``body_choices``)
                     times[(layer.name, k.name, "transform")] = t1 - t0 + min(t2 - t1, time.perf_counter() - t2)
                 fn = bound if bound is not None else (lambda k=k, p=params: k.run(layer, ins, p, outs))
                 first, warm = _median_time(fn, reps)
                 times[(layer.name, k.name, "exec_first")] = first
+                if not k.storable:  # a control-flow node: an If builds its taken branch at its first run, so that
+                    times[(layer.name, k.name, "exec_cold")] = first  # run is what a cold load's execution is
                 times[(layer.name, k.name, "exec")] = warm
             except Exception as e:  # a kernel that fails here is not a candidate the planner should trust
                 log.warning("profiling %s with %s failed: %s", layer.name, k.name, e)
