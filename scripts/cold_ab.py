@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""A/B of one zoo model's cold load between two source trees: each tree compiles its own package, then fresh
+processes alternate (old, new, old, ...), each in a daemon's state (loader threads up, host pool faulted in),
+the package's files dropped from the page cache, timing ``inferd.load`` + the first run.
+
+    python scripts/cold_ab.py vad_lstm --old /tmp/wtpkg [--new ""] [--rounds 7]
+
+``--old`` / ``--new``: a folder holding an ``inferd`` package (a worktree's ``daemon`` linked as ``inferd``;
+empty: the checkout's own). Prints one line per run and the medians; ``--json`` writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_CHILD = r'''
+import glob, json, sys, time
+import inferd
+from inferd.bench.common import daemon_state, drop_page_cache
+from inferd.bench.recurrent_bench import _feeds
+name, pkg = sys.argv[1], sys.argv[2]
+daemon_state("cpu", 0, 0, 256, claim_cores=True)
+from pathlib import Path
+import numpy as np
+from inferd.ir import dtype_from_tag
+from inferd.package import read_plan
+d = read_plan(Path(pkg) / "plan.bin")  # the inputs at the package's shape (a dynamic batch dimension included)
+if name in ("vad_lstm", "kws_gru", "crnn_lstm"):
+    feeds = _feeds(name)  # an int64 sample rate, a state: the values the bench gives them
+else:
+    rng = np.random.default_rng(0)
+    feeds = {r[0]: rng.standard_normal(r[1]).astype(dtype_from_tag(r[2])) for r in d["inputs"]}
+for f in glob.glob(pkg + "/*"):
+    drop_page_cache(f)
+t0 = time.perf_counter()
+m = inferd.load(pkg, device="cpu")
+m.run(feeds)
+t = time.perf_counter() - t0
+st = {k: v for k, v in dict(m.cold_stats).items() if isinstance(v, (int, float))}
+print(json.dumps({"cold_ms": t * 1e3, "plan_predicted_ms": m.plan.predicted_s * 1e3,
+                  "cold_s_ms": st.get("cold_s", 0) * 1e3}))
+'''
+
+_COMPILE = "import sys\nfrom inferd.package import compile_model\ncompile_model(sys.argv[1], sys.argv[2])\n"
+
+
+def _env(path: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if path:
+        env["PYTHONPATH"] = path
+    return env
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--old", required=True)
+    ap.add_argument("--new", default="")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="cold_ab_"))
+    write = "import sys\nfrom inferd import zoo\nzoo.write_zoo(sys.argv[1], [sys.argv[2]])"
+    subprocess.run([sys.executable, "-c", write, str(work / "zoo"), args.model], check=True)
+    src = next((work / "zoo").glob(f"{args.model}*.onnx"))
+    runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    for side, path in (("old", args.old), ("new", args.new)):
+        subprocess.run([sys.executable, "-c", _COMPILE, str(src), str(work / side)], check=True, env=_env(path))
+    for _ in range(args.rounds):
+        for side, path in (("old", args.old), ("new", args.new)):
+            out = subprocess.run([sys.executable, "-c", _CHILD, args.model, str(work / side)], check=True,
+                                 env=_env(path), capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            r = json.loads(out)
+            runs[side].append(r)
+            print(side, {k: round(v, 2) for k, v in r.items()}, flush=True)
+    summary = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
+    for side, s in summary.items():
+        print(f"{side}: median " + ", ".join(f"{k} {v:.2f}" for k, v in s.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "runs": runs, "median": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
