@@ -233,14 +233,10 @@ class ControlFlowKernel(Kernel):
         node.notes["stats"] = stats  # read by ``inferd info``
         ins = full_inputs(layer, inputs, params)
         if node.op == "If":
-            lean = _bind_if_lazily(node, ins, outputs, stats)
+            lean = _bind_if(node, ins, outputs, stats)
             if lean is not None:
                 return lean
         execs = self.executors(layer)
-        if node.op == "If":
-            lean = _bind_if(node, ins, outputs, execs, stats)
-            if lean is not None:
-                return lean
 
         def run_body(key: str, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             stats.taken[key] = stats.taken.get(key, 0) + 1
@@ -271,55 +267,16 @@ class ControlFlowKernel(Kernel):
         call()
 
 
-def _bind_if(node: Node, ins: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray], execs: dict[str, Any],
+def _bind_if(node: Node, ins: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
              stats: DecideStats) -> Callable[[], None] | None:
-    """An ``If`` whose two bodies are planned executors reading and writing buffers of fixed shapes (the
-    node's inputs and outputs here) as one call: read the condition, run the taken body straight from those
-    buffers into the outputs (``bind_run``: its inputs copied in, its kernels, its outputs copied out). This
-    skips the per-run feeds dict, shape checks and result arrays of ``run_control``: ~15 us a run, as much as
-    the rest of a small model's body. None where a body is shaped at run time or its shapes differ from the
-    node's (then ``run_control`` decides per run)."""
-    pos = {body_name: k for k, body_name in enumerate(node.attr("_outer") or [])}
-    nf = len(formal_inputs(node))
-    names = [o for o in node.outputs if o]
-    runs: dict[bool, Callable[[], None]] = {}
-    for key, taken in (("then_branch", True), ("else_branch", False)):
-        ex, g = execs.get(key), node.bodies[key]
-        bind_run = getattr(ex, "bind_run", None)
-        if bind_run is None or len(g.outputs) != len(node.outputs):
-            return None
-        if any(t.name not in pos for t in g.inputs):
-            return None
-        sources = {t.name: ins[nf + pos[t.name]] for t in g.inputs}
-        # an absent output ("") has no buffer: run_control's general path handles that rare case
-        run = bind_run(sources, [(t.name, o) for t, o in zip(g.outputs, outputs)]) \
-            if len(names) == len(node.outputs) else None
-        if run is None:
-            return None
-        runs[taken] = _counted(run, stats, key)
-    cond = ins[0]
-    if cond is None:
-        return None
-    flag = np.asarray(cond).reshape(-1)  # a view of the condition's buffer: read at each run
-    if not np.may_share_memory(flag, cond):
-        return None
-    then_run, else_run = runs[True], runs[False]
-    clock = time.perf_counter
-
-    def call() -> None:
-        t0 = clock()
-        stats.runs += 1
-        (then_run if flag[0] else else_run)()
-        stats.decide_s += clock() - t0
-    return call
-
-
-def _bind_if_lazily(node: Node, ins: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray],
-                    stats: DecideStats) -> Callable[[], None] | None:
-    """``_bind_if`` with each body's executor built when that body first runs, not at bind: a request takes one
-    branch, often the same one for good (vad's sample rate), and building both was half of vad's cold preparation
-    (two executors, ~2 ms each on the 2-core VM). The other branch's first run pays its build. None where the
-    buffers' shapes are not the bodies' (``_bind_if``, or the general path, then decides)."""
+    """An ``If`` whose two bodies read and write buffers of fixed shapes (the node's inputs and outputs here) as one
+    call: read the condition, run the taken body straight from those buffers into the outputs (its executor's
+    ``bind_run``: its inputs copied in, its kernels, its outputs copied out). This skips the per-run feeds dict,
+    shape checks and result arrays of ``run_control``: ~15 us a run, as much as the rest of a small model's body.
+    Each body's executor is built when that body first runs, not at bind: a request takes one branch, often the
+    same one for good (vad's sample rate), and building both was half of vad's cold preparation (two executors,
+    ~2 ms each on the 2-core VM); the other branch's first run pays its build. None where a body is shaped at run
+    time or its shapes differ from the node's buffers (then ``run_control`` decides per run)."""
     make = _body_executor
     cond = ins[0] if ins else None
     if make is None or cond is None:
