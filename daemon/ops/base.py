@@ -111,6 +111,9 @@ class Kernel:
     #: where preparing builds what no store holds (a control-flow node's body executors): such a layer is always
     #: prepared at load, from its raw constants.
     storable: ClassVar[bool] = True
+    #: Whether part of preparing a layer happens at its first run (an If builds its taken branch's executor then):
+    #: that run, not the warm one, is what a cold load's execution of it costs.
+    prepares_at_first_run: ClassVar[bool] = False
 
     def takes_weights_of(self, other: "Kernel") -> bool:
         """Whether ``other``'s transformed params serve this kernel as they are (one ``weights_form``)."""

@@ -208,6 +208,7 @@ class ControlFlowKernel(Kernel):
     ops: ClassVar[tuple[str, ...]] = CONTROL_OPS
     priority = 50
     storable = False  # its preparation is its bodies' executors
+    prepares_at_first_run = True  # an If's taken branch (``_bind_if``)
 
     def transformed_nbytes(self, layer: Layer) -> int:
         return 0

@@ -198,8 +198,8 @@ def profile_layers(entries: Sequence[tuple[Layer, Sequence[Kernel], Kernel]], co
                 fn = bound if bound is not None else (lambda k=k, p=params: k.run(layer, ins, p, outs))
                 first, warm = _median_time(fn, reps)
                 times[(layer.name, k.name, "exec_first")] = first
-                if not k.storable:  # a control-flow node: an If builds its taken branch at its first run, so that
-                    times[(layer.name, k.name, "exec_cold")] = first  # run is what a cold load's execution is
+                if k.prepares_at_first_run:  # (an If builds its taken branch then)
+                    times[(layer.name, k.name, "exec_cold")] = first
                 times[(layer.name, k.name, "exec")] = warm
             except Exception as e:  # a kernel that fails here is not a candidate the planner should trust
                 log.warning("profiling %s with %s failed: %s", layer.name, k.name, e)
