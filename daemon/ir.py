@@ -44,6 +44,23 @@ class Overlay(MutableMapping[str, np.ndarray]):
         if release is not None:
             release()
 
+    # A package's lazily read constants (``LazyConstants``) under an overlay of values computed at the plan's shape
+    # (a dynamic model's, a control-flow model's shaped graph) answer the loader as they would bare: a layer's raw
+    # weights come from the load's stream (``WeightSource.raw`` asks ``entry``), widened where stored fp16, and are
+    # forgotten once transformed. Without these the loader read them from the store again beside the stream.
+    def entry(self, name: str) -> Any:
+        entry = getattr(self.base, "entry", None)
+        return entry(name) if entry is not None and name not in self.top else None
+
+    def widened(self, name: str, a: np.ndarray) -> np.ndarray:
+        widened = getattr(self.base, "widened", None)
+        return widened(name, a) if widened is not None and name not in self.top else a
+
+    def drop(self, name: str) -> None:
+        drop = getattr(self.base, "drop", None)
+        if drop is not None and name not in self.top:
+            drop(name)
+
     def __getitem__(self, key: str) -> np.ndarray:
         top = self.top
         return top[key] if key in top else self.base[key]

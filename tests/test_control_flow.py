@@ -535,6 +535,45 @@ def test_an_if_builds_a_branch_when_it_first_runs(monkeypatch: pytest.MonkeyPatc
         assert names == [1, 1, 2, 2, 2], (names, built)
 
 
+def test_a_control_flow_packages_weights_come_from_the_load_stream_once(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Any) -> None:
+    """A shaped graph's constants (an overlay over the package's lazily read ones) answer the loader as the bare
+    ones do, so the If's raw weights come from the load's stream (they had been read from the store beside it,
+    the stream idle), and the branch built at its first run takes the arrays the load read rather than reading
+    them again: no read of the store's own after the load began."""
+    from inferd.backends.base import LazyConstants
+    from inferd.ir import Overlay
+    from inferd.package import compile_model
+    from inferd.store import WeightsStore
+    from inferd.zoo import build
+
+    src = tmp_path / "vad.onnx"
+    onnx.save(build("vad_lstm"), src)
+    pkg = compile_model(src, tmp_path / "pkg")
+    lazy_reads: list[str] = []
+    real = WeightsStore.read
+
+    def counted(self: Any, e: Any, *a: Any, **k: Any) -> Any:
+        lazy_reads.append(getattr(e, "tensor", "?"))
+        return real(self, e, *a, **k)
+
+    monkeypatch.setattr(WeightsStore, "read", counted)
+    feeds = {"input": np.random.default_rng(3).standard_normal((1, 512)).astype(np.float32) * 0.3,
+             "sr": np.array(16000, np.int64), "state": np.zeros((2, 1, 64), np.float32)}
+    with inferd.load(str(pkg), device="cpu") as model:
+        model.run(feeds)
+        stats = dict(model.cold_stats)
+        assert isinstance(model.graph.constants, Overlay) and isinstance(model.graph.constants.base, LazyConstants)
+    assert stats["stream_bytes"] > 0 and lazy_reads == [], (stats, lazy_reads)
+    # the overlay answers for its base where it does not shadow a name
+    base = LazyConstants({"small": np.ones(2, np.float32)}, None, {}, widen={"w"})  # type: ignore[arg-type]
+    ov = Overlay({"folded": np.zeros(1, np.float32), "w": np.ones(1, np.float32)}, base)
+    half = np.ones(3, np.float16)
+    assert ov.widened("v", half) is half and ov.widened("w", half) is half  # "w" is the overlay's own
+    assert Overlay({}, base).widened("w", half).dtype == np.float32
+    assert ov.entry("folded") is None and ov.entry("small") is None
+
+
 def import_model_graph(path: Any) -> Any:
     from inferd.frontend import import_template, specialize
 
