@@ -20,7 +20,7 @@ import logging
 import os
 import struct
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import msgpack
 import numpy as np
@@ -66,7 +66,7 @@ def _default(o: Any) -> Any:
         return o.item()
     if isinstance(o, Subgraph):  # a control-flow body, nested bodies in its nodes' attributes
         return msgpack.ExtType(_EXT_SUBGRAPH, msgpack.packb(
-            [o.name, [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in o.nodes],
+            [o.name, node_records(o.nodes),
              [[name, dtype_tag(dt), None if dims is None else list(dims)] for name, dt, dims in o.inputs],
              o.outputs, o.constants, o.outer], default=_default, use_bin_type=True))
     raise TypeError(f"cannot serialise {type(o).__name__}")
@@ -81,10 +81,20 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if code == _EXT_SUBGRAPH:
         name, nodes, ins, outs, consts, outer = msgpack.unpackb(data, raw=False, ext_hook=_ext_hook,
                                                                 strict_map_key=False)
-        return Subgraph(name, [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in nodes],
+        return Subgraph(name, nodes_of(nodes),
                         [(r[0], dtype_from_tag(r[1]), None if r[2] is None else tuple(r[2])) for r in ins], list(outs),
                         dict(consts), list(outer))
     return msgpack.ExtType(code, data)
+
+
+def node_records(nodes: Sequence[Node]) -> list[list[Any]]:
+    """Nodes as plan.bin (and a stream compile's file) records them: [name, op, inputs, outputs, attributes]."""
+    return [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in nodes]
+
+
+def nodes_of(records: Sequence[Sequence[Any]]) -> list[Node]:
+    """``node_records`` read back."""
+    return [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in records]
 
 
 def _info(t: TensorInfo) -> list[Any]:
@@ -409,7 +419,7 @@ def _write_package(out: Path, template: Graph, graph: Graph, plan: ColdPlan, pro
         "infos": [_info(t) for t in template.infos.values()],
         # tensors shaped at run time (data-dependent ops and what reads them): a static template is not shaped anew
         "runtime_shaped": sorted(template.runtime_shaped),
-        "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in template.nodes],
+        "nodes": node_records(template.nodes),
         "inline": inline,
         "fingerprint": fp,
         "plan": plan.to_dict(),
@@ -451,7 +461,7 @@ def _shaped_record(template: Graph, graph: Graph) -> dict[str, Any] | None:
         return None
     return {"inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
             "infos": [_info(t) for t in graph.infos.values()],
-            "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes], "folded": folded,
+            "nodes": node_records(graph.nodes), "folded": folded,
             "bodies": bodies}
 
 
@@ -482,7 +492,7 @@ def _bodies_record(nodes: list[Node], ids: dict[int, str]) -> dict[str, dict[str
                 return None
             recs[key] = {"name": b.name, "opset": b.opset, "inputs": [_info(t) for t in b.inputs],
                          "outputs": [_info(t) for t in b.outputs], "infos": [_info(t) for t in b.infos.values()],
-                         "nodes": [[x.name, x.op, x.inputs, x.outputs, x.attrs] for x in b.nodes],
+                         "nodes": node_records(b.nodes),
                          "consts": consts, "refs": refs, "bodies": nested}
         out[n.name] = recs
     return out
@@ -498,7 +508,7 @@ def _with_bodies(nodes: list[Node], recs: dict[str, Any], base: Any) -> None:
             raise WeightsStoreError(f"a recorded body belongs to node {name!r}, which the graph lacks")
         shaped = {}
         for key, r in bodies.items():
-            bnodes = [Node(x[0], x[1], list(x[2]), list(x[3]), dict(x[4])) for x in r["nodes"]]
+            bnodes = nodes_of(r["nodes"])
             infos = {x[0]: _uninfo(x) for x in r["infos"]}
             refs = dict(r["refs"])
             lost = [src for src in refs.values() if src not in base]
@@ -519,7 +529,7 @@ def _shaped_graph(d: dict[str, Any], template: Graph) -> Graph:
     rec = d.get("at_shape")
     if rec is None or [_uninfo(r) for r in rec["inputs"]] != list(template.inputs):
         return specialize(template)
-    nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in rec["nodes"]]
+    nodes = nodes_of(rec["nodes"])
     infos = {r[0]: _uninfo(r) for r in rec["infos"]}
     missing = [i for n in nodes for i in n.inputs if i and i not in infos]
     if missing:
@@ -763,7 +773,7 @@ def _open_parsed(pkg: Path, device: str, batch: int, kernels: dict[str, str] | N
                                 f"plan to {d['model_sha256'][:12]}")
     inline: dict[str, np.ndarray] = dict(d["inline"])
     big = {e.tensor: e for e in store.find("", kernel="", variant="raw")}
-    nodes = [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]]
+    nodes = nodes_of(d["nodes"])
     infos = {r[0]: _uninfo(r) for r in d["infos"]}
     consts = LazyConstants(inline, store, big, widen=set(d.get("fp16_raw") or ()))
     template = Graph(d["name"], nodes, [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]],

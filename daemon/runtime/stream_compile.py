@@ -24,7 +24,7 @@ import numpy as np
 from .. import __version__
 from ..errors import WeightsStoreError
 from ..fileio import atomic_write
-from ..ir import Graph, Node, dtype_from_tag, dtype_tag
+from ..ir import Graph, dtype_from_tag, dtype_tag
 from .stream import SMALL, StreamingExecutor, expand_kernels, prepare_stream_store, small_bytes, strip_constants
 
 SKEL_MAGIC = b"INFDSKEL"
@@ -33,7 +33,7 @@ _HEAD = struct.Struct("<8sI32s")
 
 
 def write_skeleton(graph: Graph, path: Path, meta: dict[str, Any]) -> None:
-    from ..package import _default, _info
+    from ..package import _default, _info, node_records
 
     stubs = {n: [list(np.shape(a)), dtype_tag(a.dtype)] for n, a in graph.constants.items()
              if np.asarray(a).nbytes > SMALL}
@@ -41,7 +41,7 @@ def write_skeleton(graph: Graph, path: Path, meta: dict[str, Any]) -> None:
     d = {"engine_version": __version__, "name": graph.name, "opset": graph.opset,
          "inputs": [_info(t) for t in graph.inputs], "outputs": [_info(t) for t in graph.outputs],
          "infos": [_info(t) for t in graph.infos.values()],
-         "nodes": [[n.name, n.op, n.inputs, n.outputs, n.attrs] for n in graph.nodes],
+         "nodes": node_records(graph.nodes),
          "small": small, "stubs": stubs, "meta": meta}
     body = msgpack.packb(d, default=_default, use_bin_type=True)
     atomic_write(path, _HEAD.pack(SKEL_MAGIC, SKEL_VERSION, hashlib.sha256(body).digest()) + body)
@@ -51,7 +51,7 @@ def read_skeleton(path: Path) -> tuple[Graph, dict[str, Any]]:
     """The graph (large constants as zero-strided stubs) and the meta it was written with."""
     from numpy.lib.stride_tricks import as_strided
 
-    from ..package import _ext_hook, _uninfo
+    from ..package import _ext_hook, _uninfo, nodes_of
 
     data = path.read_bytes() if path.is_file() else b""
     if len(data) < _HEAD.size:
@@ -67,7 +67,7 @@ def read_skeleton(path: Path) -> tuple[Graph, dict[str, Any]]:
     for n, (shape, dt) in d["stubs"].items():
         consts[n] = as_strided(np.zeros(1, dtype_from_tag(dt)), shape=tuple(shape), strides=(0,) * len(shape),
                                writeable=False)
-    g = Graph(d["name"], [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in d["nodes"]],
+    g = Graph(d["name"], nodes_of(d["nodes"]),
               [_uninfo(r) for r in d["inputs"]], [_uninfo(r) for r in d["outputs"]], consts,
               {r[0]: _uninfo(r) for r in d["infos"]}, int(d["opset"]))
     return g, dict(d["meta"])
