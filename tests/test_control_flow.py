@@ -339,14 +339,9 @@ def test_body_kernels_are_picked_by_measurement(monkeypatch: pytest.MonkeyPatch)
         assert k.applies(Layer.of(layer.node, body))
 
 
-def test_body_kernels_measured_once_per_shape_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same body measured again (a model evicted under the budget and loaded again) takes the picks measured
-    before without measuring; its copy from another import too; on another thread count it is measured anew."""
-    import inferd.runtime.cpu as cpu
+def _count_profiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each ``profile_layers`` call (each body measured) from now on."""
     import inferd.runtime.profiler as profiler
-    from inferd import native
-    from inferd.frontend import import_template, specialize
-    from inferd.zoo import build
 
     calls: list[int] = []
     real = profiler.profile_layers
@@ -356,6 +351,24 @@ def test_body_kernels_measured_once_per_shape_and_threads(monkeypatch: pytest.Mo
         return real(*a, **k)
 
     monkeypatch.setattr(profiler, "profile_layers", counted)
+    return calls
+
+
+def _vad_feeds(rng: np.random.Generator, sr: int = 16000, state: float = 0.1) -> dict[str, np.ndarray]:
+    """One vad_lstm chunk: 512 samples, the sample rate (which picks the If's branch), a recurrent state."""
+    return {"input": (rng.standard_normal((1, 512)) * 0.3).astype(np.float32), "sr": np.array(sr, np.int64),
+            "state": (rng.standard_normal((2, 1, 64)) * state).astype(np.float32)}
+
+
+def test_body_kernels_measured_once_per_shape_and_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same body measured again (a model evicted under the budget and loaded again) takes the picks measured
+    before without measuring; its copy from another import too; on another thread count it is measured anew."""
+    import inferd.runtime.cpu as cpu
+    from inferd import native
+    from inferd.frontend import import_template, specialize
+    from inferd.zoo import build
+
+    calls = _count_profiles(monkeypatch)
     monkeypatch.setattr(cpu, "_CHOSEN", {})
 
     def body() -> Any:
@@ -382,7 +395,6 @@ def test_a_package_brings_its_body_kernels_and_a_cold_load_measures_none(monkeyp
     measuring) and answers as onnxruntime does; a record that is damaged or names another shape is skipped, and
     that body is measured as before."""
     import inferd.runtime.cpu as cpu
-    import inferd.runtime.profiler as profiler
     from inferd.package import compile_model, read_plan
     from inferd.zoo import build
 
@@ -396,17 +408,9 @@ def test_a_package_brings_its_body_kernels_and_a_cold_load_measures_none(monkeyp
     measured = dict(cpu._CHOSEN)  # what the compile measured: the records are these
     assert {(r[0], tuple(r[1])): r[2] for r in recs} == {k: v for k, v in measured.items()}
 
-    calls: list[int] = []
-    real = profiler.profile_layers
-
-    def counted(*a: Any, **k: Any) -> Any:
-        calls.append(1)
-        return real(*a, **k)
-
-    monkeypatch.setattr(profiler, "profile_layers", counted)
+    calls = _count_profiles(monkeypatch)
     monkeypatch.setattr(cpu, "_CHOSEN", {})  # a fresh process: nothing measured
-    feeds = {"input": np.random.default_rng(0).standard_normal((1, 512)).astype(np.float32) * 0.3,
-             "sr": np.array(16000, np.int64), "state": np.zeros((2, 1, 64), np.float32)}
+    feeds = _vad_feeds(np.random.default_rng(0), state=0.0)
     model = inferd.load(str(pkg), device="cpu")
     try:
         out = model.run(feeds)
@@ -491,8 +495,7 @@ def test_a_package_records_its_shaped_bodies_and_an_open_shapes_none(monkeypatch
     rng = np.random.default_rng(1)
     with inferd.load(str(pkg), device="cpu") as model:
         for sr in (16000, 8000, 16000):
-            feeds = {"input": (rng.standard_normal((1, 512)) * 0.3).astype(np.float32),
-                     "sr": np.array(sr, np.int64), "state": (rng.standard_normal((2, 1, 64)) * 0.1).astype(np.float32)}
+            feeds = _vad_feeds(rng, sr)
             for got, want in zip(model.run(feeds).values(), sess.run(None, feeds)):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     body = d["at_shape"]["bodies"]["/sr/If"]["then_branch"]
@@ -527,8 +530,7 @@ def test_an_if_builds_a_branch_when_it_first_runs(monkeypatch: pytest.MonkeyPatc
         assert built == []
         names = []
         for sr in (16000, 16000, 8000, 16000, 8000):
-            feeds = {"input": (rng.standard_normal((1, 512)) * 0.3).astype(np.float32),
-                     "sr": np.array(sr, np.int64), "state": (rng.standard_normal((2, 1, 64)) * 0.1).astype(np.float32)}
+            feeds = _vad_feeds(rng, sr)
             for got, want in zip(model.run(feeds).values(), sess.run(None, feeds)):
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
             names.append(len(built))
@@ -558,8 +560,7 @@ def test_a_control_flow_packages_weights_come_from_the_load_stream_once(monkeypa
         return real(self, e, *a, **k)
 
     monkeypatch.setattr(WeightsStore, "read", counted)
-    feeds = {"input": np.random.default_rng(3).standard_normal((1, 512)).astype(np.float32) * 0.3,
-             "sr": np.array(16000, np.int64), "state": np.zeros((2, 1, 64), np.float32)}
+    feeds = _vad_feeds(np.random.default_rng(3), state=0.0)
     with inferd.load(str(pkg), device="cpu") as model:
         model.run(feeds)
         stats = dict(model.cold_stats)
