@@ -169,6 +169,16 @@ def _limit_bundled_openblas() -> bool:
     return done
 
 
+def install_crash_report() -> bool:
+    """On a fatal signal, write the faulting thread's native frames to stderr before the handler already there
+    (faulthandler's Python frames, or the default action): a crash inside a kernel otherwise shows only as the
+    Python line that called it (native/crash.c). The daemon and the test suite install it. False where the
+    extension has no such entry point (an older build) or no signal could be taken."""
+    if not has("inferd_install_crash_report"):
+        return False
+    return bool(lib.inferd_install_crash_report())
+
+
 def claim_cores(slow_ok: bool = True) -> None:
     """Hold numpy's BLAS to one thread while the native pool uses several (once per process; best effort).
     Called when a CPU executor is built, not at import, so merely importing inferd leaves the host application's

@@ -3,6 +3,11 @@
    Tensors are float32, row-major, one image (C, H, W) at a time unless stated. */
 int inferd_native_abi(void);
 
+/* On a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) write the thread, the faulting address and the native
+   frames to stderr, then run the handler that was there before (crash.c). Returns how many signals it took (the same
+   on a second call: it installs once). */
+int inferd_install_crash_report(void);
+
 /* col[(c*kh + i)*kw + j][oh*OW + ow] = x[c][oh*sh - pt + i*dh][ow*sw - pl + j*dw], 0 outside the image. */
 void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,
                    int pt, int pl, int OH, int OW, float* col);

@@ -13,3 +13,9 @@ os.environ.setdefault("LP_NUM_THREADS", "2")
 # how packages are planned and profiled (from predictions, then in idle time): the suite must not depend on whether
 # the developer trained one. Tests that want a predictor point INFERD_PREDICTOR_DIR at their own.
 os.environ["INFERD_PREDICTOR_DIR"] = tempfile.mkdtemp(prefix="inferd-test-predictor-")
+
+# A crash in a kernel (a worker dies of SIGSEGV) reports its native frames before pytest's faulthandler prints the
+# Python ones (native/crash.c): a rare crash of the suite once showed only the Python line that called into C.
+from inferd import native as _native  # noqa: E402
+
+_native.install_crash_report()

@@ -1305,6 +1305,13 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
         return 2
     kind = setup_logging(config.log_level)
     log.debug("logging to %s", kind)
+    # a crash leaves its Python frames and its native ones in the journal (stderr), not just "code=dumped"
+    import faulthandler
+
+    from .. import native
+
+    faulthandler.enable()
+    native.install_crash_report()
     apply_threads(config.threads)
     from ..runtime import hostpool
 

@@ -1,0 +1,43 @@
+"""A fatal signal in the process reports the faulting thread's native frames (``native.install_crash_report``,
+native/crash.c) and still runs the handler that was there: faulthandler's Python traceback, then the default
+action (the process dies of the signal, its exit status says which). Whichever of the two was installed first."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from inferd import native
+
+pytestmark = pytest.mark.skipif(not native.has("inferd_install_crash_report") or sys.platform != "linux",
+                                reason="needs the native extension's crash report (Linux)")
+
+_CRASH = "import ctypes; ctypes.string_at(0)"  # a read of address 0 inside C (ctypes' memmove)
+
+
+@pytest.mark.parametrize("order", ["faulthandler_first", "report_first"])
+def test_a_segfault_reports_native_frames_then_python_frames_and_dies_of_it(order: str) -> None:
+    steps = ["import faulthandler", "from inferd import native"]
+    install = "assert native.install_crash_report() and native.install_crash_report()"  # once; the second says so
+    steps += ["faulthandler.enable()", install] if order == "faulthandler_first" else [install, "faulthandler.enable()"]
+    r = subprocess.run([sys.executable, "-c", "; ".join([*steps, _CRASH])], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stderr[-2000:])
+    err = r.stderr
+    assert f"inferd: fatal signal {int(signal.SIGSEGV)} in thread " in err, err[-2000:]
+    # installed last, the report runs first and sees the fault itself; installed first, it runs after faulthandler,
+    # which re-raises the signal (then no faulting address is known)
+    assert (" at address 0x0;" if order == "faulthandler_first" else "sent by kill or raise") in err, err[-2000:]
+    lines = err.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("inferd: fatal signal"))
+    assert any("(" in ln and "+0x" in ln for ln in lines[start + 1:start + 20]), err[-2000:]  # native frames
+    assert "Fatal Python error: Segmentation fault" in err and "<string>" in err, err[-2000:]  # faulthandler's too
+
+
+def test_without_the_report_a_segfault_shows_no_native_frames() -> None:
+    """What the report adds: faulthandler alone prints no native frames."""
+    code = "; ".join(["import faulthandler", "faulthandler.enable()", _CRASH])
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGSEGV and "Fatal Python error" in r.stderr
+    assert "inferd: fatal signal" not in r.stderr
