@@ -25,7 +25,7 @@ import inferd
 from inferd.bench.common import daemon_state, drop_page_cache
 from inferd.bench.recurrent_bench import _feeds
 name, pkg = sys.argv[1], sys.argv[2]
-daemon_state("cpu", 0, 0, 256, claim_cores=True)
+daemon_state("cpu", 0, 0, 256 << 20, claim_cores=True)  # a daemon's default host pool
 from pathlib import Path
 import numpy as np
 from inferd.ir import dtype_from_tag

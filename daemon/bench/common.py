@@ -71,11 +71,11 @@ def busy_loop(core: int) -> "subprocess.Popen[bytes]":
                             stderr=subprocess.DEVNULL)
 
 
-def daemon_state(device: str, device_pool_mb: int = 0, resident_pipelines: int = 0, host_pool_mb: int = 0,
+def daemon_state(device: str, device_pool_bytes: int = 0, resident_pipelines: int = 0, host_pool_bytes: int = 0,
                  claim_cores: bool = False) -> Any:
     """Put a bench's child in the state of a daemon that is up, before its cold load is timed: the loader threads
     started; ``claim_cores``: numpy's BLAS held to one thread (``server.daemon.apply_threads``); its host pool
-    faulted in (``host_pool_mb``); on Vulkan the device created with its device pool (``device_pool_mb``) and the
+    faulted in (``host_pool_bytes``); on Vulkan the device created with its device pool (``device_pool_bytes``) and the
     listed pipelines made resident (``resident_pipelines``). Returns ``make_resident``'s answer (None if none)."""
     from ..runtime.scheduler import default_loaders, loader_pool
 
@@ -84,10 +84,10 @@ def daemon_state(device: str, device_pool_mb: int = 0, resident_pipelines: int =
         from .. import native
 
         native.claim_cores()
-    if host_pool_mb:
+    if host_pool_bytes:
         from ..runtime import hostpool
 
-        pool = hostpool.install(int(host_pool_mb))
+        pool = hostpool.install(int(host_pool_bytes))
         if pool is not None:
             pool.wait_prefaulted(60)
     if device != "vulkan":
@@ -95,7 +95,7 @@ def daemon_state(device: str, device_pool_mb: int = 0, resident_pipelines: int =
     from ..vulkan import devpool
     from ..vulkan.device import get_device
 
-    devpool.configure(int(device_pool_mb or 0))
+    devpool.configure(int(device_pool_bytes or 0))
     dev = get_device()
     if dev.pool is not None:
         dev.pool.wait_prefaulted(60)
