@@ -223,3 +223,23 @@ def test_threads_taking_and_giving_ranges_at_once_never_share_bytes(pool_size) -
         assert st["high_water_bytes"] > 0
     finally:
         dev.close()
+
+
+@pytest.mark.parametrize("host_memory", [True, False])
+def test_a_mapped_pool_is_faulted_in_before_any_range_is_taken_and_only_host_memory_counts_as_ours(
+        host_memory: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device memory mapped through a discrete GPU's BAR is faulted in too (a byte per page, where the populate
+    is refused), synchronously, so that a cold load's first uploads into its slabs do not fault; it is not counted as
+    the process's memory (``host_memory``), host memory is."""
+    from inferd.runtime import pagecache
+
+    monkeypatch.setattr(pagecache, "can_populate", lambda: False)  # the BAR's case: a byte per page, here
+    mem = np.full(16 * devpool.PAGE, 7, np.uint8)
+    p = devpool.DevicePool(None, mem.size, 0, 0, 0, mem, None)
+    p.prefault(host_memory=host_memory)
+    assert p.wait_prefaulted(10) and p.prefault_ms is not None
+    assert (mem[::devpool.PAGE] == 0).all() and (mem[1::devpool.PAGE] == 7).all()
+    assert p.host_memory is host_memory and p.stats()["host_memory"] is host_memory
+    unmapped = devpool.DevicePool(None, mem.size, 0, 0, 0, None, None)
+    unmapped.prefault(host_memory=False)  # nothing mapped: nothing to fault, nothing counted
+    assert unmapped.prefault_ms is None and not unmapped.host_memory

@@ -609,10 +609,10 @@ class VulkanDevice:
 
     def _create_pool(self, capacity: int, type_idx: int | None, host: bool = False) -> DevicePool | None:
         """The device pool (``devpool``): one allocation of memory type ``type_idx``, the one device regions take
-        (``host``: host regions), at most 1/HEAP_SHARE of its heap, mapped where such regions are; faulted in where
-        it is host memory (host regions; a CPU device, an integrated GPU), so that a load's first writes do not
-        fault. None where the setting is 0, the type is not host-coherent (flushes would have to cover neighbours'
-        ranges) or the allocation fails."""
+        (``host``: host regions), at most 1/HEAP_SHARE of its heap, mapped where such regions are, and its mapped
+        pages faulted in (host memory: host regions, a CPU device, an integrated GPU; or a discrete GPU's memory
+        mapped through the BAR), so that a load's first writes do not fault. None where the setting is 0, the type
+        is not host-coherent (flushes would have to cover neighbours' ranges) or the allocation fails."""
         if capacity <= 0 or type_idx is None:
             return None
         flags, heap = self._mem_types[type_idx]
@@ -636,8 +636,8 @@ class VulkanDevice:
         pool = DevicePool(mem, size, type_idx, heap, flags, mapped, raw)
         log.info("%s pool: %d MiB of memory type %d (heap %d)", "host" if host else "device", size >> 20, type_idx,
                  heap)
-        if mapped is not None and (host or self.device_type in ("cpu", "integrated")):
-            pool.prefault()
+        if mapped is not None:
+            pool.prefault(host_memory=host or self.device_type in ("cpu", "integrated"))
         return pool
 
     def pool_stats(self) -> dict[str, Any] | None:
