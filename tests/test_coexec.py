@@ -387,3 +387,44 @@ def test_cpu_layers_run_as_regions_of_the_cpu_backend() -> None:
                 ref = want if trial == 0 else _ort_model(onnx.load(str(path)), f)
                 for n, w in zip(names, ref):
                     assert rel_err(got[n], w) <= 1e-3, (n, sides.get(mid))
+
+
+@pytest.mark.parametrize("side", ["split", "cpu"])
+def test_close_gives_the_cpu_side_back_while_the_model_is_still_referenced(side: str) -> None:
+    """``close()`` frees the CPU side at once: a CPU region's executor (its arena and weights) and a split layer's
+    CPU half (the recorded program holds its weights), not when the object is collected; a run after it is refused
+    and a second close does nothing. (The CPU work is checked through weak references with the collector off: only
+    the model's own references kept it.)"""
+    import gc
+    import weakref
+
+    from inferd.coexec.engine import CoexecModel, _CpuTask
+    from inferd.errors import BackendError
+
+    inputs = [_a(1, 6, 9, 9), _a(13, 6, 3, 3), _a(13)]
+    attrs = {"pads": [1, 1, 1, 1]}
+    g = graph_of_layer(single_node_layer("Conv", inputs, attrs), inputs)
+    m = CoexecModel(g, {"n0": 0.5 if side == "split" else "cpu"})
+    want = _ort("Conv", inputs, attrs)
+    assert rel_err(m.run({"x0": inputs[0]})["y0"], want) <= TOL
+    tasks = [arg for _op, arg in m.program if isinstance(arg, _CpuTask)]
+    assert len(tasks) == 1 and tasks[0].split == (side == "split")
+    call = weakref.ref(tasks[0].call)
+    regions = list(m.regions)
+    assert len(regions) == (1 if side == "cpu" else 0)
+    held = [ex.arena.nbytes for ex in regions]
+    del tasks
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert call() is not None  # the model holds it
+        m.close()
+        assert call() is None, "the closed model still holds its CPU work"
+        assert all(n > 0 for n in held) and all(ex.arena.nbytes == 0 for ex in regions)
+        assert m.regions == [] and m.program == []
+    finally:
+        if was:
+            gc.enable()
+    with pytest.raises(BackendError, match="closed"):
+        m.run({"x0": inputs[0]})
+    m.close()

@@ -701,11 +701,25 @@ class CoexecModel:
         return [dict(p.__dict__) for p in self.placements]
 
     def close(self) -> None:
+        """Give everything back now: the CPU side (its regions' executors, with their arenas and weights, and the
+        split layers' CPU halves, which the recorded program holds) and the device's (fences, events, regions, the
+        Vulkan backend). Waits for a run under way. A daemon that unloads the model may still hold the object (its
+        status, a request's reply on its way): until this, a closed model kept its CPU memory until it was
+        collected."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            # the CPU side first: it needs no device (a device closed under the model leaves host memory to free)
+            for ex in self.regions:
+                ex.close()
+            self.regions = []
+            self.program = []
+            self._close_device()
+
+    def _close_device(self) -> None:
         from ..vulkan.device import vk
 
-        if self._closed:
-            return
-        self._closed = True
         b = getattr(self, "_b", None)
         dev = self.device
         if dev.closed or dev.device is None:
