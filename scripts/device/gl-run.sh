@@ -3,6 +3,7 @@
 # NVIDIA ICD, the native build, and `inferd` importable from the checkout (HEAD) or from .gl/base (a baseline
 # tree sharing the same native build). Sets VK_OK=1 when a Vulkan device came up.
 for f in .gl/*.deb; do dpkg -x $f / ; done; ldconfig
+if [ -f .gl/bin/glslangValidator.gz ]; then gunzip -f .gl/bin/glslangValidator.gz && chmod +x .gl/bin/glslangValidator; fi
 export PATH=$PWD/.gl/bin:$PATH
 python3 -m pip install -q --no-index --no-deps .gl/wheels/*.whl 2>&1 | tail -2
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/nvidia/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
