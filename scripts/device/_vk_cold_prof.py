@@ -17,6 +17,13 @@ from inferd.bench.common import daemon_state
 from inferd.runtime import pagecache
 
 pkg = sys.argv[1]
+#: VARIANT: "switch100" (the cold window's GIL switch interval 100 us instead of 500), "nopipe" (the first run waits
+#: for every layer's preparation and records them all at once, where it records each as it is ready)
+VARIANT = os.environ.get("VARIANT", "")
+if VARIANT == "switch100":
+    from inferd.runtime import window
+
+    window.SWITCH_INTERVAL_S = 0.0001
 LOADERS = int(os.environ["LOADERS"]) if os.environ.get("LOADERS") else None  # default: the plan's
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 print("resident", daemon_state("vulkan", 64 << 20, 128, 256 << 20, claim_cores=True))
@@ -64,6 +71,10 @@ for r in range(rounds):
     t0 = time.perf_counter()
     m = inferd.load(pkg, device="vulkan", loaders=LOADERS)
     t_load = time.perf_counter()
+    if VARIANT == "nopipe" and m._cold is not None:
+        from dataclasses import replace
+
+        m._cold.plan = replace(m._cold.plan, options=replace(m._cold.plan.options, pipeline=False))
     feeds = {i.name: np.random.rand(*i.shape).astype(i.dtype) for i in m.inputs}
     t1 = time.perf_counter()
     m.run(feeds)

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Vulkan cold loads of small models from their packages in a daemon's state (_vk_cold_prof.py, no sampling),
 # this tree (head) against a baseline (.gl/base: made here from .gl/base.patch, the diff head -> base, when absent),
-# alternating per round: cold ms and the backend's counters (upload_s: the loaders' copies into device memory).
+# alternating per round (ARMS: trees or tree:variant, default "base head"): cold ms and the backend's counters
+# (upload_s: the loaders' copies into device memory).
 # Run after .gl/run.sh. ROUNDS alternations of LOADS loads each (the first load of each is left out).
 set -u
 W=/tmp/vkcp; mkdir -p $W
@@ -15,10 +16,11 @@ for M in ${MODELS:-squeezenet1_1 mobilenetv2}; do
   fi
 done
 for r in $(seq 1 ${ROUNDS:-3}); do
-  for tree in base head; do
+  for arm in ${ARMS:-base head}; do  # an arm: a tree, or tree:VARIANT (_vk_cold_prof.py's)
+    tree=${arm%%:*}; variant=${arm#*:}; [ "$variant" = "$arm" ] && variant=
     for M in ${MODELS:-squeezenet1_1 mobilenetv2}; do
-      PYTHONPATH=/tmp/pp/$tree SAMPLE=0 SUMMARY=1 timeout 120 python3 scripts/device/_vk_cold_prof.py $W/$M.pkg \
-        ${LOADS:-4} 2>&1 | grep "^SUMMARY" | sed "s/^SUMMARY/$M $tree/"
+      PYTHONPATH=/tmp/pp/$tree VARIANT=$variant SAMPLE=0 SUMMARY=1 timeout 120 python3 scripts/device/_vk_cold_prof.py \
+        $W/$M.pkg ${LOADS:-4} 2>&1 | grep "^SUMMARY" | sed "s/^SUMMARY/$M $arm/"
     done
   done
 done
