@@ -6,7 +6,7 @@
 # Run after .gl/run.sh. ROUNDS alternations of LOADS loads each (the first load of each is left out).
 set -u
 W=/tmp/vkcp; mkdir -p $W
-if [ ! -d .gl/base/daemon ] && [ -f .gl/base.patch ]; then
+if [ ! -f .gl/base/daemon/__init__.py ] && [ -f .gl/base.patch ]; then  # (gl-run.sh leaves the native build there)
   mkdir -p .gl/base && cp -r daemon client .gl/base/ && (cd .gl/base && patch -s -p1 -R < ../base.patch) || exit 2
 fi
 for M in ${MODELS:-squeezenet1_1 mobilenetv2}; do
@@ -20,7 +20,8 @@ for r in $(seq 1 ${ROUNDS:-3}); do
     tree=${arm%%:*}; variant=${arm#*:}; [ "$variant" = "$arm" ] && variant=
     for M in ${MODELS:-squeezenet1_1 mobilenetv2}; do
       PYTHONPATH=/tmp/pp/$tree VARIANT=$variant SAMPLE=0 SUMMARY=1 timeout 120 python3 scripts/device/_vk_cold_prof.py \
-        $W/$M.pkg ${LOADS:-4} 2>&1 | grep "^SUMMARY" | sed "s/^SUMMARY/$M $arm/"
+        $W/$M.pkg ${LOADS:-4} > /tmp/vkab_run.log 2>&1 || { echo "$M $arm failed:"; tail -3 /tmp/vkab_run.log; }
+      grep "^SUMMARY" /tmp/vkab_run.log | sed "s/^SUMMARY/$M $arm/"
     done
   done
 done
