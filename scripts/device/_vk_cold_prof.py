@@ -88,7 +88,7 @@ for r in range(rounds):
     ls = {k: (round(v * 1e3, 2) if isinstance(v, float) else v) for k, v in stats.items()
           if isinstance(v, (int, float))}
     if os.environ.get("SUMMARY") == "1":  # one line a load (vk-cold-diag-ab.sh)
-        if r:
+        if r or os.environ.get("FIRST") == "1":  # FIRST=1: the process's first load too (a daemon's first after start)
             print(f"SUMMARY cold {t * 1e3:6.1f} load() {1e3 * (t_load - t0):5.1f} upload {ls.get('upload_s', 0):6.2f} "
                   f"alloc {ls.get('alloc_s', 0):5.2f} first_run {cs.get('first_run_s', 0):6.2f}")
         m.close()
