@@ -179,25 +179,19 @@ if eng == "inferd":
     import inferd
     # everything inferd.load imports lazily, so that no module import lands inside the timer
     for mod in ("inferd.package", "inferd.store", "inferd.runtime.cold", "inferd.runtime.cpu",
-                "inferd.runtime.scheduler", "inferd.runtime.profiler", "inferd.runtime.pagecache",
-                "inferd.backends.base", "inferd.planner.cold", "inferd.planner.cost", "inferd.planner.plan",
-                "inferd.native", "inferd.ops", "threadpoolctl"):
+                "inferd.runtime.scheduler", "inferd.backends.base", "inferd.planner.cold", "inferd.planner.cost",
+                "inferd.planner.plan", "inferd.native", "inferd.ops"):
         try:
             importlib.import_module(mod)
         except Exception:
             pass
     from inferd.planner.plan import PlanOptions
     opts = PlanOptions.from_dict(spec.get("options") or {})
+    from inferd.runtime.codepages import import_load_path
+    import_load_path()  # what the daemon imports at its start (its background warm_start)
     if device == "vulkan":
-        import pkgutil
-        import inferd.ops
-        mods = ["inferd.vulkan.executor", "inferd.vulkan.cold", "inferd.vulkan.host"] + [
-            "inferd.ops." + mi.name for mi in pkgutil.iter_modules(inferd.ops.__path__) if mi.name.endswith("_vulkan")]
-        for mod in mods:
-            try:
-                importlib.import_module(mod)
-            except Exception:
-                pass
+        from inferd.vulkan import import_load_path as vulkan_load_path
+        vulkan_load_path()  # as the daemon does where it opens the device at its start
     from inferd.bench.common import daemon_state
     _resident = daemon_state(device, spec.get("device_pool") or 0, spec.get("resident_pipelines") or 0,
                              spec.get("host_pool") or 0, claim_cores=True)

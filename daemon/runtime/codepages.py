@@ -124,6 +124,27 @@ def run_blas() -> None:
             np.matmul(a, b)
 
 
+def import_load_path() -> float:
+    """Import the Python modules a CPU cold load (and its idle-time work after the answer) runs that ``import inferd``
+    leaves to their first use (the page-cache probe a package's open asks, the profiler a refinement runs, the BLAS
+    limiter): a few milliseconds off a daemon's first cold load. The Vulkan backend's are
+    ``inferd.vulkan.import_load_path``, imported where the daemon opens its device. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    from . import pagecache, profiler  # noqa: F401
+
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:  # optional: the BLAS limit then comes from numpy's bundled OpenBLAS or not at all
+        pass
+    return time.perf_counter() - t0
+
+
+def warm_start() -> None:
+    """The daemon's start, in the background: the cold load's Python modules imported, its machine code mapped."""
+    import_load_path()
+    make_resident()
+
+
 def make_resident(extra_files: Sequence[str] = (), *, blas: bool = True) -> Residency:
     """Map the code of a cold load's libraries (``LOAD_PATH_MODULES`` plus ``extra_files``) and run the BLAS
     paths once. Best effort: a failure is logged and leaves the first cold load to fault its code in."""

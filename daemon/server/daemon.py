@@ -1323,7 +1323,7 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
 
     # the code a cold load runs, mapped while the daemon starts rather than faulted in from disk by the first
     # cold load after boot (one fault at a time, behind the weights that load reads)
-    threading.Thread(target=codepages.make_resident, name="inferd-codepages", daemon=True).start()
+    threading.Thread(target=codepages.warm_start, name="inferd-codepages", daemon=True).start()
     if config.coexec_threads:  # read by inferd.coexec.load when a cpu+vulkan model loads
         os.environ["INFERD_COEXEC_THREADS"] = str(config.coexec_threads)
     prepare_cache_dir(config.cache_dir)
@@ -1359,6 +1359,14 @@ def _make_resident(limit: int) -> dict[str, Any] | None:
     except Exception as e:
         log.warning("making Vulkan pipelines resident failed: %s: %s", type(e).__name__, e)
         return {"error": f"{type(e).__name__}: {e}"}
+    # the device served models before this start (it lists their pipelines): the next cold load is a Vulkan one
+    # the backend's modules and kernels' host bindings are imported now rather than on that load's path
+    try:
+        from ..vulkan import import_load_path
+
+        st["imports_s"] = round(import_load_path(), 6)
+    except Exception as e:  # the load imports them itself, and reports what is wrong then
+        log.debug("importing the Vulkan load path failed: %s: %s", type(e).__name__, e)
     log.info("%d Vulkan pipelines resident in %.2f s (%d listed, %d skipped)", st["created"], st["seconds"],
              st["listed"], st["skipped"])
     return st
