@@ -1359,8 +1359,8 @@ def _make_resident(limit: int) -> dict[str, Any] | None:
     except Exception as e:
         log.warning("making Vulkan pipelines resident failed: %s: %s", type(e).__name__, e)
         return {"error": f"{type(e).__name__}: {e}"}
-    # the device served models before this start (it lists their pipelines): the next cold load is a Vulkan one
-    # the backend's modules and kernels' host bindings are imported now rather than on that load's path
+    # the device served models before this start (it lists their pipelines), so a Vulkan cold load is coming:
+    # the backend's modules and its kernels' host bindings are imported now, not on that load's path
     try:
         from ..vulkan import import_load_path
 
