@@ -41,3 +41,23 @@ def test_without_the_report_a_segfault_shows_no_native_frames() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGSEGV and "Fatal Python error" in r.stderr
     assert "inferd: fatal signal" not in r.stderr
+
+
+def test_the_daemon_serves_when_started_without_a_stderr(tmp_path) -> None:
+    """``inferd serve`` enables faulthandler and the crash report at its start; started with file descriptor 2 closed
+    (``sys.stderr`` is None then, and faulthandler refuses) it still serves."""
+    import os
+
+    from inferd_client import Client
+
+    sock = tmp_path / "s.sock"
+    (tmp_path / "models").mkdir()
+    cmd = [sys.executable, "-m", "inferd.cli", "serve", "--endpoint", f"ipc://{sock}", "--models",
+           str(tmp_path / "models"), "--cache-dir", str(tmp_path / "cache")]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, preexec_fn=lambda: os.close(2))
+    try:
+        assert Client(f"ipc://{sock}").health()["live"] is True
+        assert p.poll() is None
+    finally:
+        p.terminate()
+        p.wait(30)

@@ -1310,7 +1310,10 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
 
     from .. import native
 
-    faulthandler.enable()
+    try:
+        faulthandler.enable()
+    except (RuntimeError, ValueError, OSError) as e:  # no usable stderr (started with fd 2 closed): serve without
+        log.warning("no crash traceback on stderr: %s", e)
     native.install_crash_report()
     apply_threads(config.threads)
     from ..runtime import hostpool
