@@ -627,34 +627,45 @@ def measured_choice(graph: Graph, reps: int = 3, budget_s: float = 0.2) -> list[
     that no cold plan covers, the control-flow bodies: their default picks follow rules measured on larger
     layers, and on a body's small ones the wrong pick cost most (vad's 129-channel conv: im2col's GEMM split over
     two threads 28 us, the banded kernel on one 13 us)."""
-    from ..planner.cost import DeviceRates
-    from .profiler import profile_layers
-
     # what was measured for the same layers (shapes, attributes, candidates) on as many threads is taken again:
     # a daemon that evicts a model under its budget and loads it again had measured its bodies every time (vad's
     # two If bodies: 5-10 ms of each of its ~10 ms cold loads); and a package brings what its compile measured
-    key, entries, choosing = _body_key(graph)
-    with _CHOSEN_LOCK:
-        picked = _CHOSEN.get(key)
-    if picked is None:
-        times = profile_layers(choosing, graph.constants, DeviceRates(), {}, reps=reps, budget_s=budget_s).times \
-            if choosing else {}
-        picked = []
-        for layer, cands, default in choosing:
-            timed = [(times[(layer.name, k.name, "exec")], k.priority, k) for k in cands
-                     if (layer.name, k.name, "exec") in times]
-            picked.append(min(timed, key=lambda t: t[:2])[2].name if timed else default.name)
-        if times or not choosing:
-            with _CHOSEN_LOCK:  # kept only where something was measured (a stopped profile measures nothing)
-                if len(_CHOSEN) >= 256:
-                    _CHOSEN.pop(next(iter(_CHOSEN)))
-                _CHOSEN[key] = picked
+    _key, entries, choosing, picked, _kept = _measured_picks(graph, reps, budget_s)
     names = dict(zip((layer.name for layer, _c, _d in choosing), picked))
     out = []
     for layer, cands, default in entries:
         name = names.get(layer.name)
         out.append((layer, next((k for k in cands if k.name == name), default)))
     return out
+
+
+def _measured_picks(graph: Graph, reps: int = 3, budget_s: float = 0.2
+                    ) -> tuple[tuple[int, tuple[str, ...]], list[tuple[Layer, list[Kernel], Kernel]],
+                               list[tuple[Layer, list[Kernel], Kernel]], list[str], bool]:
+    """``measured_choice``'s work: ``graph``'s key, its entries and those with a choice (``_body_key``), the kernel
+    names picked for the latter, and whether the picks are kept in ``_CHOSEN`` (measured now or before)."""
+    from ..planner.cost import DeviceRates
+    from .profiler import profile_layers
+
+    key, entries, choosing = _body_key(graph)
+    with _CHOSEN_LOCK:
+        picked = _CHOSEN.get(key)
+    if picked is not None:
+        return key, entries, choosing, picked, True
+    times = profile_layers(choosing, graph.constants, DeviceRates(), {}, reps=reps, budget_s=budget_s).times \
+        if choosing else {}
+    picked = []
+    for layer, cands, default in choosing:
+        timed = [(times[(layer.name, k.name, "exec")], k.priority, k) for k in cands
+                 if (layer.name, k.name, "exec") in times]
+        picked.append(min(timed, key=lambda t: t[:2])[2].name if timed else default.name)
+    kept = bool(times) or not choosing
+    if kept:
+        with _CHOSEN_LOCK:  # kept only where something was measured (a stopped profile measures nothing)
+            if len(_CHOSEN) >= 256:
+                _CHOSEN.pop(next(iter(_CHOSEN)))
+            _CHOSEN[key] = picked
+    return key, entries, choosing, picked, kept
 
 
 def _body_key(graph: Graph) -> tuple[tuple[int, tuple[str, ...]], list[tuple[Layer, list[Kernel], Kernel]],
@@ -710,11 +721,8 @@ def body_choices(graph: Graph) -> list[list[Any]]:
             for body in node.bodies.values():
                 if body.runtime_shaped:
                     continue
-                measured_choice(body)
-                key = _body_key(body)[0]
-                with _CHOSEN_LOCK:
-                    picked = _CHOSEN.get(key)
-                if picked is not None and key not in seen:
+                key, _e, _c, picked, kept = _measured_picks(body)
+                if kept and key not in seen:
                     seen.add(key)
                     out.append([key[0], list(key[1]), list(picked)])
                 walk(body)
