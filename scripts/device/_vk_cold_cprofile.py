@@ -14,7 +14,7 @@ import inferd.vulkan.cold as vc
 import inferd.vulkan.executor  # noqa: F401
 import inferd.vulkan.host  # noqa: F401
 from inferd.bench.common import daemon_state
-from inferd.runtime import pagecache
+from inferd.bench.cold_bench import evict
 
 pkg = sys.argv[1]
 LOADERS = int(os.environ["LOADERS"]) if os.environ.get("LOADERS") else None  # default: the plan's
@@ -57,9 +57,7 @@ load_prof = cProfile.Profile()
 all_prof = cProfile.Profile()  # Python >= 3.12: loads 4 and 5 whole, every thread
 ts = []
 for i in range(6):
-    for root, _, fs in os.walk(pkg):
-        for f in fs:
-            pagecache.drop_file(os.path.join(root, f))
+    evict([pkg], mode="fadvise")
     on[0] = i >= 2
     whole = GLOBAL and i >= 4
     t0 = time.perf_counter()

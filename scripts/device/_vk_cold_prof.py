@@ -14,7 +14,7 @@ import inferd.vulkan.cold  # noqa: F401
 import inferd.vulkan.executor  # noqa: F401
 import inferd.vulkan.host  # noqa: F401
 from inferd.bench.common import daemon_state
-from inferd.runtime import pagecache
+from inferd.bench.cold_bench import evict
 
 pkg = sys.argv[1]
 #: VARIANT: "switch100" (the cold window's GIL switch interval 100 us instead of 500), "nopipe" (the first run waits
@@ -30,9 +30,7 @@ print("resident", daemon_state("vulkan", 64 << 20, 128, 256 << 20, claim_cores=T
 
 
 def drop() -> None:
-    for root, _, fs in os.walk(pkg):
-        for f in fs:
-            pagecache.drop_file(os.path.join(root, f))
+    evict([pkg], mode="fadvise")  # the package's files only, as the cold bench's tests do
 
 
 def sample(stop: threading.Event, ours: collections.Counter, n: list[int]) -> None:
