@@ -113,6 +113,9 @@ class Config:
                             "models' arenas and weights from (capped at an eighth of its heap; 0: none; read at the "
                             "start): an allocation on the way to a first answer costs time there",
                             default=64 * 1024 * 1024, minimum=0)
+    heap_trim: bool = _opt("bool", "give the heap's freed memory back to the system (malloc_trim) in idle time after a "
+                           "cold load settles and after a model is closed: what loads, warm switches and compiles "
+                           "freed otherwise stays in the RSS", default=True)
     resident_pipelines: int = _opt("int", "Vulkan pipelines created at start in the background: the device's most "
                                    "recently used ones (its list in the cache directory), so that a cold load of a "
                                    "model served before creates none (0: none)", default=128, minimum=0)

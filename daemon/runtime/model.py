@@ -20,6 +20,7 @@ from .. import cache, faults
 from ..errors import BackendError, PackageOptionsError, PackageUnsupported, WeightsStoreError
 from ..ir import Graph, TensorInfo
 from ..planner.plan import ColdPlan, PlanOptions
+from . import heap
 from .cpu import check_feeds
 from .scheduler import foreground
 from .threads import ThreadChoice
@@ -357,9 +358,14 @@ class Model:
                     except Exception:
                         log.exception("model %s: refining the package's plan failed", self.name)
                     done.set()
+                # the refinement's profiling backend and any kernels its plan switched out are freed now
+                heap.schedule(f"refining model {self.name}")
 
             self.refine_done = done
             after_answer(job)
+        # behind the warm switch and the refinement on the idle worker: the cold kernels' weights and the load's
+        # buffers they freed
+        heap.schedule(f"the cold load of model {self.name}")
 
     def _follow_plan(self, cold: "ColdLoad", plan: Any) -> None:
         """Switch the running kernels to a refined plan's warm choices (idle time, on the refinement's worker):
@@ -438,6 +444,7 @@ class Model:
             if self._on_close is not None:
                 self._on_close()
                 self._on_close = None
+        heap.schedule(f"closing model {self.name}")
 
     def __enter__(self) -> "Model":
         return self

@@ -43,6 +43,7 @@ from . import budget, pressure, streamed
 from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
+from ..runtime import heap
 from .scheduler import _SHARED_DEVICES, LOADING, READY, RECOVERING, UNAVAILABLE, ClientShares, DeviceLock, Job, ModelSlot
 from .sdnotify import Notifier, setup_logging
 
@@ -840,6 +841,8 @@ class Server:
                        "overhead_bytes": max(0, rss - models_bytes - max(0, pool_free)),
                        "host_pool": pool_stats,
                        "device_pool": dev_pool,
+                       # freed heap given back to the system (heap_trim), so far
+                       "heap": heap.stats(),
                        # clean pages of the loaded models' packages in the page cache: memory too, and the
                        # kernel's to drop (the weights store bypasses it with O_DIRECT when not resident)
                        "page_cache_bytes": self.package_cache_bytes()},
@@ -1322,6 +1325,7 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
     from ..vulkan import devpool
 
     devpool.configure(config.device_pool)  # allocated with the Vulkan device, when one opens
+    heap.configure(config.heap_trim)  # the daemon owns its heap: freed memory goes back in idle time
     from ..runtime import codepages
 
     # the code a cold load runs, mapped while the daemon starts rather than faulted in from disk by the first
