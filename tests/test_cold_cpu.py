@@ -385,6 +385,39 @@ def test_a_closed_model_is_freed_though_its_load_was_the_last(tmp_path: Path) ->
     assert backend() is None, "the closed model's backend is still referenced"
 
 
+def test_closing_a_model_waits_for_a_warm_switch_under_way_not_for_one_queued() -> None:
+    """A warm switch queued behind other idle work (another model's refinement, up to seconds of profiling) held
+    close() until its turn, up to 30 s: a daemon's shutdown gave up on its model threads after 10 ("exiting with
+    model threads still running", seen on the demo's first start), an eviction blocked its slot. The queued switch
+    now sees the model closing and does nothing; a switch under way is still waited for (its swap would meet a
+    closed backend)."""
+    import threading
+
+    from inferd.runtime.cold import idle_worker
+    from zoo_fixture import zoo_dir
+
+    path = str(zoo_dir(["tiny"]) / "tiny.onnx")
+    feeds = {"input": np.zeros((1, 3, 8, 8), np.float32)}
+    gate = threading.Event()
+    idle_worker().submit(lambda: gate.wait(20))  # the idle worker busy for a while
+    try:
+        m = inferd.load(path, device="cpu")
+        m.run(feeds)
+        assert m.warm_done is not None and not m.warm_done.is_set()  # queued behind the gate
+        t = time.perf_counter()
+        m.close()
+        assert time.perf_counter() - t < 2.0
+    finally:
+        gate.set()
+    assert m.warm_done.wait(30)
+    assert "warm_switch_layers" not in m.cold_stats  # skipped: the model was closed before its turn
+    # a switch under way: close() waits for it, and the model is switched and closed in order
+    m2 = inferd.load(path, device="cpu")
+    m2.run(feeds)
+    assert m2.wait_warm(30) and m2.cold_stats.get("warm_switch_layers", 0) >= 1
+    m2.close()
+
+
 def test_the_daemon_starts_its_loader_threads_before_the_first_request() -> None:
     """``apply_threads`` (the daemon's start) sizes the loader pool with or without a configured thread count, so
     the first cold load does not start threads (in a fresh process: importing inferd starts none)."""

@@ -101,6 +101,8 @@ class Model:
         #: one under way holds ``_refining``, which close() waits for
         self._closing = threading.Event()
         self._refining = threading.Lock()
+        self._warm_guard = threading.Lock()  # a warm switch's start against close(): one of them sees the other
+        self._warm_begun = threading.Event()
         self._refine_retry: threading.Timer | None = None
         #: rebuilds the model from a fresh package when its store turns out damaged mid-load
         self._recover = recover
@@ -327,7 +329,9 @@ class Model:
         after = getattr(self._exec, "after_first_run", None)
         if after is not None:
             after_answer(after)
-        self.warm_done = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update)
+        self._warm_begun = threading.Event()
+        self.warm_done = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update,
+                                           stop=self._closing.is_set, begun=self._warm_begun, guard=self._warm_guard)
         self._settled = cold
         if self._refine is not None:
             refine = self._refine
@@ -419,7 +423,9 @@ class Model:
             cold.cancel()
             cold.wait_stopped(10)  # no layer still prepared, no read still filling what close() drops
         ev = self.warm_done  # a switch under way finishes first: it swaps kernels in under the lock
-        if ev is not None:
+        with self._warm_guard:  # (one still queued sees ``_closing`` when its turn comes and does nothing)
+            under_way = self._warm_begun.is_set()
+        if ev is not None and under_way:
             ev.wait(30)
         # a refinement under way (idle-time profiling builds a backend of its own) finishes too: its memory
         # would otherwise outlive the model, counted against a budget that believes it freed. One still queued
