@@ -81,6 +81,10 @@ def format_status(st: dict[str, Any]) -> str:
         + (f" (cgroup limit {_mib(mem['cgroup_limit_bytes'])}, effective {_mib(mem.get('effective_budget_bytes'))})"
            if mem.get("cgroup_limit_bytes") else ""),
     ]
+    heap = mem.get("heap")
+    if isinstance(heap, dict) and heap.get("trims"):
+        lines.append(f"freed heap given back to the system: {_mib(heap.get('released_bytes'))} in {heap['trims']} "
+                     f"trims (the last after {heap.get('last_reason') or '?'})")
     ca = st.get("cache")
     if isinstance(ca, dict):
         line = (f"cache {ca.get('dir')}: {ca.get('state')}, {_mib(ca.get('bytes_used'))} used"

@@ -152,7 +152,12 @@ def _daemon_heap(env_extra: dict[str, str]) -> dict:
 
 
 def test_the_daemon_trims_by_default_and_reports_it() -> None:
+    from inferd_client.cli import format_status
+
     st = _daemon_heap({})
     assert st["enabled"] and st["trims"] >= 1 and st["released_bytes"] >= 0
+    text = format_status({"memory": {"heap": st}, "models": {}})
+    assert f"in {st['trims']} trims (the last after {st['last_reason']})" in text
     off = _daemon_heap({"INFERD_HEAP_TRIM": "0"})
     assert not off["enabled"] and off["trims"] == 0
+    assert "freed heap" not in format_status({"memory": {"heap": off}, "models": {}})
