@@ -3,10 +3,11 @@
 Why: glibc's ``free`` keeps what it frees for the process's next allocations; only the top of the main heap
 goes back on its own, and every loader and worker thread allocates from a heap (an arena) of its own. A cold
 load's buffers, a warm switch's replaced weights, a compile's profiling runs and a closed model's leftovers all
-stayed in the RSS for the life of the daemon: serving four zoo models (2-core VM, 256 MiB host pool) the daemon
-held 155 MiB (CPU) and 114 MiB (lavapipe) of free heap after its first start, which compiled them, and 43-48 MiB
-after a start from their packages, until ``malloc_trim`` gave it back (2-8 ms the first time, under 1 ms later).
-On a board the budget is what is left beside the RSS.
+stayed in the RSS for the life of the daemon. A daemon serving four zoo models (2-core VM, its 256 MiB host pool)
+held 200 MiB more on the CPU after its first start, which compiled them, 50 MiB more after a start from their
+packages and 108 MiB more on lavapipe after a first start than with the trims
+(``bench/results/2026-12-05v_heap_trim_zen4.md``); a trim took 2-13 ms the first time, under 1 ms later. On a
+board the budget is what is left beside the RSS.
 
 So after a cold load settles (its warm switch done) and after a model is closed (unloaded, evicted) a trim is
 scheduled on the idle worker once the foreground is quiet, as the other after-answer work. Scheduled trims
