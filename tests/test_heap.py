@@ -44,6 +44,8 @@ def test_a_trim_gives_back_the_heap_that_free_kept() -> None:
     out = subprocess.run([sys.executable, "-c", _RETAIN], capture_output=True, text=True, timeout=60, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     mib = 1 << 20
+    if r["freed"] <= r["before"] - 48 * mib:  # (an allocator tuned to give large blocks back at free: MALLOC_* env)
+        pytest.skip(f"this allocator gave the freed blocks back by itself: {r}")
     # the problem: 96 MiB freed, still in the RSS
     assert r["freed"] > r["before"] - 16 * mib, r
     # the fix: most of it back to the system, and counted
