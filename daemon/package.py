@@ -1029,6 +1029,12 @@ def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:
         os.replace(tmp, pkg)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    from .runtime import heap
+
+    if heap.enabled():
+        # now, on this thread: the compile's profiling left its buffers in the heap, and a daemon's first start
+        # compiles its models one after another (each the next's peak otherwise)
+        heap.trim(f"compiling {src.name}")
     return pkg
 
 

@@ -2,8 +2,9 @@
 
 Per device and arm: a daemon on a fresh cache directory (its first start compiles every model), then a second
 daemon on that cache (a start from the packages); each answers one request per model, and the RSS is read once
-the idle work after the answers is over (the status's heap trims and RSS unchanged for 1.5 s). The daemon's own
-settings otherwise (256 MiB host pool, resident pipelines). argv: [out.json] [devices, comma-separated].
+the idle work after the answers is over (the status's heap trims and RSS unchanged for 1.5 s), with the process's
+peak (VmHWM). The daemon's own settings otherwise (256 MiB host pool, resident pipelines). argv: [out.json]
+[devices, comma-separated].
 """
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ from inferd_client import Client
 
 MODELS = ["mlp_small", "mobilenetv2", "resnet18", "tiny"]
 MIB = 1 << 20
+
+
+def _hwm(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
 
 
 def _settle(c: Client, timeout: float = 60.0) -> dict:
@@ -54,8 +62,9 @@ def _serve(repo: Path, cache: Path, sock: Path, device: str, trim: bool, log: Pa
             c.infer(name, ins)
         mem = _settle(c)
         return {"ready_s": round(ready_s, 1), "rss_mib": round(mem["rss_bytes"] / MIB, 1),
-                "models_mib": round(mem["models_bytes"] / MIB, 1), "overhead_mib": round(mem["overhead_bytes"] / MIB, 1),
-                "heap": mem["heap"], "process_rss_mib": round(d.rss() / MIB, 1)}
+                "models_mib": round(mem["models_bytes"] / MIB, 1),
+                "overhead_mib": round(mem["overhead_bytes"] / MIB, 1),
+                "heap": mem["heap"], "process_rss_mib": round(d.rss() / MIB, 1), "peak_mib": _hwm(d.pid)}
 
 
 def main() -> int:

@@ -4,16 +4,19 @@ Why: glibc's ``free`` keeps what it frees for the process's next allocations; on
 goes back on its own, and every loader and worker thread allocates from a heap (an arena) of its own. A cold
 load's buffers, a warm switch's replaced weights, a compile's profiling runs and a closed model's leftovers all
 stayed in the RSS for the life of the daemon. A daemon serving four zoo models (2-core VM, its 256 MiB host pool)
-held 200 MiB more on the CPU after its first start, which compiled them, 50 MiB more after a start from their
-packages and 108 MiB more on lavapipe after a first start than with the trims
+held 125-170 MiB more on the CPU after its first start, which compiled them, 55 MiB more after a start from
+their packages and 150-160 MiB more on lavapipe after a first start than with the trims
 (``bench/results/2026-12-05v_heap_trim_zen4.md``); a trim took 2-13 ms the first time, under 1 ms later. On a
 board the budget is what is left beside the RSS.
 
 So after a cold load settles (its warm switch done) and after a model is closed (unloaded, evicted) a trim is
-scheduled on the idle worker once the foreground is quiet, as the other after-answer work. Scheduled trims
-coalesce: one is queued at a time. ``ctypes`` releases the GIL for the call; other threads' allocations wait
-only for the arena being trimmed. Off by default in a library process (the host application owns its heap);
-the daemon turns it on (``heap_trim``). A C library without ``malloc_trim`` (musl): nothing is done.
+scheduled on the idle worker once the foreground is quiet, as the other after-answer work; scheduled trims
+coalesce: one is queued at a time. A compile trims at once on its own thread (``package._compile_into``): a
+daemon's first start compiles its models one after another, and each compile's leftovers had raised the next one's
+peak (lavapipe, four zoo models: 970-982 MiB, 787-797 with these trims). ``ctypes`` releases the GIL for the
+call; other threads' allocations wait only for the arena being trimmed. Off by default in a library process (the
+host application owns its heap); the daemon turns it on (``heap_trim``). A C library without ``malloc_trim``
+(musl): nothing is done.
 """
 from __future__ import annotations
 
