@@ -31,10 +31,10 @@ a = np.ones(4 << 20, np.float32); del a
 big, small = [], []
 for _ in range(96):
     big.append(np.ones(1 << 18, np.float32)); small.append(bytearray(64 << 10))
-before = heap._rss(); del big
-freed = heap._rss()
+before = heap.process_rss(); del big
+freed = heap.process_rss()
 released = heap.trim("test")
-print(json.dumps({"before": before, "freed": freed, "released": released, "after": heap._rss()}))
+print(json.dumps({"before": before, "freed": freed, "released": released, "after": heap.process_rss()}))
 """
 
 

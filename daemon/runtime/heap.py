@@ -60,11 +60,18 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return _fn if _fn is not False else None  # type: ignore[return-value]
 
 
-def _rss() -> int:
+def process_rss() -> int:
+    """This process's resident set in bytes: ``/proc/self/statm``, else psutil; 0 when neither answers."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:
         return 0
 
 
@@ -73,11 +80,11 @@ def trim(reason: str = "") -> int | None:
     f = _malloc_trim()
     if f is None:
         return None
-    before = _rss()
+    before = process_rss()
     t0 = time.perf_counter()
     f(0)
     ms = (time.perf_counter() - t0) * 1e3
-    released = max(0, before - _rss())
+    released = max(0, before - process_rss())
     with _lock:
         _stats["trims"] += 1
         _stats["released_bytes"] += released

@@ -44,6 +44,7 @@ from .repository import scan
 from .replies import ReplySender
 from .. import cache, faults
 from ..runtime import heap
+from ..runtime.heap import process_rss
 from .scheduler import _SHARED_DEVICES, LOADING, READY, RECOVERING, UNAVAILABLE, ClientShares, DeviceLock, Job, ModelSlot
 from .sdnotify import Notifier, setup_logging
 
@@ -88,19 +89,6 @@ def default_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: s
     import inferd
 
     return inferd.load(path, device=device, batch=batch, cache_dir=cache_dir, **dynamic)
-
-
-def process_rss() -> int:
-    try:
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-    except Exception:
-        try:
-            with open("/proc/self/statm") as fh:
-                return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            return 0
 
 
 def apply_threads(n: int) -> None:
