@@ -94,9 +94,8 @@ class ColdLoad:
         """Execute the first request as the layers become ready."""
         run = self.run
         t_first = time.perf_counter()
-        with run.cond:  # preparation that ended before this request came: the model waited, not the request
-            done = [t.t1 for t in run.tasks if t.t1 > 0]
-            idle = max(0.0, t_first - max(done)) if len(done) == len(run.tasks) else 0.0
+        # preparation that ended before this request came: the model waited, not the request
+        idle = run.idle_before(t_first)
         if not self.plan.options.pipeline:
             run.wait_all()
         if self._prefault is not None and not getattr(self.backend, "prefault_concurrent", lambda: False)():
@@ -164,10 +163,7 @@ class ColdLoad:
 
     def wait_loaded(self) -> None:
         run = self.run
-        t_wait = time.perf_counter()
-        with run.cond:  # as first_run's: preparation over before this call came is not the load's time
-            done = [t.t1 for t in run.tasks if t.t1 > 0]
-            idle = max(0.0, t_wait - max(done)) if done and len(done) == len(run.tasks) else 0.0
+        idle = run.idle_before(time.perf_counter())  # as first_run's: not the load's time
         run.wait_all()
         self._end_stream()
         if self._prefault is not None:

@@ -221,6 +221,13 @@ class ColdRun:
     def ready(self, pos: int) -> bool:
         return self.tasks[pos].state == DONE
 
+    def idle_before(self, t: float) -> float:
+        """How long before ``t`` every task had been prepared (0 while any was not): a load's time that went by
+        waiting for its caller, not preparing."""
+        with self.cond:
+            done = [k.t1 for k in self.tasks if k.t1 > 0]
+        return max(0.0, t - max(done)) if done and len(done) == len(self.tasks) else 0.0
+
     def wait_all(self, defer: Callable[[], bool] | None = None) -> None:
         """Every task prepared (the caller helps with what nobody has started, unless ``defer()``)."""
         for pos in range(len(self.tasks)):
