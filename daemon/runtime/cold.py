@@ -8,7 +8,6 @@ warm kernels in the background and swaps them in between requests.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -260,21 +259,17 @@ def after_answer(fn: Callable[[], Any]) -> threading.Event:
 
 def start_warm_switch(cold: ColdLoad, backend_name: str, lock: threading.Lock,
                       on_done: Callable[[dict[str, Any]], None] | None = None,
-                      stop: Callable[[], bool] | None = None, begun: threading.Event | None = None,
-                      guard: threading.Lock | None = None) -> threading.Event | None:
-    """Prepare the warm kernels in idle time and swap them in under ``lock`` (between runs). ``stop()`` true when
-    the job's turn comes (the model is closing): nothing is done. ``begun`` is set, under ``guard``, when the work
-    starts: a closing model waits only for a switch under way, not for one queued behind other idle work (it had
-    waited for that work, up to 30 s: a daemon's shutdown gave up on its model threads after 10)."""
+                      may_start: Callable[[], bool] | None = None) -> threading.Event | None:
+    """Prepare the warm kernels in idle time and swap them in under ``lock`` (between runs). ``may_start()``, asked
+    when the job's turn comes, false: nothing is done (the model is closing; it waits only for a switch under way,
+    not for one queued behind other idle work: it had waited for that work, up to 30 s, and a daemon's shutdown
+    gave up on its model threads after 10)."""
     if not cold.warm_switches() or not cold.plan.options.warm_switch:
         return None
 
     def work() -> None:
-        with guard if guard is not None else contextlib.nullcontext():
-            if stop is not None and stop():
-                return
-            if begun is not None:
-                begun.set()
+        if may_start is not None and not may_start():
+            return
         try:
             n, prep_s, swap_s = swap_in(cold, backend_name, lock)
             info = {"warm_switch_layers": n, "warm_prepare_s": round(prep_s, 6), "warm_swap_s": round(swap_s, 6)}

@@ -101,7 +101,7 @@ class Model:
         #: one under way holds ``_refining``, which close() waits for
         self._closing = threading.Event()
         self._refining = threading.Lock()
-        self._warm_guard = threading.Lock()  # a warm switch's start against close(): one of them sees the other
+        self._warm_guard = threading.Lock()  # a warm switch's start against close() (_warm_switch_may_start)
         self._warm_begun = threading.Event()
         self._refine_retry: threading.Timer | None = None
         #: rebuilds the model from a fresh package when its store turns out damaged mid-load
@@ -331,7 +331,7 @@ class Model:
             after_answer(after)
         self._warm_begun = threading.Event()
         self.warm_done = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update,
-                                           stop=self._closing.is_set, begun=self._warm_begun, guard=self._warm_guard)
+                                           may_start=self._warm_switch_may_start)
         self._settled = cold
         if self._refine is not None:
             refine = self._refine
@@ -370,6 +370,14 @@ class Model:
         # behind the warm switch and the refinement on the idle worker: the cold kernels' weights and the load's
         # buffers they freed
         heap.schedule(f"the cold load of model {self.name}")
+
+    def _warm_switch_may_start(self) -> bool:
+        """The warm switch's job, at its turn: go on (and be waited for by ``close``) unless the model is closing."""
+        with self._warm_guard:  # against close(): one of the two sees the other
+            if self._closing.is_set():
+                return False
+            self._warm_begun.set()
+            return True
 
     def _follow_plan(self, cold: "ColdLoad", plan: Any) -> None:
         """Switch the running kernels to a refined plan's warm choices (idle time, on the refinement's worker):
