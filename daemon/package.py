@@ -559,6 +559,30 @@ def write_plan(path: Path, d: dict[str, Any]) -> None:
     atomic_write(path, _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
 
 
+def _plan_head(path: Path, data: bytes) -> bytes:
+    """The checksum plan.bin's header records, from its first bytes ``data``; ``WeightsStoreError`` when the header
+    is missing or not this engine's plan format."""
+    if len(data) < _PLAN_HEAD.size:
+        raise WeightsStoreError(f"{path}: missing or truncated plan ({len(data)} bytes)")
+    magic, version, sha = _PLAN_HEAD.unpack_from(data)
+    if magic != PLAN_MAGIC:
+        raise WeightsStoreError(f"{path}: not an inferd plan (magic {magic!r}, expected {PLAN_MAGIC!r})")
+    if version != PLAN_VERSION:
+        raise WeightsStoreError(f"{path}: plan format version {version}, this engine reads {PLAN_VERSION}")
+    return sha
+
+
+def check_plan_head(path: Path) -> None:
+    """plan.bin's header only (magic and format version): whether a package is worth opening. The open checks
+    the rest (checksum, parse) and a load rebuilds what fails there."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_PLAN_HEAD.size)
+    except OSError as e:
+        raise WeightsStoreError(f"{path}: unreadable plan: {e}") from e
+    _plan_head(path, head)
+
+
 def read_plan(path: Path) -> dict[str, Any]:
     return _read_plan(path)[0]
 
@@ -569,13 +593,7 @@ def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = Non
     ``early(plan, stream)``: called as soon as the cold plan is parsed, with the ``stream`` entry where it came
     before (None otherwise), while the rest of the map is still to parse (checksum verified first)."""
     data = path.read_bytes() if path.is_file() else b""
-    if len(data) < _PLAN_HEAD.size:
-        raise WeightsStoreError(f"{path}: missing or truncated plan ({len(data)} bytes)")
-    magic, version, sha = _PLAN_HEAD.unpack_from(data)
-    if magic != PLAN_MAGIC:
-        raise WeightsStoreError(f"{path}: not an inferd plan (magic {magic!r}, expected {PLAN_MAGIC!r})")
-    if version != PLAN_VERSION:
-        raise WeightsStoreError(f"{path}: plan format version {version}, this engine reads {PLAN_VERSION}")
+    sha = _plan_head(path, data)
     body = data[_PLAN_HEAD.size:]
     if hashlib.sha256(body).digest() != sha:
         raise WeightsStoreError(f"{path}: plan checksum mismatch (corrupted file)")
@@ -995,9 +1013,12 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
                    shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
                    write: bool = True, precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
                    fp16_arithmetic: bool = False) -> Path | None:
-    """The compiled package of ``src`` under ``cache_root``, compiled now if missing, unreadable or
-    ``rebuild`` is asked (the caller found it stale). Never trusted when damaged: rebuilt. With
-    ``write`` False (the cache cannot be written now), None instead of compiling."""
+    """The compiled package of ``src`` under ``cache_root``, compiled now if missing, not of this engine's plan
+    format or ``rebuild`` is asked (the caller found it stale or damaged). Only plan.bin's header is read here:
+    its checksum and parse are the open's (``open_package``), which a load runs next and which rebuilds what
+    fails there, and reading the whole plan twice cost every load through the cache 0.3-1.7 ms on the 2-core
+    VM (a cold one its disk read too, before the open's prefetch of the store). With ``write`` False (the cache
+    cannot be written now), None instead of compiling."""
     src = Path(src)
     root = Path(cache_root)
     extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
@@ -1006,7 +1027,7 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     pkg = root / f"{src.stem}-{package_key(src, batch, device, extra)}"
     if (pkg / "plan.bin").is_file() and not rebuild:
         try:
-            read_plan(pkg / "plan.bin")
+            check_plan_head(pkg / "plan.bin")
             return pkg
         except WeightsStoreError as e:
             log.warning("compiled package %s is unusable (%s); recompiling", pkg, e)

@@ -3,10 +3,12 @@
 processes alternate (old, new, old, ...), each in a daemon's state (loader threads up, host pool faulted in),
 the package's files dropped from the page cache, timing ``inferd.load`` + the first run.
 
-    python scripts/cold_ab.py vad_lstm --old /tmp/wtpkg [--new ""] [--rounds 7]
+    python scripts/cold_ab.py vad_lstm --old /tmp/wtpkg [--new ""] [--rounds 7] [--via-cache]
 
 ``--old`` / ``--new``: a folder holding an ``inferd`` package (a worktree's ``daemon`` linked as ``inferd``;
-empty: the checkout's own). Prints one line per run and the medians; ``--json`` writes them.
+empty: the checkout's own). ``--via-cache``: each tree's package sits in a package cache and the child loads the
+ONNX file with ``cache_dir`` (the daemon's path) instead of the package folder. Prints one line per run and the
+medians; ``--json`` writes them.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import inferd
 from inferd.bench.common import daemon_state, drop_page_cache
 from inferd.bench.recurrent_bench import _feeds
 name, pkg = sys.argv[1], sys.argv[2]
+src = sys.argv[3] if len(sys.argv) > 3 else ""  # the ONNX file, loaded through the cache that holds pkg
 daemon_state("cpu", 0, 0, 256 << 20, claim_cores=True)  # a daemon's default host pool
 from pathlib import Path
 import numpy as np
@@ -39,7 +42,7 @@ else:
 for f in glob.glob(pkg + "/*"):
     drop_page_cache(f)
 t0 = time.perf_counter()
-m = inferd.load(pkg, device="cpu")
+m = inferd.load(src, device="cpu", cache_dir=str(Path(pkg).parent)) if src else inferd.load(pkg, device="cpu")
 m.run(feeds)
 t = time.perf_counter() - t0
 st = {k: v for k, v in dict(m.cold_stats).items() if isinstance(v, (int, float))}
@@ -48,6 +51,7 @@ print(json.dumps({"cold_ms": t * 1e3, "plan_predicted_ms": m.plan.predicted_s * 
 '''
 
 _COMPILE = "import sys\nfrom inferd.package import compile_model\ncompile_model(sys.argv[1], sys.argv[2])\n"
+_CACHE = "import sys\nfrom inferd.package import cached_package\nprint(cached_package(sys.argv[1], sys.argv[2]))\n"
 
 
 def _env(path: str) -> dict[str, str]:
@@ -64,17 +68,25 @@ def main() -> int:
     ap.add_argument("--new", default="")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", default="")
+    ap.add_argument("--via-cache", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cold_ab_"))
     write = "import sys\nfrom inferd import zoo\nzoo.write_zoo(sys.argv[1], [sys.argv[2]])"
     subprocess.run([sys.executable, "-c", write, str(work / "zoo"), args.model], check=True)
     src = next((work / "zoo").glob(f"{args.model}*.onnx"))
     runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    pkgs: dict[str, list[str]] = {}
     for side, path in (("old", args.old), ("new", args.new)):
-        subprocess.run([sys.executable, "-c", _COMPILE, str(src), str(work / side)], check=True, env=_env(path))
+        if args.via_cache:
+            made = subprocess.run([sys.executable, "-c", _CACHE, str(src), str(work / side)], check=True,
+                                  env=_env(path), capture_output=True, text=True).stdout.strip().splitlines()[-1]
+            pkgs[side] = [made, str(src)]
+        else:
+            subprocess.run([sys.executable, "-c", _COMPILE, str(src), str(work / side)], check=True, env=_env(path))
+            pkgs[side] = [str(work / side)]
     for _ in range(args.rounds):
         for side, path in (("old", args.old), ("new", args.new)):
-            out = subprocess.run([sys.executable, "-c", _CHILD, args.model, str(work / side)], check=True,
+            out = subprocess.run([sys.executable, "-c", _CHILD, args.model, *pkgs[side]], check=True,
                                  env=_env(path), capture_output=True, text=True).stdout.strip().splitlines()[-1]
             r = json.loads(out)
             runs[side].append(r)

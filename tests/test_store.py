@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,6 +200,45 @@ def test_package_cache_compiles_once_then_loads_the_package(tmp_path):
     src.write_bytes(m.SerializeToString() + b"")
     os.utime(src, ns=(stamp + 10**9, stamp + 10**9))
     assert cached_package(src, cache) != pkg
+
+
+def test_a_load_through_the_cache_parses_its_plan_once_and_rebuilds_a_plan_that_fails_its_checksum(
+        tmp_path, monkeypatch, caplog) -> None:
+    import logging
+
+    from inferd import package
+
+    m = conv_bn_relu_add_model(batch=1)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(m.SerializeToString())
+    cache = tmp_path / "cache"
+    x = np.random.default_rng(6).standard_normal((1, 3, 9, 11)).astype(np.float32)
+    ref = inferd.load(src).run({"x": x})["y"]
+    inferd.load(src, cache_dir=cache).close()  # compiled
+    parsed: list[Path] = []
+    real = package._read_plan
+
+    def counting(path, *a, **kw):
+        parsed.append(Path(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(package, "_read_plan", counting)
+    model = inferd.load(src, cache_dir=cache)
+    model.wait_loaded()
+    # the cache lookup reads plan.bin's header; the open parses it (the second parse cost each load 0.3-1.7 ms)
+    assert len([p for p in parsed if p.name == "plan.bin"]) == 1, parsed
+    model.close()
+    pkg = package.cached_package(src, cache)
+    plan = pkg / "plan.bin"
+    data = bytearray(plan.read_bytes())
+    data[-3] ^= 0x5A  # the body, past the header the lookup reads: only the open's checksum sees it
+    plan.write_bytes(bytes(data))
+    assert package.cached_package(src, cache) == pkg  # the header alone is sound
+    with caplog.at_level(logging.WARNING):
+        got = inferd.load(src, cache_dir=cache).run({"x": x})["y"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert any("checksum" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records)
+    package.read_plan(plan)  # rebuilt: sound again
 
 
 def test_a_store_that_fails_to_open_never_closes_another_files_descriptor(tmp_path) -> None:
