@@ -119,3 +119,30 @@ def test_a_cold_load_failing_half_way_leaves_the_others_serving(repo: Path) -> N
             want = _ort(repo / "models" / f"{ok_model}.onnx", x)
             assert float(np.abs(next(iter(out.values())) - want).max() / np.abs(want).max()) <= TOL
             assert c.is_ready()
+
+
+def test_the_cache_limit_is_kept_in_idle_time_after_a_load_never_deleting_a_package_in_use(tmp_path: Path) -> None:
+    from inferd.server.testing import wait_until
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for n in ("a", "b"):  # two files: two packages
+        shutil.copy(zoo_dir(["tiny"]) / "tiny.onnx", models / f"{n}.onnx")
+    packages = tmp_path / "cache" / "packages"
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = _ort(models / "a.onnx", x)
+
+    def names() -> set[str]:
+        return {p.name.split("-")[0] for p in packages.iterdir()} if packages.is_dir() else set()
+
+    # a limit of one byte: every package is over it, so only those in use stay
+    with DaemonProcess(f"ipc://{tmp_path}/d.sock", models, "--no-preload", "--cache-dir", str(tmp_path / "cache"),
+                       "--cache-max-bytes", "1", log_path=tmp_path / "d.log") as d, Client(d.endpoint, timeout=60) as c:
+        inp = _input(models / "a.onnx")
+        np.testing.assert_allclose(next(iter(c.infer("a", {inp: x}).values())), want, rtol=TOL, atol=TOL)
+        assert names() == {"a"}  # in use: kept
+        c.unload("a")
+        got = c.infer("b", {inp: x})
+        np.testing.assert_allclose(next(iter(got.values())), want, rtol=TOL, atol=TOL)
+        wait_until(lambda: names() == {"b"}, timeout=20)  # a's package went once b's load had answered
+        assert "cache" in d.log_text() and "evicted 1 least recently used" in d.log_text()
