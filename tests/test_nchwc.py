@@ -1037,10 +1037,14 @@ def test_pointwise_convs_on_small_maps_run_blocked_where_their_saving_pays_for_t
     assert kinds(256, 4) == ()
     # 128 -> 128: ~2 us saved per conv; the conversions' bytes alone (~1.7 us each) would have let them block
     assert kinds(128, 7) == ()
+    # a million weights a conv (resnet50's last stage has 2048<->512) blocked too: that stage took 0.98x the time
+    assert kinds(1024, 7) == ("conv",) * 3
     x = np.random.default_rng(8).standard_normal((1, 256, 7, 7)).astype(np.float32)
     _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 7), {"x": x})
     x = np.random.default_rng(8).standard_normal((1, 512, 2, 2)).astype(np.float32)
     _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 512, 2), {"x": x})
+    x = np.random.default_rng(8).standard_normal((1, 1024, 7, 7)).astype(np.float32)
+    _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 1024, 7), {"x": x})
 
 
 @needs_native

@@ -45,9 +45,12 @@ from ..ops.pool import pool_geometry
 
 #: k x k stride-1 convs with more input channels than this stay on Winograd (faster there)
 DIRECT_MAX_CIN = 64
-#: 1x1 convs with this many weights or more stay on the GEMM (with the pointwise tiles, resnet50's 1024->256 on
-#: 14x14 took 0.87x the GEMM's time blocked; its 1024->2048 downsampling on 7x7 1.06x)
-POINTWISE_MAX_WEIGHTS = 1024 * 1024
+#: 1x1 convs with this many weights or more stay on the GEMM. It was 1024 * 1024 (resnet50's 1024->2048 downsampling
+#: on 7x7 had taken 1.06x the GEMM's time blocked), which left resnet50's last stage (2048<->512 and that
+#: downsampling on 7x7) on the GEMM between conversions; blocked, in-process A/Bs (Zen 4 VM, two threads,
+#: 2026-12-05, median of the rounds' ratios): resnet50 0.98x the time (two runs), keras resnet50 0.96x,
+#: fcn_resnet50 0.99x. Still a bound: a 1x1 conv this large is a classifier-sized GEMM
+POINTWISE_MAX_WEIGHTS = 4096 * 4096
 #: ... and so do 1x1 convs on maps smaller than this: none since the run tiles (a map as one row of pixels).
 #: mobilenetv2's 7x7 1x1s take 0.75-0.96x the GEMM's time blocked and the model 0.95-0.99x (Zen 3, 1 and 2
 #: threads, 2026-12-01), googlenet 0.90-0.97x; efficientnet_b0's 7x7 expansions 0.9-1.08x, the model 0.96-1.00x
