@@ -943,16 +943,21 @@ class Server:
         if self.cache.state == cache.OK:
             from ..runtime.cold import after_answer
 
-            # in idle time: walking the cache beside a cold load's stream took its first answer 0.5-1.3 ms
-            after_answer(lambda: self._trim_cache(model))
+            # in idle time: walking the cache beside a cold load's stream took its first answer 0.5-1.3 ms. The job
+            # holds the package's path, not the model: a model closed meanwhile must not wait for it to be freed
+            pkg = getattr(model, "package", None)
+            after_answer(lambda: self._trim_cache(pkg))
         return model
 
     def _trim_cache(self, loaded: Any) -> None:
-        """Keep the cache's packages under ``cache_max_bytes``, never deleting one a model (``loaded`` too) uses."""
+        """Keep the cache's packages under ``cache_max_bytes``, never deleting one a model uses or ``loaded`` (the
+        package of the load that asked)."""
         if self.cache.state != cache.OK:
             return
-        keep = {str(p) for s in list(self.slots.values()) for m in (s.model, s.fallback_model, loaded)
+        keep = {str(p) for s in list(self.slots.values()) for m in (s.model, s.fallback_model)
                 if (p := getattr(m, "package", None)) is not None}
+        if loaded is not None:
+            keep.add(str(loaded))
         cache.evict(self.packages_dir, self.cache_max_bytes, keep)
 
     def record_event(self, model: str, kind: str, detail: str) -> None:
