@@ -296,7 +296,9 @@ LINEAR_SHAPES = [(197, 192, 576), (1, 1280, 1000), (3, 64, 97), (8, 5, 200), (50
                  (17, 40, 48), (24, 1024, 80),
                  # many rows read in place a 16-column slice at a time (gemm.c's gemm_slices on AVX2): a ragged last
                  # group of rows, a ragged last slice, K in three blocks of at most 384
-                 (37, 1000, 130), (33, 40, 16), (64, 384, 96)]
+                 (37, 1000, 130), (33, 40, 16), (64, 384, 96),
+                 # short last groups of 11 and 2 rows (AVX-512; 5 and 2 on AVX2), a ragged last slice of 6 columns
+                 (23, 300, 70), (26, 200, 40)]
 
 
 @pytest.mark.parametrize("isa_level", _levels(), indirect=True)
@@ -356,7 +358,10 @@ def test_linear_many_rows_same_bits_whatever_the_split(isa_level: int) -> None:
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
         # more than 32 rows never take the few-rows path; from 21 on they do not where the slices kernel exists
         # (gemm.c's SLICES_MIN_M: AVX2 and AVX-512)
-        for r0, r1 in ((5, 45), (0, 33), (60, 97)) + (((3, 27),) if isa_level >= 1 else ()):
+        # a short last group (fewer rows than the slices kernel's 12 on AVX-512, 6 on AVX2) runs in calls of 8, 4, 2
+        # and 1 rows: 26, 23 and 31 rows leave 2, 11 and 7 on AVX-512 (2, 5 and 1 on AVX2)
+        for r0, r1 in ((5, 45), (0, 33), (60, 97)) + (
+                ((3, 27), (10, 36), (1, 24), (40, 71)) if isa_level >= 1 else ()):
             part = np.empty((r1 - r0, n), F32)
             native.linear(x[r0:r1], bp, n, part, bias, None, ("Relu", ()))
             assert np.array_equal(part, outs[0][r0:r1]), (r0, r1)
