@@ -58,7 +58,7 @@ def test_zoo_with_each_conv_kernel_forced(refs, name, kernel):
     _check(model.run(feeds), ref, model.output_names, f"{name} with Conv={kernel}")
 
 
-def test_packed_weights_start_on_a_cache_line(refs, tmp_path):
+def test_packed_weights_start_on_a_cache_line(refs, tmp_path, monkeypatch):
     """The vector kernels load 64-byte vectors of packed weights: numpy's 16-byte alignment split every such load
     over two cache lines. Every packed weight array of the zoo's fp32 models (GEMM panels, Winograd, blocked convs)
     starts on a 64-byte boundary."""
@@ -68,8 +68,12 @@ def test_packed_weights_start_on_a_cache_line(refs, tmp_path):
         a = native.empty_aligned(shape, dt)
         assert a.shape == shape and a.dtype == dt and a.ctypes.data % 64 == 0 and a.flags.c_contiguous
     seen = set()
-    for name in ("squeezenet1_1", "resnet50", "mobilenetv2", "vit_tiny"):
-        model = refs[name][3]
+    # the zoo's 1x1 convs all run blocked: mobilenetv2 with the layout off runs its own on the NCHW GEMM (conv1x1)
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")
+    nchw = inferd.load(refs["mobilenetv2"][0], device="cpu")
+    monkeypatch.delenv("INFERD_CPU_LAYOUT")
+    for name, model in [(n, refs[n][3]) for n in ("squeezenet1_1", "resnet50", "mobilenetv2", "vit_tiny")] + [
+            ("mobilenetv2 (NCHW)", nchw)]:
         model.wait_warm(60)
         for step in model._exec.steps:
             if step is None or step.kernel.name not in ("nchwc", "conv1x1", "im2col", "im2col_tiled", "winograd23",
