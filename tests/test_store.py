@@ -162,15 +162,20 @@ def test_a_model_that_adopts_a_rebuilt_package_refines_with_the_rebuilt_store(tm
         fresh.close()
 
 
+def _cached_source(tmp_path: Path, seed: int) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    """A small model's ONNX file, a cache folder for it, an input and the in-memory load's answer to it."""
+    m = conv_bn_relu_add_model(batch=1)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(m.SerializeToString())
+    x = np.random.default_rng(seed).standard_normal((1, 3, 9, 11)).astype(np.float32)
+    return src, tmp_path / "cache", x, inferd.load(src).run({"x": x})["y"]
+
+
 def test_package_cache_compiles_once_then_loads_the_package(tmp_path):
     from inferd.package import cached_package
 
     m = conv_bn_relu_add_model(batch=1)
-    src = tmp_path / "m.onnx"
-    src.write_bytes(m.SerializeToString())
-    cache = tmp_path / "cache"
-    x = np.random.default_rng(5).standard_normal((1, 3, 9, 11)).astype(np.float32)
-    ref = inferd.load(src).run({"x": x})["y"]
+    src, cache, x, ref = _cached_source(tmp_path, 5)
     np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     pkg = cached_package(src, cache)
     # the weights store's identity, not plan.bin's: a load may refine plan.bin from its observed cold run in the
@@ -208,12 +213,7 @@ def test_a_load_through_the_cache_parses_its_plan_once_and_rebuilds_a_plan_that_
 
     from inferd import package
 
-    m = conv_bn_relu_add_model(batch=1)
-    src = tmp_path / "m.onnx"
-    src.write_bytes(m.SerializeToString())
-    cache = tmp_path / "cache"
-    x = np.random.default_rng(6).standard_normal((1, 3, 9, 11)).astype(np.float32)
-    ref = inferd.load(src).run({"x": x})["y"]
+    src, cache, x, ref = _cached_source(tmp_path, 6)
     inferd.load(src, cache_dir=cache).close()  # compiled
     parsed: list[Path] = []
     real = package._read_plan
