@@ -1186,13 +1186,21 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
    1.1-1.3x faster with the weights in cache and as fast with them streamed from DRAM (a chain of 48 MB); at 16
    rows 1.15x faster in cache but 0.85x streamed, where the few-rows path reads each weight line once. */
 #define SLICES_MIN_M 20
+/* ... and from this many up to one group of the slices kernel's rows (isa_t.mrs: 12 on AVX-512), which also reads
+   each weight line once. Zen 4, two threads, 768x3072 (us, few-rows path / slices): one layer, weights in L3,
+   5 rows 310-318 / 164-166, 8 rows 436-439 / 221-232, 12 rows 462-530 / 286-299, 16 rows 411-422 / 378-400; a
+   chain of twelve (113 MB, from DRAM) 5 rows 4186-4282 / 5503-5587, 6 rows 4615-4714 / 5419-5922, 8 rows
+   5632-5999 / 4661-4998, 12 rows 6516-6850 / 4752-5062, 16 rows (two groups) 5684-5967 / 6163-6177. Below 8
+   rows the streamed case (a board's) keeps the few-rows path; two groups lose it there too. */
+#define SLICES_ONE_GROUP_MIN_M 8
 
 /* Whether a product runs through gemm_slices: rows of a plain row-major A (a linear layer's activations, read in
-   place) against prepacked B, more than SLICES_MIN_M of them. Decided from the call alone, so the K blocks (and
-   the bits) never depend on how the work is split. */
+   place) against prepacked B, more than SLICES_MIN_M of them or one group of at least SLICES_ONE_GROUP_MIN_M.
+   Decided from the call alone, so the K blocks (and the bits) never depend on how the work is split. */
 static int use_slices(const job_t* J)
 {
-    return J->isa->uks && J->a_dyn && J->b_pre && J->ask == 1 && !J->boff && J->M > SLICES_MIN_M;
+    return J->isa->uks && J->a_dyn && J->b_pre && J->ask == 1 && !J->boff &&
+           (J->M > SLICES_MIN_M || (J->M >= SLICES_ONE_GROUP_MIN_M && J->M <= J->isa->mrs));
 }
 
 /* A linear layer's rows against its prepacked weights, one sw-column slice of B at a time: every row of the task
