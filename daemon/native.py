@@ -169,13 +169,15 @@ def _limit_bundled_openblas() -> bool:
     return done
 
 
-def install_crash_report() -> bool:
-    """On a fatal signal, write the faulting thread's native frames to stderr before the handler already there
-    (faulthandler's Python frames, or the default action): a crash inside a kernel otherwise shows only as the
-    Python line that called it (native/crash.c). The daemon and the test suite install it. False where the
-    extension has no such entry point (an older build) or no signal could be taken."""
+def install_crash_report(fd: int | None = None) -> bool:
+    """On a fatal signal, write the faulting thread's native frames to stderr (or file descriptor ``fd``) before
+    the handler already there (faulthandler's Python frames, or the default action): a crash inside a kernel
+    otherwise shows only as the Python line that called it (native/crash.c). The daemon and the test suite install
+    it. False where the extension has no such entry point (an older build) or no signal could be taken."""
     if not has("inferd_install_crash_report"):
         return False
+    if fd is not None and has("inferd_crash_report_fd"):
+        lib.inferd_crash_report_fd(int(fd))
     return bool(lib.inferd_install_crash_report())
 
 

@@ -34,7 +34,18 @@ static int INSTALLED = 0;
 static int TAKEN = 0;      /* signals the install took */
 static int REPORTING = 0; /* a report is being written (by any thread) */
 
-static void put(const char* s) { (void)!write(2, s, strlen(s)); }
+/* where the report goes: stderr unless told (inferd_crash_report_fd). The test suite's fd 2 is a capture file
+   during each test, lost with a worker that dies: the report goes where pytest's faulthandler writes instead */
+static int OUT_FD = 2;
+
+static void put(const char* s) { (void)!write(OUT_FD, s, strlen(s)); }
+
+int inferd_crash_report_fd(int fd)
+{
+    if (fd < 0) return -1;
+    OUT_FD = fd;
+    return 0;
+}
 
 static void put_num(unsigned long long v, int base)
 {
@@ -81,7 +92,7 @@ static void report(int sig, siginfo_t* si, void* uc)
 #if HAVE_BACKTRACE
     void* frames[64];
     const int n = backtrace(frames, 64);
-    backtrace_symbols_fd(frames, n, 2);
+    backtrace_symbols_fd(frames, n, OUT_FD);
 #else
     put("  (no backtrace on this C library)\n");
 #endif

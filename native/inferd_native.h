@@ -7,6 +7,7 @@ int inferd_native_abi(void);
    frames to stderr, then run the handler that was there before (crash.c). Returns how many signals it took (the same
    on a second call: it installs once). */
 int inferd_install_crash_report(void);
+int inferd_crash_report_fd(int fd);
 
 /* col[(c*kh + i)*kw + j][oh*OW + ow] = x[c][oh*sh - pt + i*dh][ow*sw - pl + j*dw], 0 outside the image. */
 void inferd_im2col(const float* x, int C, int H, int W, int kh, int kw, int sh, int sw, int dh, int dw,

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
+
 # The suite runs on 2 cores in CI; keep BLAS and lavapipe from oversubscribing them.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
@@ -19,3 +21,13 @@ os.environ["INFERD_PREDICTOR_DIR"] = tempfile.mkdtemp(prefix="inferd-test-predic
 from inferd import native as _native  # noqa: E402
 
 _native.install_crash_report()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # ... where pytest's faulthandler writes (a copy of the real stderr): fd 2 is a capture file during each test,
+    # lost with a worker that dies of the signal (a crash of 2026-12-05 showed faulthandler's frames and no report)
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    fd = config.stash.get(fault_handler_stderr_fd_key, None)
+    _native.install_crash_report(os.dup(fd) if fd is not None else None)
