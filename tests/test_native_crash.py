@@ -67,9 +67,10 @@ def test_the_report_goes_to_the_descriptor_it_was_given(tmp_path) -> None:
     """The test suite's fd 2 is a capture file during each test, lost with a worker that dies: its conftest gives the
     report the descriptor pytest's faulthandler writes to. Here fd 2 is /dev/null, the report goes to a file."""
     out = tmp_path / "report.txt"
-    code = "; ".join(["import os, faulthandler", "from inferd import native", f"fd = os.open({str(out)!r}, "
-                      "os.O_WRONLY | os.O_CREAT)", "faulthandler.enable(file=fd)", "assert native.install_crash_report(fd)",
-                      "null = os.open(os.devnull, os.O_WRONLY)", "os.dup2(null, 2)", _CRASH])
+    code = "; ".join(["import os, faulthandler", "from inferd import native",
+                      f"fd = os.open({str(out)!r}, os.O_WRONLY | os.O_CREAT)", "faulthandler.enable(file=fd)",
+                      "assert native.install_crash_report(fd)", "null = os.open(os.devnull, os.O_WRONLY)",
+                      "os.dup2(null, 2)", _CRASH])
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stderr[-2000:])
     text = out.read_text(errors="replace")
