@@ -97,7 +97,8 @@ typedef struct {
     ukernel_fn uksp; /* uks bringing the epilogue's line stream into L2 as it computes (epi_t.pf), or NULL */
     /* The ragged last group of rows (fewer than mrs) in calls of 8, 4, 2 and 1 rows, read in place. Copied into a
        zeroed block of mrs rows instead, it cost a whole group: a 49-token linear layer took the time of 60 rows
-       (768x2304, Zen 4: 1.24x onnxruntime's time against 1.03 for 48 tokens). NULL where the ISA lacks one. */
+       (768x2304, Zen 4: 1.24x onnxruntime's time against 1.03 for 48 tokens). NULL where the ISA lacks one; an ISA
+       with uks has the 1-row one at least, so any short group decomposes (use_slices asks for it). */
     ukernel_fn uks_rows[4];
 } isa_t;
 
@@ -1199,101 +1200,61 @@ static void gemv_bpre_block(job_t* J, int bi, int n0, int n1)
    Decided from the call alone, so the K blocks (and the bits) never depend on how the work is split. */
 static int use_slices(const job_t* J)
 {
-    return J->isa->uks && J->a_dyn && J->b_pre && J->ask == 1 && !J->boff &&
+    return J->isa->uks && J->isa->uks_rows[3] && J->a_dyn && J->b_pre && J->ask == 1 && !J->boff &&
            (J->M > SLICES_MIN_M || (J->M >= SLICES_ONE_GROUP_MIN_M && J->M <= J->isa->mrs));
+}
+
+/* One call of a slices kernel ``k``: ``rows`` rows of A from row ``i`` (read in place at ``a``) against the sw columns
+   of B's slice at ``bp``, finished into C by the kernel's epilogue where the slice is whole and C's rows contiguous,
+   else through a raw tile and store_tile. */
+static void slices_call(job_t* J, const item_t* it, int bi, ukernel_fn k, int rows, int i, int j0, int nv, int kc,
+                        const float* a, long lda, const float* bp, float* tile, epi_t* epi)
+{
+    if (J->csn == 1 && nv == J->isa->sw) {
+        epi->c = it->c + (ptrdiff_t)i * J->csm + j0;
+        epi->bias = it->bias && !J->bias_cols ? it->bias + i : NULL;
+        epi->bias_c = it->bias && J->bias_cols ? it->bias + j0 : NULL;
+        epi->r = it->r ? it->r + (ptrdiff_t)i * J->csm + j0 : NULL;
+        k(kc, a, lda, bp, NBP, NULL, epi);
+    } else {
+        k(kc, a, lda, bp, NBP, tile, NULL);
+        store_tile(J, bi, i, rows, j0, nv, J->isa->sw, tile, epi->first, epi->last);
+    }
 }
 
 /* A linear layer's rows against its prepacked weights, one sw-column slice of B at a time: every row of the task
    runs against the slice while it sits in L1 (kc lines of 64 bytes), mrs rows a call. gemm_block's order (each
    row group against the whole block of B, streamed from L2) and its 24-column slices of the 96-column panels
    (1.5 lines a k, shared between slices) left the 4 x 24 kernel at 78-82% of the FMA peak on vit_tiny's
-   197-row products; onnxruntime's 6 x 16 kernel over 16-column panels reaches 91-96%. The rows of a ragged
-   last group are copied into a zeroed block first (the kernel reads mrs rows). Each output sums its products
-   in k order within K blocks of at most SLICE_BYTES of B's slice, the blocks added in order: the same bits
-   whatever the split. */
-static void slices_short(job_t* J, int bi, int i, int rows, int j0, int nv, int kc, const float* a, long lda,
-                         const float* bp, float* tile, epi_t* epi)
+   197-row products; onnxruntime's 6 x 16 kernel over 16-column panels reaches 91-96%. A short last group runs in
+   calls of 8, 4, 2 and 1 rows (isa_t.uks_rows). Each output sums its products in k order within K blocks of at
+   most SLICE_BYTES of B's slice, the blocks added in order: the same bits whatever the split. */
+static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
 {
     static const int RS[4] = {8, 4, 2, 1};
     const isa_t* I = J->isa;
-    const item_t it = item_of(J, bi);
-    const int direct = J->csn == 1 && nv == I->sw;
-    for (int q = 0; q < 4; ++q) {
-        const ukernel_fn k = I->uks_rows[q];
-        for (; k && rows >= RS[q]; rows -= RS[q], i += RS[q], a += (ptrdiff_t)RS[q] * lda) {
-            if (direct) {
-                epi->c = it.c + (ptrdiff_t)i * J->csm + j0;
-                epi->bias = it.bias && !J->bias_cols ? it.bias + i : NULL;
-                epi->bias_c = it.bias && J->bias_cols ? it.bias + j0 : NULL;
-                epi->r = it.r ? it.r + (ptrdiff_t)i * J->csm + j0 : NULL;
-                k(kc, a, lda, bp, NBP, NULL, epi);
-            } else {
-                k(kc, a, lda, bp, NBP, tile, NULL);
-                store_tile(J, bi, i, RS[q], j0, nv, I->sw, tile, epi->first, epi->last);
-            }
-        }
-    }
-}
-
-static void gemm_slices(job_t* J, int bi, int m0, int m1, int n0, int n1)
-{
-    const isa_t* I = J->isa;
     const int K = J->K, sw = I->sw, mrs = I->mrs;
     const int kcs = SLICE_BYTES / (int)(sizeof(float) * sw), nk = (K + kcs - 1) / kcs;
-    const int kcmax = (K + nk - 1) / nk;
     const float* a = J->ap + (ptrdiff_t)bi * J->ap_bs;
     const item_t it = item_of(J, bi);
-    const float *b = it.b, *r = it.r, *bias = it.bias;
-    float* c = it.c;
-    const int direct = J->csn == 1;
     const long lda = (long)J->asm_;
-    const int split = I->uks_rows[3] != NULL; /* a short last group in calls of fewer rows (isa_t.uks_rows) */
-    const int ragged = split ? 0 : (m1 - m0) % mrs; /* else its rows, copied into a zeroed group */
-    float* apad = NULL;
-    if (ragged) {
-        apad = scratch((size_t)mrs * kcmax);
-        if (!apad) {
-            __atomic_store_n(&J->failed, 1, __ATOMIC_RELAXED);
-            return;
-        }
-    }
     float tile[MRP * 64] __attribute__((aligned(64)));
     epi_t epi;
     memset(&epi, 0, sizeof epi);
     epi.ldc = J->csm, epi.ldr = J->csm, epi.act = J->act, epi.p0 = J->p0, epi.p1 = J->p1;
     for (int kb = 0; kb < nk; ++kb) {
         const int k0 = (int)((long long)K * kb / nk), k1 = (int)((long long)K * (kb + 1) / nk), kc = k1 - k0;
-        const int first = kb == 0, last = kb == nk - 1;
-        epi.first = first, epi.last = last;
-        if (ragged) {
-            /* the last group's rows, zero rows below them */
-            const int i0 = m1 - ragged;
-            memset(apad, 0, sizeof(float) * (size_t)mrs * kc);
-            for (int i = 0; i < ragged; ++i)
-                memcpy(apad + (size_t)i * kc, a + (ptrdiff_t)(i0 + i) * lda + k0, sizeof(float) * kc);
-        }
+        epi.first = kb == 0, epi.last = kb == nk - 1;
         for (int j0 = n0; j0 < n1; j0 += sw) {
             const int nv = imin(sw, n1 - j0);
-            const float* bp = b + (size_t)(j0 / NBP) * K * NBP + (size_t)k0 * NBP + (j0 % NBP);
-            for (int i = m0; i < m1; i += mrs) {
-                const int rows = imin(mrs, m1 - i);
-                if (rows < mrs && split) {
-                    slices_short(J, bi, i, rows, j0, nv, kc, a + (ptrdiff_t)i * lda + k0, lda, bp, tile, &epi);
-                    continue;
-                }
-                const float* ar = rows == mrs ? a + (ptrdiff_t)i * lda + k0 : apad;
-                const long la = rows == mrs ? lda : kc;
-                if (direct && rows == mrs && nv == sw) {
-                    epi.c = c + (ptrdiff_t)i * J->csm + j0;
-                    epi.bias = bias && !J->bias_cols ? bias + i : NULL;
-                    epi.bias_c = bias && J->bias_cols ? bias + j0 : NULL;
-                    epi.r = r ? r + (ptrdiff_t)i * J->csm + j0 : NULL;
-                    I->uks(kc, ar, la, bp, NBP, NULL, &epi);
-                } else {
-                    I->uks(kc, ar, la, bp, NBP, tile, NULL);
-                    store_tile(J, bi, i, rows, j0, nv, sw, tile, first, last);
-                }
-            }
+            const float* bp = it.b + (size_t)(j0 / NBP) * K * NBP + (size_t)k0 * NBP + (j0 % NBP);
+            int i = m0;
+            for (; i + mrs <= m1; i += mrs)
+                slices_call(J, &it, bi, I->uks, mrs, i, j0, nv, kc, a + (ptrdiff_t)i * lda + k0, lda, bp, tile, &epi);
+            for (int q = 0; q < 4; ++q)
+                for (; I->uks_rows[q] && i + RS[q] <= m1; i += RS[q])
+                    slices_call(J, &it, bi, I->uks_rows[q], RS[q], i, j0, nv, kc, a + (ptrdiff_t)i * lda + k0, lda,
+                                bp, tile, &epi);
         }
     }
 }
