@@ -253,34 +253,47 @@ def test_serving_thread_spins_after_inline_runs_only_when_requests_come_close_an
     write_fake_model(models / "slow.onnx", **SPEC)
     x = np.array([0.0, 1.0], np.float32)
     burnt: dict[str, float] = {}
+    spun: dict[str, tuple[int, float]] = {}
 
-    def window(key: str, pid: int, s: float = 0.8) -> None:
+    def window(key: str, pid: int, c: Client, before: dict[str, Any], s: float = 0.8) -> None:
         t0 = _main_thread_cpu_s(pid)
         time.sleep(s)
         burnt[key] = _main_thread_cpu_s(pid) - t0
+        after = c.status()["serving_spin"]
+        spun[key] = (after["spins"] - before["spins"], after["seconds"] - before["seconds"])
 
     for spin in ("0", "600000"):
         with DaemonProcess(f"ipc://{tmp_path}/s{spin}.sock", models, "--spin-us", spin,
                            log_path=tmp_path / f"d{spin}.log") as d, Client(d.endpoint, timeout=30) as c:
+            # (a status request during a spin would end it: each count is taken before the requests it follows)
+            before = c.status()["serving_spin"]
             for _ in range(4):
                 info = c.infer_with_info("tiny", {"x": x})[1]
             assert info["inline"] is True
-            window(spin, d.pid)  # inside the spin window, after the last reply
+            window(spin, d.pid, c, before)  # inside the spin window, after the last reply
             if spin == "0":
                 continue
             time.sleep(0.5)  # 1.3 s after the last request: more than twice the spin
+            before = c.status()["serving_spin"]
             c.infer("tiny", {"x": x})
-            window("after a pause", d.pid)
+            window("after a pause", d.pid, c, before)
             c.infer("slow", {"x": _x(0.01, 1)})  # its first run (never inline) shows it too slow to go inline
             time.sleep(0.7)
             slow = _Async(c, "slow", _x(1.5, 2))
             _wait_running(c, "slow", 2)
+            before = c.status()["serving_spin"]
             for _ in range(3):
                 np.testing.assert_array_equal(c.infer("tiny", {"x": x})["y"], 2 * x + 1)
-            window("worker busy", d.pid)
+            window("worker busy", d.pid, c, before)
             slow.join()
             assert slow.error is None, slow.error
-    # spinning burns CPU and sleeping does not: over 0.3 s of the 0.8 s window in every run until 2026-12-02, then
-    # 0.23 s once beside the other test worker's CPU-bound tests (2 cores, pytest -n 2); ~0 for the three that sleep
-    assert burnt["600000"] > 0.15, burnt
+    # the serving loop's own count: the last of the four requests left a spin of its whole 0.6 s (the earlier
+    # ones' were cut short by the next request); none for the three that sleep
+    assert spun["600000"][0] >= 1 and spun["600000"][1] >= 0.59, spun
+    assert all(spun[k] == (0, 0.0) for k in ("0", "after a pause", "worker busy")), spun
+    # and it is awake: its thread's CPU time grew while it spun. Over 0.3 s of the 0.8 s window in every run
+    # until 2026-12-02, then 0.23 s and 0.08 s beside the other test worker's CPU-bound tests (2 cores,
+    # pytest -n 2), and 2 ms with three busy loops on the two cores: the spin yields its core to every thread
+    # that is ready, so how much it burns is the load's to say; ~0 for the three that sleep
+    assert burnt["600000"] > 0.001, burnt
     assert burnt["0"] < 0.15 and burnt["after a pause"] < 0.15 and burnt["worker busy"] < 0.15, burnt

@@ -274,6 +274,8 @@ class Server:
         self._next_sweep = float("inf")  # earliest queued deadline (may be early, never late)
         self._inline_sender = _MainSender(self)
         self._spin_until = 0.0  # the serving loop polls without sleeping until then (``spin_us``)
+        # spins so far, seconds spent in them, and how many a request ended: whether the spin's CPU pays off
+        self._spin_stats: list[float] = [0, 0.0, 0]
         self._inline_end = 0.0  # when the last request run on this thread ended
         # gc.freeze() once ready: right for the daemon's own process (serve_main sets it), not for
         # a process that embeds a Server among other work.
@@ -816,6 +818,8 @@ class Server:
             "remote_endpoint": self.config.remote_endpoint or None,
             "security": auth.describe(self.config, self.policy),
             "clients_inflight": len(self.shares.snapshot()),
+            "serving_spin": {"spins": int(self._spin_stats[0]), "seconds": round(self._spin_stats[1], 6),
+                             "caught_requests": int(self._spin_stats[2]), "spin_us": self.config.spin_us},
             "memory": {"rss_bytes": rss, "models_bytes": models_bytes, "budget_bytes": self.budget,
                        "effective_budget_bytes": self.budget_now(rss, models_bytes),
                        "cgroup_limit_bytes": self.cgroup_limit,
@@ -1216,12 +1220,17 @@ class Server:
                 # it awake costs less than waking up (on the 2-core VM a core that slept ran the VAD's next run
                 # in 140-240 us against 84 hot)
                 events = None
-                while self._spin_until > time.monotonic():
-                    events = zmq_poll(poll_items, 0)
-                    if events:
-                        break
-                    # a thread woken on this core (zmq's I/O thread bringing the request) runs at once
-                    sched_yield()
+                t_spin = time.monotonic()
+                if self._spin_until > t_spin:
+                    while self._spin_until > time.monotonic():
+                        events = zmq_poll(poll_items, 0)
+                        if events:
+                            break
+                        # a thread woken on this core (zmq's I/O thread bringing the request) runs at once
+                        sched_yield()
+                    self._spin_stats[0] += 1
+                    self._spin_stats[1] += time.monotonic() - t_spin
+                    self._spin_stats[2] += bool(events and any(sock is router for sock, _ev in events))
                 if not events:
                     self._spin_until = 0.0
                     events = zmq_poll(poll_items, int(timeout * 1000) + 1)
