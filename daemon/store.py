@@ -209,6 +209,27 @@ class StoreWriter:
             self._tmp.unlink(missing_ok=True)
 
 
+#: store indexes read and verified at an open, by path, while the file is the same one (its identity and change
+#: time): a model loaded again (a daemon's, after its memory budget or an unload dropped it) opens its store
+#: without reading the index again. Entries are frozen and the dicts are not changed after the open; each blob's
+#: checksum is still verified on read. 0 turns it off.
+INDEXES_MAX = 32
+_Index = tuple[tuple[int, ...], dict[tuple[str, str, str, str], "Entry"], dict[str, list["Entry"]], dict[str, Any]]
+_indexes: dict[str, _Index] = {}
+_index_lock = threading.Lock()
+
+
+def index_cached(path: str | os.PathLike) -> bool:
+    """Whether the index of the store at ``path``, as it is on disk now, is in ``_indexes`` (its open reads none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    with _index_lock:
+        hit = _indexes.get(str(Path(path)))
+    return hit is not None and hit[0] == (*_file_ident(st), st.st_ctime_ns)
+
+
 class WeightsStore:
     """Read side. Validates header, index checksum and file length at open; each blob's checksum on read.
 
@@ -253,6 +274,23 @@ class WeightsStore:
         st = os.fstat(self._fd)
         size = st.st_size
         self._ident = _file_ident(st)
+        version = (*self._ident, st.st_ctime_ns)
+        key = str(self.path)
+        with _index_lock:
+            hit = _indexes.get(key)
+            if hit is not None and hit[0] == version:
+                _indexes[key] = _indexes.pop(key)
+                _version, self.entries, self._by_layer, self.meta = hit
+                return
+        self._read_index(size)
+        if INDEXES_MAX > 0:
+            with _index_lock:
+                _indexes.pop(key, None)
+                _indexes[key] = (version, self.entries, self._by_layer, self.meta)
+                while len(_indexes) > INDEXES_MAX:
+                    _indexes.pop(next(iter(_indexes)))
+
+    def _read_index(self, size: int) -> None:
         head = os.pread(self._fd, _HEADER.size, 0)
         if len(head) < _HEADER.size:
             raise WeightsStoreError(f"{self.path}: truncated weights store ({size} bytes; expected a "

@@ -223,10 +223,17 @@ def test_a_load_through_the_cache_parses_its_plan_once_and_rebuilds_a_plan_that_
         return real(path, *a, **kw)
 
     monkeypatch.setattr(package, "_read_plan", counting)
+    package._parsed.clear()  # (the compile's own load parsed it: as a fresh process)
     model = inferd.load(src, cache_dir=cache)
     model.wait_loaded()
     # the cache lookup reads plan.bin's header; the open parses it (the second parse cost each load 0.3-1.7 ms)
     assert len([p for p in parsed if p.name == "plan.bin"]) == 1, parsed
+    model.close()
+    # loaded again (a daemon's model dropped by its budget): the open takes the plan it parsed
+    parsed.clear()
+    model = inferd.load(src, cache_dir=cache)
+    np.testing.assert_allclose(model.run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
+    assert not [p for p in parsed if p.name == "plan.bin"], parsed
     model.close()
     pkg = package.cached_package(src, cache)
     plan = pkg / "plan.bin"
@@ -239,6 +246,77 @@ def test_a_load_through_the_cache_parses_its_plan_once_and_rebuilds_a_plan_that_
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert any("checksum" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records)
     package.read_plan(plan)  # rebuilt: sound again
+
+
+def test_a_store_index_is_read_once_per_version_of_the_file(tmp_path, monkeypatch) -> None:
+    """A store opened again (a model loaded again) takes the index its first open read and verified; a store
+    written anew at the same path, or changed in place, is read again: its own entries, never the old ones."""
+    from inferd import store
+
+    reads: list[int] = []
+    real = WeightsStore._read_index
+
+    def counting(self, size):
+        reads.append(size)
+        return real(self, size)
+
+    monkeypatch.setattr(WeightsStore, "_read_index", counting)
+    p = tmp_path / "w.store"
+    arrs = _write(p)
+    for _ in range(2):
+        with WeightsStore(p) as s:
+            np.testing.assert_array_equal(s.get("", "a"), arrs["a"])
+    assert len(reads) == 1 and store.index_cached(p)
+    # written anew (a recompile): another file at the path
+    with StoreWriter(p, "e" * 64, "test") as w:
+        w.add("", "a", arrs["a"] + 1)
+    assert not store.index_cached(p)
+    with WeightsStore(p) as s:
+        assert s.model_sha256 == "e" * 64 and ("", "b", "", "raw") not in s
+        np.testing.assert_array_equal(s.get("", "a"), arrs["a"] + 1)
+    assert len(reads) == 2
+    # changed in place, same size: its change time moves, and a damaged index is found as at a first open
+    data = bytearray(p.read_bytes())
+    data[-2] ^= 0xFF  # in the index, at the file's end
+    with open(p, "r+b") as f:
+        f.write(bytes(data))
+    with pytest.raises(WeightsStoreError, match="index"):
+        WeightsStore(p)
+    assert len(reads) == 3
+    monkeypatch.setattr(store, "INDEXES_MAX", 0)  # off: every open reads its index
+    _write(p)
+    for _ in range(2):
+        WeightsStore(p).close()
+    assert len(reads) == 5
+
+
+def test_a_parsed_plan_is_shared_read_only_and_one_with_control_flow_bodies_is_not_kept(tmp_path) -> None:
+    """plan.bin parsed by an open is kept for the next open of the same file: its arrays read-only (every load
+    of the package shares them: an in-place write would change the next load's constants, so it fails); a plan
+    whose nodes carry control-flow bodies (which a load may lower in place) is parsed at every open."""
+    from inferd import package
+    from test_control_flow import _nested_if_model
+
+    src, cache, x, ref = _cached_source(tmp_path, 7)
+    model = inferd.load(src, cache_dir=cache)
+    np.testing.assert_allclose(model.run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
+    model.close()
+    pkg = package.cached_package(src, cache)
+    assert package.parsed_cached(pkg)
+    d = package._parsed[str(pkg / "plan.bin")][1][0]
+    arrays = [v for v in d["inline"].values() if isinstance(v, np.ndarray)]
+    assert arrays and not any(a.flags.writeable for a in arrays)
+    with pytest.raises(ValueError, match="read-only"):
+        arrays[0][...] = 0
+    # the plan rewritten (as a refinement does, atomically): parsed again
+    package.write_plan(pkg / "plan.bin", package.read_plan(pkg / "plan.bin"))
+    assert not package.parsed_cached(pkg)
+    np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
+    assert package.parsed_cached(pkg)
+    cf = tmp_path / "if.onnx"
+    cf.write_bytes(_nested_if_model().SerializeToString())
+    inferd.load(cf, cache_dir=tmp_path / "cfcache").close()
+    assert not package.parsed_cached(package.cached_package(cf, tmp_path / "cfcache"))
 
 
 def test_a_store_that_fails_to_open_never_closes_another_files_descriptor(tmp_path) -> None:
