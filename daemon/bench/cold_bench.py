@@ -188,6 +188,24 @@ if eng == "inferd":
     from inferd.bench.common import daemon_state
     _resident = daemon_state(device, spec.get("device_pool") or 0, spec.get("resident_pipelines") or 0,
                              spec.get("host_pool") or 0, claim_cores=True)
+    if spec.get("reload"):
+        # a daemon's model dropped (its memory budget, an unload) and asked for again: this process served it
+        # before, until its plan.bin stopped changing (the refinement after a first run rewrites it at most twice)
+        _plan_bin = os.path.join(spec["path"], "plan.bin")
+        for _ in range(3):
+            _v0 = os.stat(_plan_bin).st_ctime_ns
+            _m0 = inferd.load(spec["path"], device=device, cold=opts, loaders=spec.get("loaders"))
+            _m0.run(feeds)
+            if getattr(_m0, "refine_done", None) is not None:
+                _m0.refine_done.wait(60)
+            _m0.close()
+            del _m0
+            if os.stat(_plan_bin).st_ctime_ns == _v0:
+                break
+        from pathlib import Path as _P
+        from inferd.package import parsed_cached
+        from inferd.store import index_cached
+        _reload_cached = parsed_cached(_P(spec["path"])) and index_cached(_P(spec["path"]) / "weights.store")
 elif eng == "ort":
     import onnxruntime as ort
     so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
@@ -226,6 +244,8 @@ if eng == "inferd":
     mods = set(sys.modules)  # at the answer: the idle-time work after it imports what it likes
     y = out[m.output_names[0]]
     res["load_call_ms"] = (t_load - t0) * 1e3
+    if spec.get("reload"):
+        res["reload_cached"] = _reload_cached  # the parsed plan and index the load was to take were there
     if device == "vulkan":
         res["resident_pipelines"] = _resident
     res["cold_stats"] = {k: v for k, v in dict(m.cold_stats).items() if isinstance(v, (int, float, str))}
@@ -727,6 +747,9 @@ class BenchOptions:
     sample_s: float = 0.3
     #: also measure the package after inferd refined its plan from one observed cold run
     refined: bool = True
+    #: also measure a reload: the package loaded again in a process that served it before (a daemon's model that
+    #: its memory budget or an unload dropped), its files evicted as for every run
+    reload: bool = True
     #: Vulkan: pipelines the inferd child makes resident before the request, as the daemon does at its start
     #: (its ``resident_pipelines`` setting); a second inferd configuration is measured without them
     resident_pipelines: int = 128
@@ -822,6 +845,10 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
             [str(p / "plan.bin"), None], [str(p / "weights.store"), regions]]}, files, env=env))
         configs.append(Config("floor_whole", {**base_spec, "engine": "floor", "ref": "", "files": [
             [str(p / "plan.bin"), None], [str(p / "weights.store"), None]]}, files, env=env))
+        if opts.reload:
+            configs.append(Config("inferd_reload", {**base_spec, "engine": "inferd", "path": str(p),
+                                                    "options": _ablation_options(None), "loaders": opts.loaders,
+                                                    "reload": True, "timeline": False}, files, env=env, restore=snap))
         if dev == "vulkan" and opts.resident_pipelines > 0:
             # the same package in a daemon whose device has none of its pipelines yet (it never served the model
             # since its start, or it was started with resident_pipelines = 0)
@@ -961,6 +988,9 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     refined = summ.get("inferd_refined", {}).get("cold_ms")
     if refined:
         res["ratios_refined"] = goal_ratios(refined, inferd_warm, floor, peers)
+    reloaded = summ.get("inferd_reload", {}).get("cold_ms")
+    if reloaded:
+        res["ratios_reload"] = goal_ratios(reloaded, inferd_warm, floor, peers)
     res["package_rewritten_runs"] = sum(1 for k, rs in runs.items() if k.startswith("inferd")
                                         for x in rs if x.get("package_rewritten"))
     if opts.ablation and inferd_cold:
@@ -1172,6 +1202,20 @@ def markdown(data: dict[str, Any]) -> str:
                      f"{fmt(_ms(cs.get('execute_s')))} | {fmt(_ms(cs.get('waiting_s')))} | "
                      f"{cs.get('stolen', 'n/a')} / {cs.get('tasks', 'n/a')} | {fmt(pl.get('predicted_ms'))} | "
                      f"{pl.get('sources', 'n/a')} | {fmt(max(errs) if errs else None, '.1e')} |")
+    if any("inferd_reload" in r.get("summary", {}) for r in data["models"].values()):
+        lines += ["", "Reload: the same package loaded again by a process that served it before (a daemon's model "
+                  "that its memory budget or an unload dropped), its files evicted as for every run: the load takes "
+                  "the plan and store index that process parsed (`package._open_plan`, `store._indexes`); the "
+                  "weights are read again.", "",
+                  "| model | inferd cold ms | reload ms (range) | reload / cold | reload / best peer | "
+                  "reload / max(floor, warm) |", "|---|---:|---:|---:|---:|---:|"]
+        for n, r in data["models"].items():
+            s, i = r.get("summary", {}), r.get("inferd", {})
+            rl = s.get("inferd_reload", {})
+            q = r.get("ratios_reload") or {}
+            lines.append(f"| {n} | {fmt(i.get('cold_ms'))} | {fmt(rl.get('cold_ms'))} ({_range(rl)}) | "
+                         f"{fmt(ratio(rl.get('cold_ms'), i.get('cold_ms')), '.2f')} | "
+                         f"{fmt(q.get('cold_vs_peer'), '.2f')} | {fmt(q.get('cold_vs_floor'), '.2f')} |")
     if data.get("ablation"):
         lines += ["", "Ablation: inferd cold with one technique off (everything else on); loss = slow-down "
                   "against the full configuration.", "",
@@ -1277,6 +1321,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-start", action="store_true",
                    help="Vulkan: also inferd and ncnn (default options) with their SPIR-V, pipeline and driver caches empty")
     p.add_argument("--no-refined", action="store_true", help="skip measuring the package after refinement")
+    p.add_argument("--no-reload", action="store_true",
+                   help="skip measuring a reload (the package loaded again by a process that served it before)")
     p.add_argument("--warm-runs", type=int, default=30)
     p.add_argument("--host-pool", type=float, default=256,
                    help="MiB of host pool the inferd child faults in before the request, as the daemon does at its "
@@ -1304,7 +1350,8 @@ def main(argv: list[str] | None = None) -> int:
                         first_start=args.first_start,
                         background=args.background, warm_runs=args.warm_runs, threads=args.threads,
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
-                        refined=not args.no_refined, host_pool=int(args.host_pool * (1 << 20)),
+                        refined=not args.no_refined, reload=not args.no_reload,
+                        host_pool=int(args.host_pool * (1 << 20)),
                         device_pool=int(args.device_pool * (1 << 20)),
                         resident_pipelines=max(0, args.resident_pipelines))
     paths = write_zoo(work / "zoo", names)
