@@ -3,7 +3,10 @@
 processes alternate (old, new, old, ...), each in a daemon's state (loader threads up, host pool faulted in),
 the package's files dropped from the page cache, timing ``inferd.load`` + the first run.
 
-    python scripts/cold_ab.py vad_lstm --old /tmp/wtpkg [--new ""] [--rounds 7] [--via-cache]
+    python scripts/cold_ab.py vad_lstm --old /tmp/wtpkg [--new ""] [--rounds 7] [--via-cache] [--reload]
+
+``--reload``: each child first loads, runs and closes the package (its refinement done), then the timed load is a
+reload, as a daemon's model dropped by its memory budget is loaded again.
 
 ``--old`` / ``--new``: a folder holding an ``inferd`` package (a worktree's ``daemon`` linked as ``inferd``;
 empty: the checkout's own). ``--via-cache``: each tree's package sits in a package cache and the child loads the
@@ -26,8 +29,8 @@ import glob, json, sys, time
 import inferd
 from inferd.bench.common import daemon_state, drop_page_cache
 from inferd.bench.recurrent_bench import _feeds
-name, pkg = sys.argv[1], sys.argv[2]
-src = sys.argv[3] if len(sys.argv) > 3 else ""  # the ONNX file, loaded through the cache that holds pkg
+name, pkg, RELOAD = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+src = sys.argv[4] if len(sys.argv) > 4 else ""  # the ONNX file, loaded through the cache that holds pkg
 daemon_state("cpu", 0, 0, 256 << 20, claim_cores=True)  # a daemon's default host pool
 from pathlib import Path
 import numpy as np
@@ -39,14 +42,24 @@ if name in ("vad_lstm", "kws_gru", "crnn_lstm"):
 else:
     rng = np.random.default_rng(0)
     feeds = {r[0]: rng.standard_normal(r[1]).astype(dtype_from_tag(r[2])) for r in d["inputs"]}
+def _load():
+    return inferd.load(src, device="cpu", cache_dir=str(Path(pkg).parent)) if src else inferd.load(pkg, device="cpu")
+if RELOAD:  # a daemon's model dropped and asked for again: this process served it before
+    m0 = _load()
+    m0.run(feeds)
+    if getattr(m0, "refine_done", None) is not None:
+        m0.refine_done.wait(60)
+    m0.close()
+    del m0
 for f in glob.glob(pkg + "/*"):
     drop_page_cache(f)
 t0 = time.perf_counter()
-m = inferd.load(src, device="cpu", cache_dir=str(Path(pkg).parent)) if src else inferd.load(pkg, device="cpu")
+m = _load()
+t_load = time.perf_counter() - t0
 m.run(feeds)
 t = time.perf_counter() - t0
 st = {k: v for k, v in dict(m.cold_stats).items() if isinstance(v, (int, float))}
-print(json.dumps({"cold_ms": t * 1e3, "plan_predicted_ms": m.plan.predicted_s * 1e3,
+print(json.dumps({"cold_ms": t * 1e3, "load_ms": t_load * 1e3, "plan_predicted_ms": m.plan.predicted_s * 1e3,
                   "cold_s_ms": st.get("cold_s", 0) * 1e3}))
 '''
 
@@ -69,6 +82,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", default="")
     ap.add_argument("--via-cache", action="store_true")
+    ap.add_argument("--reload", action="store_true",
+                    help="each child loads, runs and closes the package once before the timed load (a reload)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cold_ab_"))
     write = "import sys\nfrom inferd import zoo\nzoo.write_zoo(sys.argv[1], [sys.argv[2]])"
@@ -86,7 +101,9 @@ def main() -> int:
             pkgs[side] = [str(work / side)]
     for _ in range(args.rounds):
         for side, path in (("old", args.old), ("new", args.new)):
-            out = subprocess.run([sys.executable, "-c", _CHILD, args.model, *pkgs[side]], check=True,
+            child = [sys.executable, "-c", _CHILD, args.model, pkgs[side][0], "1" if args.reload else "0",
+                     *pkgs[side][1:]]
+            out = subprocess.run(child, check=True,
                                  env=_env(path), capture_output=True, text=True).stdout.strip().splitlines()[-1]
             r = json.loads(out)
             runs[side].append(r)
