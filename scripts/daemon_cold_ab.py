@@ -4,7 +4,9 @@ tree (a 256 MiB host pool, as a service has it) whose package an earlier daemon 
 files dropped from the page cache one second after ready, then one client's first ``infer`` timed; the trees
 alternate. The reply's ``queue_us`` (receipt to the first run's start: the load) is kept beside it.
 
-    python scripts/daemon_cold_ab.py MODEL ROUNDS OLD_TREE [OUT.json]
+    [RELOAD=1] python scripts/daemon_cold_ab.py MODEL ROUNDS OLD_TREE [OUT.json]
+
+RELOAD=1: each daemon then unloads the model, drops its files and times its load call and a request (a reload).
 
 OLD_TREE: a folder holding an ``inferd`` package (a worktree's ``daemon`` linked as ``inferd``); the new tree is
 the checkout's own.
@@ -27,6 +29,10 @@ from inferd.server.testing import DaemonProcess
 from inferd_client import Client
 
 SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID", "JOURNAL_STREAM")
+
+
+#: also time a reload in each daemon: the model unloaded after its first request, its files dropped, loaded again
+RELOAD = os.environ.get("RELOAD", "") == "1"
 
 
 def main() -> int:
@@ -58,9 +64,21 @@ def main() -> int:
                 dt = (time.perf_counter() - t) * 1e3
                 t = time.perf_counter()
                 c.infer(name, {spec["name"]: x})
-                res[side].append({"cold_request_ms": dt, "queue_ms": info.get("queue_us", 0) / 1e3,
-                                  "compute_ms": info.get("compute_us", 0) / 1e3,
-                                  "next_ms": (time.perf_counter() - t) * 1e3})
+                row = {"cold_request_ms": dt, "queue_ms": info.get("queue_us", 0) / 1e3,
+                       "compute_ms": info.get("compute_us", 0) / 1e3, "next_ms": (time.perf_counter() - t) * 1e3}
+                if RELOAD:
+                    # the model dropped (as its memory budget or an idle timeout drops it) and asked for again
+                    time.sleep(2.0)  # its idle-time work done
+                    c.unload(name)
+                    time.sleep(0.5)
+                    for f in glob.glob(str(cache) + "/**/*.*", recursive=True):
+                        drop_page_cache(f)
+                    t = time.perf_counter()
+                    c.load(name)  # (a model unloaded by request is served again once asked to load)
+                    _out, info = c.infer_with_info(name, {spec["name"]: x})
+                    row.update(reload_request_ms=(time.perf_counter() - t) * 1e3,
+                               reload_queue_ms=info.get("queue_us", 0) / 1e3)
+                res[side].append(row)
                 print(side, {k: round(v, 2) for k, v in res[side][-1].items()}, flush=True)
     med = {s: {k: float(np.median([r[k] for r in v])) for k in v[0]} for s, v in res.items()}
     print(json.dumps(med))
