@@ -816,15 +816,18 @@ class _EarlyStream:
         io = self.stream_io(plan) if self.stream_io is not None and keys else None
         if io is None:
             return
-        # (the head read's worker has counted it by now, as a rule: counting here costs 0.3 ms)
+        # (the head read's worker has counted it by now, as a rule: counting here costs 0.2-0.3 ms)
         path = self.pkg / "weights.store"
-        cached = self.head.resident if self.head is not None else None
-        if (resident_fraction(path) if cached is None else cached) >= 0.5:
+        share = self.head.resident if self.head is not None else None
+        if share is None:
+            share = resident_fraction(path)
+        if share >= 0.5:
             # a store in the page cache has no disk latency to hide, and reads beside the open's parsing slow it
             # (mobilenetv2's open 4-5 -> 8-9 ms with its reads under way, 2-core VM): the load starts them after
             # the open (a cached mobilenetv2, load + first run: 14.5-16.6 ms so, 15.8-17.4 ms from the open)
             return
-        self.store = WeightsStore(path, direct=None, head=self.head)
+        # direct, as the store decides from the same share (which it would count again where the head has not)
+        self.store = WeightsStore(path, direct=True, head=self.head)
         self.store.window = self.window
         try:
             entries = [self.store.entries[tuple(k)] for k in keys]
