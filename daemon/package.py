@@ -597,8 +597,10 @@ def read_plan(path: Path) -> dict[str, Any]:
 #: read, the checksum and the parsing, and its stream of the stored plan's reads starts at once (squeezenet1_1 on
 #: the CPU, page cache dropped, in-process reloads: ``load()`` 4.9 -> 3.7 ms, the first answer 14.5 -> 12.8 ms).
 #: What it holds is shared by every load of the package: its arrays are made read-only, and a plan with control-flow
-#: bodies (``Subgraph``, which a load may lower in place) is not kept. 0 turns it off.
+#: bodies (``Subgraph``, which a load may lower in place) is not kept. 0 turns it off. Bounded in plans and in
+#: plan.bin bytes (a parse holds a few times its file's bytes: a board's memory, outside every model's budget).
 PARSED_PLANS_MAX = 32
+PARSED_PLANS_MAX_BYTES = 16 << 20
 _parsed: "dict[str, tuple[tuple[int, ...], tuple[dict[str, Any], ColdPlan, Profile | None]]]" = {}
 _parsed_lock = threading.Lock()
 
@@ -643,11 +645,11 @@ def _open_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None"
         return got
     found: list[Any] = []
     got = _read_plan(path, early, found)
-    if _frozen(found):
+    if version[2] <= PARSED_PLANS_MAX_BYTES // 4 and _frozen(found):
         with _parsed_lock:
             _parsed.pop(key, None)
             _parsed[key] = (version, got)
-            while len(_parsed) > PARSED_PLANS_MAX:
+            while len(_parsed) > PARSED_PLANS_MAX or sum(v[0][2] for v in _parsed.values()) > PARSED_PLANS_MAX_BYTES:
                 _parsed.pop(next(iter(_parsed)))
     return got
 

@@ -214,7 +214,10 @@ class StoreWriter:
 #: without reading the index again. Entries are frozen and the dicts are not changed after the open; each blob's
 #: checksum is still verified on read. 0 turns it off.
 INDEXES_MAX = 32
-_Index = tuple[tuple[int, ...], dict[tuple[str, str, str, str], "Entry"], dict[str, list["Entry"]], dict[str, Any]]
+#: ... and at most this many index bytes in all (an entry's objects take a few times its bytes)
+INDEXES_MAX_BYTES = 8 << 20
+#: (file version, entries, entries by layer, meta, index bytes)
+_Index = tuple[tuple[int, ...], dict[tuple[str, str, str, str], "Entry"], dict[str, list["Entry"]], dict[str, Any], int]
 _indexes: dict[str, _Index] = {}
 _index_lock = threading.Lock()
 
@@ -280,17 +283,18 @@ class WeightsStore:
             hit = _indexes.get(key)
             if hit is not None and hit[0] == version:
                 _indexes[key] = _indexes.pop(key)
-                _version, self.entries, self._by_layer, self.meta = hit
+                _version, self.entries, self._by_layer, self.meta, _n = hit
                 return
-        self._read_index(size)
-        if INDEXES_MAX > 0:
+        isize = self._read_index(size)
+        if INDEXES_MAX > 0 and isize <= INDEXES_MAX_BYTES // 4:
             with _index_lock:
                 _indexes.pop(key, None)
-                _indexes[key] = (version, self.entries, self._by_layer, self.meta)
-                while len(_indexes) > INDEXES_MAX:
+                _indexes[key] = (version, self.entries, self._by_layer, self.meta, isize)
+                while len(_indexes) > INDEXES_MAX or sum(v[4] for v in _indexes.values()) > INDEXES_MAX_BYTES:
                     _indexes.pop(next(iter(_indexes)))
 
-    def _read_index(self, size: int) -> None:
+    def _read_index(self, size: int) -> int:
+        """Read and verify the index (``size``: the file's); returns the index's bytes."""
         head = os.pread(self._fd, _HEADER.size, 0)
         if len(head) < _HEADER.size:
             raise WeightsStoreError(f"{self.path}: truncated weights store ({size} bytes; expected a "
@@ -326,6 +330,7 @@ class WeightsStore:
         except Exception as ex:
             raise WeightsStoreError(f"{self.path}: unreadable weights store index: {ex}") from ex
         self.meta: dict[str, Any] = meta
+        return int(isize)
 
     @property
     def model_sha256(self) -> str:

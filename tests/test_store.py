@@ -292,6 +292,11 @@ def test_a_store_index_is_read_once_per_version_of_the_file(tmp_path, monkeypatc
     for _ in range(2):
         WeightsStore(p).close()
     assert len(reads) == 5
+    monkeypatch.setattr(store, "INDEXES_MAX", 32)
+    monkeypatch.setattr(store, "INDEXES_MAX_BYTES", 64)  # an index larger than a quarter of the bound: not kept
+    for _ in range(2):
+        WeightsStore(p).close()
+    assert len(reads) == 7 and not store.index_cached(p)
 
 
 def test_a_parsed_plan_is_shared_read_only_and_one_with_control_flow_bodies_is_not_kept(tmp_path) -> None:
@@ -317,6 +322,12 @@ def test_a_parsed_plan_is_shared_read_only_and_one_with_control_flow_bodies_is_n
     assert not package.parsed_cached(pkg)
     np.testing.assert_allclose(inferd.load(src, cache_dir=cache).run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
     assert package.parsed_cached(pkg)
+    # a plan larger than a quarter of the byte bound is not kept (a parse holds a few times its file's bytes)
+    package._parsed.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(package, "PARSED_PLANS_MAX_BYTES", 4 * (pkg / "plan.bin").stat().st_size - 4)
+        inferd.load(src, cache_dir=cache).close()
+        assert not package.parsed_cached(pkg)
     cf = tmp_path / "if.onnx"
     cf.write_bytes(_nested_if_model().SerializeToString())
     inferd.load(cf, cache_dir=tmp_path / "cfcache").close()
