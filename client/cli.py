@@ -85,6 +85,10 @@ def format_status(st: dict[str, Any]) -> str:
     if isinstance(heap, dict) and heap.get("trims"):
         lines.append(f"freed heap given back to the system: {_mib(heap.get('released_bytes'))} in {heap['trims']} "
                      f"trims (the last after {heap.get('last_reason') or '?'})")
+    mc = mem.get("metadata_cache")
+    if isinstance(mc, dict) and (mc.get("plans") or mc.get("indexes")):
+        lines.append(f"kept parsed for the next load: {mc.get('plans', 0)} plans ({_mib(mc.get('plan_file_bytes'))} "
+                     f"on disk), {mc.get('indexes', 0)} store indexes ({_mib(mc.get('index_bytes'))})")
     ca = st.get("cache")
     if isinstance(ca, dict):
         line = (f"cache {ca.get('dir')}: {ca.get('state')}, {_mib(ca.get('bytes_used'))} used"

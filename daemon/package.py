@@ -654,6 +654,12 @@ def _open_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None"
     return got
 
 
+def parsed_stats() -> dict[str, int]:
+    """What ``_parsed`` holds: plans and their plan.bin bytes (a daemon's status reports it beside its memory)."""
+    with _parsed_lock:
+        return {"plans": len(_parsed), "plan_file_bytes": sum(v[0][2] for v in _parsed.values())}
+
+
 def parsed_cached(pkg: Path) -> bool:
     """Whether ``pkg``'s plan.bin, as it is on disk now, is parsed in ``_parsed`` (an open then reads none of its
     metadata: plan.bin here, the store's index in ``store.cached_index``)."""

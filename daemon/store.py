@@ -222,6 +222,12 @@ _indexes: dict[str, _Index] = {}
 _index_lock = threading.Lock()
 
 
+def index_stats() -> dict[str, int]:
+    """What ``_indexes`` holds: store indexes and their bytes on disk."""
+    with _index_lock:
+        return {"indexes": len(_indexes), "index_bytes": sum(v[4] for v in _indexes.values())}
+
+
 def index_cached(path: str | os.PathLike) -> bool:
     """Whether the index of the store at ``path``, as it is on disk now, is in ``_indexes`` (its open reads none)."""
     try:

@@ -208,6 +208,11 @@ def test_status_models_and_budget(daemon: DaemonProcess) -> None:
         mem = st["memory"]
         assert mem["rss_bytes"] > 10 << 20
         assert mem["models_bytes"] == sum(x["memory_bytes"] for x in st["models"].values()) > 0
+        # the loaded packages' plans and store indexes, kept parsed for their next load, are counted
+        mc = mem["metadata_cache"]
+        assert mc["plans"] >= 1 and mc["plan_file_bytes"] > 0 and mc["indexes"] >= 1 and mc["index_bytes"] > 0, mc
+        from inferd_client.cli import format_status
+        assert f"{mc['plans']} plans" in format_status(st)
         assert c.set_budget("512M")["budget_bytes"] == 512 << 20
         assert c.status()["memory"]["budget_bytes"] == 512 << 20
         assert c.set_budget(0)["budget_bytes"] == 0

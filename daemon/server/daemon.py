@@ -799,7 +799,9 @@ class Server:
                             "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None,
                             **s._coexec_info(), **s.threads_info()}
         rss = process_rss()
+        from ..package import parsed_stats
         from ..runtime import hostpool
+        from ..store import index_stats
 
         pool = hostpool.current()
         pool_stats = pool.stats() if pool is not None else None
@@ -835,6 +837,8 @@ class Server:
                        "device_pool": dev_pool,
                        # freed heap given back to the system (heap_trim), so far
                        "heap": heap.stats(),
+                       # packages' plans and store indexes kept parsed for their next load (in the overhead)
+                       "metadata_cache": {**parsed_stats(), **index_stats()},
                        # clean pages of the loaded models' packages in the page cache: memory too, and the
                        # kernel's to drop (the weights store bypasses it with O_DIRECT when not resident)
                        "page_cache_bytes": self.package_cache_bytes()},
