@@ -662,7 +662,7 @@ def parsed_stats() -> dict[str, int]:
 
 def parsed_cached(pkg: Path) -> bool:
     """Whether ``pkg``'s plan.bin, as it is on disk now, is parsed in ``_parsed`` (an open then reads none of its
-    metadata: plan.bin here, the store's index in ``store.cached_index``)."""
+    metadata: plan.bin here, the store's index in ``store.index_cached``)."""
     try:
         version = file_version(os.stat(pkg / "plan.bin"))
     except OSError:
