@@ -9,6 +9,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -20,6 +21,14 @@ from inferd.ops import conv
 from inferd.runtime.hostpool import PAGE, HostPool
 
 pytestmark = pytest.mark.skipif(inferd.native.ffi is None, reason="the host pool needs the native extension")
+
+
+@pytest.fixture(autouse=True)
+def _no_workspace_kept_from_a_test_pool() -> Iterator[None]:
+    # a cold load's thread adopts kernel workspaces from the pool it loaded from and keeps them across models: a
+    # test's pool (192 MiB faulted in) would stay mapped for the rest of the worker's tests through them
+    yield
+    conv.release_scratch()
 
 
 def _pool(pages: int) -> HostPool:
@@ -230,3 +239,83 @@ def test_memory_from_the_faulted_pool_is_not_faulted_in_again(monkeypatch: pytes
     monkeypatch.setattr(hostpool, "_pool", None)
     ex.prefault([])
     assert populated == [ex.arena.nbytes]
+
+
+_OUTLIVE = r"""
+import gc, sys
+import numpy as np
+from inferd.runtime.hostpool import HostPool, PAGE
+
+
+def mapped(addr):
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return True
+    return False
+
+
+p = HostPool(64 * PAGE)
+a = p.alloc(8 * PAGE)
+addr = p.base
+del p
+gc.collect()
+a[:] = 5  # the pool is gone; its array is not: this write must land in memory still mapped
+assert int(a.sum()) == 5 * 8 * PAGE and mapped(addr)
+del a
+gc.collect()
+assert not mapped(addr), "the pool's mapping outlived its last array"
+print("ok")
+"""
+
+
+def test_an_array_outlives_its_pool_and_the_mapping_goes_with_the_last_one() -> None:
+    """A pool dropped while one of its arrays lives (a test's pool; a kernel workspace a thread keeps across models)
+    must not be unmapped under the array: the suite's rare worker crash was a conv's first run using the main
+    thread's workspace from such a pool, gone with the test that made it. Once the last array is gone, the
+    mapping goes too. In a child: the failure is a segfault."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _OUTLIVE], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+
+
+def test_a_thread_workspace_from_a_dropped_pool_serves_the_next_model() -> None:
+    """The crash's own sequence, in a child: a cold load's kernel workspaces come from a pool and the running thread
+    adopts them (``CpuExecutor.prefault`` / ``begin``); the pool is then dropped (a test's pool) while the thread
+    keeps them; a batch-3 model's convs then run unbound on that thread's workspace."""
+    import subprocess
+    import sys
+
+    code = r"""
+import gc, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import inferd
+from inferd import fileio
+from inferd.ops import conv
+from inferd.runtime import hostpool
+from inferd.runtime.hostpool import HostPool
+from test_import import conv_bn_relu_add_model
+from ortutil import run_ort
+
+p = HostPool(64 << 20)
+p.prefault(background=False)
+fileio.pool_alloc = lambda n: p.alloc(n) if n >= hostpool.MIN_BYTES else None
+conv.adopt_scratch(conv.prefault_scratch({0: 1 << 20}))
+assert p.base <= conv.scratch(0, 16).ctypes.data < p.base + p.capacity
+fileio.pool_alloc = None
+del p
+gc.collect()
+onnx_model = conv_bn_relu_add_model()
+x = np.random.default_rng(0).standard_normal((3, 3, 9, 11)).astype(np.float32)
+ref = run_ort(onnx_model, {"x": x})[0]
+got = inferd.load(onnx_model.SerializeToString(), batch=3).run({"x": x})["y"]
+assert np.abs(got - ref).max() / np.abs(ref).max() <= 1e-5
+print("ok")
+"""
+    tests = str(Path(__file__).resolve().parent)
+    r = subprocess.run([sys.executable, "-c", code, tests], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout[-500:], r.stderr[-3000:])

@@ -38,7 +38,8 @@ PAGE = mmap.PAGESIZE
 
 class HostPool:
     """``capacity`` bytes of anonymous memory; ``alloc`` returns uint8 arrays viewing it (first fit, whole pages),
-    given back when the last array viewing them is collected."""
+    given back when the last array viewing them is collected. The mapping lives until the pool and every array
+    it handed out are gone."""
 
     def __init__(self, capacity: int) -> None:
         from .. import native
@@ -110,8 +111,12 @@ class HostPool:
 
     def _finalizer(self, off: int, size: int) -> Any:
         released = self._released
+        # the block's owner keeps the mapping: an array must never outlive the memory it views. A pool dropped
+        # while its arrays lived (a test's pool; a kernel workspace a thread keeps across models) was unmapped
+        # under them, and the next kernel to use one segfaulted (the suite's rare worker crash, 2026-12)
+        mm = self._mm
 
-        def release(_cdata: Any) -> None:
+        def release(_cdata: Any, _mapping: mmap.mmap = mm) -> None:
             released.append((off, size))
 
         return release
