@@ -41,15 +41,22 @@ def _call(c: Client, model: str, yields: list[int]) -> int:
     return yields[0] - before
 
 
+def _spins_soon(c: Client, model: str, yields: list[int], tries: int = 200) -> bool:
+    """Whether one of up to ``tries`` requests waited for its reply awake. Not a fixed few: on a loaded machine
+    (CI's other worker on both cores) a round trip can exceed spin_us several times in a row, and the next
+    request then rightly sleeps (a CI run saw five such in a row); a client that never spins fails all of them."""
+    return any(_call(c, model, yields) > 0 for _ in range(tries))
+
+
 def test_spins_for_a_model_that_answered_within_spin_us_only(daemon: DaemonProcess, yields: list[int]) -> None:
     with Client(daemon.endpoint, timeout=20, spin_us=client_mod.MAX_SPIN_US) as c:
         assert _call(c, "echo", yields) == 0  # nothing known of this model's round trip yet: no spin
         # its round trip is well under 10 ms: the next requests wait awake, yielding the core between polls
-        assert sum(_call(c, "echo", yields) for _ in range(5)) > 0
+        assert _spins_soon(c, "echo", yields)
         # a model that answers in 50 ms is never spun for: not the first time, nor after it answered
         assert _call(c, "slow", yields) == 0
         assert _call(c, "slow", yields) == 0
-        assert sum(_call(c, "echo", yields) for _ in range(5)) > 0  # per model: echo still spins
+        assert _spins_soon(c, "echo", yields)  # per model: echo still spins
 
 
 def test_no_spin_while_the_daemon_serves_others(daemon: DaemonProcess, yields: list[int]) -> None:
@@ -71,7 +78,7 @@ def test_no_spin_while_the_daemon_serves_others(daemon: DaemonProcess, yields: l
         finally:
             th.join(10)
         _call(c, "echo", yields)  # idle again: this reply says so
-        assert sum(_call(c, "echo", yields) for _ in range(5)) > 0
+        assert _spins_soon(c, "echo", yields)
 
 
 def test_spin_off(daemon: DaemonProcess, yields: list[int], monkeypatch) -> None:
