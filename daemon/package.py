@@ -43,7 +43,8 @@ from .planner.memory import MemoryPlan, memory_from_record, memory_record
 from .planner.plan import ColdPlan, PlanOptions
 from .planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan
 from .runtime.window import hold as hold_window
-from .store import HeadRead, StoreStream, StoreWriter, WeightsStore, file_sha256, index_cached
+from .store import (FileMemo, HeadRead, StoreStream, StoreWriter, WeightsStore, file_sha256, file_version,
+                    index_cached)
 
 log = logging.getLogger(__name__)
 
@@ -601,14 +602,8 @@ def read_plan(path: Path) -> dict[str, Any]:
 #: plan.bin bytes (a parse holds a few times its file's bytes: a board's memory, outside every model's budget).
 PARSED_PLANS_MAX = 32
 PARSED_PLANS_MAX_BYTES = 16 << 20
-_parsed: "dict[str, tuple[tuple[int, ...], tuple[dict[str, Any], ColdPlan, Profile | None]]]" = {}
-_parsed_lock = threading.Lock()
-
-
-def file_version(st: os.stat_result) -> tuple[int, ...]:
-    """Which file, and which version of it, a stat describes: a file replaced (plan.bin's atomic rewrite) or
-    rewritten in place has another inode or change time (which no tool can set back)."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+#: path of plan.bin -> (its dict, ColdPlan, Profile | None)
+_parsed = FileMemo()
 
 
 def _frozen(found: Sequence[Any]) -> bool:
@@ -632,13 +627,7 @@ def _open_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None"
     except OSError:
         return _read_plan(path, early)  # (which says what is wrong with it)
     key = str(path)
-    with _parsed_lock:
-        hit = _parsed.get(key)
-        if hit is not None and hit[0] == version:
-            _parsed[key] = _parsed.pop(key)  # most recently used last
-            got = hit[1]
-        else:
-            got = None
+    got = _parsed.get(key, version)
     if got is not None:
         if early is not None:
             early(got[1], got[0].get("stream"))
@@ -646,18 +635,14 @@ def _open_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None"
     found: list[Any] = []
     got = _read_plan(path, early, found)
     if version[2] <= PARSED_PLANS_MAX_BYTES // 4 and _frozen(found):
-        with _parsed_lock:
-            _parsed.pop(key, None)
-            _parsed[key] = (version, got)
-            while len(_parsed) > PARSED_PLANS_MAX or sum(v[0][2] for v in _parsed.values()) > PARSED_PLANS_MAX_BYTES:
-                _parsed.pop(next(iter(_parsed)))
+        _parsed.put(key, version, got, version[2], PARSED_PLANS_MAX, PARSED_PLANS_MAX_BYTES)
     return got
 
 
 def parsed_stats() -> dict[str, int]:
     """What ``_parsed`` holds: plans and their plan.bin bytes (a daemon's status reports it beside its memory)."""
-    with _parsed_lock:
-        return {"plans": len(_parsed), "plan_file_bytes": sum(v[0][2] for v in _parsed.values())}
+    n, nbytes = _parsed.stats()
+    return {"plans": n, "plan_file_bytes": nbytes}
 
 
 def parsed_cached(pkg: Path) -> bool:
@@ -667,9 +652,7 @@ def parsed_cached(pkg: Path) -> bool:
         version = file_version(os.stat(pkg / "plan.bin"))
     except OSError:
         return False
-    with _parsed_lock:
-        hit = _parsed.get(str(pkg / "plan.bin"))
-    return hit is not None and hit[0] == version
+    return _parsed.holds(str(pkg / "plan.bin"), version)
 
 
 def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = None, found: list[Any] | None = None

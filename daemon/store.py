@@ -79,6 +79,67 @@ def _file_ident(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def file_version(st: os.stat_result) -> tuple[int, ...]:
+    """Which file, and which version of it, a stat describes: a file replaced (plan.bin's atomic rewrite) or
+    rewritten in place has another inode or change time (which no tool can set back). Its size is [2]."""
+    return (*_file_ident(st), st.st_ctime_ns)
+
+
+class FileMemo:
+    """What an open read and verified from a file (a package's parsed plan.bin, a store's index), by path, while
+    the file is the one it was read from (``file_version``): a daemon that loads a model again (after its memory
+    budget, an unload or an idle timeout dropped it) skips the read, the checksum and the parsing. Least recently
+    used first out; bounded in entries and in the files' bytes (a parse holds a few times its file's bytes: a
+    board's memory outside every model's budget), and one file larger than a quarter of the byte bound is not
+    kept. The bounds are passed at each ``put`` (module settings that a test or a daemon may change); an entry
+    bound of 0 keeps nothing. What is kept is shared by every open that gets it: callers keep only what no open
+    changes."""
+
+    def __init__(self) -> None:
+        self._d: dict[str, tuple[tuple[int, ...], Any, int]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str, version: tuple[int, ...]) -> Any:
+        """The value kept for ``key`` at ``version`` (now the most recently used), else None."""
+        with self._lock:
+            hit = self._d.get(key)
+            if hit is None or hit[0] != version:
+                return None
+            self._d[key] = self._d.pop(key)
+            return hit[1]
+
+    def holds(self, key: str, version: tuple[int, ...]) -> bool:
+        with self._lock:
+            hit = self._d.get(key)
+        return hit is not None and hit[0] == version
+
+    def put(self, key: str, version: tuple[int, ...], value: Any, nbytes: int, max_entries: int,
+            max_bytes: int) -> bool:
+        """Keep ``value`` (read from ``nbytes`` of the file) unless the bounds refuse it; whether it was kept."""
+        if max_entries <= 0 or nbytes > max_bytes // 4:
+            return False
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._d[key] = (version, value, nbytes)
+            self._bytes += nbytes
+            while self._d and (len(self._d) > max_entries or self._bytes > max_bytes):
+                self._bytes -= self._d.pop(next(iter(self._d)))[2]
+        return True
+
+    def stats(self) -> tuple[int, int]:
+        """(entries, bytes of the files they were read from)."""
+        with self._lock:
+            return len(self._d), self._bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self._bytes = 0
+
+
 class HeadRead:
     """The first blocks of a weights store (its header and ``FIRST_CHUNK`` of blobs), read on a worker as soon
     as a cold load opens the package. Why: a package is written in its plan's read order, so these are the
@@ -209,23 +270,20 @@ class StoreWriter:
             self._tmp.unlink(missing_ok=True)
 
 
-#: store indexes read and verified at an open, by path, while the file is the same one (its identity and change
-#: time): a model loaded again (a daemon's, after its memory budget or an unload dropped it) opens its store
-#: without reading the index again. Entries are frozen and the dicts are not changed after the open; each blob's
-#: checksum is still verified on read. 0 turns it off.
+#: store indexes read and verified at an open (``FileMemo``): a model loaded again opens its store without reading
+#: the index again. Entries are frozen and the dicts are not changed after the open; each blob's checksum is still
+#: verified on read. 0 turns it off.
 INDEXES_MAX = 32
 #: ... and at most this many index bytes in all (an entry's objects take a few times its bytes)
 INDEXES_MAX_BYTES = 8 << 20
-#: (file version, entries, entries by layer, meta, index bytes)
-_Index = tuple[tuple[int, ...], dict[tuple[str, str, str, str], "Entry"], dict[str, list["Entry"]], dict[str, Any], int]
-_indexes: dict[str, _Index] = {}
-_index_lock = threading.Lock()
+#: path -> (entries, entries by layer, meta)
+_indexes = FileMemo()
 
 
 def index_stats() -> dict[str, int]:
     """What ``_indexes`` holds: store indexes and their bytes on disk."""
-    with _index_lock:
-        return {"indexes": len(_indexes), "index_bytes": sum(v[4] for v in _indexes.values())}
+    n, nbytes = _indexes.stats()
+    return {"indexes": n, "index_bytes": nbytes}
 
 
 def index_cached(path: str | os.PathLike) -> bool:
@@ -234,9 +292,7 @@ def index_cached(path: str | os.PathLike) -> bool:
         st = os.stat(path)
     except OSError:
         return False
-    with _index_lock:
-        hit = _indexes.get(str(Path(path)))
-    return hit is not None and hit[0] == (*_file_ident(st), st.st_ctime_ns)
+    return _indexes.holds(str(Path(path)), file_version(st))
 
 
 class WeightsStore:
@@ -283,21 +339,14 @@ class WeightsStore:
         st = os.fstat(self._fd)
         size = st.st_size
         self._ident = _file_ident(st)
-        version = (*self._ident, st.st_ctime_ns)
+        version = file_version(st)
         key = str(self.path)
-        with _index_lock:
-            hit = _indexes.get(key)
-            if hit is not None and hit[0] == version:
-                _indexes[key] = _indexes.pop(key)
-                _version, self.entries, self._by_layer, self.meta, _n = hit
-                return
+        hit = _indexes.get(key, version)
+        if hit is not None:
+            self.entries, self._by_layer, self.meta = hit
+            return
         isize = self._read_index(size)
-        if INDEXES_MAX > 0 and isize <= INDEXES_MAX_BYTES // 4:
-            with _index_lock:
-                _indexes.pop(key, None)
-                _indexes[key] = (version, self.entries, self._by_layer, self.meta, isize)
-                while len(_indexes) > INDEXES_MAX or sum(v[4] for v in _indexes.values()) > INDEXES_MAX_BYTES:
-                    _indexes.pop(next(iter(_indexes)))
+        _indexes.put(key, version, (self.entries, self._by_layer, self.meta), isize, INDEXES_MAX, INDEXES_MAX_BYTES)
 
     def _read_index(self, size: int) -> int:
         """Read and verify the index (``size``: the file's); returns the index's bytes."""

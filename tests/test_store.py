@@ -303,7 +303,7 @@ def test_a_parsed_plan_is_shared_read_only_and_one_with_control_flow_bodies_is_n
     """plan.bin parsed by an open is kept for the next open of the same file: its arrays read-only (every load
     of the package shares them: an in-place write would change the next load's constants, so it fails); a plan
     whose nodes carry control-flow bodies (which a load may lower in place) is parsed at every open."""
-    from inferd import package
+    from inferd import package, store
     from test_control_flow import _nested_if_model
 
     src, cache, x, ref = _cached_source(tmp_path, 7)
@@ -312,7 +312,7 @@ def test_a_parsed_plan_is_shared_read_only_and_one_with_control_flow_bodies_is_n
     model.close()
     pkg = package.cached_package(src, cache)
     assert package.parsed_cached(pkg)
-    d = package._parsed[str(pkg / "plan.bin")][1][0]
+    d = package._parsed.get(str(pkg / "plan.bin"), store.file_version((pkg / "plan.bin").stat()))[0]
     arrays = [v for v in d["inline"].values() if isinstance(v, np.ndarray)]
     assert arrays and not any(a.flags.writeable for a in arrays)
     with pytest.raises(ValueError, match="read-only"):
@@ -386,3 +386,27 @@ def test_bfloat16_constants_keep_their_type_through_a_package(tmp_path, monkeypa
         wr.add("", "w", w)
     with pytest.raises(WeightsStoreError, match="raw bytes"):
         WeightsStore(p)
+
+
+def test_file_memo_keeps_the_latest_used_within_its_bounds() -> None:
+    """The memo behind both metadata caches (parsed plans, store indexes): another version of a file is a miss; the
+    least recently used entry goes first; bounded in entries and in bytes, a file over a quarter of the byte bound
+    is refused, and an entry bound of 0 keeps nothing."""
+    from inferd.store import FileMemo
+
+    m, v1, v2 = FileMemo(), (1, 2, 10, 0, 0), (1, 2, 10, 0, 1)
+    assert m.put("a", v1, "A", 10, 3, 100) and m.get("a", v1) == "A"
+    assert m.get("a", v2) is None and not m.holds("a", v2) and m.holds("a", v1)
+    m.put("b", v1, "B", 10, 3, 100)
+    m.put("c", v1, "C", 10, 3, 100)
+    assert m.get("a", v1) == "A"  # used: b is now the oldest
+    m.put("d", v1, "D", 10, 3, 100)
+    assert not m.holds("b", v1) and all(m.holds(k, v1) for k in "acd") and m.stats() == (3, 30)
+    assert not m.put("e", v1, "E", 26, 3, 100) and m.stats() == (3, 30)  # over a quarter of the byte bound
+    assert m.put("e", v1, "E", 25, 3, 100) and m.stats() == (3, 45)  # c went (the entry bound)
+    assert m.put("f", v1, "F", 14, 10, 56) and m.stats() == (3, 49)  # a went (the byte bound: 59 > 56)
+    assert [k for k in "acdef" if m.holds(k, v1)] == ["d", "e", "f"]
+    assert m.put("d", v2, "D2", 5, 4, 60) and m.get("d", v2) == "D2" and m.stats() == (3, 44)  # replaced
+    assert not m.put("g", v1, "G", 1, 0, 100)  # off
+    m.clear()
+    assert m.stats() == (0, 0) and not m.holds("d", v2)
