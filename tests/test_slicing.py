@@ -120,3 +120,65 @@ def test_input_channel_slicing_shrinks_the_column_buffer_and_stays_exact(resnet1
         assert ex.outside_scratch == 0
     finally:
         ex.close()
+
+
+def test_faster_config_slices_the_layers_whose_reads_stall_and_stays_exact(resnet18, tmp_path):
+    """Under a budget that holds part of the weights, ``faster_config`` slices the heaviest layers further where
+    the memory plan then runs faster (some slices resident, the rest read ahead in pieces): simulated faster by
+    at least its minimum gain, every slice still a view, and the streamed model's outputs the unsliced ones.
+    No read rate, no times, or a budget that holds everything: the configuration it was given."""
+    from inferd.planner.slicing import FASTER_MIN_GAIN, faster_config, simulated_run_s
+    from inferd.runtime.stream import small_bytes
+
+    g, feeds, ref = resnet18
+    layers, _acts, _k = step_memory(g)
+    weights = sum(lm.weights for lm in layers)
+    comp = {n.name: 0.5e-3 for n in g.nodes}  # (synthetic: 0.5 ms a node, a 2 GB/s disk)
+    budget = int(weights * 0.6)
+    base = fit_config(g, budget)
+    fast = faster_config(g, budget, base, comp, 2e9)
+    assert fast != base and fast.kernels == base.kernels and fast.in_slices == base.in_slices
+    assert all(fast.slices.get(n, 1) >= s for n, s in base.slices.items())
+    assert simulated_run_s(g, fast, budget, comp, 2e9) < (1 - FASTER_MIN_GAIN) * simulated_run_s(g, base, budget,
+                                                                                                  comp, 2e9)
+    assert faster_config(g, budget, base, comp, 0.0) == base
+    assert faster_config(g, budget, base, {n: 0.0 for n in comp}, 2e9) == base
+    assert faster_config(g, 2 * weights, MemConfig(), comp, 2e9) == MemConfig()  # nothing streamed: no gain
+    ex = stream_for_budget(g, budget + small_bytes(g) + (256 << 10), tmp_path, config=fast, track=True)
+    try:
+        assert ex.memory_bytes <= ex.budget and ex.config == fast
+        _close(ex.run(feeds), ref, f"streamed with {fast}")
+        assert not ex.tracker.violations
+    finally:
+        ex.close()
+
+
+def test_compiling_for_a_budget_takes_the_faster_slicing(tmp_path, monkeypatch):
+    """A daemon's streamed model is compiled for its budget (``stream_compile.compile_streamed``): fit_config's
+    slicing, then ``faster_config`` from the model's measured times per node (a slice's time counts for its node)
+    and the store's read rate; what it returns is what the skeleton records, its store holds and the model runs."""
+    from inferd.planner import slicing
+    from inferd.runtime.stream_compile import compile_streamed, open_streamed, read_skeleton
+
+    src = zoo_dir(["mlp_small"]) / "mlp_small.onnx"
+    g = inferd.frontend.import_model(str(src))
+    fc = max((n for n in g.nodes if sliceable(g, n)), key=lambda n: g.constants[n.inputs[1]].nbytes)
+    seen = {}
+
+    def fake(graph, budget, base, compute_s, read_bw, **kw):
+        seen.update(base=base, compute_s=dict(compute_s), read_bw=read_bw)
+        return MemConfig(dict(base.kernels), {**base.slices, fc.name: 2}, dict(base.in_slices))
+
+    monkeypatch.setattr(slicing, "faster_config", fake)
+    skel = compile_streamed(src, 1 << 30, tmp_path, in_child=False)
+    assert seen["read_bw"] > 0 and set(seen["compute_s"]) == {n.name for n in g.nodes}
+    assert all(t >= 0 for t in seen["compute_s"].values()) and sum(seen["compute_s"].values()) > 0
+    sg, meta = read_skeleton(skel)
+    assert meta["config"]["slices"].get(fc.name) == 2
+    assert sum(1 for n in sg.nodes if n.name.startswith(fc.name + "#slice")) == 2
+    feeds = {t.name: np.random.default_rng(2).standard_normal(t.shape).astype(t.dtype) for t in g.inputs}
+    ex = open_streamed(skel, 1 << 30)
+    try:
+        _close(ex.run(feeds), CpuExecutor(g).run(feeds), "compiled for a budget, faster slicing")
+    finally:
+        ex.close()

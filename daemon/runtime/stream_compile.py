@@ -108,7 +108,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
             raise _child_error(tail[-1] if tail else f"exit code {r.returncode}", budget)
         return skel
     from ..frontend import import_model
-    from ..planner.slicing import fit_config, slice_graph
+    from ..planner.slicing import SLICE_SEP, faster_config, fit_config, slice_graph
 
     graph = import_model(src, batch=batch)
     big = 1 << 50
@@ -116,13 +116,30 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
         cfg = fit_config(graph, max(1, (budget if budget > 0 else big) - small_bytes(graph)))
     else:
         cfg = config
-    g = slice_graph(graph, cfg.slices, cfg.in_slices)
-    kernels = expand_kernels(g, dict(cfg.kernels))
-    tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
-    # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
-    # share, nor race for, one store
-    store = prepare_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.store", kernels or None)
+
+    def write(cfg: Any) -> tuple[Graph, dict[str, str], Path]:
+        g = slice_graph(graph, cfg.slices, cfg.in_slices)
+        kernels = expand_kernels(g, dict(cfg.kernels))
+        tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
+        # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
+        # share, nor race for, one store
+        return g, kernels, prepare_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.store",
+                                                kernels or None)
+
+    g, kernels, store = write(cfg)
     compute_s, read_bw = _measure(g, kernels, store)
+    if config is None and budget > 0:
+        # sliced further where that runs faster inside the budget (planner.slicing.faster_config), from this
+        # slicing's measured times (a slice's time counts for its node)
+        per_node: dict[str, float] = {}
+        for node, t in zip(g.nodes, compute_s):
+            base = node.name.split(SLICE_SEP)[0]
+            per_node[base] = per_node.get(base, 0.0) + t
+        faster = faster_config(graph, max(1, budget - small_bytes(graph)), cfg, per_node, read_bw)
+        if faster != cfg:
+            cfg = faster
+            g, kernels, store = write(cfg)
+            compute_s, read_bw = _measure(g, kernels, store)
     write_skeleton(strip_constants(g), skel, {"store": str(store), "kernels": kernels,
                                               "config": cfg.to_dict(),
                                               "compute_s": compute_s, "read_bw": read_bw})
