@@ -539,9 +539,11 @@ def main(argv: list[str] | None = None) -> int:
         data["machine_end"] = machine_info()
         jp, mp = write_results(a.out, a.tag, data, _table(data))
         png = jp.with_suffix("").with_name(jp.stem + "_latency.png")
-        _plot([r for r in data["models"] if "runs" in r], png)
+        plotted = [r for r in data["models"] if "runs" in r]
+        if plotted:  # (--models "": the adaptation and the outside view only)
+            _plot(plotted, png)
         print(mp.read_text())
-        print(f"wrote {jp}, {mp}, {png}")
+        print(f"wrote {jp}, {mp}" + (f", {png}" if plotted else ""))
         return 0
     finally:
         if not a.work:
