@@ -108,7 +108,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
             raise _child_error(tail[-1] if tail else f"exit code {r.returncode}", budget)
         return skel
     from ..frontend import import_model
-    from ..planner.slicing import SLICE_SEP, faster_config, fit_config, slice_graph
+    from ..planner.slicing import faster_config, fit_config, slice_base, slice_graph
 
     graph = import_model(src, batch=batch)
     big = 1 << 50
@@ -130,10 +130,10 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     compute_s, read_bw = _measure(g, kernels, store)
     if config is None and budget > 0:
         # sliced further where that runs faster inside the budget (planner.slicing.faster_config), from this
-        # slicing's measured times (a slice's time counts for its node)
+        # slicing's measured times (its slices' and their Concat's count for the node)
         per_node: dict[str, float] = {}
         for node, t in zip(g.nodes, compute_s):
-            base = node.name.split(SLICE_SEP)[0]
+            base = slice_base(node.name)
             per_node[base] = per_node.get(base, 0.0) + t
         faster = faster_config(graph, max(1, budget - small_bytes(graph)), cfg, per_node, read_bw)
         if faster != cfg:
