@@ -139,17 +139,18 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
         if faster != cfg:
             cfg = faster
             g, kernels, store = write(cfg)
-            compute_s, read_bw = _measure(g, kernels, store)
+            compute_s, read_bw = _measure(g, kernels, store, read_bw)
     write_skeleton(strip_constants(g), skel, {"store": str(store), "kernels": kernels,
                                               "config": cfg.to_dict(),
                                               "compute_s": compute_s, "read_bw": read_bw})
     return skel
 
 
-def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> tuple[list[float], float]:
+def _measure(g: Graph, kernels: dict[str, str], store: Path, read_bw: float | None = None,
+             runs: int = 3) -> tuple[list[float], float]:
     """Per step compute seconds (median of ``runs`` timed runs of the whole model) and the store's read
     bandwidth (``O_DIRECT`` passes, the cache dropped first, as the loaders read): what the resident choice
-    weighs."""
+    weighs. ``read_bw``: already measured on this disk (another slicing's store), not measured again."""
     from .blockio import disk_rate
     from .cpu import CpuExecutor
     from .stream import RUN
@@ -160,7 +161,7 @@ def _measure(g: Graph, kernels: dict[str, str], store: Path, runs: int = 3) -> t
     per = [ex.run_timed(feeds)[1] for _ in range(runs)]
     compute = [float(np.median([p[i] for p in per])) for i in range(len(per[0]))]
     del ex
-    return compute, disk_rate(store, StreamingExecutor.bypass_readers, RUN)
+    return compute, read_bw if read_bw else disk_rate(store, StreamingExecutor.bypass_readers, RUN)
 
 
 def _child_error(line: str, budget: int) -> Exception:
