@@ -634,7 +634,8 @@ def _open_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None"
         return got
     found: list[Any] = []
     got = _read_plan(path, early, found)
-    if version[2] <= PARSED_PLANS_MAX_BYTES // 4 and _frozen(found):
+    # (frozen only where kept: the arrays of a plan not kept stay the caller's to change)
+    if _parsed.admits(version[2], PARSED_PLANS_MAX, PARSED_PLANS_MAX_BYTES) and _frozen(found):
         _parsed.put(key, version, got, version[2], PARSED_PLANS_MAX, PARSED_PLANS_MAX_BYTES)
     return got
 

@@ -114,10 +114,15 @@ class FileMemo:
             hit = self._d.get(key)
         return hit is not None and hit[0] == version
 
+    @staticmethod
+    def admits(nbytes: int, max_entries: int, max_bytes: int) -> bool:
+        """Whether these bounds keep a value read from ``nbytes`` of a file (a caller may skip preparing one)."""
+        return max_entries > 0 and nbytes <= max_bytes // 4
+
     def put(self, key: str, version: tuple[int, ...], value: Any, nbytes: int, max_entries: int,
             max_bytes: int) -> bool:
         """Keep ``value`` (read from ``nbytes`` of the file) unless the bounds refuse it; whether it was kept."""
-        if max_entries <= 0 or nbytes > max_bytes // 4:
+        if not self.admits(nbytes, max_entries, max_bytes):
             return False
         with self._lock:
             old = self._d.pop(key, None)
