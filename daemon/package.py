@@ -73,9 +73,14 @@ def _default(o: Any) -> Any:
     raise TypeError(f"cannot serialise {type(o).__name__}")
 
 
+def _hook(found: list[Any] | None) -> Callable[[int, bytes], Any]:
+    """``_ext_hook`` for msgpack, appending to ``found`` where it is given."""
+    return _ext_hook if found is None else (lambda c, b: _ext_hook(c, b, found))
+
+
 def _ext_hook(code: int, data: bytes, found: list[Any] | None = None) -> Any:
     """msgpack's hook for inferd's types; ``found``: every array and control-flow body made is appended to it."""
-    hook = _ext_hook if found is None else (lambda c, b: _ext_hook(c, b, found))
+    hook = _hook(found)
     if code == _EXT_NDARRAY:
         dt, shape, buf = msgpack.unpackb(data, raw=False)
         out: Any = np.frombuffer(buf, dtype=dtype_from_tag(dt)).reshape(shape).copy()
@@ -670,8 +675,7 @@ def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = Non
     d: dict[str, Any] = {}
     plan: ColdPlan | None = None
     try:
-        hook = _ext_hook if found is None else (lambda c, b: _ext_hook(c, b, found))
-        u = msgpack.Unpacker(raw=False, ext_hook=hook, strict_map_key=False, max_buffer_size=max(1, len(body)))
+        u = msgpack.Unpacker(raw=False, ext_hook=_hook(found), strict_map_key=False, max_buffer_size=max(1, len(body)))
         u.feed(body)
         left = u.read_map_header()
         while left and plan is None:  # up to the plan (the first keys: ``_PLAN_FIRST``)
