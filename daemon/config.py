@@ -103,8 +103,10 @@ class Config:
     memory_budget: int = _opt("size", "memory budget for the models (0: none): least recently used models are "
                               "unloaded to keep it, pinned and busy ones stay; set_budget changes it",
                               default=0, minimum=0)
-    device_memory_budget: int = _opt("size", "device (GPU) memory budget for the models placed on Vulkan (0: what the "
-                                     "device reports: its largest device-local heap); LRU eviction as on the host",
+    device_memory_budget: int = _opt("size", "device (GPU) memory budget for the models placed on Vulkan (0: what a "
+                                     "discrete GPU reports, its largest device-local heap; none where the device's "
+                                     "memory is the host's, an integrated GPU or lavapipe, whose models count "
+                                     "against memory_budget); LRU eviction as on the host",
                                      default=0, minimum=0)
     host_pool: int = _opt("size", "host memory the daemon faults in at start and serves cold loads' weights and "
                           "arenas from (capped at an eighth of the RAM; 0: none): memory faulted in on the way to a "

@@ -1,7 +1,9 @@
-"""The device (GPU) memory budget: models placed on Vulkan are planned against their own budget (default:
+"""The device (GPU) memory budget: models placed on a discrete GPU are planned against their own budget (default:
 what the device reports), least recently used first, pinned and busy ones kept, a model that cannot fit
-answered UNAVAILABLE with the minimum device budget it needs; the host budget does not count them. Fake
-Vulkan-placed models for the policy, a real model on lavapipe for the device's own figure."""
+answered UNAVAILABLE with the minimum device budget it needs; the host budget does not count them. On a device
+whose memory is the host's (an integrated GPU, lavapipe) they count against the host budget, and a configured
+device budget caps them besides. Fake Vulkan-placed models for the policy, a real model on lavapipe for the
+shared memory."""
 from __future__ import annotations
 
 import shutil
@@ -29,6 +31,7 @@ def test_device_budget_defaults_to_what_the_device_reports() -> None:
     assert device_budget(16 << 30, 8 << 30) == 8 << 30  # never above what the device has
     assert device_budget(5, None) == 5
     assert on_device("vulkan") and not on_device("cpu") and not on_device("cpu+vulkan") and not on_device(None)
+    assert not on_device("vulkan", shares_host=True)  # an integrated GPU's memory is the host's: the host budget
     res = [Resident("g1", 10, 1.0), Resident("g2", 10, 2.0, busy=True), Resident("gp", 10, 0.5, pinned=True)]
     assert plan(res, 20).evict == ("g1",)  # the same LRU policy: never the pinned or the busy one
 
@@ -92,24 +95,29 @@ def test_vulkan_models_keep_their_own_budget_lru_pinned_and_busy() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_lavapipe_model_is_planned_against_the_reported_device_memory() -> None:
+def test_lavapipe_model_counts_against_the_host_budget() -> None:
+    """lavapipe's memory is the host's (as a Jetson's integrated GPU's is): a Vulkan model there counts against
+    the host budget with the CPU models (no device budget of its own unless one is configured, which then caps
+    it besides), so ``inferctl budget`` below what it holds unloads it, and a configured device budget too."""
     import inferd.vulkan as vk
 
     if not vk.available():
         pytest.skip("no Vulkan device")
-    from inferd.vulkan.device import VulkanDevice, VulkanConfig
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice
 
     dev = VulkanDevice(VulkanConfig.from_env(None))
     try:
-        reported = dev.memory_report()
+        shares = dev.shares_host_memory
     finally:
         dev.close()
-    assert reported["available"] > 0
+    if not shares:
+        pytest.skip("this Vulkan device has memory of its own")
     d = Path(tempfile.mkdtemp(prefix="ifdl", dir="/tmp"))
     try:
         m = d / "m"
         m.mkdir()
         write_two_io_model(m / "two.onnx")
+        write_fake_model(m / "h.onnx", memory_bytes=MB)  # a CPU model beside it, in the same budget
         cfg = d / "inferd.toml"
         cfg.write_text("device_memory_budget = 0\n")
         a = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -117,17 +125,33 @@ def test_lavapipe_model_is_planned_against_the_reported_device_memory() -> None:
                            log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=120) as c:
             out = c.infer("two", {"a": a, "b": a})
             np.testing.assert_allclose(out["sum"], a + a)
+            c.infer("h", {"x": _x()})
             st = c.status()
             if st["models"]["two"]["device"] != "vulkan":
                 pytest.skip(f"placed on {st['models']['two']['device']}")
             dev_mem = st["memory"]["device"]
-            assert dev_mem["budget_bytes"] == reported["available"]  # the default: the device's own figure
+            assert dev_mem["shares_host_memory"] is True
+            assert dev_mem["budget_bytes"] == 0  # none of its own: the host budget holds its models
             held = dev_mem["models_bytes"]
             assert held > 0
-            cfg.write_text(f"device_memory_budget = {max(1, held // 2)}\n")  # below what the model needs
+            # a host budget one byte short of both: the least recently used one goes, the Vulkan model ("h" was
+            # used after it), for the host budget's sake
+            c.set_budget(held + MB - 1)
+            wait_until(lambda: _state(c)["two"] == "UNLOADED", 15.0)
+            reason = c.status()["models"]["two"]["reason"]
+            assert "memory budget" in reason and "device" not in reason, reason
+            assert _state(c)["h"] == "READY"
+            c.set_budget(max(1, held // 2))  # below what the Vulkan model alone needs
+            with pytest.raises(Unavailable, match=r"memory budget of \d+ bytes"):
+                c.infer("two", {"a": a, "b": a})
+            c.set_budget(0)  # no host budget: a configured device budget still caps the device's models
+            out = c.infer("two", {"a": a, "b": a})
+            np.testing.assert_allclose(out["sum"], a + a)
+            cfg.write_text(f"device_memory_budget = {max(1, held // 2)}\n")
             dp.signal(signal.SIGHUP)
             wait_until(lambda: c.status()["models"]["two"]["state"] == "UNLOADED", 15.0)
             with pytest.raises(Unavailable, match="device memory budget"):
                 c.infer("two", {"a": a, "b": a})
+            c.infer("h", {"x": _x()})  # the CPU model still serves
     finally:
         shutil.rmtree(d, ignore_errors=True)

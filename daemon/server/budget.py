@@ -8,9 +8,12 @@ not loaded: its requests are answered UNAVAILABLE with the size it needs. Unload
 their next request. (Slicing a model to run inside less than its size, and streaming its weights, is
 the memory planner's job; this module decides which models stay.)
 
-The GPU has its own budget (``device_memory_budget``, default: the largest device-local heap the device
+A discrete GPU has its own budget (``device_memory_budget``, default: the largest device-local heap the device
 reports): models placed on Vulkan are planned against it, the others against the host budget, by the same
-``plan`` (least recently used first, pinned, busy and the model being admitted kept).
+``plan`` (least recently used first, pinned, busy and the model being admitted kept). A device whose memory is
+the host's (an integrated GPU such as a Jetson's, lavapipe) has no budget of its own: the board has one memory,
+and its Vulkan models count against the host budget with the others (``device_memory_budget``, where set, caps
+them besides).
 
 ``plan`` is pure: the daemon hands it a snapshot and carries out what it returns.
 """
@@ -78,11 +81,12 @@ def describe_shortfall(name: str, need: int, budget: int, held: int, device: boo
             f"(`inferctl budget {held + need}`) or unload others")
 
 
-def on_device(device: str | None) -> bool:
-    """Whether a model placed on ``device`` holds its memory on the GPU (its own budget there): a Vulkan
-    placement. CPU and co-executed models (``cpu+vulkan``, whose weights live on both sides) count against
-    the host budget."""
-    return device == "vulkan"
+def on_device(device: str | None, shares_host: bool = False) -> bool:
+    """Whether a model placed on ``device`` holds its memory on the GPU, apart from the host's (its own budget
+    there): a Vulkan placement on a device whose memory is not the host's (``shares_host``: an integrated GPU,
+    lavapipe). CPU and co-executed models (``cpu+vulkan``, whose weights live on both sides) count against the
+    host budget."""
+    return device == "vulkan" and not shares_host
 
 
 def device_budget(configured: int, available: int | None) -> int:

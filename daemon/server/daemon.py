@@ -236,6 +236,7 @@ class Server:
         self._retired: list[ModelSlot] = []
         self.budget = config.memory_budget
         self.cgroup_limit: int | None = None  # the process's cgroup memory limit, as last read
+        self._shares_host: bool | None = None  # the Vulkan device's memory is the host's (once it is open)
         self._cgroup_checked = 0.0
         # memory pressure (PSI): a watcher thread counts trigger events, the main loop acts on them
         self.pressure_cap = pressure.PressureCap()
@@ -497,22 +498,49 @@ class Server:
 
     # ------------------------------------------------------------------ memory budget (main thread)
 
+    def _open_device(self) -> Any:
+        """The process's Vulkan device where a model is placed on it (None otherwise: a CPU-only daemon starts
+        no driver to ask)."""
+        if not any(budget.on_device(s.device) for s in self.slots.values()):
+            return None
+        from ..vulkan.device import shared_device_if_open
+
+        try:
+            return shared_device_if_open()
+        except Exception:  # no loader: nothing on the device
+            return None
+
+    def device_shares_host(self) -> bool:
+        """Whether the Vulkan device's memory is the host's (an integrated GPU, lavapipe): its models then count
+        against the host budget. Known once the device is open (and the same device for the daemon's life)."""
+        if self._shares_host is None:
+            # the device of any Vulkan model loaded so far (not only of those loaded now: a Vulkan model evicted
+            # and asked for again is admitted by where its memory will be), where this process opened one
+            # (getattr: another thread may be importing the module right now)
+            is_open = getattr(sys.modules.get("inferd.vulkan.device"), "shared_device_if_open", None)
+            dev = is_open() if is_open is not None else None
+            if dev is None:
+                return False
+            self._shares_host = bool(getattr(dev, "shares_host_memory", False))
+        return self._shares_host
+
+    def _on_host(self, device: str | None) -> bool:
+        """Whether a model placed on ``device`` counts against the host budget."""
+        return not budget.on_device(device, self.device_shares_host())
+
     def _residents(self, device: bool = False) -> list[budget.Resident]:
-        """The loaded models the host budget (``device``: the GPU's) plans with."""
+        """The loaded models the host budget (``device``: the GPU's, every Vulkan placement) plans with."""
         return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned, not s.idle())
-                for s in self.slots.values() if s.model is not None and budget.on_device(s.device) == device]
+                for s in self.slots.values()
+                if s.model is not None and (budget.on_device(s.device) if device else self._on_host(s.device))]
 
     def device_budget_now(self) -> int:
         """The device memory budget: ``device_memory_budget``, else what the open Vulkan device reports (0:
-        none open, no budget: nothing is placed there)."""
-        from ..vulkan.device import shared_device_if_open
-
-        dev = None
-        if any(budget.on_device(s.device) for s in self.slots.values()):
-            try:
-                dev = shared_device_if_open()
-            except Exception:  # no loader: nothing on the device
-                dev = None
+        none open, no budget: nothing is placed there). A device whose memory is the host's has only the
+        configured one: its models count against the host budget."""
+        if self.device_shares_host():
+            return max(0, self.config.device_memory_budget)
+        dev = self._open_device()
         avail = dev.memory_report()["available"] if dev is not None else None
         return budget.device_budget(self.config.device_memory_budget, avail)
 
@@ -592,7 +620,7 @@ class Server:
         """Unload least recently used models until the resident ones fit the budget (never pinned or busy ones)."""
         self.enforce_device_budget()
         limit = self.budget_now()
-        streamed.rebudget([s for s in self.slots.values() if not budget.on_device(s.device)], limit)
+        streamed.rebudget([s for s in self.slots.values() if self._on_host(s.device)], limit)
         if limit <= 0:
             return
         self._evict_to(limit, self._residents(), "memory budget", "models", "the memory budget")
@@ -611,19 +639,29 @@ class Server:
     def admit(self, slot: ModelSlot) -> str | None:
         """Before an on-demand load of ``slot``: evict what the budget needs for it to fit (its size as at its
         last load; unknown the first time), or the reason it cannot fit at all."""
-        dev = budget.on_device(slot.device or slot.last_device)  # where its last load placed it (first: host)
-        limit = self.device_budget_now() if dev else self.budget_now()
+        placed = slot.device or slot.last_device  # where its last load placed it (first: host)
         need = streamed.admit_need(slot)
-        if limit <= 0 or need <= 0:
+        if need <= 0:
             return None
-        res = [r for r in self._residents(device=dev) if r.name != slot.name]
-        v = budget.plan(res, limit, need=need, keep=slot.name)
-        if not v.fits:
-            held = sum(r.nbytes for r in res if r.pinned or r.busy)
-            return budget.describe_shortfall(slot.name, need, limit, held, device=dev)
-        for name in v.evict:
-            self.slots[name].evict(f"evicted to make room for {slot.name!r} within the "
-                                   f"{'device ' if dev else ''}memory budget ({limit} bytes)")
+        # the budgets it counts against: the device's where placed on Vulkan, the host's unless placed on a
+        # device with memory of its own (both on an integrated GPU with a device budget set); every one must
+        # admit it before anything is evicted for any
+        evictions = []
+        for dev in (True, False):
+            if (budget.on_device(placed) if dev else self._on_host(placed)):
+                limit = self.device_budget_now() if dev else self.budget_now()
+                if limit <= 0:
+                    continue
+                res = [r for r in self._residents(device=dev) if r.name != slot.name]
+                v = budget.plan(res, limit, need=need, keep=slot.name)
+                if not v.fits:
+                    held = sum(r.nbytes for r in res if r.pinned or r.busy)
+                    return budget.describe_shortfall(slot.name, need, limit, held, device=dev)
+                evictions.append((dev, limit, v.evict))
+        for dev, limit, names in evictions:
+            for name in names:
+                self.slots[name].evict(f"evicted to make room for {slot.name!r} within the "
+                                       f"{'device ' if dev else ''}memory budget ({limit} bytes)")
         return None
 
     # ------------------------------------------------------------------ requests
@@ -827,6 +865,8 @@ class Server:
                        "cgroup_limit_bytes": self.cgroup_limit,
                        "device": {"budget_bytes": self.device_budget_now(),
                                   "configured_bytes": self.config.device_memory_budget,
+                                  # its models count against the host budget (an integrated GPU, lavapipe)
+                                  "shares_host_memory": self.device_shares_host(),
                                   "models_bytes": sum(s.memory_bytes() for s in self.slots.values()
                                                       if budget.on_device(s.device))},
                        "pressure": {"source": self.pressure_source, "events": self.pressure_cap.events,

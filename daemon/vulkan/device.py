@@ -482,6 +482,12 @@ class VulkanDevice:
         return None
 
     @property
+    def shares_host_memory(self) -> bool:
+        """Whether the device's memory is the host's own RAM: an integrated GPU (a Jetson's) or a CPU device
+        (lavapipe). Its allocations then come out of the memory the host budget governs."""
+        return self.device_type in ("cpu", "integrated")
+
+    @property
     def unified_memory(self) -> bool:
         """Whether DEVICE_LOCAL|HOST_VISIBLE memory exists (and is allowed): regions are written in place."""
         want = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
@@ -637,7 +643,7 @@ class VulkanDevice:
         log.info("%s pool: %d MiB of memory type %d (heap %d)", "host" if host else "device", size >> 20, type_idx,
                  heap)
         if mapped is not None:
-            pool.prefault(host_memory=host or self.device_type in ("cpu", "integrated"))
+            pool.prefault(host_memory=host or self.shares_host_memory)
         return pool
 
     def pool_stats(self) -> dict[str, Any] | None:
