@@ -132,6 +132,8 @@ def import_load_path() -> float:
     t0 = time.perf_counter()
     from . import pagecache, profiler  # noqa: F401
 
+    # every package's open checks it: the one /proc/cpuinfo read (0.3-0.6 ms on the 2-core VM) now, not in a load
+    profiler.cpu_fingerprint()
     try:
         import threadpoolctl  # noqa: F401
     except ImportError:  # optional: the BLAS limit then comes from numpy's bundled OpenBLAS or not at all
