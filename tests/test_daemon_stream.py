@@ -3,6 +3,7 @@ when the budget changes while several client processes keep sending, and no requ
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -108,6 +109,15 @@ def test_shares_and_config(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text('memory = "sliced"\n')
     with pytest.raises(ValueError, match="'memory' must be whole or stream"):
         parse_model_config(str(tmp_path / "c.toml"))
+    # streamed runs on the CPU only: a config that asks for the GPU too is refused, not served on the CPU quietly
+    for dev in ("vulkan", "cpu+vulkan"):
+        (tmp_path / "c.toml").write_text(f'memory = "stream"\ndevice = "{dev}"\n')
+        want = r'memory = "stream" runs on the CPU only .* device = ' + re.escape(repr(dev))
+        with pytest.raises(ValueError, match=want):
+            parse_model_config(str(tmp_path / "c.toml"))
+    for dev in ("cpu", "auto"):
+        (tmp_path / "c.toml").write_text(f'memory = "stream"\ndevice = "{dev}"\n')
+        assert parse_model_config(str(tmp_path / "c.toml")).device == dev
 
 
 def test_two_models_named_model_onnx_get_their_own_stores(tmp_path: Path) -> None:

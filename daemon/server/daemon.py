@@ -603,7 +603,9 @@ class Server:
         CGROUP_PERIOD_S): both go the way ``set_budget`` goes (re-plan the streamed models, evict LRU)."""
         if self._pressure_hits != self._pressure_seen:
             self._pressure_seen = self._pressure_hits
-            held = sum(s.memory_bytes() for s in self.slots.values())
+            # what the host budget counts (a discrete GPU's models hold device memory, which host pressure
+            # does not relieve)
+            held = sum(s.memory_bytes() for s in self.slots.values() if self._on_host(s.device))
             cap = self.pressure_cap.event(now, held)
             self._rl(logging.WARNING, "memory pressure: the models' budget capped at %d bytes (they held %d)", cap,
                      held)
@@ -975,6 +977,9 @@ class Server:
             except Exception:  # no Vulkan module here: nothing waits on fences
                 pass
         if slot.entry.config.memory == "stream":  # inside its share of the budget, weights streamed
+            if device != "cpu":  # ("vulkan" with memory = "stream" is refused when its config is read)
+                log.info("model %s: memory = \"stream\" runs on the CPU (the streaming runtime has no Vulkan path), "
+                         "not on the daemon's device %r", slot.name, device)
             model = streamed.load_for_slot(self, slot, path, batch)
         else:
             model = self.loader(path, device=device, batch=batch, **dynamic)

@@ -116,6 +116,11 @@ def parse_model_config(path: str) -> ModelConfig:
         raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
     if "memory" in values and values["memory"] not in ("whole", "stream"):
         raise ValueError(f"{path}: 'memory' must be whole or stream, got {values['memory']!r}")
+    if values.get("memory") == "stream" and values.get("device") in ("vulkan", "cpu+vulkan"):
+        # served anyway, it would run on the CPU while its config says the GPU: refused, as any other bad key
+        raise ValueError(f"{path}: memory = \"stream\" runs on the CPU only (the streaming runtime has no Vulkan "
+                         f"path), but device = {values['device']!r}; set device = \"cpu\" (or \"auto\"), or "
+                         f"memory = \"whole\" to run it on the GPU whole")
     if "precision" in values and values["precision"] not in ("fp32", "fp16", "auto"):
         raise ValueError(f"{path}: 'precision' must be fp32, fp16 or auto, got {values['precision']!r}")
     if "split" in values:
