@@ -530,7 +530,8 @@ class Server:
 
     def _residents(self, device: bool = False) -> list[budget.Resident]:
         """The loaded models the host budget (``device``: the GPU's, every Vulkan placement) plans with."""
-        return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned, not s.idle())
+        return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned,
+                                not s.idle() or s.reslicing)  # (being sliced again: not evictable, as busy)
                 for s in self.slots.values()
                 if s.model is not None and (budget.on_device(s.device) if device else self._on_host(s.device))]
 

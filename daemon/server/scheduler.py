@@ -342,6 +342,8 @@ class ModelSlot:
         self._expected: dict[str, dict[str, Any]] = {}
         self.outputs: list[dict[str, Any]] = []
         self.on_demand = True  # cleared by an explicit unload, set again by an explicit load
+        #: a new model is being made for this slot off its worker (``streamed.reslice``): not evictable meanwhile
+        self.reslicing = False
         #: the memory budget's view: when it last served (monotonic s), what it weighed when fully prepared
         self.last_used = 0.0
         self.known_bytes = 0
@@ -486,7 +488,7 @@ class ModelSlot:
         """Unload to keep the memory budget, if nothing is queued or running here; the next request loads it
         again. Returns whether the unload was queued."""
         with self.cond:
-            if self.state != READY or self.queued or self.busy or self._control:
+            if self.state != READY or self.queued or self.busy or self._control or self.reslicing:
                 return False
             self._evict_reason = reason
             self._control.append(("unload", None))
@@ -708,6 +710,8 @@ class ModelSlot:
                     try:
                         if task[0] == "load":
                             self._do_load(sender, reload=bool(task[1]))
+                        elif task[0] == "swap":
+                            self._do_swap(sender, *task[1])
                         else:
                             self._do_unload(sender, final=task[0] == "exit", reason=task[1])
                     except Exception:  # never let the worker die: the slot would hang forever
@@ -904,7 +908,6 @@ class ModelSlot:
         try:
             model, note = self.load_model()
         except Exception as exc:
-            dt = time.perf_counter() - t0
             reason = f"load failed: {type(exc).__name__}: {exc}"
             log.error("model %s: %s", self.name, reason)
             self.stats.add(load_failures=1)
@@ -923,7 +926,10 @@ class ModelSlot:
             for ident, rid in waiters:
                 sender.send(ident, P.encode_error(rid, P.UNAVAILABLE, f"model {self.name!r}: {reason}"))
             return
-        dt = time.perf_counter() - t0
+        self._install(model, note, time.perf_counter() - t0, sender)
+
+    def _install(self, model: Any, note: str, dt: float, sender: ReplySender) -> None:
+        """``model`` (loaded in ``dt`` seconds) serves from now on, in place of the one before, which is closed."""
         old = self.model
         with self.cond:
             self.model = model
@@ -948,6 +954,26 @@ class ModelSlot:
             sender.send(ident, P.encode_reply(rid, info))
         if not self.queued:
             self._finish_in_idle_time(model)
+
+    def swap_in(self, model: Any, note: str, dt: float) -> bool:
+        """From another thread: ``model``, loaded there while this slot served on (a streamed model sliced again
+        for a smaller share), to take over between requests. False when the slot no longer serves (unloaded,
+        retired, or one of those asked for): the caller closes ``model``."""
+        with self.cond:
+            if self.state != READY or self.model is None or any(t[0] in ("unload", "exit") for t in self._control):
+                return False
+            self._control.append(("swap", (model, note, dt)))
+            self.cond.notify()
+        return True
+
+    def _do_swap(self, sender: ReplySender, model: Any, note: str, dt: float) -> None:
+        with self.load_lock:
+            with self.cond:
+                serving = self.state == READY and self.model is not None
+            if serving:
+                self._install(model, note, dt, sender)
+                return
+        self._close(model)  # unloaded meanwhile (an eviction that came first): nothing to take over
 
     def _finish_in_idle_time(self, model: Any) -> None:
         """A load no request waits on (a preload, a client's load): finish it, and its warm switch, in idle time.

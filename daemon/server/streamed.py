@@ -5,13 +5,14 @@ Such a model holds one arena of its share and re-reads the weights that do not f
 store on every request (``runtime.stream``). When the budget changes (``set_budget``, the cgroup's
 ``memory.max``/``memory.high`` read again at every look, a config reload) the daemon gives each streamed
 model its new share: the memory plan is made again (slicing kept), and the arena swapped between requests
-(never under one). Importing the ONNX file and writing the store is the one step outside the budget; the
-log says so.
+(never under one); a share below what its slicing needs has it sliced again (``reslice``) while it serves.
+Importing the ONNX file and writing the store is the one step outside the budget; the log says so.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -110,7 +111,34 @@ def rebudget(slots: Iterable[Any], limit: int) -> None:
             if getattr(s, "resliced_for", None) != share:
                 s.resliced_for = share
                 log.warning("model %s: %s; slicing it again for %d bytes", s.name, e, share)
-                s.request_load(None, reload=True)
+                reslice(s)
+
+
+def reslice(slot: Any) -> None:
+    """Slice ``slot``'s streamed model again for the room the budget leaves it now. The compile (a child process:
+    seconds) runs on a thread of its own while the model serves on its current plan; the slot's worker swaps the
+    new one in between two requests (on the worker, the compile held every request of the model behind it). One
+    at a time per model; a failure leaves the current one serving."""
+    if slot.reslicing:
+        return
+    slot.reslicing = True
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        try:
+            model, note = slot.load_model()
+        except Exception as e:  # the model serves on as it is; the next budget change tries again
+            log.warning("model %s: slicing it again failed, serving on its current plan: %s: %s", slot.name,
+                        type(e).__name__, e)
+            slot.reslicing = False
+            return
+        try:
+            if not slot.swap_in(model, note, time.perf_counter() - t0):
+                model.close()
+        finally:
+            slot.reslicing = False
+
+    threading.Thread(target=work, name=f"inferd-reslice-{slot.name}", daemon=True).start()
 
 
 def load_for_slot(server: Any, slot: Any, path: str, batch: int) -> StreamedModel:
