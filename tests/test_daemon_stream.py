@@ -165,3 +165,45 @@ def test_streamed_model_is_sliced_again_when_its_slicing_no_longer_fits() -> Non
             assert during > 0, dp.log_text()[-2000:]
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_streamed_model_loaded_with_no_budget_is_sliced_for_the_first_budget_that_streams_it() -> None:
+    """Loaded with no budget, a streamed model is unsliced (it fits any share down to its minimum); the first share
+    that has its weights read on every run gets it sliced for a budget (``faster_config``'s choice), once, in the
+    background, serving right all along."""
+    d = Path(tempfile.mkdtemp(prefix="ifdn", dir="/tmp"))
+    try:
+        (d / "m" / "mnv2").mkdir(parents=True)
+        src = zoo_dir(["mobilenetv2"]) / "mobilenetv2.onnx"
+        shutil.copy(src, d / "m" / "mnv2" / "model.onnx")
+        (d / "m" / "mnv2" / "config.toml").write_text('memory = "stream"\n')
+        x = np.random.default_rng(5).standard_normal((1, 3, 224, 224)).astype(np.float32)
+        y = ort_session(src).run(None, {"input": x})[0]
+        with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--cache-dir", str(d / "c"), log_path=d / "d.log") as dp, \
+                Client(dp.endpoint, timeout=120) as c:
+            got = c.infer("mnv2", {"input": x})["output"]
+            assert float(np.abs(got - y).max() / np.abs(y).max()) <= 1e-4
+            assert dp.log_text().count("for streaming in a child process") == 1
+            c.set_budget(30 * MB)  # everything resident (~20 MiB): nothing streams, nothing to slice
+            time.sleep(0.5)
+            c.infer("mnv2", {"input": x})
+            assert "compiled without a memory budget" not in dp.log_text()
+            c.set_budget(12 * MB)  # weights read on every run
+            end = time.monotonic() + 120
+            while dp.log_text().count("for streaming in a child process") < 2 or \
+                    c.status()["models"]["mnv2"]["loads"] < 2:
+                assert time.monotonic() < end, dp.log_text()[-3000:]
+                got = c.infer("mnv2", {"input": x})["output"]
+                assert float(np.abs(got - y).max() / np.abs(y).max()) <= 1e-4
+                time.sleep(0.1)
+            assert "compiled without a memory budget" in dp.log_text()
+            st = c.status()["models"]["mnv2"]
+            assert st["state"] == "READY" and 0 < st["memory_bytes"] <= 12 * MB
+            c.set_budget(10 * MB)  # another share: re-planned, not sliced again (once per model)
+            time.sleep(0.5)
+            got = c.infer("mnv2", {"input": x})["output"]
+            assert float(np.abs(got - y).max() / np.abs(y).max()) <= 1e-4
+            assert dp.log_text().count("for streaming in a child process") == 2
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

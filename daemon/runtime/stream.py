@@ -350,10 +350,13 @@ class StreamingExecutor:
         ``BudgetTooSmall`` (the executor unchanged) when this configuration does not fit: re-slice then
         (``stream_for_budget``). ``wait`` False: when a run holds the arena, hand the new plan to it (it
         swaps as it ends) and return at once, with ``pending`` set. Returns the seconds spent planning,
-        waiting for a run to end, and swapping (``adapt_s`` keeps each change's total)."""
+        waiting for a run to end, and swapping (``adapt_s`` keeps each change's total), and ``streams`` (1.0: weights
+        are read on every run within this budget)."""
         t0 = time.perf_counter()
         plan = self._make_plan(int(budget))  # pure: no lock, the current run goes on
         t1 = time.perf_counter()
+        # whether this budget has weights read on every run (its slicing then matters: ``faster_config``)
+        streams = float(any(lm.weights and not plan.resident[i] for i, lm in enumerate(self.layer_mem)))
         if not self.lock.acquire(blocking=wait):
             with self._pending_lock:
                 self._pending = (plan, int(budget), t0)
@@ -362,7 +365,7 @@ class StreamingExecutor:
                     self._apply_pending()
                 finally:
                     self.lock.release()
-            return {"plan_s": t1 - t0, "pending": 1.0}
+            return {"plan_s": t1 - t0, "pending": 1.0, "streams": streams}
         try:
             t2 = time.perf_counter()
             with self._pending_lock:
@@ -371,7 +374,7 @@ class StreamingExecutor:
             t3 = time.perf_counter()
         finally:
             self.lock.release()
-        return {"plan_s": t1 - t0, "wait_s": t2 - t1, "swap_s": t3 - t2, "total_s": t3 - t0}
+        return {"plan_s": t1 - t0, "wait_s": t2 - t1, "swap_s": t3 - t2, "total_s": t3 - t0, "streams": streams}
 
     def _swap(self, plan: FlexPlan, budget: int, t0: float) -> None:
         """Under the run lock: the new plan's arena in place of the old one."""

@@ -344,6 +344,8 @@ class ModelSlot:
         self.on_demand = True  # cleared by an explicit unload, set again by an explicit load
         #: a new model is being made for this slot off its worker (``streamed.reslice``): not evictable meanwhile
         self.reslicing = False
+        #: a streamed model loaded with no budget was sliced again once a budget came (``streamed.rebudget``)
+        self.sliced_for_budget = False
         #: the memory budget's view: when it last served (monotonic s), what it weighed when fully prepared
         self.last_used = 0.0
         self.known_bytes = 0

@@ -31,6 +31,8 @@ class StreamedModel(Model):
     """A ``Model`` over a ``StreamingExecutor``: ``set_budget`` re-plans it for a new share."""
 
     streamed = True
+    #: the budget its slicing was chosen for (0: none: unsliced, which fits any share down to its minimum)
+    compiled_for = 0
 
     @property
     def executor(self) -> StreamingExecutor:
@@ -66,6 +68,7 @@ def load_streamed(path: str | os.PathLike, budget: int, work: str | os.PathLike,
     skel = compile_streamed(path, budget, work, batch=batch)
     ex = open_streamed(skel, budget, **kw)
     m = StreamedModel(mname, ex.graph, ex, "cpu", time.perf_counter() - t0)
+    m.compiled_for = int(budget)
     log.info("model %s: streamed within %d bytes (arena %d, %d bytes read per request, configuration %s)",
              mname, ex.budget, ex.arena.nbytes, ex.streamed_bytes, getattr(ex, "config", None))
     return m
@@ -103,8 +106,15 @@ def rebudget(slots: Iterable[Any], limit: int) -> None:
         if share == s.model.budget or (room <= 0 and s.model.budget >= UNLIMITED):
             continue
         try:
-            s.model.set_budget(share)
+            r = s.model.set_budget(share)
             log.info("model %s: memory re-planned for a share of %d bytes", s.name, share)
+            if r.get("streams") and s.model.compiled_for <= 0 < share < UNLIMITED and not s.sliced_for_budget:
+                # loaded with no budget, so unsliced; now its weights stream: a slicing chosen for a budget (its
+                # heaviest layers sliced where the plan then runs faster) serves it better, once
+                s.sliced_for_budget = True
+                log.info("model %s: compiled without a memory budget, it now reads weights on every run within "
+                         "%d bytes; slicing it for a budget", s.name, share)
+                reslice(s)
         except BudgetTooSmall as e:
             # this slicing does not fit the share: slice again (a reload compiles for the room there is now;
             # the model serves on its current plan meanwhile); once per share, not at every budget look
