@@ -47,15 +47,22 @@ print(json.dumps({"ok": ok, "bad": bad, "errors": errors[:5]}))
 """
 
 
+def _streamed_repo(d: Path, model: str, name: str) -> Path:
+    """A repository under ``d / "m"`` holding the zoo's ``model`` as ``name``, served with ``memory = "stream"``;
+    returns the zoo file."""
+    (d / "m" / name).mkdir(parents=True)
+    src = zoo_dir([model]) / f"{model}.onnx"
+    shutil.copy(src, d / "m" / name / "model.onnx")
+    (d / "m" / name / "config.toml").write_text('memory = "stream"\n')
+    return src
+
+
 @pytest.mark.slow
 def test_streamed_model_follows_budget_changes_under_load() -> None:
     d = Path(tempfile.mkdtemp(prefix="ifds", dir="/tmp"))
     procs: list[subprocess.Popen[str]] = []
     try:
-        (d / "m" / "mnv2").mkdir(parents=True)
-        src = zoo_dir(["mobilenetv2"]) / "mobilenetv2.onnx"
-        shutil.copy(src, d / "m" / "mnv2" / "model.onnx")
-        (d / "m" / "mnv2" / "config.toml").write_text('memory = "stream"\n')
+        src = _streamed_repo(d, "mobilenetv2", "mnv2")
         x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
         y = ort_session(src).run(None, {"input": x})[0]
         np.savez(d / "ref.npz", x=x, y=y)
@@ -135,10 +142,7 @@ def test_two_models_named_model_onnx_get_their_own_stores(tmp_path: Path) -> Non
 def test_streamed_model_is_sliced_again_when_its_slicing_no_longer_fits() -> None:
     d = Path(tempfile.mkdtemp(prefix="ifdr", dir="/tmp"))
     try:
-        (d / "m" / "r50").mkdir(parents=True)
-        src = zoo_dir(["resnet50"]) / "resnet50.onnx"
-        shutil.copy(src, d / "m" / "r50" / "model.onnx")
-        (d / "m" / "r50" / "config.toml").write_text('memory = "stream"\n')
+        _streamed_repo(d, "resnet50", "r50")
         x = np.random.default_rng(4).standard_normal((1, 3, 224, 224)).astype(np.float32)
         with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--cache-dir", str(d / "c"), "--memory-budget",
                            str(40 * MB), log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=300) as c:
@@ -174,10 +178,7 @@ def test_a_streamed_model_loaded_with_no_budget_is_sliced_for_the_first_budget_t
     background, serving right all along."""
     d = Path(tempfile.mkdtemp(prefix="ifdn", dir="/tmp"))
     try:
-        (d / "m" / "mnv2").mkdir(parents=True)
-        src = zoo_dir(["mobilenetv2"]) / "mobilenetv2.onnx"
-        shutil.copy(src, d / "m" / "mnv2" / "model.onnx")
-        (d / "m" / "mnv2" / "config.toml").write_text('memory = "stream"\n')
+        src = _streamed_repo(d, "mobilenetv2", "mnv2")
         x = np.random.default_rng(5).standard_normal((1, 3, 224, 224)).astype(np.float32)
         y = ort_session(src).run(None, {"input": x})[0]
         with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--cache-dir", str(d / "c"), log_path=d / "d.log") as dp, \

@@ -107,21 +107,22 @@ def rebudget(slots: Iterable[Any], limit: int) -> None:
             continue
         try:
             r = s.model.set_budget(share)
-            log.info("model %s: memory re-planned for a share of %d bytes", s.name, share)
-            if r.get("streams") and s.model.compiled_for <= 0 < share < UNLIMITED and not s.sliced_for_budget:
-                # loaded with no budget, so unsliced; now its weights stream: a slicing chosen for a budget (its
-                # heaviest layers sliced where the plan then runs faster) serves it better, once
-                s.sliced_for_budget = True
-                log.info("model %s: compiled without a memory budget, it now reads weights on every run within "
-                         "%d bytes; slicing it for a budget", s.name, share)
-                reslice(s)
         except BudgetTooSmall as e:
-            # this slicing does not fit the share: slice again (a reload compiles for the room there is now;
-            # the model serves on its current plan meanwhile); once per share, not at every budget look
+            # this slicing does not fit the share: slice again for the room there is now (the model serves on its
+            # current plan meanwhile); once per share, not at every budget look
             if getattr(s, "resliced_for", None) != share:
                 s.resliced_for = share
                 log.warning("model %s: %s; slicing it again for %d bytes", s.name, e, share)
                 reslice(s)
+            continue
+        log.info("model %s: memory re-planned for a share of %d bytes", s.name, share)
+        if r.get("streams") and s.model.compiled_for <= 0 < share < UNLIMITED and not s.sliced_for_budget:
+            # loaded with no budget, so unsliced; now its weights stream: a slicing chosen for a budget (its
+            # heaviest layers sliced where the plan then runs faster) serves it better, once
+            s.sliced_for_budget = True
+            log.info("model %s: compiled without a memory budget, it now reads weights on every run within %d "
+                     "bytes; slicing it for a budget", s.name, share)
+            reslice(s)
 
 
 def reslice(slot: Any) -> None:
