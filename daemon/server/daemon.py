@@ -498,27 +498,23 @@ class Server:
 
     # ------------------------------------------------------------------ memory budget (main thread)
 
-    def _open_device(self) -> Any:
-        """The process's Vulkan device where a model is placed on it (None otherwise: a CPU-only daemon starts
-        no driver to ask)."""
-        if not any(budget.on_device(s.device) for s in self.slots.values()):
-            return None
-        from ..vulkan.device import shared_device_if_open
-
+    @staticmethod
+    def _open_device() -> Any:
+        """The process's Vulkan device if one is open (None otherwise). Never imports the Vulkan module: a CPU-only
+        daemon starts no driver to ask, and a model placed on the device has imported it (getattr: another thread
+        may be importing it right now)."""
+        is_open = getattr(sys.modules.get("inferd.vulkan.device"), "shared_device_if_open", None)
         try:
-            return shared_device_if_open()
+            return is_open() if is_open is not None else None
         except Exception:  # no loader: nothing on the device
             return None
 
     def device_shares_host(self) -> bool:
         """Whether the Vulkan device's memory is the host's (an integrated GPU, lavapipe): its models then count
-        against the host budget. Known once the device is open (and the same device for the daemon's life)."""
+        against the host budget. Known once the device is open (and the same device for the daemon's life; a Vulkan
+        model evicted and asked for again is admitted by where its memory will be)."""
         if self._shares_host is None:
-            # the device of any Vulkan model loaded so far (not only of those loaded now: a Vulkan model evicted
-            # and asked for again is admitted by where its memory will be), where this process opened one
-            # (getattr: another thread may be importing the module right now)
-            is_open = getattr(sys.modules.get("inferd.vulkan.device"), "shared_device_if_open", None)
-            dev = is_open() if is_open is not None else None
+            dev = self._open_device()
             if dev is None:
                 return False
             self._shares_host = bool(getattr(dev, "shares_host_memory", False))
@@ -541,7 +537,7 @@ class Server:
         configured one: its models count against the host budget."""
         if self.device_shares_host():
             return max(0, self.config.device_memory_budget)
-        dev = self._open_device()
+        dev = self._open_device() if any(budget.on_device(s.device) for s in self.slots.values()) else None
         avail = dev.memory_report()["available"] if dev is not None else None
         return budget.device_budget(self.config.device_memory_budget, avail)
 
