@@ -81,6 +81,16 @@ def format_status(st: dict[str, Any]) -> str:
         + (f" (cgroup limit {_mib(mem['cgroup_limit_bytes'])}, effective {_mib(mem.get('effective_budget_bytes'))})"
            if mem.get("cgroup_limit_bytes") else ""),
     ]
+    dev = mem.get("device")
+    if isinstance(dev, dict) and (dev.get("models_bytes") or dev.get("shares_host_memory")):
+        # where a GPU model's bytes are counted: one memory on an integrated GPU (or lavapipe), two on a discrete one
+        dbudget = dev.get("budget_bytes") or 0
+        if dev.get("shares_host_memory"):
+            lines.append(f"GPU models: {_mib(dev.get('models_bytes'))}, in the memory budget above (the device's "
+                         f"memory is the host's)" + (f"; device budget {_mib(dbudget)} besides" if dbudget else ""))
+        else:
+            lines.append(f"GPU models: {_mib(dev.get('models_bytes'))} of device memory, device budget "
+                         f"{_mib(dbudget) if dbudget else 'none'}")
     heap = mem.get("heap")
     if isinstance(heap, dict) and heap.get("trims"):
         lines.append(f"freed heap given back to the system: {_mib(heap.get('released_bytes'))} in {heap['trims']} "

@@ -19,6 +19,7 @@ import pytest
 from inferd.server.budget import Resident, device_budget, on_device, plan
 from inferd.server.testing import DaemonProcess, wait_until, write_fake_model, write_two_io_model
 from inferd_client import Client
+from inferd_client.cli import format_status
 from inferd_client.errors import Unavailable
 
 MB = 1_000_000
@@ -66,8 +67,10 @@ def test_vulkan_models_keep_their_own_budget_lru_pinned_and_busy() -> None:
             # 20 MB on the device and 10 on the host: each inside its own budget (the host's 15 MB does not
             # count the device's models)
             assert {n for n, s in _state(c).items() if s == "READY"} == {"gp", "g1", "h"}
-            mem = c.status()["memory"]
+            st = c.status()
+            mem = st["memory"]
             assert mem["device"]["budget_bytes"] == 25 * MB and mem["device"]["models_bytes"] == 20 * MB
+            assert "GPU models: 19.1 MiB of device memory, device budget 23.8 MiB" in format_status(st)
             c.infer("g2", {"x": _x()})  # 30 MB on the device: the least recently used unpinned one (g1) goes
             wait_until(lambda: _state(c)["g1"] == "UNLOADED", 15.0)
             st = c.status()["models"]
@@ -131,6 +134,7 @@ def test_lavapipe_model_counts_against_the_host_budget() -> None:
                 pytest.skip(f"placed on {st['models']['two']['device']}")
             dev_mem = st["memory"]["device"]
             assert dev_mem["shares_host_memory"] is True
+            assert "in the memory budget above (the device's memory is the host's)" in format_status(st)
             assert dev_mem["budget_bytes"] == 0  # none of its own: the host budget holds its models
             held = dev_mem["models_bytes"]
             assert held > 0
