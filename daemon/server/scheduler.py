@@ -975,7 +975,7 @@ class ModelSlot:
             if serving:
                 self._install(model, note, dt, sender)
                 return
-        self._close(model)  # unloaded meanwhile (an eviction that came first): nothing to take over
+        self._close(model)  # no longer serving (a device fault's recovery took it meanwhile): nothing to take over
 
     def _finish_in_idle_time(self, model: Any) -> None:
         """A load no request waits on (a preload, a client's load): finish it, and its warm switch, in idle time.
