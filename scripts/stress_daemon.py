@@ -1,11 +1,12 @@
 """A daemon under a mixed load, as a board's apps would give it: six zoo models (CPU, lavapipe/GPU, a dynamic one, a
 recurrent one with control flow) served from a repository of DIR/NAME/model.onnx, N client processes sending
 random requests whose answers are checked against onnxruntime, and an admin process that changes the memory
-budget, unloads, loads, reloads and asks for the status meanwhile. At the end: wrong answers (must be none),
+budget, unloads, loads, reloads and asks for the status meanwhile (``--streamed``: two of the models served inside
+their share of the budget, re-sliced in the background as it changes). At the end: wrong answers (must be none),
 errors other than UNAVAILABLE (must be none), the daemon's log tracebacks (must be none), and its memory as
 ``inferctl status`` reports it (the host pool's bytes in use against the models' bytes).
 
-Usage: python scripts/stress_daemon.py [--clients 8] [--requests 150] [--dir /tmp/inferd-stress]
+Usage: python scripts/stress_daemon.py [--clients 8] [--requests 150] [--dir /tmp/inferd-stress] [--streamed]
 (found on 2026-12-05: closed models holding most of the host pool, and every model logging as "model")."""
 from __future__ import annotations
 
@@ -23,9 +24,12 @@ import numpy as np
 
 MODELS = {"squeezenet1_1": "cpu", "mobilenetv2": "vulkan", "resnet18": "cpu", "vad_lstm": "cpu",
           "detnet_dyn": "cpu", "shufflenetv2_x1_0": "vulkan"}
+#: ``--streamed``: these serve inside their share of the budget (``memory = "stream"``), sliced again in the
+#: background when a share falls below their slicing's minimum
+STREAMED = ("squeezenet1_1", "resnet18")
 
 
-def setup(d: Path) -> None:
+def setup(d: Path, streamed: bool = False) -> None:
     from inferd.zoo import write_zoo
 
     shutil.rmtree(d / "models", ignore_errors=True)
@@ -35,7 +39,8 @@ def setup(d: Path) -> None:
     for n, dev in MODELS.items():
         (d / "models" / n).mkdir()
         shutil.copy(d / "onnx" / f"{n}.onnx", d / "models" / n / "model.onnx")
-        (d / "models" / n / "config.toml").write_text(f'device = "{dev}"\n')
+        stream = 'memory = "stream"\n' if streamed and n in STREAMED else ""
+        (d / "models" / n / "config.toml").write_text(f'device = "{dev}"\n{stream}')
 
 
 def client(d: Path, ep: str, idx: int, n: int, q: "mp.Queue[object]") -> None:
@@ -122,10 +127,13 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=150)
     ap.add_argument("--dir", default="/tmp/inferd-stress")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the load, the memory reported after each")
+    ap.add_argument("--streamed", action="store_true",
+                    help=f"serve {', '.join(STREAMED)} with memory = \"stream\" (re-planned and re-sliced under the "
+                         "budget changes)")
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
-    setup(d)
+    setup(d, args.streamed)
     ep = f"ipc://{d}/sock"
     log = open(d / "daemon.log", "w")
     daemon = subprocess.Popen([sys.executable, "-m", "inferd.cli", "serve", "--endpoint", ep, "--models",
@@ -160,7 +168,11 @@ def main() -> int:
         daemon.terminate()
         daemon.wait(30)
         log.close()
-    tracebacks = (d / "daemon.log").read_text().count("Traceback")
+    text = (d / "daemon.log").read_text()
+    tracebacks = text.count("Traceback")
+    if args.streamed:
+        print(f"streamed models: {text.count('slicing it again for')} re-slices asked, "
+              f"{text.count('slicing it again failed')} failed (the room below even the sliced minimum)")
     print(f"wrong answers and unexpected errors: {bad}; tracebacks in the daemon's log: {tracebacks}")
     return 1 if bad or tracebacks else 0
 
