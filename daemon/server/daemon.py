@@ -645,18 +645,18 @@ class Server:
         # the budgets it counts against: the device's where placed on Vulkan, the host's unless placed on a
         # device with memory of its own (both on an integrated GPU with a device budget set); every one must
         # admit it before anything is evicted for any
+        counted = [dev for dev, counts in ((True, budget.on_device(placed)), (False, self._on_host(placed))) if counts]
         evictions = []
-        for dev in (True, False):
-            if (budget.on_device(placed) if dev else self._on_host(placed)):
-                limit = self.device_budget_now() if dev else self.budget_now()
-                if limit <= 0:
-                    continue
-                res = [r for r in self._residents(device=dev) if r.name != slot.name]
-                v = budget.plan(res, limit, need=need, keep=slot.name)
-                if not v.fits:
-                    held = sum(r.nbytes for r in res if r.pinned or r.busy)
-                    return budget.describe_shortfall(slot.name, need, limit, held, device=dev)
-                evictions.append((dev, limit, v.evict))
+        for dev in counted:
+            limit = self.device_budget_now() if dev else self.budget_now()
+            if limit <= 0:
+                continue
+            res = [r for r in self._residents(device=dev) if r.name != slot.name]
+            v = budget.plan(res, limit, need=need, keep=slot.name)
+            if not v.fits:
+                held = sum(r.nbytes for r in res if r.pinned or r.busy)
+                return budget.describe_shortfall(slot.name, need, limit, held, device=dev)
+            evictions.append((dev, limit, v.evict))
         for dev, limit, names in evictions:
             for name in names:
                 self.slots[name].evict(f"evicted to make room for {slot.name!r} within the "

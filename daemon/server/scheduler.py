@@ -346,6 +346,8 @@ class ModelSlot:
         self.reslicing = False
         #: a streamed model loaded with no budget was sliced again once a budget came (``streamed.rebudget``)
         self.sliced_for_budget = False
+        #: the share a streamed model whose slicing did not fit was last sliced again for (``streamed.rebudget``)
+        self.resliced_for: int | None = None
         #: the memory budget's view: when it last served (monotonic s), what it weighed when fully prepared
         self.last_used = 0.0
         self.known_bytes = 0

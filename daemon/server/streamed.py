@@ -110,7 +110,7 @@ def rebudget(slots: Iterable[Any], limit: int) -> None:
         except BudgetTooSmall as e:
             # this slicing does not fit the share: slice again for the room there is now (the model serves on its
             # current plan meanwhile); once per share, not at every budget look
-            if getattr(s, "resliced_for", None) != share:
+            if s.resliced_for != share:
                 s.resliced_for = share
                 log.warning("model %s: %s; slicing it again for %d bytes", s.name, e, share)
                 reslice(s)
@@ -141,9 +141,7 @@ def reslice(slot: Any) -> None:
         except Exception as e:  # the model serves on as it is; the next budget change tries again
             log.warning("model %s: slicing it again failed, serving on its current plan: %s: %s", slot.name,
                         type(e).__name__, e)
-            slot.reslicing = False
-            return
-        try:
+        else:
             if not slot.swap_in(model, note, time.perf_counter() - t0):
                 model.close()
         finally:
