@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..ir import Graph, Node, TensorInfo
 from ..ops.base import Kernel, Layer, choose_kernel
@@ -165,19 +165,43 @@ def _kernel(layer: Layer, kernels: Mapping[str, str]) -> Kernel:
     return choose_kernel(layer, "cpu")
 
 
+@dataclass(frozen=True)
+class KernelMemory:
+    """What the slicing asks of a backend's kernels: the kernel a layer runs with the overrides, its workspace
+    bytes, and a kernel of the layer that needs less memory (weights and workspace; None: none)."""
+
+    kernel: Callable[[Layer, Mapping[str, str]], Kernel]
+    workspace: Callable[[Layer, Kernel, int], int]
+    fallback: Callable[[Layer, Kernel], "str | None"]
+    #: the kernel of a conv sliced by input channel (None: the backend does not slice so)
+    in_slice_kernel: str | None = None
+
+
+def _cpu_workspace(layer: Layer, k: Kernel, alignment: int) -> int:
+    return sum(align_up(4 * int(n), alignment) for n in k.scratch_floats(layer).values())
+
+
+def _cpu_fallback(layer: Layer, k: Kernel) -> str | None:
+    return FALLBACK.get(k.name) if layer.op == "Conv" else None
+
+
+CPU_KERNELS = KernelMemory(_kernel, _cpu_workspace, _cpu_fallback, "im2col_cs")
+
+
 def step_memory(graph: Graph, kernels: Mapping[str, str] | None = None,
-                small: int = 16 << 10, alignment: int = 64) -> tuple[list[LayerMem], list[Buffer], list[Kernel]]:
+                small: int = 16 << 10, alignment: int = 64, km: KernelMemory = CPU_KERNELS
+                ) -> tuple[list[LayerMem], list[Buffer], list[Kernel]]:
     """Per step: the weights a kernel reads (transformed size; parameters above ``small`` bytes, which is
-    what the streaming runtime streams) and its workspace; the activation buffers; the kernels."""
+    what the streaming runtime streams) and its workspace; the activation buffers; the kernels (``km``: the
+    backend's)."""
     layers, ks = [], []
     for node in graph.nodes:
         layer = Layer.of(node, graph)
-        k = _kernel(layer, kernels or {})
+        k = km.kernel(layer, kernels or {})
         w = k.transformed_nbytes(layer) if layer.const_inputs else 0
         if w and w <= small:
             w = 0
-        ws = sum(align_up(4 * int(n), alignment) for n in k.scratch_floats(layer).values())
-        layers.append(LayerMem(node.name, align_up(w, alignment) if w else 0, ws))
+        layers.append(LayerMem(node.name, align_up(w, alignment) if w else 0, km.workspace(layer, k, alignment)))
         ks.append(k)
     acts, _aliases = graph_buffers(graph)
     return layers, acts, ks
@@ -189,11 +213,12 @@ def _live_at(layers: Sequence[LayerMem], acts: Sequence[Buffer], t: int) -> tupl
 
 
 def fit_config(graph: Graph, budget: int, *, base: MemConfig | None = None, max_rounds: int = 200,
-               alignment: int = 64) -> MemConfig:
+               alignment: int = 64, km: KernelMemory = CPU_KERNELS) -> MemConfig:
     """The least change to ``base`` (default: none) that lets the graph plan into ``budget`` bytes: repeatedly
-    take the step that sets the peak and, if its own weights and workspace dominate, fall its conv back to a
-    smaller kernel or slice its weights (doubling the count: as few slices as fit). ``BudgetTooSmall`` when
-    the peak step is dominated by activations or cannot be cut further."""
+    take the step that sets the peak and, if its own weights and workspace dominate, fall its kernel back to one
+    that needs less or slice its weights (doubling the count: as few slices as fit). ``BudgetTooSmall`` when
+    the peak step is dominated by activations or cannot be cut further. ``km``: the backend's kernels (CPU's by
+    default)."""
     cfg = base or MemConfig()
     kernels = dict(cfg.kernels)
     slices = dict(cfg.slices)
@@ -201,7 +226,7 @@ def fit_config(graph: Graph, budget: int, *, base: MemConfig | None = None, max_
     by_name = {n.name: n for n in graph.nodes}
     for _ in range(max_rounds):
         g = slice_graph(graph, slices, in_slices)
-        layers, acts, ks = step_memory(g, kernels, alignment=alignment)
+        layers, acts, ks = step_memory(g, kernels, alignment=alignment, km=km)
         try:
             plan_flex(layers, acts, budget, preload=False, alignment=alignment)
             return MemConfig(dict(kernels), dict(slices), dict(in_slices))
@@ -219,19 +244,20 @@ def fit_config(graph: Graph, budget: int, *, base: MemConfig | None = None, max_
             if node is None:
                 continue
             k = ks[t].name
-            if node.op == "Conv" and k in FALLBACK:
-                kernels[name] = FALLBACK[k]
+            fb = km.fallback(Layer.of(g.nodes[t], g), ks[t])
+            if fb is not None:
+                kernels[name] = fb
                 changed = True
                 break
             # an im2col conv whose column buffer dominates: slice its input channels (doubling, while each
             # range keeps at least IN_SLICE_MIN channels: narrower GEMMs lose their efficiency)
             cin = _conv_cin(graph, node)
-            if node.op == "Conv" and k in ("im2col", "im2col_cs") and cin and SLICE_SEP not in layers[t].name \
-                    and layers[t].workspace > layers[t].weights:
+            if node.op == "Conv" and km.in_slice_kernel and k in ("im2col", km.in_slice_kernel) and cin \
+                    and SLICE_SEP not in layers[t].name and layers[t].workspace > layers[t].weights:
                 si = in_slices.get(name, 1) * 2
                 if cin // si >= IN_SLICE_MIN:
                     in_slices[name] = si
-                    kernels[name] = "im2col_cs"
+                    kernels[name] = km.in_slice_kernel
                     changed = True
                     break
             n_out = sliceable(graph, node)

@@ -124,18 +124,32 @@ def choice_digest(graph: Graph, choice: Sequence[tuple[Layer, Kernel]]) -> str:
 def prepare_stream_store(graph: Graph, path: str | os.PathLike, kernels: dict[str, str] | None = None) -> Path:
     """Write (or keep, if it matches) ``path``: every layer's transformed parameters in run order, for the
     kernels ``select_kernels`` picks. Needs the graph's constants: run it outside the budget."""
+    return write_stream_store(graph, path, select_kernels(graph, "cpu", kernels), {"backend": "cpu"})
+
+
+def store_backend(st: WeightsStore) -> str:
+    """The backend whose kernels transformed a streaming store's weights."""
+    return str(st.meta.get("fingerprint", {}).get("backend", "cpu"))
+
+
+def write_stream_store(graph: Graph, path: str | os.PathLike, choice: Sequence[tuple[Layer, Kernel]],
+                       fingerprint: dict[str, Any]) -> Path:
+    """Write (or keep, if it was written for the same choice, engine and ``fingerprint``: its ``backend``, and the
+    device the kernels were chosen for) the store of ``choice``'s layers' parameters as their kernels transform
+    them, in run order."""
     path = Path(path)
-    choice = select_kernels(graph, "cpu", kernels)
     digest = choice_digest(graph, choice)
+    backend = str(fingerprint["backend"])
     if path.exists():
         try:
             with WeightsStore(path) as st:
-                if st.model_sha256 == digest and st.meta.get("engine_version") == __version__:
+                if st.model_sha256 == digest and st.meta.get("engine_version") == __version__ \
+                        and st.meta.get("fingerprint", {}) == fingerprint:
                     return path
         except WeightsStoreError as e:
             log.warning("stream store %s unusable (%s): rewriting", path, e)
     log.info("writing the streaming weights store %s (outside the memory budget: needs the whole model)", path)
-    with StoreWriter(path, digest, __version__, {"backend": "cpu"}) as w:
+    with StoreWriter(path, digest, __version__, dict(fingerprint)) as w:
         for layer, k in choice:
             if not layer.const_inputs:
                 continue
@@ -144,7 +158,7 @@ def prepare_stream_store(graph: Graph, path: str | os.PathLike, kernels: dict[st
                 if not isinstance(a, np.ndarray):
                     raise StreamError(f"{layer.name}: kernel {k.name} keeps a non-array parameter {key!r}; "
                                       f"it cannot be streamed")
-                w.add(layer.name, key, a, kernel=transformed_key("cpu", k.name), variant="transformed")
+                w.add(layer.name, key, a, kernel=transformed_key(backend, k.name), variant="transformed")
     return path
 
 
@@ -157,6 +171,8 @@ class _Step:
     #: (entry, arena view) of the streamed parameters
     blobs: list[tuple[Entry, np.ndarray]] = field(default_factory=list)
     scratch: dict[int, np.ndarray] = field(default_factory=dict)
+    #: what another backend runs for this step (the Vulkan one: its dispatches, bound to the arena)
+    work: Any = None
 
 
 @dataclass
@@ -206,6 +222,13 @@ class ArenaTracker:
 class StreamingExecutor:
     """Run ``graph`` inside ``budget`` bytes with its weights streamed from ``store_path``.
 
+    The engine is backend-independent: the plan, the pieces, the loaders, the budget changes and the tracker are
+    the same for every backend; a backend says which kernels run (``_select``), what workspace a layer takes
+    (``_scratch_bytes``), where the arena lives (``_new_arena``, ``_drop_arena``), what a step runs
+    (``_make_step``, ``_compute``) and, where its steps complete after ``_compute`` returns (a GPU's), when a
+    step has run (``_publish``, ``_before_wait``, ``_before_load``, ``_drain``). This class is the CPU's;
+    ``inferd.vulkan.stream.VulkanStreamingExecutor`` the Vulkan one.
+
     ``mode``: "preload" (the FlexNN plan, loader thread, resident weights where the budget allows) or
     "ondemand" (the baseline). ``read``: "cache" or "bypass". ``track``: check every run with an
     ``ArenaTracker`` (slower: for tests). ``plan``: a plan made earlier for the same layers (re-use)."""
@@ -231,6 +254,9 @@ class StreamingExecutor:
     #: loader threads through the page cache (0: the compute thread reads each layer's pieces itself; on the
     #: 2-core machine, where the native pool takes every core, 0 and 1 measured the same within the noise)
     cache_loaders = 1
+    #: backend of the kernels (the store's transformed entries name it) and the arena's alignment
+    backend = "cpu"
+    align = ALIGN
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, mode: str = "preload",
                  read: str = "cache", keep_resident: bool = True, track: bool = False,
@@ -249,6 +275,11 @@ class StreamingExecutor:
         # bypass: O_DIRECT straight into the arena where the file system allows it, else buffered reads
         # dropped after each blob (without readahead, which would cache the next blobs behind the drop)
         self.store = WeightsStore(store_path, direct=read == "bypass")
+        if store_backend(self.store) != self.backend:
+            got = store_backend(self.store)
+            self.store.close()
+            raise StreamError(f"{self.store.path}: its weights are transformed for the {got} backend's kernels, not "
+                              f"the {self.backend} backend's")
         if read == "bypass" and not self.store.direct:
             os.posix_fadvise(self.store._fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.inputs = list(graph.inputs)
@@ -259,7 +290,7 @@ class StreamingExecutor:
         for e in sorted(self.store.entries.values(), key=lambda e: e.offset):
             by_layer.setdefault(e.layer, []).append(e)
         self.choice: list[tuple[Layer, Kernel]] = []
-        for layer, k in select_kernels(graph, "cpu", kernels):
+        for layer, k in self._select(graph, kernels, by_layer):
             ents = by_layer.get(layer.name)
             if layer.const_inputs:
                 if not ents:
@@ -267,7 +298,7 @@ class StreamingExecutor:
                                       f"rewrite it with prepare_stream_store")
                 kname = ents[0].kernel.split("/", 1)[-1]
                 if kname != k.name:
-                    named = [c for c in kernels_for(layer.op, "cpu") if c.name == kname]
+                    named = [c for c in kernels_for(layer.op, self.backend) if c.name == kname]
                     if not named or not named[0].applies(layer):
                         raise StreamError(f"{self.store.path}: layer {layer.name!r} stored for kernel {kname!r}, "
                                           f"which does not apply here")
@@ -288,6 +319,7 @@ class StreamingExecutor:
                 else:
                     big.setdefault(pos, []).append(e)
         self._big = big
+        self._small_ready()
         acts, self.aliases = graph_buffers(graph)
         self.activations = acts
         times = list(compute_s) if compute_s is not None and len(compute_s) == len(self.choice) else None
@@ -297,7 +329,7 @@ class StreamingExecutor:
         # more than every box side by side is never needed: a larger budget plans (and allocates) no more
         self._ample = sum(lm.weights for lm in self.layer_mem) + max((lm.workspace for lm in self.layer_mem),
                                                                      default=0) \
-            + sum(align_up(b.size, ALIGN) for b in acts) + ALIGN \
+            + sum(align_up(b.size, self.align) for b in acts) + self.align \
             + WALIGN * (1 + sum(1 for lm in self.layer_mem if lm.weights))  # gaps before block-aligned weights
         self._plan_opts = dict(keep_resident=keep_resident, read_bw=read_bw, max_preload=max_preload)
         self.plan = self._make_plan(self.budget)
@@ -335,9 +367,9 @@ class StreamingExecutor:
                                  self.small_bytes + self.min_arena())
         try:
             if self.mode == "ondemand":
-                return plan_flex(self.layer_mem, self.activations, arena_budget, preload=False, alignment=ALIGN,
+                return plan_flex(self.layer_mem, self.activations, arena_budget, preload=False, alignment=self.align,
                                  weight_alignment=WALIGN)
-            return plan_budget(self.layer_mem, self.activations, arena_budget, preload=True, alignment=ALIGN,
+            return plan_budget(self.layer_mem, self.activations, arena_budget, preload=True, alignment=self.align,
                                weight_alignment=WALIGN, **self._plan_opts)
         except BudgetTooSmall as e:
             need = self.small_bytes + (e.need or self.min_arena())
@@ -383,9 +415,9 @@ class StreamingExecutor:
         self.plan = plan
         self.arena_budget = plan.budget
         self._release_native()  # its loaders know the old arena's addresses
-        self.arena = None  # type: ignore[assignment]  # the old arena goes before the new one is touched
         self.views = {}
         self.steps = []
+        self._drop_arena()  # the old arena goes before the new one is touched
         self.arena = self._new_arena(self.arena_budget)
         self._bind()
         self._resident_loaded = False  # resident weights are read again into their new places
@@ -399,13 +431,68 @@ class StreamingExecutor:
         if p is not None:
             self._swap(*p)
 
-    # ------------------------------------------------------------------ setup
-    @staticmethod
-    def _scratch_bytes(layer: Layer, k: Kernel) -> int:
-        return sum(align_up(4 * int(n), ALIGN) for n in k.scratch_floats(layer).values())
+    # ------------------------------------------------------------------ the backend's part (CPU here)
+    def _select(self, graph: Graph, kernels: dict[str, str] | None,
+                stored: dict[str, list[Entry]]) -> list[tuple[Layer, Kernel]]:
+        """(layer, kernel) per node of ``graph``, in order; ``stored``: the store's entries by layer."""
+        return select_kernels(graph, "cpu", kernels)
 
+    def _small_ready(self) -> None:
+        """``self.small`` is read (CPU: the kernels take those arrays as they are)."""
+
+    def _scratch_bytes(self, layer: Layer, k: Kernel) -> int:
+        return sum(align_up(4 * int(n), self.align) for n in k.scratch_floats(layer).values())
+
+    def _drop_arena(self) -> None:
+        self.arena = None  # type: ignore[assignment]
+
+    def _make_step(self, pos: int, layer: Layer, k: Kernel, params: dict[str, np.ndarray], woff: int,
+                   alias: bool) -> tuple[Callable[[], None] | None, dict[int, np.ndarray], Any]:
+        """What step ``pos`` runs, its params (streamed ones as arena views) and workspace at ``woff`` bound:
+        (call, scratch views, backend work)."""
+        scratch = {}
+        for slot, n in sorted(k.scratch_floats(layer).items()):
+            scratch[slot] = self._view(woff, (int(n),), np.float32)
+            woff += align_up(4 * int(n), self.align)
+        if alias:
+            return None, scratch, None
+        g = self.graph
+        ins = [None if (not n or n in g.constants) else self.views[n] for n in layer.node.inputs]
+        outs = [self.views[o] for o in layer.node.outputs if o]
+        call = k.bind(layer, ins, params, outs)
+        if call is None:
+            call = (lambda k=k, layer=layer, ins=ins, params=params, outs=outs: k.run(layer, ins, params, outs))
+        return call, scratch, None
+
+    def _run_step(self, s: _Step) -> None:
+        if s.call is not None:
+            mine = _conv._tls.bufs = dict(s.scratch)
+            s.call()
+            if any(b is not mine.get(k) for k, b in _conv._tls.bufs.items()):
+                # a kernel asked for scratch the plan did not give it: memory outside the arena
+                self.outside_scratch += 1
+            _conv._tls.bufs = {}
+
+    def _publish(self, pos: int) -> None:
+        """Step ``pos``, which some piece waits for, has run: its addresses may be overwritten."""
+        native.lib.inferd_stream_done(self._native, pos)
+
+    def _before_wait(self, unit: int) -> None:
+        """About to wait for the weights of loader unit ``unit``: every step its pieces wait for must be published
+        (CPU: it is: each was published as it ran)."""
+
+    def _before_load(self) -> None:
+        """About to read weights on this thread (on demand, inline): whatever ran before must have completed."""
+
+    def _drain(self) -> None:
+        """The run's last step has been handed to ``_compute``: complete everything (the outputs are read next)."""
+
+    def _abort(self) -> None:
+        """A run failed half way: nothing of it may still touch the arena when this returns."""
+
+    # ------------------------------------------------------------------ setup
     def min_arena(self) -> int:
-        return min_budget(self.layer_mem, self.activations, alignment=ALIGN, weight_alignment=WALIGN)
+        return min_budget(self.layer_mem, self.activations, alignment=self.align, weight_alignment=WALIGN)
 
     def min_budget(self) -> int:
         """The smallest budget this model runs in (small parameters + the smallest feasible arena)."""
@@ -437,23 +524,11 @@ class StreamingExecutor:
                 params[e.tensor] = v
                 blobs.append((e, v))
                 off += align_up(e.size, WALIGN)
-            scratch = {}
-            woff = plan.workspace_offset(pos)
-            for slot, n in sorted(k.scratch_floats(layer).items()):
-                scratch[slot] = self._view(woff, (int(n),), np.float32)
-                woff += align_up(4 * int(n), ALIGN)
             spec = op_spec(layer.op)
             alias = bool(spec and spec.alias and layer.node.inputs and layer.node.inputs[0] not in g.constants
                          and len([o for o in layer.node.outputs if o]) == 1)
-            call = None
-            if not alias:
-                ins = [None if (not n or n in g.constants) else self.views[n] for n in layer.node.inputs]
-                outs = [self.views[o] for o in layer.node.outputs if o]
-                call = k.bind(layer, ins, params, outs)
-                if call is None:
-                    call = (lambda k=k, layer=layer, ins=ins, params=params, outs=outs:
-                            k.run(layer, ins, params, outs))
-            self.steps.append(_Step(pos, layer, k, call, blobs, scratch))
+            call, scratch, work = self._make_step(pos, layer, k, params, plan.workspace_offset(pos), alias)
+            self.steps.append(_Step(pos, layer, k, call, blobs, scratch, work))
         # tracker bookkeeping: which boxes start and end at each step
         self._starts: dict[int, list[tuple[tuple[str, str], int, int]]] = {}
         self._ends: dict[int, list[tuple[str, str]]] = {}
@@ -609,12 +684,18 @@ class StreamingExecutor:
         steps = self.steps
         self.io_stats: dict[str, float] = {}
         if self.mode == "ondemand":
-            for s in steps:
-                if s.blobs:
-                    if tr is not None:
-                        tr.claim(*self._box(s.pos))
-                    read_s += self._load(s)
-                self._compute(s, tr)
+            try:
+                for s in steps:
+                    if s.blobs:
+                        if tr is not None:
+                            tr.claim(*self._box(s.pos))
+                        self._before_load()
+                        read_s += self._load(s)
+                    self._compute(s, tr)
+                self._drain()
+            except BaseException:
+                self._abort()
+                raise
         else:
             read_s, wait_s = self._run_streamed(tr)
         res = {t.name: np.array(self.views[t.name]) for t in self.outputs}
@@ -655,6 +736,7 @@ class StreamingExecutor:
             for s in steps:
                 u = unit.get(s.pos)
                 if u is not None:
+                    self._before_wait(u)
                     w0 = clock()
                     rc = lib.inferd_stream_wait(h, u, steal)
                     wait_s += clock() - w0
@@ -668,8 +750,10 @@ class StreamingExecutor:
                     for key, off, size in claims.get(s.pos, []):
                         tr.claim(key, off, size)
                 if s.pos in deps:  # only a step some piece waits for is worth a call
-                    lib.inferd_stream_done(h, s.pos)
+                    self._publish(s.pos)
+            self._drain()
         except BaseException:
+            self._abort()
             lib.inferd_stream_end(h, 1)  # a loader may be reading into the arena: not ours again before they stop
             raise
         # no join: every piece is in (each step waited for its own), so the arena is no longer touched; a loader
@@ -683,6 +767,14 @@ class StreamingExecutor:
     def _run_inline(self, tr: ArenaTracker | None) -> tuple[float, float]:
         """Without the native extension: the compute thread reads each streamed layer's pieces (joined as the
         loaders join them) when it reaches the layer; nothing is read ahead."""
+        try:
+            self._inline_steps(tr)
+        except BaseException:
+            self._abort()
+            raise
+        return self.io_stats["read_s"], 0.0
+
+    def _inline_steps(self, tr: ArenaTracker | None) -> None:
         clock = time.perf_counter
         read_s = 0.0
         reads = nbytes = 0
@@ -690,6 +782,7 @@ class StreamingExecutor:
             pcs = self._pieces.get(s.pos)
             if pcs:
                 t0 = clock()
+                self._before_load()
                 for run in _joined(pcs):
                     if tr is not None:
                         for p in run:
@@ -701,8 +794,8 @@ class StreamingExecutor:
                 self._verify(s)
                 read_s += clock() - t0
             self._compute(s, tr)
+        self._drain()
         self.io_stats = {"read_s": read_s, "reads": reads, "bytes": nbytes, "verify_s": 0.0, "pool_reads": 0}
-        return read_s, 0.0
 
     # ------------------------------------------------------------------ the native loaders
     def _make_native(self) -> None:
@@ -788,13 +881,7 @@ class StreamingExecutor:
         if tr is not None:
             for key, off, size in self._starts.get(s.pos, []):
                 tr.claim(key, off, size)
-        if s.call is not None:
-            mine = _conv._tls.bufs = dict(s.scratch)
-            s.call()
-            if any(b is not mine.get(k) for k, b in _conv._tls.bufs.items()):
-                # a kernel asked for scratch the plan did not give it: memory outside the arena
-                self.outside_scratch += 1
-            _conv._tls.bufs = {}
+        self._run_step(s)
         if tr is not None:
             for key in self._ends.get(s.pos, []):
                 tr.release(key)

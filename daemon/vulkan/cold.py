@@ -40,8 +40,8 @@ from . import raw
 from .arena import SLICE_OPS, place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, DescriptorArena, DescriptorLease, HostIO, Locate, Recorder, _import_kernels,
-                       bind_descriptors, copy_in_place, fold_constants, resolve_binding, select_nodes)
-from .kernel import HFP_ATTR, WFP_ATTR, Caps, Dispatch, VulkanKernel, int_dot_level, split_rows
+                       bind_descriptors, copy_in_place, fold_constants, kernel_caps, resolve_binding, select_nodes)
+from .kernel import HFP_ATTR, WFP_ATTR, Dispatch, VulkanKernel, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
 from .slabs import WeightSlabs
 
@@ -193,10 +193,7 @@ class VulkanColdBackend:
             self.shader_cache = cache
         else:
             self.shader_cache = ShaderCache(cache)
-        c = dev.caps
-        self.caps = Caps(c.subgroup_size, c.max_shared_bytes, c.max_workgroup_invocations, c.max_workgroup_count,
-                         c.vendor_id, c.device_type, coopmat=bool(dev.features.get("cooperativeMatrixNV")),
-                         int_dot=int_dot_level(dev.features))
+        self.caps = kernel_caps(dev)
         try:
             self._setup(dict(kernels or {}))
         except BaseException:

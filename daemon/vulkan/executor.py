@@ -35,7 +35,7 @@ from ..ops.base import Layer, choose_kernel, kernels_for, op_spec, raw_key, raw_
 from ..planner.memory import MemoryPlan, align_up
 from . import raw
 from .device import Pipeline, Region, VulkanDevice, descriptor_type, vk
-from .kernel import ALIGN, UNUSABLE_PRIORITY, Caps, Dispatch, Ref, VulkanKernel, split_rows
+from .kernel import ALIGN, UNUSABLE_PRIORITY, Caps, Dispatch, Ref, VulkanKernel, int_dot_level, split_rows
 from .shaders import norm_defines
 
 log = logging.getLogger("inferd.vulkan.executor")
@@ -84,6 +84,14 @@ def fold_constants(g: Graph) -> tuple[dict[str, np.ndarray], Mapping[str, np.nda
         kept.append(node)
         is_folded.append(False)
     return folded, consts, kept, is_folded
+
+
+def kernel_caps(dev: VulkanDevice) -> Caps:
+    """What the kernels ask of ``dev`` (``VulkanKernel.applies``, ``dispatches``, ``device_priority``)."""
+    c = dev.caps
+    return Caps(c.subgroup_size, c.max_shared_bytes, c.max_workgroup_invocations, c.max_workgroup_count,
+                c.vendor_id, c.device_type, coopmat=bool(dev.features.get("cooperativeMatrixNV")),
+                int_dot=int_dot_level(dev.features))
 
 
 def _applicable(layer: Layer, caps: Caps) -> dict[VulkanKernel, int]:

@@ -1,0 +1,225 @@
+"""The streaming runtime on a Vulkan device (vulkan/stream.py, on the engine of runtime/stream.py): every zoo model
+inside a memory budget gives onnxruntime's outputs at the smallest feasible budget, a middle one and unconstrained,
+preloading and on demand, through the page cache and bypassing it; the instrumented allocator proves no box is
+overwritten while live and the arena stays inside the budget; the validation layers report nothing."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import inferd
+import inferd.vulkan
+from inferd.errors import WeightsStoreError
+from inferd.planner.flex import BudgetTooSmall
+from inferd.runtime.stream import StreamError, prepare_stream_store, strip_constants
+from inferd.zoo import ZOO
+from ortutil import run_ort_file as _ort
+from vkutil import validated_device
+from zoo_fixture import zoo_dir
+
+pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
+
+TOL = 1e-4
+#: control flow runs on the host under the Vulkan backend, its bodies whole models: refused (test below)
+CONTROL = ("vad_lstm",)
+MODELS = [pytest.param(m, marks=pytest.mark.slow) if m in ("vgg16", "resnet50", "vit_tiny") else m
+          for m in ZOO if m not in CONTROL]
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory):
+    yield from validated_device(tmp_path_factory.mktemp("vkstream"))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    return tmp_path_factory.mktemp("vkstore")
+
+
+def _prepared(device, work, name: str, seed: int = 123):
+    from inferd.vulkan.stream import prepare_vulkan_stream_store
+
+    path = zoo_dir([name]) / f"{name}.onnx"
+    graph = inferd.frontend.import_model(str(path))
+    rng = np.random.default_rng(seed)
+    feeds = {t.name: rng.standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    store, folded = prepare_vulkan_stream_store(graph, work / f"{name}.vkstore", device)
+    return graph, strip_constants(folded), store, feeds, _ort(path, feeds)
+
+
+def _check(got, ref, graph, what):
+    for t, r in zip(graph.outputs, ref):
+        g = got[t.name]
+        assert g.shape == r.shape, f"{what}: output {t.name} shape {g.shape} vs onnxruntime {r.shape}"
+        err = float(np.abs(g - r).max() / max(np.abs(r).max(), 1e-30))
+        assert err <= TOL, f"{what}: output {t.name} relative error {err:.3g} > {TOL}"
+
+
+def _bounds(device, skel, store):
+    from inferd.vulkan.stream import VulkanStreamingExecutor
+
+    probe = VulkanStreamingExecutor(skel, store, 1 << 40, device=device)
+    need, full = probe.min_budget(), probe.small_bytes + probe.plan.peak + (1 << 16)
+    probe.close()
+    return need, full
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_zoo_model_inside_budgets_matches_onnxruntime(device, work, name):
+    from inferd.vulkan.stream import VulkanStreamingExecutor
+
+    graph, skel, store, feeds, ref = _prepared(device, work, name)
+    need, full = _bounds(device, skel, store)
+    mid = (need + full) // 2
+    for budget, mode, read, runs in [(need, "preload", "cache", 2), (need, "ondemand", "bypass", 1),
+                                     (mid, "preload", "bypass", 2), (full, "preload", "cache", 1)]:
+        what = f"{name} {mode}/{read} at {budget} bytes"
+        ex = VulkanStreamingExecutor(skel, store, budget, mode=mode, read=read, track=True, device=device)
+        try:
+            assert ex.memory_bytes <= budget, f"{what}: {ex.memory_bytes} bytes held"
+            for _ in range(runs):  # a second run reuses resident weights and overwrites the first's data
+                _check(ex.run(feeds), ref, graph, what)
+                tr = ex.tracker
+                assert tr is not None and tr.claims > 0
+                assert not tr.violations, f"{what}: {tr.violations[:3]}"
+                assert tr.high_water <= ex.arena.nbytes <= budget
+            if budget == full:
+                assert ex.streamed_bytes == 0 and ex.segments == 1  # unconstrained: one submission, nothing read
+            if budget == need and mode == "preload" and ex.plan.streamed_bytes:
+                assert ex.stats["read_s"] > 0 and ex.segments > 1
+        finally:
+            ex.close()
+    with pytest.raises(BudgetTooSmall) as ei:
+        VulkanStreamingExecutor(skel, store, need - need // 4, device=device)
+    assert ei.value.need >= need * 0.99 and str(ei.value.need) in str(ei.value)
+
+
+def test_budget_changes_while_threads_send(device, work):
+    """Re-planning under load on the GPU: every request answered with the same outputs, no box overwritten while
+    live, the arena inside each budget; a budget below the minimum is refused and leaves the executor serving."""
+    from inferd.vulkan.stream import VulkanStreamingExecutor
+
+    graph, skel, store, feeds0, ref0 = _prepared(device, work, "squeezenet1_1")
+    need, full = _bounds(device, skel, store)
+    ex = VulkanStreamingExecutor(skel, store, need, track=True, device=device)
+    feeds = [feeds0] + [{t.name: np.random.default_rng(i).standard_normal(t.shape).astype(t.dtype)
+                         for t in graph.inputs} for i in range(1, 3)]
+    ref = [ex.run(f) for f in feeds]
+    _check(ref[0], ref0, graph, "first run")
+    errors: list[str] = []
+    answered = [0] * len(feeds)
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            try:
+                got = ex.run(feeds[i])
+                if any(not np.array_equal(got[k], ref[i][k]) for k in ref[i]):
+                    errors.append(f"client {i}: wrong output")
+                tr = ex.tracker
+                if tr is not None and tr.violations:
+                    errors.append(f"client {i}: {tr.violations[:2]}")
+                answered[i] += 1
+            except Exception as e:  # none may fail because of a change
+                errors.append(f"client {i}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(feeds))]
+    for t in threads:
+        t.start()
+    budgets = [full, (need + full) // 2, need + (need >> 3), need]
+    try:
+        for b in budgets:
+            before = sum(answered)
+            ex.set_budget(b)
+            assert ex.arena.nbytes + ex.small_bytes <= b
+            while sum(answered) < before + 2 and not errors:  # some requests run on each arena
+                stop.wait(0.01)
+        with pytest.raises(BudgetTooSmall):
+            ex.set_budget(need // 2)
+        assert ex.budget == budgets[-1]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[:5]
+    assert all(a > 0 for a in answered) and len(ex.adapt_s) == len(budgets)
+    ex.close()
+
+
+def test_damaged_weights_fail_the_request_and_the_next_one_is_right(device, work, tmp_path):
+    """A checksum failure mid-run (the GPU has work in flight) is a clear error; the executor is intact: once
+    the store is right again, so are the outputs."""
+    import shutil
+
+    from inferd.vulkan.stream import VulkanStreamingExecutor
+
+    graph, skel, store, feeds, ref = _prepared(device, work, "mobilenetv2")
+    mine = shutil.copy(store, tmp_path / "m.vkstore")
+    need, _full = _bounds(device, skel, mine)
+    for read in ("cache", "bypass"):
+        ex = VulkanStreamingExecutor(skel, mine, need, read=read, device=device)
+        try:
+            _check(ex.run(feeds), ref, graph, f"before the damage ({read})")
+            e = max((e for s in ex.steps if not ex.plan.resident[s.pos] for e, _ in s.blobs), key=lambda e: e.size)
+            with open(mine, "r+b") as fh:
+                fh.seek(e.offset + e.size // 2)
+                b = fh.read(1)
+                fh.seek(e.offset + e.size // 2)
+                fh.write(bytes([b[0] ^ 0xFF]))
+                fh.flush()
+                with pytest.raises(WeightsStoreError, match="checksum"):
+                    ex.run(feeds)
+                fh.seek(e.offset + e.size // 2)
+                fh.write(b)
+            _check(ex.run(feeds), ref, graph, f"after the repair ({read})")
+        finally:
+            ex.close()
+
+
+def test_stores_of_another_backend_or_device_are_refused(device, work, monkeypatch):
+    from inferd.vulkan.stream import VulkanStreamingExecutor
+
+    graph, skel, store, feeds, ref = _prepared(device, work, "squeezenet1_1")
+    cpu_store = prepare_stream_store(graph, work / "squeezenet1_1.cpu.store")
+    with pytest.raises(StreamError, match="cpu backend"):
+        VulkanStreamingExecutor(skel, cpu_store, 1 << 30, device=device)
+    fp = dict(device.fingerprint())
+    monkeypatch.setattr(device, "fingerprint", lambda: {**fp, "driver_version": "0"})
+    with pytest.raises(StreamError, match="another device"):
+        VulkanStreamingExecutor(skel, store, 1 << 30, device=device)
+
+
+def test_control_flow_is_refused_naming_the_node(device, work):
+    from inferd.vulkan.stream import prepare_vulkan_stream_store
+
+    graph = inferd.frontend.import_model(str(zoo_dir(["vad_lstm"]) / "vad_lstm.onnx"))
+    with pytest.raises(StreamError, match=r"'/sr/If' \(If\).*on the CPU"):
+        prepare_vulkan_stream_store(graph, work / "vad.vkstore", device)
+
+
+@pytest.mark.parametrize("name,frac,cut", [("resnet18", 0.7, "kernels"), ("shufflenetv2_x1_0", 0.75, "slices")])
+def test_kernel_fallback_and_slicing_for_budgets_below_the_default_minimum(device, work, name, frac, cut):
+    """``vulkan_stream_for_budget`` falls a layer back to a Vulkan kernel that needs less memory (resnet18: a
+    Winograd conv's 4x weights to a GEMM's 1x) or slices it (shufflenetv2's classifier, by output channel: the
+    backend-independent slicing) as the budget requires; the model on the GPU gives onnxruntime's outputs."""
+    from inferd.vulkan.stream import VulkanStreamingExecutor, vulkan_stream_for_budget
+
+    graph, skel, store, feeds, ref = _prepared(device, work, name)
+    ex0 = VulkanStreamingExecutor(skel, store, 1 << 40, device=device)
+    need, default = ex0.min_budget(), ex0.kernel_names
+    ex0.close()
+    budget = int(need * frac)
+    with pytest.raises(BudgetTooSmall):
+        VulkanStreamingExecutor(skel, store, budget, device=device)
+    ex = vulkan_stream_for_budget(graph, budget, work, device=device, track=True)
+    try:
+        cfg = ex.config
+        assert getattr(cfg, cut), cfg
+        assert all(default[n] != k for n, k in cfg.kernels.items())  # a fallback is another kernel
+        assert ex.memory_bytes <= budget
+        _check(ex.run(feeds), ref, graph, f"{name} for {budget} bytes ({cfg.key()})")
+        assert not ex.tracker.violations and ex.tracker.high_water <= ex.arena.nbytes
+    finally:
+        ex.close()
