@@ -280,15 +280,27 @@ def resize_reference(node: Node, inputs: list[np.ndarray | None]) -> list[np.nda
     tabs = [axis_table(p.mode, p.ctm, p.nearest_mode, a, b, s) for a, b, s in zip(p.in_shape, p.out_shape, p.scales)]
     if p.mode == "nearest":
         y = x[np.ix_(*[t[0] for t in tabs])]
-    else:
+    elif np.issubdtype(x.dtype, np.floating):
         xf = x.astype(np.float64)
         acc = np.zeros(p.out_shape, np.float64)
         for corner in itertools.product((0, 1), repeat=x.ndim):
             idx = [t[c] for t, c in zip(tabs, corner)]
             w = functools.reduce(np.multiply.outer, [t[2 + c].astype(np.float64) for t, c in zip(tabs, corner)])
             acc += xf[np.ix_(*idx)] * w
-        # integer tensors: the weighted sum is truncated, as onnxruntime's cast does
-        y = acc if np.issubdtype(x.dtype, np.floating) else np.trunc(acc)
+        y = acc
+    else:
+        # integer tensors as onnxruntime computes them: in float32, each corner's weight the product of its axes'
+        # weights from the last axis in, the corners summed with the last axis varying fastest, then truncated.
+        # A float64 sum truncated differently wherever the float32 one lands just below an integer (uint8 at
+        # scales 1.5 x 0.5: one element in six inputs)
+        xf = x.astype(np.float32)
+        acc = np.zeros(p.out_shape, np.float32)
+        for corner in itertools.product((0, 1), repeat=x.ndim):
+            idx = [t[c] for t, c in zip(tabs, corner)]
+            ws = [t[2 + c].astype(np.float32) for t, c in zip(tabs, corner)]
+            w = functools.reduce(lambda a, b: np.multiply.outer(b, a), ws[::-1])
+            acc += w * xf[np.ix_(*idx)]
+        y = np.trunc(acc)
     y = np.array(y, dtype=x.dtype, copy=True)
     if node.attr("act") is not None:
         apply_act(y, node.attr("act"))
@@ -447,7 +459,22 @@ class ResizeKernel(Kernel):
 
     @staticmethod
     def _linear(x: np.ndarray, y: np.ndarray, tabs: list, axes: list[int]) -> None:
-        # float16 and integer tensors interpolate in float32 and are cast once at the end
+        if np.issubdtype(y.dtype, np.integer):
+            # as onnxruntime (and the reference): the corners' weighted sum in float32, in its order, truncated;
+            # the separable passes below round differently and truncate to the next integer down now and then
+            f32 = np.dtype(np.float32)
+            xf = x.astype(f32)
+            acc = np.zeros(y.shape, f32)
+            for corner in itertools.product((0, 1), repeat=len(axes)):
+                cur, w = xf, None
+                for a, c in zip(axes, corner):
+                    cur = np.take(cur, tabs[a][c], axis=a)
+                    wa = tabs[a][2 + c].astype(f32).reshape((-1,) + (1,) * (x.ndim - a - 1))
+                    w = wa if w is None else w * wa
+                acc += w * cur
+            np.copyto(y, np.trunc(acc), casting="unsafe")
+            return
+        # float16 tensors interpolate in float32 and are cast once at the end
         work_dt = y.dtype if y.dtype in (np.float32, np.float64) else np.dtype(np.float32)
         cur = x.astype(work_dt, copy=False)
         for i, a in enumerate(axes):
@@ -461,8 +488,6 @@ class ResizeKernel(Kernel):
             np.multiply(u, whi.reshape(bshape).astype(work_dt, copy=False), out=u)
             cur = np.add(t, u, out=dst if dst is not None else t)
         if cur is not y:
-            if np.issubdtype(y.dtype, np.integer):
-                cur = np.trunc(cur)
             np.copyto(y, cur, casting="unsafe")
 
 
