@@ -22,10 +22,7 @@ from zoo_fixture import zoo_dir
 pytestmark = [pytest.mark.vulkan, pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")]
 
 TOL = 1e-4
-#: control flow runs on the host under the Vulkan backend, its bodies whole models: refused (test below)
-CONTROL = ("vad_lstm",)
-MODELS = [pytest.param(m, marks=pytest.mark.slow) if m in ("vgg16", "resnet50", "vit_tiny") else m
-          for m in ZOO if m not in CONTROL]
+MODELS = [pytest.param(m, marks=pytest.mark.slow) if m in ("vgg16", "resnet50", "vit_tiny") else m for m in ZOO]
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +82,8 @@ def test_zoo_model_inside_budgets_matches_onnxruntime(device, work, name):
                 assert tr is not None and tr.claims > 0
                 assert not tr.violations, f"{what}: {tr.violations[:3]}"
                 assert tr.high_water <= ex.arena.nbytes <= budget
-            if budget == full:
-                assert ex.streamed_bytes == 0 and ex.segments == 1  # unconstrained: one submission, nothing read
+            if budget == full:  # unconstrained: nothing read, one submission (a host step may add one each)
+                assert ex.streamed_bytes == 0 and 1 <= ex.segments <= 1 + len(ex._hosts)
             if budget == need and mode == "preload" and ex.plan.streamed_bytes:
                 assert ex.stats["read_s"] > 0 and ex.segments > 1
         finally:
@@ -191,35 +188,76 @@ def test_stores_of_another_backend_or_device_are_refused(device, work, monkeypat
         VulkanStreamingExecutor(skel, store, 1 << 30, device=device)
 
 
-def test_control_flow_is_refused_naming_the_node(device, work):
-    from inferd.vulkan.stream import prepare_vulkan_stream_store
-
-    graph = inferd.frontend.import_model(str(zoo_dir(["vad_lstm"]) / "vad_lstm.onnx"))
-    with pytest.raises(StreamError, match=r"'/sr/If' \(If\).*on the CPU"):
-        prepare_vulkan_stream_store(graph, work / "vad.vkstore", device)
-
-
-@pytest.mark.parametrize("name,frac,cut", [("resnet18", 0.7, "kernels"), ("shufflenetv2_x1_0", 0.75, "slices")])
-def test_kernel_fallback_and_slicing_for_budgets_below_the_default_minimum(device, work, name, frac, cut):
-    """``vulkan_stream_for_budget`` falls a layer back to a Vulkan kernel that needs less memory (resnet18: a
-    Winograd conv's 4x weights to a GEMM's 1x) or slices it (shufflenetv2's classifier, by output channel: the
-    backend-independent slicing) as the budget requires; the model on the GPU gives onnxruntime's outputs."""
-    from inferd.vulkan.stream import VulkanStreamingExecutor, vulkan_stream_for_budget
+@pytest.mark.parametrize("name", ["resnet18", "shufflenetv2_x1_0"])
+def test_kernel_fallback_and_slicing_for_budgets_below_the_default_minimum(device, work, name):
+    """Between the smallest budget the Vulkan kernels' fallback and slicing reach and the default kernels' minimum,
+    ``vulkan_stream_for_budget`` falls layers back to Vulkan kernels that need less memory (on lavapipe resnet18's
+    Winograd convs, 4x weights, to a GEMM's 1x) or slices them (shufflenetv2's classifier, by output channel: the
+    backend-independent slicing); the model on the GPU gives onnxruntime's outputs."""
+    from inferd.fileio import BLOCK
+    from inferd.planner.slicing import MemConfig, min_fit_budget
+    from inferd.runtime.stream import WALIGN, small_bytes
+    from inferd.vulkan.executor import kernel_caps
+    from inferd.vulkan.stream import VulkanStreamingExecutor, vulkan_kernel_memory, vulkan_stream_for_budget
 
     graph, skel, store, feeds, ref = _prepared(device, work, name)
     ex0 = VulkanStreamingExecutor(skel, store, 1 << 40, device=device)
     need, default = ex0.min_budget(), ex0.kernel_names
     ex0.close()
-    budget = int(need * frac)
+    lo, _cfg = min_fit_budget(graph, km=vulkan_kernel_memory(kernel_caps(device)), alignment=ex0.align)
+    budget = (lo + small_bytes(graph) + WALIGN + BLOCK + need) // 2
+    if budget >= need:
+        pytest.skip(f"{name}: on this device the default kernels' minimum is already the smallest")
     with pytest.raises(BudgetTooSmall):
         VulkanStreamingExecutor(skel, store, budget, device=device)
     ex = vulkan_stream_for_budget(graph, budget, work, device=device, track=True)
     try:
         cfg = ex.config
-        assert getattr(cfg, cut), cfg
+        assert cfg != MemConfig(), cfg
         assert all(default[n] != k for n, k in cfg.kernels.items())  # a fallback is another kernel
         assert ex.memory_bytes <= budget
         _check(ex.run(feeds), ref, graph, f"{name} for {budget} bytes ({cfg.key()})")
         assert not ex.tracker.violations and ex.tracker.high_water <= ex.arena.nbytes
     finally:
         ex.close()
+    if device.device_type == "cpu":  # lavapipe's defaults: what each model's cut is there
+        assert cfg.kernels if name == "resnet18" else cfg.slices, cfg
+
+
+def test_daemon_serves_a_model_streamed_on_the_gpu_inside_its_budget(tmp_path):
+    """``memory = "stream"`` with ``device = "vulkan"``: compiled in a child process for the daemon's device (the
+    child opens none), served on the GPU inside its share of the host budget (its arena is host memory), and
+    re-planned when the budget changes; every answer is onnxruntime's."""
+    import shutil
+
+    from inferd.server.testing import DaemonProcess
+    from inferd_client import Client
+
+    mb = 1 << 20
+    name = "squeezenet1_1"
+    (tmp_path / "m" / "sq").mkdir(parents=True)
+    src = zoo_dir([name]) / f"{name}.onnx"
+    shutil.copy(src, tmp_path / "m" / "sq" / "model.onnx")
+    (tmp_path / "m" / "sq" / "config.toml").write_text('memory = "stream"\ndevice = "vulkan"\n')
+    x = np.random.default_rng(5).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    y = _ort(src, {"input": x})[0]
+    with DaemonProcess(f"ipc://{tmp_path}/s.sock", tmp_path / "m", "--cache-dir", str(tmp_path / "c"),
+                       "--memory-budget", str(24 * mb), log_path=tmp_path / "d.log") as dp, \
+            Client(dp.endpoint, timeout=120) as c:
+        def check(what: str) -> None:
+            got = c.infer("sq", {"input": x})["output"]
+            err = float(np.abs(got - y).max() / np.abs(y).max())
+            assert err <= TOL, f"{what}: relative error {err}"
+
+        check("first request")
+        st = c.status()["models"]["sq"]
+        assert st["device"] == "vulkan-stream", st
+        assert st["memory_bytes"] <= 24 * mb and st["budget_bytes"] <= 24 * mb
+        for b in (8 * mb, 6 * mb, 16 * mb):
+            c.set_budget(b)
+            check(f"after the budget became {b}")
+            st = c.status()["models"]["sq"]
+            assert st["state"] == "READY" and st["memory_bytes"] <= b, st
+        log = dp.log_text()
+        assert "for streaming on the GPU in a child process, outside the memory budget" in log
+        assert "Traceback" not in log

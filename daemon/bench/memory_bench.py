@@ -127,9 +127,11 @@ elif kind == "ort":
                 "peak_rss_delta_bytes": hwm() - base, "loadavg": list(os.getloadavg())})
 elif kind == "ncnn":
     import ncnn
+    if job.get("vulkan"):
+        ncnn.create_gpu_instance()
     reset(); base = rss()
     net = ncnn.Net()
-    net.opt.use_vulkan_compute = False
+    net.opt.use_vulkan_compute = bool(job.get("vulkan"))
     net.opt.num_threads = 2
     net.opt.use_fp16_packed = False; net.opt.use_fp16_storage = False; net.opt.use_fp16_arithmetic = False
     if job["plain"]:
@@ -496,6 +498,42 @@ def _table(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _main_vulkan(a: Any) -> int:
+    from ..zoo import write_zoo
+    from . import memory_vulkan
+
+    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="inferd-membench-vk-"))
+    work.mkdir(parents=True, exist_ok=True)
+    tag = "memory_vulkan" if a.tag == "memory_cpu" else a.tag
+    try:
+        names = [m for m in a.models.split(",") if m]
+        zoo = work / "zoo"
+        write_zoo(zoo, names)
+        data: dict[str, Any] = {"machine": machine_info(), "device": "vulkan", "models": []}
+        for m in names:
+            t = time.perf_counter()
+            try:
+                r = memory_vulkan.bench_model(m, zoo / f"{m}.onnx", work, a.points, a.repeat, not a.no_ncnn)
+            except Exception as e:
+                r = {"model": m, "error": f"{type(e).__name__}: {e}"}
+            r["bench_s"] = time.perf_counter() - t
+            data["models"].append(r)
+            print(f"{m}: done in {r['bench_s']:.0f} s", flush=True)
+            write_results(a.out, tag, data, memory_vulkan.table(data))  # a time limit keeps the models done
+        data["machine_end"] = machine_info()
+        jp, mp = write_results(a.out, tag, data, memory_vulkan.table(data))
+        png = jp.with_suffix("").with_name(jp.stem + "_latency.png")
+        plotted = [r for r in data["models"] if "runs" in r]
+        if plotted:
+            memory_vulkan.plot(plotted, png)
+        print(mp.read_text())
+        print(f"wrote {jp}, {mp}" + (f", {png}" if plotted else ""))
+        return 0
+    finally:
+        if not a.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="inferd bench memory")
     ap.add_argument("--models", default=",".join(MODELS))
@@ -509,7 +547,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="only fit_config's slicing (no faster_config arm)")
     ap.add_argument("--no-daemon", action="store_true")
     ap.add_argument("--work", default=None, help="scratch folder (default: a temporary one, removed)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "vulkan"),
+                    help="vulkan: the models streamed on the Vulkan device (memory_vulkan.py; no adaptation or "
+                         "daemon arm)")
     a = ap.parse_args(argv)
+    if a.device == "vulkan":
+        return _main_vulkan(a)
     from ..zoo import write_zoo
 
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="inferd-membench-"))

@@ -344,11 +344,12 @@ def faster_config(graph: Graph, budget: int, base: MemConfig, compute_s: Mapping
     return best
 
 
-def min_fit_budget(graph: Graph, lo: int = 1 << 20, hi: int | None = None, tol: float = 0.02) -> tuple[int, MemConfig]:
+def min_fit_budget(graph: Graph, lo: int = 1 << 20, hi: int | None = None, tol: float = 0.02, *,
+                   km: KernelMemory = CPU_KERNELS, alignment: int = 64) -> tuple[int, MemConfig]:
     """The smallest budget (within ``tol``) ``fit_config`` finds a configuration for, and that configuration."""
     def ok(b: int) -> MemConfig | None:
         try:
-            return fit_config(graph, b)
+            return fit_config(graph, b, km=km, alignment=alignment)
         except BudgetTooSmall:
             return None
 

@@ -313,7 +313,7 @@ class StreamingExecutor:
         big: dict[int, list[Entry]] = {}
         for pos, (layer, k) in enumerate(self.choice):
             for e in by_layer.get(layer.name, []) if layer.const_inputs else []:
-                if e.size <= SMALL:
+                if self._in_memory(k, e):
                     self.small.setdefault(layer.name, {})[e.tensor] = self.store.read(e)
                     self.small_bytes += e.size
                 else:
@@ -362,9 +362,10 @@ class StreamingExecutor:
         """The memory plan for ``budget`` over this executor's layers (their slicing and kernels kept)."""
         arena_budget = min(budget - self.small_bytes, self._ample)
         if arena_budget <= 0:
+            need = self.small_bytes + self.min_arena()
             raise BudgetTooSmall(f"{self.graph.name}: the memory budget {budget} bytes does not even hold the "
-                                 f"{self.small_bytes} bytes of small parameters", budget,
-                                 self.small_bytes + self.min_arena())
+                                 f"{self.small_bytes} bytes of small parameters: the model needs at least {need} "
+                                 f"bytes ({need / 2**20:.2f} MiB)", budget, need)
         try:
             if self.mode == "ondemand":
                 return plan_flex(self.layer_mem, self.activations, arena_budget, preload=False, alignment=self.align,
@@ -436,6 +437,11 @@ class StreamingExecutor:
                 stored: dict[str, list[Entry]]) -> list[tuple[Layer, Kernel]]:
         """(layer, kernel) per node of ``graph``, in order; ``stored``: the store's entries by layer."""
         return select_kernels(graph, "cpu", kernels)
+
+    def _in_memory(self, k: Kernel, e: Entry) -> bool:
+        """Whether ``e`` (a parameter of a layer ``k`` runs) stays in process memory, counted in ``small_bytes``,
+        rather than streamed through the arena."""
+        return e.size <= SMALL
 
     def _small_ready(self) -> None:
         """``self.small`` is read (CPU: the kernels take those arrays as they are)."""

@@ -16,7 +16,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import msgpack
 import numpy as np
@@ -80,14 +80,17 @@ def _key(src: Path, budget: int, batch: int) -> str:
 
 
 def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLike, batch: int = 1,
-                     in_child: bool = True, config: Any = None) -> Path:
+                     in_child: bool = True, config: Any = None, vulkan: Mapping[str, Any] | None = None) -> Path:
     """Slice ``src`` for ``budget`` (0: none), write its store and skeleton under ``work``; returns the
     skeleton's path. ``in_child``: in a child process (the whole model never enters this one).
-    ``config``: a ``MemConfig`` to impose (else ``fit_config`` finds one)."""
+    ``config``: a ``MemConfig`` to impose (else ``fit_config`` finds one). ``vulkan``: compile for the Vulkan
+    streaming runtime on the device these facts describe (``inferd.vulkan.stream.device_facts``)."""
     src, work = Path(src), Path(work)
     work.mkdir(parents=True, exist_ok=True)
     cfg_json = json.dumps(config.to_dict()) if config else ""
-    skel = work / f"{src.stem}-{_key(src, budget, batch)}{hashlib.sha256(cfg_json.encode()).hexdigest()[:6]}.graph"
+    vk_json = json.dumps(vulkan, sort_keys=True) if vulkan else ""
+    tag = hashlib.sha256((cfg_json + vk_json).encode()).hexdigest()[:6]
+    skel = work / f"{src.stem}-{_key(src, budget, batch)}{tag}.graph"
     if skel.is_file():
         try:
             _g, meta = read_skeleton(skel)
@@ -100,9 +103,10 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
                 "from inferd.planner.slicing import MemConfig\n"
                 "c = json.loads(sys.argv[5]) if sys.argv[5] else None\n"
                 "compile_streamed(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), in_child=False, "
-                "config=MemConfig.from_dict(c) if c else None)\n")
-        r = subprocess.run([sys.executable, "-c", code, str(src), str(budget), str(work), str(batch), cfg_json],
-                           capture_output=True, text=True)
+                "config=MemConfig.from_dict(c) if c else None,\n"
+                "                 vulkan=json.loads(sys.argv[6]) if sys.argv[6] else None)\n")
+        r = subprocess.run([sys.executable, "-c", code, str(src), str(budget), str(work), str(batch), cfg_json,
+                            vk_json], capture_output=True, text=True)
         if r.returncode != 0:
             tail = (r.stderr or r.stdout).strip().splitlines()
             raise _child_error(tail[-1] if tail else f"exit code {r.returncode}", budget)
@@ -112,6 +116,9 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
 
     graph = import_model(src, batch=batch)
     big = 1 << 50
+    if vulkan:
+        _compile_vulkan(graph, src, budget if budget > 0 else big, work, batch, config, vulkan, skel)
+        return skel
     if config is None:
         cfg = fit_config(graph, max(1, (budget if budget > 0 else big) - small_bytes(graph)))
     else:
@@ -146,6 +153,31 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     return skel
 
 
+def _compile_vulkan(graph: Graph, src: Path, budget: int, work: Path, batch: int, config: Any,
+                    facts: Mapping[str, Any], skel: Path) -> None:
+    """``compile_streamed``'s Vulkan half: the Vulkan kernels' fallback and the slicing for ``budget``, the store
+    of their transformed weights, the folded skeleton. No compute times are measured (the child has no device):
+    the memory plan keeps the weights that save the most reading per byte."""
+    from ..fileio import BLOCK
+    from ..planner.slicing import fit_config, slice_graph
+    from ..vulkan.stream import _sliced_kernels, caps_of, prepare_vulkan_stream_store, vulkan_kernel_memory
+    from .blockio import disk_rate
+    from .stream import RUN, WALIGN
+
+    km = vulkan_kernel_memory(caps_of(facts))
+    reserve = small_bytes(graph) + WALIGN + BLOCK
+    cfg = config if config is not None else fit_config(graph, max(1, budget - reserve), km=km,
+                                                       alignment=int(facts["align"]))
+    g = slice_graph(graph, cfg.slices, cfg.in_slices)
+    kernels = _sliced_kernels(g, cfg.kernels)
+    tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
+    store, folded = prepare_vulkan_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.vkstore",
+                                                kernels=kernels, facts=facts)
+    read_bw = disk_rate(store, StreamingExecutor.bypass_readers, RUN)
+    write_skeleton(strip_constants(folded), skel, {"store": str(store), "kernels": kernels, "config": cfg.to_dict(),
+                                                   "backend": "vulkan", "compute_s": None, "read_bw": read_bw})
+
+
 def _measure(g: Graph, kernels: dict[str, str], store: Path, read_bw: float | None = None,
              runs: int = 3) -> tuple[list[float], float]:
     """Per step compute seconds (median of ``runs`` timed runs of the whole model) and the store's read
@@ -176,14 +208,21 @@ def _child_error(line: str, budget: int) -> Exception:
 
 
 def open_streamed(skel: str | os.PathLike, budget: int, **kw: Any) -> StreamingExecutor:
-    """The compiled model running inside ``budget`` bytes (0: none)."""
+    """The compiled model running inside ``budget`` bytes (0: none), on the backend it was compiled for (``device``
+    in ``kw``: the Vulkan device, default the process's)."""
     from ..planner.slicing import MemConfig
 
     g, meta = read_skeleton(Path(skel))
     kw.setdefault("compute_s", meta.get("compute_s"))
     kw.setdefault("read_bw", float(meta.get("read_bw") or 0.0))
-    ex = StreamingExecutor(g, meta["store"], budget if budget > 0 else 1 << 50, kernels=meta.get("kernels") or None,
-                           **kw)
+    cls: type[StreamingExecutor] = StreamingExecutor
+    if meta.get("backend") == "vulkan":
+        from ..vulkan.stream import VulkanStreamingExecutor
+
+        cls = VulkanStreamingExecutor
+    else:
+        kw.pop("device", None)
+    ex = cls(g, meta["store"], budget if budget > 0 else 1 << 50, kernels=meta.get("kernels") or None, **kw)
     c = meta.get("config") or {}
     ex.config = MemConfig.from_dict(c)
     return ex

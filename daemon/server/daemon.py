@@ -974,10 +974,8 @@ class Server:
             except Exception:  # no Vulkan module here: nothing waits on fences
                 pass
         if slot.entry.config.memory == "stream":  # inside its share of the budget, weights streamed
-            if device != "cpu":  # ("vulkan" with memory = "stream" is refused when its config is read)
-                log.info("model %s: memory = \"stream\" runs on the CPU (the streaming runtime has no Vulkan path), "
-                         "not on the daemon's device %r", slot.name, device)
-            model = streamed.load_for_slot(self, slot, path, batch)
+            # ("cpu+vulkan" with memory = "stream" is refused when its config is read)
+            model = streamed.load_for_slot(self, slot, path, batch, "vulkan" if device == "vulkan" else "cpu")
         else:
             model = self.loader(path, device=device, batch=batch, **dynamic)
         if isinstance(getattr(model, "name", None), str) and model.name != slot.name:

@@ -18,8 +18,8 @@ Layout::
         max_shape = { x = [8, 3, 32, 1024] }   # larger requests get INVALID_ARG
         max_variants = 4              # shapes kept besides the first (default: the daemon's `max_variants`)
         fallback = "cpu"              # serve on the CPU while the GPU recovers (default: the daemon's `fallback`)
-        memory = "stream"             # run inside its share of the memory budget, weights streamed (CPU;
-                                      # default "whole": everything resident, evicted whole)
+        memory = "stream"             # run inside its share of the memory budget, weights streamed (CPU or
+                                      # Vulkan; default "whole": everything resident, evicted whole)
         precision = "auto"            # fp32 (default), fp16 or auto (fp16 where the GPU has 16-bit storage)
         fp32_layers = ["/fc/Gemm"]    # layers kept fp32 in an fp16 model (their sums or weights overflow fp16)
         split = { Conv = 0.5 }        # device "cpu+vulkan": share of output channels on the CPU per node name or
@@ -116,11 +116,10 @@ def parse_model_config(path: str) -> ModelConfig:
         raise ValueError(f"{path}: 'fallback' must be none or cpu, got {values['fallback']!r}")
     if "memory" in values and values["memory"] not in ("whole", "stream"):
         raise ValueError(f"{path}: 'memory' must be whole or stream, got {values['memory']!r}")
-    if values.get("memory") == "stream" and values.get("device") in ("vulkan", "cpu+vulkan"):
-        # served anyway, it would run on the CPU while its config says the GPU: refused, as any other bad key
-        raise ValueError(f"{path}: memory = \"stream\" runs on the CPU only (the streaming runtime has no Vulkan "
-                         f"path), but device = {values['device']!r}; set device = \"cpu\" (or \"auto\"), or "
-                         f"memory = \"whole\" to run it on the GPU whole")
+    if values.get("memory") == "stream" and values.get("device") == "cpu+vulkan":
+        # served anyway, it would run on one side while its config says both: refused, as any other bad key
+        raise ValueError(f"{path}: memory = \"stream\" runs on the CPU or on the GPU, not split between them, but "
+                         f"device = \"cpu+vulkan\"; set device = \"cpu\" or \"vulkan\", or memory = \"whole\"")
     if "precision" in values and values["precision"] not in ("fp32", "fp16", "auto"):
         raise ValueError(f"{path}: 'precision' must be fp32, fp16 or auto, got {values['precision']!r}")
     if "split" in values:

@@ -43,7 +43,8 @@ RECOVERING = "RECOVERING"
 
 QUEUED, TAKEN, DONE = 0, 1, 2
 
-_SHARED_DEVICES = frozenset({"vulkan", "auto", "cpu+vulkan"})  # devices whose use goes through the DeviceLock
+# devices whose use goes through the DeviceLock ("vulkan-stream": a model streamed on the GPU, streamed.VULKAN_STREAM)
+_SHARED_DEVICES = frozenset({"vulkan", "auto", "cpu+vulkan", "vulkan-stream"})
 
 Loader = Callable[..., Any]
 

@@ -56,18 +56,32 @@ class StreamedModel(Model):
         return dict(self._exec.memory_breakdown)
 
 
+#: where a model streamed on the GPU is placed: its arena is host memory (the loaders read into it), so it counts
+#: against the host budget wherever the GPU's own memory is (``budget.on_device`` is false for it)
+VULKAN_STREAM = "vulkan-stream"
+
+
 def load_streamed(path: str | os.PathLike, budget: int, work: str | os.PathLike, name: str | None = None,
-                  batch: int = 1, **kw: Any) -> StreamedModel:
+                  batch: int = 1, device: str = "cpu", **kw: Any) -> StreamedModel:
     """``path`` compiled for the streaming runtime in a child process (outside the budget: the whole model),
-    then run here inside ``budget`` bytes (0: no budget). ``BudgetTooSmall`` names the size it needs."""
+    then run here inside ``budget`` bytes (0: no budget), on the CPU or (``device`` "vulkan") the process's
+    Vulkan device. ``BudgetTooSmall`` names the size it needs."""
     from ..runtime.stream_compile import compile_streamed, open_streamed
 
     t0 = time.perf_counter()
     mname = name or Path(path).stem
-    log.info("model %s: compiling %s for streaming in a child process, outside the memory budget", mname, path)
-    skel = compile_streamed(path, budget, work, batch=batch)
+    facts = None
+    if device == "vulkan":
+        from ..vulkan.device import get_device
+        from ..vulkan.stream import device_facts
+
+        kw["device"] = dev = get_device()
+        facts = device_facts(dev)  # the child compiles for this device without opening one
+    log.info("model %s: compiling %s for streaming%s in a child process, outside the memory budget", mname, path,
+             " on the GPU" if facts else "")
+    skel = compile_streamed(path, budget, work, batch=batch, vulkan=facts)
     ex = open_streamed(skel, budget, **kw)
-    m = StreamedModel(mname, ex.graph, ex, "cpu", time.perf_counter() - t0)
+    m = StreamedModel(mname, ex.graph, ex, VULKAN_STREAM if facts else "cpu", time.perf_counter() - t0)
     m.compiled_for = int(budget)
     log.info("model %s: streamed within %d bytes (arena %d, %d bytes read per request, configuration %s)",
              mname, ex.budget, ex.arena.nbytes, ex.streamed_bytes, getattr(ex, "config", None))
@@ -150,7 +164,7 @@ def reslice(slot: Any) -> None:
     threading.Thread(target=work, name=f"inferd-reslice-{slot.name}", daemon=True).start()
 
 
-def load_for_slot(server: Any, slot: Any, path: str, batch: int) -> StreamedModel:
+def load_for_slot(server: Any, slot: Any, path: str, batch: int, device: str = "cpu") -> StreamedModel:
     """The daemon's load of a streamed model: the other streamed models shrink to their minimum, this one
     gets what the budget leaves beside them and the whole models; the next budget look re-splits the room."""
     limit = server.budget_now()
@@ -171,7 +185,7 @@ def load_for_slot(server: Any, slot: Any, path: str, batch: int) -> StreamedMode
         room = max(1, limit - held)
     # beside the package cache, not in it (its eviction would take the stores)
     work = Path(server.config.cache_dir) / "stream"
-    return load_streamed(path, room, work, name=slot.name, batch=batch)
+    return load_streamed(path, room, work, name=slot.name, batch=batch, device=device)
 
 
 def need_bytes(slot: Any) -> int:

@@ -16,8 +16,9 @@ read. Each segment begins with a barrier on the writes of the submissions before
 the inputs) are visible to a submission made after them.
 
 Parameters of at most ``SMALL`` bytes (biases, shapes) live in one device region of their own, counted in the
-budget with the arena. Precision is fp32; nodes the Vulkan backend runs on the host (control flow, integer
-plumbing) are refused: such a model streams on the CPU.
+budget with the arena. Nodes the Vulkan backend runs on the host (integer plumbing, control flow) run between two
+segments on the arena's mapping, once what comes before has completed; a control-flow node's bodies are brought
+up whole (resident, counted with the small parameters). Precision is fp32.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import numpy as np
 from ..errors import BackendError
 from ..fileio import BLOCK
 from ..ir import Graph
-from ..ops.base import Kernel, Layer, choose_kernel
+from ..ops.base import Kernel, Layer, choose_kernel, raw_key
 from ..planner.memory import align_up
 from ..runtime.stream import WALIGN, StreamError, StreamingExecutor, _Step, strip_constants, write_stream_store
 from ..store import Entry
@@ -61,9 +62,7 @@ def fold_for_stream(graph: Graph) -> Graph:
 
 def vulkan_choice(graph: Graph, caps: Caps, kernels: Mapping[str, str] | None = None) -> list[tuple[Layer, Kernel]]:
     """(layer, kernel) per node of the folded ``graph``: alias nodes run nothing (``ALIAS``, no weights), the
-    others their default (or forced) Vulkan kernel. A node the backend would run on the host is refused."""
-    from ..ops.control import CONTROL_OPS
-    from ..runtime.stream import SMALL
+    others their default (or forced) Vulkan kernel, a node the backend runs on the host ``HOST``."""
     from .host import is_host_node
 
     _import_kernels()
@@ -72,22 +71,15 @@ def vulkan_choice(graph: Graph, caps: Caps, kernels: Mapping[str, str] | None = 
     host: set[str] = set()
     for n in graph.nodes:
         want = forced.get(n.name, forced.get(n.op))
-        if not is_host_node(n, graph, consts, (want,) if want else (), caps):
-            continue
-        big = [i for i in n.inputs if i in consts and np.asarray(consts[i]).nbytes > SMALL]
-        if n.op in CONTROL_OPS or big:
-            # a body is a whole model of its own; a host node's large constant would be one more weight read
-            raise StreamError(f"{graph.name}: node {n.name!r} ({n.op}) runs on the host under the Vulkan backend "
-                              f"({'control flow' if n.op in CONTROL_OPS else 'with a large constant input'}); "
-                              f"streaming on Vulkan does not run it: stream this model on the CPU")
-        host.add(n.name)
+        if is_host_node(n, graph, consts, (want,) if want else (), caps):
+            host.add(n.name)
     dg = Graph(graph.name, [n for n in graph.nodes if n.name not in host], graph.inputs, graph.outputs, consts,
                graph.infos, graph.opset)
     choices = iter(select_nodes(graph, dg, caps, forced))
     out: list[tuple[Layer, Kernel]] = []
     for n in graph.nodes:
-        if n.name in host:  # between two segments, on the arena's mapping (its constants are small, kept in the graph)
-            out.append((replace(Layer.of(n, graph), const_inputs=()), HOST))
+        if n.name in host:  # between two segments, on the arena's mapping; its constants stay in memory
+            out.append((Layer.of(n, graph), HOST))
             continue
         c = next(choices)
         if c.default is None:
@@ -98,14 +90,32 @@ def vulkan_choice(graph: Graph, caps: Caps, kernels: Mapping[str, str] | None = 
 
 
 def prepare_vulkan_stream_store(graph: Graph, path: str | os.PathLike, device: Any = None,
-                                kernels: Mapping[str, str] | None = None) -> tuple[Path, Graph]:
+                                kernels: Mapping[str, str] | None = None, *,
+                                facts: Mapping[str, Any] | None = None) -> tuple[Path, Graph]:
     """Fold ``graph`` and write (or keep) ``path``: every layer's parameters as its Vulkan kernel on ``device``
     transforms them, in run order. Returns the store and the folded graph to run (strip its constants with
-    ``strip_constants`` to hold none). Needs the whole model: run it outside the budget."""
-    dev = device or get_device()
+    ``strip_constants`` to hold none). Needs the whole model: run it outside the budget. ``facts``
+    (``device_facts``) in place of ``device``: what a child process compiling for the daemon's device is told of
+    it (it opens no device)."""
+    f = dict(facts) if facts is not None else device_facts(device or get_device())
     folded = fold_for_stream(graph)
-    choice = vulkan_choice(folded, kernel_caps(dev), kernels)
-    return write_stream_store(folded, path, choice, dev.fingerprint()), folded
+    choice = vulkan_choice(folded, caps_of(f), kernels)
+    return write_stream_store(folded, path, choice, dict(f["fingerprint"])), folded
+
+
+def device_facts(dev: Any) -> dict[str, Any]:
+    """What compiling a streamed model for ``dev`` needs of it, as plain data (JSON for a child process): the
+    kernels' caps, the arena's alignment and the fingerprint its store carries."""
+    from dataclasses import asdict
+
+    return {"caps": asdict(kernel_caps(dev)), "fingerprint": dict(dev.fingerprint()),
+            "align": max(64, dev.caps.min_storage_align, dev.min_texel_align)}
+
+
+def caps_of(facts: Mapping[str, Any]) -> Caps:
+    c = dict(facts["caps"])
+    c["max_workgroup_count"] = tuple(c["max_workgroup_count"])
+    return Caps(**c)
 
 
 def vulkan_kernel_memory(caps: Caps) -> Any:
@@ -195,6 +205,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
         #: submitted segments in order: (fence, the steps whose completion it tells the loaders)
         self._inflight: list[tuple[Any, list[int]]] = []
         self._maxdep: dict[int, int] = {}
+        self._hosts: dict[int, Any] = {}  # step -> HostStep
         self.segments = 0  # submissions of the last run
         try:
             super().__init__(graph, store_path, budget, **kw)
@@ -217,21 +228,43 @@ class VulkanStreamingExecutor(StreamingExecutor):
         return vulkan_choice(graph, self.caps, forced)
 
     def _small_ready(self) -> None:
-        """The small parameters into one device region (the shaders bind them there)."""
+        """The small parameters into one device region (the shaders bind them there); the host steps, a control-flow
+        node's bodies brought up whole (resident beside the arena, counted with the small parameters)."""
+        from .cold import VulkanColdBackend
+        from .host import HostStep
+
+        dev = self.device
+
+        def body(b: Graph) -> Any:
+            return VulkanColdBackend.loaded(b, device=dev)
+
+        for pos, (layer, k) in enumerate(self.choice):
+            if k is HOST:  # its constants as the store has them (the graph's large ones are stubs)
+                consts = dict(self.graph.constants)
+                mine = self.small.get(layer.name, {})
+                consts.update({layer.node.inputs[i]: mine[raw_key(i)] for i in layer.const_inputs
+                               if raw_key(i) in mine})
+                hs = self._hosts[pos] = HostStep(layer.node, self.graph, consts, body, self.caps)
+                self.small_bytes += sum(int(m.memory_bytes) for m in hs.models.values())
         place: list[tuple[str, str, np.ndarray, int]] = []
         end = 0
+        hosts = {self.choice[p][0].name for p in self._hosts}
         for layer, arrs in self.small.items():
+            if layer in hosts:  # read by the host only
+                continue
             for key, a in arrs.items():
                 place.append((layer, key, a, end))
                 self._small_at.setdefault(layer, {})[key] = end
                 end += align_up(max(a.nbytes, 4), self.align)
-        dev = self.device
         if end:
             self._small_region = r = dev.allocate_region(end, f"stream-small:{self.graph.name}")
             dev.upload([(r, off, a) for _l, _k, a, off in place if a.nbytes])
             self.small_bytes += r.size
         # the arena's buffer is block aligned at both ends for O_DIRECT reads: its slack is the budget's too
         self.small_bytes += WALIGN + BLOCK
+
+    def _in_memory(self, k: Kernel, e: Entry) -> bool:
+        return k is HOST or super()._in_memory(k, e)  # a host step reads its constants where it runs
 
     def _scratch_bytes(self, layer: Layer, k: Kernel) -> int:
         return align_up(k.workspace_nbytes(layer), self.align) if isinstance(k, VulkanKernel) else 0
@@ -278,12 +311,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
     def _make_step(self, pos: int, layer: Layer, k: Kernel, params: dict[str, np.ndarray], woff: int,
                    alias: bool) -> tuple[Callable[[], None] | None, dict[int, np.ndarray], Any]:
         if k is HOST:
-            from .host import HostStep
-
-            def no_body(body: Graph) -> Any:
-                raise StreamError(f"{layer.name}: control flow is not streamed on Vulkan")
-
-            return None, {}, HostStep(layer.node, self.graph, self.graph.constants, no_body, self.caps)
+            return None, {}, self._hosts[pos]
         if alias or not isinstance(k, VulkanKernel):
             return None, {}, None
         dev, caps = self.device, self.caps
@@ -469,6 +497,9 @@ class VulkanStreamingExecutor(StreamingExecutor):
         except Exception:
             dev.wait_idle()
         self._unbind_vulkan()
+        for h in self._hosts.values():
+            h.close()
+        self._hosts = {}
         self._descriptors.destroy()
         for r in (self._region, self._small_region):
             dev.free_region(r)
@@ -494,9 +525,9 @@ def vulkan_stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike,
     from ..runtime.stream import small_bytes
 
     dev = device or get_device()
-    caps = kernel_caps(dev)
-    km = vulkan_kernel_memory(caps)
-    align = max(64, dev.caps.min_storage_align, dev.min_texel_align)
+    facts = device_facts(dev)
+    km = vulkan_kernel_memory(caps_of(facts))
+    align = int(facts["align"])
     reserve = small_bytes(graph) + WALIGN + BLOCK
     last: BudgetTooSmall | None = None
     for _ in range(3):
@@ -505,7 +536,8 @@ def vulkan_stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike,
         g = slice_graph(graph, cfg.slices, cfg.in_slices)
         kernels = _sliced_kernels(g, cfg.kernels)
         tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
-        store, folded = prepare_vulkan_stream_store(g, Path(work) / f"{graph.name}-{tag}.vkstore", dev, kernels)
+        store, folded = prepare_vulkan_stream_store(g, Path(work) / f"{graph.name}-{tag}.vkstore", kernels=kernels,
+                                                    facts=facts)
         try:
             ex = VulkanStreamingExecutor(strip_constants(folded), store, budget, device=dev, **kw)
             ex.config = cfg
