@@ -93,6 +93,33 @@ def test_zoo_model_inside_budgets_matches_onnxruntime(device, work, name):
     assert ei.value.need >= need * 0.99 and str(ei.value.need) in str(ei.value)
 
 
+@pytest.mark.parametrize("name", ["squeezenet1_1", "vad_lstm", "crnn_lstm"])
+def test_device_local_mirror_matches_onnxruntime(device, work, name):
+    """The discrete GPU's arrangement (``mirror``: shaders in a device-local copy of the arena, weights, inputs,
+    outputs and host steps' tensors copied across), forced on whatever device runs the tests: onnxruntime's outputs
+    at the smallest budget and unconstrained, the resident weights copied once, the streamed ones every run."""
+    from inferd.vulkan.stream import VulkanStreamingExecutor
+
+    graph, skel, store, feeds, ref = _prepared(device, work, name)
+    need, full = _bounds(device, skel, store)
+    for budget, mode, read in [(need, "preload", "cache"), (need, "ondemand", "bypass"), (full, "preload", "cache")]:
+        what = f"{name} mirrored, {mode}/{read} at {budget} bytes"
+        ex = VulkanStreamingExecutor(skel, store, budget, mode=mode, read=read, track=True, device=device,
+                                     mirror=True)
+        try:
+            assert ex.memory_breakdown["device_bytes"] >= ex.arena.nbytes
+            copies = []
+            for _ in range(2):
+                _check(ex.run(feeds), ref, graph, what)
+                assert not ex.tracker.violations, f"{what}: {ex.tracker.violations[:3]}"
+                copies.append(ex.copies)
+            assert copies[0] >= copies[1] > 0  # inputs and outputs every run; resident weights the first only
+            if ex.streamed_bytes == 0 and ex.plan.resident_bytes:
+                assert copies[0] > copies[1]
+        finally:
+            ex.close()
+
+
 def test_budget_changes_while_threads_send(device, work):
     """Re-planning under load on the GPU: every request answered with the same outputs, no box overwritten while
     live, the arena inside each budget; a budget below the minimum is refused and leaves the executor serving."""

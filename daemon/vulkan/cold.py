@@ -40,7 +40,7 @@ from . import raw
 from .arena import SLICE_OPS, place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
 from .executor import (Bound, DescriptorArena, DescriptorLease, HostIO, Locate, Recorder, _import_kernels,
-                       bind_descriptors, copy_in_place, fold_constants, kernel_caps, resolve_binding, select_nodes)
+                       bind_descriptors, bind_dispatches, copy_in_place, fold_constants, kernel_caps, select_nodes)
 from .kernel import HFP_ATTR, WFP_ATTR, Dispatch, VulkanKernel, split_rows
 from .shaders import ShaderCache, ShaderModule, norm_defines
 from .slabs import WeightSlabs
@@ -876,17 +876,8 @@ class VulkanColdBackend:
                 dev.upload([(region, prep.base + place[k], a) for k, a in arrays])
             self._add(upload_s=time.perf_counter() - t)
             weights = {k: (prep.weights, prep.base + off) for k, off in place.items() if prep.weights is not None}
-            for d, pipe in zip(dispatches, pipes):
-                man = pipe.module.manifest
-                where = f"node {layer.name} ({layer.op}, kernel {kernel.name}, shader {d.shader})"
-                if len(d.bindings) != len(man.bindings):
-                    raise BackendError(f"{where}: {len(d.bindings)} bindings given, shader declares {len(man.bindings)}")
-                ranges = [resolve_binding(dev, layer, kernel, ref, where, consts, locate, ws, params, weights)
-                          for ref in d.bindings]
-                for gcount, lim in zip(d.groups, dev.caps.max_workgroup_count):
-                    if not 1 <= gcount <= lim:
-                        raise BackendError(f"{where}: workgroup count {d.groups} outside 1..{dev.caps.max_workgroup_count}")
-                prep.bound.append(Bound(slot.pos, layer, kernel, d, pipe, ranges, man.pack_push(d.push, where)))
+            prep.bound = bind_dispatches(dev, slot.pos, layer, kernel, dispatches, pipes, consts, locate, ws, params,
+                                         weights)
             prep.dsets = bind_descriptors(dev, prep.bound, prep.views, self._descriptors)
         except BaseException:
             self._release(prep)

@@ -282,6 +282,27 @@ def resolve_binding(dev: VulkanDevice, layer: Layer, kernel: VulkanKernel, ref: 
     return region, off, size
 
 
+def bind_dispatches(dev: VulkanDevice, pos: int, layer: Layer, kernel: VulkanKernel, dispatches: Sequence[Dispatch],
+                    pipes: Sequence[Pipeline], consts: Mapping[str, Any], locate: Locate,
+                    ws: tuple[Region, int] | None, params: Mapping[str, np.ndarray],
+                    weights: Mapping[str, tuple[Region, int]]) -> list[Bound]:
+    """Each dispatch of layer ``pos`` with its pipeline, every binding resolved (``resolve_binding``) and its
+    push constants packed: what ``bind_descriptors`` and a ``Recorder`` take."""
+    out = []
+    for d, pipe in zip(dispatches, pipes):
+        man = pipe.module.manifest
+        where = f"node {layer.name} ({layer.op}, kernel {kernel.name}, shader {d.shader})"
+        if len(d.bindings) != len(man.bindings):
+            raise BackendError(f"{where}: {len(d.bindings)} bindings given, shader declares {len(man.bindings)}")
+        ranges = [resolve_binding(dev, layer, kernel, ref, where, consts, locate, ws, params, weights)
+                  for ref in d.bindings]
+        for gcount, lim in zip(d.groups, dev.caps.max_workgroup_count):
+            if not 1 <= gcount <= lim:
+                raise BackendError(f"{where}: workgroup count {d.groups} outside 1..{dev.caps.max_workgroup_count}")
+        out.append(Bound(pos, layer, kernel, d, pipe, ranges, man.pack_push(d.push, where)))
+    return out
+
+
 def copy_in_place(d: Dispatch, ranges: Sequence[tuple[Region, int, int]]) -> bool:
     """Whether ``d`` is a strided copy (``copy.comp``, bindings source then destination) of a range onto
     itself: the memory plan put a Concat's part where its producer writes it, or a Split's part or a one-index
