@@ -36,7 +36,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     from ..vulkan.device import get_device
     from ..vulkan.model import VulkanModel
     from ..vulkan.stream import caps_of, device_facts, vulkan_kernel_memory
-    from .memory_bench import _budgets, _child
+    from .memory_child import _budgets, _child
 
     dev = get_device()
     facts = device_facts(dev)

@@ -1,0 +1,145 @@
+"""The children ``inferd bench memory`` measures in (each configuration's peak RSS its own, a peer alone in its
+process), and its budget points: shared by the CPU arm (``memory_bench``) and the Vulkan one (``memory_vulkan``)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_CHILD = r"""
+import gc, json, os, sys, time
+import numpy as np
+
+def rss():
+    s = open('/proc/self/status').read()
+    return int(s.split('VmRSS:')[1].split()[0]) * 1024
+def hwm():
+    s = open('/proc/self/status').read()
+    return int(s.split('VmHWM:')[1].split()[0]) * 1024
+def reset():
+    gc.collect()
+    try:
+        open('/proc/self/clear_refs', 'w').write('5')
+    except OSError:
+        pass
+
+job = json.loads(open(sys.argv[1]).read())
+kind, out = job["kind"], []
+x = np.load(job["x"])
+if kind == "inferd":
+    from inferd.frontend import import_model
+    from inferd.runtime.cpu import CpuExecutor
+    from inferd.runtime.stream_compile import open_streamed
+    from inferd.runtime.pagecache import drop_file
+    # the unconstrained model, run alternately with each configuration: the machine's load drifts, a warm
+    # latency measured minutes apart would not be the reference of this configuration
+    g = import_model(job["onnx"])
+    warm = CpuExecutor(g)
+    wfeeds = {g.inputs[0].name: x}
+    warm.run(wfeeds)
+    del g
+    from inferd.planner.flex import simulate
+    # preloading and on-demand at one (budget, read mode) run alternately in one loop, each after a warm run:
+    # every ratio (to the bound, to on-demand) is taken between runs made seconds apart, not minutes
+    groups = {}
+    for c in job["configs"]:
+        groups.setdefault((c["budget"], c["read"]), []).append(c)
+    for (budget, read), cs in groups.items():
+        exs = []
+        for c in cs:
+            reset(); base = rss()
+            ex = open_streamed(c["skel"], c["budget"], mode=c["mode"], read=c["read"])
+            feeds = {ex.inputs[0].name: x}
+            if c["read"] == "bypass":
+                drop_file(ex.store.path)
+            for _ in range(2):  # peak RSS from this configuration's runs alone (the one opened before stays)
+                ex.run(feeds)
+            exs.append((c, ex, feeds, base, hwm()))
+        ts = [[] for _ in exs]; ws = [[] for _ in exs]; rd = [[] for _ in exs]; wt = [[] for _ in exs]
+        for _ in range(job["repeat"]):
+            for i, (c, ex, feeds, _b, _p) in enumerate(exs):
+                t = time.perf_counter(); warm.run(wfeeds); ws[i].append(time.perf_counter() - t)
+                t = time.perf_counter(); ex.run(feeds); ts[i].append(time.perf_counter() - t)
+                rd[i].append(ex.stats["read_s"]); wt[i].append(ex.stats["wait_s"])
+        for i, (c, ex, feeds, base, peak) in enumerate(exs):
+            floor = None
+            if c["mode"] == "preload" and ex.plan.streamed_bytes and job.get("bw"):
+                # the plan's own best schedule: per-step compute (measured at compile time) scaled to this
+                # configuration's warm runs, whole-layer loads at the disk's rate
+                cs_ = [lm.compute_s for lm in ex.layer_mem]
+                k = float(np.median(ws[i])) / max(sum(cs_), 1e-9)
+                floor = simulate(ex.plan, ex.layer_mem, job["bw"], [v * k for v in cs_]) * 1e3
+            out.append({**c, "latency_ms": float(np.median(ts[i])) * 1e3, "latency_all_ms": [t * 1e3 for t in ts[i]],
+                        "warm_ms": float(np.median(ws[i])) * 1e3, "warm_all_ms": [t * 1e3 for t in ws[i]],
+                        "read_ms": float(np.median(rd[i])) * 1e3, "wait_ms": float(np.median(wt[i])) * 1e3,
+                        "floor_ms": floor,
+                        "arena_bytes": int(ex.arena.nbytes), "memory_bytes": int(ex.memory_bytes),
+                        "streamed_bytes": int(ex.streamed_bytes), "resident_layers": int(sum(ex.plan.resident)),
+                        "peak_rss_bytes": peak, "base_rss_bytes": base, "peak_rss_delta_bytes": peak - base,
+                        "config": ex.config.to_dict(),
+                        "loadavg": list(os.getloadavg())})
+        for _c, ex, *_r in exs:
+            ex.close()
+        del exs, ex
+elif kind == "ort":
+    import onnxruntime as ort
+    reset(); base = rss()
+    so = ort.SessionOptions(); so.intra_op_num_threads = 2; so.log_severity_level = 3
+    s = ort.InferenceSession(job["onnx"], so, providers=["CPUExecutionProvider"])
+    name = s.get_inputs()[0].name
+    s.run(None, {name: x})
+    ts = []
+    for _ in range(job["repeat"]):
+        t = time.perf_counter(); s.run(None, {name: x}); ts.append(time.perf_counter() - t)
+    out.append({"latency_ms": float(np.median(ts)) * 1e3, "peak_rss_bytes": hwm(), "base_rss_bytes": base,
+                "peak_rss_delta_bytes": hwm() - base, "loadavg": list(os.getloadavg())})
+elif kind == "ncnn":
+    import ncnn
+    if job.get("vulkan"):
+        ncnn.create_gpu_instance()
+    reset(); base = rss()
+    net = ncnn.Net()
+    net.opt.use_vulkan_compute = bool(job.get("vulkan"))
+    net.opt.num_threads = 2
+    net.opt.use_fp16_packed = False; net.opt.use_fp16_storage = False; net.opt.use_fp16_arithmetic = False
+    if job["plain"]:
+        net.opt.use_winograd_convolution = False
+        net.opt.use_sgemm_convolution = False
+    net.load_param(job["param"]); net.load_model(job["bin"])
+    def once():
+        ex = net.create_extractor()
+        ex.input("in0", ncnn.Mat(x[0]))
+        _r, y = ex.extract("out0")
+        return np.array(y)
+    once()
+    ts = []
+    for _ in range(job["repeat"]):
+        t = time.perf_counter(); once(); ts.append(time.perf_counter() - t)
+    out.append({"latency_ms": float(np.median(ts)) * 1e3, "peak_rss_bytes": hwm(), "base_rss_bytes": base,
+                "peak_rss_delta_bytes": hwm() - base, "loadavg": list(os.getloadavg())})
+print(json.dumps(out))
+"""
+
+
+def _child(job: dict[str, Any], work: Path, timeout: float = 1800) -> list[dict[str, Any]]:
+    jf = work / f"job-{job['kind']}-{os.getpid()}-{time.monotonic_ns()}.json"
+    jf.write_text(json.dumps(job))
+    # a fixed mmap threshold: a freed arena goes back to the system (glibc's dynamic threshold would keep it in
+    # the heap, and the next configuration's peak RSS would not show its own arena)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(jf)], capture_output=True, text=True, timeout=timeout,
+                       env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{job['kind']} child failed: {r.stderr[-1500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _budgets(lo: int, hi: int, n: int) -> list[int]:
+    if hi <= lo:
+        return [lo]
+    r = (hi / lo) ** (1 / max(1, n - 1))
+    return sorted({int(lo * r ** i) for i in range(n - 1)} | {hi})
