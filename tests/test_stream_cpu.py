@@ -16,6 +16,7 @@ from inferd.runtime.stream import StreamingExecutor, prepare_stream_store
 from inferd.store import WeightsStore
 from inferd.zoo import ZOO
 from ortutil import run_ort_file as _ort
+from streamutil import serve_while_budgets_change
 from zoo_fixture import zoo_dir
 
 TOL = 1e-4
@@ -126,8 +127,6 @@ def test_budget_changes_while_threads_send(work):
     """Re-planning under load: every request answered with the same outputs, no box overwritten while live,
     the arena inside each budget it was given; a budget below the configuration's minimum is refused and
     leaves the executor serving."""
-    import threading
-
     name = "mobilenetv2"
     graph = inferd.frontend.import_model(str(zoo_dir([name]) / f"{name}.onnx"))
     store = prepare_stream_store(graph, work / f"{name}.store")
@@ -138,44 +137,8 @@ def test_budget_changes_while_threads_send(work):
     feeds = [{t.name: np.random.default_rng(i).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
              for i in range(4)]
     ref = [CpuExecutor(graph).run(f) for f in feeds]
-    errors: list[str] = []
-    answered = [0] * 4
-    stop = threading.Event()
-
-    def client(i: int) -> None:
-        while not stop.is_set():
-            try:
-                got = ex.run(feeds[i])
-                for k in ref[i]:
-                    if not np.array_equal(got[k], ref[i][k]):
-                        errors.append(f"client {i}: wrong output")
-                tr = ex.tracker
-                if tr is not None and tr.violations:
-                    errors.append(f"client {i}: {tr.violations[:2]}")
-                answered[i] += 1
-            except Exception as e:  # none may fail because of a change
-                errors.append(f"client {i}: {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
     budgets = [need, full, (need + full) // 2, need + (need >> 3), full, need]
-    try:
-        for b in budgets:
-            before = sum(answered)
-            ex.set_budget(b)
-            assert ex.arena.nbytes + ex.small_bytes <= b
-            while sum(answered) < before + 2 and not errors:  # some requests run on each arena
-                stop.wait(0.01)
-        with pytest.raises(BudgetTooSmall):
-            ex.set_budget(need // 2)
-        assert ex.budget == budgets[-1]
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert not errors, errors[:5]
-    assert all(a > 0 for a in answered)
+    serve_while_budgets_change(ex, feeds, ref, budgets, need // 2)
     ex.close()
 
 

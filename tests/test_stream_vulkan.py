@@ -4,8 +4,6 @@ preloading and on demand, through the page cache and bypassing it; the instrumen
 overwritten while live and the arena stays inside the budget; the validation layers report nothing."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -16,6 +14,7 @@ from inferd.planner.flex import BudgetTooSmall
 from inferd.runtime.stream import StreamError, prepare_stream_store, strip_constants
 from inferd.zoo import ZOO
 from ortutil import run_ort_file as _ort
+from streamutil import serve_while_budgets_change
 from vkutil import validated_device
 from zoo_fixture import zoo_dir
 
@@ -132,43 +131,9 @@ def test_budget_changes_while_threads_send(device, work):
                          for t in graph.inputs} for i in range(1, 3)]
     ref = [ex.run(f) for f in feeds]
     _check(ref[0], ref0, graph, "first run")
-    errors: list[str] = []
-    answered = [0] * len(feeds)
-    stop = threading.Event()
-
-    def client(i: int) -> None:
-        while not stop.is_set():
-            try:
-                got = ex.run(feeds[i])
-                if any(not np.array_equal(got[k], ref[i][k]) for k in ref[i]):
-                    errors.append(f"client {i}: wrong output")
-                tr = ex.tracker
-                if tr is not None and tr.violations:
-                    errors.append(f"client {i}: {tr.violations[:2]}")
-                answered[i] += 1
-            except Exception as e:  # none may fail because of a change
-                errors.append(f"client {i}: {type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(feeds))]
-    for t in threads:
-        t.start()
     budgets = [full, (need + full) // 2, need + (need >> 3), need]
-    try:
-        for b in budgets:
-            before = sum(answered)
-            ex.set_budget(b)
-            assert ex.arena.nbytes + ex.small_bytes <= b
-            while sum(answered) < before + 2 and not errors:  # some requests run on each arena
-                stop.wait(0.01)
-        with pytest.raises(BudgetTooSmall):
-            ex.set_budget(need // 2)
-        assert ex.budget == budgets[-1]
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert not errors, errors[:5]
-    assert all(a > 0 for a in answered) and len(ex.adapt_s) == len(budgets)
+    serve_while_budgets_change(ex, feeds, ref, budgets, need // 2)
+    assert len(ex.adapt_s) == len(budgets)
     ex.close()
 
 

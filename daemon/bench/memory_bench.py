@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .common import fmt, machine_info, write_results
-from .memory_child import _budgets, _child
+from .memory_child import _budgets, _child, finish, peers
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "vit_tiny"]
 MB = 1 << 20
@@ -130,21 +130,8 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
                                  read_rate(store, StreamingExecutor.bypass_readers, RUN))
     res["runs"] = _child({"kind": "inferd", "configs": configs, "repeat": repeat, "x": str(xf), "onnx": str(onnx),
                           "bw": res["disk_bw_bytes_s"]}, work)
-    try:
-        res["ort"] = _child({"kind": "ort", "onnx": str(onnx), "repeat": repeat, "x": str(xf)}, work)[0]
-    except Exception as e:
-        res["ort_error"] = str(e)[-500:]
-    if with_ncnn:
-        try:
-            from .ncnn_peer import convert_ncnn
-
-            param, binf = convert_ncnn(onnx, tuple(x.shape), work / f"{name}_ncnn")
-            for plain in (False, True):
-                key = "ncnn_plain" if plain else "ncnn"
-                res[key] = _child({"kind": "ncnn", "param": str(param), "bin": str(binf), "plain": plain,
-                                   "repeat": repeat, "x": str(xf)}, work)[0]
-        except Exception as e:
-            res["ncnn_error"] = f"{type(e).__name__}: {e}"[-800:]
+    peers(res, name, onnx, x, xf, work, repeat,
+          [("ncnn", {"plain": False}), ("ncnn_plain", {"plain": True})] if with_ncnn else [])
     return res
 
 
@@ -383,15 +370,7 @@ def _main_vulkan(a: Any) -> int:
             data["models"].append(r)
             print(f"{m}: done in {r['bench_s']:.0f} s", flush=True)
             write_results(a.out, tag, data, memory_vulkan.table(data))  # a time limit keeps the models done
-        data["machine_end"] = machine_info()
-        jp, mp = write_results(a.out, tag, data, memory_vulkan.table(data))
-        png = jp.with_suffix("").with_name(jp.stem + "_latency.png")
-        plotted = [r for r in data["models"] if "runs" in r]
-        if plotted:
-            memory_vulkan.plot(plotted, png)
-        print(mp.read_text())
-        print(f"wrote {jp}, {mp}" + (f", {png}" if plotted else ""))
-        return 0
+        return finish(a.out, tag, data, memory_vulkan.table(data), memory_vulkan.plot)
     finally:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -442,15 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                 data["outside"] = outside_view(zoo, work)
             except Exception as e:
                 data["outside_error"] = f"{type(e).__name__}: {e}"
-        data["machine_end"] = machine_info()
-        jp, mp = write_results(a.out, a.tag, data, _table(data))
-        png = jp.with_suffix("").with_name(jp.stem + "_latency.png")
-        plotted = [r for r in data["models"] if "runs" in r]
-        if plotted:  # (--models "": the adaptation and the outside view only)
-            _plot(plotted, png)
-        print(mp.read_text())
-        print(f"wrote {jp}, {mp}" + (f", {png}" if plotted else ""))
-        return 0
+        return finish(a.out, a.tag, data, _table(data), _plot)
     finally:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)

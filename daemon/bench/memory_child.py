@@ -143,3 +143,39 @@ def _budgets(lo: int, hi: int, n: int) -> list[int]:
         return [lo]
     r = (hi / lo) ** (1 / max(1, n - 1))
     return sorted({int(lo * r ** i) for i in range(n - 1)} | {hi})
+
+
+def peers(res: dict[str, Any], name: str, onnx: Path, x: Any, xf: Path, work: Path, repeat: int,
+          ncnn: list[tuple[str, dict[str, Any]]]) -> None:
+    """onnxruntime's child, and ncnn's (``ncnn``: (result key, options) per variant) into ``res``; a peer that
+    fails leaves its error there instead."""
+    try:
+        res["ort"] = _child({"kind": "ort", "onnx": str(onnx), "repeat": repeat, "x": str(xf)}, work)[0]
+    except Exception as e:
+        res["ort_error"] = str(e)[-500:]
+    if not ncnn:
+        return
+    try:
+        from .ncnn_peer import convert_ncnn
+
+        param, binf = convert_ncnn(onnx, tuple(x.shape), work / f"{name}_ncnn")
+        for key, opts in ncnn:
+            res[key] = _child({"kind": "ncnn", "param": str(param), "bin": str(binf), "repeat": repeat, "x": str(xf),
+                               **opts}, work)[0]
+    except Exception as e:
+        res["ncnn_error"] = f"{type(e).__name__}: {e}"[-800:]
+
+
+def finish(out: str, tag: str, data: dict[str, Any], table: str, plot: Any) -> int:
+    """Write the results (json, markdown) and the latency plot of the models that ran; print the table."""
+    from .common import machine_info, write_results
+
+    data["machine_end"] = machine_info()
+    jp, mp = write_results(out, tag, data, table)
+    png = jp.with_suffix("").with_name(jp.stem + "_latency.png")
+    plotted = [r for r in data["models"] if "runs" in r]
+    if plotted:  # (--models "": the adaptation and the outside view only)
+        plot(plotted, png)
+    print(mp.read_text())
+    print(f"wrote {jp}, {mp}" + (f", {png}" if plotted else ""))
+    return 0

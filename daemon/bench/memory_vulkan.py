@@ -36,7 +36,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     from ..vulkan.device import get_device
     from ..vulkan.model import VulkanModel
     from ..vulkan.stream import caps_of, device_facts, vulkan_kernel_memory
-    from .memory_child import _budgets, _child
+    from .memory_child import _budgets, peers
 
     dev = get_device()
     facts = device_facts(dev)
@@ -136,19 +136,8 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
                 ex.close()
     whole.close()
     res["runs"] = runs
-    try:
-        res["ort"] = _child({"kind": "ort", "onnx": str(onnx), "repeat": repeat, "x": str(xf)}, work)[0]
-    except Exception as e:
-        res["ort_error"] = str(e)[-500:]
-    if with_ncnn:
-        try:
-            from .ncnn_peer import convert_ncnn
-
-            param, binf = convert_ncnn(onnx, tuple(x.shape), work / f"{name}_ncnn")
-            res["ncnn_vulkan"] = _child({"kind": "ncnn", "param": str(param), "bin": str(binf), "plain": False,
-                                         "vulkan": True, "repeat": repeat, "x": str(xf)}, work)[0]
-        except Exception as e:
-            res["ncnn_error"] = f"{type(e).__name__}: {e}"[-800:]
+    peers(res, name, onnx, x, xf, work, repeat,
+          [("ncnn_vulkan", {"plain": False, "vulkan": True})] if with_ncnn else [])
     return res
 
 

@@ -966,22 +966,32 @@ def stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, con
     """A streaming executor for ``graph`` inside ``budget`` bytes, slicing and falling back to smaller kernels
     as the budget requires (``planner.slicing.fit_config``; ``config`` to impose one), its store written
     under ``work`` once per configuration (outside the budget)."""
-    from ..planner.slicing import MemConfig, fit_config, slice_graph
+    from ..planner.slicing import fit_config, slice_graph
 
-    reserve = small_bytes(graph)
-    last: BudgetTooSmall | None = None
-    for _ in range(3):
-        cfg = config if config is not None else fit_config(graph, max(1, budget - reserve))
-        assert isinstance(cfg, MemConfig)
+    def build(cfg: Any) -> StreamingExecutor:
         g = slice_graph(graph, cfg.slices, cfg.in_slices)
         kernels = expand_kernels(g, dict(cfg.kernels))
         tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
         store = prepare_stream_store(g, Path(work) / f"{graph.name}-{tag}.store", kernels or None)
+        return StreamingExecutor(strip_constants(g), store, budget, kernels=kernels or None, **kw)
+
+    return fit_and_build(budget, small_bytes(graph), lambda b: fit_config(graph, b), build, config)
+
+
+def fit_and_build(budget: int, reserve: int, fit: Callable[[int], Any], build: Callable[[Any], Any],
+                  config: Any = None) -> Any:
+    """``build`` an executor of the configuration ``fit`` finds for ``budget`` less ``reserve`` (the bytes kept
+    beside the arena, an estimate), or of ``config``; where the executor finds it does not fit after all (its small
+    parameters, its workspaces took more than estimated), fit into that much less, up to three times. The
+    executor's ``config`` is the configuration it runs."""
+    last: BudgetTooSmall | None = None
+    for _ in range(3):
+        cfg = config if config is not None else fit(max(1, budget - reserve))
         try:
-            ex = StreamingExecutor(strip_constants(g), store, budget, kernels=kernels or None, **kw)
+            ex = build(cfg)
             ex.config = cfg
             return ex
-        except BudgetTooSmall as e:  # the small parameters took more than estimated: fit into less
+        except BudgetTooSmall as e:
             last = e
             if config is not None:
                 raise

@@ -581,37 +581,24 @@ class VulkanStreamingExecutor(StreamingExecutor):
 
 def vulkan_stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, device: Any = None,
                              config: Any = None, **kw: Any) -> VulkanStreamingExecutor:
-    """``stream_for_budget`` on a Vulkan device: the graph sliced as the budget requires
-    (``planner.slicing.fit_config``, the backend-independent slicing; ``config`` to impose one), folded, its
+    """``stream_for_budget`` on a Vulkan device: the graph's Vulkan kernels fallen back and sliced as the budget
+    requires (``planner.slicing.fit_config`` with ``vulkan_kernel_memory``; ``config`` to impose one), folded, its
     store written under ``work`` once per configuration (outside the budget)."""
     import hashlib
 
-    from ..planner.flex import BudgetTooSmall
-    from ..planner.slicing import MemConfig, fit_config, slice_graph
-    from ..runtime.stream import small_bytes
+    from ..planner.slicing import fit_config, slice_graph
+    from ..runtime.stream import fit_and_build, small_bytes
 
     dev = device or get_device()
     facts = device_facts(dev)
     km = vulkan_kernel_memory(caps_of(facts))
-    align = int(facts["align"])
-    reserve = small_bytes(graph) + WALIGN + BLOCK
-    last: BudgetTooSmall | None = None
-    for _ in range(3):
-        cfg = config if config is not None else fit_config(graph, max(1, budget - reserve), km=km, alignment=align)
-        assert isinstance(cfg, MemConfig)
+
+    def build(cfg: Any) -> VulkanStreamingExecutor:
         g = slice_graph(graph, cfg.slices, cfg.in_slices)
-        kernels = _sliced_kernels(g, cfg.kernels)
         tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
-        store, folded = prepare_vulkan_stream_store(g, Path(work) / f"{graph.name}-{tag}.vkstore", kernels=kernels,
-                                                    facts=facts)
-        try:
-            ex = VulkanStreamingExecutor(strip_constants(folded), store, budget, device=dev, **kw)
-            ex.config = cfg
-            return ex
-        except BudgetTooSmall as e:  # Vulkan's workspaces and small parameters took more than estimated
-            last = e
-            if config is not None:
-                raise
-            reserve += max(e.short_by, 4096)
-    assert last is not None
-    raise last
+        store, folded = prepare_vulkan_stream_store(g, Path(work) / f"{graph.name}-{tag}.vkstore",
+                                                    kernels=_sliced_kernels(g, cfg.kernels), facts=facts)
+        return VulkanStreamingExecutor(strip_constants(folded), store, budget, device=dev, **kw)
+
+    return fit_and_build(budget, small_bytes(graph) + WALIGN + BLOCK,
+                         lambda b: fit_config(graph, b, km=km, alignment=int(facts["align"])), build, config)
