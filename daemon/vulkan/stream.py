@@ -198,6 +198,9 @@ class VulkanStreamingExecutor(StreamingExecutor):
 
     name = "vulkan-stream"
     backend = "vulkan"
+    #: a watcher thread publishes each completed submission's steps (False: the host polls the fences at each
+    #: published step and waits for them before it needs a unit's weights)
+    watch_fences = True
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, device: Any = None,
                  mirror: bool | None = None, **kw: Any) -> None:
@@ -478,6 +481,9 @@ class VulkanStreamingExecutor(StreamingExecutor):
             raise
         sub = _Submitted(fence, list(publish))
         self._inflight.append(sub)
+        if not self.watch_fences:
+            self.segments += 1
+            return
         with self._watch:
             self._watch_q.append(sub)
             if self._watcher is None:
@@ -491,8 +497,6 @@ class VulkanStreamingExecutor(StreamingExecutor):
         its fence signals. The host thread polled instead: a loader whose step had run on the GPU waited for the
         host's next look, and while the host waited for a layer's weights nobody looked (on the H100, reads
         bypassing the cache took 1.5-2.3x their time at the disk's rate)."""
-        from .. import native
-
         cv = self._watch
         while True:
             with cv:
@@ -512,16 +516,28 @@ class VulkanStreamingExecutor(StreamingExecutor):
                 return
             with cv:
                 self._watch_q.popleft()
-                sub.done = True
-                h = self._native
-                if h is not None:
-                    for p in sub.steps:
-                        native.lib.inferd_stream_done(h, p)
+                self._complete(sub)
                 cv.notify_all()
+
+    def _complete(self, sub: _Submitted) -> None:
+        """``sub`` has completed: the loaders learn the steps it ran (under ``_watch``)."""
+        from .. import native
+
+        sub.done = True
+        h = self._native
+        if h is not None:
+            for p in sub.steps:
+                native.lib.inferd_stream_done(h, p)
 
     def _wait_through(self, idx: int) -> None:
         """Until submissions ``0..idx`` have completed (and their steps are published); their fences go back."""
         cv = self._watch
+        if not self.watch_fences:
+            for sub in self._inflight[:idx + 1]:
+                if not sub.done:
+                    self.device.wait_fence(sub.fence)
+                    with cv:
+                        self._complete(sub)
         with cv:
             while not self._inflight[idx].done and self._watch_err is None:
                 cv.wait()
@@ -535,9 +551,14 @@ class VulkanStreamingExecutor(StreamingExecutor):
     def _poll(self) -> None:
         """The completed submissions' fences back (without waiting)."""
         n = 0
+        d = self.device.device
         with self._watch:
             while n < len(self._inflight) and self._inflight[n].done:
                 n += 1
+            if not self.watch_fences:  # the host looks itself
+                while n < len(self._inflight) and vk.lib.vkGetFenceStatus(d, self._inflight[n].fence) == vk.VK_SUCCESS:
+                    self._complete(self._inflight[n])
+                    n += 1
         if n:
             self._fences += [sub.fence for sub in self._inflight[:n]]
             del self._inflight[:n]
@@ -552,6 +573,8 @@ class VulkanStreamingExecutor(StreamingExecutor):
                     last.steps.append(pos)
                     return
             super()._publish(pos)  # everything before completed already
+        if not self.watch_fences:
+            self._poll()
 
     def _before_wait(self, unit: int) -> None:
         if self._seg is not None and self._seg.count:
