@@ -9,8 +9,8 @@ reads it over the bus (correct, slower than its own memory: the budget there is 
 
 What the CPU's compute thread does at once, the GPU does later: a step "has run" when the submission holding it
 has completed. So the steps are recorded into command buffers (segments), and a segment ends (is submitted with
-a fence) at every step some weight piece waits for; a watcher thread waits for the fences in order and tells the
-loaders each such step ran as soon as its fence signals (the host waits only for weights it needs). Before
+a fence) at every step some weight piece waits for; the loaders learn that such a step ran once its fence has
+signalled (polled as the host goes on; waited for only when the host needs weights those pieces bring). Before
 waiting for a layer's weights the host submits what it recorded so far, so the GPU computes while the loaders
 read. Each segment begins with a barrier on the writes of the submissions before it; host writes (the loaders',
 the inputs) are visible to a submission made after them.
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -176,15 +174,6 @@ def _sliced_kernels(g: Graph, kernels: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-class _Submitted:
-    """One submitted segment: its fence, the steps whose completion it tells the loaders, whether it completed."""
-
-    __slots__ = ("fence", "steps", "done")
-
-    def __init__(self, fence: Any, steps: list[int]) -> None:
-        self.fence, self.steps, self.done = fence, steps, False
-
-
 class VulkanStreamingExecutor(StreamingExecutor):
     """``StreamingExecutor`` on a Vulkan device. ``graph`` is a folded graph (``prepare_vulkan_stream_store``);
     ``device``: default the process's shared one. Options as the CPU executor's.
@@ -198,9 +187,6 @@ class VulkanStreamingExecutor(StreamingExecutor):
 
     name = "vulkan-stream"
     backend = "vulkan"
-    #: a watcher thread publishes each completed submission's steps (False: the host polls the fences at each
-    #: published step and waits for them before it needs a unit's weights)
-    watch_fences = True
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, device: Any = None,
                  mirror: bool | None = None, **kw: Any) -> None:
@@ -227,15 +213,8 @@ class VulkanStreamingExecutor(StreamingExecutor):
         self._next_cb = 0
         self._fences: list[Any] = []  # free ones
         self._seg: Recorder | None = None
-        #: submitted segments in order, until their fences go back; the watcher thread tells the loaders the steps
-        #: each ran as soon as it completes (``_watch``: the lock of ``_watch_q``, the submissions it has not seen
-        #: complete, and of each submission's ``done`` and ``steps``)
-        self._inflight: list[_Submitted] = []
-        self._watch = threading.Condition()
-        self._watch_q: deque[_Submitted] = deque()
-        self._watch_err: BaseException | None = None
-        self._watcher: threading.Thread | None = None
-        self._stopping = False
+        #: submitted segments in order: (fence, the steps whose completion it tells the loaders)
+        self._inflight: list[tuple[Any, list[int]]] = []
         self._maxdep: dict[int, int] = {}
         self._upload: dict[int, tuple[int, int]] = {}
         self._hosts: dict[int, Any] = {}  # step -> HostStep
@@ -327,7 +306,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
         return r.mapped[base:base + nbytes]
 
     def _drop_arena(self) -> None:
-        self._wait_all()
+        self._wait_all(publish=False)
         self._unbind_vulkan()
         for r in (self._region, self._dev_region):
             self.device.free_region(r)
@@ -479,117 +458,50 @@ class VulkanStreamingExecutor(StreamingExecutor):
         except BaseException:
             self._fences.append(fence)
             raise
-        sub = _Submitted(fence, list(publish))
-        self._inflight.append(sub)
-        if not self.watch_fences:
-            self.segments += 1
-            return
-        with self._watch:
-            self._watch_q.append(sub)
-            if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch_loop, name="inferd-stream-fences", daemon=True)
-                self._watcher.start()
-            self._watch.notify_all()
+        self._inflight.append((fence, publish))
         self.segments += 1
 
-    def _watch_loop(self) -> None:
-        """The fence watcher: waits for each submission in order and tells the loaders the steps it ran as soon as
-        its fence signals. The host thread polled instead: a loader whose step had run on the GPU waited for the
-        host's next look, and while the host waited for a layer's weights nobody looked (on the H100, reads
-        bypassing the cache took 1.5-2.3x their time at the disk's rate)."""
-        cv = self._watch
-        while True:
-            with cv:
-                while not self._watch_q and not self._stopping:
-                    cv.wait()
-                if not self._watch_q:
-                    return
-                sub = self._watch_q[0]
-            try:
-                self.device.wait_fence(sub.fence)  # (the GIL is released while the driver waits)
-            except BaseException as e:
-                with cv:
-                    self._watch_err = e
-                    self._watch_q.clear()
-                    self._watcher = None
-                    cv.notify_all()
-                return
-            with cv:
-                self._watch_q.popleft()
-                self._complete(sub)
-                cv.notify_all()
+    def _retire(self, publish: bool) -> None:
+        """The oldest submission has completed: tell the loaders its steps ran."""
+        fence, steps = self._inflight.pop(0)
+        self._fences.append(fence)
+        if publish and self._native is not None:
+            from .. import native
 
-    def _complete(self, sub: _Submitted) -> None:
-        """``sub`` has completed: the loaders learn the steps it ran (under ``_watch``)."""
-        from .. import native
-
-        sub.done = True
-        h = self._native
-        if h is not None:
-            for p in sub.steps:
-                native.lib.inferd_stream_done(h, p)
-
-    def _wait_through(self, idx: int) -> None:
-        """Until submissions ``0..idx`` have completed (and their steps are published); their fences go back."""
-        cv = self._watch
-        if not self.watch_fences:
-            for sub in self._inflight[:idx + 1]:
-                if not sub.done:
-                    self.device.wait_fence(sub.fence)
-                    with cv:
-                        self._complete(sub)
-        with cv:
-            while not self._inflight[idx].done and self._watch_err is None:
-                cv.wait()
-            err, self._watch_err = self._watch_err, None
-        if err is not None:  # the device failed under a submission: none of them completes now
-            self._inflight = []
-            raise err
-        self._fences += [sub.fence for sub in self._inflight[:idx + 1]]
-        del self._inflight[:idx + 1]
+            for p in steps:
+                native.lib.inferd_stream_done(self._native, p)
 
     def _poll(self) -> None:
-        """The completed submissions' fences back (without waiting)."""
-        n = 0
         d = self.device.device
-        with self._watch:
-            while n < len(self._inflight) and self._inflight[n].done:
-                n += 1
-            if not self.watch_fences:  # the host looks itself
-                while n < len(self._inflight) and vk.lib.vkGetFenceStatus(d, self._inflight[n].fence) == vk.VK_SUCCESS:
-                    self._complete(self._inflight[n])
-                    n += 1
-        if n:
-            self._fences += [sub.fence for sub in self._inflight[:n]]
-            del self._inflight[:n]
+        while self._inflight and vk.lib.vkGetFenceStatus(d, self._inflight[0][0]) == vk.VK_SUCCESS:
+            self._retire(True)
+
+    def _wait_first(self, publish: bool = True) -> None:
+        self.device.wait_fence(self._inflight[0][0])
+        self._retire(publish)
 
     def _publish(self, pos: int) -> None:
         if self._seg is not None and self._seg.count:
             self._submit([pos])
-        else:
-            with self._watch:
-                last = self._inflight[-1] if self._inflight else None
-                if last is not None and not last.done:  # nothing recorded since: pos has run once that has
-                    last.steps.append(pos)
-                    return
-            super()._publish(pos)  # everything before completed already
-        if not self.watch_fences:
-            self._poll()
+        elif self._inflight:  # nothing recorded since the last submission: pos has run once that has
+            self._inflight[-1][1].append(pos)
+        else:  # everything before completed already
+            super()._publish(pos)
+        self._poll()
 
     def _before_wait(self, unit: int) -> None:
         if self._seg is not None and self._seg.count:
             self._submit([])  # the GPU computes what is recorded while the loaders finish this unit
         md = self._maxdep.get(unit, -1)
-        with self._watch:
-            last = max((i for i, sub in enumerate(self._inflight) if any(p <= md for p in sub.steps)), default=-1)
-        if last >= 0:
-            self._wait_through(last)
+        last = max((i for i, (_f, steps) in enumerate(self._inflight) if any(p <= md for p in steps)), default=-1)
+        for _ in range(last + 1):
+            self._wait_first()
         self._poll()
 
     def _before_load(self) -> None:
         if self._seg is not None and self._seg.count:
             self._submit([])
-        self._wait_all()
+        self._wait_all(publish=True)
 
     def _drain(self) -> None:
         rec = self._segment()
@@ -600,11 +512,11 @@ class VulkanStreamingExecutor(StreamingExecutor):
                                 [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
                                                     dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)], 0, None, 0, None)
         self._submit([])
-        self._wait_all()
+        self._wait_all(publish=True)
 
-    def _wait_all(self) -> None:
-        if self._inflight:
-            self._wait_through(len(self._inflight) - 1)
+    def _wait_all(self, publish: bool) -> None:
+        while self._inflight:
+            self._wait_first(publish)
         if self._seg is not None:  # recorded, never submitted (a failed run): dropped
             raw.end_command_buffer(self._seg.cb)
             self._seg = None
@@ -614,7 +526,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
 
     def _abort(self) -> None:
         try:
-            self._wait_all()
+            self._wait_all(publish=False)
         except Exception:  # the device is lost: nothing more will run on it
             log.exception("%s: waiting for the GPU after a failed run", self.graph.name)
 
@@ -647,15 +559,9 @@ class VulkanStreamingExecutor(StreamingExecutor):
             return
         d = dev.device
         try:
-            self._wait_all()
+            self._wait_all(publish=False)
         except Exception:
             dev.wait_idle()
-        with self._watch:
-            self._stopping = True
-            self._watch.notify_all()
-            w, self._watcher = self._watcher, None
-        if w is not None:
-            w.join(timeout=10)
         self._unbind_vulkan()
         for h in self._hosts.values():
             h.close()
