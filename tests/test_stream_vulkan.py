@@ -119,6 +119,47 @@ def test_device_local_mirror_matches_onnxruntime(device, work, name):
             ex.close()
 
 
+@pytest.mark.parametrize("mirror", [False, True])
+def test_a_host_step_reads_what_the_gpu_wrote_and_the_gpu_what_it_wrote(device, tmp_path, mirror):
+    """MatMul (GPU) -> Cast to int64 and back (the host: integer plumbing) -> Add, MatMul (GPU): the host steps run
+    between two submissions on what the GPU computed, and the GPU reads what they wrote (with ``mirror``, both
+    copied across)."""
+    import onnx
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from inferd.vulkan.cold import HOST
+    from inferd.vulkan.stream import VulkanStreamingExecutor, prepare_vulkan_stream_store
+
+    rng = np.random.default_rng(0)
+    w1 = nh.from_array(rng.standard_normal((64, 256)).astype(np.float32), "W1")
+    w2 = nh.from_array(rng.standard_normal((256, 64)).astype(np.float32), "W2")
+    # at the smallest budget W2 is read where W1 was, once the first MatMul has run: that step ends a submission,
+    # and the host step right after it must have its own (its input copied back) submitted before it reads
+    nodes = [h.make_node("MatMul", ["x", "W1"], ["a"]), h.make_node("Cast", ["a"], ["ai"], to=T.INT64),
+             h.make_node("Cast", ["ai"], ["af"], to=T.FLOAT), h.make_node("Add", ["a", "af"], ["b"]),
+             h.make_node("MatMul", ["b", "W2"], ["y"])]
+    g = h.make_graph(nodes, "hostmix", [h.make_tensor_value_info("x", T.FLOAT, [2, 64])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [2, 64])], [w1, w2])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "hostmix.onnx")
+    graph = inferd.frontend.import_model(str(tmp_path / "hostmix.onnx"))
+    store, folded = prepare_vulkan_stream_store(graph, tmp_path / "hostmix.vkstore", device)
+    skel = strip_constants(folded)
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal((2, 64)).astype(np.float32)}
+        ref = _ort(tmp_path / "hostmix.onnx", feeds)
+        for budget in (1 << 30, _bounds(device, skel, store)[0]):
+            ex = VulkanStreamingExecutor(skel, store, budget, device=device, mirror=mirror, track=True)
+            try:
+                assert any(k is HOST for _l, k in ex.choice)
+                _check(ex.run(feeds), ref, graph, f"seed {seed}, budget {budget}, mirror {mirror}")
+            finally:
+                ex.close()
+
+
 def test_budget_changes_while_threads_send(device, work):
     """Re-planning under load on the GPU: every request answered with the same outputs, no box overwritten while
     live, the arena inside each budget; a budget below the minimum is refused and leaves the executor serving."""

@@ -423,6 +423,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
         vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, len(regions), regions)
         vk.vkCmdPipelineBarrier(cb, allc, allc, 0, 1, bar, 0, None, 0, None)
         rec._pend_w, rec._pend_r = [], []  # the barrier above orders everything recorded so far
+        rec.count += 1  # work to submit (a segment with nothing but copies is submitted too)
         self.copies += len(regions)
 
     def _segment(self) -> Recorder:
@@ -560,8 +561,12 @@ class VulkanStreamingExecutor(StreamingExecutor):
         d = dev.device
         try:
             self._wait_all(publish=False)
-        except Exception:
-            dev.wait_idle()
+        except Exception:  # a device lost under a run: what was in flight will not complete
+            self._inflight = []
+            try:
+                dev.wait_idle()
+            except Exception:
+                pass
         self._unbind_vulkan()
         for h in self._hosts.values():
             h.close()
