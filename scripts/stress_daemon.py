@@ -1,8 +1,8 @@
 """A daemon under a mixed load, as a board's apps would give it: six zoo models (CPU, lavapipe/GPU, a dynamic one, a
 recurrent one with control flow) served from a repository of DIR/NAME/model.onnx, N client processes sending
 random requests whose answers are checked against onnxruntime, and an admin process that changes the memory
-budget, unloads, loads, reloads and asks for the status meanwhile (``--streamed``: two of the models served inside
-their share of the budget, re-sliced in the background as it changes). At the end: wrong answers (must be none),
+budget, unloads, loads, reloads and asks for the status meanwhile (``--streamed``: three of the models served inside
+their share of the budget, one of them on the GPU, re-sliced in the background as it changes). At the end: wrong answers (must be none),
 errors other than UNAVAILABLE (must be none), the daemon's log tracebacks (must be none), and its memory as
 ``inferctl status`` reports it (the host pool's bytes in use against the models' bytes).
 
@@ -25,8 +25,8 @@ import numpy as np
 MODELS = {"squeezenet1_1": "cpu", "mobilenetv2": "vulkan", "resnet18": "cpu", "vad_lstm": "cpu",
           "detnet_dyn": "cpu", "shufflenetv2_x1_0": "vulkan"}
 #: ``--streamed``: these serve inside their share of the budget (``memory = "stream"``), sliced again in the
-#: background when a share falls below their slicing's minimum
-STREAMED = ("squeezenet1_1", "resnet18")
+#: background when a share falls below their slicing's minimum (mobilenetv2 on its device, Vulkan: streamed on the GPU)
+STREAMED = ("squeezenet1_1", "resnet18", "mobilenetv2")
 
 
 def setup(d: Path, streamed: bool = False) -> None:

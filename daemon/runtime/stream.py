@@ -223,11 +223,12 @@ class StreamingExecutor:
     """Run ``graph`` inside ``budget`` bytes with its weights streamed from ``store_path``.
 
     The engine is backend-independent: the plan, the pieces, the loaders, the budget changes and the tracker are
-    the same for every backend; a backend says which kernels run (``_select``), what workspace a layer takes
-    (``_scratch_bytes``), where the arena lives (``_new_arena``, ``_drop_arena``), what a step runs
-    (``_make_step``, ``_compute``) and, where its steps complete after ``_compute`` returns (a GPU's), when a
-    step has run (``_publish``, ``_before_wait``, ``_before_load``, ``_drain``). This class is the CPU's;
-    ``inferd.vulkan.stream.VulkanStreamingExecutor`` the Vulkan one.
+    the same for every backend; a backend says which kernels run (``_select``), which parameters stay in memory
+    (``_in_memory``, ``_small_ready``), what workspace a layer takes (``_scratch_bytes``), where the arena lives
+    (``_new_arena``, ``_drop_arena``), what a step runs (``_make_step``, ``_run_step``) and, where its steps
+    complete after ``_run_step`` returns (a GPU's), when a step has run (``_publish``, ``_before_wait``,
+    ``_before_load``, ``_drain``, ``_abort``). This class is the CPU's; ``inferd.vulkan.stream.VulkanStreamingExecutor``
+    the Vulkan one.
 
     ``mode``: "preload" (the FlexNN plan, loader thread, resident weights where the budget allows) or
     "ondemand" (the baseline). ``read``: "cache" or "bypass". ``track``: check every run with an
