@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .common import fmt, machine_info, write_results
-from .memory_child import _budgets, _child, finish, peers
+from .memory_child import _budgets, _child, budget_range, finish, peers, plot_latency
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "vit_tiny"]
 MB = 1 << 20
@@ -40,11 +40,11 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
                 faster: bool = True) -> dict[str, Any]:
     from ..frontend import import_model
     from ..planner.flex import BudgetTooSmall
-    from ..planner.slicing import MemConfig, faster_config, fit_config, min_fit_budget
+    from ..planner.slicing import MemConfig, faster_config, fit_config
     from ..runtime.cpu import CpuExecutor
     from ..runtime.blockio import read_rate, sequential_read_rate
     from ..runtime.stream import RUN, StreamingExecutor
-    from ..runtime.stream_compile import compile_streamed, open_streamed, read_skeleton
+    from ..runtime.stream_compile import compile_streamed, read_skeleton
 
     res: dict[str, Any] = {"model": name}
     graph = import_model(onnx)
@@ -70,30 +70,11 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     gc.collect()
     # the default configuration (no slicing) and the smallest feasible one
     t = time.perf_counter()
-    skel0 = compile_streamed(onnx, 0, work, config=MemConfig(), in_child=False)
-    probe = open_streamed(skel0, 0)
-    small = probe.small_bytes
-    default_min = probe.min_budget()
-    lo_full, hi_full = default_min, probe.small_bytes + probe.arena.nbytes
-    while hi_full - lo_full > max(64 << 10, hi_full // 200):  # the smallest budget with nothing streamed
-        mid = (lo_full + hi_full) // 2
-        try:
-            p = probe._make_plan(mid)
-            ok = p.streamed_bytes == 0
-        except BudgetTooSmall:
-            ok = False
-        lo_full, hi_full = (lo_full, mid) if ok else (mid, hi_full)
-    full = hi_full
-    probe.close()
-    arena_min, cfg_min = min_fit_budget(graph, lo=max(1 << 20, default_min // 8))
+    rng, skel0, store, cfg_min = budget_range(onnx, graph, work, {}, {}, {})
     res["plan_search_s"] = time.perf_counter() - t
-    skel_min = compile_streamed(onnx, 0, work, config=cfg_min, in_child=False)
-    p2 = open_streamed(skel_min, 0)
-    true_min = p2.min_budget()
-    p2.close()
-    res.update({"small_bytes": small, "default_min_budget": default_min, "min_budget": true_min,
-                "min_config": cfg_min.to_dict(),
-                "full_budget": full, "weights_bytes": int(sum(a.nbytes for a in graph.constants.values()))})
+    res.update(rng, weights_bytes=int(sum(a.nbytes for a in graph.constants.values())))
+    small, default_min, true_min, full = rng["small_bytes"], rng["default_min_budget"], rng["min_budget"], \
+        rng["full_budget"]
     budgets = _budgets(true_min, full, points)
     res["budgets"] = budgets
     configs = []
@@ -120,7 +101,6 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
             skf = compile_streamed(onnx, 0, work, config=fast, in_child=False)
             for read in ("cache", "bypass"):
                 configs.append({"budget": b, "skel": str(skf), "mode": "preload", "read": read, "slicing": "faster"})
-    store = Path(open_streamed(skel0, 0).store.path)
     del graph
     gc.collect()
     # the bound's bandwidth: the faster of one 4 MiB read in flight and the runtime's own loaders' (several in
@@ -226,35 +206,10 @@ def outside_view(zoo: Path, work: Path, budget: int = 40_000_000) -> dict[str, A
 
 
 def _plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    for ax, r in zip(axes[0], results):
-        for mode, read, slicing, style in (("preload", "cache", "fit", "-o"), ("preload", "bypass", "fit", "-s"),
-                                           ("preload", "cache", "faster", ":o"), ("preload", "bypass", "faster", ":s"),
-                                           ("ondemand", "cache", "fit", "--o"), ("ondemand", "bypass", "fit", "--s")):
-            pts = sorted((c["budget"] / MB, c["latency_ms"]) for c in r.get("runs", [])
-                         if c["mode"] == mode and c["read"] == read and c.get("slicing", "fit") == slicing)
-            if pts:
-                tag = f"inferd {mode}/{read}" + (", faster slicing" if slicing == "faster" else "")
-                ax.plot(*zip(*pts), style, label=tag, markersize=4)
-        for key, mark in (("ort", "^"), ("ncnn", "v"), ("ncnn_plain", "<")):
-            p = r.get(key)
-            if p:
-                ax.plot([p["peak_rss_delta_bytes"] / MB], [p["latency_ms"]], mark, markersize=9,
-                        label=f"{key} (peak RSS)")
-        ax.axhline(r["warm_ms"], color="gray", lw=0.8, ls=":", label="inferd warm, unconstrained")
-        ax.set_xscale("log")
-        ax.set_xlabel("memory budget / peak memory (MiB)")
-        ax.set_ylabel("latency (ms)")
-        ax.set_title(r["model"])
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_latency(results, path, [("preload", "cache", "fit", "-o"), ("preload", "bypass", "fit", "-s"),
+                                 ("preload", "cache", "faster", ":o"), ("preload", "bypass", "faster", ":s"),
+                                 ("ondemand", "cache", "fit", "--o"), ("ondemand", "bypass", "fit", "--s")],
+                 [("ort", "^"), ("ncnn", "v"), ("ncnn_plain", "<")], "inferd warm, unconstrained")
 
 
 def _table(data: dict[str, Any]) -> str:

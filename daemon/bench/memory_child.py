@@ -1,5 +1,6 @@
 """The children ``inferd bench memory`` measures in (each configuration's peak RSS its own, a peer alone in its
-process), and its budget points: shared by the CPU arm (``memory_bench``) and the Vulkan one (``memory_vulkan``)."""
+process), its budget points, its latency plot and its results: shared by the CPU arm (``memory_bench``) and the
+Vulkan one (``memory_vulkan``)."""
 from __future__ import annotations
 
 import json
@@ -179,3 +180,71 @@ def finish(out: str, tag: str, data: dict[str, Any], table: str, plot: Any) -> i
     print(mp.read_text())
     print(f"wrote {jp}, {mp}" + (f", {png}" if plotted else ""))
     return 0
+
+
+def plot_latency(results: list[dict[str, Any]], path: Path, arms: list[tuple[str, str, str, str]],
+                 peers: list[tuple[str, str]], warm_label: str, title: Any = None) -> None:
+    """Latency against budget per model (``arms``: mode, read, slicing, line style of the inferd runs), the peers
+    as points at their peak RSS (``peers``: result key, marker), the warm reference as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mb = 1 << 20
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for mode, read, slicing, style in arms:
+            pts = sorted((c["budget"] / mb, c["latency_ms"]) for c in r.get("runs", [])
+                         if "error" not in c and c["mode"] == mode and c["read"] == read
+                         and c.get("slicing", "fit") == slicing)
+            if pts:
+                tag = f"inferd {mode}/{read}" + (", faster slicing" if slicing == "faster" else "")
+                ax.plot(*zip(*pts), style, label=tag, markersize=4)
+        for key, mark in peers:
+            p = r.get(key)
+            if p:
+                ax.plot([p["peak_rss_delta_bytes"] / mb], [p["latency_ms"]], mark, markersize=9,
+                        label=f"{key} (peak RSS)")
+        ax.axhline(r["warm_ms"], color="gray", lw=0.8, ls=":", label=warm_label)
+        ax.set_xscale("log")
+        ax.set_xlabel("memory budget / peak memory (MiB)")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(title(r) if title else r["model"])
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def budget_range(onnx: Path, graph: Any, work: Path, compile_kw: dict[str, Any], open_kw: dict[str, Any],
+                 fit_kw: dict[str, Any]) -> tuple[dict[str, Any], Path, Path, Any]:
+    """The budgets a model is measured between: the unsliced configuration's minimum (``default_min_budget``) and
+    the smallest budget holding every weight (``full_budget``), the smallest any slicing reaches
+    (``min_budget``, its configuration ``min_config``), the small parameters' bytes. ``compile_kw``, ``open_kw``,
+    ``fit_kw``: the backend's arguments to ``compile_streamed``, ``open_streamed`` and ``min_fit_budget``. Returns
+    them with the unsliced skeleton, its store and the smallest configuration."""
+    from ..planner.flex import BudgetTooSmall
+    from ..planner.slicing import MemConfig, min_fit_budget
+    from ..runtime.stream_compile import compile_streamed, open_streamed
+
+    skel0 = compile_streamed(onnx, 0, work, config=MemConfig(), in_child=False, **compile_kw)
+    probe = open_streamed(skel0, 0, **open_kw)
+    small, default_min = probe.small_bytes, probe.min_budget()
+    lo_full, hi_full = default_min, probe.small_bytes + probe.arena.nbytes
+    while hi_full - lo_full > max(64 << 10, hi_full // 200):  # the smallest budget with nothing streamed
+        mid = (lo_full + hi_full) // 2
+        try:
+            ok = probe._make_plan(mid).streamed_bytes == 0
+        except BudgetTooSmall:
+            ok = False
+        lo_full, hi_full = (lo_full, mid) if ok else (mid, hi_full)
+    store = Path(probe.store.path)
+    probe.close()
+    _arena_min, cfg_min = min_fit_budget(graph, lo=max(1 << 20, default_min // 8), **fit_kw)
+    skel_min = compile_streamed(onnx, 0, work, config=cfg_min, in_child=False, **compile_kw)
+    p2 = open_streamed(skel_min, 0, **open_kw)
+    true_min = p2.min_budget()
+    p2.close()
+    return ({"small_bytes": small, "default_min_budget": default_min, "min_budget": true_min,
+             "min_config": cfg_min.to_dict(), "full_budget": hi_full}, skel0, store, cfg_min)

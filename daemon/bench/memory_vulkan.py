@@ -29,14 +29,14 @@ MB = 1 << 20
 def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, with_ncnn: bool) -> dict[str, Any]:
     from ..frontend import import_model
     from ..planner.flex import BudgetTooSmall
-    from ..planner.slicing import MemConfig, fit_config, min_fit_budget
+    from ..planner.slicing import MemConfig, fit_config
     from ..runtime.blockio import read_rate
     from ..runtime.stream import RUN, StreamingExecutor
     from ..runtime.stream_compile import compile_streamed, open_streamed
     from ..vulkan.device import get_device
     from ..vulkan.model import VulkanModel
     from ..vulkan.stream import caps_of, device_facts, vulkan_kernel_memory
-    from .memory_child import _budgets, peers
+    from .memory_child import _budgets, budget_range, peers
 
     dev = get_device()
     facts = device_facts(dev)
@@ -61,30 +61,12 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     repeat = max(repeat, min(25, int(1.5e3 / max(res["warm_ms"], 1.0))))
     res["repeat"] = repeat
     t = time.perf_counter()
-    skel0 = compile_streamed(onnx, 0, work, config=MemConfig(), in_child=False, vulkan=facts)
-    probe = open_streamed(skel0, 0, device=dev)
-    small = probe.small_bytes
-    default_min = probe.min_budget()
-    lo_full, hi_full = default_min, probe.small_bytes + probe.arena.nbytes
-    while hi_full - lo_full > max(64 << 10, hi_full // 200):  # the smallest budget with nothing streamed
-        mid = (lo_full + hi_full) // 2
-        try:
-            ok = probe._make_plan(mid).streamed_bytes == 0
-        except BudgetTooSmall:
-            ok = False
-        lo_full, hi_full = (lo_full, mid) if ok else (mid, hi_full)
-    full = hi_full
-    store = Path(probe.store.path)
-    probe.close()
-    _arena_min, cfg_min = min_fit_budget(graph, lo=max(1 << 20, default_min // 8), km=km, alignment=align)
-    skel_min = compile_streamed(onnx, 0, work, config=cfg_min, in_child=False, vulkan=facts)
-    p2 = open_streamed(skel_min, 0, device=dev)
-    true_min = p2.min_budget()
-    p2.close()
+    rng, skel0, store, cfg_min = budget_range(onnx, graph, work, {"vulkan": facts}, {"device": dev},
+                                              {"km": km, "alignment": align})
     res["plan_search_s"] = time.perf_counter() - t
-    res.update({"small_bytes": small, "default_min_budget": default_min, "min_budget": true_min,
-                "min_config": cfg_min.to_dict(), "full_budget": full,
-                "weights_bytes": int(sum(a.nbytes for a in graph.constants.values()))})
+    res.update(rng, weights_bytes=int(sum(a.nbytes for a in graph.constants.values())))
+    small, default_min, true_min, full = rng["small_bytes"], rng["default_min_budget"], rng["min_budget"], \
+        rng["full_budget"]
     budgets = _budgets(true_min, full, points)
     res["budgets"] = budgets
     res["disk_bw_bytes_s"] = read_rate(store, StreamingExecutor.bypass_readers, RUN)
@@ -197,30 +179,9 @@ def table(data: dict[str, Any]) -> str:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    from .memory_child import plot_latency
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
-    for ax, r in zip(axes[0], results):
-        for mode, read, style in (("preload", "cache", "-o"), ("preload", "bypass", "-s"),
-                                  ("ondemand", "cache", "--o"), ("ondemand", "bypass", "--s")):
-            pts = sorted((c["budget"] / MB, c["latency_ms"]) for c in r["runs"]
-                         if c["mode"] == mode and c["read"] == read and "error" not in c)
-            if pts:
-                ax.plot(*zip(*pts), style, label=f"inferd {mode}/{read}", markersize=4)
-        for key, mark in (("ort", "^"), ("ncnn_vulkan", "v")):
-            p = r.get(key)
-            if p:
-                ax.plot([p["peak_rss_delta_bytes"] / MB], [p["latency_ms"]], mark, markersize=9,
-                        label=f"{key} (peak RSS)")
-        ax.axhline(r["warm_ms"], color="gray", lw=0.8, ls=":", label="inferd Vulkan warm, whole")
-        ax.set_xscale("log")
-        ax.set_xlabel("memory budget / peak memory (MiB)")
-        ax.set_ylabel("latency (ms)")
-        ax.set_title(f"{r['model']} ({r['device']})")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_latency(results, path, [("preload", "cache", "fit", "-o"), ("preload", "bypass", "fit", "-s"),
+                                 ("ondemand", "cache", "fit", "--o"), ("ondemand", "bypass", "fit", "--s")],
+                 [("ort", "^"), ("ncnn_vulkan", "v")], "inferd Vulkan warm, whole",
+                 lambda r: f"{r['model']} ({r['device']})")
