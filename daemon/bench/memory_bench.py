@@ -25,13 +25,14 @@ import statistics
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .common import fmt, machine_info, write_results
-from .memory_child import _budgets, _child, budget_range, finish, peers, plot_latency
+from .memory_child import _budgets, _child, budget_range, finish, median_ms, peers, plot_latency, repeats_for
 
 MODELS = ["resnet50", "vgg16", "mobilenetv2", "vit_tiny"]
 MB = 1 << 20
@@ -55,28 +56,15 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     ex = CpuExecutor(graph)
     feeds = {graph.inputs[0].name: x}
     ex.run(feeds)
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        ex.run(feeds)
-        ts.append(time.perf_counter() - t)
-    res["warm_ms"] = statistics.median(ts) * 1e3
+    res["warm_ms"] = median_ms(partial(ex.run, feeds), repeat)
     res["warm_loadavg"] = list(os.getloadavg())
-    # a small model's runs are short and its ratios noisier: more repeats where they cost little (about 1.5 s
-    # of warm runs per configuration, at most 25)
-    repeat = max(repeat, min(25, int(1.5e3 / max(res["warm_ms"], 1.0))))
+    repeat = repeats_for(res["warm_ms"], repeat)
     res["repeat"] = repeat
     del ex
     gc.collect()
     # the default configuration (no slicing) and the smallest feasible one
-    t = time.perf_counter()
-    rng, skel0, store, cfg_min = budget_range(onnx, graph, work, {}, {}, {})
-    res["plan_search_s"] = time.perf_counter() - t
-    res.update(rng, weights_bytes=int(sum(a.nbytes for a in graph.constants.values())))
-    small, default_min, true_min, full = rng["small_bytes"], rng["default_min_budget"], rng["min_budget"], \
-        rng["full_budget"]
-    budgets = _budgets(true_min, full, points)
-    res["budgets"] = budgets
+    skel0, store, cfg_min = budget_range(res, onnx, graph, work, points, {}, {}, {})
+    small, default_min, budgets = res["small_bytes"], res["default_min_budget"], res["budgets"]
     configs = []
     # the slicing a daemon's streamed model gets for a budget (``stream_compile``): fit_config's, sliced further
     # where the plan runs faster (``faster_config``, from the unsliced model's measured times); fit_config's

@@ -217,17 +217,19 @@ def plot_latency(results: list[dict[str, Any]], path: Path, arms: list[tuple[str
     plt.close(fig)
 
 
-def budget_range(onnx: Path, graph: Any, work: Path, compile_kw: dict[str, Any], open_kw: dict[str, Any],
-                 fit_kw: dict[str, Any]) -> tuple[dict[str, Any], Path, Path, Any]:
-    """The budgets a model is measured between: the unsliced configuration's minimum (``default_min_budget``) and
-    the smallest budget holding every weight (``full_budget``), the smallest any slicing reaches
-    (``min_budget``, its configuration ``min_config``), the small parameters' bytes. ``compile_kw``, ``open_kw``,
-    ``fit_kw``: the backend's arguments to ``compile_streamed``, ``open_streamed`` and ``min_fit_budget``. Returns
-    them with the unsliced skeleton, its store and the smallest configuration."""
+def budget_range(res: dict[str, Any], onnx: Path, graph: Any, work: Path, points: int, compile_kw: dict[str, Any],
+                 open_kw: dict[str, Any], fit_kw: dict[str, Any]) -> tuple[Path, Path, Any]:
+    """Into ``res``, the budgets a model is measured between: the unsliced configuration's minimum
+    (``default_min_budget``) and the smallest budget holding every weight (``full_budget``), the smallest any
+    slicing reaches (``min_budget``, its configuration ``min_config``), ``points`` budgets from the smallest to the
+    full one (``budgets``); the small parameters' and the weights' bytes, the search's seconds. ``compile_kw``,
+    ``open_kw``, ``fit_kw``: the backend's arguments to ``compile_streamed``, ``open_streamed`` and
+    ``min_fit_budget``. Returns the unsliced skeleton, its store and the smallest configuration."""
     from ..planner.flex import BudgetTooSmall
     from ..planner.slicing import MemConfig, min_fit_budget
     from ..runtime.stream_compile import compile_streamed, open_streamed
 
+    t = time.perf_counter()
     skel0 = compile_streamed(onnx, 0, work, config=MemConfig(), in_child=False, **compile_kw)
     probe = open_streamed(skel0, 0, **open_kw)
     small, default_min = probe.small_bytes, probe.min_budget()
@@ -246,5 +248,26 @@ def budget_range(onnx: Path, graph: Any, work: Path, compile_kw: dict[str, Any],
     p2 = open_streamed(skel_min, 0, **open_kw)
     true_min = p2.min_budget()
     p2.close()
-    return ({"small_bytes": small, "default_min_budget": default_min, "min_budget": true_min,
-             "min_config": cfg_min.to_dict(), "full_budget": hi_full}, skel0, store, cfg_min)
+    res.update({"plan_search_s": time.perf_counter() - t, "small_bytes": small, "default_min_budget": default_min,
+                "min_budget": true_min, "min_config": cfg_min.to_dict(), "full_budget": hi_full,
+                "weights_bytes": int(sum(a.nbytes for a in graph.constants.values())),
+                "budgets": _budgets(true_min, hi_full, points)})
+    return skel0, store, cfg_min
+
+
+def median_ms(run: Any, repeat: int) -> float:
+    """The median wall time of ``repeat`` calls of ``run``, in ms."""
+    import statistics
+
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        run()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e3
+
+
+def repeats_for(warm_ms: float, repeat: int) -> int:
+    """A small model's runs are short and its ratios noisier: more repeats where they cost little (about 1.5 s of
+    warm runs per configuration, at most 25)."""
+    return max(repeat, min(25, int(1.5e3 / max(warm_ms, 1.0))))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     from ..vulkan.device import get_device
     from ..vulkan.model import VulkanModel
     from ..vulkan.stream import caps_of, device_facts, vulkan_kernel_memory
-    from .memory_child import _budgets, budget_range, peers
+    from .memory_child import budget_range, median_ms, peers, repeats_for
 
     dev = get_device()
     facts = device_facts(dev)
@@ -51,24 +50,13 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     whole = VulkanModel(graph, device=dev)
     wfeeds = {graph.inputs[0].name: x}
     ref = whole.run(wfeeds)
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        whole.run(wfeeds)
-        ts.append(time.perf_counter() - t)
-    res["warm_ms"] = statistics.median(ts) * 1e3
+    res["warm_ms"] = median_ms(lambda: whole.run(wfeeds), repeat)
     res["whole_memory_bytes"] = int(whole.memory_bytes)
-    repeat = max(repeat, min(25, int(1.5e3 / max(res["warm_ms"], 1.0))))
+    repeat = repeats_for(res["warm_ms"], repeat)
     res["repeat"] = repeat
-    t = time.perf_counter()
-    rng, skel0, store, cfg_min = budget_range(onnx, graph, work, {"vulkan": facts}, {"device": dev},
-                                              {"km": km, "alignment": align})
-    res["plan_search_s"] = time.perf_counter() - t
-    res.update(rng, weights_bytes=int(sum(a.nbytes for a in graph.constants.values())))
-    small, default_min, true_min, full = rng["small_bytes"], rng["default_min_budget"], rng["min_budget"], \
-        rng["full_budget"]
-    budgets = _budgets(true_min, full, points)
-    res["budgets"] = budgets
+    skel0, store, cfg_min = budget_range(res, onnx, graph, work, points, {"vulkan": facts}, {"device": dev},
+                                         {"km": km, "alignment": align})
+    small, default_min, budgets = res["small_bytes"], res["default_min_budget"], res["budgets"]
     res["disk_bw_bytes_s"] = read_rate(store, StreamingExecutor.bypass_readers, RUN)
     del graph
     gc.collect()
