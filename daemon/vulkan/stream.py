@@ -108,8 +108,12 @@ def device_facts(dev: Any) -> dict[str, Any]:
     kernels' caps, the arena's alignment and the fingerprint its store carries."""
     from dataclasses import asdict
 
-    return {"caps": asdict(kernel_caps(dev)), "fingerprint": dict(dev.fingerprint()),
-            "align": max(64, dev.caps.min_storage_align, dev.min_texel_align)}
+    return {"caps": asdict(kernel_caps(dev)), "fingerprint": dict(dev.fingerprint()), "align": arena_align(dev)}
+
+
+def arena_align(dev: Any) -> int:
+    """Where the arena's boxes start on ``dev``: storage-buffer bindings and texel views both bind there."""
+    return max(64, dev.caps.min_storage_align, dev.min_texel_align)
 
 
 def caps_of(facts: Mapping[str, Any]) -> Caps:
@@ -198,8 +202,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
         #: host -> device copies (offsets, bytes) to record before the next dispatch (a mirror's)
         self._pending_up: list[tuple[int, int]] = []
         self.caps = kernel_caps(dev)
-        # bindings at these offsets: storage buffers and texel views both
-        self.align = max(64, dev.caps.min_storage_align, dev.min_texel_align)
+        self.align = arena_align(dev)
         self._region: Region | None = None
         self._small_region: Region | None = None
         self._small_at: dict[str, dict[str, int]] = {}
