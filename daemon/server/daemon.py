@@ -526,10 +526,14 @@ class Server:
 
     def _residents(self, device: bool = False) -> list[budget.Resident]:
         """The loaded models the host budget (``device``: the GPU's, every Vulkan placement) plans with."""
+        # a model whose unload is queued is on its way out: counted as resident (and busy: not evictable) until its
+        # worker gets to it, it had the next look evict a second model for the same shortfall (a loaded machine:
+        # test_device_budget's CPU model evicted after the Vulkan one it was meant to keep)
         return [budget.Resident(s.name, streamed.need_bytes(s), s.last_used, s.entry.config.pinned,
                                 not s.idle() or s.reslicing)  # (being sliced again: not evictable, as busy)
                 for s in self.slots.values()
-                if s.model is not None and (budget.on_device(s.device) if device else self._on_host(s.device))]
+                if s.model is not None and not s.leaving()
+                and (budget.on_device(s.device) if device else self._on_host(s.device))]
 
     def device_budget_now(self) -> int:
         """The device memory budget: ``device_memory_budget``, else what the open Vulkan device reports (0:

@@ -456,6 +456,12 @@ class ModelSlot:
         with self.cond:
             return self.queued == 0 and not self.busy and not self._control
 
+    def leaving(self) -> bool:
+        """Whether an unload is queued here (an eviction, an admin's, the slot's retirement): the budget counts it
+        as gone."""
+        with self.cond:
+            return any(c[0] in ("unload", "exit") for c in self._control)
+
     # ------------------------------------------------------------------ main-thread API
 
     def request_load(self, waiter: tuple[bytes, P.RequestId] | None, reload: bool = False) -> dict[str, Any] | None:
