@@ -28,13 +28,13 @@ MB = 1 << 20
 def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, with_ncnn: bool) -> dict[str, Any]:
     from ..frontend import import_model
     from ..planner.flex import BudgetTooSmall
-    from ..planner.slicing import MemConfig, fit_config
+    from ..planner.slicing import MemConfig
     from ..runtime.blockio import read_rate
     from ..runtime.stream import RUN, StreamingExecutor
     from ..runtime.stream_compile import compile_streamed, open_streamed
     from ..vulkan.device import get_device
     from ..vulkan.model import VulkanModel
-    from ..vulkan.stream import caps_of, device_facts, vulkan_kernel_memory
+    from ..vulkan.stream import caps_of, device_facts, vulkan_fit, vulkan_kernel_memory
     from .memory_child import budget_range, median_ms, peers, repeats_for
 
     dev = get_device()
@@ -58,18 +58,20 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
                                          {"km": km, "alignment": align})
     small, default_min, budgets = res["small_bytes"], res["default_min_budget"], res["budgets"]
     res["disk_bw_bytes_s"] = read_rate(store, StreamingExecutor.bypass_readers, RUN)
+    _reserve, fit = vulkan_fit(graph, facts)
+    cfgs = {}
+    for b in budgets:  # (the model's graph goes before the runs: fitted here)
+        try:
+            cfgs[b] = MemConfig() if b >= default_min else fit(b - small)
+        except BudgetTooSmall:
+            cfgs[b] = cfg_min
     del graph
     gc.collect()
     runs = []
     for b in budgets:
-        if b >= default_min:
-            cfg, skel = MemConfig(), skel0
-        else:
-            try:
-                cfg = fit_config(import_model(onnx), b - small, km=km, alignment=align)
-            except BudgetTooSmall:
-                cfg = cfg_min
-            skel = compile_streamed(onnx, 0, work, config=cfg, in_child=False, vulkan=facts)
+        cfg = cfgs[b]
+        skel = skel0 if b >= default_min else compile_streamed(onnx, 0, work, config=cfg, in_child=False,
+                                                               vulkan=facts)
         for read in ("cache", "bypass"):
             exs = []
             for mode in ("preload", "ondemand"):

@@ -158,21 +158,13 @@ def _compile_vulkan(graph: Graph, src: Path, budget: int, work: Path, batch: int
     """``compile_streamed``'s Vulkan half: the Vulkan kernels' fallback and the slicing for ``budget``, the store
     of their transformed weights, the folded skeleton. No compute times are measured (the child has no device):
     the memory plan keeps the weights that save the most reading per byte."""
-    from ..fileio import BLOCK
-    from ..planner.slicing import fit_config, slice_graph
-    from ..vulkan.stream import _sliced_kernels, caps_of, prepare_vulkan_stream_store, vulkan_kernel_memory
+    from ..vulkan.stream import store_for_config, vulkan_fit
     from .blockio import disk_rate
-    from .stream import RUN, WALIGN
+    from .stream import RUN
 
-    km = vulkan_kernel_memory(caps_of(facts))
-    reserve = small_bytes(graph) + WALIGN + BLOCK
-    cfg = config if config is not None else fit_config(graph, max(1, budget - reserve), km=km,
-                                                       alignment=int(facts["align"]))
-    g = slice_graph(graph, cfg.slices, cfg.in_slices)
-    kernels = _sliced_kernels(g, cfg.kernels)
-    tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
-    store, folded = prepare_vulkan_stream_store(g, work / f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}.vkstore",
-                                                kernels=kernels, facts=facts)
+    reserve, fit = vulkan_fit(graph, facts)
+    cfg = config if config is not None else fit(max(1, budget - reserve))
+    store, folded, kernels = store_for_config(graph, cfg, work / f"{src.stem}-{_key(src, 0, batch)[:10]}", facts)
     read_bw = disk_rate(store, StreamingExecutor.bypass_readers, RUN)
     write_skeleton(strip_constants(folded), skel, {"store": str(store), "kernels": kernels, "config": cfg.to_dict(),
                                                    "backend": "vulkan", "compute_s": None, "read_bw": read_bw})

@@ -587,26 +587,46 @@ class VulkanStreamingExecutor(StreamingExecutor):
             self._cbs = []
 
 
+def vulkan_fit(graph: Graph, facts: Mapping[str, Any]) -> tuple[int, Callable[[int], Any]]:
+    """How a budget is fitted on the device ``facts`` describe: the bytes kept beside the arena (an estimate: the
+    small parameters, the arena's block slack) and ``fit(arena_bytes) -> MemConfig`` (``fit_config`` with the
+    Vulkan kernels' memory and fallback)."""
+    from ..planner.slicing import fit_config
+    from ..runtime.stream import small_bytes
+
+    km = vulkan_kernel_memory(caps_of(facts))
+    return (small_bytes(graph) + WALIGN + BLOCK,
+            lambda b: fit_config(graph, b, km=km, alignment=int(facts["align"])))
+
+
+def store_for_config(graph: Graph, cfg: Any, prefix: Path, facts: Mapping[str, Any]
+                     ) -> tuple[Path, Graph, dict[str, str]]:
+    """``graph`` sliced and its kernels fallen back as ``cfg`` says, its store written (or kept) at ``prefix``
+    and the configuration's key: the store, the folded graph and the kernels by node name."""
+    import hashlib
+
+    from ..planner.slicing import slice_graph
+
+    g = slice_graph(graph, cfg.slices, cfg.in_slices)
+    kernels = _sliced_kernels(g, cfg.kernels)
+    tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
+    store, folded = prepare_vulkan_stream_store(g, Path(f"{prefix}-{tag}.vkstore"), kernels=kernels, facts=facts)
+    return store, folded, kernels
+
+
 def vulkan_stream_for_budget(graph: Graph, budget: int, work: str | os.PathLike, *, device: Any = None,
                              config: Any = None, **kw: Any) -> VulkanStreamingExecutor:
     """``stream_for_budget`` on a Vulkan device: the graph's Vulkan kernels fallen back and sliced as the budget
-    requires (``planner.slicing.fit_config`` with ``vulkan_kernel_memory``; ``config`` to impose one), folded, its
-    store written under ``work`` once per configuration (outside the budget)."""
-    import hashlib
-
-    from ..planner.slicing import fit_config, slice_graph
-    from ..runtime.stream import fit_and_build, small_bytes
+    requires (``vulkan_fit``; ``config`` to impose one), folded, its store written under ``work`` once per
+    configuration (outside the budget)."""
+    from ..runtime.stream import fit_and_build
 
     dev = device or get_device()
     facts = device_facts(dev)
-    km = vulkan_kernel_memory(caps_of(facts))
+    reserve, fit = vulkan_fit(graph, facts)
 
     def build(cfg: Any) -> VulkanStreamingExecutor:
-        g = slice_graph(graph, cfg.slices, cfg.in_slices)
-        tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
-        store, folded = prepare_vulkan_stream_store(g, Path(work) / f"{graph.name}-{tag}.vkstore",
-                                                    kernels=_sliced_kernels(g, cfg.kernels), facts=facts)
+        store, folded, _kernels = store_for_config(graph, cfg, Path(work) / graph.name, facts)
         return VulkanStreamingExecutor(strip_constants(folded), store, budget, device=dev, **kw)
 
-    return fit_and_build(budget, small_bytes(graph) + WALIGN + BLOCK,
-                         lambda b: fit_config(graph, b, km=km, alignment=int(facts["align"])), build, config)
+    return fit_and_build(budget, reserve, fit, build, config)
