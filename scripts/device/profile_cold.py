@@ -108,8 +108,8 @@ def main() -> int:
         rw = run({**spec, "clock": "wall"}, env)
         rc = run({**spec, "clock": "cpu"}, env)
         report[n] = {"runs": rs, "wall": rw, "cpu": rc}
-        print(f"== {n}: total ms {[round(r['total_ms'], 1) for r in rs]}, load() {[round(r['load_ms'], 1) for r in rs]},"
-              f" plan start {[round(r['plan_start_ms'], 1) for r in rs]}")
+        ms = {k: [round(r[k], 1) for r in rs] for k in ("total_ms", "load_ms", "plan_start_ms")}
+        print(f"== {n}: total ms {ms['total_ms']}, load() {ms['load_ms']}, plan start {ms['plan_start_ms']}")
         print("   stats", rs[-1]["stats"])
         for e in rs[-1]["timeline"]:
             print(f"   {e['thread'][:14]:14s} {e['kind']:8s} {e['layer'][:34]:34s} {e['t0'] * 1e3:7.2f} "
