@@ -196,6 +196,24 @@ def test_overhead_in_two_parts_keeps_a_constant_gap_apart_from_the_units_bias() 
         [(w, p, n) for w, _m, p, n in rows])
 
 
+def test_signature_names_the_work_not_the_fused_nodes() -> None:
+    """Two fused layers that differ only in which nodes a fusion folded in (``_absorbed``) are one unit: a model's
+    repeated blocks share their derived features; an attribute the kernel reads still tells units apart."""
+    from inferd.ops.base import kernels_for
+    from inferd.predictor.features import signature
+
+    x = np.zeros((1, 8, 6, 6), np.float32)
+    w = np.zeros((8, 8, 3, 3), np.float32)
+    base = {"pads": [1, 1, 1, 1], "strides": [1, 1], "act": ("Relu", ())}
+    a = single_node_layer("Conv", [x, w], {**base, "_absorbed": ["/block1/relu"]}, name="c1")
+    b = single_node_layer("Conv", [x, w], {**base, "_absorbed": ["/block7/bn", "/block7/relu"]}, name="c7")
+    plain = single_node_layer("Conv", [x, w], base, name="c0")
+    other = single_node_layer("Conv", [x, w], {**base, "act": ("Clip", (0.0, 6.0))}, name="c2")
+    k = kernels_for("Conv", "cpu")[0]
+    assert signature(a, k) == signature(b, k) == signature(plain, k)
+    assert signature(other, k) != signature(a, k)
+
+
 def test_fast_whole_model_path_equals_the_per_layer_one(trained: tuple[Predictor, Trainer]) -> None:
     from inferd.frontend import import_template, specialize
     from inferd.runtime.cpu import CpuExecutor
