@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..config import predictor_path
     from ..planner.cost import raw_nbytes
     from ..predictor.cost import PredictedCost, predict_layers, predict_warm
-    from ..predictor.features import _DISPATCHES as dispatch_cache
+    from ..predictor.features import _DISPATCHES as dispatch_cache, signature
     from ..predictor.measure import measure_model_cpu, measure_model_vulkan, read_once
     from ..predictor.model import Predictor
     from ..predictor.probe import probe_s, read_factors, read_probe, speed_factor
@@ -242,7 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          # where a whole-model error comes from: the units' sum (measured in the model, median
                          # over passes) against its prediction, and the whole model against its units' sum
                          "units_measured_ms": float(sum(ls.phases["exec"] for ls in ms.layers)) * 1e3,
-                         "units_predicted_ms": float(sum(x.phases["exec"] for x in lp)) * 1e3})
+                         "units_predicted_ms": float(sum(x.phases["exec"] for x in lp)) * 1e3,
+                         # this model's whole-model prediction time (the median of its timings): which models
+                         # set the goal's max, and their unit and signature counts
+                         "predict_ms": pred_times[-1] * 1e3,
+                         "signatures": len({signature(layer, k) for layer, k in layers})})
             print(f"  [{i + 1}/{len(held)}] {s.name}: measured {meas * 1e3:.2f} ms, predicted {p * 1e3:.2f} ms "
                   f"({(p / meas - 1) * 100:+.1f}%)", file=sys.stderr)
             # the disk now (a few cold reads as the training's table measured them): this model's reads are
@@ -374,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{fmt(goals['prediction_ms_median'], '.2f')} ms, p95 {fmt(goals['prediction_ms_p95'], '.2f')} ms, "
           f"max {fmt(goals['prediction_ms_max'], '.2f')} ms | "
           f"{goals['prediction_goal_met']} |", "",
+          "Slowest whole-model predictions: " + ", ".join(
+              f"{r['model']} {r['predict_ms']:.2f} ms ({r['layers']} units, {r['signatures']} signatures)"
+              for r in sorted(rows, key=lambda r: -r["predict_ms"])[:3]) + ".", "",
           "## Measurement noise (the same measurement repeated)", "",
           "The board is a shared 2-core VM: a measurement repeated disagrees with itself. Whole models: "
           f"{PASSES} interleaved passes per model, the measured value is the median of the pass medians; "

@@ -37,4 +37,5 @@ timeout 45 python3 -m pytest -q -x -p no:cacheprovider tests/test_predictor.py >
 echo "tests rc=$?" >> "$OUT/tests.log"
 python3 -m inferd.cli predictor show "$INFERD_PREDICTOR_DIR/vulkan.ipred" --device vulkan > "$OUT/predictor_show.json" 2>&1
 date -u >> "$OUT/machine.txt"
+tar -czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"  # one file back: a call returns at most 8
 tail -n 3 "$OUT"/*.log
