@@ -243,3 +243,27 @@ def test_a_mapped_pool_is_faulted_in_before_any_range_is_taken_and_only_host_mem
     unmapped = devpool.DevicePool(None, mem.size, 0, 0, 0, None, None)
     unmapped.prefault(host_memory=False)  # nothing mapped: nothing to fault, nothing counted
     assert unmapped.prefault_ms is None and not unmapped.host_memory
+
+
+@vk_only
+def test_driver_warm_up_at_bring_up_leaves_nothing_the_device_counts(pool_size) -> None:
+    """Bring-up makes (and destroys) a pipeline, a command buffer and a descriptor pool so that a model's cold load
+    does not pay their first-of-the-process costs: the device it leaves is the one made without the warm-up."""
+    from inferd.vulkan import raw
+    from inferd.vulkan.device import VulkanConfig, VulkanDevice, vk
+
+    pool_size(0)
+    cold = VulkanDevice(VulkanConfig(cache_dir="", warm_driver=False))
+    warm = VulkanDevice(VulkanConfig(cache_dir="", warm_driver=True))
+    try:
+        assert cold.warm_s == 0.0 and warm.warm_s > 0.0
+        assert warm.stats == cold.stats and warm.pipeline_count() == cold.pipeline_count() == 0
+        assert warm.memory_report()["held"] == cold.memory_report()["held"]
+        pool = vk.vkCreateCommandPool(warm.device, vk.VkCommandPoolCreateInfo(queueFamilyIndex=warm.queue_family), None)
+        try:  # what a load then makes works as before
+            raw.end_command_buffer(raw.allocate_command_buffer(warm.device, pool))
+        finally:
+            vk.vkDestroyCommandPool(warm.device, pool, None)
+    finally:
+        warm.close()
+        cold.close()

@@ -302,7 +302,11 @@ class VulkanDevice:
         Why: drivers load their shader compiler at the first pipeline (NVIDIA's libnvidia-gpucomp is
         ~70 MB, mapped lazily); on the H100 with the page cache dropped that first creation cost a
         model's cold load 50-80 ms. A daemon owns its device for hours, so that cost belongs to device
-        bring-up. Nothing is cached or counted: models see the same pipelines and statistics either way."""
+        bring-up. Nothing is cached or counted: models see the same pipelines and statistics either way.
+
+        Likewise a process's first command buffer and first descriptor pool: on the H100 the first
+        vkAllocateCommandBuffers + vkBeginCommandBuffer of a process took 0.6-0.8 ms and its first descriptor pool
+        0.17-0.19 ms, later ones 0.01-0.03 (scripts/device/_vk_setup_micro.py), and a cold load made both."""
         t0 = time.perf_counter()
         try:
             mod = self.shader_cache.get("copy")
@@ -313,6 +317,20 @@ class VulkanDevice:
                 vk.vkDestroyPipeline(self.device, h, None)
         except Exception as e:  # a missing compiler or shader only loses the head start
             log.debug("driver warm-up skipped: %s", e)
+        try:
+            from . import raw
+
+            pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.queue_family),
+                                          None)
+            try:
+                raw.end_command_buffer(raw.allocate_command_buffer(self.device, pool))
+            finally:
+                vk.vkDestroyCommandPool(self.device, pool, None)  # (frees its command buffer)
+            types = sorted({descriptor_type(k) for k in ("buffer", "texel", "image")})
+            raw.destroy_descriptor_pool(self.device, raw.create_descriptor_pool(self.device, [(t, 1) for t in types], 1,
+                                                                                free_sets=True))
+        except Exception as e:
+            log.debug("command buffer warm-up skipped: %s", e)
         return time.perf_counter() - t0
 
     def _create_instance(self) -> None:
