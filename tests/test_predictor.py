@@ -218,12 +218,17 @@ def test_fast_whole_model_path_equals_the_per_layer_one(trained: tuple[Predictor
     from inferd.frontend import import_template, specialize
     from inferd.runtime.cpu import CpuExecutor
 
+    from inferd.predictor.features import signature
+
     pred, _ = trained
+    repeated = 0
     for spec in TINY:
         g = specialize(import_template(build_variant(spec)))
         ex = CpuExecutor(g)
         kern = {s.layer.name: s.kernel.name for s in ex.steps if s is not None and not s.alias}
         layers = executed_layers(g, kern, "cpu")
+        # (units of one signature are predicted once and spread back: the per-layer path below checks that too)
+        repeated += len({signature(layer, k) for layer, k in layers}) < len(layers)
         cost = PredictedCost(pred, threads=1, constants=g.constants)
         vals, roof = predict_arrays(layers, cost, ("exec", "transform"))
         lp = predict_layers(layers, PredictedCost(pred, threads=1, constants=g.constants), ("exec", "transform"))
@@ -232,6 +237,7 @@ def test_fast_whole_model_path_equals_the_per_layer_one(trained: tuple[Predictor
         assert np.allclose(vals["exec"], single, rtol=1e-9)  # the planners' one-unit path agrees
         assert (vals["exec"] > 0).all() and not roof.any()
         assert predict_warm(layers, cost) == pytest.approx(whole_model_warm(pred, lp, len(layers)), rel=1e-12)
+    assert repeated  # a model with repeated blocks among them
 
 
 # ------------------------------------------------------------------------------------------ coverage

@@ -173,7 +173,30 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
                    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Seconds of every phase of every (layer, kernel), as one array per phase, and which units fell back to
     the roofline. One vectorised call per unit model and phase; the features of all units built once (CPU: one
-    array from Python lists: no per-layer signature, numpy call or result object)."""
+    array from Python lists: no numpy call or result object per layer). Units with one signature are one unit:
+    a model's repeated blocks are predicted once (a ViT variant's 199 units are 19), then spread back."""
+    if len(layers) > 1:
+        sig = cost._signature
+        index: dict[str, int] = {}
+        inv = []
+        for layer, k in layers:
+            key = sig(layer, k)
+            j = index.get(key)
+            if j is None:
+                j = index[key] = len(index)
+            inv.append(j)
+        if len(index) < len(layers):
+            firsts: dict[int, tuple[Layer, Kernel]] = {}
+            for unit, j in zip(layers, inv):
+                firsts.setdefault(j, unit)
+            vals, roof = _predict_units([firsts[j] for j in range(len(index))], cost, phases)
+            at = np.asarray(inv, dtype=np.intp)
+            return {ph: v[at] for ph, v in vals.items()}, roof[at]
+    return _predict_units(layers, cost, phases)
+
+
+def _predict_units(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, phases: Sequence[str]
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     p = cost.predictor
     n = len(layers)
     L: np.ndarray | None = None
