@@ -178,18 +178,17 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
     if len(layers) > 1:
         sig = cost._signature
         index: dict[str, int] = {}
+        uniq: list[tuple[Layer, Kernel]] = []
         inv = []
-        for layer, k in layers:
-            key = sig(layer, k)
+        for unit in layers:
+            key = sig(*unit)
             j = index.get(key)
             if j is None:
-                j = index[key] = len(index)
+                j = index[key] = len(uniq)
+                uniq.append(unit)
             inv.append(j)
-        if len(index) < len(layers):
-            firsts: dict[int, tuple[Layer, Kernel]] = {}
-            for unit, j in zip(layers, inv):
-                firsts.setdefault(j, unit)
-            vals, roof = _predict_units([firsts[j] for j in range(len(index))], cost, phases)
+        if len(uniq) < len(layers):
+            vals, roof = _predict_units(uniq, cost, phases)
             at = np.asarray(inv, dtype=np.intp)
             return {ph: v[at] for ph, v in vals.items()}, roof[at]
     return _predict_units(layers, cost, phases)

@@ -32,7 +32,7 @@ import numpy as np
 from .. import faults
 from ..errors import (BackendError, DeviceFault, DeviceLostError, DeviceOutOfMemoryError,
                       DeviceTimeoutError)
-from . import devpool
+from . import devpool, raw
 from .devpool import DevicePool
 from .kernel import ALIGN
 from .shaders import ShaderCache, ShaderModule, default_cache_dir
@@ -318,8 +318,6 @@ class VulkanDevice:
         except Exception as e:  # a missing compiler or shader only loses the head start
             log.debug("driver warm-up skipped: %s", e)
         try:
-            from . import raw
-
             pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.queue_family),
                                           None)
             try:
