@@ -11,14 +11,14 @@ the units' warm times + per-step and per-run overhead, as fitted on measured mod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
 from ..ops.base import Kernel, Layer, op_spec
 from ..planner.cost import (CONTROL_OPS, Cost, DeviceRates, RooflineCost, control_seconds, kernel_transforms,
                             raw_nbytes)
-from .features import FEATURES, feature_matrix, kernel_key, signature, unit_key, unit_row, vulkan_dispatches
+from .features import FEATURES, feature_matrix, kernel_key, unit_identity, unit_key, unit_row, vulkan_dispatches
 from .model import Predictor, log_features
 
 #: what a unit that runs nothing costs (an alias view, a node folded at load): not zero, never more
@@ -63,11 +63,11 @@ class PredictedCost:
     speed: float = 1.0
     #: the disk now against the training's read table, per size (``probe.read_factors``); {}: as trained
     read_factors: Mapping[int, float] = field(default_factory=dict)
-    _rows: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    _rows: dict[Hashable, list[float]] = field(default_factory=dict, repr=False)
     _fallback: RooflineCost | None = field(default=None, repr=False)
-    _memo: dict[tuple[str, str], Cost] = field(default_factory=dict, repr=False)
+    _memo: dict[tuple[Hashable, str], Cost] = field(default_factory=dict, repr=False)
     _caps_obj: Any = field(default=None, repr=False)
-    _sigs: dict[int, tuple[Layer, Kernel, str]] = field(default_factory=dict, repr=False)
+    _sigs: dict[int, tuple[Layer, Kernel, Hashable]] = field(default_factory=dict, repr=False)
 
     @property
     def gpu(self) -> bool:
@@ -82,13 +82,13 @@ class PredictedCost:
             self._fallback = RooflineCost(r, gpu=self.gpu)
         return self._fallback
 
-    def _signature(self, layer: Layer, kernel: Kernel) -> str:
-        """``signature`` per layer object (held here, so its id is not reused): a planner asks a layer's features
-        and then its costs per phase, and the signature's reprs were a fifth of a Vulkan whole-model prediction."""
+    def _identity(self, layer: Layer, kernel: Kernel) -> Hashable:
+        """``unit_identity`` per layer object (held here, so its id is not reused): a planner asks a layer's
+        features and then its costs per phase."""
         hit = self._sigs.get(id(layer))
         if hit is not None and hit[0] is layer and hit[1] is kernel:
             return hit[2]
-        sig = signature(layer, kernel)
+        sig = unit_identity(layer, kernel)
         if len(self._sigs) >= 4096:  # one model's layers, a few times over: bounded for a long-lived cost model
             self._sigs.clear()
         self._sigs[id(layer)] = (layer, kernel, sig)
@@ -96,7 +96,7 @@ class PredictedCost:
 
     def row(self, layer: Layer, kernel: Kernel) -> list[float]:
         """The unit's features as a list, per shape signature (a whole model's rows become one array)."""
-        sig = self._signature(layer, kernel)
+        sig = self._identity(layer, kernel)
         r = self._rows.get(sig)
         if r is None:
             ds = None
@@ -123,7 +123,7 @@ class PredictedCost:
         return p.get(kernel_key(kernel), phase), "extrapolated"
 
     def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
-        key = (self._signature(layer, kernel), phase)
+        key = (self._identity(layer, kernel), phase)
         c = self._memo.get(key)
         if c is None:
             c = self._cost(layer, kernel, phase)
@@ -176,12 +176,12 @@ def predict_arrays(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
     array from Python lists: no numpy call or result object per layer). Units with one signature are one unit:
     a model's repeated blocks are predicted once (a ViT variant's 199 units are 19), then spread back."""
     if len(layers) > 1:
-        sig = cost._signature
-        index: dict[str, int] = {}
+        ident = cost._identity
+        index: dict[Hashable, int] = {}
         uniq: list[tuple[Layer, Kernel]] = []
         inv = []
         for unit in layers:
-            key = sig(*unit)
+            key = ident(*unit)
             j = index.get(key)
             if j is None:
                 j = index[key] = len(uniq)

@@ -13,7 +13,7 @@ import math
 import re
 import zlib
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -195,9 +195,9 @@ _SMALL = 4096
 
 
 def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any, constants: Mapping[str, Any] | None = None,
-                      sig: str | None = None) -> list[Any] | None:
+                      sig: Hashable | None = None) -> list[Any] | None:
     """The dispatches ``kernel`` records for ``layer`` (None when they cannot be derived without its values);
-    ``sig``: the unit's :func:`signature` when the caller has it."""
+    ``sig``: the unit's :func:`unit_identity` when the caller has it."""
     global _split_rows
     key = (_dispatch_key(layer, kernel, constants, sig), caps)
     hit = _DISPATCHES.get(key, _MISS)
@@ -261,14 +261,14 @@ _DISPATCHES: dict[Any, list[Any] | None] = {}
 _DISPATCH_CACHE = 8192
 
 
-def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None, sig: str | None = None) -> Any:
+def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None, sig: Hashable | None = None) -> Any:
     small = []
     for i in layer.const_inputs:
         info = layer.inputs[i]
         v = constants.get(layer.node.inputs[i]) if constants is not None and info is not None \
             and info.nbytes <= _SMALL else None
         small.append(None if v is None else np.asarray(v).tobytes())
-    return (kernel.name, sig if sig is not None else signature(layer, kernel), tuple(small))
+    return (kernel.name, sig if sig is not None else unit_identity(layer, kernel), tuple(small))
 
 
 def unit_row(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequence[Any] | None = None) -> list[float]:
@@ -283,17 +283,25 @@ def features(layer: Layer, kernel: Kernel, threads: int = 1, dispatches: Sequenc
     return np.array(unit_row(layer, kernel, threads, dispatches), dtype=np.float64)
 
 
+def unit_identity(layer: Layer, kernel: Kernel) -> Hashable:
+    """Equal for two units exactly when they are the same work: op, kernel, shapes and attributes (the cache key of
+    derived features within a process). A tuple, ~2.5x cheaper to build and hash than its repr, which a Vulkan
+    whole-model prediction did once per layer (a fifth of its time); the repr where an attribute value cannot be
+    hashed. ``_absorbed`` (the names of the nodes a fusion folded in: bookkeeping, the kernel runs the same without
+    it) is left out: it made every fused layer unique, so a model's repeated blocks were derived once each
+    (EfficientNet variants: 86 of 94 units) and training never pooled identical units."""
+    items = tuple((k, tuple(v) if type(v) is list else v) for k, v in sorted(layer.attrs.items())
+                  if k != "_absorbed")  # (names are unique strings: sorting never compares values)
+    key = (layer.op, kernel.name, tuple(tuple(i.shape) if i is not None else None for i in layer.inputs),
+           tuple(tuple(o.shape) for o in layer.outputs), tuple(layer.const_inputs), items)
+    try:
+        hash(key)
+    except TypeError:  # an array or a nested list among the attributes
+        return repr(key)
+    return key
+
+
 def signature(layer: Layer, kernel: Kernel) -> str:
-    """A string that is equal for two units exactly when they have the same op, kernel, shapes and attributes
-    (the cache key of derived features and the identity of a training sample)."""
-    # one repr of the whole tuple (the attribute values' reprs made inside it, in C): a repr per value from
-    # Python was most of this function, which a Vulkan whole-model prediction calls once per layer.
-    # Attribute names are unique strings, so sorting the items never compares their values. ``_absorbed`` (the
-    # names of the nodes a fusion folded in: bookkeeping, the kernel runs the same without it) is left out: it made
-    # every fused layer's signature unique, so a model's repeated blocks were derived once each (EfficientNet
-    # variants: 86 signatures of 94 units) and were half of the repr's time.
-    attrs = layer.attrs
-    items = sorted(attrs.items()) if "_absorbed" not in attrs else sorted(
-        kv for kv in attrs.items() if kv[0] != "_absorbed")
-    return repr((layer.op, kernel.name, [tuple(i.shape) if i is not None else None for i in layer.inputs],
-                 [tuple(o.shape) for o in layer.outputs], tuple(layer.const_inputs), items))
+    """:func:`unit_identity` as a string (the identity of a training sample, in its keys)."""
+    key = unit_identity(layer, kernel)
+    return key if isinstance(key, str) else repr(key)
