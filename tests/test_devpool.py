@@ -151,7 +151,9 @@ def _conv_model() -> onnx.ModelProto:
              helper.make_node("Conv", ["r", "w2"], ["y"])]
     g = helper.make_graph(nodes, "pooled", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 20, 20])],
                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 8, 20, 20])], [w, b, w2])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8  # what any onnxruntime reads: the GPU host's onnx writes 14, its onnxruntime reads up to 13
+    return m
 
 
 @vk_only
