@@ -467,6 +467,22 @@ class Recorder:
         raw.cmd_memory_barrier(self.cb)
         self._pend_w, self._pend_r = [], []
 
+    def copy(self, src: Any, dst: Any, regions: Sequence[tuple[int, int, int]]) -> None:
+        """Copy ranges (source offset, destination offset, bytes) of buffer ``src`` to ``dst``, ordered after
+        everything recorded before and before everything after, shaders and transfers alike (a barrier on each
+        side, every stage): a streamed model's arena mirror. Counted as work to submit."""
+        allc = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT
+        rw = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
+              | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        bar = [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                  dstAccessMask=rw)]
+        vk.vkCmdPipelineBarrier(self.cb, allc, allc, 0, 1, bar, 0, None, 0, None)
+        vk.vkCmdCopyBuffer(self.cb, src, dst, len(regions),
+                           [vk.VkBufferCopy(srcOffset=a, dstOffset=b, size=n) for a, b, n in regions])
+        vk.vkCmdPipelineBarrier(self.cb, allc, allc, 0, 1, bar, 0, None, 0, None)
+        self._pend_w, self._pend_r = [], []  # the barrier above orders everything recorded so far
+        self.count += 1
+
     def timestamp(self) -> None:
         vk.vkCmdWriteTimestamp(self.cb, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, self.qp, self.query)
         self.query += 1

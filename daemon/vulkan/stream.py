@@ -415,19 +415,8 @@ class VulkanStreamingExecutor(StreamingExecutor):
             return
         host, devr, base = self._region, self._dev_region, self._base
         src, dst = (host, devr) if up else (devr, host)
-        allc = vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT
-        rw = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
-              | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
-        bar = [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                                  dstAccessMask=rw)]
-        cb = rec.cb
-        vk.vkCmdPipelineBarrier(cb, allc, allc, 0, 1, bar, 0, None, 0, None)
-        regions = [vk.VkBufferCopy(srcOffset=base + o, dstOffset=base + o, size=n) for o, n in ranges]
-        vk.vkCmdCopyBuffer(cb, src.buffer, dst.buffer, len(regions), regions)
-        vk.vkCmdPipelineBarrier(cb, allc, allc, 0, 1, bar, 0, None, 0, None)
-        rec._pend_w, rec._pend_r = [], []  # the barrier above orders everything recorded so far
-        rec.count += 1  # work to submit (a segment with nothing but copies is submitted too)
-        self.copies += len(regions)
+        rec.copy(src.buffer, dst.buffer, [(base + o, base + o, n) for o, n in ranges])
+        self.copies += len(ranges)
 
     def _segment(self) -> Recorder:
         if self._seg is None:
