@@ -339,6 +339,7 @@ def test_device_close_closes_models(tmp_cache: Path) -> None:
         m.run({"x": np.zeros((2, 3, 5), F32)})
 
 
+@pytest.mark.usefixtures("no_test_spirv")
 def test_spirv_cache_on_disk_manifest_and_corruption(tmp_path: Path) -> None:
     from inferd.vulkan.shaders import ShaderCache
     c1 = ShaderCache(tmp_path)
@@ -363,6 +364,7 @@ def test_spirv_cache_on_disk_manifest_and_corruption(tmp_path: Path) -> None:
     assert [s.name for s in conv.manifest.spec] == ["KH", "KW", "SH", "SW", "DH", "DW", "GID_BASE"]
 
 
+@pytest.mark.usefixtures("no_test_spirv")
 def test_spirv_bundle_serves_a_new_process_and_a_bad_one_is_a_miss(tmp_path: Path, caplog: Any) -> None:
     import logging
     import shutil

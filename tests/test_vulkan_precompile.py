@@ -14,6 +14,9 @@ from inferd.vulkan.shaders import ShaderCache, compiler, norm_defines, shader_di
 needs_glslang = pytest.mark.skipif(compiler() is None, reason="no glslangValidator")
 
 
+pytestmark = pytest.mark.usefixtures("no_test_spirv")  # these count what compiles and what is read
+
+
 def test_the_list_round_trips_and_a_bad_line_is_named(tmp_path: Path) -> None:
     v = [("unary", norm_defines({"UOP": 3, "ACT": 0})), ("copy", ())]
     p = tmp_path / "list.txt"
