@@ -118,6 +118,9 @@ class Config:
     heap_trim: bool = _opt("bool", "give the heap's freed memory back to the system (malloc_trim) in idle time after a "
                            "cold load settles and after a model is closed: what loads, warm switches and compiles "
                            "freed otherwise stays in the RSS", default=True)
+    rehearse: bool = _opt("bool", "at the start, compile a small built-in model into a temporary package and load it "
+                          "cold once, in the background: the first model a client asks for then finds the cold "
+                          "load's code warm (inferd.runtime.rehearsal)", default=True)
     resident_pipelines: int = _opt("int", "Vulkan pipelines created at start in the background: the device's most "
                                    "recently used ones (its list in the cache directory), so that a cold load of a "
                                    "model served before creates none (0: none)", default=128, minimum=0)

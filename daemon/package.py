@@ -651,6 +651,11 @@ def parsed_stats() -> dict[str, int]:
     return {"plans": n, "plan_file_bytes": nbytes}
 
 
+def forget_parsed(pkg: Path) -> None:
+    """Drop the parse ``_parsed`` keeps of ``pkg``'s plan.bin (a package that is removed)."""
+    _parsed.drop(str(pkg / "plan.bin"))
+
+
 def parsed_cached(pkg: Path) -> bool:
     """Whether ``pkg``'s plan.bin, as it is on disk now, is parsed in ``_parsed`` (an open then reads none of its
     metadata: plan.bin here, the store's index in ``store.index_cached``)."""

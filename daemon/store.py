@@ -114,6 +114,13 @@ class FileMemo:
             hit = self._d.get(key)
         return hit is not None and hit[0] == version
 
+    def drop(self, key: str) -> None:
+        """Forget what is kept for ``key`` (a file that is gone)."""
+        with self._lock:
+            old = self._d.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+
     @staticmethod
     def admits(nbytes: int, max_entries: int, max_bytes: int) -> bool:
         """Whether these bounds keep a value read from ``nbytes`` of a file (a caller may skip preparing one)."""
@@ -289,6 +296,11 @@ def index_stats() -> dict[str, int]:
     """What ``_indexes`` holds: store indexes and their bytes on disk."""
     n, nbytes = _indexes.stats()
     return {"indexes": n, "index_bytes": nbytes}
+
+
+def forget_index(path: str | os.PathLike) -> None:
+    """Drop the index ``_indexes`` keeps of the store at ``path`` (a store that is removed)."""
+    _indexes.drop(str(Path(path)))
 
 
 def index_cached(path: str | os.PathLike) -> bool:

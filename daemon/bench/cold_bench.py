@@ -187,7 +187,7 @@ if eng == "inferd":
         vulkan_load_path()  # as the daemon does where it opens the device at its start
     from inferd.bench.common import daemon_state
     _resident = daemon_state(device, spec.get("device_pool") or 0, spec.get("resident_pipelines") or 0,
-                             spec.get("host_pool") or 0, claim_cores=True)
+                             spec.get("host_pool") or 0, claim_cores=True, rehearse=bool(spec.get("rehearse")))
     if spec.get("reload"):
         # a daemon's model dropped (its memory budget, an unload) and asked for again: this process served it
         # before, until its plan.bin stopped changing (the refinement after a first run rewrites it at most twice)
@@ -738,6 +738,9 @@ class BenchOptions:
     host_pool: int = 256 << 20
     #: Vulkan: the inferd child's device pool, as the daemon's ``device_pool`` setting (0: none)
     device_pool: int = 64 << 20
+    #: the inferd child rehearses a cold load on a small model before the request, as the daemon's start does
+    #: (its ``rehearse`` setting; ``inferd.runtime.rehearsal``)
+    rehearse: bool = True
     quiet_wait: float = QUIET_WAIT_S
     retries: int = RETRIES
     #: seconds per model that waiting for quiet and re-measuring contended runs may cost in all (when
@@ -791,7 +794,7 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     ref = work / "ref.npz"
     np.savez(ref, y=y, **{f"x{i}": x for i, x in enumerate(xs)})
     base_spec = {"device": dev, "threads": opts.threads, "sample_s": opts.sample_s, "ref": str(ref),
-                 "input_names": [t.name for t in g.inputs], "host_pool": opts.host_pool,
+                 "input_names": [t.name for t in g.inputs], "host_pool": opts.host_pool, "rehearse": opts.rehearse,
                  "device_pool": opts.device_pool,
                  "resident_pipelines": opts.resident_pipelines if dev == "vulkan" else 0}
     env = _child_env(opts)
@@ -1155,7 +1158,9 @@ def markdown(data: dict[str, Any]) -> str:
              f"Cold = fresh process with the libraries imported (and inferd's loader threads started, and its host "
              f"pool of {int(data.get('host_pool_bytes') or 0) >> 20} MiB faulted in"
              + (f", and its device pool of {int(data.get('device_pool_bytes') or 0) >> 20} MiB allocated with the device"
-                if dev == "vulkan" else "") + ", as a daemon that is up), page cache "
+                if dev == "vulkan" else "")
+             + (", and a cold load rehearsed on a small model of its own" if data.get("rehearse") else "")
+             + ", as a daemon that is up), page cache "
              f"dropped ({', '.join(data['cache_methods']) or 'n/a'}; max resident bytes of the run's files found by "
              f"mincore before a run: {data['max_resident_bytes']}), load + first inference. Median of "
              f"{data['repeat']} rounds, engines in rotated order per round. inferd loads its compiled package; "
@@ -1327,6 +1332,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-pool", type=float, default=256,
                    help="MiB of host pool the inferd child faults in before the request, as the daemon does at its "
                         "start (its host_pool setting; 0: none)")
+    p.add_argument("--no-rehearse", action="store_true",
+                   help="the inferd child skips the cold-load rehearsal a daemon's start runs (its rehearse setting)")
     p.add_argument("--device-pool", type=float, default=64,
                    help="Vulkan: MiB of device pool the inferd child allocates with its device, as the daemon does "
                         "(its device_pool setting; 0: none)")
@@ -1352,7 +1359,7 @@ def main(argv: list[str] | None = None) -> int:
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
                         refined=not args.no_refined, reload=not args.no_reload,
                         host_pool=int(args.host_pool * (1 << 20)),
-                        device_pool=int(args.device_pool * (1 << 20)),
+                        device_pool=int(args.device_pool * (1 << 20)), rehearse=not args.no_rehearse,
                         resident_pipelines=max(0, args.resident_pipelines))
     paths = write_zoo(work / "zoo", names)
     notes: list[str] = []
@@ -1383,7 +1390,8 @@ def main(argv: list[str] | None = None) -> int:
     versions["inferd"] = __version__
     data: dict[str, Any] = {
         "machine": machine_info(), "tree": _tree_state(), "device": args.device, "repeat": args.repeat,
-        "threads": args.threads, "host_pool_bytes": opts.host_pool, "device_pool_bytes": opts.device_pool,
+        "threads": args.threads, "rehearse": opts.rehearse,
+        "host_pool_bytes": opts.host_pool, "device_pool_bytes": opts.device_pool,
         "versions": versions, "ablation": args.ablation, "background": args.background,
         "goals": {"cold_vs_peer_max": GOAL_PEER, "cold_vs_floor_warm_max": GOAL_FLOOR,
                   "background_loss_max": GOAL_BACKGROUND},

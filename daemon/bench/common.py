@@ -72,11 +72,12 @@ def busy_loop(core: int) -> "subprocess.Popen[bytes]":
 
 
 def daemon_state(device: str, device_pool_bytes: int = 0, resident_pipelines: int = 0, host_pool_bytes: int = 0,
-                 claim_cores: bool = False) -> Any:
+                 claim_cores: bool = False, rehearse: bool = False) -> Any:
     """Put a bench's child in the state of a daemon that is up, before its cold load is timed: the loader threads
     started; ``claim_cores``: numpy's BLAS held to one thread (``server.daemon.apply_threads``); its host pool
-    faulted in (``host_pool_bytes``); on Vulkan the device created with its device pool (``device_pool_bytes``) and the
-    listed pipelines made resident (``resident_pipelines``). Returns ``make_resident``'s answer (None if none)."""
+    faulted in (``host_pool_bytes``); ``rehearse``: a cold load rehearsed on a small model of its own, as the daemon's
+    start does (``runtime.rehearsal``); on Vulkan the device created with its device pool (``device_pool_bytes``) and
+    the listed pipelines made resident (``resident_pipelines``). Returns ``make_resident``'s answer (None if none)."""
     from ..runtime.scheduler import default_loaders, loader_pool
 
     loader_pool().set_size(default_loaders())
@@ -90,6 +91,11 @@ def daemon_state(device: str, device_pool_bytes: int = 0, resident_pipelines: in
         pool = hostpool.install(int(host_pool_bytes))
         if pool is not None:
             pool.wait_prefaulted(60)
+    if rehearse:
+        from ..runtime.rehearsal import rehearse as run
+
+        if run("cpu") is None:
+            raise RuntimeError("the cold-load rehearsal failed (INFERD_LOG=debug says why)")
     if device != "vulkan":
         return None
     from ..vulkan import devpool

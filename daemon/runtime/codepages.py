@@ -141,10 +141,17 @@ def import_load_path() -> float:
     return time.perf_counter() - t0
 
 
-def warm_start() -> None:
-    """The daemon's start, in the background: the cold load's Python modules imported, its machine code mapped."""
+def warm_start(rehearse: bool = False) -> None:
+    """The daemon's start, in the background: the cold load's Python modules imported, its machine code mapped;
+    ``rehearse``: then a cold load rehearsed on a small model (``inferd.runtime.rehearsal``)."""
     import_load_path()
     make_resident()
+    if rehearse:
+        from .rehearsal import rehearse as run
+
+        took = run("cpu")
+        if took is not None:
+            log.debug("cold-load rehearsal: %s", took)
 
 
 def make_resident(extra_files: Sequence[str] = (), *, blas: bool = True) -> Residency:

@@ -1389,7 +1389,8 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
 
     # the code a cold load runs, mapped while the daemon starts rather than faulted in from disk by the first
     # cold load after boot (one fault at a time, behind the weights that load reads)
-    threading.Thread(target=codepages.warm_start, name="inferd-codepages", daemon=True).start()
+    threading.Thread(target=codepages.warm_start, kwargs={"rehearse": config.rehearse}, name="inferd-codepages",
+                     daemon=True).start()
     if config.coexec_threads:  # read by inferd.coexec.load when a cpu+vulkan model loads
         os.environ["INFERD_COEXEC_THREADS"] = str(config.coexec_threads)
     prepare_cache_dir(config.cache_dir)
