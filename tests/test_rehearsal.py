@@ -65,3 +65,13 @@ def test_the_daemon_setting_reads_and_defaults_on() -> None:
 
     assert C.load_config(environ={}).rehearse is True
     assert C.load_config(environ={"INFERD_REHEARSE": "0"}).rehearse is False
+
+
+def test_no_rehearsal_under_the_fault_seam(monkeypatch: Any) -> None:
+    """Injected faults count calls process-wide and are meant for a test's requests: no rehearsal takes them."""
+    from inferd import faults
+
+    monkeypatch.setattr(faults, "enabled", True)
+    before = _leftovers()
+    assert rehearsal.rehearse("cpu") is None
+    assert _leftovers() == before
