@@ -52,10 +52,11 @@ def model() -> Any:
 
 
 def _scratch() -> str | None:
-    """Where the package is written: memory (/dev/shm) where there is one. On disk, the file system's journal
-    commits the files' creation and removal a few seconds later, and on the H100's host VM that commit slowed the
-    reads of the next cold load behind it (resnet50's weights, 102 MB: 49-58 -> 69-72 ms of reading, in a bench
-    that starts its timed load right after the rehearsal)."""
+    """Where the package is written: memory (/dev/shm) where there is one, so that nothing of it reaches the disk.
+    With it on the disk, the H100's host VM read the next cold load's weights slower in a bench that starts its
+    timed load right after the rehearsal (resnet50 on Vulkan, 102 MB: 69-72 ms of reading against 49-58 without a
+    rehearsal, in alternating runs); the file system's journal committing the files' creation and removal a few
+    seconds later is the likely cause, not confirmed on the device since (no machine was lent again)."""
     shm = "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
