@@ -6,10 +6,13 @@
 set -u
 OUT=${OUT:-/tmp/rehearse-ab-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-t=$(date +%s)
-[ "${SKIP_TESTS:-0}" = 1 ] || timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_vulkan_*.py tests/test_precision.py \
-    tests/test_quant_vulkan.py tests/test_rehearsal.py > "$OUT/device_tests.log" 2>&1
-[ "${SKIP_TESTS:-0}" = 1 ] || echo "tests rc=$? in $(( $(date +%s) - t )) s"; tail -3 "$OUT/device_tests.log"; grep -E "^FAILED|^ERROR" "$OUT/device_tests.log" | head -20
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  t=$(date +%s)
+  timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -n 8 -p no:cacheprovider tests/test_vulkan_*.py \
+      tests/test_precision.py tests/test_quant_vulkan.py tests/test_rehearsal.py > "$OUT/device_tests.log" 2>&1
+  echo "tests rc=$? in $(( $(date +%s) - t )) s"; tail -3 "$OUT/device_tests.log"
+  grep -E "^FAILED|^ERROR" "$OUT/device_tests.log" | head -20
+fi
 for arm in ${ARMS:-rehearse no-rehearse}; do
   extra=""; [ $arm = no-rehearse ] && extra="--no-rehearse"
   timeout "${BENCH_TIMEOUT:-150}" python3 -m inferd.cli bench cold --device vulkan $extra \
