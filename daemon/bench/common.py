@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import os
 import platform
@@ -128,13 +129,41 @@ def drop_page_cache(path: str | os.PathLike | None = None) -> bool:
     return ok
 
 
+#: A result's JSON larger than this is written gzipped (``<name>.json.gz``, whole: ``read_json`` reads either).
+#: Why: every device call carries the checkout, bench/results included, in at most 64 MiB, and the results with
+#: per-run timelines or per-sample rows (160 files over 64 KiB) had grown to 37 of the tracked 59 MB; gzipped
+#: they take about a ninth, and the small ones stay readable as they are.
+JSON_GZIP_OVER = 64 << 10
+
+
+def write_json(out_dir: str | os.PathLike, base: str, data: Any) -> Path:
+    """``data`` as ``<out_dir>/<base>.json``, or ``<base>.json.gz`` where its text is over ``JSON_GZIP_OVER``
+    bytes (gzip without a timestamp: the same data makes the same file); the other form, left by an earlier
+    run of the same name, is removed. Returns the path written."""
+    out = Path(out_dir)
+    raw = (json.dumps(data, indent=2, default=str) + "\n").encode()
+    plain, packed = out / f"{base}.json", out / f"{base}.json.gz"
+    keep, drop = (packed, plain) if len(raw) > JSON_GZIP_OVER else (plain, packed)
+    keep.write_bytes(gzip.compress(raw, 9, mtime=0) if keep is packed else raw)
+    drop.unlink(missing_ok=True)
+    return keep
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A result file ``write_json`` wrote, gzipped (``.gz``) or not."""
+    p = Path(path)
+    raw = p.read_bytes()
+    return json.loads(gzip.decompress(raw) if p.suffix == ".gz" else raw)
+
+
 def write_results(out_dir: str | os.PathLike, stem: str, data: dict[str, Any], table_md: str) -> tuple[Path, Path]:
+    """``<date>_<stem>`` as JSON (``write_json``: gzipped when large) and its markdown table; their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     day = data.get("machine", {}).get("date", "")[:10] or _dt.date.today().isoformat()
     base = f"{day}_{stem}"
-    jp, mp = out / f"{base}.json", out / f"{base}.md"
-    jp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    jp = write_json(out, base, data)
+    mp = out / f"{base}.md"
     mp.write_text(table_md)
     return jp, mp
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import machine_info, time_calls
+from .common import machine_info, time_calls, write_json
 
 GOALS_US = {"tiny": 150.0, "img224": 1000.0}
 
@@ -285,7 +285,7 @@ def _write(result: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     host = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in result["machine"]["host"]) or "machine"
     stem = f"daemon_bench_{result['date'][:10]}_{host}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, stem, result)
     mach = result["machine"]
     lines = [
         f"# inferd daemon overhead ({result['date']})",
