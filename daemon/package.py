@@ -763,8 +763,9 @@ _INDEX_TAIL = 256 << 10
 
 def prefetch_metadata(pkg: Path) -> None:
     """Ask the kernel for every small read an open makes, at once: ``plan.bin``, the store's header and
-    its index (at the file's end), instead of three disk round trips one after another. Best effort."""
-    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL)):
+    its index (at the file's end), the CPU's recorded binds (``runtime.bindrec``), instead of disk round trips one
+    after another. Best effort."""
+    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL), ("binds.bin", None)):
         try:
             fd = os.open(pkg / name, os.O_RDONLY)
         except OSError:

@@ -124,9 +124,12 @@ class ColdLoad:
                       "idle_before_request_s": round(idle, 6),
                       "predicted_s": round(self.plan.predicted_s, 6), **run.breakdown(),
                       **getattr(self, "stats_stream", {})}
-        made = (getattr(self.backend, "load_stats", None) or {}).get("pipelines_created")
+        load_stats = getattr(self.backend, "load_stats", None) or {}
+        made = load_stats.get("pipelines_created")
         if made is not None:  # GPU: pipelines this load had to create (none where the device held them all)
             self.stats["pipelines_created"] = int(made)
+        if "binds_replayed" in load_stats:  # CPU: layers rebuilt from the package's recorded binds, not bound
+            self.stats["binds_replayed"] = int(load_stats["binds_replayed"])
         return out
 
     def observed(self) -> dict[tuple[str, str, str], float]:

@@ -25,6 +25,7 @@ from ..ops.base import (Kernel, Layer, bounded_view, choose_kernel, kernels_for,
 from ..ops.tensor import copies_call
 from ..backends.base import forget_raw
 from ..planner.memory import MemoryPlan, plan_graph_memory
+from . import bindrec
 
 
 @dataclass
@@ -37,6 +38,8 @@ class Step:
     alias: bool
     #: the kernel's pre-bound call (Kernel.bind), or None: run() goes through kernel.run
     bound: Callable[[], None] | None = None
+    #: ``bound`` rebuilt from the package's recorded bind (``runtime.bindrec``), not bound
+    replayed: bool = False
 
     def call(self) -> Callable[[], None]:
         if self.bound is not None:
@@ -161,6 +164,10 @@ class CpuExecutor:
         else:
             self.choice = list(select_kernels(graph, "cpu", kernels))
         self.steps: list[Step | None] = [None] * len(self.choice)
+        #: recorded binds of the package this executor loads (``runtime.bindrec``): a layer with one is rebuilt
+        #: from it rather than bound; set before the cold load starts preparing
+        self.binds: dict[str, bindrec.LayerRecord] | None = None
+        self._arena_at = bindrec.address(self.arena)
         self._shared: set[int] = set()  # layers whose weights another shape of the model owns (adopt)
         self._calls: list[Callable[[], None]] = []
         self._step_calls: list[Callable[[], None]] = []
@@ -227,7 +234,11 @@ class CpuExecutor:
             step.alias = False
             step.bound = self._runtime_shaped_call(layer, k, p)
         elif not alias:
-            step.bound = k.bind(layer, ins, p, outs)
+            rec = self.binds.get(layer.name) if self.binds else None
+            got = bindrec.replay(rec, k.name, self.arena, self._arena_at, p, lambda: k.bind(layer, ins, p, outs)) \
+                if rec is not None else None
+            step.replayed = got is not None
+            step.bound = got if got is not None else k.bind(layer, ins, p, outs)
         self.choice[pos] = (layer, k)
         self.steps[pos] = step
         self.stats.kernels[k.name] = self.stats.kernels.get(k.name, 0) + 1
@@ -331,6 +342,12 @@ class CpuExecutor:
         from .pagecache import can_populate
 
         return can_populate()
+
+    @property
+    def load_stats(self) -> dict[str, Any]:
+        """What the cold load's preparation did: ``binds_replayed``, the layers rebuilt from the package's recorded
+        binds rather than bound."""
+        return {"binds_replayed": sum(1 for s in self.steps if s is not None and s.replayed)}
 
     def begin(self, feeds: dict[str, np.ndarray]) -> None:
         self._check_open()

@@ -108,6 +108,10 @@ class Model:
         self._recover = recover
         #: folds a cold run's observations into the package's profile (and plan) in idle time
         self._refine: "Callable[[dict[tuple[str, str, str], float]], Any] | None" = None
+        #: records the CPU layers' binds into the package after its cold load (``runtime.bindrec``), in idle time
+        self._record_binds: Callable[[], Any] | None = None
+        #: set once that recording ran (or was skipped at close); None: nothing to record
+        self.binds_done: threading.Event | None = None
         self._broken: BaseException | None = None
         #: the compiled package the model was loaded from (None: compiled in memory); the cache
         #: never evicts it while the model is loaded
@@ -292,6 +296,7 @@ class Model:
         # the refinement after the first run re-plans over what the store holds: the rebuilt store's, not the
         # damaged one's (whose plan could read transformed weights the rebuilt store does not hold)
         self._refine, other._refine = other._refine, None
+        self._record_binds, other._record_binds = other._record_binds, None
         self._recover = None  # once: a package that is damaged again right after its rebuild is an error
         other._on_close = None
         other._cold = None
@@ -329,6 +334,11 @@ class Model:
         after = getattr(self._exec, "after_first_run", None)
         if after is not None:
             after_answer(after)
+        if self._record_binds is not None:
+            # before the warm switch (the same idle worker, in order): the records are of the plan's kernels
+            record, self._record_binds = self._record_binds, None
+            closing = self._closing
+            self.binds_done = after_answer(lambda: None if closing.is_set() else record())
         self._warm_begun = threading.Event()
         self.warm_done = start_warm_switch(cold, self.device, self._lock, self.cold_stats.update,
                                            may_start=self._warm_switch_may_start)
@@ -804,6 +814,12 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
         if op is not None:
             op.store.close()
         raise
+    binds_key = None
+    if dev == "cpu" and plan is not None and op is not None:
+        from . import bindrec
+
+        binds_key = bindrec.key_of(op.meta)
+        backend.binds = bindrec.load(op.path, binds_key)
     try:
         if plan is None:
             # planned here: from the package's profile (other options than its stored plan's) or from the
@@ -826,5 +842,18 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
             op.store.close()
         raise
     on_close = op.store.close if op is not None else None
-    return Model(mname, graph, backend, dev, time.perf_counter() - t0, cold=cold, on_close=on_close,
-                 template=template, make_backend=lambda g: make_backend(g, dev, kernels, **options))
+    model = Model(mname, graph, backend, dev, time.perf_counter() - t0, cold=cold, on_close=on_close,
+                  template=template, make_backend=lambda g: make_backend(g, dev, kernels, **options))
+    if binds_key is not None:
+        model._record_binds = lambda: _record_binds(op.path, binds_key, backend)
+    return model
+
+
+def _record_binds(pkg: Path, key: dict[str, Any], backend: Any) -> None:
+    """Write the binds of a CPU cold load's layers into its package where they differ from the ones it read (none,
+    stale, or a refined plan's other kernels)."""
+    from . import bindrec
+
+    recs = bindrec.record(backend)
+    if recs and recs != (backend.binds or {}) and bindrec.save(pkg, key, recs):
+        log.debug("%s: %d of %d layers' binds recorded", pkg, len(recs), len(backend.steps))

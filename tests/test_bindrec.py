@@ -1,0 +1,200 @@
+"""Recorded binds (``inferd.runtime.bindrec``): a CPU cold load of a package whose binds were recorded rebuilds its
+layers' native steps from the record, and answers exactly as the load that bound them; a record that is damaged,
+stale, or does not fit a layer is not used for it; a native step that refuses a recorded argument falls back to
+the kernel's own bind."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import inferd
+from inferd import native
+from inferd.package import compile_model
+from inferd.runtime import bindrec
+from inferd.zoo import ZOO
+from zoo_fixture import check_against_reference, zoo_reference
+
+TOL = 1e-4
+
+
+def _key(pkg: Path) -> dict[str, Any]:
+    from inferd.package import read_plan
+
+    return bindrec.key_of(read_plan(pkg / "plan.bin"))
+
+
+def _first_load(pkg: Path, name: str) -> dict[str, np.ndarray]:
+    """Load ``pkg`` cold, check it, and wait for its binds to be recorded; the first run's outputs."""
+    _path, feeds, _ref, _names = zoo_reference(name)
+    with inferd.load(pkg) as m:
+        out = m.run(feeds)
+        check_against_reference(m, name, "first load", TOL)
+        assert m.binds_done is not None and m.binds_done.wait(60)
+        assert m.cold_stats.get("binds_replayed", 0) == 0
+    return out
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_a_second_cold_load_rebuilds_recorded_layers_and_answers_the_same(name: str, tmp_path: Path) -> None:
+    _path, feeds, _ref, _names = zoo_reference(name)
+    pkg = compile_model(zoo_reference(name)[0], tmp_path / "pkg", profile=False)
+    first = _first_load(pkg, name)
+    recs = bindrec.load(pkg, _key(pkg)) or {}
+    with inferd.load(pkg) as m:
+        out = m.run(feeds)
+        replayed = sum(1 for s in m._exec.steps if s is not None and s.replayed)
+        assert m.cold_stats.get("binds_replayed", replayed) == replayed  # (a first run that finished the load first)
+        # every recorded layer whose kernel the plan still names is rebuilt, none is bound
+        planned = {lp.name: lp.kernel for lp in m.plan.layers}
+        assert replayed == sum(1 for n, r in recs.items() if planned.get(n) == r.kernel)
+        for k in first:  # the same steps on the same inputs: the same bits
+            np.testing.assert_array_equal(out[k], first[k], err_msg=f"{name}: output {k}")
+        check_against_reference(m, name, "second load, binds replayed", TOL)
+        assert m.wait_warm(60)
+        check_against_reference(m, name, "warm run after a replayed cold load", TOL)
+
+
+def test_records_are_kept_for_the_models_that_have_native_layers(tmp_path: Path) -> None:
+    """The layers a mobile net spends its preparation on (blocked convolutions) are the ones recorded; a layer that
+    reads the graph's input keeps its own bind (it is pointed at the caller's array)."""
+    name = "mobilenetv2"
+    pkg = compile_model(zoo_reference(name)[0], tmp_path / "pkg", profile=False)
+    _first_load(pkg, name)
+    with inferd.load(pkg) as m:
+        m.wait_loaded()
+        be = m._exec
+        replayed = [s for s in be.steps if s is not None and s.replayed]
+        assert len(replayed) >= 0.8 * len(be.steps)
+        feeds = {t.name for t in be.inputs}
+        assert not any(n in feeds for s in replayed for n in s.layer.node.inputs)
+        assert be._direct, "the input's reader lost its retarget"
+
+
+def test_a_replayed_layer_has_the_arguments_its_bind_makes(tmp_path: Path) -> None:
+    """Recording and replaying against the same arena and weights gives each native step the bytes the kernel's
+    own bind gave it, slot for slot."""
+    for name in ("mobilenetv2", "shufflenetv2_x1_0", "squeezenet1_1"):
+        pkg = compile_model(zoo_reference(name)[0], tmp_path / name, profile=False)
+        with inferd.load(pkg) as m:
+            m.wait_loaded()
+            be = m._exec
+            recs = bindrec.record(be)
+            assert recs
+            for (layer, k), step in zip(be.choice, be.steps):
+                rec = recs.get(layer.name)
+                if rec is None:
+                    continue
+                got = bindrec.replay(rec, k.name, be.arena, bindrec.address(be.arena), step.params, lambda: None)
+                assert got is not None, layer.name
+                want = step.bound.steps
+                assert [(s.kind, s.sig) for s in got.steps] == [(s.kind, s.sig) for s in want]
+                for a, b in zip(got.steps, want):
+                    n = 8 * len(a.sig)
+                    assert bytes(native.ffi.buffer(a.args, n)) == bytes(native.ffi.buffer(b.args, n)), layer.name
+
+
+def _pkg_with_records(tmp_path: Path, name: str = "squeezenet1_1") -> tuple[Path, dict[str, np.ndarray]]:
+    pkg = compile_model(zoo_reference(name)[0], tmp_path / "pkg", profile=False)
+    first = _first_load(pkg, name)
+    assert (pkg / bindrec.FILE).exists()
+    return pkg, first
+
+
+def test_a_damaged_binds_file_is_not_used_and_is_recorded_again(tmp_path: Path, caplog: Any) -> None:
+    name = "squeezenet1_1"
+    pkg, first = _pkg_with_records(tmp_path, name)
+    f = pkg / bindrec.FILE
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x5A
+    f.write_bytes(bytes(data))
+    _path, feeds, _ref, _names = zoo_reference(name)
+    with caplog.at_level(logging.WARNING, logger="inferd.runtime.bindrec"):
+        with inferd.load(pkg) as m:
+            out = m.run(feeds)
+            assert m.cold_stats["binds_replayed"] == 0
+            for k in first:
+                np.testing.assert_array_equal(out[k], first[k])
+            assert m.binds_done is not None and m.binds_done.wait(60)
+    assert "checksum" in caplog.text
+    assert bindrec.load(pkg, _key(pkg))  # written again, whole
+
+
+@pytest.mark.parametrize("damage", ["truncated", "magic", "version", "stale"])
+def test_a_bad_or_stale_binds_file_is_a_miss(tmp_path: Path, damage: str, monkeypatch: Any) -> None:
+    pkg, _first = _pkg_with_records(tmp_path)
+    f = pkg / bindrec.FILE
+    data = f.read_bytes()
+    if damage == "truncated":
+        f.write_bytes(data[:20])
+    elif damage == "magic":
+        f.write_bytes(b"NOTBINDS" + data[8:])
+    elif damage == "version":
+        f.write_bytes(data[:8] + (99).to_bytes(4, "little") + data[12:])
+    else:  # made by another engine version: the key differs
+        monkeypatch.setattr(bindrec, "__version__", "0.0.0-other")
+    assert bindrec.load(pkg, _key(pkg)) is None
+
+
+def test_a_record_that_does_not_fit_its_layer_is_not_used_for_it(tmp_path: Path) -> None:
+    """Another kernel than the plan's, or weights of another size: that layer binds; the others are rebuilt."""
+    name = "squeezenet1_1"
+    pkg, first = _pkg_with_records(tmp_path, name)
+    key = _key(pkg)
+    recs = dict(bindrec.load(pkg, key) or {})
+    assert len(recs) >= 2
+    a, b = list(recs)[:2]
+    recs[a] = bindrec.LayerRecord("some_other_kernel", recs[a].params, recs[a].steps)
+    pa = recs[b].params
+    recs[b] = bindrec.LayerRecord(recs[b].kernel, ((pa[0][0], pa[0][1] + 4, pa[0][2]),) + pa[1:], recs[b].steps)
+    assert bindrec.save(pkg, key, recs)
+    _path, feeds, _ref, _names = zoo_reference(name)
+    with inferd.load(pkg) as m:
+        out = m.run(feeds)
+        assert m.cold_stats["binds_replayed"] == len(recs) - 2
+        steps = {s.layer.name: s for s in m._exec.steps if s is not None}
+        assert not steps[a].replayed and not steps[b].replayed
+        for k in first:
+            np.testing.assert_array_equal(out[k], first[k])
+
+
+def test_a_refused_argument_falls_back_to_the_kernels_bind(tmp_path: Path) -> None:
+    """A native step that refuses a recorded argument (it checks before it writes) leaves the layer to its kernel's
+    own bind, for this run and the next."""
+    name = "squeezenet1_1"
+    pkg, first = _pkg_with_records(tmp_path, name)
+    key = _key(pkg)
+    recs = dict(bindrec.load(pkg, key) or {})
+    target = next(n for n, r in recs.items() if r.steps[0][0].startswith("inferd_nchwc_conv"))
+    entry, sig, slots = recs[target].steps[0]
+    bad = list(slots)
+    bad[sig.index("i")] = -3  # a channel count no kernel takes
+    recs[target] = bindrec.LayerRecord(recs[target].kernel, recs[target].params,
+                                       ((entry, sig, tuple(bad)),) + recs[target].steps[1:])
+    assert bindrec.save(pkg, key, recs)
+    _path, feeds, _ref, _names = zoo_reference(name)
+    with inferd.load(pkg) as m:
+        out = m.run(feeds)
+        for k in first:
+            np.testing.assert_array_equal(out[k], first[k])
+        out2 = m.run(feeds)
+        for k in first:
+            np.testing.assert_allclose(out2[k], first[k], rtol=1e-5, atol=1e-6)
+
+
+def test_an_unwritable_package_loads_without_records(tmp_path: Path, monkeypatch: Any) -> None:
+    name = "squeezenet1_1"
+    pkg = compile_model(zoo_reference(name)[0], tmp_path / "pkg", profile=False)
+
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(bindrec, "atomic_write", refuse)
+    _first_load(pkg, name)
+    assert not (pkg / bindrec.FILE).exists()
+    with inferd.load(pkg) as m:
+        check_against_reference(m, name, "no records", TOL)
+        assert m.cold_stats["binds_replayed"] == 0
