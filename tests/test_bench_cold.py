@@ -88,12 +88,18 @@ def test_one_round_of_a_tiny_model_in_child_processes(tmp_path: Path) -> None:
     r = cb.measure_model("tiny", Path(src), tmp_path / "work", opts)
     s = r["summary"]
     assert not r["errors"], r["errors"]
-    for key in ("inferd", "inferd_reload", "ort_default", "ort_opt", "floor", "floor_direct", "floor_whole"):
+    for key in ("inferd", "inferd_reload", "inferd_no_binds", "ort_default", "ort_opt", "floor", "floor_direct",
+                "floor_whole"):
         assert s[key]["n"] == 1 and s[key]["errors"] == [], (key, s[key])
         assert 0 < s[key]["cold_ms"] < 10_000, (key, s[key])
     # every engine answered the same thing
-    for key in ("inferd", "inferd_reload", "ort_default", "ort_opt"):
+    for key in ("inferd", "inferd_reload", "inferd_no_binds", "ort_default", "ort_opt"):
         assert s[key]["rel_err"] < 1e-4, (key, s[key])
+    # a load before the rounds recorded the package's binds (tiny's four layers have none to record: its conv reads
+    # the graph's input, the rest are not native steps): the rounds rebuild what there is, the first load nothing
+    b = r["binds"]
+    assert (r["binds_file_bytes"] > 0) == (b["layers_replayed"] > 0) and 0 <= b["layers_replayed"] <= b["layers"] == 4
+    assert [x["cold_stats"].get("binds_replayed") for x in r["runs"]["inferd_no_binds"]] == [0]
     # the reload's process had served the package: its plan and index parsed, ready for the timed load
     assert [x["reload_cached"] for x in r["runs"]["inferd_reload"]] == [True]
     assert r["ratios_reload"]["cold_vs_peer"] is not None
@@ -118,7 +124,7 @@ def test_one_round_of_a_tiny_model_in_child_processes(tmp_path: Path) -> None:
             "threads": 2, "versions": {}, "cache_methods": r["cache"]["methods"], "max_resident_bytes": 0,
             "models": {"tiny": r}}
     md = cb.markdown(data)
-    assert "| tiny |" in md and ("met" in md or "missed" in md) and "Reload:" in md
+    assert "| tiny |" in md and ("met" in md or "missed" in md) and "Reload:" in md and "Recorded binds" in md
 
 
 def test_cli_is_wired() -> None:

@@ -276,10 +276,12 @@ if eng == "inferd":
                        "loaders": p.loaders, "options": p.options.to_dict(), "sources": srcs,
                        "kernels": sorted({lp.kernel for lp in p.layers})}
     ev = getattr(m, "refine_done", None)
-    if ev is not None and (spec.get("join_refine") or int(spec.get("warm_runs", 0)) > 0):
-        # inferd refines the package's plan from what this run observed, in idle time; let it finish
-        # (it would otherwise compete with the warm runs, or die with the process half way)
-        ev.wait(60)
+    if spec.get("join_refine") or int(spec.get("warm_runs", 0)) > 0:
+        # inferd records the layers' binds and refines the package's plan from what this run observed, in idle
+        # time; let them finish (they would otherwise compete with the warm runs, or die with the process half way)
+        for _ev in (getattr(m, "binds_done", None), ev):
+            if _ev is not None:
+                _ev.wait(60)
     res["refine_ran"] = ev is not None
     nwarm = int(spec.get("warm_runs", 0))
     if nwarm > 0:
@@ -753,6 +755,8 @@ class BenchOptions:
     #: also measure a reload: the package loaded again in a process that served it before (a daemon's model that
     #: its memory budget or an unload dropped), its files evicted as for every run
     reload: bool = True
+    #: CPU: measure with the package's binds recorded by a load before the rounds, and its first load without
+    binds: bool = True
     #: Vulkan: pipelines the inferd child makes resident before the request, as the daemon does at its start
     #: (its ``resident_pipelines`` setting); a second inferd configuration is measured without them
     resident_pipelines: int = 128
@@ -821,7 +825,8 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
         res["package_bytes"] = {f.name: f.stat().st_size for f in p.iterdir() if f.is_file()}
         regions, nbytes = plan_regions(p, dev)
         res["plan_read_bytes"] = nbytes + (p / "plan.bin").stat().st_size
-        files = _files_under(p)
+        # the folder, not its files now: what a load writes into it later (binds.bin) is evicted and checked too
+        files = [str(p)]
         snap = snapshot(p)
         configs.append(Config("inferd", {**base_spec, "engine": "inferd", "path": str(p), "options":
                                          _ablation_options(None), "warm_runs": opts.warm_runs,
@@ -848,6 +853,12 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
             [str(p / "plan.bin"), None], [str(p / "weights.store"), regions]]}, files, env=env))
         configs.append(Config("floor_whole", {**base_spec, "engine": "floor", "ref": "", "files": [
             [str(p / "plan.bin"), None], [str(p / "weights.store"), None]]}, files, env=env))
+        if dev == "cpu" and opts.binds:
+            # the package's first load after its compile: no recorded binds read, none written (runtime.bindrec)
+            configs.append(Config("inferd_no_binds", {**base_spec, "engine": "inferd", "path": str(p),
+                                                      "options": _ablation_options(None), "loaders": opts.loaders,
+                                                      "timeline": False}, files,
+                                  env={**(env or os.environ), "INFERD_BINDS": "0"}, restore=snap))
         if opts.reload:
             configs.append(Config("inferd_reload", {**base_spec, "engine": "inferd", "path": str(p),
                                                     "options": _ablation_options(None), "loaders": opts.loaders,
@@ -918,6 +929,24 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
                 errors["ncnn"] = f"{type(e).__name__}: {e}"[:1500]
             res["prepare_s"]["ncnn_convert"] = round(time.perf_counter() - t, 3)
 
+    # CPU: one load of the package before the rounds records its layers' binds (runtime.bindrec), as a daemon's
+    # first load of it does: the rounds measure the loads after that one (``inferd_no_binds``: the first)
+    if dev == "cpu" and opts.binds:
+        primed: set[str] = set()
+        for c in configs:
+            path = c.spec.get("path") if c.spec.get("engine") == "inferd" else None
+            if not path or c.key == "inferd_no_binds" or path in primed or not Path(path).is_dir():
+                continue
+            primed.add(path)
+            try:
+                run_child(Config(f"prime_binds_{c.key}", {**c.spec, "warm_runs": 0, "join_refine": True,
+                                                          "timeline": False}, c.files, env=c.env, restore=c.restore),
+                          opts.drop_mode, quiet_wait=0)
+                if c.key == "inferd":  # (0: no layer of this model could be recorded)
+                    f = Path(path) / "binds.bin"
+                    res["binds_file_bytes"] = f.stat().st_size if f.is_file() else 0
+            except (ChildError, OSError) as e:
+                errors[f"prime_binds_{c.key}"] = str(e)[:1500]
     # Vulkan: fill the shader/pipeline caches first (the daemon's state after a model's first load);
     # cold here means model files evicted, caches filled
     if dev == "vulkan":
@@ -991,6 +1020,10 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     refined = summ.get("inferd_refined", {}).get("cold_ms")
     if refined:
         res["ratios_refined"] = goal_ratios(refined, inferd_warm, floor, peers)
+    if summ.get("inferd_no_binds", {}).get("cold_ms"):
+        res["binds"] = {"cold_ms": inferd_cold, "no_binds_cold_ms": summ["inferd_no_binds"]["cold_ms"],
+                        "layers_replayed": (med.get("cold_stats") or {}).get("binds_replayed") if med else None,
+                        "layers": (med.get("cold_stats") or {}).get("tasks") if med else None}
     reloaded = summ.get("inferd_reload", {}).get("cold_ms")
     if reloaded:
         res["ratios_reload"] = goal_ratios(reloaded, inferd_warm, floor, peers)
@@ -1207,6 +1240,19 @@ def markdown(data: dict[str, Any]) -> str:
                      f"{fmt(_ms(cs.get('execute_s')))} | {fmt(_ms(cs.get('waiting_s')))} | "
                      f"{cs.get('stolen', 'n/a')} / {cs.get('tasks', 'n/a')} | {fmt(pl.get('predicted_ms'))} | "
                      f"{pl.get('sources', 'n/a')} | {fmt(max(errs) if errs else None, '.1e')} |")
+    if any(r.get("binds") for r in data["models"].values()):
+        lines += ["", "Recorded binds (`inferd.runtime.bindrec`): a package's first cold load binds every layer (its "
+                  "native steps laid out from the node: Python under the GIL, beside the executor); it then records "
+                  "them in the package, and its later cold loads rebuild them from the new addresses. The rounds "
+                  "above follow one such load; 'first load' is the same package with the records neither read nor "
+                  "written (`INFERD_BINDS=0`), as right after `inferd compile`.", "",
+                  "| model | cold ms (binds recorded) | first load ms (none) | recorded / first | layers rebuilt |",
+                  "|---|---:|---:|---:|---:|"]
+        for n, r in data["models"].items():
+            b = r.get("binds") or {}
+            lines.append(f"| {n} | {fmt(b.get('cold_ms'))} | {fmt(b.get('no_binds_cold_ms'))} | "
+                         f"{fmt(ratio(b.get('cold_ms'), b.get('no_binds_cold_ms')), '.2f')} | "
+                         f"{b.get('layers_replayed', 'n/a')} of {b.get('layers', 'n/a')} |")
     if any("inferd_reload" in r.get("summary", {}) for r in data["models"].values()):
         lines += ["", "Reload: the same package loaded again by a process that served it before (a daemon's model "
                   "that its memory budget or an unload dropped), its files evicted as for every run: the load takes "
@@ -1326,6 +1372,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-start", action="store_true",
                    help="Vulkan: also inferd and ncnn (default options) with their SPIR-V, pipeline and driver caches empty")
     p.add_argument("--no-refined", action="store_true", help="skip measuring the package after refinement")
+    p.add_argument("--no-binds", action="store_true",
+                   help="CPU: skip the recorded binds (no priming load, no first-load figure)")
     p.add_argument("--no-reload", action="store_true",
                    help="skip measuring a reload (the package loaded again by a process that served it before)")
     p.add_argument("--warm-runs", type=int, default=30)
@@ -1357,7 +1405,7 @@ def main(argv: list[str] | None = None) -> int:
                         first_start=args.first_start,
                         background=args.background, warm_runs=args.warm_runs, threads=args.threads,
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
-                        refined=not args.no_refined, reload=not args.no_reload,
+                        refined=not args.no_refined, reload=not args.no_reload, binds=not args.no_binds,
                         host_pool=int(args.host_pool * (1 << 20)),
                         device_pool=int(args.device_pool * (1 << 20)), rehearse=not args.no_rehearse,
                         resident_pipelines=max(0, args.resident_pipelines))

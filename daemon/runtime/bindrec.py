@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,12 @@ class LayerRecord:
     #: (entry point, argument letters, slots); a slot: an int or float value, or for a pointer (_NULL,),
     #: (_ARENA, offset), (_PARAM, index into ``params``, offset)
     steps: tuple[tuple[str, str, tuple[Any, ...]], ...]
+
+
+def enabled() -> bool:
+    """Whether cold loads read and record binds: ``INFERD_BINDS=0`` turns both off (a benchmark's first load of a
+    package, and the ablation that measures what the records gain)."""
+    return os.environ.get("INFERD_BINDS", "1").strip() != "0"
 
 
 def key_of(meta: Mapping[str, Any]) -> dict[str, Any]:

@@ -789,6 +789,7 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
                    op: Any, template: Graph | None = None) -> Model:
     from ..backends.base import WeightSource
     from ..package import make_backend, make_plan
+    from . import bindrec
     from .cold import ColdLoad
 
     first = dict(options)
@@ -815,9 +816,7 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
             op.store.close()
         raise
     binds_key = None
-    if dev == "cpu" and plan is not None and op is not None:
-        from . import bindrec
-
+    if dev == "cpu" and plan is not None and op is not None and bindrec.enabled():
         binds_key = bindrec.key_of(op.meta)
         backend.binds = bindrec.load(op.path, binds_key)
     try:
