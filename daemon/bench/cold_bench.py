@@ -637,7 +637,9 @@ def compile_package(onnx_path: Path, out: Path, device: str, variant: str | None
 
 
 def _ncnn_available() -> tuple[bool, str]:
-    """Whether ncnn and pnnx can be used; installs the wheels with pip if they are missing."""
+    """Whether ncnn and pnnx can be used; installs the wheels with pip if ncnn is missing. ncnn without pnnx is
+    used too (a machine with no network given the conversions: ``convert_ncnn`` reuses one of the same ONNX bytes
+    and says so where it would have to convert)."""
     from .ncnn_peer import pnnx_exe
 
     def ok() -> bool:
@@ -646,11 +648,11 @@ def _ncnn_available() -> tuple[bool, str]:
 
             importlib.invalidate_caches()
             importlib.import_module("ncnn")
-            return pnnx_exe() is not None
+            return True
         except Exception:
             return False
     if ok():
-        return True, ""
+        return True, "" if pnnx_exe() is not None else "pnnx not found: conversions made before only"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "ncnn", "pnnx"], capture_output=True,
                        text=True, timeout=900)
     if ok():
