@@ -1098,6 +1098,49 @@ def _steps_call(calls: list[Callable[[], None]]) -> Callable[[], None]:
     return call
 
 
+def run_timed(calls: Sequence[Callable[[], None]]) -> list[float]:
+    """Run ``calls`` in order and return ``time.perf_counter()`` at the end of each. Consecutive calls that carry
+    native steps (:func:`with_steps`) run as one ``inferd_steps_run_timed``, the GIL released once, each one's end
+    read from the clock after its last step; where a step fails, its call and those after it in the run are called
+    from Python, as :func:`fuse_calls`' runs do. Why: a cold load's first run executes the layers that are ready
+    as one call (the executor otherwise took the GIL back after every layer, from the loader thread that holds it
+    binding the next ones) and still times each layer for the cold timeline and the plan's refinement."""
+    ends: list[float] = []
+    timed = has("inferd_steps_run_timed")
+    i, n = 0, len(calls)
+    while i < n:
+        if not timed or getattr(calls[i], "steps", None) is None:
+            calls[i]()
+            ends.append(time.perf_counter())
+            i += 1
+            continue
+        j = i
+        while j < n and getattr(calls[j], "steps", None) is not None:
+            j += 1
+        group = calls[i:j]
+        steps = [st for c in group for st in getattr(c, "steps")]
+        t0 = time.perf_counter()
+        done, t = 0, None
+        if steps:
+            arr = ffi.new("inferd_step[]", len(steps))
+            for k, st in enumerate(steps):
+                arr[k].kind, arr[k].nargs, arr[k].a = st.kind, len(st.sig), st.args
+            t = ffi.new("double[]", len(steps))
+            done = int(lib.inferd_steps_run_timed(arr, len(steps), t))
+        k, last = 0, t0
+        for c in group:
+            m = len(getattr(c, "steps"))
+            if k + m <= done:
+                last = t[k + m - 1] if m else last  # (a call with no steps does nothing)
+            else:
+                c()  # (its own error, or its own fallback; the rest of the run after it too)
+                last = time.perf_counter()
+            ends.append(last)
+            k += m
+        i = j
+    return ends
+
+
 def nchwc_maxpool_bound(x: np.ndarray, y: np.ndarray, kh: int, kw: int, sh: int, sw: int, pt: int,
                         pl: int) -> Callable[[], None] | None:
     """native/nchwc.c's MaxPool over each image of blocked ``x`` into ``y``; None where it does not apply."""

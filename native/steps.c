@@ -7,7 +7,9 @@
  * when the layer is bound; the runner unpacks them with that entry point's own prototype, so no function is
  * called through a pointer of another type, and the layers run back to back with the GIL released.
  */
+#define _POSIX_C_SOURCE 199309L /* clock_gettime under -std=c99 */
 #include <string.h>
+#include <time.h>
 
 #include "inferd_internal.h"
 #include "inferd_native.h"
@@ -154,6 +156,19 @@ int inferd_steps_kind(const char* name, const char** sig)
             return k;
         }
     return -1;
+}
+
+int inferd_steps_run_timed(const inferd_step* s, int n, double* t)
+{
+    for (int i = 0; i < n; ++i) {
+        const int k = s[i].kind;
+        if (k < 0 || k >= NKINDS || s[i].nargs != (int)strlen(KINDS[k].sig) || !s[i].a) return i;
+        if (KINDS[k].fn(s[i].a) != 0) return i;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t[i] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    }
+    return n;
 }
 
 int inferd_steps_run(const inferd_step* s, int n)

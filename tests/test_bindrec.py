@@ -198,3 +198,50 @@ def test_an_unwritable_package_loads_without_records(tmp_path: Path, monkeypatch
     with inferd.load(pkg) as m:
         check_against_reference(m, name, "no records", TOL)
         assert m.cold_stats["binds_replayed"] == 0
+
+
+def test_run_timed_runs_native_steps_in_one_call_and_times_each() -> None:
+    """``native.run_timed``: the calls' work in order, each one's end time from the clock after its last step (the
+    same clock as ``time.perf_counter``); a call without native steps runs from Python between them."""
+    import time
+
+    if not native.has("inferd_steps_run_timed"):
+        pytest.skip("native extension not built")
+    n = 1 << 16
+    xs = [np.full(n, float(i + 1), np.float32) for i in range(4)]
+    ys = [np.zeros(n, np.float32) for _ in range(4)]
+    calls = [native.strided_copy_bound(y, x[::-1][::-1]) for x, y in zip(xs, ys)]
+    assert all(c is not None and c.steps for c in calls)
+    order: list[str] = []
+    calls.insert(2, lambda: order.append("python"))
+    t0 = time.perf_counter()
+    ends = native.run_timed(calls)
+    t1 = time.perf_counter()
+    assert order == ["python"] and len(ends) == 5
+    assert t0 <= ends[0] <= ends[1] <= ends[2] <= ends[3] <= ends[4] <= t1
+    for i, y in enumerate(ys):
+        np.testing.assert_array_equal(y, float(i + 1))
+
+
+def test_run_timed_leaves_a_failing_step_to_its_call() -> None:
+    """A step that refuses its arguments: its call runs from Python (its own fallback or error), and so does every
+    call after it in the run; the ones before it ran once."""
+    if not native.has("inferd_steps_run_timed"):
+        pytest.skip("native extension not built")
+    runs: list[int] = []
+
+    def counted(i: int, steps: list[Any]) -> Any:
+        def call() -> None:
+            runs.append(i)
+        call.steps = steps  # type: ignore[attr-defined]
+        return call
+
+    n = 1 << 14
+    x, y = np.ones(n, np.float32), np.zeros(n, np.float32)
+    good = native.strided_copy_bound(y, x)
+    assert good is not None
+    kind, sig = good.steps[0].kind, good.steps[0].sig
+    bad = native.NativeStep(kind, sig, [0] * len(sig))  # null pointers: the copy refuses them
+    ends = native.run_timed([counted(0, good.steps), counted(1, [bad]), counted(2, good.steps)])
+    assert runs == [1, 2] and len(ends) == 3 and ends[0] <= ends[1] <= ends[2]
+    np.testing.assert_array_equal(y, 1.0)

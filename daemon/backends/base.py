@@ -56,6 +56,9 @@ class ColdBackend(Protocol):
 
     def execute(self, pos: int, flush: bool) -> None: ...
 
+    # optional: ``execute_run(lo, hi) -> list[float]``, layers lo..hi-1 (all prepared) executed as one call where the
+    # backend can, with the ``time.perf_counter()`` at each one's end (the CPU backend's native steps)
+
     def end(self) -> dict[str, np.ndarray]: ...
 
     def finalize(self) -> None: ...

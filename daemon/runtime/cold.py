@@ -101,12 +101,27 @@ class ColdLoad:
             self._prefault.wait()  # it writes into what this run is about to use
         self.backend.begin(feeds)
         n = len(self.plan.layers)
-        for pos in range(n):
+        # a backend that can run several prepared layers as one call (the CPU's native steps) runs every layer that
+        # is ready at once: the executor then takes the GIL back once per run, not after every layer from a loader
+        # thread that holds it (2-core VM, mobilenetv2 and efficientnet_b0: the executions 17-26% shorter, 15% fewer
+        # context switches; the cold time, which the loader's preparation bounds, within its noise)
+        many = getattr(self.backend, "execute_run", None)
+        pos = 0
+        while pos < n:
             run.wait_ready(pos)
-            flush = pos + 1 < n and not run.ready(pos + 1)
+            hi = pos + 1
+            if many is not None:
+                while hi < n and run.ready(hi):
+                    hi += 1
             t0 = time.perf_counter()
-            self.backend.execute(pos, flush)
-            run.record("execute", pos, t0, time.perf_counter())
+            if hi - pos > 1:
+                for j, t1 in zip(range(pos, hi), many(pos, hi)):
+                    run.record("execute", j, t0, t1)
+                    t0 = t1
+            else:
+                self.backend.execute(pos, hi < n and not run.ready(hi))
+                run.record("execute", pos, t0, time.perf_counter())
+            pos = hi
         out = self.backend.end()
         # leaving the window re-enables the collector, and the collection it put off would run at the
         # next allocation, on this answer's way out: let the idle worker leave it, after the answer
