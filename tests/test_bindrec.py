@@ -50,7 +50,7 @@ def test_a_second_cold_load_rebuilds_recorded_layers_and_answers_the_same(name: 
         assert m.cold_stats.get("binds_replayed", replayed) == replayed  # (a first run that finished the load first)
         # every recorded layer whose kernel the plan still names is rebuilt, none is bound
         planned = {lp.name: lp.kernel for lp in m.plan.layers}
-        assert replayed == sum(1 for n, r in recs.items() if planned.get(n) == r.kernel)
+        assert replayed == sum(1 for n, r in recs.items() if planned.get(n) == r[0])
         for k in first:  # the same steps on the same inputs: the same bits
             np.testing.assert_array_equal(out[k], first[k], err_msg=f"{name}: output {k}")
         check_against_reference(m, name, "second load, binds replayed", TOL)
@@ -140,23 +140,26 @@ def test_a_bad_or_stale_binds_file_is_a_miss(tmp_path: Path, damage: str, monkey
 
 
 def test_a_record_that_does_not_fit_its_layer_is_not_used_for_it(tmp_path: Path) -> None:
-    """Another kernel than the plan's, or weights of another size: that layer binds; the others are rebuilt."""
+    """Another kernel than the plan's, weights of another size, or a record that does not parse: that layer binds;
+    the others are rebuilt."""
     name = "squeezenet1_1"
     pkg, first = _pkg_with_records(tmp_path, name)
     key = _key(pkg)
     recs = dict(bindrec.load(pkg, key) or {})
-    assert len(recs) >= 2
+    assert len(recs) >= 3
     a, b = list(recs)[:2]
-    recs[a] = bindrec.LayerRecord("some_other_kernel", recs[a].params, recs[a].steps)
-    pa = recs[b].params
-    recs[b] = bindrec.LayerRecord(recs[b].kernel, ((pa[0][0], pa[0][1] + 4, pa[0][2]),) + pa[1:], recs[b].steps)
+    recs[a] = ["some_other_kernel", recs[a][1], recs[a][2]]
+    pa = recs[b][1]
+    recs[b] = [recs[b][0], [[pa[0][0], pa[0][1] + 4, pa[0][2]]] + pa[1:], recs[b][2]]
+    c = list(recs)[2]
+    recs[c] = [recs[c][0], recs[c][1], [["inferd_no_such_entry", "p", [[1, 0]]]]]
     assert bindrec.save(pkg, key, recs)
     _path, feeds, _ref, _names = zoo_reference(name)
     with inferd.load(pkg) as m:
         out = m.run(feeds)
-        assert m.cold_stats["binds_replayed"] == len(recs) - 2
+        assert m.cold_stats["binds_replayed"] == len(recs) - 3
         steps = {s.layer.name: s for s in m._exec.steps if s is not None}
-        assert not steps[a].replayed and not steps[b].replayed
+        assert not steps[a].replayed and not steps[b].replayed and not steps[c].replayed
         for k in first:
             np.testing.assert_array_equal(out[k], first[k])
 
@@ -168,12 +171,11 @@ def test_a_refused_argument_falls_back_to_the_kernels_bind(tmp_path: Path) -> No
     pkg, first = _pkg_with_records(tmp_path, name)
     key = _key(pkg)
     recs = dict(bindrec.load(pkg, key) or {})
-    target = next(n for n, r in recs.items() if r.steps[0][0].startswith("inferd_nchwc_conv"))
-    entry, sig, slots = recs[target].steps[0]
+    target = next(n for n, r in recs.items() if r[2][0][0].startswith("inferd_nchwc_conv"))
+    entry, sig, slots = recs[target][2][0]
     bad = list(slots)
     bad[sig.index("i")] = -3  # a channel count no kernel takes
-    recs[target] = bindrec.LayerRecord(recs[target].kernel, recs[target].params,
-                                       ((entry, sig, tuple(bad)),) + recs[target].steps[1:])
+    recs[target] = [recs[target][0], recs[target][1], [[entry, sig, bad]] + recs[target][2][1:]]
     assert bindrec.save(pkg, key, recs)
     _path, feeds, _ref, _names = zoo_reference(name)
     with inferd.load(pkg) as m:

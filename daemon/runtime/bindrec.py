@@ -22,7 +22,6 @@ import hashlib
 import logging
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,14 +44,12 @@ _ALIGN = 64
 _NULL, _ARENA, _PARAM = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class LayerRecord:
-    kernel: str
-    #: (name, bytes, address % _ALIGN) of each weight array a pointer refers to
-    params: tuple[tuple[str, int, int], ...]
-    #: (entry point, argument letters, slots); a slot: an int or float value, or for a pointer (_NULL,),
-    #: (_ARENA, offset), (_PARAM, index into ``params``, offset)
-    steps: tuple[tuple[str, str, tuple[Any, ...]], ...]
+#: One layer's record, as msgpack reads it back (plain lists: a load parses the file in one C call and a loader
+#: thread reads its layer's entry when it prepares that layer): [kernel, params, steps], where params lists
+#: [name, bytes, address % _ALIGN] of each weight array a pointer refers to, and steps [entry point, argument letters,
+#: slots]; a slot is an int or a float, or for a pointer [_NULL], [_ARENA, offset] or [_PARAM, index in params,
+#: offset].
+Record = list
 
 
 def enabled() -> bool:
@@ -88,7 +85,7 @@ def _kind_names() -> dict[int, str]:
 
 
 def record_layer(kernel: str, steps: Sequence[Any], arena: tuple[int, int],
-                 params: Mapping[str, np.ndarray], names: Mapping[int, str]) -> LayerRecord | None:
+                 params: Mapping[str, np.ndarray], names: Mapping[int, str]) -> Record | None:
     """The record of one layer's native ``steps`` (``NativeStep``s), or None where a pointer falls outside the
     arena (base, bytes) and the weight arrays ``params``."""
     base, size = arena
@@ -105,30 +102,29 @@ def record_layer(kernel: str, steps: Sequence[Any], arena: tuple[int, int],
             if c == "p":
                 p = int(native.ffi.cast("uintptr_t", arg.p))
                 if p == 0:
-                    slots.append((_NULL,))
+                    slots.append([_NULL])
                 elif base <= p < base + size:
-                    slots.append((_ARENA, p - base))
+                    slots.append([_ARENA, p - base])
                 else:
                     hit = next(((n, p - a) for n, a, nb in spans if a <= p < a + nb), None)
                     if hit is None:
                         return None  # scratch, or memory the bind allocated: not this record's to rebuild
-                    slots.append((_PARAM, used.setdefault(hit[0], len(used)), hit[1]))
+                    slots.append([_PARAM, used.setdefault(hit[0], len(used)), hit[1]])
             elif c == "f":
                 slots.append(float(arg.f))
             else:
                 slots.append(int(arg.i))
-        out.append((name, st.sig, tuple(slots)))
+        out.append([name, st.sig, slots])
     by_index = sorted(used.items(), key=lambda kv: kv[1])
-    return LayerRecord(kernel, tuple((n, int(params[n].nbytes), address(params[n]) % _ALIGN) for n, _i in by_index),
-                       tuple(out))
+    return [kernel, [[n, int(params[n].nbytes), address(params[n]) % _ALIGN] for n, _i in by_index], out]
 
 
-def record(executor: Any) -> dict[str, LayerRecord]:
+def record(executor: Any) -> dict[str, Record]:
     """The records of a CPU executor's prepared layers (those that can have one)."""
     arena = (address(executor.arena), int(executor.arena.nbytes))
     names = _kind_names()
     feeds = {t.name for t in executor.inputs}
-    out: dict[str, LayerRecord] = {}
+    out: dict[str, Record] = {}
     for (layer, k), step in zip(executor.choice, executor.steps):
         bound = getattr(step, "bound", None) if step is not None else None
         steps = getattr(bound, "steps", None)
@@ -141,11 +137,8 @@ def record(executor: Any) -> dict[str, LayerRecord]:
     return out
 
 
-def encode(key: Mapping[str, Any], records: Mapping[str, LayerRecord]) -> bytes:
-    body = msgpack.packb({"key": dict(key), "layers": {n: [r.kernel, [list(p) for p in r.params],
-                                                              [[s[0], s[1], [list(x) if isinstance(x, tuple) else x
-                                                                             for x in s[2]]] for s in r.steps]]
-                                                        for n, r in records.items()}}, use_bin_type=True)
+def encode(key: Mapping[str, Any], records: Mapping[str, Record]) -> bytes:
+    body = msgpack.packb({"key": dict(key), "layers": dict(records)}, use_bin_type=True)
     return _HEAD.pack(MAGIC, VERSION, hashlib.sha256(body).digest()) + body
 
 
@@ -153,7 +146,9 @@ class BindsError(ValueError):
     """A binds file that is damaged, of another format version, or made for another package."""
 
 
-def decode(data: bytes, key: Mapping[str, Any]) -> dict[str, LayerRecord]:
+def decode(data: bytes, key: Mapping[str, Any]) -> dict[str, Record]:
+    """The records ``encode`` wrote, checked (magic, version, checksum, key); their shape is checked where a layer
+    reads its own (``replay``: a record that does not parse there is one that does not fit)."""
     if len(data) < _HEAD.size:
         raise BindsError(f"truncated ({len(data)} bytes)")
     magic, version, sha = _HEAD.unpack_from(data)
@@ -166,22 +161,18 @@ def decode(data: bytes, key: Mapping[str, Any]) -> dict[str, LayerRecord]:
         raise BindsError("checksum mismatch (corrupted file)")
     try:
         d = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        if d["key"] != dict(key):
-            raise BindsError("made for another package, engine or device (stale)")
-        out = {}
-        for name, (kernel, params, steps) in d["layers"].items():
-            out[str(name)] = LayerRecord(str(kernel), tuple((str(n), int(b), int(a)) for n, b, a in params),
-                                         tuple((str(e), str(sig), tuple(tuple(x) if isinstance(x, list) else x
-                                                                        for x in slots))
-                                               for e, sig, slots in steps))
-        return out
-    except BindsError:
-        raise
+        same = d["key"] == dict(key)
+        layers = d["layers"]
     except Exception as e:
         raise BindsError(f"unreadable: {type(e).__name__}: {e}") from e
+    if not same:
+        raise BindsError("made for another package, engine or device (stale)")
+    if not isinstance(layers, dict):
+        raise BindsError("unreadable: no layer table")
+    return layers
 
 
-def load(pkg: Path, key: Mapping[str, Any]) -> dict[str, LayerRecord] | None:
+def load(pkg: Path, key: Mapping[str, Any]) -> dict[str, Record] | None:
     """``pkg``'s records, or None where it has none, or a bad or stale file (with a warning: the next load records
     them again)."""
     path = Path(pkg) / FILE
@@ -199,7 +190,7 @@ def load(pkg: Path, key: Mapping[str, Any]) -> dict[str, LayerRecord] | None:
         return None
 
 
-def save(pkg: Path, key: Mapping[str, Any], records: Mapping[str, LayerRecord]) -> bool:
+def save(pkg: Path, key: Mapping[str, Any], records: Mapping[str, Record]) -> bool:
     """Write ``records`` into ``pkg`` (atomically); False where the package cannot be written (read-only)."""
     try:
         atomic_write(Path(pkg) / FILE, encode(key, records))
@@ -209,41 +200,45 @@ def save(pkg: Path, key: Mapping[str, Any], records: Mapping[str, LayerRecord]) 
         return False
 
 
-def replay(rec: LayerRecord, kernel: str, arena: np.ndarray, base: int, params: Mapping[str, np.ndarray],
+def replay(rec: Record, kernel: str, arena: np.ndarray, base: int, params: Mapping[str, np.ndarray],
            fallback: Callable[[], Callable[[], None] | None]) -> Callable[[], None] | None:
     """The layer's bound call rebuilt from ``rec`` for this arena (``base``: its address) and these weights, or None
     where the record does not fit them (another kernel, other sizes or alignment, an entry point this build lacks
-    or takes other arguments): the caller binds. ``fallback()`` binds the layer the usual way: the call runs that
-    instead where a native step refuses its arguments (it raises that bind's own error, or takes its own
-    fallback)."""
-    if rec.kernel != kernel or not native.AVAILABLE:
+    or takes other arguments, a record that does not parse): the caller binds. ``fallback()`` binds the layer the
+    usual way: the call runs that instead where a native step refuses its arguments (it raises that bind's own
+    error, or takes its own fallback)."""
+    if not native.AVAILABLE or base % _ALIGN:
         return None
-    if base % _ALIGN:
-        return None
-    addrs = []
-    for name, nbytes, align in rec.params:
-        a = params.get(name)
-        if not isinstance(a, np.ndarray) or a.nbytes != nbytes:
+    try:
+        rkernel, rparams, rsteps = rec
+        if rkernel != kernel:
             return None
-        p = address(a)
-        if p % _ALIGN != align:
-            return None
-        addrs.append(p)
-    steps = []
-    ffi, make = native.ffi, native.NativeStep.__new__
-    for entry, sig, slots in rec.steps:
-        ks = native._step_kind(entry)
-        if ks is None or ks[1] != sig or len(slots) != len(sig):
-            return None
-        vals = [(0 if s[0] == _NULL else base + s[1] if s[0] == _ARENA else addrs[s[1]] + s[2]) if c == "p" else s
-                for c, s in zip(sig, slots)]
-        # the slots packed at once (one NativeStep filled slot by slot cost a bind's worth of Python)
-        raw = struct.pack("<" + sig.translate(_PACK), *vals)
-        args = ffi.new("inferd_arg[]", len(sig))
-        ffi.memmove(args, raw, len(raw))
-        st = make(native.NativeStep)
-        st.kind, st.sig, st.args = ks[0], sig, args
-        steps.append(st)
+        addrs = []
+        for name, nbytes, align in rparams:
+            a = params.get(name)
+            if not isinstance(a, np.ndarray) or a.nbytes != nbytes:
+                return None
+            p = address(a)
+            if p % _ALIGN != align:
+                return None
+            addrs.append(p)
+        steps = []
+        ffi, make = native.ffi, native.NativeStep.__new__
+        for entry, sig, slots in rsteps:
+            ks = native._step_kind(entry)
+            if ks is None or ks[1] != sig or len(slots) != len(sig):
+                return None
+            vals = [(0 if s[0] == _NULL else base + s[1] if s[0] == _ARENA else addrs[s[1]] + s[2]) if c == "p"
+                    else s for c, s in zip(sig, slots)]
+            # the slots packed at once (one NativeStep filled slot by slot cost a bind's worth of Python)
+            raw = struct.pack("<" + sig.translate(_PACK), *vals)
+            args = ffi.new("inferd_arg[]", len(sig))
+            ffi.memmove(args, raw, len(raw))
+            st = make(native.NativeStep)
+            st.kind, st.sig, st.args = ks[0], sig, args
+            steps.append(st)
+    except (TypeError, ValueError, IndexError, KeyError, struct.error):
+        return None  # (a record of another shape than this engine writes: the checksum cannot tell)
     return _steps_call(steps, fallback, (arena, *params.values()))
 
 

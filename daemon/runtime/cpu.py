@@ -166,7 +166,7 @@ class CpuExecutor:
         self.steps: list[Step | None] = [None] * len(self.choice)
         #: recorded binds of the package this executor loads (``runtime.bindrec``): a layer with one is rebuilt
         #: from it rather than bound; set before the cold load starts preparing
-        self.binds: dict[str, bindrec.LayerRecord] | None = None
+        self.binds: dict[str, bindrec.Record] | None = None
         self._arena_at = bindrec.address(self.arena)
         self._shared: set[int] = set()  # layers whose weights another shape of the model owns (adopt)
         self._calls: list[Callable[[], None]] = []
