@@ -247,3 +247,20 @@ def test_run_timed_leaves_a_failing_step_to_its_call() -> None:
     ends = native.run_timed([counted(0, good.steps), counted(1, [bad]), counted(2, good.steps)])
     assert runs == [1, 2] and len(ends) == 3 and ends[0] <= ends[1] <= ends[2]
     np.testing.assert_array_equal(y, 1.0)
+
+
+def test_a_layer_whose_bind_does_nothing_is_recorded_as_such(tmp_path: Path) -> None:
+    """squeezenet's Concats: the activation plan has their producers write into place, so their bind is a call with
+    no work; the next load takes that from the record, and the model answers the same."""
+    name = "squeezenet1_1"
+    pkg, first = _pkg_with_records(tmp_path, name)
+    recs = bindrec.load(pkg, _key(pkg)) or {}
+    empty = [n for n, r in recs.items() if r[2] == []]
+    assert empty
+    _path, feeds, _ref, _names = zoo_reference(name)
+    with inferd.load(pkg) as m:
+        out = m.run(feeds)
+        steps = {s.layer.name: s for s in m._exec.steps if s is not None}
+        assert all(steps[n].replayed and steps[n].layer.op == "Concat" and steps[n].bound.steps == [] for n in empty)
+        for k in first:
+            np.testing.assert_array_equal(out[k], first[k])

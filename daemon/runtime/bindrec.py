@@ -8,8 +8,9 @@ a function of the package (graph, kernels, activation plan) and of two kinds of 
 layer's weights'. Recorded once as offsets from those, after a cold load has answered (idle time), the next cold
 load of the package rebuilds each layer's steps from the new addresses: a few integer additions a slot.
 
-Only layers whose bound call is all native steps (``native.with_steps``) and whose every pointer falls in the
-arena or in one of the layer's weight arrays are recorded; the rest (numpy copies, pointers into scratch or into
+Only layers whose bound call is all native steps (``native.with_steps``; none at all: a layer the activation plan
+left nothing to do) and whose every pointer falls in the arena or in one of the layer's weight arrays are recorded;
+the rest (numpy copies, pointers into scratch or into
 memory a bind allocated, layers that read a graph input and are pointed at the caller's array) bind as before.
 A record is checked at use: the layer's kernel, its weight arrays' sizes and alignment, each step's entry point
 and argument letters; a record that does not fit is not used (the layer binds). The file carries magic, version,
@@ -128,8 +129,10 @@ def record(executor: Any) -> dict[str, Record]:
     for (layer, k), step in zip(executor.choice, executor.steps):
         bound = getattr(step, "bound", None) if step is not None else None
         steps = getattr(bound, "steps", None)
-        # a reader of a graph input is pointed at the caller's array (its bind's ``retarget``): it keeps its bind
-        if k is None or step.alias or not steps or any(n in feeds for n in layer.node.inputs):
+        # a reader of a graph input is pointed at the caller's array (its bind's ``retarget``): it keeps its bind.
+        # A call with no steps at all does no work (the activation plan put its data in place: a Split into views,
+        # a Concat its producers wrote into, a Gather of one index): recorded so, its bind's 40-60 us skipped too
+        if k is None or step.alias or steps is None or any(n in feeds for n in layer.node.inputs):
             continue
         rec = record_layer(k.name, steps, arena, step.params, names)
         if rec is not None:
@@ -239,7 +242,18 @@ def replay(rec: Record, kernel: str, arena: np.ndarray, base: int, params: Mappi
             steps.append(st)
     except (TypeError, ValueError, IndexError, KeyError, struct.error):
         return None  # (a record of another shape than this engine writes: the checksum cannot tell)
+    if not steps:
+        return _no_work()
     return _steps_call(steps, fallback, (arena, *params.values()))
+
+
+def _no_work() -> Callable[[], None]:
+    """A layer whose bind did nothing (``native.with_steps``' empty run: it joins any run of native steps)."""
+    def call() -> None:
+        pass
+
+    call.steps = []  # type: ignore[attr-defined]
+    return call
 
 
 def _steps_call(steps: list[Any], fallback: Callable[[], Callable[[], None] | None],
