@@ -41,8 +41,13 @@ _HEAD = struct.Struct("<8sI32s")
 #: the alignment a record keeps of each base address: a kernel may lay out its work by it
 _ALIGN = 64
 
-#: slot kinds of a pointer argument: NULL, an arena offset, an offset into the layer's weight array i
-_NULL, _ARENA, _PARAM = 0, 1, 2
+#: slot kinds of a pointer argument: NULL, an arena offset, an offset into the layer's weight array i, a small array
+#: of long longs the bind allocated (its values recorded: ``_INLINE``)
+_NULL, _ARENA, _PARAM, _VALUES = 0, 1, 2, 3
+
+#: entry points with pointer arguments to small arrays of long longs their bind allocates: {slot: the slot that holds
+#: their length} (a strided copy's shape and strides, a Transpose's)
+_INLINE: dict[str, dict[int, int]] = {"inferd_strided_copy": {3: 2, 4: 2}}
 
 
 #: One layer's record, as msgpack reads it back (plain lists: a load parses the file in one C call and a loader
@@ -97,6 +102,7 @@ def record_layer(kernel: str, steps: Sequence[Any], arena: tuple[int, int],
         name = names.get(st.kind)
         if name is None:
             return None
+        inline = _INLINE.get(name, {})
         slots: list[Any] = []
         for j, c in enumerate(st.sig):
             arg = st.args[j]
@@ -104,6 +110,11 @@ def record_layer(kernel: str, steps: Sequence[Any], arena: tuple[int, int],
                 p = int(native.ffi.cast("uintptr_t", arg.p))
                 if p == 0:
                     slots.append([_NULL])
+                elif j in inline:
+                    n = int(st.args[inline[j]].i)
+                    if not 0 < n <= 8:
+                        return None
+                    slots.append([_VALUES, list(native.ffi.cast("long long *", arg.p)[0:n])])
                 elif base <= p < base + size:
                     slots.append([_ARENA, p - base])
                 else:
@@ -227,12 +238,20 @@ def replay(rec: Record, kernel: str, arena: np.ndarray, base: int, params: Mappi
             addrs.append(p)
         steps = []
         ffi, make = native.ffi, native.NativeStep.__new__
+        owned: list[Any] = []  # the small arrays recorded by value, alive as long as the call
         for entry, sig, slots in rsteps:
             ks = native._step_kind(entry)
             if ks is None or ks[1] != sig or len(slots) != len(sig):
                 return None
-            vals = [(0 if s[0] == _NULL else base + s[1] if s[0] == _ARENA else addrs[s[1]] + s[2]) if c == "p"
-                    else s for c, s in zip(sig, slots)]
+            for j, s in enumerate(slots):
+                if sig[j] == "p" and s[0] == _VALUES:
+                    if j not in _INLINE.get(entry, {}):
+                        return None
+                    arr = ffi.new("long long[]", [int(v) for v in s[1]])
+                    owned.append(arr)
+                    slots = slots[:j] + [[_VALUES, int(ffi.cast("uintptr_t", arr))]] + slots[j + 1:]
+            vals = [(0 if s[0] == _NULL else base + s[1] if s[0] == _ARENA else addrs[s[1]] + s[2] if s[0] == _PARAM
+                     else s[1]) if c == "p" else s for c, s in zip(sig, slots)]
             # the slots packed at once (one NativeStep filled slot by slot cost a bind's worth of Python)
             raw = struct.pack("<" + sig.translate(_PACK), *vals)
             args = ffi.new("inferd_arg[]", len(sig))
@@ -244,7 +263,7 @@ def replay(rec: Record, kernel: str, arena: np.ndarray, base: int, params: Mappi
         return None  # (a record of another shape than this engine writes: the checksum cannot tell)
     if not steps:
         return _no_work()
-    return _steps_call(steps, fallback, (arena, *params.values()))
+    return _steps_call(steps, fallback, (arena, owned, *params.values()))
 
 
 def _no_work() -> Callable[[], None]:
