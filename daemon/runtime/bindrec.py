@@ -9,9 +9,9 @@ layer's weights'. Recorded once as offsets from those, after a cold load has ans
 load of the package rebuilds each layer's steps from the new addresses: a few integer additions a slot.
 
 Only layers whose bound call is all native steps (``native.with_steps``; none at all: a layer the activation plan
-left nothing to do) and whose every pointer falls in the arena or in one of the layer's weight arrays are recorded;
-the rest (numpy copies, pointers into scratch or into
-memory a bind allocated, layers that read a graph input and are pointed at the caller's array) bind as before.
+left nothing to do) and whose every pointer falls in the arena or in one of the layer's weight arrays (or in a small
+array of integers the bind made, ``_INLINE``) are recorded; the rest (numpy copies, pointers into scratch or into
+other memory a bind allocated, layers that read a graph input and are pointed at the caller's array) bind as before.
 A record is checked at use: the layer's kernel, its weight arrays' sizes and alignment, each step's entry point
 and argument letters; a record that does not fit is not used (the layer binds). The file carries magic, version,
 a checksum and a key (model, engine, device fingerprint, the package's kernels, layout and activation plan): a bad
@@ -53,8 +53,8 @@ _INLINE: dict[str, dict[int, int]] = {"inferd_strided_copy": {3: 2, 4: 2}}
 #: One layer's record, as msgpack reads it back (plain lists: a load parses the file in one C call and a loader
 #: thread reads its layer's entry when it prepares that layer): [kernel, params, steps], where params lists
 #: [name, bytes, address % _ALIGN] of each weight array a pointer refers to, and steps [entry point, argument letters,
-#: slots]; a slot is an int or a float, or for a pointer [_NULL], [_ARENA, offset] or [_PARAM, index in params,
-#: offset].
+#: slots]; a slot is an int or a float, or for a pointer [_NULL], [_ARENA, offset], [_PARAM, index in params,
+#: offset] or [_VALUES, the array's values].
 Record = list
 
 
