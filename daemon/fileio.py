@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import math
 import os
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -35,6 +37,34 @@ def atomic_write(path: Path, data: bytes, fsync: bool = False) -> None:
         except OSError:
             pass
         raise
+
+
+# ---------------------------------------------------------------------------- framed files
+
+#: the head of a small framed file (plan.bin, binds.bin): magic, format version, SHA-256 of the body after it
+FRAME_HEAD = struct.Struct("<8sI32s")
+
+
+class FrameError(ValueError):
+    """A framed file's head that is missing, or not of this magic and format version (its message says which)."""
+
+
+def framed(magic: bytes, version: int, body: bytes) -> bytes:
+    """``body`` behind a head of ``magic``, ``version`` and its SHA-256."""
+    return FRAME_HEAD.pack(magic, version, hashlib.sha256(body).digest()) + body
+
+
+def frame_checksum(data: bytes, magic: bytes, version: int, what: str) -> bytes:
+    """The SHA-256 a framed file's head records, from its first bytes ``data``; ``FrameError`` naming ``what``
+    where the head is missing or of another magic or format version."""
+    if len(data) < FRAME_HEAD.size:
+        raise FrameError(f"missing or truncated {what} ({len(data)} bytes)")
+    got, v, sha = FRAME_HEAD.unpack_from(data)
+    if got != magic:
+        raise FrameError(f"not an inferd {what} (magic {got!r}, expected {magic!r})")
+    if v != version:
+        raise FrameError(f"{what} format version {v}, this engine reads {version}")
+    return sha
 
 
 # ---------------------------------------------------------------------------- block reads

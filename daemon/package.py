@@ -18,7 +18,6 @@ import shutil
 import threading
 import logging
 import os
-import struct
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -32,7 +31,7 @@ from .backends.base import LazyConstants, WeightSource, transformed_key
 from .errors import (BackendError, InferdError, PackageOptionsError, PackageUnsupported, StalePackageError,
                      WeightsStoreError)
 from .frontend.shapes import specialize
-from .fileio import atomic_write
+from .fileio import FRAME_HEAD, FrameError, atomic_write, frame_checksum, framed
 from .ir import Graph, Node, Overlay, Renamed, Subgraph, TensorInfo, dtype_from_tag, dtype_tag
 from .ops.base import Layer, choose_kernel, raw_params
 from .planner.cold import GPU_LOADERS, cold_layers, plan_cold
@@ -54,7 +53,7 @@ PLAN_MAGIC = b"INFDPLAN"
 #: CPU layout blocks standalone activations that keep zero at zero (layout kind "unary"): fewer conversions; 7: the
 #: import folds a per-channel Mul after a Linear's Transpose into its weights (a ConvNeXt block loses a node)
 PLAN_VERSION = 7
-_PLAN_HEAD = struct.Struct("<8sI32s")
+_PLAN_HEAD = FRAME_HEAD
 _EXT_NDARRAY, _EXT_TUPLE, _EXT_SUBGRAPH = 1, 2, 3
 
 
@@ -567,20 +566,16 @@ def write_plan(path: Path, d: dict[str, Any]) -> None:
     then ``plan``: a cold open starts reading with these two parsed, before the graph (``_read_plan``)."""
     d = {**{k: d[k] for k in _PLAN_FIRST if k in d}, **{k: v for k, v in d.items() if k not in _PLAN_FIRST}}
     body = msgpack.packb(d, default=_default, use_bin_type=True)
-    atomic_write(path, _PLAN_HEAD.pack(PLAN_MAGIC, PLAN_VERSION, hashlib.sha256(body).digest()) + body)
+    atomic_write(path, framed(PLAN_MAGIC, PLAN_VERSION, body))
 
 
 def _plan_head(path: Path, data: bytes) -> bytes:
     """The checksum plan.bin's header records, from its first bytes ``data``; ``WeightsStoreError`` when the header
     is missing or not this engine's plan format."""
-    if len(data) < _PLAN_HEAD.size:
-        raise WeightsStoreError(f"{path}: missing or truncated plan ({len(data)} bytes)")
-    magic, version, sha = _PLAN_HEAD.unpack_from(data)
-    if magic != PLAN_MAGIC:
-        raise WeightsStoreError(f"{path}: not an inferd plan (magic {magic!r}, expected {PLAN_MAGIC!r})")
-    if version != PLAN_VERSION:
-        raise WeightsStoreError(f"{path}: plan format version {version}, this engine reads {PLAN_VERSION}")
-    return sha
+    try:
+        return frame_checksum(data, PLAN_MAGIC, PLAN_VERSION, "plan")
+    except FrameError as e:
+        raise WeightsStoreError(f"{path}: {e}") from None
 
 
 def check_plan_head(path: Path) -> None:

@@ -30,14 +30,13 @@ import msgpack
 import numpy as np
 
 from .. import __version__, native
-from ..fileio import atomic_write
+from ..fileio import FRAME_HEAD, FrameError, atomic_write, frame_checksum, framed
 
 log = logging.getLogger("inferd.runtime.bindrec")
 
 FILE = "binds.bin"
 MAGIC = b"IFDBINDS"
 VERSION = 1
-_HEAD = struct.Struct("<8sI32s")
 #: the alignment a record keeps of each base address: a kernel may lay out its work by it
 _ALIGN = 64
 
@@ -152,8 +151,7 @@ def record(executor: Any) -> dict[str, Record]:
 
 
 def encode(key: Mapping[str, Any], records: Mapping[str, Record]) -> bytes:
-    body = msgpack.packb({"key": dict(key), "layers": dict(records)}, use_bin_type=True)
-    return _HEAD.pack(MAGIC, VERSION, hashlib.sha256(body).digest()) + body
+    return framed(MAGIC, VERSION, msgpack.packb({"key": dict(key), "layers": dict(records)}, use_bin_type=True))
 
 
 class BindsError(ValueError):
@@ -163,14 +161,11 @@ class BindsError(ValueError):
 def decode(data: bytes, key: Mapping[str, Any]) -> dict[str, Record]:
     """The records ``encode`` wrote, checked (magic, version, checksum, key); their shape is checked where a layer
     reads its own (``replay``: a record that does not parse there is one that does not fit)."""
-    if len(data) < _HEAD.size:
-        raise BindsError(f"truncated ({len(data)} bytes)")
-    magic, version, sha = _HEAD.unpack_from(data)
-    if magic != MAGIC:
-        raise BindsError(f"not an inferd binds file (magic {magic!r})")
-    if version != VERSION:
-        raise BindsError(f"format version {version}, this engine reads {VERSION}")
-    body = data[_HEAD.size:]
+    try:
+        sha = frame_checksum(data, MAGIC, VERSION, "binds file")
+    except FrameError as e:
+        raise BindsError(str(e)) from None
+    body = data[FRAME_HEAD.size:]
     if hashlib.sha256(body).digest() != sha:
         raise BindsError("checksum mismatch (corrupted file)")
     try:
