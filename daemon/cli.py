@@ -136,6 +136,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if model.device == "cpu":
         from . import native
 
+        if "binds_replayed" in model.cold_stats:  # a package's load: its layers rebuilt from recorded binds
+            info["binds_replayed"] = model.cold_stats["binds_replayed"]
         names = native.kernel_names()
         info["native"] = {"available": native.AVAILABLE, "threads": native.num_threads(), "gemm_isa": names["gemm"],
                           "int8_isa": names["int8"], "scratch_bytes": native.native_scratch_bytes()}
@@ -148,6 +150,9 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"dynamic dimensions {info['dims']}: planned at the shapes above, other shapes when they come")
         if "native" in info:
             print(f"native: {info['native']}")
+        if "binds_replayed" in info:
+            print(f"layers rebuilt from the package's recorded binds: {info['binds_replayed']} of "
+                  f"{len(model.plan.layers)}")
         if model.precision is not None:
             print(model.precision.summary())
         for line in info.get("control_flow", []):

@@ -4,6 +4,7 @@ stale, or does not fit a layer is not used for it; a native step that refuses a 
 the kernel's own bind."""
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,16 @@ def test_a_layer_whose_bind_does_nothing_is_recorded_as_such(tmp_path: Path) -> 
         assert all(steps[n].replayed and steps[n].layer.op == "Concat" and steps[n].bound.steps == [] for n in empty)
         for k in first:
             np.testing.assert_array_equal(out[k], first[k])
+
+
+def test_info_says_how_many_layers_were_rebuilt(tmp_path: Path, capsys: Any) -> None:
+    from inferd.cli import main
+
+    name = "squeezenet1_1"
+    pkg, _first = _pkg_with_records(tmp_path, name)
+    recs = bindrec.load(pkg, _key(pkg)) or {}
+    assert main(["info", str(pkg)]) == 0
+    out = capsys.readouterr().out
+    assert f"layers rebuilt from the package's recorded binds: {len(recs)} of " in out
+    assert main(["info", str(pkg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["binds_replayed"] == len(recs)

@@ -139,13 +139,16 @@ class ColdLoad:
                       "idle_before_request_s": round(idle, 6),
                       "predicted_s": round(self.plan.predicted_s, 6), **run.breakdown(),
                       **getattr(self, "stats_stream", {})}
+        self._backend_stats()
+        return out
+
+    def _backend_stats(self) -> None:
         load_stats = getattr(self.backend, "load_stats", None) or {}
         made = load_stats.get("pipelines_created")
         if made is not None:  # GPU: pipelines this load had to create (none where the device held them all)
             self.stats["pipelines_created"] = int(made)
         if "binds_replayed" in load_stats:  # CPU: layers rebuilt from the package's recorded binds, not bound
             self.stats["binds_replayed"] = int(load_stats["binds_replayed"])
-        return out
 
     def observed(self) -> dict[tuple[str, str, str], float]:
         """Costs this cold run measured, keyed as a profile's: transforms at load, first executions."""
@@ -195,6 +198,7 @@ class ColdLoad:
             self.stats = {"cold_s": round(time.perf_counter() - self.t0 - idle, 6),
                           "idle_before_finish_s": round(idle, 6), "predicted_s": round(self.plan.predicted_s, 6),
                           **run.breakdown()}
+            self._backend_stats()
 
     def cancel(self) -> None:
         self.run.cancel()
