@@ -79,8 +79,8 @@ def _alive(pid: int) -> bool:
 
 def sweep(root: str | os.PathLike) -> int:
     """Remove the rehearsal folders under ``root`` whose process is gone: a daemon killed while it rehearsed left its
-    folder behind, and /dev/shm is memory until the next boot (the suite's kill -9 restarts had left 55 there, 2.4
-    MB). Returns how many were removed."""
+    folder behind, and /dev/shm is memory until the next boot (a day of this VM's test runs and benches had left 55
+    there, 2.4 MB; the fault tests' killed daemons leave one or two a run). Returns how many were removed."""
     n = 0
     for p in Path(root).glob(PREFIX + "*"):
         owner = p.name[len(PREFIX):].split("-", 1)[0]
