@@ -111,8 +111,18 @@ def _info(t: TensorInfo) -> list[Any]:
     return [t.name, list(t.shape), dtype_tag(t.dtype)]
 
 
+_new = object.__new__
+
+
 def _uninfo(r: list[Any]) -> TensorInfo:
-    return TensorInfo(r[0], tuple(r[1]), dtype_from_tag(r[2]))
+    # TensorInfo's fields set directly: the frozen dataclass's __init__ (an object.__setattr__ per field) took
+    # half of this, and an open makes one per tensor (vit_tiny: ~600)
+    t = _new(TensorInfo)
+    d = t.__dict__
+    d["name"] = r[0]
+    d["shape"] = tuple(r[1])
+    d["dtype"] = dtype_from_tag(r[2])
+    return t
 
 
 def fingerprint(device: str) -> dict[str, str]:
@@ -617,15 +627,15 @@ def _frozen(found: Sequence[Any]) -> bool:
 
 
 def _open_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None"
-               ) -> tuple[dict[str, Any], ColdPlan, Profile | None]:
+               ) -> tuple[dict[str, Any], ColdPlan, ProfileRef | None]:
     """``_read_plan`` for an open, through ``_parsed``. Only the open's own reading goes through it:
     ``read_plan``'s callers (the refinement) change the dict they get."""
     if PARSED_PLANS_MAX <= 0:
-        return _read_plan(path, early)
+        return _read_plan(path, early, lazy_profile=True)  # type: ignore[return-value]
     try:
         version = file_version(os.stat(path))
     except OSError:
-        return _read_plan(path, early)  # (which says what is wrong with it)
+        return _read_plan(path, early, lazy_profile=True)  # type: ignore[return-value]  # (it says what is wrong)
     key = str(path)
     got = _parsed.get(key, version)
     if got is not None:
@@ -633,7 +643,7 @@ def _open_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None"
             early(got[1], got[0].get("stream"))
         return got
     found: list[Any] = []
-    got = _read_plan(path, early, found)
+    got = _read_plan(path, early, found, lazy_profile=True)
     # (frozen only where kept: the arrays of a plan not kept stay the caller's to change)
     if _parsed.admits(version[2], PARSED_PLANS_MAX, PARSED_PLANS_MAX_BYTES) and _frozen(found):
         _parsed.put(key, version, got, version[2], PARSED_PLANS_MAX, PARSED_PLANS_MAX_BYTES)
@@ -661,12 +671,39 @@ def parsed_cached(pkg: Path) -> bool:
     return _parsed.holds(str(pkg / "plan.bin"), version)
 
 
-def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = None, found: list[Any] | None = None
-               ) -> tuple[dict[str, Any], ColdPlan, Profile | None]:
+class ProfileRef:
+    """plan.bin's profile, parsed at its first ``get`` from the bytes the open kept: a cold load that follows the
+    stored plan wants it only for the refinement after its answer (its parse and ``Profile.from_dict`` were 5-8% of
+    an open's main-thread time: shufflenetv2_x1_0 and vit_tiny, 2-core VM). A parse that fails is a damaged
+    package seen late: ``get`` raises ``WeightsStoreError`` as the open would have. Shared by every open of a parse
+    ``_parsed`` keeps (the parse is idempotent: two threads that race both get an equal profile)."""
+
+    __slots__ = ("_raw", "_path", "_value")
+
+    def __init__(self, raw: bytes, path: Path) -> None:
+        self._raw: bytes | None = raw
+        self._path = path
+        self._value: Profile | None = None
+
+    def get(self) -> Profile:
+        v = self._value
+        if v is None:
+            raw = self._raw
+            try:
+                v = Profile.from_dict(msgpack.unpackb(raw, raw=False, ext_hook=_ext_hook, strict_map_key=False))
+            except Exception as e:
+                raise WeightsStoreError(f"{self._path}: unreadable plan: profile: {type(e).__name__}: {e}") from e
+            self._value, self._raw = v, None
+        return v
+
+
+def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = None, found: list[Any] | None = None,
+               lazy_profile: bool = False) -> tuple[dict[str, Any], ColdPlan, "Profile | ProfileRef | None"]:
     """plan.bin's dict with its cold plan and profile parsed (a plan that does not parse is a damaged one).
     ``early(plan, stream)``: called as soon as the cold plan is parsed, with the ``stream`` entry where it came
     before (None otherwise), while the rest of the map is still to parse (checksum verified first). ``found``:
-    the arrays and control-flow bodies parsed are appended to it."""
+    the arrays and control-flow bodies parsed are appended to it. ``lazy_profile``: the profile comes back as a
+    ``ProfileRef`` over its bytes, and the dict holds no ``profile`` key (an open's)."""
     data = path.read_bytes() if path.is_file() else b""
     sha = _plan_head(path, data)
     body = data[_PLAN_HEAD.size:]
@@ -688,13 +725,22 @@ def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = Non
         raise WeightsStoreError(f"{path}: unreadable plan: {type(e).__name__}: {e}") from e
     if plan is not None and early is not None:
         early(plan, d.get("stream"))
+    prof: Profile | ProfileRef | None = None
     try:
         for _ in range(left):
             k = u.unpack()
+            if lazy_profile and k == "profile":
+                at = u.tell()
+                u.skip()
+                raw = body[at:u.tell()]
+                if raw != b"\xc0":  # (msgpack's nil: a package compiled without measuring)
+                    prof = ProfileRef(raw, path)
+                continue
             d[k] = u.unpack()
         if plan is None:
             plan = ColdPlan.from_dict(d["plan"])
-        prof = Profile.from_dict(d["profile"]) if d.get("profile") is not None else None
+        if not lazy_profile and d.get("profile") is not None:
+            prof = Profile.from_dict(d["profile"])
     except WeightsStoreError:
         raise
     except Exception as e:
@@ -722,7 +768,7 @@ class OpenPackage:
     graph: Graph  # at the plan's shape
     template: Graph  # what a dynamic model's other shapes are specialised from (``graph`` for a static one)
     plan: ColdPlan
-    profile: Profile | None
+    profile_ref: ProfileRef | None  # ``profile``, parsed when first asked for
     store: WeightsStore
     meta: dict[str, Any]
     run_graph: Graph  # what the backend runs: on the CPU ``graph`` with the package's layout plan applied
@@ -730,6 +776,12 @@ class OpenPackage:
     #: the reads of the stored plan, under way since plan.bin's first keys were parsed (``open_package``'s
     #: ``stream``); the load takes it on (``WeightSource.start_stream_early``) or releases it
     stream: "StoreStream | None" = None
+
+    @property
+    def profile(self) -> Profile | None:
+        """The package's measured profile (None: compiled without measuring); ``WeightsStoreError`` if it does not
+        parse."""
+        return None if self.profile_ref is None else self.profile_ref.get()
 
 
 def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[str, str] | None = None,

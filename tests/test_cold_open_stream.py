@@ -64,13 +64,15 @@ def test_the_compiled_plan_lists_what_its_cold_load_reads_first(device: str, tmp
 @pytest.mark.parametrize("device", _devices())
 def test_reads_start_before_the_rest_of_the_plan_is_parsed(device: str, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The profile, parsed after the plan's first keys, is held until a streaming read has finished: an open that
-    started its reads after parsing plan.bin (as before) would wait here until the timeout."""
+    """The first array plan.bin holds after its plan (the inline constants, parsed after the plan's first keys) is
+    held until a streaming read has finished: an open that started its reads after parsing plan.bin (as before)
+    would wait here until the timeout. The profile is not parsed by the open at all (``ProfileRef``)."""
     pkg = compile_model(zoo_reference(NAME)[0], tmp_path / "pkg", device=device)
     assert read_plan(pkg / "plan.bin")["profile"] is not None
     read_done = threading.Event()
     streams: list[StoreStream] = []
-    orig_init, orig_from = StoreStream.__init__, Profile.from_dict
+    orig_init, orig_plan, orig_hook = StoreStream.__init__, pkgmod.ColdPlan.from_dict, pkgmod._ext_hook
+    profiled: list[object] = []
 
     def init(self: StoreStream, *a: object, **k: object) -> None:
         streams.append(self)
@@ -83,14 +85,26 @@ def test_reads_start_before_the_rest_of_the_plan_is_parsed(device: str, tmp_path
         self._on_read = on_read
 
     waited: list[bool] = []
+    plan_parsed = threading.Event()
 
-    def from_dict(d: object) -> Profile:
-        waited.append(read_done.wait(10))
-        return orig_from(d)  # type: ignore[arg-type]
+    def plan_from_dict(d: object) -> object:
+        out = orig_plan(d)  # type: ignore[arg-type]
+        plan_parsed.set()
+        return out
+
+    def ext_hook(code: int, data: bytes, found: object = None) -> object:
+        if plan_parsed.is_set() and not waited:  # the first ext after the plan: an inline constant
+            waited.append(read_done.wait(10))
+        return orig_hook(code, data, found)  # type: ignore[arg-type]
 
     monkeypatch.setattr(StoreStream, "__init__", init)
-    monkeypatch.setattr(Profile, "from_dict", staticmethod(from_dict))
+    monkeypatch.setattr(pkgmod.ColdPlan, "from_dict", staticmethod(plan_from_dict))
+    monkeypatch.setattr(pkgmod, "_ext_hook", ext_hook)
+    orig_profile = Profile.from_dict
+    monkeypatch.setattr(Profile, "from_dict", staticmethod(lambda d: profiled.append(d) or orig_profile(d)))
+    pkgmod._parsed.clear()
     with inferd.load(pkg, device=device) as model:
+        assert not profiled  # the open followed the stored plan: its profile waits for the refinement
         check_against_reference(model, NAME, f"cold on {device}, reads started at the open", TOL)
         # the open's stream is the one the load read from: no second one
         assert len(streams) == 1 and model.cold_stats["stream_bytes"] == streams[0].bytes > 0
@@ -213,3 +227,32 @@ def test_a_store_in_the_page_cache_is_read_after_the_open(tmp_path: Path, monkey
         assert model.cold_stats["stream_bytes"] > 0  # streamed all the same, from after the open
         assert model.cold_stats["stream_from"] == "set-up"
     assert opened and opened[0].stream is None
+
+
+def test_the_opens_profile_is_parsed_when_asked_for(tmp_path: Path) -> None:
+    """An open keeps plan.bin's profile as bytes (``ProfileRef``): asked for, it is the profile ``read_plan`` parses;
+    a package compiled without measuring has none; a profile that does not parse (written so, its checksum right)
+    is a damaged package when asked for, not a wrong profile."""
+    pkg = compile_model(zoo_reference(NAME)[0], tmp_path / "pkg", device="cpu")
+    pkgmod._parsed.clear()
+    op = open_package(pkg, device="cpu")
+    try:
+        assert isinstance(op.profile_ref, pkgmod.ProfileRef) and "profile" not in op.meta
+        want = Profile.from_dict(read_plan(pkg / "plan.bin")["profile"])
+        assert op.profile == want and op.profile is op.profile  # parsed once
+    finally:
+        op.store.close()
+    bare = compile_model(zoo_reference(NAME)[0], tmp_path / "bare", device="cpu", profile=False)
+    op = open_package(bare, device="cpu")
+    try:
+        assert op.profile_ref is None and op.profile is None
+    finally:
+        op.store.close()
+    _rewrite(pkg, profile={"backend": "cpu"})  # no fingerprint, rates nor times
+    pkgmod._parsed.clear()
+    op = open_package(pkg, device="cpu")
+    try:
+        with pytest.raises(pkgmod.WeightsStoreError, match="profile"):
+            op.profile
+    finally:
+        op.store.close()

@@ -730,7 +730,7 @@ def _from_package(pkg: Path, dev: str, batch: int, kernels: dict[str, str] | Non
     model.package = op.path
     if model.precision is None:
         model.precision = stored_precision
-    if op.profile is not None:
+    if op.profile_ref is not None:  # (its parse waits for the refinement, after the answer)
         from ..package import refine_package
 
         backend = model._exec
