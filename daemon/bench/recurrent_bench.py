@@ -142,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         m.wait_warm(60)
         for threads, tag in ((default_threads, "default"), (1, "1thread")):
             native.set_num_threads(threads)
-            r[f"inferd_cpu_{tag}_ms"] = round(median_ms(time_calls(lambda: m.run(feeds), args.repeat, WARMUP)), 4)
             s = _ort(paths[name], 0 if tag == "default" else 1)
-            r[f"ort_cpu_{tag}_ms"] = round(median_ms(time_calls(lambda: s.run(None, feeds), args.repeat, WARMUP)), 4)
-            r[f"ratio_{tag}"] = ratio(r[f"inferd_cpu_{tag}_ms"], r[f"ort_cpu_{tag}_ms"])
+            r.update(_interleaved(tag, lambda: m.run(feeds), lambda: s.run(None, feeds), args.repeat))
+            if tag == "default" and m.thread_choice is not None:  # what its runs took: the pool or one thread
+                r["inferd_thread_choice"] = m.thread_choice.info()
         native.set_num_threads(default_threads)
         m.close()
         r.update(_ncnn(name, paths[name], feeds, args.repeat, [default_threads, 1], tmp))
@@ -171,6 +171,32 @@ def main(argv: list[str] | None = None) -> int:
 #: moves by 1.3-1.5x within minutes, and a figure timed minutes apart from the one it is divided by measured the
 #: spell rather than the daemon (ratios of 1.34, 1.70 and 1.83 in three runs of one build)
 ROUNDS = 6
+
+
+def _interleaved(tag: str, ours: Any, theirs: Any, repeat: int) -> dict[str, Any]:
+    """inferd's and onnxruntime's warm runs of one model timed in ``ROUNDS`` alternating rounds (after ``WARMUP``
+    each), ``repeat`` runs each in all: their medians over every round, the ratio of those, and the ratio per
+    round. Timed one after the other, minutes apart, they had measured the VM's spells: the VAD's ratio 1.20, 1.46
+    and 1.59 in three runs of one build, where 12 alternating rounds in one process gave 0.95-1.15 (both engines
+    70 us in one spell and 100-115 in the next). A pause before each engine's round lets the other's pool threads
+    (their spin after a run) go quiet, and a few untimed runs wake its own."""
+    for fn in (ours, theirs):
+        time_calls(fn, 0, WARMUP)
+    per = max(repeat // ROUNDS, 20)
+    a: list[float] = []
+    b: list[float] = []
+    rounds = []
+    for _ in range(ROUNDS):
+        got = []
+        for fn in (ours, theirs):
+            time.sleep(0.02)
+            got.append(time_calls(fn, per, 10))
+        a += got[0]
+        b += got[1]
+        rounds.append(ratio(float(np.median(got[0])), float(np.median(got[1]))))
+    mine, peer = round(median_ms(a), 4), round(median_ms(b), 4)
+    return {f"inferd_cpu_{tag}_ms": mine, f"ort_cpu_{tag}_ms": peer, f"ratio_{tag}": ratio(mine, peer),
+            f"ratio_{tag}_per_round": rounds}
 
 
 def _daemon(tmp: Path, models: Path, feeds: dict[str, np.ndarray], n: int, run_inproc: Any) -> dict[str, Any]:
@@ -269,7 +295,8 @@ def _table(res: dict[str, Any]) -> str:
     m = res["machine"]
     lines = [f"# inferd bench recurrent ({m['date'][:10]})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}; host {m['host']}.",
-             f"Median of {res['repeat']} warm runs after {WARMUP} warm-ups. ncnn: {res['ncnn']}.", "",
+             f"Median of {res['repeat']} warm runs after {WARMUP} warm-ups; inferd and onnxruntime timed in "
+             f"{ROUNDS} alternating rounds (the ratio per round below the table). ncnn: {res['ncnn']}.", "",
              "| model | inputs | inferd CPU (ms) | onnxruntime (ms) | ratio | ncnn (ms) | inferd / ncnn | inferd 1 thread "
              f"| ort 1 thread | ratio 1t | ncnn 1 thread | inferd Vulkan {res.get('vulkan_device', '')} (ms) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -281,6 +308,12 @@ def _table(res: dict[str, Any]) -> str:
                      f"{fmt(r['inferd_cpu_1thread_ms'], '.3f')} | {fmt(r['ort_cpu_1thread_ms'], '.3f')} | "
                      f"{fmt(r['ratio_1thread'], '.2f')} | {fmt(r.get('ncnn_1t_ms'), '.3f')} | "
                      f"{fmt(r.get('inferd_vulkan_ms'), '.3f')} |")
+    per_round = [f"{n} {', '.join(fmt(x, '.2f') for x in r['ratio_default_per_round'])} (1 thread: "
+                 f"{', '.join(fmt(x, '.2f') for x in r.get('ratio_1thread_per_round', []))}; inferd's runs on "
+                 f"{(r.get('inferd_thread_choice') or {}).get('threads', '?')} thread(s) at the end)"
+                 for n, r in res["models"].items() if r.get("ratio_default_per_round")]
+    if per_round:
+        lines += ["", "inferd / onnxruntime per round: " + "; ".join(per_round)]
     errs = [f"{n}: {r['ncnn_error']}" for n, r in res["models"].items() if r.get("ncnn_error")]
     if errs:
         lines += ["", "ncnn not measured: " + "; ".join(errs)]

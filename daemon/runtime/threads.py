@@ -32,7 +32,12 @@ class ThreadChoice:
     #: runs spaced out by a daemon's round trip find it asleep; strictly alternating runs told the daemon's VAD
     #: 105 against 105 us, its steady state is 107 against 111)
     BLOCK = 8
-    RETRY = 4096
+    #: runs between trials: a choice made while the VM had lent the second core away (the pool then no faster than
+    #: one thread: the CRNN's pool 958 against 867 us alone, 558 against 843 a minute later) is kept this long. At
+    #: 4096, a 32 ms audio stream kept it for two minutes (a recurrent bench run measured the CRNN the same with two
+    #: threads as with one, 0.89 ms, 1.56x onnxruntime: a choice of one thread, kept); a trial costs at most its 32
+    #: runs on the worse side
+    RETRY = 1024
     #: one thread wins a tie within this fraction: it leaves the other cores to the apps (the pool's worker spins
     #: 200 us after each run; the VAD chunk's daemon CPU per chunk fell from 380 to 280 us on one thread), and a
     #: trial's median of 28 runs a side does not tell a few percent apart on a shared board
