@@ -676,25 +676,29 @@ class ProfileRef:
     stored plan wants it only for the refinement after its answer (its parse and ``Profile.from_dict`` were 5-8% of
     an open's main-thread time: shufflenetv2_x1_0 and vit_tiny, 2-core VM). A parse that fails is a damaged
     package seen late: ``get`` raises ``WeightsStoreError`` as the open would have. Shared by every open of a parse
-    ``_parsed`` keeps (the parse is idempotent: two threads that race both get an equal profile)."""
+    ``_parsed`` keeps (parsed once, under its lock)."""
 
-    __slots__ = ("_raw", "_path", "_value")
+    __slots__ = ("_raw", "_path", "_value", "_lock")
 
     def __init__(self, raw: bytes, path: Path) -> None:
-        self._raw: bytes | None = raw
+        self._raw = raw
         self._path = path
         self._value: Profile | None = None
+        self._lock = threading.Lock()
 
     def get(self) -> Profile:
         v = self._value
-        if v is None:
-            raw = self._raw
-            try:
-                v = Profile.from_dict(msgpack.unpackb(raw, raw=False, ext_hook=_ext_hook, strict_map_key=False))
-            except Exception as e:
-                raise WeightsStoreError(f"{self._path}: unreadable plan: profile: {type(e).__name__}: {e}") from e
-            self._value, self._raw = v, None
-        return v
+        if v is not None:
+            return v
+        with self._lock:  # (one parse: another thread's may be under way, the bytes dropped after it)
+            if self._value is None:
+                try:
+                    self._value = Profile.from_dict(msgpack.unpackb(self._raw, raw=False, ext_hook=_ext_hook,
+                                                                    strict_map_key=False))
+                except Exception as e:
+                    raise WeightsStoreError(f"{self._path}: unreadable plan: profile: {type(e).__name__}: {e}") from e
+                self._raw = b""
+            return self._value
 
 
 def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = None, found: list[Any] | None = None,

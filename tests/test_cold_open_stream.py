@@ -242,6 +242,16 @@ def test_the_opens_profile_is_parsed_when_asked_for(tmp_path: Path) -> None:
         assert op.profile == want and op.profile is op.profile  # parsed once
     finally:
         op.store.close()
+    # threads asking at once (a refinement on the idle worker, a re-plan) get the one parse
+    raw = msgpack.packb(read_plan(pkg / "plan.bin")["profile"], default=pkgmod._default, use_bin_type=True)
+    ref = pkgmod.ProfileRef(raw, pkg / "plan.bin")
+    got: list[Profile] = []
+    threads = [threading.Thread(target=lambda: got.append(ref.get())) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and all(g is got[0] for g in got) and got[0] == want
     bare = compile_model(zoo_reference(NAME)[0], tmp_path / "bare", device="cpu", profile=False)
     op = open_package(bare, device="cpu")
     try:
