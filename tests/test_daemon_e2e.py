@@ -416,8 +416,7 @@ def test_a_restarted_daemon_makes_its_pipelines_resident(workdir: Path, local_mo
             assert time.monotonic() < deadline, vp
             time.sleep(0.05)
         listed = vp["listed"]
-        # (held: with the cold-load rehearsal's pipelines, made after these and never listed)
-        assert vp["at_start"]["created"] == listed <= vp["held"] and listed > 0, vp
+        assert vp["at_start"]["created"] == listed == vp["held"] and listed > 0, vp
         for name, local in local_models.items():
             feeds = _feeds(local, rng)
             got = c.infer(name, feeds)

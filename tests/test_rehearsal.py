@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 import inferd
-import inferd.vulkan
 from inferd import package, store
 from inferd.runtime import codepages, rehearsal
 
@@ -48,25 +46,6 @@ def test_a_rehearsal_runs_and_leaves_nothing_behind() -> None:
     # the open's memos keep nothing of a package that is gone
     assert not any("inferd-rehearsal-" in k for k in package._parsed._d)
     assert not any("inferd-rehearsal-" in k for k in store._indexes._d)
-
-
-@pytest.mark.vulkan
-@pytest.mark.skipif(not inferd.vulkan.available(), reason="no Vulkan device")
-def test_a_rehearsal_on_the_device_lists_none_of_its_pipelines() -> None:
-    """On the Vulkan device (a daemon's start, after making its listed pipelines resident): it loads and answers; its
-    pipelines are created, but the list the next start makes resident does not name them."""
-    from inferd.vulkan.device import get_device
-
-    dev = get_device()
-    listed = dev.pipeline_list.recent(1 << 20)
-    before = _leftovers()
-    took = rehearsal.rehearse("vulkan")
-    assert took is not None and took["load_s"] > 0
-    assert dev.pipeline_list.recent(1 << 20) == listed
-    assert set(_leftovers()) <= set(before)
-    with dev.unlisted():  # what the window holds off, and only while it is open
-        assert dev._unlisted == 1
-    assert dev._unlisted == 0
 
 
 def test_a_failing_rehearsal_is_only_logged(monkeypatch: Any, caplog: Any) -> None:

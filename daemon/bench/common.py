@@ -78,9 +78,7 @@ def daemon_state(device: str, device_pool_bytes: int = 0, resident_pipelines: in
     started; ``claim_cores``: numpy's BLAS held to one thread (``server.daemon.apply_threads``); its host pool
     faulted in (``host_pool_bytes``); ``rehearse``: a cold load rehearsed on a small model of its own, as the daemon's
     start does (``runtime.rehearsal``); on Vulkan the device created with its device pool (``device_pool_bytes``) and
-    the listed pipelines made resident (``resident_pipelines``), then, with ``rehearse`` and pipelines listed, a cold
-    load rehearsed on the device too, as the daemon's start does after making them resident. Returns
-    ``make_resident``'s answer (None if none)."""
+    the listed pipelines made resident (``resident_pipelines``). Returns ``make_resident``'s answer (None if none)."""
     from ..runtime.scheduler import default_loaders, loader_pool
 
     loader_pool().set_size(default_loaders())
@@ -108,15 +106,7 @@ def daemon_state(device: str, device_pool_bytes: int = 0, resident_pipelines: in
     dev = get_device()
     if dev.pool is not None:
         dev.pool.wait_prefaulted(60)
-    made = dev.make_resident(int(resident_pipelines)) if int(resident_pipelines or 0) > 0 else None
-    # the daemon's start rehearses on the device where it opened it to make listed pipelines resident (not on a
-    # first start, whose caches are empty: the first-start arm's must stay so)
-    if rehearse and made and made.get("listed"):
-        from ..runtime.rehearsal import rehearse as run
-
-        if run("vulkan") is None:
-            raise RuntimeError("the cold-load rehearsal on the Vulkan device failed (INFERD_LOG=debug says why)")
-    return made
+    return dev.make_resident(int(resident_pipelines)) if int(resident_pipelines or 0) > 0 else None
 
 
 def median_ms(xs: list[float]) -> float:

@@ -17,7 +17,6 @@ and depthwise convolutions, pooling, a concatenation, a residual add, a GEMM).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -115,13 +114,7 @@ def rehearse(device: str = "cpu") -> dict[str, float] | None:
     sweep(root)
     work = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
     pkg = work / "pkg"
-    stack = contextlib.ExitStack()
     try:
-        if device == "vulkan":
-            from ..vulkan.device import get_device
-
-            # its pipelines are the throw-away model's: not the ones to make resident at the daemon's next start
-            stack.enter_context(get_device().unlisted())
         src = work / "rehearsal.onnx"
         onnx.save(model(), str(src))
         package.compile_model(src, pkg, device=device)
@@ -140,7 +133,6 @@ def rehearse(device: str = "cpu") -> dict[str, float] | None:
         log.debug("cold-load rehearsal on %s failed: %s: %s", device, type(e).__name__, e)
         return None
     finally:
-        stack.close()
         # what the open kept for a later open of the same files, which are removed here
         package.forget_parsed(pkg)
         store.forget_index(pkg / "weights.store")

@@ -909,17 +909,6 @@ class Server:
         def run() -> None:
             setattr(self, attr, {"running": True})
             setattr(self, attr, _make_resident(n))
-            if self.config.rehearse and not after_recovery and not self.draining:
-                # the device is open and its pipelines made: a cold load rehearsed on it too (the CPU's at the start
-                # runs the package's open and the scheduler, not the Vulkan backend's set-up, preparation and
-                # recording), so that the first Vulkan model asked for does not run those for the first time (on the
-                # H100's host a process's first Vulkan load() with no rehearsal at all took 64 ms, the next ones
-                # 5-11). Its pipelines are created but not listed
-                from ..runtime.rehearsal import rehearse
-
-                took = rehearse("vulkan")
-                if took is not None:
-                    log.debug("cold-load rehearsal on the Vulkan device: %s", took)
 
         t = threading.Thread(target=run, name="inferd-pipelines", daemon=True)
         t.start()

@@ -17,7 +17,6 @@ saves the pipeline cache, and destroys every Vulkan object before the instance.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import ctypes
 import logging
 import os
@@ -26,7 +25,7 @@ import time
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -284,8 +283,6 @@ class VulkanDevice:
         except BaseException:
             self._destroy()
             raise
-        #: windows in which the pipelines asked for are not noted in ``pipeline_list`` (``unlisted``)
-        self._unlisted = 0
         self.warm_s = self._warm_driver() if self.config.warm_driver else 0.0
         self.pool: DevicePool | None = self._create_pool(devpool.capacity(), self._pool_type(False))
         #: host regions (a model's input/output staging) from a small pool of the host type, or from the device
@@ -898,18 +895,6 @@ class VulkanDevice:
     def pipeline_key(mod: ShaderModule, spec: Mapping[str, Any]) -> tuple[str, tuple[tuple[str, Any], ...]]:
         return mod.key, tuple(sorted(spec.items()))
 
-    @contextlib.contextmanager
-    def unlisted(self) -> Iterator[None]:
-        """Pipelines asked for meanwhile, by any thread, are not noted in the pipeline list: a daemon's cold-load
-        rehearsal (``runtime.rehearsal``) must not make its throw-away model's pipelines resident at the next start."""
-        with self._lock:
-            self._unlisted += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._unlisted -= 1
-
     def pipelines(self, requests: Sequence[tuple[ShaderModule, Mapping[str, Any]]],
                   counts: dict[str, int] | None = None, record: bool = True) -> list[Pipeline]:
         """Compute pipelines for (module, spec constants) pairs, created in one batch through the pipeline cache.
@@ -920,7 +905,7 @@ class VulkanDevice:
         ``counts`` (if given) gets this call's ``created``, ``reused`` and ``cache_hits`` added; ``record``:
         note the requests in the pipeline list (what the daemon makes resident at its next start)."""
         keys = [self.pipeline_key(m, spec) for m, spec in requests]
-        if record and not self._unlisted:
+        if record:
             self.pipeline_list.record([(m.name, m.defines, k[1]) for (m, _s), k in zip(requests, keys)])
         todo: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[ShaderModule, Mapping[str, Any]]] = {}
         others: list[threading.Event] = []
