@@ -1079,13 +1079,20 @@ def fuse_calls(calls: Sequence[Callable[[], None]], min_run: int = 2) -> list[Ca
     return out
 
 
+def _step_array(steps: Sequence[NativeStep]) -> Any:
+    """``steps`` as the C runner's ``inferd_step[]`` (it points into each step's argument memory, which the caller
+    keeps alive as long as the array)."""
+    arr = ffi.new("inferd_step[]", len(steps))
+    for i, st in enumerate(steps):
+        arr[i].kind, arr[i].nargs, arr[i].a = st.kind, len(st.sig), st.args
+    return arr
+
+
 def _steps_call(calls: list[Callable[[], None]]) -> Callable[[], None]:
     steps = [st for c in calls for st in getattr(c, "steps")]
     owner = [j for j, c in enumerate(calls) for _ in getattr(c, "steps")]
     n = len(steps)
-    arr = ffi.new("inferd_step[]", n)
-    for i, st in enumerate(steps):
-        arr[i].kind, arr[i].nargs, arr[i].a = st.kind, len(st.sig), st.args
+    arr = _step_array(steps)
     fn = lib.inferd_steps_run
 
     def call(_keep: Any = (steps, calls)) -> None:
@@ -1122,11 +1129,8 @@ def run_timed(calls: Sequence[Callable[[], None]]) -> list[float]:
         t0 = time.perf_counter()
         done, t = 0, None
         if steps:
-            arr = ffi.new("inferd_step[]", len(steps))
-            for k, st in enumerate(steps):
-                arr[k].kind, arr[k].nargs, arr[k].a = st.kind, len(st.sig), st.args
             t = ffi.new("double[]", len(steps))
-            done = int(lib.inferd_steps_run_timed(arr, len(steps), t))
+            done = int(lib.inferd_steps_run_timed(_step_array(steps), len(steps), t))
         k, last = 0, t0
         for c in group:
             m = len(getattr(c, "steps"))

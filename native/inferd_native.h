@@ -461,6 +461,6 @@ typedef struct {
 int inferd_steps_kind(const char* name, const char** sig);
 int inferd_steps_run(const inferd_step* s, int n);
 /* inferd_steps_run, writing after each step that ran the monotonic clock in seconds (CLOCK_MONOTONIC, which is
-   Python's time.perf_counter on Linux) into t[i]: a cold load's first run times each layer of the run of ready
-   layers it executes in one call. */
+   Python's time.perf_counter on Linux) into t[i] (t NULL: no clock read; inferd_steps_run is that): a cold load's
+   first run times each layer of the run of ready layers it executes in one call. */
 int inferd_steps_run_timed(const inferd_step* s, int n, double* t);

@@ -162,22 +162,16 @@ int inferd_steps_run_timed(const inferd_step* s, int n, double* t)
 {
     for (int i = 0; i < n; ++i) {
         const int k = s[i].kind;
+        /* a step built for another table, or short of its arguments: stop there (the caller runs it itself) */
         if (k < 0 || k >= NKINDS || s[i].nargs != (int)strlen(KINDS[k].sig) || !s[i].a) return i;
         if (KINDS[k].fn(s[i].a) != 0) return i;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        t[i] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        if (t) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            t[i] = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        }
     }
     return n;
 }
 
-int inferd_steps_run(const inferd_step* s, int n)
-{
-    for (int i = 0; i < n; ++i) {
-        const int k = s[i].kind;
-        /* a step built for another table, or short of its arguments: stop there (the caller runs it itself) */
-        if (k < 0 || k >= NKINDS || s[i].nargs != (int)strlen(KINDS[k].sig) || !s[i].a) return i;
-        if (KINDS[k].fn(s[i].a) != 0) return i;
-    }
-    return n;
-}
+int inferd_steps_run(const inferd_step* s, int n) { return inferd_steps_run_timed(s, n, NULL); }
