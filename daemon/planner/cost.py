@@ -84,25 +84,27 @@ def raw_nbytes(layer: Layer) -> int:
 
 def layer_flops(layer: Layer) -> float:
     """Multiply-adds x 2 for the layers that compute; output elements for the rest."""
-    out = layer.outputs[0] if layer.outputs else None
+    outs = layer.outputs
+    out = outs[0] if outs else None
     n_out = float(math.prod(out.shape)) if out is not None and out.shape else 1.0
-    if layer.op in ("Conv", "ConvTranspose", BLOCKED_CONV) and 1 in layer.const_inputs and layer.inputs[1] is not None:
-        w = layer.inputs[1].shape
+    op = layer.op  # (a property: read once, a whole-model prediction asks this per unit twice)
+    ins = layer.inputs
+    if op in ("Conv", "ConvTranspose", BLOCKED_CONV) and 1 in layer.const_inputs and ins[1] is not None:
+        w = ins[1].shape
         per = float(math.prod(w[1:])) if len(w) > 1 else 1.0
-        if layer.op == "ConvTranspose":
-            x = layer.inputs[0].shape if layer.inputs[0] is not None else (1,)
+        if op == "ConvTranspose":
+            x = ins[0].shape if ins[0] is not None else (1,)
             return 2.0 * float(math.prod(x)) * float(math.prod(w[1:]))
         return 2.0 * n_out * per
-    if layer.op in ("Gemm", "MatMul") and len(layer.inputs) > 1 and layer.inputs[0] is not None \
-            and layer.inputs[1] is not None:
-        a, b = layer.inputs[0].shape, layer.inputs[1].shape
-        if len(a) < (1 if layer.op == "MatMul" else 2):
+    if op in ("Gemm", "MatMul") and len(ins) > 1 and ins[0] is not None and ins[1] is not None:
+        a, b = ins[0].shape, ins[1].shape
+        if len(a) < (1 if op == "MatMul" else 2):
             # an input shaped at run time (downstream of a data-dependent op) has a placeholder shape ():
             # the reduction length still follows from the weights
             a = (1, b[0] if len(b) == 2 and not layer.attr("transB", 0) else (b[-1] if b else 1))
-        k = a[-1] if layer.op == "MatMul" or not layer.attr("transA", 0) else a[0]
+        k = a[-1] if op == "MatMul" or not layer.attr("transA", 0) else a[0]
         return 2.0 * n_out * float(k if b else 1)
-    if layer.op == MATMUL_T and layer.inputs[0] is not None and layer.inputs[0].shape:
+    if op == MATMUL_T and ins[0] is not None and ins[0].shape:
         a = layer.inputs[0].shape  # as stored: its last axis read is perm_a's last
         perm = layer.attr("perm_a") or range(len(a))
         return 2.0 * n_out * float(a[list(perm)[-1]])

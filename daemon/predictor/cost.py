@@ -224,7 +224,10 @@ def _predict_units(layers: Sequence[tuple[Layer, Kernel]], cost: PredictedCost, 
                 if m is None and phase == "exec_cold":
                     m = p.models.get((keys[i][0], "exec")) or p.models.get((keys[i][1], "exec"))
             if m is None:
-                c = cost.cost(layer, k, phase)
+                # no unit model of this op or kernel: the roofline, straight (``cost.cost`` would look the models
+                # up again to get there); the phases with no work and control flow through ``cost.cost``
+                c = cost.fallback.cost(layer, k, phase) if not simple and layer.op not in CONTROL_OPS \
+                    else cost.cost(layer, k, phase)
                 vals[i] = c.seconds
                 if c.source == "roofline" and phase in EXEC_PHASES:
                     roof[i] = True

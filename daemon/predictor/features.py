@@ -72,6 +72,7 @@ def kernel_key(kernel: Kernel) -> str:
 
 
 _ITEMSIZE: dict[Any, int] = {}
+_F32 = np.dtype(np.float32)
 
 
 def _isz(info: Any) -> int:
@@ -90,8 +91,11 @@ def base_row(layer: Layer, kernel: Kernel, threads: int) -> list[float]:
     x = ins[0] if ins and ins[0] is not None else None
     outs = layer.outputs
     out = outs[0] if outs else None
-    n, c, h, w = _nchw(x.shape) if x is not None else (1, 1, 1, 1)
-    _on, oc, oh, ow = _nchw(out.shape) if out is not None else (1, 1, 1, 1)
+    xs = x.shape if x is not None else None
+    # _nchw inlined for the 4-D shapes most units have
+    n, c, h, w = (xs if len(xs) == 4 else _nchw(xs)) if xs is not None else (1, 1, 1, 1)
+    os_ = out.shape if out is not None else None
+    _on, oc, oh, ow = (os_ if len(os_) == 4 else _nchw(os_)) if os_ is not None else (1, 1, 1, 1)
     attrs = layer.node.attrs
     op = layer.op
     kh = kw = 1
@@ -117,15 +121,19 @@ def base_row(layer: Layer, kernel: Kernel, threads: int) -> list[float]:
     act = attrs.get("act")
     aname = act[0] if act else None
     consts = layer.const_inputs
-    out_b = float(sum(_isz(o) for o in outs))
+    out_b = 0.0
+    for o in outs:
+        out_b += _isz(o)
     # inputs and raw weights in one pass (raw_nbytes' rule inlined: fp16-stored float32 weights count half)
     in_b = raw_b = 0.0
+    n_in = 0
     half = 2 if attrs.get("_wfp", 0) else 1
     for k, i in enumerate(ins):
         if i is None:
             continue
+        n_in += 1
         if k in consts:
-            raw_b += _isz(i) // (half if i.dtype == np.float32 else 1)
+            raw_b += _isz(i) // (half if i.dtype == _F32 else 1)
         else:
             in_b += _isz(i)
     tw = float(kernel.transformed_nbytes(layer)) if consts else 0.0
@@ -133,11 +141,11 @@ def base_row(layer: Layer, kernel: Kernel, threads: int) -> list[float]:
     groups = int(attrs.get("group", 1) or 1)
     a = _ACTS.get(aname)
     return [layer_flops(layer), in_b, out_b, raw_b, tw, ws_b,
-            float(out.size) if out is not None else 0.0,
+            float(math.prod(out.shape)) if out is not None else 0.0,
             n, cin, cout, h, w, oh, ow, kh, kw,
             int(st[0]), int(st[1]) if len(st) > 1 else int(st[0]), groups,
             a if a is not None else 20 + stable_id(str(aname)) % 50,
-            1.0 if attrs.get("residual") else 0.0, float(sum(1 for i in ins if i is not None)), float(threads),
+            1.0 if attrs.get("residual") else 0.0, float(n_in), float(threads),
             stable_id(op), -1.0, -1.0, -1.0, -1.0, -1.0,
             float(oh * ow), float(kh * kw), float(max(cin // max(groups, 1), 1)), in_b + out_b + tw + ws_b]
 
@@ -180,11 +188,16 @@ def dispatch_summary(dispatches: Sequence[Any]) -> tuple[float, float, float, fl
     """(dispatches, workgroups in all, the largest dispatch's workgroups, its local size, invocations in all)."""
     if not dispatches:
         return 0.0, 0.0, 0.0, 0.0, 0.0
-    groups = [float(math.prod(d.groups)) for d in dispatches]
-    locals_ = [float(shader_local_size(d.shader)) for d in dispatches]
-    big = groups.index(max(groups))
-    return (float(len(dispatches)), float(sum(groups)), groups[big], locals_[big],
-            float(sum(g * lo for g, lo in zip(groups, locals_))))
+    total = inv = 0.0
+    big_g = big_l = -1.0
+    for d in dispatches:  # one pass (the first of equally large dispatches is the largest)
+        g = float(math.prod(d.groups))
+        lo = float(shader_local_size(d.shader))
+        total += g
+        inv += g * lo
+        if g > big_g:
+            big_g, big_l = g, lo
+    return float(len(dispatches)), total, big_g, big_l, inv
 
 
 #: constants up to this size are passed to ``dispatches`` by value when they are known (axes, pads, shapes, a
@@ -205,21 +218,8 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any, constants: Mapping[s
         return hit
     if _split_rows is None:  # imported once, not per call: the backend's module is not the predictor's to load
         from ..vulkan.kernel import split_rows as _split_rows
-
-    def transformed() -> Any:
-        raw: dict[str, np.ndarray] = {}
-        for i in layer.const_inputs:
-            info = layer.inputs[i]
-            if info is None:
-                continue
-            name = layer.node.inputs[i]
-            val = constants.get(name) if constants is not None and info.nbytes <= _SMALL else None
-            raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
-        return kernel.transform(layer, raw)
-
     try:
-        params = _LazyParams(transformed)
-        out: list[Any] | None = _split_rows(kernel.dispatches(layer, params, caps), caps)
+        out: list[Any] | None = _split_rows(kernel.dispatches(layer, _LazyParams(layer, kernel, constants), caps), caps)
     except Exception:
         out = None
     if len(_DISPATCHES) >= _DISPATCH_CACHE:
@@ -231,11 +231,27 @@ def vulkan_dispatches(layer: Layer, kernel: Any, caps: Any, constants: Mapping[s
 class _LazyParams(Mapping[str, Any]):
     """A kernel's transformed parameters, transformed only when ``dispatches`` looks at one: most kernels' geometry
     comes from the layer's shapes alone, and transforming stand-in weights (a large Winograd layer: milliseconds)
-    made most of a Vulkan whole-model prediction's time. The dispatches are the same either way."""
+    made most of a Vulkan whole-model prediction's time. The dispatches are the same either way. The raw constants
+    are the graph's where they are small (``_SMALL``), zero stand-ins of their shape otherwise."""
 
-    def __init__(self, make: Any) -> None:
-        self._make = make
+    __slots__ = ("_layer", "_kernel", "_constants", "_params")
+
+    def __init__(self, layer: Layer, kernel: Any, constants: Mapping[str, Any] | None) -> None:
+        self._layer = layer
+        self._kernel = kernel
+        self._constants = constants
         self._params: Mapping[str, Any] | None = None
+
+    def _make(self) -> Mapping[str, Any]:
+        layer, constants = self._layer, self._constants
+        raw: dict[str, np.ndarray] = {}
+        for i in layer.const_inputs:
+            info = layer.inputs[i]
+            if info is None:
+                continue
+            val = constants.get(layer.node.inputs[i]) if constants is not None and _isz(info) <= _SMALL else None
+            raw[raw_key(i)] = np.asarray(val) if val is not None else np.zeros(info.shape, info.dtype)
+        return self._kernel.transform(layer, raw)
 
     def _get(self) -> Mapping[str, Any]:
         if self._params is None:
@@ -266,7 +282,7 @@ def _dispatch_key(layer: Layer, kernel: Any, constants: Mapping[str, Any] | None
     for i in layer.const_inputs:
         info = layer.inputs[i]
         v = constants.get(layer.node.inputs[i]) if constants is not None and info is not None \
-            and info.nbytes <= _SMALL else None
+            and _isz(info) <= _SMALL else None
         small.append(None if v is None else np.asarray(v).tobytes())
     return (kernel.name, sig if sig is not None else unit_identity(layer, kernel), tuple(small))
 
@@ -290,10 +306,14 @@ def unit_identity(layer: Layer, kernel: Kernel) -> Hashable:
     hashed. ``_absorbed`` (the names of the nodes a fusion folded in: bookkeeping, the kernel runs the same without
     it) is left out: it made every fused layer unique, so a model's repeated blocks were derived once each
     (EfficientNet variants: 86 of 94 units) and training never pooled identical units."""
-    items = tuple((k, tuple(v) if type(v) is list else v) for k, v in sorted(layer.attrs.items())
-                  if k != "_absorbed")  # (names are unique strings: sorting never compares values)
-    key = (layer.op, kernel.name, tuple(tuple(i.shape) if i is not None else None for i in layer.inputs),
-           tuple(tuple(o.shape) for o in layer.outputs), tuple(layer.const_inputs), items)
+    # list comprehensions, not generators in tuple(): cheaper at these lengths (every layer of a model is
+    # identified once per whole-model prediction); a shape is taken as is when it is a tuple already (TensorInfo's)
+    items = tuple([(k, tuple(v) if type(v) is list else v) for k, v in sorted(layer.attrs.items())
+                   if k != "_absorbed"])  # (names are unique strings: sorting never compares values)
+    key = (layer.op, kernel.name,
+           tuple([None if i is None else i.shape if type(i.shape) is tuple else tuple(i.shape) for i in layer.inputs]),
+           tuple([o.shape if type(o.shape) is tuple else tuple(o.shape) for o in layer.outputs]),
+           tuple(layer.const_inputs), items)
     try:
         hash(key)
     except TypeError:  # an array or a nested list among the attributes

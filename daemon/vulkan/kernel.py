@@ -202,7 +202,10 @@ class VulkanKernel(Kernel):
         return {}
 
     def workspace_nbytes(self, layer: Layer) -> int:
-        return sum(align_up(n) for n in self.workspace_parts(layer).values())
+        parts = self.workspace_parts(layer)
+        # most layers have none: the generator and sum cost more than the test (a whole-model prediction asks
+        # each unit twice)
+        return sum(align_up(n) for n in parts.values()) if parts else 0
 
     def dispatches(self, layer: Layer, params: Mapping[str, np.ndarray], caps: Caps) -> list[Dispatch]:
         """The compute work for this layer; ``params`` is what ``transform`` returned (values may set push constants)."""
