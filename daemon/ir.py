@@ -131,10 +131,6 @@ def dtype_from_tag(tag: str) -> np.dtype:
     return dt
 
 
-#: bytes per element by dtype (whatever ``TensorInfo.dtype`` holds: a numpy dtype or a scalar type)
-_ITEMSIZE: dict[Any, int] = {}
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -148,10 +144,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        isz = _ITEMSIZE.get(self.dtype)
-        if isz is None:  # np.dtype() per call cost more than the product (planners ask per tensor per layer)
-            isz = _ITEMSIZE[self.dtype] = np.dtype(self.dtype).itemsize
-        return int(math.prod(self.shape)) * isz
+        return self.size * np.dtype(self.dtype).itemsize
 
 
 @dataclass
