@@ -79,14 +79,14 @@ def _hook(found: list[Any] | None) -> Callable[[int, bytes], Any]:
 
 def _ext_hook(code: int, data: bytes, found: list[Any] | None = None) -> Any:
     """msgpack's hook for inferd's types; ``found``: every array and control-flow body made is appended to it."""
-    hook = _hook(found)
     if code == _EXT_NDARRAY:
         dt, shape, buf = msgpack.unpackb(data, raw=False)
         out: Any = np.frombuffer(buf, dtype=dtype_from_tag(dt)).reshape(shape).copy()
     elif code == _EXT_TUPLE:
-        return tuple(msgpack.unpackb(data, raw=False, ext_hook=hook, strict_map_key=False))
+        return tuple(msgpack.unpackb(data, raw=False, ext_hook=_hook(found), strict_map_key=False))
     elif code == _EXT_SUBGRAPH:
-        name, nodes, ins, outs, consts, outer = msgpack.unpackb(data, raw=False, ext_hook=hook, strict_map_key=False)
+        name, nodes, ins, outs, consts, outer = msgpack.unpackb(data, raw=False, ext_hook=_hook(found),
+                                                                strict_map_key=False)
         out = Subgraph(name, nodes_of(nodes),
                        [(r[0], dtype_from_tag(r[1]), None if r[2] is None else tuple(r[2])) for r in ins], list(outs),
                        dict(consts), list(outer))
@@ -104,7 +104,16 @@ def node_records(nodes: Sequence[Node]) -> list[list[Any]]:
 
 def nodes_of(records: Sequence[Sequence[Any]]) -> list[Node]:
     """``node_records`` read back."""
-    return [Node(r[0], r[1], list(r[2]), list(r[3]), dict(r[4])) for r in records]
+    return [_node(r) for r in records]
+
+
+def _node(r: Sequence[Any]) -> Node:
+    # Node's fields set directly: its dataclass __init__ (two default factories among them) was most of an open's
+    # node parse, once per node before the first layer runs
+    n = _new(Node)
+    n.__dict__.update(name=r[0], op=r[1], inputs=list(r[2]), outputs=list(r[3]), attrs=dict(r[4]), domain="",
+                      bodies={}, notes={})
+    return n
 
 
 def _info(t: TensorInfo) -> list[Any]:

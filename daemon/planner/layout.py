@@ -497,8 +497,11 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
                 converted.add(name)
             ins[i] = name + SUFFIX
         out = n.outputs[0]
+        # (Node(...) rather than dataclasses.replace: replace looks the fields up and goes through keywords, per
+        # blocked node of every CPU load)
         if kind == "gap":  # (one value per channel: NCHW as it is)
-            nodes.append(replace(n, op=GAP, inputs=ins, attrs={"channels": int(graph.infos[out].shape[1])}))
+            nodes.append(Node(n.name, GAP, ins, n.outputs, {"channels": int(graph.infos[out].shape[1])}, n.domain,
+                              n.bodies, n.notes))
             continue
         if kind == "scale":  # the blocked input first
             i = blocked_reads(n, kind, graph)[0]
@@ -507,7 +510,7 @@ def apply_layout(graph: Graph, plan: LayoutPlan) -> Graph:
               "unary": n.op}[kind]
         # a concat's axis as the blocks' axis of the 5-D twins (-3 of NCHW would name their rows)
         attrs = {**n.attrs, "axis": 1} if kind == "concat" else dict(n.attrs)
-        nodes.append(replace(n, op=op, inputs=ins, outputs=[twin(out)], attrs=attrs))
+        nodes.append(Node(n.name, op, ins, [twin(out)], attrs, n.domain, n.bodies, n.notes))
         if out in nchw_readers:
             nodes.append(Node(f"{out}{SUFFIX}#from", FROM, [out + SUFFIX], [out],
                               {"channels": int(graph.infos[out].shape[1])}))

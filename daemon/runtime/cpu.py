@@ -149,14 +149,16 @@ class CpuExecutor:
         self.views: dict[str, np.ndarray] = {}
         #: values of the tensors shaped at run time (``graph.runtime_shaped``), this run's
         self._dyn: dict[str, np.ndarray] = {}
+        consts, aliases, offsets, arena = graph.constants, self.plan.aliases, self.plan.offsets, self.arena
         for name, info in graph.infos.items():
-            if name in graph.constants:
+            if name in consts:
                 continue
-            root = self.plan.aliases.get(name, name)
-            if root not in self.plan.offsets:
+            off = offsets.get(aliases.get(name, name))
+            if off is None:
                 continue
-            off = self.plan.offsets[root]
-            self.views[name] = self.arena[off:off + info.nbytes].view(info.dtype).reshape(info.shape)
+            # one constructor rather than slice, view and reshape: a cold load makes a view per tensor before
+            # its first layer runs (shufflenetv2: ~300)
+            self.views[name] = np.ndarray(info.shape, info.dtype, arena, off)
         if choice is not None:
             self.choice: list[tuple[Layer, Kernel | None]] = list(choice)
         elif lazy:  # the cold plan names each layer's kernel; prepare() looks it up
