@@ -31,6 +31,9 @@ def raw_params(layer: "Layer", constants: Mapping[str, Any]) -> dict[str, Any]:
     return {raw_key(i): constants[layer.node.inputs[i]] for i in layer.const_inputs}
 
 
+_new = object.__new__
+
+
 @dataclass(frozen=True)
 class Layer:
     """A node together with its static tensor information: all a kernel needs to plan or run."""
@@ -73,10 +76,15 @@ class Layer:
 
     @staticmethod
     def of(node: Node, graph: Graph) -> "Layer":
-        ins = tuple(graph.infos.get(i) if i else None for i in node.inputs)
-        outs = tuple(graph.infos[o] for o in node.outputs if o)
-        consts = tuple(k for k, i in enumerate(node.inputs) if i and i in graph.constants)
-        return Layer(node, ins, outs, consts)
+        infos, constants = graph.infos, graph.constants
+        # list comprehensions and the fields set directly (not the frozen dataclass's __init__, an
+        # object.__setattr__ per field): a load makes one Layer per node before its first layer runs
+        layer = _new(Layer)
+        layer.__dict__.update(
+            node=node, inputs=tuple([infos.get(i) if i else None for i in node.inputs]),
+            outputs=tuple([infos[o] for o in node.outputs if o]),
+            const_inputs=tuple([k for k, i in enumerate(node.inputs) if i and i in constants]))
+        return layer
 
 
 def weights_key(layer: Layer) -> tuple[Any, ...]:
