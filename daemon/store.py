@@ -386,12 +386,19 @@ class WeightsStore:
         try:
             meta = msgpack.unpackb(index, raw=False)
             self.entries: dict[tuple[str, str, str, str], Entry] = {}
+            new = object.__new__
             for r in meta.pop("entries"):
-                e = Entry(r[0], r[1], r[2], r[3], r[4], tuple(r[5]), int(r[6]), int(r[7]), int(r[8]))
+                # the fields set directly, not through the frozen dataclass's __init__ (an object.__setattr__ per
+                # field, most of an open's index parse: one entry per weight tensor)
+                e = new(Entry)
+                key = (r[0], r[1], r[2], r[3])
+                offset, nbytes = int(r[6]), int(r[7])
+                e.__dict__.update(layer=r[0], tensor=r[1], kernel=r[2], variant=r[3], dtype=r[4], shape=tuple(r[5]),
+                                  offset=offset, size=nbytes, checksum=int(r[8]))
                 dtype_from_tag(e.dtype)  # an unknown type is a bad file now, not a wrong array later
-                if e.offset % ALIGN or e.offset + e.size > ioff:
-                    raise WeightsStoreError(f"{self.path}: entry {e.key} lies outside the blob area")
-                self.entries[e.key] = e
+                if offset % ALIGN or offset + nbytes > ioff:
+                    raise WeightsStoreError(f"{self.path}: entry {key} lies outside the blob area")
+                self.entries[key] = e
             # per layer: a load asks for each layer's entries, and a scan of every entry per layer was
             # quadratic (10 ms of squeezenet's Vulkan set-up)
             self._by_layer: dict[str, list[Entry]] = {}
