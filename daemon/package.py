@@ -943,9 +943,9 @@ def _open_parsed(pkg: Path, device: str, batch: int, kernels: dict[str, str] | N
                      consts, infos, int(d["opset"]),  # type: ignore[arg-type]
                      {k: tuple(v) for k, v in (d.get("dims") or {}).items()})
     template.runtime_shaped = set(d.get("runtime_shaped") or ()) & set(infos)
-    missing = [n for n in (i for nd in nodes for i in nd.inputs) if n and n not in infos]
+    missing = {i for nd in nodes for i in nd.inputs if i} - infos.keys()
     if missing:
-        raise WeightsStoreError(f"{pkg}: plan references unknown tensors {missing[:5]}")
+        raise WeightsStoreError(f"{pkg}: plan references unknown tensors {sorted(missing)[:5]}")
     try:
         graph = _shaped_graph(d, template)
     except InferdError as e:
@@ -959,14 +959,12 @@ def _open_parsed(pkg: Path, device: str, batch: int, kernels: dict[str, str] | N
             raise StalePackageError(f"{pkg}: compiled with the CPU's blocked layout, which INFERD_CPU_LAYOUT "
                                     f"turns off here")
         raise WeightsStoreError(f"{pkg}: the cold plan does not match the graph's nodes")
+    held = {(e.layer, e.kernel) for e in store.entries.values() if e.variant == "transformed"}
     for lp in plan.layers:
-        if lp.source == "transformed" and not any(True for _ in store.find(
-                lp.name, kernel=transformed_key(device, lp.kernel), variant="transformed")):
+        if lp.source == "transformed" and (lp.name, transformed_key(device, lp.kernel)) not in held:
             raise WeightsStoreError(f"{pkg}: the plan reads transformed weights of {lp.name!r} "
                                     f"({lp.kernel}) that the store does not hold")
-    for n in consts:
-        if n not in inline and n not in big:
-            raise WeightsStoreError(f"{pkg}: constant {n!r} is in neither the plan nor the store")
+    # (every constant is in the plan or the store by construction: ``consts`` is made of the two)
     return OpenPackage(pkg, graph, template, plan, prof, store, d, run_graph, memory, stream)
 
 
