@@ -24,7 +24,7 @@ import os
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -56,10 +56,12 @@ class Entry:
     offset: int
     size: int
     checksum: int
+    #: (layer, tensor, kernel, variant): made once (an open asks each entry's key several times: ~1,000 for
+    #: shufflenetv2's, a tuple built per ask when this was a property)
+    key: tuple[str, str, str, str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.layer, self.tensor, self.kernel, self.variant)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.layer, self.tensor, self.kernel, self.variant))
 
 
 def _align(n: int) -> int:
@@ -394,7 +396,7 @@ class WeightsStore:
                 key = (r[0], r[1], r[2], r[3])
                 offset, nbytes = int(r[6]), int(r[7])
                 e.__dict__.update(layer=r[0], tensor=r[1], kernel=r[2], variant=r[3], dtype=r[4], shape=tuple(r[5]),
-                                  offset=offset, size=nbytes, checksum=int(r[8]))
+                                  offset=offset, size=nbytes, checksum=int(r[8]), key=key)
                 dtype_from_tag(e.dtype)  # an unknown type is a bad file now, not a wrong array later
                 if offset % ALIGN or offset + nbytes > ioff:
                     raise WeightsStoreError(f"{self.path}: entry {key} lies outside the blob area")
