@@ -173,10 +173,15 @@ def _small_map(y_shape: tuple[int, ...], cin: int, cout: int) -> bool:
     multiplies saved, and the GEMM kernels' blocking wants more pixels. Two threads, Zen 3, us, F(2,3) / the
     best other NCHW kernel / blocked direct: 512@2x2 513/293 (im2col)/112, 512@4x4 740/-/414, 512@5x5 1282/-/635,
     384@6x6 771/-/507, 256@4x4 423/193 (direct_gemm)/112, 256@7x7 616/-/309, 128@7x7 216/-/88, 128@8x8 215/143
-    (direct_gemm)/111; Winograd still ahead at 256@8x8 336/-/403, 512@7x7 1111/1750/1243, 128@14x14 261/-/304."""
+    (direct_gemm)/111; Winograd still ahead at 256@8x8 336/-/403, 128@14x14 261/-/304, and at 512@7x7
+    (1111/1750/1243) until the blocked kernel read its weights ahead of its tiles: there F(2,3)'s 1.8x larger
+    transformed weights come from memory each inference too (2026-12-06, Xeon, two threads, in-process A/B of the
+    layers in the models: resnet50's two 512@7x7 0.81-0.83x F(2,3)'s time and their four conversions gone,
+    resnet18's three 0.87-0.90x). So every odd map of up to 49 pixels runs blocked."""
     px = math.prod(y_shape[2:])
     odd = any(int(d) % 2 for d in y_shape[2:])
-    return px <= 36 or (px <= 64 and (cin * cout <= 128 * 128 or (odd and cin * cout <= 256 * 256)))
+    return px <= 36 or (odd and px <= 49) or (
+        px <= 64 and (cin * cout <= 128 * 128 or (odd and cin * cout <= 256 * 256)))
 
 
 def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
