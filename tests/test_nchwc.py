@@ -999,16 +999,18 @@ def test_a_concat_of_blocked_and_nchw_parts_runs_blocked_where_that_converts_les
     assert "concat" not in plan_layout(specialize(import_template(str(big)))).kinds
 
 
-def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3, k: int = 1) -> Path:
+def _pointwise_chain(tmp_path: Path, channels: int, hw: int, n: int = 3, k: int = 1, cin: int | None = None) -> Path:
+    """``n`` k x k convs of ``channels`` each way on a hw x hw map (the first from ``cin`` channels where given)."""
     from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(7)
-    inits = [numpy_helper.from_array((rng.standard_normal((channels, channels, k, k)) * 0.05).astype(np.float32),
-                                     f"w{i}") for i in range(n)]
+    c0 = cin or channels
+    inits = [numpy_helper.from_array((rng.standard_normal((channels, c0 if i == 0 else channels, k, k)) * 0.05)
+                                     .astype(np.float32), f"w{i}") for i in range(n)]
     names = ["x"] + [f"t{i}" for i in range(n - 1)] + ["y"]
     nodes = [helper.make_node("Conv", [names[i], f"w{i}"], [names[i + 1]], kernel_shape=[k, k],
                               pads=[k // 2] * 4) for i in range(n)]
-    return _save_xy_model(tmp_path / f"pw{channels}_{hw}_{k}.onnx", nodes, [1, channels, hw, hw], inits)
+    return _save_xy_model(tmp_path / f"pw{c0}_{channels}_{hw}_{k}.onnx", nodes, [1, c0, hw, hw], inits)
 
 
 def _save_xy_model(path: Path, nodes: list, x_shape: list[int], inits: list) -> Path:  # type: ignore[type-arg]
@@ -1048,19 +1050,27 @@ def test_pointwise_convs_on_small_maps_run_blocked_where_their_saving_pays_for_t
 
 
 @needs_native
-def test_3x3_convs_on_maps_too_small_for_winograd_run_blocked(tmp_path: Path) -> None:
+def test_3x3_convs_on_maps_too_small_for_winograd_run_blocked(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # resnets' last stages at a 64x64 input: 2x2 to 8x8 maps, where Winograd's tiles cost more than they save
     from inferd.frontend import import_template, specialize
+    from inferd.planner import layout
 
-    def kinds(channels: int, hw: int, n: int = 2) -> tuple[str, ...]:
-        path = _pointwise_chain(tmp_path, channels, hw, n=n, k=3)
+    def kinds(channels: int, hw: int, n: int = 2, cin: int | None = None) -> tuple[str, ...]:
+        path = _pointwise_chain(tmp_path, channels, hw, n=n, k=3, cin=cin)
         return plan_layout(specialize(import_template(str(path)))).kinds
 
-    assert kinds(512, 2) == ("conv",) * 2 and kinds(256, 4) == ("conv",) * 2 and kinds(256, 7) == ("conv",) * 2
-    assert kinds(256, 4, n=1) == ("conv",)  # alone too (between NCHW 1x1s in a bottleneck): it pays both conversions
-    # 512@7x7 too since the blocked kernel reads its weights ahead (F(2,3)'s transformed weights 1.8x as large)
-    assert kinds(512, 7) == ("conv",) * 2
-    assert kinds(256, 8) == () and kinds(128, 14) == ()  # Winograd's still
+    for wide in (False, True):  # the blocked kernel's tiles: AVX2 / NEON, AVX-512
+        monkeypatch.setattr(layout, "_wide_tiles", lambda wide=wide: wide)
+        assert kinds(512, 2) == ("conv",) * 2 and kinds(256, 4) == ("conv",) * 2 and kinds(256, 7) == ("conv",) * 2
+        assert kinds(256, 4, n=1) == ("conv",)  # alone too (between NCHW 1x1s in a bottleneck): both conversions
+        # Winograd's with narrow tiles; with the wide ones mid-sized maps and weights go blocked, and odd maps of
+        # up to 7x7 whatever their weights
+        blocked = ("conv",) * 2 if wide else ()
+        assert kinds(512, 7) == blocked and kinds(256, 8) == blocked and kinds(128, 14) == blocked
+        assert kinds(128, 28) == blocked and kinds(256, 14) == blocked
+        # ... but not beyond: vgg16's 512@14x14 and 256->512@28x28 stay on Winograd (1.25x, 1.8x its time blocked)
+        assert kinds(512, 14) == () and kinds(512, 28, cin=256) == ()
     x = np.random.default_rng(9).standard_normal((1, 256, 4, 4)).astype(np.float32)
     _assert_matches_onnxruntime(_pointwise_chain(tmp_path, 256, 4, n=2, k=3), {"x": x})
 

@@ -30,6 +30,7 @@ name that another shape's executor holds).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Mapping
@@ -51,6 +52,18 @@ DIRECT_MAX_CIN = 64
 #: 2026-12-05, median of the rounds' ratios): resnet50 0.98x the time (two runs), keras resnet50 0.96x,
 #: fcn_resnet50 0.99x. Still a bound: a 1x1 conv this large is a classifier-sized GEMM
 POINTWISE_MAX_WEIGHTS = 4096 * 4096
+#: k x k stride-1 convs of more than DIRECT_MAX_CIN input channels that Winograd would run go blocked on maps of
+#: up to this many pixels with up to WINOGRAD_BLOCKED_MAX_WEIGHTS weights a tap, and on odd maps of up to 7x7,
+#: where the blocked kernel has its AVX-512 tiles (``_wide_tiles``, ``_beats_winograd``): since its weights are read
+#: ahead of its tiles it outruns Winograd there, whose transforms make passes over memory (a larger share of its
+#: time the fewer the channels) and whose transformed weights (1.8x and 4x the raw ones) come from memory each
+#: inference too. In-process A/B of the layers in the models (Xeon, Emerald Rapids, two threads, 2026-12-06,
+#: blocked / Winograd): resnet50's 128@28x28 0.79-0.88x (F(4,3)), 256@14x14 0.92-0.98x, 512@7x7 0.81-0.83x
+#: (F(2,3)), and the conversions around each bottleneck's 3x3 gone (20, 0.47 ms); resnet18's 0.75-0.84x, 0.97-1.03x
+#: and 0.87-0.90x. Not with more weights: vgg16's 256->512 and 512@28x28 took 1.8-2.0x F(4,3)'s time blocked,
+#: 512@14x14 1.24-1.28x F(2,3)'s. Narrower tiles (AVX2, NEON) keep Winograd as measured before (``_small_map``)
+WINOGRAD_BLOCKED_MAX_PIXELS = 784
+WINOGRAD_BLOCKED_MAX_WEIGHTS = 256 * 256
 #: ... and so do 1x1 convs on maps smaller than this: none since the run tiles (a map as one row of pixels).
 #: mobilenetv2's 7x7 1x1s take 0.75-0.96x the GEMM's time blocked and the model 0.95-0.99x (Zen 3, 1 and 2
 #: threads, 2026-12-01), googlenet 0.90-0.97x; efficientnet_b0's 7x7 expansions 0.9-1.08x, the model 0.96-1.00x
@@ -65,10 +78,10 @@ SUFFIX = "::nchwc"
 #: Fraction of a conv's time the blocked kernel saves, by what the NCHW path would run (measured per layer in the
 #: models, two threads, Emerald Rapids: 1x1 0.61-0.79x with the pointwise tiles, direct 3x3 0.78-0.93x, strided
 #: 3x3 via im2col 0.85-0.88x, strided 1x1 (a strided copy and the GEMM) 0.38-0.77x; against Winograd F(4,3)
-#: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with); a depthwise conv or a pool
-#: saves nothing to speak of.
+#: 0.92-1.05x on 64->64@56, worse on larger maps: nothing to pay a conversion with; with more channels on mid-sized
+#: maps and the AVX-512 tiles 0.75-1.03x, "winograd_wide"); a depthwise conv or a pool saves nothing to speak of.
 SAVING = {"pointwise": 0.30, "direct": 0.15, "winograd": 0.0, "strided": 0.15, "strided1x1": 0.30, "stem": 0.30,
-          "pointwise_small": 0.12, "small_kxk": 0.40, "grouped": 0.30, "dilated": 0.30}
+          "winograd_wide": 0.10, "pointwise_small": 0.12, "small_kxk": 0.40, "grouped": 0.30, "dilated": 0.30}
 #: Paths of a conv that saves more than its two conversions cost even with no blocked neighbour (the region check
 #: still weighs them): a k x k conv on a small map, a grouped conv, and an atrous conv, whose NCHW path is the
 #: implicit GEMM (FCN-ResNet50's 3x3 at dilation 4 on an 8x8 map, 512 channels, two threads, Zen 3: 2.4-2.6 ms
@@ -102,8 +115,8 @@ class LayoutPlan:
 
 def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | None:
     """What the NCHW path would run ``node`` with ("pointwise", "strided1x1", "strided", "direct", "winograd",
-    "small_kxk", "depthwise"; "stem" for a conv that reads NCHW) where the blocked kernel suits it, else None:
-    the blocked kernel's expected saving depends on it."""
+    "winograd_wide" (see ``WINOGRAD_BLOCKED_MAX_PIXELS``), "small_kxk", "depthwise"; "stem" for a conv that reads
+    NCHW) where the blocked kernel suits it, else None: the blocked kernel's expected saving depends on it."""
     if node.name in forced or "Conv" in forced or len(node.inputs) < 2:
         return None
     x, w = graph.infos.get(node.inputs[0]), graph.infos.get(node.inputs[1])
@@ -152,7 +165,29 @@ def _conv_path(node: Node, graph: Graph, forced: Mapping[str, str]) -> str | Non
     if cin <= DIRECT_MAX_CIN and (not wino or cout <= DIRECT_MAX_CIN):
         return "winograd" if wino else "direct"
     y = graph.infos.get(node.outputs[0])
-    return "small_kxk" if y is not None and _small_map(y.shape, cin, cout) else None
+    if y is not None and _small_map(y.shape, cin, cout):
+        return "small_kxk"
+    if wino and y is not None and _beats_winograd(y.shape, cin, cout) and _wide_tiles():
+        return "winograd_wide"
+    return None
+
+
+def _beats_winograd(y_shape: tuple[int, ...], cin: int, cout: int) -> bool:
+    """Where the blocked kernel's AVX-512 tiles outrun Winograd on a k x k conv of more than DIRECT_MAX_CIN input
+    channels (see ``WINOGRAD_BLOCKED_MAX_PIXELS``): mid-sized maps with mid-sized weights, and odd maps of up to
+    7x7, which F(2,3)'s tiles pad to even sides."""
+    px = math.prod(y_shape[2:])
+    odd = any(int(d) % 2 for d in y_shape[2:])
+    return (px <= WINOGRAD_BLOCKED_MAX_PIXELS and cin * cout <= WINOGRAD_BLOCKED_MAX_WEIGHTS) or (odd and px <= 49)
+
+
+@functools.cache
+def _wide_tiles() -> bool:
+    """Whether the blocked kernel runs its AVX-512 tiles (6 pixels x 4 blocks, 24 accumulators): where it does
+    it outruns Winograd on mid-sized maps (``WINOGRAD_BLOCKED_MAX_PIXELS``)."""
+    from .. import native
+
+    return bool(native.AVAILABLE) and native.nchwc_group_blocks() == 4
 
 
 def _dilated_path(node: Node, graph: Graph, dil: tuple[int, ...]) -> str | None:
@@ -173,15 +208,11 @@ def _small_map(y_shape: tuple[int, ...], cin: int, cout: int) -> bool:
     multiplies saved, and the GEMM kernels' blocking wants more pixels. Two threads, Zen 3, us, F(2,3) / the
     best other NCHW kernel / blocked direct: 512@2x2 513/293 (im2col)/112, 512@4x4 740/-/414, 512@5x5 1282/-/635,
     384@6x6 771/-/507, 256@4x4 423/193 (direct_gemm)/112, 256@7x7 616/-/309, 128@7x7 216/-/88, 128@8x8 215/143
-    (direct_gemm)/111; Winograd still ahead at 256@8x8 336/-/403, 128@14x14 261/-/304, and at 512@7x7
-    (1111/1750/1243) until the blocked kernel read its weights ahead of its tiles: there F(2,3)'s 1.8x larger
-    transformed weights come from memory each inference too (2026-12-06, Xeon, two threads, in-process A/B of the
-    layers in the models: resnet50's two 512@7x7 0.81-0.83x F(2,3)'s time and their four conversions gone,
-    resnet18's three 0.87-0.90x). So every odd map of up to 49 pixels runs blocked."""
+    (direct_gemm)/111; Winograd still ahead at 256@8x8 336/-/403, 512@7x7 1111/1750/1243, 128@14x14 261/-/304
+    (where the blocked kernel's tiles are narrower than AVX-512's: see ``WINOGRAD_BLOCKED_MAX_PIXELS``)."""
     px = math.prod(y_shape[2:])
     odd = any(int(d) % 2 for d in y_shape[2:])
-    return px <= 36 or (odd and px <= 49) or (
-        px <= 64 and (cin * cout <= 128 * 128 or (odd and cin * cout <= 256 * 256)))
+    return px <= 36 or (px <= 64 and (cin * cout <= 128 * 128 or (odd and cin * cout <= 256 * 256)))
 
 
 def _winograd(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> bool:
