@@ -68,12 +68,14 @@ def test_packed_weights_start_on_a_cache_line(refs, tmp_path, monkeypatch):
         a = native.empty_aligned(shape, dt)
         assert a.shape == shape and a.dtype == dt and a.ctypes.data % 64 == 0 and a.flags.c_contiguous
     seen = set()
-    # the zoo's 1x1 convs all run blocked: mobilenetv2 with the layout off runs its own on the NCHW GEMM (conv1x1)
+    # the zoo's 1x1 convs all run blocked: mobilenetv2 with the layout off runs its own on the NCHW GEMM (conv1x1);
+    # and with the AVX-512 tiles resnets' 3x3s run blocked too: resnet18 with the layout off runs them on Winograd
     monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")
     nchw = inferd.load(refs["mobilenetv2"][0], device="cpu")
+    nchw_r = inferd.load(refs["resnet18"][0], device="cpu")
     monkeypatch.delenv("INFERD_CPU_LAYOUT")
     for name, model in [(n, refs[n][3]) for n in ("squeezenet1_1", "resnet50", "mobilenetv2", "vit_tiny")] + [
-            ("mobilenetv2 (NCHW)", nchw)]:
+            ("mobilenetv2 (NCHW)", nchw), ("resnet18 (NCHW)", nchw_r)]:
         model.wait_warm(60)
         for step in model._exec.steps:
             if step is None or step.kernel.name not in ("nchwc", "conv1x1", "im2col", "im2col_tiled", "winograd23",
