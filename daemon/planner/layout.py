@@ -57,11 +57,14 @@ POINTWISE_MAX_WEIGHTS = 4096 * 4096
 #: where the blocked kernel has its AVX-512 tiles (``_wide_tiles``, ``_beats_winograd``): since its weights are read
 #: ahead of its tiles it outruns Winograd there, whose transforms make passes over memory (a larger share of its
 #: time the fewer the channels) and whose transformed weights (1.8x and 4x the raw ones) come from memory each
-#: inference too. In-process A/B of the layers in the models (Xeon, Emerald Rapids, two threads, 2026-12-06,
-#: blocked / Winograd): resnet50's 128@28x28 0.79-0.88x (F(4,3)), 256@14x14 0.92-0.98x, 512@7x7 0.81-0.83x
-#: (F(2,3)), and the conversions around each bottleneck's 3x3 gone (20, 0.47 ms); resnet18's 0.75-0.84x, 0.97-1.03x
-#: and 0.87-0.90x. Not with more weights: vgg16's 256->512 and 512@28x28 took 1.8-2.0x F(4,3)'s time blocked,
-#: 512@14x14 1.24-1.28x F(2,3)'s. Narrower tiles (AVX2, NEON) keep Winograd as measured before (``_small_map``)
+#: inference too. In-process A/B of the layers in the models (``scripts/plan_ab.py``; Xeon, Emerald Rapids, two
+#: threads, 2026-12-06, blocked / Winograd, in one of the VM's slow spells, then a fast one): resnet50's 128@28x28
+#: 0.79-0.88x, then 0.95-1.08x (F(4,3)), 256@14x14 0.92-0.98x, then 0.98-1.01x, 512@7x7 0.81-0.83x, then 0.86x
+#: (F(2,3)), and the conversions around each bottleneck's 3x3 gone (20 of them, 0.33-0.47 ms): the model 0.96x, then
+#: 0.97x; resnet18 0.94-0.96x (its 256@14x14s 1.05-1.10x in the fast spell, paid for by its 7x7s' 0.87-0.88x and
+#: 8 conversions), googlenet 0.95-0.99x, unet_small 1.0x. Not with more weights: vgg16's 256->512 and
+#: 512@28x28 took 1.8-2.0x F(4,3)'s time blocked, 512@14x14 1.24-1.28x F(2,3)'s. Narrower tiles (AVX2, NEON) keep
+#: Winograd as measured before (``_small_map``)
 WINOGRAD_BLOCKED_MAX_PIXELS = 784
 WINOGRAD_BLOCKED_MAX_WEIGHTS = 256 * 256
 #: ... and so do 1x1 convs on maps smaller than this: none since the run tiles (a map as one row of pixels).
