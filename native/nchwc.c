@@ -583,19 +583,18 @@ typedef struct {
 /* Set up for a task reading the weights [beg, end) in chunks of chunk bytes, calls tiles a chunk */
 static inline void wpf_init(wpf_t* P, const float* beg, const float* end, long long chunk, long long calls)
 {
-    const char* b = (const char*)beg;
     P->end = (const char*)end;
-    P->cur = b + chunk < P->end ? b + chunk : P->end;
-    P->lim = P->cur;
+    P->cur = P->lim = (const char*)beg; /* (the first chunk's wpf_chunk moves both) */
     P->step = (chunk / (calls > 0 ? calls : 1) + 63) / 64 * 64;
 }
 
-/* At the start of a chunk at [c, c + chunk): read ahead up to its next chunk's end */
-static inline void wpf_chunk(wpf_t* P, const float* c, long long chunk)
+/* At the start of a chunk of n bytes at c (a group's last chunk may be short): read ahead from its end up to the
+   next chunk's (chunk bytes; the next group's first where this one ends its group) */
+static inline void wpf_chunk(wpf_t* P, const float* c, long long n, long long chunk)
 {
-    const char* e = (const char*)c + 2 * chunk;
-    P->lim = e < P->end ? e : P->end;
-    if (P->cur < (const char*)c + chunk) P->cur = (const char*)c + chunk < P->lim ? (const char*)c + chunk : P->lim;
+    const char* b = (const char*)c + n;
+    P->lim = b + chunk < P->end ? b + chunk : P->end;
+    if (P->cur < b) P->cur = b < P->lim ? b : P->lim;
 }
 
 /* Before a tile over nblk input blocks: the next step's lines, read by the tile a few lines an input block
@@ -683,7 +682,7 @@ static void conv_task_runs(const cjob_t* J, long long task)
             for (int c0 = 0; c0 < Jb->cib; c0 += chunk) {
                 const int c1 = c0 + chunk < Jb->cib ? c0 + chunk : Jb->cib;
                 int tile = 0;
-                wpf_chunk(&P, wg + c0 * cst, chunk * cst * 4);
+                wpf_chunk(&P, wg + c0 * cst, (c1 - c0) * cst * 4, chunk * cst * 4);
                 for (int q = q0; q < q1;) {
                     const int pt = base + (tile++ < rem);
                     wpf_tile(&P, &Jl, c1 - c0);
@@ -773,7 +772,7 @@ static void conv_task(void* ctx, long long task)
                 for (int c0 = 0; c0 < Jb->cib; c0 += chunk) {
                     const int c1 = c0 + chunk < Jb->cib ? c0 + chunk : Jb->cib;
                     int tile = 0;
-                    if (oh == oh0) wpf_chunk(&P, wg + c0 * cst, chunk * cst * 4);
+                    if (oh == oh0) wpf_chunk(&P, wg + c0 * cst, (c1 - c0) * cst * 4, chunk * cst * 4);
                     for (int ow = owa; pwh && ow < owb;) {
                         const int n = owb - ow, pt = n >= T->wideh ? T->wideh : n < wide ? n : wide;
                         wpf_tile(&P, &Jl, c1 - c0);
