@@ -61,7 +61,8 @@ typedef struct {
 } cjob_t;
 
 /* Input block ci's lines of the tile's read-ahead */
-#define NCHWC_PF(ci)                                                                                                   for (int l_ = 0; l_ < J->pfl; ++l_) __builtin_prefetch(J->pfb + ((long long)((ci) - ci0) * J->pfl + l_) * 64, 0, 2);
+#define NCHWC_PF(ci)                                                                                               \
+    for (int l_ = 0; l_ < J->pfl; ++l_) __builtin_prefetch(J->pfb + ((long long)((ci) - ci0) * J->pfl + l_) * 64, 0, 2)
 
 /* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias.
    VT is the ISA's vector of VW floats (16 on AVX-512, 8 on AVX2, 4 on NEON / SSE), a 16-channel block V = 16 / VW
@@ -571,7 +572,7 @@ static int ci_chunk(const cjob_t* J, int nbg)
    an inference) ran at ~50% of the FMA peak with its weights out of cache against ~70% in it. Spread over the
    chunk's tiles, the next chunk's lines come in while the FMAs run. A task's blocks are whole weight groups
    (units of the tiles' block count, the groups' width), so its weights are one run of memory: [cur, end).
-   Xeon (Sapphire Rapids class), two threads, in-process A/B over weights copies out of cache: 2048->512 1x1 on 7x7
+   Xeon (Emerald Rapids class), two threads, in-process A/B over weights copies out of cache: 2048->512 1x1 on 7x7
    0.76-0.81x the time, 512->512 3x3 on 7x7 0.84-0.87x, the same at stride 2 on 14x14 0.83-0.85x, 1024->256 1x1 on
    14x14 0.93-1.0x, layers of small weights 0.96-1.0x; in the models (30 alternating rounds) resnet50 0.95x,
    resnet18 0.96x, squeezenet1_1 1.0x. Nothing but loads: the same bits. */

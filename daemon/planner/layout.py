@@ -21,7 +21,7 @@ Per layer in the models (two threads, Emerald Rapids, the blocked kernel against
 run): 1x1 convs 0.61-0.79x the time (the pointwise tiles), strided 1x1s against a strided copy and the GEMM
 0.38-0.77x, 3x3 convs of 16-64 input channels against the direct GEMM 0.78-0.93x, strided 3x3s against im2col
 0.85-0.93x; Winograd stays ahead from 128 channels on and on large maps, the GEMM on 7x7 maps and for large
-weights.
+weights (with the AVX-512 tiles the blocked kernel takes Winograd's mid-sized maps: ``WINOGRAD_BLOCKED_MAX_PIXELS``).
 
 The decision reads the shapes (a map's pixels, a conv's work, a tensor's bytes), so a model whose inputs have a
 dynamic spatial size stays NCHW: its shapes share their weights, which they could not across layouts. A dynamic
