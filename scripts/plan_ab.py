@@ -9,10 +9,12 @@ plans loaded in one process and timed in turns see the same spells, and the exec
         --base 'inferd.planner.layout:_wide_tiles=lambda: False'
 
 ``--base`` (and ``--new``) patch a module attribute with a Python expression while that arm's model loads (the
-plan is made at load; the patch is undone after). Per round each arm runs ``--runs`` timed runs (per-layer
-medians); a second pass times whole runs the same way. Prints, per model, the layers whose kernel differs, the
-layers only one arm has (conversions), the sum of the layers and the whole run: medians and the median of the
-rounds' ratios (new / base) with their range. ``--json`` writes it all.
+plan is made at load; the patch is undone after); several patches are joined by `` && `` (a lone conv blocked:
+``--new 'inferd.planner.layout:_saving=lambda *a: 1.0 && inferd.planner.layout:ALONE_PATHS=("winograd",)'``).
+Per round each arm runs ``--runs`` timed runs (per-layer medians); a second pass times whole runs the same way.
+Prints, per model, the layers whose kernel differs, the layers only one arm has (conversions), the sum of the
+layers and the whole run: medians and the median of the rounds' ratios (new / base) with their range.
+``--json`` writes it all.
 """
 from __future__ import annotations
 
@@ -40,12 +42,17 @@ def _patch(spec: str | None) -> tuple[Any, str, Any] | None:
 def _load(path: str, spec: str | None) -> tuple[Any, dict[str, np.ndarray]]:
     import inferd
 
-    p = _patch(spec)
+    done = []
     try:
+        # several patches an arm: ``a:b=1 && c:d=2``, applied in order and undone in reverse
+        for one in (spec or "").split(" && "):
+            p = _patch(one.strip())
+            if p is not None:
+                done.append(p)
         m = inferd.load(path, device="cpu")
     finally:
-        if p is not None:
-            setattr(p[0], p[1], p[2])
+        for mod, attr, old in reversed(done):
+            setattr(mod, attr, old)
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.standard_normal([d if isinstance(d, int) and d > 0 else 1 for d in i.shape])
              .astype(np.float32) for i in m.inputs}

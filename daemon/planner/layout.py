@@ -64,8 +64,11 @@ POINTWISE_MAX_WEIGHTS = 4096 * 4096
 #: 0.97x; resnet18 0.94-0.96x (its 256@14x14s 1.05-1.10x in the fast spell, paid for by its 7x7s' 0.87-0.88x and
 #: 8 conversions), googlenet 0.95-0.99x, unet_small 1.0x. Not with more weights: vgg16's 256->512 and
 #: 512@28x28 took 1.8-2.0x F(4,3)'s time blocked, 512@14x14 1.24-1.28x F(2,3)'s. Narrower tiles (AVX2, NEON) keep
-#: Winograd as measured before (``_small_map``)
-WINOGRAD_BLOCKED_MAX_PIXELS = 784
+#: Winograd as measured before (``_small_map``). 784 was raised to 1024 for unet_small's 32x32 decoder (2026-12-07,
+#: same VM, in the model): 128->64 0.84x F(4,3)'s time blocked, 64->64 0.79x F(2,3)'s; googlenet's 64->192 on
+#: 56x56 took 1.16x F(4,3)'s blocked. Alone (one conv a model, its weights left in L2 between runs) Winograd wins
+#: every one of these: the whole model's other layers evict its 1.8-4x larger transformed weights
+WINOGRAD_BLOCKED_MAX_PIXELS = 1024
 WINOGRAD_BLOCKED_MAX_WEIGHTS = 256 * 256
 #: ... and so do 1x1 convs on maps smaller than this: none since the run tiles (a map as one row of pixels).
 #: mobilenetv2's 7x7 1x1s take 0.75-0.96x the GEMM's time blocked and the model 0.95-0.99x (Zen 3, 1 and 2
