@@ -86,3 +86,16 @@ def test_fused_tensors_match_the_layer_that_absorbed_them() -> None:
     nodes = [{"name": layers[0]["absorbed"][0] + "_nchwc", "op": "Conv", "ms": 0.5}]
     got, rest = match(layers, nodes)
     assert got == {layers[0]["name"]: 0.5} and not rest
+
+
+def test_rounds_alternate_the_engines_and_report_medians(tmp_path: Path) -> None:
+    """``--layers --rounds 2``: two children of each engine in turns; a layer's time is the median of its rounds,
+    the whole model's ratio the median of the rounds' ratios, inside their range, which the table prints."""
+    r = bench_layers(zoo_dir(["tiny"]) / "tiny.onnx", 1, 3, tmp_path, rounds=2)
+    assert r["rounds"] == 2 and len(r["inferd_rounds_ms"]) == 2 and len(r["ort_rounds_ms"]) == 2
+    assert len(r["peak_readings"]) == 6
+    for x in r["layers"]:
+        assert len(x["ms_rounds"]) == 2 and abs(x["ms"] - sum(x["ms_rounds"]) / 2) < 1e-9
+    lo, hi = r["ratio_range"]
+    assert lo <= r["ratio"] <= hi
+    assert f"({lo:.2f}-{hi:.2f})" in table([r], top=3, slowest=1)

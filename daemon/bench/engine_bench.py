@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="zoo model names, or paths of .onnx files (real exported models), comma-separated")
     p.add_argument("--repeat", type=int, default=None,
                    help="timed runs per round (default 10), or per layer with --layers (default 20)")
-    p.add_argument("--rounds", type=int, default=10, help="alternating inferd/onnxruntime warm rounds per model")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="alternating inferd/onnxruntime warm rounds per model (default 10), or with --layers "
+                        "alternating pairs of per-layer children (default 3; medians over them)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--no-cold", action="store_true")
     p.add_argument("--zoo-dir", default=None)
@@ -258,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 20 if args.layers else 10
+    if args.rounds is None:
+        args.rounds = 3 if args.layers else 10
     os.environ["INFERD_BENCH_PRECISION"] = args.precision
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from ..zoo import write_zoo
@@ -293,13 +297,15 @@ def _busy_loops(n: int) -> list[subprocess.Popen]:
 def _layers_main(args: argparse.Namespace, paths: dict[str, Path]) -> int:
     from .layers_bench import run, table
 
-    results = run(paths, args.threads, args.repeat)
+    results = run(paths, args.threads, args.repeat, args.rounds)
     data = {"machine": machine_info(), "device": "cpu", "threads": args.threads, "repeat": args.repeat,
-            "models": results}
+            "rounds": args.rounds, "models": results}
     mi = data["machine"]
     head = (f"# Per layer: inferd vs onnxruntime vs roofline, cpu, {args.threads} threads\n\n"
             f"Machine: {mi['cpu']}, {mi['cores']} cores; date {mi['date']}; load average {mi.get('loadavg')}. "
             f"inferd: median per layer of {args.repeat} timed runs; onnxruntime: its profiler, median per node; "
+            f"the two engines' children in {args.rounds} alternating rounds, each figure the median over them and "
+            "inferd / ort the median of the rounds' ratios (their range in brackets); "
             "roofline: max(FLOPs / measured FMA peak of the threads, bytes / measured copy bandwidth); "
             "'% of FMA peak' counts the layer's direct FLOPs (a Winograd layer can exceed 100%).\n\n")
     jp, mp = write_results(args.out, "engine_cpu_layers", data, head + table(results))
