@@ -909,6 +909,15 @@ def nchwc_group_blocks() -> int:
     return int(lib.inferd_nchwc_group_blocks()) if has("inferd_nchwc_group_blocks") else 4
 
 
+def nchwc_scratch_nbytes(cin: int, cpb: int, h: int, w: int, cout: int, kh: int, kw: int, sh: int, sw: int, pt: int,
+                         pl: int, oh: int, ow: int, dh: int = 1, dw: int = 1) -> int:
+    """Bytes native/nchwc.c's conv of this geometry allocates while it runs (``cpb`` 16: a blocked input, 1: NCHW);
+    0 without the native build."""
+    if not has("inferd_nchwc_scratch_bytes"):
+        return 0
+    return int(lib.inferd_nchwc_scratch_bytes(cin, cpb, h, w, cout, kh, kw, sh, sw, pt, pl, oh, ow, dh, dw))
+
+
 def nchwc_conv_bound(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, res: np.ndarray | None, y: np.ndarray,
                      kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, code: int, p0: float, p1: float,
                      depthwise: bool = False, cin: int | None = None, cout: int | None = None,

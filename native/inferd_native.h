@@ -365,6 +365,10 @@ int inferd_nchwc_conv_grouped(const float* x, int cin, int H, int W, const float
 int inferd_nchwc_conv_dilated(const float* x, int cin, int H, int W, const float* w, int cout, int KH, int KW, int DH,
                               int DW, int pad_top, int pad_left, int OH, int OW, const float* bias, const float* res,
                               float* y, int act, float p0, float p1);
+/* Bytes a blocked conv of this geometry allocates while it runs (its padded or strided copy of the input): cin, cout
+   in channels, cpb 16 (blocked input) or 1 (NCHW), DH, DW the dilation (1 for none) */
+long long inferd_nchwc_scratch_bytes(int cin, int cpb, int H, int W, int cout, int KH, int KW, int SH, int SW,
+                                     int pad_top, int pad_left, int OH, int OW, int DH, int DW);
 int inferd_nchwc_tile_pixels(void);
 /* Output blocks per group of packed conv weights (the current ISA's tiles: 4 on AVX-512, 1 elsewhere); the packing
    (ops/conv_nchwc.py) must use it. */

@@ -931,11 +931,9 @@ static int even_units(int units, int ub, int cob, int chunks, int t)
    pad / dilation and stacked one under another at one row pitch, so every output pixel reads a dilation-1
    window at its own offset (off[]) and the run tiles (NCHWC_TILEO) apply unchanged. xp: 16 * cib * (*Hp) * (*Wp)
    floats, zeros where nothing is copied. Returns 0, or -1 when out of memory. */
-static int dilated_copy(const float* x, int cib, int H, int W, int KH, int KW, int DH, int DW, int pt, int pl, int OH,
-                        int OW, float** xp_out, int** off_out, int* Hp_out, int* Wp_out)
+/* The phase-split copy's rows and columns (dilated_copy); rows, where not NULL, gets the first row of each phase */
+static void dilated_dims(int KH, int KW, int DH, int DW, int OH, int OW, int* rows, int* Hp_out, int* Wp_out)
 {
-    int* rows = (int*)malloc(sizeof(int) * (size_t)DH * DW); /* the first row of phase (a, b)'s block */
-    if (!rows) return -1;
     int Wp = 0, Hp = 0;
     for (int b = 0; b < DW; ++b) {
         const int ow = (OW - b + DW - 1) / DW;
@@ -943,9 +941,19 @@ static int dilated_copy(const float* x, int cib, int H, int W, int KH, int KW, i
     }
     for (int a = 0; a < DH; ++a)
         for (int b = 0; b < DW; ++b) {
-            rows[a * DW + b] = Hp;
+            if (rows) rows[a * DW + b] = Hp;
             Hp += (OH - a + DH - 1) / DH + KH - 1;
         }
+    *Hp_out = Hp, *Wp_out = Wp;
+}
+
+static int dilated_copy(const float* x, int cib, int H, int W, int KH, int KW, int DH, int DW, int pt, int pl, int OH,
+                        int OW, float** xp_out, int** off_out, int* Hp_out, int* Wp_out)
+{
+    int* rows = (int*)malloc(sizeof(int) * (size_t)DH * DW); /* the first row of phase (a, b)'s block */
+    if (!rows) return -1;
+    int Wp, Hp;
+    dilated_dims(KH, KW, DH, DW, OH, OW, rows, &Hp, &Wp);
     if ((long long)Hp * Wp * 16 >= (1LL << 30)) { /* (the offsets are ints) */
         free(rows);
         return -1;
@@ -978,6 +986,17 @@ static int dilated_copy(const float* x, int cib, int H, int W, int KH, int KW, i
     free(rows);
     *xp_out = xp, *off_out = off, *Hp_out = Hp, *Wp_out = Wp;
     return 0;
+}
+
+/* Whether conv_run runs a k x k conv (blocked input, not flat) from a padded copy of its input (Hp x Wp pixels a
+   block): see conv_run */
+static int pad_copy(int cib, int H, int W, int cout_blocks, int KH, int KW, int SH, int SW, int pad_top, int pad_left,
+                    int OH, int OW, int* Hp, int* Wp)
+{
+    const int edge = pad_geometry(H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, Hp, Wp);
+    const long long pbytes = 64LL * cib * *Hp * *Wp;
+    const int strided = SH * SW > 1 && (long long)cout_blocks * 16 * KH * KW >= 1024;
+    return edge > 0 && (32 * edge >= OW || (strided && pbytes <= PAD_MAX_BYTES));
 }
 
 static int conv_run(const float* x, int cib, int cpb, int H, int W, const float* w, int cout_blocks, int KH, int KW,
@@ -1041,10 +1060,7 @@ static int conv_run(const float* x, int cib, int cpb, int H, int W, const float*
         pad_top = pad_left = 0;
     } else if (cpb == 16 && !flat && KW > 1) {
         int Hp, Wp;
-        const int edge = pad_geometry(H, W, KH, KW, SH, SW, pad_top, pad_left, OH, OW, &Hp, &Wp);
-        const long long pbytes = 64LL * cib * Hp * Wp;
-        const int strided = SH * SW > 1 && (long long)cout_blocks * 16 * KH * KW >= 1024;
-        if (edge > 0 && (32 * edge >= OW || (strided && pbytes <= PAD_MAX_BYTES))) {
+        if (pad_copy(cib, H, W, cout_blocks, KH, KW, SH, SW, pad_top, pad_left, OH, OW, &Hp, &Wp)) {
             if ((long long)Hp * Wp * 16 < (1LL << 30)) { /* (the offsets are ints) */
                 xp = (float*)malloc(sizeof(float) * 16 * (size_t)cib * Hp * Wp);
                 off = (int*)malloc(sizeof(int) * (size_t)OH * OW);
@@ -1172,6 +1188,26 @@ int inferd_nchwc_conv_dilated(const float* x, int cin, int H, int W, const float
     if (cin < 1 || cout < 1) return -1;
     return conv_run(x, (cin + 15) / 16, 16, H, W, w, (cout + 15) / 16, KH, KW, 1, 1, pad_top, pad_left, OH, OW, bias,
                     res, y, act, p0, p1, cin % 16, cout % 16, 0, 0, DH, DW);
+}
+
+/* The bytes conv_run allocates beside its arguments for this conv (cin, cout: channels; NCHW input: cpb 1), the
+   most it holds at once: the strided 1x1's copy of the pixels it reads, the padded or phase-split copy of the input
+   and its offsets. Transient (freed before the call returns), but a memory budget must leave room for it: the
+   streaming runtime counts its layers' largest. */
+long long inferd_nchwc_scratch_bytes(int cin, int cpb, int H, int W, int cout, int KH, int KW, int SH, int SW,
+                                     int pad_top, int pad_left, int OH, int OW, int DH, int DW)
+{
+    const int cib = cpb == 16 ? (cin + 15) / 16 : cin, cob = (cout + 15) / 16;
+    if (cpb == 16 && KH == 1 && KW == 1 && (SH > 1 || SW > 1)) return 4LL * 16 * cib * OH * OW;
+    int Hp, Wp;
+    if (DH > 1 || DW > 1) {
+        dilated_dims(KH, KW, DH, DW, OH, OW, NULL, &Hp, &Wp);
+        return 4LL * 16 * cib * Hp * Wp + 4LL * OH * OW + 4LL * DH * DW;
+    }
+    const int flat = KH == 1 && KW == 1 && SH == 1 && SW == 1 && OH == H && OW == W;
+    if (cpb == 16 && !flat && KW > 1 && pad_copy(cib, H, W, cob, KH, KW, SH, SW, pad_top, pad_left, OH, OW, &Hp, &Wp))
+        return 4LL * 16 * cib * Hp * Wp + 4LL * OH * OW;
+    return 0;
 }
 
 int inferd_nchwc_tile_pixels(void) { return tiles()->wide[tiles()->nb - 1]; }

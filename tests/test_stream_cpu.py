@@ -463,3 +463,61 @@ def test_pool_workers_read_between_jobs_through_the_page_cache(work):
                 ex.close()
     finally:
         native.lib.inferd_pool_set_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenetv2"])
+def test_compiled_streamed_model_runs_the_blocked_layout_inside_its_budget(tmp_path, monkeypatch, name):
+    """A streamed CPU model runs the graph inferd.load would (package.cpu_graph: convs on channel-blocked tensors),
+    with the largest buffer its blocked convs allocate beside the arena counted against the budget; with
+    INFERD_CPU_LAYOUT=nchw, or where the blocked graph does not fit the budget, the NCHW kernels."""
+    from inferd import native
+    from inferd.runtime import stream_compile
+    from inferd.runtime.stream_compile import compile_streamed, open_streamed
+
+    src = zoo_dir([name]) / f"{name}.onnx"
+    graph = inferd.frontend.import_model(str(src))
+    feeds = {t.name: np.random.default_rng(2).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    ref = _ort(str(src), feeds)
+    blocked = compile_streamed(src, 0, tmp_path / "b", in_child=False)
+    ex = open_streamed(blocked, 0)
+    ops = {n.op for n in ex.graph.nodes}
+    assert "inferd.ConvNchwc" in ops and "Conv" not in ops
+    budget = ex.min_budget() + (1 << 20)
+    scratch = max(k.native_scratch_nbytes(ly) for ly, k in ex.choice)
+    assert ex.native_scratch == scratch and ex.memory_breakdown["native_scratch_bytes"] == scratch
+    if native.AVAILABLE and name == "resnet18":
+        assert scratch > 0  # its strided 3x3s read padded copies (resnet18's 56 -> 28: 16 x 4 x 57 x 57 floats)
+    ex.close()
+    ex = open_streamed(blocked, budget, track=True)
+    _check(ex.run(feeds), ref, [t.name for t in graph.outputs], f"{name} blocked at {budget}")
+    assert not ex.tracker.violations and ex.memory_bytes <= budget
+    ex.close()
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")
+    ex = open_streamed(compile_streamed(src, 0, tmp_path / "n", in_child=False), 0)
+    assert not any(n.op.endswith("Nchwc") for n in ex.graph.nodes) and ex.native_scratch == 0
+    ex.close()
+    monkeypatch.delenv("INFERD_CPU_LAYOUT")
+    monkeypatch.setattr(stream_compile, "_fits", lambda *a: False)  # a budget the blocked graph overflows
+    ex = open_streamed(compile_streamed(src, budget, tmp_path / "f", in_child=False), budget)
+    assert not any(n.op.endswith("Nchwc") for n in ex.graph.nodes)
+    _check(ex.run(feeds), ref, [t.name for t in graph.outputs], f"{name} NCHW fallback at {budget}")
+    ex.close()
+
+
+@pytest.mark.skipif(not inferd.native.AVAILABLE, reason="native build absent")
+def test_blocked_conv_scratch_is_its_padded_or_strided_copy():
+    """native/nchwc.c's inferd_nchwc_scratch_bytes: what conv_run allocates for a geometry (pad_copy's rule)."""
+    from inferd.native import nchwc_scratch_nbytes as nb
+
+    # 3x3 s1 on 28 columns (narrow, two edge columns of 32 or more: a padded 30 x 30 copy and its offsets); on
+    # 112 (wide: clipped row tiles, none)
+    assert nb(128, 16, 28, 28, 128, 3, 3, 1, 1, 1, 1, 28, 28) == 4 * 16 * 8 * 30 * 30 + 4 * 28 * 28
+    assert nb(64, 16, 112, 112, 64, 3, 3, 1, 1, 1, 1, 112, 112) == 0
+    # 3x3 s2 56 -> 28 of 128 outputs (strided, many outputs x taps: padded, 57 x 57)
+    assert nb(128, 16, 56, 56, 128, 3, 3, 2, 2, 1, 1, 28, 28) == 4 * 16 * 8 * 57 * 57 + 4 * 28 * 28
+    # a strided 1x1 copies the pixels it reads; a pointwise one and an NCHW stem copy nothing
+    assert nb(256, 16, 56, 56, 512, 1, 1, 2, 2, 0, 0, 28, 28) == 4 * 16 * 16 * 28 * 28
+    assert nb(256, 16, 56, 56, 64, 1, 1, 1, 1, 0, 0, 56, 56) == 0
+    assert nb(3, 1, 224, 224, 64, 7, 7, 2, 2, 3, 3, 112, 112) == 0
+    # a dilated 3x3 (dilation 2, pads 2) on 28x28: the phase-split copy, 4 phases of 14 + 2 rows, 16 columns
+    assert nb(64, 16, 28, 28, 64, 3, 3, 1, 1, 2, 2, 28, 28, 2, 2) == 4 * 16 * 4 * 64 * 16 + 4 * 28 * 28 + 4 * 4

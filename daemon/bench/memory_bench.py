@@ -52,8 +52,10 @@ def bench_model(name: str, onnx: Path, work: Path, points: int, repeat: int, wit
     x = np.random.default_rng(0).standard_normal(graph.inputs[0].shape).astype(np.float32)
     xf = work / f"{name}_x.npy"
     np.save(xf, x)
-    # inferd unconstrained, warm (the reference latency)
-    ex = CpuExecutor(graph)
+    # inferd unconstrained, warm (the reference latency), as inferd.load runs it (the CPU's blocked layout)
+    from ..package import cpu_graph
+
+    ex = CpuExecutor(cpu_graph(graph))
     feeds = {graph.inputs[0].name: x}
     ex.run(feeds)
     res["warm_ms"] = median_ms(partial(ex.run, feeds), repeat)

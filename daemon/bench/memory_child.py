@@ -38,8 +38,9 @@ if kind == "inferd":
     from inferd.runtime.pagecache import drop_file
     # the unconstrained model, run alternately with each configuration: the machine's load drifts, a warm
     # latency measured minutes apart would not be the reference of this configuration
+    from inferd.package import cpu_graph
     g = import_model(job["onnx"])
-    warm = CpuExecutor(g)
+    warm = CpuExecutor(cpu_graph(g))  # as inferd.load runs it (the CPU's blocked layout, as the streamed runs)
     wfeeds = {g.inputs[0].name: x}
     warm.run(wfeeds)
     del g

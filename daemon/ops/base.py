@@ -152,6 +152,12 @@ class Kernel:
     def workspace_nbytes(self, layer: Layer) -> int:
         return 0
 
+    def native_scratch_nbytes(self, layer: Layer) -> int:
+        """Bytes the kernel's native code allocates for itself while it runs (freed before it returns): memory
+        beside the arena that a memory budget must leave room for (the streaming runtime counts its layers'
+        largest)."""
+        return 0
+
     def scratch_floats(self, layer: Layer) -> dict[int, int]:
         """Per-thread scratch slots ``run`` uses (slot -> float32 elements), so a loader can fault them in
         before the first run instead of the first run paying for it."""

@@ -389,6 +389,15 @@ class ConvNchwcKernel(_NativeOrOracle):
                              block_groups(layer.node, w)) + (
             4 * blocks(layer.in_shape(bi)[0]) * BLOCK if bi is not None else 0)
 
+    def native_scratch_nbytes(self, layer: Layer) -> int:
+        # the padded or strided copy of its input conv_run makes (native/nchwc.c: inferd_nchwc_scratch_bytes)
+        x, w = layer.in_shape(0), layer.in_shape(1)
+        g = conv_geom(layer.node, _logical(layer.node, x, w), w).as2d()
+        if g is None or (g.group > 1 and block_groups(layer.node, w) is None):
+            return 0  # (the depthwise conv allocates nothing)
+        return native.nchwc_scratch_nbytes(g.cin, 1 if _nchw_input(x) else BLOCK, g.h, g.w, g.cout, g.kh, g.kw,
+                                           g.sh, g.sw, g.pt, g.pl, g.oh, g.ow, g.dh, g.dw)
+
     def _args(self, layer: Layer, inputs: Sequence[np.ndarray | None], params: dict[str, np.ndarray],
               outputs: Sequence[np.ndarray]) -> tuple | None:
         bi, ri = io_positions(layer.node)
