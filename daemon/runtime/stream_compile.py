@@ -140,6 +140,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
             if _fits(blocked, store, kernels, budget):
                 return blocked, kernels, store
             log.info("%s: the blocked layout does not fit %d bytes with this slicing: NCHW kernels", src, budget)
+            store.unlink(missing_ok=True)
         return g, kernels, prepare_stream_store(g, work / f"{stem}.store", kernels or None)
 
     g, kernels, store = write(cfg)
