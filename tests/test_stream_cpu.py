@@ -521,3 +521,25 @@ def test_blocked_conv_scratch_is_its_padded_or_strided_copy():
     assert nb(3, 1, 224, 224, 64, 7, 7, 2, 2, 3, 3, 112, 112) == 0
     # a dilated 3x3 (dilation 2, pads 2) on 28x28: the phase-split copy, 4 phases of 14 + 2 rows, 16 columns
     assert nb(64, 16, 28, 28, 64, 3, 3, 1, 1, 2, 2, 28, 28, 2, 2) == 4 * 16 * 4 * 64 * 16 + 4 * 28 * 28 + 4 * 4
+
+
+def test_a_budget_the_blocked_graph_fits_unsliced_is_not_sliced(tmp_path):
+    """resnet18 needs 18.1 MiB unsliced on the NCHW kernels (their im2col and Winograd workspaces) and 10.9 blocked:
+    compiled for 14 MiB it is not sliced (fit_config, which reckons with the NCHW kernels, would slice it), runs
+    blocked inside the budget and gives onnxruntime's outputs."""
+    from inferd.planner.slicing import fit_config
+    from inferd.runtime.stream import small_bytes
+    from inferd.runtime.stream_compile import compile_streamed, open_streamed, read_skeleton
+
+    src = zoo_dir(["resnet18"]) / "resnet18.onnx"
+    graph = inferd.frontend.import_model(str(src))
+    budget = 14 << 20
+    assert fit_config(graph, budget - small_bytes(graph)).key()  # the NCHW kernels' slicing for it: not empty
+    skel = compile_streamed(src, budget, tmp_path, in_child=False)
+    assert read_skeleton(skel)[1]["config"] == {"kernels": {}, "slices": {}, "in_slices": {}}
+    ex = open_streamed(skel, budget, track=True)
+    assert any(n.op == "inferd.ConvNchwc" for n in ex.graph.nodes)
+    feeds = {t.name: np.random.default_rng(3).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    _check(ex.run(feeds), _ort(str(src), feeds), [t.name for t in graph.outputs], "resnet18 at 14 MiB")
+    assert not ex.tracker.violations and ex.memory_bytes <= budget
+    ex.close()

@@ -115,7 +115,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
             raise _child_error(tail[-1] if tail else f"exit code {r.returncode}", budget)
         return skel
     from ..frontend import import_model
-    from ..planner.slicing import faster_config, fit_config, slice_base, slice_graph
+    from ..planner.slicing import MemConfig, faster_config, fit_config, slice_base, slice_graph
 
     graph = import_model(src, batch=batch)
     big = 1 << 50
@@ -127,23 +127,44 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     else:
         cfg = config
 
-    def write(cfg: Any) -> tuple[Graph, dict[str, str], Path]:
+    Built = tuple[Graph, dict[str, str], Path]
+
+    def write_blocked(cfg: Any) -> Built | None:
+        """``cfg``'s graph in the blocked layout and its store, where that layout applies and fits the budget."""
         g = slice_graph(graph, cfg.slices, cfg.in_slices)
         kernels = expand_kernels(g, dict(cfg.kernels))
-        tag = hashlib.sha256(cfg.key().encode()).hexdigest()[:12]
+        blocked = _blocked(g, kernels)
+        if blocked is None:
+            return None
+        store = prepare_stream_store(blocked, work / f"{stem(cfg)}-nchwc.store", kernels or None)
+        if _fits(blocked, store, kernels, budget):
+            return blocked, kernels, store
+        store.unlink(missing_ok=True)
+        return None
+
+    def stem(cfg: Any) -> str:
         # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
         # share, nor race for, one store
-        stem = f"{src.stem}-{_key(src, 0, batch)[:10]}-{tag}"
-        blocked = _blocked(g, kernels)
-        if blocked is not None:
-            store = prepare_stream_store(blocked, work / f"{stem}-nchwc.store", kernels or None)
-            if _fits(blocked, store, kernels, budget):
-                return blocked, kernels, store
-            log.info("%s: the blocked layout does not fit %d bytes with this slicing: NCHW kernels", src, budget)
-            store.unlink(missing_ok=True)
-        return g, kernels, prepare_stream_store(g, work / f"{stem}.store", kernels or None)
+        return f"{src.stem}-{_key(src, 0, batch)[:10]}-{hashlib.sha256(cfg.key().encode()).hexdigest()[:12]}"
 
-    g, kernels, store = write(cfg)
+    def write(cfg: Any) -> Built:
+        done = write_blocked(cfg)
+        if done is not None:
+            return done
+        g = slice_graph(graph, cfg.slices, cfg.in_slices)
+        kernels = expand_kernels(g, dict(cfg.kernels))
+        if _blocked(g, kernels) is not None:
+            log.info("%s: the blocked layout does not fit %d bytes with this slicing: NCHW kernels", src, budget)
+        return g, kernels, prepare_stream_store(g, work / f"{stem(cfg)}.store", kernels or None)
+
+    done = None
+    if config is None and budget > 0 and cfg.key():
+        # fit_config slices for the NCHW kernels' memory; the blocked graph needs no im2col or Winograd workspace
+        # and may fit the budget unsliced (resnet50: 12.6 MiB against the NCHW kernels' 18.5)
+        done = write_blocked(MemConfig())
+        if done is not None:
+            cfg = MemConfig()
+    g, kernels, store = done if done is not None else write(cfg)
     compute_s, read_bw = _measure(g, kernels, store)
     if config is None and budget > 0:
         # sliced further where that runs faster inside the budget (planner.slicing.faster_config), from this
@@ -166,9 +187,10 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
 def _blocked(g: Graph, kernels: dict[str, str]) -> Graph | None:
     """``g`` as the CPU runs it unconstrained (``package.cpu_graph``: runs of convs on channel-blocked tensors,
     the kernels in ``kernels`` keeping NCHW), or None where nothing is blocked or ``INFERD_CPU_LAYOUT=nchw``.
-    resnet50 streamed, Xeon VM, two threads: 0.89x the NCHW kernels' time (resident at an ample budget), and a
-    smallest budget of 11.0 MiB against 18.5 unsliced (no im2col or Winograd workspace, weights packed at their
-    own size where Winograd's are 1.8-4x)."""
+    resnet50 streamed, Xeon VM, two threads: 0.87-0.89x the NCHW kernels' time (resident at an ample budget), a
+    smallest unsliced budget of 12.6 MiB against 18.5 (no im2col or Winograd workspace, weights packed at their
+    own size where Winograd's are 1.8-4x; its 1.7 MiB of input copies counted), everything resident at 107 MiB
+    against 138 (bench results 2026-12-07j)."""
     from ..package import cpu_graph
     from ..planner.layout import SUFFIX
 
