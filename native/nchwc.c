@@ -926,11 +926,6 @@ static int even_units(int units, int ub, int cob, int chunks, int t)
     return best;
 }
 
-/* A dilated conv (stride 1, dense, its pads whole multiples of the dilation) in the padded-run form: the input
-   split by phase (the rows and columns of each residue modulo the dilation), each phase's sub-image padded by
-   pad / dilation and stacked one under another at one row pitch, so every output pixel reads a dilation-1
-   window at its own offset (off[]) and the run tiles (NCHWC_TILEO) apply unchanged. xp: 16 * cib * (*Hp) * (*Wp)
-   floats, zeros where nothing is copied. Returns 0, or -1 when out of memory. */
 /* The phase-split copy's rows and columns (dilated_copy); rows, where not NULL, gets the first row of each phase */
 static void dilated_dims(int KH, int KW, int DH, int DW, int OH, int OW, int* rows, int* Hp_out, int* Wp_out)
 {
@@ -947,6 +942,11 @@ static void dilated_dims(int KH, int KW, int DH, int DW, int OH, int OW, int* ro
     *Hp_out = Hp, *Wp_out = Wp;
 }
 
+/* A dilated conv (stride 1, dense, its pads whole multiples of the dilation) in the padded-run form: the input
+   split by phase (the rows and columns of each residue modulo the dilation), each phase's sub-image padded by
+   pad / dilation and stacked one under another at one row pitch, so every output pixel reads a dilation-1
+   window at its own offset (off[]) and the run tiles (NCHWC_TILEO) apply unchanged. xp: 16 * cib * (*Hp) * (*Wp)
+   floats, zeros where nothing is copied. Returns 0, or -1 when out of memory. */
 static int dilated_copy(const float* x, int cib, int H, int W, int KH, int KW, int DH, int DW, int pt, int pl, int OH,
                         int OW, float** xp_out, int** off_out, int* Hp_out, int* Wp_out)
 {
