@@ -129,10 +129,18 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
 
     Built = tuple[Graph, dict[str, str], Path]
 
-    def write_blocked(cfg: Any) -> Built | None:
-        """``cfg``'s graph in the blocked layout and its store, where that layout applies and fits the budget."""
+    def stem(cfg: Any) -> str:
+        # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
+        # share, nor race for, one store
+        return f"{src.stem}-{_key(src, 0, batch)[:10]}-{hashlib.sha256(cfg.key().encode()).hexdigest()[:12]}"
+
+    def sliced(cfg: Any) -> tuple[Graph, dict[str, str]]:
         g = slice_graph(graph, cfg.slices, cfg.in_slices)
-        kernels = expand_kernels(g, dict(cfg.kernels))
+        return g, expand_kernels(g, dict(cfg.kernels))
+
+    def write_blocked(cfg: Any, g: Graph, kernels: dict[str, str]) -> Built | None:
+        """``cfg``'s graph ``g`` in the blocked layout and its store, where that layout applies and fits the
+        budget."""
         blocked = _blocked(g, kernels)
         if blocked is None:
             return None
@@ -140,28 +148,20 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
         if _fits(blocked, store, kernels, budget):
             return blocked, kernels, store
         store.unlink(missing_ok=True)
+        log.info("%s: the blocked layout does not fit %d bytes with slicing %r", src, budget, cfg.key() or "none")
         return None
 
-    def stem(cfg: Any) -> str:
-        # named by the source too: two models both called model.onnx (a repository's NAME/model.onnx) must not
-        # share, nor race for, one store
-        return f"{src.stem}-{_key(src, 0, batch)[:10]}-{hashlib.sha256(cfg.key().encode()).hexdigest()[:12]}"
-
     def write(cfg: Any) -> Built:
-        done = write_blocked(cfg)
-        if done is not None:
-            return done
-        g = slice_graph(graph, cfg.slices, cfg.in_slices)
-        kernels = expand_kernels(g, dict(cfg.kernels))
-        if _blocked(g, kernels) is not None:
-            log.info("%s: the blocked layout does not fit %d bytes with this slicing: NCHW kernels", src, budget)
-        return g, kernels, prepare_stream_store(g, work / f"{stem(cfg)}.store", kernels or None)
+        g, kernels = sliced(cfg)
+        built = write_blocked(cfg, g, kernels)
+        return built if built is not None else (g, kernels,
+                                                prepare_stream_store(g, work / f"{stem(cfg)}.store", kernels or None))
 
     done = None
     if config is None and budget > 0 and cfg.key():
         # fit_config slices for the NCHW kernels' memory; the blocked graph needs no im2col or Winograd workspace
         # and may fit the budget unsliced (resnet50: 12.6 MiB against the NCHW kernels' 18.5)
-        done = write_blocked(MemConfig())
+        done = write_blocked(MemConfig(), *sliced(MemConfig()))
         if done is not None:
             cfg = MemConfig()
     g, kernels, store = done if done is not None else write(cfg)
