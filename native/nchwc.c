@@ -60,9 +60,10 @@ typedef struct {
     int pfl;
 } cjob_t;
 
+/* Line l of input block ci's share of the tile's read-ahead (into L2) */
+#define NCHWC_PF_LINE(ci, l) __builtin_prefetch(J->pfb + ((long long)((ci) - ci0) * J->pfl + (l)) * 64, 0, 2)
 /* Input block ci's lines of the tile's read-ahead */
-#define NCHWC_PF(ci)                                                                                               \
-    for (int l_ = 0; l_ < J->pfl; ++l_) __builtin_prefetch(J->pfb + ((long long)((ci) - ci0) * J->pfl + l_) * 64, 0, 2)
+#define NCHWC_PF(ci) for (int l_ = 0; l_ < J->pfl; ++l_) NCHWC_PF_LINE(ci, l_)
 /* The same lines spread over the block's taps, tap t issuing its share (PFQ of them): the run tiles (NCHWC_TILEO),
    where a small map makes one or two tiles a chunk, whose read-ahead is then the whole next chunk (a 3x3's 576 lines
    an input block) and had gone out in one burst at the block's start, more than the core keeps in flight. Xeon
@@ -72,8 +73,7 @@ typedef struct {
    resnet50 0.975x, googlenet 0.983x, squeezenet1_1 and convnext_tiny 1.0x. The row tiles keep the burst: a row of
    many tiles splits a chunk's read-ahead into a few lines a tile. */
 #define NCHWC_PF_TAP(ci, t, PFQ)                                                                                   \
-    for (int l_ = (t) * (PFQ); l_ < J->pfl && l_ < ((t) + 1) * (PFQ); ++l_)                                        \
-        __builtin_prefetch(J->pfb + ((long long)((ci) - ci0) * J->pfl + l_) * 64, 0, 2)
+    for (int l_ = (t) * (PFQ); l_ < J->pfl && l_ < ((t) + 1) * (PFQ); ++l_) NCHWC_PF_LINE(ci, l_)
 
 /* A tile's accumulators: the output's partial sums after the first pass over the input channels, else the bias.
    VT is the ISA's vector of VW floats (16 on AVX-512, 8 on AVX2, 4 on NEON / SSE), a 16-channel block V = 16 / VW
@@ -619,8 +619,8 @@ static inline void wpf_chunk(wpf_t* P, const float* c, long long n, long long ch
 }
 
 /* Before a tile over nblk input blocks: the next step's lines, read by the tile a few lines an input block
-   (NCHWC_PF) between its FMAs (issued at once before the tile, a 1x1's 280 lines had stalled it on the fill
-   buffers and gained nothing) */
+   (NCHWC_PF; the run tiles a share at each tap, NCHWC_PF_TAP) between its FMAs (issued at once before the tile, a
+   1x1's 280 lines had stalled it on the fill buffers and gained nothing) */
 static inline void wpf_tile(wpf_t* P, cjob_t* Jl, int nblk)
 {
     Jl->pfb = P->cur;
