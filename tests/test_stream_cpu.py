@@ -543,3 +543,48 @@ def test_a_budget_the_blocked_graph_fits_unsliced_is_not_sliced(tmp_path):
     _check(ex.run(feeds), _ort(str(src), feeds), [t.name for t in graph.outputs], "resnet18 at 14 MiB")
     assert not ex.tracker.violations and ex.memory_bytes <= budget
     ex.close()
+
+
+@pytest.mark.parametrize("name", ["mobilenetv2", "squeezenet1_1"])
+def test_untracked_runs_fuse_steps_between_hand_offs_and_give_the_same_bits(tmp_path, name):
+    """An untracked run executes its steps as segments (``_make_segments``): each starts at a step whose weights are
+    streamed and ends at a step a loader waits for, its native steps fused into one call. Every step that runs
+    something is in exactly one segment, in order, and the outputs are the per-step (tracked) run's bits, at a budget
+    that streams, one that streams more, and one that keeps everything, through the page cache and bypassing it."""
+    from inferd.runtime.stream_compile import compile_streamed, open_streamed
+
+    src = zoo_dir([name]) / f"{name}.onnx"
+    graph = inferd.frontend.import_model(str(src))
+    feeds = {t.name: np.random.default_rng(5).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
+    skel = compile_streamed(src, 0, tmp_path, in_child=False)
+    probe = open_streamed(skel, 0)
+    need, full = probe.min_budget(), probe.min_budget() + probe.plan.peak + probe.small_bytes
+    probe.close()
+    fused_any = False
+    for budget in (need, (need + full) // 2, full):
+        for read in ("cache", "bypass"):
+            ref_ex = open_streamed(skel, budget, read=read, track=True)
+            ex = open_streamed(skel, budget, read=read)
+            try:
+                ref = ref_ex.run(feeds)
+                segs = ex._segments
+                assert segs is not None
+                assert [p for seg in segs for p in seg.positions] == [s.pos for s in ex.steps if s.call is not None]
+                for seg in segs:
+                    assert seg.first is None or (seg.first.pos in ex._pieces and seg.positions[0] >= seg.first.pos)
+                    assert seg.publish is None or seg.publish in ex._deps
+                    fused_any |= any(getattr(c, "fused", None) for c in seg.calls)
+                # every streamed step starts a segment; every step a loader waits for ends one
+                assert {seg.first.pos for seg in segs if seg.first is not None} == set(ex._pieces)
+                assert {seg.publish for seg in segs if seg.publish is not None} == set(ex._deps)
+                if budget == need:
+                    assert ex.streamed_bytes > 0
+                for _ in range(2):
+                    got = ex.run(feeds)
+                    for k in ref:
+                        np.testing.assert_array_equal(got[k], ref[k], err_msg=f"{name} {read} at {budget}")
+                assert ex.outside_scratch == 0
+            finally:
+                ref_ex.close()
+                ex.close()
+    assert fused_any or not inferd.native.AVAILABLE

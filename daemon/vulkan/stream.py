@@ -191,6 +191,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
 
     name = "vulkan-stream"
     backend = "vulkan"
+    fuse_steps = False  # its steps record dispatches (``_run_step``): no native calls to fuse
 
     def __init__(self, graph: Graph, store_path: str | os.PathLike, budget: int, *, device: Any = None,
                  mirror: bool | None = None, **kw: Any) -> None:
