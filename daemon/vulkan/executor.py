@@ -515,9 +515,7 @@ class Recorder:
         if b.pipeline is not self._pipe:
             raw.cmd_bind_pipeline(cb, b.pipeline.handle)
             self._pipe = b.pipeline
-        push = b.push
-        raw.cmd_dispatch(cb, b.pipeline.layout, b.dset, raw.ffi.from_buffer(push) if push else None, len(push),
-                         b.dispatch.groups)
+        raw.cmd_dispatch(cb, b.pipeline.layout, b.dset, b.push, b.dispatch.groups)
         self.count += 1
         if self.qp is not None and self.per_dispatch:
             self.timestamp()

@@ -9,9 +9,16 @@ threads and the executor share: bind_descriptors took 0.3-0.4 ms of CPU a layer 
 dispatch. Everything else (creation of devices, pipelines, memory) stays with the package's wrappers.
 
 A call that fails raises the package's own exception for its result (``vk.exception_codes``), as its wrappers do.
+
+The commands the executor records (binds, pushes, dispatches, barriers, copies) and the begin, end and submit of its
+command buffers go through ctypes with the GIL held (``ctypes.PYFUNCTYPE`` on the same entry points), not through
+cffi, which releases the GIL around every call: each of these returns in a microsecond or so, and a thread that lets
+go of the GIL while the loaders run Python waits up to the switch interval to have it back. On a lent H100 the cold
+executor's first layers took 3.6-5.8 ms to record and submit a handful of commands behind two preparing loaders.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Sequence
 
 try:  # not through .device, which imports this module: the loader may be missing (then nothing here is called)
@@ -32,6 +39,44 @@ if vk is not None:  # (no loader: the backend is unavailable and nothing here is
 def check(result: int) -> None:
     if result != vk.VK_SUCCESS:
         raise vk.exception_codes[result]
+
+
+_P, _U, _I = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int32
+
+
+def _held(name: str, restype: Any, *argtypes: Any) -> Any:
+    """``lib.<name>`` called with the GIL held (the entry point cffi resolved, through a ctypes PYFUNCTYPE)."""
+    return ctypes.PYFUNCTYPE(restype, *argtypes)(int(ffi.cast("uintptr_t", getattr(lib, name))))
+
+
+def addr(handle: Any) -> int:
+    """A handle's (or a cffi array's) address, as the held calls take it."""
+    return int(ffi.cast("uintptr_t", handle))
+
+
+class _Held:
+    """The held entry points, resolved at first use (no loader: never)."""
+
+    def __init__(self) -> None:
+        self.bind_pipeline = _held("vkCmdBindPipeline", None, _P, _U, _P)
+        self.bind_sets = _held("vkCmdBindDescriptorSets", None, _P, _U, _P, _U, _U, _P, _U, _P)
+        self.push = _held("vkCmdPushConstants", None, _P, _P, _U, _U, _U, ctypes.c_char_p)
+        self.dispatch = _held("vkCmdDispatch", None, _P, _U, _U, _U)
+        self.barrier = _held("vkCmdPipelineBarrier", None, _P, _U, _U, _U, _U, _P, _U, _P, _U, _P)
+        self.copy = _held("vkCmdCopyBuffer", None, _P, _P, _P, _U, _P)
+        self.begin = _held("vkBeginCommandBuffer", _I, _P, _P)
+        self.end = _held("vkEndCommandBuffer", _I, _P)
+        self.allocate = _held("vkAllocateCommandBuffers", _I, _P, _P, _P)
+        self.submit = _held("vkQueueSubmit", _I, _P, _U, _P, _P)
+
+
+_held_fns: list[_Held] = []
+
+
+def held() -> _Held:
+    if not _held_fns:
+        _held_fns.append(_Held())
+    return _held_fns[0]
 
 
 def create_descriptor_pool(device: Any, sizes: Sequence[tuple[int, int]], max_sets: int,
@@ -114,27 +159,40 @@ def update_descriptor_sets(device: Any, writes: Sequence[Write]) -> None:
 
 
 def cmd_bind_pipeline(cb: Any, pipeline: Any) -> None:
-    lib.vkCmdBindPipeline(cb, _COMPUTE_BIND, pipeline)
+    held().bind_pipeline(addr(cb), _COMPUTE_BIND, addr(pipeline))
 
 
-def cmd_dispatch(cb: Any, layout: Any, dset: Any, push: Any, push_size: int, groups: Sequence[int]) -> None:
-    """Bind ``dset`` (a one-element array), push ``push`` (a cffi buffer of ``push_size`` bytes, or None) and
-    dispatch ``groups``."""
-    lib.vkCmdBindDescriptorSets(cb, _COMPUTE_BIND, layout, 0, 1, dset, 0, NULL)
-    if push_size:
-        lib.vkCmdPushConstants(cb, layout, _SHADER_STAGE, 0, push_size, push)
-    lib.vkCmdDispatch(cb, groups[0], groups[1], groups[2])
+def cmd_dispatch(cb: Any, layout: Any, dset: Any, push: bytes, groups: Sequence[int]) -> None:
+    """Bind ``dset`` (a one-element array), push ``push`` (bytes, none when empty) and dispatch ``groups``."""
+    h, c, lay = held(), addr(cb), addr(layout)
+    h.bind_sets(c, _COMPUTE_BIND, lay, 0, 1, addr(dset), 0, None)
+    if push:
+        h.push(c, lay, _SHADER_STAGE, 0, len(push), push)
+    h.dispatch(c, groups[0], groups[1], groups[2])
 
 
-_MEMORY_BARRIER: list[Any] = []  # the one struct every call passes (read-only once made)
+_BARRIERS: dict[tuple[int, int], Any] = {}  # (src access, dst access) -> the struct every such call passes
+
+
+def cmd_barrier(cb: Any, src_stage: int, dst_stage: int, src_access: int, dst_access: int) -> None:
+    """One global memory barrier: ``src_access`` at ``src_stage`` before, visible to ``dst_access`` at ``dst_stage``."""
+    b = _BARRIERS.get((src_access, dst_access))
+    if b is None:
+        b = _BARRIERS[(src_access, dst_access)] = ffi.new(
+            "VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": src_access,
+                                 "dstAccessMask": dst_access})
+    held().barrier(addr(cb), src_stage, dst_stage, 0, 1, addr(b), 0, None, 0, None)
 
 
 def cmd_memory_barrier(cb: Any) -> None:
     """Every shader write before this, visible to every shader read and write after it."""
-    if not _MEMORY_BARRIER:
-        _MEMORY_BARRIER.append(ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                                                            "srcAccessMask": _SW, "dstAccessMask": _SR | _SW}))
-    lib.vkCmdPipelineBarrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, 0, 1, _MEMORY_BARRIER[0], 0, NULL, 0, NULL)
+    cmd_barrier(cb, _COMPUTE_STAGE, _COMPUTE_STAGE, _SW, _SR | _SW)
+
+
+def cmd_copy_buffer(cb: Any, src: Any, dst: Any, regions: Sequence[tuple[int, int, int]]) -> None:
+    """Copy ranges (source offset, destination offset, bytes) of buffer ``src`` to ``dst``."""
+    arr = ffi.new("VkBufferCopy[]", [{"srcOffset": a, "dstOffset": b, "size": n} for a, b, n in regions])
+    held().copy(addr(cb), addr(src), addr(dst), len(regions), addr(arr))
 
 
 def allocate_command_buffer(device: Any, pool: Any, one_time: bool = True) -> Any:
@@ -143,16 +201,17 @@ def allocate_command_buffer(device: Any, pool: Any, one_time: bool = True) -> An
                                                      "commandPool": pool, "commandBufferCount": 1,
                                                      "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY})
     out = ffi.new("VkCommandBuffer*")
-    check(lib.vkAllocateCommandBuffers(device, info, out))
+    h = held()
+    check(h.allocate(addr(device), addr(info), addr(out)))
     begin = ffi.new("VkCommandBufferBeginInfo*", {"sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                                   "flags": vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
                                                   if one_time else 0})
-    check(lib.vkBeginCommandBuffer(out[0], begin))
+    check(h.begin(addr(out[0]), addr(begin)))
     return out[0]
 
 
 def end_command_buffer(cb: Any) -> None:
-    check(lib.vkEndCommandBuffer(cb))
+    check(held().end(addr(cb)))
 
 
 def queue_submit(queue: Any, cbs: Sequence[Any], fence: Any) -> None:
@@ -160,4 +219,4 @@ def queue_submit(queue: Any, cbs: Sequence[Any], fence: Any) -> None:
     arr = ffi.new("VkCommandBuffer[]", list(cbs))
     info = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": len(cbs),
                                      "pCommandBuffers": arr})
-    check(lib.vkQueueSubmit(queue, 1, info, NULL if fence is None else fence))
+    check(held().submit(addr(queue), 1, addr(info), None if fence is None else addr(fence)))
