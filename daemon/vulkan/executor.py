@@ -570,8 +570,8 @@ class HostIO:
         # reading a discrete GPU's mapped BAR directly ran at ~100 MB/s (a 1.4 MB detector output: 40 ms on an H100)
         self.staging = act.mapped is None or not act.cached
         self.own: Region | None = None
-        self._copies_in: list[Any] = []
-        self._copies_out: list[Any] = []
+        self._copies_in: list[tuple[int, int, int]] = []  # (source offset, destination offset, bytes)
+        self._copies_out: list[tuple[int, int, int]] = []
         if self.staging:
             pos = 0
             layout = []
@@ -582,10 +582,8 @@ class HostIO:
             nin = len(self.inputs)
             self.in_views = [(t, self.region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self.inputs, layout)]
             self.out_views = [(t, self.region.view(p, t.shape, t.dtype)) for (t, _), p in zip(self.outputs, layout[nin:])]
-            self._copies_in = [vk.VkBufferCopy(srcOffset=p, dstOffset=off, size=t.nbytes)
-                               for (t, off), p in zip(self.inputs, layout) if t.nbytes]
-            self._copies_out = [vk.VkBufferCopy(srcOffset=off, dstOffset=p, size=t.nbytes)
-                                for (t, off), p in zip(self.outputs, layout[nin:]) if t.nbytes]
+            self._copies_in = [(p, off, t.nbytes) for (t, off), p in zip(self.inputs, layout) if t.nbytes]
+            self._copies_out = [(off, p, t.nbytes) for (t, off), p in zip(self.outputs, layout[nin:]) if t.nbytes]
         else:
             self.region = act
             self.in_views = [(t, act.view(off, t.shape, t.dtype)) for t, off in self.inputs]
@@ -596,11 +594,9 @@ class HostIO:
         """Inputs into place (staging), else order this submission after the previous one's shader writes."""
         if self.staging and self._copies_in:
             cb = rec.cb
-            vk.vkCmdCopyBuffer(cb, self.region.buffer, self.act.buffer, len(self._copies_in), self._copies_in)
-            vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
-                                    [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                                                        dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)],
-                                    0, None, 0, None)
+            raw.cmd_copy_buffer(cb, self.region.buffer, self.act.buffer, self._copies_in)
+            raw.cmd_barrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                            vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
         else:
             rec.full_barrier()
 
@@ -613,13 +609,10 @@ class HostIO:
         if not outs:
             return
         if self.staging:
-            vk.vkCmdPipelineBarrier(cb, compute, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1,
-                                    [vk.VkMemoryBarrier(srcAccessMask=sw, dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT)],
-                                    0, None, 0, None)
-            vk.vkCmdCopyBuffer(cb, self.act.buffer, self.region.buffer, len(self._copies_out), self._copies_out)
-            vk.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                                    [vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                                                        dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)], 0, None, 0, None)
+            raw.cmd_barrier(cb, compute, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, sw, vk.VK_ACCESS_TRANSFER_READ_BIT)
+            raw.cmd_copy_buffer(cb, self.act.buffer, self.region.buffer, self._copies_out)
+            raw.cmd_barrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT,
+                            vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         else:
             bars = [vk.VkBufferMemoryBarrier(srcAccessMask=sw, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT,
                                              srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,

@@ -190,7 +190,9 @@ def cmd_memory_barrier(cb: Any) -> None:
 
 
 def cmd_copy_buffer(cb: Any, src: Any, dst: Any, regions: Sequence[tuple[int, int, int]]) -> None:
-    """Copy ranges (source offset, destination offset, bytes) of buffer ``src`` to ``dst``."""
+    """Copy ranges (source offset, destination offset, bytes) of buffer ``src`` to ``dst`` (none: nothing)."""
+    if not regions:
+        return
     arr = ffi.new("VkBufferCopy[]", [{"srcOffset": a, "dstOffset": b, "size": n} for a, b, n in regions])
     held().copy(addr(cb), addr(src), addr(dst), len(regions), addr(arr))
 
