@@ -816,25 +816,14 @@ class StreamingExecutor:
     def _run_steps(self, h: Any, steal: int, tr: ArenaTracker | None) -> float:
         """The native-loader run step by step (a tracked run claims and releases its boxes per step); returns the
         seconds waited for weights."""
-        lib = native.lib
         unit, claims, deps = self._unit, self._claims, self._deps
-        clock = time.perf_counter
         wait_s = 0.0
         if tr is not None:
             for key, off, size in claims.get(-1, []):
                 tr.claim(key, off, size)
         for s in self.steps:
-            u = unit.get(s.pos)
-            if u is not None:
-                self._before_wait(u)
-                w0 = clock()
-                rc = lib.inferd_stream_wait(h, u, steal)
-                wait_s += clock() - w0
-                if rc:
-                    raise self._native_error()
-                faults.check("cache.read")
-                if not self._native_verifies:
-                    self._verify(s)
+            if s.pos in unit:
+                wait_s += self._wait_for(h, s, steal)
             self._compute(s, tr)
             if tr is not None:  # a piece may be written from the moment its dependency has run
                 for key, off, size in claims.get(s.pos, []):
@@ -843,25 +832,27 @@ class StreamingExecutor:
                 self._publish(s.pos)
         return wait_s
 
+    def _wait_for(self, h: Any, s: _Step, steal: int) -> float:
+        """Until step ``s``'s streamed weights are in (read by a loader, or by this thread where ``steal``) and
+        verified; returns the seconds waited."""
+        u = self._unit[s.pos]
+        self._before_wait(u)
+        w0 = time.perf_counter()
+        rc = native.lib.inferd_stream_wait(h, u, steal)
+        waited = time.perf_counter() - w0
+        if rc:
+            raise self._native_error()
+        faults.check("cache.read")
+        if not self._native_verifies:
+            self._verify(s)
+        return waited
+
     def _run_segments(self, h: Any, steal: int) -> float:
         """The native-loader run segment by segment (``_make_segments``); returns the seconds waited for weights."""
-        lib = native.lib
-        unit = self._unit
-        clock = time.perf_counter
         wait_s = 0.0
         for seg in self._segments or ():
-            s = seg.first
-            if s is not None:
-                u = unit[s.pos]
-                self._before_wait(u)
-                w0 = clock()
-                rc = lib.inferd_stream_wait(h, u, steal)
-                wait_s += clock() - w0
-                if rc:
-                    raise self._native_error()
-                faults.check("cache.read")
-                if not self._native_verifies:
-                    self._verify(s)
+            if seg.first is not None:
+                wait_s += self._wait_for(h, seg.first, steal)
             for c in seg.calls:
                 c()
             if seg.publish is not None:

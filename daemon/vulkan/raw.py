@@ -19,6 +19,7 @@ executor's first layers took 3.6-5.8 ms to record and submit a handful of comman
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any, Sequence
 
 try:  # not through .device, which imports this module: the loader may be missing (then nothing here is called)
@@ -55,7 +56,7 @@ def addr(handle: Any) -> int:
 
 
 class _Held:
-    """The held entry points, resolved at first use (no loader: never)."""
+    """The held entry points, resolved at first use (``held``; no loader: never)."""
 
     def __init__(self) -> None:
         self.bind_pipeline = _held("vkCmdBindPipeline", None, _P, _U, _P)
@@ -70,13 +71,9 @@ class _Held:
         self.submit = _held("vkQueueSubmit", _I, _P, _U, _P, _P)
 
 
-_held_fns: list[_Held] = []
-
-
+@functools.cache
 def held() -> _Held:
-    if not _held_fns:
-        _held_fns.append(_Held())
-    return _held_fns[0]
+    return _Held()
 
 
 def create_descriptor_pool(device: Any, sizes: Sequence[tuple[int, int]], max_sets: int,
