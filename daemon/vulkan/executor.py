@@ -596,7 +596,8 @@ class HostIO:
             cb = rec.cb
             raw.cmd_copy_buffer(cb, self.region.buffer, self.act.buffer, self._copies_in)
             raw.cmd_barrier(cb, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                            vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+                            vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                            vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
         else:
             rec.full_barrier()
 

@@ -51,7 +51,8 @@ def _held(name: str, restype: Any, *argtypes: Any) -> Any:
 
 
 def addr(handle: Any) -> int:
-    """A handle's (or a cffi array's) address, as the held calls take it."""
+    """A handle's (or a cffi array's) address, as the held calls take it. An int keeps nothing alive: an array made
+    for a call must be held by a name until the call returns."""
     return int(ffi.cast("uintptr_t", handle))
 
 
@@ -69,6 +70,8 @@ class _Held:
         self.end = _held("vkEndCommandBuffer", _I, _P)
         self.allocate = _held("vkAllocateCommandBuffers", _I, _P, _P, _P)
         self.submit = _held("vkQueueSubmit", _I, _P, _U, _P, _P)
+        self.reset_fences = _held("vkResetFences", _I, _P, _U, _P)
+        self.fence_status = _held("vkGetFenceStatus", _I, _P, _P)
 
 
 @functools.cache
@@ -211,6 +214,22 @@ def allocate_command_buffer(device: Any, pool: Any, one_time: bool = True) -> An
 
 def end_command_buffer(cb: Any) -> None:
     check(held().end(addr(cb)))
+
+
+def queue_submit_infos(queue: Any, infos: Sequence[Any], fence: Any) -> None:
+    """One ``vkQueueSubmit`` of the package's ``VkSubmitInfo`` structs (``fence`` None: none)."""
+    if len(infos) == 1:
+        arr = ffi.addressof(infos[0])
+    else:
+        arr = ffi.new("VkSubmitInfo[]", len(infos))
+        for i, info in enumerate(infos):
+            arr[i] = info
+    check(held().submit(addr(queue), len(infos), addr(arr), None if fence is None else addr(fence)))
+
+
+def reset_fence(device: Any, fence: Any) -> None:
+    arr = ffi.new("VkFence[1]", [fence])  # (named: a temporary's memory would be freed before the call)
+    check(held().reset_fences(addr(device), 1, addr(arr)))
 
 
 def queue_submit(queue: Any, cbs: Sequence[Any], fence: Any) -> None:

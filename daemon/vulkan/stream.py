@@ -444,7 +444,7 @@ class VulkanStreamingExecutor(StreamingExecutor):
         d = self.device.device
         if self._fences:
             fence = self._fences.pop()
-            vk.vkResetFences(d, 1, [fence])
+            self.device.reset_fence(fence)
         else:
             fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
         try:
