@@ -96,6 +96,10 @@ class Config:
                           "before sleeping when requests come close together (the last came within twice this of "
                           "the one before) and no worker thread is busy: back-to-back requests then find the "
                           "thread and its caches awake (0: never)", default=200.0, minimum=0)
+    switch_interval_us: float = _opt("float", "the interpreter's GIL switch interval: the longest a thread that wants "
+                                     "the GIL (a request's, after its run's native or Vulkan call) waits while another "
+                                     "thread runs Python; Python's own 5000 favours throughput", default=500.0,
+                                     minimum=50)
     max_variants: int = _opt("int", "input shapes a model with dynamic dimensions keeps prepared besides its first "
                              "(least recently used dropped; a model's config.toml can override)", default=4, minimum=0)
     drain_timeout: float = _opt("float", "seconds SIGTERM waits for queued and running requests",

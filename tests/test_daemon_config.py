@@ -64,6 +64,7 @@ def test_layers_precedence(tmp_path: Path) -> None:
         ("", {"INFERD_THREADS": "x"}, [], "INFERD_THREADS"),
         ("", {}, ["--max-message-bytes", "huge"], "--max-message-bytes"),
         ("", {}, ["--socket-mode", "rw"], "socket_mode"),
+        ("switch_interval_us = 10\n", {}, [], "must be >= 50"),
         ("this is = not toml [", {}, [], "config file"),
     ],
 )

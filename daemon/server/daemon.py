@@ -1378,6 +1378,11 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
         log.warning("no crash traceback on stderr: %s", e)
     native.install_crash_report()
     apply_threads(config.threads)
+    # a request's thread takes the GIL back after every call that let it go (a run's native call, a Vulkan fence
+    # wait): behind a thread running Python (a cold load's loaders, idle-time refinement, another client's request)
+    # it waited up to Python's 5 ms (a small CPU model beside one spinning thread, 2-core VM: p90 5.2 ms a run at
+    # 5 ms, 9 us at 0.5 ms). The cold window shortens it further only if this is longer.
+    sys.setswitchinterval(config.switch_interval_us / 1e6)
     from ..runtime import hostpool
 
     hostpool.install(config.host_pool)  # faulted in in the background while the daemon starts
