@@ -106,3 +106,29 @@ def test_a_small_zoo_model_decides_and_answers_the_same_either_way(tmp_path) -> 
     finally:
         m.close()
         native.set_num_threads(before)
+
+
+@pytest.mark.parametrize("alone_s, pool_s, soon", [(8.0e-4, 7.9e-4, True), (7.0e-4, 8.0e-4, False),
+                                                   (1.01e-4, 1.0e-4, False)])
+def test_a_tie_given_to_one_thread_on_long_runs_is_tried_again_soon(alone_s: float, pool_s: float, soon: bool) -> None:
+    """One thread takes a tie within TIE; where the runs are long enough that the pool should shorten them (LONG_S)
+    and one thread was not faster, the next trial comes after SOON runs instead of RETRY (the second core was likely
+    away for the trial); one thread clearly faster, or short runs, wait the whole RETRY."""
+    tc = ThreadChoice(pool=2)
+    for _ in range(2 * ThreadChoice.TRIAL):
+        cap = tc.next_cap()
+        tc.record(cap, alone_s if cap == 1 else pool_s)
+    assert tc.cap == 1 and not tc.in_trial()
+    gap = (ThreadChoice.SOON if soon else ThreadChoice.RETRY) - 2 * ThreadChoice.TRIAL
+    for _ in range(gap - 1):
+        tc.run(lambda _: None, None)
+        assert not tc.in_trial()
+    tc.run(lambda _: None, None)
+    assert tc.in_trial()
+    for _ in range(2 * ThreadChoice.TRIAL):  # the core is back: the pool wins, and keeps it for RETRY runs
+        cap = tc.next_cap()
+        tc.record(cap, alone_s if cap == 1 else 0.6 * alone_s)
+    assert tc.cap == 0 and not tc.in_trial()
+    for _ in range(ThreadChoice.RETRY - 2 * ThreadChoice.TRIAL - 1):
+        tc.run(lambda _: None, None)
+        assert not tc.in_trial()

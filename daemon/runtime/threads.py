@@ -6,10 +6,11 @@ each parallel layer, and after the run its spin (``pool.c``: 200 us) on a core t
 gave 85 against 80), and in the daemon 102 us against 114-129 us, where the daemon's CPU per chunk fell from 380
 to 280 us. Which wins moves with the model and the machine's load, so it is measured, not assumed: the first
 ``TRIAL`` warm runs of each kind alternate in blocks (``BLOCK``), the faster median is kept, and the trial is run
-again every ``RETRY`` runs. A model whose runs are longer than ``MAX_S`` keeps the pool without trials (there the
-pool wins by far, and a trial run on one thread would cost a user a slow answer): the trial's first block runs on the
-pool, and a pool median past ``MAX_S`` ends the trial there, before any run goes to one thread (resnet50's int8
-model ran its first 64 warm runs half on one thread, 22 ms against 13, before this).
+again every ``RETRY`` runs (``SOON`` after a tie given to one thread on runs the pool should shorten). A model
+whose runs are longer than ``MAX_S`` keeps the pool without trials (there the pool wins by far, and a trial run
+on one thread would cost a user a slow answer): the trial's first block runs on the pool, and a pool median past
+``MAX_S`` ends the trial there, before any run goes to one thread (resnet50's int8 model ran its first 64 warm runs
+half on one thread, 22 ms against 13, before this).
 
 Pure bookkeeping plus ``native.set_caller_threads`` (a per-thread cap: another thread's runs keep the pool).
 """
@@ -44,12 +45,20 @@ class ThreadChoice:
     TIE = 0.05
     #: runs longer than this (the pool's median in a trial) never try one thread again
     MAX_S = 1e-3
+    #: a trial that gives one thread the tie on runs this long (where a second thread, when it is there, takes a
+    #: third off the run) is tried again after ``SOON`` runs, not ``RETRY``: the second core was most likely away for
+    #: the trial. On the 2-core VM the CRNN's pool ran 780-850 us, the same as one thread, for its first 15-20 runs
+    #: of a trial and 480-640 us after (the idle vCPU given back late); a trial that ended before then kept one
+    #: thread for the next 1024 runs, 1.7x onnxruntime's time where the pool then ran 1.07x
+    LONG_S = 250e-6
+    SOON = 128
 
     def __init__(self, pool: int) -> None:
         self.pool = pool
         self.cap = 0  # 0: the whole pool
         self._times: tuple[list[float], list[float]] = ([], [])
         self._runs = 0
+        self._start = 0  # the run the current (or next) trial starts at
         self._off = pool <= 1
         #: the last trial's medians (us), for status
         self.decided: dict[str, float] | None = None
@@ -64,20 +73,20 @@ class ThreadChoice:
         """The cap for the next run: 1 (this thread alone) or 0 (the pool)."""
         if self._off:
             return 0
-        phase = self._runs % self.RETRY
-        if phase < 2 * self.TRIAL:
+        phase = self._runs - self._start
+        if 0 <= phase < 2 * self.TRIAL:
             return (phase // self.BLOCK) & 1
         return self.cap
 
     def in_trial(self) -> bool:
-        return not self._off and self._runs % self.RETRY < 2 * self.TRIAL
+        return not self._off and 0 <= self._runs - self._start < 2 * self.TRIAL
 
     def record(self, cap: int, seconds: float) -> None:
         if self._off:
             return
-        phase = self._runs % self.RETRY
+        phase = self._runs - self._start
         self._runs += 1
-        if phase >= 2 * self.TRIAL:
+        if not 0 <= phase < 2 * self.TRIAL:
             return
         if phase % self.BLOCK:
             self._times[1 if cap == 1 else 0].append(seconds)
@@ -92,6 +101,8 @@ class ThreadChoice:
             self.cap = 1 if alone <= pool * (1 + self.TIE) else 0
             self.decided = {"alone_us": round(alone * 1e6, 1), "pool_us": round(pool * 1e6, 1)}
             self._times = ([], [])
+            tie = self.cap and alone >= pool and pool >= self.LONG_S
+            self._start += self.SOON if tie else self.RETRY
             if pool > self.MAX_S and not self.cap:
                 self._off = True
 
