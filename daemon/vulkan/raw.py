@@ -13,8 +13,10 @@ A call that fails raises the package's own exception for its result (``vk.except
 The commands the executor records (binds, pushes, dispatches, barriers, copies) and the begin, end and submit of its
 command buffers go through ctypes with the GIL held (``ctypes.PYFUNCTYPE`` on the same entry points), not through
 cffi, which releases the GIL around every call: each of these returns in a microsecond or so, and a thread that lets
-go of the GIL while the loaders run Python waits up to the switch interval to have it back. On a lent H100 the cold
-executor's first layers took 3.6-5.8 ms to record and submit a handful of commands behind two preparing loaders.
+go of the GIL while the loaders run Python waits up to the switch interval to have it back (on the 2-core VM, two
+Python threads spinning: a cffi ``vkCmdDispatch`` 17-93 us at the cold window's 0.5 ms interval, 1.4 ms at Python's
+5 ms; held, 1.5-2 us). A lent H100's cold timelines had the executor's first layers 3.6-5.8 ms in their execute steps
+(record and submit) while two loaders prepared.
 """
 from __future__ import annotations
 
