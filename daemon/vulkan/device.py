@@ -810,9 +810,10 @@ class VulkanDevice:
                 vk.vkFreeCommandBuffers(self.device, self._cmd_pool, 1, [cb])
 
     def submit_and_wait(self, cb: Any, fence: Any, timeout_ns: int | None = None) -> None:
-        self.reset_fence(fence)
+        # (a loader's upload, the idle-time profiler: their calls let the GIL go, the executor's to take)
+        vk.vkResetFences(self.device, 1, [fence])
         info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[cb])
-        self.queue_submit([info], fence)
+        self._submit(lambda: vk.vkQueueSubmit(self.queue, 1, [info], fence))
         self.wait_fence(fence, timeout_ns)
 
     def reset_fence(self, fence: Any) -> None:
@@ -820,8 +821,8 @@ class VulkanDevice:
         raw.reset_fence(self.device, fence)
 
     def queue_submit(self, infos: Sequence[Any], fence: Any) -> None:
-        """``vkQueueSubmit`` (with the GIL held: ``raw``) under the queue lock; the device faults a submit can report
-        as DeviceFault."""
+        """``vkQueueSubmit`` (with the GIL held: ``raw``; a resident model's warm run) under the queue lock; the device
+        faults a submit can report as DeviceFault."""
         self._submit(lambda: raw.queue_submit_infos(self.queue, infos, fence))
 
     def submit_buffers(self, cbs: Sequence[Any], fence: Any = None) -> None:

@@ -10,13 +10,14 @@ dispatch. Everything else (creation of devices, pipelines, memory) stays with th
 
 A call that fails raises the package's own exception for its result (``vk.exception_codes``), as its wrappers do.
 
-The commands the executor records (binds, pushes, dispatches, barriers, copies) and the begin, end and submit of its
-command buffers go through ctypes with the GIL held (``ctypes.PYFUNCTYPE`` on the same entry points), not through
-cffi, which releases the GIL around every call: each of these returns in a microsecond or so, and a thread that lets
-go of the GIL while the loaders run Python waits up to the switch interval to have it back (on the 2-core VM, two
-Python threads spinning: a cffi ``vkCmdDispatch`` 17-93 us at the cold window's 0.5 ms interval, 1.4 ms at Python's
-5 ms; held, 1.5-2 us). A lent H100's cold timelines had the executor's first layers 3.6-5.8 ms in their execute steps
-(record and submit) while two loaders prepared.
+A resident model's warm run resets its fence, submits and polls the fence through ctypes with the GIL held
+(``ctypes.PYFUNCTYPE`` on the same entry points, ``held``), not through cffi, which releases the GIL around every call:
+each returns in a microsecond or so, and a thread that lets the GIL go while another runs Python waits up to the
+switch interval to have it back (2-core VM, two Python threads spinning: a cffi ``vkCmdDispatch`` 17-93 us at a 0.5
+ms interval, 1.4 ms at Python's 5 ms; held, 1.5-2 us; a small resident model beside one spinning thread 5.3-10.4 ms a
+run, held 48-61 us on lavapipe and an H200). The cold executor's recording stays on cffi: held, on an H200, it left
+the executor free early and it took preparation tasks from the loaders, three threads preparing under the GIL where
+two had, and squeezenet1_1's and mobilenetv2's cold loads took 4-5 ms longer (``2026-12-07r``).
 """
 from __future__ import annotations
 
@@ -62,15 +63,6 @@ class _Held:
     """The held entry points, resolved at first use (``held``; no loader: never)."""
 
     def __init__(self) -> None:
-        self.bind_pipeline = _held("vkCmdBindPipeline", None, _P, _U, _P)
-        self.bind_sets = _held("vkCmdBindDescriptorSets", None, _P, _U, _P, _U, _U, _P, _U, _P)
-        self.push = _held("vkCmdPushConstants", None, _P, _P, _U, _U, _U, ctypes.c_char_p)
-        self.dispatch = _held("vkCmdDispatch", None, _P, _U, _U, _U)
-        self.barrier = _held("vkCmdPipelineBarrier", None, _P, _U, _U, _U, _U, _P, _U, _P, _U, _P)
-        self.copy = _held("vkCmdCopyBuffer", None, _P, _P, _P, _U, _P)
-        self.begin = _held("vkBeginCommandBuffer", _I, _P, _P)
-        self.end = _held("vkEndCommandBuffer", _I, _P)
-        self.allocate = _held("vkAllocateCommandBuffers", _I, _P, _P, _P)
         self.submit = _held("vkQueueSubmit", _I, _P, _U, _P, _P)
         self.reset_fences = _held("vkResetFences", _I, _P, _U, _P)
         self.fence_status = _held("vkGetFenceStatus", _I, _P, _P)
@@ -161,16 +153,15 @@ def update_descriptor_sets(device: Any, writes: Sequence[Write]) -> None:
 
 
 def cmd_bind_pipeline(cb: Any, pipeline: Any) -> None:
-    held().bind_pipeline(addr(cb), _COMPUTE_BIND, addr(pipeline))
+    lib.vkCmdBindPipeline(cb, _COMPUTE_BIND, pipeline)
 
 
 def cmd_dispatch(cb: Any, layout: Any, dset: Any, push: bytes, groups: Sequence[int]) -> None:
     """Bind ``dset`` (a one-element array), push ``push`` (bytes, none when empty) and dispatch ``groups``."""
-    h, c, lay = held(), addr(cb), addr(layout)
-    h.bind_sets(c, _COMPUTE_BIND, lay, 0, 1, addr(dset), 0, None)
+    lib.vkCmdBindDescriptorSets(cb, _COMPUTE_BIND, layout, 0, 1, dset, 0, NULL)
     if push:
-        h.push(c, lay, _SHADER_STAGE, 0, len(push), push)
-    h.dispatch(c, groups[0], groups[1], groups[2])
+        lib.vkCmdPushConstants(cb, layout, _SHADER_STAGE, 0, len(push), ffi.from_buffer(push))
+    lib.vkCmdDispatch(cb, groups[0], groups[1], groups[2])
 
 
 _BARRIERS: dict[tuple[int, int], Any] = {}  # (src access, dst access) -> the struct every such call passes
@@ -183,7 +174,7 @@ def cmd_barrier(cb: Any, src_stage: int, dst_stage: int, src_access: int, dst_ac
         b = _BARRIERS[(src_access, dst_access)] = ffi.new(
             "VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": src_access,
                                  "dstAccessMask": dst_access})
-    held().barrier(addr(cb), src_stage, dst_stage, 0, 1, addr(b), 0, None, 0, None)
+    lib.vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, b, 0, NULL, 0, NULL)
 
 
 def cmd_memory_barrier(cb: Any) -> None:
@@ -196,7 +187,7 @@ def cmd_copy_buffer(cb: Any, src: Any, dst: Any, regions: Sequence[tuple[int, in
     if not regions:
         return
     arr = ffi.new("VkBufferCopy[]", [{"srcOffset": a, "dstOffset": b, "size": n} for a, b, n in regions])
-    held().copy(addr(cb), addr(src), addr(dst), len(regions), addr(arr))
+    lib.vkCmdCopyBuffer(cb, src, dst, len(regions), arr)
 
 
 def allocate_command_buffer(device: Any, pool: Any, one_time: bool = True) -> Any:
@@ -205,17 +196,16 @@ def allocate_command_buffer(device: Any, pool: Any, one_time: bool = True) -> An
                                                      "commandPool": pool, "commandBufferCount": 1,
                                                      "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY})
     out = ffi.new("VkCommandBuffer*")
-    h = held()
-    check(h.allocate(addr(device), addr(info), addr(out)))
+    check(lib.vkAllocateCommandBuffers(device, info, out))
     begin = ffi.new("VkCommandBufferBeginInfo*", {"sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                                   "flags": vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
                                                   if one_time else 0})
-    check(h.begin(addr(out[0]), addr(begin)))
+    check(lib.vkBeginCommandBuffer(out[0], begin))
     return out[0]
 
 
 def end_command_buffer(cb: Any) -> None:
-    check(held().end(addr(cb)))
+    check(lib.vkEndCommandBuffer(cb))
 
 
 def queue_submit_infos(queue: Any, infos: Sequence[Any], fence: Any) -> None:
@@ -239,4 +229,4 @@ def queue_submit(queue: Any, cbs: Sequence[Any], fence: Any) -> None:
     arr = ffi.new("VkCommandBuffer[]", list(cbs))
     info = ffi.new("VkSubmitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": len(cbs),
                                      "pCommandBuffers": arr})
-    check(held().submit(addr(queue), 1, addr(info), None if fence is None else addr(fence)))
+    check(lib.vkQueueSubmit(queue, 1, info, NULL if fence is None else fence))
