@@ -1,8 +1,6 @@
 """Executor-side vkCmd* calls while Python threads run: cffi (GIL released per call) against ctypes PYFUNCTYPE (held).
 argv: spinning threads (default 2); SW: the switch interval (default 0.5 ms, the cold window's)."""
 import ctypes, os, sys, threading, time
-import numpy as np
-import vulkan as vk
 from inferd.vulkan.device import get_device
 from inferd.vulkan import raw
 sys.setswitchinterval(float(os.environ.get("SW", "0.0005")))

@@ -1,6 +1,6 @@
 """A resident Vulkan model's warm run alone and with one Python thread spinning beside it (the GIL hand-back after
 each call that lets it go): a 1x1 conv + relu on 16x8x8, 200 runs per arm, arms alternating."""
-import sys, time, threading, numpy as np, onnx
+import time, threading, numpy as np, onnx
 from onnx import helper, TensorProto
 x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])
 y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])
