@@ -823,9 +823,9 @@ _INDEX_TAIL = 256 << 10
 
 def prefetch_metadata(pkg: Path) -> None:
     """Ask the kernel for every small read an open makes, at once: ``plan.bin``, the store's header and
-    its index (at the file's end), the CPU's recorded binds (``runtime.bindrec``), instead of disk round trips one
-    after another. Best effort."""
-    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL), ("binds.bin", None)):
+    its index (at the file's end), the recorded binds (the CPU's ``runtime.bindrec``, Vulkan's ``vulkan.binds``),
+    instead of disk round trips one after another. Best effort."""
+    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL), ("binds.bin", None), ("vkbinds.bin", None)):
         try:
             fd = os.open(pkg / name, os.O_RDONLY)
         except OSError:

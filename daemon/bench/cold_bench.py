@@ -757,7 +757,7 @@ class BenchOptions:
     #: also measure a reload: the package loaded again in a process that served it before (a daemon's model that
     #: its memory budget or an unload dropped), its files evicted as for every run
     reload: bool = True
-    #: CPU: measure with the package's binds recorded by a load before the rounds, and its first load without
+    #: measure with the package's binds recorded by a load before the rounds, and its first load without
     binds: bool = True
     #: Vulkan: pipelines the inferd child makes resident before the request, as the daemon does at its start
     #: (its ``resident_pipelines`` setting); a second inferd configuration is measured without them
@@ -855,8 +855,9 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
             [str(p / "plan.bin"), None], [str(p / "weights.store"), regions]]}, files, env=env))
         configs.append(Config("floor_whole", {**base_spec, "engine": "floor", "ref": "", "files": [
             [str(p / "plan.bin"), None], [str(p / "weights.store"), None]]}, files, env=env))
-        if dev == "cpu" and opts.binds:
-            # the package's first load after its compile: no recorded binds read, none written (runtime.bindrec)
+        if opts.binds:
+            # the package's first load after its compile: no recorded binds read, none written (the CPU's
+            # runtime.bindrec, Vulkan's vulkan.binds)
             configs.append(Config("inferd_no_binds", {**base_spec, "engine": "inferd", "path": str(p),
                                                       "options": _ablation_options(None), "loaders": opts.loaders,
                                                       "timeline": False}, files,
@@ -931,9 +932,9 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
                 errors["ncnn"] = f"{type(e).__name__}: {e}"[:1500]
             res["prepare_s"]["ncnn_convert"] = round(time.perf_counter() - t, 3)
 
-    # CPU: one load of the package before the rounds records its layers' binds (runtime.bindrec), as a daemon's
-    # first load of it does: the rounds measure the loads after that one (``inferd_no_binds``: the first)
-    if dev == "cpu" and opts.binds:
+    # one load of the package before the rounds records its layers' binds (runtime.bindrec, vulkan.binds), as a
+    # daemon's first load of it does: the rounds measure the loads after that one (``inferd_no_binds``: the first)
+    if opts.binds:
         primed: set[str] = set()
         for c in configs:
             path = c.spec.get("path") if c.spec.get("engine") == "inferd" else None
@@ -945,7 +946,7 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
                                                           "timeline": False}, c.files, env=c.env, restore=c.restore),
                           opts.drop_mode, quiet_wait=0)
                 if c.key == "inferd":  # (0: no layer of this model could be recorded)
-                    f = Path(path) / "binds.bin"
+                    f = Path(path) / ("binds.bin" if dev == "cpu" else "vkbinds.bin")
                     res["binds_file_bytes"] = f.stat().st_size if f.is_file() else 0
             except (ChildError, OSError) as e:
                 errors[f"prime_binds_{c.key}"] = str(e)[:1500]
@@ -954,7 +955,9 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     if dev == "vulkan":
         if opts.first_start and "inferd" in {c.key for c in configs}:
             c0 = next(c for c in configs if c.key == "inferd")
-            configs.append(Config("inferd_first", {**c0.spec, "fresh_caches": True}, c0.files, env=c0.env))
+            # (a package's first load on a fresh device has no recorded binds either)
+            configs.append(Config("inferd_first", {**c0.spec, "fresh_caches": True}, c0.files,
+                                  env={**(c0.env or os.environ), "INFERD_BINDS": "0"}))
         for c in configs:
             if c.spec["engine"] in ("inferd", "ncnn") and not c.background and not c.spec.get("fresh_caches"):
                 try:
@@ -1245,8 +1248,10 @@ def markdown(data: dict[str, Any]) -> str:
                      f"{cs.get('stolen', 'n/a')} / {cs.get('tasks', 'n/a')} | {fmt(pl.get('predicted_ms'))} | "
                      f"{pl.get('sources', 'n/a')} | {fmt(max(errs) if errs else None, '.1e')} |")
     if any(r.get("binds") for r in data["models"].values()):
-        lines += ["", "Recorded binds (`inferd.runtime.bindrec`): a package's first cold load binds every layer (its "
-                  "native steps laid out from the node: Python under the GIL, beside the executor); it then records "
+        lines += ["", "Recorded binds (`inferd.runtime.bindrec` on the CPU, `inferd.vulkan.binds` on Vulkan): a "
+                  "package's first cold load binds every layer (the CPU's native steps laid out from the node, "
+                  "Vulkan's dispatches worked out and their bindings resolved: Python under the GIL, beside the "
+                  "executor); it then records "
                   "them in the package, and its later cold loads rebuild them from the new addresses. The rounds "
                   "above follow one such load; 'first load' is the same package with the records neither read nor "
                   "written (`INFERD_BINDS=0`), as right after `inferd compile`.", "",
@@ -1377,7 +1382,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="Vulkan: also inferd and ncnn (default options) with their SPIR-V, pipeline and driver caches empty")
     p.add_argument("--no-refined", action="store_true", help="skip measuring the package after refinement")
     p.add_argument("--no-binds", action="store_true",
-                   help="CPU: skip the recorded binds (no priming load, no first-load figure)")
+                   help="skip the recorded binds (no priming load, no first-load figure)")
     p.add_argument("--no-reload", action="store_true",
                    help="skip measuring a reload (the package loaded again by a process that served it before)")
     p.add_argument("--warm-runs", type=int, default=30)

@@ -150,19 +150,19 @@ def record(executor: Any) -> dict[str, Record]:
     return out
 
 
-def encode(key: Mapping[str, Any], records: Mapping[str, Record]) -> bytes:
-    return framed(MAGIC, VERSION, msgpack.packb({"key": dict(key), "layers": dict(records)}, use_bin_type=True))
+def encode(key: Mapping[str, Any], records: Mapping[str, Any], magic: bytes = MAGIC) -> bytes:
+    return framed(magic, VERSION, msgpack.packb({"key": dict(key), "layers": dict(records)}, use_bin_type=True))
 
 
 class BindsError(ValueError):
     """A binds file that is damaged, of another format version, or made for another package."""
 
 
-def decode(data: bytes, key: Mapping[str, Any]) -> dict[str, Record]:
+def decode(data: bytes, key: Mapping[str, Any], magic: bytes = MAGIC) -> dict[str, Any]:
     """The records ``encode`` wrote, checked (magic, version, checksum, key); their shape is checked where a layer
     reads its own (``replay``: a record that does not parse there is one that does not fit)."""
     try:
-        sha = frame_checksum(data, MAGIC, VERSION, "binds file")
+        sha = frame_checksum(data, magic, VERSION, "binds file")
     except FrameError as e:
         raise BindsError(str(e)) from None
     body = data[FRAME_HEAD.size:]
@@ -181,10 +181,10 @@ def decode(data: bytes, key: Mapping[str, Any]) -> dict[str, Record]:
     return layers
 
 
-def load(pkg: Path, key: Mapping[str, Any]) -> dict[str, Record] | None:
+def load(pkg: Path, key: Mapping[str, Any], file: str = FILE, magic: bytes = MAGIC) -> dict[str, Any] | None:
     """``pkg``'s records, or None where it has none, or a bad or stale file (with a warning: the next load records
-    them again)."""
-    path = Path(pkg) / FILE
+    them again). ``file`` and ``magic``: another backend's records in the same format (``vulkan.binds``)."""
+    path = Path(pkg) / file
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -193,16 +193,17 @@ def load(pkg: Path, key: Mapping[str, Any]) -> dict[str, Record] | None:
         log.warning("%s: unreadable (%s); the layers bind as usual", path, e)
         return None
     try:
-        return decode(data, key)
+        return decode(data, key, magic)
     except BindsError as e:
         log.warning("%s: %s; not used, recorded again after this load", path, e)
         return None
 
 
-def save(pkg: Path, key: Mapping[str, Any], records: Mapping[str, Record]) -> bool:
+def save(pkg: Path, key: Mapping[str, Any], records: Mapping[str, Any], file: str = FILE,
+         magic: bytes = MAGIC) -> bool:
     """Write ``records`` into ``pkg`` (atomically); False where the package cannot be written (read-only)."""
     try:
-        atomic_write(Path(pkg) / FILE, encode(key, records))
+        atomic_write(Path(pkg) / file, encode(key, records, magic))
         return True
     except OSError as e:
         log.debug("%s: binds not written: %s", pkg, e)

@@ -147,7 +147,7 @@ class ColdLoad:
         made = load_stats.get("pipelines_created")
         if made is not None:  # GPU: pipelines this load had to create (none where the device held them all)
             self.stats["pipelines_created"] = int(made)
-        if "binds_replayed" in load_stats:  # CPU: layers rebuilt from the package's recorded binds, not bound
+        if "binds_replayed" in load_stats:  # layers rebuilt from the package's recorded binds, not bound or worked out
             self.stats["binds_replayed"] = int(load_stats["binds_replayed"])
 
     def observed(self) -> dict[tuple[str, str, str], float]:

@@ -816,9 +816,13 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
             op.store.close()
         raise
     binds_key = None
-    if dev == "cpu" and plan is not None and op is not None and bindrec.enabled():
-        binds_key = bindrec.key_of(op.meta)
-        backend.binds = bindrec.load(op.path, binds_key)
+    # recorded binds: the CPU executor's (``runtime.bindrec``) and the Vulkan backend's (``vulkan.binds``), each in
+    # its own file of the package; another backend (a split model's) records none
+    binds_file = getattr(backend, "binds_file", bindrec.FILE)
+    binds_magic = getattr(backend, "binds_magic", bindrec.MAGIC)
+    if plan is not None and op is not None and bindrec.enabled() and hasattr(backend, "binds"):
+        binds_key = {**bindrec.key_of(op.meta), **getattr(backend, "binds_key", {})}
+        backend.binds = bindrec.load(op.path, binds_key, binds_file, binds_magic)
     try:
         if plan is None:
             # planned here: from the package's profile (other options than its stored plan's) or from the
@@ -844,15 +848,15 @@ def _planned_model(mname: str, graph: Graph, dev: str, kernels: dict[str, str] |
     model = Model(mname, graph, backend, dev, time.perf_counter() - t0, cold=cold, on_close=on_close,
                   template=template, make_backend=lambda g: make_backend(g, dev, kernels, **options))
     if binds_key is not None:
-        model._record_binds = lambda: _record_binds(op.path, binds_key, backend)
+        model._record_binds = lambda: _record_binds(op.path, binds_key, backend, binds_file, binds_magic)
     return model
 
 
-def _record_binds(pkg: Path, key: dict[str, Any], backend: Any) -> None:
-    """Write the binds of a CPU cold load's layers into its package where they differ from the ones it read (none,
+def _record_binds(pkg: Path, key: dict[str, Any], backend: Any, file: str, magic: bytes) -> None:
+    """Write the binds of a cold load's layers into its package where they differ from the ones it read (none,
     stale, or a refined plan's other kernels)."""
     from . import bindrec
 
-    recs = bindrec.record(backend)
-    if recs and recs != (backend.binds or {}) and bindrec.save(pkg, key, recs):
-        log.debug("%s: %d of %d layers' binds recorded", pkg, len(recs), len(backend.steps))
+    recs = backend.record_binds() if hasattr(backend, "record_binds") else bindrec.record(backend)
+    if recs and recs != (backend.binds or {}) and bindrec.save(pkg, key, recs, file, magic):
+        log.debug("%s: %d of %d layers' binds recorded in %s", pkg, len(recs), len(backend.layers()), file)

@@ -18,6 +18,7 @@ buffer of the warm path (one submit per run); ``swap`` replaces one layer's kern
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Mapping, Sequence
 
+import msgpack
 import numpy as np
 
 from ..backends.base import forget_raw
@@ -36,6 +38,7 @@ from ..planner.cost import DeviceRates, Profile
 from ..planner.memory import align_up
 from ..planner.plan import LayerPlan
 from ..planner.precision import FP32, VULKAN_HALF_OPS, LayerFacts, PrecisionPlan, plan_precision
+from . import binds as vkbinds
 from . import raw
 from .arena import SLICE_OPS, place_weights, plan_activations, workspace_name
 from .device import Pipeline, Region, get_device, vk
@@ -130,6 +133,9 @@ class _Prepared:
     #: the layer of another shape whose ``weights`` this one binds; ``users`` counts the holders of ours
     origin: "_Prepared | None" = None
     users: int = 1
+    #: made from the package's recorded binds (``vulkan.binds``), and the time its pipelines took then
+    replayed: bool = False
+    pipeline_s: float = 0.0
 
 
 class VulkanColdBackend:
@@ -354,13 +360,95 @@ class VulkanColdBackend:
             t0 = T()
             params = dict(arrays) if lp.source == "transformed" else kernel.transform(slot.layer, self._raw(slot, arrays))
             transform_s = T() - t0
-            dispatches = self._dispatches(slot, kernel, params)[0]
-            t0 = T()
-            pipes = self._pipelines(dispatches)
-            pipeline_s = T() - t0
-            self._prepared[pos] = self._place(slot, kernel, params, dispatches, pipes)
-        self._add(transform_s=transform_s)
+            rec = self.binds.get(slot.layer.name) if self.binds else None
+            got = vkbinds.parse(rec, kernel.name, params) if rec is not None else None
+            prep = self._replay(slot, kernel, params, got) if got is not None else None
+            if prep is not None:
+                pipeline_s = prep.pipeline_s
+            else:
+                dispatches = self._dispatches(slot, kernel, params)[0]
+                t0 = T()
+                pipes = self._pipelines(dispatches)
+                pipeline_s = T() - t0
+                prep = self._place(slot, kernel, params, dispatches, pipes)
+            self._prepared[pos] = prep
+        self._add(transform_s=transform_s, binds_replayed=int(got is not None and prep.replayed))
         return {"transform_s": transform_s, "pipeline_s": pipeline_s}
+
+    # ------------------------------------------------------------------ recorded binds (``vulkan.binds``)
+    #: the package's records of this backend's layers (layer name -> record), set by the loader before the cold
+    #: load starts; None: none read
+    binds: "dict[str, Any] | None" = None
+    binds_file = vkbinds.FILE
+    binds_magic = vkbinds.MAGIC
+
+    @property
+    def binds_key(self) -> dict[str, Any]:
+        """What a record depends on beyond the package's plan: the activation arena this backend laid out (its
+        size and every tensor's offset: a plan whose kernels changed without a new arena size, as a rewritten
+        plan.bin's, moves tensors)."""
+        offs = msgpack.packb([sorted(self.plan.offsets.items()), sorted(self.plan.aliases.items())])
+        return {"arena": int(self.plan.total), "align": int(self._align),
+                "offsets": hashlib.sha256(offs).hexdigest()[:32]}
+
+    def record_binds(self) -> dict[str, Any]:
+        """The records of the layers prepared so far (those that can have one): ``vulkan.binds``."""
+        out: dict[str, Any] = {}
+        for s, p in zip(self._slots, self._prepared):
+            if s.kind != "kernel" or p is None or p.origin is not None:
+                continue
+            rec = vkbinds.record_layer(p.kernel.name, p.wsize, p.place, p.meta, p.bound, self.act_region, p.weights,
+                                     p.base)
+            if rec is not None:
+                out[s.layer.name] = rec
+        return out
+
+    def _replay(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray],
+                rec: "vkbinds.Parsed") -> "_Prepared | None":
+        """Layer ``slot`` prepared from its record: its pipelines, weights, bound dispatches and descriptor sets,
+        with no dispatch worked out and no binding resolved; None where the record does not fit the shaders'
+        manifests or the arena (the caller prepares it the usual way)."""
+        dev = self.device
+        t0 = time.perf_counter()
+        mods = self.shader_cache.get_many(rec.variants) if rec.variants else []
+        act = self.act_region
+        for m, (_g, _i, push, ranges) in zip(mods, rec.entries):
+            man = m.manifest
+            if len(ranges) != len(man.bindings) or len(push) != (man.push_size if man.push else 0):
+                return None
+            for space, off, n in ranges:
+                if off < 0 or n <= 0 or off + n > (act.size if space == vkbinds.ACT else rec.wsize) \
+                        or space not in (vkbinds.ACT, vkbinds.WEIGHTS):
+                    return None
+        counts: dict[str, int] = {}
+        pipes = dev.pipelines([(m, sp) for m, sp in zip(mods, rec.specs)], counts) if mods else []
+        pipeline_s = time.perf_counter() - t0
+        self._add(pipeline_create_s=pipeline_s, pipelines_created=counts.get("created", 0),
+                  pipeline_cache_hits=counts.get("cache_hits", 0))
+        layer = slot.layer
+        prep = _Prepared(kernel, place={k: off for k, _a, off in rec.arrays},
+                         meta={k: (_zero_view(a) if isinstance(a, np.ndarray) and a.nbytes > _META_MAX else a)
+                               for k, a in params.items()})
+        prep.pipeline_s, prep.replayed = pipeline_s, True
+        try:
+            t = time.perf_counter()
+            if rec.wsize:
+                region, prep.base = self._slabs.take(rec.wsize, layer.name)
+                prep.weights, prep.slabs, prep.wsize = region, self._slabs, rec.wsize
+                dev.upload([(region, prep.base + off, a) for _k, a, off in rec.arrays])
+            self._add(upload_s=time.perf_counter() - t)
+            w, base, pos = prep.weights, prep.base, slot.pos
+            for (groups, independent, push, ranges), m, pipe, sp in zip(rec.entries, mods, pipes, rec.specs):
+                rs = [(act, off, n) if space == vkbinds.ACT else (w, base + off, n) for space, off, n in ranges]
+                if w is None and any(space != vkbinds.ACT for space, _o, _n in ranges):
+                    raise BackendError(f"node {layer.name}: a recorded binding names weights the layer has none of")
+                d = Dispatch(m.name, (), groups, dict(m.defines), sp, {}, independent)
+                prep.bound.append(Bound(pos, layer, kernel, d, pipe, rs, push))
+            prep.dsets = bind_descriptors(dev, prep.bound, prep.views, self._descriptors)
+        except BaseException:
+            self._release(prep)
+            raise
+        return prep
 
     def note_pipelines(self, pos: int, kernel_name: str) -> int:
         """Make (or find) the pipelines ``kernel_name`` runs layer ``pos`` with and list them as used (the device's
