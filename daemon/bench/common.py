@@ -78,7 +78,8 @@ def daemon_state(device: str, device_pool_bytes: int = 0, resident_pipelines: in
     started; ``claim_cores``: numpy's BLAS held to one thread (``server.daemon.apply_threads``); its host pool
     faulted in (``host_pool_bytes``); ``rehearse``: a cold load rehearsed on a small model of its own, as the daemon's
     start does (``runtime.rehearsal``); on Vulkan the device created with its device pool (``device_pool_bytes``) and
-    the listed pipelines made resident (``resident_pipelines``). Returns ``make_resident``'s answer (None if none)."""
+    the listed pipelines made resident (``resident_pipelines``) and the Vulkan load path imported, as the daemon's start
+    does. Returns ``make_resident``'s answer (None if none)."""
     from ..runtime.scheduler import default_loaders, loader_pool
 
     loader_pool().set_size(default_loaders())
@@ -106,7 +107,16 @@ def daemon_state(device: str, device_pool_bytes: int = 0, resident_pipelines: in
     dev = get_device()
     if dev.pool is not None:
         dev.pool.wait_prefaulted(60)
-    return dev.make_resident(int(resident_pipelines)) if int(resident_pipelines or 0) > 0 else None
+    if int(resident_pipelines or 0) <= 0:
+        return None
+    st = dev.make_resident(int(resident_pipelines))
+    # as the daemon's start does after making the pipelines resident (``server.daemon._make_resident``): the
+    # Vulkan backend's modules and its kernels' host bindings imported before a Vulkan cold load comes (a bench
+    # child without it paid 20-60 ms of imports in its first load() on lavapipe, 2026-12-07)
+    from ..vulkan import import_load_path
+
+    import_load_path()
+    return st
 
 
 def median_ms(xs: list[float]) -> float:
