@@ -15,6 +15,7 @@ import inferd.vulkan
 from inferd.package import compile_model, read_plan
 from inferd.runtime import bindrec
 from inferd.vulkan import binds as vkbinds
+from vkutil import validated_shared_device
 from zoo_fixture import check_against_reference, zoo_reference
 
 pytestmark = [pytest.mark.vulkan,
@@ -26,17 +27,7 @@ SMALL = ["squeezenet1_1", "mobilenetv2"]
 
 @pytest.fixture(scope="module", autouse=True)
 def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from inferd.vulkan import device as vd
-
-    tmp = tmp_path_factory.mktemp("vkbinds")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MESA_SHADER_CACHE_DIR", str(tmp / "mesa"))
-        vd.close_shared_device()
-        dev = vd.get_device({"debug": True, "cache_dir": str(tmp / "cache")})
-        yield dev
-        errors = dev.validation_errors
-        vd.close_shared_device()
-    assert not errors, errors[:5]
+    yield from validated_shared_device(tmp_path_factory.mktemp("vkbinds"))
 
 
 def _package(name: str, root: Path) -> Path:

@@ -19,6 +19,7 @@ import inferd.vulkan
 from inferd.package import compile_model, read_plan, write_plan
 from inferd.planner.plan import PlanOptions
 from inferd.vulkan.slabs import MIN_SLAB
+from vkutil import validated_shared_device
 from zoo_fixture import check_against_reference, zoo_reference
 
 pytestmark = [pytest.mark.vulkan,
@@ -31,17 +32,7 @@ SMALL = ["squeezenet1_1", "mobilenetv2"]
 @pytest.fixture(scope="module", autouse=True)
 def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The process's shared device (what ``inferd.load`` uses), with validation and this module's own caches."""
-    from inferd.vulkan import device as vd
-
-    tmp = tmp_path_factory.mktemp("vkcold")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MESA_SHADER_CACHE_DIR", str(tmp / "mesa"))
-        vd.close_shared_device()
-        dev = vd.get_device({"debug": True, "cache_dir": str(tmp / "cache")})
-        yield dev
-        errors = dev.validation_errors
-        vd.close_shared_device()
-    assert not errors, errors[:5]
+    yield from validated_shared_device(tmp_path_factory.mktemp("vkcold"))
 
 
 def ref(name: str) -> tuple[Path, dict[str, np.ndarray], list[np.ndarray], list[str]]:

@@ -17,3 +17,20 @@ def validated_device(tmp: Path) -> Iterator[Any]:
     errors = dev.validation_errors
     dev.close()
     assert not errors, f"validation layer errors: {errors[:5]}"
+
+
+def validated_shared_device(tmp: Path) -> Iterator[Any]:
+    """As ``validated_device``, but the process's shared device (what ``inferd.load`` uses), opened anew with
+    validation on and closed after the module."""
+    import pytest
+
+    from inferd.vulkan import device as vd
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MESA_SHADER_CACHE_DIR", str(tmp / "mesa"))
+        vd.close_shared_device()
+        dev = vd.get_device({"debug": True, "cache_dir": str(tmp / "cache")})
+        yield dev
+        errors = dev.validation_errors
+        vd.close_shared_device()
+    assert not errors, errors[:5]
