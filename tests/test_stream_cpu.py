@@ -471,6 +471,7 @@ def test_compiled_streamed_model_runs_the_blocked_layout_inside_its_budget(tmp_p
     with the largest buffer its blocked convs allocate beside the arena counted against the budget; with
     INFERD_CPU_LAYOUT=nchw, or where the blocked graph does not fit the budget, the NCHW kernels."""
     from inferd import native
+    from inferd.package import cpu_graph
     from inferd.runtime import stream_compile
     from inferd.runtime.stream_compile import compile_streamed, open_streamed
 
@@ -480,8 +481,11 @@ def test_compiled_streamed_model_runs_the_blocked_layout_inside_its_budget(tmp_p
     ref = _ort(str(src), feeds)
     blocked = compile_streamed(src, 0, tmp_path / "b", in_child=False)
     ex = open_streamed(blocked, 0)
-    ops = {n.op for n in ex.graph.nodes}
-    assert "inferd.ConvNchwc" in ops and "Conv" not in ops
+    # the layout inferd.load runs on this machine: without the AVX-512 tiles (``layout._wide_tiles``) the 3x3s
+    # Winograd takes stay NCHW (on the 2-vCPU EPYC VM of 2026-12-07, resnet18's nine of them)
+    want = [(n.name, n.op) for n in cpu_graph(graph).nodes]
+    assert [(n.name, n.op) for n in ex.graph.nodes] == want
+    assert "inferd.ConvNchwc" in {op for _n, op in want}
     budget = ex.min_budget() + (1 << 20)
     scratch = max(k.native_scratch_nbytes(ly) for ly, k in ex.choice)
     assert ex.native_scratch == scratch and ex.memory_breakdown["native_scratch_bytes"] == scratch
@@ -524,23 +528,28 @@ def test_blocked_conv_scratch_is_its_padded_or_strided_copy():
 
 
 def test_a_budget_the_blocked_graph_fits_unsliced_is_not_sliced(tmp_path):
-    """resnet18 needs 18.1 MiB unsliced on the NCHW kernels (their im2col and Winograd workspaces) and 10.9 blocked:
-    compiled for 14 MiB it is not sliced (fit_config, which reckons with the NCHW kernels, would slice it), runs
-    blocked inside the budget and gives onnxruntime's outputs."""
+    """resnet18 needs 18.1 MiB unsliced on the NCHW kernels (their im2col and Winograd workspaces) and 10.9 blocked
+    (AVX-512; the Xeon VM): compiled for 14 MiB (or just above the blocked graph's own need) it is not sliced
+    (fit_config, which reckons with the NCHW kernels, would slice it), runs blocked inside the budget and gives
+    onnxruntime's outputs. Where the layout keeps the 3x3s on Winograd (no AVX-512 tiles) the blocked graph
+    needs what the NCHW one does, and there is nothing to show."""
     from inferd.planner.slicing import fit_config
     from inferd.runtime.stream import small_bytes
     from inferd.runtime.stream_compile import compile_streamed, open_streamed, read_skeleton
 
     src = zoo_dir(["resnet18"]) / "resnet18.onnx"
     graph = inferd.frontend.import_model(str(src))
-    budget = 14 << 20
-    assert fit_config(graph, budget - small_bytes(graph)).key()  # the NCHW kernels' slicing for it: not empty
+    ex = open_streamed(compile_streamed(src, 0, tmp_path / "whole", in_child=False), 0)
+    budget = max(14 << 20, ex.min_budget() + (1 << 20))
+    ex.close()
+    if not fit_config(graph, budget - small_bytes(graph)).key():  # the NCHW kernels' slicing for it
+        pytest.skip(f"the blocked graph needs as much as the NCHW one here ({budget / 2**20:.1f} MiB fits both)")
     skel = compile_streamed(src, budget, tmp_path, in_child=False)
     assert read_skeleton(skel)[1]["config"] == {"kernels": {}, "slices": {}, "in_slices": {}}
     ex = open_streamed(skel, budget, track=True)
     assert any(n.op == "inferd.ConvNchwc" for n in ex.graph.nodes)
     feeds = {t.name: np.random.default_rng(3).standard_normal(t.shape).astype(t.dtype) for t in graph.inputs}
-    _check(ex.run(feeds), _ort(str(src), feeds), [t.name for t in graph.outputs], "resnet18 at 14 MiB")
+    _check(ex.run(feeds), _ort(str(src), feeds), [t.name for t in graph.outputs], f"resnet18 at {budget} bytes")
     assert not ex.tracker.violations and ex.memory_bytes <= budget
     ex.close()
 
