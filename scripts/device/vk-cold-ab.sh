@@ -8,13 +8,15 @@ RES=${RES:-/tmp/vkab}; mkdir -p "$RES"
 MODELS=${MODELS:-squeezenet1_1,mobilenetv2}
 end=$(( $(date +%s) + ${DEADLINE:-420} ))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+# the tag names the card that ran (a call for an H200 may get an H100)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o "H[0-9]*" | tr A-Z a-z); gpu=${gpu:-gpu}
 round=1
 while [ $(( end - $(date +%s) )) -gt 200 ]; do
   for tree in base head; do
     PYTHONPATH=/tmp/pp/$tree timeout 150 python3 -m inferd.cli bench cold --device vulkan --models "$MODELS" \
-      --repeat 3 --no-ncnn --no-refined --no-plots --out "$RES" --tag "h200_${tree}_$round" --work "/tmp/cw_$tree" 2>&1 | tail -2
-    if grep -q "n/a (n/a-n/a)" "$RES"/*"h200_${tree}_$round.md"; then
-      grep -A3 "^Notes" "$RES"/*"h200_${tree}_$round.md" | cut -c1-400; exit 1
+      --repeat 3 --no-ncnn --no-refined --no-plots --out "$RES" --tag "${gpu}_${tree}_$round" --work "/tmp/cw_$tree" 2>&1 | tail -2
+    if grep -q "n/a (n/a-n/a)" "$RES"/*"${gpu}_${tree}_$round.md"; then
+      grep -A3 "^Notes" "$RES"/*"${gpu}_${tree}_$round.md" | cut -c1-400; exit 1
     fi
   done
   round=$(( round + 1 ))
