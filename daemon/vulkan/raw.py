@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from typing import Any, Sequence
 
 try:  # not through .device, which imports this module: the loader may be missing (then nothing here is called)
@@ -67,20 +66,6 @@ class _Held:
         self.submit = _held("vkQueueSubmit", _I, _P, _U, _P, _P)
         self.reset_fences = _held("vkResetFences", _I, _P, _U, _P)
         self.fence_status = _held("vkGetFenceStatus", _I, _P, _P)
-        # the cold path's short calls (``HELD_COLD``): recording, descriptor sets, texel views
-        self.bind_pipeline = _held("vkCmdBindPipeline", None, _P, _U, _P)
-        self.bind_sets = _held("vkCmdBindDescriptorSets", None, _P, _U, _P, _U, _U, _P, _U, _P)
-        self.push = _held("vkCmdPushConstants", None, _P, _P, _U, _U, _U, ctypes.c_char_p)
-        self.dispatch = _held("vkCmdDispatch", None, _P, _U, _U, _U)
-        self.barrier = _held("vkCmdPipelineBarrier", None, _P, _U, _U, _U, _U, _P, _U, _P, _U, _P)
-        self.allocate_sets = _held("vkAllocateDescriptorSets", _I, _P, _P, _P)
-        self.update_sets = _held("vkUpdateDescriptorSets", None, _P, _U, _P, _U, _P)
-        self.create_view = _held("vkCreateBufferView", _I, _P, _P, _P, _P)
-
-
-#: the cold path's short Vulkan calls (a dispatch's recording, a layer's descriptor sets and texel views) made with
-#: the GIL held as well: ``INFERD_VK_HELD=1`` (an experiment; see the module's docstring)
-HELD_COLD = os.environ.get("INFERD_VK_HELD", "0").strip() == "1"
 
 
 @functools.cache
@@ -111,10 +96,7 @@ def allocate_descriptor_sets(device: Any, pool: Any, layouts: Sequence[Any]) -> 
                                                      "descriptorPool": pool, "descriptorSetCount": n,
                                                      "pSetLayouts": ls})
     sets = ffi.new("VkDescriptorSet[]", n)
-    if HELD_COLD:
-        check(held().allocate_sets(addr(device), addr(info), addr(sets)))
-    else:
-        check(lib.vkAllocateDescriptorSets(device, info, sets))
+    check(lib.vkAllocateDescriptorSets(device, info, sets))
     return [ffi.new("VkDescriptorSet[1]", [sets[i]]) for i in range(n)]
 
 
@@ -133,10 +115,7 @@ def create_buffer_view(device: Any, buffer: Any, fmt: int, offset: int, nbytes: 
     info = ffi.new("VkBufferViewCreateInfo*", {"sType": vk.VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO,
                                                 "buffer": buffer, "format": fmt, "offset": offset, "range": nbytes})
     out = ffi.new("VkBufferView*")
-    if HELD_COLD:
-        check(held().create_view(addr(device), addr(info), None, addr(out)))
-    else:
-        check(lib.vkCreateBufferView(device, info, NULL, out))
+    check(lib.vkCreateBufferView(device, info, NULL, out))
     return out[0]
 
 
@@ -170,28 +149,15 @@ def update_descriptor_sets(device: Any, writes: Sequence[Write]) -> None:
             w.pBufferInfo = v
             w.descriptorCount = len(infos or ())
         keep.append(v)
-    if HELD_COLD:
-        held().update_sets(addr(device), len(writes), addr(arr), 0, None)
-    else:
-        lib.vkUpdateDescriptorSets(device, len(writes), arr, 0, NULL)
+    lib.vkUpdateDescriptorSets(device, len(writes), arr, 0, NULL)
 
 
 def cmd_bind_pipeline(cb: Any, pipeline: Any) -> None:
-    if HELD_COLD:
-        held().bind_pipeline(addr(cb), _COMPUTE_BIND, addr(pipeline))
-        return
     lib.vkCmdBindPipeline(cb, _COMPUTE_BIND, pipeline)
 
 
 def cmd_dispatch(cb: Any, layout: Any, dset: Any, push: bytes, groups: Sequence[int]) -> None:
     """Bind ``dset`` (a one-element array), push ``push`` (bytes, none when empty) and dispatch ``groups``."""
-    if HELD_COLD:
-        h, c, lay = held(), addr(cb), addr(layout)
-        h.bind_sets(c, _COMPUTE_BIND, lay, 0, 1, addr(dset), 0, None)
-        if push:
-            h.push(c, lay, _SHADER_STAGE, 0, len(push), push)
-        h.dispatch(c, groups[0], groups[1], groups[2])
-        return
     lib.vkCmdBindDescriptorSets(cb, _COMPUTE_BIND, layout, 0, 1, dset, 0, NULL)
     if push:
         lib.vkCmdPushConstants(cb, layout, _SHADER_STAGE, 0, len(push), ffi.from_buffer(push))
@@ -208,9 +174,6 @@ def cmd_barrier(cb: Any, src_stage: int, dst_stage: int, src_access: int, dst_ac
         b = _BARRIERS[(src_access, dst_access)] = ffi.new(
             "VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": src_access,
                                  "dstAccessMask": dst_access})
-    if HELD_COLD:
-        held().barrier(addr(cb), src_stage, dst_stage, 0, 1, addr(b), 0, None, 0, None)
-        return
     lib.vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, b, 0, NULL, 0, NULL)
 
 

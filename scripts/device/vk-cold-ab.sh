@@ -9,7 +9,7 @@ MODELS=${MODELS:-squeezenet1_1,mobilenetv2}
 end=$(( $(date +%s) + ${DEADLINE:-420} ))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # the tag names the card that ran (a call for an H200 may get an H100)
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o "H[0-9]*" | tr A-Z a-z); gpu=${gpu:-gpu}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o "H[0-9][0-9]*" | head -1 | tr A-Z a-z); gpu=${gpu:-gpu}
 round=1
 while [ $(( end - $(date +%s) )) -gt 200 ]; do
   for tree in base head; do

@@ -6,10 +6,10 @@ set -u
 [ "${VK_OK:-0}" = 1 ] || { echo "no Vulkan device: nothing run"; exit 1; }
 RES=${RES:-/tmp/vkvar}; mkdir -p "$RES"
 MODELS=${MODELS:-squeezenet1_1,mobilenetv2}
-VARIANTS=${VARIANTS:-"default:-:- held:INFERD_VK_HELD=1:- one:-:1 held_one:INFERD_VK_HELD=1:1"}
+VARIANTS=${VARIANTS:-"default:-:- one:-:1"}
 end=$(( $(date +%s) + ${DEADLINE:-420} ))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o "H[0-9]*" | tr A-Z a-z); gpu=${gpu:-gpu}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o "H[0-9][0-9]*" | head -1 | tr A-Z a-z); gpu=${gpu:-gpu}
 round=1
 while [ $(( end - $(date +%s) )) -gt 200 ]; do
   for v in $VARIANTS; do
