@@ -111,6 +111,11 @@ def _zero_view(a: np.ndarray) -> np.ndarray:
     return np.ndarray(a.shape, a.dtype, _ZEROS, 0, (0,) * a.ndim)
 
 
+def _meta(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What a prepared layer keeps of its params on the host: large arrays as zero-copy stand-ins of their shape."""
+    return {k: (_zero_view(a) if isinstance(a, np.ndarray) and a.nbytes > _META_MAX else a) for k, a in params.items()}
+
+
 @dataclass
 class _Prepared:
     """What ``prepare`` made for one layer (released on a swap and at close)."""
@@ -133,9 +138,6 @@ class _Prepared:
     #: the layer of another shape whose ``weights`` this one binds; ``users`` counts the holders of ours
     origin: "_Prepared | None" = None
     users: int = 1
-    #: made from the package's recorded binds (``vulkan.binds``), and the time its pipelines took then
-    replayed: bool = False
-    pipeline_s: float = 0.0
 
 
 class VulkanColdBackend:
@@ -362,9 +364,9 @@ class VulkanColdBackend:
             transform_s = T() - t0
             rec = self.binds.get(slot.layer.name) if self.binds else None
             got = vkbinds.parse(rec, kernel.name, params) if rec is not None else None
-            prep = self._replay(slot, kernel, params, got) if got is not None else None
-            if prep is not None:
-                pipeline_s = prep.pipeline_s
+            replayed = self._replay(slot, kernel, params, got) if got is not None else None
+            if replayed is not None:
+                prep, pipeline_s = replayed
             else:
                 dispatches = self._dispatches(slot, kernel, params)[0]
                 t0 = T()
@@ -372,7 +374,7 @@ class VulkanColdBackend:
                 pipeline_s = T() - t0
                 prep = self._place(slot, kernel, params, dispatches, pipes)
             self._prepared[pos] = prep
-        self._add(transform_s=transform_s, binds_replayed=int(got is not None and prep.replayed))
+        self._add(transform_s=transform_s, binds_replayed=int(replayed is not None))
         return {"transform_s": transform_s, "pipeline_s": pipeline_s}
 
     # ------------------------------------------------------------------ recorded binds (``vulkan.binds``)
@@ -404,10 +406,10 @@ class VulkanColdBackend:
         return out
 
     def _replay(self, slot: _Slot, kernel: VulkanKernel, params: Mapping[str, np.ndarray],
-                rec: "vkbinds.Parsed") -> "_Prepared | None":
-        """Layer ``slot`` prepared from its record: its pipelines, weights, bound dispatches and descriptor sets,
-        with no dispatch worked out and no binding resolved; None where the record does not fit the shaders'
-        manifests or the arena (the caller prepares it the usual way)."""
+                rec: "vkbinds.Parsed") -> "tuple[_Prepared, float] | None":
+        """Layer ``slot`` prepared from its record (its pipelines, weights, bound dispatches and descriptor sets,
+        with no dispatch worked out and no binding resolved) and the seconds its pipelines took; None where the
+        record does not fit the shaders' manifests or the arena (the caller prepares it the usual way)."""
         dev = self.device
         t0 = time.perf_counter()
         mods = self.shader_cache.get_many(rec.variants) if rec.variants else []
@@ -426,29 +428,31 @@ class VulkanColdBackend:
         self._add(pipeline_create_s=pipeline_s, pipelines_created=counts.get("created", 0),
                   pipeline_cache_hits=counts.get("cache_hits", 0))
         layer = slot.layer
-        prep = _Prepared(kernel, place={k: off for k, _a, off in rec.arrays},
-                         meta={k: (_zero_view(a) if isinstance(a, np.ndarray) and a.nbytes > _META_MAX else a)
-                               for k, a in params.items()})
-        prep.pipeline_s, prep.replayed = pipeline_s, True
+        prep = _Prepared(kernel, place={k: off for k, _a, off in rec.arrays}, meta=_meta(params))
         try:
-            t = time.perf_counter()
-            if rec.wsize:
-                region, prep.base = self._slabs.take(rec.wsize, layer.name)
-                prep.weights, prep.slabs, prep.wsize = region, self._slabs, rec.wsize
-                dev.upload([(region, prep.base + off, a) for _k, a, off in rec.arrays])
-            self._add(upload_s=time.perf_counter() - t)
+            self._upload(prep, self._slabs, rec.wsize, layer.name, [(off, a) for _k, a, off in rec.arrays])
+            # (a weights range where the layer has none was refused above: its end lies past wsize 0)
             w, base, pos = prep.weights, prep.base, slot.pos
             for (groups, independent, push, ranges), m, pipe, sp in zip(rec.entries, mods, pipes, rec.specs):
                 rs = [(act, off, n) if space == vkbinds.ACT else (w, base + off, n) for space, off, n in ranges]
-                if w is None and any(space != vkbinds.ACT for space, _o, _n in ranges):
-                    raise BackendError(f"node {layer.name}: a recorded binding names weights the layer has none of")
                 d = Dispatch(m.name, (), groups, dict(m.defines), sp, {}, independent)
                 prep.bound.append(Bound(pos, layer, kernel, d, pipe, rs, push))
             prep.dsets = bind_descriptors(dev, prep.bound, prep.views, self._descriptors)
         except BaseException:
             self._release(prep)
             raise
-        return prep
+        return prep, pipeline_s
+
+    def _upload(self, prep: _Prepared, slabs: WeightSlabs, total: int, name: str,
+                arrays: Sequence[tuple[int, np.ndarray]]) -> None:
+        """A range of ``total`` bytes from ``slabs`` for ``prep``'s weights, ``arrays`` written at their offsets in it
+        (none taken when ``total`` is 0)."""
+        t = time.perf_counter()
+        if total:
+            region, prep.base = slabs.take(total, name)
+            prep.weights, prep.slabs, prep.wsize = region, slabs, total
+            self.device.upload([(region, prep.base + off, a) for off, a in arrays])
+        self._add(upload_s=time.perf_counter() - t)
 
     def note_pipelines(self, pos: int, kernel_name: str) -> int:
         """Make (or find) the pipelines ``kernel_name`` runs layer ``pos`` with and list them as used (the device's
@@ -963,20 +967,13 @@ class VulkanColdBackend:
             def locate(t: str) -> tuple[Region, int, int]:
                 return act, plan.offset(t), infos[t].nbytes
             ws = (act, slot.ws) if slot.ws is not None else None
-        prep = _Prepared(kernel, place=place,
-                         meta={k: (_zero_view(a) if isinstance(a, np.ndarray) and a.nbytes > _META_MAX else a)
-                               for k, a in params.items()})
+        prep = _Prepared(kernel, place=place, meta=_meta(params))
         try:
-            t = time.perf_counter()
             if origin is not None:
                 origin.users += 1
                 prep.origin, prep.weights, prep.base = origin, origin.weights, origin.base
-            elif total:
-                slabs = slabs or self._slabs
-                region, prep.base = slabs.take(total, layer.name)
-                prep.weights, prep.slabs, prep.wsize = region, slabs, total
-                dev.upload([(region, prep.base + place[k], a) for k, a in arrays])
-            self._add(upload_s=time.perf_counter() - t)
+            else:
+                self._upload(prep, slabs or self._slabs, total, layer.name, [(place[k], a) for k, a in arrays])
             weights = {k: (prep.weights, prep.base + off) for k, off in place.items() if prep.weights is not None}
             prep.bound = bind_dispatches(dev, slot.pos, layer, kernel, dispatches, pipes, consts, locate, ws, params,
                                          weights)
