@@ -1394,8 +1394,9 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
 
     # the code a cold load runs, mapped while the daemon starts rather than faulted in from disk by the first
     # cold load after boot (one fault at a time, behind the weights that load reads)
-    threading.Thread(target=codepages.warm_start, kwargs={"rehearse": config.rehearse}, name="inferd-codepages",
-                     daemon=True).start()
+    warm = threading.Thread(target=codepages.warm_start, kwargs={"rehearse": config.rehearse}, name="inferd-codepages",
+                            daemon=True)
+    warm.start()
     if config.coexec_threads:  # read by inferd.coexec.load when a cpu+vulkan model loads
         os.environ["INFERD_COEXEC_THREADS"] = str(config.coexec_threads)
     prepare_cache_dir(config.cache_dir)
@@ -1403,9 +1404,10 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
         server = Server(config, cli, config_path, loader=loader)
     except ConfigError as exc:
         log.error("%s", exc)
+        _join_start([warm])
         return 2
     server.freeze_gc = True
-    server.start_resident_pipelines()
+    resident = server.start_resident_pipelines()
     try:
         server.bind()
     except (EndpointBusy, auth.ProtectedModeError, auth.KeysError) as exc:
@@ -1414,8 +1416,24 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
         if server.authenticator is not None:
             server.authenticator.stop()
         server.ctx.term()
+        _join_start([warm, resident])
         return 1 if isinstance(exc, EndpointBusy) else 2
     return server.run()
+
+
+#: how long a daemon that refuses to start waits for its start's background work before it exits
+START_JOIN_S = 30.0
+
+
+def _join_start(threads: "list[threading.Thread | None]") -> None:
+    """Wait (up to ``START_JOIN_S`` in all) for the start's background threads (the cold-load rehearsal, the
+    pipelines made resident) before a refused start returns. Why: they run native and Vulkan code and write the
+    log, and a process that exits under them can die at interpreter shutdown: a second daemon refused its endpoint
+    under the suite's load exited with SIGABRT once and SIGSEGV once (2026-12-07) instead of 1."""
+    end = time.monotonic() + START_JOIN_S
+    for t in threads:
+        if t is not None:
+            t.join(max(0.0, end - time.monotonic()))
 
 
 def _make_resident(limit: int) -> dict[str, Any] | None:
