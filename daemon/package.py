@@ -825,7 +825,10 @@ def prefetch_metadata(pkg: Path) -> None:
     """Ask the kernel for every small read an open makes, at once: ``plan.bin``, the store's header and
     its index (at the file's end), the recorded binds (the CPU's ``runtime.bindrec``, Vulkan's ``vulkan.binds``),
     instead of disk round trips one after another. Best effort."""
-    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL), ("binds.bin", None), ("vkbinds.bin", None)):
+    from .runtime.bindrec import FILE as BINDS
+    from .vulkan.binds import FILE as VK_BINDS
+
+    for name, tail in (("plan.bin", None), ("weights.store", _INDEX_TAIL), (BINDS, None), (VK_BINDS, None)):
         try:
             fd = os.open(pkg / name, os.O_RDONLY)
         except OSError:

@@ -946,7 +946,10 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
                                                           "timeline": False}, c.files, env=c.env, restore=c.restore),
                           opts.drop_mode, quiet_wait=0)
                 if c.key == "inferd":  # (0: no layer of this model could be recorded)
-                    f = Path(path) / ("binds.bin" if dev == "cpu" else "vkbinds.bin")
+                    from ..runtime.bindrec import FILE as BINDS
+                    from ..vulkan.binds import FILE as VK_BINDS
+
+                    f = Path(path) / (BINDS if dev == "cpu" else VK_BINDS)
                     res["binds_file_bytes"] = f.stat().st_size if f.is_file() else 0
             except (ChildError, OSError) as e:
                 errors[f"prime_binds_{c.key}"] = str(e)[:1500]
