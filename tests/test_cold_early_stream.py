@@ -135,3 +135,44 @@ def test_a_failing_set_up_stops_the_early_stream_and_the_next_load_is_whole(tmp_
         check_against_reference(model, name, "cold after a failed load", TOL)
         out = model.run(zoo_reference(name)[1])
         assert all(np.isfinite(o).all() for o in out.values())
+
+
+def test_a_reopen_still_asks_the_kernel_for_the_recorded_binds_first(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open whose plan and index this process has parsed reads neither again, but every load reads the package's
+    recorded binds: the reopen asks for those (and only those) ahead, as a first open asks for all of them."""
+    import os
+
+    from inferd.runtime import bindrec
+    from inferd.vulkan import binds as vkbinds
+
+    src = zoo_reference("squeezenet1_1")[0]
+    pkg = compile_model(src, tmp_path / "pkg", profile=False)
+    for name in (bindrec.FILE, vkbinds.FILE):
+        (pkg / name).write_bytes(b"x")  # present: a prefetch opens only what exists
+    asked: list[list[str]] = []
+    real = pkgmod.prefetch_metadata
+
+    def spy(p: Path, parsed: bool = False) -> None:
+        opened: list[str] = []
+        real_open = os.open
+
+        def rec_open(path: os.PathLike[str] | str, *a: object, **k: object) -> int:
+            opened.append(Path(path).name)
+            return real_open(path, *a, **k)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(pkgmod.os, "open", rec_open)
+        try:
+            real(p, parsed)
+        finally:
+            monkeypatch.setattr(pkgmod.os, "open", real_open)
+        asked.append(opened)
+
+    monkeypatch.setattr(pkgmod, "prefetch_metadata", spy)
+    for _ in range(2):
+        op = open_package(pkg, device="cpu", cold=True)
+        op.store.close()
+        if op.stream is not None:
+            op.stream.release()
+    assert sorted(asked[0]) == sorted(["plan.bin", "weights.store", bindrec.FILE, vkbinds.FILE])
+    assert sorted(asked[1]) == sorted([bindrec.FILE, vkbinds.FILE])
