@@ -47,8 +47,11 @@ except Exception as e:  # pragma: no cover - depends on the machine
     _IMPORT_ERROR = e
 
 VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
-#: uploads of at least this many bytes into mapped memory copy without the GIL (below, the call costs more)
-NOGIL_COPY = 64 << 10
+#: uploads of at least this many bytes into mapped memory copy without the GIL. Below, the copy keeps it: a thread
+#: that lets the GIL go while the loaders and the executor run Python waits up to the switch interval (0.5 ms in a
+#: cold load) to have it back, and 4 MiB take about that long to copy (the H100's BAR mapping took a 16 MiB memmove
+#: at 13-14 GB/s, where a cold load's uploads of 64 KiB and more had averaged 1.4 GB/s of wall time on the loaders)
+NOGIL_COPY = 4 << 20
 _TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}  # discrete, integrated, virtual, cpu, other
 _TYPE_NAME = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 

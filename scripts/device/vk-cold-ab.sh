@@ -14,7 +14,7 @@ round=1
 while [ $(( end - $(date +%s) )) -gt 200 ]; do
   for tree in base head; do
     PYTHONPATH=/tmp/pp/$tree timeout 150 python3 -m inferd.cli bench cold --device vulkan --models "$MODELS" \
-      --repeat 3 --no-ncnn --no-refined --no-plots --out "$RES" --tag "${gpu}_${tree}_$round" --work "/tmp/cw_$tree" 2>&1 | tail -2
+      --repeat 3 --no-ncnn --no-refined --no-plots ${EXTRA:-} --out "$RES" --tag "${gpu}_${tree}_$round" --work "/tmp/cw_$tree" 2>&1 | tail -2
     if grep -q "n/a (n/a-n/a)" "$RES"/*"${gpu}_${tree}_$round.md"; then
       grep -A3 "^Notes" "$RES"/*"${gpu}_${tree}_$round.md" | cut -c1-400; exit 1
     fi
