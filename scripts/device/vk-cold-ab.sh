@@ -5,6 +5,8 @@
 set -u
 [ "${VK_OK:-0}" = 1 ] || { echo "no Vulkan device: nothing run"; exit 1; }
 RES=${RES:-/tmp/vkab}; mkdir -p "$RES"
+# the device brings back at most 8 files of $OUT: every result goes into one tarball there, rewritten after each run
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/.results.tgz" -C "$RES" . && mv "$OUT/.results.tgz" "$OUT/results.tgz"; }
 MODELS=${MODELS:-squeezenet1_1,mobilenetv2}
 end=$(( $(date +%s) + ${DEADLINE:-420} ))
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -15,6 +17,7 @@ while [ $(( end - $(date +%s) )) -gt 200 ]; do
   for tree in base head; do
     PYTHONPATH=/tmp/pp/$tree timeout 150 python3 -m inferd.cli bench cold --device vulkan --models "$MODELS" \
       --repeat 3 --no-ncnn --no-refined --no-plots ${EXTRA:-} --out "$RES" --tag "${gpu}_${tree}_$round" --work "/tmp/cw_$tree" 2>&1 | tail -2
+    pack  # after every run: a call cut at its limit still brings back what ran
     if grep -q "n/a (n/a-n/a)" "$RES"/*"${gpu}_${tree}_$round.md"; then
       grep -A3 "^Notes" "$RES"/*"${gpu}_${tree}_$round.md" | cut -c1-400; exit 1
     fi

@@ -5,6 +5,8 @@
 set -u
 [ "${VK_OK:-0}" = 1 ] || { echo "no Vulkan device: nothing run"; exit 1; }
 RES=${RES:-/tmp/vkvar}; mkdir -p "$RES"
+# the device brings back at most 8 files of $OUT: every result goes into one tarball there, rewritten after each run
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/.results.tgz" -C "$RES" . && mv "$OUT/.results.tgz" "$OUT/results.tgz"; }
 MODELS=${MODELS:-squeezenet1_1,mobilenetv2}
 VARIANTS=${VARIANTS:-"default:-:- one:-:1"}
 end=$(( $(date +%s) + ${DEADLINE:-420} ))
@@ -18,6 +20,7 @@ while [ $(( end - $(date +%s) )) -gt 200 ]; do
     e=(); [ "$envs" = "-" ] || IFS=, read -r -a e <<< "$envs"
     env "${e[@]}" timeout 150 python3 -m inferd.cli bench cold --device vulkan --models "$MODELS" --repeat 3 --no-ncnn \
       --no-refined --no-reload --no-plots "${extra[@]}" --out "$RES" --tag "${gpu}_${name}_$round" --work "/tmp/cw_$name" 2>&1 | tail -1
+    pack  # after every run: a call cut at its limit still brings back what ran
   done
   round=$(( round + 1 ))
 done
