@@ -314,8 +314,11 @@ def test_endpoint_ownership(workdir: Path, daemon: DaemonProcess) -> None:
         assert "already" in second.log_text()
     finally:
         second.kill()
+    # (is_ready's own timeout is 1 s: under load the health request of a daemon that had just come up was answered
+    # later than that, and a ready daemon read as not ready: 2 failures in 8 with two busy loops on the 2-core VM,
+    # 0 in 6 with the clients' 10 s)
     with Client(daemon.endpoint, timeout=10) as c:
-        assert c.is_ready()
+        assert c.is_ready(timeout=10)
     # A stale socket file (bound, never listening, left behind by a crash) is removed.
     stale = workdir / "stale.sock"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -324,7 +327,7 @@ def test_endpoint_ownership(workdir: Path, daemon: DaemonProcess) -> None:
     assert stale.exists()
     with DaemonProcess(f"ipc://{stale}", workdir / "models", log_path=workdir / "stale.log") as d2:
         with Client(d2.endpoint, timeout=10) as c:
-            assert c.is_ready()
+            assert c.is_ready(timeout=10)
     assert "stale" in d2.log_text()
 
 
