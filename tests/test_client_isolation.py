@@ -46,7 +46,7 @@ from inferd_client.cli import main as inferctl
 ep, x_path, want_path = sys.argv[1:4]
 x = np.load(x_path)
 with Client(ep, timeout=20) as c:
-    assert c.is_ready()
+    assert c.is_ready(timeout=20)
     out = c.infer("tiny", {"input": x})
     np.testing.assert_allclose(out["output"], np.load(want_path), rtol=1e-5, atol=1e-6)
     try:

@@ -118,7 +118,7 @@ def test_a_cold_load_failing_half_way_leaves_the_others_serving(repo: Path) -> N
             out = c.infer(ok_model, {ok_inp: x})  # the daemon and its other models go on
             want = _ort(repo / "models" / f"{ok_model}.onnx", x)
             assert float(np.abs(next(iter(out.values())) - want).max() / np.abs(want).max()) <= TOL
-            assert c.is_ready()
+            assert c.is_ready(timeout=10)
 
 
 def test_the_cache_limit_is_kept_in_idle_time_after_a_load_never_deleting_a_package_in_use(tmp_path: Path) -> None:

@@ -195,7 +195,7 @@ def test_load_unload_reload_while_another_model_serves(daemon: DaemonProcess, lo
 
 def test_status_models_and_budget(daemon: DaemonProcess) -> None:
     with Client(daemon.endpoint, timeout=20) as c:
-        assert c.is_live() and c.is_ready()
+        assert c.is_live(timeout=20) and c.is_ready(timeout=20)
         before = c.status()["models"]["tiny"]
         for _ in range(5):
             c.infer("tiny", np.zeros((1, 3, 8, 8), np.float32))
@@ -342,7 +342,7 @@ def test_default_endpoint_is_shared(workdir: Path, monkeypatch) -> None:
             monkeypatch.setenv("RUNTIME_DIRECTORY", str(rt))
             monkeypatch.delenv("INFERD_ENDPOINT", raising=False)
             with Client(timeout=10) as c:  # no endpoint: the same default as the daemon's
-                assert c.endpoint == d.endpoint and c.is_ready()
+                assert c.endpoint == d.endpoint and c.is_ready(timeout=10)
         assert not (rt / "inferd.sock").exists()  # removed on clean exit
     finally:
         shutil.rmtree(rt, ignore_errors=True)

@@ -306,7 +306,7 @@ def test_sd_notify_protocol(tmp: Path) -> None:
         assert t_ready - t_start >= 0.5  # only after the preloaded model finished loading
         assert any("STATUS=loading" in m for t, m in msgs if t <= t_ready)
         with Client(ep, timeout=5) as c:
-            assert c.is_ready()
+            assert c.is_ready(timeout=5)
         time.sleep(1.0)
         dogs = [t for t, m in msgs if m == "WATCHDOG=1"]
         assert len(dogs) >= 4, len(dogs)  # every ~150 ms (WATCHDOG_USEC / 2)

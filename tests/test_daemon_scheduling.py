@@ -181,7 +181,7 @@ def test_models_run_concurrently_but_share_the_vulkan_device_safely(env) -> None
 def test_failed_load_is_reported_and_daemon_still_ready(env) -> None:
     daemon, _ = env
     with Client(daemon.endpoint, timeout=20) as c:
-        assert c.is_ready()
+        assert c.is_ready(timeout=20)
         m = {x["name"]: x for x in c.models()}["broken"]
         assert m["state"] == "UNAVAILABLE" and "weights are corrupted" in m["reason"]
         with pytest.raises(Unavailable, match="weights are corrupted"):
