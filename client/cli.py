@@ -156,6 +156,17 @@ def format_status(st: dict[str, Any]) -> str:
             lines.append(f"  {name}: runs on {who} (median {th['alone_us']} us on one, {th.get('pool_us')} us on "
                          f"{th.get('pool')})")
     for name, m in models.items():
+        rg = m.get("registration")
+        if isinstance(rg, dict) and m.get("state") == "UNLOADED" and rg.get("state") != "skipped":
+            # a model that waits for its first request: whether it was prepared for it (package, plan parsed)
+            if rg.get("state") == "done":
+                did = [w for w, k in (("compiled", "compiled"), ("profiled", "profiled"), ("plan parsed", "parsed"))
+                       if rg.get(k)]
+                lines.append(f"  {name}: registered in {rg.get('ms')} ms ({', '.join(did) or rg.get('note') or '-'})")
+            else:
+                err = f": {rg['error']}" if rg.get("error") else ""
+                lines.append(f"  {name}: registration {rg.get('state')}{err}")
+    for name, m in models.items():
         if m.get("reason") and m.get("state") != "READY" or "failed" in (m.get("reason") or ""):
             lines.append(f"  {name}: {m['reason']}")
     return "\n".join(lines)

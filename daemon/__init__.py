@@ -9,7 +9,7 @@ __version__ = "0.2.0"
 
 from .errors import (BackendError, InferdError, InputError, KernelError, ModelFormatError,  # noqa: F401
                      ShapeError, UnsupportedOpError, WeightsStoreError)
-from .runtime.model import Model, load  # noqa: F401
+from .runtime.model import Model, Registration, load, register  # noqa: F401
 
 # the cold path's modules are imported with inferd, not by the first load: a daemon has them anyway,
 # and a process measuring a cold load should not find Python compiling them inside its timer

@@ -82,6 +82,12 @@ class Config:
                                "other models are not starved (0: half the pool)", default=0, minimum=0)
     preload: bool = _opt("bool", "load every repository model at start (a model's config.toml can override)",
                          default=True)
+    register: bool = _opt("bool", "prepare every repository model that is not preloaded for its first request, in "
+                          "idle time after the start: its package compiled where missing or stale, its plan parsed "
+                          "(its first request then reads only weights and never compiles)", default=True)
+    register_profile: bool = _opt("bool", "registering a model also profiles its package on this device where it was "
+                                  "planned from predictions (seconds of idle CPU a model, between requests), so "
+                                  "that its first load follows measured costs", default=True)
     max_queue: int = _opt("int", "default per-model queue cap; a full queue answers UNAVAILABLE",
                           default=64, minimum=1)
     max_message_bytes: int = _opt("size", "largest request accepted (header + tensors)",

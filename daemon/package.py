@@ -1159,6 +1159,20 @@ def package_key(src: Path, batch: int, device: str, extra: str = "") -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
+def cached_package_path(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1, device: str = "cpu",
+                        kernels: dict[str, str] | None = None, shapes: dict[str, tuple[int, ...]] | None = None,
+                        precision: str = "fp32", fp32_layers: tuple[str, ...] | list[str] = (),
+                        fp16_arithmetic: bool = False) -> Path:
+    """Where ``cached_package`` keeps the package of ``src`` compiled with these options (whether or not it is
+    there): the source's content and the options in the directory's name."""
+    src = Path(src)
+    extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
+    if precision != "fp32":  # fp32 keeps the key it always had
+        extra += f"|precision={precision}|fp32_layers={sorted(fp32_layers)}"
+        extra += "" if fp16_arithmetic else "|fp32-arith"
+    return Path(cache_root) / f"{src.stem}-{package_key(src, batch, device, extra)}"
+
+
 def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch: int = 1,
                    device: str = "cpu", kernels: dict[str, str] | None = None,
                    shapes: dict[str, tuple[int, ...]] | None = None, rebuild: bool = False,
@@ -1172,10 +1186,7 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     cannot be written now), None instead of compiling."""
     src = Path(src)
     root = Path(cache_root)
-    extra = json.dumps([kernels or {}, {k: list(v) for k, v in (shapes or {}).items()}], sort_keys=True)
-    if precision != "fp32":  # fp32 keeps the key it always had
-        extra += f"|precision={precision}|fp32_layers={sorted(fp32_layers)}" + ("" if fp16_arithmetic else "|fp32-arith")
-    pkg = root / f"{src.stem}-{package_key(src, batch, device, extra)}"
+    pkg = cached_package_path(src, root, batch, device, kernels, shapes, precision, fp32_layers, fp16_arithmetic)
     if not rebuild and parsed_cached(pkg):
         return pkg  # its header was checked when that version was parsed: no disk read for a reload
     if (pkg / "plan.bin").is_file() and not rebuild:
@@ -1187,10 +1198,30 @@ def cached_package(src: str | os.PathLike, cache_root: str | os.PathLike, batch:
     if not write:
         return None
     root.mkdir(parents=True, exist_ok=True)
-    # a model met for the first time is planned from predictions when this device has a predictor: no
-    # profiling on the registration path; the loaded model profiles in idle time (profile_package)
-    return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes, profile="auto",
-                         precision=precision, fp32_layers=tuple(fp32_layers), fp16_arithmetic=fp16_arithmetic)
+    with _compile_lock(pkg):
+        # a daemon registering this model in idle time and a request loading it may both get here: the second
+        # waits for the first's compile and takes its package (compiling again would cost seconds for nothing)
+        if not rebuild and (pkg / "plan.bin").is_file():
+            try:
+                check_plan_head(pkg / "plan.bin")
+                return pkg
+            except WeightsStoreError:
+                pass
+        # a model met for the first time is planned from predictions when this device has a predictor: no
+        # profiling on the registration path; the model profiles in idle time (profile_package)
+        return _compile_into(src, pkg, device=device, batch=batch, kernels=kernels, shapes=shapes, profile="auto",
+                             precision=precision, fp32_layers=tuple(fp32_layers), fp16_arithmetic=fp16_arithmetic)
+
+
+#: one lock per package path this process has compiled (a daemon compiles a few: kept, not dropped)
+_compile_locks: dict[str, threading.Lock] = {}
+_compile_locks_mu = threading.Lock()
+
+
+def _compile_lock(pkg: Path) -> threading.Lock:
+    """Held while this process compiles ``pkg``."""
+    with _compile_locks_mu:
+        return _compile_locks.setdefault(str(pkg), threading.Lock())
 
 
 def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:

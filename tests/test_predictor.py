@@ -649,6 +649,51 @@ def test_a_model_planned_from_predictions_switches_to_its_profiled_kernels(train
         m.close()
 
 
+def test_a_registered_model_is_profiled_before_its_first_request(trained: tuple[Predictor, Trainer], tmp_path,
+                                                                 monkeypatch) -> None:
+    """What the daemon does for a model it does not preload (``inferd.register(profile=True)``, issue 10's
+    registration): met for the first time, its package is planned from predictions, then profiled on this device
+    before any request, and the plan its first load parses is the profiled one (the load reads no plan.bin). A
+    registration told to stop gives the profiling up, stores nothing, and says so."""
+    pred, _ = trained
+    from inferd import package as package_mod
+    from inferd.frontend import import_template, specialize
+    from inferd.package import read_plan
+    from inferd.runtime.cpu import CpuExecutor
+
+    import inferd
+
+    monkeypatch.setenv("INFERD_PREDICTOR_DIR", str(tmp_path / "pred"))
+    pred.save(tmp_path / "pred" / "cpu.ipred")
+    spec = VariantSpec("mobilenetv2", 0.35, 64, 0.5, 3)
+    src = tmp_path / "m.onnx"
+    src.write_bytes(build_variant(spec).SerializeToString())
+    cache = tmp_path / "cache"
+    first = inferd.register(src, cache_dir=cache)
+    assert first.compiled and not first.profiled and first.package is not None
+    assert read_plan(first.package / "plan.bin")["costs"] == "predicted"
+    stopped = inferd.register(src, cache_dir=cache, profile=True, stop=lambda: True)
+    assert not stopped.profiled and "put off" in stopped.note
+    assert read_plan(first.package / "plan.bin")["costs"] == "predicted"
+    r = inferd.register(src, cache_dir=cache, profile=True)
+    assert r.profiled and not r.compiled and r.parsed and r.package == first.package
+    d = read_plan(r.package / "plan.bin")
+    assert d["costs"] == "profiled" and d["profile"] is not None
+    reads: list[str] = []
+    real_read = package_mod._read_plan
+    monkeypatch.setattr(package_mod, "_read_plan", lambda p, *a, **k: (reads.append(str(p)), real_read(p, *a, **k))[1])
+    x = {"input": np.random.default_rng(0).standard_normal(spec.input_shape).astype(np.float32)}
+    want = CpuExecutor(specialize(import_template(build_variant(spec)))).run(x)["output"]
+    m = inferd.load(src, cache_dir=cache)
+    try:
+        assert reads == [] and m.package == r.package
+        np.testing.assert_allclose(m.run(x)["output"], want, rtol=1e-3, atol=1e-4)
+        assert m.refine_done is None or m.refine_done.wait(60)  # (nothing left to profile after its answer)
+    finally:
+        m.close()
+    assert read_plan(r.package / "plan.bin")["costs"] == "profiled"
+
+
 def test_idle_profiling_yields_to_requests_and_to_close(trained: tuple[Predictor, Trainer], tmp_path,
                                                         monkeypatch) -> None:
     """A package planned from predictions profiles itself between requests only: under a foreground that is never

@@ -206,6 +206,10 @@ if eng == "inferd":
         from inferd.package import parsed_cached
         from inferd.store import index_cached
         _reload_cached = parsed_cached(_P(spec["path"])) and index_cached(_P(spec["path"]) / "weights.store")
+    if spec.get("register"):
+        # a model of a daemon's repository asked for the first time: the daemon registered it at its start
+        # (``ModelSlot.register``: its package validated, plan and store index parsed; no weight read)
+        _registered = inferd.register(spec["path"], device=device).parsed
 elif eng == "ort":
     import onnxruntime as ort
     so = ort.SessionOptions(); so.intra_op_num_threads = threads; so.log_severity_level = 3
@@ -246,6 +250,8 @@ if eng == "inferd":
     res["load_call_ms"] = (t_load - t0) * 1e3
     if spec.get("reload"):
         res["reload_cached"] = _reload_cached  # the parsed plan and index the load was to take were there
+    if spec.get("register"):
+        res["registered"] = _registered
     if device == "vulkan":
         res["resident_pipelines"] = _resident
     res["cold_stats"] = {k: v for k, v in dict(m.cold_stats).items() if isinstance(v, (int, float, str))}
@@ -757,6 +763,9 @@ class BenchOptions:
     #: also measure a reload: the package loaded again in a process that served it before (a daemon's model that
     #: its memory budget or an unload dropped), its files evicted as for every run
     reload: bool = True
+    #: also measure the first load of a model the daemon registered at its start (``inferd.register``: the package's
+    #: plan and store index parsed, no weight read), its files evicted as for every run
+    registered: bool = True
     #: measure with the package's binds recorded by a load before the rounds, and its first load without
     binds: bool = True
     #: Vulkan: pipelines the inferd child makes resident before the request, as the daemon does at its start
@@ -866,6 +875,11 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
             configs.append(Config("inferd_reload", {**base_spec, "engine": "inferd", "path": str(p),
                                                     "options": _ablation_options(None), "loaders": opts.loaders,
                                                     "reload": True, "timeline": False}, files, env=env, restore=snap))
+        if opts.registered:
+            configs.append(Config("inferd_registered", {**base_spec, "engine": "inferd", "path": str(p),
+                                                        "options": _ablation_options(None), "loaders": opts.loaders,
+                                                        "register": True, "timeline": False}, files, env=env,
+                                  restore=snap))
         if dev == "vulkan" and opts.resident_pipelines > 0:
             # the same package in a daemon whose device has none of its pipelines yet (it never served the model
             # since its start, or it was started with resident_pipelines = 0)
@@ -1035,6 +1049,9 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
     reloaded = summ.get("inferd_reload", {}).get("cold_ms")
     if reloaded:
         res["ratios_reload"] = goal_ratios(reloaded, inferd_warm, floor, peers)
+    registered = summ.get("inferd_registered", {}).get("cold_ms")
+    if registered:
+        res["ratios_registered"] = goal_ratios(registered, inferd_warm, floor, peers)
     res["package_rewritten_runs"] = sum(1 for k, rs in runs.items() if k.startswith("inferd")
                                         for x in rs if x.get("package_rewritten"))
     if opts.ablation and inferd_cold:
@@ -1279,6 +1296,21 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"| {n} | {fmt(i.get('cold_ms'))} | {fmt(rl.get('cold_ms'))} ({_range(rl)}) | "
                          f"{fmt(ratio(rl.get('cold_ms'), i.get('cold_ms')), '.2f')} | "
                          f"{fmt(q.get('cold_vs_peer'), '.2f')} | {fmt(q.get('cold_vs_floor'), '.2f')} |")
+    if any("inferd_registered" in r.get("summary", {}) for r in data["models"].values()):
+        lines += ["", "Registered: the first request for a model of a daemon's repository that the daemon registered "
+                  "at its start (`inferd.register`, what `ModelSlot.register` runs in idle time for every model it "
+                  "does not preload: the package validated, its plan and store index parsed, no weight read), its "
+                  "files evicted as for every run. The cold column above is a model the daemon never saw before "
+                  "the request.", "",
+                  "| model | inferd cold ms | registered ms (range) | registered / cold | registered / best peer | "
+                  "registered / max(floor, warm) |", "|---|---:|---:|---:|---:|---:|"]
+        for n, r in data["models"].items():
+            s, i = r.get("summary", {}), r.get("inferd", {})
+            rg = s.get("inferd_registered", {})
+            q = r.get("ratios_registered") or {}
+            lines.append(f"| {n} | {fmt(i.get('cold_ms'))} | {fmt(rg.get('cold_ms'))} ({_range(rg)}) | "
+                         f"{fmt(ratio(rg.get('cold_ms'), i.get('cold_ms')), '.2f')} | "
+                         f"{fmt(q.get('cold_vs_peer'), '.2f')} | {fmt(q.get('cold_vs_floor'), '.2f')} |")
     if data.get("ablation"):
         lines += ["", "Ablation: inferd cold with one technique off (everything else on); loss = slow-down "
                   "against the full configuration.", "",
@@ -1388,6 +1420,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip the recorded binds (no priming load, no first-load figure)")
     p.add_argument("--no-reload", action="store_true",
                    help="skip measuring a reload (the package loaded again by a process that served it before)")
+    p.add_argument("--no-registered", action="store_true",
+                   help="skip measuring the first load of a model the daemon registered at its start")
     p.add_argument("--warm-runs", type=int, default=30)
     p.add_argument("--host-pool", type=float, default=256,
                    help="MiB of host pool the inferd child faults in before the request, as the daemon does at its "
@@ -1418,6 +1452,7 @@ def main(argv: list[str] | None = None) -> int:
                         background=args.background, warm_runs=args.warm_runs, threads=args.threads,
                         loaders=args.loaders, quiet_wait=args.quiet_wait, patience_s=args.patience,
                         refined=not args.no_refined, reload=not args.no_reload, binds=not args.no_binds,
+                        registered=not args.no_registered,
                         host_pool=int(args.host_pool * (1 << 20)),
                         device_pool=int(args.device_pool * (1 << 20)), rehearse=not args.no_rehearse,
                         resident_pipelines=max(0, args.resident_pipelines))

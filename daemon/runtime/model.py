@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,8 +26,6 @@ from .scheduler import foreground
 from .threads import ThreadChoice
 
 if TYPE_CHECKING:
-    from typing import Callable
-
     from .cold import ColdLoad
 
 log = logging.getLogger(__name__)
@@ -535,6 +533,147 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _shapes_list(shapes: Any) -> list[dict[str, Any]]:
+    """``load``'s ``shapes`` (one mapping, a list of them, or None) as a list."""
+    return [dict(shapes)] if isinstance(shapes, Mapping) else [dict(s) for s in (shapes or [])]
+
+
+@dataclass(frozen=True)
+class _PackageKey:
+    """What names a model's package in a cache: the device, batch, forced kernels, first shape and precision
+    options. One place for ``load`` and ``register``, so a registered package is the one the load then opens."""
+
+    device: str
+    batch: int
+    kernels: dict[str, str] | None
+    shapes: dict[str, tuple[int, ...]] | None
+    precision: str
+    fp32_layers: tuple[str, ...]
+    fp16_arithmetic: bool
+
+    @staticmethod
+    def of(dev: str, batch: int, kernels: dict[str, str] | None, todo: list[dict[str, Any]],
+           options: Mapping[str, Any]) -> "_PackageKey":
+        from ..planner.precision import check_precision
+
+        # precision ("fp32", "fp16", "auto"; with fp32_layers, precision_guard) is planned by the backend from
+        # the device's features, or read from a package's plan
+        asked = options.get("precision")
+        first = {k: tuple(int(x) for x in v) for k, v in todo[0].items()} if todo else None
+        return _PackageKey(dev, batch, kernels, first, check_precision(str(asked)) if asked is not None else "fp32",
+                           tuple(options.get("fp32_layers") or ()), bool(options.get("fp16_arithmetic", False)))
+
+    def path(self, src: Path, cache_dir: Path) -> Path:
+        from ..package import cached_package_path
+
+        return cached_package_path(src, cache_dir, self.batch, self.device, self.kernels, self.shapes,
+                                   self.precision, self.fp32_layers, self.fp16_arithmetic)
+
+    def package(self, src: Path, cache_dir: Path, rebuild: bool = False, write: bool = True) -> Path | None:
+        from ..package import cached_package
+
+        return cached_package(src, cache_dir, batch=self.batch, device=self.device, kernels=self.kernels,
+                              shapes=self.shapes, rebuild=rebuild, write=write, precision=self.precision,
+                              fp32_layers=self.fp32_layers, fp16_arithmetic=self.fp16_arithmetic)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What ``register`` did for one model."""
+
+    #: the package its loads will open (None: its loads take no package: an ONNX file without a cache, a model
+    #: co-executed on the CPU and the GPU, a model the cache cannot hold)
+    package: Path | None
+    #: the package was compiled (or rebuilt: stale, damaged) now
+    compiled: bool
+    #: the package was profiled on this device now (it had been planned from predictions)
+    profiled: bool
+    #: its plan and store index are parsed in this process now (a load skips reading and parsing them)
+    parsed: bool
+    seconds: float
+    note: str = ""
+
+
+def register(path: "str | os.PathLike", device: str = "cpu", batch: int = 1,
+             kernels: dict[str, str] | None = None,
+             shapes: "Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]] | None" = None,
+             cache_dir: str | os.PathLike | None = None, profile: bool = False,
+             stop: "Callable[[], bool] | None" = None, **options: Any) -> Registration:
+    """Make a model's first ``load`` (same arguments) read nothing but its weights: what a daemon does for the
+    models of its repository before anyone asks for them. Its package is compiled into ``cache_dir`` where it is
+    missing, stale or damaged (planned from predictions, as a first load would), validated for this device, and
+    its plan and store index are parsed into the process's memos (``package._parsed``, ``store._indexes``; on the
+    2-core VM this is 5-10 ms of a first cold load's set-up: resnet18 0.76 -> 0.63x onnxruntime's cold in the
+    reload rounds of ``inferd bench cold``, which skip the same parse). No weight is read. ``profile``: a package
+    planned from predictions is also profiled on this device now (seconds of CPU, between requests only: see
+    ``package.profile_package``; ``stop()`` true gives up), so that the first load follows measured costs.
+
+    Raises what the load would (a broken ONNX file, a package for options the cache cannot give); a package that
+    cannot be rebuilt is reported so, and its load fails the same way."""
+    from ..backends.base import transformed_key
+    from ..package import fingerprint, open_package, parsed_cached, profile_package, rebuild_package
+
+    t0 = time.perf_counter()
+    if device == "cpu+vulkan":
+        return Registration(None, False, False, False, 0.0, "co-executed: planned at each load, no package")
+    dev = resolve_device(device)
+    key = _PackageKey.of(dev, batch, kernels, _shapes_list(shapes), options)
+    src = Path(path)
+    compiled = False
+    if src.is_dir():
+        pkg: Path | None = src
+        rebuild: Callable[[], Path | None] = lambda: rebuild_package(src, device=dev, batch=batch, kernels=kernels)
+    elif cache_dir is not None and src.is_file():
+        cdir = cache.holder(cache_dir)
+        at = key.path(src, Path(cache_dir))
+        had = (at / "plan.bin").is_file()
+        try:
+            pkg = key.package(src, Path(cache_dir), write=cdir.writable())
+        except PackageUnsupported as e:
+            return Registration(None, False, False, False, time.perf_counter() - t0, f"not cached: {e}")
+        if pkg is None:
+            return Registration(None, False, False, False, time.perf_counter() - t0,
+                                f"the cache {cdir.root} is {cdir.state}: nothing compiled")
+        compiled = not had
+        rebuild = lambda: key.package(src, Path(cache_dir), rebuild=True, write=cdir.writable())  # noqa: E731
+    else:
+        return Registration(None, False, False, False, 0.0, "no package cache: compiled at each load")
+
+    current = fingerprint(dev)
+
+    def opened() -> Any:
+        op = open_package(pkg, device=dev, batch=batch, kernels=kernels, current=current,
+                          precision=options.get("precision"))
+        op.store.close()  # (its index stays parsed; nothing else of it is wanted)
+        return op
+
+    try:
+        op = opened()
+    except PackageOptionsError:
+        raise
+    except WeightsStoreError as e:
+        log.warning("compiled package %s is unusable (%s); rebuilding it", pkg, e)
+        pkg = rebuild()
+        if pkg is None:
+            raise WeightsStoreError(f"{src}: its package is unusable ({e}) and the cache cannot be written now") from e
+        compiled = True
+        op = opened()
+    profiled, note = False, ""
+    if profile and op.meta.get("costs") == "predicted":
+        from .profiler import IdleBusy
+
+        held = {(e.layer, e.kernel) for e in op.store.entries.values() if e.variant == "transformed"}
+        try:
+            new = profile_package(pkg, dev, op.plan, lambda layer, k: (layer, transformed_key(dev, k)) in held,
+                                  stop=stop)
+        except IdleBusy:  # the model's own load profiles it after its first answer, as without registration
+            new, note = None, "profiling put off: requests left no quiet moment, or it was stopped"
+        if new is not None:
+            profiled = True
+            opened()  # plan.bin was rewritten: parse the new one
+    return Registration(pkg, compiled, profiled, parsed_cached(pkg), time.perf_counter() - t0, note)
+
+
 def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu", batch: int = 1,
          kernels: dict[str, str] | None = None,
          shapes: "Mapping[str, Sequence[int]] | Sequence[Mapping[str, Sequence[int]]] | None" = None,
@@ -554,23 +693,15 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
     at (unset: the batch at ``batch``, other dynamic dimensions at 224), the others are prepared after
     the load; any other shape is prepared at its first run. ``max_variants`` bounds the shapes kept besides
     the first; ``max_shape`` bounds each input's dimensions (a run beyond them is refused)."""
-    from ..package import cached_package
-    from ..planner.precision import check_precision
-
     if device == "cpu+vulkan":  # CPU-GPU co-execution (inferd.coexec): its own load path, no package
         return _load_coexec(path, batch, kernels, name, shapes, options)
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    # precision ("fp32", "fp16", "auto"; with fp32_layers, precision_guard) is planned by the backend from
-    # the device's features, or read from a package's plan
-    asked = options.get("precision")
-    precision = check_precision(str(asked)) if asked is not None else "fp32"
-    fp32_layers = tuple(options.get("fp32_layers") or ())
-    fp16_arith = bool(options.get("fp16_arithmetic", False))
     in_memory = not isinstance(path, (str, os.PathLike))
     opt = cold or PlanOptions()
-    todo = [dict(shapes)] if isinstance(shapes, Mapping) else [dict(s) for s in (shapes or [])]
-    first = {k: tuple(int(x) for x in v) for k, v in todo[0].items()} if todo else None
+    todo = _shapes_list(shapes)
+    key = _PackageKey.of(dev, batch, kernels, todo, options)
+    first = key.shapes
 
     def finish(m: Model) -> Model:
         if max_variants is not None:
@@ -596,18 +727,14 @@ def load(path: "str | os.PathLike | bytes | onnx.ModelProto", device: str = "cpu
             if not cdir.writable():
                 raise WeightsStoreError(f"the cache {cdir.root} is {cdir.state}: not rebuilding there")
             try:
-                return cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                      rebuild=True, precision=precision, fp32_layers=fp32_layers,
-                                      fp16_arithmetic=fp16_arith)
+                return key.package(src, Path(cache_dir), rebuild=True)  # type: ignore[return-value]
             except OSError as e:
                 cdir.report(e, f"rebuilding the package of {src.name}")
                 raise WeightsStoreError(f"rebuilding the package of {src} failed: {e}") from e
         try:
             # a cache that failed lately is not written (each try would compile twice); reading a
             # package already there still works on a read-only one
-            pkg = cached_package(src, Path(cache_dir), batch=batch, device=dev, kernels=kernels, shapes=first,
-                                 write=cdir.writable(), precision=precision, fp32_layers=fp32_layers,
-                                 fp16_arithmetic=fp16_arith)
+            pkg = key.package(src, Path(cache_dir), write=cdir.writable())
             if pkg is not None:
                 cache.touch(pkg)
                 return finish(_from_package(pkg, dev, batch, kernels, name or src.stem, opt, loaders, options, t0,

@@ -434,8 +434,9 @@ IO_WORKERS = ("io", "io2")
 
 
 def worker(name: str) -> Worker:
-    """The process's worker ``name``: 'io' and 'io2' (streaming reads), 'aux' (prefaulting) or 'idle'
-    (nice 19: the warm switch, refining plans, after a first answer)."""
+    """The process's worker ``name``: 'io' and 'io2' (streaming reads), 'aux' (prefaulting), 'idle' (nice 19: the
+    warm switch, refining plans, after a first answer) or 'register' (nice 19: a daemon's models prepared for their
+    first request, seconds of compiling each, which would otherwise hold up the idle worker's warm switches)."""
     with _pool_lock:
         return _worker_locked(name)
 
@@ -443,7 +444,7 @@ def worker(name: str) -> Worker:
 def _worker_locked(name: str) -> Worker:
     w = _workers.get(name)
     if w is None:
-        w = _workers[name] = Worker(f"inferd-{name}", nice=19 if name == "idle" else 0)
+        w = _workers[name] = Worker(f"inferd-{name}", nice=19 if name in ("idle", "register") else 0)
     return w
 
 

@@ -45,7 +45,8 @@ from .replies import ReplySender
 from .. import cache, faults
 from ..runtime import heap
 from ..runtime.heap import process_rss
-from .scheduler import _SHARED_DEVICES, LOADING, READY, RECOVERING, UNAVAILABLE, ClientShares, DeviceLock, Job, ModelSlot
+from .scheduler import (_SHARED_DEVICES, LOADING, READY, RECOVERING, UNAVAILABLE, UNLOADED, ClientShares, DeviceLock,
+                        Job, ModelSlot)
 from .sdnotify import Notifier, setup_logging
 
 log = logging.getLogger("inferd.server")
@@ -89,6 +90,17 @@ def default_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: s
     import inferd
 
     return inferd.load(path, device=device, batch=batch, cache_dir=cache_dir, **dynamic)
+
+
+def default_register(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None,
+                     **kw: Any) -> Any:
+    """``default_loader``'s ``register``: ``inferd.register`` (``kw``: its options and the model's config's)."""
+    import inferd
+
+    return inferd.register(path, device=device, batch=batch, cache_dir=cache_dir, **kw)
+
+
+default_loader.register = default_register  # type: ignore[attr-defined]
 
 
 def apply_threads(n: int) -> None:
@@ -217,6 +229,10 @@ class Server:
         # compiled packages (plan, profile, weights store) live in the cache; every loader is given it
         self.packages_dir = str(Path(config.cache_dir) / "packages")
         self.loader = functools.partial(loader or default_loader, cache_dir=self.packages_dir)
+        #: prepares a model that is not preloaded for its first request (``ModelSlot.register``): the loader's
+        #: ``register`` (``inferd.register`` for the default one), None where it has none or the config says not to
+        self.registrar: Callable[..., Any] | None = (getattr(loader or default_loader, "register", None)
+                                                     if config.register else None)
         self.cache = cache.cache_dir(config.cache_dir)
         if self.cache.probe() == cache.OK:
             cache.clean_leftovers(config.cache_dir)
@@ -379,12 +395,16 @@ class Server:
                 if slot.preload:
                     self._pending_preload.add(name)
                     slot.request_load(None)
+                else:
+                    slot.register()
             elif entry != slot.entry:
                 slot.entry = entry
                 log.info("model %s: changed on disk", name)
                 if slot.state in (READY, LOADING) or (slot.state == UNAVAILABLE and slot.preload):
                     self._pending_preload.add(name)
                     slot.request_load(None, reload=True)
+                elif slot.state == UNLOADED:
+                    slot.register()
         self._retired = [s for s in self._retired if s._thread.is_alive()]
 
     def _check_ready(self) -> None:
@@ -838,7 +858,7 @@ class Server:
                             "cold": s.cold_stats(), "warm": s.warm(), "known_bytes": s.known_bytes,
                             "evictions": s.evictions,
                             "idle_s": round(time.monotonic() - s.last_used, 3) if s.last_used else None,
-                            **s._coexec_info(), **s.threads_info()}
+                            **s._coexec_info(), **s.threads_info(), **s.registration_info()}
         rss = process_rss()
         from ..package import parsed_stats
         from ..runtime import hostpool

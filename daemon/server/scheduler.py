@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -369,6 +369,8 @@ class ModelSlot:
         self._load_waiters: list[tuple[bytes, P.RequestId]] = []
         self._unload_waiters: list[tuple[bytes, P.RequestId]] = []
         self.stats = Stats()
+        #: what preparing it for its first request did (``register``): None until asked
+        self.registration: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._worker, name=f"inferd-model-{self.name}", daemon=True)
         self._thread.start()
 
@@ -412,7 +414,13 @@ class ModelSlot:
             "queued": self.queued, "memory_bytes": self.memory_bytes(), "variants": self.variants(),
             "warm": self.warm(), **self._coexec_info(),
             **self.threads_info(),
+            **self.registration_info(),
         }
+
+    def registration_info(self) -> dict[str, Any]:
+        """What preparing it for its first request did (``register``), once asked."""
+        r = self.registration
+        return {"registration": dict(r)} if r is not None else {}
 
     def threads_info(self) -> dict[str, Any]:
         """How many threads a small CPU model's runs take (and its last trial's medians), once decided."""
@@ -883,6 +891,81 @@ class ModelSlot:
         with self.load_lock:
             self._do_load_locked(sender)
 
+    def load_options(self, device: str) -> dict[str, Any]:
+        """The loader's keyword arguments from the model's config (its shapes, bounds, precision), where set."""
+        cfg = self.entry.config
+        dynamic: dict[str, Any] = {}
+        if cfg.shapes:
+            dynamic["shapes"] = [dict(s) for s in cfg.shapes]
+        if cfg.max_shape:
+            dynamic["max_shape"] = dict(cfg.max_shape)
+        if cfg.precision:
+            dynamic["precision"] = cfg.precision
+        if cfg.fp32_layers:
+            dynamic["fp32_layers"] = list(cfg.fp32_layers)
+        if cfg.split and device == "cpu+vulkan":
+            dynamic["split"] = dict(cfg.split)
+        return dynamic
+
+    def register(self) -> None:
+        """Prepare this model for its first request in idle time, if it waits for one (not preloaded, not loaded):
+        its package compiled where missing or stale, its plan and store index parsed, and with the daemon's
+        ``register_profile`` its package profiled where it was planned from predictions (the loader's
+        ``register``: ``inferd.register``). Its first request then reads only weights, and never compiles. What
+        came of it is ``registration`` (``inferctl status``)."""
+        srv = self.server
+        reg = srv.registrar
+        cfg = self.entry.config
+        device = cfg.device or srv.config.device
+        why = ("the daemon registers no models (register = false)" if reg is None
+               else "preloaded" if self.preload
+               else f"not loadable: {self.entry.error}" if self.entry.error
+               else "streamed within the budget: compiled at its first load" if cfg.memory == "stream"
+               else "co-executed on the CPU and the GPU: planned at each load" if device == "cpu+vulkan" else None)
+        if why is not None:
+            self.registration = {"state": "skipped", "reason": why}
+            return
+        entry = self.entry
+        self.registration = {"state": "queued"}
+
+        def stale() -> bool:
+            return srv.draining or self.entry is not entry or self.state != UNLOADED
+
+        def job() -> None:
+            from ..runtime.scheduler import foreground
+
+            # after the requests of the moment (a steady stream of them gives no quiet: then beside it, as the
+            # compile would run beside the stream at the model's first request anyway)
+            foreground.wait_quiet(timeout=2.0)
+            if stale():
+                self.registration = {"state": "skipped", "reason": "loaded, changed or stopping before its turn"}
+                return
+            self.registration = {"state": "running"}
+            kw = {k: v for k, v in self.load_options(device).items() if k != "max_shape"}
+            try:
+                with self._device_ctx(device):  # (a compile profiles on the device as a load does)
+                    r = reg(entry.path, device=device, batch=cfg.batch, cache_dir=srv.packages_dir, **kw)
+                if srv.config.register_profile and r.package is not None and not stale():
+                    # between requests only, outside the device's lock: the models that run meanwhile take it
+                    p = reg(entry.path, device=device, batch=cfg.batch, cache_dir=srv.packages_dir, profile=True,
+                            stop=stale, **kw)
+                    r = replace(r, profiled=p.profiled, seconds=r.seconds + p.seconds)
+            except Exception as exc:
+                log.warning("model %s: registering it failed (its first request will load it from scratch): %s: %s",
+                            self.name, type(exc).__name__, exc)
+                self.registration = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                return
+            self.registration = {"state": "done", "package": None if r.package is None else str(r.package),
+                                 "compiled": r.compiled, "profiled": r.profiled, "parsed": r.parsed,
+                                 "ms": round(r.seconds * 1e3, 1), **({"note": r.note} if r.note else {})}
+            log.info("model %s: registered in %.0f ms (%s)", self.name, r.seconds * 1e3,
+                     ", ".join([w for w, on in (("compiled", r.compiled), ("profiled", r.profiled),
+                                                ("plan parsed", r.parsed)) if on]) or r.note or "nothing to do")
+
+        from ..runtime.scheduler import worker
+
+        worker("register").submit(job)
+
     def load_model(self) -> tuple[Any, str]:
         """Load the model on its device: (model, reason). A device fault at load (out of device memory,
         device lost) with ``fallback = "cpu"`` loads it on the CPU instead, the reason saying why."""
@@ -893,17 +976,7 @@ class ModelSlot:
             raise RuntimeError(entry.error)
         try:
             cfg = entry.config
-            dynamic: dict[str, Any] = {}
-            if cfg.shapes:
-                dynamic["shapes"] = [dict(s) for s in cfg.shapes]
-            if cfg.max_shape:
-                dynamic["max_shape"] = dict(cfg.max_shape)
-            if cfg.precision:
-                dynamic["precision"] = cfg.precision
-            if cfg.fp32_layers:
-                dynamic["fp32_layers"] = list(cfg.fp32_layers)
-            if cfg.split and device == "cpu+vulkan":
-                dynamic["split"] = dict(cfg.split)
+            dynamic = self.load_options(device)
             with self._device_ctx(device):
                 return self.server.load(self, entry.path, device, cfg.batch, **dynamic), ""
         except Exception as exc:

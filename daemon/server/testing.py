@@ -130,6 +130,22 @@ def testing_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: s
     return default_loader(path, device=device, batch=batch, cache_dir=cache_dir, **dynamic)
 
 
+def testing_register(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None,
+                     **kw: Any) -> Any:
+    """``testing_loader``'s ``register``: nothing for a fake model, ``inferd.register`` for the others."""
+    with open(path, "rb") as fh:
+        if fh.read(len(FAKE_MAGIC)) == FAKE_MAGIC:
+            from ..runtime.model import Registration
+
+            return Registration(None, False, False, False, 0.0, "a fake model: nothing to prepare")
+    from .daemon import default_register
+
+    return default_register(path, device=device, batch=batch, cache_dir=cache_dir, **kw)
+
+
+testing_loader.register = testing_register  # type: ignore[attr-defined]
+
+
 def _child_main(argv: Sequence[str]) -> int:
     from . import serve_main
 
