@@ -413,3 +413,54 @@ def test_file_memo_keeps_the_latest_used_within_its_bounds() -> None:
     assert not m.put("g", v1, "G", 1, 0, 100)  # off
     m.clear()
     assert m.stats() == (0, 0) and not m.holds("d", v2)
+
+
+def test_checksum_of_large_blobs_lets_the_gil_go() -> None:
+    """Blobs of ``NOGIL_SUM`` bytes and more are summed by xxhash's C function through cffi (the GIL let go: a
+    cold load's executor runs its Python meanwhile), smaller ones by the binding (the GIL held: no hand-back to
+    wait for); both give the binding's sum, for every buffer type the store passes."""
+    import sys
+    import threading
+    import time
+
+    import xxhash
+
+    from inferd import native
+    from inferd.store import NOGIL_SUM, checksum, xxh3_c
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 4095, NOGIL_SUM - 1, NOGIL_SUM, NOGIL_SUM + 13):
+        a = rng.integers(0, 256, n, dtype=np.uint8)
+        want = xxhash.xxh3_64_intdigest(a)
+        assert checksum(a) == checksum(memoryview(a)) == checksum(a.tobytes()) == want, n
+    f = rng.standard_normal(NOGIL_SUM // 4 + 7).astype(np.float32)
+    assert checksum(memoryview(f)) == xxhash.xxh3_64_intdigest(f)
+    if native.ffi is None or xxh3_c() is None:
+        pytest.skip("no native extension or no exported XXH3_64bits: every blob is summed by the binding")
+
+    def spun_during(blob: np.ndarray) -> int:
+        # a long switch interval: a thread that holds the GIL keeps it until it lets it go itself
+        count, go, stop = [0], threading.Event(), [False]
+
+        def spin() -> None:
+            go.wait()
+            while not stop[0]:
+                count[0] += 1
+
+        old = sys.getswitchinterval()
+        t = threading.Thread(target=spin)
+        sys.setswitchinterval(0.2)
+        try:
+            t.start()
+            go.set()
+            time.sleep(0.02)  # the spinner holds the GIL now; the next line waits for the interval to take it back
+            c0 = count[0]
+            checksum(blob)
+            return count[0] - c0
+        finally:
+            stop[0] = True
+            t.join()
+            sys.setswitchinterval(old)
+
+    assert spun_during(np.ones(NOGIL_SUM * 16, np.uint8)) > 0  # the spinner ran while the sum was computed
+    assert spun_during(np.ones(NOGIL_SUM // 2, np.uint8)) == 0  # held throughout

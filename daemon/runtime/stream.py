@@ -87,29 +87,14 @@ def _joined(pcs: Sequence[_Piece]) -> list[list[_Piece]]:
     return runs
 
 
-_XXH3: list[Any] = []
-
-
 def _xxh3_fn() -> Any:
-    """The store's checksum (xxh3-64, seed 0) as a C function pointer for the native loaders: the xxhash
-    module's own C function (``XXH3_64bits``), so both sides compute the same sum by the same code. NULL where
-    the module does not export it: the compute thread then verifies each layer after waiting for it."""
-    if not _XXH3:
-        fn = native.ffi.NULL
-        try:
-            import ctypes
+    """The store's checksum (xxh3-64, seed 0) as a C function pointer for the native loaders (``store.xxh3_c``): both
+    sides compute the same sum by the same code. NULL where there is none: the compute thread then verifies each
+    layer after waiting for it."""
+    from ..store import xxh3_c
 
-            import xxhash._xxhash as xx
-
-            addr = ctypes.cast(ctypes.CDLL(xx.__file__).XXH3_64bits, ctypes.c_void_p).value
-            cand = native.ffi.cast("inferd_hash_fn", addr)
-            probe = np.frombuffer(b"inferd stream checksum probe", np.uint8)
-            if cand(native.ffi.from_buffer(probe), probe.nbytes) == checksum(probe):
-                fn = cand
-        except (ImportError, OSError, AttributeError, TypeError):
-            pass
-        _XXH3.append(fn)
-    return _XXH3[0]
+    fn = xxh3_c()
+    return native.ffi.NULL if fn is None else fn
 
 
 class StreamError(InferdError):
