@@ -1282,34 +1282,28 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"| {n} | {fmt(b.get('cold_ms'))} | {fmt(b.get('no_binds_cold_ms'))} | "
                          f"{fmt(ratio(b.get('cold_ms'), b.get('no_binds_cold_ms')), '.2f')} | "
                          f"{b.get('layers_replayed', 'n/a')} of {b.get('layers', 'n/a')} |")
-    if any("inferd_reload" in r.get("summary", {}) for r in data["models"].values()):
-        lines += ["", "Reload: the same package loaded again by a process that served it before (a daemon's model "
-                  "that its memory budget or an unload dropped), its files evicted as for every run: the load takes "
-                  "the plan and store index that process parsed (`package._open_plan`, `store._indexes`); the "
-                  "weights are read again.", "",
-                  "| model | inferd cold ms | reload ms (range) | reload / cold | reload / best peer | "
-                  "reload / max(floor, warm) |", "|---|---:|---:|---:|---:|---:|"]
+    # the rounds of the same package in another daemon state, each beside the never-seen model's cold
+    for cfg, word, intro in (
+            ("reload", "reload", "Reload: the same package loaded again by a process that served it before (a "
+             "daemon's model that its memory budget or an unload dropped), its files evicted as for every run: the "
+             "load takes the plan and store index that process parsed (`package._open_plan`, `store._indexes`); "
+             "the weights are read again."),
+            ("registered", "registered", "Registered: the first request for a model of a daemon's repository that "
+             "the daemon registered at its start (`inferd.register`, what `ModelSlot.register` runs in idle time for "
+             "every model it does not preload: the package validated, its plan and store index parsed, no weight "
+             "read), its files evicted as for every run. The cold column above is a model the daemon never saw "
+             "before the request.")):
+        if not any(f"inferd_{cfg}" in r.get("summary", {}) for r in data["models"].values()):
+            continue
+        lines += ["", intro, "",
+                  f"| model | inferd cold ms | {word} ms (range) | {word} / cold | {word} / best peer | "
+                  f"{word} / max(floor, warm) |", "|---|---:|---:|---:|---:|---:|"]
         for n, r in data["models"].items():
             s, i = r.get("summary", {}), r.get("inferd", {})
-            rl = s.get("inferd_reload", {})
-            q = r.get("ratios_reload") or {}
-            lines.append(f"| {n} | {fmt(i.get('cold_ms'))} | {fmt(rl.get('cold_ms'))} ({_range(rl)}) | "
-                         f"{fmt(ratio(rl.get('cold_ms'), i.get('cold_ms')), '.2f')} | "
-                         f"{fmt(q.get('cold_vs_peer'), '.2f')} | {fmt(q.get('cold_vs_floor'), '.2f')} |")
-    if any("inferd_registered" in r.get("summary", {}) for r in data["models"].values()):
-        lines += ["", "Registered: the first request for a model of a daemon's repository that the daemon registered "
-                  "at its start (`inferd.register`, what `ModelSlot.register` runs in idle time for every model it "
-                  "does not preload: the package validated, its plan and store index parsed, no weight read), its "
-                  "files evicted as for every run. The cold column above is a model the daemon never saw before "
-                  "the request.", "",
-                  "| model | inferd cold ms | registered ms (range) | registered / cold | registered / best peer | "
-                  "registered / max(floor, warm) |", "|---|---:|---:|---:|---:|---:|"]
-        for n, r in data["models"].items():
-            s, i = r.get("summary", {}), r.get("inferd", {})
-            rg = s.get("inferd_registered", {})
-            q = r.get("ratios_registered") or {}
-            lines.append(f"| {n} | {fmt(i.get('cold_ms'))} | {fmt(rg.get('cold_ms'))} ({_range(rg)}) | "
-                         f"{fmt(ratio(rg.get('cold_ms'), i.get('cold_ms')), '.2f')} | "
+            v = s.get(f"inferd_{cfg}", {})
+            q = r.get(f"ratios_{cfg}") or {}
+            lines.append(f"| {n} | {fmt(i.get('cold_ms'))} | {fmt(v.get('cold_ms'))} ({_range(v)}) | "
+                         f"{fmt(ratio(v.get('cold_ms'), i.get('cold_ms')), '.2f')} | "
                          f"{fmt(q.get('cold_vs_peer'), '.2f')} | {fmt(q.get('cold_vs_floor'), '.2f')} |")
     if data.get("ablation"):
         lines += ["", "Ablation: inferd cold with one technique off (everything else on); loss = slow-down "
