@@ -602,9 +602,9 @@ def register(path: "str | os.PathLike", device: str = "cpu", batch: int = 1,
     """Make a model's first ``load`` (same arguments) read nothing but its weights: what a daemon does for the
     models of its repository before anyone asks for them. Its package is compiled into ``cache_dir`` where it is
     missing, stale or damaged (planned from predictions, as a first load would), validated for this device, and
-    its plan and store index are parsed into the process's memos (``package._parsed``, ``store._indexes``; on the
-    2-core VM this is 5-10 ms of a first cold load's set-up: resnet18 0.76 -> 0.63x onnxruntime's cold in the
-    reload rounds of ``inferd bench cold``, which skip the same parse). No weight is read. ``profile``: a package
+    its plan and store index are parsed into the process's memos (``package._parsed``, ``store._indexes``: on the
+    2-core VM the first ``load()`` of the zoo's models 2-8 ms shorter, in ``inferd bench cold``'s registered rounds;
+    the whole cold answer less so, its reads starting at the open either way). No weight is read. ``profile``: a package
     planned from predictions is also profiled on this device now (seconds of CPU, between requests only: see
     ``package.profile_package``; ``stop()`` true gives up), so that the first load follows measured costs.
 
