@@ -135,9 +135,11 @@ def test_the_cache_limit_is_kept_in_idle_time_after_a_load_never_deleting_a_pack
     def names() -> set[str]:
         return {p.name.split("-")[0] for p in packages.iterdir()} if packages.is_dir() else set()
 
-    # a limit of one byte: every package is over it, so only those in use stay
-    with DaemonProcess(f"ipc://{tmp_path}/d.sock", models, "--no-preload", "--cache-dir", str(tmp_path / "cache"),
-                       "--cache-max-bytes", "1", log_path=tmp_path / "d.log") as d, Client(d.endpoint, timeout=60) as c:
+    # a limit of one byte: every package is over it, so only those in use stay; no registration (it would compile
+    # both packages in idle time, whenever its turn came, beside the loads this test orders)
+    with DaemonProcess(f"ipc://{tmp_path}/d.sock", models, "--no-preload", "--no-register", "--cache-dir",
+                       str(tmp_path / "cache"), "--cache-max-bytes", "1", log_path=tmp_path / "d.log") as d, \
+            Client(d.endpoint, timeout=60) as c:
         inp = _input(models / "a.onnx")
         np.testing.assert_allclose(next(iter(c.infer("a", {inp: x}).values())), want, rtol=TOL, atol=TOL)
         assert names() == {"a"}  # in use: kept

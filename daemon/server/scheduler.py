@@ -927,9 +927,12 @@ class ModelSlot:
             return
         entry = self.entry
         self.registration = {"state": "queued"}
+        tried = self.stats.loads + self.stats.load_failures
 
         def stale() -> bool:
-            return srv.draining or self.entry is not entry or self.state != UNLOADED
+            # stopping, changed on disk, or loaded (or tried) since: its own load has done what this would
+            return (srv.draining or self.entry is not entry or self.state != UNLOADED
+                    or self.stats.loads + self.stats.load_failures != tried)
 
         def job() -> None:
             from ..runtime.scheduler import foreground
