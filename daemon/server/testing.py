@@ -118,13 +118,20 @@ def write_two_io_model(path: str | os.PathLike[str]) -> Path:
     return Path(path)
 
 
+def _fake_spec(path: str) -> dict[str, Any] | None:
+    """A fake model's spec (the JSON after ``FAKE_MAGIC``), or None for any other file."""
+    with open(path, "rb") as fh:
+        if fh.read(len(FAKE_MAGIC)) != FAKE_MAGIC:
+            return None
+        return json.loads(fh.read().decode())
+
+
 def testing_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None,
                    **dynamic: Any) -> Any:
-    with open(path, "rb") as fh:
-        head = fh.read(len(FAKE_MAGIC))
-        if head == FAKE_MAGIC:
-            name = Path(path).stem if Path(path).name != "model.onnx" else Path(path).parent.name
-            return FakeModel(json.loads(fh.read().decode()), name)
+    spec = _fake_spec(path)
+    if spec is not None:
+        name = Path(path).stem if Path(path).name != "model.onnx" else Path(path).parent.name
+        return FakeModel(spec, name)
     from .daemon import default_loader
 
     return default_loader(path, device=device, batch=batch, cache_dir=cache_dir, **dynamic)
@@ -133,11 +140,10 @@ def testing_loader(path: str, device: str = "auto", batch: int = 1, cache_dir: s
 def testing_register(path: str, device: str = "auto", batch: int = 1, cache_dir: str | None = None,
                      **kw: Any) -> Any:
     """``testing_loader``'s ``register``: nothing for a fake model, ``inferd.register`` for the others."""
-    with open(path, "rb") as fh:
-        if fh.read(len(FAKE_MAGIC)) == FAKE_MAGIC:
-            from ..runtime.model import Registration
+    if _fake_spec(path) is not None:
+        from ..runtime.model import Registration
 
-            return Registration(None, False, False, False, 0.0, "a fake model: nothing to prepare")
+        return Registration(None, False, False, False, 0.0, "a fake model: nothing to prepare")
     from .daemon import default_register
 
     return default_register(path, device=device, batch=batch, cache_dir=cache_dir, **kw)
