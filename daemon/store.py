@@ -68,22 +68,10 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-#: blobs of this many bytes and more are summed by the xxhash library's own C function called through cffi, which
-#: lets the GIL go while it runs: the xxhash binding holds it (1.7 ms per 16 MiB on the 2-core VM), and a cold
-#: load's executor and other loader waited that long for their next Python step behind every large layer's
-#: verification (vgg16's first FC, 411 MB: ~40 ms). Smaller blobs keep the binding: a thread that lets the GIL go
-#: waits up to the switch interval to have it back (``vulkan.device.NOGIL_COPY`` draws the same line for uploads).
-NOGIL_SUM = 4 << 20
-
-
 def checksum(data: Any) -> int:
-    """xxh3-64 (seed 0) of a buffer's bytes: the store's blob checksum."""
-    if memoryview(data).nbytes >= NOGIL_SUM:
-        fn = xxh3_c()
-        if fn is not None:
-            from . import native
-
-            return int(fn(native.ffi.from_buffer(data), memoryview(data).nbytes))
+    """xxh3-64 (seed 0) of a buffer's bytes: the store's blob checksum. (The xxhash binding lets the GIL go while
+    it sums a buffer of about 1 MB and more, xxhash 4.1: a loader verifying a large blob does not hold up the
+    executor's Python.)"""
     return int(xxhash.xxh3_64_intdigest(data))
 
 
@@ -92,8 +80,7 @@ _XXH3: list[Any] = []
 
 def xxh3_c() -> Any:
     """The xxhash module's C function ``XXH3_64bits`` as a cffi function pointer (``inferd_hash_fn``), the store's
-    checksum computed by the same code as ``xxhash.xxh3_64_intdigest``: for the native streaming loaders, and for
-    ``checksum`` of large blobs (a cffi call lets the GIL go). None where the native extension or the export is
+    checksum computed by the same code as ``xxhash.xxh3_64_intdigest``: for the native streaming loaders. None where the native extension or the export is
     missing, or the probe's sum differs."""
     if not _XXH3:
         fn = None

@@ -416,9 +416,9 @@ def test_file_memo_keeps_the_latest_used_within_its_bounds() -> None:
 
 
 def test_checksum_of_large_blobs_lets_the_gil_go() -> None:
-    """Blobs of ``NOGIL_SUM`` bytes and more are summed by xxhash's C function through cffi (the GIL let go: a
-    cold load's executor runs its Python meanwhile), smaller ones by the binding (the GIL held: no hand-back to
-    wait for); both give the binding's sum, for every buffer type the store passes."""
+    """The store's checksum is the xxhash binding's sum for every buffer type the store passes, and over a large
+    blob it lets the GIL go (a cold load's executor runs its Python meanwhile); the C function the native loaders
+    call gives the same sums."""
     import sys
     import threading
     import time
@@ -426,41 +426,39 @@ def test_checksum_of_large_blobs_lets_the_gil_go() -> None:
     import xxhash
 
     from inferd import native
-    from inferd.store import NOGIL_SUM, checksum, xxh3_c
+    from inferd.store import checksum, xxh3_c
 
     rng = np.random.default_rng(0)
-    for n in (0, 1, 4095, NOGIL_SUM - 1, NOGIL_SUM, NOGIL_SUM + 13):
+    for n in (0, 1, 4095, (4 << 20) - 1, 4 << 20, (4 << 20) + 13):
         a = rng.integers(0, 256, n, dtype=np.uint8)
         want = xxhash.xxh3_64_intdigest(a)
         assert checksum(a) == checksum(memoryview(a)) == checksum(a.tobytes()) == want, n
-    f = rng.standard_normal(NOGIL_SUM // 4 + 7).astype(np.float32)
+        fn = xxh3_c()
+        if fn is not None:
+            assert fn(native.ffi.from_buffer(a), a.nbytes) == want
+    f = rng.standard_normal((1 << 20) + 7).astype(np.float32)
     assert checksum(memoryview(f)) == xxhash.xxh3_64_intdigest(f)
-    if native.ffi is None or xxh3_c() is None:
-        pytest.skip("no native extension or no exported XXH3_64bits: every blob is summed by the binding")
 
-    def spun_during(blob: np.ndarray) -> int:
-        # a long switch interval: a thread that holds the GIL keeps it until it lets it go itself
-        count, go, stop = [0], threading.Event(), [False]
+    # a long switch interval: a thread that holds the GIL keeps it until it lets it go itself
+    count, go, stop = [0], threading.Event(), [False]
 
-        def spin() -> None:
-            go.wait()
-            while not stop[0]:
-                count[0] += 1
+    def spin() -> None:
+        go.wait()
+        while not stop[0]:
+            count[0] += 1
 
-        old = sys.getswitchinterval()
-        t = threading.Thread(target=spin)
-        sys.setswitchinterval(0.2)
-        try:
-            t.start()
-            go.set()
-            time.sleep(0.02)  # the spinner holds the GIL now; the next line waits for the interval to take it back
-            c0 = count[0]
-            checksum(blob)
-            return count[0] - c0
-        finally:
-            stop[0] = True
-            t.join()
-            sys.setswitchinterval(old)
-
-    assert spun_during(np.ones(NOGIL_SUM * 16, np.uint8)) > 0  # the spinner ran while the sum was computed
-    assert spun_during(np.ones(NOGIL_SUM // 2, np.uint8)) == 0  # held throughout
+    old = sys.getswitchinterval()
+    t = threading.Thread(target=spin)
+    sys.setswitchinterval(0.2)
+    try:
+        t.start()
+        go.set()
+        time.sleep(0.02)  # the spinner holds the GIL now; the next line waits for the interval to take it back
+        c0 = count[0]
+        checksum(np.ones(64 << 20, np.uint8))
+        spun = count[0] - c0
+    finally:
+        stop[0] = True
+        t.join()
+        sys.setswitchinterval(old)
+    assert spun > 0  # the spinner ran while the sum was computed
