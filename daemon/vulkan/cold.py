@@ -747,6 +747,11 @@ class VulkanColdBackend:
         if per_layer:
             rates = replace(rates, pipeline_empty_s=float(np.mean([e for e, _ in per_layer])),
                             pipeline_filled_s=float(np.mean([f for _, f in per_layer])))
+        # the layers of one signature (repeated blocks) take the least time any of them measured per kernel
+        from ..runtime.profiler import pool_signatures
+
+        pool_signatures([(s.layer, kernels, default) for s, (_l, kernels, default) in zip(self._slots, entries)
+                         if s.kind == "kernel"], times)
         for slot in self._slots:
             if self._moves_nothing(slot):  # what it costs in the model (not in a scratch region): nothing
                 for phase in ("exec", "exec_first", "pipeline_empty", "pipeline_filled"):
