@@ -330,6 +330,40 @@ def test_cold_runs_refine_the_stored_plan(tmp_path: Path, monkeypatch: pytest.Mo
         check(model, name, "refined plan")
 
 
+def test_a_cold_run_slower_everywhere_alike_switches_no_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold run observes only the kernels its plan ran; the others are priced at their warm times slowed as the run
+    slowed the ones it used (``DeviceRates.cold_exec``): a run 2.5x slower on every layer (loaders beside it, a busy
+    board) is no reason to move a layer, one layer 40x slower among them is."""
+    from inferd.package import open_package, refine_package
+    from inferd.runtime.cpu import CpuExecutor
+
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")  # squeezenet's 3x3 layers in NCHW: a cold and a warm kernel
+    name = "squeezenet1_1"
+    pkg = compile_model(ref(name)[0], tmp_path / "pkg")
+    op = open_package(pkg)
+    try:
+        backend = CpuExecutor(op.graph, lazy=True)
+        stored = lambda layer, kernel: any(True for _ in op.store.find(layer, kernel=f"cpu/{kernel}"))  # noqa: E731
+        plan, prof = op.plan, op.profile
+        assert prof is not None and prof.rates.cold_exec == 0
+        slow = {(lp.name, lp.kernel, "exec_cold"): 2.5 * prof.times[(lp.name, lp.kernel, "exec")]
+                for lp in plan.layers if (lp.name, lp.kernel, "exec") in prof.times}
+        assert len(slow) >= 10
+        merged = prof.merged(slow)
+        assert merged.rates.cold_exec == pytest.approx(2.5)
+        assert refine_package(pkg, backend, plan, prof, slow, stored) is None
+        entries = backend.candidates()
+        lp = next(lp for lp, (_l, ks, _d) in zip(plan.layers, entries) if len({k.name for k in ks}) > 1
+                  and (lp.name, lp.kernel, "exec_cold") in slow)
+        one = {**slow, (lp.name, lp.kernel, "exec_cold"): 40 * prof.times[(lp.name, lp.kernel, "exec")]}
+        new = refine_package(pkg, backend, plan, prof, one, stored)
+        assert new is not None and new.by_name()[lp.name].kernel != lp.kernel
+    finally:
+        op.store.close()
+    d = read_plan(pkg / "plan.bin")
+    assert d["profile"]["rates"]["cold_exec"] > 2  # kept with the refined plan, for the next refinement
+
+
 def test_cold_latency_leaves_out_time_the_prepared_model_waited_for_a_request() -> None:
     # the daemon preloads models at start: a request an hour later found it prepared, not cold
     import time

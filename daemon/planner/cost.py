@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -59,6 +59,9 @@ class DeviceRates:
     per_step_s: float = 5e-6      # fixed cost of one layer (dispatch, Python)
     pipeline_empty_s: float = 5e-3   # one GPU pipeline from an empty cache
     pipeline_filled_s: float = 2e-4  # ... from a filled one
+    #: a layer's execution inside a cold load over its profiled warm one, as observed cold runs found it (the median
+    #: over a run's layers, averaged over runs; ``Profile.merged``); 0: no cold run observed
+    cold_exec: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
         return {k: float(getattr(self, k)) for k in self.__dataclass_fields__}
@@ -224,6 +227,12 @@ class RooflineCost:
         return Cost(float(s), "roofline")
 
 
+#: ``Profile.merged`` takes a cold run's factor from layers of at least this profiled warm time (a shorter one's
+#: ratio is a timer's and a wake-up's), and only from a run that observed at least this many of them
+COLD_FACTOR_MIN_S = 20e-6
+COLD_FACTOR_MIN_LAYERS = 5
+
+
 @dataclass(frozen=True)
 class Profile:
     """Measured costs of one model on one device: ``(layer, kernel, phase) -> seconds``.
@@ -247,11 +256,23 @@ class Profile:
                        times)
 
     def merged(self, observed: Mapping[tuple[str, str, str], float], weight: float = 0.5) -> "Profile":
-        """A profile refined by what a cold run observed (exponential average per entry)."""
+        """A profile refined by what a cold run observed (exponential average per entry), and the run's cold factor
+        (``DeviceRates.cold_exec``: the median over its layers of the observed execution over the profiled warm
+        one) averaged into the rates, where the run observed enough layers to say. The factor prices the kernels
+        the run did not use (``ProfiledCost``): a run observes only the kernels its plan ran, and the others,
+        priced at their warm times, looked faster than any observed one by what a cold load costs every layer
+        (loaders beside it, caches cold) and a refinement chose them for it."""
         t = dict(self.times)
         for k, v in observed.items():
             t[k] = v if k not in t else (1 - weight) * t[k] + weight * v
-        return Profile(self.backend, self.fingerprint, self.rates, t)
+        rates = self.rates
+        ratios = [v / w for (n, k, phase), v in observed.items() if phase == "exec_cold" and v > 0
+                  for w in (self.times.get((n, k, "exec"), 0.0),) if w >= COLD_FACTOR_MIN_S]
+        if len(ratios) >= COLD_FACTOR_MIN_LAYERS:
+            f = float(np.median(ratios))
+            old = rates.cold_exec
+            rates = replace(rates, cold_exec=f if old <= 0 else (1 - weight) * old + weight * f)
+        return Profile(self.backend, self.fingerprint, rates, t)
 
 
 def calibrated_roofline(profile: Profile, entries: Sequence[tuple[Any, ...]], gpu: bool = False) -> RooflineCost:
@@ -289,7 +310,13 @@ class ProfiledCost:
     fallback: CostModel
 
     def cost(self, layer: Layer, kernel: Kernel, phase: str) -> Cost:
-        v = self.profile.times.get((layer.name, kernel.name, phase))
+        times = self.profile.times
+        v = times.get((layer.name, kernel.name, phase))
         if v is not None:
             return Cost(max(float(v), 1e-7), "profiled")
+        if phase == "exec_cold" and self.profile.rates.cold_exec > 0:
+            # a kernel no cold run used: its warm time as cold runs slowed the kernels they used
+            w = times.get((layer.name, kernel.name, "exec"))
+            if w is not None:
+                return Cost(max(float(w) * self.profile.rates.cold_exec, 1e-7), "profiled")
         return self.fallback.cost(layer, kernel, phase)
