@@ -95,6 +95,8 @@ CONV_CASES = [
     # ... split by the tiles' blocks, not the weights' groups: 12 blocks in 3 groups, a 3x3; 5 blocks, pointwise
     (1, 48, 192, (6, 6), (3, 3), 1, [1, 1, 1, 1], 1, ("Relu", ()), True),
     (1, 256, 80, (3, 3), (1, 1), 1, [0, 0, 0, 0], 1, None, False),
+    # ... and the map in column bands whose input (1.2 MB of it) stays within half a core's L2 (up to 2 MB of L2)
+    (1, 1536, 208, (14, 14), (1, 1), 1, [0, 0, 0, 0], 1, ("Relu", ()), True),
     (1, 32, 32, (5, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Clip", (0.0, 6.0)), True),  # 2 blocks: 12-wide tiles and 1 left
     (1, 48, 48, (13, 13), (1, 1), 1, [0, 0, 0, 0], 1, ("LeakyRelu", (0.1,)), False),  # 3 blocks, act after the store
     (1, 256, 16, (4, 5), (1, 1), 1, [0, 0, 0, 0], 1, ("Sigmoid", ()), True),  # a costly act after two passes
