@@ -432,3 +432,20 @@ def test_a_refined_plans_cold_kernels_get_their_pipelines_listed(tmp_path: Path,
         params = other.transform(slot.layer, backend._raw(slot, {}))
         want = {d.shader for d in backend._dispatches(slot, other, params)[0]}
         assert want and {r[0] for r in recorded} == want
+
+
+def test_a_models_fence_is_kept_for_the_next_load(packages: dict[str, Path]) -> None:
+    """The device keeps signalled fences for its models' loads (NVIDIA's vkCreateFence took 0.3-0.4 ms of each cold
+    load's set-up): a closed model's fence serves the next load, which answers right with it."""
+    from inferd.vulkan.device import SPARE_FENCES, get_device
+
+    dev = get_device()
+    with inferd.load(packages["squeezenet1_1"], device="vulkan") as first:
+        check(first, "squeezenet1_1", "first")
+        fence = first._cold.backend._fence
+        assert fence is not None and fence not in dev._spare_fences
+    assert fence in dev._spare_fences and len(dev._spare_fences) <= SPARE_FENCES
+    with inferd.load(packages["squeezenet1_1"], device="vulkan") as second:
+        assert second._cold.backend._fence == fence
+        check(second, "squeezenet1_1", "second, on the first one's fence")
+        check(second, "squeezenet1_1", "second, warm")

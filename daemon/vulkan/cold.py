@@ -301,7 +301,7 @@ class VulkanColdBackend:
         d = dev.device
         self._cmd_pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=dev.queue_family), None)
         # created signalled: close() and begin() wait on it, also when the model never ran
-        self._fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
+        self._fence = dev.take_fence()
         st["alloc_s"] = T() - t
         st["activation_bytes"] = self.plan.total
 
@@ -1169,9 +1169,11 @@ class VulkanColdBackend:
         if dev.closed or dev.device is None:
             return
         d = dev.device
+        signalled = False
         if self._fence is not None:
             try:
-                vk.vkWaitForFences(d, 1, [self._fence], vk.VK_TRUE, 10 * 10**9)
+                vk.vkWaitForFences(d, 1, [self._fence], vk.VK_TRUE, 10 * 10**9)  # (raises unless signalled)
+                signalled = True
             except Exception:
                 pass
         if self._seg_cbs:
@@ -1194,7 +1196,7 @@ class VulkanColdBackend:
             self._cmd_pool = None
             self._seg_cbs, self._seg, self._warm_cb, self._warm_submit = [], None, None, None
         if self._fence is not None:
-            vk.vkDestroyFence(d, self._fence, None)
+            dev.give_fence(self._fence, signalled)
             self._fence = None
         if self._query_pool is not None:
             vk.vkDestroyQueryPool(d, self._query_pool, None)

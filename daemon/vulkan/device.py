@@ -52,6 +52,8 @@ VALIDATION_LAYER = "VK_LAYER_KHRONOS_validation"
 #: cold load) to have it back, and 4 MiB take about that long to copy (the H100's BAR mapping took a 16 MiB memmove
 #: at 13-14 GB/s, where a cold load's uploads of 64 KiB and more had averaged 1.4 GB/s of wall time on the loaders)
 NOGIL_COPY = 4 << 20
+#: fences a device keeps for its models' loads (``VulkanDevice.take_fence``): a daemon loads models one after another
+SPARE_FENCES = 2
 _TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}  # discrete, integrated, virtual, cpu, other
 _TYPE_NAME = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 
@@ -492,6 +494,30 @@ class VulkanDevice:
         self._cmd_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.queue_family), None)
         self._upload_fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+        #: signalled fences for the models' loads (``take_fence``): NVIDIA's vkCreateFence took 0.3-0.4 ms of every
+        #: cold load's set-up on the H100 hosts (lavapipe's 10-20 us), made here at the device's open instead
+        self._spare_fences: list[Any] = [self._new_fence() for _ in range(SPARE_FENCES)]
+
+    def _new_fence(self) -> Any:
+        return vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(flags=vk.VK_FENCE_CREATE_SIGNALED_BIT), None)
+
+    def take_fence(self) -> Any:
+        """A signalled fence for a model (one kept from the device's open or from a closed model, else a new one);
+        ``give_fence`` hands it back."""
+        with self._lock:
+            if self._spare_fences:
+                return self._spare_fences.pop()
+        return self._new_fence()
+
+    def give_fence(self, fence: Any, signalled: bool) -> None:
+        """Keep ``fence`` (``signalled``: its last submission completed) for the next model's ``take_fence``, or
+        destroy it (not known signalled, enough kept, the device closing)."""
+        with self._lock:
+            if signalled and not (self.closed or self._closing) and len(self._spare_fences) < SPARE_FENCES:
+                self._spare_fences.append(fence)
+                return
+            if self.device is not None and not self.closed:
+                vk.vkDestroyFence(self.device, fence, None)
 
     # ---------------------------------------------------------------- memory
     def _find_type(self, bits: int, want: int, avoid: int = 0, min_heap: int = 0) -> int | None:
@@ -1213,6 +1239,9 @@ class VulkanDevice:
             if pc is not None:
                 pc.destroy()
             vk.vkDestroyFence(dev, self._upload_fence, None)
+            for f in getattr(self, "_spare_fences", ()):
+                vk.vkDestroyFence(dev, f, None)
+            self._spare_fences = []
             vk.vkDestroyCommandPool(dev, self._cmd_pool, None)
             vk.vkDestroyDevice(dev, None)
             self.device = None
