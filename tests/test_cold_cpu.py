@@ -7,9 +7,11 @@ no kernel selection) on the small models. Damaged, truncated and stale packages 
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 import pytest
@@ -301,17 +303,28 @@ def test_a_failing_layer_fails_the_load_clearly_and_the_process_goes_on(tmp_path
         check(ok, name, "after a failed load")
 
 
-def test_cold_runs_refine_the_stored_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from inferd.package import open_package, refine_package
+@contextlib.contextmanager
+def _refinable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Any, Any, Any]]:
+    """squeezenet1_1 compiled and opened for ``refine_package``: (package, the open package, a lazy CPU backend of
+    its graph, what its store holds); squeezenet's 3x3 layers in NCHW, where a layer has a cold and a warm kernel."""
+    from inferd.package import open_package
     from inferd.runtime.cpu import CpuExecutor
 
-    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")  # squeezenet's 3x3 layers in NCHW: a cold and a warm kernel
-    name = "squeezenet1_1"
-    pkg = compile_model(ref(name)[0], tmp_path / "pkg")
+    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")
+    pkg = compile_model(ref("squeezenet1_1")[0], tmp_path / "pkg")
     op = open_package(pkg)
     try:
-        backend = CpuExecutor(op.graph, lazy=True)
         stored = lambda layer, kernel: any(True for _ in op.store.find(layer, kernel=f"cpu/{kernel}"))  # noqa: E731
+        yield pkg, op, CpuExecutor(op.graph, lazy=True), stored
+    finally:
+        op.store.close()
+
+
+def test_cold_runs_refine_the_stored_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferd.package import refine_package
+
+    name = "squeezenet1_1"
+    with _refinable(tmp_path, monkeypatch) as (pkg, op, backend, stored):
         plan = op.plan
         # nothing new observed: the stored plan stays
         assert refine_package(pkg, backend, plan, op.profile, {}, stored) is None
@@ -321,8 +334,6 @@ def test_cold_runs_refine_the_stored_plan(tmp_path: Path, monkeypatch: pytest.Mo
         observed = {(lp.name, lp.kernel, "exec_cold"): 1.0}
         new = refine_package(pkg, backend, plan, op.profile, observed, stored)
         assert new is not None and new.by_name()[lp.name].kernel != lp.kernel
-    finally:
-        op.store.close()
     d = read_plan(pkg / "plan.bin")
     assert d["plan"] == new.to_dict() and ["%s" % lp.name, lp.kernel, "exec_cold", 1.0] in d["profile"]["times"]
     with inferd.load(pkg) as model:  # the refined plan is what the next cold load follows
@@ -334,16 +345,9 @@ def test_a_cold_run_slower_everywhere_alike_switches_no_kernel(tmp_path: Path, m
     """A cold run observes only the kernels its plan ran; the others are priced at their warm times slowed as the run
     slowed the ones it used (``DeviceRates.cold_exec``): a run 2.5x slower on every layer (loaders beside it, a busy
     board) is no reason to move a layer, one layer 40x slower among them is."""
-    from inferd.package import open_package, refine_package
-    from inferd.runtime.cpu import CpuExecutor
+    from inferd.package import refine_package
 
-    monkeypatch.setenv("INFERD_CPU_LAYOUT", "nchw")  # squeezenet's 3x3 layers in NCHW: a cold and a warm kernel
-    name = "squeezenet1_1"
-    pkg = compile_model(ref(name)[0], tmp_path / "pkg")
-    op = open_package(pkg)
-    try:
-        backend = CpuExecutor(op.graph, lazy=True)
-        stored = lambda layer, kernel: any(True for _ in op.store.find(layer, kernel=f"cpu/{kernel}"))  # noqa: E731
+    with _refinable(tmp_path, monkeypatch) as (pkg, op, backend, stored):
         plan, prof = op.plan, op.profile
         assert prof is not None and prof.rates.cold_exec == 0
         slow = {(lp.name, lp.kernel, "exec_cold"): 2.5 * prof.times[(lp.name, lp.kernel, "exec")]
@@ -358,8 +362,6 @@ def test_a_cold_run_slower_everywhere_alike_switches_no_kernel(tmp_path: Path, m
         one = {**slow, (lp.name, lp.kernel, "exec_cold"): 40 * prof.times[(lp.name, lp.kernel, "exec")]}
         new = refine_package(pkg, backend, plan, prof, one, stored)
         assert new is not None and new.by_name()[lp.name].kernel != lp.kernel
-    finally:
-        op.store.close()
     d = read_plan(pkg / "plan.bin")
     assert d["profile"]["rates"]["cold_exec"] > 2  # kept with the refined plan, for the next refinement
 
