@@ -124,6 +124,11 @@ def test_candidates_too_large_to_hold_together_are_timed_one_after_the_other(mon
     # k1 is kept for the rounds; k2 would pass the bound beside it: timed alone at once; k3 fits beside k1
     assert log == ["k1", "k2", "k2", "k2", "k3", "k1", "k3", "k1", "k3"]
     assert all((lay.name, k, "exec") in prof.times for k in ("k1", "k2", "k3"))
+    # a kernel past the bound alone is timed alone too: the next ones never run beside its weights
+    log.clear()
+    ks = [_Fake("k1", log, 1200), _Fake("k2", log, 300), _Fake("k3", log, 300)]
+    profiler.profile_layers([(lay, ks, ks[0])], g.constants, profiler.DeviceRates(), {}, reps=2)
+    assert log == ["k1", "k1", "k1", "k2", "k3", "k2", "k3", "k2", "k3"]
 
 
 def test_a_kernel_that_fails_in_the_rounds_leaves_no_entry() -> None:

@@ -181,8 +181,9 @@ def _measure_layer(layer: Layer, kernels: Sequence[Kernel], raw: dict[str, np.nd
             if k.prepares_at_first_run:  # (an If builds its taken branch then)
                 got[(layer.name, k.name, "exec_cold")] = first
             nbytes = int(k.transformed_nbytes(layer))
-            if held + nbytes > INTERLEAVE_BYTES and kept:
-                # too much to hold beside the others: this one alone, now, its weights dropped after it
+            if held + nbytes > INTERLEAVE_BYTES:
+                # too much to hold beside the others (or alone: vgg16's classifier, 400 MB a kernel): this one
+                # alone, now, its weights dropped after it, as one after the other held one kernel's at a time
                 got[(layer.name, k.name, "exec")] = float(np.median([_timed(fn) for _ in range(reps)])) \
                     if reps > 0 else first
                 times.update(got)
