@@ -5,6 +5,7 @@ timed through wrappers of the prepare path's parts. argv: a package compiled for
 import collections
 import ctypes  # noqa: F401 - the wrapped memmove is device.py's ctypes.memmove
 import os
+import resource
 import sys
 import threading
 import time
@@ -28,6 +29,9 @@ acc: dict[str, float] = collections.defaultdict(float)
 cnt: collections.Counter = collections.Counter()
 lock = threading.Lock()
 on = {"v": False}
+cpu: dict[str, float] = collections.defaultdict(float)  # thread CPU inside (wall - CPU: waits, the GIL's included)
+faults: collections.Counter = collections.Counter()  # minor page faults of the calling thread inside
+by: collections.Counter = collections.Counter()  # calls per (key, main thread or a loader)
 
 
 def wrap(obj, name, key=None):
@@ -37,13 +41,20 @@ def wrap(obj, name, key=None):
     def w(*a, **k):
         if not on["v"]:
             return f(*a, **k)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
+        flt = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         try:
             return f(*a, **k)
         finally:
+            flt = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - flt
+            c, t = time.thread_time() - c, time.perf_counter() - t
+            who = "main" if threading.current_thread() is threading.main_thread() else "loader"
             with lock:
-                acc[key] += time.perf_counter() - t
+                acc[key] += t
                 cnt[key] += 1
+                cpu[key] += c
+                faults[key] += flt
+                by[(key, who)] += 1
     setattr(obj, name, w)
 
 
@@ -80,4 +91,5 @@ for r in range(4):
     del m
 print(path, "cold ms", round(t * 1e3, 2), {k: v for k, v in cs.items() if isinstance(v, (int, float))})
 for k, v in sorted(acc.items(), key=lambda kv: -kv[1]):
-    print(f"  {k:50s} n {cnt[k]:4d} sum {v * 1e3:8.2f} ms  per {v / cnt[k] * 1e6:8.1f} us")
+    print(f"  {k:50s} n {cnt[k]:4d} sum {v * 1e3:8.2f} ms  per {v / cnt[k] * 1e6:8.1f} us  cpu {cpu[k] * 1e3:7.2f} ms"
+          f"  faults {faults[k]:6d}  main/loader {by[(k, 'main')]}/{by[(k, 'loader')]}")
