@@ -30,8 +30,14 @@ from .plan import ColdPlan, LayerPlan, PlanOptions
 #: (2026-11-24, caches filled, page cache dropped): squeezenet1_1 cold 68 ms with 16 loaders, 70 with 4,
 #: 52 with 2; mobilenetv2 94 / 99 / 86; resnet50, whose reads are larger, 156 with 16 and 142 with 4. Again on an
 #: H200 (2026-12-03, after the per-layer calls went through raw cffi; 4 loaders then 2, one host, median of 3
-#: rounds each): squeezenet1_1 36.4 -> 34.1 ms, mobilenetv2 47.1 -> 43.8, resnet50 83.8 -> 73.0.
-GPU_LOADERS = 2
+#: rounds each): squeezenet1_1 36.4 -> 34.1 ms, mobilenetv2 47.1 -> 43.8, resnet50 83.8 -> 73.0. Then 2 -> 1 on the
+#: H100 (2026-12-07, the reads on their own I/O threads, the executor taking over what the loader has not begun;
+#: packages compiled for each count, three cold loads a median, 2026-12-07zj): squeezenet1_1 22.3 -> 18.1 ms,
+#: mobilenetv2 31.5 -> 29.5 and 29.7 -> 27.9 (one more pair in the other order); in the same runs' other rounds
+#: (registered, binds not recorded, pipelines not resident) one loader was ahead in 6 of 9, and in last session's
+#: one pair (mobilenetv2 32.0 -> 23.0, squeezenet1_1 19.4 -> 17.6). A layer's preparation was mostly waiting for
+#: the GIL (2026-12-07zi: 390-410 us of wall time a layer, a few tens of it work).
+GPU_LOADERS = 1
 
 
 @dataclass(frozen=True)
