@@ -24,7 +24,7 @@ def test_wait_quiet_blocks_while_a_request_runs_and_just_after() -> None:
 def test_idle_profiling_measures_only_between_requests(monkeypatch) -> None:
     """profile_layers on the idle worker's thread starts a measurement only once the foreground is quiet."""
     from inferd.frontend import import_model
-    from inferd.ops.base import Layer, applicable_kernels
+    from inferd.runtime.cpu import CpuExecutor
     from inferd.runtime import profiler
     from inferd.runtime.scheduler import Foreground as F
     from inferd.zoo import build
@@ -32,12 +32,7 @@ def test_idle_profiling_measures_only_between_requests(monkeypatch) -> None:
     fg = F()
     monkeypatch.setattr(profiler, "foreground", fg)
     g = import_model(build("tiny"))
-    entries = []
-    for n in g.nodes:
-        lay = Layer.of(n, g)
-        ks = applicable_kernels(lay, "cpu")
-        if ks:
-            entries.append((lay, ks, ks[0]))
+    entries = CpuExecutor(g, lazy=True).candidates()  # each layer with its candidate kernels and default
     assert entries
     done: list[float] = []
 

@@ -12,7 +12,8 @@ from onnx import helper, numpy_helper
 
 from inferd.frontend import import_model
 from inferd.ir import Graph
-from inferd.ops.base import Kernel, Layer, applicable_kernels
+from inferd.ops.base import Kernel, Layer
+from inferd.runtime.cpu import CpuExecutor
 from inferd.runtime import profiler
 
 
@@ -34,14 +35,9 @@ def _chain() -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _entries(g: Graph) -> list[tuple[Layer, list[Kernel], Kernel]]:
-    out = []
-    for n in g.nodes:
-        lay = Layer.of(n, g)
-        ks = applicable_kernels(lay, "cpu")
-        if ks:
-            out.append((lay, ks, ks[0]))
-    return out
+def _layers(g: Graph) -> list[tuple[Layer, list[Kernel], Kernel]]:
+    """Each layer of ``g`` with its candidate CPU kernels and default, as the profiler is given them."""
+    return CpuExecutor(g, lazy=True).candidates()
 
 
 def _convs(entries: list[tuple[Layer, list[Kernel], Kernel]]) -> dict[str, tuple[Layer, list[Kernel], Kernel]]:
@@ -50,7 +46,7 @@ def _convs(entries: list[tuple[Layer, list[Kernel], Kernel]]) -> dict[str, tuple
 
 def test_layers_of_one_signature_share_the_least_time_each_measured() -> None:
     g = import_model(_chain())
-    entries = _entries(g)
+    entries = _layers(g)
     convs = _convs(entries)
     assert {"conv_a", "conv_b", "conv_c", "conv_d"} <= set(convs)
     sig = {n: profiler.layer_signature(convs[n][0]) for n in convs}
@@ -100,7 +96,7 @@ class _Fake(Kernel):
 
 def _one_layer() -> tuple[Graph, Layer]:
     g = import_model(_chain())
-    return g, next(e[0] for e in _entries(g) if e[0].name == "conv_c")
+    return g, next(e[0] for e in _layers(g) if e[0].name == "conv_c")
 
 
 def test_a_layers_candidates_are_timed_in_alternating_rounds() -> None:
