@@ -80,8 +80,8 @@ _XXH3: list[Any] = []
 
 def xxh3_c() -> Any:
     """The xxhash module's C function ``XXH3_64bits`` as a cffi function pointer (``inferd_hash_fn``), the store's
-    checksum computed by the same code as ``xxhash.xxh3_64_intdigest``: for the native streaming loaders. None where the native extension or the export is
-    missing, or the probe's sum differs."""
+    checksum computed by the same code as ``xxhash.xxh3_64_intdigest``: for the native streaming loaders. None where
+    the native extension or the export is missing, or the probe's sum differs."""
     if not _XXH3:
         fn = None
         try:
