@@ -747,7 +747,7 @@ class VulkanColdBackend:
         if per_layer:
             rates = replace(rates, pipeline_empty_s=float(np.mean([e for e, _ in per_layer])),
                             pipeline_filled_s=float(np.mean([f for _, f in per_layer])))
-        # the layers of one signature (repeated blocks) take the least time any of them measured per kernel
+        # the layers of one signature (repeated blocks) take one time per kernel: a pair its lesser, more their middle
         from ..runtime.profiler import pool_signatures
 
         pool_signatures([(s.layer, kernels, default) for s, (_l, kernels, default) in zip(self._slots, entries)
