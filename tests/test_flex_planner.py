@@ -195,3 +195,46 @@ def test_timed_plan_gives_up_residency_that_crowds_out_preloading():
     check(p, layers, acts)
     assert simulate(p, layers, bw) <= 1.01 * t_none
     assert simulate(p, layers, bw) < t_most
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems())
+def test_no_plan_the_planner_makes_beats_the_time_lower_bound(prob):
+    """``time_lower_bound`` holds for every plan inside the budget: the planner's own (preloading, residency),
+    timed by its simulation, never runs faster; and it is never below max(compute, reading every weight not
+    kept resident)."""
+    from inferd.planner.flex import simulate, time_lower_bound
+
+    layers, acts, slack = prob
+    try:
+        need = min_budget(layers, acts)
+    except BudgetTooSmall:
+        return
+    budget = int(need * slack)
+    bw = 2e7
+    lb = time_lower_bound(layers, acts, budget, bw)
+    assert lb >= sum(lm.compute_s for lm in layers) - 1e-12
+    for p in (plan_budget(layers, acts, budget, read_bw=bw), plan_flex(layers, acts, budget),
+              plan_flex(layers, acts, budget, preload=False)):
+        assert simulate(p, layers, bw) >= lb - 1e-12
+
+
+def test_a_budget_too_small_to_read_ahead_forbids_overlap():
+    """A first step that computes for 10 ms holding most of the budget in activations, then a step whose weights
+    take 10 ms to read: max(compute, reading) is 10 ms, but the weights have nowhere to go while the first step
+    runs, so no plan finishes in less than 10 ms + (weights - room) / rate. With room for all of them, the bound
+    is max(compute, reading) again."""
+    from inferd.planner.flex import simulate, time_lower_bound
+
+    bw = 1e6  # 10 000 bytes: 10 ms
+    layers = [LayerMem("first", 0, 0, 10e-3), LayerMem("heavy", 10_000, 0, 0.1e-3)]
+    acts = [Buffer("x", 50_000, -1, 0), Buffer("y", 1_000, 0, 1), Buffer("z", 1_000, 1, 2)]
+    budget = 52_000  # while "first" runs: 1000 bytes beside its activations
+    lb = time_lower_bound(layers, acts, budget, bw)
+    assert lb == pytest.approx(10e-3 + 9_000 / bw)
+    assert lb > 1.8 * max(10.1e-3, 10_000 / bw)
+    assert simulate(plan_budget(layers, acts, budget, read_bw=bw), layers, bw) >= lb
+    roomy = 51_000 + 10_000
+    assert time_lower_bound(layers, acts, roomy, bw) == pytest.approx(max(10.1e-3, 10e-3 + 0.1e-3))
+    with pytest.raises(ValueError):
+        time_lower_bound(layers, acts, budget, 0.0)

@@ -404,6 +404,40 @@ def _with_resident(layers: Sequence[LayerMem], activations: Sequence[Buffer], bu
     return best
 
 
+def time_lower_bound(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, read_bw: float,
+                     compute_s: Sequence[float] | None = None) -> float:
+    """Seconds below which no run of these steps fits in ``budget`` bytes, whatever the plan: any placement, any
+    residency, reads of any size in any order at ``read_bw`` bytes/s, compute overlapping them perfectly.
+
+    Why it holds: the weights of steps ``i`` and after that are in memory when step ``i`` begins share the budget
+    with what step ``i`` needs itself (the activations live across it, its workspace), and, having been read
+    before it began, also with what step ``i - 1`` held at its end (its activations, workspace and weights); the
+    rest is still to be read. So a run takes at least ``compute(< i) + (weights(>= i) - room(i)) / read_bw`` for
+    every ``i``, and at least its compute. Where this passes max(compute, all weights / read_bw), the bound a
+    plan's reads are judged by, the budget itself forbids the overlap: resnet50 under 14 MiB must read most of its
+    weights (layer3's and layer4's) after its first half has run, with no room to hold them earlier."""
+    L = len(layers)
+    comp = list(compute_s) if compute_s is not None else [lm.compute_s for lm in layers]
+    if len(comp) != L or read_bw <= 0:
+        raise ValueError("time_lower_bound needs one compute time per step and a positive read rate")
+    live = [0] * (L + 1)
+    for b in activations:
+        lo, hi = max(b.first, 0), min(b.last, L - 1)
+        if lo <= hi:
+            live[lo] += b.size
+            live[hi + 1] -= b.size
+    best = sum(comp)
+    before, acts, rest, held = 0.0, 0, sum(lm.weights for lm in layers), budget
+    for i, lm in enumerate(layers):
+        acts += live[i]
+        room = max(0, min(held, budget - acts - lm.workspace))
+        best = max(best, before + max(0, rest - room) / read_bw)
+        before += comp[i]
+        rest -= lm.weights
+        held = max(0, budget - acts - lm.workspace - lm.weights)  # beside step i at its end, for the steps after
+    return best
+
+
 def simulate(plan: FlexPlan, layers: Sequence[LayerMem], read_bw: float,
              compute_s: Sequence[float] | None = None) -> float:
     """Seconds one run of ``plan`` takes at best with one loader reading whole layers in order at ``read_bw``

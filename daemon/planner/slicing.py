@@ -278,6 +278,16 @@ def fit_config(graph: Graph, budget: int, *, base: MemConfig | None = None, max_
 #: simulation reads at the disk's rate; a real read of a small slice also pays its latency)
 FASTER_COUNTS = (2, 4, 8)
 FASTER_MIN_GAIN = 0.03
+#: the uniform slicings ``faster_config`` tries: every layer whose weights pass budget / d, for each d here, cut
+#: into slices of at most that size
+FASTER_DIVISORS = (4, 8, 16)
+#: the output channels a slice of ``faster_config``'s keeps at least: a narrower GEMM runs below the rate its
+#: share of the layer's time assumes
+FASTER_MIN_CHANNELS = 32
+#: what one more step costs a streamed run beyond its share of compute (the executor's turn, the loader's
+#: hand-over, a Concat's copy): a slicing pays it per step it adds, so that the simulation, which has no such
+#: cost, does not cut a layer into pieces for a gain they eat
+STEP_COST_S = 40e-6
 
 
 def slice_base(name: str) -> str:
@@ -286,57 +296,115 @@ def slice_base(name: str) -> str:
     return name[:-len(CONCAT_SUFFIX)] if name.endswith(CONCAT_SUFFIX) else name
 
 
-def simulated_run_s(graph: Graph, cfg: MemConfig, budget: int, compute_s: Mapping[str, float], read_bw: float, *,
-                    alignment: int = 64, weight_alignment: int = 4096) -> float:
-    """Seconds one run of ``graph`` sliced as ``cfg`` takes at best inside ``budget`` bytes (``flex.simulate`` of
-    the plan the streaming runtime would make: preloading, residency), from ``compute_s`` per node of the
-    unsliced graph (a slice takes its share) and the disk's ``read_bw``; infinite where ``cfg`` does not fit."""
+#: the graph the runtime runs for a sliced graph and its kernel overrides (the CPU's blocked layout,
+#: ``runtime.stream_compile``), None where it runs the graph as it is
+Layout = Callable[[Graph, dict[str, str]], "Graph | None"]
+
+
+def _timed_steps(graph: Graph, cfg: MemConfig, compute_s: Mapping[str, float], alignment: int,
+                 layout: Layout | None = None) -> tuple[list[LayerMem], list[Buffer]]:
+    """``graph`` sliced as ``cfg`` (in ``layout``'s form where it gives one), sized for ``planner.flex``, each step
+    timed from ``compute_s`` per node of the unsliced graph (a slice takes its share; the Concat too: its node's
+    time is spread over the slices and it)."""
     g = slice_graph(graph, cfg.slices, cfg.in_slices)
-    layers, acts, _ks = step_memory(g, dict(cfg.kernels), alignment=alignment)
+    kernels = dict(cfg.kernels)
+    if layout is not None:
+        g = layout(g, kernels) or g
+    layers, acts, _ks = step_memory(g, kernels, alignment=alignment)
     base = [slice_base(lm.name) for lm in layers]
     parts: dict[str, int] = {}
     for b in base:
-        parts[b] = parts.get(b, 0) + 1  # (the Concat too: its node's time is spread over the slices and it)
-    layers = [replace(lm, compute_s=float(compute_s.get(b, 0.0)) / parts[b]) for lm, b in zip(layers, base)]
-    try:
-        plan = plan_budget(layers, acts, budget, preload=True, read_bw=read_bw, alignment=alignment,
-                           weight_alignment=weight_alignment)
-    except BudgetTooSmall:
-        return math.inf
-    return simulate(plan, layers, read_bw)
+        parts[b] = parts.get(b, 0) + 1
+    return [replace(lm, compute_s=float(compute_s.get(b, 0.0)) / parts[b]) for lm, b in zip(layers, base)], acts
+
+
+def simulated_run_s(graph: Graph, cfg: MemConfig, budget: int, compute_s: Mapping[str, float], read_bw: float, *,
+                    alignment: int = 64, weight_alignment: int = 4096, layout: Layout | None = None) -> float:
+    """Seconds one run of ``graph`` sliced as ``cfg`` takes at best inside ``budget`` bytes (``flex.simulate`` of
+    the plan the streaming runtime would make: preloading, residency), from ``compute_s`` per node of the
+    unsliced graph (a slice takes its share) and the disk's ``read_bw``; infinite where ``cfg`` does not fit.
+    ``layout``: the graph the runtime runs, as the compile writes it: in that form where it fits the budget, else
+    as it is (resnet50's blocked convs read 98 MiB of weights where the NCHW kernels' Winograd reads 127)."""
+    forms = [layout, None] if layout is not None else [None]
+    for form in forms:
+        layers, acts = _timed_steps(graph, cfg, compute_s, alignment, form)
+        try:
+            plan = plan_budget(layers, acts, budget, preload=True, read_bw=read_bw, alignment=alignment,
+                               weight_alignment=weight_alignment)
+        except BudgetTooSmall:
+            continue
+        return simulate(plan, layers, read_bw)
+    return math.inf
 
 
 def faster_config(graph: Graph, budget: int, base: MemConfig, compute_s: Mapping[str, float], read_bw: float, *,
                   candidates: int = 3, counts: Sequence[int] = FASTER_COUNTS, min_gain: float = FASTER_MIN_GAIN,
-                  alignment: int = 64) -> MemConfig:
-    """``base`` (a configuration that fits ``budget``: ``fit_config``'s) with its weight-heaviest layers sliced
-    further where that makes the run inside the budget faster (``simulated_run_s``). Why: ``fit_config`` slices
-    only until the budget fits, for memory. A layer's weights are one box, and under a budget that holds a third
-    to two thirds of the weights the largest (mobilenetv2's 5 MB classifier) can neither stay resident nor be read
-    ahead in the gaps the earlier layers leave: its whole read waits at its step, every run. In slices, some stay
-    resident and the rest are read ahead piece by piece (measured at 11.6 MiB, reads from disk: 10.4 -> 7.3 ms).
-    Greedy over the ``candidates`` layers with the most weights: each keeps the count in ``counts`` that saves
-    most, if it saves at least ``min_gain`` of the time. ``compute_s``: seconds per node of the unsliced graph."""
+                  divisors: Sequence[int] = FASTER_DIVISORS, step_cost_s: float = STEP_COST_S,
+                  alignment: int = 64, layout: Layout | None = None) -> MemConfig:
+    """``base`` (a configuration that fits ``budget``: ``fit_config``'s) with its weight-heavy layers sliced
+    further where that makes the run inside the budget faster (``simulated_run_s``, plus ``step_cost_s`` for each
+    step a slicing adds). Why: ``fit_config`` slices only until the budget fits, for memory. A layer's weights
+    are one box, and under a budget that holds a third to two thirds of the weights the largest (mobilenetv2's
+    5 MB classifier) can neither stay resident nor be read ahead in the gaps the earlier layers leave: its whole
+    read waits at its step, every run. In slices, some stay resident and the rest are read ahead piece by piece
+    (measured at 11.6 MiB, reads from disk: 10.4 -> 7.3 ms).
+
+    Two searches, each change kept only where it saves at least ``min_gain`` of the time: first every layer whose
+    weights pass ``budget / d`` cut into slices of at most that size, for each ``d`` in ``divisors`` (a model
+    whose weights outweigh the budget many times over has more than a few such layers: resnet50 under 10 MiB
+    reads layer3's and layer4's 20 convs of 1-9 MB in the gaps a few MB leave; simulated 65.6 -> 60.0 ms with
+    ``d`` 8, where the three heaviest alone gained nothing), then greedily over the ``candidates`` layers with the
+    most weights, each the count in ``counts`` that saves most. A slice keeps ``FASTER_MIN_CHANNELS`` output
+    channels or more. ``compute_s``: seconds per node of the unsliced graph; ``layout``: as for
+    ``simulated_run_s``."""
     if read_bw <= 0 or not any(v > 0 for v in compute_s.values()):
         return base
 
     def nbytes(node: Node) -> int:
         return sum(int(graph.constants[i].nbytes) for i in node.inputs[1:] if i in graph.constants)
 
-    order = sorted((n for n in graph.nodes if sliceable(graph, n) and n.name not in base.in_slices),
-                   key=lambda n: (-nbytes(n), n.name))[:candidates]
-    best, t_best = base, simulated_run_s(graph, base, budget, compute_s, read_bw, alignment=alignment)
+    def most(node: Node) -> int:
+        return max(1, sliceable(graph, node) // FASTER_MIN_CHANNELS)
+
+    steps0 = len(base.slices) + sum(base.slices.values())  # (a sliced node is its slices and their Concat)
+
+    def cost(cfg: MemConfig) -> float:
+        t = simulated_run_s(graph, cfg, budget, compute_s, read_bw, alignment=alignment, layout=layout)
+        added = len(cfg.slices) + sum(cfg.slices.values()) - steps0
+        return t + step_cost_s * max(0, added)
+
+    nodes = sorted((n for n in graph.nodes if sliceable(graph, n) and n.name not in base.in_slices),
+                   key=lambda n: (-nbytes(n), n.name))
+    best, t_best = base, cost(base)
     if not math.isfinite(t_best):
         return base
-    for node in order:
-        most = max(1, sliceable(graph, node) // 8)  # as fit_config: at least 8 channels a slice
+    pick, t_pick = best, t_best * (1 - min_gain)
+    for d in divisors:
+        cap = budget / d
+        slices = dict(best.slices)
+        for node in nodes:
+            w = nbytes(node)
+            if w <= cap:
+                break  # (heaviest first)
+            c = min(most(node), math.ceil(w / cap))
+            if c > slices.get(node.name, 1):
+                slices[node.name] = c
+        if slices == dict(best.slices):
+            continue
+        cfg = MemConfig(dict(best.kernels), slices, dict(best.in_slices))
+        t = cost(cfg)
+        if t < t_pick:
+            pick, t_pick = cfg, t
+    if pick is not best:
+        best, t_best = pick, t_pick
+    for node in nodes[:candidates]:
         cur = best.slices.get(node.name, 1)
         pick, t_pick = best, t_best * (1 - min_gain)
         for c in counts:
-            if c <= cur or c > most:
+            if c <= cur or c > most(node):
                 continue
             cfg = MemConfig(dict(best.kernels), {**best.slices, node.name: c}, dict(best.in_slices))
-            t = simulated_run_s(graph, cfg, budget, compute_s, read_bw, alignment=alignment)
+            t = cost(cfg)
             if t < t_pick:
                 pick, t_pick = cfg, t
         if pick is not best:

@@ -141,7 +141,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     def write_blocked(cfg: Any, g: Graph, kernels: dict[str, str]) -> Built | None:
         """``cfg``'s graph ``g`` in the blocked layout and its store, where that layout applies and fits the
         budget."""
-        blocked = _blocked(g, kernels)
+        blocked = blocked_layout(g, kernels)
         if blocked is None:
             return None
         store = prepare_stream_store(blocked, work / f"{stem(cfg)}-nchwc.store", kernels or None)
@@ -173,7 +173,7 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
         for node, t in zip(g.nodes, compute_s):
             base = slice_base(node.name)
             per_node[base] = per_node.get(base, 0.0) + t
-        faster = faster_config(graph, max(1, budget - small_bytes(graph)), cfg, per_node, read_bw)
+        faster = faster_config(graph, max(1, budget - small_bytes(graph)), cfg, per_node, read_bw, layout=sliced_layout)
         if faster != cfg:
             cfg = faster
             g, kernels, store = write(cfg)
@@ -184,7 +184,13 @@ def compile_streamed(src: str | os.PathLike, budget: int, work: str | os.PathLik
     return skel
 
 
-def _blocked(g: Graph, kernels: dict[str, str]) -> Graph | None:
+def sliced_layout(g: Graph, kernels: dict[str, str]) -> Graph | None:
+    """``blocked_layout`` for a sliced graph and the overrides of the unsliced one's nodes (``faster_config``'s
+    ``layout``: the form the compile writes a slicing in)."""
+    return blocked_layout(g, expand_kernels(g, kernels))
+
+
+def blocked_layout(g: Graph, kernels: dict[str, str]) -> Graph | None:
     """``g`` as the CPU runs it unconstrained (``package.cpu_graph``: runs of convs on channel-blocked tensors,
     the kernels in ``kernels`` keeping NCHW), or None where nothing is blocked or ``INFERD_CPU_LAYOUT=nchw``.
     resnet50 streamed, Xeon VM, two threads: 0.87-0.89x the NCHW kernels' time (resident at an ample budget), a
