@@ -141,8 +141,10 @@ def test_streamed_model_is_sliced_again_when_its_slicing_no_longer_fits() -> Non
     try:
         _streamed_repo(d, "resnet50", "r50")
         x = np.random.default_rng(4).standard_normal((1, 3, 224, 224)).astype(np.float32)
+        # first a budget that holds the whole model, which its compile then leaves unsliced (under a budget that
+        # streams it, ``faster_config`` may slice it for speed, and enough to fit the smaller one below)
         with DaemonProcess(f"ipc://{d}/s.sock", d / "m", "--cache-dir", str(d / "c"), "--memory-budget",
-                           str(40 * MB), log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=300) as c:
+                           str(160 * MB), log_path=d / "d.log") as dp, Client(dp.endpoint, timeout=300) as c:
             y = c.infer("r50", {"input": x})["output"]
             # below the unsliced minimum (~12.6 MiB, blocked; 20.5 before the streamed models ran the CPU's
             # blocked layout), above the sliced one (~9.8 MiB)

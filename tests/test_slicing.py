@@ -153,6 +153,34 @@ def test_faster_config_slices_the_layers_whose_reads_stall_and_stays_exact(resne
         ex.close()
 
 
+def test_faster_config_simulates_the_layout_the_compile_writes_and_slices_every_heavy_layer(resnet18):
+    """The slicing is judged on the graph the compile writes for it (``stream_compile.sliced_layout``: the CPU's
+    blocked convs, whose weights are read at their own size where the NCHW Winograd kernels' are 1.8-4x): the
+    simulated run reads fewer bytes than the NCHW graph's, and a layout that gives nothing leaves the NCHW one.
+    Under a budget a fraction of the weights, every layer heavier than a share of it is cut (more than the three
+    heaviest the greedy pass looks at), and the run is simulated faster than the budget's fitting slicing."""
+    from inferd.planner.slicing import FASTER_MIN_GAIN, faster_config, simulated_run_s
+    from inferd.runtime.stream_compile import sliced_layout
+
+    g, _feeds, _ref = resnet18
+    comp = {n.name: 0.5e-3 for n in g.nodes}  # (synthetic: 0.5 ms a node, a 4 GB/s disk)
+    bw = 4e9
+    blocked_weights = sum(lm.weights for lm in step_memory(sliced_layout(slice_graph(g, {}), {}))[0])
+    nchw_weights = sum(lm.weights for lm in step_memory(g)[0])
+    assert blocked_weights < nchw_weights
+    budget = int(blocked_weights * 0.45)
+    base = fit_config(g, budget)
+    nchw = simulated_run_s(g, base, budget, comp, bw)
+    assert simulated_run_s(g, base, budget, comp, bw, layout=lambda _g, _k: None) == nchw
+    blocked = simulated_run_s(g, base, budget, comp, bw, layout=sliced_layout)
+    assert blocked < nchw
+    fast = faster_config(g, budget, base, comp, bw, layout=sliced_layout)
+    assert len(set(fast.slices) - set(base.slices)) > 3
+    assert simulated_run_s(g, fast, budget, comp, bw, layout=sliced_layout) < (1 - FASTER_MIN_GAIN) * blocked
+    assert all(sliceable(g, n) // fast.slices[n.name] >= 32 for n in g.nodes if n.name in fast.slices
+               and n.name not in base.slices)
+
+
 def test_compiling_for_a_budget_takes_the_faster_slicing(tmp_path, monkeypatch):
     """A daemon's streamed model is compiled for its budget (``stream_compile.compile_streamed``): fit_config's
     slicing, then ``faster_config`` from the model's measured times per node (a slice's time counts for its node)

@@ -366,11 +366,11 @@ def faster_config(graph: Graph, budget: int, base: MemConfig, compute_s: Mapping
     def most(node: Node) -> int:
         return max(1, sliceable(graph, node) // FASTER_MIN_CHANNELS)
 
-    steps0 = len(base.slices) + sum(base.slices.values())  # (a sliced node is its slices and their Concat)
+    steps0 = sum(base.slices.values())  # a node in c slices is c + 1 steps (its Concat): c more than whole
 
     def cost(cfg: MemConfig) -> float:
         t = simulated_run_s(graph, cfg, budget, compute_s, read_bw, alignment=alignment, layout=layout)
-        added = len(cfg.slices) + sum(cfg.slices.values()) - steps0
+        added = sum(cfg.slices.values()) - steps0
         return t + step_cost_s * max(0, added)
 
     nodes = sorted((n for n in graph.nodes if sliceable(graph, n) and n.name not in base.in_slices),
