@@ -239,8 +239,9 @@ def _table(data: dict[str, Any]) -> str:
                   "(flex.simulate: compute scaled to the warm runs, whole-layer loads at the disk rate), what any "
                   "runtime could reach inside the budget (goal: ratio <= 1.15, vs on-demand < 1). any plan >=: what "
                   "no plan of these kernels can beat inside the budget, whatever it keeps resident and however it "
-                  "reads (flex.time_lower_bound: the weights of the steps from i on that do not fit beside step i's "
-                  "activations are read after the compute before i); beside it, over the largest bound any plan "
+                  "reads (flex.time_lower_bound: the weights of the steps from i on that fit neither beside step "
+                  "i nor beside step i - 1 at its end are read after the compute before i); beside it, over the "
+                  "largest bound any plan "
                   "could be held to, max(warm, every weight / disk bandwidth): above 1.15 the budget itself forbids "
                   "the goal.", "",
                   "| budget MiB | mode | slicing | read | latency ms | warm ms | read ms | wait ms | streamed MiB | "

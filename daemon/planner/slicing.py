@@ -351,9 +351,10 @@ def faster_config(graph: Graph, budget: int, base: MemConfig, compute_s: Mapping
 
     Two searches, each change kept only where it saves at least ``min_gain`` of the time: first every layer whose
     weights pass ``budget / d`` cut into slices of at most that size, for each ``d`` in ``divisors`` (a model
-    whose weights outweigh the budget many times over has more than a few such layers: resnet50 under 10 MiB
-    reads layer3's and layer4's 20 convs of 1-9 MB in the gaps a few MB leave; simulated 65.6 -> 60.0 ms with
-    ``d`` 8, where the three heaviest alone gained nothing), then greedily over the ``candidates`` layers with the
+    whose weights outweigh the budget many times over has more than a few such layers: resnet50 under 10-14 MiB
+    reads layer3's and layer4's 20 convs of 1-9 MB in the gaps a few MB leave; simulated 62.0-64.2 -> 57.4-57.7 ms,
+    measured at 13.82 MiB from disk 64.8-72.1 -> 60.9-67.4 ms, where the three heaviest alone gained nothing:
+    bench results 2026-12-07zn), then greedily over the ``candidates`` layers with the
     most weights, each the count in ``counts`` that saves most. A slice keeps ``FASTER_MIN_CHANNELS`` output
     channels or more. ``compute_s``: seconds per node of the unsliced graph; ``layout``: as for
     ``simulated_run_s``."""
