@@ -245,6 +245,45 @@ def test_the_head_read_serves_the_first_chunk_and_the_stream_reads_the_rest(tmp_
     s.close()
 
 
+def test_a_stream_started_while_the_head_read_is_under_way_reads_its_second_piece_first(tmp_path, monkeypatch):
+    """The head read still under way on the io worker (a cold disk's first read) when the stream starts: the other
+    reader does not wait for it holding the first piece, but reads the next piece meanwhile; the first chunk still
+    comes from the head once it is done, and every blob is right."""
+    from inferd import store as S
+
+    p = tmp_path / "w.store"
+    arrs = _many_blobs(p)
+    with WeightsStore(p) as s:
+        ents = list(entries_of(s))
+    gate, started = threading.Event(), threading.Event()
+    real = S.readv
+
+    def slow_head(fd, dfd, offset, bufs, **kw):
+        if offset == 0 and not gate.is_set():  # the head's read (the stream's start at the first blob's offset)
+            started.set()
+            gate.wait(10)
+        return real(fd, dfd, offset, bufs, **kw)
+
+    monkeypatch.setattr(S, "readv", slow_head)
+    head = HeadRead(p, worker("io").submit, size=3 * ALIGN)
+    try:
+        assert started.wait(10)
+        counted: list[int] = []
+        s, st = _stream_with_head(p, head, ents, counted)
+        first_end = st.chunks[0][1]
+        end = time.monotonic() + 5
+        while not counted and time.monotonic() < end:
+            time.sleep(0.001)
+        assert counted and counted[0] >= first_end  # a later piece read while the head's is under way
+    finally:
+        gate.set()
+    for e in ents:
+        np.testing.assert_array_equal(st.get(e), arrs[e.tensor])
+    assert min(counted) >= first_end  # the first chunk: the head's
+    st.release()
+    s.close()
+
+
 def test_a_head_read_of_another_file_or_that_failed_or_never_started_is_not_used(tmp_path):
     p = tmp_path / "w.store"
     arrs = _many_blobs(p)
