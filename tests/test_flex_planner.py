@@ -24,6 +24,17 @@ def problems(draw):
     return layers, acts, slack
 
 
+def _with_slack(prob):
+    """A drawn problem's layers and activations with its budget (the smallest that fits times its slack), or None
+    where nothing fits."""
+    layers, acts, slack = prob
+    try:
+        need = min_budget(layers, acts)
+    except BudgetTooSmall:
+        return None
+    return layers, acts, int(need * slack)
+
+
 def check(plan, layers, acts):
     """The invariants a runtime relies on."""
     boxes = plan.boxes
@@ -160,15 +171,11 @@ def test_timed_resident_choice_never_slower_than_the_first(prob):
     plan's own simulated schedule: never slower than the first choice alone, and still a valid plan."""
     from inferd.planner.flex import _with_resident, simulate
 
-    layers, acts, slack = prob
-    try:
-        need = min_budget(layers, acts)
-    except BudgetTooSmall:
+    got = _with_slack(prob)
+    if got is None or not any(lm.compute_s > 0 for lm in got[0]):
         return
-    budget = int(need * slack)
+    layers, acts, budget = got
     bw = 2e7
-    if not any(lm.compute_s > 0 for lm in layers):
-        return
     p = plan_budget(layers, acts, budget, read_bw=bw)
     check(p, layers, acts)
     base = plan_flex(layers, acts, budget)
@@ -205,12 +212,10 @@ def test_no_plan_the_planner_makes_beats_the_time_lower_bound(prob):
     kept resident)."""
     from inferd.planner.flex import simulate, time_lower_bound
 
-    layers, acts, slack = prob
-    try:
-        need = min_budget(layers, acts)
-    except BudgetTooSmall:
+    got = _with_slack(prob)
+    if got is None:
         return
-    budget = int(need * slack)
+    layers, acts, budget = got
     bw = 2e7
     lb = time_lower_bound(layers, acts, budget, bw)
     assert lb >= sum(lm.compute_s for lm in layers) - 1e-12
