@@ -327,20 +327,25 @@ def plan_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], budge
     best = _with_resident(layers, activations, budget, base, resident_order(layers, read_bw), preload=preload,
                           max_preload=max_preload, alignment=alignment, weight_alignment=weight_alignment)
     if timed:
-        # with times known the plan's own schedule can be judged: when the first choice leaves the run well above
-        # max(compute, reading), the largest layers first (fewer, bigger loads kept off the loader's queue) is
-        # tried too and the faster plan kept (simulated on resnet50 with its measured times: 63 ms against 71 at
-        # 103 MiB)
-        t_best = simulate(best, layers, read_bw)
+        # with times known the plan's own schedule can be judged (``run_s``: the simulation, each streamed step
+        # charged ``STREAMED_STEP_S``): when the first choice leaves the run well above max(compute, reading),
+        # other residencies are tried too and the fastest plan kept
+        t_best = run_s(best, layers, read_bw)
         k_gain = sum(best.resident)
         floor = max(sum(lm.compute_s for lm in layers), best.streamed_bytes / read_bw)
         if t_best > 1.05 * floor:
             kw = dict(preload=preload, max_preload=max_preload, alignment=alignment, weight_alignment=weight_alignment)
-            big = sorted((i for i, lm in enumerate(layers) if lm.weights > 0), key=lambda i: (-layers[i].weights, i))
-            other = _with_resident(layers, activations, budget, base, big, **kw)
-            t_other = simulate(other, layers, read_bw)
-            if t_other < t_best:
-                best, t_best = other, t_other
+            with_w = [i for i, lm in enumerate(layers) if lm.weights > 0]
+            # the largest layers first (fewer, bigger loads kept off the loader's queue: resnet50 with its measured
+            # times, 63 ms against 71 at 103 MiB), and the smallest first (the fewest streamed steps: mobilenetv2
+            # at 17.5 MiB streamed 29 small layers, 2.7 MiB, and ran 0.4-0.8 ms over its warm time with no wait
+            # for a read, 2026-12-07zl, where streaming its classifier alone costs the same compute and reads)
+            for order in (sorted(with_w, key=lambda i: (-layers[i].weights, i)),
+                          sorted(with_w, key=lambda i: (layers[i].weights, i))):
+                other = _with_resident(layers, activations, budget, base, order, **kw)
+                t_other = run_s(other, layers, read_bw)
+                if t_other < t_best:
+                    best, t_best = other, t_other
             # fewer resident weights: a byte kept resident is a byte the loader can no longer preload into, and
             # where compute hides the reading (vit_tiny at 8.5 MiB: 16 MiB to read in 8 ms, 29 ms of compute)
             # the deepest preloading beats the most residency (simulated 28.6 ms against 33.2). Only for a clear
@@ -353,13 +358,28 @@ def plan_budget(layers: Sequence[LayerMem], activations: Sequence[Buffer], budge
     return best
 
 
+#: what a streamed step costs the executor beyond its compute: the end of a fused run of native steps, the wait
+#: for its weights (met at once when they are in), the loader's hand-off. mobilenetv2 at 17.5 MiB, 29 small layers
+#: streamed with no wait for a read: 0.4 ms over its warm run from the page cache, 0.8 ms from the disk (14-26 us a
+#: step, 2026-12-07zl)
+STREAMED_STEP_S = 20e-6
+
+
+def run_s(plan: FlexPlan, layers: Sequence[LayerMem], read_bw: float, step_s: float = STREAMED_STEP_S) -> float:
+    """``simulate`` with each streamed step (weights read every run) charged ``step_s`` more compute: what the
+    planner compares plans by (``simulate`` alone, the floor a plan leaves, has no such cost)."""
+    comp = [lm.compute_s + (step_s if plan.weight_offset[i] >= 0 and not plan.resident[i] and lm.weights > 0
+                            else 0.0) for i, lm in enumerate(layers)]
+    return simulate(plan, layers, read_bw, comp)
+
+
 def _fewest_stalls(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, base: FlexPlan,
                    order: Sequence[int], k_max: int, read_bw: float, **kw: object) -> tuple[FlexPlan, float]:
     """The plan with the longest prefix of ``order`` resident (shorter than ``k_max``, the longest that fits)
     whose simulated run stays within 1% of ``base``'s (the plan with nothing resident), and that time: the
     residency that costs no preloading. Bisected: the simulated time grows with the resident prefix once its
     bytes start to crowd out the preloads."""
-    t_none = simulate(base, layers, read_bw)
+    t_none = run_s(base, layers, read_bw)
     target = 1.01 * t_none
     lo, hi = 0, k_max
     best: tuple[FlexPlan, float] | None = None
@@ -367,7 +387,7 @@ def _fewest_stalls(layers: Sequence[LayerMem], activations: Sequence[Buffer], bu
         mid = (lo + hi) // 2
         try:
             p = plan_flex(layers, activations, budget, resident=order[:mid], **kw)  # type: ignore[arg-type]
-            t = simulate(p, layers, read_bw)
+            t = run_s(p, layers, read_bw)
         except BudgetTooSmall:
             p, t = None, float("inf")
         if p is not None and t <= target:
