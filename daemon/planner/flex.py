@@ -376,7 +376,7 @@ def run_s(plan: FlexPlan, layers: Sequence[LayerMem], read_bw: float, step_s: fl
 def _fewest_stalls(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, base: FlexPlan,
                    order: Sequence[int], k_max: int, read_bw: float, **kw: object) -> tuple[FlexPlan, float]:
     """The plan with the longest prefix of ``order`` resident (shorter than ``k_max``, the longest that fits)
-    whose simulated run stays within 1% of ``base``'s (the plan with nothing resident), and that time: the
+    whose run (``run_s``) stays within 1% of ``base``'s (the plan with nothing resident), and that time: the
     residency that costs no preloading. Bisected: the simulated time grows with the resident prefix once its
     bytes start to crowd out the preloads."""
     t_none = run_s(base, layers, read_bw)
