@@ -78,12 +78,12 @@ if kind == "inferd":
                 # configuration's warm runs, whole-layer loads at the disk's rate
                 cs_ = [lm.compute_s for lm in ex.layer_mem]
                 k = float(np.median(ws[i])) / max(sum(cs_), 1e-9)
-                floor = simulate(ex.plan, ex.layer_mem, job["bw"], [v * k for v in cs_]) * 1e3
+                cs_ = [v * k for v in cs_]
+                floor = simulate(ex.plan, ex.layer_mem, job["bw"], cs_) * 1e3
             if floor is not None and c["read"] == "bypass":
                 # and what no plan of these kernels inside this budget could beat reading from the disk
                 # (flex.time_lower_bound; from the page cache the reads run faster than the disk's rate)
-                lower = time_lower_bound(ex.layer_mem, ex.activations, ex.plan.budget, job["bw"],
-                                         [v * k for v in cs_]) * 1e3
+                lower = time_lower_bound(ex.layer_mem, ex.activations, ex.plan.budget, job["bw"], cs_) * 1e3
             out.append({**c, "latency_ms": float(np.median(ts[i])) * 1e3, "latency_all_ms": [t * 1e3 for t in ts[i]],
                         "warm_ms": float(np.median(ws[i])) * 1e3, "warm_all_ms": [t * 1e3 for t in ws[i]],
                         "read_ms": float(np.median(rd[i])) * 1e3, "wait_ms": float(np.median(wt[i])) * 1e3,

@@ -368,9 +368,15 @@ STREAMED_STEP_S = 20e-6
 def run_s(plan: FlexPlan, layers: Sequence[LayerMem], read_bw: float, step_s: float = STREAMED_STEP_S) -> float:
     """``simulate`` with each streamed step (weights read every run) charged ``step_s`` more compute: what the
     planner compares plans by (``simulate`` alone, the floor a plan leaves, has no such cost)."""
-    comp = [lm.compute_s + (step_s if plan.weight_offset[i] >= 0 and not plan.resident[i] and lm.weights > 0
-                            else 0.0) for i, lm in enumerate(layers)]
+    streamed = set(_streamed_steps(plan, layers))
+    comp = [lm.compute_s + (step_s if i in streamed else 0.0) for i, lm in enumerate(layers)]
     return simulate(plan, layers, read_bw, comp)
+
+
+def _streamed_steps(plan: FlexPlan, layers: Sequence[LayerMem]) -> list[int]:
+    """The steps whose weights ``plan`` reads every run (placed, not resident), in step order."""
+    return [i for i in range(plan.steps) if plan.weight_offset[i] >= 0 and not plan.resident[i]
+            and layers[i].weights > 0]
 
 
 def _fewest_stalls(layers: Sequence[LayerMem], activations: Sequence[Buffer], budget: int, base: FlexPlan,
@@ -469,7 +475,7 @@ def simulate(plan: FlexPlan, layers: Sequence[LayerMem], read_bw: float,
     comp = list(compute_s) if compute_s is not None else [lm.compute_s for lm in layers]
     if len(comp) != L or read_bw <= 0:
         raise ValueError("simulate needs one compute time per step and a positive read rate")
-    order = [i for i in range(L) if plan.weight_offset[i] >= 0 and not plan.resident[i] and layers[i].weights > 0]
+    order = _streamed_steps(plan, layers)
     done = [0.0] * L
     ready: dict[int, float] = {}
     loader_free = 0.0

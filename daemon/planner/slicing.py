@@ -301,15 +301,11 @@ def slice_base(name: str) -> str:
 Layout = Callable[[Graph, dict[str, str]], "Graph | None"]
 
 
-def _timed_steps(graph: Graph, cfg: MemConfig, compute_s: Mapping[str, float], alignment: int,
-                 layout: Layout | None = None) -> tuple[list[LayerMem], list[Buffer]]:
-    """``graph`` sliced as ``cfg`` (in ``layout``'s form where it gives one), sized for ``planner.flex``, each step
-    timed from ``compute_s`` per node of the unsliced graph (a slice takes its share; the Concat too: its node's
-    time is spread over the slices and it)."""
-    g = slice_graph(graph, cfg.slices, cfg.in_slices)
-    kernels = dict(cfg.kernels)
-    if layout is not None:
-        g = layout(g, kernels) or g
+def _timed_steps(g: Graph, kernels: Mapping[str, str], compute_s: Mapping[str, float], alignment: int
+                 ) -> tuple[list[LayerMem], list[Buffer]]:
+    """Sliced graph ``g`` (or its layout's form) sized for ``planner.flex``, each step timed from ``compute_s`` per
+    node of the unsliced graph (a slice takes its share; the Concat too: its node's time is spread over the slices
+    and it)."""
     layers, acts, _ks = step_memory(g, kernels, alignment=alignment)
     base = [slice_base(lm.name) for lm in layers]
     parts: dict[str, int] = {}
@@ -325,9 +321,11 @@ def simulated_run_s(graph: Graph, cfg: MemConfig, budget: int, compute_s: Mappin
     unsliced graph (a slice takes its share) and the disk's ``read_bw``; infinite where ``cfg`` does not fit.
     ``layout``: the graph the runtime runs, as the compile writes it: in that form where it fits the budget, else
     as it is (resnet50's blocked convs read 98 MiB of weights where the NCHW kernels' Winograd reads 127)."""
-    forms = [layout, None] if layout is not None else [None]
-    for form in forms:
-        layers, acts = _timed_steps(graph, cfg, compute_s, alignment, form)
+    g = slice_graph(graph, cfg.slices, cfg.in_slices)
+    kernels = dict(cfg.kernels)
+    laid = layout(g, kernels) if layout is not None else None
+    for form in ([laid] if laid is not None else []) + [g]:
+        layers, acts = _timed_steps(form, kernels, compute_s, alignment)
         try:
             plan = plan_budget(layers, acts, budget, preload=True, read_bw=read_bw, alignment=alignment,
                                weight_alignment=weight_alignment)
