@@ -468,3 +468,9 @@ int inferd_steps_run(const inferd_step* s, int n);
    Python's time.perf_counter on Linux) into t[i] (t NULL: no clock read; inferd_steps_run is that): a cold load's
    first run times each layer of the run of ready layers it executes in one call. */
 int inferd_steps_run_timed(const inferd_step* s, int n, double* t);
+
+/* mincore.c: resident pages of the file open as fd (size bytes) over nwin windows (page-aligned offs[i],
+   lens[i] bytes), by mincore on one shared mapping; *looked: the pages looked at. -1 when it cannot be mapped or
+   asked (*looked 0). */
+long long inferd_resident_pages(int fd, long long size, const long long* offs, const long long* lens, int nwin,
+                                long long* looked);

@@ -35,6 +35,40 @@ def test_evict_then_mincore_sees_nothing_resident(tmp_path: Path) -> None:
         cb.check_cold([f], "blob")
 
 
+
+def test_native_page_count_agrees_with_the_ctypes_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_resident_pages`` counts in one native call (``native/mincore.c``) where the extension has it, through
+    ctypes otherwise: both must count the same pages of a file with a hole dropped from its cache, sampled windows
+    and the whole file alike. A window outside the file is (0, 0) natively (the ctypes count asks mincore about
+    whatever is mapped there: its callers never pass one)."""
+    import mmap
+
+    from inferd import native
+    from inferd.runtime import pagecache as pc
+    if not native.has("inferd_resident_pages"):
+        pytest.skip("the native extension is not built")
+    page = mmap.PAGESIZE
+    f = tmp_path / "store.bin"
+    size = 300 * page + 123  # a partial last page
+    f.write_bytes(os.urandom(size))
+    _read(f)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # (dirty pages are not dropped)
+        os.posix_fadvise(fd, 100 * page, 80 * page, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    windows = [[(0, size)], [(0, 16 * page), (96 * page, 16 * page), (290 * page, 10 * page + 123)]]
+    native_counts = [pc._resident_pages(f, size, w) for w in windows]
+    assert pc._resident_pages(f, size, [(0, page), (400 * page, page)]) == (0, 0)
+    real_has = native.has
+    monkeypatch.setattr(native, "has", lambda fn: fn != "inferd_resident_pages" and real_has(fn))
+    ctypes_counts = [pc._resident_pages(f, size, w) for w in windows]
+    assert native_counts == ctypes_counts, (native_counts, ctypes_counts)
+    assert native_counts[0][1] == 301 and native_counts[1][1] == 16 + 16 + 11
+    if native_counts[0][0] < 301:  # (a file system that keeps what fadvise drops leaves every page resident)
+        assert native_counts[0][0] == 301 - 80 and native_counts[1][0] == 16 + 4 + 11
+
 def test_sampled_resident_fraction_follows_the_page_count(tmp_path: Path) -> None:
     """The store's buffered-or-direct choice samples windows of a large file (``resident_fraction``); it must
     follow what counting every page says: none after a drop, about half after reading half, all after a read."""

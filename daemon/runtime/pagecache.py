@@ -141,6 +141,17 @@ def _resident_pages(p: Path, size: int, windows: Sequence[tuple[int, int]]) -> t
     page = mmap.PAGESIZE
     fd = os.open(p, os.O_RDONLY)
     try:
+        from .. import native
+
+        if native.has("inferd_resident_pages"):
+            # one call without the GIL: counted here it was a ctypes round trip and a numpy count per window,
+            # each return taking the GIL back from a cold load's main thread (native/mincore.c)
+            ffi = native.ffi
+            looked = ffi.new("long long*")
+            got = native.lib.inferd_resident_pages(fd, size, ffi.new("long long[]", [w[0] for w in windows]),
+                                                   ffi.new("long long[]", [w[1] for w in windows]), len(windows),
+                                                   looked)
+            return (int(got), int(looked[0])) if got >= 0 else (0, 0)
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
             return 0, 0
