@@ -821,15 +821,20 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
 _INDEX_TAIL = 256 << 10
 
 
-def prefetch_metadata(pkg: Path, parsed: bool = False) -> None:
+def prefetch_metadata(pkg: Path, parsed: bool = False, device: str | None = None) -> None:
     """Ask the kernel for every small read an open makes, at once: ``plan.bin``, the store's header and
-    its index (at the file's end), the recorded binds (the CPU's ``runtime.bindrec``, Vulkan's ``vulkan.binds``),
-    instead of disk round trips one after another. ``parsed``: the plan and the index are parsed in this process
-    already (a reopen): only the binds, which every load reads again. Best effort."""
+    its index (at the file's end), the recorded binds of ``device``'s backend (the CPU's ``runtime.bindrec``,
+    Vulkan's ``vulkan.binds``; None: both), instead of disk round trips one after another. ``parsed``: the plan
+    and the index are parsed in this process already (a reopen): only the binds, which every load reads again.
+    Best effort."""
     from .runtime.bindrec import FILE as BINDS
     from .vulkan.binds import FILE as VK_BINDS
 
-    small: tuple[tuple[str, int | None], ...] = ((BINDS, None), (VK_BINDS, None))
+    # only the file the load's backend reads: asking for the other backend's, which a package seldom holds, is a
+    # lookup of a missing name in a directory dropped from the cache (0.06-0.6 ms alone on the 2-core VM; within
+    # the noise of a whole CPU load, 14 alternating pairs)
+    names = (BINDS,) if device == "cpu" else (VK_BINDS,) if device == "vulkan" else (BINDS, VK_BINDS)
+    small: tuple[tuple[str, int | None], ...] = tuple((n, None) for n in names)
     if not parsed:
         small = (("plan.bin", None), ("weights.store", _INDEX_TAIL), *small)
     for name, tail in small:
@@ -861,7 +866,7 @@ def _open_package(pkg: Path, device: str, batch: int, kernels: dict[str, str] | 
         head = HeadRead(pkg / "weights.store", worker("io").submit)
     # a reopen (a model the budget or an unload dropped) reads its binds from the disk all the same: 1.2-4.5 ms of a
     # Vulkan mobilenetv2's load() on the 2-core VM when that read came when the backend asked for it
-    prefetch_metadata(pkg, parsed=parsed_cached(pkg) and index_cached(pkg / "weights.store"))
+    prefetch_metadata(pkg, parsed=parsed_cached(pkg) and index_cached(pkg / "weights.store"), device=device)
     early = _EarlyStream(pkg, head, window, stream_io)
     try:
         return _open_parsed(pkg, device, batch, kernels, current, precision, window, head, early)
