@@ -1,10 +1,10 @@
 /* Which pages of a file the page cache holds, counted by mincore over one shared mapping.
  *
  * Why native: a cold load asks how much of its weights store is cached (read it with O_DIRECT or through the
- * cache) on a loader thread while the main thread parses the package. Through ctypes that was 32 mmap/mincore
- * round trips, a ctypes array type and a numpy count per window: 0.3-0.5 ms of Python on the 2-core VM, each
- * return taking the GIL back from the main thread's parse (squeezenet1_1's open 1-2 ms longer with it under
- * way). Here it is one call, without the GIL (cffi releases it).
+ * cache) on the head read's I/O worker while the main thread parses the package. Through ctypes that was an mmap,
+ * then per window a mincore call, a ctypes array type and a numpy count (32 windows): 0.3-0.5 ms of Python on the
+ * 2-core VM, each return taking the GIL back from the main thread's parse (squeezenet1_1's open 1-2 ms longer
+ * with it under way). Here it is one call, without the GIL (cffi releases it).
  */
 #define _GNU_SOURCE
 #include <stdlib.h>

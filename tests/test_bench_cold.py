@@ -35,7 +35,6 @@ def test_evict_then_mincore_sees_nothing_resident(tmp_path: Path) -> None:
         cb.check_cold([f], "blob")
 
 
-
 def test_native_page_count_agrees_with_the_ctypes_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``_resident_pages`` counts in one native call (``native/mincore.c``) where the extension has it, through
     ctypes otherwise: both must count the same pages of a file with a hole dropped from its cache, sampled windows
@@ -68,6 +67,7 @@ def test_native_page_count_agrees_with_the_ctypes_one(tmp_path: Path, monkeypatc
     assert native_counts[0][1] == 301 and native_counts[1][1] == 16 + 16 + 11
     if native_counts[0][0] < 301:  # (a file system that keeps what fadvise drops leaves every page resident)
         assert native_counts[0][0] == 301 - 80 and native_counts[1][0] == 16 + 4 + 11
+
 
 def test_sampled_resident_fraction_follows_the_page_count(tmp_path: Path) -> None:
     """The store's buffered-or-direct choice samples windows of a large file (``resident_fraction``); it must
