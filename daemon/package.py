@@ -821,20 +821,25 @@ def open_package(pkg: Path, device: str = "cpu", batch: int = 1, kernels: dict[s
 _INDEX_TAIL = 256 << 10
 
 
+def binds_files(device: str | None) -> tuple[str, ...]:
+    """The recorded-binds file a load on ``device`` reads in a package: the CPU executor's (``runtime.bindrec``) or
+    the Vulkan backend's (``vulkan.binds``); None: both."""
+    from .runtime.bindrec import FILE as BINDS
+    from .vulkan.binds import FILE as VK_BINDS
+
+    return (BINDS,) if device == "cpu" else (VK_BINDS,) if device == "vulkan" else (BINDS, VK_BINDS)
+
+
 def prefetch_metadata(pkg: Path, parsed: bool = False, device: str | None = None) -> None:
     """Ask the kernel for every small read an open makes, at once: ``plan.bin``, the store's header and
     its index (at the file's end), the recorded binds of ``device``'s backend (the CPU's ``runtime.bindrec``,
     Vulkan's ``vulkan.binds``; None: both), instead of disk round trips one after another. ``parsed``: the plan
     and the index are parsed in this process already (a reopen): only the binds, which every load reads again.
     Best effort."""
-    from .runtime.bindrec import FILE as BINDS
-    from .vulkan.binds import FILE as VK_BINDS
-
     # only the file the load's backend reads: asking for the other backend's, which a package seldom holds, is a
     # lookup of a missing name in a directory dropped from the cache (0.06-0.6 ms alone on the 2-core VM; within
     # the noise of a whole CPU load, 14 alternating pairs)
-    names = (BINDS,) if device == "cpu" else (VK_BINDS,) if device == "vulkan" else (BINDS, VK_BINDS)
-    small: tuple[tuple[str, int | None], ...] = tuple((n, None) for n in names)
+    small: tuple[tuple[str, int | None], ...] = tuple((n, None) for n in binds_files(device))
     if not parsed:
         small = (("plan.bin", None), ("weights.store", _INDEX_TAIL), *small)
     for name, tail in small:

@@ -960,10 +960,9 @@ def measure_model(name: str, onnx_path: Path, work: Path, opts: BenchOptions,
                                                           "timeline": False}, c.files, env=c.env, restore=c.restore),
                           opts.drop_mode, quiet_wait=0)
                 if c.key == "inferd":  # (0: no layer of this model could be recorded)
-                    from ..runtime.bindrec import FILE as BINDS
-                    from ..vulkan.binds import FILE as VK_BINDS
+                    from ..package import binds_files
 
-                    f = Path(path) / (BINDS if dev == "cpu" else VK_BINDS)
+                    f = Path(path) / binds_files(dev)[0]
                     res["binds_file_bytes"] = f.stat().st_size if f.is_file() else 0
             except (ChildError, OSError) as e:
                 errors[f"prime_binds_{c.key}"] = str(e)[:1500]
