@@ -54,13 +54,38 @@ def test_a_failing_rehearsal_is_only_logged(monkeypatch: Any, caplog: Any) -> No
     def broken(*_a: Any, **_k: Any) -> Any:
         raise OSError("no space left on device")
 
-    monkeypatch.setattr(package, "compile_model", broken)
+    monkeypatch.setattr(rehearsal, "compile_in_child", broken)
     before = _leftovers()
     with caplog.at_level(logging.DEBUG, logger="inferd.runtime.rehearsal"):
         assert rehearsal.rehearse("cpu") is None
         codepages.warm_start(rehearse=True)  # the daemon's start goes on
     assert "no space left on device" in caplog.text
     assert set(_leftovers()) <= set(before)  # (its own folder removed; a dead process's it may have swept)
+
+
+def test_a_failing_compile_in_the_child_is_reported_and_only_logged(caplog: Any) -> None:
+    import logging
+
+    before = _leftovers()
+    with caplog.at_level(logging.DEBUG, logger="inferd.runtime.rehearsal"):
+        assert rehearsal.rehearse("no-such-device") is None
+    # the child's last line of stderr, not a bare exit status
+    assert "the compile exited with 1" in caplog.text and "no-such-device" in caplog.text, caplog.text
+    assert set(_leftovers()) <= set(before)
+
+
+def test_the_rehearsing_process_never_imports_onnx() -> None:
+    """The compile (onnx, and ml_dtypes' extension: ~1 s holding the GIL) runs in a child: a daemon serving from
+    its start must not stall behind it, nor carry onnx in its RSS when its models are compiled already."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom inferd.runtime import rehearsal\ntook = rehearsal.rehearse('cpu')\n"
+            "assert took is not None, 'the rehearsal failed'\n"
+            "print(sorted(m for m in ('onnx', 'ml_dtypes', 'google.protobuf') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
 
 
 def test_the_daemon_setting_reads_and_defaults_on() -> None:

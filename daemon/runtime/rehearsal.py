@@ -14,12 +14,20 @@ two runs with the rehearsal and two without, alternating): load + first answer o
 within its noise (16.2 / 14.7 -> 14.0 / 16.9). A rehearsal through an ONNX model loaded in memory gained a third as
 much: the package's open is the part it must run. The model holds the kernel families most CNNs run (3x3, 1x1
 and depthwise convolutions, pooling, a concatenation, a residual add, a GEMM).
+
+The package is compiled in a child process; only its load runs in the daemon. A compile imports onnx, and onnx
+imports ml_dtypes, whose extension module initialises for ~1 s of one core (ml_dtypes 0.7 with numpy 2.4 on the
+2-core EPYC VM) holding the GIL all that time: the daemon, serving since its socket was bound, answered nothing
+meanwhile, not even a connection's ZAP handshake (2.5-4.4 s late with the VM's cores busy, which failed the suite's
+auth test once in CI). A daemon whose models are all compiled now never imports onnx (15 MiB of RSS less).
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -96,11 +104,46 @@ def sweep(root: str | os.PathLike) -> int:
     return n
 
 
-def rehearse(device: str = "cpu") -> dict[str, float] | None:
-    """Compile the rehearsal model into a temporary package, load it cold on ``device``, answer once, close it and
-    remove the package. Seconds of each part; None when it failed (best effort: logged, never raised)."""
+#: the child's compile may take this long (seconds): it runs at nice 10 beside whatever the board is doing
+COMPILE_TIMEOUT_S = 120.0
+
+
+def compile_in_child(pkg: Path, device: str) -> None:
+    """Compile the rehearsal model into ``pkg`` (its folder's ``rehearsal.onnx`` beside it) in a child process:
+    onnx is imported there, not here (the module's docstring says why). Raises RuntimeError when it fails."""
+    if not sys.executable:
+        raise RuntimeError("no interpreter to run the compile in (sys.executable is empty)")
+    try:
+        r = subprocess.run([sys.executable, "-m", __name__, str(pkg), device], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the compile took more than {COMPILE_TIMEOUT_S:.0f} s") from None
+    if r.returncode != 0:
+        last = r.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(nothing on stderr)"]
+        raise RuntimeError(f"the compile exited with {r.returncode}: {last[0]}")
+
+
+def _compile_main(argv: list[str]) -> int:
+    """The child's part: ``python -m inferd.runtime.rehearsal PKG DEVICE``."""
     import onnx
 
+    from .. import package
+
+    pkg, device = Path(argv[0]), argv[1]
+    try:  # a speed-up for the daemon's first cold load: a request the daemon serves meanwhile comes first
+        os.nice(10)
+    except OSError:
+        pass
+    src = pkg.parent / "rehearsal.onnx"
+    onnx.save(model(), str(src))
+    package.compile_model(src, pkg, device=device)
+    return 0
+
+
+def rehearse(device: str = "cpu") -> dict[str, float] | None:
+    """Compile the rehearsal model into a temporary package (in a child process), load it cold on ``device``, answer
+    once, close it and remove the package. Seconds of each part; None when it failed (best effort: logged, never
+    raised)."""
     from .. import faults, package, store
 
     if faults.enabled:
@@ -115,9 +158,7 @@ def rehearse(device: str = "cpu") -> dict[str, float] | None:
     work = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=root))
     pkg = work / "pkg"
     try:
-        src = work / "rehearsal.onnx"
-        onnx.save(model(), str(src))
-        package.compile_model(src, pkg, device=device)
+        compile_in_child(pkg, device)
         t1 = time.perf_counter()
         m = load(str(pkg), device=device, name="inferd-rehearsal")
         try:
@@ -137,3 +178,7 @@ def rehearse(device: str = "cpu") -> dict[str, float] | None:
         package.forget_parsed(pkg)
         store.forget_index(pkg / "weights.store")
         shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(_compile_main(sys.argv[1:]))
