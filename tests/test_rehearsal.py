@@ -48,6 +48,24 @@ def test_a_rehearsal_runs_and_leaves_nothing_behind() -> None:
     assert not any("inferd-rehearsal-" in k for k in store._indexes._d)
 
 
+def test_the_child_compiles_for_this_process_kernel_threads(caplog: Any) -> None:
+    """The package's fingerprint holds the native pool's threads: a child compiling on its own default count made a
+    package the load found stale, rebuilt in this process (onnx imported here after all)."""
+    import logging
+
+    from inferd import native
+
+    n = native.num_threads()
+    native.set_num_threads(1 if n != 1 else 2)
+    try:
+        with caplog.at_level(logging.WARNING):
+            took = rehearsal.rehearse("cpu")
+    finally:
+        native.set_num_threads(n)
+    assert took is not None
+    assert "rebuilding" not in caplog.text and "unusable" not in caplog.text, caplog.text
+
+
 def test_a_failing_rehearsal_is_only_logged(monkeypatch: Any, caplog: Any) -> None:
     import logging
 
