@@ -4,9 +4,14 @@ processes alternate (old, new, old, ...), each in a daemon's state (loader threa
 the package's files dropped from the page cache, timing ``inferd.load`` + the first run.
 
     python scripts/cold_ab.py vad_lstm --old /tmp/wtpkg [--new ""] [--rounds 7] [--via-cache] [--reload]
+                              [--rehearse] [--same-package]
 
 ``--reload``: each child first loads, runs and closes the package (its refinement done), then the timed load is a
 reload, as a daemon's model dropped by its memory budget is loaded again.
+
+``--rehearse``: each child rehearses a cold load first, as a daemon's start does (``runtime.rehearsal``).
+``--same-package``: both sides load the package the new tree compiled (each tree's own compile measures its own
+profile, and two plans differ by more than most changes to the load path).
 
 ``--old`` / ``--new``: a folder holding an ``inferd`` package (a worktree's ``daemon`` linked as ``inferd``;
 empty: the checkout's own). ``--via-cache``: each tree's package sits in a package cache and the child loads the
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,9 +35,9 @@ import glob, json, sys, time
 import inferd
 from inferd.bench.common import daemon_state, drop_page_cache
 from inferd.bench.recurrent_bench import _feeds
-name, pkg, RELOAD = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-src = sys.argv[4] if len(sys.argv) > 4 else ""  # the ONNX file, loaded through the cache that holds pkg
-daemon_state("cpu", 0, 0, 256 << 20, claim_cores=True)  # a daemon's default host pool
+name, pkg, RELOAD, REHEARSE = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+src = sys.argv[5] if len(sys.argv) > 5 else ""  # the ONNX file, loaded through the cache that holds pkg
+daemon_state("cpu", 0, 0, 256 << 20, claim_cores=True, rehearse=REHEARSE)  # a daemon's default host pool
 from pathlib import Path
 import numpy as np
 from inferd.ir import dtype_from_tag
@@ -82,6 +88,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", default="")
     ap.add_argument("--via-cache", action="store_true")
+    ap.add_argument("--rehearse", action="store_true", help="each child rehearses a cold load first (a daemon's start)")
+    ap.add_argument("--same-package", action="store_true", help="both sides load the new tree's package")
     ap.add_argument("--reload", action="store_true",
                     help="each child loads, runs and closes the package once before the timed load (a reload)")
     args = ap.parse_args()
@@ -99,10 +107,15 @@ def main() -> int:
         else:
             subprocess.run([sys.executable, "-c", _COMPILE, str(src), str(work / side)], check=True, env=_env(path))
             pkgs[side] = [str(work / side)]
+    if args.same_package:
+        if args.via_cache:
+            ap.error("--same-package loads package folders: not with --via-cache")
+        shutil.rmtree(work / "old")
+        shutil.copytree(work / "new", work / "old")
     for _ in range(args.rounds):
         for side, path in (("old", args.old), ("new", args.new)):
             child = [sys.executable, "-c", _CHILD, args.model, pkgs[side][0], "1" if args.reload else "0",
-                     *pkgs[side][1:]]
+                     "1" if args.rehearse else "0", *pkgs[side][1:]]
             out = subprocess.run(child, check=True,
                                  env=_env(path), capture_output=True, text=True).stdout.strip().splitlines()[-1]
             r = json.loads(out)
@@ -111,8 +124,15 @@ def main() -> int:
     summary = {side: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items()}
     for side, s in summary.items():
         print(f"{side}: median " + ", ".join(f"{k} {v:.2f}" for k, v in s.items()))
+    # each round's new / old: the VM's speed drifts between rounds, less within one
+    pairs = [n["cold_ms"] / o["cold_ms"] for o, n in zip(runs["old"], runs["new"])]
+    faster = sum(p < 1 for p in pairs)
+    print(f"new / old per round: median {statistics.median(pairs):.3f}, new faster in {faster} of {len(pairs)}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "runs": runs, "median": summary}, indent=1))
+        Path(args.json).write_text(json.dumps({"model": args.model, "runs": runs, "median": summary,
+                                               "pair_ratio_median": statistics.median(pairs), "new_faster": faster,
+                                               "rehearse": args.rehearse, "same_package": args.same_package},
+                                              indent=1))
     return 0
 
 

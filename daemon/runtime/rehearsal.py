@@ -20,6 +20,10 @@ imports ml_dtypes, whose extension module initialises for ~1 s of one core (ml_d
 2-core EPYC VM) holding the GIL all that time: the daemon, serving since its socket was bound, answered nothing
 meanwhile, not even a connection's ZAP handshake (2.5-4.4 s late with the VM's cores busy, which failed the suite's
 auth test once in CI). A daemon whose models are all compiled now never imports onnx (15 MiB of RSS less).
+The compile's profiling no longer runs the candidate kernels in this process: in alternating A/B against the
+in-process compile (``scripts/cold_ab.py --rehearse --same-package``, 2-core EPYC VM in a slow spell), the next
+cold load + first answer moved 0.98-1.10x (mobilenetv2) and 0.99-1.07x (squeezenet1_1) in three runs of 14-20
+pairs each, new faster in 23 and 22 of 54: within this VM's noise, a loss of a few percent not excluded.
 """
 from __future__ import annotations
 
