@@ -27,6 +27,7 @@ pairs each, new faster in 23 and 22 of 54: within this VM's noise, a loss of a f
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -118,8 +119,6 @@ def compile_in_child(pkg: Path, device: str) -> None:
     threads, which the package's fingerprint holds: a child on its default count compiled a package the load here
     found stale (threads 2 against 1, in a test process) and rebuilt in this process. Raises RuntimeError when it
     fails."""
-    import json
-
     from .. import native
 
     if not sys.executable:
@@ -142,8 +141,6 @@ def compile_in_child(pkg: Path, device: str) -> None:
 
 def _compile_main(argv: list[str]) -> int:
     """The child's part: ``python -m inferd.runtime.rehearsal PKG DEVICE THREADS FINGERPRINT_JSON``."""
-    import json
-
     import onnx
 
     from .. import native, package
