@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import msgpack
 import numpy as np
 
-from . import __version__
+from . import __version__, faults
 from dataclasses import dataclass
 
 from .backends.base import LazyConstants, WeightSource, transformed_key
@@ -1234,12 +1234,36 @@ def _compile_lock(pkg: Path) -> threading.Lock:
         return _compile_locks.setdefault(str(pkg), threading.Lock())
 
 
+#: CPU packages compiled in a child process (``runtime.childcompile``): a serving process's setting, which the daemon
+#: turns on at its start (``compile_in_children``)
+_in_children = False
+
+
+def compile_in_children(on: bool = True) -> None:
+    """Compile the packages a cache lacks (``cached_package``) in child processes from now on, where the device is
+    the CPU: a daemon's, whose clients would otherwise wait out the compile's ``import onnx`` (see
+    ``runtime.childcompile``). Vulkan packages are still compiled here (a child would open a device of its own)."""
+    global _in_children
+    _in_children = on
+
+
 def _compile_into(src: Path, pkg: Path, **kw: Any) -> Path:
     """Compile into a temp directory beside ``pkg`` and rename it into place."""
     tmp = pkg.parent / f".{pkg.name}.tmp{os.getpid()}.{threading.get_ident()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        compile_model(src, tmp, **kw)
+        if _in_children and kw.get("device") == "cpu" and not faults.enabled:
+            # (under the fault seam the compile stays here: a test's injected faults count this process's calls)
+            from .runtime.childcompile import ChildFailed, compile_package
+
+            try:
+                compile_package(src, tmp, kw)
+            except ChildFailed as e:
+                log.warning("compiling %s in a child process failed (%s); compiling it in this one", src, e)
+                shutil.rmtree(tmp, ignore_errors=True)
+                compile_model(src, tmp, **kw)
+        else:
+            compile_model(src, tmp, **kw)
         shutil.rmtree(pkg, ignore_errors=True)
         os.replace(tmp, pkg)
     finally:

@@ -27,12 +27,9 @@ pairs each, new faster in 23 and 22 of 54: within this VM's noise, a loss of a f
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -109,58 +106,12 @@ def sweep(root: str | os.PathLike) -> int:
     return n
 
 
-#: the child's compile may take this long (seconds): it runs at nice 10 beside whatever the board is doing
-COMPILE_TIMEOUT_S = 120.0
-
-
 def compile_in_child(pkg: Path, device: str) -> None:
-    """Compile the rehearsal model into ``pkg`` (its folder's ``rehearsal.onnx`` beside it) in a child process:
-    onnx is imported there, not here (the module's docstring says why). The child takes this process's kernel
-    threads, which the package's fingerprint holds: a child on its default count compiled a package the load here
-    found stale (threads 2 against 1, in a test process) and rebuilt in this process. Raises RuntimeError when it
-    fails."""
-    from .. import native
+    """Compile the rehearsal model into ``pkg`` (its ONNX file beside it) in a child process
+    (``runtime.childcompile``): onnx is imported there, not here (the module's docstring says why)."""
+    from .childcompile import REHEARSAL, compile_package
 
-    if not sys.executable:
-        raise RuntimeError("no interpreter to run the compile in (sys.executable is empty)")
-    want = {}
-    if device == "cpu":
-        from .profiler import cpu_fingerprint
-
-        want = cpu_fingerprint()
-    cmd = [sys.executable, "-m", __name__, str(pkg), device, str(native.num_threads()), json.dumps(want)]
-    try:
-        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           timeout=COMPILE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the compile took more than {COMPILE_TIMEOUT_S:.0f} s") from None
-    if r.returncode != 0:
-        last = r.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(nothing on stderr)"]
-        raise RuntimeError(f"the compile exited with {r.returncode}: {last[0]}")
-
-
-def _compile_main(argv: list[str]) -> int:
-    """The child's part: ``python -m inferd.runtime.rehearsal PKG DEVICE THREADS FINGERPRINT_JSON``."""
-    import onnx
-
-    from .. import native, package
-
-    pkg, device, threads, want = Path(argv[0]), argv[1], int(argv[2]), json.loads(argv[3])
-    try:  # a speed-up for the daemon's first cold load: a request the daemon serves meanwhile comes first
-        os.nice(10)
-    except OSError:
-        pass
-    native.set_num_threads(threads)
-    if want:
-        got = package.fingerprint(device)
-        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-        if diff:  # a package the parent would find stale and rebuild itself: not worth compiling
-            print(f"this process's device differs from the daemon's in {diff}", file=sys.stderr)
-            return 3
-    src = pkg.parent / "rehearsal.onnx"
-    onnx.save(model(), str(src))
-    package.compile_model(src, pkg, device=device)
-    return 0
+    compile_package(REHEARSAL, pkg, {"device": device})
 
 
 def rehearse(device: str = "cpu") -> dict[str, float] | None:
@@ -201,7 +152,3 @@ def rehearse(device: str = "cpu") -> dict[str, float] | None:
         package.forget_parsed(pkg)
         store.forget_index(pkg / "weights.store")
         shutil.rmtree(work, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    sys.exit(_compile_main(sys.argv[1:]))

@@ -1398,6 +1398,11 @@ def serve_main(argv: Sequence[str] | None = None, *, loader: Callable[..., Any] 
         log.warning("no crash traceback on stderr: %s", e)
     native.install_crash_report()
     apply_threads(config.threads)
+    from .. import package
+
+    # a model its cache lacks is compiled in a child: a compile in this process imports onnx, and the daemon answered
+    # nobody for the 1-2.5 s that holds the GIL (runtime.childcompile)
+    package.compile_in_children()
     # a request's thread takes the GIL back after every call that let it go (a run's native call, a Vulkan fence
     # wait): behind a thread running Python (a cold load's loaders, idle-time refinement, another client's request)
     # it waited up to Python's 5 ms (a small CPU model beside one spinning thread, 2-core VM: p90 5.2 ms a run at

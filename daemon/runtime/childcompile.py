@@ -1,0 +1,139 @@
+"""Packages compiled in a child process: what a serving process (the daemon) does instead of compiling in itself.
+
+A compile imports onnx, and onnx imports ml_dtypes, whose extension module initialises for ~1 s of one core holding
+the GIL all that time (ml_dtypes 0.7 with numpy 2.4 on the 2-core EPYC VM): a daemon compiling a model its cache
+lacked answered nothing meanwhile, to any client (1.36 s on an idle VM, 2.46 s beside three busy loops, health asked
+every 50 ms). The child takes this process's kernel threads and checks its CPU fingerprint against this one's (both
+are in the package's fingerprint: a package the parent finds stale would be compiled again, in the parent); a
+model's error comes back as the exception the compile raised (its type, message and plain attributes), so that the
+caller reports and handles it as before; a child that could not run at all raises :class:`ChildFailed`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: a compile may take this long (seconds): it runs at nice 10 beside what the daemon serves
+TIMEOUT_S = 600.0
+#: the child's last line of stdout when the compile raised: this prefix, then the exception as JSON
+_ERROR = "inferd-compile-error "
+#: ``src`` that asks the child for the cold-load rehearsal's built-in model (``runtime.rehearsal``)
+REHEARSAL = "@rehearsal"
+
+
+class ChildFailed(RuntimeError):
+    """The child did not compile nor report a compile error (no interpreter, a crash, a timeout, another device)."""
+
+
+def compile_package(src: str | os.PathLike, out: str | os.PathLike, kwargs: dict[str, Any], nice: int = 10) -> None:
+    """``package.compile_model(src, out, **kwargs)`` in a child process (``src`` ``REHEARSAL``: the rehearsal's
+    model, written beside ``out``). ``kwargs`` must be JSON: tuples come back as lists. Raises what the compile
+    raised, or :class:`ChildFailed`."""
+    from .. import native
+    from .profiler import cpu_fingerprint
+
+    if not sys.executable:
+        raise ChildFailed("no interpreter to run the compile in (sys.executable is empty)")
+    want = cpu_fingerprint() if kwargs.get("device", "cpu") == "cpu" else {}
+    cmd = [sys.executable, "-m", __name__, str(src), str(out), json.dumps(kwargs), str(native.num_threads()),
+           json.dumps(want), str(nice)]
+    try:
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ChildFailed(f"the compile took more than {TIMEOUT_S:.0f} s") from None
+    except OSError as e:  # (the interpreter cannot be started)
+        raise ChildFailed(f"could not start {sys.executable}: {e}") from None
+    if r.returncode == 0:
+        return
+    lines = r.stdout.decode("utf-8", "replace").strip().splitlines()
+    if lines and lines[-1].startswith(_ERROR):
+        raise _rebuilt(json.loads(lines[-1][len(_ERROR):]))
+    last = r.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(nothing on stderr)"]
+    raise ChildFailed(f"the compile exited with {r.returncode}: {last[0]}")
+
+
+def _described(e: BaseException) -> dict[str, Any]:
+    attrs = {}
+    for k, v in vars(e).items():
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            continue  # (a PackageUnsupported's template: the caller imports the model again without it)
+        attrs[k] = v
+    return {"module": type(e).__module__, "type": type(e).__qualname__, "message": str(e), "attrs": attrs,
+            "errno": getattr(e, "errno", None), "filename": getattr(e, "filename", None)}
+
+
+def _rebuilt(d: dict[str, Any]) -> BaseException:
+    """The child's exception, as the same type where this process has it (inferd's errors, OSError and its kinds,
+    the builtin ones); another type is a RuntimeError naming it."""
+    import builtins
+    import importlib
+
+    cls: Any = None
+    if d["module"] == "builtins":
+        cls = getattr(builtins, d["type"], None)
+    elif str(d["module"]).startswith("inferd."):
+        try:
+            cls = getattr(importlib.import_module(d["module"]), d["type"], None)
+        except ImportError:
+            cls = None
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return RuntimeError(f"{d['module']}.{d['type']}: {d['message']}")
+    if issubclass(cls, OSError) and d.get("errno") is not None:
+        return cls(d["errno"], d["message"], *([d["filename"]] if d.get("filename") else []))
+    e = cls.__new__(cls)
+    Exception.__init__(e, d["message"])  # (not cls.__init__: its arguments are the raiser's, e.g. an op and a node)
+    for k, v in d["attrs"].items():
+        try:
+            setattr(e, k, v)
+        except AttributeError:
+            pass
+    if not hasattr(e, "template") and cls.__name__ == "PackageUnsupported":
+        e.template = None
+    return e
+
+
+def _main(argv: list[str]) -> int:
+    src, out, kwargs, threads, want, nice = (argv[0], Path(argv[1]), json.loads(argv[2]), int(argv[3]),
+                                             json.loads(argv[4]), int(argv[5]))
+    try:  # a request the daemon serves meanwhile comes first
+        os.nice(nice)
+    except OSError:
+        pass
+    from .. import native, package
+
+    native.set_num_threads(threads)
+    if want:
+        got = package.fingerprint("cpu")
+        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        if diff:  # a package the parent would find stale and compile again itself
+            print(f"this process's CPU fingerprint differs from the parent's in {diff}", file=sys.stderr)
+            return 3
+    try:
+        if src == REHEARSAL:
+            import onnx
+
+            from .rehearsal import model
+
+            src = str(out.parent / "rehearsal.onnx")
+            onnx.save(model(), src)
+        for k in ("fp32_layers",):
+            if k in kwargs:
+                kwargs[k] = tuple(kwargs[k])
+        if isinstance(kwargs.get("shapes"), dict):
+            kwargs["shapes"] = {n: tuple(v) for n, v in kwargs["shapes"].items()}
+        package.compile_model(src, out, **kwargs)
+    except Exception as e:  # the parent raises it again
+        print(_ERROR + json.dumps(_described(e)), flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
