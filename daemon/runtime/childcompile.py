@@ -14,13 +14,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 #: a compile may take this long (seconds): it runs at nice 10 beside what the daemon serves
 TIMEOUT_S = 600.0
 #: the child's last line of stdout when the compile raised: this prefix, then the exception as JSON
 _ERROR = "inferd-compile-error "
+#: the child's module (its own: this one is imported by ``package``, which the child imports)
+_CHILD = "inferd.runtime._compile_child"
 #: ``src`` that asks the child for the cold-load rehearsal's built-in model (``runtime.rehearsal``)
 REHEARSAL = "@rehearsal"
 
@@ -39,7 +40,7 @@ def compile_package(src: str | os.PathLike, out: str | os.PathLike, kwargs: dict
     if not sys.executable:
         raise ChildFailed("no interpreter to run the compile in (sys.executable is empty)")
     want = cpu_fingerprint() if kwargs.get("device", "cpu") == "cpu" else {}
-    cmd = [sys.executable, "-m", __name__, str(src), str(out), json.dumps(kwargs), str(native.num_threads()),
+    cmd = [sys.executable, "-m", _CHILD, str(src), str(out), json.dumps(kwargs), str(native.num_threads()),
            json.dumps(want), str(nice)]
     try:
         r = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -55,18 +56,6 @@ def compile_package(src: str | os.PathLike, out: str | os.PathLike, kwargs: dict
         raise _rebuilt(json.loads(lines[-1][len(_ERROR):]))
     last = r.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(nothing on stderr)"]
     raise ChildFailed(f"the compile exited with {r.returncode}: {last[0]}")
-
-
-def _described(e: BaseException) -> dict[str, Any]:
-    attrs = {}
-    for k, v in vars(e).items():
-        try:
-            json.dumps(v)
-        except (TypeError, ValueError):
-            continue  # (a PackageUnsupported's template: the caller imports the model again without it)
-        attrs[k] = v
-    return {"module": type(e).__module__, "type": type(e).__qualname__, "message": str(e), "attrs": attrs,
-            "errno": getattr(e, "errno", None), "filename": getattr(e, "filename", None)}
 
 
 def _rebuilt(d: dict[str, Any]) -> BaseException:
@@ -97,43 +86,3 @@ def _rebuilt(d: dict[str, Any]) -> BaseException:
     if not hasattr(e, "template") and cls.__name__ == "PackageUnsupported":
         e.template = None
     return e
-
-
-def _main(argv: list[str]) -> int:
-    src, out, kwargs, threads, want, nice = (argv[0], Path(argv[1]), json.loads(argv[2]), int(argv[3]),
-                                             json.loads(argv[4]), int(argv[5]))
-    try:  # a request the daemon serves meanwhile comes first
-        os.nice(nice)
-    except OSError:
-        pass
-    from .. import native, package
-
-    native.set_num_threads(threads)
-    if want:
-        got = package.fingerprint("cpu")
-        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-        if diff:  # a package the parent would find stale and compile again itself
-            print(f"this process's CPU fingerprint differs from the parent's in {diff}", file=sys.stderr)
-            return 3
-    try:
-        if src == REHEARSAL:
-            import onnx
-
-            from .rehearsal import model
-
-            src = str(out.parent / "rehearsal.onnx")
-            onnx.save(model(), src)
-        for k in ("fp32_layers",):
-            if k in kwargs:
-                kwargs[k] = tuple(kwargs[k])
-        if isinstance(kwargs.get("shapes"), dict):
-            kwargs["shapes"] = {n: tuple(v) for n, v in kwargs["shapes"].items()}
-        package.compile_model(src, out, **kwargs)
-    except Exception as e:  # the parent raises it again
-        print(_ERROR + json.dumps(_described(e)), flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
