@@ -761,10 +761,15 @@ def _read_plan(path: Path, early: "Callable[[ColdPlan, Any], None] | None" = Non
     return d, plan, prof
 
 
+def fingerprint_diff(made: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The keys two device fingerprints disagree on, sorted."""
+    return sorted(k for k in set(made) | set(current) if made.get(k) != current.get(k))
+
+
 def check_fingerprint(pkg: Path, plan: dict[str, Any], current: dict[str, str]) -> None:
     """``WeightsStoreError`` when the package was made for another device or engine version."""
     made = plan.get("fingerprint") or {}
-    diff = sorted(k for k in set(made) | set(current) if made.get(k) != current.get(k))
+    diff = fingerprint_diff(made, current)
     if plan.get("engine_version") != __version__:
         diff = ["engine"] + [d for d in diff if d != "engine"]
     if diff:

@@ -61,6 +61,22 @@ def test_a_models_error_comes_back_as_the_same_exception(tmp_path: Path) -> None
     assert there.value.op_type == "NoSuchOp" and there.value.node == "the_odd_one"
 
 
+def test_exceptions_travel_back_as_they_were_raised() -> None:
+    import errno
+
+    from inferd.errors import PackageUnsupported
+    from inferd.runtime._compile_child import _described
+
+    for raised in (OSError(errno.ENOSPC, "No space left on device", "/cache/x/weights.store"),
+                   PackageUnsupported("shaped at run time", template=object()), KeyError("layer"),
+                   UnsupportedOpError("NoSuchOp", "n1", 17, "no kernel")):
+        back = childcompile._rebuilt(_described(raised))
+        assert type(back) is type(raised) and str(back) == str(raised), (back, raised)
+    back = childcompile._rebuilt(_described(PackageUnsupported("x", template=object())))
+    assert back.template is None  # (not sent: the caller imports the model again)
+    assert childcompile._rebuilt(_described(UnsupportedOpError("Foo", "n2"))).node == "n2"
+
+
 def test_a_child_that_cannot_run_is_childfailed(small_onnx: Path, tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setattr(childcompile.sys, "executable", str(tmp_path / "no-python"))
     with pytest.raises(childcompile.ChildFailed, match="could not start"):

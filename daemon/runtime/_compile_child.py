@@ -18,10 +18,15 @@ def _described(e: BaseException) -> dict[str, Any]:
         try:
             json.dumps(v)
         except (TypeError, ValueError):
-            continue  # (a PackageUnsupported's template: the caller imports the model again without it)
+            v = None  # (a PackageUnsupported's template: the caller imports the model again without it)
         attrs[k] = v
-    return {"module": type(e).__module__, "type": type(e).__qualname__, "message": str(e), "attrs": attrs,
-            "errno": getattr(e, "errno", None), "filename": getattr(e, "filename", None)}
+    try:
+        args = json.loads(json.dumps(list(e.args)))
+    except (TypeError, ValueError):
+        args = None
+    return {"module": type(e).__module__, "type": type(e).__qualname__, "message": str(e), "args": args, "attrs": attrs,
+            "errno": getattr(e, "errno", None), "strerror": getattr(e, "strerror", None),
+            "filename": getattr(e, "filename", None)}
 
 
 def _main(argv: list[str]) -> int:
@@ -35,8 +40,7 @@ def _main(argv: list[str]) -> int:
 
     native.set_num_threads(threads)
     if want:
-        got = package.fingerprint("cpu")
-        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        diff = package.fingerprint_diff(want, package.fingerprint("cpu"))
         if diff:  # a package the parent would find stale and compile again itself
             print(f"this process's CPU fingerprint differs from the parent's in {diff}", file=sys.stderr)
             return 3
@@ -48,9 +52,8 @@ def _main(argv: list[str]) -> int:
 
             src = str(out.parent / "rehearsal.onnx")
             onnx.save(model(), src)
-        for k in ("fp32_layers",):
-            if k in kwargs:
-                kwargs[k] = tuple(kwargs[k])
+        if "fp32_layers" in kwargs:
+            kwargs["fp32_layers"] = tuple(kwargs["fp32_layers"])
         if isinstance(kwargs.get("shapes"), dict):
             kwargs["shapes"] = {n: tuple(v) for n, v in kwargs["shapes"].items()}
         package.compile_model(src, out, **kwargs)

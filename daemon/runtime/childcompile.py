@@ -75,14 +75,15 @@ def _rebuilt(d: dict[str, Any]) -> BaseException:
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         return RuntimeError(f"{d['module']}.{d['type']}: {d['message']}")
     if issubclass(cls, OSError) and d.get("errno") is not None:
-        return cls(d["errno"], d["message"], *([d["filename"]] if d.get("filename") else []))
+        # (strerror, not the message: OSError's own str() adds "[Errno N]" and the file name again)
+        return cls(d["errno"], d.get("strerror") or d["message"], *([d["filename"]] if d.get("filename") else []))
     e = cls.__new__(cls)
-    Exception.__init__(e, d["message"])  # (not cls.__init__: its arguments are the raiser's, e.g. an op and a node)
+    # (not cls.__init__: its arguments are the raiser's, e.g. an op and a node; the args as raised, where they travel:
+    # a KeyError's str() quotes its one argument)
+    Exception.__init__(e, *(d["args"] if d.get("args") is not None else [d["message"]]))
     for k, v in d["attrs"].items():
         try:
             setattr(e, k, v)
         except AttributeError:
             pass
-    if not hasattr(e, "template") and cls.__name__ == "PackageUnsupported":
-        e.template = None
     return e
