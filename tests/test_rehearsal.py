@@ -15,8 +15,10 @@ from inferd.runtime import codepages, rehearsal
 
 
 def _leftovers() -> list[Path]:
+    """This process's rehearsal folders (a folder carries its process's pid: another test worker's rehearsal, under
+    way at the same moment, is not this one's leftover)."""
     return sorted(p for d in (Path(tempfile.gettempdir()), Path("/dev/shm")) if d.is_dir()
-                  for p in d.glob("inferd-rehearsal-*"))
+                  for p in d.glob(f"inferd-rehearsal-{os.getpid()}-*"))
 
 
 def test_the_rehearsal_model_loads_and_matches_onnxruntime(tmp_path: Path) -> None:
