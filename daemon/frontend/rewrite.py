@@ -49,10 +49,13 @@ def _same_shapes(graph: Graph, alt: dict[str, TensorInfo] | None, *names: str) -
     return True
 
 
-def _single_consumer(graph: Graph, tensor: str, outputs: set[str]) -> Node | None:
+def _single_consumer(graph: Graph, tensor: str, outputs: set[str],
+                     consumers: dict[str, list[Node]] | None = None) -> Node | None:
+    """The one node reading ``tensor`` (once), if it is not a graph output. ``consumers``: the graph's, built by the
+    caller where it asks for many tensors (each call builds them otherwise: a pass over the graph)."""
     if tensor in outputs:
         return None
-    cons = graph.consumers().get(tensor, [])
+    cons = (consumers if consumers is not None else graph.consumers()).get(tensor, [])
     return cons[0] if len(cons) == 1 and cons[0].inputs.count(tensor) == 1 else None
 
 
@@ -66,7 +69,8 @@ def _replace_node_output(graph: Graph, producer: Node, old: Node) -> None:
     """``producer`` takes over ``old``'s output name; ``old`` is removed."""
     _absorb(producer, producer.outputs[0])
     producer.outputs[0] = old.outputs[0]
-    graph.nodes.remove(old)
+    # by identity: list.remove compares with ``==``, every field of every node before it (dataclass)
+    del graph.nodes[next(i for i, n in enumerate(graph.nodes) if n is old)]
 
 
 def _drop_identities(graph: Graph, outputs: set[str]) -> None:
@@ -474,16 +478,22 @@ def _fuse_binary(graph: Graph, outputs: set[str], op: str, fuse: Callable[[Node,
     """The scan the Add fusions and the Mul move share: for every two-input ``op`` node without a fused
     activation, each operand ``a`` whose producer feeds only this node is offered as ``fuse(node, a, other,
     producer)``; after a fusion that returns True its other orientation is not tried."""
+    # producers and consumers built again only after a fusion (``fuse`` changes nothing where it returns False):
+    # built for every node, the pass was quadratic (efficientnet_b0's import spent most of its time there)
+    index: tuple[dict[str, Node], dict[str, list[Node]]] | None = None
     for node in [n for n in graph.nodes if n.op == op]:
         if node.attr("act") or len(node.inputs) != 2:
             continue
-        prods = graph.producers()
+        if index is None:
+            index = graph.producers(), graph.consumers()
+        prods, cons = index
         for k in (0, 1):
             a, other = node.inputs[k], node.inputs[1 - k]
             p = prods.get(a)
-            if p is None or _single_consumer(graph, a, outputs) is not node:
+            if p is None or _single_consumer(graph, a, outputs, cons) is not node:
                 continue
             if fuse(node, a, other, p):
+                index = None
                 break
 
 
@@ -648,12 +658,17 @@ def _fuse_residual(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] |
 
 
 def _fuse_activations(graph: Graph, outputs: set[str]) -> None:
+    # the consumers built once and kept up to date: a fusion removes the activation, the one reader of the node's
+    # old output, and the node takes over the activation's output, whose readers stay as they were. (Nodes by
+    # identity: ``==`` compares every field.)
+    cons = graph.consumers()
+    removed: set[int] = set()
     for node in list(graph.nodes):
-        if node not in graph.nodes or node.op not in _FUSE_ACT_INTO or node.attr("act"):
+        if id(node) in removed or node.op not in _FUSE_ACT_INTO or node.attr("act"):
             continue
         if len([o for o in node.outputs if o]) != 1:
             continue
-        nxt = _single_consumer(graph, node.outputs[0], outputs)
+        nxt = _single_consumer(graph, node.outputs[0], outputs, cons)
         if nxt is None or nxt.op not in FUSABLE or len(nxt.inputs) != 1:
             continue
         if not np.issubdtype(graph.infos[node.outputs[0]].dtype, np.floating):
@@ -662,6 +677,8 @@ def _fuse_activations(graph: Graph, outputs: set[str]) -> None:
         if act is None:
             continue
         node.attrs["act"] = act
+        cons.pop(node.outputs[0], None)
+        removed.add(id(nxt))
         _replace_node_output(graph, node, nxt)
 
 
