@@ -42,6 +42,7 @@ def workdir():
 @pytest.fixture(scope="module")
 def daemon(workdir: Path):
     d = DaemonProcess(f"ipc://{workdir}/d.sock", workdir / "models", log_path=workdir / "d.log")
+    d.env["INFERD_REHEARSE"] = "true"  # a daemon started as in production: its start rehearses a cold load
     with d:
         yield d
 

@@ -192,6 +192,10 @@ class DaemonProcess:
         # nor makes pipelines resident (the suite's Vulkan tests fill the shared cache directory's list: every
         # daemon started after them would open the device and create them)
         self.env.setdefault("INFERD_RESIDENT_PIPELINES", "0")
+        # nor rehearses a cold load at its start (a child interpreter compiling a model, then a load: 1.5-3 s of
+        # the suite's two cores per daemon started, beside the test's own requests); the daemon tests that keep
+        # the start's rehearsal ask for it (INFERD_REHEARSE=true)
+        self.env.setdefault("INFERD_REHEARSE", "false")
         self.endpoint = endpoint or default_endpoint(self.env)
         ep_args = ["--endpoint", endpoint] if endpoint else []
         self.argv = [*ep_args, "--models", str(models_dir), "--device", device, *args]
