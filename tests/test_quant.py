@@ -10,6 +10,7 @@ import os
 import platform
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -494,6 +495,60 @@ def test_qdq_conv_relu_fuses_into_one_int8_op() -> None:
     x = rng.standard_normal((1, 3, 8, 8)).astype(F)
     got, want = _inferd(model, {"x": x})[0], _ort(model, {"x": x})[0]
     assert np.abs(got - want).max() <= 0.2 + 1e-6  # one output step
+
+
+def _qdq_residual_chain(n: int) -> onnx.ModelProto:
+    """``n`` blocks of DQ -> Conv -> Relu -> Q -> DQ -> Add(the block's input) -> Q: each fuses into a QLinearConv and
+    a QLinearAdd."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits = [numpy_helper.from_array(F(0.05), "s"), numpy_helper.from_array(np.int8(0), "z"),
+             numpy_helper.from_array(np.full(4, 0.002, F), "ws"), numpy_helper.from_array(np.zeros(4, np.int8), "wz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"], name="q_in")]
+    for i in range(n):
+        inits.append(numpy_helper.from_array(S8(4, 4, 3, 3), f"w{i}"))
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", "ws", "wz"], [f"wf{i}"], axis=0, name=f"dq_w{i}"),
+                  helper.make_node("DequantizeLinear", [f"q{i}", "s", "z"], [f"d{i}"], name=f"dq{i}"),
+                  helper.make_node("Conv", [f"d{i}", f"wf{i}"], [f"c{i}"], pads=[1, 1, 1, 1], name=f"conv{i}"),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu{i}"),
+                  helper.make_node("QuantizeLinear", [f"r{i}", "s", "z"], [f"rq{i}"], name=f"qr{i}"),
+                  helper.make_node("DequantizeLinear", [f"rq{i}", "s", "z"], [f"rd{i}"], name=f"dqr{i}"),
+                  helper.make_node("Add", [f"rd{i}", f"d{i}"], [f"a{i}"], name=f"add{i}"),
+                  helper.make_node("QuantizeLinear", [f"a{i}", "s", "z"], [f"q{i + 1}"], name=f"qa{i}")]
+    nodes.append(helper.make_node("DequantizeLinear", [f"q{n}", "s", "z"], ["y"], name="dq_out"))
+    g = helper.make_graph(nodes, "qdq_chain", [x], [y], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+def test_qdq_fusion_passes_index_the_graph_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import's fusion passes build the graph's producers and consumers a number of times that does not grow with
+    the graph (once per candidate node, it was quadratic: a quantised vit_tiny's import took 1.85 s, 0.47 after)."""
+    from inferd.ir import Graph
+
+    built = [0]
+    for name in ("producers", "consumers"):
+        def counted(self: Graph, _f=getattr(Graph, name)) -> Any:
+            built[0] += 1
+            return _f(self)
+        monkeypatch.setattr(Graph, name, counted)
+    counts = {}
+    for n in (3, 12):
+        built[0] = 0
+        g = import_model(_qdq_residual_chain(n))
+        assert [nd.op for nd in g.nodes] == ["QuantizeLinear", *["QLinearConv", "QLinearAdd"] * n, "DequantizeLinear"]
+        counts[n] = built[0]
+    assert counts[12] == counts[3], counts
+    model = _qdq_residual_chain(3)
+    x = rng.standard_normal((1, 4, 8, 8)).astype(F)
+    # onnxruntime's QDQ fusion fails on this graph ("Attempt to replace the existing tensor", 1.32): the QDQ
+    # semantics run as written, in float, are the oracle
+    so = _ort_options()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = _inferd(model, {"x": x})[0]
+    assert np.mean(np.abs(want[0]) >= 6.35) < 0.1  # (not saturated: the comparison says something)
+    # a tie rounded the other way in one block is a step in the next block's input: one step per block
+    assert np.abs(got - want[0]).max() <= 3 * 0.05 + 1e-6, np.abs(got - want[0]).max()
 
 
 def test_blocked_quantisation_fails_at_import_naming_op_node_pattern() -> None:
