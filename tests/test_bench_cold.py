@@ -118,7 +118,7 @@ def test_one_round_of_a_tiny_model_in_child_processes(tmp_path: Path) -> None:
 
     src = write_zoo(tmp_path / "zoo", ["tiny"])["tiny"]
     opts = cb.BenchOptions(repeat=1, ncnn=False, warm_runs=5, threads=2, drop_mode="fadvise", ort_prepacked=False,
-                           quiet_wait=0, retries=0, sample_s=0.0)
+                           quiet_wait=0, retries=0, sample_s=0.0, rehearse=False)
     r = cb.measure_model("tiny", Path(src), tmp_path / "work", opts)
     s = r["summary"]
     assert not r["errors"], r["errors"]
