@@ -25,9 +25,9 @@ Shape = tuple[int, ...]
 # ------------------------------------------------------------------------------------------ dtypes
 
 # ONNX TensorProto.DataType -> numpy. bfloat16 is ml_dtypes' (a numpy dtype whose ufuncs round each step, as
-# ONNX's bfloat16 arithmetic does), imported for the first model that has one: ml_dtypes 0.7 takes 0.7 s to
-# import (half of the daemon's start on the 2-core VM; 0.06 s for 0.6). float8, int4 and string are absent: Cast
-# to them is refused
+# ONNX's bfloat16 arithmetic does), imported for the first model that has one: ml_dtypes 0.7 took 0.7-1.4 s to
+# import (half of the daemon's start on the 2-core VM; 0.01-0.06 s for 0.6, which pyproject now pins). float8, int4
+# and string are absent: Cast to them is refused
 _ONNX_TO_NP: dict[int, np.dtype] = {
     1: np.dtype(np.float32), 2: np.dtype(np.uint8), 3: np.dtype(np.int8), 4: np.dtype(np.uint16),
     5: np.dtype(np.int16), 6: np.dtype(np.int32), 7: np.dtype(np.int64), 9: np.dtype(np.bool_),

@@ -1,9 +1,11 @@
 """Packages compiled in a child process: what a serving process (the daemon) does instead of compiling in itself.
 
-A compile imports onnx, and onnx imports ml_dtypes, whose extension module initialises for ~1 s of one core holding
+A compile imports onnx, and onnx imports ml_dtypes, whose extension module initialised for ~1 s of one core holding
 the GIL all that time (ml_dtypes 0.7 with numpy 2.4 on the 2-core EPYC VM): a daemon compiling a model its cache
 lacked answered nothing meanwhile, to any client (1.36 s on an idle VM, 2.46 s beside three busy loops, health asked
-every 50 ms). The child takes this process's kernel threads and checks its CPU fingerprint against this one's (both
+every 50 ms). The project now excludes ml_dtypes 0.7 (pyproject.toml), but ``import onnx`` still holds the GIL for
+0.2 s and the compile's import passes and profiling are Python too: the compile stays out of the serving process. The
+child takes this process's kernel threads and checks its CPU fingerprint against this one's (both
 are in the package's fingerprint: a package the parent finds stale would be compiled again, in the parent); a
 model's error comes back as the exception the compile raised (its type, message and plain attributes), so that the
 caller reports and handles it as before; a child that could not run at all raises :class:`ChildFailed`.
