@@ -121,11 +121,6 @@ def _replace(graph: Graph, first: Node, removed: list[Node], new: Node) -> None:
     graph.nodes[:] = [new if n is first else n for n in graph.nodes if id(n) not in gone or n is first]
 
 
-def _remove(graph: Graph, node: Node) -> None:
-    """``node`` leaves the graph (by identity, as in ``_replace``)."""
-    graph.nodes[:] = [n for n in graph.nodes if n is not node]
-
-
 class _Index:
     """The graph's producers and consumers, kept up to date through a pass's fusions (``replaced``) or built again
     after other changes (``stale``): a fusion pass built both for every candidate node, quadratic in the graph (a
@@ -364,13 +359,13 @@ def _fold_leftover_dq(graph: Graph, outputs: set[str]) -> None:
     cons = graph.consumers()
     for node in [n for n in graph.nodes if n.op == "DequantizeLinear"]:
         if not cons.get(node.outputs[0]) and node.outputs[0] not in outputs:
-            _remove(graph, node)  # its consumers were fused
+            graph.remove_node(node)  # its consumers were fused
             continue
         if all((not i) or i in graph.constants for i in node.inputs):
             ins = [graph.constants[i] if i else None for i in node.inputs]
             val = dequantize(ins[0], ins[1], ins[2] if len(ins) > 2 else None, int(node.attr("axis", 1)))
             graph.set_const(node.outputs[0], val)
-            _remove(graph, node)
+            graph.remove_node(node)
 
 
 def check_quantised(graph: Graph) -> None:
@@ -531,7 +526,7 @@ def _fuse_qunary_chain(graph: Graph, outputs: set[str]) -> int:
         _to_lookup(graph, q, chain, dq.inputs[0], v, q.inputs[2], "chain_table")
         index.stale = True
         if not index.get()[1].get(dq.outputs[0]) and dq.outputs[0] not in outputs:
-            _remove(graph, dq)
+            graph.remove_node(dq)
             index.stale = True
         n_fused += 1
     if n_fused:

@@ -69,8 +69,7 @@ def _replace_node_output(graph: Graph, producer: Node, old: Node) -> None:
     """``producer`` takes over ``old``'s output name; ``old`` is removed."""
     _absorb(producer, producer.outputs[0])
     producer.outputs[0] = old.outputs[0]
-    # by identity: list.remove compares with ``==``, every field of every node before it (dataclass)
-    del graph.nodes[next(i for i, n in enumerate(graph.nodes) if n is old)]
+    graph.remove_node(old)
 
 
 def _drop_identities(graph: Graph, outputs: set[str]) -> None:
@@ -91,7 +90,7 @@ def _drop_identities(graph: Graph, outputs: set[str]) -> None:
             continue
         for r in readers:
             r.inputs = [src if i == out else i for i in r.inputs]
-        graph.nodes.remove(node)
+        graph.remove_node(node)
         cons.setdefault(src, []).extend(readers)
 
 
@@ -169,7 +168,7 @@ def _fold_pad_into_conv(graph: Graph, outputs: set[str]) -> None:
             [cp[k + i] + widths[2 + i][1] for i in range(k)]
         conv.inputs[0] = x
         _absorb(conv, pad.outputs[0])
-        graph.nodes.remove(pad)
+        graph.remove_node(pad)
 
 
 def _drop_dead_taps(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
@@ -297,7 +296,7 @@ def _fold_input_scale_into_conv(graph: Graph, outputs: set[str]) -> None:
         conv.inputs[1] = wn
         conv.inputs[0] = x
         _absorb(conv, mul.outputs[0])
-        graph.nodes.remove(mul)
+        graph.remove_node(mul)
 
 
 def _spatial_mean_as_pool(graph: Graph) -> None:
@@ -381,7 +380,7 @@ def _recognise_gelu(graph: Graph, outputs: set[str]) -> None:
             h = half_mul.inputs[1] if half_mul.inputs[0] == x else half_mul.inputs[0]
             if _const_scalar(graph, h) != 0.5 or _single_consumer(graph, o1, outputs) is not m1:
                 continue
-            graph.nodes.remove(half_mul)
+            graph.remove_node(half_mul)
             last = m1
         if _single_consumer(graph, div.outputs[0], outputs) is not erf:
             continue
@@ -390,7 +389,7 @@ def _recognise_gelu(graph: Graph, outputs: set[str]) -> None:
         graph.nodes[idx] = gelu
         for n in (div, erf, add, m1):
             if n in graph.nodes and n is not last:
-                graph.nodes.remove(n)
+                graph.remove_node(n)
 
 
 def _merge_operand_scales(graph: Graph, outputs: set[str]) -> None:
@@ -432,7 +431,7 @@ def _merge_operand_scales(graph: Graph, outputs: set[str]) -> None:
         kept[0].inputs = [kept[1], scalar]
         mm.inputs[1 - keep] = dropped[1]
         _absorb(mm, dropped[0].outputs[0])
-        graph.nodes.remove(dropped[0])
+        graph.remove_node(dropped[0])
 
 
 def _move_matmul_scale(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] | None = None) -> None:
@@ -467,7 +466,7 @@ def _move_matmul_scale(graph: Graph, outputs: set[str], alt: dict[str, TensorInf
         mm.inputs = [scaled if q == j else i for q, i in enumerate(mm.inputs)]
         _absorb(mm, t)
         mm.outputs[0] = out
-        graph.nodes.remove(mul)
+        graph.remove_node(mul)
         graph.nodes.insert(graph.nodes.index(mm), mul)
         return True
 
@@ -565,7 +564,7 @@ def _fold_scale_through_transpose(graph: Graph, outputs: set[str], alt: dict[str
             mm.inputs[2] = bname
         _absorb(tr, t2)
         tr.outputs[0] = mul.outputs[0]
-        graph.nodes.remove(mul)
+        graph.remove_node(mul)
         return True
 
     _fuse_binary(graph, outputs, "Mul", fold)
@@ -627,7 +626,7 @@ def _hoist_through_reshape(graph: Graph, outputs: set[str], alt: dict[str, Tenso
             pre = _fresh(graph, f"{v}.pre_reshape")
             graph.infos[pre] = TensorInfo(pre, info_t.shape, info_t.dtype)
             x.outputs = [pre]
-            graph.nodes.remove(r)
+            graph.remove_node(r)
             graph.nodes.insert(graph.nodes.index(x) + 1, r)
             r.inputs = [pre, *r.inputs[1:]]
             r.outputs = [v]
@@ -648,7 +647,7 @@ def _fuse_residual(graph: Graph, outputs: set[str], alt: dict[str, TensorInfo] |
         p.inputs.append(b)
         p.attrs["residual"] = True
         # the add's position is after both operands exist; run the fused node there
-        graph.nodes.remove(p)
+        graph.remove_node(p)
         graph.nodes[graph.nodes.index(add)] = p
         _absorb(p, p.outputs[0])
         p.outputs[0] = add.outputs[0]
