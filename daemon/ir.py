@@ -235,3 +235,56 @@ class Graph:
         """Add (or replace) constant ``name`` and its info."""
         self.constants[name] = val
         self.infos[name] = TensorInfo(name, tuple(val.shape), val.dtype)
+
+
+class GraphIndex:
+    """A graph's producers and consumers for a pass that changes the graph: kept up to date through its node
+    replacements (``replaced``) or built again after any other change (set ``stale``). The import's fusion passes
+    built both for every candidate node, quadratic in the graph (a quantised vit_tiny's import under cProfile: 3.7 of
+    its 6 s; 1.85 -> 0.47 s unprofiled, 2-core VM)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.stale = True
+        self.prods: dict[str, Node] = {}
+        self.cons: dict[str, list[Node]] = {}
+        self.alive: set[int] = set()
+
+    def get(self) -> tuple[dict[str, Node], dict[str, list[Node]]]:
+        if self.stale:
+            g = self.graph
+            self.prods, self.cons = g.producers(), g.consumers()
+            self.alive = {id(n) for n in g.nodes}  # (every node counted here is alive: its id is not reused)
+            self.stale = False
+        return self.prods, self.cons
+
+    def holds(self, node: Node) -> bool:
+        """Whether ``node`` is still in the graph."""
+        self.get()
+        return id(node) in self.alive
+
+    def replaced(self, first: Node, removed: list[Node | None], new: Node) -> None:
+        """Follow ``new`` taking ``first``'s place and ``removed`` leaving the graph, without building the index
+        again. A consumers list may come out in another order than the graph's: its readers ask how many consumers a
+        tensor has, and which where there is one."""
+        if self.stale:
+            return  # built from the graph when next asked
+        for n in [first, *(r for r in removed if r is not None)]:
+            for o in n.outputs:
+                if o and self.prods.get(o) is n:
+                    del self.prods[o]
+            for i in set(n.inputs):
+                if i and i in self.cons:
+                    left = [c for c in self.cons[i] if c is not n]
+                    if left:
+                        self.cons[i] = left
+                    else:
+                        del self.cons[i]
+            self.alive.discard(id(n))
+        for o in new.outputs:
+            if o:
+                self.prods[o] = new
+        for i in new.inputs:
+            if i:
+                self.cons.setdefault(i, []).append(new)
+        self.alive.add(id(new))

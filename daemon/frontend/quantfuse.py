@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnsupportedOpError
-from ..ir import Graph, Node
+from ..ir import Graph, GraphIndex, Node
 from ..ops.quant import INT8_TYPES, dequantize, quantize
 
 log = logging.getLogger(__name__)
@@ -121,57 +121,6 @@ def _replace(graph: Graph, first: Node, removed: list[Node], new: Node) -> None:
     graph.nodes[:] = [new if n is first else n for n in graph.nodes if id(n) not in gone or n is first]
 
 
-class _Index:
-    """The graph's producers and consumers, kept up to date through a pass's fusions (``replaced``) or built again
-    after other changes (``stale``): a fusion pass built both for every candidate node, quadratic in the graph (a
-    quantised vit_tiny's import under cProfile: 3.7 of its 6 s; 1.85 -> 0.47 s unprofiled, 2-core VM)."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.stale = True
-        self.prods: dict[str, Node] = {}
-        self.cons: dict[str, list[Node]] = {}
-        self.alive: set[int] = set()
-
-    def get(self) -> tuple[dict[str, Node], dict[str, list[Node]]]:
-        if self.stale:
-            g = self.graph
-            self.prods, self.cons = g.producers(), g.consumers()
-            self.alive = {id(n) for n in g.nodes}  # (every node counted here is alive: its id is not reused)
-            self.stale = False
-        return self.prods, self.cons
-
-    def holds(self, node: Node) -> bool:
-        """Whether ``node`` is still in the graph."""
-        self.get()
-        return id(node) in self.alive
-
-    def replaced(self, first: Node, removed: list[Node | None], new: Node) -> None:
-        """Follow ``_replace(graph, first, removed, new)`` without building the index again (the passes' readers
-        ask only whether a tensor has one consumer, and which: the lists' order does not matter)."""
-        if self.stale:
-            return  # built from the graph when next asked
-        for n in [first, *(r for r in removed if r is not None)]:
-            for o in n.outputs:
-                if o and self.prods.get(o) is n:
-                    del self.prods[o]
-            for i in set(n.inputs):
-                if i and i in self.cons:
-                    left = [c for c in self.cons[i] if c is not n]
-                    if left:
-                        self.cons[i] = left
-                    else:
-                        del self.cons[i]
-            self.alive.discard(id(n))
-        for o in new.outputs:
-            if o:
-                self.prods[o] = new
-        for i in new.inputs:
-            if i:
-                self.cons.setdefault(i, []).append(new)
-        self.alive.add(id(new))
-
-
 def _to_lookup(graph: Graph, first: Node, removed: list[Node], x: str, values: np.ndarray, yz: str, tag: str) -> None:
     """``first`` (with ``removed``) becomes one QLinearLookup of tensor ``x`` by the 256 output values (indexed by x's
     byte) ``values``, typed by the zero point ``yz``: the byte-table fusions' common end."""
@@ -199,7 +148,7 @@ def _bias_int32(graph: Graph, node: Node, b_name: str, x: _DQ, w: _DQ, prods: di
 
 def _fuse_gemmlike(graph: Graph, outputs: set[str]) -> int:
     n_fused = 0
-    index = _Index(graph)
+    index = GraphIndex(graph)
     for node in [n for n in graph.nodes if n.op in ("Conv", "Gemm", "MatMul")]:
         prods, cons = index.get()
         if node.attr("act") or node.attr("residual") or node.attr("bias"):
@@ -282,7 +231,7 @@ def _fuse_split(graph: Graph, node: Node, outputs: set[str], prods: dict[str, No
 
 def _fuse_elementwise(graph: Graph, outputs: set[str]) -> int:
     n_fused = 0
-    index = _Index(graph)
+    index = GraphIndex(graph)
     for node in [n for n in graph.nodes if n.op in ("Add", "Mul", "Concat", "GlobalAveragePool", "Sigmoid",
                                                    "LeakyRelu") or n.op in _PASS]:
         if not index.holds(node) or node.attr("act"):
@@ -471,7 +420,7 @@ def _fuse_qunary_chain(graph: Graph, outputs: set[str]) -> int:
     from ..ops.base import op_spec
 
     n_fused = 0
-    index = _Index(graph)  # built again after each fusion only
+    index = GraphIndex(graph)  # built again after each fusion only
     for q in [n for n in graph.nodes if n.op == "QuantizeLinear"]:
         if (not index.holds(q) or len(q.inputs) < 3 or not q.inputs[2]
                 or any(i not in graph.constants or graph.constants[i].size != 1 for i in q.inputs[1:3])):

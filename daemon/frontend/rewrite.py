@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..ir import Graph, Node, TensorInfo
+from ..ir import Graph, GraphIndex, Node, TensorInfo
 from ..ops.activation import FUSABLE, act_from_node
 from .quantfuse import fuse_quantized
 
@@ -479,20 +479,18 @@ def _fuse_binary(graph: Graph, outputs: set[str], op: str, fuse: Callable[[Node,
     producer)``; after a fusion that returns True its other orientation is not tried."""
     # producers and consumers built again only after a fusion (``fuse`` changes nothing where it returns False):
     # built for every node, the pass was quadratic (efficientnet_b0's import spent most of its time there)
-    index: tuple[dict[str, Node], dict[str, list[Node]]] | None = None
+    index = GraphIndex(graph)
     for node in [n for n in graph.nodes if n.op == op]:
         if node.attr("act") or len(node.inputs) != 2:
             continue
-        if index is None:
-            index = graph.producers(), graph.consumers()
-        prods, cons = index
+        prods, cons = index.get()
         for k in (0, 1):
             a, other = node.inputs[k], node.inputs[1 - k]
             p = prods.get(a)
             if p is None or _single_consumer(graph, a, outputs, cons) is not node:
                 continue
             if fuse(node, a, other, p):
-                index = None
+                index.stale = True
                 break
 
 
